@@ -1,0 +1,34 @@
+//! helios-spirv: the kernel IR and its SPIR-V emitter.
+//!
+//! A kernel is built in Rust through [`KernelBuilder`], a typed builder over `rspirv`: values
+//! carry their types, the builder picks opcodes and capabilities, and structured control flow
+//! comes from closures. Nothing here knows about Vulkan objects; the output is a
+//! [`KernelModule`]: SPIR-V 1.5 words plus the push-constant layout the host must fill.
+//!
+//! Buffers are passed either as buffer device addresses in push constants
+//! ([`Binding::DeviceAddress`], no descriptors at all) or as storage-buffer descriptors
+//! ([`Binding::Descriptor`], for push descriptors). The workgroup size is a specialization
+//! constant, so one module serves every size the tuner tries.
+//!
+//! Room for cooperative matrices: their types and `OpCooperativeMatrixMulAddKHR` will be a
+//! `coop` module beside `subgroup`, adding its capability and extension where it emits.
+
+mod builder;
+mod control;
+mod memory;
+mod ops;
+mod subgroup;
+mod types;
+mod validate;
+
+pub use builder::{
+    Access, Binding, Buffer, KernelBuilder, KernelModule, Param, ParamInfo, ParamSlot,
+    WORKGROUP_SIZE_SPEC_IDS,
+};
+pub use control::Var;
+pub use memory::{Shared, SharedLen};
+pub use ops::{BinOp, CmpOp};
+pub use rspirv::spirv::GLOp;
+pub use subgroup::{GroupMode, ReduceOp};
+pub use types::{Kind, Scalar, Ty, Val};
+pub use validate::{validate, TargetEnv, ValidateError};
