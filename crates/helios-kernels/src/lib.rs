@@ -1,1 +1,22 @@
+//! helios-kernels: kernel generators. Each family turns an op description (its *signature*:
+//! op, dtype, binding model, variant) into a `KernelModule` built with the helios-spirv IR,
+//! plus the launch geometry and push constants for a given problem size.
+//!
+//! Families live one per file; numerically delicate expressions (tanh, pow, NaN-aware
+//! min/max) live in `math` so every family shares one definition.
 
+pub mod elementwise;
+pub mod launch;
+pub mod math;
+
+pub use elementwise::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp, ELEMENTWISE_WORKGROUP};
+pub use launch::{grid, pack_push, Arg, Launch};
+
+/// Errors from preparing a kernel launch.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("{what} of {size} is too large for one dispatch; split the work into smaller tensors")]
+    TooLarge { what: &'static str, size: u64 },
+    #[error("kernel `{kernel}`: {detail}")]
+    Arguments { kernel: String, detail: String },
+}

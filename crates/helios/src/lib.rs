@@ -1,1 +1,25 @@
+//! helios: tensors on any Vulkan GPU.
+//!
+//! `Device` picks and holds a GPU; `Tensor` is an f32 array on it with element-wise
+//! operations; `cpu` is the reference implementation every kernel is tested against.
+//!
+//! ```no_run
+//! use helios::{Device, Tensor};
+//! let dev = Device::from_env()?;
+//! let x = Tensor::from_slice(&dev, &[1.0, -2.0, 3.0], &[3])?;
+//! let y = x.exp()?.add_scalar(1.0)?;
+//! println!("{:?}", y.to_vec()?);
+//! # Ok::<(), helios::Error>(())
+//! ```
 
+pub mod cpu;
+mod device;
+pub mod env;
+mod error;
+pub mod selfcheck;
+mod tensor;
+
+pub use device::Device;
+pub use error::{Error, Result};
+pub use helios_kernels::{BinaryOp, UnaryOp};
+pub use tensor::Tensor;

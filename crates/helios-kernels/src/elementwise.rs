@@ -1,0 +1,312 @@
+//! Element-wise kernels: unary, binary and tensor–scalar operations on f32.
+//!
+//! Each invocation handles one vec4 (16-byte loads and stores, what saturates memory
+//! bandwidth); the last `n % 4` elements are done by one invocation with scalar accesses, so
+//! no buffer needs padding. The same expression code (`unary_expr`, `binary_expr`) emits both
+//! the vec4 body and the scalar tail, and later the fused kernels of the lazy graph.
+
+use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, Scalar, Ty, Val};
+
+use crate::launch::{grid, pack_push, Arg, Launch};
+use crate::{math, KernelError};
+
+/// One-input element-wise operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Sigmoid,
+    Relu,
+    /// GELU, tanh approximation (as GPT-2 uses).
+    GeluTanh,
+    Silu,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 11] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Silu => "silu",
+        }
+    }
+}
+
+/// Two-input element-wise operations. `Max` and `Min` propagate NaN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Max,
+    Min,
+    /// C99 `pow`.
+    Pow,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 7] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Pow,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+            BinaryOp::Pow => "pow",
+        }
+    }
+}
+
+/// Emits `op(x)` for a float value of any lane count.
+pub fn unary_expr(k: &mut KernelBuilder, op: UnaryOp, x: Val) -> Val {
+    match op {
+        UnaryOp::Neg => k.neg(x),
+        UnaryOp::Abs => k.abs(x),
+        UnaryOp::Exp => k.exp(x),
+        UnaryOp::Log => k.log(x),
+        UnaryOp::Sqrt => k.sqrt(x),
+        UnaryOp::Rsqrt => k.rsqrt(x),
+        UnaryOp::Tanh => math::tanh(k, x),
+        UnaryOp::Sigmoid => math::sigmoid(k, x),
+        UnaryOp::Relu => math::relu(k, x),
+        UnaryOp::GeluTanh => math::gelu_tanh(k, x),
+        UnaryOp::Silu => math::silu(k, x),
+    }
+}
+
+/// Emits `op(a, b)` for float values of one type.
+pub fn binary_expr(k: &mut KernelBuilder, op: BinaryOp, a: Val, b: Val) -> Val {
+    match op {
+        BinaryOp::Add => k.add(a, b),
+        BinaryOp::Sub => k.sub(a, b),
+        BinaryOp::Mul => k.mul(a, b),
+        BinaryOp::Div => k.div(a, b),
+        BinaryOp::Max => math::max_nan(k, a, b, true),
+        BinaryOp::Min => math::max_nan(k, a, b, false),
+        BinaryOp::Pow => math::pow(k, a, b),
+    }
+}
+
+/// Which element-wise computation a kernel performs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ElementwiseOp {
+    /// y = op(x)
+    Unary(UnaryOp),
+    /// y = op(a, b)
+    Binary(BinaryOp),
+    /// y = op(x, s), or op(s, x) when `scalar_first`.
+    Scalar { op: BinaryOp, scalar_first: bool },
+}
+
+/// The signature of an element-wise kernel: everything that changes the emitted SPIR-V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ElementwiseKernel {
+    pub op: ElementwiseOp,
+    pub binding: Binding,
+}
+
+/// Default workgroup size (invocations along x).
+pub const ELEMENTWISE_WORKGROUP: u32 = 256;
+
+impl ElementwiseKernel {
+    /// Every element-wise kernel the library can emit, for validation and warm-up.
+    pub fn all(binding: Binding) -> Vec<ElementwiseKernel> {
+        let mut ops: Vec<ElementwiseOp> = UnaryOp::ALL
+            .iter()
+            .map(|&u| ElementwiseOp::Unary(u))
+            .collect();
+        for b in BinaryOp::ALL {
+            ops.push(ElementwiseOp::Binary(b));
+            ops.push(ElementwiseOp::Scalar {
+                op: b,
+                scalar_first: false,
+            });
+            ops.push(ElementwiseOp::Scalar {
+                op: b,
+                scalar_first: true,
+            });
+        }
+        ops.into_iter()
+            .map(|op| ElementwiseKernel { op, binding })
+            .collect()
+    }
+
+    /// A name that identifies the kernel (used in profiles and dumps).
+    pub fn name(&self) -> String {
+        match self.op {
+            ElementwiseOp::Unary(u) => format!("ew_{}_f32", u.name()),
+            ElementwiseOp::Binary(b) => format!("ew_{}_f32", b.name()),
+            ElementwiseOp::Scalar {
+                op,
+                scalar_first: false,
+            } => format!("ew_{}_scalar_f32", op.name()),
+            ElementwiseOp::Scalar {
+                op,
+                scalar_first: true,
+            } => format!("ew_scalar_{}_f32", op.name()),
+        }
+    }
+
+    /// Number of buffer inputs.
+    pub fn inputs(&self) -> usize {
+        match self.op {
+            ElementwiseOp::Binary(_) => 2,
+            _ => 1,
+        }
+    }
+
+    /// Emits the kernel. Push constants: input address(es), output address, `n`, and for the
+    /// scalar form the scalar `s`.
+    pub fn build(&self) -> KernelModule {
+        let f32_ty = Ty::scalar(Scalar::F32);
+        let mut k = KernelBuilder::new(self.name(), self.binding, [ELEMENTWISE_WORKGROUP, 1, 1]);
+        let a = k.buffer("a", Scalar::F32, Access::Read);
+        let b = match self.op {
+            ElementwiseOp::Binary(_) => Some(k.buffer("b", Scalar::F32, Access::Read)),
+            _ => None,
+        };
+        let y = k.buffer("y", Scalar::F32, Access::Write);
+        let n = k.param("n", Ty::scalar(Scalar::U32));
+        let s = match self.op {
+            ElementwiseOp::Scalar { .. } => Some(k.param("s", f32_ty)),
+            _ => None,
+        };
+        k.begin();
+
+        // Linear invocation index over the 2-D grid.
+        let wid = k.workgroup_id();
+        let nwg = k.num_workgroups();
+        let (gx, gy, nx) = (k.extract(wid, 0), k.extract(wid, 1), k.extract(nwg, 0));
+        let row = k.mul(gy, nx);
+        let group = k.add(row, gx);
+        let wsize = k.workgroup_size_x();
+        let base = k.mul(group, wsize);
+        let lid = k.local_index();
+        let i = k.add(base, lid);
+
+        let n = k.load_param(n);
+        let s = s.map(|p| k.load_param(p));
+        let op = self.op;
+        let body = |k: &mut KernelBuilder, idx: Val, lanes: u8| {
+            let x = k.load(a, idx, lanes);
+            let r = match op {
+                ElementwiseOp::Unary(u) => unary_expr(k, u, x),
+                ElementwiseOp::Binary(bop) => {
+                    let bv = k.load(b.expect("binary has b"), idx, lanes);
+                    binary_expr(k, bop, x, bv)
+                }
+                ElementwiseOp::Scalar { op, scalar_first } => {
+                    let sv = k.splat(s.expect("scalar form has s"), lanes);
+                    if scalar_first {
+                        binary_expr(k, op, sv, x)
+                    } else {
+                        binary_expr(k, op, x, sv)
+                    }
+                }
+            };
+            k.store(y, idx, r);
+        };
+
+        let two = k.u32(2);
+        let full = k.shr(n, two); // whole vec4s
+        let in_body = k.lt(i, full);
+        k.if_else(
+            in_body,
+            |k| body(k, i, 4),
+            |k| {
+                // The invocation just past the vec4 body does the 0-3 tail elements.
+                let is_tail = k.eq(i, full);
+                k.if_(is_tail, |k| {
+                    let first = k.shl(full, two);
+                    for j in 0..3 {
+                        let off = k.u32(j);
+                        let e = k.add(first, off);
+                        let inside = k.lt(e, n);
+                        k.if_(inside, |k| body(k, e, 1));
+                    }
+                });
+            },
+        );
+        k.finish()
+    }
+
+    /// Grid and push constants for `n` elements. `inputs` are the input buffers' device
+    /// addresses; `scalar` is required by the scalar form.
+    pub fn launch(
+        &self,
+        module: &KernelModule,
+        workgroup: u32,
+        n: u64,
+        inputs: &[u64],
+        output: u64,
+        scalar: Option<f32>,
+    ) -> Result<Launch, KernelError> {
+        let n32 = u32::try_from(n).map_err(|_| KernelError::TooLarge {
+            what: "element count",
+            size: n,
+        })?;
+        if inputs.len() != self.inputs() {
+            return Err(KernelError::Arguments {
+                kernel: self.name(),
+                detail: format!("expects {} inputs, got {}", self.inputs(), inputs.len()),
+            });
+        }
+        let mut args: Vec<Arg> = inputs.iter().map(|&a| Arg::Address(a)).collect();
+        args.push(Arg::Address(output));
+        args.push(Arg::U32(n32));
+        match (self.op, scalar) {
+            (ElementwiseOp::Scalar { .. }, Some(s)) => args.push(Arg::F32(s)),
+            (ElementwiseOp::Scalar { .. }, None) => {
+                return Err(KernelError::Arguments {
+                    kernel: self.name(),
+                    detail: "needs a scalar".into(),
+                })
+            }
+            _ => {}
+        }
+        // One invocation per vec4, plus one for the tail when n is not a multiple of 4.
+        let invocations = n / 4 + u64::from(n % 4 != 0);
+        let groups = grid(invocations.div_ceil(workgroup as u64))?;
+        let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
+        Ok(Launch { groups, push })
+    }
+}

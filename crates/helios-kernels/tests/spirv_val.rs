@@ -1,0 +1,21 @@
+//! Every kernel the library can emit passes `spirv-val` for Vulkan 1.2 and 1.3.
+
+use helios_kernels::ElementwiseKernel;
+use helios_spirv::{validate, Binding, TargetEnv};
+
+#[test]
+fn every_elementwise_kernel_validates() {
+    let mut count = 0;
+    for binding in [Binding::DeviceAddress, Binding::Descriptor] {
+        for kernel in ElementwiseKernel::all(binding) {
+            let m = kernel.build();
+            for env in [TargetEnv::Vulkan1_2, TargetEnv::Vulkan1_3] {
+                if let Err(e) = validate(&m.name, &m.words, env) {
+                    panic!("{e}\n{}", m.disassemble());
+                }
+            }
+            count += 1;
+        }
+    }
+    assert_eq!(count, 2 * (11 + 3 * 7));
+}

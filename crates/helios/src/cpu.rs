@@ -1,0 +1,155 @@
+//! The CPU reference: plain Rust, f64 arithmetic rounded once to f32, for every GPU op.
+//!
+//! This is the definition tests and `--check` gates compare against, so it follows the C99 /
+//! IEEE 754 semantics the kernels promise (NaN propagation in max/min, C `pow`), not
+//! whatever a particular GPU happens to do.
+
+use helios_kernels::{BinaryOp, UnaryOp};
+
+/// `op(x)` for one element.
+pub fn unary_f32(op: UnaryOp, x: f32) -> f32 {
+    let x = x as f64;
+    let r = match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::Relu => {
+            if x < 0.0 {
+                0.0
+            } else {
+                x
+            }
+        }
+        UnaryOp::GeluTanh => {
+            let z = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            0.5 * x * (1.0 + z.tanh())
+        }
+        UnaryOp::Silu => x / (1.0 + (-x).exp()),
+    };
+    r as f32
+}
+
+/// `op(a, b)` for one pair of elements.
+pub fn binary_f32(op: BinaryOp, a: f32, b: f32) -> f32 {
+    let (x, y) = (a as f64, b as f64);
+    let r = match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Max if x.is_nan() || y.is_nan() => f64::NAN,
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min if x.is_nan() || y.is_nan() => f64::NAN,
+        BinaryOp::Min => x.min(y),
+        BinaryOp::Pow => x.powf(y),
+    };
+    r as f32
+}
+
+/// `op(x)` element by element.
+pub fn unary(op: UnaryOp, x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| unary_f32(op, v)).collect()
+}
+
+/// `op(a, b)` element by element; `a` and `b` have one length.
+pub fn binary(op: BinaryOp, a: &[f32], b: &[f32]) -> Vec<f32> {
+    assert_eq!(a.len(), b.len(), "cpu::binary operands differ in length");
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| binary_f32(op, x, y))
+        .collect()
+}
+
+/// `op(x, s)`, or `op(s, x)` when `scalar_first`.
+pub fn scalar(op: BinaryOp, x: &[f32], s: f32, scalar_first: bool) -> Vec<f32> {
+    x.iter()
+        .map(|&v| {
+            if scalar_first {
+                binary_f32(op, s, v)
+            } else {
+                binary_f32(op, v, s)
+            }
+        })
+        .collect()
+}
+
+/// How close a GPU result must be to the reference, per op (f32 storage and arithmetic).
+///
+/// An element passes when `|got − want| ≤ atol + rtol·|want|`, or both are NaN, or both are
+/// the same infinity. Exactly rounded ops (add, sub, mul, neg, abs, relu, max, min) must match
+/// to the last bit; division and square roots get the few ulp Vulkan allows; transcendental
+/// functions get the error of a GPU's exp/log units.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    pub rtol: f32,
+    pub atol: f32,
+}
+
+impl Tolerance {
+    pub const EXACT: Tolerance = Tolerance {
+        rtol: 0.0,
+        atol: 0.0,
+    };
+
+    pub fn unary(op: UnaryOp) -> Tolerance {
+        match op {
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu => Tolerance::EXACT,
+            UnaryOp::Sqrt | UnaryOp::Rsqrt => Tolerance {
+                rtol: 1e-6,
+                atol: 0.0,
+            },
+            UnaryOp::Exp | UnaryOp::Log => Tolerance {
+                rtol: 2e-6,
+                atol: 1e-7,
+            },
+            UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::GeluTanh | UnaryOp::Silu => Tolerance {
+                rtol: 1e-5,
+                atol: 1e-6,
+            },
+        }
+    }
+
+    pub fn binary(op: BinaryOp) -> Tolerance {
+        match op {
+            BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min => {
+                Tolerance::EXACT
+            }
+            BinaryOp::Div => Tolerance {
+                rtol: 1e-6,
+                atol: 0.0,
+            },
+            BinaryOp::Pow => Tolerance {
+                rtol: 2e-5,
+                atol: 1e-6,
+            },
+        }
+    }
+
+    /// Whether `got` is acceptable for `want`.
+    pub fn accepts(&self, got: f32, want: f32) -> bool {
+        if want.is_nan() || got.is_nan() {
+            return want.is_nan() && got.is_nan();
+        }
+        if want.is_infinite() || got.is_infinite() {
+            return got == want;
+        }
+        (got - want).abs() <= self.atol + self.rtol * want.abs()
+    }
+
+    /// The first element (index, got, want) that fails, if any.
+    pub fn first_mismatch(&self, got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
+        if got.len() != want.len() {
+            return Some((got.len().min(want.len()), f32::NAN, f32::NAN));
+        }
+        got.iter()
+            .zip(want)
+            .enumerate()
+            .find(|(_, (&g, &w))| !self.accepts(g, w))
+            .map(|(i, (&g, &w))| (i, g, w))
+    }
+}

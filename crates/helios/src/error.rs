@@ -1,0 +1,28 @@
+//! The tensor layer's error type: every failure a user can cause or meet, with a message that
+//! says what to do.
+
+use helios_kernels::KernelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Vulkan(#[from] helios_vk::Error),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("{op}: shapes {lhs:?} and {rhs:?} differ; element-wise operands must have one shape")]
+    ShapeMismatch {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+    },
+    #[error("shape {shape:?} holds {expected} elements, but {got} values were given")]
+    DataLength {
+        shape: Vec<usize>,
+        expected: usize,
+        got: usize,
+    },
+    #[error("{op}: the tensors live on different devices; move one with to_vec/from_slice")]
+    DeviceMismatch { op: &'static str },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

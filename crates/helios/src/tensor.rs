@@ -1,0 +1,219 @@
+//! `Tensor`: an immutable f32 array on a device, and its element-wise operations.
+//!
+//! Operations run eagerly for now: each records one dispatch, submits it and waits. The
+//! asynchronous engine (timeline values per buffer, batched encoder) replaces the waits
+//! without changing this API, which is why reads go through `to_vec` and nothing else.
+
+use std::sync::Arc;
+
+use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
+use helios_spirv::Binding;
+use helios_vk::{Buffer, MemoryLocation};
+
+use crate::{Device, Error, Result};
+
+/// An n-dimensional f32 array in device memory. Cloning is cheap (shared storage).
+#[derive(Clone)]
+pub struct Tensor {
+    inner: Arc<TensorInner>,
+}
+
+struct TensorInner {
+    device: Device,
+    buffer: Buffer,
+    /// Row-major, contiguous.
+    shape: Vec<usize>,
+}
+
+impl Tensor {
+    /// Copies `data` to `device` as a tensor of `shape` (whose product must be `data.len()`).
+    pub fn from_slice(device: &Device, data: &[f32], shape: &[usize]) -> Result<Tensor> {
+        let expected: usize = shape.iter().product();
+        if expected != data.len() {
+            return Err(Error::DataLength {
+                shape: shape.to_vec(),
+                expected,
+                got: data.len(),
+            });
+        }
+        let t = Tensor::uninit(device, shape.to_vec())?;
+        if !data.is_empty() {
+            device
+                .context()
+                .upload(&t.inner.buffer, 0, bytemuck::cast_slice(data))?;
+        }
+        Ok(t)
+    }
+
+    /// A 1-D tensor holding `data`.
+    pub fn from_vec1(device: &Device, data: &[f32]) -> Result<Tensor> {
+        Tensor::from_slice(device, data, &[data.len()])
+    }
+
+    fn uninit(device: &Device, shape: Vec<usize>) -> Result<Tensor> {
+        let bytes = shape.iter().product::<usize>() as u64 * 4;
+        let buffer = device
+            .context()
+            .create_buffer(bytes, MemoryLocation::DeviceLocal)?;
+        Ok(Tensor {
+            inner: Arc::new(TensorInner {
+                device: device.clone(),
+                buffer,
+                shape,
+            }),
+        })
+    }
+
+    /// Copies the tensor back to the host.
+    pub fn to_vec(&self) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; self.len()];
+        if !out.is_empty() {
+            let ctx = self.inner.device.context();
+            ctx.download(&self.inner.buffer, 0, bytemuck::cast_slice_mut(&mut out))?;
+        }
+        Ok(out)
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.inner.shape
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.inner.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    fn address(&self) -> u64 {
+        self.inner.buffer.device_address()
+    }
+
+    // ------------------------------------------------------------ element-wise
+
+    /// `op(self)` element by element.
+    pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        self.elementwise(ElementwiseOp::Unary(op), &[self], None)
+    }
+
+    /// `op(self, other)` element by element; the shapes must be equal.
+    pub fn binary(&self, op: BinaryOp, other: &Tensor) -> Result<Tensor> {
+        if self.shape() != other.shape() {
+            return Err(Error::ShapeMismatch {
+                op: op.name(),
+                lhs: self.shape().to_vec(),
+                rhs: other.shape().to_vec(),
+            });
+        }
+        if !self.device().same(other.device()) {
+            return Err(Error::DeviceMismatch { op: op.name() });
+        }
+        self.elementwise(ElementwiseOp::Binary(op), &[self, other], None)
+    }
+
+    /// `op(self, s)` element by element.
+    pub fn scalar_op(&self, op: BinaryOp, s: f32) -> Result<Tensor> {
+        self.elementwise(
+            ElementwiseOp::Scalar {
+                op,
+                scalar_first: false,
+            },
+            &[self],
+            Some(s),
+        )
+    }
+
+    /// `op(s, self)` element by element (e.g. `1 / x`, `2 ^ x`).
+    pub fn scalar_first_op(&self, op: BinaryOp, s: f32) -> Result<Tensor> {
+        self.elementwise(
+            ElementwiseOp::Scalar {
+                op,
+                scalar_first: true,
+            },
+            &[self],
+            Some(s),
+        )
+    }
+
+    fn elementwise(&self, op: ElementwiseOp, inputs: &[&Tensor], s: Option<f32>) -> Result<Tensor> {
+        let device = self.device();
+        let out = Tensor::uninit(device, self.shape().to_vec())?;
+        let n = self.len() as u64;
+        if n == 0 {
+            return Ok(out);
+        }
+        let kernel = ElementwiseKernel {
+            op,
+            binding: Binding::DeviceAddress,
+        };
+        let compiled = device.kernel(&kernel, || kernel.build())?;
+        let addrs: Vec<u64> = inputs.iter().map(|t| t.address()).collect();
+        let wg = compiled.module.workgroup_size[0];
+        let launch = kernel.launch(&compiled.module, wg, n, &addrs, out.address(), s)?;
+        device
+            .context()
+            .submit_and_wait(|rec| rec.dispatch(&compiled.pipeline, launch.groups, &launch.push))?;
+        Ok(out)
+    }
+}
+
+macro_rules! unary_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(
+                #[doc = concat!("`", stringify!($name), "` of every element.")]
+                pub fn $name(&self) -> Result<Tensor> {
+                    self.unary(UnaryOp::$op)
+                }
+            )*
+        }
+    };
+}
+
+unary_methods!(
+    neg => Neg, abs => Abs, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
+    tanh => Tanh, sigmoid => Sigmoid, relu => Relu, gelu_tanh => GeluTanh, silu => Silu,
+);
+
+macro_rules! binary_methods {
+    ($($name:ident, $scalar:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(
+                #[doc = concat!("Element-wise `", stringify!($name), "` of two tensors of one shape.")]
+                pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
+                    self.binary(BinaryOp::$op, other)
+                }
+
+                #[doc = concat!("Element-wise `", stringify!($name), "` with a scalar on the right.")]
+                pub fn $scalar(&self, s: f32) -> Result<Tensor> {
+                    self.scalar_op(BinaryOp::$op, s)
+                }
+            )*
+        }
+    };
+}
+
+binary_methods!(
+    add, add_scalar => Add,
+    sub, sub_scalar => Sub,
+    mul, mul_scalar => Mul,
+    div, div_scalar => Div,
+    maximum, maximum_scalar => Max,
+    minimum, minimum_scalar => Min,
+    pow, pow_scalar => Pow,
+);
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("shape", &self.shape())
+            .field("device", self.device())
+            .finish()
+    }
+}
