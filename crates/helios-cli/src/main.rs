@@ -1,0 +1,46 @@
+// `helios`: the command-line front end. This file only parses arguments and dispatches;
+// each subcommand lives in its own file with an `Args` struct and a `run` function, and
+// every failure comes back here as a value, is printed as `error: ...` and exits with 1.
+
+mod info;
+mod selfcheck;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Errors from any subcommand; each crate's error type converts into it.
+pub type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+#[derive(Parser)]
+#[command(
+    name = "helios",
+    version,
+    about = "Helios: a tensor engine on Vulkan compute"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the Vulkan devices, their capabilities, and the one Helios would use.
+    Info(info::InfoArgs),
+    /// Check every element-wise op on the chosen device against the CPU reference.
+    Selfcheck(selfcheck::SelfcheckArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(args) => info::run(&args),
+        Command::Selfcheck(args) => selfcheck::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

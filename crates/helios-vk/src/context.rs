@@ -1,0 +1,243 @@
+// The logical device: one compute queue, one timeline, one pipeline cache.
+//
+// A `Context` is shared as `Arc<Context>` and is `Send + Sync`; every object made from it
+// (buffers, pipelines) holds that `Arc`, so the device outlives them and Drop order is right
+// by construction: objects, then the device, then the instance (also held by `Arc`).
+// Methods that create owned objects take `self: &Arc<Self>` for that reason.
+
+use ash::vk;
+use std::sync::Arc;
+
+use crate::adapter::{select_adapter_from_env, Adapter};
+use crate::caps::{Caps, QueueFamily};
+use crate::error::{vk_err, Error, Result};
+use crate::features::{self, EnabledFeatures};
+use crate::instance::{Instance, InstanceOptions};
+use crate::submit::Submitter;
+
+pub struct Context {
+    instance: Arc<Instance>,
+    adapter: Adapter,
+    device: ash::Device,
+    /// Names objects for validation messages when validation is on.
+    debug_utils: Option<ash::ext::debug_utils::Device>,
+    queue_family: u32,
+    pub(crate) submitter: Submitter,
+    pipeline_cache: vk::PipelineCache,
+    memory: vk::PhysicalDeviceMemoryProperties,
+    enabled: EnabledFeatures,
+}
+
+impl Context {
+    pub fn new(instance: Arc<Instance>, adapter: &Adapter) -> Result<Arc<Context>> {
+        if adapter.instance_handle() != instance.raw().handle() {
+            return Err(Error::ForeignAdapter);
+        }
+        let caps = adapter.caps();
+        features::check_required(caps)?;
+        let queue_family =
+            pick_queue_family(&caps.queue_families).ok_or_else(|| Error::DeviceUnsupported {
+                device: caps.name.clone(),
+                missing: "a queue family with compute support".into(),
+            })?;
+        let (enabled, withheld) = features::plan(caps, instance.validation_layer_version());
+        for ext in withheld {
+            eprintln!(
+                "helios: {ext} left off: the installed validation layer predates it \
+                 (update vulkan-validationlayers, or unset HELIOS_VALIDATION to use it)"
+            );
+        }
+        let device =
+            features::create_device(instance.raw(), adapter.raw(), caps, queue_family, &enabled)?;
+
+        let (submitter, pipeline_cache) = match init_device_objects(&device, queue_family) {
+            Ok(objects) => objects,
+            Err(e) => {
+                // SAFETY: nothing else was created on the device or submitted to it.
+                unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
+        // SAFETY: plain query on a valid physical device.
+        let memory = unsafe {
+            instance
+                .raw()
+                .get_physical_device_memory_properties(adapter.raw())
+        };
+        let debug_utils = instance
+            .options()
+            .validation
+            .then(|| ash::ext::debug_utils::Device::new(instance.raw(), &device));
+        Ok(Arc::new(Context {
+            instance,
+            adapter: adapter.clone(),
+            device,
+            debug_utils,
+            queue_family,
+            submitter,
+            pipeline_cache,
+            memory,
+            enabled,
+        }))
+    }
+
+    /// Instance from `HELIOS_VALIDATION`, device from `HELIOS_DEVICE` (or the default order).
+    pub fn from_env() -> Result<Arc<Context>> {
+        let instance = Arc::new(Instance::new(&InstanceOptions::from_env()?)?);
+        let adapters = instance.adapters()?;
+        let adapter = select_adapter_from_env(&adapters)?;
+        Context::new(instance, adapter)
+    }
+
+    pub fn caps(&self) -> &Caps {
+        self.adapter.caps()
+    }
+
+    /// Features actually enabled on this device; kernels check these, not `caps()`.
+    pub fn enabled(&self) -> &EnabledFeatures {
+        &self.enabled
+    }
+
+    pub fn adapter(&self) -> &Adapter {
+        &self.adapter
+    }
+
+    pub fn instance(&self) -> &Arc<Instance> {
+        &self.instance
+    }
+
+    /// Shortcut for `instance().validation_messages()`.
+    pub fn validation_messages(&self) -> Vec<String> {
+        self.instance.validation_messages()
+    }
+
+    pub fn queue_family_index(&self) -> u32 {
+        self.queue_family
+    }
+
+    /// The pipeline cache contents, for persisting under the user cache dir (a later step).
+    pub fn pipeline_cache_data(&self) -> Result<Vec<u8>> {
+        // SAFETY: the cache belongs to this device; the driver synchronises cache access.
+        unsafe { self.device.get_pipeline_cache_data(self.pipeline_cache) }
+            .map_err(vk_err("vkGetPipelineCacheData"))
+    }
+
+    pub(crate) fn device(&self) -> &ash::Device {
+        &self.device
+    }
+
+    pub(crate) fn pipeline_cache(&self) -> vk::PipelineCache {
+        self.pipeline_cache
+    }
+
+    pub(crate) fn memory_properties(&self) -> &vk::PhysicalDeviceMemoryProperties {
+        &self.memory
+    }
+
+    /// Gives a Vulkan object a name that validation messages will show (no-op otherwise).
+    pub(crate) fn set_name<H: vk::Handle>(&self, handle: H, name: &str) {
+        let Some(du) = &self.debug_utils else { return };
+        let Ok(name) = std::ffi::CString::new(name) else {
+            return;
+        };
+        let info = vk::DebugUtilsObjectNameInfoEXT::default()
+            .object_handle(handle)
+            .object_name(&name);
+        // SAFETY: the handle belongs to this device. A failure only loses a debug name.
+        let _ = unsafe { du.set_debug_utils_object_name(&info) };
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: buffers and pipelines hold an Arc<Context>, so none is left; waiting for
+        // idle first makes destroying the command pools and semaphore legal.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            self.submitter.destroy(&self.device);
+            self.device
+                .destroy_pipeline_cache(self.pipeline_cache, None);
+            self.device.destroy_device(None);
+        }
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.adapter.name())
+            .field("queue_family", &self.queue_family)
+            .field("enabled", &self.enabled)
+            .finish()
+    }
+}
+
+/// The queue family Helios submits to: the first with graphics and compute (the universal
+/// family, which every driver schedules well), else the first with compute. A dedicated
+/// transfer family for overlapping copies is a later step.
+pub fn pick_queue_family(families: &[QueueFamily]) -> Option<u32> {
+    let usable = |q: &&QueueFamily| q.queue_count > 0 && q.has("compute");
+    families
+        .iter()
+        .filter(usable)
+        .find(|q| q.has("graphics"))
+        .or_else(|| families.iter().find(usable))
+        .map(|q| q.index)
+}
+
+/// The per-device objects a Context owns, cleaned up here if one of them fails.
+fn init_device_objects(
+    device: &ash::Device,
+    queue_family: u32,
+) -> Result<(Submitter, vk::PipelineCache)> {
+    // SAFETY: the queue family was requested with one queue at creation.
+    let queue = unsafe { device.get_device_queue(queue_family, 0) };
+    let submitter = Submitter::new(device, queue, queue_family)?;
+    // SAFETY: valid device; the cache starts empty (persisting it comes later).
+    let info = vk::PipelineCacheCreateInfo::default();
+    match unsafe { device.create_pipeline_cache(&info, None) } {
+        Ok(cache) => Ok((submitter, cache)),
+        Err(r) => {
+            // SAFETY: nothing was submitted yet.
+            unsafe { submitter.destroy(device) };
+            Err(Error::vk("vkCreatePipelineCache", r))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn family(index: u32, flags: &[&str], queue_count: u32) -> QueueFamily {
+        QueueFamily {
+            index,
+            flags: flags.iter().map(|f| f.to_string()).collect(),
+            queue_count,
+            timestamp_valid_bits: 64,
+        }
+    }
+
+    #[test]
+    fn queue_family_choice() {
+        // H200-like: universal family first.
+        let h200 = [
+            family(0, &["graphics", "compute", "transfer"], 16),
+            family(1, &["compute", "transfer"], 8),
+            family(2, &["transfer"], 2),
+        ];
+        assert_eq!(pick_queue_family(&h200), Some(0));
+        let compute_only = [family(0, &["transfer"], 1), family(1, &["compute"], 1)];
+        assert_eq!(pick_queue_family(&compute_only), Some(1));
+        let late_universal = [
+            family(0, &["compute"], 1),
+            family(1, &["graphics", "compute"], 1),
+        ];
+        assert_eq!(pick_queue_family(&late_universal), Some(1));
+        assert_eq!(
+            pick_queue_family(&[family(0, &["graphics", "compute"], 0)]),
+            None
+        );
+        assert_eq!(pick_queue_family(&[]), None);
+    }
+}

@@ -1,0 +1,39 @@
+// Environment switches read by helios-vk, all in one place.
+//
+// They are read only where an `*::from_env()` constructor asks for them, so that library
+// users who build options by hand are never surprised by the environment.
+
+use crate::error::{Error, Result};
+
+/// `HELIOS_VALIDATION=1` turns on the Khronos validation layer with synchronization
+/// validation; messages are collected on the `Instance`.
+pub const HELIOS_VALIDATION: &str = "HELIOS_VALIDATION";
+
+/// `HELIOS_DEVICE=<index>` or `HELIOS_DEVICE=<part of the name>` picks the Vulkan device.
+pub const HELIOS_DEVICE: &str = "HELIOS_DEVICE";
+
+/// Reads a boolean switch: unset or empty is `None`; `1/true/yes/on` and `0/false/no/off`
+/// (any case) are accepted; anything else is an error rather than a silent default.
+pub fn flag(name: &'static str) -> Result<Option<bool>> {
+    let Some(value) = std::env::var_os(name) else {
+        return Ok(None);
+    };
+    let value = value.to_string_lossy().trim().to_ascii_lowercase();
+    match value.as_str() {
+        "" => Ok(None),
+        "1" | "true" | "yes" | "on" => Ok(Some(true)),
+        "0" | "false" | "no" | "off" => Ok(Some(false)),
+        _ => Err(Error::BadEnvVar {
+            name,
+            value,
+            expected: "use 1 (on) or 0 (off)",
+        }),
+    }
+}
+
+/// Reads a string variable; unset or blank is `None`.
+pub fn string(name: &str) -> Option<String> {
+    let value = std::env::var(name).ok()?;
+    let value = value.trim();
+    (!value.is_empty()).then(|| value.to_owned())
+}

@@ -1,0 +1,58 @@
+//! helios-vk: the Vulkan runtime under Helios.
+//!
+//! Loads Vulkan at run time, probes what each device can do ([`Caps`]), creates a logical
+//! device ([`Context`]) with every useful feature it supports, and offers buffers addressed
+//! by device address, compute pipelines from run-time SPIR-V, and submission ordered by one
+//! timeline semaphore. This first runtime is synchronous (`submit_and_wait`, `upload`,
+//! `download` block); `submit`/`completed`/`wait` are the seams the async engine builds on.
+//! It knows nothing of tensors.
+//!
+//! ```no_run
+//! # fn main() -> helios_vk::Result<()> {
+//! let ctx = helios_vk::Context::from_env()?; // HELIOS_VALIDATION, HELIOS_DEVICE
+//! let buf = ctx.create_buffer(1024, helios_vk::MemoryLocation::DeviceLocal)?;
+//! ctx.upload(&buf, 0, &[1u8; 1024])?;
+//! # Ok(()) }
+//! ```
+
+mod adapter;
+mod caps;
+mod context;
+pub mod conv;
+pub mod env;
+mod error;
+mod features;
+mod instance;
+mod memory;
+mod pipeline;
+mod probe;
+mod recorder;
+mod submit;
+mod transfer;
+
+pub use adapter::{select_adapter, select_adapter_from_env, Adapter};
+pub use caps::{
+    Caps, CooperativeMatrixShape, DeviceType, Features, Limits, MemoryHeap, MemoryType,
+    QueueFamily, Subgroup,
+};
+pub use context::{pick_queue_family, Context};
+pub use error::{Error, Result};
+pub use features::EnabledFeatures;
+pub use instance::{Instance, InstanceOptions};
+pub use memory::{choose_memory_type, Buffer, MemoryLocation};
+pub use pipeline::{Pipeline, PipelineDesc};
+pub use recorder::{Recorder, MAX_COPY_REGION};
+pub use transfer::STAGING_CHUNK;
+
+/// Re-exported so callers can name the raw types in the few escape hatches (`Buffer::raw`).
+pub use ash::vk;
+
+// The runtime is shared across threads; keep that a compile-time fact.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Instance>();
+    send_sync::<Context>();
+    send_sync::<Buffer>();
+    send_sync::<Pipeline>();
+    send_sync::<Adapter>();
+};

@@ -1,0 +1,194 @@
+// Compute pipelines from run-time SPIR-V.
+//
+// The binding model is "no descriptors": a pipeline layout has no sets, only one
+// push-constant range [0, push_constant_size) for the compute stage, and kernels receive
+// buffers as device addresses inside that range. Specialisation constants carry
+// compile-time choices such as the workgroup size. Every pipeline goes through the
+// Context's VkPipelineCache (persisted to disk in a later step).
+
+use ash::vk;
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::sync::Arc;
+
+use crate::context::Context;
+use crate::error::{vk_err, Error, Result};
+
+const SPIRV_MAGIC: u32 = 0x0723_0203;
+
+#[derive(Clone, Copy, Debug)]
+pub struct PipelineDesc<'a> {
+    /// Shown in errors and validation messages.
+    pub name: &'a str,
+    pub spirv: &'a [u32],
+    pub entry: &'a str,
+    /// Bytes; a multiple of 4, at most the device's maxPushConstantsSize.
+    pub push_constant_size: u32,
+    /// (SpecId, 32-bit value) pairs.
+    pub spec_constants: &'a [(u32, u32)],
+}
+
+pub struct Pipeline {
+    ctx: Arc<Context>,
+    name: String,
+    raw: vk::Pipeline,
+    layout: vk::PipelineLayout,
+    push_constant_size: u32,
+}
+
+impl Context {
+    pub fn create_pipeline(self: &Arc<Self>, desc: &PipelineDesc<'_>) -> Result<Arc<Pipeline>> {
+        let invalid = |detail: String| Error::InvalidPipeline {
+            pipeline: desc.name.to_owned(),
+            detail,
+        };
+        if desc.spirv.first() != Some(&SPIRV_MAGIC) {
+            return Err(invalid(
+                "the code is not a SPIR-V module (no magic number)".into(),
+            ));
+        }
+        let max_push = self.caps().limits.max_push_constants_size;
+        if desc.push_constant_size > max_push {
+            return Err(invalid(format!(
+                "needs {} bytes of push constants but the device allows {max_push}",
+                desc.push_constant_size
+            )));
+        }
+        if desc.push_constant_size % 4 != 0 {
+            return Err(invalid(format!(
+                "push_constant_size {} is not a multiple of 4",
+                desc.push_constant_size
+            )));
+        }
+        let entry = CString::new(desc.entry)
+            .map_err(|_| invalid("the entry point name contains a NUL byte".into()))?;
+        let mut seen = HashSet::new();
+        if let Some((id, _)) = desc.spec_constants.iter().find(|(id, _)| !seen.insert(*id)) {
+            return Err(invalid(format!(
+                "specialization constant {id} is given twice"
+            )));
+        }
+
+        let device = self.device();
+        let module_info = vk::ShaderModuleCreateInfo::default().code(desc.spirv);
+        // SAFETY: valid device; the code starts with the SPIR-V magic number.
+        let module = unsafe { device.create_shader_module(&module_info, None) }
+            .map_err(vk_err("vkCreateShaderModule"))?;
+        let result = self.build(desc, module, &entry);
+        // SAFETY: a shader module may be destroyed once pipelines are created from it.
+        unsafe { device.destroy_shader_module(module, None) };
+        let (layout, raw) = result?;
+        self.set_name(raw, desc.name);
+        Ok(Arc::new(Pipeline {
+            ctx: Arc::clone(self),
+            name: desc.name.to_owned(),
+            raw,
+            layout,
+            push_constant_size: desc.push_constant_size,
+        }))
+    }
+
+    fn build(
+        &self,
+        desc: &PipelineDesc<'_>,
+        module: vk::ShaderModule,
+        entry: &CString,
+    ) -> Result<(vk::PipelineLayout, vk::Pipeline)> {
+        let device = self.device();
+        let ranges = [vk::PushConstantRange {
+            stage_flags: vk::ShaderStageFlags::COMPUTE,
+            offset: 0,
+            size: desc.push_constant_size,
+        }];
+        let ranges: &[vk::PushConstantRange] = if desc.push_constant_size > 0 {
+            &ranges
+        } else {
+            &[]
+        };
+        let layout_info = vk::PipelineLayoutCreateInfo::default().push_constant_ranges(ranges);
+        // SAFETY: valid device and create info.
+        let layout = unsafe { device.create_pipeline_layout(&layout_info, None) }
+            .map_err(vk_err("vkCreatePipelineLayout"))?;
+
+        let entries: Vec<vk::SpecializationMapEntry> = (0u32..)
+            .zip(desc.spec_constants)
+            .map(|(i, &(id, _))| vk::SpecializationMapEntry {
+                constant_id: id,
+                offset: 4 * i,
+                size: 4,
+            })
+            .collect();
+        let data: Vec<u8> = desc
+            .spec_constants
+            .iter()
+            .flat_map(|&(_, v)| v.to_ne_bytes())
+            .collect();
+        let spec = vk::SpecializationInfo::default()
+            .map_entries(&entries)
+            .data(&data);
+        let mut stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(entry);
+        if !entries.is_empty() {
+            stage = stage.specialization_info(&spec);
+        }
+        let info = vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(layout);
+        // SAFETY: module and layout are valid; the cache belongs to this device.
+        let created =
+            unsafe { device.create_compute_pipelines(self.pipeline_cache(), &[info], None) };
+        match created {
+            Ok(pipelines) => Ok((layout, pipelines[0])),
+            Err((_, r)) => {
+                // SAFETY: the layout is not used by any pipeline.
+                unsafe { device.destroy_pipeline_layout(layout, None) };
+                Err(Error::vk("vkCreateComputePipelines", r))
+            }
+        }
+    }
+}
+
+impl Pipeline {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes of push constants the layout declares.
+    pub fn push_constant_size(&self) -> u32 {
+        self.push_constant_size
+    }
+
+    pub(crate) fn raw(&self) -> vk::Pipeline {
+        self.raw
+    }
+
+    pub(crate) fn layout(&self) -> vk::PipelineLayout {
+        self.layout
+    }
+
+    pub(crate) fn context(&self) -> &Context {
+        &self.ctx
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // SAFETY: synchronous runtime: no pending work uses it (with the unsafe `submit`,
+        // keeping it alive is the caller's contract).
+        unsafe {
+            self.ctx.device().destroy_pipeline(self.raw, None);
+            self.ctx.device().destroy_pipeline_layout(self.layout, None);
+        }
+    }
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("name", &self.name)
+            .field("push_constant_size", &self.push_constant_size)
+            .finish()
+    }
+}

@@ -1,0 +1,203 @@
+// Recording commands into one command buffer: dispatch, barrier, copy.
+//
+// A `Recorder` only exists inside `Context::submit*`, so it cannot outlive or escape its
+// command buffer. It checks every argument that comes from the caller (push-constant sizes,
+// group counts, copy ranges, objects from another device) and returns an error instead of
+// recording something the validation layer would reject. Barriers are explicit and global
+// for now; the async engine's hazard tracker will decide them later.
+
+use ash::vk;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::memory::Buffer;
+use crate::pipeline::Pipeline;
+
+/// Largest region per `vkCmdCopyBuffer` region: lavapipe crashes on a 2 GiB region.
+pub const MAX_COPY_REGION: u64 = 1 << 30;
+
+pub struct Recorder<'a> {
+    ctx: &'a Context,
+    cb: vk::CommandBuffer,
+    /// Pipeline bound last, so that repeated dispatches of one kernel skip the rebind.
+    bound: vk::Pipeline,
+    dispatches: u32,
+}
+
+impl<'a> Recorder<'a> {
+    pub(crate) fn new(ctx: &'a Context, cb: vk::CommandBuffer) -> Self {
+        Recorder {
+            ctx,
+            cb,
+            bound: vk::Pipeline::null(),
+            dispatches: 0,
+        }
+    }
+
+    /// Records one compute dispatch of `groups` workgroups with `push_constants` at offset 0.
+    pub fn dispatch(
+        &mut self,
+        pipeline: &Pipeline,
+        groups: [u32; 3],
+        push_constants: &[u8],
+    ) -> Result<()> {
+        let invalid = |detail: String| Error::InvalidDispatch {
+            pipeline: pipeline.name().to_owned(),
+            detail,
+        };
+        if !std::ptr::eq(pipeline.context(), self.ctx) {
+            return Err(invalid(
+                "the pipeline was created on a different Context".into(),
+            ));
+        }
+        let len = push_constants.len();
+        if len as u64 > u64::from(pipeline.push_constant_size()) {
+            return Err(invalid(format!(
+                "{len} bytes of push constants, but the pipeline declares {}",
+                pipeline.push_constant_size()
+            )));
+        }
+        if len % 4 != 0 {
+            return Err(invalid(format!(
+                "{len} bytes of push constants; Vulkan needs a multiple of 4"
+            )));
+        }
+        let max = self.ctx.caps().limits.max_workgroup_count;
+        if groups.iter().zip(max).any(|(&g, m)| g > m) {
+            return Err(invalid(format!(
+                "{groups:?} workgroups exceed the device limit {max:?}; split the dispatch"
+            )));
+        }
+
+        let device = self.ctx.device();
+        // SAFETY: the command buffer is recording; the pipeline and its layout belong to this
+        // device (checked above) and the push range was checked against the layout.
+        unsafe {
+            if self.bound != pipeline.raw() {
+                device.cmd_bind_pipeline(self.cb, vk::PipelineBindPoint::COMPUTE, pipeline.raw());
+                self.bound = pipeline.raw();
+            }
+            if len > 0 {
+                device.cmd_push_constants(
+                    self.cb,
+                    pipeline.layout(),
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    push_constants,
+                );
+            }
+            device.cmd_dispatch(self.cb, groups[0], groups[1], groups[2]);
+        }
+        self.dispatches += 1;
+        Ok(())
+    }
+
+    /// Makes all earlier compute and transfer writes visible to all later compute and
+    /// transfer accesses (and orders later writes after earlier reads).
+    pub fn barrier(&mut self) {
+        compute_transfer_barrier(self.ctx.device(), self.cb);
+    }
+
+    /// Copies `size` bytes; regions are split at `MAX_COPY_REGION`. Size 0 records nothing.
+    pub fn copy_buffer(
+        &mut self,
+        src: &Buffer,
+        src_offset: u64,
+        dst: &Buffer,
+        dst_offset: u64,
+        size: u64,
+    ) -> Result<()> {
+        for (buf, what) in [
+            (src, "copy_buffer source"),
+            (dst, "copy_buffer destination"),
+        ] {
+            if !std::ptr::eq(buf.context(), self.ctx) {
+                return Err(Error::ForeignObject { what });
+            }
+        }
+        src.check_range("copy_buffer source", src_offset, size)?;
+        dst.check_range("copy_buffer destination", dst_offset, size)?;
+        if size == 0 {
+            return Ok(());
+        }
+        if src.raw() == dst.raw()
+            && src_offset < dst_offset + size
+            && dst_offset < src_offset + size
+        {
+            return Err(Error::OverlappingCopy);
+        }
+        let regions: Vec<vk::BufferCopy> = (0..size)
+            .step_by(MAX_COPY_REGION as usize)
+            .map(|start| vk::BufferCopy {
+                src_offset: src_offset + start,
+                dst_offset: dst_offset + start,
+                size: (size - start).min(MAX_COPY_REGION),
+            })
+            .collect();
+        // SAFETY: both buffers belong to this device and the ranges were checked.
+        unsafe {
+            self.ctx
+                .device()
+                .cmd_copy_buffer(self.cb, src.raw(), dst.raw(), &regions)
+        };
+        Ok(())
+    }
+
+    /// Dispatches recorded so far (for flush thresholds and tests).
+    pub fn dispatch_count(&self) -> u32 {
+        self.dispatches
+    }
+}
+
+fn global_barrier(
+    device: &ash::Device,
+    cb: vk::CommandBuffer,
+    src: (vk::PipelineStageFlags, vk::AccessFlags),
+    dst: (vk::PipelineStageFlags, vk::AccessFlags),
+) {
+    let barrier = vk::MemoryBarrier::default()
+        .src_access_mask(src.1)
+        .dst_access_mask(dst.1);
+    // SAFETY: `cb` is recording on `device`. Plain vkCmdPipelineBarrier keeps Vulkan 1.2
+    // devices working (synchronization2 is 1.3 core).
+    unsafe {
+        device.cmd_pipeline_barrier(
+            cb,
+            src.0,
+            dst.0,
+            vk::DependencyFlags::empty(),
+            &[barrier],
+            &[],
+            &[],
+        )
+    };
+}
+
+const COMPUTE_TRANSFER: vk::PipelineStageFlags = vk::PipelineStageFlags::from_raw(
+    vk::PipelineStageFlags::COMPUTE_SHADER.as_raw() | vk::PipelineStageFlags::TRANSFER.as_raw(),
+);
+
+pub(crate) fn compute_transfer_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
+    use vk::AccessFlags as A;
+    global_barrier(
+        device,
+        cb,
+        (COMPUTE_TRANSFER, A::SHADER_WRITE | A::TRANSFER_WRITE),
+        (
+            COMPUTE_TRANSFER,
+            A::SHADER_READ | A::SHADER_WRITE | A::TRANSFER_READ | A::TRANSFER_WRITE,
+        ),
+    );
+}
+
+/// Device writes → host reads: a host wait on the semaphore alone does not make device
+/// writes visible to the host.
+pub(crate) fn host_read_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
+    use vk::AccessFlags as A;
+    global_barrier(
+        device,
+        cb,
+        (COMPUTE_TRANSFER, A::SHADER_WRITE | A::TRANSFER_WRITE),
+        (vk::PipelineStageFlags::HOST, A::HOST_READ),
+    );
+}

@@ -1,0 +1,65 @@
+// Shared helpers for helios-vk's integration tests: a validated context on whatever device
+// is present, the "no validation messages" check, deterministic random bytes, and the tiny
+// rspirv-built compute shader the pipeline tests run.
+#![allow(dead_code)] // each test binary uses a different subset
+
+pub mod shader;
+
+use helios_vk::{env, Context, Instance, InstanceOptions};
+use std::sync::Arc;
+
+/// Tests run with validation on unless HELIOS_VALIDATION=0: a message is a failure.
+pub fn options() -> InstanceOptions {
+    let validation = env::flag(env::HELIOS_VALIDATION)
+        .expect("HELIOS_VALIDATION must be 0 or 1")
+        .unwrap_or(true);
+    InstanceOptions { validation }
+}
+
+pub fn instance() -> Arc<Instance> {
+    Arc::new(Instance::new(&options()).expect("create Vulkan instance"))
+}
+
+/// A Context on the device HELIOS_DEVICE selects (default order otherwise).
+pub fn context() -> Arc<Context> {
+    let instance = instance();
+    let adapters = instance.adapters().expect("enumerate adapters");
+    let adapter = helios_vk::select_adapter_from_env(&adapters).expect("select adapter");
+    Context::new(instance.clone(), adapter).expect("create context")
+}
+
+/// Fails the test if the validation layer reported anything.
+#[track_caller]
+pub fn assert_no_validation_messages(instance: &Instance) {
+    let messages = instance.validation_messages();
+    assert!(
+        messages.is_empty(),
+        "{} validation message(s):\n{}",
+        messages.len(),
+        messages.join("\n")
+    );
+}
+
+/// Ends a test: checks for validation messages, then drops the context (which destroys the
+/// device if nothing else holds it) and checks again, so destruction is validated too.
+#[track_caller]
+pub fn finish(ctx: Arc<Context>) {
+    let instance = Arc::clone(ctx.instance());
+    assert_no_validation_messages(&instance);
+    drop(ctx);
+    assert_no_validation_messages(&instance);
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*), so failures reproduce.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        out.extend_from_slice(&state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
