@@ -91,11 +91,11 @@ pub fn gelu_tanh(k: &mut KernelBuilder, x: Val) -> Val {
     k.div(x, den)
 }
 
-/// max(x, 0) with NaN propagated.
+/// max(x, 0) with NaN propagated. (Written as `x < 0 ? 0 : x`, NVIDIA's compiler turns it
+/// into a max that drops the NaN; the explicit NaN test survives.)
 pub fn relu(k: &mut KernelBuilder, x: Val) -> Val {
     let zero = splat_f(k, x, 0.0);
-    let neg = k.lt(x, zero);
-    k.select(neg, zero, x)
+    max_nan(k, x, zero, true)
 }
 
 /// Maximum or minimum that returns NaN when either operand is NaN (as PyTorch does).
