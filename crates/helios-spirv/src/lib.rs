@@ -20,6 +20,7 @@ mod ops;
 mod subgroup;
 mod types;
 mod validate;
+mod wide;
 
 pub use builder::{
     Access, Binding, Buffer, KernelBuilder, KernelModule, Param, ParamInfo, ParamSlot,
