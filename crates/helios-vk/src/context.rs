@@ -6,13 +6,19 @@
 // Methods that create owned objects take `self: &Arc<Self>` for that reason.
 
 use ash::vk;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use crate::adapter::{select_adapter_from_env, Adapter};
 use crate::caps::{Caps, QueueFamily};
+use crate::encoder::{Encoder, DEFAULT_BATCH};
+use crate::env;
 use crate::error::{vk_err, Error, Result};
 use crate::features::{self, EnabledFeatures};
 use crate::instance::{Instance, InstanceOptions};
+use crate::memory::MemoryLocation;
+use crate::pool::Pool;
 use crate::submit::Submitter;
 
 pub struct Context {
@@ -26,6 +32,13 @@ pub struct Context {
     pipeline_cache: vk::PipelineCache,
     memory: vk::PhysicalDeviceMemoryProperties,
     enabled: EnabledFeatures,
+    /// The one open batch all GPU commands are recorded into (encoder.rs).
+    pub(crate) encoder: Mutex<Encoder>,
+    /// Caching allocators for device-local and host-visible memory (pool.rs).
+    pools: [Mutex<Pool>; 2],
+    next_block: AtomicU64,
+    /// How long `wait` polls the timeline before blocking (`HELIOS_SPIN_US`).
+    pub(crate) spin: Duration,
 }
 
 impl Context {
@@ -78,6 +91,15 @@ impl Context {
             pipeline_cache,
             memory,
             enabled,
+            encoder: Mutex::new(Encoder::new(
+                env::u32_or(env::HELIOS_BATCH, DEFAULT_BATCH)?.max(1),
+            )),
+            pools: [
+                Mutex::new(Pool::new(MemoryLocation::DeviceLocal)),
+                Mutex::new(Pool::new(MemoryLocation::HostVisible)),
+            ],
+            next_block: AtomicU64::new(1),
+            spin: Duration::from_micros(env::u32_or(env::HELIOS_SPIN_US, DEFAULT_SPIN_US)?.into()),
         }))
     }
 
@@ -122,6 +144,16 @@ impl Context {
             .map_err(vk_err("vkGetPipelineCacheData"))
     }
 
+    pub(crate) fn pool(&self, location: MemoryLocation) -> MutexGuard<'_, Pool> {
+        self.pools[location.index()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn next_block_id(&self) -> u64 {
+        self.next_block.fetch_add(1, Ordering::Relaxed)
+    }
+
     pub(crate) fn device(&self) -> &ash::Device {
         &self.device
     }
@@ -154,6 +186,7 @@ impl Drop for Context {
         // idle first makes destroying the command pools and semaphore legal.
         unsafe {
             let _ = self.device.device_wait_idle();
+            self.destroy_pools();
             self.submitter.destroy(&self.device);
             self.device
                 .destroy_pipeline_cache(self.pipeline_cache, None);
@@ -171,6 +204,10 @@ impl std::fmt::Debug for Context {
             .finish()
     }
 }
+
+/// Default for `HELIOS_SPIN_US`: long enough to catch a short kernel, short enough not to
+/// burn a core while a long one runs.
+const DEFAULT_SPIN_US: u32 = 1000;
 
 /// The queue family Helios submits to: the first with graphics and compute (the universal
 /// family, which every driver schedules well), else the first with compute. A dedicated

@@ -37,3 +37,21 @@ pub fn string(name: &str) -> Option<String> {
     let value = value.trim();
     (!value.is_empty()).then(|| value.to_owned())
 }
+
+/// `HELIOS_BATCH=<n>`: dispatches per submitted batch (default 256; 1 submits each alone).
+pub const HELIOS_BATCH: &str = "HELIOS_BATCH";
+
+/// `HELIOS_SPIN_US=<µs>`: how long a host wait polls the timeline before sleeping.
+pub const HELIOS_SPIN_US: &str = "HELIOS_SPIN_US";
+
+/// Reads an unsigned integer; unset or blank gives `default`.
+pub fn u32_or(name: &'static str, default: u32) -> Result<u32> {
+    match string(name) {
+        None => Ok(default),
+        Some(v) => v.parse().map_err(|_| Error::BadEnvVar {
+            name,
+            value: v,
+            expected: "an unsigned integer",
+        }),
+    }
+}

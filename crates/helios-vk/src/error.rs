@@ -76,6 +76,22 @@ pub enum Error {
         location: &'static str,
     },
 
+    #[error(
+        "out of {kind} memory: {requested} bytes asked for a {location} buffer while Helios holds \
+         {held} bytes ({in_use} in live buffers) after returning its cache to the driver; \
+         drop tensors that are no longer needed or use smaller sizes"
+    )]
+    PoolOutOfMemory {
+        kind: &'static str,
+        requested: u64,
+        location: &'static str,
+        held: u64,
+        in_use: u64,
+    },
+
+    #[error("a Context method was called from inside a recording closure on the same thread; record only through the Recorder there")]
+    Reentrant,
+
     #[error("buffer of {requested} bytes exceeds the device limit of {limit} bytes ({limit_name}); split the data over several buffers")]
     BufferTooLarge {
         requested: u64,

@@ -19,12 +19,14 @@ mod adapter;
 mod caps;
 mod context;
 pub mod conv;
+mod encoder;
 pub mod env;
 mod error;
 mod features;
 mod instance;
 mod memory;
 mod pipeline;
+mod pool;
 mod probe;
 mod recorder;
 mod submit;
@@ -36,11 +38,13 @@ pub use caps::{
     QueueFamily, Subgroup,
 };
 pub use context::{pick_queue_family, Context};
+pub use encoder::{Access, DEFAULT_BATCH};
 pub use error::{Error, Result};
 pub use features::EnabledFeatures;
 pub use instance::{Instance, InstanceOptions};
 pub use memory::{choose_memory_type, Buffer, MemoryLocation};
 pub use pipeline::{Pipeline, PipelineDesc};
+pub use pool::MemoryStats;
 pub use recorder::{Recorder, MAX_COPY_REGION};
 pub use transfer::STAGING_CHUNK;
 

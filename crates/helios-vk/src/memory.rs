@@ -1,13 +1,18 @@
 // Buffers and the memory behind them.
 //
-// Every buffer is a storage buffer reachable by device address (kernels get addresses in
-// push constants, never descriptors) and a transfer source/destination. All memory comes
-// from `allocate`/`free`, the one seam where a pooled, caching allocator will replace the
-// current one-vkAllocateMemory-per-buffer scheme. Host-visible buffers are mapped once for
-// their whole life.
+// Memory comes from the driver in large blocks (one VkDeviceMemory + one VkBuffer spanning
+// it, reachable by device address), and a `Buffer` is a region of a block handed out by the
+// caching pool (pool.rs). A buffer's device address is the block's plus its offset, so
+// kernels never see the difference. Host-visible blocks (and device-local ones on unified
+// memory, where device-local memory is host-visible) are mapped once for their whole life.
+//
+// Each buffer remembers the timeline values of its last write and last use by the GPU
+// (recorded by the encoder); host reads wait for the first, host writes and the pool's
+// reuse for host access wait for the second.
 
 use ash::vk;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::context::Context;
@@ -16,7 +21,8 @@ use crate::error::{vk_err, Error, Result};
 /// Where a buffer's memory lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemoryLocation {
-    /// Fastest for kernels; reached from the host through staging copies.
+    /// Fastest for kernels; reached from the host through staging copies (or directly on
+    /// unified memory).
     DeviceLocal,
     /// Mapped for the buffer's life; host-coherent (and host-cached when available, which
     /// makes read-back fast).
@@ -30,38 +36,47 @@ impl MemoryLocation {
             MemoryLocation::HostVisible => "host-visible",
         }
     }
-}
 
-/// Smallest buffer actually created: size-0 buffers are legal for callers, not for Vulkan.
-const MIN_ALLOCATION: u64 = 16;
-
-pub struct Buffer {
-    ctx: Arc<Context>,
-    raw: vk::Buffer,
-    allocation: Allocation,
-    /// Size the caller asked for (may be 0); the VkBuffer may be larger.
-    size: u64,
-    address: u64,
-    location: MemoryLocation,
-}
-
-impl Context {
-    /// Creates a storage buffer of `size` bytes (0 allowed).
-    pub fn create_buffer(self: &Arc<Self>, size: u64, location: MemoryLocation) -> Result<Buffer> {
-        let alloc_size = size.max(1).next_multiple_of(MIN_ALLOCATION);
-        let limits = &self.caps().limits;
-        if let Some(max) = limits.max_buffer_size {
-            if alloc_size > max {
-                return Err(Error::BufferTooLarge {
-                    requested: size,
-                    limit: max,
-                    limit_name: "maxBufferSize",
-                });
-            }
+    pub(crate) fn index(self) -> usize {
+        match self {
+            MemoryLocation::DeviceLocal => 0,
+            MemoryLocation::HostVisible => 1,
         }
-        let device = self.device();
+    }
+}
+
+/// One driver allocation with a buffer over all of it.
+pub(crate) struct Block {
+    /// Unique per Context; identifies the block in hazard tracking.
+    pub(crate) id: u64,
+    pub(crate) raw: vk::Buffer,
+    memory: vk::DeviceMemory,
+    pub(crate) size: u64,
+    pub(crate) address: u64,
+    mapped: Option<Mapping>,
+}
+
+struct Mapping {
+    ptr: NonNull<u8>,
+    coherent: bool,
+}
+
+// SAFETY: the pointer is to device memory mapped for the block's whole life; every access
+// is bounded by a buffer's range checks and ordered by the timeline.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Block {
+    /// Allocates a block of `size` bytes in `location` (`requested` is for error messages).
+    pub(crate) fn new(
+        ctx: &Context,
+        id: u64,
+        size: u64,
+        location: MemoryLocation,
+    ) -> Result<Block> {
+        let device = ctx.device();
         let info = vk::BufferCreateInfo::default()
-            .size(alloc_size)
+            .size(size)
             .usage(
                 vk::BufferUsageFlags::STORAGE_BUFFER
                     | vk::BufferUsageFlags::TRANSFER_SRC
@@ -74,7 +89,7 @@ impl Context {
             .map_err(|r| oom_or(r, "vkCreateBuffer", size, location))?;
         // SAFETY: `raw` was just created on this device.
         let requirements = unsafe { device.get_buffer_memory_requirements(raw) };
-        let allocation = match allocate(self, requirements, size, location) {
+        let (memory, mapped) = match allocate(ctx, requirements, size, location) {
             Ok(a) => a,
             Err(e) => {
                 // SAFETY: unused buffer of this device.
@@ -82,32 +97,109 @@ impl Context {
                 return Err(e);
             }
         };
-        // SAFETY: memory type was chosen from the buffer's requirements, offset is 0.
-        if let Err(r) =
-            unsafe { device.bind_buffer_memory(raw, allocation.memory, allocation.offset) }
-        {
+        // SAFETY: the memory type was chosen from the buffer's requirements; offset 0.
+        if let Err(r) = unsafe { device.bind_buffer_memory(raw, memory, 0) } {
             // SAFETY: neither object is in use.
             unsafe {
                 device.destroy_buffer(raw, None);
-                free(self, &allocation);
+                device.free_memory(memory, None);
             }
             return Err(oom_or(r, "vkBindBufferMemory", size, location));
         }
         let address_info = vk::BufferDeviceAddressInfo::default().buffer(raw);
         // SAFETY: bound buffer with SHADER_DEVICE_ADDRESS usage on a device with the feature.
         let address = unsafe { device.get_buffer_device_address(&address_info) };
-        Ok(Buffer {
-            ctx: Arc::clone(self),
+        ctx.set_name(raw, &format!("helios block {id} ({})", location.as_str()));
+        Ok(Block {
+            id,
             raw,
-            allocation,
+            memory,
             size,
             address,
-            location,
+            mapped,
         })
+    }
+
+    /// Returns the memory to the driver.
+    ///
+    /// # Safety
+    /// No GPU work may still use the block, and no `Buffer` may refer to it.
+    pub(crate) unsafe fn destroy(&self, device: &ash::Device) {
+        device.destroy_buffer(self.raw, None);
+        device.free_memory(self.memory, None);
+    }
+
+    pub(crate) fn is_mapped(&self) -> bool {
+        self.mapped.is_some()
+    }
+}
+
+/// A region of device memory: what tensors and staging areas are made of.
+pub struct Buffer {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) block: Arc<Block>,
+    /// Byte offset of the region in its block.
+    pub(crate) offset: u64,
+    /// Bytes reserved in the block (the size class, ≥ `size`).
+    pub(crate) class: u64,
+    /// Size the caller asked for (may be 0).
+    size: u64,
+    location: MemoryLocation,
+    /// Timeline value of the batch that last wrote the buffer (0: none).
+    last_write: AtomicU64,
+    /// Timeline value of the batch that last read or wrote it (0: none).
+    last_use: AtomicU64,
+}
+
+impl Context {
+    /// A buffer of `size` bytes (0 allowed) from the caching pool.
+    pub fn create_buffer(self: &Arc<Self>, size: u64, location: MemoryLocation) -> Result<Buffer> {
+        let limits = &self.caps().limits;
+        if let Some(max) = limits.max_buffer_size {
+            if size > max {
+                return Err(Error::BufferTooLarge {
+                    requested: size,
+                    limit: max,
+                    limit_name: "maxBufferSize",
+                });
+            }
+        }
+        let (block, offset, class) = self.pool_alloc(size, location, false)?;
+        Ok(Buffer::new(self, block, offset, class, size, location))
+    }
+
+    /// A buffer the host may write at once (its region is no longer used by the GPU).
+    pub(crate) fn create_host_buffer(
+        self: &Arc<Self>,
+        size: u64,
+        location: MemoryLocation,
+    ) -> Result<Buffer> {
+        let (block, offset, class) = self.pool_alloc(size, location, true)?;
+        Ok(Buffer::new(self, block, offset, class, size, location))
     }
 }
 
 impl Buffer {
+    fn new(
+        ctx: &Arc<Context>,
+        block: Arc<Block>,
+        offset: u64,
+        class: u64,
+        size: u64,
+        location: MemoryLocation,
+    ) -> Buffer {
+        Buffer {
+            ctx: Arc::clone(ctx),
+            block,
+            offset,
+            class,
+            size,
+            location,
+            last_write: AtomicU64::new(0),
+            last_use: AtomicU64::new(0),
+        }
+    }
+
     /// Size in bytes as requested at creation.
     pub fn size(&self) -> u64 {
         self.size
@@ -115,20 +207,45 @@ impl Buffer {
 
     /// GPU address of byte 0, for push constants (`PhysicalStorageBuffer` pointers).
     pub fn device_address(&self) -> u64 {
-        self.address
+        self.block.address + self.offset
     }
 
     pub fn location(&self) -> MemoryLocation {
         self.location
     }
 
-    /// True when the host reads and writes it directly (no staging copies).
+    /// True when the host can read and write it in place (host-visible, or device-local on
+    /// unified memory).
     pub fn is_mapped(&self) -> bool {
-        self.allocation.mapped.is_some()
+        self.block.is_mapped()
     }
 
+    /// The VkBuffer the region lives in (shared with other regions of the block).
     pub fn raw(&self) -> vk::Buffer {
-        self.raw
+        self.block.raw
+    }
+
+    /// Byte offset of this buffer inside `raw()`.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Timeline value of the last GPU write (0: never written by the GPU).
+    pub fn last_write(&self) -> u64 {
+        self.last_write.load(Ordering::Acquire)
+    }
+
+    /// Timeline value of the last GPU read or write.
+    pub fn last_use(&self) -> u64 {
+        self.last_use.load(Ordering::Acquire)
+    }
+
+    /// Records a GPU access in the batch that will signal `value`.
+    pub(crate) fn mark(&self, value: u64, write: bool) {
+        self.last_use.fetch_max(value, Ordering::AcqRel);
+        if write {
+            self.last_write.fetch_max(value, Ordering::AcqRel);
+        }
     }
 
     pub(crate) fn context(&self) -> &Context {
@@ -148,66 +265,82 @@ impl Buffer {
         }
     }
 
-    /// Copies host bytes into the mapping. Caller checked the range and that it is mapped.
+    fn map_ptr(&self, offset: u64) -> Option<(*mut u8, bool)> {
+        let map = self.block.mapped.as_ref()?;
+        // SAFETY: offset is inside the region, which is inside the mapped block.
+        Some((
+            unsafe { map.ptr.as_ptr().add((self.offset + offset) as usize) },
+            map.coherent,
+        ))
+    }
+
+    fn mapped_range(&self) -> vk::MappedMemoryRange<'static> {
+        vk::MappedMemoryRange::default()
+            .memory(self.block.memory)
+            .offset(0)
+            .size(vk::WHOLE_SIZE)
+    }
+
+    /// Copies host bytes into the mapping. The caller checked the range, that the buffer is
+    /// mapped, and that the GPU no longer uses it.
     #[track_caller]
     pub(crate) fn write_mapped(&self, offset: u64, bytes: &[u8]) -> Result<()> {
         debug_assert!(offset + bytes.len() as u64 <= self.size, "unchecked range");
-        let Some(map) = &self.allocation.mapped else {
+        let Some((ptr, coherent)) = self.map_ptr(offset) else {
             debug_assert!(false, "write_mapped on an unmapped buffer");
             return Ok(());
         };
-        // SAFETY: range checked by the caller against `size` <= mapped length; the GPU is not
-        // using the buffer (synchronous runtime: every submit is waited for).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                map.ptr.as_ptr().add(offset as usize),
-                bytes.len(),
-            )
-        };
-        if !map.coherent {
-            let range = self.allocation.whole_range();
-            // SAFETY: memory is mapped; whole-size range from offset 0 is always aligned.
-            unsafe { self.ctx.device().flush_mapped_memory_ranges(&[range]) }
-                .map_err(vk_err("vkFlushMappedMemoryRanges"))?;
+        // SAFETY: range checked by the caller; the GPU is done with the region.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
+        if !coherent {
+            // SAFETY: memory is mapped; a whole-size range from offset 0 is always aligned.
+            unsafe {
+                self.ctx
+                    .device()
+                    .flush_mapped_memory_ranges(&[self.mapped_range()])
+            }
+            .map_err(vk_err("vkFlushMappedMemoryRanges"))?;
         }
         Ok(())
     }
 
-    /// Copies from the mapping into `out`. Caller checked the range and that it is mapped.
+    /// Copies from the mapping into `out`. The caller checked the range and waited for the
+    /// last GPU write.
     #[track_caller]
     pub(crate) fn read_mapped(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         debug_assert!(offset + out.len() as u64 <= self.size, "unchecked range");
-        let Some(map) = &self.allocation.mapped else {
+        let Some((ptr, coherent)) = self.map_ptr(offset) else {
             debug_assert!(false, "read_mapped on an unmapped buffer");
             return Ok(());
         };
-        if !map.coherent {
-            let range = self.allocation.whole_range();
+        if !coherent {
             // SAFETY: as in write_mapped.
-            unsafe { self.ctx.device().invalidate_mapped_memory_ranges(&[range]) }
-                .map_err(vk_err("vkInvalidateMappedMemoryRanges"))?;
+            unsafe {
+                self.ctx
+                    .device()
+                    .invalidate_mapped_memory_ranges(&[self.mapped_range()])
+            }
+            .map_err(vk_err("vkInvalidateMappedMemoryRanges"))?;
         }
         // SAFETY: as in write_mapped.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                map.ptr.as_ptr().add(offset as usize),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 }
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        // SAFETY: synchronous runtime: no submitted work still uses the buffer (with the
-        // unsafe `submit`, keeping it alive is the caller's contract).
-        unsafe {
-            self.ctx.device().destroy_buffer(self.raw, None);
-            free(&self.ctx, &self.allocation);
-        }
+        // The region goes back to the pool tagged with its last GPU use: later GPU work on
+        // the queue may take it at once (the encoder orders the accesses), host access only
+        // once that value has completed.
+        let last_use = self.last_use();
+        self.ctx.pool_free(
+            self.location,
+            Arc::clone(&self.block),
+            self.offset,
+            self.class,
+            last_use,
+        );
     }
 }
 
@@ -216,45 +349,18 @@ impl std::fmt::Debug for Buffer {
         f.debug_struct("Buffer")
             .field("size", &self.size)
             .field("location", &self.location)
-            .field("address", &format_args!("{:#x}", self.address))
+            .field("address", &format_args!("{:#x}", self.device_address()))
             .finish()
     }
 }
 
-// ---- allocation seam ---------------------------------------------------------------------
-
-pub(crate) struct Allocation {
-    memory: vk::DeviceMemory,
-    offset: u64,
-    mapped: Option<Mapping>,
-}
-
-struct Mapping {
-    ptr: NonNull<u8>,
-    coherent: bool,
-}
-
-// SAFETY: the pointer is to device memory mapped for the allocation's whole life; access is
-// bounded by range checks and ordered by the runtime's submit/wait.
-unsafe impl Send for Mapping {}
-unsafe impl Sync for Mapping {}
-
-impl Allocation {
-    fn whole_range(&self) -> vk::MappedMemoryRange<'static> {
-        vk::MappedMemoryRange::default()
-            .memory(self.memory)
-            .offset(0)
-            .size(vk::WHOLE_SIZE)
-    }
-}
-
-/// Allocates memory for `requirements` in `location` (`requested` is for error messages).
+/// Allocates memory for `requirements` in `location`; maps it when it is host-visible.
 fn allocate(
     ctx: &Context,
     requirements: vk::MemoryRequirements,
     requested: u64,
     location: MemoryLocation,
-) -> Result<Allocation> {
+) -> Result<(vk::DeviceMemory, Option<Mapping>)> {
     let props = ctx.memory_properties();
     let types = props.memory_types_as_slice();
     let (type_index, flags) = choose_memory_type(types, requirements.memory_type_bits, location)
@@ -293,7 +399,7 @@ fn allocate(
     let memory = unsafe { device.allocate_memory(&info, None) }
         .map_err(|r| oom_or(r, "vkAllocateMemory", requested, location))?;
 
-    let mapped = if location == MemoryLocation::HostVisible {
+    let mapped = if flags.contains(vk::MemoryPropertyFlags::HOST_VISIBLE) {
         // SAFETY: HOST_VISIBLE memory, not yet mapped.
         match unsafe { device.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()) } {
             Ok(ptr) => NonNull::new(ptr.cast::<u8>()).map(|ptr| Mapping {
@@ -309,19 +415,7 @@ fn allocate(
     } else {
         None
     };
-    Ok(Allocation {
-        memory,
-        offset: 0,
-        mapped,
-    })
-}
-
-/// Returns an allocation's memory (unmapping is implied by vkFreeMemory).
-///
-/// # Safety
-/// No buffer bound to it may be in use by the device.
-unsafe fn free(ctx: &Context, allocation: &Allocation) {
-    ctx.device().free_memory(allocation.memory, None);
+    Ok((memory, mapped))
 }
 
 /// Picks the memory type for `location` among those allowed by `type_bits`.

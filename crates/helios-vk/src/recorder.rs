@@ -1,14 +1,15 @@
 // Recording commands into one command buffer: dispatch, barrier, copy.
 //
-// A `Recorder` only exists inside `Context::submit*`, so it cannot outlive or escape its
-// command buffer. It checks every argument that comes from the caller (push-constant sizes,
-// group counts, copy ranges, objects from another device) and returns an error instead of
-// recording something the validation layer would reject. Barriers are explicit and global
-// for now; the async engine's hazard tracker will decide them later.
+// The checks and recording shared by the encoder (declared accesses, barriers decided by
+// hazard tracking) and by `Recorder`, which only exists inside `Context::submit*` closures
+// (explicit barriers). Every argument that comes from the caller (push-constant sizes, group
+// counts, copy ranges, objects from another device) is checked and returns an error instead
+// of recording something the validation layer would reject.
 
 use ash::vk;
 
 use crate::context::Context;
+use crate::encoder::OpenBatch;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 use crate::pipeline::Pipeline;
@@ -16,22 +17,85 @@ use crate::pipeline::Pipeline;
 /// Largest region per `vkCmdCopyBuffer` region: lavapipe crashes on a 2 GiB region.
 pub const MAX_COPY_REGION: u64 = 1 << 30;
 
+/// Records into a command buffer of the encoder (`Context::submit*` closures). Dispatches
+/// recorded here declare no buffer accesses, so ordering between them is the caller's: call
+/// `barrier()` where one depends on another.
 pub struct Recorder<'a> {
     ctx: &'a Context,
-    cb: vk::CommandBuffer,
-    /// Pipeline bound last, so that repeated dispatches of one kernel skip the rebind.
-    bound: vk::Pipeline,
-    dispatches: u32,
+    batch: &'a mut OpenBatch,
+}
+
+/// Checks a dispatch's caller-supplied arguments against the pipeline and device limits.
+pub(crate) fn check_dispatch(
+    ctx: &Context,
+    pipeline: &Pipeline,
+    groups: [u32; 3],
+    push_constants: &[u8],
+) -> Result<()> {
+    let invalid = |detail: String| Error::InvalidDispatch {
+        pipeline: pipeline.name().to_owned(),
+        detail,
+    };
+    if !std::ptr::eq(pipeline.context(), ctx) {
+        return Err(invalid(
+            "the pipeline was created on a different Context".into(),
+        ));
+    }
+    let len = push_constants.len();
+    if len as u64 > u64::from(pipeline.push_constant_size()) {
+        return Err(invalid(format!(
+            "{len} bytes of push constants, but the pipeline declares {}",
+            pipeline.push_constant_size()
+        )));
+    }
+    if len % 4 != 0 {
+        return Err(invalid(format!(
+            "{len} bytes of push constants; Vulkan needs a multiple of 4"
+        )));
+    }
+    let max = ctx.caps().limits.max_workgroup_count;
+    if groups.iter().zip(max).any(|(&g, m)| g > m) {
+        return Err(invalid(format!(
+            "{groups:?} workgroups exceed the device limit {max:?}; split the dispatch"
+        )));
+    }
+    Ok(())
+}
+
+/// Binds (if needed), pushes constants and dispatches. Arguments were checked.
+pub(crate) fn record_dispatch(
+    ctx: &Context,
+    batch: &mut OpenBatch,
+    pipeline: &Pipeline,
+    groups: [u32; 3],
+    push_constants: &[u8],
+) {
+    let device = ctx.device();
+    let cb = batch.slot.cb;
+    // SAFETY: the command buffer is recording; the pipeline and its layout belong to this
+    // device and the push range was checked against the layout (check_dispatch).
+    unsafe {
+        if batch.bound != pipeline.raw() {
+            device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.raw());
+            batch.bound = pipeline.raw();
+        }
+        if !push_constants.is_empty() {
+            device.cmd_push_constants(
+                cb,
+                pipeline.layout(),
+                vk::ShaderStageFlags::COMPUTE,
+                0,
+                push_constants,
+            );
+        }
+        device.cmd_dispatch(cb, groups[0], groups[1], groups[2]);
+    }
+    batch.dispatches += 1;
 }
 
 impl<'a> Recorder<'a> {
-    pub(crate) fn new(ctx: &'a Context, cb: vk::CommandBuffer) -> Self {
-        Recorder {
-            ctx,
-            cb,
-            bound: vk::Pipeline::null(),
-            dispatches: 0,
-        }
+    pub(crate) fn new(ctx: &'a Context, batch: &'a mut OpenBatch) -> Self {
+        Recorder { ctx, batch }
     }
 
     /// Records one compute dispatch of `groups` workgroups with `push_constants` at offset 0.
@@ -41,61 +105,15 @@ impl<'a> Recorder<'a> {
         groups: [u32; 3],
         push_constants: &[u8],
     ) -> Result<()> {
-        let invalid = |detail: String| Error::InvalidDispatch {
-            pipeline: pipeline.name().to_owned(),
-            detail,
-        };
-        if !std::ptr::eq(pipeline.context(), self.ctx) {
-            return Err(invalid(
-                "the pipeline was created on a different Context".into(),
-            ));
-        }
-        let len = push_constants.len();
-        if len as u64 > u64::from(pipeline.push_constant_size()) {
-            return Err(invalid(format!(
-                "{len} bytes of push constants, but the pipeline declares {}",
-                pipeline.push_constant_size()
-            )));
-        }
-        if len % 4 != 0 {
-            return Err(invalid(format!(
-                "{len} bytes of push constants; Vulkan needs a multiple of 4"
-            )));
-        }
-        let max = self.ctx.caps().limits.max_workgroup_count;
-        if groups.iter().zip(max).any(|(&g, m)| g > m) {
-            return Err(invalid(format!(
-                "{groups:?} workgroups exceed the device limit {max:?}; split the dispatch"
-            )));
-        }
-
-        let device = self.ctx.device();
-        // SAFETY: the command buffer is recording; the pipeline and its layout belong to this
-        // device (checked above) and the push range was checked against the layout.
-        unsafe {
-            if self.bound != pipeline.raw() {
-                device.cmd_bind_pipeline(self.cb, vk::PipelineBindPoint::COMPUTE, pipeline.raw());
-                self.bound = pipeline.raw();
-            }
-            if len > 0 {
-                device.cmd_push_constants(
-                    self.cb,
-                    pipeline.layout(),
-                    vk::ShaderStageFlags::COMPUTE,
-                    0,
-                    push_constants,
-                );
-            }
-            device.cmd_dispatch(self.cb, groups[0], groups[1], groups[2]);
-        }
-        self.dispatches += 1;
+        check_dispatch(self.ctx, pipeline, groups, push_constants)?;
+        record_dispatch(self.ctx, self.batch, pipeline, groups, push_constants);
         Ok(())
     }
 
     /// Makes all earlier compute and transfer writes visible to all later compute and
     /// transfer accesses (and orders later writes after earlier reads).
     pub fn barrier(&mut self) {
-        compute_transfer_barrier(self.ctx.device(), self.cb);
+        self.batch.barrier(self.ctx);
     }
 
     /// Copies `size` bytes; regions are split at `MAX_COPY_REGION`. Size 0 records nothing.
@@ -120,17 +138,15 @@ impl<'a> Recorder<'a> {
         if size == 0 {
             return Ok(());
         }
-        if src.raw() == dst.raw()
-            && src_offset < dst_offset + size
-            && dst_offset < src_offset + size
-        {
+        let (src_at, dst_at) = (src.offset() + src_offset, dst.offset() + dst_offset);
+        if src.raw() == dst.raw() && src_at < dst_at + size && dst_at < src_at + size {
             return Err(Error::OverlappingCopy);
         }
         let regions: Vec<vk::BufferCopy> = (0..size)
             .step_by(MAX_COPY_REGION as usize)
             .map(|start| vk::BufferCopy {
-                src_offset: src_offset + start,
-                dst_offset: dst_offset + start,
+                src_offset: src.offset() + src_offset + start,
+                dst_offset: dst.offset() + dst_offset + start,
                 size: (size - start).min(MAX_COPY_REGION),
             })
             .collect();
@@ -138,14 +154,14 @@ impl<'a> Recorder<'a> {
         unsafe {
             self.ctx
                 .device()
-                .cmd_copy_buffer(self.cb, src.raw(), dst.raw(), &regions)
+                .cmd_copy_buffer(self.batch.slot.cb, src.raw(), dst.raw(), &regions)
         };
         Ok(())
     }
 
     /// Dispatches recorded so far (for flush thresholds and tests).
     pub fn dispatch_count(&self) -> u32 {
-        self.dispatches
+        self.batch.dispatches
     }
 }
 

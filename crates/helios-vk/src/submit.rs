@@ -1,23 +1,24 @@
 // Submission: command buffers from a ring, one timeline semaphore, submit/wait/completed.
 //
-// Every submit signals the next value of the Context's timeline semaphore; that value is the
-// only handle the async engine will need (`submit() -> u64`, `completed()`, `wait(v)`).
-// Command buffers come from a ring of small pools, each reused only once the timeline has
-// passed its value. Recording happens with no lock held, so a recording closure may itself
-// call `upload`/`submit_and_wait` without deadlocking.
+// Every batch signals the next value of the Context's timeline semaphore; buffers remember
+// the values of their last write and use, and the host waits for exactly those. Command
+// buffers come from a ring of small pools, each reused only once the timeline has passed its
+// value.
 //
 // Every command buffer starts with a global barrier against all earlier work on the queue
-// and ends with a barrier that makes device writes visible to the host. The synchronous
-// runtime does not track hazards between submits; these two barriers make every
-// submission safe against the previous ones and against host reads after `wait`.
+// and ends with a barrier that makes device writes visible to the host: hazards *inside* a
+// batch are the encoder's business, these two cover the ones between batches and host reads.
 
 use ash::vk;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use crate::context::Context;
+use crate::encoder::OpenBatch;
 use crate::error::{vk_err, Error, Result};
-use crate::recorder::{self, Recorder};
+use crate::pipeline::Pipeline;
+use crate::recorder;
+use std::sync::Arc;
 
 pub(crate) struct Submitter {
     timeline: vk::Semaphore,
@@ -34,16 +35,26 @@ struct QueueState {
 
 /// One transient pool with one primary command buffer: recording into it needs no lock
 /// because nobody else can reach the pool while the slot is checked out.
-struct Slot {
+pub(crate) struct Slot {
     pool: vk::CommandPool,
-    cb: vk::CommandBuffer,
+    pub(crate) cb: vk::CommandBuffer,
 }
+
+/// A submitted batch: its command buffer and the pipelines it uses.
+struct InFlight {
+    value: u64,
+    slot: Slot,
+    _keep: Vec<Arc<Pipeline>>,
+}
+
+/// Batches submitted and not yet known complete before a submit waits for the oldest.
+const MAX_IN_FLIGHT: usize = 16;
 
 struct CommandRing {
     queue_family: u32,
     free: Vec<Slot>,
     /// (timeline value, slot) in submission order.
-    in_flight: VecDeque<(u64, Slot)>,
+    in_flight: VecDeque<InFlight>,
     /// Every pool ever created, destroyed with the ring (covers slots lost to a panic).
     all_pools: Vec<vk::CommandPool>,
 }
@@ -86,52 +97,55 @@ impl Submitter {
 }
 
 impl Context {
-    /// Records with `record`, submits, and waits for completion.
-    pub fn submit_and_wait<F>(&self, record: F) -> Result<()>
-    where
-        F: FnOnce(&mut Recorder<'_>) -> Result<()>,
-    {
-        // SAFETY: we wait before returning, so everything `record` borrowed outlives the GPU
-        // work.
-        let value = unsafe { self.submit(record)? };
-        self.wait(value)
+    /// A command buffer from the ring, begun, with a barrier against all earlier work on the
+    /// queue (submission order alone does not make earlier writes visible).
+    pub(crate) fn begin_slot(&self) -> Result<Slot> {
+        let slot = self.acquire_slot()?;
+        let device = self.device();
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        // SAFETY: the slot's pool was reset, so its command buffer is in the initial state.
+        if let Err(r) = unsafe { device.begin_command_buffer(slot.cb, &begin) } {
+            self.release_slot(slot);
+            return Err(Error::vk("vkBeginCommandBuffer", r));
+        }
+        recorder::compute_transfer_barrier(device, slot.cb);
+        Ok(slot)
     }
 
-    /// Records with `record`, submits, and returns the timeline value that signals
-    /// completion, without waiting.
-    ///
-    /// # Safety
-    /// Every buffer and pipeline the recorded commands use (including buffers reached
-    /// through device addresses in push constants) must stay alive until `wait(value)`
-    /// returns or `completed() >= value`.
-    pub unsafe fn submit<F>(&self, record: F) -> Result<u64>
-    where
-        F: FnOnce(&mut Recorder<'_>) -> Result<()>,
-    {
+    /// Returns a slot whose recording failed, unsubmitted.
+    pub(crate) fn abandon_slot(&self, slot: Slot) {
+        self.release_slot(slot);
+    }
+
+    /// Ends the batch's command buffer and submits it, signalling `batch.value`. Keeps the
+    /// batch's pipelines alive until that value completes. Waits first if too many batches
+    /// are in flight, so the host cannot run unboundedly ahead of the GPU.
+    pub(crate) fn submit_batch(&self, batch: OpenBatch) -> Result<()> {
         let device = self.device();
         let s = &self.submitter;
-        let slot = self.acquire_slot()?;
-        let recorded = (|| {
-            let begin = vk::CommandBufferBeginInfo::default()
-                .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
-            device
-                .begin_command_buffer(slot.cb, &begin)
-                .map_err(vk_err("vkBeginCommandBuffer"))?;
-            recorder::compute_transfer_barrier(device, slot.cb);
-            let mut rec = Recorder::new(self, slot.cb);
-            record(&mut rec)?;
-            recorder::host_read_barrier(device, slot.cb);
-            device
-                .end_command_buffer(slot.cb)
-                .map_err(vk_err("vkEndCommandBuffer"))
-        })();
-        if let Err(e) = recorded {
+        let OpenBatch {
+            slot, value, keep, ..
+        } = batch;
+        recorder::host_read_barrier(device, slot.cb);
+        // SAFETY: the command buffer is recording.
+        if let Err(r) = unsafe { device.end_command_buffer(slot.cb) } {
             self.release_slot(slot);
-            return Err(e);
+            return Err(Error::vk("vkEndCommandBuffer", r));
+        }
+        let oldest = lock(&s.ring).in_flight.front().map(|f| f.value);
+        if let Some(oldest) = oldest {
+            if lock(&s.ring).in_flight.len() >= MAX_IN_FLIGHT {
+                self.wait(oldest)?;
+            }
         }
 
         let mut q = lock(&s.queue);
-        let value = q.last_submitted + 1;
+        debug_assert_eq!(
+            value,
+            q.last_submitted + 1,
+            "batches signal consecutive values"
+        );
         let signal_values = [value];
         let signals = [s.timeline];
         let cbs = [slot.cb];
@@ -141,25 +155,49 @@ impl Context {
             .command_buffers(&cbs)
             .signal_semaphores(&signals)
             .push_next(&mut timeline_info);
-        if let Err(r) = device.queue_submit(q.queue, &[submit], vk::Fence::null()) {
+        // SAFETY: the command buffer is executable; the queue is externally synchronized by
+        // the queue lock.
+        if let Err(r) = unsafe { device.queue_submit(q.queue, &[submit], vk::Fence::null()) } {
             drop(q);
             self.release_slot(slot);
             return Err(Error::vk("vkQueueSubmit", r));
         }
         q.last_submitted = value;
         // Pushed under the queue lock so that `in_flight` stays sorted by value.
-        lock(&s.ring).in_flight.push_back((value, slot));
-        Ok(value)
+        lock(&s.ring).in_flight.push_back(InFlight {
+            value,
+            slot,
+            _keep: keep,
+        });
+        Ok(())
     }
 
-    /// Blocks until the timeline reaches `value` (a value returned by `submit`).
+    /// Blocks until the timeline reaches `value` (flushing the open batch first if `value`
+    /// is its value). Polls the timeline for a short while before sleeping in the driver:
+    /// a blocking wait costs tens of microseconds of wake-up latency, which a short GPU job
+    /// would otherwise pay on every read-back.
     pub fn wait(&self, value: u64) -> Result<()> {
+        if value > self.last_submitted() {
+            self.flush()?;
+        }
         let last_submitted = self.last_submitted();
         if value > last_submitted {
             return Err(Error::WaitOnUnsubmitted {
                 value,
                 last_submitted,
             });
+        }
+        let start = std::time::Instant::now();
+        loop {
+            let done = self.completed()?;
+            if done >= value {
+                self.retire(done);
+                return Ok(());
+            }
+            if start.elapsed() >= self.spin {
+                break;
+            }
+            std::hint::spin_loop();
         }
         let semaphores = [self.submitter.timeline];
         let values = [value];
@@ -229,19 +267,20 @@ impl Context {
         }
     }
 
-    /// Recycles every in-flight slot whose value is `<= completed`.
+    /// Recycles every in-flight slot whose value is `<= completed` (and drops the pipelines
+    /// it kept alive).
     fn retire(&self, completed: u64) {
-        let done: Vec<Slot> = {
+        let done: Vec<InFlight> = {
             let mut ring = lock(&self.submitter.ring);
             let n = ring
                 .in_flight
                 .iter()
-                .take_while(|(v, _)| *v <= completed)
+                .take_while(|f| f.value <= completed)
                 .count();
-            ring.in_flight.drain(..n).map(|(_, slot)| slot).collect()
+            ring.in_flight.drain(..n).collect()
         };
-        for slot in done {
-            self.release_slot(slot);
+        for f in done {
+            self.release_slot(f.slot);
         }
     }
 }

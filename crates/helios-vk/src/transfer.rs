@@ -1,10 +1,12 @@
-// Host <-> buffer copies for the synchronous runtime.
+// Host <-> buffer transfers, asynchronous where the host does not need to wait.
 //
-// A mapped buffer is read and written in place. Anything else goes through a temporary
-// host-visible staging buffer and `vkCmdCopyBuffer`, in chunks of at most `STAGING_CHUNK`
-// bytes so that a multi-GiB tensor never needs a multi-GiB staging allocation. A
-// persistent staging ring (and no staging at all on unified memory) comes with the async
-// engine.
+// Uploads never wait: a mapped buffer the GPU no longer uses (unified memory, or a
+// host-visible buffer) is written in place; anything else is copied into a staging region
+// from the host-visible pool and a copy is recorded into the open batch, ordered before
+// later dispatches by the encoder's hazard tracking. Staging regions come back to the pool
+// tagged with the copy's timeline value, so the pool acts as a ring: the host reuses a region
+// only once the GPU has finished reading it. Downloads are the one place the host waits: for
+// exactly the buffer's last write (mapped) or for the copy into staging.
 
 use std::sync::Arc;
 
@@ -12,30 +14,33 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::memory::{Buffer, MemoryLocation};
 
-/// Largest staging buffer one transfer allocates.
+/// Largest staging region one transfer uses at a time.
 pub const STAGING_CHUNK: u64 = 64 << 20;
 
 impl Context {
-    /// Writes `bytes` into `dst` at `offset`, and returns once the data is in place.
+    /// Writes `bytes` into `dst` at `offset`. Returns at once: GPU work recorded later sees
+    /// the data, and the host may reuse `bytes` immediately.
     pub fn upload(self: &Arc<Self>, dst: &Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
         self.check_own(dst, "upload destination")?;
         dst.check_range("upload", offset, bytes.len() as u64)?;
         if bytes.is_empty() {
             return Ok(());
         }
-        if dst.is_mapped() {
+        if dst.is_mapped() && dst.last_use() <= self.completed()? {
             return dst.write_mapped(offset, bytes);
         }
-        let staging = self.create_buffer(chunk_len(bytes.len()), MemoryLocation::HostVisible)?;
         for (i, chunk) in bytes.chunks(STAGING_CHUNK as usize).enumerate() {
+            let staging =
+                self.create_host_buffer(chunk.len() as u64, MemoryLocation::HostVisible)?;
             staging.write_mapped(0, chunk)?;
             let at = offset + i as u64 * STAGING_CHUNK;
-            self.submit_and_wait(|rec| rec.copy_buffer(&staging, 0, dst, at, chunk.len() as u64))?;
+            self.record_copy(&staging, 0, dst, at, chunk.len() as u64)?;
         }
         Ok(())
     }
 
-    /// Reads `out.len()` bytes of `src` starting at `offset` into `out`.
+    /// Reads `out.len()` bytes of `src` starting at `offset` into `out`, waiting for the
+    /// GPU work that writes `src` (and only for that).
     pub fn download(self: &Arc<Self>, src: &Buffer, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_own(src, "download source")?;
         src.check_range("download", offset, out.len() as u64)?;
@@ -43,12 +48,18 @@ impl Context {
             return Ok(());
         }
         if src.is_mapped() {
+            let v = src.last_write();
+            if v > 0 {
+                self.wait(v)?;
+            }
             return src.read_mapped(offset, out);
         }
-        let staging = self.create_buffer(chunk_len(out.len()), MemoryLocation::HostVisible)?;
         for (i, chunk) in out.chunks_mut(STAGING_CHUNK as usize).enumerate() {
+            let staging =
+                self.create_host_buffer(chunk.len() as u64, MemoryLocation::HostVisible)?;
             let at = offset + i as u64 * STAGING_CHUNK;
-            self.submit_and_wait(|rec| rec.copy_buffer(src, at, &staging, 0, chunk.len() as u64))?;
+            self.record_copy(src, at, &staging, 0, chunk.len() as u64)?;
+            self.wait(staging.last_write())?;
             staging.read_mapped(0, chunk)?;
         }
         Ok(())
@@ -61,8 +72,4 @@ impl Context {
             Err(Error::ForeignObject { what })
         }
     }
-}
-
-fn chunk_len(len: usize) -> u64 {
-    (len as u64).min(STAGING_CHUNK)
 }

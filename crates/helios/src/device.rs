@@ -54,6 +54,17 @@ impl Device {
         self.inner.ctx.validation_messages()
     }
 
+    /// Submits everything recorded so far without waiting.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.ctx.flush()?;
+        Ok(())
+    }
+
+    /// Waits until everything recorded so far has run.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.inner.ctx.synchronize()?)
+    }
+
     /// Whether two handles refer to one device.
     pub fn same(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -92,6 +103,14 @@ impl Device {
 pub(crate) struct Compiled {
     pub pipeline: Arc<Pipeline>,
     pub module: KernelModule,
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        // Retire every batch so the pipelines they keep alive (which hold the Context) are
+        // released; errors here can only mean a lost device, which the drop cannot report.
+        let _ = self.ctx.synchronize();
+    }
 }
 
 impl std::fmt::Debug for Device {

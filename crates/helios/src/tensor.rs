@@ -1,14 +1,14 @@
 //! `Tensor`: an immutable f32 array on a device, and its element-wise operations.
 //!
-//! Operations run eagerly for now: each records one dispatch, submits it and waits. The
-//! asynchronous engine (timeline values per buffer, batched encoder) replaces the waits
-//! without changing this API, which is why reads go through `to_vec` and nothing else.
+//! Operations are recorded, not waited for: each appends one dispatch to the device's open
+//! batch (with a barrier only where it depends on an earlier dispatch), and batches are
+//! submitted as they fill. Only `to_vec` waits, and only for the batch that wrote the tensor.
 
 use std::sync::Arc;
 
 use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
 use helios_spirv::Binding;
-use helios_vk::{Buffer, MemoryLocation};
+use helios_vk::{Access, Buffer, MemoryLocation};
 
 use crate::{Device, Error, Result};
 
@@ -156,9 +156,14 @@ impl Tensor {
         let addrs: Vec<u64> = inputs.iter().map(|t| t.address()).collect();
         let wg = compiled.module.workgroup_size[0];
         let launch = kernel.launch(&compiled.module, wg, n, &addrs, out.address(), s)?;
+        let mut accesses: Vec<Access> = inputs
+            .iter()
+            .map(|t| Access::read(&t.inner.buffer))
+            .collect();
+        accesses.push(Access::write(&out.inner.buffer));
         device
             .context()
-            .submit_and_wait(|rec| rec.dispatch(&compiled.pipeline, launch.groups, &launch.push))?;
+            .dispatch(&compiled.pipeline, launch.groups, &launch.push, &accesses)?;
         Ok(out)
     }
 }

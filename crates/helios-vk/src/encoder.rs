@@ -1,0 +1,342 @@
+// The encoder: many dispatches recorded into one command buffer, barriers only on real
+// hazards, submitted in batches that signal the queue's timeline.
+//
+// Every GPU command goes through the one open batch of the Context, so the batch's timeline
+// value is known when it opens (the last submitted value + 1) and buffers can remember it
+// as the value of their last write and use. A dispatch declares the buffers it reads and
+// writes; the encoder keeps the accesses since the last barrier and inserts a
+// compute→compute barrier only for read-after-write, write-after-read or write-after-write on
+// overlapping bytes, none between independent dispatches. The batch is submitted when it
+// reaches the dispatch threshold, when the host needs a result, or on `flush`; submitting
+// never waits unless too many batches are already in flight.
+
+use ash::vk;
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::{Arc, MutexGuard};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::memory::Buffer;
+use crate::pipeline::Pipeline;
+use crate::recorder::{self, Recorder};
+use crate::submit::Slot;
+
+/// Default dispatches per submitted batch (`HELIOS_BATCH` overrides).
+pub const DEFAULT_BATCH: u32 = 256;
+
+/// How a dispatch or copy touches a buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct Access<'a> {
+    pub buffer: &'a Buffer,
+    /// Byte range inside the buffer.
+    pub offset: u64,
+    pub len: u64,
+    pub write: bool,
+}
+
+impl<'a> Access<'a> {
+    /// Reads the whole buffer.
+    pub fn read(buffer: &'a Buffer) -> Self {
+        Access {
+            buffer,
+            offset: 0,
+            len: buffer.size(),
+            write: false,
+        }
+    }
+
+    /// Writes (and may read) the whole buffer.
+    pub fn write(buffer: &'a Buffer) -> Self {
+        Access {
+            buffer,
+            offset: 0,
+            len: buffer.size(),
+            write: true,
+        }
+    }
+
+    /// The same access narrowed to `[offset, offset + len)` of the buffer.
+    pub fn range(self, offset: u64, len: u64) -> Self {
+        Access {
+            offset,
+            len,
+            ..self
+        }
+    }
+
+    /// The region key and absolute byte range in the block.
+    fn span(&self) -> (RegionKey, u64, u64) {
+        let b = self.buffer;
+        let start = b.offset + self.offset;
+        ((b.block.id, b.offset), start, start + self.len)
+    }
+}
+
+/// A pool region: (block id, offset of the region in the block).
+type RegionKey = (u64, u64);
+
+/// An access to bytes `[start, end)` of a block.
+#[derive(Clone, Copy)]
+struct Span {
+    start: u64,
+    end: u64,
+    write: bool,
+}
+
+/// Accesses since the last barrier, per pool region.
+#[derive(Default)]
+struct Hazards {
+    regions: HashMap<RegionKey, Vec<Span>>,
+}
+
+impl Hazards {
+    fn conflicts(&self, accesses: &[Access<'_>]) -> bool {
+        accesses.iter().any(|a| {
+            let (key, start, end) = a.span();
+            self.regions.get(&key).is_some_and(|list| {
+                list.iter()
+                    .any(|&(s, e, w)| (w || a.write) && s < end && start < e)
+            })
+        })
+    }
+
+    fn add(&mut self, accesses: &[Access<'_>]) {
+        for a in accesses {
+            let (key, start, end) = a.span();
+            if start < end {
+                self.regions
+                    .entry(key)
+                    .or_default()
+                    .push((start, end, a.write));
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.regions.clear();
+    }
+}
+
+/// The batch being recorded.
+pub(crate) struct OpenBatch {
+    pub(crate) slot: Slot,
+    /// The timeline value this batch will signal.
+    pub(crate) value: u64,
+    pub(crate) bound: vk::Pipeline,
+    pub(crate) dispatches: u32,
+    hazards: Hazards,
+    /// Pipelines the batch uses, kept alive until it completes.
+    pub(crate) keep: Vec<Arc<Pipeline>>,
+}
+
+impl OpenBatch {
+    /// Inserts a barrier if `accesses` conflict with earlier ones, then records them.
+    pub(crate) fn order(&mut self, ctx: &Context, accesses: &[Access<'_>]) {
+        if self.hazards.conflicts(accesses) {
+            self.barrier(ctx);
+        }
+        self.hazards.add(accesses);
+        for a in accesses {
+            a.buffer.mark(self.value, a.write);
+        }
+    }
+
+    /// A full compute/transfer barrier; forgets the tracked accesses.
+    pub(crate) fn barrier(&mut self, ctx: &Context) {
+        recorder::compute_transfer_barrier(ctx.device(), self.slot.cb);
+        self.hazards.clear();
+    }
+}
+
+pub(crate) struct Encoder {
+    pub(crate) open: Option<OpenBatch>,
+    pub(crate) batch_limit: u32,
+}
+
+impl Encoder {
+    pub(crate) fn new(batch_limit: u32) -> Self {
+        Encoder {
+            open: None,
+            batch_limit,
+        }
+    }
+}
+
+thread_local! {
+    /// Set while this thread holds the encoder: recording closures that call back into the
+    /// Context get an error instead of a deadlock.
+    static RECORDING: Cell<bool> = const { Cell::new(false) };
+}
+
+struct RecordingGuard;
+
+impl Drop for RecordingGuard {
+    fn drop(&mut self) {
+        RECORDING.with(|r| r.set(false));
+    }
+}
+
+impl Context {
+    fn lock_encoder(&self) -> Result<(MutexGuard<'_, Encoder>, RecordingGuard)> {
+        if RECORDING.with(|r| r.get()) {
+            return Err(Error::Reentrant);
+        }
+        let guard = self.encoder.lock().unwrap_or_else(|e| e.into_inner());
+        RECORDING.with(|r| r.set(true));
+        Ok((guard, RecordingGuard))
+    }
+
+    /// Runs `f` on the open batch (opening one if needed), then submits the batch if it has
+    /// reached the dispatch threshold.
+    pub(crate) fn with_batch<R>(&self, f: impl FnOnce(&mut OpenBatch) -> Result<R>) -> Result<R> {
+        let (mut enc, _g) = self.lock_encoder()?;
+        if enc.open.is_none() {
+            let slot = self.begin_slot()?;
+            let value = self.last_submitted() + 1;
+            enc.open = Some(OpenBatch {
+                slot,
+                value,
+                bound: vk::Pipeline::null(),
+                dispatches: 0,
+                hazards: Hazards::default(),
+                keep: Vec::new(),
+            });
+        }
+        let batch = enc.open.as_mut().expect("opened above");
+        let out = f(batch)?;
+        if batch.dispatches >= enc.batch_limit {
+            let batch = enc.open.take().expect("open");
+            self.submit_batch(batch)?;
+        }
+        Ok(out)
+    }
+
+    /// Records a dispatch of `pipeline` that touches `accesses`, with a barrier before it
+    /// only if it depends on (or overwrites) what earlier dispatches of the batch touch.
+    pub fn dispatch(
+        &self,
+        pipeline: &Arc<Pipeline>,
+        groups: [u32; 3],
+        push_constants: &[u8],
+        accesses: &[Access<'_>],
+    ) -> Result<()> {
+        for a in accesses {
+            if !std::ptr::eq(a.buffer.context(), self) {
+                return Err(Error::ForeignObject {
+                    what: "a dispatch's buffer",
+                });
+            }
+            a.buffer.check_range("dispatch access", a.offset, a.len)?;
+        }
+        self.with_batch(|batch| {
+            recorder::check_dispatch(self, pipeline, groups, push_constants)?;
+            batch.order(self, accesses);
+            recorder::record_dispatch(self, batch, pipeline, groups, push_constants);
+            if !batch.keep.iter().any(|p| Arc::ptr_eq(p, pipeline)) {
+                batch.keep.push(Arc::clone(pipeline));
+            }
+            Ok(())
+        })
+    }
+
+    /// Records a `vkCmdCopyBuffer` (for staging; device-to-device tensor copies should use a
+    /// compute kernel, which is several times faster on discrete GPUs).
+    pub(crate) fn record_copy(
+        &self,
+        src: &Buffer,
+        src_offset: u64,
+        dst: &Buffer,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.with_batch(|batch| {
+            batch.order(
+                self,
+                &[
+                    Access::read(src).range(src_offset, len),
+                    Access::write(dst).range(dst_offset, len),
+                ],
+            );
+            let mut rec = Recorder::new(self, batch);
+            rec.copy_buffer(src, src_offset, dst, dst_offset, len)
+        })
+    }
+
+    /// Submits the open batch, if any; returns the last submitted timeline value.
+    pub fn flush(&self) -> Result<u64> {
+        let (mut enc, _g) = self.lock_encoder()?;
+        if let Some(batch) = enc.open.take() {
+            self.submit_batch(batch)?;
+        }
+        Ok(self.last_submitted())
+    }
+
+    /// Waits until every recorded command has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        let v = self.flush()?;
+        self.wait(v)
+    }
+
+    /// Dispatches per submitted batch (at least 1; 1 submits every dispatch on its own).
+    pub fn set_batch_limit(&self, dispatches: u32) {
+        self.encoder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .batch_limit = dispatches.max(1);
+    }
+
+    pub fn batch_limit(&self) -> u32 {
+        self.encoder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .batch_limit
+    }
+
+    /// Records with `record` into a command buffer of its own (after everything recorded
+    /// before), submits, and returns the timeline value that signals completion. Commands
+    /// recorded this way are fenced by full barriers before and after, since their buffer
+    /// accesses are not declared.
+    ///
+    /// # Safety
+    /// Every buffer and pipeline the recorded commands use (including buffers reached
+    /// through device addresses in push constants) must stay alive until `wait(value)`
+    /// returns or `completed() >= value`.
+    pub unsafe fn submit<F>(&self, record: F) -> Result<u64>
+    where
+        F: FnOnce(&mut Recorder<'_>) -> Result<()>,
+    {
+        let (mut enc, _g) = self.lock_encoder()?;
+        if let Some(batch) = enc.open.take() {
+            self.submit_batch(batch)?;
+        }
+        let slot = self.begin_slot()?;
+        let mut batch = OpenBatch {
+            slot,
+            value: self.last_submitted() + 1,
+            bound: vk::Pipeline::null(),
+            dispatches: 0,
+            hazards: Hazards::default(),
+            keep: Vec::new(),
+        };
+        let recorded = record(&mut Recorder::new(self, &mut batch));
+        if let Err(e) = recorded {
+            self.abandon_slot(batch.slot);
+            return Err(e);
+        }
+        let value = batch.value;
+        self.submit_batch(batch)?;
+        Ok(value)
+    }
+
+    /// Records with `record`, submits, and waits for completion.
+    pub fn submit_and_wait<F>(&self, record: F) -> Result<()>
+    where
+        F: FnOnce(&mut Recorder<'_>) -> Result<()>,
+    {
+        // SAFETY: we wait before returning, so everything `record` borrowed outlives the GPU
+        // work.
+        let value = unsafe { self.submit(record)? };
+        self.wait(value)
+    }
+}
