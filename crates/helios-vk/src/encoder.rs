@@ -96,7 +96,7 @@ impl Hazards {
             let (key, start, end) = a.span();
             self.regions.get(&key).is_some_and(|list| {
                 list.iter()
-                    .any(|&(s, e, w)| (w || a.write) && s < end && start < e)
+                    .any(|s| (s.write || a.write) && s.start < end && start < s.end)
             })
         })
     }
@@ -105,10 +105,11 @@ impl Hazards {
         for a in accesses {
             let (key, start, end) = a.span();
             if start < end {
-                self.regions
-                    .entry(key)
-                    .or_default()
-                    .push((start, end, a.write));
+                self.regions.entry(key).or_default().push(Span {
+                    start,
+                    end,
+                    write: a.write,
+                });
             }
         }
     }
