@@ -126,6 +126,8 @@ pub(crate) struct OpenBatch {
     pub(crate) value: u64,
     pub(crate) bound: vk::Pipeline,
     pub(crate) dispatches: u32,
+    /// Barriers inserted for hazards (or asked for through a Recorder).
+    barriers: u32,
     hazards: Hazards,
     /// Pipelines the batch uses, kept alive until it completes.
     pub(crate) keep: Vec<Arc<Pipeline>>,
@@ -147,12 +149,24 @@ impl OpenBatch {
     pub(crate) fn barrier(&mut self, ctx: &Context) {
         recorder::compute_transfer_barrier(ctx.device(), self.slot.cb);
         self.hazards.clear();
+        self.barriers += 1;
     }
 }
 
 pub(crate) struct Encoder {
     pub(crate) open: Option<OpenBatch>,
     pub(crate) batch_limit: u32,
+    /// Totals over submitted batches.
+    stats: EncoderStats,
+}
+
+/// What the encoder has submitted so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EncoderStats {
+    pub batches: u64,
+    pub dispatches: u64,
+    /// Barriers between dispatches (the ones at batch boundaries are not counted).
+    pub barriers: u64,
 }
 
 impl Encoder {
@@ -160,7 +174,15 @@ impl Encoder {
         Encoder {
             open: None,
             batch_limit,
+            stats: EncoderStats::default(),
         }
+    }
+
+    /// Counts a batch about to be submitted.
+    fn count(&mut self, batch: &OpenBatch) {
+        self.stats.batches += 1;
+        self.stats.dispatches += u64::from(batch.dispatches);
+        self.stats.barriers += u64::from(batch.barriers);
     }
 }
 
@@ -200,6 +222,7 @@ impl Context {
                 value,
                 bound: vk::Pipeline::null(),
                 dispatches: 0,
+                barriers: 0,
                 hazards: Hazards::default(),
                 keep: Vec::new(),
             });
@@ -208,6 +231,7 @@ impl Context {
         let out = f(batch)?;
         if batch.dispatches >= enc.batch_limit {
             let batch = enc.open.take().expect("open");
+            enc.count(&batch);
             self.submit_batch(batch)?;
         }
         Ok(out)
@@ -268,6 +292,7 @@ impl Context {
     pub fn flush(&self) -> Result<u64> {
         let (mut enc, _g) = self.lock_encoder()?;
         if let Some(batch) = enc.open.take() {
+            enc.count(&batch);
             self.submit_batch(batch)?;
         }
         Ok(self.last_submitted())
@@ -285,6 +310,11 @@ impl Context {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .batch_limit = dispatches.max(1);
+    }
+
+    /// Batches, dispatches and barriers submitted so far.
+    pub fn encoder_stats(&self) -> EncoderStats {
+        self.encoder.lock().unwrap_or_else(|e| e.into_inner()).stats
     }
 
     pub fn batch_limit(&self) -> u32 {
@@ -309,6 +339,7 @@ impl Context {
     {
         let (mut enc, _g) = self.lock_encoder()?;
         if let Some(batch) = enc.open.take() {
+            enc.count(&batch);
             self.submit_batch(batch)?;
         }
         let slot = self.begin_slot()?;
@@ -317,6 +348,7 @@ impl Context {
             value: self.last_submitted() + 1,
             bound: vk::Pipeline::null(),
             dispatches: 0,
+            barriers: 0,
             hazards: Hazards::default(),
             keep: Vec::new(),
         };
@@ -326,6 +358,7 @@ impl Context {
             return Err(e);
         }
         let value = batch.value;
+        enc.count(&batch);
         self.submit_batch(batch)?;
         Ok(value)
     }

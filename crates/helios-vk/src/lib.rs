@@ -38,7 +38,7 @@ pub use caps::{
     QueueFamily, Subgroup,
 };
 pub use context::{pick_queue_family, Context};
-pub use encoder::{Access, DEFAULT_BATCH};
+pub use encoder::{Access, EncoderStats, DEFAULT_BATCH};
 pub use error::{Error, Result};
 pub use features::EnabledFeatures;
 pub use instance::{Instance, InstanceOptions};

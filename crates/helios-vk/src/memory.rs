@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use crate::context::Context;
 use crate::error::{vk_err, Error, Result};
+use crate::pool::Grant;
 
 /// Where a buffer's memory lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -164,8 +165,8 @@ impl Context {
                 });
             }
         }
-        let (block, offset, class) = self.pool_alloc(size, location, false)?;
-        Ok(Buffer::new(self, block, offset, class, size, location))
+        let grant = self.pool_alloc(size, location, false)?;
+        Ok(Buffer::new(self, grant, size, location))
     }
 
     /// A buffer the host may write at once (its region is no longer used by the GPU).
@@ -174,29 +175,24 @@ impl Context {
         size: u64,
         location: MemoryLocation,
     ) -> Result<Buffer> {
-        let (block, offset, class) = self.pool_alloc(size, location, true)?;
-        Ok(Buffer::new(self, block, offset, class, size, location))
+        let grant = self.pool_alloc(size, location, true)?;
+        Ok(Buffer::new(self, grant, size, location))
     }
 }
 
 impl Buffer {
-    fn new(
-        ctx: &Arc<Context>,
-        block: Arc<Block>,
-        offset: u64,
-        class: u64,
-        size: u64,
-        location: MemoryLocation,
-    ) -> Buffer {
+    /// A buffer over a granted region. It inherits the region's last GPU use, so a host
+    /// write waits for the previous owner's GPU work (GPU work is ordered by the encoder).
+    fn new(ctx: &Arc<Context>, grant: Grant, size: u64, location: MemoryLocation) -> Buffer {
         Buffer {
             ctx: Arc::clone(ctx),
-            block,
-            offset,
-            class,
+            block: grant.block,
+            offset: grant.offset,
+            class: grant.class,
             size,
             location,
             last_write: AtomicU64::new(0),
-            last_use: AtomicU64::new(0),
+            last_use: AtomicU64::new(grant.free_after),
         }
     }
 

@@ -67,6 +67,16 @@ pub(crate) fn size_class(size: u64) -> u64 {
     n.next_multiple_of(step)
 }
 
+/// A region handed out by the pool.
+pub(crate) struct Grant {
+    pub(crate) block: Arc<Block>,
+    pub(crate) offset: u64,
+    /// Bytes reserved (the size class).
+    pub(crate) class: u64,
+    /// Timeline value of the region's last GPU use by its previous owner (0: fresh).
+    pub(crate) free_after: u64,
+}
+
 struct FreeRegion {
     block: Arc<Block>,
     offset: u64,
@@ -112,13 +122,13 @@ impl Pool {
         class: u64,
         host_access: bool,
         completed: u64,
-    ) -> Option<(Arc<Block>, u64)> {
+    ) -> Option<(Arc<Block>, u64, u64)> {
         let list = self.free.get_mut(&class)?;
         let i = list
             .iter()
             .position(|r| !host_access || r.free_after <= completed)?;
         let r = list.remove(i);
-        Some((r.block, r.offset))
+        Some((r.block, r.offset, r.free_after))
     }
 
     /// Returns every block with no live regions whose regions' last use has completed.
@@ -155,24 +165,29 @@ impl Pool {
 }
 
 impl Context {
-    /// A region of at least `size` bytes: (block, offset, class).
+    /// A region of at least `size` bytes.
     pub(crate) fn pool_alloc(
         &self,
         size: u64,
         location: MemoryLocation,
         host_access: bool,
-    ) -> Result<(Arc<Block>, u64, u64)> {
+    ) -> Result<Grant> {
         let class = size_class(size);
         let completed = if host_access { self.completed()? } else { 0 };
         let mut pool = self.pool(location);
-        if let Some((block, offset)) = pool.take_cached(class, host_access, completed) {
+        if let Some((block, offset, free_after)) = pool.take_cached(class, host_access, completed) {
             pool.stats.pool_hits += 1;
             pool.stats.bytes_in_use += class;
             pool.blocks
                 .get_mut(&block.id)
                 .expect("block of a cached region")
                 .live += 1;
-            return Ok((block, offset, class));
+            return Ok(Grant {
+                block,
+                offset,
+                class,
+                free_after,
+            });
         }
         pool.stats.pool_misses += 1;
         let (block, offset) = match self.carve(&mut pool, class) {
@@ -199,7 +214,12 @@ impl Context {
             .get_mut(&block.id)
             .expect("carved block is tracked")
             .live += 1;
-        Ok((block, offset, class))
+        Ok(Grant {
+            block,
+            offset,
+            class,
+            free_after: 0,
+        })
     }
 
     /// A fresh region: from the arena block, a new arena block, or a dedicated block.

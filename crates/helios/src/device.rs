@@ -65,6 +65,21 @@ impl Device {
         Ok(self.inner.ctx.synchronize()?)
     }
 
+    /// Driver allocations, pool hits and bytes held by the caching allocator.
+    pub fn memory_stats(&self) -> helios_vk::MemoryStats {
+        self.inner.ctx.memory_stats()
+    }
+
+    /// Batches, dispatches and barriers submitted so far.
+    pub fn encoder_stats(&self) -> helios_vk::EncoderStats {
+        self.inner.ctx.encoder_stats()
+    }
+
+    /// Dispatches per submitted batch (1 submits every op on its own).
+    pub fn set_batch_limit(&self, dispatches: u32) {
+        self.inner.ctx.set_batch_limit(dispatches)
+    }
+
     /// Whether two handles refer to one device.
     pub fn same(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

@@ -1,0 +1,222 @@
+//! The asynchronous engine seen from tensors: barriers only on real dependencies, buffer
+//! reuse through the caching pool, zero driver allocations in a steady-state loop, and a
+//! stress test of interleaved dependent and independent ops, random read-backs and reuse,
+//! checked element by element against the CPU reference under validation.
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use helios::{cpu, BinaryOp, Device, Tensor, UnaryOp};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// One device for the file; tests that count barriers or allocations take the lock so
+/// other tests' work does not land in their counts.
+fn device() -> (MutexGuard<'static, ()>, &'static Device) {
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    static LOCK: Mutex<()> = Mutex::new(());
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = DEVICE
+        .get_or_init(|| Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)"));
+    d.set_batch_limit(helios_vk::DEFAULT_BATCH);
+    (guard, d)
+}
+
+#[track_caller]
+fn assert_no_validation_messages(d: &Device) {
+    let messages = d.validation_messages();
+    assert!(
+        messages.is_empty(),
+        "validation messages:\n{}",
+        messages.join("\n")
+    );
+}
+
+fn input(d: &Device, n: usize, seed: u64) -> (Vec<f32>, Tensor) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(0.1f32..2.0)).collect();
+    let t = Tensor::from_vec1(d, &v).unwrap();
+    (v, t)
+}
+
+#[test]
+fn dependent_chain_has_one_barrier_per_dependency() {
+    let (_g, d) = device();
+    let (v, x) = input(d, 1000, 1);
+    d.synchronize().unwrap();
+    let before = d.encoder_stats();
+    let mut t = x;
+    for _ in 0..20 {
+        t = t.mul_scalar(1.01).unwrap();
+    }
+    d.synchronize().unwrap();
+    let after = d.encoder_stats();
+    assert_eq!(after.dispatches - before.dispatches, 20);
+    assert_eq!(
+        after.barriers - before.barriers,
+        19,
+        "each op depends on the one before"
+    );
+    let want: Vec<f32> = v
+        .iter()
+        .map(|&a| (0..20).fold(a, |acc, _| acc * 1.01))
+        .collect();
+    assert_eq!(t.to_vec().unwrap(), want);
+    assert_no_validation_messages(d);
+}
+
+#[test]
+fn independent_ops_have_no_barriers() {
+    let (_g, d) = device();
+    let (v, x) = input(d, 1000, 2);
+    d.synchronize().unwrap();
+    let before = d.encoder_stats();
+    // Outputs stay alive, so no op reuses another's memory.
+    let outs: Vec<Tensor> = (0..20).map(|i| x.add_scalar(i as f32).unwrap()).collect();
+    d.synchronize().unwrap();
+    let after = d.encoder_stats();
+    assert_eq!(after.dispatches - before.dispatches, 20);
+    assert_eq!(
+        after.barriers - before.barriers,
+        0,
+        "reads of one input never conflict"
+    );
+    for (i, o) in outs.iter().enumerate() {
+        let want: Vec<f32> = v.iter().map(|&a| a + i as f32).collect();
+        assert_eq!(o.to_vec().unwrap(), want);
+    }
+    assert_no_validation_messages(d);
+}
+
+#[test]
+fn reused_memory_is_ordered_after_its_last_reader() {
+    let (_g, d) = device();
+    let (v, x) = input(d, 4096, 3);
+    d.synchronize().unwrap();
+    let a = x.exp().unwrap(); // writes region R
+    let b = a.neg().unwrap(); // reads R
+    drop(a); // R goes back to the pool while `b`'s read of it is still pending
+    let c = x.add_scalar(1.0).unwrap(); // same size class: reuses R, must wait for `b`
+    let before = d.encoder_stats();
+    d.synchronize().unwrap();
+    let after = d.encoder_stats();
+    assert!(after.barriers - before.barriers >= 1 || after.batches - before.batches >= 1);
+    let want_b: Vec<f32> = v
+        .iter()
+        .map(|&a| -cpu::unary_f32(UnaryOp::Exp, a))
+        .collect();
+    let want_c: Vec<f32> = v.iter().map(|&a| a + 1.0).collect();
+    let tol = cpu::Tolerance::unary(UnaryOp::Exp);
+    assert_eq!(tol.first_mismatch(&b.to_vec().unwrap(), &want_b), None);
+    assert_eq!(c.to_vec().unwrap(), want_c);
+    assert_no_validation_messages(d);
+}
+
+#[test]
+fn steady_state_loop_makes_no_driver_allocations() {
+    let (_g, d) = device();
+    let (_, x) = input(d, 10_000, 4);
+    let step = |x: &Tensor| {
+        let y = x.mul_scalar(0.5).unwrap().exp().unwrap();
+        let z = y.add(x).unwrap().tanh().unwrap();
+        z.sum_check()
+    };
+    for _ in 0..3 {
+        step(&x);
+    }
+    d.synchronize().unwrap();
+    let before = d.memory_stats();
+    for _ in 0..50 {
+        step(&x);
+    }
+    d.synchronize().unwrap();
+    let after = d.memory_stats();
+    assert_eq!(
+        after.driver_allocations, before.driver_allocations,
+        "{before:?} -> {after:?}"
+    );
+    assert!(after.pool_hits > before.pool_hits);
+    assert_no_validation_messages(d);
+}
+
+/// Reads a tensor back (a host read in the middle of a loop) and returns a checksum.
+trait SumCheck {
+    fn sum_check(&self) -> f32;
+}
+
+impl SumCheck for Tensor {
+    fn sum_check(&self) -> f32 {
+        self.to_vec().unwrap().iter().sum()
+    }
+}
+
+#[test]
+fn stress_interleaved_ops_readbacks_and_reuse() {
+    let (_g, d) = device();
+    let mut rng = StdRng::seed_from_u64(5);
+    for &limit in &[1u32, 7, 256] {
+        d.set_batch_limit(limit);
+        // Live tensors with their expected contents.
+        let mut live: Vec<(Tensor, Vec<f32>)> = Vec::new();
+        for step in 0..300 {
+            let choice = rng.gen_range(0..10);
+            if live.is_empty() || choice == 0 {
+                let n = [1usize, 3, 64, 1000, 4099][rng.gen_range(0..5)];
+                let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+                live.push((Tensor::from_vec1(d, &v).unwrap(), v));
+                continue;
+            }
+            let i = rng.gen_range(0..live.len());
+            match choice {
+                1..=3 => {
+                    let op = [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Relu, UnaryOp::Sigmoid]
+                        [rng.gen_range(0..4)];
+                    let t = live[i].0.unary(op).unwrap();
+                    let want = cpu::unary(op, &live[i].1);
+                    live.push((t, want));
+                }
+                4..=6 => {
+                    // A partner of the same length, or a fresh one.
+                    let n = live[i].1.len();
+                    let j = live.iter().position(|(_, v)| v.len() == n).unwrap();
+                    let op = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Max]
+                        [rng.gen_range(0..4)];
+                    let t = live[i].0.binary(op, &live[j].0).unwrap();
+                    let want = cpu::binary(op, &live[i].1, &live[j].1);
+                    live.push((t, want));
+                }
+                7 => {
+                    let s = rng.gen_range(-1.0f32..1.0);
+                    let t = live[i].0.mul_scalar(s).unwrap();
+                    let want = cpu::scalar(BinaryOp::Mul, &live[i].1, s, false);
+                    live.push((t, want));
+                }
+                8 => {
+                    let (t, want) = &live[i];
+                    let tol = cpu::Tolerance::unary(UnaryOp::Sigmoid);
+                    let got = t.to_vec().unwrap();
+                    assert_eq!(
+                        tol.first_mismatch(&got, want),
+                        None,
+                        "step {step}, batch limit {limit}"
+                    );
+                }
+                _ => {
+                    // Dropping returns the memory to the pool for reuse by later ops.
+                    live.swap_remove(i);
+                }
+            }
+            if live.len() > 24 {
+                live.remove(0);
+            }
+        }
+        let tol = cpu::Tolerance::unary(UnaryOp::Sigmoid);
+        for (t, want) in &live {
+            assert_eq!(
+                tol.first_mismatch(&t.to_vec().unwrap(), want),
+                None,
+                "batch limit {limit}"
+            );
+        }
+    }
+    assert_no_validation_messages(d);
+}
