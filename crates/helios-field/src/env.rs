@@ -1,0 +1,48 @@
+//! The environment switches helios-field reads, all in one place (also listed in the README).
+//!
+//! They are read only by [`FieldConfig::from_env`](crate::FieldConfig::from_env), so a library
+//! user who builds a config by hand is never surprised by the environment.
+
+use crate::arith::Layout;
+use crate::{FieldError, Result};
+
+/// `HELIOS_FIELD_DEVICE_LOCAL=1` keeps arrays and the one-shot API's scratch in device-local
+/// memory reached through staging copies; `0` uses host-visible memory the GPU reads directly.
+pub const HELIOS_FIELD_DEVICE_LOCAL: &str = "HELIOS_FIELD_DEVICE_LOCAL";
+
+/// `HELIOS_FIELD_LAYOUT=u32wide|u32ext|u64`: the in-shader limb layout (see `Layout`).
+pub const HELIOS_FIELD_LAYOUT: &str = "HELIOS_FIELD_LAYOUT";
+
+/// `HELIOS_FIELD_WORKGROUP=<n>`: invocations per workgroup.
+pub const HELIOS_FIELD_WORKGROUP: &str = "HELIOS_FIELD_WORKGROUP";
+
+pub fn device_local() -> Result<Option<bool>> {
+    Ok(helios_vk::env::flag(HELIOS_FIELD_DEVICE_LOCAL)?)
+}
+
+pub fn layout() -> Result<Option<Layout>> {
+    match helios_vk::env::string(HELIOS_FIELD_LAYOUT) {
+        None => Ok(None),
+        Some(v) => Layout::from_name(&v)
+            .map(Some)
+            .ok_or(FieldError::BadEnvVar {
+                name: HELIOS_FIELD_LAYOUT,
+                value: v,
+                expected: "use u32wide, u32ext or u64",
+            }),
+    }
+}
+
+pub fn workgroup() -> Result<Option<u32>> {
+    match helios_vk::env::string(HELIOS_FIELD_WORKGROUP) {
+        None => Ok(None),
+        Some(v) => match v.parse::<u32>() {
+            Ok(n) if (1..=1024).contains(&n) => Ok(Some(n)),
+            _ => Err(FieldError::BadEnvVar {
+                name: HELIOS_FIELD_WORKGROUP,
+                value: v,
+                expected: "use a whole number from 1 to 1024 (e.g. 128)",
+            }),
+        },
+    }
+}

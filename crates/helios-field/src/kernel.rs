@@ -1,0 +1,249 @@
+//! The Fq kernels: one element per invocation, inputs and output as 48-byte elements reached
+//! through buffer device addresses, one kernel per (op, limb layout).
+//!
+//! The one decision a reader must know: every kernel reads and writes the host's format
+//! (six little-endian u64 limbs) with three 16-byte loads/stores per element, whatever layout
+//! it computes in, so the layout is a pure speed choice that never changes data on the device.
+//! Push constants: `a`, [`b`], `out` addresses, then `n`; the grid is two-dimensional so any
+//! n fits under `maxComputeWorkGroupCount[0]`.
+
+use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, ParamSlot, Scalar, Ty, Val};
+
+use crate::arith::{Arith, Layout, Limbs};
+use crate::fq::{ONE, R2_MOD_P};
+use crate::{FieldError, Result};
+
+/// An operation over arrays of Fq elements. Add, Sub and Neg work on either representation;
+/// Mul and Sqr are Montgomery products (a·b·R⁻¹); ToMont/FromMont convert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FieldOp {
+    Add,
+    Sub,
+    Neg,
+    Mul,
+    Sqr,
+    ToMont,
+    FromMont,
+}
+
+impl FieldOp {
+    pub const ALL: [FieldOp; 7] = [
+        FieldOp::Add,
+        FieldOp::Sub,
+        FieldOp::Neg,
+        FieldOp::Mul,
+        FieldOp::Sqr,
+        FieldOp::ToMont,
+        FieldOp::FromMont,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            FieldOp::Add => "add",
+            FieldOp::Sub => "sub",
+            FieldOp::Neg => "neg",
+            FieldOp::Mul => "mul",
+            FieldOp::Sqr => "sqr",
+            FieldOp::ToMont => "to_mont",
+            FieldOp::FromMont => "from_mont",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<FieldOp> {
+        FieldOp::ALL.into_iter().find(|o| o.name() == name)
+    }
+
+    /// Number of input arrays.
+    pub const fn arity(self) -> usize {
+        match self {
+            FieldOp::Add | FieldOp::Sub | FieldOp::Mul => 2,
+            _ => 1,
+        }
+    }
+
+    fn emit(self, ar: &mut Arith<'_>, a: &[Val], b: Option<&[Val]>) -> Limbs {
+        let b = || b.expect("binary op has b");
+        match self {
+            FieldOp::Add => ar.add_mod(a, b()),
+            FieldOp::Sub => ar.sub_mod(a, b()),
+            FieldOp::Neg => ar.neg_mod(a),
+            FieldOp::Mul => ar.mont_mul(a, b()),
+            FieldOp::Sqr => ar.mont_sqr(a),
+            FieldOp::ToMont => {
+                let r2 = ar.constant(&R2_MOD_P);
+                ar.mont_mul(a, &r2)
+            }
+            FieldOp::FromMont => {
+                let one = ar.constant(&ONE);
+                ar.mont_mul(a, &one)
+            }
+        }
+    }
+}
+
+/// Default invocations per workgroup (a specialization constant; the bench sweeps it).
+pub const FIELD_WORKGROUP: u32 = 128;
+
+/// Largest element count of one dispatch: the kernels index u32 words (12 per element).
+pub const MAX_DISPATCH_ELEMENTS: usize = (u32::MAX / 12) as usize;
+
+/// The signature of an Fq kernel: everything that changes the emitted SPIR-V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FieldKernel {
+    pub op: FieldOp,
+    pub layout: Layout,
+}
+
+impl FieldKernel {
+    pub fn name(&self) -> String {
+        format!("fq_{}_{}", self.op.name(), self.layout.name())
+    }
+
+    /// Emits the kernel.
+    pub fn build(&self) -> KernelModule {
+        let mut k =
+            KernelBuilder::new(self.name(), Binding::DeviceAddress, [FIELD_WORKGROUP, 1, 1]);
+        let word = self.layout.word();
+        let a = k.buffer("a", word, Access::Read);
+        let b = (self.op.arity() == 2).then(|| k.buffer("b", word, Access::Read));
+        let out = k.buffer("out", word, Access::Write);
+        let n = k.param("n", Ty::scalar(Scalar::U32));
+        k.begin();
+
+        // Linear invocation index over the 2-D grid.
+        let wid = k.workgroup_id();
+        let nwg = k.num_workgroups();
+        let (gx, gy, nx) = (k.extract(wid, 0), k.extract(wid, 1), k.extract(nwg, 0));
+        let row = k.mul(gy, nx);
+        let group = k.add(row, gx);
+        let wsize = k.workgroup_size_x();
+        let base = k.mul(group, wsize);
+        let lid = k.local_index();
+        let i = k.add(base, lid);
+        let n = k.load_param(n);
+        let inside = k.lt(i, n);
+
+        let layout = self.layout;
+        let op = self.op;
+        k.if_(inside, |k| {
+            // Element i is 16-byte vectors 3i, 3i+1, 3i+2.
+            let three = k.u32(3);
+            let first = k.mul(i, three);
+            let xa = load_element(k, a, first, layout);
+            let xb = b.map(|b| load_element(k, b, first, layout));
+            let mut ar = Arith { k, layout };
+            let r = op.emit(&mut ar, &xa, xb.as_deref());
+            store_element(k, out, first, layout, &r);
+        });
+        k.finish()
+    }
+}
+
+/// Lanes per 16-byte vector.
+fn lanes(layout: Layout) -> u8 {
+    (16 / layout.word().bytes()) as u8
+}
+
+fn load_element(
+    k: &mut KernelBuilder,
+    buf: helios_spirv::Buffer,
+    first: Val,
+    layout: Layout,
+) -> Limbs {
+    let lanes = lanes(layout);
+    let mut limbs = Vec::with_capacity(layout.limbs());
+    for v in 0..3 {
+        let off = k.u32(v);
+        let idx = k.add(first, off);
+        let vec = k.load(buf, idx, lanes);
+        for lane in 0..lanes as u32 {
+            limbs.push(k.extract(vec, lane));
+        }
+    }
+    limbs
+}
+
+fn store_element(
+    k: &mut KernelBuilder,
+    buf: helios_spirv::Buffer,
+    first: Val,
+    layout: Layout,
+    limbs: &[Val],
+) {
+    let lanes = lanes(layout) as usize;
+    for (v, parts) in limbs.chunks(lanes).enumerate() {
+        let off = k.u32(v as u32);
+        let idx = k.add(first, off);
+        let vec = k.vector(parts);
+        k.store(buf, idx, vec);
+    }
+}
+
+/// The push-constant block for one dispatch: the addresses of `inputs` and `out`, and `n`.
+pub fn push_constants(module: &KernelModule, inputs: &[u64], out: u64, n: u32) -> Vec<u8> {
+    let mut bytes = vec![0u8; module.push_size as usize];
+    let mut addresses = inputs.iter().chain(std::iter::once(&out));
+    for p in &module.params {
+        match &p.slot {
+            ParamSlot::Address { offset } => {
+                let at = *offset as usize;
+                let addr = addresses.next().expect("one address per buffer parameter");
+                bytes[at..at + 8].copy_from_slice(&addr.to_le_bytes());
+            }
+            ParamSlot::Value { offset, .. } => {
+                let at = *offset as usize;
+                bytes[at..at + 4].copy_from_slice(&n.to_le_bytes());
+            }
+            ParamSlot::Descriptor { .. } => unreachable!("field kernels use device addresses"),
+        }
+    }
+    bytes
+}
+
+/// Workgroups along x before the grid wraps into y (lavapipe's and many GPUs' limit).
+const MAX_GROUPS_X: u64 = 65535;
+
+/// The grid for `n` elements at `workgroup` invocations per group.
+pub fn grid(n: usize, workgroup: u32) -> Result<[u32; 3]> {
+    if n > MAX_DISPATCH_ELEMENTS {
+        return Err(FieldError::TooLarge {
+            what: "one dispatch",
+            size: n,
+            max: MAX_DISPATCH_ELEMENTS,
+        });
+    }
+    let groups = (n as u64).div_ceil(u64::from(workgroup));
+    if groups == 0 {
+        return Ok([0, 1, 1]);
+    }
+    let x = groups.min(MAX_GROUPS_X);
+    Ok([x as u32, groups.div_ceil(x) as u32, 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use helios_spirv::{validate, TargetEnv};
+
+    #[test]
+    fn every_kernel_passes_spirv_val() {
+        for layout in Layout::ALL {
+            for op in FieldOp::ALL {
+                let m = FieldKernel { op, layout }.build();
+                for env in [TargetEnv::Vulkan1_2, TargetEnv::Vulkan1_3] {
+                    validate(&m.name, &m.words, env).unwrap_or_else(|e| panic!("{e}"));
+                }
+                let expected = if op.arity() == 2 { 28 } else { 20 };
+                assert_eq!(m.push_size, expected, "{}", m.name);
+            }
+        }
+    }
+
+    #[test]
+    fn grid_folds_into_two_dimensions() {
+        assert_eq!(grid(0, 128).unwrap(), [0, 1, 1]);
+        assert_eq!(grid(64, 128).unwrap(), [1, 1, 1]);
+        assert_eq!(grid(1 << 24, 128).unwrap(), [65535, 3, 1]);
+        assert!(grid(MAX_DISPATCH_ELEMENTS + 1, 128).is_err());
+    }
+}
