@@ -13,6 +13,9 @@ use crate::{math, KernelError};
 /// One-input element-wise operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
+    /// y = x: the compute-shader copy (on discrete GPUs several times faster than the copy
+    /// engine's vkCmdCopyBuffer).
+    Copy,
     Neg,
     Abs,
     Exp,
@@ -28,7 +31,8 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 11] = [
+    pub const ALL: [UnaryOp; 12] = [
+        UnaryOp::Copy,
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Exp,
@@ -44,6 +48,7 @@ impl UnaryOp {
 
     pub const fn name(self) -> &'static str {
         match self {
+            UnaryOp::Copy => "copy",
             UnaryOp::Neg => "neg",
             UnaryOp::Abs => "abs",
             UnaryOp::Exp => "exp",
@@ -99,6 +104,7 @@ impl BinaryOp {
 /// Emits `op(x)` for a float value of any lane count.
 pub fn unary_expr(k: &mut KernelBuilder, op: UnaryOp, x: Val) -> Val {
     match op {
+        UnaryOp::Copy => x,
         UnaryOp::Neg => k.neg(x),
         UnaryOp::Abs => k.abs(x),
         UnaryOp::Exp => k.exp(x),
@@ -141,15 +147,20 @@ pub enum ElementwiseOp {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ElementwiseKernel {
     pub op: ElementwiseOp,
+    /// Storage type of inputs and output: `F32` or `F16` (math is always f32).
+    pub dtype: Scalar,
     pub binding: Binding,
 }
+
+/// Storage types the element-wise family supports.
+pub const ELEMENTWISE_DTYPES: [Scalar; 2] = [Scalar::F32, Scalar::F16];
 
 /// Default workgroup size (invocations along x).
 pub const ELEMENTWISE_WORKGROUP: u32 = 256;
 
 impl ElementwiseKernel {
     /// Every element-wise kernel the library can emit, for validation and warm-up.
-    pub fn all(binding: Binding) -> Vec<ElementwiseKernel> {
+    pub fn all(dtype: Scalar, binding: Binding) -> Vec<ElementwiseKernel> {
         let mut ops: Vec<ElementwiseOp> = UnaryOp::ALL
             .iter()
             .map(|&u| ElementwiseOp::Unary(u))
@@ -166,23 +177,24 @@ impl ElementwiseKernel {
             });
         }
         ops.into_iter()
-            .map(|op| ElementwiseKernel { op, binding })
+            .map(|op| ElementwiseKernel { op, dtype, binding })
             .collect()
     }
 
     /// A name that identifies the kernel (used in profiles and dumps).
     pub fn name(&self) -> String {
+        let t = self.dtype.name();
         match self.op {
-            ElementwiseOp::Unary(u) => format!("ew_{}_f32", u.name()),
-            ElementwiseOp::Binary(b) => format!("ew_{}_f32", b.name()),
+            ElementwiseOp::Unary(u) => format!("ew_{}_{t}", u.name()),
+            ElementwiseOp::Binary(b) => format!("ew_{}_{t}", b.name()),
             ElementwiseOp::Scalar {
                 op,
                 scalar_first: false,
-            } => format!("ew_{}_scalar_f32", op.name()),
+            } => format!("ew_{}_scalar_{t}", op.name()),
             ElementwiseOp::Scalar {
                 op,
                 scalar_first: true,
-            } => format!("ew_scalar_{}_f32", op.name()),
+            } => format!("ew_scalar_{}_{t}", op.name()),
         }
     }
 
@@ -199,12 +211,17 @@ impl ElementwiseKernel {
     pub fn build(&self) -> KernelModule {
         let f32_ty = Ty::scalar(Scalar::F32);
         let mut k = KernelBuilder::new(self.name(), self.binding, [ELEMENTWISE_WORKGROUP, 1, 1]);
-        let a = k.buffer("a", Scalar::F32, Access::Read);
+        let dtype = self.dtype;
+        assert!(
+            ELEMENTWISE_DTYPES.contains(&dtype),
+            "element-wise storage is f32 or f16"
+        );
+        let a = k.buffer("a", dtype, Access::Read);
         let b = match self.op {
-            ElementwiseOp::Binary(_) => Some(k.buffer("b", Scalar::F32, Access::Read)),
+            ElementwiseOp::Binary(_) => Some(k.buffer("b", dtype, Access::Read)),
             _ => None,
         };
-        let y = k.buffer("y", Scalar::F32, Access::Write);
+        let y = k.buffer("y", dtype, Access::Write);
         let n = k.param("n", Ty::scalar(Scalar::U32));
         let s = match self.op {
             ElementwiseOp::Scalar { .. } => Some(k.param("s", f32_ty)),
@@ -227,11 +244,14 @@ impl ElementwiseKernel {
         let s = s.map(|p| k.load_param(p));
         let op = self.op;
         let body = |k: &mut KernelBuilder, idx: Val, lanes: u8| {
+            // Storage may be f16; arithmetic is always f32.
             let x = k.load(a, idx, lanes);
+            let x = k.convert(x, Scalar::F32);
             let r = match op {
                 ElementwiseOp::Unary(u) => unary_expr(k, u, x),
                 ElementwiseOp::Binary(bop) => {
                     let bv = k.load(b.expect("binary has b"), idx, lanes);
+                    let bv = k.convert(bv, Scalar::F32);
                     binary_expr(k, bop, x, bv)
                 }
                 ElementwiseOp::Scalar { op, scalar_first } => {
@@ -243,6 +263,7 @@ impl ElementwiseKernel {
                     }
                 }
             };
+            let r = k.convert(r, dtype);
             k.store(y, idx, r);
         };
 

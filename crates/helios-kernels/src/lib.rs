@@ -9,7 +9,9 @@ pub mod elementwise;
 pub mod launch;
 pub mod math;
 
-pub use elementwise::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp, ELEMENTWISE_WORKGROUP};
+pub use elementwise::{
+    BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp, ELEMENTWISE_DTYPES, ELEMENTWISE_WORKGROUP,
+};
 pub use launch::{grid, pack_push, Arg, Launch};
 
 /// Errors from preparing a kernel launch.

@@ -21,6 +21,12 @@ pub enum Error {
         expected: usize,
         got: usize,
     },
+    #[error("{op}: dtypes {lhs} and {rhs} differ; convert one operand first")]
+    DTypeMismatch {
+        op: &'static str,
+        lhs: crate::DType,
+        rhs: crate::DType,
+    },
     #[error("{op}: the tensors live on different devices; move one with to_vec/from_slice")]
     DeviceMismatch { op: &'static str },
 }

@@ -14,12 +14,14 @@
 
 pub mod cpu;
 mod device;
+mod dtype;
 pub mod env;
 mod error;
 pub mod selfcheck;
 mod tensor;
 
 pub use device::Device;
+pub use dtype::DType;
 pub use error::{Error, Result};
 pub use helios_kernels::{BinaryOp, UnaryOp};
 pub use tensor::Tensor;

@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::cpu::{self, Tolerance};
-use crate::{BinaryOp, Device, Result, Tensor, UnaryOp};
+use crate::{BinaryOp, DType, Device, Result, Tensor, UnaryOp};
 
 /// One element-wise computation to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,33 +108,41 @@ pub const SPECIALS: [f32; 12] = [
     -1e30,
 ];
 
-/// Runs `case` on the given inputs and returns the first mismatch as a message.
-fn compare(device: &Device, case: Case, a: &[f32], b: &[f32], s: f32) -> Result<Option<String>> {
+/// Runs `case` on the given inputs stored as `dtype` and returns the first mismatch as a
+/// message. The reference sees the inputs rounded to `dtype`, and its result is rounded too.
+fn compare(
+    device: &Device,
+    case: Case,
+    dtype: DType,
+    a: &[f32],
+    b: &[f32],
+    s: f32,
+) -> Result<Option<String>> {
     let shape = [a.len()];
-    let ta = Tensor::from_slice(device, a, &shape)?;
+    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| dtype.round(x)).collect() };
+    let (a, b) = (round(a), round(b));
+    let ta = Tensor::from_slice_as(device, &a, &shape, dtype)?;
     let (got, want) = match case {
-        Case::Unary(u) => (ta.unary(u)?.to_vec()?, cpu::unary(u, a)),
+        Case::Unary(u) => (ta.unary(u)?.to_vec()?, cpu::unary(u, &a)),
         Case::Binary(op) => {
-            let tb = Tensor::from_slice(device, b, &shape)?;
-            (ta.binary(op, &tb)?.to_vec()?, cpu::binary(op, a, b))
+            let tb = Tensor::from_slice_as(device, &b, &shape, dtype)?;
+            (ta.binary(op, &tb)?.to_vec()?, cpu::binary(op, &a, &b))
         }
-        Case::Scalar {
-            op,
-            scalar_first: false,
-        } => (ta.scalar_op(op, s)?.to_vec()?, cpu::scalar(op, a, s, false)),
-        Case::Scalar {
-            op,
-            scalar_first: true,
-        } => (
-            ta.scalar_first_op(op, s)?.to_vec()?,
-            cpu::scalar(op, a, s, true),
-        ),
+        Case::Scalar { op, scalar_first } => {
+            let t = if scalar_first {
+                ta.scalar_first_op(op, s)?
+            } else {
+                ta.scalar_op(op, s)?
+            };
+            (t.to_vec()?, cpu::scalar(op, &a, s, scalar_first))
+        }
     };
-    let tol = case.tolerance();
+    let want = round(&want);
+    let tol = case.tolerance().stored_as(dtype);
     Ok(tol.first_mismatch(&got, &want).map(|(i, g, w)| {
         let bi = b.get(i).copied().unwrap_or(s);
         format!(
-            "{} at n={}: element {i} (inputs {}, {bi}) = {g:e}, expected {w:e} (rtol {}, atol {})",
+            "{} {dtype} at n={}: element {i} (inputs {}, {bi}) = {g:e}, expected {w:e} (rtol {}, atol {})",
             case.name(),
             a.len(),
             a[i],
@@ -144,17 +152,23 @@ fn compare(device: &Device, case: Case, a: &[f32], b: &[f32], s: f32) -> Result<
     }))
 }
 
-/// Checks `case` on `n` random elements drawn from `seed`.
-pub fn check_random(device: &Device, case: Case, n: usize, seed: u64) -> Result<Option<String>> {
+/// Checks `case` on `n` random elements drawn from `seed`, stored as `dtype`.
+pub fn check_random(
+    device: &Device,
+    case: Case,
+    dtype: DType,
+    n: usize,
+    seed: u64,
+) -> Result<Option<String>> {
     let mut rng = StdRng::seed_from_u64(seed);
     let a = random(&mut rng, case, 0, n);
     let b = random(&mut rng, case, 1, n);
     let s = sample(&mut rng, case, 1);
-    compare(device, case, &a, &b, s)
+    compare(device, case, dtype, &a, &b, s)
 }
 
 /// Checks `case` on every pair of special values (and every special value as the scalar).
-pub fn check_specials(device: &Device, case: Case) -> Result<Option<String>> {
+pub fn check_specials(device: &Device, case: Case, dtype: DType) -> Result<Option<String>> {
     let mut a = Vec::new();
     let mut b = Vec::new();
     for &x in &SPECIALS {
@@ -165,13 +179,13 @@ pub fn check_specials(device: &Device, case: Case) -> Result<Option<String>> {
     }
     if let Case::Scalar { .. } = case {
         for &s in &SPECIALS {
-            if let Some(m) = compare(device, case, &SPECIALS, &[], s)? {
+            if let Some(m) = compare(device, case, dtype, &SPECIALS, &[], s)? {
                 return Ok(Some(m));
             }
         }
         return Ok(None);
     }
-    compare(device, case, &a, &b, 0.0)
+    compare(device, case, dtype, &a, &b, 0.0)
 }
 
 /// One line of a self-check report.
@@ -181,21 +195,23 @@ pub struct Outcome {
     pub failure: Option<String>,
 }
 
-/// Every case on random inputs at `sizes` and on the special values.
+/// Every case, in every storage type, on random inputs at `sizes` and on the special values.
 pub fn run(device: &Device, sizes: &[usize]) -> Result<Vec<Outcome>> {
     let mut out = Vec::new();
-    for (i, case) in Case::all().into_iter().enumerate() {
-        let mut failure = check_specials(device, case)?;
-        for (j, &n) in sizes.iter().enumerate() {
-            if failure.is_some() {
-                break;
+    for dtype in [DType::F32, DType::F16] {
+        for (i, case) in Case::all().into_iter().enumerate() {
+            let mut failure = check_specials(device, case, dtype)?;
+            for (j, &n) in sizes.iter().enumerate() {
+                if failure.is_some() {
+                    break;
+                }
+                failure = check_random(device, case, dtype, n, (i * 1000 + j) as u64)?;
             }
-            failure = check_random(device, case, n, (i * 1000 + j) as u64)?;
+            out.push(Outcome {
+                case: format!("{} {dtype}", case.name()),
+                failure,
+            });
         }
-        out.push(Outcome {
-            case: case.name(),
-            failure,
-        });
     }
     Ok(out)
 }

@@ -10,7 +10,7 @@ use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
 use helios_spirv::Binding;
 use helios_vk::{Access, Buffer, MemoryLocation};
 
-use crate::{Device, Error, Result};
+use crate::{DType, Device, Error, Result};
 
 /// An n-dimensional f32 array in device memory. Cloning is cheap (shared storage).
 #[derive(Clone)]
@@ -23,11 +23,23 @@ struct TensorInner {
     buffer: Buffer,
     /// Row-major, contiguous.
     shape: Vec<usize>,
+    dtype: DType,
 }
 
 impl Tensor {
-    /// Copies `data` to `device` as a tensor of `shape` (whose product must be `data.len()`).
+    /// Copies `data` to `device` as an f32 tensor of `shape` (whose product must be
+    /// `data.len()`).
     pub fn from_slice(device: &Device, data: &[f32], shape: &[usize]) -> Result<Tensor> {
+        Tensor::from_slice_as(device, data, shape, DType::F32)
+    }
+
+    /// Copies `data` to `device` as a tensor of `dtype` (values are rounded to it).
+    pub fn from_slice_as(
+        device: &Device,
+        data: &[f32],
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
         let expected: usize = shape.iter().product();
         if expected != data.len() {
             return Err(Error::DataLength {
@@ -36,22 +48,22 @@ impl Tensor {
                 got: data.len(),
             });
         }
-        let t = Tensor::uninit(device, shape.to_vec())?;
+        let t = Tensor::uninit(device, shape.to_vec(), dtype)?;
         if !data.is_empty() {
             device
                 .context()
-                .upload(&t.inner.buffer, 0, bytemuck::cast_slice(data))?;
+                .upload(&t.inner.buffer, 0, &dtype.encode(data))?;
         }
         Ok(t)
     }
 
-    /// A 1-D tensor holding `data`.
+    /// A 1-D f32 tensor holding `data`.
     pub fn from_vec1(device: &Device, data: &[f32]) -> Result<Tensor> {
         Tensor::from_slice(device, data, &[data.len()])
     }
 
-    fn uninit(device: &Device, shape: Vec<usize>) -> Result<Tensor> {
-        let bytes = shape.iter().product::<usize>() as u64 * 4;
+    fn uninit(device: &Device, shape: Vec<usize>, dtype: DType) -> Result<Tensor> {
+        let bytes = (shape.iter().product::<usize>() * dtype.size()) as u64;
         let buffer = device
             .context()
             .create_buffer(bytes, MemoryLocation::DeviceLocal)?;
@@ -60,18 +72,24 @@ impl Tensor {
                 device: device.clone(),
                 buffer,
                 shape,
+                dtype,
             }),
         })
     }
 
-    /// Copies the tensor back to the host.
+    /// Copies the tensor back to the host as f32 values. Waits only for the work that
+    /// writes this tensor.
     pub fn to_vec(&self) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; self.len()];
-        if !out.is_empty() {
+        let mut bytes = vec![0u8; self.len() * self.dtype().size()];
+        if !bytes.is_empty() {
             let ctx = self.inner.device.context();
-            ctx.download(&self.inner.buffer, 0, bytemuck::cast_slice_mut(&mut out))?;
+            ctx.download(&self.inner.buffer, 0, &mut bytes)?;
         }
-        Ok(out)
+        Ok(self.dtype().decode(&bytes))
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.inner.dtype
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -114,6 +132,13 @@ impl Tensor {
         if !self.device().same(other.device()) {
             return Err(Error::DeviceMismatch { op: op.name() });
         }
+        if self.dtype() != other.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: op.name(),
+                lhs: self.dtype(),
+                rhs: other.dtype(),
+            });
+        }
         self.elementwise(ElementwiseOp::Binary(op), &[self, other], None)
     }
 
@@ -143,13 +168,14 @@ impl Tensor {
 
     fn elementwise(&self, op: ElementwiseOp, inputs: &[&Tensor], s: Option<f32>) -> Result<Tensor> {
         let device = self.device();
-        let out = Tensor::uninit(device, self.shape().to_vec())?;
+        let out = Tensor::uninit(device, self.shape().to_vec(), self.dtype())?;
         let n = self.len() as u64;
         if n == 0 {
             return Ok(out);
         }
         let kernel = ElementwiseKernel {
             op,
+            dtype: self.dtype().scalar(),
             binding: Binding::DeviceAddress,
         };
         let compiled = device.kernel(&kernel, || kernel.build())?;
@@ -182,7 +208,7 @@ macro_rules! unary_methods {
 }
 
 unary_methods!(
-    neg => Neg, abs => Abs, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
+    copy => Copy, neg => Neg, abs => Abs, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
     tanh => Tanh, sigmoid => Sigmoid, relu => Relu, gelu_tanh => GeluTanh, silu => Silu,
 );
 

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use helios::selfcheck::{check_random, check_specials, Case};
-use helios::{BinaryOp, Device, Error, Tensor, UnaryOp};
+use helios::{BinaryOp, DType, Device, Error, Tensor, UnaryOp};
 
 fn device() -> &'static Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
@@ -28,14 +28,24 @@ fn assert_no_validation_messages() {
 /// two, and large with a 3-element tail.
 const SIZES: [usize; 7] = [0, 1, 3, 4, 1023, 65536, (1 << 20) + 3];
 
+/// f16 storage at sizes around the vec4 body and tail.
+const F16_SIZES: [usize; 3] = [3, 1023, 65536 + 5];
+
 fn check_all_sizes(case: Case) {
     for (i, &n) in SIZES.iter().enumerate() {
-        if let Some(failure) = check_random(device(), case, n, 7 + i as u64).unwrap() {
+        if let Some(failure) = check_random(device(), case, DType::F32, n, 7 + i as u64).unwrap() {
             panic!("{failure}");
         }
     }
-    if let Some(failure) = check_specials(device(), case).unwrap() {
-        panic!("special values: {failure}");
+    for (i, &n) in F16_SIZES.iter().enumerate() {
+        if let Some(failure) = check_random(device(), case, DType::F16, n, 70 + i as u64).unwrap() {
+            panic!("{failure}");
+        }
+    }
+    for dtype in [DType::F32, DType::F16] {
+        if let Some(failure) = check_specials(device(), case, dtype).unwrap() {
+            panic!("special values: {failure}");
+        }
     }
     assert_no_validation_messages();
 }
@@ -130,6 +140,8 @@ fn mismatched_shapes_are_errors() {
     let c = Tensor::from_slice(d, &[1.0; 6], &[2, 3]).unwrap();
     let e = Tensor::from_slice(d, &[1.0; 6], &[3, 2]).unwrap();
     assert!(matches!(c.add(&e), Err(Error::ShapeMismatch { .. })));
+    let h = Tensor::from_slice_as(d, &[1.0; 6], &[2, 3], DType::F16).unwrap();
+    assert!(matches!(c.add(&h), Err(Error::DTypeMismatch { .. })));
     assert!(matches!(
         Tensor::from_slice(d, &[1.0; 5], &[2, 3]),
         Err(Error::DataLength {
