@@ -6,6 +6,7 @@
 // Methods that create owned objects take `self: &Arc<Self>` for that reason.
 
 use ash::vk;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -18,7 +19,9 @@ use crate::error::{vk_err, Error, Result};
 use crate::features::{self, EnabledFeatures};
 use crate::instance::{Instance, InstanceOptions};
 use crate::memory::MemoryLocation;
+use crate::pipeline_cache::{PipelineCache, PipelineCacheDir, HELIOS_VERBOSE};
 use crate::pool::Pool;
+use crate::profile::{Profiler, HELIOS_PROFILE};
 use crate::submit::Submitter;
 
 pub struct Context {
@@ -29,7 +32,10 @@ pub struct Context {
     debug_utils: Option<ash::ext::debug_utils::Device>,
     queue_family: u32,
     pub(crate) submitter: Submitter,
-    pipeline_cache: vk::PipelineCache,
+    /// The VkPipelineCache, persisted under the user cache dir (pipeline_cache.rs).
+    pub(crate) pipeline_cache: PipelineCache,
+    /// GPU timestamps around dispatches, when profiling is on (profile.rs).
+    pub(crate) profiler: Option<Profiler>,
     memory: vk::PhysicalDeviceMemoryProperties,
     enabled: EnabledFeatures,
     /// The one open batch all GPU commands are recorded into (encoder.rs).
@@ -41,8 +47,47 @@ pub struct Context {
     pub(crate) spin: Duration,
 }
 
+/// How a Context is set up beyond its device. `default()` persists the pipeline cache under
+/// the user cache dir and does not profile; `from_env()` reads the HELIOS_* switches.
+#[derive(Clone, Debug, Default)]
+pub struct ContextOptions {
+    /// `HELIOS_PIPELINE_CACHE=0` → `Disabled`; `HELIOS_CACHE_DIR=<dir>` → `Root(dir)`.
+    pub pipeline_cache: PipelineCacheDir,
+    /// `HELIOS_PROFILE=1`: GPU timestamps around every dispatch.
+    pub profile: bool,
+    /// `HELIOS_VERBOSE=1`: notes about ignored cache files and failed saves on stderr.
+    pub verbose: bool,
+}
+
+impl ContextOptions {
+    pub fn from_env() -> Result<Self> {
+        Ok(ContextOptions {
+            pipeline_cache: PipelineCacheDir::from_env()?,
+            profile: env::flag(HELIOS_PROFILE)?.unwrap_or(false),
+            verbose: env::flag(HELIOS_VERBOSE)?.unwrap_or(false),
+        })
+    }
+
+    /// Default options with the pipeline cache under `root` (tests use a temp dir).
+    pub fn with_cache_dir(root: impl Into<PathBuf>) -> Self {
+        ContextOptions {
+            pipeline_cache: PipelineCacheDir::Root(root.into()),
+            ..Default::default()
+        }
+    }
+}
+
 impl Context {
+    /// A Context with `ContextOptions::default()`.
     pub fn new(instance: Arc<Instance>, adapter: &Adapter) -> Result<Arc<Context>> {
+        Context::with_options(instance, adapter, &ContextOptions::default())
+    }
+
+    pub fn with_options(
+        instance: Arc<Instance>,
+        adapter: &Adapter,
+        options: &ContextOptions,
+    ) -> Result<Arc<Context>> {
         if adapter.instance_handle() != instance.raw().handle() {
             return Err(Error::ForeignAdapter);
         }
@@ -63,7 +108,8 @@ impl Context {
         let device =
             features::create_device(instance.raw(), adapter.raw(), caps, queue_family, &enabled)?;
 
-        let (submitter, pipeline_cache) = match init_device_objects(&device, queue_family) {
+        let objects = init_device_objects(&instance, adapter, &device, queue_family, options);
+        let (submitter, pipeline_cache, profiler) = match objects {
             Ok(objects) => objects,
             Err(e) => {
                 // SAFETY: nothing else was created on the device or submitted to it.
@@ -89,6 +135,7 @@ impl Context {
             queue_family,
             submitter,
             pipeline_cache,
+            profiler,
             memory,
             enabled,
             encoder: Mutex::new(Encoder::new(
@@ -103,12 +150,14 @@ impl Context {
         }))
     }
 
-    /// Instance from `HELIOS_VALIDATION`, device from `HELIOS_DEVICE` (or the default order).
+    /// Instance from `HELIOS_VALIDATION`, device from `HELIOS_DEVICE` (or the default order),
+    /// options from `ContextOptions::from_env`.
     pub fn from_env() -> Result<Arc<Context>> {
+        let options = ContextOptions::from_env()?;
         let instance = Arc::new(Instance::new(&InstanceOptions::from_env()?)?);
         let adapters = instance.adapters()?;
         let adapter = select_adapter_from_env(&adapters)?;
-        Context::new(instance, adapter)
+        Context::with_options(instance, adapter, &options)
     }
 
     pub fn caps(&self) -> &Caps {
@@ -137,10 +186,11 @@ impl Context {
         self.queue_family
     }
 
-    /// The pipeline cache contents, for persisting under the user cache dir (a later step).
+    /// The driver's pipeline cache contents (what `save_pipeline_cache` writes, unwrapped).
     pub fn pipeline_cache_data(&self) -> Result<Vec<u8>> {
+        let cache = self.pipeline_cache.raw();
         // SAFETY: the cache belongs to this device; the driver synchronises cache access.
-        unsafe { self.device.get_pipeline_cache_data(self.pipeline_cache) }
+        unsafe { self.device.get_pipeline_cache_data(cache) }
             .map_err(vk_err("vkGetPipelineCacheData"))
     }
 
@@ -158,8 +208,14 @@ impl Context {
         &self.device
     }
 
+    /// The raw device, for recording into command buffers Helios does not own (profiling
+    /// tests, interop). Destroying it or its queue's objects is the caller's bug.
+    pub fn raw_device(&self) -> &ash::Device {
+        &self.device
+    }
+
     pub(crate) fn pipeline_cache(&self) -> vk::PipelineCache {
-        self.pipeline_cache
+        self.pipeline_cache.raw()
     }
 
     pub(crate) fn memory_properties(&self) -> &vk::PhysicalDeviceMemoryProperties {
@@ -188,8 +244,11 @@ impl Drop for Context {
             let _ = self.device.device_wait_idle();
             self.destroy_pools();
             self.submitter.destroy(&self.device);
-            self.device
-                .destroy_pipeline_cache(self.pipeline_cache, None);
+            if let Some(profiler) = &self.profiler {
+                profiler.destroy();
+            }
+            // Saves the cache file first if a pipeline was created since the last save.
+            self.pipeline_cache.destroy(&self.device);
             self.device.destroy_device(None);
         }
     }
@@ -224,20 +283,38 @@ pub fn pick_queue_family(families: &[QueueFamily]) -> Option<u32> {
 
 /// The per-device objects a Context owns, cleaned up here if one of them fails.
 fn init_device_objects(
+    instance: &Instance,
+    adapter: &Adapter,
     device: &ash::Device,
     queue_family: u32,
-) -> Result<(Submitter, vk::PipelineCache)> {
+    options: &ContextOptions,
+) -> Result<(Submitter, PipelineCache, Option<Profiler>)> {
     // SAFETY: the queue family was requested with one queue at creation.
     let queue = unsafe { device.get_device_queue(queue_family, 0) };
     let submitter = Submitter::new(device, queue, queue_family)?;
-    // SAFETY: valid device; the cache starts empty (persisting it comes later).
-    let info = vk::PipelineCacheCreateInfo::default();
-    match unsafe { device.create_pipeline_cache(&info, None) } {
-        Ok(cache) => Ok((submitter, cache)),
-        Err(r) => {
+    let (raw, pd) = (instance.raw(), adapter.raw());
+    let cache = PipelineCache::new(raw, pd, device, &options.pipeline_cache, options.verbose);
+    let cache = match cache {
+        Ok(cache) => cache,
+        Err(e) => {
             // SAFETY: nothing was submitted yet.
             unsafe { submitter.destroy(device) };
-            Err(Error::vk("vkCreatePipelineCache", r))
+            return Err(e);
+        }
+    };
+    let profiler = match options.profile {
+        true => Profiler::new(device, adapter.caps(), queue_family),
+        false => Ok(None),
+    };
+    match profiler {
+        Ok(profiler) => Ok((submitter, cache, profiler)),
+        Err(e) => {
+            // SAFETY: nothing was submitted or created from the cache yet.
+            unsafe {
+                submitter.destroy(device);
+                cache.destroy(device);
+            }
+            Err(e)
         }
     }
 }

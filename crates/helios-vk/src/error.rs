@@ -122,6 +122,16 @@ pub enum Error {
     #[error("wait for timeline value {value}, but only {last_submitted} has been submitted; wait for a value returned by submit()")]
     WaitOnUnsubmitted { value: u64, last_submitted: u64 },
 
+    #[error(
+        "could not write the pipeline cache file {}: {source}; make that directory writable, \
+         point HELIOS_CACHE_DIR elsewhere, or set HELIOS_PIPELINE_CACHE=0",
+        path.display()
+    )]
+    PipelineCacheIo {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+
     #[error("the Vulkan device was lost (driver crash, GPU reset or a kernel that ran too long); restart the process")]
     DeviceLost,
 

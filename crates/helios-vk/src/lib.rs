@@ -26,8 +26,10 @@ mod features;
 mod instance;
 mod memory;
 mod pipeline;
+mod pipeline_cache;
 mod pool;
 mod probe;
+mod profile;
 mod recorder;
 mod submit;
 mod transfer;
@@ -37,14 +39,20 @@ pub use caps::{
     Caps, CooperativeMatrixShape, DeviceType, Features, Limits, MemoryHeap, MemoryType,
     QueueFamily, Subgroup,
 };
-pub use context::{pick_queue_family, Context};
+pub use context::{pick_queue_family, Context, ContextOptions};
 pub use encoder::{Access, EncoderStats, DEFAULT_BATCH};
 pub use error::{Error, Result};
 pub use features::EnabledFeatures;
 pub use instance::{Instance, InstanceOptions};
 pub use memory::{choose_memory_type, Buffer, MemoryLocation};
 pub use pipeline::{Pipeline, PipelineDesc};
+pub use pipeline_cache::{
+    PipelineCacheDir, PipelineStats, HELIOS_CACHE_DIR, HELIOS_PIPELINE_CACHE, HELIOS_VERBOSE,
+};
 pub use pool::MemoryStats;
+pub use profile::{
+    ProfileReport, ProfileRow, Profiler, Span, HELIOS_PROFILE, MAX_POOLS, QUERIES_PER_POOL,
+};
 pub use recorder::{Recorder, MAX_COPY_REGION};
 pub use transfer::STAGING_CHUNK;
 
@@ -59,4 +67,5 @@ const _: () = {
     send_sync::<Buffer>();
     send_sync::<Pipeline>();
     send_sync::<Adapter>();
+    send_sync::<Profiler>();
 };

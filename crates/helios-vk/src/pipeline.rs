@@ -4,12 +4,14 @@
 // push-constant range [0, push_constant_size) for the compute stage, and kernels receive
 // buffers as device addresses inside that range. Specialisation constants carry
 // compile-time choices such as the workgroup size. Every pipeline goes through the
-// Context's VkPipelineCache (persisted to disk in a later step).
+// Context's VkPipelineCache, persisted on disk (pipeline_cache.rs), and its creation time is
+// added to `Context::pipeline_stats`, so cold and warm starts can be told apart.
 
 use ash::vk;
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::context::Context;
 use crate::error::{vk_err, Error, Result};
@@ -70,6 +72,7 @@ impl Context {
         }
 
         let device = self.device();
+        let started = Instant::now();
         let module_info = vk::ShaderModuleCreateInfo::default().code(desc.spirv);
         // SAFETY: valid device; the code starts with the SPIR-V magic number.
         let module = unsafe { device.create_shader_module(&module_info, None) }
@@ -78,6 +81,7 @@ impl Context {
         // SAFETY: a shader module may be destroyed once pipelines are created from it.
         unsafe { device.destroy_shader_module(module, None) };
         let (layout, raw) = result?;
+        self.pipeline_cache.record_creation(started.elapsed());
         self.set_name(raw, desc.name);
         Ok(Arc::new(Pipeline {
             ctx: Arc::clone(self),
@@ -160,11 +164,13 @@ impl Pipeline {
         self.push_constant_size
     }
 
-    pub(crate) fn raw(&self) -> vk::Pipeline {
+    /// The raw pipeline, for recording into command buffers Helios does not own.
+    pub fn raw(&self) -> vk::Pipeline {
         self.raw
     }
 
-    pub(crate) fn layout(&self) -> vk::PipelineLayout {
+    /// The raw layout (one push-constant range, no descriptor sets).
+    pub fn layout(&self) -> vk::PipelineLayout {
         self.layout
     }
 
