@@ -2,6 +2,7 @@
 // each subcommand lives in its own file with an `Args` struct and a `run` function, and
 // every failure comes back here as a value, is printed as `error: ...` and exits with 1.
 
+mod field;
 mod info;
 mod selfcheck;
 
@@ -28,6 +29,8 @@ enum Command {
     Info(info::InfoArgs),
     /// Check every element-wise op on the chosen device against the CPU reference.
     Selfcheck(selfcheck::SelfcheckArgs),
+    /// BLS12-381 base-field arithmetic on the GPU (`helios field bench`).
+    Field(field::FieldArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +38,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(args) => info::run(&args),
         Command::Selfcheck(args) => selfcheck::run(&args),
+        Command::Field(args) => field::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
