@@ -12,7 +12,6 @@
 
 use ash::vk;
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::sync::{Arc, MutexGuard};
 
 use crate::context::Context;
@@ -87,7 +86,8 @@ struct Span {
 /// Accesses since the last barrier, per pool region.
 #[derive(Default)]
 struct Hazards {
-    regions: HashMap<RegionKey, Vec<Span>>,
+    /// FxHash: the keys are small integers and this map is hit on every dispatch.
+    regions: rustc_hash::FxHashMap<RegionKey, Vec<Span>>,
 }
 
 impl Hazards {

@@ -1,12 +1,13 @@
 //! `Device`: a cheap handle on one Vulkan device plus the kernels compiled for it.
 //!
-//! Pipelines are cached in memory by kernel signature (the `Debug` form of the kernel's
+//! Pipelines are cached in memory by kernel signature (`KernelKey`: the kernel family's
 //! description, which names every property that changes the emitted SPIR-V), so each kernel
 //! is generated and compiled once per device.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use helios_kernels::ElementwiseKernel;
 use helios_spirv::KernelModule;
 use helios_vk::{Context, Pipeline, PipelineDesc};
 
@@ -20,7 +21,7 @@ pub struct Device {
 
 struct DeviceInner {
     ctx: Arc<Context>,
-    kernels: Mutex<HashMap<String, Arc<Compiled>>>,
+    kernels: Mutex<HashMap<KernelKey, Arc<Compiled>>>,
 }
 
 impl Device {
@@ -89,10 +90,9 @@ impl Device {
     /// use only.
     pub(crate) fn kernel(
         &self,
-        key: &dyn std::fmt::Debug,
+        key: KernelKey,
         build: impl FnOnce() -> KernelModule,
     ) -> Result<Arc<Compiled>> {
-        let key = format!("{key:?}");
         let mut cache = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = cache.get(&key) {
             return Ok(k.clone());
@@ -111,6 +111,14 @@ impl Device {
         cache.insert(key, compiled.clone());
         Ok(compiled)
     }
+}
+
+/// The signature of every kernel the tensor layer compiles: one variant per kernel family,
+/// each holding the family's own signature type (hashing it is cheaper than formatting it,
+/// which matters at a few hundred nanoseconds per op).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum KernelKey {
+    Elementwise(ElementwiseKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter

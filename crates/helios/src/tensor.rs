@@ -10,6 +10,7 @@ use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
 use helios_spirv::Binding;
 use helios_vk::{Access, Buffer, MemoryLocation};
 
+use crate::device::KernelKey;
 use crate::{DType, Device, Error, Result};
 
 /// An n-dimensional f32 array in device memory. Cloning is cheap (shared storage).
@@ -178,7 +179,7 @@ impl Tensor {
             dtype: self.dtype().scalar(),
             binding: Binding::DeviceAddress,
         };
-        let compiled = device.kernel(&kernel, || kernel.build())?;
+        let compiled = device.kernel(KernelKey::Elementwise(kernel), || kernel.build())?;
         let addrs: Vec<u64> = inputs.iter().map(|t| t.address()).collect();
         let wg = compiled.module.workgroup_size[0];
         let launch = kernel.launch(&compiled.module, wg, n, &addrs, out.address(), s)?;
