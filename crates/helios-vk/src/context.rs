@@ -49,7 +49,7 @@ pub struct Context {
 
 /// How a Context is set up beyond its device. `default()` persists the pipeline cache under
 /// the user cache dir and does not profile; `from_env()` reads the HELIOS_* switches.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ContextOptions {
     /// `HELIOS_PIPELINE_CACHE=0` → `Disabled`; `HELIOS_CACHE_DIR=<dir>` → `Root(dir)`.
     pub pipeline_cache: PipelineCacheDir,
@@ -57,6 +57,22 @@ pub struct ContextOptions {
     pub profile: bool,
     /// `HELIOS_VERBOSE=1`: notes about ignored cache files and failed saves on stderr.
     pub verbose: bool,
+    /// `HELIOS_BATCH=<n>`: dispatches per submitted batch (0 means the default).
+    pub batch_limit: u32,
+    /// `HELIOS_SPIN_US=<µs>`: how long a host wait polls before sleeping.
+    pub spin_us: u32,
+}
+
+impl Default for ContextOptions {
+    fn default() -> Self {
+        ContextOptions {
+            pipeline_cache: PipelineCacheDir::default(),
+            profile: false,
+            verbose: false,
+            batch_limit: DEFAULT_BATCH,
+            spin_us: DEFAULT_SPIN_US,
+        }
+    }
 }
 
 impl ContextOptions {
@@ -65,6 +81,8 @@ impl ContextOptions {
             pipeline_cache: PipelineCacheDir::from_env()?,
             profile: env::flag(HELIOS_PROFILE)?.unwrap_or(false),
             verbose: env::flag(HELIOS_VERBOSE)?.unwrap_or(false),
+            batch_limit: env::u32_or(env::HELIOS_BATCH, DEFAULT_BATCH)?,
+            spin_us: env::u32_or(env::HELIOS_SPIN_US, DEFAULT_SPIN_US)?,
         })
     }
 
@@ -138,15 +156,16 @@ impl Context {
             profiler,
             memory,
             enabled,
-            encoder: Mutex::new(Encoder::new(
-                env::u32_or(env::HELIOS_BATCH, DEFAULT_BATCH)?.max(1),
-            )),
+            encoder: Mutex::new(Encoder::new(match options.batch_limit {
+                0 => DEFAULT_BATCH,
+                n => n,
+            })),
             pools: [
                 Mutex::new(Pool::new(MemoryLocation::DeviceLocal)),
                 Mutex::new(Pool::new(MemoryLocation::HostVisible)),
             ],
             next_block: AtomicU64::new(1),
-            spin: Duration::from_micros(env::u32_or(env::HELIOS_SPIN_US, DEFAULT_SPIN_US)?.into()),
+            spin: Duration::from_micros(options.spin_us.into()),
         }))
     }
 

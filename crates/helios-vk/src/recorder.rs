@@ -72,6 +72,13 @@ pub(crate) fn record_dispatch(
 ) {
     let device = ctx.device();
     let cb = batch.slot.cb;
+    // With HELIOS_PROFILE=1, timestamps bracket the dispatch (after any barrier the encoder
+    // inserted, in this same command buffer).
+    // SAFETY: the command buffer is recording under the encoder lock.
+    let span = ctx
+        .profiler
+        .as_ref()
+        .and_then(|p| unsafe { p.begin(cb, pipeline.name()) });
     // SAFETY: the command buffer is recording; the pipeline and its layout belong to this
     // device and the push range was checked against the layout (check_dispatch).
     unsafe {
@@ -89,6 +96,10 @@ pub(crate) fn record_dispatch(
             );
         }
         device.cmd_dispatch(cb, groups[0], groups[1], groups[2]);
+    }
+    if let (Some(p), Some(span)) = (&ctx.profiler, span) {
+        // SAFETY: same command buffer as `begin`, still recording.
+        unsafe { p.end(cb, span) };
     }
     batch.dispatches += 1;
 }

@@ -115,7 +115,15 @@ impl Context {
 
     /// Returns a slot whose recording failed, unsubmitted.
     pub(crate) fn abandon_slot(&self, slot: Slot) {
+        self.discard_profile();
         self.release_slot(slot);
+    }
+
+    /// Tells the profiler that the spans recorded since the last submit will never run.
+    fn discard_profile(&self) {
+        if let Some(p) = &self.profiler {
+            p.discarded();
+        }
     }
 
     /// Ends the batch's command buffer and submits it, signalling `batch.value`. Keeps the
@@ -130,7 +138,7 @@ impl Context {
         recorder::host_read_barrier(device, slot.cb);
         // SAFETY: the command buffer is recording.
         if let Err(r) = unsafe { device.end_command_buffer(slot.cb) } {
-            self.release_slot(slot);
+            self.abandon_slot(slot);
             return Err(Error::vk("vkEndCommandBuffer", r));
         }
         let oldest = lock(&s.ring).in_flight.front().map(|f| f.value);
@@ -159,10 +167,13 @@ impl Context {
         // the queue lock.
         if let Err(r) = unsafe { device.queue_submit(q.queue, &[submit], vk::Fence::null()) } {
             drop(q);
-            self.release_slot(slot);
+            self.abandon_slot(slot);
             return Err(Error::vk("vkQueueSubmit", r));
         }
         q.last_submitted = value;
+        if let Some(p) = &self.profiler {
+            p.submitted(value);
+        }
         // Pushed under the queue lock so that `in_flight` stays sorted by value.
         lock(&s.ring).in_flight.push_back(InFlight {
             value,
@@ -281,6 +292,11 @@ impl Context {
         };
         for f in done {
             self.release_slot(f.slot);
+        }
+        if let Some(p) = &self.profiler {
+            // Reading finished spans is what frees their query pools; a failure here only
+            // loses profile data.
+            let _ = p.collect(completed);
         }
     }
 }

@@ -81,6 +81,13 @@ impl Device {
         self.inner.ctx.set_batch_limit(dispatches)
     }
 
+    /// Per-kernel GPU time since the last reset (`None` unless profiling is on:
+    /// `HELIOS_PROFILE=1`). Waits for recorded work first so every dispatch is counted.
+    pub fn profile_report(&self) -> Result<Option<helios_vk::ProfileReport>> {
+        self.inner.ctx.synchronize()?;
+        Ok(self.inner.ctx.profile_report()?)
+    }
+
     /// Whether two handles refer to one device.
     pub fn same(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

@@ -1,0 +1,43 @@
+//! GPU timestamps around every dispatch (HELIOS_PROFILE): counts and names per kernel.
+
+use std::sync::Arc;
+
+use helios::{Device, Tensor};
+use helios_vk::{Context, ContextOptions, Instance, InstanceOptions, PipelineCacheDir};
+
+#[test]
+fn profile_counts_every_dispatch_by_kernel() {
+    let instance = Arc::new(Instance::new(&InstanceOptions::from_env().unwrap()).unwrap());
+    let adapters = instance.adapters().unwrap();
+    let adapter = helios_vk::select_adapter_from_env(&adapters).unwrap();
+    let options = ContextOptions {
+        profile: true,
+        pipeline_cache: PipelineCacheDir::Disabled,
+        ..ContextOptions::default()
+    };
+    let ctx = Context::with_options(instance.clone(), adapter, &options).unwrap();
+    let d = Device::new(ctx);
+    let x = Tensor::from_vec1(&d, &vec![0.5f32; 10_000]).unwrap();
+    let mut t = x.clone();
+    for _ in 0..7 {
+        t = t.exp().unwrap();
+    }
+    let _u = x.add(&t).unwrap();
+    let report = d.profile_report().unwrap().expect("profiling is on");
+    let count = |name: &str| {
+        report
+            .rows
+            .iter()
+            .find(|r| r.name == name)
+            .map_or(0, |r| r.count)
+    };
+    assert_eq!(count("ew_exp_f32"), 7, "{report}");
+    assert_eq!(count("ew_add_f32"), 1, "{report}");
+    assert!(report.rows.iter().all(|r| r.total_ns > 0), "{report}");
+    let messages = instance.validation_messages();
+    assert!(
+        messages.is_empty(),
+        "validation messages:\n{}",
+        messages.join("\n")
+    );
+}
