@@ -24,7 +24,7 @@ fn profiled_context() -> Arc<Context> {
     let options = ContextOptions {
         pipeline_cache: PipelineCacheDir::Disabled,
         profile: true,
-        verbose: false,
+        ..ContextOptions::default()
     };
     Context::with_options(instance.clone(), adapter, &options).expect("create context")
 }
