@@ -141,6 +141,7 @@ impl Field {
             entry: module.entry,
             push_constant_size: module.push_size,
             spec_constants: &module.workgroup_spec([self.config.workgroup, 1, 1]),
+            storage_buffers: 0,
         })?;
         let compiled = Compiled {
             module: Arc::new(module),

@@ -311,8 +311,12 @@ impl ElementwiseKernel {
                 detail: format!("expects {} inputs, got {}", self.inputs(), inputs.len()),
             });
         }
-        let mut args: Vec<Arg> = inputs.iter().map(|&a| Arg::Address(a)).collect();
-        args.push(Arg::Address(output));
+        // Descriptor-bound kernels get their buffers from the dispatch's bindings instead.
+        let mut args: Vec<Arg> = Vec::with_capacity(4);
+        if self.binding == Binding::DeviceAddress {
+            args.extend(inputs.iter().map(|&a| Arg::Address(a)));
+            args.push(Arg::Address(output));
+        }
         args.push(Arg::U32(n32));
         match (self.op, scalar) {
             (ElementwiseOp::Scalar { .. }, Some(s)) => args.push(Arg::F32(s)),

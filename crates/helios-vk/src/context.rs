@@ -30,6 +30,8 @@ pub struct Context {
     device: ash::Device,
     /// Names objects for validation messages when validation is on.
     debug_utils: Option<ash::ext::debug_utils::Device>,
+    /// VK_KHR_push_descriptor entry points, when enabled (the descriptor binding model).
+    pub(crate) push_descriptor: Option<ash::khr::push_descriptor::Device>,
     queue_family: u32,
     pub(crate) submitter: Submitter,
     /// The VkPipelineCache, persisted under the user cache dir (pipeline_cache.rs).
@@ -145,11 +147,15 @@ impl Context {
             .options()
             .validation
             .then(|| ash::ext::debug_utils::Device::new(instance.raw(), &device));
+        let push_descriptor = enabled
+            .push_descriptor
+            .then(|| ash::khr::push_descriptor::Device::new(instance.raw(), &device));
         Ok(Arc::new(Context {
             instance,
             adapter: adapter.clone(),
             device,
             debug_utils,
+            push_descriptor,
             queue_family,
             submitter,
             pipeline_cache,

@@ -254,15 +254,53 @@ impl Context {
             }
             a.buffer.check_range("dispatch access", a.offset, a.len)?;
         }
+        let descriptors = self.descriptors(pipeline, accesses)?;
         self.with_batch(|batch| {
             recorder::check_dispatch(self, pipeline, groups, push_constants)?;
             batch.order(self, accesses);
-            recorder::record_dispatch(self, batch, pipeline, groups, push_constants);
+            recorder::record_dispatch(self, batch, pipeline, groups, push_constants, &descriptors);
             if !batch.keep.iter().any(|p| Arc::ptr_eq(p, pipeline)) {
                 batch.keep.push(Arc::clone(pipeline));
             }
             Ok(())
         })
+    }
+
+    /// For a pipeline that binds buffers through push descriptors: binding i is the buffer of
+    /// `accesses[i]`, whole (kernels bound-check with their own sizes).
+    fn descriptors(
+        &self,
+        pipeline: &Pipeline,
+        accesses: &[Access<'_>],
+    ) -> Result<Vec<vk::DescriptorBufferInfo>> {
+        let n = pipeline.storage_buffers() as usize;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let invalid = |detail: String| Error::InvalidDispatch {
+            pipeline: pipeline.name().to_owned(),
+            detail,
+        };
+        if accesses.len() != n {
+            return Err(invalid(format!(
+                "binds {n} buffers but {} accesses were declared",
+                accesses.len()
+            )));
+        }
+        let max = u64::from(self.caps().limits.max_storage_buffer_range);
+        accesses
+            .iter()
+            .map(|a| {
+                let b = a.buffer;
+                let range = b.class.min(b.block.size - b.offset);
+                if range > max {
+                    return Err(invalid(format!(
+                        "a {range}-byte buffer exceeds maxStorageBufferRange ({max}); use device-address kernels"
+                    )));
+                }
+                Ok(vk::DescriptorBufferInfo { buffer: b.raw(), offset: b.offset, range })
+            })
+            .collect()
     }
 
     /// Records a `vkCmdCopyBuffer` (for staging; device-to-device tensor copies should use a

@@ -28,6 +28,9 @@ pub struct PipelineDesc<'a> {
     pub push_constant_size: u32,
     /// (SpecId, 32-bit value) pairs.
     pub spec_constants: &'a [(u32, u32)],
+    /// Storage buffers bound through push descriptors (set 0, bindings 0..n), for kernels
+    /// emitted with descriptor bindings; 0 for kernels that take device addresses.
+    pub storage_buffers: u32,
 }
 
 pub struct Pipeline {
@@ -35,7 +38,10 @@ pub struct Pipeline {
     name: String,
     raw: vk::Pipeline,
     layout: vk::PipelineLayout,
+    /// Push-descriptor set layout (null when buffers come as device addresses).
+    set_layout: vk::DescriptorSetLayout,
     push_constant_size: u32,
+    storage_buffers: u32,
 }
 
 impl Context {
@@ -62,6 +68,13 @@ impl Context {
                 desc.push_constant_size
             )));
         }
+        if desc.storage_buffers > 0 && self.push_descriptor.is_none() {
+            return Err(invalid(
+                "binds buffers through push descriptors, which this device lacks \
+                 (VK_KHR_push_descriptor); use device-address kernels"
+                    .into(),
+            ));
+        }
         let entry = CString::new(desc.entry)
             .map_err(|_| invalid("the entry point name contains a NUL byte".into()))?;
         let mut seen = HashSet::new();
@@ -80,7 +93,7 @@ impl Context {
         let result = self.build(desc, module, &entry);
         // SAFETY: a shader module may be destroyed once pipelines are created from it.
         unsafe { device.destroy_shader_module(module, None) };
-        let (layout, raw) = result?;
+        let (set_layout, layout, raw) = result?;
         self.pipeline_cache.record_creation(started.elapsed());
         self.set_name(raw, desc.name);
         Ok(Arc::new(Pipeline {
@@ -88,7 +101,9 @@ impl Context {
             name: desc.name.to_owned(),
             raw,
             layout,
+            set_layout,
             push_constant_size: desc.push_constant_size,
+            storage_buffers: desc.storage_buffers,
         }))
     }
 
@@ -97,8 +112,33 @@ impl Context {
         desc: &PipelineDesc<'_>,
         module: vk::ShaderModule,
         entry: &CString,
-    ) -> Result<(vk::PipelineLayout, vk::Pipeline)> {
+    ) -> Result<(vk::DescriptorSetLayout, vk::PipelineLayout, vk::Pipeline)> {
         let device = self.device();
+        let set_layout = if desc.storage_buffers > 0 {
+            let bindings: Vec<vk::DescriptorSetLayoutBinding> = (0..desc.storage_buffers)
+                .map(|b| {
+                    vk::DescriptorSetLayoutBinding::default()
+                        .binding(b)
+                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                        .descriptor_count(1)
+                        .stage_flags(vk::ShaderStageFlags::COMPUTE)
+                })
+                .collect();
+            let info = vk::DescriptorSetLayoutCreateInfo::default()
+                .flags(vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR)
+                .bindings(&bindings);
+            // SAFETY: valid device; push descriptors are enabled (checked by the caller).
+            unsafe { device.create_descriptor_set_layout(&info, None) }
+                .map_err(vk_err("vkCreateDescriptorSetLayout"))?
+        } else {
+            vk::DescriptorSetLayout::null()
+        };
+        let destroy_set_layout = || {
+            if set_layout != vk::DescriptorSetLayout::null() {
+                // SAFETY: not used by any pipeline.
+                unsafe { device.destroy_descriptor_set_layout(set_layout, None) };
+            }
+        };
         let ranges = [vk::PushConstantRange {
             stage_flags: vk::ShaderStageFlags::COMPUTE,
             offset: 0,
@@ -109,10 +149,23 @@ impl Context {
         } else {
             &[]
         };
-        let layout_info = vk::PipelineLayoutCreateInfo::default().push_constant_ranges(ranges);
+        let set_layouts = [set_layout];
+        let set_layouts: &[vk::DescriptorSetLayout] = if desc.storage_buffers > 0 {
+            &set_layouts
+        } else {
+            &[]
+        };
+        let layout_info = vk::PipelineLayoutCreateInfo::default()
+            .push_constant_ranges(ranges)
+            .set_layouts(set_layouts);
         // SAFETY: valid device and create info.
-        let layout = unsafe { device.create_pipeline_layout(&layout_info, None) }
-            .map_err(vk_err("vkCreatePipelineLayout"))?;
+        let layout = match unsafe { device.create_pipeline_layout(&layout_info, None) } {
+            Ok(l) => l,
+            Err(r) => {
+                destroy_set_layout();
+                return Err(Error::vk("vkCreatePipelineLayout", r));
+            }
+        };
 
         let entries: Vec<vk::SpecializationMapEntry> = (0u32..)
             .zip(desc.spec_constants)
@@ -144,10 +197,11 @@ impl Context {
         let created =
             unsafe { device.create_compute_pipelines(self.pipeline_cache(), &[info], None) };
         match created {
-            Ok(pipelines) => Ok((layout, pipelines[0])),
+            Ok(pipelines) => Ok((set_layout, layout, pipelines[0])),
             Err((_, r)) => {
                 // SAFETY: the layout is not used by any pipeline.
                 unsafe { device.destroy_pipeline_layout(layout, None) };
+                destroy_set_layout();
                 Err(Error::vk("vkCreateComputePipelines", r))
             }
         }
@@ -169,9 +223,14 @@ impl Pipeline {
         self.raw
     }
 
-    /// The raw layout (one push-constant range, no descriptor sets).
+    /// The raw layout (one push-constant range; set 0 of push descriptors if any).
     pub fn layout(&self) -> vk::PipelineLayout {
         self.layout
+    }
+
+    /// Storage buffers bound through push descriptors (0: device addresses).
+    pub fn storage_buffers(&self) -> u32 {
+        self.storage_buffers
     }
 
     pub(crate) fn context(&self) -> &Context {
@@ -186,6 +245,11 @@ impl Drop for Pipeline {
         unsafe {
             self.ctx.device().destroy_pipeline(self.raw, None);
             self.ctx.device().destroy_pipeline_layout(self.layout, None);
+            if self.set_layout != vk::DescriptorSetLayout::null() {
+                self.ctx
+                    .device()
+                    .destroy_descriptor_set_layout(self.set_layout, None);
+            }
         }
     }
 }

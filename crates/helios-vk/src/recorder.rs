@@ -69,6 +69,7 @@ pub(crate) fn record_dispatch(
     pipeline: &Pipeline,
     groups: [u32; 3],
     push_constants: &[u8],
+    descriptors: &[vk::DescriptorBufferInfo],
 ) {
     let device = ctx.device();
     let cb = batch.slot.cb;
@@ -85,6 +86,29 @@ pub(crate) fn record_dispatch(
         if batch.bound != pipeline.raw() {
             device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.raw());
             batch.bound = pipeline.raw();
+        }
+        if !descriptors.is_empty() {
+            let writes: Vec<vk::WriteDescriptorSet> = descriptors
+                .iter()
+                .enumerate()
+                .map(|(i, info)| {
+                    vk::WriteDescriptorSet::default()
+                        .dst_binding(i as u32)
+                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                        .buffer_info(std::slice::from_ref(info))
+                })
+                .collect();
+            let pd = ctx
+                .push_descriptor
+                .as_ref()
+                .expect("checked at pipeline creation");
+            pd.cmd_push_descriptor_set(
+                cb,
+                vk::PipelineBindPoint::COMPUTE,
+                pipeline.layout(),
+                0,
+                &writes,
+            );
         }
         if !push_constants.is_empty() {
             device.cmd_push_constants(
@@ -117,7 +141,15 @@ impl<'a> Recorder<'a> {
         push_constants: &[u8],
     ) -> Result<()> {
         check_dispatch(self.ctx, pipeline, groups, push_constants)?;
-        record_dispatch(self.ctx, self.batch, pipeline, groups, push_constants);
+        if pipeline.storage_buffers() > 0 {
+            return Err(Error::InvalidDispatch {
+                pipeline: pipeline.name().to_owned(),
+                detail: "binds buffers through push descriptors; use Context::dispatch, which \
+                         binds its declared accesses"
+                    .into(),
+            });
+        }
+        record_dispatch(self.ctx, self.batch, pipeline, groups, push_constants, &[]);
         Ok(())
     }
 

@@ -17,6 +17,7 @@ fn pipeline(ctx: &Arc<Context>, spirv: &[u32]) -> Arc<helios_vk::Pipeline> {
         entry: "main",
         push_constant_size: PUSH_SIZE,
         spec_constants: &[(0, WORKGROUP), (1, 1), (2, 1)],
+        storage_buffers: 0,
     })
     .unwrap()
 }
@@ -150,6 +151,7 @@ fn pipeline_desc_errors() {
         entry: "main",
         push_constant_size: PUSH_SIZE,
         spec_constants: &[],
+        storage_buffers: 0,
     };
     let max = ctx.caps().limits.max_push_constants_size;
     let cases = [

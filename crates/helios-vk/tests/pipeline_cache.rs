@@ -38,6 +38,7 @@ fn create_and_run(ctx: &Arc<Context>) {
             entry: "main",
             push_constant_size: PUSH_SIZE,
             spec_constants: &[(0, WORKGROUP), (1, 1), (2, 1)],
+            storage_buffers: 0,
         })
         .expect("create pipeline");
     let buf = ctx

@@ -37,6 +37,7 @@ fn pipeline(ctx: &Arc<Context>) -> Arc<Pipeline> {
         entry: "main",
         push_constant_size: PUSH_SIZE,
         spec_constants: &[(0, WORKGROUP), (1, 1), (2, 1)],
+        storage_buffers: 0,
     })
     .unwrap()
 }

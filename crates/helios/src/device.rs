@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use helios_kernels::ElementwiseKernel;
-use helios_spirv::KernelModule;
+use helios_spirv::{Binding, KernelModule, ParamSlot};
 use helios_vk::{Context, Pipeline, PipelineDesc};
 
 use crate::Result;
@@ -21,6 +21,8 @@ pub struct Device {
 
 struct DeviceInner {
     ctx: Arc<Context>,
+    /// How kernels receive buffers (`HELIOS_BINDING`).
+    binding: Binding,
     kernels: Mutex<HashMap<KernelKey, Arc<Compiled>>>,
 }
 
@@ -31,11 +33,26 @@ impl Device {
         Ok(Device::new(Context::from_env()?))
     }
 
-    /// Wraps an existing Vulkan context.
+    /// Wraps an existing Vulkan context, with the binding model from `HELIOS_BINDING`
+    /// (`address`, the default, or `descriptor`; falls back to addresses with a note when the
+    /// device lacks push descriptors).
     pub fn new(ctx: Arc<Context>) -> Device {
+        let binding = match crate::env::binding() {
+            Binding::Descriptor if !ctx.enabled().push_descriptor => {
+                eprintln!("helios: HELIOS_BINDING=descriptor needs VK_KHR_push_descriptor; using device addresses");
+                Binding::DeviceAddress
+            }
+            b => b,
+        };
+        Device::with_binding(ctx, binding)
+    }
+
+    /// Wraps an existing Vulkan context with an explicit binding model.
+    pub fn with_binding(ctx: Arc<Context>, binding: Binding) -> Device {
         Device {
             inner: Arc::new(DeviceInner {
                 ctx,
+                binding,
                 kernels: Mutex::new(HashMap::new()),
             }),
         }
@@ -88,6 +105,11 @@ impl Device {
         Ok(self.inner.ctx.profile_report()?)
     }
 
+    /// How kernels on this device receive their buffers.
+    pub fn binding(&self) -> Binding {
+        self.inner.binding
+    }
+
     /// Whether two handles refer to one device.
     pub fn same(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -113,6 +135,11 @@ impl Device {
             entry: module.entry,
             push_constant_size: module.push_size,
             spec_constants: &spec,
+            storage_buffers: module
+                .params
+                .iter()
+                .filter(|p| matches!(p.slot, ParamSlot::Descriptor { .. }))
+                .count() as u32,
         })?;
         let compiled = Arc::new(Compiled { pipeline, module });
         cache.insert(key, compiled.clone());

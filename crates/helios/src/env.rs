@@ -4,10 +4,26 @@
 //! |---|---|
 //! | `HELIOS_VALIDATION=1` | Khronos validation layer with synchronization validation; messages are collected (tests fail on any) |
 //! | `HELIOS_DEVICE=<index or name>` | pick a device other than the best one (`helios info` lists them) |
+//! | `HELIOS_BINDING=address\|descriptor` | how kernels receive buffers: device addresses in push constants (default) or push descriptors |
+//! | `HELIOS_BATCH=<n>` | dispatches per submitted batch (default 256; 1 submits every op alone) |
+//! | `HELIOS_SPIN_US=<µs>` | how long a host wait polls the GPU before sleeping (default 1000) |
+//! | `HELIOS_PROFILE=1` | GPU timestamps around every dispatch; `Device::profile_report()` gives the per-kernel table |
+//! | `HELIOS_PIPELINE_CACHE=0` | do not persist the Vulkan pipeline cache |
+//! | `HELIOS_CACHE_DIR=<dir>` | root of the on-disk caches (default `$XDG_CACHE_HOME/helios` or `~/.cache/helios`) |
+//! | `HELIOS_VERBOSE=1` | notes about ignored cache files and failed saves |
 //! | `HELIOS_DUMP_KERNELS=<dir>` | write the SPIR-V assembly of every kernel compiled to `<dir>/<name>.spvasm` |
 //! | `HELIOS_SPIRV_VAL=<path>` | the `spirv-val` binary tests use (default: `spirv-val` on PATH) |
 
-use helios_spirv::KernelModule;
+use helios_spirv::{Binding, KernelModule};
+
+/// `HELIOS_BINDING`: `descriptor` selects push descriptors; anything else (or unset) device
+/// addresses, which measured faster where both exist (see bench/results).
+pub(crate) fn binding() -> Binding {
+    match std::env::var("HELIOS_BINDING").as_deref() {
+        Ok("descriptor") => Binding::Descriptor,
+        _ => Binding::DeviceAddress,
+    }
+}
 
 /// Writes `module`'s disassembly under `HELIOS_DUMP_KERNELS`, if set. Failures to write are
 /// reported on stderr, never fatal: dumping is a debugging aid.

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
-use helios_spirv::Binding;
 use helios_vk::{Access, Buffer, MemoryLocation};
 
 use crate::device::KernelKey;
@@ -177,7 +176,7 @@ impl Tensor {
         let kernel = ElementwiseKernel {
             op,
             dtype: self.dtype().scalar(),
-            binding: Binding::DeviceAddress,
+            binding: device.binding(),
         };
         let compiled = device.kernel(KernelKey::Elementwise(kernel), || kernel.build())?;
         let addrs: Vec<u64> = inputs.iter().map(|t| t.address()).collect();
