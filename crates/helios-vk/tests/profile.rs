@@ -199,10 +199,8 @@ fn spans_per_kernel_from_completed_batches() {
         // Plausible: no tiny dispatch takes a minute, even on a CPU.
         assert!(r.max_ns < 60_000_000_000, "{r:?}");
     }
-    assert!(
-        wide.mean_ns > narrow.mean_ns,
-        "1024 workgroups vs 1\n{report}"
-    );
+    // No timing comparisons between kernels: tests never depend on speed (a loaded CI
+    // machine reorders them).
     assert!(report
         .rows
         .windows(2)
