@@ -2,6 +2,7 @@
 // each subcommand lives in its own file with an `Args` struct and a `run` function, and
 // every failure comes back here as a value, is printed as `error: ...` and exits with 1.
 
+mod bench;
 mod field;
 mod info;
 mod selfcheck;
@@ -31,6 +32,8 @@ enum Command {
     Selfcheck(selfcheck::SelfcheckArgs),
     /// BLS12-381 base-field arithmetic on the GPU (`helios field bench`).
     Field(field::FieldArgs),
+    /// Benchmarks: dispatch overhead and memory bandwidth, optionally beside PyTorch.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
         Command::Info(args) => info::run(&args),
         Command::Selfcheck(args) => selfcheck::run(&args),
         Command::Field(args) => field::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""PyTorch reference for `helios bench`: the same cases, measured the same way, on CUDA.
+
+`helios bench <suite> --compare torch` runs this script with `--json -` and prints its figures
+beside Helios's; run alone, it prints its own table. Key decisions, mirroring Helios's
+methodology (crates/helios-cli/src/bench/):
+- dispatch cases use host wall clocks around torch.cuda.synchronize(), tiny 1024-element f32
+  tensors: `roundtrip` is one op plus `.cpu()` of its result (what Helios's `to_vec` does);
+  `chain` is N dependent `t = t * 1.0001` then synchronize (per op = wall / N, and the time
+  until the last op returned is the host "record" time); `independent` is N `x + i` kept alive
+  in a list.
+- bandwidth cases use CUDA events around K back-to-back ops (each output dropped, so the
+  caching allocator reuses its memory), per op = elapsed / K, K chosen so a sample lasts about
+  5 ms; inputs are random and rotate over enough tensors (256 MiB in all) that L2 cannot serve
+  the 4M cases from the previous op.
+- median, p95 (linear interpolation, as numpy) and coefficient of variation (sample standard
+  deviation) are computed exactly as Helios does.
+Without torch or a CUDA device it prints one line on stderr and exits with status 2.
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+
+ELEMENTS = 1024  # dispatch suite tensor size, as in Helios
+ROTATE_BYTES = 256 << 20
+MAX_ROTATION = 32
+OPS = ("copy", "add", "exp")
+
+
+def fail(message):
+    print(f"torch_reference.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_elements(text):
+    text = text.strip()
+    mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:].upper(), 1)
+    digits = text[:-1] if mult > 1 else text
+    try:
+        n = int(digits) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an element count (e.g. 4096, 64K, 4M)")
+    if not 1 <= n <= 1 << 30:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be between 1 and 1G elements")
+    return n
+
+
+def positive(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return v
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--suite", choices=("dispatch", "bandwidth", "all"), default="all")
+    p.add_argument("--json", metavar="PATH", help="write JSON to PATH ('-' for stdout, no table)")
+    p.add_argument("--quick", action="store_true", help="few iterations, small sizes")
+    p.add_argument("--sizes", type=lambda s: [parse_elements(x) for x in s.split(",") if x],
+                   help="bandwidth sizes, comma-separated (default 4M,64M; --quick 64K)")
+    p.add_argument("--dtypes", default="f32,f16", help="bandwidth dtypes (default f32,f16)")
+    p.add_argument("--ops", type=positive, help="ops per chain/independent sample (default 1000)")
+    p.add_argument("--samples", type=positive, help="samples of chain/independent (default 25)")
+    p.add_argument("--roundtrip-iters", type=positive, help="round-trip iterations (default 2000)")
+    p.add_argument("--bw-samples", type=positive, help="samples per bandwidth case (default 25)")
+    p.add_argument("--device", default="cuda", help="torch device (default cuda)")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.sizes = args.sizes or ([64 << 10] if q else [4 << 20, 64 << 20])
+    args.ops = args.ops or (100 if q else 1000)
+    args.samples = args.samples or (3 if q else 25)
+    args.roundtrip_iters = args.roundtrip_iters or (20 if q else 2000)
+    args.bw_samples = args.bw_samples or (3 if q else 25)
+    args.warmup = 1 if q else 3
+    args.target_sample_us = 1000.0 if q else 5000.0
+    args.max_k = 8 if q else 4096
+    args.dtypes = [d for d in args.dtypes.split(",") if d]
+    for d in args.dtypes:
+        if d not in ("f32", "f16"):
+            p.error(f"unknown dtype {d!r}; use f32 or f16")
+    return args
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def summary(values):
+    s = sorted(values)
+    n = len(s)
+
+    def pct(p):
+        rank = p / 100.0 * (n - 1)
+        lo, hi = math.floor(rank), math.ceil(rank)
+        return s[lo] + (s[hi] - s[lo]) * (rank - lo)
+
+    mean = sum(s) / n
+    cv = 0.0
+    if n > 1 and mean != 0.0:
+        cv = math.sqrt(sum((v - mean) ** 2 for v in s) / (n - 1)) / abs(mean)
+    return {"median": pct(50), "p95": pct(95), "cv": cv, "mean": mean, "samples": n}
+
+
+def row(suite, case, dtype, elements, times_us, **extra):
+    st = summary(times_us)
+    r = {"suite": suite, "case": case, "dtype": dtype, "elements": elements,
+         "median_us": st["median"], "p95_us": st["p95"], "cv": st["cv"], "samples": st["samples"]}
+    r.update({k: v for k, v in extra.items() if v is not None})
+    return r
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+def dispatch(torch, dev, a):
+    sync = torch.cuda.synchronize
+    x = torch.rand(ELEMENTS, device=dev) * 2 - 1
+    results = []
+
+    for _ in range(a.warmup * 10):
+        (x + 1.0).cpu()
+    times = []
+    for _ in range(a.roundtrip_iters):
+        t0 = time.perf_counter()
+        (x + 1.0).cpu()
+        times.append((time.perf_counter() - t0) * 1e6)
+    results.append(row("dispatch", "roundtrip", "f32", ELEMENTS, times))
+
+    def chain():
+        sync()
+        t0 = time.perf_counter()
+        t = x
+        for _ in range(a.ops):
+            t = t * 1.0001
+        rec = time.perf_counter() - t0
+        sync()
+        return time.perf_counter() - t0, rec
+
+    def independent():
+        sync()
+        t0 = time.perf_counter()
+        outs = [x + i for i in range(a.ops)]
+        rec = time.perf_counter() - t0
+        sync()
+        total = time.perf_counter() - t0
+        del outs
+        return total, rec
+
+    for name, fn in (("chain", chain), ("independent", independent)):
+        for _ in range(a.warmup):
+            fn()
+        totals, recs = [], []
+        for _ in range(a.samples):
+            total, rec = fn()
+            totals.append(total * 1e6 / a.ops)
+            recs.append(rec * 1e6 / a.ops)
+        results.append(row("dispatch", name, "f32", ELEMENTS, totals,
+                           record_us=summary(recs)["median"], ops_per_sample=a.ops))
+    return results
+
+
+# ---------------------------------------------------------------- bandwidth
+
+
+def bandwidth(torch, dev, a):
+    dtypes = {"f32": torch.float32, "f16": torch.float16}
+    gen = torch.Generator(device=dev).manual_seed(0)
+    results = []
+    for n in a.sizes:
+        for dname in a.dtypes:
+            dt = dtypes[dname]
+            size = torch.empty((), dtype=dt).element_size()
+            copy_gbps = None
+            for op in OPS:
+                inputs = 2 if op == "add" else 1
+                count = max(1, min(MAX_ROTATION, -(-ROTATE_BYTES // max(1, inputs * n * size))))
+                sets = [[(torch.rand(n, device=dev, generator=gen) * 2 - 1).to(dt)
+                         for _ in range(inputs)] for _ in range(count)]
+                fn = {"copy": lambda s: s[0].clone(),
+                      "add": lambda s: s[0] + s[1],
+                      "exp": lambda s: torch.exp(s[0])}[op]
+
+                def sample(k):
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    torch.cuda.synchronize()
+                    start.record()
+                    for i in range(k):
+                        fn(sets[i % count])
+                    end.record()
+                    end.synchronize()
+                    return start.elapsed_time(end) * 1e3 / k  # ms -> µs per op
+
+                sample(2)
+                probe = sample(max(1, min(4, a.max_k)))
+                k = a.max_k if probe <= 0 else math.ceil(a.target_sample_us / probe)
+                k = max(1, min(a.max_k, k))
+                sample(k)
+                times = [sample(k) for _ in range(a.bw_samples)]
+                nbytes = (inputs + 1) * n * size
+                med = summary(times)["median"]
+                gbps = nbytes / (med * 1e-6) / 1e9 if med > 0 else None
+                if op == "copy":
+                    copy_gbps = gbps
+                pct = 100.0 * gbps / copy_gbps if gbps and copy_gbps else None
+                results.append(row("bandwidth", op, dname, n, times, gbps=gbps,
+                                   pct_of_copy=pct, ops_per_sample=k, bytes_per_op=nbytes))
+                del sets
+    return results
+
+
+# ---------------------------------------------------------------- output
+
+
+def table(doc):
+    lines = [f"torch {doc['torch']} (CUDA {doc['cuda']}) on {doc['device']}"]
+    for r in doc["results"]:
+        fig = (f"{r['gbps']:8.0f} GB/s  {r.get('pct_of_copy') or 0:5.1f}% copy"
+               if r.get("gbps") else
+               f"record {r['record_us']:.3f} µs/op" if "record_us" in r else "")
+        lines.append(f"{r['suite']:9} {r['case']:12} {r['dtype']:3} {r['elements']:>10}  "
+                     f"median {r['median_us']:10.3f} µs  p95 {r['p95_us']:10.3f}  "
+                     f"CV {100 * r['cv']:5.1f}%  {fig}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        import torch
+    except ImportError:
+        fail("torch is not installed (pip install torch)")
+    if not a.device.startswith("cuda"):
+        fail(f"--device {a.device}: only CUDA devices are measured")
+    if not torch.cuda.is_available():
+        fail("torch sees no CUDA device")
+    dev = torch.device(a.device)
+    torch.cuda.set_device(dev)
+    doc = {
+        "suite": a.suite,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(dev),
+        "python": sys.version.split()[0],
+        "results": [],
+    }
+    with torch.no_grad():
+        if a.suite in ("dispatch", "all"):
+            doc["results"] += dispatch(torch, dev, a)
+        if a.suite in ("bandwidth", "all"):
+            doc["results"] += bandwidth(torch, dev, a)
+    text = json.dumps(doc, indent=2) + "\n"
+    if a.json == "-":
+        sys.stdout.write(text)
+        return
+    sys.stdout.write(table(doc))
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

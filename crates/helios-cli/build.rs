@@ -1,0 +1,56 @@
+// Embeds the git commit the binary is built from as HELIOS_GIT_COMMIT, for `helios bench`'s
+// JSON: the short hash, with "-dirty" when tracked files differ from it.
+//
+// Key decision: never fail the build over it. Without git or a .git directory (the GPU
+// machine gets a copy of the tree) the value is "unknown"; HELIOS_BUILD_COMMIT, when set,
+// overrides everything so that such a build can still be labelled.
+
+use std::path::Path;
+use std::process::Command;
+
+fn main() {
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let root = Path::new(&manifest).join("../..");
+    println!("cargo:rerun-if-env-changed=HELIOS_BUILD_COMMIT");
+    // Rerun when the commit or the index moves, or any source in the workspace changes (the
+    // dirty flag depends on them); a directory is scanned recursively by cargo.
+    for p in [
+        ".git/HEAD",
+        ".git/index",
+        ".git/refs",
+        "crates",
+        "Cargo.toml",
+    ] {
+        let path = root.join(p);
+        if path.exists() {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    }
+    let commit = std::env::var("HELIOS_BUILD_COMMIT")
+        .ok()
+        .filter(|c| !c.trim().is_empty())
+        .unwrap_or_else(|| describe(&root).unwrap_or_else(|| "unknown".to_owned()));
+    println!("cargo:rustc-env=HELIOS_GIT_COMMIT={}", commit.trim());
+}
+
+/// `<short hash>` or `<short hash>-dirty`, or `None` when git cannot tell.
+fn describe(root: &Path) -> Option<String> {
+    if !root.join(".git").exists() {
+        return None;
+    }
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    let hash = git(&["rev-parse", "--short", "HEAD"]).filter(|h| !h.is_empty())?;
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    Some(if dirty { format!("{hash}-dirty") } else { hash })
+}

@@ -1,0 +1,408 @@
+// `helios bench <dispatch|bandwidth|all>`: Helios's own benchmarks, with PyTorch measured
+// side by side (`--compare torch`) and a JSON record of the run (`--json PATH`).
+//
+// Each suite returns plain `CaseResult` rows; `report` prints them and writes the JSON,
+// `torch` runs `bench/torch_reference.py` and attaches its figures to the matching rows.
+// Key decision: every figure is a per-op time summarized over many samples (median, p95,
+// coefficient of variation), measured with host clocks around `synchronize`, so that the
+// same methodology can be reproduced in PyTorch and nothing depends on GPU profiling
+// support. A missing python3, torch or CUDA device is a note, never a failure.
+
+mod bandwidth;
+mod dispatch;
+mod report;
+mod stats;
+mod torch;
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use helios::Device;
+use serde::Serialize;
+
+use crate::CliResult;
+use bandwidth::BandwidthPlan;
+use dispatch::DispatchPlan;
+use stats::Summary;
+
+/// Errors inside the bench module (all turned into `error: ...` by `main`).
+pub type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// dispatch: host overhead of tiny ops; bandwidth: memory-bound kernels in GB/s; all: both.
+    #[arg(value_enum)]
+    suite: Suite,
+    /// Few iterations and small sizes (a smoke test, e.g. on lavapipe); figures are not
+    /// meaningful.
+    #[arg(long)]
+    quick: bool,
+    /// Write the results and run metadata as JSON to PATH (`-` for stdout; tables then go to
+    /// stderr).
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Measure the same cases with PyTorch on CUDA and print them side by side.
+    #[arg(long, value_enum, value_name = "WHAT")]
+    compare: Option<Compare>,
+    /// The PyTorch script for --compare torch (default: bench/torch_reference.py under the
+    /// current directory or the directories above the helios binary).
+    #[arg(long, value_name = "PATH")]
+    torch_script: Option<PathBuf>,
+    /// Tensor sizes for the bandwidth suite, comma-separated element counts; K and M suffixes
+    /// are powers of two (default 4M,64M; with --quick 64K).
+    #[arg(long, value_delimiter = ',', value_parser = parse_elements)]
+    sizes: Vec<usize>,
+    /// Element types for the bandwidth suite, comma-separated (default f32,f16).
+    #[arg(long, value_delimiter = ',', value_parser = ["f32", "f16"])]
+    dtypes: Vec<String>,
+    /// Timed samples per case (default 25; with --quick 3); also the round-trip iterations
+    /// (default 2000; with --quick 20).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    samples: Option<u32>,
+    /// Ops per chain / independent sample in the dispatch suite (default 1000; --quick 100).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    ops: Option<u32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Suite {
+    Dispatch,
+    Bandwidth,
+    All,
+}
+
+impl Suite {
+    fn name(self) -> &'static str {
+        match self {
+            Suite::Dispatch => "dispatch",
+            Suite::Bandwidth => "bandwidth",
+            Suite::All => "all",
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Compare {
+    Torch,
+}
+
+/// Everything a run measures, resolved from the arguments (and recorded in the JSON).
+#[derive(Debug, Serialize)]
+pub struct Plan {
+    quick: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dispatch: Option<DispatchPlan>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bandwidth: Option<BandwidthPlan>,
+}
+
+impl Plan {
+    fn from_args(args: &BenchArgs) -> Plan {
+        let q = args.quick;
+        let samples = args.samples.map(|s| s as usize);
+        let dispatch = (args.suite != Suite::Bandwidth).then(|| DispatchPlan {
+            ops: args.ops.map_or(if q { 100 } else { 1000 }, |o| o as usize),
+            samples: samples.unwrap_or(if q { 3 } else { 25 }),
+            roundtrip_iters: samples.unwrap_or(if q { 20 } else { 2000 }),
+            warmup: if q { 1 } else { 3 },
+        });
+        let bandwidth = (args.suite != Suite::Dispatch).then(|| BandwidthPlan {
+            sizes: if !args.sizes.is_empty() {
+                args.sizes.clone()
+            } else if q {
+                vec![64 << 10]
+            } else {
+                vec![4 << 20, 64 << 20]
+            },
+            dtypes: if args.dtypes.is_empty() {
+                vec!["f32", "f16"]
+            } else {
+                let mut d: Vec<&'static str> = Vec::new();
+                for name in ["f32", "f16"] {
+                    if args.dtypes.iter().any(|a| a == name) {
+                        d.push(name);
+                    }
+                }
+                d
+            },
+            samples: samples.unwrap_or(if q { 3 } else { 25 }),
+            target_sample_us: if q { 1_000.0 } else { 5_000.0 },
+            max_ops_per_sample: if q { 8 } else { 4096 },
+        });
+        Plan {
+            quick: q,
+            dispatch,
+            bandwidth,
+        }
+    }
+}
+
+/// One measured case: a row of the table and an element of the JSON `results`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseResult {
+    pub suite: &'static str,
+    pub case: String,
+    /// The kernel and the batch setting (or K for bandwidth).
+    pub variant: String,
+    pub dtype: &'static str,
+    pub elements: usize,
+    /// Ops timed together in one sample (1 for the round trip).
+    pub ops_per_sample: usize,
+    /// Wall time per op, µs.
+    pub time_us: Summary,
+    /// Mean GPU time per dispatch from timestamp queries, µs (only with HELIOS_PROFILE=1;
+    /// the timestamps themselves cost a little).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_us: Option<f64>,
+    /// Host time per op until the last op returned (before waiting), µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record_us: Option<Summary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub barriers_per_op: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batches_per_sample: Option<f64>,
+    /// Bytes read plus written by one op.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_per_op: Option<u64>,
+    /// Effective bandwidth at the median time, GB/s (10^9 bytes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gbps: Option<f64>,
+    /// `gbps` as a percentage of the copy of the same dtype and size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pct_of_copy: Option<f64>,
+    /// PyTorch's figures for the same case, with --compare torch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch: Option<torch::TorchCase>,
+}
+
+impl CaseResult {
+    pub fn new(
+        suite: &'static str,
+        case: &str,
+        variant: String,
+        dtype: &'static str,
+        elements: usize,
+        ops_per_sample: usize,
+        time_us: Summary,
+    ) -> CaseResult {
+        CaseResult {
+            suite,
+            case: case.to_owned(),
+            variant,
+            dtype,
+            elements,
+            ops_per_sample,
+            time_us,
+            gpu_us: None,
+            record_us: None,
+            barriers_per_op: None,
+            batches_per_sample: None,
+            bytes_per_op: None,
+            gbps: None,
+            pct_of_copy: None,
+            torch: None,
+        }
+    }
+
+    /// The name of the PyTorch case this one is compared with (PyTorch has no batch setting,
+    /// so both chain variants compare with its one chain).
+    pub fn torch_case(&self) -> &str {
+        match self.case.as_str() {
+            "chain_batched" | "chain_per_op_submit" => "chain",
+            c => c,
+        }
+    }
+
+    /// PyTorch's median time over ours: above 1 means Helios is faster.
+    pub fn speedup_vs_torch(&self) -> Option<f64> {
+        let t = self.torch.as_ref()?;
+        (self.time_us.median > 0.0).then(|| t.median_us / self.time_us.median)
+    }
+}
+
+/// Restores the device's batch limit however the benchmark ends.
+struct BatchLimitGuard<'a> {
+    device: &'a Device,
+    limit: u32,
+}
+
+impl Drop for BatchLimitGuard<'_> {
+    fn drop(&mut self) {
+        self.device.set_batch_limit(self.limit);
+    }
+}
+
+pub fn run(args: &BenchArgs) -> CliResult {
+    let plan = Plan::from_args(args);
+    if plan.bandwidth.as_ref().is_some_and(|b| b.dtypes.is_empty()) {
+        return Err("--dtypes selects no element type; use f32, f16 or both".into());
+    }
+    // Resolve the script before measuring, so a wrong --torch-script fails in a second.
+    let script = match args.compare {
+        Some(Compare::Torch) => match torch::locate(args.torch_script.as_deref()) {
+            Ok(p) => Some(p),
+            // A path the user gave that is wrong is an error; a default not found is a note.
+            Err(e) if args.torch_script.is_some() => return Err(e.into()),
+            Err(note) => {
+                eprintln!("note: torch comparison skipped: {note}");
+                None
+            }
+        },
+        None => None,
+    };
+
+    let device = Device::from_env()?;
+    let mut results = Vec::new();
+    {
+        let _guard = BatchLimitGuard {
+            device: &device,
+            limit: device.context().batch_limit(),
+        };
+        if let Some(p) = &plan.dispatch {
+            eprintln!("bench: dispatch on {}", device.name());
+            results.extend(dispatch::run(&device, p)?);
+        }
+        if let Some(p) = &plan.bandwidth {
+            eprintln!("bench: bandwidth on {}", device.name());
+            results.extend(bandwidth::run(&device, p)?);
+        }
+        device.synchronize()?;
+    }
+
+    let mut torch_meta = None;
+    let mut torch_note = None;
+    if let Some(script) = &script {
+        eprintln!("bench: running {}", script.display());
+        match torch::run(script, args.suite.name(), &plan) {
+            Ok(run) => {
+                torch::attach(&mut results, &run.results);
+                torch_meta = Some(run.meta);
+            }
+            Err(note) => {
+                eprintln!("note: torch comparison skipped: {note}");
+                torch_note = Some(note);
+            }
+        }
+    }
+
+    let meta = report::RunMeta::collect(&device, args.suite.name(), &plan, torch_meta, torch_note);
+    let to_stdout_json = args.json.as_deref() == Some(std::path::Path::new("-"));
+    let tables = report::tables(&meta, &results);
+    if to_stdout_json {
+        eprint!("{tables}");
+    } else {
+        report::write_stdout(&tables)?;
+    }
+    if let Some(path) = &args.json {
+        let json = report::json(&meta, &results)?;
+        if to_stdout_json {
+            report::write_stdout(&json)?;
+        } else {
+            std::fs::write(path, json)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            eprintln!("bench: wrote {}", path.display());
+        }
+    }
+
+    let messages = device.validation_messages();
+    if !messages.is_empty() {
+        for m in &messages {
+            eprintln!("{m}");
+        }
+        return Err(format!(
+            "{} Vulkan validation message(s), printed above",
+            messages.len()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// With HELIOS_PROFILE=1: empties the profiler's table, so that `gpu_mean_us` sees only
+/// the dispatches recorded after this call.
+fn profile_start(device: &Device) -> BenchResult<()> {
+    if let Some(p) = device.context().profiler() {
+        device.synchronize()?;
+        device.context().profile_report()?;
+        p.reset();
+    }
+    Ok(())
+}
+
+/// Mean GPU time of `kernel`'s dispatches since `profile_start`, µs; `None` unless profiling.
+fn gpu_mean_us(device: &Device, kernel: &str) -> BenchResult<Option<f64>> {
+    if device.context().profiler().is_none() {
+        return Ok(None);
+    }
+    device.synchronize()?;
+    let report = device.context().profile_report()?;
+    Ok(report
+        .and_then(|r| r.rows.into_iter().find(|row| row.name == kernel))
+        .map(|row| row.mean_ns / 1e3))
+}
+
+/// `Summary::of`, with an error naming the case when the samples cannot be summarized.
+fn summarize(values: &[f64], case: &str) -> BenchResult<Summary> {
+    Summary::of(values).ok_or_else(|| format!("{case}: no finite timing samples").into())
+}
+
+/// Parses an element count: `4096`, `64K`, `4M` (K = 1024, M = 1024²).
+fn parse_elements(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, mult) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M') => (&s[..s.len() - 1], 1usize << 20),
+        _ => (s, 1),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not an element count (e.g. 4096, 64K, 4M)"))?;
+    match n.checked_mul(mult) {
+        Some(v) if (1..=(1usize << 30)).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: sizes must be between 1 and 1G elements")),
+    }
+}
+
+/// `n` pseudo-random values in [-1, 1), never all zero, reproducible from `seed`
+/// (xorshift64*: no dependency, and fast enough for 64M elements).
+pub fn random_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            let r = state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            // 24 random bits -> [0, 1) -> [-1, 1)
+            ((r >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_counts() {
+        assert_eq!(parse_elements("4096"), Ok(4096));
+        assert_eq!(parse_elements("64K"), Ok(65536));
+        assert_eq!(parse_elements("4M"), Ok(4_194_304));
+        assert_eq!(parse_elements("64m"), Ok(67_108_864));
+        assert!(parse_elements("0").is_err());
+        assert!(parse_elements("x").is_err());
+        assert!(parse_elements("").is_err());
+        assert!(parse_elements("99999999999999M").is_err());
+    }
+
+    #[test]
+    fn random_values_are_spread_and_reproducible() {
+        let a = random_values(10_000, 7);
+        assert_eq!(a, random_values(10_000, 7));
+        assert_ne!(a, random_values(10_000, 8));
+        assert!(a.iter().all(|v| (-1.0..1.0).contains(v)));
+        let mean = a.iter().sum::<f32>() / a.len() as f32;
+        assert!(mean.abs() < 0.05, "{mean}");
+        assert!(a.iter().filter(|v| **v == 0.0).count() < 10);
+    }
+}

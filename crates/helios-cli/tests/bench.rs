@@ -1,0 +1,227 @@
+// `helios bench` end to end on whatever device is present (lavapipe in CI), in --quick mode:
+// the JSON parses and holds the run metadata and every case, and the torch comparison either
+// runs or degrades to a note. Timings are never asserted; the runs are kept small so the
+// file finishes in seconds even in debug builds with validation on.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn helios(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_helios"))
+        .args(args)
+        .env_remove("HELIOS_DEVICE")
+        .output()
+        .expect("run helios")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)
+}
+
+fn has_python() -> bool {
+    Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn check_metadata(v: &serde_json::Value, suite: &str) {
+    assert_eq!(v["suite"], suite);
+    for key in ["date", "device", "driver", "vulkan_api", "commit"] {
+        assert!(v[key].as_str().is_some_and(|s| !s.is_empty()), "{key}: {v}");
+    }
+    assert!(v["env"].is_object());
+    assert!(v["unix_time"].as_u64().is_some_and(|t| t > 0));
+}
+
+#[test]
+fn dispatch_quick_writes_json() {
+    let path = tmp("bench-dispatch.json");
+    let out = helios(&[
+        "bench",
+        "dispatch",
+        "--quick",
+        "--json",
+        path.to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(text(&out.stdout).contains("chain_per_op_submit"));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).expect("valid JSON");
+    check_metadata(&v, "dispatch");
+    let cases: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["case"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        cases,
+        [
+            "roundtrip",
+            "chain_batched",
+            "chain_per_op_submit",
+            "independent"
+        ]
+    );
+    for r in v["results"].as_array().unwrap() {
+        assert!(
+            r["time_us"]["median"].as_f64().is_some_and(|t| t > 0.0),
+            "{r}"
+        );
+    }
+    // The counters show each case measured what it claims.
+    let r = &v["results"];
+    assert!(r[1]["barriers_per_op"].as_f64().unwrap() > 0.9);
+    assert_eq!(r[1]["batches_per_sample"].as_f64(), Some(1.0));
+    assert_eq!(r[3]["barriers_per_op"].as_f64(), Some(0.0));
+    assert!(r[2]["batches_per_sample"].as_f64().unwrap() >= 100.0);
+}
+
+#[test]
+fn bandwidth_quick_json_on_stdout() {
+    let out = helios(&[
+        "bench",
+        "bandwidth",
+        "--quick",
+        "--sizes",
+        "4096",
+        "--json",
+        "-",
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // Tables go to stderr when stdout carries the JSON.
+    assert!(stderr.contains("% copy"), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    check_metadata(&v, "bandwidth");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 6, "copy/add/exp x f32/f16");
+    for r in results {
+        assert_eq!(r["elements"], 4096);
+        assert!(r["gbps"].as_f64().is_some_and(|g| g > 0.0), "{r}");
+        assert!(r["pct_of_copy"].as_f64().is_some(), "{r}");
+    }
+    assert_eq!(results[0]["case"], "copy");
+    assert_eq!(results[0]["pct_of_copy"].as_f64(), Some(100.0));
+    assert_eq!(results[1]["bytes_per_op"], 3 * 4096 * 4);
+    assert_eq!(results[3]["dtype"], "f16");
+}
+
+#[test]
+fn compare_with_a_stand_in_torch_script() {
+    if !has_python() {
+        eprintln!("skipped: no python3");
+        return;
+    }
+    // A stand-in for torch_reference.py that answers with fixed figures.
+    let script = tmp("fake_torch_reference.py");
+    std::fs::write(
+        &script,
+        r#"import json, sys
+assert "--json" in sys.argv and "--suite" in sys.argv
+print(json.dumps({"suite": "bandwidth", "torch": "9.9", "cuda": "0", "device": "Fake",
+  "results": [{"suite": "bandwidth", "case": "add", "dtype": "f32", "elements": 4096,
+               "median_us": 1.0, "p95_us": 1.5, "cv": 0.1, "gbps": 49.152}]}))
+"#,
+    )
+    .unwrap();
+    let out = helios(&[
+        "bench",
+        "bandwidth",
+        "--quick",
+        "--sizes",
+        "4096",
+        "--dtypes",
+        "f32",
+        "--compare",
+        "torch",
+        "--torch-script",
+        script.to_str().unwrap(),
+        "--json",
+        "-",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("torch 9.9"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert_eq!(v["torch"]["device"], "Fake");
+    let add = &v["results"][1];
+    assert_eq!(add["case"], "add");
+    assert_eq!(add["torch"]["gbps"].as_f64(), Some(49.152));
+    assert!(v["results"][0]["torch"].is_null());
+}
+
+#[test]
+fn compare_without_torch_is_a_note_or_runs() {
+    // With the real script: a machine without torch/CUDA gets a note and Helios's figures;
+    // one with them gets the comparison. Either way the run succeeds.
+    let out = helios(&[
+        "bench",
+        "bandwidth",
+        "--quick",
+        "--sizes",
+        "1024",
+        "--dtypes",
+        "f16",
+        "--compare",
+        "torch",
+        "--torch-script",
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../bench/torch_reference.py"
+        ),
+        "--json",
+        "-",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert!(v["torch"].is_object() || v["torch_note"].is_string(), "{v}");
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let out = helios(&[
+        "bench",
+        "bandwidth",
+        "--compare",
+        "torch",
+        "--torch-script",
+        "/nonexistent/torch_reference.py",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no such file"));
+    for args in [
+        &["bench", "bandwidth", "--sizes", "0"][..],
+        &["bench", "bandwidth", "--sizes", "lots"],
+        &["bench", "bandwidth", "--dtypes", "f64"],
+        &["bench", "dispatch", "--ops", "0"],
+        &["bench", "everything"],
+    ] {
+        let out = helios(args);
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(!text(&out.stderr).contains("panicked"), "{args:?}");
+    }
+}
+
+#[test]
+fn torch_reference_help_parses() {
+    if !has_python() {
+        eprintln!("skipped: no python3");
+        return;
+    }
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/torch_reference.py"
+    );
+    let out = Command::new("python3")
+        .args([script, "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("--suite"));
+}
