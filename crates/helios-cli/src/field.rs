@@ -6,8 +6,12 @@
 // device, B independent ops of n elements recorded back to back in one submit (time per op);
 // *end to end* starts from host arrays and ends with results in host arrays (canonical check,
 // copies, submit, wait), either one op per submit (*single*, the latency floor) or B jobs per
-// submit (*batched*). B = max(1, batch-elems / n). Host-visible (hv) and device-local with
-// staging (dl) paths are both measured. Every configuration is checked against blst first.
+// submit (*batched*), or the streaming mode over the same B·n elements (*stream*: chunks whose
+// copies overlap the GPU work). B = max(1, batch-elems / n). Host-visible (hv) and
+// device-local with staging (dl) paths are both measured. The *chain probe* runs 32 dependent
+// Montgomery products per element in registers: the multiplier's own throughput, which an
+// array op (3 × 48 bytes of memory traffic per product) cannot show. Every configuration is
+// checked against blst first.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -50,6 +54,9 @@ struct BenchArgs {
     sweep: bool,
     #[arg(long, default_value = "4M")]
     sweep_size: String,
+    /// Workgroup sizes the sweep tries.
+    #[arg(long, value_delimiter = ',', default_value = "64,128,256")]
+    sweep_workgroups: Vec<u32>,
     /// After the sweep, run the tables with the layout and workgroup fastest for mul.
     #[arg(long)]
     use_best: bool,
@@ -91,10 +98,14 @@ struct Stats {
     samples: usize,
 }
 
-/// Runs `f` once to warm up, then samples it until `budget` is spent (3 to 50 samples).
-/// `f` returns the time of one sample (so it can exclude set-up).
+/// Warms up for 0.1 s (at least one call: compiles, fills caches, and lets the GPU leave
+/// its idle clocks), then samples `f` until `budget` is spent (3 to 50 samples). `f` returns
+/// the time of one sample (so it can exclude set-up).
 fn measure(budget: f64, mut f: impl FnMut() -> Result<Duration, String>) -> Result<Stats, String> {
-    f()?;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(100) {
+        f()?;
+    }
     let start = Instant::now();
     let mut t = Vec::new();
     while t.len() < 3 || (t.len() < 50 && start.elapsed().as_secs_f64() < budget) {
@@ -158,11 +169,23 @@ struct Row {
     /// Time per submit of B jobs.
     e2e_batched_hv: Stats,
     e2e_batched_dl: Stats,
+    /// Streaming mode over the same B·n elements (time for all of them).
+    e2e_stream_hv: Stats,
+    e2e_stream_dl: Stats,
     speedup_e2e_batched_vs_1core: f64,
+    speedup_e2e_stream_vs_1core: f64,
     speedup_e2e_batched_vs_all_cores: f64,
     speedup_kernel_vs_1core: f64,
     speedup_kernel_vs_all_cores: f64,
     kernel_g_ops_per_s: f64,
+}
+
+#[derive(Serialize)]
+struct ChainResult {
+    n: usize,
+    products_per_element: u32,
+    kernel: Stats,
+    g_mul_per_s: f64,
 }
 
 #[derive(Serialize)]
@@ -181,6 +204,7 @@ struct Report {
     default_device_local: bool,
     batch_elems: usize,
     sweep: Vec<SweepRow>,
+    mul_chain: ChainResult,
     results: Vec<Row>,
 }
 
@@ -215,13 +239,13 @@ fn bench(args: &BenchArgs) -> CliResult {
     let mut sweep = Vec::new();
     if args.sweep {
         let n = parse_count(&args.sweep_size)?;
-        sweep = run_sweep(&ctx, n, args.budget)?;
+        sweep = run_sweep(&ctx, n, &args.sweep_workgroups, args.budget)?;
         if args.use_best {
             if let Some((layout, workgroup)) = best_of(&sweep) {
                 base.layout = layout;
                 base.workgroup = workgroup;
                 println!(
-                    "using the fastest for mul: layout {}, workgroup {workgroup}",
+                    "using the fastest multiplier: layout {}, workgroup {workgroup}",
                     layout.name()
                 );
             }
@@ -246,6 +270,34 @@ fn bench(args: &BenchArgs) -> CliResult {
         check(f, &FieldOp::ALL)?;
     }
     println!("check: every op equals blst on both memory paths");
+    let chain = {
+        let n = 1 << 22;
+        let (da, db) = (
+            upload(&dl, &random_elements(n, 9))?,
+            upload(&dl, &random_elements(n, 10))?,
+        );
+        let dc = dl.alloc(n).map_err(e)?;
+        let stats = chain_time(&dl, &da, &db, &dc, args.budget)?;
+        let g = (n as u64 * CHAIN as u64) as f64 / stats.median_s / 1e9;
+        // The probe's result is checked too (first 1024 elements).
+        let got = dl.download(dc.slice(0..1024).map_err(e)?).map_err(e)?;
+        let (a0, b0) = (random_elements(1024, 9), random_elements(1024, 10));
+        if got != cpu::mul_chain(&a0, &b0, CHAIN) {
+            return Err("mul chain probe differs from blst".into());
+        }
+        println!(
+            "Montgomery multiplier (chain probe, {CHAIN} dependent products per element, n = {n}): \
+             {g:.2} G mul/s [median {}, p95 {}]",
+            fmt_time(stats.median_s),
+            fmt_time(stats.p95_s)
+        );
+        ChainResult {
+            n,
+            products_per_element: CHAIN,
+            kernel: stats,
+            g_mul_per_s: g,
+        }
+    };
 
     let max_n = sizes.iter().copied().max().unwrap_or(0);
     let pool = random_elements(max_n.max(batch_elems), 1);
@@ -299,6 +351,7 @@ fn bench(args: &BenchArgs) -> CliResult {
         default_device_local: base.device_local,
         batch_elems,
         sweep,
+        mul_chain: chain,
         results: rows,
     };
     if let Some(path) = &args.json {
@@ -341,7 +394,12 @@ fn check(f: &Field, ops: &[FieldOp]) -> Result<(), String> {
     Ok(())
 }
 
-fn run_sweep(ctx: &Arc<Context>, n: usize, budget: f64) -> Result<Vec<SweepRow>, String> {
+fn run_sweep(
+    ctx: &Arc<Context>,
+    n: usize,
+    workgroups: &[u32],
+    budget: f64,
+) -> Result<Vec<SweepRow>, String> {
     println!("\nsweep: kernel-only G op/s at n = {n} (device-local), per layout and workgroup");
     // Arrays belong to the context, so every configuration below uses the same ones.
     let any = Field::with_config(
@@ -359,17 +417,28 @@ fn run_sweep(ctx: &Arc<Context>, n: usize, budget: f64) -> Result<Vec<SweepRow>,
     let dc = any.alloc(n).map_err(e)?;
     let mut rows = Vec::new();
     for layout in Layout::ALL {
-        for wg in [64u32, 128, 256] {
+        for (w, &wg) in workgroups.iter().enumerate() {
             let config = FieldConfig {
                 layout,
                 workgroup: wg,
                 device_local: true,
             };
             let f = Field::with_config(ctx.clone(), config).map_err(e)?;
-            if wg == 64 {
+            if w == 0 {
                 check(&f, &FieldOp::ALL)?;
             }
             let mut line = format!("  {:>8} wg {:>4}:", layout.name(), wg);
+            let chain = chain_time(&f, &da, &db, &dc, budget)?;
+            let g = (n as u64 * CHAIN as u64) as f64 / chain.median_s / 1e9;
+            line += &format!("  mul-chain {g:6.2} G/s");
+            rows.push(SweepRow {
+                layout: layout.name(),
+                workgroup: wg,
+                op: "mul_chain",
+                n,
+                kernel: chain,
+                g_ops_per_s: g,
+            });
             for op in [FieldOp::Add, FieldOp::Mul, FieldOp::Sqr] {
                 let stats = kernel_time(&f, op, &da, &db, &dc, n, 1, budget)?;
                 let g = n as f64 / stats.median_s / 1e9;
@@ -389,11 +458,23 @@ fn run_sweep(ctx: &Arc<Context>, n: usize, budget: f64) -> Result<Vec<SweepRow>,
     Ok(rows)
 }
 
-/// The layout and workgroup size with the fastest Montgomery multiplication in the sweep.
+/// Montgomery products per element in the chain probe.
+const CHAIN: u32 = 32;
+
+/// Time of one chain-probe dispatch (CHAIN products per element of `out`).
+fn chain_time(f: &Field, a: &FqVec, b: &FqVec, out: &FqVec, budget: f64) -> Result<Stats, String> {
+    measure(budget, || {
+        let t = Instant::now();
+        f.mul_chain(a.all(), b.all(), out.all(), CHAIN).map_err(e)?;
+        Ok(t.elapsed())
+    })
+}
+
+/// The layout and workgroup size with the fastest Montgomery multiplier (chain probe).
 fn best_of(sweep: &[SweepRow]) -> Option<(Layout, u32)> {
     sweep
         .iter()
-        .filter(|r| r.op == "mul")
+        .filter(|r| r.op == "mul_chain")
         .max_by(|a, b| a.g_ops_per_s.total_cmp(&b.g_ops_per_s))
         .and_then(|r| Layout::from_name(r.layout).map(|l| (l, r.workgroup)))
 }
@@ -517,6 +598,17 @@ fn bench_one(
     let e2e_single_dl = single(dl)?;
     let e2e_batched_hv = batched(hv)?;
     let e2e_batched_dl = batched(dl)?;
+    let chunk = (total / 8).max(1 << 16).min(total.max(1));
+    let mut streamed = |f: &Field| {
+        let bb: &[Fq] = if op.arity() == 2 { &b_all } else { &[] };
+        measure(budget, || {
+            let t = Instant::now();
+            f.stream(op, &a_all, bb, &mut outs, chunk).map_err(e)?;
+            Ok(t.elapsed())
+        })
+    };
+    let e2e_stream_hv = streamed(hv)?;
+    let e2e_stream_dl = streamed(dl)?;
     // Spot-check the batched output of the last run against blst.
     let want = cpu::reference(op, &a_all[total - n..], &b_all[total - n..]);
     if outs[total - n..] != want[..] {
@@ -527,11 +619,13 @@ fn bench_one(
     }
 
     let best_batched = e2e_batched_hv.median_s.min(e2e_batched_dl.median_s) / batch as f64;
+    let best_stream = e2e_stream_hv.median_s.min(e2e_stream_dl.median_s) / batch as f64;
     Ok(Row {
         op: op.name(),
         n,
         batch,
         speedup_e2e_batched_vs_1core: cpu_1core.median_s / best_batched,
+        speedup_e2e_stream_vs_1core: cpu_1core.median_s / best_stream,
         speedup_e2e_batched_vs_all_cores: cpu_all_cores.median_s / best_batched,
         speedup_kernel_vs_1core: cpu_1core.median_s / kernel.median_s,
         speedup_kernel_vs_all_cores: cpu_all_cores.median_s / kernel.median_s,
@@ -543,6 +637,8 @@ fn bench_one(
         e2e_single_dl,
         e2e_batched_hv,
         e2e_batched_dl,
+        e2e_stream_hv,
+        e2e_stream_dl,
     })
 }
 
@@ -568,7 +664,7 @@ fn cell(st: &Stats, per: usize) -> String {
 
 fn print_row(r: &Row) {
     println!(
-        "{:>9} {:>5} | {:>22} {:>22} | {:>22} | {:>22} {:>22} | {:>22} {:>22}",
+        "{:>9} {:>5} | {:>22} {:>22} | {:>22} | {:>22} {:>22} | {:>22} {:>22} | {:>22} {:>22}",
         r.n,
         r.batch,
         cell(&r.cpu_1core, 1),
@@ -578,19 +674,22 @@ fn print_row(r: &Row) {
         cell(&r.e2e_single_dl, 1),
         cell(&r.e2e_batched_hv, r.batch),
         cell(&r.e2e_batched_dl, r.batch),
+        cell(&r.e2e_stream_hv, r.batch),
+        cell(&r.e2e_stream_dl, r.batch),
     );
 }
 
 fn print_speedups(op: FieldOp, rows: &[Row]) {
     println!(
-        "  speedups of {} (medians; e2e batched = faster of hv/dl):",
+        "  speedups of {} (medians; e2e = faster of hv/dl):",
         op.name()
     );
     println!(
-        "  {:>9} | {:>13} {:>13} | {:>10} {:>10} | {:>10} | {:>12}",
+        "  {:>9} | {:>13} {:>13} {:>13} | {:>10} {:>10} | {:>10} | {:>12}",
         "n",
         "e2e-batch/1c",
         "e2e-batch/all",
+        "e2e-strm/1c",
         "kernel/1c",
         "kernel/all",
         "kernel G/s",
@@ -598,10 +697,11 @@ fn print_speedups(op: FieldOp, rows: &[Row]) {
     );
     for r in rows.iter().filter(|r| r.op == op.name()) {
         println!(
-            "  {:>9} | {:>12.1}x {:>12.1}x | {:>9.1}x {:>9.1}x | {:>10.3} | {:>12}",
+            "  {:>9} | {:>12.1}x {:>12.1}x {:>12.1}x | {:>9.1}x {:>9.1}x | {:>10.3} | {:>12}",
             r.n,
             r.speedup_e2e_batched_vs_1core,
             r.speedup_e2e_batched_vs_all_cores,
+            r.speedup_e2e_stream_vs_1core,
             r.speedup_kernel_vs_1core,
             r.speedup_kernel_vs_all_cores,
             r.kernel_g_ops_per_s,

@@ -3,10 +3,11 @@
 //!
 //! The one decision a reader must know: the limb layout is a parameter ([`Layout`]), because
 //! the fastest one is the one the GPU's compiler turns into the fewest instructions, which is
-//! measured, not derived (`helios field bench --sweep`). Three layouts share this code:
-//! 12×32-bit limbs with 32×32→64 products written as u64 arithmetic (`U32Wide`), 12×32-bit
-//! limbs with `OpUMulExtended`/`OpIAddCarry` (`U32Ext`), and 6×64-bit limbs with the same
-//! extended ops on u64 (`U64`). Only the three primitives `mac`, `adc` and `sbb` differ.
+//! measured, not derived (`helios field bench --sweep`). Four layouts share this code:
+//! 12×32-bit limbs with 32×32→64 products written as u64 arithmetic (`U32Wide`), the same with
+//! the product from `OpUMulExtended` (`U32Mix`), 12×32-bit limbs with `OpUMulExtended` and
+//! `OpIAddCarry` (`U32Ext`), and 6×64-bit limbs with the extended ops on u64 (`U64`). Only the
+//! three primitives `mac`, `adc` and `sbb` differ.
 //!
 //! p < 2³⁸¹ leaves the top limb's highest bits clear, which allows the "no-carry" CIOS
 //! variant (no extra carry word per row) and guarantees that a + b never leaves N limbs.
@@ -20,6 +21,8 @@ use crate::fq::{Fq, P, P_INV_NEG};
 pub enum Layout {
     /// 12 × u32; products and carries through u64 arithmetic (one 64-bit multiply-add).
     U32Wide,
+    /// 12 × u32; products through `OpUMulExtended`, sums and carries through u64 arithmetic.
+    U32Mix,
     /// 12 × u32; products through `OpUMulExtended`, carries through `OpIAddCarry`.
     U32Ext,
     /// 6 × u64; products through `OpUMulExtended` on u64, carries through `OpIAddCarry`.
@@ -27,11 +30,12 @@ pub enum Layout {
 }
 
 impl Layout {
-    pub const ALL: [Layout; 3] = [Layout::U32Wide, Layout::U32Ext, Layout::U64];
+    pub const ALL: [Layout; 4] = [Layout::U32Wide, Layout::U32Mix, Layout::U32Ext, Layout::U64];
 
     pub const fn name(self) -> &'static str {
         match self {
             Layout::U32Wide => "u32wide",
+            Layout::U32Mix => "u32mix",
             Layout::U32Ext => "u32ext",
             Layout::U64 => "u64",
         }
@@ -44,7 +48,7 @@ impl Layout {
     /// The limb type.
     pub const fn word(self) -> Scalar {
         match self {
-            Layout::U32Wide | Layout::U32Ext => Scalar::U32,
+            Layout::U32Wide | Layout::U32Mix | Layout::U32Ext => Scalar::U32,
             Layout::U64 => Scalar::U64,
         }
     }
@@ -52,7 +56,7 @@ impl Layout {
     /// Limbs per element.
     pub const fn limbs(self) -> usize {
         match self {
-            Layout::U32Wide | Layout::U32Ext => 12,
+            Layout::U32Wide | Layout::U32Mix | Layout::U32Ext => 12,
             Layout::U64 => 6,
         }
     }
@@ -114,6 +118,15 @@ impl Arith<'_> {
                 let t = self.k.add(t, d);
                 self.split_u64(t)
             }
+            Layout::U32Mix => {
+                let (lo, hi) = self.k.umul_extended(a, b);
+                let pair = self.k.vector(&[lo, hi]);
+                let p = self.k.bitcast(pair, Ty::scalar(Scalar::U64));
+                let (c, d) = (self.widen(c), self.widen(d));
+                let t = self.k.add(p, c);
+                let t = self.k.add(t, d);
+                self.split_u64(t)
+            }
             Layout::U32Ext | Layout::U64 => {
                 let (lo, hi) = self.k.umul_extended(a, b);
                 let (s, c1) = self.k.iadd_carry(lo, c);
@@ -127,7 +140,7 @@ impl Arith<'_> {
     /// `(a + b + carry mod W, carry out)` with carries 0 or 1.
     pub fn adc(&mut self, a: Val, b: Val, carry: Val) -> (Val, Val) {
         match self.layout {
-            Layout::U32Wide => {
+            Layout::U32Wide | Layout::U32Mix => {
                 let (a, b, c) = (self.widen(a), self.widen(b), self.widen(carry));
                 let t = self.k.add(a, b);
                 let t = self.k.add(t, c);
@@ -144,7 +157,7 @@ impl Arith<'_> {
     /// `(a - b - borrow mod W, borrow out)` with borrows 0 or 1.
     pub fn sbb(&mut self, a: Val, b: Val, borrow: Val) -> (Val, Val) {
         match self.layout {
-            Layout::U32Wide => {
+            Layout::U32Wide | Layout::U32Mix => {
                 let (a, b, c) = (self.widen(a), self.widen(b), self.widen(borrow));
                 let t = self.k.sub(a, b);
                 let t = self.k.sub(t, c);

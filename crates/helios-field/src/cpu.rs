@@ -71,6 +71,20 @@ pub fn apply_parallel(op: FieldOp, a: &[Fq], b: &[Fq], out: &mut [Fq]) {
     }
 }
 
+/// The chain probe's reference: `a·bᵏ·R⁻ᵏ` per element (k Montgomery products).
+pub fn mul_chain(a: &[Fq], b: &[Fq], iterations: u32) -> Vec<Fq> {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let mut acc = *x;
+            for _ in 0..iterations {
+                acc = apply_one(FieldOp::Mul, &acc, y);
+            }
+            acc
+        })
+        .collect()
+}
+
 /// Convenience: `op` over whole arrays into a new vector (single-threaded).
 pub fn reference(op: FieldOp, a: &[Fq], b: &[Fq]) -> Vec<Fq> {
     let mut out = vec![[0u64; 6]; a.len()];

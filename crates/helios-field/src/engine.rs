@@ -16,7 +16,7 @@ use helios_vk::{Buffer, Context, MemoryLocation, Pipeline, PipelineDesc, Recorde
 
 use crate::arith::Layout;
 use crate::fq::{check_canonical, Fq, FQ_BYTES};
-use crate::kernel::{grid, push_constants, FieldKernel, FieldOp, FIELD_WORKGROUP};
+use crate::kernel::{build_mul_chain, grid, push_constants, FieldKernel, FieldOp, FIELD_WORKGROUP};
 use crate::{env, host, FieldError, Result};
 
 /// The measured defaults (see bench/results/ for the figures behind them).
@@ -70,6 +70,7 @@ pub struct Field {
     ctx: Arc<Context>,
     config: FieldConfig,
     kernels: Mutex<HashMap<FieldOp, Compiled>>,
+    chain: Mutex<Option<Compiled>>,
     pub(crate) scratch: Mutex<host::Scratch>,
 }
 
@@ -105,6 +106,7 @@ impl Field {
             ctx,
             config,
             kernels: Mutex::new(HashMap::new()),
+            chain: Mutex::new(None),
             scratch: Mutex::new(host::Scratch::default()),
         })
     }
@@ -135,6 +137,12 @@ impl Field {
             layout: self.config.layout,
         }
         .build();
+        let compiled = self.compile(module)?;
+        lock(&self.kernels).insert(op, compiled.clone());
+        Ok(compiled)
+    }
+
+    fn compile(&self, module: KernelModule) -> Result<Compiled> {
         let pipeline = self.ctx.create_pipeline(&PipelineDesc {
             name: &module.name,
             spirv: &module.words,
@@ -143,12 +151,61 @@ impl Field {
             spec_constants: &module.workgroup_spec([self.config.workgroup, 1, 1]),
             storage_buffers: 0,
         })?;
-        let compiled = Compiled {
+        Ok(Compiled {
             module: Arc::new(module),
             pipeline,
+        })
+    }
+
+    /// `out = a·bᵏ·R⁻ᵏ` with k = `iterations`: k dependent Montgomery products per element
+    /// in registers. It measures the multiplier's throughput (see `build_mul_chain`).
+    pub fn mul_chain(
+        &self,
+        a: FqSlice<'_>,
+        b: FqSlice<'_>,
+        out: FqSlice<'_>,
+        iterations: u32,
+    ) -> Result<()> {
+        for (s, what) in [(a, "input a"), (b, "input b"), (out, "the output")] {
+            self.check_own(s, what)?;
+            if s.len != out.len {
+                return Err(FieldError::Shape {
+                    op: "mul_chain",
+                    detail: format!("{what} has {} elements, the output {}", s.len, out.len),
+                });
+            }
+        }
+        if out.len > crate::kernel::MAX_DISPATCH_ELEMENTS {
+            return Err(FieldError::TooLarge {
+                what: "one operation",
+                size: out.len,
+                max: crate::kernel::MAX_DISPATCH_ELEMENTS,
+            });
+        }
+        let c = {
+            let mut chain = lock(&self.chain);
+            match chain.as_ref() {
+                Some(c) => c.clone(),
+                None => {
+                    let c = self.compile(build_mul_chain(self.config.layout))?;
+                    *chain = Some(c.clone());
+                    c
+                }
+            }
         };
-        lock(&self.kernels).insert(op, compiled.clone());
-        Ok(compiled)
+        if out.len == 0 {
+            return Ok(());
+        }
+        let groups = grid(out.len, self.config.workgroup)?;
+        let push = push_constants(
+            &c.module,
+            &[a.address(), b.address()],
+            out.address(),
+            &[out.len as u32, iterations],
+        );
+        self.ctx
+            .submit_and_wait(|rec| rec.dispatch(&c.pipeline, groups, &push))?;
+        Ok(())
     }
 
     /// A zero-filled array of `len` elements.
@@ -273,7 +330,7 @@ pub(crate) fn record_dispatch(
         pipeline: c.module.name.clone(),
         detail: e.to_string(),
     })?;
-    let push = push_constants(&c.module, &inputs, out, n as u32);
+    let push = push_constants(&c.module, &inputs, out, &[n as u32]);
     rec.dispatch(&c.pipeline, groups, &push)
 }
 

@@ -10,7 +10,7 @@ use crate::{FieldError, Result};
 /// memory reached through staging copies; `0` uses host-visible memory the GPU reads directly.
 pub const HELIOS_FIELD_DEVICE_LOCAL: &str = "HELIOS_FIELD_DEVICE_LOCAL";
 
-/// `HELIOS_FIELD_LAYOUT=u32wide|u32ext|u64`: the in-shader limb layout (see `Layout`).
+/// `HELIOS_FIELD_LAYOUT=u32wide|u32mix|u32ext|u64`: the in-shader limb layout (see `Layout`).
 pub const HELIOS_FIELD_LAYOUT: &str = "HELIOS_FIELD_LAYOUT";
 
 /// `HELIOS_FIELD_WORKGROUP=<n>`: invocations per workgroup.
@@ -28,7 +28,7 @@ pub fn layout() -> Result<Option<Layout>> {
             .ok_or(FieldError::BadEnvVar {
                 name: HELIOS_FIELD_LAYOUT,
                 value: v,
-                expected: "use u32wide, u32ext or u64",
+                expected: "use u32wide, u32mix, u32ext or u64",
             }),
     }
 }

@@ -110,16 +110,7 @@ impl FieldKernel {
         let n = k.param("n", Ty::scalar(Scalar::U32));
         k.begin();
 
-        // Linear invocation index over the 2-D grid.
-        let wid = k.workgroup_id();
-        let nwg = k.num_workgroups();
-        let (gx, gy, nx) = (k.extract(wid, 0), k.extract(wid, 1), k.extract(nwg, 0));
-        let row = k.mul(gy, nx);
-        let group = k.add(row, gx);
-        let wsize = k.workgroup_size_x();
-        let base = k.mul(group, wsize);
-        let lid = k.local_index();
-        let i = k.add(base, lid);
+        let i = linear_index(&mut k);
         let n = k.load_param(n);
         let inside = k.lt(i, n);
 
@@ -137,6 +128,56 @@ impl FieldKernel {
         });
         k.finish()
     }
+}
+
+/// The invocation's element index over the 2-D grid.
+fn linear_index(k: &mut KernelBuilder) -> Val {
+    let wid = k.workgroup_id();
+    let nwg = k.num_workgroups();
+    let (gx, gy, nx) = (k.extract(wid, 0), k.extract(wid, 1), k.extract(nwg, 0));
+    let row = k.mul(gy, nx);
+    let group = k.add(row, gx);
+    let wsize = k.workgroup_size_x();
+    let base = k.mul(group, wsize);
+    let lid = k.local_index();
+    k.add(base, lid)
+}
+
+/// The arithmetic-throughput probe: `out = a·bᵏ·R⁻ᵏ`, k (a push constant) dependent
+/// Montgomery products per element with every operand in registers, so that memory traffic
+/// is negligible and the time is the multiplier's. The benchmark's "G mul/s" comes from it.
+pub fn build_mul_chain(layout: Layout) -> KernelModule {
+    let name = format!("fq_mul_chain_{}", layout.name());
+    let mut k = KernelBuilder::new(name, Binding::DeviceAddress, [FIELD_WORKGROUP, 1, 1]);
+    let word = layout.word();
+    let a = k.buffer("a", word, Access::Read);
+    let b = k.buffer("b", word, Access::Read);
+    let out = k.buffer("out", word, Access::Write);
+    let n = k.param("n", Ty::scalar(Scalar::U32));
+    let iterations = k.param("iterations", Ty::scalar(Scalar::U32));
+    k.begin();
+    let i = linear_index(&mut k);
+    let n = k.load_param(n);
+    let iterations = k.load_param(iterations);
+    let inside = k.lt(i, n);
+    k.if_(inside, |k| {
+        let three = k.u32(3);
+        let first = k.mul(i, three);
+        let xa = load_element(k, a, first, layout);
+        let xb = load_element(k, b, first, layout);
+        let acc: Vec<_> = xa.iter().map(|&x| k.var_init(x)).collect();
+        let (zero, one) = (k.u32(0), k.u32(1));
+        k.for_range(zero, iterations, one, |k, _| {
+            let cur: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
+            let next = Arith { k: &mut *k, layout }.mont_mul(&cur, &xb);
+            for (&v, x) in acc.iter().zip(next) {
+                k.set(v, x);
+            }
+        });
+        let r: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
+        store_element(k, out, first, layout, &r);
+    });
+    k.finish()
 }
 
 /// Lanes per 16-byte vector.
@@ -179,10 +220,12 @@ fn store_element(
     }
 }
 
-/// The push-constant block for one dispatch: the addresses of `inputs` and `out`, and `n`.
-pub fn push_constants(module: &KernelModule, inputs: &[u64], out: u64, n: u32) -> Vec<u8> {
+/// The push-constant block for one dispatch: the addresses of `inputs` and `out`, then the
+/// u32 values (`n`, and the iteration count of the chain kernel) in declaration order.
+pub fn push_constants(module: &KernelModule, inputs: &[u64], out: u64, values: &[u32]) -> Vec<u8> {
     let mut bytes = vec![0u8; module.push_size as usize];
     let mut addresses = inputs.iter().chain(std::iter::once(&out));
+    let mut values = values.iter();
     for p in &module.params {
         match &p.slot {
             ParamSlot::Address { offset } => {
@@ -192,7 +235,8 @@ pub fn push_constants(module: &KernelModule, inputs: &[u64], out: u64, n: u32) -
             }
             ParamSlot::Value { offset, .. } => {
                 let at = *offset as usize;
-                bytes[at..at + 4].copy_from_slice(&n.to_le_bytes());
+                let v = values.next().expect("one value per value parameter");
+                bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
             }
             ParamSlot::Descriptor { .. } => unreachable!("field kernels use device addresses"),
         }
@@ -236,6 +280,8 @@ mod tests {
                 let expected = if op.arity() == 2 { 28 } else { 20 };
                 assert_eq!(m.push_size, expected, "{}", m.name);
             }
+            let m = build_mul_chain(layout);
+            validate(&m.name, &m.words, TargetEnv::Vulkan1_2).unwrap_or_else(|e| panic!("{e}"));
         }
     }
 

@@ -45,5 +45,5 @@ pub use fq::{
     P_INV_NEG, R2_MOD_P, R_MOD_P,
 };
 pub use host::Job;
-pub use kernel::{FieldKernel, FieldOp, FIELD_WORKGROUP, MAX_DISPATCH_ELEMENTS};
+pub use kernel::{build_mul_chain, FieldKernel, FieldOp, FIELD_WORKGROUP, MAX_DISPATCH_ELEMENTS};
 pub use stream::DEFAULT_STREAM_CHUNK;

@@ -81,6 +81,33 @@ fn every_op_and_layout_matches_blst() {
 }
 
 #[test]
+fn mul_chain_probe_matches_blst() {
+    let ctx = context();
+    let (a, b) = inputs(100, 31);
+    for layout in Layout::ALL {
+        let f = field(&ctx, layout, true);
+        let (da, db, dc) = (
+            f.upload(&a).unwrap(),
+            f.upload(&b).unwrap(),
+            f.alloc(a.len()).unwrap(),
+        );
+        for k in [0, 1, 5] {
+            f.mul_chain(da.all(), db.all(), dc.all(), k).unwrap();
+            let want = cpu::mul_chain(&a, &b, k);
+            assert_same(
+                FieldOp::Mul,
+                layout.name(),
+                &f.download(dc.all()).unwrap(),
+                &want,
+                &a,
+                &b,
+            );
+        }
+    }
+    finish(ctx);
+}
+
+#[test]
 fn device_resident_batches_and_streams_match_blst() {
     let ctx = context();
     for device_local in [true, false] {
