@@ -51,42 +51,48 @@ pub fn pack_push(
     size: u32,
     args: &[Arg],
 ) -> Result<Vec<u8>, KernelError> {
-    let slots: Vec<&ParamInfo> = params
+    let mismatch = |detail: String| KernelError::Arguments {
+        kernel: kernel.to_string(),
+        detail,
+    };
+    let slots = params
         .iter()
-        .filter(|p| !matches!(p.slot, ParamSlot::Descriptor { .. }))
-        .collect();
-    if slots.len() != args.len() {
-        return Err(KernelError::Arguments {
-            kernel: kernel.to_string(),
-            detail: format!(
-                "expects {} push-constant arguments, got {}",
-                slots.len(),
-                args.len()
-            ),
-        });
+        .filter(|p| !matches!(p.slot, ParamSlot::Descriptor { .. }));
+    let expected = slots.clone().count();
+    if expected != args.len() {
+        return Err(mismatch(format!(
+            "expects {expected} push-constant arguments, got {}",
+            args.len()
+        )));
     }
+    // One allocation per launch: this runs for every op.
     let mut out = vec![0u8; size as usize];
-    for (p, a) in slots.iter().zip(args) {
-        let (offset, bytes): (u32, Vec<u8>) = match (&p.slot, a) {
-            (ParamSlot::Address { offset }, Arg::Address(v)) => (*offset, v.to_le_bytes().to_vec()),
-            (ParamSlot::Value { offset, ty }, Arg::U32(v)) if *ty == Ty::scalar(Scalar::U32) => {
-                (*offset, v.to_le_bytes().to_vec())
+    let mut put = |offset: u32, bytes: &[u8]| {
+        let at = offset as usize;
+        out[at..at + bytes.len()].copy_from_slice(bytes);
+    };
+    let u32_ty = Ty::scalar(Scalar::U32);
+    let i32_ty = Ty::scalar(Scalar::I32);
+    let f32_ty = Ty::scalar(Scalar::F32);
+    for (p, a) in slots.zip(args) {
+        match (&p.slot, a) {
+            (ParamSlot::Address { offset }, Arg::Address(v)) => put(*offset, &v.to_le_bytes()),
+            (ParamSlot::Value { offset, ty }, Arg::U32(v)) if *ty == u32_ty => {
+                put(*offset, &v.to_le_bytes())
             }
-            (ParamSlot::Value { offset, ty }, Arg::I32(v)) if *ty == Ty::scalar(Scalar::I32) => {
-                (*offset, v.to_le_bytes().to_vec())
+            (ParamSlot::Value { offset, ty }, Arg::I32(v)) if *ty == i32_ty => {
+                put(*offset, &v.to_le_bytes())
             }
-            (ParamSlot::Value { offset, ty }, Arg::F32(v)) if *ty == Ty::scalar(Scalar::F32) => {
-                (*offset, v.to_le_bytes().to_vec())
+            (ParamSlot::Value { offset, ty }, Arg::F32(v)) if *ty == f32_ty => {
+                put(*offset, &v.to_le_bytes())
             }
             _ => {
-                return Err(KernelError::Arguments {
-                    kernel: kernel.to_string(),
-                    detail: format!("parameter `{}` ({:?}) cannot take {a:?}", p.name, p.slot),
-                })
+                return Err(mismatch(format!(
+                    "parameter `{}` ({:?}) cannot take {a:?}",
+                    p.name, p.slot
+                )))
             }
-        };
-        let at = offset as usize;
-        out[at..at + bytes.len()].copy_from_slice(&bytes);
+        }
     }
     Ok(out)
 }

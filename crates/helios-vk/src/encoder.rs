@@ -24,6 +24,11 @@ use crate::submit::Slot;
 /// Default dispatches per submitted batch (`HELIOS_BATCH` overrides).
 pub const DEFAULT_BATCH: u32 = 256;
 
+/// Every this many dispatches the encoder checks whether the GPU has finished everything
+/// submitted, and if so submits the open batch at once. The check is one semaphore read;
+/// a submit costs a few microseconds, so at most one per 32 dispatches.
+const EARLY_CHECK: u32 = 32;
+
 /// How a dispatch or copy touches a buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct Access<'a> {
@@ -75,28 +80,51 @@ impl<'a> Access<'a> {
 /// A pool region: (block id, offset of the region in the block).
 type RegionKey = (u64, u64);
 
-/// An access to bytes `[start, end)` of a block.
-#[derive(Clone, Copy)]
-struct Span {
+/// Bytes `[start, end)` of a block; empty when `start >= end`.
+#[derive(Clone, Copy, Default)]
+struct Cover {
     start: u64,
     end: u64,
-    write: bool,
+}
+
+impl Cover {
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.start < end && start < self.end
+    }
+
+    fn extend(&mut self, start: u64, end: u64) {
+        if self.start >= self.end {
+            *self = Cover { start, end };
+        } else {
+            self.start = self.start.min(start);
+            self.end = self.end.max(end);
+        }
+    }
+}
+
+/// What the dispatches since the last barrier read and wrote in one region, as covering
+/// ranges: O(1) per access however many dispatches read the same tensor. Covering is
+/// conservative (two disjoint writes to one region look like one), which can only add a
+/// barrier, never miss one.
+#[derive(Clone, Copy, Default)]
+struct RegionUse {
+    read: Cover,
+    written: Cover,
 }
 
 /// Accesses since the last barrier, per pool region.
 #[derive(Default)]
 struct Hazards {
     /// FxHash: the keys are small integers and this map is hit on every dispatch.
-    regions: rustc_hash::FxHashMap<RegionKey, Vec<Span>>,
+    regions: rustc_hash::FxHashMap<RegionKey, RegionUse>,
 }
 
 impl Hazards {
     fn conflicts(&self, accesses: &[Access<'_>]) -> bool {
         accesses.iter().any(|a| {
             let (key, start, end) = a.span();
-            self.regions.get(&key).is_some_and(|list| {
-                list.iter()
-                    .any(|s| (s.write || a.write) && s.start < end && start < s.end)
+            self.regions.get(&key).is_some_and(|u| {
+                u.written.overlaps(start, end) || (a.write && u.read.overlaps(start, end))
             })
         })
     }
@@ -105,11 +133,12 @@ impl Hazards {
         for a in accesses {
             let (key, start, end) = a.span();
             if start < end {
-                self.regions.entry(key).or_default().push(Span {
-                    start,
-                    end,
-                    write: a.write,
-                });
+                let u = self.regions.entry(key).or_default();
+                if a.write {
+                    u.written.extend(start, end);
+                } else {
+                    u.read.extend(start, end);
+                }
             }
         }
     }
@@ -129,17 +158,30 @@ pub(crate) struct OpenBatch {
     /// Barriers inserted for hazards (or asked for through a Recorder).
     barriers: u32,
     hazards: Hazards,
+    /// Stages of the commands since the last barrier.
+    stages: Stages,
+    /// Whether a dispatch was recorded since the last compute+transfer barrier.
+    compute_since_full: bool,
     /// Pipelines the batch uses, kept alive until it completes.
     pub(crate) keep: Vec<Arc<Pipeline>>,
 }
 
 impl OpenBatch {
-    /// Inserts a barrier if `accesses` conflict with earlier ones, then records them.
-    pub(crate) fn order(&mut self, ctx: &Context, accesses: &[Access<'_>]) {
-        if self.hazards.conflicts(accesses) {
-            self.barrier(ctx);
+    /// Inserts a barrier if `accesses` (made by a command of `stage`) conflict with earlier
+    /// ones, then records them.
+    pub(crate) fn order(&mut self, ctx: &Context, stage: Stage, accesses: &[Access<'_>]) {
+        if stage == Stage::Transfer && self.compute_since_full {
+            // Compute-only barriers since the last full one do not order earlier dispatches
+            // before a copy; copies are rare inside a batch, so fence everything.
+            self.barrier_from(ctx, Stages::ALL, stage);
+        } else if self.hazards.conflicts(accesses) {
+            self.barrier_from(ctx, self.stages, stage);
+        }
+        if stage == Stage::Compute {
+            self.compute_since_full = true;
         }
         self.hazards.add(accesses);
+        self.stages.insert(stage);
         for a in accesses {
             a.buffer.mark(self.value, a.write);
         }
@@ -147,9 +189,46 @@ impl OpenBatch {
 
     /// A full compute/transfer barrier; forgets the tracked accesses.
     pub(crate) fn barrier(&mut self, ctx: &Context) {
-        recorder::compute_transfer_barrier(ctx.device(), self.slot.cb);
+        self.barrier_from(ctx, Stages::ALL, Stage::Compute);
+    }
+
+    /// A barrier from the stages used since the last one to `next`. Between dispatches this
+    /// is compute→compute only: a transfer stage in the mask costs NVIDIA more.
+    fn barrier_from(&mut self, ctx: &Context, used: Stages, next: Stage) {
+        if used == Stages::COMPUTE && next == Stage::Compute {
+            recorder::compute_barrier(ctx.device(), self.slot.cb);
+        } else {
+            recorder::compute_transfer_barrier(ctx.device(), self.slot.cb);
+            self.compute_since_full = false;
+        }
         self.hazards.clear();
+        self.stages = Stages::NONE;
         self.barriers += 1;
+    }
+}
+
+/// The pipeline stage of a recorded command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Compute,
+    Transfer,
+}
+
+/// A set of stages (bit 0 compute, bit 1 transfer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stages(u8);
+
+impl Stages {
+    const NONE: Stages = Stages(0);
+    const COMPUTE: Stages = Stages(1);
+    /// What a fresh command buffer may follow: anything (batch boundaries fence both).
+    const ALL: Stages = Stages(3);
+
+    fn insert(&mut self, s: Stage) {
+        self.0 |= match s {
+            Stage::Compute => 1,
+            Stage::Transfer => 2,
+        };
     }
 }
 
@@ -224,12 +303,19 @@ impl Context {
                 dispatches: 0,
                 barriers: 0,
                 hazards: Hazards::default(),
+                stages: Stages::NONE,
+                compute_since_full: false,
                 keep: Vec::new(),
             });
         }
         let batch = enc.open.as_mut().expect("opened above");
         let out = f(batch)?;
-        if batch.dispatches >= enc.batch_limit {
+        let n = batch.dispatches;
+        // Submit at the threshold, or early when the GPU has run dry: a long batch recorded
+        // while the GPU idles would otherwise cost recording time plus execution time.
+        let full = n >= enc.batch_limit;
+        let starving = n > 0 && n % EARLY_CHECK == 0 && self.completed()? >= self.last_submitted();
+        if full || starving {
             let batch = enc.open.take().expect("open");
             enc.count(&batch);
             self.submit_batch(batch)?;
@@ -257,7 +343,7 @@ impl Context {
         let descriptors = self.descriptors(pipeline, accesses)?;
         self.with_batch(|batch| {
             recorder::check_dispatch(self, pipeline, groups, push_constants)?;
-            batch.order(self, accesses);
+            batch.order(self, Stage::Compute, accesses);
             recorder::record_dispatch(self, batch, pipeline, groups, push_constants, &descriptors);
             if !batch.keep.iter().any(|p| Arc::ptr_eq(p, pipeline)) {
                 batch.keep.push(Arc::clone(pipeline));
@@ -316,6 +402,7 @@ impl Context {
         self.with_batch(|batch| {
             batch.order(
                 self,
+                Stage::Transfer,
                 &[
                     Access::read(src).range(src_offset, len),
                     Access::write(dst).range(dst_offset, len),
@@ -388,6 +475,8 @@ impl Context {
             dispatches: 0,
             barriers: 0,
             hazards: Hazards::default(),
+            stages: Stages::ALL,
+            compute_since_full: false,
             keep: Vec::new(),
         };
         let recorded = record(&mut Recorder::new(self, &mut batch));

@@ -9,7 +9,7 @@
 // allocation fails (or on `empty_cache`): then every block without live regions whose last
 // use has completed is freed, and the allocation is retried once.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::context::Context;
@@ -104,9 +104,9 @@ impl Pool {
     pub(crate) fn new(location: MemoryLocation) -> Pool {
         Pool {
             location,
-            free: HashMap::new(),
+            free: HashMap::default(),
             arena: None,
-            blocks: HashMap::new(),
+            blocks: HashMap::default(),
             stats: MemoryStats::default(),
         }
     }

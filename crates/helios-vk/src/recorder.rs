@@ -236,6 +236,18 @@ const COMPUTE_TRANSFER: vk::PipelineStageFlags = vk::PipelineStageFlags::from_ra
     vk::PipelineStageFlags::COMPUTE_SHADER.as_raw() | vk::PipelineStageFlags::TRANSFER.as_raw(),
 );
 
+/// Dispatch → dispatch: compute writes visible to compute reads and writes.
+pub(crate) fn compute_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
+    use vk::AccessFlags as A;
+    use vk::PipelineStageFlags as S;
+    global_barrier(
+        device,
+        cb,
+        (S::COMPUTE_SHADER, A::SHADER_WRITE),
+        (S::COMPUTE_SHADER, A::SHADER_READ | A::SHADER_WRITE),
+    );
+}
+
 pub(crate) fn compute_transfer_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
     use vk::AccessFlags as A;
     global_barrier(

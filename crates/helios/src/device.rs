@@ -4,7 +4,7 @@
 //! description, which names every property that changes the emitted SPIR-V), so each kernel
 //! is generated and compiled once per device.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex};
 
 use helios_kernels::ElementwiseKernel;
@@ -23,7 +23,8 @@ struct DeviceInner {
     ctx: Arc<Context>,
     /// How kernels receive buffers (`HELIOS_BINDING`).
     binding: Binding,
-    kernels: Mutex<HashMap<KernelKey, Arc<Compiled>>>,
+    /// FxHash: looked up on every op.
+    kernels: Mutex<FxHashMap<KernelKey, Arc<Compiled>>>,
 }
 
 impl Device {
@@ -53,7 +54,7 @@ impl Device {
             inner: Arc::new(DeviceInner {
                 ctx,
                 binding,
-                kernels: Mutex::new(HashMap::new()),
+                kernels: Mutex::new(FxHashMap::default()),
             }),
         }
     }
