@@ -241,6 +241,9 @@ def main(argv=None):
     if not torch.cuda.is_available():
         fail("torch sees no CUDA device")
     dev = torch.device(a.device)
+    if dev.index is None:
+        # torch.cuda.set_device wants an index: plain "cuda" means the current device.
+        dev = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(dev)
     doc = {
         "suite": a.suite,
