@@ -7,7 +7,7 @@
 
 use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, Scalar, Ty, Val};
 
-use crate::launch::{grid, pack_push, Arg, Launch};
+use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
 use crate::{math, KernelError};
 
 /// One-input element-wise operations.
@@ -295,7 +295,7 @@ impl ElementwiseKernel {
     pub fn launch(
         &self,
         module: &KernelModule,
-        workgroup: u32,
+        geometry: Geometry,
         n: u64,
         inputs: &[u64],
         output: u64,
@@ -330,7 +330,10 @@ impl ElementwiseKernel {
         }
         // One invocation per vec4, plus one for the tail when n is not a multiple of 4.
         let invocations = n / 4 + u64::from(n % 4 != 0);
-        let groups = grid(invocations.div_ceil(workgroup as u64))?;
+        let groups = grid(
+            invocations.div_ceil(u64::from(geometry.workgroup)),
+            geometry.max_groups_x,
+        )?;
         let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
         Ok(Launch { groups, push })
     }

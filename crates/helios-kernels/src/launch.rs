@@ -14,23 +14,54 @@ pub struct Launch {
     pub push: Vec<u8>,
 }
 
-/// Workgroups along x before the grid wraps into y.
-pub const MAX_GROUPS_X: u32 = 65535;
+/// How a kernel's invocations are grouped on a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Invocations per workgroup (along x).
+    pub workgroup: u32,
+    /// The device's maxComputeWorkGroupCount[0].
+    pub max_groups_x: u32,
+}
 
-/// A 2-D grid holding at least `groups` workgroups.
-pub fn grid(groups: u64) -> Result<[u32; 3], KernelError> {
+/// Workgroups along y every Vulkan device accepts (the spec's minimum for
+/// maxComputeWorkGroupCount).
+pub const MIN_GROUPS_LIMIT: u32 = 65535;
+
+/// A grid of at least `groups` workgroups, `max_x` at most along x (the device's
+/// maxComputeWorkGroupCount[0]: 65535 on many devices, 2^31−1 on NVIDIA). Rows are balanced
+/// so that at most `rows − 1` workgroups are spare: a naive 65535 × 2 grid for 65536 groups
+/// would launch twice the work.
+pub fn grid(groups: u64, max_x: u32) -> Result<[u32; 3], KernelError> {
     if groups == 0 {
         return Ok([0, 1, 1]);
     }
-    let x = groups.min(MAX_GROUPS_X as u64);
-    let y = groups.div_ceil(x);
-    if y > MAX_GROUPS_X as u64 {
+    let max_x = u64::from(max_x.max(1));
+    let rows = groups.div_ceil(max_x);
+    if rows > u64::from(MIN_GROUPS_LIMIT) {
         return Err(KernelError::TooLarge {
             what: "grid",
             size: groups,
         });
     }
-    Ok([x as u32, y as u32, 1])
+    let x = groups.div_ceil(rows);
+    Ok([x as u32, rows as u32, 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grids_are_balanced() {
+        assert_eq!(grid(0, 65535).unwrap(), [0, 1, 1]);
+        assert_eq!(grid(7, 65535).unwrap(), [7, 1, 1]);
+        assert_eq!(grid(65536, 65535).unwrap(), [32768, 2, 1]);
+        assert_eq!(grid(65536, u32::MAX >> 1).unwrap(), [65536, 1, 1]);
+        let [x, y, _] = grid(1_000_003, 65535).unwrap();
+        assert!(u64::from(x) * u64::from(y) >= 1_000_003);
+        assert!(u64::from(x) * u64::from(y) - 1_000_003 < u64::from(y));
+        assert!(grid(65535 * 65536, 65535).is_err());
+    }
 }
 
 /// One push-constant argument, in declaration order.

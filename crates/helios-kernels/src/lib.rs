@@ -12,7 +12,7 @@ pub mod math;
 pub use elementwise::{
     BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp, ELEMENTWISE_DTYPES, ELEMENTWISE_WORKGROUP,
 };
-pub use launch::{grid, pack_push, Arg, Launch};
+pub use launch::{grid, pack_push, Arg, Geometry, Launch};
 
 /// Errors from preparing a kernel launch.
 #[derive(Debug, thiserror::Error)]

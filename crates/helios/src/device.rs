@@ -106,6 +106,11 @@ impl Device {
         Ok(self.inner.ctx.profile_report()?)
     }
 
+    /// maxComputeWorkGroupCount[0]: how wide a grid may be before it folds into rows.
+    pub(crate) fn max_groups_x(&self) -> u32 {
+        self.inner.ctx.caps().limits.max_workgroup_count[0]
+    }
+
     /// How kernels on this device receive their buffers.
     pub fn binding(&self) -> Binding {
         self.inner.binding

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
+use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, Geometry, UnaryOp};
 use helios_vk::{Access, Buffer, MemoryLocation};
 
 use crate::device::KernelKey;
@@ -181,7 +181,17 @@ impl Tensor {
         let compiled = device.kernel(KernelKey::Elementwise(kernel), || kernel.build())?;
         let addrs: Vec<u64> = inputs.iter().map(|t| t.address()).collect();
         let wg = compiled.module.workgroup_size[0];
-        let launch = kernel.launch(&compiled.module, wg, n, &addrs, out.address(), s)?;
+        let launch = kernel.launch(
+            &compiled.module,
+            Geometry {
+                workgroup: wg,
+                max_groups_x: device.max_groups_x(),
+            },
+            n,
+            &addrs,
+            out.address(),
+            s,
+        )?;
         let mut accesses: Vec<Access> = inputs
             .iter()
             .map(|t| Access::read(&t.inner.buffer))
