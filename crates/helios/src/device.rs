@@ -134,7 +134,12 @@ impl Device {
         }
         let module = build();
         crate::env::dump_kernel(&module);
-        let spec = module.workgroup_spec(module.workgroup_size);
+        // HELIOS_WG overrides the workgroup size along x (for tuning experiments).
+        let mut workgroup = module.workgroup_size;
+        if let Some(x) = crate::env::workgroup_override() {
+            workgroup[0] = x;
+        }
+        let spec = module.workgroup_spec(workgroup);
         let pipeline = self.inner.ctx.create_pipeline(&PipelineDesc {
             name: &module.name,
             spirv: &module.words,
@@ -147,7 +152,11 @@ impl Device {
                 .filter(|p| matches!(p.slot, ParamSlot::Descriptor { .. }))
                 .count() as u32,
         })?;
-        let compiled = Arc::new(Compiled { pipeline, module });
+        let compiled = Arc::new(Compiled {
+            pipeline,
+            module,
+            workgroup,
+        });
         cache.insert(key, compiled.clone());
         Ok(compiled)
     }
@@ -166,6 +175,8 @@ pub(crate) enum KernelKey {
 pub(crate) struct Compiled {
     pub pipeline: Arc<Pipeline>,
     pub module: KernelModule,
+    /// The workgroup size the pipeline was specialized with.
+    pub workgroup: [u32; 3],
 }
 
 impl Drop for DeviceInner {

@@ -11,6 +11,7 @@
 //! | `HELIOS_PIPELINE_CACHE=0` | do not persist the Vulkan pipeline cache |
 //! | `HELIOS_CACHE_DIR=<dir>` | root of the on-disk caches (default `$XDG_CACHE_HOME/helios` or `~/.cache/helios`) |
 //! | `HELIOS_VERBOSE=1` | notes about ignored cache files and failed saves |
+//! | `HELIOS_WG=<n>` | workgroup size (along x) for every kernel, overriding the default (tuning experiments) |
 //! | `HELIOS_DUMP_KERNELS=<dir>` | write the SPIR-V assembly of every kernel compiled to `<dir>/<name>.spvasm` |
 //! | `HELIOS_SPIRV_VAL=<path>` | the `spirv-val` binary tests use (default: `spirv-val` on PATH) |
 
@@ -22,6 +23,19 @@ pub(crate) fn binding() -> Binding {
     match std::env::var("HELIOS_BINDING").as_deref() {
         Ok("descriptor") => Binding::Descriptor,
         _ => Binding::DeviceAddress,
+    }
+}
+
+/// `HELIOS_WG=<n>`: a workgroup size for every kernel; ignored unless a power of two in
+/// 32..=1024 (a note says so).
+pub(crate) fn workgroup_override() -> Option<u32> {
+    let v = std::env::var("HELIOS_WG").ok()?;
+    match v.trim().parse::<u32>() {
+        Ok(n) if n.is_power_of_two() && (32..=1024).contains(&n) => Some(n),
+        _ => {
+            eprintln!("helios: HELIOS_WG={v:?} ignored: use a power of two from 32 to 1024");
+            None
+        }
     }
 }
 

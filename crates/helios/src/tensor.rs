@@ -180,7 +180,7 @@ impl Tensor {
         };
         let compiled = device.kernel(KernelKey::Elementwise(kernel), || kernel.build())?;
         let addrs: Vec<u64> = inputs.iter().map(|t| t.address()).collect();
-        let wg = compiled.module.workgroup_size[0];
+        let wg = compiled.workgroup[0];
         let launch = kernel.launch(
             &compiled.module,
             Geometry {
