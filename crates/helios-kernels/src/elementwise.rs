@@ -150,7 +150,13 @@ pub struct ElementwiseKernel {
     /// Storage type of inputs and output: `F32` or `F16` (math is always f32).
     pub dtype: Scalar,
     pub binding: Binding,
+    /// vec4s per invocation: 1, 2 or 4 (more bytes in flight per invocation, fewer
+    /// workgroups).
+    pub vecs: u8,
 }
+
+/// The vec4-per-invocation counts the family emits.
+pub const ELEMENTWISE_VECS: [u8; 3] = [1, 2, 4];
 
 /// Storage types the element-wise family supports.
 pub const ELEMENTWISE_DTYPES: [Scalar; 2] = [Scalar::F32, Scalar::F16];
@@ -177,12 +183,27 @@ impl ElementwiseKernel {
             });
         }
         ops.into_iter()
-            .map(|op| ElementwiseKernel { op, dtype, binding })
+            .flat_map(|op| {
+                ELEMENTWISE_VECS.map(|vecs| ElementwiseKernel {
+                    op,
+                    dtype,
+                    binding,
+                    vecs,
+                })
+            })
             .collect()
     }
 
     /// A name that identifies the kernel (used in profiles and dumps).
     pub fn name(&self) -> String {
+        let base = self.op_name();
+        match self.vecs {
+            1 => base,
+            v => format!("{base}_v{v}"),
+        }
+    }
+
+    fn op_name(&self) -> String {
         let t = self.dtype.name();
         match self.op {
             ElementwiseOp::Unary(u) => format!("ew_{}_{t}", u.name()),
@@ -229,64 +250,111 @@ impl ElementwiseKernel {
         };
         k.begin();
 
-        // Linear invocation index over the 2-D grid.
+        // Linear workgroup index over the (possibly 2-D) grid.
         let wid = k.workgroup_id();
         let nwg = k.num_workgroups();
         let (gx, gy, nx) = (k.extract(wid, 0), k.extract(wid, 1), k.extract(nwg, 0));
         let row = k.mul(gy, nx);
         let group = k.add(row, gx);
         let wsize = k.workgroup_size_x();
-        let base = k.mul(group, wsize);
         let lid = k.local_index();
-        let i = k.add(base, lid);
 
         let n = k.load_param(n);
         let s = s.map(|p| k.load_param(p));
         let op = self.op;
-        let body = |k: &mut KernelBuilder, idx: Val, lanes: u8| {
-            // Storage may be f16; arithmetic is always f32.
+        // Inputs of element (vector) `idx`, widened to f32 (storage may be f16).
+        let load = |k: &mut KernelBuilder, idx: Val, lanes: u8| -> (Val, Option<Val>) {
             let x = k.load(a, idx, lanes);
             let x = k.convert(x, Scalar::F32);
-            let r = match op {
+            let bv = b.map(|b| {
+                let v = k.load(b, idx, lanes);
+                k.convert(v, Scalar::F32)
+            });
+            (x, bv)
+        };
+        let compute = |k: &mut KernelBuilder, x: Val, bv: Option<Val>| -> Val {
+            match op {
                 ElementwiseOp::Unary(u) => unary_expr(k, u, x),
-                ElementwiseOp::Binary(bop) => {
-                    let bv = k.load(b.expect("binary has b"), idx, lanes);
-                    let bv = k.convert(bv, Scalar::F32);
-                    binary_expr(k, bop, x, bv)
-                }
+                ElementwiseOp::Binary(bop) => binary_expr(k, bop, x, bv.expect("binary has b")),
                 ElementwiseOp::Scalar { op, scalar_first } => {
-                    let sv = k.splat(s.expect("scalar form has s"), lanes);
+                    let sv = k.splat(s.expect("scalar form has s"), x.ty.lanes);
                     if scalar_first {
                         binary_expr(k, op, sv, x)
                     } else {
                         binary_expr(k, op, x, sv)
                     }
                 }
-            };
+            }
+        };
+        let store = |k: &mut KernelBuilder, idx: Val, r: Val| {
             let r = k.convert(r, dtype);
             k.store(y, idx, r);
         };
 
+        // Each workgroup covers `vecs` consecutive strips of `wsize` vec4s; invocation `lid`
+        // takes element `lid` of each strip, so every strip's accesses are coalesced.
         let two = k.u32(2);
         let full = k.shr(n, two); // whole vec4s
-        let in_body = k.lt(i, full);
+        let vecs = u32::from(self.vecs);
+        let v = k.u32(vecs);
+        let tile = k.mul(v, wsize);
+        let tile_start = k.mul(group, tile);
+        let first = k.add(tile_start, lid);
+        let index = |k: &mut KernelBuilder, j: u32| -> Val {
+            if j == 0 {
+                return first;
+            }
+            let jv = k.u32(j);
+            let off = k.mul(jv, wsize);
+            k.add(first, off)
+        };
+        let last = index(&mut k, vecs - 1);
+        let whole = k.lt(last, full);
         k.if_else(
-            in_body,
-            |k| body(k, i, 4),
+            whole,
             |k| {
-                // The invocation just past the vec4 body does the 0-3 tail elements.
-                let is_tail = k.eq(i, full);
-                k.if_(is_tail, |k| {
-                    let first = k.shl(full, two);
-                    for j in 0..3 {
-                        let off = k.u32(j);
-                        let e = k.add(first, off);
-                        let inside = k.lt(e, n);
-                        k.if_(inside, |k| body(k, e, 1));
-                    }
-                });
+                // The whole tile is in range: all loads first (bytes in flight), then math,
+                // then stores.
+                let idx: Vec<Val> = (0..vecs).map(|j| index(k, j)).collect();
+                let inputs: Vec<(Val, Option<Val>)> = idx.iter().map(|&i| load(k, i, 4)).collect();
+                let outs: Vec<Val> = inputs
+                    .into_iter()
+                    .map(|(x, bv)| compute(k, x, bv))
+                    .collect();
+                for (i, r) in idx.into_iter().zip(outs) {
+                    store(k, i, r);
+                }
+            },
+            |k| {
+                for j in 0..vecs {
+                    let i = index(k, j);
+                    let inside = k.lt(i, full);
+                    k.if_(inside, |k| {
+                        let (x, bv) = load(k, i, 4);
+                        let r = compute(k, x, bv);
+                        store(k, i, r);
+                    });
+                }
             },
         );
+        // Invocation 0 also does the 0-3 elements past the last whole vec4.
+        let zero = k.u32(0);
+        let g0 = k.eq(group, zero);
+        let l0 = k.eq(lid, zero);
+        let is_tail = k.and(g0, l0);
+        k.if_(is_tail, |k| {
+            let first = k.shl(full, two);
+            for j in 0..3 {
+                let off = k.u32(j);
+                let e = k.add(first, off);
+                let inside = k.lt(e, n);
+                k.if_(inside, |k| {
+                    let (x, bv) = load(k, e, 1);
+                    let r = compute(k, x, bv);
+                    store(k, e, r);
+                });
+            }
+        });
         k.finish()
     }
 
@@ -328,12 +396,10 @@ impl ElementwiseKernel {
             }
             _ => {}
         }
-        // One invocation per vec4, plus one for the tail when n is not a multiple of 4.
-        let invocations = n / 4 + u64::from(n % 4 != 0);
-        let groups = grid(
-            invocations.div_ceil(u64::from(geometry.workgroup)),
-            geometry.max_groups_x,
-        )?;
+        // One invocation per vec4 of each strip; at least one workgroup when there is a tail.
+        let tile = u64::from(geometry.workgroup) * u64::from(self.vecs);
+        let groups = (n / 4).div_ceil(tile).max(u64::from(n > 0));
+        let groups = grid(groups, geometry.max_groups_x)?;
         let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
         Ok(Launch { groups, push })
     }

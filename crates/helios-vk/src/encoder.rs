@@ -235,6 +235,8 @@ impl Stages {
 pub(crate) struct Encoder {
     pub(crate) open: Option<OpenBatch>,
     pub(crate) batch_limit: u32,
+    /// Dispatches into a batch before the next early-submit check (see `with_batch`).
+    early_at: u32,
     /// Totals over submitted batches.
     stats: EncoderStats,
 }
@@ -253,6 +255,7 @@ impl Encoder {
         Encoder {
             open: None,
             batch_limit,
+            early_at: EARLY_CHECK,
             stats: EncoderStats::default(),
         }
     }
@@ -312,9 +315,20 @@ impl Context {
         let out = f(batch)?;
         let n = batch.dispatches;
         // Submit at the threshold, or early when the GPU has run dry: a long batch recorded
-        // while the GPU idles would otherwise cost recording time plus execution time.
+        // while the GPU idles would otherwise cost recording time plus execution time. When
+        // the host is the bottleneck the GPU is always dry, so each early submit doubles the
+        // wait for the next one (a submit costs microseconds); finding the GPU busy means it
+        // is the bottleneck, and checks go back to every EARLY_CHECK dispatches.
         let full = n >= enc.batch_limit;
-        let starving = n > 0 && n % EARLY_CHECK == 0 && self.completed()? >= self.last_submitted();
+        let mut starving = false;
+        if !full && n >= enc.early_at && n % EARLY_CHECK == 0 {
+            starving = self.completed()? >= self.last_submitted();
+            enc.early_at = if starving {
+                (enc.early_at * 2).min(enc.batch_limit)
+            } else {
+                EARLY_CHECK
+            };
+        }
         if full || starving {
             let batch = enc.open.take().expect("open");
             enc.count(&batch);

@@ -7,7 +7,30 @@
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex};
 
-use helios_kernels::ElementwiseKernel;
+use helios_kernels::{ElementwiseKernel, ElementwiseOp};
+
+use crate::DType;
+
+/// vec4s per invocation of element-wise kernels unless `HELIOS_EW_VECS` says otherwise.
+const DEFAULT_EW_VECS: u8 = 1;
+
+/// Kernel choices a Device makes for every op (the environment sets them in `Device::new`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelConfig {
+    /// How kernels receive buffers (`HELIOS_BINDING`).
+    pub binding: Binding,
+    /// vec4s per invocation in element-wise kernels: 1, 2 or 4 (`HELIOS_EW_VECS`).
+    pub elementwise_vecs: u8,
+}
+
+impl Default for KernelConfig {
+    fn default() -> Self {
+        KernelConfig {
+            binding: Binding::DeviceAddress,
+            elementwise_vecs: DEFAULT_EW_VECS,
+        }
+    }
+}
 use helios_spirv::{Binding, KernelModule, ParamSlot};
 use helios_vk::{Context, Pipeline, PipelineDesc};
 
@@ -21,8 +44,7 @@ pub struct Device {
 
 struct DeviceInner {
     ctx: Arc<Context>,
-    /// How kernels receive buffers (`HELIOS_BINDING`).
-    binding: Binding,
+    config: KernelConfig,
     /// FxHash: looked up on every op.
     kernels: Mutex<FxHashMap<KernelKey, Arc<Compiled>>>,
 }
@@ -45,15 +67,29 @@ impl Device {
             }
             b => b,
         };
-        Device::with_binding(ctx, binding)
+        let config = KernelConfig {
+            binding,
+            elementwise_vecs: crate::env::elementwise_vecs().unwrap_or(DEFAULT_EW_VECS),
+        };
+        Device::with_config(ctx, config)
     }
 
     /// Wraps an existing Vulkan context with an explicit binding model.
     pub fn with_binding(ctx: Arc<Context>, binding: Binding) -> Device {
+        let config = KernelConfig {
+            binding,
+            ..KernelConfig::default()
+        };
+        Device::with_config(ctx, config)
+    }
+
+    /// Wraps an existing Vulkan context with explicit kernel choices (tests and tuning;
+    /// `new` reads them from the environment).
+    pub fn with_config(ctx: Arc<Context>, config: KernelConfig) -> Device {
         Device {
             inner: Arc::new(DeviceInner {
                 ctx,
-                binding,
+                config,
                 kernels: Mutex::new(FxHashMap::default()),
             }),
         }
@@ -111,9 +147,21 @@ impl Device {
         self.inner.ctx.caps().limits.max_workgroup_count[0]
     }
 
+    /// The element-wise kernel variant this device runs for `op` on `dtype` tensors: the
+    /// family's one selection function (binding model and vec4s per invocation from the
+    /// device's `KernelConfig`).
+    pub fn elementwise_kernel(&self, op: ElementwiseOp, dtype: DType) -> ElementwiseKernel {
+        ElementwiseKernel {
+            op,
+            dtype: dtype.scalar(),
+            binding: self.inner.config.binding,
+            vecs: self.inner.config.elementwise_vecs,
+        }
+    }
+
     /// How kernels on this device receive their buffers.
     pub fn binding(&self) -> Binding {
-        self.inner.binding
+        self.inner.config.binding
     }
 
     /// Whether two handles refer to one device.

@@ -11,6 +11,7 @@
 //! | `HELIOS_PIPELINE_CACHE=0` | do not persist the Vulkan pipeline cache |
 //! | `HELIOS_CACHE_DIR=<dir>` | root of the on-disk caches (default `$XDG_CACHE_HOME/helios` or `~/.cache/helios`) |
 //! | `HELIOS_VERBOSE=1` | notes about ignored cache files and failed saves |
+//! | `HELIOS_EW_VECS=1\|2\|4` | vec4s per invocation in element-wise kernels (tuning experiments) |
 //! | `HELIOS_WG=<n>` | workgroup size (along x) for every kernel, overriding the default (tuning experiments) |
 //! | `HELIOS_DUMP_KERNELS=<dir>` | write the SPIR-V assembly of every kernel compiled to `<dir>/<name>.spvasm` |
 //! | `HELIOS_SPIRV_VAL=<path>` | the `spirv-val` binary tests use (default: `spirv-val` on PATH) |
@@ -23,6 +24,20 @@ pub(crate) fn binding() -> Binding {
     match std::env::var("HELIOS_BINDING").as_deref() {
         Ok("descriptor") => Binding::Descriptor,
         _ => Binding::DeviceAddress,
+    }
+}
+
+/// `HELIOS_EW_VECS`: vec4s per invocation for element-wise kernels (1, 2 or 4).
+pub(crate) fn elementwise_vecs() -> Option<u8> {
+    let v = std::env::var("HELIOS_EW_VECS").ok()?;
+    match v.trim() {
+        "1" => Some(1),
+        "2" => Some(2),
+        "4" => Some(4),
+        _ => {
+            eprintln!("helios: HELIOS_EW_VECS={v:?} ignored: use 1, 2 or 4");
+            None
+        }
     }
 }
 

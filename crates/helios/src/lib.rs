@@ -20,8 +20,8 @@ mod error;
 pub mod selfcheck;
 mod tensor;
 
-pub use device::Device;
+pub use device::{Device, KernelConfig};
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use helios_kernels::{BinaryOp, UnaryOp};
+pub use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
 pub use tensor::Tensor;

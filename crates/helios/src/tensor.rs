@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, Geometry, UnaryOp};
+use helios_kernels::{BinaryOp, ElementwiseOp, Geometry, UnaryOp};
 use helios_vk::{Access, Buffer, MemoryLocation};
 
 use crate::device::KernelKey;
@@ -173,11 +173,7 @@ impl Tensor {
         if n == 0 {
             return Ok(out);
         }
-        let kernel = ElementwiseKernel {
-            op,
-            dtype: self.dtype().scalar(),
-            binding: device.binding(),
-        };
+        let kernel = device.elementwise_kernel(op, self.dtype());
         let compiled = device.kernel(KernelKey::Elementwise(kernel), || kernel.build())?;
         let addrs: Vec<u64> = inputs.iter().map(|t| t.address()).collect();
         let wg = compiled.workgroup[0];

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use helios::selfcheck::{check_random, check_specials, Case};
-use helios::{BinaryOp, DType, Device, Error, Tensor, UnaryOp};
+use helios::{BinaryOp, DType, Device, Error, KernelConfig, Tensor, UnaryOp};
 
 fn device() -> &'static Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
@@ -75,6 +75,49 @@ fn scalar_ops_match_reference() {
             op,
             scalar_first: true,
         });
+    }
+}
+
+/// The 2- and 4-vec4-per-invocation variants (whole tiles, partial tiles and the tail), at
+/// sizes around their tile edges, for a few ops of each form.
+#[test]
+fn wider_variants_match_reference() {
+    for vecs in [2u8, 4] {
+        let ctx = helios_vk::Context::from_env().unwrap();
+        let binding = device().binding();
+        let d = Device::with_config(
+            ctx,
+            KernelConfig {
+                binding,
+                elementwise_vecs: vecs,
+            },
+        );
+        let cases = [
+            Case::Unary(UnaryOp::Exp),
+            Case::Binary(BinaryOp::Mul),
+            Case::Scalar {
+                op: BinaryOp::Sub,
+                scalar_first: true,
+            },
+        ];
+        for case in cases {
+            for (i, n) in [1usize, 7, 1024 * 4 * vecs as usize + 3, 65536 + 1]
+                .into_iter()
+                .enumerate()
+            {
+                for dtype in [DType::F32, DType::F16] {
+                    if let Some(f) = check_random(&d, case, dtype, n, 300 + i as u64).unwrap() {
+                        panic!("vecs {vecs}: {f}");
+                    }
+                }
+            }
+        }
+        let messages = d.validation_messages();
+        assert!(
+            messages.is_empty(),
+            "validation messages:\n{}",
+            messages.join("\n")
+        );
     }
 }
 

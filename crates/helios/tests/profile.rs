@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use helios::{Device, Tensor};
+use helios::{BinaryOp, DType, Device, ElementwiseOp, Tensor, UnaryOp};
 use helios_vk::{Context, ContextOptions, Instance, InstanceOptions, PipelineCacheDir};
 
 #[test]
@@ -24,15 +24,16 @@ fn profile_counts_every_dispatch_by_kernel() {
     }
     let _u = x.add(&t).unwrap();
     let report = d.profile_report().unwrap().expect("profiling is on");
-    let count = |name: &str| {
+    let count = |op: ElementwiseOp| {
+        let name = d.elementwise_kernel(op, DType::F32).name();
         report
             .rows
             .iter()
             .find(|r| r.name == name)
             .map_or(0, |r| r.count)
     };
-    assert_eq!(count("ew_exp_f32"), 7, "{report}");
-    assert_eq!(count("ew_add_f32"), 1, "{report}");
+    assert_eq!(count(ElementwiseOp::Unary(UnaryOp::Exp)), 7, "{report}");
+    assert_eq!(count(ElementwiseOp::Binary(BinaryOp::Add)), 1, "{report}");
     assert!(report.rows.iter().all(|r| r.total_ns > 0), "{report}");
     let messages = instance.validation_messages();
     assert!(

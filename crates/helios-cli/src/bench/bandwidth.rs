@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use helios::{DType, Device, Tensor};
+use helios::{BinaryOp, DType, Device, ElementwiseOp, Tensor, UnaryOp};
 use serde::Serialize;
 
 use super::{gpu_mean_us, profile_start, random_values, summarize, BenchResult, CaseResult};
@@ -60,6 +60,15 @@ impl Op {
         match self {
             Op::Add => 2,
             Op::Copy | Op::Exp => 1,
+        }
+    }
+
+    /// The element-wise operation this case runs.
+    fn kernel_op(self) -> ElementwiseOp {
+        match self {
+            Op::Copy => ElementwiseOp::Unary(UnaryOp::Copy),
+            Op::Add => ElementwiseOp::Binary(BinaryOp::Add),
+            Op::Exp => ElementwiseOp::Unary(UnaryOp::Exp),
         }
     }
 
@@ -143,7 +152,7 @@ fn run_case(
     let after = device.encoder_stats();
 
     let name = op.name();
-    let kernel = format!("ew_{name}_{dtype}");
+    let kernel = device.elementwise_kernel(op.kernel_op(), dtype).name();
     let gpu_us = gpu_mean_us(device, &kernel)?;
     let time = summarize(&times, name)?;
     let mut r = CaseResult::new(

@@ -13,7 +13,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use helios::{Device, Tensor};
+use helios::{BinaryOp, DType, Device, ElementwiseOp, Tensor};
 use serde::Serialize;
 
 use super::stats::Summary;
@@ -22,9 +22,14 @@ use super::{gpu_mean_us, profile_start, random_values, summarize, BenchResult, C
 /// Elements per tensor: small enough that every kernel is a single short wave.
 pub const ELEMENTS: usize = 1024;
 
-/// The kernels the cases run (their names in HELIOS_PROFILE tables).
-const ADD_SCALAR: &str = "ew_add_scalar_f32";
-const MUL_SCALAR: &str = "ew_mul_scalar_f32";
+/// The kernels the cases run (their names in HELIOS_PROFILE tables and the variant column).
+fn kernel_name(device: &Device, op: BinaryOp) -> String {
+    let op = ElementwiseOp::Scalar {
+        op,
+        scalar_first: false,
+    };
+    device.elementwise_kernel(op, DType::F32).name()
+}
 
 /// How much to run.
 #[derive(Clone, Debug, Serialize)]
@@ -70,12 +75,16 @@ fn roundtrip(device: &Device, x: &Tensor, plan: &DispatchPlan) -> BenchResult<Ca
     }
     let mut r = case(
         "roundtrip",
-        format!("{ADD_SCALAR} + to_vec, batch<={}", batch_limit(device)),
+        format!(
+            "{} + to_vec, batch<={}",
+            kernel_name(device, BinaryOp::Add),
+            batch_limit(device)
+        ),
         1,
         summarize(&times, "roundtrip")?,
     );
     counters(&mut r, device, before, plan.roundtrip_iters);
-    r.gpu_us = gpu_mean_us(device, ADD_SCALAR)?;
+    r.gpu_us = gpu_mean_us(device, &kernel_name(device, BinaryOp::Add))?;
     Ok(r)
 }
 
@@ -114,13 +123,17 @@ fn chain(
     }
     let mut r = case(
         name,
-        format!("{MUL_SCALAR} x{}, batch<={limit}", plan.ops),
+        format!(
+            "{} x{}, batch<={limit}",
+            kernel_name(device, BinaryOp::Mul),
+            plan.ops
+        ),
         plan.ops,
         summarize(&totals, name)?,
     );
     r.record_us = Some(summarize(&records, name)?);
     counters(&mut r, device, before, plan.samples);
-    r.gpu_us = gpu_mean_us(device, MUL_SCALAR)?;
+    r.gpu_us = gpu_mean_us(device, &kernel_name(device, BinaryOp::Mul))?;
     Ok(r)
 }
 
@@ -162,7 +175,8 @@ fn independent(
     let mut r = case(
         "independent",
         format!(
-            "ew_add_scalar_f32 x{}, outputs kept, batch<={limit}",
+            "{} x{}, outputs kept, batch<={limit}",
+            kernel_name(device, BinaryOp::Add),
             plan.ops
         ),
         plan.ops,
@@ -170,7 +184,7 @@ fn independent(
     );
     r.record_us = Some(summarize(&records, "independent")?);
     counters(&mut r, device, before, plan.samples);
-    r.gpu_us = gpu_mean_us(device, ADD_SCALAR)?;
+    r.gpu_us = gpu_mean_us(device, &kernel_name(device, BinaryOp::Add))?;
     Ok(r)
 }
 
