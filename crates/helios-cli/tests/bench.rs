@@ -78,7 +78,9 @@ fn dispatch_quick_writes_json() {
     // The counters show each case measured what it claims.
     let r = &v["results"];
     assert!(r[1]["barriers_per_op"].as_f64().unwrap() > 0.9);
-    assert_eq!(r[1]["batches_per_sample"].as_f64(), Some(1.0));
+    // One batch, or a few when the encoder submits early to a GPU that ran dry.
+    let batches = r[1]["batches_per_sample"].as_f64().unwrap();
+    assert!((1.0..=8.0).contains(&batches), "{batches}");
     assert_eq!(r[3]["barriers_per_op"].as_f64(), Some(0.0));
     assert!(r[2]["batches_per_sample"].as_f64().unwrap() >= 100.0);
 }
