@@ -32,6 +32,7 @@ mod probe;
 mod profile;
 mod recorder;
 mod submit;
+mod timer;
 mod transfer;
 
 pub use adapter::{select_adapter, select_adapter_from_env, Adapter};
@@ -54,6 +55,7 @@ pub use profile::{
     ProfileReport, ProfileRow, Profiler, Span, HELIOS_PROFILE, MAX_POOLS, QUERIES_PER_POOL,
 };
 pub use recorder::{Recorder, MAX_COPY_REGION};
+pub use timer::{GpuSpan, GpuTimer};
 pub use transfer::STAGING_CHUNK;
 
 /// Re-exported so callers can name the raw types in the few escape hatches (`Buffer::raw`).

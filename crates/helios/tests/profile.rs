@@ -42,3 +42,25 @@ fn profile_counts_every_dispatch_by_kernel() {
         messages.join("\n")
     );
 }
+
+#[test]
+fn gpu_timer_measures_recorded_work() {
+    let d = Device::from_env().unwrap();
+    let x = Tensor::from_vec1(&d, &vec![0.25f32; 100_000]).unwrap();
+    let ctx = d.context();
+    let timer = ctx.start_gpu_timer().unwrap();
+    let mut t = x.clone();
+    for _ in 0..5 {
+        t = t.tanh().unwrap();
+    }
+    let span = ctx.stop_gpu_timer(timer).unwrap();
+    let elapsed = ctx.gpu_elapsed(span).unwrap();
+    assert!(elapsed.as_nanos() > 0);
+    assert_eq!(t.to_vec().unwrap().len(), 100_000);
+    let messages = d.validation_messages();
+    assert!(
+        messages.is_empty(),
+        "validation messages:\n{}",
+        messages.join("\n")
+    );
+}

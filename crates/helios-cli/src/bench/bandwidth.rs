@@ -10,8 +10,6 @@
 // Effective bandwidth counts bytes read plus bytes written: 2·n·size for copy and exp, 3·n·size
 // for add; "% copy" compares with the copy of the same dtype and size measured in this run.
 
-use std::time::Instant;
-
 use helios::{BinaryOp, DType, Device, ElementwiseOp, Tensor, UnaryOp};
 use serde::Serialize;
 
@@ -201,15 +199,20 @@ fn input_sets(device: &Device, op: Op, dtype: DType, n: usize) -> BenchResult<Ve
 }
 
 /// `k` ops back to back in one batch; returns µs per op (host wall over the whole sample).
+/// Per-op time of `k` back-to-back ops, from GPU timestamps around them (what CUDA events
+/// measure for the PyTorch figures: first op's start to last op's end, without the host's
+/// submit and wake-up latency).
 fn sample(device: &Device, op: Op, sets: &[Vec<Tensor>], k: usize) -> BenchResult<f64> {
     device.set_batch_limit(u32::try_from(k + 64).unwrap_or(u32::MAX));
     device.synchronize()?;
-    let t0 = Instant::now();
+    let ctx = device.context();
+    let timer = ctx.start_gpu_timer()?;
     for i in 0..k {
         // The output is dropped here, so the next op writes the same memory: one barrier per
         // op, as in a training step that frees activations as it goes.
         drop(op.apply(&sets[i % sets.len()])?);
     }
-    device.synchronize()?;
-    Ok(t0.elapsed().as_secs_f64() * 1e6 / k as f64)
+    let span = ctx.stop_gpu_timer(timer)?;
+    let elapsed = ctx.gpu_elapsed(span)?;
+    Ok(elapsed.as_secs_f64() * 1e6 / k as f64)
 }

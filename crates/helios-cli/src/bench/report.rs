@@ -215,8 +215,8 @@ fn bandwidth_table(rows: &[&CaseResult], torch: bool) -> String {
         t.push(row);
     }
     format!(
-        "bandwidth: per-op time of K back-to-back ops in one batch; GB/s = bytes read + \
-         written / median{}\n{}",
+        "bandwidth: GPU time (timestamps) of K back-to-back ops in one batch, per op; GB/s = \
+         bytes read + written / median{}\n{}",
         if torch {
             "; helios/torch > 1: Helios faster"
         } else {
