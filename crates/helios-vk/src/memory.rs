@@ -359,7 +359,15 @@ fn allocate(
 ) -> Result<(vk::DeviceMemory, Option<Mapping>)> {
     let props = ctx.memory_properties();
     let types = props.memory_types_as_slice();
-    let (type_index, flags) = choose_memory_type(types, requirements.memory_type_bits, location)
+    let heaps = props.memory_heaps_as_slice();
+    let bar = location == MemoryLocation::DeviceLocal && full_bar(types, heaps);
+    let chosen = if bar {
+        choose_bar_type(types, requirements.memory_type_bits)
+    } else {
+        None
+    };
+    let (type_index, flags) = chosen
+        .or_else(|| choose_memory_type(types, requirements.memory_type_bits, location))
         .ok_or(Error::NoMemoryType {
             location: location.as_str(),
         })?;
@@ -412,6 +420,39 @@ fn allocate(
         None
     };
     Ok((memory, mapped))
+}
+
+/// Whether all of the largest device-local heap is host-visible (resizable BAR, as on the
+/// H200): then device-local buffers are mapped too, so small uploads and read-backs need no
+/// staging copy. A small BAR window (256 MiB on older systems) does not count.
+pub(crate) fn full_bar(types: &[vk::MemoryType], heaps: &[vk::MemoryHeap]) -> bool {
+    use vk::MemoryPropertyFlags as F;
+    let Some((largest, _)) = heaps
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL))
+        .max_by_key(|(_, h)| h.size)
+    else {
+        return false;
+    };
+    types.iter().any(|t| {
+        t.heap_index as usize == largest
+            && t.property_flags
+                .contains(F::DEVICE_LOCAL | F::HOST_VISIBLE | F::HOST_COHERENT)
+    })
+}
+
+/// The device-local, host-visible, coherent type among `type_bits` (full BAR).
+fn choose_bar_type(
+    types: &[vk::MemoryType],
+    type_bits: u32,
+) -> Option<(u32, vk::MemoryPropertyFlags)> {
+    use vk::MemoryPropertyFlags as F;
+    let want = F::DEVICE_LOCAL | F::HOST_VISIBLE | F::HOST_COHERENT;
+    types.iter().enumerate().find_map(|(i, t)| {
+        (type_bits & (1 << i) != 0 && t.property_flags.contains(want))
+            .then_some((i as u32, t.property_flags))
+    })
 }
 
 /// Picks the memory type for `location` among those allowed by `type_bits`.
@@ -492,6 +533,44 @@ mod tests {
             choose_memory_type(&types, 0b0001, MemoryLocation::HostVisible),
             Some((0, types[0].property_flags))
         );
+    }
+
+    #[test]
+    fn full_bar_only_when_the_big_heap_is_mapped() {
+        let heap = |size, dl: bool| vk::MemoryHeap {
+            size,
+            flags: if dl {
+                vk::MemoryHeapFlags::DEVICE_LOCAL
+            } else {
+                vk::MemoryHeapFlags::empty()
+            },
+        };
+        let ty = |flags, heap_index| vk::MemoryType {
+            property_flags: flags,
+            heap_index,
+        };
+        let bar = F::DEVICE_LOCAL | F::HOST_VISIBLE | F::HOST_COHERENT;
+        // H200: the 140 GiB heap is reachable through a device-local host-visible type.
+        let heaps = [heap(140 << 30, true), heap(94 << 30, false)];
+        let types = [
+            ty(F::DEVICE_LOCAL, 0),
+            ty(F::HOST_VISIBLE | F::HOST_COHERENT, 1),
+            ty(bar, 0),
+        ];
+        assert!(full_bar(&types, &heaps));
+        assert_eq!(choose_bar_type(&types, !0).map(|(i, _)| i), Some(2));
+        // A 256 MiB BAR window is a heap of its own, not the big one.
+        let heaps = [
+            heap(80 << 30, true),
+            heap(256 << 20, true),
+            heap(64 << 30, false),
+        ];
+        let types = [
+            ty(F::DEVICE_LOCAL, 0),
+            ty(bar, 1),
+            ty(F::HOST_VISIBLE | F::HOST_COHERENT, 2),
+        ];
+        assert!(!full_bar(&types, &heaps));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 // Host <-> buffer transfers, asynchronous where the host does not need to wait.
 //
-// Uploads never wait: a mapped buffer the GPU no longer uses (unified memory, or a
-// host-visible buffer) is written in place; anything else is copied into a staging region
+// Uploads never wait: a mapped buffer the GPU no longer uses (unified memory, device memory
+// behind a full BAR mapping, or a host-visible buffer) is written in place; anything else is copied into a staging region
 // from the host-visible pool and a copy is recorded into the open batch, ordered before
 // later dispatches by the encoder's hazard tracking. Staging regions come back to the pool
 // tagged with the copy's timeline value, so the pool acts as a ring: the host reuses a region
@@ -16,6 +16,9 @@ use crate::memory::{Buffer, MemoryLocation};
 
 /// Largest staging region one transfer uses at a time.
 pub const STAGING_CHUNK: u64 = 64 << 20;
+
+/// Largest read-back done in place through a BAR mapping of device memory.
+const DIRECT_READ_MAX: u64 = 64 << 10;
 
 impl Context {
     /// Writes `bytes` into `dst` at `offset`. Returns at once: GPU work recorded later sees
@@ -47,7 +50,11 @@ impl Context {
         if out.is_empty() {
             return Ok(());
         }
-        if src.is_mapped() {
+        // Mapped memory is read in place: always on unified memory, and up to
+        // DIRECT_READ_MAX through a BAR mapping, where the CPU's uncached reads over PCIe are
+        // slower than a staging copy for anything larger.
+        let direct = self.caps().unified_memory || out.len() as u64 <= DIRECT_READ_MAX;
+        if src.is_mapped() && direct {
             let v = src.last_write();
             if v > 0 {
                 self.wait(v)?;
