@@ -10,6 +10,7 @@
 // use has completed is freed, and the allocation is retried once.
 
 use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::context::Context;
@@ -93,7 +94,9 @@ struct BlockState {
 pub(crate) struct Pool {
     location: MemoryLocation,
     /// Free regions by size class, oldest first.
-    free: HashMap<u64, Vec<FreeRegion>>,
+    /// A deque: regions are taken from the front (the oldest, whose last use is the most
+    /// likely to be complete and to need no barrier) and returned at the back.
+    free: HashMap<u64, VecDeque<FreeRegion>>,
     /// The block small regions are carved from, and its first unused byte.
     arena: Option<(Arc<Block>, u64)>,
     blocks: HashMap<u64, BlockState>,
@@ -127,7 +130,7 @@ impl Pool {
         let i = list
             .iter()
             .position(|r| !host_access || r.free_after <= completed)?;
-        let r = list.remove(i);
+        let r = list.remove(i).expect("index from position");
         Some((r.block, r.offset, r.free_after))
     }
 
@@ -271,7 +274,7 @@ impl Context {
         if let Some(state) = pool.blocks.get_mut(&block.id) {
             state.live -= 1;
         }
-        pool.free.entry(class).or_default().push(FreeRegion {
+        pool.free.entry(class).or_default().push_back(FreeRegion {
             block,
             offset,
             free_after,
