@@ -430,6 +430,9 @@ impl Context {
     /// Submits the open batch, if any; returns the last submitted timeline value.
     pub fn flush(&self) -> Result<u64> {
         let (mut enc, _g) = self.lock_encoder()?;
+        // The host is about to wait: whatever is recorded next starts a new stretch of work,
+        // so early submits start from the shortest interval again.
+        enc.early_at = EARLY_CHECK;
         if let Some(batch) = enc.open.take() {
             enc.count(&batch);
             self.submit_batch(batch)?;

@@ -14,6 +14,10 @@ use crate::DType;
 /// vec4s per invocation of element-wise kernels unless `HELIOS_EW_VECS` says otherwise.
 const DEFAULT_EW_VECS: u8 = 1;
 
+/// Largest read-back done by a copy kernel into host memory (larger ones use the copy engine,
+/// which moves big buffers faster).
+const KERNEL_READBACK_MAX: usize = 1 << 20;
+
 /// Kernel choices a Device makes for every op (the environment sets them in `Device::new`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelConfig {
@@ -21,6 +25,19 @@ pub struct KernelConfig {
     pub binding: Binding,
     /// vec4s per invocation in element-wise kernels: 1, 2 or 4 (`HELIOS_EW_VECS`).
     pub elementwise_vecs: u8,
+    /// How tensors are read back (`HELIOS_READBACK`).
+    pub readback: Readback,
+}
+
+/// How `Tensor::to_vec` moves data to the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readback {
+    /// A copy kernel into host memory for small reads on discrete GPUs, else the copy engine.
+    Auto,
+    /// Always a copy kernel writing host memory.
+    Kernel,
+    /// Always a staging copy (or an in-place read of host memory).
+    CopyEngine,
 }
 
 impl Default for KernelConfig {
@@ -28,6 +45,7 @@ impl Default for KernelConfig {
         KernelConfig {
             binding: Binding::DeviceAddress,
             elementwise_vecs: DEFAULT_EW_VECS,
+            readback: Readback::Auto,
         }
     }
 }
@@ -70,6 +88,7 @@ impl Device {
         let config = KernelConfig {
             binding,
             elementwise_vecs: crate::env::elementwise_vecs().unwrap_or(DEFAULT_EW_VECS),
+            readback: crate::env::readback().unwrap_or(Readback::Auto),
         };
         Device::with_config(ctx, config)
     }
@@ -156,6 +175,16 @@ impl Device {
             dtype: dtype.scalar(),
             binding: self.inner.config.binding,
             vecs: self.inner.config.elementwise_vecs,
+        }
+    }
+
+    /// Whether a read-back of `bytes` goes through a copy kernel into host memory rather than
+    /// a staging copy (discrete GPUs, small reads; `HELIOS_READBACK=copy|kernel` forces one).
+    pub(crate) fn kernel_readback(&self, bytes: usize) -> bool {
+        match self.inner.config.readback {
+            Readback::Kernel => true,
+            Readback::CopyEngine => false,
+            Readback::Auto => !self.inner.ctx.caps().unified_memory && bytes <= KERNEL_READBACK_MAX,
         }
     }
 

@@ -12,6 +12,7 @@
 //! | `HELIOS_CACHE_DIR=<dir>` | root of the on-disk caches (default `$XDG_CACHE_HOME/helios` or `~/.cache/helios`) |
 //! | `HELIOS_VERBOSE=1` | notes about ignored cache files and failed saves |
 //! | `HELIOS_EW_VECS=1\|2\|4` | vec4s per invocation in element-wise kernels (tuning experiments) |
+//! | `HELIOS_READBACK=kernel\|copy` | read tensors back through a copy kernel into host memory, or the copy engine (default: kernel for ≤ 1 MiB on discrete GPUs) |
 //! | `HELIOS_WG=<n>` | workgroup size (along x) for every kernel, overriding the default (tuning experiments) |
 //! | `HELIOS_DUMP_KERNELS=<dir>` | write the SPIR-V assembly of every kernel compiled to `<dir>/<name>.spvasm` |
 //! | `HELIOS_SPIRV_VAL=<path>` | the `spirv-val` binary tests use (default: `spirv-val` on PATH) |
@@ -38,6 +39,15 @@ pub(crate) fn elementwise_vecs() -> Option<u8> {
             eprintln!("helios: HELIOS_EW_VECS={v:?} ignored: use 1, 2 or 4");
             None
         }
+    }
+}
+
+/// `HELIOS_READBACK=kernel|copy`: forces copy-kernel or copy-engine read-backs.
+pub(crate) fn readback() -> Option<crate::Readback> {
+    match std::env::var("HELIOS_READBACK").as_deref() {
+        Ok("kernel") => Some(crate::Readback::Kernel),
+        Ok("copy") => Some(crate::Readback::CopyEngine),
+        _ => None,
     }
 }
 

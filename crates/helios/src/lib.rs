@@ -20,7 +20,7 @@ mod error;
 pub mod selfcheck;
 mod tensor;
 
-pub use device::{Device, KernelConfig};
+pub use device::{Device, KernelConfig, Readback};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};

@@ -81,8 +81,17 @@ impl Tensor {
     /// writes this tensor.
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         let mut bytes = vec![0u8; self.len() * self.dtype().size()];
-        if !bytes.is_empty() {
-            let ctx = self.inner.device.context();
+        if bytes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ctx = self.inner.device.context();
+        if self.device().kernel_readback(bytes.len()) {
+            // A copy kernel writes straight into host memory: on a discrete GPU this avoids
+            // the copy engine and its transfer barrier, which dominate a small read-back.
+            let host = ctx.create_buffer(bytes.len() as u64, MemoryLocation::HostVisible)?;
+            self.record_elementwise(ElementwiseOp::Unary(UnaryOp::Copy), &[self], None, &host)?;
+            ctx.download(&host, 0, &mut bytes)?;
+        } else {
             ctx.download(&self.inner.buffer, 0, &mut bytes)?;
         }
         Ok(self.dtype().decode(&bytes))
@@ -167,11 +176,23 @@ impl Tensor {
     }
 
     fn elementwise(&self, op: ElementwiseOp, inputs: &[&Tensor], s: Option<f32>) -> Result<Tensor> {
+        let out = Tensor::uninit(self.device(), self.shape().to_vec(), self.dtype())?;
+        self.record_elementwise(op, inputs, s, &out.inner.buffer)?;
+        Ok(out)
+    }
+
+    /// Records `op` over `inputs` (of this tensor's shape and dtype) into `out`.
+    fn record_elementwise(
+        &self,
+        op: ElementwiseOp,
+        inputs: &[&Tensor],
+        s: Option<f32>,
+        out: &Buffer,
+    ) -> Result<()> {
         let device = self.device();
-        let out = Tensor::uninit(device, self.shape().to_vec(), self.dtype())?;
         let n = self.len() as u64;
         if n == 0 {
-            return Ok(out);
+            return Ok(());
         }
         let kernel = device.elementwise_kernel(op, self.dtype());
         let compiled = device.kernel(KernelKey::Elementwise(kernel), || kernel.build())?;
@@ -185,18 +206,18 @@ impl Tensor {
             },
             n,
             &addrs,
-            out.address(),
+            out.device_address(),
             s,
         )?;
         let mut accesses: Vec<Access> = inputs
             .iter()
             .map(|t| Access::read(&t.inner.buffer))
             .collect();
-        accesses.push(Access::write(&out.inner.buffer));
+        accesses.push(Access::write(out));
         device
             .context()
             .dispatch(&compiled.pipeline, launch.groups, &launch.push, &accesses)?;
-        Ok(out)
+        Ok(())
     }
 }
 

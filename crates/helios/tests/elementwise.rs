@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use helios::selfcheck::{check_random, check_specials, Case};
-use helios::{BinaryOp, DType, Device, Error, KernelConfig, Tensor, UnaryOp};
+use helios::{BinaryOp, DType, Device, Error, KernelConfig, Readback, Tensor, UnaryOp};
 
 fn device() -> &'static Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
@@ -85,13 +85,13 @@ fn wider_variants_match_reference() {
     for vecs in [2u8, 4] {
         let ctx = helios_vk::Context::from_env().unwrap();
         let binding = device().binding();
-        let d = Device::with_config(
-            ctx,
-            KernelConfig {
-                binding,
-                elementwise_vecs: vecs,
-            },
-        );
+        // Read back through the copy kernel too (the default on discrete GPUs).
+        let config = KernelConfig {
+            binding,
+            elementwise_vecs: vecs,
+            readback: Readback::Kernel,
+        };
+        let d = Device::with_config(ctx, config);
         let cases = [
             Case::Unary(UnaryOp::Exp),
             Case::Binary(BinaryOp::Mul),
