@@ -237,6 +237,8 @@ pub(crate) struct Encoder {
     pub(crate) batch_limit: u32,
     /// Dispatches into a batch before the next early-submit check (see `with_batch`).
     early_at: u32,
+    /// Whether batches may be submitted before the threshold when the GPU idles.
+    early_submit: bool,
     /// Totals over submitted batches.
     stats: EncoderStats,
 }
@@ -256,6 +258,7 @@ impl Encoder {
             open: None,
             batch_limit,
             early_at: EARLY_CHECK,
+            early_submit: true,
             stats: EncoderStats::default(),
         }
     }
@@ -321,7 +324,7 @@ impl Context {
         // is the bottleneck, and checks go back to every EARLY_CHECK dispatches.
         let full = n >= enc.batch_limit;
         let mut starving = false;
-        if !full && n >= enc.early_at && n % EARLY_CHECK == 0 {
+        if enc.early_submit && !full && n >= enc.early_at && n % EARLY_CHECK == 0 {
             starving = self.completed()? >= self.last_submitted();
             enc.early_at = if starving {
                 (enc.early_at * 2).min(enc.batch_limit)
@@ -452,6 +455,16 @@ impl Context {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .batch_limit = dispatches.max(1);
+    }
+
+    /// Whether batches are submitted early when the GPU has run dry (default on). Off, a batch
+    /// is submitted only at the dispatch threshold, a host read or `flush`: what a benchmark
+    /// of pure GPU execution wants.
+    pub fn set_early_submit(&self, enabled: bool) {
+        self.encoder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .early_submit = enabled;
     }
 
     /// Batches, dispatches and barriers submitted so far.

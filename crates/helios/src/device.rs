@@ -193,6 +193,11 @@ impl Device {
         self.inner.config.binding
     }
 
+    /// Whether batches are submitted early when the GPU idles (default on).
+    pub fn set_early_submit(&self, enabled: bool) {
+        self.inner.ctx.set_early_submit(enabled)
+    }
+
     /// Whether two handles refer to one device.
     pub fn same(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

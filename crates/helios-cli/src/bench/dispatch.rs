@@ -134,7 +134,47 @@ fn chain(
     r.record_us = Some(summarize(&records, name)?);
     counters(&mut r, device, before, plan.samples);
     r.gpu_us = gpu_mean_us(device, &kernel_name(device, BinaryOp::Mul))?;
+    if r.gpu_us.is_none() && limit as usize >= plan.ops {
+        r.gpu_us = Some(gpu_execution(device, plan, |_| {
+            let mut t = x.clone();
+            for _ in 0..plan.ops {
+                t = t.mul_scalar(1.0001)?;
+            }
+            Ok(vec![t])
+        })?);
+    }
     Ok(r)
+}
+
+/// GPU time per op of `record`'s ops pre-recorded into one batch (early submits off), from
+/// timestamps around them: the execution cost alone, without host recording (the figure
+/// the raw-Vulkan probe of ANCHORS.md reports for independent dispatches). Median over the
+/// samples.
+fn gpu_execution(
+    device: &Device,
+    plan: &DispatchPlan,
+    record: impl Fn(usize) -> BenchResult<Vec<Tensor>>,
+) -> BenchResult<f64> {
+    device.set_early_submit(false);
+    let ctx = device.context();
+    let mut per_op = Vec::with_capacity(plan.samples);
+    let result = (|| -> BenchResult<()> {
+        for i in 0..plan.samples + plan.warmup {
+            device.synchronize()?;
+            let timer = ctx.start_gpu_timer()?;
+            let keep = record(i)?;
+            let span = ctx.stop_gpu_timer(timer)?;
+            let elapsed = ctx.gpu_elapsed(span)?;
+            drop(keep);
+            if i >= plan.warmup {
+                per_op.push(elapsed.as_secs_f64() * 1e6 / plan.ops as f64);
+            }
+        }
+        Ok(())
+    })();
+    device.set_early_submit(true);
+    result?;
+    Ok(summarize(&per_op, "gpu execution")?.median)
 }
 
 /// `plan.ops` independent `x + i`, every output kept until the sample ends (no reuse, so no
@@ -185,6 +225,11 @@ fn independent(
     r.record_us = Some(summarize(&records, "independent")?);
     counters(&mut r, device, before, plan.samples);
     r.gpu_us = gpu_mean_us(device, &kernel_name(device, BinaryOp::Add))?;
+    if r.gpu_us.is_none() && limit as usize >= plan.ops {
+        r.gpu_us = Some(gpu_execution(device, plan, |_| {
+            (0..plan.ops).map(|i| Ok(x.add_scalar(i as f32)?)).collect()
+        })?);
+    }
     Ok(r)
 }
 
