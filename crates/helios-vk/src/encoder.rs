@@ -25,9 +25,10 @@ use crate::submit::Slot;
 pub const DEFAULT_BATCH: u32 = 256;
 
 /// Every this many dispatches the encoder checks whether the GPU has finished everything
-/// submitted, and if so submits the open batch at once. The check is one semaphore read;
-/// a submit costs a few microseconds, so at most one per 32 dispatches.
-const EARLY_CHECK: u32 = 32;
+/// submitted, and if so submits the open batch at once (the interval doubles while the GPU
+/// stays idle; see `with_batch`). The check is one semaphore read; starting small gets the
+/// GPU going within a few ops of a host wait.
+const EARLY_CHECK: u32 = 8;
 
 /// How a dispatch or copy touches a buffer.
 #[derive(Clone, Copy, Debug)]

@@ -78,17 +78,18 @@ fn scalar_ops_match_reference() {
     }
 }
 
-/// The 2- and 4-vec4-per-invocation variants (whole tiles, partial tiles and the tail), at
-/// sizes around their tile edges, for a few ops of each form.
+/// The 1-, 2- and 4-vec4-per-invocation variants, whatever the per-dtype default (whole
+/// tiles, partial tiles and the tail), at sizes around their tile edges, for a few ops of
+/// each form.
 #[test]
 fn wider_variants_match_reference() {
-    for vecs in [2u8, 4] {
+    for vecs in [1u8, 2, 4] {
         let ctx = helios_vk::Context::from_env().unwrap();
         let binding = device().binding();
         // Read back through the copy kernel too (the default on discrete GPUs).
         let config = KernelConfig {
             binding,
-            elementwise_vecs: vecs,
+            elementwise_vecs: Some(vecs),
             readback: Readback::Kernel,
         };
         let d = Device::with_config(ctx, config);
