@@ -304,6 +304,21 @@ pub fn run(args: &BenchArgs) -> CliResult {
         }
     }
 
+    // Pipeline creation: cold (empty cache) vs warm (persisted VkPipelineCache) shows in the
+    // time across two runs with the same HELIOS_CACHE_DIR.
+    let ps = device.context().pipeline_stats();
+    eprintln!(
+        "bench: {} pipelines created in {:.1} ms ({:.2} ms each); pipeline cache: {} bytes loaded{}",
+        ps.pipelines_created,
+        ps.total_create_seconds * 1e3,
+        ps.total_create_seconds * 1e3 / ps.pipelines_created.max(1) as f64,
+        ps.cache_loaded_bytes,
+        ps.cache_file
+            .as_ref()
+            .map(|f| format!(" from {}", f.display()))
+            .unwrap_or_default()
+    );
+
     let messages = device.validation_messages();
     if !messages.is_empty() {
         for m in &messages {
