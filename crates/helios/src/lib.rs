@@ -17,6 +17,7 @@ mod device;
 mod dtype;
 pub mod env;
 mod error;
+mod ops;
 pub mod selfcheck;
 mod tensor;
 

@@ -48,7 +48,7 @@ impl Tensor {
                 got: data.len(),
             });
         }
-        let t = Tensor::uninit(device, shape.to_vec(), dtype)?;
+        let t = Tensor::empty(device, shape.to_vec(), dtype)?;
         if !data.is_empty() {
             device
                 .context()
@@ -62,7 +62,8 @@ impl Tensor {
         Tensor::from_slice(device, data, &[data.len()])
     }
 
-    fn uninit(device: &Device, shape: Vec<usize>, dtype: DType) -> Result<Tensor> {
+    /// A tensor of `shape` whose contents are undefined until a kernel writes them.
+    pub(crate) fn empty(device: &Device, shape: Vec<usize>, dtype: DType) -> Result<Tensor> {
         let bytes = (shape.iter().product::<usize>() * dtype.size()) as u64;
         let buffer = device
             .context()
@@ -92,7 +93,7 @@ impl Tensor {
             self.record_elementwise(ElementwiseOp::Unary(UnaryOp::Copy), &[self], None, &host)?;
             ctx.download(&host, 0, &mut bytes)?;
         } else {
-            ctx.download(&self.inner.buffer, 0, &mut bytes)?;
+            ctx.download(self.buffer(), 0, &mut bytes)?;
         }
         Ok(self.dtype().decode(&bytes))
     }
@@ -118,8 +119,14 @@ impl Tensor {
         &self.inner.device
     }
 
-    fn address(&self) -> u64 {
+    /// GPU address of element 0 (for push constants).
+    pub(crate) fn address(&self) -> u64 {
         self.inner.buffer.device_address()
+    }
+
+    /// The buffer holding the elements (for declaring accesses).
+    pub(crate) fn buffer(&self) -> &Buffer {
+        &self.inner.buffer
     }
 
     // ------------------------------------------------------------ element-wise
@@ -176,7 +183,7 @@ impl Tensor {
     }
 
     fn elementwise(&self, op: ElementwiseOp, inputs: &[&Tensor], s: Option<f32>) -> Result<Tensor> {
-        let out = Tensor::uninit(self.device(), self.shape().to_vec(), self.dtype())?;
+        let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
         self.record_elementwise(op, inputs, s, &out.inner.buffer)?;
         Ok(out)
     }
@@ -209,10 +216,7 @@ impl Tensor {
             out.device_address(),
             s,
         )?;
-        let mut accesses: Vec<Access> = inputs
-            .iter()
-            .map(|t| Access::read(&t.inner.buffer))
-            .collect();
+        let mut accesses: Vec<Access> = inputs.iter().map(|t| Access::read(t.buffer())).collect();
         accesses.push(Access::write(out));
         device
             .context()

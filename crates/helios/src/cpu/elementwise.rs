@@ -1,8 +1,4 @@
-//! The CPU reference: plain Rust, f64 arithmetic rounded once to f32, for every GPU op.
-//!
-//! This is the definition tests and `--check` gates compare against, so it follows the C99 /
-//! IEEE 754 semantics the kernels promise (NaN propagation in max/min, C `pow`), not
-//! whatever a particular GPU happens to do.
+//! Element-wise ops (unary, binary, tensor–scalar) and their tolerances.
 
 use helios_kernels::{BinaryOp, UnaryOp};
 

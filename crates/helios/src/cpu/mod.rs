@@ -1,0 +1,8 @@
+//! The CPU reference: plain Rust, f64 arithmetic rounded once to the storage type, for every
+//! GPU op. Tests and `--check` gates compare against it, so it defines the semantics the
+//! kernels promise (IEEE 754 / C99: NaN propagation, C `pow`), not what a particular GPU
+//! happens to do. One file per kernel family.
+
+mod elementwise;
+
+pub use elementwise::*;
