@@ -8,11 +8,13 @@
 pub mod elementwise;
 pub mod launch;
 pub mod math;
+pub mod storage;
 
 pub use elementwise::{
     BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp, ELEMENTWISE_DTYPES, ELEMENTWISE_WORKGROUP,
 };
 pub use launch::{grid, pack_push, Arg, Geometry, Launch};
+pub use storage::{buffer_scalar, load_f32, store_f32, Storage};
 
 /// Errors from preparing a kernel launch.
 #[derive(Debug, thiserror::Error)]
