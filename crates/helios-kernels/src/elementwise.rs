@@ -7,6 +7,8 @@
 
 use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, Scalar, Ty, Val};
 
+use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
+
 use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
 use crate::{math, KernelError};
 
@@ -147,8 +149,8 @@ pub enum ElementwiseOp {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ElementwiseKernel {
     pub op: ElementwiseOp,
-    /// Storage type of inputs and output: `F32` or `F16` (math is always f32).
-    pub dtype: Scalar,
+    /// Storage of inputs and output (math is always f32).
+    pub dtype: Storage,
     pub binding: Binding,
     /// vec4s per invocation: 1, 2 or 4 (more bytes in flight per invocation, fewer
     /// workgroups).
@@ -159,14 +161,14 @@ pub struct ElementwiseKernel {
 pub const ELEMENTWISE_VECS: [u8; 3] = [1, 2, 4];
 
 /// Storage types the element-wise family supports.
-pub const ELEMENTWISE_DTYPES: [Scalar; 2] = [Scalar::F32, Scalar::F16];
+pub const ELEMENTWISE_DTYPES: [Storage; 3] = Storage::ALL;
 
 /// Default workgroup size (invocations along x).
 pub const ELEMENTWISE_WORKGROUP: u32 = 256;
 
 impl ElementwiseKernel {
     /// Every element-wise kernel the library can emit, for validation and warm-up.
-    pub fn all(dtype: Scalar, binding: Binding) -> Vec<ElementwiseKernel> {
+    pub fn all(dtype: Storage, binding: Binding) -> Vec<ElementwiseKernel> {
         let mut ops: Vec<ElementwiseOp> = UnaryOp::ALL
             .iter()
             .map(|&u| ElementwiseOp::Unary(u))
@@ -233,16 +235,13 @@ impl ElementwiseKernel {
         let f32_ty = Ty::scalar(Scalar::F32);
         let mut k = KernelBuilder::new(self.name(), self.binding, [ELEMENTWISE_WORKGROUP, 1, 1]);
         let dtype = self.dtype;
-        assert!(
-            ELEMENTWISE_DTYPES.contains(&dtype),
-            "element-wise storage is f32 or f16"
-        );
-        let a = k.buffer("a", dtype, Access::Read);
+        let elem = buffer_scalar(dtype);
+        let a = k.buffer("a", elem, Access::Read);
         let b = match self.op {
-            ElementwiseOp::Binary(_) => Some(k.buffer("b", dtype, Access::Read)),
+            ElementwiseOp::Binary(_) => Some(k.buffer("b", elem, Access::Read)),
             _ => None,
         };
-        let y = k.buffer("y", dtype, Access::Write);
+        let y = k.buffer("y", elem, Access::Write);
         let n = k.param("n", Ty::scalar(Scalar::U32));
         let s = match self.op {
             ElementwiseOp::Scalar { .. } => Some(k.param("s", f32_ty)),
@@ -264,12 +263,8 @@ impl ElementwiseKernel {
         let op = self.op;
         // Inputs of element (vector) `idx`, widened to f32 (storage may be f16).
         let load = |k: &mut KernelBuilder, idx: Val, lanes: u8| -> (Val, Option<Val>) {
-            let x = k.load(a, idx, lanes);
-            let x = k.convert(x, Scalar::F32);
-            let bv = b.map(|b| {
-                let v = k.load(b, idx, lanes);
-                k.convert(v, Scalar::F32)
-            });
+            let x = load_f32(k, a, idx, lanes, dtype);
+            let bv = b.map(|b| load_f32(k, b, idx, lanes, dtype));
             (x, bv)
         };
         let compute = |k: &mut KernelBuilder, x: Val, bv: Option<Val>| -> Val {
@@ -287,8 +282,7 @@ impl ElementwiseKernel {
             }
         };
         let store = |k: &mut KernelBuilder, idx: Val, r: Val| {
-            let r = k.convert(r, dtype);
-            k.store(y, idx, r);
+            store_f32(k, y, idx, r, dtype);
         };
 
         // Each workgroup covers `vecs` consecutive strips of `wsize` vec4s; invocation `lid`

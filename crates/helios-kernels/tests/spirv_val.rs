@@ -20,5 +20,5 @@ fn every_elementwise_kernel_validates() {
             count += 1;
         }
     }
-    assert_eq!(count, 2 * 2 * 3 * (12 + 3 * 7));
+    assert_eq!(count, 2 * 3 * 3 * (12 + 3 * 7));
 }

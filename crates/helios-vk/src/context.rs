@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::adapter::{select_adapter_from_env, Adapter};
 use crate::caps::{Caps, QueueFamily};
+use crate::copy_queue::CopyQueue;
 use crate::encoder::{Encoder, DEFAULT_BATCH};
 use crate::env;
 use crate::error::{vk_err, Error, Result};
@@ -34,6 +35,8 @@ pub struct Context {
     pub(crate) push_descriptor: Option<ash::khr::push_descriptor::Device>,
     queue_family: u32,
     pub(crate) submitter: Submitter,
+    /// The dedicated transfer queue, where the device has one (copy_queue.rs).
+    pub(crate) copy_queue: Option<CopyQueue>,
     /// The VkPipelineCache, persisted under the user cache dir (pipeline_cache.rs).
     pub(crate) pipeline_cache: PipelineCache,
     /// GPU timestamps around dispatches, when profiling is on (profile.rs).
@@ -63,6 +66,9 @@ pub struct ContextOptions {
     pub batch_limit: u32,
     /// `HELIOS_SPIN_US=<µs>`: how long a host wait polls before sleeping.
     pub spin_us: u32,
+    /// `HELIOS_TRANSFER_QUEUE=0` keeps staged copies on the compute queue even where a
+    /// dedicated transfer queue exists.
+    pub transfer_queue: bool,
 }
 
 impl Default for ContextOptions {
@@ -73,6 +79,7 @@ impl Default for ContextOptions {
             verbose: false,
             batch_limit: DEFAULT_BATCH,
             spin_us: DEFAULT_SPIN_US,
+            transfer_queue: true,
         }
     }
 }
@@ -85,6 +92,7 @@ impl ContextOptions {
             verbose: env::flag(HELIOS_VERBOSE)?.unwrap_or(false),
             batch_limit: env::u32_or(env::HELIOS_BATCH, DEFAULT_BATCH)?,
             spin_us: env::u32_or(env::HELIOS_SPIN_US, DEFAULT_SPIN_US)?,
+            transfer_queue: env::flag(env::HELIOS_TRANSFER_QUEUE)?.unwrap_or(true),
         })
     }
 
@@ -125,8 +133,15 @@ impl Context {
                  (update vulkan-validationlayers, or unset HELIOS_VALIDATION to use it)"
             );
         }
+        let transfer_family = options
+            .transfer_queue
+            .then(|| pick_transfer_family(&caps.queue_families))
+            .flatten();
+        let families: Vec<u32> = std::iter::once(queue_family)
+            .chain(transfer_family)
+            .collect();
         let device =
-            features::create_device(instance.raw(), adapter.raw(), caps, queue_family, &enabled)?;
+            features::create_device(instance.raw(), adapter.raw(), caps, &families, &enabled)?;
 
         let objects = init_device_objects(&instance, adapter, &device, queue_family, options);
         let (submitter, pipeline_cache, profiler) = match objects {
@@ -134,6 +149,24 @@ impl Context {
             Err(e) => {
                 // SAFETY: nothing else was created on the device or submitted to it.
                 unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
+        let copy_queue = match transfer_family
+            .map(|f| CopyQueue::new(&device, f))
+            .transpose()
+        {
+            Ok(q) => q,
+            Err(e) => {
+                // SAFETY: nothing was submitted yet.
+                unsafe {
+                    submitter.destroy(&device);
+                    pipeline_cache.destroy(&device);
+                    if let Some(p) = &profiler {
+                        p.destroy();
+                    }
+                    device.destroy_device(None);
+                }
                 return Err(e);
             }
         };
@@ -158,6 +191,7 @@ impl Context {
             push_descriptor,
             queue_family,
             submitter,
+            copy_queue,
             pipeline_cache,
             profiler,
             memory,
@@ -209,6 +243,18 @@ impl Context {
 
     pub fn queue_family_index(&self) -> u32 {
         self.queue_family
+    }
+
+    /// The queue families Helios submits to: compute, and the transfer family if in use.
+    pub fn queue_families(&self) -> Vec<u32> {
+        std::iter::once(self.queue_family)
+            .chain(self.copy_queue.as_ref().map(|q| q.family))
+            .collect()
+    }
+
+    /// Whether staged copies run on a dedicated transfer queue.
+    pub fn has_transfer_queue(&self) -> bool {
+        self.copy_queue.is_some()
     }
 
     /// The driver's pipeline cache contents (what `save_pipeline_cache` writes, unwrapped).
@@ -268,6 +314,9 @@ impl Drop for Context {
         unsafe {
             let _ = self.device.device_wait_idle();
             self.destroy_pools();
+            if let Some(q) = &self.copy_queue {
+                q.destroy(&self.device);
+            }
             self.submitter.destroy(&self.device);
             if let Some(profiler) = &self.profiler {
                 profiler.destroy();
@@ -287,6 +336,14 @@ impl std::fmt::Debug for Context {
             .field("enabled", &self.enabled)
             .finish()
     }
+}
+
+/// A transfer-only queue family (the copy engine), if the device has one.
+pub fn pick_transfer_family(families: &[QueueFamily]) -> Option<u32> {
+    families
+        .iter()
+        .find(|q| q.queue_count > 0 && q.has("transfer") && !q.has("compute") && !q.has("graphics"))
+        .map(|q| q.index)
 }
 
 /// Default for `HELIOS_SPIN_US`: long enough to catch a short kernel, short enough not to
@@ -378,5 +435,18 @@ mod tests {
             None
         );
         assert_eq!(pick_queue_family(&[]), None);
+    }
+
+    #[test]
+    fn transfer_family_is_transfer_only() {
+        let h200 = [
+            family(0, &["graphics", "compute", "transfer"], 16),
+            family(1, &["transfer", "sparse_binding"], 2),
+            family(2, &["compute", "transfer"], 8),
+        ];
+        assert_eq!(pick_transfer_family(&h200), Some(1));
+        let lavapipe = [family(0, &["graphics", "compute", "transfer"], 1)];
+        assert_eq!(pick_transfer_family(&lavapipe), None);
+        assert_eq!(pick_transfer_family(&[family(0, &["transfer"], 0)]), None);
     }
 }

@@ -163,6 +163,8 @@ pub(crate) struct OpenBatch {
     stages: Stages,
     /// Whether a dispatch was recorded since the last compute+transfer barrier.
     compute_since_full: bool,
+    /// Transfer-timeline value the batch must wait for (0: none).
+    pub(crate) wait_transfer: u64,
     /// Pipelines the batch uses, kept alive until it completes.
     pub(crate) keep: Vec<Arc<Pipeline>>,
 }
@@ -312,6 +314,7 @@ impl Context {
                 hazards: Hazards::default(),
                 stages: Stages::NONE,
                 compute_since_full: false,
+                wait_transfer: 0,
                 keep: Vec::new(),
             });
         }
@@ -444,10 +447,15 @@ impl Context {
         Ok(self.last_submitted())
     }
 
-    /// Waits until every recorded command has completed.
+    /// Waits until every recorded command (and every copy on the transfer queue) has
+    /// completed.
     pub fn synchronize(&self) -> Result<()> {
         let v = self.flush()?;
-        self.wait(v)
+        self.wait(v)?;
+        if let Some(q) = &self.copy_queue {
+            self.wait_copies(q.last_submitted())?;
+        }
+        Ok(())
     }
 
     /// Dispatches per submitted batch (at least 1; 1 submits every dispatch on its own).
@@ -508,6 +516,8 @@ impl Context {
             hazards: Hazards::default(),
             stages: Stages::ALL,
             compute_since_full: false,
+            // Accesses are not declared here: wait for every copy submitted so far.
+            wait_transfer: self.copy_queue.as_ref().map_or(0, |q| q.last_submitted()),
             keep: Vec::new(),
         };
         let recorded = record(&mut Recorder::new(self, &mut batch));

@@ -156,7 +156,7 @@ pub(crate) fn create_device(
     instance: &ash::Instance,
     pd: vk::PhysicalDevice,
     caps: &Caps,
-    queue_family: u32,
+    queue_families: &[u32],
     enabled: &EnabledFeatures,
 ) -> Result<ash::Device> {
     let b = |x: bool| if x { vk::TRUE } else { vk::FALSE };
@@ -217,9 +217,14 @@ pub(crate) fn create_device(
 
     let ext_ptrs: Vec<_> = extensions(caps, e).iter().map(|n| n.as_ptr()).collect();
     let priorities = [1.0f32];
-    let queue_info = [vk::DeviceQueueCreateInfo::default()
-        .queue_family_index(queue_family)
-        .queue_priorities(&priorities)];
+    let queue_info: Vec<vk::DeviceQueueCreateInfo> = queue_families
+        .iter()
+        .map(|&f| {
+            vk::DeviceQueueCreateInfo::default()
+                .queue_family_index(f)
+                .queue_priorities(&priorities)
+        })
+        .collect();
     let info = vk::DeviceCreateInfo::default()
         .queue_create_infos(&queue_info)
         .enabled_extension_names(&ext_ptrs)

@@ -19,6 +19,7 @@ mod adapter;
 mod caps;
 mod context;
 pub mod conv;
+mod copy_queue;
 mod encoder;
 pub mod env;
 mod error;
@@ -40,7 +41,7 @@ pub use caps::{
     Caps, CooperativeMatrixShape, DeviceType, Features, Limits, MemoryHeap, MemoryType,
     QueueFamily, Subgroup,
 };
-pub use context::{pick_queue_family, Context, ContextOptions};
+pub use context::{pick_queue_family, pick_transfer_family, Context, ContextOptions};
 pub use encoder::{Access, EncoderStats, DEFAULT_BATCH};
 pub use error::{Error, Result};
 pub use features::EnabledFeatures;

@@ -85,6 +85,15 @@ impl Block {
                     | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS,
             )
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        // With a dedicated transfer queue, blocks are shared by both queue families, so
+        // copies and kernels need no queue-family ownership transfers.
+        let families = ctx.queue_families();
+        let info = if families.len() > 1 {
+            info.sharing_mode(vk::SharingMode::CONCURRENT)
+                .queue_family_indices(&families)
+        } else {
+            info
+        };
         // SAFETY: valid device and create info.
         let raw = unsafe { device.create_buffer(&info, None) }
             .map_err(|r| oom_or(r, "vkCreateBuffer", size, location))?;
@@ -150,6 +159,8 @@ pub struct Buffer {
     last_write: AtomicU64,
     /// Timeline value of the batch that last read or wrote it (0: none).
     last_use: AtomicU64,
+    /// Transfer-timeline value of the last copy-queue copy that touched it (0: none).
+    transfer_use: AtomicU64,
 }
 
 impl Context {
@@ -193,6 +204,7 @@ impl Buffer {
             location,
             last_write: AtomicU64::new(0),
             last_use: AtomicU64::new(grant.free_after),
+            transfer_use: AtomicU64::new(grant.transfer_after),
         }
     }
 
@@ -242,6 +254,16 @@ impl Buffer {
         if write {
             self.last_write.fetch_max(value, Ordering::AcqRel);
         }
+    }
+
+    /// Transfer-timeline value of the last copy-queue copy that read or wrote it.
+    pub fn transfer_use(&self) -> u64 {
+        self.transfer_use.load(Ordering::Acquire)
+    }
+
+    /// Records a copy-queue copy that signals `value` on the transfer timeline.
+    pub(crate) fn mark_transfer(&self, value: u64) {
+        self.transfer_use.fetch_max(value, Ordering::AcqRel);
     }
 
     pub(crate) fn context(&self) -> &Context {
@@ -329,13 +351,14 @@ impl Drop for Buffer {
         // The region goes back to the pool tagged with its last GPU use: later GPU work on
         // the queue may take it at once (the encoder orders the accesses), host access only
         // once that value has completed.
-        let last_use = self.last_use();
+        let (last_use, transfer_use) = (self.last_use(), self.transfer_use());
         self.ctx.pool_free(
             self.location,
             Arc::clone(&self.block),
             self.offset,
             self.class,
             last_use,
+            transfer_use,
         );
     }
 }

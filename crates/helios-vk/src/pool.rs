@@ -68,6 +68,29 @@ pub(crate) fn size_class(size: u64) -> u64 {
     n.next_multiple_of(step)
 }
 
+/// How far both timelines have run.
+#[derive(Clone, Copy, Default)]
+struct Completed {
+    compute: u64,
+    transfer: u64,
+}
+
+impl Completed {
+    /// Whether every GPU use of a freed region has finished.
+    fn covers(&self, r: &FreeRegion) -> bool {
+        r.free_after <= self.compute && r.transfer_after <= self.transfer
+    }
+}
+
+impl Context {
+    fn completed_both(&self) -> Result<Completed> {
+        Ok(Completed {
+            compute: self.completed()?,
+            transfer: self.copies_completed()?,
+        })
+    }
+}
+
 /// A region handed out by the pool.
 pub(crate) struct Grant {
     pub(crate) block: Arc<Block>,
@@ -76,6 +99,8 @@ pub(crate) struct Grant {
     pub(crate) class: u64,
     /// Timeline value of the region's last GPU use by its previous owner (0: fresh).
     pub(crate) free_after: u64,
+    /// Transfer-timeline value of its last copy-queue use (0: none).
+    pub(crate) transfer_after: u64,
 }
 
 struct FreeRegion {
@@ -83,6 +108,8 @@ struct FreeRegion {
     offset: u64,
     /// Timeline value of the region's last GPU use.
     free_after: u64,
+    /// Transfer-timeline value of its last copy-queue use.
+    transfer_after: u64,
 }
 
 struct BlockState {
@@ -124,23 +151,23 @@ impl Pool {
         &mut self,
         class: u64,
         host_access: bool,
-        completed: u64,
-    ) -> Option<(Arc<Block>, u64, u64)> {
+        completed: Completed,
+    ) -> Option<FreeRegion> {
         let list = self.free.get_mut(&class)?;
         let i = list
             .iter()
-            .position(|r| !host_access || r.free_after <= completed)?;
+            .position(|r| !host_access || completed.covers(r))?;
         let r = list.remove(i).expect("index from position");
-        Some((r.block, r.offset, r.free_after))
+        Some(r)
     }
 
     /// Returns every block with no live regions whose regions' last use has completed.
-    fn release_unused(&mut self, ctx: &Context, completed: u64) {
+    fn release_unused(&mut self, ctx: &Context, completed: Completed) {
         let busy: std::collections::HashSet<u64> = self
             .free
             .values()
             .flatten()
-            .filter(|r| r.free_after > completed)
+            .filter(|r| !completed.covers(r))
             .map(|r| r.block.id)
             .collect();
         let arena_id = self.arena.as_ref().map(|(b, _)| b.id);
@@ -176,9 +203,19 @@ impl Context {
         host_access: bool,
     ) -> Result<Grant> {
         let class = size_class(size);
-        let completed = if host_access { self.completed()? } else { 0 };
+        let completed = if host_access {
+            self.completed_both()?
+        } else {
+            Completed::default()
+        };
         let mut pool = self.pool(location);
-        if let Some((block, offset, free_after)) = pool.take_cached(class, host_access, completed) {
+        if let Some(FreeRegion {
+            block,
+            offset,
+            free_after,
+            transfer_after,
+        }) = pool.take_cached(class, host_access, completed)
+        {
             pool.stats.pool_hits += 1;
             pool.stats.bytes_in_use += class;
             pool.blocks
@@ -190,6 +227,7 @@ impl Context {
                 offset,
                 class,
                 free_after,
+                transfer_after,
             });
         }
         pool.stats.pool_misses += 1;
@@ -197,7 +235,7 @@ impl Context {
             Ok(r) => r,
             Err(Error::OutOfMemory { .. }) => {
                 // Give cached memory back to the driver and try once more.
-                let completed = self.completed()?;
+                let completed = self.completed_both()?;
                 pool.release_unused(self, completed);
                 self.carve(&mut pool, class).map_err(|e| match e {
                     Error::OutOfMemory { kind, .. } => Error::PoolOutOfMemory {
@@ -222,6 +260,7 @@ impl Context {
             offset,
             class,
             free_after: 0,
+            transfer_after: 0,
         })
     }
 
@@ -268,6 +307,7 @@ impl Context {
         offset: u64,
         class: u64,
         free_after: u64,
+        transfer_after: u64,
     ) {
         let mut pool = self.pool(location);
         pool.stats.bytes_in_use -= class;
@@ -278,6 +318,7 @@ impl Context {
             block,
             offset,
             free_after,
+            transfer_after,
         });
     }
 
@@ -289,7 +330,7 @@ impl Context {
 
     /// Returns cached memory whose last use has completed to the driver.
     pub fn empty_cache(&self) -> Result<()> {
-        let completed = self.completed()?;
+        let completed = self.completed_both()?;
         for location in [MemoryLocation::DeviceLocal, MemoryLocation::HostVisible] {
             let mut pool = self.pool(location);
             pool.release_unused(self, completed);

@@ -21,7 +21,7 @@ use crate::recorder;
 use std::sync::Arc;
 
 pub(crate) struct Submitter {
-    timeline: vk::Semaphore,
+    pub(crate) timeline: vk::Semaphore,
     /// The queue and the last value signalled on it, locked together so that signal values
     /// increase in submission order, as the spec requires.
     queue: Mutex<QueueState>,
@@ -133,7 +133,11 @@ impl Context {
         let device = self.device();
         let s = &self.submitter;
         let OpenBatch {
-            slot, value, keep, ..
+            slot,
+            value,
+            keep,
+            wait_transfer,
+            ..
         } = batch;
         recorder::host_read_barrier(device, slot.cb);
         // SAFETY: the command buffer is recording.
@@ -157,9 +161,21 @@ impl Context {
         let signal_values = [value];
         let signals = [s.timeline];
         let cbs = [slot.cb];
-        let mut timeline_info =
-            vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&signal_values);
+        // Copies on the transfer queue this batch depends on (copy_queue.rs).
+        let (wait_sems, wait_values, wait_stages) = match &self.copy_queue {
+            Some(cq) if wait_transfer > 0 => (
+                vec![cq.timeline],
+                vec![wait_transfer],
+                vec![vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER],
+            ),
+            _ => (Vec::new(), Vec::new(), Vec::new()),
+        };
+        let mut timeline_info = vk::TimelineSemaphoreSubmitInfo::default()
+            .wait_semaphore_values(&wait_values)
+            .signal_semaphore_values(&signal_values);
         let submit = vk::SubmitInfo::default()
+            .wait_semaphores(&wait_sems)
+            .wait_dst_stage_mask(&wait_stages)
             .command_buffers(&cbs)
             .signal_semaphores(&signals)
             .push_next(&mut timeline_info);

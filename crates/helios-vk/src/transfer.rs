@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use crate::context::Context;
+use crate::copy_queue::Copy;
 use crate::error::{Error, Result};
 use crate::memory::{Buffer, MemoryLocation};
 
@@ -34,7 +35,26 @@ impl Context {
                 self.create_host_buffer(chunk.len() as u64, MemoryLocation::HostVisible)?;
             staging.write_mapped(0, chunk)?;
             let at = offset + i as u64 * STAGING_CHUNK;
-            self.record_copy(&staging, 0, dst, at, chunk.len() as u64)?;
+            let len = chunk.len() as u64;
+            if self.copy_queue.is_some() {
+                // On the copy engine, after the compute work that last used `dst`; compute
+                // batches that use `dst` later wait for the copy (encoder, submit).
+                let after = dst.last_use();
+                if after > self.last_submitted() {
+                    self.flush()?;
+                }
+                let copy = Copy {
+                    src: &staging,
+                    src_offset: 0,
+                    dst,
+                    dst_offset: at,
+                    len,
+                };
+                let value = self.submit_copies(&[copy], after)?;
+                self.keep_until_copied(value, staging);
+            } else {
+                self.record_copy(&staging, 0, dst, at, len)?;
+            }
         }
         Ok(())
     }
@@ -64,8 +84,27 @@ impl Context {
             let staging =
                 self.create_host_buffer(chunk.len() as u64, MemoryLocation::HostVisible)?;
             let at = offset + i as u64 * STAGING_CHUNK;
-            self.record_copy(src, at, &staging, 0, chunk.len() as u64)?;
-            self.wait(staging.last_write())?;
+            let len = chunk.len() as u64;
+            if self.copy_queue.is_some() {
+                // On the copy engine after the compute work that wrote `src`: compute keeps
+                // running while the data crosses PCIe.
+                let after = src.last_write();
+                if after > self.last_submitted() {
+                    self.flush()?;
+                }
+                let copy = Copy {
+                    src,
+                    src_offset: at,
+                    dst: &staging,
+                    dst_offset: 0,
+                    len,
+                };
+                let value = self.submit_copies(&[copy], after)?;
+                self.wait_copies(value)?;
+            } else {
+                self.record_copy(src, at, &staging, 0, len)?;
+                self.wait(staging.last_write())?;
+            }
             staging.read_mapped(0, chunk)?;
         }
         Ok(())

@@ -171,11 +171,11 @@ impl Device {
     pub fn elementwise_kernel(&self, op: ElementwiseOp, dtype: DType) -> ElementwiseKernel {
         ElementwiseKernel {
             op,
-            dtype: dtype.scalar(),
+            dtype: dtype.storage(),
             binding: self.inner.config.binding,
             vecs: self.inner.config.elementwise_vecs.unwrap_or(match dtype {
                 DType::F32 => 1,
-                DType::F16 => 2,
+                DType::F16 | DType::BF16 => 2,
             }),
         }
     }

@@ -1,12 +1,17 @@
 //! Element types of tensors. Storage may be narrow; arithmetic in kernels is always f32.
+//!
+//! Host conversions round to nearest even (the `half` crate), exactly as the kernels'
+//! `store_f32` does, so a value written by the host and by a kernel has the same bits.
 
-use helios_spirv::Scalar;
+use helios_kernels::Storage;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
     /// IEEE binary16 storage.
     F16,
+    /// bfloat16 storage (the top half of an f32; kernels widen it with a shift).
+    BF16,
 }
 
 impl DType {
@@ -14,21 +19,27 @@ impl DType {
     pub const fn size(self) -> usize {
         match self {
             DType::F32 => 4,
-            DType::F16 => 2,
+            DType::F16 | DType::BF16 => 2,
         }
     }
+
+    /// Every dtype, for tests and casts.
+    pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
     pub const fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::F16 => "f16",
+            DType::BF16 => "bf16",
         }
     }
 
-    pub(crate) const fn scalar(self) -> Scalar {
+    /// The kernels' storage format for this dtype.
+    pub const fn storage(self) -> Storage {
         match self {
-            DType::F32 => Scalar::F32,
-            DType::F16 => Scalar::F16,
+            DType::F32 => Storage::F32,
+            DType::F16 => Storage::F16,
+            DType::BF16 => Storage::BF16,
         }
     }
 
@@ -37,6 +48,7 @@ impl DType {
         match self {
             DType::F32 => v,
             DType::F16 => half::f16::from_f32(v).to_f32(),
+            DType::BF16 => half::bf16::from_f32(v).to_f32(),
         }
     }
 
@@ -47,6 +59,10 @@ impl DType {
             DType::F16 => data
                 .iter()
                 .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
+            DType::BF16 => data
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
                 .collect(),
         }
     }
@@ -61,6 +77,10 @@ impl DType {
             DType::F16 => bytes
                 .chunks_exact(2)
                 .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            DType::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
         }
     }

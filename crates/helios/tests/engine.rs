@@ -242,3 +242,28 @@ fn stress(d: &Device, seed: u64) {
     }
     assert_no_validation_messages(d);
 }
+
+/// Uploads into memory a pending op still reads, and read-backs too large for the copy
+/// kernel: on devices with a dedicated transfer queue these run on the copy engine, ordered
+/// against compute by the two timelines; elsewhere through staging on the compute queue.
+#[test]
+fn staged_transfers_are_ordered_against_compute() {
+    let (_g, d) = device();
+    d.set_early_submit(true);
+    let n = 1 << 19; // 2 MiB of f32: above the copy-kernel read-back limit
+    let mut rng = StdRng::seed_from_u64(9);
+    for round in 0..4 {
+        let va: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let a = Tensor::from_vec1(d, &va).unwrap();
+        let b = a.mul_scalar(3.0).unwrap(); // pending: reads a
+        drop(a); // a's memory goes back to the pool while b's read is pending
+        let vc: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let c = Tensor::from_vec1(d, &vc).unwrap(); // likely a's region: a staged upload
+        let e = b.add(&c).unwrap();
+        let want: Vec<f32> = va.iter().zip(&vc).map(|(x, y)| x * 3.0 + y).collect();
+        assert_eq!(e.to_vec().unwrap(), want, "round {round}");
+        assert_eq!(c.to_vec().unwrap(), vc, "round {round}");
+    }
+    d.set_early_submit(false);
+    assert_no_validation_messages(d);
+}

@@ -136,6 +136,11 @@ impl Tolerance {
                 rtol: self.rtol.max(1e-3),
                 atol: self.atol.max(1e-7),
             },
+            // bf16 keeps 8 significant bits: half an ulp is 2^-9 relative.
+            crate::DType::BF16 => Tolerance {
+                rtol: self.rtol.max(8e-3),
+                atol: self.atol.max(1e-7),
+            },
         }
     }
 
