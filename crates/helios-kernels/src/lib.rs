@@ -7,6 +7,7 @@
 
 pub mod elementwise;
 pub mod launch;
+pub mod loss;
 pub mod math;
 pub mod storage;
 
@@ -14,6 +15,7 @@ pub use elementwise::{
     BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp, ELEMENTWISE_DTYPES, ELEMENTWISE_WORKGROUP,
 };
 pub use launch::{grid, pack_push, Arg, Geometry, Launch};
+pub use loss::{CrossEntropyArgs, CrossEntropyKernel, CrossEntropyStage, CROSS_ENTROPY_WORKGROUP};
 pub use storage::{buffer_scalar, load_f32, store_f32, Storage};
 
 /// Errors from preparing a kernel launch.
