@@ -18,6 +18,7 @@ use crate::context::Context;
 use crate::error::{vk_err, Error, Result};
 use crate::memory::Buffer;
 use crate::recorder::MAX_COPY_REGION;
+use crate::submit::Slot;
 
 /// One copy: `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
 pub(crate) struct Copy<'a> {
@@ -26,11 +27,6 @@ pub(crate) struct Copy<'a> {
     pub dst: &'a Buffer,
     pub dst_offset: u64,
     pub len: u64,
-}
-
-struct Slot {
-    pool: vk::CommandPool,
-    cb: vk::CommandBuffer,
 }
 
 struct InFlight {
@@ -122,21 +118,9 @@ impl Context {
             match state.free.pop() {
                 Some(slot) => slot,
                 None => {
-                    let info = vk::CommandPoolCreateInfo::default()
-                        .flags(vk::CommandPoolCreateFlags::TRANSIENT)
-                        .queue_family_index(q.family);
-                    // SAFETY: valid device; the pool is destroyed with the queue.
-                    let pool = unsafe { device.create_command_pool(&info, None) }
-                        .map_err(vk_err("vkCreateCommandPool(transfer)"))?;
-                    state.all_pools.push(pool);
-                    let alloc = vk::CommandBufferAllocateInfo::default()
-                        .command_pool(pool)
-                        .level(vk::CommandBufferLevel::PRIMARY)
-                        .command_buffer_count(1);
-                    // SAFETY: the pool was just created.
-                    let cb = unsafe { device.allocate_command_buffers(&alloc) }
-                        .map_err(vk_err("vkAllocateCommandBuffers(transfer)"))?[0];
-                    Slot { pool, cb }
+                    let slot = Slot::new(device, q.family)?;
+                    state.all_pools.push(slot.pool);
+                    slot
                 }
             }
         };
@@ -257,27 +241,8 @@ impl Context {
         let Some(q) = &self.copy_queue else {
             return Ok(());
         };
-        let start = std::time::Instant::now();
-        loop {
-            let done = self.copies_completed()?;
-            if done >= value {
-                self.retire_copies(done);
-                return Ok(());
-            }
-            if start.elapsed() >= self.spin {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-        let semaphores = [q.timeline];
-        let values = [value];
-        let info = vk::SemaphoreWaitInfo::default()
-            .semaphores(&semaphores)
-            .values(&values);
-        // SAFETY: the semaphore belongs to this device and `value` was submitted.
-        unsafe { self.device().wait_semaphores(&info, u64::MAX) }
-            .map_err(vk_err("vkWaitSemaphores(transfer)"))?;
-        self.retire_copies(value);
+        let done = self.wait_timeline(q.timeline, value, || self.copies_completed())?;
+        self.retire_copies(done);
         Ok(())
     }
 
@@ -311,9 +276,8 @@ impl Context {
 }
 
 fn release(device: &ash::Device, state: &mut State, slot: Slot) {
-    // SAFETY: the slot's command buffer is not pending.
-    let reset = unsafe { device.reset_command_pool(slot.pool, vk::CommandPoolResetFlags::empty()) };
-    if reset.is_ok() {
+    // The slot's command buffer is not pending here (never submitted, or retired).
+    if slot.reset(device) {
         state.free.push(slot);
     }
 }

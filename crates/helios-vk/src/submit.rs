@@ -36,8 +36,41 @@ struct QueueState {
 /// One transient pool with one primary command buffer: recording into it needs no lock
 /// because nobody else can reach the pool while the slot is checked out.
 pub(crate) struct Slot {
-    pool: vk::CommandPool,
+    pub(crate) pool: vk::CommandPool,
     pub(crate) cb: vk::CommandBuffer,
+}
+
+impl Slot {
+    /// A transient pool for `family` with one primary command buffer. The caller records the
+    /// pool for destruction.
+    pub(crate) fn new(device: &ash::Device, family: u32) -> Result<Slot> {
+        let info = vk::CommandPoolCreateInfo::default()
+            .flags(vk::CommandPoolCreateFlags::TRANSIENT)
+            .queue_family_index(family);
+        // SAFETY: valid device.
+        let pool = unsafe { device.create_command_pool(&info, None) }
+            .map_err(vk_err("vkCreateCommandPool"))?;
+        let alloc = vk::CommandBufferAllocateInfo::default()
+            .command_pool(pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: the pool was just created.
+        match unsafe { device.allocate_command_buffers(&alloc) } {
+            Ok(cbs) => Ok(Slot { pool, cb: cbs[0] }),
+            Err(r) => {
+                // SAFETY: nothing was allocated from the pool.
+                unsafe { device.destroy_command_pool(pool, None) };
+                Err(Error::vk("vkAllocateCommandBuffers", r))
+            }
+        }
+    }
+
+    /// Resets the pool for reuse; false if the driver refused.
+    pub(crate) fn reset(&self, device: &ash::Device) -> bool {
+        // SAFETY: callers reset only slots whose command buffer is not pending (never
+        // submitted, or its timeline value has completed).
+        unsafe { device.reset_command_pool(self.pool, vk::CommandPoolResetFlags::empty()) }.is_ok()
+    }
 }
 
 /// A submitted batch: its command buffer and the pipelines it uses.
@@ -214,19 +247,33 @@ impl Context {
                 last_submitted,
             });
         }
+        let done = self.wait_timeline(self.submitter.timeline, value, || self.completed())?;
+        self.retire(done);
+        Ok(())
+    }
+
+    /// Waits until `semaphore` reaches `value`: polls `completed` for up to the spin time
+    /// (a blocking wait costs tens of microseconds of wake-up latency, which a short GPU job
+    /// would otherwise pay on every read-back), then blocks in the driver. Returns the value
+    /// reached.
+    pub(crate) fn wait_timeline(
+        &self,
+        semaphore: vk::Semaphore,
+        value: u64,
+        completed: impl Fn() -> Result<u64>,
+    ) -> Result<u64> {
         let start = std::time::Instant::now();
         loop {
-            let done = self.completed()?;
+            let done = completed()?;
             if done >= value {
-                self.retire(done);
-                return Ok(());
+                return Ok(done);
             }
             if start.elapsed() >= self.spin {
                 break;
             }
             std::hint::spin_loop();
         }
-        let semaphores = [self.submitter.timeline];
+        let semaphores = [semaphore];
         let values = [value];
         let info = vk::SemaphoreWaitInfo::default()
             .semaphores(&semaphores)
@@ -235,8 +282,7 @@ impl Context {
         // the wait terminates unless the device is lost (reported as an error).
         unsafe { self.device().wait_semaphores(&info, u64::MAX) }
             .map_err(vk_err("vkWaitSemaphores"))?;
-        self.retire(value);
-        Ok(())
+        Ok(value)
     }
 
     /// The timeline value the GPU has reached (no waiting).
@@ -263,33 +309,15 @@ impl Context {
         if let Some(slot) = ring.free.pop() {
             return Ok(slot);
         }
-        let info = vk::CommandPoolCreateInfo::default()
-            .flags(vk::CommandPoolCreateFlags::TRANSIENT)
-            .queue_family_index(ring.queue_family);
-        // SAFETY: valid device; the pool is recorded in `all_pools` for destruction.
-        let pool = unsafe { device.create_command_pool(&info, None) }
-            .map_err(vk_err("vkCreateCommandPool"))?;
-        ring.all_pools.push(pool);
-        let alloc = vk::CommandBufferAllocateInfo::default()
-            .command_pool(pool)
-            .level(vk::CommandBufferLevel::PRIMARY)
-            .command_buffer_count(1);
-        // SAFETY: the pool was just created and is owned by this ring.
-        let cb = unsafe { device.allocate_command_buffers(&alloc) }
-            .map_err(vk_err("vkAllocateCommandBuffers"))?[0];
-        Ok(Slot { pool, cb })
+        let slot = Slot::new(device, ring.queue_family)?;
+        ring.all_pools.push(slot.pool);
+        Ok(slot)
     }
 
     /// Resets a slot and puts it back on the free list.
     fn release_slot(&self, slot: Slot) {
-        // SAFETY: the slot's command buffer is not pending (never submitted, or its timeline
-        // value has completed), so its pool may be reset.
-        let reset = unsafe {
-            self.device()
-                .reset_command_pool(slot.pool, vk::CommandPoolResetFlags::empty())
-        };
         // A pool that fails to reset is left alone; it is still destroyed with the ring.
-        if reset.is_ok() {
+        if slot.reset(self.device()) {
             lock(&self.submitter.ring).free.push(slot);
         }
     }
