@@ -9,6 +9,8 @@ pub mod elementwise;
 pub mod launch;
 pub mod loss;
 pub mod math;
+pub mod reduce;
+pub mod rows;
 pub mod storage;
 
 pub use elementwise::{

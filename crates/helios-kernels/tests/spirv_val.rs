@@ -51,3 +51,18 @@ fn every_cross_entropy_kernel_validates() {
         .sum();
     assert_eq!(n, 2 * (2 + 3 * 2));
 }
+
+#[test]
+fn every_reduce_kernel_validates() {
+    let n: usize = [Binding::DeviceAddress, Binding::Descriptor]
+        .into_iter()
+        .map(|b| {
+            validate_all(
+                helios_kernels::reduce::ReduceKernel::samples(b)
+                    .iter()
+                    .map(|k| k.build()),
+            )
+        })
+        .sum();
+    assert_eq!(n, 2 * 4 * 3 * 4);
+}

@@ -1,0 +1,840 @@
+//! Reductions: sum, mean, max, min and argmax along one axis of a contiguous tensor viewed as
+//! (outer, axis, inner), or over everything (outer = inner = 1).
+//!
+//! Key decisions a reader must know:
+//! - Two layouts. `Rows` (inner = 1: the last axis, or everything): a group of invocations per
+//!   row, 16-byte slot loads, a group reduction at the end (see `rows`). `Columns` (inner > 1):
+//!   each invocation owns `vec` adjacent columns and walks the axis, so neighbouring
+//!   invocations read neighbouring addresses; no cross-invocation reduction at all.
+//! - Two phases when one pass would leave the GPU idle (a long row, a long axis over few
+//!   columns): `Partial` splits the axis into chunks, writes one partial per (row, chunk),
+//!   and `Combine` reduces the partials with the same kernel code. Sums accumulate in f32.
+//! - max, min and argmax compare *order keys*: the f32 bits mapped to a u32 that sorts like
+//!   the float, NaN canonicalised to the top (max, argmax) or bottom (min). Integer max/min
+//!   then propagate NaN exactly and deterministically on every device (GLSL's FMax does not
+//!   promise either), and argmax needs only two integer group reductions: the largest key,
+//!   then the smallest index holding it (the first index of the max, NaN counting as the
+//!   max, as in PyTorch). Partials of these ops are keys, so an empty chunk is harmless.
+//! - Output: sum, mean, max and min in the input's storage type (as PyTorch); argmax as u32
+//!   indices along the axis.
+
+use helios_spirv::{
+    Access, Binding, Buffer, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val,
+};
+
+use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::rows::{
+    for_each_slot, hreduce, hsum, linear_workgroup, row_slots, threads_for, Groups, Reducer, Row,
+};
+use crate::storage::{buffer_scalar, store_f32, Storage};
+use crate::KernelError;
+
+/// What a reduction computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reduction {
+    Sum,
+    /// The sum times 1/len (the kernel is the sum's, with a scale).
+    Mean,
+    Max,
+    Min,
+    /// Index of the first maximum along the axis (NaN is the maximum).
+    ArgMax,
+}
+
+impl Reduction {
+    pub const ALL: [Reduction; 5] = [
+        Reduction::Sum,
+        Reduction::Mean,
+        Reduction::Max,
+        Reduction::Min,
+        Reduction::ArgMax,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reduction::Sum => "sum",
+            Reduction::Mean => "mean",
+            Reduction::Max => "max",
+            Reduction::Min => "min",
+            Reduction::ArgMax => "argmax",
+        }
+    }
+
+    /// The kernel that computes it (mean is a scaled sum).
+    pub const fn kernel_op(self) -> Reduction {
+        match self {
+            Reduction::Mean => Reduction::Sum,
+            r => r,
+        }
+    }
+
+    /// Whether the op compares order keys (and its partials are u32 keys).
+    const fn keyed(self) -> bool {
+        matches!(self, Reduction::Max | Reduction::Min | Reduction::ArgMax)
+    }
+}
+
+/// Where a reduction kernel reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// The tensor in, the result out.
+    Direct,
+    /// The tensor in, one partial per (row, chunk) out: f32 sums or u32 keys, plus u32
+    /// indices for argmax.
+    Partial,
+    /// Partials in, the result out.
+    Combine,
+}
+
+/// How invocations map onto the (outer, axis, inner) view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// inner = 1: `threads` invocations per row (a power of two up to the workgroup).
+    Rows { threads: u32 },
+    /// inner > 1: each invocation owns `vec` adjacent columns (4 when inner % 4 == 0).
+    Columns { vec: u8 },
+}
+
+/// The signature of a reduction kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReduceKernel {
+    /// Sum, Max, Min or ArgMax (Mean runs the Sum kernel).
+    pub op: Reduction,
+    /// Storage of the tensor read (Direct, Partial) and of the result (Direct, Combine).
+    pub storage: Storage,
+    pub stage: Stage,
+    pub layout: Layout,
+    /// Slots each invocation loads per loop step.
+    pub unroll: u8,
+    pub reducer: Reducer,
+    pub workgroup: u32,
+    pub binding: Binding,
+}
+
+/// The problem a launch covers, in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dims {
+    /// `rows` rows of `len`, each cut into `splits` chunks of `chunk` slots.
+    Rows {
+        rows: u32,
+        len: u32,
+        splits: u32,
+        chunk: u32,
+    },
+    /// (outer, axis, inner) with the axis cut into `splits` chunks of `chunk` elements.
+    Columns {
+        outer: u32,
+        axis: u32,
+        inner: u32,
+        splits: u32,
+        chunk: u32,
+    },
+}
+
+/// One dispatch of a reduction plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReduceStep {
+    pub kernel: ReduceKernel,
+    pub dims: Dims,
+}
+
+impl ReduceStep {
+    /// Partials a `Partial` step writes (elements of its value and index buffers).
+    pub fn partials(&self) -> u64 {
+        match self.dims {
+            Dims::Rows { rows, splits, .. } => u64::from(rows) * u64::from(splits),
+            Dims::Columns {
+                outer,
+                inner,
+                splits,
+                ..
+            } => u64::from(outer) * u64::from(splits) * u64::from(inner),
+        }
+    }
+}
+
+/// Device and tuning facts a plan depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReduceSetup {
+    pub reducer: Reducer,
+    pub workgroup: u32,
+    pub binding: Binding,
+    /// Slots per invocation per loop step (default 4).
+    pub unroll: u8,
+    /// Workgroups a split reduction aims for (enough to fill the GPU; default 2048).
+    pub target_groups: u32,
+}
+
+/// Default slots per loop step: four 16-byte loads in flight per invocation.
+pub const REDUCE_UNROLL: u8 = 4;
+/// Default workgroup count a split reduction aims for.
+pub const REDUCE_TARGET_GROUPS: u32 = 2048;
+/// Default workgroup size.
+pub const REDUCE_WORKGROUP: u32 = 256;
+
+/// Largest element count the kernels index (SPIR-V access-chain indices are signed 32-bit).
+pub const MAX_ELEMENTS: u64 = (1 << 31) - 1;
+
+/// The family's selection function: the dispatches that reduce a contiguous tensor viewed as
+/// (outer, axis, inner) over its axis. One `Direct` step when there is enough parallelism,
+/// else `Partial` (chunks of the axis spread over `target_groups` workgroups) then `Combine`.
+pub fn plan(
+    op: Reduction,
+    storage: Storage,
+    outer: u64,
+    axis: u64,
+    inner: u64,
+    setup: &ReduceSetup,
+) -> Result<Vec<ReduceStep>, KernelError> {
+    let total = outer.saturating_mul(axis).saturating_mul(inner);
+    if total > MAX_ELEMENTS || axis == 0 || outer == 0 || inner == 0 {
+        return Err(KernelError::TooLarge {
+            what: "reduction of elements",
+            size: total,
+        });
+    }
+    let op = op.kernel_op();
+    let w = setup.workgroup;
+    let u = u64::from(setup.unroll.max(1));
+    let kernel = |stage, layout| ReduceKernel {
+        op,
+        storage,
+        stage,
+        layout,
+        unroll: setup.unroll.max(1),
+        reducer: setup.reducer,
+        workgroup: w,
+        binding: setup.binding,
+    };
+    let target = u64::from(setup.target_groups.max(1));
+    if inner == 1 {
+        let slots = row_slots(axis, 4);
+        let threads = threads_for(slots, setup.unroll.max(1).into(), w);
+        // Split long rows over more workgroups when the rows alone cannot fill the GPU; each
+        // chunk keeps at least four loop steps per invocation.
+        let mut splits = 1;
+        if threads == w && outer < target {
+            let max_splits = (slots / (u64::from(w) * u * 4)).max(1);
+            splits = target.div_ceil(outer).min(max_splits);
+        }
+        let chunk = slots.div_ceil(splits);
+        let splits = slots.div_ceil(chunk);
+        let rows = Dims::Rows {
+            rows: outer as u32,
+            len: axis as u32,
+            splits: splits as u32,
+            chunk: chunk as u32,
+        };
+        if splits == 1 {
+            return Ok(vec![ReduceStep {
+                kernel: kernel(Stage::Direct, Layout::Rows { threads }),
+                dims: rows,
+            }]);
+        }
+        let combine_threads = threads_for(splits, setup.unroll.max(1).into(), w);
+        Ok(vec![
+            ReduceStep {
+                kernel: kernel(Stage::Partial, Layout::Rows { threads }),
+                dims: rows,
+            },
+            ReduceStep {
+                kernel: kernel(
+                    Stage::Combine,
+                    Layout::Rows {
+                        threads: combine_threads,
+                    },
+                ),
+                dims: Dims::Rows {
+                    rows: outer as u32,
+                    len: splits as u32,
+                    splits: 1,
+                    chunk: splits as u32,
+                },
+            },
+        ])
+    } else {
+        let vec = if inner % 4 == 0 { 4u8 } else { 1 };
+        let units = outer * inner / u64::from(vec);
+        let want = target * u64::from(w);
+        let mut splits = 1;
+        if units < want {
+            let max_splits = (axis / (u * 4)).max(1);
+            splits = want.div_ceil(units).min(max_splits);
+        }
+        let chunk = axis.div_ceil(splits);
+        let splits = axis.div_ceil(chunk);
+        let dims = Dims::Columns {
+            outer: outer as u32,
+            axis: axis as u32,
+            inner: inner as u32,
+            splits: splits as u32,
+            chunk: chunk as u32,
+        };
+        let layout = Layout::Columns { vec };
+        if splits == 1 {
+            return Ok(vec![ReduceStep {
+                kernel: kernel(Stage::Direct, layout),
+                dims,
+            }]);
+        }
+        Ok(vec![
+            ReduceStep {
+                kernel: kernel(Stage::Partial, layout),
+                dims,
+            },
+            ReduceStep {
+                kernel: kernel(Stage::Combine, layout),
+                dims: Dims::Columns {
+                    outer: outer as u32,
+                    axis: splits as u32,
+                    inner: inner as u32,
+                    splits: 1,
+                    chunk: splits as u32,
+                },
+            },
+        ])
+    }
+}
+
+/// The f32 bits of `x` as a u32 that orders like the float (vector or scalar); NaN becomes
+/// the largest key when `nan_high`, else the smallest.
+pub fn order_key(k: &mut KernelBuilder, x: Val, nan_high: bool) -> Val {
+    let uty = x.ty.with_scalar(Scalar::U32);
+    let canon = if nan_high {
+        0x7fc0_0000u64
+    } else {
+        0xffc0_0000
+    };
+    let nan = k.constant_bits(uty, canon);
+    let bits = k.bitcast(x, uty);
+    let is_nan = k.is_nan(x);
+    let bits = k.select(is_nan, nan, bits);
+    let s31 = k.constant_bits(uty, 31);
+    let sign = k.shr(bits, s31);
+    let zero = k.constant_bits(uty, 0);
+    let neg = k.sub(zero, sign);
+    let top = k.constant_bits(uty, 0x8000_0000);
+    let mask = k.or(neg, top);
+    k.xor(bits, mask)
+}
+
+/// The f32 whose order key is `key` (inverse of `order_key`).
+pub fn key_value(k: &mut KernelBuilder, key: Val) -> Val {
+    let uty = key.ty;
+    let s31 = k.constant_bits(uty, 31);
+    let top_bit = k.shr(key, s31);
+    let one = k.constant_bits(uty, 1);
+    let m = k.sub(top_bit, one);
+    let top = k.constant_bits(uty, 0x8000_0000);
+    let mask = k.or(m, top);
+    let bits = k.xor(key, mask);
+    k.bitcast(bits, uty.with_scalar(Scalar::F32))
+}
+
+/// Buffers of a reduction kernel, in declaration order.
+struct Bufs {
+    x: Buffer,
+    xi: Option<Buffer>,
+    y: Option<Buffer>,
+    yi: Option<Buffer>,
+}
+
+/// Per-invocation accumulator.
+struct Acc {
+    /// Sum: f32 lanes; keyed ops: u32 key lanes (argmax in Rows: one scalar).
+    value: helios_spirv::Var,
+    /// ArgMax: index of the best key.
+    index: Option<helios_spirv::Var>,
+}
+
+impl ReduceKernel {
+    /// A name that identifies the kernel in profiles and dumps.
+    pub fn name(&self) -> String {
+        let stage = match self.stage {
+            Stage::Direct => "direct",
+            Stage::Partial => "partial",
+            Stage::Combine => "combine",
+        };
+        let layout = match self.layout {
+            Layout::Rows { threads } => format!("rows{threads}"),
+            Layout::Columns { vec } => format!("cols{vec}"),
+        };
+        format!(
+            "reduce_{}_{stage}_{layout}_{}_{}_u{}_wg{}",
+            self.op.name(),
+            self.storage.name(),
+            self.reducer.tag(),
+            self.unroll,
+            self.workgroup
+        )
+    }
+
+    fn group_op(&self) -> ReduceOp {
+        match self.op {
+            Reduction::Min => ReduceOp::Min,
+            Reduction::Sum | Reduction::Mean => ReduceOp::Add,
+            Reduction::Max | Reduction::ArgMax => ReduceOp::Max,
+        }
+    }
+
+    fn declare(&self, k: &mut KernelBuilder) -> Bufs {
+        let keyed = self.op.keyed();
+        let partial_scalar = if keyed { Scalar::U32 } else { Scalar::F32 };
+        let x_elem = match self.stage {
+            Stage::Combine => partial_scalar,
+            _ => buffer_scalar(self.storage),
+        };
+        let x = k.buffer("x", x_elem, Access::Read);
+        let argmax = self.op == Reduction::ArgMax;
+        let xi = (argmax && self.stage == Stage::Combine)
+            .then(|| k.buffer("x_index", Scalar::U32, Access::Read));
+        let y = match (self.stage, argmax) {
+            (Stage::Partial, _) => Some(k.buffer("y", partial_scalar, Access::Write)),
+            (_, false) => Some(k.buffer("y", buffer_scalar(self.storage), Access::Write)),
+            (_, true) => None,
+        };
+        let yi = argmax.then(|| k.buffer("y_index", Scalar::U32, Access::Write));
+        Bufs { x, xi, y, yi }
+    }
+
+    /// Emits the kernel.
+    pub fn build(&self) -> KernelModule {
+        let mut k = KernelBuilder::new(self.name(), self.binding, [self.workgroup, 1, 1]);
+        let bufs = self.declare(&mut k);
+        let u32_ty = Ty::scalar(Scalar::U32);
+        let names: &[&str] = match self.layout {
+            Layout::Rows { .. } => &["rows", "len", "splits", "chunk"],
+            Layout::Columns { .. } => &["outer", "axis", "inner", "splits", "chunk"],
+        };
+        let params: Vec<_> = names.iter().map(|n| k.param(n, u32_ty)).collect();
+        let scale = k.param("scale", Ty::scalar(Scalar::F32));
+        k.begin();
+        let p: Vec<Val> = params.iter().map(|&q| k.load_param(q)).collect();
+        let scale = k.load_param(scale);
+        match self.layout {
+            Layout::Rows { threads } => self.build_rows(&mut k, &bufs, threads, &p, scale),
+            Layout::Columns { vec } => self.build_columns(&mut k, &bufs, vec, &p, scale),
+        }
+        k.finish()
+    }
+
+    /// Fresh accumulators holding the identity, `lanes` wide.
+    fn acc(&self, k: &mut KernelBuilder, lanes: u8) -> Acc {
+        let (ty, init) = match self.op {
+            Reduction::Sum | Reduction::Mean => (Ty::vector(Scalar::F32, lanes), 0u64),
+            Reduction::Min => (Ty::vector(Scalar::U32, lanes), u64::from(u32::MAX)),
+            Reduction::Max | Reduction::ArgMax => (Ty::vector(Scalar::U32, lanes), 0),
+        };
+        let init = k.constant_bits(ty, init);
+        let value = k.var_init(init);
+        let index = (self.op == Reduction::ArgMax).then(|| {
+            let none = k.constant_bits(Ty::vector(Scalar::U32, lanes), u64::from(u32::MAX));
+            k.var_init(none)
+        });
+        Acc { value, index }
+    }
+
+    /// The fill of lanes outside a row (the op's identity as a float).
+    fn fill(&self) -> f32 {
+        match self.op {
+            Reduction::Sum | Reduction::Mean => 0.0,
+            Reduction::Min => f32::INFINITY,
+            Reduction::Max | Reduction::ArgMax => f32::NEG_INFINITY,
+        }
+    }
+
+    /// Folds values (f32 lanes, or u32 keys when `is_key`) at indices `idx` into `acc`,
+    /// lane-wise (`acc` as wide as the values).
+    fn fold_lanes(&self, k: &mut KernelBuilder, acc: &Acc, v: Val, is_key: bool, idx: Option<Val>) {
+        let cur = k.get(acc.value);
+        match self.op {
+            Reduction::Sum | Reduction::Mean => {
+                let n = k.add(cur, v);
+                k.set(acc.value, n);
+            }
+            Reduction::Max | Reduction::Min => {
+                let key = if is_key {
+                    v
+                } else {
+                    order_key(k, v, self.op == Reduction::Max)
+                };
+                let n = if self.op == Reduction::Max {
+                    k.max(cur, key)
+                } else {
+                    k.min(cur, key)
+                };
+                k.set(acc.value, n);
+            }
+            Reduction::ArgMax => {
+                let key = if is_key { v } else { order_key(k, v, true) };
+                let var = acc.index.expect("argmax keeps an index");
+                let best = k.get(var);
+                let gt = k.gt(key, cur);
+                let nv = k.select(gt, key, cur);
+                let ni = k.select(gt, idx.expect("argmax index"), best);
+                k.set(acc.value, nv);
+                k.set(var, ni);
+            }
+        }
+    }
+
+    fn build_rows(&self, k: &mut KernelBuilder, b: &Bufs, threads: u32, p: &[Val], scale: Val) {
+        let (rows, len, splits, chunk) = (p[0], p[1], p[2], p[3]);
+        let mut groups = Groups::new(k, self.reducer, threads);
+        let g = linear_workgroup(k);
+        let per = groups.per_workgroup(k);
+        let gi = groups.group(k);
+        let lane = groups.lane(k);
+        let base = k.mul(g, per);
+        let unit = k.add(base, gi);
+        let total = k.mul(rows, splits);
+        let valid = k.lt(unit, total);
+        let row = k.div(unit, splits);
+        let split = k.rem(unit, splits);
+        let start = k.mul(row, len);
+        let end = k.add(start, len);
+        let combine = self.stage == Stage::Combine;
+        let vec = if combine { 1 } else { 4 };
+        let r = Row { start, end, vec };
+        let first = r.first_slot(k);
+        let end_slot = r.end_slot(k);
+        let off = k.mul(split, chunk);
+        let c0 = k.add(first, off);
+        let c1 = k.add(c0, chunk);
+        let c1 = k.min(c1, end_slot);
+        let zero = k.u32(0);
+        let c0 = k.select(valid, c0, zero);
+        let c1 = k.select(valid, c1, zero);
+
+        // Argmax folds lane by lane in index order, into scalars; the others fold whole slots.
+        let argmax = self.op == Reduction::ArgMax;
+        let acc = self.acc(k, if argmax { 1 } else { vec });
+        let unroll = u32::from(self.unroll);
+        for_each_slot(k, c0, c1, lane, threads, unroll, |k, slots| {
+            let loaded: Vec<(Val, Option<Val>)> = slots
+                .iter()
+                .map(|&s| {
+                    if combine {
+                        let v = k.load(b.x, s, 1);
+                        let i = b.xi.map(|xi| k.load(xi, s, 1));
+                        (v, i)
+                    } else {
+                        (r.load(k, b.x, self.storage, s, self.fill()), None)
+                    }
+                })
+                .collect();
+            for (&s, (v, i)) in slots.iter().zip(loaded) {
+                if !argmax {
+                    self.fold_lanes(k, &acc, v, combine, None);
+                } else if combine {
+                    self.fold_lanes(k, &acc, v, true, i);
+                } else {
+                    let cols = r.cols(k, s);
+                    let ok = r.valid(k, cols);
+                    let keys = order_key(k, v, true);
+                    let none = k.constant_bits(keys.ty, 0);
+                    let keys = k.select(ok, keys, none);
+                    for lane in 0..vec as u32 {
+                        let kl = k.extract(keys, lane);
+                        let il = k.extract(cols, lane);
+                        self.fold_lanes(k, &acc, kl, true, Some(il));
+                    }
+                }
+            }
+        });
+
+        // One value per group, then lane 0 of each valid group stores.
+        let gop = self.group_op();
+        let own = k.get(acc.value);
+        let own = match self.op {
+            Reduction::Sum | Reduction::Mean => hsum(k, own),
+            _ => hreduce(k, gop, own),
+        };
+        let result = groups.reduce(k, gop, own);
+        let index = acc.index.map(|var| {
+            let mine = k.get(var);
+            let is_best = k.eq(own, result);
+            let none = k.u32(u32::MAX);
+            let cand = k.select(is_best, mine, none);
+            groups.reduce(k, ReduceOp::Min, cand)
+        });
+        let first_lane = k.eq(lane, zero);
+        let store = k.and(valid, first_lane);
+        let out_at = if self.stage == Stage::Partial {
+            unit
+        } else {
+            row
+        };
+        self.store_result(k, b, store, out_at, result, index, scale);
+    }
+
+    /// Lane 0's store of a group's (or invocation's) result at element `at`.
+    #[allow(clippy::too_many_arguments)]
+    fn store_result(
+        &self,
+        k: &mut KernelBuilder,
+        b: &Bufs,
+        cond: Val,
+        at: Val,
+        result: Val,
+        index: Option<Val>,
+        scale: Val,
+    ) {
+        k.if_(cond, |k| {
+            if let (Some(yi), Some(i)) = (b.yi, index) {
+                k.store(yi, at, i);
+            }
+            let Some(y) = b.y else { return };
+            match (self.stage, self.op) {
+                (Stage::Partial, _) => k.store(y, at, result),
+                (_, Reduction::Sum | Reduction::Mean) => {
+                    let s = k.splat(scale, result.ty.lanes);
+                    let v = k.mul(result, s);
+                    store_f32(k, y, at, v, self.storage);
+                }
+                (_, _) => {
+                    let v = key_value(k, result);
+                    store_f32(k, y, at, v, self.storage);
+                }
+            }
+        });
+    }
+
+    fn build_columns(&self, k: &mut KernelBuilder, b: &Bufs, vec: u8, p: &[Val], scale: Val) {
+        let (outer, axis, inner, splits, chunk) = (p[0], p[1], p[2], p[3], p[4]);
+        let g = linear_workgroup(k);
+        let w = k.workgroup_size_x();
+        let lid = k.local_index();
+        let gbase = k.mul(g, w);
+        let unit = k.add(gbase, lid);
+        let vshift = k.u32(u32::from(vec).trailing_zeros());
+        let ncols = k.shr(inner, vshift);
+        let os = k.mul(outer, splits);
+        let total = k.mul(os, ncols);
+        let valid = k.lt(unit, total);
+        let ic = k.rem(unit, ncols);
+        let rest = k.div(unit, ncols);
+        let s = k.rem(rest, splits);
+        let o = k.div(rest, splits);
+        let a0 = k.mul(s, chunk);
+        let a1 = k.add(a0, chunk);
+        let a1 = k.min(a1, axis);
+        let zero = k.u32(0);
+        let a0 = k.select(valid, a0, zero);
+        let a1 = k.select(valid, a1, zero);
+        // Element of (o, a = 0, column ic·vec).
+        let oa = k.mul(o, axis);
+        let oai = k.mul(oa, inner);
+        let col = k.shl(ic, vshift);
+        let base = k.add(oai, col);
+
+        let combine = self.stage == Stage::Combine;
+        let acc = self.acc(k, vec);
+        let unroll = u32::from(self.unroll);
+        for_each_slot(k, a0, a1, zero, 1, unroll, |k, idx| {
+            let loaded: Vec<(Val, Option<Val>)> = idx
+                .iter()
+                .map(|&a| {
+                    let off = k.mul(a, inner);
+                    let e = k.add(base, off);
+                    let slot = k.shr(e, vshift);
+                    if combine {
+                        let v = k.load(b.x, slot, vec);
+                        let i = b.xi.map(|xi| k.load(xi, slot, vec));
+                        (v, i)
+                    } else {
+                        let v = crate::storage::load_f32(k, b.x, slot, vec, self.storage);
+                        (v, None)
+                    }
+                })
+                .collect();
+            for (&a, (v, i)) in idx.iter().zip(loaded) {
+                let i = i.or_else(|| (self.op == Reduction::ArgMax).then(|| k.splat(a, vec)));
+                self.fold_lanes(k, &acc, v, combine, i);
+            }
+        });
+
+        let result = k.get(acc.value);
+        let index = acc.index.map(|v| k.get(v));
+        // Partial layout (outer, splits, inner); result layout (outer, inner).
+        let out_row = if self.stage == Stage::Partial {
+            k.mul(o, splits)
+        } else {
+            o
+        };
+        let out_row = if self.stage == Stage::Partial {
+            k.add(out_row, s)
+        } else {
+            out_row
+        };
+        let orow = k.mul(out_row, inner);
+        let oe = k.add(orow, col);
+        let at = k.shr(oe, vshift);
+        self.store_result(k, b, valid, at, result, index, scale);
+    }
+
+    /// Grid and push constants. `buffers` are the device addresses in declaration order:
+    /// x, [x_index], [y], [y_index] (see `buffer_count`).
+    pub fn launch(
+        &self,
+        module: &KernelModule,
+        geometry: Geometry,
+        dims: Dims,
+        buffers: &[u64],
+        scale: f32,
+    ) -> Result<Launch, KernelError> {
+        if buffers.len() != self.buffer_count() {
+            return Err(KernelError::Arguments {
+                kernel: self.name(),
+                detail: format!(
+                    "expects {} buffers, got {}",
+                    self.buffer_count(),
+                    buffers.len()
+                ),
+            });
+        }
+        let mut args: Vec<Arg> = Vec::with_capacity(10);
+        if self.binding == Binding::DeviceAddress {
+            args.extend(buffers.iter().map(|&a| Arg::Address(a)));
+        }
+        let w = u64::from(geometry.workgroup);
+        let groups = match (dims, self.layout) {
+            (
+                Dims::Rows {
+                    rows,
+                    len,
+                    splits,
+                    chunk,
+                },
+                Layout::Rows { threads },
+            ) => {
+                args.extend([rows, len, splits, chunk].map(Arg::U32));
+                let per = (w / u64::from(threads)).max(1);
+                (u64::from(rows) * u64::from(splits)).div_ceil(per)
+            }
+            (
+                Dims::Columns {
+                    outer,
+                    axis,
+                    inner,
+                    splits,
+                    chunk,
+                },
+                Layout::Columns { vec },
+            ) => {
+                args.extend([outer, axis, inner, splits, chunk].map(Arg::U32));
+                let units =
+                    u64::from(outer) * u64::from(splits) * u64::from(inner) / u64::from(vec);
+                units.div_ceil(w)
+            }
+            _ => {
+                return Err(KernelError::Arguments {
+                    kernel: self.name(),
+                    detail: format!("dimensions {dims:?} do not fit the layout"),
+                })
+            }
+        };
+        args.push(Arg::F32(scale));
+        let groups = grid(groups, geometry.max_groups_x)?;
+        let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
+        Ok(Launch { groups, push })
+    }
+
+    /// Buffers the kernel takes: x, [x_index], [y], [y_index].
+    pub fn buffer_count(&self) -> usize {
+        let argmax = self.op == Reduction::ArgMax;
+        let xi = argmax && self.stage == Stage::Combine;
+        let y = self.stage == Stage::Partial || !argmax;
+        1 + usize::from(xi) + usize::from(y) + usize::from(argmax)
+    }
+
+    /// A representative set of kernels (every op, stage and layout) for validation.
+    pub fn samples(binding: Binding) -> Vec<ReduceKernel> {
+        let mut out = Vec::new();
+        let reducers = [
+            Reducer::Subgroup {
+                block: 8,
+                whole: true,
+            },
+            Reducer::Subgroup {
+                block: 32,
+                whole: false,
+            },
+            Reducer::SharedTree,
+        ];
+        for op in [
+            Reduction::Sum,
+            Reduction::Max,
+            Reduction::Min,
+            Reduction::ArgMax,
+        ] {
+            for stage in [Stage::Direct, Stage::Partial, Stage::Combine] {
+                for (i, layout) in [
+                    Layout::Rows { threads: 256 },
+                    Layout::Rows { threads: 4 },
+                    Layout::Columns { vec: 4 },
+                    Layout::Columns { vec: 1 },
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    out.push(ReduceKernel {
+                        op,
+                        storage: Storage::ALL[i % 3],
+                        stage,
+                        layout,
+                        unroll: 4,
+                        reducer: reducers[i % 3],
+                        workgroup: 256,
+                        binding,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> ReduceSetup {
+        ReduceSetup {
+            reducer: Reducer::SharedTree,
+            workgroup: 256,
+            binding: Binding::DeviceAddress,
+            unroll: 4,
+            target_groups: 2048,
+        }
+    }
+
+    #[test]
+    fn plans() {
+        let s = setup();
+        // The full sum of 4096×50257: split over the target, then one combining workgroup.
+        let p = plan(Reduction::Sum, Storage::F32, 1, 4096 * 50257, 1, &s).unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].kernel.stage, Stage::Partial);
+        assert!(matches!(p[0].dims, Dims::Rows { splits: 2048, .. }));
+        // Many rows: one pass, small groups for short rows.
+        let p = plan(Reduction::Max, Storage::F32, 4096, 768, 1, &s).unwrap();
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].kernel.layout, Layout::Rows { threads: 64 });
+        // A long middle axis over few columns splits.
+        let p = plan(Reduction::ArgMax, Storage::F16, 2, 100_000, 3, &s).unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[1].kernel.layout, Layout::Columns { vec: 1 });
+        assert!(plan(Reduction::Sum, Storage::F32, 1, 0, 1, &s).is_err());
+        assert!(plan(Reduction::Sum, Storage::F32, 1 << 16, 1 << 16, 1, &s).is_err());
+    }
+
+    #[test]
+    fn buffer_counts() {
+        for k in ReduceKernel::samples(Binding::DeviceAddress) {
+            let m = k.build();
+            let buffers = m.params.iter().filter(|p| p.access.is_some()).count();
+            assert_eq!(buffers, k.buffer_count(), "{}", k.name());
+        }
+    }
+}

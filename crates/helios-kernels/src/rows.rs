@@ -1,0 +1,490 @@
+//! Row machinery shared by the reduce, softmax and norm families: combining values across a
+//! group of invocations, and walking one row of a tensor in 16-byte slots.
+//!
+//! Key decisions a reader must know:
+//! - A row is processed by a *group* of `T` consecutive invocations (`T` a power of two that
+//!   divides the workgroup size): a whole workgroup for long rows, a subgroup or less for short
+//!   ones (several rows per workgroup). [`Groups::reduce`] combines one value per invocation
+//!   over its group and hands the result to every member. With subgroups it uses shuffles (or
+//!   one subgroup reduction where the subgroup size is fixed) inside blocks of the device's
+//!   smallest subgroup size, then one round through shared memory between blocks; the
+//!   fallback ([`Reducer::SharedTree`], `HELIOS_NO_SUBGROUP=1`) is a tree in shared memory.
+//!   Blocks are runs of consecutive `LocalInvocationIndex` values, which is how every Vulkan
+//!   implementation we know forms subgroups.
+//! - Slots are aligned to the *buffer*, not to the row: slot `s` holds elements `[4s, 4s+4)`.
+//!   A row that starts or ends mid-slot (any row whose length is not a multiple of 4, e.g. a
+//!   vocabulary of 50257) still gets 16-byte loads for every slot it covers whole; only its
+//!   two edge slots fall back to per-element accesses. Lanes outside the row get a fill value
+//!   (the identity of what the kernel computes) and are never stored.
+
+use helios_spirv::{
+    Buffer, GroupMode, KernelBuilder, ReduceOp, Scalar, Shared, SharedLen, Ty, Val,
+};
+
+use crate::storage::{load_f32, store_f32, Storage};
+
+/// How invocations combine values (the choice `HELIOS_NO_SUBGROUP=1` flips).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reducer {
+    /// Subgroup operations. `block` is the smallest subgroup size the device may use (a power
+    /// of two); `whole` says every subgroup has exactly `block` invocations, so a block
+    /// reduces with one subgroup reduction instead of a shuffle butterfly.
+    Subgroup { block: u32, whole: bool },
+    /// Shared memory and workgroup barriers only.
+    SharedTree,
+}
+
+impl Reducer {
+    /// A short tag for kernel names ("sg8", "sg32w", "tree").
+    pub fn tag(self) -> String {
+        match self {
+            Reducer::Subgroup { block, whole } => {
+                format!("sg{block}{}", if whole { "w" } else { "" })
+            }
+            Reducer::SharedTree => "tree".to_owned(),
+        }
+    }
+}
+
+/// `combine(a, b)` for a reduction operator on values of any type.
+pub fn combine(k: &mut KernelBuilder, op: ReduceOp, a: Val, b: Val) -> Val {
+    match op {
+        ReduceOp::Add => k.add(a, b),
+        ReduceOp::Mul => k.mul(a, b),
+        ReduceOp::Max => k.max(a, b),
+        ReduceOp::Min => k.min(a, b),
+    }
+}
+
+/// The identity of `op` on values of type `ty` (floats: 0, 1, -inf, +inf; unsigned: 0, 1,
+/// 0, MAX).
+pub fn identity(k: &mut KernelBuilder, op: ReduceOp, ty: Ty) -> Val {
+    if ty.scalar.is_float() {
+        let v = match op {
+            ReduceOp::Add => 0.0,
+            ReduceOp::Mul => 1.0,
+            ReduceOp::Max => f32::NEG_INFINITY,
+            ReduceOp::Min => f32::INFINITY,
+        };
+        k.const_float(ty, v)
+    } else {
+        let v = match op {
+            ReduceOp::Add | ReduceOp::Max => 0,
+            ReduceOp::Mul => 1,
+            ReduceOp::Min => u32::MAX as i64,
+        };
+        k.const_int(ty, v)
+    }
+}
+
+/// Groups of `threads` consecutive invocations that each own one row (see the module docs).
+pub struct Groups {
+    pub reducer: Reducer,
+    /// Invocations per group: a power of two dividing the workgroup size.
+    pub threads: u32,
+    lid: Val,
+    scratch: Vec<(Ty, Shared)>,
+}
+
+impl Groups {
+    #[track_caller]
+    pub fn new(k: &mut KernelBuilder, reducer: Reducer, threads: u32) -> Groups {
+        assert!(threads.is_power_of_two(), "group of {threads} invocations");
+        let lid = k.local_index();
+        Groups {
+            reducer,
+            threads,
+            lid,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// This invocation's index inside its group.
+    pub fn lane(&self, k: &mut KernelBuilder) -> Val {
+        let m = k.u32(self.threads - 1);
+        k.and(self.lid, m)
+    }
+
+    /// This invocation's group inside the workgroup.
+    pub fn group(&self, k: &mut KernelBuilder) -> Val {
+        let s = k.u32(self.threads.trailing_zeros());
+        k.shr(self.lid, s)
+    }
+
+    /// Groups per workgroup (the workgroup size is a specialization constant).
+    pub fn per_workgroup(&self, k: &mut KernelBuilder) -> Val {
+        let w = k.workgroup_size_x();
+        let s = k.u32(self.threads.trailing_zeros());
+        k.shr(w, s)
+    }
+
+    fn scratch(&mut self, k: &mut KernelBuilder, ty: Ty) -> Shared {
+        if let Some(&(_, s)) = self.scratch.iter().find(|(t, _)| *t == ty) {
+            return s;
+        }
+        let s = k.shared_array(ty, SharedLen::WorkgroupX);
+        self.scratch.push((ty, s));
+        s
+    }
+
+    /// `op` over `v` of every invocation of the group, returned to all of them. Must be
+    /// reached by every invocation of the workgroup (it may contain barriers).
+    pub fn reduce(&mut self, k: &mut KernelBuilder, op: ReduceOp, v: Val) -> Val {
+        let t = self.threads;
+        if t == 1 {
+            return v;
+        }
+        match self.reducer {
+            Reducer::Subgroup { block, whole } => {
+                let b = t.min(block);
+                let r = block_reduce(k, op, v, b, whole && b == block);
+                if t <= b {
+                    return r;
+                }
+                // Block leaders publish; every block of the group then reads the group's t/b
+                // partials (lane i takes i, i+b, ...) and reduces them again.
+                let scratch = self.scratch(k, v.ty);
+                let bm = k.u32(b - 1);
+                let lane = k.and(self.lid, bm);
+                let zero = k.u32(0);
+                let leader = k.eq(lane, zero);
+                let bs = k.u32(b.trailing_zeros());
+                let slot = k.shr(self.lid, bs);
+                k.if_(leader, |k| k.shared_store(scratch, slot, r));
+                k.workgroup_barrier();
+                let per = t / b;
+                let g = self.group(k);
+                let pv = k.u32(per);
+                let gbase = k.mul(g, pv);
+                let mut acc = identity(k, op, v.ty);
+                let last = k.u32(per - 1);
+                for i in 0..per.div_ceil(b) {
+                    let off = k.u32(i * b);
+                    let idx = k.add(lane, off);
+                    if (i + 1) * b <= per {
+                        let at = k.add(gbase, idx);
+                        let x = k.shared_load(scratch, at);
+                        acc = combine(k, op, acc, x);
+                    } else {
+                        let c = k.min(idx, last);
+                        let at = k.add(gbase, c);
+                        let x = k.shared_load(scratch, at);
+                        let inside = k.lt(idx, pv);
+                        let id = identity(k, op, v.ty);
+                        let x = k.select(inside, x, id);
+                        acc = combine(k, op, acc, x);
+                    }
+                }
+                let r = block_reduce(k, op, acc, b, whole && b == block);
+                k.workgroup_barrier();
+                r
+            }
+            Reducer::SharedTree => {
+                let scratch = self.scratch(k, v.ty);
+                let lane = self.lane(k);
+                k.shared_store(scratch, self.lid, v);
+                k.workgroup_barrier();
+                let mut s = t / 2;
+                while s >= 1 {
+                    let sv = k.u32(s);
+                    let active = k.lt(lane, sv);
+                    let lid = self.lid;
+                    k.if_(active, |k| {
+                        let a = k.shared_load(scratch, lid);
+                        let other = k.add(lid, sv);
+                        let b = k.shared_load(scratch, other);
+                        let c = combine(k, op, a, b);
+                        k.shared_store(scratch, lid, c);
+                    });
+                    k.workgroup_barrier();
+                    s /= 2;
+                }
+                let base = k.sub(self.lid, lane);
+                let r = k.shared_load(scratch, base);
+                k.workgroup_barrier();
+                r
+            }
+        }
+    }
+}
+
+/// `op` over aligned blocks of `b` invocations (inside one subgroup): one subgroup reduction
+/// when the block is the whole subgroup, else a butterfly of shuffles.
+fn block_reduce(k: &mut KernelBuilder, op: ReduceOp, v: Val, b: u32, whole: bool) -> Val {
+    if whole {
+        return k.subgroup_reduce(op, GroupMode::Reduce, v);
+    }
+    let mut r = v;
+    let mut m = b / 2;
+    while m >= 1 {
+        let mask = k.u32(m);
+        let other = k.subgroup_shuffle_xor(r, mask);
+        r = combine(k, op, r, other);
+        m /= 2;
+    }
+    r
+}
+
+/// The workgroup's linear index in a (possibly 2-D) grid.
+pub fn linear_workgroup(k: &mut KernelBuilder) -> Val {
+    let wid = k.workgroup_id();
+    let nwg = k.num_workgroups();
+    let (gx, gy, nx) = (k.extract(wid, 0), k.extract(wid, 1), k.extract(nwg, 0));
+    let row = k.mul(gy, nx);
+    k.add(row, gx)
+}
+
+/// Elements `[start, end)` of a buffer, walked in slots of `vec` elements (1 or 4) aligned to
+/// the buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct Row {
+    pub start: Val,
+    pub end: Val,
+    pub vec: u8,
+}
+
+impl Row {
+    /// The first slot touching the row.
+    pub fn first_slot(&self, k: &mut KernelBuilder) -> Val {
+        if self.vec == 1 {
+            return self.start;
+        }
+        let s = k.u32(2);
+        k.shr(self.start, s)
+    }
+
+    /// One past the last slot touching the row.
+    pub fn end_slot(&self, k: &mut KernelBuilder) -> Val {
+        if self.vec == 1 {
+            return self.end;
+        }
+        let three = k.u32(3);
+        let e = k.add(self.end, three);
+        let s = k.u32(2);
+        k.shr(e, s)
+    }
+
+    /// The column (index inside the row) of each lane of `slot`; lanes before the row wrap
+    /// to huge values, so `col < len` is the validity test.
+    pub fn cols(&self, k: &mut KernelBuilder, slot: Val) -> Val {
+        if self.vec == 1 {
+            return k.sub(slot, self.start);
+        }
+        let two = k.u32(2);
+        let e0 = k.shl(slot, two);
+        let e0 = k.sub(e0, self.start);
+        let e = k.splat(e0, 4);
+        let lanes: Vec<Val> = (0..4).map(|i| k.u32(i)).collect();
+        let offs = k.vector(&lanes);
+        k.add(e, offs)
+    }
+
+    /// Lanes of `cols` inside the row (bool, `vec` lanes).
+    pub fn valid(&self, k: &mut KernelBuilder, cols: Val) -> Val {
+        let len = k.sub(self.end, self.start);
+        let len = k.splat(len, self.vec);
+        k.lt(cols, len)
+    }
+
+    /// Whether all lanes of `slot` lie inside the row.
+    fn full(&self, k: &mut KernelBuilder, slot: Val) -> Val {
+        let two = k.u32(2);
+        let e0 = k.shl(slot, two);
+        let four = k.u32(4);
+        let e1 = k.add(e0, four);
+        let a = k.ge(e0, self.start);
+        let b = k.le(e1, self.end);
+        k.and(a, b)
+    }
+
+    /// Slot `slot` of `buf` as f32 (`vec` lanes), `fill` in lanes outside the row. The slot
+    /// must touch the row (first_slot <= slot < end_slot).
+    pub fn load(
+        &self,
+        k: &mut KernelBuilder,
+        buf: Buffer,
+        s: Storage,
+        slot: Val,
+        fill: f32,
+    ) -> Val {
+        if self.vec == 1 {
+            return load_f32(k, buf, slot, 1, s);
+        }
+        let ty = Ty::vector(Scalar::F32, 4);
+        let out = k.var(ty);
+        let full = self.full(k, slot);
+        let (start, end) = (self.start, self.end);
+        k.if_else(
+            full,
+            |k| {
+                let v = load_f32(k, buf, slot, 4, s);
+                k.set(out, v);
+            },
+            |k| {
+                let f = k.const_float(ty, fill);
+                k.set(out, f);
+                let two = k.u32(2);
+                let e0 = k.shl(slot, two);
+                for lane in 0..4 {
+                    let off = k.u32(lane);
+                    let e = k.add(e0, off);
+                    let a = k.ge(e, start);
+                    let b = k.lt(e, end);
+                    let inside = k.and(a, b);
+                    k.if_(inside, |k| {
+                        let x = load_f32(k, buf, e, 1, s);
+                        let cur = k.get(out);
+                        let v = k.insert(cur, x, lane);
+                        k.set(out, v);
+                    });
+                }
+            },
+        );
+        k.get(out)
+    }
+
+    /// Stores the lanes of `value` (f32, `vec` lanes) that lie inside the row at `slot`.
+    pub fn store(&self, k: &mut KernelBuilder, buf: Buffer, s: Storage, slot: Val, value: Val) {
+        if self.vec == 1 {
+            store_f32(k, buf, slot, value, s);
+            return;
+        }
+        let full = self.full(k, slot);
+        let (start, end) = (self.start, self.end);
+        k.if_else(
+            full,
+            |k| store_f32(k, buf, slot, value, s),
+            |k| {
+                let two = k.u32(2);
+                let e0 = k.shl(slot, two);
+                for lane in 0..4 {
+                    let off = k.u32(lane);
+                    let e = k.add(e0, off);
+                    let a = k.ge(e, start);
+                    let b = k.lt(e, end);
+                    let inside = k.and(a, b);
+                    k.if_(inside, |k| {
+                        let x = k.extract(value, lane);
+                        store_f32(k, buf, e, x, s);
+                    });
+                }
+            },
+        );
+    }
+}
+
+/// Visits indices `first + lane, first + lane + stride, ...` below `end`: `unroll` at a time
+/// (all loads of a step issued before its arithmetic, which keeps bytes in flight) while
+/// whole steps remain, then one at a time.
+pub fn for_each_slot(
+    k: &mut KernelBuilder,
+    first: Val,
+    end: Val,
+    lane: Val,
+    stride: u32,
+    unroll: u32,
+    mut body: impl FnMut(&mut KernelBuilder, &[Val]),
+) {
+    let start = k.add(first, lane);
+    let i = k.var_init(start);
+    if unroll > 1 {
+        let span = k.u32(stride * (unroll - 1));
+        let step = k.u32(stride * unroll);
+        k.while_(
+            |k| {
+                let iv = k.get(i);
+                let last = k.add(iv, span);
+                k.lt(last, end)
+            },
+            |k| {
+                let iv = k.get(i);
+                let slots: Vec<Val> = (0..unroll)
+                    .map(|j| {
+                        if j == 0 {
+                            iv
+                        } else {
+                            let o = k.u32(j * stride);
+                            k.add(iv, o)
+                        }
+                    })
+                    .collect();
+                body(k, &slots);
+            },
+            |k| {
+                let iv = k.get(i);
+                let n = k.add(iv, step);
+                k.set(i, n);
+            },
+        );
+    }
+    let one = k.u32(stride);
+    k.while_(
+        |k| {
+            let iv = k.get(i);
+            k.lt(iv, end)
+        },
+        |k| {
+            let iv = k.get(i);
+            body(k, &[iv]);
+        },
+        |k| {
+            let iv = k.get(i);
+            let n = k.add(iv, one);
+            k.set(i, n);
+        },
+    );
+}
+
+/// Sum of the lanes of a float vector.
+pub fn hsum(k: &mut KernelBuilder, v: Val) -> Val {
+    let mut acc = k.extract(v, 0);
+    for i in 1..v.ty.lanes as u32 {
+        let x = k.extract(v, i);
+        acc = k.add(acc, x);
+    }
+    acc
+}
+
+/// `op` over the lanes of a vector.
+pub fn hreduce(k: &mut KernelBuilder, op: ReduceOp, v: Val) -> Val {
+    let mut acc = k.extract(v, 0);
+    for i in 1..v.ty.lanes as u32 {
+        let x = k.extract(v, i);
+        acc = combine(k, op, acc, x);
+    }
+    acc
+}
+
+/// Threads per row for a row of `slots` slots, `per_thread` slots per invocation, in a
+/// workgroup of `workgroup`: the smallest power of two giving each at most `per_thread`,
+/// capped at the workgroup.
+pub fn threads_for(slots: u64, per_thread: u32, workgroup: u32) -> u32 {
+    let want = slots.div_ceil(u64::from(per_thread.max(1))).max(1);
+    let t = want.next_power_of_two().min(u64::from(workgroup));
+    t as u32
+}
+
+/// Slots a row of `len` elements touches at most, walked `vec` elements per slot (an
+/// unaligned row touches one more).
+pub fn row_slots(len: u64, vec: u8) -> u64 {
+    if vec == 1 {
+        len
+    } else {
+        len.div_ceil(4) + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_per_row() {
+        assert_eq!(threads_for(193, 4, 256), 64);
+        assert_eq!(threads_for(12566, 4, 256), 256);
+        assert_eq!(threads_for(2, 4, 256), 1);
+        assert_eq!(threads_for(0, 4, 256), 1);
+        assert_eq!(row_slots(768, 4), 193);
+        assert_eq!(row_slots(7, 1), 7);
+    }
+}
