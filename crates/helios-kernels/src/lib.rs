@@ -6,6 +6,7 @@
 //! min/max) live in `math` so every family shares one definition.
 
 pub mod elementwise;
+mod elementwise_strided;
 pub mod launch;
 pub mod loss;
 pub mod math;
@@ -14,7 +15,8 @@ pub mod rows;
 pub mod storage;
 
 pub use elementwise::{
-    BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp, ELEMENTWISE_DTYPES, ELEMENTWISE_WORKGROUP,
+    BinaryOp, ElementwiseKernel, ElementwiseOp, Strides, UnaryOp, Variant, ELEMENTWISE_DTYPES,
+    ELEMENTWISE_WORKGROUP, MAX_DIMS,
 };
 pub use launch::{grid, pack_push, Arg, Geometry, Launch};
 pub use loss::{CrossEntropyArgs, CrossEntropyKernel, CrossEntropyStage, CROSS_ENTROPY_WORKGROUP};

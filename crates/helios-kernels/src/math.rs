@@ -174,3 +174,89 @@ pub fn pow(k: &mut KernelBuilder, a: Val, b: Val) -> Val {
     let unit = k.or(unit, m1_inf);
     k.select(unit, one, r)
 }
+
+/// NaN where `a` or `b` is NaN, else `r` (the gradients promise NaN in → NaN out even where
+/// their formula would multiply the NaN by zero or select it away).
+fn nan_if_either(k: &mut KernelBuilder, a: Val, b: Val, r: Val) -> Val {
+    let na = k.is_nan(a);
+    let nb = k.is_nan(b);
+    let any = k.or(na, nb);
+    let nan = k.add(a, b);
+    k.select(any, nan, r)
+}
+
+/// relu'(x)·dy: dy where x > 0, else 0 (PyTorch's convention at 0).
+pub fn relu_backward(k: &mut KernelBuilder, x: Val, dy: Val) -> Val {
+    let zero = splat_f(k, x, 0.0);
+    let pos = k.gt(x, zero);
+    let r = k.select(pos, dy, zero);
+    nan_if_either(k, x, dy, r)
+}
+
+/// sigmoid(x) and 1 − sigmoid(x), each without cancellation or overflow: with e = exp(−x),
+/// s = 1/(1 + e), and 1 − s is e·s where e ≤ 1 (x ≥ 0) and 1 − s where s is small (x < 0).
+fn sigmoid_pair(k: &mut KernelBuilder, x: Val) -> (Val, Val) {
+    let nx = k.neg(x);
+    let e = k.exp(nx);
+    let one = splat_f(k, x, 1.0);
+    let den = k.add(one, e);
+    let s = k.div(one, den);
+    let es = k.mul(e, s);
+    let one_minus = k.sub(one, s);
+    let zero = splat_f(k, x, 0.0);
+    let neg = k.lt(x, zero);
+    let q = k.select(neg, one_minus, es);
+    (s, q)
+}
+
+/// silu'(x)·dy with silu'(x) = s·(1 + x·(1 − s)), s = sigmoid(x); the limits 1 at +∞ and 0
+/// at −∞ are set explicitly (the formula gives ∞·0 there).
+pub fn silu_backward(k: &mut KernelBuilder, x: Val, dy: Val) -> Val {
+    let (s, q) = sigmoid_pair(k, x);
+    let one = splat_f(k, x, 1.0);
+    let t = k.fma(x, q, one);
+    let d = k.mul(s, t);
+    let inf = k.is_inf(x);
+    let d = saturate(k, x, d, inf);
+    let r = k.mul(dy, d);
+    nan_if_either(k, x, dy, r)
+}
+
+/// `d`, or where `far` holds its limit: 1 for positive and 0 for negative `x`.
+fn saturate(k: &mut KernelBuilder, x: Val, d: Val, far: Val) -> Val {
+    let zero = splat_f(k, x, 0.0);
+    let one = splat_f(k, x, 1.0);
+    let pos = k.gt(x, zero);
+    let limit = k.select(pos, one, zero);
+    k.select(far, limit, d)
+}
+
+/// gelu_tanh'(x)·dy. With p = sigmoid(2z) = (1 + tanh z)/2 and z = √(2/π)·(x + 0.044715x³):
+/// gelu' = p + 2x·p·(1 − p)·√(2/π)·(1 + 3·0.044715x²), which has no cancellation for
+/// negative x (unlike the tanh form). Past |x| > 10 the derivative is 1 or 0 within 4e-36,
+/// and the formula would overflow (x³, ∞·0), so the limit is used there.
+pub fn gelu_tanh_backward(k: &mut KernelBuilder, x: Val, dy: Val) -> Val {
+    let c = splat_f(k, x, 0.044_715);
+    let c3 = splat_f(k, x, 3.0 * 0.044_715);
+    let k0 = splat_f(k, x, 0.797_884_6); // √(2/π)
+    let two = splat_f(k, x, 2.0);
+    let one = splat_f(k, x, 1.0);
+    let x2 = k.mul(x, x);
+    let inner = k.fma(x2, c, one);
+    let xi = k.mul(x, inner);
+    let z = k.mul(xi, k0);
+    let z2 = k.mul(z, two);
+    let (p, q) = sigmoid_pair(k, z2);
+    let slope = k.fma(x2, c3, one);
+    let slope = k.mul(slope, k0);
+    let pq = k.mul(p, q);
+    let x2t = k.mul(x, two);
+    let t = k.mul(x2t, pq);
+    let d = k.fma(t, slope, p);
+    let ax = k.abs(x);
+    let ten = splat_f(k, x, 10.0);
+    let far = k.gt(ax, ten);
+    let d = saturate(k, x, d, far);
+    let r = k.mul(dy, d);
+    nan_if_either(k, x, dy, r)
+}

@@ -173,10 +173,13 @@ impl Device {
             op,
             dtype: dtype.storage(),
             binding: self.inner.config.binding,
-            vecs: self.inner.config.elementwise_vecs.unwrap_or(match dtype {
-                DType::F32 => 1,
-                DType::F16 | DType::BF16 => 2,
-            }),
+            variant: helios_kernels::Variant::Vec4 {
+                vecs: self.inner.config.elementwise_vecs.unwrap_or(match dtype {
+                    DType::F32 => 1,
+                    DType::F16 | DType::BF16 => 2,
+                }),
+                exact: false,
+            },
         }
     }
 
@@ -190,6 +193,7 @@ impl Device {
         }
     }
 
+            out: dtype.storage(),
     /// How kernels on this device receive their buffers.
     pub fn binding(&self) -> Binding {
         self.inner.config.binding

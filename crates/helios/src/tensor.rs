@@ -215,6 +215,7 @@ impl Tensor {
             &addrs,
             out.device_address(),
             s,
+            None,
         )?;
         let mut accesses: Vec<Access> = inputs.iter().map(|t| Access::read(t.buffer())).collect();
         accesses.push(Access::write(out));

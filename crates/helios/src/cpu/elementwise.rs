@@ -44,8 +44,39 @@ pub fn binary_f32(op: BinaryOp, a: f32, b: f32) -> f32 {
         BinaryOp::Min if x.is_nan() || y.is_nan() => f64::NAN,
         BinaryOp::Min => x.min(y),
         BinaryOp::Pow => x.powf(y),
+        _ if x.is_nan() || y.is_nan() => f64::NAN,
+        BinaryOp::ReluBackward => {
+            if x > 0.0 {
+                y
+            } else {
+                0.0
+            }
+        }
+        BinaryOp::SiluBackward => y * silu_grad(x),
+        BinaryOp::GeluTanhBackward => y * gelu_tanh_grad(x),
     };
     r as f32
+}
+
+/// d/dx x·sigmoid(x) = s·(1 + x·(1 − s)); 1 and 0 at ±∞.
+fn silu_grad(x: f64) -> f64 {
+    if x.is_infinite() {
+        return if x > 0.0 { 1.0 } else { 0.0 };
+    }
+    let s = 1.0 / (1.0 + (-x).exp());
+    s * (1.0 + x * (1.0 - s))
+}
+
+/// d/dx 0.5·x·(1 + tanh z), z = √(2/π)·(x + 0.044715x³):
+/// 0.5·(1 + tanh z) + 0.5·x·(1 − tanh² z)·√(2/π)·(1 + 3·0.044715x²); 1 and 0 at ±∞.
+fn gelu_tanh_grad(x: f64) -> f64 {
+    if x.is_infinite() {
+        return if x > 0.0 { 1.0 } else { 0.0 };
+    }
+    let k0 = (2.0 / std::f64::consts::PI).sqrt();
+    let c = 0.044715;
+    let t = (k0 * (x + c * x * x * x)).tanh();
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k0 * (1.0 + 3.0 * c * x * x)
 }
 
 /// `op(x)` element by element.
@@ -123,6 +154,13 @@ impl Tolerance {
             BinaryOp::Pow => Tolerance {
                 rtol: 2e-5,
                 atol: 1e-6,
+            },
+            BinaryOp::ReluBackward => Tolerance::EXACT,
+            // exp(−2z) carries the rounding of z times |2z| (≤ 50 for |x| ≤ 8), and the
+            // derivative crosses zero near x = −0.75, so an absolute term is needed too.
+            BinaryOp::SiluBackward | BinaryOp::GeluTanhBackward => Tolerance {
+                rtol: 2e-5,
+                atol: 4e-6,
             },
         }
     }
