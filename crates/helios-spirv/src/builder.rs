@@ -274,7 +274,13 @@ impl KernelBuilder {
             Binding::DeviceAddress => spirv::AddressingModel::PhysicalStorageBuffer64,
             Binding::Descriptor => spirv::AddressingModel::Logical,
         };
-        self.b.memory_model(addressing, spirv::MemoryModel::GLSL450);
+        // Cooperative matrices require the Vulkan memory model (coop.rs asks for it).
+        let model = if self.caps.contains(&(Capability::VulkanMemoryModel as u32)) {
+            spirv::MemoryModel::Vulkan
+        } else {
+            spirv::MemoryModel::GLSL450
+        };
+        self.b.memory_model(addressing, model);
         for &cap in &self.caps {
             let cap = Capability::from_u32(cap).expect("known capability");
             self.b.capability(cap);
@@ -667,6 +673,7 @@ impl KernelBuilder {
             Scalar::Bool => self.b.type_bool(),
             Scalar::F16 => self.b.type_float(16),
             Scalar::F32 => self.b.type_float(32),
+            Scalar::BF16 => self.bf16_type(),
             Scalar::U8 => self.b.type_int(8, 0),
             Scalar::U16 => self.b.type_int(16, 0),
             Scalar::I32 => self.b.type_int(32, 1),

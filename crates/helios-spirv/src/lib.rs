@@ -10,11 +10,12 @@
 //! ([`Binding::Descriptor`], for push descriptors). The workgroup size is a specialization
 //! constant, so one module serves every size the tuner tries.
 //!
-//! Room for cooperative matrices: their types and `OpCooperativeMatrixMulAddKHR` will be a
-//! `coop` module beside `subgroup`, adding its capability and extension where it emits.
+//! Cooperative matrices (SPV_KHR_cooperative_matrix, bf16 through SPV_KHR_bfloat16) live in
+//! `coop` beside `subgroup`, adding their capabilities and extensions where they emit.
 
 mod builder;
 mod control;
+mod coop;
 mod memory;
 mod ops;
 mod subgroup;
@@ -27,6 +28,7 @@ pub use builder::{
     WORKGROUP_SIZE_SPEC_IDS,
 };
 pub use control::Var;
+pub use coop::{validator_supports_coop, CoopLayout, CoopMat, CoopTy, CoopUse, CoopVar};
 pub use memory::{Shared, SharedLen};
 pub use ops::{BinOp, CmpOp};
 pub use rspirv::spirv::GLOp;

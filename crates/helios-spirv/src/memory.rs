@@ -103,7 +103,7 @@ impl KernelBuilder {
         Shared { var, elem }
     }
 
-    fn shared_ptr(&mut self, arr: Shared, index: Val) -> Word {
+    pub(crate) fn shared_ptr(&mut self, arr: Shared, index: Val) -> Word {
         assert!(
             index.ty.scalar.is_int() && index.ty.lanes == 1,
             "index must be an integer"
@@ -135,6 +135,28 @@ impl KernelBuilder {
             arr.elem
         );
         let ptr = self.shared_ptr(arr, index);
+        self.inst_void(Op::Store, vec![id(ptr), value.into()]);
+    }
+
+    /// Stores scalar `value` into lane `lane` of vector element `index` of `arr` (a transposing
+    /// store into a vector-typed array; other lanes are untouched).
+    #[track_caller]
+    pub fn shared_store_lane(&mut self, arr: Shared, index: Val, lane: u32, value: Val) {
+        assert!(
+            arr.elem.lanes > 1
+                && lane < arr.elem.lanes as u32
+                && value.ty == Ty::scalar(arr.elem.scalar),
+            "lane store of {} into shared {}",
+            value.ty,
+            arr.elem
+        );
+        let ptr_ty = self.ptr_ty(StorageClass::Workgroup, value.ty);
+        let l = self.const_u32(lane);
+        let ptr = self.inst(
+            Op::AccessChain,
+            Some(ptr_ty),
+            vec![id(arr.var), index.into(), id(l)],
+        );
         self.inst_void(Op::Store, vec![id(ptr), value.into()]);
     }
 

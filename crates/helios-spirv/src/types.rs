@@ -6,8 +6,10 @@
 
 use rspirv::spirv::Word;
 
-/// A scalar type the IR knows. bfloat16 is a storage format, not an IR type: kernels keep it in
-/// `U16` and widen it to f32 with a shift, which works on every device.
+/// A scalar type the IR knows. bfloat16 is a storage format, not an arithmetic type: kernels
+/// keep it in `U16` and widen it to f32 with a shift, which works on every device. `BF16`
+/// exists only as the component of a cooperative matrix (SPV_KHR_bfloat16, see `coop`);
+/// scalar arithmetic on it is not valid SPIR-V.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scalar {
     Bool,
@@ -15,6 +17,8 @@ pub enum Scalar {
     U16,
     F16,
     F32,
+    /// bfloat16: cooperative-matrix components only.
+    BF16,
     I32,
     U32,
     I64,
@@ -34,7 +38,7 @@ impl Scalar {
     pub const fn kind(self) -> Kind {
         match self {
             Scalar::Bool => Kind::Bool,
-            Scalar::F16 | Scalar::F32 => Kind::Float,
+            Scalar::F16 | Scalar::BF16 | Scalar::F32 => Kind::Float,
             Scalar::I32 | Scalar::I64 => Kind::Signed,
             Scalar::U8 | Scalar::U16 | Scalar::U32 | Scalar::U64 => Kind::Unsigned,
         }
@@ -45,7 +49,7 @@ impl Scalar {
         match self {
             Scalar::Bool => 0,
             Scalar::U8 => 1,
-            Scalar::U16 | Scalar::F16 => 2,
+            Scalar::U16 | Scalar::F16 | Scalar::BF16 => 2,
             Scalar::F32 | Scalar::I32 | Scalar::U32 => 4,
             Scalar::I64 | Scalar::U64 => 8,
         }
@@ -70,6 +74,7 @@ impl Scalar {
             Scalar::U16 => "u16",
             Scalar::F16 => "f16",
             Scalar::F32 => "f32",
+            Scalar::BF16 => "bf16",
             Scalar::I32 => "i32",
             Scalar::U32 => "u32",
             Scalar::I64 => "i64",
