@@ -7,9 +7,11 @@
 
 pub mod elementwise;
 mod elementwise_strided;
+pub mod embedding;
 pub mod launch;
 pub mod loss;
 pub mod math;
+pub mod optim;
 pub mod reduce;
 pub mod rows;
 pub mod storage;
@@ -18,8 +20,10 @@ pub use elementwise::{
     BinaryOp, ElementwiseKernel, ElementwiseOp, Strides, UnaryOp, Variant, ELEMENTWISE_DTYPES,
     ELEMENTWISE_WORKGROUP, MAX_DIMS,
 };
+pub use embedding::{EmbeddingArgs, EmbeddingKernel, EmbeddingStage};
 pub use launch::{grid, pack_push, Arg, Geometry, Launch};
 pub use loss::{CrossEntropyArgs, CrossEntropyKernel, CrossEntropyStage, CROSS_ENTROPY_WORKGROUP};
+pub use optim::{AdamWArgs, AdamWKernel, AdamWStep};
 pub use storage::{buffer_scalar, load_f32, store_f32, Storage};
 
 /// Errors from preparing a kernel launch.

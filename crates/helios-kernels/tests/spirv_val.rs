@@ -67,3 +67,33 @@ fn every_reduce_kernel_validates() {
         .sum();
     assert_eq!(n, 2 * 4 * 3 * 4);
 }
+
+#[test]
+fn every_embedding_kernel_validates() {
+    let n: usize = [Binding::DeviceAddress, Binding::Descriptor]
+        .into_iter()
+        .map(|b| {
+            validate_all(
+                helios_kernels::EmbeddingKernel::all(b)
+                    .iter()
+                    .map(|k| k.build()),
+            )
+        })
+        .sum();
+    assert_eq!(n, 2 * (2 * 3 * 2 + 5));
+}
+
+#[test]
+fn every_adamw_kernel_validates() {
+    let n: usize = [Binding::DeviceAddress, Binding::Descriptor]
+        .into_iter()
+        .map(|b| {
+            validate_all(
+                helios_kernels::AdamWKernel::all(b)
+                    .iter()
+                    .map(|k| k.build()),
+            )
+        })
+        .sum();
+    assert_eq!(n, 2 * 3 * 3);
+}
