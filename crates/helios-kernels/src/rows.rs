@@ -46,6 +46,46 @@ impl Reducer {
     }
 }
 
+/// Which candidate a row family (softmax, norms) runs; `Auto` leaves it to the family's
+/// selection function (`HELIOS_ROWS=cached|streaming` forces one, for tuning and tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RowVariant {
+    #[default]
+    Auto,
+    /// The row lives in registers between its reductions: one read, one write.
+    Cached,
+    /// The row is streamed once per pass (long rows).
+    Streaming,
+}
+
+/// Tuning knobs of the row kernels (reduce, softmax, norms), read from the environment once
+/// per device (see `helios::env`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowConfig {
+    pub variant: RowVariant,
+    /// Slots (16-byte loads) per invocation per loop step (`HELIOS_ROW_UNROLL`, default 4).
+    pub unroll: u8,
+    /// Most slots per invocation a cached variant keeps in registers
+    /// (`HELIOS_ROW_SLOTS`; default: the family's own).
+    pub cached_slots: Option<u32>,
+    /// Workgroups a split reduction aims for (`HELIOS_SPLIT_GROUPS`, default 2048).
+    pub target_groups: u32,
+    /// Workgroup size for every row kernel (`HELIOS_WG`; default: the family's own).
+    pub workgroup: Option<u32>,
+}
+
+impl Default for RowConfig {
+    fn default() -> Self {
+        RowConfig {
+            variant: RowVariant::Auto,
+            unroll: 4,
+            cached_slots: None,
+            target_groups: 2048,
+            workgroup: None,
+        }
+    }
+}
+
 /// `combine(a, b)` for a reduction operator on values of any type.
 pub fn combine(k: &mut KernelBuilder, op: ReduceOp, a: Val, b: Val) -> Val {
     match op {

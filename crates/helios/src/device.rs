@@ -7,6 +7,8 @@
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex};
 
+use helios_kernels::reduce::ReduceKernel;
+use helios_kernels::rows::RowConfig;
 use helios_kernels::{ElementwiseKernel, ElementwiseOp};
 
 use crate::DType;
@@ -26,6 +28,13 @@ pub struct KernelConfig {
     pub elementwise_vecs: Option<u8>,
     /// How tensors are read back (`HELIOS_READBACK`).
     pub readback: Readback,
+    /// Subgroup operations in reductions, softmax and norms; `false` (`HELIOS_NO_SUBGROUP=1`)
+    /// uses shared-memory trees only. Ignored where the device lacks subgroup arithmetic or
+    /// shuffles in compute shaders.
+    pub subgroups: bool,
+    /// Variant and tuning of the row kernels: reduce, softmax, norms (`HELIOS_ROWS`,
+    /// `HELIOS_ROW_UNROLL`, `HELIOS_ROW_SLOTS`, `HELIOS_SPLIT_GROUPS`, `HELIOS_WG`).
+    pub rows: RowConfig,
 }
 
 /// How `Tensor::to_vec` moves data to the host.
@@ -45,6 +54,8 @@ impl Default for KernelConfig {
             binding: Binding::DeviceAddress,
             elementwise_vecs: None,
             readback: Readback::Auto,
+            subgroups: true,
+            rows: RowConfig::default(),
         }
     }
 }
@@ -88,6 +99,8 @@ impl Device {
             binding,
             elementwise_vecs: crate::env::elementwise_vecs(),
             readback: crate::env::readback().unwrap_or(Readback::Auto),
+            subgroups: !crate::env::no_subgroup(),
+            rows: crate::env::row_config(),
         };
         Device::with_config(ctx, config)
     }
@@ -111,6 +124,11 @@ impl Device {
                 kernels: Mutex::new(FxHashMap::default()),
             }),
         }
+    }
+
+    /// The kernel choices this device makes.
+    pub fn config(&self) -> KernelConfig {
+        self.inner.config
     }
 
     pub fn context(&self) -> &Arc<Context> {
@@ -172,6 +190,7 @@ impl Device {
         ElementwiseKernel {
             op,
             dtype: dtype.storage(),
+            out: dtype.storage(),
             binding: self.inner.config.binding,
             variant: helios_kernels::Variant::Vec4 {
                 vecs: self.inner.config.elementwise_vecs.unwrap_or(match dtype {
@@ -193,7 +212,6 @@ impl Device {
         }
     }
 
-            out: dtype.storage(),
     /// How kernels on this device receive their buffers.
     pub fn binding(&self) -> Binding {
         self.inner.config.binding
@@ -256,6 +274,7 @@ impl Device {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum KernelKey {
     Elementwise(ElementwiseKernel),
+    Reduce(ReduceKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter

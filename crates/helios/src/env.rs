@@ -16,6 +16,11 @@
 //! | `HELIOS_WG=<n>` | workgroup size (along x) for every kernel, overriding the default (tuning experiments) |
 //! | `HELIOS_DUMP_KERNELS=<dir>` | write the SPIR-V assembly of every kernel compiled to `<dir>/<name>.spvasm` |
 //! | `HELIOS_SPIRV_VAL=<path>` | the `spirv-val` binary tests use (default: `spirv-val` on PATH) |
+//! | `HELIOS_NO_SUBGROUP=1` | reductions, softmax and norms combine through shared-memory trees instead of subgroup operations |
+//! | `HELIOS_ROWS=cached\|streaming` | force the softmax/norm variant: row kept in registers, or streamed once per pass (default: by row length) |
+//! | `HELIOS_ROW_UNROLL=<n>` | 16-byte loads per invocation per loop step in reduce/softmax/norm kernels (1..=8, default 4) |
+//! | `HELIOS_ROW_SLOTS=<n>` | most 16-byte slots per invocation a cached softmax/norm row keeps in registers (1..=16; default per family) |
+//! | `HELIOS_SPLIT_GROUPS=<n>` | workgroups a split (two-phase) reduction aims for (default 2048) |
 
 use helios_spirv::{Binding, KernelModule};
 
@@ -76,5 +81,52 @@ pub(crate) fn dump_kernel(module: &KernelModule) {
         std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, module.disassemble()));
     if let Err(e) = result {
         eprintln!("helios: cannot dump kernel to {}: {e}", path.display());
+    }
+}
+
+/// `HELIOS_NO_SUBGROUP=1`: shared-memory trees instead of subgroup operations.
+pub(crate) fn no_subgroup() -> bool {
+    matches!(
+        std::env::var("HELIOS_NO_SUBGROUP").as_deref(),
+        Ok("1" | "true")
+    )
+}
+
+/// A number from `var` inside `range`, or `None` with a note when it is set but invalid.
+fn number_in(var: &str, range: std::ops::RangeInclusive<u32>) -> Option<u32> {
+    let v = std::env::var(var).ok()?;
+    match v.trim().parse::<u32>() {
+        Ok(n) if range.contains(&n) => Some(n),
+        _ => {
+            eprintln!(
+                "helios: {var}={v:?} ignored: use a number from {} to {}",
+                range.start(),
+                range.end()
+            );
+            None
+        }
+    }
+}
+
+/// The row kernels' switches: `HELIOS_ROWS`, `HELIOS_ROW_UNROLL`, `HELIOS_ROW_SLOTS`,
+/// `HELIOS_SPLIT_GROUPS` and `HELIOS_WG`.
+pub(crate) fn row_config() -> helios_kernels::rows::RowConfig {
+    use helios_kernels::rows::{RowConfig, RowVariant};
+    let d = RowConfig::default();
+    let variant = match std::env::var("HELIOS_ROWS").as_deref() {
+        Ok("cached") => RowVariant::Cached,
+        Ok("streaming") => RowVariant::Streaming,
+        Ok(v) => {
+            eprintln!("helios: HELIOS_ROWS={v:?} ignored: use cached or streaming");
+            RowVariant::Auto
+        }
+        Err(_) => RowVariant::Auto,
+    };
+    RowConfig {
+        variant,
+        unroll: number_in("HELIOS_ROW_UNROLL", 1..=8).map_or(d.unroll, |n| n as u8),
+        cached_slots: number_in("HELIOS_ROW_SLOTS", 1..=16),
+        target_groups: number_in("HELIOS_SPLIT_GROUPS", 1..=1 << 20).unwrap_or(d.target_groups),
+        workgroup: workgroup_override(),
     }
 }

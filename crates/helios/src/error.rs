@@ -29,6 +29,18 @@ pub enum Error {
     },
     #[error("{op}: the tensors live on different devices; move one with to_vec/from_slice")]
     DeviceMismatch { op: &'static str },
+    #[error("{op}: axis {axis} is out of range for a tensor of {ndim} dimensions; use 0..{ndim} (or -1 for the last)")]
+    Axis {
+        op: &'static str,
+        axis: isize,
+        ndim: usize,
+    },
+    #[error(
+        "{op} of an empty axis is undefined (shape {shape:?}); reduce a non-empty axis or use sum"
+    )]
+    EmptyReduction { op: &'static str, shape: Vec<usize> },
+    #[error("{op}: {detail}")]
+    Invalid { op: &'static str, detail: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

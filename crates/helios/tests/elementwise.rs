@@ -91,6 +91,7 @@ fn wider_variants_match_reference() {
             binding,
             elementwise_vecs: Some(vecs),
             readback: Readback::Kernel,
+            ..KernelConfig::default()
         };
         let d = Device::with_config(ctx, config);
         let cases = [

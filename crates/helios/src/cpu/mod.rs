@@ -4,5 +4,6 @@
 //! happens to do. One file per kernel family.
 
 mod elementwise;
+pub mod reduce;
 
 pub use elementwise::*;

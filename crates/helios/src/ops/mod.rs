@@ -1,3 +1,5 @@
 //! Tensor operations beyond element-wise, one file per kernel family, each an `impl Tensor`
 //! block over the helpers in `tensor.rs` (`Tensor::empty`, `buffer`, `address`) and the
 //! device's kernel cache (`Device::kernel` with a `KernelKey` variant per family).
+
+mod reduce;

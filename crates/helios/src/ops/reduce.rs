@@ -1,0 +1,303 @@
+//! Reductions on tensors: sum, mean, max and min over one axis or over everything (in the
+//! input's dtype, accumulated in f32), and argmax (u32 indices along the axis).
+//!
+//! The one decision a reader must know: the tensor is viewed as (outer, axis, inner) and
+//! handed to the kernel family's plan (`helios_kernels::reduce::plan`), which returns one
+//! dispatch or two (partials, then their combination); partials live in scratch buffers that
+//! are dropped right after recording, and the pool hands their memory out again only after
+//! the GPU is done with it. This file also holds the device facts every row family shares
+//! (which reducer, which workgroup size, which storage).
+
+use helios_kernels::reduce::{self, ReduceSetup, ReduceStep, Reduction, REDUCE_WORKGROUP};
+use helios_kernels::rows::Reducer;
+use helios_kernels::{Geometry, Launch};
+use helios_vk::{Access, Buffer, MemoryLocation};
+
+use crate::device::{Compiled, KernelKey};
+use crate::{Device, Error, IndexTensor, Result, Tensor};
+
+impl Device {
+    /// How this device's row kernels (reduce, softmax, norms) combine values across
+    /// invocations: subgroup operations when the config allows them and the device has
+    /// arithmetic and shuffles in compute shaders, else shared-memory trees. SPIR-V 1.5 modules
+    /// run with the reported subgroup size (varying sizes need SPIR-V 1.6 or an opt-in flag),
+    /// so blocks of that size are whole subgroups.
+    pub(crate) fn reducer(&self) -> Reducer {
+        let sg = &self.context().caps().subgroup;
+        let has = |op: &str| sg.operations.iter().any(|o| o == op);
+        let usable = sg.compute_stage
+            && has("basic")
+            && has("arithmetic")
+            && has("shuffle")
+            && sg.size.is_power_of_two()
+            && sg.size >= 4;
+        if self.config().subgroups && usable {
+            Reducer::Subgroup {
+                block: sg.size,
+                whole: true,
+            }
+        } else {
+            Reducer::SharedTree
+        }
+    }
+
+    /// The workgroup size of a row kernel: `HELIOS_WG` or the family's `default`, within the
+    /// device's limit.
+    pub(crate) fn row_workgroup(&self, default: u32) -> u32 {
+        let max = self
+            .context()
+            .caps()
+            .limits
+            .max_workgroup_invocations
+            .max(1);
+        let max = 1 << (31 - max.leading_zeros()); // largest power of two within the limit
+        self.config().rows.workgroup.unwrap_or(default).min(max)
+    }
+
+    fn reduce_setup(&self) -> ReduceSetup {
+        let rows = self.config().rows;
+        ReduceSetup {
+            reducer: self.reducer(),
+            workgroup: self.row_workgroup(REDUCE_WORKGROUP),
+            binding: self.binding(),
+            unroll: rows.unroll,
+            target_groups: rows.target_groups,
+        }
+    }
+
+    /// Compiles (once) and records one dispatch of a row-family kernel: `reads` then `writes`
+    /// are its buffers in declaration order; `launch` packs its push constants.
+    pub(crate) fn dispatch_rows(
+        &self,
+        key: KernelKey,
+        build: impl FnOnce() -> helios_spirv::KernelModule,
+        reads: &[&Buffer],
+        writes: &[&Buffer],
+        launch: impl FnOnce(&Compiled, Geometry, &[u64]) -> Result<Launch>,
+    ) -> Result<()> {
+        let compiled = self.kernel(key, build)?;
+        let geometry = Geometry {
+            workgroup: compiled.workgroup[0],
+            max_groups_x: self.max_groups_x(),
+        };
+        let addrs: Vec<u64> = reads
+            .iter()
+            .chain(writes)
+            .map(|b| b.device_address())
+            .collect();
+        let l = launch(&compiled, geometry, &addrs)?;
+        if l.groups.contains(&0) {
+            return Ok(());
+        }
+        let accesses: Vec<Access> = reads
+            .iter()
+            .map(|b| Access::read(b))
+            .chain(writes.iter().map(|b| Access::write(b)))
+            .collect();
+        self.context()
+            .dispatch(&compiled.pipeline, l.groups, &l.push, &accesses)?;
+        Ok(())
+    }
+
+    /// A device-local scratch buffer of `bytes` (at least 4).
+    pub(crate) fn scratch(&self, bytes: u64) -> Result<Buffer> {
+        Ok(self
+            .context()
+            .create_buffer(bytes.max(4), MemoryLocation::DeviceLocal)?)
+    }
+}
+
+/// `axis` as an index into `ndim` dimensions (negative values count from the end).
+pub(crate) fn resolve_axis(op: &'static str, axis: isize, ndim: usize) -> Result<usize> {
+    let a = if axis < 0 { axis + ndim as isize } else { axis };
+    if a < 0 || a as usize >= ndim {
+        return Err(Error::Axis { op, axis, ndim });
+    }
+    Ok(a as usize)
+}
+
+/// The (outer, axis, inner) view and result shape of reducing `shape` over `axis` (`None`:
+/// everything, giving a 0-d result).
+fn view(shape: &[usize], axis: Option<usize>) -> ((u64, u64, u64), Vec<usize>) {
+    match axis {
+        None => ((1, shape.iter().product::<usize>() as u64, 1), Vec::new()),
+        Some(a) => {
+            let outer: usize = shape[..a].iter().product();
+            let inner: usize = shape[a + 1..].iter().product();
+            let mut out = shape.to_vec();
+            out.remove(a);
+            ((outer as u64, shape[a] as u64, inner as u64), out)
+        }
+    }
+}
+
+impl Tensor {
+    /// Sum over `axis` (negative counts from the end), dropping it; f32 accumulation, result
+    /// in this tensor's dtype.
+    pub fn sum(&self, axis: isize) -> Result<Tensor> {
+        self.reduce(Reduction::Sum, Some(axis))
+    }
+
+    /// Sum of every element, as a 0-d tensor.
+    pub fn sum_all(&self) -> Result<Tensor> {
+        self.reduce(Reduction::Sum, None)
+    }
+
+    /// Mean over `axis`; the mean of an empty axis is NaN.
+    pub fn mean(&self, axis: isize) -> Result<Tensor> {
+        self.reduce(Reduction::Mean, Some(axis))
+    }
+
+    /// Mean of every element, as a 0-d tensor.
+    pub fn mean_all(&self) -> Result<Tensor> {
+        self.reduce(Reduction::Mean, None)
+    }
+
+    /// Maximum over `axis` (NaN if the axis holds a NaN).
+    pub fn max(&self, axis: isize) -> Result<Tensor> {
+        self.reduce(Reduction::Max, Some(axis))
+    }
+
+    /// Maximum of every element (NaN if any is NaN), as a 0-d tensor.
+    pub fn max_all(&self) -> Result<Tensor> {
+        self.reduce(Reduction::Max, None)
+    }
+
+    /// Minimum over `axis` (NaN if the axis holds a NaN).
+    pub fn min(&self, axis: isize) -> Result<Tensor> {
+        self.reduce(Reduction::Min, Some(axis))
+    }
+
+    /// Minimum of every element, as a 0-d tensor.
+    pub fn min_all(&self) -> Result<Tensor> {
+        self.reduce(Reduction::Min, None)
+    }
+
+    /// Index of the first maximum along `axis` (a NaN counts as the maximum, as in PyTorch).
+    pub fn argmax(&self, axis: isize) -> Result<IndexTensor> {
+        let a = resolve_axis("argmax", axis, self.shape().len())?;
+        self.argmax_over(Some(a))
+    }
+
+    /// Flat index of the first maximum of the whole tensor, as a 0-d index tensor.
+    pub fn argmax_all(&self) -> Result<IndexTensor> {
+        self.argmax_over(None)
+    }
+
+    /// `op` over `axis` (`None`: every element). Argmax returns indices: use `argmax`.
+    pub fn reduce(&self, op: Reduction, axis: Option<isize>) -> Result<Tensor> {
+        if op == Reduction::ArgMax {
+            return Err(Error::Invalid {
+                op: "reduce",
+                detail: "argmax returns indices; call Tensor::argmax".into(),
+            });
+        }
+        let axis = axis
+            .map(|a| resolve_axis(op.name(), a, self.shape().len()))
+            .transpose()?;
+        let ((outer, len, inner), out_shape) = view(self.shape(), axis);
+        let out_len: usize = out_shape.iter().product();
+        if out_len > 0 && len == 0 {
+            return match op {
+                Reduction::Sum => Tensor::from_slice_as(
+                    self.device(),
+                    &vec![0.0; out_len],
+                    &out_shape,
+                    self.dtype(),
+                ),
+                Reduction::Mean => Tensor::from_slice_as(
+                    self.device(),
+                    &vec![f32::NAN; out_len],
+                    &out_shape,
+                    self.dtype(),
+                ),
+                _ => Err(Error::EmptyReduction {
+                    op: op.name(),
+                    shape: self.shape().to_vec(),
+                }),
+            };
+        }
+        let out = Tensor::empty(self.device(), out_shape, self.dtype())?;
+        if out_len > 0 {
+            self.record_reduce(op, (outer, len, inner), Some(out.buffer()), None)?;
+        }
+        Ok(out)
+    }
+
+    fn argmax_over(&self, axis: Option<usize>) -> Result<IndexTensor> {
+        let ((outer, len, inner), out_shape) = view(self.shape(), axis);
+        let out_len: usize = out_shape.iter().product();
+        if out_len > 0 && len == 0 {
+            return Err(Error::EmptyReduction {
+                op: "argmax",
+                shape: self.shape().to_vec(),
+            });
+        }
+        let out = IndexTensor::empty(self.device(), out_shape)?;
+        if out_len > 0 {
+            self.record_reduce(
+                Reduction::ArgMax,
+                (outer, len, inner),
+                None,
+                Some(out.buffer()),
+            )?;
+        }
+        Ok(out)
+    }
+
+    /// Records the plan's dispatches: values into `y`, indices into `yi` (argmax).
+    fn record_reduce(
+        &self,
+        op: Reduction,
+        (outer, len, inner): (u64, u64, u64),
+        y: Option<&Buffer>,
+        yi: Option<&Buffer>,
+    ) -> Result<()> {
+        let device = self.device();
+        let steps = reduce::plan(
+            op,
+            self.dtype().storage(),
+            outer,
+            len,
+            inner,
+            &device.reduce_setup(),
+        )?;
+        let scale = match op {
+            Reduction::Mean => (1.0 / len as f64) as f32,
+            _ => 1.0,
+        };
+        let outputs: Vec<&Buffer> = y.into_iter().chain(yi).collect();
+        match steps.as_slice() {
+            [step] => run_step(device, step, &[self.buffer()], &outputs, scale),
+            [partial, combine] => {
+                let n = partial.partials();
+                let values = device.scratch(n * 4)?;
+                let indices = match op {
+                    Reduction::ArgMax => Some(device.scratch(n * 4)?),
+                    _ => None,
+                };
+                let mid: Vec<&Buffer> = std::iter::once(&values).chain(indices.as_ref()).collect();
+                run_step(device, partial, &[self.buffer()], &mid, scale)?;
+                run_step(device, combine, &mid, &outputs, scale)
+            }
+            _ => unreachable!("reduce plans have one or two steps"),
+        }
+    }
+}
+
+fn run_step(
+    device: &Device,
+    step: &ReduceStep,
+    reads: &[&Buffer],
+    writes: &[&Buffer],
+    scale: f32,
+) -> Result<()> {
+    let kernel = step.kernel;
+    device.dispatch_rows(
+        KernelKey::Reduce(kernel),
+        || kernel.build(),
+        reads,
+        writes,
+        |c, g, addrs| Ok(kernel.launch(&c.module, g, step.dims, addrs, scale)?),
+    )
+}
