@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use helios_kernels::reduce::ReduceKernel;
 use helios_kernels::rows::RowConfig;
-use helios_kernels::{ElementwiseKernel, ElementwiseOp};
+use helios_kernels::{ElementwiseKernel, ElementwiseOp, Variant, MAX_DIMS};
 
 use crate::DType;
 
@@ -26,6 +26,9 @@ pub struct KernelConfig {
     /// picks per dtype what measured fastest on the H200 (f32: 1, f16: 2, whose 8-byte vec4
     /// loads need two per invocation to keep enough bytes in flight).
     pub elementwise_vecs: Option<u8>,
+    /// Element-wise kernels without bounds checks when the size is a whole number of tiles
+    /// (`HELIOS_EW_EXACT=0` turns them off).
+    pub elementwise_exact: bool,
     /// How tensors are read back (`HELIOS_READBACK`).
     pub readback: Readback,
     /// Subgroup operations in reductions, softmax and norms; `false` (`HELIOS_NO_SUBGROUP=1`)
@@ -35,6 +38,15 @@ pub struct KernelConfig {
     /// Variant and tuning of the row kernels: reduce, softmax, norms (`HELIOS_ROWS`,
     /// `HELIOS_ROW_UNROLL`, `HELIOS_ROW_SLOTS`, `HELIOS_SPLIT_GROUPS`, `HELIOS_WG`).
     pub rows: RowConfig,
+}
+
+/// How the operands of an element-wise op lie in memory, as far as choosing its kernel goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperandLayout {
+    /// Every operand row-major from the start of its buffer, all of `len` elements.
+    Contiguous { len: usize },
+    /// Anything else, needing `dims` strided dimensions after merging contiguous ones.
+    Strided { dims: usize },
 }
 
 /// How `Tensor::to_vec` moves data to the host.
@@ -53,6 +65,7 @@ impl Default for KernelConfig {
         KernelConfig {
             binding: Binding::DeviceAddress,
             elementwise_vecs: None,
+            elementwise_exact: true,
             readback: Readback::Auto,
             subgroups: true,
             rows: RowConfig::default(),
@@ -73,6 +86,9 @@ pub struct Device {
 struct DeviceInner {
     ctx: Arc<Context>,
     config: KernelConfig,
+    /// Invocations per element-wise workgroup (`HELIOS_WG` or the family's default), known
+    /// before compiling so that the exact variant can be chosen.
+    elementwise_workgroup: u32,
     /// FxHash: looked up on every op.
     kernels: Mutex<FxHashMap<KernelKey, Arc<Compiled>>>,
 }
@@ -98,6 +114,7 @@ impl Device {
         let config = KernelConfig {
             binding,
             elementwise_vecs: crate::env::elementwise_vecs(),
+            elementwise_exact: crate::env::elementwise_exact(),
             readback: crate::env::readback().unwrap_or(Readback::Auto),
             subgroups: !crate::env::no_subgroup(),
             rows: crate::env::row_config(),
@@ -121,6 +138,8 @@ impl Device {
             inner: Arc::new(DeviceInner {
                 ctx,
                 config,
+                elementwise_workgroup: crate::env::workgroup_override()
+                    .unwrap_or(helios_kernels::ELEMENTWISE_WORKGROUP),
                 kernels: Mutex::new(FxHashMap::default()),
             }),
         }
@@ -183,22 +202,47 @@ impl Device {
         self.inner.ctx.caps().limits.max_workgroup_count[0]
     }
 
-    /// The element-wise kernel variant this device runs for `op` on `dtype` tensors: the
-    /// family's one selection function (binding model and vec4s per invocation from the
-    /// device's `KernelConfig`).
-    pub fn elementwise_kernel(&self, op: ElementwiseOp, dtype: DType) -> ElementwiseKernel {
+    /// The element-wise kernel this device runs for `op` on `dtype` inputs giving `out`
+    /// (`dtype` except for casts): the family's one selection function.
+    ///
+    /// - Operands all dense and of the output's shape: the vec4 kernel with `vecs` vec4s per
+    ///   invocation (`KernelConfig::elementwise_vecs`, else f32: 1, f16/bf16: 2, measured on
+    ///   the H200 for f16; bf16 shares f16's 8-byte vectors), exact (no bounds checks, no
+    ///   tail) when `len` is a whole number of tiles on a grid without spare workgroups.
+    /// - Anything else (broadcast, strided, offset views): the strided kernel for `dims`
+    ///   merged dimensions (1..=`MAX_DIMS`).
+    pub fn elementwise_kernel(
+        &self,
+        op: ElementwiseOp,
+        dtype: DType,
+        out: DType,
+        operands: OperandLayout,
+    ) -> ElementwiseKernel {
+        let config = &self.inner.config;
+        let variant = match operands {
+            OperandLayout::Contiguous { len } => {
+                let vecs = config.elementwise_vecs.unwrap_or(match dtype {
+                    DType::F32 => 1,
+                    DType::F16 | DType::BF16 => 2,
+                });
+                let geometry = helios_kernels::Geometry {
+                    workgroup: self.inner.elementwise_workgroup,
+                    max_groups_x: self.max_groups_x(),
+                };
+                let exact = config.elementwise_exact
+                    && ElementwiseKernel::exact_fits(vecs, len as u64, geometry);
+                Variant::Vec4 { vecs, exact }
+            }
+            OperandLayout::Strided { dims } => Variant::Strided {
+                dims: dims.clamp(1, MAX_DIMS) as u8,
+            },
+        };
         ElementwiseKernel {
             op,
             dtype: dtype.storage(),
-            out: dtype.storage(),
-            binding: self.inner.config.binding,
-            variant: helios_kernels::Variant::Vec4 {
-                vecs: self.inner.config.elementwise_vecs.unwrap_or(match dtype {
-                    DType::F32 => 1,
-                    DType::F16 | DType::BF16 => 2,
-                }),
-                exact: false,
-            },
+            out: out.storage(),
+            binding: config.binding,
+            variant,
         }
     }
 

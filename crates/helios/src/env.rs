@@ -12,6 +12,7 @@
 //! | `HELIOS_CACHE_DIR=<dir>` | root of the on-disk caches (default `$XDG_CACHE_HOME/helios` or `~/.cache/helios`) |
 //! | `HELIOS_VERBOSE=1` | notes about ignored cache files and failed saves |
 //! | `HELIOS_EW_VECS=1\|2\|4` | vec4s per invocation in element-wise kernels (tuning experiments) |
+//! | `HELIOS_EW_EXACT=0` | element-wise kernels keep their bounds checks even when the size is a whole number of tiles |
 //! | `HELIOS_READBACK=kernel\|copy` | read tensors back through a copy kernel into host memory, or the copy engine (default: kernel for ≤ 1 MiB on discrete GPUs) |
 //! | `HELIOS_WG=<n>` | workgroup size (along x) for every kernel, overriding the default (tuning experiments) |
 //! | `HELIOS_DUMP_KERNELS=<dir>` | write the SPIR-V assembly of every kernel compiled to `<dir>/<name>.spvasm` |
@@ -45,6 +46,14 @@ pub(crate) fn elementwise_vecs() -> Option<u8> {
             None
         }
     }
+}
+
+/// `HELIOS_EW_EXACT=0`: no exact (unchecked) element-wise variant.
+pub(crate) fn elementwise_exact() -> bool {
+    !matches!(
+        std::env::var("HELIOS_EW_EXACT").as_deref(),
+        Ok("0" | "false")
+    )
 }
 
 /// `HELIOS_READBACK=kernel|copy`: forces copy-kernel or copy-engine read-backs.

@@ -9,7 +9,7 @@ pub enum Error {
     Vulkan(#[from] helios_vk::Error),
     #[error(transparent)]
     Kernel(#[from] KernelError),
-    #[error("{op}: shapes {lhs:?} and {rhs:?} differ; element-wise operands must have one shape")]
+    #[error("{op}: shapes {lhs:?} and {rhs:?} cannot be broadcast together (aligned from the right, sizes must be equal or 1); reshape or narrow an operand")]
     ShapeMismatch {
         op: &'static str,
         lhs: Vec<usize>,
@@ -29,6 +29,18 @@ pub enum Error {
     },
     #[error("{op}: the tensors live on different devices; move one with to_vec/from_slice")]
     DeviceMismatch { op: &'static str },
+    #[error("{op} on shape {shape:?}: {detail}")]
+    InvalidView {
+        op: &'static str,
+        shape: Vec<usize>,
+        detail: String,
+    },
+    #[error("{op}: the operands need {dims} strided dimensions after merging contiguous ones, at most {max} are supported; call contiguous() on an operand first")]
+    TooManyDims {
+        op: &'static str,
+        dims: usize,
+        max: usize,
+    },
     #[error("{op}: axis {axis} is out of range for a tensor of {ndim} dimensions; use 0..{ndim} (or -1 for the last)")]
     Axis {
         op: &'static str,

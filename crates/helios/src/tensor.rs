@@ -1,29 +1,41 @@
-//! `Tensor`: an immutable f32 array on a device, and its element-wise operations.
+//! `Tensor`: an immutable array on a device (a view of a shared buffer), and its element-wise
+//! operations.
 //!
 //! Operations are recorded, not waited for: each appends one dispatch to the device's open
 //! batch (with a barrier only where it depends on an earlier dispatch), and batches are
 //! submitted as they fill. Only `to_vec` waits, and only for the batch that wrote the tensor.
+//!
+//! A tensor is a `Layout` (shape, strides, offset) over a buffer shared by all its views, so
+//! views cost no GPU work (`view.rs`). Element-wise ops read any layout and broadcast their
+//! operands numpy-style; their output is always a fresh row-major tensor. When every operand
+//! is dense and of the output's shape they run the vec4 kernels, otherwise the strided one.
 
 use std::sync::Arc;
 
-use helios_kernels::{BinaryOp, ElementwiseOp, Geometry, UnaryOp};
+use helios_kernels::{BinaryOp, ElementwiseOp, Geometry, Strides, UnaryOp, MAX_DIMS};
 use helios_vk::{Access, Buffer, MemoryLocation};
 
-use crate::device::KernelKey;
+use crate::device::{KernelKey, OperandLayout};
+use crate::layout::{broadcast_shapes, merge_dims, Layout};
 use crate::{DType, Device, Error, Result};
 
-/// An n-dimensional f32 array in device memory. Cloning is cheap (shared storage).
+/// An n-dimensional array in device memory, stored as `dtype` (arithmetic is f32). Cloning
+/// is cheap; views share the buffer.
 #[derive(Clone)]
 pub struct Tensor {
     inner: Arc<TensorInner>,
 }
 
 struct TensorInner {
+    data: Arc<Data>,
+    layout: Layout,
+    dtype: DType,
+}
+
+/// The buffer behind a tensor and all its views.
+struct Data {
     device: Device,
     buffer: Buffer,
-    /// Row-major, contiguous.
-    shape: Vec<usize>,
-    dtype: DType,
 }
 
 impl Tensor {
@@ -52,7 +64,7 @@ impl Tensor {
         if !data.is_empty() {
             device
                 .context()
-                .upload(&t.inner.buffer, 0, &dtype.encode(data))?;
+                .upload(t.buffer(), 0, &dtype.encode(data))?;
         }
         Ok(t)
     }
@@ -62,7 +74,7 @@ impl Tensor {
         Tensor::from_slice(device, data, &[data.len()])
     }
 
-    /// A tensor of `shape` whose contents are undefined until a kernel writes them.
+    /// A dense tensor of `shape` whose contents are undefined until a kernel writes them.
     pub(crate) fn empty(device: &Device, shape: Vec<usize>, dtype: DType) -> Result<Tensor> {
         let bytes = (shape.iter().product::<usize>() * dtype.size()) as u64;
         let buffer = device
@@ -70,30 +82,47 @@ impl Tensor {
             .create_buffer(bytes, MemoryLocation::DeviceLocal)?;
         Ok(Tensor {
             inner: Arc::new(TensorInner {
-                device: device.clone(),
-                buffer,
-                shape,
+                data: Arc::new(Data {
+                    device: device.clone(),
+                    buffer,
+                }),
+                layout: Layout::contiguous(&shape),
                 dtype,
             }),
         })
     }
 
-    /// Copies the tensor back to the host as f32 values. Waits only for the work that
-    /// writes this tensor.
+    /// Another view of this tensor's buffer.
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor {
+            inner: Arc::new(TensorInner {
+                data: self.inner.data.clone(),
+                layout,
+                dtype: self.inner.dtype,
+            }),
+        }
+    }
+
+    /// Copies the tensor back to the host as f32 values in row-major order. Waits only for
+    /// the work that writes this tensor.
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         let mut bytes = vec![0u8; self.len() * self.dtype().size()];
         if bytes.is_empty() {
             return Ok(Vec::new());
         }
-        let ctx = self.inner.device.context();
-        if self.device().kernel_readback(bytes.len()) {
-            // A copy kernel writes straight into host memory: on a discrete GPU this avoids
-            // the copy engine and its transfer barrier, which dominate a small read-back.
-            let host = ctx.create_buffer(bytes.len() as u64, MemoryLocation::HostVisible)?;
-            self.record_elementwise(ElementwiseOp::Unary(UnaryOp::Copy), &[self], None, &host)?;
-            ctx.download(&host, 0, &mut bytes)?;
+        let ctx = self.device().context();
+        let layout = self.layout();
+        if layout.is_contiguous() && !self.device().kernel_readback(bytes.len()) {
+            let offset = (layout.offset() * self.dtype().size()) as u64;
+            ctx.download(self.buffer(), offset, &mut bytes)?;
         } else {
-            ctx.download(self.buffer(), 0, &mut bytes)?;
+            // A copy kernel writes straight into host memory: on a discrete GPU this avoids
+            // the copy engine and its transfer barrier, which dominate a small read-back; for
+            // a strided view it is also the gather.
+            let host = ctx.create_buffer(bytes.len() as u64, MemoryLocation::HostVisible)?;
+            let copy = ElementwiseOp::Unary(UnaryOp::Copy);
+            record_elementwise(copy, &[self], None, self.shape(), self.dtype(), &host)?;
+            ctx.download(&host, 0, &mut bytes)?;
         }
         Ok(self.dtype().decode(&bytes))
     }
@@ -103,12 +132,23 @@ impl Tensor {
     }
 
     pub fn shape(&self) -> &[usize] {
-        &self.inner.shape
+        self.inner.layout.shape()
+    }
+
+    /// Shape, strides and offset of this view.
+    pub fn layout(&self) -> &Layout {
+        &self.inner.layout
+    }
+
+    /// Whether the elements are row-major from the start of the buffer (what kernels other
+    /// than element-wise expect; `contiguous()` makes any tensor so).
+    pub fn is_contiguous(&self) -> bool {
+        self.inner.layout.is_dense()
     }
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.inner.shape.iter().product()
+        self.inner.layout.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -116,35 +156,32 @@ impl Tensor {
     }
 
     pub fn device(&self) -> &Device {
-        &self.inner.device
+        &self.inner.data.device
     }
 
-    /// GPU address of element 0 (for push constants).
+    /// GPU address of the view's first element (for push constants). Kernels that assume
+    /// row-major data take `contiguous()` tensors, whose first element starts the buffer.
+    #[allow(dead_code)] // for the kernel families in `ops/`
     pub(crate) fn address(&self) -> u64 {
-        self.inner.buffer.device_address()
+        let offset = self.inner.layout.offset() * self.dtype().size();
+        self.inner.data.buffer.device_address() + offset as u64
     }
 
     /// The buffer holding the elements (for declaring accesses).
     pub(crate) fn buffer(&self) -> &Buffer {
-        &self.inner.buffer
+        &self.inner.data.buffer
     }
 
     // ------------------------------------------------------------ element-wise
 
     /// `op(self)` element by element.
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
-        self.elementwise(ElementwiseOp::Unary(op), &[self], None)
+        self.elementwise(ElementwiseOp::Unary(op), &[self], None, self.dtype())
     }
 
-    /// `op(self, other)` element by element; the shapes must be equal.
+    /// `op(self, other)` element by element, the operands broadcast numpy-style (shapes
+    /// aligned from the right; sizes equal or 1).
     pub fn binary(&self, op: BinaryOp, other: &Tensor) -> Result<Tensor> {
-        if self.shape() != other.shape() {
-            return Err(Error::ShapeMismatch {
-                op: op.name(),
-                lhs: self.shape().to_vec(),
-                rhs: other.shape().to_vec(),
-            });
-        }
         if !self.device().same(other.device()) {
             return Err(Error::DeviceMismatch { op: op.name() });
         }
@@ -155,75 +192,150 @@ impl Tensor {
                 rhs: other.dtype(),
             });
         }
-        self.elementwise(ElementwiseOp::Binary(op), &[self, other], None)
+        self.elementwise(
+            ElementwiseOp::Binary(op),
+            &[self, other],
+            None,
+            self.dtype(),
+        )
     }
 
     /// `op(self, s)` element by element.
     pub fn scalar_op(&self, op: BinaryOp, s: f32) -> Result<Tensor> {
-        self.elementwise(
-            ElementwiseOp::Scalar {
-                op,
-                scalar_first: false,
-            },
-            &[self],
-            Some(s),
-        )
+        let op = ElementwiseOp::Scalar {
+            op,
+            scalar_first: false,
+        };
+        self.elementwise(op, &[self], Some(s), self.dtype())
     }
 
     /// `op(s, self)` element by element (e.g. `1 / x`, `2 ^ x`).
     pub fn scalar_first_op(&self, op: BinaryOp, s: f32) -> Result<Tensor> {
-        self.elementwise(
-            ElementwiseOp::Scalar {
-                op,
-                scalar_first: true,
-            },
-            &[self],
-            Some(s),
-        )
+        let op = ElementwiseOp::Scalar {
+            op,
+            scalar_first: true,
+        };
+        self.elementwise(op, &[self], Some(s), self.dtype())
     }
 
-    fn elementwise(&self, op: ElementwiseOp, inputs: &[&Tensor], s: Option<f32>) -> Result<Tensor> {
-        let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
-        self.record_elementwise(op, inputs, s, &out.inner.buffer)?;
-        Ok(out)
-    }
-
-    /// Records `op` over `inputs` (of this tensor's shape and dtype) into `out`.
-    fn record_elementwise(
+    /// Runs `op` over `inputs` (broadcast to one shape) into a new dense tensor of `out`.
+    pub(crate) fn elementwise(
         &self,
         op: ElementwiseOp,
         inputs: &[&Tensor],
         s: Option<f32>,
-        out: &Buffer,
-    ) -> Result<()> {
-        let device = self.device();
-        let n = self.len() as u64;
-        if n == 0 {
-            return Ok(());
+        out: DType,
+    ) -> Result<Tensor> {
+        let mut shape = self.shape().to_vec();
+        for t in &inputs[1..] {
+            shape = broadcast_shapes(&shape, t.shape()).ok_or_else(|| Error::ShapeMismatch {
+                op: op_name(op),
+                lhs: self.shape().to_vec(),
+                rhs: t.shape().to_vec(),
+            })?;
         }
-        let kernel = device.elementwise_kernel(op, self.dtype());
-        let compiled = device.kernel(KernelKey::Elementwise(kernel), || kernel.build())?;
-        let addrs: Vec<u64> = inputs.iter().map(|t| t.address()).collect();
-        let wg = compiled.workgroup[0];
-        let launch = kernel.launch(
-            &compiled.module,
-            Geometry {
-                workgroup: wg,
-                max_groups_x: device.max_groups_x(),
-            },
-            n,
-            &addrs,
-            out.device_address(),
-            s,
-            None,
-        )?;
-        let mut accesses: Vec<Access> = inputs.iter().map(|t| Access::read(t.buffer())).collect();
-        accesses.push(Access::write(out));
-        device
-            .context()
-            .dispatch(&compiled.pipeline, launch.groups, &launch.push, &accesses)?;
-        Ok(())
+        let y = Tensor::empty(self.device(), shape, out)?;
+        record_elementwise(op, inputs, s, y.shape(), out, y.buffer())?;
+        Ok(y)
     }
+}
+
+fn op_name(op: ElementwiseOp) -> &'static str {
+    match op {
+        ElementwiseOp::Unary(u) => u.name(),
+        ElementwiseOp::Binary(b) | ElementwiseOp::Scalar { op: b, .. } => b.name(),
+    }
+}
+
+/// Records `op` over `inputs` (one dtype, each broadcastable to `shape`) into the dense
+/// `out` buffer of `shape` and dtype `out_dtype`.
+fn record_elementwise(
+    op: ElementwiseOp,
+    inputs: &[&Tensor],
+    s: Option<f32>,
+    shape: &[usize],
+    out_dtype: DType,
+    out: &Buffer,
+) -> Result<()> {
+    let n: usize = shape.iter().product();
+    if n == 0 {
+        return Ok(());
+    }
+    let device = inputs[0].device();
+    let dense = inputs
+        .iter()
+        .all(|t| t.layout().is_dense() && t.shape() == shape);
+    let (operands, strides) = if dense {
+        (OperandLayout::Contiguous { len: n }, None)
+    } else {
+        let strides = strided_args(op, inputs, shape)?;
+        let dims = strides.shape.len();
+        (OperandLayout::Strided { dims }, Some(strides))
+    };
+    let kernel = device.elementwise_kernel(op, inputs[0].dtype(), out_dtype, operands);
+    let compiled = device.kernel(KernelKey::Elementwise(kernel), || kernel.build())?;
+    // Strided kernels take element offsets in push constants, so every input is passed by
+    // its buffer's base address.
+    let addrs: Vec<u64> = inputs.iter().map(|t| t.buffer().device_address()).collect();
+    let launch = kernel.launch(
+        &compiled.module,
+        Geometry {
+            workgroup: compiled.workgroup[0],
+            max_groups_x: device.max_groups_x(),
+        },
+        n as u64,
+        &addrs,
+        out.device_address(),
+        s,
+        strides.as_ref(),
+    )?;
+    let mut accesses: Vec<Access> = inputs.iter().map(|t| Access::read(t.buffer())).collect();
+    accesses.push(Access::write(out));
+    device
+        .context()
+        .dispatch(&compiled.pipeline, launch.groups, &launch.push, &accesses)?;
+    Ok(())
+}
+
+/// The strided kernel's sizes and strides for `inputs` broadcast to `shape`, after merging
+/// dimensions that are contiguous in every operand.
+fn strided_args(op: ElementwiseOp, inputs: &[&Tensor], shape: &[usize]) -> Result<Strides> {
+    let mut strides: Vec<Vec<usize>> = inputs
+        .iter()
+        .map(|t| {
+            t.layout()
+                .broadcast_strides(shape)
+                .expect("operands broadcast to the output shape")
+        })
+        .collect();
+    let merged = merge_dims(shape, &mut strides);
+    if merged.len() > MAX_DIMS {
+        return Err(Error::TooManyDims {
+            op: op_name(op),
+            dims: merged.len(),
+            max: MAX_DIMS,
+        });
+    }
+    let to_u32 = |v: usize| {
+        u32::try_from(v).map_err(|_| {
+            Error::Kernel(helios_kernels::KernelError::TooLarge {
+                what: "stride or offset",
+                size: v as u64,
+            })
+        })
+    };
+    let mut out_inputs = Vec::with_capacity(inputs.len());
+    for (t, st) in inputs.iter().zip(strides) {
+        let st = st.into_iter().map(to_u32).collect::<Result<Vec<u32>>>()?;
+        out_inputs.push((st, to_u32(t.layout().offset())?));
+    }
+    Ok(Strides {
+        shape: merged
+            .into_iter()
+            .map(to_u32)
+            .collect::<Result<Vec<u32>>>()?,
+        inputs: out_inputs,
+    })
 }
 
 macro_rules! unary_methods {
@@ -248,7 +360,7 @@ macro_rules! binary_methods {
     ($($name:ident, $scalar:ident => $op:ident),* $(,)?) => {
         impl Tensor {
             $(
-                #[doc = concat!("Element-wise `", stringify!($name), "` of two tensors of one shape.")]
+                #[doc = concat!("Element-wise `", stringify!($name), "` of two tensors (broadcast).")]
                 pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
                     self.binary(BinaryOp::$op, other)
                 }
@@ -272,10 +384,31 @@ binary_methods!(
     pow, pow_scalar => Pow,
 );
 
+impl Tensor {
+    /// The gradient of `gelu_tanh` at `self` (= x) times `dy`: dx = dy · gelu_tanh'(x).
+    pub fn gelu_tanh_backward(&self, dy: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::GeluTanhBackward, dy)
+    }
+
+    /// The gradient of `silu` at `self` (= x) times `dy`: dx = dy · silu'(x).
+    pub fn silu_backward(&self, dy: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::SiluBackward, dy)
+    }
+
+    /// The gradient of `relu` at `self` (= x) times `dy`: dy where x > 0, else 0.
+    pub fn relu_backward(&self, dy: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::ReluBackward, dy)
+    }
+}
+
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let l = self.layout();
         f.debug_struct("Tensor")
-            .field("shape", &self.shape())
+            .field("shape", &l.shape())
+            .field("strides", &l.strides())
+            .field("offset", &l.offset())
+            .field("dtype", &self.dtype())
             .field("device", self.device())
             .finish()
     }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use helios::{BinaryOp, DType, Device, ElementwiseOp, Tensor, UnaryOp};
+use helios::{BinaryOp, DType, Device, ElementwiseOp, OperandLayout, Tensor, UnaryOp};
 use helios_vk::{Context, ContextOptions, Instance, InstanceOptions, PipelineCacheDir};
 
 #[test]
@@ -25,7 +25,10 @@ fn profile_counts_every_dispatch_by_kernel() {
     let _u = x.add(&t).unwrap();
     let report = d.profile_report().unwrap().expect("profiling is on");
     let count = |op: ElementwiseOp| {
-        let name = d.elementwise_kernel(op, DType::F32).name();
+        let operands = OperandLayout::Contiguous { len: 10_000 };
+        let name = d
+            .elementwise_kernel(op, DType::F32, DType::F32, operands)
+            .name();
         report
             .rows
             .iter()

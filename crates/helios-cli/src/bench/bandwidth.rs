@@ -10,7 +10,7 @@
 // Effective bandwidth counts bytes read plus bytes written: 2·n·size for copy and exp, 3·n·size
 // for add; "% copy" compares with the copy of the same dtype and size measured in this run.
 
-use helios::{BinaryOp, DType, Device, ElementwiseOp, Tensor, UnaryOp};
+use helios::{BinaryOp, DType, Device, ElementwiseOp, OperandLayout, Tensor, UnaryOp};
 use serde::Serialize;
 
 use super::{gpu_mean_us, profile_start, random_values, summarize, BenchResult, CaseResult};
@@ -150,7 +150,10 @@ fn run_case(
     let after = device.encoder_stats();
 
     let name = op.name();
-    let kernel = device.elementwise_kernel(op.kernel_op(), dtype).name();
+    let operands = OperandLayout::Contiguous { len: n };
+    let kernel = device
+        .elementwise_kernel(op.kernel_op(), dtype, dtype, operands)
+        .name();
     let gpu_us = gpu_mean_us(device, &kernel)?;
     let time = summarize(&times, name)?;
     let mut r = CaseResult::new(

@@ -13,7 +13,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use helios::{BinaryOp, DType, Device, ElementwiseOp, Tensor};
+use helios::{BinaryOp, DType, Device, ElementwiseOp, OperandLayout, Tensor};
 use serde::Serialize;
 
 use super::stats::Summary;
@@ -28,7 +28,10 @@ fn kernel_name(device: &Device, op: BinaryOp) -> String {
         op,
         scalar_first: false,
     };
-    device.elementwise_kernel(op, DType::F32).name()
+    let operands = OperandLayout::Contiguous { len: ELEMENTS };
+    device
+        .elementwise_kernel(op, DType::F32, DType::F32, operands)
+        .name()
 }
 
 /// How much to run.

@@ -1,0 +1,350 @@
+//! `Layout`: where a tensor's elements lie in its buffer (shape, strides, offset, in elements).
+//!
+//! The one decision a reader must know: views are metadata. `transpose`, `permute`, `narrow`,
+//! `broadcast_to` and contiguous `reshape` only compute a new `Layout` over the same buffer;
+//! element-wise kernels read any layout directly (strides in push constants), and
+//! `contiguous()` copies when a kernel needs row-major data. Strides are non-negative (no
+//! flips), and a stride of 0 repeats an element (broadcast). Everything here is pure
+//! arithmetic on sizes, tested without a GPU.
+
+/// Shape, strides and offset of a tensor view, in elements.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+}
+
+/// Row-major strides of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    strides
+}
+
+/// The shape two operands broadcast to (numpy rules: aligned from the right, each pair of
+/// sizes equal or one of them 1), or `None` when they are incompatible.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| -> usize {
+        // Dimension i of the n-dim result, counted from the left; missing dims are 1.
+        let pad = n - s.len();
+        if i < pad {
+            1
+        } else {
+            s[i - pad]
+        }
+    };
+    (0..n)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Merges adjacent dimensions that are contiguous in every operand (`strides[k][d] ==
+/// strides[k][d+1] · shape[d+1]` for all k) and drops size-1 dimensions, in place. Returns
+/// the merged shape (at least one dimension); an operand contiguous in all of `shape` ends
+/// with one dimension of stride 1.
+pub fn merge_dims(shape: &[usize], strides: &mut [Vec<usize>]) -> Vec<usize> {
+    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
+    let mut out_strides: Vec<Vec<usize>> = vec![Vec::with_capacity(shape.len()); strides.len()];
+    for d in 0..shape.len() {
+        if shape[d] == 1 {
+            continue;
+        }
+        let mergeable = match out_shape.last() {
+            Some(_) => strides.iter().zip(&out_strides).all(|(s, o)| {
+                let prev = *o.last().expect("one stride per kept dim");
+                prev == s[d] * shape[d]
+            }),
+            None => false,
+        };
+        if mergeable {
+            *out_shape.last_mut().expect("checked") *= shape[d];
+            for (s, o) in strides.iter().zip(out_strides.iter_mut()) {
+                *o.last_mut().expect("checked") = s[d];
+            }
+        } else {
+            out_shape.push(shape[d]);
+            for (s, o) in strides.iter().zip(out_strides.iter_mut()) {
+                o.push(s[d]);
+            }
+        }
+    }
+    if out_shape.is_empty() {
+        out_shape.push(1);
+        for o in out_strides.iter_mut() {
+            o.push(1);
+        }
+    }
+    for (s, o) in strides.iter_mut().zip(out_strides) {
+        *s = o;
+    }
+    out_shape
+}
+
+impl Layout {
+    /// A row-major layout of `shape` from element 0.
+    pub fn contiguous(shape: &[usize]) -> Layout {
+        Layout {
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        }
+    }
+
+    /// (ndim) sizes.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// (ndim) element strides; 0 along broadcast dimensions.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// Element offset of the view's first element in its buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the elements are row-major and dense (strides of size-1 dimensions do not
+    /// matter), from `offset` on.
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1;
+        for (&size, &stride) in self.shape.iter().zip(&self.strides).rev() {
+            if size != 1 && stride != expected {
+                return false;
+            }
+            expected *= size;
+        }
+        true
+    }
+
+    /// Whether the elements are row-major and start at element 0 of the buffer (what the
+    /// vec4 kernels and the other kernel families read).
+    pub fn is_dense(&self) -> bool {
+        self.offset == 0 && self.is_contiguous()
+    }
+
+    /// One past the largest element index the view touches (0 when empty).
+    pub fn span(&self) -> usize {
+        if self.is_empty() {
+            return 0;
+        }
+        self.offset
+            + self
+                .shape
+                .iter()
+                .zip(&self.strides)
+                .map(|(&s, &t)| (s - 1) * t)
+                .sum::<usize>()
+            + 1
+    }
+
+    fn check_dim(&self, dim: usize) -> Result<(), String> {
+        if dim < self.ndim() {
+            Ok(())
+        } else {
+            Err(format!(
+                "dimension {dim} does not exist (the tensor has {}); use 0..{}",
+                self.ndim(),
+                self.ndim()
+            ))
+        }
+    }
+
+    /// Dimensions `a` and `b` swapped.
+    pub fn transpose(&self, a: usize, b: usize) -> Result<Layout, String> {
+        self.check_dim(a)?;
+        self.check_dim(b)?;
+        let mut l = self.clone();
+        l.shape.swap(a, b);
+        l.strides.swap(a, b);
+        Ok(l)
+    }
+
+    /// Dimension `d` of the result is dimension `order[d]` of this layout.
+    pub fn permute(&self, order: &[usize]) -> Result<Layout, String> {
+        let mut seen = vec![false; self.ndim()];
+        let valid = order.len() == self.ndim()
+            && order
+                .iter()
+                .all(|&d| d < self.ndim() && !std::mem::replace(&mut seen[d], true));
+        if !valid {
+            return Err(format!(
+                "{order:?} is not a permutation of 0..{}; name every dimension once",
+                self.ndim()
+            ));
+        }
+        Ok(Layout {
+            shape: order.iter().map(|&d| self.shape[d]).collect(),
+            strides: order.iter().map(|&d| self.strides[d]).collect(),
+            offset: self.offset,
+        })
+    }
+
+    /// Elements `start..start + len` of dimension `dim`.
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Layout, String> {
+        self.check_dim(dim)?;
+        let size = self.shape[dim];
+        let inside = matches!(start.checked_add(len), Some(end) if end <= size);
+        if !inside {
+            return Err(format!(
+                "range {start}..{} is outside dimension {dim} of size {size}",
+                start.saturating_add(len)
+            ));
+        }
+        let mut l = self.clone();
+        l.shape[dim] = len;
+        if len > 0 {
+            l.offset += start * self.strides[dim];
+        }
+        Ok(l)
+    }
+
+    /// This layout repeated to `shape` (numpy broadcasting: new dimensions on the left,
+    /// size-1 dimensions stretched with stride 0).
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Layout, String> {
+        let strides = self.broadcast_strides(shape).ok_or_else(|| {
+            format!(
+                "cannot broadcast to {shape:?}: aligned from the right, each size must equal \
+                 the target's or be 1"
+            )
+        })?;
+        Ok(Layout {
+            shape: shape.to_vec(),
+            strides,
+            offset: self.offset,
+        })
+    }
+
+    /// This layout's strides seen from `shape` it broadcasts to: 0 along new and stretched
+    /// dimensions. `None` when it does not broadcast to `shape`.
+    pub fn broadcast_strides(&self, shape: &[usize]) -> Option<Vec<usize>> {
+        if shape.len() < self.ndim() {
+            return None;
+        }
+        let pad = shape.len() - self.ndim();
+        let mut strides = vec![0; shape.len()];
+        for d in 0..self.ndim() {
+            let (from, to) = (self.shape[d], shape[pad + d]);
+            strides[pad + d] = match (from, to) {
+                _ if from == to => self.strides[d],
+                (1, _) => 0,
+                _ => return None,
+            };
+        }
+        Some(strides)
+    }
+
+    /// The same elements as `shape` when this layout is contiguous (`None` otherwise, or when
+    /// the element counts differ: the caller reports which).
+    pub fn reshape(&self, shape: &[usize]) -> Option<Layout> {
+        if shape.iter().product::<usize>() != self.len() || !self.is_contiguous() {
+            return None;
+        }
+        Some(Layout {
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: self.offset,
+        })
+    }
+
+    /// The buffer index of every element in row-major order (the CPU reference's gather).
+    pub fn indices(&self) -> Vec<usize> {
+        let n = self.len();
+        let mut out = Vec::with_capacity(n);
+        let mut coord = vec![0usize; self.ndim()];
+        for _ in 0..n {
+            out.push(
+                self.offset
+                    + coord
+                        .iter()
+                        .zip(&self.strides)
+                        .map(|(c, s)| c * s)
+                        .sum::<usize>(),
+            );
+            for d in (0..self.ndim()).rev() {
+                coord[d] += 1;
+                if coord[d] < self.shape[d] {
+                    break;
+                }
+                coord[d] = 0;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting_follows_numpy() {
+        assert_eq!(broadcast_shapes(&[2, 3], &[3]), Some(vec![2, 3]));
+        assert_eq!(broadcast_shapes(&[4, 1, 5], &[3, 1]), Some(vec![4, 3, 5]));
+        assert_eq!(broadcast_shapes(&[], &[2]), Some(vec![2]));
+        assert_eq!(broadcast_shapes(&[0, 1], &[1, 3]), Some(vec![0, 3]));
+        assert_eq!(broadcast_shapes(&[2, 3], &[3, 2]), None);
+        let l = Layout::contiguous(&[3, 1]);
+        assert_eq!(l.broadcast_strides(&[2, 3, 4]), Some(vec![0, 1, 0]));
+        assert_eq!(l.broadcast_strides(&[2, 4]), None);
+    }
+
+    #[test]
+    fn views_are_metadata() {
+        let l = Layout::contiguous(&[2, 3, 4]);
+        assert_eq!(l.strides(), &[12, 4, 1]);
+        let t = l.transpose(0, 2).unwrap();
+        assert_eq!((t.shape(), t.strides()), (&[4, 3, 2][..], &[1, 4, 12][..]));
+        assert!(!t.is_contiguous());
+        let n = l.narrow(1, 1, 2).unwrap();
+        assert_eq!((n.offset(), n.shape()), (4, &[2, 2, 4][..]));
+        assert_eq!(n.indices()[..5], [4, 5, 6, 7, 8]);
+        assert!(l.narrow(1, 2, 2).is_err());
+        assert!(l.permute(&[0, 0, 1]).is_err());
+        assert_eq!(l.permute(&[2, 0, 1]).unwrap().shape(), &[4, 2, 3]);
+        assert!(l.reshape(&[6, 4]).is_some());
+        assert!(t.reshape(&[6, 4]).is_none());
+        assert_eq!(l.span(), 24);
+        assert_eq!(t.indices()[..3], [0, 12, 4]);
+    }
+
+    #[test]
+    fn merging_keeps_only_real_strides() {
+        // Contiguous: one dimension.
+        let mut s = vec![vec![12, 4, 1]];
+        assert_eq!(merge_dims(&[2, 3, 4], &mut s), vec![24]);
+        assert_eq!(s, vec![vec![1]]);
+        // A transposed operand next to a contiguous one keeps two dimensions.
+        let mut s = vec![vec![1, 3], vec![2, 1]];
+        assert_eq!(merge_dims(&[3, 2], &mut s), vec![3, 2]);
+        // A broadcast row: the stride-0 dimension stays separate; size-1 dims vanish.
+        let mut s = vec![vec![0, 5, 1], vec![5, 5, 1]];
+        assert_eq!(merge_dims(&[4, 1, 5], &mut s), vec![4, 5]);
+        assert_eq!(s, vec![vec![0, 1], vec![5, 1]]);
+        let mut s = vec![vec![0]];
+        assert_eq!(merge_dims(&[1], &mut s), vec![1]);
+    }
+}
