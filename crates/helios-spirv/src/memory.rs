@@ -138,24 +138,26 @@ impl KernelBuilder {
         self.inst_void(Op::Store, vec![id(ptr), value.into()]);
     }
 
-    /// Stores scalar `value` into lane `lane` of vector element `index` of `arr` (a transposing
-    /// store into a vector-typed array; other lanes are untouched).
+    /// Stores scalar `value` into lane `lane` (a u32, may vary per invocation) of vector
+    /// element `index` of `arr`: a transposing store into a vector-typed array; other lanes
+    /// are untouched.
     #[track_caller]
-    pub fn shared_store_lane(&mut self, arr: Shared, index: Val, lane: u32, value: Val) {
+    pub fn shared_store_lane(&mut self, arr: Shared, index: Val, lane: Val, value: Val) {
         assert!(
-            arr.elem.lanes > 1
-                && lane < arr.elem.lanes as u32
-                && value.ty == Ty::scalar(arr.elem.scalar),
+            arr.elem.lanes > 1 && value.ty == Ty::scalar(arr.elem.scalar),
             "lane store of {} into shared {}",
             value.ty,
             arr.elem
         );
+        assert!(
+            lane.ty == Ty::scalar(Scalar::U32),
+            "lane index must be a u32"
+        );
         let ptr_ty = self.ptr_ty(StorageClass::Workgroup, value.ty);
-        let l = self.const_u32(lane);
         let ptr = self.inst(
             Op::AccessChain,
             Some(ptr_ty),
-            vec![id(arr.var), index.into(), id(l)],
+            vec![id(arr.var), index.into(), lane.into()],
         );
         self.inst_void(Op::Store, vec![id(ptr), value.into()]);
     }

@@ -1,0 +1,744 @@
+//! Matrix multiply: `C[b] = epilogue(alpha · op(A[b]) · op(B[b]))` for a batch of strided
+//! matrices, with `op` the identity or a transpose read in place (no transpose pass).
+//!
+//! Two kernel families share this file's signature, launch and epilogue code:
+//! - `matmul_simt`: tiled FMA kernels for any storage (f32 math), the portable path;
+//! - `matmul_coop`: cooperative-matrix kernels for f16/bf16 inputs with f32 accumulation,
+//!   double-buffered through shared memory, where the device reports the fragment shapes.
+//!
+//! The variant table (`VARIANTS`) names every tile configuration; `default_variant` is the one
+//! documented selection rule used before (or without) the autotuner in `helios`, which times
+//! the feasible candidates and persists the winner. Key decision: a kernel's signature holds
+//! only what changes the SPIR-V (variant, storages, transposes, which operands may use
+//! 16-byte vector accesses, epilogue); sizes, leading dimensions, batch strides and alpha are
+//! push constants, so one pipeline serves every shape with the same alignment.
+
+use helios_spirv::{Access, Buffer, KernelBuilder, KernelModule, Param, Scalar, Ty, Val};
+
+use crate::launch::{pack_push, Arg, Launch};
+use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
+use crate::{math, KernelError};
+
+/// Activation applied in the epilogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    None,
+    Relu,
+    /// GELU, tanh approximation (GPT-2).
+    GeluTanh,
+}
+
+/// What happens to `alpha · A·B` before it is stored, in this order: `+ bias[col]`, the
+/// activation, `+ residual[row, col]`, then rounding to the output storage. Bias and residual
+/// are stored like the output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Epilogue {
+    pub bias: bool,
+    pub act: Activation,
+    pub residual: bool,
+}
+
+impl Epilogue {
+    pub const NONE: Epilogue = Epilogue {
+        bias: false,
+        act: Activation::None,
+        residual: false,
+    };
+
+    /// Whether anything beyond scaling and rounding happens.
+    pub const fn is_plain(&self) -> bool {
+        !self.bias && !self.residual && matches!(self.act, Activation::None)
+    }
+
+    fn tag(&self) -> String {
+        let mut s = String::new();
+        if self.bias {
+            s.push_str("_bias");
+        }
+        match self.act {
+            Activation::None => {}
+            Activation::Relu => s.push_str("_relu"),
+            Activation::GeluTanh => s.push_str("_gelu"),
+        }
+        if self.residual {
+            s.push_str("_res");
+        }
+        s
+    }
+}
+
+/// A SIMT tile: `bm × bn` outputs per workgroup, `tm × tn` per invocation (in 4×4 blocks
+/// spread over the tile so shared-memory reads are broadcast or conflict-free), k in steps of
+/// `BK_SIMT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SimtTile {
+    pub bm: u16,
+    pub bn: u16,
+    pub tm: u8,
+    pub tn: u8,
+}
+
+/// A cooperative-matrix tile: `bm × bn` outputs per workgroup, `wm × wn` subgroups each
+/// computing `bm/wm × bn/wn` with 16×16×16 fragments, k staged `bk` at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoopTile {
+    pub bm: u16,
+    pub bn: u16,
+    pub bk: u16,
+    pub wm: u8,
+    pub wn: u8,
+}
+
+/// A kernel family and its tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    Simt(SimtTile),
+    Coop(CoopTile),
+}
+
+/// k step of the SIMT kernels: 8 keeps the transposing shared stores conflict-free.
+pub const BK_SIMT: u32 = 8;
+/// Fragment edge of the cooperative kernels (16×16×16 is reported by NVIDIA, AMD and Intel).
+pub const FRAG: u32 = 16;
+
+/// Every variant, by name (`HELIOS_MATMUL_VARIANT` takes these names).
+pub const VARIANTS: &[(&str, Variant)] = &[
+    ("simt128x128", simt(128, 128, 8, 8)),
+    ("simt128x64", simt(128, 64, 8, 8)),
+    ("simt64x64", simt(64, 64, 4, 4)),
+    ("simt64x32", simt(64, 32, 4, 4)),
+    ("simt32x32", simt(32, 32, 4, 4)),
+    ("coop128x128w2x2", coop(128, 128, 32, 2, 2)),
+    ("coop128x128w2x4", coop(128, 128, 32, 2, 4)),
+    ("coop128x128w4x2", coop(128, 128, 32, 4, 2)),
+    ("coop128x256w2x4", coop(128, 256, 16, 2, 4)),
+    ("coop256x128w4x2", coop(256, 128, 16, 4, 2)),
+    ("coop128x64w2x2", coop(128, 64, 32, 2, 2)),
+    ("coop64x128w2x2", coop(64, 128, 32, 2, 2)),
+    ("coop64x64w2x2", coop(64, 64, 32, 2, 2)),
+    ("coop32x64w1x2", coop(32, 64, 32, 1, 2)),
+];
+
+const fn simt(bm: u16, bn: u16, tm: u8, tn: u8) -> Variant {
+    Variant::Simt(SimtTile { bm, bn, tm, tn })
+}
+
+const fn coop(bm: u16, bn: u16, bk: u16, wm: u8, wn: u8) -> Variant {
+    Variant::Coop(CoopTile { bm, bn, bk, wm, wn })
+}
+
+impl Variant {
+    /// The table name of a variant.
+    pub fn name(self) -> &'static str {
+        VARIANTS
+            .iter()
+            .find(|(_, v)| *v == self)
+            .map_or("custom", |(n, _)| n)
+    }
+
+    /// The variant called `name`.
+    pub fn by_name(name: &str) -> Option<Variant> {
+        VARIANTS.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+
+    pub const fn is_coop(self) -> bool {
+        matches!(self, Variant::Coop(_))
+    }
+
+    /// Output tile (rows, columns) of one workgroup.
+    pub const fn tile(self) -> (u32, u32) {
+        match self {
+            Variant::Simt(t) => (t.bm as u32, t.bn as u32),
+            Variant::Coop(t) => (t.bm as u32, t.bn as u32),
+        }
+    }
+
+    /// Invocations per workgroup (`subgroup` is the device's subgroup size; SIMT ignores it).
+    pub const fn threads(self, subgroup: u32) -> u32 {
+        match self {
+            Variant::Simt(t) => (t.bm as u32 / t.tm as u32) * (t.bn as u32 / t.tn as u32),
+            Variant::Coop(t) => subgroup * t.wm as u32 * t.wn as u32,
+        }
+    }
+
+    /// Bytes of workgroup-shared memory the variant declares for these transposes.
+    pub fn shared_bytes(self, trans_a: bool, trans_b: bool) -> u32 {
+        match self {
+            Variant::Simt(t) => {
+                let (bm, bn) = (t.bm as u32, t.bn as u32);
+                2 * BK_SIMT * ((bm + 4) + (bn + 4)) * 4
+            }
+            Variant::Coop(t) => {
+                let (a, b) = crate::matmul_coop::stage_vec4s(t, trans_a, trans_b);
+                2 * (a + b) * 16
+            }
+        }
+    }
+}
+
+/// Vector width (elements) of a 16-byte access for a variant's operands: SIMT kernels load
+/// vec4 of the storage type, cooperative kernels 8 halves.
+pub const fn vector_elems(v: Variant) -> u32 {
+    match v {
+        Variant::Simt(_) => 4,
+        Variant::Coop(_) => 8,
+    }
+}
+
+/// The signature of a matmul kernel: everything that changes the emitted SPIR-V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulKernel {
+    pub variant: Variant,
+    /// Storage of A and B.
+    pub input: Storage,
+    /// Storage of C (and of bias and residual).
+    pub out: Storage,
+    /// A is stored K×M (read as its transpose).
+    pub trans_a: bool,
+    /// B is stored N×K.
+    pub trans_b: bool,
+    /// A, B, C (and residual) may use vector accesses along their contiguous dimension
+    /// (see `Alignment::of`).
+    pub vec_a: bool,
+    pub vec_b: bool,
+    pub vec_c: bool,
+    pub epilogue: Epilogue,
+    /// Subgroup size the cooperative kernels are built for (0 for SIMT).
+    pub subgroup: u32,
+}
+
+/// Sizes and strides of one launch (all in elements). A is `m × k` (stored `k × m` when
+/// transposed) with leading dimension `lda`; B is `k × n` (`n × k`) with `ldb`; C and the
+/// residual are `m × n` row-major with `ldc`/`ldr`; batch `i` starts at `i · stride_*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulShape {
+    pub batch: u32,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub lda: u32,
+    pub ldb: u32,
+    pub ldc: u32,
+    pub ldr: u32,
+    pub stride_a: u32,
+    pub stride_b: u32,
+    pub stride_c: u32,
+    pub stride_r: u32,
+}
+
+impl MatmulShape {
+    /// Packed (contiguous) operands for these transposes.
+    pub fn packed(batch: u32, m: u32, n: u32, k: u32, trans_a: bool, trans_b: bool) -> Self {
+        MatmulShape {
+            batch,
+            m,
+            n,
+            k,
+            lda: if trans_a { m } else { k },
+            ldb: if trans_b { k } else { n },
+            ldc: n,
+            ldr: n,
+            stride_a: m * k,
+            stride_b: k * n,
+            stride_c: m * n,
+            stride_r: m * n,
+        }
+    }
+
+    /// Multiply-adds × 2.
+    pub fn flops(&self) -> f64 {
+        2.0 * f64::from(self.batch) * f64::from(self.m) * f64::from(self.n) * f64::from(self.k)
+    }
+}
+
+/// Which operands allow vector accesses of `width` elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Alignment {
+    pub a: bool,
+    pub b: bool,
+    pub c: bool,
+}
+
+impl Alignment {
+    /// An operand may use `width`-element vectors when its contiguous extent, its leading
+    /// dimension and its batch stride are multiples of `width` (then a vector never straddles
+    /// a row, and every row starts aligned).
+    pub fn of(s: &MatmulShape, trans_a: bool, trans_b: bool, width: u32) -> Alignment {
+        let ok = |extent: u32, ld: u32, stride: u32| {
+            extent % width == 0 && ld % width == 0 && (s.batch <= 1 || stride % width == 0)
+        };
+        Alignment {
+            a: ok(if trans_a { s.m } else { s.k }, s.lda, s.stride_a),
+            b: ok(if trans_b { s.k } else { s.n }, s.ldb, s.stride_b),
+            c: ok(s.n, s.ldc, s.stride_c) && ok(s.n, s.ldr, s.stride_r),
+        }
+    }
+}
+
+/// Device properties the selection and the generators need.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatmulCaps {
+    pub max_shared_bytes: u32,
+    pub max_invocations: u32,
+    pub subgroup: u32,
+    /// 16×16×16 f16×f16→f32 fragments (subgroup scope) are reported and enabled.
+    pub coop_f16: bool,
+    /// 16×16×16 bf16×bf16→f32 fragments are reported and enabled.
+    pub coop_bf16: bool,
+}
+
+impl MatmulKernel {
+    /// The kernel for `variant` on this problem: vector flags from the shape's alignment.
+    pub fn new(
+        variant: Variant,
+        input: Storage,
+        out: Storage,
+        trans: (bool, bool),
+        shape: &MatmulShape,
+        epilogue: Epilogue,
+        subgroup: u32,
+    ) -> MatmulKernel {
+        let al = Alignment::of(shape, trans.0, trans.1, vector_elems(variant));
+        MatmulKernel {
+            variant,
+            input,
+            out,
+            trans_a: trans.0,
+            trans_b: trans.1,
+            vec_a: al.a,
+            vec_b: al.b,
+            vec_c: al.c,
+            epilogue,
+            subgroup: if variant.is_coop() { subgroup } else { 0 },
+        }
+    }
+
+    /// Whether this kernel can run on a device with `caps` (shared memory, workgroup size,
+    /// fragment support for the input storage).
+    pub fn feasible(&self, caps: &MatmulCaps) -> bool {
+        let v = self.variant;
+        if v.shared_bytes(self.trans_a, self.trans_b) > caps.max_shared_bytes
+            || v.threads(caps.subgroup) > caps.max_invocations
+        {
+            return false;
+        }
+        match v {
+            Variant::Simt(_) => true,
+            Variant::Coop(t) => {
+                let frags = match self.input {
+                    Storage::F16 => caps.coop_f16,
+                    Storage::BF16 => caps.coop_bf16,
+                    Storage::F32 => false,
+                };
+                let (wm, wn) = (t.bm as u32 / t.wm as u32, t.bn as u32 / t.wn as u32);
+                frags
+                    && caps.subgroup == self.subgroup
+                    && wm % FRAG == 0
+                    && wn % FRAG == 0
+                    && t.bk as u32 % FRAG == 0
+                    && crate::matmul_coop::scratch_fits(
+                        t,
+                        self.trans_a,
+                        self.trans_b,
+                        caps.subgroup,
+                    )
+            }
+        }
+    }
+
+    /// `mm_<variant>_<in>_<out>_<nn|nt|tn|tt>[_v<abc>][_<epilogue>]`.
+    pub fn name(&self) -> String {
+        let t = |x: bool| if x { 't' } else { 'n' };
+        let mut vec = String::new();
+        for (flag, c) in [(self.vec_a, 'a'), (self.vec_b, 'b'), (self.vec_c, 'c')] {
+            if flag {
+                vec.push(c);
+            }
+        }
+        format!(
+            "mm_{}_{}_{}_{}{}{}{}",
+            self.variant.name(),
+            self.input.name(),
+            self.out.name(),
+            t(self.trans_a),
+            t(self.trans_b),
+            if vec.is_empty() {
+                String::new()
+            } else {
+                format!("_v{vec}")
+            },
+            self.epilogue.tag()
+        )
+    }
+
+    /// Emits the kernel.
+    pub fn build(&self) -> KernelModule {
+        match self.variant {
+            Variant::Simt(t) => crate::matmul_simt::build(self, t),
+            Variant::Coop(t) => crate::matmul_coop::build(self, t),
+        }
+    }
+
+    /// Workgroups and push constants for `shape` with buffers at `addr`.
+    pub fn launch(
+        &self,
+        module: &KernelModule,
+        shape: &MatmulShape,
+        addr: &MatmulAddresses,
+        alpha: f32,
+    ) -> Result<Launch, KernelError> {
+        let bad = |detail: String| KernelError::Arguments {
+            kernel: module.name.clone(),
+            detail,
+        };
+        let al = Alignment::of(
+            shape,
+            self.trans_a,
+            self.trans_b,
+            vector_elems(self.variant),
+        );
+        if (self.vec_a && !al.a) || (self.vec_b && !al.b) || (self.vec_c && !al.c) {
+            return Err(bad(format!(
+                "built for vector accesses the shape does not allow: {shape:?}"
+            )));
+        }
+        if self.epilogue.bias != addr.bias.is_some()
+            || self.epilogue.residual != addr.residual.is_some()
+        {
+            return Err(bad("bias/residual buffers do not match the epilogue".into()));
+        }
+        let (bm, bn) = self.variant.tile();
+        let gx = shape.n.div_ceil(bn);
+        let gy = shape.m.div_ceil(bm);
+        if gy > 65535 || shape.batch > 65535 || gx > 65535 {
+            return Err(KernelError::TooLarge {
+                what: "matmul grid",
+                size: u64::from(gx) * u64::from(gy) * u64::from(shape.batch),
+            });
+        }
+        let mut args = vec![
+            Arg::Address(addr.a),
+            Arg::Address(addr.b),
+            Arg::Address(addr.c),
+        ];
+        if let Some(b) = addr.bias {
+            args.push(Arg::Address(b));
+        }
+        if let Some(r) = addr.residual {
+            args.push(Arg::Address(r));
+        }
+        for v in [
+            shape.m,
+            shape.n,
+            shape.k,
+            shape.lda,
+            shape.ldb,
+            shape.ldc,
+            shape.ldr,
+            shape.stride_a,
+            shape.stride_b,
+            shape.stride_c,
+            shape.stride_r,
+        ] {
+            args.push(Arg::U32(v));
+        }
+        args.push(Arg::F32(alpha));
+        let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
+        Ok(Launch {
+            groups: [gx, gy, shape.batch],
+            push,
+        })
+    }
+}
+
+/// Device addresses of a launch's buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulAddresses {
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub bias: Option<u64>,
+    pub residual: Option<u64>,
+}
+
+/// The documented default choice (used where no tuned winner exists, e.g. on CPU devices):
+/// cooperative fragments for f16/bf16 inputs where the device has them (128×128 tiles when
+/// the output has at least 64 such tiles' worth of elements, else 64×64), otherwise SIMT
+/// tiles sized so that the grid still has work for many workgroups. Always feasible.
+pub fn default_variant(
+    input: Storage,
+    out: Storage,
+    trans: (bool, bool),
+    shape: &MatmulShape,
+    epilogue: Epilogue,
+    caps: &MatmulCaps,
+) -> MatmulKernel {
+    let outputs = u64::from(shape.m) * u64::from(shape.n) * u64::from(shape.batch);
+    let order: &[&str] = if outputs >= 64 * 128 * 128 {
+        &[
+            "coop128x128w2x2",
+            "coop64x64w2x2",
+            "simt128x128",
+            "simt64x64",
+            "simt32x32",
+        ]
+    } else if outputs >= 64 * 64 * 64 {
+        &["coop64x64w2x2", "simt64x64", "simt32x32"]
+    } else {
+        &["coop64x64w2x2", "simt32x32"]
+    };
+    candidates(input, out, trans, shape, epilogue, caps)
+        .into_iter()
+        .find(|k| order.contains(&k.variant.name()))
+        .unwrap_or_else(|| {
+            // simt32x32 needs 64 invocations and 9 KiB: every Vulkan device has that.
+            MatmulKernel::new(
+                simt(32, 32, 4, 4),
+                input,
+                out,
+                trans,
+                shape,
+                epilogue,
+                caps.subgroup,
+            )
+        })
+}
+
+/// Every feasible kernel for this problem, in table order (the autotuner's candidates).
+pub fn candidates(
+    input: Storage,
+    out: Storage,
+    trans: (bool, bool),
+    shape: &MatmulShape,
+    epilogue: Epilogue,
+    caps: &MatmulCaps,
+) -> Vec<MatmulKernel> {
+    VARIANTS
+        .iter()
+        .map(|&(_, v)| MatmulKernel::new(v, input, out, trans, shape, epilogue, caps.subgroup))
+        .filter(|k| k.feasible(caps))
+        .collect()
+}
+
+// ------------------------------------------------------------------ shared kernel pieces
+
+/// The buffers and push constants every matmul kernel declares, in launch order.
+pub(crate) struct Params {
+    pub a: Buffer,
+    pub b: Buffer,
+    pub c: Buffer,
+    pub bias: Option<Buffer>,
+    pub residual: Option<Buffer>,
+    pub m: Param,
+    pub n: Param,
+    pub k: Param,
+    pub lda: Param,
+    pub ldb: Param,
+    pub ldc: Param,
+    pub ldr: Param,
+    pub stride_a: Param,
+    pub stride_b: Param,
+    pub stride_c: Param,
+    pub stride_r: Param,
+    pub alpha: Param,
+}
+
+/// Declares the parameters; A and B are declared with `a_elem`/`b_elem` (the SIMT kernels use
+/// the storage's scalar, the cooperative ones `u32`/`u16` words they reinterpret).
+pub(crate) fn declare(
+    k: &mut KernelBuilder,
+    kern: &MatmulKernel,
+    a_elem: Scalar,
+    b_elem: Scalar,
+) -> Params {
+    let out = buffer_scalar(kern.out);
+    let a = k.buffer("a", a_elem, Access::Read);
+    let b = k.buffer("b", b_elem, Access::Read);
+    let c = k.buffer("c", out, Access::Write);
+    let bias = kern
+        .epilogue
+        .bias
+        .then(|| k.buffer("bias", out, Access::Read));
+    let residual = kern
+        .epilogue
+        .residual
+        .then(|| k.buffer("residual", out, Access::Read));
+    let u = Ty::scalar(Scalar::U32);
+    let mut p = |name: &str| k.param(name, u);
+    let (m, n, kk) = (p("m"), p("n"), p("k"));
+    let (lda, ldb, ldc, ldr) = (p("lda"), p("ldb"), p("ldc"), p("ldr"));
+    let (stride_a, stride_b, stride_c, stride_r) =
+        (p("stride_a"), p("stride_b"), p("stride_c"), p("stride_r"));
+    let alpha = k.param("alpha", Ty::scalar(Scalar::F32));
+    Params {
+        a,
+        b,
+        c,
+        bias,
+        residual,
+        m,
+        n,
+        k: kk,
+        lda,
+        ldb,
+        ldc,
+        ldr,
+        stride_a,
+        stride_b,
+        stride_c,
+        stride_r,
+        alpha,
+    }
+}
+
+/// Push-constant values loaded once at the top of a kernel.
+#[derive(Clone, Copy)]
+pub(crate) struct Dims {
+    pub m: Val,
+    pub n: Val,
+    pub k: Val,
+    pub lda: Val,
+    pub ldb: Val,
+    pub ldc: Val,
+    pub ldr: Val,
+    pub alpha: Val,
+    /// Element offsets of this workgroup's batch in A, B, C and the residual.
+    pub off_a: Val,
+    pub off_b: Val,
+    pub off_c: Val,
+    pub off_r: Val,
+}
+
+pub(crate) fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
+    let ld = |k: &mut KernelBuilder, q: Param| k.load_param(q);
+    let (m, n, kk) = (ld(k, p.m), ld(k, p.n), ld(k, p.k));
+    let (lda, ldb, ldc, ldr) = (ld(k, p.lda), ld(k, p.ldb), ld(k, p.ldc), ld(k, p.ldr));
+    let alpha = ld(k, p.alpha);
+    let off = |k: &mut KernelBuilder, q: Param| {
+        let s = k.load_param(q);
+        k.mul(batch, s)
+    };
+    let off_a = off(k, p.stride_a);
+    let off_b = off(k, p.stride_b);
+    let off_c = off(k, p.stride_c);
+    let off_r = off(k, p.stride_r);
+    Dims {
+        m,
+        n,
+        k: kk,
+        lda,
+        ldb,
+        ldc,
+        ldr,
+        alpha,
+        off_a,
+        off_b,
+        off_c,
+        off_r,
+    }
+}
+
+/// Workgroup tile coordinates (row tile, column tile) with grouped rasterization: runs of
+/// `GROUP` row tiles are walked column by column, so workgroups running together share A
+/// row panels and B column panels in L2.
+pub(crate) fn tile_coords(k: &mut KernelBuilder) -> (Val, Val, Val) {
+    const GROUP: u32 = 8;
+    let wid = k.workgroup_id();
+    let nwg = k.num_workgroups();
+    let (x, y, z) = (k.extract(wid, 0), k.extract(wid, 1), k.extract(wid, 2));
+    let (gx, gy) = (k.extract(nwg, 0), k.extract(nwg, 1));
+    let row_len = k.mul(y, gx);
+    let pid = k.add(row_len, x);
+    let g = k.u32(GROUP);
+    let per_group = k.mul(g, gx);
+    let group = k.div(pid, per_group);
+    let first = k.mul(group, g);
+    let left = k.sub(gy, first);
+    let size = k.min(left, g);
+    let in_group = k.rem(pid, per_group);
+    let r = k.rem(in_group, size);
+    let tile_m = k.add(first, r);
+    let tile_n = k.div(in_group, size);
+    (tile_m, tile_n, z)
+}
+
+/// Applies the epilogue to `v` (f32, 1 or 4 lanes: columns `col..col+lanes` of `row`, all in
+/// bounds) and stores it into C.
+pub(crate) fn epilogue_store(
+    k: &mut KernelBuilder,
+    kern: &MatmulKernel,
+    p: &Params,
+    d: &Dims,
+    row: Val,
+    col: Val,
+    v: Val,
+) {
+    let lanes = v.ty.lanes;
+    let alpha = k.splat(d.alpha, lanes);
+    let mut v = k.mul(v, alpha);
+    let vidx = |k: &mut KernelBuilder, base: Val| {
+        if lanes == 1 {
+            base
+        } else {
+            let l = k.u32(lanes as u32);
+            k.div(base, l)
+        }
+    };
+    if let Some(bias) = p.bias {
+        let i = vidx(k, col);
+        let b = load_f32(k, bias, i, lanes, kern.out);
+        v = k.add(v, b);
+    }
+    v = match kern.epilogue.act {
+        Activation::None => v,
+        Activation::Relu => math::relu(k, v),
+        Activation::GeluTanh => math::gelu_tanh(k, v),
+    };
+    if let Some(res) = p.residual {
+        let at = k.mul(row, d.ldr);
+        let at = k.add(at, col);
+        let at = k.add(at, d.off_r);
+        let i = vidx(k, at);
+        let r = load_f32(k, res, i, lanes, kern.out);
+        v = k.add(v, r);
+    }
+    let at = k.mul(row, d.ldc);
+    let at = k.add(at, col);
+    let at = k.add(at, d.off_c);
+    let i = vidx(k, at);
+    store_f32(k, p.c, i, v, kern.out);
+}
+
+/// Stores a 4-column group `v` (vec4 f32) at (`row`, `col..col+4`): one vector store when
+/// `vec_c` (N a multiple of 4: the group is all in or all out), else per-column checks.
+pub(crate) fn store_quad(
+    k: &mut KernelBuilder,
+    kern: &MatmulKernel,
+    p: &Params,
+    d: &Dims,
+    row: Val,
+    col: Val,
+    v: Val,
+) {
+    let row_ok = k.lt(row, d.m);
+    if kern.vec_c {
+        let col_ok = k.lt(col, d.n);
+        let ok = k.and(row_ok, col_ok);
+        k.if_(ok, |k| epilogue_store(k, kern, p, d, row, col, v));
+    } else {
+        for lane in 0..4 {
+            let off = k.u32(lane);
+            let c = k.add(col, off);
+            let col_ok = k.lt(c, d.n);
+            let ok = k.and(row_ok, col_ok);
+            let x = k.extract(v, lane);
+            k.if_(ok, |k| epilogue_store(k, kern, p, d, row, c, x));
+        }
+    }
+}
+
+/// `if cond { a } else { b }` without branching, for in-bounds masking.
+pub(crate) fn mask(k: &mut KernelBuilder, cond: Val, v: Val) -> Val {
+    let zero = k.constant_bits(v.ty, 0);
+    k.select(cond, v, zero)
+}

@@ -1,0 +1,561 @@
+//! Cooperative-matrix matmul: f16/bf16 inputs, f32 accumulation on the matrix units.
+//!
+//! A workgroup of `wm × wn` subgroups computes a `bm × bn` tile; each subgroup holds
+//! `(bm/wm/16) × (bn/wn/16)` accumulator fragments. k advances `bk` at a time through two
+//! shared-memory stages of 16-byte `vec4<u32>` words (8 halves): while the matrix units work on
+//! one stage, each invocation has already issued the global loads of the next tile into
+//! registers, and stores them into the other stage afterwards, so there is one barrier per
+//! k step. Operands are staged exactly as they lie in memory (rows padded by one word, which
+//! spreads the 8 rows a fragment load reads over distinct banks); a transposed operand is
+//! read back as a column-major fragment, so the four transpose combinations cost the same.
+//!
+//! The epilogue has two paths, chosen per workgroup: a tile entirely inside C with no bias,
+//! activation or residual and aligned rows is scaled, converted and stored fragment by
+//! fragment straight to memory; otherwise each subgroup stores a fragment as f32 into its
+//! own slice of the (then idle) A stage, and every invocation applies the epilogue to four
+//! known (row, column) elements at a time, with bounds checks. KHR fragments do not say which
+//! invocation holds which element, so per-element work has to go through memory.
+
+use helios_spirv::{
+    Access, Binding, CoopLayout, CoopTy, CoopUse, CoopVar, KernelBuilder, KernelModule, Scalar,
+    Shared, SharedLen, Ty, Val,
+};
+
+use crate::matmul::{
+    declare, load_dims, mask, store_quad, tile_coords, CoopTile, Dims, MatmulKernel, FRAG,
+};
+use crate::storage::{buffer_scalar, Storage};
+
+/// Halves per staged word.
+const WORD: u32 = 8;
+
+/// `vec4<u32>` words of one stage of A and of B.
+pub(crate) fn stage_vec4s(t: CoopTile, trans_a: bool, trans_b: bool) -> (u32, u32) {
+    let (bm, bn, bk) = (u32::from(t.bm), u32::from(t.bn), u32::from(t.bk));
+    let a = if trans_a {
+        bk * (bm / WORD + 1)
+    } else {
+        bm * (bk / WORD + 1)
+    };
+    let b = if trans_b {
+        bn * (bk / WORD + 1)
+    } else {
+        bk * (bn / WORD + 1)
+    };
+    (a, b)
+}
+
+/// Whether the A stages can hold every subgroup's 16×16 f32 epilogue scratch (64 words).
+pub(crate) fn scratch_fits(t: CoopTile, trans_a: bool, trans_b: bool, subgroup: u32) -> bool {
+    let (a, _) = stage_vec4s(t, trans_a, trans_b);
+    subgroup > 0 && 64 % subgroup == 0 && 64 * u32::from(t.wm) * u32::from(t.wn) <= 2 * a
+}
+
+fn frag_scalar(s: Storage) -> Scalar {
+    match s {
+        Storage::F16 => Scalar::F16,
+        Storage::BF16 => Scalar::BF16,
+        Storage::F32 => panic!("cooperative matmul needs f16 or bf16 inputs"),
+    }
+}
+
+/// One operand's staging geometry.
+struct Operand {
+    /// Rows (A) or columns (B) of the tile.
+    outer: u32,
+    bk: u32,
+    /// k is contiguous in memory (A not transposed, B transposed): staged `[outer][bk]`,
+    /// else `[bk][outer]`.
+    k_contiguous: bool,
+    /// 16-byte loads allowed.
+    vec: bool,
+    buf: helios_spirv::Buffer,
+    ld: Val,
+    off: Val,
+    base: Val,
+    extent: Val,
+}
+
+impl Operand {
+    /// Words per staged row.
+    fn row(&self) -> u32 {
+        if self.k_contiguous {
+            self.bk / WORD + 1
+        } else {
+            self.outer / WORD + 1
+        }
+    }
+
+    fn units(&self) -> u32 {
+        self.outer * self.bk / WORD
+    }
+
+    fn stage(&self) -> u32 {
+        if self.k_contiguous {
+            self.outer * self.row()
+        } else {
+            self.bk * self.row()
+        }
+    }
+}
+
+pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
+    let sg = kern.subgroup;
+    let (bm, bn, bk) = (u32::from(t.bm), u32::from(t.bn), u32::from(t.bk));
+    let (wm, wn) = (u32::from(t.wm), u32::from(t.wn));
+    let (fm, fnn) = (bm / wm / FRAG, bn / wn / FRAG);
+    let threads = sg * wm * wn;
+    let mut k = KernelBuilder::new(kern.name(), Binding::DeviceAddress, [threads, 1, 1]);
+    let elem = |vec: bool| if vec { Scalar::U32 } else { Scalar::U16 };
+    let p = declare(&mut k, kern, elem(kern.vec_a), elem(kern.vec_b));
+    k.begin();
+
+    let (tile_m, tile_n, batch) = tile_coords(&mut k);
+    let d = load_dims(&mut k, &p, batch);
+    let bm_v = k.u32(bm);
+    let bn_v = k.u32(bn);
+    let m0 = k.mul(tile_m, bm_v);
+    let n0 = k.mul(tile_n, bn_v);
+    let tid = k.local_index();
+    let sg_id = k.subgroup_id();
+    let wn_v = k.u32(wn);
+    let warp_m = k.div(sg_id, wn_v);
+    let warp_n = k.rem(sg_id, wn_v);
+
+    let a = Operand {
+        outer: bm,
+        bk,
+        k_contiguous: !kern.trans_a,
+        vec: kern.vec_a,
+        buf: p.a,
+        ld: d.lda,
+        off: d.off_a,
+        base: m0,
+        extent: d.m,
+    };
+    let b = Operand {
+        outer: bn,
+        bk,
+        k_contiguous: kern.trans_b,
+        vec: kern.vec_b,
+        buf: p.b,
+        ld: d.ldb,
+        off: d.off_b,
+        base: n0,
+        extent: d.n,
+    };
+    let word = Ty::vector(Scalar::U32, 4);
+    let sa = k.shared_array(word, SharedLen::Fixed(2 * a.stage()));
+    let sb = k.shared_array(word, SharedLen::Fixed(2 * b.stage()));
+
+    let scalar = frag_scalar(kern.input);
+    let a_ty = CoopTy::new(scalar, FRAG, FRAG, CoopUse::A);
+    let b_ty = CoopTy::new(scalar, FRAG, FRAG, CoopUse::B);
+    let acc_ty = CoopTy::new(Scalar::F32, FRAG, FRAG, CoopUse::Accumulator);
+    let acc: Vec<CoopVar> = (0..fm * fnn)
+        .map(|_| {
+            let v = k.coop_var(acc_ty);
+            let z = k.coop_zero(acc_ty);
+            k.coop_set(v, z);
+            v
+        })
+        .collect();
+
+    // Prologue: tile 0 into stage 0.
+    let zero = k.u32(0);
+    let ra = load_tile(&mut k, &a, &d, tid, threads, zero);
+    let rb = load_tile(&mut k, &b, &d, tid, threads, zero);
+    store_tile(&mut k, &a, sa, zero, &ra, tid, threads);
+    store_tile(&mut k, &b, sb, zero, &rb, tid, threads);
+    k.workgroup_barrier();
+
+    let bk_v = k.u32(bk);
+    let bk_m1 = k.u32(bk - 1);
+    let kpad = k.add(d.k, bk_m1);
+    let tiles = k.div(kpad, bk_v);
+    let one = k.u32(1);
+    let a_stage = k.u32(a.stage());
+    let b_stage = k.u32(b.stage());
+    let wrow = k.u32(bm / wm);
+    let wcol = k.u32(bn / wn);
+    let warp_row = k.mul(warp_m, wrow);
+    let warp_col = k.mul(warp_n, wcol);
+    k.for_range(zero, tiles, one, |k, kt| {
+        let next = k.add(kt, one);
+        let k0 = k.mul(next, bk_v);
+        let ra = load_tile(k, &a, &d, tid, threads, k0);
+        let rb = load_tile(k, &b, &d, tid, threads, k0);
+
+        let cur = k.and(kt, one);
+        let base_a = k.mul(cur, a_stage);
+        let base_b = k.mul(cur, b_stage);
+        let mut sums: Vec<_> = acc.iter().map(|&v| k.coop_get(v)).collect();
+        for kk in (0..bk).step_by(FRAG as usize) {
+            let af: Vec<_> = (0..fm)
+                .map(|i| {
+                    let r = k.u32(i * FRAG);
+                    let r = k.add(warp_row, r);
+                    frag_load(k, &a, a_ty, sa, base_a, r, kk)
+                })
+                .collect();
+            let bf: Vec<_> = (0..fnn)
+                .map(|j| {
+                    let c = k.u32(j * FRAG);
+                    let c = k.add(warp_col, c);
+                    frag_load(k, &b, b_ty, sb, base_b, c, kk)
+                })
+                .collect();
+            for (i, x) in af.iter().enumerate() {
+                for (j, y) in bf.iter().enumerate() {
+                    let s = &mut sums[i * fnn as usize + j];
+                    *s = k.coop_muladd(*x, *y, *s);
+                }
+            }
+        }
+        for (v, s) in acc.iter().zip(sums) {
+            k.coop_set(*v, s);
+        }
+
+        let other = k.xor(cur, one);
+        let nbase_a = k.mul(other, a_stage);
+        let nbase_b = k.mul(other, b_stage);
+        store_tile(k, &a, sa, nbase_a, &ra, tid, threads);
+        store_tile(k, &b, sb, nbase_b, &rb, tid, threads);
+        k.workgroup_barrier();
+    });
+
+    let frag_origin = |k: &mut KernelBuilder, i: u32, j: u32| {
+        let r = k.u32(i * FRAG);
+        let r = k.add(warp_row, r);
+        let row = k.add(m0, r);
+        let c = k.u32(j * FRAG);
+        let c = k.add(warp_col, c);
+        let col = k.add(n0, c);
+        (row, col)
+    };
+    let shared_path = |k: &mut KernelBuilder| {
+        let lane = k.subgroup_invocation_id();
+        let sixty_four = k.u32(64);
+        let scratch = k.mul(sg_id, sixty_four);
+        let four = k.u32(4);
+        for i in 0..fm {
+            for j in 0..fnn {
+                let m = k.coop_get(acc[(i * fnn + j) as usize]);
+                k.coop_store_shared(m, sa, scratch, four, CoopLayout::RowMajor);
+                k.subgroup_barrier();
+                let (row0, col0) = frag_origin(k, i, j);
+                for q in 0..64 / sg {
+                    let qo = k.u32(q * sg);
+                    let qi = k.add(lane, qo);
+                    let at = k.add(scratch, qi);
+                    let w = k.shared_load(sa, at);
+                    let v = k.bitcast(w, Ty::vector(Scalar::F32, 4));
+                    let r = k.div(qi, four);
+                    let c = k.rem(qi, four);
+                    let c = k.mul(c, four);
+                    let row = k.add(row0, r);
+                    let col = k.add(col0, c);
+                    store_quad(k, kern, &p, &d, row, col, v);
+                }
+                k.subgroup_barrier();
+            }
+        }
+    };
+    // Every subgroup is done reading the stages before any reuses them as scratch.
+    k.workgroup_barrier();
+    if kern.epilogue.is_plain() && kern.vec_c {
+        let end_m = k.add(m0, bm_v);
+        let end_n = k.add(n0, bn_v);
+        let in_m = k.le(end_m, d.m);
+        let in_n = k.le(end_n, d.n);
+        let inside = k.and(in_m, in_n);
+        let out_scalar = match kern.out {
+            Storage::F32 => Scalar::F32,
+            Storage::F16 => Scalar::F16,
+            Storage::BF16 => Scalar::BF16,
+        };
+        k.if_else(
+            inside,
+            |k| {
+                for i in 0..fm {
+                    for j in 0..fnn {
+                        let m = k.coop_get(acc[(i * fnn + j) as usize]);
+                        let m = k.coop_scale(m, d.alpha);
+                        let m = k.coop_convert(m, out_scalar);
+                        let (row, col) = frag_origin(k, i, j);
+                        let at = k.mul(row, d.ldc);
+                        let at = k.add(at, col);
+                        let at = k.add(at, d.off_c);
+                        k.coop_store(m, p.c, 1, at, d.ldc, CoopLayout::RowMajor, 16);
+                    }
+                }
+            },
+            shared_path,
+        );
+    } else {
+        shared_path(&mut k);
+    }
+    k.finish()
+}
+
+/// Loads the fragment at tile row/column `outer` and k offset `kk` (a constant) from the
+/// stage at word `base`.
+fn frag_load(
+    k: &mut KernelBuilder,
+    op: &Operand,
+    ty: CoopTy,
+    s: Shared,
+    base: Val,
+    outer: Val,
+    kk: u32,
+) -> helios_spirv::CoopMat {
+    let row = k.u32(op.row());
+    // A is M×K and B is K×N: A with k contiguous and B with n contiguous are row-major.
+    let row_major = op.k_contiguous == (ty.use_ == CoopUse::A);
+    let at = if op.k_contiguous {
+        let at = k.mul(outer, row);
+        let kq = k.u32(kk / WORD);
+        k.add(at, kq)
+    } else {
+        let at = k.u32(kk * op.row());
+        let word = k.u32(WORD);
+        let oq = k.div(outer, word);
+        k.add(at, oq)
+    };
+    let at = k.add(at, base);
+    let layout = if row_major {
+        CoopLayout::RowMajor
+    } else {
+        CoopLayout::ColumnMajor
+    };
+    k.coop_load_shared(ty, s, at, row, layout)
+}
+
+/// (outer, k) tile coordinates of this invocation's `j`-th word and whether it exists.
+fn unit_coords(
+    k: &mut KernelBuilder,
+    op: &Operand,
+    tid: Val,
+    threads: u32,
+    j: u32,
+) -> (Val, Val, Option<Val>) {
+    let off = k.u32(j * threads);
+    let idx = k.add(tid, off);
+    let valid = (op.units() % threads != 0).then(|| {
+        let n = k.u32(op.units());
+        k.lt(idx, n)
+    });
+    let word = k.u32(WORD);
+    if op.k_contiguous {
+        let per = k.u32(op.bk / WORD);
+        let o = k.div(idx, per);
+        let kq = k.rem(idx, per);
+        let kk = k.mul(kq, word);
+        (o, kk, valid)
+    } else {
+        let per = k.u32(op.outer / WORD);
+        let kk = k.div(idx, per);
+        let q = k.rem(idx, per);
+        let o = k.mul(q, word);
+        (o, kk, valid)
+    }
+}
+
+/// This invocation's words of the tile at k = `k0`: 8 halves each, zeros outside the matrix.
+fn load_tile(
+    k: &mut KernelBuilder,
+    op: &Operand,
+    d: &Dims,
+    tid: Val,
+    threads: u32,
+    k0: Val,
+) -> Vec<Val> {
+    let count = op.units().div_ceil(threads);
+    (0..count)
+        .map(|j| {
+            let (o, kk, _) = unit_coords(k, op, tid, threads, j);
+            let go = k.add(op.base, o);
+            let gk = k.add(k0, kk);
+            let (row, col, row_n, col_n) = if op.k_contiguous {
+                (go, gk, op.extent, d.k)
+            } else {
+                (gk, go, d.k, op.extent)
+            };
+            let row_ok = k.lt(row, row_n);
+            let start = k.mul(row, op.ld);
+            let start = k.add(start, op.off);
+            let zero = k.u32(0);
+            if op.vec {
+                let ok = k.lt(col, col_n);
+                let ok = k.and(ok, row_ok);
+                let at = k.add(start, col);
+                let at = k.select(ok, at, zero);
+                let word = k.u32(WORD);
+                let wi = k.div(at, word);
+                let w = k.load(op.buf, wi, 4);
+                mask(k, ok, w)
+            } else {
+                let halves: Vec<Val> = (0..WORD)
+                    .map(|l| {
+                        let lo = k.u32(l);
+                        let c = k.add(col, lo);
+                        let ok = k.lt(c, col_n);
+                        let ok = k.and(ok, row_ok);
+                        let at = k.add(start, c);
+                        let at = k.select(ok, at, zero);
+                        let h = k.load(op.buf, at, 1);
+                        let h = mask(k, ok, h);
+                        k.convert(h, Scalar::U32)
+                    })
+                    .collect();
+                let sixteen = k.u32(16);
+                let words: Vec<Val> = halves
+                    .chunks(2)
+                    .map(|p| {
+                        let hi = k.shl(p[1], sixteen);
+                        k.or(p[0], hi)
+                    })
+                    .collect();
+                k.vector(&words)
+            }
+        })
+        .collect()
+}
+
+/// Stores loaded words into the stage at word offset `base`.
+fn store_tile(
+    k: &mut KernelBuilder,
+    op: &Operand,
+    s: Shared,
+    base: Val,
+    regs: &[Val],
+    tid: Val,
+    threads: u32,
+) {
+    for (j, &w) in regs.iter().enumerate() {
+        let (o, kk, valid) = unit_coords(k, op, tid, threads, j as u32);
+        let store = |k: &mut KernelBuilder| {
+            let row = k.u32(op.row());
+            let word = k.u32(WORD);
+            let at = if op.k_contiguous {
+                let at = k.mul(o, row);
+                let kq = k.div(kk, word);
+                k.add(at, kq)
+            } else {
+                let at = k.mul(kk, row);
+                let oq = k.div(o, word);
+                k.add(at, oq)
+            };
+            let at = k.add(at, base);
+            k.shared_store(s, at, w);
+        };
+        match valid {
+            Some(ok) => k.if_(ok, store),
+            None => store(k),
+        }
+    }
+}
+
+// ------------------------------------------------------------------ peak microbenchmark
+
+/// The cooperative-matrix instruction alone: each subgroup loads `frags × frags` fragments
+/// once and chains `iters` mul-adds into `frags²` independent accumulators, then stores
+/// them (so nothing is optimised away). FLOPs per launch:
+/// `groups · subgroups · iters · frags² · 2 · 16³`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoopPeakKernel {
+    pub input: Storage,
+    /// Fragments per side of a subgroup's accumulator block.
+    pub frags: u32,
+    /// Subgroups per workgroup.
+    pub subgroups: u32,
+    pub subgroup: u32,
+}
+
+impl CoopPeakKernel {
+    pub fn name(&self) -> String {
+        format!(
+            "mm_peak_{}_{}x{}_w{}",
+            self.input.name(),
+            self.frags,
+            self.frags,
+            self.subgroups
+        )
+    }
+
+    /// Parameters: `a` (u32 words, at least `2·frags·128`), `c` (f32, one 16×16 block per
+    /// accumulator of every subgroup launched), `iters` (u32).
+    pub fn build(&self) -> KernelModule {
+        let threads = self.subgroup * self.subgroups;
+        let mut k = KernelBuilder::new(self.name(), Binding::DeviceAddress, [threads, 1, 1]);
+        let a = k.buffer("a", Scalar::U32, Access::Read);
+        let c = k.buffer("c", buffer_scalar(Storage::F32), Access::Write);
+        let iters = k.param("iters", Ty::scalar(Scalar::U32));
+        k.begin();
+        let scalar = frag_scalar(self.input);
+        let a_ty = CoopTy::new(scalar, FRAG, FRAG, CoopUse::A);
+        let b_ty = CoopTy::new(scalar, FRAG, FRAG, CoopUse::B);
+        let acc_ty = CoopTy::new(Scalar::F32, FRAG, FRAG, CoopUse::Accumulator);
+        let stride = k.u32(FRAG / 2); // u32 words per 16-half row
+        let n = self.frags;
+        let af: Vec<_> = (0..n)
+            .map(|i| {
+                let at = k.u32(i * 128);
+                k.coop_load(a_ty, a, 1, at, stride, CoopLayout::RowMajor, 16)
+            })
+            .collect();
+        let bf: Vec<_> = (0..n)
+            .map(|j| {
+                let at = k.u32((n + j) * 128);
+                k.coop_load(b_ty, a, 1, at, stride, CoopLayout::RowMajor, 16)
+            })
+            .collect();
+        let acc: Vec<CoopVar> = (0..n * n)
+            .map(|_| {
+                let v = k.coop_var(acc_ty);
+                let z = k.coop_zero(acc_ty);
+                k.coop_set(v, z);
+                v
+            })
+            .collect();
+        let count = k.load_param(iters);
+        let zero = k.u32(0);
+        let one = k.u32(1);
+        k.for_range(zero, count, one, |k, _| {
+            for i in 0..n {
+                for j in 0..n {
+                    let v = acc[(i * n + j) as usize];
+                    let s = k.coop_get(v);
+                    let s = k.coop_muladd(af[i as usize], bf[j as usize], s);
+                    k.coop_set(v, s);
+                }
+            }
+        });
+        let wid = k.workgroup_id();
+        let wx = k.extract(wid, 0);
+        let sgs = k.u32(self.subgroups);
+        let sg_id = k.subgroup_id();
+        let w = k.mul(wx, sgs);
+        let w = k.add(w, sg_id);
+        let per = k.u32(n * n * 256);
+        let base = k.mul(w, per);
+        let sixteen = k.u32(16);
+        for (i, v) in acc.iter().enumerate() {
+            let s = k.coop_get(*v);
+            let off = k.u32(i as u32 * 256);
+            let at = k.add(base, off);
+            k.coop_store(s, c, 1, at, sixteen, CoopLayout::RowMajor, 16);
+        }
+        k.finish()
+    }
+
+    /// FLOPs of one launch of `groups` workgroups.
+    pub fn flops(&self, groups: u32, iters: u32) -> f64 {
+        f64::from(groups)
+            * f64::from(self.subgroups)
+            * f64::from(iters)
+            * f64::from(self.frags * self.frags)
+            * 2.0
+            * f64::from(FRAG * FRAG * FRAG)
+    }
+}

@@ -1,0 +1,335 @@
+//! Tiled SIMT matmul: the portable path (any storage, f32 math, every Vulkan device).
+//!
+//! A workgroup computes a `bm × bn` tile of C; each invocation a `tm × tn` block made of 4×4
+//! pieces spread `bm/(tm/4)` rows (`bn/(tn/4)` columns) apart, so that in every k step a
+//! subgroup reads A from shared memory as broadcasts and B as consecutive 16-byte vectors.
+//! Both operands are staged k-major (`As[k][m]`, `Bs[k][n]`, rows padded by one vec4): an
+//! operand whose contiguous dimension is k (A not transposed, B transposed) is transposed on
+//! the way in with lane stores, which with k steps of 8 land in 32 distinct banks; the other
+//! operand is copied as whole vectors. Two shared buffers and a register prefetch give one
+//! barrier per k step: the next tile's global loads are issued before the current tile's
+//! FMAs. Out-of-range rows, columns and k are read as zeros from clamped addresses (no
+//! branches in the main loop); only the final stores are guarded.
+
+use helios_spirv::{Binding, KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
+
+use crate::matmul::{
+    declare, load_dims, mask, store_quad, tile_coords, Dims, MatmulKernel, SimtTile, BK_SIMT,
+};
+use crate::storage::{buffer_scalar, load_f32};
+
+/// One operand's staging geometry.
+struct Operand {
+    /// Rows (A) or columns (B) of the tile: `bm` or `bn`.
+    outer: u32,
+    /// Whether k is the contiguous dimension in memory (A not transposed, B transposed).
+    k_contiguous: bool,
+    /// Vector loads allowed (see `Alignment`).
+    vec: bool,
+    /// vec4s per staged k row (`outer / 4 + 1`, one vec4 of padding).
+    row: u32,
+}
+
+impl Operand {
+    /// vec4 units one tile holds.
+    fn units(&self) -> u32 {
+        self.outer * BK_SIMT / 4
+    }
+}
+
+pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
+    let (bm, bn, tm, tn) = (
+        u32::from(t.bm),
+        u32::from(t.bn),
+        u32::from(t.tm),
+        u32::from(t.tn),
+    );
+    assert!(tm % 4 == 0 && tn % 4 == 0 && bm % tm == 0 && bn % tn == 0);
+    let threads_x = bn / tn;
+    let threads = threads_x * (bm / tm);
+    let mut k = KernelBuilder::new(kern.name(), Binding::DeviceAddress, [threads, 1, 1]);
+    let elem = buffer_scalar(kern.input);
+    let p = declare(&mut k, kern, elem, elem);
+    k.begin();
+
+    let (tile_m, tile_n, batch) = tile_coords(&mut k);
+    let d = load_dims(&mut k, &p, batch);
+    let bm_v = k.u32(bm);
+    let bn_v = k.u32(bn);
+    let m0 = k.mul(tile_m, bm_v);
+    let n0 = k.mul(tile_n, bn_v);
+    let tid = k.local_index();
+    let tx_n = k.u32(threads_x);
+    let tx = k.rem(tid, tx_n);
+    let ty = k.div(tid, tx_n);
+
+    let a_op = Operand {
+        outer: bm,
+        k_contiguous: !kern.trans_a,
+        vec: kern.vec_a,
+        row: bm / 4 + 1,
+    };
+    let b_op = Operand {
+        outer: bn,
+        k_contiguous: kern.trans_b,
+        vec: kern.vec_b,
+        row: bn / 4 + 1,
+    };
+    let vec4 = Ty::vector(Scalar::F32, 4);
+    let a_len = BK_SIMT * a_op.row;
+    let b_len = BK_SIMT * b_op.row;
+    let sa = k.shared_array(vec4, SharedLen::Fixed(2 * a_len));
+    let sb = k.shared_array(vec4, SharedLen::Fixed(2 * b_len));
+
+    let (gm, gn) = (tm / 4, tn / 4);
+    let zero4 = k.constant_bits(vec4, 0);
+    let acc: Vec<Var> = (0..tm * gn).map(|_| k.var_init(zero4)).collect();
+
+    let a_src = Source {
+        buf: p.a,
+        ld: d.lda,
+        off: d.off_a,
+        base: m0,
+        extent: d.m,
+    };
+    let b_src = Source {
+        buf: p.b,
+        ld: d.ldb,
+        off: d.off_b,
+        base: n0,
+        extent: d.n,
+    };
+
+    // Prologue: tile 0 into buffer 0.
+    let zero = k.u32(0);
+    let regs_a = load_tile(&mut k, kern, &a_op, &a_src, &d, tid, threads, zero);
+    let regs_b = load_tile(&mut k, kern, &b_op, &b_src, &d, tid, threads, zero);
+    store_tile(&mut k, &a_op, sa, zero, &regs_a, tid, threads);
+    store_tile(&mut k, &b_op, sb, zero, &regs_b, tid, threads);
+    k.workgroup_barrier();
+
+    let bk = k.u32(BK_SIMT);
+    let bk_m1 = k.u32(BK_SIMT - 1);
+    let kpad = k.add(d.k, bk_m1);
+    let tiles = k.div(kpad, bk);
+    let one = k.u32(1);
+    let a_len_v = k.u32(a_len);
+    let b_len_v = k.u32(b_len);
+    k.for_range(zero, tiles, one, |k, kt| {
+        // Prefetch the next tile (all zeros past the end: addresses are clamped).
+        let next = k.add(kt, one);
+        let k0 = k.mul(next, bk);
+        let regs_a = load_tile(k, kern, &a_op, &a_src, &d, tid, threads, k0);
+        let regs_b = load_tile(k, kern, &b_op, &b_src, &d, tid, threads, k0);
+
+        let cur = k.and(kt, one);
+        let base_a = k.mul(cur, a_len_v);
+        let base_b = k.mul(cur, b_len_v);
+        let mut sums: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
+        for kk in 0..BK_SIMT {
+            let a: Vec<Val> = (0..gm)
+                .map(|g| {
+                    let at = k.u32(kk * a_op.row + g * (bm / gm / 4));
+                    let at = k.add(at, base_a);
+                    let at = k.add(at, ty);
+                    k.shared_load(sa, at)
+                })
+                .collect();
+            let b: Vec<Val> = (0..gn)
+                .map(|g| {
+                    let at = k.u32(kk * b_op.row + g * (bn / gn / 4));
+                    let at = k.add(at, base_b);
+                    let at = k.add(at, tx);
+                    k.shared_load(sb, at)
+                })
+                .collect();
+            for (gi, av) in a.iter().enumerate() {
+                for i in 0..4 {
+                    let s = k.extract(*av, i);
+                    let s = k.splat(s, 4);
+                    for (gj, bv) in b.iter().enumerate() {
+                        let r = (gi as u32 * 4 + i) * gn + gj as u32;
+                        let slot = &mut sums[r as usize];
+                        *slot = k.fma(s, *bv, *slot);
+                    }
+                }
+            }
+        }
+        for (v, s) in acc.iter().zip(sums) {
+            k.set(*v, s);
+        }
+
+        let other = k.xor(cur, one);
+        let nbase_a = k.mul(other, a_len_v);
+        let nbase_b = k.mul(other, b_len_v);
+        store_tile(k, &a_op, sa, nbase_a, &regs_a, tid, threads);
+        store_tile(k, &b_op, sb, nbase_b, &regs_b, tid, threads);
+        k.workgroup_barrier();
+    });
+
+    // Epilogue: row (gi, i) is m0 + gi·bm/gm + 4·ty + i, column group gj starts at
+    // n0 + gj·bn/gn + 4·tx.
+    let four = k.u32(4);
+    let ty4 = k.mul(ty, four);
+    let tx4 = k.mul(tx, four);
+    for gi in 0..gm {
+        for i in 0..4 {
+            let r = k.u32(gi * (bm / gm) + i);
+            let r = k.add(r, ty4);
+            let row = k.add(m0, r);
+            for gj in 0..gn {
+                let c = k.u32(gj * (bn / gn));
+                let c = k.add(c, tx4);
+                let col = k.add(n0, c);
+                let v = k.get(acc[((gi * 4 + i) * gn + gj) as usize]);
+                store_quad(&mut k, kern, &p, &d, row, col, v);
+            }
+        }
+    }
+    k.finish()
+}
+
+/// Where an operand's tile comes from: element (outer `o`, k) of the tile is at
+/// `off + (base + o)·ld + k` when k is contiguous, else `off + k·ld + base + o`.
+struct Source {
+    buf: helios_spirv::Buffer,
+    ld: Val,
+    off: Val,
+    base: Val,
+    /// M or N: rows (columns) past it read as zeros.
+    extent: Val,
+}
+
+/// The (outer, k) coordinates within the tile of this invocation's `j`-th vec4 unit, and
+/// whether the unit exists (tiles with fewer units than invocations leave some idle).
+fn unit_coords(
+    k: &mut KernelBuilder,
+    op: &Operand,
+    tid: Val,
+    threads: u32,
+    j: u32,
+) -> (Val, Val, Option<Val>) {
+    let off = k.u32(j * threads);
+    let idx = k.add(tid, off);
+    let valid = (op.units() % threads != 0).then(|| {
+        let n = k.u32(op.units());
+        k.lt(idx, n)
+    });
+    if op.k_contiguous {
+        // BK/4 units per outer row: unit = (o, kq), k = 4·kq.
+        let per = k.u32(BK_SIMT / 4);
+        let o = k.div(idx, per);
+        let kq = k.rem(idx, per);
+        let four = k.u32(4);
+        let kk = k.mul(kq, four);
+        (o, kk, valid)
+    } else {
+        // outer/4 units per k row: unit = (k, q), o = 4·q.
+        let per = k.u32(op.outer / 4);
+        let kk = k.div(idx, per);
+        let q = k.rem(idx, per);
+        let four = k.u32(4);
+        let o = k.mul(q, four);
+        (o, kk, valid)
+    }
+}
+
+/// Loads this invocation's vec4 units of the tile starting at k = `k0` (f32, zeros outside
+/// the matrix).
+#[allow(clippy::too_many_arguments)]
+fn load_tile(
+    k: &mut KernelBuilder,
+    kern: &MatmulKernel,
+    op: &Operand,
+    src: &Source,
+    d: &Dims,
+    tid: Val,
+    threads: u32,
+    k0: Val,
+) -> Vec<Val> {
+    let count = op.units().div_ceil(threads);
+    (0..count)
+        .map(|j| {
+            let (o, kk, _) = unit_coords(k, op, tid, threads, j);
+            let go = k.add(src.base, o);
+            let gk = k.add(k0, kk);
+            // Four consecutive elements along the contiguous dimension.
+            let (row, col, row_n, col_n) = if op.k_contiguous {
+                (go, gk, src.extent, d.k)
+            } else {
+                (gk, go, d.k, src.extent)
+            };
+            let row_ok = k.lt(row, row_n);
+            let start = k.mul(row, src.ld);
+            let start = k.add(start, src.off);
+            if op.vec {
+                let ok = k.lt(col, col_n);
+                let ok = k.and(ok, row_ok);
+                let at = k.add(start, col);
+                let zero = k.u32(0);
+                let at = k.select(ok, at, zero);
+                let four = k.u32(4);
+                let vi = k.div(at, four);
+                let v = load_f32(k, src.buf, vi, 4, kern.input);
+                mask(k, ok, v)
+            } else {
+                let lanes: Vec<Val> = (0..4)
+                    .map(|l| {
+                        let lo = k.u32(l);
+                        let c = k.add(col, lo);
+                        let ok = k.lt(c, col_n);
+                        let ok = k.and(ok, row_ok);
+                        let at = k.add(start, c);
+                        let zero = k.u32(0);
+                        let at = k.select(ok, at, zero);
+                        let v = load_f32(k, src.buf, at, 1, kern.input);
+                        mask(k, ok, v)
+                    })
+                    .collect();
+                k.vector(&lanes)
+            }
+        })
+        .collect()
+}
+
+/// Stores loaded units into the k-major staging buffer at vec4 offset `base`.
+fn store_tile(
+    k: &mut KernelBuilder,
+    op: &Operand,
+    s: Shared,
+    base: Val,
+    regs: &[Val],
+    tid: Val,
+    threads: u32,
+) {
+    for (j, &v) in regs.iter().enumerate() {
+        let (o, kk, valid) = unit_coords(k, op, tid, threads, j as u32);
+        let store = |k: &mut KernelBuilder| {
+            let row = k.u32(op.row);
+            let four = k.u32(4);
+            let oq = k.div(o, four);
+            if op.k_contiguous {
+                // Lanes are k..k+3 of outer index o: one lane into each of four k rows.
+                let lane = k.rem(o, four);
+                for l in 0..4 {
+                    let lo = k.u32(l);
+                    let kr = k.add(kk, lo);
+                    let at = k.mul(kr, row);
+                    let at = k.add(at, oq);
+                    let at = k.add(at, base);
+                    let x = k.extract(v, l);
+                    k.shared_store_lane(s, at, lane, x);
+                }
+            } else {
+                let at = k.mul(kk, row);
+                let at = k.add(at, oq);
+                let at = k.add(at, base);
+                k.shared_store(s, at, v);
+            }
+        };
+        match valid {
+            Some(ok) => k.if_(ok, store),
+            None => store(k),
+        }
+    }
+}
