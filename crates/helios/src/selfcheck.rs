@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::cpu::{self, Tolerance};
-use crate::{BinaryOp, DType, Device, Result, Tensor, UnaryOp};
+use crate::{BinaryOp, DType, Device, ElementwiseOp, Result, Tensor, UnaryOp};
 
 /// One element-wise computation to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +32,15 @@ impl Case {
             }
         }
         cases
+    }
+
+    /// The element-wise op this case runs.
+    pub fn op(&self) -> ElementwiseOp {
+        match *self {
+            Case::Unary(u) => ElementwiseOp::Unary(u),
+            Case::Binary(b) => ElementwiseOp::Binary(b),
+            Case::Scalar { op, scalar_first } => ElementwiseOp::Scalar { op, scalar_first },
+        }
     }
 
     pub fn name(&self) -> String {

@@ -205,3 +205,34 @@ impl Tolerance {
             .map(|(i, (&g, &w))| (i, g, w))
     }
 }
+
+/// The elements of the view `layout` of `data` (a whole buffer) in row-major order.
+pub fn gather(data: &[f32], layout: &crate::Layout) -> Vec<f32> {
+    layout.indices().into_iter().map(|i| data[i]).collect()
+}
+
+/// `op(a, b)` with numpy broadcasting: `a` and `b` are row-major of `a_shape` and `b_shape`.
+/// Returns the result and its shape, or `None` when the shapes are incompatible.
+pub fn broadcast_binary(
+    op: BinaryOp,
+    a: &[f32],
+    a_shape: &[usize],
+    b: &[f32],
+    b_shape: &[usize],
+) -> Option<(Vec<f32>, Vec<usize>)> {
+    let shape = crate::layout::broadcast_shapes(a_shape, b_shape)?;
+    let ia = crate::Layout::contiguous(a_shape)
+        .broadcast_to(&shape)
+        .ok()?
+        .indices();
+    let ib = crate::Layout::contiguous(b_shape)
+        .broadcast_to(&shape)
+        .ok()?
+        .indices();
+    let out = ia
+        .into_iter()
+        .zip(ib)
+        .map(|(i, j)| binary_f32(op, a[i], b[j]))
+        .collect();
+    Some((out, shape))
+}
