@@ -1,9 +1,14 @@
-//! Element-wise kernels: unary, binary and tensor–scalar operations on f32.
+//! Element-wise kernels: unary, binary (with the activation gradients) and tensor–scalar
+//! operations, and casts, on f32, f16 or bf16 storage with f32 arithmetic.
 //!
-//! Each invocation handles one vec4 (16-byte loads and stores, what saturates memory
-//! bandwidth); the last `n % 4` elements are done by one invocation with scalar accesses, so
-//! no buffer needs padding. The same expression code (`unary_expr`, `binary_expr`) emits both
-//! the vec4 body and the scalar tail, and later the fused kernels of the lazy graph.
+//! The variant table (`Variant`) is part of each kernel's signature. Dense operands take the
+//! vec4 kernels: each invocation handles 1, 2 or 4 vec4s (16-byte f32 loads, what saturates
+//! memory bandwidth), the last `n % 4` elements are done by one invocation with scalar
+//! accesses so no buffer needs padding, and an exact form drops every bounds check when the
+//! size is a whole number of tiles. Any other layout (broadcast, transposed, sliced) takes the
+//! strided kernel (`elementwise_strided`). The same expression code (`unary_expr`,
+//! `binary_expr`) emits every variant's body and, later, the fused kernels of the lazy graph;
+//! storage formats are read and written only through `storage::{load_f32, store_f32}`.
 
 use helios_spirv::{Access, Binding, Buffer, KernelBuilder, KernelModule, Scalar, Ty, Val};
 

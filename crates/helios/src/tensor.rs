@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use helios_kernels::{BinaryOp, ElementwiseOp, Geometry, Strides, UnaryOp, MAX_DIMS};
+use helios_spirv::Binding;
 use helios_vk::{Access, Buffer, MemoryLocation};
 
 use crate::device::{KernelKey, OperandLayout};
@@ -161,7 +162,6 @@ impl Tensor {
 
     /// GPU address of the view's first element (for push constants). Kernels that assume
     /// row-major data take `contiguous()` tensors, whose first element starts the buffer.
-    #[allow(dead_code)] // for the kernel families in `ops/`
     pub(crate) fn address(&self) -> u64 {
         let offset = self.inner.layout.offset() * self.dtype().size();
         self.inner.data.buffer.device_address() + offset as u64
@@ -262,9 +262,16 @@ fn record_elementwise(
         return Ok(());
     }
     let device = inputs[0].device();
-    let dense = inputs
-        .iter()
-        .all(|t| t.layout().is_dense() && t.shape() == shape);
+    // The vec4 kernels need row-major operands of the output's shape whose first element is
+    // 16-byte aligned: the buffer's start, or (with device addresses) any aligned offset,
+    // such as a block of rows.
+    let by_address = device.binding() == Binding::DeviceAddress;
+    let dense = inputs.iter().all(|t| {
+        let offset = t.layout().offset() * t.dtype().size();
+        t.layout().is_contiguous()
+            && t.shape() == shape
+            && (offset == 0 || (by_address && offset % 16 == 0))
+    });
     let (operands, strides) = if dense {
         (OperandLayout::Contiguous { len: n }, None)
     } else {
@@ -274,9 +281,15 @@ fn record_elementwise(
     };
     let kernel = device.elementwise_kernel(op, inputs[0].dtype(), out_dtype, operands);
     let compiled = device.kernel(KernelKey::Elementwise(kernel), || kernel.build())?;
-    // Strided kernels take element offsets in push constants, so every input is passed by
-    // its buffer's base address.
-    let addrs: Vec<u64> = inputs.iter().map(|t| t.buffer().device_address()).collect();
+    // Strided kernels take element offsets in push constants, so their inputs are passed by
+    // their buffers' base addresses.
+    let addrs: Vec<u64> = inputs
+        .iter()
+        .map(|t| match dense {
+            true => t.address(),
+            false => t.buffer().device_address(),
+        })
+        .collect();
     let launch = kernel.launch(
         &compiled.module,
         Geometry {

@@ -273,7 +273,11 @@ fn activation_gradients_at_known_points() {
     // silu'(−30) = s(1 − 30(1 − s)) ≈ −29·e^−30: tiny and negative.
     let s30 = 1.0 / (1.0 + 30.0f64.exp());
     let want = 2.0 * s30 * (1.0 - 30.0 * (1.0 - s30));
-    assert!((f64::from(silu[4]) - want).abs() < 1e-17, "{} vs {want}", silu[4]);
+    assert!(
+        (f64::from(silu[4]) - want).abs() < 1e-17,
+        "{} vs {want}",
+        silu[4]
+    );
     assert_eq!([silu[3], silu[5], silu[6]], [2.0, 2.0, 0.0]);
     assert!(silu[7].is_nan() && silu[8].is_nan(), "NaN in, NaN out");
     let gelu = x.gelu_tanh_backward(&dy).unwrap().to_vec().unwrap();

@@ -252,6 +252,14 @@ fn views_are_metadata() {
     let bv = b.to_vec().unwrap();
     assert_eq!(bv.len(), 5 * 2 * 3 * 7);
     assert_eq!(bv[..8], [4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 8.0]);
+    // A block of rows starting 16-byte aligned (the vec4 path with device addresses) and one
+    // that does not (the strided path).
+    let m = Tensor::from_slice(d, &data, &[6, 4]).unwrap();
+    for start in [2, 1] {
+        let rows = m.narrow(0, start, 3).unwrap();
+        let want: Vec<f32> = data[4 * start..4 * start + 12].iter().map(|v| -v).collect();
+        assert_eq!(rows.neg().unwrap().to_vec().unwrap(), want);
+    }
     // Reshaping a transposed view copies first, then has the transposed order.
     let rt = t.reshape(&[24]).unwrap();
     assert!(rt.is_contiguous());
