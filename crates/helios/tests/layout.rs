@@ -146,7 +146,7 @@ const PROP_BINARY: [BinaryOp; 7] = [
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: 40,
+        cases: 64,
         failure_persistence: None,
         ..ProptestConfig::default()
     }
