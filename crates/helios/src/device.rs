@@ -286,7 +286,9 @@ impl Device {
         crate::env::dump_kernel(&module);
         // HELIOS_WG overrides the workgroup size along x (for tuning experiments).
         let mut workgroup = module.workgroup_size;
-        if let Some(x) = crate::env::workgroup_override() {
+        // Matmul tiles are built around their workgroup size: never overridden.
+        let fixed = matches!(key, KernelKey::Matmul(_) | KernelKey::CoopPeak(_));
+        if let Some(x) = crate::env::workgroup_override().filter(|_| !fixed) {
             workgroup[0] = x;
         }
         let spec = module.workgroup_spec(workgroup);
@@ -319,6 +321,8 @@ impl Device {
 pub(crate) enum KernelKey {
     Elementwise(ElementwiseKernel),
     Reduce(ReduceKernel),
+    Matmul(helios_kernels::MatmulKernel),
+    CoopPeak(helios_kernels::CoopPeakKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter

@@ -29,7 +29,12 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use helios_kernels::reduce::Reduction;
 pub use helios_kernels::rows::{RowConfig, RowVariant};
+pub use helios_kernels::{Activation, MatmulVariant};
 pub use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
 pub use index::IndexTensor;
 pub use layout::Layout;
+pub use ops::{
+    coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,
+    TuneReport,
+};
 pub use tensor::Tensor;

@@ -4,6 +4,7 @@
 //! happens to do. One file per kernel family.
 
 mod elementwise;
+pub mod matmul;
 pub mod reduce;
 
 pub use elementwise::*;

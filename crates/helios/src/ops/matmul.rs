@@ -1,0 +1,341 @@
+//! `Tensor::matmul`: batched, strided matrix products with a fused epilogue.
+//!
+//! `a` is `(..., m, k)` and `b` is `(..., k, n)`; the product is `(..., m, n)`, a fresh
+//! row-major tensor. Batch dimensions must be equal, or one operand 2-D (broadcast with a zero
+//! batch stride; a row-major `a` against a 2-D `b` folds its batch into m, as a linear layer
+//! wants). Transposed views (`x.transpose(-2, -1)`) and any view whose matrix dimensions have
+//! a unit stride are read in place; only other layouts are copied first.
+//!
+//! The one decision a reader must know: which kernel runs is decided in `matmul_tune`
+//! (forced variant, `HELIOS_MATMUL_VARIANT`, the tuned and persisted winner for the shape
+//! class, or the documented default), never here; this file only turns tensors into a
+//! `MatmulShape` and records the dispatch.
+
+use helios_kernels::matmul::{vector_elems, Alignment};
+use helios_kernels::{
+    Activation, Epilogue, MatmulAddresses, MatmulKernel, MatmulShape, MatmulVariant,
+};
+use helios_vk::Access;
+
+use super::matmul_tune::{self, Choice};
+use crate::device::KernelKey;
+use crate::{DType, Error, Result, Tensor};
+
+/// What to fuse into a matmul and how to run it. `Default`: plain `a·b` in `a`'s dtype.
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulOptions<'a> {
+    /// Scales the product before anything else.
+    pub alpha: f32,
+    /// (n) added to every row; converted to the output dtype if needed.
+    pub bias: Option<&'a Tensor>,
+    pub act: Activation,
+    /// Added last; the output's shape, converted to the output dtype if needed.
+    pub residual: Option<&'a Tensor>,
+    /// Output dtype (default: the inputs').
+    pub out: Option<DType>,
+    /// Run this variant instead of the chosen one (benchmarks, tests); an error if the
+    /// device cannot run it.
+    pub variant: Option<MatmulVariant>,
+}
+
+impl Default for MatmulOptions<'_> {
+    fn default() -> Self {
+        MatmulOptions {
+            alpha: 1.0,
+            bias: None,
+            act: Activation::None,
+            residual: None,
+            out: None,
+            variant: None,
+        }
+    }
+}
+
+/// One matmul, resolved: operands in readable layouts, sizes and strides, fused inputs.
+pub(crate) struct Problem {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub bias: Option<Tensor>,
+    pub residual: Option<Tensor>,
+    pub shape: MatmulShape,
+    pub trans: (bool, bool),
+    pub input: DType,
+    pub out: DType,
+    pub epilogue: Epilogue,
+    pub alpha: f32,
+    /// (..., m, n) of the result.
+    pub out_shape: Vec<usize>,
+    pub forced: Option<MatmulVariant>,
+}
+
+fn invalid(detail: String) -> Error {
+    Error::Invalid {
+        op: "matmul",
+        detail,
+    }
+}
+
+/// How one operand's matrix is laid out: transposed or not, leading dimension, batch stride,
+/// batch dimensions. `None` when it must be copied to be read.
+fn matrix_layout(t: &Tensor) -> Option<(bool, usize, usize)> {
+    let l = t.layout();
+    let nd = l.ndim();
+    let (rows, cols) = (l.shape()[nd - 2], l.shape()[nd - 1]);
+    let (sr, sc) = (l.strides()[nd - 2], l.strides()[nd - 1]);
+    let (trans, ld) = if cols == 1 || sc == 1 {
+        (false, if rows == 1 { cols } else { sr })
+    } else if rows == 1 || sr == 1 {
+        (true, sc)
+    } else {
+        return None;
+    };
+    // Batch dimensions must collapse to one stride.
+    let mut stride = None;
+    let mut expect = None;
+    for (&d, &s) in l.shape()[..nd - 2].iter().zip(l.strides()).rev() {
+        if d == 1 {
+            continue;
+        }
+        match expect {
+            None => stride = Some(s),
+            Some(e) if e != s => return None,
+            _ => {}
+        }
+        expect = Some(s * d);
+    }
+    Some((trans, ld, stride.unwrap_or(0)))
+}
+
+/// `t` readable in place (row- or column-major matrices, one batch stride) and the layout.
+fn readable(t: &Tensor) -> Result<(Tensor, bool, usize, usize)> {
+    if let Some((trans, ld, stride)) = matrix_layout(t) {
+        return Ok((t.clone(), trans, ld, stride));
+    }
+    let c = t.contiguous()?;
+    let (trans, ld, stride) = matrix_layout(&c).expect("row-major is readable");
+    Ok((c, trans, ld, stride))
+}
+
+fn to_u32(what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| {
+        invalid(format!(
+            "{what} of {v} elements exceeds the 2^32 - 1 a kernel indexes; split the product"
+        ))
+    })
+}
+
+impl Problem {
+    pub(crate) fn new(a: &Tensor, b: &Tensor, o: &MatmulOptions) -> Result<Problem> {
+        if !a.device().same(b.device()) {
+            return Err(Error::DeviceMismatch { op: "matmul" });
+        }
+        if a.dtype() != b.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "matmul",
+                lhs: a.dtype(),
+                rhs: b.dtype(),
+            });
+        }
+        let (sa, sb) = (a.shape(), b.shape());
+        if sa.len() < 2 || sb.len() < 2 {
+            return Err(invalid(format!(
+                "operands must have at least 2 dimensions, got {sa:?} and {sb:?}; reshape a \
+                 vector to (1, n) or (n, 1)"
+            )));
+        }
+        let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+        let (k2, n) = (sb[sb.len() - 2], sb[sb.len() - 1]);
+        if k != k2 {
+            return Err(Error::ShapeMismatch {
+                op: "matmul",
+                lhs: sa.to_vec(),
+                rhs: sb.to_vec(),
+            });
+        }
+        let (ba, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
+        let batch_dims: Vec<usize> = if ba == bb || bb.is_empty() {
+            ba.to_vec()
+        } else if ba.is_empty() {
+            bb.to_vec()
+        } else {
+            return Err(invalid(format!(
+                "batch dimensions {ba:?} and {bb:?} differ; make them equal or pass one \
+                 operand as a 2-D matrix"
+            )));
+        };
+        let batch: usize = batch_dims.iter().product();
+        let mut out_shape = batch_dims.clone();
+        out_shape.extend([m, n]);
+
+        let (at, ta, lda, mut stride_a) = readable(a)?;
+        let (bt, tb, ldb, stride_b) = readable(b)?;
+        let (mut m_eff, mut batch_eff) = (m, batch);
+        if bb.is_empty() && !ta && batch > 1 && stride_a == m * lda {
+            // A row-major stack of matrices against one B is one tall matrix.
+            m_eff = m * batch;
+            batch_eff = 1;
+            stride_a = 0;
+        }
+        let stride_b = if bb.is_empty() { 0 } else { stride_b };
+
+        let out = o.out.unwrap_or(a.dtype());
+        let bias = match o.bias {
+            None => None,
+            Some(t) => {
+                if t.shape() != [n] {
+                    return Err(invalid(format!(
+                        "bias has shape {:?}; it must be ({n}) for an output with {n} columns",
+                        t.shape()
+                    )));
+                }
+                Some(t.to_dtype(out)?.contiguous()?)
+            }
+        };
+        let residual = match o.residual {
+            None => None,
+            Some(t) => {
+                if t.shape() != out_shape.as_slice() {
+                    return Err(invalid(format!(
+                        "residual has shape {:?}; it must be the output's {out_shape:?}",
+                        t.shape()
+                    )));
+                }
+                Some(t.to_dtype(out)?.contiguous()?)
+            }
+        };
+        for (t, name) in [(&at, "a"), (&bt, "b")] {
+            let l = t.layout();
+            to_u32(name, l.span().saturating_sub(l.offset()))?;
+        }
+        to_u32("the output", batch * m * n)?;
+        let shape = MatmulShape {
+            batch: to_u32("batch", batch_eff)?,
+            m: to_u32("m", m_eff)?,
+            n: to_u32("n", n)?,
+            k: to_u32("k", k)?,
+            lda: to_u32("lda", lda)?,
+            ldb: to_u32("ldb", ldb)?,
+            ldc: n as u32,
+            ldr: n as u32,
+            stride_a: to_u32("batch stride of a", stride_a)?,
+            stride_b: to_u32("batch stride of b", stride_b)?,
+            stride_c: (m * n) as u32,
+            stride_r: (m * n) as u32,
+        };
+        Ok(Problem {
+            a: at,
+            b: bt,
+            bias,
+            residual,
+            shape,
+            trans: (ta, tb),
+            input: a.dtype(),
+            out,
+            epilogue: Epilogue {
+                bias: o.bias.is_some(),
+                act: o.act,
+                residual: o.residual.is_some(),
+            },
+            alpha: o.alpha,
+            out_shape,
+            forced: o.variant,
+        })
+    }
+
+    /// `variant`'s kernel for this problem: vector accesses where the shape and the views'
+    /// offsets allow them.
+    pub(crate) fn kernel(&self, variant: MatmulVariant, subgroup: u32) -> MatmulKernel {
+        let mut k = MatmulKernel::new(
+            variant,
+            self.input.storage(),
+            self.out.storage(),
+            self.trans,
+            &self.shape,
+            self.epilogue,
+            subgroup,
+        );
+        let w = vector_elems(variant) as usize;
+        k.vec_a &= self.a.layout().offset() % w == 0;
+        k.vec_b &= self.b.layout().offset() % w == 0;
+        k.vec_c &= !self
+            .residual
+            .as_ref()
+            .is_some_and(|r| r.layout().offset() % w != 0);
+        k
+    }
+
+    /// Whether the shape (ignoring offsets) allows vectors of `width` for A, B and C.
+    pub(crate) fn alignment(&self, width: u32) -> Alignment {
+        Alignment::of(&self.shape, self.trans.0, self.trans.1, width)
+    }
+
+    /// Records `kernel` writing `out` (a dense tensor of `out_shape` and dtype `out`).
+    pub(crate) fn record(&self, kernel: &MatmulKernel, out: &Tensor) -> Result<()> {
+        let s = &self.shape;
+        if s.m == 0 || s.n == 0 || s.batch == 0 {
+            return Ok(());
+        }
+        let device = self.a.device();
+        let compiled = device.kernel(KernelKey::Matmul(*kernel), || kernel.build())?;
+        let addr = MatmulAddresses {
+            a: self.a.address(),
+            b: self.b.address(),
+            c: out.address(),
+            bias: self.bias.as_ref().map(|t| t.address()),
+            residual: self.residual.as_ref().map(|t| t.address()),
+        };
+        let launch = kernel.launch(&compiled.module, s, &addr, self.alpha)?;
+        let mut accesses = vec![Access::read(self.a.buffer()), Access::read(self.b.buffer())];
+        for t in self.bias.iter().chain(&self.residual) {
+            accesses.push(Access::read(t.buffer()));
+        }
+        accesses.push(Access::write(out.buffer()));
+        device
+            .context()
+            .dispatch(&compiled.pipeline, launch.groups, &launch.push, &accesses)?;
+        Ok(())
+    }
+
+    /// A fresh output tensor.
+    pub(crate) fn output(&self) -> Result<Tensor> {
+        Tensor::empty(self.a.device(), self.out_shape.clone(), self.out)
+    }
+}
+
+impl Tensor {
+    /// The matrix product `self · other` over the last two dimensions (see the module docs
+    /// for batches and layouts).
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        self.matmul_opts(other, &MatmulOptions::default())
+    }
+
+    /// `act(alpha · self · other + bias) + residual`, stored as `opts.out`, in one kernel.
+    pub fn matmul_opts(&self, other: &Tensor, opts: &MatmulOptions) -> Result<Tensor> {
+        let p = Problem::new(self, other, opts)?;
+        let (kernel, _) = matmul_tune::choose(&p)?;
+        let out = p.output()?;
+        p.record(&kernel, &out)?;
+        Ok(out)
+    }
+
+    /// Which kernel `matmul_opts` runs for these operands and why (tuning it first if that is
+    /// what `matmul_opts` would do).
+    pub fn matmul_choice(&self, other: &Tensor, opts: &MatmulOptions) -> Result<MatmulChoice> {
+        let p = Problem::new(self, other, opts)?;
+        let (kernel, how) = matmul_tune::choose(&p)?;
+        Ok(MatmulChoice {
+            kernel: kernel.name(),
+            variant: kernel.variant,
+            how,
+        })
+    }
+}
+
+/// What `Tensor::matmul_choice` reports.
+#[derive(Clone, Debug)]
+pub struct MatmulChoice {
+    /// The kernel's full name (variant, storages, transposes, vector flags, epilogue).
+    pub kernel: String,
+    pub variant: MatmulVariant,
+    pub how: Choice,
+}

@@ -1,0 +1,597 @@
+//! Which matmul kernel runs: the one selection function of the family, the autotuner behind
+//! it, its on-disk cache, and the cooperative-matrix peak microbenchmark.
+//!
+//! Order of precedence (`choose`): a variant forced by the caller (`MatmulOptions::variant`),
+//! then `HELIOS_MATMUL_VARIANT=<name>`, then the tuned winner for the problem's shape class,
+//! then (on GPUs, unless `HELIOS_MATMUL_TUNE=0`) tuning now, else the documented default
+//! (`helios_kernels::matmul::default_variant`). Key decision: a candidate may win only after
+//! it passed a correctness check against the f64 CPU reference on fresh random inputs; then
+//! it is timed with GPU timestamps on the caller's own operands. Winners persist in
+//! `<cache root>/matmul/<device uuid>-<driver version>.tsv` (one `variant  µs  class` line per
+//! class), so tuning happens once per device and driver, and a new driver retunes.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use helios_kernels::matmul::{candidates, default_variant, vector_elems};
+use helios_kernels::{MatmulCaps, MatmulKernel, MatmulVariant};
+use helios_vk::DeviceType;
+use rand::{Rng, SeedableRng};
+
+use super::matmul::Problem;
+use crate::cpu::matmul::{matmul as reference, relative_error, tolerance, MatmulRef};
+use crate::{DType, Device, Error, Result, Tensor};
+
+/// How a kernel was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// `MatmulOptions::variant`.
+    Forced,
+    /// `HELIOS_MATMUL_VARIANT`.
+    Env,
+    /// A winner tuned earlier (this process or the cache file).
+    Cached,
+    /// Tuned just now.
+    Tuned,
+    /// `default_variant` (tuning off or not worth it on this device).
+    Default,
+}
+
+impl Choice {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Choice::Forced => "forced",
+            Choice::Env => "env",
+            Choice::Cached => "cached",
+            Choice::Tuned => "tuned",
+            Choice::Default => "default",
+        }
+    }
+}
+
+/// The device properties matmul selection needs.
+pub fn matmul_caps(device: &Device) -> MatmulCaps {
+    let ctx = device.context();
+    let caps = ctx.caps();
+    let en = ctx.enabled();
+    let fixed_subgroup = match (caps.subgroup.min_size, caps.subgroup.max_size) {
+        (Some(lo), Some(hi)) => lo == hi,
+        _ => true,
+    };
+    let coop_ok = en.cooperative_matrix && en.vulkan_memory_model && fixed_subgroup;
+    let has = |t: &str| {
+        caps.cooperative_matrix.iter().any(|s| {
+            (s.m, s.n, s.k) == (16, 16, 16)
+                && s.a == t
+                && s.b == t
+                && s.c == "f32"
+                && s.result == "f32"
+                && s.scope == "subgroup"
+        })
+    };
+    MatmulCaps {
+        max_shared_bytes: caps.limits.max_compute_shared_memory,
+        max_invocations: caps.limits.max_workgroup_invocations,
+        subgroup: caps.subgroup.size,
+        coop_f16: coop_ok && en.shader_float16 && has("f16"),
+        coop_bf16: coop_ok && en.bfloat16_cooperative_matrix && has("bf16"),
+    }
+}
+
+fn invalid(detail: String) -> Error {
+    Error::Invalid {
+        op: "matmul",
+        detail,
+    }
+}
+
+/// `HELIOS_MATMUL_VARIANT`: a variant name from `helios_kernels::matmul::VARIANTS`.
+fn env_variant() -> Result<Option<MatmulVariant>> {
+    let Ok(name) = std::env::var("HELIOS_MATMUL_VARIANT") else {
+        return Ok(None);
+    };
+    let name = name.trim();
+    if name.is_empty() {
+        return Ok(None);
+    }
+    MatmulVariant::by_name(name).map(Some).ok_or_else(|| {
+        let names: Vec<&str> = helios_kernels::matmul::VARIANTS
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        invalid(format!(
+            "HELIOS_MATMUL_VARIANT={name:?} names no variant; use one of {}",
+            names.join(", ")
+        ))
+    })
+}
+
+/// Whether `choose` may tune: on GPUs by default (`HELIOS_MATMUL_TUNE=0` turns it off,
+/// `=1` on for CPU devices too, where timing is slow and means little).
+fn tuning_enabled(device: &Device) -> bool {
+    match std::env::var("HELIOS_MATMUL_TUNE")
+        .as_deref()
+        .map(str::trim)
+    {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => device.context().caps().device_type != DeviceType::Cpu,
+    }
+}
+
+/// The family's one selection function (see the module docs for the order).
+pub(crate) fn choose(p: &Problem) -> Result<(MatmulKernel, Choice)> {
+    let device = p.a.device();
+    let caps = matmul_caps(device);
+    let forced = match p.forced {
+        Some(v) => Some((v, Choice::Forced)),
+        None => env_variant()?.map(|v| (v, Choice::Env)),
+    };
+    if let Some((v, how)) = forced {
+        let k = p.kernel(v, caps.subgroup);
+        if !k.feasible(&caps) {
+            return Err(invalid(format!(
+                "variant {} cannot run here ({} inputs, {} on {}): it needs more shared \
+                 memory or invocations than the device has, or cooperative-matrix support",
+                v.name(),
+                p.input,
+                if p.trans.0 || p.trans.1 {
+                    "transposed operands"
+                } else {
+                    "row-major operands"
+                },
+                device.name()
+            )));
+        }
+        return Ok((k, how));
+    }
+    let key = class_key(p);
+    if let Some(v) = cached(device, &key) {
+        let k = p.kernel(v, caps.subgroup);
+        if k.feasible(&caps) {
+            return Ok((k, Choice::Cached));
+        }
+    }
+    let default = || {
+        let d = default_variant(
+            p.input.storage(),
+            p.out.storage(),
+            p.trans,
+            &p.shape,
+            p.epilogue,
+            &caps,
+        );
+        p.kernel(d.variant, caps.subgroup)
+    };
+    if !tuning_enabled(device) || p.shape.m == 0 || p.shape.n == 0 || p.shape.batch == 0 {
+        return Ok((default(), Choice::Default));
+    }
+    let report = tune(p)?;
+    match report.winner.and_then(MatmulVariant::by_name) {
+        Some(v) => Ok((p.kernel(v, caps.subgroup), Choice::Tuned)),
+        None => Ok((default(), Choice::Default)),
+    }
+}
+
+/// The shape class a tuned winner applies to: dtypes, transposes, epilogue, which operands
+/// allow 16-byte accesses (for SIMT and cooperative widths), and each size rounded up to a
+/// power of two.
+pub(crate) fn class_key(p: &Problem) -> String {
+    let s = &p.shape;
+    let flags = |w: u32| {
+        let a = p.alignment(w);
+        format!("{}{}{}", a.a as u8, a.b as u8, a.c as u8)
+    };
+    let t = |x: bool| if x { 't' } else { 'n' };
+    format!(
+        "{}>{} {}{} m{} n{} k{} b{} v{}/{} e{}{:?}{}",
+        p.input,
+        p.out,
+        t(p.trans.0),
+        t(p.trans.1),
+        s.m.max(1).next_power_of_two(),
+        s.n.max(1).next_power_of_two(),
+        s.k.max(1).next_power_of_two(),
+        s.batch.max(1).next_power_of_two(),
+        flags(vector_elems(
+            MatmulVariant::by_name("simt32x32").expect("in table")
+        )),
+        flags(8),
+        p.epilogue.bias as u8,
+        p.epilogue.act,
+        p.epilogue.residual as u8,
+    )
+}
+
+// ------------------------------------------------------------------ the tuner
+
+/// One candidate's outcome.
+#[derive(Clone, Debug)]
+pub struct CandidateResult {
+    pub variant: &'static str,
+    pub kernel: String,
+    /// Relative error of the correctness check (NaN if it could not run).
+    pub check_error: f64,
+    pub passed: bool,
+    /// Median GPU time on the problem, µs (only for candidates that passed).
+    pub time_us: Option<f64>,
+}
+
+/// What tuning one shape class found.
+#[derive(Clone, Debug)]
+pub struct TuneReport {
+    pub class: String,
+    pub winner: Option<&'static str>,
+    pub candidates: Vec<CandidateResult>,
+}
+
+impl Tensor {
+    /// Tunes the matmul of `self · other` with `opts` now (even if a winner is cached), stores
+    /// the winner, and reports every candidate.
+    pub fn matmul_tune(&self, other: &Tensor, opts: &super::MatmulOptions) -> Result<TuneReport> {
+        let p = Problem::new(self, other, opts)?;
+        tune(&p)
+    }
+}
+
+fn tune(p: &Problem) -> Result<TuneReport> {
+    let device = p.a.device();
+    let caps = matmul_caps(device);
+    let key = class_key(p);
+    let mut rows = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for cand in candidates(
+        p.input.storage(),
+        p.out.storage(),
+        p.trans,
+        &p.shape,
+        p.epilogue,
+        &caps,
+    ) {
+        let k = p.kernel(cand.variant, caps.subgroup);
+        if !k.feasible(&caps) || !seen.insert(k) {
+            continue;
+        }
+        let check_error = check(p, &k)?;
+        let passed = check_error <= tolerance(p.out);
+        let time_us = if passed { Some(time(p, &k)?) } else { None };
+        rows.push(CandidateResult {
+            variant: k.variant.name(),
+            kernel: k.name(),
+            check_error,
+            passed,
+            time_us,
+        });
+    }
+    let winner = rows
+        .iter()
+        .filter_map(|r| r.time_us.map(|t| (r.variant, t)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    if let Some((v, t)) = winner {
+        store(device, &key, v, t);
+    }
+    Ok(TuneReport {
+        class: key,
+        winner: winner.map(|w| w.0),
+        candidates: rows,
+    })
+}
+
+/// Runs `kernel` on a small problem of the same form (dtypes, transposes, epilogue, batch
+/// handling; sizes capped at 160×160×96 and 2 batches, which keeps every alignment the
+/// kernel assumes) with fresh random inputs and returns its relative error.
+fn check(p: &Problem, kernel: &MatmulKernel) -> Result<f64> {
+    let device = p.a.device();
+    let s = &p.shape;
+    let batch = s.batch.min(2) as usize;
+    let (m, n, kk) = (
+        s.m.min(160) as usize,
+        s.n.min(160) as usize,
+        s.k.min(96) as usize,
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6d61_746d ^ (m * 7919 + n * 31 + kk) as u64);
+    let mut rand_vec = |len: usize, dt: DType| -> Vec<f32> {
+        (0..len)
+            .map(|_| dt.round(rng.gen_range(-1.0f32..1.0)))
+            .collect()
+    };
+    let a_host = rand_vec(batch * m * kk, p.input);
+    let b_host = rand_vec(if s.stride_b == 0 { 1 } else { batch } * kk * n, p.input);
+    let bias_host = p.epilogue.bias.then(|| rand_vec(n, p.out));
+    let res_host = p.epilogue.residual.then(|| rand_vec(batch * m * n, p.out));
+    let b_batches = b_host.len() / (kk * n).max(1);
+
+    // Upload in the stored orientation, then view as the logical operand.
+    let a_t = upload_operand(device, &a_host, batch, m, kk, p.trans.0, p.input)?;
+    let b_t = upload_operand(device, &b_host, b_batches, kk, n, p.trans.1, p.input)?;
+    let bias_t = match &bias_host {
+        Some(h) => Some(Tensor::from_slice_as(device, h, &[n], p.out)?),
+        None => None,
+    };
+    let res_t = match &res_host {
+        Some(h) => Some(Tensor::from_slice_as(device, h, &[batch, m, n], p.out)?),
+        None => None,
+    };
+    let opts = super::MatmulOptions {
+        alpha: p.alpha,
+        bias: bias_t.as_ref(),
+        act: p.epilogue.act,
+        residual: res_t.as_ref(),
+        out: Some(p.out),
+        variant: Some(kernel.variant),
+    };
+    let small = Problem::new(&a_t, &b_t, &opts)?;
+    let mut k = *kernel;
+    // The small problem's views are dense: any vector access the kernel assumes is valid.
+    k.vec_a &= small.kernel(k.variant, k.subgroup).vec_a;
+    k.vec_b &= small.kernel(k.variant, k.subgroup).vec_b;
+    k.vec_c &= small.kernel(k.variant, k.subgroup).vec_c;
+    let out = small.output()?;
+    small.record(&k, &out)?;
+    let got = out.to_vec()?;
+    let want = reference(
+        &a_host,
+        &b_host,
+        &MatmulRef {
+            batch,
+            m,
+            n,
+            k: kk,
+            alpha: p.alpha,
+            bias: bias_host.as_deref(),
+            act: p.epilogue.act,
+            residual: res_host.as_deref(),
+        },
+    );
+    Ok(relative_error(&got, &want))
+}
+
+/// A `(batch, rows, cols)` operand from row-major host values, stored transposed (and viewed
+/// back) when `trans`.
+fn upload_operand(
+    device: &Device,
+    host: &[f32],
+    batch: usize,
+    rows: usize,
+    cols: usize,
+    trans: bool,
+    dtype: DType,
+) -> Result<Tensor> {
+    if !trans {
+        return Tensor::from_slice_as(device, host, &[batch, rows, cols], dtype);
+    }
+    let mut t = vec![0f32; host.len()];
+    for b in 0..batch {
+        for r in 0..rows {
+            for c in 0..cols {
+                t[(b * cols + c) * rows + r] = host[(b * rows + r) * cols + c];
+            }
+        }
+    }
+    Tensor::from_slice_as(device, &t, &[batch, cols, rows], dtype)?.transpose(1, 2)
+}
+
+/// Median GPU time of `kernel` on the problem's own operands, µs: one warm-up (which also
+/// compiles), then 3 samples of `r` back-to-back runs, `r` chosen so a sample lasts ~2 ms.
+fn time(p: &Problem, kernel: &MatmulKernel) -> Result<f64> {
+    let device = p.a.device();
+    let ctx = device.context();
+    let out = p.output()?;
+    p.record(kernel, &out)?;
+    let sample = |reps: u32| -> Result<f64> {
+        let t = ctx.start_gpu_timer()?;
+        for _ in 0..reps {
+            p.record(kernel, &out)?;
+        }
+        let span = ctx.stop_gpu_timer(t)?;
+        Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / f64::from(reps))
+    };
+    let first = sample(1)?;
+    let reps = if first > 0.0 {
+        (2000.0 / first).ceil().clamp(1.0, 50.0) as u32
+    } else {
+        50
+    };
+    let mut v = [sample(reps)?, sample(reps)?, sample(reps)?];
+    v.sort_by(f64::total_cmp);
+    Ok(v[1])
+}
+
+// ------------------------------------------------------------------ the cache
+
+struct Store {
+    path: Option<PathBuf>,
+    /// class → (variant, µs)
+    entries: HashMap<String, (String, f64)>,
+}
+
+/// Per device (UUID + driver version): the winners, loaded from disk on first use.
+static STORES: Mutex<Option<HashMap<String, Store>>> = Mutex::new(None);
+
+fn device_key(device: &Device) -> String {
+    let caps = device.context().caps();
+    let safe: String = caps
+        .driver_version
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{}-{safe}", caps.device_uuid)
+}
+
+/// `<cache root>/matmul/<device>.tsv`, or `None` when the on-disk caches are off
+/// (`HELIOS_PIPELINE_CACHE=0`) or no cache directory is known.
+fn cache_path(device: &Device) -> Option<PathBuf> {
+    let dir = helios_vk::PipelineCacheDir::from_env().ok()?;
+    Some(
+        dir.root()?
+            .join("matmul")
+            .join(format!("{}.tsv", device_key(device))),
+    )
+}
+
+const HEADER: &str = "# helios matmul tuning v1: variant\tmicroseconds\tclass";
+
+fn with_store<T>(device: &Device, f: impl FnOnce(&mut Store) -> T) -> T {
+    let mut guard = STORES.lock().unwrap_or_else(|p| p.into_inner());
+    let stores = guard.get_or_insert_with(HashMap::new);
+    let store = stores.entry(device_key(device)).or_insert_with(|| {
+        let path = cache_path(device);
+        let entries = path
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .map(|text| parse(&text))
+            .unwrap_or_default();
+        Store { path, entries }
+    });
+    f(store)
+}
+
+fn parse(text: &str) -> HashMap<String, (String, f64)> {
+    let mut lines = text.lines();
+    if lines.next() != Some(HEADER) {
+        return HashMap::new();
+    }
+    lines
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, '\t');
+            let v = parts.next()?;
+            let us: f64 = parts.next()?.parse().ok()?;
+            let class = parts.next()?;
+            MatmulVariant::by_name(v)?;
+            Some((class.to_owned(), (v.to_owned(), us)))
+        })
+        .collect()
+}
+
+fn cached(device: &Device, key: &str) -> Option<MatmulVariant> {
+    with_store(device, |s| {
+        s.entries
+            .get(key)
+            .and_then(|(v, _)| MatmulVariant::by_name(v))
+    })
+}
+
+/// Records a winner and rewrites the file (atomically: a temporary file renamed into place).
+/// A failed write is reported with `HELIOS_VERBOSE=1` and otherwise ignored.
+fn store(device: &Device, key: &str, variant: &str, us: f64) {
+    with_store(device, |s| {
+        s.entries.insert(key.to_owned(), (variant.to_owned(), us));
+        let Some(path) = s.path.clone() else {
+            return;
+        };
+        let mut lines: Vec<String> = s
+            .entries
+            .iter()
+            .map(|(k, (v, t))| format!("{v}\t{t:.3}\t{k}"))
+            .collect();
+        lines.sort();
+        let text = format!("{HEADER}\n{}\n", lines.join("\n"));
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let result = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|_| std::fs::write(&tmp, text))
+            .and_then(|_| std::fs::rename(&tmp, &path));
+        if let Err(e) = result {
+            if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+                eprintln!(
+                    "helios: cannot save matmul tuning to {}: {e}",
+                    path.display()
+                );
+            }
+        }
+    })
+}
+
+// ------------------------------------------------------------------ peak microbenchmark
+
+/// The cooperative-matrix instruction's throughput alone.
+#[derive(Clone, Debug)]
+pub struct CoopPeak {
+    pub kernel: String,
+    pub tflops: f64,
+    pub time_us: f64,
+}
+
+/// Measures `CoopPeakKernel` for `dtype` (f16 or bf16): `None` where the device has no such
+/// fragments. Launches enough workgroups to fill any GPU several times over.
+pub fn coop_peak(device: &Device, dtype: DType) -> Result<Option<CoopPeak>> {
+    let caps = matmul_caps(device);
+    let ok = match dtype {
+        DType::F16 => caps.coop_f16,
+        DType::BF16 => caps.coop_bf16,
+        DType::F32 => false,
+    };
+    if !ok {
+        return Ok(None);
+    }
+    let kernel = helios_kernels::CoopPeakKernel {
+        input: dtype.storage(),
+        frags: 4,
+        subgroups: 4,
+        subgroup: caps.subgroup,
+    };
+    let groups = 132 * 16;
+    let iters = 4096u32;
+    let a = Tensor::from_slice_as(
+        device,
+        &(0..2 * 4 * 256)
+            .map(|i| (i % 7) as f32 * 0.125)
+            .collect::<Vec<_>>(),
+        &[2 * 4 * 256],
+        dtype,
+    )?;
+    let c = Tensor::empty(
+        device,
+        vec![(groups * kernel.subgroups * 16 * 256) as usize],
+        DType::F32,
+    )?;
+    let compiled = device.kernel(crate::device::KernelKey::CoopPeak(kernel), || {
+        kernel.build()
+    })?;
+    let push = helios_kernels::pack_push(
+        &compiled.module.name,
+        &compiled.module.params,
+        compiled.module.push_size,
+        &[
+            helios_kernels::Arg::Address(a.address()),
+            helios_kernels::Arg::Address(c.address()),
+            helios_kernels::Arg::U32(iters),
+        ],
+    )?;
+    let ctx = device.context();
+    let run = || -> Result<()> {
+        ctx.dispatch(
+            &compiled.pipeline,
+            [groups, 1, 1],
+            &push,
+            &[
+                helios_vk::Access::read(a.buffer()),
+                helios_vk::Access::write(c.buffer()),
+            ],
+        )?;
+        Ok(())
+    };
+    run()?;
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t = ctx.start_gpu_timer()?;
+        run()?;
+        let span = ctx.stop_gpu_timer(t)?;
+        times.push(ctx.gpu_elapsed(span)?.as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    let secs = times[2];
+    Ok(Some(CoopPeak {
+        kernel: kernel.name(),
+        tflops: kernel.flops(groups, iters) / secs / 1e12,
+        time_us: secs * 1e6,
+    }))
+}

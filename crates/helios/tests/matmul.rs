@@ -1,0 +1,488 @@
+//! Matmul on the Vulkan device present (lavapipe in CI) against the f64 CPU reference: odd and
+//! aligned sizes, every transpose combination read in place, batches (strided, broadcast,
+//! attention-style permuted views), tiny k and skinny shapes, every fused epilogue, f16/bf16
+//! storage, every SIMT variant, the tuner, and errors for bad operands. The figure checked is
+//! ‖out − ref‖ / ‖ref‖ against `cpu::matmul::tolerance(out dtype)`. Cooperative-matrix
+//! kernels run only where the device has them and say so when skipped. Run with
+//! `HELIOS_VALIDATION=1`; every test fails on any validation message.
+
+use std::sync::OnceLock;
+
+use helios::cpu::matmul::{matmul as reference, relative_error, tolerance, MatmulRef};
+use helios::{matmul_caps, Activation, DType, Device, Error, MatmulOptions, MatmulVariant, Tensor};
+use rand::{Rng, SeedableRng};
+
+fn device() -> &'static Device {
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    DEVICE
+        .get_or_init(|| Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)"))
+}
+
+#[track_caller]
+fn assert_no_validation_messages() {
+    let messages = device().validation_messages();
+    assert!(
+        messages.is_empty(),
+        "validation messages:\n{}",
+        messages.join("\n")
+    );
+}
+
+fn random(n: usize, dtype: DType, seed: u64) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| dtype.round(rng.gen_range(-1.0f32..1.0)))
+        .collect()
+}
+
+/// A `(batch, rows, cols)` tensor holding row-major `host`, stored transposed and viewed back
+/// when `trans` (so the kernel reads a column-major operand in place).
+fn operand(host: &[f32], dims: [usize; 3], trans: bool, dtype: DType) -> Tensor {
+    let [b, r, c] = dims;
+    if !trans {
+        return Tensor::from_slice_as(device(), host, &dims, dtype).unwrap();
+    }
+    let mut t = vec![0f32; host.len()];
+    for bi in 0..b {
+        for ri in 0..r {
+            for ci in 0..c {
+                t[(bi * c + ci) * r + ri] = host[(bi * r + ri) * c + ci];
+            }
+        }
+    }
+    Tensor::from_slice_as(device(), &t, &[b, c, r], dtype)
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+}
+
+/// One checked product.
+#[derive(Clone, Copy)]
+struct Case {
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    trans: (bool, bool),
+    input: DType,
+    out: DType,
+    bias: bool,
+    act: Activation,
+    residual: bool,
+    alpha: f32,
+    variant: Option<MatmulVariant>,
+}
+
+impl Case {
+    fn new(batch: usize, m: usize, n: usize, k: usize) -> Case {
+        Case {
+            batch,
+            m,
+            n,
+            k,
+            trans: (false, false),
+            input: DType::F32,
+            out: DType::F32,
+            bias: false,
+            act: Activation::None,
+            residual: false,
+            alpha: 1.0,
+            variant: None,
+        }
+    }
+
+    /// Runs the case; returns the relative error.
+    fn run(self, seed: u64) -> f64 {
+        let Case { batch, m, n, k, .. } = self;
+        let a_host = random(batch * m * k, self.input, seed);
+        let b_host = random(batch * k * n, self.input, seed + 1);
+        let bias_host = random(n, self.out, seed + 2);
+        let res_host = random(batch * m * n, self.out, seed + 3);
+        let a = operand(&a_host, [batch, m, k], self.trans.0, self.input);
+        let b = operand(&b_host, [batch, k, n], self.trans.1, self.input);
+        let bias = Tensor::from_slice_as(device(), &bias_host, &[n], self.out).unwrap();
+        let res = Tensor::from_slice_as(device(), &res_host, &[batch, m, n], self.out).unwrap();
+        let opts = MatmulOptions {
+            alpha: self.alpha,
+            bias: self.bias.then_some(&bias),
+            act: self.act,
+            residual: self.residual.then_some(&res),
+            out: Some(self.out),
+            variant: self.variant,
+        };
+        let c = a.matmul_opts(&b, &opts).unwrap();
+        assert_eq!(c.shape(), [batch, m, n]);
+        assert_eq!(c.dtype(), self.out);
+        let got = c.to_vec().unwrap();
+        let want = reference(
+            &a_host,
+            &b_host,
+            &MatmulRef {
+                batch,
+                m,
+                n,
+                k,
+                alpha: self.alpha,
+                bias: self.bias.then_some(&bias_host[..]),
+                act: self.act,
+                residual: self.residual.then_some(&res_host[..]),
+            },
+        );
+        relative_error(&got, &want)
+    }
+
+    #[track_caller]
+    fn check(self, seed: u64) {
+        let err = self.run(seed);
+        let tol = tolerance(self.out);
+        assert!(
+            err <= tol,
+            "b{} {}x{}x{} trans {:?} {}->{} variant {:?}: relative error {err:e} > {tol:e}",
+            self.batch,
+            self.m,
+            self.n,
+            self.k,
+            self.trans,
+            self.input,
+            self.out,
+            self.variant.map(|v| v.name())
+        );
+    }
+}
+
+const TRANS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
+
+#[test]
+fn transposes_odd_and_aligned_sizes() {
+    for (i, trans) in TRANS.into_iter().enumerate() {
+        for (m, n, k) in [(37, 45, 29), (64, 96, 40), (130, 67, 133)] {
+            Case {
+                trans,
+                ..Case::new(1, m, n, k)
+            }
+            .check(100 + i as u64);
+        }
+    }
+    assert_no_validation_messages();
+}
+
+#[test]
+fn every_simt_variant() {
+    let simt = helios_kernels_variants(false);
+    for (i, v) in simt.into_iter().enumerate() {
+        for (j, trans) in [(false, false), (true, true)].into_iter().enumerate() {
+            Case {
+                trans,
+                variant: Some(v),
+                ..Case::new(1, 71, 133, 35)
+            }
+            .check(200 + (i * 4 + j) as u64);
+        }
+        // Aligned: vec4 loads and stores.
+        Case {
+            variant: Some(v),
+            ..Case::new(1, 128, 64, 48)
+        }
+        .check(300 + i as u64);
+    }
+    assert_no_validation_messages();
+}
+
+fn helios_kernels_variants(coop: bool) -> Vec<MatmulVariant> {
+    [
+        "simt128x128",
+        "simt128x64",
+        "simt64x64",
+        "simt64x32",
+        "simt32x32",
+    ]
+    .iter()
+    .chain(
+        [
+            "coop128x128w2x2",
+            "coop128x128w2x4",
+            "coop128x128w4x2",
+            "coop128x256w2x4",
+            "coop256x128w4x2",
+            "coop128x64w2x2",
+            "coop64x128w2x2",
+            "coop64x64w2x2",
+            "coop32x64w1x2",
+        ]
+        .iter(),
+    )
+    .filter_map(|n| MatmulVariant::by_name(n))
+    .filter(|v| v.is_coop() == coop)
+    .collect()
+}
+
+#[test]
+fn epilogues_and_output_storage() {
+    let acts = [Activation::None, Activation::Relu, Activation::GeluTanh];
+    for (i, act) in acts.into_iter().enumerate() {
+        for (j, out) in DType::ALL.into_iter().enumerate() {
+            Case {
+                bias: true,
+                residual: i != 1,
+                act,
+                alpha: 0.75,
+                out,
+                trans: TRANS[(i + j) % 4],
+                ..Case::new(2, 33, 70, 24)
+            }
+            .check(400 + (i * 3 + j) as u64);
+        }
+    }
+    // Aligned output: vector epilogue.
+    Case {
+        bias: true,
+        residual: true,
+        act: Activation::GeluTanh,
+        ..Case::new(1, 64, 64, 16)
+    }
+    .check(420);
+    assert_no_validation_messages();
+}
+
+#[test]
+fn narrow_inputs() {
+    for (i, input) in [DType::F16, DType::BF16].into_iter().enumerate() {
+        for (j, trans) in TRANS.into_iter().enumerate() {
+            Case {
+                input,
+                out: DType::F32,
+                trans,
+                ..Case::new(1, 50, 72, 40)
+            }
+            .check(500 + (i * 4 + j) as u64);
+        }
+        Case {
+            input,
+            out: input,
+            ..Case::new(2, 64, 64, 64)
+        }
+        .check(510 + i as u64);
+    }
+    assert_no_validation_messages();
+}
+
+#[test]
+fn tiny_k_skinny_and_empty() {
+    for (i, (m, n, k)) in [
+        (17, 19, 1),
+        (9, 33, 3),
+        (1, 257, 64),
+        (300, 1, 64),
+        (1, 1, 1000),
+        (5, 1, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        Case::new(1, m, n, k).check(600 + i as u64);
+    }
+    // k = 0: the product is zero, the epilogue still applies.
+    let a = Tensor::from_slice(device(), &[], &[3, 0]).unwrap();
+    let b = Tensor::from_slice(device(), &[], &[0, 2]).unwrap();
+    let bias = Tensor::from_slice(device(), &[1.0, -2.0], &[2]).unwrap();
+    let c = a
+        .matmul_opts(
+            &b,
+            &MatmulOptions {
+                bias: Some(&bias),
+                act: Activation::Relu,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(c.to_vec().unwrap(), [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]);
+    // m = 0: an empty result, no dispatch.
+    let a = Tensor::from_slice(device(), &[], &[0, 4]).unwrap();
+    let b = Tensor::from_slice(device(), &[0.0; 8], &[4, 2]).unwrap();
+    assert_eq!(a.matmul(&b).unwrap().shape(), [0, 2]);
+    assert_no_validation_messages();
+}
+
+#[test]
+fn batches_broadcasts_and_views() {
+    let (bt, m, n, k) = (3, 21, 18, 13);
+    let a_host = random(bt * m * k, DType::F32, 700);
+    let w_host = random(k * n, DType::F32, 701);
+    let a = Tensor::from_slice(device(), &a_host, &[bt, m, k]).unwrap();
+    let w = Tensor::from_slice(device(), &w_host, &[k, n]).unwrap();
+    // (3, m, k) · (k, n): folded into one tall product.
+    let got = a.matmul(&w).unwrap();
+    assert_eq!(got.shape(), [bt, m, n]);
+    let want = reference(&a_host, &w_host, &MatmulRef::plain(bt, m, n, k));
+    assert!(relative_error(&got.to_vec().unwrap(), &want) < 1e-5);
+    // (m, k) · (3, k, n): A broadcast over the batch.
+    let a2_host = random(m * k, DType::F32, 702);
+    let b3_host = random(bt * k * n, DType::F32, 703);
+    let a2 = Tensor::from_slice(device(), &a2_host, &[m, k]).unwrap();
+    let b3 = Tensor::from_slice(device(), &b3_host, &[bt, k, n]).unwrap();
+    let got = a2.matmul(&b3).unwrap();
+    assert_eq!(got.shape(), [bt, m, n]);
+    let want = reference(&a2_host, &b3_host, &MatmulRef::plain(bt, m, n, k));
+    assert!(relative_error(&got.to_vec().unwrap(), &want) < 1e-5);
+
+    // Attention: q, k as (B, T, H, D) read per head as (B, H, T, D) views; scores = q·kᵀ/√D.
+    let (b, t, h, d) = (2, 19, 3, 8);
+    let q_host = random(b * t * h * d, DType::F32, 704);
+    let k_host = random(b * t * h * d, DType::F32, 705);
+    let q = Tensor::from_slice(device(), &q_host, &[b, t, h, d])
+        .unwrap()
+        .permute(&[0, 2, 1, 3])
+        .unwrap();
+    let kt = Tensor::from_slice(device(), &k_host, &[b, t, h, d])
+        .unwrap()
+        .permute(&[0, 2, 3, 1])
+        .unwrap();
+    let scale = 1.0 / (d as f32).sqrt();
+    let s = q
+        .matmul_opts(
+            &kt,
+            &MatmulOptions {
+                alpha: scale,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(s.shape(), [b, h, t, t]);
+    // Reference on host-permuted copies.
+    let perm = |x: &[f32]| {
+        let mut o = vec![0f32; x.len()];
+        for bi in 0..b {
+            for ti in 0..t {
+                for hi in 0..h {
+                    for di in 0..d {
+                        o[((bi * h + hi) * t + ti) * d + di] = x[((bi * t + ti) * h + hi) * d + di];
+                    }
+                }
+            }
+        }
+        o
+    };
+    let (qp, kp) = (perm(&q_host), perm(&k_host));
+    let mut ktp = vec![0f32; kp.len()];
+    for bh in 0..b * h {
+        for ti in 0..t {
+            for di in 0..d {
+                ktp[(bh * d + di) * t + ti] = kp[(bh * t + ti) * d + di];
+            }
+        }
+    }
+    let want = reference(
+        &qp,
+        &ktp,
+        &MatmulRef {
+            alpha: scale,
+            ..MatmulRef::plain(b * h, t, t, d)
+        },
+    );
+    let err = relative_error(&s.to_vec().unwrap(), &want);
+    assert!(err < 1e-5, "attention scores: {err:e}");
+    assert_no_validation_messages();
+}
+
+#[test]
+fn bad_operands_are_errors() {
+    let dev = device();
+    let a = Tensor::from_slice(dev, &[0.5; 6], &[2, 3]).unwrap();
+    let b = Tensor::from_slice(dev, &[0.5; 8], &[4, 2]).unwrap();
+    assert!(matches!(a.matmul(&b), Err(Error::ShapeMismatch { .. })));
+    let v = Tensor::from_slice(dev, &[0.5; 3], &[3]).unwrap();
+    assert!(matches!(v.matmul(&b), Err(Error::Invalid { .. })));
+    let h = Tensor::from_slice_as(dev, &[0.5; 6], &[3, 2], DType::F16).unwrap();
+    assert!(matches!(a.matmul(&h), Err(Error::DTypeMismatch { .. })));
+    let ok = Tensor::from_slice(dev, &[0.5; 6], &[3, 2]).unwrap();
+    let bad_bias = Tensor::from_slice(dev, &[0.5; 3], &[3]).unwrap();
+    let e = a
+        .matmul_opts(
+            &ok,
+            &MatmulOptions {
+                bias: Some(&bad_bias),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("bias"), "{e}");
+    let x = Tensor::from_slice(dev, &[0.5; 12], &[2, 2, 3]).unwrap();
+    let y = Tensor::from_slice(dev, &[0.5; 18], &[3, 3, 2]).unwrap();
+    assert!(x.matmul(&y).unwrap_err().to_string().contains("batch"));
+    if !matmul_caps(dev).coop_f16 {
+        let coop = MatmulVariant::by_name("coop64x64w2x2").unwrap();
+        let e = a
+            .matmul_opts(
+                &ok,
+                &MatmulOptions {
+                    variant: Some(coop),
+                    ..Default::default()
+                },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("cannot run here"), "{e}");
+    }
+    assert_no_validation_messages();
+}
+
+#[test]
+fn tuner_checks_times_and_keeps_a_winner() {
+    let (m, n, k) = (96, 80, 64);
+    let a = Tensor::from_slice(device(), &random(m * k, DType::F32, 800), &[m, k]).unwrap();
+    let b = Tensor::from_slice(device(), &random(k * n, DType::F32, 801), &[k, n]).unwrap();
+    let report = a.matmul_tune(&b, &MatmulOptions::default()).unwrap();
+    assert!(report.candidates.len() >= 3, "{report:?}");
+    for c in &report.candidates {
+        assert!(c.passed, "{c:?}");
+        assert!(c.time_us.is_some_and(|t| t > 0.0), "{c:?}");
+    }
+    let winner = report.winner.expect("a winner");
+    // The winner is now what matmul runs for this class.
+    let choice = a.matmul_choice(&b, &MatmulOptions::default()).unwrap();
+    assert_eq!(choice.variant.name(), winner);
+    assert_eq!(choice.how, helios::Choice::Cached);
+    assert_no_validation_messages();
+}
+
+#[test]
+fn cooperative_matrix_variants() {
+    let caps = matmul_caps(device());
+    for input in [DType::F16, DType::BF16] {
+        let have = match input {
+            DType::F16 => caps.coop_f16,
+            _ => caps.coop_bf16,
+        };
+        if !have {
+            eprintln!(
+                "SKIPPED cooperative-matrix matmul ({input}): {} has no 16x16x16 {input} \
+                 fragments with f32 accumulation",
+                device().name()
+            );
+            continue;
+        }
+        for (i, v) in helios_kernels_variants(true).into_iter().enumerate() {
+            for (j, trans) in TRANS.into_iter().enumerate() {
+                for (m, n, k) in [(256, 256, 128), (77, 133, 72), (50, 45, 37)] {
+                    Case {
+                        input,
+                        out: if j % 2 == 0 { DType::F32 } else { input },
+                        trans,
+                        variant: Some(v),
+                        ..Case::new(1, m, n, k)
+                    }
+                    .check(900 + (i * 4 + j) as u64);
+                }
+            }
+            Case {
+                input,
+                bias: true,
+                act: Activation::GeluTanh,
+                residual: true,
+                variant: Some(v),
+                ..Case::new(2, 128, 192, 96)
+            }
+            .check(990 + i as u64);
+        }
+    }
+    assert_no_validation_messages();
+}
