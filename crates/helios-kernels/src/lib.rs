@@ -25,7 +25,10 @@ pub use elementwise::{
 };
 pub use embedding::{EmbeddingArgs, EmbeddingKernel, EmbeddingStage};
 pub use launch::{grid, pack_push, Arg, Geometry, Launch};
-pub use loss::{CrossEntropyArgs, CrossEntropyKernel, CrossEntropyStage, CROSS_ENTROPY_WORKGROUP};
+pub use loss::{
+    CrossEntropyArgs, CrossEntropyKernel, CrossEntropySetup, CrossEntropyStage,
+    CROSS_ENTROPY_WORKGROUP,
+};
 pub use matmul::{
     Activation, Epilogue, MatmulAddresses, MatmulCaps, MatmulKernel, MatmulShape,
     Variant as MatmulVariant,

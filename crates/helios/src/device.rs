@@ -323,6 +323,7 @@ pub(crate) enum KernelKey {
     Reduce(ReduceKernel),
     Matmul(helios_kernels::MatmulKernel),
     CoopPeak(helios_kernels::CoopPeakKernel),
+    CrossEntropy(helios_kernels::CrossEntropyKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter

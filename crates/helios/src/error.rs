@@ -53,6 +53,13 @@ pub enum Error {
     EmptyReduction { op: &'static str, shape: Vec<usize> },
     #[error("{op}: {detail}")]
     Invalid { op: &'static str, detail: String },
+    #[error("{op}: index {value} at position {at} is outside [0, {bound}); fix the indices (or pass that value as the op's ignore index where it has one)")]
+    IndexOutOfRange {
+        op: &'static str,
+        at: usize,
+        value: u32,
+        bound: usize,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -3,7 +3,9 @@
 //!
 //! The one decision a reader must know: indices are their own type rather than a `DType` of
 //! `Tensor`, because no float operation applies to them; a kernel that produces or consumes
-//! indices says so in its signature, and the compiler keeps the two apart.
+//! indices says so in its signature, and the compiler keeps the two apart. Indices made
+//! from host data keep a host copy, so ops that take indices (embedding, cross-entropy)
+//! range-check them before recording anything, without a read-back.
 
 use std::sync::Arc;
 
@@ -21,6 +23,8 @@ struct Inner {
     device: Device,
     buffer: Buffer,
     shape: Vec<usize>,
+    /// The values, when they came from the host.
+    host: Option<Box<[u32]>>,
 }
 
 impl IndexTensor {
@@ -34,11 +38,14 @@ impl IndexTensor {
                 got: data.len(),
             });
         }
-        let t = IndexTensor::empty(device, shape.to_vec())?;
+        let mut t = IndexTensor::empty(device, shape.to_vec())?;
         if !data.is_empty() {
             device
                 .context()
                 .upload(&t.inner.buffer, 0, bytemuck::cast_slice(data))?;
+        }
+        if let Some(inner) = Arc::get_mut(&mut t.inner) {
+            inner.host = Some(data.into());
         }
         Ok(t)
     }
@@ -54,6 +61,7 @@ impl IndexTensor {
                 device: device.clone(),
                 buffer,
                 shape,
+                host: None,
             }),
         })
     }
@@ -89,6 +97,38 @@ impl IndexTensor {
 
     pub fn device(&self) -> &Device {
         &self.inner.device
+    }
+
+    /// The values, when they came from the host (`from_slice`).
+    pub(crate) fn host(&self) -> Option<&[u32]> {
+        self.inner.host.as_deref()
+    }
+
+    /// Fails with the first index `>= bound` that is not `allowed`, when the values are known
+    /// on the host; indices made on the device pass (each op documents what its kernel does
+    /// with an index out of range).
+    pub(crate) fn check_range(
+        &self,
+        op: &'static str,
+        bound: usize,
+        allowed: Option<u32>,
+    ) -> Result<()> {
+        let Some(host) = self.host() else {
+            return Ok(());
+        };
+        let bad = host
+            .iter()
+            .enumerate()
+            .find(|&(_, &v)| Some(v) != allowed && v as usize >= bound);
+        match bad {
+            None => Ok(()),
+            Some((at, &value)) => Err(Error::IndexOutOfRange {
+                op,
+                at,
+                value,
+                bound,
+            }),
+        }
     }
 
     /// The buffer holding the indices (for declaring accesses).

@@ -4,7 +4,9 @@
 //! happens to do. One file per kernel family.
 
 mod elementwise;
+mod loss;
 pub mod matmul;
 pub mod reduce;
 
 pub use elementwise::*;
+pub use loss::*;

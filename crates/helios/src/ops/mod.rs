@@ -2,9 +2,11 @@
 //! block over the helpers in `tensor.rs` (`Tensor::empty`, `buffer`, `address`) and the
 //! device's kernel cache (`Device::kernel` with a `KernelKey` variant per family).
 
+mod loss;
 mod matmul;
 mod matmul_tune;
 mod reduce;
 
+pub use loss::CrossEntropy;
 pub use matmul::{MatmulChoice, MatmulOptions};
 pub use matmul_tune::{coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, TuneReport};

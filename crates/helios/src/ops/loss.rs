@@ -1,0 +1,167 @@
+//! Cross-entropy over the last axis of a logits tensor, forward and fused forward+backward.
+//!
+//! The one decision a reader must know: the whole op is three dispatches recorded back to
+//! back (count the non-ignored rows → one workgroup per row → a deterministic mean), and
+//! the gradient is written by the same workgroup that computed the row's statistics, so
+//! forward+backward reads the logits twice and writes dlogits once (see
+//! `helios_kernels::loss`). Targets known on the host are range-checked before anything
+//! is recorded; targets produced on the device that fall outside `[0, vocab)` give NaN loss
+//! and gradient for their row.
+
+use helios_kernels::reduce::MAX_ELEMENTS;
+use helios_kernels::{
+    CrossEntropyArgs, CrossEntropyKernel, CrossEntropySetup, CrossEntropyStage,
+    CROSS_ENTROPY_WORKGROUP,
+};
+use helios_vk::Buffer;
+
+use crate::device::KernelKey;
+use crate::{DType, Error, IndexTensor, Result, Tensor};
+
+/// What `cross_entropy` returns.
+#[derive(Clone, Debug)]
+pub struct CrossEntropy {
+    /// (1,) f32: the mean loss over rows whose target is not ignored; 0 when all are.
+    pub loss: Tensor,
+    /// (rows,) f32: each row's loss; 0 for ignored rows.
+    pub row_loss: Tensor,
+    /// The logits' shape and dtype: d(scale · loss)/d(logits); only from
+    /// `cross_entropy_with_grad`.
+    pub dlogits: Option<Tensor>,
+}
+
+impl Tensor {
+    /// Cross-entropy of these logits (…, vocab) against `targets` (…), one class index per
+    /// row: `loss = mean over non-ignored rows of logsumexp(row) − row[target]`. Rows whose
+    /// target equals `ignore_index` count for nothing (loss 0, gradient 0, not in the mean);
+    /// if every row is ignored the loss is 0 (PyTorch gives NaN).
+    pub fn cross_entropy(
+        &self,
+        targets: &IndexTensor,
+        ignore_index: Option<u32>,
+    ) -> Result<CrossEntropy> {
+        self.cross_entropy_impl(targets, ignore_index, None)
+    }
+
+    /// Cross-entropy and its gradient in one pass over each row: `dlogits = (softmax − onehot)
+    /// · scale / count` (0 for ignored rows), where `scale` is the upstream gradient of the
+    /// mean loss (1.0 when the loss is what is minimised). Moves 2 reads and 1 write of the
+    /// logits.
+    pub fn cross_entropy_with_grad(
+        &self,
+        targets: &IndexTensor,
+        ignore_index: Option<u32>,
+        scale: f32,
+    ) -> Result<CrossEntropy> {
+        self.cross_entropy_impl(targets, ignore_index, Some(scale))
+    }
+
+    fn cross_entropy_impl(
+        &self,
+        targets: &IndexTensor,
+        ignore_index: Option<u32>,
+        scale: Option<f32>,
+    ) -> Result<CrossEntropy> {
+        const OP: &str = "cross_entropy";
+        let device = self.device();
+        if !device.same(targets.device()) {
+            return Err(Error::DeviceMismatch { op: OP });
+        }
+        let invalid = |detail: String| Error::Invalid { op: OP, detail };
+        let x = self.contiguous()?;
+        let Some((&vocab, lead)) = x.shape().split_last() else {
+            return Err(invalid(
+                "logits must have at least one axis (the classes)".into(),
+            ));
+        };
+        if vocab == 0 {
+            return Err(invalid(
+                "logits have 0 classes; the last axis must not be empty".into(),
+            ));
+        }
+        let rows: usize = lead.iter().product();
+        if targets.len() != rows {
+            return Err(invalid(format!(
+                "logits {:?} have {rows} rows but targets {:?} hold {} indices; pass one target per row",
+                x.shape(),
+                targets.shape(),
+                targets.len()
+            )));
+        }
+        let elements = rows as u64 * vocab as u64;
+        if elements > MAX_ELEMENTS {
+            return Err(helios_kernels::KernelError::TooLarge {
+                what: "cross-entropy logits element count",
+                size: elements,
+            }
+            .into());
+        }
+        targets.check_range(OP, vocab, ignore_index)?;
+
+        let stats = Tensor::empty(device, vec![2], DType::F32)?;
+        let row_loss = Tensor::empty(device, vec![rows], DType::F32)?;
+        let loss = Tensor::empty(device, vec![1], DType::F32)?;
+        let dlogits = match scale {
+            Some(_) => Some(Tensor::empty(device, x.shape().to_vec(), x.dtype())?),
+            None => None,
+        };
+        let args = CrossEntropyArgs {
+            rows: rows as u32,
+            vocab: vocab as u32,
+            ignore_index,
+            scale: scale.unwrap_or(1.0),
+            logits: x.address(),
+            targets: targets.buffer().device_address(),
+            stats: stats.address(),
+            row_loss: row_loss.address(),
+            dlogits: dlogits.as_ref().map_or(0, |d| d.address()),
+            loss: loss.address(),
+        };
+        let t = targets.buffer();
+        x.ce_dispatch(CrossEntropyStage::Count, &args, &[t], &[stats.buffer()])?;
+        let mut reads = vec![x.buffer(), t];
+        let mut writes = vec![row_loss.buffer()];
+        if let Some(d) = &dlogits {
+            reads.push(stats.buffer());
+            writes.push(d.buffer());
+        }
+        let grad = dlogits.is_some();
+        x.ce_dispatch(CrossEntropyStage::Rows { grad }, &args, &reads, &writes)?;
+        x.ce_dispatch(
+            CrossEntropyStage::Mean,
+            &args,
+            &[row_loss.buffer(), stats.buffer()],
+            &[loss.buffer()],
+        )?;
+        Ok(CrossEntropy {
+            loss,
+            row_loss,
+            dlogits,
+        })
+    }
+
+    /// Records one cross-entropy kernel: `reads` then `writes` in declaration order.
+    fn ce_dispatch(
+        &self,
+        stage: CrossEntropyStage,
+        args: &CrossEntropyArgs,
+        reads: &[&Buffer],
+        writes: &[&Buffer],
+    ) -> Result<()> {
+        let d = self.device();
+        let setup = CrossEntropySetup {
+            reducer: d.reducer(),
+            workgroup: d.row_workgroup(CROSS_ENTROPY_WORKGROUP),
+            unroll: d.config().rows.unroll,
+            binding: d.binding(),
+        };
+        let kernel = CrossEntropyKernel::new(stage, self.dtype().storage(), setup);
+        d.dispatch_rows(
+            KernelKey::CrossEntropy(kernel),
+            || kernel.build(),
+            reads,
+            writes,
+            |c, g, _| Ok(kernel.launch(&c.module, g, args)?),
+        )
+    }
+}
