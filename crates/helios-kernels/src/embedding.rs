@@ -22,6 +22,8 @@
 //!    quadratic only when one id fills the whole batch);
 //! 6. `Sum`: workgroup v sums `dout[sorted[j], :]` over its list into `dtable[v, :]`.
 //!
+//! Every kernel declares the buffers it reads before those it writes.
+//!
 //! Ids outside `[0, vocab)` (when they were not checked on the host) give NaN rows in the
 //! forward output and are skipped by the backward.
 
@@ -192,8 +194,8 @@ impl EmbeddingKernel {
             EmbeddingStage::Scan => build_scan(&mut k),
             EmbeddingStage::Place => {
                 let ids = b(&mut k, "ids", false);
-                let counts = b(&mut k, "counts", true);
                 let offsets = b(&mut k, "offsets", false);
+                let counts = b(&mut k, "counts", true);
                 let pos = k.buffer("pos", u, Access::Write);
                 let (n, vocab) = n_vocab_params(&mut k);
                 k.begin();
@@ -339,7 +341,7 @@ impl EmbeddingKernel {
             EmbeddingStage::Zero => &[a.counts],
             EmbeddingStage::Count => &[a.ids, a.counts],
             EmbeddingStage::Scan => &[a.counts, a.offsets],
-            EmbeddingStage::Place => &[a.ids, a.counts, a.offsets, a.pos],
+            EmbeddingStage::Place => &[a.ids, a.offsets, a.counts, a.pos],
             EmbeddingStage::Rank => &[a.ids, a.offsets, a.pos, a.sorted],
             EmbeddingStage::Sum => &[a.offsets, a.sorted, a.dout, a.dtable],
         };

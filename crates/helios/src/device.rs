@@ -324,6 +324,7 @@ pub(crate) enum KernelKey {
     Matmul(helios_kernels::MatmulKernel),
     CoopPeak(helios_kernels::CoopPeakKernel),
     CrossEntropy(helios_kernels::CrossEntropyKernel),
+    Embedding(helios_kernels::EmbeddingKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter

@@ -4,9 +4,11 @@
 //! happens to do. One file per kernel family.
 
 mod elementwise;
+mod embedding;
 mod loss;
 pub mod matmul;
 pub mod reduce;
 
 pub use elementwise::*;
+pub use embedding::*;
 pub use loss::*;

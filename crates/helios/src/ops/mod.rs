@@ -2,6 +2,7 @@
 //! block over the helpers in `tensor.rs` (`Tensor::empty`, `buffer`, `address`) and the
 //! device's kernel cache (`Device::kernel` with a `KernelKey` variant per family).
 
+mod embedding;
 mod loss;
 mod matmul;
 mod matmul_tune;

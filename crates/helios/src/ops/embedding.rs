@@ -1,0 +1,164 @@
+//! Embedding lookup on tensors and its deterministic backward.
+//!
+//! The one decision a reader must know: the backward never adds floats concurrently. It
+//! groups the positions of each id with a counting sort (exact u32 atomics), orders each group
+//! by position, and sums every vocabulary row's `dout` rows in that order, one workgroup per
+//! row (see `helios_kernels::embedding`): the same bits on every run, each `dout` row read
+//! once, each `dtable` row written once. Ids from the host are range-checked before anything
+//! is recorded; ids made on the device that fall outside `[0, vocab)` give NaN rows in the
+//! forward output and are skipped by the backward.
+
+use helios_kernels::reduce::MAX_ELEMENTS;
+use helios_kernels::{EmbeddingArgs, EmbeddingKernel, EmbeddingStage, KernelError};
+use helios_vk::Buffer;
+
+use crate::device::KernelKey;
+use crate::{Error, IndexTensor, Result, Tensor};
+
+impl Tensor {
+    /// Rows of this table (vocab, dim) picked by `ids` (…): a tensor (…, dim) of the table's
+    /// dtype with `out[i, :] = table[ids[i], :]`.
+    pub fn embedding(&self, ids: &IndexTensor) -> Result<Tensor> {
+        const OP: &str = "embedding";
+        let table = self.contiguous()?;
+        let (vocab, dim) = table_dims(OP, &table, ids)?;
+        check_size(ids.len(), dim)?;
+        check_size(vocab, dim)?;
+        ids.check_range(OP, vocab, None)?;
+        let mut shape = ids.shape().to_vec();
+        shape.push(dim);
+        let out = Tensor::empty(self.device(), shape, table.dtype())?;
+        let args = EmbeddingArgs {
+            n: ids.len() as u32,
+            dim: dim as u32,
+            vocab: vocab as u32,
+            ids: ids.buffer().device_address(),
+            table: table.address(),
+            out: out.address(),
+            ..EmbeddingArgs::default()
+        };
+        table.embedding_dispatch(
+            EmbeddingStage::Forward,
+            dim,
+            &args,
+            &[ids.buffer(), table.buffer()],
+            &[out.buffer()],
+        )?;
+        Ok(out)
+    }
+
+    /// The gradient of `table.embedding(ids)` with respect to a table of `vocab` rows, given
+    /// this upstream gradient `dout` (…, dim): `dtable[v, :] = Σ_{i: ids[i] = v} dout[i, :]`
+    /// (vocab, dim) in `dout`'s dtype, summed in f32 in increasing position order, so equal
+    /// inputs give equal bits. Rows no id uses are 0.
+    pub fn embedding_backward(&self, ids: &IndexTensor, vocab: usize) -> Result<Tensor> {
+        const OP: &str = "embedding_backward";
+        let device = self.device();
+        if !device.same(ids.device()) {
+            return Err(Error::DeviceMismatch { op: OP });
+        }
+        let dout = self.contiguous()?;
+        let (lead, dim) = match dout.shape().split_last() {
+            Some((&dim, lead)) if lead == ids.shape() => (lead, dim),
+            _ => {
+                return Err(Error::Invalid {
+                    op: OP,
+                    detail: format!(
+                        "dout {:?} must be the ids' shape {:?} plus one axis (the embedding width)",
+                        dout.shape(),
+                        ids.shape()
+                    ),
+                })
+            }
+        };
+        let n: usize = lead.iter().product();
+        check_size(n, dim)?;
+        check_size(vocab, dim)?;
+        ids.check_range(OP, vocab, None)?;
+        let dtable = Tensor::empty(device, vec![vocab, dim], dout.dtype())?;
+        if vocab == 0 || dim == 0 {
+            return Ok(dtable);
+        }
+        let counts = device.scratch(vocab as u64 * 4)?;
+        let offsets = device.scratch((vocab as u64 + 1) * 4)?;
+        let pos = device.scratch(n as u64 * 4)?;
+        let sorted = device.scratch(n as u64 * 4)?;
+        let args = EmbeddingArgs {
+            n: n as u32,
+            dim: dim as u32,
+            vocab: vocab as u32,
+            ids: ids.buffer().device_address(),
+            dout: dout.address(),
+            dtable: dtable.address(),
+            counts: counts.device_address(),
+            offsets: offsets.device_address(),
+            pos: pos.device_address(),
+            sorted: sorted.device_address(),
+            ..EmbeddingArgs::default()
+        };
+        let i = ids.buffer();
+        for stage in EmbeddingStage::BACKWARD {
+            let (reads, writes): (Vec<&Buffer>, Vec<&Buffer>) = match stage {
+                EmbeddingStage::Zero => (vec![], vec![&counts]),
+                EmbeddingStage::Count => (vec![i], vec![&counts]),
+                EmbeddingStage::Scan => (vec![], vec![&counts, &offsets]),
+                EmbeddingStage::Place => (vec![i, &offsets], vec![&counts, &pos]),
+                EmbeddingStage::Rank => (vec![i, &offsets, &pos], vec![&sorted]),
+                EmbeddingStage::Sum => (
+                    vec![&offsets, &sorted, dout.buffer()],
+                    vec![dtable.buffer()],
+                ),
+                EmbeddingStage::Forward => unreachable!("not a backward stage"),
+            };
+            dout.embedding_dispatch(stage, dim, &args, &reads, &writes)?;
+        }
+        Ok(dtable)
+    }
+
+    /// Records one embedding kernel: `reads` then `writes` in declaration order.
+    fn embedding_dispatch(
+        &self,
+        stage: EmbeddingStage,
+        dim: usize,
+        args: &EmbeddingArgs,
+        reads: &[&Buffer],
+        writes: &[&Buffer],
+    ) -> Result<()> {
+        let d = self.device();
+        let kernel = EmbeddingKernel::new(stage, self.dtype().storage(), dim, d.binding());
+        d.dispatch_rows(
+            KernelKey::Embedding(kernel),
+            || kernel.build(),
+            reads,
+            writes,
+            |c, g, _| Ok(kernel.launch(&c.module, g, args)?),
+        )
+    }
+}
+
+/// (vocab, dim) of a 2-D table on the ids' device.
+fn table_dims(op: &'static str, table: &Tensor, ids: &IndexTensor) -> Result<(usize, usize)> {
+    if !table.device().same(ids.device()) {
+        return Err(Error::DeviceMismatch { op });
+    }
+    match *table.shape() {
+        [vocab, dim] => Ok((vocab, dim)),
+        ref s => Err(Error::Invalid {
+            op,
+            detail: format!("the table must be 2-D (vocab, dim), got shape {s:?}"),
+        }),
+    }
+}
+
+/// Fails when `rows × dim` elements are more than the kernels index.
+fn check_size(rows: usize, dim: usize) -> Result<()> {
+    let n = rows as u64 * dim as u64;
+    if n > MAX_ELEMENTS {
+        return Err(KernelError::TooLarge {
+            what: "embedding element count",
+            size: n,
+        }
+        .into());
+    }
+    Ok(())
+}
