@@ -60,7 +60,7 @@ def positive(text):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=("dispatch", "bandwidth", "all"), default="all")
+    p.add_argument("--suite", choices=("dispatch", "bandwidth", "all", "matmul"), default="all")
     p.add_argument("--json", metavar="PATH", help="write JSON to PATH ('-' for stdout, no table)")
     p.add_argument("--quick", action="store_true", help="few iterations, small sizes")
     p.add_argument("--sizes", type=lambda s: [parse_elements(x) for x in s.split(",") if x],
@@ -71,6 +71,8 @@ def parse_args(argv):
     p.add_argument("--roundtrip-iters", type=positive, help="round-trip iterations (default 2000)")
     p.add_argument("--bw-samples", type=positive, help="samples per bandwidth case (default 25)")
     p.add_argument("--device", default="cuda", help="torch device (default cuda)")
+    p.add_argument("--mm-cases", default="", help="matmul cases name:m:n:k:ta:tb, comma-separated")
+    p.add_argument("--mm-samples", type=positive, help="samples per matmul case (default 10)")
     args = p.parse_args(argv)
     q = args.quick
     args.sizes = args.sizes or ([64 << 10] if q else [4 << 20, 64 << 20])
@@ -82,9 +84,11 @@ def parse_args(argv):
     args.target_sample_us = 1000.0 if q else 5000.0
     args.max_k = 8 if q else 4096
     args.dtypes = [d for d in args.dtypes.split(",") if d]
+    allowed = ("f32", "f16", "bf16") if args.suite == "matmul" else ("f32", "f16")
     for d in args.dtypes:
-        if d not in ("f32", "f16"):
-            p.error(f"unknown dtype {d!r}; use f32 or f16")
+        if d not in allowed:
+            p.error(f"unknown dtype {d!r}; use {' or '.join(allowed)}")
+    args.mm_samples = args.mm_samples or (3 if q else 10)
     return args
 
 
@@ -215,6 +219,67 @@ def bandwidth(torch, dev, a):
     return results
 
 
+# ---------------------------------------------------------------- matmul
+
+
+def parse_mm_cases(text):
+    cases = []
+    for item in filter(None, text.split(",")):
+        name, m, n, k, ta, tb = item.split(":")
+        cases.append((name, int(m), int(n), int(k), ta == "1", tb == "1"))
+    return cases
+
+
+def matmul_suite(torch, dev, a):
+    """`torch.matmul` on Helios's matmul cases (TF32 off), timed with CUDA events like
+    `helios bench matmul`: K back-to-back products per sample, K so a sample lasts ~5 ms;
+    relative error against float64 on 8 evenly spaced rows (every column up to 8192)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    results = []
+    for name, m, n, k, ta, tb in parse_mm_cases(a.mm_cases):
+        for dname in a.dtypes:
+            dt = dtypes[dname]
+            gen = torch.Generator(device=dev).manual_seed(1234)
+            A = (torch.rand(m, k, device=dev, generator=gen) * 2 - 1).to(dt)
+            B = (torch.rand(k, n, device=dev, generator=gen) * 2 - 1).to(dt)
+            if ta:  # stored k×m, read transposed
+                A = A.t().contiguous().t()
+            if tb:
+                B = B.t().contiguous().t()
+            C = torch.matmul(A, B)
+            rows = [i * (m - 1) // 7 for i in range(8)]
+            cols = torch.arange(0, n, -(-n // 8192), device=dev)
+            ref = A[rows].double() @ B[:, cols].double()
+            got = C[rows][:, cols].double()
+            rel = float((got - ref).norm() / ref.norm())
+            del C
+
+            def sample(reps):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                for _ in range(reps):
+                    torch.matmul(A, B)
+                end.record()
+                end.synchronize()
+                return start.elapsed_time(end) * 1e3 / reps
+
+            sample(1)
+            probe = sample(2)
+            reps = max(1, min(100, math.ceil(5000.0 / max(probe, 1e-3))))
+            times = [sample(reps) for _ in range(a.mm_samples)]
+            med = summary(times)["median"]
+            tflops = 2.0 * m * n * k / (med * 1e-6) / 1e12
+            results.append(row("matmul", name, dname, m * n * k, times, tflops=tflops,
+                               rel_err=rel, ops_per_sample=reps))
+            del A, B
+    return results
+
+
 # ---------------------------------------------------------------- output
 
 
@@ -223,6 +288,7 @@ def table(doc):
     for r in doc["results"]:
         fig = (f"{r['gbps']:8.0f} GB/s  {r.get('pct_of_copy') or 0:5.1f}% copy"
                if r.get("gbps") else
+               f"{r['tflops']:8.1f} TFLOP/s  err {r['rel_err']:.1e}" if "tflops" in r else
                f"record {r['record_us']:.3f} µs/op" if "record_us" in r else "")
         lines.append(f"{r['suite']:9} {r['case']:12} {r['dtype']:3} {r['elements']:>10}  "
                      f"median {r['median_us']:10.3f} µs  p95 {r['p95_us']:10.3f}  "
@@ -259,6 +325,8 @@ def main(argv=None):
             doc["results"] += dispatch(torch, dev, a)
         if a.suite in ("bandwidth", "all"):
             doc["results"] += bandwidth(torch, dev, a)
+        if a.suite == "matmul":
+            doc["results"] += matmul_suite(torch, dev, a)
     text = json.dumps(doc, indent=2) + "\n"
     if a.json == "-":
         sys.stdout.write(text)

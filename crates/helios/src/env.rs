@@ -17,6 +17,8 @@
 //! | `HELIOS_WG=<n>` | workgroup size (along x) for every kernel, overriding the default (tuning experiments) |
 //! | `HELIOS_DUMP_KERNELS=<dir>` | write the SPIR-V assembly of every kernel compiled to `<dir>/<name>.spvasm` |
 //! | `HELIOS_SPIRV_VAL=<path>` | the `spirv-val` binary tests use (default: `spirv-val` on PATH) |
+//! | `HELIOS_MATMUL_VARIANT=<name>` | force a matmul variant (`simt128x128`, `coop128x128w2x2`, ...: `helios_kernels::matmul::VARIANTS`) |
+//! | `HELIOS_MATMUL_TUNE=0\|1` | matmul autotuning off (documented default variant) or on also for CPU devices (default: on for GPUs; winners cached per device UUID + driver under the cache root) |
 //! | `HELIOS_NO_SUBGROUP=1` | reductions, softmax and norms combine through shared-memory trees instead of subgroup operations |
 //! | `HELIOS_ROWS=cached\|streaming` | force the softmax/norm variant: row kept in registers, or streamed once per pass (default: by row length) |
 //! | `HELIOS_ROW_UNROLL=<n>` | 16-byte loads per invocation per loop step in reduce/softmax/norm kernels (1..=8, default 4) |

@@ -441,6 +441,14 @@ fn tuner_checks_times_and_keeps_a_winner() {
     let choice = a.matmul_choice(&b, &MatmulOptions::default()).unwrap();
     assert_eq!(choice.variant.name(), winner);
     assert_eq!(choice.how, helios::Choice::Cached);
+
+    // A transposed batch against one broadcast B: candidates are checked in that form.
+    let at = Tensor::from_slice(device(), &random(2 * k * m, DType::F32, 802), &[2, k, m])
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap();
+    let report = at.matmul_tune(&b, &MatmulOptions::default()).unwrap();
+    assert!(report.candidates.iter().all(|c| c.passed), "{report:?}");
     assert_no_validation_messages();
 }
 

@@ -10,6 +10,7 @@
 
 mod bandwidth;
 mod dispatch;
+mod matmul;
 mod report;
 mod stats;
 mod torch;
@@ -30,7 +31,8 @@ pub type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// dispatch: host overhead of tiny ops; bandwidth: memory-bound kernels in GB/s; all: both.
+    /// dispatch: host overhead of tiny ops; bandwidth: memory-bound kernels in GB/s; all: both;
+    /// matmul: matrix products (squares, GPT-2 shapes) in TFLOP/s, not part of `all`.
     #[arg(value_enum)]
     suite: Suite,
     /// Few iterations and small sizes (a smoke test, e.g. on lavapipe); figures are not
@@ -52,8 +54,9 @@ pub struct BenchArgs {
     /// are powers of two (default 4M,64M; with --quick 64K).
     #[arg(long, value_delimiter = ',', value_parser = parse_elements)]
     sizes: Vec<usize>,
-    /// Element types for the bandwidth suite, comma-separated (default f32,f16).
-    #[arg(long, value_delimiter = ',', value_parser = ["f32", "f16"])]
+    /// Element types, comma-separated (bandwidth: f32,f16, the default; matmul also bf16,
+    /// default all three).
+    #[arg(long, value_delimiter = ',', value_parser = ["f32", "f16", "bf16"])]
     dtypes: Vec<String>,
     /// Timed samples per case (default 25; with --quick 3); also the round-trip iterations
     /// (default 2000; with --quick 20).
@@ -62,6 +65,10 @@ pub struct BenchArgs {
     /// Ops per chain / independent sample in the dispatch suite (default 1000; --quick 100).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     ops: Option<u32>,
+    /// Matmul cases, comma-separated: names (sq4096, gpt2_fc_fwd, ...) or groups (squares,
+    /// gpt2); default all.
+    #[arg(long, value_delimiter = ',')]
+    cases: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -69,6 +76,7 @@ enum Suite {
     Dispatch,
     Bandwidth,
     All,
+    Matmul,
 }
 
 impl Suite {
@@ -77,6 +85,7 @@ impl Suite {
             Suite::Dispatch => "dispatch",
             Suite::Bandwidth => "bandwidth",
             Suite::All => "all",
+            Suite::Matmul => "matmul",
         }
     }
 }
@@ -233,6 +242,9 @@ impl Drop for BatchLimitGuard<'_> {
 }
 
 pub fn run(args: &BenchArgs) -> CliResult {
+    if args.suite == Suite::Matmul {
+        return matmul::run(args);
+    }
     let plan = Plan::from_args(args);
     if plan.bandwidth.as_ref().is_some_and(|b| b.dtypes.is_empty()) {
         return Err("--dtypes selects no element type; use f32, f16 or both".into());

@@ -303,8 +303,10 @@ fn check(p: &Problem, kernel: &MatmulKernel) -> Result<f64> {
     let b_batches = b_host.len() / (kk * n).max(1);
 
     // Upload in the stored orientation, then view as the logical operand.
-    let a_t = upload_operand(device, &a_host, batch, m, kk, p.trans.0, p.input)?;
-    let b_t = upload_operand(device, &b_host, b_batches, kk, n, p.trans.1, p.input)?;
+    let a_t = upload_operand(device, &a_host, Some(batch), m, kk, p.trans.0, p.input)?;
+    // A single B matrix is passed 2-D (broadcast over the batch), as the caller's was.
+    let b_dims = (b_batches > 1 || batch == 1).then_some(b_batches);
+    let b_t = upload_operand(device, &b_host, b_dims, kk, n, p.trans.1, p.input)?;
     let bias_t = match &bias_host {
         Some(h) => Some(Tensor::from_slice_as(device, h, &[n], p.out)?),
         None => None,
@@ -347,19 +349,22 @@ fn check(p: &Problem, kernel: &MatmulKernel) -> Result<f64> {
     Ok(relative_error(&got, &want))
 }
 
-/// A `(batch, rows, cols)` operand from row-major host values, stored transposed (and viewed
-/// back) when `trans`.
+/// A `(batch, rows, cols)` operand (`(rows, cols)` when `batch` is `None`) from row-major
+/// host values, stored transposed (and viewed back) when `trans`.
 fn upload_operand(
     device: &Device,
     host: &[f32],
-    batch: usize,
+    batch: Option<usize>,
     rows: usize,
     cols: usize,
     trans: bool,
     dtype: DType,
 ) -> Result<Tensor> {
+    let lead: Vec<usize> = batch.into_iter().collect();
+    let nd = lead.len();
+    let batch = batch.unwrap_or(1);
     if !trans {
-        return Tensor::from_slice_as(device, host, &[batch, rows, cols], dtype);
+        return Tensor::from_slice_as(device, host, &[&lead[..], &[rows, cols]].concat(), dtype);
     }
     let mut t = vec![0f32; host.len()];
     for b in 0..batch {
@@ -369,7 +374,8 @@ fn upload_operand(
             }
         }
     }
-    Tensor::from_slice_as(device, &t, &[batch, cols, rows], dtype)?.transpose(1, 2)
+    Tensor::from_slice_as(device, &t, &[&lead[..], &[cols, rows]].concat(), dtype)?
+        .transpose(nd, nd + 1)
 }
 
 /// Median GPU time of `kernel` on the problem's own operands, µs: one warm-up (which also

@@ -1,0 +1,559 @@
+// `helios bench matmul`: matrix products at the sizes a GPT-2 training step runs (and squares),
+// fp32/f16/bf16, beside cuBLAS through PyTorch (`--compare torch`), with the throughput of the
+// cooperative-matrix instruction alone as the ceiling each variant is compared with.
+//
+// Methodology: per case and dtype, the autotuner first checks every feasible variant against
+// the f64 reference on a small problem of the same form and times the survivors on the
+// case's own operands (its report is kept in the JSON); the winner then runs `samples`
+// samples of `r` back-to-back products between two GPU timestamps (`r` chosen so a sample
+// lasts ~5 ms), per-op time = sample / r. The relative error ‖out − ref‖ / ‖ref‖ is computed
+// against the f64 reference on 8 evenly spaced rows (every column up to 8192, else evenly
+// spaced columns). PyTorch runs the same cases with `torch.matmul`, TF32 off, CUDA events
+// and the same sampling. Inputs are uniform in [-1, 1), never zeros.
+// Case names: `sq<n>` (n×n×n), `gpt2_<layer>_<fwd|dx|dw>` for the linear layers of GPT-2 124M
+// at batch×sequence 4096 (qkv 768→2304, fc 768→3072, proj 3072→768, lmhead 768→50257) with
+// PyTorch's weight layout (W stored out×in): fwd = X·Wᵀ, dx = dY·W, dw = dYᵀ·X.
+
+use std::path::Path;
+use std::process::Command;
+
+use helios::cpu::matmul::{matmul_at, relative_error, MatmulRef};
+use helios::{coop_peak, DType, Device, MatmulOptions, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::stats::Summary;
+use super::{random_values, report, summarize, torch, BenchArgs, BenchResult, Compare};
+use crate::CliResult;
+
+/// One product: C (m×n) = op(A) · op(B) with inner dimension k.
+#[derive(Clone, Debug, Serialize)]
+pub struct MmCase {
+    pub name: String,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// A stored k×m.
+    pub ta: bool,
+    /// B stored n×k.
+    pub tb: bool,
+}
+
+fn case(name: &str, m: usize, n: usize, k: usize, ta: bool, tb: bool) -> MmCase {
+    MmCase {
+        name: name.to_owned(),
+        m,
+        n,
+        k,
+        ta,
+        tb,
+    }
+}
+
+/// Every case, in order; `--cases` selects by name or group (`squares`, `gpt2`).
+pub fn all_cases(quick: bool) -> Vec<MmCase> {
+    if quick {
+        return vec![
+            case("sq256", 256, 256, 256, false, false),
+            case("small_fwd", 192, 200, 72, false, true),
+            case("small_dw", 72, 200, 192, true, false),
+        ];
+    }
+    let mut v: Vec<MmCase> = [1024, 2048, 3072, 4096, 8192]
+        .iter()
+        .map(|&n| case(&format!("sq{n}"), n, n, n, false, false))
+        .collect();
+    for (layer, out, inp) in [
+        ("qkv", 2304, 768),
+        ("fc", 3072, 768),
+        ("proj", 768, 3072),
+        ("lmhead", 50257, 768),
+    ] {
+        let bt = 4096;
+        v.push(case(
+            &format!("gpt2_{layer}_fwd"),
+            bt,
+            out,
+            inp,
+            false,
+            true,
+        ));
+        v.push(case(
+            &format!("gpt2_{layer}_dx"),
+            bt,
+            inp,
+            out,
+            false,
+            false,
+        ));
+        v.push(case(&format!("gpt2_{layer}_dw"), out, inp, bt, true, false));
+    }
+    v
+}
+
+/// Throughput of the cooperative-matrix instruction alone.
+#[derive(Clone, Debug, Serialize)]
+pub struct PeakRow {
+    pub dtype: &'static str,
+    pub kernel: String,
+    pub tflops: f64,
+}
+
+/// PyTorch's figures for one case.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct TorchMm {
+    pub case: String,
+    pub dtype: String,
+    pub median_us: f64,
+    pub p95_us: f64,
+    pub cv: f64,
+    pub tflops: f64,
+    pub rel_err: f64,
+}
+
+/// One tuner candidate, for the JSON.
+#[derive(Clone, Debug, Serialize)]
+pub struct CandidateRow {
+    pub variant: &'static str,
+    pub check_error: f64,
+    pub passed: bool,
+    pub time_us: Option<f64>,
+}
+
+/// One measured case.
+#[derive(Clone, Debug, Serialize)]
+pub struct MmResult {
+    pub case: MmCase,
+    pub dtype: &'static str,
+    pub variant: String,
+    pub kernel: String,
+    /// How the variant was chosen (tuned, cached, env, ...).
+    pub how: &'static str,
+    pub ops_per_sample: u32,
+    pub time_us: Summary,
+    pub tflops: f64,
+    pub rel_err: f64,
+    /// Share of the cooperative-matrix peak of the same dtype, %.
+    pub pct_of_peak: Option<f64>,
+    pub candidates: Vec<CandidateRow>,
+    pub torch: Option<TorchMm>,
+}
+
+/// The logical (rows × cols) matrix `host` on the device, stored transposed when `trans`.
+fn upload(
+    device: &Device,
+    host: &[f32],
+    rows: usize,
+    cols: usize,
+    trans: bool,
+    dt: DType,
+) -> BenchResult<Tensor> {
+    if !trans {
+        return Ok(Tensor::from_slice_as(device, host, &[rows, cols], dt)?);
+    }
+    let mut t = vec![0f32; host.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = host[r * cols + c];
+        }
+    }
+    Ok(Tensor::from_slice_as(device, &t, &[cols, rows], dt)?.transpose(0, 1)?)
+}
+
+fn parse_dtype(name: &str) -> Option<DType> {
+    DType::ALL.into_iter().find(|d| d.name() == name)
+}
+
+fn measure(
+    device: &Device,
+    c: &MmCase,
+    dt: DType,
+    samples: usize,
+    seed: u64,
+) -> BenchResult<MmResult> {
+    let round = |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| dt.round(x)).collect() };
+    let a_host = round(random_values(c.m * c.k, seed));
+    let b_host = round(random_values(c.k * c.n, seed + 1));
+    let a = upload(device, &a_host, c.m, c.k, c.ta, dt)?;
+    let b = upload(device, &b_host, c.k, c.n, c.tb, dt)?;
+    let opts = MatmulOptions::default();
+
+    // Tune (unless a variant is forced by HELIOS_MATMUL_VARIANT), then use the choice.
+    let mut candidates = Vec::new();
+    if std::env::var("HELIOS_MATMUL_VARIANT").map_or(true, |v| v.trim().is_empty()) {
+        let report = a.matmul_tune(&b, &opts)?;
+        candidates = report
+            .candidates
+            .iter()
+            .map(|r| CandidateRow {
+                variant: r.variant,
+                check_error: r.check_error,
+                passed: r.passed,
+                time_us: r.time_us,
+            })
+            .collect();
+    }
+    let choice = a.matmul_choice(&b, &opts)?;
+    let fixed = MatmulOptions {
+        variant: Some(choice.variant),
+        ..opts
+    };
+
+    // Correctness on sampled rows.
+    let out = a.matmul_opts(&b, &fixed)?;
+    let rows: Vec<usize> = (0..8).map(|i| i * (c.m - 1) / 7).collect();
+    let step = c.n.div_ceil(8192);
+    let cols: Vec<usize> = (0..c.n).step_by(step).collect();
+    let mut got = Vec::new();
+    for &r in &rows {
+        let row = out.narrow(0, r, 1)?.to_vec()?;
+        got.extend(cols.iter().map(|&j| row[j]));
+    }
+    let pairs: Vec<(usize, usize)> = rows.iter().map(|&r| (0, r)).collect();
+    let want = matmul_at(
+        &a_host,
+        &b_host,
+        &MatmulRef::plain(1, c.m, c.n, c.k),
+        &pairs,
+        &cols,
+    );
+    let rel_err = relative_error(&got, &want);
+    drop(out);
+
+    // Timing.
+    let ctx = device.context();
+    let sample = |reps: u32| -> BenchResult<f64> {
+        let t = ctx.start_gpu_timer()?;
+        for _ in 0..reps {
+            drop(a.matmul_opts(&b, &fixed)?);
+        }
+        let span = ctx.stop_gpu_timer(t)?;
+        Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / f64::from(reps))
+    };
+    sample(1)?;
+    let probe = sample(2)?;
+    let reps = (5000.0 / probe.max(1e-3)).ceil().clamp(1.0, 100.0) as u32;
+    let times: Vec<f64> = (0..samples)
+        .map(|_| sample(reps))
+        .collect::<BenchResult<_>>()?;
+    let time_us = summarize(&times, &c.name)?;
+    let flops = 2.0 * c.m as f64 * c.n as f64 * c.k as f64;
+    Ok(MmResult {
+        case: c.clone(),
+        dtype: dt.name(),
+        variant: choice.variant.name().to_owned(),
+        kernel: choice.kernel,
+        how: choice.how.name(),
+        ops_per_sample: reps,
+        time_us,
+        tflops: flops / (time_us.median * 1e-6) / 1e12,
+        rel_err,
+        pct_of_peak: None,
+        candidates,
+        torch: None,
+    })
+}
+
+/// `helios bench matmul`.
+pub fn run(args: &BenchArgs) -> CliResult {
+    let quick = args.quick;
+    let samples = args
+        .samples
+        .map_or(if quick { 3 } else { 10 }, |s| s as usize);
+    let dtypes: Vec<DType> = if args.dtypes.is_empty() {
+        DType::ALL.to_vec()
+    } else {
+        args.dtypes.iter().filter_map(|d| parse_dtype(d)).collect()
+    };
+    let mut cases = all_cases(quick);
+    if !args.cases.is_empty() {
+        cases.retain(|c| {
+            args.cases.iter().any(|sel| {
+                sel == &c.name
+                    || (sel == "squares" && c.name.starts_with("sq"))
+                    || (sel == "gpt2" && c.name.starts_with("gpt2"))
+            })
+        });
+        if cases.is_empty() {
+            return Err(
+                "--cases selects no matmul case (names: sq1024.., gpt2_*, or squares, gpt2)".into(),
+            );
+        }
+    }
+    let script = match args.compare {
+        Some(Compare::Torch) => match torch::locate(args.torch_script.as_deref()) {
+            Ok(p) => Some(p),
+            Err(e) if args.torch_script.is_some() => return Err(e.into()),
+            Err(note) => {
+                eprintln!("note: torch comparison skipped: {note}");
+                None
+            }
+        },
+        None => None,
+    };
+
+    let device = Device::from_env()?;
+    eprintln!("bench: matmul on {}", device.name());
+    let mut peaks = Vec::new();
+    for dt in [DType::F16, DType::BF16] {
+        if let Some(p) = coop_peak(&device, dt)? {
+            eprintln!(
+                "bench: {} peak {:.1} TFLOP/s ({})",
+                dt.name(),
+                p.tflops,
+                p.kernel
+            );
+            peaks.push(PeakRow {
+                dtype: dt.name(),
+                kernel: p.kernel,
+                tflops: p.tflops,
+            });
+        }
+    }
+    let mut results = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        for &dt in &dtypes {
+            let mut r = measure(&device, c, dt, samples, 1000 + 10 * i as u64)?;
+            r.pct_of_peak = peaks
+                .iter()
+                .find(|p| p.dtype == r.dtype && r.variant.starts_with("coop"))
+                .map(|p| 100.0 * r.tflops / p.tflops);
+            eprintln!(
+                "bench: {} {} {} {:.1} µs {:.1} TFLOP/s err {:.1e}",
+                c.name, r.dtype, r.variant, r.time_us.median, r.tflops, r.rel_err
+            );
+            results.push(r);
+            device.synchronize()?;
+        }
+    }
+
+    let mut torch_meta = None;
+    let mut torch_note = None;
+    if let Some(script) = &script {
+        eprintln!("bench: running {}", script.display());
+        match run_torch(script, &cases, &dtypes, samples, quick) {
+            Ok((meta, rows)) => {
+                for r in results.iter_mut() {
+                    r.torch = rows
+                        .iter()
+                        .find(|t| t.case == r.case.name && t.dtype == r.dtype)
+                        .cloned();
+                }
+                torch_meta = Some(meta);
+            }
+            Err(note) => {
+                eprintln!("note: torch comparison skipped: {note}");
+                torch_note = Some(note);
+            }
+        }
+    }
+
+    let plan = super::Plan {
+        quick,
+        dispatch: None,
+        bandwidth: None,
+    };
+    let meta = report::RunMeta::collect(&device, "matmul", &plan, torch_meta, torch_note);
+    let text = table(&meta, &peaks, &results);
+    let to_stdout_json = args.json.as_deref() == Some(Path::new("-"));
+    if to_stdout_json {
+        eprint!("{text}");
+    } else {
+        report::write_stdout(&text)?;
+    }
+    if let Some(path) = &args.json {
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            #[serde(flatten)]
+            meta: &'a report::RunMeta<'a>,
+            samples: usize,
+            peak: &'a [PeakRow],
+            results: &'a [MmResult],
+        }
+        let json = serde_json::to_string_pretty(&Doc {
+            meta: &meta,
+            samples,
+            peak: &peaks,
+            results: &results,
+        })? + "\n";
+        if to_stdout_json {
+            report::write_stdout(&json)?;
+        } else {
+            std::fs::write(path, json)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            eprintln!("bench: wrote {}", path.display());
+        }
+    }
+    let messages = device.validation_messages();
+    if !messages.is_empty() {
+        for m in &messages {
+            eprintln!("{m}");
+        }
+        return Err(format!(
+            "{} Vulkan validation message(s), printed above",
+            messages.len()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Runs `torch_reference.py --suite matmul` for the same cases.
+fn run_torch(
+    script: &Path,
+    cases: &[MmCase],
+    dtypes: &[DType],
+    samples: usize,
+    quick: bool,
+) -> Result<(serde_json::Value, Vec<TorchMm>), String> {
+    let spec: Vec<String> = cases
+        .iter()
+        .map(|c| {
+            format!(
+                "{}:{}:{}:{}:{}:{}",
+                c.name, c.m, c.n, c.k, c.ta as u8, c.tb as u8
+            )
+        })
+        .collect();
+    let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+    let mut cmd = Command::new("python3");
+    cmd.arg(script)
+        .args(["--suite", "matmul", "--json", "-"])
+        .args(["--mm-cases", &spec.join(",")])
+        .args(["--dtypes", &names.join(",")])
+        .args(["--mm-samples", &samples.to_string()]);
+    if quick {
+        cmd.arg("--quick");
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no message");
+        return Err(last.trim().to_owned());
+    }
+    let mut meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("unusable JSON: {e}"))?;
+    let rows = match meta.as_object_mut().and_then(|m| m.remove("results")) {
+        Some(r) => serde_json::from_value(r).map_err(|e| format!("unusable JSON: {e}"))?,
+        None => Vec::new(),
+    };
+    Ok((meta, rows))
+}
+
+/// TFLOP/s: one decimal, more on slow (CPU) devices.
+fn tflops(v: f64) -> String {
+    if v < 1.0 {
+        format!("{v:.4}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn table(meta: &report::RunMeta, peaks: &[PeakRow], rows: &[MmResult]) -> String {
+    use std::fmt::Write as _;
+    let mut s = format!(
+        "{} | {} | Vulkan {} | commit {} | {}\n",
+        meta.device, meta.driver, meta.vulkan_api, meta.commit, meta.date
+    );
+    for p in peaks {
+        let _ = writeln!(
+            s,
+            "cooperative-matrix peak {}: {:.1} TFLOP/s ({})",
+            p.dtype, p.tflops, p.kernel
+        );
+    }
+    let torch = rows.iter().any(|r| r.torch.is_some());
+    let mut head = vec![
+        "case",
+        "dtype",
+        "m×n×k",
+        "op",
+        "variant",
+        "median µs",
+        "p95",
+        "CV",
+        "TFLOP/s",
+        "rel err",
+        "% peak",
+    ];
+    if torch {
+        head.extend([
+            "torch µs",
+            "torch TFLOP/s",
+            "torch err",
+            "helios/torch time",
+        ]);
+    }
+    let mut lines: Vec<Vec<String>> = vec![head.iter().map(|h| h.to_string()).collect()];
+    for r in rows {
+        let c = &r.case;
+        let op = format!(
+            "{}{}",
+            if c.ta { 'T' } else { 'N' },
+            if c.tb { 'T' } else { 'N' }
+        );
+        let mut line = vec![
+            c.name.clone(),
+            r.dtype.to_owned(),
+            format!("{}×{}×{}", c.m, c.n, c.k),
+            op,
+            r.variant.clone(),
+            format!("{:.1}", r.time_us.median),
+            format!("{:.1}", r.time_us.p95),
+            format!("{:.1}%", 100.0 * r.time_us.cv),
+            tflops(r.tflops),
+            format!("{:.1e}", r.rel_err),
+            r.pct_of_peak.map_or("-".into(), |p| format!("{p:.0}%")),
+        ];
+        if torch {
+            match &r.torch {
+                Some(t) => line.extend([
+                    format!("{:.1}", t.median_us),
+                    tflops(t.tflops),
+                    format!("{:.1e}", t.rel_err),
+                    format!("{:.2}x", r.time_us.median / t.median_us),
+                ]),
+                None => line.extend(["-".into(), "-".into(), "-".into(), "-".into()]),
+            }
+        }
+        lines.push(line);
+    }
+    let widths: Vec<usize> = (0..lines[0].len())
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "\nmatmul: GPU time per product (timestamps), TFLOP/s at the median, rel err = ‖out−ref‖/‖ref‖ on sampled rows vs f64{}",
+        if torch { "; helios/torch time < 1: Helios faster" } else { "" }
+    );
+    for l in &lines {
+        let mut row = String::new();
+        for (i, cell) in l.iter().enumerate() {
+            let pad = widths[i] - cell.chars().count();
+            if i > 0 {
+                row.push_str("  ");
+            }
+            if i <= 1 || i == 4 {
+                row.push_str(cell);
+                row.push_str(&" ".repeat(pad));
+            } else {
+                row.push_str(&" ".repeat(pad));
+                row.push_str(cell);
+            }
+        }
+        s.push_str(row.trim_end());
+        s.push('\n');
+    }
+    s
+}
