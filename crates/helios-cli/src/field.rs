@@ -57,6 +57,9 @@ struct BenchArgs {
     /// Workgroup sizes the sweep tries.
     #[arg(long, value_delimiter = ',', default_value = "64,128,256")]
     sweep_workgroups: Vec<u32>,
+    /// Limb layouts the sweep tries, in this order (default: all of them).
+    #[arg(long, value_delimiter = ',')]
+    sweep_layouts: Vec<String>,
     /// After the sweep, run the tables with the layout and workgroup fastest for mul.
     #[arg(long)]
     use_best: bool,
@@ -239,7 +242,15 @@ fn bench(args: &BenchArgs) -> CliResult {
     let mut sweep = Vec::new();
     if args.sweep {
         let n = parse_count(&args.sweep_size)?;
-        sweep = run_sweep(&ctx, n, &args.sweep_workgroups, args.budget)?;
+        let layouts = if args.sweep_layouts.is_empty() {
+            Layout::ALL.to_vec()
+        } else {
+            args.sweep_layouts
+                .iter()
+                .map(|s| Layout::from_name(s.trim()).ok_or_else(|| format!("unknown layout `{s}`")))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        sweep = run_sweep(&ctx, n, &layouts, &args.sweep_workgroups, args.budget)?;
         if args.use_best {
             if let Some((layout, workgroup)) = best_of(&sweep) {
                 base.layout = layout;
@@ -397,6 +408,7 @@ fn check(f: &Field, ops: &[FieldOp]) -> Result<(), String> {
 fn run_sweep(
     ctx: &Arc<Context>,
     n: usize,
+    layouts: &[Layout],
     workgroups: &[u32],
     budget: f64,
 ) -> Result<Vec<SweepRow>, String> {
@@ -416,7 +428,7 @@ fn run_sweep(
     );
     let dc = any.alloc(n).map_err(e)?;
     let mut rows = Vec::new();
-    for layout in Layout::ALL {
+    for &layout in layouts {
         for (w, &wg) in workgroups.iter().enumerate() {
             let config = FieldConfig {
                 layout,

@@ -7,13 +7,16 @@
 //! 12×32-bit limbs with 32×32→64 products written as u64 arithmetic (`U32Wide`), the same with
 //! the product from `OpUMulExtended` (`U32Mix`), 12×32-bit limbs with `OpUMulExtended` and
 //! `OpIAddCarry` (`U32Ext`), and 6×64-bit limbs with the extended ops on u64 (`U64`). Only the
-//! three primitives `mac`, `adc` and `sbb` differ.
+//! three primitives `mac`, `adc` and `sbb` differ. The `Comba*` layouts multiply in 29- or
+//! 30-bit limbs by product scanning ([`crate::comba`]); their add/sub/neg are `U32Mix`'s, and
+//! their products convert from and to the 12 words around the multiplier.
 //!
 //! p < 2³⁸¹ leaves the top limb's highest bits clear, which allows the "no-carry" CIOS
 //! variant (no extra carry word per row) and guarantees that a + b never leaves N limbs.
 
 use helios_spirv::{KernelBuilder, Scalar, Ty, Val};
 
+use crate::comba::{Comba, Radix};
 use crate::fq::{Fq, P, P_INV_NEG};
 
 /// How an Fq element is held in registers inside a kernel.
@@ -27,10 +30,49 @@ pub enum Layout {
     U32Ext,
     /// 6 × u64; products through `OpUMulExtended` on u64, carries through `OpIAddCarry`.
     U64,
+    /// Products in 14 × 29-bit limbs, one u64 column accumulator, u64 multiplies.
+    Comba29,
+    /// As `Comba29` with products through `OpUMulExtended`.
+    Comba29Ext,
+    /// As `Comba29` with two accumulators per column (a·b and m·p: two dependency chains).
+    Comba29Dual,
+    /// Products in 13 × 30-bit limbs, two u64 column accumulators, u64 multiplies.
+    Comba30,
+    /// As `Comba30` with products through `OpUMulExtended`.
+    Comba30Ext,
+    /// As `Comba29` with a·b by one level of Karatsuba (357 products instead of 406).
+    Comba29K,
+    /// As `Comba29K` with products through `OpUMulExtended`.
+    Comba29KExt,
+    /// As `Comba30` with a·b by one level of Karatsuba (316 products instead of 351).
+    Comba30K,
+    /// As `Comba30K` with products through `OpUMulExtended`.
+    Comba30KExt,
+    /// As `Comba30` with two accumulators only in the middle columns (where one could
+    /// overflow), one elsewhere.
+    Comba30H,
+    /// As `Comba30K`, accumulators split as in `Comba30H`.
+    Comba30KH,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 4] = [Layout::U32Wide, Layout::U32Mix, Layout::U32Ext, Layout::U64];
+    pub const ALL: [Layout; 15] = [
+        Layout::U32Wide,
+        Layout::U32Mix,
+        Layout::U32Ext,
+        Layout::U64,
+        Layout::Comba29,
+        Layout::Comba29Ext,
+        Layout::Comba29Dual,
+        Layout::Comba30,
+        Layout::Comba30Ext,
+        Layout::Comba29K,
+        Layout::Comba29KExt,
+        Layout::Comba30K,
+        Layout::Comba30KExt,
+        Layout::Comba30H,
+        Layout::Comba30KH,
+    ];
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -38,7 +80,44 @@ impl Layout {
             Layout::U32Mix => "u32mix",
             Layout::U32Ext => "u32ext",
             Layout::U64 => "u64",
+            Layout::Comba29 => "comba29",
+            Layout::Comba29Ext => "comba29e",
+            Layout::Comba29Dual => "comba29d",
+            Layout::Comba30 => "comba30",
+            Layout::Comba30Ext => "comba30e",
+            Layout::Comba29K => "comba29k",
+            Layout::Comba29KExt => "comba29ke",
+            Layout::Comba30K => "comba30k",
+            Layout::Comba30KExt => "comba30ke",
+            Layout::Comba30H => "comba30h",
+            Layout::Comba30KH => "comba30kh",
         }
+    }
+
+    /// The reduced radix the multiplier works in, for the product-scanning layouts.
+    pub const fn radix(self) -> Option<Radix> {
+        // (bits, dual, ext, karatsuba, hybrid)
+        let (w, dual, ext, karatsuba, hybrid) = match self {
+            Layout::Comba29 => (29, false, false, false, false),
+            Layout::Comba29Ext => (29, false, true, false, false),
+            Layout::Comba29Dual => (29, true, false, false, false),
+            Layout::Comba30 => (30, true, false, false, false),
+            Layout::Comba30Ext => (30, true, true, false, false),
+            Layout::Comba29K => (29, false, false, true, false),
+            Layout::Comba29KExt => (29, false, true, true, false),
+            Layout::Comba30K => (30, true, false, true, false),
+            Layout::Comba30KExt => (30, true, true, true, false),
+            Layout::Comba30H => (30, true, false, false, true),
+            Layout::Comba30KH => (30, true, false, true, true),
+            _ => return None,
+        };
+        Some(Radix {
+            w,
+            dual,
+            ext,
+            karatsuba,
+            hybrid,
+        })
     }
 
     pub fn from_name(name: &str) -> Option<Layout> {
@@ -48,16 +127,16 @@ impl Layout {
     /// The limb type.
     pub const fn word(self) -> Scalar {
         match self {
-            Layout::U32Wide | Layout::U32Mix | Layout::U32Ext => Scalar::U32,
             Layout::U64 => Scalar::U64,
+            _ => Scalar::U32,
         }
     }
 
     /// Limbs per element.
     pub const fn limbs(self) -> usize {
         match self {
-            Layout::U32Wide | Layout::U32Mix | Layout::U32Ext => 12,
             Layout::U64 => 6,
+            _ => 12,
         }
     }
 
@@ -118,7 +197,14 @@ impl Arith<'_> {
                 let t = self.k.add(t, d);
                 self.split_u64(t)
             }
-            Layout::U32Mix => {
+            Layout::U32Ext | Layout::U64 => {
+                let (lo, hi) = self.k.umul_extended(a, b);
+                let (s, c1) = self.k.iadd_carry(lo, c);
+                let (s, c2) = self.k.iadd_carry(s, d);
+                let hi = self.k.add(hi, c1);
+                (s, self.k.add(hi, c2))
+            }
+            _ => {
                 let (lo, hi) = self.k.umul_extended(a, b);
                 let pair = self.k.vector(&[lo, hi]);
                 let p = self.k.bitcast(pair, Ty::scalar(Scalar::U64));
@@ -127,29 +213,22 @@ impl Arith<'_> {
                 let t = self.k.add(t, d);
                 self.split_u64(t)
             }
-            Layout::U32Ext | Layout::U64 => {
-                let (lo, hi) = self.k.umul_extended(a, b);
-                let (s, c1) = self.k.iadd_carry(lo, c);
-                let (s, c2) = self.k.iadd_carry(s, d);
-                let hi = self.k.add(hi, c1);
-                (s, self.k.add(hi, c2))
-            }
         }
     }
 
     /// `(a + b + carry mod W, carry out)` with carries 0 or 1.
     pub fn adc(&mut self, a: Val, b: Val, carry: Val) -> (Val, Val) {
         match self.layout {
-            Layout::U32Wide | Layout::U32Mix => {
-                let (a, b, c) = (self.widen(a), self.widen(b), self.widen(carry));
-                let t = self.k.add(a, b);
-                let t = self.k.add(t, c);
-                self.split_u64(t)
-            }
             Layout::U32Ext | Layout::U64 => {
                 let (s, c1) = self.k.iadd_carry(a, b);
                 let (s, c2) = self.k.iadd_carry(s, carry);
                 (s, self.k.or(c1, c2)) // at most one of the two carries is set
+            }
+            _ => {
+                let (a, b, c) = (self.widen(a), self.widen(b), self.widen(carry));
+                let t = self.k.add(a, b);
+                let t = self.k.add(t, c);
+                self.split_u64(t)
             }
         }
     }
@@ -157,18 +236,18 @@ impl Arith<'_> {
     /// `(a - b - borrow mod W, borrow out)` with borrows 0 or 1.
     pub fn sbb(&mut self, a: Val, b: Val, borrow: Val) -> (Val, Val) {
         match self.layout {
-            Layout::U32Wide | Layout::U32Mix => {
+            Layout::U32Ext | Layout::U64 => {
+                let (d, b1) = self.k.isub_borrow(a, b);
+                let (d, b2) = self.k.isub_borrow(d, borrow);
+                (d, self.k.or(b1, b2))
+            }
+            _ => {
                 let (a, b, c) = (self.widen(a), self.widen(b), self.widen(borrow));
                 let t = self.k.sub(a, b);
                 let t = self.k.sub(t, c);
                 let (lo, hi) = self.split_u64(t);
                 let one = self.word(1);
                 (lo, self.k.and(hi, one)) // hi is all ones after a borrow, else 0
-            }
-            Layout::U32Ext | Layout::U64 => {
-                let (d, b1) = self.k.isub_borrow(a, b);
-                let (d, b2) = self.k.isub_borrow(d, borrow);
-                (d, self.k.or(b1, b2))
             }
         }
     }
@@ -260,8 +339,57 @@ impl Arith<'_> {
         self.k.mul(t, inv)
     }
 
-    /// Montgomery product a·b·R⁻¹ mod p (CIOS, no-carry variant) for canonical a, b.
+    /// The product-scanning emitter of a `Comba*` layout.
+    fn comba(&mut self) -> Option<Comba<'_>> {
+        let r = self.layout.radix()?;
+        Some(Comba { k: self.k, r })
+    }
+
+    /// An element in the multiplier's register form (the limbs `mont_mul_form` takes and
+    /// returns): the layout's limbs, or the reduced-radix limbs of a `Comba*` layout.
+    pub fn enter_mul_form(&mut self, x: &[Val]) -> Limbs {
+        match self.comba() {
+            Some(mut c) => c.unpack_words(x),
+            None => x.to_vec(),
+        }
+    }
+
+    /// Back from the multiplier's register form to the layout's limbs.
+    pub fn leave_mul_form(&mut self, x: &[Val]) -> Limbs {
+        match self.comba() {
+            Some(mut c) => c.pack_words(x),
+            None => x.to_vec(),
+        }
+    }
+
+    /// Montgomery product a·b·R⁻¹ mod p of canonical a, b in the multiplier's register form.
+    pub fn mont_mul_form(&mut self, a: &[Val], b: &[Val]) -> Limbs {
+        match self.comba() {
+            Some(mut c) => c.mont_mul(a, b),
+            None => self.cios_mul(a, b),
+        }
+    }
+
+    /// Montgomery product a·b·R⁻¹ mod p for canonical a, b.
     pub fn mont_mul(&mut self, a: &[Val], b: &[Val]) -> Limbs {
+        let (a, b) = (self.enter_mul_form(a), self.enter_mul_form(b));
+        let r = self.mont_mul_form(&a, &b);
+        self.leave_mul_form(&r)
+    }
+
+    /// Montgomery product with a constant: a·x·R⁻¹ mod p.
+    pub fn mont_mul_by(&mut self, a: &[Val], x: &Fq) -> Limbs {
+        let a = self.enter_mul_form(a);
+        let x = match self.comba() {
+            Some(mut c) => c.constant(x),
+            None => self.constant(x),
+        };
+        let r = self.mont_mul_form(&a, &x);
+        self.leave_mul_form(&r)
+    }
+
+    /// CIOS, no-carry variant, in the layout's limbs.
+    fn cios_mul(&mut self, a: &[Val], b: &[Val]) -> Limbs {
         let n = a.len();
         let p = self.constant(&P);
         let zero = self.word(0);
@@ -284,7 +412,13 @@ impl Arith<'_> {
 
     /// Montgomery square a²·R⁻¹ mod p: the product with each cross term once (doubled by a
     /// shift), then a separate (SOS) reduction; about 20% fewer multiplies than `mont_mul`.
+    /// `Comba*` layouts square with their multiplier.
     pub fn mont_sqr(&mut self, a: &[Val]) -> Limbs {
+        if self.layout.radix().is_some() {
+            let a = self.enter_mul_form(a);
+            let r = self.mont_mul_form(&a, &a);
+            return self.leave_mul_form(&r);
+        }
         let n = a.len();
         let bits = self.layout.word().bits();
         let zero = self.word(0);

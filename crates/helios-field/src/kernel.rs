@@ -69,14 +69,8 @@ impl FieldOp {
             FieldOp::Neg => ar.neg_mod(a),
             FieldOp::Mul => ar.mont_mul(a, b()),
             FieldOp::Sqr => ar.mont_sqr(a),
-            FieldOp::ToMont => {
-                let r2 = ar.constant(&R2_MOD_P);
-                ar.mont_mul(a, &r2)
-            }
-            FieldOp::FromMont => {
-                let one = ar.constant(&ONE);
-                ar.mont_mul(a, &one)
-            }
+            FieldOp::ToMont => ar.mont_mul_by(a, &R2_MOD_P),
+            FieldOp::FromMont => ar.mont_mul_by(a, &ONE),
         }
     }
 }
@@ -164,18 +158,25 @@ pub fn build_mul_chain(layout: Layout) -> KernelModule {
     k.if_(inside, |k| {
         let three = k.u32(3);
         let first = k.mul(i, three);
+        // Operands stay in the multiplier's register form across the loop (the reduced-radix
+        // layouts convert once on each side of it, not per product).
         let xa = load_element(k, a, first, layout);
         let xb = load_element(k, b, first, layout);
+        let (xa, xb) = {
+            let mut ar = Arith { k: &mut *k, layout };
+            (ar.enter_mul_form(&xa), ar.enter_mul_form(&xb))
+        };
         let acc: Vec<_> = xa.iter().map(|&x| k.var_init(x)).collect();
         let (zero, one) = (k.u32(0), k.u32(1));
         k.for_range(zero, iterations, one, |k, _| {
             let cur: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
-            let next = Arith { k: &mut *k, layout }.mont_mul(&cur, &xb);
+            let next = Arith { k: &mut *k, layout }.mont_mul_form(&cur, &xb);
             for (&v, x) in acc.iter().zip(next) {
                 k.set(v, x);
             }
         });
         let r: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
+        let r = Arith { k: &mut *k, layout }.leave_mul_form(&r);
         store_element(k, out, first, layout, &r);
     });
     k.finish()

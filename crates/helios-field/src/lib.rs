@@ -28,6 +28,7 @@
 //! ```
 
 mod arith;
+mod comba;
 pub mod cpu;
 mod engine;
 pub mod env;
@@ -38,6 +39,7 @@ mod kernel;
 mod stream;
 
 pub use arith::Layout;
+pub use comba::Radix;
 pub use engine::{Batch, Field, FieldConfig, FqSlice, FqVec, DEFAULT_DEVICE_LOCAL, DEFAULT_LAYOUT};
 pub use error::{FieldError, Result};
 pub use fq::{

@@ -107,6 +107,46 @@ fn mul_chain_probe_matches_blst() {
     finish(ctx);
 }
 
+/// Outputs fed back as inputs: 1000 dependent products per element (edge values included, so
+/// p − 1 and values with high limbs set run through long chains), and repeated squaring in
+/// place through a batch, for every layout.
+#[test]
+fn long_chains_match_blst() {
+    let ctx = context();
+    let (a, b) = inputs(16, 61);
+    let k = 1000;
+    let want = cpu::mul_chain(&a, &b, k);
+    let mut want_sq = a.clone();
+    for _ in 0..20 {
+        want_sq = cpu::reference(FieldOp::Sqr, &want_sq, &[]);
+    }
+    for layout in Layout::ALL {
+        let f = field(&ctx, layout, true);
+        let (da, db, dc) = (
+            f.upload(&a).unwrap(),
+            f.upload(&b).unwrap(),
+            f.alloc(a.len()).unwrap(),
+        );
+        f.mul_chain(da.all(), db.all(), dc.all(), k).unwrap();
+        let got = f.download(dc.all()).unwrap();
+        assert_same(FieldOp::Mul, layout.name(), &got, &want, &a, &b);
+        let mut batch = Batch::new();
+        for _ in 0..20 {
+            batch.push(FieldOp::Sqr, &[da.all()], dc.all()).unwrap();
+            batch
+                .push(FieldOp::Add, &[dc.all(), dc.all()], da.all())
+                .unwrap();
+            batch
+                .push(FieldOp::Sub, &[da.all(), dc.all()], da.all())
+                .unwrap(); // da = dc
+        }
+        f.run(&batch).unwrap();
+        let got = f.download(da.all()).unwrap();
+        assert_same(FieldOp::Sqr, layout.name(), &got, &want_sq, &a, &b);
+    }
+    finish(ctx);
+}
+
 #[test]
 fn device_resident_batches_and_streams_match_blst() {
     let ctx = context();
