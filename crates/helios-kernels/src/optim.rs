@@ -113,9 +113,11 @@ impl AdamWKernel {
     pub fn build(&self) -> KernelModule {
         let mut k = KernelBuilder::new(self.name(), self.binding, [ADAMW_WORKGROUP, 1, 1]);
         let f32s = Scalar::F32;
+        // Read-only buffers first (the tensor layer lists reads before writes).
+        let grad = k.buffer("grad", buffer_scalar(self.grad), Access::Read);
         let io = Io {
             param: k.buffer("param", f32s, Access::ReadWrite),
-            grad: k.buffer("grad", buffer_scalar(self.grad), Access::Read),
+            grad,
             m: k.buffer("m", f32s, Access::ReadWrite),
             v: k.buffer("v", f32s, Access::ReadWrite),
             copy: self
@@ -183,7 +185,7 @@ impl AdamWKernel {
     ) -> Result<Launch, KernelError> {
         let mut args: Vec<Arg> = Vec::with_capacity(14);
         if self.binding == Binding::DeviceAddress {
-            args.extend([a.param, a.grad, a.m, a.v].map(Arg::Address));
+            args.extend([a.grad, a.param, a.m, a.v].map(Arg::Address));
             if self.copy.is_some() {
                 args.push(Arg::Address(a.copy));
             }

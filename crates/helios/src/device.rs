@@ -325,6 +325,7 @@ pub(crate) enum KernelKey {
     CoopPeak(helios_kernels::CoopPeakKernel),
     CrossEntropy(helios_kernels::CrossEntropyKernel),
     Embedding(helios_kernels::EmbeddingKernel),
+    AdamW(helios_kernels::AdamWKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter

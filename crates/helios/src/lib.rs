@@ -33,7 +33,7 @@ pub use helios_kernels::{Activation, MatmulVariant};
 pub use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
 pub use index::IndexTensor;
 pub use layout::Layout;
-pub use ops::CrossEntropy;
+pub use ops::{adamw_step, AdamWConfig, AdamWParam, CrossEntropy};
 pub use ops::{
     coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,
     TuneReport,

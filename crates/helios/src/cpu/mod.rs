@@ -7,8 +7,10 @@ mod elementwise;
 mod embedding;
 mod loss;
 pub mod matmul;
+mod optim;
 pub mod reduce;
 
 pub use elementwise::*;
 pub use embedding::*;
 pub use loss::*;
+pub use optim::*;

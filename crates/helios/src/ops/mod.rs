@@ -6,8 +6,10 @@ mod embedding;
 mod loss;
 mod matmul;
 mod matmul_tune;
+mod optim;
 mod reduce;
 
 pub use loss::CrossEntropy;
 pub use matmul::{MatmulChoice, MatmulOptions};
 pub use matmul_tune::{coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, TuneReport};
+pub use optim::{adamw_step, AdamWConfig, AdamWParam};
