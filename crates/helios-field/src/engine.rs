@@ -20,9 +20,10 @@ use crate::kernel::{build_mul_chain, grid, push_constants, FieldKernel, FieldOp,
 use crate::{env, host, FieldError, Result};
 
 /// The measured defaults (bench/results/2026-11-22-field-h200.md has the figures). Layout: on
-/// an H200, comba29k (29-bit product scanning, Karatsuba a·b) gave the fastest multiplier
-/// (20.7 G mul/s vs 20.4 comba30, 19.2 comba29, 18.4 u32mix, 16.3 u32wide, 14.4 u64).
-pub const DEFAULT_LAYOUT: Layout = Layout::Comba29K;
+/// an H200, comba30kh (13 × 30-bit product scanning, Karatsuba a·b, two accumulators only in
+/// the middle columns) gave the fastest multiplier: 22.4 G mul/s vs 21.7 comba30h, 20.7
+/// comba29k, 18.3 u32mix (the previous default), 16.4 u32wide, 14.7 u64, 7.6 u32ext.
+pub const DEFAULT_LAYOUT: Layout = Layout::Comba30KH;
 /// Memory path: device-local won end to end for batched and streamed work at every size and
 /// for single ops from 1M elements (host-visible is ahead only for single small ops, by a few
 /// µs), besides being the only path where device-resident ops run at HBM speed.
