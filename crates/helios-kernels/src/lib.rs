@@ -17,6 +17,7 @@ mod matmul_simt;
 pub mod optim;
 pub mod reduce;
 pub mod rows;
+pub mod softmax;
 pub mod storage;
 
 pub use elementwise::{

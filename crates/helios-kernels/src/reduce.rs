@@ -24,7 +24,7 @@ use helios_spirv::{
 
 use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
 use crate::rows::{
-    for_each_slot, hreduce, hsum, linear_workgroup, row_slots, threads_for, Groups, Reducer, Row,
+    for_each_slot_by, hreduce, hsum, linear_workgroup, row_slots, threads_for, Groups, Reducer, Row,
 };
 use crate::storage::{buffer_scalar, store_f32, Storage};
 use crate::KernelError;
@@ -89,8 +89,8 @@ pub enum Stage {
 /// How invocations map onto the (outer, axis, inner) view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {
-    /// inner = 1: `threads` invocations per row (a power of two up to the workgroup).
-    Rows { threads: u32 },
+    /// inner = 1: a group of invocations per row (its size is a launch parameter).
+    Rows,
     /// inner > 1: each invocation owns `vec` adjacent columns (4 when inner % 4 == 0).
     Columns { vec: u8 },
 }
@@ -114,12 +114,14 @@ pub struct ReduceKernel {
 /// The problem a launch covers, in elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dims {
-    /// `rows` rows of `len`, each cut into `splits` chunks of `chunk` slots.
+    /// `rows` rows of `len`, each cut into `splits` chunks of `chunk` slots, `threads`
+    /// invocations (a power of two up to the workgroup) per chunk.
     Rows {
         rows: u32,
         len: u32,
         splits: u32,
         chunk: u32,
+        threads: u32,
     },
     /// (outer, axis, inner) with the axis cut into `splits` chunks of `chunk` elements.
     Columns {
@@ -224,31 +226,28 @@ pub fn plan(
             len: axis as u32,
             splits: splits as u32,
             chunk: chunk as u32,
+            threads,
         };
         if splits == 1 {
             return Ok(vec![ReduceStep {
-                kernel: kernel(Stage::Direct, Layout::Rows { threads }),
+                kernel: kernel(Stage::Direct, Layout::Rows),
                 dims: rows,
             }]);
         }
         let combine_threads = threads_for(splits, setup.unroll.max(1).into(), w);
         Ok(vec![
             ReduceStep {
-                kernel: kernel(Stage::Partial, Layout::Rows { threads }),
+                kernel: kernel(Stage::Partial, Layout::Rows),
                 dims: rows,
             },
             ReduceStep {
-                kernel: kernel(
-                    Stage::Combine,
-                    Layout::Rows {
-                        threads: combine_threads,
-                    },
-                ),
+                kernel: kernel(Stage::Combine, Layout::Rows),
                 dims: Dims::Rows {
                     rows: outer as u32,
                     len: splits as u32,
                     splits: 1,
                     chunk: splits as u32,
+                    threads: combine_threads,
                 },
             },
         ])
@@ -356,7 +355,7 @@ impl ReduceKernel {
             Stage::Combine => "combine",
         };
         let layout = match self.layout {
-            Layout::Rows { threads } => format!("rows{threads}"),
+            Layout::Rows => "rows".to_owned(),
             Layout::Columns { vec } => format!("cols{vec}"),
         };
         format!(
@@ -403,7 +402,7 @@ impl ReduceKernel {
         let bufs = self.declare(&mut k);
         let u32_ty = Ty::scalar(Scalar::U32);
         let names: &[&str] = match self.layout {
-            Layout::Rows { .. } => &["rows", "len", "splits", "chunk"],
+            Layout::Rows => &["rows", "len", "splits", "chunk", "group_shift"],
             Layout::Columns { .. } => &["outer", "axis", "inner", "splits", "chunk"],
         };
         let params: Vec<_> = names.iter().map(|n| k.param(n, u32_ty)).collect();
@@ -412,7 +411,7 @@ impl ReduceKernel {
         let p: Vec<Val> = params.iter().map(|&q| k.load_param(q)).collect();
         let scale = k.load_param(scale);
         match self.layout {
-            Layout::Rows { threads } => self.build_rows(&mut k, &bufs, threads, &p, scale),
+            Layout::Rows => self.build_rows(&mut k, &bufs, &p, scale),
             Layout::Columns { vec } => self.build_columns(&mut k, &bufs, vec, &p, scale),
         }
         k.finish()
@@ -478,9 +477,10 @@ impl ReduceKernel {
         }
     }
 
-    fn build_rows(&self, k: &mut KernelBuilder, b: &Bufs, threads: u32, p: &[Val], scale: Val) {
+    fn build_rows(&self, k: &mut KernelBuilder, b: &Bufs, p: &[Val], scale: Val) {
         let (rows, len, splits, chunk) = (p[0], p[1], p[2], p[3]);
-        let mut groups = Groups::new(k, self.reducer, threads);
+        let mut groups = Groups::runtime(k, self.reducer, p[4]);
+        let threads = groups.size();
         let g = linear_workgroup(k);
         let per = groups.per_workgroup(k);
         let gi = groups.group(k);
@@ -510,7 +510,7 @@ impl ReduceKernel {
         let argmax = self.op == Reduction::ArgMax;
         let acc = self.acc(k, if argmax { 1 } else { vec });
         let unroll = u32::from(self.unroll);
-        for_each_slot(k, c0, c1, lane, threads, unroll, |k, slots| {
+        for_each_slot_by(k, c0, c1, lane, threads, unroll, |k, slots| {
             let loaded: Vec<(Val, Option<Val>)> = slots
                 .iter()
                 .map(|&s| {
@@ -631,7 +631,8 @@ impl ReduceKernel {
         let combine = self.stage == Stage::Combine;
         let acc = self.acc(k, vec);
         let unroll = u32::from(self.unroll);
-        for_each_slot(k, a0, a1, zero, 1, unroll, |k, idx| {
+        let one = k.u32(1);
+        for_each_slot_by(k, a0, a1, zero, one, unroll, |k, idx| {
             let loaded: Vec<(Val, Option<Val>)> = idx
                 .iter()
                 .map(|&a| {
@@ -705,10 +706,18 @@ impl ReduceKernel {
                     len,
                     splits,
                     chunk,
+                    threads,
                 },
-                Layout::Rows { threads },
+                Layout::Rows,
             ) => {
-                args.extend([rows, len, splits, chunk].map(Arg::U32));
+                if !threads.is_power_of_two() || u64::from(threads) > w {
+                    return Err(KernelError::Arguments {
+                        kernel: self.name(),
+                        detail: format!("{threads} invocations per row in a workgroup of {w}"),
+                    });
+                }
+                let shift = threads.trailing_zeros();
+                args.extend([rows, len, splits, chunk, shift].map(Arg::U32));
                 let per = (w / u64::from(threads)).max(1);
                 (u64::from(rows) * u64::from(splits)).div_ceil(per)
             }
@@ -770,8 +779,8 @@ impl ReduceKernel {
         ] {
             for stage in [Stage::Direct, Stage::Partial, Stage::Combine] {
                 for (i, layout) in [
-                    Layout::Rows { threads: 256 },
-                    Layout::Rows { threads: 4 },
+                    Layout::Rows,
+                    Layout::Rows,
                     Layout::Columns { vec: 4 },
                     Layout::Columns { vec: 1 },
                 ]
@@ -820,7 +829,7 @@ mod tests {
         // Many rows: one pass, small groups for short rows.
         let p = plan(Reduction::Max, Storage::F32, 4096, 768, 1, &s).unwrap();
         assert_eq!(p.len(), 1);
-        assert_eq!(p[0].kernel.layout, Layout::Rows { threads: 64 });
+        assert!(matches!(p[0].dims, Dims::Rows { threads: 64, .. }));
         // A long middle axis over few columns splits.
         let p = plan(Reduction::ArgMax, Storage::F16, 2, 100_000, 3, &s).unwrap();
         assert_eq!(p.len(), 2);

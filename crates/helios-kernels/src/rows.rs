@@ -117,45 +117,64 @@ pub fn identity(k: &mut KernelBuilder, op: ReduceOp, ty: Ty) -> Val {
     }
 }
 
-/// Groups of `threads` consecutive invocations that each own one row (see the module docs).
+/// Groups of `2^shift` consecutive invocations that each own one row (see the module docs).
+/// The group size is a run-time value (a push constant, uniform over the dispatch), so one
+/// pipeline serves every row length.
 pub struct Groups {
     pub reducer: Reducer,
-    /// Invocations per group: a power of two dividing the workgroup size.
-    pub threads: u32,
+    /// log2 of the invocations per group (a power of two dividing the workgroup size).
+    shift: Val,
+    /// Invocations per group.
+    size: Val,
     lid: Val,
     scratch: Vec<(Ty, Shared)>,
 }
 
 impl Groups {
+    /// Groups of `threads` invocations (a power of two dividing the workgroup size), fixed
+    /// when the kernel is built.
     #[track_caller]
     pub fn new(k: &mut KernelBuilder, reducer: Reducer, threads: u32) -> Groups {
         assert!(threads.is_power_of_two(), "group of {threads} invocations");
+        let shift = k.u32(threads.trailing_zeros());
+        Groups::runtime(k, reducer, shift)
+    }
+
+    /// Groups of `2^shift` invocations (`shift` a u32 value uniform over the dispatch).
+    pub fn runtime(k: &mut KernelBuilder, reducer: Reducer, shift: Val) -> Groups {
         let lid = k.local_index();
+        let one = k.u32(1);
+        let size = k.shl(one, shift);
         Groups {
             reducer,
-            threads,
+            shift,
+            size,
             lid,
             scratch: Vec::new(),
         }
     }
 
+    /// Invocations per group.
+    pub fn size(&self) -> Val {
+        self.size
+    }
+
     /// This invocation's index inside its group.
     pub fn lane(&self, k: &mut KernelBuilder) -> Val {
-        let m = k.u32(self.threads - 1);
+        let one = k.u32(1);
+        let m = k.sub(self.size, one);
         k.and(self.lid, m)
     }
 
     /// This invocation's group inside the workgroup.
     pub fn group(&self, k: &mut KernelBuilder) -> Val {
-        let s = k.u32(self.threads.trailing_zeros());
-        k.shr(self.lid, s)
+        k.shr(self.lid, self.shift)
     }
 
     /// Groups per workgroup (the workgroup size is a specialization constant).
     pub fn per_workgroup(&self, k: &mut KernelBuilder) -> Val {
         let w = k.workgroup_size_x();
-        let s = k.u32(self.threads.trailing_zeros());
-        k.shr(w, s)
+        k.shr(w, self.shift)
     }
 
     fn scratch(&mut self, k: &mut KernelBuilder, ty: Ty) -> Shared {
@@ -170,96 +189,126 @@ impl Groups {
     /// `op` over `v` of every invocation of the group, returned to all of them. Must be
     /// reached by every invocation of the workgroup (it may contain barriers).
     pub fn reduce(&mut self, k: &mut KernelBuilder, op: ReduceOp, v: Val) -> Val {
-        let t = self.threads;
-        if t == 1 {
-            return v;
-        }
         match self.reducer {
-            Reducer::Subgroup { block, whole } => {
-                let b = t.min(block);
-                let r = block_reduce(k, op, v, b, whole && b == block);
-                if t <= b {
-                    return r;
-                }
-                // Block leaders publish; every block of the group then reads the group's t/b
-                // partials (lane i takes i, i+b, ...) and reduces them again.
-                let scratch = self.scratch(k, v.ty);
-                let bm = k.u32(b - 1);
-                let lane = k.and(self.lid, bm);
-                let zero = k.u32(0);
-                let leader = k.eq(lane, zero);
-                let bs = k.u32(b.trailing_zeros());
-                let slot = k.shr(self.lid, bs);
-                k.if_(leader, |k| k.shared_store(scratch, slot, r));
-                k.workgroup_barrier();
-                let per = t / b;
-                let g = self.group(k);
-                let pv = k.u32(per);
-                let gbase = k.mul(g, pv);
-                let mut acc = identity(k, op, v.ty);
-                let last = k.u32(per - 1);
-                for i in 0..per.div_ceil(b) {
-                    let off = k.u32(i * b);
-                    let idx = k.add(lane, off);
-                    if (i + 1) * b <= per {
-                        let at = k.add(gbase, idx);
-                        let x = k.shared_load(scratch, at);
-                        acc = combine(k, op, acc, x);
-                    } else {
-                        let c = k.min(idx, last);
-                        let at = k.add(gbase, c);
-                        let x = k.shared_load(scratch, at);
-                        let inside = k.lt(idx, pv);
-                        let id = identity(k, op, v.ty);
-                        let x = k.select(inside, x, id);
-                        acc = combine(k, op, acc, x);
-                    }
-                }
-                let r = block_reduce(k, op, acc, b, whole && b == block);
-                k.workgroup_barrier();
-                r
-            }
-            Reducer::SharedTree => {
-                let scratch = self.scratch(k, v.ty);
-                let lane = self.lane(k);
-                k.shared_store(scratch, self.lid, v);
-                k.workgroup_barrier();
-                let mut s = t / 2;
-                while s >= 1 {
-                    let sv = k.u32(s);
-                    let active = k.lt(lane, sv);
-                    let lid = self.lid;
-                    k.if_(active, |k| {
-                        let a = k.shared_load(scratch, lid);
-                        let other = k.add(lid, sv);
-                        let b = k.shared_load(scratch, other);
-                        let c = combine(k, op, a, b);
-                        k.shared_store(scratch, lid, c);
-                    });
-                    k.workgroup_barrier();
-                    s /= 2;
-                }
-                let base = k.sub(self.lid, lane);
-                let r = k.shared_load(scratch, base);
-                k.workgroup_barrier();
-                r
-            }
+            Reducer::Subgroup { block, whole } => self.reduce_subgroup(k, op, v, block, whole),
+            Reducer::SharedTree => self.reduce_tree(k, op, v),
         }
+    }
+
+    fn reduce_subgroup(
+        &mut self,
+        k: &mut KernelBuilder,
+        op: ReduceOp,
+        v: Val,
+        block: u32,
+        whole: bool,
+    ) -> Val {
+        let out = k.var(v.ty);
+        let bv = k.u32(block);
+        let small = k.le(self.size, bv);
+        let size = self.size;
+        // Groups inside one subgroup: a butterfly over the group's lanes.
+        k.if_(small, |k| {
+            let r = butterfly(k, op, v, block, size);
+            k.set(out, r);
+        });
+        let big = k.not(small);
+        let lid = self.lid;
+        let scratch = self.scratch(k, v.ty);
+        let shift = self.shift;
+        k.if_(big, |k| {
+            // Whole subgroups: one subgroup reduction (or a full butterfly), then block
+            // leaders publish and every block reads its group's partials (lane i takes i,
+            // i + block, ...) and reduces them again.
+            let r = if whole {
+                k.subgroup_reduce(op, GroupMode::Reduce, v)
+            } else {
+                butterfly(k, op, v, block, bv)
+            };
+            let bm = k.u32(block - 1);
+            let lane = k.and(lid, bm);
+            let zero = k.u32(0);
+            let leader = k.eq(lane, zero);
+            let bs = k.u32(block.trailing_zeros());
+            let slot = k.shr(lid, bs);
+            k.if_(leader, |k| k.shared_store(scratch, slot, r));
+            k.workgroup_barrier();
+            let per = k.shr(size, bs); // blocks per group
+            let g = k.shr(lid, shift);
+            let gbase = k.mul(g, per);
+            let id = identity(k, op, v.ty);
+            let acc = k.var_init(id);
+            let step = k.u32(block);
+            k.for_range(lane, per, step, |k, j| {
+                let at = k.add(gbase, j);
+                let x = k.shared_load(scratch, at);
+                let a = k.get(acc);
+                let c = combine(k, op, a, x);
+                k.set(acc, c);
+            });
+            let a = k.get(acc);
+            let r = if whole {
+                k.subgroup_reduce(op, GroupMode::Reduce, a)
+            } else {
+                butterfly(k, op, a, block, bv)
+            };
+            k.set(out, r);
+            k.workgroup_barrier();
+        });
+        k.get(out)
+    }
+
+    fn reduce_tree(&mut self, k: &mut KernelBuilder, op: ReduceOp, v: Val) -> Val {
+        let scratch = self.scratch(k, v.ty);
+        let lane = self.lane(k);
+        let lid = self.lid;
+        k.shared_store(scratch, lid, v);
+        k.workgroup_barrier();
+        let one = k.u32(1);
+        let half = k.shr(self.size, one);
+        let s = k.var_init(half);
+        let zero = k.u32(0);
+        k.while_(
+            |k| {
+                let sv = k.get(s);
+                k.gt(sv, zero)
+            },
+            |k| {
+                let sv = k.get(s);
+                let active = k.lt(lane, sv);
+                k.if_(active, |k| {
+                    let a = k.shared_load(scratch, lid);
+                    let other = k.add(lid, sv);
+                    let b = k.shared_load(scratch, other);
+                    let c = combine(k, op, a, b);
+                    k.shared_store(scratch, lid, c);
+                });
+                k.workgroup_barrier();
+            },
+            |k| {
+                let sv = k.get(s);
+                let n = k.shr(sv, one);
+                k.set(s, n);
+            },
+        );
+        let base = k.sub(lid, lane);
+        let r = k.shared_load(scratch, base);
+        k.workgroup_barrier();
+        r
     }
 }
 
-/// `op` over aligned blocks of `b` invocations (inside one subgroup): one subgroup reduction
-/// when the block is the whole subgroup, else a butterfly of shuffles.
-fn block_reduce(k: &mut KernelBuilder, op: ReduceOp, v: Val, b: u32, whole: bool) -> Val {
-    if whole {
-        return k.subgroup_reduce(op, GroupMode::Reduce, v);
-    }
+/// `op` over aligned blocks of `n` invocations (`n` a run-time power of two up to `block`, the
+/// subgroup size): shuffles at distances `block/2 .. 1`, each kept only below `n`.
+fn butterfly(k: &mut KernelBuilder, op: ReduceOp, v: Val, block: u32, n: Val) -> Val {
     let mut r = v;
-    let mut m = b / 2;
+    let mut m = block / 2;
     while m >= 1 {
         let mask = k.u32(m);
         let other = k.subgroup_shuffle_xor(r, mask);
-        r = combine(k, op, r, other);
+        let c = combine(k, op, r, other);
+        let inside = k.lt(mask, n);
+        r = k.select(inside, c, r);
         m /= 2;
     }
     r
@@ -423,13 +472,35 @@ pub fn for_each_slot(
     lane: Val,
     stride: u32,
     unroll: u32,
+    body: impl FnMut(&mut KernelBuilder, &[Val]),
+) {
+    let stride = k.u32(stride);
+    for_each_slot_by(k, first, end, lane, stride, unroll, body)
+}
+
+/// `for_each_slot` with a run-time `stride` (a u32 value).
+pub fn for_each_slot_by(
+    k: &mut KernelBuilder,
+    first: Val,
+    end: Val,
+    lane: Val,
+    stride: Val,
+    unroll: u32,
     mut body: impl FnMut(&mut KernelBuilder, &[Val]),
 ) {
     let start = k.add(first, lane);
     let i = k.var_init(start);
     if unroll > 1 {
-        let span = k.u32(stride * (unroll - 1));
-        let step = k.u32(stride * unroll);
+        let um1 = k.u32(unroll - 1);
+        let span = k.mul(stride, um1);
+        let u = k.u32(unroll);
+        let step = k.mul(stride, u);
+        let offsets: Vec<Val> = (1..unroll)
+            .map(|j| {
+                let jv = k.u32(j);
+                k.mul(stride, jv)
+            })
+            .collect();
         k.while_(
             |k| {
                 let iv = k.get(i);
@@ -438,16 +509,10 @@ pub fn for_each_slot(
             },
             |k| {
                 let iv = k.get(i);
-                let slots: Vec<Val> = (0..unroll)
-                    .map(|j| {
-                        if j == 0 {
-                            iv
-                        } else {
-                            let o = k.u32(j * stride);
-                            k.add(iv, o)
-                        }
-                    })
-                    .collect();
+                let mut slots = vec![iv];
+                for &o in &offsets {
+                    slots.push(k.add(iv, o));
+                }
                 body(k, &slots);
             },
             |k| {
@@ -457,7 +522,6 @@ pub fn for_each_slot(
             },
         );
     }
-    let one = k.u32(stride);
     k.while_(
         |k| {
             let iv = k.get(i);
@@ -469,7 +533,7 @@ pub fn for_each_slot(
         },
         |k| {
             let iv = k.get(i);
-            let n = k.add(iv, one);
+            let n = k.add(iv, stride);
             k.set(i, n);
         },
     );
@@ -504,13 +568,13 @@ pub fn threads_for(slots: u64, per_thread: u32, workgroup: u32) -> u32 {
     t as u32
 }
 
-/// Slots a row of `len` elements touches at most, walked `vec` elements per slot (an
-/// unaligned row touches one more).
+/// Slots a row of `len` elements touches at most, walked `vec` elements per slot, when rows
+/// lie back to back (rows of a multiple of 4 are all aligned; others may touch one more).
 pub fn row_slots(len: u64, vec: u8) -> u64 {
-    if vec == 1 {
-        len
+    if vec == 1 || len % 4 == 0 {
+        len.div_ceil(u64::from(vec))
     } else {
-        len.div_ceil(4) + 1
+        len / 4 + 2
     }
 }
 
@@ -521,10 +585,13 @@ mod tests {
     #[test]
     fn threads_per_row() {
         assert_eq!(threads_for(193, 4, 256), 64);
+        assert_eq!(threads_for(192, 6, 256), 32);
         assert_eq!(threads_for(12566, 4, 256), 256);
         assert_eq!(threads_for(2, 4, 256), 1);
         assert_eq!(threads_for(0, 4, 256), 1);
-        assert_eq!(row_slots(768, 4), 193);
+        assert_eq!(row_slots(768, 4), 192);
+        assert_eq!(row_slots(50257, 4), 12566);
+        assert_eq!(row_slots(5, 4), 3);
         assert_eq!(row_slots(7, 1), 7);
     }
 }

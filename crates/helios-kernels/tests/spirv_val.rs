@@ -224,3 +224,18 @@ mod matmul {
         }
     }
 }
+
+#[test]
+fn every_softmax_kernel_validates() {
+    let n: usize = [Binding::DeviceAddress, Binding::Descriptor]
+        .into_iter()
+        .map(|b| {
+            validate_all(
+                helios_kernels::softmax::SoftmaxKernel::samples(b)
+                    .iter()
+                    .map(|k| k.build()),
+            )
+        })
+        .sum();
+    assert_eq!(n, 2 * 3 * 4);
+}

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use helios_kernels::reduce::ReduceKernel;
 use helios_kernels::rows::RowConfig;
+use helios_kernels::softmax::SoftmaxKernel;
 use helios_kernels::{ElementwiseKernel, ElementwiseOp, Variant, MAX_DIMS};
 
 use crate::DType;
@@ -326,6 +327,7 @@ pub(crate) enum KernelKey {
     CrossEntropy(helios_kernels::CrossEntropyKernel),
     Embedding(helios_kernels::EmbeddingKernel),
     AdamW(helios_kernels::AdamWKernel),
+    Softmax(SoftmaxKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter

@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 
 use helios::{cpu, DType, Device, Error, KernelConfig, Reduction, Tensor};
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -107,7 +108,12 @@ fn check(
 const OPS: [Reduction; 5] = Reduction::ALL;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    // A fixed seed: the same cases (and kernels, cached after the first run) every time.
+    #![proptest_config(ProptestConfig {
+        cases: 48,
+        rng_seed: RngSeed::Fixed(0x4ed0),
+        ..ProptestConfig::default()
+    })]
 
     /// Random shapes of 1 to 3 dimensions (odd sizes included), every axis and the whole
     /// tensor, every op and dtype, both reducers.
@@ -138,10 +144,10 @@ proptest! {
 #[test]
 fn split_plans_match_reference() {
     let cases: [(&[usize], Option<usize>); 5] = [
-        (&[3, 100_003], Some(1)),
+        (&[3, 70_001], Some(1)),
         (&[2, 50_001, 3], Some(1)),
         (&[2, 4099, 8], Some(1)),
-        (&[3_000_017], None),
+        (&[400_009], None),
         (&[517, 1031], None),
     ];
     for (p, d) in devices().iter().enumerate() {

@@ -9,6 +9,7 @@ mod loss;
 pub mod matmul;
 mod optim;
 pub mod reduce;
+pub mod softmax;
 
 pub use elementwise::*;
 pub use embedding::*;

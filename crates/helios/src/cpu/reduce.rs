@@ -119,9 +119,6 @@ pub fn reduce_accepts(
 
 /// Sum of |x| over the same elements `reduce` combines, per output (for `reduce_accepts`).
 pub fn abs_sums(x: &[f32], shape: &[usize], axis: Option<usize>) -> Vec<f64> {
-    let abs: Vec<f32> = x.iter().map(|v| v.abs()).collect();
-    let (v, _) = reduce(Reduction::Sum, &abs, shape, axis);
-    // Recompute in f64 rather than trust the f32-rounded sums.
     let (outer, len, inner) = match axis {
         None => (1, x.len(), 1),
         Some(a) => (
@@ -130,14 +127,13 @@ pub fn abs_sums(x: &[f32], shape: &[usize], axis: Option<usize>) -> Vec<f64> {
             shape[a + 1..].iter().product::<usize>(),
         ),
     };
-    let mut out = Vec::with_capacity(v.len());
+    let mut out = vec![0.0f64; outer * inner];
     for o in 0..outer {
-        for i in 0..inner {
-            out.push(
-                (0..len)
-                    .map(|j| abs[(o * len + j) * inner + i] as f64)
-                    .sum(),
-            );
+        for j in 0..len {
+            let row = &x[(o * len + j) * inner..(o * len + j + 1) * inner];
+            for (acc, v) in out[o * inner..(o + 1) * inner].iter_mut().zip(row) {
+                *acc += v.abs() as f64;
+            }
         }
     }
     out

@@ -8,8 +8,10 @@ mod matmul;
 mod matmul_tune;
 mod optim;
 mod reduce;
+mod softmax;
 
 pub use loss::CrossEntropy;
 pub use matmul::{MatmulChoice, MatmulOptions};
 pub use matmul_tune::{coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, TuneReport};
 pub use optim::{adamw_step, AdamWConfig, AdamWParam};
+pub use softmax::SoftmaxOptions;

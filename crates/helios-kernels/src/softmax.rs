@@ -1,0 +1,569 @@
+//! Softmax and log-softmax over the last axis, with an optional scale and causal mask, and
+//! their backward passes.
+//!
+//! Key decisions a reader must know:
+//! - One group of invocations per row (a workgroup for long rows, a subgroup or less for
+//!   short ones), 16-byte slot loads aligned to the buffer (see `rows`).
+//! - Two candidate kernels, kept side by side in [`SoftmaxVariant`] and chosen by one
+//!   function, [`select`]: `Cached` keeps the row in registers between its two reductions, so
+//!   every byte is read once and written once (the ideal); `Streaming` handles rows too long
+//!   for registers (a vocabulary of 50257) with an online max-and-sum pass followed by an
+//!   output pass: the input is read twice.
+//! - Semantics: y = softmax(scale·x) with column j of row i masked (as if -inf) when
+//!   `causal` and j > i (i = the row's index in its (…, T, L) matrix). A row with every entry
+//!   -inf or masked gives zeros (softmax) or -inf (log-softmax), never NaN; a NaN anywhere in
+//!   a row makes the whole row NaN. The backward passes take the forward's output y:
+//!   softmax dx = scale·y·(dy − Σ y·dy); log-softmax dx = scale·(dy − exp(y)·Σ dy); masked
+//!   columns get dx = 0.
+
+use helios_spirv::{
+    Access, Binding, Buffer, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val,
+};
+
+use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::rows::{
+    for_each_slot_by, hreduce, hsum, linear_workgroup, row_slots, threads_for, Groups, Reducer,
+    Row, RowConfig, RowVariant,
+};
+use crate::storage::{buffer_scalar, Storage};
+use crate::KernelError;
+
+/// The candidate kernels (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SoftmaxVariant {
+    /// Each invocation keeps `slots` slots of its row in registers.
+    Cached { slots: u8 },
+    /// The row is streamed twice, `unroll` slots per invocation per loop step.
+    Streaming { unroll: u8 },
+}
+
+/// Most slots per invocation the cached forward (one tensor in registers) and backward (two)
+/// keep by default.
+pub const SOFTMAX_CACHED_SLOTS: [u32; 2] = [8, 4];
+/// Default workgroup size.
+pub const SOFTMAX_WORKGROUP: u32 = 256;
+
+/// The family's selection function: the variant and the invocations per row (a run-time
+/// parameter). `Cached` when a row fits in `workgroup` invocations' registers (at most
+/// `SOFTMAX_CACHED_SLOTS` slots each, or `HELIOS_ROW_SLOTS`), with the fewest invocations per
+/// row that do; else `Streaming` with a whole workgroup per row. `HELIOS_ROWS=cached|streaming`
+/// forces a variant (cached only where a row fits in 16 slots per invocation).
+pub fn select(len: u64, backward: bool, cfg: &RowConfig, workgroup: u32) -> (SoftmaxVariant, u32) {
+    let slots = row_slots(len, 4);
+    let per = cfg
+        .cached_slots
+        .unwrap_or(SOFTMAX_CACHED_SLOTS[usize::from(backward)]);
+    let w = u64::from(workgroup);
+    let streaming = (
+        SoftmaxVariant::Streaming { unroll: cfg.unroll },
+        threads_for(slots, u32::from(cfg.unroll) * 4, workgroup),
+    );
+    let cached = |per: u32| {
+        let threads = threads_for(slots, per, workgroup);
+        let slots = slots.div_ceil(u64::from(threads)).max(1) as u8;
+        (SoftmaxVariant::Cached { slots }, threads)
+    };
+    match cfg.variant {
+        RowVariant::Streaming => streaming,
+        RowVariant::Cached if slots <= w * 16 => cached(per.max(slots.div_ceil(w) as u32)),
+        _ if slots <= w * u64::from(per) => cached(per),
+        _ => streaming,
+    }
+}
+
+/// The signature of a softmax kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SoftmaxKernel {
+    /// Log-softmax instead of softmax.
+    pub log: bool,
+    pub backward: bool,
+    pub causal: bool,
+    /// Storage of every tensor the kernel reads and writes.
+    pub storage: Storage,
+    pub variant: SoftmaxVariant,
+    pub reducer: Reducer,
+    pub workgroup: u32,
+    pub binding: Binding,
+}
+
+/// The values one row needs after its reductions.
+struct RowStats {
+    /// The max used to shift (0 for a fully masked row).
+    safe: Val,
+    /// Σ exp(x − safe).
+    sum: Val,
+}
+
+impl SoftmaxKernel {
+    pub fn name(&self) -> String {
+        let v = match self.variant {
+            SoftmaxVariant::Cached { slots } => format!("cached{slots}"),
+            SoftmaxVariant::Streaming { unroll } => format!("stream_u{unroll}"),
+        };
+        format!(
+            "{}softmax{}{}_{v}_{}_{}_wg{}",
+            if self.log { "log_" } else { "" },
+            if self.backward { "_bwd" } else { "" },
+            if self.causal { "_causal" } else { "" },
+            self.storage.name(),
+            self.reducer.tag(),
+            self.workgroup
+        )
+    }
+
+    /// Emits the kernel. Buffers: forward x, y; backward y, dy, dx. Push constants after
+    /// them: rows, len, causal_rows (T of the (…, T, L) view; row i of a matrix is
+    /// `row % causal_rows`), group_shift (log2 of the invocations per row), scale.
+    pub fn build(&self) -> KernelModule {
+        let mut k = KernelBuilder::new(self.name(), self.binding, [self.workgroup, 1, 1]);
+        let elem = buffer_scalar(self.storage);
+        let ins: Vec<Buffer> = if self.backward {
+            vec![
+                k.buffer("y", elem, Access::Read),
+                k.buffer("dy", elem, Access::Read),
+            ]
+        } else {
+            vec![k.buffer("x", elem, Access::Read)]
+        };
+        let out = k.buffer(if self.backward { "dx" } else { "y" }, elem, Access::Write);
+        let u32_ty = Ty::scalar(Scalar::U32);
+        let params = ["rows", "len", "causal_rows", "group_shift"].map(|n| k.param(n, u32_ty));
+        let scale = k.param("scale", Ty::scalar(Scalar::F32));
+        k.begin();
+        let [rows, len, causal_rows, shift] = params.map(|p| k.load_param(p));
+        let scale = k.load_param(scale);
+
+        let mut groups = Groups::runtime(&mut k, self.reducer, shift);
+        let threads = groups.size();
+        let g = linear_workgroup(&mut k);
+        let per = groups.per_workgroup(&mut k);
+        let gi = groups.group(&mut k);
+        let lane = groups.lane(&mut k);
+        let base = k.mul(g, per);
+        let unit = k.add(base, gi);
+        let valid = k.lt(unit, rows);
+        let zero = k.u32(0);
+        let start = k.mul(unit, len);
+        let start = k.select(valid, start, zero);
+        let end = k.add(start, len);
+        let end = k.select(valid, end, zero);
+        let row = Row { start, end, vec: 4 };
+        let causal_i = self.causal.then(|| k.rem(unit, causal_rows));
+        let ctx = Ctx {
+            row,
+            lane,
+            threads,
+            causal_i,
+            scale,
+        };
+        if self.backward {
+            self.backward_body(&mut k, &mut groups, &ctx, ins[0], ins[1], out);
+        } else {
+            self.forward_body(&mut k, &mut groups, &ctx, ins[0], out);
+        }
+        k.finish()
+    }
+
+    /// Lanes of `slot` inside the row and not masked.
+    fn keep(&self, k: &mut KernelBuilder, c: &Ctx, slot: Val) -> Val {
+        let cols = c.row.cols(k, slot);
+        let inside = c.row.valid(k, cols);
+        match c.causal_i {
+            Some(i) => {
+                let iv = k.splat(i, 4);
+                let seen = k.le(cols, iv);
+                k.and(inside, seen)
+            }
+            None => inside,
+        }
+    }
+
+    /// scale·x where kept, -inf elsewhere.
+    fn scaled(&self, k: &mut KernelBuilder, c: &Ctx, slot: Val, x: Val) -> Val {
+        let keep = self.keep(k, c, slot);
+        let s = k.splat(c.scale, 4);
+        let xs = k.mul(x, s);
+        let ninf = k.const_float(x.ty, f32::NEG_INFINITY);
+        k.select(keep, xs, ninf)
+    }
+
+    /// The output lanes of a slot from its shifted inputs.
+    fn output(&self, k: &mut KernelBuilder, xs: Val, st: &RowStats) -> Val {
+        let zero = k.const_f32(0.0);
+        let empty = k.eq(st.sum, zero);
+        if self.log {
+            let l = k.log(st.sum);
+            let lse = k.add(st.safe, l);
+            let lse = k.splat(lse, 4);
+            let r = k.sub(xs, lse);
+            let ninf = k.const_float(xs.ty, f32::NEG_INFINITY);
+            k.select(empty, ninf, r)
+        } else {
+            let safe = k.splat(st.safe, 4);
+            let d = k.sub(xs, safe);
+            let e = k.exp(d);
+            let one = k.const_f32(1.0);
+            let inv = k.div(one, st.sum);
+            let inv = k.select(empty, zero, inv);
+            let inv = k.splat(inv, 4);
+            k.mul(e, inv)
+        }
+    }
+
+    /// `m == -inf ? 0 : m`: the shift that keeps a fully masked row finite.
+    fn safe(k: &mut KernelBuilder, m: Val) -> Val {
+        let ninf = k.const_f32(f32::NEG_INFINITY);
+        let zero = k.const_f32(0.0);
+        let none = k.eq(m, ninf);
+        k.select(none, zero, m)
+    }
+
+    fn forward_body(
+        &self,
+        k: &mut KernelBuilder,
+        groups: &mut Groups,
+        c: &Ctx,
+        x: Buffer,
+        y: Buffer,
+    ) {
+        let first = c.row.first_slot(k);
+        let end_slot = c.row.end_slot(k);
+        let v4 = Ty::vector(Scalar::F32, 4);
+        match self.variant {
+            SoftmaxVariant::Cached { slots } => {
+                let mut held = Vec::new();
+                for j in 0..u32::from(slots) {
+                    let jv = k.u32(j);
+                    let off = k.mul(c.threads, jv);
+                    let s0 = k.add(first, c.lane);
+                    let slot = k.add(s0, off);
+                    let inside = k.lt(slot, end_slot);
+                    let st = self.storage;
+                    let row = c.row;
+                    let v = k.if_value(
+                        inside,
+                        v4,
+                        |k| row.load(k, x, st, slot, f32::NEG_INFINITY),
+                        |k| k.const_float(v4, f32::NEG_INFINITY),
+                    );
+                    let xs = self.scaled(k, c, slot, v);
+                    held.push((slot, inside, xs));
+                }
+                let mut m = k.const_f32(f32::NEG_INFINITY);
+                for &(_, _, xs) in &held {
+                    let h = hreduce(k, ReduceOp::Max, xs);
+                    m = k.max(m, h);
+                }
+                let mx = groups.reduce(k, ReduceOp::Max, m);
+                let safe = Self::safe(k, mx);
+                let sv = k.splat(safe, 4);
+                let mut s = k.const_f32(0.0);
+                for &(_, _, xs) in &held {
+                    let d = k.sub(xs, sv);
+                    let e = k.exp(d);
+                    let h = hsum(k, e);
+                    s = k.add(s, h);
+                }
+                let sum = groups.reduce(k, ReduceOp::Add, s);
+                let st = RowStats { safe, sum };
+                for (slot, inside, xs) in held {
+                    let out = self.output(k, xs, &st);
+                    let row = c.row;
+                    let storage = self.storage;
+                    k.if_(inside, |k| row.store(k, y, storage, slot, out));
+                }
+            }
+            SoftmaxVariant::Streaming { unroll } => {
+                // Pass 1: online max and sum per invocation.
+                let ninf = k.const_f32(f32::NEG_INFINITY);
+                let m = k.var_init(ninf);
+                let zero = k.const_f32(0.0);
+                let s = k.var_init(zero);
+                let unroll = u32::from(unroll);
+                for_each_slot_by(k, first, end_slot, c.lane, c.threads, unroll, |k, slots| {
+                    let xs: Vec<Val> = slots
+                        .iter()
+                        .map(|&sl| c.row.load(k, x, self.storage, sl, f32::NEG_INFINITY))
+                        .collect();
+                    let xs: Vec<Val> = slots
+                        .iter()
+                        .zip(xs)
+                        .map(|(&sl, v)| self.scaled(k, c, sl, v))
+                        .collect();
+                    let mut cm = k.get(m);
+                    let old = cm;
+                    for &v in &xs {
+                        let h = hreduce(k, ReduceOp::Max, v);
+                        cm = k.max(cm, h);
+                    }
+                    let safe = Self::safe(k, cm);
+                    let d = k.sub(old, safe);
+                    let r = k.exp(d);
+                    let sv = k.get(s);
+                    let mut acc = k.mul(sv, r);
+                    let safe4 = k.splat(safe, 4);
+                    for &v in &xs {
+                        let d = k.sub(v, safe4);
+                        let e = k.exp(d);
+                        let h = hsum(k, e);
+                        acc = k.add(acc, h);
+                    }
+                    k.set(s, acc);
+                    k.set(m, cm);
+                });
+                let mv = k.get(m);
+                let mx = groups.reduce(k, ReduceOp::Max, mv);
+                let safe = Self::safe(k, mx);
+                let d = k.sub(mv, safe);
+                let r = k.exp(d);
+                let sv = k.get(s);
+                let mine = k.mul(sv, r);
+                let sum = groups.reduce(k, ReduceOp::Add, mine);
+                let st = RowStats { safe, sum };
+                // Pass 2: the output.
+                for_each_slot_by(k, first, end_slot, c.lane, c.threads, unroll, |k, slots| {
+                    let xs: Vec<Val> = slots
+                        .iter()
+                        .map(|&sl| c.row.load(k, x, self.storage, sl, f32::NEG_INFINITY))
+                        .collect();
+                    for (&sl, v) in slots.iter().zip(xs) {
+                        let xs = self.scaled(k, c, sl, v);
+                        let out = self.output(k, xs, &st);
+                        c.row.store(k, y, self.storage, sl, out);
+                    }
+                });
+            }
+        }
+    }
+
+    /// The per-slot term of the backward sum (dy masked; times y for softmax).
+    fn bwd_term(&self, k: &mut KernelBuilder, c: &Ctx, slot: Val, y: Val, dy: Val) -> Val {
+        let keep = self.keep(k, c, slot);
+        let zero = k.const_float(dy.ty, 0.0);
+        let dy = k.select(keep, dy, zero);
+        let t = if self.log { dy } else { k.mul(y, dy) };
+        hsum(k, t)
+    }
+
+    /// dx lanes of a slot given the row's sum.
+    fn bwd_out(
+        &self,
+        k: &mut KernelBuilder,
+        c: &Ctx,
+        slot: Val,
+        y: Val,
+        dy: Val,
+        total: Val,
+    ) -> Val {
+        let keep = self.keep(k, c, slot);
+        let t = k.splat(total, 4);
+        let g = if self.log {
+            let e = k.exp(y);
+            let et = k.mul(e, t);
+            k.sub(dy, et)
+        } else {
+            let d = k.sub(dy, t);
+            k.mul(y, d)
+        };
+        let s = k.splat(c.scale, 4);
+        let g = k.mul(g, s);
+        let zero = k.const_float(g.ty, 0.0);
+        k.select(keep, g, zero)
+    }
+
+    fn backward_body(
+        &self,
+        k: &mut KernelBuilder,
+        groups: &mut Groups,
+        c: &Ctx,
+        yb: Buffer,
+        dyb: Buffer,
+        dxb: Buffer,
+    ) {
+        let first = c.row.first_slot(k);
+        let end_slot = c.row.end_slot(k);
+        let v4 = Ty::vector(Scalar::F32, 4);
+        let st = self.storage;
+        match self.variant {
+            SoftmaxVariant::Cached { slots } => {
+                let mut held = Vec::new();
+                let mut acc = k.const_f32(0.0);
+                for j in 0..u32::from(slots) {
+                    let jv = k.u32(j);
+                    let off = k.mul(c.threads, jv);
+                    let s0 = k.add(first, c.lane);
+                    let slot = k.add(s0, off);
+                    let inside = k.lt(slot, end_slot);
+                    let row = c.row;
+                    let load = |k: &mut KernelBuilder, b: Buffer| {
+                        k.if_value(
+                            inside,
+                            v4,
+                            |k| row.load(k, b, st, slot, 0.0),
+                            |k| k.const_float(v4, 0.0),
+                        )
+                    };
+                    let y = load(k, yb);
+                    let dy = load(k, dyb);
+                    let t = self.bwd_term(k, c, slot, y, dy);
+                    acc = k.add(acc, t);
+                    held.push((slot, inside, y, dy));
+                }
+                let total = groups.reduce(k, ReduceOp::Add, acc);
+                for (slot, inside, y, dy) in held {
+                    let dx = self.bwd_out(k, c, slot, y, dy, total);
+                    let row = c.row;
+                    k.if_(inside, |k| row.store(k, dxb, st, slot, dx));
+                }
+            }
+            SoftmaxVariant::Streaming { unroll } => {
+                let zero = k.const_f32(0.0);
+                let acc = k.var_init(zero);
+                let unroll = u32::from(unroll);
+                for_each_slot_by(k, first, end_slot, c.lane, c.threads, unroll, |k, slots| {
+                    let loaded: Vec<(Val, Val)> = slots
+                        .iter()
+                        .map(|&sl| {
+                            let y = c.row.load(k, yb, st, sl, 0.0);
+                            let dy = c.row.load(k, dyb, st, sl, 0.0);
+                            (y, dy)
+                        })
+                        .collect();
+                    let mut a = k.get(acc);
+                    for (&sl, (y, dy)) in slots.iter().zip(loaded) {
+                        let t = self.bwd_term(k, c, sl, y, dy);
+                        a = k.add(a, t);
+                    }
+                    k.set(acc, a);
+                });
+                let mine = k.get(acc);
+                let total = groups.reduce(k, ReduceOp::Add, mine);
+                for_each_slot_by(k, first, end_slot, c.lane, c.threads, unroll, |k, slots| {
+                    let loaded: Vec<(Val, Val)> = slots
+                        .iter()
+                        .map(|&sl| {
+                            let y = c.row.load(k, yb, st, sl, 0.0);
+                            let dy = c.row.load(k, dyb, st, sl, 0.0);
+                            (y, dy)
+                        })
+                        .collect();
+                    for (&sl, (y, dy)) in slots.iter().zip(loaded) {
+                        let dx = self.bwd_out(k, c, sl, y, dy, total);
+                        c.row.store(k, dxb, st, sl, dx);
+                    }
+                });
+            }
+        }
+    }
+
+    /// Grid and push constants for `rows` rows of `len`, `threads` invocations per row (from
+    /// `select`); `buffers` are the device addresses in declaration order (forward: x, y;
+    /// backward: y, dy, dx).
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(
+        &self,
+        module: &KernelModule,
+        geometry: Geometry,
+        rows: u32,
+        len: u32,
+        causal_rows: u32,
+        threads: u32,
+        scale: f32,
+        buffers: &[u64],
+    ) -> Result<Launch, KernelError> {
+        if !threads.is_power_of_two() || threads > geometry.workgroup {
+            return Err(KernelError::Arguments {
+                kernel: self.name(),
+                detail: format!(
+                    "{threads} invocations per row in a workgroup of {}",
+                    geometry.workgroup
+                ),
+            });
+        }
+        let want = if self.backward { 3 } else { 2 };
+        if buffers.len() != want {
+            return Err(KernelError::Arguments {
+                kernel: self.name(),
+                detail: format!("expects {want} buffers, got {}", buffers.len()),
+            });
+        }
+        let mut args: Vec<Arg> = Vec::with_capacity(8);
+        if self.binding == Binding::DeviceAddress {
+            args.extend(buffers.iter().map(|&a| Arg::Address(a)));
+        }
+        args.extend([rows, len, causal_rows.max(1), threads.trailing_zeros()].map(Arg::U32));
+        args.push(Arg::F32(scale));
+        let per = (geometry.workgroup / threads).max(1);
+        let groups = grid(
+            u64::from(rows).div_ceil(u64::from(per)),
+            geometry.max_groups_x,
+        )?;
+        let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
+        Ok(Launch { groups, push })
+    }
+
+    /// A representative set of kernels for validation.
+    pub fn samples(binding: Binding) -> Vec<SoftmaxKernel> {
+        let variants = [
+            SoftmaxVariant::Cached { slots: 6 },
+            SoftmaxVariant::Cached { slots: 2 },
+            SoftmaxVariant::Streaming { unroll: 4 },
+        ];
+        let reducers = [
+            Reducer::Subgroup {
+                block: 32,
+                whole: true,
+            },
+            Reducer::SharedTree,
+        ];
+        let mut out = Vec::new();
+        for (i, variant) in variants.into_iter().enumerate() {
+            for log in [false, true] {
+                for backward in [false, true] {
+                    out.push(SoftmaxKernel {
+                        log,
+                        backward,
+                        causal: (i + usize::from(log)) % 2 == 0,
+                        storage: Storage::ALL[(i + usize::from(backward)) % 3],
+                        variant,
+                        reducer: reducers[(i + usize::from(backward)) % 2],
+                        workgroup: 256,
+                        binding,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Per-row values every part of the kernel uses.
+struct Ctx {
+    row: Row,
+    lane: Val,
+    threads: Val,
+    causal_i: Option<Val>,
+    scale: Val,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selection() {
+        let cfg = RowConfig::default();
+        let cached = |slots| SoftmaxVariant::Cached { slots };
+        assert_eq!(select(768, false, &cfg, 256), (cached(6), 32));
+        assert_eq!(select(3072, false, &cfg, 256), (cached(6), 128));
+        assert_eq!(select(3, true, &cfg, 256), (cached(2), 1));
+        let (v, t) = select(50257, false, &cfg, 256);
+        assert!(matches!(v, SoftmaxVariant::Streaming { .. }) && t == 256);
+        let forced = RowConfig {
+            variant: RowVariant::Streaming,
+            ..cfg
+        };
+        let (v, t) = select(768, false, &forced, 256);
+        assert!(matches!(v, SoftmaxVariant::Streaming { .. }) && t == 16);
+    }
+}
