@@ -14,6 +14,8 @@ pub mod math;
 pub mod matmul;
 pub mod matmul_coop;
 mod matmul_simt;
+pub mod norm;
+mod norm_bwd;
 pub mod optim;
 pub mod reduce;
 pub mod rows;

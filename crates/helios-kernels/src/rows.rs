@@ -72,6 +72,9 @@ pub struct RowConfig {
     pub target_groups: u32,
     /// Workgroup size for every row kernel (`HELIOS_WG`; default: the family's own).
     pub workgroup: Option<u32>,
+    /// Rows each group of the cached norm backward walks, accumulating dgamma/dbeta
+    /// (`HELIOS_NORM_ROWS`; default `norm::NORM_BWD_ROWS`).
+    pub norm_rows: Option<u32>,
 }
 
 impl Default for RowConfig {
@@ -82,6 +85,7 @@ impl Default for RowConfig {
             cached_slots: None,
             target_groups: 2048,
             workgroup: None,
+            norm_rows: None,
         }
     }
 }
@@ -376,7 +380,7 @@ impl Row {
     }
 
     /// Whether all lanes of `slot` lie inside the row.
-    fn full(&self, k: &mut KernelBuilder, slot: Val) -> Val {
+    pub fn full(&self, k: &mut KernelBuilder, slot: Val) -> Val {
         let two = k.u32(2);
         let e0 = k.shl(slot, two);
         let four = k.u32(4);

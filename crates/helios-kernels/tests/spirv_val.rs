@@ -239,3 +239,16 @@ fn every_softmax_kernel_validates() {
         .sum();
     assert_eq!(n, 2 * 3 * 4);
 }
+
+#[test]
+fn every_norm_kernel_validates() {
+    use helios_kernels::norm::{NormKernel, NormParamKernel};
+    let n: usize = [Binding::DeviceAddress, Binding::Descriptor]
+        .into_iter()
+        .map(|b| {
+            validate_all(NormKernel::samples(b).iter().map(|k| k.build()))
+                + validate_all(NormParamKernel::samples(b).iter().map(|k| k.build()))
+        })
+        .sum();
+    assert_eq!(n, 2 * (3 * 2 * 2 + 2));
+}

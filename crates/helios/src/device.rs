@@ -328,6 +328,8 @@ pub(crate) enum KernelKey {
     Embedding(helios_kernels::EmbeddingKernel),
     AdamW(helios_kernels::AdamWKernel),
     Softmax(SoftmaxKernel),
+    Norm(helios_kernels::norm::NormKernel),
+    NormParam(helios_kernels::norm::NormParamKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter

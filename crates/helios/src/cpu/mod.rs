@@ -7,6 +7,7 @@ mod elementwise;
 mod embedding;
 mod loss;
 pub mod matmul;
+pub mod norm;
 mod optim;
 pub mod reduce;
 pub mod softmax;

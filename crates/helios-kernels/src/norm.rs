@@ -1,0 +1,667 @@
+//! LayerNorm and RMSNorm over the last axis: forward (saving mean and rstd in f32) and a fused
+//! backward producing dx and the per-workgroup partial sums of dgamma and dbeta.
+//!
+//! Key decisions a reader must know:
+//! - Same row machinery as softmax (`rows`): a group of invocations per row, candidates side
+//!   by side in [`NormVariant`], one selection function [`select`]. `Cached` keeps the row in
+//!   registers (one read, one write, exact two-pass statistics); `Streaming` handles long rows:
+//!   a statistics pass (Welford/Chan merges of 4-element chunks, so no catastrophic
+//!   cancellation) then an output pass.
+//! - dgamma and dbeta are sums over rows, made deterministic by never using atomics: the
+//!   cached backward walks a fixed set of columns per invocation over several rows (rows
+//!   `unit, unit + G, ...`), accumulating both sums in registers, and writes one partial row
+//!   per group; long rows use [`NormParamKernel`], a column kernel writing one partial row
+//!   per chunk of rows. Either way a reduce `Combine` over the partial rows finishes the job.
+//! - Formulas (N = row length, x̂ = (x − mean)·rstd; RMSNorm: mean = 0):
+//!   y = x̂·γ + β; rstd = 1/√(var + eps) (LayerNorm, biased variance) or 1/√(mean(x²) + eps);
+//!   dx = rstd·(g − mean(g) − x̂·mean(g·x̂)) with g = dy·γ (RMSNorm without mean(g));
+//!   dγ = Σ_rows dy·x̂; dβ = Σ_rows dy.
+
+use helios_spirv::{
+    Access, Binding, Buffer, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val,
+};
+
+use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::rows::{
+    for_each_slot_by, hsum, linear_workgroup, row_slots, threads_for, Groups, Reducer, Row,
+    RowConfig, RowVariant,
+};
+use crate::storage::{buffer_scalar, load_f32, Storage};
+use crate::KernelError;
+
+pub use crate::norm_bwd::{param_splits, NormParamKernel};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NormKind {
+    Layer,
+    Rms,
+}
+
+/// The candidate kernels (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NormVariant {
+    /// Each invocation keeps `slots` slots of `vec` elements in registers (backward: `vec`
+    /// is 1 unless rows are a multiple of 4 long, so columns stay fixed across rows).
+    Cached { slots: u8, vec: u8 },
+    /// Rows streamed once per pass, `unroll` slots per loop step.
+    Streaming { unroll: u8 },
+}
+
+/// Most slots per invocation a cached forward / backward keeps by default.
+pub const NORM_CACHED_SLOTS: [u32; 2] = [8, 4];
+/// Default workgroup size.
+pub const NORM_WORKGROUP: u32 = 256;
+/// Rows each group of the cached backward walks by default (more: fewer dgamma/dbeta
+/// partials, less parallelism).
+pub const NORM_BWD_ROWS: u32 = 4;
+
+/// The family's selection function: the variant and the invocations per row. Forward:
+/// `Cached` (16-byte slots) when the row fits in a workgroup's registers at
+/// `NORM_CACHED_SLOTS[0]` slots each (or `HELIOS_ROW_SLOTS`), else `Streaming`. Backward: the
+/// same with `NORM_CACHED_SLOTS[1]`, in slots of 4 when rows are a multiple of 4 long and of 1
+/// otherwise. `HELIOS_ROWS=cached|streaming` forces a variant where it can run.
+pub fn select(len: u64, backward: bool, cfg: &RowConfig, workgroup: u32) -> (NormVariant, u32) {
+    let vec: u8 = if !backward || len % 4 == 0 { 4 } else { 1 };
+    let slots = row_slots(len, vec);
+    let per = cfg
+        .cached_slots
+        .unwrap_or(NORM_CACHED_SLOTS[usize::from(backward)]);
+    let w = u64::from(workgroup);
+    let streaming = (
+        NormVariant::Streaming { unroll: cfg.unroll },
+        threads_for(row_slots(len, 4), u32::from(cfg.unroll) * 4, workgroup),
+    );
+    let cached = |per: u32| {
+        let threads = threads_for(slots, per, workgroup);
+        let s = slots.div_ceil(u64::from(threads)).max(1) as u8;
+        (NormVariant::Cached { slots: s, vec }, threads)
+    };
+    match cfg.variant {
+        RowVariant::Streaming => streaming,
+        RowVariant::Cached if slots <= w * 16 => cached(per.max(slots.div_ceil(w) as u32)),
+        _ if slots <= w * u64::from(per) => cached(per),
+        _ => streaming,
+    }
+}
+
+/// The signature of a norm kernel (forward or backward).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NormKernel {
+    pub kind: NormKind,
+    pub backward: bool,
+    /// Storage of x, y, dy, dx.
+    pub storage: Storage,
+    /// Storage of gamma and beta.
+    pub params: Storage,
+    pub variant: NormVariant,
+    pub reducer: Reducer,
+    pub workgroup: u32,
+    pub binding: Binding,
+}
+
+/// Per-row values shared by the kernel's parts.
+pub(crate) struct Ctx {
+    pub(crate) row: Row,
+    pub(crate) lane: Val,
+    pub(crate) threads: Val,
+    pub(crate) len_f: Val,
+}
+
+impl NormKernel {
+    pub fn name(&self) -> String {
+        let v = match self.variant {
+            NormVariant::Cached { slots, vec } => format!("cached{slots}v{vec}"),
+            NormVariant::Streaming { unroll } => format!("stream_u{unroll}"),
+        };
+        format!(
+            "{}norm{}_{v}_{}_{}_{}_wg{}",
+            if self.kind == NormKind::Layer {
+                "layer_"
+            } else {
+                "rms_"
+            },
+            if self.backward { "_bwd" } else { "" },
+            self.storage.name(),
+            self.params.name(),
+            self.reducer.tag(),
+            self.workgroup
+        )
+    }
+
+    pub(crate) fn layer(&self) -> bool {
+        self.kind == NormKind::Layer
+    }
+
+    /// Whether this backward writes dgamma/dbeta partials (the cached one does).
+    pub fn writes_partials(&self) -> bool {
+        self.backward && matches!(self.variant, NormVariant::Cached { .. })
+    }
+
+    /// Buffer names in declaration order. Forward: x, gamma, [beta], y, [mean], rstd.
+    /// Backward: x, gamma, [mean], rstd, dy, dx, [dgamma_part, [dbeta_part]].
+    pub fn buffer_names(&self) -> Vec<&'static str> {
+        let l = self.layer();
+        let mut v = vec!["x", "gamma"];
+        if self.backward {
+            if l {
+                v.push("mean");
+            }
+            v.extend(["rstd", "dy", "dx"]);
+            if self.writes_partials() {
+                v.push("dgamma_part");
+                if l {
+                    v.push("dbeta_part");
+                }
+            }
+        } else {
+            if l {
+                v.push("beta");
+            }
+            v.push("y");
+            if l {
+                v.push("mean");
+            }
+            v.push("rstd");
+        }
+        v
+    }
+
+    /// Emits the kernel. Push constants after the buffers: rows, len, group_shift,
+    /// groups_total (the cached backward's G), eps.
+    pub fn build(&self) -> KernelModule {
+        let mut k = KernelBuilder::new(self.name(), self.binding, [self.workgroup, 1, 1]);
+        let names = self.buffer_names();
+        let bufs: Vec<Buffer> = names
+            .iter()
+            .map(|&n| {
+                let (elem, access) = match n {
+                    "x" | "dy" => (buffer_scalar(self.storage), Access::Read),
+                    "y" | "dx" => (buffer_scalar(self.storage), Access::Write),
+                    "gamma" | "beta" => (buffer_scalar(self.params), Access::Read),
+                    "mean" | "rstd" if self.backward => (Scalar::F32, Access::Read),
+                    _ => (Scalar::F32, Access::Write),
+                };
+                k.buffer(n, elem, access)
+            })
+            .collect();
+        let buf = |n: &str| names.iter().position(|&m| m == n).map(|i| bufs[i]);
+        let u32_ty = Ty::scalar(Scalar::U32);
+        let params = ["rows", "len", "group_shift", "groups_total"].map(|n| k.param(n, u32_ty));
+        let eps = k.param("eps", Ty::scalar(Scalar::F32));
+        k.begin();
+        let [rows, len, shift, total] = params.map(|p| k.load_param(p));
+        let eps = k.load_param(eps);
+        let mut groups = Groups::runtime(&mut k, self.reducer, shift);
+        let threads = groups.size();
+        let lane = groups.lane(&mut k);
+        let len_f = k.convert(len, Scalar::F32);
+        let b = Bufs {
+            x: bufs[0],
+            gamma: bufs[1],
+            beta: buf("beta"),
+            y: buf(if self.backward { "dx" } else { "y" }).expect("output"),
+            mean: buf("mean"),
+            rstd: buf("rstd").expect("rstd"),
+            dy: buf("dy"),
+            dgamma: buf("dgamma_part"),
+            dbeta: buf("dbeta_part"),
+        };
+        let mk = |k: &mut KernelBuilder, unit: Val, vec: u8| {
+            let valid = k.lt(unit, rows);
+            let zero = k.u32(0);
+            let start = k.mul(unit, len);
+            let start = k.select(valid, start, zero);
+            let end = k.add(start, len);
+            let end = k.select(valid, end, zero);
+            (
+                Ctx {
+                    row: Row { start, end, vec },
+                    lane,
+                    threads,
+                    len_f,
+                },
+                valid,
+            )
+        };
+        let g = linear_workgroup(&mut k);
+        let per = groups.per_workgroup(&mut k);
+        let gi = groups.group(&mut k);
+        let base = k.mul(g, per);
+        let unit = k.add(base, gi);
+        match (self.backward, self.variant) {
+            (false, _) => {
+                let (c, valid) = mk(&mut k, unit, 4);
+                self.forward(&mut k, &mut groups, &c, &b, eps, unit, valid);
+            }
+            (true, NormVariant::Streaming { unroll }) => {
+                let (c, valid) = mk(&mut k, unit, 4);
+                self.backward_streaming(&mut k, &mut groups, &c, &b, unit, valid, unroll);
+            }
+            (true, NormVariant::Cached { slots, vec }) => {
+                let dims = (rows, len, total);
+                self.backward_cached(
+                    &mut k,
+                    &mut groups,
+                    &b,
+                    dims,
+                    (lane, threads, len_f),
+                    slots,
+                    vec,
+                    base,
+                    unit,
+                );
+            }
+        }
+        k.finish()
+    }
+
+    /// gamma (or beta) at the columns of `slot`'s lanes, 0 outside the row: one 16-byte load
+    /// where the row starts aligned and the slot is whole.
+    pub(crate) fn param(&self, k: &mut KernelBuilder, c: &Ctx, buf: Buffer, slot: Val) -> Val {
+        let row = c.row;
+        if row.vec == 1 {
+            let col = k.sub(slot, row.start);
+            return load_f32(k, buf, col, 1, self.params);
+        }
+        let v4 = Ty::vector(Scalar::F32, 4);
+        let out = k.var(v4);
+        let three = k.u32(3);
+        let mis = k.and(row.start, three);
+        let zero = k.u32(0);
+        let aligned = k.eq(mis, zero);
+        let full = row.full(k, slot);
+        let fast = k.and(aligned, full);
+        let ps = self.params;
+        k.if_else(
+            fast,
+            |k| {
+                let two = k.u32(2);
+                let s0 = k.shr(row.start, two);
+                let idx = k.sub(slot, s0);
+                let v = load_f32(k, buf, idx, 4, ps);
+                k.set(out, v);
+            },
+            |k| {
+                let z = k.const_float(v4, 0.0);
+                k.set(out, z);
+                let cols = row.cols(k, slot);
+                let ok = row.valid(k, cols);
+                for lane in 0..4 {
+                    let inside = k.extract(ok, lane);
+                    let col = k.extract(cols, lane);
+                    k.if_(inside, |k| {
+                        let v = load_f32(k, buf, col, 1, ps);
+                        let cur = k.get(out);
+                        let n = k.insert(cur, v, lane);
+                        k.set(out, n);
+                    });
+                }
+            },
+        );
+        k.get(out)
+    }
+
+    /// `v` with lanes outside the row zeroed.
+    pub(crate) fn masked(k: &mut KernelBuilder, c: &Ctx, slot: Val, v: Val) -> Val {
+        if c.row.vec == 1 {
+            return v;
+        }
+        let cols = c.row.cols(k, slot);
+        let ok = c.row.valid(k, cols);
+        let z = k.const_float(v.ty, 0.0);
+        k.select(ok, v, z)
+    }
+
+    /// The normalized output lanes of a slot from x, given mean (0 for RMS) and rstd.
+    #[allow(clippy::too_many_arguments)]
+    fn normalize(
+        &self,
+        k: &mut KernelBuilder,
+        c: &Ctx,
+        b: &Bufs,
+        slot: Val,
+        x: Val,
+        mean: Val,
+        rstd: Val,
+    ) -> Val {
+        let m = k.splat(mean, 4);
+        let r = k.splat(rstd, 4);
+        let d = k.sub(x, m);
+        let xh = k.mul(d, r);
+        let gm = self.param(k, c, b.gamma, slot);
+        match b.beta {
+            Some(beta) => {
+                let bt = self.param(k, c, beta, slot);
+                k.fma(xh, gm, bt)
+            }
+            None => k.mul(xh, gm),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        k: &mut KernelBuilder,
+        groups: &mut Groups,
+        c: &Ctx,
+        b: &Bufs,
+        eps: Val,
+        unit: Val,
+        valid: Val,
+    ) {
+        let first = c.row.first_slot(k);
+        let end_slot = c.row.end_slot(k);
+        let v4 = Ty::vector(Scalar::F32, 4);
+        let (mean, rstd, held) = match self.variant {
+            NormVariant::Cached { slots, .. } => {
+                let mut held = Vec::new();
+                for j in 0..u32::from(slots) {
+                    let jv = k.u32(j);
+                    let off = k.mul(c.threads, jv);
+                    let s0 = k.add(first, c.lane);
+                    let slot = k.add(s0, off);
+                    let inside = k.lt(slot, end_slot);
+                    let (row, st, x) = (c.row, self.storage, b.x);
+                    let v = k.if_value(
+                        inside,
+                        v4,
+                        |k| row.load(k, x, st, slot, 0.0),
+                        |k| k.const_float(v4, 0.0),
+                    );
+                    held.push((slot, inside, v));
+                }
+                let mean = if self.layer() {
+                    let mut s = k.const_f32(0.0);
+                    for &(_, _, v) in &held {
+                        let h = hsum(k, v);
+                        s = k.add(s, h);
+                    }
+                    let total = groups.reduce(k, ReduceOp::Add, s);
+                    k.div(total, c.len_f)
+                } else {
+                    k.const_f32(0.0)
+                };
+                let mut q = k.const_f32(0.0);
+                let mv = k.splat(mean, 4);
+                for &(slot, _, v) in &held {
+                    let d = k.sub(v, mv);
+                    let d = Self::masked(k, c, slot, d);
+                    let d2 = k.mul(d, d);
+                    let h = hsum(k, d2);
+                    q = k.add(q, h);
+                }
+                let total = groups.reduce(k, ReduceOp::Add, q);
+                let var = k.div(total, c.len_f);
+                let ve = k.add(var, eps);
+                let rstd = k.rsqrt(ve);
+                (mean, rstd, Some(held))
+            }
+            NormVariant::Streaming { unroll } => {
+                let (mean, var) = self.streaming_stats(k, groups, c, b, first, end_slot, unroll);
+                let ve = k.add(var, eps);
+                let rstd = k.rsqrt(ve);
+                (mean, rstd, None)
+            }
+        };
+        match held {
+            Some(held) => {
+                for (slot, inside, x) in held {
+                    let y = self.normalize(k, c, b, slot, x, mean, rstd);
+                    let (row, st, yb) = (c.row, self.storage, b.y);
+                    k.if_(inside, |k| row.store(k, yb, st, slot, y));
+                }
+            }
+            None => {
+                let NormVariant::Streaming { unroll } = self.variant else {
+                    unreachable!()
+                };
+                for_each_slot_by(
+                    k,
+                    first,
+                    end_slot,
+                    c.lane,
+                    c.threads,
+                    u32::from(unroll),
+                    |k, slots| {
+                        let xs: Vec<Val> = slots
+                            .iter()
+                            .map(|&s| c.row.load(k, b.x, self.storage, s, 0.0))
+                            .collect();
+                        for (&s, x) in slots.iter().zip(xs) {
+                            let y = self.normalize(k, c, b, s, x, mean, rstd);
+                            c.row.store(k, b.y, self.storage, s, y);
+                        }
+                    },
+                );
+            }
+        }
+        let zero = k.u32(0);
+        let first_lane = k.eq(c.lane, zero);
+        let store = k.and(valid, first_lane);
+        k.if_(store, |k| {
+            if let Some(m) = b.mean {
+                k.store(m, unit, mean);
+            }
+            k.store(b.rstd, unit, rstd);
+        });
+    }
+
+    /// (mean, biased variance) of a streamed row: per invocation, Chan's merge of 4-element
+    /// chunks into (count, mean, M2); then two group sums (RMSNorm: one sum of squares).
+    #[allow(clippy::too_many_arguments)]
+    fn streaming_stats(
+        &self,
+        k: &mut KernelBuilder,
+        groups: &mut Groups,
+        c: &Ctx,
+        b: &Bufs,
+        first: Val,
+        end_slot: Val,
+        unroll: u8,
+    ) -> (Val, Val) {
+        let zero = k.const_f32(0.0);
+        let n = k.var_init(zero);
+        let mean = k.var_init(zero);
+        let m2 = k.var_init(zero);
+        let layer = self.layer();
+        for_each_slot_by(
+            k,
+            first,
+            end_slot,
+            c.lane,
+            c.threads,
+            u32::from(unroll),
+            |k, slots| {
+                let xs: Vec<Val> = slots
+                    .iter()
+                    .map(|&s| c.row.load(k, b.x, self.storage, s, 0.0))
+                    .collect();
+                for (&s, x) in slots.iter().zip(xs) {
+                    if !layer {
+                        let x2 = k.mul(x, x);
+                        let h = hsum(k, x2);
+                        let cur = k.get(m2);
+                        let nv = k.add(cur, h);
+                        k.set(m2, nv);
+                        continue;
+                    }
+                    // Chunk statistics over the valid lanes, then Chan's merge.
+                    let cols = c.row.cols(k, s);
+                    let ok = c.row.valid(k, cols);
+                    let one4 = k.const_float(x.ty, 1.0);
+                    let zero4 = k.const_float(x.ty, 0.0);
+                    let w = k.select(ok, one4, zero4);
+                    let cnt = hsum(k, w);
+                    let sum = hsum(k, x); // invalid lanes were loaded as 0
+                    let cm = k.div(sum, cnt);
+                    let cmv = k.splat(cm, 4);
+                    let d = k.sub(x, cmv);
+                    let d = k.mul(d, w);
+                    let d2 = k.mul(d, d);
+                    let cm2 = hsum(k, d2);
+                    let (nv, mv, m2v) = (k.get(n), k.get(mean), k.get(m2));
+                    let nn = k.add(nv, cnt);
+                    let delta = k.sub(cm, mv);
+                    let frac = k.div(cnt, nn);
+                    let nm = k.fma(delta, frac, mv);
+                    let dd = k.mul(delta, delta);
+                    let t = k.mul(dd, nv);
+                    let t = k.mul(t, frac);
+                    let nm2 = k.add(m2v, cm2);
+                    let nm2 = k.add(nm2, t);
+                    k.set(n, nn);
+                    k.set(mean, nm);
+                    k.set(m2, nm2);
+                }
+            },
+        );
+        if !layer {
+            let q = k.get(m2);
+            let total = groups.reduce(k, ReduceOp::Add, q);
+            let zero = k.const_f32(0.0);
+            return (zero, k.div(total, c.len_f));
+        }
+        let (nv, mv, m2v) = (k.get(n), k.get(mean), k.get(m2));
+        let nm = k.mul(nv, mv);
+        let total = groups.reduce(k, ReduceOp::Add, nm);
+        let row_mean = k.div(total, c.len_f);
+        let d = k.sub(mv, row_mean);
+        let dd = k.mul(d, d);
+        let q = k.fma(dd, nv, m2v);
+        let total = groups.reduce(k, ReduceOp::Add, q);
+        (row_mean, k.div(total, c.len_f))
+    }
+
+    /// Grid and push constants for `rows` rows of `len` with `threads` invocations per row.
+    /// `buffers` are the device addresses in `buffer_names` order. The cached backward runs
+    /// `partial_rows` groups in all (from `backward_groups`: the partial rows it writes);
+    /// other kernels one group per row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(
+        &self,
+        module: &KernelModule,
+        geometry: Geometry,
+        rows: u32,
+        len: u32,
+        threads: u32,
+        partial_rows: u32,
+        eps: f32,
+        buffers: &[u64],
+    ) -> Result<Launch, KernelError> {
+        let names = self.buffer_names();
+        let bad = |detail: String| KernelError::Arguments {
+            kernel: self.name(),
+            detail,
+        };
+        if buffers.len() != names.len() {
+            return Err(bad(format!(
+                "expects {} buffers, got {}",
+                names.len(),
+                buffers.len()
+            )));
+        }
+        if !threads.is_power_of_two() || threads > geometry.workgroup {
+            return Err(bad(format!(
+                "{threads} invocations per row in a workgroup of {}",
+                geometry.workgroup
+            )));
+        }
+        let mut args: Vec<Arg> = Vec::with_capacity(12);
+        if self.binding == Binding::DeviceAddress {
+            args.extend(buffers.iter().map(|&a| Arg::Address(a)));
+        }
+        let per = u64::from((geometry.workgroup / threads).max(1));
+        let units = if self.writes_partials() {
+            if u64::from(partial_rows) % per != 0 {
+                return Err(bad(format!(
+                    "{partial_rows} partial rows are not whole workgroups of {per} rows"
+                )));
+            }
+            u64::from(partial_rows)
+        } else {
+            u64::from(rows)
+        };
+        args.extend([rows, len, threads.trailing_zeros(), partial_rows].map(Arg::U32));
+        args.push(Arg::F32(eps));
+        let groups = grid(units.div_ceil(per), geometry.max_groups_x)?;
+        let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
+        Ok(Launch { groups, push })
+    }
+
+    /// Groups (partial rows) the cached backward runs: about `rows / rows_per_group`, a whole
+    /// number of workgroups.
+    pub fn backward_groups(rows: u32, workgroup: u32, threads: u32, rows_per_group: u32) -> u32 {
+        let per = (workgroup / threads.max(1)).max(1);
+        let want = rows.div_ceil(rows_per_group.max(1)).max(1);
+        want.div_ceil(per) * per
+    }
+}
+
+/// The buffers of a norm kernel.
+pub(crate) struct Bufs {
+    pub(crate) x: Buffer,
+    pub(crate) gamma: Buffer,
+    pub(crate) beta: Option<Buffer>,
+    /// y (forward) or dx (backward).
+    pub(crate) y: Buffer,
+    pub(crate) mean: Option<Buffer>,
+    pub(crate) rstd: Buffer,
+    pub(crate) dy: Option<Buffer>,
+    pub(crate) dgamma: Option<Buffer>,
+    pub(crate) dbeta: Option<Buffer>,
+}
+
+impl NormKernel {
+    /// A representative set of kernels for validation.
+    pub fn samples(binding: Binding) -> Vec<NormKernel> {
+        let mut out = Vec::new();
+        let variants = [
+            NormVariant::Cached { slots: 6, vec: 4 },
+            NormVariant::Cached { slots: 3, vec: 1 },
+            NormVariant::Streaming { unroll: 4 },
+        ];
+        for (i, variant) in variants.into_iter().enumerate() {
+            for kind in [NormKind::Layer, NormKind::Rms] {
+                for backward in [false, true] {
+                    out.push(NormKernel {
+                        kind,
+                        backward,
+                        storage: Storage::ALL[i % 3],
+                        params: Storage::ALL[(i + 1) % 3],
+                        variant,
+                        reducer: if backward {
+                            Reducer::SharedTree
+                        } else {
+                            Reducer::Subgroup {
+                                block: 32,
+                                whole: true,
+                            }
+                        },
+                        workgroup: 256,
+                        binding,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selection() {
+        let cfg = RowConfig::default();
+        let cached = |slots, vec| NormVariant::Cached { slots, vec };
+        assert_eq!(select(768, false, &cfg, 256), (cached(6, 4), 32));
+        assert_eq!(select(768, true, &cfg, 256), (cached(3, 4), 64));
+        assert_eq!(select(1023, true, &cfg, 256), (cached(4, 1), 256));
+        let (v, t) = select(50257, false, &cfg, 256);
+        assert!(matches!(v, NormVariant::Streaming { .. }) && t == 256);
+        assert_eq!(NormKernel::backward_groups(4096, 256, 64, 4), 1024);
+        assert_eq!(NormKernel::backward_groups(5, 256, 64, 4), 4);
+        assert_eq!(param_splits(4096, 50257, 1, 1 << 19), (11, 373));
+    }
+}
