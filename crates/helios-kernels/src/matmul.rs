@@ -69,17 +69,19 @@ impl Epilogue {
 
 /// A SIMT tile: `bm × bn` outputs per workgroup, `tm × tn` per invocation (in 4×4 blocks
 /// spread over the tile so shared-memory reads are broadcast or conflict-free), k in steps of
-/// `BK_SIMT`.
+/// `BK_SIMT`, global loads issued `depth` k steps ahead of their use (see `prefetch`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SimtTile {
     pub bm: u16,
     pub bn: u16,
     pub tm: u8,
     pub tn: u8,
+    pub depth: u8,
 }
 
 /// A cooperative-matrix tile: `bm × bn` outputs per workgroup, `wm × wn` subgroups each
-/// computing `bm/wm × bn/wn` with 16×16×16 fragments, k staged `bk` at a time.
+/// computing `bm/wm × bn/wn` with 16×16×16 fragments, k staged `bk` at a time, global loads
+/// issued `depth` k steps ahead of their use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CoopTile {
     pub bm: u16,
@@ -87,6 +89,7 @@ pub struct CoopTile {
     pub bk: u16,
     pub wm: u8,
     pub wn: u8,
+    pub depth: u8,
 }
 
 /// A kernel family and its tile.
@@ -101,30 +104,50 @@ pub const BK_SIMT: u32 = 8;
 /// Fragment edge of the cooperative kernels (16×16×16 is reported by NVIDIA, AMD and Intel).
 pub const FRAG: u32 = 16;
 
-/// Every variant, by name (`HELIOS_MATMUL_VARIANT` takes these names).
+/// Every variant, by name (`HELIOS_MATMUL_VARIANT` takes these names): tile, subgroup
+/// arrangement (`w`), k step (`k`, cooperative), prefetch depth (`d`).
 pub const VARIANTS: &[(&str, Variant)] = &[
-    ("simt128x128", simt(128, 128, 8, 8)),
-    ("simt128x64", simt(128, 64, 8, 8)),
-    ("simt64x64", simt(64, 64, 4, 4)),
-    ("simt64x32", simt(64, 32, 4, 4)),
-    ("simt32x32", simt(32, 32, 4, 4)),
-    ("coop128x128w2x2", coop(128, 128, 32, 2, 2)),
-    ("coop128x128w2x4", coop(128, 128, 32, 2, 4)),
-    ("coop128x128w4x2", coop(128, 128, 32, 4, 2)),
-    ("coop128x256w2x4", coop(128, 256, 16, 2, 4)),
-    ("coop256x128w4x2", coop(256, 128, 16, 4, 2)),
-    ("coop128x64w2x2", coop(128, 64, 32, 2, 2)),
-    ("coop64x128w2x2", coop(64, 128, 32, 2, 2)),
-    ("coop64x64w2x2", coop(64, 64, 32, 2, 2)),
-    ("coop32x64w1x2", coop(32, 64, 32, 1, 2)),
+    ("simt128x128d1", simt(128, 128, 8, 8, 1)),
+    ("simt128x128d2", simt(128, 128, 8, 8, 2)),
+    ("simt128x64d2", simt(128, 64, 8, 8, 2)),
+    ("simt64x64d1", simt(64, 64, 4, 4, 1)),
+    ("simt64x64d2", simt(64, 64, 4, 4, 2)),
+    ("simt64x32d2", simt(64, 32, 4, 4, 2)),
+    ("simt32x32d1", simt(32, 32, 4, 4, 1)),
+    ("coop128x128w2x4k32d1", coop(128, 128, 32, 2, 4, 1)),
+    ("coop128x128w2x4k32d2", coop(128, 128, 32, 2, 4, 2)),
+    ("coop128x128w2x4k32d3", coop(128, 128, 32, 2, 4, 3)),
+    ("coop128x128w4x4k32d2", coop(128, 128, 32, 4, 4, 2)),
+    ("coop128x128w2x2k32d2", coop(128, 128, 32, 2, 2, 2)),
+    ("coop128x256w2x4k16d2", coop(128, 256, 16, 2, 4, 2)),
+    ("coop128x256w2x4k16d3", coop(128, 256, 16, 2, 4, 3)),
+    ("coop256x128w4x2k16d3", coop(256, 128, 16, 4, 2, 3)),
+    ("coop128x64w2x2k32d2", coop(128, 64, 32, 2, 2, 2)),
+    ("coop64x128w2x2k32d2", coop(64, 128, 32, 2, 2, 2)),
+    ("coop64x64w2x2k32d2", coop(64, 64, 32, 2, 2, 2)),
+    ("coop64x64w2x2k64d2", coop(64, 64, 64, 2, 2, 2)),
+    ("coop32x64w1x2k32d2", coop(32, 64, 32, 1, 2, 2)),
 ];
 
-const fn simt(bm: u16, bn: u16, tm: u8, tn: u8) -> Variant {
-    Variant::Simt(SimtTile { bm, bn, tm, tn })
+const fn simt(bm: u16, bn: u16, tm: u8, tn: u8, depth: u8) -> Variant {
+    Variant::Simt(SimtTile {
+        bm,
+        bn,
+        tm,
+        tn,
+        depth,
+    })
 }
 
-const fn coop(bm: u16, bn: u16, bk: u16, wm: u8, wn: u8) -> Variant {
-    Variant::Coop(CoopTile { bm, bn, bk, wm, wn })
+const fn coop(bm: u16, bn: u16, bk: u16, wm: u8, wn: u8, depth: u8) -> Variant {
+    Variant::Coop(CoopTile {
+        bm,
+        bn,
+        bk,
+        wm,
+        wn,
+        depth,
+    })
 }
 
 impl Variant {
@@ -476,24 +499,24 @@ pub fn default_variant(
     let outputs = u64::from(shape.m) * u64::from(shape.n) * u64::from(shape.batch);
     let order: &[&str] = if outputs >= 64 * 128 * 128 {
         &[
-            "coop128x128w2x2",
-            "coop64x64w2x2",
-            "simt128x128",
-            "simt64x64",
-            "simt32x32",
+            "coop128x128w2x4k32d2",
+            "coop64x64w2x2k32d2",
+            "simt64x64d2",
+            "simt32x32d1",
         ]
     } else if outputs >= 64 * 64 * 64 {
-        &["coop64x64w2x2", "simt64x64", "simt32x32"]
+        &["coop64x64w2x2k32d2", "simt64x64d2", "simt32x32d1"]
     } else {
-        &["coop64x64w2x2", "simt32x32"]
+        &["coop64x64w2x2k32d2", "simt32x32d1"]
     };
-    candidates(input, out, trans, shape, epilogue, caps)
-        .into_iter()
-        .find(|k| order.contains(&k.variant.name()))
+    let feasible = candidates(input, out, trans, shape, epilogue, caps);
+    order
+        .iter()
+        .find_map(|name| feasible.iter().find(|k| k.variant.name() == *name).copied())
         .unwrap_or_else(|| {
             // simt32x32 needs 64 invocations and 9 KiB: every Vulkan device has that.
             MatmulKernel::new(
-                simt(32, 32, 4, 4),
+                simt(32, 32, 4, 4, 1),
                 input,
                 out,
                 trans,

@@ -100,71 +100,104 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
         extent: d.n,
     };
 
-    // Prologue: tile 0 into buffer 0.
+    // Prologue: tile 0 into stage 0, tiles 1..=depth in flight in registers.
+    let depth = u32::from(t.depth.max(1));
     let zero = k.u32(0);
     let regs_a = load_tile(&mut k, kern, &a_op, &a_src, &d, tid, threads, zero);
     let regs_b = load_tile(&mut k, kern, &b_op, &b_src, &d, tid, threads, zero);
     store_tile(&mut k, &a_op, sa, zero, &regs_a, tid, threads);
     store_tile(&mut k, &b_op, sb, zero, &regs_b, tid, threads);
+    let bk = k.u32(BK_SIMT);
+    let mut slots: Vec<(Vec<Var>, Vec<Var>)> = Vec::new();
+    for j in 0..depth {
+        // Slot j holds tile j + depth when j == 0, else tile j (see `prefetch` below).
+        let tile = if j == 0 { depth } else { j };
+        let k0 = k.u32(tile * BK_SIMT);
+        let ra = load_tile(&mut k, kern, &a_op, &a_src, &d, tid, threads, k0);
+        let rb = load_tile(&mut k, kern, &b_op, &b_src, &d, tid, threads, k0);
+        let va: Vec<Var> = ra.into_iter().map(|v| k.var_init(v)).collect();
+        let vb: Vec<Var> = rb.into_iter().map(|v| k.var_init(v)).collect();
+        slots.push((va, vb));
+    }
     k.workgroup_barrier();
 
-    let bk = k.u32(BK_SIMT);
+    // Step t stores tile t+1 (loaded `depth` steps earlier, from slot (t+1) % depth) into
+    // stage (t+1) % 2, refills that slot with tile t+1+depth, then computes on stage t % 2.
+    // The loop is unrolled `depth` times so slots are static; steps past the last tile read
+    // zeros (clamped, masked loads) and add nothing.
     let bk_m1 = k.u32(BK_SIMT - 1);
     let kpad = k.add(d.k, bk_m1);
     let tiles = k.div(kpad, bk);
+    let dv = k.u32(depth);
+    let dm1 = k.u32(depth - 1);
+    let tiles = k.add(tiles, dm1);
+    let tiles = k.div(tiles, dv);
+    let tiles = k.mul(tiles, dv);
     let one = k.u32(1);
     let a_len_v = k.u32(a_len);
     let b_len_v = k.u32(b_len);
-    k.for_range(zero, tiles, one, |k, kt| {
-        // Prefetch the next tile (all zeros past the end: addresses are clamped).
-        let next = k.add(kt, one);
-        let k0 = k.mul(next, bk);
-        let regs_a = load_tile(k, kern, &a_op, &a_src, &d, tid, threads, k0);
-        let regs_b = load_tile(k, kern, &b_op, &b_src, &d, tid, threads, k0);
+    k.for_range(zero, tiles, dv, |k, t0| {
+        for u in 0..depth {
+            let off = k.u32(u);
+            let kt = k.add(t0, off);
+            let cur = k.and(kt, one);
+            let other = k.xor(cur, one);
+            let (va, vb) = &slots[((u + 1) % depth) as usize];
+            let ra: Vec<Val> = va.iter().map(|&v| k.get(v)).collect();
+            let rb: Vec<Val> = vb.iter().map(|&v| k.get(v)).collect();
+            let nbase_a = k.mul(other, a_len_v);
+            let nbase_b = k.mul(other, b_len_v);
+            store_tile(k, &a_op, sa, nbase_a, &ra, tid, threads);
+            store_tile(k, &b_op, sb, nbase_b, &rb, tid, threads);
+            let ahead = k.u32(1 + depth);
+            let tile = k.add(kt, ahead);
+            let k0 = k.mul(tile, bk);
+            let ra = load_tile(k, kern, &a_op, &a_src, &d, tid, threads, k0);
+            let rb = load_tile(k, kern, &b_op, &b_src, &d, tid, threads, k0);
+            for (v, x) in va.iter().zip(ra) {
+                k.set(*v, x);
+            }
+            for (v, x) in vb.iter().zip(rb) {
+                k.set(*v, x);
+            }
 
-        let cur = k.and(kt, one);
-        let base_a = k.mul(cur, a_len_v);
-        let base_b = k.mul(cur, b_len_v);
-        let mut sums: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
-        for kk in 0..BK_SIMT {
-            let a: Vec<Val> = (0..gm)
-                .map(|g| {
-                    let at = k.u32(kk * a_op.row + g * (bm / gm / 4));
-                    let at = k.add(at, base_a);
-                    let at = k.add(at, ty);
-                    k.shared_load(sa, at)
-                })
-                .collect();
-            let b: Vec<Val> = (0..gn)
-                .map(|g| {
-                    let at = k.u32(kk * b_op.row + g * (bn / gn / 4));
-                    let at = k.add(at, base_b);
-                    let at = k.add(at, tx);
-                    k.shared_load(sb, at)
-                })
-                .collect();
-            for (gi, av) in a.iter().enumerate() {
-                for i in 0..4 {
-                    let s = k.extract(*av, i);
-                    let s = k.splat(s, 4);
-                    for (gj, bv) in b.iter().enumerate() {
-                        let r = (gi as u32 * 4 + i) * gn + gj as u32;
-                        let slot = &mut sums[r as usize];
-                        *slot = k.fma(s, *bv, *slot);
+            let base_a = k.mul(cur, a_len_v);
+            let base_b = k.mul(cur, b_len_v);
+            let mut sums: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
+            for kk in 0..BK_SIMT {
+                let a: Vec<Val> = (0..gm)
+                    .map(|g| {
+                        let at = k.u32(kk * a_op.row + g * (bm / gm / 4));
+                        let at = k.add(at, base_a);
+                        let at = k.add(at, ty);
+                        k.shared_load(sa, at)
+                    })
+                    .collect();
+                let b: Vec<Val> = (0..gn)
+                    .map(|g| {
+                        let at = k.u32(kk * b_op.row + g * (bn / gn / 4));
+                        let at = k.add(at, base_b);
+                        let at = k.add(at, tx);
+                        k.shared_load(sb, at)
+                    })
+                    .collect();
+                for (gi, av) in a.iter().enumerate() {
+                    for i in 0..4 {
+                        let s = k.extract(*av, i);
+                        let s = k.splat(s, 4);
+                        for (gj, bv) in b.iter().enumerate() {
+                            let r = (gi as u32 * 4 + i) * gn + gj as u32;
+                            let slot = &mut sums[r as usize];
+                            *slot = k.fma(s, *bv, *slot);
+                        }
                     }
                 }
             }
+            for (v, s) in acc.iter().zip(sums) {
+                k.set(*v, s);
+            }
+            k.workgroup_barrier();
         }
-        for (v, s) in acc.iter().zip(sums) {
-            k.set(*v, s);
-        }
-
-        let other = k.xor(cur, one);
-        let nbase_a = k.mul(other, a_len_v);
-        let nbase_b = k.mul(other, b_len_v);
-        store_tile(k, &a_op, sa, nbase_a, &regs_a, tid, threads);
-        store_tile(k, &b_op, sb, nbase_b, &regs_b, tid, threads);
-        k.workgroup_barrier();
     });
 
     // Epilogue: row (gi, i) is m0 + gi·bm/gm + 4·ty + i, column group gj starts at

@@ -189,31 +189,11 @@ fn every_simt_variant() {
 }
 
 fn helios_kernels_variants(coop: bool) -> Vec<MatmulVariant> {
-    [
-        "simt128x128",
-        "simt128x64",
-        "simt64x64",
-        "simt64x32",
-        "simt32x32",
-    ]
-    .iter()
-    .chain(
-        [
-            "coop128x128w2x2",
-            "coop128x128w2x4",
-            "coop128x128w4x2",
-            "coop128x256w2x4",
-            "coop256x128w4x2",
-            "coop128x64w2x2",
-            "coop64x128w2x2",
-            "coop64x64w2x2",
-            "coop32x64w1x2",
-        ]
-        .iter(),
-    )
-    .filter_map(|n| MatmulVariant::by_name(n))
-    .filter(|v| v.is_coop() == coop)
-    .collect()
+    helios_kernels::matmul::VARIANTS
+        .iter()
+        .map(|(_, v)| *v)
+        .filter(|v| v.is_coop() == coop)
+        .collect()
 }
 
 #[test]
@@ -296,6 +276,18 @@ fn tiny_k_skinny_and_empty() {
         )
         .unwrap();
     assert_eq!(c.to_vec().unwrap(), [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]);
+    // A preallocated output; a wrong one is an error.
+    let a = Tensor::from_slice(device(), &random(6 * 5, DType::F32, 650), &[6, 5]).unwrap();
+    let b = Tensor::from_slice(device(), &random(5 * 7, DType::F32, 651), &[5, 7]).unwrap();
+    let out = a.matmul(&b).unwrap();
+    let again = Tensor::from_slice(device(), &[0.0; 42], &[6, 7]).unwrap();
+    a.matmul_into(&b, &again, &MatmulOptions::default())
+        .unwrap();
+    assert_eq!(again.to_vec().unwrap(), out.to_vec().unwrap());
+    let wrong = Tensor::from_slice(device(), &[0.0; 42], &[7, 6]).unwrap();
+    assert!(a
+        .matmul_into(&b, &wrong, &MatmulOptions::default())
+        .is_err());
     // m = 0: an empty result, no dispatch.
     let a = Tensor::from_slice(device(), &[], &[0, 4]).unwrap();
     let b = Tensor::from_slice(device(), &[0.0; 8], &[4, 2]).unwrap();
@@ -410,7 +402,7 @@ fn bad_operands_are_errors() {
     let y = Tensor::from_slice(dev, &[0.5; 18], &[3, 3, 2]).unwrap();
     assert!(x.matmul(&y).unwrap_err().to_string().contains("batch"));
     if !matmul_caps(dev).coop_f16 {
-        let coop = MatmulVariant::by_name("coop64x64w2x2").unwrap();
+        let coop = MatmulVariant::by_name("coop64x64w2x2k32d2").unwrap();
         let e = a
             .matmul_opts(
                 &ok,

@@ -318,6 +318,32 @@ impl Tensor {
         Ok(out)
     }
 
+    /// `matmul_opts` writing into `out`, a dense tensor of the result's shape and dtype
+    /// (preallocated outputs: training loops, benchmarks).
+    pub fn matmul_into(&self, other: &Tensor, out: &Tensor, opts: &MatmulOptions) -> Result<()> {
+        let p = Problem::new(self, other, opts)?;
+        if !out.device().same(self.device()) {
+            return Err(Error::DeviceMismatch { op: "matmul" });
+        }
+        if out.shape() != p.out_shape.as_slice() || out.dtype() != p.out || !out.is_contiguous() {
+            return Err(invalid(format!(
+                "the output must be a dense {} tensor of shape {:?}; got a {} tensor of shape \
+                 {:?}{}",
+                p.out,
+                p.out_shape,
+                out.dtype(),
+                out.shape(),
+                if out.is_contiguous() {
+                    ""
+                } else {
+                    " (a strided view)"
+                }
+            )));
+        }
+        let (kernel, _) = matmul_tune::choose(&p)?;
+        p.record(&kernel, out)
+    }
+
     /// Which kernel `matmul_opts` runs for these operands and why (tuning it first if that is
     /// what `matmul_opts` would do).
     pub fn matmul_choice(&self, other: &Tensor, opts: &MatmulOptions) -> Result<MatmulChoice> {

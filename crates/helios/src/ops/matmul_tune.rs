@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use helios_kernels::matmul::{candidates, default_variant, vector_elems};
+use helios_kernels::matmul::{candidates, default_variant};
 use helios_kernels::{MatmulCaps, MatmulKernel, MatmulVariant};
 use helios_vk::DeviceType;
 use rand::{Rng, SeedableRng};
@@ -164,7 +164,9 @@ pub(crate) fn choose(p: &Problem) -> Result<(MatmulKernel, Choice)> {
         );
         p.kernel(d.variant, caps.subgroup)
     };
-    if !tuning_enabled(device) || p.shape.m == 0 || p.shape.n == 0 || p.shape.batch == 0 {
+    let s = &p.shape;
+    // Nothing to tune where there is no product to time.
+    if !tuning_enabled(device) || s.m == 0 || s.n == 0 || s.k == 0 || s.batch == 0 {
         return Ok((default(), Choice::Default));
     }
     let report = tune(p)?;
@@ -194,10 +196,8 @@ pub(crate) fn class_key(p: &Problem) -> String {
         s.n.max(1).next_power_of_two(),
         s.k.max(1).next_power_of_two(),
         s.batch.max(1).next_power_of_two(),
-        flags(vector_elems(
-            MatmulVariant::by_name("simt32x32").expect("in table")
-        )),
-        flags(8),
+        flags(4), // SIMT vec4
+        flags(8), // cooperative 16-byte words
         p.epilogue.bias as u8,
         p.epilogue.act,
         p.epilogue.residual as u8,
@@ -241,14 +241,22 @@ fn tune(p: &Problem) -> Result<TuneReport> {
     let key = class_key(p);
     let mut rows = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for cand in candidates(
+    let all = candidates(
         p.input.storage(),
         p.out.storage(),
         p.trans,
         &p.shape,
         p.epilogue,
         &caps,
-    ) {
+    );
+    // FMA kernels cannot beat the matrix units on large products: where cooperative
+    // candidates exist, timing SIMT ones there would only lengthen tuning.
+    let large = p.shape.flops() >= f64::from(1u32 << 30);
+    let has_coop = all.iter().any(|k| k.variant.is_coop());
+    for cand in all
+        .into_iter()
+        .filter(|k| k.variant.is_coop() || !(has_coop && large))
+    {
         let k = p.kernel(cand.variant, caps.subgroup);
         if !k.feasible(&caps) || !seen.insert(k) {
             continue;
@@ -297,10 +305,10 @@ fn check(p: &Problem, kernel: &MatmulKernel) -> Result<f64> {
             .collect()
     };
     let a_host = rand_vec(batch * m * kk, p.input);
-    let b_host = rand_vec(if s.stride_b == 0 { 1 } else { batch } * kk * n, p.input);
+    let b_batches = if s.stride_b == 0 { 1 } else { batch };
+    let b_host = rand_vec(b_batches * kk * n, p.input);
     let bias_host = p.epilogue.bias.then(|| rand_vec(n, p.out));
     let res_host = p.epilogue.residual.then(|| rand_vec(batch * m * n, p.out));
-    let b_batches = b_host.len() / (kk * n).max(1);
 
     // Upload in the stored orientation, then view as the logical operand.
     let a_t = upload_operand(device, &a_host, Some(batch), m, kk, p.trans.0, p.input)?;
