@@ -60,7 +60,8 @@ def positive(text):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=("dispatch", "bandwidth", "all", "matmul"), default="all")
+    p.add_argument("--suite", choices=("dispatch", "bandwidth", "all", "matmul", "ops"),
+                   default="all")
     p.add_argument("--json", metavar="PATH", help="write JSON to PATH ('-' for stdout, no table)")
     p.add_argument("--quick", action="store_true", help="few iterations, small sizes")
     p.add_argument("--sizes", type=lambda s: [parse_elements(x) for x in s.split(",") if x],
@@ -73,6 +74,12 @@ def parse_args(argv):
     p.add_argument("--device", default="cuda", help="torch device (default cuda)")
     p.add_argument("--mm-cases", default="", help="matmul cases name:m:n:k:ta:tb, comma-separated")
     p.add_argument("--mm-samples", type=positive, help="samples per matmul case (default 10)")
+    p.add_argument("--ops-cases", default=",".join(OPS_CASES),
+                   help="ops cases, comma-separated (default all: " + ",".join(OPS_CASES) + ")")
+    p.add_argument("--ops-shapes", default="",
+                   help="ops shapes ROWSxCOLS, comma-separated (default 4096x768,4096x3072,"
+                        "4096x50257; --quick 64x768,4x50257)")
+    p.add_argument("--ops-samples", type=positive, help="samples per ops case (default 25)")
     args = p.parse_args(argv)
     q = args.quick
     args.sizes = args.sizes or ([64 << 10] if q else [4 << 20, 64 << 20])
@@ -84,11 +91,21 @@ def parse_args(argv):
     args.target_sample_us = 1000.0 if q else 5000.0
     args.max_k = 8 if q else 4096
     args.dtypes = [d for d in args.dtypes.split(",") if d]
-    allowed = ("f32", "f16", "bf16") if args.suite == "matmul" else ("f32", "f16")
+    allowed = ("f32", "f16", "bf16") if args.suite in ("matmul", "ops") else ("f32", "f16")
     for d in args.dtypes:
         if d not in allowed:
             p.error(f"unknown dtype {d!r}; use {' or '.join(allowed)}")
     args.mm_samples = args.mm_samples or (3 if q else 10)
+    args.ops_samples = args.ops_samples or (3 if q else 25)
+    shapes = args.ops_shapes or ("64x768,4x50257" if q else "4096x768,4096x3072,4096x50257")
+    try:
+        args.ops_shapes = [tuple(int(v) for v in s.lower().split("x")) for s in shapes.split(",") if s]
+    except ValueError:
+        p.error(f"--ops-shapes {shapes!r}: use ROWSxCOLS, comma-separated")
+    args.ops_cases = [c for c in args.ops_cases.split(",") if c]
+    for c in args.ops_cases:
+        if c not in OPS_CASES:
+            p.error(f"unknown ops case {c!r}; use {', '.join(OPS_CASES)}")
     return args
 
 
@@ -280,6 +297,84 @@ def matmul_suite(torch, dev, a):
     return results
 
 
+# ---------------------------------------------------------------- ops
+
+
+def _layer_norm_fwdbwd(torch, F, x, g, b, dy):
+    xg = x.detach().requires_grad_(True)
+    gg = g.detach().requires_grad_(True)
+    bg = b.detach().requires_grad_(True)
+
+    def run():
+        y = F.layer_norm(xg, (x.shape[-1],), gg, bg, 1e-5)
+        y.backward(dy)
+        xg.grad = gg.grad = bg.grad = None
+    return run
+
+
+# The ops cases, as in `helios bench ops` (crates/helios-cli/src/bench/ops.rs, `CASES`): name ->
+# make(torch, F, x, gamma, beta, dy) returning a function that runs one op. Add a case here and
+# there with the same name. Byte counts (for GB/s) are Helios's, applied to these times.
+OPS_CASES = {
+    "softmax": lambda torch, F, x, g, b, dy: lambda: torch.softmax(x, -1),
+    "layernorm_fwd": lambda torch, F, x, g, b, dy:
+        lambda: F.layer_norm(x, (x.shape[-1],), g, b, 1e-5),
+    "layernorm_fwdbwd": _layer_norm_fwdbwd,
+    "sum_all": lambda torch, F, x, g, b, dy: lambda: x.sum(),
+    "sum_last": lambda torch, F, x, g, b, dy: lambda: x.sum(-1),
+}
+OPS_NEED_DY = ("layernorm_fwdbwd",)
+
+
+def ops_suite(torch, dev, a):
+    """The ops cases timed like `helios bench ops`: CUDA events around K back-to-back ops
+    (K so a sample lasts ~5 ms), inputs rotating over 256 MiB of copies, outputs dropped."""
+    import torch.nn.functional as F
+    dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    results = []
+    target, max_k = (1000.0, 4) if a.quick else (5000.0, 2048)
+    for rows, cols in a.ops_shapes:
+        for dname in a.dtypes:
+            dt = dtypes[dname]
+            gen = torch.Generator(device=dev).manual_seed(7)
+            size = torch.empty((), dtype=dt).element_size()
+            need_dy = any(c in OPS_NEED_DY for c in a.ops_cases)
+            per_set = rows * cols * size * (2 if need_dy else 1)
+            count = max(1, min(MAX_ROTATION, -(-ROTATE_BYTES // max(1, per_set))))
+            x0 = (torch.rand(rows, cols, device=dev, generator=gen) * 2 - 1).to(dt)
+            g = (1 + 0.5 * (torch.rand(cols, device=dev, generator=gen) * 2 - 1)).to(dt)
+            b = (torch.rand(cols, device=dev, generator=gen) * 2 - 1).to(dt)
+            dy0 = ((torch.rand(rows, cols, device=dev, generator=gen) * 2 - 1).to(dt)
+                   if need_dy else None)
+            sets = [(x0.clone(), None if dy0 is None else dy0.clone()) for _ in range(count)]
+            for case in a.ops_cases:
+                fns = [OPS_CASES[case](torch, F, x, g, b, dy) for x, dy in sets]
+
+                def sample(k):
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    torch.cuda.synchronize()
+                    start.record()
+                    for i in range(k):
+                        fns[i % count]()
+                    end.record()
+                    end.synchronize()
+                    return start.elapsed_time(end) * 1e3 / k
+
+                with torch.enable_grad():
+                    sample(2)
+                    k = min(4, max_k)
+                    for _ in range(2):
+                        per = sample(k)
+                        k = max(1, min(max_k, math.ceil(target / per) if per > 0 else max_k))
+                    times = [sample(k) for _ in range(a.ops_samples)]
+                r = row("ops", case, dname, rows * cols, times, ops_per_sample=k)
+                r.update({"rows": rows, "cols": cols})
+                results.append(r)
+            del sets, x0, dy0
+    return results
+
+
 # ---------------------------------------------------------------- output
 
 
@@ -327,6 +422,8 @@ def main(argv=None):
             doc["results"] += bandwidth(torch, dev, a)
         if a.suite == "matmul":
             doc["results"] += matmul_suite(torch, dev, a)
+        if a.suite == "ops":
+            doc["results"] += ops_suite(torch, dev, a)
     text = json.dumps(doc, indent=2) + "\n"
     if a.json == "-":
         sys.stdout.write(text)

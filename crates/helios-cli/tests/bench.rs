@@ -227,3 +227,58 @@ fn torch_reference_help_parses() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("--suite"));
 }
+
+#[test]
+fn ops_quick_with_a_stand_in_torch_script() {
+    // Every ops case at two small shapes (one row longer than a workgroup's registers), JSON
+    // on stdout; with python3, a stand-in torch script whose softmax figure gets attached.
+    let script = tmp("fake_torch_ops.py");
+    std::fs::write(
+        &script,
+        r#"import json, sys
+assert sys.argv[sys.argv.index("--suite") + 1] == "ops"
+assert "softmax" in sys.argv[sys.argv.index("--ops-cases") + 1]
+print(json.dumps({"suite": "ops", "torch": "9.9", "cuda": "0", "device": "Fake",
+  "results": [{"suite": "ops", "case": "softmax", "dtype": "f32", "elements": 1600,
+               "rows": 16, "cols": 100, "median_us": 2.0, "p95_us": 2.5, "cv": 0.1}]}))
+"#,
+    )
+    .unwrap();
+    let mut args = vec![
+        "bench",
+        "ops",
+        "--quick",
+        "--shapes",
+        "16x100,3x9001",
+        "--samples",
+        "2",
+        "--json",
+        "-",
+    ];
+    if has_python() {
+        args.extend([
+            "--compare",
+            "torch",
+            "--torch-script",
+            script.to_str().unwrap(),
+        ]);
+    }
+    let out = helios(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    check_metadata(&v, "ops");
+    let results = v["results"].as_array().unwrap();
+    // 2 shapes × 2 dtypes (f32, bf16) × 5 cases.
+    assert_eq!(results.len(), 20);
+    for r in results {
+        assert!(r["gbps"].as_f64().is_some_and(|g| g > 0.0), "{r}");
+        assert!(r["variant"].as_str().is_some_and(|s| !s.is_empty()));
+    }
+    assert_eq!(results[0]["case"], "softmax");
+    if has_python() {
+        assert_eq!(results[0]["torch"]["median_us"].as_f64(), Some(2.0));
+        // Torch's GB/s from Helios's byte count: 2·1600·4 bytes in 2 µs.
+        assert_eq!(results[0]["torch"]["gbps"].as_f64(), Some(6.4));
+        assert!(results[1]["torch"].is_null());
+    }
+}

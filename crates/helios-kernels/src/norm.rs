@@ -47,6 +47,16 @@ pub enum NormVariant {
     Streaming { unroll: u8 },
 }
 
+impl NormVariant {
+    /// A short tag ("cached6v4", "stream_u4") for kernel names and tables.
+    pub fn tag(&self) -> String {
+        match *self {
+            NormVariant::Cached { slots, vec } => format!("cached{slots}v{vec}"),
+            NormVariant::Streaming { unroll } => format!("stream_u{unroll}"),
+        }
+    }
+}
+
 /// Most slots per invocation a cached forward / backward keeps by default.
 pub const NORM_CACHED_SLOTS: [u32; 2] = [8, 4];
 /// Default workgroup size.
@@ -109,10 +119,7 @@ pub(crate) struct Ctx {
 
 impl NormKernel {
     pub fn name(&self) -> String {
-        let v = match self.variant {
-            NormVariant::Cached { slots, vec } => format!("cached{slots}v{vec}"),
-            NormVariant::Streaming { unroll } => format!("stream_u{unroll}"),
-        };
+        let v = self.variant.tag();
         format!(
             "{}norm{}_{v}_{}_{}_{}_wg{}",
             if self.kind == NormKind::Layer {

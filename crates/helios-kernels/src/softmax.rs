@@ -37,6 +37,16 @@ pub enum SoftmaxVariant {
     Streaming { unroll: u8 },
 }
 
+impl SoftmaxVariant {
+    /// A short tag ("cached6", "stream_u4") for kernel names and tables.
+    pub fn tag(&self) -> String {
+        match *self {
+            SoftmaxVariant::Cached { slots } => format!("cached{slots}"),
+            SoftmaxVariant::Streaming { unroll } => format!("stream_u{unroll}"),
+        }
+    }
+}
+
 /// Most slots per invocation the cached forward (one tensor in registers) and backward (two)
 /// keep by default.
 pub const SOFTMAX_CACHED_SLOTS: [u32; 2] = [8, 4];
@@ -96,10 +106,7 @@ struct RowStats {
 
 impl SoftmaxKernel {
     pub fn name(&self) -> String {
-        let v = match self.variant {
-            SoftmaxVariant::Cached { slots } => format!("cached{slots}"),
-            SoftmaxVariant::Streaming { unroll } => format!("stream_u{unroll}"),
-        };
+        let v = self.variant.tag();
         format!(
             "{}softmax{}{}_{v}_{}_{}_wg{}",
             if self.log { "log_" } else { "" },

@@ -38,5 +38,5 @@ pub use ops::{
     coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,
     TuneReport,
 };
-pub use ops::{NormGrads, NormOutput, SoftmaxOptions};
+pub use ops::{NormGrads, NormOutput, RowOp, SoftmaxOptions};
 pub use tensor::Tensor;

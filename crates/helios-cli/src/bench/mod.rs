@@ -11,6 +11,7 @@
 mod bandwidth;
 mod dispatch;
 mod matmul;
+mod ops;
 mod report;
 mod stats;
 mod torch;
@@ -32,7 +33,8 @@ pub type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 #[derive(Args)]
 pub struct BenchArgs {
     /// dispatch: host overhead of tiny ops; bandwidth: memory-bound kernels in GB/s; all: both;
-    /// matmul: matrix products (squares, GPT-2 shapes) in TFLOP/s, not part of `all`.
+    /// matmul: matrix products (squares, GPT-2 shapes) in TFLOP/s, not part of `all`;
+    /// ops: softmax, layernorm and sums at GPT-2 shapes in GB/s, not part of `all`.
     #[arg(value_enum)]
     suite: Suite,
     /// Few iterations and small sizes (a smoke test, e.g. on lavapipe); figures are not
@@ -66,9 +68,14 @@ pub struct BenchArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     ops: Option<u32>,
     /// Matmul cases, comma-separated: names (sq4096, gpt2_fc_fwd, ...) or groups (squares,
-    /// gpt2); default all.
+    /// gpt2); ops cases: softmax, layernorm_fwd, layernorm_fwdbwd, sum_all, sum_last; default
+    /// all.
     #[arg(long, value_delimiter = ',')]
     cases: Vec<String>,
+    /// Shapes for the ops suite, comma-separated ROWSxCOLS (default 4096x768, 4096x3072,
+    /// 4096x50257; with --quick 64x768, 4x50257).
+    #[arg(long, value_delimiter = ',')]
+    shapes: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -77,6 +84,7 @@ enum Suite {
     Bandwidth,
     All,
     Matmul,
+    Ops,
 }
 
 impl Suite {
@@ -86,6 +94,7 @@ impl Suite {
             Suite::Bandwidth => "bandwidth",
             Suite::All => "all",
             Suite::Matmul => "matmul",
+            Suite::Ops => "ops",
         }
     }
 }
@@ -244,6 +253,9 @@ impl Drop for BatchLimitGuard<'_> {
 pub fn run(args: &BenchArgs) -> CliResult {
     if args.suite == Suite::Matmul {
         return matmul::run(args);
+    }
+    if args.suite == Suite::Ops {
+        return ops::run(args);
     }
     let plan = Plan::from_args(args);
     if plan.bandwidth.as_ref().is_some_and(|b| b.dtypes.is_empty()) {

@@ -16,4 +16,5 @@ pub use matmul::{MatmulChoice, MatmulOptions};
 pub use matmul_tune::{coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, TuneReport};
 pub use norm::{NormGrads, NormOutput};
 pub use optim::{adamw_step, AdamWConfig, AdamWParam};
+pub use reduce::RowOp;
 pub use softmax::SoftmaxOptions;

@@ -301,3 +301,74 @@ fn run_step(
         |c, g, addrs| Ok(kernel.launch(&c.module, g, step.dims, addrs, scale)?),
     )
 }
+
+/// A row-family op, for [`Device::describe_row_op`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowOp {
+    /// A reduction over the last axis (`all`: over everything).
+    Reduce {
+        all: bool,
+    },
+    Softmax {
+        backward: bool,
+    },
+    Norm {
+        backward: bool,
+    },
+}
+
+impl Device {
+    /// The kernel variant this device runs for `op` on `rows` rows of `len` (what the family's
+    /// selection function picks, with the reducer and workgroup size): for benchmark tables
+    /// and logs.
+    pub fn describe_row_op(&self, op: RowOp, rows: usize, len: usize) -> String {
+        let cfg = self.config().rows;
+        let tag = self.reducer().tag();
+        match op {
+            RowOp::Reduce { all } => {
+                let (outer, axis) = if all { (1, rows * len) } else { (rows, len) };
+                let setup = self.reduce_setup();
+                match reduce::plan(
+                    Reduction::Sum,
+                    helios_kernels::Storage::F32,
+                    outer as u64,
+                    axis as u64,
+                    1,
+                    &setup,
+                ) {
+                    Ok(steps) => {
+                        let parts: Vec<String> = steps
+                            .iter()
+                            .map(|s| match s.dims {
+                                reduce::Dims::Rows {
+                                    splits, threads, ..
+                                } if splits > 1 => {
+                                    format!("{threads}/row x{splits} chunks")
+                                }
+                                reduce::Dims::Rows { threads, .. } => format!("{threads}/row"),
+                                reduce::Dims::Columns { splits, .. } => format!("cols x{splits}"),
+                            })
+                            .collect();
+                        format!(
+                            "{} {tag} wg{} u{}",
+                            parts.join(" + "),
+                            setup.workgroup,
+                            setup.unroll
+                        )
+                    }
+                    Err(e) => e.to_string(),
+                }
+            }
+            RowOp::Softmax { backward } => {
+                let w = self.row_workgroup(helios_kernels::softmax::SOFTMAX_WORKGROUP);
+                let (v, t) = helios_kernels::softmax::select(len as u64, backward, &cfg, w);
+                format!("{} {t}/row {tag} wg{w}", v.tag())
+            }
+            RowOp::Norm { backward } => {
+                let w = self.row_workgroup(helios_kernels::norm::NORM_WORKGROUP);
+                let (v, t) = helios_kernels::norm::select(len as u64, backward, &cfg, w);
+                format!("{} {t}/row {tag} wg{w}", v.tag())
+            }
+        }
+    }
+}

@@ -1,0 +1,582 @@
+// `helios bench ops`: the memory-bound kernels of a training step (softmax, layernorm forward
+// and forward+backward, sums) at GPT-2 shapes, in GB/s of their ideal traffic and as a share
+// of the compute-copy bandwidth, beside PyTorch (`--compare torch`).
+//
+// Methodology: per (shape, dtype), a compute-shader copy of the same tensor is measured first
+// (the ceiling: "% copy" = op GB/s / copy GB/s). Every case then runs `samples` samples of K
+// back-to-back ops between two GPU timestamps (K so a sample lasts ~5 ms), per-op time =
+// sample / K; outputs are dropped at once so the pool reuses their memory, and inputs rotate
+// over enough copies (256 MiB in all) that the L2 cache cannot serve one op from the last.
+// Ideal bytes: every input read once and every output written once (x, gamma, beta, dy; y,
+// mean, rstd, dx, dgamma, dbeta as the op has them); PyTorch's GB/s uses the same count.
+// Cases live in one table, `CASES`: a name, a byte count, the variant description and a
+// function that records one op; another op is one more entry (and one in
+// bench/torch_reference.py's `OPS_CASES`).
+
+use std::path::Path;
+use std::process::Command;
+
+use helios::{DType, Device, RowOp, SoftmaxOptions, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::stats::Summary;
+use super::{random_values, report, summarize, torch, BenchArgs, BenchResult, Compare};
+use crate::CliResult;
+
+/// Input bytes the rotation spans (several times the L2 of current GPUs).
+const ROTATE_BYTES: usize = 256 << 20;
+const MAX_ROTATION: usize = 32;
+
+/// The tensors one op reads.
+struct Inputs {
+    /// (rows, cols)
+    x: Tensor,
+    /// (rows, cols), only for cases that need an output gradient.
+    dy: Option<Tensor>,
+    /// (cols), in x's dtype.
+    gamma: Tensor,
+    beta: Tensor,
+}
+
+/// One case of the suite (see the module comment).
+struct OpCase {
+    name: &'static str,
+    /// Whether `Inputs::dy` is needed.
+    needs_dy: bool,
+    /// Ideal bytes for (rows, cols) of `size`-byte elements.
+    bytes: fn(rows: u64, cols: u64, size: u64) -> u64,
+    /// The kernels it runs on `device`, for the table.
+    variant: fn(device: &Device, rows: usize, cols: usize) -> String,
+    /// Records one op (its outputs are dropped on return).
+    run: fn(&Inputs) -> helios::Result<()>,
+}
+
+/// Bytes of a layernorm forward: x read, y written, gamma and beta read, mean and rstd (f32)
+/// written.
+fn ln_fwd_bytes(rows: u64, cols: u64, size: u64) -> u64 {
+    2 * rows * cols * size + 2 * cols * size + 2 * rows * 4
+}
+
+const CASES: &[OpCase] = &[
+    OpCase {
+        name: "softmax",
+        needs_dy: false,
+        bytes: |r, c, s| 2 * r * c * s,
+        variant: |d, r, c| d.describe_row_op(RowOp::Softmax { backward: false }, r, c),
+        run: |i| i.x.softmax_with(SoftmaxOptions::default()).map(drop),
+    },
+    OpCase {
+        name: "layernorm_fwd",
+        needs_dy: false,
+        bytes: ln_fwd_bytes,
+        variant: |d, r, c| d.describe_row_op(RowOp::Norm { backward: false }, r, c),
+        run: |i| i.x.layer_norm(&i.gamma, &i.beta, 1e-5).map(drop),
+    },
+    OpCase {
+        name: "layernorm_fwdbwd",
+        needs_dy: true,
+        // Forward, then backward: x, gamma, mean, rstd, dy read; dx, dgamma, dbeta written.
+        bytes: |r, c, s| ln_fwd_bytes(r, c, s) + 3 * r * c * s + 3 * c * s + 2 * r * 4,
+        variant: |d, r, c| {
+            format!(
+                "{} | {}",
+                d.describe_row_op(RowOp::Norm { backward: false }, r, c),
+                d.describe_row_op(RowOp::Norm { backward: true }, r, c)
+            )
+        },
+        run: |i| {
+            let f = i.x.layer_norm(&i.gamma, &i.beta, 1e-5)?;
+            let dy = i.dy.as_ref().expect("layernorm_fwdbwd has dy");
+            let mean = f.mean.as_ref().expect("layernorm saves the mean");
+            i.x.layer_norm_backward(&i.gamma, mean, &f.rstd, dy)
+                .map(drop)
+        },
+    },
+    OpCase {
+        name: "sum_all",
+        needs_dy: false,
+        bytes: |r, c, s| r * c * s + s,
+        variant: |d, r, c| d.describe_row_op(RowOp::Reduce { all: true }, r, c),
+        run: |i| i.x.sum_all().map(drop),
+    },
+    OpCase {
+        name: "sum_last",
+        needs_dy: false,
+        bytes: |r, c, s| r * c * s + r * s,
+        variant: |d, r, c| d.describe_row_op(RowOp::Reduce { all: false }, r, c),
+        run: |i| i.x.sum(-1).map(drop),
+    },
+];
+
+/// The shapes measured by default (GPT-2: width, MLP width, vocabulary, at 4096 tokens).
+const SHAPES: [(usize, usize); 3] = [(4096, 768), (4096, 3072), (4096, 50257)];
+/// Small shapes for --quick (a smoke test on lavapipe).
+const QUICK_SHAPES: [(usize, usize); 2] = [(64, 768), (4, 50257)];
+
+/// PyTorch's figures for one case.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct TorchOp {
+    pub case: String,
+    pub dtype: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub median_us: f64,
+    pub p95_us: f64,
+    pub cv: f64,
+    /// GB/s of the same ideal bytes (filled in here).
+    #[serde(default)]
+    pub gbps: Option<f64>,
+}
+
+/// One measured case.
+#[derive(Clone, Debug, Serialize)]
+pub struct OpResult {
+    pub case: &'static str,
+    pub dtype: &'static str,
+    pub rows: usize,
+    pub cols: usize,
+    pub variant: String,
+    pub ops_per_sample: usize,
+    pub input_sets: usize,
+    pub time_us: Summary,
+    pub bytes_per_op: u64,
+    pub gbps: f64,
+    /// GB/s of the compute-shader copy of x measured in this run.
+    pub copy_gbps: f64,
+    pub pct_of_copy: f64,
+    pub torch: Option<TorchOp>,
+}
+
+impl OpResult {
+    /// PyTorch's median time over ours: above 1 means Helios is faster.
+    pub fn speedup(&self) -> Option<f64> {
+        let t = self.torch.as_ref()?;
+        (self.time_us.median > 0.0).then(|| t.median_us / self.time_us.median)
+    }
+}
+
+fn parse_dtype(name: &str) -> Option<DType> {
+    DType::ALL.into_iter().find(|d| d.name() == name)
+}
+
+/// "4096x768" → (4096, 768).
+fn parse_shape(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("{s:?} is not a shape ROWSxCOLS (e.g. 4096x768)");
+    let (r, c) = s.trim().split_once(['x', 'X']).ok_or_else(bad)?;
+    let r: usize = r.trim().parse().map_err(|_| bad())?;
+    let c: usize = c.trim().parse().map_err(|_| bad())?;
+    if r == 0 || c == 0 || r.saturating_mul(c) >= 1 << 31 {
+        return Err(format!("{s}: rows·cols must be between 1 and 2^31 − 1"));
+    }
+    Ok((r, c))
+}
+
+/// Input sets for one (shape, dtype): enough distinct copies to span `ROTATE_BYTES`.
+fn input_sets(
+    device: &Device,
+    rows: usize,
+    cols: usize,
+    dt: DType,
+    dy: bool,
+) -> BenchResult<Vec<Inputs>> {
+    let n = rows * cols;
+    let set_bytes = (n * dt.size() * (1 + usize::from(dy))).max(1);
+    let count = ROTATE_BYTES.div_ceil(set_bytes).clamp(1, MAX_ROTATION);
+    let x = random_values(n, 0x0b5);
+    let g: Vec<f32> = random_values(cols, 0x0b6)
+        .iter()
+        .map(|v| 1.0 + 0.5 * v)
+        .collect();
+    let b = random_values(cols, 0x0b7);
+    let d = dy.then(|| random_values(n, 0x0b8));
+    let mut sets = Vec::with_capacity(count);
+    for _ in 0..count {
+        sets.push(Inputs {
+            x: Tensor::from_slice_as(device, &x, &[rows, cols], dt)?,
+            dy: d
+                .as_ref()
+                .map(|d| Tensor::from_slice_as(device, d, &[rows, cols], dt))
+                .transpose()?,
+            gamma: Tensor::from_slice_as(device, &g, &[cols], dt)?,
+            beta: Tensor::from_slice_as(device, &b, &[cols], dt)?,
+        });
+    }
+    device.synchronize()?;
+    Ok(sets)
+}
+
+/// Per-op GPU time (µs) of `k` ops back to back over the rotating `sets`.
+fn sample(
+    device: &Device,
+    run: fn(&Inputs) -> helios::Result<()>,
+    sets: &[Inputs],
+    k: usize,
+) -> BenchResult<f64> {
+    device.set_batch_limit(u32::try_from(2 * k + 64).unwrap_or(u32::MAX));
+    device.synchronize()?;
+    let ctx = device.context();
+    let timer = ctx.start_gpu_timer()?;
+    for i in 0..k {
+        run(&sets[i % sets.len()])?;
+    }
+    let span = ctx.stop_gpu_timer(timer)?;
+    Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / k as f64)
+}
+
+/// Warm-up, K calibration, then `samples` samples.
+fn time_op(
+    device: &Device,
+    run: fn(&Inputs) -> helios::Result<()>,
+    sets: &[Inputs],
+    samples: usize,
+    quick: bool,
+) -> BenchResult<(Vec<f64>, usize)> {
+    let (target, max_k) = if quick { (1_000.0, 4) } else { (5_000.0, 2048) };
+    sample(device, run, sets, 2)?;
+    let mut k = 4.min(max_k);
+    for _ in 0..2 {
+        let per = sample(device, run, sets, k)?;
+        k = if per > 0.0 {
+            (target / per).ceil() as usize
+        } else {
+            max_k
+        }
+        .clamp(1, max_k);
+    }
+    let times = (0..samples)
+        .map(|_| sample(device, run, sets, k))
+        .collect::<BenchResult<Vec<f64>>>()?;
+    Ok((times, k))
+}
+
+/// `helios bench ops`.
+pub fn run(args: &BenchArgs) -> CliResult {
+    let quick = args.quick;
+    let samples = args
+        .samples
+        .map_or(if quick { 3 } else { 25 }, |s| s as usize);
+    let dtypes: Vec<DType> = if args.dtypes.is_empty() {
+        vec![DType::F32, DType::BF16]
+    } else {
+        args.dtypes.iter().filter_map(|d| parse_dtype(d)).collect()
+    };
+    let shapes: Vec<(usize, usize)> = if !args.shapes.is_empty() {
+        args.shapes
+            .iter()
+            .map(|s| parse_shape(s))
+            .collect::<Result<_, _>>()?
+    } else if quick {
+        QUICK_SHAPES.to_vec()
+    } else {
+        SHAPES.to_vec()
+    };
+    let cases: Vec<&OpCase> = CASES
+        .iter()
+        .filter(|c| args.cases.is_empty() || args.cases.iter().any(|s| s == c.name))
+        .collect();
+    if cases.is_empty() {
+        let names: Vec<&str> = CASES.iter().map(|c| c.name).collect();
+        return Err(format!("--cases selects no ops case (names: {})", names.join(", ")).into());
+    }
+    let script = match args.compare {
+        Some(Compare::Torch) => match torch::locate(args.torch_script.as_deref()) {
+            Ok(p) => Some(p),
+            Err(e) if args.torch_script.is_some() => return Err(e.into()),
+            Err(note) => {
+                eprintln!("note: torch comparison skipped: {note}");
+                None
+            }
+        },
+        None => None,
+    };
+
+    let device = Device::from_env()?;
+    let limit = device.context().batch_limit();
+    eprintln!("bench: ops on {}", device.name());
+    let mut results = Vec::new();
+    for &(rows, cols) in &shapes {
+        for &dt in &dtypes {
+            let dy = cases.iter().any(|c| c.needs_dy);
+            let sets = input_sets(&device, rows, cols, dt, dy)?;
+            let n = (rows * cols) as u64;
+            let size = dt.size() as u64;
+            let (copy_times, _) =
+                time_op(&device, |i| i.x.copy().map(drop), &sets, samples, quick)?;
+            let copy = summarize(&copy_times, "copy")?;
+            let copy_gbps = 2.0 * (n * size) as f64 / (copy.median * 1e-6) / 1e9;
+            for c in &cases {
+                let (times, k) = time_op(&device, c.run, &sets, samples, quick)?;
+                let time_us = summarize(&times, c.name)?;
+                let bytes = (c.bytes)(rows as u64, cols as u64, size);
+                let gbps = bytes as f64 / (time_us.median * 1e-6) / 1e9;
+                let r = OpResult {
+                    case: c.name,
+                    dtype: dt.name(),
+                    rows,
+                    cols,
+                    variant: (c.variant)(&device, rows, cols),
+                    ops_per_sample: k,
+                    input_sets: sets.len(),
+                    time_us,
+                    bytes_per_op: bytes,
+                    gbps,
+                    copy_gbps,
+                    pct_of_copy: 100.0 * gbps / copy_gbps,
+                    torch: None,
+                };
+                eprintln!(
+                    "bench: {} {} {rows}x{cols} {:.2} µs {:.0} GB/s ({:.0}% copy)",
+                    c.name, r.dtype, r.time_us.median, r.gbps, r.pct_of_copy
+                );
+                results.push(r);
+            }
+            drop(sets);
+            device.synchronize()?;
+        }
+    }
+    device.set_batch_limit(limit);
+
+    let mut torch_meta = None;
+    let mut torch_note = None;
+    if let Some(script) = &script {
+        eprintln!("bench: running {}", script.display());
+        match run_torch(script, &cases, &shapes, &dtypes, samples, quick) {
+            Ok((meta, rows)) => {
+                for r in results.iter_mut() {
+                    r.torch = rows
+                        .iter()
+                        .find(|t| {
+                            t.case == r.case
+                                && t.dtype == r.dtype
+                                && t.rows == r.rows
+                                && t.cols == r.cols
+                        })
+                        .cloned()
+                        .map(|mut t| {
+                            t.gbps = Some(r.bytes_per_op as f64 / (t.median_us * 1e-6) / 1e9);
+                            t
+                        });
+                }
+                torch_meta = Some(meta);
+            }
+            Err(note) => {
+                eprintln!("note: torch comparison skipped: {note}");
+                torch_note = Some(note);
+            }
+        }
+    }
+
+    let plan = super::Plan {
+        quick,
+        dispatch: None,
+        bandwidth: None,
+    };
+    let meta = report::RunMeta::collect(&device, "ops", &plan, torch_meta, torch_note);
+    let text = table(&meta, &results);
+    let to_stdout_json = args.json.as_deref() == Some(Path::new("-"));
+    if to_stdout_json {
+        eprint!("{text}");
+    } else {
+        report::write_stdout(&text)?;
+    }
+    if let Some(path) = &args.json {
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            #[serde(flatten)]
+            meta: &'a report::RunMeta<'a>,
+            samples: usize,
+            results: &'a [OpResult],
+        }
+        let json = serde_json::to_string_pretty(&Doc {
+            meta: &meta,
+            samples,
+            results: &results,
+        })? + "\n";
+        if to_stdout_json {
+            report::write_stdout(&json)?;
+        } else {
+            std::fs::write(path, json)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            eprintln!("bench: wrote {}", path.display());
+        }
+    }
+    let messages = device.validation_messages();
+    if !messages.is_empty() {
+        for m in &messages {
+            eprintln!("{m}");
+        }
+        return Err(format!(
+            "{} Vulkan validation message(s), printed above",
+            messages.len()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Runs `torch_reference.py --suite ops` for the same cases, shapes and dtypes.
+fn run_torch(
+    script: &Path,
+    cases: &[&OpCase],
+    shapes: &[(usize, usize)],
+    dtypes: &[DType],
+    samples: usize,
+    quick: bool,
+) -> Result<(serde_json::Value, Vec<TorchOp>), String> {
+    let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
+    let shapes: Vec<String> = shapes.iter().map(|(r, c)| format!("{r}x{c}")).collect();
+    let dts: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+    let mut cmd = Command::new("python3");
+    cmd.arg(script)
+        .args(["--suite", "ops", "--json", "-"])
+        .args(["--ops-cases", &names.join(",")])
+        .args(["--ops-shapes", &shapes.join(",")])
+        .args(["--dtypes", &dts.join(",")])
+        .args(["--ops-samples", &samples.to_string()]);
+    if quick {
+        cmd.arg("--quick");
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no message");
+        return Err(last.trim().to_owned());
+    }
+    let mut meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("unusable JSON: {e}"))?;
+    let rows = match meta.as_object_mut().and_then(|m| m.remove("results")) {
+        Some(r) => serde_json::from_value(r).map_err(|e| format!("unusable JSON: {e}"))?,
+        None => Vec::new(),
+    };
+    Ok((meta, rows))
+}
+
+/// GB/s: whole numbers where they are large, three decimals on slow (CPU) devices.
+fn gbps(v: f64) -> String {
+    if v < 10.0 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn table(meta: &report::RunMeta, rows: &[OpResult]) -> String {
+    use std::fmt::Write as _;
+    let mut s = format!(
+        "{} | {} | Vulkan {} | commit {} | {}\n",
+        meta.device, meta.driver, meta.vulkan_api, meta.commit, meta.date
+    );
+    if let Some(t) = &meta.torch {
+        let field = |k: &str| t.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_owned();
+        let _ = writeln!(
+            s,
+            "torch {} (CUDA {}) on {}",
+            field("torch"),
+            field("cuda"),
+            field("device")
+        );
+    }
+    let torch = rows.iter().any(|r| r.torch.is_some());
+    let mut head = vec![
+        "case",
+        "dtype",
+        "shape",
+        "median µs",
+        "p95",
+        "CV",
+        "GB/s",
+        "% copy",
+    ];
+    if torch {
+        head.extend(["torch µs", "torch GB/s", "torch/helios"]);
+    }
+    head.push("variant");
+    let mut table: Vec<Vec<String>> = vec![head.iter().map(|h| h.to_string()).collect()];
+    for r in rows {
+        let mut row = vec![
+            r.case.to_owned(),
+            r.dtype.to_owned(),
+            format!("{}x{}", r.rows, r.cols),
+            format!("{:.2}", r.time_us.median),
+            format!("{:.2}", r.time_us.p95),
+            format!("{:.1}%", 100.0 * r.time_us.cv),
+            gbps(r.gbps),
+            format!("{:.1}%", r.pct_of_copy),
+        ];
+        if torch {
+            match &r.torch {
+                Some(t) => row.extend([
+                    format!("{:.2}", t.median_us),
+                    t.gbps.map_or("-".into(), gbps),
+                    r.speedup().map_or("-".into(), |x| format!("{x:.2}x")),
+                ]),
+                None => row.extend(["-".into(), "-".into(), "-".into()]),
+            }
+        }
+        row.push(r.variant.clone());
+        table.push(row);
+    }
+    let cols = table[0].len();
+    let width: Vec<usize> = (0..cols)
+        .map(|i| {
+            table
+                .iter()
+                .map(|r| r[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "\nops: GPU time (timestamps) per op of K back-to-back ops; GB/s = ideal bytes (inputs read once, \
+         outputs written once) / median; % copy = of the compute copy of the same tensor{}",
+        if torch { "; torch/helios > 1: Helios faster" } else { "" }
+    );
+    for r in &table {
+        let mut line = String::new();
+        for (i, cell) in r.iter().enumerate() {
+            let pad = width[i] - cell.chars().count();
+            if i > 0 {
+                line.push_str("  ");
+            }
+            if i < 3 || i == cols - 1 {
+                line.push_str(cell);
+                line.extend(std::iter::repeat(' ').take(pad));
+            } else {
+                line.extend(std::iter::repeat(' ').take(pad));
+                line.push_str(cell);
+            }
+        }
+        s.push_str(line.trim_end());
+        s.push('\n');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse() {
+        assert_eq!(parse_shape("4096x768"), Ok((4096, 768)));
+        assert_eq!(parse_shape(" 8 X 50257 "), Ok((8, 50257)));
+        assert!(parse_shape("4096").is_err());
+        assert!(parse_shape("0x5").is_err());
+        assert!(parse_shape("65536x65536").is_err());
+    }
+
+    #[test]
+    fn case_names_are_unique() {
+        for (i, a) in CASES.iter().enumerate() {
+            assert!(CASES[i + 1..].iter().all(|b| b.name != a.name));
+        }
+        assert_eq!((CASES[0].bytes)(2, 3, 4), 48);
+    }
+}
