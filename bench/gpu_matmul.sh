@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 HELIOS_CACHE_DIR=$(mktemp -d); export HELIOS_CACHE_DIR
 $B info > "$out/info.txt" 2>&1; grep -E "driver|16x16x16" "$out/info.txt" | head -4
 if [ -x .gpu/t_matmul ]; then
-  timeout 150 .gpu/t_matmul --test-threads 1 > "$out/tests.txt" 2>&1; echo "tests rc=$?"
+  timeout 150 .gpu/t_matmul --test-threads 1 ${TESTS:-} > "$out/tests.txt" 2>&1; echo "tests rc=$?"
   grep -E "^test |SKIPPED|panicked|relative error" "$out/tests.txt" | head -30
 fi
 timeout 420 $B bench matmul --compare torch --json "$out/matmul.json" "$@" > "$out/matmul.txt" 2> "$out/matmul.err"
