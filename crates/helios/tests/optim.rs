@@ -269,3 +269,39 @@ fn bad_arguments_are_errors() {
     adamw_step(&[], &c, 1).unwrap();
     assert_clean(d);
 }
+
+/// A strided gradient (a transposed view) is read in its logical order.
+#[test]
+fn strided_gradient() {
+    let d = device();
+    let mut rng = StdRng::seed_from_u64(34);
+    let (r, c) = (3, 5);
+    let mut p = random(&mut rng, r * c, 0.1, 1.0, DType::F32);
+    let gt = random(&mut rng, r * c, 0.1, 1.0, DType::F32); // (c, r) row-major
+    let param = Tensor::from_slice(d, &p, &[r, c]).unwrap();
+    let zeros = vec![0.0; r * c];
+    let m = Tensor::from_slice(d, &zeros, &[r, c]).unwrap();
+    let v = Tensor::from_slice(d, &zeros, &[r, c]).unwrap();
+    let g = Tensor::from_slice(d, &gt, &[c, r])
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap();
+    let one = AdamWParam {
+        param: &param,
+        grad: &g,
+        m: &m,
+        v: &v,
+        copy: None,
+        weight_decay: 0.0,
+    };
+    let config = AdamWConfig::default();
+    adamw_step(&[one], &config, 1).unwrap();
+    let logical: Vec<f32> = (0..r * c).map(|e| gt[(e % c) * r + e / c]).collect();
+    let (mut mh, mut vh) = (zeros.clone(), zeros);
+    let b = (config.beta1, config.beta2);
+    cpu::adamw(
+        &mut p, &logical, &mut mh, &mut vh, config.lr, b, config.eps, 0.0, 1,
+    );
+    close("param", &param.to_vec().unwrap(), &p, |i| 1e-6 * p[i].abs());
+    assert_clean(d);
+}

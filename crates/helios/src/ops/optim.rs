@@ -68,8 +68,8 @@ pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) ->
         return Ok(());
     };
     let device = first.param.device();
-    let mut written: Vec<u64> = Vec::new();
-    let mut grads = Vec::with_capacity(params.len());
+    // Buffers each step writes, then (below) the gradients' buffers.
+    let mut buffers: Vec<u64> = Vec::new();
     for (i, p) in params.iter().enumerate() {
         let mut tensors = vec![("param", p.param), ("grad", p.grad), ("m", p.m), ("v", p.v)];
         if let Some(c) = p.copy {
@@ -98,7 +98,7 @@ pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) ->
                         "tensor {i}: {name} is a strided or offset view; updates are in place, so pass whole dense tensors"
                     )));
                 }
-                written.push(t.buffer().device_address());
+                buffers.push(t.buffer().device_address());
             }
         }
         if p.param.len() as u64 > u64::from(u32::MAX) {
@@ -108,24 +108,23 @@ pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) ->
             }
             .into());
         }
-        grads.push(p.grad.contiguous()?);
     }
     // A buffer written twice (or written and read as a gradient) would race.
-    let mut all = written.clone();
-    all.extend(grads.iter().map(|g| g.buffer().device_address()));
-    let mut sorted = all.clone();
-    sorted.sort_unstable();
-    if sorted.windows(2).any(|w| w[0] == w[1]) {
+    buffers.extend(params.iter().map(|p| p.grad.buffer().device_address()));
+    buffers.sort_unstable();
+    if buffers.windows(2).any(|w| w[0] == w[1]) {
         return Err(invalid(
             "a tensor appears twice (as two params, moments or copies, or as a param and a gradient); each update needs its own buffers".into(),
         ));
     }
 
-    for (p, grad) in params.iter().zip(&grads) {
+    for p in params {
         let n = p.param.len();
         if n == 0 {
             continue;
         }
+        // A strided gradient is gathered first (the kernel reads dense arrays).
+        let grad = p.grad.contiguous()?;
         let kernel = AdamWKernel {
             grad: grad.dtype().storage(),
             copy: p.copy.map(|c| c.dtype().storage()),
