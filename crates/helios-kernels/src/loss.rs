@@ -1,8 +1,9 @@
 //! Cross-entropy over the last axis, fused with the logits: per-row loss, the mean over the
 //! rows whose target is not ignored, and (in the same pass over each row) dlogits.
 //!
-//! The one decision a reader must know: one workgroup owns one row of `vocab` logits and
-//! makes at most two passes over it. Pass 1 reads the row once with vec4 loads and keeps an
+//! The one decision a reader must know: one group of invocations owns one row of `vocab`
+//! logits (a whole workgroup for a vocabulary like 50257, fewer invocations and several rows
+//! per workgroup for short rows) and makes at most two passes over it. Pass 1 reads the row once with vec4 loads and keeps an
 //! online max / sum-of-exponentials per invocation (`m`, `s`, rescaled when `m` grows), which
 //! are combined across the workgroup; pass 2 (only with the gradient) reads the row again and
 //! writes `dlogits = (softmax − onehot) · scale / count`. Logits are never materialised as
@@ -14,7 +15,7 @@
 //! Three kernels, always dispatched as count → rows → mean:
 //! - `Count` (one workgroup): `stats = [scale / count, count]`, count = rows whose target is
 //!   not `ignore_index` (`scale / count` is 0 when every row is ignored);
-//! - `Rows` (one workgroup per row): `row_loss[r]`, and `dlogits` when `grad`;
+//! - `Rows` (one group per row): `row_loss[r]`, and `dlogits` when `grad`;
 //! - `Mean` (one workgroup): `loss[0] = Σ row_loss / count`, 0 when every row is ignored.
 //!
 //! Rows are walked with the shared row machinery (`rows`): 16-byte slots aligned to the
@@ -31,7 +32,9 @@
 use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val};
 
 use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
-use crate::rows::{for_each_slot, hreduce, hsum, linear_workgroup, Groups, Reducer, Row};
+use crate::rows::{
+    for_each_slot_by, hreduce, hsum, linear_workgroup, row_slots, threads_for, Groups, Reducer, Row,
+};
 use crate::storage::{buffer_scalar, Storage};
 use crate::KernelError;
 
@@ -156,10 +159,17 @@ impl CrossEntropyKernel {
         let groups = |k: &mut KernelBuilder| Groups::new(k, self.setup.reducer, w);
         match self.stage {
             CrossEntropyStage::Count => build_count(&mut k, groups),
-            CrossEntropyStage::Rows { grad } => build_rows(&mut k, self, grad, groups),
+            CrossEntropyStage::Rows { grad } => build_rows(&mut k, self, grad),
             CrossEntropyStage::Mean => build_mean(&mut k, groups),
         }
         k.finish()
+    }
+
+    /// The family's selection function: invocations per row (a power of two up to the
+    /// workgroup) so that each has about `4·unroll` slots of its row, as the streaming softmax.
+    pub fn threads_per_row(&self, vocab: u32, workgroup: u32) -> u32 {
+        let per = 4 * u32::from(self.setup.unroll.max(1));
+        threads_for(row_slots(u64::from(vocab), 4), per, workgroup)
     }
 
     /// Grid and push constants for `args`.
@@ -193,8 +203,11 @@ impl CrossEntropyKernel {
                 [1, 1, 1]
             }
             CrossEntropyStage::Rows { .. } => {
-                args.extend([a.rows, a.vocab, ignore, ignoring].map(Arg::U32));
-                grid(u64::from(a.rows), geometry.max_groups_x)?
+                let threads = self.threads_per_row(a.vocab, geometry.workgroup);
+                let shift = threads.trailing_zeros();
+                args.extend([a.rows, a.vocab, ignore, ignoring, shift].map(Arg::U32));
+                let per = u64::from(geometry.workgroup / threads);
+                grid(u64::from(a.rows).div_ceil(per), geometry.max_groups_x)?
             }
             CrossEntropyStage::Mean => {
                 args.push(Arg::U32(a.rows));
@@ -299,17 +312,9 @@ fn build_mean(k: &mut KernelBuilder, groups: impl FnOnce(&mut KernelBuilder) -> 
 
 // ------------------------------------------------------------------ rows
 
-fn build_rows(
-    k: &mut KernelBuilder,
-    kernel: &CrossEntropyKernel,
-    grad: bool,
-    groups: impl FnOnce(&mut KernelBuilder) -> Groups,
-) {
+fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
     let s = kernel.storage;
-    let (w, unroll) = (
-        kernel.setup.workgroup,
-        u32::from(kernel.setup.unroll.max(1)),
-    );
+    let unroll = u32::from(kernel.setup.unroll.max(1));
     let f32t = Ty::scalar(Scalar::F32);
     let u32t = Ty::scalar(Scalar::U32);
     let logits = k.buffer("logits", buffer_scalar(s), Access::Read);
@@ -317,134 +322,145 @@ fn build_rows(
     let stats = grad.then(|| k.buffer("stats", Scalar::F32, Access::Read));
     let row_loss = k.buffer("row_loss", Scalar::F32, Access::Write);
     let dlogits = grad.then(|| k.buffer("dlogits", buffer_scalar(s), Access::Write));
-    let rows = k.param("rows", u32t);
-    let vocab = k.param("vocab", u32t);
-    let ignore = k.param("ignore_index", u32t);
-    let ignoring = k.param("ignoring", u32t);
+    let params = ["rows", "vocab", "ignore_index", "ignoring", "group_shift"];
+    let params = params.map(|n| k.param(n, u32t));
     k.begin();
-    let mut g = groups(k);
-    let (rows, vocab) = (k.load_param(rows), k.load_param(vocab));
-    let (ignore, ignoring) = (k.load_param(ignore), k.load_param(ignoring));
-    let r = linear_workgroup(k);
-    let in_grid = k.lt(r, rows);
-    // Workgroup-uniform branches only: the reductions inside need every invocation.
-    k.if_(in_grid, |k| {
-        let t = k.load(targets, r, 1);
-        let skip = ignored(k, t, ignore, ignoring);
-        let valid = k.lt(t, vocab);
-        let base = k.mul(r, vocab);
-        let end = k.add(base, vocab);
-        let row = Row {
-            start: base,
-            end,
-            vec: 4,
+    let [rows, vocab, ignore, ignoring, shift] = params.map(|p| k.load_param(p));
+    let mut g = Groups::runtime(k, kernel.setup.reducer, shift);
+    let threads = g.size();
+    let lane = g.lane(k);
+    let per = g.per_workgroup(k);
+    let gi = g.group(k);
+    let wg = linear_workgroup(k);
+    let unit = k.mul(wg, per);
+    let unit = k.add(unit, gi);
+    // Groups past the last row still take part in the reductions (their barriers need the
+    // whole workgroup) on row 0, and store nothing.
+    let in_grid = k.lt(unit, rows);
+    let zero = k.u32(0);
+    let r = k.select(in_grid, unit, zero);
+    let t = k.load(targets, r, 1);
+    let skip = ignored(k, t, ignore, ignoring);
+    let out = k.not(in_grid);
+    let skip = k.or(skip, out);
+    let valid = k.lt(t, vocab);
+    let base = k.mul(r, vocab);
+    let end = k.add(base, vocab);
+    let row = Row {
+        start: base,
+        end,
+        vec: 4,
+    };
+    let (first, last) = (row.first_slot(k), row.end_slot(k));
+    let fzero = k.const_f32(0.0);
+    let nan = k.const_f32(f32::NAN);
+    let v4 = Ty::vector(Scalar::F32, 4);
+    let is_lane0 = k.eq(lane, zero);
+
+    // Pass 1: online max and sum of exp(x − max), per invocation, rescaled once per loop
+    // step. An ignored row is not read (an empty range).
+    let lowest = k.const_f32(-f32::MAX);
+    let m = k.var_init(lowest);
+    let sum = k.var_init(fzero);
+    let no = k.bool(false);
+    let bad = k.var_init(no);
+    let last1 = k.select(skip, first, last);
+    for_each_slot_by(k, first, last1, lane, threads, unroll, |k, slots| {
+        let xs: Vec<Val> = slots
+            .iter()
+            .map(|&slot| row.load(k, logits, s, slot, f32::NEG_INFINITY))
+            .collect();
+        let mut mx = hreduce(k, ReduceOp::Max, xs[0]);
+        let mut nan_here = {
+            let n = k.is_nan(xs[0]);
+            k.any(n)
         };
-        let (first, last) = (row.first_slot(k), row.end_slot(k));
-        let lid = k.local_index();
-        let fzero = k.const_f32(0.0);
-        let nan = k.const_f32(f32::NAN);
-        let v4 = Ty::vector(Scalar::F32, 4);
-        k.if_else(
-            skip,
+        for &x in &xs[1..] {
+            let h = hreduce(k, ReduceOp::Max, x);
+            mx = k.max(mx, h);
+            let n = k.is_nan(x);
+            let n = k.any(n);
+            nan_here = k.or(nan_here, n);
+        }
+        let mold = k.get(m);
+        let mnew = k.max(mold, mx);
+        let dm = k.sub(mold, mnew);
+        let f = k.exp(dm);
+        let ms = k.splat(mnew, 4);
+        let mut es = fzero;
+        for &x in &xs {
+            let d = k.sub(x, ms);
+            let e = k.exp(d);
+            let h = hsum(k, e);
+            es = k.add(es, h);
+        }
+        let so = k.get(sum);
+        let sn = k.fma(so, f, es);
+        k.set(sum, sn);
+        k.set(m, mnew);
+        let b = k.get(bad);
+        let b = k.or(b, nan_here);
+        k.set(bad, b);
+    });
+    let (mi, si, bi) = (k.get(m), k.get(sum), k.get(bad));
+    let si = k.select(bi, nan, si);
+    let mmax = g.reduce(k, ReduceOp::Max, mi);
+    let dm = k.sub(mi, mmax);
+    let f = k.exp(dm);
+    let sc = k.mul(si, f);
+    let ssum = g.reduce(k, ReduceOp::Add, sc);
+    let sn = k.is_nan(ssum);
+    let mn = k.is_nan(mmax);
+    let row_bad = k.or(sn, mn);
+    let ok = k.not(row_bad);
+    let ok = k.and(ok, valid);
+
+    let store_loss = k.and(is_lane0, in_grid);
+    k.if_(store_loss, |k| {
+        let read = k.not(skip);
+        let read = k.and(read, valid);
+        let xt = k.if_value(
+            read,
+            f32t,
             |k| {
-                let first_inv = is_first(k);
-                k.if_(first_inv, |k| k.store(row_loss, r, fzero));
-                if let Some(d) = dlogits {
-                    for_each_slot(k, first, last, lid, w, unroll, |k, slots| {
-                        let z = k.const_float(v4, 0.0);
+                let at = k.add(base, t);
+                crate::storage::load_f32(k, logits, at, 1, s)
+            },
+            |_| nan,
+        );
+        let lse = k.log(ssum);
+        let d = k.sub(mmax, xt);
+        let l = k.add(lse, d);
+        let l = k.select(ok, l, nan);
+        let l = k.select(skip, fzero, l);
+        k.store(row_loss, r, l);
+    });
+
+    // Pass 2 (no barriers): dlogits = (exp(x − max) / sum − onehot) · norm, zeros for an
+    // ignored row.
+    if let (Some(stats), Some(d)) = (stats, dlogits) {
+        let i0 = k.u32(0);
+        let norm = k.load(stats, i0, 1);
+        let norm = k.select(ok, norm, nan);
+        let ns = k.splat(norm, 4);
+        let one = k.const_f32(1.0);
+        let inv = k.div(one, ssum);
+        let invs = k.splat(inv, 4);
+        let ms = k.splat(mmax, 4);
+        let ts = k.splat(t, 4);
+        let (o, z) = (k.const_float(v4, 1.0), k.const_float(v4, 0.0));
+        k.if_(in_grid, |k| {
+            k.if_else(
+                skip,
+                |k| {
+                    for_each_slot_by(k, first, last, lane, threads, unroll, |k, slots| {
                         for &slot in slots {
                             row.store(k, d, s, slot, z);
                         }
                     });
-                }
-            },
-            |k| {
-                // Pass 1: online max and sum of exp(x − max), per invocation, rescaled once
-                // per loop step.
-                let lowest = k.const_f32(-f32::MAX);
-                let m = k.var_init(lowest);
-                let sum = k.var_init(fzero);
-                let no = k.bool(false);
-                let bad = k.var_init(no);
-                for_each_slot(k, first, last, lid, w, unroll, |k, slots| {
-                    let xs: Vec<Val> = slots
-                        .iter()
-                        .map(|&slot| row.load(k, logits, s, slot, f32::NEG_INFINITY))
-                        .collect();
-                    let mut mx = hreduce(k, ReduceOp::Max, xs[0]);
-                    let mut nan_here = {
-                        let n = k.is_nan(xs[0]);
-                        k.any(n)
-                    };
-                    for &x in &xs[1..] {
-                        let h = hreduce(k, ReduceOp::Max, x);
-                        mx = k.max(mx, h);
-                        let n = k.is_nan(x);
-                        let n = k.any(n);
-                        nan_here = k.or(nan_here, n);
-                    }
-                    let mold = k.get(m);
-                    let mnew = k.max(mold, mx);
-                    let dm = k.sub(mold, mnew);
-                    let f = k.exp(dm);
-                    let ms = k.splat(mnew, 4);
-                    let mut es = fzero;
-                    for &x in &xs {
-                        let d = k.sub(x, ms);
-                        let e = k.exp(d);
-                        let h = hsum(k, e);
-                        es = k.add(es, h);
-                    }
-                    let so = k.get(sum);
-                    let sn = k.fma(so, f, es);
-                    k.set(sum, sn);
-                    k.set(m, mnew);
-                    let b = k.get(bad);
-                    let b = k.or(b, nan_here);
-                    k.set(bad, b);
-                });
-                let (mi, si, bi) = (k.get(m), k.get(sum), k.get(bad));
-                let si = k.select(bi, nan, si);
-                let mmax = g.reduce(k, ReduceOp::Max, mi);
-                let dm = k.sub(mi, mmax);
-                let f = k.exp(dm);
-                let sc = k.mul(si, f);
-                let ssum = g.reduce(k, ReduceOp::Add, sc);
-                let sn = k.is_nan(ssum);
-                let mn = k.is_nan(mmax);
-                let row_bad = k.or(sn, mn);
-                let ok = k.not(row_bad);
-                let ok = k.and(ok, valid);
-                let first_inv = is_first(k);
-                k.if_(first_inv, |k| {
-                    let xt = k.if_value(
-                        valid,
-                        f32t,
-                        |k| {
-                            let at = k.add(base, t);
-                            crate::storage::load_f32(k, logits, at, 1, s)
-                        },
-                        |_| nan,
-                    );
-                    let lse = k.log(ssum);
-                    let d = k.sub(mmax, xt);
-                    let l = k.add(lse, d);
-                    let l = k.select(ok, l, nan);
-                    k.store(row_loss, r, l);
-                });
-                // Pass 2: dlogits = (exp(x − max) / sum − onehot) · norm.
-                if let (Some(stats), Some(d)) = (stats, dlogits) {
-                    let i0 = k.u32(0);
-                    let norm = k.load(stats, i0, 1);
-                    let norm = k.select(ok, norm, nan);
-                    let ns = k.splat(norm, 4);
-                    let one = k.const_f32(1.0);
-                    let inv = k.div(one, ssum);
-                    let invs = k.splat(inv, 4);
-                    let ms = k.splat(mmax, 4);
-                    let ts = k.splat(t, 4);
-                    let (o, z) = (k.const_float(v4, 1.0), k.const_float(v4, 0.0));
-                    for_each_slot(k, first, last, lid, w, unroll, |k, slots| {
+                },
+                |k| {
+                    for_each_slot_by(k, first, last, lane, threads, unroll, |k, slots| {
                         let xs: Vec<Val> = slots
                             .iter()
                             .map(|&slot| row.load(k, logits, s, slot, 0.0))
@@ -461,8 +477,8 @@ fn build_rows(
                             row.store(k, d, s, slot, gr);
                         }
                     });
-                }
-            },
-        );
-    });
+                },
+            );
+        });
+    }
 }

@@ -1,7 +1,8 @@
 //! Cross-entropy on the Vulkan device present (lavapipe in CI) against the f64 CPU reference:
 //! random shapes (vocabularies from 1 to past one workgroup's vec4 stride, odd sizes whose
-//! rows are not vec4-aligned), every storage dtype, ignored rows, NaN rows, -inf logits,
-//! determinism bit for bit, and errors for bad arguments. Run with `HELIOS_VALIDATION=1`;
+//! rows are not vec4-aligned, many short rows per workgroup), both reducers, every storage
+//! dtype, ignored rows, NaN rows, -inf logits, determinism bit for bit, and errors for bad
+//! arguments. Run with `HELIOS_VALIDATION=1`;
 //! every test fails on any validation message.
 //!
 //! Tolerances (|got − want| ≤ atol + rtol·|want|): losses 2e-5 relative and absolute (f32
@@ -183,6 +184,21 @@ fn gpt2_vocabulary_rows() {
         let logits = random_logits(&mut rng, rows * vocab, dtype);
         let targets = vec![0, 50256, 31337];
         compare(device(), rows, vocab, dtype, &logits, &targets, 1.0);
+    }
+    assert_no_validation_messages();
+}
+
+/// Short rows: several rows per workgroup (a group of invocations each), rows spread over
+/// several workgroups, and groups past the last row in the last workgroup.
+#[test]
+fn many_short_rows() {
+    let mut rng = StdRng::seed_from_u64(16);
+    for (rows, vocab) in [(600, 13), (70, 768), (33, 100)] {
+        for d in devices() {
+            let logits = random_logits(&mut rng, rows * vocab, DType::F32);
+            let targets = random_targets(&mut rng, rows, vocab, 0.3);
+            compare(d, rows, vocab, DType::F32, &logits, &targets, 1.0);
+        }
     }
     assert_no_validation_messages();
 }

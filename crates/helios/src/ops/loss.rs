@@ -10,13 +10,13 @@
 
 use helios_kernels::reduce::MAX_ELEMENTS;
 use helios_kernels::{
-    CrossEntropyArgs, CrossEntropyKernel, CrossEntropySetup, CrossEntropyStage,
+    CrossEntropyArgs, CrossEntropyKernel, CrossEntropySetup, CrossEntropyStage, Storage,
     CROSS_ENTROPY_WORKGROUP,
 };
 use helios_vk::Buffer;
 
 use crate::device::KernelKey;
-use crate::{DType, Error, IndexTensor, Result, Tensor};
+use crate::{DType, Device, Error, IndexTensor, Result, Tensor};
 
 /// What `cross_entropy` returns.
 #[derive(Clone, Debug)]
@@ -149,19 +149,43 @@ impl Tensor {
         writes: &[&Buffer],
     ) -> Result<()> {
         let d = self.device();
-        let setup = CrossEntropySetup {
-            reducer: d.reducer(),
-            workgroup: d.row_workgroup(CROSS_ENTROPY_WORKGROUP),
-            unroll: d.config().rows.unroll,
-            binding: d.binding(),
-        };
-        let kernel = CrossEntropyKernel::new(stage, self.dtype().storage(), setup);
+        let kernel =
+            CrossEntropyKernel::new(stage, self.dtype().storage(), d.cross_entropy_setup());
         d.dispatch_rows(
             KernelKey::CrossEntropy(kernel),
             || kernel.build(),
             reads,
             writes,
             |c, g, _| Ok(kernel.launch(&c.module, g, args)?),
+        )
+    }
+}
+
+impl Device {
+    /// The cross-entropy kernels' reducer, workgroup and unroll on this device (the row
+    /// families' settings: `HELIOS_NO_SUBGROUP`, `HELIOS_WG`, `HELIOS_ROW_UNROLL`).
+    fn cross_entropy_setup(&self) -> CrossEntropySetup {
+        CrossEntropySetup {
+            reducer: self.reducer(),
+            workgroup: self.row_workgroup(CROSS_ENTROPY_WORKGROUP),
+            unroll: self.config().rows.unroll,
+            binding: self.binding(),
+        }
+    }
+
+    /// The cross-entropy kernels this device runs for `rows` rows of `vocab` logits, for
+    /// benchmark tables and logs.
+    pub fn describe_cross_entropy(&self, rows: usize, vocab: usize) -> String {
+        let setup = self.cross_entropy_setup();
+        let k =
+            CrossEntropyKernel::new(CrossEntropyStage::Rows { grad: true }, Storage::F32, setup);
+        let threads = k.threads_per_row(vocab as u32, setup.workgroup);
+        format!(
+            "count | rows {threads}/row {} wg{} u{}, logits read 2x ({} groups) | mean",
+            setup.reducer.tag(),
+            setup.workgroup,
+            setup.unroll,
+            rows.div_ceil((setup.workgroup / threads) as usize)
         )
     }
 }
