@@ -74,8 +74,9 @@ def parse_args(argv):
     p.add_argument("--device", default="cuda", help="torch device (default cuda)")
     p.add_argument("--mm-cases", default="", help="matmul cases name:m:n:k:ta:tb, comma-separated")
     p.add_argument("--mm-samples", type=positive, help="samples per matmul case (default 10)")
-    p.add_argument("--ops-cases", default=",".join(OPS_CASES),
-                   help="ops cases, comma-separated (default all: " + ",".join(OPS_CASES) + ")")
+    p.add_argument("--ops-cases", default=",".join([*OPS_CASES, ADAMW_CASE]),
+                   help="ops cases, comma-separated (default all: "
+                        + ",".join([*OPS_CASES, ADAMW_CASE]) + ")")
     p.add_argument("--ops-shapes", default="",
                    help="ops shapes ROWSxCOLS, comma-separated (default 4096x768,4096x3072,"
                         "4096x50257; --quick 64x768,4x50257)")
@@ -104,8 +105,8 @@ def parse_args(argv):
         p.error(f"--ops-shapes {shapes!r}: use ROWSxCOLS, comma-separated")
     args.ops_cases = [c for c in args.ops_cases.split(",") if c]
     for c in args.ops_cases:
-        if c not in OPS_CASES:
-            p.error(f"unknown ops case {c!r}; use {', '.join(OPS_CASES)}")
+        if c not in OPS_CASES and c != ADAMW_CASE:
+            p.error(f"unknown ops case {c!r}; use {', '.join([*OPS_CASES, ADAMW_CASE])}")
     return args
 
 
@@ -312,6 +313,17 @@ def _layer_norm_fwdbwd(torch, F, x, g, b, dy):
     return run
 
 
+def _cross_entropy_fwdbwd(torch, F, x, g, b, dy):
+    xg = x.detach().requires_grad_(True)
+    gen = torch.Generator(device=x.device).manual_seed(9)
+    t = torch.randint(0, x.shape[-1], (x.shape[0],), device=x.device, generator=gen)
+
+    def run():
+        F.cross_entropy(xg, t).backward()
+        xg.grad = None
+    return run
+
+
 # The ops cases, as in `helios bench ops` (crates/helios-cli/src/bench/ops.rs, `CASES`): name ->
 # make(torch, F, x, gamma, beta, dy) returning a function that runs one op. Add a case here and
 # there with the same name. Byte counts (for GB/s) are Helios's, applied to these times.
@@ -320,10 +332,65 @@ OPS_CASES = {
     "layernorm_fwd": lambda torch, F, x, g, b, dy:
         lambda: F.layer_norm(x, (x.shape[-1],), g, b, 1e-5),
     "layernorm_fwdbwd": _layer_norm_fwdbwd,
+    "cross_entropy_fwdbwd": _cross_entropy_fwdbwd,
     "sum_all": lambda torch, F, x, g, b, dy: lambda: x.sum(),
     "sum_last": lambda torch, F, x, g, b, dy: lambda: x.sum(-1),
 }
 OPS_NEED_DY = ("layernorm_fwdbwd",)
+# Outside the table (its own inputs, once per dtype): torch.optim.AdamW(fused=True) over GPT-2
+# 124M's parameters, as `helios bench ops` runs `adamw_step`.
+ADAMW_CASE = "adamw_gpt2"
+
+
+def gpt2_parameters(quick):
+    """GPT-2 124M's 148 parameter shapes (ops.rs `gpt2_parameters` lists the same); --quick:
+    one block and a 256-token vocabulary."""
+    vocab, layers, c = (256, 1, 768) if quick else (50257, 12, 768)
+    p = [(vocab, c), (1024, c)]
+    for _ in range(layers):
+        p += [(c,), (c,), (c, 3 * c), (3 * c,), (c, c), (c,), (c,), (c,), (c, 4 * c), (4 * c,),
+              (4 * c, c), (c,)]
+    return p + [(c,), (c,)]
+
+
+def adamw_case(torch, dev, dname, a, target, max_k):
+    """One fused AdamW step over GPT-2's parameters, weight decay 0.1 on matrices, 0 on
+    vectors. f32: everything f32, as Helios. bf16: PyTorch's fused AdamW keeps parameters,
+    gradients and moments in bf16 (it has no f32-master mode); Helios keeps f32 master weights
+    and moments, reads bf16 gradients and writes a bf16 copy."""
+    dt = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dname]
+    gen = torch.Generator(device=dev).manual_seed(11)
+    params = []
+    for shape in gpt2_parameters(a.quick):
+        p = torch.nn.Parameter((torch.rand(shape, device=dev, generator=gen) * 2 - 1).to(dt))
+        p.grad = (torch.rand(shape, device=dev, generator=gen) * 2 - 1).to(dt)
+        params.append(p)
+    groups = [{"params": [p for p in params if p.dim() > 1], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=6e-4, fused=True)
+    n = sum(p.numel() for p in params)
+
+    def sample(k):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(k):
+            opt.step()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / k
+
+    sample(2)
+    k = min(4, max_k)
+    for _ in range(2):
+        per = sample(k)
+        k = max(1, min(max_k, math.ceil(target / per) if per > 0 else max_k))
+    times = [sample(k) for _ in range(a.ops_samples)]
+    r = row("ops", ADAMW_CASE, dname, n, times, ops_per_sample=k)
+    r.update({"rows": 1, "cols": n})
+    del opt, params
+    return r
 
 
 def ops_suite(torch, dev, a):
@@ -333,7 +400,8 @@ def ops_suite(torch, dev, a):
     dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     results = []
     target, max_k = (1000.0, 4) if a.quick else (5000.0, 2048)
-    for rows, cols in a.ops_shapes:
+    table_cases = [c for c in a.ops_cases if c in OPS_CASES]
+    for rows, cols in a.ops_shapes if table_cases else []:
         for dname in a.dtypes:
             dt = dtypes[dname]
             gen = torch.Generator(device=dev).manual_seed(7)
@@ -347,7 +415,7 @@ def ops_suite(torch, dev, a):
             dy0 = ((torch.rand(rows, cols, device=dev, generator=gen) * 2 - 1).to(dt)
                    if need_dy else None)
             sets = [(x0.clone(), None if dy0 is None else dy0.clone()) for _ in range(count)]
-            for case in a.ops_cases:
+            for case in table_cases:
                 fns = [OPS_CASES[case](torch, F, x, g, b, dy) for x, dy in sets]
 
                 def sample(k):
@@ -372,6 +440,9 @@ def ops_suite(torch, dev, a):
                 r.update({"rows": rows, "cols": cols})
                 results.append(r)
             del sets, x0, dy0
+    if ADAMW_CASE in a.ops_cases:
+        for dname in a.dtypes:
+            results.append(adamw_case(torch, dev, dname, a, target, max_k))
     return results
 
 

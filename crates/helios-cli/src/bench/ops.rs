@@ -1,6 +1,7 @@
 // `helios bench ops`: the memory-bound kernels of a training step (softmax, layernorm forward
-// and forward+backward, sums) at GPT-2 shapes, in GB/s of their ideal traffic and as a share
-// of the compute-copy bandwidth, beside PyTorch (`--compare torch`).
+// and forward+backward, sums, cross-entropy forward+backward, AdamW) at GPT-2 shapes, in GB/s
+// of their ideal traffic and as a share of the compute-copy bandwidth, beside PyTorch
+// (`--compare torch`).
 //
 // Methodology: per (shape, dtype), a compute-shader copy of the same tensor is measured first
 // (the ceiling: "% copy" = op GB/s / copy GB/s). Every case then runs `samples` samples of K
@@ -11,12 +12,16 @@
 // mean, rstd, dx, dgamma, dbeta as the op has them); PyTorch's GB/s uses the same count.
 // Cases live in one table, `CASES`: a name, a byte count, the variant description and a
 // function that records one op; another op is one more entry (and one in
-// bench/torch_reference.py's `OPS_CASES`).
+// bench/torch_reference.py's `OPS_CASES`). AdamW is the one case outside the table: it runs
+// once per dtype over GPT-2 124M's 148 parameter tensors (`gpt2_parameters`; shape column
+// 1xN for N parameters), not per shape.
 
 use std::path::Path;
 use std::process::Command;
 
-use helios::{DType, Device, RowOp, SoftmaxOptions, Tensor};
+use helios::{
+    adamw_step, AdamWConfig, AdamWParam, DType, Device, IndexTensor, RowOp, SoftmaxOptions, Tensor,
+};
 use serde::{Deserialize, Serialize};
 
 use super::stats::Summary;
@@ -36,6 +41,8 @@ struct Inputs {
     /// (cols), in x's dtype.
     gamma: Tensor,
     beta: Tensor,
+    /// (rows,) class indices in [0, cols), for cross-entropy.
+    targets: IndexTensor,
 }
 
 /// One case of the suite (see the module comment).
@@ -91,6 +98,15 @@ const CASES: &[OpCase] = &[
             i.x.layer_norm_backward(&i.gamma, mean, &f.rstd, dy)
                 .map(drop)
         },
+    },
+    OpCase {
+        name: "cross_entropy_fwdbwd",
+        needs_dy: false,
+        // Logits and targets read, dlogits and the loss written (the kernels read the logits
+        // twice: 3 of these 2 logit-sized transfers; PyTorch's chain moves about 6).
+        bytes: |r, c, s| 2 * r * c * s + 4 * r + 4,
+        variant: |d, r, c| d.describe_cross_entropy(r, c),
+        run: |i| i.x.cross_entropy_with_grad(&i.targets, None, 1.0).map(drop),
     },
     OpCase {
         name: "sum_all",
@@ -189,6 +205,11 @@ fn input_sets(
         .collect();
     let b = random_values(cols, 0x0b7);
     let d = dy.then(|| random_values(n, 0x0b8));
+    let t: Vec<u32> = random_values(rows, 0x0b9)
+        .iter()
+        .map(|v| (((v + 1.0) / 2.0) * cols as f32) as u32 % cols as u32)
+        .collect();
+    let targets = IndexTensor::from_slice(device, &t, &[rows])?;
     let mut sets = Vec::with_capacity(count);
     for _ in 0..count {
         sets.push(Inputs {
@@ -199,25 +220,24 @@ fn input_sets(
                 .transpose()?,
             gamma: Tensor::from_slice_as(device, &g, &[cols], dt)?,
             beta: Tensor::from_slice_as(device, &b, &[cols], dt)?,
+            targets: targets.clone(),
         });
     }
     device.synchronize()?;
     Ok(sets)
 }
 
-/// Per-op GPU time (µs) of `k` ops back to back over the rotating `sets`.
-fn sample(
-    device: &Device,
-    run: fn(&Inputs) -> helios::Result<()>,
-    sets: &[Inputs],
-    k: usize,
-) -> BenchResult<f64> {
+/// Records op number `i` of a sample.
+type RunOp<'a> = &'a dyn Fn(usize) -> helios::Result<()>;
+
+/// Per-op GPU time (µs) of `k` ops back to back.
+fn sample(device: &Device, run: RunOp, k: usize) -> BenchResult<f64> {
     device.set_batch_limit(u32::try_from(2 * k + 64).unwrap_or(u32::MAX));
     device.synchronize()?;
     let ctx = device.context();
     let timer = ctx.start_gpu_timer()?;
     for i in 0..k {
-        run(&sets[i % sets.len()])?;
+        run(i)?;
     }
     let span = ctx.stop_gpu_timer(timer)?;
     Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / k as f64)
@@ -226,16 +246,15 @@ fn sample(
 /// Warm-up, K calibration, then `samples` samples.
 fn time_op(
     device: &Device,
-    run: fn(&Inputs) -> helios::Result<()>,
-    sets: &[Inputs],
+    run: RunOp,
     samples: usize,
     quick: bool,
 ) -> BenchResult<(Vec<f64>, usize)> {
     let (target, max_k) = if quick { (1_000.0, 4) } else { (5_000.0, 2048) };
-    sample(device, run, sets, 2)?;
+    sample(device, run, 2)?;
     let mut k = 4.min(max_k);
     for _ in 0..2 {
-        let per = sample(device, run, sets, k)?;
+        let per = sample(device, run, k)?;
         k = if per > 0.0 {
             (target / per).ceil() as usize
         } else {
@@ -244,9 +263,122 @@ fn time_op(
         .clamp(1, max_k);
     }
     let times = (0..samples)
-        .map(|_| sample(device, run, sets, k))
+        .map(|_| sample(device, run, k))
         .collect::<BenchResult<Vec<f64>>>()?;
     Ok((times, k))
+}
+
+/// The AdamW case's name (outside `CASES`: it has its own inputs).
+const ADAMW_CASE: &str = "adamw_gpt2";
+
+/// GPT-2 124M's parameter tensors (148, 124,439,808 parameters; bench/torch_reference.py's
+/// `gpt2_parameters` lists the same): token and position embeddings, 12 blocks of (ln_1,
+/// attn qkv, attn proj, ln_2, mlp fc, mlp proj; weights and biases), ln_f. `--quick`: one
+/// block and a 256-token vocabulary.
+fn gpt2_parameters(quick: bool) -> Vec<Vec<usize>> {
+    let (vocab, layers, c) = if quick {
+        (256, 1, 768)
+    } else {
+        (50257, 12, 768)
+    };
+    let mut p = vec![vec![vocab, c], vec![1024, c]];
+    for _ in 0..layers {
+        p.extend([
+            vec![c],
+            vec![c],
+            vec![c, 3 * c],
+            vec![3 * c],
+            vec![c, c],
+            vec![c],
+            vec![c],
+            vec![c],
+            vec![c, 4 * c],
+            vec![4 * c],
+            vec![4 * c, c],
+            vec![c],
+        ]);
+    }
+    p.extend([vec![c], vec![c]]);
+    p
+}
+
+/// One AdamW step over GPT-2 124M's parameters: f32 master weights and moments, gradients in
+/// `dt`, and for a narrow `dt` a copy of the new weights in `dt` (mixed precision); weight
+/// decay 0.1 on matrices, 0 on vectors. Every tensor is its own barrier-free dispatch.
+fn adamw_case(device: &Device, dt: DType, samples: usize, quick: bool) -> BenchResult<OpResult> {
+    let shapes = gpt2_parameters(quick);
+    let n: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
+    let narrow = dt != DType::F32;
+    let mut state = Vec::with_capacity(shapes.len());
+    for (i, shape) in shapes.iter().enumerate() {
+        let len: usize = shape.iter().product();
+        let p = random_values(len, 0x0c0 + i as u64);
+        let g = random_values(len, 0x1c0 + i as u64);
+        let zeros = vec![0.0f32; len];
+        state.push((
+            Tensor::from_slice(device, &p, shape)?,
+            Tensor::from_slice_as(device, &g, shape, dt)?,
+            Tensor::from_slice(device, &zeros, shape)?,
+            Tensor::from_slice(device, &zeros, shape)?,
+            narrow
+                .then(|| Tensor::from_slice_as(device, &zeros, shape, dt))
+                .transpose()?,
+            if shape.len() > 1 { 0.1 } else { 0.0 },
+        ));
+    }
+    device.synchronize()?;
+    let params: Vec<AdamWParam> = state
+        .iter()
+        .map(|(p, g, m, v, c, wd)| AdamWParam {
+            param: p,
+            grad: g,
+            m,
+            v,
+            copy: c.as_ref(),
+            weight_decay: *wd,
+        })
+        .collect();
+    let config = AdamWConfig {
+        lr: 6e-4,
+        ..AdamWConfig::default()
+    };
+    let step = |i: usize| adamw_step(&params, &config, 1 + i as u32 % 1000);
+    let (times, k) = time_op(device, &step, samples, quick)?;
+    let time_us = summarize(&times, ADAMW_CASE)?;
+    // p, m, v read and written (f32), the gradient read, the copy written.
+    let size = dt.size() as u64;
+    let bytes = n as u64 * (24 + size + if narrow { size } else { 0 });
+    let gbps = bytes as f64 / (time_us.median * 1e-6) / 1e9;
+    // The ceiling: a compute copy of the largest tensor (the token embedding, f32).
+    let wte = &state[0].0;
+    let copy_op = |_: usize| wte.copy().map(drop);
+    let (copy_times, _) = time_op(device, &copy_op, samples, quick)?;
+    let copy = summarize(&copy_times, "copy")?;
+    let copy_gbps = 2.0 * (wte.len() * 4) as f64 / (copy.median * 1e-6) / 1e9;
+    eprintln!(
+        "bench: {ADAMW_CASE} {} 1x{n} {:.2} µs {gbps:.0} GB/s",
+        dt.name(),
+        time_us.median
+    );
+    Ok(OpResult {
+        case: ADAMW_CASE,
+        dtype: dt.name(),
+        rows: 1,
+        cols: n,
+        variant: format!(
+            "{} tensors, one dispatch each{}",
+            shapes.len(),
+            if narrow { ", f32 master + copy" } else { "" }
+        ),
+        ops_per_sample: k,
+        input_sets: 1,
+        time_us,
+        bytes_per_op: bytes,
+        gbps,
+        copy_gbps,
+        pct_of_copy: 100.0 * gbps / copy_gbps,
+        torch: None,
+    })
 }
 
 /// `helios bench ops`.
@@ -274,8 +406,10 @@ pub fn run(args: &BenchArgs) -> CliResult {
         .iter()
         .filter(|c| args.cases.is_empty() || args.cases.iter().any(|s| s == c.name))
         .collect();
-    if cases.is_empty() {
-        let names: Vec<&str> = CASES.iter().map(|c| c.name).collect();
+    let adamw = args.cases.is_empty() || args.cases.iter().any(|s| s == ADAMW_CASE);
+    if cases.is_empty() && !adamw {
+        let mut names: Vec<&str> = CASES.iter().map(|c| c.name).collect();
+        names.push(ADAMW_CASE);
         return Err(format!("--cases selects no ops case (names: {})", names.join(", ")).into());
     }
     let script = match args.compare {
@@ -294,18 +428,19 @@ pub fn run(args: &BenchArgs) -> CliResult {
     let limit = device.context().batch_limit();
     eprintln!("bench: ops on {}", device.name());
     let mut results = Vec::new();
-    for &(rows, cols) in &shapes {
+    for &(rows, cols) in shapes.iter().filter(|_| !cases.is_empty()) {
         for &dt in &dtypes {
             let dy = cases.iter().any(|c| c.needs_dy);
             let sets = input_sets(&device, rows, cols, dt, dy)?;
             let n = (rows * cols) as u64;
             let size = dt.size() as u64;
-            let (copy_times, _) =
-                time_op(&device, |i| i.x.copy().map(drop), &sets, samples, quick)?;
+            let copy_op = |i: usize| sets[i % sets.len()].x.copy().map(drop);
+            let (copy_times, _) = time_op(&device, &copy_op, samples, quick)?;
             let copy = summarize(&copy_times, "copy")?;
             let copy_gbps = 2.0 * (n * size) as f64 / (copy.median * 1e-6) / 1e9;
             for c in &cases {
-                let (times, k) = time_op(&device, c.run, &sets, samples, quick)?;
+                let op = |i: usize| (c.run)(&sets[i % sets.len()]);
+                let (times, k) = time_op(&device, &op, samples, quick)?;
                 let time_us = summarize(&times, c.name)?;
                 let bytes = (c.bytes)(rows as u64, cols as u64, size);
                 let gbps = bytes as f64 / (time_us.median * 1e-6) / 1e9;
@@ -334,13 +469,18 @@ pub fn run(args: &BenchArgs) -> CliResult {
             device.synchronize()?;
         }
     }
+    if adamw {
+        for &dt in &dtypes {
+            results.push(adamw_case(&device, dt, samples, quick)?);
+        }
+    }
     device.set_batch_limit(limit);
 
     let mut torch_meta = None;
     let mut torch_note = None;
     if let Some(script) = &script {
         eprintln!("bench: running {}", script.display());
-        match run_torch(script, &cases, &shapes, &dtypes, samples, quick) {
+        match run_torch(script, &cases, adamw, &shapes, &dtypes, samples, quick) {
             Ok((meta, rows)) => {
                 for r in results.iter_mut() {
                     r.torch = rows
@@ -418,12 +558,16 @@ pub fn run(args: &BenchArgs) -> CliResult {
 fn run_torch(
     script: &Path,
     cases: &[&OpCase],
+    adamw: bool,
     shapes: &[(usize, usize)],
     dtypes: &[DType],
     samples: usize,
     quick: bool,
 ) -> Result<(serde_json::Value, Vec<TorchOp>), String> {
-    let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
+    let mut names: Vec<&str> = cases.iter().map(|c| c.name).collect();
+    if adamw {
+        names.push(ADAMW_CASE);
+    }
     let shapes: Vec<String> = shapes.iter().map(|(r, c)| format!("{r}x{c}")).collect();
     let dts: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
     let mut cmd = Command::new("python3");
