@@ -289,20 +289,21 @@ impl NormKernel {
                 k.set(out, v);
             },
             |k| {
-                let z = k.const_float(v4, 0.0);
-                k.set(out, z);
+                // A gather from L1: each lane at its column, clamped into the row (lanes
+                // outside it are never stored), without per-lane branches.
                 let cols = row.cols(k, slot);
-                let ok = row.valid(k, cols);
-                for lane in 0..4 {
-                    let inside = k.extract(ok, lane);
-                    let col = k.extract(cols, lane);
-                    k.if_(inside, |k| {
-                        let v = load_f32(k, buf, col, 1, ps);
-                        let cur = k.get(out);
-                        let n = k.insert(cur, v, lane);
-                        k.set(out, n);
-                    });
-                }
+                let one = k.u32(1);
+                let len = k.sub(row.end, row.start);
+                let last = k.sub(len, one);
+                let lanes: Vec<Val> = (0..4)
+                    .map(|lane| {
+                        let c = k.extract(cols, lane);
+                        let c = k.min(c, last);
+                        load_f32(k, buf, c, 1, ps)
+                    })
+                    .collect();
+                let v = k.vector(&lanes);
+                k.set(out, v);
             },
         );
         k.get(out)
@@ -413,9 +414,12 @@ impl NormKernel {
         match held {
             Some(held) => {
                 for (slot, inside, x) in held {
-                    let y = self.normalize(k, c, b, slot, x, mean, rstd);
+                    // Inside the branch: gamma and beta are read only for slots of the row.
                     let (row, st, yb) = (c.row, self.storage, b.y);
-                    k.if_(inside, |k| row.store(k, yb, st, slot, y));
+                    k.if_(inside, |k| {
+                        let y = self.normalize(k, c, b, slot, x, mean, rstd);
+                        row.store(k, yb, st, slot, y);
+                    });
                 }
             }
             None => {

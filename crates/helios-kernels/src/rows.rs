@@ -543,6 +543,41 @@ pub fn for_each_slot_by(
     );
 }
 
+/// The f32 bits of `x` as a u32 that orders like the float (vector or scalar); NaN becomes
+/// the largest key when `nan_high`, else the smallest.
+pub fn order_key(k: &mut KernelBuilder, x: Val, nan_high: bool) -> Val {
+    let uty = x.ty.with_scalar(Scalar::U32);
+    let canon = if nan_high {
+        0x7fc0_0000u64
+    } else {
+        0xffc0_0000
+    };
+    let nan = k.constant_bits(uty, canon);
+    let bits = k.bitcast(x, uty);
+    let is_nan = k.is_nan(x);
+    let bits = k.select(is_nan, nan, bits);
+    let s31 = k.constant_bits(uty, 31);
+    let sign = k.shr(bits, s31);
+    let zero = k.constant_bits(uty, 0);
+    let neg = k.sub(zero, sign);
+    let top = k.constant_bits(uty, 0x8000_0000);
+    let mask = k.or(neg, top);
+    k.xor(bits, mask)
+}
+
+/// The f32 whose order key is `key` (inverse of `order_key`).
+pub fn key_value(k: &mut KernelBuilder, key: Val) -> Val {
+    let uty = key.ty;
+    let s31 = k.constant_bits(uty, 31);
+    let top_bit = k.shr(key, s31);
+    let one = k.constant_bits(uty, 1);
+    let m = k.sub(top_bit, one);
+    let top = k.constant_bits(uty, 0x8000_0000);
+    let mask = k.or(m, top);
+    let bits = k.xor(key, mask);
+    k.bitcast(bits, uty.with_scalar(Scalar::F32))
+}
+
 /// Sum of the lanes of a float vector.
 pub fn hsum(k: &mut KernelBuilder, v: Val) -> Val {
     let mut acc = k.extract(v, 0);
