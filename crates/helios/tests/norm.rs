@@ -268,3 +268,38 @@ fn nan_rows_and_bad_operands() {
     assert_eq!(grads.dgamma.to_vec().unwrap(), vec![0.0; 3]);
     assert_clean(d);
 }
+
+/// A transposed view is normalized as the values it shows (forward and backward).
+#[test]
+fn views_are_normalized_as_their_values() {
+    let d = &devices()[0];
+    let host = random(5 * 7, 21, 0.1, 2.0, 0.0, DType::F32);
+    let x = Tensor::from_slice(d, &host, &[5, 7]).unwrap();
+    let t = x.transpose(0, 1).unwrap(); // (7, 5)
+    let th: Vec<f32> = (0..7)
+        .flat_map(|i| (0..5).map(move |j| (i, j)))
+        .map(|(i, j)| host[j * 7 + i])
+        .collect();
+    let g = Tensor::from_slice(d, &[1.0, 0.5, 2.0, 1.5, 1.0], &[5]).unwrap();
+    let b = Tensor::from_slice(d, &[0.1, 0.2, 0.3, 0.4, 0.5], &[5]).unwrap();
+    let out = t.layer_norm(&g, &b, 1e-5).unwrap();
+    let (want, mean, rstd) = reference::norm_forward(
+        &th,
+        &[1.0, 0.5, 2.0, 1.5, 1.0],
+        Some(&[0.1, 0.2, 0.3, 0.4, 0.5]),
+        5,
+        1e-5,
+        false,
+    );
+    for (gv, w) in out.y.to_vec().unwrap().iter().zip(&want) {
+        assert!((gv - w).abs() < 1e-5);
+    }
+    let grads = t
+        .layer_norm_backward(&g, out.mean.as_ref().unwrap(), &out.rstd, &t)
+        .unwrap();
+    let r = reference::norm_backward(&th, &[1.0, 0.5, 2.0, 1.5, 1.0], Some(&mean), &rstd, &th, 5);
+    for (gv, w) in grads.dgamma.to_vec().unwrap().iter().zip(&r.dgamma) {
+        assert!((gv - w).abs() < 1e-4, "{gv} vs {w}");
+    }
+    assert_clean(d);
+}

@@ -252,3 +252,34 @@ fn shapes_empty_axes_and_errors() {
     assert_eq!(e.sum(0).unwrap().shape(), &[0]);
     assert_clean(d);
 }
+
+/// Views (transposed, narrowed) are reduced as the values they show.
+#[test]
+fn views_reduce_as_their_values() {
+    let d = &devices()[0];
+    let host = random(4 * 6, 77, DType::F32);
+    let x = Tensor::from_slice(d, &host, &[4, 6]).unwrap();
+    let t = x.transpose(0, 1).unwrap(); // (6, 4)
+    let th: Vec<f32> = (0..6)
+        .flat_map(|i| (0..4).map(move |j| (i, j)))
+        .map(|(i, j)| host[j * 6 + i])
+        .collect();
+    check(d, Reduction::Sum, DType::F32, &th, &[6, 4], Some(1)).unwrap();
+    let got = t.sum(-1).unwrap().to_vec().unwrap();
+    let (want, _) = cpu::reduce::reduce(Reduction::Sum, &th, &[6, 4], Some(1));
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
+    }
+    let am = t.argmax(0).unwrap().to_vec().unwrap();
+    assert_eq!(
+        am,
+        cpu::reduce::reduce(Reduction::ArgMax, &th, &[6, 4], Some(0)).1
+    );
+    let n = x.narrow(1, 2, 3).unwrap(); // (4, 3), offset 2
+    let nh: Vec<f32> = (0..4)
+        .flat_map(|r| host[r * 6 + 2..r * 6 + 5].to_vec())
+        .collect();
+    let mx = n.max_all().unwrap().to_vec().unwrap();
+    assert_eq!(mx[0], nh.iter().cloned().fold(f32::NEG_INFINITY, f32::max));
+    assert_clean(d);
+}

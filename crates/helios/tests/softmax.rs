@@ -256,3 +256,35 @@ fn bad_operands_are_errors() {
     assert_eq!(e.softmax().unwrap().shape(), &[0, 4]);
     assert_clean(d);
 }
+
+/// A narrowed, offset view is normalized as the values it shows.
+#[test]
+fn views_are_normalized_as_their_values() {
+    let d = &devices()[0];
+    let host = random(3 * 8, 5, DType::F32);
+    let x = Tensor::from_slice(d, &host, &[3, 8]).unwrap();
+    let v = x.narrow(1, 3, 5).unwrap(); // (3, 5), offset 3
+    let vh: Vec<f32> = (0..3)
+        .flat_map(|r| host[r * 8 + 3..r * 8 + 8].to_vec())
+        .collect();
+    let got = v.softmax().unwrap().to_vec().unwrap();
+    let want = reference::softmax(&vh, 5, None, 1.0, false);
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+    }
+    let dy = x.narrow(1, 0, 5).unwrap();
+    let dyh: Vec<f32> = (0..3)
+        .flat_map(|r| host[r * 8..r * 8 + 5].to_vec())
+        .collect();
+    let y = Tensor::from_slice(d, &want, &[3, 5]).unwrap();
+    let dx = y
+        .softmax_backward(&dy, SoftmaxOptions::default())
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let (wdx, _) = reference::softmax_backward(&want, &dyh, 5, None, 1.0, false);
+    for (g, w) in dx.iter().zip(&wdx) {
+        assert!((g - w).abs() < 1e-5, "{dx:?} vs {wdx:?}");
+    }
+    assert_clean(d);
+}

@@ -105,12 +105,18 @@ fn check_stats(op: &'static str, x: &Tensor, stats: &[&Tensor]) -> Result<()> {
 impl Tensor {
     /// LayerNorm over the last axis: (x − mean)/√(var + eps)·gamma + beta, biased variance.
     pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<NormOutput> {
-        self.norm_forward(NormKind::Layer, gamma, Some(beta), eps)
+        self.contiguous()?.norm_forward(
+            NormKind::Layer,
+            &gamma.contiguous()?,
+            Some(&beta.contiguous()?),
+            eps,
+        )
     }
 
     /// RMSNorm over the last axis: x/√(mean(x²) + eps)·gamma.
     pub fn rms_norm(&self, gamma: &Tensor, eps: f32) -> Result<NormOutput> {
-        self.norm_forward(NormKind::Rms, gamma, None, eps)
+        self.contiguous()?
+            .norm_forward(NormKind::Rms, &gamma.contiguous()?, None, eps)
     }
 
     /// Gradients of `layer_norm` at input `self`, from the forward's `mean` and `rstd` and
@@ -122,7 +128,13 @@ impl Tensor {
         rstd: &Tensor,
         dy: &Tensor,
     ) -> Result<NormGrads> {
-        self.norm_backward(NormKind::Layer, gamma, Some(mean), rstd, dy)
+        self.contiguous()?.norm_backward(
+            NormKind::Layer,
+            &gamma.contiguous()?,
+            Some(&mean.contiguous()?),
+            &rstd.contiguous()?,
+            &dy.contiguous()?,
+        )
     }
 
     /// Gradients of `rms_norm` at input `self`, from the forward's `rstd` and `dy`.
@@ -132,7 +144,13 @@ impl Tensor {
         rstd: &Tensor,
         dy: &Tensor,
     ) -> Result<NormGrads> {
-        self.norm_backward(NormKind::Rms, gamma, None, rstd, dy)
+        self.contiguous()?.norm_backward(
+            NormKind::Rms,
+            &gamma.contiguous()?,
+            None,
+            &rstd.contiguous()?,
+            &dy.contiguous()?,
+        )
     }
 
     fn norm_forward(

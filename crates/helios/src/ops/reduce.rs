@@ -254,6 +254,8 @@ impl Tensor {
         yi: Option<&Buffer>,
     ) -> Result<()> {
         let device = self.device();
+        // Kernels read row-major data from the start of the buffer: views are gathered first.
+        let x = self.contiguous()?;
         let steps = reduce::plan(
             op,
             self.dtype().storage(),
@@ -268,7 +270,7 @@ impl Tensor {
         };
         let outputs: Vec<&Buffer> = y.into_iter().chain(yi).collect();
         match steps.as_slice() {
-            [step] => run_step(device, step, &[self.buffer()], &outputs, scale),
+            [step] => run_step(device, step, &[x.buffer()], &outputs, scale),
             [partial, combine] => {
                 let n = partial.partials();
                 let values = device.scratch(n * 4)?;
@@ -277,7 +279,7 @@ impl Tensor {
                     _ => None,
                 };
                 let mid: Vec<&Buffer> = std::iter::once(&values).chain(indices.as_ref()).collect();
-                run_step(device, partial, &[self.buffer()], &mid, scale)?;
+                run_step(device, partial, &[x.buffer()], &mid, scale)?;
                 run_step(device, combine, &mid, &outputs, scale)
             }
             _ => unreachable!("reduce plans have one or two steps"),

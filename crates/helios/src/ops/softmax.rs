@@ -46,7 +46,7 @@ impl Tensor {
 
     /// Softmax over the last axis with a scale and optional causal mask.
     pub fn softmax_with(&self, opts: SoftmaxOptions) -> Result<Tensor> {
-        self.softmax_op(false, opts)
+        self.contiguous()?.softmax_op(false, opts)
     }
 
     /// Log-softmax over the last axis.
@@ -56,20 +56,24 @@ impl Tensor {
 
     /// Log-softmax over the last axis with a scale and optional causal mask.
     pub fn log_softmax_with(&self, opts: SoftmaxOptions) -> Result<Tensor> {
-        self.softmax_op(true, opts)
+        self.contiguous()?.softmax_op(true, opts)
     }
 
     /// The gradient of the input of `softmax_with(opts)` from its output `self` and the
     /// output's gradient `dy`.
     pub fn softmax_backward(&self, dy: &Tensor, opts: SoftmaxOptions) -> Result<Tensor> {
-        self.softmax_bwd(false, dy, opts)
+        self.contiguous()?
+            .softmax_bwd(false, &dy.contiguous()?, opts)
     }
 
     /// The gradient of the input of `log_softmax_with(opts)` from its output `self` and `dy`.
     pub fn log_softmax_backward(&self, dy: &Tensor, opts: SoftmaxOptions) -> Result<Tensor> {
-        self.softmax_bwd(true, dy, opts)
+        self.contiguous()?
+            .softmax_bwd(true, &dy.contiguous()?, opts)
     }
 
+    /// (Inputs are contiguous from here on: kernels read row-major data from the start of
+    /// the buffer.)
     fn softmax_op(&self, log: bool, opts: SoftmaxOptions) -> Result<Tensor> {
         let op = if log { "log_softmax" } else { "softmax" };
         let geo = softmax_geometry(op, self.shape(), opts)?;
