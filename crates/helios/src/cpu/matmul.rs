@@ -156,10 +156,10 @@ mod tests {
             residual: Some(&res),
             ..p
         };
-        assert_eq!(matmul(&a, &b, &p), vec![11.0, 0.5, 22.5, 0.5]);
+        assert_eq!(matmul(&a, &b, &p), vec![11.0, 0.5, 23.0, 0.5]);
         assert_eq!(
             matmul_at(&a, &b, &p, &[(0, 1)], &[0]),
-            vec![22.5],
+            vec![23.0],
             "sampled entry"
         );
     }
