@@ -37,6 +37,8 @@ pub struct Context {
     pub(crate) submitter: Submitter,
     /// The dedicated transfer queue, where the device has one (copy_queue.rs).
     pub(crate) copy_queue: Option<CopyQueue>,
+    /// Whether device-local memory may come from a full-BAR host-visible type.
+    bar: bool,
     /// The VkPipelineCache, persisted under the user cache dir (pipeline_cache.rs).
     pub(crate) pipeline_cache: PipelineCache,
     /// GPU timestamps around dispatches, when profiling is on (profile.rs).
@@ -69,6 +71,9 @@ pub struct ContextOptions {
     /// `HELIOS_TRANSFER_QUEUE=0` keeps staged copies on the compute queue even where a
     /// dedicated transfer queue exists.
     pub transfer_queue: bool,
+    /// `HELIOS_BAR=0` keeps device-local buffers in the plain device-local memory type even
+    /// where all of VRAM is host-visible (resizable BAR).
+    pub bar: bool,
 }
 
 impl Default for ContextOptions {
@@ -80,6 +85,7 @@ impl Default for ContextOptions {
             batch_limit: DEFAULT_BATCH,
             spin_us: DEFAULT_SPIN_US,
             transfer_queue: true,
+            bar: true,
         }
     }
 }
@@ -93,6 +99,7 @@ impl ContextOptions {
             batch_limit: env::u32_or(env::HELIOS_BATCH, DEFAULT_BATCH)?,
             spin_us: env::u32_or(env::HELIOS_SPIN_US, DEFAULT_SPIN_US)?,
             transfer_queue: env::flag(env::HELIOS_TRANSFER_QUEUE)?.unwrap_or(true),
+            bar: env::flag(env::HELIOS_BAR)?.unwrap_or(true),
         })
     }
 
@@ -192,6 +199,7 @@ impl Context {
             queue_family,
             submitter,
             copy_queue,
+            bar: options.bar,
             pipeline_cache,
             profiler,
             memory,
@@ -250,6 +258,11 @@ impl Context {
         std::iter::once(self.queue_family)
             .chain(self.copy_queue.as_ref().map(|q| q.family))
             .collect()
+    }
+
+    /// Whether device-local buffers may use the full-BAR host-visible memory type.
+    pub(crate) fn use_bar(&self) -> bool {
+        self.bar
     }
 
     /// Whether staged copies run on a dedicated transfer queue.

@@ -58,3 +58,6 @@ pub fn u32_or(name: &'static str, default: u32) -> Result<u32> {
 
 /// `HELIOS_TRANSFER_QUEUE=0`: staged copies stay on the compute queue.
 pub const HELIOS_TRANSFER_QUEUE: &str = "HELIOS_TRANSFER_QUEUE";
+
+/// `HELIOS_BAR=0`: device-local buffers never use the host-visible (BAR) memory type.
+pub const HELIOS_BAR: &str = "HELIOS_BAR";

@@ -383,7 +383,7 @@ fn allocate(
     let props = ctx.memory_properties();
     let types = props.memory_types_as_slice();
     let heaps = props.memory_heaps_as_slice();
-    let bar = location == MemoryLocation::DeviceLocal && full_bar(types, heaps);
+    let bar = location == MemoryLocation::DeviceLocal && ctx.use_bar() && full_bar(types, heaps);
     let chosen = if bar {
         choose_bar_type(types, requirements.memory_type_bits)
     } else {

@@ -8,6 +8,8 @@
 //! | `HELIOS_BATCH=<n>` | dispatches per submitted batch (default 256; 1 submits every op alone) |
 //! | `HELIOS_SPIN_US=<µs>` | how long a host wait polls the GPU before sleeping (default 1000) |
 //! | `HELIOS_PROFILE=1` | GPU timestamps around every dispatch; `Device::profile_report()` gives the per-kernel table |
+//! | `HELIOS_TRANSFER_QUEUE=0` | staged copies stay on the compute queue |
+//! | `HELIOS_BAR=0` | device-local buffers never use the host-visible (BAR) memory type |
 //! | `HELIOS_PIPELINE_CACHE=0` | do not persist the Vulkan pipeline cache |
 //! | `HELIOS_CACHE_DIR=<dir>` | root of the on-disk caches (default `$XDG_CACHE_HOME/helios` or `~/.cache/helios`) |
 //! | `HELIOS_VERBOSE=1` | notes about ignored cache files and failed saves |
