@@ -580,25 +580,7 @@ fn run_torch(
     if quick {
         cmd.arg("--quick");
     }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run python3: {e}"))?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let last = stderr
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("no message");
-        return Err(last.trim().to_owned());
-    }
-    let mut meta: serde_json::Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("unusable JSON: {e}"))?;
-    let rows = match meta.as_object_mut().and_then(|m| m.remove("results")) {
-        Some(r) => serde_json::from_value(r).map_err(|e| format!("unusable JSON: {e}"))?,
-        None => Vec::new(),
-    };
-    Ok((meta, rows))
+    super::torch::execute(script, cmd)
 }
 
 /// GB/s: whole numbers where they are large, three decimals on slow (CPU) devices.

@@ -83,6 +83,17 @@ pub fn run(script: &Path, suite: &str, plan: &Plan) -> Result<TorchRun, String> 
         cmd.args(["--dtypes", &b.dtypes.join(",")]);
         cmd.args(["--bw-samples", &b.samples.to_string()]);
     }
+    let (meta, results) = execute(script, cmd)?;
+    Ok(TorchRun { meta, results })
+}
+
+/// Runs a prepared `python3 torch_reference.py …` command and splits its JSON into the run
+/// metadata and the result rows (every suite's rows deserialize into their own type). Errors
+/// are one line: the script's last message, or why it could not run.
+pub fn execute<T: serde::de::DeserializeOwned>(
+    script: &Path,
+    mut cmd: Command,
+) -> Result<(serde_json::Value, Vec<T>), String> {
     let out = cmd.output().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => "python3 is not installed".to_owned(),
         _ => format!("cannot run python3: {e}"),
@@ -105,13 +116,15 @@ pub fn run(script: &Path, suite: &str, plan: &Plan) -> Result<TorchRun, String> 
     parse(&out.stdout).map_err(|e| format!("{} printed unusable JSON: {e}", script.display()))
 }
 
-fn parse(stdout: &[u8]) -> Result<TorchRun, serde_json::Error> {
+fn parse<T: serde::de::DeserializeOwned>(
+    stdout: &[u8],
+) -> Result<(serde_json::Value, Vec<T>), serde_json::Error> {
     let mut meta: serde_json::Value = serde_json::from_slice(stdout)?;
     let results = match meta.as_object_mut().and_then(|m| m.remove("results")) {
         Some(r) => serde_json::from_value(r)?,
         None => Vec::new(),
     };
-    Ok(TorchRun { meta, results })
+    Ok((meta, results))
 }
 
 /// Gives each Helios row the PyTorch case with the same suite, case, dtype and size.
@@ -141,9 +154,9 @@ mod tests {
              "median_us": 7.0, "p95_us": 8.0, "cv": 0.1, "record_us": 6.5},
             {"suite": "bandwidth", "case": "add", "dtype": "f16", "elements": 4096,
              "median_us": 2.0, "p95_us": 2.5, "cv": 0.05, "gbps": 12.0}]}"#;
-        let run = parse(json).unwrap();
-        assert_eq!(run.meta["torch"], "2.11");
-        assert!(run.meta.get("results").is_none());
+        let (meta, results): (_, Vec<TorchCase>) = parse(json).unwrap();
+        assert_eq!(meta["torch"], "2.11");
+        assert!(meta.get("results").is_none());
         let s = Summary::of(&[3.5]).unwrap();
         let mut rows = vec![
             CaseResult::new(
@@ -167,7 +180,7 @@ mod tests {
             CaseResult::new("bandwidth", "add", String::new(), "f16", 4096, 1, s),
             CaseResult::new("bandwidth", "add", String::new(), "f32", 4096, 1, s),
         ];
-        attach(&mut rows, &run.results);
+        attach(&mut rows, &results);
         assert_eq!(rows[0].torch.as_ref().unwrap().median_us, 7.0);
         assert_eq!(rows[0].speedup_vs_torch(), Some(2.0));
         assert!(rows[1].torch.is_some());
@@ -177,7 +190,7 @@ mod tests {
 
     #[test]
     fn bad_json_is_an_error() {
-        assert!(parse(b"torch says hi").is_err());
+        assert!(parse::<TorchCase>(b"torch says hi").is_err());
     }
 
     #[test]
