@@ -247,10 +247,8 @@ pub fn push_constants(module: &KernelModule, inputs: &[u64], out: u64, values: &
     bytes
 }
 
-/// Workgroups along x before the grid wraps into y (lavapipe's and many GPUs' limit).
-const MAX_GROUPS_X: u64 = 65535;
-
-/// The grid for `n` elements at `workgroup` invocations per group.
+/// The grid for `n` elements at `workgroup` invocations per group: the kernel library's
+/// balanced folding, with rows of at most 65535 groups (every device's minimum limit).
 pub fn grid(n: usize, workgroup: u32) -> Result<[u32; 3]> {
     if n > MAX_DISPATCH_ELEMENTS {
         return Err(FieldError::TooLarge {
@@ -260,11 +258,13 @@ pub fn grid(n: usize, workgroup: u32) -> Result<[u32; 3]> {
         });
     }
     let groups = (n as u64).div_ceil(u64::from(workgroup));
-    if groups == 0 {
-        return Ok([0, 1, 1]);
-    }
-    let x = groups.min(MAX_GROUPS_X);
-    Ok([x as u32, groups.div_ceil(x) as u32, 1])
+    helios_kernels::grid(groups, helios_kernels::launch::MIN_GROUPS_LIMIT).map_err(|_| {
+        FieldError::TooLarge {
+            what: "one dispatch",
+            size: n,
+            max: MAX_DISPATCH_ELEMENTS,
+        }
+    })
 }
 
 #[cfg(test)]
@@ -292,7 +292,8 @@ mod tests {
     fn grid_folds_into_two_dimensions() {
         assert_eq!(grid(0, 128).unwrap(), [0, 1, 1]);
         assert_eq!(grid(64, 128).unwrap(), [1, 1, 1]);
-        assert_eq!(grid(1 << 24, 128).unwrap(), [65535, 3, 1]);
+        // 131072 groups in three balanced rows, not 65535 + 65535 + 2.
+        assert_eq!(grid(1 << 24, 128).unwrap(), [43691, 3, 1]);
         assert!(grid(MAX_DISPATCH_ELEMENTS + 1, 128).is_err());
     }
 }
