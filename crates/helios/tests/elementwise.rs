@@ -3,28 +3,13 @@
 //! special values, and errors for mismatched operands. Run with `HELIOS_VALIDATION=1`; every
 //! test fails on any validation message.
 
-use std::sync::OnceLock;
-
 use helios::selfcheck::{check_random, check_specials, Case};
 use helios::{
     BinaryOp, DType, Device, Error, KernelConfig, OperandLayout, Readback, Tensor, UnaryOp,
 };
 
-fn device() -> &'static Device {
-    static DEVICE: OnceLock<Device> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)"))
-}
-
-#[track_caller]
-fn assert_no_validation_messages() {
-    let messages = device().validation_messages();
-    assert!(
-        messages.is_empty(),
-        "validation messages:\n{}",
-        messages.join("\n")
-    );
-}
+mod common;
+use common::{assert_no_validation_messages, device};
 
 /// The sizes the foundation issue names: empty, tiny, tail-only, one vec4, odd, a power of
 /// two (a whole number of tiles: the exact variant), and large with a 3-element tail. The

@@ -9,27 +9,12 @@
 //! rounding of the result to the storage dtype (2^-11 relative for f16, 2^-8 for bf16) and
 //! 1e-7 absolute for f16 subnormals.
 
-use std::sync::OnceLock;
-
-use helios::{cpu, DType, Device, Error, IndexTensor, Tensor};
+use helios::{cpu, DType, Error, IndexTensor, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-fn device() -> &'static Device {
-    static DEVICE: OnceLock<Device> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)"))
-}
-
-#[track_caller]
-fn assert_no_validation_messages() {
-    let messages = device().validation_messages();
-    assert!(
-        messages.is_empty(),
-        "validation messages:\n{}",
-        messages.join("\n")
-    );
-}
+mod common;
+use common::{assert_no_validation_messages, device};
 
 /// Values in ±[0.1, 2) (never zero), rounded to `dtype`.
 fn random(rng: &mut StdRng, n: usize, dtype: DType) -> Vec<f32> {

@@ -6,29 +6,14 @@
 //! Tolerances are the element-wise ones (`cpu::Tolerance`) widened by one rounding to the
 //! storage type: f16 rtol 1e-3, bf16 rtol 8e-3 (half an ulp each, either side).
 
-use std::sync::OnceLock;
-
 use helios::cpu::{self, Tolerance};
-use helios::{BinaryOp, DType, Device, Error, Layout, Tensor, UnaryOp};
+use helios::{BinaryOp, DType, Error, Layout, Tensor, UnaryOp};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-fn device() -> &'static Device {
-    static DEVICE: OnceLock<Device> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)"))
-}
-
-#[track_caller]
-fn assert_no_validation_messages() {
-    let messages = device().validation_messages();
-    assert!(
-        messages.is_empty(),
-        "validation messages:\n{}",
-        messages.join("\n")
-    );
-}
+mod common;
+use common::{assert_no_validation_messages, device};
 
 fn round(dtype: DType, v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| dtype.round(x)).collect()

@@ -6,27 +6,12 @@
 //! kernels run only where the device has them and say so when skipped. Run with
 //! `HELIOS_VALIDATION=1`; every test fails on any validation message.
 
-use std::sync::OnceLock;
-
 use helios::cpu::matmul::{matmul as reference, relative_error, tolerance, MatmulRef};
-use helios::{matmul_caps, Activation, DType, Device, Error, MatmulOptions, MatmulVariant, Tensor};
+use helios::{matmul_caps, Activation, DType, Error, MatmulOptions, MatmulVariant, Tensor};
 use rand::{Rng, SeedableRng};
 
-fn device() -> &'static Device {
-    static DEVICE: OnceLock<Device> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)"))
-}
-
-#[track_caller]
-fn assert_no_validation_messages() {
-    let messages = device().validation_messages();
-    assert!(
-        messages.is_empty(),
-        "validation messages:\n{}",
-        messages.join("\n")
-    );
-}
+mod common;
+use common::{assert_no_validation_messages, device};
 
 fn random(n: usize, dtype: DType, seed: u64) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

@@ -10,23 +10,12 @@
 //! relative error: division, square root, a few roundings).
 //! The copy must equal the device's new parameter rounded to the copy's dtype, bit for bit.
 
-use std::sync::OnceLock;
-
 use helios::{adamw_step, cpu, AdamWConfig, AdamWParam, DType, Device, Error, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-fn device() -> &'static Device {
-    static DEVICE: OnceLock<Device> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)"))
-}
-
-#[track_caller]
-fn assert_clean(d: &Device) {
-    let m = d.validation_messages();
-    assert!(m.is_empty(), "validation messages:\n{}", m.join("\n"));
-}
+mod common;
+use common::{assert_clean, device};
 
 /// Values in ±[lo, hi) (never zero), rounded to `dtype`.
 fn random(rng: &mut StdRng, n: usize, lo: f32, hi: f32, dtype: DType) -> Vec<f32> {
