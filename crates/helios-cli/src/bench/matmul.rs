@@ -22,7 +22,7 @@ use helios::{coop_peak, DType, Device, MatmulOptions, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::stats::Summary;
-use super::{random_values, report, summarize, torch, BenchArgs, BenchResult, Compare};
+use super::{random_values, report, summarize, BenchArgs, BenchResult};
 use crate::CliResult;
 
 /// One product: C (m×n) = op(A) · op(B) with inner dimension k.
@@ -279,17 +279,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
             );
         }
     }
-    let script = match args.compare {
-        Some(Compare::Torch) => match torch::locate(args.torch_script.as_deref()) {
-            Ok(p) => Some(p),
-            Err(e) if args.torch_script.is_some() => return Err(e.into()),
-            Err(note) => {
-                eprintln!("note: torch comparison skipped: {note}");
-                None
-            }
-        },
-        None => None,
-    };
+    let script = super::torch_script(args)?;
 
     let device = Device::from_env()?;
     eprintln!("bench: matmul on {}", device.name());
@@ -375,26 +365,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
             peak: &peaks,
             results: &results,
         })? + "\n";
-        if to_stdout_json {
-            report::write_stdout(&json)?;
-        } else {
-            std::fs::write(path, json)
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            eprintln!("bench: wrote {}", path.display());
-        }
+        super::write_json(path, &json)?;
     }
-    let messages = device.validation_messages();
-    if !messages.is_empty() {
-        for m in &messages {
-            eprintln!("{m}");
-        }
-        return Err(format!(
-            "{} Vulkan validation message(s), printed above",
-            messages.len()
-        )
-        .into());
-    }
-    Ok(())
+    super::no_validation_messages(&device)
 }
 
 /// Runs `torch_reference.py --suite matmul` for the same cases.

@@ -262,18 +262,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
         return Err("--dtypes selects no element type; use f32, f16 or both".into());
     }
     // Resolve the script before measuring, so a wrong --torch-script fails in a second.
-    let script = match args.compare {
-        Some(Compare::Torch) => match torch::locate(args.torch_script.as_deref()) {
-            Ok(p) => Some(p),
-            // A path the user gave that is wrong is an error; a default not found is a note.
-            Err(e) if args.torch_script.is_some() => return Err(e.into()),
-            Err(note) => {
-                eprintln!("note: torch comparison skipped: {note}");
-                None
-            }
-        },
-        None => None,
-    };
+    let script = torch_script(args)?;
 
     let device = Device::from_env()?;
     let mut results = Vec::new();
@@ -319,13 +308,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     if let Some(path) = &args.json {
         let json = report::json(&meta, &results)?;
-        if to_stdout_json {
-            report::write_stdout(&json)?;
-        } else {
-            std::fs::write(path, json)
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            eprintln!("bench: wrote {}", path.display());
-        }
+        write_json(path, &json)?;
     }
 
     // Pipeline creation: cold (empty cache) vs warm (persisted VkPipelineCache) shows in the
@@ -343,6 +326,38 @@ pub fn run(args: &BenchArgs) -> CliResult {
             .unwrap_or_default()
     );
 
+    no_validation_messages(&device)
+}
+
+/// The PyTorch script for `--compare torch`: `None` (with a note) when it is not asked for
+/// or not found at the default place; an error when a path the user gave is wrong.
+fn torch_script(args: &BenchArgs) -> Result<Option<std::path::PathBuf>, String> {
+    match args.compare {
+        Some(Compare::Torch) => match torch::locate(args.torch_script.as_deref()) {
+            Ok(p) => Ok(Some(p)),
+            Err(e) if args.torch_script.is_some() => Err(e),
+            Err(note) => {
+                eprintln!("note: torch comparison skipped: {note}");
+                Ok(None)
+            }
+        },
+        None => Ok(None),
+    }
+}
+
+/// Writes a suite's JSON to `path` (`-`: standard output).
+fn write_json(path: &std::path::Path, json: &str) -> CliResult {
+    if path == std::path::Path::new("-") {
+        report::write_stdout(json)?;
+    } else {
+        std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Fails the run when the validation layer spoke (its messages are printed first).
+fn no_validation_messages(device: &Device) -> CliResult {
     let messages = device.validation_messages();
     if !messages.is_empty() {
         for m in &messages {

@@ -25,7 +25,7 @@ use helios::{
 use serde::{Deserialize, Serialize};
 
 use super::stats::Summary;
-use super::{random_values, report, summarize, torch, BenchArgs, BenchResult, Compare};
+use super::{random_values, report, summarize, BenchArgs, BenchResult};
 use crate::CliResult;
 
 /// Input bytes the rotation spans (several times the L2 of current GPUs).
@@ -412,17 +412,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
         names.push(ADAMW_CASE);
         return Err(format!("--cases selects no ops case (names: {})", names.join(", ")).into());
     }
-    let script = match args.compare {
-        Some(Compare::Torch) => match torch::locate(args.torch_script.as_deref()) {
-            Ok(p) => Some(p),
-            Err(e) if args.torch_script.is_some() => return Err(e.into()),
-            Err(note) => {
-                eprintln!("note: torch comparison skipped: {note}");
-                None
-            }
-        },
-        None => None,
-    };
+    let script = super::torch_script(args)?;
 
     let device = Device::from_env()?;
     let limit = device.context().batch_limit();
@@ -532,26 +522,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
             samples,
             results: &results,
         })? + "\n";
-        if to_stdout_json {
-            report::write_stdout(&json)?;
-        } else {
-            std::fs::write(path, json)
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            eprintln!("bench: wrote {}", path.display());
-        }
+        super::write_json(path, &json)?;
     }
-    let messages = device.validation_messages();
-    if !messages.is_empty() {
-        for m in &messages {
-            eprintln!("{m}");
-        }
-        return Err(format!(
-            "{} Vulkan validation message(s), printed above",
-            messages.len()
-        )
-        .into());
-    }
-    Ok(())
+    super::no_validation_messages(&device)
 }
 
 /// Runs `torch_reference.py --suite ops` for the same cases, shapes and dtypes.
