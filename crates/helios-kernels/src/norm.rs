@@ -23,8 +23,8 @@ use helios_spirv::{
 
 use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
 use crate::rows::{
-    for_each_slot_by, hsum, linear_workgroup, row_slots, threads_for, Groups, Reducer, Row,
-    RowConfig, RowVariant,
+    for_each_slot_by, hsum, linear_workgroup, plan_row, row_slots, Groups, Reducer, Row, RowConfig,
+    RowPlan,
 };
 use crate::storage::{buffer_scalar, load_f32, Storage};
 use crate::KernelError;
@@ -76,21 +76,9 @@ pub fn select(len: u64, backward: bool, cfg: &RowConfig, workgroup: u32) -> (Nor
     let per = cfg
         .cached_slots
         .unwrap_or(NORM_CACHED_SLOTS[usize::from(backward)]);
-    let w = u64::from(workgroup);
-    let streaming = (
-        NormVariant::Streaming { unroll: cfg.unroll },
-        threads_for(row_slots(len, 4), u32::from(cfg.unroll) * 4, workgroup),
-    );
-    let cached = |per: u32| {
-        let threads = threads_for(slots, per, workgroup);
-        let s = slots.div_ceil(u64::from(threads)).max(1) as u8;
-        (NormVariant::Cached { slots: s, vec }, threads)
-    };
-    match cfg.variant {
-        RowVariant::Streaming => streaming,
-        RowVariant::Cached if slots <= w * 16 => cached(per.max(slots.div_ceil(w) as u32)),
-        _ if slots <= w * u64::from(per) => cached(per),
-        _ => streaming,
+    match plan_row(slots, row_slots(len, 4), per, cfg, workgroup) {
+        RowPlan::Cached { slots, threads } => (NormVariant::Cached { slots, vec }, threads),
+        RowPlan::Streaming { threads } => (NormVariant::Streaming { unroll: cfg.unroll }, threads),
     }
 }
 

@@ -607,6 +607,45 @@ pub fn threads_for(slots: u64, per_thread: u32, workgroup: u32) -> u32 {
     t as u32
 }
 
+/// How a softmax or norm row is laid over invocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowPlan {
+    /// The row kept in registers: `slots` slots per invocation, `threads` per row.
+    Cached { slots: u8, threads: u32 },
+    /// The row streamed (read more than once), `threads` per row.
+    Streaming { threads: u32 },
+}
+
+/// The cached-or-streaming decision the row families share. `slots`: slots a row touches in
+/// the cached layout; `stream_slots`: in the streaming one; `per`: the most slots per
+/// invocation the cached variant keeps by default. `Cached` when the row fits in a
+/// workgroup at `per` slots each (with the fewest invocations that do), else `Streaming`
+/// with `unroll` slots of 4 per step; `cfg.variant` forces one (cached only where a row fits
+/// in 16 slots per invocation).
+pub fn plan_row(
+    slots: u64,
+    stream_slots: u64,
+    per: u32,
+    cfg: &RowConfig,
+    workgroup: u32,
+) -> RowPlan {
+    let w = u64::from(workgroup);
+    let streaming = RowPlan::Streaming {
+        threads: threads_for(stream_slots, u32::from(cfg.unroll) * 4, workgroup),
+    };
+    let cached = |per: u32| {
+        let threads = threads_for(slots, per, workgroup);
+        let slots = slots.div_ceil(u64::from(threads)).max(1) as u8;
+        RowPlan::Cached { slots, threads }
+    };
+    match cfg.variant {
+        RowVariant::Streaming => streaming,
+        RowVariant::Cached if slots <= w * 16 => cached(per.max(slots.div_ceil(w) as u32)),
+        _ if slots <= w * u64::from(per) => cached(per),
+        _ => streaming,
+    }
+}
+
 /// Slots a row of `len` elements touches at most, walked `vec` elements per slot, when rows
 /// lie back to back (rows of a multiple of 4 are all aligned; others may touch one more).
 pub fn row_slots(len: u64, vec: u8) -> u64 {

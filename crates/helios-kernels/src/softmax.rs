@@ -22,8 +22,8 @@ use helios_spirv::{
 
 use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
 use crate::rows::{
-    for_each_slot_by, hreduce, hsum, linear_workgroup, row_slots, threads_for, Groups, Reducer,
-    Row, RowConfig, RowVariant,
+    for_each_slot_by, hreduce, hsum, linear_workgroup, plan_row, row_slots, Groups, Reducer, Row,
+    RowConfig, RowPlan,
 };
 use crate::storage::{buffer_scalar, Storage};
 use crate::KernelError;
@@ -63,21 +63,11 @@ pub fn select(len: u64, backward: bool, cfg: &RowConfig, workgroup: u32) -> (Sof
     let per = cfg
         .cached_slots
         .unwrap_or(SOFTMAX_CACHED_SLOTS[usize::from(backward)]);
-    let w = u64::from(workgroup);
-    let streaming = (
-        SoftmaxVariant::Streaming { unroll: cfg.unroll },
-        threads_for(slots, u32::from(cfg.unroll) * 4, workgroup),
-    );
-    let cached = |per: u32| {
-        let threads = threads_for(slots, per, workgroup);
-        let slots = slots.div_ceil(u64::from(threads)).max(1) as u8;
-        (SoftmaxVariant::Cached { slots }, threads)
-    };
-    match cfg.variant {
-        RowVariant::Streaming => streaming,
-        RowVariant::Cached if slots <= w * 16 => cached(per.max(slots.div_ceil(w) as u32)),
-        _ if slots <= w * u64::from(per) => cached(per),
-        _ => streaming,
+    match plan_row(slots, slots, per, cfg, workgroup) {
+        RowPlan::Cached { slots, threads } => (SoftmaxVariant::Cached { slots }, threads),
+        RowPlan::Streaming { threads } => {
+            (SoftmaxVariant::Streaming { unroll: cfg.unroll }, threads)
+        }
     }
 }
 
@@ -556,6 +546,7 @@ struct Ctx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rows::RowVariant;
 
     #[test]
     fn selection() {
