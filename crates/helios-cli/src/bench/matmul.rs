@@ -15,7 +15,6 @@
 // PyTorch's weight layout (W stored out×in): fwd = X·Wᵀ, dx = dY·W, dw = dYᵀ·X.
 
 use std::path::Path;
-use std::process::Command;
 
 use helios::cpu::matmul::{matmul_at, relative_error, MatmulRef};
 use helios::{coop_peak, DType, Device, MatmulOptions, Tensor};
@@ -388,15 +387,10 @@ fn run_torch(
         })
         .collect();
     let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
-    let mut cmd = Command::new("python3");
-    cmd.arg(script)
-        .args(["--suite", "matmul", "--json", "-"])
-        .args(["--mm-cases", &spec.join(",")])
+    let mut cmd = super::torch::command(script, "matmul", quick);
+    cmd.args(["--mm-cases", &spec.join(",")])
         .args(["--dtypes", &names.join(",")])
         .args(["--mm-samples", &samples.to_string()]);
-    if quick {
-        cmd.arg("--quick");
-    }
     super::torch::execute(script, cmd)
 }
 

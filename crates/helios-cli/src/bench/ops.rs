@@ -17,7 +17,6 @@
 // 1xN for N parameters), not per shape.
 
 use std::path::Path;
-use std::process::Command;
 
 use helios::{
     adamw_step, AdamWConfig, AdamWParam, DType, Device, IndexTensor, RowOp, SoftmaxOptions, Tensor,
@@ -543,16 +542,11 @@ fn run_torch(
     }
     let shapes: Vec<String> = shapes.iter().map(|(r, c)| format!("{r}x{c}")).collect();
     let dts: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
-    let mut cmd = Command::new("python3");
-    cmd.arg(script)
-        .args(["--suite", "ops", "--json", "-"])
-        .args(["--ops-cases", &names.join(",")])
+    let mut cmd = super::torch::command(script, "ops", quick);
+    cmd.args(["--ops-cases", &names.join(",")])
         .args(["--ops-shapes", &shapes.join(",")])
         .args(["--dtypes", &dts.join(",")])
         .args(["--ops-samples", &samples.to_string()]);
-    if quick {
-        cmd.arg("--quick");
-    }
     super::torch::execute(script, cmd)
 }
 

@@ -67,11 +67,7 @@ pub fn locate(explicit: Option<&Path>) -> Result<PathBuf, String> {
 
 /// Runs the script for `suite` with the sizes and counts of `plan`.
 pub fn run(script: &Path, suite: &str, plan: &Plan) -> Result<TorchRun, String> {
-    let mut cmd = Command::new("python3");
-    cmd.arg(script).args(["--suite", suite, "--json", "-"]);
-    if plan.quick {
-        cmd.arg("--quick");
-    }
+    let mut cmd = command(script, suite, plan.quick);
     if let Some(d) = &plan.dispatch {
         cmd.args(["--ops", &d.ops.to_string()]);
         cmd.args(["--samples", &d.samples.to_string()]);
@@ -85,6 +81,17 @@ pub fn run(script: &Path, suite: &str, plan: &Plan) -> Result<TorchRun, String> 
     }
     let (meta, results) = execute(script, cmd)?;
     Ok(TorchRun { meta, results })
+}
+
+/// `python3 <script> --suite <suite> --json -` (plus `--quick`): each suite adds its own
+/// case arguments and passes the command to `execute`.
+pub fn command(script: &Path, suite: &str, quick: bool) -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.arg(script).args(["--suite", suite, "--json", "-"]);
+    if quick {
+        cmd.arg("--quick");
+    }
+    cmd
 }
 
 /// Runs a prepared `python3 torch_reference.py …` command and splits its JSON into the run
