@@ -17,6 +17,7 @@ use crate::copy_queue::CopyQueue;
 use crate::encoder::{Encoder, DEFAULT_BATCH};
 use crate::env;
 use crate::error::{vk_err, Error, Result};
+use crate::executable::ExecutableCapture;
 use crate::features::{self, EnabledFeatures};
 use crate::instance::{Instance, InstanceOptions};
 use crate::memory::MemoryLocation;
@@ -33,6 +34,10 @@ pub struct Context {
     debug_utils: Option<ash::ext::debug_utils::Device>,
     /// VK_KHR_push_descriptor entry points, when enabled (the descriptor binding model).
     pub(crate) push_descriptor: Option<ash::khr::push_descriptor::Device>,
+    /// VK_KHR_pipeline_executable_properties entry points, when statistics are captured.
+    pub(crate) pipeline_executable: Option<ash::khr::pipeline_executable_properties::Device>,
+    /// What compute pipelines capture (`Off` unless asked for and supported; executable.rs).
+    pub(crate) capture: ExecutableCapture,
     queue_family: u32,
     pub(crate) submitter: Submitter,
     /// The dedicated transfer queue, where the device has one (copy_queue.rs).
@@ -74,6 +79,10 @@ pub struct ContextOptions {
     /// `HELIOS_BAR=0` keeps device-local buffers in the plain device-local memory type even
     /// where all of VRAM is host-visible (resizable BAR).
     pub bar: bool,
+    /// `HELIOS_PIPELINE_STATS=1|2`: compute pipelines capture the driver's compiler
+    /// statistics (and internal representations), read with `Context::pipeline_statistics`;
+    /// ignored with a note where the device lacks VK_KHR_pipeline_executable_properties.
+    pub pipeline_statistics: ExecutableCapture,
 }
 
 impl Default for ContextOptions {
@@ -86,6 +95,7 @@ impl Default for ContextOptions {
             spin_us: DEFAULT_SPIN_US,
             transfer_queue: true,
             bar: true,
+            pipeline_statistics: ExecutableCapture::Off,
         }
     }
 }
@@ -100,6 +110,7 @@ impl ContextOptions {
             spin_us: env::u32_or(env::HELIOS_SPIN_US, DEFAULT_SPIN_US)?,
             transfer_queue: env::flag(env::HELIOS_TRANSFER_QUEUE)?.unwrap_or(true),
             bar: env::flag(env::HELIOS_BAR)?.unwrap_or(true),
+            pipeline_statistics: ExecutableCapture::from_env()?,
         })
     }
 
@@ -133,7 +144,16 @@ impl Context {
                 device: caps.name.clone(),
                 missing: "a queue family with compute support".into(),
             })?;
-        let (enabled, withheld) = features::plan(caps, instance.validation_layer_version());
+        let want_stats = options.pipeline_statistics != ExecutableCapture::Off;
+        let (enabled, withheld) =
+            features::plan(caps, instance.validation_layer_version(), want_stats);
+        if want_stats && !enabled.pipeline_executable_info {
+            eprintln!(
+                "helios: pipeline statistics not captured: {} lacks \
+                 VK_KHR_pipeline_executable_properties",
+                caps.name
+            );
+        }
         for ext in withheld {
             eprintln!(
                 "helios: {ext} left off: the installed validation layer predates it \
@@ -190,12 +210,21 @@ impl Context {
         let push_descriptor = enabled
             .push_descriptor
             .then(|| ash::khr::push_descriptor::Device::new(instance.raw(), &device));
+        let pipeline_executable = enabled.pipeline_executable_info.then(|| {
+            ash::khr::pipeline_executable_properties::Device::new(instance.raw(), &device)
+        });
+        let capture = match enabled.pipeline_executable_info {
+            true => options.pipeline_statistics,
+            false => ExecutableCapture::Off,
+        };
         Ok(Arc::new(Context {
             instance,
             adapter: adapter.clone(),
             device,
             debug_utils,
             push_descriptor,
+            pipeline_executable,
+            capture,
             queue_family,
             submitter,
             copy_queue,

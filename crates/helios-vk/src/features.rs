@@ -42,6 +42,9 @@ pub struct EnabledFeatures {
     pub bfloat16: bool,
     pub bfloat16_dot_product: bool,
     pub bfloat16_cooperative_matrix: bool,
+    /// VK_KHR_pipeline_executable_properties pipelineExecutableInfo: only when asked for
+    /// (`HELIOS_PIPELINE_STATS`), since capturing statistics may slow pipeline creation.
+    pub pipeline_executable_info: bool,
 }
 
 /// Refuses devices Helios cannot run on, naming everything that is missing at once.
@@ -80,9 +83,13 @@ const BFLOAT16_HEADER: u32 = vk::make_api_version(0, 1, 4, 311);
 /// vkCreateDevice (VUID-VkDeviceCreateInfo-pNext-pNext), which would fail every validated
 /// run; such extensions are left off while that layer is in use, and listed in the result's
 /// second element so the caller can say so.
+///
+/// `pipeline_stats`: pipelineExecutableInfo was asked for (`ContextOptions::pipeline_stats`);
+/// it is enabled only then, and only where the device supports it.
 pub(crate) fn plan(
     caps: &Caps,
     validation_layer: Option<u32>,
+    pipeline_stats: bool,
 ) -> (EnabledFeatures, Vec<&'static str>) {
     let f = &caps.features;
     let layer_knows = |header: u32| validation_layer.map_or(true, |v| v >= header);
@@ -121,6 +128,7 @@ pub(crate) fn plan(
         bfloat16_cooperative_matrix: bfloat16
             && f.bfloat16_cooperative_matrix
             && cooperative_matrix,
+        pipeline_executable_info: pipeline_stats && f.pipeline_executable_info,
     };
     (enabled, withheld)
 }
@@ -143,6 +151,9 @@ pub(crate) fn extensions(caps: &Caps, enabled: &EnabledFeatures) -> Vec<&'static
     }
     if enabled.bfloat16 {
         exts.push(KHR_SHADER_BFLOAT16);
+    }
+    if enabled.pipeline_executable_info {
+        exts.push(ash::khr::pipeline_executable_properties::NAME);
     }
     // The spec requires enabling it wherever it is listed (MoltenVK and similar).
     if caps.has_extension("VK_KHR_portability_subset") {
@@ -193,6 +204,8 @@ pub(crate) fn create_device(
         shader_bfloat16_cooperative_matrix: b(e.bfloat16_cooperative_matrix),
         ..Default::default()
     };
+    let mut pexec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
+        .pipeline_executable_info(true);
 
     let mut features2 = vk::PhysicalDeviceFeatures2::default()
         .features(base)
@@ -213,6 +226,9 @@ pub(crate) fn create_device(
     }
     if e.bfloat16 {
         features2 = features2.push_next(&mut bf16);
+    }
+    if e.pipeline_executable_info {
+        features2 = features2.push_next(&mut pexec);
     }
 
     let ext_ptrs: Vec<_> = extensions(caps, e).iter().map(|n| n.as_ptr()).collect();
@@ -270,7 +286,7 @@ mod tests {
         c.features.compute_full_subgroups = true;
         c.features.bfloat16_cooperative_matrix = true;
         c.features.bfloat16 = true;
-        let (e, withheld) = plan(&c, None);
+        let (e, withheld) = plan(&c, None, false);
         assert!(withheld.is_empty());
         assert!(!e.compute_full_subgroups);
         assert!(!e.bfloat16_cooperative_matrix);
@@ -284,7 +300,7 @@ mod tests {
         c.features.subgroup_size_control = true;
         c.features.maintenance4 = true;
         c.features.push_descriptor = true;
-        let (e, _) = plan(&c, None);
+        let (e, _) = plan(&c, None, false);
         assert_eq!(
             extensions(&c, &e),
             [
@@ -301,17 +317,36 @@ mod tests {
         c.features.cooperative_matrix = true;
         c.features.bfloat16 = true;
         c.features.bfloat16_cooperative_matrix = true;
-        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 239)));
+        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 239)), false);
         assert!(!e.cooperative_matrix && !e.bfloat16 && !e.bfloat16_cooperative_matrix);
         assert_eq!(
             withheld,
             ["VK_KHR_cooperative_matrix", "VK_KHR_shader_bfloat16"]
         );
-        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 280)));
+        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 280)), false);
         assert!(e.cooperative_matrix && !e.bfloat16);
         assert_eq!(withheld, ["VK_KHR_shader_bfloat16"]);
-        let (e, withheld) = plan(&c, None);
+        let (e, withheld) = plan(&c, None, false);
         assert!(e.cooperative_matrix && e.bfloat16 && e.bfloat16_cooperative_matrix);
         assert!(withheld.is_empty());
+    }
+
+    #[test]
+    fn pipeline_executable_info_only_on_request() {
+        let mut c = caps(vk::API_VERSION_1_3);
+        let name = ash::khr::pipeline_executable_properties::NAME;
+        // Requested but not supported: off, no extension.
+        let (e, withheld) = plan(&c, None, true);
+        assert!(!e.pipeline_executable_info && withheld.is_empty());
+        assert!(extensions(&c, &e).is_empty());
+        c.features.pipeline_executable_info = true;
+        // Supported but not requested: off (capturing statistics costs compile time).
+        let (e, _) = plan(&c, None, false);
+        assert!(!e.pipeline_executable_info);
+        assert!(extensions(&c, &e).is_empty());
+        // Both: on, with its extension; the 1.3.239 layer knows this 2019 extension.
+        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 239)), true);
+        assert!(e.pipeline_executable_info && withheld.is_empty());
+        assert_eq!(extensions(&c, &e), [name]);
     }
 }

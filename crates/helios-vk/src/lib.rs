@@ -23,6 +23,7 @@ mod copy_queue;
 mod encoder;
 pub mod env;
 mod error;
+mod executable;
 mod features;
 mod instance;
 mod memory;
@@ -44,6 +45,7 @@ pub use caps::{
 pub use context::{pick_queue_family, pick_transfer_family, Context, ContextOptions};
 pub use encoder::{Access, EncoderStats, DEFAULT_BATCH};
 pub use error::{Error, Result};
+pub use executable::{ExecutableCapture, ExecutableStats, StatValue, HELIOS_PIPELINE_STATS};
 pub use features::EnabledFeatures;
 pub use instance::{Instance, InstanceOptions};
 pub use memory::{choose_memory_type, Buffer, MemoryLocation};

@@ -42,6 +42,8 @@ pub struct Pipeline {
     set_layout: vk::DescriptorSetLayout,
     push_constant_size: u32,
     storage_buffers: u32,
+    /// What it captures for `Context::pipeline_statistics` (CAPTURE_* flags, or none).
+    create_flags: vk::PipelineCreateFlags,
 }
 
 impl Context {
@@ -104,6 +106,7 @@ impl Context {
             set_layout,
             push_constant_size: desc.push_constant_size,
             storage_buffers: desc.storage_buffers,
+            create_flags: self.capture.create_flags(),
         }))
     }
 
@@ -190,7 +193,11 @@ impl Context {
         if !entries.is_empty() {
             stage = stage.specialization_info(&spec);
         }
+        // CAPTURE_* flags when statistics are asked for (executable.rs). The pipeline cache is
+        // used as always; NVIDIA 580 still reports statistics for pipelines built from a loaded
+        // cache (tests/executable.rs, run on an H200).
         let info = vk::ComputePipelineCreateInfo::default()
+            .flags(self.capture.create_flags())
             .stage(stage)
             .layout(layout);
         // SAFETY: module and layout are valid; the cache belongs to this device.
@@ -231,6 +238,12 @@ impl Pipeline {
     /// Storage buffers bound through push descriptors (0: device addresses).
     pub fn storage_buffers(&self) -> u32 {
         self.storage_buffers
+    }
+
+    /// The VkPipelineCreateFlags it was created with (the CAPTURE_* flags of
+    /// `Context::executable_capture`, or none).
+    pub fn create_flags(&self) -> vk::PipelineCreateFlags {
+        self.create_flags
     }
 
     pub(crate) fn context(&self) -> &Context {

@@ -128,6 +128,8 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
     let mut m4_feat = vk::PhysicalDeviceMaintenance4Features::default();
     let mut coop_feat = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
     let mut bf16_feat = PhysicalDeviceShaderBfloat16FeaturesKHR::default();
+    let mut pexec_feat = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
+    let has_pexec = has(ash::khr::pipeline_executable_properties::NAME);
     let has_coop = has(ash::khr::cooperative_matrix::NAME);
     let has_bf16 = has(KHR_SHADER_BFLOAT16);
     let base = if at_least(1, 1) {
@@ -150,6 +152,9 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         }
         if has_bf16 {
             f2 = f2.push_next(&mut bf16_feat);
+        }
+        if has_pexec {
+            f2 = f2.push_next(&mut pexec_feat);
         }
         unsafe { raw.get_physical_device_features2(pd, &mut f2) };
         f2.features
@@ -192,6 +197,7 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         maintenance4: m4_on,
         synchronization2: sync2_on,
         cooperative_matrix: has_coop && on(coop_feat.cooperative_matrix),
+        pipeline_executable_info: has_pexec && on(pexec_feat.pipeline_executable_info),
     };
 
     // ---- memory and queues -----------------------------------------------------------
