@@ -105,8 +105,11 @@ struct Stats {
 /// its idle clocks), then samples `f` until `budget` is spent (3 to 50 samples). `f` returns
 /// the time of one sample (so it can exclude set-up).
 fn measure(budget: f64, mut f: impl FnMut() -> Result<Duration, String>) -> Result<Stats, String> {
+    // Warm-up: compiles, first-touch, and the SM clock out of its idle state (see
+    // `helios::Device::warm_up`).
+    let warm = helios::env::warm_ms().unwrap_or(300);
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(100) {
+    while start.elapsed() < Duration::from_millis(u64::from(warm)) {
         f()?;
     }
     let start = Instant::now();

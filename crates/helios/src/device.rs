@@ -176,6 +176,36 @@ impl Device {
         Ok(self.inner.ctx.synchronize()?)
     }
 
+    /// How long [`Device::warm_up`] keeps the GPU busy: `HELIOS_WARM_MS`, else 300 ms on
+    /// GPUs and nothing on CPU devices (lavapipe has no clocks to raise).
+    pub fn warm_up_time(&self) -> std::time::Duration {
+        let default = match self.inner.ctx.caps().device_type {
+            helios_vk::DeviceType::Cpu => 0,
+            _ => 300,
+        };
+        std::time::Duration::from_millis(u64::from(crate::env::warm_ms().unwrap_or(default)))
+    }
+
+    /// Runs `work` (something that records GPU work and waits for it, ideally for a few ms)
+    /// again and again for [`Device::warm_up_time`] (not at all when that is zero).
+    ///
+    /// Why: NVIDIA's driver lowers an idle GPU's SM clock to about 345 MHz (from 1980 on an
+    /// H200) a few seconds after the last work, and raises it only under sustained load.
+    /// Timing that follows compiles or CPU work in bursts of a few ms runs at the idle clock,
+    /// up to 5.7× slow (seen in `bench/results/2026-11-22-clocks-h200.md`). Everything that
+    /// times kernels (the matmul tuner, `helios bench`) warms up first.
+    pub fn warm_up<E>(
+        &self,
+        mut work: impl FnMut() -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let time = self.warm_up_time();
+        let start = std::time::Instant::now();
+        while start.elapsed() < time {
+            work()?;
+        }
+        Ok(())
+    }
+
     /// Driver allocations, pool hits and bytes held by the caching allocator.
     pub fn memory_stats(&self) -> helios_vk::MemoryStats {
         self.inner.ctx.memory_stats()
@@ -310,9 +340,75 @@ impl Device {
             module,
             workgroup,
         });
+        if crate::env::pipeline_stats_report() {
+            self.report_statistics(&compiled);
+        }
         cache.insert(key, compiled.clone());
         Ok(compiled)
     }
+
+    /// What the driver's compiler reports about every kernel compiled so far (on NVIDIA
+    /// register count, local (spill) and shared memory...), sorted by kernel name. Empty unless the Context
+    /// captures statistics (`HELIOS_PIPELINE_STATS=1|2`, or
+    /// `ContextOptions::pipeline_statistics`) on a device that offers
+    /// VK_KHR_pipeline_executable_properties.
+    pub fn kernel_statistics(&self) -> Result<Vec<KernelStats>> {
+        let ctx = &self.inner.ctx;
+        if ctx.executable_capture() == helios_vk::ExecutableCapture::Off {
+            return Ok(Vec::new());
+        }
+        let compiled: Vec<Arc<Compiled>> = {
+            let cache = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
+            cache.values().cloned().collect()
+        };
+        let mut out = compiled
+            .iter()
+            .map(|c| {
+                Ok(KernelStats {
+                    kernel: c.module.name.clone(),
+                    executables: ctx.pipeline_statistics(&c.pipeline)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        out.sort_by(|a, b| a.kernel.cmp(&b.kernel));
+        Ok(out)
+    }
+
+    /// The `HELIOS_PIPELINE_STATS` hook: one stderr line of statistics per executable of a
+    /// newly compiled kernel, and its text representations under `HELIOS_DUMP_KERNELS`.
+    /// Failures are notes, never errors: this is a debugging aid.
+    fn report_statistics(&self, compiled: &Compiled) {
+        let name = &compiled.module.name;
+        let executables = match self.inner.ctx.pipeline_statistics(&compiled.pipeline) {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("helios: no statistics for {name}: {e}");
+                return;
+            }
+        };
+        for (i, exec) in executables.iter().enumerate() {
+            let label = match executables.len() {
+                1 => name.clone(),
+                _ => format!("{name}#{i}"),
+            };
+            let stats: Vec<String> = exec
+                .stats
+                .iter()
+                .map(|(stat, value)| format!("{stat}={value}"))
+                .collect();
+            eprintln!("helios: stats {label}: {}", stats.join(", "));
+        }
+        crate::env::dump_representations(name, &executables);
+    }
+}
+
+/// What the driver reports about one compiled kernel (`Device::kernel_statistics`).
+#[derive(Clone, Debug)]
+pub struct KernelStats {
+    /// The kernel's name (as in profiles and `HELIOS_DUMP_KERNELS` dumps).
+    pub kernel: String,
+    /// Usually one (the compute shader).
+    pub executables: Vec<helios_vk::ExecutableStats>,
 }
 
 /// The signature of every kernel the tensor layer compiles: one variant per kernel family,

@@ -17,7 +17,8 @@
 //! | `HELIOS_EW_EXACT=0` | element-wise kernels keep their bounds checks even when the size is a whole number of tiles |
 //! | `HELIOS_READBACK=kernel\|copy` | read tensors back through a copy kernel into host memory, or the copy engine (default: kernel for ≤ 1 MiB on discrete GPUs) |
 //! | `HELIOS_WG=<n>` | workgroup size (along x) for every kernel, overriding the default (tuning experiments) |
-//! | `HELIOS_DUMP_KERNELS=<dir>` | write the SPIR-V assembly of every kernel compiled to `<dir>/<name>.spvasm` |
+//! | `HELIOS_DUMP_KERNELS=<dir>` | write the SPIR-V assembly of every kernel compiled to `<dir>/<name>.spvasm` (and, with `HELIOS_PIPELINE_STATS=2`, the driver's text representations to `<dir>/<name>.<executable>.<representation>.txt`) |
+//! | `HELIOS_PIPELINE_STATS=1\|2` | where the device offers VK_KHR_pipeline_executable_properties, pipelines capture the driver's compiler statistics (`1`; on NVIDIA register count, binary size, stack, local (spill) and shared memory) or statistics and the driver's internal representations, where it offers any (`2`; NVIDIA 580 offers none); each kernel compiled prints `helios: stats <kernel>: <stat>=<value>, ...` on stderr, and `Device::kernel_statistics()` returns them |
 //! | `HELIOS_SPIRV_VAL=<path>` | the `spirv-val` binary tests use (default: `spirv-val` on PATH) |
 //! | `HELIOS_MATMUL_VARIANT=<name>` | force a matmul variant (`simt128x128`, `coop128x128w2x2`, ...: `helios_kernels::matmul::VARIANTS`) |
 //! | `HELIOS_MATMUL_TUNE=0\|1` | matmul autotuning off (documented default variant) or on also for CPU devices (default: on for GPUs; winners cached per device UUID + driver under the cache root) |
@@ -27,6 +28,7 @@
 //! | `HELIOS_ROW_SLOTS=<n>` | most 16-byte slots per invocation a cached softmax/norm row keeps in registers (1..=16; default per family) |
 //! | `HELIOS_SPLIT_GROUPS=<n>` | workgroups a split (two-phase) reduction aims for (default 2048) |
 //! | `HELIOS_NORM_ROWS=<n>` | rows each invocation group of the cached layernorm/rmsnorm backward walks, summing dgamma/dbeta (default 4) |
+//! | `HELIOS_WARM_MS=<ms>` | how long timing code (the matmul tuner, `helios bench`) keeps the GPU busy before it measures, so the SM clock has left its idle state (default 300 on GPUs, 0 on CPU devices) |
 
 use helios_spirv::{Binding, KernelModule};
 
@@ -138,10 +140,76 @@ pub(crate) fn row_config() -> helios_kernels::rows::RowConfig {
     };
     RowConfig {
         variant,
-        unroll: number_in("HELIOS_ROW_UNROLL", 1..=8).map_or(d.unroll, |n| n as u8),
+        unroll: number_in("HELIOS_ROW_UNROLL", 1..=8).map(|n| n as u8),
         cached_slots: number_in("HELIOS_ROW_SLOTS", 1..=16),
         target_groups: number_in("HELIOS_SPLIT_GROUPS", 1..=1 << 20).unwrap_or(d.target_groups),
         workgroup: workgroup_override(),
         norm_rows: number_in("HELIOS_NORM_ROWS", 1..=1 << 16),
+    }
+}
+
+/// `HELIOS_WARM_MS`: the warm-up before timed work ([`crate::Device::warm_up`]); `None`
+/// when unset (the device's default applies).
+pub fn warm_ms() -> Option<u32> {
+    number_in("HELIOS_WARM_MS", 0..=60_000)
+}
+
+/// `HELIOS_PIPELINE_STATS=1|2`: print the driver's statistics of every kernel compiled
+/// (the Context, which reads the same variable, captures them).
+pub(crate) fn pipeline_stats_report() -> bool {
+    matches!(
+        std::env::var("HELIOS_PIPELINE_STATS")
+            .as_deref()
+            .map(str::trim),
+        Ok("1" | "2")
+    )
+}
+
+/// Writes the text representations of `kernel`'s executables (captured with
+/// `HELIOS_PIPELINE_STATS=2`) to `<HELIOS_DUMP_KERNELS>/<kernel>.<executable>.<name>.txt`,
+/// if that is set; failures are reported on stderr, never fatal.
+pub(crate) fn dump_representations(kernel: &str, executables: &[helios_vk::ExecutableStats]) {
+    let Some(dir) = std::env::var_os("HELIOS_DUMP_KERNELS") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    for (i, exec) in executables.iter().enumerate() {
+        for (name, text) in &exec.representations {
+            let path = dir.join(format!("{kernel}.{i}.{}.txt", sanitize(name)));
+            let result = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, text));
+            if let Err(e) = result {
+                eprintln!(
+                    "helios: cannot dump {name} of {kernel} to {}: {e}",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+/// `name` with everything but ASCII letters, digits, `-` and `_` replaced by `_`, so a driver's
+/// representation name ("NVIDIA SASS", "SPIR-V / NIR") makes a safe file-name part.
+fn sanitize(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' => c,
+            _ => '_',
+        })
+        .collect();
+    if s.is_empty() {
+        "representation".into()
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn representation_names_make_file_names() {
+        assert_eq!(super::sanitize("NVIDIA SASS"), "NVIDIA_SASS");
+        assert_eq!(super::sanitize("a/b.c"), "a_b_c");
+        assert_eq!(super::sanitize(""), "representation");
     }
 }

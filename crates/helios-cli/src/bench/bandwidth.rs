@@ -141,6 +141,7 @@ fn run_case(
         .clamp(1, plan.max_ops_per_sample.max(1));
     }
 
+    device.warm_up(|| sample(device, op, &sets, k).map(drop))?;
     profile_start(device)?;
     let before = device.encoder_stats();
     let mut times = Vec::with_capacity(plan.samples);

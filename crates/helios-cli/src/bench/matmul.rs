@@ -89,6 +89,26 @@ pub fn all_cases(quick: bool) -> Vec<MmCase> {
     v
 }
 
+/// A case given as a shape, `MxNxK` with an optional `:NN|NT|TN|TT` (which operands are
+/// stored transposed); `None` when `s` is not one.
+fn custom_case(s: &str) -> Option<MmCase> {
+    let (dims, op) = s.split_once(':').unwrap_or((s, "NN"));
+    let d: Vec<usize> = dims
+        .split('x')
+        .map(|v| v.parse().ok().filter(|&n| n > 0))
+        .collect::<Option<_>>()?;
+    let [m, n, k] = d[..] else { return None };
+    let (ta, tb) = match op.to_ascii_uppercase().as_str() {
+        "NN" => (false, false),
+        "NT" => (false, true),
+        "TN" => (true, false),
+        "TT" => (true, true),
+        _ => return None,
+    };
+    // The name must not hold ':' (the PyTorch script's case separator).
+    Some(case(&s.replace(':', "_"), m, n, k, ta, tb))
+}
+
 /// Throughput of the cooperative-matrix instruction alone.
 #[derive(Clone, Debug, Serialize)]
 pub struct PeakRow {
@@ -231,6 +251,7 @@ fn measure(
     sample(1)?;
     let probe = sample(2)?;
     let reps = (5000.0 / probe.max(1e-3)).ceil().clamp(1.0, 100.0) as u32;
+    device.warm_up(|| sample(reps).map(drop))?;
     let times: Vec<f64> = (0..samples)
         .map(|_| sample(reps))
         .collect::<BenchResult<_>>()?;
@@ -265,6 +286,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
     };
     let mut cases = all_cases(quick);
     if !args.cases.is_empty() {
+        let custom: Vec<MmCase> = args.cases.iter().filter_map(|s| custom_case(s)).collect();
         cases.retain(|c| {
             args.cases.iter().any(|sel| {
                 sel == &c.name
@@ -272,9 +294,12 @@ pub fn run(args: &BenchArgs) -> CliResult {
                     || (sel == "gpt2" && c.name.starts_with("gpt2"))
             })
         });
+        cases.extend(custom);
         if cases.is_empty() {
             return Err(
-                "--cases selects no matmul case (names: sq1024.., gpt2_*, or squares, gpt2)".into(),
+                "--cases selects no matmul case (names: sq1024.., gpt2_*, groups: \
+                 squares, gpt2, or a shape MxNxK[:NN|NT|TN|TT])"
+                    .into(),
             );
         }
     }

@@ -261,6 +261,7 @@ fn time_op(
         }
         .clamp(1, max_k);
     }
+    device.warm_up(|| sample(device, run, k).map(drop))?;
     let times = (0..samples)
         .map(|_| sample(device, run, k))
         .collect::<BenchResult<Vec<f64>>>()?;

@@ -253,6 +253,7 @@ fn tune(p: &Problem) -> Result<TuneReport> {
     // candidates exist, timing SIMT ones there would only lengthen tuning.
     let large = p.shape.flops() >= f64::from(1u32 << 30);
     let has_coop = all.iter().any(|k| k.variant.is_coop());
+    let mut checked = Vec::new();
     for cand in all
         .into_iter()
         .filter(|k| k.variant.is_coop() || !(has_coop && large))
@@ -263,7 +264,21 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         }
         let check_error = check(p, &k)?;
         let passed = check_error <= tolerance(p.out);
-        let time_us = if passed { Some(time(p, &k)?) } else { None };
+        checked.push((k, check_error, passed));
+    }
+    // Time the survivors back to back, after a warm-up with the first one, so that every
+    // candidate sees the same (busy) GPU clock: checks and compiles above leave it idle.
+    let out = p.output()?;
+    if let Some((k, ..)) = checked.iter().find(|c| c.2) {
+        p.record(k, &out)?;
+        device.warm_up(|| sample(p, k, &out, 4).map(drop))?;
+    }
+    for (k, check_error, passed) in checked {
+        let time_us = if passed {
+            Some(time(p, &k, &out)?)
+        } else {
+            None
+        };
         rows.push(CandidateResult {
             variant: k.variant.name(),
             kernel: k.name(),
@@ -386,28 +401,32 @@ fn upload_operand(
         .transpose(nd, nd + 1)
 }
 
+/// Per-run GPU time of `reps` back-to-back runs of `kernel` into `out`, µs.
+fn sample(p: &Problem, kernel: &MatmulKernel, out: &Tensor, reps: u32) -> Result<f64> {
+    let ctx = p.a.device().context();
+    let t = ctx.start_gpu_timer()?;
+    for _ in 0..reps {
+        p.record(kernel, out)?;
+    }
+    let span = ctx.stop_gpu_timer(t)?;
+    Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / f64::from(reps))
+}
+
 /// Median GPU time of `kernel` on the problem's own operands, µs: one warm-up (which also
 /// compiles), then 3 samples of `r` back-to-back runs, `r` chosen so a sample lasts ~2 ms.
-fn time(p: &Problem, kernel: &MatmulKernel) -> Result<f64> {
-    let device = p.a.device();
-    let ctx = device.context();
-    let out = p.output()?;
-    p.record(kernel, &out)?;
-    let sample = |reps: u32| -> Result<f64> {
-        let t = ctx.start_gpu_timer()?;
-        for _ in 0..reps {
-            p.record(kernel, &out)?;
-        }
-        let span = ctx.stop_gpu_timer(t)?;
-        Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / f64::from(reps))
-    };
-    let first = sample(1)?;
+fn time(p: &Problem, kernel: &MatmulKernel, out: &Tensor) -> Result<f64> {
+    p.record(kernel, out)?;
+    let first = sample(p, kernel, out, 1)?;
     let reps = if first > 0.0 {
         (2000.0 / first).ceil().clamp(1.0, 50.0) as u32
     } else {
         50
     };
-    let mut v = [sample(reps)?, sample(reps)?, sample(reps)?];
+    let mut v = [
+        sample(p, kernel, out, reps)?,
+        sample(p, kernel, out, reps)?,
+        sample(p, kernel, out, reps)?,
+    ];
     v.sort_by(f64::total_cmp);
     Ok(v[1])
 }
@@ -594,6 +613,10 @@ pub fn coop_peak(device: &Device, dtype: DType) -> Result<Option<CoopPeak>> {
         Ok(())
     };
     run()?;
+    device.warm_up(|| {
+        run()?;
+        device.synchronize()
+    })?;
     let mut times = Vec::new();
     for _ in 0..5 {
         let t = ctx.start_gpu_timer()?;
