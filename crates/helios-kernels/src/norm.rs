@@ -23,8 +23,8 @@ use helios_spirv::{
 
 use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
 use crate::rows::{
-    for_each_slot_by, hsum, linear_workgroup, plan_row, row_slots, Groups, Reducer, Row, RowConfig,
-    RowPlan,
+    for_each_slot_by, hsum, linear_workgroup, plan_row, row_slots, Groups, Reducer, Row, RowChoice,
+    RowConfig, RowPlan,
 };
 use crate::storage::{buffer_scalar, load_f32, Storage};
 use crate::KernelError;
@@ -70,15 +70,32 @@ pub const NORM_BWD_ROWS: u32 = 4;
 /// `NORM_CACHED_SLOTS[0]` slots each (or `HELIOS_ROW_SLOTS`), else `Streaming`. Backward: the
 /// same with `NORM_CACHED_SLOTS[1]`, in slots of 4 when rows are a multiple of 4 long and of 1
 /// otherwise. `HELIOS_ROWS=cached|streaming` forces a variant where it can run.
-pub fn select(len: u64, backward: bool, cfg: &RowConfig, workgroup: u32) -> (NormVariant, u32) {
+pub fn select(
+    len: u64,
+    backward: bool,
+    cfg: &RowConfig,
+    max_workgroup: u32,
+) -> RowChoice<NormVariant> {
     let vec: u8 = if !backward || len % 4 == 0 { 4 } else { 1 };
     let slots = row_slots(len, vec);
     let per = cfg
         .cached_slots
         .unwrap_or(NORM_CACHED_SLOTS[usize::from(backward)]);
-    match plan_row(slots, row_slots(len, 4), per, cfg, workgroup) {
+    let stream_slots = row_slots(len, 4);
+    let (plan, workgroup) = plan_row(slots, stream_slots, per, cfg, NORM_WORKGROUP, max_workgroup);
+    let (variant, threads) = match plan {
         RowPlan::Cached { slots, threads } => (NormVariant::Cached { slots, vec }, threads),
-        RowPlan::Streaming { threads } => (NormVariant::Streaming { unroll: cfg.unroll }, threads),
+        RowPlan::Streaming { threads } => (
+            NormVariant::Streaming {
+                unroll: cfg.stream_unroll(),
+            },
+            threads,
+        ),
+    };
+    RowChoice {
+        variant,
+        threads,
+        workgroup,
     }
 }
 
@@ -654,11 +671,24 @@ mod tests {
     fn selection() {
         let cfg = RowConfig::default();
         let cached = |slots, vec| NormVariant::Cached { slots, vec };
-        assert_eq!(select(768, false, &cfg, 256), (cached(6, 4), 32));
-        assert_eq!(select(768, true, &cfg, 256), (cached(3, 4), 64));
-        assert_eq!(select(1023, true, &cfg, 256), (cached(4, 1), 256));
-        let (v, t) = select(50257, false, &cfg, 256);
-        assert!(matches!(v, NormVariant::Streaming { .. }) && t == 256);
+        let pick = |len, bwd, max| {
+            let c = select(len, bwd, &cfg, max);
+            (c.variant, c.threads, c.workgroup)
+        };
+        assert_eq!(pick(768, false, 1024), (cached(6, 4), 32, 256));
+        assert_eq!(pick(768, true, 1024), (cached(3, 4), 64, 256));
+        assert_eq!(pick(1023, true, 1024), (cached(4, 1), 256, 256));
+        let streamed = NormVariant::Streaming {
+            unroll: crate::rows::STREAM_UNROLL,
+        };
+        assert_eq!(pick(50257, false, 1024), (streamed, 1024, 1024));
+        // A device that allows only 256 invocations keeps streaming rows at 256.
+        assert_eq!(pick(50257, true, 256), (streamed, 256, 256));
+        let wg512 = RowConfig {
+            workgroup: Some(512),
+            ..cfg
+        };
+        assert_eq!(select(50257, false, &wg512, 1024).workgroup, 512);
         assert_eq!(NormKernel::backward_groups(4096, 256, 64, 4), 1024);
         assert_eq!(NormKernel::backward_groups(5, 256, 64, 4), 4);
         assert_eq!(param_splits(4096, 50257, 1, 1 << 19), (11, 373));

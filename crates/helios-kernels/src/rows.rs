@@ -63,8 +63,9 @@ pub enum RowVariant {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowConfig {
     pub variant: RowVariant,
-    /// Slots (16-byte loads) per invocation per loop step (`HELIOS_ROW_UNROLL`, default 4).
-    pub unroll: u8,
+    /// Slots (16-byte loads) per invocation per loop step (`HELIOS_ROW_UNROLL`; default 4,
+    /// and [`STREAM_UNROLL`] for streamed softmax/norm rows): see [`RowConfig::unroll`].
+    pub unroll: Option<u8>,
     /// Most slots per invocation a cached variant keeps in registers
     /// (`HELIOS_ROW_SLOTS`; default: the family's own).
     pub cached_slots: Option<u32>,
@@ -77,11 +78,43 @@ pub struct RowConfig {
     pub norm_rows: Option<u32>,
 }
 
+/// Workgroup of a streamed softmax/norm row: long rows (a 50257 vocabulary) go through one
+/// workgroup each, and a larger one keeps fewer rows in flight per SM, so the second pass
+/// over a row finds it in L2. Measured on the H200 at 4096×50257 against 256: softmax f32
+/// 507–580 µs vs 640, bf16 392 vs 421; layernorm forward f32 631 vs 717, bf16 467 vs 585;
+/// layernorm forward+backward f32 1974 vs 2173 (bench/results/2026-11-22-ops-h200.md).
+pub const STREAM_WORKGROUP: u32 = 1024;
+/// Slots per invocation per loop step of a streamed row (at [`STREAM_WORKGROUP`]; 8 made the
+/// norm backward spill: 6.4 ms instead of 2.0).
+pub const STREAM_UNROLL: u8 = 2;
+
+impl RowConfig {
+    /// Slots per loop step of the reductions (`HELIOS_ROW_UNROLL`, else 4).
+    pub fn unroll(&self) -> u8 {
+        self.unroll.unwrap_or(4)
+    }
+
+    /// Slots per loop step of a streamed softmax/norm row (`HELIOS_ROW_UNROLL`, else
+    /// [`STREAM_UNROLL`]).
+    pub fn stream_unroll(&self) -> u8 {
+        self.unroll.unwrap_or(STREAM_UNROLL)
+    }
+}
+
+/// A softmax/norm family's choice for one row length: the variant, invocations per row and
+/// the workgroup size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowChoice<V> {
+    pub variant: V,
+    pub threads: u32,
+    pub workgroup: u32,
+}
+
 impl Default for RowConfig {
     fn default() -> Self {
         RowConfig {
             variant: RowVariant::Auto,
-            unroll: 4,
+            unroll: None,
             cached_slots: None,
             target_groups: 2048,
             workgroup: None,
@@ -618,31 +651,38 @@ pub enum RowPlan {
 
 /// The cached-or-streaming decision the row families share. `slots`: slots a row touches in
 /// the cached layout; `stream_slots`: in the streaming one; `per`: the most slots per
-/// invocation the cached variant keeps by default. `Cached` when the row fits in a
-/// workgroup at `per` slots each (with the fewest invocations that do), else `Streaming`
-/// with `unroll` slots of 4 per step; `cfg.variant` forces one (cached only where a row fits
-/// in 16 slots per invocation).
+/// invocation the cached variant keeps by default; `workgroup`: the family's own size;
+/// `max_workgroup`: the device's largest power of two. `Cached` when the row fits in a
+/// workgroup at `per` slots each (with the fewest invocations that do), else `Streaming` in a
+/// workgroup of [`STREAM_WORKGROUP`] with [`RowConfig::stream_unroll`] slots of 4 per step;
+/// `cfg.variant` forces one (cached only where a row fits in 16 slots per invocation) and
+/// `cfg.workgroup` (`HELIOS_WG`) fixes the workgroup of both.
 pub fn plan_row(
     slots: u64,
     stream_slots: u64,
     per: u32,
     cfg: &RowConfig,
     workgroup: u32,
-) -> RowPlan {
-    let w = u64::from(workgroup);
-    let streaming = RowPlan::Streaming {
-        threads: threads_for(stream_slots, u32::from(cfg.unroll) * 4, workgroup),
+    max_workgroup: u32,
+) -> (RowPlan, u32) {
+    let cached_wg = cfg.workgroup.unwrap_or(workgroup).min(max_workgroup);
+    let w = u64::from(cached_wg);
+    let streaming = || {
+        let wg = cfg.workgroup.unwrap_or(STREAM_WORKGROUP).min(max_workgroup);
+        let per = u32::from(cfg.stream_unroll()) * 4;
+        let threads = threads_for(stream_slots, per, wg);
+        (RowPlan::Streaming { threads }, wg)
     };
     let cached = |per: u32| {
-        let threads = threads_for(slots, per, workgroup);
+        let threads = threads_for(slots, per, cached_wg);
         let slots = slots.div_ceil(u64::from(threads)).max(1) as u8;
-        RowPlan::Cached { slots, threads }
+        (RowPlan::Cached { slots, threads }, cached_wg)
     };
     match cfg.variant {
-        RowVariant::Streaming => streaming,
+        RowVariant::Streaming => streaming(),
         RowVariant::Cached if slots <= w * 16 => cached(per.max(slots.div_ceil(w) as u32)),
         _ if slots <= w * u64::from(per) => cached(per),
-        _ => streaming,
+        _ => streaming(),
     }
 }
 

@@ -23,7 +23,7 @@ use helios_spirv::{
 use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
 use crate::rows::{
     for_each_slot_by, hreduce, hsum, linear_workgroup, plan_row, row_slots, Groups, Reducer, Row,
-    RowConfig, RowPlan,
+    RowChoice, RowConfig, RowPlan,
 };
 use crate::storage::{buffer_scalar, Storage};
 use crate::KernelError;
@@ -58,16 +58,30 @@ pub const SOFTMAX_WORKGROUP: u32 = 256;
 /// `SOFTMAX_CACHED_SLOTS` slots each, or `HELIOS_ROW_SLOTS`), with the fewest invocations per
 /// row that do; else `Streaming` with a whole workgroup per row. `HELIOS_ROWS=cached|streaming`
 /// forces a variant (cached only where a row fits in 16 slots per invocation).
-pub fn select(len: u64, backward: bool, cfg: &RowConfig, workgroup: u32) -> (SoftmaxVariant, u32) {
+pub fn select(
+    len: u64,
+    backward: bool,
+    cfg: &RowConfig,
+    max_workgroup: u32,
+) -> RowChoice<SoftmaxVariant> {
     let slots = row_slots(len, 4);
     let per = cfg
         .cached_slots
         .unwrap_or(SOFTMAX_CACHED_SLOTS[usize::from(backward)]);
-    match plan_row(slots, slots, per, cfg, workgroup) {
+    let (plan, workgroup) = plan_row(slots, slots, per, cfg, SOFTMAX_WORKGROUP, max_workgroup);
+    let (variant, threads) = match plan {
         RowPlan::Cached { slots, threads } => (SoftmaxVariant::Cached { slots }, threads),
-        RowPlan::Streaming { threads } => {
-            (SoftmaxVariant::Streaming { unroll: cfg.unroll }, threads)
-        }
+        RowPlan::Streaming { threads } => (
+            SoftmaxVariant::Streaming {
+                unroll: cfg.stream_unroll(),
+            },
+            threads,
+        ),
+    };
+    RowChoice {
+        variant,
+        threads,
+        workgroup,
     }
 }
 
@@ -552,16 +566,24 @@ mod tests {
     fn selection() {
         let cfg = RowConfig::default();
         let cached = |slots| SoftmaxVariant::Cached { slots };
-        assert_eq!(select(768, false, &cfg, 256), (cached(6), 32));
-        assert_eq!(select(3072, false, &cfg, 256), (cached(6), 128));
-        assert_eq!(select(3, true, &cfg, 256), (cached(2), 1));
-        let (v, t) = select(50257, false, &cfg, 256);
-        assert!(matches!(v, SoftmaxVariant::Streaming { .. }) && t == 256);
+        let pick = |len, bwd, cfg: &RowConfig| {
+            let c = select(len, bwd, cfg, 1024);
+            (c.variant, c.threads, c.workgroup)
+        };
+        assert_eq!(pick(768, false, &cfg), (cached(6), 32, 256));
+        assert_eq!(pick(3072, false, &cfg), (cached(6), 128, 256));
+        assert_eq!(pick(3, true, &cfg), (cached(2), 1, 256));
+        let streamed = SoftmaxVariant::Streaming {
+            unroll: crate::rows::STREAM_UNROLL,
+        };
+        assert_eq!(pick(50257, false, &cfg), (streamed, 1024, 1024));
         let forced = RowConfig {
             variant: RowVariant::Streaming,
+            unroll: Some(4),
             ..cfg
         };
-        let (v, t) = select(768, false, &forced, 256);
-        assert!(matches!(v, SoftmaxVariant::Streaming { .. }) && t == 16);
+        let c = select(768, false, &forced, 1024);
+        assert_eq!(c.variant, SoftmaxVariant::Streaming { unroll: 4 });
+        assert_eq!(c.threads, 16);
     }
 }

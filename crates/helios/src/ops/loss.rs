@@ -168,7 +168,7 @@ impl Device {
         CrossEntropySetup {
             reducer: self.reducer(),
             workgroup: self.row_workgroup(CROSS_ENTROPY_WORKGROUP),
-            unroll: self.config().rows.unroll,
+            unroll: self.config().rows.unroll(),
             binding: self.binding(),
         }
     }

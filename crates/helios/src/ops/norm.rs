@@ -8,7 +8,6 @@
 
 use helios_kernels::norm::{
     self, param_splits, NormKernel, NormKind, NormParamKernel, NormVariant, NORM_BWD_ROWS,
-    NORM_WORKGROUP,
 };
 use helios_kernels::reduce::{Dims, Layout, ReduceKernel, Reduction, Stage, REDUCE_WORKGROUP};
 use helios_vk::Buffer;
@@ -177,8 +176,8 @@ impl Tensor {
         let rstd = Tensor::empty(device, stat_shape, DType::F32)?;
         if rows > 0 {
             let cfg = device.config().rows;
-            let workgroup = device.row_workgroup(NORM_WORKGROUP);
-            let (variant, threads) = norm::select(u64::from(len), false, &cfg, workgroup);
+            let choice = norm::select(u64::from(len), false, &cfg, device.max_row_workgroup());
+            let (variant, threads, workgroup) = (choice.variant, choice.threads, choice.workgroup);
             let kernel = NormKernel {
                 kind,
                 backward: false,
@@ -246,8 +245,8 @@ impl Tensor {
             return Ok(NormGrads { dx, dgamma, dbeta });
         }
         let cfg = device.config().rows;
-        let workgroup = device.row_workgroup(NORM_WORKGROUP);
-        let (variant, threads) = norm::select(u64::from(len), true, &cfg, workgroup);
+        let choice = norm::select(u64::from(len), true, &cfg, device.max_row_workgroup());
+        let (variant, threads, workgroup) = (choice.variant, choice.threads, choice.workgroup);
         let kernel = NormKernel {
             kind,
             backward: true,
@@ -364,7 +363,7 @@ fn sum_partials(
         layout: Layout::Columns {
             vec: if len % 4 == 0 { 4 } else { 1 },
         },
-        unroll: cfg.unroll,
+        unroll: cfg.unroll(),
         reducer: device.reducer(),
         workgroup: device.row_workgroup(REDUCE_WORKGROUP),
         binding: device.binding(),

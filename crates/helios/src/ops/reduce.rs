@@ -44,14 +44,22 @@ impl Device {
     /// The workgroup size of a row kernel: `HELIOS_WG` or the family's `default`, within the
     /// device's limit.
     pub(crate) fn row_workgroup(&self, default: u32) -> u32 {
+        self.config()
+            .rows
+            .workgroup
+            .unwrap_or(default)
+            .min(self.max_row_workgroup())
+    }
+
+    /// The largest power-of-two workgroup the device allows.
+    pub(crate) fn max_row_workgroup(&self) -> u32 {
         let max = self
             .context()
             .caps()
             .limits
             .max_workgroup_invocations
             .max(1);
-        let max = 1 << (31 - max.leading_zeros()); // largest power of two within the limit
-        self.config().rows.workgroup.unwrap_or(default).min(max)
+        1 << (31 - max.leading_zeros())
     }
 
     fn reduce_setup(&self) -> ReduceSetup {
@@ -60,7 +68,7 @@ impl Device {
             reducer: self.reducer(),
             workgroup: self.row_workgroup(REDUCE_WORKGROUP),
             binding: self.binding(),
-            unroll: rows.unroll,
+            unroll: rows.unroll(),
             target_groups: rows.target_groups,
         }
     }
@@ -326,6 +334,7 @@ impl Device {
     pub fn describe_row_op(&self, op: RowOp, rows: usize, len: usize) -> String {
         let cfg = self.config().rows;
         let tag = self.reducer().tag();
+        let max_wg = self.max_row_workgroup();
         match op {
             RowOp::Reduce { all } => {
                 let (outer, axis) = if all { (1, rows * len) } else { (rows, len) };
@@ -362,14 +371,22 @@ impl Device {
                 }
             }
             RowOp::Softmax { backward } => {
-                let w = self.row_workgroup(helios_kernels::softmax::SOFTMAX_WORKGROUP);
-                let (v, t) = helios_kernels::softmax::select(len as u64, backward, &cfg, w);
-                format!("{} {t}/row {tag} wg{w}", v.tag())
+                let c = helios_kernels::softmax::select(len as u64, backward, &cfg, max_wg);
+                format!(
+                    "{} {}/row {tag} wg{}",
+                    c.variant.tag(),
+                    c.threads,
+                    c.workgroup
+                )
             }
             RowOp::Norm { backward } => {
-                let w = self.row_workgroup(helios_kernels::norm::NORM_WORKGROUP);
-                let (v, t) = helios_kernels::norm::select(len as u64, backward, &cfg, w);
-                format!("{} {t}/row {tag} wg{w}", v.tag())
+                let c = helios_kernels::norm::select(len as u64, backward, &cfg, max_wg);
+                format!(
+                    "{} {}/row {tag} wg{}",
+                    c.variant.tag(),
+                    c.threads,
+                    c.workgroup
+                )
             }
         }
     }

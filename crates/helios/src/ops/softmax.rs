@@ -6,7 +6,7 @@
 //! dx = scale·(dy − exp(y)·Σ dy). Semantics (masking, fully masked rows, NaN) are those of
 //! `helios_kernels::softmax`.
 
-use helios_kernels::softmax::{self, SoftmaxKernel, SOFTMAX_WORKGROUP};
+use helios_kernels::softmax::{self, SoftmaxKernel};
 
 use crate::device::KernelKey;
 use crate::{Error, Result, Tensor};
@@ -109,8 +109,8 @@ impl Tensor {
         }
         let device = self.device();
         let cfg = device.config().rows;
-        let workgroup = device.row_workgroup(SOFTMAX_WORKGROUP);
-        let (variant, threads) = softmax::select(u64::from(len), backward, &cfg, workgroup);
+        let choice = softmax::select(u64::from(len), backward, &cfg, device.max_row_workgroup());
+        let (variant, threads, workgroup) = (choice.variant, choice.threads, choice.workgroup);
         let kernel = SoftmaxKernel {
             log,
             backward,
