@@ -73,6 +73,7 @@ pub const NORM_BWD_ROWS: u32 = 4;
 pub fn select(
     len: u64,
     backward: bool,
+    storage: Storage,
     cfg: &RowConfig,
     max_workgroup: u32,
 ) -> RowChoice<NormVariant> {
@@ -82,12 +83,20 @@ pub fn select(
         .cached_slots
         .unwrap_or(NORM_CACHED_SLOTS[usize::from(backward)]);
     let stream_slots = row_slots(len, 4);
-    let (plan, workgroup) = plan_row(slots, stream_slots, per, cfg, NORM_WORKGROUP, max_workgroup);
+    let (plan, workgroup) = plan_row(
+        slots,
+        stream_slots,
+        per,
+        cfg,
+        NORM_WORKGROUP,
+        max_workgroup,
+        cfg.stream_unroll(storage),
+    );
     let (variant, threads) = match plan {
         RowPlan::Cached { slots, threads } => (NormVariant::Cached { slots, vec }, threads),
         RowPlan::Streaming { threads } => (
             NormVariant::Streaming {
-                unroll: cfg.stream_unroll(),
+                unroll: cfg.stream_unroll(storage),
             },
             threads,
         ),
@@ -672,15 +681,13 @@ mod tests {
         let cfg = RowConfig::default();
         let cached = |slots, vec| NormVariant::Cached { slots, vec };
         let pick = |len, bwd, max| {
-            let c = select(len, bwd, &cfg, max);
+            let c = select(len, bwd, Storage::F32, &cfg, max);
             (c.variant, c.threads, c.workgroup)
         };
         assert_eq!(pick(768, false, 1024), (cached(6, 4), 32, 256));
         assert_eq!(pick(768, true, 1024), (cached(3, 4), 64, 256));
         assert_eq!(pick(1023, true, 1024), (cached(4, 1), 256, 256));
-        let streamed = NormVariant::Streaming {
-            unroll: crate::rows::STREAM_UNROLL,
-        };
+        let streamed = NormVariant::Streaming { unroll: 4 };
         assert_eq!(pick(50257, false, 1024), (streamed, 1024, 1024));
         // A device that allows only 256 invocations keeps streaming rows at 256.
         assert_eq!(pick(50257, true, 256), (streamed, 256, 256));
@@ -688,7 +695,12 @@ mod tests {
             workgroup: Some(512),
             ..cfg
         };
-        assert_eq!(select(50257, false, &wg512, 1024).workgroup, 512);
+        assert_eq!(
+            select(50257, false, Storage::F32, &wg512, 1024).workgroup,
+            512
+        );
+        let bf16 = select(50257, false, Storage::BF16, &cfg, 1024);
+        assert_eq!(bf16.variant, NormVariant::Streaming { unroll: 2 });
         assert_eq!(NormKernel::backward_groups(4096, 256, 64, 4), 1024);
         assert_eq!(NormKernel::backward_groups(5, 256, 64, 4), 4);
         assert_eq!(param_splits(4096, 50257, 1, 1 << 19), (11, 373));

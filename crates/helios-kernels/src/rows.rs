@@ -64,7 +64,7 @@ pub enum RowVariant {
 pub struct RowConfig {
     pub variant: RowVariant,
     /// Slots (16-byte loads) per invocation per loop step (`HELIOS_ROW_UNROLL`; default 4,
-    /// and [`STREAM_UNROLL`] for streamed softmax/norm rows): see [`RowConfig::unroll`].
+    /// and [`stream_unroll`] for streamed softmax/norm rows): see [`RowConfig::unroll`].
     pub unroll: Option<u8>,
     /// Most slots per invocation a cached variant keeps in registers
     /// (`HELIOS_ROW_SLOTS`; default: the family's own).
@@ -84,9 +84,18 @@ pub struct RowConfig {
 /// 507–580 µs vs 640, bf16 392 vs 421; layernorm forward f32 631 vs 717, bf16 467 vs 585;
 /// layernorm forward+backward f32 1974 vs 2173 (bench/results/2026-11-22-ops-h200.md).
 pub const STREAM_WORKGROUP: u32 = 1024;
-/// Slots per invocation per loop step of a streamed row (at [`STREAM_WORKGROUP`]; 8 made the
-/// norm backward spill: 6.4 ms instead of 2.0).
-pub const STREAM_UNROLL: u8 = 2;
+/// Slots per invocation per loop step of a streamed row of `storage` (at
+/// [`STREAM_WORKGROUP`]): 4 for f32, 2 for f16/bf16. Measured on the H200 at 4096×50257 (u4
+/// vs u2): f32 softmax 506 vs 583 µs, layernorm fwd 588 vs 624, fwd+bwd 1991 vs 2045; bf16
+/// softmax 416 vs 389, fwd 632 vs 465, fwd+bwd 1853 vs 1685. 8 made the norm backward spill
+/// (6.4 ms instead of 2.0).
+pub const fn stream_unroll(storage: Storage) -> u8 {
+    if storage.bytes() >= 4 {
+        4
+    } else {
+        2
+    }
+}
 
 impl RowConfig {
     /// Slots per loop step of the reductions (`HELIOS_ROW_UNROLL`, else 4).
@@ -94,10 +103,10 @@ impl RowConfig {
         self.unroll.unwrap_or(4)
     }
 
-    /// Slots per loop step of a streamed softmax/norm row (`HELIOS_ROW_UNROLL`, else
-    /// [`STREAM_UNROLL`]).
-    pub fn stream_unroll(&self) -> u8 {
-        self.unroll.unwrap_or(STREAM_UNROLL)
+    /// Slots per loop step of a streamed softmax/norm row of `storage` (`HELIOS_ROW_UNROLL`,
+    /// else [`stream_unroll`]).
+    pub fn stream_unroll(&self, storage: Storage) -> u8 {
+        self.unroll.unwrap_or(stream_unroll(storage))
     }
 }
 
@@ -654,7 +663,7 @@ pub enum RowPlan {
 /// invocation the cached variant keeps by default; `workgroup`: the family's own size;
 /// `max_workgroup`: the device's largest power of two. `Cached` when the row fits in a
 /// workgroup at `per` slots each (with the fewest invocations that do), else `Streaming` in a
-/// workgroup of [`STREAM_WORKGROUP`] with [`RowConfig::stream_unroll`] slots of 4 per step;
+/// workgroup of [`STREAM_WORKGROUP`] with `stream_unroll` slots of 4 per step;
 /// `cfg.variant` forces one (cached only where a row fits in 16 slots per invocation) and
 /// `cfg.workgroup` (`HELIOS_WG`) fixes the workgroup of both.
 pub fn plan_row(
@@ -664,12 +673,13 @@ pub fn plan_row(
     cfg: &RowConfig,
     workgroup: u32,
     max_workgroup: u32,
+    stream_unroll: u8,
 ) -> (RowPlan, u32) {
     let cached_wg = cfg.workgroup.unwrap_or(workgroup).min(max_workgroup);
     let w = u64::from(cached_wg);
     let streaming = || {
         let wg = cfg.workgroup.unwrap_or(STREAM_WORKGROUP).min(max_workgroup);
-        let per = u32::from(cfg.stream_unroll()) * 4;
+        let per = u32::from(stream_unroll) * 4;
         let threads = threads_for(stream_slots, per, wg);
         (RowPlan::Streaming { threads }, wg)
     };

@@ -61,6 +61,7 @@ pub const SOFTMAX_WORKGROUP: u32 = 256;
 pub fn select(
     len: u64,
     backward: bool,
+    storage: Storage,
     cfg: &RowConfig,
     max_workgroup: u32,
 ) -> RowChoice<SoftmaxVariant> {
@@ -68,12 +69,20 @@ pub fn select(
     let per = cfg
         .cached_slots
         .unwrap_or(SOFTMAX_CACHED_SLOTS[usize::from(backward)]);
-    let (plan, workgroup) = plan_row(slots, slots, per, cfg, SOFTMAX_WORKGROUP, max_workgroup);
+    let (plan, workgroup) = plan_row(
+        slots,
+        slots,
+        per,
+        cfg,
+        SOFTMAX_WORKGROUP,
+        max_workgroup,
+        cfg.stream_unroll(storage),
+    );
     let (variant, threads) = match plan {
         RowPlan::Cached { slots, threads } => (SoftmaxVariant::Cached { slots }, threads),
         RowPlan::Streaming { threads } => (
             SoftmaxVariant::Streaming {
-                unroll: cfg.stream_unroll(),
+                unroll: cfg.stream_unroll(storage),
             },
             threads,
         ),
@@ -567,22 +576,20 @@ mod tests {
         let cfg = RowConfig::default();
         let cached = |slots| SoftmaxVariant::Cached { slots };
         let pick = |len, bwd, cfg: &RowConfig| {
-            let c = select(len, bwd, cfg, 1024);
+            let c = select(len, bwd, Storage::F32, cfg, 1024);
             (c.variant, c.threads, c.workgroup)
         };
         assert_eq!(pick(768, false, &cfg), (cached(6), 32, 256));
         assert_eq!(pick(3072, false, &cfg), (cached(6), 128, 256));
         assert_eq!(pick(3, true, &cfg), (cached(2), 1, 256));
-        let streamed = SoftmaxVariant::Streaming {
-            unroll: crate::rows::STREAM_UNROLL,
-        };
+        let streamed = SoftmaxVariant::Streaming { unroll: 4 };
         assert_eq!(pick(50257, false, &cfg), (streamed, 1024, 1024));
         let forced = RowConfig {
             variant: RowVariant::Streaming,
             unroll: Some(4),
             ..cfg
         };
-        let c = select(768, false, &forced, 1024);
+        let c = select(768, false, Storage::BF16, &forced, 1024);
         assert_eq!(c.variant, SoftmaxVariant::Streaming { unroll: 4 });
         assert_eq!(c.threads, 16);
     }

@@ -52,7 +52,7 @@ struct OpCase {
     /// Ideal bytes for (rows, cols) of `size`-byte elements.
     bytes: fn(rows: u64, cols: u64, size: u64) -> u64,
     /// The kernels it runs on `device`, for the table.
-    variant: fn(device: &Device, rows: usize, cols: usize) -> String,
+    variant: fn(device: &Device, dtype: DType, rows: usize, cols: usize) -> String,
     /// Records one op (its outputs are dropped on return).
     run: fn(&Inputs) -> helios::Result<()>,
 }
@@ -68,14 +68,14 @@ const CASES: &[OpCase] = &[
         name: "softmax",
         needs_dy: false,
         bytes: |r, c, s| 2 * r * c * s,
-        variant: |d, r, c| d.describe_row_op(RowOp::Softmax { backward: false }, r, c),
+        variant: |d, t, r, c| d.describe_row_op(RowOp::Softmax { backward: false }, t, r, c),
         run: |i| i.x.softmax_with(SoftmaxOptions::default()).map(drop),
     },
     OpCase {
         name: "layernorm_fwd",
         needs_dy: false,
         bytes: ln_fwd_bytes,
-        variant: |d, r, c| d.describe_row_op(RowOp::Norm { backward: false }, r, c),
+        variant: |d, t, r, c| d.describe_row_op(RowOp::Norm { backward: false }, t, r, c),
         run: |i| i.x.layer_norm(&i.gamma, &i.beta, 1e-5).map(drop),
     },
     OpCase {
@@ -83,11 +83,11 @@ const CASES: &[OpCase] = &[
         needs_dy: true,
         // Forward, then backward: x, gamma, mean, rstd, dy read; dx, dgamma, dbeta written.
         bytes: |r, c, s| ln_fwd_bytes(r, c, s) + 3 * r * c * s + 3 * c * s + 2 * r * 4,
-        variant: |d, r, c| {
+        variant: |d, t, r, c| {
             format!(
                 "{} | {}",
-                d.describe_row_op(RowOp::Norm { backward: false }, r, c),
-                d.describe_row_op(RowOp::Norm { backward: true }, r, c)
+                d.describe_row_op(RowOp::Norm { backward: false }, t, r, c),
+                d.describe_row_op(RowOp::Norm { backward: true }, t, r, c)
             )
         },
         run: |i| {
@@ -104,21 +104,21 @@ const CASES: &[OpCase] = &[
         // Logits and targets read, dlogits and the loss written (the kernels read the logits
         // twice: 3 of these 2 logit-sized transfers; PyTorch's chain moves about 6).
         bytes: |r, c, s| 2 * r * c * s + 4 * r + 4,
-        variant: |d, r, c| d.describe_cross_entropy(r, c),
+        variant: |d, _, r, c| d.describe_cross_entropy(r, c),
         run: |i| i.x.cross_entropy_with_grad(&i.targets, None, 1.0).map(drop),
     },
     OpCase {
         name: "sum_all",
         needs_dy: false,
         bytes: |r, c, s| r * c * s + s,
-        variant: |d, r, c| d.describe_row_op(RowOp::Reduce { all: true }, r, c),
+        variant: |d, t, r, c| d.describe_row_op(RowOp::Reduce { all: true }, t, r, c),
         run: |i| i.x.sum_all().map(drop),
     },
     OpCase {
         name: "sum_last",
         needs_dy: false,
         bytes: |r, c, s| r * c * s + r * s,
-        variant: |d, r, c| d.describe_row_op(RowOp::Reduce { all: false }, r, c),
+        variant: |d, t, r, c| d.describe_row_op(RowOp::Reduce { all: false }, t, r, c),
         run: |i| i.x.sum(-1).map(drop),
     },
 ];
@@ -439,7 +439,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
                     dtype: dt.name(),
                     rows,
                     cols,
-                    variant: (c.variant)(&device, rows, cols),
+                    variant: (c.variant)(&device, dt, rows, cols),
                     ops_per_sample: k,
                     input_sets: sets.len(),
                     time_us,

@@ -176,7 +176,13 @@ impl Tensor {
         let rstd = Tensor::empty(device, stat_shape, DType::F32)?;
         if rows > 0 {
             let cfg = device.config().rows;
-            let choice = norm::select(u64::from(len), false, &cfg, device.max_row_workgroup());
+            let choice = norm::select(
+                u64::from(len),
+                false,
+                self.dtype().storage(),
+                &cfg,
+                device.max_row_workgroup(),
+            );
             let (variant, threads, workgroup) = (choice.variant, choice.threads, choice.workgroup);
             let kernel = NormKernel {
                 kind,
@@ -245,7 +251,13 @@ impl Tensor {
             return Ok(NormGrads { dx, dgamma, dbeta });
         }
         let cfg = device.config().rows;
-        let choice = norm::select(u64::from(len), true, &cfg, device.max_row_workgroup());
+        let choice = norm::select(
+            u64::from(len),
+            true,
+            self.dtype().storage(),
+            &cfg,
+            device.max_row_workgroup(),
+        );
         let (variant, threads, workgroup) = (choice.variant, choice.threads, choice.workgroup);
         let kernel = NormKernel {
             kind,

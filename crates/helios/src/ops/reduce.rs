@@ -14,7 +14,7 @@ use helios_kernels::{Geometry, Launch};
 use helios_vk::{Access, Buffer, MemoryLocation};
 
 use crate::device::{Compiled, KernelKey};
-use crate::{Device, Error, IndexTensor, Result, Tensor};
+use crate::{DType, Device, Error, IndexTensor, Result, Tensor};
 
 impl Device {
     /// How this device's row kernels (reduce, softmax, norms) combine values across
@@ -331,7 +331,7 @@ impl Device {
     /// The kernel variant this device runs for `op` on `rows` rows of `len` (what the family's
     /// selection function picks, with the reducer and workgroup size): for benchmark tables
     /// and logs.
-    pub fn describe_row_op(&self, op: RowOp, rows: usize, len: usize) -> String {
+    pub fn describe_row_op(&self, op: RowOp, dtype: DType, rows: usize, len: usize) -> String {
         let cfg = self.config().rows;
         let tag = self.reducer().tag();
         let max_wg = self.max_row_workgroup();
@@ -371,7 +371,13 @@ impl Device {
                 }
             }
             RowOp::Softmax { backward } => {
-                let c = helios_kernels::softmax::select(len as u64, backward, &cfg, max_wg);
+                let c = helios_kernels::softmax::select(
+                    len as u64,
+                    backward,
+                    dtype.storage(),
+                    &cfg,
+                    max_wg,
+                );
                 format!(
                     "{} {}/row {tag} wg{}",
                     c.variant.tag(),
@@ -380,7 +386,13 @@ impl Device {
                 )
             }
             RowOp::Norm { backward } => {
-                let c = helios_kernels::norm::select(len as u64, backward, &cfg, max_wg);
+                let c = helios_kernels::norm::select(
+                    len as u64,
+                    backward,
+                    dtype.storage(),
+                    &cfg,
+                    max_wg,
+                );
                 format!(
                     "{} {}/row {tag} wg{}",
                     c.variant.tag(),
