@@ -82,7 +82,7 @@ pub struct RowConfig {
 /// workgroup each, and a larger one keeps fewer rows in flight per SM, so the second pass
 /// over a row finds it in L2. Measured on the H200 at 4096×50257 against 256: softmax f32
 /// 507–580 µs vs 640, bf16 392 vs 421; layernorm forward f32 631 vs 717, bf16 467 vs 585;
-/// layernorm forward+backward f32 1974 vs 2173 (bench/results/2026-11-22-ops-h200.md).
+/// layernorm forward+backward f32 1974 vs 2173 (bench/results/2026-11-22-ops-h200-warm.md).
 pub const STREAM_WORKGROUP: u32 = 1024;
 /// Slots per invocation per loop step of a streamed row of `storage` (at
 /// [`STREAM_WORKGROUP`]): 4 for f32, 2 for f16/bf16. Measured on the H200 at 4096×50257 (u4
