@@ -82,30 +82,19 @@ pub fn select(
     let per = cfg
         .cached_slots
         .unwrap_or(NORM_CACHED_SLOTS[usize::from(backward)]);
-    let stream_slots = row_slots(len, 4);
-    let (plan, workgroup) = plan_row(
+    plan_row(
         slots,
-        stream_slots,
+        row_slots(len, 4),
         per,
         cfg,
         NORM_WORKGROUP,
         max_workgroup,
         cfg.stream_unroll(storage),
-    );
-    let (variant, threads) = match plan {
-        RowPlan::Cached { slots, threads } => (NormVariant::Cached { slots, vec }, threads),
-        RowPlan::Streaming { threads } => (
-            NormVariant::Streaming {
-                unroll: cfg.stream_unroll(storage),
-            },
-            threads,
-        ),
-    };
-    RowChoice {
-        variant,
-        threads,
-        workgroup,
-    }
+    )
+    .map(|plan| match plan {
+        RowPlan::Cached { slots } => NormVariant::Cached { slots, vec },
+        RowPlan::Streaming { unroll } => NormVariant::Streaming { unroll },
+    })
 }
 
 /// The signature of a norm kernel (forward or backward).

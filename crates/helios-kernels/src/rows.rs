@@ -119,6 +119,17 @@ pub struct RowChoice<V> {
     pub workgroup: u32,
 }
 
+impl<V> RowChoice<V> {
+    /// The same layout with the variant turned into a family's own.
+    pub fn map<W>(self, f: impl FnOnce(V) -> W) -> RowChoice<W> {
+        RowChoice {
+            variant: f(self.variant),
+            threads: self.threads,
+            workgroup: self.workgroup,
+        }
+    }
+}
+
 impl Default for RowConfig {
     fn default() -> Self {
         RowConfig {
@@ -649,13 +660,14 @@ pub fn threads_for(slots: u64, per_thread: u32, workgroup: u32) -> u32 {
     t as u32
 }
 
-/// How a softmax or norm row is laid over invocations.
+/// How a softmax or norm row is laid over invocations (with the threads per row and the
+/// workgroup in the [`RowChoice`] around it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowPlan {
-    /// The row kept in registers: `slots` slots per invocation, `threads` per row.
-    Cached { slots: u8, threads: u32 },
-    /// The row streamed (read more than once), `threads` per row.
-    Streaming { threads: u32 },
+    /// The row kept in registers: `slots` slots per invocation.
+    Cached { slots: u8 },
+    /// The row streamed (read more than once), `unroll` slots per invocation per step.
+    Streaming { unroll: u8 },
 }
 
 /// The cached-or-streaming decision the row families share. `slots`: slots a row touches in
@@ -674,19 +686,28 @@ pub fn plan_row(
     workgroup: u32,
     max_workgroup: u32,
     stream_unroll: u8,
-) -> (RowPlan, u32) {
+) -> RowChoice<RowPlan> {
     let cached_wg = cfg.workgroup.unwrap_or(workgroup).min(max_workgroup);
     let w = u64::from(cached_wg);
     let streaming = || {
         let wg = cfg.workgroup.unwrap_or(STREAM_WORKGROUP).min(max_workgroup);
         let per = u32::from(stream_unroll) * 4;
-        let threads = threads_for(stream_slots, per, wg);
-        (RowPlan::Streaming { threads }, wg)
+        RowChoice {
+            variant: RowPlan::Streaming {
+                unroll: stream_unroll,
+            },
+            threads: threads_for(stream_slots, per, wg),
+            workgroup: wg,
+        }
     };
     let cached = |per: u32| {
         let threads = threads_for(slots, per, cached_wg);
         let slots = slots.div_ceil(u64::from(threads)).max(1) as u8;
-        (RowPlan::Cached { slots, threads }, cached_wg)
+        RowChoice {
+            variant: RowPlan::Cached { slots },
+            threads,
+            workgroup: cached_wg,
+        }
     };
     match cfg.variant {
         RowVariant::Streaming => streaming(),

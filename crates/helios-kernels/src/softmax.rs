@@ -69,7 +69,7 @@ pub fn select(
     let per = cfg
         .cached_slots
         .unwrap_or(SOFTMAX_CACHED_SLOTS[usize::from(backward)]);
-    let (plan, workgroup) = plan_row(
+    plan_row(
         slots,
         slots,
         per,
@@ -77,21 +77,11 @@ pub fn select(
         SOFTMAX_WORKGROUP,
         max_workgroup,
         cfg.stream_unroll(storage),
-    );
-    let (variant, threads) = match plan {
-        RowPlan::Cached { slots, threads } => (SoftmaxVariant::Cached { slots }, threads),
-        RowPlan::Streaming { threads } => (
-            SoftmaxVariant::Streaming {
-                unroll: cfg.stream_unroll(storage),
-            },
-            threads,
-        ),
-    };
-    RowChoice {
-        variant,
-        threads,
-        workgroup,
-    }
+    )
+    .map(|plan| match plan {
+        RowPlan::Cached { slots } => SoftmaxVariant::Cached { slots },
+        RowPlan::Streaming { unroll } => SoftmaxVariant::Streaming { unroll },
+    })
 }
 
 /// The signature of a softmax kernel.
