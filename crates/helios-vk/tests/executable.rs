@@ -5,49 +5,9 @@
 
 mod common;
 
-use common::shader::{self, PUSH_SIZE};
-use helios_vk::{
-    vk, Context, ContextOptions, ExecutableCapture, MemoryLocation, PipelineCacheDir, PipelineDesc,
-};
+use common::shader;
+use helios_vk::{vk, Context, ContextOptions, ExecutableCapture, PipelineCacheDir};
 use std::sync::Arc;
-
-const N: u32 = 1000;
-const WORKGROUP: u32 = 64;
-
-fn context(options: &ContextOptions) -> Arc<Context> {
-    let instance = common::instance();
-    let adapters = instance.adapters().expect("enumerate adapters");
-    let adapter = helios_vk::select_adapter_from_env(&adapters).expect("select adapter");
-    Context::with_options(instance.clone(), adapter, options).expect("create context")
-}
-
-/// Creates the test pipeline, runs it, checks the result and returns the pipeline.
-fn create_and_run(ctx: &Arc<Context>) -> Arc<helios_vk::Pipeline> {
-    let spirv = shader::index_times_three_plus();
-    let pipe = ctx
-        .create_pipeline(&PipelineDesc {
-            name: "index_times_three_plus",
-            spirv: &spirv,
-            entry: "main",
-            push_constant_size: PUSH_SIZE,
-            spec_constants: &[(0, WORKGROUP), (1, 1), (2, 1)],
-            storage_buffers: 0,
-        })
-        .expect("create pipeline");
-    let buf = ctx
-        .create_buffer(u64::from(N) * 4, MemoryLocation::HostVisible)
-        .unwrap();
-    let push = shader::push_constants(buf.device_address(), 5, N);
-    ctx.submit_and_wait(|rec| rec.dispatch(&pipe, [N.div_ceil(WORKGROUP), 1, 1], &push))
-        .unwrap();
-    let mut bytes = vec![0u8; N as usize * 4];
-    ctx.download(&buf, 0, &mut bytes).unwrap();
-    for (i, c) in bytes.chunks_exact(4).enumerate() {
-        let v = u32::from_le_bytes(c.try_into().unwrap());
-        assert_eq!(v, i as u32 * 3 + 5, "element {i}");
-    }
-    pipe
-}
 
 /// Checks what `pipeline_statistics` returns for `pipe` on a Context that asked for `mode`.
 fn check(ctx: &Arc<Context>, pipe: &helios_vk::Pipeline, mode: ExecutableCapture) {
@@ -85,12 +45,12 @@ fn statistics_on_request() {
         ExecutableCapture::Statistics,
         ExecutableCapture::Representations,
     ] {
-        let ctx = context(&ContextOptions {
+        let ctx = common::context_with(&ContextOptions {
             pipeline_cache: PipelineCacheDir::Disabled,
             pipeline_statistics: mode,
             ..Default::default()
         });
-        let pipe = create_and_run(&ctx);
+        let pipe = shader::create_and_run(&ctx);
         check(&ctx, &pipe, mode);
         drop(pipe);
         common::finish(ctx);
@@ -99,13 +59,13 @@ fn statistics_on_request() {
 
 #[test]
 fn off_by_default() {
-    let ctx = context(&ContextOptions {
+    let ctx = common::context_with(&ContextOptions {
         pipeline_cache: PipelineCacheDir::Disabled,
         ..Default::default()
     });
     assert!(!ctx.enabled().pipeline_executable_info);
     assert_eq!(ctx.executable_capture(), ExecutableCapture::Off);
-    let pipe = create_and_run(&ctx);
+    let pipe = shader::create_and_run(&ctx);
     assert_eq!(pipe.create_flags(), vk::PipelineCreateFlags::empty());
     assert!(ctx.pipeline_statistics(&pipe).unwrap().is_empty());
     drop(pipe);
@@ -120,11 +80,11 @@ fn statistics_through_the_persistent_cache() {
     let _ = std::fs::remove_dir_all(&root);
     let mode = ExecutableCapture::Representations;
     for _start in ["cold", "warm"] {
-        let ctx = context(&ContextOptions {
+        let ctx = common::context_with(&ContextOptions {
             pipeline_statistics: mode,
             ..ContextOptions::with_cache_dir(&root)
         });
-        let pipe = create_and_run(&ctx);
+        let pipe = shader::create_and_run(&ctx);
         check(&ctx, &pipe, mode);
         drop(pipe);
         ctx.save_pipeline_cache().unwrap();
@@ -135,15 +95,15 @@ fn statistics_through_the_persistent_cache() {
 
 #[test]
 fn foreign_pipeline_is_refused() {
-    let a = context(&ContextOptions {
+    let a = common::context_with(&ContextOptions {
         pipeline_cache: PipelineCacheDir::Disabled,
         ..Default::default()
     });
-    let b = context(&ContextOptions {
+    let b = common::context_with(&ContextOptions {
         pipeline_cache: PipelineCacheDir::Disabled,
         ..Default::default()
     });
-    let pipe = create_and_run(&a);
+    let pipe = shader::create_and_run(&a);
     let err = b.pipeline_statistics(&pipe).unwrap_err();
     assert!(
         matches!(err, helios_vk::Error::ForeignObject { .. }),

@@ -5,54 +5,17 @@
 
 mod common;
 
-use common::shader::{self, PUSH_SIZE};
-use helios_vk::{Context, ContextOptions, MemoryLocation, PipelineCacheDir, PipelineDesc};
+use common::shader;
+use helios_vk::{Context, ContextOptions, PipelineCacheDir};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-const N: u32 = 1000;
-const WORKGROUP: u32 = 64;
 const MAGIC: &[u8] = b"HELIOSP1";
-
-fn context(options: &ContextOptions) -> Arc<Context> {
-    let instance = common::instance();
-    let adapters = instance.adapters().expect("enumerate adapters");
-    let adapter = helios_vk::select_adapter_from_env(&adapters).expect("select adapter");
-    Context::with_options(instance.clone(), adapter, options).expect("create context")
-}
 
 /// An empty directory of this test's own.
 fn temp_root(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("helios-vk-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
-}
-
-/// Creates the test pipeline, runs it and checks every element.
-fn create_and_run(ctx: &Arc<Context>) {
-    let spirv = shader::index_times_three_plus();
-    let pipe = ctx
-        .create_pipeline(&PipelineDesc {
-            name: "index_times_three_plus",
-            spirv: &spirv,
-            entry: "main",
-            push_constant_size: PUSH_SIZE,
-            spec_constants: &[(0, WORKGROUP), (1, 1), (2, 1)],
-            storage_buffers: 0,
-        })
-        .expect("create pipeline");
-    let buf = ctx
-        .create_buffer(u64::from(N) * 4, MemoryLocation::HostVisible)
-        .unwrap();
-    let push = shader::push_constants(buf.device_address(), 5, N);
-    ctx.submit_and_wait(|rec| rec.dispatch(&pipe, [N.div_ceil(WORKGROUP), 1, 1], &push))
-        .unwrap();
-    let mut bytes = vec![0u8; N as usize * 4];
-    ctx.download(&buf, 0, &mut bytes).unwrap();
-    for (i, c) in bytes.chunks_exact(4).enumerate() {
-        let v = u32::from_le_bytes(c.try_into().unwrap());
-        assert_eq!(v, i as u32 * 3 + 5, "element {i}");
-    }
 }
 
 fn cache_file(ctx: &Context) -> PathBuf {
@@ -78,14 +41,14 @@ fn second_context_loads_the_saved_cache() {
     let root = temp_root("warm");
     let options = ContextOptions::with_cache_dir(&root);
 
-    let cold = context(&options);
+    let cold = common::context_with(&options);
     let path = cache_file(&cold);
     assert!(path.starts_with(root.join("pipelines")), "{path:?}");
     let stats = cold.pipeline_stats();
     assert_eq!(stats.cache_loaded_bytes, 0);
     assert!(stats.cache_note.unwrap().contains("cold start"));
     assert!(!path.exists());
-    create_and_run(&cold);
+    shader::create_and_run(&cold);
     let cold_stats = cold.pipeline_stats();
     assert_eq!(cold_stats.pipelines_created, 1);
     assert!(cold_stats.total_create_seconds > 0.0);
@@ -93,12 +56,12 @@ fn second_context_loads_the_saved_cache() {
 
     let file = std::fs::read(&path).expect("the dropped Context saved its cache");
     assert!(file.starts_with(MAGIC));
-    let warm = context(&options);
+    let warm = common::context_with(&options);
     let stats = warm.pipeline_stats();
     assert_eq!(stats.cache_loaded_bytes, file.len() as u64 - 24);
     assert!(stats.cache_loaded_bytes >= 32, "{stats:?}");
     assert_eq!(stats.cache_note, None);
-    create_and_run(&warm);
+    shader::create_and_run(&warm);
     let warm_stats = warm.pipeline_stats();
     eprintln!(
         "pipeline creation: cold {:.3} ms, warm {:.3} ms ({} bytes loaded)",
@@ -114,9 +77,9 @@ fn second_context_loads_the_saved_cache() {
 fn damaged_or_foreign_files_are_ignored() {
     let root = temp_root("damaged");
     let options = ContextOptions::with_cache_dir(&root);
-    let ctx = context(&options);
+    let ctx = common::context_with(&options);
     let path = cache_file(&ctx);
-    create_and_run(&ctx);
+    shader::create_and_run(&ctx);
     ctx.save_pipeline_cache().unwrap();
     common::finish(ctx);
     let good = std::fs::read(&path).unwrap();
@@ -138,18 +101,18 @@ fn damaged_or_foreign_files_are_ignored() {
     ];
     for (what, bytes, reason) in cases {
         std::fs::write(&path, &bytes).unwrap();
-        let ctx = context(&options);
+        let ctx = common::context_with(&options);
         let stats = ctx.pipeline_stats();
         assert_eq!(stats.cache_loaded_bytes, 0, "{what}");
         let note = stats.cache_note.unwrap_or_default();
         assert!(note.contains(reason), "{what}: {note}");
-        create_and_run(&ctx);
+        shader::create_and_run(&ctx);
         common::finish(ctx);
         // The drop replaced the bad file with a good one.
         let repaired = std::fs::read(&path).unwrap();
         assert!(repaired.starts_with(MAGIC), "{what}");
     }
-    let ctx = context(&options);
+    let ctx = common::context_with(&options);
     assert!(ctx.pipeline_stats().cache_loaded_bytes > 0);
     common::finish(ctx);
     std::fs::remove_dir_all(&root).unwrap();
@@ -157,11 +120,11 @@ fn damaged_or_foreign_files_are_ignored() {
 
 #[test]
 fn disabled_persistence_writes_nothing() {
-    let ctx = context(&ContextOptions {
+    let ctx = common::context_with(&ContextOptions {
         pipeline_cache: PipelineCacheDir::Disabled,
         ..Default::default()
     });
-    create_and_run(&ctx);
+    shader::create_and_run(&ctx);
     ctx.save_pipeline_cache().unwrap();
     let stats = ctx.pipeline_stats();
     assert_eq!(stats.cache_file, None);
@@ -212,8 +175,8 @@ fn env_child() {
         return;
     }
     let options = ContextOptions::from_env().unwrap();
-    let ctx = context(&options);
-    create_and_run(&ctx);
+    let ctx = common::context_with(&options);
+    shader::create_and_run(&ctx);
     ctx.save_pipeline_cache().unwrap();
     common::finish(ctx);
 }

@@ -5,7 +5,7 @@
 
 pub mod shader;
 
-use helios_vk::{env, Context, Instance, InstanceOptions};
+use helios_vk::{env, Context, ContextOptions, Instance, InstanceOptions};
 use std::sync::Arc;
 
 /// Tests run with validation on unless HELIOS_VALIDATION=0: a message is a failure.
@@ -26,6 +26,14 @@ pub fn context() -> Arc<Context> {
     let adapters = instance.adapters().expect("enumerate adapters");
     let adapter = helios_vk::select_adapter_from_env(&adapters).expect("select adapter");
     Context::new(instance.clone(), adapter).expect("create context")
+}
+
+/// [`context`] with explicit options (pipeline cache, statistics, ...).
+pub fn context_with(options: &ContextOptions) -> Arc<Context> {
+    let instance = instance();
+    let adapters = instance.adapters().expect("enumerate adapters");
+    let adapter = helios_vk::select_adapter_from_env(&adapters).expect("select adapter");
+    Context::with_options(instance.clone(), adapter, options).expect("create context")
 }
 
 /// Fails the test if the validation layer reported anything.

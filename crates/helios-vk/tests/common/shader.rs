@@ -7,12 +7,14 @@
 // SPIR-V 1.5, PhysicalStorageBuffer64 addressing, the buffer as a pointer in push constants,
 // the workgroup size as a spec-constant composite, an Aligned store.
 
+use helios_vk::{Context, MemoryLocation, Pipeline, PipelineDesc};
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand};
 use rspirv::spirv::{
     AddressingModel, BuiltIn, Capability, Decoration, ExecutionModel, FunctionControl,
     MemoryAccess, MemoryModel, SelectionControl, StorageClass,
 };
+use std::sync::Arc;
 
 /// Push-constant bytes: address (u64), add (u32), n (u32).
 pub const PUSH_SIZE: u32 = 16;
@@ -151,4 +153,37 @@ pub fn spirv_val(words: &[u32]) -> bool {
             true
         }
     }
+}
+
+/// Elements [`create_and_run`] writes, and its workgroup size.
+pub const RUN_N: u32 = 1000;
+pub const RUN_WORKGROUP: u32 = 64;
+
+/// Creates the `index_times_three_plus` pipeline on `ctx`, runs it over [`RUN_N`] elements,
+/// checks every one and returns the pipeline.
+pub fn create_and_run(ctx: &Arc<Context>) -> Arc<Pipeline> {
+    let spirv = index_times_three_plus();
+    let pipe = ctx
+        .create_pipeline(&PipelineDesc {
+            name: "index_times_three_plus",
+            spirv: &spirv,
+            entry: "main",
+            push_constant_size: PUSH_SIZE,
+            spec_constants: &[(0, RUN_WORKGROUP), (1, 1), (2, 1)],
+            storage_buffers: 0,
+        })
+        .expect("create pipeline");
+    let buf = ctx
+        .create_buffer(u64::from(RUN_N) * 4, MemoryLocation::HostVisible)
+        .unwrap();
+    let push = push_constants(buf.device_address(), 5, RUN_N);
+    ctx.submit_and_wait(|rec| rec.dispatch(&pipe, [RUN_N.div_ceil(RUN_WORKGROUP), 1, 1], &push))
+        .unwrap();
+    let mut bytes = vec![0u8; RUN_N as usize * 4];
+    ctx.download(&buf, 0, &mut bytes).unwrap();
+    for (i, c) in bytes.chunks_exact(4).enumerate() {
+        let v = u32::from_le_bytes(c.try_into().unwrap());
+        assert_eq!(v, i as u32 * 3 + 5, "element {i}");
+    }
+    pipe
 }
