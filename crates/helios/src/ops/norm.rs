@@ -152,6 +152,37 @@ impl Tensor {
         )
     }
 
+    /// The norm kernel for rows of `len` of this tensor (`norm::select`'s choice on this
+    /// device) and its invocations per row.
+    fn norm_kernel(
+        &self,
+        kind: NormKind,
+        backward: bool,
+        gamma: &Tensor,
+        len: u32,
+    ) -> (NormKernel, u32) {
+        let device = self.device();
+        let storage = self.dtype().storage();
+        let choice = norm::select(
+            u64::from(len),
+            backward,
+            storage,
+            &device.config().rows,
+            device.max_row_workgroup(),
+        );
+        let kernel = NormKernel {
+            kind,
+            backward,
+            storage,
+            params: gamma.dtype().storage(),
+            variant: choice.variant,
+            reducer: device.reducer(),
+            workgroup: choice.workgroup,
+            binding: device.binding(),
+        };
+        (kernel, choice.threads)
+    }
+
     fn norm_forward(
         &self,
         kind: NormKind,
@@ -175,25 +206,7 @@ impl Tensor {
         };
         let rstd = Tensor::empty(device, stat_shape, DType::F32)?;
         if rows > 0 {
-            let cfg = device.config().rows;
-            let choice = norm::select(
-                u64::from(len),
-                false,
-                self.dtype().storage(),
-                &cfg,
-                device.max_row_workgroup(),
-            );
-            let (variant, threads, workgroup) = (choice.variant, choice.threads, choice.workgroup);
-            let kernel = NormKernel {
-                kind,
-                backward: false,
-                storage: self.dtype().storage(),
-                params: gamma.dtype().storage(),
-                variant,
-                reducer: device.reducer(),
-                workgroup,
-                binding: device.binding(),
-            };
+            let (kernel, threads) = self.norm_kernel(kind, false, gamma, len);
             let reads: Vec<&Buffer> = std::iter::once(self.buffer())
                 .chain(params.iter().map(|p| p.buffer()))
                 .collect();
@@ -251,24 +264,7 @@ impl Tensor {
             return Ok(NormGrads { dx, dgamma, dbeta });
         }
         let cfg = device.config().rows;
-        let choice = norm::select(
-            u64::from(len),
-            true,
-            self.dtype().storage(),
-            &cfg,
-            device.max_row_workgroup(),
-        );
-        let (variant, threads, workgroup) = (choice.variant, choice.threads, choice.workgroup);
-        let kernel = NormKernel {
-            kind,
-            backward: true,
-            storage: self.dtype().storage(),
-            params: gamma.dtype().storage(),
-            variant,
-            reducer: device.reducer(),
-            workgroup,
-            binding: device.binding(),
-        };
+        let (kernel, threads) = self.norm_kernel(kind, true, gamma, len);
         let inputs: Vec<&Buffer> = [
             Some(self.buffer()),
             Some(gamma.buffer()),
@@ -282,11 +278,11 @@ impl Tensor {
         let parts = usize::from(kind == NormKind::Layer) + 1;
         let vec = if len % 4 == 0 { 4u8 } else { 1 };
         // Partial rows of dgamma (and dbeta): how many, and the scratch holding them.
-        let (partial_rows, scratch) = match variant {
+        let (partial_rows, scratch) = match kernel.variant {
             NormVariant::Cached { .. } => {
                 let g = NormKernel::backward_groups(
                     rows,
-                    workgroup,
+                    kernel.workgroup,
                     threads,
                     cfg.norm_rows.unwrap_or(NORM_BWD_ROWS),
                 );
