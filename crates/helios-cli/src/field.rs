@@ -101,14 +101,14 @@ struct Stats {
     samples: usize,
 }
 
-/// Warms up for 0.1 s (at least one call: compiles, fills caches, and lets the GPU leave
-/// its idle clocks), then samples `f` until `budget` is spent (3 to 50 samples). `f` returns
-/// the time of one sample (so it can exclude set-up).
+/// Warms up for `HELIOS_WARM_MS` (default `helios::WARM_UP_MS`; at least one call:
+/// compiles, fills caches, and lets the GPU leave its idle clock, see
+/// `helios::Device::warm_up`), then samples `f` until `budget` is spent (3 to 50 samples).
+/// `f` returns the time of one sample (so it can exclude set-up).
 fn measure(budget: f64, mut f: impl FnMut() -> Result<Duration, String>) -> Result<Stats, String> {
-    // Warm-up: compiles, first-touch, and the SM clock out of its idle state (see
-    // `helios::Device::warm_up`).
-    let warm = helios::env::warm_ms().unwrap_or(300);
+    let warm = helios::env::warm_ms().unwrap_or(helios::WARM_UP_MS);
     let start = Instant::now();
+    f()?;
     while start.elapsed() < Duration::from_millis(u64::from(warm)) {
         f()?;
     }

@@ -18,6 +18,9 @@ use crate::DType;
 /// which moves big buffers faster).
 const KERNEL_READBACK_MAX: usize = 1 << 20;
 
+/// Default warm-up before timed GPU work, ms (see [`Device::warm_up`]).
+pub const WARM_UP_MS: u32 = 300;
+
 /// Kernel choices a Device makes for every op (the environment sets them in `Device::new`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelConfig {
@@ -176,12 +179,12 @@ impl Device {
         Ok(self.inner.ctx.synchronize()?)
     }
 
-    /// How long [`Device::warm_up`] keeps the GPU busy: `HELIOS_WARM_MS`, else 300 ms on
-    /// GPUs and nothing on CPU devices (lavapipe has no clocks to raise).
+    /// How long [`Device::warm_up`] keeps the GPU busy: `HELIOS_WARM_MS`, else
+    /// [`WARM_UP_MS`] on GPUs and nothing on CPU devices (lavapipe has no clocks to raise).
     pub fn warm_up_time(&self) -> std::time::Duration {
         let default = match self.inner.ctx.caps().device_type {
             helios_vk::DeviceType::Cpu => 0,
-            _ => 300,
+            _ => WARM_UP_MS,
         };
         std::time::Duration::from_millis(u64::from(crate::env::warm_ms().unwrap_or(default)))
     }

@@ -24,7 +24,7 @@ pub mod selfcheck;
 mod tensor;
 mod view;
 
-pub use device::{Device, KernelConfig, KernelStats, OperandLayout, Readback};
+pub use device::{Device, KernelConfig, KernelStats, OperandLayout, Readback, WARM_UP_MS};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use helios_kernels::reduce::Reduction;
