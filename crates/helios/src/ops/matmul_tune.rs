@@ -270,7 +270,6 @@ fn tune(p: &Problem) -> Result<TuneReport> {
     // candidate sees the same (busy) GPU clock: checks and compiles above leave it idle.
     let out = p.output()?;
     if let Some((k, ..)) = checked.iter().find(|c| c.2) {
-        p.record(k, &out)?;
         device.warm_up(|| sample(p, k, &out, 4).map(drop))?;
     }
     for (k, check_error, passed) in checked {
