@@ -489,6 +489,54 @@ impl Row {
         k.get(out)
     }
 
+    /// Walks the slots of the row that `lane` of the row's `threads` invocations owns (a
+    /// 4-element row): the full slots (every lane inside the row), `unroll` at a time, go to
+    /// `full`, which needs no bounds checks or fills; the at most two partial edge slots go to
+    /// `edge`, the first by lane 0 and the last by lane `threads - 1`. Every slot touching the
+    /// row is visited exactly once (a row inside one slot is one edge).
+    #[allow(clippy::too_many_arguments)]
+    pub fn walk(
+        &self,
+        k: &mut KernelBuilder,
+        lane: Val,
+        threads: Val,
+        unroll: u32,
+        full: impl FnMut(&mut KernelBuilder, &[Val]),
+        mut edge: impl FnMut(&mut KernelBuilder, Val),
+    ) {
+        assert_eq!(
+            self.vec, 4,
+            "Row::walk on a row of {}-element slots",
+            self.vec
+        );
+        let (two, three, zero) = (k.u32(2), k.u32(3), k.u32(0));
+        let s3 = k.add(self.start, three);
+        let first_full = k.shr(s3, two);
+        let end_full = k.shr(self.end, two);
+        for_each_slot_by(k, first_full, end_full, lane, threads, unroll, full);
+        let nonempty = k.lt(self.start, self.end);
+        let head_off = k.and(self.start, three);
+        let head_part = k.ne(head_off, zero);
+        let head = k.and(nonempty, head_part);
+        let head_slot = k.shr(self.start, two);
+        let tail_off = k.and(self.end, three);
+        let tail_part = k.ne(tail_off, zero);
+        let tail = k.and(nonempty, tail_part);
+        // A row inside one slot has its head there too: that slot is the head's.
+        let same = k.eq(end_full, head_slot);
+        let shared = k.and(head, same);
+        let alone = k.not(shared);
+        let tail = k.and(tail, alone);
+        let first_lane = k.eq(lane, zero);
+        let one = k.u32(1);
+        let last = k.sub(threads, one);
+        let last_lane = k.eq(lane, last);
+        let mine = k.and(head, first_lane);
+        k.if_(mine, |k| edge(k, head_slot));
+        let mine = k.and(tail, last_lane);
+        k.if_(mine, |k| edge(k, end_full));
+    }
+
     /// Stores the lanes of `value` (f32, `vec` lanes) that lie inside the row at `slot`.
     pub fn store(&self, k: &mut KernelBuilder, buf: Buffer, s: Storage, slot: Val, value: Val) {
         if self.vec == 1 {

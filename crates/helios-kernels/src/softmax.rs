@@ -17,7 +17,7 @@
 //!   columns get dx = 0.
 
 use helios_spirv::{
-    Access, Binding, Buffer, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val,
+    Access, Binding, Buffer, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val, Var,
 };
 
 use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
@@ -25,7 +25,7 @@ use crate::rows::{
     for_each_slot_by, hreduce, hsum, linear_workgroup, plan_row, row_slots, Groups, Reducer, Row,
     RowChoice, RowConfig, RowPlan,
 };
-use crate::storage::{buffer_scalar, Storage};
+use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
 use crate::KernelError;
 
 /// The candidate kernels (see the module docs).
@@ -52,6 +52,11 @@ impl SoftmaxVariant {
 pub const SOFTMAX_CACHED_SLOTS: [u32; 2] = [8, 4];
 /// Default workgroup size.
 pub const SOFTMAX_WORKGROUP: u32 = 256;
+/// Slots per invocation per loop step of a streamed row, every storage (`HELIOS_ROW_UNROLL`
+/// overrides). With full slots walked unchecked (`Row::walk`) the f16/bf16 rows no longer
+/// prefer 2 (the norms' [`stream_unroll`](crate::rows::stream_unroll)): bf16 4096×50257 on
+/// an H100, u1/u2/u4: 415/384/374 µs.
+pub const SOFTMAX_STREAM_UNROLL: u8 = 4;
 
 /// The family's selection function: the variant and the invocations per row (a run-time
 /// parameter). `Cached` when a row fits in `workgroup` invocations' registers (at most
@@ -61,7 +66,6 @@ pub const SOFTMAX_WORKGROUP: u32 = 256;
 pub fn select(
     len: u64,
     backward: bool,
-    storage: Storage,
     cfg: &RowConfig,
     max_workgroup: u32,
 ) -> RowChoice<SoftmaxVariant> {
@@ -76,7 +80,7 @@ pub fn select(
         cfg,
         SOFTMAX_WORKGROUP,
         max_workgroup,
-        cfg.stream_unroll(storage),
+        cfg.unroll.unwrap_or(SOFTMAX_STREAM_UNROLL),
     )
     .map(|plan| match plan {
         RowPlan::Cached { slots } => SoftmaxVariant::Cached { slots },
@@ -99,12 +103,13 @@ pub struct SoftmaxKernel {
     pub binding: Binding,
 }
 
-/// The values one row needs after its reductions.
+/// What the output pass applies to each shifted input, computed once per row from its max
+/// and sum: softmax `exp(xs − shift) · factor`, log-softmax `xs − shift`.
 struct RowStats {
-    /// The max used to shift (0 for a fully masked row).
-    safe: Val,
-    /// Σ exp(x − safe).
-    sum: Val,
+    /// softmax: the max (0 for a fully masked row); log-softmax: max + ln Σ (0 when masked).
+    shift: Val,
+    /// softmax: 1 / Σ exp(x − max), 0 for a fully masked row.
+    factor: Val,
 }
 
 impl SoftmaxKernel {
@@ -197,27 +202,76 @@ impl SoftmaxKernel {
         k.select(keep, xs, ninf)
     }
 
-    /// The output lanes of a slot from its shifted inputs.
-    fn output(&self, k: &mut KernelBuilder, xs: Val, st: &RowStats) -> Val {
+    /// The row's output constants from its shift `safe` and `sum` = Σ exp(x − safe). A fully
+    /// masked row has sum 0 and every input -inf, so shift 0 and factor 0 give it zeros
+    /// (softmax) and -inf (log-softmax) without a test per slot.
+    fn stats(&self, k: &mut KernelBuilder, safe: Val, sum: Val) -> RowStats {
         let zero = k.const_f32(0.0);
-        let empty = k.eq(st.sum, zero);
+        let empty = k.eq(sum, zero);
         if self.log {
-            let l = k.log(st.sum);
-            let lse = k.add(st.safe, l);
-            let lse = k.splat(lse, 4);
-            let r = k.sub(xs, lse);
-            let ninf = k.const_float(xs.ty, f32::NEG_INFINITY);
-            k.select(empty, ninf, r)
+            let l = k.log(sum);
+            let lse = k.add(safe, l);
+            let shift = k.select(empty, zero, lse);
+            RowStats {
+                shift,
+                factor: zero,
+            }
         } else {
-            let safe = k.splat(st.safe, 4);
-            let d = k.sub(xs, safe);
-            let e = k.exp(d);
             let one = k.const_f32(1.0);
-            let inv = k.div(one, st.sum);
-            let inv = k.select(empty, zero, inv);
-            let inv = k.splat(inv, 4);
-            k.mul(e, inv)
+            let inv = k.div(one, sum);
+            let factor = k.select(empty, zero, inv);
+            RowStats {
+                shift: safe,
+                factor,
+            }
         }
+    }
+
+    /// The output lanes of a slot from its scaled inputs.
+    fn output(&self, k: &mut KernelBuilder, xs: Val, st: &RowStats) -> Val {
+        let shift = k.splat(st.shift, 4);
+        let d = k.sub(xs, shift);
+        if self.log {
+            d
+        } else {
+            let e = k.exp(d);
+            let f = k.splat(st.factor, 4);
+            k.mul(e, f)
+        }
+    }
+
+    /// `scaled` for a slot wholly inside the row: only the causal mask can apply.
+    fn scaled_full(&self, k: &mut KernelBuilder, c: &Ctx, slot: Val, x: Val) -> Val {
+        if self.causal {
+            return self.scaled(k, c, slot, x);
+        }
+        let s = k.splat(c.scale, 4);
+        k.mul(x, s)
+    }
+
+    /// Folds scaled slots into the running max `m` and the sum `s` of exp(x − max) of an
+    /// online softmax.
+    fn absorb(k: &mut KernelBuilder, m: Var, s: Var, xs: &[Val]) {
+        let mut cm = k.get(m);
+        let old = cm;
+        for &v in xs {
+            let h = hreduce(k, ReduceOp::Max, v);
+            cm = k.max(cm, h);
+        }
+        let safe = Self::safe(k, cm);
+        let d = k.sub(old, safe);
+        let r = k.exp(d);
+        let sv = k.get(s);
+        let mut acc = k.mul(sv, r);
+        let safe4 = k.splat(safe, 4);
+        for &v in xs {
+            let d = k.sub(v, safe4);
+            let e = k.exp(d);
+            let h = hsum(k, e);
+            acc = k.add(acc, h);
+        }
+        k.set(s, acc);
+        k.set(m, cm);
     }
 
     /// `m == -inf ? 0 : m`: the shift that keeps a fully masked row finite.
@@ -275,7 +329,7 @@ impl SoftmaxKernel {
                     s = k.add(s, h);
                 }
                 let sum = groups.reduce(k, ReduceOp::Add, s);
-                let st = RowStats { safe, sum };
+                let st = self.stats(k, safe, sum);
                 for (slot, inside, xs) in held {
                     let out = self.output(k, xs, &st);
                     let row = c.row;
@@ -284,43 +338,33 @@ impl SoftmaxKernel {
                 }
             }
             SoftmaxVariant::Streaming { unroll } => {
-                // Pass 1: online max and sum per invocation.
+                // Pass 1: online max and sum per invocation; full slots skip the bounds checks.
                 let ninf = k.const_f32(f32::NEG_INFINITY);
                 let m = k.var_init(ninf);
                 let zero = k.const_f32(0.0);
                 let s = k.var_init(zero);
-                let unroll = u32::from(unroll);
-                for_each_slot_by(k, first, end_slot, c.lane, c.threads, unroll, |k, slots| {
-                    let xs: Vec<Val> = slots
-                        .iter()
-                        .map(|&sl| c.row.load(k, x, self.storage, sl, f32::NEG_INFINITY))
-                        .collect();
-                    let xs: Vec<Val> = slots
-                        .iter()
-                        .zip(xs)
-                        .map(|(&sl, v)| self.scaled(k, c, sl, v))
-                        .collect();
-                    let mut cm = k.get(m);
-                    let old = cm;
-                    for &v in &xs {
-                        let h = hreduce(k, ReduceOp::Max, v);
-                        cm = k.max(cm, h);
-                    }
-                    let safe = Self::safe(k, cm);
-                    let d = k.sub(old, safe);
-                    let r = k.exp(d);
-                    let sv = k.get(s);
-                    let mut acc = k.mul(sv, r);
-                    let safe4 = k.splat(safe, 4);
-                    for &v in &xs {
-                        let d = k.sub(v, safe4);
-                        let e = k.exp(d);
-                        let h = hsum(k, e);
-                        acc = k.add(acc, h);
-                    }
-                    k.set(s, acc);
-                    k.set(m, cm);
-                });
+                let (unroll, st) = (u32::from(unroll), self.storage);
+                c.row.walk(
+                    k,
+                    c.lane,
+                    c.threads,
+                    unroll,
+                    |k, slots| {
+                        let xs: Vec<Val> =
+                            slots.iter().map(|&sl| load_f32(k, x, sl, 4, st)).collect();
+                        let xs: Vec<Val> = slots
+                            .iter()
+                            .zip(xs)
+                            .map(|(&sl, v)| self.scaled_full(k, c, sl, v))
+                            .collect();
+                        Self::absorb(k, m, s, &xs);
+                    },
+                    |k, sl| {
+                        let v = c.row.load(k, x, st, sl, f32::NEG_INFINITY);
+                        let xs = self.scaled(k, c, sl, v);
+                        Self::absorb(k, m, s, &[xs]);
+                    },
+                );
                 let mv = k.get(m);
                 let mx = groups.reduce(k, ReduceOp::Max, mv);
                 let safe = Self::safe(k, mx);
@@ -329,19 +373,29 @@ impl SoftmaxKernel {
                 let sv = k.get(s);
                 let mine = k.mul(sv, r);
                 let sum = groups.reduce(k, ReduceOp::Add, mine);
-                let st = RowStats { safe, sum };
+                let stats = self.stats(k, safe, sum);
                 // Pass 2: the output.
-                for_each_slot_by(k, first, end_slot, c.lane, c.threads, unroll, |k, slots| {
-                    let xs: Vec<Val> = slots
-                        .iter()
-                        .map(|&sl| c.row.load(k, x, self.storage, sl, f32::NEG_INFINITY))
-                        .collect();
-                    for (&sl, v) in slots.iter().zip(xs) {
+                c.row.walk(
+                    k,
+                    c.lane,
+                    c.threads,
+                    unroll,
+                    |k, slots| {
+                        let xs: Vec<Val> =
+                            slots.iter().map(|&sl| load_f32(k, x, sl, 4, st)).collect();
+                        for (&sl, v) in slots.iter().zip(xs) {
+                            let xs = self.scaled_full(k, c, sl, v);
+                            let out = self.output(k, xs, &stats);
+                            store_f32(k, y, sl, out, st);
+                        }
+                    },
+                    |k, sl| {
+                        let v = c.row.load(k, x, st, sl, f32::NEG_INFINITY);
                         let xs = self.scaled(k, c, sl, v);
-                        let out = self.output(k, xs, &st);
-                        c.row.store(k, y, self.storage, sl, out);
-                    }
-                });
+                        let out = self.output(k, xs, &stats);
+                        c.row.store(k, y, st, sl, out);
+                    },
+                );
             }
         }
     }
@@ -566,7 +620,7 @@ mod tests {
         let cfg = RowConfig::default();
         let cached = |slots| SoftmaxVariant::Cached { slots };
         let pick = |len, bwd, cfg: &RowConfig| {
-            let c = select(len, bwd, Storage::F32, cfg, 1024);
+            let c = select(len, bwd, cfg, 1024);
             (c.variant, c.threads, c.workgroup)
         };
         assert_eq!(pick(768, false, &cfg), (cached(6), 32, 256));
@@ -579,7 +633,7 @@ mod tests {
             unroll: Some(4),
             ..cfg
         };
-        let c = select(768, false, Storage::BF16, &forced, 1024);
+        let c = select(768, false, &forced, 1024);
         assert_eq!(c.variant, SoftmaxVariant::Streaming { unroll: 4 });
         assert_eq!(c.threads, 16);
     }

@@ -183,6 +183,27 @@ fn long_rows_and_attention_scores() {
     }
 }
 
+/// Streamed rows walk full slots unchecked and their partial edge slots apart: rows of every
+/// length up to 13 back to back start at every offset within a slot, including rows inside a
+/// single slot and rows of one full slot plus two edges.
+#[test]
+fn streamed_rows_at_every_alignment() {
+    let d = &devices()[2];
+    for len in 1..=13 {
+        for (i, dtype) in DType::ALL.into_iter().enumerate() {
+            for log in [false, true] {
+                let opts = if len % 3 == 0 {
+                    SoftmaxOptions::causal(0.5)
+                } else {
+                    SoftmaxOptions::default()
+                };
+                check(d, &[2, 5, len], log, opts, dtype, (len * 7 + i) as u64).unwrap();
+            }
+        }
+    }
+    assert_clean(d);
+}
+
 #[test]
 fn nan_rows_and_fully_masked_rows() {
     let nan = f32::NAN;

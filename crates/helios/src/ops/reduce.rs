@@ -374,7 +374,6 @@ impl Device {
                 let c = helios_kernels::softmax::select(
                     len as u64,
                     backward,
-                    dtype.storage(),
                     &cfg,
                     max_wg,
                 );

@@ -112,7 +112,6 @@ impl Tensor {
         let choice = softmax::select(
             u64::from(len),
             backward,
-            self.dtype().storage(),
             &cfg,
             device.max_row_workgroup(),
         );
