@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use helios_field::{
-    cpu, edge_elements, random_elements, Batch, Field, FieldConfig, FieldOp, Fq, FqVec, Job, Layout,
+    cpu, edge_elements, random_elements, Batch, Field, FieldConfig, FieldError, FieldOp, Fq, FqVec,
+    Job, Layout,
 };
 use helios_vk::Context;
 use serde::Serialize;
@@ -438,7 +439,14 @@ fn run_sweep(
                 workgroup: wg,
                 device_local: true,
             };
-            let f = Field::with_config(ctx.clone(), config).map_err(e)?;
+            let f = match Field::with_config(ctx.clone(), config) {
+                Ok(f) => f,
+                Err(err @ FieldError::Unsupported { .. }) => {
+                    println!("  {:>8} skipped: {err}", layout.name());
+                    break;
+                }
+                Err(err) => return Err(e(err)),
+            };
             if w == 0 {
                 check(&f, &FieldOp::ALL)?;
             }

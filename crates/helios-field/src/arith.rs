@@ -16,7 +16,10 @@
 
 use helios_spirv::{KernelBuilder, Scalar, Ty, Val};
 
+use helios_vk::EnabledFeatures;
+
 use crate::comba::{Comba, Radix};
+use crate::fp64::{FmaKind, Fp64, Fp64Mul};
 use crate::fq::{Fq, P, P_INV_NEG};
 
 /// How an Fq element is held in registers inside a kernel.
@@ -53,10 +56,16 @@ pub enum Layout {
     Comba30H,
     /// As `Comba30K`, accumulators split as in `Comba30H`.
     Comba30KH,
+    /// Products on the FP64 pipe ([`crate::fp64`]): 8 × 48-bit limbs as f64, each product
+    /// split exactly by two GLSL `Fma`s (fused in practice, not by specification), column
+    /// sums in i64. Needs `shaderFloat64`.
+    Fp64,
+    /// As `Fp64` with a·b by one level of Karatsuba (48 products instead of 64).
+    Fp64K,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 15] = [
+    pub const ALL: [Layout; 17] = [
         Layout::U32Wide,
         Layout::U32Mix,
         Layout::U32Ext,
@@ -72,6 +81,8 @@ impl Layout {
         Layout::Comba30KExt,
         Layout::Comba30H,
         Layout::Comba30KH,
+        Layout::Fp64,
+        Layout::Fp64K,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -91,6 +102,8 @@ impl Layout {
             Layout::Comba30KExt => "comba30ke",
             Layout::Comba30H => "comba30h",
             Layout::Comba30KH => "comba30kh",
+            Layout::Fp64 => "fp64",
+            Layout::Fp64K => "fp64k",
         }
     }
 
@@ -118,6 +131,31 @@ impl Layout {
             karatsuba,
             hybrid,
         })
+    }
+
+    /// The FP64 multiplier of the `Fp64*` layouts.
+    pub const fn fp64(self) -> Option<Fp64Mul> {
+        let (karatsuba, fma) = match self {
+            Layout::Fp64 => (false, FmaKind::Glsl),
+            Layout::Fp64K => (true, FmaKind::Glsl),
+            _ => return None,
+        };
+        Some(Fp64Mul { karatsuba, fma })
+    }
+
+    /// The device features the layout's kernels need beyond the ones every layout uses, as
+    /// (Vulkan feature name, whether `enabled` has it).
+    pub fn requirements(self, enabled: &EnabledFeatures) -> Vec<(&'static str, bool)> {
+        match self.fp64() {
+            Some(_) => vec![("shaderFloat64", enabled.shader_float64)],
+            None => Vec::new(),
+        }
+    }
+
+    /// Whether the layout's multiplier works in its own register form (reduced-radix or f64
+    /// limbs) rather than in the layout's words.
+    const fn has_mul_form(self) -> bool {
+        self.radix().is_some() || self.fp64().is_some()
     }
 
     pub fn from_name(name: &str) -> Option<Layout> {
@@ -348,14 +386,26 @@ impl Arith<'_> {
     /// An element in the multiplier's register form (the limbs `mont_mul_form` takes and
     /// returns): the layout's limbs, or the reduced-radix limbs of a `Comba*` layout.
     pub fn enter_mul_form(&mut self, x: &[Val]) -> Limbs {
+        if let Some(mut f) = self.fp64() {
+            return f.unpack_words(x);
+        }
         match self.comba() {
             Some(mut c) => c.unpack_words(x),
             None => x.to_vec(),
         }
     }
 
+    /// The FP64 emitter of an `Fp64*` layout.
+    fn fp64(&mut self) -> Option<Fp64<'_>> {
+        let mul = self.layout.fp64()?;
+        Some(Fp64 { k: self.k, mul })
+    }
+
     /// Back from the multiplier's register form to the layout's limbs.
     pub fn leave_mul_form(&mut self, x: &[Val]) -> Limbs {
+        if let Some(mut f) = self.fp64() {
+            return f.pack_words(x);
+        }
         match self.comba() {
             Some(mut c) => c.pack_words(x),
             None => x.to_vec(),
@@ -364,6 +414,9 @@ impl Arith<'_> {
 
     /// Montgomery product a·b·R⁻¹ mod p of canonical a, b in the multiplier's register form.
     pub fn mont_mul_form(&mut self, a: &[Val], b: &[Val]) -> Limbs {
+        if let Some(mut f) = self.fp64() {
+            return f.mont_mul(a, b);
+        }
         match self.comba() {
             Some(mut c) => c.mont_mul(a, b),
             None => self.cios_mul(a, b),
@@ -380,9 +433,12 @@ impl Arith<'_> {
     /// Montgomery product with a constant: a·x·R⁻¹ mod p.
     pub fn mont_mul_by(&mut self, a: &[Val], x: &Fq) -> Limbs {
         let a = self.enter_mul_form(a);
-        let x = match self.comba() {
-            Some(mut c) => c.constant(x),
-            None => self.constant(x),
+        let x = if let Some(mut f) = self.fp64() {
+            f.constant(x)
+        } else if let Some(mut c) = self.comba() {
+            c.constant(x)
+        } else {
+            self.constant(x)
         };
         let r = self.mont_mul_form(&a, &x);
         self.leave_mul_form(&r)
@@ -412,9 +468,9 @@ impl Arith<'_> {
 
     /// Montgomery square a²·R⁻¹ mod p: the product with each cross term once (doubled by a
     /// shift), then a separate (SOS) reduction; about 20% fewer multiplies than `mont_mul`.
-    /// `Comba*` layouts square with their multiplier.
+    /// `Comba*` and `Fp64*` layouts square with their multiplier.
     pub fn mont_sqr(&mut self, a: &[Val]) -> Limbs {
-        if self.layout.radix().is_some() {
+        if self.layout.has_mul_form() {
             let a = self.enter_mul_form(a);
             let r = self.mont_mul_form(&a, &a);
             return self.leave_mul_form(&r);
@@ -475,5 +531,23 @@ impl Arith<'_> {
         }
         // (t + M·p)/R < 2p < R: the final `top` is 0.
         self.reduce_once(&t[n..])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp64_layouts_need_shader_float64() {
+        let mut enabled = EnabledFeatures::default();
+        for layout in Layout::ALL {
+            let unmet = layout.requirements(&enabled).iter().any(|(_, ok)| !ok);
+            assert_eq!(unmet, layout.fp64().is_some(), "{}", layout.name());
+        }
+        enabled.shader_float64 = true;
+        assert!(Layout::ALL
+            .iter()
+            .all(|l| l.requirements(&enabled).iter().all(|(_, ok)| *ok)));
     }
 }

@@ -15,6 +15,7 @@ use helios_spirv::KernelModule;
 use helios_vk::{Buffer, Context, MemoryLocation, Pipeline, PipelineDesc, Recorder};
 
 use crate::arith::Layout;
+use crate::fp64::FmaKind;
 use crate::fq::{check_canonical, Fq, FQ_BYTES};
 use crate::kernel::{build_mul_chain, grid, push_constants, FieldKernel, FieldOp, FIELD_WORKGROUP};
 use crate::{env, host, FieldError, Result};
@@ -106,13 +107,62 @@ impl Field {
         Field::with_config(ctx, FieldConfig::from_env()?)
     }
 
+    /// A field on `ctx` with `config`; a layout whose kernels need a device feature that is
+    /// not enabled is [`FieldError::Unsupported`].
     pub fn with_config(ctx: Arc<Context>, config: FieldConfig) -> Result<Field> {
-        Ok(Field {
+        let missing: Vec<&str> = config
+            .layout
+            .requirements(ctx.enabled())
+            .into_iter()
+            .filter_map(|(name, ok)| (!ok).then_some(name))
+            .collect();
+        if !missing.is_empty() {
+            return Err(FieldError::Unsupported {
+                layout: config.layout.name(),
+                device: ctx.caps().name.clone(),
+                missing: missing.join(" and "),
+            });
+        }
+        let field = Field {
             ctx,
             config,
             kernels: Mutex::new(HashMap::new()),
             chain: Mutex::new(None),
             scratch: Mutex::new(host::Scratch::default()),
+        };
+        if config.layout.fp64().is_some_and(|m| m.fma == FmaKind::Glsl) {
+            field.check_fused_fma()?;
+        }
+        Ok(field)
+    }
+
+    /// The `Fp64*` layouts that use GLSL.std.450 `Fma` are exact only where the driver fuses
+    /// it, which Vulkan does not require (llvmpipe, for one, rounds the product first). The
+    /// layout is refused unless its products of every pair of edge values and of random
+    /// values match blst. One unfused multiply-add in a product shows in nearly every result,
+    /// so this catches a driver that does not fuse; it cannot prove that one always does.
+    fn check_fused_fma(&self) -> Result<()> {
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        let edges = crate::fq::edge_elements();
+        for x in &edges {
+            for y in &edges {
+                a.push(*x);
+                b.push(*y);
+            }
+        }
+        a.extend(crate::fq::random_elements(256, 0xf64));
+        b.extend(crate::fq::random_elements(256, 0xf65));
+        let got = self.compute(FieldOp::Mul, &a, &b)?;
+        if got == crate::cpu::reference(FieldOp::Mul, &a, &b) {
+            return Ok(());
+        }
+        Err(FieldError::Unsupported {
+            layout: self.config.layout.name(),
+            device: self.ctx.caps().name.clone(),
+            missing: "a fused f64 GLSL.std.450 Fma (its self-test products differ from blst: \
+                      the driver rounds the product before the add)"
+                .into(),
         })
     }
 

@@ -12,7 +12,7 @@ pub const HELIOS_FIELD_DEVICE_LOCAL: &str = "HELIOS_FIELD_DEVICE_LOCAL";
 
 /// `HELIOS_FIELD_LAYOUT=<name>`: the in-shader limb layout (`Layout::name`: u32wide, u32mix,
 /// u32ext, u64, comba29, comba29e, comba29d, comba30, comba30e, comba29k, comba29ke, comba30k,
-/// comba30ke, comba30h, comba30kh).
+/// comba30ke, comba30h, comba30kh, fp64, fp64k; the fp64 layouts need `shaderFloat64`).
 pub const HELIOS_FIELD_LAYOUT: &str = "HELIOS_FIELD_LAYOUT";
 
 /// `HELIOS_FIELD_WORKGROUP=<n>`: invocations per workgroup.
@@ -30,7 +30,7 @@ pub fn layout() -> Result<Option<Layout>> {
             .ok_or(FieldError::BadEnvVar {
                 name: HELIOS_FIELD_LAYOUT,
                 value: v,
-                expected: "use a layout name: u32wide, u32mix, u32ext, u64 or comba29[e|d|k|ke], comba30[e|k|ke|h|kh]",
+                expected: "use a layout name: u32wide, u32mix, u32ext, u64 or comba29[e|d|k|ke], comba30[e|k|ke|h|kh], fp64[k]",
             }),
     }
 }

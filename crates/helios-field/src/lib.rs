@@ -33,6 +33,7 @@ pub mod cpu;
 mod engine;
 pub mod env;
 mod error;
+mod fp64;
 mod fq;
 mod host;
 mod kernel;
@@ -42,6 +43,7 @@ pub use arith::Layout;
 pub use comba::Radix;
 pub use engine::{Batch, Field, FieldConfig, FqSlice, FqVec, DEFAULT_DEVICE_LOCAL, DEFAULT_LAYOUT};
 pub use error::{FieldError, Result};
+pub use fp64::{FmaKind, Fp64Mul};
 pub use fq::{
     check_canonical, edge_elements, is_canonical, random_elements, to_hex, Fq, FQ_BYTES, ONE, P,
     P_INV_NEG, R2_MOD_P, R_MOD_P,

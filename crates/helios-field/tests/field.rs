@@ -38,6 +38,26 @@ fn field(ctx: &Arc<Context>, layout: Layout, device_local: bool) -> Field {
     Field::with_config(Arc::clone(ctx), config).expect("field")
 }
 
+/// The layouts this device runs. Only an `Fp64*` layout may be refused (no shaderFloat64,
+/// or a driver that does not fuse GLSL `Fma`, as llvmpipe), and only with `Unsupported`.
+fn layouts(ctx: &Arc<Context>) -> Vec<Layout> {
+    Layout::ALL
+        .into_iter()
+        .filter(|&layout| {
+            let config = FieldConfig {
+                layout,
+                workgroup: 64,
+                device_local: false,
+            };
+            match Field::with_config(Arc::clone(ctx), config) {
+                Ok(_) => true,
+                Err(FieldError::Unsupported { .. }) if layout.fp64().is_some() => false,
+                Err(e) => panic!("{}: {e}", layout.name()),
+            }
+        })
+        .collect()
+}
+
 /// Every edge value against every edge value, then random pairs: (a, b).
 fn inputs(random: usize, seed: u64) -> (Vec<Fq>, Vec<Fq>) {
     let edges = edge_elements();
@@ -68,7 +88,7 @@ fn assert_same(op: FieldOp, what: &str, got: &[Fq], want: &[Fq], a: &[Fq], b: &[
 fn every_op_and_layout_matches_blst() {
     let ctx = context();
     let (a, b) = inputs(300, 1);
-    for layout in Layout::ALL {
+    for layout in layouts(&ctx) {
         let f = field(&ctx, layout, false);
         for op in FieldOp::ALL {
             let bb: &[Fq] = if op.arity() == 2 { &b } else { &[] };
@@ -80,11 +100,60 @@ fn every_op_and_layout_matches_blst() {
     finish(ctx);
 }
 
+/// The FP64 layouts (whose exactness rests on fused multiply-adds) on many more random
+/// inputs than the sweep above, every edge pair included, and through the chain probe.
+#[test]
+fn fp64_layouts_match_blst() {
+    let ctx = context();
+    let (a, b) = inputs(4000, 71);
+    for layout in Layout::ALL.into_iter().filter(|l| l.fp64().is_some()) {
+        let config = FieldConfig {
+            layout,
+            workgroup: 64,
+            device_local: true,
+        };
+        let f = match Field::with_config(Arc::clone(&ctx), config) {
+            Ok(f) => f,
+            Err(e @ FieldError::Unsupported { .. }) => {
+                eprintln!("{} not run on this device: {e}", layout.name());
+                continue;
+            }
+            Err(e) => panic!("{}: {e}", layout.name()),
+        };
+        for op in [
+            FieldOp::Mul,
+            FieldOp::Sqr,
+            FieldOp::ToMont,
+            FieldOp::FromMont,
+        ] {
+            let bb: &[Fq] = if op.arity() == 2 { &b } else { &[] };
+            let got = f.compute(op, &a, bb).expect("compute");
+            assert_same(op, layout.name(), &got, &cpu::reference(op, &a, &b), &a, &b);
+        }
+        let (da, db, dc) = (
+            f.upload(&a).unwrap(),
+            f.upload(&b).unwrap(),
+            f.alloc(a.len()).unwrap(),
+        );
+        f.mul_chain(da.all(), db.all(), dc.all(), 7).unwrap();
+        let got = f.download(dc.all()).unwrap();
+        assert_same(
+            FieldOp::Mul,
+            layout.name(),
+            &got,
+            &cpu::mul_chain(&a, &b, 7),
+            &a,
+            &b,
+        );
+    }
+    finish(ctx);
+}
+
 #[test]
 fn mul_chain_probe_matches_blst() {
     let ctx = context();
     let (a, b) = inputs(100, 31);
-    for layout in Layout::ALL {
+    for layout in layouts(&ctx) {
         let f = field(&ctx, layout, true);
         let (da, db, dc) = (
             f.upload(&a).unwrap(),
@@ -120,7 +189,7 @@ fn long_chains_match_blst() {
     for _ in 0..20 {
         want_sq = cpu::reference(FieldOp::Sqr, &want_sq, &[]);
     }
-    for layout in Layout::ALL {
+    for layout in layouts(&ctx) {
         let f = field(&ctx, layout, true);
         let (da, db, dc) = (
             f.upload(&a).unwrap(),

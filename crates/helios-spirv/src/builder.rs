@@ -141,6 +141,8 @@ pub struct KernelBuilder {
     push_struct: Option<Word>,
     wg_spec: Option<[Word; 3]>,
     begun: bool,
+    /// Results of `fma_fused`, rewritten into `OpFmaKHR` by `finish` (see `fma`).
+    pub(crate) fused_fma: Vec<Word>,
 }
 
 #[derive(Clone, Copy)]
@@ -174,6 +176,7 @@ impl KernelBuilder {
             push_struct: None,
             wg_spec: None,
             begun: false,
+            fused_fma: Vec::new(),
         };
         kb.capability(Capability::Shader);
         if binding == Binding::DeviceAddress {
@@ -296,8 +299,12 @@ impl KernelBuilder {
 
         let params = self.param_infos();
         let push_size = self.push_size();
+        let mut words = self.b.module().assemble();
+        if !self.fused_fma.is_empty() {
+            words = crate::fma::patch(&words, &self.fused_fma);
+        }
         KernelModule {
-            words: self.b.module().assemble(),
+            words,
             name,
             entry: "main",
             binding: self.binding,
@@ -673,6 +680,7 @@ impl KernelBuilder {
             Scalar::Bool => self.b.type_bool(),
             Scalar::F16 => self.b.type_float(16),
             Scalar::F32 => self.b.type_float(32),
+            Scalar::F64 => self.b.type_float(64),
             Scalar::BF16 => self.bf16_type(),
             Scalar::U8 => self.b.type_int(8, 0),
             Scalar::U16 => self.b.type_int(16, 0),
@@ -701,6 +709,7 @@ impl KernelBuilder {
             Scalar::U16 => self.capability(Capability::Int16),
             Scalar::U8 => self.capability(Capability::Int8),
             Scalar::I64 | Scalar::U64 => self.capability(Capability::Int64),
+            Scalar::F64 => self.capability(Capability::Float64),
             _ => {}
         }
     }
@@ -721,7 +730,7 @@ impl KernelBuilder {
             match ty.scalar {
                 Scalar::Bool if bits != 0 => self.b.constant_true(ty_id),
                 Scalar::Bool => self.b.constant_false(ty_id),
-                Scalar::I64 | Scalar::U64 => self.b.constant_bit64(ty_id, bits),
+                Scalar::F64 | Scalar::I64 | Scalar::U64 => self.b.constant_bit64(ty_id, bits),
                 _ => self.b.constant_bit32(ty_id, bits as u32),
             }
         };
@@ -744,6 +753,12 @@ impl KernelBuilder {
     pub fn u64(&mut self, v: u64) -> Val {
         self.constant_bits(Ty::scalar(Scalar::U64), v)
     }
+    pub fn i64(&mut self, v: i64) -> Val {
+        self.constant_bits(Ty::scalar(Scalar::I64), v as u64)
+    }
+    pub fn f64(&mut self, v: f64) -> Val {
+        self.constant_bits(Ty::scalar(Scalar::F64), v.to_bits())
+    }
     pub fn bool(&mut self, v: bool) -> Val {
         self.constant_bits(Ty::scalar(Scalar::Bool), v as u64)
     }
@@ -757,6 +772,7 @@ impl KernelBuilder {
         let bits = match ty.scalar {
             Scalar::F32 => v.to_bits() as u64,
             Scalar::F16 => half::f16::from_f32(v).to_bits() as u64,
+            Scalar::F64 => f64::from(v).to_bits(),
             s => panic!("const_float of non-float type {}", s.name()),
         };
         self.constant_bits(ty, bits)

@@ -16,6 +16,7 @@
 mod builder;
 mod control;
 mod coop;
+mod fma;
 mod memory;
 mod ops;
 mod subgroup;

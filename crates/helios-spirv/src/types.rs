@@ -17,6 +17,8 @@ pub enum Scalar {
     U16,
     F16,
     F32,
+    /// IEEE binary64 (needs `shaderFloat64`; exact-integer arithmetic in helios-field).
+    F64,
     /// bfloat16: cooperative-matrix components only.
     BF16,
     I32,
@@ -38,7 +40,7 @@ impl Scalar {
     pub const fn kind(self) -> Kind {
         match self {
             Scalar::Bool => Kind::Bool,
-            Scalar::F16 | Scalar::BF16 | Scalar::F32 => Kind::Float,
+            Scalar::F16 | Scalar::BF16 | Scalar::F32 | Scalar::F64 => Kind::Float,
             Scalar::I32 | Scalar::I64 => Kind::Signed,
             Scalar::U8 | Scalar::U16 | Scalar::U32 | Scalar::U64 => Kind::Unsigned,
         }
@@ -51,7 +53,7 @@ impl Scalar {
             Scalar::U8 => 1,
             Scalar::U16 | Scalar::F16 | Scalar::BF16 => 2,
             Scalar::F32 | Scalar::I32 | Scalar::U32 => 4,
-            Scalar::I64 | Scalar::U64 => 8,
+            Scalar::F64 | Scalar::I64 | Scalar::U64 => 8,
         }
     }
 
@@ -74,6 +76,7 @@ impl Scalar {
             Scalar::U16 => "u16",
             Scalar::F16 => "f16",
             Scalar::F32 => "f32",
+            Scalar::F64 => "f64",
             Scalar::BF16 => "bf16",
             Scalar::I32 => "i32",
             Scalar::U32 => "u32",

@@ -165,6 +165,7 @@ pub struct Features {
     pub shader_int8: bool,
     pub shader_int16: bool,
     pub shader_int64: bool,
+    pub shader_float64: bool,
     pub storage_buffer_16bit: bool,
     pub storage_buffer_8bit: bool,
     /// VK_KHR_shader_bfloat16 shaderBFloat16Type.

@@ -23,6 +23,8 @@ pub struct EnabledFeatures {
     /// Always true: required.
     pub timeline_semaphore: bool,
     pub shader_int64: bool,
+    /// f64 arithmetic (helios-field's FP64 multiplier layouts).
+    pub shader_float64: bool,
     pub shader_int16: bool,
     pub shader_float16: bool,
     pub shader_int8: bool,
@@ -108,6 +110,7 @@ pub(crate) fn plan(
         buffer_device_address: true,
         timeline_semaphore: true,
         shader_int64: f.shader_int64,
+        shader_float64: f.shader_float64,
         shader_int16: f.shader_int16,
         shader_float16: f.shader_float16,
         shader_int8: f.shader_int8,
@@ -176,6 +179,7 @@ pub(crate) fn create_device(
 
     let base = vk::PhysicalDeviceFeatures::default()
         .shader_int64(e.shader_int64)
+        .shader_float64(e.shader_float64)
         .shader_int16(e.shader_int16);
     let mut f11 = vk::PhysicalDeviceVulkan11Features::default()
         .storage_buffer16_bit_access(e.storage_buffer_16bit);

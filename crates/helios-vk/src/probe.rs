@@ -182,6 +182,7 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         shader_int8: on(f12.shader_int8),
         shader_int16: on(base.shader_int16),
         shader_int64: on(base.shader_int64),
+        shader_float64: on(base.shader_float64),
         storage_buffer_16bit: on(f11.storage_buffer16_bit_access),
         storage_buffer_8bit: on(f12.storage_buffer8_bit_access),
         bfloat16: on(bf16_feat.shader_bfloat16_type),
