@@ -228,6 +228,39 @@ fn describe(s: &mut String, index: usize, c: &Caps, selected: bool, extensions: 
         }
     }
 
+    if let Some(c2) = &c.cooperative_matrix2 {
+        top(s, "cooperative matrix 2", String::new());
+        sub(s, "workgroup_scope", yes_no(c2.workgroup_scope).into());
+        sub(
+            s,
+            "flexible_dimensions",
+            yes_no(c2.flexible_dimensions).into(),
+        );
+        sub(s, "max_workgroup_size", c2.max_workgroup_size.to_string());
+        sub(s, "max_dimension", c2.max_dimension.to_string());
+        sub(
+            s,
+            "reserved_shared",
+            format!("{} B", c2.reserved_shared_memory),
+        );
+        let header = format!(
+            "{:<12}{:<6}{:<6}{:<6}{:<8}{:<11}invocations",
+            "granules", "A", "B", "C", "Result", "scope"
+        );
+        line(s, &format!("    {header}"));
+        for m in &c2.flexible {
+            let g = format!(
+                "{}x{}x{}",
+                m.m_granularity, m.n_granularity, m.k_granularity
+            );
+            let row = format!(
+                "{g:<12}{:<6}{:<6}{:<6}{:<8}{:<11}{}",
+                m.a, m.b, m.c, m.result, m.scope, m.workgroup_invocations
+            );
+            line(s, &format!("    {row}"));
+        }
+    }
+
     if extensions {
         top(s, "extensions", c.extensions.len().to_string());
         for e in &c.extensions {

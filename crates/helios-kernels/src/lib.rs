@@ -14,6 +14,7 @@ pub mod math;
 pub mod matmul;
 pub mod matmul_coop;
 mod matmul_simt;
+mod matmul_wg;
 pub mod norm;
 mod norm_bwd;
 pub mod optim;
@@ -34,7 +35,7 @@ pub use loss::{
 };
 pub use matmul::{
     Activation, Epilogue, MatmulAddresses, MatmulCaps, MatmulKernel, MatmulShape,
-    Variant as MatmulVariant,
+    Variant as MatmulVariant, WgSupport,
 };
 pub use matmul_coop::CoopPeakKernel;
 pub use optim::{AdamWArgs, AdamWKernel, AdamWStep};

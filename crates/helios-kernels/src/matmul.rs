@@ -92,11 +92,25 @@ pub struct CoopTile {
     pub depth: u8,
 }
 
+/// A workgroup-scope cooperative-matrix tile (VK_NV_cooperative_matrix2): `bm × bn` outputs
+/// per workgroup of `warps` subgroups, k in steps of `bk`; the driver stages the operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WgTile {
+    pub bm: u16,
+    pub bn: u16,
+    pub bk: u16,
+    pub warps: u8,
+    /// Loads of the next k step are issued before the current product.
+    pub prefetch: bool,
+}
+
 /// A kernel family and its tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Variant {
     Simt(SimtTile),
     Coop(CoopTile),
+    /// Workgroup-scope matrices (`matmul_wg`).
+    Wg(WgTile),
 }
 
 /// k step of the SIMT kernels: 8 keeps the transposing shared stores conflict-free.
@@ -130,7 +144,17 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("coop64x64w2x2k32d2", coop(64, 64, 32, 2, 2, 2)),
     ("coop64x64w2x2k64d2", coop(64, 64, 64, 2, 2, 2)),
     ("coop32x64w1x2k32d2", coop(32, 64, 32, 1, 2, 2)),
+    // Workgroup scope: the two fastest of ten tried on an H100 (driver 580.159.04) at
+    // 2048³/4096³ f16, 75–79 TFLOP/s against 216 for coop128x256w2x4k16d1; kept so the tuner
+    // picks them up wherever a driver makes this path fast (bench/results/
+    // 2026-11-22-coopmat2-h100.md).
+    ("wg128x128k16w4p", wg(128, 128, 16, 4, true)),
+    ("wg128x256k16w8p", wg(128, 256, 16, 8, true)),
 ];
+
+/// Largest tile edges of the `Wg` variants: every M and N tile divides `WG_GRANULE[0]`, every
+/// k step `WG_GRANULE[1]` (the tuner's shape classes keep exact divisibility up to these).
+pub const WG_GRANULE: [u32; 2] = [256, 64];
 
 const fn simt(bm: u16, bn: u16, tm: u8, tn: u8, depth: u8) -> Variant {
     Variant::Simt(SimtTile {
@@ -139,6 +163,16 @@ const fn simt(bm: u16, bn: u16, tm: u8, tn: u8, depth: u8) -> Variant {
         tm,
         tn,
         depth,
+    })
+}
+
+const fn wg(bm: u16, bn: u16, bk: u16, warps: u8, prefetch: bool) -> Variant {
+    Variant::Wg(WgTile {
+        bm,
+        bn,
+        bk,
+        warps,
+        prefetch,
     })
 }
 
@@ -167,8 +201,9 @@ impl Variant {
         VARIANTS.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
     }
 
+    /// Runs on the matrix units (subgroup or workgroup scope).
     pub const fn is_coop(self) -> bool {
-        matches!(self, Variant::Coop(_))
+        matches!(self, Variant::Coop(_) | Variant::Wg(_))
     }
 
     /// Output tile (rows, columns) of one workgroup.
@@ -176,6 +211,7 @@ impl Variant {
         match self {
             Variant::Simt(t) => (t.bm as u32, t.bn as u32),
             Variant::Coop(t) => (t.bm as u32, t.bn as u32),
+            Variant::Wg(t) => (t.bm as u32, t.bn as u32),
         }
     }
 
@@ -184,6 +220,7 @@ impl Variant {
         match self {
             Variant::Simt(t) => (t.bm as u32 / t.tm as u32) * (t.bn as u32 / t.tn as u32),
             Variant::Coop(t) => subgroup * t.wm as u32 * t.wn as u32,
+            Variant::Wg(t) => subgroup * t.warps as u32,
         }
     }
 
@@ -198,6 +235,8 @@ impl Variant {
                 let (a, b) = crate::matmul_coop::stage_vec4s(t, trans_a, trans_b);
                 2 * (a + b) * 16
             }
+            // The driver's own staging lives in its reserved shared memory.
+            Variant::Wg(_) => 0,
         }
     }
 }
@@ -207,7 +246,7 @@ impl Variant {
 pub const fn vector_elems(v: Variant) -> u32 {
     match v {
         Variant::Simt(_) => 4,
-        Variant::Coop(_) => 8,
+        Variant::Coop(_) | Variant::Wg(_) => 8,
     }
 }
 
@@ -311,6 +350,31 @@ pub struct MatmulCaps {
     pub coop_f16: bool,
     /// 16×16×16 bf16×bf16→f32 fragments are reported and enabled.
     pub coop_bf16: bool,
+    /// Workgroup-scope matrices (VK_NV_cooperative_matrix2) the device runs, per input type.
+    pub coop_wg: Vec<WgSupport>,
+}
+
+/// One input type's workgroup-scope support: `m × n × k` products of f32-accumulated
+/// matrices whose dimensions are multiples of `granularity` (at most `max_dimension`), in
+/// workgroups of exactly `invocations`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgSupport {
+    pub input: Storage,
+    pub invocations: u32,
+    pub granularity: [u32; 3],
+    pub max_dimension: u32,
+}
+
+impl WgSupport {
+    fn runs(&self, input: Storage, t: WgTile, invocations: u32) -> bool {
+        let dims = [u32::from(t.bm), u32::from(t.bn), u32::from(t.bk)];
+        self.input == input
+            && self.invocations == invocations
+            && dims
+                .iter()
+                .zip(self.granularity)
+                .all(|(&d, g)| d % g.max(1) == 0 && d <= self.max_dimension)
+    }
 }
 
 impl MatmulKernel {
@@ -350,6 +414,17 @@ impl MatmulKernel {
         }
         match v {
             Variant::Simt(_) => true,
+            Variant::Wg(t) => {
+                self.epilogue.is_plain()
+                    && self.vec_a
+                    && self.vec_b
+                    && self.vec_c
+                    && self.subgroup == caps.subgroup
+                    && caps
+                        .coop_wg
+                        .iter()
+                        .any(|s| s.runs(self.input, t, v.threads(caps.subgroup)))
+            }
             Variant::Coop(t) => {
                 let frags = match self.input {
                     Storage::F16 => caps.coop_f16,
@@ -369,6 +444,19 @@ impl MatmulKernel {
                         caps.subgroup,
                     )
             }
+        }
+    }
+
+    /// Whether the kernel handles every size of `shape`: the `Wg` variants load whole tiles
+    /// unchecked, so their tile must divide M, N and K exactly; the others take any shape.
+    pub fn fits(&self, shape: &MatmulShape) -> bool {
+        match self.variant {
+            Variant::Wg(t) => {
+                shape.m % u32::from(t.bm) == 0
+                    && shape.n % u32::from(t.bn) == 0
+                    && shape.k % u32::from(t.bk) == 0
+            }
+            _ => true,
         }
     }
 
@@ -402,6 +490,7 @@ impl MatmulKernel {
         match self.variant {
             Variant::Simt(t) => crate::matmul_simt::build(self, t),
             Variant::Coop(t) => crate::matmul_coop::build(self, t),
+            Variant::Wg(t) => crate::matmul_wg::build(self, t),
         }
     }
 
@@ -427,6 +516,9 @@ impl MatmulKernel {
             return Err(bad(format!(
                 "built for vector accesses the shape does not allow: {shape:?}"
             )));
+        }
+        if !self.fits(shape) {
+            return Err(bad(format!("its tile does not divide the shape {shape:?}")));
         }
         if self.epilogue.bias != addr.bias.is_some()
             || self.epilogue.residual != addr.residual.is_some()
@@ -542,7 +634,7 @@ pub fn candidates(
     VARIANTS
         .iter()
         .map(|&(_, v)| MatmulKernel::new(v, input, out, trans, shape, epilogue, caps.subgroup))
-        .filter(|k| k.feasible(caps))
+        .filter(|k| k.feasible(caps) && k.fits(shape))
         .collect()
 }
 

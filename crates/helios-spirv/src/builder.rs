@@ -143,6 +143,9 @@ pub struct KernelBuilder {
     begun: bool,
     /// Results of `fma_fused`, rewritten into `OpFmaKHR` by `finish` (see `fma`).
     pub(crate) fused_fma: Vec<Word>,
+    /// Declare the workgroup size as a `LocalSize` literal too (workgroup-scope cooperative
+    /// matrices need it known when the module is compiled).
+    pub(crate) literal_local_size: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -177,6 +180,7 @@ impl KernelBuilder {
             wg_spec: None,
             begun: false,
             fused_fma: Vec::new(),
+            literal_local_size: false,
         };
         kb.capability(Capability::Shader);
         if binding == Binding::DeviceAddress {
@@ -294,6 +298,10 @@ impl KernelBuilder {
         let interface = self.interface.clone();
         self.b
             .entry_point(spirv::ExecutionModel::GLCompute, main, "main", interface);
+        if self.literal_local_size {
+            self.b
+                .execution_mode(main, spirv::ExecutionMode::LocalSize, self.workgroup_size);
+        }
         let name = self.name.clone();
         self.b.name(main, name.clone()); // keeps the kernel's name visible in dumps
 

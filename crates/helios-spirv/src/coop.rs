@@ -2,7 +2,8 @@
 //! hardware multiplies on its matrix units (tensor cores on NVIDIA).
 //!
 //! A fragment is a [`CoopMat`]: a result id and a [`CoopTy`] (component scalar, rows, columns,
-//! use A/B/accumulator; the scope is always the subgroup). It is loaded from a buffer (device
+//! use A/B/accumulator, and the scope: a subgroup, or with VK_NV_cooperative_matrix2 the
+//! whole workgroup). It is loaded from a buffer (device
 //! address or descriptor) or a workgroup-shared array, multiplied and accumulated, converted,
 //! scaled, and stored back. Capabilities and extensions are added where the first fragment
 //! type is declared, so a module without cooperative matrices never names them.
@@ -52,22 +53,43 @@ impl CoopUse {
     }
 }
 
-/// The type of a subgroup-scope cooperative matrix.
+/// Which invocations share a cooperative matrix: a subgroup (SPV_KHR_cooperative_matrix) or
+/// the whole workgroup (Vulkan's VK_NV_cooperative_matrix2 `cooperativeMatrixWorkgroupScope`,
+/// with flexible dimensions: the implementation stages the operands itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CoopScope {
+    Subgroup,
+    Workgroup,
+}
+
+/// The type of a cooperative matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CoopTy {
     pub scalar: Scalar,
     pub rows: u32,
     pub cols: u32,
     pub use_: CoopUse,
+    pub scope: CoopScope,
 }
 
 impl CoopTy {
+    /// A subgroup-scope fragment.
     pub const fn new(scalar: Scalar, rows: u32, cols: u32, use_: CoopUse) -> CoopTy {
         CoopTy {
             scalar,
             rows,
             cols,
             use_,
+            scope: CoopScope::Subgroup,
+        }
+    }
+
+    /// A workgroup-scope matrix: every invocation of the workgroup must reach each operation
+    /// on it (uniform control flow).
+    pub const fn workgroup(scalar: Scalar, rows: u32, cols: u32, use_: CoopUse) -> CoopTy {
+        CoopTy {
+            scope: CoopScope::Workgroup,
+            ..CoopTy::new(scalar, rows, cols, use_)
         }
     }
 
@@ -81,11 +103,15 @@ impl std::fmt::Display for CoopTy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "coopmat<{}, {}x{}, {:?}>",
+            "coopmat<{}, {}x{}, {:?}{}>",
             self.scalar.name(),
             self.rows,
             self.cols,
-            self.use_
+            self.use_,
+            match self.scope {
+                CoopScope::Subgroup => "",
+                CoopScope::Workgroup => ", workgroup",
+            }
         )
     }
 }
@@ -182,7 +208,15 @@ impl KernelBuilder {
             self.arith_caps(ty.scalar);
         }
         let comp = self.ty(Ty::scalar(ty.scalar));
-        let scope = self.const_u32(Scope::Subgroup as u32);
+        let scope = match ty.scope {
+            CoopScope::Subgroup => Scope::Subgroup,
+            CoopScope::Workgroup => {
+                // The workgroup-size builtin still overrides it; both say the same.
+                self.literal_local_size = true;
+                Scope::Workgroup
+            }
+        };
+        let scope = self.const_u32(scope as u32);
         let rows = self.const_u32(ty.rows);
         let cols = self.const_u32(ty.cols);
         let use_ = self.const_u32(ty.use_.value());

@@ -29,7 +29,7 @@ pub use builder::{
     WORKGROUP_SIZE_SPEC_IDS,
 };
 pub use control::Var;
-pub use coop::{validator_supports_coop, CoopLayout, CoopMat, CoopTy, CoopUse, CoopVar};
+pub use coop::{validator_supports_coop, CoopLayout, CoopMat, CoopScope, CoopTy, CoopUse, CoopVar};
 pub use memory::{Shared, SharedLen};
 pub use ops::{BinOp, CmpOp};
 pub use rspirv::spirv::GLOp;

@@ -77,8 +77,10 @@ pub struct Caps {
     /// Shapes from vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR; empty without the
     /// extension.
     pub cooperative_matrix: Vec<CooperativeMatrixShape>,
-    /// VK_NV_cooperative_matrix2 is listed (flexible-size NV matrices; not enabled yet).
+    /// VK_NV_cooperative_matrix2 is listed.
     pub nv_cooperative_matrix2: bool,
+    /// What VK_NV_cooperative_matrix2 offers, where it is listed.
+    pub cooperative_matrix2: Option<crate::CooperativeMatrix2>,
     /// Every device extension name, sorted.
     pub extensions: Vec<String>,
     /// `api_version` as Vulkan encodes it, for comparisons.

@@ -83,6 +83,9 @@ pub struct ContextOptions {
     /// statistics (and internal representations), read with `Context::pipeline_statistics`;
     /// ignored with a note where the device lacks VK_KHR_pipeline_executable_properties.
     pub pipeline_statistics: ExecutableCapture,
+    /// `HELIOS_COOPMAT2=0` leaves VK_NV_cooperative_matrix2 off (workgroup-scope matrix
+    /// kernels then never run).
+    pub cooperative_matrix2: bool,
 }
 
 impl Default for ContextOptions {
@@ -96,6 +99,7 @@ impl Default for ContextOptions {
             transfer_queue: true,
             bar: true,
             pipeline_statistics: ExecutableCapture::Off,
+            cooperative_matrix2: true,
         }
     }
 }
@@ -111,6 +115,7 @@ impl ContextOptions {
             transfer_queue: env::flag(env::HELIOS_TRANSFER_QUEUE)?.unwrap_or(true),
             bar: env::flag(env::HELIOS_BAR)?.unwrap_or(true),
             pipeline_statistics: ExecutableCapture::from_env()?,
+            cooperative_matrix2: env::flag(env::HELIOS_COOPMAT2)?.unwrap_or(true),
         })
     }
 
@@ -145,8 +150,12 @@ impl Context {
                 missing: "a queue family with compute support".into(),
             })?;
         let want_stats = options.pipeline_statistics != ExecutableCapture::Off;
-        let (enabled, withheld) =
-            features::plan(caps, instance.validation_layer_version(), want_stats);
+        let (enabled, withheld) = features::plan(
+            caps,
+            instance.validation_layer_version(),
+            want_stats,
+            options.cooperative_matrix2,
+        );
         if want_stats && !enabled.pipeline_executable_info {
             eprintln!(
                 "helios: pipeline statistics not captured: {} lacks \

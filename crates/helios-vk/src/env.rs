@@ -38,6 +38,9 @@ pub fn string(name: &str) -> Option<String> {
     (!value.is_empty()).then(|| value.to_owned())
 }
 
+/// `HELIOS_COOPMAT2=0`: leave VK_NV_cooperative_matrix2 off.
+pub const HELIOS_COOPMAT2: &str = "HELIOS_COOPMAT2";
+
 /// `HELIOS_BATCH=<n>`: dispatches per submitted batch (default 256; 1 submits each alone).
 pub const HELIOS_BATCH: &str = "HELIOS_BATCH";
 

@@ -44,6 +44,10 @@ pub struct EnabledFeatures {
     pub bfloat16: bool,
     pub bfloat16_dot_product: bool,
     pub bfloat16_cooperative_matrix: bool,
+    /// VK_NV_cooperative_matrix2 with `cooperativeMatrixWorkgroupScope` and
+    /// `cooperativeMatrixFlexibleDimensions` (workgroup-scope matrices of flexible size);
+    /// `HELIOS_COOPMAT2=0` leaves it off.
+    pub cooperative_matrix_workgroup_scope: bool,
     /// VK_KHR_pipeline_executable_properties pipelineExecutableInfo: only when asked for
     /// (`HELIOS_PIPELINE_STATS`), since capturing statistics may slow pipeline creation.
     pub pipeline_executable_info: bool,
@@ -87,11 +91,13 @@ const BFLOAT16_HEADER: u32 = vk::make_api_version(0, 1, 4, 311);
 /// second element so the caller can say so.
 ///
 /// `pipeline_stats`: pipelineExecutableInfo was asked for (`ContextOptions::pipeline_stats`);
-/// it is enabled only then, and only where the device supports it.
+/// it is enabled only then, and only where the device supports it. `coopmat2`: workgroup-scope
+/// cooperative matrices are wanted (`ContextOptions::cooperative_matrix2`).
 pub(crate) fn plan(
     caps: &Caps,
     validation_layer: Option<u32>,
     pipeline_stats: bool,
+    coopmat2: bool,
 ) -> (EnabledFeatures, Vec<&'static str>) {
     let f = &caps.features;
     let layer_knows = |header: u32| validation_layer.map_or(true, |v| v >= header);
@@ -105,6 +111,16 @@ pub(crate) fn plan(
         withheld.push("VK_KHR_shader_bfloat16");
     }
     let cooperative_matrix = f.cooperative_matrix && coop_ok;
+    let wg_supported = caps
+        .cooperative_matrix2
+        .as_ref()
+        .is_some_and(|c| c.workgroup_scope && c.flexible_dimensions);
+    let coopmat2_ok = layer_knows(crate::coopmat2::HEADER);
+    if coopmat2 && cooperative_matrix && wg_supported && !coopmat2_ok {
+        withheld.push("VK_NV_cooperative_matrix2");
+    }
+    let cooperative_matrix_workgroup_scope =
+        coopmat2 && cooperative_matrix && wg_supported && coopmat2_ok;
     let bfloat16 = f.bfloat16 && bf16_ok;
     let enabled = EnabledFeatures {
         buffer_device_address: true,
@@ -131,6 +147,7 @@ pub(crate) fn plan(
         bfloat16_cooperative_matrix: bfloat16
             && f.bfloat16_cooperative_matrix
             && cooperative_matrix,
+        cooperative_matrix_workgroup_scope,
         pipeline_executable_info: pipeline_stats && f.pipeline_executable_info,
     };
     (enabled, withheld)
@@ -154,6 +171,9 @@ pub(crate) fn extensions(caps: &Caps, enabled: &EnabledFeatures) -> Vec<&'static
     }
     if enabled.bfloat16 {
         exts.push(KHR_SHADER_BFLOAT16);
+    }
+    if enabled.cooperative_matrix_workgroup_scope {
+        exts.push(crate::coopmat2::NAME);
     }
     if enabled.pipeline_executable_info {
         exts.push(ash::khr::pipeline_executable_properties::NAME);
@@ -208,6 +228,11 @@ pub(crate) fn create_device(
         shader_bfloat16_cooperative_matrix: b(e.bfloat16_cooperative_matrix),
         ..Default::default()
     };
+    let mut coop2 = crate::coopmat2::Features {
+        workgroup_scope: vk::TRUE,
+        flexible_dimensions: vk::TRUE,
+        ..Default::default()
+    };
     let mut pexec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
         .pipeline_executable_info(true);
 
@@ -230,6 +255,9 @@ pub(crate) fn create_device(
     }
     if e.bfloat16 {
         features2 = features2.push_next(&mut bf16);
+    }
+    if e.cooperative_matrix_workgroup_scope {
+        features2 = features2.push_next(&mut coop2);
     }
     if e.pipeline_executable_info {
         features2 = features2.push_next(&mut pexec);
@@ -290,7 +318,7 @@ mod tests {
         c.features.compute_full_subgroups = true;
         c.features.bfloat16_cooperative_matrix = true;
         c.features.bfloat16 = true;
-        let (e, withheld) = plan(&c, None, false);
+        let (e, withheld) = plan(&c, None, false, true);
         assert!(withheld.is_empty());
         assert!(!e.compute_full_subgroups);
         assert!(!e.bfloat16_cooperative_matrix);
@@ -304,7 +332,7 @@ mod tests {
         c.features.subgroup_size_control = true;
         c.features.maintenance4 = true;
         c.features.push_descriptor = true;
-        let (e, _) = plan(&c, None, false);
+        let (e, _) = plan(&c, None, false, true);
         assert_eq!(
             extensions(&c, &e),
             [
@@ -321,16 +349,16 @@ mod tests {
         c.features.cooperative_matrix = true;
         c.features.bfloat16 = true;
         c.features.bfloat16_cooperative_matrix = true;
-        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 239)), false);
+        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 239)), false, true);
         assert!(!e.cooperative_matrix && !e.bfloat16 && !e.bfloat16_cooperative_matrix);
         assert_eq!(
             withheld,
             ["VK_KHR_cooperative_matrix", "VK_KHR_shader_bfloat16"]
         );
-        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 280)), false);
+        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 280)), false, true);
         assert!(e.cooperative_matrix && !e.bfloat16);
         assert_eq!(withheld, ["VK_KHR_shader_bfloat16"]);
-        let (e, withheld) = plan(&c, None, false);
+        let (e, withheld) = plan(&c, None, false, true);
         assert!(e.cooperative_matrix && e.bfloat16 && e.bfloat16_cooperative_matrix);
         assert!(withheld.is_empty());
     }
@@ -340,17 +368,63 @@ mod tests {
         let mut c = caps(vk::API_VERSION_1_3);
         let name = ash::khr::pipeline_executable_properties::NAME;
         // Requested but not supported: off, no extension.
-        let (e, withheld) = plan(&c, None, true);
+        let (e, withheld) = plan(&c, None, true, true);
         assert!(!e.pipeline_executable_info && withheld.is_empty());
         assert!(extensions(&c, &e).is_empty());
         c.features.pipeline_executable_info = true;
         // Supported but not requested: off (capturing statistics costs compile time).
-        let (e, _) = plan(&c, None, false);
+        let (e, _) = plan(&c, None, false, true);
         assert!(!e.pipeline_executable_info);
         assert!(extensions(&c, &e).is_empty());
         // Both: on, with its extension; the 1.3.239 layer knows this 2019 extension.
-        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 239)), true);
+        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 239)), true, true);
         assert!(e.pipeline_executable_info && withheld.is_empty());
         assert_eq!(extensions(&c, &e), [name]);
+    }
+
+    #[test]
+    fn workgroup_scope_matrices_need_both_features_khr_coop_and_a_recent_layer() {
+        let mut c = caps(vk::API_VERSION_1_3);
+        c.features.cooperative_matrix = true;
+        let c2 = crate::CooperativeMatrix2 {
+            workgroup_scope: true,
+            flexible_dimensions: true,
+            max_workgroup_size: 256,
+            max_dimension: 1024,
+            reserved_shared_memory: 8192,
+            flexible: Vec::new(),
+        };
+        c.cooperative_matrix2 = Some(c2.clone());
+        let (e, withheld) = plan(&c, None, false, true);
+        assert!(e.cooperative_matrix_workgroup_scope && withheld.is_empty());
+        assert!(extensions(&c, &e).contains(&crate::coopmat2::NAME));
+        // HELIOS_COOPMAT2=0.
+        let (e, _) = plan(&c, None, false, false);
+        assert!(!e.cooperative_matrix_workgroup_scope);
+        assert!(!extensions(&c, &e).contains(&crate::coopmat2::NAME));
+        // A layer from before the extension: left off and said.
+        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 280)), false, true);
+        assert!(!e.cooperative_matrix_workgroup_scope);
+        assert_eq!(withheld, ["VK_NV_cooperative_matrix2"]);
+        // Without flexible dimensions, or without KHR cooperative matrices: off.
+        c.cooperative_matrix2 = Some(crate::CooperativeMatrix2 {
+            flexible_dimensions: false,
+            ..c2
+        });
+        assert!(
+            !plan(&c, None, false, true)
+                .0
+                .cooperative_matrix_workgroup_scope
+        );
+        c.cooperative_matrix2 = Some(crate::CooperativeMatrix2 {
+            flexible_dimensions: true,
+            ..c.cooperative_matrix2.clone().unwrap()
+        });
+        c.features.cooperative_matrix = false;
+        assert!(
+            !plan(&c, None, false, true)
+                .0
+                .cooperative_matrix_workgroup_scope
+        );
     }
 }

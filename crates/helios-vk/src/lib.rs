@@ -19,6 +19,7 @@ mod adapter;
 mod caps;
 mod context;
 pub mod conv;
+mod coopmat2;
 mod copy_queue;
 mod encoder;
 pub mod env;
@@ -43,6 +44,7 @@ pub use caps::{
     QueueFamily, Subgroup,
 };
 pub use context::{pick_queue_family, pick_transfer_family, Context, ContextOptions};
+pub use coopmat2::{CooperativeMatrix2, FlexibleShape};
 pub use encoder::{Access, EncoderStats, DEFAULT_BATCH};
 pub use error::{Error, Result};
 pub use executable::{ExecutableCapture, ExecutableStats, StatValue, HELIOS_PIPELINE_STATS};

@@ -17,7 +17,6 @@ use crate::error::{vk_err, Result};
 use crate::instance::Instance;
 
 pub(crate) const KHR_SHADER_BFLOAT16: &CStr = c"VK_KHR_shader_bfloat16";
-pub(crate) const NV_COOPERATIVE_MATRIX2: &CStr = c"VK_NV_cooperative_matrix2";
 
 /// `VkPhysicalDeviceShaderBfloat16FeaturesKHR`, which ash 0.38 (Vulkan 1.3.281) predates.
 /// Layout and structure type follow the Vulkan registry.
@@ -260,6 +259,12 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         Vec::new()
     };
 
+    let cooperative_matrix2 = if has_coop && has(crate::coopmat2::NAME) && at_least(1, 1) {
+        Some(crate::coopmat2::probe(instance, pd)?)
+    } else {
+        None
+    };
+
     let device_type = conv::device_type(props.device_type);
     let l = &props.limits;
     Ok(Caps {
@@ -303,7 +308,8 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         queue_families,
         features,
         cooperative_matrix,
-        nv_cooperative_matrix2: has(NV_COOPERATIVE_MATRIX2),
+        nv_cooperative_matrix2: has(crate::coopmat2::NAME),
+        cooperative_matrix2,
         extensions,
         api_version_raw: api,
     })

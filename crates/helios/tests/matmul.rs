@@ -153,7 +153,7 @@ fn transposes_odd_and_aligned_sizes() {
 
 #[test]
 fn every_simt_variant() {
-    let simt = helios_kernels_variants(false);
+    let simt = helios_kernels_variants(simt);
     for (i, v) in simt.into_iter().enumerate() {
         for (j, trans) in [(false, false), (true, true)].into_iter().enumerate() {
             Case {
@@ -173,12 +173,26 @@ fn every_simt_variant() {
     assert_no_validation_messages();
 }
 
-fn helios_kernels_variants(coop: bool) -> Vec<MatmulVariant> {
+/// The table's variants of one family: SIMT (`Simt`), subgroup-scope fragments (`Coop`) or
+/// workgroup-scope matrices (`Wg`).
+fn helios_kernels_variants(family: fn(&MatmulVariant) -> bool) -> Vec<MatmulVariant> {
     helios_kernels::matmul::VARIANTS
         .iter()
         .map(|(_, v)| *v)
-        .filter(|v| v.is_coop() == coop)
+        .filter(family)
         .collect()
+}
+
+fn simt(v: &MatmulVariant) -> bool {
+    matches!(v, MatmulVariant::Simt(_))
+}
+
+fn subgroup_coop(v: &MatmulVariant) -> bool {
+    matches!(v, MatmulVariant::Coop(_))
+}
+
+fn workgroup_coop(v: &MatmulVariant) -> bool {
+    matches!(v, MatmulVariant::Wg(_))
 }
 
 #[test]
@@ -399,6 +413,19 @@ fn bad_operands_are_errors() {
             .unwrap_err();
         assert!(e.to_string().contains("cannot run here"), "{e}");
     }
+    if matmul_caps(dev).coop_wg.is_empty() {
+        let wg = MatmulVariant::by_name("wg128x128k16w4p").unwrap();
+        let e = a
+            .matmul_opts(
+                &ok,
+                &MatmulOptions {
+                    variant: Some(wg),
+                    ..Default::default()
+                },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("cannot run here"), "{e}");
+    }
     assert_no_validation_messages();
 }
 
@@ -448,7 +475,10 @@ fn cooperative_matrix_variants() {
         // Every variant on an odd shape in every transpose combination; the first two also
         // on aligned and tiny shapes and with the full epilogue (each distinct kernel costs a
         // pipeline compile, which dominates on a GPU).
-        for (i, v) in helios_kernels_variants(true).into_iter().enumerate() {
+        for (i, v) in helios_kernels_variants(subgroup_coop)
+            .into_iter()
+            .enumerate()
+        {
             let shapes: &[(usize, usize, usize)] = if i < 2 {
                 &[(256, 256, 128), (77, 133, 72), (50, 45, 37)]
             } else {
@@ -477,6 +507,61 @@ fn cooperative_matrix_variants() {
                 }
                 .check(990 + i as u64);
             }
+        }
+    }
+    assert_no_validation_messages();
+}
+
+/// Workgroup-scope variants (VK_NV_cooperative_matrix2) on shapes their tiles divide, every
+/// transpose combination, batched, scaled, f32 and narrow outputs; a shape the tile does not
+/// divide is refused with an error that says so.
+#[test]
+fn workgroup_scope_variants() {
+    let dev = device();
+    let caps = matmul_caps(dev);
+    for input in [DType::F16, DType::BF16] {
+        let storage = input.storage();
+        if !caps.coop_wg.iter().any(|s| s.input == storage) {
+            eprintln!(
+                "SKIPPED workgroup-scope matmul ({input}): {} has no workgroup-scope {input} \
+                 matrices (VK_NV_cooperative_matrix2 with flexible dimensions)",
+                dev.name()
+            );
+            continue;
+        }
+        for (i, v) in helios_kernels_variants(workgroup_coop)
+            .into_iter()
+            .enumerate()
+        {
+            let MatmulVariant::Wg(t) = v else {
+                unreachable!()
+            };
+            let (bm, bn, bk) = (usize::from(t.bm), usize::from(t.bn), usize::from(t.bk));
+            for (j, trans) in TRANS.into_iter().enumerate() {
+                Case {
+                    input,
+                    out: if j % 2 == 0 { DType::F32 } else { input },
+                    trans,
+                    alpha: if j == 3 { 0.5 } else { 1.0 },
+                    variant: Some(v),
+                    ..Case::new(1 + j % 2, 2 * bm, 3 * bn, 4 * bk)
+                }
+                .check(1100 + (i * 4 + j) as u64);
+            }
+            let odd =
+                Tensor::from_slice_as(dev, &random(bm * 40, input, 7), &[bm, 40], input).unwrap();
+            let b =
+                Tensor::from_slice_as(dev, &random(40 * bn, input, 8), &[40, bn], input).unwrap();
+            let e = odd
+                .matmul_opts(
+                    &b,
+                    &MatmulOptions {
+                        variant: Some(v),
+                        ..Default::default()
+                    },
+                )
+                .unwrap_err();
+            assert!(e.to_string().contains("multiples of its tile"), "{e}");
         }
     }
     assert_no_validation_messages();

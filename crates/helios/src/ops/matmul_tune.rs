@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use helios_kernels::matmul::{candidates, default_variant};
-use helios_kernels::{MatmulCaps, MatmulKernel, MatmulVariant};
+use helios_kernels::{MatmulCaps, MatmulKernel, MatmulVariant, Storage, WgSupport};
 use helios_vk::DeviceType;
 use rand::{Rng, SeedableRng};
 
@@ -70,12 +70,36 @@ pub fn matmul_caps(device: &Device) -> MatmulCaps {
                 && s.scope == "subgroup"
         })
     };
+    let coop_f16 = coop_ok && en.shader_float16 && has("f16");
+    let coop_bf16 = coop_ok && en.bfloat16_cooperative_matrix && has("bf16");
+    let coop_wg = match &caps.cooperative_matrix2 {
+        Some(c2) if en.cooperative_matrix_workgroup_scope => c2
+            .flexible
+            .iter()
+            .filter(|s| s.scope == "workgroup" && s.a == s.b && s.c == "f32" && s.result == "f32")
+            .filter_map(|s| {
+                let input = match s.a.as_str() {
+                    "f16" if coop_f16 => Storage::F16,
+                    "bf16" if coop_bf16 => Storage::BF16,
+                    _ => return None,
+                };
+                Some(WgSupport {
+                    input,
+                    invocations: s.workgroup_invocations,
+                    granularity: [s.m_granularity, s.n_granularity, s.k_granularity],
+                    max_dimension: c2.max_dimension,
+                })
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     MatmulCaps {
         max_shared_bytes: caps.limits.max_compute_shared_memory,
         max_invocations: caps.limits.max_workgroup_invocations,
         subgroup: caps.subgroup.size,
-        coop_f16: coop_ok && en.shader_float16 && has("f16"),
-        coop_bf16: coop_ok && en.bfloat16_cooperative_matrix && has("bf16"),
+        coop_f16,
+        coop_bf16,
+        coop_wg,
     }
 }
 
@@ -144,12 +168,23 @@ pub(crate) fn choose(p: &Problem) -> Result<(MatmulKernel, Choice)> {
                 device.name()
             )));
         }
+        if !k.fits(&p.shape) {
+            return Err(invalid(format!(
+                "variant {} needs M, N and K to be multiples of its tile ({:?}); \
+                 this product is {}x{}x{}: pick another variant or pad the operands",
+                v.name(),
+                v,
+                p.shape.m,
+                p.shape.n,
+                p.shape.k
+            )));
+        }
         return Ok((k, how));
     }
     let key = class_key(p);
     if let Some(v) = cached(device, &key) {
         let k = p.kernel(v, caps.subgroup);
-        if k.feasible(&caps) {
+        if k.feasible(&caps) && k.fits(&p.shape) {
             return Ok((k, Choice::Cached));
         }
     }
@@ -177,8 +212,9 @@ pub(crate) fn choose(p: &Problem) -> Result<(MatmulKernel, Choice)> {
 }
 
 /// The shape class a tuned winner applies to: dtypes, transposes, epilogue, which operands
-/// allow 16-byte accesses (for SIMT and cooperative widths), and each size rounded up to a
-/// power of two.
+/// allow 16-byte accesses (for SIMT and cooperative widths), each size rounded up to a
+/// power of two, and the largest power of two up to `WG_GRANULE` dividing M, N and K (so
+/// every shape of a class fits the same workgroup-scope tiles).
 pub(crate) fn class_key(p: &Problem) -> String {
     let s = &p.shape;
     let flags = |w: u32| {
@@ -186,8 +222,10 @@ pub(crate) fn class_key(p: &Problem) -> String {
         format!("{}{}{}", a.a as u8, a.b as u8, a.c as u8)
     };
     let t = |x: bool| if x { 't' } else { 'n' };
+    let [mn_granule, k_granule] = helios_kernels::matmul::WG_GRANULE;
+    let divides = |x: u32, cap: u32| (1u32 << x.trailing_zeros().min(31)).min(cap);
     format!(
-        "{}>{} {}{} m{} n{} k{} b{} v{}/{} e{}{:?}{}",
+        "{}>{} {}{} m{} n{} k{} b{} v{}/{} x{}.{}.{} e{}{:?}{}",
         p.input,
         p.out,
         t(p.trans.0),
@@ -198,6 +236,9 @@ pub(crate) fn class_key(p: &Problem) -> String {
         s.batch.max(1).next_power_of_two(),
         flags(4), // SIMT vec4
         flags(8), // cooperative 16-byte words
+        divides(s.m, mn_granule),
+        divides(s.n, mn_granule),
+        divides(s.k, k_granule),
         p.epilogue.bias as u8,
         p.epilogue.act,
         p.epilogue.residual as u8,

@@ -371,12 +371,7 @@ impl Device {
                 }
             }
             RowOp::Softmax { backward } => {
-                let c = helios_kernels::softmax::select(
-                    len as u64,
-                    backward,
-                    &cfg,
-                    max_wg,
-                );
+                let c = helios_kernels::softmax::select(len as u64, backward, &cfg, max_wg);
                 format!(
                     "{} {}/row {tag} wg{}",
                     c.variant.tag(),

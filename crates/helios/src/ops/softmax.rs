@@ -109,12 +109,7 @@ impl Tensor {
         }
         let device = self.device();
         let cfg = device.config().rows;
-        let choice = softmax::select(
-            u64::from(len),
-            backward,
-            &cfg,
-            device.max_row_workgroup(),
-        );
+        let choice = softmax::select(u64::from(len), backward, &cfg, device.max_row_workgroup());
         let (variant, threads, workgroup) = (choice.variant, choice.threads, choice.workgroup);
         let kernel = SoftmaxKernel {
             log,
