@@ -383,11 +383,22 @@ fn bench(args: &BenchArgs) -> CliResult {
 /// Every op of `f` on edge and random inputs against blst.
 fn check(f: &Field, ops: &[FieldOp]) -> Result<(), String> {
     let edges = edge_elements();
-    let mut a: Vec<Fq> = edges
+    let (mut x, mut y): (Vec<Fq>, Vec<Fq>) = edges
         .iter()
-        .flat_map(|x| edges.iter().map(move |_| *x))
-        .collect();
-    let mut b: Vec<Fq> = edges.iter().flat_map(|_| edges.iter().copied()).collect();
+        .flat_map(|x| edges.iter().map(move |y| (*x, *y)))
+        .unzip();
+    // A multi-element layout computes element P·i + j through its j-th pipe: P copies of the
+    // edge pairs (padded to a multiple of P), the s-th rotated by s, reach every pipe.
+    let per = f.config().layout.elements_per_invocation();
+    let pad = x.len().next_multiple_of(per) - x.len();
+    x.extend(random_elements(pad, 7));
+    y.extend(random_elements(pad, 8));
+    let copies = |v: &[Fq]| -> Vec<Fq> {
+        (0..per)
+            .flat_map(|s| v[s..].iter().chain(&v[..s]).copied())
+            .collect()
+    };
+    let (mut a, mut b) = (copies(&x), copies(&y));
     a.extend(random_elements(4096, 5));
     b.extend(random_elements(4096, 6));
     for &op in ops {

@@ -11,6 +11,10 @@
 //! 30-bit limbs by product scanning ([`crate::comba`]); their add/sub/neg are `U32Mix`'s, and
 //! their products convert from and to the 12 words around the multiplier.
 //!
+//! The `Dual*` layouts compute several elements per invocation, each through one of the
+//! single-element layouts above ([`Layout::pipes`]); the kernels (`crate::kernel`) emit one
+//! `Arith` per element, so this file never sees them.
+//!
 //! p < 2³⁸¹ leaves the top limb's highest bits clear, which allows the "no-carry" CIOS
 //! variant (no extra carry word per row) and guarantees that a + b never leaves N limbs.
 
@@ -62,10 +66,22 @@ pub enum Layout {
     Fp64,
     /// As `Fp64` with a·b by one level of Karatsuba (48 products instead of 64).
     Fp64K,
+    /// Two elements per invocation, one through `Comba30KH` (integer pipe), one through
+    /// `Fp64K` (FP64 pipe), as independent straight-line code, so that both pipes work at
+    /// once. Add/sub/neg use the integer code for both. Needs `shaderFloat64`.
+    Dual,
+    /// As `Dual` with three elements per invocation: two through `Comba30KH`, one `Fp64K`.
+    Dual21,
+    /// As `Dual` with three elements per invocation: one through `Comba30KH`, two `Fp64K`.
+    Dual12,
+    /// Two elements per invocation, both through `Comba30KH`: the control for `Dual` (two
+    /// independent products per invocation without the FP64 pipe), and the multi-element
+    /// kernel shape that runs on every device.
+    DualInt,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 17] = [
+    pub const ALL: [Layout; 21] = [
         Layout::U32Wide,
         Layout::U32Mix,
         Layout::U32Ext,
@@ -83,6 +99,10 @@ impl Layout {
         Layout::Comba30KH,
         Layout::Fp64,
         Layout::Fp64K,
+        Layout::Dual,
+        Layout::Dual21,
+        Layout::Dual12,
+        Layout::DualInt,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -104,7 +124,38 @@ impl Layout {
             Layout::Comba30KH => "comba30kh",
             Layout::Fp64 => "fp64",
             Layout::Fp64K => "fp64k",
+            Layout::Dual => "dual",
+            Layout::Dual21 => "dual21",
+            Layout::Dual12 => "dual12",
+            Layout::DualInt => "dualint",
         }
+    }
+
+    /// The layouts of the elements one invocation computes, in order: element `P·i + j` of
+    /// an array (P = `pipes().len()`) goes through `pipes()[j]`. The layout itself except
+    /// for the `Dual*` layouts, whose entries are single-element layouts.
+    pub fn pipes(self) -> Vec<Layout> {
+        use Layout::{Comba30KH as I, Fp64K as F};
+        match self {
+            Layout::Dual => vec![I, F],
+            Layout::Dual21 => vec![I, I, F],
+            Layout::Dual12 => vec![I, F, F],
+            Layout::DualInt => vec![I, I],
+            _ => vec![self],
+        }
+    }
+
+    /// Elements per invocation of the layout's kernels.
+    pub fn elements_per_invocation(self) -> usize {
+        self.pipes().len()
+    }
+
+    /// Whether the layout's products run (in part) on the FP64 pipe with GLSL `Fma`, whose
+    /// exactness a [`Field`](crate::Field) self-tests before using it.
+    pub fn needs_fused_fma(self) -> bool {
+        self.pipes()
+            .iter()
+            .any(|l| l.fp64().is_some_and(|m| m.fma == FmaKind::Glsl))
     }
 
     /// The reduced radix the multiplier works in, for the product-scanning layouts.
@@ -146,9 +197,10 @@ impl Layout {
     /// The device features the layout's kernels need beyond the ones every layout uses, as
     /// (Vulkan feature name, whether `enabled` has it).
     pub fn requirements(self, enabled: &EnabledFeatures) -> Vec<(&'static str, bool)> {
-        match self.fp64() {
-            Some(_) => vec![("shaderFloat64", enabled.shader_float64)],
-            None => Vec::new(),
+        if self.pipes().iter().any(|l| l.fp64().is_some()) {
+            vec![("shaderFloat64", enabled.shader_float64)]
+        } else {
+            Vec::new()
         }
     }
 
@@ -543,11 +595,35 @@ mod tests {
         let mut enabled = EnabledFeatures::default();
         for layout in Layout::ALL {
             let unmet = layout.requirements(&enabled).iter().any(|(_, ok)| !ok);
-            assert_eq!(unmet, layout.fp64().is_some(), "{}", layout.name());
+            let fp64 = matches!(
+                layout,
+                Layout::Fp64 | Layout::Fp64K | Layout::Dual | Layout::Dual21 | Layout::Dual12
+            );
+            assert_eq!(unmet, fp64, "{}", layout.name());
+            assert_eq!(layout.needs_fused_fma(), fp64, "{}", layout.name());
         }
         enabled.shader_float64 = true;
         assert!(Layout::ALL
             .iter()
             .all(|l| l.requirements(&enabled).iter().all(|(_, ok)| *ok)));
+    }
+
+    /// A multi-element layout's pipes are single-element layouts, one of each kind in `Dual`.
+    #[test]
+    fn pipes_are_single_element_layouts() {
+        for layout in Layout::ALL {
+            let pipes = layout.pipes();
+            assert_eq!(pipes.len(), layout.elements_per_invocation());
+            if pipes.len() == 1 {
+                assert_eq!(pipes, [layout]);
+            }
+            for p in pipes {
+                assert_eq!(p.pipes(), [p], "{} in {}", p.name(), layout.name());
+            }
+        }
+        assert_eq!(Layout::Dual.pipes(), [Layout::Comba30KH, Layout::Fp64K]);
+        assert_eq!(Layout::from_name("dual"), Some(Layout::Dual));
+        assert_eq!(Layout::DualInt.elements_per_invocation(), 2);
+        assert_eq!(Layout::Dual21.elements_per_invocation(), 3);
     }
 }

@@ -15,7 +15,6 @@ use helios_spirv::KernelModule;
 use helios_vk::{Buffer, Context, MemoryLocation, Pipeline, PipelineDesc, Recorder};
 
 use crate::arith::Layout;
-use crate::fp64::FmaKind;
 use crate::fq::{check_canonical, Fq, FQ_BYTES};
 use crate::kernel::{build_mul_chain, grid, push_constants, FieldKernel, FieldOp, FIELD_WORKGROUP};
 use crate::{env, host, FieldError, Result};
@@ -84,6 +83,8 @@ pub struct Field {
 pub(crate) struct Compiled {
     pub module: Arc<KernelModule>,
     pub pipeline: Arc<Pipeline>,
+    /// Elements each invocation computes (`Layout::elements_per_invocation`).
+    pub per_invocation: usize,
 }
 
 /// An array of Fq elements in device memory (device-local or host-visible per the config).
@@ -130,29 +131,36 @@ impl Field {
             chain: Mutex::new(None),
             scratch: Mutex::new(host::Scratch::default()),
         };
-        if config.layout.fp64().is_some_and(|m| m.fma == FmaKind::Glsl) {
+        if config.layout.needs_fused_fma() {
             field.check_fused_fma()?;
         }
         Ok(field)
     }
 
-    /// The `Fp64*` layouts that use GLSL.std.450 `Fma` are exact only where the driver fuses
-    /// it, which Vulkan does not require (llvmpipe, for one, rounds the product first). The
-    /// layout is refused unless its products of every pair of edge values and of random
-    /// values match blst. One unfused multiply-add in a product shows in nearly every result,
-    /// so this catches a driver that does not fuse; it cannot prove that one always does.
+    /// The layouts whose products use GLSL.std.450 `Fma` on f64 (`Fp64`, `Fp64K` and the
+    /// `Dual*` layouts with an FP64 pipe) are exact only where the driver fuses it, which
+    /// Vulkan does not require (llvmpipe, for one, rounds the product first). The layout is
+    /// refused unless its products of every pair of edge values and of random values match
+    /// blst. A multi-element layout (P elements per invocation) gets P copies of the pairs,
+    /// the s-th rotated by s, so that every pipe sees every pair. One unfused multiply-add in
+    /// a product shows in nearly every result, so this catches a driver that does not fuse;
+    /// it cannot prove that one always does.
     fn check_fused_fma(&self) -> Result<()> {
-        let mut a = Vec::new();
-        let mut b = Vec::new();
+        let per = self.config.layout.elements_per_invocation();
         let edges = crate::fq::edge_elements();
-        for x in &edges {
-            for y in &edges {
-                a.push(*x);
-                b.push(*y);
-            }
-        }
-        a.extend(crate::fq::random_elements(256, 0xf64));
-        b.extend(crate::fq::random_elements(256, 0xf65));
+        let (mut x, mut y): (Vec<Fq>, Vec<Fq>) = edges
+            .iter()
+            .flat_map(|x| edges.iter().map(move |y| (*x, *y)))
+            .unzip();
+        let random = 256usize.next_multiple_of(per) + x.len().next_multiple_of(per) - x.len();
+        x.extend(crate::fq::random_elements(random, 0xf64));
+        y.extend(crate::fq::random_elements(random, 0xf65));
+        let copies = |v: &[Fq]| -> Vec<Fq> {
+            (0..per)
+                .flat_map(|s| v[s..].iter().chain(&v[..s]).copied())
+                .collect()
+        };
+        let (a, b) = (copies(&x), copies(&y));
         let got = self.compute(FieldOp::Mul, &a, &b)?;
         if got == crate::cpu::reference(FieldOp::Mul, &a, &b) {
             return Ok(());
@@ -209,6 +217,7 @@ impl Field {
         Ok(Compiled {
             module: Arc::new(module),
             pipeline,
+            per_invocation: self.config.layout.elements_per_invocation(),
         })
     }
 
@@ -251,7 +260,7 @@ impl Field {
         if out.len == 0 {
             return Ok(());
         }
-        let groups = grid(out.len, self.config.workgroup)?;
+        let groups = grid(out.len, c.per_invocation, self.config.workgroup)?;
         let push = push_constants(
             &c.module,
             &[a.address(), b.address()],
@@ -381,10 +390,11 @@ pub(crate) fn record_dispatch(
         return Ok(());
     }
     // Lengths were checked against MAX_DISPATCH_ELEMENTS when the work was described.
-    let groups = grid(n, workgroup).map_err(|e| helios_vk::Error::InvalidDispatch {
-        pipeline: c.module.name.clone(),
-        detail: e.to_string(),
-    })?;
+    let groups =
+        grid(n, c.per_invocation, workgroup).map_err(|e| helios_vk::Error::InvalidDispatch {
+            pipeline: c.module.name.clone(),
+            detail: e.to_string(),
+        })?;
     let push = push_constants(&c.module, &inputs, out, &[n as u32]);
     rec.dispatch(&c.pipeline, groups, &push)
 }

@@ -1,11 +1,15 @@
-//! The Fq kernels: one element per invocation, inputs and output as 48-byte elements reached
-//! through buffer device addresses, one kernel per (op, limb layout).
+//! The Fq kernels: inputs and output as 48-byte elements reached through buffer device
+//! addresses, one kernel per (op, limb layout); one element per invocation, or P for the
+//! `Dual*` layouts (element P·i + j through the layout's j-th pipe, `Layout::pipes`).
 //!
 //! The one decision a reader must know: every kernel reads and writes the host's format
 //! (six little-endian u64 limbs) with three 16-byte loads/stores per element, whatever layout
 //! it computes in, so the layout is a pure speed choice that never changes data on the device.
 //! Push constants: `a`, [`b`], `out` addresses, then `n`; the grid is two-dimensional so any
-//! n fits under `maxComputeWorkGroupCount[0]`.
+//! n fits under `maxComputeWorkGroupCount[0]`. A multi-element invocation keeps its P
+//! elements' code in one basic block (so the GPU's compiler can interleave them): where n is
+//! not a multiple of P, the last invocation computes its missing elements on a copy of
+//! element n − 1 (in bounds) and does not store them.
 
 use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, ParamSlot, Scalar, Ty, Val};
 
@@ -106,23 +110,97 @@ impl FieldKernel {
         let n = k.param("n", Ty::scalar(Scalar::U32));
         k.begin();
 
-        let i = linear_index(&mut k);
+        let pipes = self.layout.pipes();
         let n = k.load_param(n);
-        let inside = k.lt(i, n);
+        let (base, inside) = invocation_base(&mut k, n, pipes.len());
 
-        let layout = self.layout;
         let op = self.op;
         k.if_(inside, |k| {
-            // Element i is 16-byte vectors 3i, 3i+1, 3i+2.
-            let three = k.u32(3);
-            let first = k.mul(i, three);
-            let xa = load_element(k, a, first, layout);
-            let xb = b.map(|b| load_element(k, b, first, layout));
-            let mut ar = Arith { k, layout };
-            let r = op.emit(&mut ar, &xa, xb.as_deref());
-            store_element(k, out, first, layout, &r);
+            let slots = slots(k, base, n, &pipes);
+            let inputs: Vec<(Limbs, Option<Limbs>)> = slots
+                .iter()
+                .map(|s| {
+                    let xa = load_element(k, a, s.first, s.layout);
+                    let xb = b.map(|b| load_element(k, b, s.first, s.layout));
+                    (xa, xb)
+                })
+                .collect();
+            // Every element's arithmetic before any store: one straight-line block.
+            let results: Vec<Limbs> = slots
+                .iter()
+                .zip(&inputs)
+                .map(|(s, (xa, xb))| {
+                    let mut ar = Arith {
+                        k: &mut *k,
+                        layout: s.layout,
+                    };
+                    op.emit(&mut ar, xa, xb.as_deref())
+                })
+                .collect();
+            store_elements(k, out, &slots, &results);
         });
         k.finish()
+    }
+}
+
+/// One element of an invocation: its first 16-byte vector (3 × its index), the single-element
+/// layout it is computed in, and whether it is stored (`None`: always, inside the bounds
+/// check; else a bool, false for the copies of element n − 1 at the end of the array).
+struct Slot {
+    first: Val,
+    layout: Layout,
+    store: Option<Val>,
+}
+
+/// The invocation's first element P·i and whether it is inside the array (P·i < n).
+fn invocation_base(k: &mut KernelBuilder, n: Val, per_invocation: usize) -> (Val, Val) {
+    let i = linear_index(k);
+    let base = if per_invocation == 1 {
+        i
+    } else {
+        let p = k.u32(per_invocation as u32);
+        k.mul(i, p)
+    };
+    let inside = k.lt(base, n);
+    (base, inside)
+}
+
+/// The invocation's elements base + j, one per pipe; for base < n. Elements past the end
+/// are clamped to n − 1 (loaded and computed, not stored).
+fn slots(k: &mut KernelBuilder, base: Val, n: Val, pipes: &[Layout]) -> Vec<Slot> {
+    let three = k.u32(3);
+    let last = (pipes.len() > 1).then(|| {
+        let one = k.u32(1);
+        k.sub(n, one)
+    });
+    pipes
+        .iter()
+        .enumerate()
+        .map(|(j, &layout)| {
+            let (index, store) = match (j, last) {
+                (0, _) | (_, None) => (base, None),
+                (j, Some(last)) => {
+                    let off = k.u32(j as u32);
+                    let e = k.add(base, off);
+                    let inside = k.lt(e, n);
+                    (k.min(e, last), Some(inside))
+                }
+            };
+            Slot {
+                first: k.mul(index, three),
+                layout,
+                store,
+            }
+        })
+        .collect()
+}
+
+fn store_elements(k: &mut KernelBuilder, out: helios_spirv::Buffer, slots: &[Slot], r: &[Limbs]) {
+    for (s, r) in slots.iter().zip(r) {
+        match s.store {
+            None => store_element(k, out, s.first, s.layout, r),
+            Some(inside) => k.if_(inside, |k| store_element(k, out, s.first, s.layout, r)),
+        }
     }
 }
 
@@ -152,33 +230,64 @@ pub fn build_mul_chain(layout: Layout) -> KernelModule {
     let n = k.param("n", Ty::scalar(Scalar::U32));
     let iterations = k.param("iterations", Ty::scalar(Scalar::U32));
     k.begin();
-    let i = linear_index(&mut k);
+    let pipes = layout.pipes();
     let n = k.load_param(n);
     let iterations = k.load_param(iterations);
-    let inside = k.lt(i, n);
+    let (base, inside) = invocation_base(&mut k, n, pipes.len());
     k.if_(inside, |k| {
-        let three = k.u32(3);
-        let first = k.mul(i, three);
+        let slots = slots(k, base, n, &pipes);
         // Operands stay in the multiplier's register form across the loop (the reduced-radix
-        // layouts convert once on each side of it, not per product).
-        let xa = load_element(k, a, first, layout);
-        let xb = load_element(k, b, first, layout);
-        let (xa, xb) = {
-            let mut ar = Arith { k: &mut *k, layout };
-            (ar.enter_mul_form(&xa), ar.enter_mul_form(&xb))
-        };
-        let acc: Vec<_> = xa.iter().map(|&x| k.var_init(x)).collect();
+        // and f64 layouts convert once on each side of it, not per product). With several
+        // elements per invocation, each element's chain is dependent within itself only.
+        let mut chains = Vec::with_capacity(slots.len());
+        for s in &slots {
+            let xa = load_element(k, a, s.first, s.layout);
+            let xb = load_element(k, b, s.first, s.layout);
+            let mut ar = Arith {
+                k: &mut *k,
+                layout: s.layout,
+            };
+            let (xa, xb) = (ar.enter_mul_form(&xa), ar.enter_mul_form(&xb));
+            let acc: Vec<_> = xa.iter().map(|&x| k.var_init(x)).collect();
+            chains.push((acc, xb));
+        }
         let (zero, one) = (k.u32(0), k.u32(1));
         k.for_range(zero, iterations, one, |k, _| {
-            let cur: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
-            let next = Arith { k: &mut *k, layout }.mont_mul_form(&cur, &xb);
-            for (&v, x) in acc.iter().zip(next) {
-                k.set(v, x);
+            let cur: Vec<Vec<Val>> = chains
+                .iter()
+                .map(|(acc, _)| acc.iter().map(|&v| k.get(v)).collect())
+                .collect();
+            let next: Vec<Limbs> = slots
+                .iter()
+                .zip(&chains)
+                .zip(&cur)
+                .map(|((s, (_, xb)), cur)| {
+                    let mut ar = Arith {
+                        k: &mut *k,
+                        layout: s.layout,
+                    };
+                    ar.mont_mul_form(cur, xb)
+                })
+                .collect();
+            for ((acc, _), next) in chains.iter().zip(next) {
+                for (&v, x) in acc.iter().zip(next) {
+                    k.set(v, x);
+                }
             }
         });
-        let r: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
-        let r = Arith { k: &mut *k, layout }.leave_mul_form(&r);
-        store_element(k, out, first, layout, &r);
+        let results: Vec<Limbs> = slots
+            .iter()
+            .zip(&chains)
+            .map(|(s, (acc, _))| {
+                let r: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
+                let mut ar = Arith {
+                    k: &mut *k,
+                    layout: s.layout,
+                };
+                ar.leave_mul_form(&r)
+            })
+            .collect();
+        store_elements(k, out, &slots, &results);
     });
     k.finish()
 }
@@ -247,9 +356,10 @@ pub fn push_constants(module: &KernelModule, inputs: &[u64], out: u64, values: &
     bytes
 }
 
-/// The grid for `n` elements at `workgroup` invocations per group: the kernel library's
-/// balanced folding, with rows of at most 65535 groups (every device's minimum limit).
-pub fn grid(n: usize, workgroup: u32) -> Result<[u32; 3]> {
+/// The grid for `n` elements at `per_invocation` elements per invocation and `workgroup`
+/// invocations per group: the kernel library's balanced folding, with rows of at most 65535
+/// groups (every device's minimum limit).
+pub fn grid(n: usize, per_invocation: usize, workgroup: u32) -> Result<[u32; 3]> {
     if n > MAX_DISPATCH_ELEMENTS {
         return Err(FieldError::TooLarge {
             what: "one dispatch",
@@ -257,7 +367,8 @@ pub fn grid(n: usize, workgroup: u32) -> Result<[u32; 3]> {
             max: MAX_DISPATCH_ELEMENTS,
         });
     }
-    let groups = (n as u64).div_ceil(u64::from(workgroup));
+    let invocations = (n as u64).div_ceil(per_invocation.max(1) as u64);
+    let groups = invocations.div_ceil(u64::from(workgroup));
     helios_kernels::grid(groups, helios_kernels::launch::MIN_GROUPS_LIMIT).map_err(|_| {
         FieldError::TooLarge {
             what: "one dispatch",
@@ -288,12 +399,50 @@ mod tests {
         }
     }
 
+    /// A multi-element kernel keeps its elements' arithmetic in one basic block (so the
+    /// GPU's compiler can interleave the pipes): its only blocks beyond those of its first
+    /// pipe's kernel are the guarded stores of the other elements (two labels each). The
+    /// chain's loop body likewise.
+    #[test]
+    fn multi_element_kernels_are_straight_line() {
+        let labels = |m: &KernelModule| m.disassemble().matches("OpLabel").count();
+        for layout in Layout::ALL {
+            let pipes = layout.pipes();
+            let extra = 2 * (pipes.len() - 1);
+            for op in [FieldOp::Mul, FieldOp::Sqr, FieldOp::ToMont, FieldOp::Add] {
+                let one = FieldKernel {
+                    op,
+                    layout: pipes[0],
+                }
+                .build();
+                let m = FieldKernel { op, layout }.build();
+                assert_eq!(labels(&m), labels(&one) + extra, "{}", m.name);
+            }
+            let (one, m) = (build_mul_chain(pipes[0]), build_mul_chain(layout));
+            assert_eq!(labels(&m), labels(&one) + extra, "{}", m.name);
+        }
+        let dual = FieldKernel {
+            op: FieldOp::Mul,
+            layout: Layout::Dual,
+        }
+        .build()
+        .disassemble();
+        assert!(dual.contains("Fma"), "the FP64 pipe's fused multiply-adds");
+        assert!(dual.contains("OpIMul"), "the integer pipe's products");
+    }
+
     #[test]
     fn grid_folds_into_two_dimensions() {
-        assert_eq!(grid(0, 128).unwrap(), [0, 1, 1]);
-        assert_eq!(grid(64, 128).unwrap(), [1, 1, 1]);
+        assert_eq!(grid(0, 1, 128).unwrap(), [0, 1, 1]);
+        assert_eq!(grid(64, 1, 128).unwrap(), [1, 1, 1]);
         // 131072 groups in three balanced rows, not 65535 + 65535 + 2.
-        assert_eq!(grid(1 << 24, 128).unwrap(), [43691, 3, 1]);
-        assert!(grid(MAX_DISPATCH_ELEMENTS + 1, 128).is_err());
+        assert_eq!(grid(1 << 24, 1, 128).unwrap(), [43691, 3, 1]);
+        assert!(grid(MAX_DISPATCH_ELEMENTS + 1, 1, 128).is_err());
+        // Two elements per invocation: half the invocations, rounded up.
+        assert_eq!(grid(256, 2, 128).unwrap(), [1, 1, 1]);
+        assert_eq!(grid(257, 2, 128).unwrap(), [2, 1, 1]);
+        assert_eq!(grid(1 << 24, 2, 128).unwrap(), [32768, 2, 1]); // 65536 groups
+        assert_eq!(grid(1 << 24, 3, 128).unwrap(), [43691, 1, 1]); // ⌈2²⁴/3⌉/128 ↑
+        assert!(grid(MAX_DISPATCH_ELEMENTS + 1, 2, 128).is_err());
     }
 }

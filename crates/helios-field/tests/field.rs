@@ -38,8 +38,9 @@ fn field(ctx: &Arc<Context>, layout: Layout, device_local: bool) -> Field {
     Field::with_config(Arc::clone(ctx), config).expect("field")
 }
 
-/// The layouts this device runs. Only an `Fp64*` layout may be refused (no shaderFloat64,
-/// or a driver that does not fuse GLSL `Fma`, as llvmpipe), and only with `Unsupported`.
+/// The layouts this device runs. Only a layout with an FP64 pipe (`Fp64*`, `Dual*` but
+/// `DualInt`) may be refused (no shaderFloat64, or a driver that does not fuse GLSL `Fma`, as
+/// llvmpipe), and only with `Unsupported`.
 fn layouts(ctx: &Arc<Context>) -> Vec<Layout> {
     Layout::ALL
         .into_iter()
@@ -51,7 +52,7 @@ fn layouts(ctx: &Arc<Context>) -> Vec<Layout> {
             };
             match Field::with_config(Arc::clone(ctx), config) {
                 Ok(_) => true,
-                Err(FieldError::Unsupported { .. }) if layout.fp64().is_some() => false,
+                Err(FieldError::Unsupported { .. }) if layout.needs_fused_fma() => false,
                 Err(e) => panic!("{}: {e}", layout.name()),
             }
         })
@@ -73,6 +74,23 @@ fn inputs(random: usize, seed: u64) -> (Vec<Fq>, Vec<Fq>) {
     (a, b)
 }
 
+/// `inputs` so that with a multi-element layout (element P·i + j through pipe j) every pair
+/// goes through every pipe: padded with random pairs to a multiple of P, then P copies, the
+/// s-th rotated by s. Neighbours stay distinct, so results stored to the wrong element of an
+/// invocation show. One copy, unchanged, for a single-element layout.
+fn every_pipe(layout: Layout, (mut a, mut b): (Vec<Fq>, Vec<Fq>)) -> (Vec<Fq>, Vec<Fq>) {
+    let per = layout.elements_per_invocation();
+    let pad = a.len().next_multiple_of(per) - a.len();
+    a.extend(random_elements(pad, 97));
+    b.extend(random_elements(pad, 98));
+    let copies = |x: &[Fq]| -> Vec<Fq> {
+        (0..per)
+            .flat_map(|s| x[s..].iter().chain(&x[..s]).copied())
+            .collect()
+    };
+    (copies(&a), copies(&b))
+}
+
 #[track_caller]
 fn assert_same(op: FieldOp, what: &str, got: &[Fq], want: &[Fq], a: &[Fq], b: &[Fq]) {
     assert_eq!(got.len(), want.len());
@@ -87,8 +105,8 @@ fn assert_same(op: FieldOp, what: &str, got: &[Fq], want: &[Fq], a: &[Fq], b: &[
 #[test]
 fn every_op_and_layout_matches_blst() {
     let ctx = context();
-    let (a, b) = inputs(300, 1);
     for layout in layouts(&ctx) {
+        let (a, b) = every_pipe(layout, inputs(300, 1));
         let f = field(&ctx, layout, false);
         for op in FieldOp::ALL {
             let bb: &[Fq] = if op.arity() == 2 { &b } else { &[] };
@@ -101,12 +119,13 @@ fn every_op_and_layout_matches_blst() {
 }
 
 /// The FP64 layouts (whose exactness rests on fused multiply-adds) on many more random
-/// inputs than the sweep above, every edge pair included, and through the chain probe.
+/// inputs than the sweep above, every edge pair through every pipe, and through the chain
+/// probe.
 #[test]
 fn fp64_layouts_match_blst() {
     let ctx = context();
-    let (a, b) = inputs(4000, 71);
-    for layout in Layout::ALL.into_iter().filter(|l| l.fp64().is_some()) {
+    for layout in Layout::ALL.into_iter().filter(|l| l.needs_fused_fma()) {
+        let (a, b) = every_pipe(layout, inputs(4000, 71));
         let config = FieldConfig {
             layout,
             workgroup: 64,
@@ -152,8 +171,8 @@ fn fp64_layouts_match_blst() {
 #[test]
 fn mul_chain_probe_matches_blst() {
     let ctx = context();
-    let (a, b) = inputs(100, 31);
     for layout in layouts(&ctx) {
+        let (a, b) = every_pipe(layout, inputs(100, 31));
         let f = field(&ctx, layout, true);
         let (da, db, dc) = (
             f.upload(&a).unwrap(),
@@ -182,14 +201,14 @@ fn mul_chain_probe_matches_blst() {
 #[test]
 fn long_chains_match_blst() {
     let ctx = context();
-    let (a, b) = inputs(16, 61);
     let k = 1000;
-    let want = cpu::mul_chain(&a, &b, k);
-    let mut want_sq = a.clone();
-    for _ in 0..20 {
-        want_sq = cpu::reference(FieldOp::Sqr, &want_sq, &[]);
-    }
     for layout in layouts(&ctx) {
+        let (a, b) = every_pipe(layout, inputs(16, 61));
+        let want = cpu::mul_chain(&a, &b, k);
+        let mut want_sq = a.clone();
+        for _ in 0..20 {
+            want_sq = cpu::reference(FieldOp::Sqr, &want_sq, &[]);
+        }
         let f = field(&ctx, layout, true);
         let (da, db, dc) = (
             f.upload(&a).unwrap(),
@@ -212,6 +231,67 @@ fn long_chains_match_blst() {
         f.run(&batch).unwrap();
         let got = f.download(da.all()).unwrap();
         assert_same(FieldOp::Sqr, layout.name(), &got, &want_sq, &a, &b);
+    }
+    finish(ctx);
+}
+
+/// Lengths around multiples of P (so the last invocation of a multi-element layout has fewer
+/// than P elements), on slices starting at odd elements, out of place and in place, and the
+/// chain probe: results match blst and nothing outside the output slice is written. For the
+/// multi-element layouts this device runs, and the default layout as the control.
+#[test]
+fn every_length_and_offset_stays_in_bounds() {
+    let ctx = context();
+    let total = 24;
+    let (a, b) = (random_elements(total, 41), random_elements(total, 42));
+    let guard = random_elements(total, 43);
+    let multi = layouts(&ctx)
+        .into_iter()
+        .filter(|&l| l.elements_per_invocation() > 1 || l == helios_field::DEFAULT_LAYOUT);
+    for layout in multi {
+        let f = field(&ctx, layout, true);
+        let (da, db) = (f.upload(&a).unwrap(), f.upload(&b).unwrap());
+        for n in [0, 1, 2, 3, 4, 5, 7, 8, 9] {
+            for start in [0, 1, 3] {
+                let r = start..start + n;
+                let what = format!("{} n={n} start={start}", layout.name());
+                let (sa, sb) = (da.slice(r.clone()).unwrap(), db.slice(r.clone()).unwrap());
+                let expect = |part: &[Fq]| {
+                    let mut want = guard.clone();
+                    want[r.clone()].copy_from_slice(part);
+                    want
+                };
+                for op in FieldOp::ALL {
+                    let out = f.upload(&guard).unwrap();
+                    let mut batch = Batch::new();
+                    batch
+                        .push(op, &[sa, sb][..op.arity()], out.slice(r.clone()).unwrap())
+                        .unwrap();
+                    f.run(&batch).unwrap();
+                    let want = expect(&cpu::reference(op, &a[r.clone()], &b[r.clone()]));
+                    assert_same(op, &what, &f.download(out.all()).unwrap(), &want, &a, &b);
+                }
+                // In place: x = x·b, then x = x².
+                let x = f.upload(&a).unwrap();
+                let xs = x.slice(r.clone()).unwrap();
+                let mut batch = Batch::new();
+                batch.push(FieldOp::Mul, &[xs, sb], xs).unwrap();
+                batch.push(FieldOp::Sqr, &[xs], xs).unwrap();
+                f.run(&batch).unwrap();
+                let ab = cpu::reference(FieldOp::Mul, &a[r.clone()], &b[r.clone()]);
+                let mut want = a.clone();
+                want[r.clone()].copy_from_slice(&cpu::reference(FieldOp::Sqr, &ab, &[]));
+                let got = f.download(x.all()).unwrap();
+                assert_same(FieldOp::Sqr, &what, &got, &want, &a, &b);
+                // The chain probe.
+                let out = f.upload(&guard).unwrap();
+                f.mul_chain(sa, sb, out.slice(r.clone()).unwrap(), 3)
+                    .unwrap();
+                let want = expect(&cpu::mul_chain(&a[r.clone()], &b[r.clone()], 3));
+                let got = f.download(out.all()).unwrap();
+                assert_same(FieldOp::Mul, &what, &got, &want, &a, &b);
+            }
+        }
     }
     finish(ctx);
 }
