@@ -303,7 +303,9 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         if !k.feasible(&caps) || !seen.insert(k) {
             continue;
         }
-        let check_error = check(p, &k)?;
+        // A candidate that cannot run the check loses (NaN fails the tolerance); it does
+        // not end the tuning.
+        let check_error = check(p, &k).unwrap_or(f64::NAN);
         let passed = check_error <= tolerance(p.out);
         checked.push((k, check_error, passed));
     }
@@ -343,16 +345,25 @@ fn tune(p: &Problem) -> Result<TuneReport> {
 
 /// Runs `kernel` on a small problem of the same form (dtypes, transposes, epilogue, batch
 /// handling; sizes capped at 160×160×96 and 2 batches, which keeps every alignment the
-/// kernel assumes) with fresh random inputs and returns its relative error.
+/// kernel assumes; a kernel that needs whole tiles gets whole tiles, at least one) with fresh
+/// random inputs and returns its relative error.
 fn check(p: &Problem, kernel: &MatmulKernel) -> Result<f64> {
     let device = p.a.device();
     let s = &p.shape;
     let batch = s.batch.min(2) as usize;
-    let (m, n, kk) = (
-        s.m.min(160) as usize,
-        s.n.min(160) as usize,
-        s.k.min(96) as usize,
-    );
+    let tiles = match kernel.variant {
+        MatmulVariant::Wg(t) => Some([u32::from(t.bm), u32::from(t.bn), u32::from(t.bk)]),
+        _ => None,
+    };
+    let size = |i: usize, full: u32, cap: u32| -> usize {
+        let v = match tiles {
+            // `full` is a multiple of the tile (the kernel fits the problem).
+            Some(t) => t[i] * (full / t[i]).clamp(1, (cap / t[i]).max(1)),
+            None => full.min(cap),
+        };
+        v as usize
+    };
+    let (m, n, kk) = (size(0, s.m, 160), size(1, s.n, 160), size(2, s.k, 96));
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x6d61_746d ^ (m * 7919 + n * 31 + kk) as u64);
     let mut rand_vec = |len: usize, dt: DType| -> Vec<f32> {
         (0..len)
