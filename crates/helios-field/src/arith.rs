@@ -66,6 +66,10 @@ pub enum Layout {
     Fp64,
     /// As `Fp64` with a·b by one level of Karatsuba (48 products instead of 64).
     Fp64K,
+    /// As `Fp64` with the column sums on the FP64 pipe too (`Fp64::mont_mul_fp_columns`):
+    /// four FP64 operations and no 64-bit integer add per product, for GPUs where the
+    /// integer side, not the FP64 pipe, limits `Fp64`.
+    Fp64C,
     /// Two elements per invocation, one through `Comba30KH` (integer pipe), one through
     /// `Fp64K` (FP64 pipe), as independent straight-line code, so that both pipes work at
     /// once. Add/sub/neg use the integer code for both. Needs `shaderFloat64`.
@@ -81,7 +85,7 @@ pub enum Layout {
 }
 
 impl Layout {
-    pub const ALL: [Layout; 21] = [
+    pub const ALL: [Layout; 22] = [
         Layout::U32Wide,
         Layout::U32Mix,
         Layout::U32Ext,
@@ -99,6 +103,7 @@ impl Layout {
         Layout::Comba30KH,
         Layout::Fp64,
         Layout::Fp64K,
+        Layout::Fp64C,
         Layout::Dual,
         Layout::Dual21,
         Layout::Dual12,
@@ -124,6 +129,7 @@ impl Layout {
             Layout::Comba30KH => "comba30kh",
             Layout::Fp64 => "fp64",
             Layout::Fp64K => "fp64k",
+            Layout::Fp64C => "fp64c",
             Layout::Dual => "dual",
             Layout::Dual21 => "dual21",
             Layout::Dual12 => "dual12",
@@ -186,12 +192,17 @@ impl Layout {
 
     /// The FP64 multiplier of the `Fp64*` layouts.
     pub const fn fp64(self) -> Option<Fp64Mul> {
-        let (karatsuba, fma) = match self {
-            Layout::Fp64 => (false, FmaKind::Glsl),
-            Layout::Fp64K => (true, FmaKind::Glsl),
+        let (karatsuba, fp_columns, fma) = match self {
+            Layout::Fp64 => (false, false, FmaKind::Glsl),
+            Layout::Fp64K => (true, false, FmaKind::Glsl),
+            Layout::Fp64C => (false, true, FmaKind::Glsl),
             _ => return None,
         };
-        Some(Fp64Mul { karatsuba, fma })
+        Some(Fp64Mul {
+            karatsuba,
+            fma,
+            fp_columns,
+        })
     }
 
     /// The device features the layout's kernels need beyond the ones every layout uses, as
@@ -597,7 +608,12 @@ mod tests {
             let unmet = layout.requirements(&enabled).iter().any(|(_, ok)| !ok);
             let fp64 = matches!(
                 layout,
-                Layout::Fp64 | Layout::Fp64K | Layout::Dual | Layout::Dual21 | Layout::Dual12
+                Layout::Fp64
+                    | Layout::Fp64K
+                    | Layout::Fp64C
+                    | Layout::Dual
+                    | Layout::Dual21
+                    | Layout::Dual12
             );
             assert_eq!(unmet, fp64, "{}", layout.name());
             assert_eq!(layout.needs_fused_fma(), fp64, "{}", layout.name());

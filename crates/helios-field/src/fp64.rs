@@ -26,6 +26,13 @@
 //! m·p runs on the FP64 pipe like a·b. Optionally a·b is one level of Karatsuba on 4-limb
 //! halves (48 products instead of 64; the half sums are exact in f64, below 2⁴⁹).
 //!
+//! Column sums on the FP64 pipe (`Fp64Mul::fp_columns`, layout `fp64c`): on an H100 the
+//! i64 column sums, two 64-bit adds per product, not the FP64 pipe, bound `fp64`/`fp64k`;
+//! there each column's products are chained through the fused multiply-adds instead (the
+//! high part accumulates in the `fma`'s addend, its rounding error is recovered exactly as
+//! the low part, the low parts are summed in f64), so a product costs four FP64 operations
+//! and the integer side adds only each chain's two sums once per column.
+//!
 //! Fusion: Vulkan does not require GLSL.std.450 `Fma` to be fused (its precision is that of
 //! an OpFMul followed by an OpFAdd). VK_KHR_shader_fma's `OpFmaKHR` is the operation that
 //! guarantees it; [`FmaKind`] picks either (see `Layout` for which layout uses which).
@@ -63,6 +70,10 @@ pub struct Fp64Mul {
     /// a·b by one level of Karatsuba (48 products instead of 64).
     pub karatsuba: bool,
     pub fma: FmaKind,
+    /// Column sums on the FP64 pipe ([`Fp64::mont_mul_fp_columns`]): the high parts chained
+    /// through the fused multiply-adds, the low parts summed as f64, so each product costs
+    /// four FP64 operations and no integer one (instead of three and two 64-bit adds).
+    pub fp_columns: bool,
 }
 
 /// `x` as eight 48-bit limbs, least significant first.
@@ -76,6 +87,15 @@ pub fn split_limbs(x: &Fq) -> [u64; N] {
         }
         v & MASK
     })
+}
+
+/// A column chain on the FP64 pipe (`Fp64::chain_mac`): the running high part (f64 in
+/// [2¹⁰⁰, 2¹⁰¹), from C_HI) and the sum of the exact low parts (f64 in [2⁵², 2⁵³), from
+/// C_LO), if any is left in it.
+#[derive(Clone, Copy)]
+struct Chain {
+    hi: Val,
+    lo: Option<Val>,
 }
 
 /// A column sum in progress: an i64 value and the sum of the biases it carries (mod 2⁶⁴).
@@ -243,6 +263,9 @@ impl Fp64<'_> {
 
     /// a·b·2⁻³⁸⁴ mod p, canonical, for canonical a, b given as eight f64 limbs.
     pub fn mont_mul(&mut self, a: &[Val], b: &[Val]) -> Vec<Val> {
+        if self.mul.fp_columns {
+            return self.mont_mul_fp_columns(a, b);
+        }
         let p = self.constant(&P);
         let pinv = self.k.f64((P_INV_NEG & MASK) as f64);
         let (mask, wbits) = (self.i64(MASK), self.i64(u64::from(W)));
@@ -302,6 +325,132 @@ impl Fp64<'_> {
             let c = kt.column(self, 2 * N - 1);
             self.add_col(&mut top, c);
         }
+        if let Some(c) = carry {
+            self.add(&mut top, c, 0);
+        }
+        t.push(self.finish(top));
+        self.reduce_once(&t)
+    }
+
+    /// Adds x·y (|x·y| < 2⁹⁶) to a column chain on the FP64 pipe. The first product of a
+    /// chain is the plain split against C_HI; each later one rounds into the running high
+    /// part, `hi' = fma(x, y, hi)`, whose rounding error is recovered exactly:
+    /// `d = hi − hi'` is exact (both multiples of 2⁴⁸ in [2¹⁰⁰, 2¹⁰¹)), and
+    /// `l = fma(x, y, d) = x·y − (hi' − hi)` is an integer below 2⁴⁸ (one ulp) in magnitude,
+    /// so exact; it is added to the chain's low sum, or, where the chain has none (its first
+    /// product, or after `take_low`), becomes it as `fma(x, y, d + C_LO)` = C_LO + l (d + C_LO
+    /// is exact: d is a multiple of 2⁴⁸ below 2⁹⁷). Bounds, in any rounding direction: a
+    /// chain takes at most 8 products below 2⁹⁶, so its high part stays within C_HI ± 2⁹⁹
+    /// (its binade) and its low sum within C_LO ± 2⁵¹ (its binade, ulp 1): every f64
+    /// operation here is exact except the rounding `fma`s, whose error is what `l` recovers.
+    fn chain_mac(&mut self, chain: &mut Option<Chain>, x: Val, y: Val) {
+        let next = match *chain {
+            None => {
+                let c = self.k.f64(C_HI);
+                let cm = self.k.f64(C_HI + C_LO);
+                let hi = self.fma(x, y, c);
+                let t = self.k.sub(cm, hi);
+                Chain {
+                    hi,
+                    lo: Some(self.fma(x, y, t)),
+                }
+            }
+            Some(Chain { hi: prev, lo }) => {
+                let hi = self.fma(x, y, prev);
+                let d = self.k.sub(prev, hi);
+                let lo = match lo {
+                    Some(sum) => {
+                        let l = self.fma(x, y, d);
+                        self.k.add(sum, l)
+                    }
+                    None => {
+                        let m = self.k.f64(C_LO);
+                        let t = self.k.add(d, m);
+                        self.fma(x, y, t)
+                    }
+                };
+                Chain { hi, lo: Some(lo) }
+            }
+        };
+        *chain = Some(next);
+    }
+
+    /// The chain's low sum, as biased i64 bits (C_LO + Σ l), taken out of it.
+    fn take_low(&mut self, chain: &mut Option<Chain>) -> Option<Val> {
+        let lo = chain.as_mut()?.lo.take()?;
+        Some(self.k.bitcast(lo, Ty::scalar(Scalar::I64)))
+    }
+
+    /// Adds what is left of a chain to the integer columns: its low sum to `lo`, its high
+    /// part to `hi` (the next column), each with its bias.
+    fn chain_into(&mut self, mut chain: Option<Chain>, lo: &mut Col, hi: &mut Col) {
+        if let Some(l) = self.take_low(&mut chain) {
+            self.add(lo, l, C_LO.to_bits());
+        }
+        if let Some(c) = chain {
+            let h = self.k.bitcast(c.hi, Ty::scalar(Scalar::I64));
+            self.add(hi, h, C_HI.to_bits());
+        }
+    }
+
+    /// `mont_mul` with the column sums on the FP64 pipe (see `chain_mac`): per column two
+    /// chains, one for the a·b products and one for the m·p products (so at most 8 products
+    /// each, and two independent dependency chains), and the integer side only adds each
+    /// chain's two sums, the carry and the biases once per column.
+    pub fn mont_mul_fp_columns(&mut self, a: &[Val], b: &[Val]) -> Vec<Val> {
+        let p = self.constant(&P);
+        let pinv = self.k.f64((P_INV_NEG & MASK) as f64);
+        let (mask, wbits) = (self.i64(MASK), self.i64(u64::from(W)));
+        let mut m: Vec<Val> = Vec::with_capacity(N);
+        let mut t: Vec<Val> = Vec::with_capacity(N);
+        let mut pend = Col::ZERO;
+        let mut carry: Option<Val> = None;
+        for col in 0..2 * N - 1 {
+            let (lo, hi) = (col.saturating_sub(N - 1), col.min(N - 1));
+            let (mut ab, mut mp) = (None, None);
+            // Interleaved so that the two chains' operations sit side by side.
+            for i in lo..=hi {
+                self.chain_mac(&mut ab, a[i], b[col - i]);
+                if i < m.len() {
+                    self.chain_mac(&mut mp, m[i], p[col - i]);
+                }
+            }
+            let mut acc = std::mem::replace(&mut pend, Col::ZERO);
+            if let Some(c) = carry {
+                self.add(&mut acc, c, 0);
+            }
+            self.chain_into(ab, &mut acc, &mut pend);
+            if col < N {
+                // The m·p chain's low sum so far goes in now; m·p₀ comes after m, its low
+                // part apart. Its bias (a multiple of 2⁴⁸, as all the biases: their low 48
+                // bits are zero) is removed now, which leaves the low 48 bits that m is
+                // computed from unchanged.
+                if let Some(l) = self.take_low(&mut mp) {
+                    self.add(&mut acc, l, C_LO.to_bits());
+                }
+                acc.bias = acc.bias.wrapping_add(C_LO.to_bits());
+                let v = self.finish(acc);
+                let low = self.k.and(v, mask);
+                let tf = self.int_to_f64(low);
+                let (_, l) = self.split(tf, pinv);
+                let ml = self.k.and(l, mask);
+                let mf = self.int_to_f64(ml);
+                m.push(mf);
+                self.chain_mac(&mut mp, mf, p[0]);
+                let l0 = self.take_low(&mut mp).expect("m·p₀ was just added");
+                let v = self.k.add(v, l0);
+                let mut empty = Col::ZERO; // the chain's low sum is out already
+                self.chain_into(mp, &mut empty, &mut pend);
+                carry = Some(self.k.shr(v, wbits));
+            } else {
+                self.chain_into(mp, &mut acc, &mut pend);
+                let v = self.finish(acc);
+                t.push(self.k.and(v, mask));
+                carry = Some(self.k.shr(v, wbits));
+            }
+        }
+        // The top limb: the last column's carry and high parts (below 2⁴⁸, as in mont_mul).
+        let mut top = pend;
         if let Some(c) = carry {
             self.add(&mut top, c, 0);
         }
@@ -511,6 +660,121 @@ mod tests {
         let want = crate::cpu::reference(crate::FieldOp::Mul, &xs, &ys);
         for i in 0..xs.len() {
             assert_eq!(mont(&xs[i], &ys[i]), want[i], "{:x?} · {:x?}", xs[i], ys[i]);
+        }
+    }
+
+    /// `Fp64::mont_mul_fp_columns` step by step on the host (fused `mul_add`, f64 chains,
+    /// wrapping i64 columns), against blst, with the chain bounds it relies on asserted.
+    #[test]
+    fn host_model_of_fp_columns_matches_blst() {
+        #[derive(Clone, Copy)]
+        struct Chain {
+            hi: f64,
+            lo: Option<f64>,
+        }
+        fn mac(chain: &mut Option<Chain>, x: f64, y: f64) {
+            let next = match *chain {
+                None => {
+                    let hi = x.mul_add(y, C_HI);
+                    let lo = x.mul_add(y, (C_HI + C_LO) - hi);
+                    Chain { hi, lo: Some(lo) }
+                }
+                Some(Chain { hi: prev, lo }) => {
+                    let hi = x.mul_add(y, prev);
+                    let d = prev - hi;
+                    assert_eq!(d, prev - hi, "exact");
+                    let lo = match lo {
+                        Some(sum) => sum + x.mul_add(y, d),
+                        None => x.mul_add(y, d + C_LO),
+                    };
+                    Chain { hi, lo: Some(lo) }
+                }
+            };
+            // Both sums stay in their binades (so their bits are exact integers).
+            let (hb, lb) = (next.hi.to_bits() >> 52, next.lo.map(|l| l.to_bits() >> 52));
+            assert_eq!(hb, C_HI.to_bits() >> 52);
+            assert_eq!(lb, Some(C_LO.to_bits() >> 52));
+            *chain = Some(next);
+        }
+        let bits = |x: f64| x.to_bits() as i64;
+        let (ch, cl) = (bits(C_HI), bits(C_LO));
+        let to_f = |v: i64| f64::from_bits(v as u64 | TWO52.to_bits()) - TWO52;
+        let mont = |a: &Fq, b: &Fq| -> Fq {
+            let (a, b) = (
+                split_limbs(a).map(|v| v as f64),
+                split_limbs(b).map(|v| v as f64),
+            );
+            let p = split_limbs(&P).map(|v| v as f64);
+            let pinv = (P_INV_NEG & MASK) as f64;
+            let (mut m, mut t): (Vec<f64>, Vec<i64>) = (Vec::new(), Vec::new());
+            let (mut pend, mut carry) = (0i64, 0i64);
+            for col in 0..2 * N - 1 {
+                let (lo, hi) = (col.saturating_sub(N - 1), col.min(N - 1));
+                let (mut ab, mut mp) = (None, None);
+                for i in lo..=hi {
+                    mac(&mut ab, a[i], b[col - i]);
+                    if i < m.len() {
+                        mac(&mut mp, m[i], p[col - i]);
+                    }
+                }
+                let mut v = pend.wrapping_add(carry);
+                pend = 0;
+                let ab: Chain = ab.expect("every column has a·b terms");
+                v = v.wrapping_add(bits(ab.lo.unwrap()) - cl);
+                pend = pend.wrapping_add(bits(ab.hi) - ch);
+                if col < N {
+                    if let Some(c) = mp.as_mut() {
+                        v = v.wrapping_add(bits(c.lo.take().unwrap()) - cl);
+                    }
+                    let (_, l) = {
+                        let x = to_f(v & MASK as i64);
+                        let hi = x.mul_add(pinv, C_HI);
+                        (hi, x.mul_add(pinv, (C_HI + C_LO) - hi))
+                    };
+                    let mi = to_f(bits(l) & MASK as i64);
+                    m.push(mi);
+                    mac(&mut mp, mi, p[0]);
+                    let c = mp.unwrap();
+                    v = v.wrapping_add(bits(c.lo.unwrap()) - cl);
+                    assert_eq!(v & MASK as i64, 0);
+                    pend = pend.wrapping_add(bits(c.hi) - ch);
+                } else {
+                    let c = mp.expect("the upper columns have m·p terms");
+                    v = v.wrapping_add(bits(c.lo.unwrap()) - cl);
+                    pend = pend.wrapping_add(bits(c.hi) - ch);
+                    t.push(v & MASK as i64);
+                }
+                carry = v >> W;
+            }
+            t.push(pend + carry);
+            let mut out = [0u64; 6];
+            for (i, &v) in t.iter().enumerate() {
+                let bit = i * W as usize;
+                out[bit / 64] |= (v as u64) << (bit % 64);
+                if bit % 64 + W as usize > 64 && bit / 64 + 1 < 6 {
+                    out[bit / 64 + 1] |= (v as u64) >> (64 - bit % 64);
+                }
+            }
+            if !crate::fq::is_canonical(&out) {
+                let mut borrow = 0u128;
+                for (o, &pi) in out.iter_mut().zip(&P) {
+                    let d = (*o as u128).wrapping_sub(pi as u128 + borrow);
+                    *o = d as u64;
+                    borrow = (d >> 127) & 1;
+                }
+            }
+            out
+        };
+        let mut xs = crate::fq::edge_elements();
+        xs.extend(random_elements(300, 23));
+        let ys: Vec<Fq> = xs.iter().rev().copied().collect();
+        let want = crate::cpu::reference(crate::FieldOp::Mul, &xs, &ys);
+        for i in 0..xs.len() {
+            assert_eq!(mont(&xs[i], &ys[i]), want[i], "{:x?} · {:x?}", xs[i], ys[i]);
+            assert_eq!(
+                mont(&xs[i], &xs[i]),
+                crate::cpu::reference(crate::FieldOp::Sqr, &xs[i..=i], &[])[0]
+            );
         }
     }
 

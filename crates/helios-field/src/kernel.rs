@@ -297,7 +297,7 @@ fn lanes(layout: Layout) -> u8 {
     (16 / layout.word().bytes()) as u8
 }
 
-fn load_element(
+pub(crate) fn load_element(
     k: &mut KernelBuilder,
     buf: helios_spirv::Buffer,
     first: Val,
@@ -316,7 +316,7 @@ fn load_element(
     limbs
 }
 
-fn store_element(
+pub(crate) fn store_element(
     k: &mut KernelBuilder,
     buf: helios_spirv::Buffer,
     first: Val,

@@ -28,6 +28,8 @@
 //! ```
 
 mod arith;
+#[cfg(test)]
+mod census;
 mod comba;
 pub mod cpu;
 mod engine;
