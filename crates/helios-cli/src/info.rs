@@ -236,6 +236,7 @@ fn describe(s: &mut String, index: usize, c: &Caps, selected: bool, extensions: 
             "flexible_dimensions",
             yes_no(c2.flexible_dimensions).into(),
         );
+        sub(s, "tensor_addressing", yes_no(c2.tensor_addressing).into());
         sub(s, "max_workgroup_size", c2.max_workgroup_size.to_string());
         sub(s, "max_dimension", c2.max_dimension.to_string());
         sub(

@@ -102,6 +102,9 @@ pub struct WgTile {
     pub warps: u8,
     /// Loads of the next k step are issued before the current product.
     pub prefetch: bool,
+    /// Operands are loaded as slices of tensor layouts (SPV_NV_tensor_addressing) rather than
+    /// with plain cooperative-matrix loads; f16 inputs only.
+    pub tensor: bool,
 }
 
 /// A kernel family and its tile.
@@ -144,12 +147,12 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("coop64x64w2x2k32d2", coop(64, 64, 32, 2, 2, 2)),
     ("coop64x64w2x2k64d2", coop(64, 64, 64, 2, 2, 2)),
     ("coop32x64w1x2k32d2", coop(32, 64, 32, 1, 2, 2)),
-    // Workgroup scope: the two fastest of ten tried on an H100 (driver 580.159.04) at
-    // 2048³/4096³ f16, 75–79 TFLOP/s against 216 for coop128x256w2x4k16d1; kept so the tuner
-    // picks them up wherever a driver makes this path fast (bench/results/
-    // 2026-11-22-coopmat2-h100.md).
+    // Workgroup scope, plain loads (`wg`) and tensor-addressed loads (`wgt`): the fastest of
+    // ten tilings of each tried on an H100 (driver 580.159.04), 73–79 TFLOP/s at 2048³/4096³
+    // f16 against 199–216 for coop128x256w2x4k16d1; kept so the tuner picks them up wherever
+    // a driver makes this path fast (bench/results/2026-11-22-coopmat2-h100.md).
     ("wg128x128k16w4p", wg(128, 128, 16, 4, true)),
-    ("wg128x256k16w8p", wg(128, 256, 16, 8, true)),
+    ("wgt128x128k16w4", wgt(128, 128, 16, 4)),
 ];
 
 /// Largest tile edges of the `Wg` variants: every M and N tile divides `WG_GRANULE[0]`, every
@@ -173,6 +176,18 @@ const fn wg(bm: u16, bn: u16, bk: u16, warps: u8, prefetch: bool) -> Variant {
         bk,
         warps,
         prefetch,
+        tensor: false,
+    })
+}
+
+const fn wgt(bm: u16, bn: u16, bk: u16, warps: u8) -> Variant {
+    Variant::Wg(WgTile {
+        bm,
+        bn,
+        bk,
+        warps,
+        prefetch: false,
+        tensor: true,
     })
 }
 
@@ -352,6 +367,8 @@ pub struct MatmulCaps {
     pub coop_bf16: bool,
     /// Workgroup-scope matrices (VK_NV_cooperative_matrix2) the device runs, per input type.
     pub coop_wg: Vec<WgSupport>,
+    /// Tensor-addressed loads of such matrices (`cooperativeMatrixTensorAddressing`).
+    pub coop_wg_tensor: bool,
 }
 
 /// One input type's workgroup-scope support: `m × n × k` products of f32-accumulated
@@ -415,7 +432,8 @@ impl MatmulKernel {
         match v {
             Variant::Simt(_) => true,
             Variant::Wg(t) => {
-                self.epilogue.is_plain()
+                (!t.tensor || (self.input == Storage::F16 && caps.coop_wg_tensor))
+                    && self.epilogue.is_plain()
                     && self.vec_a
                     && self.vec_b
                     && self.vec_c

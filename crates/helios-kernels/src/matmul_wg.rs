@@ -30,7 +30,12 @@ pub(crate) fn build(kern: &MatmulKernel, t: WgTile) -> KernelModule {
     let (bm, bn, bk) = (u32::from(t.bm), u32::from(t.bn), u32::from(t.bk));
     let threads = kern.variant.threads(kern.subgroup);
     let mut k = KernelBuilder::new(kern.name(), Binding::DeviceAddress, [threads, 1, 1]);
-    let p = declare(&mut k, kern, Scalar::U32, Scalar::U32);
+    let operand = if t.tensor {
+        scalar(kern.input)
+    } else {
+        Scalar::U32
+    };
+    let p = declare(&mut k, kern, operand, operand);
     k.begin();
 
     let (tile_m, tile_n, batch) = tile_coords(&mut k);
@@ -78,7 +83,34 @@ pub(crate) fn build(kern: &MatmulKernel, t: WgTile) -> KernelModule {
     };
     let zero_k = k.u32(0);
     let step = k.u32(bk);
-    if t.prefetch {
+    if t.tensor {
+        // Each operand as a 2-D tensor in its stored orientation; a transposed one is read
+        // through a view that swaps the coordinates.
+        let view = (kern.trans_a || kern.trans_b).then(|| k.tensor_view_transpose());
+        let (a_rows, a_cols) = if kern.trans_a { (d.k, d.m) } else { (d.m, d.k) };
+        let (b_rows, b_cols) = if kern.trans_b { (d.n, d.k) } else { (d.k, d.n) };
+        let la = k.tensor_layout_2d(a_rows, a_cols, d.lda);
+        let lb = k.tensor_layout_2d(b_rows, b_cols, d.ldb);
+        k.for_range(zero_k, d.k, step, |k, k0| {
+            let sa = if kern.trans_a {
+                k.tensor_slice(la, k0, bk, m0, bm)
+            } else {
+                k.tensor_slice(la, m0, bm, k0, bk)
+            };
+            let sb = if kern.trans_b {
+                k.tensor_slice(lb, n0, bn, k0, bk)
+            } else {
+                k.tensor_slice(lb, k0, bk, n0, bn)
+            };
+            let va = if kern.trans_a { view } else { None };
+            let vb = if kern.trans_b { view } else { None };
+            let a = k.coop_load_tensor(ta, p.a, d.off_a, sa, va);
+            let b = k.coop_load_tensor(tb, p.b, d.off_b, sb, vb);
+            let c = k.coop_get(acc);
+            let c = k.coop_muladd(a, b, c);
+            k.coop_set(acc, c);
+        });
+    } else if t.prefetch {
         // The next step's operands are loaded before this step's product is issued.
         let (va, vb) = (k.coop_var(ta), k.coop_var(tb));
         let (a, b) = load(&mut k, zero_k);

@@ -191,10 +191,25 @@ mod matmul {
             if matches!(v, Variant::Wg(_)) {
                 // Workgroup scope: aligned operands and the plain epilogue only, every
                 // storage.
+                let tensor = matches!(v, Variant::Wg(t) if t.tensor);
+                let inputs: &[Storage] = if tensor {
+                    &[Storage::F16]
+                } else {
+                    &[Storage::F16, Storage::BF16]
+                };
                 for trans in TRANS {
-                    for input in [Storage::F16, Storage::BF16] {
+                    for &input in inputs {
                         for out in Storage::ALL {
-                            check(&kernel(v, input, out, trans, true, Epilogue::NONE));
+                            let k = kernel(v, input, out, trans, true, Epilogue::NONE);
+                            if tensor {
+                                // SPIR-V 1.6: Vulkan 1.3 only.
+                                let m = k.build();
+                                if let Err(e) = validate(&m.name, &m.words, TargetEnv::Vulkan1_3) {
+                                    panic!("{e}");
+                                }
+                            } else {
+                                check(&k);
+                            }
                         }
                     }
                 }

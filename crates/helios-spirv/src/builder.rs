@@ -146,6 +146,11 @@ pub struct KernelBuilder {
     /// Declare the workgroup size as a `LocalSize` literal too (workgroup-scope cooperative
     /// matrices need it known when the module is compiled).
     pub(crate) literal_local_size: bool,
+    /// Placeholders for instructions rspirv cannot name: result id → (opcode, has a result
+    /// type), rewritten by `finish` (see `tensor`).
+    pub(crate) raw_ops: HashMap<Word, (u32, bool)>,
+    /// Emit SPIR-V 1.6 (tensor addressing needs it) instead of 1.5.
+    pub(crate) spirv_1_6: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -181,6 +186,8 @@ impl KernelBuilder {
             begun: false,
             fused_fma: Vec::new(),
             literal_local_size: false,
+            raw_ops: HashMap::new(),
+            spirv_1_6: false,
         };
         kb.capability(Capability::Shader);
         if binding == Binding::DeviceAddress {
@@ -307,7 +314,14 @@ impl KernelBuilder {
 
         let params = self.param_infos();
         let push_size = self.push_size();
+        if self.spirv_1_6 {
+            self.b.set_version(1, 6);
+        }
+        let raw_ops = std::mem::take(&mut self.raw_ops);
         let mut words = self.b.module().assemble();
+        if !raw_ops.is_empty() {
+            words = crate::tensor::patch(&words, &raw_ops);
+        }
         if !self.fused_fma.is_empty() {
             words = crate::fma::patch(&words, &self.fused_fma);
         }
@@ -456,6 +470,37 @@ impl KernelBuilder {
     // ---------------------------------------------------------------- buffers (views)
 
     /// The pointer type (PhysicalStorageBuffer) to a block holding a run-time array of `elem`.
+    /// The PhysicalStorageBuffer pointer type to `elem`'s view struct, and the runtime-array
+    /// type that struct holds.
+    pub(crate) fn view_pointer_and_array(&mut self, elem: Ty) -> (Word, Word) {
+        let st = self.view_struct(elem);
+        let array = self
+            .b
+            .module_ref()
+            .types_global_values
+            .iter()
+            .find(|i| i.result_id == Some(st))
+            .and_then(|i| match i.operands.first() {
+                Some(Operand::IdRef(a)) => Some(*a),
+                _ => None,
+            })
+            .expect("a view struct holds its runtime array");
+        (self.view_pointer_type(elem), array)
+    }
+
+    /// The device address of `buf` (device-address binding) as a pointer to its scalar view.
+    pub(crate) fn buffer_base(&mut self, buf: Buffer) -> Word {
+        let member = self.buffers[buf.index].slot;
+        let var = self.push_var.expect("push block declared");
+        let scalar_view = self.view_pointer_type(Ty::scalar(buf.elem));
+        let pc_ptr = self
+            .b
+            .type_pointer(None, StorageClass::PushConstant, scalar_view);
+        let m = self.const_u32(member);
+        let slot = self.inst(Op::AccessChain, Some(pc_ptr), vec![id(var), id(m)]);
+        self.inst(Op::Load, Some(scalar_view), vec![id(slot)])
+    }
+
     fn view_pointer_type(&mut self, elem: Ty) -> Word {
         let st = self.view_struct(elem);
         self.b

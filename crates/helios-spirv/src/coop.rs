@@ -141,7 +141,7 @@ pub struct CoopVar {
 }
 
 impl KernelBuilder {
-    fn raw_capability(&mut self, cap: u32) {
+    pub(crate) fn raw_capability(&mut self, cap: u32) {
         let have = self
             .b
             .module_ref()

@@ -27,6 +27,8 @@ pub(crate) const HEADER: u32 = vk::make_api_version(0, 1, 3, 300);
 pub struct CooperativeMatrix2 {
     pub workgroup_scope: bool,
     pub flexible_dimensions: bool,
+    /// Loads and stores through tensor layouts and views (SPV_NV_tensor_addressing).
+    pub tensor_addressing: bool,
     /// Most invocations in a workgroup that uses workgroup-scope matrices.
     pub max_workgroup_size: u32,
     /// Largest dimension of a flexible-size matrix.
@@ -244,6 +246,7 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Coope
     Ok(CooperativeMatrix2 {
         workgroup_scope: features.workgroup_scope == vk::TRUE,
         flexible_dimensions: features.flexible_dimensions == vk::TRUE,
+        tensor_addressing: features.tensor_addressing == vk::TRUE,
         max_workgroup_size: props.max_workgroup_size,
         max_dimension: props.max_dimension,
         reserved_shared_memory: props.reserved_shared_memory,
@@ -271,6 +274,7 @@ mod tests {
         CooperativeMatrix2 {
             workgroup_scope: true,
             flexible_dimensions: true,
+            tensor_addressing: true,
             max_workgroup_size: 256,
             max_dimension: 256,
             reserved_shared_memory: 0,

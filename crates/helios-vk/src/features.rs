@@ -48,6 +48,8 @@ pub struct EnabledFeatures {
     /// `cooperativeMatrixFlexibleDimensions` (workgroup-scope matrices of flexible size);
     /// `HELIOS_COOPMAT2=0` leaves it off.
     pub cooperative_matrix_workgroup_scope: bool,
+    /// `cooperativeMatrixTensorAddressing` of the same extension (with workgroup scope).
+    pub cooperative_matrix_tensor_addressing: bool,
     /// VK_KHR_pipeline_executable_properties pipelineExecutableInfo: only when asked for
     /// (`HELIOS_PIPELINE_STATS`), since capturing statistics may slow pipeline creation.
     pub pipeline_executable_info: bool,
@@ -148,6 +150,11 @@ pub(crate) fn plan(
             && f.bfloat16_cooperative_matrix
             && cooperative_matrix,
         cooperative_matrix_workgroup_scope,
+        cooperative_matrix_tensor_addressing: cooperative_matrix_workgroup_scope
+            && caps
+                .cooperative_matrix2
+                .as_ref()
+                .is_some_and(|c| c.tensor_addressing),
         pipeline_executable_info: pipeline_stats && f.pipeline_executable_info,
     };
     (enabled, withheld)
@@ -231,6 +238,7 @@ pub(crate) fn create_device(
     let mut coop2 = crate::coopmat2::Features {
         workgroup_scope: vk::TRUE,
         flexible_dimensions: vk::TRUE,
+        tensor_addressing: b(e.cooperative_matrix_tensor_addressing),
         ..Default::default()
     };
     let mut pexec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
@@ -389,6 +397,7 @@ mod tests {
         let c2 = crate::CooperativeMatrix2 {
             workgroup_scope: true,
             flexible_dimensions: true,
+            tensor_addressing: true,
             max_workgroup_size: 256,
             max_dimension: 1024,
             reserved_shared_memory: 8192,

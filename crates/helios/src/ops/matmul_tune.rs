@@ -100,6 +100,7 @@ pub fn matmul_caps(device: &Device) -> MatmulCaps {
         coop_f16,
         coop_bf16,
         coop_wg,
+        coop_wg_tensor: en.cooperative_matrix_tensor_addressing,
     }
 }
 
