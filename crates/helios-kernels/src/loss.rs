@@ -347,6 +347,7 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
     let base = k.mul(r, vocab);
     let end = k.add(base, vocab);
     let row = Row {
+        whole: false,
         start: base,
         end,
         vec: 4,

@@ -110,6 +110,9 @@ pub struct NormKernel {
     pub reducer: Reducer,
     pub workgroup: u32,
     pub binding: Binding,
+    /// Built for rows a multiple of 4 long ([`Row::whole`]): no per-slot bounds checks.
+    /// [`whole_rows`](crate::rows::whole_rows) says when a launch may use it.
+    pub whole: bool,
 }
 
 /// Per-row values shared by the kernel's parts.
@@ -124,13 +127,14 @@ impl NormKernel {
     pub fn name(&self) -> String {
         let v = self.variant.tag();
         format!(
-            "{}norm{}_{v}_{}_{}_{}_wg{}",
+            "{}norm{}_{v}{}_{}_{}_{}_wg{}",
             if self.kind == NormKind::Layer {
                 "layer_"
             } else {
                 "rms_"
             },
             if self.backward { "_bwd" } else { "" },
+            if self.whole { "w" } else { "" },
             self.storage.name(),
             self.params.name(),
             self.reducer.tag(),
@@ -225,7 +229,12 @@ impl NormKernel {
             let end = k.select(valid, end, zero);
             (
                 Ctx {
-                    row: Row { start, end, vec },
+                    row: Row {
+                        start,
+                        end,
+                        vec,
+                        whole: self.whole && vec == 4,
+                    },
                     lane,
                     threads,
                     len_f,
@@ -273,6 +282,12 @@ impl NormKernel {
             let col = k.sub(slot, row.start);
             return load_f32(k, buf, col, 1, self.params);
         }
+        if row.whole {
+            let two = k.u32(2);
+            let s0 = k.shr(row.start, two);
+            let idx = k.sub(slot, s0);
+            return load_f32(k, buf, idx, 4, self.params);
+        }
         let v4 = Ty::vector(Scalar::F32, 4);
         let out = k.var(v4);
         let three = k.u32(3);
@@ -316,6 +331,12 @@ impl NormKernel {
     pub(crate) fn masked(k: &mut KernelBuilder, c: &Ctx, slot: Val, v: Val) -> Val {
         if c.row.vec == 1 {
             return v;
+        }
+        if c.row.whole {
+            let inside = c.row.slot_inside(k, slot);
+            let inside = k.splat(inside, v.ty.lanes);
+            let z = k.const_float(v.ty, 0.0);
+            return k.select(inside, v, z);
         }
         let cols = c.row.cols(k, slot);
         let ok = c.row.valid(k, cols);
@@ -653,6 +674,7 @@ impl NormKernel {
                         },
                         workgroup: 256,
                         binding,
+                        whole: kind == NormKind::Layer && i != 1,
                     });
                 }
             }

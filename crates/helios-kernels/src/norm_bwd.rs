@@ -214,7 +214,12 @@ impl NormKernel {
                 let end = k.add(start, len);
                 let end = k.select(valid, end, zero);
                 let c = Ctx {
-                    row: Row { start, end, vec },
+                    row: Row {
+                        start,
+                        end,
+                        vec,
+                        whole: self.whole && vec == 4,
+                    },
                     lane,
                     threads,
                     len_f,

@@ -461,7 +461,12 @@ impl ReduceKernel {
         let end = k.add(start, len);
         let combine = self.stage == Stage::Combine;
         let vec = if combine { 1 } else { 4 };
-        let r = Row { start, end, vec };
+        let r = Row {
+            start,
+            end,
+            vec,
+            whole: false,
+        };
         let first = r.first_slot(k);
         let end_slot = r.end_slot(k);
         let off = k.mul(split, chunk);

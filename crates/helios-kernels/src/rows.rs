@@ -76,6 +76,9 @@ pub struct RowConfig {
     /// Rows each group of the cached norm backward walks, accumulating dgamma/dbeta
     /// (`HELIOS_NORM_ROWS`; default `norm::NORM_BWD_ROWS`).
     pub norm_rows: Option<u32>,
+    /// Softmax and norm rows a multiple of 4 long run kernels without per-slot checks
+    /// ([`Row::whole`]; `HELIOS_ROW_WHOLE=0` turns that off, for measurements).
+    pub whole_rows: bool,
 }
 
 /// Workgroup of a streamed softmax/norm row: long rows (a 50257 vocabulary) go through one
@@ -139,6 +142,7 @@ impl Default for RowConfig {
             target_groups: 2048,
             workgroup: None,
             norm_rows: None,
+            whole_rows: true,
         }
     }
 }
@@ -387,6 +391,10 @@ pub struct Row {
     pub start: Val,
     pub end: Val,
     pub vec: u8,
+    /// Known when the kernel is built: every slot touching the row lies inside it (rows a
+    /// multiple of 4 long, back to back, so each starts on a slot boundary). Loads, stores and
+    /// lane masks then need no checks.
+    pub whole: bool,
 }
 
 impl Row {
@@ -432,8 +440,23 @@ impl Row {
         k.lt(cols, len)
     }
 
-    /// Whether all lanes of `slot` lie inside the row.
+    /// Whether slot `slot` of a [`Row::whole`] row lies inside it (then so do all its lanes):
+    /// one scalar test instead of `valid`'s per-lane ones.
+    pub fn slot_inside(&self, k: &mut KernelBuilder, slot: Val) -> Val {
+        assert!(self.whole, "slot_inside needs whole slots");
+        let two = k.u32(2);
+        let e0 = k.shl(slot, two);
+        let a = k.ge(e0, self.start);
+        let b = k.lt(e0, self.end);
+        k.and(a, b)
+    }
+
+    /// Whether all lanes of `slot` lie inside the row (any slot touching a
+    /// [`Row::whole`] row does).
     pub fn full(&self, k: &mut KernelBuilder, slot: Val) -> Val {
+        if self.whole {
+            return k.bool(true);
+        }
         let two = k.u32(2);
         let e0 = k.shl(slot, two);
         let four = k.u32(4);
@@ -455,6 +478,9 @@ impl Row {
     ) -> Val {
         if self.vec == 1 {
             return load_f32(k, buf, slot, 1, s);
+        }
+        if self.whole {
+            return load_f32(k, buf, slot, 4, s);
         }
         let ty = Ty::vector(Scalar::F32, 4);
         let out = k.var(ty);
@@ -539,7 +565,7 @@ impl Row {
 
     /// Stores the lanes of `value` (f32, `vec` lanes) that lie inside the row at `slot`.
     pub fn store(&self, k: &mut KernelBuilder, buf: Buffer, s: Storage, slot: Val, value: Val) {
-        if self.vec == 1 {
+        if self.vec == 1 || self.whole {
             store_f32(k, buf, slot, value, s);
             return;
         }
@@ -763,6 +789,12 @@ pub fn plan_row(
         _ if slots <= w * u64::from(per) => cached(per),
         _ => streaming(),
     }
+}
+
+/// Whether rows of `len` elements, back to back, cover whole 16-byte slots of 4 elements
+/// (kernels built with [`Row::whole`] may then run), unless `cfg` turns that off.
+pub fn whole_rows(len: u64, cfg: &RowConfig) -> bool {
+    cfg.whole_rows && len % 4 == 0
 }
 
 /// Slots a row of `len` elements touches at most, walked `vec` elements per slot, when rows

@@ -101,6 +101,9 @@ pub struct SoftmaxKernel {
     pub reducer: Reducer,
     pub workgroup: u32,
     pub binding: Binding,
+    /// Built for rows a multiple of 4 long ([`Row::whole`]): no per-slot bounds checks.
+    /// [`whole_rows`](crate::rows::whole_rows) says when a launch may use it.
+    pub whole: bool,
 }
 
 /// What the output pass applies to each shifted input, computed once per row from its max
@@ -116,10 +119,11 @@ impl SoftmaxKernel {
     pub fn name(&self) -> String {
         let v = self.variant.tag();
         format!(
-            "{}softmax{}{}_{v}_{}_{}_wg{}",
+            "{}softmax{}{}_{v}{}_{}_{}_wg{}",
             if self.log { "log_" } else { "" },
             if self.backward { "_bwd" } else { "" },
             if self.causal { "_causal" } else { "" },
+            if self.whole { "w" } else { "" },
             self.storage.name(),
             self.reducer.tag(),
             self.workgroup
@@ -162,7 +166,12 @@ impl SoftmaxKernel {
         let start = k.select(valid, start, zero);
         let end = k.add(start, len);
         let end = k.select(valid, end, zero);
-        let row = Row { start, end, vec: 4 };
+        let row = Row {
+            start,
+            end,
+            vec: 4,
+            whole: self.whole,
+        };
         let causal_i = self.causal.then(|| k.rem(unit, causal_rows));
         let ctx = Ctx {
             row,
@@ -593,6 +602,7 @@ impl SoftmaxKernel {
                         reducer: reducers[(i + usize::from(backward)) % 2],
                         workgroup: 256,
                         binding,
+                        whole: log,
                     });
                 }
             }

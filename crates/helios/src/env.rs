@@ -28,6 +28,7 @@
 //! | `HELIOS_ROW_UNROLL=<n>` | 16-byte loads per invocation per loop step in reduce/softmax/norm kernels (1..=8, default 4) |
 //! | `HELIOS_ROW_SLOTS=<n>` | most 16-byte slots per invocation a cached softmax/norm row keeps in registers (1..=16; default per family) |
 //! | `HELIOS_SPLIT_GROUPS=<n>` | workgroups a split (two-phase) reduction aims for (default 2048) |
+//! | `HELIOS_ROW_WHOLE=0` | softmax and norm kernels keep their per-slot bounds checks even for rows a multiple of 4 long (for measuring what the unchecked kernels gain) |
 //! | `HELIOS_NORM_ROWS=<n>` | rows each invocation group of the cached layernorm/rmsnorm backward walks, summing dgamma/dbeta (default 4) |
 //! | `HELIOS_WARM_MS=<ms>` | how long timing code (the matmul tuner, `helios bench`) keeps the GPU busy before it measures, so the SM clock has left its idle state (default 300 on GPUs, 0 on CPU devices) |
 
@@ -126,7 +127,7 @@ fn number_in(var: &str, range: std::ops::RangeInclusive<u32>) -> Option<u32> {
 }
 
 /// The row kernels' switches: `HELIOS_ROWS`, `HELIOS_ROW_UNROLL`, `HELIOS_ROW_SLOTS`,
-/// `HELIOS_SPLIT_GROUPS`, `HELIOS_NORM_ROWS` and `HELIOS_WG`.
+/// `HELIOS_SPLIT_GROUPS`, `HELIOS_NORM_ROWS`, `HELIOS_ROW_WHOLE` and `HELIOS_WG`.
 pub(crate) fn row_config() -> helios_kernels::rows::RowConfig {
     use helios_kernels::rows::{RowConfig, RowVariant};
     let d = RowConfig::default();
@@ -146,6 +147,7 @@ pub(crate) fn row_config() -> helios_kernels::rows::RowConfig {
         target_groups: number_in("HELIOS_SPLIT_GROUPS", 1..=1 << 20).unwrap_or(d.target_groups),
         workgroup: workgroup_override(),
         norm_rows: number_in("HELIOS_NORM_ROWS", 1..=1 << 16),
+        whole_rows: std::env::var("HELIOS_ROW_WHOLE").as_deref() != Ok("0"),
     }
 }
 

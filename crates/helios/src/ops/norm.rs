@@ -179,6 +179,7 @@ impl Tensor {
             reducer: device.reducer(),
             workgroup: choice.workgroup,
             binding: device.binding(),
+            whole: helios_kernels::rows::whole_rows(u64::from(len), &device.config().rows),
         };
         (kernel, choice.threads)
     }

@@ -120,6 +120,7 @@ impl Tensor {
             reducer: device.reducer(),
             workgroup,
             binding: device.binding(),
+            whole: helios_kernels::rows::whole_rows(u64::from(len), &cfg),
         };
         let reads: Vec<_> = inputs.iter().map(|t| t.buffer()).collect();
         device.dispatch_rows(
