@@ -74,7 +74,7 @@ pub struct RowConfig {
     /// Workgroup size for every row kernel (`HELIOS_WG`; default: the family's own).
     pub workgroup: Option<u32>,
     /// Rows each group of the cached norm backward walks, accumulating dgamma/dbeta
-    /// (`HELIOS_NORM_ROWS`; default `norm::NORM_BWD_ROWS`).
+    /// (`HELIOS_NORM_ROWS`; default `norm::norm_bwd_rows`).
     pub norm_rows: Option<u32>,
     /// Softmax and norm rows a multiple of 4 long run kernels without per-slot checks
     /// ([`Row::whole`]; `HELIOS_ROW_WHOLE=0` turns that off, for measurements).

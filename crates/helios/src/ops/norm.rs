@@ -7,7 +7,7 @@
 //! kernel sums those rows column by column: no atomics, the same bits on every run.
 
 use helios_kernels::norm::{
-    self, param_splits, NormKernel, NormKind, NormParamKernel, NormVariant, NORM_BWD_ROWS,
+    self, param_splits, NormKernel, NormKind, NormParamKernel, NormVariant,
 };
 use helios_kernels::reduce::{Dims, Layout, ReduceKernel, Reduction, Stage, REDUCE_WORKGROUP};
 use helios_vk::Buffer;
@@ -285,7 +285,7 @@ impl Tensor {
                     rows,
                     kernel.workgroup,
                     threads,
-                    cfg.norm_rows.unwrap_or(NORM_BWD_ROWS),
+                    cfg.norm_rows.unwrap_or_else(|| norm::norm_bwd_rows(rows)),
                 );
                 let bufs = (0..parts)
                     .map(|_| device.scratch(u64::from(g) * u64::from(len) * 4))
