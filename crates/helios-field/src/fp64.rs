@@ -560,6 +560,28 @@ mod tests {
     use super::*;
     use crate::fq::random_elements;
 
+    /// Limbs of `W` bits (low first) packed into an element, less p once when that leaves
+    /// it canonical: the last step of the host models.
+    fn pack_reduced(t: &[i64]) -> Fq {
+        let mut out = [0u64; 6];
+        for (i, &v) in t.iter().enumerate() {
+            let bit = i * W as usize;
+            out[bit / 64] |= (v as u64) << (bit % 64);
+            if bit % 64 + W as usize > 64 && bit / 64 + 1 < 6 {
+                out[bit / 64 + 1] |= (v as u64) >> (64 - bit % 64);
+            }
+        }
+        if !crate::fq::is_canonical(&out) {
+            let mut borrow = 0u128;
+            for (o, &pi) in out.iter_mut().zip(&P) {
+                let d = (*o as u128).wrapping_sub(pi as u128 + borrow);
+                *o = d as u64;
+                borrow = (d >> 127) & 1;
+            }
+        }
+        out
+    }
+
     /// The split on the host, with `f64::mul_add` (fused): exact for the extreme operands
     /// the kernel can meet (limbs, Karatsuba sums, m and p limbs).
     #[test]
@@ -636,23 +658,7 @@ mod tests {
                 carry = acc >> W;
             }
             t.push(pend + carry);
-            let mut out = [0u64; 6];
-            for (i, &v) in t.iter().enumerate() {
-                let bit = i * W as usize;
-                out[bit / 64] |= (v as u64) << (bit % 64);
-                if bit % 64 + W as usize > 64 && bit / 64 + 1 < 6 {
-                    out[bit / 64 + 1] |= (v as u64) >> (64 - bit % 64);
-                }
-            }
-            if !crate::fq::is_canonical(&out) {
-                let mut borrow = 0u128;
-                for (o, &pi) in out.iter_mut().zip(&P) {
-                    let d = (*o as u128).wrapping_sub(pi as u128 + borrow);
-                    *o = d as u64;
-                    borrow = (d >> 127) & 1;
-                }
-            }
-            out
+            pack_reduced(&t)
         };
         let mut xs = crate::fq::edge_elements();
         xs.extend(random_elements(200, 17));
@@ -747,23 +753,7 @@ mod tests {
                 carry = v >> W;
             }
             t.push(pend + carry);
-            let mut out = [0u64; 6];
-            for (i, &v) in t.iter().enumerate() {
-                let bit = i * W as usize;
-                out[bit / 64] |= (v as u64) << (bit % 64);
-                if bit % 64 + W as usize > 64 && bit / 64 + 1 < 6 {
-                    out[bit / 64 + 1] |= (v as u64) >> (64 - bit % 64);
-                }
-            }
-            if !crate::fq::is_canonical(&out) {
-                let mut borrow = 0u128;
-                for (o, &pi) in out.iter_mut().zip(&P) {
-                    let d = (*o as u128).wrapping_sub(pi as u128 + borrow);
-                    *o = d as u64;
-                    borrow = (d >> 127) & 1;
-                }
-            }
-            out
+            pack_reduced(&t)
         };
         let mut xs = crate::fq::edge_elements();
         xs.extend(random_elements(300, 23));

@@ -745,7 +745,7 @@ pub(crate) struct Dims {
     pub off_r: Val,
 }
 
-pub(crate) fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
+fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
     let ld = |k: &mut KernelBuilder, q: Param| k.load_param(q);
     let (m, n, kk) = (ld(k, p.m), ld(k, p.n), ld(k, p.k));
     let (lda, ldb, ldc, ldr) = (ld(k, p.lda), ld(k, p.ldb), ld(k, p.ldc), ld(k, p.ldr));
@@ -774,10 +774,22 @@ pub(crate) fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
     }
 }
 
+/// This workgroup's problem: the launch's dimensions (with its batch's offsets) and the
+/// first row and column of its `bm × bn` output tile.
+pub(crate) fn tile_origin(k: &mut KernelBuilder, p: &Params, bm: u32, bn: u32) -> (Dims, Val, Val) {
+    let (tile_m, tile_n, batch) = tile_coords(k);
+    let d = load_dims(k, p, batch);
+    let bm_v = k.u32(bm);
+    let bn_v = k.u32(bn);
+    let m0 = k.mul(tile_m, bm_v);
+    let n0 = k.mul(tile_n, bn_v);
+    (d, m0, n0)
+}
+
 /// Workgroup tile coordinates (row tile, column tile) with grouped rasterization: runs of
 /// `GROUP` row tiles are walked column by column, so workgroups running together share A
 /// row panels and B column panels in L2.
-pub(crate) fn tile_coords(k: &mut KernelBuilder) -> (Val, Val, Val) {
+fn tile_coords(k: &mut KernelBuilder) -> (Val, Val, Val) {
     const GROUP: u32 = 8;
     let wid = k.workgroup_id();
     let nwg = k.num_workgroups();

@@ -21,9 +21,7 @@ use helios_spirv::{
     Shared, SharedLen, Ty, Val, Var,
 };
 
-use crate::matmul::{
-    declare, load_dims, mask, store_quad, tile_coords, CoopTile, Dims, MatmulKernel, FRAG,
-};
+use crate::matmul::{declare, mask, store_quad, tile_origin, CoopTile, Dims, MatmulKernel, FRAG};
 use crate::storage::{buffer_scalar, Storage};
 
 /// Halves per staged word.
@@ -110,12 +108,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
     let p = declare(&mut k, kern, elem(kern.vec_a), elem(kern.vec_b));
     k.begin();
 
-    let (tile_m, tile_n, batch) = tile_coords(&mut k);
-    let d = load_dims(&mut k, &p, batch);
-    let bm_v = k.u32(bm);
-    let bn_v = k.u32(bn);
-    let m0 = k.mul(tile_m, bm_v);
-    let n0 = k.mul(tile_n, bn_v);
+    let (d, m0, n0) = tile_origin(&mut k, &p, bm, bn);
     let tid = k.local_index();
     let sg_id = k.subgroup_id();
     let wn_v = k.u32(wn);
@@ -297,6 +290,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
     // Every subgroup is done reading the stages before any reuses them as scratch.
     k.workgroup_barrier();
     if kern.epilogue.is_plain() && kern.vec_c {
+        let (bm_v, bn_v) = (k.u32(bm), k.u32(bn));
         let end_m = k.add(m0, bm_v);
         let end_n = k.add(n0, bn_v);
         let in_m = k.le(end_m, d.m);

@@ -14,7 +14,7 @@
 use helios_spirv::{Binding, KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
 
 use crate::matmul::{
-    declare, load_dims, mask, store_quad, tile_coords, Dims, MatmulKernel, SimtTile, BK_SIMT,
+    declare, mask, store_quad, tile_origin, Dims, MatmulKernel, SimtTile, BK_SIMT,
 };
 use crate::storage::{buffer_scalar, load_f32};
 
@@ -52,12 +52,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
     let p = declare(&mut k, kern, elem, elem);
     k.begin();
 
-    let (tile_m, tile_n, batch) = tile_coords(&mut k);
-    let d = load_dims(&mut k, &p, batch);
-    let bm_v = k.u32(bm);
-    let bn_v = k.u32(bn);
-    let m0 = k.mul(tile_m, bm_v);
-    let n0 = k.mul(tile_n, bn_v);
+    let (d, m0, n0) = tile_origin(&mut k, &p, bm, bn);
     let tid = k.local_index();
     let tx_n = k.u32(threads_x);
     let tx = k.rem(tid, tx_n);

@@ -12,7 +12,7 @@
 
 use helios_spirv::{Binding, CoopLayout, CoopTy, CoopUse, KernelBuilder, KernelModule, Scalar};
 
-use crate::matmul::{declare, load_dims, tile_coords, MatmulKernel, WgTile};
+use crate::matmul::{declare, tile_origin, MatmulKernel, WgTile};
 use crate::storage::Storage;
 
 /// Halves per 16-byte word: A and B are addressed as `vec4<u32>`.
@@ -38,12 +38,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: WgTile) -> KernelModule {
     let p = declare(&mut k, kern, operand, operand);
     k.begin();
 
-    let (tile_m, tile_n, batch) = tile_coords(&mut k);
-    let d = load_dims(&mut k, &p, batch);
-    let bm_v = k.u32(bm);
-    let bn_v = k.u32(bn);
-    let m0 = k.mul(tile_m, bm_v);
-    let n0 = k.mul(tile_n, bn_v);
+    let (d, m0, n0) = tile_origin(&mut k, &p, bm, bn);
     let word = k.u32(WORD);
     let lda = k.div(d.lda, word);
     let ldb = k.div(d.ldb, word);

@@ -258,6 +258,25 @@ impl SoftmaxKernel {
         k.mul(x, s)
     }
 
+    /// Full slots of `x` (see `Row::walk`), all loads issued first, scaled and masked.
+    fn load_full(&self, k: &mut KernelBuilder, c: &Ctx, x: Buffer, slots: &[Val]) -> Vec<Val> {
+        let xs: Vec<Val> = slots
+            .iter()
+            .map(|&sl| load_f32(k, x, sl, 4, self.storage))
+            .collect();
+        slots
+            .iter()
+            .zip(xs)
+            .map(|(&sl, v)| self.scaled_full(k, c, sl, v))
+            .collect()
+    }
+
+    /// An edge slot of `x`, -inf outside the row, scaled and masked.
+    fn load_edge(&self, k: &mut KernelBuilder, c: &Ctx, x: Buffer, slot: Val) -> Val {
+        let v = c.row.load(k, x, self.storage, slot, f32::NEG_INFINITY);
+        self.scaled(k, c, slot, v)
+    }
+
     /// Folds scaled slots into the running max `m` and the sum `s` of exp(x − max) of an
     /// online softmax.
     fn absorb(k: &mut KernelBuilder, m: Var, s: Var, xs: &[Val]) {
@@ -359,18 +378,11 @@ impl SoftmaxKernel {
                     c.threads,
                     unroll,
                     |k, slots| {
-                        let xs: Vec<Val> =
-                            slots.iter().map(|&sl| load_f32(k, x, sl, 4, st)).collect();
-                        let xs: Vec<Val> = slots
-                            .iter()
-                            .zip(xs)
-                            .map(|(&sl, v)| self.scaled_full(k, c, sl, v))
-                            .collect();
+                        let xs = self.load_full(k, c, x, slots);
                         Self::absorb(k, m, s, &xs);
                     },
                     |k, sl| {
-                        let v = c.row.load(k, x, st, sl, f32::NEG_INFINITY);
-                        let xs = self.scaled(k, c, sl, v);
+                        let xs = self.load_edge(k, c, x, sl);
                         Self::absorb(k, m, s, &[xs]);
                     },
                 );
@@ -390,17 +402,14 @@ impl SoftmaxKernel {
                     c.threads,
                     unroll,
                     |k, slots| {
-                        let xs: Vec<Val> =
-                            slots.iter().map(|&sl| load_f32(k, x, sl, 4, st)).collect();
-                        for (&sl, v) in slots.iter().zip(xs) {
-                            let xs = self.scaled_full(k, c, sl, v);
+                        let xs = self.load_full(k, c, x, slots);
+                        for (&sl, xs) in slots.iter().zip(xs) {
                             let out = self.output(k, xs, &stats);
                             store_f32(k, y, sl, out, st);
                         }
                     },
                     |k, sl| {
-                        let v = c.row.load(k, x, st, sl, f32::NEG_INFINITY);
-                        let xs = self.scaled(k, c, sl, v);
+                        let xs = self.load_edge(k, c, x, sl);
                         let out = self.output(k, xs, &stats);
                         c.row.store(k, y, st, sl, out);
                     },

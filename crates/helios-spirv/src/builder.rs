@@ -559,15 +559,7 @@ impl KernelBuilder {
         let zero = self.const_u32(0);
         match self.binding {
             Binding::DeviceAddress => {
-                let member = self.buffers[buf.index].slot;
-                let var = self.push_var.expect("push block declared");
-                let scalar_view = self.view_pointer_type(Ty::scalar(buf.elem));
-                let pc_ptr = self
-                    .b
-                    .type_pointer(None, StorageClass::PushConstant, scalar_view);
-                let m = self.const_u32(member);
-                let slot = self.inst(Op::AccessChain, Some(pc_ptr), vec![id(var), id(m)]);
-                let mut base = self.inst(Op::Load, Some(scalar_view), vec![id(slot)]);
+                let mut base = self.buffer_base(buf);
                 if lanes != 1 {
                     let view = self.view_pointer_type(elem);
                     base = self.inst(Op::Bitcast, Some(view), vec![id(base)]);

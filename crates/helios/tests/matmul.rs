@@ -400,31 +400,22 @@ fn bad_operands_are_errors() {
     let x = Tensor::from_slice(dev, &[0.5; 12], &[2, 2, 3]).unwrap();
     let y = Tensor::from_slice(dev, &[0.5; 18], &[3, 3, 2]).unwrap();
     assert!(x.matmul(&y).unwrap_err().to_string().contains("batch"));
-    if !matmul_caps(dev).coop_f16 {
-        let coop = MatmulVariant::by_name("coop64x64w2x2k32d2").unwrap();
-        let e = a
-            .matmul_opts(
-                &ok,
-                &MatmulOptions {
-                    variant: Some(coop),
-                    ..Default::default()
-                },
-            )
-            .unwrap_err();
-        assert!(e.to_string().contains("cannot run here"), "{e}");
-    }
-    if matmul_caps(dev).coop_wg.is_empty() {
-        let wg = MatmulVariant::by_name("wg128x128k16w4p").unwrap();
-        let e = a
-            .matmul_opts(
-                &ok,
-                &MatmulOptions {
-                    variant: Some(wg),
-                    ..Default::default()
-                },
-            )
-            .unwrap_err();
-        assert!(e.to_string().contains("cannot run here"), "{e}");
+    // Variants this device cannot run are refused, saying so.
+    let caps = matmul_caps(dev);
+    for (name, missing) in [
+        ("coop64x64w2x2k32d2", !caps.coop_f16),
+        ("wg128x128k16w4p", caps.coop_wg.is_empty()),
+    ] {
+        if !missing {
+            continue;
+        }
+        let v = MatmulVariant::by_name(name).unwrap();
+        let opts = MatmulOptions {
+            variant: Some(v),
+            ..Default::default()
+        };
+        let e = a.matmul_opts(&ok, &opts).unwrap_err();
+        assert!(e.to_string().contains("cannot run here"), "{name}: {e}");
     }
     assert_no_validation_messages();
 }
