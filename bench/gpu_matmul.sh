@@ -4,7 +4,7 @@
 # `helios bench matmul --compare torch` (coop peak, tuner reports, cuBLAS side by side).
 # Usage (repo root, on the device machine): bench/gpu_matmul.sh OUTDIR [bench args...]
 # TESTS=<filter> runs only matching tests; TEST_TIMEOUT=<s> (default 150) bounds them: every
-# test of the binary compiles dozens of pipelines and needs about 300 s on an H100, which
+# test of the binary compiles dozens of pipelines: all ten took 319 s on an H100, which
 # leaves no room for the benchmark inside one 600 s device call.
 set -uo pipefail
 out=${1:?output dir}; shift
