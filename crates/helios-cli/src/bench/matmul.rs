@@ -340,25 +340,14 @@ pub fn run(args: &BenchArgs) -> CliResult {
         }
     }
 
-    let mut torch_meta = None;
-    let mut torch_note = None;
-    if let Some(script) = &script {
-        eprintln!("bench: running {}", script.display());
-        match run_torch(script, &cases, &dtypes, samples, quick) {
-            Ok((meta, rows)) => {
-                for r in results.iter_mut() {
-                    r.torch = rows
-                        .iter()
-                        .find(|t| t.case == r.case.name && t.dtype == r.dtype)
-                        .cloned();
-                }
-                torch_meta = Some(meta);
-            }
-            Err(note) => {
-                eprintln!("note: torch comparison skipped: {note}");
-                torch_note = Some(note);
-            }
-        }
+    let (torch_meta, torch_note, rows) = super::torch_side(script.as_deref(), |script| {
+        run_torch(script, &cases, &dtypes, samples, quick)
+    });
+    for r in results.iter_mut() {
+        r.torch = rows
+            .iter()
+            .find(|t| t.case == r.case.name && t.dtype == r.dtype)
+            .cloned();
     }
 
     let plan = super::Plan {
@@ -367,30 +356,21 @@ pub fn run(args: &BenchArgs) -> CliResult {
         bandwidth: None,
     };
     let meta = report::RunMeta::collect(&device, "matmul", &plan, torch_meta, torch_note);
-    let text = table(&meta, &peaks, &results);
-    let to_stdout_json = args.json.as_deref() == Some(Path::new("-"));
-    if to_stdout_json {
-        eprint!("{text}");
-    } else {
-        report::write_stdout(&text)?;
+    #[derive(Serialize)]
+    struct Doc<'a> {
+        #[serde(flatten)]
+        meta: &'a report::RunMeta<'a>,
+        samples: usize,
+        peak: &'a [PeakRow],
+        results: &'a [MmResult],
     }
-    if let Some(path) = &args.json {
-        #[derive(Serialize)]
-        struct Doc<'a> {
-            #[serde(flatten)]
-            meta: &'a report::RunMeta<'a>,
-            samples: usize,
-            peak: &'a [PeakRow],
-            results: &'a [MmResult],
-        }
-        let json = serde_json::to_string_pretty(&Doc {
-            meta: &meta,
-            samples,
-            peak: &peaks,
-            results: &results,
-        })? + "\n";
-        super::write_json(path, &json)?;
-    }
+    let doc = Doc {
+        meta: &meta,
+        samples,
+        peak: &peaks,
+        results: &results,
+    };
+    super::emit(args.json.as_deref(), &table(&meta, &peaks, &results), &doc)?;
     super::no_validation_messages(&device)
 }
 

@@ -346,6 +346,39 @@ fn torch_script(args: &BenchArgs) -> Result<Option<std::path::PathBuf>, String> 
 }
 
 /// Writes a suite's JSON to `path` (`-`: standard output).
+/// Runs the PyTorch side of a suite where a script was found: its metadata and rows, or the
+/// note that says why the comparison was skipped (printed too).
+fn torch_side<T>(
+    script: Option<&std::path::Path>,
+    run: impl FnOnce(&std::path::Path) -> Result<(serde_json::Value, Vec<T>), String>,
+) -> (Option<serde_json::Value>, Option<String>, Vec<T>) {
+    let Some(script) = script else {
+        return (None, None, Vec::new());
+    };
+    eprintln!("bench: running {}", script.display());
+    match run(script) {
+        Ok((meta, rows)) => (Some(meta), None, rows),
+        Err(note) => {
+            eprintln!("note: torch comparison skipped: {note}");
+            (None, Some(note), Vec::new())
+        }
+    }
+}
+
+/// Prints a suite's tables (to stderr when `--json -` puts the JSON on stdout) and writes
+/// `doc` where `--json` asks.
+fn emit(json: Option<&std::path::Path>, text: &str, doc: &impl Serialize) -> CliResult {
+    if json == Some(std::path::Path::new("-")) {
+        eprint!("{text}");
+    } else {
+        report::write_stdout(text)?;
+    }
+    if let Some(path) = json {
+        write_json(path, &(serde_json::to_string_pretty(doc)? + "\n"))?;
+    }
+    Ok(())
+}
+
 fn write_json(path: &std::path::Path, json: &str) -> CliResult {
     if path == std::path::Path::new("-") {
         report::write_stdout(json)?;

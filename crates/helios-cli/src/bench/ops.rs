@@ -466,34 +466,20 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     device.set_batch_limit(limit);
 
-    let mut torch_meta = None;
-    let mut torch_note = None;
-    if let Some(script) = &script {
-        eprintln!("bench: running {}", script.display());
-        match run_torch(script, &cases, adamw, &shapes, &dtypes, samples, quick) {
-            Ok((meta, rows)) => {
-                for r in results.iter_mut() {
-                    r.torch = rows
-                        .iter()
-                        .find(|t| {
-                            t.case == r.case
-                                && t.dtype == r.dtype
-                                && t.rows == r.rows
-                                && t.cols == r.cols
-                        })
-                        .cloned()
-                        .map(|mut t| {
-                            t.gbps = Some(r.bytes_per_op as f64 / (t.median_us * 1e-6) / 1e9);
-                            t
-                        });
-                }
-                torch_meta = Some(meta);
-            }
-            Err(note) => {
-                eprintln!("note: torch comparison skipped: {note}");
-                torch_note = Some(note);
-            }
-        }
+    let (torch_meta, torch_note, rows) = super::torch_side(script.as_deref(), |script| {
+        run_torch(script, &cases, adamw, &shapes, &dtypes, samples, quick)
+    });
+    for r in results.iter_mut() {
+        r.torch = rows
+            .iter()
+            .find(|t| {
+                t.case == r.case && t.dtype == r.dtype && t.rows == r.rows && t.cols == r.cols
+            })
+            .cloned()
+            .map(|mut t| {
+                t.gbps = Some(r.bytes_per_op as f64 / (t.median_us * 1e-6) / 1e9);
+                t
+            });
     }
 
     let plan = super::Plan {
@@ -502,28 +488,19 @@ pub fn run(args: &BenchArgs) -> CliResult {
         bandwidth: None,
     };
     let meta = report::RunMeta::collect(&device, "ops", &plan, torch_meta, torch_note);
-    let text = table(&meta, &results);
-    let to_stdout_json = args.json.as_deref() == Some(Path::new("-"));
-    if to_stdout_json {
-        eprint!("{text}");
-    } else {
-        report::write_stdout(&text)?;
+    #[derive(Serialize)]
+    struct Doc<'a> {
+        #[serde(flatten)]
+        meta: &'a report::RunMeta<'a>,
+        samples: usize,
+        results: &'a [OpResult],
     }
-    if let Some(path) = &args.json {
-        #[derive(Serialize)]
-        struct Doc<'a> {
-            #[serde(flatten)]
-            meta: &'a report::RunMeta<'a>,
-            samples: usize,
-            results: &'a [OpResult],
-        }
-        let json = serde_json::to_string_pretty(&Doc {
-            meta: &meta,
-            samples,
-            results: &results,
-        })? + "\n";
-        super::write_json(path, &json)?;
-    }
+    let doc = Doc {
+        meta: &meta,
+        samples,
+        results: &results,
+    };
+    super::emit(args.json.as_deref(), &table(&meta, &results), &doc)?;
     super::no_validation_messages(&device)
 }
 
