@@ -241,20 +241,10 @@ impl NormKernel {
             dbeta: buf("dbeta_part"),
         };
         let mk = |k: &mut KernelBuilder, unit: Val, vec: u8| {
-            let valid = k.lt(unit, rows);
-            let zero = k.u32(0);
-            let start = k.mul(unit, len);
-            let start = k.select(valid, start, zero);
-            let end = k.add(start, len);
-            let end = k.select(valid, end, zero);
+            let (row, valid) = Row::nth(k, unit, rows, len, vec, self.whole && vec == 4);
             (
                 Ctx {
-                    row: Row {
-                        start,
-                        end,
-                        vec,
-                        whole: self.whole && vec == 4,
-                    },
+                    row,
                     lane,
                     threads,
                     len_f,

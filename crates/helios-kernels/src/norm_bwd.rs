@@ -207,25 +207,15 @@ impl NormKernel {
             },
             |k| {
                 let r = k.get(i);
-                let valid = k.lt(r, rows);
-                let zero = k.u32(0);
-                let start = k.mul(r, len);
-                let start = k.select(valid, start, zero);
-                let end = k.add(start, len);
-                let end = k.select(valid, end, zero);
+                let (row, valid) = Row::nth(k, r, rows, len, vec, self.whole && vec == 4);
                 let c = Ctx {
-                    row: Row {
-                        start,
-                        end,
-                        vec,
-                        whole: self.whole && vec == 4,
-                    },
+                    row,
                     lane,
                     threads,
                     len_f,
                 };
                 let (mean, rstd) = self.row_stats(k, b, r, valid);
-                let s0 = k.shr(start, vshift);
+                let s0 = k.shr(c.row.start, vshift);
                 let mut held = Vec::new();
                 let (mut a, mut bb) = (k.const_f32(0.0), k.const_f32(0.0));
                 for &(cs, inside, gm, _, _) in &cols {

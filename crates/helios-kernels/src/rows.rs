@@ -398,6 +398,32 @@ pub struct Row {
 }
 
 impl Row {
+    /// Row `unit` of `rows` rows of `len` elements lying back to back (`unit`, `rows`, `len`
+    /// u32 values), and whether it exists: a unit past the last row gets the empty row
+    /// `[0, 0)`, so every access it makes is skipped.
+    pub fn nth(
+        k: &mut KernelBuilder,
+        unit: Val,
+        rows: Val,
+        len: Val,
+        vec: u8,
+        whole: bool,
+    ) -> (Row, Val) {
+        let valid = k.lt(unit, rows);
+        let zero = k.u32(0);
+        let start = k.mul(unit, len);
+        let start = k.select(valid, start, zero);
+        let end = k.add(start, len);
+        let end = k.select(valid, end, zero);
+        let row = Row {
+            start,
+            end,
+            vec,
+            whole,
+        };
+        (row, valid)
+    }
+
     /// The first slot touching the row.
     pub fn first_slot(&self, k: &mut KernelBuilder) -> Val {
         if self.vec == 1 {

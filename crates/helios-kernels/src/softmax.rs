@@ -160,18 +160,7 @@ impl SoftmaxKernel {
         let lane = groups.lane(&mut k);
         let base = k.mul(g, per);
         let unit = k.add(base, gi);
-        let valid = k.lt(unit, rows);
-        let zero = k.u32(0);
-        let start = k.mul(unit, len);
-        let start = k.select(valid, start, zero);
-        let end = k.add(start, len);
-        let end = k.select(valid, end, zero);
-        let row = Row {
-            start,
-            end,
-            vec: 4,
-            whole: self.whole,
-        };
+        let (row, _) = Row::nth(&mut k, unit, rows, len, 4, self.whole);
         let causal_i = self.causal.then(|| k.rem(unit, causal_rows));
         let ctx = Ctx {
             row,
@@ -502,15 +491,14 @@ impl SoftmaxKernel {
                 let zero = k.const_f32(0.0);
                 let acc = k.var_init(zero);
                 let unroll = u32::from(unroll);
+                // (y, dy) of a slot, 0 outside the row.
+                let load = |k: &mut KernelBuilder, sl: Val| {
+                    let y = c.row.load(k, yb, st, sl, 0.0);
+                    let dy = c.row.load(k, dyb, st, sl, 0.0);
+                    (y, dy)
+                };
                 for_each_slot_by(k, first, end_slot, c.lane, c.threads, unroll, |k, slots| {
-                    let loaded: Vec<(Val, Val)> = slots
-                        .iter()
-                        .map(|&sl| {
-                            let y = c.row.load(k, yb, st, sl, 0.0);
-                            let dy = c.row.load(k, dyb, st, sl, 0.0);
-                            (y, dy)
-                        })
-                        .collect();
+                    let loaded: Vec<(Val, Val)> = slots.iter().map(|&sl| load(k, sl)).collect();
                     let mut a = k.get(acc);
                     for (&sl, (y, dy)) in slots.iter().zip(loaded) {
                         let t = self.bwd_term(k, c, sl, y, dy);
@@ -521,14 +509,7 @@ impl SoftmaxKernel {
                 let mine = k.get(acc);
                 let total = groups.reduce(k, ReduceOp::Add, mine);
                 for_each_slot_by(k, first, end_slot, c.lane, c.threads, unroll, |k, slots| {
-                    let loaded: Vec<(Val, Val)> = slots
-                        .iter()
-                        .map(|&sl| {
-                            let y = c.row.load(k, yb, st, sl, 0.0);
-                            let dy = c.row.load(k, dyb, st, sl, 0.0);
-                            (y, dy)
-                        })
-                        .collect();
+                    let loaded: Vec<(Val, Val)> = slots.iter().map(|&sl| load(k, sl)).collect();
                     for (&sl, (y, dy)) in slots.iter().zip(loaded) {
                         let dx = self.bwd_out(k, c, sl, y, dy, total);
                         c.row.store(k, dxb, st, sl, dx);

@@ -278,6 +278,12 @@ impl Tensor {
         .collect();
         let parts = usize::from(kind == NormKind::Layer) + 1;
         let vec = if len % 4 == 0 { 4u8 } else { 1 };
+        // `n` f32 partial rows of dgamma (and of dbeta).
+        let partial_scratch = |n: u32| {
+            (0..parts)
+                .map(|_| device.scratch(u64::from(n) * u64::from(len) * 4))
+                .collect::<Result<Vec<_>>>()
+        };
         // Partial rows of dgamma (and dbeta): how many, and the scratch holding them.
         let (partial_rows, scratch) = match kernel.variant {
             NormVariant::Cached { .. } => {
@@ -287,9 +293,7 @@ impl Tensor {
                     threads,
                     cfg.norm_rows.unwrap_or_else(|| norm::norm_bwd_rows(rows)),
                 );
-                let bufs = (0..parts)
-                    .map(|_| device.scratch(u64::from(g) * u64::from(len) * 4))
-                    .collect::<Result<Vec<_>>>()?;
+                let bufs = partial_scratch(g)?;
                 let mut writes = vec![dx.buffer()];
                 writes.extend(bufs.iter());
                 device.dispatch_rows(
@@ -319,9 +323,7 @@ impl Tensor {
                 };
                 let target = u64::from(cfg.target_groups) * u64::from(pk.workgroup);
                 let (splits, chunk) = param_splits(rows, len, vec, target);
-                let bufs = (0..parts)
-                    .map(|_| device.scratch(u64::from(splits) * u64::from(len) * 4))
-                    .collect::<Result<Vec<_>>>()?;
+                let bufs = partial_scratch(splits)?;
                 let reads: Vec<&Buffer> = [
                     Some(self.buffer()),
                     mean.map(|m| m.buffer()),
