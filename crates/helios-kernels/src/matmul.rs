@@ -13,7 +13,7 @@
 //! 16-byte vector accesses, epilogue); sizes, leading dimensions, batch strides and alpha are
 //! push constants, so one pipeline serves every shape with the same alignment.
 
-use helios_spirv::{Access, Buffer, KernelBuilder, KernelModule, Param, Scalar, Ty, Val};
+use helios_spirv::{Access, Buffer, KernelBuilder, KernelModule, Param, Scalar, Ty, Val, Var};
 
 use crate::launch::{pack_push, Arg, Launch};
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
@@ -772,6 +772,84 @@ fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
         off_c,
         off_r,
     }
+}
+
+/// The k loop both tiled generators (SIMT and cooperative) share: two shared-memory stages
+/// of `stage` words for A and B and `depth` register slots of global loads in flight.
+///
+/// Prologue: tile 0 goes into stage 0, tiles 1..=depth into the register slots (slot j
+/// holds tile `depth` when j == 0, else tile j). Step t then stores tile t+1 (loaded `depth`
+/// steps earlier, from slot (t+1) % depth) into stage (t+1) % 2, refills that slot with
+/// tile t+1+depth, runs `compute(base_a, base_b)` on stage t % 2 and ends with a barrier.
+/// The loop is unrolled `depth` times so slots are static; steps past the last tile see
+/// zeros (the loads clamp and mask) and add nothing. `load(k0)` reads the A and B tiles at
+/// k offset `k0` into registers; `store(base_a, base_b, a, b)` writes them into a stage.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn staged_k_loop(
+    k: &mut KernelBuilder,
+    kdim: Val,
+    bk: u32,
+    depth: u8,
+    stage: [u32; 2],
+    load: impl Fn(&mut KernelBuilder, Val) -> (Vec<Val>, Vec<Val>),
+    store: impl Fn(&mut KernelBuilder, Val, Val, &[Val], &[Val]),
+    mut compute: impl FnMut(&mut KernelBuilder, Val, Val),
+) {
+    let depth = u32::from(depth.max(1));
+    let zero = k.u32(0);
+    let (ra, rb) = load(k, zero);
+    store(k, zero, zero, &ra, &rb);
+    let bk_v = k.u32(bk);
+    let mut slots: Vec<(Vec<Var>, Vec<Var>)> = Vec::new();
+    for j in 0..depth {
+        let tile = if j == 0 { depth } else { j };
+        let k0 = k.u32(tile * bk);
+        let (ra, rb) = load(k, k0);
+        let va: Vec<Var> = ra.into_iter().map(|v| k.var_init(v)).collect();
+        let vb: Vec<Var> = rb.into_iter().map(|v| k.var_init(v)).collect();
+        slots.push((va, vb));
+    }
+    k.workgroup_barrier();
+
+    let bk_m1 = k.u32(bk - 1);
+    let kpad = k.add(kdim, bk_m1);
+    let tiles = k.div(kpad, bk_v);
+    let dv = k.u32(depth);
+    let dm1 = k.u32(depth - 1);
+    let tiles = k.add(tiles, dm1);
+    let tiles = k.div(tiles, dv);
+    let tiles = k.mul(tiles, dv);
+    let one = k.u32(1);
+    let a_stage = k.u32(stage[0]);
+    let b_stage = k.u32(stage[1]);
+    k.for_range(zero, tiles, dv, |k, t0| {
+        for u in 0..depth {
+            let off = k.u32(u);
+            let kt = k.add(t0, off);
+            let cur = k.and(kt, one);
+            let other = k.xor(cur, one);
+            let (va, vb) = &slots[((u + 1) % depth) as usize];
+            let ra: Vec<Val> = va.iter().map(|&v| k.get(v)).collect();
+            let rb: Vec<Val> = vb.iter().map(|&v| k.get(v)).collect();
+            let nbase_a = k.mul(other, a_stage);
+            let nbase_b = k.mul(other, b_stage);
+            store(k, nbase_a, nbase_b, &ra, &rb);
+            let ahead = k.u32(1 + depth);
+            let tile = k.add(kt, ahead);
+            let k0 = k.mul(tile, bk_v);
+            let (ra, rb) = load(k, k0);
+            for (v, x) in va.iter().zip(ra) {
+                k.set(*v, x);
+            }
+            for (v, x) in vb.iter().zip(rb) {
+                k.set(*v, x);
+            }
+            let base_a = k.mul(cur, a_stage);
+            let base_b = k.mul(cur, b_stage);
+            compute(k, base_a, base_b);
+            k.workgroup_barrier();
+        }
+    });
 }
 
 /// This workgroup's problem: the launch's dimensions (with its batch's offsets) and the

@@ -18,10 +18,12 @@
 
 use helios_spirv::{
     Access, Binding, CoopLayout, CoopTy, CoopUse, CoopVar, KernelBuilder, KernelModule, Scalar,
-    Shared, SharedLen, Ty, Val, Var,
+    Shared, SharedLen, Ty, Val,
 };
 
-use crate::matmul::{declare, mask, store_quad, tile_origin, CoopTile, Dims, MatmulKernel, FRAG};
+use crate::matmul::{
+    declare, mask, staged_k_loop, store_quad, tile_origin, CoopTile, Dims, MatmulKernel, FRAG,
+};
 use crate::storage::{buffer_scalar, Storage};
 
 /// Halves per staged word.
@@ -154,72 +156,29 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
         })
         .collect();
 
-    // Prologue: tile 0 into stage 0, tiles 1..=depth in flight in registers (slot j holds
-    // tile depth when j == 0, else tile j).
-    let depth = u32::from(t.depth.max(1));
-    let zero = k.u32(0);
-    let ra = load_tile(&mut k, &a, &d, tid, threads, zero);
-    let rb = load_tile(&mut k, &b, &d, tid, threads, zero);
-    store_tile(&mut k, &a, sa, zero, &ra, tid, threads);
-    store_tile(&mut k, &b, sb, zero, &rb, tid, threads);
-    let bk_v = k.u32(bk);
-    let mut slots: Vec<(Vec<Var>, Vec<Var>)> = Vec::new();
-    for j in 0..depth {
-        let tile = if j == 0 { depth } else { j };
-        let k0 = k.u32(tile * bk);
-        let ra = load_tile(&mut k, &a, &d, tid, threads, k0);
-        let rb = load_tile(&mut k, &b, &d, tid, threads, k0);
-        let va: Vec<Var> = ra.into_iter().map(|v| k.var_init(v)).collect();
-        let vb: Vec<Var> = rb.into_iter().map(|v| k.var_init(v)).collect();
-        slots.push((va, vb));
-    }
-    k.workgroup_barrier();
-
-    // Step t stores tile t+1 (loaded `depth` steps earlier) into stage (t+1) % 2, refills its
-    // register slot with tile t+1+depth, then runs the fragments of stage t % 2. Unrolled
-    // `depth` times so slots are static; steps past the last tile see zeros.
-    let bk_m1 = k.u32(bk - 1);
-    let kpad = k.add(d.k, bk_m1);
-    let tiles = k.div(kpad, bk_v);
-    let dv = k.u32(depth);
-    let dm1 = k.u32(depth - 1);
-    let tiles = k.add(tiles, dm1);
-    let tiles = k.div(tiles, dv);
-    let tiles = k.mul(tiles, dv);
-    let one = k.u32(1);
-    let a_stage = k.u32(a.stage());
-    let b_stage = k.u32(b.stage());
+    // This subgroup's corner of the tile.
     let wrow = k.u32(bm / wm);
     let wcol = k.u32(bn / wn);
     let warp_row = k.mul(warp_m, wrow);
     let warp_col = k.mul(warp_n, wcol);
-    k.for_range(zero, tiles, dv, |k, t0| {
-        for u in 0..depth {
-            let off = k.u32(u);
-            let kt = k.add(t0, off);
-            let cur = k.and(kt, one);
-            let other = k.xor(cur, one);
-            let (va, vb) = &slots[((u + 1) % depth) as usize];
-            let ra: Vec<Val> = va.iter().map(|&v| k.get(v)).collect();
-            let rb: Vec<Val> = vb.iter().map(|&v| k.get(v)).collect();
-            let nbase_a = k.mul(other, a_stage);
-            let nbase_b = k.mul(other, b_stage);
-            store_tile(k, &a, sa, nbase_a, &ra, tid, threads);
-            store_tile(k, &b, sb, nbase_b, &rb, tid, threads);
-            let ahead = k.u32(1 + depth);
-            let tile = k.add(kt, ahead);
-            let k0 = k.mul(tile, bk_v);
+    // The staged k loop (see `staged_k_loop`), running the fragments of the stage at
+    // (base_a, base_b).
+    staged_k_loop(
+        &mut k,
+        d.k,
+        bk,
+        t.depth,
+        [a.stage(), b.stage()],
+        |k, k0| {
             let ra = load_tile(k, &a, &d, tid, threads, k0);
             let rb = load_tile(k, &b, &d, tid, threads, k0);
-            for (v, x) in va.iter().zip(ra) {
-                k.set(*v, x);
-            }
-            for (v, x) in vb.iter().zip(rb) {
-                k.set(*v, x);
-            }
-
-            let base_a = k.mul(cur, a_stage);
-            let base_b = k.mul(cur, b_stage);
+            (ra, rb)
+        },
+        |k, base_a, base_b, ra, rb| {
+            store_tile(k, &a, sa, base_a, ra, tid, threads);
+            store_tile(k, &b, sb, base_b, rb, tid, threads);
+        },
+        |k, base_a, base_b| {
             let mut sums: Vec<_> = acc.iter().map(|&v| k.coop_get(v)).collect();
             for kk in (0..bk).step_by(FRAG as usize) {
                 let af: Vec<_> = (0..fm)
@@ -246,9 +205,8 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
             for (v, s) in acc.iter().zip(sums) {
                 k.coop_set(*v, s);
             }
-            k.workgroup_barrier();
-        }
-    });
+        },
+    );
 
     let frag_origin = |k: &mut KernelBuilder, i: u32, j: u32| {
         let r = k.u32(i * FRAG);

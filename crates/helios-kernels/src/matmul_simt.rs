@@ -14,7 +14,7 @@
 use helios_spirv::{Binding, KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
 
 use crate::matmul::{
-    declare, mask, store_quad, tile_origin, Dims, MatmulKernel, SimtTile, BK_SIMT,
+    declare, mask, staged_k_loop, store_quad, tile_origin, Dims, MatmulKernel, SimtTile, BK_SIMT,
 };
 use crate::storage::{buffer_scalar, load_f32};
 
@@ -95,69 +95,23 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
         extent: d.n,
     };
 
-    // Prologue: tile 0 into stage 0, tiles 1..=depth in flight in registers.
-    let depth = u32::from(t.depth.max(1));
-    let zero = k.u32(0);
-    let regs_a = load_tile(&mut k, kern, &a_op, &a_src, &d, tid, threads, zero);
-    let regs_b = load_tile(&mut k, kern, &b_op, &b_src, &d, tid, threads, zero);
-    store_tile(&mut k, &a_op, sa, zero, &regs_a, tid, threads);
-    store_tile(&mut k, &b_op, sb, zero, &regs_b, tid, threads);
-    let bk = k.u32(BK_SIMT);
-    let mut slots: Vec<(Vec<Var>, Vec<Var>)> = Vec::new();
-    for j in 0..depth {
-        // Slot j holds tile j + depth when j == 0, else tile j (see `prefetch` below).
-        let tile = if j == 0 { depth } else { j };
-        let k0 = k.u32(tile * BK_SIMT);
-        let ra = load_tile(&mut k, kern, &a_op, &a_src, &d, tid, threads, k0);
-        let rb = load_tile(&mut k, kern, &b_op, &b_src, &d, tid, threads, k0);
-        let va: Vec<Var> = ra.into_iter().map(|v| k.var_init(v)).collect();
-        let vb: Vec<Var> = rb.into_iter().map(|v| k.var_init(v)).collect();
-        slots.push((va, vb));
-    }
-    k.workgroup_barrier();
-
-    // Step t stores tile t+1 (loaded `depth` steps earlier, from slot (t+1) % depth) into
-    // stage (t+1) % 2, refills that slot with tile t+1+depth, then computes on stage t % 2.
-    // The loop is unrolled `depth` times so slots are static; steps past the last tile read
-    // zeros (clamped, masked loads) and add nothing.
-    let bk_m1 = k.u32(BK_SIMT - 1);
-    let kpad = k.add(d.k, bk_m1);
-    let tiles = k.div(kpad, bk);
-    let dv = k.u32(depth);
-    let dm1 = k.u32(depth - 1);
-    let tiles = k.add(tiles, dm1);
-    let tiles = k.div(tiles, dv);
-    let tiles = k.mul(tiles, dv);
-    let one = k.u32(1);
-    let a_len_v = k.u32(a_len);
-    let b_len_v = k.u32(b_len);
-    k.for_range(zero, tiles, dv, |k, t0| {
-        for u in 0..depth {
-            let off = k.u32(u);
-            let kt = k.add(t0, off);
-            let cur = k.and(kt, one);
-            let other = k.xor(cur, one);
-            let (va, vb) = &slots[((u + 1) % depth) as usize];
-            let ra: Vec<Val> = va.iter().map(|&v| k.get(v)).collect();
-            let rb: Vec<Val> = vb.iter().map(|&v| k.get(v)).collect();
-            let nbase_a = k.mul(other, a_len_v);
-            let nbase_b = k.mul(other, b_len_v);
-            store_tile(k, &a_op, sa, nbase_a, &ra, tid, threads);
-            store_tile(k, &b_op, sb, nbase_b, &rb, tid, threads);
-            let ahead = k.u32(1 + depth);
-            let tile = k.add(kt, ahead);
-            let k0 = k.mul(tile, bk);
+    // The staged k loop (see `staged_k_loop`), computing on the stage at (base_a, base_b).
+    staged_k_loop(
+        &mut k,
+        d.k,
+        BK_SIMT,
+        t.depth,
+        [a_len, b_len],
+        |k, k0| {
             let ra = load_tile(k, kern, &a_op, &a_src, &d, tid, threads, k0);
             let rb = load_tile(k, kern, &b_op, &b_src, &d, tid, threads, k0);
-            for (v, x) in va.iter().zip(ra) {
-                k.set(*v, x);
-            }
-            for (v, x) in vb.iter().zip(rb) {
-                k.set(*v, x);
-            }
-
-            let base_a = k.mul(cur, a_len_v);
-            let base_b = k.mul(cur, b_len_v);
+            (ra, rb)
+        },
+        |k, base_a, base_b, ra, rb| {
+            store_tile(k, &a_op, sa, base_a, ra, tid, threads);
+            store_tile(k, &b_op, sb, base_b, rb, tid, threads);
+        },
+        |k, base_a, base_b| {
             let mut sums: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
             for kk in 0..BK_SIMT {
                 let a: Vec<Val> = (0..gm)
@@ -191,9 +145,8 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
             for (v, s) in acc.iter().zip(sums) {
                 k.set(*v, s);
             }
-            k.workgroup_barrier();
-        }
-    });
+        },
+    );
 
     // Epilogue: row (gi, i) is m0 + gi·bm/gm + 4·ty + i, column group gj starts at
     // n0 + gj·bn/gn + 4·tx.
