@@ -12,6 +12,9 @@
 
 use std::sync::OnceLock;
 
+mod common;
+
+use common::device_with;
 use helios::cpu::{self, Tolerance};
 use helios::{DType, Device, Error, IndexTensor, KernelConfig, Tensor};
 use rand::rngs::StdRng;
@@ -26,16 +29,7 @@ const IGNORE_INDEX: Option<u32> = Some(IGNORE);
 fn devices() -> &'static [Device; 2] {
     static DEVICES: OnceLock<[Device; 2]> = OnceLock::new();
     DEVICES.get_or_init(|| {
-        let make = |subgroups: bool| {
-            let ctx = helios_vk::Context::from_env()
-                .expect("a Vulkan device (install mesa-vulkan-drivers)");
-            let config = KernelConfig {
-                subgroups,
-                ..Device::new(ctx.clone()).config()
-            };
-            Device::with_config(ctx, config)
-        };
-        [make(true), make(false)]
+        [true, false].map(|subgroups| device_with(|base| KernelConfig { subgroups, ..base }))
     })
 }
 

@@ -7,6 +7,9 @@
 
 use std::sync::OnceLock;
 
+mod common;
+
+use common::{assert_clean, device_with, row_lengths};
 use helios::cpu::norm as reference;
 use helios::cpu::softmax::accepts;
 use helios::{DType, Device, Error, KernelConfig, RowConfig, RowVariant, Tensor};
@@ -26,10 +29,7 @@ fn devices() -> &'static [Device; 4] {
     static DEVICES: OnceLock<[Device; 4]> = OnceLock::new();
     DEVICES.get_or_init(|| {
         CONFIGS.map(|(subgroups, variant)| {
-            let ctx = helios_vk::Context::from_env()
-                .expect("a Vulkan device (install mesa-vulkan-drivers)");
-            let base = Device::new(ctx.clone()).config();
-            let config = KernelConfig {
+            device_with(|base| KernelConfig {
                 subgroups,
                 rows: RowConfig {
                     variant,
@@ -43,16 +43,9 @@ fn devices() -> &'static [Device; 4] {
                     ..base.rows
                 },
                 ..base
-            };
-            Device::with_config(ctx, config)
+            })
         })
     })
-}
-
-#[track_caller]
-fn assert_clean(d: &Device) {
-    let m = d.validation_messages();
-    assert!(m.is_empty(), "validation messages:\n{}", m.join("\n"));
 }
 
 /// `offset` plus random values in ±[lo, hi), never zero, rounded to `dtype`.
@@ -163,10 +156,6 @@ fn check(
     Ok(())
 }
 
-fn length() -> impl Strategy<Value = usize> {
-    prop_oneof![1usize..40, 40usize..1100, 2040usize..2100, 8190usize..8300]
-}
-
 proptest! {
     // A fixed seed: the same cases (and kernels, cached after the first run) every time.
     #![proptest_config(ProptestConfig {
@@ -178,7 +167,7 @@ proptest! {
     #[test]
     fn random_rows_match_reference(
         rows in 1usize..9,
-        len in length(),
+        len in row_lengths(),
         rms in any::<bool>(),
         dtype in 0usize..3,
         f32_params in any::<bool>(),

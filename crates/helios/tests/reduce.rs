@@ -6,6 +6,9 @@
 
 use std::sync::OnceLock;
 
+mod common;
+
+use common::{assert_clean, device_with};
 use helios::{cpu, DType, Device, Error, KernelConfig, Reduction, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
@@ -16,23 +19,8 @@ use rand::{Rng, SeedableRng};
 fn devices() -> &'static [Device; 2] {
     static DEVICES: OnceLock<[Device; 2]> = OnceLock::new();
     DEVICES.get_or_init(|| {
-        let make = |subgroups: bool| {
-            let ctx = helios_vk::Context::from_env()
-                .expect("a Vulkan device (install mesa-vulkan-drivers)");
-            let config = KernelConfig {
-                subgroups,
-                ..Device::new(ctx.clone()).config()
-            };
-            Device::with_config(ctx, config)
-        };
-        [make(true), make(false)]
+        [true, false].map(|subgroups| device_with(|base| KernelConfig { subgroups, ..base }))
     })
-}
-
-#[track_caller]
-fn assert_clean(d: &Device) {
-    let m = d.validation_messages();
-    assert!(m.is_empty(), "validation messages:\n{}", m.join("\n"));
 }
 
 /// Random values in ±[0.1, 2), never zero, rounded to `dtype`.

@@ -6,6 +6,9 @@
 
 use std::sync::OnceLock;
 
+mod common;
+
+use common::{assert_clean, device_with, row_lengths};
 use helios::cpu::softmax as reference;
 use helios::{DType, Device, Error, KernelConfig, RowConfig, RowVariant, SoftmaxOptions, Tensor};
 use proptest::prelude::*;
@@ -25,26 +28,16 @@ fn devices() -> &'static [Device; 4] {
     static DEVICES: OnceLock<[Device; 4]> = OnceLock::new();
     DEVICES.get_or_init(|| {
         CONFIGS.map(|(subgroups, variant)| {
-            let ctx = helios_vk::Context::from_env()
-                .expect("a Vulkan device (install mesa-vulkan-drivers)");
-            let base = Device::new(ctx.clone()).config();
-            let config = KernelConfig {
+            device_with(|base| KernelConfig {
                 subgroups,
                 rows: RowConfig {
                     variant,
                     ..base.rows
                 },
                 ..base
-            };
-            Device::with_config(ctx, config)
+            })
         })
     })
-}
-
-#[track_caller]
-fn assert_clean(d: &Device) {
-    let m = d.validation_messages();
-    assert!(m.is_empty(), "validation messages:\n{}", m.join("\n"));
 }
 
 /// Random values in ±[0.1, 4), never zero, rounded to `dtype`.
@@ -121,10 +114,6 @@ fn check(
     Ok(())
 }
 
-fn length() -> impl Strategy<Value = usize> {
-    prop_oneof![1usize..40, 40usize..1100, 2040usize..2100, 8190usize..8300]
-}
-
 proptest! {
     // A fixed seed: the same cases (and kernels, cached after the first run) every time.
     #![proptest_config(ProptestConfig {
@@ -136,7 +125,7 @@ proptest! {
     #[test]
     fn random_rows_match_reference(
         rows in 1usize..6,
-        len in length(),
+        len in row_lengths(),
         log in any::<bool>(),
         causal in any::<bool>(),
         scale in prop_oneof![Just(1.0f32), 0.05f32..2.0],
