@@ -493,7 +493,7 @@ fn run_sweep(
 }
 
 /// Montgomery products per element in the chain probe.
-const CHAIN: u32 = 32;
+const CHAIN: u32 = 256;
 
 /// Time of one chain-probe dispatch (CHAIN products per element of `out`).
 fn chain_time(f: &Field, a: &FqVec, b: &FqVec, out: &FqVec, budget: f64) -> Result<Stats, String> {

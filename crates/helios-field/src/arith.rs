@@ -24,7 +24,7 @@ use helios_vk::EnabledFeatures;
 
 use crate::comba::{Comba, Radix};
 use crate::fp64::{FmaKind, Fp64, Fp64Mul};
-use crate::fq::{Fq, P, P_INV_NEG};
+use crate::fq::{pow2_mod_p, Fq, P, P_BITS, P_INV_NEG, R_MOD_P};
 
 /// How an Fq element is held in registers inside a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,6 +60,18 @@ pub enum Layout {
     Comba30H,
     /// As `Comba30K`, accumulators split as in `Comba30H`.
     Comba30KH,
+    /// As `Comba30KH` with the reduction's m·p by one level of Karatsuba too (274 products
+    /// instead of 303).
+    Comba30KHR,
+    /// As `Comba30KH` with a·b by two levels of Karatsuba (278 products).
+    Comba30K2H,
+    /// Both: two levels for a·b, one for m·p (249 products).
+    Comba30K2HR,
+    /// As `Comba29K` with the reduction's m·p by one level of Karatsuba (301 products, one
+    /// accumulator per column).
+    Comba29KR,
+    /// As `Comba29KR` with a·b by two levels of Karatsuba (277 products).
+    Comba29K2R,
     /// Products on the FP64 pipe ([`crate::fp64`]): 8 × 48-bit limbs as f64, each product
     /// split exactly by two GLSL `Fma`s (fused in practice, not by specification), column
     /// sums in i64. Needs `shaderFloat64`.
@@ -85,7 +97,7 @@ pub enum Layout {
 }
 
 impl Layout {
-    pub const ALL: [Layout; 22] = [
+    pub const ALL: [Layout; 27] = [
         Layout::U32Wide,
         Layout::U32Mix,
         Layout::U32Ext,
@@ -101,6 +113,11 @@ impl Layout {
         Layout::Comba30KExt,
         Layout::Comba30H,
         Layout::Comba30KH,
+        Layout::Comba30KHR,
+        Layout::Comba30K2H,
+        Layout::Comba30K2HR,
+        Layout::Comba29KR,
+        Layout::Comba29K2R,
         Layout::Fp64,
         Layout::Fp64K,
         Layout::Fp64C,
@@ -127,6 +144,11 @@ impl Layout {
             Layout::Comba30KExt => "comba30ke",
             Layout::Comba30H => "comba30h",
             Layout::Comba30KH => "comba30kh",
+            Layout::Comba30KHR => "comba30khr",
+            Layout::Comba30K2H => "comba30k2h",
+            Layout::Comba30K2HR => "comba30k2hr",
+            Layout::Comba29KR => "comba29kr",
+            Layout::Comba29K2R => "comba29k2r",
             Layout::Fp64 => "fp64",
             Layout::Fp64K => "fp64k",
             Layout::Fp64C => "fp64c",
@@ -166,19 +188,24 @@ impl Layout {
 
     /// The reduced radix the multiplier works in, for the product-scanning layouts.
     pub const fn radix(self) -> Option<Radix> {
-        // (bits, dual, ext, karatsuba, hybrid)
-        let (w, dual, ext, karatsuba, hybrid) = match self {
-            Layout::Comba29 => (29, false, false, false, false),
-            Layout::Comba29Ext => (29, false, true, false, false),
-            Layout::Comba29Dual => (29, true, false, false, false),
-            Layout::Comba30 => (30, true, false, false, false),
-            Layout::Comba30Ext => (30, true, true, false, false),
-            Layout::Comba29K => (29, false, false, true, false),
-            Layout::Comba29KExt => (29, false, true, true, false),
-            Layout::Comba30K => (30, true, false, true, false),
-            Layout::Comba30KExt => (30, true, true, true, false),
-            Layout::Comba30H => (30, true, false, false, true),
-            Layout::Comba30KH => (30, true, false, true, true),
+        // (bits, dual, ext, Karatsuba levels of a·b, Karatsuba m·p, hybrid)
+        let (w, dual, ext, karatsuba, kred, hybrid) = match self {
+            Layout::Comba29 => (29, false, false, 0, false, false),
+            Layout::Comba29Ext => (29, false, true, 0, false, false),
+            Layout::Comba29Dual => (29, true, false, 0, false, false),
+            Layout::Comba30 => (30, true, false, 0, false, false),
+            Layout::Comba30Ext => (30, true, true, 0, false, false),
+            Layout::Comba29K => (29, false, false, 1, false, false),
+            Layout::Comba29KExt => (29, false, true, 1, false, false),
+            Layout::Comba30K => (30, true, false, 1, false, false),
+            Layout::Comba30KExt => (30, true, true, 1, false, false),
+            Layout::Comba30H => (30, true, false, 0, false, true),
+            Layout::Comba30KH => (30, true, false, 1, false, true),
+            Layout::Comba30KHR => (30, true, false, 1, true, true),
+            Layout::Comba30K2H => (30, true, false, 2, false, true),
+            Layout::Comba30K2HR => (30, true, false, 2, true, true),
+            Layout::Comba29KR => (29, false, false, 1, true, false),
+            Layout::Comba29K2R => (29, false, false, 2, true, false),
             _ => return None,
         };
         Some(Radix {
@@ -186,6 +213,7 @@ impl Layout {
             dual,
             ext,
             karatsuba,
+            kred,
             hybrid,
         })
     }
@@ -473,6 +501,47 @@ impl Arith<'_> {
             Some(mut c) => c.pack_words(x),
             None => x.to_vec(),
         }
+    }
+
+    /// An element in the form a chain of dependent products keeps it in ([`Arith::chain_mul`]):
+    /// the multiplier's register form, and for a `Comba*` layout also scaled by 2ˢ
+    /// (s = n·w − 384, one product with the constant 2^(384+s) mod p), so that each product
+    /// in the chain is a Montgomery product with respect to the radix's own R' = 2^(n·w),
+    /// without the operand shift that maps R' onto the API's R = 2³⁸⁴.
+    pub fn enter_chain_form(&mut self, x: &[Val]) -> Limbs {
+        let limbs = self.enter_mul_form(x);
+        match self.comba() {
+            Some(mut c) if c.r.s() > 0 => {
+                let scale = c.constant(&pow2_mod_p(384 + c.r.s()));
+                c.mont_mul(&limbs, &scale)
+            }
+            _ => limbs,
+        }
+    }
+
+    /// One product of a chain, in chain form. With `canonical` false a `Comba*` layout skips
+    /// the final conditional subtraction (results stay below 2p, which its next product
+    /// accepts); other layouts always return canonical results.
+    pub fn chain_mul(&mut self, a: &[Val], b: &[Val], canonical: bool) -> Limbs {
+        // Operands of a lazy chain are below 2p, of a canonical one below p.
+        let bits = P_BITS + u32::from(!canonical);
+        match self.comba() {
+            Some(mut c) => c.redc_mul(a, b, (bits, bits), canonical),
+            None => self.mont_mul_form(a, b),
+        }
+    }
+
+    /// Back from chain form to the layout's limbs, canonical (one product with R mod p for
+    /// a `Comba*` layout: x·2³⁸⁴·R'⁻¹ = x·2⁻ˢ).
+    pub fn leave_chain_form(&mut self, x: &[Val]) -> Limbs {
+        let limbs = match self.comba() {
+            Some(mut c) => {
+                let r = c.constant(&R_MOD_P);
+                c.redc_mul(x, &r, (P_BITS + 1, P_BITS), true)
+            }
+            None => x.to_vec(),
+        };
+        self.leave_mul_form(&limbs)
     }
 
     /// Montgomery product a·b·R⁻¹ mod p of canonical a, b in the multiplier's register form.

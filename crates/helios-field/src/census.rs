@@ -118,6 +118,9 @@ mod tests {
         // (layout, SPIR-V operations, weighted) per product, as measured when written.
         let ceilings = [
             (Layout::Comba30KH, 1590, 1324),
+            (Layout::Comba30KHR, 1590, 1324),
+            (Layout::Comba30K2H, 1590, 1324),
+            (Layout::Comba30K2HR, 1590, 1324),
             (Layout::Comba30H, 1670, 1321),
             (Layout::Comba29K, 1659, 1367),
             (Layout::Fp64, 1109, 1193),
@@ -130,6 +133,20 @@ mod tests {
             println!("   {:?}", per_product(layout));
             assert!(raw <= max_raw, "{}: {raw} > {max_raw}", layout.name());
             assert!(weighted <= max_weighted, "{}", layout.name());
+        }
+        // The product-scanning multipliers perform exactly the 32×32→64 multiplies their
+        // radix promises (Karatsuba levels, Karatsuba reduction) and n 32-bit ones.
+        for layout in Layout::ALL {
+            let Some(r) = layout.radix() else { continue };
+            let ops = per_product(layout);
+            let op = if r.ext { "OpUMulExtended" } else { "OpIMul:64" };
+            let wide: i64 = ops
+                .iter()
+                .filter(|(k, _)| k.starts_with(op))
+                .map(|(_, &n)| n)
+                .sum();
+            assert_eq!(wide, r.multiplies() as i64, "{}", layout.name());
+            assert_eq!(ops.get("OpIMul:32").copied(), Some(r.n() as i64));
         }
         let c = per_product(Layout::Fp64C);
         let int64 = c.get("OpIAdd:64").copied().unwrap_or(0);

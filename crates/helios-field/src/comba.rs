@@ -22,7 +22,7 @@
 
 use helios_spirv::{KernelBuilder, Scalar, Ty, Val};
 
-use crate::fq::{Fq, P, P_INV_NEG};
+use crate::fq::{Fq, P, P_BITS, P_INV_NEG};
 
 /// One reduced-radix representation and how its multiplier is emitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -33,8 +33,10 @@ pub struct Radix {
     pub dual: bool,
     /// Products through `OpUMulExtended` (else u64 multiplies of zero-extended words).
     pub ext: bool,
-    /// a·b by one level of Karatsuba (3 half-size products instead of 4), column-wise.
-    pub karatsuba: bool,
+    /// Levels of Karatsuba for a·b (each: 3 half-size products instead of 4), column-wise.
+    pub karatsuba: u32,
+    /// The reduction's m·p by one level of Karatsuba too ([`Reduction`]).
+    pub kred: bool,
     /// With `dual`: split only the middle columns, whose sums could overflow one u64.
     pub hybrid: bool,
 }
@@ -60,7 +62,62 @@ impl Radix {
         let prod = (self.mask() as u128).pow(2);
         let carry_in = 1u128 << (64 - self.w);
         let per_acc = if self.dual { n } else { 2 * n };
-        self.w <= 30 && per_acc * prod + carry_in < 1u128 << 64
+        // Karatsuba operand sums gain a bit per level and must stay u32 factors.
+        let widest = self.w + self.karatsuba.max(u32::from(self.kred));
+        self.w <= 30 && widest <= 32 && per_acc * prod + carry_in < 1u128 << 64
+    }
+
+    /// 32×32→64 multiplies per Montgomery product, besides the n 32-bit ones that make m:
+    /// a·b by its Karatsuba levels, m·p schoolbook (n²) or as [`Reduction`] splits it.
+    pub fn multiplies(self) -> usize {
+        fn product(n: usize, levels: u32) -> usize {
+            if levels == 0 || n < 2 {
+                return n * n;
+            }
+            let h = n.div_ceil(2);
+            2 * product(h, levels - 1) + product(n - h, levels - 1)
+        }
+        let n = self.n();
+        let (h, r) = (n.div_ceil(2), n - n.div_ceil(2));
+        // L, M, H, and m_c·p_0 for h ≤ c < n.
+        let reduction = if self.kred { 2 * h * h + r * r + r } else { n * n };
+        product(n, self.karatsuba) + reduction
+    }
+
+    /// Which columns of a product of operands below 2^a_bits and 2^b_bits are summed in two
+    /// accumulators: every column for a dual radix, none for a single one, and for a hybrid
+    /// radix exactly those whose one-accumulator total could reach 2⁶⁴. That bound is exact
+    /// per column: the operands' top limbs are as short as their bit bounds make them, the
+    /// m·p terms use p's own limbs, and the carry in is the previous column's bound >> w.
+    /// For a chain's operands (below 2p < 2³⁸²) that is 3 columns instead of the 11 that
+    /// full-width limbs would give.
+    pub fn split_columns(self, a_bits: u32, b_bits: u32) -> Vec<bool> {
+        let (n, w) = (self.n(), self.w as usize);
+        let mask = u128::from(self.mask());
+        let limb_max = |bits: u32, i: usize| -> u128 {
+            let (bits, lo) = (bits as usize, i * w);
+            match bits.saturating_sub(lo) {
+                0 => 0,
+                b if b >= w => mask,
+                b => (1 << b) - 1,
+            }
+        };
+        let p = self.split(&P);
+        let mut carry = 0u128;
+        (0..2 * n - 1)
+            .map(|c| {
+                let terms = c.saturating_sub(n - 1)..=c.min(n - 1);
+                let ab: u128 = terms
+                    .clone()
+                    .map(|i| limb_max(a_bits, i) * limb_max(b_bits, c - i))
+                    .sum();
+                let mp: u128 = terms.map(|i| mask * u128::from(p[c - i])).sum();
+                // + 2: the low-part carry of a split column; + 4: the split carries' rounding.
+                let total = ab + mp + carry + 2;
+                carry = (total >> w) + 4;
+                self.dual && (!self.hybrid || total >= 1 << 64)
+            })
+            .collect()
     }
 
     /// `x` as n limbs of w bits, least significant first.
@@ -79,20 +136,248 @@ impl Radix {
     }
 }
 
-/// The Karatsuba split of the two operands and the column sums kept for reuse.
-struct Kara {
-    h: usize,
-    x: Vec<Val>,
-    y: Vec<Val>,
-    u: Vec<Val>,
-    v: Vec<Val>,
-    /// x + y and u + v, limb by limb.
-    sa: Vec<Val>,
-    sb: Vec<Val>,
-    /// Columns of x·u and y·v computed so far.
-    l: Vec<Val>,
-    hh: Vec<Val>,
+/// The columns of f·g as wrapping u64 sums, emitted lazily (a column's multiplies appear
+/// when the multiplier first asks for it): schoolbook at the leaves, one Karatsuba level per
+/// inner node, f·g = L + (M − L − H)·2^(hw) + H·2^(2hw) with L = f_lo·g_lo, H = f_hi·g_hi,
+/// M = (f_lo + f_hi)(g_lo + g_hi). The identity holds column by column (no carry crosses a
+/// column), so the sums may wrap: whatever column total the caller finally needs fits 64
+/// bits and comes out exact. L and H are read twice and keep their columns; M is read once
+/// and multiplies straight into the caller's accumulator.
+struct Product {
+    f: Vec<Val>,
+    g: Vec<Val>,
+    /// The Karatsuba split: h and the sub-products [L, H, M].
+    split: Option<(usize, Box<[Product; 3]>)>,
+    /// Columns already emitted, for a node that is read twice.
+    memo: Option<Vec<Option<Val>>>,
 }
+
+impl Product {
+    /// f·g for equal-length operands by `levels` of Karatsuba. Each level's operand sums are
+    /// one bit wider; [`Radix::fits`] keeps them within a u32.
+    fn new(k: &mut KernelBuilder, f: &[Val], g: &[Val], levels: u32, memo: bool) -> Self {
+        let n = f.len();
+        let split = (levels > 0 && n >= 2).then(|| {
+            let h = n.div_ceil(2);
+            let mut sum = |z: &[Val]| -> Vec<Val> {
+                (0..h)
+                    .map(|i| z.get(h + i).map_or(z[i], |&hi| k.add(z[i], hi)))
+                    .collect()
+            };
+            let (sf, sg) = (sum(f), sum(g));
+            let lo = Product::new(k, &f[..h], &g[..h], levels - 1, true);
+            let hi = Product::new(k, &f[h..], &g[h..], levels - 1, true);
+            let mid = Product::new(k, &sf, &sg, levels - 1, false);
+            (h, Box::new([lo, hi, mid]))
+        });
+        let columns = 2 * n - 1;
+        Product {
+            f: f.to_vec(),
+            g: g.to_vec(),
+            split,
+            memo: memo.then(|| vec![None; columns]),
+        }
+    }
+
+    fn columns(&self) -> usize {
+        self.f.len() + self.g.len() - 1
+    }
+
+    /// `acc + column c` (acc unchanged past the last column).
+    fn add_to(&mut self, cb: &mut Comba, acc: Option<Val>, c: usize) -> Option<Val> {
+        if c >= self.columns() {
+            return acc;
+        }
+        if self.memo.is_none() {
+            return self.emit(cb, acc, c);
+        }
+        let v = self.column(cb, c);
+        Some(cb.add_opt(acc, v))
+    }
+
+    /// Column c (< columns), emitted once.
+    fn column(&mut self, cb: &mut Comba, c: usize) -> Val {
+        if let Some(v) = self.memo.as_ref().and_then(|m| m[c]) {
+            return v;
+        }
+        let v = self.emit(cb, None, c).expect("every column has a term");
+        if let Some(m) = self.memo.as_mut() {
+            m[c] = Some(v);
+        }
+        v
+    }
+
+    fn emit(&mut self, cb: &mut Comba, mut acc: Option<Val>, c: usize) -> Option<Val> {
+        let Some((h, parts)) = self.split.as_mut() else {
+            for i in c.saturating_sub(self.g.len() - 1)..=c.min(self.f.len() - 1) {
+                acc = Some(cb.mac_opt(acc, self.f[i], self.g[c - i]));
+            }
+            return acc;
+        };
+        let h = *h;
+        let [lo, hi, mid] = &mut **parts;
+        acc = lo.add_to(cb, acc, c);
+        if c >= h {
+            let j = c - h;
+            acc = mid.add_to(cb, acc, j);
+            for part in [&mut *lo, &mut *hi] {
+                if j < part.columns() {
+                    let v = part.column(cb, j);
+                    acc = Some(cb.sub_opt(acc, v));
+                }
+            }
+        }
+        if c >= 2 * h {
+            acc = hi.add_to(cb, acc, c - 2 * h);
+        }
+        acc
+    }
+}
+
+/// The reduction's m·p, column by column, while m grows by one limb per column (m_c zeroes
+/// column c, so it is known only once the rest of that column is summed).
+///
+/// Schoolbook, or one Karatsuba level with p's halves and their sum as constants:
+/// m·p = L + (M − L − H)·2^(hw) + H·2^(2hw), L = m_lo·p_lo, H = m_hi·p_hi, M = S·P with
+/// S_i = m_i + m_(h+i) and P_i = p_i + p_(h+i). At column c < n everything but m_c is known:
+/// - c < h: m_c sits only in L_c (as m_c·p_0). L_c's other terms wait as `pending`; m_c's
+///   low bits come from the accumulator plus pending, then L_c = pending + m_c·p_0.
+/// - h ≤ c < n, j = c − h: m_c sits in M_j (as S_j·P_0, S_j = m_j + m_c) and in H_j (as
+///   m_c·p_h); M_j − H_j holds it as m_c·(P_0 − p_h) = m_c·p_0. So the column takes M_j and
+///   H_j without m_c, plus m_c·p_0, and H_j, read again at column j + 2h, gets its m_c·p_h
+///   term then.
+///
+/// 140 multiplies instead of 169 for 13 limbs.
+struct Reduction {
+    p: Vec<Val>,
+    kara: Option<RedKara>,
+}
+
+struct RedKara {
+    h: usize,
+    /// P_i = p_i + p_(h+i) (p_i where p has no limb h+i).
+    psum: Vec<Val>,
+    /// L columns, complete.
+    l: Vec<Val>,
+    /// L_c's known terms while c < h waits for m_c.
+    pending: Option<Val>,
+    /// H columns (complete once m_(h+j) is known).
+    hh: Vec<Option<Val>>,
+    /// S_i = m_i + m_(h+i), once both are known.
+    sums: Vec<Option<Val>>,
+}
+
+impl Reduction {
+    fn new(cb: &mut Comba, p: &[Val], karatsuba: bool) -> Self {
+        let kara = karatsuba.then(|| {
+            let n = p.len();
+            let h = n.div_ceil(2);
+            let limbs = cb.r.split(&P);
+            let psum = (0..h)
+                .map(|i| cb.c32(limbs[i] + limbs.get(h + i).copied().unwrap_or(0)))
+                .collect();
+            RedKara {
+                h,
+                psum,
+                l: Vec::new(),
+                pending: None,
+                hh: vec![None; 2 * (n - h) - 1],
+                sums: vec![None; h],
+            }
+        });
+        Reduction {
+            p: p.to_vec(),
+            kara,
+        }
+    }
+
+    /// Adds column `col`'s m·p terms known so far (all but m_col·p_0 while col < n) to
+    /// `acc`. Returns the new accumulator and, where some of them are held back until m_col
+    /// is known, their low word, which m_col's computation must include.
+    fn known(&mut self, cb: &mut Comba, mut acc: Val, col: usize, m: &[Val]) -> (Val, Option<Val>) {
+        let n = self.p.len();
+        let Some(kr) = self.kara.as_mut() else {
+            for i in col.saturating_sub(n - 1)..=col.min(m.len().saturating_sub(1)) {
+                if i < m.len() {
+                    acc = cb.mac(acc, m[i], self.p[col - i]);
+                }
+            }
+            return (acc, None);
+        };
+        let h = kr.h;
+        let (p_lo, p_hi) = self.p.split_at(h);
+        let mut held = None;
+        // L_col over the known m_lo limbs.
+        if col < 2 * h - 1 {
+            let mut lc = None;
+            for i in col.saturating_sub(h - 1)..=col.min(h - 1) {
+                if i < m.len() {
+                    lc = Some(cb.mac_opt(lc, m[i], p_lo[col - i]));
+                }
+            }
+            if col < h {
+                kr.pending = lc;
+                held = lc.map(|v| cb.low(v));
+            } else {
+                let v = lc.expect("a full column");
+                kr.l.push(v);
+                acc = cb.k.add(acc, v);
+            }
+        }
+        if col >= h {
+            let j = col - h;
+            // M_j over S_i; S_j's m_(h+j) is m_col itself while col < n.
+            for i in j.saturating_sub(h - 1)..=j.min(h - 1) {
+                let s = match (m.get(h + i), kr.sums[i]) {
+                    (Some(_), Some(s)) => s,
+                    (Some(&hi), None) => *kr.sums[i].insert(cb.k.add(m[i], hi)),
+                    (None, _) => m[i],
+                };
+                acc = cb.mac(acc, s, kr.psum[j - i]);
+            }
+            if j < kr.l.len() {
+                acc = cb.k.sub(acc, kr.l[j]);
+            }
+            if j < kr.hh.len() {
+                let mut hj = None;
+                let len = n - h;
+                for i in j.saturating_sub(len - 1)..=j.min(len - 1) {
+                    if h + i < m.len() {
+                        hj = Some(cb.mac_opt(hj, m[h + i], p_hi[j - i]));
+                    }
+                }
+                if let Some(v) = hj {
+                    acc = cb.k.sub(acc, v);
+                }
+                kr.hh[j] = hj;
+            }
+        }
+        if col >= 2 * h {
+            if let Some(v) = kr.hh.get(col - 2 * h).copied().flatten() {
+                acc = cb.k.add(acc, v);
+            }
+        }
+        (acc, held)
+    }
+
+    /// Adds m_col's own terms to `acc` (col < n), once m_col is known.
+    fn complete(&mut self, cb: &mut Comba, acc: Val, col: usize, mk: Val) -> Val {
+        let Some(kr) = self.kara.as_mut() else {
+            return cb.mac(acc, mk, self.p[0]);
+        };
+        let h = kr.h;
+        if col < h {
+            let lc = cb.mac_opt(kr.pending.take(), mk, self.p[0]);
+            kr.l.push(lc);
+            return cb.k.add(acc, lc);
+        }
+        let j = col - h;
+        kr.hh[j] = Some(cb.mac_opt(kr.hh[j], mk, self.p[h]));
+        cb.mac(acc, mk, self.p[0])
+    }
+
+}
+
 
 /// Emits reduced-radix arithmetic into a kernel.
 pub struct Comba<'k> {
@@ -187,24 +472,15 @@ impl Comba<'_> {
             .collect()
     }
 
-    /// Whether column `col` is summed in two accumulators: always for a dual radix, and for
-    /// a hybrid one only where one accumulator could pass 2⁶⁴ (2 terms per a·b term, each
-    /// below 2^(2w), plus a carry in below 2^(65−w)).
-    fn split_column(&self, col: usize) -> bool {
-        if !self.r.dual {
-            return false;
-        }
-        if !self.r.hybrid {
-            return true;
-        }
-        let n = self.r.n();
-        let terms = 2 * (col.min(n - 1) - col.saturating_sub(n - 1) + 1) as u128;
-        terms * u128::from(self.r.mask()).pow(2) + (1u128 << (65 - self.r.w)) >= 1u128 << 64
-    }
-
     /// `acc + x·y` in u64, for u32 x, y.
     fn mac(&mut self, acc: Val, x: Val, y: Val) -> Val {
-        let p = if self.r.ext {
+        let p = self.wide(x, y);
+        self.k.add(acc, p)
+    }
+
+    /// `x·y` in u64, for u32 x, y.
+    fn wide(&mut self, x: Val, y: Val) -> Val {
+        if self.r.ext {
             let (lo, hi) = self.k.umul_extended(x, y);
             let pair = self.k.vector(&[lo, hi]);
             self.k.bitcast(pair, Ty::scalar(Scalar::U64))
@@ -214,8 +490,7 @@ impl Comba<'_> {
                 self.k.convert(y, Scalar::U64),
             );
             self.k.mul(x, y)
-        };
-        self.k.add(acc, p)
+        }
     }
 
     fn low(&mut self, acc: Val) -> Val {
@@ -227,16 +502,53 @@ impl Comba<'_> {
         self.k.shr(acc, w)
     }
 
+    /// `acc + x·y` where an absent accumulator is zero.
+    fn mac_opt(&mut self, acc: Option<Val>, x: Val, y: Val) -> Val {
+        match acc {
+            Some(acc) => self.mac(acc, x, y),
+            None => self.wide(x, y),
+        }
+    }
+
+    fn add_opt(&mut self, acc: Option<Val>, v: Val) -> Val {
+        match acc {
+            Some(acc) => self.k.add(acc, v),
+            None => v,
+        }
+    }
+
+    fn sub_opt(&mut self, acc: Option<Val>, v: Val) -> Val {
+        let acc = acc.unwrap_or_else(|| self.k.u64(0));
+        self.k.sub(acc, v)
+    }
+
     /// a·b·2⁻³⁸⁴ mod p, canonical, for canonical a, b given as n normalised limbs.
     pub fn mont_mul(&mut self, a: &[Val], b: &[Val]) -> Vec<Val> {
-        let n = self.r.n();
         let a = self.shift_in(a);
+        self.redc_mul(&a, b, (P_BITS + self.r.s(), P_BITS), true)
+    }
+
+    /// The Montgomery product with respect to the radix's own R' = 2^(n·w): a·b·R'⁻¹ mod p,
+    /// for a < 2^a_bits and b < 2^b_bits (`bits`), a·b < 4p². With `canonical` the result is
+    /// below p; without, below 2p (the final conditional subtraction is left out, which a
+    /// chain of products may do: 4p < R', so (a·b + m·p)/R' < 2p again).
+    pub fn redc_mul(
+        &mut self,
+        a: &[Val],
+        b: &[Val],
+        bits: (u32, u32),
+        canonical: bool,
+    ) -> Vec<Val> {
+        let n = self.r.n();
+        let split = self.r.split_columns(bits.0, bits.1);
         let p = self.constant(&P);
         let mask = self.c32(self.r.mask());
         let inv = self.c32(P_INV_NEG & self.r.mask());
         let zero64 = self.k.u64(0);
         let wbits = self.k.u32(self.r.w);
         let zero32 = self.k.u32(0);
+        let mut ab = Product::new(self.k, &a, b, self.r.karatsuba, false);
+        let mut mp = Reduction::new(self, &p, self.r.kred);
         // x: the column's a·b terms, and its m·p terms unless the column is split; while
         // columns are split, y = (the m·p terms, the carry 0..=2 of the two accumulators' low
         // parts).
@@ -244,9 +556,8 @@ impl Comba<'_> {
         let mut y: Option<(Val, Val)> = None;
         let mut m: Vec<Val> = Vec::with_capacity(n);
         let mut t: Vec<Val> = Vec::with_capacity(n);
-        let mut kara = self.r.karatsuba.then(|| self.karatsuba_setup(&a, b));
         for col in 0..2 * n - 1 {
-            match (self.split_column(col), y) {
+            match (split[col], y) {
                 (true, None) => y = Some((zero64, zero32)),
                 (false, Some((yv, c))) => {
                     x = self.k.add(x, yv);
@@ -256,25 +567,21 @@ impl Comba<'_> {
                 }
                 _ => {}
             }
-            let lo = col.saturating_sub(n - 1);
-            let hi = col.min(n - 1);
-            if let Some(kt) = kara.as_mut() {
-                x = self.karatsuba_column(kt, x, col);
-            }
-            // Interleave the two kinds of terms so independent multiplies sit side by side.
-            for i in lo..=hi {
-                if kara.is_none() {
-                    x = self.mac(x, a[i], b[col - i]);
+            x = ab.add_to(self, Some(x), col).expect("an accumulator");
+            let held = match y {
+                Some((yv, c)) => {
+                    let (yv, held) = mp.known(self, yv, col, &m);
+                    y = Some((yv, c));
+                    held
                 }
-                if i < m.len() {
-                    match y {
-                        Some((yv, c)) => y = Some((self.mac(yv, m[i], p[col - i]), c)),
-                        None => x = self.mac(x, m[i], p[col - i]),
-                    }
+                None => {
+                    let (xv, held) = mp.known(self, x, col, &m);
+                    x = xv;
+                    held
                 }
-            }
+            };
             let lx = self.low(x);
-            let sum_low = match y {
+            let mut sum_low = match y {
                 Some((yv, c)) => {
                     let ly = self.low(yv);
                     let s = self.k.add(lx, ly);
@@ -282,14 +589,16 @@ impl Comba<'_> {
                 }
                 None => lx,
             };
+            if let Some(v) = held {
+                sum_low = self.k.add(sum_low, v);
+            }
             if col < n {
                 // m = low · (−p⁻¹) mod 2^w zeroes the column's low w bits.
                 let mk = self.k.mul(sum_low, inv);
                 let mk = self.k.and(mk, mask);
-                m.push(mk);
                 match y {
                     Some((yv, c)) => {
-                        let y2 = self.mac(yv, mk, p[0]);
+                        let y2 = mp.complete(self, yv, col, mk);
                         // (x + y2 + c) mod 2^w = 0: the carry out of the low parts is
                         // ((x mod 2^w) + (y2 mod 2^w) + c) >> w.
                         let ly2 = self.low(y2);
@@ -298,8 +607,9 @@ impl Comba<'_> {
                         let s = self.k.add(s, c);
                         y = Some((y2, self.k.shr(s, wbits)));
                     }
-                    None => x = self.mac(x, mk, p[0]),
+                    None => x = mp.complete(self, x, col, mk),
                 }
+                m.push(mk);
             } else {
                 match y {
                     Some((yv, c)) => {
@@ -318,7 +628,7 @@ impl Comba<'_> {
                 y = Some((self.shift_out(yv), c));
             }
         }
-        // The last column's carry is the top limb (< 2^w: the result is < 1.125p).
+        // The last column's carry is the top limb (< 2^w: the result is below 2p < 2^(n·w)).
         let mut top = self.low(x);
         if let Some((yv, c)) = y {
             let ly = self.low(yv);
@@ -326,75 +636,11 @@ impl Comba<'_> {
             top = self.k.add(top, c);
         }
         t.push(top);
-        self.reduce_once(&t, &p)
-    }
-
-    /// Splits both operands at h = ⌈n/2⌉ limbs: a = x + y·2^(hw), b = u + v·2^(hw).
-    fn karatsuba_setup(&mut self, a: &[Val], b: &[Val]) -> Kara {
-        let h = a.len().div_ceil(2);
-        let mut sum = |z: &[Val]| -> Vec<Val> {
-            (0..h)
-                .map(|i| match z.get(h + i) {
-                    Some(&hi) => self.k.add(z[i], hi), // < 2^(w+1): still one u32
-                    None => z[i],
-                })
-                .collect()
-        };
-        let (sa, sb) = (sum(a), sum(b));
-        Kara {
-            h,
-            x: a[..h].to_vec(),
-            y: a[h..].to_vec(),
-            u: b[..h].to_vec(),
-            v: b[h..].to_vec(),
-            sa,
-            sb,
-            l: Vec::new(),
-            hh: Vec::new(),
+        if canonical {
+            self.reduce_once(&t, &p)
+        } else {
+            t
         }
-    }
-
-    /// Σ f[i]·g[col−i] over the valid i, from zero.
-    fn column_sum(&mut self, f: &[Val], g: &[Val], col: usize) -> Val {
-        let mut acc = self.k.u64(0);
-        self.column_into(&mut acc, f, g, col);
-        acc
-    }
-
-    fn column_into(&mut self, acc: &mut Val, f: &[Val], g: &[Val], col: usize) {
-        for i in col.saturating_sub(g.len().saturating_sub(1))..=col.min(f.len() - 1) {
-            if col - i < g.len() {
-                *acc = self.mac(*acc, f[i], g[col - i]);
-            }
-        }
-    }
-
-    /// Adds column `col` of a·b to `acc` the Karatsuba way: a·b = L + (M − L − H)·2^(hw) +
-    /// H·2^(2hw) with L = x·u, H = y·v, M = (x+y)(u+v). The identity holds column by column
-    /// (no carries cross it), so everything is u64 arithmetic modulo 2⁶⁴ whose column total
-    /// (the schoolbook column, which fits) comes out exact. L and H columns are kept for
-    /// their second use h columns later.
-    fn karatsuba_column(&mut self, kt: &mut Kara, mut acc: Val, col: usize) -> Val {
-        let h = kt.h;
-        if col < 2 * h - 1 {
-            let l = self.column_sum(&kt.x, &kt.u, col);
-            acc = self.k.add(acc, l);
-            kt.l.push(l);
-        }
-        if col >= h && col - h < 2 * h - 1 {
-            let j = col - h;
-            self.column_into(&mut acc, &kt.sa, &kt.sb, j);
-            acc = self.k.sub(acc, kt.l[j]);
-            if j < 2 * kt.y.len() - 1 {
-                let hj = self.column_sum(&kt.y, &kt.v, j);
-                acc = self.k.sub(acc, hj);
-                kt.hh.push(hj);
-            }
-        }
-        if col >= 2 * h && col - 2 * h < kt.hh.len() {
-            acc = self.k.add(acc, kt.hh[col - 2 * h]);
-        }
-        acc
     }
 
     /// `t − p` if t ≥ p, else t, for normalised t < 2p.
@@ -431,7 +677,8 @@ mod tests {
                 w,
                 dual,
                 ext: false,
-                karatsuba: false,
+                karatsuba: 0,
+                kred: false,
                 hybrid: false,
             };
             assert_eq!((r.n(), r.s()), (n, s));
@@ -450,22 +697,28 @@ mod tests {
                 assert_eq!(back, x);
             }
         }
-        // A hybrid 30-bit radix splits exactly the columns with 16 or more terms.
-        let mut k = helios_spirv::KernelBuilder::new(
-            "split",
-            helios_spirv::Binding::DeviceAddress,
-            [64, 1, 1],
-        );
+        // A hybrid 30-bit radix splits only the columns whose exact bound reaches 2⁶⁴: five
+        // for full-width operands, three for a chain's (< 2p) and the API's (a·2⁶ and b < p).
         let r = crate::Layout::Comba30H.radix().unwrap();
-        let c = Comba { k: &mut k, r };
-        let split: Vec<usize> = (0..2 * r.n() - 1).filter(|&i| c.split_column(i)).collect();
-        assert_eq!(split, (7..=17).collect::<Vec<_>>());
+        let split = |a, b| -> Vec<usize> {
+            let s = r.split_columns(a, b);
+            (0..s.len()).filter(|&i| s[i]).collect()
+        };
+        assert_eq!(split(390, 390), (10..=14).collect::<Vec<_>>());
+        assert_eq!(split(382, 382), (10..=12).collect::<Vec<_>>());
+        assert_eq!(split(387, 381), (10..=12).collect::<Vec<_>>());
+        // A dual radix splits every column, a single one none.
+        let dual = crate::Layout::Comba30.radix().unwrap();
+        assert!(dual.split_columns(390, 390).iter().all(|&s| s));
+        let single = crate::Layout::Comba29K.radix().unwrap();
+        assert!(!single.split_columns(406, 406).iter().any(|&s| s));
         // 30-bit limbs in one accumulator would overflow: that is why that radix is dual.
         assert!(!Radix {
             w: 30,
             dual: false,
             ext: false,
-            karatsuba: false,
+            karatsuba: 0,
+            kred: false,
             hybrid: false,
         }
         .fits());

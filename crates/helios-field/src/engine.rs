@@ -214,6 +214,8 @@ impl Field {
             spec_constants: &module.workgroup_spec([self.config.workgroup, 1, 1]),
             storage_buffers: 0,
         })?;
+        // HELIOS_PIPELINE_STATS=1|2 (which makes the Context capture statistics).
+        self.ctx.report_statistics(&module.name, &pipeline);
         Ok(Compiled {
             module: Arc::new(module),
             pipeline,

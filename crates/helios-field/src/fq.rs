@@ -29,6 +29,9 @@ pub const P: Fq = [
 /// -p⁻¹ mod 2⁶⁴ (the Montgomery reduction constant; its low half is the 32-bit one).
 pub const P_INV_NEG: u64 = mont_inv_neg(P[0]);
 
+/// p < 2^P_BITS (and 2p < 2^(P_BITS + 1)).
+pub const P_BITS: u32 = 381;
+
 /// R mod p with R = 2³⁸⁴: the Montgomery form of 1.
 pub const R_MOD_P: Fq = [
     0x7609_0000_0002_fffd,
@@ -65,6 +68,36 @@ const fn mont_inv_neg(x: u64) -> u64 {
 
 /// True when `x < p`.
 #[inline]
+/// `2^k mod p` for k ≥ 384, by doubling R mod p (host side, for kernel constants).
+pub fn pow2_mod_p(k: u32) -> Fq {
+    assert!(k >= 384, "pow2_mod_p starts from R = 2^384");
+    let mut x = R_MOD_P;
+    for _ in 384..k {
+        // x < p < 2^381: 2x fits six limbs; subtract p once if 2x ≥ p.
+        let mut d = [0u64; 6];
+        let mut carry = 0;
+        for (i, di) in d.iter_mut().enumerate() {
+            *di = (x[i] << 1) | carry;
+            carry = x[i] >> 63;
+        }
+        x = if is_canonical(&d) { d } else { sub_p(&d) };
+    }
+    x
+}
+
+/// `x − p` for p ≤ x < 2p.
+fn sub_p(x: &Fq) -> Fq {
+    let mut out = [0u64; 6];
+    let mut borrow = false;
+    for i in 0..6 {
+        let (d, b1) = x[i].overflowing_sub(P[i]);
+        let (d, b2) = d.overflowing_sub(u64::from(borrow));
+        out[i] = d;
+        borrow = b1 || b2;
+    }
+    out
+}
+
 pub fn is_canonical(x: &Fq) -> bool {
     for i in (0..6).rev() {
         if x[i] != P[i] {

@@ -220,6 +220,10 @@ fn linear_index(k: &mut KernelBuilder) -> Val {
 /// The arithmetic-throughput probe: `out = a·bᵏ·R⁻ᵏ`, k (a push constant) dependent
 /// Montgomery products per element with every operand in registers, so that memory traffic
 /// is negligible and the time is the multiplier's. The benchmark's "G mul/s" comes from it.
+fn chain_lazy() -> bool {
+    std::env::var("HELIOS_FIELD_CHAIN_LAZY").is_ok_and(|v| v == "1")
+}
+
 pub fn build_mul_chain(layout: Layout) -> KernelModule {
     let name = format!("fq_mul_chain_{}", layout.name());
     let mut k = KernelBuilder::new(name, Binding::DeviceAddress, [FIELD_WORKGROUP, 1, 1]);
@@ -247,7 +251,7 @@ pub fn build_mul_chain(layout: Layout) -> KernelModule {
                 k: &mut *k,
                 layout: s.layout,
             };
-            let (xa, xb) = (ar.enter_mul_form(&xa), ar.enter_mul_form(&xb));
+            let (xa, xb) = (ar.enter_chain_form(&xa), ar.enter_chain_form(&xb));
             let acc: Vec<_> = xa.iter().map(|&x| k.var_init(x)).collect();
             chains.push((acc, xb));
         }
@@ -266,7 +270,7 @@ pub fn build_mul_chain(layout: Layout) -> KernelModule {
                         k: &mut *k,
                         layout: s.layout,
                     };
-                    ar.mont_mul_form(cur, xb)
+                    ar.chain_mul(cur, xb, !chain_lazy())
                 })
                 .collect();
             for ((acc, _), next) in chains.iter().zip(next) {
@@ -284,7 +288,7 @@ pub fn build_mul_chain(layout: Layout) -> KernelModule {
                     k: &mut *k,
                     layout: s.layout,
                 };
-                ar.leave_mul_form(&r)
+                ar.leave_chain_form(&r)
             })
             .collect();
         store_elements(k, out, &slots, &results);

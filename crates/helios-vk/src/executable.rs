@@ -129,6 +129,32 @@ impl Context {
         self.capture
     }
 
+    /// The `HELIOS_PIPELINE_STATS` report: one stderr line of statistics per executable of
+    /// `pipeline` (`helios: stats <name>: <stat>=<value>, ...`). Returns the executables it
+    /// printed, empty (and prints nothing) when statistics are not captured.
+    pub fn report_statistics(&self, name: &str, pipeline: &Pipeline) -> Vec<ExecutableStats> {
+        let executables = match self.pipeline_statistics(pipeline) {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("helios: no statistics for {name}: {e}");
+                return Vec::new();
+            }
+        };
+        for (i, exec) in executables.iter().enumerate() {
+            let label = match executables.len() {
+                1 => name.to_string(),
+                _ => format!("{name}#{i}"),
+            };
+            let stats: Vec<String> = exec
+                .stats
+                .iter()
+                .map(|(stat, value)| format!("{stat}={value}"))
+                .collect();
+            eprintln!("helios: stats {label}: {}", stats.join(", "));
+        }
+        executables
+    }
+
     /// The driver's statistics (and, when captured, text representations) of every
     /// executable of `pipeline`; empty when statistics are not captured
     /// (`Context::executable_capture` is `Off`).

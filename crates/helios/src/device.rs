@@ -382,25 +382,10 @@ impl Device {
     /// Failures are notes, never errors: this is a debugging aid.
     fn report_statistics(&self, compiled: &Compiled) {
         let name = &compiled.module.name;
-        let executables = match self.inner.ctx.pipeline_statistics(&compiled.pipeline) {
-            Ok(e) => e,
-            Err(e) => {
-                eprintln!("helios: no statistics for {name}: {e}");
-                return;
-            }
-        };
-        for (i, exec) in executables.iter().enumerate() {
-            let label = match executables.len() {
-                1 => name.clone(),
-                _ => format!("{name}#{i}"),
-            };
-            let stats: Vec<String> = exec
-                .stats
-                .iter()
-                .map(|(stat, value)| format!("{stat}={value}"))
-                .collect();
-            eprintln!("helios: stats {label}: {}", stats.join(", "));
-        }
+        let executables = self
+            .inner
+            .ctx
+            .report_statistics(name, &compiled.pipeline);
         crate::env::dump_representations(name, &executables);
     }
 }
