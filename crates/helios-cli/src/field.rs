@@ -449,6 +449,7 @@ fn run_sweep(
                 layout,
                 workgroup: wg,
                 device_local: true,
+                ..FieldConfig::from_env().map_err(e)?
             };
             let f = match Field::with_config(ctx.clone(), config) {
                 Ok(f) => f,

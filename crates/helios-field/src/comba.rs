@@ -138,24 +138,31 @@ impl Radix {
 
 /// The columns of f·g as wrapping u64 sums, emitted lazily (a column's multiplies appear
 /// when the multiplier first asks for it): schoolbook at the leaves, one Karatsuba level per
-/// inner node, f·g = L + (M − L − H)·2^(hw) + H·2^(2hw) with L = f_lo·g_lo, H = f_hi·g_hi,
-/// M = (f_lo + f_hi)(g_lo + g_hi). The identity holds column by column (no carry crosses a
-/// column), so the sums may wrap: whatever column total the caller finally needs fits 64
-/// bits and comes out exact. L and H are read twice and keep their columns; M is read once
-/// and multiplies straight into the caller's accumulator.
+/// inner node. With L = f_lo·g_lo, H = f_hi·g_hi, M = (f_lo + f_hi)(g_lo + g_hi) and
+/// B = 2^(hw), f·g = L + (M − L − H)·B + H·B². A node keeps D_k = L_k − H_(k−h), so that
+/// column c is D_c − D_(c−h) + M_(c−h): two adds per column and one per D_k, where adding
+/// L and H where they appear would take four per column. The identity holds column by
+/// column (no carry crosses a column), so the sums may wrap: whatever column total the
+/// caller finally needs fits 64 bits and comes out exact. M is read once and multiplies
+/// straight into the caller's accumulator.
 struct Product {
     f: Vec<Val>,
     g: Vec<Val>,
-    /// The Karatsuba split: h and the sub-products [L, H, M].
-    split: Option<(usize, Box<[Product; 3]>)>,
-    /// Columns already emitted, for a node that is read twice.
-    memo: Option<Vec<Option<Val>>>,
+    split: Option<Split>,
+}
+
+/// One Karatsuba level: h, the sub-products [L, H, M], and the D_k emitted so far (a value,
+/// and whether it stands for −value: D_k = −H_(k−h) where L has no column k).
+struct Split {
+    h: usize,
+    parts: Box<[Product; 3]>,
+    d: Vec<Option<(Val, bool)>>,
 }
 
 impl Product {
     /// f·g for equal-length operands by `levels` of Karatsuba. Each level's operand sums are
     /// one bit wider; [`Radix::fits`] keeps them within a u32.
-    fn new(k: &mut KernelBuilder, f: &[Val], g: &[Val], levels: u32, memo: bool) -> Self {
+    fn new(k: &mut KernelBuilder, f: &[Val], g: &[Val], levels: u32) -> Self {
         let n = f.len();
         let split = (levels > 0 && n >= 2).then(|| {
             let h = n.div_ceil(2);
@@ -165,17 +172,20 @@ impl Product {
                     .collect()
             };
             let (sf, sg) = (sum(f), sum(g));
-            let lo = Product::new(k, &f[..h], &g[..h], levels - 1, true);
-            let hi = Product::new(k, &f[h..], &g[h..], levels - 1, true);
-            let mid = Product::new(k, &sf, &sg, levels - 1, false);
-            (h, Box::new([lo, hi, mid]))
+            let lo = Product::new(k, &f[..h], &g[..h], levels - 1);
+            let hi = Product::new(k, &f[h..], &g[h..], levels - 1);
+            let mid = Product::new(k, &sf, &sg, levels - 1);
+            let d = vec![None; h + hi.columns()];
+            Split {
+                h,
+                parts: Box::new([lo, hi, mid]),
+                d,
+            }
         });
-        let columns = 2 * n - 1;
         Product {
             f: f.to_vec(),
             g: g.to_vec(),
             split,
-            memo: memo.then(|| vec![None; columns]),
         }
     }
 
@@ -184,53 +194,55 @@ impl Product {
     }
 
     /// `acc + column c` (acc unchanged past the last column).
-    fn add_to(&mut self, cb: &mut Comba, acc: Option<Val>, c: usize) -> Option<Val> {
+    fn add_to(&mut self, cb: &mut Comba, mut acc: Option<Val>, c: usize) -> Option<Val> {
         if c >= self.columns() {
             return acc;
         }
-        if self.memo.is_none() {
-            return self.emit(cb, acc, c);
-        }
-        let v = self.column(cb, c);
-        Some(cb.add_opt(acc, v))
-    }
-
-    /// Column c (< columns), emitted once.
-    fn column(&mut self, cb: &mut Comba, c: usize) -> Val {
-        if let Some(v) = self.memo.as_ref().and_then(|m| m[c]) {
-            return v;
-        }
-        let v = self.emit(cb, None, c).expect("every column has a term");
-        if let Some(m) = self.memo.as_mut() {
-            m[c] = Some(v);
-        }
-        v
-    }
-
-    fn emit(&mut self, cb: &mut Comba, mut acc: Option<Val>, c: usize) -> Option<Val> {
-        let Some((h, parts)) = self.split.as_mut() else {
+        let Some(sp) = self.split.as_mut() else {
             for i in c.saturating_sub(self.g.len() - 1)..=c.min(self.f.len() - 1) {
                 acc = Some(cb.mac_opt(acc, self.f[i], self.g[c - i]));
             }
             return acc;
         };
-        let h = *h;
-        let [lo, hi, mid] = &mut **parts;
-        acc = lo.add_to(cb, acc, c);
+        let h = sp.h;
+        if c < sp.d.len() {
+            acc = Some(sp.add_d(cb, acc, c, false));
+        }
         if c >= h {
-            let j = c - h;
-            acc = mid.add_to(cb, acc, j);
-            for part in [&mut *lo, &mut *hi] {
-                if j < part.columns() {
-                    let v = part.column(cb, j);
-                    acc = Some(cb.sub_opt(acc, v));
-                }
+            let [_, _, mid] = &mut *sp.parts;
+            acc = mid.add_to(cb, acc, c - h);
+            if c - h < sp.d.len() {
+                acc = Some(sp.add_d(cb, acc, c - h, true));
             }
         }
-        if c >= 2 * h {
-            acc = hi.add_to(cb, acc, c - 2 * h);
-        }
         acc
+    }
+}
+
+impl Split {
+    /// `acc ± D_k`, emitting D_k on first use.
+    fn add_d(&mut self, cb: &mut Comba, acc: Option<Val>, k: usize, minus: bool) -> Val {
+        let (v, negated) = match self.d[k] {
+            Some(d) => d,
+            None => {
+                let [lo, hi, _] = &mut *self.parts;
+                let l = lo.add_to(cb, None, k);
+                let hk = k.checked_sub(self.h).and_then(|j| hi.add_to(cb, None, j));
+                let d = match (l, hk) {
+                    (Some(l), Some(hv)) => (cb.k.sub(l, hv), false),
+                    (Some(l), None) => (l, false),
+                    (None, Some(hv)) => (hv, true),
+                    (None, None) => unreachable!("D_k for k < h + H's columns has a term"),
+                };
+                self.d[k] = Some(d);
+                d
+            }
+        };
+        if minus == negated {
+            cb.add_opt(acc, v)
+        } else {
+            cb.sub_opt(acc, v)
+        }
     }
 }
 
@@ -547,7 +559,7 @@ impl Comba<'_> {
         let zero64 = self.k.u64(0);
         let wbits = self.k.u32(self.r.w);
         let zero32 = self.k.u32(0);
-        let mut ab = Product::new(self.k, &a, b, self.r.karatsuba, false);
+        let mut ab = Product::new(self.k, &a, b, self.r.karatsuba);
         let mut mp = Reduction::new(self, &p, self.r.kred);
         // x: the column's a·b terms, and its m·p terms unless the column is split; while
         // columns are split, y = (the m·p terms, the carry 0..=2 of the two accumulators' low

@@ -37,6 +37,10 @@ pub struct FieldConfig {
     /// Device-local arrays and scratch reached through staging copies (true), or host-visible
     /// memory the GPU reads and writes directly (false).
     pub device_local: bool,
+    /// The chain probe (`Field::mul_chain`) makes every intermediate product canonical
+    /// (true), or keeps them below 2p and makes only the last one canonical (false, the
+    /// default: how a chain of products is computed; the result is the same).
+    pub chain_canonical: bool,
 }
 
 impl Default for FieldConfig {
@@ -45,19 +49,21 @@ impl Default for FieldConfig {
             layout: DEFAULT_LAYOUT,
             workgroup: FIELD_WORKGROUP,
             device_local: DEFAULT_DEVICE_LOCAL,
+            chain_canonical: false,
         }
     }
 }
 
 impl FieldConfig {
-    /// The defaults, overridden by `HELIOS_FIELD_DEVICE_LOCAL`, `HELIOS_FIELD_LAYOUT` and
-    /// `HELIOS_FIELD_WORKGROUP`.
+    /// The defaults, overridden by `HELIOS_FIELD_DEVICE_LOCAL`, `HELIOS_FIELD_LAYOUT`,
+    /// `HELIOS_FIELD_WORKGROUP` and `HELIOS_FIELD_CHAIN_CANONICAL`.
     pub fn from_env() -> Result<FieldConfig> {
         let d = FieldConfig::default();
         Ok(FieldConfig {
             layout: env::layout()?.unwrap_or(d.layout),
             workgroup: env::workgroup()?.unwrap_or(d.workgroup),
             device_local: env::device_local()?.unwrap_or(d.device_local),
+            chain_canonical: env::chain_canonical()?.unwrap_or(d.chain_canonical),
         })
     }
 
@@ -253,7 +259,7 @@ impl Field {
             match chain.as_ref() {
                 Some(c) => c.clone(),
                 None => {
-                    let c = self.compile(build_mul_chain(self.config.layout))?;
+                    let c = self.compile(build_mul_chain(self.config.layout, self.config.chain_canonical))?;
                     *chain = Some(c.clone());
                     c
                 }

@@ -19,6 +19,14 @@ pub const HELIOS_FIELD_LAYOUT: &str = "HELIOS_FIELD_LAYOUT";
 /// `HELIOS_FIELD_WORKGROUP=<n>`: invocations per workgroup.
 pub const HELIOS_FIELD_WORKGROUP: &str = "HELIOS_FIELD_WORKGROUP";
 
+/// `HELIOS_FIELD_CHAIN_CANONICAL=1`: the chain probe makes every intermediate product
+/// canonical (measurement; the default `0` keeps them below 2p, with the same result).
+pub const HELIOS_FIELD_CHAIN_CANONICAL: &str = "HELIOS_FIELD_CHAIN_CANONICAL";
+
+pub fn chain_canonical() -> Result<Option<bool>> {
+    Ok(helios_vk::env::flag(HELIOS_FIELD_CHAIN_CANONICAL)?)
+}
+
 pub fn device_local() -> Result<Option<bool>> {
     Ok(helios_vk::env::flag(HELIOS_FIELD_DEVICE_LOCAL)?)
 }

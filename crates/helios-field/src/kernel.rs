@@ -220,12 +220,10 @@ fn linear_index(k: &mut KernelBuilder) -> Val {
 /// The arithmetic-throughput probe: `out = a·bᵏ·R⁻ᵏ`, k (a push constant) dependent
 /// Montgomery products per element with every operand in registers, so that memory traffic
 /// is negligible and the time is the multiplier's. The benchmark's "G mul/s" comes from it.
-fn chain_lazy() -> bool {
-    std::env::var("HELIOS_FIELD_CHAIN_LAZY").is_ok_and(|v| v == "1")
-}
 
-pub fn build_mul_chain(layout: Layout) -> KernelModule {
-    let name = format!("fq_mul_chain_{}", layout.name());
+pub fn build_mul_chain(layout: Layout, canonical: bool) -> KernelModule {
+    let form = if canonical { "_canonical" } else { "" };
+    let name = format!("fq_mul_chain_{}{form}", layout.name());
     let mut k = KernelBuilder::new(name, Binding::DeviceAddress, [FIELD_WORKGROUP, 1, 1]);
     let word = layout.word();
     let a = k.buffer("a", word, Access::Read);
@@ -270,7 +268,7 @@ pub fn build_mul_chain(layout: Layout) -> KernelModule {
                         k: &mut *k,
                         layout: s.layout,
                     };
-                    ar.chain_mul(cur, xb, !chain_lazy())
+                    ar.chain_mul(cur, xb, canonical)
                 })
                 .collect();
             for ((acc, _), next) in chains.iter().zip(next) {
@@ -398,7 +396,7 @@ mod tests {
                 let expected = if op.arity() == 2 { 28 } else { 20 };
                 assert_eq!(m.push_size, expected, "{}", m.name);
             }
-            let m = build_mul_chain(layout);
+            let m = build_mul_chain(layout, false);
             validate(&m.name, &m.words, TargetEnv::Vulkan1_2).unwrap_or_else(|e| panic!("{e}"));
         }
     }
@@ -422,7 +420,7 @@ mod tests {
                 let m = FieldKernel { op, layout }.build();
                 assert_eq!(labels(&m), labels(&one) + extra, "{}", m.name);
             }
-            let (one, m) = (build_mul_chain(pipes[0]), build_mul_chain(layout));
+            let (one, m) = (build_mul_chain(pipes[0], false), build_mul_chain(layout, false));
             assert_eq!(labels(&m), labels(&one) + extra, "{}", m.name);
         }
         let dual = FieldKernel {

@@ -34,6 +34,7 @@ fn field(ctx: &Arc<Context>, layout: Layout, device_local: bool) -> Field {
         layout,
         workgroup: 64,
         device_local,
+        ..FieldConfig::default()
     };
     Field::with_config(Arc::clone(ctx), config).expect("field")
 }
@@ -49,6 +50,7 @@ fn layouts(ctx: &Arc<Context>) -> Vec<Layout> {
                 layout,
                 workgroup: 64,
                 device_local: false,
+                ..FieldConfig::default()
             };
             match Field::with_config(Arc::clone(ctx), config) {
                 Ok(_) => true,
@@ -130,6 +132,7 @@ fn fp64_layouts_match_blst() {
             layout,
             workgroup: 64,
             device_local: true,
+            ..FieldConfig::default()
         };
         let f = match Field::with_config(Arc::clone(&ctx), config) {
             Ok(f) => f,
@@ -171,9 +174,18 @@ fn fp64_layouts_match_blst() {
 #[test]
 fn mul_chain_probe_matches_blst() {
     let ctx = context();
-    for layout in layouts(&ctx) {
+    let forms = layouts(&ctx)
+        .into_iter()
+        .flat_map(|layout| [(layout, false), (layout, true)]);
+    for (layout, chain_canonical) in forms {
         let (a, b) = every_pipe(layout, inputs(100, 31));
-        let f = field(&ctx, layout, true);
+        let config = FieldConfig {
+            layout,
+            workgroup: 64,
+            device_local: true,
+            chain_canonical,
+        };
+        let f = Field::with_config(Arc::clone(&ctx), config).expect("field");
         let (da, db, dc) = (
             f.upload(&a).unwrap(),
             f.upload(&b).unwrap(),
