@@ -249,15 +249,16 @@ impl Split {
 /// The reduction's m·p, column by column, while m grows by one limb per column (m_c zeroes
 /// column c, so it is known only once the rest of that column is summed).
 ///
-/// Schoolbook, or one Karatsuba level with p's halves and their sum as constants:
-/// m·p = L + (M − L − H)·2^(hw) + H·2^(2hw), L = m_lo·p_lo, H = m_hi·p_hi, M = S·P with
-/// S_i = m_i + m_(h+i) and P_i = p_i + p_(h+i). At column c < n everything but m_c is known:
-/// - c < h: m_c sits only in L_c (as m_c·p_0). L_c's other terms wait as `pending`; m_c's
-///   low bits come from the accumulator plus pending, then L_c = pending + m_c·p_0.
-/// - h ≤ c < n, j = c − h: m_c sits in M_j (as S_j·P_0, S_j = m_j + m_c) and in H_j (as
-///   m_c·p_h); M_j − H_j holds it as m_c·(P_0 − p_h) = m_c·p_0. So the column takes M_j and
-///   H_j without m_c, plus m_c·p_0, and H_j, read again at column j + 2h, gets its m_c·p_h
-///   term then.
+/// Schoolbook, or one Karatsuba level with p's halves and their sum as constants, in the
+/// D form of [`Product`]: L = m_lo·p_lo, H = m_hi·p_hi, M = S·P with S_i = m_i + m_(h+i) and
+/// P_i = p_i + p_(h+i); D_k = L_k − H_(k−h); column c = D_c − D_(c−h) + M_(c−h). At column
+/// c < n everything but m_c is known:
+/// - c < h: m_c sits only in L_c = D_c (as m_c·p_0). L_c's other terms wait as `pending`;
+///   m_c's low bits come from the accumulator plus pending, then D_c = pending + m_c·p_0.
+/// - h ≤ c < n, j = c − h: m_c sits in M_j (as S_j·P_0, S_j = m_j + m_c) and in D_c (as
+///   −m_c·p_h, through H_j); together m_c·(P_0 − p_h) = m_c·p_0. So the column takes M_j
+///   and D_c without m_c, plus m_c·p_0; D_c is kept without its −m_c·p_h, which column c + h,
+///   where D_c is subtracted, adds back as +m_c·p_h.
 ///
 /// 140 multiplies instead of 169 for 13 limbs.
 struct Reduction {
@@ -269,12 +270,13 @@ struct RedKara {
     h: usize,
     /// P_i = p_i + p_(h+i) (p_i where p has no limb h+i).
     psum: Vec<Val>,
-    /// L columns, complete.
-    l: Vec<Val>,
+    /// D_k as (value, stands for −value), one per column so far; for h ≤ k < n without its
+    /// −m_k·p_h term.
+    d: Vec<(Val, bool)>,
+    /// Columns that have a D_k: h + H's columns.
+    d_len: usize,
     /// L_c's known terms while c < h waits for m_c.
     pending: Option<Val>,
-    /// H columns (complete once m_(h+j) is known).
-    hh: Vec<Option<Val>>,
     /// S_i = m_i + m_(h+i), once both are known.
     sums: Vec<Option<Val>>,
 }
@@ -291,9 +293,9 @@ impl Reduction {
             RedKara {
                 h,
                 psum,
-                l: Vec::new(),
+                d: Vec::new(),
+                d_len: h + 2 * (n - h) - 1,
                 pending: None,
-                hh: vec![None; 2 * (n - h) - 1],
                 sums: vec![None; h],
             }
         });
@@ -316,11 +318,11 @@ impl Reduction {
             }
             return (acc, None);
         };
-        let h = kr.h;
+        let (h, r) = (kr.h, n - kr.h);
         let (p_lo, p_hi) = self.p.split_at(h);
         let mut held = None;
-        // L_col over the known m_lo limbs.
-        if col < 2 * h - 1 {
+        // + D_col, over the known m limbs.
+        if col < kr.d_len {
             let mut lc = None;
             for i in col.saturating_sub(h - 1)..=col.min(h - 1) {
                 if i < m.len() {
@@ -331,9 +333,21 @@ impl Reduction {
                 kr.pending = lc;
                 held = lc.map(|v| cb.low(v));
             } else {
-                let v = lc.expect("a full column");
-                kr.l.push(v);
-                acc = cb.k.add(acc, v);
+                let j = col - h;
+                let mut hj = None;
+                for i in j.saturating_sub(r - 1)..=j.min(r - 1) {
+                    if h + i < m.len() {
+                        hj = Some(cb.mac_opt(hj, m[h + i], p_hi[j - i]));
+                    }
+                }
+                let d = match (lc, hj) {
+                    (Some(l), Some(hv)) => (cb.k.sub(l, hv), false),
+                    (Some(l), None) => (l, false),
+                    (None, Some(hv)) => (hv, true),
+                    (None, None) => unreachable!("D_k for k < h + H's columns has a term"),
+                };
+                kr.d.push(d);
+                acc = if d.1 { cb.k.sub(acc, d.0) } else { cb.k.add(acc, d.0) };
             }
         }
         if col >= h {
@@ -347,26 +361,12 @@ impl Reduction {
                 };
                 acc = cb.mac(acc, s, kr.psum[j - i]);
             }
-            if j < kr.l.len() {
-                acc = cb.k.sub(acc, kr.l[j]);
-            }
-            if j < kr.hh.len() {
-                let mut hj = None;
-                let len = n - h;
-                for i in j.saturating_sub(len - 1)..=j.min(len - 1) {
-                    if h + i < m.len() {
-                        hj = Some(cb.mac_opt(hj, m[h + i], p_hi[j - i]));
-                    }
+            // − D_j, and D_j's missing −m_j·p_h back for h ≤ j < n.
+            if let Some(&(v, negated)) = kr.d.get(j) {
+                acc = if negated { cb.k.add(acc, v) } else { cb.k.sub(acc, v) };
+                if (h..n).contains(&j) {
+                    acc = cb.mac(acc, m[j], self.p[h]);
                 }
-                if let Some(v) = hj {
-                    acc = cb.k.sub(acc, v);
-                }
-                kr.hh[j] = hj;
-            }
-        }
-        if col >= 2 * h {
-            if let Some(v) = kr.hh.get(col - 2 * h).copied().flatten() {
-                acc = cb.k.add(acc, v);
             }
         }
         (acc, held)
@@ -374,22 +374,16 @@ impl Reduction {
 
     /// Adds m_col's own terms to `acc` (col < n), once m_col is known.
     fn complete(&mut self, cb: &mut Comba, acc: Val, col: usize, mk: Val) -> Val {
-        let Some(kr) = self.kara.as_mut() else {
-            return cb.mac(acc, mk, self.p[0]);
-        };
-        let h = kr.h;
-        if col < h {
-            let lc = cb.mac_opt(kr.pending.take(), mk, self.p[0]);
-            kr.l.push(lc);
-            return cb.k.add(acc, lc);
+        match self.kara.as_mut() {
+            Some(kr) if col < kr.h => {
+                let lc = cb.mac_opt(kr.pending.take(), mk, self.p[0]);
+                kr.d.push((lc, false));
+                cb.k.add(acc, lc)
+            }
+            _ => cb.mac(acc, mk, self.p[0]),
         }
-        let j = col - h;
-        kr.hh[j] = Some(cb.mac_opt(kr.hh[j], mk, self.p[h]));
-        cb.mac(acc, mk, self.p[0])
     }
-
 }
-
 
 /// Emits reduced-radix arithmetic into a kernel.
 pub struct Comba<'k> {
