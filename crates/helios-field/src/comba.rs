@@ -4,20 +4,31 @@
 //! an add-with-carry chain per product.
 //!
 //! The one decision a reader must know: the radix does not divide 384, so a plain Montgomery
-//! product here would divide by R' = 2^(n·w) (2⁴⁰⁶ for 14 × 29 bits, 2³⁹⁰ for 13 × 30), not by
-//! the API's R = 2³⁸⁴. The multiplier therefore shifts its first operand left by
-//! s = n·w − 384 bits (an exact integer shift, a few bit operations per limb, no multiply):
-//! (a·2ˢ)·b·R'⁻¹ = a·b·2⁻³⁸⁴. With a, b < p < 2³⁸¹ the result is below (2^(381+s)·p + R'·p)/R'
-//! < 1.125p, so one conditional subtraction makes it canonical.
+//! product here ([`Comba::redc_mul`]) divides by R' = 2^(n·w) (2⁴⁰⁶ for 14 × 29 bits, 2³⁹⁰ for
+//! 13 × 30), not by the API's R = 2³⁸⁴. The API's product ([`Comba::mont_mul`]) therefore
+//! shifts its first operand left by s = n·w − 384 bits (an exact integer shift, a few bit
+//! operations per limb, no multiply): (a·2ˢ)·b·R'⁻¹ = a·b·2⁻³⁸⁴. With a, b < p < 2³⁸¹ the result
+//! is below (2^(381+s)·p + R'·p)/R' < 1.125p, so one conditional subtraction makes it
+//! canonical. A chain of products (`Arith::chain_mul`) instead keeps its values scaled by 2ˢ,
+//! so each product is a plain `redc_mul`, and may skip the conditional subtraction: with
+//! a, b < 2p and 4p < R' the result stays below 2p.
 //!
 //! Overflow: a column sums up to 2n products below 2^(2w) plus the carry from the column
 //! before. 28 products of 29-bit limbs fit one u64 (< 2^62.9); 26 products of 30-bit limbs do
 //! not, so that radix keeps two accumulators (a·b terms and m·p terms) and adds their low
-//! parts with a small separate carry — in every column (`dual`) or only in the 11 middle
-//! columns that could overflow (`hybrid`). [`Radix::fits`] checks the bound; a unit test runs
-//! it for every radix the layout table uses. Optionally a·b is one level of Karatsuba done
-//! column by column in wrapping u64 arithmetic (exact because each column's true total fits).
-//! On an H200 the fastest is 30-bit, Karatsuba, hybrid (`comba30kh`); products through
+//! parts with a small separate carry — in every column (`dual`) or only in the columns whose
+//! exact bound (the operands' bit lengths, p's own limbs) reaches 2⁶⁴ (`hybrid`: 3 of 25 for
+//! the products the kernels do, [`Radix::split_columns`]). [`Radix::fits`] checks the
+//! worst case; a unit test runs it for every radix the layout table uses.
+//!
+//! Products: a·b by up to two levels of Karatsuba ([`Product`]) and the reduction's m·p by
+//! one ([`Reduction`]), column by column in wrapping u64 arithmetic (exact because each
+//! column's true total fits). Which mix is fastest is measured, not derived: on the H100 the
+//! GPU's compiler turns each 32×32→64 multiply-add into one IMAD.WIDE.U32, and the time per
+//! product tracks about 4 cycles per IMAD.WIDE plus 2 per other IMAD plus 1 per ALU
+//! instruction (SASS read back from the pipeline cache, bench/results/2026-11-22-field-chain.md),
+//! so a Karatsuba level pays only where its extra adds cost less than the multiplies it saves.
+//! `comba30k2h` (two levels for a·b, schoolbook m·p) is the fastest; products through
 //! `OpUMulExtended` were slower than u64 multiplies of zero-extended words in every radix.
 
 use helios_spirv::{KernelBuilder, Scalar, Ty, Val};
@@ -80,7 +91,11 @@ impl Radix {
         let n = self.n();
         let (h, r) = (n.div_ceil(2), n - n.div_ceil(2));
         // L, M, H, and m_c·p_0 for h ≤ c < n.
-        let reduction = if self.kred { 2 * h * h + r * r + r } else { n * n };
+        let reduction = if self.kred {
+            2 * h * h + r * r + r
+        } else {
+            n * n
+        };
         product(n, self.karatsuba) + reduction
     }
 
@@ -347,7 +362,11 @@ impl Reduction {
                     (None, None) => unreachable!("D_k for k < h + H's columns has a term"),
                 };
                 kr.d.push(d);
-                acc = if d.1 { cb.k.sub(acc, d.0) } else { cb.k.add(acc, d.0) };
+                acc = if d.1 {
+                    cb.k.sub(acc, d.0)
+                } else {
+                    cb.k.add(acc, d.0)
+                };
             }
         }
         if col >= h {
@@ -363,7 +382,11 @@ impl Reduction {
             }
             // − D_j, and D_j's missing −m_j·p_h back for h ≤ j < n.
             if let Some(&(v, negated)) = kr.d.get(j) {
-                acc = if negated { cb.k.add(acc, v) } else { cb.k.sub(acc, v) };
+                acc = if negated {
+                    cb.k.add(acc, v)
+                } else {
+                    cb.k.sub(acc, v)
+                };
                 if (h..n).contains(&j) {
                     acc = cb.mac(acc, m[j], self.p[h]);
                 }
@@ -553,7 +576,7 @@ impl Comba<'_> {
         let zero64 = self.k.u64(0);
         let wbits = self.k.u32(self.r.w);
         let zero32 = self.k.u32(0);
-        let mut ab = Product::new(self.k, &a, b, self.r.karatsuba);
+        let mut ab = Product::new(self.k, a, b, self.r.karatsuba);
         let mut mp = Reduction::new(self, &p, self.r.kred);
         // x: the column's a·b terms, and its m·p terms unless the column is split; while
         // columns are split, y = (the m·p terms, the carry 0..=2 of the two accumulators' low
@@ -562,8 +585,8 @@ impl Comba<'_> {
         let mut y: Option<(Val, Val)> = None;
         let mut m: Vec<Val> = Vec::with_capacity(n);
         let mut t: Vec<Val> = Vec::with_capacity(n);
-        for col in 0..2 * n - 1 {
-            match (split[col], y) {
+        for (col, &split_col) in split.iter().enumerate() {
+            match (split_col, y) {
                 (true, None) => y = Some((zero64, zero32)),
                 (false, Some((yv, c))) => {
                     x = self.k.add(x, yv);

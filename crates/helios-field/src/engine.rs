@@ -19,11 +19,13 @@ use crate::fq::{check_canonical, Fq, FQ_BYTES};
 use crate::kernel::{build_mul_chain, grid, push_constants, FieldKernel, FieldOp, FIELD_WORKGROUP};
 use crate::{env, host, FieldError, Result};
 
-/// The measured defaults (bench/results/2026-11-22-field-h200.md has the figures). Layout: on
-/// an H200, comba30kh (13 × 30-bit product scanning, Karatsuba a·b, two accumulators only in
-/// the middle columns) gave the fastest multiplier: 22.4 G mul/s vs 21.7 comba30h, 20.7
-/// comba29k, 18.3 u32mix (the previous default), 16.4 u32wide, 14.7 u64, 7.6 u32ext.
-pub const DEFAULT_LAYOUT: Layout = Layout::Comba30KH;
+/// The measured defaults (bench/results/2026-11-22-field-h200.md and
+/// 2026-11-22-field-chain.md have the figures). Layout: comba30k2h (13 × 30-bit product
+/// scanning, a·b by two Karatsuba levels, two accumulators only in the columns that could
+/// overflow) has the fastest multiplier on an H100 and an H200: 25.7–25.8 G mul/s (chain
+/// probe) against 24.6 for comba30kh, the previous default, whose array mul and sqr are 2–4%
+/// faster (`HELIOS_FIELD_LAYOUT=comba30kh`).
+pub const DEFAULT_LAYOUT: Layout = Layout::Comba30K2H;
 /// Memory path: device-local won end to end for batched and streamed work at every size and
 /// for single ops from 1M elements (host-visible is ahead only for single small ops, by a few
 /// µs), besides being the only path where device-resident ops run at HBM speed.
@@ -259,7 +261,10 @@ impl Field {
             match chain.as_ref() {
                 Some(c) => c.clone(),
                 None => {
-                    let c = self.compile(build_mul_chain(self.config.layout, self.config.chain_canonical))?;
+                    let c = self.compile(build_mul_chain(
+                        self.config.layout,
+                        self.config.chain_canonical,
+                    ))?;
                     *chain = Some(c.clone());
                     c
                 }

@@ -80,8 +80,9 @@ impl FieldOp {
 }
 
 /// Default invocations per workgroup (a specialization constant; the bench sweeps it: on an
-/// H200 the default layout's multiplier ran 22.4 G mul/s at 128 vs 21.7 at 256, and 64 was
-/// slowest for every layout of the first sweep).
+/// H200 comba30kh's multiplier ran 22.4 G mul/s at 128 vs 21.7 at 256, and 64 was slowest
+/// for every layout of the first sweep; on an H100 comba30k2hr's chain ran 24.9 at 128, 24.1
+/// at 64 and 24.3 at 256).
 pub const FIELD_WORKGROUP: u32 = 128;
 
 /// Largest element count of one dispatch: the kernels index u32 words (12 per element).
@@ -220,7 +221,8 @@ fn linear_index(k: &mut KernelBuilder) -> Val {
 /// The arithmetic-throughput probe: `out = a·bᵏ·R⁻ᵏ`, k (a push constant) dependent
 /// Montgomery products per element with every operand in registers, so that memory traffic
 /// is negligible and the time is the multiplier's. The benchmark's "G mul/s" comes from it.
-
+/// With `canonical` every intermediate product is made canonical; without, they stay below
+/// 2p (`Arith::chain_mul`) and only the result is.
 pub fn build_mul_chain(layout: Layout, canonical: bool) -> KernelModule {
     let form = if canonical { "_canonical" } else { "" };
     let name = format!("fq_mul_chain_{}{form}", layout.name());
@@ -420,7 +422,10 @@ mod tests {
                 let m = FieldKernel { op, layout }.build();
                 assert_eq!(labels(&m), labels(&one) + extra, "{}", m.name);
             }
-            let (one, m) = (build_mul_chain(pipes[0], false), build_mul_chain(layout, false));
+            let (one, m) = (
+                build_mul_chain(pipes[0], false),
+                build_mul_chain(layout, false),
+            );
             assert_eq!(labels(&m), labels(&one) + extra, "{}", m.name);
         }
         let dual = FieldKernel {

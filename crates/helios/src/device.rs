@@ -382,10 +382,7 @@ impl Device {
     /// Failures are notes, never errors: this is a debugging aid.
     fn report_statistics(&self, compiled: &Compiled) {
         let name = &compiled.module.name;
-        let executables = self
-            .inner
-            .ctx
-            .report_statistics(name, &compiled.pipeline);
+        let executables = self.inner.ctx.report_statistics(name, &compiled.pipeline);
         crate::env::dump_representations(name, &executables);
     }
 }
