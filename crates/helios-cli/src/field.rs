@@ -8,10 +8,11 @@
 // copies, submit, wait), either one op per submit (*single*, the latency floor) or B jobs per
 // submit (*batched*), or the streaming mode over the same B·n elements (*stream*: chunks whose
 // copies overlap the GPU work). B = max(1, batch-elems / n). Host-visible (hv) and
-// device-local with staging (dl) paths are both measured. The *chain probe* runs 32 dependent
-// Montgomery products per element in registers: the multiplier's own throughput, which an
-// array op (3 × 48 bytes of memory traffic per product) cannot show. Every configuration is
-// checked against blst first.
+// device-local with staging (dl) paths are both measured. The *chain probe* runs 256 dependent
+// Montgomery products per element in registers (intermediate products below 2p, the result
+// canonical; `HELIOS_FIELD_CHAIN_CANONICAL=1` makes every one canonical): the multiplier's own
+// throughput, which an array op (3 × 48 bytes of memory traffic per product) cannot show.
+// Every configuration is checked against blst first.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -493,7 +494,9 @@ fn run_sweep(
     Ok(rows)
 }
 
-/// Montgomery products per element in the chain probe.
+/// Montgomery products per element in the chain probe: enough that loading, converting and
+/// storing each element once (and, for the reduced-radix layouts, the three products that scale
+/// into and out of the chain form) are about 1% of the time (at 32 they were 3-9%).
 const CHAIN: u32 = 256;
 
 /// Time of one chain-probe dispatch (CHAIN products per element of `out`).
