@@ -121,12 +121,10 @@ impl Radix {
         let mut carry = 0u128;
         (0..2 * n - 1)
             .map(|c| {
-                let terms = c.saturating_sub(n - 1)..=c.min(n - 1);
-                let ab: u128 = terms
-                    .clone()
+                let ab: u128 = terms(c, n, n)
                     .map(|i| limb_max(a_bits, i) * limb_max(b_bits, c - i))
                     .sum();
-                let mp: u128 = terms.map(|i| mask * u128::from(p[c - i])).sum();
+                let mp: u128 = terms(c, n, n).map(|i| mask * u128::from(p[c - i])).sum();
                 // + 2: the low-part carry of a split column; + 4: the split carries' rounding.
                 let total = ab + mp + carry + 2;
                 carry = (total >> w) + 4;
@@ -149,6 +147,12 @@ impl Radix {
             })
             .collect()
     }
+}
+
+/// The i of column c's terms f_i·g_(c−i) in a product of f_len by g_len limbs, ascending:
+/// i < f_len and c − i < g_len (empty where there are none).
+fn terms(c: usize, f_len: usize, g_len: usize) -> std::ops::Range<usize> {
+    (c + 1).saturating_sub(g_len)..(c + 1).min(f_len)
 }
 
 /// The columns of f·g as wrapping u64 sums, emitted lazily (a column's multiplies appear
@@ -214,7 +218,7 @@ impl Product {
             return acc;
         }
         let Some(sp) = self.split.as_mut() else {
-            for i in c.saturating_sub(self.g.len() - 1)..=c.min(self.f.len() - 1) {
+            for i in terms(c, self.f.len(), self.g.len()) {
                 acc = Some(cb.mac_opt(acc, self.f[i], self.g[c - i]));
             }
             return acc;
@@ -243,21 +247,12 @@ impl Split {
                 let [lo, hi, _] = &mut *self.parts;
                 let l = lo.add_to(cb, None, k);
                 let hk = k.checked_sub(self.h).and_then(|j| hi.add_to(cb, None, j));
-                let d = match (l, hk) {
-                    (Some(l), Some(hv)) => (cb.k.sub(l, hv), false),
-                    (Some(l), None) => (l, false),
-                    (None, Some(hv)) => (hv, true),
-                    (None, None) => unreachable!("D_k for k < h + H's columns has a term"),
-                };
+                let d = cb.difference(l, hk);
                 self.d[k] = Some(d);
                 d
             }
         };
-        if minus == negated {
-            cb.add_opt(acc, v)
-        } else {
-            cb.sub_opt(acc, v)
-        }
+        cb.add_signed(acc, v, minus != negated)
     }
 }
 
@@ -326,10 +321,8 @@ impl Reduction {
     fn known(&mut self, cb: &mut Comba, mut acc: Val, col: usize, m: &[Val]) -> (Val, Option<Val>) {
         let n = self.p.len();
         let Some(kr) = self.kara.as_mut() else {
-            for i in col.saturating_sub(n - 1)..=col.min(m.len().saturating_sub(1)) {
-                if i < m.len() {
-                    acc = cb.mac(acc, m[i], self.p[col - i]);
-                }
+            for i in terms(col, m.len(), n) {
+                acc = cb.mac(acc, m[i], self.p[col - i]);
             }
             return (acc, None);
         };
@@ -339,10 +332,8 @@ impl Reduction {
         // + D_col, over the known m limbs.
         if col < kr.d_len {
             let mut lc = None;
-            for i in col.saturating_sub(h - 1)..=col.min(h - 1) {
-                if i < m.len() {
-                    lc = Some(cb.mac_opt(lc, m[i], p_lo[col - i]));
-                }
+            for i in terms(col, h.min(m.len()), h) {
+                lc = Some(cb.mac_opt(lc, m[i], p_lo[col - i]));
             }
             if col < h {
                 kr.pending = lc;
@@ -350,29 +341,18 @@ impl Reduction {
             } else {
                 let j = col - h;
                 let mut hj = None;
-                for i in j.saturating_sub(r - 1)..=j.min(r - 1) {
-                    if h + i < m.len() {
-                        hj = Some(cb.mac_opt(hj, m[h + i], p_hi[j - i]));
-                    }
+                for i in terms(j, r.min(m.len().saturating_sub(h)), r) {
+                    hj = Some(cb.mac_opt(hj, m[h + i], p_hi[j - i]));
                 }
-                let d = match (lc, hj) {
-                    (Some(l), Some(hv)) => (cb.k.sub(l, hv), false),
-                    (Some(l), None) => (l, false),
-                    (None, Some(hv)) => (hv, true),
-                    (None, None) => unreachable!("D_k for k < h + H's columns has a term"),
-                };
-                kr.d.push(d);
-                acc = if d.1 {
-                    cb.k.sub(acc, d.0)
-                } else {
-                    cb.k.add(acc, d.0)
-                };
+                let (v, negative) = cb.difference(lc, hj);
+                kr.d.push((v, negative));
+                acc = cb.add_signed(Some(acc), v, negative);
             }
         }
         if col >= h {
             let j = col - h;
             // M_j over S_i; S_j's m_(h+j) is m_col itself while col < n.
-            for i in j.saturating_sub(h - 1)..=j.min(h - 1) {
+            for i in terms(j, h, h) {
                 let s = match (m.get(h + i), kr.sums[i]) {
                     (Some(_), Some(s)) => s,
                     (Some(&hi), None) => *kr.sums[i].insert(cb.k.add(m[i], hi)),
@@ -382,11 +362,7 @@ impl Reduction {
             }
             // − D_j, and D_j's missing −m_j·p_h back for h ≤ j < n.
             if let Some(&(v, negated)) = kr.d.get(j) {
-                acc = if negated {
-                    cb.k.add(acc, v)
-                } else {
-                    cb.k.sub(acc, v)
-                };
+                acc = cb.add_signed(Some(acc), v, !negated);
                 if (h..n).contains(&j) {
                     acc = cb.mac(acc, m[j], self.p[h]);
                 }
@@ -549,6 +525,26 @@ impl Comba<'_> {
     fn sub_opt(&mut self, acc: Option<Val>, v: Val) -> Val {
         let acc = acc.unwrap_or_else(|| self.k.u64(0));
         self.k.sub(acc, v)
+    }
+
+    /// `acc − v` where `negative`, else `acc + v`.
+    fn add_signed(&mut self, acc: Option<Val>, v: Val, negative: bool) -> Val {
+        if negative {
+            self.sub_opt(acc, v)
+        } else {
+            self.add_opt(acc, v)
+        }
+    }
+
+    /// The Karatsuba D_k = L_k − H_(k−h) from the columns that exist, as (value, whether it
+    /// stands for −value): D_k = −H_(k−h) where L has no column k.
+    fn difference(&mut self, l: Option<Val>, h: Option<Val>) -> (Val, bool) {
+        match (l, h) {
+            (Some(l), Some(h)) => (self.k.sub(l, h), false),
+            (Some(l), None) => (l, false),
+            (None, Some(h)) => (h, true),
+            (None, None) => unreachable!("D_k for k < h + H's columns has a term"),
+        }
     }
 
     /// a·b·2⁻³⁸⁴ mod p, canonical, for canonical a, b given as n normalised limbs.
