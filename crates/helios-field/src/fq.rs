@@ -68,34 +68,13 @@ const fn mont_inv_neg(x: u64) -> u64 {
 
 /// True when `x < p`.
 #[inline]
-/// `2^k mod p` for k ≥ 384, by doubling R mod p (host side, for kernel constants).
-pub fn pow2_mod_p(k: u32) -> Fq {
+/// `2^k mod p` for k ≥ 384 (host side, for kernel constants): R mod p doubled k − 384 times
+/// by blst's modular addition.
+pub(crate) fn pow2_mod_p(k: u32) -> Fq {
     assert!(k >= 384, "pow2_mod_p starts from R = 2^384");
-    let mut x = R_MOD_P;
-    for _ in 384..k {
-        // x < p < 2^381: 2x fits six limbs; subtract p once if 2x ≥ p.
-        let mut d = [0u64; 6];
-        let mut carry = 0;
-        for (i, di) in d.iter_mut().enumerate() {
-            *di = (x[i] << 1) | carry;
-            carry = x[i] >> 63;
-        }
-        x = if is_canonical(&d) { d } else { sub_p(&d) };
-    }
-    x
-}
-
-/// `x − p` for p ≤ x < 2p.
-fn sub_p(x: &Fq) -> Fq {
-    let mut out = [0u64; 6];
-    let mut borrow = false;
-    for i in 0..6 {
-        let (d, b1) = x[i].overflowing_sub(P[i]);
-        let (d, b2) = d.overflowing_sub(u64::from(borrow));
-        out[i] = d;
-        borrow = b1 || b2;
-    }
-    out
+    (384..k).fold(R_MOD_P, |x, _| {
+        crate::cpu::apply_one(crate::FieldOp::Add, &x, &x)
+    })
 }
 
 pub fn is_canonical(x: &Fq) -> bool {
