@@ -29,14 +29,18 @@ fn finish(ctx: Arc<Context>) {
     assert!(messages.is_empty(), "validation:\n{}", messages.join("\n"));
 }
 
-fn field(ctx: &Arc<Context>, layout: Layout, device_local: bool) -> Field {
-    let config = FieldConfig {
+/// The tests' configuration: workgroup 64, the rest default.
+fn config(layout: Layout, device_local: bool) -> FieldConfig {
+    FieldConfig {
         layout,
         workgroup: 64,
         device_local,
         ..FieldConfig::default()
-    };
-    Field::with_config(Arc::clone(ctx), config).expect("field")
+    }
+}
+
+fn field(ctx: &Arc<Context>, layout: Layout, device_local: bool) -> Field {
+    Field::with_config(Arc::clone(ctx), config(layout, device_local)).expect("field")
 }
 
 /// The layouts this device runs. Only a layout with an FP64 pipe (`Fp64*`, `Dual*` but
@@ -45,19 +49,13 @@ fn field(ctx: &Arc<Context>, layout: Layout, device_local: bool) -> Field {
 fn layouts(ctx: &Arc<Context>) -> Vec<Layout> {
     Layout::ALL
         .into_iter()
-        .filter(|&layout| {
-            let config = FieldConfig {
-                layout,
-                workgroup: 64,
-                device_local: false,
-                ..FieldConfig::default()
-            };
-            match Field::with_config(Arc::clone(ctx), config) {
+        .filter(
+            |&layout| match Field::with_config(Arc::clone(ctx), config(layout, false)) {
                 Ok(_) => true,
                 Err(FieldError::Unsupported { .. }) if layout.needs_fused_fma() => false,
                 Err(e) => panic!("{}: {e}", layout.name()),
-            }
-        })
+            },
+        )
         .collect()
 }
 
@@ -128,13 +126,7 @@ fn fp64_layouts_match_blst() {
     let ctx = context();
     for layout in Layout::ALL.into_iter().filter(|l| l.needs_fused_fma()) {
         let (a, b) = every_pipe(layout, inputs(4000, 71));
-        let config = FieldConfig {
-            layout,
-            workgroup: 64,
-            device_local: true,
-            ..FieldConfig::default()
-        };
-        let f = match Field::with_config(Arc::clone(&ctx), config) {
+        let f = match Field::with_config(Arc::clone(&ctx), config(layout, true)) {
             Ok(f) => f,
             Err(e @ FieldError::Unsupported { .. }) => {
                 eprintln!("{} not run on this device: {e}", layout.name());
@@ -180,10 +172,8 @@ fn mul_chain_probe_matches_blst() {
     for (layout, chain_canonical) in forms {
         let (a, b) = every_pipe(layout, inputs(100, 31));
         let config = FieldConfig {
-            layout,
-            workgroup: 64,
-            device_local: true,
             chain_canonical,
+            ..config(layout, true)
         };
         let f = Field::with_config(Arc::clone(&ctx), config).expect("field");
         let (da, db, dc) = (
