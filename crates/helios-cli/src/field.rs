@@ -443,6 +443,8 @@ fn run_sweep(
         upload(&any, &random_elements(n, 4))?,
     );
     let dc = any.alloc(n).map_err(e)?;
+    // The environment's settings besides the swept ones (e.g. HELIOS_FIELD_CHAIN_CANONICAL).
+    let env = FieldConfig::from_env().map_err(e)?;
     let mut rows = Vec::new();
     for &layout in layouts {
         for (w, &wg) in workgroups.iter().enumerate() {
@@ -450,7 +452,7 @@ fn run_sweep(
                 layout,
                 workgroup: wg,
                 device_local: true,
-                ..FieldConfig::from_env().map_err(e)?
+                ..env
             };
             let f = match Field::with_config(ctx.clone(), config) {
                 Ok(f) => f,
