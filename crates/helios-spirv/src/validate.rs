@@ -1,8 +1,11 @@
 //! Runs Khronos `spirv-val` on emitted modules. Tests call it on every module the kernel
-//! library can emit; `HELIOS_SPIRV_VAL` names another binary (e.g. a newer one that knows
-//! cooperative matrices).
+//! library can emit. The validator is `HELIOS_SPIRV_VAL` when set, else the project's own
+//! `.tools/bin/spirv-val` (a current SPIRV-Tools that `scripts/deps.sh test` installs); never
+//! whatever `spirv-val` happens to be on `PATH`, whose age would decide what can be checked.
+//! A module that cannot be validated is an error, not a skip.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 /// The Vulkan environment a module is validated against.
@@ -24,8 +27,8 @@ impl TargetEnv {
 #[derive(Debug, thiserror::Error)]
 pub enum ValidateError {
     #[error(
-        "cannot run `{tool}`: {source}. Install it (Debian/Ubuntu: apt-get install spirv-tools) \
-         or point HELIOS_SPIRV_VAL at a spirv-val binary"
+        "cannot run spirv-val `{tool}`: {source}. Run `scripts/deps.sh test` (installs SPIRV-Tools \
+         2025.5 into .tools/bin) or point HELIOS_SPIRV_VAL at a SPIRV-Tools 2024.1+ spirv-val"
     )]
     ToolMissing {
         tool: String,
@@ -39,9 +42,20 @@ pub enum ValidateError {
     },
 }
 
+/// The `spirv-val` binary: `HELIOS_SPIRV_VAL`, else `<workspace>/.tools/bin/spirv-val`.
+pub fn validator() -> PathBuf {
+    match std::env::var_os("HELIOS_SPIRV_VAL") {
+        Some(tool) if !tool.is_empty() => PathBuf::from(tool),
+        _ => PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../.tools/bin/spirv-val"
+        )),
+    }
+}
+
 /// Validates `words` (named `kernel` in messages) for `env`.
 pub fn validate(kernel: &str, words: &[u32], env: TargetEnv) -> Result<(), ValidateError> {
-    let tool = std::env::var("HELIOS_SPIRV_VAL").unwrap_or_else(|_| "spirv-val".to_string());
+    let tool = validator().display().to_string();
     let spawn = Command::new(&tool)
         .args(["--target-env", env.flag(), "-"])
         .stdin(Stdio::piped())

@@ -127,32 +127,11 @@ pub fn index_times_three_plus() -> Vec<u32> {
     b.module().assemble()
 }
 
-/// Runs `spirv-val --target-env vulkan1.2`; returns false (skip) when spirv-val is missing.
-pub fn spirv_val(words: &[u32]) -> bool {
-    let path = std::env::temp_dir().join(format!("helios-vk-test-{}.spv", std::process::id()));
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    std::fs::write(&path, bytes).expect("write temporary .spv");
-    let out = std::process::Command::new("spirv-val")
-        .args(["--target-env", "vulkan1.2"])
-        .arg(&path)
-        .output();
-    let _ = std::fs::remove_file(&path);
-    match out {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("SKIPPED spirv-val check: spirv-val not installed (Debian: spirv-tools)");
-            false
-        }
-        Err(e) => panic!("running spirv-val: {e}"),
-        Ok(out) => {
-            assert!(
-                out.status.success(),
-                "spirv-val rejected the module:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            true
-        }
-    }
+/// Runs the project's `spirv-val` (`helios_spirv::validator`) for Vulkan 1.2; panics with its
+/// message when the module is rejected or the validator cannot run.
+pub fn spirv_val(words: &[u32]) {
+    helios_spirv::validate("test shader", words, helios_spirv::TargetEnv::Vulkan1_2)
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Elements [`create_and_run`] writes, and its workgroup size.
