@@ -19,7 +19,7 @@
 //! | `HELIOS_WG=<n>` | workgroup size (along x) for every kernel, overriding the default (tuning experiments) |
 //! | `HELIOS_DUMP_KERNELS=<dir>` | write the SPIR-V assembly of every kernel compiled to `<dir>/<name>.spvasm` (and, with `HELIOS_PIPELINE_STATS=2`, the driver's text representations to `<dir>/<name>.<executable>.<representation>.txt`) |
 //! | `HELIOS_PIPELINE_STATS=1\|2` | where the device offers VK_KHR_pipeline_executable_properties, pipelines capture the driver's compiler statistics (`1`; on NVIDIA register count, binary size, stack, local (spill) and shared memory) or statistics and the driver's internal representations, where it offers any (`2`; NVIDIA 580 offers none); each kernel compiled prints `helios: stats <kernel>: <stat>=<value>, ...` on stderr, and `Device::kernel_statistics()` returns them |
-//! | `HELIOS_SPIRV_VAL=<path>` | the `spirv-val` binary tests use (default: `spirv-val` on PATH) |
+//! | `HELIOS_SPIRV_VAL=<path>` | the `spirv-val` binary tests use (default: `.tools/bin/spirv-val`, installed by `scripts/deps.sh test`; never one on PATH) |
 //! | `HELIOS_MATMUL_VARIANT=<name>` | force a matmul variant (`simt128x128`, `coop128x128w2x2`, ...: `helios_kernels::matmul::VARIANTS`) |
 //! | `HELIOS_COOPMAT2=0` | leave VK_NV_cooperative_matrix2 off: the workgroup-scope matmul variants (`wg...`) never run |
 //! | `HELIOS_MATMUL_TUNE=0\|1` | matmul autotuning off (documented default variant) or on also for CPU devices (default: on for GPUs; winners cached per device UUID + driver under the cache root) |
