@@ -8,6 +8,7 @@
 pub mod elementwise;
 mod elementwise_strided;
 pub mod embedding;
+pub mod fused;
 pub mod launch;
 pub mod loss;
 pub mod math;
@@ -28,6 +29,7 @@ pub use elementwise::{
     ELEMENTWISE_WORKGROUP, MAX_DIMS,
 };
 pub use embedding::{EmbeddingArgs, EmbeddingKernel, EmbeddingStage};
+pub use fused::{Compare, FusedInput, FusedKernel, Instr};
 pub use launch::{grid, pack_push, Arg, Geometry, Launch};
 pub use loss::{
     CrossEntropyArgs, CrossEntropyKernel, CrossEntropySetup, CrossEntropyStage,

@@ -232,6 +232,11 @@ impl Device {
     }
 
     /// maxComputeWorkGroupCount[0]: how wide a grid may be before it folds into rows.
+    /// Invocations per element-wise workgroup (`HELIOS_WG` or the family's default).
+    pub(crate) fn elementwise_workgroup(&self) -> u32 {
+        self.inner.elementwise_workgroup
+    }
+
     pub(crate) fn max_groups_x(&self) -> u32 {
         self.inner.ctx.caps().limits.max_workgroup_count[0]
     }
@@ -399,9 +404,11 @@ pub struct KernelStats {
 /// The signature of every kernel the tensor layer compiles: one variant per kernel family,
 /// each holding the family's own signature type (hashing it is cheaper than formatting it,
 /// which matters at a few hundred nanoseconds per op).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum KernelKey {
     Elementwise(ElementwiseKernel),
+    /// Boxed: a fused group's signature holds its whole expression.
+    Fused(Box<helios_kernels::FusedKernel>),
     Reduce(ReduceKernel),
     Matmul(helios_kernels::MatmulKernel),
     CoopPeak(helios_kernels::CoopPeakKernel),

@@ -12,27 +12,34 @@
 //! # Ok::<(), helios::Error>(())
 //! ```
 
+mod autograd;
+mod autograd_ops;
 pub mod cpu;
 mod device;
 mod dtype;
 pub mod env;
 mod error;
+mod grad_rules;
 mod index;
 mod layout;
+mod lazy;
 mod ops;
 pub mod selfcheck;
 mod tensor;
 mod view;
 
+pub use autograd::{no_grad, NoGradGuard};
 pub use device::{Device, KernelConfig, KernelStats, OperandLayout, Readback, WARM_UP_MS};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use helios_kernels::reduce::Reduction;
 pub use helios_kernels::rows::{RowConfig, RowVariant};
+pub use helios_kernels::Compare;
 pub use helios_kernels::{Activation, MatmulVariant};
 pub use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
 pub use index::IndexTensor;
 pub use layout::Layout;
+pub use lazy::{graph_stats, GraphStats};
 pub use ops::{adamw_step, AdamWConfig, AdamWParam, CrossEntropy};
 pub use ops::{
     coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,

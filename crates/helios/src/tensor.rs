@@ -12,31 +12,28 @@
 
 use std::sync::Arc;
 
-use helios_kernels::{BinaryOp, ElementwiseOp, Geometry, Strides, UnaryOp, MAX_DIMS};
+use helios_kernels::{BinaryOp, Compare, ElementwiseOp, Geometry, Strides, UnaryOp, MAX_DIMS};
 use helios_spirv::Binding;
 use helios_vk::{Access, Buffer, MemoryLocation};
 
 use crate::device::{KernelKey, OperandLayout};
 use crate::layout::{broadcast_shapes, merge_dims, Layout};
+use crate::lazy::{ElemOp, Input, Node};
 use crate::{DType, Device, Error, Result};
 
-/// An n-dimensional array in device memory, stored as `dtype` (arithmetic is f32). Cloning
-/// is cheap; views share the buffer.
+/// An n-dimensional array on a device, stored as `dtype` (arithmetic is f32). Cloning is
+/// cheap; views share the node (and, once it is realised, the buffer).
 #[derive(Clone)]
 pub struct Tensor {
     inner: Arc<TensorInner>,
 }
 
 struct TensorInner {
-    data: Arc<Data>,
+    /// The array this tensor views: realised (a buffer) or pending (a lazy op).
+    node: Arc<Node>,
     layout: Layout,
-    dtype: DType,
-}
-
-/// The buffer behind a tensor and all its views.
-struct Data {
-    device: Device,
-    buffer: Buffer,
+    /// Autograd: how the gradient flows back from this tensor (`None`: it needs none).
+    grad: Option<crate::autograd::GradLink>,
 }
 
 impl Tensor {
@@ -65,7 +62,7 @@ impl Tensor {
         if !data.is_empty() {
             device
                 .context()
-                .upload(t.buffer(), 0, &dtype.encode(data))?;
+                .upload(t.buffer()?, 0, &dtype.encode(data))?;
         }
         Ok(t)
     }
@@ -77,31 +74,56 @@ impl Tensor {
 
     /// A dense tensor of `shape` whose contents are undefined until a kernel writes them.
     pub(crate) fn empty(device: &Device, shape: Vec<usize>, dtype: DType) -> Result<Tensor> {
-        let bytes = (shape.iter().product::<usize>() * dtype.size()) as u64;
+        let len: usize = shape.iter().product();
+        let bytes = (len * dtype.size()) as u64;
         let buffer = device
             .context()
             .create_buffer(bytes, MemoryLocation::DeviceLocal)?;
-        Ok(Tensor {
-            inner: Arc::new(TensorInner {
-                data: Arc::new(Data {
-                    device: device.clone(),
-                    buffer,
-                }),
-                layout: Layout::contiguous(&shape),
-                dtype,
-            }),
-        })
+        Ok(Tensor::from_node(
+            Node::realized(device.clone(), dtype, len, buffer),
+            Layout::contiguous(&shape),
+        ))
     }
 
-    /// Another view of this tensor's buffer.
-    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+    pub(crate) fn from_node(node: Arc<Node>, layout: Layout) -> Tensor {
         Tensor {
             inner: Arc::new(TensorInner {
-                data: self.inner.data.clone(),
+                node,
                 layout,
-                dtype: self.inner.dtype,
+                grad: None,
             }),
         }
+    }
+
+    /// Another view of this tensor's array (no autograd link: view ops add their own).
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor::from_node(self.inner.node.clone(), layout)
+    }
+
+    /// This tensor with autograd link `grad`.
+    pub(crate) fn with_grad(&self, grad: Option<crate::autograd::GradLink>) -> Tensor {
+        Tensor {
+            inner: Arc::new(TensorInner {
+                node: self.inner.node.clone(),
+                layout: self.inner.layout.clone(),
+                grad,
+            }),
+        }
+    }
+
+    pub(crate) fn grad_link(&self) -> Option<&crate::autograd::GradLink> {
+        self.inner.grad.as_ref()
+    }
+
+    /// Whether the values are computed (or being computed) on the device, rather than
+    /// waiting in the lazy graph.
+    pub fn is_realized(&self) -> bool {
+        self.inner.node.is_realized()
+    }
+
+    /// Runs whatever this tensor's values depend on (without waiting for the GPU).
+    pub fn realize(&self) -> Result<()> {
+        self.buffer().map(|_| ())
     }
 
     /// Copies the tensor back to the host as f32 values in row-major order. Waits only for
@@ -115,7 +137,7 @@ impl Tensor {
         let layout = self.layout();
         if layout.is_contiguous() && !self.device().kernel_readback(bytes.len()) {
             let offset = (layout.offset() * self.dtype().size()) as u64;
-            ctx.download(self.buffer(), offset, &mut bytes)?;
+            ctx.download(self.buffer()?, offset, &mut bytes)?;
         } else {
             // A copy kernel writes straight into host memory: on a discrete GPU this avoids
             // the copy engine and its transfer barrier, which dominate a small read-back; for
@@ -129,7 +151,7 @@ impl Tensor {
     }
 
     pub fn dtype(&self) -> DType {
-        self.inner.dtype
+        self.inner.node.dtype
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -157,26 +179,37 @@ impl Tensor {
     }
 
     pub fn device(&self) -> &Device {
-        &self.inner.data.device
+        &self.inner.node.device
     }
 
-    /// GPU address of the view's first element (for push constants). Kernels that assume
-    /// row-major data take `contiguous()` tensors, whose first element starts the buffer.
-    pub(crate) fn address(&self) -> u64 {
+    /// GPU address of the view's first element (for push constants), realising the tensor
+    /// first. Kernels that assume row-major data take `contiguous()` tensors, whose first
+    /// element starts the buffer.
+    pub(crate) fn address(&self) -> Result<u64> {
         let offset = self.inner.layout.offset() * self.dtype().size();
-        self.inner.data.buffer.device_address() + offset as u64
+        Ok(self.buffer()?.device_address() + offset as u64)
     }
 
-    /// The buffer holding the elements (for declaring accesses).
-    pub(crate) fn buffer(&self) -> &Buffer {
-        &self.inner.data.buffer
+    /// The buffer holding the elements (for declaring accesses), realising the tensor first.
+    pub(crate) fn buffer(&self) -> Result<&Buffer> {
+        self.inner.node.buffer()
     }
 
     // ------------------------------------------------------------ element-wise
 
     /// `op(self)` element by element.
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
-        self.elementwise(ElementwiseOp::Unary(op), &[self], None, self.dtype())
+        let y = self.elementwise(ElementwiseOp::Unary(op), &[self], None, self.dtype())?;
+        if !crate::autograd::any_needs(&[self]) {
+            return Ok(y);
+        }
+        let (x, yd) = (self.detach(), y.detach());
+        Ok(crate::autograd::record(
+            op.name(),
+            &[self],
+            y,
+            move |g, _| Ok(vec![Some(crate::grad_rules::unary(op, &x, &yd, g)?)]),
+        ))
     }
 
     /// `op(self, other)` element by element, the operands broadcast numpy-style (shapes
@@ -192,33 +225,102 @@ impl Tensor {
                 rhs: other.dtype(),
             });
         }
-        self.elementwise(
+        let y = self.elementwise(
             ElementwiseOp::Binary(op),
             &[self, other],
             None,
             self.dtype(),
-        )
+        )?;
+        let differentiable = !BinaryOp::ACTIVATION_BACKWARD.contains(&op);
+        if !differentiable || !crate::autograd::any_needs(&[self, other]) {
+            return Ok(y);
+        }
+        let (a, b, yd) = (self.detach(), other.detach(), y.detach());
+        Ok(crate::autograd::record(
+            op.name(),
+            &[self, other],
+            y,
+            move |g, _| {
+                let (da, db) = crate::grad_rules::binary(op, &a, &b, &yd, g)?;
+                Ok(vec![Some(da), Some(db)])
+            },
+        ))
     }
 
     /// `op(self, s)` element by element.
     pub fn scalar_op(&self, op: BinaryOp, s: f32) -> Result<Tensor> {
-        let op = ElementwiseOp::Scalar {
-            op,
-            scalar_first: false,
-        };
-        self.elementwise(op, &[self], Some(s), self.dtype())
+        self.scalar_form(op, s, false)
     }
 
     /// `op(s, self)` element by element (e.g. `1 / x`, `2 ^ x`).
     pub fn scalar_first_op(&self, op: BinaryOp, s: f32) -> Result<Tensor> {
-        let op = ElementwiseOp::Scalar {
-            op,
-            scalar_first: true,
-        };
-        self.elementwise(op, &[self], Some(s), self.dtype())
+        self.scalar_form(op, s, true)
     }
 
-    /// Runs `op` over `inputs` (broadcast to one shape) into a new dense tensor of `out`.
+    fn scalar_form(&self, op: BinaryOp, s: f32, scalar_first: bool) -> Result<Tensor> {
+        let form = ElementwiseOp::Scalar { op, scalar_first };
+        let y = self.elementwise(form, &[self], Some(s), self.dtype())?;
+        if !op.has_scalar_form() || !crate::autograd::any_needs(&[self]) {
+            return Ok(y);
+        }
+        let (x, yd) = (self.detach(), y.detach());
+        Ok(crate::autograd::record(
+            op.name(),
+            &[self],
+            y,
+            move |g, _| {
+                let dx = crate::grad_rules::scalar(op, s, scalar_first, &x, &yd, g)?;
+                Ok(vec![Some(dx)])
+            },
+        ))
+    }
+
+    /// `cond != 0 ? self : other`, all three broadcast together; the gradient flows to
+    /// `self` where `cond` holds and to `other` elsewhere (`cond` gets none).
+    pub fn where_(&self, cond: &Tensor, other: &Tensor) -> Result<Tensor> {
+        self.same_dtype("where", other)?;
+        let cond = cond.to_dtype(self.dtype())?;
+        let y = cond.lazy(ElemOp::Where, &[&cond, self, other], self.dtype())?;
+        if !crate::autograd::any_needs(&[self, other]) {
+            return Ok(y);
+        }
+        let (c, a_shape, b_shape) = (cond.detach(), self.shape().to_vec(), other.shape().to_vec());
+        Ok(crate::autograd::record(
+            "where",
+            &[self, other],
+            y,
+            move |g, _| {
+                let zero = g.mul_scalar(0.0)?;
+                let da = g.where_(&c, &zero)?;
+                let db = zero.where_(&c, g)?;
+                Ok(vec![
+                    Some(crate::autograd::reduce_to(&da, &a_shape)?),
+                    Some(crate::autograd::reduce_to(&db, &b_shape)?),
+                ])
+            },
+        ))
+    }
+
+    /// `value` where `mask != 0`, else this tensor (broadcast); the gradient flows where the
+    /// mask is 0.
+    pub fn masked_fill(&self, mask: &Tensor, value: f32) -> Result<Tensor> {
+        let fill = self.mul_scalar(0.0)?.detach().add_scalar(value)?;
+        fill.where_(mask, self)
+    }
+
+    /// A tensor of `shape` holding `value` everywhere.
+    pub fn full(device: &Device, shape: &[usize], value: f32, dtype: DType) -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        Tensor::from_slice_as(device, &vec![value; n], shape, dtype)
+    }
+
+    /// Zeros of `shape`.
+    pub fn zeros(device: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::full(device, shape, 0.0, dtype)
+    }
+
+    /// A lazy node computing `op` over `inputs` (broadcast to one shape) into a new dense
+    /// tensor of `out`.
     pub(crate) fn elementwise(
         &self,
         op: ElementwiseOp,
@@ -226,17 +328,73 @@ impl Tensor {
         s: Option<f32>,
         out: DType,
     ) -> Result<Tensor> {
+        let op = match op {
+            ElementwiseOp::Unary(UnaryOp::Copy) if out != self.dtype() => ElemOp::Cast,
+            ElementwiseOp::Unary(u) => ElemOp::Unary(u),
+            ElementwiseOp::Binary(b) => ElemOp::Binary(b),
+            ElementwiseOp::Scalar { op, scalar_first } => ElemOp::Scalar {
+                op,
+                s: s.expect("the scalar form carries its scalar"),
+                scalar_first,
+            },
+        };
+        self.lazy(op, inputs, out)
+    }
+
+    /// A lazy node computing `op` over `inputs` (one device, broadcast to one shape).
+    pub(crate) fn lazy(&self, op: ElemOp, inputs: &[&Tensor], out: DType) -> Result<Tensor> {
         let mut shape = self.shape().to_vec();
         for t in &inputs[1..] {
+            if !self.device().same(t.device()) {
+                return Err(Error::DeviceMismatch { op: op.name() });
+            }
             shape = broadcast_shapes(&shape, t.shape()).ok_or_else(|| Error::ShapeMismatch {
-                op: op_name(op),
+                op: op.name(),
                 lhs: self.shape().to_vec(),
                 rhs: t.shape().to_vec(),
             })?;
         }
-        let y = Tensor::empty(self.device(), shape, out)?;
-        record_elementwise(op, inputs, s, y.shape(), out, y.buffer())?;
-        Ok(y)
+        let len = shape.iter().product();
+        let layout = Layout::contiguous(&shape);
+        if len == 0 {
+            return Tensor::empty(self.device(), shape, out);
+        }
+        let node = Node::pending(
+            self.device().clone(),
+            out,
+            len,
+            op,
+            inputs
+                .iter()
+                .map(|t| Input {
+                    node: t.inner.node.clone(),
+                    layout: t.inner.layout.clone(),
+                })
+                .collect(),
+        )?;
+        Ok(Tensor::from_node(node, layout))
+    }
+
+    /// 1.0 where `self op other` (broadcast), else 0.0; no gradient.
+    pub fn compare(&self, op: Compare, other: &Tensor) -> Result<Tensor> {
+        self.same_dtype(op.name(), other)?;
+        self.lazy(ElemOp::Compare(op), &[self, other], self.dtype())
+    }
+
+    /// 1.0 where `self op s`, else 0.0; no gradient.
+    pub fn compare_scalar(&self, op: Compare, s: f32) -> Result<Tensor> {
+        self.lazy(ElemOp::CompareScalar(op, s), &[self], self.dtype())
+    }
+
+    pub(crate) fn same_dtype(&self, op: &'static str, other: &Tensor) -> Result<()> {
+        if self.dtype() != other.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: other.dtype(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -287,9 +445,9 @@ fn record_elementwise(
         .iter()
         .map(|t| match dense {
             true => t.address(),
-            false => t.buffer().device_address(),
+            false => t.buffer().map(|b| b.device_address()),
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let launch = kernel.launch(
         &compiled.module,
         Geometry {
@@ -302,7 +460,10 @@ fn record_elementwise(
         s,
         strides.as_ref(),
     )?;
-    let mut accesses: Vec<Access> = inputs.iter().map(|t| Access::read(t.buffer())).collect();
+    let mut accesses: Vec<Access> = inputs
+        .iter()
+        .map(|t| t.buffer().map(Access::read))
+        .collect::<Result<_>>()?;
     accesses.push(Access::write(out));
     device
         .context()

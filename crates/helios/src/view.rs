@@ -12,6 +12,7 @@ use std::ops::Range;
 
 use helios_kernels::{ElementwiseOp, UnaryOp};
 
+use crate::autograd::record;
 use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
@@ -36,10 +37,14 @@ impl Tensor {
                 ),
             ));
         }
-        match self.layout().reshape(shape) {
-            Some(l) => Ok(self.with_layout(l)),
-            None => self.contiguous()?.reshape(shape),
-        }
+        let out = match self.layout().reshape(shape) {
+            Some(l) => self.with_layout(l),
+            None => return self.contiguous()?.reshape(shape),
+        };
+        let back = self.shape().to_vec();
+        Ok(record("reshape", &[self], out, move |g, _| {
+            Ok(vec![Some(g.reshape(&back)?)])
+        }))
     }
 
     /// Dimensions `a` and `b` swapped (a view).
@@ -48,7 +53,12 @@ impl Tensor {
             .layout()
             .transpose(a, b)
             .map_err(|e| self.view_error("transpose", e))?;
-        Ok(self.with_layout(l))
+        Ok(record(
+            "transpose",
+            &[self],
+            self.with_layout(l),
+            move |g, _| Ok(vec![Some(g.transpose(a, b)?)]),
+        ))
     }
 
     /// Dimensions reordered: dimension `d` of the result is dimension `order[d]` (a view).
@@ -57,7 +67,16 @@ impl Tensor {
             .layout()
             .permute(order)
             .map_err(|e| self.view_error("permute", e))?;
-        Ok(self.with_layout(l))
+        let mut inverse = vec![0; order.len()];
+        for (d, &o) in order.iter().enumerate() {
+            inverse[o] = d;
+        }
+        Ok(record(
+            "permute",
+            &[self],
+            self.with_layout(l),
+            move |g, _| Ok(vec![Some(g.permute(&inverse)?)]),
+        ))
     }
 
     /// Elements `start..start + len` along `dim` (a view).
@@ -66,6 +85,14 @@ impl Tensor {
             .layout()
             .narrow(dim, start, len)
             .map_err(|e| self.view_error("narrow", e))?;
+        if crate::autograd::any_needs(&[self]) {
+            return Err(self.view_error(
+                "narrow",
+                "narrow/slice of a tensor that requires a gradient has no backward rule yet; \
+                 slice a detach()ed tensor, or use ops that take the whole tensor"
+                    .into(),
+            ));
+        }
         Ok(self.with_layout(l))
     }
 
@@ -84,7 +111,13 @@ impl Tensor {
             .layout()
             .broadcast_to(shape)
             .map_err(|e| self.view_error("broadcast_to", e))?;
-        Ok(self.with_layout(l))
+        let back = self.shape().to_vec();
+        Ok(record(
+            "broadcast_to",
+            &[self],
+            self.with_layout(l),
+            move |g, _| Ok(vec![Some(crate::autograd::reduce_to(g, &back)?)]),
+        ))
     }
 
     /// PyTorch's name for `broadcast_to`.
@@ -98,12 +131,15 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
-        self.elementwise(
+        let out = self.elementwise(
             ElementwiseOp::Unary(UnaryOp::Copy),
             &[self],
             None,
             self.dtype(),
-        )
+        )?;
+        Ok(record("contiguous", &[self], out, |g, _| {
+            Ok(vec![Some(g.clone())])
+        }))
     }
 
     /// The values converted to `dtype` (round to nearest even; NaN stays NaN, overflow gives
@@ -112,6 +148,10 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        self.elementwise(ElementwiseOp::Unary(UnaryOp::Copy), &[self], None, dtype)
+        let out = self.elementwise(ElementwiseOp::Unary(UnaryOp::Copy), &[self], None, dtype)?;
+        let back = self.dtype();
+        Ok(record("to_dtype", &[self], out, move |g, _| {
+            Ok(vec![Some(g.to_dtype(back)?)])
+        }))
     }
 }

@@ -48,7 +48,9 @@ fn dependent_chain_has_one_barrier_per_dependency() {
     let before = d.encoder_stats();
     let mut t = x;
     for _ in 0..20 {
+        // Realised one by one: the engine's hazard tracking, not the graph's fusion.
         t = t.mul_scalar(1.01).unwrap();
+        t.realize().unwrap();
     }
     d.synchronize().unwrap();
     let after = d.encoder_stats();
@@ -67,13 +69,43 @@ fn dependent_chain_has_one_barrier_per_dependency() {
 }
 
 #[test]
+fn a_lazy_chain_is_one_kernel() {
+    let (_g, d) = device();
+    let (v, x) = input(d, 1000, 4);
+    d.synchronize().unwrap();
+    let before = d.encoder_stats();
+    let mut t = x;
+    for _ in 0..20 {
+        t = t.mul_scalar(1.01).unwrap().add_scalar(0.5).unwrap();
+    }
+    assert!(!t.is_realized(), "nothing runs before a value is needed");
+    let got = t.to_vec().unwrap();
+    let after = d.encoder_stats();
+    assert_eq!(after.dispatches - before.dispatches, 1, "40 element-wise ops fuse into one kernel");
+    let want: Vec<f32> = v
+        .iter()
+        .map(|&a| (0..20).fold(a, |acc, _| acc * 1.01 + 0.5))
+        .collect();
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= 1e-5 * w.abs(), "{g} vs {w}");
+    }
+    assert_no_validation_messages(d);
+}
+
+#[test]
 fn independent_ops_have_no_barriers() {
     let (_g, d) = device();
     let (v, x) = input(d, 1000, 2);
     d.synchronize().unwrap();
     let before = d.encoder_stats();
     // Outputs stay alive, so no op reuses another's memory.
-    let outs: Vec<Tensor> = (0..20).map(|i| x.add_scalar(i as f32).unwrap()).collect();
+    let outs: Vec<Tensor> = (0..20)
+        .map(|i| {
+            let t = x.add_scalar(i as f32).unwrap();
+            t.realize().unwrap();
+            t
+        })
+        .collect();
     d.synchronize().unwrap();
     let after = d.encoder_stats();
     assert_eq!(after.dispatches - before.dispatches, 20);
@@ -95,9 +127,12 @@ fn reused_memory_is_ordered_after_its_last_reader() {
     let (v, x) = input(d, 4096, 3);
     d.synchronize().unwrap();
     let a = x.exp().unwrap(); // writes region R
+    a.realize().unwrap();
     let b = a.neg().unwrap(); // reads R
+    b.realize().unwrap();
     drop(a); // R goes back to the pool while `b`'s read of it is still pending
     let c = x.add_scalar(1.0).unwrap(); // same size class: reuses R, must wait for `b`
+    c.realize().unwrap();
     let before = d.encoder_stats();
     d.synchronize().unwrap();
     let after = d.encoder_stats();

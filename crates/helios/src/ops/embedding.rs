@@ -19,6 +19,17 @@ impl Tensor {
     /// Rows of this table (vocab, dim) picked by `ids` (…): a tensor (…, dim) of the table's
     /// dtype with `out[i, :] = table[ids[i], :]`.
     pub fn embedding(&self, ids: &IndexTensor) -> Result<Tensor> {
+        let out = self.embedding_raw(ids)?;
+        let (ids, vocab) = (ids.clone(), self.shape()[0]);
+        Ok(crate::autograd::record(
+            "embedding",
+            &[self],
+            out,
+            move |g, _| Ok(vec![Some(g.embedding_backward(&ids, vocab)?)]),
+        ))
+    }
+
+    fn embedding_raw(&self, ids: &IndexTensor) -> Result<Tensor> {
         const OP: &str = "embedding";
         let table = self.contiguous()?;
         let (vocab, dim) = table_dims(OP, &table, ids)?;
@@ -33,16 +44,16 @@ impl Tensor {
             dim: dim as u32,
             vocab: vocab as u32,
             ids: ids.buffer().device_address(),
-            table: table.address(),
-            out: out.address(),
+            table: table.address()?,
+            out: out.address()?,
             ..EmbeddingArgs::default()
         };
         table.embedding_dispatch(
             EmbeddingStage::Forward,
             dim,
             &args,
-            &[ids.buffer(), table.buffer()],
-            &[out.buffer()],
+            &[ids.buffer(), table.buffer()?],
+            &[out.buffer()?],
         )?;
         Ok(out)
     }
@@ -88,8 +99,8 @@ impl Tensor {
             dim: dim as u32,
             vocab: vocab as u32,
             ids: ids.buffer().device_address(),
-            dout: dout.address(),
-            dtable: dtable.address(),
+            dout: dout.address()?,
+            dtable: dtable.address()?,
             counts: counts.device_address(),
             offsets: offsets.device_address(),
             pos: pos.device_address(),
@@ -105,8 +116,8 @@ impl Tensor {
                 EmbeddingStage::Place => (vec![i, &offsets], vec![&counts, &pos]),
                 EmbeddingStage::Rank => (vec![i, &offsets, &pos], vec![&sorted]),
                 EmbeddingStage::Sum => (
-                    vec![&offsets, &sorted, dout.buffer()],
-                    vec![dtable.buffer()],
+                    vec![&offsets, &sorted, dout.buffer()?],
+                    vec![dtable.buffer()?],
                 ),
                 EmbeddingStage::Forward => unreachable!("not a backward stage"),
             };

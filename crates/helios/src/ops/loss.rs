@@ -40,6 +40,11 @@ impl Tensor {
         targets: &IndexTensor,
         ignore_index: Option<u32>,
     ) -> Result<CrossEntropy> {
+        if crate::autograd::any_needs(&[self]) {
+            // The gradient comes out of the same pass over the logits; backward scales it.
+            let ce = self.cross_entropy_impl(targets, ignore_index, Some(1.0))?;
+            return Ok(crate::autograd_ops::cross_entropy(self, ce));
+        }
         self.cross_entropy_impl(targets, ignore_index, None)
     }
 
@@ -110,28 +115,32 @@ impl Tensor {
             vocab: vocab as u32,
             ignore_index,
             scale: scale.unwrap_or(1.0),
-            logits: x.address(),
+            logits: x.address()?,
             targets: targets.buffer().device_address(),
-            stats: stats.address(),
-            row_loss: row_loss.address(),
-            dlogits: dlogits.as_ref().map_or(0, |d| d.address()),
-            loss: loss.address(),
+            stats: stats.address()?,
+            row_loss: row_loss.address()?,
+            dlogits: dlogits
+                .as_ref()
+                .map(|d| d.address())
+                .transpose()?
+                .unwrap_or(0),
+            loss: loss.address()?,
         };
         let t = targets.buffer();
-        x.ce_dispatch(CrossEntropyStage::Count, &args, &[t], &[stats.buffer()])?;
-        let mut reads = vec![x.buffer(), t];
-        let mut writes = vec![row_loss.buffer()];
+        x.ce_dispatch(CrossEntropyStage::Count, &args, &[t], &[stats.buffer()?])?;
+        let mut reads = vec![x.buffer()?, t];
+        let mut writes = vec![row_loss.buffer()?];
         if let Some(d) = &dlogits {
-            reads.push(stats.buffer());
-            writes.push(d.buffer());
+            reads.push(stats.buffer()?);
+            writes.push(d.buffer()?);
         }
         let grad = dlogits.is_some();
         x.ce_dispatch(CrossEntropyStage::Rows { grad }, &args, &reads, &writes)?;
         x.ce_dispatch(
             CrossEntropyStage::Mean,
             &args,
-            &[row_loss.buffer(), stats.buffer()],
-            &[loss.buffer()],
+            &[row_loss.buffer()?, stats.buffer()?],
+            &[loss.buffer()?],
         )?;
         Ok(CrossEntropy {
             loss,

@@ -278,18 +278,21 @@ impl Problem {
         let device = self.a.device();
         let compiled = device.kernel(KernelKey::Matmul(*kernel), || kernel.build())?;
         let addr = MatmulAddresses {
-            a: self.a.address(),
-            b: self.b.address(),
-            c: out.address(),
-            bias: self.bias.as_ref().map(|t| t.address()),
-            residual: self.residual.as_ref().map(|t| t.address()),
+            a: self.a.address()?,
+            b: self.b.address()?,
+            c: out.address()?,
+            bias: self.bias.as_ref().map(|t| t.address()).transpose()?,
+            residual: self.residual.as_ref().map(|t| t.address()).transpose()?,
         };
         let launch = kernel.launch(&compiled.module, s, &addr, self.alpha)?;
-        let mut accesses = vec![Access::read(self.a.buffer()), Access::read(self.b.buffer())];
+        let mut accesses = vec![
+            Access::read(self.a.buffer()?),
+            Access::read(self.b.buffer()?),
+        ];
         for t in self.bias.iter().chain(&self.residual) {
-            accesses.push(Access::read(t.buffer()));
+            accesses.push(Access::read(t.buffer()?));
         }
-        accesses.push(Access::write(out.buffer()));
+        accesses.push(Access::write(out.buffer()?));
         device
             .context()
             .dispatch(&compiled.pipeline, launch.groups, &launch.push, &accesses)?;
@@ -311,6 +314,11 @@ impl Tensor {
 
     /// `act(alpha · self · other + bias) + residual`, stored as `opts.out`, in one kernel.
     pub fn matmul_opts(&self, other: &Tensor, opts: &MatmulOptions) -> Result<Tensor> {
+        crate::autograd_ops::matmul(self, other, opts)
+    }
+
+    /// `matmul_opts` without autograd: one kernel.
+    pub(crate) fn matmul_raw(&self, other: &Tensor, opts: &MatmulOptions) -> Result<Tensor> {
         let p = Problem::new(self, other, opts)?;
         let (kernel, _) = matmul_tune::choose(&p)?;
         let out = p.output()?;

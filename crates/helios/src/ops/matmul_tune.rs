@@ -646,8 +646,8 @@ pub fn coop_peak(device: &Device, dtype: DType) -> Result<Option<CoopPeak>> {
         &compiled.module.params,
         compiled.module.push_size,
         &[
-            helios_kernels::Arg::Address(a.address()),
-            helios_kernels::Arg::Address(c.address()),
+            helios_kernels::Arg::Address(a.address()?),
+            helios_kernels::Arg::Address(c.address()?),
             helios_kernels::Arg::U32(iters),
         ],
     )?;
@@ -658,8 +658,8 @@ pub fn coop_peak(device: &Device, dtype: DType) -> Result<Option<CoopPeak>> {
             [groups, 1, 1],
             &push,
             &[
-                helios_vk::Access::read(a.buffer()),
-                helios_vk::Access::write(c.buffer()),
+                helios_vk::Access::read(a.buffer()?),
+                helios_vk::Access::write(c.buffer()?),
             ],
         )?;
         Ok(())

@@ -104,6 +104,16 @@ fn check_stats(op: &'static str, x: &Tensor, stats: &[&Tensor]) -> Result<()> {
 impl Tensor {
     /// LayerNorm over the last axis: (x − mean)/√(var + eps)·gamma + beta, biased variance.
     pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<NormOutput> {
+        let out = self.layer_norm_raw(gamma, beta, eps)?;
+        Ok(crate::autograd_ops::layer_norm(
+            self,
+            gamma,
+            Some(beta),
+            out,
+        ))
+    }
+
+    fn layer_norm_raw(&self, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<NormOutput> {
         self.contiguous()?.norm_forward(
             NormKind::Layer,
             &gamma.contiguous()?,
@@ -114,8 +124,10 @@ impl Tensor {
 
     /// RMSNorm over the last axis: x/√(mean(x²) + eps)·gamma.
     pub fn rms_norm(&self, gamma: &Tensor, eps: f32) -> Result<NormOutput> {
-        self.contiguous()?
-            .norm_forward(NormKind::Rms, &gamma.contiguous()?, None, eps)
+        let out =
+            self.contiguous()?
+                .norm_forward(NormKind::Rms, &gamma.contiguous()?, None, eps)?;
+        Ok(crate::autograd_ops::layer_norm(self, gamma, None, out))
     }
 
     /// Gradients of `layer_norm` at input `self`, from the forward's `mean` and `rstd` and
@@ -208,12 +220,17 @@ impl Tensor {
         let rstd = Tensor::empty(device, stat_shape, DType::F32)?;
         if rows > 0 {
             let (kernel, threads) = self.norm_kernel(kind, false, gamma, len);
-            let reads: Vec<&Buffer> = std::iter::once(self.buffer())
-                .chain(params.iter().map(|p| p.buffer()))
+            let reads: Vec<&Buffer> = std::iter::once(self.buffer()?)
+                .chain(
+                    params
+                        .iter()
+                        .map(|p| p.buffer())
+                        .collect::<Result<Vec<_>>>()?,
+                )
                 .collect();
-            let writes: Vec<&Buffer> = std::iter::once(y.buffer())
-                .chain(mean.as_ref().map(|m| m.buffer()))
-                .chain(std::iter::once(rstd.buffer()))
+            let writes: Vec<&Buffer> = std::iter::once(y.buffer()?)
+                .chain(mean.as_ref().map(|m| m.buffer()).transpose()?)
+                .chain(std::iter::once(rstd.buffer()?))
                 .collect();
             device.dispatch_rows(
                 KernelKey::Norm(kernel),
@@ -250,14 +267,14 @@ impl Tensor {
             NormKind::Layer => Some(Tensor::empty(device, vec![len as usize], gamma.dtype())?),
             NormKind::Rms => None,
         };
-        let param_outs: Vec<&Buffer> = std::iter::once(dgamma.buffer())
-            .chain(dbeta.as_ref().map(|t| t.buffer()))
+        let param_outs: Vec<&Buffer> = std::iter::once(dgamma.buffer()?)
+            .chain(dbeta.as_ref().map(|t| t.buffer()).transpose()?)
             .collect();
         if rows == 0 {
             // No rows: the parameter gradients are zero.
             for p in [Some(&dgamma), dbeta.as_ref()].into_iter().flatten() {
                 device.context().upload(
-                    p.buffer(),
+                    p.buffer()?,
                     0,
                     &gamma.dtype().encode(&vec![0.0; len as usize]),
                 )?;
@@ -267,11 +284,11 @@ impl Tensor {
         let cfg = device.config().rows;
         let (kernel, threads) = self.norm_kernel(kind, true, gamma, len);
         let inputs: Vec<&Buffer> = [
-            Some(self.buffer()),
-            Some(gamma.buffer()),
-            mean.map(|m| m.buffer()),
-            Some(rstd.buffer()),
-            Some(dy.buffer()),
+            Some(self.buffer()?),
+            Some(gamma.buffer()?),
+            mean.map(|m| m.buffer()).transpose()?,
+            Some(rstd.buffer()?),
+            Some(dy.buffer()?),
         ]
         .into_iter()
         .flatten()
@@ -294,7 +311,7 @@ impl Tensor {
                     cfg.norm_rows.unwrap_or_else(|| norm::norm_bwd_rows(rows)),
                 );
                 let bufs = partial_scratch(g)?;
-                let mut writes = vec![dx.buffer()];
+                let mut writes = vec![dx.buffer()?];
                 writes.extend(bufs.iter());
                 device.dispatch_rows(
                     KernelKey::Norm(kernel),
@@ -310,7 +327,7 @@ impl Tensor {
                     KernelKey::Norm(kernel),
                     || kernel.build(),
                     &inputs,
-                    &[dx.buffer()],
+                    &[dx.buffer()?],
                     |c, gm, a| Ok(kernel.launch(&c.module, gm, rows, len, threads, 0, 0.0, a)?),
                 )?;
                 let pk = NormParamKernel {
@@ -325,10 +342,10 @@ impl Tensor {
                 let (splits, chunk) = param_splits(rows, len, vec, target);
                 let bufs = partial_scratch(splits)?;
                 let reads: Vec<&Buffer> = [
-                    Some(self.buffer()),
-                    mean.map(|m| m.buffer()),
-                    Some(rstd.buffer()),
-                    Some(dy.buffer()),
+                    Some(self.buffer()?),
+                    mean.map(|m| m.buffer()).transpose()?,
+                    Some(rstd.buffer()?),
+                    Some(dy.buffer()?),
                 ]
                 .into_iter()
                 .flatten()

@@ -98,7 +98,7 @@ pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) ->
                         "tensor {i}: {name} is a strided or offset view; updates are in place, so pass whole dense tensors"
                     )));
                 }
-                buffers.push(t.buffer().device_address());
+                buffers.push(t.buffer()?.device_address());
             }
         }
         if p.param.len() as u64 > u64::from(u32::MAX) {
@@ -110,7 +110,9 @@ pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) ->
         }
     }
     // A buffer written twice (or written and read as a gradient) would race.
-    buffers.extend(params.iter().map(|p| p.grad.buffer().device_address()));
+    for p in params {
+        buffers.push(p.grad.buffer()?.device_address());
+    }
     buffers.sort_unstable();
     if buffers.windows(2).any(|w| w[0] == w[1]) {
         return Err(invalid(
@@ -132,11 +134,11 @@ pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) ->
         };
         let args = AdamWArgs {
             n: n as u32,
-            param: p.param.address(),
-            grad: grad.address(),
-            m: p.m.address(),
-            v: p.v.address(),
-            copy: p.copy.map_or(0, |c| c.address()),
+            param: p.param.address()?,
+            grad: grad.address()?,
+            m: p.m.address()?,
+            v: p.v.address()?,
+            copy: p.copy.map(|c| c.address()).transpose()?.unwrap_or(0),
             step: AdamWStep::new(
                 f64::from(config.lr),
                 f64::from(config.beta1),
@@ -146,14 +148,14 @@ pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) ->
                 step,
             ),
         };
-        let mut writes = vec![p.param.buffer(), p.m.buffer(), p.v.buffer()];
+        let mut writes = vec![p.param.buffer()?, p.m.buffer()?, p.v.buffer()?];
         if let Some(c) = p.copy {
-            writes.push(c.buffer());
+            writes.push(c.buffer()?);
         }
         device.dispatch_rows(
             KernelKey::AdamW(kernel),
             || kernel.build(),
-            &[grad.buffer()],
+            &[grad.buffer()?],
             &writes,
             |c, g, _| Ok(kernel.launch(&c.module, g, &args)?),
         )?;

@@ -194,6 +194,27 @@ impl Tensor {
 
     /// `op` over `axis` (`None`: every element). Argmax returns indices: use `argmax`.
     pub fn reduce(&self, op: Reduction, axis: Option<isize>) -> Result<Tensor> {
+        let y = self.reduce_raw(op, axis)?;
+        if !crate::autograd::any_needs(&[self]) {
+            return Ok(y);
+        }
+        let axis = axis
+            .map(|a| resolve_axis(op.name(), a, self.shape().len()))
+            .transpose()?;
+        let (x, yd) = (self.detach(), y.detach());
+        Ok(crate::autograd::record(
+            op.name(),
+            &[self],
+            y,
+            move |g, _| {
+                Ok(vec![Some(crate::autograd_ops::reduce_backward(
+                    op, axis, &x, &yd, g,
+                )?)])
+            },
+        ))
+    }
+
+    fn reduce_raw(&self, op: Reduction, axis: Option<isize>) -> Result<Tensor> {
         if op == Reduction::ArgMax {
             return Err(Error::Invalid {
                 op: "reduce",
@@ -227,7 +248,7 @@ impl Tensor {
         }
         let out = Tensor::empty(self.device(), out_shape, self.dtype())?;
         if out_len > 0 {
-            self.record_reduce(op, (outer, len, inner), Some(out.buffer()), None)?;
+            self.record_reduce(op, (outer, len, inner), Some(out.buffer()?), None)?;
         }
         Ok(out)
     }
@@ -278,7 +299,7 @@ impl Tensor {
         };
         let outputs: Vec<&Buffer> = y.into_iter().chain(yi).collect();
         match steps.as_slice() {
-            [step] => run_step(device, step, &[x.buffer()], &outputs, scale),
+            [step] => run_step(device, step, &[x.buffer()?], &outputs, scale),
             [partial, combine] => {
                 let n = partial.partials();
                 let values = device.scratch(n * 4)?;
@@ -287,7 +308,7 @@ impl Tensor {
                     _ => None,
                 };
                 let mid: Vec<&Buffer> = std::iter::once(&values).chain(indices.as_ref()).collect();
-                run_step(device, partial, &[x.buffer()], &mid, scale)?;
+                run_step(device, partial, &[x.buffer()?], &mid, scale)?;
                 run_step(device, combine, &mid, &outputs, scale)
             }
             _ => unreachable!("reduce plans have one or two steps"),

@@ -46,7 +46,7 @@ impl Tensor {
 
     /// Softmax over the last axis with a scale and optional causal mask.
     pub fn softmax_with(&self, opts: SoftmaxOptions) -> Result<Tensor> {
-        self.contiguous()?.softmax_op(false, opts)
+        crate::autograd_ops::softmax(self, false, opts)
     }
 
     /// Log-softmax over the last axis.
@@ -56,7 +56,7 @@ impl Tensor {
 
     /// Log-softmax over the last axis with a scale and optional causal mask.
     pub fn log_softmax_with(&self, opts: SoftmaxOptions) -> Result<Tensor> {
-        self.contiguous()?.softmax_op(true, opts)
+        crate::autograd_ops::softmax(self, true, opts)
     }
 
     /// The gradient of the input of `softmax_with(opts)` from its output `self` and the
@@ -74,7 +74,7 @@ impl Tensor {
 
     /// (Inputs are contiguous from here on: kernels read row-major data from the start of
     /// the buffer.)
-    fn softmax_op(&self, log: bool, opts: SoftmaxOptions) -> Result<Tensor> {
+    pub(crate) fn softmax_op(&self, log: bool, opts: SoftmaxOptions) -> Result<Tensor> {
         let op = if log { "log_softmax" } else { "softmax" };
         let geo = softmax_geometry(op, self.shape(), opts)?;
         let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
@@ -122,12 +122,12 @@ impl Tensor {
             binding: device.binding(),
             whole: helios_kernels::rows::whole_rows(u64::from(len), &cfg),
         };
-        let reads: Vec<_> = inputs.iter().map(|t| t.buffer()).collect();
+        let reads: Vec<_> = inputs.iter().map(|t| t.buffer()).collect::<Result<_>>()?;
         device.dispatch_rows(
             KernelKey::Softmax(kernel),
             || kernel.build(),
             &reads,
-            &[out.buffer()],
+            &[out.buffer()?],
             |c, g, addrs| {
                 let l = kernel.launch(
                     &c.module,

@@ -1,0 +1,516 @@
+//! Fused element-wise kernels: one generated kernel for a whole group of element-wise nodes
+//! of the lazy graph (an expression DAG over several inputs, with several outputs).
+//!
+//! The one decision a reader must know: the problem is baked into the code. The output
+//! shape, every input's strides (after merging dimensions contiguous in all of them) and
+//! every constant are part of the kernel's signature, so index arithmetic divides by
+//! constants and the push constants carry only buffer addresses (each input's address
+//! already points at its first element). A training loop repeats the same shapes, so each
+//! group compiles once and the schedule cache finds it by this signature; a loop whose
+//! shapes or constants change every step would compile every step.
+//!
+//! Work layout: when the innermost merged dimension is a multiple of 4, each invocation
+//! handles `vecs` vec4s (strips of the workgroup, as the plain element-wise kernels do) and
+//! every input is read the cheapest way its strides allow: one vector load (row-contiguous
+//! and 16-byte aligned), one scalar load splat to four lanes (broadcast along the inner
+//! dimension), or four scalar loads. Otherwise each invocation does one element.
+
+use helios_spirv::{Access, Binding, Buffer, CmpOp, KernelBuilder, KernelModule, Scalar, Ty, Val};
+
+use crate::elementwise::{binary_expr, unary_expr, BinaryOp, UnaryOp};
+use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::storage::{buffer_scalar, f32_to_bf16_bits, load_f32, store_f32, Storage};
+use crate::KernelError;
+
+/// A comparison giving 1.0 where true and 0.0 where false (NaN compares unequal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Compare {
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
+}
+
+impl Compare {
+    pub const ALL: [Compare; 6] = [
+        Compare::Lt,
+        Compare::Le,
+        Compare::Gt,
+        Compare::Ge,
+        Compare::Eq,
+        Compare::Ne,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Compare::Lt => "lt",
+            Compare::Le => "le",
+            Compare::Gt => "gt",
+            Compare::Ge => "ge",
+            Compare::Eq => "eq",
+            Compare::Ne => "ne",
+        }
+    }
+
+    /// The comparison on f64 values (the CPU reference).
+    pub fn eval(self, a: f64, b: f64) -> bool {
+        match self {
+            Compare::Lt => a < b,
+            Compare::Le => a <= b,
+            Compare::Gt => a > b,
+            Compare::Ge => a >= b,
+            Compare::Eq => a == b,
+            Compare::Ne => a != b,
+        }
+    }
+
+    fn op(self) -> CmpOp {
+        match self {
+            Compare::Lt => CmpOp::Lt,
+            Compare::Le => CmpOp::Le,
+            Compare::Gt => CmpOp::Gt,
+            Compare::Ge => CmpOp::Ge,
+            Compare::Eq => CmpOp::Eq,
+            Compare::Ne => CmpOp::Ne,
+        }
+    }
+}
+
+/// One instruction of a fused expression. Operands are indices of earlier instructions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Instr {
+    /// Input `i`'s element, widened to f32.
+    Input(u16),
+    /// Scalar parameter `i` (a push constant: the same kernel serves every value, and no
+    /// compiler folds `x · 0` to 0 for a NaN `x`).
+    Scalar(u16),
+    Unary(UnaryOp, u32),
+    Binary(BinaryOp, u32, u32),
+    /// 1.0 where `a op b`, else 0.0.
+    Compare(Compare, u32, u32),
+    /// `c != 0 ? a : b` (c, a, b).
+    Where(u32, u32, u32),
+    /// The value rounded to a storage format's precision (a cast inside the expression).
+    Round(Storage, u32),
+}
+
+impl Instr {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Instr::Input(_) => "input",
+            Instr::Scalar(_) => "scalar",
+            Instr::Unary(u, _) => u.name(),
+            Instr::Binary(b, ..) => b.name(),
+            Instr::Compare(c, ..) => c.name(),
+            Instr::Where(..) => "where",
+            Instr::Round(..) => "cast",
+        }
+    }
+
+    fn operands(&self) -> impl Iterator<Item = u32> {
+        let (a, b, c) = match *self {
+            Instr::Input(_) | Instr::Scalar(_) => (None, None, None),
+            Instr::Unary(_, a) | Instr::Round(_, a) => (Some(a), None, None),
+            Instr::Binary(_, a, b) | Instr::Compare(_, a, b) => (Some(a), Some(b), None),
+            Instr::Where(c, a, b) => (Some(c), Some(a), Some(b)),
+        };
+        a.into_iter().chain(b).chain(c)
+    }
+}
+
+/// One input of a fused kernel, read as a view of the output's elements: output element `e`
+/// reads the input at the coordinates of `e` in `shape`, through `strides`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FusedInput {
+    pub dtype: Storage,
+    /// (dims) the view's shape, outermost first, dimensions contiguous in both the view and
+    /// the input merged; its product is the kernel's element count.
+    pub shape: Vec<u32>,
+    /// (dims) element strides along `shape`; 0 where broadcast.
+    pub strides: Vec<u32>,
+    /// Whether the address passed for this input is 16-byte aligned for vec4 loads (its
+    /// first element sits a multiple of 4 elements into a buffer).
+    pub aligned: bool,
+}
+
+/// The signature of a fused kernel: everything that changes the emitted SPIR-V.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FusedKernel {
+    pub binding: Binding,
+    /// Elements of every output (each dense).
+    pub len: u32,
+    pub inputs: Vec<FusedInput>,
+    pub code: Vec<Instr>,
+    /// (instruction, storage) of each output.
+    pub outputs: Vec<(u32, Storage)>,
+    /// Scalar parameters (`Instr::Scalar`), pushed after the addresses.
+    pub scalars: u16,
+    /// vec4s per invocation in the vector form (1, 2 or 4).
+    pub vecs: u8,
+}
+
+/// How one input is read for four consecutive elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Read {
+    /// Element index = output element index (dense, same shape).
+    Dense,
+    /// One vector load at the element offset / 4.
+    Vector,
+    /// One scalar load, splat to four lanes (inner stride 0).
+    Splat,
+    /// Four scalar loads, `inner` elements apart.
+    Gather,
+}
+
+impl FusedKernel {
+    /// Whether invocations handle vec4s: the element count and every input view's innermost
+    /// dimension are multiples of 4, so four consecutive elements share a row of each input.
+    pub fn vectorized(&self) -> bool {
+        self.len % 4 == 0
+            && self
+                .inputs
+                .iter()
+                .all(|i| i.shape.last().is_some_and(|&s| s % 4 == 0))
+    }
+
+    /// Bytes of push constants a kernel needs: an address per input and output, 4 bytes per
+    /// scalar.
+    pub fn push_bytes(inputs: usize, outputs: usize, scalars: usize) -> u32 {
+        (8 * (inputs + outputs) + 4 * scalars) as u32
+    }
+
+    /// `fused<n>_<first op>_<last op>`: enough to recognise a group in a profile.
+    pub fn name(&self) -> String {
+        let ops: Vec<&str> = self
+            .code
+            .iter()
+            .filter(|i| !matches!(i, Instr::Input(_) | Instr::Scalar(_)))
+            .map(Instr::name)
+            .collect();
+        match (ops.first(), ops.last()) {
+            (Some(a), Some(b)) if ops.len() > 1 => format!("fused{}_{a}_{b}", ops.len()),
+            (Some(a), _) => format!("fused1_{a}"),
+            _ => "fused0_copy".to_string(),
+        }
+    }
+
+    /// Checks operands refer to earlier instructions, inputs exist and shapes agree.
+    pub fn check(&self) -> Result<(), KernelError> {
+        let bad = |detail: String| KernelError::Arguments {
+            kernel: self.name(),
+            detail,
+        };
+        for (i, ins) in self.code.iter().enumerate() {
+            if ins.operands().any(|o| o as usize >= i) {
+                return Err(bad(format!("instruction {i} reads a later value")));
+            }
+            match ins {
+                Instr::Input(x) if usize::from(*x) >= self.inputs.len() => {
+                    return Err(bad(format!("instruction {i} reads missing input {x}")));
+                }
+                Instr::Scalar(x) if *x >= self.scalars => {
+                    return Err(bad(format!("instruction {i} reads missing scalar {x}")));
+                }
+                _ => {}
+            }
+        }
+        for inp in &self.inputs {
+            let n: u64 = inp.shape.iter().map(|&s| u64::from(s)).product();
+            if inp.strides.len() != inp.shape.len() || n != u64::from(self.len) {
+                return Err(bad(format!(
+                    "input view {:?} (strides {:?}) does not hold {} elements",
+                    inp.shape, inp.strides, self.len
+                )));
+            }
+        }
+        if self.outputs.is_empty()
+            || self
+                .outputs
+                .iter()
+                .any(|&(o, _)| o as usize >= self.code.len())
+        {
+            return Err(bad("outputs must name instructions".into()));
+        }
+        Ok(())
+    }
+
+    fn read(&self, input: &FusedInput) -> Read {
+        let dims = input.shape.len();
+        let dense: bool = {
+            let mut expect = 1u64;
+            let mut ok = true;
+            for d in (0..dims).rev() {
+                ok &= input.shape[d] == 1 || u64::from(input.strides[d]) == expect;
+                expect *= u64::from(input.shape[d]);
+            }
+            ok
+        };
+        let inner = input.strides.last().copied().unwrap_or(1);
+        if !self.vectorized() {
+            return if dense { Read::Dense } else { Read::Gather };
+        }
+        if dense && input.aligned {
+            return Read::Dense;
+        }
+        let outer_aligned = input.strides[..dims - 1].iter().all(|s| s % 4 == 0);
+        if inner == 1 && outer_aligned && input.aligned {
+            Read::Vector
+        } else if inner == 0 {
+            Read::Splat
+        } else {
+            Read::Gather
+        }
+    }
+
+    /// Emits the kernel. Push constants: each input's address, then each output's.
+    pub fn build(&self, workgroup: u32) -> KernelModule {
+        let mut k = KernelBuilder::new(self.name(), self.binding, [workgroup, 1, 1]);
+        let inputs: Vec<Buffer> = (0..self.inputs.len())
+            .map(|i| {
+                let elem = buffer_scalar(self.inputs[i].dtype);
+                k.buffer(&format!("in{i}"), elem, Access::Read)
+            })
+            .collect();
+        let outputs: Vec<Buffer> = (0..self.outputs.len())
+            .map(|i| {
+                let elem = buffer_scalar(self.outputs[i].1);
+                k.buffer(&format!("out{i}"), elem, Access::Write)
+            })
+            .collect();
+        let scalars: Vec<helios_spirv::Param> = (0..self.scalars)
+            .map(|i| k.param(&format!("s{i}"), Ty::scalar(Scalar::F32)))
+            .collect();
+        k.begin();
+        let scalars: Vec<Val> = scalars.into_iter().map(|p| k.load_param(p)).collect();
+        let wid = k.workgroup_id();
+        let nwg = k.num_workgroups();
+        let (gx, gy, nx) = (k.extract(wid, 0), k.extract(wid, 1), k.extract(nwg, 0));
+        let row = k.mul(gy, nx);
+        let group = k.add(row, gx);
+        // The workgroup size is a specialisation constant (HELIOS_WG may override `workgroup`).
+        let wsize = k.workgroup_size_x();
+        let lid = k.local_index();
+        let n = self.len;
+        if self.vectorized() {
+            let vecs = u32::from(self.vecs);
+            let v = k.u32(vecs);
+            let tile = k.mul(v, wsize);
+            let start = k.mul(group, tile);
+            let first = k.add(start, lid);
+            let nvec = k.u32(n / 4);
+            for j in 0..vecs {
+                let q = if j == 0 {
+                    first
+                } else {
+                    let jv = k.u32(j);
+                    let off = k.mul(jv, wsize);
+                    k.add(first, off)
+                };
+                let inside = k.lt(q, nvec);
+                k.if_(inside, |k| {
+                    self.element(k, &inputs, &outputs, &scalars, q, 4)
+                });
+            }
+        } else {
+            let base = k.mul(group, wsize);
+            let e = k.add(base, lid);
+            let nv = k.u32(n);
+            let inside = k.lt(e, nv);
+            k.if_(inside, |k| {
+                self.element(k, &inputs, &outputs, &scalars, e, 1)
+            });
+        }
+        k.finish()
+    }
+
+    /// Computes and stores output element `at` (lanes 1) or vec4 `at` (lanes 4).
+    fn element(
+        &self,
+        k: &mut KernelBuilder,
+        inputs: &[Buffer],
+        outputs: &[Buffer],
+        scalars: &[Val],
+        at: Val,
+        lanes: u8,
+    ) {
+        let e = if lanes == 4 {
+            let two = k.u32(2);
+            k.shl(at, two)
+        } else {
+            at
+        };
+        // Coordinates of element `e` per view shape, computed once for the inputs needing them.
+        let mut coords: Vec<(&[u32], Vec<Val>)> = Vec::new();
+        let mut vals: Vec<Val> = Vec::with_capacity(self.code.len());
+        let fty = Ty::vector(Scalar::F32, lanes);
+        for ins in &self.code {
+            let v = match *ins {
+                Instr::Input(i) => {
+                    let input = &self.inputs[usize::from(i)];
+                    let read = self.read(input);
+                    if read == Read::Dense {
+                        load_f32(k, inputs[usize::from(i)], at, lanes, input.dtype)
+                    } else {
+                        let cs = match coords.iter().find(|(s, _)| *s == input.shape.as_slice()) {
+                            Some((_, cs)) => cs.clone(),
+                            None => {
+                                let cs = coordinates(k, &input.shape, e);
+                                coords.push((&input.shape, cs.clone()));
+                                cs
+                            }
+                        };
+                        let mut off = k.u32(0);
+                        for (c, &s) in cs.iter().zip(&input.strides) {
+                            if s != 0 {
+                                let sv = k.u32(s);
+                                let t = k.mul(*c, sv);
+                                off = k.add(off, t);
+                            }
+                        }
+                        self.load(k, inputs[usize::from(i)], input, read, off, lanes)
+                    }
+                }
+                Instr::Scalar(i) => k.splat(scalars[usize::from(i)], lanes),
+                Instr::Unary(op, a) => unary_expr(k, op, vals[a as usize]),
+                Instr::Binary(op, a, b) => binary_expr(k, op, vals[a as usize], vals[b as usize]),
+                Instr::Compare(op, a, b) => {
+                    let c = k.cmp(op.op(), vals[a as usize], vals[b as usize]);
+                    let one = k.const_float(fty, 1.0);
+                    let zero = k.const_float(fty, 0.0);
+                    k.select(c, one, zero)
+                }
+                Instr::Where(c, a, b) => {
+                    let zero = k.const_float(fty, 0.0);
+                    let cond = k.cmp(CmpOp::Ne, vals[c as usize], zero);
+                    k.select(cond, vals[a as usize], vals[b as usize])
+                }
+                Instr::Round(s, a) => round(k, vals[a as usize], s),
+            };
+            vals.push(v);
+        }
+        for (&(o, s), &buf) in self.outputs.iter().zip(outputs) {
+            store_f32(k, buf, at, vals[o as usize], s);
+        }
+    }
+
+    fn load(
+        &self,
+        k: &mut KernelBuilder,
+        buf: Buffer,
+        input: &FusedInput,
+        read: Read,
+        off: Val,
+        lanes: u8,
+    ) -> Val {
+        match read {
+            Read::Dense => unreachable!("dense reads use the element index"),
+            Read::Vector => {
+                let two = k.u32(2);
+                let q = k.shr(off, two);
+                load_f32(k, buf, q, 4, input.dtype)
+            }
+            Read::Splat => {
+                let x = load_f32(k, buf, off, 1, input.dtype);
+                k.splat(x, lanes)
+            }
+            Read::Gather => {
+                if lanes == 1 {
+                    return load_f32(k, buf, off, 1, input.dtype);
+                }
+                let inner = input.strides.last().copied().unwrap_or(1);
+                let parts: Vec<Val> = (0..4)
+                    .map(|j| {
+                        let idx = if j == 0 {
+                            off
+                        } else {
+                            let step = k.u32(j * inner);
+                            k.add(off, step)
+                        };
+                        load_f32(k, buf, idx, 1, input.dtype)
+                    })
+                    .collect();
+                k.vector(&parts)
+            }
+        }
+    }
+
+    /// Grid and push constants. `inputs` and `outputs` are device addresses (ignored under
+    /// descriptor binding, where the dispatch binds the buffers in the same order).
+    pub fn launch(
+        &self,
+        module: &KernelModule,
+        geometry: Geometry,
+        inputs: &[u64],
+        outputs: &[u64],
+        scalars: &[f32],
+    ) -> Result<Launch, KernelError> {
+        if inputs.len() != self.inputs.len() || outputs.len() != self.outputs.len() {
+            return Err(KernelError::Arguments {
+                kernel: self.name(),
+                detail: format!(
+                    "expects {} inputs and {} outputs, got {} and {}",
+                    self.inputs.len(),
+                    self.outputs.len(),
+                    inputs.len(),
+                    outputs.len()
+                ),
+            });
+        }
+        let n = u64::from(self.len);
+        let mut args: Vec<Arg> = Vec::new();
+        if self.binding == Binding::DeviceAddress {
+            args.extend(inputs.iter().chain(outputs).map(|&a| Arg::Address(a)));
+        }
+        if scalars.len() != usize::from(self.scalars) {
+            return Err(KernelError::Arguments {
+                kernel: self.name(),
+                detail: format!("expects {} scalars, got {}", self.scalars, scalars.len()),
+            });
+        }
+        args.extend(scalars.iter().map(|&s| Arg::F32(s)));
+        let per_group = if self.vectorized() {
+            4 * u64::from(self.vecs) * u64::from(geometry.workgroup)
+        } else {
+            u64::from(geometry.workgroup)
+        };
+        let groups = grid(n.div_ceil(per_group), geometry.max_groups_x)?;
+        let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
+        Ok(Launch { groups, push })
+    }
+}
+
+/// `value` rounded to the precision of `s` (round to nearest even), still f32.
+fn round(k: &mut KernelBuilder, value: Val, s: Storage) -> Val {
+    let lanes = value.ty.lanes;
+    match s {
+        Storage::F32 => value,
+        Storage::F16 => {
+            let h = k.convert(value, Scalar::F16);
+            k.convert(h, Scalar::F32)
+        }
+        Storage::BF16 => {
+            let bits = f32_to_bf16_bits(k, value);
+            let wide = k.convert(bits, Scalar::U32);
+            let sixteen = k.u32(16);
+            let sixteen = k.splat(sixteen, lanes);
+            let hi = k.shl(wide, sixteen);
+            k.bitcast(hi, Ty::vector(Scalar::F32, lanes))
+        }
+    }
+}
+
+/// The coordinates (outermost first) of element `e` in `shape`, by divisions by constants.
+fn coordinates(k: &mut KernelBuilder, shape: &[u32], e: Val) -> Vec<Val> {
+    let dims = shape.len();
+    let mut cs = vec![e; dims];
+    let mut rest = e;
+    for d in (1..dims).rev() {
+        let size = k.u32(shape[d]);
+        cs[d] = k.rem(rest, size);
+        rest = k.div(rest, size);
+    }
+    cs[0] = rest;
+    cs
+}

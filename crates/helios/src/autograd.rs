@@ -1,0 +1,316 @@
+//! Reverse-mode autograd over the lazy graph.
+//!
+//! A tensor that needs a gradient carries a `GradLink`: a leaf's accumulator (`requires_grad_`)
+//! or the `GradNode` of the op that made it. A `GradNode` holds, per input, where that
+//! input's gradient goes, and a one-shot backward closure that owns the tensors the rule
+//! saved. `backward()` walks the nodes in reverse topological order, sums the gradients
+//! reaching each node, and calls each closure once.
+//!
+//! The design decisions a reader must know:
+//! - Backward rules are ordinary tensor ops, so backward builds lazy nodes and fuses like
+//!   forward (a GELU backward and the bias-gradient's prologue become one kernel).
+//! - The closure is taken when it runs, releasing its saved tensors at once; the graph does
+//!   not survive `backward()` (a second call is an error that says so), and a forward that
+//!   never calls `backward()` is released with its output.
+//! - Leaves accumulate: a second `backward()` adds to `grad()`, until `zero_grad()`.
+
+use std::cell::Cell;
+use std::sync::{Arc, Mutex};
+
+use rustc_hash::FxHashMap;
+
+use crate::{Error, Result, Tensor};
+
+/// The gradient of each input (`None` where it needs none), given the output's gradient and
+/// which inputs need one.
+pub(crate) type Backward = Box<dyn FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send>;
+
+/// Where the gradient of a tensor goes.
+#[derive(Clone)]
+pub(crate) enum GradLink {
+    Leaf(Arc<LeafGrad>),
+    Node(Arc<GradNode>),
+}
+
+/// A leaf's accumulated gradient.
+pub(crate) struct LeafGrad {
+    grad: Mutex<Option<Tensor>>,
+}
+
+/// One recorded op.
+pub(crate) struct GradNode {
+    name: &'static str,
+    /// (inputs) where each input's gradient goes.
+    edges: Vec<Option<GradLink>>,
+    backward: Mutex<Option<Backward>>,
+}
+
+impl Drop for GradNode {
+    fn drop(&mut self) {
+        crate::lazy::LIVE_GRAD.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+thread_local! {
+    static NO_GRAD: Cell<u32> = const { Cell::new(0) };
+}
+
+/// While alive, ops on this thread record no gradients (see [`no_grad`]).
+pub struct NoGradGuard(());
+
+impl NoGradGuard {
+    pub fn new() -> NoGradGuard {
+        NO_GRAD.with(|c| c.set(c.get() + 1));
+        NoGradGuard(())
+    }
+}
+
+impl Default for NoGradGuard {
+    fn default() -> Self {
+        NoGradGuard::new()
+    }
+}
+
+impl Drop for NoGradGuard {
+    fn drop(&mut self) {
+        NO_GRAD.with(|c| c.set(c.get() - 1));
+    }
+}
+
+/// Runs `f` without recording gradients (evaluation, optimizer updates).
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    let _guard = NoGradGuard::new();
+    f()
+}
+
+fn grad_enabled() -> bool {
+    NO_GRAD.with(|c| c.get() == 0)
+}
+
+/// `out`, linked to `inputs` through `backward` when any input needs a gradient and
+/// gradients are being recorded.
+pub(crate) fn record(
+    name: &'static str,
+    inputs: &[&Tensor],
+    out: Tensor,
+    backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+) -> Tensor {
+    if !grad_enabled() || inputs.iter().all(|t| t.grad_link().is_none()) {
+        return out;
+    }
+    crate::lazy::LIVE_GRAD.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let node = GradNode {
+        name,
+        edges: inputs.iter().map(|t| t.grad_link().cloned()).collect(),
+        backward: Mutex::new(Some(Box::new(backward))),
+    };
+    out.with_grad(Some(GradLink::Node(Arc::new(node))))
+}
+
+/// Whether any of `inputs` needs a gradient (rules save tensors only then).
+pub(crate) fn any_needs(inputs: &[&Tensor]) -> bool {
+    grad_enabled() && inputs.iter().any(|t| t.grad_link().is_some())
+}
+
+impl Tensor {
+    /// This tensor as a leaf that accumulates a gradient (`grad()` after `backward()`).
+    pub fn requires_grad_(&self) -> Tensor {
+        self.with_grad(Some(GradLink::Leaf(Arc::new(LeafGrad {
+            grad: Mutex::new(None),
+        }))))
+    }
+
+    /// Whether gradients flow back from this tensor.
+    pub fn requires_grad(&self) -> bool {
+        self.grad_link().is_some()
+    }
+
+    /// Whether this tensor is a leaf that accumulates its gradient.
+    pub fn is_leaf(&self) -> bool {
+        matches!(self.grad_link(), Some(GradLink::Leaf(_)))
+    }
+
+    /// The same values, cut from the graph: no gradient flows through the result.
+    pub fn detach(&self) -> Tensor {
+        self.with_grad(None)
+    }
+
+    /// The gradient accumulated in this leaf (`None` before any `backward()` reached it, or
+    /// for a tensor that is not a leaf).
+    pub fn grad(&self) -> Option<Tensor> {
+        match self.grad_link() {
+            Some(GradLink::Leaf(l)) => l.grad.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            _ => None,
+        }
+    }
+
+    /// Forgets this leaf's accumulated gradient.
+    pub fn zero_grad(&self) {
+        if let Some(GradLink::Leaf(l)) = self.grad_link() {
+            *l.grad.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+
+    /// Replaces this leaf's accumulated gradient (e.g. after clipping).
+    pub fn set_grad(&self, grad: Option<Tensor>) -> Result<()> {
+        match self.grad_link() {
+            Some(GradLink::Leaf(l)) => {
+                *l.grad.lock().unwrap_or_else(|p| p.into_inner()) = grad.map(|g| g.detach());
+                Ok(())
+            }
+            _ => Err(Error::Invalid {
+                op: "set_grad",
+                detail: "only a leaf (requires_grad_) holds a gradient".into(),
+            }),
+        }
+    }
+
+    /// Backpropagates from this one-element tensor (a loss), as if its gradient were 1.
+    pub fn backward(&self) -> Result<()> {
+        if self.len() != 1 {
+            return Err(Error::Invalid {
+                op: "backward",
+                detail: format!(
+                    "backward() needs a one-element tensor (a loss); this one has shape {:?}: \
+                     reduce it first or call backward_with(gradient)",
+                    self.shape()
+                ),
+            });
+        }
+        let one = Tensor::full(self.device(), self.shape(), 1.0, self.dtype())?;
+        self.backward_with(&one)
+    }
+
+    /// Backpropagates `grad` (of this tensor's shape) through the graph that made this
+    /// tensor, adding to the leaves' gradients.
+    pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
+        if grad.shape() != self.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "backward",
+                lhs: self.shape().to_vec(),
+                rhs: grad.shape().to_vec(),
+            });
+        }
+        let grad = grad.detach();
+        let _no_grad = NoGradGuard::new();
+        match self.grad_link() {
+            None => Err(Error::Invalid {
+                op: "backward",
+                detail: "this tensor does not depend on any tensor that requires a gradient; \
+                         mark parameters with requires_grad_()"
+                    .into(),
+            }),
+            Some(GradLink::Leaf(l)) => accumulate(l, grad),
+            Some(GradLink::Node(n)) => run_backward(n, grad),
+        }
+    }
+}
+
+fn accumulate(leaf: &LeafGrad, g: Tensor) -> Result<()> {
+    let mut slot = leaf.grad.lock().unwrap_or_else(|p| p.into_inner());
+    *slot = Some(match slot.take() {
+        Some(old) => old.add(&g)?,
+        None => g,
+    });
+    Ok(())
+}
+
+/// The nodes reachable from `root`, each after every node that feeds it a gradient.
+fn topological(root: &Arc<GradNode>) -> Vec<Arc<GradNode>> {
+    let mut order: Vec<Arc<GradNode>> = Vec::new();
+    let mut seen: FxHashMap<*const GradNode, ()> = FxHashMap::default();
+    let mut stack: Vec<(Arc<GradNode>, bool)> = vec![(root.clone(), false)];
+    while let Some((n, expanded)) = stack.pop() {
+        if expanded {
+            order.push(n);
+            continue;
+        }
+        if seen.insert(Arc::as_ptr(&n), ()).is_some() {
+            continue;
+        }
+        let children: Vec<Arc<GradNode>> = n
+            .edges
+            .iter()
+            .filter_map(|e| match e {
+                Some(GradLink::Node(c)) => Some(c.clone()),
+                _ => None,
+            })
+            .collect();
+        stack.push((n, true));
+        for c in children {
+            if !seen.contains_key(&Arc::as_ptr(&c)) {
+                stack.push((c, false));
+            }
+        }
+    }
+    // Post-order puts inputs first; backward runs outputs first.
+    order.reverse();
+    order
+}
+
+fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
+    let order = topological(root);
+    let mut grads: FxHashMap<*const GradNode, Tensor> = FxHashMap::default();
+    grads.insert(Arc::as_ptr(root), seed);
+    for node in order {
+        let backward = node
+            .backward
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some(backward) = backward else {
+            return Err(Error::Invalid {
+                op: "backward",
+                detail: format!(
+                    "the graph through `{}` was already used by an earlier backward() and \
+                     released; run the forward pass again",
+                    node.name
+                ),
+            });
+        };
+        // A node no gradient reached (its output was unused) only releases its tensors.
+        let Some(g) = grads.remove(&Arc::as_ptr(&node)) else {
+            continue;
+        };
+        let needs: Vec<bool> = node.edges.iter().map(Option::is_some).collect();
+        let input_grads = backward(&g, &needs)?;
+        drop(g);
+        for (edge, ig) in node.edges.iter().zip(input_grads) {
+            let (Some(edge), Some(ig)) = (edge, ig) else {
+                continue;
+            };
+            match edge {
+                GradLink::Leaf(l) => accumulate(l, ig)?,
+                GradLink::Node(n) => {
+                    let key = Arc::as_ptr(n);
+                    let sum = match grads.remove(&key) {
+                        Some(old) => old.add(&ig)?,
+                        None => ig,
+                    };
+                    grads.insert(key, sum);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `g` summed over the dimensions along which `shape` was broadcast to `g`'s shape.
+pub(crate) fn reduce_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    if g.shape() == shape {
+        return Ok(g.clone());
+    }
+    let mut t = g.clone();
+    let pad = t.shape().len() - shape.len();
+    for _ in 0..pad {
+        t = t.sum(0)?;
+    }
+    for d in 0..shape.len() {
+        if shape[d] == 1 && t.shape()[d] != 1 {
+            let mut keep = t.shape().to_vec();
+            keep[d] = 1;
+            t = t.sum(d as isize)?.reshape(&keep)?;
+        }
+    }
+    Ok(t)
+}

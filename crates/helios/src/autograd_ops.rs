@@ -1,0 +1,174 @@
+//! Autograd for the library kernels (reductions, matmul, softmax, norms, cross-entropy): each
+//! function runs the op and records its backward, built from the library's own backward
+//! kernels where one exists.
+
+use helios_kernels::{Activation, Compare};
+
+use crate::autograd::{any_needs, record, reduce_to};
+use crate::{CrossEntropy, MatmulOptions, NormOutput, Reduction, Result, SoftmaxOptions, Tensor};
+
+/// The gradient of `op` over `axis` (`None`: all) at `x`, given its output `y` and `g`.
+pub(crate) fn reduce_backward(
+    op: Reduction,
+    axis: Option<usize>,
+    x: &Tensor,
+    y: &Tensor,
+    g: &Tensor,
+) -> Result<Tensor> {
+    // The reduced shape with the axis kept as 1, so `g` and `y` broadcast against `x`.
+    let kept: Vec<usize> = match axis {
+        Some(a) => {
+            let mut s = x.shape().to_vec();
+            s[a] = 1;
+            s
+        }
+        None => vec![1; x.shape().len()],
+    };
+    let count = match axis {
+        Some(a) => x.shape()[a],
+        None => x.len(),
+    };
+    let gb = g.reshape(&kept)?;
+    match op {
+        Reduction::Sum => gb.broadcast_to(x.shape())?.contiguous(),
+        Reduction::Mean => gb.broadcast_to(x.shape())?.div_scalar(count as f32),
+        Reduction::Max | Reduction::Min => {
+            // Every element equal to the extreme gets the whole gradient (ties share none).
+            let hit = x.compare(Compare::Eq, &y.reshape(&kept)?)?;
+            hit.mul(&gb)
+        }
+        Reduction::ArgMax => unreachable!("argmax has no gradient"),
+    }
+}
+
+/// `a · b` with the options' epilogue, differentiable in a, b, bias and residual. Without
+/// gradients it is one kernel with the epilogue fused; with them the product is one kernel
+/// and the epilogue element-wise ops (which fuse among themselves), because the activation's
+/// backward needs its input.
+pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Tensor> {
+    let mut inputs = vec![a, b];
+    inputs.extend(opts.bias);
+    inputs.extend(opts.residual);
+    if !any_needs(&inputs) {
+        return a.matmul_raw(b, opts);
+    }
+    let plain = MatmulOptions {
+        variant: opts.variant,
+        ..MatmulOptions::default()
+    };
+    let z = a.matmul_raw(b, &plain)?;
+    let (ad, bd) = (a.detach(), b.detach());
+    let mut y = record("matmul", &[a, b], z, move |g, needs| {
+        let g = g.to_dtype(ad.dtype())?;
+        let nd = bd.shape().len();
+        let da = match needs[0] {
+            true => Some(reduce_to(
+                &g.matmul(&bd.transpose(nd - 2, nd - 1)?)?,
+                ad.shape(),
+            )?),
+            false => None,
+        };
+        let db = match needs[1] {
+            true => Some(weight_grad(&ad, &bd, &g)?),
+            false => None,
+        };
+        Ok(vec![da, db])
+    });
+    if opts.alpha != 1.0 {
+        y = y.mul_scalar(opts.alpha)?;
+    }
+    if let Some(bias) = opts.bias {
+        y = y.add(&bias.to_dtype(y.dtype())?)?;
+    }
+    y = match opts.act {
+        Activation::None => y,
+        Activation::Relu => y.relu()?,
+        Activation::GeluTanh => y.gelu_tanh()?,
+    };
+    if let Some(r) = opts.residual {
+        y = y.add(&r.to_dtype(y.dtype())?)?;
+    }
+    match opts.out {
+        Some(dt) => y.to_dtype(dt),
+        None => Ok(y),
+    }
+}
+
+/// d(a·b)/db = aᵀ·g, summed over a's batch: a (…, M, K), g (…, M, N) → b's shape. A 2-D b
+/// under a batched a (a linear layer) takes one product over the flattened rows.
+fn weight_grad(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let nd = a.shape().len();
+    if b.shape().len() == 2 && nd > 2 {
+        let k = a.shape()[nd - 1];
+        let n = g.shape()[g.shape().len() - 1];
+        let a2 = a.reshape(&[a.len() / k, k])?;
+        let g2 = g.reshape(&[g.len() / n, n])?;
+        return a2.transpose(0, 1)?.matmul(&g2);
+    }
+    let at = a.transpose(nd - 2, nd - 1)?;
+    reduce_to(&at.matmul(g)?, b.shape())
+}
+
+/// Softmax or log-softmax over the last axis, differentiable.
+pub(crate) fn softmax(x: &Tensor, log: bool, opts: SoftmaxOptions) -> Result<Tensor> {
+    let y = x.contiguous()?.softmax_op(log, opts)?;
+    if !any_needs(&[x]) {
+        return Ok(y);
+    }
+    let yd = y.detach();
+    Ok(record("softmax", &[x], y, move |g, _| {
+        let dx = match log {
+            true => yd.log_softmax_backward(g, opts)?,
+            false => yd.softmax_backward(g, opts)?,
+        };
+        Ok(vec![Some(dx)])
+    }))
+}
+
+/// Links a layer norm's (beta given) or RMS norm's output to x, gamma and beta.
+pub(crate) fn layer_norm(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: Option<&Tensor>,
+    out: NormOutput,
+) -> NormOutput {
+    let mut inputs = vec![x, gamma];
+    inputs.extend(beta);
+    if !any_needs(&inputs) {
+        return out;
+    }
+    let (xd, gd) = (x.detach(), gamma.detach());
+    let (mean, rstd) = (out.mean.as_ref().map(Tensor::detach), out.rstd.detach());
+    let y = record("norm", &inputs, out.y.clone(), move |g, _| {
+        let grads = match &mean {
+            Some(m) => xd.layer_norm_backward(&gd, m, &rstd, g)?,
+            None => xd.rms_norm_backward(&gd, &rstd, g)?,
+        };
+        let mut v = vec![Some(grads.dx), Some(grads.dgamma)];
+        if mean.is_some() {
+            v.push(grads.dbeta);
+        }
+        Ok(v)
+    });
+    NormOutput { y, ..out }
+}
+
+/// Links the mean loss to the logits through the gradient computed in the forward pass.
+pub(crate) fn cross_entropy(logits: &Tensor, ce: CrossEntropy) -> CrossEntropy {
+    let dlogits = ce
+        .dlogits
+        .as_ref()
+        .expect("computed with the gradient")
+        .detach();
+    let nd = logits.shape().len();
+    let loss = record("cross_entropy", &[logits], ce.loss.clone(), move |g, _| {
+        // g: (1,), the upstream gradient of the mean loss.
+        let scale = g.reshape(&vec![1; nd])?.to_dtype(dlogits.dtype())?;
+        Ok(vec![Some(dlogits.mul(&scale)?)])
+    });
+    CrossEntropy {
+        loss,
+        dlogits: None,
+        ..ce
+    }
+}

@@ -1,0 +1,539 @@
+//! The lazy graph: element-wise ops build nodes; nothing runs until a value is needed.
+//!
+//! A `Node` is one dense array: realised (it owns a buffer) or pending (an element-wise op
+//! over input views of other nodes). Views (`Layout`s) are metadata on the tensors that point
+//! at a node, so a transpose or broadcast of a pending result costs nothing.
+//!
+//! Realisation (a host read, a library kernel that needs the buffer, `Device::synchronize`,
+//! or a chain growing past `MAX_DEPTH`) runs the scheduler's passes over the pending nodes
+//! the target depends on:
+//! 1. `collect`: the fusion group — every pending node reachable from the target through
+//!    *dense* edges (the consumer reads the producer's elements in order, so one kernel can
+//!    compute both at the same index). A pending input read through any other view
+//!    (transposed, broadcast, sliced) is a prerequisite, realised first as its own group.
+//! 2. `outputs`: a member is written to memory only if something outside the group holds it
+//!    (a user's tensor, a saved tensor for backward, another pending node): the target, and
+//!    members whose reference count exceeds their uses inside the group.
+//! 3. `lower`: the group becomes one `FusedKernel` (expression DAG in topological order,
+//!    inputs deduplicated, dimensions merged per input view) whose signature finds its
+//!    compiled pipeline in the device's kernel cache — the schedule cache: an identical step
+//!    generates and compiles nothing.
+//! 4. `run`: output buffers come from the caching pool; the dispatch is recorded; the
+//!    members' pending ops are dropped, which releases their inputs (the memory plan: a
+//!    buffer returns to the pool once its last reader is recorded).
+//!
+//! The design decision a reader must know: fusion never recomputes. An element-wise result
+//! is either computed once inside one kernel, or stored; a view that reorders elements
+//! always reads stored data.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use helios_kernels::{BinaryOp, Compare, FusedInput, FusedKernel, Geometry, Instr, UnaryOp};
+use helios_vk::{Access, Buffer, MemoryLocation};
+use rustc_hash::FxHashMap;
+
+use crate::device::KernelKey;
+use crate::layout::merge_dims;
+use crate::{DType, Device, Error, Layout, Result};
+
+/// A pending chain this deep is realised as it grows: bounds kernel size, recursion when a
+/// chain is dropped, and the host work a single realisation can pile up.
+pub(crate) const MAX_DEPTH: u32 = 1024;
+
+/// An element-wise operation of the graph (inputs are views of other nodes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum ElemOp {
+    Unary(UnaryOp),
+    /// `op(a, b)`.
+    Binary(BinaryOp),
+    /// `op(x, s)`, or `op(s, x)` when `scalar_first`.
+    Scalar {
+        op: BinaryOp,
+        s: f32,
+        scalar_first: bool,
+    },
+    /// 1.0 where `a op b`, else 0.0.
+    Compare(Compare),
+    /// 1.0 where `x op s`, else 0.0.
+    CompareScalar(Compare, f32),
+    /// `c != 0 ? a : b` over (c, a, b).
+    Where,
+    /// The input converted to the node's dtype.
+    Cast,
+}
+
+impl ElemOp {
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            ElemOp::Unary(u) => u.name(),
+            ElemOp::Binary(b) | ElemOp::Scalar { op: b, .. } => b.name(),
+            ElemOp::Compare(c) | ElemOp::CompareScalar(c, _) => c.name(),
+            ElemOp::Where => "where",
+            ElemOp::Cast => "cast",
+        }
+    }
+}
+
+/// One input of a pending op: a view of another node.
+pub(crate) struct Input {
+    pub node: Arc<Node>,
+    pub layout: Layout,
+}
+
+pub(crate) struct Pending {
+    pub op: ElemOp,
+    pub inputs: Vec<Input>,
+}
+
+/// One dense array of `len` elements of `dtype`: realised (a buffer) or pending (an op).
+pub(crate) struct Node {
+    pub device: Device,
+    pub dtype: DType,
+    pub len: usize,
+    buffer: OnceLock<Buffer>,
+    pending: Mutex<Option<Pending>>,
+    /// Longest pending chain below this node (0 once realised).
+    depth: u32,
+}
+
+/// Counters of the scheduler's work since the process started (tests and benchmarks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Fused kernels dispatched.
+    pub kernels: u64,
+    /// Pending nodes computed by them.
+    pub nodes: u64,
+    /// Outputs they wrote to memory.
+    pub outputs: u64,
+    /// Graph nodes (realised or pending) alive now.
+    pub live_nodes: u64,
+    /// Autograd nodes alive now (recorded ops whose graph has not been released).
+    pub live_grad_nodes: u64,
+}
+
+static KERNELS: AtomicU64 = AtomicU64::new(0);
+static NODES: AtomicU64 = AtomicU64::new(0);
+static OUTPUTS: AtomicU64 = AtomicU64::new(0);
+static LIVE: AtomicU64 = AtomicU64::new(0);
+pub(crate) static LIVE_GRAD: AtomicU64 = AtomicU64::new(0);
+
+/// What the scheduler has done so far (process-wide).
+pub fn graph_stats() -> GraphStats {
+    GraphStats {
+        kernels: KERNELS.load(Ordering::Relaxed),
+        nodes: NODES.load(Ordering::Relaxed),
+        outputs: OUTPUTS.load(Ordering::Relaxed),
+        live_nodes: LIVE.load(Ordering::Relaxed),
+        live_grad_nodes: LIVE_GRAD.load(Ordering::Relaxed),
+    }
+}
+
+/// One realisation at a time: the scheduler reads reference counts, which another thread
+/// realising the same nodes would change under it.
+static REALIZE: Mutex<()> = Mutex::new(());
+
+impl Node {
+    /// A realised node owning `buffer`.
+    pub(crate) fn realized(device: Device, dtype: DType, len: usize, buffer: Buffer) -> Arc<Node> {
+        let cell = OnceLock::new();
+        let _ = cell.set(buffer);
+        LIVE.fetch_add(1, Ordering::Relaxed);
+        Arc::new(Node {
+            device,
+            dtype,
+            len,
+            buffer: cell,
+            pending: Mutex::new(None),
+            depth: 0,
+        })
+    }
+
+    /// A pending node computing `op` over `inputs` into `len` elements of `dtype`. With
+    /// fusion off (`HELIOS_FUSION=0`) or past `MAX_DEPTH`, it is realised at once.
+    pub(crate) fn pending(
+        device: Device,
+        dtype: DType,
+        len: usize,
+        op: ElemOp,
+        inputs: Vec<Input>,
+    ) -> Result<Arc<Node>> {
+        let depth = 1 + inputs.iter().map(|i| i.node.depth).max().unwrap_or(0);
+        LIVE.fetch_add(1, Ordering::Relaxed);
+        let node = Arc::new(Node {
+            device,
+            dtype,
+            len,
+            buffer: OnceLock::new(),
+            pending: Mutex::new(Some(Pending { op, inputs })),
+            depth,
+        });
+        if depth >= MAX_DEPTH || !crate::env::fusion() {
+            node.buffer()?;
+        }
+        Ok(node)
+    }
+
+    pub(crate) fn is_realized(&self) -> bool {
+        self.buffer.get().is_some()
+    }
+
+    /// The node's buffer, running whatever it depends on first.
+    pub(crate) fn buffer(self: &Arc<Node>) -> Result<&Buffer> {
+        if let Some(b) = self.buffer.get() {
+            return Ok(b);
+        }
+        {
+            let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
+            realize(self)?;
+        }
+        Ok(self.buffer.get().expect("realised above"))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Pending>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Node {
+    /// Drops long pending chains without deep recursion: inputs held only by this node are
+    /// unlinked onto a work list.
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::Relaxed);
+        let Some(p) = self
+            .pending
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let mut work: Vec<Arc<Node>> = p.inputs.into_iter().map(|i| i.node).collect();
+        while let Some(n) = work.pop() {
+            if let Ok(mut n) = Arc::try_unwrap(n) {
+                if let Some(p) = n
+                    .pending
+                    .get_mut()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                {
+                    work.extend(p.inputs.into_iter().map(|i| i.node));
+                }
+            }
+        }
+    }
+}
+
+/// Whether a consumer reads `input` element for element: a dense view of the whole node.
+fn dense_edge(input: &Input) -> bool {
+    input.layout.is_dense() && input.layout.len() == input.node.len
+}
+
+/// A fusion group: pending members in topological order (inputs first).
+struct Group {
+    members: Vec<Arc<Node>>,
+    index: FxHashMap<*const Node, usize>,
+    /// Per member: uses by other members through dense edges.
+    uses: Vec<u32>,
+    /// Pending nodes read through other views: realised before the group.
+    prerequisites: Vec<Arc<Node>>,
+}
+
+/// Pass 1: the pending nodes `root` reaches through dense edges.
+fn collect(root: &Arc<Node>) -> Group {
+    let mut g = Group {
+        members: Vec::new(),
+        index: FxHashMap::default(),
+        uses: Vec::new(),
+        prerequisites: Vec::new(),
+    };
+    let mut uses: FxHashMap<*const Node, u32> = FxHashMap::default();
+    let mut seen: FxHashMap<*const Node, ()> = FxHashMap::default();
+    let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
+    while let Some((n, expanded)) = stack.pop() {
+        if expanded {
+            g.index.insert(Arc::as_ptr(&n), g.members.len());
+            g.members.push(n);
+            continue;
+        }
+        if seen.insert(Arc::as_ptr(&n), ()).is_some() {
+            continue;
+        }
+        let inputs: Vec<(Arc<Node>, bool)> = {
+            let guard = n.lock();
+            let p = guard.as_ref().expect("members are pending");
+            p.inputs
+                .iter()
+                .filter(|i| !i.node.is_realized())
+                .map(|i| (i.node.clone(), dense_edge(i)))
+                .collect()
+        };
+        stack.push((n, true));
+        for (i, dense) in inputs {
+            if dense {
+                *uses.entry(Arc::as_ptr(&i)).or_default() += 1;
+                stack.push((i, false));
+            } else {
+                g.prerequisites.push(i);
+            }
+        }
+    }
+    g.uses = g
+        .members
+        .iter()
+        .map(|m| uses.get(&Arc::as_ptr(m)).copied().unwrap_or(0))
+        .collect();
+    g
+}
+
+/// Realises `root` (caller holds `REALIZE`).
+fn realize(root: &Arc<Node>) -> Result<()> {
+    loop {
+        if root.is_realized() {
+            return Ok(());
+        }
+        let group = collect(root);
+        if !group.prerequisites.is_empty() {
+            let pre = group.prerequisites;
+            drop(group.members);
+            for p in pre {
+                realize(&p)?;
+            }
+            continue;
+        }
+        // Outputs: the root, and members held outside the group. `members` holds one
+        // reference to each and every dense use inside the group another.
+        let outputs: Vec<usize> = (0..group.members.len())
+            .filter(|&i| {
+                let m = &group.members[i];
+                Arc::ptr_eq(m, root) || Arc::strong_count(m) > 1 + group.uses[i] as usize
+            })
+            .collect();
+        let kernel = lower(&group, &outputs, root)?;
+        let budget = root.device.context().caps().limits.max_push_constants_size;
+        let push = FusedKernel::push_bytes(kernel.0.inputs.len(), outputs.len(), kernel.2.len());
+        if push > budget && group.members.len() > 1 {
+            // Too many buffers for one kernel's push constants: realise half the group first.
+            let half = group.members[group.members.len() / 2].clone();
+            drop(group);
+            realize(&half)?;
+            continue;
+        }
+        return run(group, outputs, kernel);
+    }
+}
+
+/// The fused kernel of a group, the leaves it reads (node, element offset) and its scalars.
+type Lowered = (FusedKernel, Vec<(Arc<Node>, usize)>, Vec<f32>);
+
+/// Pass 3: the group as one fused kernel.
+fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
+    let device = &root.device;
+    let mut code: Vec<Instr> = Vec::new();
+    let mut inputs: Vec<FusedInput> = Vec::new();
+    let mut leaves: Vec<(Arc<Node>, usize)> = Vec::new();
+    // (leaf node, layout) → its `Input` instruction.
+    let mut leaf_instr: Vec<(*const Node, Layout, u32)> = Vec::new();
+    let mut member_instr: Vec<u32> = Vec::with_capacity(g.members.len());
+    // Scalar values, one push constant per distinct bit pattern.
+    let mut scalars: Vec<f32> = Vec::new();
+    for m in &g.members {
+        let guard = m.lock();
+        let p = guard.as_ref().expect("members are pending");
+        let mut args: Vec<u32> = Vec::with_capacity(p.inputs.len());
+        // The op's output shape: the inputs broadcast together.
+        let shape = out_shape(&p.inputs);
+        for i in &p.inputs {
+            if let Some(&at) = g.index.get(&Arc::as_ptr(&i.node)) {
+                if dense_edge(i) {
+                    args.push(member_instr[at]);
+                    continue;
+                }
+            }
+            let ptr = Arc::as_ptr(&i.node);
+            let view = i
+                .layout
+                .broadcast_to(&shape)
+                .map_err(|detail| Error::InvalidView {
+                    op: "fusion",
+                    shape: i.layout.shape().to_vec(),
+                    detail,
+                })?;
+            if let Some(&(_, _, at)) = leaf_instr.iter().find(|(p, l, _)| *p == ptr && *l == view) {
+                args.push(at);
+                continue;
+            }
+            let mut strides = vec![view.strides().to_vec()];
+            let merged = merge_dims(view.shape(), &mut strides);
+            let to_u32 = |v: usize| {
+                u32::try_from(v).map_err(|_| {
+                    Error::Kernel(helios_kernels::KernelError::TooLarge {
+                        what: "stride or size",
+                        size: v as u64,
+                    })
+                })
+            };
+            inputs.push(FusedInput {
+                dtype: i.node.dtype.storage(),
+                shape: merged.into_iter().map(to_u32).collect::<Result<_>>()?,
+                strides: strides
+                    .remove(0)
+                    .into_iter()
+                    .map(to_u32)
+                    .collect::<Result<_>>()?,
+                aligned: view.offset() % 4 == 0,
+            });
+            leaves.push((i.node.clone(), view.offset()));
+            let at = code.len() as u32;
+            code.push(Instr::Input((inputs.len() - 1) as u16));
+            leaf_instr.push((ptr, view, at));
+            args.push(at);
+        }
+        let mut constant = |code: &mut Vec<Instr>, s: f32| {
+            let i = match scalars.iter().position(|x| x.to_bits() == s.to_bits()) {
+                Some(i) => i,
+                None => {
+                    scalars.push(s);
+                    scalars.len() - 1
+                }
+            };
+            code.push(Instr::Scalar(i as u16));
+            (code.len() - 1) as u32
+        };
+        let ins = match p.op {
+            ElemOp::Unary(u) => Instr::Unary(u, args[0]),
+            ElemOp::Binary(b) => Instr::Binary(b, args[0], args[1]),
+            ElemOp::Scalar {
+                op,
+                s,
+                scalar_first,
+            } => {
+                let c = constant(&mut code, s);
+                match scalar_first {
+                    true => Instr::Binary(op, c, args[0]),
+                    false => Instr::Binary(op, args[0], c),
+                }
+            }
+            ElemOp::Compare(c) => Instr::Compare(c, args[0], args[1]),
+            ElemOp::CompareScalar(cmp, s) => {
+                let c = constant(&mut code, s);
+                Instr::Compare(cmp, args[0], c)
+            }
+            ElemOp::Where => Instr::Where(args[0], args[1], args[2]),
+            ElemOp::Cast => Instr::Round(m.dtype.storage(), args[0]),
+        };
+        code.push(ins);
+        member_instr.push((code.len() - 1) as u32);
+    }
+    let len = u32::try_from(root.len).map_err(|_| {
+        Error::Kernel(helios_kernels::KernelError::TooLarge {
+            what: "element count",
+            size: root.len as u64,
+        })
+    })?;
+    let kernel = FusedKernel {
+        binding: device.binding(),
+        len,
+        inputs,
+        code,
+        outputs: outputs
+            .iter()
+            .map(|&i| (member_instr[i], g.members[i].dtype.storage()))
+            .collect(),
+        scalars: scalars.len() as u16,
+        vecs: device.config().elementwise_vecs.unwrap_or(1),
+    };
+    kernel.check()?;
+    Ok((kernel, leaves, scalars))
+}
+
+/// The broadcast shape of an op's inputs.
+fn out_shape(inputs: &[Input]) -> Vec<usize> {
+    let mut shape = inputs[0].layout.shape().to_vec();
+    for i in &inputs[1..] {
+        shape = crate::layout::broadcast_shapes(&shape, i.layout.shape())
+            .expect("shapes were checked when the node was built");
+    }
+    shape
+}
+
+/// Pass 4: record the kernel, hand out buffers, release the members' inputs.
+fn run(group: Group, outputs: Vec<usize>, (kernel, leaves, scalars): Lowered) -> Result<()> {
+    let device = group.members[0].device.clone();
+    let ctx = device.context();
+    let workgroup = device.elementwise_workgroup();
+    let debug = crate::env::debug();
+    let name = kernel.name();
+    let compiled = device.kernel(KernelKey::Fused(Box::new(kernel.clone())), || {
+        kernel.build(workgroup)
+    })?;
+    let mut buffers: Vec<Buffer> = Vec::with_capacity(outputs.len());
+    for &o in &outputs {
+        let m = &group.members[o];
+        let bytes = (m.len * m.dtype.size()).max(4) as u64;
+        buffers.push(ctx.create_buffer(bytes, MemoryLocation::DeviceLocal)?);
+    }
+    let mut in_addrs: Vec<u64> = Vec::with_capacity(leaves.len());
+    for (node, offset) in &leaves {
+        let b = node.buffer.get().expect("leaves are realised");
+        in_addrs.push(b.device_address() + (offset * node.dtype.size()) as u64);
+    }
+    let out_addrs: Vec<u64> = buffers.iter().map(|b| b.device_address()).collect();
+    let launch = kernel.launch(
+        &compiled.module,
+        Geometry {
+            workgroup: compiled.workgroup[0],
+            max_groups_x: device.max_groups_x(),
+        },
+        &in_addrs,
+        &out_addrs,
+        &scalars,
+    )?;
+    {
+        let mut accesses: Vec<Access> = leaves
+            .iter()
+            .map(|(n, _)| Access::read(n.buffer.get().expect("leaves are realised")))
+            .collect();
+        accesses.extend(buffers.iter().map(Access::write));
+        ctx.dispatch(&compiled.pipeline, launch.groups, &launch.push, &accesses)?;
+    }
+    if debug {
+        let bytes_in: usize = leaves.iter().map(|(n, _)| n.len * n.dtype.size()).sum();
+        let bytes_out: usize = outputs
+            .iter()
+            .map(|&o| group.members[o].len * group.members[o].dtype.size())
+            .sum();
+        let ops: Vec<&str> = group
+            .members
+            .iter()
+            .map(|m| m.lock().as_ref().map_or("?", |p| p.op.name()))
+            .collect();
+        eprintln!(
+            "helios: realise {name}: {} nodes [{}], {} inputs, {} outputs, {} elements, {} B read, {} B written",
+            group.members.len(),
+            ops.join(" "),
+            leaves.len(),
+            outputs.len(),
+            kernel.len,
+            bytes_in,
+            bytes_out
+        );
+    }
+    KERNELS.fetch_add(1, Ordering::Relaxed);
+    NODES.fetch_add(group.members.len() as u64, Ordering::Relaxed);
+    OUTPUTS.fetch_add(outputs.len() as u64, Ordering::Relaxed);
+    for (&o, b) in outputs.iter().zip(buffers) {
+        let _ = group.members[o].buffer.set(b);
+    }
+    // Every member's op is done: drop them all (inputs released; members no one else holds
+    // go with `group`).
+    let released: Vec<Pending> = group
+        .members
+        .iter()
+        .filter_map(|m| m.lock().take())
+        .collect();
+    drop(leaves);
+    drop(released);
+    drop(group);
+    Ok(())
+}
