@@ -176,6 +176,7 @@ impl Device {
 
     /// Waits until everything recorded so far has run.
     pub fn synchronize(&self) -> Result<()> {
+        crate::lazy::realize_all()?;
         Ok(self.inner.ctx.synchronize()?)
     }
 

@@ -129,6 +129,24 @@ pub fn graph_stats() -> GraphStats {
     }
 }
 
+/// Every pending node built and not yet known realised (weak: dropping a pending result
+/// forgets it). `realize_all` walks it at an optimizer step or a device-wide synchronize.
+static PENDING: Mutex<Vec<std::sync::Weak<Node>>> = Mutex::new(Vec::new());
+
+/// Realises every pending node still alive: before an op that writes buffers in place (an
+/// optimizer step), so that nothing recorded earlier reads the new values.
+pub(crate) fn realize_all() -> Result<()> {
+    let pending: Vec<Arc<Node>> = {
+        let mut list = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+        let live = list.drain(..).filter_map(|w| w.upgrade()).collect();
+        live
+    };
+    for n in pending.iter().rev() {
+        n.buffer()?;
+    }
+    Ok(())
+}
+
 /// One realisation at a time: the scheduler reads reference counts, which another thread
 /// realising the same nodes would change under it.
 static REALIZE: Mutex<()> = Mutex::new(());
@@ -168,6 +186,14 @@ impl Node {
             pending: Mutex::new(Some(Pending { op, inputs })),
             depth,
         });
+        {
+            let mut list = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+            if list.len() >= list.capacity() && list.len() >= 1024 {
+                // Forget dropped and realised nodes before growing (amortised O(1)).
+                list.retain(|w| w.upgrade().is_some_and(|n| !n.is_realized()));
+            }
+            list.push(Arc::downgrade(&node));
+        }
         if depth >= MAX_DEPTH || !crate::env::fusion() {
             node.buffer()?;
         }
@@ -224,9 +250,10 @@ impl Drop for Node {
     }
 }
 
-/// Whether a consumer reads `input` element for element: a dense view of the whole node.
-fn dense_edge(input: &Input) -> bool {
-    input.layout.is_dense() && input.layout.len() == input.node.len
+/// Whether a consumer of `len` elements reads `input` element for element: a dense view of
+/// the whole node, of the consumer's size (no broadcast).
+fn dense_edge(input: &Input, len: usize) -> bool {
+    input.layout.is_dense() && input.layout.len() == input.node.len && input.node.len == len
 }
 
 /// A fusion group: pending members in topological order (inputs first).
@@ -265,7 +292,7 @@ fn collect(root: &Arc<Node>) -> Group {
             p.inputs
                 .iter()
                 .filter(|i| !i.node.is_realized())
-                .map(|i| (i.node.clone(), dense_edge(i)))
+                .map(|i| (i.node.clone(), dense_edge(i, n.len)))
                 .collect()
         };
         stack.push((n, true));
@@ -345,7 +372,7 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
         let shape = out_shape(&p.inputs);
         for i in &p.inputs {
             if let Some(&at) = g.index.get(&Arc::as_ptr(&i.node)) {
-                if dense_edge(i) {
+                if dense_edge(i, m.len) {
                     args.push(member_instr[at]);
                     continue;
                 }

@@ -81,7 +81,11 @@ fn a_lazy_chain_is_one_kernel() {
     assert!(!t.is_realized(), "nothing runs before a value is needed");
     let got = t.to_vec().unwrap();
     let after = d.encoder_stats();
-    assert_eq!(after.dispatches - before.dispatches, 1, "40 element-wise ops fuse into one kernel");
+    assert_eq!(
+        after.dispatches - before.dispatches,
+        1,
+        "40 element-wise ops fuse into one kernel"
+    );
     let want: Vec<f32> = v
         .iter()
         .map(|&a| (0..20).fold(a, |acc, _| acc * 1.01 + 0.5))

@@ -58,6 +58,8 @@ pub struct AdamWParam<'a> {
 /// Everything is checked before anything is recorded.
 pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) -> Result<()> {
     const OP: &str = "adamw_step";
+    // The update writes parameters in place: whatever was recorded before reads them first.
+    crate::lazy::realize_all()?;
     let invalid = |detail: String| Error::Invalid { op: OP, detail };
     if step == 0 {
         return Err(invalid(

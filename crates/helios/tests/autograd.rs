@@ -1,0 +1,663 @@
+//! Autograd: every backward rule against central finite differences of an f64 CPU forward,
+//! on random inputs (never zeros) and non-contiguous views; the graph's release after
+//! backward; gradient accumulation; a training loop whose memory reaches a steady state.
+//!
+//! Each check computes `loss = Σ f(inputs) · w` for a random weight `w` (so the upstream
+//! gradient is random too), runs `backward()`, and compares every input's gradient with
+//! `(L(x + h) − L(x − h)) / 2h` of the CPU forward in f64. f32 tolerance: |got − want| ≤
+//! 2e-3 · (|want| + scale), where scale is the gradient's largest magnitude / 10.
+
+mod common;
+
+use common::{assert_no_validation_messages, device};
+use helios::{graph_stats, no_grad, Compare, DType, IndexTensor, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Serialises the tests: live-node counts and memory statistics are process- and
+/// device-wide.
+static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn random(rng: &mut StdRng, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            let v: f64 = rng.gen_range(lo..hi);
+            if v.abs() < 0.05 {
+                0.05f64.copysign(v)
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+fn up(v: &[f64], shape: &[usize]) -> Tensor {
+    let f: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+    Tensor::from_slice(device(), &f, shape).unwrap()
+}
+
+/// Checks the gradients of `gpu` against finite differences of `cpu` at `inputs`.
+#[track_caller]
+fn check(
+    name: &str,
+    inputs: &[(Vec<f64>, Vec<usize>)],
+    gpu: impl Fn(&[Tensor]) -> Tensor,
+    cpu: impl Fn(&[Vec<f64>]) -> Vec<f64>,
+) {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = StdRng::seed_from_u64(name.len() as u64 * 7919);
+    let xs: Vec<Tensor> = inputs
+        .iter()
+        .map(|(v, s)| up(v, s).requires_grad_())
+        .collect();
+    let y = gpu(&xs);
+    let w = random(&mut rng, y.len(), -1.0, 1.0);
+    let loss = y.mul(&up(&w, y.shape())).unwrap().sum_all().unwrap();
+    loss.backward().unwrap();
+    let host: Vec<Vec<f64>> = inputs.iter().map(|(v, _)| v.clone()).collect();
+    let l = |h: &[Vec<f64>]| -> f64 { cpu(h).iter().zip(&w).map(|(a, b)| a * b).sum() };
+    // The forward itself first.
+    let got_y = y.to_vec().unwrap();
+    let want_y = cpu(&host);
+    assert_eq!(got_y.len(), want_y.len(), "{name}: output length");
+    for (i, (g, w)) in got_y.iter().zip(&want_y).enumerate() {
+        assert!(
+            (*g as f64 - w).abs() <= 2e-4 * (w.abs() + 1.0),
+            "{name}: output {i} = {g}, expected {w}"
+        );
+    }
+    for (k, x) in xs.iter().enumerate() {
+        let got = x
+            .grad()
+            .expect("a gradient reached the input")
+            .to_vec()
+            .unwrap();
+        let mut want = Vec::with_capacity(got.len());
+        for i in 0..host[k].len() {
+            let h = 1e-6 * host[k][i].abs().max(1.0);
+            let mut p = host.clone();
+            p[k][i] += h;
+            let mut m = host.clone();
+            m[k][i] -= h;
+            want.push((l(&p) - l(&m)) / (2.0 * h));
+        }
+        let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())) / 10.0;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (*g as f64 - w).abs() <= 2e-3 * (w.abs() + scale) + 1e-6,
+                "{name}: d/dinput{k}[{i}] = {g}, finite differences give {w}"
+            );
+        }
+    }
+    assert_no_validation_messages();
+}
+
+fn un(name: &str, lo: f64, hi: f64, gpu: fn(&Tensor) -> Tensor, cpu: fn(f64) -> f64) {
+    let mut rng = StdRng::seed_from_u64(1);
+    // A transposed view: the rule must see through the layout.
+    let x = random(&mut rng, 6 * 5, lo, hi);
+    check(
+        name,
+        &[(x, vec![6, 5])],
+        |t| gpu(&t[0].transpose(0, 1).unwrap()),
+        |h| {
+            let mut out = Vec::with_capacity(30);
+            for c in 0..5 {
+                for r in 0..6 {
+                    out.push(cpu(h[0][r * 5 + c]));
+                }
+            }
+            out
+        },
+    );
+}
+
+#[test]
+fn unary_rules() {
+    let gelu =
+        |x: f64| 0.5 * x * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x)).tanh());
+    un("neg", -2.0, 2.0, |t| t.neg().unwrap(), |x| -x);
+    un("abs", -2.0, 2.0, |t| t.abs().unwrap(), f64::abs);
+    un("exp", -2.0, 2.0, |t| t.exp().unwrap(), f64::exp);
+    un("log", 0.2, 3.0, |t| t.log().unwrap(), f64::ln);
+    un("sqrt", 0.2, 3.0, |t| t.sqrt().unwrap(), f64::sqrt);
+    un(
+        "rsqrt",
+        0.2,
+        3.0,
+        |t| t.rsqrt().unwrap(),
+        |x| 1.0 / x.sqrt(),
+    );
+    un("tanh", -2.0, 2.0, |t| t.tanh().unwrap(), f64::tanh);
+    un(
+        "sigmoid",
+        -3.0,
+        3.0,
+        |t| t.sigmoid().unwrap(),
+        |x| 1.0 / (1.0 + (-x).exp()),
+    );
+    un("relu", -2.0, 2.0, |t| t.relu().unwrap(), |x| x.max(0.0));
+    un("gelu_tanh", -3.0, 3.0, |t| t.gelu_tanh().unwrap(), gelu);
+    un(
+        "silu",
+        -3.0,
+        3.0,
+        |t| t.silu().unwrap(),
+        |x| x / (1.0 + (-x).exp()),
+    );
+    un(
+        "mul_scalar",
+        -2.0,
+        2.0,
+        |t| t.mul_scalar(-1.5).unwrap(),
+        |x| -1.5 * x,
+    );
+    un(
+        "div_scalar",
+        -2.0,
+        2.0,
+        |t| t.div_scalar(4.0).unwrap(),
+        |x| x / 4.0,
+    );
+    un(
+        "sub_scalar",
+        -2.0,
+        2.0,
+        |t| t.sub_scalar(0.3).unwrap(),
+        |x| x - 0.3,
+    );
+    un(
+        "pow_scalar",
+        0.2,
+        2.0,
+        |t| t.pow_scalar(2.5).unwrap(),
+        |x| x.powf(2.5),
+    );
+    un(
+        "rdiv",
+        0.2,
+        2.0,
+        |t| t.scalar_first_op(helios::BinaryOp::Div, 2.0).unwrap(),
+        |x| 2.0 / x,
+    );
+    un(
+        "rsub",
+        -2.0,
+        2.0,
+        |t| t.scalar_first_op(helios::BinaryOp::Sub, 1.0).unwrap(),
+        |x| 1.0 - x,
+    );
+    un(
+        "max_scalar",
+        -2.0,
+        2.0,
+        |t| t.maximum_scalar(0.25).unwrap(),
+        |x| x.max(0.25),
+    );
+    un(
+        "to_bf16_and_back",
+        -2.0,
+        2.0,
+        |t| t.to_dtype(DType::F32).unwrap().contiguous().unwrap(),
+        |x| x,
+    );
+}
+
+/// Binary ops with broadcasting: a (4, 3) against b (3,) — b's gradient sums over rows.
+fn bin(
+    name: &str,
+    lo: f64,
+    hi: f64,
+    gpu: fn(&Tensor, &Tensor) -> Tensor,
+    cpu: fn(f64, f64) -> f64,
+) {
+    let mut rng = StdRng::seed_from_u64(2);
+    let a = random(&mut rng, 12, lo, hi);
+    let b = random(&mut rng, 3, lo, hi);
+    check(
+        name,
+        &[(a, vec![4, 3]), (b, vec![3])],
+        |t| gpu(&t[0], &t[1]),
+        |h| (0..12).map(|i| cpu(h[0][i], h[1][i % 3])).collect(),
+    );
+}
+
+#[test]
+fn binary_rules_broadcast() {
+    bin("add", -2.0, 2.0, |a, b| a.add(b).unwrap(), |a, b| a + b);
+    bin("sub", -2.0, 2.0, |a, b| a.sub(b).unwrap(), |a, b| a - b);
+    bin("mul", -2.0, 2.0, |a, b| a.mul(b).unwrap(), |a, b| a * b);
+    bin("div", 0.3, 2.0, |a, b| a.div(b).unwrap(), |a, b| a / b);
+    bin("pow", 0.3, 2.0, |a, b| a.pow(b).unwrap(), f64::powf);
+    bin("maximum", -2.0, 2.0, |a, b| a.maximum(b).unwrap(), f64::max);
+    bin("minimum", -2.0, 2.0, |a, b| a.minimum(b).unwrap(), f64::min);
+}
+
+#[test]
+fn where_and_masked_fill() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let a = random(&mut rng, 12, -2.0, 2.0);
+    let b = random(&mut rng, 12, -2.0, 2.0);
+    let c: Vec<f64> = random(&mut rng, 12, -1.0, 1.0);
+    let cond = up(&c, &[4, 3]).compare_scalar(Compare::Gt, 0.0).unwrap();
+    let cpu_c = c.clone();
+    check(
+        "where",
+        &[(a, vec![4, 3]), (b, vec![4, 3])],
+        move |t| t[0].where_(&cond, &t[1]).unwrap(),
+        move |h| {
+            (0..12)
+                .map(|i| if cpu_c[i] > 0.0 { h[0][i] } else { h[1][i] })
+                .collect()
+        },
+    );
+    let x = random(&mut rng, 12, -2.0, 2.0);
+    let mask = up(&c, &[4, 3]).compare_scalar(Compare::Lt, 0.0).unwrap();
+    check(
+        "masked_fill",
+        &[(x, vec![4, 3])],
+        move |t| {
+            t[0].mul_scalar(2.0)
+                .unwrap()
+                .masked_fill(&mask, -3.0)
+                .unwrap()
+        },
+        move |h| {
+            (0..12)
+                .map(|i| if c[i] < 0.0 { -3.0 } else { 2.0 * h[0][i] })
+                .collect()
+        },
+    );
+}
+
+#[test]
+fn reductions_and_views() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let x = random(&mut rng, 2 * 3 * 4, -2.0, 2.0);
+    let sum_axis = |h: &[Vec<f64>], axis_len: usize, inner: usize| -> Vec<f64> {
+        let outer = h[0].len() / (axis_len * inner);
+        let mut out = vec![0.0; outer * inner];
+        for o in 0..outer {
+            for a in 0..axis_len {
+                for i in 0..inner {
+                    out[o * inner + i] += h[0][(o * axis_len + a) * inner + i];
+                }
+            }
+        }
+        out
+    };
+    check(
+        "sum axis 1",
+        &[(x.clone(), vec![2, 3, 4])],
+        |t| t[0].sum(1).unwrap(),
+        move |h| sum_axis(h, 3, 4),
+    );
+    check(
+        "mean axis -1",
+        &[(x.clone(), vec![2, 3, 4])],
+        |t| t[0].mean(-1).unwrap(),
+        move |h| sum_axis(h, 4, 1).iter().map(|v| v / 4.0).collect(),
+    );
+    check(
+        "sum_all",
+        &[(x.clone(), vec![2, 3, 4])],
+        |t| t[0].sum_all().unwrap(),
+        |h| vec![h[0].iter().sum()],
+    );
+    check(
+        "max axis 0",
+        &[(x.clone(), vec![2, 12])],
+        |t| t[0].max(0).unwrap(),
+        |h| (0..12).map(|i| h[0][i].max(h[0][12 + i])).collect(),
+    );
+    // permute → reshape (a copy) → broadcast: every view's rule in one chain.
+    check(
+        "permute reshape expand",
+        &[(x, vec![2, 3, 4])],
+        |t| {
+            let p = t[0].permute(&[2, 0, 1]).unwrap().reshape(&[4, 6]).unwrap();
+            p.reshape(&[4, 1, 6])
+                .unwrap()
+                .expand(&[4, 2, 6])
+                .unwrap()
+                .mul_scalar(0.5)
+                .unwrap()
+        },
+        |h| {
+            let mut out = Vec::new();
+            for k in 0..4 {
+                for _rep in 0..2 {
+                    for i in 0..2 {
+                        for j in 0..3 {
+                            out.push(0.5 * h[0][(i * 3 + j) * 4 + k]);
+                        }
+                    }
+                }
+            }
+            out
+        },
+    );
+}
+
+fn matmul_cpu(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+        }
+    }
+    out
+}
+
+#[test]
+fn matmul_rules() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let (bt, m, k, n) = (2, 5, 7, 3);
+    let a = random(&mut rng, bt * m * k, -1.0, 1.0);
+    let w = random(&mut rng, k * n, -1.0, 1.0);
+    let bias = random(&mut rng, n, -1.0, 1.0);
+    // A linear layer over a batch: (2, 5, 7) · (7, 3) + bias, then GELU and a residual.
+    check(
+        "linear",
+        &[
+            (a.clone(), vec![bt, m, k]),
+            (w.clone(), vec![k, n]),
+            (bias, vec![n]),
+        ],
+        |t| {
+            let opts = helios::MatmulOptions {
+                bias: Some(&t[2]),
+                act: helios::Activation::GeluTanh,
+                ..Default::default()
+            };
+            t[0].matmul_opts(&t[1], &opts).unwrap()
+        },
+        move |h| {
+            let mut out = Vec::new();
+            for b in 0..bt {
+                let y = matmul_cpu(&h[0][b * m * k..(b + 1) * m * k], &h[1], m, k, n);
+                for (i, v) in y.iter().enumerate() {
+                    let z = v + h[2][i % n];
+                    out.push(
+                        0.5 * z
+                            * (1.0 + (0.797_884_560_802_865_4 * (z + 0.044715 * z * z * z)).tanh()),
+                    );
+                }
+            }
+            out
+        },
+    );
+    // Batched, both operands per batch, b read through a transposed view.
+    let b2 = random(&mut rng, bt * n * k, -1.0, 1.0);
+    check(
+        "bmm transposed",
+        &[(a, vec![bt, m, k]), (b2, vec![bt, n, k])],
+        |t| t[0].matmul(&t[1].transpose(1, 2).unwrap()).unwrap(),
+        move |h| {
+            let mut out = Vec::new();
+            for b in 0..bt {
+                for i in 0..m {
+                    for j in 0..n {
+                        out.push(
+                            (0..k)
+                                .map(|p| h[0][(b * m + i) * k + p] * h[1][(b * n + j) * k + p])
+                                .sum(),
+                        );
+                    }
+                }
+            }
+            out
+        },
+    );
+}
+
+#[test]
+fn softmax_norm_rules() {
+    let mut rng = StdRng::seed_from_u64(6);
+    let (r, c) = (3, 8);
+    let x = random(&mut rng, r * c, -2.0, 2.0);
+    let softmax = |row: &[f64]| -> Vec<f64> {
+        let m = row.iter().cloned().fold(f64::MIN, f64::max);
+        let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        row.iter().map(|v| (v - m).exp() / s).collect()
+    };
+    check(
+        "softmax",
+        &[(x.clone(), vec![r, c])],
+        |t| t[0].softmax().unwrap(),
+        move |h| h[0].chunks(c).flat_map(softmax).collect(),
+    );
+    check(
+        "log_softmax",
+        &[(x.clone(), vec![r, c])],
+        |t| t[0].log_softmax().unwrap(),
+        move |h| {
+            h[0].chunks(c)
+                .flat_map(|row| softmax(row).into_iter().map(f64::ln).collect::<Vec<_>>())
+                .collect()
+        },
+    );
+    let gamma = random(&mut rng, c, 0.5, 1.5);
+    let beta = random(&mut rng, c, -0.5, 0.5);
+    check(
+        "layer_norm",
+        &[
+            (x.clone(), vec![r, c]),
+            (gamma.clone(), vec![c]),
+            (beta, vec![c]),
+        ],
+        |t| t[0].layer_norm(&t[1], &t[2], 1e-5).unwrap().y,
+        move |h| {
+            let mut out = Vec::new();
+            for row in h[0].chunks(c) {
+                let mean = row.iter().sum::<f64>() / c as f64;
+                let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / c as f64;
+                let rstd = 1.0 / (var + 1e-5).sqrt();
+                out.extend(
+                    row.iter()
+                        .enumerate()
+                        .map(|(j, v)| (v - mean) * rstd * h[1][j] + h[2][j]),
+                );
+            }
+            out
+        },
+    );
+    check(
+        "rms_norm",
+        &[(x, vec![r, c]), (gamma, vec![c])],
+        |t| t[0].rms_norm(&t[1], 1e-5).unwrap().y,
+        move |h| {
+            let mut out = Vec::new();
+            for row in h[0].chunks(c) {
+                let ms = row.iter().map(|v| v * v).sum::<f64>() / c as f64;
+                let rstd = 1.0 / (ms + 1e-5).sqrt();
+                out.extend(row.iter().enumerate().map(|(j, v)| v * rstd * h[1][j]));
+            }
+            out
+        },
+    );
+}
+
+#[test]
+fn cross_entropy_and_embedding() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let (rows, vocab, dim) = (4, 6, 5);
+    let targets: Vec<u32> = (0..rows).map(|_| rng.gen_range(0..vocab as u32)).collect();
+    let ids = IndexTensor::from_slice(device(), &targets, &[rows]).unwrap();
+    let logits = random(&mut rng, rows * vocab, -2.0, 2.0);
+    let t2 = targets.clone();
+    let ids2 = ids.clone();
+    check(
+        "cross_entropy",
+        &[(logits, vec![rows, vocab])],
+        move |t| {
+            t[0].cross_entropy(&ids2, None)
+                .unwrap()
+                .loss
+                .mul_scalar(3.0)
+                .unwrap()
+        },
+        move |h| {
+            let mut total = 0.0;
+            for (r, row) in h[0].chunks(vocab).enumerate() {
+                let m = row.iter().cloned().fold(f64::MIN, f64::max);
+                let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+                total += lse - row[t2[r] as usize];
+            }
+            vec![3.0 * total / rows as f64]
+        },
+    );
+    let table = random(&mut rng, vocab * dim, -1.0, 1.0);
+    check(
+        "embedding",
+        &[(table, vec![vocab, dim])],
+        move |t| t[0].embedding(&ids).unwrap(),
+        move |h| {
+            targets
+                .iter()
+                .flat_map(|&i| h[0][i as usize * dim..(i as usize + 1) * dim].to_vec())
+                .collect()
+        },
+    );
+}
+
+#[test]
+fn graph_is_released_and_gradients_accumulate() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = device();
+    let w = Tensor::from_slice(d, &[0.5, -1.0, 2.0], &[3])
+        .unwrap()
+        .requires_grad_();
+    let x = Tensor::from_slice(d, &[1.0, 2.0, 3.0], &[3]).unwrap();
+    let before = graph_stats();
+    {
+        // A forward without backward keeps nothing.
+        let y = x.mul(&w).unwrap().tanh().unwrap().sum_all().unwrap();
+        assert!(graph_stats().live_grad_nodes > before.live_grad_nodes);
+        drop(y);
+    }
+    assert_eq!(graph_stats().live_grad_nodes, before.live_grad_nodes);
+    assert_eq!(graph_stats().live_nodes, before.live_nodes);
+    for step in 1..=2 {
+        let loss = x.mul(&w).unwrap().sum_all().unwrap();
+        loss.backward().unwrap();
+        // A second backward through the same graph is an error that says why.
+        let again = loss.backward().unwrap_err().to_string();
+        assert!(again.contains("already used"), "{again}");
+        drop(loss);
+        assert_eq!(
+            graph_stats().live_grad_nodes,
+            before.live_grad_nodes,
+            "graph released"
+        );
+        let g = w.grad().unwrap().to_vec().unwrap();
+        assert_eq!(
+            g,
+            vec![step as f32, 2.0 * step as f32, 3.0 * step as f32],
+            "accumulates"
+        );
+    }
+    w.zero_grad();
+    assert!(w.grad().is_none());
+    // no_grad records nothing; detach cuts the graph.
+    let y = no_grad(|| x.mul(&w).unwrap());
+    assert!(!y.requires_grad());
+    assert!(!w.detach().requires_grad());
+    // Narrowing a tensor that needs a gradient is refused, not silently cut.
+    assert!(w.narrow(0, 0, 2).is_err());
+    assert_no_validation_messages();
+}
+
+#[test]
+fn training_loop_reaches_a_memory_steady_state() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = device();
+    let mut rng = StdRng::seed_from_u64(8);
+    let (n, i, h, o) = (16, 8, 16, 4);
+    let mut param = |shape: &[usize]| {
+        let len: usize = shape.iter().product();
+        let v: Vec<f32> = (0..len).map(|_| rng.gen_range(-0.3f32..0.3)).collect();
+        Tensor::from_slice(d, &v, shape).unwrap().requires_grad_()
+    };
+    let (w1, b1, w2, b2) = (param(&[i, h]), param(&[h]), param(&[h, o]), param(&[o]));
+    let params = [&w1, &b1, &w2, &b2];
+    let zeros = |p: &Tensor| Tensor::zeros(d, p.shape(), DType::F32).unwrap();
+    let moments: Vec<(Tensor, Tensor)> = params.iter().map(|p| (zeros(p), zeros(p))).collect();
+    let x = Tensor::from_slice(d, &vec![0.5; n * i], &[n, i]).unwrap();
+    let targets = IndexTensor::from_slice(d, &vec![1; n], &[n]).unwrap();
+    let cfg = helios::AdamWConfig::default();
+    let mut at_10 = None;
+    let mut allocs_at_2 = 0;
+    let mut first_loss = 0.0;
+    let mut last_loss = 0.0;
+    for step in 1..=1000u32 {
+        let loss = {
+            let hid = x
+                .matmul(&w1)
+                .unwrap()
+                .add(&b1)
+                .unwrap()
+                .gelu_tanh()
+                .unwrap();
+            let logits = hid.matmul(&w2).unwrap().add(&b2).unwrap();
+            logits.cross_entropy(&targets, None).unwrap().loss
+        };
+        loss.backward().unwrap();
+        let grads: Vec<Tensor> = params.iter().map(|p| p.grad().unwrap()).collect();
+        let list: Vec<helios::AdamWParam> = params
+            .iter()
+            .zip(&grads)
+            .zip(&moments)
+            .map(|((p, g), (m, v))| helios::AdamWParam {
+                param: p,
+                grad: g,
+                m,
+                v,
+                copy: None,
+                weight_decay: 0.0,
+            })
+            .collect();
+        helios::adamw_step(&list, &cfg, step).unwrap();
+        params.iter().for_each(|p| p.zero_grad());
+        if step == 1 || step == 1000 {
+            let l = loss.to_vec().unwrap()[0];
+            if step == 1 {
+                first_loss = l;
+            } else {
+                last_loss = l;
+            }
+        }
+        drop(list);
+        drop((loss, grads));
+        if step == 2 {
+            d.synchronize().unwrap();
+            allocs_at_2 = d.memory_stats().driver_allocations;
+        }
+        if step == 10 {
+            d.synchronize().unwrap();
+            at_10 = Some((d.memory_stats().bytes_in_use, graph_stats().live_nodes));
+        }
+    }
+    d.synchronize().unwrap();
+    let (bytes_10, nodes_10) = at_10.unwrap();
+    assert_eq!(
+        d.memory_stats().bytes_in_use,
+        bytes_10,
+        "device bytes in use at step 1000 = step 10"
+    );
+    assert_eq!(
+        graph_stats().live_nodes,
+        nodes_10,
+        "live graph nodes at step 1000 = step 10"
+    );
+    assert_eq!(
+        d.memory_stats().driver_allocations,
+        allocs_at_2,
+        "no driver allocation after step 2"
+    );
+    assert!(
+        last_loss < 0.1 * first_loss,
+        "the MLP learns: {first_loss} → {last_loss}"
+    );
+    assert_no_validation_messages();
+}

@@ -1,0 +1,228 @@
+//! The lazy graph's fusion: random DAGs of 2–40 element-wise ops with broadcasts, transposed
+//! views of inputs and of intermediate results, casts and several outputs give, fused, the
+//! same values as node-by-node (each op realised as it is built) and as the f64 CPU
+//! reference, for f32, f16 and bf16 storage.
+//!
+//! Values stay in [-1, 1] (averages, products, bounded activations), so errors cannot grow
+//! without bound; tolerances, |got − want| ≤ tol: f32 1e-5, f16 2e-2, bf16 6e-2 against the
+//! CPU (which rounds only at explicit casts, as the fused kernel does), the same between
+//! fused and node by node (which rounds every intermediate to the storage type).
+
+mod common;
+
+use common::{assert_no_validation_messages, device};
+use helios::{graph_stats, Compare, DType, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const N: usize = 6;
+
+/// Serialises the tests: the scheduler's counters are process-wide.
+static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A value of the program: its tensor and its f64 reference (N × N, row-major).
+#[derive(Clone)]
+struct Val {
+    t: Tensor,
+    r: Vec<f64>,
+}
+
+fn map(v: &Val, t: Tensor, f: impl Fn(f64) -> f64) -> Val {
+    Val {
+        t,
+        r: v.r.iter().map(|&x| f(x)).collect(),
+    }
+}
+
+fn zip(a: &Val, b: &Val, t: Tensor, f: impl Fn(f64, f64) -> f64) -> Val {
+    Val {
+        t,
+        r: a.r.iter().zip(&b.r).map(|(&x, &y)| f(x, y)).collect(),
+    }
+}
+
+fn round(x: f64, dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => x as f32 as f64,
+        DType::F16 => half::f16::from_f64(x).to_f64(),
+        DType::BF16 => half::bf16::from_f64(x).to_f64(),
+    }
+}
+
+/// One random program; `eager` realises every op as it is built.
+fn program(seed: u64, dtype: DType, ops: usize, eager: bool) -> Vec<Val> {
+    let d = device();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut leaf = |shape: &[usize]| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let t = Tensor::from_slice_as(d, &v, shape, dtype).unwrap();
+        let stored: Vec<f64> = v.iter().map(|&x| round(x as f64, dtype)).collect();
+        (t, stored)
+    };
+    let (a, ar) = leaf(&[N, N]);
+    let (row, rr) = leaf(&[N]);
+    let (col, cr) = leaf(&[N, 1]);
+    let (tr, trr) = leaf(&[N, N]);
+    let full = |f: &dyn Fn(usize, usize) -> f64| -> Vec<f64> {
+        (0..N * N).map(|i| f(i / N, i % N)).collect()
+    };
+    let mut vals = vec![
+        Val { t: a, r: ar },
+        Val {
+            t: row.broadcast_to(&[N, N]).unwrap(),
+            r: full(&|_, j| rr[j]),
+        },
+        Val {
+            t: col.broadcast_to(&[N, N]).unwrap(),
+            r: full(&|i, _| cr[i]),
+        },
+        Val {
+            t: tr.transpose(0, 1).unwrap(),
+            r: full(&|i, j| trr[j * N + i]),
+        },
+    ];
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xabcdef);
+    for _ in 0..ops {
+        let x = vals[rng.gen_range(0..vals.len())].clone();
+        let y = vals[rng.gen_range(0..vals.len())].clone();
+        let v = match rng.gen_range(0..11) {
+            0 => zip(
+                &x,
+                &y,
+                x.t.add(&y.t).unwrap().mul_scalar(0.5).unwrap(),
+                |a, b| (a + b) * 0.5,
+            ),
+            1 => zip(
+                &x,
+                &y,
+                x.t.sub(&y.t).unwrap().mul_scalar(0.5).unwrap(),
+                |a, b| (a - b) * 0.5,
+            ),
+            2 => zip(&x, &y, x.t.mul(&y.t).unwrap(), |a, b| a * b),
+            3 => zip(&x, &y, x.t.maximum(&y.t).unwrap(), f64::max),
+            4 => map(&x, x.t.tanh().unwrap(), f64::tanh),
+            5 => map(&x, x.t.sigmoid().unwrap(), |a| 1.0 / (1.0 + (-a).exp())),
+            6 => map(&x, x.t.neg().unwrap(), |a| -a),
+            7 => map(&x, x.t.relu().unwrap(), |a| a.max(0.0)),
+            8 => {
+                let c = x.t.compare_scalar(Compare::Gt, 0.0).unwrap();
+                let r: Vec<f64> =
+                    x.r.iter()
+                        .zip(&y.r)
+                        .map(|(&a, &b)| if a > 0.0 { b } else { -b })
+                        .collect();
+                Val {
+                    t: y.t.where_(&c, &y.t.neg().unwrap()).unwrap(),
+                    r,
+                }
+            }
+            // A transposed view of an intermediate: realised before its reader's group.
+            9 => Val {
+                t: x.t.transpose(0, 1).unwrap(),
+                r: full(&|i, j| x.r[j * N + i]),
+            },
+            _ => {
+                // A cast down and back: rounds exactly where the CPU does.
+                let narrow = match dtype {
+                    DType::F32 => DType::BF16,
+                    other => other,
+                };
+                let t =
+                    x.t.to_dtype(DType::F32)
+                        .unwrap()
+                        .to_dtype(narrow)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap();
+                map(&x, t, |a| round(round(a, narrow), dtype))
+            }
+        };
+        if eager {
+            v.t.realize().unwrap();
+        }
+        vals.push(v);
+    }
+    vals
+}
+
+#[test]
+fn fused_matches_node_by_node_and_cpu() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for dtype in DType::ALL {
+        let tol = match dtype {
+            DType::F32 => 1e-5,
+            DType::F16 => 2e-2,
+            DType::BF16 => 6e-2,
+        };
+        for seed in 0..24u64 {
+            let ops = 2 + (seed as usize * 7) % 39;
+            let before = graph_stats();
+            let fused = program(seed, dtype, ops, false);
+            // Several outputs: the last value and two intermediates stay alive.
+            let picks = [fused.len() - 1, fused.len() / 2, 4];
+            let got: Vec<Vec<f32>> = picks
+                .iter()
+                .map(|&i| fused[i].t.to_vec().unwrap())
+                .collect();
+            let kernels = graph_stats().kernels - before.kernels;
+            let eager = program(seed, dtype, ops, true);
+            for (k, &i) in picks.iter().enumerate() {
+                let e = eager[i].t.to_vec().unwrap();
+                for j in 0..N * N {
+                    let (g, want) = (got[k][j] as f64, fused[i].r[j]);
+                    assert!(
+                        (g - want).abs() <= tol,
+                        "{dtype:?} seed {seed} ({ops} ops) value {i}[{j}]: fused {g}, CPU {want}"
+                    );
+                    assert!(
+                        (g - e[j] as f64).abs() <= tol,
+                        "{dtype:?} seed {seed} value {i}[{j}]: fused {g}, node by node {}",
+                        e[j]
+                    );
+                }
+            }
+            assert!(
+                kernels as usize <= ops,
+                "fusion never adds kernels ({kernels} for {ops} ops)"
+            );
+        }
+    }
+    assert_no_validation_messages();
+}
+
+#[test]
+fn a_chain_with_a_broadcast_bias_is_one_kernel_and_reads_views_in_place() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = device();
+    let x: Vec<f32> = (0..64 * 32).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+    let b: Vec<f32> = (0..32).map(|i| i as f32 * 0.01).collect();
+    let xt = Tensor::from_slice(d, &x, &[64, 32]).unwrap();
+    let bt = Tensor::from_slice(d, &b, &[32]).unwrap();
+    let before = graph_stats();
+    let y = xt
+        .add(&bt)
+        .unwrap()
+        .gelu_tanh()
+        .unwrap()
+        .mul_scalar(2.0)
+        .unwrap()
+        .add(&xt)
+        .unwrap();
+    let got = y.to_vec().unwrap();
+    let after = graph_stats();
+    assert_eq!(after.kernels - before.kernels, 1);
+    assert_eq!(after.nodes - before.nodes, 4);
+    assert_eq!(
+        after.outputs - before.outputs,
+        1,
+        "intermediates stay in registers"
+    );
+    for (i, g) in got.iter().enumerate() {
+        let z = (x[i] + b[i % 32]) as f64;
+        let gelu = 0.5 * z * (1.0 + (0.797_884_560_802_865_4 * (z + 0.044715 * z * z * z)).tanh());
+        let want = 2.0 * gelu + x[i] as f64;
+        assert!((*g as f64 - want).abs() < 1e-5, "{i}: {g} vs {want}");
+    }
+    assert_no_validation_messages();
+}
