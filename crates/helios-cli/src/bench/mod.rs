@@ -10,6 +10,7 @@
 
 mod bandwidth;
 mod dispatch;
+mod graph;
 mod matmul;
 mod ops;
 mod report;
@@ -34,7 +35,9 @@ pub type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 pub struct BenchArgs {
     /// dispatch: host overhead of tiny ops; bandwidth: memory-bound kernels in GB/s; all: both;
     /// matmul: matrix products (squares, GPT-2 shapes) in TFLOP/s, not part of `all`;
-    /// ops: softmax, layernorm and sums at GPT-2 shapes in GB/s, not part of `all`.
+    /// ops: softmax, layernorm and sums at GPT-2 shapes in GB/s, not part of `all`;
+    /// graph: the lazy graph (fused chains, a GPT-2 MLP block fwd+bwd, host time of a
+    /// transformer step), not part of `all`.
     #[arg(value_enum)]
     suite: Suite,
     /// Few iterations and small sizes (a smoke test, e.g. on lavapipe); figures are not
@@ -85,6 +88,7 @@ enum Suite {
     All,
     Matmul,
     Ops,
+    Graph,
 }
 
 impl Suite {
@@ -95,6 +99,7 @@ impl Suite {
             Suite::All => "all",
             Suite::Matmul => "matmul",
             Suite::Ops => "ops",
+            Suite::Graph => "graph",
         }
     }
 }
@@ -257,6 +262,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
     if args.suite == Suite::Ops {
         return ops::run(args);
     }
+    if args.suite == Suite::Graph {
+        return graph::run(args);
+    }
     let plan = Plan::from_args(args);
     if plan.bandwidth.as_ref().is_some_and(|b| b.dtypes.is_empty()) {
         return Err("--dtypes selects no element type; use f32, f16 or both".into());
@@ -332,8 +340,16 @@ pub fn run(args: &BenchArgs) -> CliResult {
 /// The PyTorch script for `--compare torch`: `None` (with a note) when it is not asked for
 /// or not found at the default place; an error when a path the user gave is wrong.
 fn torch_script(args: &BenchArgs) -> Result<Option<std::path::PathBuf>, String> {
+    torch_script_named(args, torch::SCRIPT)
+}
+
+/// `torch_script` for a suite with its own script (`bench/<name>.py`).
+fn torch_script_named(
+    args: &BenchArgs,
+    script: &str,
+) -> Result<Option<std::path::PathBuf>, String> {
     match args.compare {
-        Some(Compare::Torch) => match torch::locate(args.torch_script.as_deref()) {
+        Some(Compare::Torch) => match torch::locate(args.torch_script.as_deref(), script) {
             Ok(p) => Ok(Some(p)),
             Err(e) if args.torch_script.is_some() => Err(e),
             Err(note) => {

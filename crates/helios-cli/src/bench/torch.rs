@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::{CaseResult, Plan};
 
 /// Where the script lives relative to the repository root.
-const SCRIPT: &str = "bench/torch_reference.py";
+pub const SCRIPT: &str = "bench/torch_reference.py";
 
 /// One case as `torch_reference.py` reports it (times per op in µs).
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -41,7 +41,7 @@ pub struct TorchRun {
 /// The script to run: `explicit` if given, else `bench/torch_reference.py` under the current
 /// directory or one of the directories above the running binary (`target/release/helios`
 /// sits two levels below the repository root).
-pub fn locate(explicit: Option<&Path>) -> Result<PathBuf, String> {
+pub fn locate(explicit: Option<&Path>, script: &str) -> Result<PathBuf, String> {
     if let Some(p) = explicit {
         return if p.is_file() {
             Ok(p.to_path_buf())
@@ -58,10 +58,10 @@ pub fn locate(explicit: Option<&Path>) -> Result<PathBuf, String> {
     }
     roots
         .iter()
-        .map(|r| r.join(SCRIPT))
+        .map(|r| r.join(script))
         .find(|p| p.is_file())
         .ok_or_else(|| {
-            format!("{SCRIPT} not found; run from the repository root or pass --torch-script PATH")
+            format!("{script} not found; run from the repository root or pass --torch-script PATH")
         })
 }
 
@@ -202,7 +202,7 @@ mod tests {
 
     #[test]
     fn missing_explicit_script_is_reported() {
-        let e = locate(Some(Path::new("/nonexistent/torch_reference.py"))).unwrap_err();
+        let e = locate(Some(Path::new("/nonexistent/torch_reference.py")), SCRIPT).unwrap_err();
         assert!(e.contains("no such file"), "{e}");
     }
 }
