@@ -228,6 +228,8 @@ impl ParamSpec {
 /// Dropout is written as GPT-2's defaults (0.1), which matter only if training continues in
 /// `transformers`: Helios itself trains without dropout.
 pub fn to_hf_json(cfg: &GptConfig) -> serde_json::Value {
+    // GPT-2's <|endoftext|> exists only in a vocabulary that reaches it.
+    let eot = (cfg.vocab_size > GPT2_EOT as usize).then_some(GPT2_EOT);
     serde_json::json!({
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -248,8 +250,8 @@ pub fn to_hf_json(cfg: &GptConfig) -> serde_json::Value {
         "scale_attn_by_inverse_layer_idx": false,
         "reorder_and_upcast_attn": false,
         "use_cache": true,
-        "bos_token_id": GPT2_EOT,
-        "eos_token_id": GPT2_EOT,
+        "bos_token_id": eot,
+        "eos_token_id": eot,
         "tie_word_embeddings": true,
         "torch_dtype": "float32",
     })

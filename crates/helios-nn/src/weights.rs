@@ -241,6 +241,14 @@ pub(crate) fn write_tensors<'a>(
         SafeTensorError::IoError(io) => Error::io(path, io),
         e => Error::Params(format!("writing {}: {e}", path.display())),
     })?;
+    // The safetensors crate writes through a private temporary file (mode 0600); give the
+    // result the usual permissions of a saved model.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| Error::io(path, e))?;
+    }
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     f.sync_all().map_err(|e| Error::io(path, e))
 }
