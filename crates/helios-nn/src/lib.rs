@@ -12,6 +12,21 @@
 //!
 //! Layout decision: parameters keep Hugging Face's shapes in files and in memory (Conv1D
 //! weights [in, out]), so files need no transposes and a linear layer is `x @ w`.
+//!
+//! ```no_run
+//! use helios_nn::{save_pretrained, BatchSampler, GptConfig, ParamStore, Tokenizer, Tokens};
+//!
+//! let config = GptConfig::preset("tiny")?;
+//! let tok = Tokenizer::gpt2()?;
+//! let data = Tokens::open("data/shakespeare/shakespeare.txt".as_ref(), &tok, "out/cache".as_ref())?;
+//! let (train, val) = data.split(0.1)?;
+//! let mut batches = BatchSampler::new(train, 8, 128, 1337)?;
+//! let batch = batches.next_batch(); // inputs and targets, (B, T) u32
+//! let params = ParamStore::init_gpt2(&config, 1337)?;
+//! save_pretrained("out/model".as_ref(), &params, helios::DType::BF16)?;
+//! # let _ = (val, batch);
+//! # Ok::<(), helios_nn::Error>(())
+//! ```
 
 mod atomic;
 pub mod checkpoint;

@@ -124,7 +124,12 @@ pub fn load_weights(path: &Path, config: &GptConfig) -> Result<ParamStore> {
             if name == "lm_head.weight" {
                 head = Some(stored);
             } else if specs.iter().any(|s| s.name == name) {
-                by_name.insert(name, stored);
+                if let Some(first) = by_name.insert(name, stored) {
+                    return Err(Error::corrupt(
+                        path,
+                        format!("it holds '{name}' twice, as '{first}' and '{stored}'"),
+                    ));
+                }
             } else {
                 return Err(Error::UnexpectedTensor {
                     path: path.to_path_buf(),

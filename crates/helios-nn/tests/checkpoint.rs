@@ -323,6 +323,15 @@ fn damaged_and_mismatched_files_give_the_right_error() {
         e => panic!("{e}"),
     }
 
+    // The same parameter twice, with and without the prefix.
+    let mut entries = raw_entries(&p, |n| n.to_string());
+    let dup = entries.iter().find(|e| e.0 == "ln_f.bias").unwrap().clone();
+    entries.push(("transformer.ln_f.bias".into(), dup.1, dup.2, dup.3));
+    let twice = dir.join("twice.safetensors");
+    write_raw(&twice, &entries);
+    let e = load_weights(&twice, &cfg).unwrap_err();
+    assert!(e.to_string().contains("twice"), "{e}");
+
     // A tensor that is no GPT-2 parameter (another architecture's head).
     let mut entries = raw_entries(&p, |n| n.to_string());
     entries.push(("score.weight".into(), Dtype::F32, vec![2, 8], vec![0; 64]));

@@ -106,3 +106,30 @@ fn hf_config_json_round_trips_and_refuses_variants() {
         assert!(matches!(e, Error::Config(_)), "{key}: {e}");
     }
 }
+
+#[test]
+fn lr_schedule_warms_up_then_follows_a_cosine() {
+    use helios_nn::LrSchedule;
+    let s = LrSchedule {
+        max_lr: 6e-4,
+        min_lr: 6e-5,
+        warmup_steps: 10,
+        total_steps: 110,
+    };
+    s.validate().unwrap();
+    assert!((s.lr_at(0) - 6e-5).abs() < 1e-12); // (0+1)/10 of max
+    assert!((s.lr_at(9) - 6e-4).abs() < 1e-12);
+    assert!((s.lr_at(10) - 6e-4).abs() < 1e-12);
+    assert!((s.lr_at(60) - 3.3e-4).abs() < 1e-12); // half way down the cosine
+    assert!((s.lr_at(110) - 6e-5).abs() < 1e-12);
+    assert_eq!(s.lr_at(10_000), 6e-5);
+    assert!((1..10).all(|i| s.lr_at(i) > s.lr_at(i - 1)));
+    assert!((11..=110).all(|i| s.lr_at(i) <= s.lr_at(i - 1)));
+    assert_eq!(LrSchedule::constant(1e-3).lr_at(5), 1e-3);
+    let mut bad = s;
+    bad.min_lr = 1.0;
+    assert!(bad.validate().is_err());
+    bad = s;
+    bad.warmup_steps = 200;
+    assert!(bad.validate().is_err());
+}
