@@ -136,9 +136,10 @@ fn leftovers(dir: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
 }
 
 /// Undoes what a crash in `replace_dir` or while staging left behind: a missing `dir` whose
-/// old version waits under a `.old-` name is renamed back; stale `.old-` and `.stage-`
-/// siblings beside a present `dir` are deleted. Returns whether `dir` was restored.
-pub(crate) fn recover_dir(dir: &Path) -> Result<bool> {
+/// old version waits under a `.old-` name is renamed back. With `clean` (a writer, which owns
+/// the siblings), stale `.old-` and `.stage-` siblings are deleted too; a reader leaves them,
+/// since another process may be staging a save. Returns whether `dir` was restored.
+pub(crate) fn recover_dir(dir: &Path, clean: bool) -> Result<bool> {
     let (old, staged) = leftovers(dir);
     let mut restored = false;
     if !dir.exists() {
@@ -147,6 +148,9 @@ pub(crate) fn recover_dir(dir: &Path) -> Result<bool> {
             sync_dir(parent_dir(dir))?;
             restored = true;
         }
+    }
+    if !clean {
+        return Ok(restored);
     }
     for p in old.iter().chain(&staged) {
         if p.exists() {

@@ -11,8 +11,12 @@
 //! A save builds the whole directory under a staging name beside DIR, flushes every file and
 //! the staging directory, and only then swaps it in (`atomic::replace_dir`); a crash at any
 //! point leaves the previous checkpoint loadable (a crash in the middle of the swap leaves it
-//! under a `.old-` name, which the next load or save renames back). The model files alone
-//! (`save_pretrained`) are what to hand to `GPT2LMHeadModel.from_pretrained(DIR)`.
+//! under a `.old-` name, which the next load or save renames back). Other regular files in
+//! DIR (a tokenizer.json, a README) are carried into the new directory; a DIR holding a
+//! subdirectory is refused rather than emptied. One process at a time may save to a DIR.
+//! The model files alone (`save_pretrained`) are what to hand to
+//! `GPT2LMHeadModel.from_pretrained(DIR)`; saving them over a full checkpoint drops its
+//! optimizer and trainer state, which no longer match the weights.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -121,6 +125,7 @@ pub fn save_checkpoint(
     trainer: &TrainerState,
 ) -> Result<()> {
     optimizer.validate(params.config())?;
+    trainer.schedule.validate()?;
     if &trainer.model != params.config() {
         return Err(Error::Config(
             "the trainer state's model config differs from the parameters' config".into(),
@@ -149,12 +154,20 @@ fn save_dir(
 ) -> Result<()> {
     let parent = atomic::parent_dir(dir);
     std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    atomic::recover_dir(dir)?;
+    atomic::recover_dir(dir, true)?;
+    let keep = files_to_keep(dir)?;
     let stage = atomic::temp_sibling(dir, "stage");
     let result = (|| -> Result<()> {
         std::fs::create_dir(&stage).map_err(|e| Error::io(&stage, e))?;
+        // Files a user put beside the model (a tokenizer.json, a README) move with it.
+        for name in &keep {
+            let (from, to) = (dir.join(name), stage.join(name));
+            if std::fs::hard_link(&from, &to).is_err() {
+                std::fs::copy(&from, &to).map_err(|e| Error::io(&from, e))?;
+            }
+        }
         let cfg = serde_json::to_vec_pretty(&config::to_hf_json(params.config()))
-            .expect("a JSON value serializes");
+            .map_err(|e| Error::Config(format!("config.json: {e}")))?;
         write_synced(&stage.join(CONFIG_FILE), &cfg)?;
         weights::write_tensors(
             &stage.join(MODEL_FILE),
@@ -165,7 +178,8 @@ fn save_dir(
         if let Some((opt, trainer)) = state {
             fail_point::before(OPTIMIZER_FILE)?;
             write_optimizer(&stage.join(OPTIMIZER_FILE), opt)?;
-            let json = serde_json::to_vec_pretty(trainer).expect("trainer state serializes");
+            let json = serde_json::to_vec_pretty(trainer)
+                .map_err(|e| Error::Params(format!("trainer state: {e}")))?;
             write_synced(&stage.join(TRAINER_FILE), &json)?;
         }
         atomic::sync_dir(&stage)?;
@@ -175,6 +189,42 @@ fn save_dir(
         let _ = std::fs::remove_dir_all(&stage);
     }
     result
+}
+
+/// The names of the regular files in an existing `dir` that a save must carry over (all
+/// but the checkpoint's own). Refuses a `dir` that is a file, or that holds a directory or
+/// anything else a save could not carry, rather than lose it.
+fn files_to_keep(dir: &Path) -> Result<Vec<std::ffi::OsString>> {
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return Ok(Vec::new()); // nothing there yet
+    };
+    if !meta.is_dir() {
+        return Err(Error::Data(format!(
+            "{} exists and is not a directory; choose another checkpoint path",
+            dir.display()
+        )));
+    }
+    let mut keep = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name();
+        if [CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE]
+            .iter()
+            .any(|own| name == *own)
+        {
+            continue;
+        }
+        let kind = entry.file_type().map_err(|e| Error::io(&entry.path(), e))?;
+        if !kind.is_file() {
+            return Err(Error::Data(format!(
+                "{} holds {}, which is not a regular file, and a save replaces the whole directory; move it out or save elsewhere",
+                dir.display(),
+                entry.path().display()
+            )));
+        }
+        keep.push(name);
+    }
+    Ok(keep)
 }
 
 /// Writes `bytes` to a new file and flushes it to disk.
@@ -266,7 +316,7 @@ fn require(path: PathBuf, what: &'static str) -> Result<PathBuf> {
 /// Loads the checkpoint in `dir`: weights always, optimizer and trainer state when present
 /// (both or neither). Restores a checkpoint a crash left under its `.old-` name first.
 pub fn load_checkpoint(dir: &Path) -> Result<Checkpoint> {
-    atomic::recover_dir(dir)?;
+    atomic::recover_dir(dir, false)?;
     if !dir.is_dir() {
         return Err(Error::MissingFile {
             path: dir.to_path_buf(),
@@ -331,6 +381,9 @@ pub fn load_checkpoint(dir: &Path) -> Result<Checkpoint> {
 /// `model.safetensors`, or a safetensors file (its config from `config`, else from the
 /// `config.json` beside it).
 pub fn load_pretrained(path: &Path, config: Option<&GptConfig>) -> Result<ParamStore> {
+    if !path.exists() {
+        atomic::recover_dir(path, false)?;
+    }
     let (file, dir) = if path.is_dir() {
         (require(path.join(MODEL_FILE), "model weights")?, path)
     } else {

@@ -95,6 +95,12 @@ impl Tokens {
 
     /// Tokenizes the UTF-8 text at `path`, or reads its cache from `cache_dir`.
     pub fn from_text_file(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path) -> Result<Tokens> {
+        if tokenizer.vocab_size() > u16::MAX as usize + 1 {
+            return Err(Error::Data(format!(
+                "the tokenizer has {} tokens, but token files hold u16 ids (at most 65,536); use a smaller vocabulary",
+                tokenizer.vocab_size()
+            )));
+        }
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         let cache = cache_path(path, &bytes, tokenizer, cache_dir);
         if cache.exists() {

@@ -417,3 +417,35 @@ fn bad_input_never_replaces_a_checkpoint() {
         Err(Error::WrongShape { .. })
     ));
 }
+
+#[test]
+fn a_save_keeps_the_users_files_and_refuses_what_it_cannot_keep() {
+    let dir = Scratch::new("user-files");
+    let model = dir.join("model");
+    let p = params(9);
+    save_pretrained(&model, &p, DType::F32).unwrap();
+    std::fs::write(model.join("tokenizer.json"), "{}").unwrap();
+    std::fs::write(model.join("README.md"), "# my model").unwrap();
+    save_pretrained(&model, &params(10), DType::BF16).unwrap();
+    assert_eq!(
+        common::entries(&model),
+        ["README.md", CONFIG_FILE, MODEL_FILE, "tokenizer.json"]
+    );
+    assert_eq!(
+        std::fs::read_to_string(model.join("README.md")).unwrap(),
+        "# my model"
+    );
+
+    // A subdirectory cannot be carried: the save is refused and nothing changes.
+    std::fs::create_dir(model.join("runs")).unwrap();
+    let e = save_pretrained(&model, &p, DType::F32).unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    assert!(model.join("runs").is_dir());
+    assert_ne!(load_pretrained(&model, None).unwrap(), p);
+
+    // A path that is a file is not replaced by a checkpoint.
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "keep me").unwrap();
+    assert!(save_pretrained(&file, &p, DType::F32).is_err());
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+}
