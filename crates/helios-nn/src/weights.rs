@@ -176,8 +176,12 @@ pub fn load_weights(path: &Path, config: &GptConfig) -> Result<ParamStore> {
         if let Some(h) = head {
             let view = st.tensor(h).map_err(|e| corrupt(path, e))?;
             let wte = &tensors["wte.weight"];
+            // Bitwise, so that a NaN in a tied pair still counts as equal.
             let same = view.shape() == wte.shape.as_slice()
-                && to_f32(h, view.dtype(), view.data())? == wte.data;
+                && to_f32(h, view.dtype(), view.data())?
+                    .iter()
+                    .zip(&wte.data)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
             if !same {
                 return Err(Error::UntiedHead {
                     path: path.to_path_buf(),
