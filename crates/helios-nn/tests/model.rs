@@ -1,0 +1,209 @@
+//! GPT-2 against PyTorch, as llm.c's test_gpt2 does: the reference file
+//! (bench/gpt2_reference.py → tests/data/gpt2_ref.safetensors: 2 layers, 2 heads, 64
+//! channels, vocabulary 512, B=2, T=16) gives weights, one batch, and PyTorch's logits, loss,
+//! every parameter's gradient and the losses of 10 AdamW steps. Everything here is f32.
+//!
+//! Tolerances, with the errors measured on lavapipe (the test prints them): logits within
+//! 1e-5 absolute (measured 2.4e-7); the loss within 1e-5 (6e-7); each gradient within 1e-4
+//! of that gradient's largest magnitude and 1e-5 absolute (worst: 8e-7 relative, ln_1's
+//! gain); the 10 AdamW losses within 1e-5 (1e-6). The margins leave room for a GPU's other
+//! summation orders.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use helios::{Device, IndexTensor, Tensor};
+use helios_nn::config::from_hf_json;
+use helios_nn::model::{self, materialised_attention, GptParams};
+use helios_nn::optim::AdamW;
+use helios_nn::weights::{read_tensors, with_file};
+use helios_nn::{AdamWHyper, GptConfig, HostTensor, OptimizerState, ParamStore};
+use safetensors::Dtype;
+
+const REF: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/gpt2_ref.safetensors"
+);
+
+fn device() -> Device {
+    Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)")
+}
+
+fn ids(name: &str) -> Vec<u32> {
+    with_file(Path::new(REF), |st, _| {
+        let v = st.tensor(name).unwrap();
+        assert_eq!(v.dtype(), Dtype::I32);
+        Ok(v.data()
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect())
+    })
+    .unwrap()
+}
+
+struct Reference {
+    config: GptConfig,
+    tensors: BTreeMap<String, HostTensor>,
+    inputs: Vec<u32>,  // (B, T)
+    targets: Vec<u32>, // (B, T)
+}
+
+fn reference() -> Reference {
+    let meta = with_file(Path::new(REF), |_, meta| Ok(meta)).unwrap();
+    let config = from_hf_json(&serde_json::from_str(&meta["config"]).unwrap()).unwrap();
+    let scratch = common::Scratch::new("model-ref");
+    let path = scratch.join("f32.safetensors");
+    with_file(Path::new(REF), |st, _| {
+        let views: Vec<_> = st
+            .iter()
+            .filter(|(_, v)| v.dtype() == Dtype::F32)
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        Ok(())
+    })
+    .unwrap();
+    Reference {
+        config,
+        tensors: read_tensors(&path).unwrap().tensors,
+        inputs: ids("inputs"),
+        targets: ids("targets"),
+    }
+}
+
+impl Reference {
+    fn store(&self) -> ParamStore {
+        let w = self
+            .config
+            .param_specs()
+            .into_iter()
+            .map(|s| (s.name.clone(), self.tensors[&s.name].clone()))
+            .collect();
+        ParamStore::from_tensors(&self.config, w).unwrap()
+    }
+}
+
+/// (max |a - b|, max |b|).
+fn max_err(a: &[f32], b: &[f32]) -> (f32, f32) {
+    assert_eq!(a.len(), b.len());
+    let err = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let scale = b.iter().map(|x| x.abs()).fold(0f32, f32::max);
+    (err, scale)
+}
+
+#[test]
+fn forward_backward_and_adamw_match_pytorch() {
+    let r = reference();
+    let dev = device();
+    let (b, t) = (2, 16);
+    let params = GptParams::upload(&r.store(), &dev, helios::DType::F32).unwrap();
+    let (idx, pos) = model::inputs(&r.config, &dev, &r.inputs, b, t).unwrap();
+    let targets = IndexTensor::from_slice(&dev, &r.targets, &[b, t]).unwrap();
+
+    let logits = model::forward(&params, &idx, &pos).unwrap(); // (B, T, V)
+    let loss = model::loss(&logits, &targets).unwrap();
+    loss.backward().unwrap();
+
+    let (err, _) = max_err(&logits.to_vec().unwrap(), &r.tensors["logits"].data);
+    println!("logits: max abs error {err:.3e}");
+    assert!(err < 1e-5, "logits differ by {err}");
+    let got_loss = loss.to_vec().unwrap()[0];
+    let want_loss = r.tensors["loss"].data[0];
+    println!("loss: {got_loss} vs {want_loss}");
+    assert!((got_loss - want_loss).abs() < 1e-5);
+
+    let grads = params.grads_to_host().unwrap();
+    let mut worst = (0f32, String::new());
+    for spec in r.config.param_specs() {
+        let want = &r.tensors[&format!("grad.{}", spec.name)].data;
+        let (err, scale) = max_err(&grads[&spec.name].data, want);
+        let rel = err / scale.max(1e-12);
+        if rel > worst.0 {
+            worst = (rel, spec.name.clone());
+        }
+        assert!(
+            err < 1e-5 && rel < 1e-4,
+            "grad {}: max abs error {err:.3e}, {rel:.3e} of its max-abs {scale:.3e}",
+            spec.name
+        );
+    }
+    println!(
+        "gradients: worst relative error {:.3e} ({})",
+        worst.0, worst.1
+    );
+
+    // 10 AdamW steps on the same batch: lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay
+    // 0.1 on the matrices, no clipping (the file's metadata; reference.rs checks it).
+    let hyper = AdamWHyper {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        grad_clip: None,
+    };
+    let mut opt = AdamW::new(&params, &OptimizerState::zeros(&r.config), hyper, None).unwrap();
+    let want = &r.tensors["losses"].data;
+    let mut got = vec![got_loss];
+    opt.step(&params, 1e-3).unwrap();
+    for _ in 1..10 {
+        let logits = model::forward(&params, &idx, &pos).unwrap();
+        let loss = model::loss(&logits, &targets).unwrap();
+        loss.backward().unwrap();
+        got.push(loss.to_vec().unwrap()[0]);
+        opt.step(&params, 1e-3).unwrap();
+    }
+    println!("losses: {got:?}\nPyTorch: {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g - w).abs() < 1e-5,
+            "AdamW losses differ: {got:?} vs {want:?}"
+        );
+    }
+    assert!(dev.validation_messages().is_empty());
+}
+
+/// The attention used by the model against the materialised reference form.
+#[test]
+fn causal_self_attention_matches_the_materialised_form() {
+    let dev = device();
+    let (b, t, h, d) = (2, 5, 2, 4);
+    let n = b * t * h * d;
+    let vals = |k: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * 37 + k * 11) % 23) as f32 - 11.0) / 7.0)
+            .collect()
+    };
+    let mk = |k| Tensor::from_slice(&dev, &vals(k), &[b, t, h * d]).unwrap();
+    let (q, k, v) = (mk(0), mk(1), mk(2));
+    let got = model::causal_self_attention(&q, &k, &v, h)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let want = materialised_attention(&q, &k, &v, h)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let (err, _) = max_err(&got, &want);
+    assert!(err < 1e-5, "{err}");
+    // Position 0 sees only itself: its output is v's first row, per head.
+    let v0 = &vals(2)[..h * d];
+    let (err, _) = max_err(&got[..h * d], v0);
+    assert!(err < 1e-6, "{err}");
+}
+
+/// Pieces of c_attn round-trip through the host split and stitch.
+#[test]
+fn pieces_round_trip() {
+    let cfg = common::small_config();
+    let store = ParamStore::init_gpt2(&cfg, 7).unwrap();
+    let named: BTreeMap<_, _> = store.iter().map(|(s, t)| (s.name, t.clone())).collect();
+    let host = model::from_host(&cfg, &named).unwrap();
+    assert_eq!(host.len(), model::pieces(&cfg).len());
+    assert_eq!(model::to_host(&cfg, &host).unwrap(), named);
+}
