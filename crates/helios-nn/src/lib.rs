@@ -35,12 +35,14 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 mod error;
+pub mod generate;
 pub mod model;
 pub mod optim;
 pub mod params;
 pub mod sampler;
 pub mod schedule;
 pub mod tokenizer;
+pub mod train;
 pub mod weights;
 
 #[cfg(test)]
@@ -59,4 +61,5 @@ pub use params::{HostTensor, ParamStore};
 pub use sampler::{Batch, BatchSampler, EvalBatches, SamplerState};
 pub use schedule::{AdamWHyper, LrSchedule};
 pub use tokenizer::Tokenizer;
+pub use train::{Event, History, StepLog, TrainConfig, Trainer};
 pub use weights::{load_weights, save_weights};

@@ -321,6 +321,28 @@ pub fn inputs(
 
 /// GPT-2's forward pass: logits (B, T, V) for token ids `idx` (B, T) at positions `pos` (T).
 pub fn forward(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Tensor> {
+    head(p, &hidden(p, idx, pos)?)
+}
+
+/// The logits (B, V) of the last position only: what generation needs, without the
+/// (B, T, V) product that dominates a forward pass at GPT-2's vocabulary.
+pub fn forward_last(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Tensor> {
+    let h = hidden(p, idx, pos)?; // (B, T, C)
+    let &[b, t, c] = h.shape() else {
+        unreachable!("hidden states are (B, T, C)")
+    };
+    let last = h.narrow(1, t - 1, 1)?.reshape(&[b, c])?; // (B, C)
+    head(p, &last) // (B, V)
+}
+
+/// The tied head: logits (..., V) = h (..., C) @ wte^T, wte read in place through a
+/// transposed view.
+pub fn head(p: &GptParams, h: &Tensor) -> Result<Tensor> {
+    Ok(h.matmul(&p.wte().transpose(0, 1)?)?)
+}
+
+/// Everything before the head: the final layer norm's output (B, T, C).
+pub fn hidden(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Tensor> {
     let cfg = &p.config;
     let tok = p.wte().embedding(idx)?; // (B, T, C)
     let wpe = p.wpe().embedding(pos)?; // (T, C)
@@ -329,9 +351,7 @@ pub fn forward(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Te
         x = block(&p.block(l), &x, cfg)?; // (B, T, C)
     }
     let (ln_f_w, ln_f_b) = p.ln_f();
-    let h = x.layer_norm(ln_f_w, ln_f_b, cfg.layer_norm_eps)?.y; // (B, T, C)
-                                                                 // The tied head: logits = h @ wte^T, wte read in place through a transposed view.
-    Ok(h.matmul(&p.wte().transpose(0, 1)?)?) // (B, T, V)
+    Ok(x.layer_norm(ln_f_w, ln_f_b, cfg.layer_norm_eps)?.y) // (B, T, C)
 }
 
 /// The mean cross-entropy of `logits` (B, T, V) against `targets` (B, T): a (1,) tensor.

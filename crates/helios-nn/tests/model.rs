@@ -27,6 +27,10 @@ const REF: &str = concat!(
     "/tests/data/gpt2_ref.safetensors"
 );
 
+/// Device tests of this binary run one at a time: helios' lazy graph can panic ("members
+/// are pending") when two threads realise graphs at once (reported; rare).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn device() -> Device {
     Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)")
 }
@@ -100,6 +104,7 @@ fn max_err(a: &[f32], b: &[f32]) -> (f32, f32) {
 #[test]
 fn forward_backward_and_adamw_match_pytorch() {
     let r = reference();
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dev = device();
     let (b, t) = (2, 16);
     let params = GptParams::upload(&r.store(), &dev, helios::DType::F32).unwrap();
@@ -171,6 +176,7 @@ fn forward_backward_and_adamw_match_pytorch() {
 /// The attention used by the model against the materialised reference form.
 #[test]
 fn causal_self_attention_matches_the_materialised_form() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dev = device();
     let (b, t, h, d) = (2, 5, 2, 4);
     let n = b * t * h * d;
@@ -206,4 +212,38 @@ fn pieces_round_trip() {
     let host = model::from_host(&cfg, &named).unwrap();
     assert_eq!(host.len(), model::pieces(&cfg).len());
     assert_eq!(model::to_host(&cfg, &host).unwrap(), named);
+}
+
+/// The last-position head and greedy generation agree with the full forward pass.
+#[test]
+fn forward_last_and_greedy_generation_follow_the_full_forward() {
+    use helios_nn::generate::{generate, Sampling};
+    let r = reference();
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = device();
+    let params = GptParams::upload(&r.store(), &dev, helios::DType::F32).unwrap();
+    let prompt = &r.inputs[..5];
+    let greedy = Sampling {
+        temperature: 0.0,
+        ..Sampling::default()
+    };
+    let out = generate(&params, &dev, prompt, 3, &greedy, |_| {}).unwrap();
+    assert_eq!(&out[..5], prompt);
+    let v = r.config.vocab_size;
+    for i in 5..8 {
+        let (idx, pos) = model::inputs(&r.config, &dev, &out[..i], 1, i).unwrap();
+        let all = helios::no_grad(|| model::forward(&params, &idx, &pos))
+            .unwrap()
+            .to_vec()
+            .unwrap(); // (1, i, V)
+        let last = &all[(i - 1) * v..];
+        let last_only = helios::no_grad(|| model::forward_last(&params, &idx, &pos))
+            .unwrap()
+            .to_vec()
+            .unwrap(); // (1, V)
+        let (err, _) = max_err(&last_only, last);
+        assert!(err < 1e-5, "{err}");
+        let argmax = (0..v).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap();
+        assert_eq!(out[i], argmax as u32, "token {i}");
+    }
 }
