@@ -342,6 +342,12 @@ impl Trainer {
     /// evaluating and saving as configured, and saving at the end.
     pub fn run(&mut self, until: Option<u64>, mut on: impl FnMut(Event)) -> Result<()> {
         let end = until.unwrap_or(self.cfg.steps).min(self.cfg.steps);
+        // The untrained model's validation loss: where the curve starts.
+        if self.opt.step == 0 && self.cfg.eval_every > 0 && self.history.val.is_empty() {
+            if let Some(loss) = self.evaluate()? {
+                on(Event::Eval(&EvalLog { step: 0, loss }));
+            }
+        }
         while self.opt.step < end {
             let log = self.train_step()?;
             on(Event::Step(&log));
