@@ -29,7 +29,7 @@ pub use elementwise::{
     ELEMENTWISE_WORKGROUP, MAX_DIMS,
 };
 pub use embedding::{EmbeddingArgs, EmbeddingKernel, EmbeddingStage};
-pub use fused::{Compare, FusedInput, FusedKernel, Instr};
+pub use fused::{Compare, FusedInput, FusedKernel, Instr, Window};
 pub use launch::{grid, pack_push, Arg, Geometry, Launch};
 pub use loss::{
     CrossEntropyArgs, CrossEntropyKernel, CrossEntropySetup, CrossEntropyStage,

@@ -29,7 +29,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use helios_kernels::{BinaryOp, Compare, FusedInput, FusedKernel, Geometry, Instr, UnaryOp};
+use helios_kernels::{
+    BinaryOp, Compare, FusedInput, FusedKernel, Geometry, Instr, UnaryOp, Window,
+};
 use helios_vk::{Access, Buffer, MemoryLocation};
 use rustc_hash::FxHashMap;
 
@@ -61,6 +63,37 @@ pub(crate) enum ElemOp {
     Where,
     /// The input converted to the node's dtype.
     Cast,
+    /// The input placed at `start..` along `dim` of a larger, zero-filled shape `shape`.
+    Pad {
+        dim: usize,
+        start: usize,
+        shape: smallvec_shape::Shape,
+    },
+}
+
+/// A small inline shape for `ElemOp::Pad` (keeps `ElemOp` `Copy`).
+pub(crate) mod smallvec_shape {
+    /// Up to 8 dimensions.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Shape {
+        dims: [usize; 8],
+        len: u8,
+    }
+
+    impl Shape {
+        pub fn new(s: &[usize]) -> Option<Shape> {
+            let mut dims = [0; 8];
+            dims.get_mut(..s.len())?.copy_from_slice(s);
+            Some(Shape {
+                dims,
+                len: s.len() as u8,
+            })
+        }
+
+        pub fn as_slice(&self) -> &[usize] {
+            &self.dims[..usize::from(self.len)]
+        }
+    }
 }
 
 impl ElemOp {
@@ -71,6 +104,7 @@ impl ElemOp {
             ElemOp::Compare(c) | ElemOp::CompareScalar(c, _) => c.name(),
             ElemOp::Where => "where",
             ElemOp::Cast => "cast",
+            ElemOp::Pad { .. } => "pad",
         }
     }
 }
@@ -289,10 +323,12 @@ fn collect(root: &Arc<Node>) -> Group {
         let inputs: Vec<(Arc<Node>, bool)> = {
             let guard = n.lock();
             let p = guard.as_ref().expect("members are pending");
+            // A padded read shifts coordinates: its input is always stored.
+            let pad = matches!(p.op, ElemOp::Pad { .. });
             p.inputs
                 .iter()
                 .filter(|i| !i.node.is_realized())
-                .map(|i| (i.node.clone(), dense_edge(i, n.len)))
+                .map(|i| (i.node.clone(), !pad && dense_edge(i, n.len)))
                 .collect()
         };
         stack.push((n, true));
@@ -368,6 +404,31 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
         let guard = m.lock();
         let p = guard.as_ref().expect("members are pending");
         let mut args: Vec<u32> = Vec::with_capacity(p.inputs.len());
+        if let ElemOp::Pad { dim, start, shape } = p.op {
+            let i = &p.inputs[0];
+            let full = shape.as_slice();
+            let to_u32 = |v: usize| u32::try_from(v).map_err(|_| too_large(v));
+            inputs.push(FusedInput {
+                dtype: i.node.dtype.storage(),
+                shape: full.iter().map(|&v| to_u32(v)).collect::<Result<_>>()?,
+                strides: i
+                    .layout
+                    .strides()
+                    .iter()
+                    .map(|&v| to_u32(v))
+                    .collect::<Result<_>>()?,
+                aligned: false,
+                window: Some(Window {
+                    dim: dim as u8,
+                    start: to_u32(start)?,
+                    len: to_u32(i.layout.shape()[dim])?,
+                }),
+            });
+            leaves.push((i.node.clone(), i.layout.offset()));
+            code.push(Instr::Input((inputs.len() - 1) as u16));
+            member_instr.push((code.len() - 1) as u32);
+            continue;
+        }
         // The op's output shape: the inputs broadcast together.
         let shape = out_shape(&p.inputs);
         for i in &p.inputs {
@@ -392,14 +453,7 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
             }
             let mut strides = vec![view.strides().to_vec()];
             let merged = merge_dims(view.shape(), &mut strides);
-            let to_u32 = |v: usize| {
-                u32::try_from(v).map_err(|_| {
-                    Error::Kernel(helios_kernels::KernelError::TooLarge {
-                        what: "stride or size",
-                        size: v as u64,
-                    })
-                })
-            };
+            let to_u32 = |v: usize| u32::try_from(v).map_err(|_| too_large(v));
             inputs.push(FusedInput {
                 dtype: i.node.dtype.storage(),
                 shape: merged.into_iter().map(to_u32).collect::<Result<_>>()?,
@@ -409,6 +463,7 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
                     .map(to_u32)
                     .collect::<Result<_>>()?,
                 aligned: view.offset() % 4 == 0,
+                window: None,
             });
             leaves.push((i.node.clone(), view.offset()));
             let at = code.len() as u32;
@@ -448,6 +503,7 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
             }
             ElemOp::Where => Instr::Where(args[0], args[1], args[2]),
             ElemOp::Cast => Instr::Round(m.dtype.storage(), args[0]),
+            ElemOp::Pad { .. } => unreachable!("lowered above"),
         };
         code.push(ins);
         member_instr.push((code.len() - 1) as u32);
@@ -472,6 +528,13 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
     };
     kernel.check()?;
     Ok((kernel, leaves, scalars))
+}
+
+fn too_large(v: usize) -> Error {
+    Error::Kernel(helios_kernels::KernelError::TooLarge {
+        what: "stride or size",
+        size: v as u64,
+    })
 }
 
 /// The broadcast shape of an op's inputs.

@@ -343,7 +343,10 @@ impl Tensor {
 
     /// A lazy node computing `op` over `inputs` (one device, broadcast to one shape).
     pub(crate) fn lazy(&self, op: ElemOp, inputs: &[&Tensor], out: DType) -> Result<Tensor> {
-        let mut shape = self.shape().to_vec();
+        let mut shape = match op {
+            ElemOp::Pad { shape, .. } => shape.as_slice().to_vec(),
+            _ => self.shape().to_vec(),
+        };
         for t in &inputs[1..] {
             if !self.device().same(t.device()) {
                 return Err(Error::DeviceMismatch { op: op.name() });
