@@ -33,7 +33,6 @@ use helios_kernels::{
     BinaryOp, Compare, FusedInput, FusedKernel, Geometry, Instr, UnaryOp, Window,
 };
 use helios_vk::{Access, Buffer, MemoryLocation};
-use rustc_hash::FxHashMap;
 
 use crate::device::KernelKey;
 use crate::layout::merge_dims;
@@ -117,7 +116,8 @@ pub(crate) struct Input {
 
 pub(crate) struct Pending {
     pub op: ElemOp,
-    pub inputs: Vec<Input>,
+    /// Inline: most ops have one to three inputs.
+    pub inputs: smallvec::SmallVec<[Input; 3]>,
 }
 
 /// One dense array of `len` elements of `dtype`: realised (a buffer) or pending (an op).
@@ -129,6 +129,11 @@ pub(crate) struct Node {
     pending: Mutex<Option<Pending>>,
     /// Longest pending chain below this node (0 once realised).
     depth: u32,
+    /// Scheduler scratch (under `REALIZE`): the epoch of the last collection that found
+    /// this node, its member index there, and its uses inside that group.
+    mark: AtomicU64,
+    slot: std::sync::atomic::AtomicU32,
+    uses: std::sync::atomic::AtomicU32,
 }
 
 /// Counters of the scheduler's work since the process started (tests and benchmarks).
@@ -198,6 +203,9 @@ impl Node {
             buffer: cell,
             pending: Mutex::new(None),
             depth: 0,
+            mark: AtomicU64::new(0),
+            slot: Default::default(),
+            uses: Default::default(),
         })
     }
 
@@ -208,7 +216,7 @@ impl Node {
         dtype: DType,
         len: usize,
         op: ElemOp,
-        inputs: Vec<Input>,
+        inputs: smallvec::SmallVec<[Input; 3]>,
     ) -> Result<Arc<Node>> {
         let depth = 1 + inputs.iter().map(|i| i.node.depth).max().unwrap_or(0);
         LIVE.fetch_add(1, Ordering::Relaxed);
@@ -219,6 +227,9 @@ impl Node {
             buffer: OnceLock::new(),
             pending: Mutex::new(Some(Pending { op, inputs })),
             depth,
+            mark: AtomicU64::new(0),
+            slot: Default::default(),
+            uses: Default::default(),
         });
         {
             let mut list = PENDING.lock().unwrap_or_else(|p| p.into_inner());
@@ -293,59 +304,78 @@ fn dense_edge(input: &Input, len: usize) -> bool {
 /// A fusion group: pending members in topological order (inputs first).
 struct Group {
     members: Vec<Arc<Node>>,
-    index: FxHashMap<*const Node, usize>,
+    /// The collection's epoch: a node is a member when its `mark` is this epoch and its
+    /// `slot` a member index.
+    epoch: u64,
     /// Per member: uses by other members through dense edges.
     uses: Vec<u32>,
     /// Pending nodes read through other views: realised before the group.
     prerequisites: Vec<Arc<Node>>,
 }
 
+impl Group {
+    /// The member index of `n`, if it is a member.
+    fn member(&self, n: &Node) -> Option<usize> {
+        let slot = n.slot.load(Ordering::Relaxed);
+        (n.mark.load(Ordering::Relaxed) == self.epoch && slot < EXPANDING).then_some(slot as usize)
+    }
+}
+
+/// Collection epochs: marks on the nodes replace hash sets (the scheduler's hot loop).
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+/// `Node::slot` of a node found but not yet expanded, and of one being expanded.
+const FOUND: u32 = u32::MAX;
+const EXPANDING: u32 = u32::MAX - 1;
+
 /// Pass 1: the pending nodes `root` reaches through dense edges.
 fn collect(root: &Arc<Node>) -> Group {
+    let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
     let mut g = Group {
         members: Vec::new(),
-        index: FxHashMap::default(),
+        epoch,
         uses: Vec::new(),
         prerequisites: Vec::new(),
     };
-    let mut uses: FxHashMap<*const Node, u32> = FxHashMap::default();
-    let mut seen: FxHashMap<*const Node, ()> = FxHashMap::default();
+    let found = |n: &Node| {
+        if n.mark.swap(epoch, Ordering::Relaxed) != epoch {
+            n.slot.store(FOUND, Ordering::Relaxed);
+            n.uses.store(0, Ordering::Relaxed);
+        }
+    };
+    found(root);
     let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
     while let Some((n, expanded)) = stack.pop() {
         if expanded {
-            g.index.insert(Arc::as_ptr(&n), g.members.len());
+            n.slot.store(g.members.len() as u32, Ordering::Relaxed);
+            g.uses.push(0);
             g.members.push(n);
             continue;
         }
-        if seen.insert(Arc::as_ptr(&n), ()).is_some() {
+        if n.slot.load(Ordering::Relaxed) != FOUND {
             continue;
         }
-        let inputs: Vec<(Arc<Node>, bool)> = {
+        n.slot.store(EXPANDING, Ordering::Relaxed);
+        // Below its inputs on the stack: assigned a member index after all of them.
+        stack.push((n.clone(), true));
+        {
             let guard = n.lock();
             let p = guard.as_ref().expect("members are pending");
             // A padded read shifts coordinates: its input is always stored.
             let pad = matches!(p.op, ElemOp::Pad { .. });
-            p.inputs
-                .iter()
-                .filter(|i| !i.node.is_realized())
-                .map(|i| (i.node.clone(), !pad && dense_edge(i, n.len)))
-                .collect()
-        };
-        stack.push((n, true));
-        for (i, dense) in inputs {
-            if dense {
-                *uses.entry(Arc::as_ptr(&i)).or_default() += 1;
-                stack.push((i, false));
-            } else {
-                g.prerequisites.push(i);
+            for i in p.inputs.iter().filter(|i| !i.node.is_realized()) {
+                if !pad && dense_edge(i, n.len) {
+                    found(&i.node);
+                    i.node.uses.fetch_add(1, Ordering::Relaxed);
+                    stack.push((i.node.clone(), false));
+                } else {
+                    g.prerequisites.push(i.node.clone());
+                }
             }
         }
     }
-    g.uses = g
-        .members
-        .iter()
-        .map(|m| uses.get(&Arc::as_ptr(m)).copied().unwrap_or(0))
-        .collect();
+    for (u, m) in g.uses.iter_mut().zip(&g.members) {
+        *u = m.uses.load(Ordering::Relaxed);
+    }
     g
 }
 
@@ -429,19 +459,20 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
             member_instr.push((code.len() - 1) as u32);
             continue;
         }
-        // The op's output shape: the inputs broadcast together.
-        let shape = out_shape(&p.inputs);
+        // The op's output shape (the inputs broadcast together), for reads of stored inputs.
+        let mut shape: Option<Vec<usize>> = None;
         for i in &p.inputs {
-            if let Some(&at) = g.index.get(&Arc::as_ptr(&i.node)) {
+            if let Some(at) = g.member(&i.node) {
                 if dense_edge(i, m.len) {
                     args.push(member_instr[at]);
                     continue;
                 }
             }
             let ptr = Arc::as_ptr(&i.node);
+            let shape = shape.get_or_insert_with(|| out_shape(&p.inputs));
             let view = i
                 .layout
-                .broadcast_to(&shape)
+                .broadcast_to(shape)
                 .map_err(|detail| Error::InvalidView {
                     op: "fusion",
                     shape: i.layout.shape().to_vec(),
@@ -615,15 +646,13 @@ fn run(group: Group, outputs: Vec<usize>, (kernel, leaves, scalars): Lowered) ->
     for (&o, b) in outputs.iter().zip(buffers) {
         let _ = group.members[o].buffer.set(b);
     }
-    // Every member's op is done: drop them all (inputs released; members no one else holds
-    // go with `group`).
-    let released: Vec<Pending> = group
-        .members
-        .iter()
-        .filter_map(|m| m.lock().take())
-        .collect();
+    // Every member's op is done: drop them all. Their inputs are members (held by `group`)
+    // or leaves (held by `leaves`), so nothing cascades here; members no one else holds go
+    // with `group`.
+    for m in &group.members {
+        drop(m.lock().take());
+    }
     drop(leaves);
-    drop(released);
     drop(group);
     Ok(())
 }

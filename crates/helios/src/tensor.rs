@@ -343,24 +343,28 @@ impl Tensor {
 
     /// A lazy node computing `op` over `inputs` (one device, broadcast to one shape).
     pub(crate) fn lazy(&self, op: ElemOp, inputs: &[&Tensor], out: DType) -> Result<Tensor> {
-        let mut shape = match op {
-            ElemOp::Pad { shape, .. } => shape.as_slice().to_vec(),
-            _ => self.shape().to_vec(),
+        let mut layout = match op {
+            ElemOp::Pad { shape, .. } => Layout::contiguous(shape.as_slice()),
+            _ => Layout::contiguous(self.shape()),
         };
         for t in &inputs[1..] {
             if !self.device().same(t.device()) {
                 return Err(Error::DeviceMismatch { op: op.name() });
             }
-            shape = broadcast_shapes(&shape, t.shape()).ok_or_else(|| Error::ShapeMismatch {
-                op: op.name(),
-                lhs: self.shape().to_vec(),
-                rhs: t.shape().to_vec(),
-            })?;
+            if t.shape() != layout.shape() {
+                let shape = broadcast_shapes(layout.shape(), t.shape()).ok_or_else(|| {
+                    Error::ShapeMismatch {
+                        op: op.name(),
+                        lhs: self.shape().to_vec(),
+                        rhs: t.shape().to_vec(),
+                    }
+                })?;
+                layout = Layout::contiguous(&shape);
+            }
         }
-        let len = shape.iter().product();
-        let layout = Layout::contiguous(&shape);
+        let len = layout.len();
         if len == 0 {
-            return Tensor::empty(self.device(), shape, out);
+            return Tensor::empty(self.device(), layout.shape().to_vec(), out);
         }
         let node = Node::pending(
             self.device().clone(),

@@ -305,6 +305,22 @@ fn reductions_and_views() {
         |h| vec![h[0].iter().sum()],
     );
     check(
+        "var axis 1",
+        &[(x.clone(), vec![2, 3, 4])],
+        |t| t[0].var(1).unwrap(),
+        move |h| {
+            let mut out = Vec::new();
+            for o in 0..2 {
+                for i in 0..4 {
+                    let v: Vec<f64> = (0..3).map(|a| h[0][(o * 3 + a) * 4 + i]).collect();
+                    let m = v.iter().sum::<f64>() / 3.0;
+                    out.push(v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / 3.0);
+                }
+            }
+            out
+        },
+    );
+    check(
         "max axis 0",
         &[(x.clone(), vec![2, 12])],
         |t| t[0].max(0).unwrap(),
