@@ -269,3 +269,19 @@ fn every_norm_kernel_validates() {
         .sum();
     assert_eq!(n, 2 * (3 * 2 * 2 + 2));
 }
+
+/// Every attention stage, storage and head dim of the SIMT family, both binding models.
+#[test]
+fn every_attention_kernel_validates() {
+    let n: usize = [Binding::DeviceAddress, Binding::Descriptor]
+        .into_iter()
+        .map(|b| {
+            validate_all(
+                helios_kernels::AttentionKernel::samples(b)
+                    .iter()
+                    .map(|k| k.build()),
+            )
+        })
+        .sum();
+    assert_eq!(n, 2 * 5 * 3 * 4);
+}

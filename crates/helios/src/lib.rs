@@ -27,6 +27,7 @@ mod view;
 pub use device::{Device, KernelConfig, KernelStats, OperandLayout, Readback, WARM_UP_MS};
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use helios_kernels::attention::{AttnStage, AttnVariant};
 pub use helios_kernels::reduce::Reduction;
 pub use helios_kernels::rows::{RowConfig, RowVariant};
 pub use helios_kernels::{Activation, MatmulVariant};
@@ -38,5 +39,6 @@ pub use ops::{
     coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,
     TuneReport,
 };
+pub use ops::{AttentionGrads, AttentionOptions, AttentionOutput};
 pub use ops::{NormGrads, NormOutput, RowOp, SoftmaxOptions};
 pub use tensor::Tensor;
