@@ -139,6 +139,11 @@ pub fn default_order(coop: bool) -> Vec<AttnVariant> {
     out
 }
 
+/// Whether the cooperative family has a kernel for `stage` (the others run SIMT kernels).
+pub fn coop_supports(stage: AttnStage) -> bool {
+    crate::attention_coop::supports(stage)
+}
+
 /// The signature of an attention kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionKernel {
@@ -256,10 +261,11 @@ impl AttentionKernel {
         }
     }
 
-    /// Declares the buffers and push constants (see `build`), then begins the body.
-    pub(crate) fn declare(&self, k: &mut KernelBuilder, half_words: bool) -> Params {
-        let elem = if half_words {
-            Scalar::U16
+    /// Declares the buffers and push constants (see `build`), then begins the body; with
+    /// `words` the strided inputs are u32 buffers (16-byte loads of 8 halves).
+    pub(crate) fn declare(&self, k: &mut KernelBuilder, words: bool) -> Params {
+        let elem = if words {
+            Scalar::U32
         } else {
             buffer_scalar(self.storage)
         };
@@ -433,7 +439,7 @@ impl AttentionKernel {
         let mut out = Vec::new();
         for (i, &head_dim) in [32u32, 64, 80, 96, 128].iter().enumerate() {
             for storage in [Storage::F16, Storage::BF16] {
-                for stage in AttnStage::ALL {
+                for stage in AttnStage::ALL.into_iter().filter(|&s| coop_supports(s)) {
                     out.push(AttentionKernel {
                         stage,
                         storage,

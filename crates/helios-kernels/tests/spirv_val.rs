@@ -285,3 +285,17 @@ fn every_attention_kernel_validates() {
         .sum();
     assert_eq!(n, 2 * 5 * 3 * 4);
 }
+
+/// The cooperative attention kernels (f16 and bf16 fragments), for Vulkan 1.3.
+#[test]
+fn every_coop_attention_kernel_validates() {
+    let mut n = 0;
+    for kern in helios_kernels::AttentionKernel::coop_samples() {
+        let m = kern.build();
+        if let Err(e) = validate(&m.name, &m.words, TargetEnv::Vulkan1_3) {
+            panic!("{e}\n{}", m.disassemble());
+        }
+        n += 1;
+    }
+    assert_eq!(n, 5 * 2 * 2);
+}

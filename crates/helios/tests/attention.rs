@@ -233,6 +233,56 @@ fn every_simt_variant_matches_reference() {
     }
 }
 
+/// Every cooperative tile (where the device has cooperative matrices; a visible skip
+/// elsewhere) on f16 and bf16, T = 77, causal with padding and not, head dims 64, 80, 128.
+#[test]
+fn every_coop_variant_matches_reference() {
+    let d = device();
+    let probe = Tensor::from_slice_as(d, &[0.0; 64], &[1, 1, 1, 64], DType::F16).unwrap();
+    let opts = AttentionOptions::causal();
+    if !probe
+        .attention_kernel(AttnStage::Forward, &opts)
+        .unwrap()
+        .contains("coop")
+    {
+        eprintln!("skipped: {} has no 16x16x16 cooperative matrices", d.name());
+        return;
+    }
+    for (i, v) in helios_kernels::attention::COOP_VARIANTS
+        .into_iter()
+        .enumerate()
+    {
+        for dtype in [DType::F16, DType::BF16] {
+            for hd in [64usize, 80, 128] {
+                let c = Case {
+                    dims: dims(2, 77, 2, hd),
+                    dtype,
+                    causal: i % 2 == 0,
+                    lens: (i % 2 == 1).then(|| vec![77, 40]),
+                    fused: false,
+                    variant: Some(v),
+                };
+                match run(d, &c, 11) {
+                    Ok((errs, coop)) => {
+                        assert!(coop, "{c:?} did not run the cooperative kernels");
+                        println!(
+                            "coop {} {dtype} d{hd}: out {:.2e} lse {:.2e}",
+                            v.tag(),
+                            errs[0],
+                            errs[1]
+                        );
+                        check(d, &c, 11);
+                    }
+                    Err(e) if e.contains("does not fit") => {
+                        println!("skipped {} d{hd}: {e}", v.tag())
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+    }
+}
+
 /// A key length of 0 gives O = 0, L = −inf and zero gradients; lengths past T are T.
 #[test]
 fn empty_and_long_key_lengths() {

@@ -8,6 +8,7 @@
 // same methodology can be reproduced in PyTorch and nothing depends on GPU profiling
 // support. A missing python3, torch or CUDA device is a note, never a failure.
 
+mod attention;
 mod bandwidth;
 mod dispatch;
 mod matmul;
@@ -85,6 +86,7 @@ enum Suite {
     All,
     Matmul,
     Ops,
+    Attention,
 }
 
 impl Suite {
@@ -95,6 +97,7 @@ impl Suite {
             Suite::All => "all",
             Suite::Matmul => "matmul",
             Suite::Ops => "ops",
+            Suite::Attention => "attention",
         }
     }
 }
@@ -256,6 +259,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     if args.suite == Suite::Ops {
         return ops::run(args);
+    }
+    if args.suite == Suite::Attention {
+        return attention::run(args);
     }
     let plan = Plan::from_args(args);
     if plan.bandwidth.as_ref().is_some_and(|b| b.dtypes.is_empty()) {

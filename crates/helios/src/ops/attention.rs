@@ -274,7 +274,8 @@ impl Tensor {
     /// The kernel `choose` picks for `stage` of attention on `self` (q) with `opts`.
     pub fn attention_kernel(&self, stage: AttnStage, opts: &AttentionOptions) -> Result<String> {
         let (dims, _) = view_of("q", self)?;
-        Ok(choose(self, stage, dims, opts)?.name())
+        let (_, s) = view_of("q", self)?;
+        Ok(choose(self, stage, dims, opts, aligned(&[s]))?.name())
     }
 
     fn record_attention(
@@ -289,7 +290,7 @@ impl Tensor {
         if dims.b * dims.t * dims.h == 0 {
             return Ok(());
         }
-        let kern = choose(self, stage, dims, opts)?;
+        let kern = choose(self, stage, dims, opts, aligned(views))?;
         let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
         let device = self.device();
         device.dispatch_rows(
@@ -333,6 +334,15 @@ fn shared_strides(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor,
     Ok((dense(q)?, dense(k)?, dense(v)?))
 }
 
+/// Offsets and strides all multiples of 8 elements.
+fn aligned(views: &[ViewStrides]) -> bool {
+    views.iter().all(|v| {
+        [v.offset, v.batch, v.seq, v.head]
+            .iter()
+            .all(|x| x % 8 == 0)
+    })
+}
+
 fn check_dims(d: Dims) -> Result<()> {
     if d.d == 0 || d.d % 16 != 0 || d.d > 256 {
         return Err(invalid(format!(
@@ -362,12 +372,15 @@ fn lengths(opts: &AttentionOptions, d: Dims) -> Result<Option<&helios_vk::Buffer
     }
 }
 
-/// The family's one selection function (see the module docs for the order).
+/// The family's one selection function (see the module docs for the order). `aligned`:
+/// every strided input's offset and strides are multiples of 8 elements (the cooperative
+/// kernels' 16-byte loads).
 fn choose(
     q: &Tensor,
     stage: AttnStage,
     dims: Dims,
     opts: &AttentionOptions,
+    aligned: bool,
 ) -> Result<AttentionKernel> {
     let device = q.device();
     let storage = q.dtype().storage();
@@ -395,12 +408,15 @@ fn choose(
     let fits = |kern: &AttentionKernel| {
         kern.shared_bytes() <= caps.max_shared_bytes
             && kern.workgroup() <= caps.max_invocations
-            && (!kern.variant.is_coop() || coop)
+            && (!kern.variant.is_coop()
+                || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
     };
     let forced = opts.variant.or(match env_variant() {
         Some(Forced::Variant(v)) => Some(v),
         _ => None,
     });
+    // A forced cooperative variant applies to the stages that family has.
+    let forced = forced.filter(|v| !v.is_coop() || helios_kernels::attention::coop_supports(stage));
     if let Some(v) = forced {
         let kern = make(v);
         if !fits(&kern) {
@@ -421,7 +437,8 @@ fn choose(
             return Ok(kern);
         }
     }
-    let candidates = helios_kernels::attention::default_order(coop);
+    let coop_stage = coop && helios_kernels::attention::coop_supports(stage) && aligned;
+    let candidates = helios_kernels::attention::default_order(coop_stage);
     candidates
         .into_iter()
         .map(make)
