@@ -123,19 +123,26 @@ pub const COOP_VARIANTS: [AttnVariant; 4] = [
     AttnVariant::Coop { bq: 32, bk: 32 },
 ];
 
-/// Candidates in the order the selection function tries them without a tuned choice
-/// (the first that fits the device's shared memory and workgroup limits wins).
-pub fn default_order(coop: bool) -> Vec<AttnVariant> {
-    let simt = [
+/// Candidates for `stage` in the order the selection function tries them without a tuned
+/// choice (the first that fits the device's shared memory and workgroup limits wins).
+/// Cooperative orders as measured on an H100 (forward) or chosen for registers (the backward
+/// kernels keep half a score row of S, dP, L and Dsum per invocation: DkDv prefers 32-query
+/// blocks).
+pub fn default_order(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
+    let c = |bq, bk| AttnVariant::Coop { bq, bk };
+    let mut out = Vec::new();
+    if coop {
+        out.extend(match stage {
+            AttnStage::DkDv => [c(32, 64), c(32, 32), c(64, 32), c(64, 64)],
+            AttnStage::Dq => [c(64, 32), c(32, 32), c(64, 64), c(32, 64)],
+            _ => COOP_VARIANTS,
+        });
+    }
+    out.extend([
         AttnVariant::Simt { bq: 16, bk: 16 },
         AttnVariant::Simt { bq: 8, bk: 16 },
         AttnVariant::Simt { bq: 8, bk: 8 },
-    ];
-    let mut out = Vec::new();
-    if coop {
-        out.extend(COOP_VARIANTS);
-    }
-    out.extend(simt);
+    ]);
     out
 }
 

@@ -29,15 +29,16 @@ use crate::attention::{
 use crate::storage::{f32_to_bf16_bits, store_f32, Storage};
 
 /// Fragment side.
-const FRAG: u32 = 16;
+pub(crate) const FRAG: u32 = 16;
 /// Halves per shared word.
-const WORD: u32 = 8;
+pub(crate) const WORD: u32 = 8;
 /// Invocations per subgroup the kernels are written for.
 pub(crate) const SUBGROUP: u32 = 32;
 
 /// Whether the family has a kernel for `stage` (the others run the SIMT family).
 pub fn supports(stage: AttnStage) -> bool {
-    matches!(stage, AttnStage::Forward | AttnStage::Prep)
+    let _ = stage;
+    true
 }
 
 /// Word layout of the forward's shared array.
@@ -86,7 +87,8 @@ fn layout(kern: &AttentionKernel) -> Layout {
 pub(crate) fn shared_bytes(kern: &AttentionKernel) -> u32 {
     match kern.stage {
         AttnStage::Forward => layout(kern).total * 16,
-        _ => 0,
+        AttnStage::Prep => 0,
+        _ => crate::attention_coop_bwd::layout(kern).total * 16,
     }
 }
 
@@ -98,11 +100,12 @@ pub(crate) fn build(kern: &AttentionKernel) -> KernelModule {
     match kern.stage {
         AttnStage::Prep => build_prep(kern),
         AttnStage::Forward => forward(kern),
-        s => panic!("no cooperative {s:?} kernel"),
+        AttnStage::DkDv => crate::attention_coop_bwd::dkdv(kern),
+        AttnStage::Dq => crate::attention_coop_bwd::dq(kern),
     }
 }
 
-fn frag_scalar(s: Storage) -> Scalar {
+pub(crate) fn frag_scalar(s: Storage) -> Scalar {
     match s {
         Storage::F16 => Scalar::F16,
         _ => Scalar::BF16,
@@ -110,7 +113,7 @@ fn frag_scalar(s: Storage) -> Scalar {
 }
 
 /// Two f32 values as one u32 of halves in `s` (low half first).
-fn pack2(k: &mut KernelBuilder, s: Storage, a: Val, b: Val) -> Val {
+pub(crate) fn pack2(k: &mut KernelBuilder, s: Storage, a: Val, b: Val) -> Val {
     let v = k.vector(&[a, b]);
     match s {
         Storage::F16 => {
@@ -128,7 +131,7 @@ fn pack2(k: &mut KernelBuilder, s: Storage, a: Val, b: Val) -> Val {
 /// `row` words per row: 16-byte loads (the host checked that offsets and strides are
 /// multiples of 8 elements).
 #[allow(clippy::too_many_arguments)]
-fn stage(
+pub(crate) fn stage(
     k: &mut KernelBuilder,
     smem: Shared,
     base: u32,

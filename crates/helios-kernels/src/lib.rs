@@ -7,6 +7,7 @@
 
 pub mod attention;
 mod attention_coop;
+mod attention_coop_bwd;
 mod attention_simt;
 pub mod elementwise;
 mod elementwise_strided;

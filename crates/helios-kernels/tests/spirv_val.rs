@@ -297,5 +297,5 @@ fn every_coop_attention_kernel_validates() {
         }
         n += 1;
     }
-    assert_eq!(n, 5 * 2 * 2);
+    assert_eq!(n, 5 * 2 * 4);
 }

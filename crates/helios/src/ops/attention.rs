@@ -438,7 +438,7 @@ fn choose(
         }
     }
     let coop_stage = coop && helios_kernels::attention::coop_supports(stage) && aligned;
-    let candidates = helios_kernels::attention::default_order(coop_stage);
+    let candidates = helios_kernels::attention::default_order(stage, coop_stage);
     candidates
         .into_iter()
         .map(make)
