@@ -35,10 +35,10 @@ pub use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
 pub use index::IndexTensor;
 pub use layout::Layout;
 pub use ops::{adamw_step, AdamWConfig, AdamWParam, CrossEntropy};
+pub use ops::{attention_tuning, AttentionGrads, AttentionOptions, AttentionOutput};
 pub use ops::{
     coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,
     TuneReport,
 };
-pub use ops::{AttentionGrads, AttentionOptions, AttentionOutput};
 pub use ops::{NormGrads, NormOutput, RowOp, SoftmaxOptions};
 pub use tensor::Tensor;

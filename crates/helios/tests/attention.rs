@@ -69,6 +69,7 @@ fn run(d: &Device, c: &Case, seed: u64) -> Result<([f64; 5], bool), String> {
         scale: None,
         key_lengths: lens,
         variant: c.variant,
+        ..Default::default()
     };
     let (qt, kt, vt) = if c.fused {
         // [B, T, 3, H, D]
@@ -373,4 +374,51 @@ fn bad_inputs_are_errors() {
     };
     assert!(q.attention_backward(&q, &q, &wrong, &q, &opts).is_err());
     assert_clean(d);
+}
+
+/// The tuner times the candidates of every stage, stores a winner per class, and later calls
+/// run the winners (which still match the reference).
+#[test]
+fn tuning_stores_winners_that_are_used() {
+    let d = device();
+    let s = [1, 33, 2, 32];
+    let n: usize = s.iter().product();
+    let mut rng = StdRng::seed_from_u64(21);
+    let up = |x: Vec<f32>| Tensor::from_slice_as(d, &x, &s, DType::F32).unwrap();
+    let q = up(random(n, &mut rng, DType::F32));
+    let k = up(random(n, &mut rng, DType::F32));
+    let v = up(random(n, &mut rng, DType::F32));
+    let dout = up(random(n, &mut rng, DType::F32));
+    let opts = AttentionOptions {
+        key_lengths: Some(IndexTensor::from_slice(d, &[29], &[1]).unwrap()),
+        ..Default::default()
+    };
+    q.attention_tune(&k, &v, &dout, &opts).unwrap();
+    let table = helios::attention_tuning(d);
+    for stage in ["Forward", "DkDv", "Dq"] {
+        let class = format!("f32 d32 {stage} causal0 pad1");
+        let (_, variant, us) = table
+            .iter()
+            .find(|(c, _, _)| *c == class)
+            .unwrap_or_else(|| panic!("no winner for {class}: {table:?}"));
+        assert!(*us > 0.0);
+        let st = match stage {
+            "Forward" => AttnStage::Forward,
+            "DkDv" => AttnStage::DkDv,
+            _ => AttnStage::Dq,
+        };
+        assert!(q
+            .attention_kernel(st, &opts)
+            .unwrap()
+            .ends_with(variant.as_str()));
+    }
+    let c = Case {
+        dims: dims(1, 33, 2, 32),
+        dtype: DType::F32,
+        causal: false,
+        lens: Some(vec![29]),
+        fused: false,
+        variant: None,
+    };
+    check(d, &c, 21);
 }

@@ -25,8 +25,10 @@ pub struct AttentionOptions {
     /// Keys per batch row ([B] u32; key padding of inference prompts): keys j ≥ len are
     /// masked.
     pub key_lengths: Option<IndexTensor>,
-    /// Forces a kernel variant for every stage (tests, benchmarks, tuning).
+    /// Forces a kernel variant for every stage (tests, benchmarks).
     pub variant: Option<AttnVariant>,
+    /// Forces a variant for one stage only (the tuner; `variant` wins over it).
+    pub stage_variant: Option<(AttnStage, AttnVariant)>,
 }
 
 impl AttentionOptions {
@@ -174,6 +176,9 @@ impl Tensor {
         same("v", q, v, dims, dv)?;
         check_dims(dims)?;
         let lens = lengths(opts, dims)?;
+        if super::attention_tune::wanted(q, dims.d, &[AttnStage::Forward], opts) {
+            super::attention_tune::tune_forward(q, k, v, opts)?;
+        }
         let device = self.device();
         let out = Tensor::empty(device, vec![dims.b, dims.t, dims.h, dims.d], self.dtype())?;
         let lse = Tensor::empty(device, vec![dims.b, dims.h, dims.t], DType::F32)?;
@@ -225,6 +230,9 @@ impl Tensor {
             )));
         }
         let lens = lengths(opts, dims)?;
+        if super::attention_tune::wanted(q, dims.d, &[AttnStage::DkDv, AttnStage::Dq], opts) {
+            super::attention_tune::tune_backward(q, k, v, fwd, dout, opts)?;
+        }
         let device = self.device();
         let dsum = Tensor::empty(device, vec![dims.b, dims.h, dims.t], DType::F32)?;
         self.record_attention(
@@ -411,7 +419,10 @@ fn choose(
             && (!kern.variant.is_coop()
                 || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
     };
-    let forced = opts.variant.or(match env_variant() {
+    let stage_forced = opts
+        .stage_variant
+        .and_then(|(s, v)| (s == stage).then_some(v));
+    let forced = opts.variant.or(stage_forced).or(match env_variant() {
         Some(Forced::Variant(v)) => Some(v),
         _ => None,
     });
@@ -431,7 +442,10 @@ fn choose(
         }
         return Ok(kern);
     }
-    if let Some(v) = super::attention_tune::cached(device, storage, dims.d as u32, stage) {
+    if let Some(v) = super::attention_tune::cached(
+        device,
+        &super::attention_tune::class(storage, dims.d, stage, opts),
+    ) {
         let kern = make(v);
         if fits(&kern) {
             return Ok(kern);

@@ -14,6 +14,7 @@ mod reduce;
 mod softmax;
 
 pub use attention::{AttentionGrads, AttentionOptions, AttentionOutput};
+pub use attention_tune::attention_tuning;
 pub use loss::CrossEntropy;
 pub use matmul::{MatmulChoice, MatmulOptions};
 pub use matmul_tune::{coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, TuneReport};
