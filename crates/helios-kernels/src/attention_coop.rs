@@ -23,10 +23,10 @@ use helios_spirv::{
 };
 
 use crate::attention::{
-    block_coords, build_prep, dense_row, keep, key_end, stat_index, AttentionKernel, AttnStage,
-    Params, View,
+    block_coords, build_prep, dense_row, key_end, stat_index, AttentionKernel, AttnStage, Params,
+    View,
 };
-use crate::storage::{f32_to_bf16_bits, store_f32, Storage};
+use crate::storage::{store_f32, Storage};
 
 /// Fragment side.
 pub(crate) const FRAG: u32 = 16;
@@ -112,7 +112,27 @@ pub(crate) fn frag_scalar(s: Storage) -> Scalar {
     }
 }
 
-/// Two f32 values as one u32 of halves in `s` (low half first).
+/// Keys below `lim` a query sees: min(kend, i + 1) when causal, else kend.
+pub(crate) fn row_limit(k: &mut KernelBuilder, causal: bool, i: Val, kend: Val) -> Val {
+    if !causal {
+        return kend;
+    }
+    let one = k.u32(1);
+    let i1 = k.add(i, one);
+    k.min(kend, i1)
+}
+
+/// max(lim − j0, 0) in u32.
+pub(crate) fn remaining(k: &mut KernelBuilder, lim: Val, j0: Val) -> Val {
+    let more = k.gt(lim, j0);
+    let d = k.sub(lim, j0);
+    let z = k.u32(0);
+    k.select(more, d, z)
+}
+
+/// Two f32 values as one u32 of halves in `s` (low half first). bf16 rounds half away from
+/// zero on the bits (ties are the only difference from round-to-nearest-even, and P and dS
+/// tiles are never NaN unless an input is): 2.5 operations per value instead of ~6.
 pub(crate) fn pack2(k: &mut KernelBuilder, s: Storage, a: Val, b: Val) -> Val {
     let v = k.vector(&[a, b]);
     match s {
@@ -121,8 +141,17 @@ pub(crate) fn pack2(k: &mut KernelBuilder, s: Storage, a: Val, b: Val) -> Val {
             k.bitcast(h, Ty::scalar(Scalar::U32))
         }
         _ => {
-            let bits = f32_to_bf16_bits(k, v);
-            k.bitcast(bits, Ty::scalar(Scalar::U32))
+            let bits = k.bitcast(v, Ty::vector(Scalar::U32, 2));
+            let half = k.u32(0x8000);
+            let half = k.splat(half, 2);
+            let r = k.add(bits, half);
+            let lo = k.extract(r, 0);
+            let hi = k.extract(r, 1);
+            let sixteen = k.u32(16);
+            let lo = k.shr(lo, sixteen);
+            let top = k.u32(0xffff_0000);
+            let hi = k.and(hi, top);
+            k.or(lo, hi)
         }
     }
 }
@@ -305,6 +334,10 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
     let nkb = k.div(e, bkc);
     let (z, one) = (k.u32(0), k.u32(1));
     let s_row = bk / 4; // words per f32 score row
+                        // Scores in base 2 (exp2 below), and the keys this invocation's row sees: j < lim.
+    let log2e = k.const_f32(std::f32::consts::LOG2_E);
+    let scale2 = k.mul(p.scale, log2e);
+    let lim = row_limit(k, kern.causal, i, kend);
     let p_row = bk / WORD + 1;
     k.for_range(z, nkb, one, |k, blk| {
         let k0 = k.mul(blk, bkc);
@@ -361,6 +394,8 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
         let colh = k.u32(bk / 2);
         let col0 = k.mul(half, colh);
         let j0 = k.add(k0, col0);
+        // Keys j0 + c are kept for c < rem = max(lim − j0, 0): one compare per score.
+        let rem = remaining(k, lim, j0);
         let mut xs = Vec::new();
         for w in 0..words {
             let o = k.u32(w);
@@ -369,10 +404,9 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
             let v = k.bitcast(raw, Ty::vector(Scalar::F32, 4));
             for c in 0..4 {
                 let x = k.extract(v, c);
-                let x = k.mul(x, p.scale);
+                let x = k.mul(x, scale2);
                 let o = k.u32(w * 4 + c);
-                let j = k.add(j0, o);
-                let kp = keep(k, kern.causal, i, j, kend);
+                let kp = k.lt(o, rem);
                 let ninf = k.const_f32(f32::NEG_INFINITY);
                 xs.push(k.select(kp, x, ninf));
             }
@@ -391,12 +425,12 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
         let none = k.eq(mnew, ninf);
         let safe = k.select(none, zero, mnew);
         let dm = k.sub(mold, safe);
-        let corr = k.exp(dm);
+        let corr = k.exp2(dm);
         let ps: Vec<Val> = xs
             .iter()
             .map(|&x| {
                 let dd = k.sub(x, safe);
-                k.exp(dd)
+                k.exp2(dd)
             })
             .collect();
         let mut sum = ps[0];
@@ -497,8 +531,11 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
         });
         k.subgroup_barrier();
     }
-    let lg = k.log(lv);
+    // m and l are in base 2: L = (m + log2 l)·ln 2.
+    let lg = k.log2(lv);
     let lse = k.add(mv, lg);
+    let ln2 = k.const_f32(std::f32::consts::LN_2);
+    let lse = k.mul(lse, ln2);
     let ninf = k.const_f32(f32::NEG_INFINITY);
     let lse = k.select(empty, ninf, lse);
     let z = k.u32(0);

@@ -15,9 +15,27 @@ use helios_spirv::{
 };
 
 use crate::attention::{
-    block_coords, dense_row, keep, key_end, stat_index, AttentionKernel, AttnStage, Params,
+    block_coords, dense_row, key_end, stat_index, AttentionKernel, AttnStage, Params,
 };
-use crate::attention_coop::{frag_scalar, pack2, stage, FRAG, SUBGROUP, WORD};
+use crate::attention_coop::{
+    frag_scalar, pack2, remaining, row_limit, stage, FRAG, SUBGROUP, WORD,
+};
+
+/// The first query offset c (from `i_base`) that sees key `j`: j − i_base when causal and
+/// j > i_base, else 0; u32::MAX for a key at or past `kend` (no query sees it).
+fn first_query(k: &mut KernelBuilder, causal: bool, j: Val, i_base: Val, kend: Val) -> Val {
+    let zero = k.u32(0);
+    let thr = if causal {
+        let later = k.gt(j, i_base);
+        let d = k.sub(j, i_base);
+        k.select(later, d, zero)
+    } else {
+        zero
+    };
+    let exists = k.lt(j, kend);
+    let none = k.u32(u32::MAX);
+    k.select(exists, thr, none)
+}
 use crate::storage::store_f32;
 
 /// Word offsets of a backward kernel's shared array.
@@ -394,6 +412,8 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let one = k.u32(1);
     let lse = p.lse.expect("backward reads lse");
     let dsum = p.dsum.expect("backward reads dsum");
+    let log2e = k.const_f32(std::f32::consts::LOG2_E);
+    let scale2 = k.mul(p.scale, log2e);
     k.for_range(qstart, nqb, one, |k, qb| {
         let i0 = k.mul(qb, bqc);
         k.workgroup_barrier();
@@ -436,6 +456,9 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
             let inf = k.const_f32(f32::INFINITY);
             let zero = k.const_f32(0.0);
             let l = k.select(inside, l, inf);
+            // −L in base 2, for exp2(S·scale·log2 e − L·log2 e) as one fma.
+            let log2e = k.const_f32(-std::f32::consts::LOG2_E);
+            let l = k.mul(l, log2e);
             let ds = k.select(inside, ds, zero);
             let four = k.u32(4);
             let w = k.div(idx, four);
@@ -481,15 +504,15 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
             }
         }
         let i_base = k.add(i0, c0);
+        // Query i_base + c sees key j when c >= thr (thr = ∞ for a key past kend).
+        let thr = first_query(k, kern.causal, j, i_base, kend);
         let mut pv = Vec::new();
         let mut dsv = Vec::new();
         for c in 0..(bq / 2) as usize {
             let o = k.u32(c as u32);
-            let i = k.add(i_base, o);
-            let kp = keep(k, kern.causal, i, j, kend);
-            let x = k.mul(s[c], p.scale);
-            let x = k.sub(x, ls[c]);
-            let e = k.exp(x);
+            let kp = k.le(thr, o);
+            let x = k.fma(s[c], scale2, ls[c]);
+            let e = k.exp2(x);
             let zero = k.const_f32(0.0);
             let pr = k.select(kp, e, zero);
             let dd = k.sub(dp[c], dss[c]);
@@ -573,6 +596,12 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     let zero = k.const_f32(0.0);
     let l = k.select(inside, l, inf);
     let dsum = k.select(inside, dsum, zero);
+    // Base 2: P = exp2(S·scale·log2 e − L·log2 e).
+    let nlog2e = k.const_f32(-std::f32::consts::LOG2_E);
+    let nl2 = k.mul(l, nlog2e);
+    let log2e = k.const_f32(std::f32::consts::LOG2_E);
+    let scale2 = k.mul(p.scale, log2e);
+    let lim = row_limit(k, kern.causal, i, kend);
     let acc = zero_accs(k, ty.acc, d / FRAG);
     let kmax = if kern.causal {
         let e = k.add(q0, bqc);
@@ -624,14 +653,13 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
         let colh = k.u32(bk / 2);
         let c0 = k.mul(g.half, colh);
         let j_base = k.add(k0, c0);
+        let rem = remaining(k, lim, j_base);
         let dsv: Vec<Val> = (0..(bk / 2) as usize)
             .map(|c| {
                 let o = k.u32(c as u32);
-                let j = k.add(j_base, o);
-                let kp = keep(k, kern.causal, i, j, kend);
-                let x = k.mul(s[c], p.scale);
-                let x = k.sub(x, l);
-                let e = k.exp(x);
+                let kp = k.lt(o, rem);
+                let x = k.fma(s[c], scale2, nl2);
+                let e = k.exp2(x);
                 let zero = k.const_f32(0.0);
                 let pr = k.select(kp, e, zero);
                 let dd = k.sub(dp[c], dsum);
