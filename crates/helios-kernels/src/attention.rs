@@ -16,8 +16,10 @@
 //!   dense [B, T, H, D]; L and Dsum are f32 [B, H, T].
 //! - Two families of variants, kept side by side in [`AttnVariant`]: `Simt` (f32 math,
 //!   every device: `attention_simt`) and `Coop` (f16/bf16 on 16×16×16 cooperative matrices
-//!   with f32 accumulation: `attention_coop`). Both stage tiles in shared memory and do all
-//!   element-wise work (mask, exp, dS) on shared score tiles.
+//!   with f32 accumulation: `attention_coop` forward, `attention_coop_bwd` backward). Both
+//!   stage tiles in shared memory and do all element-wise work (mask, exp, dS) on shared score
+//!   tiles. Which runs is `helios`'s one selection function (a forced variant, the tuned one,
+//!   else the first of [`default_order`] that fits the device).
 
 use helios_spirv::{Access, Binding, Buffer, KernelBuilder, KernelModule, Param, Scalar, Ty, Val};
 
@@ -587,4 +589,50 @@ pub(crate) fn build_prep(kern: &AttentionKernel) -> KernelModule {
         k.store(dsum, at, v);
     });
     k.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variant_tags_round_trip() {
+        for v in SIMT_VARIANTS.into_iter().chain(COOP_VARIANTS) {
+            assert_eq!(AttnVariant::by_name(&v.tag()), Some(v));
+        }
+        assert_eq!(AttnVariant::by_name("simt"), None);
+        assert_eq!(AttnVariant::by_name("coop64"), None);
+    }
+
+    /// Every stage of the default order has a tile that fits lavapipe's 32 KiB (SIMT) and
+    /// one that fits 48 KiB (cooperative), for every head dim the issue names.
+    #[test]
+    fn default_tiles_fit_the_devices() {
+        for d in [32, 64, 80, 96, 128] {
+            for stage in AttnStage::ALL {
+                for (coop, limit, storage) in [
+                    (false, 32 << 10, Storage::F32),
+                    (true, 48 << 10, Storage::BF16),
+                ] {
+                    let fits = default_order(stage, coop)
+                        .into_iter()
+                        .filter(|v| v.is_coop() == coop)
+                        .any(|variant| {
+                            let k = AttentionKernel {
+                                stage,
+                                storage,
+                                head_dim: d,
+                                causal: true,
+                                padded: false,
+                                variant,
+                                binding: Binding::DeviceAddress,
+                                subgroup: if coop { 32 } else { 0 },
+                            };
+                            k.shared_bytes() <= limit
+                        });
+                    assert!(fits, "{stage:?} d{d} coop {coop}");
+                }
+            }
+        }
+    }
 }
