@@ -327,7 +327,10 @@ impl Device {
         // HELIOS_WG overrides the workgroup size along x (for tuning experiments).
         let mut workgroup = module.workgroup_size;
         // Matmul tiles are built around their workgroup size: never overridden.
-        let fixed = matches!(key, KernelKey::Matmul(_) | KernelKey::CoopPeak(_));
+        let fixed = matches!(
+            key,
+            KernelKey::Matmul(_) | KernelKey::CoopPeak(_) | KernelKey::Attention(_)
+        );
         if let Some(x) = crate::env::workgroup_override().filter(|_| !fixed) {
             workgroup[0] = x;
         }
@@ -419,6 +422,7 @@ pub(crate) enum KernelKey {
     Softmax(SoftmaxKernel),
     Norm(helios_kernels::norm::NormKernel),
     NormParam(helios_kernels::norm::NormParamKernel),
+    Attention(helios_kernels::AttentionKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter

@@ -748,3 +748,61 @@ fn narrow_cat_stack_split_index_select() {
         },
     );
 }
+
+#[test]
+fn attention_through_fused_qkv() {
+    let mut rng = StdRng::seed_from_u64(10);
+    let (b, t, h, d) = (1, 5, 2, 16);
+    let qkv = random(&mut rng, b * t * 3 * h * d, -1.0, 1.0);
+    check(
+        "attention",
+        &[(qkv, vec![b, t, 3, h, d])],
+        |x| {
+            let q = x[0]
+                .narrow(2, 0, 1)
+                .unwrap()
+                .reshape(&[b, t, h, d])
+                .unwrap();
+            let k = x[0]
+                .narrow(2, 1, 1)
+                .unwrap()
+                .reshape(&[b, t, h, d])
+                .unwrap();
+            let v = x[0]
+                .narrow(2, 2, 1)
+                .unwrap()
+                .reshape(&[b, t, h, d])
+                .unwrap();
+            q.attention(&k, &v, &helios::AttentionOptions::causal())
+                .unwrap()
+                .out
+        },
+        move |hs| {
+            let at = |ti: usize, which: usize, hi: usize, di: usize| {
+                hs[0][(((ti * 3) + which) * h + hi) * d + di]
+            };
+            let scale = 1.0 / (d as f64).sqrt();
+            let mut out = vec![0.0; t * h * d];
+            for hi in 0..h {
+                for i in 0..t {
+                    let s: Vec<f64> = (0..=i)
+                        .map(|j| {
+                            scale
+                                * (0..d)
+                                    .map(|e| at(i, 0, hi, e) * at(j, 1, hi, e))
+                                    .sum::<f64>()
+                        })
+                        .collect();
+                    let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                    let z: f64 = s.iter().map(|v| (v - m).exp()).sum();
+                    for e in 0..d {
+                        out[(i * h + hi) * d + e] = (0..=i)
+                            .map(|j| (s[j] - m).exp() / z * at(j, 2, hi, e))
+                            .sum();
+                    }
+                }
+            }
+            out
+        },
+    );
+}
