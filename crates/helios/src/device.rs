@@ -411,8 +411,9 @@ pub struct KernelStats {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum KernelKey {
     Elementwise(ElementwiseKernel),
-    /// Boxed: a fused group's signature holds its whole expression.
-    Fused(Box<helios_kernels::FusedKernel>),
+    /// Shared: a fused group's signature holds its whole expression, and the scheduler
+    /// launches from the same value it looked up.
+    Fused(Arc<helios_kernels::FusedKernel>),
     Reduce(ReduceKernel),
     Matmul(helios_kernels::MatmulKernel),
     CoopPeak(helios_kernels::CoopPeakKernel),

@@ -557,7 +557,7 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
         scalars: scalars.len() as u16,
         vecs: device.config().elementwise_vecs.unwrap_or(1),
     };
-    kernel.check()?;
+    debug_assert!(kernel.check().is_ok(), "{:?}", kernel.check());
     Ok((kernel, leaves, scalars))
 }
 
@@ -584,10 +584,9 @@ fn run(group: Group, outputs: Vec<usize>, (kernel, leaves, scalars): Lowered) ->
     let ctx = device.context();
     let workgroup = device.elementwise_workgroup();
     let debug = crate::env::debug();
-    let name = kernel.name();
-    let compiled = device.kernel(KernelKey::Fused(Box::new(kernel.clone())), || {
-        kernel.build(workgroup)
-    })?;
+    // The key owns the signature; the launch below reads it back through the same Arc.
+    let kernel = Arc::new(kernel);
+    let compiled = device.kernel(KernelKey::Fused(kernel.clone()), || kernel.build(workgroup))?;
     let mut buffers: Vec<Buffer> = Vec::with_capacity(outputs.len());
     for &o in &outputs {
         let m = &group.members[o];
@@ -630,7 +629,8 @@ fn run(group: Group, outputs: Vec<usize>, (kernel, leaves, scalars): Lowered) ->
             .map(|m| m.lock().as_ref().map_or("?", |p| p.op.name()))
             .collect();
         eprintln!(
-            "helios: realise {name}: {} nodes [{}], {} inputs, {} outputs, {} elements, {} B read, {} B written",
+            "helios: realise {}: {} nodes [{}], {} inputs, {} outputs, {} elements, {} B read, {} B written",
+            kernel.name(),
             group.members.len(),
             ops.join(" "),
             leaves.len(),
