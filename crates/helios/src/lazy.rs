@@ -251,12 +251,18 @@ impl Node {
 
     /// The node's buffer, running whatever it depends on first.
     pub(crate) fn buffer(self: &Arc<Node>) -> Result<&Buffer> {
+        self.buffer_in(MemoryLocation::DeviceLocal)
+    }
+
+    /// `buffer`, the node's own output placed in `location` if it is computed now (a small
+    /// result about to be read back goes straight to host memory: one dispatch, no copy).
+    pub(crate) fn buffer_in(self: &Arc<Node>, location: MemoryLocation) -> Result<&Buffer> {
         if let Some(b) = self.buffer.get() {
             return Ok(b);
         }
         {
             let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
-            realize(self)?;
+            realize(self, location)?;
         }
         Ok(self.buffer.get().expect("realised above"))
     }
@@ -380,7 +386,7 @@ fn collect(root: &Arc<Node>) -> Group {
 }
 
 /// Realises `root` (caller holds `REALIZE`).
-fn realize(root: &Arc<Node>) -> Result<()> {
+fn realize(root: &Arc<Node>, location: MemoryLocation) -> Result<()> {
     loop {
         if root.is_realized() {
             return Ok(());
@@ -390,7 +396,7 @@ fn realize(root: &Arc<Node>) -> Result<()> {
             let pre = group.prerequisites;
             drop(group.members);
             for p in pre {
-                realize(&p)?;
+                realize(&p, MemoryLocation::DeviceLocal)?;
             }
             continue;
         }
@@ -409,10 +415,10 @@ fn realize(root: &Arc<Node>) -> Result<()> {
             // Too many buffers for one kernel's push constants: realise half the group first.
             let half = group.members[group.members.len() / 2].clone();
             drop(group);
-            realize(&half)?;
+            realize(&half, MemoryLocation::DeviceLocal)?;
             continue;
         }
-        return run(group, outputs, kernel);
+        return run(group, outputs, kernel, root, location);
     }
 }
 
@@ -579,7 +585,13 @@ fn out_shape(inputs: &[Input]) -> Vec<usize> {
 }
 
 /// Pass 4: record the kernel, hand out buffers, release the members' inputs.
-fn run(group: Group, outputs: Vec<usize>, (kernel, leaves, scalars): Lowered) -> Result<()> {
+fn run(
+    group: Group,
+    outputs: Vec<usize>,
+    (kernel, leaves, scalars): Lowered,
+    root: &Arc<Node>,
+    root_location: MemoryLocation,
+) -> Result<()> {
     let device = group.members[0].device.clone();
     let ctx = device.context();
     let workgroup = device.elementwise_workgroup();
@@ -591,7 +603,11 @@ fn run(group: Group, outputs: Vec<usize>, (kernel, leaves, scalars): Lowered) ->
     for &o in &outputs {
         let m = &group.members[o];
         let bytes = (m.len * m.dtype.size()).max(4) as u64;
-        buffers.push(ctx.create_buffer(bytes, MemoryLocation::DeviceLocal)?);
+        let location = match Arc::ptr_eq(m, root) {
+            true => root_location,
+            false => MemoryLocation::DeviceLocal,
+        };
+        buffers.push(ctx.create_buffer(bytes, location)?);
     }
     let mut in_addrs: Vec<u64> = Vec::with_capacity(leaves.len());
     for (node, offset) in &leaves {

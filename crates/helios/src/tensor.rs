@@ -135,6 +135,13 @@ impl Tensor {
         }
         let ctx = self.device().context();
         let layout = self.layout();
+        let whole = layout.is_dense() && layout.len() == self.inner.node.len;
+        if whole && !self.inner.node.is_realized() && self.device().kernel_readback(bytes.len()) {
+            // A small pending result: its kernel writes host memory, read in place.
+            let buffer = self.inner.node.buffer_in(MemoryLocation::HostVisible)?;
+            ctx.download(buffer, 0, &mut bytes)?;
+            return Ok(self.dtype().decode(&bytes));
+        }
         if layout.is_contiguous() && !self.device().kernel_readback(bytes.len()) {
             let offset = (layout.offset() * self.dtype().size()) as u64;
             ctx.download(self.buffer()?, offset, &mut bytes)?;
