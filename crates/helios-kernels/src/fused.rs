@@ -133,6 +133,18 @@ pub struct FusedInput {
     /// Whether the address passed for this input is 16-byte aligned for vec4 loads (its
     /// first element sits a multiple of 4 elements into a buffer).
     pub aligned: bool,
+    /// A zero-padded read: only coordinates `start..start + len` along `dim` of `shape` hold
+    /// input elements (at coordinate − start); elsewhere the value is 0. Forces the one-element
+    /// form.
+    pub window: Option<Window>,
+}
+
+/// The window of a zero-padded input (see [`FusedInput::window`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Window {
+    pub dim: u8,
+    pub start: u32,
+    pub len: u32,
 }
 
 /// The signature of a fused kernel: everything that changes the emitted SPIR-V.
@@ -172,7 +184,7 @@ impl FusedKernel {
             && self
                 .inputs
                 .iter()
-                .all(|i| i.shape.last().is_some_and(|&s| s % 4 == 0))
+                .all(|i| i.window.is_none() && i.shape.last().is_some_and(|&s| s % 4 == 0))
     }
 
     /// Bytes of push constants a kernel needs: an address per input and output, 4 bytes per
@@ -248,6 +260,9 @@ impl FusedKernel {
             ok
         };
         let inner = input.strides.last().copied().unwrap_or(1);
+        if input.window.is_some() {
+            return Read::Gather;
+        }
         if !self.vectorized() {
             return if dense { Read::Dense } else { Read::Gather };
         }
@@ -361,6 +376,20 @@ impl FusedKernel {
                                 cs
                             }
                         };
+                        let mut cs = cs;
+                        // A padded read: the window's coordinate shifted, 0 outside.
+                        let inside = input.window.map(|w| {
+                            let d = usize::from(w.dim);
+                            let start = k.u32(w.start);
+                            let end = k.u32(w.start + w.len);
+                            let lo = k.ge(cs[d], start);
+                            let hi = k.lt(cs[d], end);
+                            let inside = k.and(lo, hi);
+                            let shifted = k.sub(cs[d], start);
+                            let zero = k.u32(0);
+                            cs[d] = k.select(inside, shifted, zero);
+                            inside
+                        });
                         let mut off = k.u32(0);
                         for (c, &s) in cs.iter().zip(&input.strides) {
                             if s != 0 {
@@ -369,7 +398,14 @@ impl FusedKernel {
                                 off = k.add(off, t);
                             }
                         }
-                        self.load(k, inputs[usize::from(i)], input, read, off, lanes)
+                        let v = self.load(k, inputs[usize::from(i)], input, read, off, lanes);
+                        match inside {
+                            Some(inside) => {
+                                let zero = k.const_float(fty, 0.0);
+                                k.select(inside, v, zero)
+                            }
+                            None => v,
+                        }
                     }
                 }
                 Instr::Scalar(i) => k.splat(scalars[usize::from(i)], lanes),

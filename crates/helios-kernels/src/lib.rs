@@ -5,6 +5,10 @@
 //! Families live one per file; numerically delicate expressions (tanh, pow, NaN-aware
 //! min/max) live in `math` so every family shares one definition.
 
+pub mod attention;
+mod attention_coop;
+mod attention_coop_bwd;
+mod attention_simt;
 pub mod elementwise;
 mod elementwise_strided;
 pub mod embedding;
@@ -24,12 +28,13 @@ pub mod rows;
 pub mod softmax;
 pub mod storage;
 
+pub use attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
 pub use elementwise::{
     BinaryOp, ElementwiseKernel, ElementwiseOp, Strides, UnaryOp, Variant, ELEMENTWISE_DTYPES,
     ELEMENTWISE_WORKGROUP, MAX_DIMS,
 };
 pub use embedding::{EmbeddingArgs, EmbeddingKernel, EmbeddingStage};
-pub use fused::{Compare, FusedInput, FusedKernel, Instr};
+pub use fused::{Compare, FusedInput, FusedKernel, Instr, Window};
 pub use launch::{grid, pack_push, Arg, Geometry, Launch};
 pub use loss::{
     CrossEntropyArgs, CrossEntropyKernel, CrossEntropySetup, CrossEntropyStage,

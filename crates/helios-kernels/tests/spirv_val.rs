@@ -269,3 +269,33 @@ fn every_norm_kernel_validates() {
         .sum();
     assert_eq!(n, 2 * (3 * 2 * 2 + 2));
 }
+
+/// Every attention stage, storage and head dim of the SIMT family, both binding models.
+#[test]
+fn every_attention_kernel_validates() {
+    let n: usize = [Binding::DeviceAddress, Binding::Descriptor]
+        .into_iter()
+        .map(|b| {
+            validate_all(
+                helios_kernels::AttentionKernel::samples(b)
+                    .iter()
+                    .map(|k| k.build()),
+            )
+        })
+        .sum();
+    assert_eq!(n, 2 * 5 * 3 * 4);
+}
+
+/// The cooperative attention kernels (f16 and bf16 fragments), for Vulkan 1.3.
+#[test]
+fn every_coop_attention_kernel_validates() {
+    let mut n = 0;
+    for kern in helios_kernels::AttentionKernel::coop_samples() {
+        let m = kern.build();
+        if let Err(e) = validate(&m.name, &m.words, TargetEnv::Vulkan1_3) {
+            panic!("{e}\n{}", m.disassemble());
+        }
+        n += 1;
+    }
+    assert_eq!(n, 5 * 2 * 4);
+}

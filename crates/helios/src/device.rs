@@ -327,7 +327,10 @@ impl Device {
         // HELIOS_WG overrides the workgroup size along x (for tuning experiments).
         let mut workgroup = module.workgroup_size;
         // Matmul tiles are built around their workgroup size: never overridden.
-        let fixed = matches!(key, KernelKey::Matmul(_) | KernelKey::CoopPeak(_));
+        let fixed = matches!(
+            key,
+            KernelKey::Matmul(_) | KernelKey::CoopPeak(_) | KernelKey::Attention(_)
+        );
         if let Some(x) = crate::env::workgroup_override().filter(|_| !fixed) {
             workgroup[0] = x;
         }
@@ -408,8 +411,9 @@ pub struct KernelStats {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum KernelKey {
     Elementwise(ElementwiseKernel),
-    /// Boxed: a fused group's signature holds its whole expression.
-    Fused(Box<helios_kernels::FusedKernel>),
+    /// Shared: a fused group's signature holds its whole expression, and the scheduler
+    /// launches from the same value it looked up.
+    Fused(Arc<helios_kernels::FusedKernel>),
     Reduce(ReduceKernel),
     Matmul(helios_kernels::MatmulKernel),
     CoopPeak(helios_kernels::CoopPeakKernel),
@@ -419,6 +423,7 @@ pub(crate) enum KernelKey {
     Softmax(SoftmaxKernel),
     Norm(helios_kernels::norm::NormKernel),
     NormParam(helios_kernels::norm::NormParamKernel),
+    Attention(helios_kernels::AttentionKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter

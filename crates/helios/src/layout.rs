@@ -7,17 +7,21 @@
 //! flips), and a stride of 0 repeats an element (broadcast). Everything here is pure
 //! arithmetic on sizes, tested without a GPU.
 
+/// Sizes or strides, inline up to 6 dimensions: every op builds layouts, and the lazy graph's
+/// host cost per op is mostly allocations.
+pub(crate) type Dims = smallvec::SmallVec<[usize; 6]>;
+
 /// Shape, strides and offset of a tensor view, in elements.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
-    shape: Vec<usize>,
-    strides: Vec<usize>,
+    shape: Dims,
+    strides: Dims,
     offset: usize,
 }
 
-/// Row-major strides of `shape`.
-pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
+/// Row-major strides of `shape`, inline.
+fn contiguous_dims(shape: &[usize]) -> Dims {
+    let mut strides: Dims = smallvec::smallvec![1; shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
         strides[d] = strides[d + 1] * shape[d + 1];
     }
@@ -93,8 +97,8 @@ impl Layout {
     /// A row-major layout of `shape` from element 0.
     pub fn contiguous(shape: &[usize]) -> Layout {
         Layout {
-            shape: shape.to_vec(),
-            strides: contiguous_strides(shape),
+            shape: Dims::from_slice(shape),
+            strides: contiguous_dims(shape),
             offset: 0,
         }
     }
@@ -232,8 +236,8 @@ impl Layout {
             )
         })?;
         Ok(Layout {
-            shape: shape.to_vec(),
-            strides,
+            shape: Dims::from_slice(shape),
+            strides: Dims::from_vec(strides),
             offset: self.offset,
         })
     }
@@ -264,8 +268,8 @@ impl Layout {
             return None;
         }
         Some(Layout {
-            shape: shape.to_vec(),
-            strides: contiguous_strides(shape),
+            shape: Dims::from_slice(shape),
+            strides: contiguous_dims(shape),
             offset: self.offset,
         })
     }

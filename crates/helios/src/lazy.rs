@@ -29,9 +29,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use helios_kernels::{BinaryOp, Compare, FusedInput, FusedKernel, Geometry, Instr, UnaryOp};
+use helios_kernels::{
+    BinaryOp, Compare, FusedInput, FusedKernel, Geometry, Instr, UnaryOp, Window,
+};
 use helios_vk::{Access, Buffer, MemoryLocation};
-use rustc_hash::FxHashMap;
 
 use crate::device::KernelKey;
 use crate::layout::merge_dims;
@@ -61,6 +62,37 @@ pub(crate) enum ElemOp {
     Where,
     /// The input converted to the node's dtype.
     Cast,
+    /// The input placed at `start..` along `dim` of a larger, zero-filled shape `shape`.
+    Pad {
+        dim: usize,
+        start: usize,
+        shape: smallvec_shape::Shape,
+    },
+}
+
+/// A small inline shape for `ElemOp::Pad` (keeps `ElemOp` `Copy`).
+pub(crate) mod smallvec_shape {
+    /// Up to 8 dimensions.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Shape {
+        dims: [usize; 8],
+        len: u8,
+    }
+
+    impl Shape {
+        pub fn new(s: &[usize]) -> Option<Shape> {
+            let mut dims = [0; 8];
+            dims.get_mut(..s.len())?.copy_from_slice(s);
+            Some(Shape {
+                dims,
+                len: s.len() as u8,
+            })
+        }
+
+        pub fn as_slice(&self) -> &[usize] {
+            &self.dims[..usize::from(self.len)]
+        }
+    }
 }
 
 impl ElemOp {
@@ -71,6 +103,7 @@ impl ElemOp {
             ElemOp::Compare(c) | ElemOp::CompareScalar(c, _) => c.name(),
             ElemOp::Where => "where",
             ElemOp::Cast => "cast",
+            ElemOp::Pad { .. } => "pad",
         }
     }
 }
@@ -83,7 +116,8 @@ pub(crate) struct Input {
 
 pub(crate) struct Pending {
     pub op: ElemOp,
-    pub inputs: Vec<Input>,
+    /// Inline: most ops have one to three inputs.
+    pub inputs: smallvec::SmallVec<[Input; 3]>,
 }
 
 /// One dense array of `len` elements of `dtype`: realised (a buffer) or pending (an op).
@@ -95,6 +129,11 @@ pub(crate) struct Node {
     pending: Mutex<Option<Pending>>,
     /// Longest pending chain below this node (0 once realised).
     depth: u32,
+    /// Scheduler scratch (under `REALIZE`): the epoch of the last collection that found
+    /// this node, its member index there, and its uses inside that group.
+    mark: AtomicU64,
+    slot: std::sync::atomic::AtomicU32,
+    uses: std::sync::atomic::AtomicU32,
 }
 
 /// Counters of the scheduler's work since the process started (tests and benchmarks).
@@ -164,6 +203,9 @@ impl Node {
             buffer: cell,
             pending: Mutex::new(None),
             depth: 0,
+            mark: AtomicU64::new(0),
+            slot: Default::default(),
+            uses: Default::default(),
         })
     }
 
@@ -174,7 +216,7 @@ impl Node {
         dtype: DType,
         len: usize,
         op: ElemOp,
-        inputs: Vec<Input>,
+        inputs: smallvec::SmallVec<[Input; 3]>,
     ) -> Result<Arc<Node>> {
         let depth = 1 + inputs.iter().map(|i| i.node.depth).max().unwrap_or(0);
         LIVE.fetch_add(1, Ordering::Relaxed);
@@ -185,6 +227,9 @@ impl Node {
             buffer: OnceLock::new(),
             pending: Mutex::new(Some(Pending { op, inputs })),
             depth,
+            mark: AtomicU64::new(0),
+            slot: Default::default(),
+            uses: Default::default(),
         });
         {
             let mut list = PENDING.lock().unwrap_or_else(|p| p.into_inner());
@@ -206,12 +251,18 @@ impl Node {
 
     /// The node's buffer, running whatever it depends on first.
     pub(crate) fn buffer(self: &Arc<Node>) -> Result<&Buffer> {
+        self.buffer_in(MemoryLocation::DeviceLocal)
+    }
+
+    /// `buffer`, the node's own output placed in `location` if it is computed now (a small
+    /// result about to be read back goes straight to host memory: one dispatch, no copy).
+    pub(crate) fn buffer_in(self: &Arc<Node>, location: MemoryLocation) -> Result<&Buffer> {
         if let Some(b) = self.buffer.get() {
             return Ok(b);
         }
         {
             let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
-            realize(self)?;
+            realize(self, location)?;
         }
         Ok(self.buffer.get().expect("realised above"))
     }
@@ -259,62 +310,83 @@ fn dense_edge(input: &Input, len: usize) -> bool {
 /// A fusion group: pending members in topological order (inputs first).
 struct Group {
     members: Vec<Arc<Node>>,
-    index: FxHashMap<*const Node, usize>,
+    /// The collection's epoch: a node is a member when its `mark` is this epoch and its
+    /// `slot` a member index.
+    epoch: u64,
     /// Per member: uses by other members through dense edges.
     uses: Vec<u32>,
     /// Pending nodes read through other views: realised before the group.
     prerequisites: Vec<Arc<Node>>,
 }
 
+impl Group {
+    /// The member index of `n`, if it is a member.
+    fn member(&self, n: &Node) -> Option<usize> {
+        let slot = n.slot.load(Ordering::Relaxed);
+        (n.mark.load(Ordering::Relaxed) == self.epoch && slot < EXPANDING).then_some(slot as usize)
+    }
+}
+
+/// Collection epochs: marks on the nodes replace hash sets (the scheduler's hot loop).
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+/// `Node::slot` of a node found but not yet expanded, and of one being expanded.
+const FOUND: u32 = u32::MAX;
+const EXPANDING: u32 = u32::MAX - 1;
+
 /// Pass 1: the pending nodes `root` reaches through dense edges.
 fn collect(root: &Arc<Node>) -> Group {
+    let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
     let mut g = Group {
         members: Vec::new(),
-        index: FxHashMap::default(),
+        epoch,
         uses: Vec::new(),
         prerequisites: Vec::new(),
     };
-    let mut uses: FxHashMap<*const Node, u32> = FxHashMap::default();
-    let mut seen: FxHashMap<*const Node, ()> = FxHashMap::default();
+    let found = |n: &Node| {
+        if n.mark.swap(epoch, Ordering::Relaxed) != epoch {
+            n.slot.store(FOUND, Ordering::Relaxed);
+            n.uses.store(0, Ordering::Relaxed);
+        }
+    };
+    found(root);
     let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
     while let Some((n, expanded)) = stack.pop() {
         if expanded {
-            g.index.insert(Arc::as_ptr(&n), g.members.len());
+            n.slot.store(g.members.len() as u32, Ordering::Relaxed);
+            g.uses.push(0);
             g.members.push(n);
             continue;
         }
-        if seen.insert(Arc::as_ptr(&n), ()).is_some() {
+        if n.slot.load(Ordering::Relaxed) != FOUND {
             continue;
         }
-        let inputs: Vec<(Arc<Node>, bool)> = {
+        n.slot.store(EXPANDING, Ordering::Relaxed);
+        // Below its inputs on the stack: assigned a member index after all of them.
+        stack.push((n.clone(), true));
+        {
             let guard = n.lock();
             let p = guard.as_ref().expect("members are pending");
-            p.inputs
-                .iter()
-                .filter(|i| !i.node.is_realized())
-                .map(|i| (i.node.clone(), dense_edge(i, n.len)))
-                .collect()
-        };
-        stack.push((n, true));
-        for (i, dense) in inputs {
-            if dense {
-                *uses.entry(Arc::as_ptr(&i)).or_default() += 1;
-                stack.push((i, false));
-            } else {
-                g.prerequisites.push(i);
+            // A padded read shifts coordinates: its input is always stored.
+            let pad = matches!(p.op, ElemOp::Pad { .. });
+            for i in p.inputs.iter().filter(|i| !i.node.is_realized()) {
+                if !pad && dense_edge(i, n.len) {
+                    found(&i.node);
+                    i.node.uses.fetch_add(1, Ordering::Relaxed);
+                    stack.push((i.node.clone(), false));
+                } else {
+                    g.prerequisites.push(i.node.clone());
+                }
             }
         }
     }
-    g.uses = g
-        .members
-        .iter()
-        .map(|m| uses.get(&Arc::as_ptr(m)).copied().unwrap_or(0))
-        .collect();
+    for (u, m) in g.uses.iter_mut().zip(&g.members) {
+        *u = m.uses.load(Ordering::Relaxed);
+    }
     g
 }
 
 /// Realises `root` (caller holds `REALIZE`).
-fn realize(root: &Arc<Node>) -> Result<()> {
+fn realize(root: &Arc<Node>, location: MemoryLocation) -> Result<()> {
     loop {
         if root.is_realized() {
             return Ok(());
@@ -324,7 +396,7 @@ fn realize(root: &Arc<Node>) -> Result<()> {
             let pre = group.prerequisites;
             drop(group.members);
             for p in pre {
-                realize(&p)?;
+                realize(&p, MemoryLocation::DeviceLocal)?;
             }
             continue;
         }
@@ -343,10 +415,10 @@ fn realize(root: &Arc<Node>) -> Result<()> {
             // Too many buffers for one kernel's push constants: realise half the group first.
             let half = group.members[group.members.len() / 2].clone();
             drop(group);
-            realize(&half)?;
+            realize(&half, MemoryLocation::DeviceLocal)?;
             continue;
         }
-        return run(group, outputs, kernel);
+        return run(group, outputs, kernel, root, location);
     }
 }
 
@@ -368,19 +440,45 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
         let guard = m.lock();
         let p = guard.as_ref().expect("members are pending");
         let mut args: Vec<u32> = Vec::with_capacity(p.inputs.len());
-        // The op's output shape: the inputs broadcast together.
-        let shape = out_shape(&p.inputs);
+        if let ElemOp::Pad { dim, start, shape } = p.op {
+            let i = &p.inputs[0];
+            let full = shape.as_slice();
+            let to_u32 = |v: usize| u32::try_from(v).map_err(|_| too_large(v));
+            inputs.push(FusedInput {
+                dtype: i.node.dtype.storage(),
+                shape: full.iter().map(|&v| to_u32(v)).collect::<Result<_>>()?,
+                strides: i
+                    .layout
+                    .strides()
+                    .iter()
+                    .map(|&v| to_u32(v))
+                    .collect::<Result<_>>()?,
+                aligned: false,
+                window: Some(Window {
+                    dim: dim as u8,
+                    start: to_u32(start)?,
+                    len: to_u32(i.layout.shape()[dim])?,
+                }),
+            });
+            leaves.push((i.node.clone(), i.layout.offset()));
+            code.push(Instr::Input((inputs.len() - 1) as u16));
+            member_instr.push((code.len() - 1) as u32);
+            continue;
+        }
+        // The op's output shape (the inputs broadcast together), for reads of stored inputs.
+        let mut shape: Option<Vec<usize>> = None;
         for i in &p.inputs {
-            if let Some(&at) = g.index.get(&Arc::as_ptr(&i.node)) {
+            if let Some(at) = g.member(&i.node) {
                 if dense_edge(i, m.len) {
                     args.push(member_instr[at]);
                     continue;
                 }
             }
             let ptr = Arc::as_ptr(&i.node);
+            let shape = shape.get_or_insert_with(|| out_shape(&p.inputs));
             let view = i
                 .layout
-                .broadcast_to(&shape)
+                .broadcast_to(shape)
                 .map_err(|detail| Error::InvalidView {
                     op: "fusion",
                     shape: i.layout.shape().to_vec(),
@@ -392,14 +490,7 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
             }
             let mut strides = vec![view.strides().to_vec()];
             let merged = merge_dims(view.shape(), &mut strides);
-            let to_u32 = |v: usize| {
-                u32::try_from(v).map_err(|_| {
-                    Error::Kernel(helios_kernels::KernelError::TooLarge {
-                        what: "stride or size",
-                        size: v as u64,
-                    })
-                })
-            };
+            let to_u32 = |v: usize| u32::try_from(v).map_err(|_| too_large(v));
             inputs.push(FusedInput {
                 dtype: i.node.dtype.storage(),
                 shape: merged.into_iter().map(to_u32).collect::<Result<_>>()?,
@@ -409,6 +500,7 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
                     .map(to_u32)
                     .collect::<Result<_>>()?,
                 aligned: view.offset() % 4 == 0,
+                window: None,
             });
             leaves.push((i.node.clone(), view.offset()));
             let at = code.len() as u32;
@@ -448,6 +540,7 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
             }
             ElemOp::Where => Instr::Where(args[0], args[1], args[2]),
             ElemOp::Cast => Instr::Round(m.dtype.storage(), args[0]),
+            ElemOp::Pad { .. } => unreachable!("lowered above"),
         };
         code.push(ins);
         member_instr.push((code.len() - 1) as u32);
@@ -470,8 +563,15 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
         scalars: scalars.len() as u16,
         vecs: device.config().elementwise_vecs.unwrap_or(1),
     };
-    kernel.check()?;
+    debug_assert!(kernel.check().is_ok(), "{:?}", kernel.check());
     Ok((kernel, leaves, scalars))
+}
+
+fn too_large(v: usize) -> Error {
+    Error::Kernel(helios_kernels::KernelError::TooLarge {
+        what: "stride or size",
+        size: v as u64,
+    })
 }
 
 /// The broadcast shape of an op's inputs.
@@ -485,20 +585,29 @@ fn out_shape(inputs: &[Input]) -> Vec<usize> {
 }
 
 /// Pass 4: record the kernel, hand out buffers, release the members' inputs.
-fn run(group: Group, outputs: Vec<usize>, (kernel, leaves, scalars): Lowered) -> Result<()> {
+fn run(
+    group: Group,
+    outputs: Vec<usize>,
+    (kernel, leaves, scalars): Lowered,
+    root: &Arc<Node>,
+    root_location: MemoryLocation,
+) -> Result<()> {
     let device = group.members[0].device.clone();
     let ctx = device.context();
     let workgroup = device.elementwise_workgroup();
     let debug = crate::env::debug();
-    let name = kernel.name();
-    let compiled = device.kernel(KernelKey::Fused(Box::new(kernel.clone())), || {
-        kernel.build(workgroup)
-    })?;
+    // The key owns the signature; the launch below reads it back through the same Arc.
+    let kernel = Arc::new(kernel);
+    let compiled = device.kernel(KernelKey::Fused(kernel.clone()), || kernel.build(workgroup))?;
     let mut buffers: Vec<Buffer> = Vec::with_capacity(outputs.len());
     for &o in &outputs {
         let m = &group.members[o];
         let bytes = (m.len * m.dtype.size()).max(4) as u64;
-        buffers.push(ctx.create_buffer(bytes, MemoryLocation::DeviceLocal)?);
+        let location = match Arc::ptr_eq(m, root) {
+            true => root_location,
+            false => MemoryLocation::DeviceLocal,
+        };
+        buffers.push(ctx.create_buffer(bytes, location)?);
     }
     let mut in_addrs: Vec<u64> = Vec::with_capacity(leaves.len());
     for (node, offset) in &leaves {
@@ -536,7 +645,8 @@ fn run(group: Group, outputs: Vec<usize>, (kernel, leaves, scalars): Lowered) ->
             .map(|m| m.lock().as_ref().map_or("?", |p| p.op.name()))
             .collect();
         eprintln!(
-            "helios: realise {name}: {} nodes [{}], {} inputs, {} outputs, {} elements, {} B read, {} B written",
+            "helios: realise {}: {} nodes [{}], {} inputs, {} outputs, {} elements, {} B read, {} B written",
+            kernel.name(),
             group.members.len(),
             ops.join(" "),
             leaves.len(),
@@ -552,15 +662,13 @@ fn run(group: Group, outputs: Vec<usize>, (kernel, leaves, scalars): Lowered) ->
     for (&o, b) in outputs.iter().zip(buffers) {
         let _ = group.members[o].buffer.set(b);
     }
-    // Every member's op is done: drop them all (inputs released; members no one else holds
-    // go with `group`).
-    let released: Vec<Pending> = group
-        .members
-        .iter()
-        .filter_map(|m| m.lock().take())
-        .collect();
+    // Every member's op is done: drop them all. Their inputs are members (held by `group`)
+    // or leaves (held by `leaves`), so nothing cascades here; members no one else holds go
+    // with `group`.
+    for m in &group.members {
+        drop(m.lock().take());
+    }
     drop(leaves);
-    drop(released);
     drop(group);
     Ok(())
 }

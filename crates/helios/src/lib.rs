@@ -32,6 +32,7 @@ pub use autograd::{no_grad, NoGradGuard};
 pub use device::{Device, KernelConfig, KernelStats, OperandLayout, Readback, WARM_UP_MS};
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use helios_kernels::attention::{AttnStage, AttnVariant};
 pub use helios_kernels::reduce::Reduction;
 pub use helios_kernels::rows::{RowConfig, RowVariant};
 pub use helios_kernels::Compare;
@@ -41,6 +42,7 @@ pub use index::IndexTensor;
 pub use layout::Layout;
 pub use lazy::{graph_stats, GraphStats};
 pub use ops::{adamw_step, AdamWConfig, AdamWParam, CrossEntropy};
+pub use ops::{attention_tuning, AttentionGrads, AttentionOptions, AttentionOutput};
 pub use ops::{
     coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,
     TuneReport,

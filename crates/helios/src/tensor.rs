@@ -135,6 +135,13 @@ impl Tensor {
         }
         let ctx = self.device().context();
         let layout = self.layout();
+        let whole = layout.is_dense() && layout.len() == self.inner.node.len;
+        if whole && !self.inner.node.is_realized() && self.device().kernel_readback(bytes.len()) {
+            // A small pending result: its kernel writes host memory, read in place.
+            let buffer = self.inner.node.buffer_in(MemoryLocation::HostVisible)?;
+            ctx.download(buffer, 0, &mut bytes)?;
+            return Ok(self.dtype().decode(&bytes));
+        }
         if layout.is_contiguous() && !self.device().kernel_readback(bytes.len()) {
             let offset = (layout.offset() * self.dtype().size()) as u64;
             ctx.download(self.buffer()?, offset, &mut bytes)?;
@@ -343,21 +350,28 @@ impl Tensor {
 
     /// A lazy node computing `op` over `inputs` (one device, broadcast to one shape).
     pub(crate) fn lazy(&self, op: ElemOp, inputs: &[&Tensor], out: DType) -> Result<Tensor> {
-        let mut shape = self.shape().to_vec();
+        let mut layout = match op {
+            ElemOp::Pad { shape, .. } => Layout::contiguous(shape.as_slice()),
+            _ => Layout::contiguous(self.shape()),
+        };
         for t in &inputs[1..] {
             if !self.device().same(t.device()) {
                 return Err(Error::DeviceMismatch { op: op.name() });
             }
-            shape = broadcast_shapes(&shape, t.shape()).ok_or_else(|| Error::ShapeMismatch {
-                op: op.name(),
-                lhs: self.shape().to_vec(),
-                rhs: t.shape().to_vec(),
-            })?;
+            if t.shape() != layout.shape() {
+                let shape = broadcast_shapes(layout.shape(), t.shape()).ok_or_else(|| {
+                    Error::ShapeMismatch {
+                        op: op.name(),
+                        lhs: self.shape().to_vec(),
+                        rhs: t.shape().to_vec(),
+                    }
+                })?;
+                layout = Layout::contiguous(&shape);
+            }
         }
-        let len = shape.iter().product();
-        let layout = Layout::contiguous(&shape);
+        let len = layout.len();
         if len == 0 {
-            return Tensor::empty(self.device(), shape, out);
+            return Tensor::empty(self.device(), layout.shape().to_vec(), out);
         }
         let node = Node::pending(
             self.device().clone(),

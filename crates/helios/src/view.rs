@@ -85,15 +85,13 @@ impl Tensor {
             .layout()
             .narrow(dim, start, len)
             .map_err(|e| self.view_error("narrow", e))?;
-        if crate::autograd::any_needs(&[self]) {
-            return Err(self.view_error(
-                "narrow",
-                "narrow/slice of a tensor that requires a gradient has no backward rule yet; \
-                 slice a detach()ed tensor, or use ops that take the whole tensor"
-                    .into(),
-            ));
-        }
-        Ok(self.with_layout(l))
+        let full = self.shape()[dim];
+        Ok(record(
+            "narrow",
+            &[self],
+            self.with_layout(l),
+            move |g, _| Ok(vec![Some(g.pad(dim, start, full)?)]),
+        ))
     }
 
     /// Elements `range` along `dim` (a view; `narrow` with a range).
@@ -153,5 +151,159 @@ impl Tensor {
         Ok(record("to_dtype", &[self], out, move |g, _| {
             Ok(vec![Some(g.to_dtype(back)?)])
         }))
+    }
+}
+
+impl Tensor {
+    /// This tensor placed at `start..start + len` along `dim` of a zero-filled tensor whose
+    /// size along `dim` is `full` (the gradient of `narrow`).
+    pub fn pad(&self, dim: usize, start: usize, full: usize) -> Result<Tensor> {
+        let mut shape = self.shape().to_vec();
+        if dim >= shape.len() || start + shape[dim] > full {
+            return Err(self.view_error(
+                "pad",
+                format!("cannot place dimension {dim} at {start} in a size of {full}"),
+            ));
+        }
+        shape[dim] = full;
+        let packed = crate::lazy::smallvec_shape::Shape::new(&shape)
+            .ok_or_else(|| self.view_error("pad", "pads tensors of at most 8 dimensions".into()))?;
+        let op = crate::lazy::ElemOp::Pad {
+            dim,
+            start,
+            shape: packed,
+        };
+        let out = self.lazy(op, &[self], self.dtype())?;
+        let len = self.shape()[dim];
+        Ok(record("pad", &[self], out, move |g, _| {
+            Ok(vec![Some(g.narrow(dim, start, len)?)])
+        }))
+    }
+
+    /// `tensors` joined along `dim` (every other size equal): one fused kernel of padded
+    /// reads; the gradient of each part is a view of the result's gradient.
+    pub fn cat(tensors: &[&Tensor], dim: usize) -> Result<Tensor> {
+        let Some(first) = tensors.first() else {
+            return Err(Error::Invalid {
+                op: "cat",
+                detail: "needs at least one tensor".into(),
+            });
+        };
+        let shape = first.shape();
+        if dim >= shape.len() {
+            return Err(first.view_error("cat", format!("no dimension {dim}")));
+        }
+        for t in tensors {
+            let same = t.shape().len() == shape.len()
+                && t.shape()
+                    .iter()
+                    .zip(shape)
+                    .enumerate()
+                    .all(|(d, (a, b))| d == dim || a == b);
+            if !same {
+                return Err(Error::ShapeMismatch {
+                    op: "cat",
+                    lhs: shape.to_vec(),
+                    rhs: t.shape().to_vec(),
+                });
+            }
+            first.same_dtype("cat", t)?;
+        }
+        let full: usize = tensors.iter().map(|t| t.shape()[dim]).sum();
+        let mut start = 0;
+        let mut out: Option<Tensor> = None;
+        for t in tensors {
+            let part = t.pad(dim, start, full)?;
+            start += t.shape()[dim];
+            out = Some(match out {
+                None => part,
+                Some(acc) => acc.add(&part)?,
+            });
+        }
+        Ok(out.expect("at least one tensor"))
+    }
+
+    /// `tensors` (one shape) stacked along a new dimension `dim`.
+    pub fn stack(tensors: &[&Tensor], dim: usize) -> Result<Tensor> {
+        let parts: Vec<Tensor> = tensors
+            .iter()
+            .map(|t| {
+                let mut s = t.shape().to_vec();
+                if dim > s.len() {
+                    return Err(t.view_error("stack", format!("no dimension {dim}")));
+                }
+                s.insert(dim, 1);
+                t.reshape(&s)
+            })
+            .collect::<Result<_>>()?;
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        Tensor::cat(&refs, dim)
+    }
+
+    /// Views of consecutive pieces of `sizes` along `dim` (their sum must be the size).
+    pub fn split(&self, sizes: &[usize], dim: usize) -> Result<Vec<Tensor>> {
+        let total: usize = sizes.iter().sum();
+        if dim >= self.shape().len() || total != self.shape()[dim] {
+            return Err(self.view_error(
+                "split",
+                format!("sizes {sizes:?} do not add up to dimension {dim}"),
+            ));
+        }
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|&n| {
+                let v = self.narrow(dim, start, n);
+                start += n;
+                v
+            })
+            .collect()
+    }
+
+    /// `chunks` views of equal size along `dim` (the last one smaller if it does not divide).
+    pub fn chunk(&self, chunks: usize, dim: usize) -> Result<Vec<Tensor>> {
+        let Some(&size) = self.shape().get(dim) else {
+            return Err(self.view_error("chunk", format!("no dimension {dim}")));
+        };
+        if chunks == 0 {
+            return Err(self.view_error("chunk", "needs at least one chunk".into()));
+        }
+        let each = size.div_ceil(chunks).max(1);
+        let mut sizes = vec![each; size / each];
+        if size % each != 0 {
+            sizes.push(size % each);
+        }
+        self.split(&sizes, dim)
+    }
+
+    /// The slices at `ids` along `dim`: shape with `dim` replaced by `ids`'s length. Through
+    /// the embedding kernels (a gather of rows), so the gradient sums repeated ids.
+    pub fn index_select(&self, dim: usize, ids: &crate::IndexTensor) -> Result<Tensor> {
+        let shape = self.shape().to_vec();
+        if dim >= shape.len() {
+            return Err(self.view_error("index_select", format!("no dimension {dim}")));
+        }
+        // Bring `dim` to the front, rows of everything else.
+        let mut order: Vec<usize> = (0..shape.len()).collect();
+        order.remove(dim);
+        order.insert(0, dim);
+        let front = self.permute(&order)?;
+        let rest: usize = shape
+            .iter()
+            .enumerate()
+            .filter(|&(d, _)| d != dim)
+            .map(|(_, &s)| s)
+            .product();
+        let table = front.reshape(&[shape[dim], rest])?;
+        let rows = table.embedding(ids)?; // (n, rest)
+        let mut out_shape: Vec<usize> = order.iter().map(|&d| shape[d]).collect();
+        out_shape[0] = ids.len();
+        let picked = rows.reshape(&out_shape)?;
+        // Undo the permutation.
+        let mut inverse = vec![0; order.len()];
+        for (i, &o) in order.iter().enumerate() {
+            inverse[o] = i;
+        }
+        picked.permute(&inverse)
     }
 }

@@ -226,3 +226,30 @@ fn a_chain_with_a_broadcast_bias_is_one_kernel_and_reads_views_in_place() {
     }
     assert_no_validation_messages();
 }
+
+#[test]
+fn a_pending_result_read_back_is_written_to_host_memory_by_its_kernel() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // Force the kernel read-back policy (what discrete GPUs use for small reads).
+    let d = common::device_with(|c| helios::KernelConfig {
+        readback: helios::Readback::Kernel,
+        ..c
+    });
+    let x = Tensor::from_slice(&d, &[1.0, 2.0, 3.0, 4.0, 5.0], &[5]).unwrap();
+    d.synchronize().unwrap();
+    let before = d.encoder_stats();
+    let got = x
+        .mul_scalar(2.0)
+        .unwrap()
+        .add_scalar(1.0)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    assert_eq!(got, vec![3.0, 5.0, 7.0, 9.0, 11.0]);
+    assert_eq!(
+        d.encoder_stats().dispatches - before.dispatches,
+        1,
+        "no separate copy kernel"
+    );
+    common::assert_clean(&d);
+}

@@ -8,6 +8,7 @@
 // same methodology can be reproduced in PyTorch and nothing depends on GPU profiling
 // support. A missing python3, torch or CUDA device is a note, never a failure.
 
+mod attention;
 mod bandwidth;
 mod dispatch;
 mod graph;
@@ -89,6 +90,7 @@ enum Suite {
     Matmul,
     Ops,
     Graph,
+    Attention,
 }
 
 impl Suite {
@@ -100,6 +102,7 @@ impl Suite {
             Suite::Matmul => "matmul",
             Suite::Ops => "ops",
             Suite::Graph => "graph",
+            Suite::Attention => "attention",
         }
     }
 }
@@ -264,6 +267,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     if args.suite == Suite::Graph {
         return graph::run(args);
+    }
+    if args.suite == Suite::Attention {
+        return attention::run(args);
     }
     let plan = Plan::from_args(args);
     if plan.bandwidth.as_ref().is_some_and(|b| b.dtypes.is_empty()) {

@@ -3,6 +3,7 @@
 //! kernels promise (IEEE 754 / C99: NaN propagation, C `pow`), not what a particular GPU
 //! happens to do. One file per kernel family.
 
+pub mod attention;
 mod elementwise;
 mod embedding;
 mod loss;

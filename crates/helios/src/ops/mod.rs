@@ -2,6 +2,8 @@
 //! block over the helpers in `tensor.rs` (`Tensor::empty`, `buffer`, `address`) and the
 //! device's kernel cache (`Device::kernel` with a `KernelKey` variant per family).
 
+mod attention;
+mod attention_tune;
 mod embedding;
 mod loss;
 mod matmul;
@@ -11,6 +13,8 @@ mod optim;
 mod reduce;
 mod softmax;
 
+pub use attention::{AttentionGrads, AttentionOptions, AttentionOutput};
+pub use attention_tune::attention_tuning;
 pub use loss::CrossEntropy;
 pub use matmul::{MatmulChoice, MatmulOptions};
 pub use matmul_tune::{coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, TuneReport};

@@ -181,6 +181,22 @@ impl Tensor {
         self.reduce(Reduction::Min, None)
     }
 
+    /// Biased variance over `axis` (the mean of squared deviations, as layer norm uses),
+    /// dropping it; differentiable (built from mean, sub and mul).
+    pub fn var(&self, axis: isize) -> Result<Tensor> {
+        let a = resolve_axis("var", axis, self.shape().len())?;
+        let mut kept = self.shape().to_vec();
+        kept[a] = 1;
+        let d = self.sub(&self.mean(axis)?.reshape(&kept)?)?;
+        d.mul(&d)?.mean(axis)
+    }
+
+    /// Biased variance of every element, as a 0-d tensor.
+    pub fn var_all(&self) -> Result<Tensor> {
+        let d = self.sub(&self.mean_all()?)?;
+        d.mul(&d)?.mean_all()
+    }
+
     /// Index of the first maximum along `axis` (a NaN counts as the maximum, as in PyTorch).
     pub fn argmax(&self, axis: isize) -> Result<IndexTensor> {
         let a = resolve_axis("argmax", axis, self.shape().len())?;

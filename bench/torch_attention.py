@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""PyTorch side of `helios bench attention`: causal attention, forward and forward+backward,
+through F.scaled_dot_product_attention and the naive form that stores the scores.
+
+Timing as `helios bench attention`: CUDA events around K back-to-back ops (K so a sample lasts
+~5 ms), per-op time = sample / K, median and p95 over the samples. SDPA gets q, k, v as
+[B, H, T, D] leaves (its own layout); fwd+bwd is the forward then torch.autograd.grad with a
+random dO. The naive form is softmax(scale·QKᵀ + mask)·V with the [B, H, T, T] scores stored
+(f32 scores for f32 inputs, the input dtype otherwise). Prints one JSON document with --json -.
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+
+
+def fail(message):
+    sys.stderr.write(f"torch_attention.py: {message}\n")
+    sys.exit(1)
+
+
+def summary(values):
+    s = sorted(values)
+    n = len(s)
+    def pct(p):
+        r = p / 100.0 * (n - 1)
+        lo, hi = math.floor(r), math.ceil(r)
+        return s[lo] + (s[hi] - s[lo]) * (r - lo)
+
+    return pct(50), pct(95)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--json")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--modes", default="fwd,fwdbwd")
+    p.add_argument("--shapes", default="8x12x512x64,8x12x1024x64,4x16x2048x128")
+    p.add_argument("--dtypes", default="bf16,f16,f32")
+    p.add_argument("--samples", type=int, default=20)
+    p.add_argument("--no-naive", action="store_true")
+    a = p.parse_args()
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        fail("torch is not installed (pip install torch)")
+    if not torch.cuda.is_available():
+        fail("torch sees no CUDA device")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    target, max_k = (1000.0, 2) if a.quick else (5000.0, 512)
+
+    def timed(fn):
+        def sample(k):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(k):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e3 / k
+
+        sample(1)
+        k = 2
+        for _ in range(2):
+            per = sample(k)
+            k = max(1, min(max_k, math.ceil(target / per) if per > 0 else max_k))
+        t0 = time.time()
+        while time.time() - t0 < 0.3:
+            sample(k)
+        return summary([sample(k) for _ in range(a.samples)])
+
+    results = []
+    for shape in [s for s in a.shapes.split(",") if s]:
+        b, h, t, d = (int(x) for x in shape.split("x"))
+        for dname in [x for x in a.dtypes.split(",") if x]:
+            dt = dtypes[dname]
+            gen = torch.Generator(device=dev).manual_seed(1)
+            mk = lambda: (torch.rand(b, h, t, d, device=dev, generator=gen) * 2 - 1).to(dt)
+            q, k, v, do = mk(), mk(), mk(), mk()
+            for x in (q, k, v):
+                x.requires_grad_(True)
+            scale = 1.0 / math.sqrt(d)
+            mask = torch.ones(t, t, device=dev, dtype=torch.bool).tril()
+
+            def sdpa():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            def naive():
+                s = (q @ k.transpose(-2, -1)) * scale
+                s = s.masked_fill(~mask, float("-inf"))
+                return torch.softmax(s.float(), dim=-1).to(dt) @ v
+
+            for mode in [m for m in a.modes.split(",") if m]:
+                def run(f):
+                    if mode == "fwd":
+                        def g():
+                            with torch.no_grad():
+                                f()
+                        return g
+                    return lambda: torch.autograd.grad(f(), (q, k, v), do)
+
+                med, p95 = timed(run(sdpa))
+                naive_us = None
+                if not a.no_naive:
+                    try:
+                        naive_us, _ = timed(run(naive))
+                    except torch.cuda.OutOfMemoryError:
+                        torch.cuda.empty_cache()
+                results.append({"case": mode, "dtype": dname, "shape": shape,
+                                "median_us": med, "p95_us": p95, "naive_us": naive_us})
+            del q, k, v, do
+            torch.cuda.empty_cache()
+    doc = {"suite": "attention", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "torch": torch.__version__, "cuda": torch.version.cuda,
+           "device": torch.cuda.get_device_name(dev), "results": results}
+    text = json.dumps(doc, indent=2) + "\n"
+    if a.json == "-":
+        sys.stdout.write(text)
+    else:
+        for r in results:
+            sys.stdout.write(f"{r['case']:7} {r['dtype']:4} {r['shape']:16} sdpa {r['median_us']:9.1f} µs"
+                             f"  naive {r['naive_us'] or float('nan'):9.1f} µs\n")
+        if a.json:
+            open(a.json, "w").write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,638 @@
+//! Fused scaled-dot-product attention, flash style: forward and backward kernels whose
+//! scores never reach memory.
+//!
+//! Semantics (the CPU reference, `helios::cpu::attention`, is the definition): for batch b,
+//! head h, query i, O[i] = Σ_j softmax_j(scale·Q[i]·K[j]) V[j] over the keys j kept by the
+//! mask: j < len[b] (key padding; `len` = T without it) and, when causal, j ≤ i. The forward
+//! also writes the row's log-sum-exp L[i] = log Σ_j exp(scale·Q[i]·K[j]) (−inf, with O = 0,
+//! for a row with no key). Backward follows FlashAttention-2: a `Prep` pass writes
+//! Dsum[i] = Σ_d dO[i,d]·O[i,d], then `DkDv` walks query blocks per key block and `Dq` key
+//! blocks per query block, each recomputing P = exp(S − L); no atomics, so every gradient is
+//! deterministic.
+//!
+//! Key decisions a reader must know:
+//! - Q, K, V, O (in backward) and dO are read through strides (push constants): the fused
+//!   QKV projection's [B, T, 3, H, D] output is read in place. Outputs O, dQ, dK, dV are
+//!   dense [B, T, H, D]; L and Dsum are f32 [B, H, T].
+//! - Two families of variants, kept side by side in [`AttnVariant`]: `Simt` (f32 math,
+//!   every device: `attention_simt`) and `Coop` (f16/bf16 on 16×16×16 cooperative matrices
+//!   with f32 accumulation: `attention_coop` forward, `attention_coop_bwd` backward). Both
+//!   stage tiles in shared memory and do all element-wise work (mask, exp, dS) on shared score
+//!   tiles. Which runs is `helios`'s one selection function (a forced variant, the tuned one,
+//!   else the first of [`default_order`] that fits the device).
+
+use helios_spirv::{Access, Binding, Buffer, KernelBuilder, KernelModule, Param, Scalar, Ty, Val};
+
+use crate::launch::{grid, pack_push, Arg, Launch};
+use crate::storage::{buffer_scalar, Storage};
+use crate::KernelError;
+
+/// Invocations sharing one row of a SIMT tile (each owns D/4 of its columns).
+pub const SIMT_TPR: u32 = 4;
+/// Invocations per workgroup of the `Prep` kernel.
+pub const PREP_WORKGROUP: u32 = 64;
+
+/// Which kernel of the family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttnStage {
+    /// O and L from Q, K, V.
+    Forward,
+    /// Dsum = rowsum(dO ∘ O).
+    Prep,
+    /// dK and dV, one key block per workgroup.
+    DkDv,
+    /// dQ, one query block per workgroup.
+    Dq,
+}
+
+impl AttnStage {
+    pub const ALL: [AttnStage; 4] = [
+        AttnStage::Forward,
+        AttnStage::Prep,
+        AttnStage::DkDv,
+        AttnStage::Dq,
+    ];
+
+    fn tag(self) -> &'static str {
+        match self {
+            AttnStage::Forward => "fwd",
+            AttnStage::Prep => "prep",
+            AttnStage::DkDv => "dkdv",
+            AttnStage::Dq => "dq",
+        }
+    }
+}
+
+/// The candidate kernels: block sizes are query rows (`bq`) and key rows (`bk`) per tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AttnVariant {
+    /// f32 math, SIMT: [`SIMT_TPR`] invocations per owned row.
+    Simt { bq: u8, bk: u8 },
+    /// Cooperative matrices: one subgroup per 16 owned rows.
+    Coop { bq: u8, bk: u8 },
+}
+
+impl AttnVariant {
+    /// "simt16x16", "coop64x64".
+    pub fn tag(&self) -> String {
+        match *self {
+            AttnVariant::Simt { bq, bk } => format!("simt{bq}x{bk}"),
+            AttnVariant::Coop { bq, bk } => format!("coop{bq}x{bk}"),
+        }
+    }
+
+    pub fn blocks(&self) -> (u32, u32) {
+        match *self {
+            AttnVariant::Simt { bq, bk } | AttnVariant::Coop { bq, bk } => {
+                (u32::from(bq), u32::from(bk))
+            }
+        }
+    }
+
+    pub fn is_coop(&self) -> bool {
+        matches!(self, AttnVariant::Coop { .. })
+    }
+
+    /// Parses a tag (`HELIOS_ATTN_VARIANT`).
+    pub fn by_name(s: &str) -> Option<AttnVariant> {
+        let (coop, rest) = if let Some(r) = s.strip_prefix("simt") {
+            (false, r)
+        } else {
+            (true, s.strip_prefix("coop")?)
+        };
+        let (a, b) = rest.split_once('x')?;
+        let (bq, bk) = (a.parse().ok()?, b.parse().ok()?);
+        Some(if coop {
+            AttnVariant::Coop { bq, bk }
+        } else {
+            AttnVariant::Simt { bq, bk }
+        })
+    }
+}
+
+/// SIMT candidates, largest first (the tuner times those that fit).
+pub const SIMT_VARIANTS: [AttnVariant; 4] = [
+    AttnVariant::Simt { bq: 32, bk: 32 },
+    AttnVariant::Simt { bq: 16, bk: 32 },
+    AttnVariant::Simt { bq: 16, bk: 16 },
+    AttnVariant::Simt { bq: 8, bk: 16 },
+];
+/// Cooperative-matrix candidates.
+pub const COOP_VARIANTS: [AttnVariant; 4] = [
+    AttnVariant::Coop { bq: 64, bk: 64 },
+    AttnVariant::Coop { bq: 64, bk: 32 },
+    AttnVariant::Coop { bq: 32, bk: 64 },
+    AttnVariant::Coop { bq: 32, bk: 32 },
+];
+
+/// Candidates for `stage` in the order the selection function tries them without a tuned
+/// choice (the first that fits the device's shared memory and workgroup limits wins).
+/// Cooperative orders as measured on an H100 (forward) or chosen for registers (the backward
+/// kernels keep half a score row of S, dP, L and Dsum per invocation: DkDv prefers 32-query
+/// blocks).
+pub fn default_order(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
+    let c = |bq, bk| AttnVariant::Coop { bq, bk };
+    let mut out = Vec::new();
+    if coop {
+        out.extend(match stage {
+            AttnStage::DkDv => [c(32, 64), c(32, 32), c(64, 32), c(64, 64)],
+            AttnStage::Dq => [c(64, 32), c(32, 32), c(64, 64), c(32, 64)],
+            _ => COOP_VARIANTS,
+        });
+    }
+    out.extend([
+        AttnVariant::Simt { bq: 16, bk: 16 },
+        AttnVariant::Simt { bq: 8, bk: 16 },
+        AttnVariant::Simt { bq: 8, bk: 8 },
+    ]);
+    out
+}
+
+/// Whether the cooperative family has a kernel for `stage` (the others run SIMT kernels).
+pub fn coop_supports(stage: AttnStage) -> bool {
+    crate::attention_coop::supports(stage)
+}
+
+/// The signature of an attention kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionKernel {
+    pub stage: AttnStage,
+    /// Storage of Q, K, V, O, dO and the gradients (L and Dsum are always f32).
+    pub storage: Storage,
+    pub head_dim: u32,
+    pub causal: bool,
+    /// Reads key-padding lengths (u32 per batch row).
+    pub padded: bool,
+    pub variant: AttnVariant,
+    pub binding: Binding,
+    /// Subgroup size the cooperative variants are built for (0 for SIMT).
+    pub subgroup: u32,
+}
+
+/// Push-constant strides of a [B, T, H, D] view (elements; d has stride 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ViewStrides {
+    pub offset: u32,
+    pub batch: u32,
+    pub seq: u32,
+    pub head: u32,
+}
+
+/// A strided view inside a kernel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct View {
+    pub buf: Buffer,
+    off: Val,
+    sb: Val,
+    st: Val,
+    sh: Val,
+}
+
+impl View {
+    /// Element index of (b, t, h, 0).
+    pub fn row(&self, k: &mut KernelBuilder, b: Val, t: Val, h: Val) -> Val {
+        let x = k.mul(b, self.sb);
+        let y = k.mul(t, self.st);
+        let z = k.mul(h, self.sh);
+        let x = k.add(x, y);
+        let x = k.add(x, z);
+        k.add(x, self.off)
+    }
+}
+
+/// A kernel's parameters, loaded.
+#[derive(Clone)]
+pub(crate) struct Params {
+    /// Strided inputs in declaration order: Forward q, k, v; Prep o, do; backward q, k, v, do.
+    pub views: Vec<View>,
+    /// L (Forward: written; backward: read).
+    pub lse: Option<Buffer>,
+    /// Dsum (Prep: written; backward: read).
+    pub dsum: Option<Buffer>,
+    pub lens: Option<Buffer>,
+    /// Dense outputs: Forward o; DkDv dk, dv; Dq dq.
+    pub outs: Vec<Buffer>,
+    pub t: Val,
+    pub heads: Val,
+    pub batch: Val,
+    pub scale: Val,
+}
+
+impl AttentionKernel {
+    pub fn name(&self) -> String {
+        format!(
+            "attn_{}_{}_d{}{}{}_{}",
+            self.stage.tag(),
+            self.storage.name(),
+            self.head_dim,
+            if self.causal { "_causal" } else { "" },
+            if self.padded { "_pad" } else { "" },
+            self.variant.tag()
+        )
+    }
+
+    /// Invocations per workgroup.
+    pub fn workgroup(&self) -> u32 {
+        let (bq, bk) = self.variant.blocks();
+        let owned = match self.stage {
+            AttnStage::Prep => return PREP_WORKGROUP,
+            AttnStage::DkDv => bk,
+            _ => bq,
+        };
+        match self.variant {
+            AttnVariant::Simt { .. } => owned * SIMT_TPR,
+            AttnVariant::Coop { .. } => owned / 16 * self.subgroup,
+        }
+    }
+
+    /// Bytes of workgroup-shared memory the kernel declares.
+    pub fn shared_bytes(&self) -> u32 {
+        match self.variant {
+            AttnVariant::Simt { .. } => crate::attention_simt::shared_bytes(self),
+            AttnVariant::Coop { .. } => crate::attention_coop::shared_bytes(self),
+        }
+    }
+
+    /// Emits the kernel. Buffers, in order: Forward q, k, v, [lens], o, lse; Prep o, do,
+    /// dsum; DkDv q, k, v, do, lse, dsum, [lens], dk, dv; Dq the same with dq. Push constants
+    /// after them: t, heads, batch, scale, then per [`stride_groups`] group the offset of
+    /// each member and the group's batch, seq and head strides (Forward (q, k, v); Prep (o),
+    /// (do); backward (q, k, v), (do)).
+    pub fn build(&self) -> KernelModule {
+        assert!(
+            self.head_dim % 16 == 0 && self.head_dim > 0,
+            "head dim {} is not a multiple of 16",
+            self.head_dim
+        );
+        match self.variant {
+            AttnVariant::Simt { .. } => crate::attention_simt::build(self),
+            AttnVariant::Coop { .. } => crate::attention_coop::build(self),
+        }
+    }
+
+    /// Declares the buffers and push constants (see `build`), then begins the body; with
+    /// `words` the strided inputs are u32 buffers (16-byte loads of 8 halves).
+    pub(crate) fn declare(&self, k: &mut KernelBuilder, words: bool) -> Params {
+        let elem = if words {
+            Scalar::U32
+        } else {
+            buffer_scalar(self.storage)
+        };
+        let f32s = Scalar::F32;
+        let names: &[&str] = match self.stage {
+            AttnStage::Forward => &["q", "k", "v"],
+            AttnStage::Prep => &["o", "do"],
+            _ => &["q", "k", "v", "do"],
+        };
+        let ins: Vec<Buffer> = names
+            .iter()
+            .map(|n| k.buffer(n, elem, Access::Read))
+            .collect();
+        let backward = matches!(self.stage, AttnStage::DkDv | AttnStage::Dq);
+        let mut lse = None;
+        let mut dsum = None;
+        if backward {
+            lse = Some(k.buffer("lse", f32s, Access::Read));
+            dsum = Some(k.buffer("dsum", f32s, Access::Read));
+        }
+        let lens = (self.padded && self.stage != AttnStage::Prep)
+            .then(|| k.buffer("lens", Scalar::U32, Access::Read));
+        let out_elem = buffer_scalar(self.storage);
+        let outs: Vec<Buffer> = match self.stage {
+            AttnStage::Forward => {
+                let o = k.buffer("o", out_elem, Access::Write);
+                lse = Some(k.buffer("lse", f32s, Access::Write));
+                vec![o]
+            }
+            AttnStage::Prep => {
+                dsum = Some(k.buffer("dsum", f32s, Access::Write));
+                vec![]
+            }
+            AttnStage::DkDv => vec![
+                k.buffer("dk", out_elem, Access::Write),
+                k.buffer("dv", out_elem, Access::Write),
+            ],
+            AttnStage::Dq => vec![k.buffer("dq", out_elem, Access::Write)],
+        };
+        let u = Ty::scalar(Scalar::U32);
+        let [t, heads, batch] = ["t", "heads", "batch"].map(|n| k.param(n, u));
+        let scale = k.param("scale", Ty::scalar(Scalar::F32));
+        // Per group of inputs sharing strides: each member's offset, then the strides.
+        let groups: Vec<(Vec<Param>, [Param; 3])> = stride_groups(self.stage)
+            .iter()
+            .map(|g| {
+                let offs = g
+                    .iter()
+                    .map(|&i| k.param(&format!("{}_off", names[i]), u))
+                    .collect();
+                let st = ["sb", "st", "sh"].map(|s| k.param(&format!("{}_{s}", names[g[0]]), u));
+                (offs, st)
+            })
+            .collect();
+        k.begin();
+        let mut views: Vec<Option<View>> = vec![None; ins.len()];
+        for (g, (offs, st)) in stride_groups(self.stage).iter().zip(&groups) {
+            let [sb, st, sh] = st.map(|p| k.load_param(p));
+            for (&i, &o) in g.iter().zip(offs) {
+                let off = k.load_param(o);
+                views[i] = Some(View {
+                    buf: ins[i],
+                    off,
+                    sb,
+                    st,
+                    sh,
+                });
+            }
+        }
+        let views = views
+            .into_iter()
+            .map(|v| v.expect("every input in a group"))
+            .collect();
+        Params {
+            views,
+            lse,
+            dsum,
+            lens,
+            outs,
+            t: k.load_param(t),
+            heads: k.load_param(heads),
+            batch: k.load_param(batch),
+            scale: k.load_param(scale),
+        }
+    }
+
+    /// The launch of this kernel for `batch × t × heads` rows. `buffers`: device addresses
+    /// in declaration order (ignored with descriptors); `views`: the strided inputs' strides.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(
+        &self,
+        module: &KernelModule,
+        max_groups_x: u32,
+        batch: u32,
+        t: u32,
+        heads: u32,
+        scale: f32,
+        views: &[ViewStrides],
+        buffers: &[u64],
+    ) -> Result<Launch, KernelError> {
+        let mut args: Vec<Arg> = Vec::with_capacity(32);
+        if self.binding == Binding::DeviceAddress {
+            args.extend(buffers.iter().map(|&a| Arg::Address(a)));
+        }
+        args.extend([t, heads, batch].map(Arg::U32));
+        args.push(Arg::F32(scale));
+        for g in stride_groups(self.stage) {
+            let first = views.get(g[0]).copied().unwrap_or_default();
+            for &i in g.iter() {
+                let v = views.get(i).copied().unwrap_or_default();
+                if (v.batch, v.seq, v.head) != (first.batch, first.seq, first.head) {
+                    return Err(KernelError::Arguments {
+                        kernel: self.name(),
+                        detail: format!(
+                            "inputs {} and {i} of one stride group differ: {first:?} vs {v:?}",
+                            g[0]
+                        ),
+                    });
+                }
+                args.push(Arg::U32(v.offset));
+            }
+            args.extend([first.batch, first.seq, first.head].map(Arg::U32));
+        }
+        let (bq, bk) = self.variant.blocks();
+        let bh = u64::from(batch) * u64::from(heads);
+        let groups = match self.stage {
+            AttnStage::Prep => grid(
+                (bh * u64::from(t)).div_ceil(u64::from(PREP_WORKGROUP)),
+                max_groups_x,
+            )?,
+            stage => {
+                let block = if stage == AttnStage::DkDv { bk } else { bq };
+                if bh > u64::from(crate::launch::MIN_GROUPS_LIMIT) {
+                    return Err(KernelError::TooLarge {
+                        what: "batch × heads",
+                        size: bh,
+                    });
+                }
+                [t.div_ceil(block), bh as u32, 1]
+            }
+        };
+        let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
+        Ok(Launch { groups, push })
+    }
+
+    /// A representative set of kernels for validation: every stage, storage and head dim
+    /// of the SIMT family (causal/padded alternating), in `binding`.
+    pub fn samples(binding: Binding) -> Vec<AttentionKernel> {
+        let mut out = Vec::new();
+        for (i, &head_dim) in [32u32, 64, 80, 96, 128].iter().enumerate() {
+            for storage in Storage::ALL {
+                for stage in AttnStage::ALL {
+                    out.push(AttentionKernel {
+                        stage,
+                        storage,
+                        head_dim,
+                        causal: i % 2 == 0,
+                        padded: i % 3 == 1,
+                        variant: SIMT_VARIANTS[i % SIMT_VARIANTS.len()],
+                        binding,
+                        subgroup: 0,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Cooperative-matrix kernels for validation (Vulkan 1.3, device addresses).
+    pub fn coop_samples() -> Vec<AttentionKernel> {
+        let mut out = Vec::new();
+        for (i, &head_dim) in [32u32, 64, 80, 96, 128].iter().enumerate() {
+            for storage in [Storage::F16, Storage::BF16] {
+                for stage in AttnStage::ALL.into_iter().filter(|&s| coop_supports(s)) {
+                    out.push(AttentionKernel {
+                        stage,
+                        storage,
+                        head_dim,
+                        causal: i % 2 == 0,
+                        padded: i % 3 == 1,
+                        variant: COOP_VARIANTS[i % COOP_VARIANTS.len()],
+                        binding: Binding::DeviceAddress,
+                        subgroup: 32,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+// ------------------------------------------------------------------ shared helpers
+
+/// Strided inputs that share one set of strides (push constants are 128 bytes on some
+/// devices): Q, K and V (separate tensors of one shape, or views of one fused QKV), and
+/// dO or O alone. Indices into the stage's strided inputs.
+pub fn stride_groups(stage: AttnStage) -> &'static [&'static [usize]] {
+    match stage {
+        AttnStage::Forward => &[&[0, 1, 2]],
+        AttnStage::Prep => &[&[0], &[1]],
+        AttnStage::DkDv | AttnStage::Dq => &[&[0, 1, 2], &[3]],
+    }
+}
+
+/// (b, h, block index) of this workgroup: y = b·H + h, x = block (reversed when `reverse`:
+/// causal query blocks near the end have the most keys, so they start first).
+pub(crate) fn block_coords(
+    k: &mut KernelBuilder,
+    p: &Params,
+    block: u32,
+    reverse: bool,
+) -> (Val, Val, Val) {
+    let wid = k.workgroup_id();
+    let x = k.extract(wid, 0);
+    let y = k.extract(wid, 1);
+    let b = k.div(y, p.heads);
+    let h = k.rem(y, p.heads);
+    let idx = if reverse {
+        let bv = k.u32(block - 1);
+        let tb = k.add(p.t, bv);
+        let bv = k.u32(block);
+        let n = k.div(tb, bv);
+        let one = k.u32(1);
+        let last = k.sub(n, one);
+        k.sub(last, x)
+    } else {
+        x
+    };
+    (b, h, idx)
+}
+
+/// Keys of batch row `b` that exist: min(T, lens[b]) with padding, else T.
+pub(crate) fn key_end(k: &mut KernelBuilder, p: &Params, b: Val) -> Val {
+    match p.lens {
+        Some(lens) => {
+            let l = k.load(lens, b, 1);
+            k.min(l, p.t)
+        }
+        None => p.t,
+    }
+}
+
+/// Index of (b, h, t) in an f32 [B, H, T] row-statistics buffer.
+pub(crate) fn stat_index(k: &mut KernelBuilder, p: &Params, b: Val, h: Val, t: Val) -> Val {
+    let bh = k.mul(b, p.heads);
+    let bh = k.add(bh, h);
+    let x = k.mul(bh, p.t);
+    k.add(x, t)
+}
+
+/// Element index of (b, t, h, 0) in a dense [B, T, H, D] output.
+pub(crate) fn dense_row(k: &mut KernelBuilder, p: &Params, d: u32, b: Val, t: Val, h: Val) -> Val {
+    let bt = k.mul(b, p.t);
+    let bt = k.add(bt, t);
+    let x = k.mul(bt, p.heads);
+    let x = k.add(x, h);
+    let dv = k.u32(d);
+    k.mul(x, dv)
+}
+
+/// Whether key `j` of query `i` is kept: j < kend and, when causal, j ≤ i.
+pub(crate) fn keep(k: &mut KernelBuilder, causal: bool, i: Val, j: Val, kend: Val) -> Val {
+    let inside = k.lt(j, kend);
+    if causal {
+        let seen = k.le(j, i);
+        k.and(inside, seen)
+    } else {
+        inside
+    }
+}
+
+/// The `Prep` kernel (shared by both families): one invocation per (b, t, h) row,
+/// Dsum[b, h, t] = Σ_d dO·O in f32.
+pub(crate) fn build_prep(kern: &AttentionKernel) -> KernelModule {
+    let mut k = KernelBuilder::new(kern.name(), kern.binding, [PREP_WORKGROUP, 1, 1]);
+    let p = kern.declare(&mut k, false);
+    let g = crate::rows::linear_workgroup(&mut k);
+    let wg = k.u32(PREP_WORKGROUP);
+    let g = k.mul(g, wg);
+    let lid = k.local_index();
+    let row = k.add(g, lid);
+    let bt = k.mul(p.batch, p.t);
+    let rows = k.mul(bt, p.heads);
+    let inside = k.lt(row, rows);
+    let (o, dout) = (p.views[0], p.views[1]);
+    let dsum = p.dsum.expect("prep writes dsum");
+    let s = kern.storage;
+    let d = kern.head_dim;
+    k.if_(inside, |k| {
+        let h = k.rem(row, p.heads);
+        let bt = k.div(row, p.heads);
+        let b = k.div(bt, p.t);
+        let t = k.rem(bt, p.t);
+        let ro = o.row(k, b, t, h);
+        let rd = dout.row(k, b, t, h);
+        let zero = k.const_f32(0.0);
+        let acc = k.var_init(zero);
+        let start = k.u32(0);
+        let end = k.u32(d);
+        let one = k.u32(1);
+        k.for_range(start, end, one, |k, i| {
+            let a = k.add(ro, i);
+            let x = crate::storage::load_f32(k, o.buf, a, 1, s);
+            let a = k.add(rd, i);
+            let y = crate::storage::load_f32(k, dout.buf, a, 1, s);
+            let cur = k.get(acc);
+            let v = k.fma(x, y, cur);
+            k.set(acc, v);
+        });
+        let at = stat_index(k, &p, b, h, t);
+        let v = k.get(acc);
+        k.store(dsum, at, v);
+    });
+    k.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variant_tags_round_trip() {
+        for v in SIMT_VARIANTS.into_iter().chain(COOP_VARIANTS) {
+            assert_eq!(AttnVariant::by_name(&v.tag()), Some(v));
+        }
+        assert_eq!(AttnVariant::by_name("simt"), None);
+        assert_eq!(AttnVariant::by_name("coop64"), None);
+    }
+
+    /// Every stage of the default order has a tile that fits lavapipe's 32 KiB (SIMT) and
+    /// one that fits 48 KiB (cooperative), for every head dim the issue names.
+    #[test]
+    fn default_tiles_fit_the_devices() {
+        for d in [32, 64, 80, 96, 128] {
+            for stage in AttnStage::ALL {
+                for (coop, limit, storage) in [
+                    (false, 32 << 10, Storage::F32),
+                    (true, 48 << 10, Storage::BF16),
+                ] {
+                    let fits = default_order(stage, coop)
+                        .into_iter()
+                        .filter(|v| v.is_coop() == coop)
+                        .any(|variant| {
+                            let k = AttentionKernel {
+                                stage,
+                                storage,
+                                head_dim: d,
+                                causal: true,
+                                padded: false,
+                                variant,
+                                binding: Binding::DeviceAddress,
+                                subgroup: if coop { 32 } else { 0 },
+                            };
+                            k.shared_bytes() <= limit
+                        });
+                    assert!(fits, "{stage:?} d{d} coop {coop}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! Host cost of building and realising element-wise chains (a profiling probe for the lazy
+//! graph's per-node overhead): 20 × 1000 dependent ops on 1024 elements, each chain read back.
+//!
+//!     cargo run --release -p helios --example chain_probe
+
+use std::time::Instant;
+
+fn main() -> helios::Result<()> {
+    let dev = helios::Device::from_env()?;
+    let x = helios::Tensor::from_slice(&dev, &vec![0.5; 1024], &[1024])?;
+    for round in 0..3 {
+        let t0 = Instant::now();
+        let mut build = 0.0;
+        let mut realize = 0.0;
+        for _ in 0..20 {
+            let b0 = Instant::now();
+            let mut t = x.clone();
+            for i in 0..1000 {
+                t = if i % 2 == 0 {
+                    t.mul_scalar(1.0001)?
+                } else {
+                    t.add_scalar(-0.0001)?
+                };
+            }
+            build += b0.elapsed().as_secs_f64();
+            let r0 = Instant::now();
+            t.realize()?;
+            realize += r0.elapsed().as_secs_f64();
+            t.to_vec()?;
+        }
+        let total = t0.elapsed().as_secs_f64();
+        println!(
+            "round {round}: {:.3} µs/op in all, {:.3} µs/op building, {:.3} realising",
+            total * 1e6 / 20_000.0,
+            build * 1e6 / 20_000.0,
+            realize * 1e6 / 20_000.0
+        );
+    }
+    // One-node groups: the fixed cost of a realisation.
+    let t0 = Instant::now();
+    for _ in 0..2000 {
+        let t = x.add_scalar(1.0)?;
+        t.realize()?;
+    }
+    dev.synchronize()?;
+    println!(
+        "one-node realisations: {:.3} µs each (recorded and run)",
+        t0.elapsed().as_secs_f64() * 1e6 / 2000.0
+    );
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! Host cost of one transformer training step's graph (a profiling probe for the scheduler,
+//! autograd and library-op recording): 12 pre-LN blocks at tiny sizes, forward and backward
+//! recorded, then waited for. Prints host µs per step (recording only).
+//!
+//!     cargo run --release -p helios --example step_probe
+
+use std::time::Instant;
+
+use helios::{Activation, Device, IndexTensor, MatmulOptions, SoftmaxOptions, Tensor};
+
+fn block(x: &Tensor, p: &[Tensor], b: usize, t: usize, c: usize) -> helios::Result<Tensor> {
+    let heads = 4;
+    let d = c / heads;
+    let split = |y: Tensor| y.reshape(&[b, t, heads, d])?.permute(&[0, 2, 1, 3]); // (b, h, t, d)
+    let h = x.layer_norm(&p[0], &p[1], 1e-5)?.y;
+    let q = split(h.matmul(&p[2])?)?;
+    let k = split(h.matmul(&p[3])?)?;
+    let v = split(h.matmul(&p[4])?)?;
+    let att = q
+        .matmul(&k.transpose(2, 3)?)?
+        .softmax_with(SoftmaxOptions::causal(1.0 / (d as f32).sqrt()))?;
+    let o = att
+        .matmul(&v)?
+        .permute(&[0, 2, 1, 3])?
+        .reshape(&[b, t, c])?;
+    let x = x.add(&o.matmul(&p[5])?)?;
+    let h = x.layer_norm(&p[6], &p[7], 1e-5)?.y;
+    let fc = MatmulOptions {
+        bias: Some(&p[9]),
+        act: Activation::GeluTanh,
+        ..Default::default()
+    };
+    let proj = MatmulOptions {
+        residual: Some(&x),
+        ..Default::default()
+    };
+    h.matmul_opts(&p[8], &fc)?.matmul_opts(&p[10], &proj)
+}
+
+fn main() -> helios::Result<()> {
+    let dev = Device::from_env()?;
+    let (layers, b, t, c) = (12, 1, 16, 32);
+    let param = |shape: &[usize], s: f32| -> helios::Result<Tensor> {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|i| s * ((i as f32 * 0.618).fract() - 0.5))
+            .collect();
+        Ok(Tensor::from_slice(&dev, &v, shape)?.requires_grad_())
+    };
+    let mut params = Vec::new();
+    for _ in 0..layers {
+        let mut p = Vec::new();
+        for (shape, s) in [
+            (vec![c], 1.0),
+            (vec![c], 0.1),
+            (vec![c, c], 0.1),
+            (vec![c, c], 0.1),
+            (vec![c, c], 0.1),
+            (vec![c, c], 0.1),
+            (vec![c], 1.0),
+            (vec![c], 0.1),
+            (vec![c, 4 * c], 0.1),
+            (vec![4 * c], 0.1),
+            (vec![4 * c, c], 0.1),
+        ] {
+            p.push(param(&shape, s)?);
+        }
+        params.push(p);
+    }
+    let x = Tensor::from_slice(&dev, &vec![0.1; b * t * c], &[b, t, c])?;
+    let targets = IndexTensor::from_slice(&dev, &vec![3; b * t], &[b * t])?;
+    for step in 0..8 {
+        let t0 = Instant::now();
+        let mut h = x.clone();
+        for p in &params {
+            h = block(&h, p, b, t, c)?;
+        }
+        let loss = h.reshape(&[b * t, c])?.cross_entropy(&targets, None)?.loss;
+        loss.backward()?;
+        for p in params.iter().flatten() {
+            p.grad().expect("reached").realize()?;
+            p.zero_grad();
+        }
+        let host = t0.elapsed().as_secs_f64() * 1e6;
+        dev.synchronize()?;
+        println!(
+            "step {step}: {host:.0} µs host, {} dispatches so far",
+            dev.encoder_stats().dispatches
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,521 @@
+//! Fused scaled-dot-product attention on tensors: forward (O and the row log-sum-exp L) and
+//! backward (dQ, dK, dV), flash style: scores never reach memory.
+//!
+//! The one decision a reader must know: Q, K and V are read in place through their strides,
+//! so the three views [`Tensor::split_qkv`] cuts from the fused QKV projection's
+//! [B, T, 3, H, D] output (or `narrow(2, i, 1)` of it) cost no copy; outputs are dense
+//! [B, T, H, D], which the output projection reads as [B·T, H·D] without a transpose.
+//! Kernel choice is one function, [`choose`]: a forced variant, else `HELIOS_ATTN_VARIANT`,
+//! else the tuned one cached for (device, head dim, dtype), else cooperative matrices for
+//! f16/bf16 where the device has 16×16×16 fragments, else the largest SIMT tile that fits.
+
+use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
+use helios_kernels::Storage;
+
+use crate::device::KernelKey;
+use crate::{DType, Error, IndexTensor, Result, Tensor};
+
+/// How attention is applied.
+#[derive(Clone, Default)]
+pub struct AttentionOptions {
+    /// Mask key j for query i when j > i.
+    pub causal: bool,
+    /// Scores are scale·Q·Kᵀ; `None` is 1/√D.
+    pub scale: Option<f32>,
+    /// Keys per batch row ([B] u32; key padding of inference prompts): keys j ≥ len are
+    /// masked.
+    pub key_lengths: Option<IndexTensor>,
+    /// Forces a kernel variant for every stage (tests, benchmarks).
+    pub variant: Option<AttnVariant>,
+    /// Forces a variant for one stage only (the tuner; `variant` wins over it).
+    pub stage_variant: Option<(AttnStage, AttnVariant)>,
+}
+
+impl AttentionOptions {
+    /// Causal with the default scale.
+    pub fn causal() -> AttentionOptions {
+        AttentionOptions {
+            causal: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// The forward's results.
+#[derive(Clone)]
+pub struct AttentionOutput {
+    /// [B, T, H, D], the inputs' dtype.
+    pub out: Tensor,
+    /// [B, H, T] f32: log Σ_j exp(score), −inf for a query with no key.
+    pub lse: Tensor,
+}
+
+/// The gradients of Q, K and V, each dense [B, T, H, D].
+#[derive(Clone)]
+pub struct AttentionGrads {
+    pub dq: Tensor,
+    pub dk: Tensor,
+    pub dv: Tensor,
+}
+
+/// (B, T, H, D) of a problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Dims {
+    b: usize,
+    t: usize,
+    h: usize,
+    d: usize,
+}
+
+const OP: &str = "attention";
+
+fn invalid(detail: String) -> Error {
+    Error::Invalid { op: OP, detail }
+}
+
+/// (B, T, H, D) and the strides of a [B, T, H, D] (or [B, T, 1, H, D]) view whose last
+/// axis has stride 1.
+fn view_of(name: &str, t: &Tensor) -> Result<(Dims, ViewStrides)> {
+    let (shape, strides) = (t.shape(), t.layout().strides());
+    let (dims, head_axis) = match shape.len() {
+        4 => ((shape[0], shape[1], shape[2], shape[3]), 2),
+        5 if shape[2] == 1 => ((shape[0], shape[1], shape[3], shape[4]), 3),
+        _ => {
+            return Err(invalid(format!(
+                "{name} has shape {shape:?}; expected [B, T, H, D] (or [B, T, 1, H, D], a narrow of the fused [B, T, 3, H, D] QKV)"
+            )))
+        }
+    };
+    if strides[strides.len() - 1] != 1 && dims.3 > 1 {
+        return Err(invalid(format!(
+            "{name}'s head dimension has stride {}; it must be 1 (call contiguous() first)",
+            strides[strides.len() - 1]
+        )));
+    }
+    let fit = |v: usize| u32::try_from(v).ok();
+    let span = t.layout().offset() + t.layout().span();
+    let vs = match (
+        fit(t.layout().offset()),
+        fit(strides[0]),
+        fit(strides[1]),
+        fit(strides[head_axis]),
+        fit(span),
+    ) {
+        (Some(offset), Some(batch), Some(seq), Some(head), Some(_)) => ViewStrides {
+            offset,
+            batch,
+            seq,
+            head,
+        },
+        _ => {
+            return Err(invalid(format!(
+                "{name} spans more than 2^32 elements; split the batch"
+            )))
+        }
+    };
+    let d = Dims {
+        b: dims.0,
+        t: dims.1,
+        h: dims.2,
+        d: dims.3,
+    };
+    Ok((d, vs))
+}
+
+fn same(name: &str, a: &Tensor, b: &Tensor, da: Dims, db: Dims) -> Result<()> {
+    if da != db {
+        return Err(invalid(format!(
+            "{name} has (B, T, H, D) = {:?}, q has {:?}; self-attention needs them equal",
+            (db.b, db.t, db.h, db.d),
+            (da.b, da.t, da.h, da.d)
+        )));
+    }
+    if !a.device().same(b.device()) {
+        return Err(Error::DeviceMismatch { op: OP });
+    }
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op: OP,
+            lhs: a.dtype(),
+            rhs: b.dtype(),
+        });
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// The Q, K and V views ([B, T, 1, H, D] each, no copy) of a fused [B, T, 3, H, D]
+    /// tensor; `attention` reads them in place.
+    pub fn split_qkv(&self) -> Result<[Tensor; 3]> {
+        let shape = self.shape();
+        if shape.len() != 5 || shape[2] != 3 {
+            return Err(invalid(format!(
+                "split_qkv needs a [B, T, 3, H, D] tensor, got {shape:?}"
+            )));
+        }
+        Ok([
+            self.narrow(2, 0, 1)?,
+            self.narrow(2, 1, 1)?,
+            self.narrow(2, 2, 1)?,
+        ])
+    }
+
+    /// Scaled-dot-product attention of queries `self` with keys `k` and values `v` (each
+    /// [B, T, H, D], any strides with the last axis dense; f32, f16 or bf16 alike).
+    ///
+    /// Differentiable in Q, K and V: `backward()` through `out` runs `attention_backward`
+    /// (the saved `lse` and the output, no scores stored). Q, K and V taken as `narrow`s of one
+    /// fused QKV tensor get their gradients summed into one fused kernel of padded writes.
+    pub fn attention(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        opts: &AttentionOptions,
+    ) -> Result<AttentionOutput> {
+        let fwd = self.attention_raw(k, v, opts)?;
+        if !crate::autograd::any_needs(&[self, k, v]) {
+            return Ok(fwd);
+        }
+        let (q, kd, vd) = (self.detach(), k.detach(), v.detach());
+        let saved = AttentionOutput {
+            out: fwd.out.detach(),
+            lse: fwd.lse.clone(),
+        };
+        let opts = opts.clone();
+        let out =
+            crate::autograd::record("attention", &[self, k, v], fwd.out.clone(), move |g, _| {
+                let g = g.to_dtype(q.dtype())?;
+                let grads = q.attention_backward(&kd, &vd, &saved, &g, &opts)?;
+                Ok(vec![Some(grads.dq), Some(grads.dk), Some(grads.dv)])
+            });
+        Ok(AttentionOutput { out, lse: fwd.lse })
+    }
+
+    fn attention_raw(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        opts: &AttentionOptions,
+    ) -> Result<AttentionOutput> {
+        let (q, k, v) = &shared_strides(self, k, v)?;
+        let (dims, qs) = view_of("q", q)?;
+        let (dk, ks) = view_of("k", k)?;
+        let (dv, vs) = view_of("v", v)?;
+        same("k", q, k, dims, dk)?;
+        same("v", q, v, dims, dv)?;
+        check_dims(dims)?;
+        let lens = lengths(opts, dims)?;
+        if super::attention_tune::wanted(q, dims.d, &[AttnStage::Forward], opts) {
+            super::attention_tune::tune_forward(q, k, v, opts)?;
+        }
+        let device = self.device();
+        let out = Tensor::empty(device, vec![dims.b, dims.t, dims.h, dims.d], self.dtype())?;
+        let lse = Tensor::empty(device, vec![dims.b, dims.h, dims.t], DType::F32)?;
+        let mut reads = vec![q.buffer()?, k.buffer()?, v.buffer()?];
+        reads.extend(lens);
+        let writes = [out.buffer()?, lse.buffer()?];
+        q.record_attention(
+            AttnStage::Forward,
+            dims,
+            opts,
+            &[qs, ks, vs],
+            &reads,
+            &writes,
+        )?;
+        Ok(AttentionOutput { out, lse })
+    }
+
+    /// dQ, dK, dV of `self.attention(k, v, opts)` from its output `fwd` and the gradient
+    /// `dout` ([B, T, H, D]) of `fwd.out`. Deterministic: no atomics, a fixed summation
+    /// order.
+    pub fn attention_backward(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        fwd: &AttentionOutput,
+        dout: &Tensor,
+        opts: &AttentionOptions,
+    ) -> Result<AttentionGrads> {
+        let (q, k, v) = &shared_strides(self, k, v)?;
+        let (dims, qs) = view_of("q", q)?;
+        let (dk, ks) = view_of("k", k)?;
+        let (dv, vs) = view_of("v", v)?;
+        let (dd, ds) = view_of("dout", dout)?;
+        let (od, os) = view_of("out", &fwd.out)?;
+        same("k", q, k, dims, dk)?;
+        same("v", q, v, dims, dv)?;
+        same("dout", q, dout, dims, dd)?;
+        same("out", q, &fwd.out, dims, od)?;
+        check_dims(dims)?;
+        if fwd.lse.shape() != [dims.b, dims.h, dims.t]
+            || fwd.lse.dtype() != DType::F32
+            || !fwd.lse.is_contiguous()
+        {
+            return Err(invalid(format!(
+                "lse must be the forward's dense f32 [B, H, T] = {:?}, got {} {:?}",
+                [dims.b, dims.h, dims.t],
+                fwd.lse.dtype(),
+                fwd.lse.shape()
+            )));
+        }
+        let lens = lengths(opts, dims)?;
+        if super::attention_tune::wanted(q, dims.d, &[AttnStage::DkDv, AttnStage::Dq], opts) {
+            super::attention_tune::tune_backward(q, k, v, fwd, dout, opts)?;
+        }
+        let device = self.device();
+        let dsum = Tensor::empty(device, vec![dims.b, dims.h, dims.t], DType::F32)?;
+        self.record_attention(
+            AttnStage::Prep,
+            dims,
+            opts,
+            &[os, ds],
+            &[fwd.out.buffer()?, dout.buffer()?],
+            &[dsum.buffer()?],
+        )?;
+        let shape = vec![dims.b, dims.t, dims.h, dims.d];
+        let gq = Tensor::empty(device, shape.clone(), self.dtype())?;
+        let gk = Tensor::empty(device, shape.clone(), self.dtype())?;
+        let gv = Tensor::empty(device, shape, self.dtype())?;
+        let mut reads = vec![
+            q.buffer()?,
+            k.buffer()?,
+            v.buffer()?,
+            dout.buffer()?,
+            fwd.lse.buffer()?,
+            dsum.buffer()?,
+        ];
+        reads.extend(lens);
+        let views = [qs, ks, vs, ds];
+        let lse_off = fwd.lse.layout().offset();
+        if lse_off != 0 {
+            return Err(invalid(
+                "lse must start its buffer (the forward's own)".into(),
+            ));
+        }
+        q.record_attention(
+            AttnStage::DkDv,
+            dims,
+            opts,
+            &views,
+            &reads,
+            &[gk.buffer()?, gv.buffer()?],
+        )?;
+        q.record_attention(AttnStage::Dq, dims, opts, &views, &reads, &[gq.buffer()?])?;
+        Ok(AttentionGrads {
+            dq: gq,
+            dk: gk,
+            dv: gv,
+        })
+    }
+
+    /// The kernel `choose` picks for `stage` of attention on `self` (q) with `opts`.
+    pub fn attention_kernel(&self, stage: AttnStage, opts: &AttentionOptions) -> Result<String> {
+        let (dims, _) = view_of("q", self)?;
+        let (_, s) = view_of("q", self)?;
+        Ok(choose(self, stage, dims, opts, aligned(&[s]))?.name())
+    }
+
+    fn record_attention(
+        &self,
+        stage: AttnStage,
+        dims: Dims,
+        opts: &AttentionOptions,
+        views: &[ViewStrides],
+        reads: &[&helios_vk::Buffer],
+        writes: &[&helios_vk::Buffer],
+    ) -> Result<()> {
+        if dims.b * dims.t * dims.h == 0 {
+            return Ok(());
+        }
+        let kern = choose(self, stage, dims, opts, aligned(views))?;
+        let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
+        let device = self.device();
+        device.dispatch_rows(
+            KernelKey::Attention(kern),
+            || kern.build(),
+            reads,
+            writes,
+            |c, g, addrs| {
+                Ok(kern.launch(
+                    &c.module,
+                    g.max_groups_x,
+                    dims.b as u32,
+                    dims.t as u32,
+                    dims.h as u32,
+                    scale,
+                    views,
+                    addrs,
+                )?)
+            },
+        )
+    }
+}
+
+/// Q, K and V with one set of (batch, seq, head) strides, which the kernels share between
+/// them (offsets differ): the three views of a fused QKV, or three dense tensors, as they
+/// are; anything else is made dense first (a copy each).
+fn shared_strides(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let key = |t: &Tensor| view_of("q", t).map(|(_, s)| (s.batch, s.seq, s.head)).ok();
+    let (a, b, c) = (key(q), key(k), key(v));
+    if a.is_some() && a == b && b == c {
+        return Ok((q.clone(), k.clone(), v.clone()));
+    }
+    let dense = |t: &Tensor| {
+        if t.shape().len() == 5 && t.shape()[2] == 1 {
+            let s = t.shape();
+            t.contiguous()?.reshape(&[s[0], s[1], s[3], s[4]])
+        } else {
+            t.contiguous()
+        }
+    };
+    Ok((dense(q)?, dense(k)?, dense(v)?))
+}
+
+/// Offsets and strides all multiples of 8 elements.
+fn aligned(views: &[ViewStrides]) -> bool {
+    views.iter().all(|v| {
+        [v.offset, v.batch, v.seq, v.head]
+            .iter()
+            .all(|x| x % 8 == 0)
+    })
+}
+
+fn check_dims(d: Dims) -> Result<()> {
+    if d.d == 0 || d.d % 16 != 0 || d.d > 256 {
+        return Err(invalid(format!(
+            "head dim {} is not supported; use a multiple of 16 up to 256 (32, 64, 80, 96, 128 ...)",
+            d.d
+        )));
+    }
+    let rows = d.b as u64 * d.t as u64 * d.h as u64 * d.d as u64;
+    if rows > u64::from(u32::MAX) {
+        return Err(invalid(format!(
+            "{rows} elements exceed the kernels' 2^32; split the batch"
+        )));
+    }
+    Ok(())
+}
+
+/// The key-length buffer of `opts`, checked against the batch.
+fn lengths(opts: &AttentionOptions, d: Dims) -> Result<Option<&helios_vk::Buffer>> {
+    match &opts.key_lengths {
+        None => Ok(None),
+        Some(l) if l.shape() == [d.b] => Ok(Some(l.buffer())),
+        Some(l) => Err(invalid(format!(
+            "key_lengths has shape {:?}; it needs one length per batch row, [{}]",
+            l.shape(),
+            d.b
+        ))),
+    }
+}
+
+/// The family's one selection function (see the module docs for the order). `aligned`:
+/// every strided input's offset and strides are multiples of 8 elements (the cooperative
+/// kernels' 16-byte loads).
+fn choose(
+    q: &Tensor,
+    stage: AttnStage,
+    dims: Dims,
+    opts: &AttentionOptions,
+    aligned: bool,
+) -> Result<AttentionKernel> {
+    let device = q.device();
+    let storage = q.dtype().storage();
+    let caps = crate::ops::matmul_caps(device);
+    let coop = match storage {
+        Storage::F16 => caps.coop_f16,
+        Storage::BF16 => caps.coop_bf16,
+        Storage::F32 => false,
+    } && caps.subgroup == 32
+        && env_variant() != Some(Forced::Simt);
+    let make = |variant: AttnVariant| AttentionKernel {
+        stage,
+        storage,
+        head_dim: dims.d as u32,
+        causal: opts.causal,
+        padded: opts.key_lengths.is_some(),
+        variant,
+        binding: if variant.is_coop() {
+            helios_spirv::Binding::DeviceAddress
+        } else {
+            device.binding()
+        },
+        subgroup: if variant.is_coop() { caps.subgroup } else { 0 },
+    };
+    let fits = |kern: &AttentionKernel| {
+        kern.shared_bytes() <= caps.max_shared_bytes
+            && kern.workgroup() <= caps.max_invocations
+            && (!kern.variant.is_coop()
+                || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
+    };
+    let stage_forced = opts
+        .stage_variant
+        .and_then(|(s, v)| (s == stage).then_some(v));
+    let forced = opts.variant.or(stage_forced).or(match env_variant() {
+        Some(Forced::Variant(v)) => Some(v),
+        _ => None,
+    });
+    // A forced cooperative variant applies to the stages that family has.
+    let forced = forced.filter(|v| !v.is_coop() || helios_kernels::attention::coop_supports(stage));
+    if let Some(v) = forced {
+        let kern = make(v);
+        if !fits(&kern) {
+            return Err(invalid(format!(
+                "variant {} does not fit this device for {} (shared memory {} of {} bytes, cooperative matrices {})",
+                v.tag(),
+                kern.name(),
+                kern.shared_bytes(),
+                caps.max_shared_bytes,
+                if coop { "available" } else { "unavailable" }
+            )));
+        }
+        return Ok(kern);
+    }
+    if let Some(v) = super::attention_tune::cached(
+        device,
+        &super::attention_tune::class(storage, dims.d, stage, opts),
+    ) {
+        let kern = make(v);
+        if fits(&kern) {
+            return Ok(kern);
+        }
+    }
+    let coop_stage = coop && helios_kernels::attention::coop_supports(stage) && aligned;
+    let candidates = helios_kernels::attention::default_order(stage, coop_stage);
+    candidates
+        .into_iter()
+        .map(make)
+        .find(|k| fits(k))
+        .ok_or_else(|| {
+            invalid(format!(
+                "no attention kernel for head dim {} fits this device's {} bytes of shared memory",
+                dims.d, caps.max_shared_bytes
+            ))
+        })
+}
+
+/// What `HELIOS_ATTN_VARIANT` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Forced {
+    /// `simt`: the SIMT family (its default tile) even where cooperative matrices exist.
+    Simt,
+    /// A variant tag (`simt16x16`, `coop64x64`, ...).
+    Variant(AttnVariant),
+}
+
+/// `HELIOS_ATTN_VARIANT` (ignored with a note when it names nothing).
+fn env_variant() -> Option<Forced> {
+    let s = std::env::var("HELIOS_ATTN_VARIANT").ok()?;
+    let s = s.trim();
+    if s.is_empty() {
+        return None;
+    }
+    if s == "simt" {
+        return Some(Forced::Simt);
+    }
+    let v = AttnVariant::by_name(s).map(Forced::Variant);
+    if v.is_none() {
+        eprintln!("helios: HELIOS_ATTN_VARIANT={s:?} names no variant (simt, simt16x16, coop64x64, ...); ignored");
+    }
+    v
+}

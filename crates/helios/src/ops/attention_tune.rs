@@ -1,0 +1,311 @@
+//! Block-size autotuning of the attention kernels per (device, dtype, head dim, stage, mask).
+//!
+//! The one decision a reader must know: tuning times whole calls on the caller's own
+//! operands, forcing one stage's variant at a time (`AttentionOptions::stage_variant`); the
+//! other stages run their usual kernels, a constant that cannot change the winner. A
+//! candidate may win only if its outputs agree with the default kernel's within four times
+//! the tests' bound for the dtype. It runs on the first forward (Forward stage) or backward
+//! (DkDv and Dq) of a class on a GPU, unless `HELIOS_ATTN_TUNE=0` (`=1` tunes on CPU devices
+//! too). Winners persist in `<cache root>/attention/<device uuid>-<driver>.tsv`, one
+//! `variant  µs  class` line each, as the matmul tuner's do.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use helios_kernels::attention::{
+    default_order, AttnStage, AttnVariant, COOP_VARIANTS, SIMT_VARIANTS,
+};
+use helios_kernels::Storage;
+use helios_vk::DeviceType;
+
+use super::attention::{AttentionGrads, AttentionOptions, AttentionOutput};
+use crate::cpu::attention::relative_error;
+use crate::{DType, Device, Result, Tensor};
+
+/// The class a winner applies to.
+pub(crate) fn class(storage: Storage, d: usize, stage: AttnStage, o: &AttentionOptions) -> String {
+    format!(
+        "{} d{d} {stage:?} causal{} pad{}",
+        storage.name(),
+        o.causal as u8,
+        o.key_lengths.is_some() as u8
+    )
+}
+
+fn enabled(device: &Device) -> bool {
+    match std::env::var("HELIOS_ATTN_TUNE").as_deref().map(str::trim) {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => device.context().caps().device_type != DeviceType::Cpu,
+    }
+}
+
+/// Whether a call should tune `stages` first: tuning on, nothing forced, some stage's class
+/// without a winner.
+pub(crate) fn wanted(q: &Tensor, d: usize, stages: &[AttnStage], o: &AttentionOptions) -> bool {
+    let dev = q.device();
+    o.variant.is_none()
+        && o.stage_variant.is_none()
+        && std::env::var("HELIOS_ATTN_VARIANT").map_or(true, |v| v.trim().is_empty())
+        && enabled(dev)
+        && stages
+            .iter()
+            .any(|&s| cached(dev, &class(q.dtype().storage(), d, s, o)).is_none())
+}
+
+/// The variants worth trying for `stage`, the default order first: the cooperative family
+/// where the default is cooperative (SIMT tiles are far slower there), else SIMT.
+fn candidates(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
+    let mut v: Vec<AttnVariant> = default_order(stage, coop)
+        .into_iter()
+        .filter(|x| x.is_coop() == coop)
+        .collect();
+    let family = if coop {
+        &COOP_VARIANTS[..]
+    } else {
+        &SIMT_VARIANTS[..]
+    };
+    for &x in family {
+        if !v.contains(&x) {
+            v.push(x);
+        }
+    }
+    v
+}
+
+fn bound(dtype: DType) -> f64 {
+    4.0 * match dtype {
+        DType::F32 => 1e-4,
+        DType::F16 => 6e-3,
+        DType::BF16 => 4e-2,
+    }
+}
+
+/// Median per-call GPU µs of `run` (2 calls a sample, 3 samples; the correctness run
+/// before it compiled the kernels).
+fn time(device: &Device, run: &dyn Fn() -> Result<()>) -> Result<f64> {
+    let ctx = device.context();
+    let mut v = Vec::new();
+    for _ in 0..3 {
+        device.synchronize()?;
+        let timer = ctx.start_gpu_timer()?;
+        for _ in 0..2 {
+            run()?;
+        }
+        let span = ctx.stop_gpu_timer(timer)?;
+        v.push(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / 2.0);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[1])
+}
+
+/// Tunes `stage`: `run(opts)` records the call and returns the outputs the stage decides.
+fn tune(
+    q: &Tensor,
+    stage: AttnStage,
+    base: &AttentionOptions,
+    run: &dyn Fn(&AttentionOptions) -> Result<Vec<Tensor>>,
+) -> Result<()> {
+    let device = q.device();
+    let d = *q.shape().last().unwrap_or(&0);
+    let key = class(q.dtype().storage(), d, stage, base);
+    let mut best: Option<(AttnVariant, f64)> = None;
+    let mut reference: Option<Vec<Vec<f32>>> = None;
+    let coop = q.attention_kernel(stage, base)?.contains("coop");
+    for v in candidates(stage, coop) {
+        let o = AttentionOptions {
+            stage_variant: Some((stage, v)),
+            ..base.clone()
+        };
+        // A variant that cannot run here (shared memory, no cooperative matrices) is skipped.
+        let Ok(outs) = run(&o) else { continue };
+        let got: Vec<Vec<f32>> = outs.iter().map(|t| t.to_vec()).collect::<Result<_>>()?;
+        match &reference {
+            None => reference = Some(got),
+            Some(r) => {
+                let err = r
+                    .iter()
+                    .zip(&got)
+                    .map(|(a, b)| relative_error(b, a))
+                    .fold(0.0, f64::max);
+                if err.is_nan() || err > bound(q.dtype()) {
+                    if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+                        eprintln!(
+                            "helios: attention tuning {key}: {} rejected (error {err:.2e})",
+                            v.tag()
+                        );
+                    }
+                    continue;
+                }
+            }
+        }
+        let us = time(device, &|| run(&o).map(drop))?;
+        if best.map_or(true, |(_, b)| us < b) {
+            best = Some((v, us));
+        }
+    }
+    if let Some((v, us)) = best {
+        store(device, &key, &v.tag(), us);
+    }
+    Ok(())
+}
+
+pub(crate) fn tune_forward(q: &Tensor, k: &Tensor, v: &Tensor, o: &AttentionOptions) -> Result<()> {
+    tune(q, AttnStage::Forward, o, &|o| {
+        let f = q.attention(k, v, o)?;
+        Ok(vec![f.out, f.lse])
+    })
+}
+
+pub(crate) fn tune_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    fwd: &AttentionOutput,
+    dout: &Tensor,
+    o: &AttentionOptions,
+) -> Result<()> {
+    let grads = |o: &AttentionOptions| -> Result<AttentionGrads> {
+        q.attention_backward(k, v, fwd, dout, o)
+    };
+    tune(q, AttnStage::DkDv, o, &|o| {
+        let g = grads(o)?;
+        Ok(vec![g.dk, g.dv])
+    })?;
+    tune(q, AttnStage::Dq, o, &|o| Ok(vec![grads(o)?.dq]))
+}
+
+// ------------------------------------------------------------------ the cache
+
+struct Store {
+    path: Option<PathBuf>,
+    /// class → (variant tag, µs)
+    entries: HashMap<String, (String, f64)>,
+}
+
+static STORES: Mutex<Option<HashMap<String, Store>>> = Mutex::new(None);
+
+fn device_key(device: &Device) -> String {
+    let caps = device.context().caps();
+    let safe: String = caps
+        .driver_version
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{}-{safe}", caps.device_uuid)
+}
+
+fn cache_path(device: &Device) -> Option<PathBuf> {
+    let dir = helios_vk::PipelineCacheDir::from_env().ok()?;
+    Some(
+        dir.root()?
+            .join("attention")
+            .join(format!("{}.tsv", device_key(device))),
+    )
+}
+
+const HEADER: &str = "# helios attention tuning v1: variant\tmicroseconds\tclass";
+
+fn with_store<T>(device: &Device, f: impl FnOnce(&mut Store) -> T) -> T {
+    let mut guard = STORES.lock().unwrap_or_else(|p| p.into_inner());
+    let stores = guard.get_or_insert_with(HashMap::new);
+    let store = stores.entry(device_key(device)).or_insert_with(|| {
+        let path = cache_path(device);
+        let entries = path
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .map(|text| parse(&text))
+            .unwrap_or_default();
+        Store { path, entries }
+    });
+    f(store)
+}
+
+fn parse(text: &str) -> HashMap<String, (String, f64)> {
+    let mut lines = text.lines();
+    if lines.next() != Some(HEADER) {
+        return HashMap::new();
+    }
+    lines
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, '\t');
+            let v = parts.next()?;
+            let us: f64 = parts.next()?.parse().ok()?;
+            AttnVariant::by_name(v)?;
+            Some((parts.next()?.to_owned(), (v.to_owned(), us)))
+        })
+        .collect()
+}
+
+/// The tuned variant for `class` on this device, if any.
+pub(crate) fn cached(device: &Device, class: &str) -> Option<AttnVariant> {
+    with_store(device, |s| {
+        s.entries
+            .get(class)
+            .and_then(|(v, _)| AttnVariant::by_name(v))
+    })
+}
+
+/// Every winner known for this device: (class, variant, µs), sorted.
+pub fn attention_tuning(device: &Device) -> Vec<(String, String, f64)> {
+    let mut v: Vec<_> = with_store(device, |s| {
+        s.entries
+            .iter()
+            .map(|(c, (v, us))| (c.clone(), v.clone(), *us))
+            .collect()
+    });
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn store(device: &Device, key: &str, variant: &str, us: f64) {
+    with_store(device, |s| {
+        s.entries.insert(key.to_owned(), (variant.to_owned(), us));
+        let Some(path) = s.path.clone() else { return };
+        let mut lines: Vec<String> = s
+            .entries
+            .iter()
+            .map(|(k, (v, t))| format!("{v}\t{t:.3}\t{k}"))
+            .collect();
+        lines.sort();
+        let text = format!("{HEADER}\n{}\n", lines.join("\n"));
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let result = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|_| std::fs::write(&tmp, text))
+            .and_then(|_| std::fs::rename(&tmp, &path));
+        if let Err(e) = result {
+            if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+                eprintln!(
+                    "helios: cannot save attention tuning to {}: {e}",
+                    path.display()
+                );
+            }
+        }
+    })
+}
+
+impl Tensor {
+    /// Tunes every stage of attention of queries `self` with `k`, `v` (and `dout` for the
+    /// backward stages) now, even where winners are cached or tuning is off, and stores the
+    /// winners (see [`attention_tuning`]).
+    pub fn attention_tune(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        dout: &Tensor,
+        opts: &AttentionOptions,
+    ) -> Result<()> {
+        tune_forward(self, k, v, opts)?;
+        let fwd = self.attention(k, v, opts)?;
+        tune_backward(self, k, v, &fwd, dout, opts)
+    }
+}

@@ -1,0 +1,424 @@
+//! Fused attention (forward and every gradient) on the Vulkan device present against the f64
+//! CPU reference: every head dim (32, 64, 80, 96, 128) and dtype, random batch/heads, odd T
+//! (not a multiple of any block), causal and not, key-padding lengths, Q/K/V read in place
+//! from a fused [B, T, 3, H, D] tensor, every SIMT variant forced, determinism, and errors.
+//! On a device with cooperative matrices the f16/bf16 cases run the cooperative kernels
+//! (the default choice there) and the relative errors are printed per dtype. Every test fails
+//! on any validation message.
+//!
+//! Error measure: max |got − want| / max |want| per tensor. Bounds: f32 1e-4; f16 2e-3 and
+//! bf16 1e-2 for the SIMT path (storage rounding only: f32 math); the cooperative path also
+//! rounds P and dS to the input type before its matrix products: f16 6e-3, bf16 4e-2.
+
+mod common;
+
+use common::{assert_clean, device};
+use helios::cpu::attention::{self as reference, AttnDims, AttnMask};
+use helios::{AttentionOptions, AttnStage, AttnVariant, DType, Device, IndexTensor, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn random(n: usize, rng: &mut StdRng, dtype: DType) -> Vec<f32> {
+    (0..n)
+        .map(|_| dtype.round(rng.gen_range(-1.0f32..1.0)))
+        .collect()
+}
+
+fn tolerance(dtype: DType, coop: bool) -> f64 {
+    match (dtype, coop) {
+        (DType::F32, _) => 1e-4,
+        (DType::F16, false) => 2e-3,
+        (DType::BF16, false) => 1e-2,
+        (DType::F16, true) => 6e-3,
+        (DType::BF16, true) => 4e-2,
+    }
+}
+
+/// One case.
+#[derive(Clone, Debug)]
+struct Case {
+    dims: AttnDims,
+    dtype: DType,
+    causal: bool,
+    lens: Option<Vec<u32>>,
+    /// Q, K, V as views of one fused [B, T, 3, H, D] tensor.
+    fused: bool,
+    variant: Option<AttnVariant>,
+}
+
+/// The worst relative error of (out, lse, dq, dk, dv), and whether the forward ran the
+/// cooperative kernels.
+fn run(d: &Device, c: &Case, seed: u64) -> Result<([f64; 5], bool), String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let s = c.dims;
+    let n = s.b * s.t * s.h * s.d;
+    let shape = [s.b, s.t, s.h, s.d];
+    let (q, k, v) = (
+        random(n, &mut rng, c.dtype),
+        random(n, &mut rng, c.dtype),
+        random(n, &mut rng, c.dtype),
+    );
+    let dout = random(n, &mut rng, c.dtype);
+    let e = |e: helios::Error| format!("{c:?}: {e}");
+    let lens = match &c.lens {
+        Some(l) => Some(IndexTensor::from_slice(d, l, &[s.b]).map_err(e)?),
+        None => None,
+    };
+    let opts = AttentionOptions {
+        causal: c.causal,
+        scale: None,
+        key_lengths: lens,
+        variant: c.variant,
+        ..Default::default()
+    };
+    let (qt, kt, vt) = if c.fused {
+        // [B, T, 3, H, D]
+        let mut fused = vec![0.0f32; 3 * n];
+        for (x, src) in [&q, &k, &v].iter().enumerate() {
+            for bt in 0..s.b * s.t {
+                for hd in 0..s.h * s.d {
+                    fused[(bt * 3 + x) * s.h * s.d + hd] = src[bt * s.h * s.d + hd];
+                }
+            }
+        }
+        let f = Tensor::from_slice_as(d, &fused, &[s.b, s.t, 3, s.h, s.d], c.dtype).map_err(e)?;
+        let [a, b, cc] = f.split_qkv().map_err(e)?;
+        (a, b, cc)
+    } else {
+        let up = |x: &[f32]| Tensor::from_slice_as(d, x, &shape, c.dtype);
+        (up(&q).map_err(e)?, up(&k).map_err(e)?, up(&v).map_err(e)?)
+    };
+    let coop = qt
+        .attention_kernel(AttnStage::Forward, &opts)
+        .map_err(e)?
+        .contains("coop");
+    let fwd = qt.attention(&kt, &vt, &opts).map_err(e)?;
+    let dt = Tensor::from_slice_as(d, &dout, &shape, c.dtype).map_err(e)?;
+    let g = qt
+        .attention_backward(&kt, &vt, &fwd, &dt, &opts)
+        .map_err(e)?;
+    let mask = AttnMask {
+        causal: c.causal,
+        lens: c.lens.as_deref(),
+    };
+    let scale = 1.0 / (s.d as f32).sqrt();
+    let (want_o, want_l) = reference::attention(&q, &k, &v, s, mask, scale);
+    let [wq, wk, wv] = reference::attention_backward(&q, &k, &v, &dout, s, mask, scale);
+    let got = |t: &Tensor| t.to_vec().map_err(e);
+    // L: compare where finite; −inf must match exactly.
+    let gl = got(&fwd.lse)?;
+    for (i, (&a, &b)) in gl.iter().zip(&want_l).enumerate() {
+        if b.is_infinite() != a.is_infinite() {
+            return Err(format!("{c:?}: lse[{i}] = {a}, want {b}"));
+        }
+    }
+    let fin = |x: &[f32]| -> Vec<f32> {
+        x.iter()
+            .map(|&v| if v.is_infinite() { 0.0 } else { v })
+            .collect()
+    };
+    let errs = [
+        reference::relative_error(&got(&fwd.out)?, &want_o),
+        reference::relative_error(&fin(&gl), &fin(&want_l)),
+        reference::relative_error(&got(&g.dq)?, &wq),
+        reference::relative_error(&got(&g.dk)?, &wk),
+        reference::relative_error(&got(&g.dv)?, &wv),
+    ];
+    Ok((errs, coop))
+}
+
+#[track_caller]
+fn check(d: &Device, c: &Case, seed: u64) -> [f64; 5] {
+    let (errs, coop) = run(d, c, seed).unwrap_or_else(|e| panic!("{e}"));
+    let tol = tolerance(c.dtype, coop);
+    let names = ["out", "lse", "dq", "dk", "dv"];
+    for (n, &err) in names.iter().zip(&errs) {
+        assert!(
+            err <= tol,
+            "{c:?} (coop {coop}): {n} relative error {err:.3e} > {tol:.0e}"
+        );
+    }
+    assert_clean(d);
+    errs
+}
+
+fn dims(b: usize, t: usize, h: usize, d: usize) -> AttnDims {
+    AttnDims { b, t, h, d }
+}
+
+/// Every head dim × dtype, random B, H and odd T, causal/non-causal and key padding
+/// alternating, the default kernel choice; relative errors printed per dtype.
+#[test]
+fn every_head_dim_and_dtype_matches_reference() {
+    let d = device();
+    let mut rng = StdRng::seed_from_u64(14);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let mut worst = [0.0f64; 5];
+        let mut coop = false;
+        for (i, hd) in [32usize, 64, 80, 96, 128].into_iter().enumerate() {
+            let b = rng.gen_range(1..3);
+            let t = rng.gen_range(1..40) * 2 + 1;
+            let h = rng.gen_range(1..3);
+            let lens =
+                (i % 2 == 1).then(|| (0..b).map(|_| rng.gen_range(1..=t as u32 + 3)).collect());
+            let c = Case {
+                dims: dims(b, t, h, hd),
+                dtype,
+                causal: i % 3 != 2,
+                lens,
+                fused: false,
+                variant: None,
+            };
+            let errs = check(d, &c, i as u64);
+            coop |= run(d, &c, i as u64).unwrap().1;
+            for (w, e) in worst.iter_mut().zip(errs) {
+                *w = w.max(e);
+            }
+        }
+        println!(
+            "attention {dtype} ({}): worst relative error out {:.2e} lse {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}",
+            if coop { "cooperative" } else { "simt" },
+            worst[0], worst[1], worst[2], worst[3], worst[4]
+        );
+    }
+}
+
+/// Q, K, V read in place from a fused [B, T, 3, H, D] tensor; non-causal with padding.
+#[test]
+fn fused_qkv_views_are_read_in_place() {
+    let d = device();
+    for (i, (causal, lens)) in [(true, None), (false, Some(vec![5u32, 17]))]
+        .into_iter()
+        .enumerate()
+    {
+        for dtype in [DType::F32, DType::BF16] {
+            let c = Case {
+                dims: dims(2, 19, 3, 64),
+                dtype,
+                causal,
+                lens: lens.clone(),
+                fused: true,
+                variant: None,
+            };
+            check(d, &c, 100 + i as u64);
+        }
+    }
+}
+
+/// Every SIMT tile that fits the device gives the reference's answer (T = 37: a partial
+/// last block for every tile).
+#[test]
+fn every_simt_variant_matches_reference() {
+    let d = device();
+    for (i, v) in helios_kernels::attention::SIMT_VARIANTS
+        .into_iter()
+        .enumerate()
+    {
+        for hd in [32usize, 96] {
+            let c = Case {
+                dims: dims(1, 37, 2, hd),
+                dtype: DType::F32,
+                causal: i % 2 == 0,
+                lens: (i == 1).then(|| vec![30]),
+                fused: false,
+                variant: Some(v),
+            };
+            match run(d, &c, 7) {
+                Ok(_) => {
+                    check(d, &c, 7);
+                }
+                Err(e) if e.contains("does not fit") => eprintln!("skipped {}: {e}", v.tag()),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+}
+
+/// Every cooperative tile (where the device has cooperative matrices; a visible skip
+/// elsewhere) on f16 and bf16, T = 77, causal with padding and not, head dims 64, 80, 128.
+#[test]
+fn every_coop_variant_matches_reference() {
+    let d = device();
+    let probe = Tensor::from_slice_as(d, &[0.0; 64], &[1, 1, 1, 64], DType::F16).unwrap();
+    let opts = AttentionOptions::causal();
+    if !probe
+        .attention_kernel(AttnStage::Forward, &opts)
+        .unwrap()
+        .contains("coop")
+    {
+        eprintln!("skipped: {} has no 16x16x16 cooperative matrices", d.name());
+        return;
+    }
+    for (i, v) in helios_kernels::attention::COOP_VARIANTS
+        .into_iter()
+        .enumerate()
+    {
+        for dtype in [DType::F16, DType::BF16] {
+            for hd in [64usize, 80, 128] {
+                let c = Case {
+                    dims: dims(2, 77, 2, hd),
+                    dtype,
+                    causal: i % 2 == 0,
+                    lens: (i % 2 == 1).then(|| vec![77, 40]),
+                    fused: false,
+                    variant: Some(v),
+                };
+                match run(d, &c, 11) {
+                    Ok((errs, coop)) => {
+                        assert!(coop, "{c:?} did not run the cooperative kernels");
+                        println!(
+                            "coop {} {dtype} d{hd}: out {:.2e} lse {:.2e}",
+                            v.tag(),
+                            errs[0],
+                            errs[1]
+                        );
+                        check(d, &c, 11);
+                    }
+                    Err(e) if e.contains("does not fit") => {
+                        println!("skipped {} d{hd}: {e}", v.tag())
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+    }
+}
+
+/// A key length of 0 gives O = 0, L = −inf and zero gradients; lengths past T are T.
+#[test]
+fn empty_and_long_key_lengths() {
+    let d = device();
+    let c = Case {
+        dims: dims(3, 9, 1, 32),
+        dtype: DType::F32,
+        causal: false,
+        lens: Some(vec![0, 4, 100]),
+        fused: false,
+        variant: None,
+    };
+    check(d, &c, 3);
+}
+
+/// Two backward passes give bit-identical gradients.
+#[test]
+fn backward_is_deterministic() {
+    let d = device();
+    let s = [2, 45, 2, 64];
+    let n: usize = s.iter().product();
+    let mut rng = StdRng::seed_from_u64(9);
+    let up = |x: Vec<f32>| Tensor::from_slice_as(d, &x, &s, DType::F16).unwrap();
+    let q = up(random(n, &mut rng, DType::F16));
+    let k = up(random(n, &mut rng, DType::F16));
+    let v = up(random(n, &mut rng, DType::F16));
+    let dout = up(random(n, &mut rng, DType::F16));
+    let opts = AttentionOptions::causal();
+    let fwd = q.attention(&k, &v, &opts).unwrap();
+    let a = q.attention_backward(&k, &v, &fwd, &dout, &opts).unwrap();
+    let b = q.attention_backward(&k, &v, &fwd, &dout, &opts).unwrap();
+    for (x, y) in [(&a.dq, &b.dq), (&a.dk, &b.dk), (&a.dv, &b.dv)] {
+        let (x, y) = (x.to_vec().unwrap(), y.to_vec().unwrap());
+        assert!(x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()));
+    }
+    assert_clean(d);
+}
+
+/// Bad shapes, dtypes and options are errors, not panics.
+#[test]
+fn bad_inputs_are_errors() {
+    let d = device();
+    let t = |shape: &[usize], dtype: DType| {
+        let n: usize = shape.iter().product();
+        Tensor::from_slice_as(d, &vec![0.5; n], shape, dtype).unwrap()
+    };
+    let opts = AttentionOptions::causal();
+    let q = t(&[1, 8, 2, 32], DType::F32);
+    let msg = |r: Result<helios::AttentionOutput, helios::Error>| match r {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    // Head dim not a multiple of 16.
+    let q24 = t(&[1, 8, 2, 24], DType::F32);
+    assert!(msg(q24.attention(&q24, &q24, &opts)).contains("head dim 24"));
+    // Shapes differ.
+    let k = t(&[1, 9, 2, 32], DType::F32);
+    assert!(msg(q.attention(&k, &q, &opts)).contains("equal"));
+    // Dtypes differ.
+    let kh = t(&[1, 8, 2, 32], DType::F16);
+    assert!(msg(q.attention(&kh, &q, &opts)).contains("dtypes"));
+    // Three dimensions.
+    let q3 = t(&[8, 2, 32], DType::F32);
+    assert!(msg(q3.attention(&q3, &q3, &opts)).contains("[B, T, H, D]"));
+    // Q, K, V of a head dimension that is not dense are copied first; dO must be dense there.
+    let qt = t(&[1, 8, 32, 2], DType::F32).transpose(2, 3).unwrap();
+    let f = qt.attention(&qt, &qt, &opts).unwrap();
+    assert!(q.attention_backward(&q, &q, &f, &qt, &opts).is_err());
+    // Key lengths of the wrong shape.
+    let bad = AttentionOptions {
+        key_lengths: Some(IndexTensor::from_slice(d, &[1, 2], &[2]).unwrap()),
+        ..AttentionOptions::causal()
+    };
+    assert!(msg(q.attention(&q, &q, &bad)).contains("key_lengths"));
+    // split_qkv of a non-fused tensor.
+    assert!(q.split_qkv().is_err());
+    // A forced variant that cannot run (cooperative on f32).
+    let forced = AttentionOptions {
+        variant: Some(AttnVariant::Coop { bq: 64, bk: 64 }),
+        ..AttentionOptions::causal()
+    };
+    assert!(msg(q.attention(&q, &q, &forced)).contains("does not fit"));
+    // Backward with an lse of the wrong shape.
+    let fwd = q.attention(&q, &q, &opts).unwrap();
+    let wrong = helios::AttentionOutput {
+        out: fwd.out.clone(),
+        lse: t(&[1, 8, 2], DType::F32),
+    };
+    assert!(q.attention_backward(&q, &q, &wrong, &q, &opts).is_err());
+    assert_clean(d);
+}
+
+/// The tuner times the candidates of every stage, stores a winner per class, and later calls
+/// run the winners (which still match the reference).
+#[test]
+fn tuning_stores_winners_that_are_used() {
+    let d = device();
+    let s = [1, 33, 2, 32];
+    let n: usize = s.iter().product();
+    let mut rng = StdRng::seed_from_u64(21);
+    let up = |x: Vec<f32>| Tensor::from_slice_as(d, &x, &s, DType::F32).unwrap();
+    let q = up(random(n, &mut rng, DType::F32));
+    let k = up(random(n, &mut rng, DType::F32));
+    let v = up(random(n, &mut rng, DType::F32));
+    let dout = up(random(n, &mut rng, DType::F32));
+    let opts = AttentionOptions {
+        key_lengths: Some(IndexTensor::from_slice(d, &[29], &[1]).unwrap()),
+        ..Default::default()
+    };
+    q.attention_tune(&k, &v, &dout, &opts).unwrap();
+    let table = helios::attention_tuning(d);
+    for stage in ["Forward", "DkDv", "Dq"] {
+        let class = format!("f32 d32 {stage} causal0 pad1");
+        let (_, variant, us) = table
+            .iter()
+            .find(|(c, _, _)| *c == class)
+            .unwrap_or_else(|| panic!("no winner for {class}: {table:?}"));
+        assert!(*us > 0.0);
+        let st = match stage {
+            "Forward" => AttnStage::Forward,
+            "DkDv" => AttnStage::DkDv,
+            _ => AttnStage::Dq,
+        };
+        assert!(q
+            .attention_kernel(st, &opts)
+            .unwrap()
+            .ends_with(variant.as_str()));
+    }
+    let c = Case {
+        dims: dims(1, 33, 2, 32),
+        dtype: DType::F32,
+        causal: false,
+        lens: Some(vec![29]),
+        fused: false,
+        variant: None,
+    };
+    check(d, &c, 21);
+}
