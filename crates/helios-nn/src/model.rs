@@ -2,202 +2,79 @@
 //! as plain functions (`forward`, `block`, `causal_self_attention`), as llm.c writes them;
 //! backward comes from `helios`' autograd.
 //!
-//! The one decision a reader must know: on the device, `attn.c_attn` (weight (C, 3C), bias
-//! (3C)) is held as three column pieces, q | k | v, each (C, C) and (C). `helios` cannot yet
-//! differentiate `narrow`, so slicing q, k and v out of one (B, T, 3C) product is not
-//! possible; three products against the pieces compute the same numbers, and AdamW and the
-//! gradient norm are element-wise, so the optimizer sees the same update. Files, the host
-//! `ParamStore` and the optimizer state keep Hugging Face's whole tensors: `Piece` says
-//! which columns of which parameter each device tensor is, and `to_host` stitches them.
+//! The one decision a reader must know: parameters keep Hugging Face's shapes on the device
+//! too (Conv1D weights [in, out], so a linear layer is `x @ w + b`), one leaf tensor per
+//! `GptConfig::param_specs` entry in that order; q, k and v come out of one (B, T, 3C)
+//! product and the fused attention kernel reads them in place as views.
 //!
 //! Shapes: B batch, T sequence, C channels, H heads, D = C/H, V vocabulary, L layers.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 
-use helios::{Activation, DType, Device, IndexTensor, MatmulOptions, SoftmaxOptions, Tensor};
+use helios::{
+    Activation, AttentionOptions, DType, Device, IndexTensor, MatmulOptions, SoftmaxOptions, Tensor,
+};
 
 use crate::config::GptConfig;
 use crate::params::{HostTensor, ParamStore};
 use crate::{Error, Result};
 
-/// Device tensors per transformer block (c_attn's weight and bias are 3 pieces each).
-const PIECES_PER_BLOCK: usize = 16;
+/// Device tensors per transformer block.
+const PER_BLOCK: usize = 12;
 
-/// One device tensor: columns `cols` of the last axis of the Hugging Face parameter `name`
-/// (the whole parameter when `cols` is `None`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Piece {
-    pub name: String,
-    pub cols: Option<Range<usize>>,
-    /// The device tensor's shape.
-    pub shape: Vec<usize>,
-    /// AdamW decays it (the matrices).
-    pub weight_decay: bool,
-}
-
-/// The device tensors of a configuration, in the order `GptParams` holds them.
-pub fn pieces(config: &GptConfig) -> Vec<Piece> {
-    let c = config.n_embd;
-    let mut out = Vec::with_capacity(4 + PIECES_PER_BLOCK * config.n_layer);
-    for spec in config.param_specs() {
-        if spec.name.ends_with("attn.c_attn.weight") || spec.name.ends_with("attn.c_attn.bias") {
-            for i in 0..3 {
-                let mut shape = spec.shape.clone();
-                *shape.last_mut().expect("c_attn has an axis") = c;
-                out.push(Piece {
-                    name: spec.name.clone(),
-                    cols: Some(i * c..(i + 1) * c),
-                    shape,
-                    weight_decay: spec.weight_decay,
-                });
-            }
-        } else {
-            out.push(Piece {
-                name: spec.name,
-                cols: None,
-                shape: spec.shape,
-                weight_decay: spec.weight_decay,
-            });
-        }
-    }
-    out
-}
-
-/// Columns `cols` of the last axis of `t`.
-fn take_cols(t: &HostTensor, cols: &Range<usize>, shape: &[usize]) -> HostTensor {
-    let width = *t.shape.last().expect("a piece has an axis");
-    let data = t
-        .data
-        .chunks_exact(width)
-        .flat_map(|row| row[cols.clone()].iter().copied())
-        .collect();
-    HostTensor {
-        shape: shape.to_vec(),
-        data,
-    }
-}
-
-/// The host tensors (Hugging Face names and shapes) that `tensors`, one per piece of
-/// `config`, are pieces of.
-pub fn to_host(config: &GptConfig, tensors: &[HostTensor]) -> Result<BTreeMap<String, HostTensor>> {
-    let pieces = pieces(config);
-    if pieces.len() != tensors.len() {
-        return Err(Error::Params(format!(
-            "{} device tensors given for {} pieces",
-            tensors.len(),
-            pieces.len()
-        )));
-    }
-    let mut out: BTreeMap<String, HostTensor> = BTreeMap::new();
-    let specs: BTreeMap<String, Vec<usize>> = config
-        .param_specs()
-        .into_iter()
-        .map(|s| (s.name, s.shape))
-        .collect();
-    for (p, t) in pieces.iter().zip(tensors) {
-        if t.shape != p.shape {
-            return Err(Error::WrongShape {
-                name: p.name.clone(),
-                expected: p.shape.clone(),
-                got: t.shape.clone(),
-            });
-        }
-        match &p.cols {
-            None => {
-                out.insert(p.name.clone(), t.clone());
-            }
-            Some(cols) => {
-                let full = out
-                    .entry(p.name.clone())
-                    .or_insert_with(|| HostTensor::zeros(&specs[&p.name]));
-                let width = *full.shape.last().expect("c_attn has an axis");
-                let piece_width = cols.len();
-                for (dst, src) in full
-                    .data
-                    .chunks_exact_mut(width)
-                    .zip(t.data.chunks_exact(piece_width))
-                {
-                    dst[cols.clone()].copy_from_slice(src);
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// The piece tensors (host) of named Hugging Face tensors, in piece order.
-pub fn from_host(
-    config: &GptConfig,
-    tensors: &BTreeMap<String, HostTensor>,
-) -> Result<Vec<HostTensor>> {
-    pieces(config)
-        .iter()
-        .map(|p| {
-            let t = tensors
-                .get(&p.name)
-                .ok_or_else(|| Error::Params(format!("parameter '{}' is missing", p.name)))?;
-            Ok(match &p.cols {
-                None => t.clone(),
-                Some(cols) => take_cols(t, cols, &p.shape),
-            })
-        })
-        .collect()
-}
-
-/// GPT-2's parameters on a device, one leaf tensor per `Piece` (see the module header).
+/// GPT-2's parameters on a device, one leaf tensor per `GptConfig::param_specs` entry, in
+/// that order and of those (Hugging Face) shapes.
 pub struct GptParams {
     config: GptConfig,
-    /// One per `pieces(config)`, same order and shapes.
+    /// One per `config.param_specs()`.
     tensors: Vec<Tensor>,
 }
 
 /// The parameters one block reads.
 struct Block<'a> {
-    ln_1_w: &'a Tensor,     // (C)
-    ln_1_b: &'a Tensor,     // (C)
-    qkv_w: [&'a Tensor; 3], // 3 x (C, C): columns of c_attn.weight
-    qkv_b: [&'a Tensor; 3], // 3 x (C)
-    proj_w: &'a Tensor,     // (C, C)
-    proj_b: &'a Tensor,     // (C)
-    ln_2_w: &'a Tensor,     // (C)
-    ln_2_b: &'a Tensor,     // (C)
-    fc_w: &'a Tensor,       // (C, 4C)
-    fc_b: &'a Tensor,       // (4C)
-    fc_proj_w: &'a Tensor,  // (4C, C)
-    fc_proj_b: &'a Tensor,  // (C)
+    ln_1_w: &'a Tensor,    // (C)
+    ln_1_b: &'a Tensor,    // (C)
+    attn_w: &'a Tensor,    // (C, 3C): q | k | v
+    attn_b: &'a Tensor,    // (3C)
+    proj_w: &'a Tensor,    // (C, C)
+    proj_b: &'a Tensor,    // (C)
+    ln_2_w: &'a Tensor,    // (C)
+    ln_2_b: &'a Tensor,    // (C)
+    fc_w: &'a Tensor,      // (C, 4C)
+    fc_b: &'a Tensor,      // (4C)
+    fc_proj_w: &'a Tensor, // (4C, C)
+    fc_proj_b: &'a Tensor, // (C)
 }
 
 impl GptParams {
     /// `store` on `device` as `dtype`, every tensor a leaf that accumulates a gradient.
     pub fn upload(store: &ParamStore, device: &Device, dtype: DType) -> Result<GptParams> {
-        let config = store.config().clone();
-        let named: BTreeMap<String, HostTensor> =
-            store.iter().map(|(s, t)| (s.name, t.clone())).collect();
-        let host = from_host(&config, &named)?;
-        let tensors = host
+        let tensors = store
             .iter()
-            .map(|t| Ok(t.upload(device, dtype)?.requires_grad_()))
+            .map(|(_, t)| Ok(t.upload(device, dtype)?.requires_grad_()))
             .collect::<Result<Vec<_>>>()?;
-        Ok(GptParams { config, tensors })
+        Ok(GptParams {
+            config: store.config().clone(),
+            tensors,
+        })
     }
 
-    /// Wraps tensors made elsewhere (one per piece, e.g. bf16 copies of f32 masters), each
-    /// made a gradient leaf.
+    /// Wraps tensors made elsewhere (one per parameter, e.g. bf16 copies of f32 masters),
+    /// each made a gradient leaf.
     pub fn from_tensors(config: &GptConfig, tensors: Vec<Tensor>) -> Result<GptParams> {
-        let pieces = pieces(config);
-        if pieces.len() != tensors.len() {
+        let specs = config.param_specs();
+        if specs.len() != tensors.len() {
             return Err(Error::Params(format!(
-                "{} tensors given for {} pieces",
+                "{} tensors given for {} parameters",
                 tensors.len(),
-                pieces.len()
+                specs.len()
             )));
         }
-        for (p, t) in pieces.iter().zip(&tensors) {
-            if p.shape != t.shape() {
+        for (s, t) in specs.iter().zip(&tensors) {
+            if s.shape != t.shape() {
                 return Err(Error::WrongShape {
-                    name: p.name.clone(),
-                    expected: p.shape.clone(),
+                    name: s.name.clone(),
+                    expected: s.shape.clone(),
                     got: t.shape().to_vec(),
                 });
             }
@@ -213,33 +90,28 @@ impl GptParams {
         &self.config
     }
 
-    /// The device tensors, one per `pieces(config)`.
+    /// The device tensors, one per `config().param_specs()`.
     pub fn tensors(&self) -> &[Tensor] {
         &self.tensors
     }
 
-    /// The parameters as a host store (f32, Hugging Face names and shapes).
+    /// The parameters as a host store (f32).
     pub fn download(&self) -> Result<ParamStore> {
-        let host = self
-            .tensors
-            .iter()
-            .map(HostTensor::download)
-            .collect::<Result<Vec<_>>>()?;
-        ParamStore::from_tensors(&self.config, to_host(&self.config, &host)?)
+        ParamStore::from_tensors(&self.config, to_host(&self.config, &self.tensors)?)
     }
 
     /// The accumulated gradients as host tensors by Hugging Face name (zeros where no
     /// gradient reached a parameter).
     pub fn grads_to_host(&self) -> Result<BTreeMap<String, HostTensor>> {
-        let host = self
+        let grads = self
             .tensors
             .iter()
             .map(|t| match t.grad() {
-                Some(g) => HostTensor::download(&g),
-                None => Ok(HostTensor::zeros(t.shape())),
+                Some(g) => Ok(g),
+                None => Ok(Tensor::zeros(t.device(), t.shape(), DType::F32)?),
             })
             .collect::<Result<Vec<_>>>()?;
-        to_host(&self.config, &host)
+        to_host(&self.config, &grads)
     }
 
     /// Forgets every accumulated gradient.
@@ -261,17 +133,17 @@ impl GptParams {
     }
 
     fn block(&self, l: usize) -> Block<'_> {
-        let start = 2 + PIECES_PER_BLOCK * l;
-        let [ln_1_w, ln_1_b, q_w, k_w, v_w, q_b, k_b, v_b, proj_w, proj_b, ln_2_w, ln_2_b, fc_w, fc_b, fc_proj_w, fc_proj_b] =
-            &self.tensors[start..start + PIECES_PER_BLOCK]
+        let start = 2 + PER_BLOCK * l;
+        let [ln_1_w, ln_1_b, attn_w, attn_b, proj_w, proj_b, ln_2_w, ln_2_b, fc_w, fc_b, fc_proj_w, fc_proj_b] =
+            &self.tensors[start..start + PER_BLOCK]
         else {
-            unreachable!("a block has {PIECES_PER_BLOCK} pieces");
+            unreachable!("a block has {PER_BLOCK} parameters");
         };
         Block {
             ln_1_w,
             ln_1_b,
-            qkv_w: [q_w, k_w, v_w],
-            qkv_b: [q_b, k_b, v_b],
+            attn_w,
+            attn_b,
             proj_w,
             proj_b,
             ln_2_w,
@@ -282,6 +154,17 @@ impl GptParams {
             fc_proj_b,
         }
     }
+}
+
+/// Device tensors, one per parameter of `config` in `param_specs` order, as host tensors by
+/// name (widened to f32).
+pub fn to_host(config: &GptConfig, tensors: &[Tensor]) -> Result<BTreeMap<String, HostTensor>> {
+    config
+        .param_specs()
+        .into_iter()
+        .zip(tensors)
+        .map(|(s, t)| Ok((s.name, HostTensor::download(t)?)))
+        .collect()
 }
 
 /// Token ids (B, T) and positions 0..T as device index tensors, after checking them against
@@ -372,10 +255,8 @@ fn block(w: &Block, x: &Tensor, cfg: &GptConfig) -> Result<Tensor> {
             },
         )
     };
-    let q = linear(&h, w.qkv_w[0], w.qkv_b[0])?; // (B, T, C)
-    let k = linear(&h, w.qkv_w[1], w.qkv_b[1])?; // (B, T, C)
-    let v = linear(&h, w.qkv_w[2], w.qkv_b[2])?; // (B, T, C)
-    let a = causal_self_attention(&q, &k, &v, cfg.n_head)?; // (B, T, C)
+    let qkv = linear(&h, w.attn_w, w.attn_b)?; // (B, T, 3C)
+    let a = causal_self_attention(&qkv, cfg.n_head)?; // (B, T, C)
     let x = a.matmul_opts(
         w.proj_w,
         &MatmulOptions {
@@ -403,27 +284,54 @@ fn block(w: &Block, x: &Tensor, cfg: &GptConfig) -> Result<Tensor> {
     )?) // (B, T, C)
 }
 
-/// Causal self-attention of `n_head` heads: q, k, v (B, T, C) → (B, T, C), each position
-/// attending to itself and the positions before it, scores scaled by 1/√D.
-pub fn causal_self_attention(q: &Tensor, k: &Tensor, v: &Tensor, n_head: usize) -> Result<Tensor> {
-    materialised_attention(q, k, v, n_head)
+/// Causal self-attention of `n_head` heads over the fused projection qkv (B, T, 3C), laid
+/// out q | k | v, each head's D = C/H channels together: → (B, T, C). Each position attends
+/// to itself and the positions before it, scores scaled by 1/√D. Runs the fused kernel,
+/// which reads q, k and v in place as views of qkv and never stores the scores (the
+/// materialised form for head sizes it does not take).
+pub fn causal_self_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
+    let (b, t, c) = qkv_dims(qkv, n_head)?;
+    let d = c / n_head;
+    if !fused_attention_fits(d) {
+        return materialised_attention(qkv, n_head);
+    }
+    let qkv = qkv.reshape(&[b, t, 3, n_head, d])?; // (B, T, 3, H, D)
+                                                   // Views of qkv, (B, T, H, D) each. The unit axis is dropped here because helios'
+                                                   // attention backward returns (B, T, H, D) gradients even for (B, T, 1, H, D) inputs.
+    let part = |i: usize| qkv.narrow(2, i, 1)?.reshape(&[b, t, n_head, d]);
+    let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+    let y = q.attention(&k, &v, &AttentionOptions::causal())?.out; // (B, T, H, D)
+    Ok(y.reshape(&[b, t, c])?) // (B, T, C)
 }
 
-/// Attention with the (B, H, T, T) scores stored: the reference form.
-pub fn materialised_attention(q: &Tensor, k: &Tensor, v: &Tensor, n_head: usize) -> Result<Tensor> {
-    let &[b, t, c] = q.shape() else {
-        return Err(Error::Params(format!(
-            "attention takes (B, T, C) inputs, got {:?}",
-            q.shape()
-        )));
-    };
+/// Whether helios' fused attention takes heads of `d` channels (multiples of 16 up to 256).
+fn fused_attention_fits(d: usize) -> bool {
+    d % 16 == 0 && d <= 256
+}
+
+/// The same attention with the (B, H, T, T) scores stored: the reference form the tests
+/// hold the fused kernel to.
+pub fn materialised_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
+    let (b, t, c) = qkv_dims(qkv, n_head)?;
     let d = c / n_head;
-    let heads = |x: &Tensor| x.reshape(&[b, t, n_head, d]); // (B, T, H, D)
-    let q = heads(q)?.permute(&[0, 2, 1, 3])?; // (B, H, T, D)
-    let kt = heads(k)?.permute(&[0, 2, 3, 1])?; // (B, H, D, T)
-    let v = heads(v)?.permute(&[0, 2, 1, 3])?; // (B, H, T, D)
+    let qkv = qkv.reshape(&[b, t, 3, n_head, d])?; // (B, T, 3, H, D)
+    let part = |i: usize| qkv.narrow(2, i, 1)?.reshape(&[b, t, n_head, d]); // (B, T, H, D)
+    let q = part(0)?.permute(&[0, 2, 1, 3])?; // (B, H, T, D)
+    let kt = part(1)?.permute(&[0, 2, 3, 1])?; // (B, H, D, T)
+    let v = part(2)?.permute(&[0, 2, 1, 3])?; // (B, H, T, D)
     let scores = q.matmul(&kt)?; // (B, H, T, T)
     let att = scores.softmax_with(SoftmaxOptions::causal(1.0 / (d as f32).sqrt()))?; // (B, H, T, T)
     let y = att.matmul(&v)?; // (B, H, T, D)
     Ok(y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?) // (B, T, C)
+}
+
+/// (B, T, C) of a (B, T, 3C) qkv whose C splits into `n_head` heads.
+fn qkv_dims(qkv: &Tensor, n_head: usize) -> Result<(usize, usize, usize)> {
+    match *qkv.shape() {
+        [b, t, c3] if c3 % 3 == 0 && n_head > 0 && (c3 / 3) % n_head == 0 => Ok((b, t, c3 / 3)),
+        _ => Err(Error::Params(format!(
+            "attention takes a (B, T, 3C) qkv with C a multiple of {n_head} heads, got {:?}",
+            qkv.shape()
+        ))),
+    }
 }

@@ -9,22 +9,22 @@
 use helios::{adamw_step, AdamWConfig, AdamWParam, DType, Tensor};
 
 use crate::checkpoint::OptimizerState;
-use crate::model::{from_host, pieces, to_host, GptParams};
-use crate::params::{HostTensor, ParamStore};
+use crate::model::{to_host, GptParams};
+use crate::params::ParamStore;
 use crate::schedule::AdamWHyper;
 use crate::{Error, Result};
 
-/// AdamW's state on the device, one entry per `model::pieces` of the configuration.
+/// AdamW's state on the device, one entry per parameter (`GptConfig::param_specs` order).
 pub struct AdamW {
     pub hyper: AdamWHyper,
     /// Steps taken (the next is `step + 1`).
     pub step: u64,
-    /// f32 first and second moments, the shapes of the pieces.
+    /// f32 first and second moments, the parameters' shapes.
     m: Vec<Tensor>,
     v: Vec<Tensor>,
     /// f32 master weights when the model's tensors are narrower (bf16); `None` in fp32.
     master: Option<Vec<Tensor>>,
-    /// Whether each piece decays.
+    /// Whether each parameter decays.
     decay: Vec<bool>,
 }
 
@@ -40,16 +40,20 @@ impl AdamW {
         let config = params.config();
         state.validate(config)?;
         let device = params.tensors()[0].device().clone();
-        let upload = |host: Vec<HostTensor>| -> Result<Vec<Tensor>> {
-            host.iter().map(|t| t.upload(&device, DType::F32)).collect()
+        let specs = config.param_specs();
+        let upload = |map: &std::collections::BTreeMap<String, crate::HostTensor>| {
+            specs
+                .iter()
+                .map(|s| map[&s.name].upload(&device, DType::F32))
+                .collect::<Result<Vec<_>>>()
         };
         Ok(AdamW {
             hyper,
             step: state.step,
-            m: upload(from_host(config, &state.m)?)?,
-            v: upload(from_host(config, &state.v)?)?,
+            m: upload(&state.m)?,
+            v: upload(&state.v)?,
             master,
-            decay: pieces(config).iter().map(|p| p.weight_decay).collect(),
+            decay: specs.iter().map(|s| s.weight_decay).collect(),
         })
     }
 
@@ -75,7 +79,7 @@ impl AdamW {
 
     /// One step at learning rate `lr` on the gradients accumulated in `params` (clipped to
     /// the global norm `hyper.grad_clip` first), then forgets them. Returns the gradient
-    /// norm before clipping, a (1,) device tensor. Every piece must have a gradient.
+    /// norm before clipping, a (1,) device tensor. Every parameter must have a gradient.
     pub fn step(&mut self, params: &GptParams, lr: f64) -> Result<Tensor> {
         let grads = params
             .tensors()
@@ -86,7 +90,7 @@ impl AdamW {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let norm = AdamW::grad_norm(params)?.expect("every piece has a gradient");
+        let norm = AdamW::grad_norm(params)?.expect("every parameter has a gradient");
         let grads = match self.hyper.grad_clip {
             None => grads,
             Some(clip) => {
@@ -136,17 +140,10 @@ impl AdamW {
     /// The moments on the host (Hugging Face names and shapes), for a checkpoint.
     pub fn state(&self, params: &GptParams) -> Result<OptimizerState> {
         let config = params.config();
-        let down = |ts: &[Tensor]| -> Result<_> {
-            let host = ts
-                .iter()
-                .map(HostTensor::download)
-                .collect::<Result<Vec<_>>>()?;
-            to_host(config, &host)
-        };
         Ok(OptimizerState {
             step: self.step,
-            m: down(&self.m)?,
-            v: down(&self.v)?,
+            m: to_host(config, &self.m)?,
+            v: to_host(config, &self.v)?,
         })
     }
 
@@ -155,11 +152,7 @@ impl AdamW {
         match &self.master {
             None => params.download(),
             Some(master) => {
-                let host = master
-                    .iter()
-                    .map(HostTensor::download)
-                    .collect::<Result<Vec<_>>>()?;
-                ParamStore::from_tensors(params.config(), to_host(params.config(), &host)?)
+                ParamStore::from_tensors(params.config(), to_host(params.config(), master)?)
             }
         }
     }
@@ -175,16 +168,16 @@ pub fn upload_with_master(
     if dtype == DType::F32 {
         return Ok((GptParams::upload(store, device, DType::F32)?, None));
     }
-    let config = store.config();
-    let named = store.iter().map(|(s, t)| (s.name, t.clone())).collect();
-    let host = from_host(config, &named)?;
-    let master = host
+    let master = store
         .iter()
-        .map(|t| t.upload(device, DType::F32))
+        .map(|(_, t)| t.upload(device, DType::F32))
         .collect::<Result<Vec<_>>>()?;
-    let narrow = host
+    let narrow = store
         .iter()
-        .map(|t| t.upload(device, dtype))
+        .map(|(_, t)| t.upload(device, dtype))
         .collect::<Result<Vec<_>>>()?;
-    Ok((GptParams::from_tensors(config, narrow)?, Some(master)))
+    Ok((
+        GptParams::from_tensors(store.config(), narrow)?,
+        Some(master),
+    ))
 }

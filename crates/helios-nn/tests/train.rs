@@ -23,7 +23,7 @@ fn config() -> GptConfig {
     GptConfig {
         n_layer: 2,
         n_head: 2,
-        n_embd: 16,
+        n_embd: 32, // head size 16: the fused attention kernel runs
         vocab_size: 32,
         block_size: 16,
         layer_norm_eps: 1e-5,
