@@ -56,7 +56,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0.05)]
     pub val_fraction: f64,
     /// Optimizer steps in all (a resumed run continues up to this step).
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 40)]
     pub steps: u64,
     /// Sequences per micro-batch.
     #[arg(long, default_value_t = 4)]
@@ -110,7 +110,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub dump_state: Option<PathBuf>,
     /// Tokens to sample from the trained model at the end (0: none).
-    #[arg(long, default_value_t = 80)]
+    #[arg(long, default_value_t = 60)]
     pub sample_tokens: usize,
     /// The sample's prompt.
     #[arg(long, default_value = "ROMEO:")]

@@ -1,13 +1,14 @@
 //! Text generation: sampling the next token from a model's logits (temperature, top-k,
 //! top-p, a seeded generator) one token at a time.
 //!
-//! The one decision a reader must know: `generate` runs the whole window through the
-//! transformer for every new token (no key/value cache yet), but the head, which dominates at
-//! GPT-2's vocabulary, only for the last position. Each token costs the blocks over up to
-//! `block_size` positions plus one (1, C) x (C, V) product.
+//! The one decision a reader must know: `generate` decodes with a key/value cache (one
+//! single-position pass per token, `kv_cache`); `generate_recompute` runs the whole window
+//! through the blocks for every token and is the reference the tests hold it to. Both run
+//! the head, which dominates at GPT-2's vocabulary, for the last position only.
 
-use helios::{no_grad, Device};
+use helios::{no_grad, Device, Tensor};
 
+use crate::kv_cache::{self, KvCache};
 use crate::model::{self, GptParams};
 use crate::{Error, Result};
 
@@ -119,7 +120,9 @@ pub fn sample(logits: &[f32], s: &Sampling, u: f64) -> u32 {
 }
 
 /// `prompt` followed by `n` sampled tokens; `on_token` sees each new token as it comes.
-/// The model sees at most its last `block_size` tokens.
+/// Decodes with a key/value cache (`kv_cache`): one single-position pass per token. Once the
+/// model's `block_size` positions are used, it recomputes the last `block_size` tokens per
+/// token instead (as `generate_recompute` does throughout).
 pub fn generate(
     params: &GptParams,
     device: &Device,
@@ -128,28 +131,80 @@ pub fn generate(
     s: &Sampling,
     mut on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>> {
+    check(params, prompt, s)?;
+    let cfg = params.config();
+    if prompt.len() >= cfg.block_size {
+        return generate_recompute(params, device, prompt, n, s, on_token);
+    }
+    let mut rng = Rng(s.seed);
+    let mut tokens = prompt.to_vec();
+    let mut cache = KvCache::new(params);
+    let mut logits = None;
+    for &t in prompt {
+        logits = Some(kv_cache::step(params, &mut cache, t)?); // (1, V)
+    }
+    let mut logits = logits.expect("the prompt is not empty");
+    for i in 0..n {
+        let next = sample(&logits.to_vec()?, s, rng.uniform());
+        tokens.push(next);
+        on_token(next);
+        if i + 1 == n {
+            break;
+        }
+        logits = match cache.is_full() {
+            false => kv_cache::step(params, &mut cache, next)?,
+            true => window_logits(params, device, &tokens)?,
+        };
+    }
+    Ok(tokens)
+}
+
+/// `generate` without a cache: every token runs the whole window (up to `block_size` tokens)
+/// through the blocks; the head only for the last position. The reference form.
+pub fn generate_recompute(
+    params: &GptParams,
+    device: &Device,
+    prompt: &[u32],
+    n: usize,
+    s: &Sampling,
+    mut on_token: impl FnMut(u32),
+) -> Result<Vec<u32>> {
+    check(params, prompt, s)?;
+    let mut rng = Rng(s.seed);
+    let mut tokens = prompt.to_vec();
+    for _ in 0..n {
+        let last = window_logits(params, device, &tokens)?.to_vec()?; // (1, V)
+        let next = sample(&last, s, rng.uniform());
+        tokens.push(next);
+        on_token(next);
+    }
+    Ok(tokens)
+}
+
+/// The logits (1, V) after the last `block_size` of `tokens`.
+fn window_logits(params: &GptParams, device: &Device, tokens: &[u32]) -> Result<Tensor> {
+    let cfg = params.config();
+    let window = &tokens[tokens.len().saturating_sub(cfg.block_size)..];
+    let (idx, pos) = model::inputs(cfg, device, window, 1, window.len())?;
+    no_grad(|| model::forward_last(params, &idx, &pos))
+}
+
+fn check(params: &GptParams, prompt: &[u32], s: &Sampling) -> Result<()> {
     s.validate()?;
     if prompt.is_empty() {
         return Err(Error::Config(
             "the prompt is empty; give at least one token (e.g. <|endoftext|>)".into(),
         ));
     }
-    let cfg = params.config();
-    let mut rng = Rng(s.seed);
-    let mut tokens = prompt.to_vec();
-    no_grad(|| -> Result<()> {
-        for _ in 0..n {
-            let window = &tokens[tokens.len().saturating_sub(cfg.block_size)..];
-            let t = window.len();
-            let (idx, pos) = model::inputs(cfg, device, window, 1, t)?;
-            let last = model::forward_last(params, &idx, &pos)?.to_vec()?; // (1, V)
-            let next = sample(&last, s, rng.uniform());
-            tokens.push(next);
-            on_token(next);
-        }
-        Ok(())
-    })?;
-    Ok(tokens)
+    let vocab = params.config().vocab_size;
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(Error::VocabMismatch {
+            what: format!("the prompt (token id {bad})"),
+            expected: vocab,
+            got: bad as usize + 1,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

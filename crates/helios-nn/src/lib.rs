@@ -36,6 +36,7 @@ pub mod config;
 pub mod data;
 mod error;
 pub mod generate;
+pub mod kv_cache;
 pub mod model;
 pub mod optim;
 pub mod params;

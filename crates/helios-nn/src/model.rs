@@ -31,19 +31,19 @@ pub struct GptParams {
 }
 
 /// The parameters one block reads.
-struct Block<'a> {
-    ln_1_w: &'a Tensor,    // (C)
-    ln_1_b: &'a Tensor,    // (C)
-    attn_w: &'a Tensor,    // (C, 3C): q | k | v
-    attn_b: &'a Tensor,    // (3C)
-    proj_w: &'a Tensor,    // (C, C)
-    proj_b: &'a Tensor,    // (C)
-    ln_2_w: &'a Tensor,    // (C)
-    ln_2_b: &'a Tensor,    // (C)
-    fc_w: &'a Tensor,      // (C, 4C)
-    fc_b: &'a Tensor,      // (4C)
-    fc_proj_w: &'a Tensor, // (4C, C)
-    fc_proj_b: &'a Tensor, // (C)
+pub(crate) struct Block<'a> {
+    pub(crate) ln_1_w: &'a Tensor,    // (C)
+    pub(crate) ln_1_b: &'a Tensor,    // (C)
+    pub(crate) attn_w: &'a Tensor,    // (C, 3C): q | k | v
+    pub(crate) attn_b: &'a Tensor,    // (3C)
+    pub(crate) proj_w: &'a Tensor,    // (C, C)
+    pub(crate) proj_b: &'a Tensor,    // (C)
+    pub(crate) ln_2_w: &'a Tensor,    // (C)
+    pub(crate) ln_2_b: &'a Tensor,    // (C)
+    pub(crate) fc_w: &'a Tensor,      // (C, 4C)
+    pub(crate) fc_b: &'a Tensor,      // (4C)
+    pub(crate) fc_proj_w: &'a Tensor, // (4C, C)
+    pub(crate) fc_proj_b: &'a Tensor, // (C)
 }
 
 impl GptParams {
@@ -119,20 +119,20 @@ impl GptParams {
         self.tensors.iter().for_each(Tensor::zero_grad);
     }
 
-    fn wte(&self) -> &Tensor {
+    pub(crate) fn wte(&self) -> &Tensor {
         &self.tensors[0] // (V, C)
     }
 
-    fn wpe(&self) -> &Tensor {
+    pub(crate) fn wpe(&self) -> &Tensor {
         &self.tensors[1] // (maxT, C)
     }
 
-    fn ln_f(&self) -> (&Tensor, &Tensor) {
+    pub(crate) fn ln_f(&self) -> (&Tensor, &Tensor) {
         let n = self.tensors.len();
         (&self.tensors[n - 2], &self.tensors[n - 1]) // (C), (C)
     }
 
-    fn block(&self, l: usize) -> Block<'_> {
+    pub(crate) fn block(&self, l: usize) -> Block<'_> {
         let start = 2 + PER_BLOCK * l;
         let [ln_1_w, ln_1_b, attn_w, attn_b, proj_w, proj_b, ln_2_w, ln_2_b, fc_w, fc_b, fc_proj_w, fc_proj_b] =
             &self.tensors[start..start + PER_BLOCK]

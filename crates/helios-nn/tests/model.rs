@@ -285,3 +285,41 @@ fn bf16_with_f32_masters_follows_the_reference() {
         .all(|(m, b)| helios::DType::BF16.round(*m) == *b));
     assert!(dev.validation_messages().is_empty());
 }
+
+/// Decoding with the key/value cache gives the tokens and logits of recomputing the window,
+/// also past the model's block size (where it falls back to recomputing).
+#[test]
+fn kv_cache_generation_matches_recomputation() {
+    use helios_nn::generate::{generate, generate_recompute, Sampling};
+    use helios_nn::kv_cache::{self, KvCache};
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let r = reference();
+    let dev = device();
+    let params = GptParams::upload(&r.store(), &dev, helios::DType::F32).unwrap();
+    // Logits of every position of the batch's first row, one cached step at a time.
+    let t = 16;
+    let row = &r.inputs[..t];
+    let v = r.config.vocab_size;
+    let mut cache = KvCache::new(&params);
+    for (i, &tok) in row.iter().enumerate() {
+        let got = kv_cache::step(&params, &mut cache, tok)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let want = &r.tensors["logits"].data[i * v..(i + 1) * v];
+        let (err, _) = max_err(&got, want);
+        assert!(err < 1e-4, "position {i}: {err}");
+    }
+    // Sampled generation, crossing the block size (64) from a 10-token prompt.
+    let s = Sampling {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 3,
+    };
+    let prompt = &r.inputs[..10];
+    let cached = generate(&params, &dev, prompt, 60, &s, |_| {}).unwrap();
+    let full = generate_recompute(&params, &dev, prompt, 60, &s, |_| {}).unwrap();
+    assert_eq!(cached, full);
+    assert!(dev.validation_messages().is_empty());
+}
