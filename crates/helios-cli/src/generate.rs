@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use helios::{DType, Device};
-use helios_nn::generate::{generate, Sampling};
+use helios_nn::generate::{generate, generate_recompute, Sampling};
 use helios_nn::model::GptParams;
 use helios_nn::{load_pretrained, Tokenizer};
 
@@ -37,6 +37,9 @@ pub struct GenerateArgs {
     /// A Hugging Face tokenizer.json instead of GPT-2's BPE.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
+    /// Recompute the whole window for every token instead of using the key/value cache.
+    #[arg(long)]
+    pub no_kv_cache: bool,
 }
 
 pub fn run(args: &GenerateArgs) -> CliResult {
@@ -62,8 +65,33 @@ pub fn run(args: &GenerateArgs) -> CliResult {
     eprintln!("device: {}", device.name());
     let params = GptParams::upload(&store, &device, DType::F32)?;
     print!("{}", args.prompt);
-    stream(&params, &device, &tokenizer, &prompt, args.tokens, &s)?;
+    let t0 = std::time::Instant::now();
+    stream(
+        &params,
+        &device,
+        &tokenizer,
+        &prompt,
+        args.tokens,
+        &s,
+        !args.no_kv_cache,
+    )?;
     println!();
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "{} tokens in {secs:.2} s ({:.1} ms/token{})",
+        args.tokens,
+        secs * 1e3 / args.tokens.max(1) as f64,
+        if args.no_kv_cache {
+            ", no KV cache"
+        } else {
+            ""
+        }
+    );
+    if std::env::var_os("HELIOS_PROFILE").is_some() {
+        if let Some(report) = device.profile_report()? {
+            eprintln!("{report}");
+        }
+    }
     Ok(())
 }
 
@@ -75,13 +103,14 @@ pub fn stream(
     prompt: &[u32],
     n: usize,
     s: &Sampling,
+    kv_cache: bool,
 ) -> CliResult {
     // Decode the whole continuation each time and print what is new, so that characters
     // split across tokens come out whole.
     let mut new: Vec<u32> = Vec::with_capacity(n);
     let mut printed = 0;
     let mut out = std::io::stdout();
-    generate(params, device, prompt, n, s, |t| {
+    let on_token = |t| {
         new.push(t);
         if let Ok(text) = tokenizer.decode(&new) {
             if text.len() > printed && text.is_char_boundary(printed) && !text.ends_with('\u{fffd}')
@@ -91,6 +120,10 @@ pub fn stream(
                 printed = text.len();
             }
         }
-    })?;
+    };
+    match kv_cache {
+        true => generate(params, device, prompt, n, s, on_token)?,
+        false => generate_recompute(params, device, prompt, n, s, on_token)?,
+    };
     Ok(())
 }

@@ -339,6 +339,7 @@ pub fn run(args: &TrainArgs) -> CliResult {
             &prompt,
             args.sample_tokens,
             &s,
+            true,
         )?;
         println!("\n---");
     }
