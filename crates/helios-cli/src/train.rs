@@ -185,6 +185,14 @@ pub fn run(args: &TrainArgs) -> CliResult {
     if !(0.0..1.0).contains(&args.val_fraction) {
         return Err("--val-fraction must be in [0, 1)".into());
     }
+    let shape_flags = [args.n_layer, args.n_head, args.n_embd, args.block_size];
+    if (args.init.is_some() || args.resume.is_some()) && shape_flags.iter().any(Option::is_some) {
+        return Err(
+            "--n-layer/--n-head/--n-embd/--block-size describe a new model; with --init or \
+                    --resume the model's shape comes from its config.json"
+                .into(),
+        );
+    }
     let device = Device::from_env()?;
     println!("device: {}", device.name());
 
