@@ -113,7 +113,9 @@ fn invalid(detail: String) -> Error {
 
 /// `HELIOS_MATMUL_VARIANT`: a variant name from `helios_kernels::matmul::VARIANTS`.
 fn env_variant() -> Result<Option<MatmulVariant>> {
-    let Ok(name) = std::env::var("HELIOS_MATMUL_VARIANT") else {
+    // Read once per process (it is asked on every matmul).
+    static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let Some(name) = NAME.get_or_init(|| std::env::var("HELIOS_MATMUL_VARIANT").ok()) else {
         return Ok(None);
     };
     let name = name.trim();
@@ -148,11 +150,67 @@ fn tuning_enabled(device: &Device) -> bool {
 /// The family's one selection function (see the module docs for the order).
 pub(crate) fn choose(p: &Problem) -> Result<(MatmulKernel, Choice)> {
     let device = p.a.device();
-    let caps = matmul_caps(device);
     let forced = match p.forced {
         Some(v) => Some((v, Choice::Forced)),
         None => env_variant()?.map(|v| (v, Choice::Env)),
     };
+    if forced.is_some() {
+        return choose_uncached(p, forced);
+    }
+    // A training loop asks the same few hundred questions every step: remember the answers
+    // (the class key is a formatted string, the store a locked map of strings).
+    let key: MemoKey = (
+        device.id(),
+        device.binding(),
+        p.input,
+        p.out,
+        p.trans,
+        p.shape,
+        p.epilogue,
+    );
+    if let Some(&hit) = memo().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(hit);
+    }
+    let chosen = choose_uncached(p, None)?;
+    memo()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, chosen);
+    Ok(chosen)
+}
+
+/// (device, binding, input, output, transposes, shape, epilogue) of a matmul problem.
+type MemoKey = (
+    usize,
+    helios_spirv::Binding,
+    DType,
+    DType,
+    (bool, bool),
+    helios_kernels::MatmulShape,
+    helios_kernels::Epilogue,
+);
+
+fn memo() -> &'static Mutex<rustc_hash::FxHashMap<MemoKey, (MatmulKernel, Choice)>> {
+    static MEMO: std::sync::OnceLock<
+        Mutex<rustc_hash::FxHashMap<MemoKey, (MatmulKernel, Choice)>>,
+    > = std::sync::OnceLock::new();
+    MEMO.get_or_init(Default::default)
+}
+
+/// Drops the remembered choices of the device with `id` (it is going away).
+pub(crate) fn forget_device(id: usize) {
+    memo()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|k, _| k.0 != id);
+}
+
+fn choose_uncached(
+    p: &Problem,
+    forced: Option<(MatmulVariant, Choice)>,
+) -> Result<(MatmulKernel, Choice)> {
+    let device = p.a.device();
+    let caps = matmul_caps(device);
     if let Some((v, how)) = forced {
         let k = p.kernel(v, caps.subgroup);
         if !k.feasible(&caps) {
