@@ -73,17 +73,12 @@ fn main() -> helios::Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
-    for step in 0..steps {
-        // Two steps to compile and warm up, then the measured ones (a separate function, so a
-        // profiler can collect only them: valgrind --toggle-collect='*measured_step*').
-        let (host, fwd, bwd) = if step < 2 {
-            warm_step(&x, &params, &targets, (b, t, c))?
-        } else {
-            measured_step(&x, &params, &targets, (b, t, c))?
-        };
+    for i in 0..steps {
+        // Step 0 compiles (and, on GPUs, tunes); the later ones are the steady state.
+        let (host, fwd, bwd) = step(&x, &params, &targets, (b, t, c))?;
         dev.synchronize()?;
         println!(
-            "step {step}: {host:.0} µs host (forward {fwd:.0}, backward {bwd:.0}), {} dispatches, {} pipelines so far",
+            "step {i}: {host:.0} µs host (forward {fwd:.0}, backward {bwd:.0}), {} dispatches, {} pipelines so far",
             dev.encoder_stats().dispatches,
             dev.context().pipeline_stats().pipelines_created
         );
@@ -93,28 +88,7 @@ fn main() -> helios::Result<()> {
 
 type Timing = (f64, f64, f64);
 
-#[inline(never)]
-fn warm_step(
-    x: &Tensor,
-    p: &[Vec<Tensor>],
-    y: &IndexTensor,
-    d: (usize, usize, usize),
-) -> helios::Result<Timing> {
-    step(x, p, y, d)
-}
-
-#[inline(never)]
-fn measured_step(
-    x: &Tensor,
-    p: &[Vec<Tensor>],
-    y: &IndexTensor,
-    d: (usize, usize, usize),
-) -> helios::Result<Timing> {
-    step(x, p, y, d)
-}
-
 /// One step's recording: host µs in all, of the forward and of the backward.
-#[inline(always)]
 fn step(
     x: &Tensor,
     params: &[Vec<Tensor>],

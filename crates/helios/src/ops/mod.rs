@@ -12,6 +12,7 @@ mod norm;
 mod optim;
 mod reduce;
 mod softmax;
+mod tuning_store;
 
 pub use attention::{AttentionGrads, AttentionOptions, AttentionOutput};
 pub use attention_tune::attention_tuning;
