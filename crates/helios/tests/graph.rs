@@ -258,6 +258,7 @@ fn a_pending_result_read_back_is_written_to_host_memory_by_its_kernel() {
 /// counts it needs (a group's value computed in registers is never asked for afterwards).
 #[test]
 fn threads_realise_at_once() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let d = device();
     let x = Tensor::from_slice(d, &[0.5; 256], &[256]).unwrap();
     std::thread::scope(|s| {
