@@ -69,24 +69,44 @@ fn main() -> helios::Result<()> {
     }
     let x = Tensor::from_slice(&dev, &vec![0.1; b * t * c], &[b, t, c])?;
     let targets = IndexTensor::from_slice(&dev, &vec![3; b * t], &[b * t])?;
-    for step in 0..8 {
-        let t0 = Instant::now();
-        let mut h = x.clone();
-        for p in &params {
-            h = block(&h, p, b, t, c)?;
-        }
-        let loss = h.reshape(&[b * t, c])?.cross_entropy(&targets, None)?.loss;
-        loss.backward()?;
-        for p in params.iter().flatten() {
-            p.grad().expect("reached").realize()?;
-            p.zero_grad();
-        }
-        let host = t0.elapsed().as_secs_f64() * 1e6;
+    let steps: usize = std::env::var("STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8);
+    for i in 0..steps {
+        // Step 0 compiles (and, on GPUs, tunes); the later ones are the steady state.
+        let (host, fwd, bwd) = step(&x, &params, &targets, (b, t, c))?;
         dev.synchronize()?;
         println!(
-            "step {step}: {host:.0} µs host, {} dispatches so far",
-            dev.encoder_stats().dispatches
+            "step {i}: {host:.0} µs host (forward {fwd:.0}, backward {bwd:.0}), {} dispatches, {} pipelines so far",
+            dev.encoder_stats().dispatches,
+            dev.context().pipeline_stats().pipelines_created
         );
     }
     Ok(())
+}
+
+type Timing = (f64, f64, f64);
+
+/// One step's recording: host µs in all, of the forward and of the backward.
+fn step(
+    x: &Tensor,
+    params: &[Vec<Tensor>],
+    targets: &IndexTensor,
+    (b, t, c): (usize, usize, usize),
+) -> helios::Result<Timing> {
+    let t0 = Instant::now();
+    let mut h = x.clone();
+    for p in params {
+        h = block(&h, p, b, t, c)?;
+    }
+    let loss = h.reshape(&[b * t, c])?.cross_entropy(targets, None)?.loss;
+    let fwd = t0.elapsed().as_secs_f64() * 1e6;
+    loss.backward()?;
+    let bwd = t0.elapsed().as_secs_f64() * 1e6 - fwd;
+    for p in params.iter().flatten() {
+        p.grad().expect("reached").realize()?;
+        p.zero_grad();
+    }
+    Ok((t0.elapsed().as_secs_f64() * 1e6, fwd, bwd))
 }

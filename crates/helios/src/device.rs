@@ -306,6 +306,11 @@ impl Device {
         self.inner.ctx.set_early_submit(enabled)
     }
 
+    /// An identity for per-device memos (the shared state's address; unique while it lives).
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// Whether two handles refer to one device.
     pub fn same(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -440,6 +445,8 @@ impl Drop for DeviceInner {
         // Retire every batch so the pipelines they keep alive (which hold the Context) are
         // released; errors here can only mean a lost device, which the drop cannot report.
         let _ = self.ctx.synchronize();
+        // A later device may get this address: it must not inherit this one's choices.
+        crate::ops::forget_device(self as *const DeviceInner as usize);
     }
 }
 

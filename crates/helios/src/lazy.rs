@@ -180,8 +180,16 @@ pub(crate) fn realize_all() -> Result<()> {
         let live = list.drain(..).filter_map(|w| w.upgrade()).collect();
         live
     };
+    // Under the lock, so no other thread's realisation runs between the check and ours.
+    let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
     for n in pending.iter().rev() {
-        n.buffer()?;
+        // A node another thread's group computed in registers (no one held it then: only
+        // this list's weak reference, upgraded afterwards) has neither op nor buffer: it is
+        // dead, not pending.
+        if n.is_realized() || n.lock().is_none() {
+            continue;
+        }
+        realize(n, MemoryLocation::DeviceLocal)?;
     }
     Ok(())
 }

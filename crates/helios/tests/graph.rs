@@ -253,3 +253,35 @@ fn a_pending_result_read_back_is_written_to_host_memory_by_its_kernel() {
     );
     common::assert_clean(&d);
 }
+
+/// Threads building, reading and synchronizing at once: each realisation sees the reference
+/// counts it needs (a group's value computed in registers is never asked for afterwards).
+#[test]
+fn threads_realise_at_once() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = device();
+    let x = Tensor::from_slice(d, &[0.5; 256], &[256]).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let x = x.clone();
+            s.spawn(move || {
+                for i in 0..40 {
+                    let a = x.mul_scalar(t as f32).unwrap();
+                    let b = a.add_scalar(i as f32).unwrap().tanh().unwrap();
+                    let c = b.mul(&a).unwrap();
+                    if i % 3 == 0 {
+                        d.synchronize().unwrap();
+                    }
+                    let got = c.to_vec().unwrap();
+                    let want = ((0.5 * t as f32) + i as f32).tanh() * 0.5 * t as f32;
+                    assert!(
+                        (got[0] - want).abs() < 1e-5,
+                        "thread {t} step {i}: {} vs {want}",
+                        got[0]
+                    );
+                }
+            });
+        }
+    });
+    assert_no_validation_messages();
+}

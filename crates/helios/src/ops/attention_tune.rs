@@ -9,10 +9,6 @@
 //! too). Winners persist in `<cache root>/attention/<device uuid>-<driver>.tsv`, one
 //! `variant  µs  class` line each, as the matmul tuner's do.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::Mutex;
-
 use helios_kernels::attention::{
     default_order, AttnStage, AttnVariant, COOP_VARIANTS, SIMT_VARIANTS,
 };
@@ -178,119 +174,24 @@ pub(crate) fn tune_backward(
 
 // ------------------------------------------------------------------ the cache
 
-struct Store {
-    path: Option<PathBuf>,
-    /// class → (variant tag, µs)
-    entries: HashMap<String, (String, f64)>,
-}
-
-static STORES: Mutex<Option<HashMap<String, Store>>> = Mutex::new(None);
-
-fn device_key(device: &Device) -> String {
-    let caps = device.context().caps();
-    let safe: String = caps
-        .driver_version
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{}-{safe}", caps.device_uuid)
-}
-
-fn cache_path(device: &Device) -> Option<PathBuf> {
-    let dir = helios_vk::PipelineCacheDir::from_env().ok()?;
-    Some(
-        dir.root()?
-            .join("attention")
-            .join(format!("{}.tsv", device_key(device))),
-    )
-}
-
-const HEADER: &str = "# helios attention tuning v1: variant\tmicroseconds\tclass";
-
-fn with_store<T>(device: &Device, f: impl FnOnce(&mut Store) -> T) -> T {
-    let mut guard = STORES.lock().unwrap_or_else(|p| p.into_inner());
-    let stores = guard.get_or_insert_with(HashMap::new);
-    let store = stores.entry(device_key(device)).or_insert_with(|| {
-        let path = cache_path(device);
-        let entries = path
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .map(|text| parse(&text))
-            .unwrap_or_default();
-        Store { path, entries }
-    });
-    f(store)
-}
-
-fn parse(text: &str) -> HashMap<String, (String, f64)> {
-    let mut lines = text.lines();
-    if lines.next() != Some(HEADER) {
-        return HashMap::new();
-    }
-    lines
-        .filter_map(|l| {
-            let mut parts = l.splitn(3, '\t');
-            let v = parts.next()?;
-            let us: f64 = parts.next()?.parse().ok()?;
-            AttnVariant::by_name(v)?;
-            Some((parts.next()?.to_owned(), (v.to_owned(), us)))
-        })
-        .collect()
-}
+/// Attention winners per device (`<cache root>/attention/<device>.tsv`).
+static STORE: super::tuning_store::TuningStore =
+    super::tuning_store::TuningStore::new("attention", |v| AttnVariant::by_name(v).is_some());
 
 /// The tuned variant for `class` on this device, if any.
 pub(crate) fn cached(device: &Device, class: &str) -> Option<AttnVariant> {
-    with_store(device, |s| {
-        s.entries
-            .get(class)
-            .and_then(|(v, _)| AttnVariant::by_name(v))
-    })
+    STORE
+        .get(device, class)
+        .and_then(|v| AttnVariant::by_name(&v))
 }
 
 /// Every winner known for this device: (class, variant, µs), sorted.
 pub fn attention_tuning(device: &Device) -> Vec<(String, String, f64)> {
-    let mut v: Vec<_> = with_store(device, |s| {
-        s.entries
-            .iter()
-            .map(|(c, (v, us))| (c.clone(), v.clone(), *us))
-            .collect()
-    });
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
+    STORE.all(device)
 }
 
 fn store(device: &Device, key: &str, variant: &str, us: f64) {
-    with_store(device, |s| {
-        s.entries.insert(key.to_owned(), (variant.to_owned(), us));
-        let Some(path) = s.path.clone() else { return };
-        let mut lines: Vec<String> = s
-            .entries
-            .iter()
-            .map(|(k, (v, t))| format!("{v}\t{t:.3}\t{k}"))
-            .collect();
-        lines.sort();
-        let text = format!("{HEADER}\n{}\n", lines.join("\n"));
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let result = path
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|_| std::fs::write(&tmp, text))
-            .and_then(|_| std::fs::rename(&tmp, &path));
-        if let Err(e) = result {
-            if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
-                eprintln!(
-                    "helios: cannot save attention tuning to {}: {e}",
-                    path.display()
-                );
-            }
-        }
-    })
+    STORE.put(device, key, variant, us)
 }
 
 impl Tensor {

@@ -10,8 +10,6 @@
 //! `<cache root>/matmul/<device uuid>-<driver version>.tsv` (one `variant  µs  class` line per
 //! class), so tuning happens once per device and driver, and a new driver retunes.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Mutex;
 
 use helios_kernels::matmul::{candidates, default_variant};
@@ -113,7 +111,9 @@ fn invalid(detail: String) -> Error {
 
 /// `HELIOS_MATMUL_VARIANT`: a variant name from `helios_kernels::matmul::VARIANTS`.
 fn env_variant() -> Result<Option<MatmulVariant>> {
-    let Ok(name) = std::env::var("HELIOS_MATMUL_VARIANT") else {
+    // Read once per process (it is asked on every matmul).
+    static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let Some(name) = NAME.get_or_init(|| std::env::var("HELIOS_MATMUL_VARIANT").ok()) else {
         return Ok(None);
     };
     let name = name.trim();
@@ -148,11 +148,67 @@ fn tuning_enabled(device: &Device) -> bool {
 /// The family's one selection function (see the module docs for the order).
 pub(crate) fn choose(p: &Problem) -> Result<(MatmulKernel, Choice)> {
     let device = p.a.device();
-    let caps = matmul_caps(device);
     let forced = match p.forced {
         Some(v) => Some((v, Choice::Forced)),
         None => env_variant()?.map(|v| (v, Choice::Env)),
     };
+    if forced.is_some() {
+        return choose_uncached(p, forced);
+    }
+    // A training loop asks the same few hundred questions every step: remember the answers
+    // (the class key is a formatted string, the store a locked map of strings).
+    let key: MemoKey = (
+        device.id(),
+        device.binding(),
+        p.input,
+        p.out,
+        p.trans,
+        p.shape,
+        p.epilogue,
+    );
+    if let Some(&hit) = memo().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(hit);
+    }
+    let chosen = choose_uncached(p, None)?;
+    memo()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, chosen);
+    Ok(chosen)
+}
+
+/// (device, binding, input, output, transposes, shape, epilogue) of a matmul problem.
+type MemoKey = (
+    usize,
+    helios_spirv::Binding,
+    DType,
+    DType,
+    (bool, bool),
+    helios_kernels::MatmulShape,
+    helios_kernels::Epilogue,
+);
+
+fn memo() -> &'static Mutex<rustc_hash::FxHashMap<MemoKey, (MatmulKernel, Choice)>> {
+    static MEMO: std::sync::OnceLock<
+        Mutex<rustc_hash::FxHashMap<MemoKey, (MatmulKernel, Choice)>>,
+    > = std::sync::OnceLock::new();
+    MEMO.get_or_init(Default::default)
+}
+
+/// Drops the remembered choices of the device with `id` (it is going away).
+pub(crate) fn forget_device(id: usize) {
+    memo()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|k, _| k.0 != id);
+}
+
+fn choose_uncached(
+    p: &Problem,
+    forced: Option<(MatmulVariant, Choice)>,
+) -> Result<(MatmulKernel, Choice)> {
+    let device = p.a.device();
+    let caps = matmul_caps(device);
     if let Some((v, how)) = forced {
         let k = p.kernel(v, caps.subgroup);
         if !k.feasible(&caps) {
@@ -485,114 +541,19 @@ fn time(p: &Problem, kernel: &MatmulKernel, out: &Tensor) -> Result<f64> {
 
 // ------------------------------------------------------------------ the cache
 
-struct Store {
-    path: Option<PathBuf>,
-    /// class → (variant, µs)
-    entries: HashMap<String, (String, f64)>,
-}
-
-/// Per device (UUID + driver version): the winners, loaded from disk on first use.
-static STORES: Mutex<Option<HashMap<String, Store>>> = Mutex::new(None);
-
-fn device_key(device: &Device) -> String {
-    let caps = device.context().caps();
-    let safe: String = caps
-        .driver_version
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{}-{safe}", caps.device_uuid)
-}
-
-/// `<cache root>/matmul/<device>.tsv`, or `None` when the on-disk caches are off
-/// (`HELIOS_PIPELINE_CACHE=0`) or no cache directory is known.
-fn cache_path(device: &Device) -> Option<PathBuf> {
-    let dir = helios_vk::PipelineCacheDir::from_env().ok()?;
-    Some(
-        dir.root()?
-            .join("matmul")
-            .join(format!("{}.tsv", device_key(device))),
-    )
-}
-
-const HEADER: &str = "# helios matmul tuning v1: variant\tmicroseconds\tclass";
-
-fn with_store<T>(device: &Device, f: impl FnOnce(&mut Store) -> T) -> T {
-    let mut guard = STORES.lock().unwrap_or_else(|p| p.into_inner());
-    let stores = guard.get_or_insert_with(HashMap::new);
-    let store = stores.entry(device_key(device)).or_insert_with(|| {
-        let path = cache_path(device);
-        let entries = path
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .map(|text| parse(&text))
-            .unwrap_or_default();
-        Store { path, entries }
-    });
-    f(store)
-}
-
-fn parse(text: &str) -> HashMap<String, (String, f64)> {
-    let mut lines = text.lines();
-    if lines.next() != Some(HEADER) {
-        return HashMap::new();
-    }
-    lines
-        .filter_map(|l| {
-            let mut parts = l.splitn(3, '\t');
-            let v = parts.next()?;
-            let us: f64 = parts.next()?.parse().ok()?;
-            let class = parts.next()?;
-            MatmulVariant::by_name(v)?;
-            Some((class.to_owned(), (v.to_owned(), us)))
-        })
-        .collect()
-}
+/// Matmul winners per device (`<cache root>/matmul/<device>.tsv`).
+static STORE: super::tuning_store::TuningStore =
+    super::tuning_store::TuningStore::new("matmul", |v| MatmulVariant::by_name(v).is_some());
 
 fn cached(device: &Device, key: &str) -> Option<MatmulVariant> {
-    with_store(device, |s| {
-        s.entries
-            .get(key)
-            .and_then(|(v, _)| MatmulVariant::by_name(v))
-    })
+    STORE
+        .get(device, key)
+        .and_then(|v| MatmulVariant::by_name(&v))
 }
 
-/// Records a winner and rewrites the file (atomically: a temporary file renamed into place).
-/// A failed write is reported with `HELIOS_VERBOSE=1` and otherwise ignored.
+/// Records a winner (and rewrites the file).
 fn store(device: &Device, key: &str, variant: &str, us: f64) {
-    with_store(device, |s| {
-        s.entries.insert(key.to_owned(), (variant.to_owned(), us));
-        let Some(path) = s.path.clone() else {
-            return;
-        };
-        let mut lines: Vec<String> = s
-            .entries
-            .iter()
-            .map(|(k, (v, t))| format!("{v}\t{t:.3}\t{k}"))
-            .collect();
-        lines.sort();
-        let text = format!("{HEADER}\n{}\n", lines.join("\n"));
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let result = path
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|_| std::fs::write(&tmp, text))
-            .and_then(|_| std::fs::rename(&tmp, &path));
-        if let Err(e) = result {
-            if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
-                eprintln!(
-                    "helios: cannot save matmul tuning to {}: {e}",
-                    path.display()
-                );
-            }
-        }
-    })
+    STORE.put(device, key, variant, us)
 }
 
 // ------------------------------------------------------------------ peak microbenchmark

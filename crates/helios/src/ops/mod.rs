@@ -12,11 +12,13 @@ mod norm;
 mod optim;
 mod reduce;
 mod softmax;
+mod tuning_store;
 
 pub use attention::{AttentionGrads, AttentionOptions, AttentionOutput};
 pub use attention_tune::attention_tuning;
 pub use loss::CrossEntropy;
 pub use matmul::{MatmulChoice, MatmulOptions};
+pub(crate) use matmul_tune::forget_device;
 pub use matmul_tune::{coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, TuneReport};
 pub use norm::{NormGrads, NormOutput};
 pub use optim::{adamw_step, AdamWConfig, AdamWParam};

@@ -1,0 +1,147 @@
+//! Tuned winners on disk, per device: one TSV file per kernel family under the cache root
+//! (`<cache root>/<family>/<device UUID>-<driver version>.tsv`, lines `variant µs class`),
+//! loaded on first use and rewritten atomically (temporary file, rename) when a winner is
+//! added. The matmul and attention tuners share it.
+//!
+//! The one decision a reader must know: a line whose variant the current build does not know
+//! is dropped on load, so a stale file can never force a kernel that no longer exists.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use crate::Device;
+
+/// One family's winners for every device seen in this process.
+pub(crate) struct TuningStore {
+    family: &'static str,
+    /// Whether the current build knows a variant tag.
+    known: fn(&str) -> bool,
+    /// Per device key: the file and its class → (variant, µs).
+    devices: Mutex<Option<HashMap<String, Entries>>>,
+}
+
+struct Entries {
+    path: Option<PathBuf>,
+    winners: HashMap<String, (String, f64)>,
+}
+
+impl TuningStore {
+    pub(crate) const fn new(family: &'static str, known: fn(&str) -> bool) -> TuningStore {
+        TuningStore {
+            family,
+            known,
+            devices: Mutex::new(None),
+        }
+    }
+
+    /// The winning variant tag for `class` on `device`, if one is stored.
+    pub(crate) fn get(&self, device: &Device, class: &str) -> Option<String> {
+        self.with(device, |e| e.winners.get(class).map(|(v, _)| v.clone()))
+    }
+
+    /// Every winner for `device`: (class, variant, µs), sorted by class.
+    pub(crate) fn all(&self, device: &Device) -> Vec<(String, String, f64)> {
+        let mut v: Vec<_> = self.with(device, |e| {
+            e.winners
+                .iter()
+                .map(|(c, (v, us))| (c.clone(), v.clone(), *us))
+                .collect()
+        });
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Records a winner and rewrites the file; a failed write is reported with
+    /// `HELIOS_VERBOSE=1` and otherwise ignored (the winner still holds for this process).
+    pub(crate) fn put(&self, device: &Device, class: &str, variant: &str, us: f64) {
+        let family = self.family;
+        let header = self.header();
+        self.with(device, |e| {
+            e.winners.insert(class.to_owned(), (variant.to_owned(), us));
+            let Some(path) = e.path.clone() else {
+                return;
+            };
+            let mut lines: Vec<String> = e
+                .winners
+                .iter()
+                .map(|(k, (v, t))| format!("{v}\t{t:.3}\t{k}"))
+                .collect();
+            lines.sort();
+            let text = format!("{header}\n{}\n", lines.join("\n"));
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            let result = path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| std::fs::write(&tmp, text))
+                .and_then(|_| std::fs::rename(&tmp, &path));
+            if let Err(err) = result {
+                if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+                    eprintln!(
+                        "helios: cannot save {family} tuning to {}: {err}",
+                        path.display()
+                    );
+                }
+            }
+        })
+    }
+
+    fn header(&self) -> String {
+        format!(
+            "# helios {} tuning v1: variant\tmicroseconds\tclass",
+            self.family
+        )
+    }
+
+    fn with<T>(&self, device: &Device, f: impl FnOnce(&mut Entries) -> T) -> T {
+        let mut guard = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+        let devices = guard.get_or_insert_with(HashMap::new);
+        let key = device_key(device);
+        let entries = devices.entry(key.clone()).or_insert_with(|| {
+            let path = helios_vk::PipelineCacheDir::from_env()
+                .ok()
+                .and_then(|dir| dir.root())
+                .map(|root| root.join(self.family).join(format!("{key}.tsv")));
+            let winners = path
+                .as_ref()
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .map(|text| self.parse(&text))
+                .unwrap_or_default();
+            Entries { path, winners }
+        });
+        f(entries)
+    }
+
+    fn parse(&self, text: &str) -> HashMap<String, (String, f64)> {
+        let mut lines = text.lines();
+        if lines.next() != Some(self.header().as_str()) {
+            return HashMap::new();
+        }
+        lines
+            .filter_map(|l| {
+                let mut parts = l.splitn(3, '\t');
+                let v = parts.next()?;
+                let us: f64 = parts.next()?.parse().ok()?;
+                let class = parts.next()?;
+                (self.known)(v).then(|| (class.to_owned(), (v.to_owned(), us)))
+            })
+            .collect()
+    }
+}
+
+/// `<device UUID>-<driver version>`, with the version's unusual characters replaced.
+fn device_key(device: &Device) -> String {
+    let caps = device.context().caps();
+    let safe: String = caps
+        .driver_version
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{}-{safe}", caps.device_uuid)
+}
