@@ -27,10 +27,6 @@ const REF: &str = concat!(
     "/tests/data/gpt2_ref.safetensors"
 );
 
-/// Device tests of this binary run one at a time: helios' lazy graph can panic ("members
-/// are pending") when two threads realise graphs at once (reported; rare).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn device() -> Device {
     Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)")
 }
@@ -104,7 +100,6 @@ fn max_err(a: &[f32], b: &[f32]) -> (f32, f32) {
 #[test]
 fn forward_backward_and_adamw_match_pytorch() {
     let r = reference();
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dev = device();
     let (b, t) = (2, 16);
     let params = GptParams::upload(&r.store(), &dev, helios::DType::F32).unwrap();
@@ -177,7 +172,6 @@ fn forward_backward_and_adamw_match_pytorch() {
 /// and backward (through the fused qkv's gradient), at a T that is not a tile multiple.
 #[test]
 fn causal_self_attention_matches_the_materialised_form() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dev = device();
     let (b, t, h, d) = (2, 19, 2, 16);
     let c = h * d;
@@ -215,7 +209,6 @@ fn causal_self_attention_matches_the_materialised_form() {
 fn forward_last_and_greedy_generation_follow_the_full_forward() {
     use helios_nn::generate::{generate, Sampling};
     let r = reference();
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dev = device();
     let params = GptParams::upload(&r.store(), &dev, helios::DType::F32).unwrap();
     let prompt = &r.inputs[..5];
@@ -249,7 +242,6 @@ fn forward_last_and_greedy_generation_follow_the_full_forward() {
 /// (measured on lavapipe: 1e-4 and 2e-4; the loose bounds allow a GPU's bf16 matmuls).
 #[test]
 fn bf16_with_f32_masters_follows_the_reference() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let r = reference();
     let dev = device();
     let (b, t) = (2, 16);
@@ -292,7 +284,6 @@ fn bf16_with_f32_masters_follows_the_reference() {
 fn kv_cache_generation_matches_recomputation() {
     use helios_nn::generate::{generate, generate_recompute, Sampling};
     use helios_nn::kv_cache::{self, KvCache};
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let r = reference();
     let dev = device();
     let params = GptParams::upload(&r.store(), &dev, helios::DType::F32).unwrap();

@@ -11,10 +11,6 @@ use helios_nn::{
     load_checkpoint, AdamWHyper, Error, GptConfig, HostTensor, LrSchedule, ParamStore, Tokens,
 };
 
-/// Device tests of this binary run one at a time: helios' lazy graph can panic ("members
-/// are pending") when two threads realise graphs at once (reported; rare).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn device() -> Device {
     Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)")
 }
@@ -67,7 +63,6 @@ fn store() -> ParamStore {
 
 #[test]
 fn twenty_steps_equal_ten_plus_resume_plus_ten() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dev = device();
     let scratch = common::Scratch::new("train-resume");
     let (train, val) = data();
@@ -125,7 +120,6 @@ fn twenty_steps_equal_ten_plus_resume_plus_ten() {
 
 #[test]
 fn a_nan_stops_the_run_and_keeps_the_last_good_checkpoint() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dev = device();
     let scratch = common::Scratch::new("train-nan");
     let dir = scratch.join("ckpt");
@@ -167,7 +161,6 @@ fn a_nan_stops_the_run_and_keeps_the_last_good_checkpoint() {
 
 #[test]
 fn bad_inputs_fail_before_training() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dev = device();
     let (train, val) = data();
     // Tokens beyond the model's vocabulary.
