@@ -1,4 +1,4 @@
-//! AdamW for GPT-2 on the device: f32 moments per parameter piece, decay on the matrices
+//! AdamW for GPT-2 on the device: f32 moments per parameter, decay on the matrices
 //! only, global-norm gradient clipping computed on the device, and f32 master weights when
 //! the model runs in bf16 (the update writes the bf16 copy in the same pass).
 //!
@@ -30,7 +30,7 @@ pub struct AdamW {
 
 impl AdamW {
     /// The optimizer of `params` continuing from `state` (zeros for a new run). `master`
-    /// holds the f32 weights when `params` is bf16 (see `Model::new`).
+    /// holds the f32 weights when `params` is bf16 (see `upload_with_master`).
     pub fn new(
         params: &GptParams,
         state: &OptimizerState,
