@@ -68,7 +68,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     pub accum: usize,
     /// Peak learning rate (after warm-up; cosine decay to --min-lr).
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 2e-3)]
     pub lr: f64,
     /// Final learning rate (default: --lr / 10).
     #[arg(long)]
