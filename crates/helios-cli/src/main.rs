@@ -4,8 +4,11 @@
 
 mod bench;
 mod field;
+mod generate;
 mod info;
+mod plot;
 mod selfcheck;
+mod train;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -34,6 +37,10 @@ enum Command {
     Field(field::FieldArgs),
     /// Benchmarks: dispatch overhead and memory bandwidth, optionally beside PyTorch.
     Bench(bench::BenchArgs),
+    /// Train a GPT-2 (the tiny preset on the bundled Shakespeare by default) and sample from it.
+    Train(Box<train::TrainArgs>),
+    /// Generate text from a checkpoint or Hugging Face GPT-2 weights.
+    Generate(generate::GenerateArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +50,8 @@ fn main() -> ExitCode {
         Command::Selfcheck(args) => selfcheck::run(&args),
         Command::Field(args) => field::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Train(args) => train::run(&args),
+        Command::Generate(args) => generate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -75,6 +75,18 @@ pub enum Error {
     #[error("the sampler state was saved for {saved}, but this run has {now}; resume with the same batch size, sequence length and data, or start a new run")]
     SamplerMismatch { saved: String, now: String },
 
+    #[error("the {what} became {value} at step {step}; training stopped without saving. {}", match checkpoint {
+        Some((dir, s)) => format!("The last good checkpoint is {} (step {s}); resume from it with a lower learning rate or more warm-up", dir.display()),
+        None => "No checkpoint had been saved yet; lower the learning rate or lengthen the warm-up".to_string(),
+    })]
+    NonFinite {
+        step: u64,
+        what: &'static str,
+        value: f32,
+        /// (directory, step) of the last checkpoint written.
+        checkpoint: Option<(PathBuf, u64)>,
+    },
+
     #[error("{path}: {source}; the file is not valid JSON of the expected form", path = .path.display())]
     Json {
         path: PathBuf,

@@ -9,6 +9,8 @@
 //!   and download from `helios::Tensor`.
 //! - `weights` + `checkpoint`: Hugging Face safetensors in and out, and atomic checkpoints that
 //!   resume exactly (optimizer moments, sampler, schedule).
+//! - `model`: GPT-2's forward pass on the device (autograd gives the backward); `optim`:
+//!   AdamW with clipping and bf16 master weights; `train`: the training loop.
 //!
 //! Layout decision: parameters keep Hugging Face's shapes in files and in memory (Conv1D
 //! weights [in, out]), so files need no transposes and a linear layer is `x @ w`.
@@ -33,10 +35,15 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 mod error;
+pub mod generate;
+pub mod kv_cache;
+pub mod model;
+pub mod optim;
 pub mod params;
 pub mod sampler;
 pub mod schedule;
 pub mod tokenizer;
+pub mod train;
 pub mod weights;
 
 #[cfg(test)]
@@ -49,8 +56,11 @@ pub use checkpoint::{
 pub use config::{GptConfig, ParamSpec};
 pub use data::Tokens;
 pub use error::{Error, Result};
+pub use model::{causal_self_attention, forward, GptParams};
+pub use optim::AdamW;
 pub use params::{HostTensor, ParamStore};
 pub use sampler::{Batch, BatchSampler, EvalBatches, SamplerState};
 pub use schedule::{AdamWHyper, LrSchedule};
 pub use tokenizer::Tokenizer;
+pub use train::{Event, History, StepLog, TrainConfig, Trainer};
 pub use weights::{load_weights, save_weights};

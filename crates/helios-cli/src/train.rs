@@ -1,0 +1,461 @@
+// `helios train`: trains a GPT-2 (the `tiny` preset by default) on a text or token file,
+// with a progress bar, validation loss, checkpoints and exact resume, then writes a loss
+// curve (PNG), a JSON and a CSV log into --out and prints a sample from the trained model.
+//
+// Everything that can fail because of a flag or a file fails before the first step, with a
+// message that names the flag or the file (helios-nn's errors); running out of device memory
+// at a batch size says which flags to lower.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use helios::{DType, Device, IndexTensor};
+use helios_nn::checkpoint::load_checkpoint;
+use helios_nn::generate::Sampling;
+use helios_nn::model::{self, GptParams};
+use helios_nn::train::{Event, TrainConfig, Trainer};
+use helios_nn::{
+    load_pretrained, AdamWHyper, GptConfig, LrSchedule, ParamStore, Tokenizer, Tokens,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::plot;
+use crate::CliResult;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Precision {
+    Fp32,
+    Bf16,
+}
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Model size: tiny, distilgpt2, gpt2 or gpt2-medium (ignored with --init or --resume).
+    #[arg(long, default_value = "tiny")]
+    pub preset: String,
+    /// Override the preset's layers.
+    #[arg(long)]
+    pub n_layer: Option<usize>,
+    /// Override the preset's attention heads.
+    #[arg(long)]
+    pub n_head: Option<usize>,
+    /// Override the preset's channels.
+    #[arg(long)]
+    pub n_embd: Option<usize>,
+    /// Override the preset's positions (block size).
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// Training text (UTF-8, tokenized once and cached) or token file (.bin, u16).
+    #[arg(long, default_value = "data/shakespeare/shakespeare.txt")]
+    pub data: PathBuf,
+    /// A Hugging Face tokenizer.json instead of GPT-2's BPE.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// The last fraction of the tokens validates.
+    #[arg(long, default_value_t = 0.05)]
+    pub val_fraction: f64,
+    /// Optimizer steps in all (a resumed run continues up to this step).
+    #[arg(long, default_value_t = 40)]
+    pub steps: u64,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 4)]
+    pub batch: usize,
+    /// Tokens per sequence (at most the model's block size).
+    #[arg(long, default_value_t = 64)]
+    pub seq: usize,
+    /// Micro-batches summed into each optimizer step (gradient accumulation).
+    #[arg(long, default_value_t = 1)]
+    pub accum: usize,
+    /// Peak learning rate (after warm-up; cosine decay to --min-lr).
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f64,
+    /// Final learning rate (default: --lr / 10).
+    #[arg(long)]
+    pub min_lr: Option<f64>,
+    /// Warm-up steps (default: --steps / 10).
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    /// AdamW weight decay, applied to the matrices only.
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this (0: no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f64,
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
+    /// Start from these weights (a Hugging Face GPT-2 safetensors file or directory).
+    #[arg(long, conflicts_with = "resume")]
+    pub init: Option<PathBuf>,
+    /// Continue the run checkpointed in this directory (e.g. OUT/checkpoint).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Where the checkpoint, logs, loss curve and sample go.
+    #[arg(long, default_value = "out/train")]
+    pub out: PathBuf,
+    /// Seeds the initial weights and the batch order.
+    #[arg(long, default_value_t = 1337)]
+    pub seed: u64,
+    /// Validation loss every N steps and at the end (0: never).
+    #[arg(long, default_value_t = 20)]
+    pub eval_every: u64,
+    /// Validation batches per evaluation.
+    #[arg(long, default_value_t = 2)]
+    pub eval_batches: usize,
+    /// Checkpoint every N steps (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub save_every: u64,
+    /// After one forward and backward on the first batch, write its inputs, logits, loss
+    /// and every parameter's gradient (grad.<HF name>) to this safetensors file, and stop.
+    #[arg(long)]
+    pub dump_state: Option<PathBuf>,
+    /// Tokens to sample from the trained model at the end (0: none).
+    #[arg(long, default_value_t = 60)]
+    pub sample_tokens: usize,
+    /// The sample's prompt.
+    #[arg(long, default_value = "ROMEO:")]
+    pub prompt: String,
+}
+
+impl TrainArgs {
+    fn model_config(&self) -> helios_nn::Result<GptConfig> {
+        let mut c = GptConfig::preset(&self.preset)?;
+        c.n_layer = self.n_layer.unwrap_or(c.n_layer);
+        c.n_head = self.n_head.unwrap_or(c.n_head);
+        c.n_embd = self.n_embd.unwrap_or(c.n_embd);
+        c.block_size = self.block_size.unwrap_or(c.block_size);
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn train_config(&self) -> TrainConfig {
+        let warmup = self.warmup.unwrap_or(self.steps / 10).min(self.steps);
+        TrainConfig {
+            batch: self.batch,
+            seq: self.seq,
+            accum: self.accum,
+            steps: self.steps,
+            schedule: LrSchedule {
+                max_lr: self.lr,
+                min_lr: self.min_lr.unwrap_or(self.lr / 10.0),
+                warmup_steps: warmup,
+                total_steps: self.steps,
+            },
+            adamw: AdamWHyper {
+                weight_decay: self.weight_decay,
+                grad_clip: (self.grad_clip > 0.0).then_some(self.grad_clip),
+                ..AdamWHyper::default()
+            },
+            precision: match self.precision {
+                Precision::Fp32 => DType::F32,
+                Precision::Bf16 => DType::BF16,
+            },
+            seed: self.seed,
+            eval_every: self.eval_every,
+            eval_batches: self.eval_batches,
+            save_every: self.save_every,
+            checkpoint_dir: Some(self.out.join("checkpoint")),
+        }
+    }
+}
+
+/// Adds what to do to an out-of-memory error at a batch size.
+fn explain(e: helios_nn::Error, args: &TrainArgs) -> Box<dyn std::error::Error> {
+    use helios_vk::Error as Vk;
+    if let helios_nn::Error::Helios(helios::Error::Vulkan(
+        Vk::OutOfMemory { .. } | Vk::PoolOutOfMemory { .. } | Vk::BufferTooLarge { .. },
+    )) = &e
+    {
+        return format!(
+            "{e}\nthe device has too little memory for batches of {}x{}: lower --batch or \
+             --seq, and use --accum to keep the tokens per step",
+            args.batch, args.seq
+        )
+        .into();
+    }
+    Box::new(e)
+}
+
+pub fn run(args: &TrainArgs) -> CliResult {
+    let started = Instant::now();
+    let cfg = args.train_config();
+    if args.accum == 0 {
+        return Err("--accum must be at least 1".into());
+    }
+    if !(0.0..1.0).contains(&args.val_fraction) {
+        return Err("--val-fraction must be in [0, 1)".into());
+    }
+    let shape_flags = [args.n_layer, args.n_head, args.n_embd, args.block_size];
+    if (args.init.is_some() || args.resume.is_some()) && shape_flags.iter().any(Option::is_some) {
+        return Err(
+            "--n-layer/--n-head/--n-embd/--block-size describe a new model; with --init or \
+                    --resume the model's shape comes from its config.json"
+                .into(),
+        );
+    }
+    let device = Device::from_env()?;
+    println!("device: {}", device.name());
+
+    // Data first: the cheapest thing to get wrong.
+    let tokenizer = Tokenizer::from_option(args.tokenizer.as_deref())?;
+    let cache = helios_nn::data::default_cache_dir().unwrap_or_else(|| args.out.join("cache"));
+    let tokens = Tokens::open(&args.data, &tokenizer, &cache)?;
+    let (train, val) = tokens.split(args.val_fraction)?;
+    let val = (!val.is_empty()).then_some(val);
+    println!(
+        "data: {} ({} tokens: {} train, {} validation)",
+        args.data.display(),
+        tokens.len(),
+        train.len(),
+        val.as_ref().map_or(0, Tokens::len)
+    );
+
+    let mut trainer = if let Some(dir) = &args.resume {
+        let ckpt = load_checkpoint(dir)?;
+        check_vocab(ckpt.params.config(), &tokenizer)?;
+        let t = Trainer::resume(&device, &ckpt, train, val, cfg).map_err(|e| explain(e, args))?;
+        println!("resumed {} at step {}", dir.display(), t.step_count());
+        t
+    } else {
+        let init = match &args.init {
+            Some(path) => load_pretrained(path, None)?,
+            None => ParamStore::init_gpt2(&args.model_config()?, args.seed)?,
+        };
+        check_vocab(init.config(), &tokenizer)?;
+        Trainer::new(&device, &init, train, val, cfg).map_err(|e| explain(e, args))?
+    };
+    let model = trainer.params().config().clone();
+    println!(
+        "model: {} layers, {} heads, {} channels, vocabulary {}, {:.2}M parameters; \
+         batches of {}x{}x{} ({:?})",
+        model.n_layer,
+        model.n_head,
+        model.n_embd,
+        model.vocab_size,
+        model.num_params() as f64 / 1e6,
+        args.batch,
+        args.seq,
+        args.accum,
+        args.precision
+    );
+
+    if let Some(path) = &args.dump_state {
+        dump_state(&trainer, &device, args, path)?;
+        println!("wrote {}", path.display());
+        return Ok(());
+    }
+
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let start_step = trainer.step_count();
+    let bar = ProgressBar::new(args.steps);
+    bar.set_position(start_step);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
+        )
+        .expect("a valid template"),
+    );
+    let loud = bar.is_hidden(); // no terminal: print lines instead
+    let say = |line: String| match loud {
+        true => println!("{line}"),
+        false => bar.println(line),
+    };
+    let t0 = Instant::now();
+    let result = trainer.run(None, |e| match e {
+        Event::Step(s) => {
+            let ms = s.fwd_ms + s.bwd_ms + s.opt_ms;
+            let msg = format!(
+                "loss {:.4} | {:.0} tok/s | fwd {:.0} bwd {:.0} opt {:.0} ms | lr {:.2e} | norm {:.2}",
+                s.loss,
+                s.tokens as f64 / (ms / 1e3),
+                s.fwd_ms,
+                s.bwd_ms,
+                s.opt_ms,
+                s.lr,
+                s.grad_norm
+            );
+            if loud && (s.step == start_step + 1 || s.step % 10 == 0 || s.step == args.steps) {
+                println!("step {:5}/{} {msg}", s.step, args.steps);
+            }
+            bar.set_message(msg);
+            bar.inc(1);
+        }
+        Event::Eval(v) => say(format!("step {:5}: validation loss {:.4}", v.step, v.loss)),
+        Event::Saved { step, dir } => {
+            if step != args.steps {
+                say(format!("step {step:5}: checkpoint {}", dir.display()));
+            }
+        }
+    });
+    bar.finish();
+    result.map_err(|e| explain(e, args))?;
+    let train_s = t0.elapsed().as_secs_f64();
+
+    // Summary, logs and the curve.
+    let h = trainer.history();
+    let ran: Vec<_> = h.train.iter().filter(|s| s.step > start_step).collect();
+    if let (Some(first), Some(last)) = (h.train.first(), h.train.last()) {
+        let steady: Vec<f64> = ran
+            .iter()
+            .skip(1)
+            .map(|s| s.fwd_ms + s.bwd_ms + s.opt_ms)
+            .collect();
+        let step_ms = median(steady);
+        println!(
+            "trained {} steps in {train_s:.1} s: loss {:.3} -> {:.3}{}; {step_ms:.0} ms/step, \
+             {:.0} tokens/s (steady state)",
+            ran.len(),
+            first.loss,
+            last.loss,
+            h.val
+                .last()
+                .map(|v| format!(" (validation {:.3})", v.loss))
+                .unwrap_or_default(),
+            last.tokens as f64 / (step_ms / 1e3),
+        );
+    }
+    if std::env::var_os("HELIOS_PROFILE").is_some() {
+        if let Some(report) = device.profile_report()? {
+            println!("{report}");
+        }
+    }
+    write_logs(&args.out, h)?;
+    match plot::loss_curve(&args.out.join("loss.png"), h) {
+        Ok(()) => {}
+        Err(e) => eprintln!("warning: no loss curve: {e}"),
+    }
+    println!(
+        "wrote {}/checkpoint, log.json, log.csv, loss.png",
+        args.out.display()
+    );
+
+    if args.sample_tokens > 0 {
+        let prompt = tokenizer.encode(&args.prompt)?;
+        let s = Sampling {
+            seed: args.seed,
+            ..Sampling::default()
+        };
+        println!("--- sample ({} tokens) ---", args.sample_tokens);
+        print!("{}", args.prompt);
+        let weights = trainer.weights()?;
+        let params = GptParams::upload(&weights, &device, DType::F32)?;
+        crate::generate::stream(
+            &params,
+            &device,
+            &tokenizer,
+            &prompt,
+            args.sample_tokens,
+            &s,
+            true,
+        )?;
+        println!("\n---");
+    }
+    println!("total {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn check_vocab(model: &GptConfig, tok: &Tokenizer) -> helios_nn::Result<()> {
+    if tok.vocab_size() > model.vocab_size {
+        return Err(helios_nn::Error::VocabMismatch {
+            what: format!("the tokenizer ({})", tok.id()),
+            expected: model.vocab_size,
+            got: tok.vocab_size(),
+        });
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// log.json (every step and evaluation) and log.csv (step, loss, val_loss, lr, norm, ms).
+fn write_logs(out: &Path, h: &helios_nn::History) -> CliResult {
+    let json = serde_json::to_string_pretty(h)?;
+    std::fs::write(out.join("log.json"), json)
+        .map_err(|e| format!("cannot write {}: {e}", out.join("log.json").display()))?;
+    let mut csv = String::from("step,loss,val_loss,lr,grad_norm,fwd_ms,bwd_ms,opt_ms,tokens\n");
+    for s in &h.train {
+        let val = h
+            .val
+            .iter()
+            .find(|v| v.step == s.step)
+            .map(|v| v.loss.to_string())
+            .unwrap_or_default();
+        csv += &format!(
+            "{},{},{val},{},{},{:.3},{:.3},{:.3},{}\n",
+            s.step, s.loss, s.lr, s.grad_norm, s.fwd_ms, s.bwd_ms, s.opt_ms, s.tokens
+        );
+    }
+    std::fs::write(out.join("log.csv"), csv)
+        .map_err(|e| format!("cannot write {}: {e}", out.join("log.csv").display()))?;
+    Ok(())
+}
+
+/// One forward and backward on the first training batch, written as safetensors: inputs and
+/// targets (B, T) i32, logits (B, T, V), loss (1), grad.<name> for every parameter.
+fn dump_state(trainer: &Trainer, device: &Device, args: &TrainArgs, path: &Path) -> CliResult {
+    let cfg = trainer.params().config().clone();
+    let weights = trainer.weights()?;
+    let params = GptParams::upload(&weights, device, DType::F32)?;
+    let batch = trainer.peek_batch();
+    let (b, t) = (batch.batch, batch.seq_len);
+    let (idx, pos) = model::inputs(&cfg, device, &batch.inputs, b, t)?;
+    let targets = IndexTensor::from_slice(device, &batch.targets, &[b, t])?;
+    let logits = model::forward(&params, &idx, &pos)?; // (B, T, V)
+    let loss = model::loss(&logits, &targets)?; // (1)
+    loss.backward()?;
+    let grads = params.grads_to_host()?;
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> = vec![];
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let i32s = |v: &[u32]| {
+        v.iter()
+            .flat_map(|&x| (x as i32).to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    use safetensors::Dtype as D;
+    tensors.push(("inputs".into(), vec![b, t], i32s(&batch.inputs), D::I32));
+    tensors.push(("targets".into(), vec![b, t], i32s(&batch.targets), D::I32));
+    tensors.push((
+        "logits".into(),
+        logits.shape().to_vec(),
+        f32s(&logits.to_vec()?),
+        D::F32,
+    ));
+    tensors.push(("loss".into(), vec![1], f32s(&loss.to_vec()?), D::F32));
+    for (spec, w) in weights.iter() {
+        tensors.push((spec.name.clone(), spec.shape.clone(), f32s(&w.data), D::F32));
+        let g = &grads[&spec.name];
+        tensors.push((
+            format!("grad.{}", spec.name),
+            g.shape.clone(),
+            f32s(&g.data),
+            D::F32,
+        ));
+    }
+    let views = tensors
+        .iter()
+        .map(|(n, shape, bytes, dtype)| {
+            Ok((
+                n.clone(),
+                safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)?,
+            ))
+        })
+        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
+    let meta = std::collections::HashMap::from([(
+        "config".to_string(),
+        helios_nn::config::to_hf_json(&cfg).to_string(),
+    )]);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    safetensors::serialize_to_file(views, Some(meta), path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let _ = args;
+    Ok(())
+}

@@ -1,0 +1,346 @@
+//! GPT-2 on the device: the parameters as autograd leaves (`GptParams`) and the forward pass
+//! as plain functions (`forward`, `block`, `causal_self_attention`), as llm.c writes them;
+//! backward comes from `helios`' autograd.
+//!
+//! The one decision a reader must know: parameters keep Hugging Face's shapes on the device
+//! too (Conv1D weights [in, out], so a linear layer is `x @ w + b`), one leaf tensor per
+//! `GptConfig::param_specs` entry in that order; q, k and v come out of one (B, T, 3C)
+//! product and the fused attention kernel reads them in place as views.
+//!
+//! Shapes: B batch, T sequence, C channels, H heads, D = C/H, V vocabulary, L layers.
+
+use std::collections::BTreeMap;
+
+use helios::{
+    Activation, AttentionOptions, DType, Device, IndexTensor, MatmulOptions, SoftmaxOptions, Tensor,
+};
+
+use crate::config::GptConfig;
+use crate::params::{HostTensor, ParamStore};
+use crate::{Error, Result};
+
+/// Device tensors per transformer block.
+const PER_BLOCK: usize = 12;
+
+/// GPT-2's parameters on a device, one leaf tensor per `GptConfig::param_specs` entry, in
+/// that order and of those (Hugging Face) shapes.
+pub struct GptParams {
+    config: GptConfig,
+    /// One per `config.param_specs()`.
+    tensors: Vec<Tensor>,
+}
+
+/// The parameters one block reads.
+pub(crate) struct Block<'a> {
+    pub(crate) ln_1_w: &'a Tensor,    // (C)
+    pub(crate) ln_1_b: &'a Tensor,    // (C)
+    pub(crate) attn_w: &'a Tensor,    // (C, 3C): q | k | v
+    pub(crate) attn_b: &'a Tensor,    // (3C)
+    pub(crate) proj_w: &'a Tensor,    // (C, C)
+    pub(crate) proj_b: &'a Tensor,    // (C)
+    pub(crate) ln_2_w: &'a Tensor,    // (C)
+    pub(crate) ln_2_b: &'a Tensor,    // (C)
+    pub(crate) fc_w: &'a Tensor,      // (C, 4C)
+    pub(crate) fc_b: &'a Tensor,      // (4C)
+    pub(crate) fc_proj_w: &'a Tensor, // (4C, C)
+    pub(crate) fc_proj_b: &'a Tensor, // (C)
+}
+
+impl GptParams {
+    /// `store` on `device` as `dtype`, every tensor a leaf that accumulates a gradient.
+    pub fn upload(store: &ParamStore, device: &Device, dtype: DType) -> Result<GptParams> {
+        let tensors = store
+            .iter()
+            .map(|(_, t)| Ok(t.upload(device, dtype)?.requires_grad_()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(GptParams {
+            config: store.config().clone(),
+            tensors,
+        })
+    }
+
+    /// Wraps tensors made elsewhere (one per parameter, e.g. bf16 copies of f32 masters),
+    /// each made a gradient leaf.
+    pub fn from_tensors(config: &GptConfig, tensors: Vec<Tensor>) -> Result<GptParams> {
+        let specs = config.param_specs();
+        if specs.len() != tensors.len() {
+            return Err(Error::Params(format!(
+                "{} tensors given for {} parameters",
+                tensors.len(),
+                specs.len()
+            )));
+        }
+        for (s, t) in specs.iter().zip(&tensors) {
+            if s.shape != t.shape() {
+                return Err(Error::WrongShape {
+                    name: s.name.clone(),
+                    expected: s.shape.clone(),
+                    got: t.shape().to_vec(),
+                });
+            }
+        }
+        let tensors = tensors.into_iter().map(|t| t.requires_grad_()).collect();
+        Ok(GptParams {
+            config: config.clone(),
+            tensors,
+        })
+    }
+
+    pub fn config(&self) -> &GptConfig {
+        &self.config
+    }
+
+    /// The device tensors, one per `config().param_specs()`.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// The parameters as a host store (f32).
+    pub fn download(&self) -> Result<ParamStore> {
+        ParamStore::from_tensors(&self.config, to_host(&self.config, &self.tensors)?)
+    }
+
+    /// The accumulated gradients as host tensors by Hugging Face name (zeros where no
+    /// gradient reached a parameter).
+    pub fn grads_to_host(&self) -> Result<BTreeMap<String, HostTensor>> {
+        let grads = self
+            .tensors
+            .iter()
+            .map(|t| match t.grad() {
+                Some(g) => Ok(g),
+                None => Ok(Tensor::zeros(t.device(), t.shape(), DType::F32)?),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        to_host(&self.config, &grads)
+    }
+
+    /// Forgets every accumulated gradient.
+    pub fn zero_grad(&self) {
+        self.tensors.iter().for_each(Tensor::zero_grad);
+    }
+
+    pub(crate) fn wte(&self) -> &Tensor {
+        &self.tensors[0] // (V, C)
+    }
+
+    pub(crate) fn wpe(&self) -> &Tensor {
+        &self.tensors[1] // (maxT, C)
+    }
+
+    pub(crate) fn ln_f(&self) -> (&Tensor, &Tensor) {
+        let n = self.tensors.len();
+        (&self.tensors[n - 2], &self.tensors[n - 1]) // (C), (C)
+    }
+
+    pub(crate) fn block(&self, l: usize) -> Block<'_> {
+        let start = 2 + PER_BLOCK * l;
+        let [ln_1_w, ln_1_b, attn_w, attn_b, proj_w, proj_b, ln_2_w, ln_2_b, fc_w, fc_b, fc_proj_w, fc_proj_b] =
+            &self.tensors[start..start + PER_BLOCK]
+        else {
+            unreachable!("a block has {PER_BLOCK} parameters");
+        };
+        Block {
+            ln_1_w,
+            ln_1_b,
+            attn_w,
+            attn_b,
+            proj_w,
+            proj_b,
+            ln_2_w,
+            ln_2_b,
+            fc_w,
+            fc_b,
+            fc_proj_w,
+            fc_proj_b,
+        }
+    }
+}
+
+/// Device tensors, one per parameter of `config` in `param_specs` order, as host tensors by
+/// name (widened to f32).
+pub fn to_host(config: &GptConfig, tensors: &[Tensor]) -> Result<BTreeMap<String, HostTensor>> {
+    config
+        .param_specs()
+        .into_iter()
+        .zip(tensors)
+        .map(|(s, t)| Ok((s.name, HostTensor::download(t)?)))
+        .collect()
+}
+
+/// Token ids (B, T) and positions 0..T as device index tensors, after checking them against
+/// the model (every id below V, T at most the model's block size).
+pub fn inputs(
+    config: &GptConfig,
+    device: &Device,
+    ids: &[u32],
+    batch: usize,
+    seq: usize,
+) -> Result<(IndexTensor, IndexTensor)> {
+    if seq == 0 || seq > config.block_size {
+        return Err(Error::Config(format!(
+            "sequence length {seq} must be between 1 and the model's block size {}",
+            config.block_size
+        )));
+    }
+    if ids.len() != batch * seq {
+        return Err(Error::Params(format!(
+            "{} token ids given for a batch of {batch}x{seq}",
+            ids.len()
+        )));
+    }
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= config.vocab_size) {
+        return Err(Error::VocabMismatch {
+            what: format!("the input (token id {bad})"),
+            expected: config.vocab_size,
+            got: bad as usize + 1,
+        });
+    }
+    let positions: Vec<u32> = (0..seq as u32).collect();
+    Ok((
+        IndexTensor::from_slice(device, ids, &[batch, seq])?, // (B, T)
+        IndexTensor::from_slice(device, &positions, &[seq])?, // (T)
+    ))
+}
+
+/// GPT-2's forward pass: logits (B, T, V) for token ids `idx` (B, T) at positions `pos` (T).
+pub fn forward(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Tensor> {
+    head(p, &hidden(p, idx, pos)?)
+}
+
+/// The logits (B, V) of the last position only: what generation needs, without the
+/// (B, T, V) product that dominates a forward pass at GPT-2's vocabulary.
+pub fn forward_last(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Tensor> {
+    let h = hidden(p, idx, pos)?; // (B, T, C)
+    let &[b, t, c] = h.shape() else {
+        unreachable!("hidden states are (B, T, C)")
+    };
+    let last = h.narrow(1, t - 1, 1)?.reshape(&[b, c])?; // (B, C)
+    head(p, &last) // (B, V)
+}
+
+/// The tied head: logits (..., V) = h (..., C) @ wte^T, wte read in place through a
+/// transposed view. A single row (generation) is a product and a row sum over wte instead:
+/// a matmul tile would spend 31 of its 32 rows on nothing (measured 3x slower on lavapipe).
+pub fn head(p: &GptParams, h: &Tensor) -> Result<Tensor> {
+    let c = p.config.n_embd;
+    if h.len() == c && !h.requires_grad() {
+        let v = p.config.vocab_size;
+        let logits = p.wte().mul(&h.reshape(&[1, c])?)?.sum(-1)?; // (V, C) → (V)
+        let mut shape = h.shape().to_vec();
+        *shape.last_mut().expect("h has an axis") = v;
+        return Ok(logits.reshape(&shape)?); // (..., V)
+    }
+    Ok(h.matmul(&p.wte().transpose(0, 1)?)?)
+}
+
+/// Everything before the head: the final layer norm's output (B, T, C).
+pub fn hidden(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Tensor> {
+    let cfg = &p.config;
+    let tok = p.wte().embedding(idx)?; // (B, T, C)
+    let wpe = p.wpe().embedding(pos)?; // (T, C)
+    let mut x = tok.add(&wpe)?; // (B, T, C), the residual stream
+    for l in 0..cfg.n_layer {
+        x = block(&p.block(l), &x, cfg)?; // (B, T, C)
+    }
+    let (ln_f_w, ln_f_b) = p.ln_f();
+    Ok(x.layer_norm(ln_f_w, ln_f_b, cfg.layer_norm_eps)?.y) // (B, T, C)
+}
+
+/// The mean cross-entropy of `logits` (B, T, V) against `targets` (B, T): a (1,) tensor.
+pub fn loss(logits: &Tensor, targets: &IndexTensor) -> Result<Tensor> {
+    Ok(logits.cross_entropy(targets, None)?.loss)
+}
+
+/// One pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)). x is (B, T, C).
+fn block(w: &Block, x: &Tensor, cfg: &GptConfig) -> Result<Tensor> {
+    let eps = cfg.layer_norm_eps;
+    let h = x.layer_norm(w.ln_1_w, w.ln_1_b, eps)?.y; // (B, T, C)
+    let linear = |x: &Tensor, w: &Tensor, b: &Tensor| {
+        x.matmul_opts(
+            w,
+            &MatmulOptions {
+                bias: Some(b),
+                ..MatmulOptions::default()
+            },
+        )
+    };
+    let qkv = linear(&h, w.attn_w, w.attn_b)?; // (B, T, 3C)
+    let a = causal_self_attention(&qkv, cfg.n_head)?; // (B, T, C)
+    let x = a.matmul_opts(
+        w.proj_w,
+        &MatmulOptions {
+            bias: Some(w.proj_b),
+            residual: Some(x),
+            ..MatmulOptions::default()
+        },
+    )?; // (B, T, C)
+    let h = x.layer_norm(w.ln_2_w, w.ln_2_b, eps)?.y; // (B, T, C)
+    let f = h.matmul_opts(
+        w.fc_w,
+        &MatmulOptions {
+            bias: Some(w.fc_b),
+            act: Activation::GeluTanh,
+            ..MatmulOptions::default()
+        },
+    )?; // (B, T, 4C)
+    Ok(f.matmul_opts(
+        w.fc_proj_w,
+        &MatmulOptions {
+            bias: Some(w.fc_proj_b),
+            residual: Some(&x),
+            ..MatmulOptions::default()
+        },
+    )?) // (B, T, C)
+}
+
+/// Causal self-attention of `n_head` heads over the fused projection qkv (B, T, 3C), laid
+/// out q | k | v, each head's D = C/H channels together: → (B, T, C). Each position attends
+/// to itself and the positions before it, scores scaled by 1/√D. Runs the fused kernel,
+/// which reads q, k and v in place as views of qkv and never stores the scores (the
+/// materialised form for head sizes it does not take).
+pub fn causal_self_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
+    let (b, t, c) = qkv_dims(qkv, n_head)?;
+    let d = c / n_head;
+    if !fused_attention_fits(d) {
+        return materialised_attention(qkv, n_head);
+    }
+    let qkv = qkv.reshape(&[b, t, 3, n_head, d])?; // (B, T, 3, H, D)
+                                                   // Views of qkv, (B, T, H, D) each. The unit axis is dropped here because helios'
+                                                   // attention backward returns (B, T, H, D) gradients even for (B, T, 1, H, D) inputs.
+    let part = |i: usize| qkv.narrow(2, i, 1)?.reshape(&[b, t, n_head, d]);
+    let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+    let y = q.attention(&k, &v, &AttentionOptions::causal())?.out; // (B, T, H, D)
+    Ok(y.reshape(&[b, t, c])?) // (B, T, C)
+}
+
+/// Whether helios' fused attention takes heads of `d` channels (multiples of 16 up to 256).
+fn fused_attention_fits(d: usize) -> bool {
+    d % 16 == 0 && d <= 256
+}
+
+/// The same attention with the (B, H, T, T) scores stored: the reference form the tests
+/// hold the fused kernel to.
+pub fn materialised_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
+    let (b, t, c) = qkv_dims(qkv, n_head)?;
+    let d = c / n_head;
+    let qkv = qkv.reshape(&[b, t, 3, n_head, d])?; // (B, T, 3, H, D)
+    let part = |i: usize| qkv.narrow(2, i, 1)?.reshape(&[b, t, n_head, d]); // (B, T, H, D)
+    let q = part(0)?.permute(&[0, 2, 1, 3])?; // (B, H, T, D)
+    let kt = part(1)?.permute(&[0, 2, 3, 1])?; // (B, H, D, T)
+    let v = part(2)?.permute(&[0, 2, 1, 3])?; // (B, H, T, D)
+    let scores = q.matmul(&kt)?; // (B, H, T, T)
+    let att = scores.softmax_with(SoftmaxOptions::causal(1.0 / (d as f32).sqrt()))?; // (B, H, T, T)
+    let y = att.matmul(&v)?; // (B, H, T, D)
+    Ok(y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?) // (B, T, C)
+}
+
+/// (B, T, C) of a (B, T, 3C) qkv whose C splits into `n_head` heads.
+fn qkv_dims(qkv: &Tensor, n_head: usize) -> Result<(usize, usize, usize)> {
+    match *qkv.shape() {
+        [b, t, c3] if c3 % 3 == 0 && n_head > 0 && (c3 / 3) % n_head == 0 => Ok((b, t, c3 / 3)),
+        _ => Err(Error::Params(format!(
+            "attention takes a (B, T, 3C) qkv with C a multiple of {n_head} heads, got {:?}",
+            qkv.shape()
+        ))),
+    }
+}

@@ -1,0 +1,183 @@
+//! AdamW for GPT-2 on the device: f32 moments per parameter, decay on the matrices
+//! only, global-norm gradient clipping computed on the device, and f32 master weights when
+//! the model runs in bf16 (the update writes the bf16 copy in the same pass).
+//!
+//! The one decision a reader must know: the clip coefficient min(1, clip / (‖g‖ + 1e-6))
+//! stays a device tensor that scales every gradient, so clipping never waits for the host;
+//! the norm is handed back for logging, and reading it is the caller's choice.
+
+use helios::{adamw_step, AdamWConfig, AdamWParam, DType, Tensor};
+
+use crate::checkpoint::OptimizerState;
+use crate::model::{to_host, GptParams};
+use crate::params::ParamStore;
+use crate::schedule::AdamWHyper;
+use crate::{Error, Result};
+
+/// AdamW's state on the device, one entry per parameter (`GptConfig::param_specs` order).
+pub struct AdamW {
+    pub hyper: AdamWHyper,
+    /// Steps taken (the next is `step + 1`).
+    pub step: u64,
+    /// f32 first and second moments, the parameters' shapes.
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+    /// f32 master weights when the model's tensors are narrower (bf16); `None` in fp32.
+    master: Option<Vec<Tensor>>,
+    /// Whether each parameter decays.
+    decay: Vec<bool>,
+}
+
+impl AdamW {
+    /// The optimizer of `params` continuing from `state` (zeros for a new run). `master`
+    /// holds the f32 weights when `params` is bf16 (see `upload_with_master`).
+    pub fn new(
+        params: &GptParams,
+        state: &OptimizerState,
+        hyper: AdamWHyper,
+        master: Option<Vec<Tensor>>,
+    ) -> Result<AdamW> {
+        let config = params.config();
+        state.validate(config)?;
+        let device = params.tensors()[0].device().clone();
+        let specs = config.param_specs();
+        let upload = |map: &std::collections::BTreeMap<String, crate::HostTensor>| {
+            specs
+                .iter()
+                .map(|s| map[&s.name].upload(&device, DType::F32))
+                .collect::<Result<Vec<_>>>()
+        };
+        Ok(AdamW {
+            hyper,
+            step: state.step,
+            m: upload(&state.m)?,
+            v: upload(&state.v)?,
+            master,
+            decay: specs.iter().map(|s| s.weight_decay).collect(),
+        })
+    }
+
+    /// The global L2 norm of every gradient of `params`, a (1,) device tensor; `None` when
+    /// no gradient has been accumulated.
+    pub fn grad_norm(params: &GptParams) -> Result<Option<Tensor>> {
+        let mut total: Option<Tensor> = None;
+        for t in params.tensors() {
+            if let Some(g) = t.grad() {
+                let g = g.to_dtype(DType::F32)?;
+                let sq = g.mul(&g)?.sum_all()?.reshape(&[1])?; // (1)
+                total = Some(match total {
+                    None => sq,
+                    Some(s) => s.add(&sq)?,
+                });
+            }
+        }
+        Ok(match total {
+            None => None,
+            Some(t) => Some(t.sqrt()?),
+        })
+    }
+
+    /// One step at learning rate `lr` on the gradients accumulated in `params` (clipped to
+    /// the global norm `hyper.grad_clip` first), then forgets them. Returns the gradient
+    /// norm before clipping, a (1,) device tensor. Every parameter must have a gradient.
+    pub fn step(&mut self, params: &GptParams, lr: f64) -> Result<Tensor> {
+        let grads = params
+            .tensors()
+            .iter()
+            .map(|t| {
+                t.grad().ok_or_else(|| {
+                    Error::Params("a parameter got no gradient; call backward() first".into())
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let norm = AdamW::grad_norm(params)?.expect("every parameter has a gradient");
+        let grads = match self.hyper.grad_clip {
+            None => grads,
+            Some(clip) => {
+                // coef = min(1, clip / (norm + 1e-6)), (1), broadcast over each gradient.
+                let coef = norm
+                    .add_scalar(1e-6)?
+                    .scalar_first_op(helios::BinaryOp::Div, clip as f32)?
+                    .minimum_scalar(1.0)?;
+                grads
+                    .iter()
+                    .map(|g| g.mul(&coef.to_dtype(g.dtype())?))
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+        };
+        let config = AdamWConfig {
+            lr: lr as f32,
+            beta1: self.hyper.beta1 as f32,
+            beta2: self.hyper.beta2 as f32,
+            eps: self.hyper.eps as f32,
+        };
+        let wd = self.hyper.weight_decay as f32;
+        let list: Vec<AdamWParam> = (0..grads.len())
+            .map(|i| {
+                let model = &params.tensors()[i];
+                let (param, copy) = match &self.master {
+                    Some(master) => (&master[i], Some(model)),
+                    None => (model, None),
+                };
+                AdamWParam {
+                    param,
+                    grad: &grads[i],
+                    m: &self.m[i],
+                    v: &self.v[i],
+                    copy,
+                    weight_decay: if self.decay[i] { wd } else { 0.0 },
+                }
+            })
+            .collect();
+        let step = u32::try_from(self.step + 1)
+            .map_err(|_| Error::Params("more than 2^32 optimizer steps".into()))?;
+        adamw_step(&list, &config, step)?;
+        self.step += 1;
+        params.zero_grad();
+        Ok(norm)
+    }
+
+    /// The moments on the host (Hugging Face names and shapes), for a checkpoint.
+    pub fn state(&self, params: &GptParams) -> Result<OptimizerState> {
+        let config = params.config();
+        Ok(OptimizerState {
+            step: self.step,
+            m: to_host(config, &self.m)?,
+            v: to_host(config, &self.v)?,
+        })
+    }
+
+    /// The f32 weights: the masters in bf16, else the model's own tensors.
+    pub fn weights(&self, params: &GptParams) -> Result<ParamStore> {
+        match &self.master {
+            None => params.download(),
+            Some(master) => {
+                ParamStore::from_tensors(params.config(), to_host(params.config(), master)?)
+            }
+        }
+    }
+}
+
+/// The model's tensors in `dtype` and, when that is narrower than f32, their f32 masters:
+/// `(params, master)` ready for `AdamW::new`.
+pub fn upload_with_master(
+    store: &ParamStore,
+    device: &helios::Device,
+    dtype: DType,
+) -> Result<(GptParams, Option<Vec<Tensor>>)> {
+    if dtype == DType::F32 {
+        return Ok((GptParams::upload(store, device, DType::F32)?, None));
+    }
+    let master = store
+        .iter()
+        .map(|(_, t)| t.upload(device, DType::F32))
+        .collect::<Result<Vec<_>>>()?;
+    let narrow = store
+        .iter()
+        .map(|(_, t)| t.upload(device, dtype))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((
+        GptParams::from_tensors(store.config(), narrow)?,
+        Some(master),
+    ))
+}

@@ -1,0 +1,406 @@
+//! The training loop: AdamW (decay on matrices), warm-up + cosine learning rate, global-norm
+//! clipping, gradient accumulation, validation loss, atomic checkpoints and exact resume.
+//!
+//! The design decision a reader must know: a run is a pure function of its inputs (initial
+//! weights, data, seed, hyperparameters). Batches come from `BatchSampler` (a function of
+//! seed and step), the learning rate from `LrSchedule` (a function of the step), and every
+//! kernel is deterministic, so a checkpoint's f32 weights, AdamW moments, step and sampler
+//! state are enough for a resumed run to continue bit for bit. A loss or gradient norm that
+//! is NaN or infinite stops the run before anything is saved: the last checkpoint on disk is
+//! the last good one.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use helios::{no_grad, DType, Device, IndexTensor, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::TRAINER_FORMAT;
+use crate::checkpoint::{save_checkpoint, Checkpoint, OptimizerState, TrainerState};
+use crate::model::{self, GptParams};
+use crate::optim::{upload_with_master, AdamW};
+use crate::params::ParamStore;
+use crate::sampler::{Batch, BatchSampler, EvalBatches};
+use crate::schedule::{AdamWHyper, LrSchedule};
+use crate::{Error, Result, Tokens};
+
+/// How to train.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Rows per micro-batch (B).
+    pub batch: usize,
+    /// Tokens per row (T), at most the model's block size.
+    pub seq: usize,
+    /// Micro-batches whose gradients are summed into one optimizer step.
+    pub accum: usize,
+    /// Optimizer steps of the whole run (the schedule ends there).
+    pub steps: u64,
+    pub schedule: LrSchedule,
+    pub adamw: AdamWHyper,
+    /// F32, or BF16 (bf16 weights and activations, f32 master weights and moments).
+    pub precision: DType,
+    /// Seeds the batch order (and, in the CLI, the initial weights).
+    pub seed: u64,
+    /// Validation loss every this many steps and at the end (0: never).
+    pub eval_every: u64,
+    /// Validation batches per evaluation (at most).
+    pub eval_batches: usize,
+    /// Checkpoint every this many steps (0: only at the end).
+    pub save_every: u64,
+    /// Where checkpoints go (`None`: nowhere).
+    pub checkpoint_dir: Option<PathBuf>,
+}
+
+/// One optimizer step, as the loop reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepLog {
+    /// 1-based: the number of optimizer steps done after this one.
+    pub step: u64,
+    /// Mean training loss over the step's micro-batches.
+    pub loss: f32,
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f32,
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
+    pub opt_ms: f64,
+    /// Tokens this step trained on (B·T·accum).
+    pub tokens: usize,
+}
+
+/// A validation loss after `step` optimizer steps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EvalLog {
+    pub step: u64,
+    pub loss: f32,
+}
+
+/// Everything a run has logged; a checkpoint carries it so a resumed run's log is whole.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    pub train: Vec<StepLog>,
+    pub val: Vec<EvalLog>,
+}
+
+/// What `Trainer::run` reports as it goes.
+#[derive(Debug)]
+pub enum Event<'a> {
+    Step(&'a StepLog),
+    Eval(&'a EvalLog),
+    Saved { step: u64, dir: &'a Path },
+}
+
+/// A training run in progress: the model and optimizer on the device, the data, the log.
+pub struct Trainer {
+    device: Device,
+    params: GptParams,
+    opt: AdamW,
+    sampler: BatchSampler,
+    val: Option<Tokens>,
+    cfg: TrainConfig,
+    history: History,
+    /// The step of the last checkpoint written (or resumed from).
+    last_saved: Option<u64>,
+}
+
+impl Trainer {
+    /// A new run from `init` (step 0).
+    pub fn new(
+        device: &Device,
+        init: &ParamStore,
+        train: Tokens,
+        val: Option<Tokens>,
+        cfg: TrainConfig,
+    ) -> Result<Trainer> {
+        check_run(init, &train, val.as_ref(), &cfg)?;
+        let sampler = BatchSampler::new(train, cfg.batch, cfg.seq, cfg.seed)?;
+        let state = OptimizerState::zeros(init.config());
+        Trainer::build(
+            device,
+            init,
+            &state,
+            sampler,
+            val,
+            cfg,
+            History::default(),
+            None,
+        )
+    }
+
+    /// Continues the run saved in `ckpt` (from `load_checkpoint`) on the same data, batch
+    /// and sequence length; the checkpoint's schedule, AdamW constants and seed apply.
+    pub fn resume(
+        device: &Device,
+        ckpt: &Checkpoint,
+        train: Tokens,
+        val: Option<Tokens>,
+        mut cfg: TrainConfig,
+    ) -> Result<Trainer> {
+        let (Some(opt), Some(state)) = (&ckpt.optimizer, &ckpt.trainer) else {
+            return Err(Error::Data(
+                "this directory holds weights but no optimizer or trainer state, so it cannot \
+                 be resumed; start a new run from it with --init instead"
+                    .into(),
+            ));
+        };
+        cfg.schedule = state.schedule;
+        cfg.adamw = state.adamw;
+        cfg.seed = state.seed;
+        check_run(&ckpt.params, &train, val.as_ref(), &cfg)?;
+        let sampler = BatchSampler::resume_checked(train, state.sampler, cfg.batch, cfg.seq)?;
+        let history = serde_json::from_value(state.extra["history"].clone()).unwrap_or_default();
+        Trainer::build(
+            device,
+            &ckpt.params,
+            opt,
+            sampler,
+            val,
+            cfg,
+            history,
+            Some(state.step),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        device: &Device,
+        init: &ParamStore,
+        state: &OptimizerState,
+        sampler: BatchSampler,
+        val: Option<Tokens>,
+        cfg: TrainConfig,
+        history: History,
+        last_saved: Option<u64>,
+    ) -> Result<Trainer> {
+        let (params, master) = upload_with_master(init, device, cfg.precision)?;
+        let opt = AdamW::new(&params, state, cfg.adamw, master)?;
+        Ok(Trainer {
+            device: device.clone(),
+            params,
+            opt,
+            sampler,
+            val,
+            cfg,
+            history,
+            last_saved,
+        })
+    }
+
+    /// Optimizer steps done.
+    pub fn step_count(&self) -> u64 {
+        self.opt.step
+    }
+
+    pub fn params(&self) -> &GptParams {
+        &self.params
+    }
+
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+
+    /// The batch the next step trains on first (the sampler does not move).
+    pub fn peek_batch(&self) -> Batch {
+        self.sampler.batch_at(self.sampler.state().step)
+    }
+
+    /// The f32 weights as a host store.
+    pub fn weights(&self) -> Result<ParamStore> {
+        self.opt.weights(&self.params)
+    }
+
+    /// Device index tensors for a batch: ids (B, T), positions (T), targets (B, T).
+    fn upload(&self, b: &Batch) -> Result<(IndexTensor, IndexTensor, IndexTensor)> {
+        let cfg = self.params.config();
+        let (idx, pos) = model::inputs(cfg, &self.device, &b.inputs, b.batch, b.seq_len)?;
+        let targets = IndexTensor::from_slice(&self.device, &b.targets, &[b.batch, b.seq_len])?;
+        Ok((idx, pos, targets))
+    }
+
+    /// One optimizer step over `accum` micro-batches. Fails, leaving the checkpoints on
+    /// disk alone, if the loss or gradient norm is not finite.
+    pub fn train_step(&mut self) -> Result<StepLog> {
+        let step = self.opt.step; // 0-based index of this step
+        let (mut fwd, mut bwd) = (0.0, 0.0);
+        let mut loss_sum = 0.0f64;
+        let accum = self.cfg.accum.max(1);
+        for _ in 0..accum {
+            let batch = self.sampler.next_batch();
+            let (idx, pos, targets) = self.upload(&batch)?;
+            let t0 = Instant::now();
+            let logits = model::forward(&self.params, &idx, &pos)?; // (B, T, V)
+            let loss = model::loss(&logits, &targets)?; // (1)
+            drop(logits);
+            let value = loss.to_vec()?[0]; // the step's one read of the loss
+            fwd += ms(t0);
+            if !value.is_finite() {
+                return Err(self.non_finite(step + 1, "loss", value));
+            }
+            loss_sum += value as f64;
+            let t1 = Instant::now();
+            let scaled = if accum > 1 {
+                loss.mul_scalar(1.0 / accum as f32)?
+            } else {
+                loss
+            };
+            scaled.backward()?;
+            self.device.synchronize()?;
+            bwd += ms(t1);
+        }
+        let t2 = Instant::now();
+        let lr = self.cfg.schedule.lr_at(step);
+        let norm = self.opt.step(&self.params, lr)?;
+        let grad_norm = norm.to_vec()?[0];
+        let opt_ms = ms(t2);
+        if !grad_norm.is_finite() {
+            return Err(self.non_finite(step + 1, "gradient norm", grad_norm));
+        }
+        let log = StepLog {
+            step: step + 1,
+            loss: (loss_sum / accum as f64) as f32,
+            lr,
+            grad_norm,
+            fwd_ms: fwd,
+            bwd_ms: bwd,
+            opt_ms,
+            tokens: self.cfg.batch * self.cfg.seq * accum,
+        };
+        self.history.train.push(log.clone());
+        Ok(log)
+    }
+
+    fn non_finite(&self, step: u64, what: &'static str, value: f32) -> Error {
+        Error::NonFinite {
+            step,
+            what,
+            value,
+            checkpoint: self
+                .last_saved
+                .zip(self.cfg.checkpoint_dir.clone())
+                .map(|(s, d)| (d, s)),
+        }
+    }
+
+    /// The mean loss over (at most `eval_batches`) validation batches, without gradients.
+    pub fn evaluate(&mut self) -> Result<Option<f32>> {
+        let Some(val) = &self.val else {
+            return Ok(None);
+        };
+        let batches = EvalBatches::new(val.clone(), self.cfg.batch, self.cfg.seq)?
+            .take_at_most(self.cfg.eval_batches.max(1));
+        let n = batches.num_batches();
+        let total = no_grad(|| -> Result<Tensor> {
+            let mut total: Option<Tensor> = None;
+            for b in batches {
+                let (idx, pos, targets) = self.upload(&b)?;
+                let logits = model::forward(&self.params, &idx, &pos)?; // (B, T, V)
+                let loss = model::loss(&logits, &targets)?; // (1)
+                total = Some(match total {
+                    None => loss,
+                    Some(t) => t.add(&loss)?,
+                });
+            }
+            Ok(total.expect("at least one validation batch"))
+        })?;
+        let loss = total.to_vec()?[0] / n as f32;
+        let log = EvalLog {
+            step: self.opt.step,
+            loss,
+        };
+        self.history.val.push(log);
+        Ok(Some(loss))
+    }
+
+    /// Writes a resumable checkpoint to `dir` (atomically: a crash keeps the previous one).
+    pub fn save(&mut self, dir: &Path) -> Result<()> {
+        let params = self.weights()?;
+        let opt = self.opt.state(&self.params)?;
+        let state = TrainerState {
+            format: TRAINER_FORMAT,
+            step: self.opt.step,
+            seed: self.cfg.seed,
+            sampler: self.sampler.state(),
+            schedule: self.cfg.schedule,
+            adamw: self.cfg.adamw,
+            model: params.config().clone(),
+            extra: serde_json::json!({
+                "precision": self.cfg.precision.name(),
+                "accum": self.cfg.accum,
+                "history": self.history,
+            }),
+        };
+        save_checkpoint(dir, &params, &opt, &state)?;
+        self.last_saved = Some(self.opt.step);
+        Ok(())
+    }
+
+    /// Trains until `cfg.steps` optimizer steps are done (at most `until` when given),
+    /// evaluating and saving as configured, and saving at the end.
+    pub fn run(&mut self, until: Option<u64>, mut on: impl FnMut(Event)) -> Result<()> {
+        let end = until.unwrap_or(self.cfg.steps).min(self.cfg.steps);
+        // The untrained model's validation loss: where the curve starts.
+        if self.opt.step == 0 && self.cfg.eval_every > 0 && self.history.val.is_empty() {
+            if let Some(loss) = self.evaluate()? {
+                on(Event::Eval(&EvalLog { step: 0, loss }));
+            }
+        }
+        while self.opt.step < end {
+            let log = self.train_step()?;
+            on(Event::Step(&log));
+            let s = self.opt.step;
+            let every = |n: u64| n > 0 && s % n == 0;
+            if every(self.cfg.eval_every) || (s == end && self.cfg.eval_every > 0) {
+                if let Some(loss) = self.evaluate()? {
+                    on(Event::Eval(&EvalLog { step: s, loss }));
+                }
+            }
+            if let Some(dir) = self.cfg.checkpoint_dir.clone() {
+                if every(self.cfg.save_every) || s == end {
+                    self.save(&dir)?;
+                    on(Event::Saved { step: s, dir: &dir });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Checks a run's inputs against each other before anything is uploaded.
+fn check_run(
+    init: &ParamStore,
+    train: &Tokens,
+    val: Option<&Tokens>,
+    cfg: &TrainConfig,
+) -> Result<()> {
+    let model = init.config();
+    if cfg.seq == 0 || cfg.seq > model.block_size {
+        return Err(Error::Config(format!(
+            "sequence length {} must be between 1 and the model's block size {}",
+            cfg.seq, model.block_size
+        )));
+    }
+    if !matches!(cfg.precision, DType::F32 | DType::BF16) {
+        return Err(Error::Config(format!(
+            "precision {} is not supported; use fp32 or bf16",
+            cfg.precision.name()
+        )));
+    }
+    cfg.schedule.validate()?;
+    train.check_vocab(model.vocab_size)?;
+    if let Some(v) = val {
+        v.check_vocab(model.vocab_size)?;
+        // Fail now rather than at the first evaluation.
+        if cfg.eval_every > 0 {
+            EvalBatches::new(v.clone(), cfg.batch, cfg.seq)?;
+        }
+    }
+    Ok(())
+}

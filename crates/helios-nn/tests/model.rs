@@ -1,0 +1,316 @@
+//! GPT-2 against PyTorch, as llm.c's test_gpt2 does: the reference file
+//! (bench/gpt2_reference.py → tests/data/gpt2_ref.safetensors: 2 layers, 2 heads, 64
+//! channels, vocabulary 512, B=2, T=16) gives weights, one batch, and PyTorch's logits, loss,
+//! every parameter's gradient and the losses of 10 AdamW steps. Everything here is f32.
+//!
+//! Tolerances, with the errors measured on lavapipe (the test prints them): logits within
+//! 1e-5 absolute (measured 3e-7); the loss within 1e-5 (6e-7); each gradient within 1e-4
+//! of that gradient's largest magnitude and 1e-5 absolute (worst: 8e-7 relative, ln_1's
+//! gain); the 10 AdamW losses within 1e-5 (1e-6). The margins leave room for a GPU's other
+//! summation orders.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use helios::{Device, IndexTensor, Tensor};
+use helios_nn::config::from_hf_json;
+use helios_nn::model::{self, materialised_attention, GptParams};
+use helios_nn::optim::AdamW;
+use helios_nn::weights::{read_tensors, with_file};
+use helios_nn::{AdamWHyper, GptConfig, HostTensor, OptimizerState, ParamStore};
+use safetensors::Dtype;
+
+const REF: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/gpt2_ref.safetensors"
+);
+
+fn device() -> Device {
+    Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)")
+}
+
+fn ids(name: &str) -> Vec<u32> {
+    with_file(Path::new(REF), |st, _| {
+        let v = st.tensor(name).unwrap();
+        assert_eq!(v.dtype(), Dtype::I32);
+        Ok(v.data()
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect())
+    })
+    .unwrap()
+}
+
+struct Reference {
+    config: GptConfig,
+    tensors: BTreeMap<String, HostTensor>,
+    inputs: Vec<u32>,  // (B, T)
+    targets: Vec<u32>, // (B, T)
+}
+
+fn reference() -> Reference {
+    let meta = with_file(Path::new(REF), |_, meta| Ok(meta)).unwrap();
+    let config = from_hf_json(&serde_json::from_str(&meta["config"]).unwrap()).unwrap();
+    let scratch = common::Scratch::new("model-ref");
+    let path = scratch.join("f32.safetensors");
+    with_file(Path::new(REF), |st, _| {
+        let views: Vec<_> = st
+            .iter()
+            .filter(|(_, v)| v.dtype() == Dtype::F32)
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        Ok(())
+    })
+    .unwrap();
+    Reference {
+        config,
+        tensors: read_tensors(&path).unwrap().tensors,
+        inputs: ids("inputs"),
+        targets: ids("targets"),
+    }
+}
+
+impl Reference {
+    fn store(&self) -> ParamStore {
+        let w = self
+            .config
+            .param_specs()
+            .into_iter()
+            .map(|s| (s.name.clone(), self.tensors[&s.name].clone()))
+            .collect();
+        ParamStore::from_tensors(&self.config, w).unwrap()
+    }
+}
+
+/// (max |a - b|, max |b|).
+fn max_err(a: &[f32], b: &[f32]) -> (f32, f32) {
+    assert_eq!(a.len(), b.len());
+    let err = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let scale = b.iter().map(|x| x.abs()).fold(0f32, f32::max);
+    (err, scale)
+}
+
+#[test]
+fn forward_backward_and_adamw_match_pytorch() {
+    let r = reference();
+    let dev = device();
+    let (b, t) = (2, 16);
+    let params = GptParams::upload(&r.store(), &dev, helios::DType::F32).unwrap();
+    let (idx, pos) = model::inputs(&r.config, &dev, &r.inputs, b, t).unwrap();
+    let targets = IndexTensor::from_slice(&dev, &r.targets, &[b, t]).unwrap();
+
+    let logits = model::forward(&params, &idx, &pos).unwrap(); // (B, T, V)
+    let loss = model::loss(&logits, &targets).unwrap();
+    loss.backward().unwrap();
+
+    let (err, _) = max_err(&logits.to_vec().unwrap(), &r.tensors["logits"].data);
+    println!("logits: max abs error {err:.3e}");
+    assert!(err < 1e-5, "logits differ by {err}");
+    let got_loss = loss.to_vec().unwrap()[0];
+    let want_loss = r.tensors["loss"].data[0];
+    println!("loss: {got_loss} vs {want_loss}");
+    assert!((got_loss - want_loss).abs() < 1e-5);
+
+    let grads = params.grads_to_host().unwrap();
+    let mut worst = (0f32, String::new());
+    for spec in r.config.param_specs() {
+        let want = &r.tensors[&format!("grad.{}", spec.name)].data;
+        let (err, scale) = max_err(&grads[&spec.name].data, want);
+        let rel = err / scale.max(1e-12);
+        if rel > worst.0 {
+            worst = (rel, spec.name.clone());
+        }
+        assert!(
+            err < 1e-5 && rel < 1e-4,
+            "grad {}: max abs error {err:.3e}, {rel:.3e} of its max-abs {scale:.3e}",
+            spec.name
+        );
+    }
+    println!(
+        "gradients: worst relative error {:.3e} ({})",
+        worst.0, worst.1
+    );
+
+    // 10 AdamW steps on the same batch: lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay
+    // 0.1 on the matrices, no clipping (the file's metadata; reference.rs checks it).
+    let hyper = AdamWHyper {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        grad_clip: None,
+    };
+    let mut opt = AdamW::new(&params, &OptimizerState::zeros(&r.config), hyper, None).unwrap();
+    let want = &r.tensors["losses"].data;
+    let mut got = vec![got_loss];
+    opt.step(&params, 1e-3).unwrap();
+    for _ in 1..10 {
+        let logits = model::forward(&params, &idx, &pos).unwrap();
+        let loss = model::loss(&logits, &targets).unwrap();
+        loss.backward().unwrap();
+        got.push(loss.to_vec().unwrap()[0]);
+        opt.step(&params, 1e-3).unwrap();
+    }
+    println!("losses: {got:?}\nPyTorch: {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g - w).abs() < 1e-5,
+            "AdamW losses differ: {got:?} vs {want:?}"
+        );
+    }
+    assert!(dev.validation_messages().is_empty());
+}
+
+/// The fused attention the model runs against the materialised reference form, forward
+/// and backward (through the fused qkv's gradient), at a T that is not a tile multiple.
+#[test]
+fn causal_self_attention_matches_the_materialised_form() {
+    let dev = device();
+    let (b, t, h, d) = (2, 19, 2, 16);
+    let c = h * d;
+    let n = b * t * 3 * c;
+    let vals: Vec<f32> = (0..n)
+        .map(|i| (((i * 37) % 23) as f32 - 11.0) / 9.0)
+        .collect();
+    let dy: Vec<f32> = (0..b * t * c)
+        .map(|i| (((i * 13) % 17) as f32 - 8.0) / 5.0)
+        .collect();
+    let dy = Tensor::from_slice(&dev, &dy, &[b, t, c]).unwrap();
+    let run = |f: &dyn Fn(&Tensor) -> Tensor| {
+        let qkv = Tensor::from_slice(&dev, &vals, &[b, t, 3 * c])
+            .unwrap()
+            .requires_grad_();
+        let y = f(&qkv);
+        y.mul(&dy).unwrap().sum_all().unwrap().backward().unwrap();
+        (y.to_vec().unwrap(), qkv.grad().unwrap().to_vec().unwrap())
+    };
+    let fused = run(&|x| model::causal_self_attention(x, h).unwrap());
+    let reference = run(&|x| materialised_attention(x, h).unwrap());
+    let (err, _) = max_err(&fused.0, &reference.0);
+    assert!(err < 1e-5, "forward differs by {err}");
+    let (err, scale) = max_err(&fused.1, &reference.1);
+    assert!(err < 1e-5 * scale.max(1.0), "backward differs by {err}");
+    // Position 0 sees only itself: its output is its own v, per head.
+    let v0 = &vals[2 * c..3 * c];
+    let (err, _) = max_err(&fused.0[..c], v0);
+    assert!(err < 1e-6, "{err}");
+    assert!(dev.validation_messages().is_empty());
+}
+
+/// The last-position head and greedy generation agree with the full forward pass.
+#[test]
+fn forward_last_and_greedy_generation_follow_the_full_forward() {
+    use helios_nn::generate::{generate, Sampling};
+    let r = reference();
+    let dev = device();
+    let params = GptParams::upload(&r.store(), &dev, helios::DType::F32).unwrap();
+    let prompt = &r.inputs[..5];
+    let greedy = Sampling {
+        temperature: 0.0,
+        ..Sampling::default()
+    };
+    let out = generate(&params, &dev, prompt, 3, &greedy, |_| {}).unwrap();
+    assert_eq!(&out[..5], prompt);
+    let v = r.config.vocab_size;
+    for i in 5..8 {
+        let (idx, pos) = model::inputs(&r.config, &dev, &out[..i], 1, i).unwrap();
+        let all = helios::no_grad(|| model::forward(&params, &idx, &pos))
+            .unwrap()
+            .to_vec()
+            .unwrap(); // (1, i, V)
+        let last = &all[(i - 1) * v..];
+        let last_only = helios::no_grad(|| model::forward_last(&params, &idx, &pos))
+            .unwrap()
+            .to_vec()
+            .unwrap(); // (1, V)
+        let (err, _) = max_err(&last_only, last);
+        assert!(err < 1e-5, "{err}");
+        let argmax = (0..v).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap();
+        assert_eq!(out[i], argmax as u32, "token {i}");
+    }
+}
+
+/// bf16 autocast (bf16 weights and activations, f32 master weights and moments) follows the
+/// fp32 PyTorch reference loosely: the first loss within 0.02, the tenth within 0.05
+/// (measured on lavapipe: 1e-4 and 2e-4; the loose bounds allow a GPU's bf16 matmuls).
+#[test]
+fn bf16_with_f32_masters_follows_the_reference() {
+    let r = reference();
+    let dev = device();
+    let (b, t) = (2, 16);
+    let (params, master) =
+        helios_nn::optim::upload_with_master(&r.store(), &dev, helios::DType::BF16).unwrap();
+    assert_eq!(params.tensors()[0].dtype(), helios::DType::BF16);
+    let (idx, pos) = model::inputs(&r.config, &dev, &r.inputs, b, t).unwrap();
+    let targets = IndexTensor::from_slice(&dev, &r.targets, &[b, t]).unwrap();
+    let hyper = AdamWHyper {
+        grad_clip: None,
+        ..AdamWHyper::default()
+    };
+    let mut opt = AdamW::new(&params, &OptimizerState::zeros(&r.config), hyper, master).unwrap();
+    let want = &r.tensors["losses"].data;
+    let mut got = vec![];
+    for _ in 0..10 {
+        let logits = model::forward(&params, &idx, &pos).unwrap();
+        let loss = model::loss(&logits, &targets).unwrap();
+        loss.backward().unwrap();
+        got.push(loss.to_vec().unwrap()[0]);
+        opt.step(&params, 1e-3).unwrap();
+    }
+    println!("bf16 losses: {got:?}");
+    assert!((got[0] - want[0]).abs() < 0.02, "{got:?} vs {want:?}");
+    assert!((got[9] - want[9]).abs() < 0.05, "{got:?} vs {want:?}");
+    // The masters moved in f32; the model's bf16 tensors are their rounding.
+    let w = opt.weights(&params).unwrap();
+    let wte = &w.get("wte.weight").unwrap().data;
+    let bf = params.tensors()[0].to_vec().unwrap();
+    assert!(wte
+        .iter()
+        .zip(&bf)
+        .all(|(m, b)| helios::DType::BF16.round(*m) == *b));
+    assert!(dev.validation_messages().is_empty());
+}
+
+/// Decoding with the key/value cache gives the tokens and logits of recomputing the window,
+/// also past the model's block size (where it falls back to recomputing).
+#[test]
+fn kv_cache_generation_matches_recomputation() {
+    use helios_nn::generate::{generate, generate_recompute, Sampling};
+    use helios_nn::kv_cache::{self, KvCache};
+    let r = reference();
+    let dev = device();
+    let params = GptParams::upload(&r.store(), &dev, helios::DType::F32).unwrap();
+    // Logits of every position of the batch's first row, one cached step at a time.
+    let t = 16;
+    let row = &r.inputs[..t];
+    let v = r.config.vocab_size;
+    let mut cache = KvCache::new(&params);
+    for (i, &tok) in row.iter().enumerate() {
+        let got = kv_cache::step(&params, &mut cache, tok)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let want = &r.tensors["logits"].data[i * v..(i + 1) * v];
+        let (err, _) = max_err(&got, want);
+        assert!(err < 1e-4, "position {i}: {err}");
+    }
+    // Sampled generation, crossing the block size (64) from a 10-token prompt.
+    let s = Sampling {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 3,
+    };
+    let prompt = &r.inputs[..10];
+    let cached = generate(&params, &dev, prompt, 60, &s, |_| {}).unwrap();
+    let full = generate_recompute(&params, &dev, prompt, 60, &s, |_| {}).unwrap();
+    assert_eq!(cached, full);
+    assert!(dev.validation_messages().is_empty());
+}

@@ -1,0 +1,208 @@
+//! The training loop on the device present (lavapipe in CI), with a small GPT-2: the loss
+//! falls, a run of 20 steps equals 10 + checkpoint + resume + 10 bit for bit (weights,
+//! moments, losses), a NaN stops the run and leaves the last good checkpoint, and bad
+//! inputs fail with an error before any work.
+
+mod common;
+
+use helios::{DType, Device};
+use helios_nn::train::{Event, TrainConfig, Trainer};
+use helios_nn::{
+    load_checkpoint, AdamWHyper, Error, GptConfig, HostTensor, LrSchedule, ParamStore, Tokens,
+};
+
+fn device() -> Device {
+    Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)")
+}
+
+fn config() -> GptConfig {
+    GptConfig {
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32, // head size 16: the fused attention kernel runs
+        vocab_size: 32,
+        block_size: 16,
+        layer_norm_eps: 1e-5,
+    }
+}
+
+/// A learnable stream: a repeating pattern of period 7 with a little variation.
+fn data() -> (Tokens, Tokens) {
+    let ids: Vec<u32> = (0..4000u32)
+        .map(|i| (i % 7) * 3 + u32::from(i % 29 == 0))
+        .collect();
+    let all = Tokens::from_ids(&ids, "pattern").unwrap();
+    all.split(0.1).unwrap()
+}
+
+fn train_config(steps: u64, dir: Option<&std::path::Path>) -> TrainConfig {
+    TrainConfig {
+        batch: 4,
+        seq: 16,
+        accum: 2,
+        steps,
+        schedule: LrSchedule {
+            max_lr: 1e-2,
+            min_lr: 1e-3,
+            warmup_steps: 3.min(steps),
+            total_steps: steps,
+        },
+        adamw: AdamWHyper::default(),
+        precision: DType::F32,
+        seed: 5,
+        eval_every: 5,
+        eval_batches: 2,
+        save_every: 0,
+        checkpoint_dir: dir.map(|d| d.to_path_buf()),
+    }
+}
+
+fn store() -> ParamStore {
+    ParamStore::init_gpt2(&config(), 11).unwrap()
+}
+
+#[test]
+fn twenty_steps_equal_ten_plus_resume_plus_ten() {
+    let dev = device();
+    let scratch = common::Scratch::new("train-resume");
+    let (train, val) = data();
+
+    // One run of 20 steps.
+    let mut a = Trainer::new(
+        &dev,
+        &store(),
+        train.clone(),
+        Some(val.clone()),
+        train_config(20, None),
+    )
+    .unwrap();
+    a.run(None, |_| {}).unwrap();
+    let losses_a: Vec<f32> = a.history().train.iter().map(|s| s.loss).collect();
+    assert!(
+        losses_a[19] < losses_a[0] - 0.5,
+        "the loss should fall: {losses_a:?}"
+    );
+
+    // 10 steps, a checkpoint, a fresh trainer from it, 10 more.
+    let dir = scratch.join("ckpt");
+    let mut b = Trainer::new(
+        &dev,
+        &store(),
+        train.clone(),
+        Some(val.clone()),
+        train_config(20, Some(&dir)),
+    )
+    .unwrap();
+    let mut saved = vec![];
+    b.run(Some(10), |e| {
+        if let Event::Saved { step, .. } = e {
+            saved.push(step)
+        }
+    })
+    .unwrap();
+    assert_eq!(saved, [10]);
+    drop(b);
+    let ckpt = load_checkpoint(&dir).unwrap();
+    let mut c =
+        Trainer::resume(&dev, &ckpt, train, Some(val), train_config(20, Some(&dir))).unwrap();
+    assert_eq!(c.step_count(), 10);
+    c.run(None, |_| {}).unwrap();
+
+    let losses_c: Vec<f32> = c.history().train.iter().map(|s| s.loss).collect();
+    assert_eq!(losses_a, losses_c, "losses differ after the resume");
+    assert_eq!(a.history().val, c.history().val);
+    assert_eq!(a.weights().unwrap(), c.weights().unwrap(), "weights differ");
+    let end = load_checkpoint(&dir).unwrap();
+    assert_eq!(end.trainer.unwrap().step, 20);
+    assert_eq!(&end.params, &a.weights().unwrap());
+    assert!(dev.validation_messages().is_empty());
+}
+
+#[test]
+fn a_nan_stops_the_run_and_keeps_the_last_good_checkpoint() {
+    let dev = device();
+    let scratch = common::Scratch::new("train-nan");
+    let dir = scratch.join("ckpt");
+    let (train, val) = data();
+    let cfg = TrainConfig {
+        save_every: 1,
+        ..train_config(4, Some(&dir))
+    };
+    let mut t = Trainer::new(
+        &dev,
+        &store(),
+        train.clone(),
+        Some(val.clone()),
+        cfg.clone(),
+    )
+    .unwrap();
+    t.run(Some(2), |_| {}).unwrap();
+    drop(t);
+
+    // Poison one weight of the checkpoint in memory and continue from it.
+    let mut ckpt = load_checkpoint(&dir).unwrap();
+    let mut w = ckpt.params.get("h.0.mlp.c_fc.weight").unwrap().clone();
+    w.data[3] = f32::NAN;
+    ckpt.params.set("h.0.mlp.c_fc.weight", w).unwrap();
+    let mut t = Trainer::resume(&dev, &ckpt, train, Some(val), cfg).unwrap();
+    let err = t.run(None, |_| {}).unwrap_err();
+    assert!(matches!(err, Error::NonFinite { step: 3, .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("step 3") && msg.contains("(step 2)"), "{msg}");
+
+    // The checkpoint on disk is still step 2's, whole and finite.
+    let on_disk = load_checkpoint(&dir).unwrap();
+    assert_eq!(on_disk.trainer.unwrap().step, 2);
+    assert!(on_disk
+        .params
+        .iter()
+        .all(|(_, t): (_, &HostTensor)| t.data.iter().all(|v| v.is_finite())));
+}
+
+#[test]
+fn bad_inputs_fail_before_training() {
+    let dev = device();
+    let (train, val) = data();
+    // Tokens beyond the model's vocabulary.
+    let big = Tokens::from_ids(&[40u32; 200], "big ids").unwrap();
+    let err = Trainer::new(&dev, &store(), big, None, train_config(2, None))
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::TokenOutOfRange { .. }), "{err}");
+    // Too few tokens for one batch.
+    let short = Tokens::from_ids(&[1u32; 10], "short").unwrap();
+    let err = Trainer::new(&dev, &store(), short, None, train_config(2, None))
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::TooFewTokens { .. }), "{err}");
+    // A sequence longer than the model's positions.
+    let cfg = TrainConfig {
+        seq: 17,
+        ..train_config(2, None)
+    };
+    let err = Trainer::new(&dev, &store(), train.clone(), Some(val.clone()), cfg)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("block size"), "{err}");
+    // Resuming with another batch size.
+    let scratch = common::Scratch::new("train-bad");
+    let dir = scratch.join("ckpt");
+    let mut t = Trainer::new(
+        &dev,
+        &store(),
+        train.clone(),
+        None,
+        train_config(1, Some(&dir)),
+    )
+    .unwrap();
+    t.run(None, |_| {}).unwrap();
+    let ckpt = load_checkpoint(&dir).unwrap();
+    let cfg = TrainConfig {
+        batch: 3,
+        ..train_config(2, None)
+    };
+    let err = Trainer::resume(&dev, &ckpt, train, None, cfg)
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::SamplerMismatch { .. }), "{err}");
+}
