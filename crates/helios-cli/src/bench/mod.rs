@@ -17,6 +17,7 @@ mod ops;
 mod report;
 mod stats;
 mod torch;
+mod train;
 
 use std::path::PathBuf;
 
@@ -38,7 +39,8 @@ pub struct BenchArgs {
     /// matmul: matrix products (squares, GPT-2 shapes) in TFLOP/s, not part of `all`;
     /// ops: softmax, layernorm and sums at GPT-2 shapes in GB/s, not part of `all`;
     /// graph: the lazy graph (fused chains, a GPT-2 MLP block fwd+bwd, host time of a
-    /// transformer step), not part of `all`.
+    /// transformer step), not part of `all`; train: GPT-2 training steps (DistilGPT-2 8x512,
+    /// GPT-2 124M 8x1024, fp32 and bf16) beside Hugging Face in PyTorch, not part of `all`.
     #[arg(value_enum)]
     suite: Suite,
     /// Few iterations and small sizes (a smoke test, e.g. on lavapipe); figures are not
@@ -91,6 +93,7 @@ enum Suite {
     Ops,
     Graph,
     Attention,
+    Train,
 }
 
 impl Suite {
@@ -103,6 +106,7 @@ impl Suite {
             Suite::Ops => "ops",
             Suite::Graph => "graph",
             Suite::Attention => "attention",
+            Suite::Train => "train",
         }
     }
 }
@@ -270,6 +274,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     if args.suite == Suite::Attention {
         return attention::run(args);
+    }
+    if args.suite == Suite::Train {
+        return train::run(args);
     }
     let plan = Plan::from_args(args);
     if plan.bandwidth.as_ref().is_some_and(|b| b.dtypes.is_empty()) {

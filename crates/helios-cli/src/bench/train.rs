@@ -1,0 +1,302 @@
+// `helios bench train`: GPT-2 training steps as `helios train` runs them (the `Trainer`'s
+// `train_step`: forward, backward, clipped AdamW), random init, random tokens, beside Hugging
+// Face's GPT2LMHeadModel in PyTorch eager and with torch.compile (`--compare torch` runs
+// bench/torch_train.py).
+//
+// Cases (name:layers:batch:seq): distilgpt2:6:8:512 and gpt2:12:8:1024 (with --quick a
+// 2-layer 128-wide model on 2x64), each in fp32 and bf16 (f32 master weights). Figures:
+// steady-state ms/step (median of the timed steps), tokens/s, the first step's wall time
+// (pipeline compilation and tuning included; a second run with the same HELIOS_CACHE_DIR has
+// a warm pipeline cache), the step's forward / backward / optimizer split, and device memory
+// held by the pool after the run (its peak: the pool returns nothing to the driver).
+
+use std::path::Path;
+use std::time::Instant;
+
+use helios::{DType, Device};
+use helios_nn::{AdamWHyper, GptConfig, LrSchedule, ParamStore, Tokens};
+use serde::{Deserialize, Serialize};
+
+use super::stats::Summary;
+use super::{report, summarize, BenchArgs, BenchResult};
+use crate::CliResult;
+
+#[derive(Debug, Serialize)]
+struct TrainResult {
+    case: String,
+    precision: &'static str,
+    batch: usize,
+    seq: usize,
+    ms_per_step: Summary,
+    tokens_per_s: f64,
+    first_step_s: f64,
+    fwd_ms: f64,
+    bwd_ms: f64,
+    opt_ms: f64,
+    held_gib: f64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    torch: Vec<TorchTrain>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+struct TorchTrain {
+    case: String,
+    precision: String,
+    mode: String,
+    ms_per_step: f64,
+    tokens_per_s: f64,
+    first_step_s: f64,
+    peak_gib: f64,
+}
+
+struct Case {
+    name: &'static str,
+    config: GptConfig,
+    batch: usize,
+    seq: usize,
+}
+
+fn cases(quick: bool) -> BenchResult<Vec<Case>> {
+    if quick {
+        let config = GptConfig {
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 128,
+            block_size: 64,
+            ..GptConfig::tiny()
+        };
+        return Ok(vec![Case {
+            name: "quick",
+            config,
+            batch: 2,
+            seq: 64,
+        }]);
+    }
+    Ok(vec![
+        Case {
+            name: "distilgpt2",
+            config: GptConfig::distilgpt2(),
+            batch: 8,
+            seq: 512,
+        },
+        Case {
+            name: "gpt2",
+            config: GptConfig::gpt2(),
+            batch: 8,
+            seq: 1024,
+        },
+    ])
+}
+
+pub fn run(args: &BenchArgs) -> CliResult {
+    let quick = args.quick;
+    let steps = args
+        .samples
+        .map_or(if quick { 3 } else { 10 }, |s| s as usize);
+    let precisions: Vec<DType> = if args.dtypes.is_empty() {
+        vec![DType::F32, DType::BF16]
+    } else {
+        args.dtypes
+            .iter()
+            .filter_map(|d| match d.as_str() {
+                "f32" => Some(DType::F32),
+                "bf16" => Some(DType::BF16),
+                _ => None,
+            })
+            .collect()
+    };
+    let script = super::torch_script_named(args, "bench/torch_train.py")?;
+    let device = Device::from_env()?;
+    eprintln!("bench: train on {}", device.name());
+    let mut results = Vec::new();
+    for case in cases(quick)? {
+        if !args.cases.is_empty() && !args.cases.iter().any(|c| c == case.name) {
+            continue;
+        }
+        for &precision in &precisions {
+            let r = one(&device, &case, precision, steps)?;
+            eprintln!(
+                "bench: {} {} {:.1} ms/step, {:.0} tokens/s, first step {:.2} s",
+                r.case, r.precision, r.ms_per_step.median, r.tokens_per_s, r.first_step_s
+            );
+            results.push(r);
+        }
+    }
+    let (torch_meta, torch_note, rows) = super::torch_side(script.as_deref(), |script| {
+        run_torch(script, &results, &precisions)
+    });
+    for r in results.iter_mut() {
+        r.torch = rows
+            .iter()
+            .filter(|t| t.case == r.case && t.precision == r.precision)
+            .cloned()
+            .collect();
+    }
+    let plan = super::Plan {
+        quick,
+        dispatch: None,
+        bandwidth: None,
+    };
+    let meta = report::RunMeta::collect(&device, "train", &plan, torch_meta, torch_note);
+    #[derive(Serialize)]
+    struct Doc<'a> {
+        #[serde(flatten)]
+        meta: &'a report::RunMeta<'a>,
+        results: &'a [TrainResult],
+    }
+    let doc = Doc {
+        meta: &meta,
+        results: &results,
+    };
+    super::emit(args.json.as_deref(), &table(&results), &doc)?;
+    super::no_validation_messages(&device)
+}
+
+/// Trains `case` for `steps` timed steps after the first (and two untimed ones).
+fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchResult<TrainResult> {
+    let cfg = &case.config;
+    // Random tokens: what is measured is the step, not the data.
+    let need = (case.batch * case.seq + 1) * (steps + 4);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let ids: Vec<u32> = (0..need)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % cfg.vocab_size as u64) as u32
+        })
+        .collect();
+    let train = Tokens::from_ids(&ids, "bench")?;
+    let init = ParamStore::init_gpt2(cfg, 1337)?;
+    let tc = helios_nn::train::TrainConfig {
+        batch: case.batch,
+        seq: case.seq,
+        accum: 1,
+        steps: steps as u64 + 3,
+        schedule: LrSchedule::constant(1e-4),
+        adamw: AdamWHyper::default(),
+        precision,
+        seed: 1,
+        eval_every: 0,
+        eval_batches: 0,
+        save_every: 0,
+        checkpoint_dir: None,
+    };
+    let mut trainer = helios_nn::train::Trainer::new(device, &init, train, None, tc)?;
+    drop(init);
+    device.synchronize()?;
+    let t0 = Instant::now();
+    trainer.train_step()?;
+    device.synchronize()?;
+    let first = t0.elapsed().as_secs_f64();
+    for _ in 0..2 {
+        trainer.train_step()?;
+    }
+    let mut times = Vec::with_capacity(steps);
+    let (mut fwd, mut bwd, mut opt) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..steps {
+        device.synchronize()?;
+        let t = Instant::now();
+        let log = trainer.train_step()?;
+        device.synchronize()?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        fwd.push(log.fwd_ms);
+        bwd.push(log.bwd_ms);
+        opt.push(log.opt_ms);
+    }
+    let ms = summarize(&times, case.name)?;
+    let med = |v: &[f64]| summarize(v, case.name).map(|s| s.median);
+    Ok(TrainResult {
+        case: case.name.to_string(),
+        precision: match precision {
+            DType::BF16 => "bf16",
+            _ => "fp32",
+        },
+        batch: case.batch,
+        seq: case.seq,
+        tokens_per_s: (case.batch * case.seq) as f64 / (ms.median / 1e3),
+        ms_per_step: ms,
+        first_step_s: first,
+        fwd_ms: med(&fwd)?,
+        bwd_ms: med(&bwd)?,
+        opt_ms: med(&opt)?,
+        held_gib: device.memory_stats().bytes_held as f64 / (1u64 << 30) as f64,
+        torch: Vec::new(),
+    })
+}
+
+fn run_torch(
+    script: &Path,
+    results: &[TrainResult],
+    precisions: &[DType],
+) -> Result<(serde_json::Value, Vec<TorchTrain>), String> {
+    let layers = |name: &str| match name {
+        "distilgpt2" => 6,
+        "gpt2" => 12,
+        _ => 2,
+    };
+    let mut cases: Vec<String> = results
+        .iter()
+        .map(|r| format!("{}:{}:{}:{}", r.case, layers(&r.case), r.batch, r.seq))
+        .collect();
+    cases.dedup();
+    let names: Vec<&str> = precisions
+        .iter()
+        .map(|p| if *p == DType::BF16 { "bf16" } else { "fp32" })
+        .collect();
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args([
+            "--json",
+            "-",
+            "--cases",
+            &cases.join(","),
+            "--precisions",
+            &names.join(","),
+        ])
+        .output()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(err.lines().last().unwrap_or("failed").to_string());
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("{}: bad JSON: {e}", script.display()))?;
+    let rows = serde_json::from_value(doc["results"].clone())
+        .map_err(|e| format!("{}: bad results: {e}", script.display()))?;
+    Ok((doc["meta"].clone(), rows))
+}
+
+fn table(results: &[TrainResult]) -> String {
+    let mut s = String::from(
+        "case        prec   BxT       ms/step     p95  tokens/s  first s  fwd/bwd/opt ms        held GiB | torch eager ms  compile ms  (first s, peak GiB)\n",
+    );
+    for r in results {
+        let torch = |mode: &str| r.torch.iter().find(|t| t.mode == mode);
+        let fmt = |t: Option<&TorchTrain>| match t {
+            Some(t) => format!(
+                "{:>8.1} ({:.1} s, {:.1})",
+                t.ms_per_step, t.first_step_s, t.peak_gib
+            ),
+            None => "       -".to_string(),
+        };
+        s.push_str(&format!(
+            "{:11} {:5} {:>4}x{:<5} {:>8.1} {:>7.1} {:>9.0} {:>8.2}  {:>5.1}/{:>5.1}/{:>5.1}  {:>8.2} | {}  {}\n",
+            r.case,
+            r.precision,
+            r.batch,
+            r.seq,
+            r.ms_per_step.median,
+            r.ms_per_step.p95,
+            r.tokens_per_s,
+            r.first_step_s,
+            r.fwd_ms,
+            r.bwd_ms,
+            r.opt_ms,
+            r.held_gib,
+            fmt(torch("eager")),
+            fmt(torch("compile"))
+        ));
+    }
+    s
+}
