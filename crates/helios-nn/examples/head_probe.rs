@@ -14,7 +14,10 @@ fn main() -> helios::Result<()> {
         let wte = Tensor::full(&dev, &[v, c], 0.02, DType::F32)?; // (V, C)
         let g = Tensor::full(&dev, &[m, v], 0.001, DType::F32)?; // (BT, V)
         let cases: [(&str, Box<dyn Fn() -> helios::Result<Tensor>>); 3] = [
-            ("logits = h wte^T", Box::new(|| h.matmul(&wte.transpose(0, 1)?))),
+            (
+                "logits = h wte^T",
+                Box::new(|| h.matmul(&wte.transpose(0, 1)?)),
+            ),
             ("dh = g wte", Box::new(|| g.matmul(&wte))),
             ("dwte = g^T h", Box::new(|| g.transpose(0, 1)?.matmul(&h))),
         ];
