@@ -6,6 +6,9 @@ use std::time::Instant;
 
 use helios::{DType, Device, Tensor};
 
+/// A named product to time.
+type Case<'a> = (&'a str, Box<dyn Fn() -> helios::Result<Tensor> + 'a>);
+
 fn main() -> helios::Result<()> {
     let dev = Device::from_env()?;
     let (m, c) = (256, 128);
@@ -13,7 +16,7 @@ fn main() -> helios::Result<()> {
         let h = Tensor::full(&dev, &[m, c], 0.01, DType::F32)?; // (BT, C)
         let wte = Tensor::full(&dev, &[v, c], 0.02, DType::F32)?; // (V, C)
         let g = Tensor::full(&dev, &[m, v], 0.001, DType::F32)?; // (BT, V)
-        let cases: [(&str, Box<dyn Fn() -> helios::Result<Tensor>>); 3] = [
+        let cases: [Case; 3] = [
             (
                 "logits = h wte^T",
                 Box::new(|| h.matmul(&wte.transpose(0, 1)?)),
