@@ -296,22 +296,38 @@ fn block(w: &Block, x: &Tensor, cfg: &GptConfig) -> Result<Tensor> {
 /// Causal self-attention of `n_head` heads over the fused projection qkv (B, T, 3C), laid
 /// out q | k | v, each head's D = C/H channels together: → (B, T, C). Each position attends
 /// to itself and the positions before it, scores scaled by 1/√D. Runs the fused kernel,
-/// which reads q, k and v in place as views of qkv and never stores the scores (the
-/// materialised form for head sizes it does not take).
+/// which reads q, k and v in place as views of qkv and never stores the scores, for f16 and
+/// bf16; f32 (which has no cooperative-matrix flash kernel) and head sizes the fused kernel
+/// does not take run the materialised form, as long as its scores fit `MATERIALISED_BYTES`.
 pub fn causal_self_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     let (b, t, c) = qkv_dims(qkv, n_head)?;
     let d = c / n_head;
-    if !fused_attention_fits(d) {
+    let scores = (b * n_head * t * t * 4) as u64; // (B, H, T, T) f32
+    let f32_faster = qkv.dtype() == helios::DType::F32 && scores <= MATERIALISED_BYTES;
+    if !fused_attention_fits(d) || f32_faster {
         return materialised_attention(qkv, n_head);
     }
+    fused_attention(qkv, n_head)
+}
+
+/// The fused kernel's form of `causal_self_attention` (head sizes multiples of 16 up to 256).
+pub fn fused_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
+    let (b, t, c) = qkv_dims(qkv, n_head)?;
+    let d = c / n_head;
     let qkv = qkv.reshape(&[b, t, 3, n_head, d])?; // (B, T, 3, H, D)
-                                                   // Views of qkv, (B, T, H, D) each. The unit axis is dropped here because helios'
-                                                   // attention backward returns (B, T, H, D) gradients even for (B, T, 1, H, D) inputs.
+                                                   // Views of qkv, (B, T, H, D) each: the fused kernel reads them in place.
     let part = |i: usize| qkv.narrow(2, i, 1)?.reshape(&[b, t, n_head, d]);
     let (q, k, v) = (part(0)?, part(1)?, part(2)?);
     let y = q.attention(&k, &v, &AttentionOptions::causal())?.out; // (B, T, H, D)
     Ok(y.reshape(&[b, t, c])?) // (B, T, C)
 }
+
+/// Most bytes of f32 scores per layer the materialised form may store. In f32 it is the
+/// faster form: on an H100 the portable flash kernel took 15.1 ms forward+backward at
+/// 8×12×1024×64 where stored scores take about a third of that (PyTorch's naive form: 4.9 ms;
+/// bench/results/2026-11-23-attention-h100.md), and `helios bench train` at GPT-2 sizes
+/// spent half its fp32 step in it. Past this size the flash kernel's O(T) memory wins.
+pub const MATERIALISED_BYTES: u64 = 1 << 30;
 
 /// Whether helios' fused attention takes heads of `d` channels (multiples of 16 up to 256).
 fn fused_attention_fits(d: usize) -> bool {

@@ -191,7 +191,7 @@ fn causal_self_attention_matches_the_materialised_form() {
         y.mul(&dy).unwrap().sum_all().unwrap().backward().unwrap();
         (y.to_vec().unwrap(), qkv.grad().unwrap().to_vec().unwrap())
     };
-    let fused = run(&|x| model::causal_self_attention(x, h).unwrap());
+    let fused = run(&|x| model::fused_attention(x, h).unwrap());
     let reference = run(&|x| materialised_attention(x, h).unwrap());
     let (err, _) = max_err(&fused.0, &reference.0);
     assert!(err < 1e-5, "forward differs by {err}");
