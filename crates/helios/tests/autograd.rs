@@ -758,21 +758,9 @@ fn attention_through_fused_qkv() {
         "attention",
         &[(qkv, vec![b, t, 3, h, d])],
         |x| {
-            let q = x[0]
-                .narrow(2, 0, 1)
-                .unwrap()
-                .reshape(&[b, t, h, d])
-                .unwrap();
-            let k = x[0]
-                .narrow(2, 1, 1)
-                .unwrap()
-                .reshape(&[b, t, h, d])
-                .unwrap();
-            let v = x[0]
-                .narrow(2, 2, 1)
-                .unwrap()
-                .reshape(&[b, t, h, d])
-                .unwrap();
+            // `split_qkv`'s [B, T, 1, H, D] views, read in place: their gradients come back in
+            // that shape and sum into the fused tensor's.
+            let [q, k, v] = x[0].split_qkv().unwrap();
             q.attention(&k, &v, &helios::AttentionOptions::causal())
                 .unwrap()
                 .out

@@ -186,7 +186,12 @@ impl Tensor {
             crate::autograd::record("attention", &[self, k, v], fwd.out.clone(), move |g, _| {
                 let g = g.to_dtype(q.dtype())?;
                 let grads = q.attention_backward(&kd, &vd, &saved, &g, &opts)?;
-                Ok(vec![Some(grads.dq), Some(grads.dk), Some(grads.dv)])
+                // Each in its input's own shape ([B, T, 1, H, D] for `split_qkv` views).
+                Ok(vec![
+                    Some(grads.dq.reshape(q.shape())?),
+                    Some(grads.dk.reshape(kd.shape())?),
+                    Some(grads.dv.reshape(vd.shape())?),
+                ])
             });
         Ok(AttentionOutput { out, lse: fwd.lse })
     }
