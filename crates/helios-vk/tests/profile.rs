@@ -15,6 +15,14 @@ use helios_vk::{
 use std::sync::Arc;
 
 const WORKGROUP: u32 = 64;
+
+/// One test at a time: each makes its own Vulkan device and submits raw command buffers,
+/// and lavapipe with the validation layer once crashed (SIGSEGV) with several of these
+/// running at once on a loaded 2-core machine.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
 const WIDE: u32 = 1 << 16;
 
 fn profiled_context() -> Arc<Context> {
@@ -143,6 +151,7 @@ fn row<'a>(report: &'a helios_vk::ProfileReport, name: &str) -> &'a helios_vk::P
 
 #[test]
 fn spans_per_kernel_from_completed_batches() {
+    let _one = serial();
     let ctx = profiled_context();
     let Some(profiler) = ctx.profiler() else {
         eprintln!("SKIPPED: {} has no timestamps", ctx.adapter().name());
@@ -225,6 +234,7 @@ fn spans_per_kernel_from_completed_batches() {
 
 #[test]
 fn ring_wraps_and_reuses_pools() {
+    let _one = serial();
     let ctx = profiled_context();
     let Some(profiler) = ctx.profiler() else {
         return;
@@ -255,6 +265,7 @@ fn ring_wraps_and_reuses_pools() {
 
 #[test]
 fn discarded_batch_is_forgotten() {
+    let _one = serial();
     let ctx = profiled_context();
     let Some(profiler) = ctx.profiler() else {
         return;
@@ -283,6 +294,7 @@ fn discarded_batch_is_forgotten() {
 
 #[test]
 fn off_unless_asked() {
+    let _one = serial();
     let ctx = common::context();
     assert!(ctx.profiler().is_none());
     assert_eq!(ctx.profile_report().unwrap(), None);
