@@ -11,5 +11,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh run
-cargo build --release -q -p helios-cli
-exec target/release/helios train "$@"
+# `cargo run` finds the binary wherever the target directory is (CARGO_TARGET_DIR included).
+exec cargo run --release -q -p helios-cli -- train "$@"
