@@ -23,7 +23,7 @@ use helios::{DType, Device, IndexTensor, MatmulOptions, SoftmaxOptions, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::stats::Summary;
-use super::{random_values, report, summarize, BenchArgs, BenchResult};
+use super::{random_values, summarize, BenchArgs, BenchResult};
 use crate::CliResult;
 
 /// One measured case.
@@ -112,24 +112,8 @@ pub fn run(args: &BenchArgs) -> CliResult {
             .find(|t| t.case == r.case && t.dtype == r.dtype)
             .cloned();
     }
-    let plan = super::Plan {
-        quick,
-        dispatch: None,
-        bandwidth: None,
-    };
-    let meta = report::RunMeta::collect(&device, "graph", &plan, torch_meta, torch_note);
-    #[derive(Serialize)]
-    struct Doc<'a> {
-        #[serde(flatten)]
-        meta: &'a report::RunMeta<'a>,
-        results: &'a [GraphResult],
-    }
-    let doc = Doc {
-        meta: &meta,
-        results: &results,
-    };
-    super::emit(args.json.as_deref(), &table(&results), &doc)?;
-    super::no_validation_messages(&device)
+    let torch = (torch_meta, torch_note);
+    super::finish(args, &device, "graph", torch, &results, &table(&results))
 }
 
 fn result(case: &str, dtype: DType, variant: String, time_us: Summary) -> GraphResult {

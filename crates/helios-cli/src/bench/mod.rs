@@ -394,6 +394,39 @@ fn torch_side<T>(
     }
 }
 
+/// The tail of a suite with one results table: run metadata, the table, the JSON document
+/// (the metadata and `results`), and the validation check.
+fn finish<R: Serialize>(
+    args: &BenchArgs,
+    device: &Device,
+    suite: &str,
+    (torch_meta, torch_note): (Option<serde_json::Value>, Option<String>),
+    results: &[R],
+    table: &str,
+) -> CliResult {
+    let plan = Plan {
+        quick: args.quick,
+        dispatch: None,
+        bandwidth: None,
+    };
+    let meta = report::RunMeta::collect(device, suite, &plan, torch_meta, torch_note);
+    #[derive(Serialize)]
+    struct Doc<'a, R> {
+        #[serde(flatten)]
+        meta: &'a report::RunMeta<'a>,
+        results: &'a [R],
+    }
+    emit(
+        args.json.as_deref(),
+        table,
+        &Doc {
+            meta: &meta,
+            results,
+        },
+    )?;
+    no_validation_messages(device)
+}
+
 /// Prints a suite's tables (to stderr when `--json -` puts the JSON on stdout) and writes
 /// `doc` where `--json` asks.
 fn emit(json: Option<&std::path::Path>, text: &str, doc: &impl Serialize) -> CliResult {

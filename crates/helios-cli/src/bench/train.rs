@@ -18,7 +18,7 @@ use helios_nn::{AdamWHyper, GptConfig, LrSchedule, ParamStore, Tokens};
 use serde::{Deserialize, Serialize};
 
 use super::stats::Summary;
-use super::{report, summarize, BenchArgs, BenchResult};
+use super::{summarize, BenchArgs, BenchResult};
 use crate::CliResult;
 
 #[derive(Debug, Serialize)]
@@ -132,24 +132,8 @@ pub fn run(args: &BenchArgs) -> CliResult {
             .cloned()
             .collect();
     }
-    let plan = super::Plan {
-        quick,
-        dispatch: None,
-        bandwidth: None,
-    };
-    let meta = report::RunMeta::collect(&device, "train", &plan, torch_meta, torch_note);
-    #[derive(Serialize)]
-    struct Doc<'a> {
-        #[serde(flatten)]
-        meta: &'a report::RunMeta<'a>,
-        results: &'a [TrainResult],
-    }
-    let doc = Doc {
-        meta: &meta,
-        results: &results,
-    };
-    super::emit(args.json.as_deref(), &table(&results), &doc)?;
-    super::no_validation_messages(&device)
+    let torch = (torch_meta, torch_note);
+    super::finish(args, &device, "train", torch, &results, &table(&results))
 }
 
 /// Trains `case` for `steps` timed steps after the first (and two untimed ones).
