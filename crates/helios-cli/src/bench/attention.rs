@@ -276,20 +276,7 @@ fn run_torch(
 
 fn table(meta: &report::RunMeta, rows: &[AttnResult]) -> String {
     use std::fmt::Write as _;
-    let mut s = format!(
-        "{} | {} | Vulkan {} | commit {} | {}\n",
-        meta.device, meta.driver, meta.vulkan_api, meta.commit, meta.date
-    );
-    if let Some(t) = &meta.torch {
-        let field = |k: &str| t.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_owned();
-        let _ = writeln!(
-            s,
-            "torch {} (CUDA {}) on {}",
-            field("torch"),
-            field("cuda"),
-            field("device")
-        );
-    }
+    let mut s = meta.header();
     let mut table: Vec<Vec<String>> = vec![[
         "case",
         "dtype",

@@ -410,10 +410,7 @@ fn tflops(v: f64) -> String {
 
 fn table(meta: &report::RunMeta, peaks: &[PeakRow], rows: &[MmResult]) -> String {
     use std::fmt::Write as _;
-    let mut s = format!(
-        "{} | {} | Vulkan {} | commit {} | {}\n",
-        meta.device, meta.driver, meta.vulkan_api, meta.commit, meta.date
-    );
+    let mut s = meta.run_line();
     for p in peaks {
         let _ = writeln!(
             s,

@@ -7,7 +7,6 @@
 // hand from the Unix epoch (UTC) to avoid a date-time dependency.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -43,6 +42,29 @@ pub struct RunMeta<'a> {
 }
 
 impl<'a> RunMeta<'a> {
+    /// `device | driver | Vulkan x | commit c | date`, the first line of every table.
+    pub fn run_line(&self) -> String {
+        format!(
+            "{} | {} | Vulkan {} | commit {} | {}\n",
+            self.device, self.driver, self.vulkan_api, self.commit, self.date
+        )
+    }
+
+    /// `run_line`, then the PyTorch side's versions and device when it ran.
+    pub fn header(&self) -> String {
+        let mut s = self.run_line();
+        if let Some(t) = &self.torch {
+            let field = |k: &str| t.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_owned();
+            s.push_str(&format!(
+                "torch {} (CUDA {}) on {}\n",
+                field("torch"),
+                field("cuda"),
+                field("device")
+            ));
+        }
+        s
+    }
+
     pub fn collect(
         device: &Device,
         suite: &'a str,
@@ -90,20 +112,7 @@ pub fn json(meta: &RunMeta, results: &[CaseResult]) -> serde_json::Result<String
 
 /// The header line and one table per suite present in `results`.
 pub fn tables(meta: &RunMeta, results: &[CaseResult]) -> String {
-    let mut s = format!(
-        "{} | {} | Vulkan {} | commit {} | {}\n",
-        meta.device, meta.driver, meta.vulkan_api, meta.commit, meta.date
-    );
-    if let Some(t) = &meta.torch {
-        let field = |k: &str| t.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_owned();
-        let _ = writeln!(
-            s,
-            "torch {} (CUDA {}) on {}",
-            field("torch"),
-            field("cuda"),
-            field("device")
-        );
-    }
+    let mut s = meta.header();
     let torch = meta.torch.is_some();
     let dispatch: Vec<&CaseResult> = results.iter().filter(|r| r.suite == "dispatch").collect();
     if !dispatch.is_empty() {
