@@ -201,16 +201,25 @@ static REALIZE: Mutex<()> = Mutex::new(());
 impl Node {
     /// A realised node owning `buffer`.
     pub(crate) fn realized(device: Device, dtype: DType, len: usize, buffer: Buffer) -> Arc<Node> {
-        let cell = OnceLock::new();
-        let _ = cell.set(buffer);
+        Node::new(device, dtype, len, OnceLock::from(buffer), None, 0)
+    }
+
+    fn new(
+        device: Device,
+        dtype: DType,
+        len: usize,
+        buffer: OnceLock<Buffer>,
+        pending: Option<Pending>,
+        depth: u32,
+    ) -> Arc<Node> {
         LIVE.fetch_add(1, Ordering::Relaxed);
         Arc::new(Node {
             device,
             dtype,
             len,
-            buffer: cell,
-            pending: Mutex::new(None),
-            depth: 0,
+            buffer,
+            pending: Mutex::new(pending),
+            depth,
             mark: AtomicU64::new(0),
             slot: Default::default(),
             uses: Default::default(),
@@ -227,18 +236,8 @@ impl Node {
         inputs: smallvec::SmallVec<[Input; 3]>,
     ) -> Result<Arc<Node>> {
         let depth = 1 + inputs.iter().map(|i| i.node.depth).max().unwrap_or(0);
-        LIVE.fetch_add(1, Ordering::Relaxed);
-        let node = Arc::new(Node {
-            device,
-            dtype,
-            len,
-            buffer: OnceLock::new(),
-            pending: Mutex::new(Some(Pending { op, inputs })),
-            depth,
-            mark: AtomicU64::new(0),
-            slot: Default::default(),
-            uses: Default::default(),
-        });
+        let pending = Some(Pending { op, inputs });
+        let node = Node::new(device, dtype, len, OnceLock::new(), pending, depth);
         {
             let mut list = PENDING.lock().unwrap_or_else(|p| p.into_inner());
             if list.len() >= list.capacity() && list.len() >= 1024 {
@@ -451,7 +450,6 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
         if let ElemOp::Pad { dim, start, shape } = p.op {
             let i = &p.inputs[0];
             let full = shape.as_slice();
-            let to_u32 = |v: usize| u32::try_from(v).map_err(|_| too_large(v));
             inputs.push(FusedInput {
                 dtype: i.node.dtype.storage(),
                 shape: full.iter().map(|&v| to_u32(v)).collect::<Result<_>>()?,
@@ -498,7 +496,6 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
             }
             let mut strides = vec![view.strides().to_vec()];
             let merged = merge_dims(view.shape(), &mut strides);
-            let to_u32 = |v: usize| u32::try_from(v).map_err(|_| too_large(v));
             inputs.push(FusedInput {
                 dtype: i.node.dtype.storage(),
                 shape: merged.into_iter().map(to_u32).collect::<Result<_>>()?,
@@ -575,10 +572,13 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
     Ok((kernel, leaves, scalars))
 }
 
-fn too_large(v: usize) -> Error {
-    Error::Kernel(helios_kernels::KernelError::TooLarge {
-        what: "stride or size",
-        size: v as u64,
+/// A size, stride or offset as the kernels' 32-bit index arithmetic takes it.
+fn to_u32(v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| {
+        Error::Kernel(helios_kernels::KernelError::TooLarge {
+            what: "stride or size",
+            size: v as u64,
+        })
     })
 }
 
