@@ -9,7 +9,7 @@
 set -uo pipefail
 out=${1:?output dir}; shift
 for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done; ldconfig
-B=target/release/helios
+B=${B:-target/release/helios}
 $B info >/dev/null 2>&1 || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export PYTHONUNBUFFERED=1
 HELIOS_CACHE_DIR=$(mktemp -d); export HELIOS_CACHE_DIR
@@ -22,3 +22,5 @@ timeout 420 $B bench matmul --compare torch --json "$out/matmul.json" "$@" > "$o
 echo "bench rc=$?"; grep -E "peak|error|note" "$out/matmul.err" | head; tail -3 "$out/matmul.err"
 cat "$out/matmul.txt"
 cp "$HELIOS_CACHE_DIR"/matmul/*.tsv "$out/" 2>/dev/null
+# The pipeline cache the driver filled: bench/sass_mix.py reads the SASS out of it.
+mkdir -p "$out/pipelines"; cp "$HELIOS_CACHE_DIR"/pipelines/*.bin "$out/pipelines/" 2>/dev/null

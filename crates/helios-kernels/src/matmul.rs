@@ -80,8 +80,9 @@ pub struct SimtTile {
 }
 
 /// A cooperative-matrix tile: `bm × bn` outputs per workgroup, `wm × wn` subgroups each
-/// computing `bm/wm × bn/wn` with 16×16×16 fragments, k staged `bk` at a time, global loads
-/// issued `depth` k steps ahead of their use.
+/// computing `bm/wm × bn/wn` with 16×16×16 fragments, k staged `bk` at a time through
+/// `stages` (1 or 2) shared-memory stages, global loads issued `depth` k steps ahead of
+/// their use (see `staged_k_loop`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CoopTile {
     pub bm: u16,
@@ -90,6 +91,7 @@ pub struct CoopTile {
     pub wm: u8,
     pub wn: u8,
     pub depth: u8,
+    pub stages: u8,
 }
 
 /// A workgroup-scope cooperative-matrix tile (VK_NV_cooperative_matrix2): `bm × bn` outputs
@@ -122,7 +124,8 @@ pub const BK_SIMT: u32 = 8;
 pub const FRAG: u32 = 16;
 
 /// Every variant, by name (`HELIOS_MATMUL_VARIANT` takes these names): tile, subgroup
-/// arrangement (`w`), k step (`k`, cooperative), prefetch depth (`d`).
+/// arrangement (`w`), k step (`k`, cooperative), prefetch depth (`d`) or one shared-memory
+/// stage (`s1`, depth 1).
 pub const VARIANTS: &[(&str, Variant)] = &[
     ("simt128x128d1", simt(128, 128, 8, 8, 1)),
     ("simt128x128d2", simt(128, 128, 8, 8, 2)),
@@ -131,17 +134,17 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("simt64x64d2", simt(64, 64, 4, 4, 2)),
     ("simt64x32d2", simt(64, 32, 4, 4, 2)),
     ("simt32x32d1", simt(32, 32, 4, 4, 1)),
-    ("coop128x128w2x4k32d1", coop(128, 128, 32, 2, 4, 1)),
-    ("coop128x128w2x4k32d2", coop(128, 128, 32, 2, 4, 2)),
-    ("coop128x128w2x4k32d3", coop(128, 128, 32, 2, 4, 3)),
-    ("coop128x128w4x4k32d2", coop(128, 128, 32, 4, 4, 2)),
-    ("coop128x128w2x2k32d2", coop(128, 128, 32, 2, 2, 2)),
+    // Subgroup scope, measured on an H100 (bench/results/2026-11-23-matmul-h100.md): one
+    // shared-memory stage with k48 (`s1`) and 2-stage k16/k32 tiles; deeper register
+    // prefetch (`d2`, `d3`) only survives where it still won.
+    ("coop128x256w2x4k48s1", coop1(128, 256, 48, 2, 4)),
+    ("coop256x128w4x2k48s1", coop1(256, 128, 48, 4, 2)),
+    ("coop128x128w2x2k32s1", coop1(128, 128, 32, 2, 2)),
+    ("coop128x128w2x2k16d2", coop(128, 128, 16, 2, 2, 2)),
     ("coop128x256w2x4k16d1", coop(128, 256, 16, 2, 4, 1)),
-    ("coop128x256w2x4k16d2", coop(128, 256, 16, 2, 4, 2)),
-    ("coop128x256w2x4k16d3", coop(128, 256, 16, 2, 4, 3)),
     ("coop256x128w4x2k16d1", coop(256, 128, 16, 4, 2, 1)),
-    ("coop256x128w4x2k16d3", coop(256, 128, 16, 4, 2, 3)),
-    ("coop128x128w2x2k16d1", coop(128, 128, 16, 2, 2, 1)),
+    ("coop128x128w2x4k32d1", coop(128, 128, 32, 2, 4, 1)),
+    ("coop128x128w4x4k32d2", coop(128, 128, 32, 4, 4, 2)),
     ("coop128x64w2x2k32d2", coop(128, 64, 32, 2, 2, 2)),
     ("coop64x128w2x2k32d2", coop(64, 128, 32, 2, 2, 2)),
     ("coop64x64w2x2k32d2", coop(64, 64, 32, 2, 2, 2)),
@@ -199,6 +202,21 @@ const fn coop(bm: u16, bn: u16, bk: u16, wm: u8, wn: u8, depth: u8) -> Variant {
         wm,
         wn,
         depth,
+        stages: 2,
+    })
+}
+
+/// A cooperative tile with one shared-memory stage (`s1`): half the shared memory of `coop`,
+/// so twice the k step fits, for a second barrier per step.
+const fn coop1(bm: u16, bn: u16, bk: u16, wm: u8, wn: u8) -> Variant {
+    Variant::Coop(CoopTile {
+        bm,
+        bn,
+        bk,
+        wm,
+        wn,
+        depth: 1,
+        stages: 1,
     })
 }
 
@@ -248,7 +266,7 @@ impl Variant {
             }
             Variant::Coop(t) => {
                 let (a, b) = crate::matmul_coop::stage_vec4s(t, trans_a, trans_b);
-                2 * (a + b) * 16
+                u32::from(t.stages) * (a + b) * 16
             }
             // The driver's own staging lives in its reserved shared memory.
             Variant::Wg(_) => 0,
@@ -612,7 +630,7 @@ pub fn default_variant(
     let outputs = u64::from(shape.m) * u64::from(shape.n) * u64::from(shape.batch);
     let order: &[&str] = if outputs >= 64 * 128 * 128 {
         &[
-            "coop128x128w2x4k32d2",
+            "coop128x128w2x2k32s1",
             "coop64x64w2x2k32d2",
             "simt64x64d2",
             "simt32x32d1",
@@ -774,8 +792,14 @@ fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
     }
 }
 
-/// The k loop both tiled generators (SIMT and cooperative) share: two shared-memory stages
-/// of `stage` words for A and B and `depth` register slots of global loads in flight.
+/// The k loop both tiled generators (SIMT and cooperative) share: `stages` (1 or 2)
+/// shared-memory stages of `stage` words for A and B and `depth` register slots of global
+/// loads in flight.
+///
+/// With one stage, step t instead computes on the stage, waits at a barrier, stores tile
+/// t+1 into it, refills the slot and ends with a second barrier: the loads of a tile are in
+/// flight during one step's product either way (NVIDIA's compiler waits for all global
+/// loads in flight at the first use of any of them, so `depth` > 1 buys no more).
 ///
 /// Prologue: tile 0 goes into stage 0, tiles 1..=depth into the register slots (slot j
 /// holds tile `depth` when j == 0, else tile j). Step t then stores tile t+1 (loaded `depth`
@@ -783,22 +807,26 @@ fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
 /// tile t+1+depth, runs `compute(base_a, base_b)` on stage t % 2 and ends with a barrier.
 /// The loop is unrolled `depth` times so slots are static; steps past the last tile see
 /// zeros (the loads clamp and mask) and add nothing. `load(k0)` reads the A and B tiles at
-/// k offset `k0` into registers; `store(base_a, base_b, a, b)` writes them into a stage.
+/// k offset `k0` into registers; `store(base_a, base_b, a, b, k0)` writes the tile loaded
+/// at `k0` into a stage. A kernel that masks the k edge should do it in `store`: a select on
+/// the loaded words at load time makes the compiler wait for them there, which turns `depth`
+/// steps of latency hiding into one.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn staged_k_loop(
     k: &mut KernelBuilder,
     kdim: Val,
     bk: u32,
     depth: u8,
+    stages: u8,
     stage: [u32; 2],
     load: impl Fn(&mut KernelBuilder, Val) -> (Vec<Val>, Vec<Val>),
-    store: impl Fn(&mut KernelBuilder, Val, Val, &[Val], &[Val]),
+    store: impl Fn(&mut KernelBuilder, Val, Val, &[Val], &[Val], Val),
     mut compute: impl FnMut(&mut KernelBuilder, Val, Val),
 ) {
     let depth = u32::from(depth.max(1));
     let zero = k.u32(0);
     let (ra, rb) = load(k, zero);
-    store(k, zero, zero, &ra, &rb);
+    store(k, zero, zero, &ra, &rb, zero);
     let bk_v = k.u32(bk);
     let mut slots: Vec<(Vec<Var>, Vec<Var>)> = Vec::new();
     for j in 0..depth {
@@ -822,18 +850,32 @@ pub(crate) fn staged_k_loop(
     let one = k.u32(1);
     let a_stage = k.u32(stage[0]);
     let b_stage = k.u32(stage[1]);
+    let single = stages == 1;
     k.for_range(zero, tiles, dv, |k, t0| {
         for u in 0..depth {
             let off = k.u32(u);
             let kt = k.add(t0, off);
-            let cur = k.and(kt, one);
-            let other = k.xor(cur, one);
+            let (cur, other) = if single {
+                (zero, zero)
+            } else {
+                let cur = k.and(kt, one);
+                (cur, k.xor(cur, one))
+            };
+            if single {
+                // One stage: every invocation is done reading it before it is refilled.
+                let base_a = k.mul(cur, a_stage);
+                let base_b = k.mul(cur, b_stage);
+                compute(k, base_a, base_b);
+                k.workgroup_barrier();
+            }
             let (va, vb) = &slots[((u + 1) % depth) as usize];
             let ra: Vec<Val> = va.iter().map(|&v| k.get(v)).collect();
             let rb: Vec<Val> = vb.iter().map(|&v| k.get(v)).collect();
             let nbase_a = k.mul(other, a_stage);
             let nbase_b = k.mul(other, b_stage);
-            store(k, nbase_a, nbase_b, &ra, &rb);
+            let next = k.add(kt, one);
+            let next_k0 = k.mul(next, bk_v);
+            store(k, nbase_a, nbase_b, &ra, &rb, next_k0);
             let ahead = k.u32(1 + depth);
             let tile = k.add(kt, ahead);
             let k0 = k.mul(tile, bk_v);
@@ -844,9 +886,11 @@ pub(crate) fn staged_k_loop(
             for (v, x) in vb.iter().zip(rb) {
                 k.set(*v, x);
             }
-            let base_a = k.mul(cur, a_stage);
-            let base_b = k.mul(cur, b_stage);
-            compute(k, base_a, base_b);
+            if !single {
+                let base_a = k.mul(cur, a_stage);
+                let base_b = k.mul(cur, b_stage);
+                compute(k, base_a, base_b);
+            }
             k.workgroup_barrier();
         }
     });

@@ -45,10 +45,12 @@ pub(crate) fn stage_vec4s(t: CoopTile, trans_a: bool, trans_b: bool) -> (u32, u3
     (a, b)
 }
 
-/// Whether the A stages can hold every subgroup's 16×16 f32 epilogue scratch (64 words).
+/// Whether the A stage(s) can hold every subgroup's 16×16 f32 epilogue scratch (64 words).
 pub(crate) fn scratch_fits(t: CoopTile, trans_a: bool, trans_b: bool, subgroup: u32) -> bool {
     let (a, _) = stage_vec4s(t, trans_a, trans_b);
-    subgroup > 0 && 64 % subgroup == 0 && 64 * u32::from(t.wm) * u32::from(t.wn) <= 2 * a
+    subgroup > 0
+        && 64 % subgroup == 0
+        && 64 * u32::from(t.wm) * u32::from(t.wn) <= u32::from(t.stages) * a
 }
 
 fn frag_scalar(s: Storage) -> Scalar {
@@ -140,8 +142,9 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
         extent: d.n,
     };
     let word = Ty::vector(Scalar::U32, 4);
-    let sa = k.shared_array(word, SharedLen::Fixed(2 * a.stage()));
-    let sb = k.shared_array(word, SharedLen::Fixed(2 * b.stage()));
+    let stages = u32::from(t.stages);
+    let sa = k.shared_array(word, SharedLen::Fixed(stages * a.stage()));
+    let sb = k.shared_array(word, SharedLen::Fixed(stages * b.stage()));
 
     let scalar = frag_scalar(kern.input);
     let a_ty = CoopTy::new(scalar, FRAG, FRAG, CoopUse::A);
@@ -161,6 +164,8 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
     let wcol = k.u32(bn / wn);
     let warp_row = k.mul(warp_m, wrow);
     let warp_col = k.mul(warp_n, wcol);
+    let src_a = a.vec.then(|| Source::new(&mut k, &a, &d, tid, threads));
+    let src_b = b.vec.then(|| Source::new(&mut k, &b, &d, tid, threads));
     // The staged k loop (see `staged_k_loop`), running the fragments of the stage at
     // (base_a, base_b).
     staged_k_loop(
@@ -168,19 +173,20 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
         d.k,
         bk,
         t.depth,
+        t.stages,
         [a.stage(), b.stage()],
         |k, k0| {
-            let ra = load_tile(k, &a, &d, tid, threads, k0);
-            let rb = load_tile(k, &b, &d, tid, threads, k0);
+            let ra = load_tile(k, &a, src_a.as_ref(), &d, tid, threads, k0);
+            let rb = load_tile(k, &b, src_b.as_ref(), &d, tid, threads, k0);
             (ra, rb)
         },
-        |k, base_a, base_b, ra, rb| {
-            store_tile(k, &a, sa, base_a, ra, tid, threads);
-            store_tile(k, &b, sb, base_b, rb, tid, threads);
+        |k, base_a, base_b, ra, rb, k0| {
+            store_tile(k, &a, src_a.as_ref(), &d, sa, base_a, ra, tid, threads, k0);
+            store_tile(k, &b, src_b.as_ref(), &d, sb, base_b, rb, tid, threads, k0);
         },
         |k, base_a, base_b| {
             let mut sums: Vec<_> = acc.iter().map(|&v| k.coop_get(v)).collect();
-            for kk in (0..bk).step_by(FRAG as usize) {
+            let frags = |k: &mut KernelBuilder, kk: u32| {
                 let af: Vec<_> = (0..fm)
                     .map(|i| {
                         let r = k.u32(i * FRAG);
@@ -195,6 +201,16 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
                         frag_load(k, &b, b_ty, sb, base_b, c, kk)
                     })
                     .collect();
+                (af, bf)
+            };
+            // The fragments of k slice kk + 16 are read before the products of slice kk, so
+            // shared-memory reads overlap the matrix units inside each subgroup.
+            let mut next = Some(frags(k, 0));
+            for kk in (0..bk).step_by(FRAG as usize) {
+                let (af, bf) = next.take().expect("fragments of this slice");
+                if kk + FRAG < bk {
+                    next = Some(frags(k, kk + FRAG));
+                }
                 for (i, x) in af.iter().enumerate() {
                     for (j, y) in bf.iter().enumerate() {
                         let s = &mut sums[i * fnn as usize + j];
@@ -346,15 +362,88 @@ fn unit_coords(
     }
 }
 
-/// This invocation's words of the tile at k = `k0`: 8 halves each, zeros outside the matrix.
+/// Where an invocation's 16-byte words of a vector-loaded operand come from, computed once
+/// before the k loop. The outer coordinate (row of A, column of B) is clamped into the
+/// matrix: words past its edge only feed outputs that are never stored, so they need no
+/// check. The k coordinate is clamped at each load (so every load is in bounds) and the words
+/// past K are zeroed when stored (`store_tile`), never when loaded: a select on the loaded
+/// value would make the compiler wait for the load right there.
+struct Source {
+    /// Per word: element offset of its row (k contiguous) or column (k outer) at k = 0.
+    start: Vec<Val>,
+    /// Per word: its k offset inside the tile.
+    kk: Vec<Val>,
+    /// Largest k a load may start at: `K − 8` (k contiguous) or `K − 1`.
+    k_last: Val,
+}
+
+impl Source {
+    fn new(k: &mut KernelBuilder, op: &Operand, d: &Dims, tid: Val, threads: u32) -> Source {
+        let count = op.units().div_ceil(threads);
+        let (mut start, mut kks) = (Vec::new(), Vec::new());
+        // A vector operand's contiguous extent is a multiple of 8 (`Alignment::of`).
+        let last = k.u32(if op.k_contiguous { WORD } else { 1 });
+        // (K = 0 clamps to k = 0: launched all the same, with every word masked.)
+        let k_last = k.max(d.k, last);
+        let k_last = k.sub(k_last, last);
+        let outer_last = k.u32(if op.k_contiguous { 1 } else { WORD });
+        let outer_last = k.sub(op.extent, outer_last);
+        for j in 0..count {
+            let (o, kk, _) = unit_coords(k, op, tid, threads, j);
+            let go = k.add(op.base, o);
+            let go = k.min(go, outer_last);
+            let at = if op.k_contiguous {
+                k.mul(go, op.ld)
+            } else {
+                go
+            };
+            start.push(k.add(at, op.off));
+            kks.push(kk);
+        }
+        Source {
+            start,
+            kk: kks,
+            k_last,
+        }
+    }
+
+    /// The vector loads of the tile at k = `k0`, unmasked.
+    fn load(&self, k: &mut KernelBuilder, op: &Operand, k0: Val) -> Vec<Val> {
+        let word = k.u32(WORD);
+        self.start
+            .iter()
+            .zip(&self.kk)
+            .map(|(&start, &kk)| {
+                let gk = k.add(k0, kk);
+                let gk = k.min(gk, self.k_last);
+                let at = if op.k_contiguous {
+                    k.add(start, gk)
+                } else {
+                    let row = k.mul(gk, op.ld);
+                    k.add(row, start)
+                };
+                let wi = k.div(at, word);
+                k.load(op.buf, wi, 4)
+            })
+            .collect()
+    }
+}
+
+/// This invocation's words of the tile at k = `k0`: 8 halves each. With a `Source` (vector
+/// loads) they are raw and `store_tile` zeroes those past K; without, every half is checked
+/// here and the words hold zeros outside the matrix.
 fn load_tile(
     k: &mut KernelBuilder,
     op: &Operand,
+    src: Option<&Source>,
     d: &Dims,
     tid: Val,
     threads: u32,
     k0: Val,
 ) -> Vec<Val> {
+    if let Some(src) = src {
+        return src.load(k, op, k0);
+    }
     let count = op.units().div_ceil(threads);
     (0..count)
         .map(|j| {
@@ -407,17 +496,30 @@ fn load_tile(
         .collect()
 }
 
-/// Stores loaded words into the stage at word offset `base`.
+/// Stores the words loaded at k = `k0` into the stage at word offset `base`, zeroing those
+/// past K when they came from a `Source`.
+#[allow(clippy::too_many_arguments)]
 fn store_tile(
     k: &mut KernelBuilder,
     op: &Operand,
+    src: Option<&Source>,
+    d: &Dims,
     s: Shared,
     base: Val,
     regs: &[Val],
     tid: Val,
     threads: u32,
+    k0: Val,
 ) {
     for (j, &w) in regs.iter().enumerate() {
+        let w = match src {
+            Some(src) => {
+                let gk = k.add(k0, src.kk[j]);
+                let ok = k.lt(gk, d.k);
+                mask(k, ok, w)
+            }
+            None => w,
+        };
         let (o, kk, valid) = unit_coords(k, op, tid, threads, j as u32);
         let store = |k: &mut KernelBuilder| {
             let row = k.u32(op.row());

@@ -101,13 +101,14 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
         d.k,
         BK_SIMT,
         t.depth,
+        2,
         [a_len, b_len],
         |k, k0| {
             let ra = load_tile(k, kern, &a_op, &a_src, &d, tid, threads, k0);
             let rb = load_tile(k, kern, &b_op, &b_src, &d, tid, threads, k0);
             (ra, rb)
         },
-        |k, base_a, base_b, ra, rb| {
+        |k, base_a, base_b, ra, rb, _| {
             store_tile(k, &a_op, sa, base_a, ra, tid, threads);
             store_tile(k, &b_op, sb, base_b, rb, tid, threads);
         },

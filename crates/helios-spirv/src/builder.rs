@@ -133,7 +133,8 @@ pub struct KernelBuilder {
     buffers: Vec<BufferDecl>,
     params: Vec<ParamDecl>,
     consts: HashMap<(Ty, u64), Word>,
-    views: HashMap<Ty, Word>,
+    /// View structs by (element, read-only).
+    views: HashMap<(Ty, bool), Word>,
     builtins: HashMap<u32, Word>,
     glsl: Option<Word>,
     pub(crate) interface: Vec<Word>,
@@ -426,7 +427,8 @@ impl KernelBuilder {
             .map(|m| match m {
                 PushMember::Buffer(bi) => {
                     let elem = Ty::scalar(self.buffers[bi].elem);
-                    self.view_pointer_type(elem)
+                    let readonly = self.buffers[bi].access == Access::Read;
+                    self.view_pointer_type(elem, readonly)
                 }
                 PushMember::Param(pi) => {
                     let ty = self.params[pi].ty;
@@ -473,7 +475,7 @@ impl KernelBuilder {
     /// The PhysicalStorageBuffer pointer type to `elem`'s view struct, and the runtime-array
     /// type that struct holds.
     pub(crate) fn view_pointer_and_array(&mut self, elem: Ty) -> (Word, Word) {
-        let st = self.view_struct(elem);
+        let st = self.view_struct(elem, false);
         let array = self
             .b
             .module_ref()
@@ -485,14 +487,15 @@ impl KernelBuilder {
                 _ => None,
             })
             .expect("a view struct holds its runtime array");
-        (self.view_pointer_type(elem), array)
+        (self.view_pointer_type(elem, false), array)
     }
 
     /// The device address of `buf` (device-address binding) as a pointer to its scalar view.
     pub(crate) fn buffer_base(&mut self, buf: Buffer) -> Word {
         let member = self.buffers[buf.index].slot;
         let var = self.push_var.expect("push block declared");
-        let scalar_view = self.view_pointer_type(Ty::scalar(buf.elem));
+        let readonly = self.buffers[buf.index].access == Access::Read;
+        let scalar_view = self.view_pointer_type(Ty::scalar(buf.elem), readonly);
         let pc_ptr = self
             .b
             .type_pointer(None, StorageClass::PushConstant, scalar_view);
@@ -501,17 +504,19 @@ impl KernelBuilder {
         self.inst(Op::Load, Some(scalar_view), vec![id(slot)])
     }
 
-    fn view_pointer_type(&mut self, elem: Ty) -> Word {
-        let st = self.view_struct(elem);
+    fn view_pointer_type(&mut self, elem: Ty, readonly: bool) -> Word {
+        let st = self.view_struct(elem, readonly);
         self.b
             .type_pointer(None, StorageClass::PhysicalStorageBuffer, st)
     }
 
-    /// `struct { elem data[]; }` decorated as a Block with an explicit stride. One type per
-    /// (element, storage class) so decorations are emitted exactly once.
-    fn view_struct(&mut self, elem: Ty) -> Word {
+    /// `struct { elem data[]; }` decorated as a Block with an explicit stride, its member
+    /// `NonWritable` when `readonly` (device-address views of buffers the kernel only reads,
+    /// which lets the driver use its read-only load path). One type per (element, read-only)
+    /// so decorations are emitted exactly once.
+    fn view_struct(&mut self, elem: Ty, readonly: bool) -> Word {
         // Descriptor and device-address views share one struct type: the layout is the same.
-        if let Some(&id) = self.views.get(&elem) {
+        if let Some(&id) = self.views.get(&(elem, readonly)) {
             return id;
         }
         self.storage_caps(elem.scalar);
@@ -528,7 +533,10 @@ impl KernelBuilder {
         self.b.decorate(st, Decoration::Block, []);
         self.b
             .member_decorate(st, 0, Decoration::Offset, [Operand::LiteralBit32(0)]);
-        self.views.insert(elem, st);
+        if readonly {
+            self.b.member_decorate(st, 0, Decoration::NonWritable, []);
+        }
+        self.views.insert((elem, readonly), st);
         st
     }
 
@@ -561,7 +569,8 @@ impl KernelBuilder {
             Binding::DeviceAddress => {
                 let mut base = self.buffer_base(buf);
                 if lanes != 1 {
-                    let view = self.view_pointer_type(elem);
+                    let readonly = self.buffers[buf.index].access == Access::Read;
+                    let view = self.view_pointer_type(elem, readonly);
                     base = self.inst(Op::Bitcast, Some(view), vec![id(base)]);
                 }
                 let ptr_ty = self.ptr_ty(StorageClass::PhysicalStorageBuffer, elem);
@@ -593,7 +602,7 @@ impl KernelBuilder {
             let d = &self.buffers[index];
             (Ty::vector(d.elem, lanes), d.slot, d.access)
         };
-        let st = self.view_struct(elem);
+        let st = self.view_struct(elem, false);
         let ptr = self.b.type_pointer(None, StorageClass::StorageBuffer, st);
         let var = self.global_variable(ptr, StorageClass::StorageBuffer);
         self.b

@@ -176,7 +176,7 @@ pub(crate) fn tune_backward(
 
 /// Attention winners per device (`<cache root>/attention/<device>.tsv`).
 static STORE: super::tuning_store::TuningStore =
-    super::tuning_store::TuningStore::new("attention", |v| AttnVariant::by_name(v).is_some());
+    super::tuning_store::TuningStore::new("attention", 1, |v| AttnVariant::by_name(v).is_some());
 
 /// The tuned variant for `class` on this device, if any.
 pub(crate) fn cached(device: &Device, class: &str) -> Option<AttnVariant> {

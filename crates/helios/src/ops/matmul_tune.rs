@@ -541,9 +541,10 @@ fn time(p: &Problem, kernel: &MatmulKernel, out: &Tensor) -> Result<f64> {
 
 // ------------------------------------------------------------------ the cache
 
-/// Matmul winners per device (`<cache root>/matmul/<device>.tsv`).
+/// Matmul winners per device (`<cache root>/matmul/<device>.tsv`). Version 2: the
+/// cooperative kernels' loads changed (unmasked, read-only path) and one-stage tiles came in.
 static STORE: super::tuning_store::TuningStore =
-    super::tuning_store::TuningStore::new("matmul", |v| MatmulVariant::by_name(v).is_some());
+    super::tuning_store::TuningStore::new("matmul", 2, |v| MatmulVariant::by_name(v).is_some());
 
 fn cached(device: &Device, key: &str) -> Option<MatmulVariant> {
     STORE

@@ -4,7 +4,9 @@
 //! added. The matmul and attention tuners share it.
 //!
 //! The one decision a reader must know: a line whose variant the current build does not know
-//! is dropped on load, so a stale file can never force a kernel that no longer exists.
+//! is dropped on load, so a stale file can never force a kernel that no longer exists, and a
+//! file whose header names another `version` of the family is ignored whole (a family bumps
+//! its version when its kernels change enough that old timings mislead).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -15,6 +17,8 @@ use crate::Device;
 /// One family's winners for every device seen in this process.
 pub(crate) struct TuningStore {
     family: &'static str,
+    /// Written in the header; a file of another version is not read.
+    version: u32,
     /// Whether the current build knows a variant tag.
     known: fn(&str) -> bool,
     /// Per device key: the file and its class → (variant, µs).
@@ -27,9 +31,14 @@ struct Entries {
 }
 
 impl TuningStore {
-    pub(crate) const fn new(family: &'static str, known: fn(&str) -> bool) -> TuningStore {
+    pub(crate) const fn new(
+        family: &'static str,
+        version: u32,
+        known: fn(&str) -> bool,
+    ) -> TuningStore {
         TuningStore {
             family,
+            version,
             known,
             devices: Mutex::new(None),
         }
@@ -88,8 +97,8 @@ impl TuningStore {
 
     fn header(&self) -> String {
         format!(
-            "# helios {} tuning v1: variant\tmicroseconds\tclass",
-            self.family
+            "# helios {} tuning v{}: variant\tmicroseconds\tclass",
+            self.family, self.version
         )
     }
 
