@@ -78,8 +78,10 @@ fn main() -> helios::Result<()> {
         let (host, fwd, bwd) = step(&x, &params, &targets, (b, t, c))?;
         dev.synchronize()?;
         println!(
-            "step {i}: {host:.0} µs host (forward {fwd:.0}, backward {bwd:.0}), {} dispatches, {} pipelines so far",
+            "step {i}: {host:.0} µs host (forward {fwd:.0}, backward {bwd:.0}), {} dispatches, {} barriers, {} batches, {} pipelines so far",
             dev.encoder_stats().dispatches,
+            dev.encoder_stats().barriers,
+            dev.encoder_stats().batches,
             dev.context().pipeline_stats().pipelines_created
         );
     }
