@@ -10,6 +10,13 @@ machine (bench/gpu_field_chain.sh keeps them). For every kernel whose name match
 the instruction mix of the innermost loop (the last backward branch), or of the whole kernel
 when there is none, and with --dump writes <name>.txt disassemblies to DIR.
 
+With --control, each kernel's innermost loop is also printed instruction by instruction
+with the scheduling fields of its control bits (Volta and later: bits 105-125 of the 128-bit
+word): stall cycles, yield, the scoreboard it sets when its result lands (wb) or when it has
+read its registers (rb), and the scoreboards it waits for (wait, a 6-bit mask). That is how
+to see, e.g., that every global load of a loop shares one scoreboard, so the first use of any
+load waits for all of them.
+
 The format was read off the files, not from a specification: the driver stores each pipeline
 as a zstd frame; the decompressed blob is an "NVDANVVMNVuc" container whose 32-bit words at
 0x4c and 0x50 give the code size and an offset, and the code starts 8 bytes after that offset.
@@ -69,18 +76,47 @@ def disassemble(code, tool):
     return out.stdout
 
 
-def loop_mix(text):
+def instructions(text):
     ins = []
     for line in text.splitlines():
         m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
         if m:
             ins.append((int(m.group(1), 16), m.group(2).strip()))
+    return ins
+
+
+def innermost_loop(ins):
+    """(first, last) address of the last backward branch's loop, or the whole kernel."""
     lo, hi = 0, 1 << 62
     for addr, t in ins:
         if re.search(r"\bBRA\b", t):
             target = re.search(r"0x([0-9a-f]+)", t.split("BRA")[1])
             if target and int(target.group(1), 16) < addr:
                 lo, hi = int(target.group(1), 16), addr
+    return lo, hi
+
+
+def control(code, addr):
+    """Scheduling fields of the instruction at `addr`: (stall, yield, wb, rb, wait mask)."""
+    c = struct.unpack_from("<Q", code, addr + 8)[0] >> 41
+    return c & 0xF, (c >> 4) & 1 == 0, (c >> 5) & 7, (c >> 8) & 7, (c >> 11) & 0x3F
+
+
+def print_control(code, text):
+    ins = instructions(text)
+    lo, hi = innermost_loop(ins)
+    sb = lambda v: "-" if v == 7 else str(v)
+    for addr, t in ins:
+        if lo <= addr <= hi:
+            stall, yld, wb, rb, wait = control(code, addr)
+            waits = ",".join(str(i) for i in range(6) if wait >> i & 1) or "-"
+            print(f"  {addr:05x} stall {stall:2d} {'Y' if yld else ' '} wb {sb(wb)} rb {sb(rb)} "
+                  f"wait {waits:11s} {t}")
+
+
+def loop_mix(text):
+    ins = instructions(text)
+    lo, hi = innermost_loop(ins)
     mix = collections.Counter()
     for addr, t in ins:
         if lo <= addr <= hi:
@@ -93,6 +129,8 @@ def main():
     ap.add_argument("cache")
     ap.add_argument("pattern", nargs="?", default=".")
     ap.add_argument("--dump")
+    ap.add_argument("--control", action="store_true",
+                    help="print the innermost loop with each instruction's scheduling fields")
     args = ap.parse_args()
     tool = nvdisasm()
     print("| kernel | loop instructions | IMAD.WIDE | other IMAD | rest | 4·wide + 2·IMAD + rest |")
@@ -110,6 +148,8 @@ def main():
         imad = sum(v for k, v in mix.items() if k.startswith("IMAD")) - wide
         rest = total - wide - imad
         print(f"| {name} | {total} | {wide} | {imad} | {rest} | {4 * wide + 2 * imad + rest} |")
+        if args.control:
+            print_control(code, text)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,11 @@ use std::time::Instant;
 fn main() -> helios::Result<()> {
     let dev = helios::Device::from_env()?;
     let x = helios::Tensor::from_slice(&dev, &vec![0.5; 1024], &[1024])?;
-    for round in 0..3 {
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    for round in 0..rounds {
         let t0 = Instant::now();
         let mut build = 0.0;
         let mut realize = 0.0;
