@@ -108,9 +108,9 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
             let rb = load_tile(k, kern, &b_op, &b_src, &d, tid, threads, k0);
             (ra, rb)
         },
-        |k, base_a, base_b, ra, rb, _| {
-            store_tile(k, &a_op, sa, base_a, ra, tid, threads);
-            store_tile(k, &b_op, sb, base_b, rb, tid, threads);
+        |k, base_a, base_b, ra, rb, k0| {
+            store_tile(k, &a_op, &d, sa, base_a, ra, tid, threads, k0);
+            store_tile(k, &b_op, &d, sb, base_b, rb, tid, threads, k0);
         },
         |k, base_a, base_b| {
             let mut sums: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
@@ -241,20 +241,30 @@ fn load_tile(
             } else {
                 (gk, go, d.k, src.extent)
             };
-            let row_ok = k.lt(row, row_n);
-            let start = k.mul(row, src.ld);
-            let start = k.add(start, src.off);
             if op.vec {
-                let ok = k.lt(col, col_n);
-                let ok = k.and(ok, row_ok);
-                let at = k.add(start, col);
-                let zero = k.u32(0);
-                let at = k.select(ok, at, zero);
+                // Clamped into the matrix instead of masked: rows and columns past M or N
+                // only feed outputs never stored, and the words past K are zeroed by
+                // `store_tile` (a select here would make the compiler wait for the load).
+                // The contiguous extent is a multiple of 4 (`Alignment::of`).
                 let four = k.u32(4);
+                let one = k.u32(1);
+                let last = |k: &mut KernelBuilder, n: Val, w: Val| {
+                    let n = k.max(n, w);
+                    k.sub(n, w)
+                };
+                let row_last = last(k, row_n, one);
+                let col_last = last(k, col_n, four);
+                let row = k.min(row, row_last);
+                let col = k.min(col, col_last);
+                let start = k.mul(row, src.ld);
+                let start = k.add(start, src.off);
+                let at = k.add(start, col);
                 let vi = k.div(at, four);
-                let v = load_f32(k, src.buf, vi, 4, kern.input);
-                mask(k, ok, v)
+                load_f32(k, src.buf, vi, 4, kern.input)
             } else {
+                let row_ok = k.lt(row, row_n);
+                let start = k.mul(row, src.ld);
+                let start = k.add(start, src.off);
                 let lanes: Vec<Val> = (0..4)
                     .map(|l| {
                         let lo = k.u32(l);
@@ -274,18 +284,29 @@ fn load_tile(
         .collect()
 }
 
-/// Stores loaded units into the k-major staging buffer at vec4 offset `base`.
+/// Stores the units loaded at k = `k0` into the k-major staging buffer at vec4 offset
+/// `base`; vector-loaded units past K are zeroed here (see `load_tile`).
+#[allow(clippy::too_many_arguments)]
 fn store_tile(
     k: &mut KernelBuilder,
     op: &Operand,
+    d: &Dims,
     s: Shared,
     base: Val,
     regs: &[Val],
     tid: Val,
     threads: u32,
+    k0: Val,
 ) {
     for (j, &v) in regs.iter().enumerate() {
         let (o, kk, valid) = unit_coords(k, op, tid, threads, j as u32);
+        let v = if op.vec {
+            let gk = k.add(k0, kk);
+            let ok = k.lt(gk, d.k);
+            mask(k, ok, v)
+        } else {
+            v
+        };
         let store = |k: &mut KernelBuilder| {
             let row = k.u32(op.row);
             let four = k.u32(4);
