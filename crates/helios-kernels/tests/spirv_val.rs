@@ -95,7 +95,7 @@ fn every_adamw_kernel_validates() {
             )
         })
         .sum();
-    assert_eq!(n, 2 * 3 * 3);
+    assert_eq!(n, 2 * 3 * 3 * 2);
 }
 
 mod matmul {

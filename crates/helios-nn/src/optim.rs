@@ -6,7 +6,7 @@
 //! stays a device tensor that scales every gradient, so clipping never waits for the host;
 //! the norm is handed back for logging, and reading it is the caller's choice.
 
-use helios::{adamw_step, AdamWConfig, AdamWParam, DType, Tensor};
+use helios::{adamw_step_scaled, AdamWConfig, AdamWParam, DType, Tensor};
 
 use crate::checkpoint::OptimizerState;
 use crate::model::{to_host, GptParams};
@@ -91,19 +91,15 @@ impl AdamW {
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = AdamW::grad_norm(params)?.expect("every parameter has a gradient");
-        let grads = match self.hyper.grad_clip {
-            None => grads,
-            Some(clip) => {
-                // coef = min(1, clip / (norm + 1e-6)), (1), broadcast over each gradient.
-                let coef = norm
-                    .add_scalar(1e-6)?
+        // coef = min(1, clip / (norm + 1e-6)), (1): the update multiplies each gradient by
+        // it as it reads it (no scaled copies, no read-back).
+        let coef = match self.hyper.grad_clip {
+            None => None,
+            Some(clip) => Some(
+                norm.add_scalar(1e-6)?
                     .scalar_first_op(helios::BinaryOp::Div, clip as f32)?
-                    .minimum_scalar(1.0)?;
-                grads
-                    .iter()
-                    .map(|g| g.mul(&coef.to_dtype(g.dtype())?))
-                    .collect::<Result<Vec<_>, _>>()?
-            }
+                    .minimum_scalar(1.0)?,
+            ),
         };
         let config = AdamWConfig {
             lr: lr as f32,
@@ -131,7 +127,7 @@ impl AdamW {
             .collect();
         let step = u32::try_from(self.step + 1)
             .map_err(|_| Error::Params("more than 2^32 optimizer steps".into()))?;
-        adamw_step(&list, &config, step)?;
+        adamw_step_scaled(&list, &config, step, coef.as_ref())?;
         self.step += 1;
         params.zero_grad();
         Ok(norm)

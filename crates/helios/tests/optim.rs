@@ -10,7 +10,9 @@
 //! relative error: division, square root, a few roundings).
 //! The copy must equal the device's new parameter rounded to the copy's dtype, bit for bit.
 
-use helios::{adamw_step, cpu, AdamWConfig, AdamWParam, DType, Device, Error, Tensor};
+use helios::{
+    adamw_step, adamw_step_scaled, cpu, AdamWConfig, AdamWParam, DType, Device, Error, Tensor,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -109,12 +111,25 @@ fn many_tensors_several_steps_match_reference() {
                 weight_decay: s.wd,
             })
             .collect();
-        adamw_step(&params, &config, step).unwrap();
+        // Steps 2 and 3 scale the gradients inside the update by a device scalar (a pending
+        // lazy value, as a clipping coefficient is).
+        let scale = (step >= 2).then_some(0.37f32);
+        match scale {
+            None => adamw_step(&params, &config, step).unwrap(),
+            Some(c) => {
+                let c = Tensor::from_slice(d, &[2.0 * c], &[1])
+                    .unwrap()
+                    .mul_scalar(0.5)
+                    .unwrap();
+                adamw_step_scaled(&params, &config, step, Some(&c)).unwrap();
+            }
+        }
         for (s, g) in slots.iter_mut().zip(&grads_host) {
             let (p0, m0) = (s.p.clone(), s.m.clone());
+            let g: Vec<f32> = g.iter().map(|&x| x * scale.unwrap_or(1.0)).collect();
             cpu::adamw(
                 &mut s.p,
-                g,
+                &g,
                 &mut s.m,
                 &mut s.v,
                 config.lr,

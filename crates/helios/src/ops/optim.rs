@@ -57,6 +57,18 @@ pub struct AdamWParam<'a> {
 /// `params`, in place. NaN in a gradient propagates to that element's m, v and parameter.
 /// Everything is checked before anything is recorded.
 pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) -> Result<()> {
+    adamw_step_scaled(params, config, step, None)
+}
+
+/// `adamw_step` with every gradient multiplied by `grad_scale` (an f32 tensor of one
+/// element, e.g. a clipping coefficient computed on the device) inside the update: no
+/// scaled copy of the gradients is written and nothing is read back.
+pub fn adamw_step_scaled(
+    params: &[AdamWParam<'_>],
+    config: &AdamWConfig,
+    step: u32,
+    grad_scale: Option<&Tensor>,
+) -> Result<()> {
     const OP: &str = "adamw_step";
     // The update writes parameters in place: whatever was recorded before reads them first.
     crate::lazy::realize_all()?;
@@ -70,6 +82,20 @@ pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) ->
         return Ok(());
     };
     let device = first.param.device();
+    if let Some(s) = grad_scale {
+        if !s.device().same(device) {
+            return Err(Error::DeviceMismatch { op: OP });
+        }
+        if s.len() != 1 || s.dtype() != DType::F32 {
+            return Err(invalid(format!(
+                "the gradient scale must be one f32 element, got {} of shape {:?}",
+                s.dtype(),
+                s.shape()
+            )));
+        }
+    }
+    // Dense, so its address is element 0 (the kernel reads that one element).
+    let scale = grad_scale.map(|s| s.contiguous()).transpose()?;
     // Buffers each step writes, then (below) the gradients' buffers.
     let mut buffers: Vec<u64> = Vec::new();
     for (i, p) in params.iter().enumerate() {
@@ -132,6 +158,7 @@ pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) ->
         let kernel = AdamWKernel {
             grad: grad.dtype().storage(),
             copy: p.copy.map(|c| c.dtype().storage()),
+            scaled: scale.is_some(),
             binding: device.binding(),
         };
         let args = AdamWArgs {
@@ -141,6 +168,7 @@ pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) ->
             m: p.m.address()?,
             v: p.v.address()?,
             copy: p.copy.map(|c| c.address()).transpose()?.unwrap_or(0),
+            scale: scale.as_ref().map(|s| s.address()).transpose()?.unwrap_or(0),
             step: AdamWStep::new(
                 f64::from(config.lr),
                 f64::from(config.beta1),
@@ -154,10 +182,14 @@ pub fn adamw_step(params: &[AdamWParam<'_>], config: &AdamWConfig, step: u32) ->
         if let Some(c) = p.copy {
             writes.push(c.buffer()?);
         }
+        let mut reads = vec![grad.buffer()?];
+        if let Some(s) = &scale {
+            reads.push(s.buffer()?);
+        }
         device.dispatch_rows(
             KernelKey::AdamW(kernel),
             || kernel.build(),
-            &[grad.buffer()?],
+            &reads,
             &writes,
             |c, g, _| Ok(kernel.launch(&c.module, g, &args)?),
         )?;
