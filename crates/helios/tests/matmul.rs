@@ -56,6 +56,7 @@ struct Case {
     residual: bool,
     alpha: f32,
     variant: Option<MatmulVariant>,
+    splits: Option<u32>,
 }
 
 impl Case {
@@ -73,6 +74,7 @@ impl Case {
             residual: false,
             alpha: 1.0,
             variant: None,
+            splits: None,
         }
     }
 
@@ -94,6 +96,7 @@ impl Case {
             residual: self.residual.then_some(&res),
             out: Some(self.out),
             variant: self.variant,
+            splits: self.splits,
         };
         let c = a.matmul_opts(&b, &opts).unwrap();
         assert_eq!(c.shape(), [batch, m, n]);
@@ -136,6 +139,69 @@ impl Case {
 }
 
 const TRANS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
+
+/// Split-K (k cut into 2, 3 or 4 products in one batched launch, summed after): every
+/// transpose combination, narrow inputs and outputs, a scale, a folded batch; and the
+/// products it cannot split are refused with a message.
+#[test]
+fn split_k_matches_reference() {
+    let v = MatmulVariant::by_name("simt64x64d2").expect("a SIMT variant");
+    for (i, trans) in TRANS.into_iter().enumerate() {
+        for (j, splits) in [2u32, 3, 4].into_iter().enumerate() {
+            let (input, out) = [
+                (DType::F32, DType::F32),
+                (DType::BF16, DType::BF16),
+                (DType::F16, DType::F32),
+            ][(i + j) % 3];
+            Case {
+                trans,
+                input,
+                out,
+                alpha: 0.75,
+                variant: Some(v),
+                splits: Some(splits),
+                ..Case::new(1, 70, 45, 24 * 8)
+            }
+            .check(700 + (i * 3 + j) as u64);
+        }
+    }
+    // A row-major stack against one matrix folds into one tall product: still splittable.
+    let a = Tensor::from_slice(device(), &random(3 * 5 * 64, DType::F32, 7), &[3, 5, 64]).unwrap();
+    let b = Tensor::from_slice(device(), &random(64 * 9, DType::F32, 8), &[64, 9]).unwrap();
+    let split = MatmulOptions {
+        variant: Some(v),
+        splits: Some(2),
+        ..Default::default()
+    };
+    let got = a.matmul_opts(&b, &split).unwrap();
+    let want = a.matmul(&b).unwrap();
+    assert_eq!(got.shape(), [3, 5, 9]);
+    let want: Vec<f64> = want
+        .to_vec()
+        .unwrap()
+        .iter()
+        .map(|&x| f64::from(x))
+        .collect();
+    assert!(relative_error(&got.to_vec().unwrap(), &want) < 1e-6);
+    // Refused: an epilogue, and a k that does not cut into equal multiples of 8.
+    let bias = Tensor::from_slice(device(), &[0.5; 9], &[9]).unwrap();
+    for (opts, k) in [
+        (
+            MatmulOptions {
+                bias: Some(&bias),
+                ..split
+            },
+            64,
+        ),
+        (split, 40),
+    ] {
+        let a = Tensor::from_slice(device(), &random(5 * k, DType::F32, 9), &[5, k]).unwrap();
+        let b = Tensor::from_slice(device(), &random(k * 9, DType::F32, 10), &[k, 9]).unwrap();
+        let err = a.matmul_opts(&b, &opts).unwrap_err().to_string();
+        assert!(err.contains("cannot be split 2 ways"), "{err}");
+    }
+    assert_no_validation_messages();
+}
 
 #[test]
 fn transposes_odd_and_aligned_sizes() {

@@ -132,7 +132,8 @@ pub struct TorchMm {
 /// One tuner candidate, for the JSON.
 #[derive(Clone, Debug, Serialize)]
 pub struct CandidateRow {
-    pub variant: &'static str,
+    /// The variant's name, with `/k<n>` when k is split n ways.
+    pub variant: String,
     pub check_error: f64,
     pub passed: bool,
     pub time_us: Option<f64>,
@@ -204,7 +205,7 @@ fn measure(
             .candidates
             .iter()
             .map(|r| CandidateRow {
-                variant: r.variant,
+                variant: split_name(r.variant, r.splits),
                 check_error: r.check_error,
                 passed: r.passed,
                 time_us: r.time_us,
@@ -214,6 +215,7 @@ fn measure(
     let choice = a.matmul_choice(&b, &opts)?;
     let fixed = MatmulOptions {
         variant: Some(choice.variant),
+        splits: Some(choice.splits),
         ..opts
     };
 
@@ -243,7 +245,12 @@ fn measure(
     let sample = |reps: u32| -> BenchResult<f64> {
         let t = ctx.start_gpu_timer()?;
         for _ in 0..reps {
-            a.matmul_into(&b, &out, &fixed)?;
+            if choice.splits > 1 {
+                // The split form sums into a fresh tensor (from the pool, as in training).
+                a.matmul_opts(&b, &fixed)?.realize()?;
+            } else {
+                a.matmul_into(&b, &out, &fixed)?;
+            }
         }
         let span = ctx.stop_gpu_timer(t)?;
         Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / f64::from(reps))
@@ -260,7 +267,7 @@ fn measure(
     Ok(MmResult {
         case: c.clone(),
         dtype: dt.name(),
-        variant: choice.variant.name().to_owned(),
+        variant: split_name(choice.variant.name(), choice.splits),
         kernel: choice.kernel,
         how: choice.how.name(),
         ops_per_sample: reps,
@@ -507,4 +514,13 @@ fn table(meta: &report::RunMeta, peaks: &[PeakRow], rows: &[MmResult]) -> String
         s.push('\n');
     }
     s
+}
+
+/// A variant's name with `/k<n>` when k is split n ways.
+fn split_name(variant: &str, splits: u32) -> String {
+    if splits > 1 {
+        format!("{variant}/k{splits}")
+    } else {
+        variant.to_owned()
+    }
 }

@@ -36,6 +36,9 @@ pub struct MatmulOptions<'a> {
     /// Run this variant instead of the chosen one (benchmarks, tests); an error if the
     /// device cannot run it.
     pub variant: Option<MatmulVariant>,
+    /// With `variant`: split k into this many products summed afterwards (see
+    /// `Problem::split_shape` for when that is possible); without `variant` it is ignored.
+    pub splits: Option<u32>,
 }
 
 impl Default for MatmulOptions<'_> {
@@ -47,8 +50,19 @@ impl Default for MatmulOptions<'_> {
             residual: None,
             out: None,
             variant: None,
+            splits: None,
         }
     }
+}
+
+/// How a matmul runs: a kernel and, when `splits` > 1, the k dimension cut into that many
+/// products of one batched launch into an f32 workspace, then summed (split-K). Splitting
+/// fills a GPU whose output tiles alone would leave multiprocessors idle (long k, few tiles:
+/// the weight gradients of a linear layer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub kernel: MatmulKernel,
+    pub splits: u32,
 }
 
 /// One matmul, resolved: operands in readable layouts, sizes and strides, fused inputs.
@@ -66,6 +80,7 @@ pub(crate) struct Problem {
     /// (..., m, n) of the result.
     pub out_shape: Vec<usize>,
     pub forced: Option<MatmulVariant>,
+    pub forced_splits: Option<u32>,
 }
 
 fn invalid(detail: String) -> Error {
@@ -239,7 +254,95 @@ impl Problem {
             alpha: o.alpha,
             out_shape,
             forced: o.variant,
+            forced_splits: o.splits,
         })
+    }
+
+    /// The shape of one batched launch computing the product as `splits` partial products
+    /// over consecutive k ranges (batch `i` reads k in `[i·K/s, (i+1)·K/s)` and writes its
+    /// own dense M×N f32 slice), or `None` where split-K does not apply: a batched product,
+    /// an epilogue other than scaling (bias, activation and residual act on the sum), or k
+    /// not cut into equal ranges of a multiple of 8 elements (which keeps the kernels'
+    /// vector accesses).
+    pub(crate) fn split_shape(&self, splits: u32) -> Option<MatmulShape> {
+        let s = &self.shape;
+        let kc = s.k / splits.max(1);
+        if splits < 2 || s.batch != 1 || !self.epilogue.is_plain() || kc * splits != s.k {
+            return None;
+        }
+        if kc % 8 != 0 {
+            return None;
+        }
+        let mn = s.m.checked_mul(s.n)?;
+        mn.checked_mul(splits)?;
+        Some(MatmulShape {
+            batch: splits,
+            k: kc,
+            stride_a: if self.trans.0 {
+                kc.checked_mul(s.lda)?
+            } else {
+                kc
+            },
+            stride_b: if self.trans.1 {
+                kc
+            } else {
+                kc.checked_mul(s.ldb)?
+            },
+            ldc: s.n,
+            ldr: s.n,
+            stride_c: mn,
+            stride_r: mn,
+            ..*s
+        })
+    }
+
+    /// The kernel of `variant` for the split launch `sub` (f32 output, no epilogue).
+    pub(crate) fn split_kernel(
+        &self,
+        variant: MatmulVariant,
+        sub: &MatmulShape,
+        subgroup: u32,
+    ) -> MatmulKernel {
+        let mut k = MatmulKernel::new(
+            variant,
+            self.input.storage(),
+            DType::F32.storage(),
+            self.trans,
+            sub,
+            Epilogue::NONE,
+            subgroup,
+        );
+        let w = vector_elems(variant) as usize;
+        k.vec_a &= self.a.layout().offset() % w == 0;
+        k.vec_b &= self.b.layout().offset() % w == 0;
+        k
+    }
+
+    /// Runs `plan` into a fresh output tensor.
+    pub(crate) fn run(&self, plan: &Plan) -> Result<Tensor> {
+        if plan.splits <= 1 {
+            let out = self.output()?;
+            self.record(&plan.kernel, &out)?;
+            return Ok(out);
+        }
+        let sub = self.split_shape(plan.splits).ok_or_else(|| {
+            invalid(format!(
+                "this product cannot be split {} ways (see MatmulOptions::splits)",
+                plan.splits
+            ))
+        })?;
+        let kernel = self.split_kernel(plan.kernel.variant, &sub, plan.kernel.subgroup);
+        let (m, n) = (sub.m as usize, sub.n as usize);
+        let partials = Tensor::empty(
+            self.a.device(),
+            vec![plan.splits as usize, m, n],
+            DType::F32,
+        )?;
+        self.record_shape(&kernel, &sub, &partials)?;
+        partials
+            .sum(0)?
+            .to_dtype(self.out)?
+            .reshape(&self.out_shape)
     }
 
     /// `variant`'s kernel for this problem: vector accesses where the shape and the views'
@@ -271,7 +374,12 @@ impl Problem {
 
     /// Records `kernel` writing `out` (a dense tensor of `out_shape` and dtype `out`).
     pub(crate) fn record(&self, kernel: &MatmulKernel, out: &Tensor) -> Result<()> {
-        let s = &self.shape;
+        self.record_shape(kernel, &self.shape, out)
+    }
+
+    /// Records `kernel` over the operands with sizes and strides `s` (the problem's own, or
+    /// a split launch's) writing `out`.
+    fn record_shape(&self, kernel: &MatmulKernel, s: &MatmulShape, out: &Tensor) -> Result<()> {
         if s.m == 0 || s.n == 0 || s.batch == 0 {
             return Ok(());
         }
@@ -320,10 +428,8 @@ impl Tensor {
     /// `matmul_opts` without autograd: one kernel.
     pub(crate) fn matmul_raw(&self, other: &Tensor, opts: &MatmulOptions) -> Result<Tensor> {
         let p = Problem::new(self, other, opts)?;
-        let (kernel, _) = matmul_tune::choose(&p)?;
-        let out = p.output()?;
-        p.record(&kernel, &out)?;
-        Ok(out)
+        let (plan, _) = matmul_tune::choose(&p)?;
+        p.run(&plan)
     }
 
     /// `matmul_opts` writing into `out`, a dense tensor of the result's shape and dtype
@@ -348,18 +454,21 @@ impl Tensor {
                 }
             )));
         }
-        let (kernel, _) = matmul_tune::choose(&p)?;
-        p.record(&kernel, out)
+        // Into a given tensor the product runs unsplit: the split form's sum lands in a
+        // fresh one.
+        let (plan, _) = matmul_tune::choose(&p)?;
+        p.record(&plan.kernel, out)
     }
 
     /// Which kernel `matmul_opts` runs for these operands and why (tuning it first if that is
     /// what `matmul_opts` would do).
     pub fn matmul_choice(&self, other: &Tensor, opts: &MatmulOptions) -> Result<MatmulChoice> {
         let p = Problem::new(self, other, opts)?;
-        let (kernel, how) = matmul_tune::choose(&p)?;
+        let (plan, how) = matmul_tune::choose(&p)?;
         Ok(MatmulChoice {
-            kernel: kernel.name(),
-            variant: kernel.variant,
+            kernel: plan.kernel.name(),
+            variant: plan.kernel.variant,
+            splits: plan.splits,
             how,
         })
     }
@@ -371,5 +480,7 @@ pub struct MatmulChoice {
     /// The kernel's full name (variant, storages, transposes, vector flags, epilogue).
     pub kernel: String,
     pub variant: MatmulVariant,
+    /// k split into this many products summed afterwards (1: not split).
+    pub splits: u32,
     pub how: Choice,
 }

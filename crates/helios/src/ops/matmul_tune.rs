@@ -17,7 +17,7 @@ use helios_kernels::{MatmulCaps, MatmulKernel, MatmulVariant, Storage, WgSupport
 use helios_vk::DeviceType;
 use rand::{Rng, SeedableRng};
 
-use super::matmul::Problem;
+use super::matmul::{Plan, Problem};
 use crate::cpu::matmul::{matmul as reference, relative_error, tolerance, MatmulRef};
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -146,7 +146,7 @@ fn tuning_enabled(device: &Device) -> bool {
 }
 
 /// The family's one selection function (see the module docs for the order).
-pub(crate) fn choose(p: &Problem) -> Result<(MatmulKernel, Choice)> {
+pub(crate) fn choose(p: &Problem) -> Result<(Plan, Choice)> {
     let device = p.a.device();
     let forced = match p.forced {
         Some(v) => Some((v, Choice::Forced)),
@@ -188,10 +188,9 @@ type MemoKey = (
     helios_kernels::Epilogue,
 );
 
-fn memo() -> &'static Mutex<rustc_hash::FxHashMap<MemoKey, (MatmulKernel, Choice)>> {
-    static MEMO: std::sync::OnceLock<
-        Mutex<rustc_hash::FxHashMap<MemoKey, (MatmulKernel, Choice)>>,
-    > = std::sync::OnceLock::new();
+fn memo() -> &'static Mutex<rustc_hash::FxHashMap<MemoKey, (Plan, Choice)>> {
+    static MEMO: std::sync::OnceLock<Mutex<rustc_hash::FxHashMap<MemoKey, (Plan, Choice)>>> =
+        std::sync::OnceLock::new();
     MEMO.get_or_init(Default::default)
 }
 
@@ -203,10 +202,8 @@ pub(crate) fn forget_device(id: usize) {
         .retain(|k, _| k.0 != id);
 }
 
-fn choose_uncached(
-    p: &Problem,
-    forced: Option<(MatmulVariant, Choice)>,
-) -> Result<(MatmulKernel, Choice)> {
+fn choose_uncached(p: &Problem, forced: Option<(MatmulVariant, Choice)>) -> Result<(Plan, Choice)> {
+    let unsplit = |kernel: MatmulKernel| Plan { kernel, splits: 1 };
     let device = p.a.device();
     let caps = matmul_caps(device);
     if let Some((v, how)) = forced {
@@ -236,13 +233,33 @@ fn choose_uncached(
                 p.shape.k
             )));
         }
-        return Ok((k, how));
+        let splits = match (how, p.forced_splits) {
+            (Choice::Forced, Some(s)) if s > 1 => {
+                let fits = p
+                    .split_shape(s)
+                    .is_some_and(|sub| p.split_kernel(v, &sub, caps.subgroup).fits(&sub));
+                if !fits {
+                    return Err(invalid(format!(
+                        "this product cannot be split {s} ways: split-K needs one unbatched \
+                         product without bias, activation or residual, and k ({}) cut into \
+                         {s} equal multiples of 8 that the variant's tile divides",
+                        p.shape.k
+                    )));
+                }
+                s
+            }
+            _ => 1,
+        };
+        return Ok((Plan { kernel: k, splits }, how));
     }
     let key = class_key(p);
-    if let Some(v) = cached(device, &key) {
+    if let Some((v, splits)) = cached(device, &key) {
         let k = p.kernel(v, caps.subgroup);
-        if k.feasible(&caps) && k.fits(&p.shape) {
-            return Ok((k, Choice::Cached));
+        let split_ok = splits == 1
+            || p.split_shape(splits)
+                .is_some_and(|sub| p.split_kernel(v, &sub, caps.subgroup).fits(&sub));
+        if k.feasible(&caps) && k.fits(&p.shape) && split_ok {
+            return Ok((Plan { kernel: k, splits }, Choice::Cached));
         }
     }
     let default = || {
@@ -259,12 +276,18 @@ fn choose_uncached(
     let s = &p.shape;
     // Nothing to tune where there is no product to time.
     if !tuning_enabled(device) || s.m == 0 || s.n == 0 || s.k == 0 || s.batch == 0 {
-        return Ok((default(), Choice::Default));
+        return Ok((unsplit(default()), Choice::Default));
     }
     let report = tune(p)?;
     match report.winner.and_then(MatmulVariant::by_name) {
-        Some(v) => Ok((p.kernel(v, caps.subgroup), Choice::Tuned)),
-        None => Ok((default(), Choice::Default)),
+        Some(v) => Ok((
+            Plan {
+                kernel: p.kernel(v, caps.subgroup),
+                splits: report.winner_splits,
+            },
+            Choice::Tuned,
+        )),
+        None => Ok((unsplit(default()), Choice::Default)),
     }
 }
 
@@ -308,6 +331,8 @@ pub(crate) fn class_key(p: &Problem) -> String {
 #[derive(Clone, Debug)]
 pub struct CandidateResult {
     pub variant: &'static str,
+    /// k split into this many products (1: the plain kernel; see `MatmulOptions::splits`).
+    pub splits: u32,
     pub kernel: String,
     /// Relative error of the correctness check (NaN if it could not run).
     pub check_error: f64,
@@ -321,6 +346,8 @@ pub struct CandidateResult {
 pub struct TuneReport {
     pub class: String,
     pub winner: Option<&'static str>,
+    /// The winner's k split (1: none).
+    pub winner_splits: u32,
     pub candidates: Vec<CandidateResult>,
 }
 
@@ -362,7 +389,14 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         }
         // A candidate that cannot run the check loses (NaN fails the tolerance); it does
         // not end the tuning.
-        let check_error = check(p, &k).unwrap_or(f64::NAN);
+        let check_error = check(
+            p,
+            &Plan {
+                kernel: k,
+                splits: 1,
+            },
+        )
+        .unwrap_or(f64::NAN);
         let passed = check_error <= tolerance(p.out);
         checked.push((k, check_error, passed));
     }
@@ -380,31 +414,91 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         };
         rows.push(CandidateResult {
             variant: k.variant.name(),
+            splits: 1,
             kernel: k.name(),
             check_error,
             passed,
             time_us,
         });
     }
-    let winner = rows
-        .iter()
-        .filter_map(|r| r.time_us.map(|t| (r.variant, t)))
-        .min_by(|a, b| a.1.total_cmp(&b.1));
-    if let Some((v, t)) = winner {
-        store(device, &key, v, t);
+    let best = |rows: &[CandidateResult]| {
+        rows.iter()
+            .filter_map(|r| r.time_us.map(|t| (r.variant, r.splits, t)))
+            .min_by(|a, b| a.2.total_cmp(&b.2))
+    };
+    // Split-K with the best kernel, where k is long enough for each part to keep the
+    // kernel's pipeline busy (≥ 512) and the product is large enough to be worth a second
+    // pass over an M×N f32 workspace per part.
+    if let Some((v, _, _)) = best(&rows) {
+        let v = MatmulVariant::by_name(v).expect("a table variant");
+        for splits in SPLITS {
+            let Some(sub) = p.split_shape(splits) else {
+                continue;
+            };
+            let k = p.split_kernel(v, &sub, caps.subgroup);
+            if sub.k < 512 || !k.feasible(&caps) || !k.fits(&sub) || p.shape.flops() < 1e9 {
+                continue;
+            }
+            let plan = Plan {
+                kernel: p.kernel(v, caps.subgroup),
+                splits,
+            };
+            let check_error = check(p, &plan).unwrap_or(f64::NAN);
+            let passed = check_error <= tolerance(p.out);
+            let time_us = if passed {
+                Some(time_plan(p, &plan)?)
+            } else {
+                None
+            };
+            rows.push(CandidateResult {
+                variant: v.name(),
+                splits,
+                kernel: k.name(),
+                check_error,
+                passed,
+                time_us,
+            });
+        }
+    }
+    let winner = best(&rows);
+    if let Some((v, splits, t)) = winner {
+        store(device, &key, &winner_tag(v, splits), t);
     }
     Ok(TuneReport {
         class: key,
         winner: winner.map(|w| w.0),
+        winner_splits: winner.map_or(1, |w| w.1),
         candidates: rows,
     })
+}
+
+/// The k splits the tuner tries after the plain kernels.
+const SPLITS: [u32; 3] = [2, 3, 4];
+
+/// A winner as stored: the variant's name, with `/k<splits>` when split.
+fn winner_tag(variant: &str, splits: u32) -> String {
+    if splits > 1 {
+        format!("{variant}/k{splits}")
+    } else {
+        variant.to_owned()
+    }
+}
+
+/// The (variant, splits) a stored tag names.
+fn parse_tag(tag: &str) -> Option<(MatmulVariant, u32)> {
+    let (name, splits) = match tag.split_once("/k") {
+        Some((name, s)) => (name, s.parse().ok().filter(|&s| s > 1)?),
+        None => (tag, 1),
+    };
+    Some((MatmulVariant::by_name(name)?, splits))
 }
 
 /// Runs `kernel` on a small problem of the same form (dtypes, transposes, epilogue, batch
 /// handling; sizes capped at 160×160×96 and 2 batches, which keeps every alignment the
 /// kernel assumes; a kernel that needs whole tiles gets whole tiles, at least one) with fresh
 /// random inputs and returns its relative error.
-fn check(p: &Problem, kernel: &MatmulKernel) -> Result<f64> {
+fn check(p: &Problem, plan: &Plan) -> Result<f64> {
+    let kernel = &plan.kernel;
     let device = p.a.device();
     let s = &p.shape;
     let batch = s.batch.min(2) as usize;
@@ -453,6 +547,7 @@ fn check(p: &Problem, kernel: &MatmulKernel) -> Result<f64> {
         residual: res_t.as_ref(),
         out: Some(p.out),
         variant: Some(kernel.variant),
+        splits: None,
     };
     let small = Problem::new(&a_t, &b_t, &opts)?;
     let mut k = *kernel;
@@ -460,8 +555,10 @@ fn check(p: &Problem, kernel: &MatmulKernel) -> Result<f64> {
     k.vec_a &= small.kernel(k.variant, k.subgroup).vec_a;
     k.vec_b &= small.kernel(k.variant, k.subgroup).vec_b;
     k.vec_c &= small.kernel(k.variant, k.subgroup).vec_c;
-    let out = small.output()?;
-    small.record(&k, &out)?;
+    let out = small.run(&Plan {
+        kernel: k,
+        splits: plan.splits,
+    })?;
     let got = out.to_vec()?;
     let want = reference(
         &a_host,
@@ -523,18 +620,32 @@ fn sample(p: &Problem, kernel: &MatmulKernel, out: &Tensor, reps: u32) -> Result
 /// Median GPU time of `kernel` on the problem's own operands, µs: one warm-up (which also
 /// compiles), then 3 samples of `r` back-to-back runs, `r` chosen so a sample lasts ~2 ms.
 fn time(p: &Problem, kernel: &MatmulKernel, out: &Tensor) -> Result<f64> {
-    p.record(kernel, out)?;
-    let first = sample(p, kernel, out, 1)?;
+    median_time(|reps| sample(p, kernel, out, reps))
+}
+
+/// `time` for a plan (a split one writes fresh tensors each run, as a caller's would).
+fn time_plan(p: &Problem, plan: &Plan) -> Result<f64> {
+    let ctx = p.a.device().context();
+    let sample = |reps: u32| -> Result<f64> {
+        let t = ctx.start_gpu_timer()?;
+        for _ in 0..reps {
+            p.run(plan)?.realize()?;
+        }
+        let span = ctx.stop_gpu_timer(t)?;
+        Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / f64::from(reps))
+    };
+    median_time(sample)
+}
+
+fn median_time(mut sample: impl FnMut(u32) -> Result<f64>) -> Result<f64> {
+    sample(1)?;
+    let first = sample(1)?;
     let reps = if first > 0.0 {
         (2000.0 / first).ceil().clamp(1.0, 50.0) as u32
     } else {
         50
     };
-    let mut v = [
-        sample(p, kernel, out, reps)?,
-        sample(p, kernel, out, reps)?,
-        sample(p, kernel, out, reps)?,
-    ];
+    let mut v = [sample(reps)?, sample(reps)?, sample(reps)?];
     v.sort_by(f64::total_cmp);
     Ok(v[1])
 }
@@ -544,12 +655,10 @@ fn time(p: &Problem, kernel: &MatmulKernel, out: &Tensor) -> Result<f64> {
 /// Matmul winners per device (`<cache root>/matmul/<device>.tsv`). Version 2: the
 /// cooperative kernels' loads changed (unmasked, read-only path) and one-stage tiles came in.
 static STORE: super::tuning_store::TuningStore =
-    super::tuning_store::TuningStore::new("matmul", 2, |v| MatmulVariant::by_name(v).is_some());
+    super::tuning_store::TuningStore::new("matmul", 2, |v| parse_tag(v).is_some());
 
-fn cached(device: &Device, key: &str) -> Option<MatmulVariant> {
-    STORE
-        .get(device, key)
-        .and_then(|v| MatmulVariant::by_name(&v))
+fn cached(device: &Device, key: &str) -> Option<(MatmulVariant, u32)> {
+    STORE.get(device, key).and_then(|v| parse_tag(&v))
 }
 
 /// Records a winner (and rewrites the file).

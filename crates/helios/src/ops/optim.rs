@@ -168,7 +168,11 @@ pub fn adamw_step_scaled(
             m: p.m.address()?,
             v: p.v.address()?,
             copy: p.copy.map(|c| c.address()).transpose()?.unwrap_or(0),
-            scale: scale.as_ref().map(|s| s.address()).transpose()?.unwrap_or(0),
+            scale: scale
+                .as_ref()
+                .map(|s| s.address())
+                .transpose()?
+                .unwrap_or(0),
             step: AdamWStep::new(
                 f64::from(config.lr),
                 f64::from(config.beta1),
