@@ -332,6 +332,14 @@ impl Problem {
             ))
         })?;
         let kernel = self.split_kernel(plan.kernel.variant, &sub, plan.kernel.subgroup);
+        if !kernel.fits(&sub) {
+            return Err(invalid(format!(
+                "variant {} needs k to be a multiple of its k step; k cut {} ways is {}",
+                plan.kernel.variant.name(),
+                plan.splits,
+                sub.k
+            )));
+        }
         let (m, n) = (sub.m as usize, sub.n as usize);
         let partials = Tensor::empty(
             self.a.device(),

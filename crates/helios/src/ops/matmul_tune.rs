@@ -620,7 +620,7 @@ fn sample(p: &Problem, kernel: &MatmulKernel, out: &Tensor, reps: u32) -> Result
 /// Median GPU time of `kernel` on the problem's own operands, µs: one warm-up (which also
 /// compiles), then 3 samples of `r` back-to-back runs, `r` chosen so a sample lasts ~2 ms.
 fn time(p: &Problem, kernel: &MatmulKernel, out: &Tensor) -> Result<f64> {
-    median_time(|reps| sample(p, kernel, out, reps))
+    median_time(50, |reps| sample(p, kernel, out, reps))
 }
 
 /// `time` for a plan (a split one writes fresh tensors each run, as a caller's would).
@@ -634,16 +634,18 @@ fn time_plan(p: &Problem, plan: &Plan) -> Result<f64> {
         let span = ctx.stop_gpu_timer(t)?;
         Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / f64::from(reps))
     };
-    median_time(sample)
+    // At most 8 runs per sample: each holds its own workspace until the GPU is done, and
+    // the pool keeps what it once held.
+    median_time(8, sample)
 }
 
-fn median_time(mut sample: impl FnMut(u32) -> Result<f64>) -> Result<f64> {
+fn median_time(max_reps: u32, mut sample: impl FnMut(u32) -> Result<f64>) -> Result<f64> {
     sample(1)?;
     let first = sample(1)?;
     let reps = if first > 0.0 {
-        (2000.0 / first).ceil().clamp(1.0, 50.0) as u32
+        (2000.0 / first).ceil().clamp(1.0, f64::from(max_reps)) as u32
     } else {
-        50
+        max_reps
     };
     let mut v = [sample(reps)?, sample(reps)?, sample(reps)?];
     v.sort_by(f64::total_cmp);
