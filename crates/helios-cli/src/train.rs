@@ -27,6 +27,8 @@ use crate::CliResult;
 pub enum Precision {
     Fp32,
     Bf16,
+    /// f16 weights and activations, f32 masters, dynamic loss scaling.
+    F16,
 }
 
 #[derive(Args, Debug)]
@@ -149,6 +151,7 @@ impl TrainArgs {
             precision: match self.precision {
                 Precision::Fp32 => DType::F32,
                 Precision::Bf16 => DType::BF16,
+                Precision::F16 => DType::F16,
             },
             seed: self.seed,
             eval_every: self.eval_every,
@@ -275,6 +278,11 @@ pub fn run(args: &TrainArgs) -> CliResult {
                 s.lr,
                 s.grad_norm
             );
+            let msg = match (s.loss_scale, s.skipped) {
+                (Some(scale), true) => format!("{msg} | scale {scale} overflow: update skipped"),
+                (Some(scale), false) => format!("{msg} | scale {scale}"),
+                _ => msg,
+            };
             if loud && (s.step == start_step + 1 || s.step % 10 == 0 || s.step == args.steps) {
                 println!("step {:5}/{} {msg}", s.step, args.steps);
             }
@@ -379,7 +387,9 @@ fn write_logs(out: &Path, h: &helios_nn::History) -> CliResult {
     let json = serde_json::to_string_pretty(h)?;
     std::fs::write(out.join("log.json"), json)
         .map_err(|e| format!("cannot write {}: {e}", out.join("log.json").display()))?;
-    let mut csv = String::from("step,loss,val_loss,lr,grad_norm,fwd_ms,bwd_ms,opt_ms,tokens\n");
+    let mut csv = String::from(
+        "step,loss,val_loss,lr,grad_norm,fwd_ms,bwd_ms,opt_ms,tokens,loss_scale,skipped\n",
+    );
     for s in &h.train {
         let val = h
             .val
@@ -387,9 +397,18 @@ fn write_logs(out: &Path, h: &helios_nn::History) -> CliResult {
             .find(|v| v.step == s.step)
             .map(|v| v.loss.to_string())
             .unwrap_or_default();
+        let scale = s.loss_scale.map(|x| x.to_string()).unwrap_or_default();
         csv += &format!(
-            "{},{},{val},{},{},{:.3},{:.3},{:.3},{}\n",
-            s.step, s.loss, s.lr, s.grad_norm, s.fwd_ms, s.bwd_ms, s.opt_ms, s.tokens
+            "{},{},{val},{},{},{:.3},{:.3},{:.3},{},{scale},{}\n",
+            s.step,
+            s.loss,
+            s.lr,
+            s.grad_norm,
+            s.fwd_ms,
+            s.bwd_ms,
+            s.opt_ms,
+            s.tokens,
+            u8::from(s.skipped)
         );
     }
     std::fs::write(out.join("log.csv"), csv)

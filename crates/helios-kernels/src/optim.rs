@@ -16,7 +16,9 @@
 //! read back): `p ← p·(1 − lr·wd)`, `m ← β1·m + (1−β1)·g`, `v ← β2·v + (1−β2)·g²`,
 //! `p ← p − (lr / (1−β1^t)) · m / (√v / √(1−β2^t) + ε)`. The per-step scalars (bias
 //! corrections from the step t, 1 − lr·wd) are computed on the host in f64 and passed as
-//! push constants. NaN in a gradient propagates to m, v and the parameter (no silent skip).
+//! push constants. NaN in a gradient propagates to m, v and the parameter (no silent skip);
+//! a scaled kernel whose scale is NaN or infinite writes nothing (the skipped step of
+//! dynamic loss scaling, decided on the device without a read-back).
 
 use helios_spirv::{Access, Binding, Buffer, KernelBuilder, KernelModule, Scalar, Ty, Val};
 
@@ -174,9 +176,17 @@ impl AdamWKernel {
         let i = k.add(base, lid);
         let two = k.u32(2);
         let full = k.shr(n, two);
-        let inside = k.lt(i, full);
+        let mut inside = k.lt(i, full);
+        let mut first = k.eq(i, zero);
+        if let Some(c) = h.scale {
+            let nan = k.is_nan(c);
+            let inf = k.is_inf(c);
+            let bad = k.or(nan, inf);
+            let finite = k.not(bad);
+            inside = k.and(inside, finite);
+            first = k.and(first, finite);
+        }
         k.if_(inside, |k| update(k, &io, &h, i, 4));
-        let first = k.eq(i, zero);
         k.if_(first, |k| {
             let tail = k.shl(full, two);
             for j in 0..3 {

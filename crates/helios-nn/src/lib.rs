@@ -62,5 +62,7 @@ pub use params::{HostTensor, ParamStore};
 pub use sampler::{Batch, BatchSampler, EvalBatches, SamplerState};
 pub use schedule::{AdamWHyper, LrSchedule};
 pub use tokenizer::Tokenizer;
-pub use train::{Event, History, StepLog, TrainConfig, Trainer};
+pub use train::{
+    Event, History, LossScaler, StepLog, TrainConfig, Trainer, GROWTH_INTERVAL, INITIAL_LOSS_SCALE,
+};
 pub use weights::{load_weights, save_weights};

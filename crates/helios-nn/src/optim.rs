@@ -81,6 +81,25 @@ impl AdamW {
     /// the global norm `hyper.grad_clip` first), then forgets them. Returns the gradient
     /// norm before clipping, a (1,) device tensor. Every parameter must have a gradient.
     pub fn step(&mut self, params: &GptParams, lr: f64) -> Result<Tensor> {
+        self.step_inner(params, lr, None)
+    }
+
+    /// `step` for gradients of a loss multiplied by a loss scale S (f16 training): the
+    /// update multiplies them by `unscale` = 1/S, the norm returned (and clipped to) is the
+    /// unscaled one, and when any gradient overflowed (a NaN or infinite norm) nothing is
+    /// written: parameters, moments and the narrow copy keep their values, decided on the
+    /// device. The step still counts (`step` and the bias corrections advance), so a
+    /// skipped step is an ordinary step of the schedule that changed nothing.
+    pub fn step_loss_scaled(
+        &mut self,
+        params: &GptParams,
+        lr: f64,
+        unscale: f32,
+    ) -> Result<Tensor> {
+        self.step_inner(params, lr, Some(unscale))
+    }
+
+    fn step_inner(&mut self, params: &GptParams, lr: f64, unscale: Option<f32>) -> Result<Tensor> {
         let grads = params
             .tensors()
             .iter()
@@ -91,6 +110,10 @@ impl AdamW {
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = AdamW::grad_norm(params)?.expect("every parameter has a gradient");
+        let norm = match unscale {
+            Some(u) => norm.mul_scalar(u)?,
+            None => norm,
+        };
         // coef = min(1, clip / (norm + 1e-6)), (1): the update multiplies each gradient by
         // it as it reads it (no scaled copies, no read-back).
         let coef = match self.hyper.grad_clip {
@@ -100,6 +123,20 @@ impl AdamW {
                     .scalar_first_op(helios::BinaryOp::Div, clip as f32)?
                     .minimum_scalar(1.0)?,
             ),
+        };
+        let coef = match unscale {
+            None => coef,
+            Some(u) => {
+                // coef/S divided by (norm < ∞): 1, or 0 when a gradient overflowed, which
+                // makes the multiplier NaN or infinite and the update write nothing. (Not
+                // norm − norm: a compiler may fold that to 0.)
+                let finite = norm.compare_scalar(helios::Compare::Lt, f32::INFINITY)?;
+                let base = match coef {
+                    Some(c) => c.mul_scalar(u)?,
+                    None => finite.mul_scalar(0.0)?.add_scalar(u)?,
+                };
+                Some(base.div(&finite)?)
+            }
         };
         let config = AdamWConfig {
             lr: lr as f32,

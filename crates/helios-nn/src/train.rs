@@ -7,7 +7,8 @@
 //! kernel is deterministic, so a checkpoint's f32 weights, AdamW moments, step and sampler
 //! state are enough for a resumed run to continue bit for bit. A loss or gradient norm that
 //! is NaN or infinite stops the run before anything is saved: the last checkpoint on disk is
-//! the last good one.
+//! the last good one. In f16 an overflowing gradient is expected now and then: that step's
+//! update is skipped and the loss scale halves (`LossScaler`, saved with the checkpoint).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -37,7 +38,8 @@ pub struct TrainConfig {
     pub steps: u64,
     pub schedule: LrSchedule,
     pub adamw: AdamWHyper,
-    /// F32, or BF16 (bf16 weights and activations, f32 master weights and moments).
+    /// F32; BF16 (bf16 weights and activations, f32 master weights and moments); or F16
+    /// (the same in f16, with dynamic loss scaling: see `LossScaler`).
     pub precision: DType,
     /// Seeds the batch order (and, in the CLI, the initial weights).
     pub seed: u64,
@@ -59,13 +61,76 @@ pub struct StepLog {
     /// Mean training loss over the step's micro-batches.
     pub loss: f32,
     pub lr: f64,
-    /// Global gradient norm before clipping.
+    /// Global gradient norm before clipping (NaN or infinite on a skipped f16 step: JSON
+    /// writes those as null, read back as NaN).
+    #[serde(deserialize_with = "nan_from_null")]
     pub grad_norm: f32,
     pub fwd_ms: f64,
     pub bwd_ms: f64,
     pub opt_ms: f64,
     /// Tokens this step trained on (B·T·accum).
     pub tokens: usize,
+    /// f16: the loss scale the step's backward ran with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f32>,
+    /// f16: a gradient overflowed at that scale, so the update changed nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
+}
+
+fn nan_from_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f32, D::Error> {
+    Ok(Option::<f32>::deserialize(d)?.unwrap_or(f32::NAN))
+}
+
+/// Dynamic loss scaling for f16 training, as PyTorch's `GradScaler` does it: the loss is
+/// multiplied by `scale` before backward so small gradients survive f16; the update divides
+/// it out. A step whose gradients overflowed changes nothing and halves the scale; after
+/// `GROWTH_INTERVAL` good steps in a row the scale doubles.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LossScaler {
+    pub scale: f32,
+    /// Good steps since the last change of scale.
+    pub good: u32,
+    /// `GROWTH_INTERVAL` (tests shorten it).
+    #[serde(skip, default = "growth_interval")]
+    pub(crate) interval: u32,
+}
+
+/// The first scale (PyTorch's default).
+pub const INITIAL_LOSS_SCALE: f32 = 65536.0;
+/// Good steps before the scale doubles (PyTorch's default).
+pub const GROWTH_INTERVAL: u32 = 2000;
+
+fn growth_interval() -> u32 {
+    GROWTH_INTERVAL
+}
+
+impl Default for LossScaler {
+    fn default() -> Self {
+        LossScaler {
+            scale: INITIAL_LOSS_SCALE,
+            good: 0,
+            interval: GROWTH_INTERVAL,
+        }
+    }
+}
+
+impl LossScaler {
+    /// Updates the scale after a step whose gradient norm was `norm`; true when the step
+    /// was skipped (the norm is not finite).
+    fn update(&mut self, norm: f32) -> bool {
+        if !norm.is_finite() {
+            self.scale = (self.scale * 0.5).max(f32::MIN_POSITIVE);
+            self.good = 0;
+            return true;
+        }
+        self.good += 1;
+        if self.good >= self.interval {
+            self.scale = (self.scale * 2.0).min(f32::MAX / 2.0);
+            self.good = 0;
+        }
+        false
+    }
 }
 
 /// A validation loss after `step` optimizer steps.
@@ -101,6 +166,8 @@ pub struct Trainer {
     history: History,
     /// The step of the last checkpoint written (or resumed from).
     last_saved: Option<u64>,
+    /// f16 only.
+    scaler: Option<LossScaler>,
 }
 
 impl Trainer {
@@ -149,7 +216,9 @@ impl Trainer {
         check_run(&ckpt.params, &train, val.as_ref(), &cfg)?;
         let sampler = BatchSampler::resume_checked(train, state.sampler, cfg.batch, cfg.seq)?;
         let history = serde_json::from_value(state.extra["history"].clone()).unwrap_or_default();
-        Trainer::build(
+        let scaler: Option<LossScaler> =
+            serde_json::from_value(state.extra["loss_scaler"].clone()).ok();
+        let mut t = Trainer::build(
             device,
             &ckpt.params,
             opt,
@@ -158,7 +227,11 @@ impl Trainer {
             cfg,
             history,
             Some(state.step),
-        )
+        )?;
+        if let (Some(mine), Some(saved)) = (t.scaler.as_mut(), scaler) {
+            (mine.scale, mine.good) = (saved.scale, saved.good);
+        }
+        Ok(t)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -174,6 +247,7 @@ impl Trainer {
     ) -> Result<Trainer> {
         let (params, master) = upload_with_master(init, device, cfg.precision)?;
         let opt = AdamW::new(&params, state, cfg.adamw, master)?;
+        let scaler = (cfg.precision == DType::F16).then(LossScaler::default);
         Ok(Trainer {
             device: device.clone(),
             params,
@@ -183,7 +257,23 @@ impl Trainer {
             cfg,
             history,
             last_saved,
+            scaler,
         })
+    }
+
+    /// f16: the loss scaler's state.
+    pub fn loss_scaler(&self) -> Option<&LossScaler> {
+        self.scaler.as_ref()
+    }
+
+    /// Tests: the scaler's scale (when given) and growth interval (not saved: set it again
+    /// after a resume).
+    #[doc(hidden)]
+    pub fn set_loss_scaler(&mut self, scale: Option<f32>, interval: u32) {
+        if let Some(s) = self.scaler.as_mut() {
+            s.scale = scale.unwrap_or(s.scale);
+            s.interval = interval.max(1);
+        }
     }
 
     /// Optimizer steps done.
@@ -222,9 +312,11 @@ impl Trainer {
     }
 
     /// One optimizer step over `accum` micro-batches. Fails, leaving the checkpoints on
-    /// disk alone, if the loss or gradient norm is not finite.
+    /// disk alone, if the loss is not finite, or the gradient norm outside f16 (where an
+    /// overflow skips the update and lowers the loss scale instead).
     pub fn train_step(&mut self) -> Result<StepLog> {
         let step = self.opt.step; // 0-based index of this step
+        let loss_scale = self.scaler.map(|s| s.scale);
         let (mut fwd, mut bwd) = (0.0, 0.0);
         let mut loss_sum = 0.0f64;
         let accum = self.cfg.accum.max(1);
@@ -242,8 +334,9 @@ impl Trainer {
             }
             loss_sum += value as f64;
             let t1 = Instant::now();
-            let scaled = if accum > 1 {
-                loss.mul_scalar(1.0 / accum as f32)?
+            let factor = loss_scale.unwrap_or(1.0) / accum as f32;
+            let scaled = if factor != 1.0 {
+                loss.mul_scalar(factor)?
             } else {
                 loss
             };
@@ -253,12 +346,19 @@ impl Trainer {
         }
         let t2 = Instant::now();
         let lr = self.cfg.schedule.lr_at(step);
-        let norm = self.opt.step(&self.params, lr)?;
+        let norm = match loss_scale {
+            Some(s) => self.opt.step_loss_scaled(&self.params, lr, 1.0 / s)?,
+            None => self.opt.step(&self.params, lr)?,
+        };
         let grad_norm = norm.to_vec()?[0];
         let opt_ms = ms(t2);
-        if !grad_norm.is_finite() {
-            return Err(self.non_finite(step + 1, "gradient norm", grad_norm));
-        }
+        let skipped = match self.scaler.as_mut() {
+            Some(scaler) => scaler.update(grad_norm),
+            None if !grad_norm.is_finite() => {
+                return Err(self.non_finite(step + 1, "gradient norm", grad_norm));
+            }
+            None => false,
+        };
         let log = StepLog {
             step: step + 1,
             loss: (loss_sum / accum as f64) as f32,
@@ -268,6 +368,8 @@ impl Trainer {
             bwd_ms: bwd,
             opt_ms,
             tokens: self.cfg.batch * self.cfg.seq * accum,
+            loss_scale,
+            skipped,
         };
         self.history.train.push(log.clone());
         Ok(log)
@@ -331,6 +433,7 @@ impl Trainer {
                 "precision": self.cfg.precision.name(),
                 "accum": self.cfg.accum,
                 "history": self.history,
+                "loss_scaler": self.scaler,
             }),
         };
         save_checkpoint(dir, &params, &opt, &state)?;
@@ -387,12 +490,7 @@ fn check_run(
             cfg.seq, model.block_size
         )));
     }
-    if !matches!(cfg.precision, DType::F32 | DType::BF16) {
-        return Err(Error::Config(format!(
-            "precision {} is not supported; use fp32 or bf16",
-            cfg.precision.name()
-        )));
-    }
+
     cfg.schedule.validate()?;
     train.check_vocab(model.vocab_size)?;
     if let Some(v) = val {

@@ -118,6 +118,106 @@ fn twenty_steps_equal_ten_plus_resume_plus_ten() {
     assert!(dev.validation_messages().is_empty());
 }
 
+fn f16_config(steps: u64, dir: Option<&std::path::Path>) -> TrainConfig {
+    TrainConfig {
+        precision: DType::F16,
+        ..train_config(steps, dir)
+    }
+}
+
+/// f16 with dynamic loss scaling, from a scale so large that the first backward overflows:
+/// that step changes no weight and halves the scale, the scale falls until steps succeed,
+/// doubles after every 4 good steps (a shortened growth interval), the loss falls, and 10
+/// steps + checkpoint + resume + 10 equal 20 bit for bit, scales included.
+#[test]
+fn f16_loss_scaling_skips_overflows_grows_and_resumes_exactly() {
+    let dev = device();
+    let scratch = common::Scratch::new("train-f16");
+    let (train, val) = data();
+    let start = 2f32.powi(22);
+
+    // The first step overflows: nothing changes but the scale.
+    let mut t = Trainer::new(&dev, &store(), train.clone(), None, f16_config(20, None)).unwrap();
+    t.set_loss_scaler(Some(start), 4);
+    let before = t.weights().unwrap();
+    let log = t.train_step().unwrap();
+    assert!(
+        log.skipped,
+        "a loss scale of 2^22 must overflow f16 gradients"
+    );
+    assert_eq!(log.loss_scale, Some(start));
+    assert_eq!(
+        t.weights().unwrap(),
+        before,
+        "a skipped step changed the weights"
+    );
+    assert_eq!(t.loss_scaler().unwrap().scale, start / 2.0);
+
+    // A whole run: the scale follows the rule step by step.
+    let mut a = Trainer::new(
+        &dev,
+        &store(),
+        train.clone(),
+        Some(val.clone()),
+        f16_config(20, None),
+    )
+    .unwrap();
+    a.set_loss_scaler(Some(start), 4);
+    a.run(None, |_| {}).unwrap();
+    let steps = &a.history().train;
+    let (mut scale, mut good) = (start, 0);
+    for s in steps {
+        assert_eq!(s.loss_scale, Some(scale), "step {}", s.step);
+        if s.skipped {
+            (scale, good) = (scale / 2.0, 0);
+        } else {
+            good += 1;
+            if good == 4 {
+                (scale, good) = (scale * 2.0, 0);
+            }
+        }
+    }
+    let skipped = steps.iter().filter(|s| s.skipped).count();
+    assert!((2..15).contains(&skipped), "{skipped} of 20 steps skipped");
+    let losses: Vec<f32> = steps.iter().map(|s| s.loss).collect();
+    assert!(
+        losses[19] < losses[0] - 0.5,
+        "the loss should fall: {losses:?}"
+    );
+
+    // 10 + resume + 10.
+    let dir = scratch.join("ckpt");
+    let mut b = Trainer::new(
+        &dev,
+        &store(),
+        train.clone(),
+        Some(val.clone()),
+        f16_config(20, Some(&dir)),
+    )
+    .unwrap();
+    b.set_loss_scaler(Some(start), 4);
+    b.run(Some(10), |_| {}).unwrap();
+    drop(b);
+    let ckpt = load_checkpoint(&dir).unwrap();
+    let mut c = Trainer::resume(&dev, &ckpt, train, Some(val), f16_config(20, Some(&dir))).unwrap();
+    c.set_loss_scaler(None, 4);
+    c.run(None, |_| {}).unwrap();
+    let trace = |t: &Trainer| -> Vec<(f32, Option<f32>, bool)> {
+        let h = &t.history().train;
+        h.iter()
+            .map(|s| (s.loss, s.loss_scale, s.skipped))
+            .collect()
+    };
+    assert_eq!(
+        trace(&a),
+        trace(&c),
+        "losses or scales differ after the resume"
+    );
+    assert_eq!(a.history().val, c.history().val);
+    assert_eq!(a.weights().unwrap(), c.weights().unwrap(), "weights differ");
+    assert!(dev.validation_messages().is_empty());
+}
+
 #[test]
 fn a_nan_stops_the_run_and_keeps_the_last_good_checkpoint() {
     let dev = device();

@@ -196,6 +196,37 @@ fn nan_gradient_propagates() {
     assert_clean(d);
 }
 
+/// A scale that is NaN or infinite (a gradient overflowed under loss scaling) writes
+/// nothing: parameter, moments and copy keep their bits, in the vec4 body and the tail.
+#[test]
+fn non_finite_scale_writes_nothing() {
+    let d = device();
+    let n = 11;
+    let p0: Vec<f32> = (0..n).map(|i| 0.5 + i as f32 * 0.01).collect();
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let p = Tensor::from_slice(d, &p0, &[n]).unwrap();
+        let m = Tensor::from_slice(d, &vec![0.125; n], &[n]).unwrap();
+        let v = Tensor::from_slice(d, &vec![0.25; n], &[n]).unwrap();
+        let copy = Tensor::from_slice_as(d, &vec![3.0; n], &[n], DType::BF16).unwrap();
+        let g = Tensor::from_slice(d, &vec![0.25f32; n], &[n]).unwrap();
+        let param = AdamWParam {
+            param: &p,
+            grad: &g,
+            m: &m,
+            v: &v,
+            copy: Some(&copy),
+            weight_decay: 0.01,
+        };
+        let scale = Tensor::from_slice(d, &[bad], &[1]).unwrap();
+        adamw_step_scaled(&[param], &AdamWConfig::default(), 1, Some(&scale)).unwrap();
+        assert_eq!(p.to_vec().unwrap(), p0, "scale {bad}");
+        assert_eq!(m.to_vec().unwrap(), vec![0.125; n], "scale {bad}");
+        assert_eq!(v.to_vec().unwrap(), vec![0.25; n], "scale {bad}");
+        assert_eq!(copy.to_vec().unwrap(), vec![3.0; n], "scale {bad}");
+    }
+    assert_clean(d);
+}
+
 /// The tensors of one step are independent: one dispatch each, no barrier between them.
 #[test]
 fn one_dispatch_per_tensor_without_barriers() {
