@@ -162,21 +162,78 @@ impl TrainArgs {
     }
 }
 
-/// Adds what to do to an out-of-memory error at a batch size.
-fn explain(e: helios_nn::Error, args: &TrainArgs) -> Box<dyn std::error::Error> {
+/// Whether `e` is the device running out of memory (or a buffer larger than it allows).
+fn is_oom(e: &helios_nn::Error) -> bool {
     use helios_vk::Error as Vk;
-    if let helios_nn::Error::Helios(helios::Error::Vulkan(
-        Vk::OutOfMemory { .. } | Vk::PoolOutOfMemory { .. } | Vk::BufferTooLarge { .. },
-    )) = &e
-    {
-        return format!(
-            "{e}\nthe device has too little memory for batches of {}x{}: lower --batch or \
-             --seq, and use --accum to keep the tokens per step",
+    matches!(
+        e,
+        helios_nn::Error::Helios(helios::Error::Vulkan(
+            Vk::OutOfMemory { .. } | Vk::PoolOutOfMemory { .. } | Vk::BufferTooLarge { .. },
+        ))
+    )
+}
+
+/// The largest batch (halving from `cfg.batch`) with which one training step of `init` runs
+/// on `device`, found by trying: a probe saves nothing and evaluates nothing.
+fn fitting_batch(
+    device: &Device,
+    init: &ParamStore,
+    train: &Tokens,
+    cfg: &TrainConfig,
+) -> Option<usize> {
+    let mut batch = cfg.batch / 2;
+    while batch >= 1 {
+        let probe = TrainConfig {
+            batch,
+            steps: 1,
+            eval_every: 0,
+            save_every: 0,
+            checkpoint_dir: None,
+            ..cfg.clone()
+        };
+        let tried = Trainer::new(device, init, train.clone(), None, probe)
+            .and_then(|mut t| t.train_step().map(drop));
+        match tried {
+            Ok(()) => return Some(batch),
+            Err(e) if is_oom(&e) => batch /= 2,
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// Adds what to do to an error; for running out of memory, which batch fits (`fits`, from
+/// `fitting_batch`).
+fn explain(
+    e: helios_nn::Error,
+    args: &TrainArgs,
+    fits: Option<usize>,
+) -> Box<dyn std::error::Error> {
+    if !is_oom(&e) {
+        return Box::new(e);
+    }
+    let tokens = args.batch * args.accum;
+    match fits {
+        Some(b) => format!(
+            "{e}\nbatches of {}x{} do not fit in this device's memory; {b}x{} does: use \
+             --batch {b}{} to keep the tokens per step",
+            args.batch,
+            args.seq,
+            args.seq,
+            if tokens % b == 0 {
+                format!(" --accum {}", tokens / b)
+            } else {
+                String::new()
+            },
+        )
+        .into(),
+        None => format!(
+            "{e}\nthe device has too little memory for batches of {}x{}, and a batch of 1 does \
+             not fit either: lower --seq, or pick a smaller model",
             args.batch, args.seq
         )
-        .into();
+        .into(),
     }
-    Box::new(e)
 }
 
 pub fn run(args: &TrainArgs) -> CliResult {
@@ -213,19 +270,35 @@ pub fn run(args: &TrainArgs) -> CliResult {
         val.as_ref().map_or(0, Tokens::len)
     );
 
-    let mut trainer = if let Some(dir) = &args.resume {
+    // Out of memory at this batch size: the weights, data and configuration to find one that
+    // fits, once whatever failed has been dropped.
+    let probe_cfg = cfg.clone();
+    let probe_train = train.clone();
+    let oom = |e: helios_nn::Error, init: &ParamStore| {
+        let fits = is_oom(&e)
+            .then(|| fitting_batch(&device, init, &probe_train, &probe_cfg))
+            .flatten();
+        explain(e, args, fits)
+    };
+    let (mut trainer, init) = if let Some(dir) = &args.resume {
         let ckpt = load_checkpoint(dir)?;
         check_vocab(ckpt.params.config(), &tokenizer)?;
-        let t = Trainer::resume(&device, &ckpt, train, val, cfg).map_err(|e| explain(e, args))?;
+        let t = match Trainer::resume(&device, &ckpt, train, val, cfg) {
+            Ok(t) => t,
+            Err(e) => return Err(oom(e, &ckpt.params)),
+        };
         println!("resumed {} at step {}", dir.display(), t.step_count());
-        t
+        (t, ckpt.params)
     } else {
         let init = match &args.init {
             Some(path) => load_pretrained(path, None)?,
             None => ParamStore::init_gpt2(&args.model_config()?, args.seed)?,
         };
         check_vocab(init.config(), &tokenizer)?;
-        Trainer::new(&device, &init, train, val, cfg).map_err(|e| explain(e, args))?
+        match Trainer::new(&device, &init, train, val, cfg) {
+            Ok(t) => (t, init),
+            Err(e) => return Err(oom(e, &init)),
+        }
     };
     let model = trainer.params().config().clone();
     println!(
@@ -297,7 +370,11 @@ pub fn run(args: &TrainArgs) -> CliResult {
         }
     });
     bar.finish();
-    result.map_err(|e| explain(e, args))?;
+    if let Err(e) = result {
+        // Free the failed run's memory before trying smaller batches.
+        drop(trainer);
+        return Err(oom(e, &init));
+    }
     let train_s = t0.elapsed().as_secs_f64();
 
     // Summary, logs and the curve.

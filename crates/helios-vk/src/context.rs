@@ -44,6 +44,8 @@ pub struct Context {
     pub(crate) copy_queue: Option<CopyQueue>,
     /// Whether device-local memory may come from a full-BAR host-visible type.
     bar: bool,
+    /// `ContextOptions::memory_limit`.
+    pub(crate) memory_limit: Option<u64>,
     /// The VkPipelineCache, persisted under the user cache dir (pipeline_cache.rs).
     pub(crate) pipeline_cache: PipelineCache,
     /// GPU timestamps around dispatches, when profiling is on (profile.rs).
@@ -86,6 +88,10 @@ pub struct ContextOptions {
     /// `HELIOS_COOPMAT2=0` leaves VK_NV_cooperative_matrix2 off (workgroup-scope matrix
     /// kernels then never run).
     pub cooperative_matrix2: bool,
+    /// `HELIOS_MEMORY_LIMIT=<bytes>`: the most device-local memory the pool may hold; past
+    /// it an allocation fails as out of device memory (after the pool gave back what it
+    /// cached).
+    pub memory_limit: Option<u64>,
 }
 
 impl Default for ContextOptions {
@@ -100,6 +106,7 @@ impl Default for ContextOptions {
             bar: true,
             pipeline_statistics: ExecutableCapture::Off,
             cooperative_matrix2: true,
+            memory_limit: None,
         }
     }
 }
@@ -116,6 +123,7 @@ impl ContextOptions {
             bar: env::flag(env::HELIOS_BAR)?.unwrap_or(true),
             pipeline_statistics: ExecutableCapture::from_env()?,
             cooperative_matrix2: env::flag(env::HELIOS_COOPMAT2)?.unwrap_or(true),
+            memory_limit: env::bytes(env::HELIOS_MEMORY_LIMIT)?,
         })
     }
 
@@ -238,6 +246,7 @@ impl Context {
             submitter,
             copy_queue,
             bar: options.bar,
+            memory_limit: options.memory_limit,
             pipeline_cache,
             profiler,
             memory,

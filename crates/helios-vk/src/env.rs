@@ -47,6 +47,35 @@ pub const HELIOS_BATCH: &str = "HELIOS_BATCH";
 /// `HELIOS_SPIN_US=<µs>`: how long a host wait polls the timeline before sleeping.
 pub const HELIOS_SPIN_US: &str = "HELIOS_SPIN_US";
 
+/// `HELIOS_MEMORY_LIMIT=<bytes>` (K, M or G suffix: powers of 1024): device-local memory
+/// the pool may hold at most, below what the device has (tests of out-of-memory handling;
+/// sharing a GPU).
+pub const HELIOS_MEMORY_LIMIT: &str = "HELIOS_MEMORY_LIMIT";
+
+/// Reads a byte count with an optional K/M/G suffix; unset or blank is `None`.
+pub fn bytes(name: &'static str) -> Result<Option<u64>> {
+    let Some(v) = string(name) else {
+        return Ok(None);
+    };
+    let (digits, shift) = match v.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&v[..v.len() - 1], 10),
+        Some('M') => (&v[..v.len() - 1], 20),
+        Some('G') => (&v[..v.len() - 1], 30),
+        _ => (v.as_str(), 0),
+    };
+    digits
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .map(Some)
+        .ok_or(Error::BadEnvVar {
+            name,
+            value: v.clone(),
+            expected: "a byte count such as 512M or 2G",
+        })
+}
+
 /// Reads an unsigned integer; unset or blank gives `default`.
 pub fn u32_or(name: &'static str, default: u32) -> Result<u32> {
     match string(name) {

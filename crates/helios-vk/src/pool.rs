@@ -285,6 +285,15 @@ impl Context {
     }
 
     fn new_block(&self, pool: &mut Pool, size: u64) -> Result<Arc<Block>> {
+        if let (MemoryLocation::DeviceLocal, Some(limit)) = (pool.location, self.memory_limit) {
+            if pool.stats.bytes_held + size > limit {
+                return Err(Error::OutOfMemory {
+                    kind: "device",
+                    requested: size,
+                    location: pool.location.as_str(),
+                });
+            }
+        }
         let id = self.next_block_id();
         let block = Arc::new(Block::new(self, id, size, pool.location)?);
         pool.stats.driver_allocations += 1;

@@ -10,6 +10,7 @@
 //! | `HELIOS_PROFILE=1` | GPU timestamps around every dispatch; `Device::profile_report()` gives the per-kernel table |
 //! | `HELIOS_TRANSFER_QUEUE=0` | staged copies stay on the compute queue |
 //! | `HELIOS_BAR=0` | device-local buffers never use the host-visible (BAR) memory type |
+//! | `HELIOS_MEMORY_LIMIT=<bytes>` | the most device-local memory the pool may hold (`512M`, `2G`): past it an allocation fails as out of device memory; for testing out-of-memory handling, or sharing a GPU |
 //! | `HELIOS_PIPELINE_CACHE=0` | do not persist the Vulkan pipeline cache |
 //! | `HELIOS_CACHE_DIR=<dir>` | root of the on-disk caches (default `$XDG_CACHE_HOME/helios` or `~/.cache/helios`) |
 //! | `HELIOS_VERBOSE=1` | notes about ignored cache files and failed saves |
