@@ -205,7 +205,7 @@ fn measure(
             .candidates
             .iter()
             .map(|r| CandidateRow {
-                variant: split_name(r.variant, r.splits),
+                variant: r.label(),
                 check_error: r.check_error,
                 passed: r.passed,
                 time_us: r.time_us,
@@ -267,7 +267,7 @@ fn measure(
     Ok(MmResult {
         case: c.clone(),
         dtype: dt.name(),
-        variant: split_name(choice.variant.name(), choice.splits),
+        variant: choice.label(),
         kernel: choice.kernel,
         how: choice.how.name(),
         ops_per_sample: reps,
@@ -514,13 +514,4 @@ fn table(meta: &report::RunMeta, peaks: &[PeakRow], rows: &[MmResult]) -> String
         s.push('\n');
     }
     s
-}
-
-/// A variant's name with `/k<n>` when k is split n ways.
-fn split_name(variant: &str, splits: u32) -> String {
-    if splits > 1 {
-        format!("{variant}/k{splits}")
-    } else {
-        variant.to_owned()
-    }
 }

@@ -492,3 +492,10 @@ pub struct MatmulChoice {
     pub splits: u32,
     pub how: Choice,
 }
+
+impl MatmulChoice {
+    /// The variant's name, with `/k<splits>` when k is split.
+    pub fn label(&self) -> String {
+        matmul_tune::winner_tag(self.variant.name(), self.splits)
+    }
+}

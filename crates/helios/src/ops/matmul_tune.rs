@@ -475,8 +475,16 @@ fn tune(p: &Problem) -> Result<TuneReport> {
 /// The k splits the tuner tries after the plain kernels.
 const SPLITS: [u32; 3] = [2, 3, 4];
 
-/// A winner as stored: the variant's name, with `/k<splits>` when split.
-fn winner_tag(variant: &str, splits: u32) -> String {
+impl CandidateResult {
+    /// The variant's name, with `/k<splits>` when k is split.
+    pub fn label(&self) -> String {
+        winner_tag(self.variant, self.splits)
+    }
+}
+
+/// A winner as stored (and as reports print it): the variant's name, with `/k<splits>` when
+/// split.
+pub(crate) fn winner_tag(variant: &str, splits: u32) -> String {
     if splits > 1 {
         format!("{variant}/k{splits}")
     } else {
