@@ -57,23 +57,23 @@ pub fn bytes(name: &'static str) -> Result<Option<u64>> {
     let Some(v) = string(name) else {
         return Ok(None);
     };
+    parse_bytes(&v).map(Some).ok_or(Error::BadEnvVar {
+        name,
+        value: v,
+        expected: "a byte count such as 512M or 2G",
+    })
+}
+
+/// `512`, `64K`, `512M`, `2G` (powers of 1024) as bytes.
+fn parse_bytes(v: &str) -> Option<u64> {
+    let v = v.trim();
     let (digits, shift) = match v.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&v[..v.len() - 1], 10),
         Some('M') => (&v[..v.len() - 1], 20),
         Some('G') => (&v[..v.len() - 1], 30),
-        _ => (v.as_str(), 0),
+        _ => (v, 0),
     };
-    digits
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
-        .map(Some)
-        .ok_or(Error::BadEnvVar {
-            name,
-            value: v.clone(),
-            expected: "a byte count such as 512M or 2G",
-        })
+    digits.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 /// Reads an unsigned integer; unset or blank gives `default`.
@@ -93,3 +93,19 @@ pub const HELIOS_TRANSFER_QUEUE: &str = "HELIOS_TRANSFER_QUEUE";
 
 /// `HELIOS_BAR=0`: device-local buffers never use the host-visible (BAR) memory type.
 pub const HELIOS_BAR: &str = "HELIOS_BAR";
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("512"), Some(512));
+        assert_eq!(parse_bytes("64k"), Some(64 << 10));
+        assert_eq!(parse_bytes(" 384M "), Some(384 << 20));
+        assert_eq!(parse_bytes("2G"), Some(2 << 30));
+        for bad in ["", "M", "1.5G", "-1", "12T", "99999999999999999999G"] {
+            assert_eq!(parse_bytes(bad), None, "{bad:?}");
+        }
+    }
+}
