@@ -134,9 +134,9 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("simt64x64d2", simt(64, 64, 4, 4, 2)),
     ("simt64x32d2", simt(64, 32, 4, 4, 2)),
     ("simt32x32d1", simt(32, 32, 4, 4, 1)),
-    // Subgroup scope, measured on an H100 (bench/results/2026-11-23-matmul-h100.md): one
-    // shared-memory stage with k48 (`s1`) and 2-stage k16/k32 tiles; deeper register
-    // prefetch (`d2`, `d3`) only survives where it still won.
+    // Subgroup scope, as measured on an H100 (bench/results/2026-11-23-matmul-h100-
+    // session6.md): one shared-memory stage with k48 (`s1`) and 2-stage k16/k32 tiles;
+    // deeper register prefetch (`d2`) only where it still won.
     ("coop128x256w2x4k48s1", coop1(128, 256, 48, 2, 4)),
     ("coop256x128w4x2k48s1", coop1(256, 128, 48, 4, 2)),
     ("coop128x128w2x2k32s1", coop1(128, 128, 32, 2, 2)),
