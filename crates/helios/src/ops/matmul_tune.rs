@@ -427,8 +427,8 @@ fn tune(p: &Problem) -> Result<TuneReport> {
             .min_by(|a, b| a.2.total_cmp(&b.2))
     };
     // Split-K with the best kernel, where k is long enough for each part to keep the
-    // kernel's pipeline busy (≥ 512) and the product is large enough to be worth a second
-    // pass over an M×N f32 workspace per part.
+    // kernel's pipeline busy (≥ 512), the product is large enough to be worth a second pass
+    // over an M×N f32 workspace per part, and that workspace stays small.
     if let Some((v, _, _)) = best(&rows) {
         let v = MatmulVariant::by_name(v).expect("a table variant");
         for splits in SPLITS {
@@ -436,7 +436,13 @@ fn tune(p: &Problem) -> Result<TuneReport> {
                 continue;
             };
             let k = p.split_kernel(v, &sub, caps.subgroup);
-            if sub.k < 512 || !k.feasible(&caps) || !k.fits(&sub) || p.shape.flops() < 1e9 {
+            let workspace = 4 * u64::from(splits) * u64::from(sub.m) * u64::from(sub.n);
+            if sub.k < 512
+                || !k.feasible(&caps)
+                || !k.fits(&sub)
+                || p.shape.flops() < 1e9
+                || workspace > MAX_SPLIT_WORKSPACE
+            {
                 continue;
             }
             let plan = Plan {
@@ -474,6 +480,10 @@ fn tune(p: &Problem) -> Result<TuneReport> {
 
 /// The k splits the tuner tries after the plain kernels.
 const SPLITS: [u32; 3] = [2, 3, 4];
+
+/// Largest f32 workspace (bytes) a split product may use: the sum pass costs a read of it,
+/// and the tuner holds up to 8 at once while timing.
+const MAX_SPLIT_WORKSPACE: u64 = 256 << 20;
 
 impl CandidateResult {
     /// The variant's name, with `/k<splits>` when k is split.
