@@ -195,6 +195,16 @@ const fn wgt(bm: u16, bn: u16, bk: u16, warps: u8) -> Variant {
 }
 
 const fn coop(bm: u16, bn: u16, bk: u16, wm: u8, wn: u8, depth: u8) -> Variant {
+    coop_tile(bm, bn, bk, wm, wn, depth, 2)
+}
+
+/// A cooperative tile with one shared-memory stage (`s1`): half the shared memory of `coop`,
+/// so twice the k step fits, for a second barrier per step.
+const fn coop1(bm: u16, bn: u16, bk: u16, wm: u8, wn: u8) -> Variant {
+    coop_tile(bm, bn, bk, wm, wn, 1, 1)
+}
+
+const fn coop_tile(bm: u16, bn: u16, bk: u16, wm: u8, wn: u8, depth: u8, stages: u8) -> Variant {
     Variant::Coop(CoopTile {
         bm,
         bn,
@@ -202,21 +212,7 @@ const fn coop(bm: u16, bn: u16, bk: u16, wm: u8, wn: u8, depth: u8) -> Variant {
         wm,
         wn,
         depth,
-        stages: 2,
-    })
-}
-
-/// A cooperative tile with one shared-memory stage (`s1`): half the shared memory of `coop`,
-/// so twice the k step fits, for a second barrier per step.
-const fn coop1(bm: u16, bn: u16, bk: u16, wm: u8, wn: u8) -> Variant {
-    Variant::Coop(CoopTile {
-        bm,
-        bn,
-        bk,
-        wm,
-        wn,
-        depth: 1,
-        stages: 1,
+        stages,
     })
 }
 
@@ -851,6 +847,12 @@ pub(crate) fn staged_k_loop(
     let a_stage = k.u32(stage[0]);
     let b_stage = k.u32(stage[1]);
     let single = stages == 1;
+    // The product on the stage at index `cur`.
+    let mut product = |k: &mut KernelBuilder, cur: Val| {
+        let base_a = k.mul(cur, a_stage);
+        let base_b = k.mul(cur, b_stage);
+        compute(k, base_a, base_b);
+    };
     k.for_range(zero, tiles, dv, |k, t0| {
         for u in 0..depth {
             let off = k.u32(u);
@@ -863,9 +865,7 @@ pub(crate) fn staged_k_loop(
             };
             if single {
                 // One stage: every invocation is done reading it before it is refilled.
-                let base_a = k.mul(cur, a_stage);
-                let base_b = k.mul(cur, b_stage);
-                compute(k, base_a, base_b);
+                product(k, cur);
                 k.workgroup_barrier();
             }
             let (va, vb) = &slots[((u + 1) % depth) as usize];
@@ -887,9 +887,7 @@ pub(crate) fn staged_k_loop(
                 k.set(*v, x);
             }
             if !single {
-                let base_a = k.mul(cur, a_stage);
-                let base_b = k.mul(cur, b_stage);
-                compute(k, base_a, base_b);
+                product(k, cur);
             }
             k.workgroup_barrier();
         }

@@ -83,30 +83,8 @@ fn twenty_steps_equal_ten_plus_resume_plus_ten() {
         "the loss should fall: {losses_a:?}"
     );
 
-    // 10 steps, a checkpoint, a fresh trainer from it, 10 more.
     let dir = scratch.join("ckpt");
-    let mut b = Trainer::new(
-        &dev,
-        &store(),
-        train.clone(),
-        Some(val.clone()),
-        train_config(20, Some(&dir)),
-    )
-    .unwrap();
-    let mut saved = vec![];
-    b.run(Some(10), |e| {
-        if let Event::Saved { step, .. } = e {
-            saved.push(step)
-        }
-    })
-    .unwrap();
-    assert_eq!(saved, [10]);
-    drop(b);
-    let ckpt = load_checkpoint(&dir).unwrap();
-    let mut c =
-        Trainer::resume(&dev, &ckpt, train, Some(val), train_config(20, Some(&dir))).unwrap();
-    assert_eq!(c.step_count(), 10);
-    c.run(None, |_| {}).unwrap();
+    let c = ten_then_resume_ten(&dev, (train, val), &dir, train_config, None);
 
     let losses_c: Vec<f32> = c.history().train.iter().map(|s| s.loss).collect();
     assert_eq!(losses_a, losses_c, "losses differ after the resume");
@@ -116,6 +94,46 @@ fn twenty_steps_equal_ten_plus_resume_plus_ten() {
     assert_eq!(end.trainer.unwrap().step, 20);
     assert_eq!(&end.params, &a.weights().unwrap());
     assert!(dev.validation_messages().is_empty());
+}
+
+/// 10 steps of a 20-step run of `config` checkpointed into `dir`, then a fresh trainer
+/// resumed from it that runs the other 10. `scaler`: the f16 loss scale to start from and
+/// the growth interval (which a checkpoint does not carry, so it is set again on resume).
+fn ten_then_resume_ten(
+    dev: &Device,
+    (train, val): (Tokens, Tokens),
+    dir: &std::path::Path,
+    config: fn(u64, Option<&std::path::Path>) -> TrainConfig,
+    scaler: Option<(f32, u32)>,
+) -> Trainer {
+    let mut b = Trainer::new(
+        dev,
+        &store(),
+        train.clone(),
+        Some(val.clone()),
+        config(20, Some(dir)),
+    )
+    .unwrap();
+    if let Some((scale, interval)) = scaler {
+        b.set_loss_scaler(Some(scale), interval);
+    }
+    let mut saved = vec![];
+    b.run(Some(10), |e| {
+        if let Event::Saved { step, .. } = e {
+            saved.push(step)
+        }
+    })
+    .unwrap();
+    assert_eq!(saved, [10]);
+    drop(b);
+    let ckpt = load_checkpoint(dir).unwrap();
+    let mut c = Trainer::resume(dev, &ckpt, train, Some(val), config(20, Some(dir))).unwrap();
+    assert_eq!(c.step_count(), 10);
+    if let Some((_, interval)) = scaler {
+        c.set_loss_scaler(None, interval);
+    }
+    c.run(None, |_| {}).unwrap();
+    c
 }
 
 fn f16_config(steps: u64, dir: Option<&std::path::Path>) -> TrainConfig {
@@ -187,21 +205,7 @@ fn f16_loss_scaling_skips_overflows_grows_and_resumes_exactly() {
 
     // 10 + resume + 10.
     let dir = scratch.join("ckpt");
-    let mut b = Trainer::new(
-        &dev,
-        &store(),
-        train.clone(),
-        Some(val.clone()),
-        f16_config(20, Some(&dir)),
-    )
-    .unwrap();
-    b.set_loss_scaler(Some(start), 4);
-    b.run(Some(10), |_| {}).unwrap();
-    drop(b);
-    let ckpt = load_checkpoint(&dir).unwrap();
-    let mut c = Trainer::resume(&dev, &ckpt, train, Some(val), f16_config(20, Some(&dir))).unwrap();
-    c.set_loss_scaler(None, 4);
-    c.run(None, |_| {}).unwrap();
+    let c = ten_then_resume_ten(&dev, (train, val), &dir, f16_config, Some((start, 4)));
     let trace = |t: &Trainer| -> Vec<(f32, Option<f32>, bool)> {
         let h = &t.history().train;
         h.iter()

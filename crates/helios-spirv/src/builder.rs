@@ -427,7 +427,7 @@ impl KernelBuilder {
             .map(|m| match m {
                 PushMember::Buffer(bi) => {
                     let elem = Ty::scalar(self.buffers[bi].elem);
-                    let readonly = self.buffers[bi].access == Access::Read;
+                    let readonly = self.read_only(bi);
                     self.view_pointer_type(elem, readonly)
                 }
                 PushMember::Param(pi) => {
@@ -494,7 +494,7 @@ impl KernelBuilder {
     pub(crate) fn buffer_base(&mut self, buf: Buffer) -> Word {
         let member = self.buffers[buf.index].slot;
         let var = self.push_var.expect("push block declared");
-        let readonly = self.buffers[buf.index].access == Access::Read;
+        let readonly = self.read_only(buf.index);
         let scalar_view = self.view_pointer_type(Ty::scalar(buf.elem), readonly);
         let pc_ptr = self
             .b
@@ -502,6 +502,11 @@ impl KernelBuilder {
         let m = self.const_u32(member);
         let slot = self.inst(Op::AccessChain, Some(pc_ptr), vec![id(var), id(m)]);
         self.inst(Op::Load, Some(scalar_view), vec![id(slot)])
+    }
+
+    /// Whether buffer `index` is only read (its device-address views are `NonWritable`).
+    fn read_only(&self, index: usize) -> bool {
+        self.buffers[index].access == Access::Read
     }
 
     fn view_pointer_type(&mut self, elem: Ty, readonly: bool) -> Word {
@@ -569,7 +574,7 @@ impl KernelBuilder {
             Binding::DeviceAddress => {
                 let mut base = self.buffer_base(buf);
                 if lanes != 1 {
-                    let readonly = self.buffers[buf.index].access == Access::Read;
+                    let readonly = self.read_only(buf.index);
                     let view = self.view_pointer_type(elem, readonly);
                     base = self.inst(Op::Bitcast, Some(view), vec![id(base)]);
                 }

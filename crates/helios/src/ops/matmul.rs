@@ -264,7 +264,7 @@ impl Problem {
     /// an epilogue other than scaling (bias, activation and residual act on the sum), or k
     /// not cut into equal ranges of a multiple of 8 elements (which keeps the kernels'
     /// vector accesses).
-    pub(crate) fn split_shape(&self, splits: u32) -> Option<MatmulShape> {
+    fn split_shape(&self, splits: u32) -> Option<MatmulShape> {
         let s = &self.shape;
         let kc = s.k / splits.max(1);
         if splits < 2 || s.batch != 1 || !self.epilogue.is_plain() || kc * splits != s.k {
@@ -296,26 +296,29 @@ impl Problem {
         })
     }
 
-    /// The kernel of `variant` for the split launch `sub` (f32 output, no epilogue).
-    pub(crate) fn split_kernel(
+    /// The launch shape (`split_shape`) and kernel of `variant` (f32 output, no epilogue) that
+    /// compute this product split `splits` ways, or `None` where it cannot be split so or the
+    /// variant's tiles do not divide a part.
+    pub(crate) fn split(
         &self,
         variant: MatmulVariant,
-        sub: &MatmulShape,
+        splits: u32,
         subgroup: u32,
-    ) -> MatmulKernel {
+    ) -> Option<(MatmulShape, MatmulKernel)> {
+        let sub = self.split_shape(splits)?;
         let mut k = MatmulKernel::new(
             variant,
             self.input.storage(),
             DType::F32.storage(),
             self.trans,
-            sub,
+            &sub,
             Epilogue::NONE,
             subgroup,
         );
         let w = vector_elems(variant) as usize;
         k.vec_a &= self.a.layout().offset() % w == 0;
         k.vec_b &= self.b.layout().offset() % w == 0;
-        k
+        k.fits(&sub).then_some((sub, k))
     }
 
     /// Runs `plan` into a fresh output tensor.
@@ -325,21 +328,16 @@ impl Problem {
             self.record(&plan.kernel, &out)?;
             return Ok(out);
         }
-        let sub = self.split_shape(plan.splits).ok_or_else(|| {
-            invalid(format!(
-                "this product cannot be split {} ways (see MatmulOptions::splits)",
-                plan.splits
-            ))
-        })?;
-        let kernel = self.split_kernel(plan.kernel.variant, &sub, plan.kernel.subgroup);
-        if !kernel.fits(&sub) {
-            return Err(invalid(format!(
-                "variant {} needs k to be a multiple of its k step; k cut {} ways is {}",
-                plan.kernel.variant.name(),
-                plan.splits,
-                sub.k
-            )));
-        }
+        let (sub, kernel) = self
+            .split(plan.kernel.variant, plan.splits, plan.kernel.subgroup)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "this product cannot be split {} ways with variant {} (see \
+                     MatmulOptions::splits)",
+                    plan.splits,
+                    plan.kernel.variant.name()
+                ))
+            })?;
         let (m, n) = (sub.m as usize, sub.n as usize);
         let partials = Tensor::empty(
             self.a.device(),

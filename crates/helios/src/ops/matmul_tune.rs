@@ -235,10 +235,7 @@ fn choose_uncached(p: &Problem, forced: Option<(MatmulVariant, Choice)>) -> Resu
         }
         let splits = match (how, p.forced_splits) {
             (Choice::Forced, Some(s)) if s > 1 => {
-                let fits = p
-                    .split_shape(s)
-                    .is_some_and(|sub| p.split_kernel(v, &sub, caps.subgroup).fits(&sub));
-                if !fits {
+                if p.split(v, s, caps.subgroup).is_none() {
                     return Err(invalid(format!(
                         "this product cannot be split {s} ways: split-K needs one unbatched \
                          product without bias, activation or residual, and k ({}) cut into \
@@ -255,9 +252,7 @@ fn choose_uncached(p: &Problem, forced: Option<(MatmulVariant, Choice)>) -> Resu
     let key = class_key(p);
     if let Some((v, splits)) = cached(device, &key) {
         let k = p.kernel(v, caps.subgroup);
-        let split_ok = splits == 1
-            || p.split_shape(splits)
-                .is_some_and(|sub| p.split_kernel(v, &sub, caps.subgroup).fits(&sub));
+        let split_ok = splits == 1 || p.split(v, splits, caps.subgroup).is_some();
         if k.feasible(&caps) && k.fits(&p.shape) && split_ok {
             return Ok((Plan { kernel: k, splits }, Choice::Cached));
         }
@@ -432,14 +427,12 @@ fn tune(p: &Problem) -> Result<TuneReport> {
     if let Some((v, _, _)) = best(&rows) {
         let v = MatmulVariant::by_name(v).expect("a table variant");
         for splits in SPLITS {
-            let Some(sub) = p.split_shape(splits) else {
+            let Some((sub, k)) = p.split(v, splits, caps.subgroup) else {
                 continue;
             };
-            let k = p.split_kernel(v, &sub, caps.subgroup);
             let workspace = 4 * u64::from(splits) * u64::from(sub.m) * u64::from(sub.n);
             if sub.k < 512
                 || !k.feasible(&caps)
-                || !k.fits(&sub)
                 || p.shape.flops() < 1e9
                 || workspace > MAX_SPLIT_WORKSPACE
             {
