@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch side of `helios bench train --compare torch`: Hugging Face GPT2LMHeadModel, random
 init, AdamW (fused), steady-state ms/step, tokens/s, the first step's time and peak device
-memory, eager and with torch.compile, fp32 and bf16 autocast. One JSON document on stdout
+memory, eager and with torch.compile, fp32, bf16 autocast, and f16 autocast with a GradScaler
+(dynamic loss scaling, as Helios does). One JSON document on stdout
 (`--json -`); exits non-zero with a one-line reason when torch, transformers or CUDA is missing.
 
 Cases are `name:layers:batch:seq`, e.g. `distilgpt2:6:8:512,gpt2:12:8:1024`.
@@ -36,12 +37,15 @@ def run_case(torch, GPT2Config, GPT2LMHeadModel, layers, batch, seq, precision, 
     model = GPT2LMHeadModel(cfg).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     x = torch.randint(0, 50257, (batch, seq), device="cuda")
+    half = {"bf16": torch.bfloat16, "f16": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "f16")
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None):
             loss = fwd(x)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
         return loss
 
@@ -49,6 +53,7 @@ def run_case(torch, GPT2Config, GPT2LMHeadModel, layers, batch, seq, precision, 
         return model(ids, labels=ids).loss
 
     fwd = torch.compile(plain) if compiled else plain
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -66,10 +71,11 @@ def run_case(torch, GPT2Config, GPT2LMHeadModel, layers, batch, seq, precision, 
         times.append((time.perf_counter() - t0) * 1e3)
     ms = statistics.median(times)
     peak = torch.cuda.max_memory_allocated() / 2**30
+    reserved = torch.cuda.max_memory_reserved() / 2**30
     del model, opt
     torch.cuda.empty_cache()
     return {"ms_per_step": ms, "tokens_per_s": batch * seq / (ms / 1e3), "first_step_s": first,
-            "peak_gib": peak}
+            "peak_gib": peak, "reserved_gib": reserved}
 
 
 def main(argv=None):

@@ -177,7 +177,7 @@ impl OpenBatch {
             // Compute-only barriers since the last full one do not order earlier dispatches
             // before a copy; copies are rare inside a batch, so fence everything.
             self.barrier_from(ctx, Stages::ALL, stage);
-        } else if self.hazards.conflicts(accesses) {
+        } else if self.hazards.conflicts(accesses) | self.first_use_of_remapped(accesses) {
             self.barrier_from(ctx, self.stages, stage);
         }
         if stage == Stage::Compute {
@@ -188,6 +188,19 @@ impl OpenBatch {
         for a in accesses {
             a.buffer.mark(self.value, a.write);
         }
+    }
+
+    /// Whether an access is the first use of a remapped region (see `Buffer::take_remapped`)
+    /// whose old extents earlier commands of this batch may still touch. Uses in earlier
+    /// batches are ordered by the barrier each batch begins with.
+    fn first_use_of_remapped(&self, accesses: &[Access<'_>]) -> bool {
+        let mut any = false;
+        for a in accesses {
+            // Every flag is taken: one barrier fences them all. `last_use` is still the
+            // region's previous occupants' (marked after this check).
+            any |= a.buffer.take_remapped() && a.buffer.last_use() >= self.value;
+        }
+        any && self.stages != Stages::NONE
     }
 
     /// A full compute/transfer barrier; forgets the tracked accesses.

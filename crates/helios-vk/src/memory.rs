@@ -12,7 +12,7 @@
 
 use ash::vk;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::context::Context;
@@ -161,6 +161,9 @@ pub struct Buffer {
     last_use: AtomicU64,
     /// Transfer-timeline value of the last copy-queue copy that touched it (0: none).
     transfer_use: AtomicU64,
+    /// The region was cut from a different extent than its previous occupants and has not
+    /// been fenced yet (see `take_remapped`).
+    remapped: AtomicBool,
 }
 
 impl Context {
@@ -205,6 +208,7 @@ impl Buffer {
             last_write: AtomicU64::new(0),
             last_use: AtomicU64::new(grant.free_after),
             transfer_use: AtomicU64::new(grant.transfer_after),
+            remapped: AtomicBool::new(grant.remapped),
         }
     }
 
@@ -246,6 +250,14 @@ impl Buffer {
     /// Timeline value of the last GPU read or write.
     pub fn last_use(&self) -> u64 {
         self.last_use.load(Ordering::Acquire)
+    }
+
+    /// Whether this is the first GPU use of a region cut from a different extent than its
+    /// previous occupants (a split or merged large region). The encoder tracks hazards per
+    /// region, so such a region's overlap with accesses to the old extents in the open batch
+    /// is invisible to it: it fences everything before the first use instead.
+    pub(crate) fn take_remapped(&self) -> bool {
+        self.remapped.load(Ordering::Relaxed) && self.remapped.swap(false, Ordering::AcqRel)
     }
 
     /// Records a GPU access in the batch that will signal `value`.

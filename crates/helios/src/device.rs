@@ -215,6 +215,15 @@ impl Device {
         self.inner.ctx.memory_stats()
     }
 
+    /// Waits for the GPU, returns every cached block no buffer uses to the driver, and starts
+    /// the peak-in-use counter again: what follows is measured on its own.
+    pub fn empty_cache(&self) -> Result<()> {
+        self.synchronize()?;
+        self.inner.ctx.empty_cache()?;
+        self.inner.ctx.reset_peak_memory();
+        Ok(())
+    }
+
     /// Batches, dispatches and barriers submitted so far.
     pub fn encoder_stats(&self) -> helios_vk::EncoderStats {
         self.inner.ctx.encoder_stats()

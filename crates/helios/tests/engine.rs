@@ -152,6 +152,67 @@ fn reused_memory_is_ordered_after_its_last_reader() {
     assert_no_validation_messages(d);
 }
 
+/// Large regions are reused best-fit: a freed 64 MiB region serves two 32 MiB tensors (split)
+/// and, once both are freed and merged again, one 64 MiB tensor, with no new driver memory.
+/// The merged region is written while a command of the same batch still reads its second
+/// half under that half's hazard key: only the remapped-region fence orders the two (the
+/// synchronization validation layer fails this test without it).
+#[test]
+fn large_regions_are_split_and_merged_in_order() {
+    // Descriptors, not device addresses: the validation layer sees what each kernel touches.
+    let ctx = helios_vk::Context::from_env().unwrap();
+    if !ctx.enabled().push_descriptor {
+        eprintln!("skipped: the device lacks VK_KHR_push_descriptor");
+        return;
+    }
+    let d = &Device::with_binding(ctx, helios_spirv::Binding::Descriptor);
+    d.set_early_submit(false);
+    let n = 16 << 20; // f32: 64 MiB
+    let (v, x) = input(d, n / 4, 5);
+    let x = x.expand(&[4, n / 4]).unwrap().contiguous().unwrap();
+    x.realize().unwrap();
+    d.synchronize().unwrap();
+    let a = x.add_scalar(1.0).unwrap(); // a 64 MiB region R
+    a.realize().unwrap();
+    let hi = a.narrow(0, 2, 2).unwrap().mul_scalar(3.0).unwrap(); // reads R's second half
+    hi.realize().unwrap();
+    drop(a); // R is free; `hi`'s read of it is still in the open batch
+    let before = d.memory_stats();
+    let half = |s: f32| x.narrow(0, 0, 2).unwrap().mul_scalar(s).unwrap();
+    let e = half(5.0); // 32 MiB: R's first half (no overlap with the read: no barrier)
+    e.realize().unwrap();
+    let f = half(7.0); // R's second half: must wait for `hi`'s read
+    f.realize().unwrap();
+    let cut = d.memory_stats();
+    d.synchronize().unwrap();
+    let check = |t: &Tensor, f: &dyn Fn(f32) -> f32, what: &str| {
+        let want: Vec<f32> = v.iter().map(|&x| f(x)).collect();
+        let got = t.to_vec().unwrap();
+        assert!(got.chunks(n / 4).all(|q| q == &want[..]), "{what}");
+    };
+    check(&hi, &|x| (x + 1.0) * 3.0, "hi");
+    check(&e, &|x| x * 5.0, "e");
+    check(&f, &|x| x * 7.0, "f");
+    let f2 = f.mul_scalar(2.0).unwrap(); // reads the second half, under its own key
+    f2.realize().unwrap();
+    drop((e, f)); // the halves merge back into R
+    let g = x.add_scalar(2.0).unwrap(); // 64 MiB: all of R, written while f2 still reads it
+    g.realize().unwrap();
+    let after = d.memory_stats();
+    d.synchronize().unwrap();
+    assert_eq!(
+        cut.driver_allocations, before.driver_allocations,
+        "e and f are cut from R: {before:?} -> {cut:?}"
+    );
+    assert!(
+        after.driver_allocations <= cut.driver_allocations + 1,
+        "only f2 may be new; g reuses the merged halves: {cut:?} -> {after:?}"
+    );
+    check(&f2, &|x| x * 14.0, "f2");
+    check(&g, &|x| x + 2.0, "g");
+    assert_no_validation_messages(d);
+}
+
 #[test]
 fn steady_state_loop_makes_no_driver_allocations() {
     let (_g, d) = device();

@@ -4,11 +4,14 @@
 // bench/torch_train.py).
 //
 // Cases (name:layers:batch:seq): distilgpt2:6:8:512 and gpt2:12:8:1024 (with --quick a
-// 2-layer 128-wide model on 2x64), each in fp32 and bf16 (f32 master weights). Figures:
+// 2-layer 128-wide model on 2x64), each in fp32 and bf16 (f32 master weights), and f16 (with
+// dynamic loss scaling on both sides) when `--dtypes` names it. Figures:
 // steady-state ms/step (median of the timed steps), tokens/s, the first step's wall time
 // (pipeline compilation and tuning included; a second run with the same HELIOS_CACHE_DIR has
-// a warm pipeline cache), the step's forward / backward / optimizer split, and device memory
-// held by the pool after the run (its peak: the pool returns nothing to the driver).
+// a warm pipeline cache), the step's forward / backward / optimizer split, and device memory:
+// what the pool held from the driver after the case (its peak: the pool returns nothing while
+// allocations succeed) and the most the case's live buffers needed at once, beside PyTorch's
+// max_memory_reserved and max_memory_allocated. Each case starts from an emptied pool.
 
 use std::path::Path;
 use std::time::Instant;
@@ -34,6 +37,8 @@ struct TrainResult {
     bwd_ms: f64,
     opt_ms: f64,
     held_gib: f64,
+    /// The most the step's live buffers needed at once (held − this: cached, unused memory).
+    peak_in_use_gib: f64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     torch: Vec<TorchTrain>,
 }
@@ -46,7 +51,11 @@ struct TorchTrain {
     ms_per_step: f64,
     tokens_per_s: f64,
     first_step_s: f64,
+    /// `torch.cuda.max_memory_allocated`: live tensors at their peak.
     peak_gib: f64,
+    /// `torch.cuda.max_memory_reserved`: what PyTorch's caching allocator held from the driver.
+    #[serde(default)]
+    reserved_gib: f64,
 }
 
 struct Case {
@@ -101,6 +110,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
             .filter_map(|d| match d.as_str() {
                 "f32" => Some(DType::F32),
                 "bf16" => Some(DType::BF16),
+                "f16" => Some(DType::F16),
                 _ => None,
             })
             .collect()
@@ -166,6 +176,7 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
         save_every: 0,
         checkpoint_dir: None,
     };
+    device.empty_cache()?;
     let mut trainer = helios_nn::train::Trainer::new(device, &init, train, None, tc)?;
     drop(init);
     device.synchronize()?;
@@ -192,10 +203,7 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
     let med = |v: &[f64]| summarize(v, case.name).map(|s| s.median);
     Ok(TrainResult {
         case: case.name.to_string(),
-        precision: match precision {
-            DType::BF16 => "bf16",
-            _ => "fp32",
-        },
+        precision: precision_name(precision),
         batch: case.batch,
         seq: case.seq,
         tokens_per_s: (case.batch * case.seq) as f64 / (ms.median / 1e3),
@@ -204,9 +212,23 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
         fwd_ms: med(&fwd)?,
         bwd_ms: med(&bwd)?,
         opt_ms: med(&opt)?,
-        held_gib: device.memory_stats().bytes_held as f64 / (1u64 << 30) as f64,
+        held_gib: gib(device.memory_stats().bytes_held),
+        peak_in_use_gib: gib(device.memory_stats().peak_in_use),
         torch: Vec::new(),
     })
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
+/// A precision as the tables and the PyTorch script name it.
+fn precision_name(p: DType) -> &'static str {
+    match p {
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        _ => "fp32",
+    }
 }
 
 fn run_torch(
@@ -224,10 +246,7 @@ fn run_torch(
         .map(|r| format!("{}:{}:{}:{}", r.case, layers(&r.case), r.batch, r.seq))
         .collect();
     cases.dedup();
-    let names: Vec<&str> = precisions
-        .iter()
-        .map(|p| if *p == DType::BF16 { "bf16" } else { "fp32" })
-        .collect();
+    let names: Vec<&str> = precisions.iter().map(|&p| precision_name(p)).collect();
     let out = std::process::Command::new("python3")
         .arg(script)
         .args([
@@ -253,19 +272,19 @@ fn run_torch(
 
 fn table(results: &[TrainResult]) -> String {
     let mut s = String::from(
-        "case        prec   BxT       ms/step     p95  tokens/s  first s  fwd/bwd/opt ms        held GiB | torch eager ms  compile ms  (first s, peak GiB)\n",
+        "case        prec   BxT       ms/step     p95  tokens/s  first s  fwd/bwd/opt ms   held/peak GiB | torch eager ms  compile ms  (first s, reserved/peak GiB)\n",
     );
     for r in results {
         let torch = |mode: &str| r.torch.iter().find(|t| t.mode == mode);
         let fmt = |t: Option<&TorchTrain>| match t {
             Some(t) => format!(
-                "{:>8.1} ({:.1} s, {:.1})",
-                t.ms_per_step, t.first_step_s, t.peak_gib
+                "{:>8.1} ({:.1} s, {:.1}/{:.1})",
+                t.ms_per_step, t.first_step_s, t.reserved_gib, t.peak_gib
             ),
             None => "       -".to_string(),
         };
         s.push_str(&format!(
-            "{:11} {:5} {:>4}x{:<5} {:>8.1} {:>7.1} {:>9.0} {:>8.2}  {:>5.1}/{:>5.1}/{:>5.1}  {:>8.2} | {}  {}\n",
+            "{:11} {:5} {:>4}x{:<5} {:>8.1} {:>7.1} {:>9.0} {:>8.2}  {:>5.1}/{:>5.1}/{:>5.1}  {:>6.2}/{:<6.2} | {}  {}\n",
             r.case,
             r.precision,
             r.batch,
@@ -278,6 +297,7 @@ fn table(results: &[TrainResult]) -> String {
             r.bwd_ms,
             r.opt_ms,
             r.held_gib,
+            r.peak_in_use_gib,
             fmt(torch("eager")),
             fmt(torch("compile"))
         ));
