@@ -298,14 +298,19 @@ fn block(w: &Block, x: &Tensor, cfg: &GptConfig) -> Result<Tensor> {
 /// to itself and the positions before it, scores scaled by 1/√D. Runs the fused kernel,
 /// which reads q, k and v in place as views of qkv and never stores the scores, for f16 and
 /// bf16; f32 (which has no cooperative-matrix flash kernel) and head sizes the fused kernel
-/// does not take run the materialised form, as long as its scores fit `MATERIALISED_BYTES`.
+/// does not take run the materialised form, as long as its scores fit `MATERIALISED_BYTES`,
+/// checkpointed so that no layer keeps its scores for backward.
 pub fn causal_self_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     let (b, t, c) = qkv_dims(qkv, n_head)?;
     let d = c / n_head;
     let scores = (b * n_head * t * t * 4) as u64; // (B, H, T, T) f32
     let f32_faster = qkv.dtype() == helios::DType::F32 && scores <= MATERIALISED_BYTES;
     if !fused_attention_fits(d) || f32_faster {
-        return materialised_attention(qkv, n_head);
+        // Checkpointed: backward computes the probabilities again rather than keeping
+        // (B, H, T, T) of them per layer (4.5 GiB at GPT-2 124M's 8×1024 in f32).
+        return Ok(helios::checkpoint(&[qkv], move |x| {
+            materialised(&x[0], (b, t, c), n_head)
+        })?);
     }
     fused_attention(qkv, n_head)
 }
@@ -337,7 +342,16 @@ fn fused_attention_fits(d: usize) -> bool {
 /// The same attention with the (B, H, T, T) scores stored: the reference form the tests
 /// hold the fused kernel to.
 pub fn materialised_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
-    let (b, t, c) = qkv_dims(qkv, n_head)?;
+    let dims = qkv_dims(qkv, n_head)?;
+    Ok(materialised(qkv, dims, n_head)?)
+}
+
+/// `materialised_attention` of a qkv whose (B, T, C) were checked.
+fn materialised(
+    qkv: &Tensor,
+    (b, t, c): (usize, usize, usize),
+    n_head: usize,
+) -> helios::Result<Tensor> {
     let d = c / n_head;
     let qkv = qkv.reshape(&[b, t, 3, n_head, d])?; // (B, T, 3, H, D)
     let part = |i: usize| qkv.narrow(2, i, 1)?.reshape(&[b, t, n_head, d]); // (B, T, H, D)
@@ -347,7 +361,7 @@ pub fn materialised_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     let scores = q.matmul(&kt)?; // (B, H, T, T)
     let att = scores.softmax_with(SoftmaxOptions::causal(1.0 / (d as f32).sqrt()))?; // (B, H, T, T)
     let y = att.matmul(&v)?; // (B, H, T, D)
-    Ok(y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?) // (B, T, C)
+    y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c]) // (B, T, C)
 }
 
 /// (B, T, C) of a (B, T, 3C) qkv whose C splits into `n_head` heads.

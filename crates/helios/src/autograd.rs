@@ -87,6 +87,57 @@ fn grad_enabled() -> bool {
     NO_GRAD.with(|c| c.get() == 0)
 }
 
+/// Records gradients again while alive, inside a `no_grad` region (restores it on drop).
+struct EnableGradGuard(u32);
+
+impl EnableGradGuard {
+    fn new() -> EnableGradGuard {
+        EnableGradGuard(NO_GRAD.with(|c| c.replace(0)))
+    }
+}
+
+impl Drop for EnableGradGuard {
+    fn drop(&mut self) {
+        NO_GRAD.with(|c| c.set(self.0));
+    }
+}
+
+/// Gradient checkpointing: `f(inputs)` computed without keeping anything for backward but
+/// the inputs themselves; `backward()` runs `f` again, recording, and backpropagates through
+/// that. Trades one more forward of `f` for its saved intermediates (e.g. the (B, H, T, T)
+/// probabilities of materialised attention). `f` must compute the same values each time
+/// (every Helios kernel is deterministic).
+pub fn checkpoint(
+    inputs: &[&Tensor],
+    f: impl Fn(&[Tensor]) -> Result<Tensor> + Send + 'static,
+) -> Result<Tensor> {
+    let detached: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
+    let out = no_grad(|| f(&detached))?;
+    if !any_needs(inputs) {
+        return Ok(out);
+    }
+    Ok(record("checkpoint", inputs, out, move |g, needs| {
+        let _record = EnableGradGuard::new();
+        let leaves: Vec<Tensor> = detached
+            .iter()
+            .zip(needs)
+            .map(|(t, &n)| if n { t.requires_grad_() } else { t.clone() })
+            .collect();
+        drop(detached);
+        let y = f(&leaves)?;
+        if !y.requires_grad() {
+            // `f` ignored every input that needs a gradient.
+            return Ok(vec![None; leaves.len()]);
+        }
+        y.backward_with(g)?;
+        Ok(leaves
+            .iter()
+            .zip(needs)
+            .map(|(l, &n)| if n { l.grad() } else { None })
+            .collect())
+    }))
+}
+
 /// `out`, linked to `inputs` through `backward` when any input needs a gradient and
 /// gradients are being recorded.
 pub(crate) fn record(

@@ -794,3 +794,54 @@ fn attention_through_fused_qkv() {
         },
     );
 }
+
+/// `checkpoint` keeps one graph node and the inputs instead of the function's graph, and its
+/// gradients equal the recorded graph's bit for bit (the recomputation runs the same
+/// kernels); an input that needs no gradient gets none.
+#[test]
+fn checkpoint_recomputes_the_same_gradients() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = StdRng::seed_from_u64(12);
+    let (m, k, n) = (9, 7, 5);
+    let a = random(&mut rng, m * k, -1.0, 1.0);
+    let b = random(&mut rng, k * n, -1.0, 1.0);
+    let c = random(&mut rng, m * n, -1.0, 1.0);
+    let w = up(&random(&mut rng, m * n, -1.0, 1.0), &[m, n]);
+    let f = |x: &[Tensor]| -> helios::Result<Tensor> {
+        x[0].matmul(&x[1])?
+            .add(&x[2])?
+            .tanh()?
+            .softmax()?
+            .mul(&x[2])
+    };
+    let run = |checkpointed: bool| {
+        let a = up(&a, &[m, k]).requires_grad_();
+        let b = up(&b, &[k, n]).requires_grad_();
+        let c = up(&c, &[m, n]); // no gradient
+        let before = graph_stats().live_grad_nodes;
+        let y = match checkpointed {
+            true => helios::checkpoint(&[&a, &b, &c], f).unwrap(),
+            false => f(&[a.clone(), b.clone(), c.clone()]).unwrap(),
+        };
+        let nodes = graph_stats().live_grad_nodes - before;
+        let loss = y.mul(&w).unwrap().sum_all().unwrap();
+        loss.backward().unwrap();
+        let grads = (
+            a.grad().unwrap().to_vec().unwrap(),
+            b.grad().unwrap().to_vec().unwrap(),
+        );
+        (y.to_vec().unwrap(), grads, nodes, c.grad().is_none())
+    };
+    let (y0, g0, nodes0, _) = run(false);
+    let (y1, g1, nodes1, c_none) = run(true);
+    assert_eq!(y0, y1, "forward");
+    assert_eq!(g0, g1, "gradients of a and b");
+    assert!(c_none, "c needs no gradient");
+    assert_eq!(nodes1, 1, "one node for the checkpointed function");
+    assert!(
+        nodes0 > 1,
+        "the recorded graph has a node per op ({nodes0})"
+    );
+    assert_eq!(graph_stats().live_grad_nodes, 0, "released after backward");
+    assert_no_validation_messages();
+}
