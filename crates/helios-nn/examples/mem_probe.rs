@@ -4,7 +4,7 @@
 //!     PRESET=gpt2 BATCH=1 SEQ=1024 PRECISION=f32 STEPS=2 \
 //!         cargo run --release -p helios-nn --example mem_probe
 use helios::{DType, Device};
-use helios_nn::{AdamWHyper, GptConfig, LrSchedule, ParamStore, Tokens};
+use helios_nn::{GptConfig, ParamStore, Tokens};
 
 fn env(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
@@ -26,20 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let train = Tokens::from_ids(&ids, "probe")?;
     let init = ParamStore::init_gpt2(&cfg, 1)?;
-    let tc = helios_nn::train::TrainConfig {
-        batch,
-        seq,
-        accum: 1,
-        steps,
-        schedule: LrSchedule::constant(1e-4),
-        adamw: AdamWHyper::default(),
-        precision,
-        seed: 1,
-        eval_every: 0,
-        eval_batches: 0,
-        save_every: 0,
-        checkpoint_dir: None,
-    };
+    let tc = helios_nn::train::TrainConfig::steps_only(batch, seq, steps, precision);
     let mut trainer = helios_nn::train::Trainer::new(&dev, &init, train, None, tc)?;
     drop(init);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;

@@ -53,6 +53,27 @@ pub struct TrainConfig {
     pub checkpoint_dir: Option<PathBuf>,
 }
 
+impl TrainConfig {
+    /// Steps to time or probe: micro-batches of `batch`×`seq` in `precision`, a constant
+    /// learning rate of 1e-4, default AdamW, no accumulation, evaluation or checkpoints.
+    pub fn steps_only(batch: usize, seq: usize, steps: u64, precision: DType) -> TrainConfig {
+        TrainConfig {
+            batch,
+            seq,
+            accum: 1,
+            steps,
+            schedule: LrSchedule::constant(1e-4),
+            adamw: AdamWHyper::default(),
+            precision,
+            seed: 1,
+            eval_every: 0,
+            eval_batches: 0,
+            save_every: 0,
+            checkpoint_dir: None,
+        }
+    }
+}
+
 /// One optimizer step, as the loop reports it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepLog {

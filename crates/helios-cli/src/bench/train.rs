@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use helios::{DType, Device};
-use helios_nn::{AdamWHyper, GptConfig, LrSchedule, ParamStore, Tokens};
+use helios_nn::{GptConfig, ParamStore, Tokens};
 use serde::{Deserialize, Serialize};
 
 use super::stats::Summary;
@@ -162,20 +162,12 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
         .collect();
     let train = Tokens::from_ids(&ids, "bench")?;
     let init = ParamStore::init_gpt2(cfg, 1337)?;
-    let tc = helios_nn::train::TrainConfig {
-        batch: case.batch,
-        seq: case.seq,
-        accum: 1,
-        steps: steps as u64 + 3,
-        schedule: LrSchedule::constant(1e-4),
-        adamw: AdamWHyper::default(),
+    let tc = helios_nn::train::TrainConfig::steps_only(
+        case.batch,
+        case.seq,
+        steps as u64 + 3,
         precision,
-        seed: 1,
-        eval_every: 0,
-        eval_batches: 0,
-        save_every: 0,
-        checkpoint_dir: None,
-    };
+    );
     device.empty_cache()?;
     let mut trainer = helios_nn::train::Trainer::new(device, &init, train, None, tc)?;
     drop(init);
