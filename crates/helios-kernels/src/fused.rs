@@ -248,7 +248,9 @@ impl FusedKernel {
         Ok(())
     }
 
-    fn read(&self, input: &FusedInput) -> Read {
+    /// How `input` is read for `lanes` elements (one-element evaluations of a vectorized
+    /// kernel, at a reduction's row edges, read one element).
+    fn read(&self, input: &FusedInput, lanes: u8) -> Read {
         let dims = input.shape.len();
         let dense: bool = {
             let mut expect = 1u64;
@@ -263,7 +265,7 @@ impl FusedKernel {
         if input.window.is_some() {
             return Read::Gather;
         }
-        if !self.vectorized() {
+        if !self.vectorized() || lanes == 1 {
             return if dense { Read::Dense } else { Read::Gather };
         }
         if dense && input.aligned {
@@ -279,24 +281,50 @@ impl FusedKernel {
         }
     }
 
-    /// Emits the kernel. Push constants: each input's address, then each output's.
-    pub fn build(&self, workgroup: u32) -> KernelModule {
-        let mut k = KernelBuilder::new(self.name(), self.binding, [workgroup, 1, 1]);
-        let inputs: Vec<Buffer> = (0..self.inputs.len())
+    /// Declares the inputs' buffers (`in<i>`) in `k`.
+    pub(crate) fn declare_inputs(&self, k: &mut KernelBuilder) -> Vec<Buffer> {
+        (0..self.inputs.len())
             .map(|i| {
                 let elem = buffer_scalar(self.inputs[i].dtype);
                 k.buffer(&format!("in{i}"), elem, Access::Read)
             })
-            .collect();
+            .collect()
+    }
+
+    /// Declares the scalar parameters (`s<i>`) in `k`, after whatever it declared before.
+    pub(crate) fn declare_scalars(&self, k: &mut KernelBuilder) -> Vec<helios_spirv::Param> {
+        (0..self.scalars)
+            .map(|i| k.param(&format!("s{i}"), Ty::scalar(Scalar::F32)))
+            .collect()
+    }
+
+    /// Output 0's value (rounded to its storage, as a stored value would be) at element `at`
+    /// (`lanes` 1) or at the four elements of vec4 `at` (`lanes` 4, only when `vectorized`),
+    /// inside another kernel: a reduction's prologue.
+    pub(crate) fn value_at(
+        &self,
+        k: &mut KernelBuilder,
+        inputs: &[Buffer],
+        scalars: &[Val],
+        at: Val,
+        lanes: u8,
+    ) -> Val {
+        let vals = self.values(k, inputs, scalars, at, lanes);
+        let (o, s) = self.outputs[0];
+        round(k, vals[o as usize], s)
+    }
+
+    /// Emits the kernel. Push constants: each input's address, then each output's.
+    pub fn build(&self, workgroup: u32) -> KernelModule {
+        let mut k = KernelBuilder::new(self.name(), self.binding, [workgroup, 1, 1]);
+        let inputs = self.declare_inputs(&mut k);
         let outputs: Vec<Buffer> = (0..self.outputs.len())
             .map(|i| {
                 let elem = buffer_scalar(self.outputs[i].1);
                 k.buffer(&format!("out{i}"), elem, Access::Write)
             })
             .collect();
-        let scalars: Vec<helios_spirv::Param> = (0..self.scalars)
-            .map(|i| k.param(&format!("s{i}"), Ty::scalar(Scalar::F32)))
-            .collect();
+        let scalars = self.declare_scalars(&mut k);
         k.begin();
         let scalars: Vec<Val> = scalars.into_iter().map(|p| k.load_param(p)).collect();
         let wid = k.workgroup_id();
@@ -350,6 +378,21 @@ impl FusedKernel {
         at: Val,
         lanes: u8,
     ) {
+        let vals = self.values(k, inputs, scalars, at, lanes);
+        for (&(o, s), &buf) in self.outputs.iter().zip(outputs) {
+            store_f32(k, buf, at, vals[o as usize], s);
+        }
+    }
+
+    /// Every instruction's value at element `at` (lanes 1) or vec4 `at` (lanes 4).
+    fn values(
+        &self,
+        k: &mut KernelBuilder,
+        inputs: &[Buffer],
+        scalars: &[Val],
+        at: Val,
+        lanes: u8,
+    ) -> Vec<Val> {
         let e = if lanes == 4 {
             let two = k.u32(2);
             k.shl(at, two)
@@ -364,7 +407,7 @@ impl FusedKernel {
             let v = match *ins {
                 Instr::Input(i) => {
                     let input = &self.inputs[usize::from(i)];
-                    let read = self.read(input);
+                    let read = self.read(input, lanes);
                     if read == Read::Dense {
                         load_f32(k, inputs[usize::from(i)], at, lanes, input.dtype)
                     } else {
@@ -426,9 +469,7 @@ impl FusedKernel {
             };
             vals.push(v);
         }
-        for (&(o, s), &buf) in self.outputs.iter().zip(outputs) {
-            store_f32(k, buf, at, vals[o as usize], s);
-        }
+        vals
     }
 
     fn load(

@@ -22,6 +22,7 @@ use helios_spirv::{
     Access, Binding, Buffer, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val,
 };
 
+use crate::fused::FusedKernel;
 use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
 use crate::rows::{
     for_each_slot_by, hreduce, hsum, key_value, linear_workgroup, order_key, row_slots,
@@ -29,6 +30,7 @@ use crate::rows::{
 };
 use crate::storage::{buffer_scalar, store_f32, Storage};
 use crate::KernelError;
+use std::sync::Arc;
 
 /// What a reduction computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -97,7 +99,7 @@ pub enum Layout {
 }
 
 /// The signature of a reduction kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ReduceKernel {
     /// Sum, Max, Min or ArgMax (Mean runs the Sum kernel).
     pub op: Reduction,
@@ -110,6 +112,11 @@ pub struct ReduceKernel {
     pub reducer: Reducer,
     pub workgroup: u32,
     pub binding: Binding,
+    /// Direct and Partial stages: an element-wise expression (output 0 of a fused kernel
+    /// over the same elements) computed where the tensor would be loaded, so the lazy graph
+    /// never stores it. Its inputs take the tensor's place among the buffers and its scalars
+    /// follow the kernel's own push constants.
+    pub prologue: Option<Arc<FusedKernel>>,
 }
 
 /// The problem a launch covers, in elements.
@@ -135,7 +142,7 @@ pub enum Dims {
 }
 
 /// One dispatch of a reduction plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReduceStep {
     pub kernel: ReduceKernel,
     pub dims: Dims,
@@ -181,6 +188,7 @@ pub const MAX_ELEMENTS: u64 = (1 << 31) - 1;
 /// The family's selection function: the dispatches that reduce a contiguous tensor viewed as
 /// (outer, axis, inner) over its axis. One `Direct` step when there is enough parallelism,
 /// else `Partial` (chunks of the axis spread over `target_groups` workgroups) then `Combine`.
+/// With a `prologue` (see [`ReduceKernel::prologue`]), its first step computes the tensor.
 pub fn plan(
     op: Reduction,
     storage: Storage,
@@ -188,7 +196,19 @@ pub fn plan(
     axis: u64,
     inner: u64,
     setup: &ReduceSetup,
+    prologue: Option<Arc<FusedKernel>>,
 ) -> Result<Vec<ReduceStep>, KernelError> {
+    if let Some(p) = &prologue {
+        if op == Reduction::ArgMax || u64::from(p.len) != outer * axis * inner {
+            return Err(KernelError::Arguments {
+                kernel: format!("reduce_{}", op.name()),
+                detail: format!(
+                    "a prologue of {} elements over ({outer}, {axis}, {inner})",
+                    p.len
+                ),
+            });
+        }
+    }
     let total = outer.saturating_mul(axis).saturating_mul(inner);
     if total > MAX_ELEMENTS || axis == 0 || outer == 0 || inner == 0 {
         return Err(KernelError::TooLarge {
@@ -208,6 +228,9 @@ pub fn plan(
         reducer: setup.reducer,
         workgroup: w,
         binding: setup.binding,
+        prologue: (stage != Stage::Combine)
+            .then(|| prologue.clone())
+            .flatten(),
     };
     let target = u64::from(setup.target_groups.max(1));
     if inner == 1 {
@@ -298,7 +321,11 @@ pub fn plan(
 
 /// Buffers of a reduction kernel, in declaration order.
 struct Bufs {
+    /// The tensor, or the partials (Combine); unused with a prologue.
     x: Buffer,
+    /// The prologue's inputs and scalars (declared in place of `x`).
+    pro: Vec<Buffer>,
+    pro_scalars: Vec<Val>,
     xi: Option<Buffer>,
     y: Option<Buffer>,
     yi: Option<Buffer>,
@@ -324,8 +351,12 @@ impl ReduceKernel {
             Layout::Rows => "rows".to_owned(),
             Layout::Columns { vec } => format!("cols{vec}"),
         };
+        let of = self
+            .prologue
+            .as_ref()
+            .map_or(String::new(), |p| format!("_of_{}", p.name()));
         format!(
-            "reduce_{}_{stage}_{layout}_{}_{}_u{}_wg{}",
+            "reduce_{}{of}_{stage}_{layout}_{}_{}_u{}_wg{}",
             self.op.name(),
             self.storage.name(),
             self.reducer.tag(),
@@ -349,7 +380,13 @@ impl ReduceKernel {
             Stage::Combine => partial_scalar,
             _ => buffer_scalar(self.storage),
         };
-        let x = k.buffer("x", x_elem, Access::Read);
+        let (x, pro) = match &self.prologue {
+            Some(p) => {
+                let pro = p.declare_inputs(k);
+                (pro[0], pro)
+            }
+            None => (k.buffer("x", x_elem, Access::Read), Vec::new()),
+        };
         let argmax = self.op == Reduction::ArgMax;
         let xi = (argmax && self.stage == Stage::Combine)
             .then(|| k.buffer("x_index", Scalar::U32, Access::Read));
@@ -359,7 +396,14 @@ impl ReduceKernel {
             (_, true) => None,
         };
         let yi = argmax.then(|| k.buffer("y_index", Scalar::U32, Access::Write));
-        Bufs { x, xi, y, yi }
+        Bufs {
+            x,
+            pro,
+            pro_scalars: Vec::new(),
+            xi,
+            y,
+            yi,
+        }
     }
 
     /// Emits the kernel.
@@ -373,9 +417,15 @@ impl ReduceKernel {
         };
         let params: Vec<_> = names.iter().map(|n| k.param(n, u32_ty)).collect();
         let scale = k.param("scale", Ty::scalar(Scalar::F32));
+        let pro_scalars = self
+            .prologue
+            .as_ref()
+            .map_or(Vec::new(), |p| p.declare_scalars(&mut k));
         k.begin();
         let p: Vec<Val> = params.iter().map(|&q| k.load_param(q)).collect();
         let scale = k.load_param(scale);
+        let mut bufs = bufs;
+        bufs.pro_scalars = pro_scalars.into_iter().map(|q| k.load_param(q)).collect();
         match self.layout {
             Layout::Rows => self.build_rows(&mut k, &bufs, &p, scale),
             Layout::Columns { vec } => self.build_columns(&mut k, &bufs, vec, &p, scale),
@@ -489,6 +539,14 @@ impl ReduceKernel {
                         let v = k.load(b.x, s, 1);
                         let i = b.xi.map(|xi| k.load(xi, s, 1));
                         (v, i)
+                    } else if let Some(pro) = &self.prologue {
+                        let value = |k: &mut KernelBuilder, at: Val, lanes: u8| {
+                            pro.value_at(k, &b.pro, &b.pro_scalars, at, lanes)
+                        };
+                        (
+                            r.load_with(k, s, self.fill(), pro.vectorized(), value),
+                            None,
+                        )
                     } else {
                         (r.load(k, b.x, self.storage, s, self.fill()), None)
                     }
@@ -614,6 +672,8 @@ impl ReduceKernel {
                         let v = k.load(b.x, slot, vec);
                         let i = b.xi.map(|xi| k.load(xi, slot, vec));
                         (v, i)
+                    } else if let Some(pro) = &self.prologue {
+                        (self.prologue_columns(k, b, pro, e, slot, vec), None)
                     } else {
                         let v = crate::storage::load_f32(k, b.x, slot, vec, self.storage);
                         (v, None)
@@ -645,8 +705,34 @@ impl ReduceKernel {
         self.store_result(k, b, valid, at, result, index, scale);
     }
 
+    /// The prologue's `vec` values of columns starting at element `e` (slot `slot` of `vec`
+    /// elements): one vector evaluation where the expression allows, else one per element.
+    fn prologue_columns(
+        &self,
+        k: &mut KernelBuilder,
+        b: &Bufs,
+        pro: &FusedKernel,
+        e: Val,
+        slot: Val,
+        vec: u8,
+    ) -> Val {
+        if vec == 1 || pro.vectorized() {
+            let at = if vec == 1 { e } else { slot };
+            return pro.value_at(k, &b.pro, &b.pro_scalars, at, vec);
+        }
+        let lanes: Vec<Val> = (0..u32::from(vec))
+            .map(|j| {
+                let off = k.u32(j);
+                let at = k.add(e, off);
+                pro.value_at(k, &b.pro, &b.pro_scalars, at, 1)
+            })
+            .collect();
+        k.vector(&lanes)
+    }
+
     /// Grid and push constants. `buffers` are the device addresses in declaration order:
-    /// x, [x_index], [y], [y_index] (see `buffer_count`).
+    /// x (or the prologue's inputs), [x_index], [y], [y_index] (see `buffer_count`), and
+    /// `scalars` the prologue's.
     pub fn launch(
         &self,
         module: &KernelModule,
@@ -654,7 +740,15 @@ impl ReduceKernel {
         dims: Dims,
         buffers: &[u64],
         scale: f32,
+        scalars: &[f32],
     ) -> Result<Launch, KernelError> {
+        let want_scalars = self.prologue.as_ref().map_or(0, |p| usize::from(p.scalars));
+        if scalars.len() != want_scalars {
+            return Err(KernelError::Arguments {
+                kernel: self.name(),
+                detail: format!("expects {want_scalars} scalars, got {}", scalars.len()),
+            });
+        }
         if buffers.len() != self.buffer_count() {
             return Err(KernelError::Arguments {
                 kernel: self.name(),
@@ -715,17 +809,19 @@ impl ReduceKernel {
             }
         };
         args.push(Arg::F32(scale));
+        args.extend(scalars.iter().map(|&s| Arg::F32(s)));
         let groups = grid(groups, geometry.max_groups_x)?;
         let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
         Ok(Launch { groups, push })
     }
 
-    /// Buffers the kernel takes: x, [x_index], [y], [y_index].
+    /// Buffers the kernel takes: x (or the prologue's inputs), [x_index], [y], [y_index].
     pub fn buffer_count(&self) -> usize {
         let argmax = self.op == Reduction::ArgMax;
         let xi = argmax && self.stage == Stage::Combine;
         let y = self.stage == Stage::Partial || !argmax;
-        1 + usize::from(xi) + usize::from(y) + usize::from(argmax)
+        let x = self.prologue.as_ref().map_or(1, |p| p.inputs.len());
+        x + usize::from(xi) + usize::from(y) + usize::from(argmax)
     }
 
     /// A representative set of kernels (every op, stage and layout) for validation.
@@ -767,6 +863,61 @@ impl ReduceKernel {
                         reducer: reducers[i % 3],
                         workgroup: 256,
                         binding,
+                        prologue: None,
+                    });
+                }
+            }
+        }
+        // Prologues: a vectorizable one (a dense f32 times a broadcast bf16 row) and one that
+        // is not (a 3-wide row, f16), in each layout and stage that reads the tensor.
+        let pro = |n: u32, inner: u32, dtype: Storage| {
+            let input = |strides: Vec<u32>, dtype| crate::fused::FusedInput {
+                dtype,
+                shape: vec![n / inner, inner],
+                strides,
+                aligned: true,
+                window: None,
+            };
+            Arc::new(FusedKernel {
+                binding,
+                len: n,
+                inputs: vec![
+                    input(vec![inner, 1], Storage::F32),
+                    input(vec![0, 1], dtype),
+                ],
+                code: vec![
+                    crate::fused::Instr::Input(0),
+                    crate::fused::Instr::Input(1),
+                    crate::fused::Instr::Binary(crate::elementwise::BinaryOp::Mul, 0, 1),
+                    crate::fused::Instr::Scalar(0),
+                    crate::fused::Instr::Binary(crate::elementwise::BinaryOp::Add, 2, 3),
+                ],
+                outputs: vec![(4, dtype)],
+                scalars: 1,
+                vecs: 1,
+            })
+        };
+        for (i, p) in [pro(4096, 64, Storage::BF16), pro(4095, 3, Storage::F16)]
+            .into_iter()
+            .enumerate()
+        {
+            for stage in [Stage::Direct, Stage::Partial] {
+                for layout in [
+                    Layout::Rows,
+                    Layout::Columns {
+                        vec: 4 - 3 * i as u8,
+                    },
+                ] {
+                    out.push(ReduceKernel {
+                        op: Reduction::ALL[i * 2],
+                        storage: p.outputs[0].1,
+                        stage,
+                        layout,
+                        unroll: 4,
+                        reducer: reducers[i],
+                        workgroup: 256,
+                        binding,
+                        prologue: Some(p.clone()),
                     });
                 }
             }
@@ -793,20 +944,20 @@ mod tests {
     fn plans() {
         let s = setup();
         // The full sum of 4096×50257: split over the target, then one combining workgroup.
-        let p = plan(Reduction::Sum, Storage::F32, 1, 4096 * 50257, 1, &s).unwrap();
+        let p = plan(Reduction::Sum, Storage::F32, 1, 4096 * 50257, 1, &s, None).unwrap();
         assert_eq!(p.len(), 2);
         assert_eq!(p[0].kernel.stage, Stage::Partial);
         assert!(matches!(p[0].dims, Dims::Rows { splits: 2048, .. }));
         // Many rows: one pass, small groups for short rows.
-        let p = plan(Reduction::Max, Storage::F32, 4096, 768, 1, &s).unwrap();
+        let p = plan(Reduction::Max, Storage::F32, 4096, 768, 1, &s, None).unwrap();
         assert_eq!(p.len(), 1);
         assert!(matches!(p[0].dims, Dims::Rows { threads: 64, .. }));
         // A long middle axis over few columns splits.
-        let p = plan(Reduction::ArgMax, Storage::F16, 2, 100_000, 3, &s).unwrap();
+        let p = plan(Reduction::ArgMax, Storage::F16, 2, 100_000, 3, &s, None).unwrap();
         assert_eq!(p.len(), 2);
         assert_eq!(p[1].kernel.layout, Layout::Columns { vec: 1 });
-        assert!(plan(Reduction::Sum, Storage::F32, 1, 0, 1, &s).is_err());
-        assert!(plan(Reduction::Sum, Storage::F32, 1 << 16, 1 << 16, 1, &s).is_err());
+        assert!(plan(Reduction::Sum, Storage::F32, 1, 0, 1, &s, None).is_err());
+        assert!(plan(Reduction::Sum, Storage::F32, 1 << 16, 1 << 16, 1, &s, None).is_err());
     }
 
     #[test]

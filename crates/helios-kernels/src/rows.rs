@@ -502,11 +502,42 @@ impl Row {
         slot: Val,
         fill: f32,
     ) -> Val {
+        self.load_with(k, slot, fill, true, |k, at, lanes| {
+            load_f32(k, buf, at, lanes, s)
+        })
+    }
+
+    /// `load` of values that `value(k, at, lanes)` produces: element `at` (lanes 1) or the
+    /// four elements of slot `at` (lanes 4, asked for only when `vector`; otherwise a full
+    /// slot takes four one-element values).
+    pub fn load_with(
+        &self,
+        k: &mut KernelBuilder,
+        slot: Val,
+        fill: f32,
+        vector: bool,
+        value: impl Fn(&mut KernelBuilder, Val, u8) -> Val,
+    ) -> Val {
         if self.vec == 1 {
-            return load_f32(k, buf, slot, 1, s);
+            return value(k, slot, 1);
         }
+        let two = k.u32(2);
+        let e0 = k.shl(slot, two);
+        let whole_slot = |k: &mut KernelBuilder| {
+            if vector {
+                return value(k, slot, 4);
+            }
+            let lanes: Vec<Val> = (0..4)
+                .map(|lane| {
+                    let off = k.u32(lane);
+                    let e = k.add(e0, off);
+                    value(k, e, 1)
+                })
+                .collect();
+            k.vector(&lanes)
+        };
         if self.whole {
-            return load_f32(k, buf, slot, 4, s);
+            return whole_slot(k);
         }
         let ty = Ty::vector(Scalar::F32, 4);
         let out = k.var(ty);
@@ -515,14 +546,12 @@ impl Row {
         k.if_else(
             full,
             |k| {
-                let v = load_f32(k, buf, slot, 4, s);
+                let v = whole_slot(k);
                 k.set(out, v);
             },
             |k| {
                 let f = k.const_float(ty, fill);
                 k.set(out, f);
-                let two = k.u32(2);
-                let e0 = k.shl(slot, two);
                 for lane in 0..4 {
                     let off = k.u32(lane);
                     let e = k.add(e0, off);
@@ -530,7 +559,7 @@ impl Row {
                     let b = k.lt(e, end);
                     let inside = k.and(a, b);
                     k.if_(inside, |k| {
-                        let x = load_f32(k, buf, e, 1, s);
+                        let x = value(k, e, 1);
                         let cur = k.get(out);
                         let v = k.insert(cur, x, lane);
                         k.set(out, v);

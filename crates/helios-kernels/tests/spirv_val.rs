@@ -65,7 +65,8 @@ fn every_reduce_kernel_validates() {
             )
         })
         .sum();
-    assert_eq!(n, 2 * 4 * 3 * 4);
+    // Per binding: 4 ops × 3 stages × 4 layouts, and 2 prologues × 2 stages × 2 layouts.
+    assert_eq!(n, 2 * (4 * 3 * 4 + 2 * 2 * 2));
 }
 
 #[test]

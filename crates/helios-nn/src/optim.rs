@@ -63,8 +63,13 @@ impl AdamW {
         let mut total: Option<Tensor> = None;
         for t in params.tensors() {
             if let Some(g) = t.grad() {
-                let g = g.to_dtype(DType::F32)?;
-                let sq = g.mul(&g)?.sum_all()?.reshape(&[1])?; // (1)
+                // g² is never stored: the pending cast and square are the sum's prologue
+                // once the block has dropped the cast's handle.
+                let squares = {
+                    let g = g.to_dtype(DType::F32)?;
+                    g.mul(&g)?
+                };
+                let sq = squares.sum_all()?.reshape(&[1])?; // (1)
                 total = Some(match total {
                     None => sq,
                     Some(s) => s.add(&sq)?,

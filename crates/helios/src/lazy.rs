@@ -22,6 +22,9 @@
 //!    members' pending ops are dropped, which releases their inputs (the memory plan: a
 //!    buffer returns to the pool once its last reader is recorded).
 //!
+//! A reduction of a pending result nothing else holds takes the group as its prologue
+//! instead (`prologue`): the reduction computes the elements where it would load them.
+//!
 //! The design decision a reader must know: fusion never recomputes. An element-wise result
 //! is either computed once inside one kernel, or stored; a view that reorders elements
 //! always reads stored data.
@@ -145,6 +148,9 @@ pub struct GraphStats {
     pub nodes: u64,
     /// Outputs they wrote to memory.
     pub outputs: u64,
+    /// Groups computed inside a reduction's loads instead (never stored; their nodes count
+    /// in `nodes`).
+    pub prologues: u64,
     /// Graph nodes (realised or pending) alive now.
     pub live_nodes: u64,
     /// Autograd nodes alive now (recorded ops whose graph has not been released).
@@ -154,6 +160,7 @@ pub struct GraphStats {
 static KERNELS: AtomicU64 = AtomicU64::new(0);
 static NODES: AtomicU64 = AtomicU64::new(0);
 static OUTPUTS: AtomicU64 = AtomicU64::new(0);
+static PROLOGUES: AtomicU64 = AtomicU64::new(0);
 static LIVE: AtomicU64 = AtomicU64::new(0);
 pub(crate) static LIVE_GRAD: AtomicU64 = AtomicU64::new(0);
 
@@ -163,6 +170,7 @@ pub fn graph_stats() -> GraphStats {
         kernels: KERNELS.load(Ordering::Relaxed),
         nodes: NODES.load(Ordering::Relaxed),
         outputs: OUTPUTS.load(Ordering::Relaxed),
+        prologues: PROLOGUES.load(Ordering::Relaxed),
         live_nodes: LIVE.load(Ordering::Relaxed),
         live_grad_nodes: LIVE_GRAD.load(Ordering::Relaxed),
     }
@@ -430,7 +438,52 @@ fn realize(root: &Arc<Node>, location: MemoryLocation) -> Result<()> {
 }
 
 /// The fused kernel of a group, the leaves it reads (node, element offset) and its scalars.
-type Lowered = (FusedKernel, Vec<(Arc<Node>, usize)>, Vec<f32>);
+pub(crate) type Lowered = (FusedKernel, Vec<(Arc<Node>, usize)>, Vec<f32>);
+
+/// The pending group ending at `root` lowered as a reduction's prologue: the reduction
+/// computes the root's elements where it would load them, so the root is never stored.
+/// Only when the root is the group's one output and no one but the caller's tensor holds it
+/// (`root` is that tensor's reference): fusion never recomputes, so a value someone may
+/// still read is stored as usual (`None`). Prerequisites are realised first. The members
+/// stay pending (held by the caller's tensor), but nothing will ever read them.
+pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
+    if !crate::env::fusion() {
+        return Ok(None);
+    }
+    let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        if root.is_realized() {
+            return Ok(None);
+        }
+        let group = collect(root);
+        if !group.prerequisites.is_empty() {
+            let pre = group.prerequisites;
+            drop(group.members);
+            for p in pre {
+                realize(&p, MemoryLocation::DeviceLocal)?;
+            }
+            continue;
+        }
+        let last = group.members.len() - 1;
+        debug_assert!(
+            Arc::ptr_eq(&group.members[last], root),
+            "the root comes last"
+        );
+        // `members` holds one reference to each member, the caller's tensor one to the root,
+        // and each dense use inside the group one more.
+        let held_outside = |i: usize| {
+            let extra = usize::from(i == last);
+            Arc::strong_count(&group.members[i]) > 1 + extra + group.uses[i] as usize
+        };
+        if (0..group.members.len()).any(held_outside) {
+            return Ok(None);
+        }
+        let lowered = lower(&group, &[last], root)?;
+        NODES.fetch_add(group.members.len() as u64, Ordering::Relaxed);
+        PROLOGUES.fetch_add(1, Ordering::Relaxed);
+        return Ok(Some(lowered));
+    }
+}
 
 /// Pass 3: the group as one fused kernel.
 fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {

@@ -115,6 +115,22 @@ impl Tensor {
         self.inner.grad.as_ref()
     }
 
+    /// This tensor's pending element-wise group as a reduction's prologue (see
+    /// `lazy::prologue`), when nothing else can ever read its values: no other handle on
+    /// this tensor or its array, no gradient recording, a dense view of the whole array.
+    pub(crate) fn sole_prologue(&self) -> Result<Option<crate::lazy::Lowered>> {
+        let l = &self.inner.layout;
+        let whole = l.is_dense() && l.offset() == 0 && l.len() == self.inner.node.len;
+        if Arc::strong_count(&self.inner) != 1
+            || !whole
+            || self.inner.node.is_realized()
+            || crate::autograd::any_needs(&[self])
+        {
+            return Ok(None);
+        }
+        crate::lazy::prologue(&self.inner.node)
+    }
+
     /// Whether the values are computed (or being computed) on the device, rather than
     /// waiting in the lazy graph.
     pub fn is_realized(&self) -> bool {

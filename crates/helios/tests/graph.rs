@@ -285,3 +285,126 @@ fn threads_realise_at_once() {
     });
     assert_no_validation_messages();
 }
+
+/// The reductions a prologue test runs on an (R, C) tensor, by name.
+fn reductions(t: &Tensor) -> Vec<(&'static str, Tensor)> {
+    vec![
+        ("sum(0)", t.sum(0).unwrap()),
+        ("sum(1)", t.sum(1).unwrap()),
+        ("sum_all", t.sum_all().unwrap()),
+        ("mean(1)", t.mean(1).unwrap()),
+        ("max(0)", t.max(0).unwrap()),
+        ("min_all", t.min_all().unwrap()),
+    ]
+}
+
+/// `f()` reduced with the pending result as the reduction's prologue (no one else holds it)
+/// and reduced after storing it (a second handle forces the store): the prologue computes
+/// the same rounded values the store would hold and the plans are the same, so the results
+/// agree bit for bit. Each reduction of the first kind is one prologue and no fused kernel.
+#[track_caller]
+fn prologue_matches_stored(what: &str, f: &dyn Fn() -> Tensor) {
+    let names: Vec<&str> = reductions(&f()).into_iter().map(|(n, _)| n).collect();
+    for (i, name) in names.iter().enumerate() {
+        let t = f();
+        t.realize().ok(); // a no-op for pending results: realising is the reduction's job
+        drop(t);
+        let t = f();
+        let before = graph_stats();
+        let fused = reductions_one(t, i);
+        let after = graph_stats();
+        let t = f();
+        let keep = t.clone();
+        let stored = reductions_one(t, i);
+        let stored_stats = graph_stats();
+        drop(keep);
+        assert_eq!(
+            after.prologues - before.prologues,
+            1,
+            "{what} {name}: one prologue"
+        );
+        assert_eq!(
+            after.kernels, before.kernels,
+            "{what} {name}: no fused kernel of its own"
+        );
+        assert_eq!(
+            stored_stats.prologues, after.prologues,
+            "{what} {name}: a held result is stored, not recomputed"
+        );
+        let (g, s) = (fused.to_vec().unwrap(), stored.to_vec().unwrap());
+        let same = g.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{what} {name}: prologue {g:?} stored {s:?}");
+    }
+}
+
+fn reductions_one(t: Tensor, i: usize) -> Tensor {
+    // Only this reduction may see `t` (the others would hold it).
+    let pick = |t: &Tensor| match i {
+        0 => t.sum(0),
+        1 => t.sum(1),
+        2 => t.sum_all(),
+        3 => t.mean(1),
+        4 => t.max(0),
+        _ => t.min_all(),
+    };
+    let r = pick(&t).unwrap();
+    drop(t);
+    r
+}
+
+#[test]
+fn reductions_compute_a_pending_group_in_their_loads() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // Random programs on 6×6 (one element per evaluation), every dtype, checked against
+    // the CPU too.
+    for dtype in DType::ALL {
+        let tol = match dtype {
+            DType::F32 => 1e-4,
+            DType::F16 => 0.3,
+            DType::BF16 => 0.6,
+        };
+        for seed in [3u64, 11, 17] {
+            let ops = 8 + seed as usize;
+            let last = || program(seed, dtype, ops, false).pop().unwrap();
+            prologue_matches_stored(&format!("{dtype:?} seed {seed}"), &|| last().t);
+            let v = last();
+            let want: f64 = v.r.iter().map(|&x| round(x, dtype)).sum();
+            let got = v.t.sum_all().unwrap().to_vec().unwrap()[0] as f64;
+            assert!(
+                (got - want).abs() <= tol,
+                "{dtype:?} seed {seed}: sum {got}, CPU {want}"
+            );
+        }
+    }
+    // Vectorizable groups (a broadcast bias, rows a multiple of 4) in the row and column
+    // layouts, and long enough to split into partials.
+    let d = device();
+    let data = |n: usize, seed: u64| -> Vec<f32> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+    };
+    for (rows, cols) in [(64, 256), (1024, 1024), (4096, 64), (33, 12)] {
+        let x = Tensor::from_slice(d, &data(rows * cols, 1), &[rows, cols]).unwrap();
+        let b = Tensor::from_slice(d, &data(cols, 2), &[cols]).unwrap();
+        let xb = x.to_dtype(DType::BF16).unwrap();
+        xb.realize().unwrap();
+        let f32_group = || {
+            x.add(&b)
+                .unwrap()
+                .gelu_tanh()
+                .unwrap()
+                .mul(&x)
+                .unwrap()
+                .mul_scalar(0.5)
+                .unwrap()
+        };
+        prologue_matches_stored(&format!("f32 {rows}x{cols}"), &f32_group);
+        // A cast up and a square: the gradient-norm pattern.
+        let square = || {
+            let g = xb.to_dtype(DType::F32).unwrap();
+            g.mul(&g).unwrap()
+        };
+        prologue_matches_stored(&format!("bf16 squares {rows}x{cols}"), &square);
+    }
+    assert_no_validation_messages();
+}

@@ -395,6 +395,7 @@ fn sum_partials(
         reducer: device.reducer(),
         workgroup: device.row_workgroup(REDUCE_WORKGROUP),
         binding: device.binding(),
+        prologue: None,
     };
     let dims = Dims::Columns {
         outer: 1,
@@ -405,11 +406,11 @@ fn sum_partials(
     };
     for (p, o) in parts.iter().zip(outs) {
         device.dispatch_rows(
-            KernelKey::Reduce(kernel),
+            KernelKey::Reduce(kernel.clone()),
             || kernel.build(),
             &[p],
             &[o],
-            |c, g, a| Ok(kernel.launch(&c.module, g, dims, a, 1.0)?),
+            |c, g, a| Ok(kernel.launch(&c.module, g, dims, a, 1.0, &[])?),
         )?;
     }
     Ok(())

@@ -8,6 +8,8 @@
 //! the GPU is done with it. This file also holds the device facts every row family shares
 //! (which reducer, which workgroup size, which storage).
 
+use std::sync::Arc;
+
 use helios_kernels::reduce::{self, ReduceSetup, ReduceStep, Reduction, REDUCE_WORKGROUP};
 use helios_kernels::rows::Reducer;
 use helios_kernels::{Geometry, Launch};
@@ -290,7 +292,9 @@ impl Tensor {
         Ok(out)
     }
 
-    /// Records the plan's dispatches: values into `y`, indices into `yi` (argmax).
+    /// Records the plan's dispatches: values into `y`, indices into `yi` (argmax). A pending
+    /// element-wise result no one else holds is computed inside the first step (a prologue)
+    /// rather than stored and read back.
     fn record_reduce(
         &self,
         op: Reduction,
@@ -299,8 +303,19 @@ impl Tensor {
         yi: Option<&Buffer>,
     ) -> Result<()> {
         let device = self.device();
+        let prologue = match op {
+            Reduction::ArgMax => None,
+            _ => self.sole_prologue()?,
+        };
+        let (prologue, leaves, scalars) = match prologue {
+            Some((kernel, leaves, scalars)) => (Some(Arc::new(kernel)), leaves, scalars),
+            None => (None, Vec::new(), Vec::new()),
+        };
         // Kernels read row-major data from the start of the buffer: views are gathered first.
-        let x = self.contiguous()?;
+        let x = match prologue {
+            Some(_) => None,
+            None => Some(self.contiguous()?),
+        };
         let steps = reduce::plan(
             op,
             self.dtype().storage(),
@@ -308,14 +323,35 @@ impl Tensor {
             len,
             inner,
             &device.reduce_setup(),
+            prologue.clone(),
         )?;
         let scale = match op {
             Reduction::Mean => (1.0 / len as f64) as f32,
             _ => 1.0,
         };
-        let outputs: Vec<&Buffer> = y.into_iter().chain(yi).collect();
+        // What the first step reads: the tensor's buffer, or the prologue's leaves at their
+        // element offsets.
+        let source: Vec<(&Buffer, u64)> = match &x {
+            Some(x) => vec![(x.buffer()?, 0)],
+            None => leaves
+                .iter()
+                .map(|(n, off)| Ok((n.buffer()?, (off * n.dtype.size()) as u64)))
+                .collect::<Result<_>>()?,
+        };
+        if crate::env::debug() {
+            if let Some(p) = &prologue {
+                eprintln!(
+                    "helios: {} {} computes {} ({} inputs) in its loads",
+                    op.name(),
+                    steps[0].kernel.name(),
+                    p.name(),
+                    leaves.len()
+                );
+            }
+        }
+        let outputs: Vec<(&Buffer, u64)> = y.into_iter().chain(yi).map(|b| (b, 0)).collect();
         match steps.as_slice() {
-            [step] => run_step(device, step, &[x.buffer()?], &outputs, scale),
+            [step] => run_step(device, step, &source, &outputs, scale, &scalars),
             [partial, combine] => {
                 let n = partial.partials();
                 let values = device.scratch(n * 4)?;
@@ -323,29 +359,41 @@ impl Tensor {
                     Reduction::ArgMax => Some(device.scratch(n * 4)?),
                     _ => None,
                 };
-                let mid: Vec<&Buffer> = std::iter::once(&values).chain(indices.as_ref()).collect();
-                run_step(device, partial, &[x.buffer()?], &mid, scale)?;
-                run_step(device, combine, &mid, &outputs, scale)
+                let mid: Vec<(&Buffer, u64)> = std::iter::once(&values)
+                    .chain(indices.as_ref())
+                    .map(|b| (b, 0))
+                    .collect();
+                run_step(device, partial, &source, &mid, scale, &scalars)?;
+                run_step(device, combine, &mid, &outputs, scale, &[])
             }
             _ => unreachable!("reduce plans have one or two steps"),
         }
     }
 }
 
+/// Records one step: `reads` then `writes` as (buffer, byte offset of the first element).
 fn run_step(
     device: &Device,
     step: &ReduceStep,
-    reads: &[&Buffer],
-    writes: &[&Buffer],
+    reads: &[(&Buffer, u64)],
+    writes: &[(&Buffer, u64)],
     scale: f32,
+    scalars: &[f32],
 ) -> Result<()> {
-    let kernel = step.kernel;
+    let kernel = &step.kernel;
+    let addrs: Vec<u64> = reads
+        .iter()
+        .chain(writes)
+        .map(|(b, off)| b.device_address() + off)
+        .collect();
+    let reads: Vec<&Buffer> = reads.iter().map(|(b, _)| *b).collect();
+    let writes: Vec<&Buffer> = writes.iter().map(|(b, _)| *b).collect();
     device.dispatch_rows(
-        KernelKey::Reduce(kernel),
+        KernelKey::Reduce(kernel.clone()),
         || kernel.build(),
-        reads,
-        writes,
-        |c, g, addrs| Ok(kernel.launch(&c.module, g, step.dims, addrs, scale)?),
+        &reads,
+        &writes,
+        |c, g, _| Ok(kernel.launch(&c.module, g, step.dims, &addrs, scale, scalars)?),
     )
 }
 
@@ -383,6 +431,7 @@ impl Device {
                     axis as u64,
                     1,
                     &setup,
+                    None,
                 ) {
                     Ok(steps) => {
                         let parts: Vec<String> = steps
