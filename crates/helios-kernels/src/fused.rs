@@ -291,11 +291,25 @@ impl FusedKernel {
             .collect()
     }
 
-    /// Declares the scalar parameters (`s<i>`) in `k`, after whatever it declared before.
-    pub(crate) fn declare_scalars(&self, k: &mut KernelBuilder) -> Vec<helios_spirv::Param> {
-        (0..self.scalars)
+    /// Declares the parameters in `k`, after whatever it declared before: the scalars
+    /// (`s<i>`), then, under descriptor binding, each input's element offset (`off<i>`:
+    /// a descriptor binds the whole buffer, where an address would point at the view).
+    pub(crate) fn declare_params(&self, k: &mut KernelBuilder) -> Vec<helios_spirv::Param> {
+        let mut params: Vec<helios_spirv::Param> = (0..self.scalars)
             .map(|i| k.param(&format!("s{i}"), Ty::scalar(Scalar::F32)))
-            .collect()
+            .collect();
+        if self.binding == Binding::Descriptor {
+            params.extend(
+                (0..self.inputs.len())
+                    .map(|i| k.param(&format!("off{i}"), Ty::scalar(Scalar::U32))),
+            );
+        }
+        params
+    }
+
+    /// The loaded parameters split into (scalars, input offsets).
+    pub(crate) fn split_params<'a>(&self, params: &'a [Val]) -> (&'a [Val], &'a [Val]) {
+        params.split_at(usize::from(self.scalars))
     }
 
     /// Output 0's value (rounded to its storage, as a stored value would be) at element `at`
@@ -305,11 +319,11 @@ impl FusedKernel {
         &self,
         k: &mut KernelBuilder,
         inputs: &[Buffer],
-        scalars: &[Val],
+        params: &[Val],
         at: Val,
         lanes: u8,
     ) -> Val {
-        let vals = self.values(k, inputs, scalars, at, lanes);
+        let vals = self.values(k, inputs, params, at, lanes);
         let (o, s) = self.outputs[0];
         round(k, vals[o as usize], s)
     }
@@ -324,9 +338,9 @@ impl FusedKernel {
                 k.buffer(&format!("out{i}"), elem, Access::Write)
             })
             .collect();
-        let scalars = self.declare_scalars(&mut k);
+        let params = self.declare_params(&mut k);
         k.begin();
-        let scalars: Vec<Val> = scalars.into_iter().map(|p| k.load_param(p)).collect();
+        let scalars: Vec<Val> = params.into_iter().map(|p| k.load_param(p)).collect();
         let wid = k.workgroup_id();
         let nwg = k.num_workgroups();
         let (gx, gy, nx) = (k.extract(wid, 0), k.extract(wid, 1), k.extract(nwg, 0));
@@ -385,14 +399,16 @@ impl FusedKernel {
     }
 
     /// Every instruction's value at element `at` (lanes 1) or vec4 `at` (lanes 4).
+    /// `params` are the loaded `declare_params`.
     fn values(
         &self,
         k: &mut KernelBuilder,
         inputs: &[Buffer],
-        scalars: &[Val],
+        params: &[Val],
         at: Val,
         lanes: u8,
     ) -> Vec<Val> {
+        let (scalars, offsets) = self.split_params(params);
         let e = if lanes == 4 {
             let two = k.u32(2);
             k.shl(at, two)
@@ -409,6 +425,17 @@ impl FusedKernel {
                     let input = &self.inputs[usize::from(i)];
                     let read = self.read(input, lanes);
                     if read == Read::Dense {
+                        // Under descriptor binding the view starts `offsets[i]` elements in
+                        // (a multiple of 4 where vectors are read: `aligned`).
+                        let at = match offsets.get(usize::from(i)) {
+                            None => at,
+                            Some(&o) if lanes == 4 => {
+                                let two = k.u32(2);
+                                let q = k.shr(o, two);
+                                k.add(at, q)
+                            }
+                            Some(&o) => k.add(at, o),
+                        };
                         load_f32(k, inputs[usize::from(i)], at, lanes, input.dtype)
                     } else {
                         let cs = match coords.iter().find(|(s, _)| *s == input.shape.as_slice()) {
@@ -433,7 +460,10 @@ impl FusedKernel {
                             cs[d] = k.select(inside, shifted, zero);
                             inside
                         });
-                        let mut off = k.u32(0);
+                        let mut off = match offsets.get(usize::from(i)) {
+                            Some(&o) => o,
+                            None => k.u32(0),
+                        };
                         for (c, &s) in cs.iter().zip(&input.strides) {
                             if s != 0 {
                                 let sv = k.u32(s);
@@ -513,8 +543,10 @@ impl FusedKernel {
         }
     }
 
-    /// Grid and push constants. `inputs` and `outputs` are device addresses (ignored under
-    /// descriptor binding, where the dispatch binds the buffers in the same order).
+    /// Grid and push constants. `inputs` and `outputs` are device addresses, each input's
+    /// pointing at its view's first element (ignored under descriptor binding, where the
+    /// dispatch binds the buffers in the same order and `offsets` gives each input view's
+    /// first element).
     pub fn launch(
         &self,
         module: &KernelModule,
@@ -522,6 +554,7 @@ impl FusedKernel {
         inputs: &[u64],
         outputs: &[u64],
         scalars: &[f32],
+        offsets: &[u32],
     ) -> Result<Launch, KernelError> {
         if inputs.len() != self.inputs.len() || outputs.len() != self.outputs.len() {
             return Err(KernelError::Arguments {
@@ -547,6 +580,7 @@ impl FusedKernel {
             });
         }
         args.extend(scalars.iter().map(|&s| Arg::F32(s)));
+        self.offset_args(offsets, &mut args)?;
         let per_group = if self.vectorized() {
             4 * u64::from(self.vecs) * u64::from(geometry.workgroup)
         } else {
@@ -555,6 +589,31 @@ impl FusedKernel {
         let groups = grid(n.div_ceil(per_group), geometry.max_groups_x)?;
         let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
         Ok(Launch { groups, push })
+    }
+}
+
+impl FusedKernel {
+    /// Pushes the input offsets (descriptor binding only; checked against the inputs).
+    pub(crate) fn offset_args(
+        &self,
+        offsets: &[u32],
+        args: &mut Vec<Arg>,
+    ) -> Result<(), KernelError> {
+        if self.binding != Binding::Descriptor {
+            return Ok(());
+        }
+        if offsets.len() != self.inputs.len() {
+            return Err(KernelError::Arguments {
+                kernel: self.name(),
+                detail: format!(
+                    "expects {} input offsets, got {}",
+                    self.inputs.len(),
+                    offsets.len()
+                ),
+            });
+        }
+        args.extend(offsets.iter().map(|&o| Arg::U32(o)));
+        Ok(())
     }
 }
 

@@ -323,9 +323,9 @@ pub fn plan(
 struct Bufs {
     /// The tensor, or the partials (Combine); unused with a prologue.
     x: Buffer,
-    /// The prologue's inputs and scalars (declared in place of `x`).
+    /// The prologue's inputs (declared in place of `x`) and parameters.
     pro: Vec<Buffer>,
-    pro_scalars: Vec<Val>,
+    pro_params: Vec<Val>,
     xi: Option<Buffer>,
     y: Option<Buffer>,
     yi: Option<Buffer>,
@@ -399,7 +399,7 @@ impl ReduceKernel {
         Bufs {
             x,
             pro,
-            pro_scalars: Vec::new(),
+            pro_params: Vec::new(),
             xi,
             y,
             yi,
@@ -417,15 +417,15 @@ impl ReduceKernel {
         };
         let params: Vec<_> = names.iter().map(|n| k.param(n, u32_ty)).collect();
         let scale = k.param("scale", Ty::scalar(Scalar::F32));
-        let pro_scalars = self
+        let pro_params = self
             .prologue
             .as_ref()
-            .map_or(Vec::new(), |p| p.declare_scalars(&mut k));
+            .map_or(Vec::new(), |p| p.declare_params(&mut k));
         k.begin();
         let p: Vec<Val> = params.iter().map(|&q| k.load_param(q)).collect();
         let scale = k.load_param(scale);
         let mut bufs = bufs;
-        bufs.pro_scalars = pro_scalars.into_iter().map(|q| k.load_param(q)).collect();
+        bufs.pro_params = pro_params.into_iter().map(|q| k.load_param(q)).collect();
         match self.layout {
             Layout::Rows => self.build_rows(&mut k, &bufs, &p, scale),
             Layout::Columns { vec } => self.build_columns(&mut k, &bufs, vec, &p, scale),
@@ -541,7 +541,7 @@ impl ReduceKernel {
                         (v, i)
                     } else if let Some(pro) = &self.prologue {
                         let value = |k: &mut KernelBuilder, at: Val, lanes: u8| {
-                            pro.value_at(k, &b.pro, &b.pro_scalars, at, lanes)
+                            pro.value_at(k, &b.pro, &b.pro_params, at, lanes)
                         };
                         (
                             r.load_with(k, s, self.fill(), pro.vectorized(), value),
@@ -718,13 +718,13 @@ impl ReduceKernel {
     ) -> Val {
         if vec == 1 || pro.vectorized() {
             let at = if vec == 1 { e } else { slot };
-            return pro.value_at(k, &b.pro, &b.pro_scalars, at, vec);
+            return pro.value_at(k, &b.pro, &b.pro_params, at, vec);
         }
         let lanes: Vec<Val> = (0..u32::from(vec))
             .map(|j| {
                 let off = k.u32(j);
                 let at = k.add(e, off);
-                pro.value_at(k, &b.pro, &b.pro_scalars, at, 1)
+                pro.value_at(k, &b.pro, &b.pro_params, at, 1)
             })
             .collect();
         k.vector(&lanes)
@@ -732,7 +732,7 @@ impl ReduceKernel {
 
     /// Grid and push constants. `buffers` are the device addresses in declaration order:
     /// x (or the prologue's inputs), [x_index], [y], [y_index] (see `buffer_count`), and
-    /// `scalars` the prologue's.
+    /// `(scalars, offsets)` the prologue's (see `FusedKernel::launch`; empty without one).
     pub fn launch(
         &self,
         module: &KernelModule,
@@ -740,7 +740,7 @@ impl ReduceKernel {
         dims: Dims,
         buffers: &[u64],
         scale: f32,
-        scalars: &[f32],
+        (scalars, offsets): (&[f32], &[u32]),
     ) -> Result<Launch, KernelError> {
         let want_scalars = self.prologue.as_ref().map_or(0, |p| usize::from(p.scalars));
         if scalars.len() != want_scalars {
@@ -810,6 +810,9 @@ impl ReduceKernel {
         };
         args.push(Arg::F32(scale));
         args.extend(scalars.iter().map(|&s| Arg::F32(s)));
+        if let Some(p) = &self.prologue {
+            p.offset_args(offsets, &mut args)?;
+        }
         let groups = grid(groups, geometry.max_groups_x)?;
         let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
         Ok(Launch { groups, push })

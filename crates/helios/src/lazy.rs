@@ -625,6 +625,11 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
     Ok((kernel, leaves, scalars))
 }
 
+/// Each leaf's first element (what a descriptor-bound kernel adds to its indices).
+pub(crate) fn element_offsets(leaves: &[(Arc<Node>, usize)]) -> Result<Vec<u32>> {
+    leaves.iter().map(|&(_, o)| to_u32(o)).collect()
+}
+
 /// A size, stride or offset as the kernels' 32-bit index arithmetic takes it.
 fn to_u32(v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| {
@@ -685,6 +690,7 @@ fn run(
         &in_addrs,
         &out_addrs,
         &scalars,
+        &element_offsets(&leaves)?,
     )?;
     {
         let mut accesses: Vec<Access> = leaves

@@ -11,7 +11,7 @@
 mod common;
 
 use common::{assert_no_validation_messages, device};
-use helios::{graph_stats, Compare, DType, Tensor};
+use helios::{graph_stats, Compare, DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -407,4 +407,61 @@ fn reductions_compute_a_pending_group_in_their_loads() {
         prologue_matches_stored(&format!("bf16 squares {rows}x{cols}"), &square);
     }
     assert_no_validation_messages();
+}
+
+/// Under descriptor binding (devices without buffer device addresses) a descriptor binds a
+/// whole buffer: fused kernels and reduction prologues add each view's first element
+/// themselves (offsets 1, 4 and 8 elements into the buffer; vector and element reads).
+#[test]
+fn descriptor_bound_kernels_read_views_at_their_offsets() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let ctx = helios_vk::Context::from_env().unwrap();
+    if !ctx.enabled().push_descriptor {
+        eprintln!("skipped: the device lacks VK_KHR_push_descriptor");
+        return;
+    }
+    let d = Device::with_binding(ctx, helios_spirv::Binding::Descriptor);
+    let (rows, cols) = (12, 16);
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|i| (i % 13) as f32 * 0.25 - 1.0)
+        .collect();
+    let x = Tensor::from_slice(&d, &v, &[rows, cols]).unwrap();
+    for (start, len) in [(1, 5), (4, 8), (8, 4)] {
+        // Rows start..start+len: an offset of start·cols elements; and columns
+        // start..start+len of every row (offset start, row stride cols).
+        let r = x.narrow(0, start, len).unwrap();
+        let c = x.narrow(1, start, len).unwrap();
+        let y = r.mul_scalar(2.0).unwrap().add_scalar(0.5).unwrap();
+        let want_r: Vec<f32> = v[start * cols..(start + len) * cols]
+            .iter()
+            .map(|a| a * 2.0 + 0.5)
+            .collect();
+        assert_eq!(y.to_vec().unwrap(), want_r, "rows {start}..+{len}");
+        let z = c.mul_scalar(2.0).unwrap().add_scalar(0.5).unwrap();
+        let want_c: Vec<f32> = (0..rows)
+            .flat_map(|i| (start..start + len).map(move |j| (i, j)))
+            .map(|(i, j)| v[i * cols + j] * 2.0 + 0.5)
+            .collect();
+        assert_eq!(z.to_vec().unwrap(), want_c, "columns {start}..+{len}");
+        // The same expression as a sum's prologue (built in a block: a temporary of the
+        // same statement would still hold the intermediate, which then must be stored).
+        let before = graph_stats().prologues;
+        let e = {
+            let twice = c.mul_scalar(2.0).unwrap();
+            twice.add_scalar(0.5).unwrap()
+        };
+        let s = e.sum(1).unwrap();
+        assert_eq!(graph_stats().prologues, before + 1);
+        let want_s: Vec<f32> = want_c.chunks(len).map(|row| row.iter().sum()).collect();
+        assert_eq!(
+            s.to_vec().unwrap(),
+            want_s,
+            "sum of columns {start}..+{len}"
+        );
+    }
+    assert!(
+        d.validation_messages().is_empty(),
+        "{:?}",
+        d.validation_messages()
+    );
 }

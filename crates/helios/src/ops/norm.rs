@@ -410,7 +410,7 @@ fn sum_partials(
             || kernel.build(),
             &[p],
             &[o],
-            |c, g, a| Ok(kernel.launch(&c.module, g, dims, a, 1.0, &[])?),
+            |c, g, a| Ok(kernel.launch(&c.module, g, dims, a, 1.0, (&[], &[]))?),
         )?;
     }
     Ok(())

@@ -311,6 +311,7 @@ impl Tensor {
             Some((kernel, leaves, scalars)) => (Some(Arc::new(kernel)), leaves, scalars),
             None => (None, Vec::new(), Vec::new()),
         };
+        let offsets = crate::lazy::element_offsets(&leaves)?;
         // Kernels read row-major data from the start of the buffer: views are gathered first.
         let x = match prologue {
             Some(_) => None,
@@ -351,7 +352,7 @@ impl Tensor {
         }
         let outputs: Vec<(&Buffer, u64)> = y.into_iter().chain(yi).map(|b| (b, 0)).collect();
         match steps.as_slice() {
-            [step] => run_step(device, step, &source, &outputs, scale, &scalars),
+            [step] => run_step(device, step, &source, &outputs, scale, (&scalars, &offsets)),
             [partial, combine] => {
                 let n = partial.partials();
                 let values = device.scratch(n * 4)?;
@@ -363,22 +364,23 @@ impl Tensor {
                     .chain(indices.as_ref())
                     .map(|b| (b, 0))
                     .collect();
-                run_step(device, partial, &source, &mid, scale, &scalars)?;
-                run_step(device, combine, &mid, &outputs, scale, &[])
+                run_step(device, partial, &source, &mid, scale, (&scalars, &offsets))?;
+                run_step(device, combine, &mid, &outputs, scale, (&[], &[]))
             }
             _ => unreachable!("reduce plans have one or two steps"),
         }
     }
 }
 
-/// Records one step: `reads` then `writes` as (buffer, byte offset of the first element).
+/// Records one step: `reads` then `writes` as (buffer, byte offset of the first element),
+/// and the prologue's (scalars, element offsets of its inputs).
 fn run_step(
     device: &Device,
     step: &ReduceStep,
     reads: &[(&Buffer, u64)],
     writes: &[(&Buffer, u64)],
     scale: f32,
-    scalars: &[f32],
+    (scalars, offsets): (&[f32], &[u32]),
 ) -> Result<()> {
     let kernel = &step.kernel;
     let addrs: Vec<u64> = reads
@@ -393,7 +395,7 @@ fn run_step(
         || kernel.build(),
         &reads,
         &writes,
-        |c, g, _| Ok(kernel.launch(&c.module, g, step.dims, &addrs, scale, scalars)?),
+        |c, g, _| Ok(kernel.launch(&c.module, g, step.dims, &addrs, scale, (scalars, offsets))?),
     )
 }
 
