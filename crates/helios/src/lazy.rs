@@ -176,20 +176,32 @@ pub fn graph_stats() -> GraphStats {
     }
 }
 
-/// Every pending node built and not yet known realised (weak: dropping a pending result
-/// forgets it). `realize_all` walks it at an optimizer step or a device-wide synchronize.
-static PENDING: Mutex<Vec<std::sync::Weak<Node>>> = Mutex::new(Vec::new());
+thread_local! {
+    /// Every pending node this thread built and not yet known realised (weak: dropping a
+    /// pending result forgets it). `realize_all` walks it at an optimizer step or a
+    /// synchronize. Per thread: another thread's optimizer step must not realise this
+    /// thread's half-built groups, which would cut them where this thread's program does not
+    /// (in f16 and bf16 storage a cut rounds an intermediate: results would depend on timing).
+    static PENDING: std::cell::RefCell<Vec<std::sync::Weak<Node>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
 
-/// Realises every pending node still alive: before an op that writes buffers in place (an
-/// optimizer step), so that nothing recorded earlier reads the new values.
+/// Realises every pending node this thread built that is still alive: before an op that
+/// writes buffers in place (an optimizer step), so that nothing recorded earlier reads the
+/// new values. A pending result handed to another thread is realised by its reads there or
+/// by this thread's next `realize_all`; updating a buffer in place while another thread
+/// still has unrealised reads of it is a race, as it is in any eager framework.
 pub(crate) fn realize_all() -> Result<()> {
-    let pending: Vec<Arc<Node>> = {
-        let mut list = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    // Under the lock, so no other thread's realisation runs between the check and ours, and
+    // no other thread's scheduler sees the reference counts our upgrades raise: it decides
+    // what to store (and what a reduction may compute in its loads) from those counts.
+    let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
+    let pending: Vec<Arc<Node>> = PENDING.with(|list| {
+        let mut list = list.borrow_mut();
         let live = list.drain(..).filter_map(|w| w.upgrade()).collect();
         live
-    };
-    // Under the lock, so no other thread's realisation runs between the check and ours.
-    let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
+    });
+    let mut result = Ok(());
     for n in pending.iter().rev() {
         // A node another thread's group computed in registers (no one held it then: only
         // this list's weak reference, upgraded afterwards) has neither op nor buffer: it is
@@ -197,9 +209,14 @@ pub(crate) fn realize_all() -> Result<()> {
         if n.is_realized() || n.lock().is_none() {
             continue;
         }
-        realize(n, MemoryLocation::DeviceLocal)?;
+        if let Err(e) = realize(n, MemoryLocation::DeviceLocal) {
+            result = Err(e);
+            break;
+        }
     }
-    Ok(())
+    // Released before the lock.
+    drop(pending);
+    result
 }
 
 /// One realisation at a time: the scheduler reads reference counts, which another thread
@@ -246,14 +263,16 @@ impl Node {
         let depth = 1 + inputs.iter().map(|i| i.node.depth).max().unwrap_or(0);
         let pending = Some(Pending { op, inputs });
         let node = Node::new(device, dtype, len, OnceLock::new(), pending, depth);
-        {
-            let mut list = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+        PENDING.with(|list| {
+            let mut list = list.borrow_mut();
             if list.len() >= list.capacity() && list.len() >= 1024 {
-                // Forget dropped and realised nodes before growing (amortised O(1)).
-                list.retain(|w| w.upgrade().is_some_and(|n| !n.is_realized()));
+                // Forget dropped nodes before growing (amortised O(1)). Counting, not
+                // upgrading: an upgrade would raise the count another thread's scheduler
+                // is reading. Realised nodes go at the next `realize_all`.
+                list.retain(|w| w.strong_count() > 0);
             }
             list.push(Arc::downgrade(&node));
-        }
+        });
         if depth >= MAX_DEPTH || !crate::env::fusion() {
             node.buffer()?;
         }

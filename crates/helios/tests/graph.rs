@@ -405,6 +405,13 @@ fn reductions_compute_a_pending_group_in_their_loads() {
             g.mul(&g).unwrap()
         };
         prologue_matches_stored(&format!("bf16 squares {rows}x{cols}"), &square);
+        let xh = x.to_dtype(DType::F16).unwrap();
+        xh.realize().unwrap();
+        let square_h = || {
+            let g = xh.to_dtype(DType::F32).unwrap();
+            g.mul(&g).unwrap()
+        };
+        prologue_matches_stored(&format!("f16 squares {rows}x{cols}"), &square_h);
     }
     assert_no_validation_messages();
 }
