@@ -1,10 +1,36 @@
 //! Host cost of one transformer training step's graph (a profiling probe for the scheduler,
 //! autograd and library-op recording): 12 pre-LN blocks at tiny sizes, forward and backward
-//! recorded, then waited for. Prints host µs per step (recording only).
+//! recorded, then waited for. Prints host µs per step (recording only) and the heap
+//! allocations the step made (a deterministic measure of host work: malloc and free are
+//! about a third of the recording thread's time).
 //!
 //!     cargo run --release -p helios --example step_probe
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
+
+/// Counts heap allocations (the host cost of a step is largely malloc and free).
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { std::alloc::System.realloc(ptr, layout, size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 use helios::{Activation, Device, IndexTensor, MatmulOptions, SoftmaxOptions, Tensor};
 
@@ -75,10 +101,12 @@ fn main() -> helios::Result<()> {
         .unwrap_or(8);
     for i in 0..steps {
         // Step 0 compiles (and, on GPUs, tunes); the later ones are the steady state.
+        let allocs = ALLOCS.load(Ordering::Relaxed);
         let (host, fwd, bwd) = step(&x, &params, &targets, (b, t, c))?;
+        let allocs = ALLOCS.load(Ordering::Relaxed) - allocs;
         dev.synchronize()?;
         println!(
-            "step {i}: {host:.0} µs host (forward {fwd:.0}, backward {bwd:.0}), {} dispatches, {} barriers, {} batches, {} pipelines so far",
+            "step {i}: {host:.0} µs host (forward {fwd:.0}, backward {bwd:.0}), {allocs} allocations, {} dispatches, {} barriers, {} batches, {} pipelines so far",
             dev.encoder_stats().dispatches,
             dev.encoder_stats().barriers,
             dev.encoder_stats().batches,
