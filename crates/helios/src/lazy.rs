@@ -419,21 +419,31 @@ fn collect(root: &Arc<Node>) -> Group {
     g
 }
 
+/// `collect(root)` once every prerequisite is realised (`None`: the root is realised).
+/// Caller holds `REALIZE`.
+fn collect_ready(root: &Arc<Node>) -> Result<Option<Group>> {
+    loop {
+        if root.is_realized() {
+            return Ok(None);
+        }
+        let group = collect(root);
+        if group.prerequisites.is_empty() {
+            return Ok(Some(group));
+        }
+        let pre = group.prerequisites;
+        drop(group.members);
+        for p in pre {
+            realize(&p, MemoryLocation::DeviceLocal)?;
+        }
+    }
+}
+
 /// Realises `root` (caller holds `REALIZE`).
 fn realize(root: &Arc<Node>, location: MemoryLocation) -> Result<()> {
     loop {
-        if root.is_realized() {
+        let Some(group) = collect_ready(root)? else {
             return Ok(());
-        }
-        let group = collect(root);
-        if !group.prerequisites.is_empty() {
-            let pre = group.prerequisites;
-            drop(group.members);
-            for p in pre {
-                realize(&p, MemoryLocation::DeviceLocal)?;
-            }
-            continue;
-        }
+        };
         // Outputs: the root, and members held outside the group. `members` holds one
         // reference to each and every dense use inside the group another.
         let outputs: Vec<usize> = (0..group.members.len())
@@ -470,38 +480,27 @@ pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
         return Ok(None);
     }
     let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
-    loop {
-        if root.is_realized() {
-            return Ok(None);
-        }
-        let group = collect(root);
-        if !group.prerequisites.is_empty() {
-            let pre = group.prerequisites;
-            drop(group.members);
-            for p in pre {
-                realize(&p, MemoryLocation::DeviceLocal)?;
-            }
-            continue;
-        }
-        let last = group.members.len() - 1;
-        debug_assert!(
-            Arc::ptr_eq(&group.members[last], root),
-            "the root comes last"
-        );
-        // `members` holds one reference to each member, the caller's tensor one to the root,
-        // and each dense use inside the group one more.
-        let held_outside = |i: usize| {
-            let extra = usize::from(i == last);
-            Arc::strong_count(&group.members[i]) > 1 + extra + group.uses[i] as usize
-        };
-        if (0..group.members.len()).any(held_outside) {
-            return Ok(None);
-        }
-        let lowered = lower(&group, &[last], root)?;
-        NODES.fetch_add(group.members.len() as u64, Ordering::Relaxed);
-        PROLOGUES.fetch_add(1, Ordering::Relaxed);
-        return Ok(Some(lowered));
+    let Some(group) = collect_ready(root)? else {
+        return Ok(None);
+    };
+    let last = group.members.len() - 1;
+    debug_assert!(
+        Arc::ptr_eq(&group.members[last], root),
+        "the root comes last"
+    );
+    // `members` holds one reference to each member, the caller's tensor one to the root,
+    // and each dense use inside the group one more.
+    let held_outside = |i: usize| {
+        let extra = usize::from(i == last);
+        Arc::strong_count(&group.members[i]) > 1 + extra + group.uses[i] as usize
+    };
+    if (0..group.members.len()).any(held_outside) {
+        return Ok(None);
     }
+    let lowered = lower(&group, &[last], root)?;
+    NODES.fetch_add(group.members.len() as u64, Ordering::Relaxed);
+    PROLOGUES.fetch_add(1, Ordering::Relaxed);
+    Ok(Some(lowered))
 }
 
 /// Pass 3: the group as one fused kernel.
