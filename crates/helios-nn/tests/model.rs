@@ -314,3 +314,42 @@ fn kv_cache_generation_matches_recomputation() {
     assert_eq!(cached, full);
     assert!(dev.validation_messages().is_empty());
 }
+
+/// In f32 the model runs attention checkpointed: after the forward pass, nothing of the
+/// (B, H, T, T) scores or probabilities is held for backward, while the plain materialised
+/// form holds at least the probabilities. Gradients agree.
+#[test]
+fn f32_attention_keeps_no_scores_for_backward() {
+    let dev = device();
+    let (b, t, h, d) = (2, 128, 4, 16);
+    let c = h * d;
+    let vals: Vec<f32> = (0..b * t * 3 * c)
+        .map(|i| (((i * 29) % 31) as f32 - 15.0) / 40.0)
+        .collect();
+    let scores = (b * h * t * t * 4) as u64;
+    let run = |f: &dyn Fn(&Tensor) -> Tensor| {
+        let qkv = Tensor::from_slice(&dev, &vals, &[b, t, 3 * c])
+            .unwrap()
+            .requires_grad_();
+        dev.synchronize().unwrap();
+        let before = dev.memory_stats().bytes_in_use;
+        let y = f(&qkv);
+        y.realize().unwrap();
+        dev.synchronize().unwrap();
+        let held = dev.memory_stats().bytes_in_use - before;
+        y.sum_all().unwrap().backward().unwrap();
+        (held, qkv.grad().unwrap().to_vec().unwrap())
+    };
+    let (held_ckpt, g_ckpt) = run(&|x| model::causal_self_attention(x, h).unwrap());
+    let (held_plain, g_plain) = run(&|x| materialised_attention(x, h).unwrap());
+    assert!(
+        held_ckpt < scores,
+        "checkpointed forward holds {held_ckpt} B, scores are {scores} B"
+    );
+    assert!(
+        held_plain >= held_ckpt + scores,
+        "plain {held_plain} B, checkpointed {held_ckpt} B, scores {scores} B"
+    );
+    assert_eq!(g_ckpt, g_plain, "the recomputation runs the same kernels");
+    assert!(dev.validation_messages().is_empty());
+}
