@@ -41,7 +41,8 @@ pub(crate) struct LeafGrad {
 pub(crate) struct GradNode {
     name: &'static str,
     /// (inputs) where each input's gradient goes.
-    edges: Vec<Option<GradLink>>,
+    /// Inline: most ops have one to three inputs, and a step records hundreds of nodes.
+    edges: smallvec::SmallVec<[Option<GradLink>; 3]>,
     backward: Mutex<Option<Backward>>,
 }
 
@@ -323,7 +324,7 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
         let Some(g) = grads.remove(&Arc::as_ptr(&node)) else {
             continue;
         };
-        let needs: Vec<bool> = node.edges.iter().map(Option::is_some).collect();
+        let needs: smallvec::SmallVec<[bool; 4]> = node.edges.iter().map(Option::is_some).collect();
         let input_grads = backward(&g, &needs)?;
         drop(g);
         for (edge, ig) in node.edges.iter().zip(input_grads) {

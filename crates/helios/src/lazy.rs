@@ -446,7 +446,7 @@ fn realize(root: &Arc<Node>, location: MemoryLocation) -> Result<()> {
         };
         // Outputs: the root, and members held outside the group. `members` holds one
         // reference to each and every dense use inside the group another.
-        let outputs: Vec<usize> = (0..group.members.len())
+        let outputs: smallvec::SmallVec<[usize; 4]> = (0..group.members.len())
             .filter(|&i| {
                 let m = &group.members[i];
                 Arc::ptr_eq(m, root) || Arc::strong_count(m) > 1 + group.uses[i] as usize
@@ -510,14 +510,15 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
     let mut inputs: Vec<FusedInput> = Vec::new();
     let mut leaves: Vec<(Arc<Node>, usize)> = Vec::new();
     // (leaf node, layout) → its `Input` instruction.
-    let mut leaf_instr: Vec<(*const Node, Layout, u32)> = Vec::new();
+    let mut leaf_instr: smallvec::SmallVec<[(*const Node, Layout, u32); 4]> =
+        smallvec::SmallVec::new();
     let mut member_instr: Vec<u32> = Vec::with_capacity(g.members.len());
     // Scalar values, one push constant per distinct bit pattern.
     let mut scalars: Vec<f32> = Vec::new();
     for m in &g.members {
         let guard = m.lock();
         let p = guard.as_ref().expect("members are pending");
-        let mut args: Vec<u32> = Vec::with_capacity(p.inputs.len());
+        let mut args: smallvec::SmallVec<[u32; 3]> = smallvec::SmallVec::new();
         if let ElemOp::Pad { dim, start, shape } = p.op {
             let i = &p.inputs[0];
             let full = shape.as_slice();
@@ -671,7 +672,7 @@ fn out_shape(inputs: &[Input]) -> Vec<usize> {
 /// Pass 4: record the kernel, hand out buffers, release the members' inputs.
 fn run(
     group: Group,
-    outputs: Vec<usize>,
+    outputs: smallvec::SmallVec<[usize; 4]>,
     (kernel, leaves, scalars): Lowered,
     root: &Arc<Node>,
     root_location: MemoryLocation,
@@ -683,7 +684,7 @@ fn run(
     // The key owns the signature; the launch below reads it back through the same Arc.
     let kernel = Arc::new(kernel);
     let compiled = device.kernel(KernelKey::Fused(kernel.clone()), || kernel.build(workgroup))?;
-    let mut buffers: Vec<Buffer> = Vec::with_capacity(outputs.len());
+    let mut buffers: smallvec::SmallVec<[Buffer; 4]> = smallvec::SmallVec::new();
     for &o in &outputs {
         let m = &group.members[o];
         let bytes = (m.len * m.dtype.size()).max(4) as u64;
@@ -693,12 +694,13 @@ fn run(
         };
         buffers.push(ctx.create_buffer(bytes, location)?);
     }
-    let mut in_addrs: Vec<u64> = Vec::with_capacity(leaves.len());
+    let mut in_addrs: smallvec::SmallVec<[u64; 8]> = smallvec::SmallVec::new();
     for (node, offset) in &leaves {
         let b = node.buffer.get().expect("leaves are realised");
         in_addrs.push(b.device_address() + (offset * node.dtype.size()) as u64);
     }
-    let out_addrs: Vec<u64> = buffers.iter().map(|b| b.device_address()).collect();
+    let out_addrs: smallvec::SmallVec<[u64; 4]> =
+        buffers.iter().map(|b| b.device_address()).collect();
     let launch = kernel.launch(
         &compiled.module,
         Geometry {
@@ -711,7 +713,7 @@ fn run(
         &element_offsets(&leaves)?,
     )?;
     {
-        let mut accesses: Vec<Access> = leaves
+        let mut accesses: smallvec::SmallVec<[Access; 8]> = leaves
             .iter()
             .map(|(n, _)| Access::read(n.buffer.get().expect("leaves are realised")))
             .collect();

@@ -90,7 +90,8 @@ impl Device {
             workgroup: compiled.workgroup[0],
             max_groups_x: self.max_groups_x(),
         };
-        let addrs: Vec<u64> = reads
+        // Inline: this runs for every library dispatch.
+        let addrs: smallvec::SmallVec<[u64; 8]> = reads
             .iter()
             .chain(writes)
             .map(|b| b.device_address())
@@ -99,7 +100,7 @@ impl Device {
         if l.groups.contains(&0) {
             return Ok(());
         }
-        let accesses: Vec<Access> = reads
+        let accesses: smallvec::SmallVec<[Access; 8]> = reads
             .iter()
             .map(|b| Access::read(b))
             .chain(writes.iter().map(|b| Access::write(b)))
@@ -383,13 +384,13 @@ fn run_step(
     (scalars, offsets): (&[f32], &[u32]),
 ) -> Result<()> {
     let kernel = &step.kernel;
-    let addrs: Vec<u64> = reads
+    let addrs: smallvec::SmallVec<[u64; 8]> = reads
         .iter()
         .chain(writes)
         .map(|(b, off)| b.device_address() + off)
         .collect();
-    let reads: Vec<&Buffer> = reads.iter().map(|(b, _)| *b).collect();
-    let writes: Vec<&Buffer> = writes.iter().map(|(b, _)| *b).collect();
+    let reads: smallvec::SmallVec<[&Buffer; 8]> = reads.iter().map(|(b, _)| *b).collect();
+    let writes: smallvec::SmallVec<[&Buffer; 2]> = writes.iter().map(|(b, _)| *b).collect();
     device.dispatch_rows(
         KernelKey::Reduce(kernel.clone()),
         || kernel.build(),
