@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Per-kernel profile of GPT-2 124M training steps (8x1024) on the GPU machine: `helios train`
 # with HELIOS_PROFILE=1 for each precision given (default fp32 bf16), the step's breakdown
-# by kernel family for the note. The table counts every kernel of the run, the first step's
-# tuning included: run it after `bench train` with the same HELIOS_CACHE_DIR.
+# by kernel family for the note. The table covers every step after the first (`helios train`
+# clears it after step 1, so compilation and tuning stay out).
 # Usage: bench/gpu_train_profile.sh OUTDIR [precisions...]
 set -uo pipefail
 out=${1:?output dir}; shift

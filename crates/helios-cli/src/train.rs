@@ -337,6 +337,7 @@ pub fn run(args: &TrainArgs) -> CliResult {
         true => println!("{line}"),
         false => bar.println(line),
     };
+    let profiling = std::env::var_os("HELIOS_PROFILE").is_some();
     let t0 = Instant::now();
     let result = trainer.run(None, |e| match e {
         Event::Step(s) => {
@@ -356,6 +357,14 @@ pub fn run(args: &TrainArgs) -> CliResult {
                 (Some(scale), false) => format!("{msg} | scale {scale}"),
                 _ => msg,
             };
+            if profiling && s.step == start_step + 1 {
+                // The table covers the steady state: the first step (compilation, tuning)
+                // is collected and cleared.
+                let first = device.synchronize().and_then(|()| device.profile_report());
+                if let (Ok(_), Some(p)) = (first, device.context().profiler()) {
+                    p.reset();
+                }
+            }
             if loud && (s.step == start_step + 1 || s.step % 10 == 0 || s.step == args.steps) {
                 println!("step {:5}/{} {msg}", s.step, args.steps);
             }
@@ -400,9 +409,9 @@ pub fn run(args: &TrainArgs) -> CliResult {
             last.tokens as f64 / (step_ms / 1e3),
         );
     }
-    if std::env::var_os("HELIOS_PROFILE").is_some() {
+    if profiling {
         if let Some(report) = device.profile_report()? {
-            println!("{report}");
+            println!("GPU time per kernel, every step after the first:\n{report}");
         }
     }
     write_logs(&args.out, h)?;
