@@ -313,8 +313,9 @@ impl FusedKernel {
     }
 
     /// Output 0's value (rounded to its storage, as a stored value would be) at element `at`
-    /// (`lanes` 1) or at the four elements of vec4 `at` (`lanes` 4, only when `vectorized`),
-    /// inside another kernel: a reduction's prologue.
+    /// (`lanes` 1) or at the four elements of vec4 `at` (`lanes` 4: one vector evaluation
+    /// when `vectorized`, else one per element), inside another kernel: a reduction's
+    /// prologue.
     pub(crate) fn value_at(
         &self,
         k: &mut KernelBuilder,
@@ -323,6 +324,18 @@ impl FusedKernel {
         at: Val,
         lanes: u8,
     ) -> Val {
+        if lanes == 4 && !self.vectorized() {
+            let two = k.u32(2);
+            let e0 = k.shl(at, two);
+            let parts: Vec<Val> = (0..4)
+                .map(|j| {
+                    let off = k.u32(j);
+                    let e = k.add(e0, off);
+                    self.value_at(k, inputs, params, e, 1)
+                })
+                .collect();
+            return k.vector(&parts);
+        }
         let vals = self.values(k, inputs, params, at, lanes);
         let (o, s) = self.outputs[0];
         round(k, vals[o as usize], s)

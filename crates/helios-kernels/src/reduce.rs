@@ -543,10 +543,7 @@ impl ReduceKernel {
                         let value = |k: &mut KernelBuilder, at: Val, lanes: u8| {
                             pro.value_at(k, &b.pro, &b.pro_params, at, lanes)
                         };
-                        (
-                            r.load_with(k, s, self.fill(), pro.vectorized(), value),
-                            None,
-                        )
+                        (r.load_with(k, s, self.fill(), value), None)
                     } else {
                         (r.load(k, b.x, self.storage, s, self.fill()), None)
                     }
@@ -673,7 +670,9 @@ impl ReduceKernel {
                         let i = b.xi.map(|xi| k.load(xi, slot, vec));
                         (v, i)
                     } else if let Some(pro) = &self.prologue {
-                        (self.prologue_columns(k, b, pro, e, slot, vec), None)
+                        // Element `e` alone, or the vec4 `slot` starting there.
+                        let at = if vec == 1 { e } else { slot };
+                        (pro.value_at(k, &b.pro, &b.pro_params, at, vec), None)
                     } else {
                         let v = crate::storage::load_f32(k, b.x, slot, vec, self.storage);
                         (v, None)
@@ -703,31 +702,6 @@ impl ReduceKernel {
         let oe = k.add(orow, col);
         let at = k.shr(oe, vshift);
         self.store_result(k, b, valid, at, result, index, scale);
-    }
-
-    /// The prologue's `vec` values of columns starting at element `e` (slot `slot` of `vec`
-    /// elements): one vector evaluation where the expression allows, else one per element.
-    fn prologue_columns(
-        &self,
-        k: &mut KernelBuilder,
-        b: &Bufs,
-        pro: &FusedKernel,
-        e: Val,
-        slot: Val,
-        vec: u8,
-    ) -> Val {
-        if vec == 1 || pro.vectorized() {
-            let at = if vec == 1 { e } else { slot };
-            return pro.value_at(k, &b.pro, &b.pro_params, at, vec);
-        }
-        let lanes: Vec<Val> = (0..u32::from(vec))
-            .map(|j| {
-                let off = k.u32(j);
-                let at = k.add(e, off);
-                pro.value_at(k, &b.pro, &b.pro_params, at, 1)
-            })
-            .collect();
-        k.vector(&lanes)
     }
 
     /// Grid and push constants. `buffers` are the device addresses in declaration order:

@@ -502,42 +502,23 @@ impl Row {
         slot: Val,
         fill: f32,
     ) -> Val {
-        self.load_with(k, slot, fill, true, |k, at, lanes| {
-            load_f32(k, buf, at, lanes, s)
-        })
+        self.load_with(k, slot, fill, |k, at, lanes| load_f32(k, buf, at, lanes, s))
     }
 
     /// `load` of values that `value(k, at, lanes)` produces: element `at` (lanes 1) or the
-    /// four elements of slot `at` (lanes 4, asked for only when `vector`; otherwise a full
-    /// slot takes four one-element values).
+    /// four elements of slot `at` (lanes 4).
     pub fn load_with(
         &self,
         k: &mut KernelBuilder,
         slot: Val,
         fill: f32,
-        vector: bool,
         value: impl Fn(&mut KernelBuilder, Val, u8) -> Val,
     ) -> Val {
         if self.vec == 1 {
             return value(k, slot, 1);
         }
-        let two = k.u32(2);
-        let e0 = k.shl(slot, two);
-        let whole_slot = |k: &mut KernelBuilder| {
-            if vector {
-                return value(k, slot, 4);
-            }
-            let lanes: Vec<Val> = (0..4)
-                .map(|lane| {
-                    let off = k.u32(lane);
-                    let e = k.add(e0, off);
-                    value(k, e, 1)
-                })
-                .collect();
-            k.vector(&lanes)
-        };
         if self.whole {
-            return whole_slot(k);
+            return value(k, slot, 4);
         }
         let ty = Ty::vector(Scalar::F32, 4);
         let out = k.var(ty);
@@ -546,12 +527,14 @@ impl Row {
         k.if_else(
             full,
             |k| {
-                let v = whole_slot(k);
+                let v = value(k, slot, 4);
                 k.set(out, v);
             },
             |k| {
                 let f = k.const_float(ty, fill);
                 k.set(out, f);
+                let two = k.u32(2);
+                let e0 = k.shl(slot, two);
                 for lane in 0..4 {
                     let off = k.u32(lane);
                     let e = k.add(e0, off);

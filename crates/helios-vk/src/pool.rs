@@ -96,7 +96,12 @@ struct Completed {
 impl Completed {
     /// Whether every GPU use of a freed region has finished.
     fn covers(&self, r: &FreeRegion) -> bool {
-        r.free_after <= self.compute && r.transfer_after <= self.transfer
+        self.covers_uses(r.free_after, r.transfer_after)
+    }
+
+    /// Whether both timelines have run past these last uses.
+    fn covers_uses(&self, free_after: u64, transfer_after: u64) -> bool {
+        free_after <= self.compute && transfer_after <= self.transfer
     }
 }
 
@@ -198,10 +203,10 @@ impl LargeFree {
         host_access: bool,
         completed: Completed,
     ) -> Option<(u64, u64, u64, LargeTags, bool)> {
-        let (&(size, block, offset), _) = self.by_size.range((class, 0, 0)..).find(|(_, t)| {
-            !host_access
-                || (t.free_after <= completed.compute && t.transfer_after <= completed.transfer)
-        })?;
+        let (&(size, block, offset), _) = self
+            .by_size
+            .range((class, 0, 0)..)
+            .find(|(_, t)| !host_access || completed.covers_uses(t.free_after, t.transfer_after))?;
         let tags = self.remove(block, offset, size);
         if size - class >= LARGE.max(size / 8) {
             let rest = LargeTags {
@@ -292,9 +297,7 @@ impl Pool {
             self.large
                 .by_size
                 .iter()
-                .filter(|(_, t)| {
-                    t.free_after > completed.compute || t.transfer_after > completed.transfer
-                })
+                .filter(|(_, t)| !completed.covers_uses(t.free_after, t.transfer_after))
                 .map(|(&(_, block, _), _)| block),
         );
         let arena_id = self.arena.as_ref().map(|(b, _)| b.id);
@@ -418,11 +421,7 @@ impl Context {
     /// segment whose rest is left free (large).
     fn carve(&self, pool: &mut Pool, class: u64) -> Result<(Arc<Block>, u64)> {
         if class >= LARGE {
-            let max = self.caps().limits.max_memory_allocation_size;
-            let size = match max > 0 {
-                true => SEGMENT.min(max).max(class),
-                false => SEGMENT.max(class),
-            };
+            let size = self.block_size(SEGMENT).max(class);
             let block = self.new_block(pool, size)?;
             if size > class {
                 let rest = LargeTags {
@@ -441,11 +440,17 @@ impl Context {
                 return Ok((Arc::clone(block), offset));
             }
         }
-        let max = self.caps().limits.max_memory_allocation_size;
-        let size = if max > 0 { BLOCK.min(max) } else { BLOCK };
-        let block = self.new_block(pool, size.max(class))?;
+        let block = self.new_block(pool, self.block_size(BLOCK).max(class))?;
         pool.arena = Some((Arc::clone(&block), class));
         Ok((block, 0))
+    }
+
+    /// `want` bytes, or the device's maxMemoryAllocationSize where that is smaller.
+    fn block_size(&self, want: u64) -> u64 {
+        match self.caps().limits.max_memory_allocation_size {
+            0 => want,
+            max => want.min(max),
+        }
     }
 
     fn new_block(&self, pool: &mut Pool, size: u64) -> Result<Arc<Block>> {

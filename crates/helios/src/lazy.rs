@@ -201,7 +201,7 @@ pub(crate) fn realize_all() -> Result<()> {
         let live = list.drain(..).filter_map(|w| w.upgrade()).collect();
         live
     });
-    let mut result = Ok(());
+    // `pending` was declared after the lock guard, so on every return it is released first.
     for n in pending.iter().rev() {
         // A node another thread's group computed in registers (no one held it then: only
         // this list's weak reference, upgraded afterwards) has neither op nor buffer: it is
@@ -209,14 +209,9 @@ pub(crate) fn realize_all() -> Result<()> {
         if n.is_realized() || n.lock().is_none() {
             continue;
         }
-        if let Err(e) = realize(n, MemoryLocation::DeviceLocal) {
-            result = Err(e);
-            break;
-        }
+        realize(n, MemoryLocation::DeviceLocal)?;
     }
-    // Released before the lock.
-    drop(pending);
-    result
+    Ok(())
 }
 
 /// One realisation at a time: the scheduler reads reference counts, which another thread
