@@ -27,8 +27,6 @@ use crate::launch::{grid, pack_push, Arg, Launch};
 use crate::storage::{buffer_scalar, Storage};
 use crate::KernelError;
 
-/// Invocations sharing one row of a SIMT tile (each owns D/4 of its columns).
-pub const SIMT_TPR: u32 = 4;
 /// Invocations per workgroup of the `Prep` kernel.
 pub const PREP_WORKGROUP: u32 = 64;
 
@@ -66,7 +64,7 @@ impl AttnStage {
 /// The candidate kernels: block sizes are query rows (`bq`) and key rows (`bk`) per tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AttnVariant {
-    /// f32 math, SIMT: [`SIMT_TPR`] invocations per owned row.
+    /// f32 math, SIMT register tiles of 4 owned rows per invocation (`attention_simt`).
     Simt { bq: u8, bk: u8 },
     /// Cooperative matrices: one subgroup per 16 owned rows.
     Coop { bq: u8, bk: u8 },
@@ -110,12 +108,21 @@ impl AttnVariant {
     }
 }
 
-/// SIMT candidates, largest first (the tuner times those that fit).
-pub const SIMT_VARIANTS: [AttnVariant; 4] = [
-    AttnVariant::Simt { bq: 32, bk: 32 },
-    AttnVariant::Simt { bq: 16, bk: 32 },
-    AttnVariant::Simt { bq: 16, bk: 16 },
-    AttnVariant::Simt { bq: 8, bk: 16 },
+const fn simt(bq: u8, bk: u8) -> AttnVariant {
+    AttnVariant::Simt { bq, bk }
+}
+
+/// SIMT candidates (the tuner times those that fit). The owned block (bq, or bk for DkDv)
+/// is a multiple of 4, the other a multiple of 8.
+pub const SIMT_VARIANTS: [AttnVariant; 8] = [
+    simt(64, 32),
+    simt(64, 16),
+    simt(32, 32),
+    simt(32, 16),
+    simt(16, 32),
+    simt(16, 16),
+    simt(8, 16),
+    simt(16, 8),
 ];
 /// Cooperative-matrix candidates.
 pub const COOP_VARIANTS: [AttnVariant; 4] = [
@@ -140,11 +147,14 @@ pub fn default_order(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
             _ => COOP_VARIANTS,
         });
     }
-    out.extend([
-        AttnVariant::Simt { bq: 16, bk: 16 },
-        AttnVariant::Simt { bq: 8, bk: 16 },
-        AttnVariant::Simt { bq: 8, bk: 8 },
-    ]);
+    let s = simt;
+    // The largest tiles first: 128 invocations of 4×8 register tiles where they fit 48 KiB
+    // at D = 64, down to what fits lavapipe's 32 KiB at D = 128.
+    out.extend(match stage {
+        AttnStage::DkDv => [s(32, 32), s(16, 32), s(16, 16), s(16, 8)],
+        AttnStage::Dq => [s(64, 16), s(32, 32), s(32, 16), s(8, 16)],
+        _ => [s(64, 32), s(32, 32), s(16, 32), s(16, 16)],
+    });
     out
 }
 
@@ -198,6 +208,17 @@ impl View {
         let x = k.add(x, z);
         k.add(x, self.off)
     }
+
+    /// Whether every row starts on a multiple of 4 elements (offset and strides are).
+    pub fn vec4_aligned(&self, k: &mut KernelBuilder) -> Val {
+        let x = k.or(self.off, self.sb);
+        let y = k.or(self.st, self.sh);
+        let x = k.or(x, y);
+        let three = k.u32(3);
+        let x = k.and(x, three);
+        let zero = k.u32(0);
+        k.eq(x, zero)
+    }
 }
 
 /// A kernel's parameters, loaded.
@@ -240,7 +261,7 @@ impl AttentionKernel {
             _ => bq,
         };
         match self.variant {
-            AttnVariant::Simt { .. } => owned * SIMT_TPR,
+            AttnVariant::Simt { .. } => crate::attention_simt::workgroup(owned),
             AttnVariant::Coop { .. } => owned / 16 * self.subgroup,
         }
     }

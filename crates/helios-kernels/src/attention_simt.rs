@@ -1,32 +1,70 @@
 //! The portable attention kernels: f32 math on any Vulkan device (lavapipe included), f32,
 //! f16 or bf16 storage.
 //!
-//! The one decision a reader must know: a workgroup owns a block of rows (query rows for
-//! Forward and Dq, key rows for DkDv), [`SIMT_TPR`] invocations per row, each holding a
-//! quarter of the row's D columns (every fourth vec4) as its accumulator. Tiles are staged in
-//! shared memory as vec4s; score tiles (S, P, dS) go through shared memory too, so each
-//! invocation computes scores for its row against every fourth key (or query) and the
-//! row's invocations then all read the whole row back. Per-row softmax statistics are
-//! recomputed by each of the row's invocations instead of being reduced across them: no
-//! subgroup operations, so the kernels run wherever Vulkan does.
+//! The one decision a reader must know: every product is a register-tiled SIMT matrix
+//! product on tiles staged in shared memory, as a SIMT GEMM does it. A workgroup owns a
+//! block of rows (query rows for Forward and Dq, key rows for DkDv) and has
+//! [`SIMT_COLS`] × R invocations, R = owned rows / [`SIMT_ROWS`]. Invocation (r, c) owns
+//! rows r, r + R, r + 2R, r + 3R and, of a score tile, columns c, c + 8, c + 16, ...; of a
+//! D-wide accumulator, the vec4 chunks c, c + 8, ... Per vec4 of the reduced dimension it
+//! loads 4 + m vec4s from shared memory for 16·m fused multiply-adds (m = its score
+//! columns or chunks).
+//!
+//! What bounds them on an H100 is latency, not shared-memory bandwidth: 8 rows per
+//! invocation (half the loads per multiply-add, half the invocations) took twice as long.
+//! So each loop loads the next block into registers while it multiplies the current one,
+//! and the tiles are as large as 48 KiB (the Vulkan limit on NVIDIA) allows at 128
+//! invocations. The old one-row-per-invocation kernels ran at 2–4 TFLOP/s.
+//!
+//! - Score tiles (S, dP) live in registers; the row maximum of the forward's online softmax
+//!   is reduced through a small shared array (no subgroup operations, so the kernels run
+//!   wherever Vulkan does). P and dS go to shared memory as the next product's left operand.
+//! - Scores are kept in base 2 (Q or K is staged times scale·log2 e), so every exponential
+//!   is one `exp2`; L is stored in natural-log units as the cooperative kernels do.
+//! - Staged rows are padded to an odd number of vec4s, so the eight rows one load
+//!   instruction touches fall on distinct banks; a D-row also holds every chunk an
+//!   invocation may read (head dims whose D/4 is not a multiple of 8 read padding into
+//!   accumulators that are never stored), so the inner loops carry no bounds checks.
+//! - Masks (causal, key padding, rows past T) are applied only on the blocks that need them.
 
 use helios_spirv::{KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
 
 use crate::attention::{
     block_coords, build_prep, dense_row, keep, key_end, stat_index, AttentionKernel, AttnStage,
-    Params, View, SIMT_TPR,
+    Params, View,
 };
 use crate::storage::{load_f32, store_f32, Storage};
+
+/// Rows of a tile each invocation owns.
+pub const SIMT_ROWS: u32 = 4;
+/// Invocations across a tile's columns (score columns, or vec4 chunks of D).
+pub const SIMT_COLS: u32 = 8;
+
+/// vec4s per staged D-row: every chunk any invocation reads, rounded up to odd.
+fn head_stride(head_dim: u32) -> u32 {
+    (head_dim / 4).div_ceil(SIMT_COLS) * SIMT_COLS + 1
+}
+
+/// vec4s per row of a score tile of `cols` columns (odd for the same reason).
+fn score_stride(cols: u32) -> u32 {
+    cols / 4 + 1
+}
+
+/// Invocations per workgroup of a SIMT kernel that owns `owned` rows.
+pub(crate) fn workgroup(owned: u32) -> u32 {
+    owned / SIMT_ROWS * SIMT_COLS
+}
 
 /// Shared bytes of a SIMT kernel.
 pub(crate) fn shared_bytes(kern: &AttentionKernel) -> u32 {
     let (bq, bk) = kern.variant.blocks();
-    let row = kern.head_dim * 4;
+    let row = head_stride(kern.head_dim) * 16;
+    let score = |rows: u32, cols: u32| rows * score_stride(cols) * 16;
     match kern.stage {
-        AttnStage::Forward => (bq + 2 * bk) * row + bq * bk * 4,
+        AttnStage::Forward => (bq + 2 * bk) * row + score(bq, bk) + bq * SIMT_COLS * 4,
         AttnStage::Prep => 0,
-        AttnStage::DkDv => (2 * bq + 2 * bk) * row + 2 * bq * bk * 4 + 2 * bq * 4,
-        AttnStage::Dq => (2 * bq + 2 * bk) * row + bq * bk * 4,
+        AttnStage::DkDv => (2 * bq + 2 * bk) * row + 2 * score(bk, bq) + 2 * bq * 4,
+        AttnStage::Dq => (2 * bq + 2 * bk) * row + score(bq, bk),
     }
 }
 
@@ -39,26 +77,33 @@ pub(crate) fn build(kern: &AttentionKernel) -> KernelModule {
     }
 }
 
-/// What every SIMT stage knows once its parameters are loaded (the builder is passed
-/// alongside, so loop closures can borrow both).
+fn v4() -> Ty {
+    Ty::vector(Scalar::F32, 4)
+}
+
+/// A tile staged in shared memory as rows of `stride` vec4s.
+#[derive(Clone, Copy)]
+struct Tile {
+    arr: Shared,
+    stride: u32,
+}
+
+/// What every SIMT stage knows once its parameters are loaded.
 struct Ctx {
     p: Params,
     storage: Storage,
     causal: bool,
     bq: u32,
     bk: u32,
-    /// vec4s per row.
-    dv: u32,
+    head_dim: u32,
     wg: u32,
     tid: Val,
-    /// The owned row in the block and this invocation's part of it.
-    r: Val,
-    part: Val,
-    ov: u32,
-}
-
-fn v4() -> Ty {
-    Ty::vector(Scalar::F32, 4)
+    /// This invocation's column index (0..SIMT_COLS).
+    tc: Val,
+    /// The owned rows of the workgroup's block, local indices.
+    rows: Vec<Val>,
+    /// vec4 chunks of D per invocation (the last may lie past D for some invocations).
+    chunks: u32,
 }
 
 impl Ctx {
@@ -67,44 +112,79 @@ impl Ctx {
         let mut k = KernelBuilder::new(kern.name(), kern.binding, [wg, 1, 1]);
         let p = kern.declare(&mut k, false);
         let (bq, bk) = kern.variant.blocks();
-        assert!(bq % SIMT_TPR == 0 && bk % SIMT_TPR == 0, "blocks of 4 rows");
+        let owned = if kern.stage == AttnStage::DkDv {
+            bk
+        } else {
+            bq
+        };
+        let other = if kern.stage == AttnStage::DkDv {
+            bq
+        } else {
+            bk
+        };
+        let per = SIMT_ROWS;
+        assert!(
+            owned % per == 0 && other % SIMT_COLS == 0,
+            "SIMT blocks of {owned}x{other}"
+        );
         let tid = k.local_index();
-        let tpr = k.u32(SIMT_TPR);
-        let r = k.div(tid, tpr);
-        let part = k.rem(tid, tpr);
-        let dv = kern.head_dim / 4;
+        let cols = k.u32(SIMT_COLS);
+        let tr = k.div(tid, cols);
+        let tc = k.rem(tid, cols);
+        let stride = owned / per;
+        let rows = (0..per)
+            .map(|i| {
+                let o = k.u32(i * stride);
+                k.add(tr, o)
+            })
+            .collect();
         let c = Ctx {
             p,
             storage: kern.storage,
             causal: kern.causal,
             bq,
             bk,
-            dv,
+            head_dim: kern.head_dim,
             wg,
             tid,
-            r,
-            part,
-            ov: dv / SIMT_TPR,
+            tc,
+            rows,
+            chunks: (kern.head_dim / 4).div_ceil(SIMT_COLS),
         };
         (k, c)
     }
 
-    fn tile(&self, k: &mut KernelBuilder, rows: u32) -> Shared {
-        k.shared_array(v4(), SharedLen::Fixed(rows * self.dv))
+    /// A staged tile of `rows` D-rows.
+    fn head_tile(&self, k: &mut KernelBuilder, rows: u32) -> Tile {
+        let stride = head_stride(self.head_dim);
+        let arr = k.shared_array(v4(), SharedLen::Fixed(rows * stride));
+        Tile { arr, stride }
     }
 
-    fn zero_accs(&self, k: &mut KernelBuilder) -> Vec<Var> {
-        (0..self.ov)
-            .map(|_| {
-                let z = k.const_float(v4(), 0.0);
-                k.var_init(z)
+    /// A score tile of `rows` × `cols`.
+    fn score_tile(&self, k: &mut KernelBuilder, rows: u32, cols: u32) -> Tile {
+        let stride = score_stride(cols);
+        let arr = k.shared_array(v4(), SharedLen::Fixed(rows * stride));
+        Tile { arr, stride }
+    }
+
+    /// The `n` score columns this invocation owns: tc, tc + 8, ...
+    fn cols(&self, k: &mut KernelBuilder, n: u32) -> Vec<Val> {
+        (0..n / SIMT_COLS)
+            .map(|j| {
+                let o = k.u32(j * SIMT_COLS);
+                k.add(self.tc, o)
             })
             .collect()
     }
 
-    /// Stages rows t0..t0+rows of `view` (zeros at t >= tend) into `dst`, times `mul`.
+    /// This invocation's share of rows t0..t0+rows of `view` (zeros at t >= tend), times
+    /// `mul`, as vec4s in registers: `put` stages them. Loading a block into registers
+    /// while the previous one is multiplied hides the memory latency. vec4 loads where the
+    /// view's offset and strides allow them (the fused QKV layout does), else one element
+    /// at a time.
     #[allow(clippy::too_many_arguments)]
-    fn load_tile(
+    fn fetch(
         &self,
         k: &mut KernelBuilder,
         view: View,
@@ -112,136 +192,270 @@ impl Ctx {
         t0: Val,
         tend: Val,
         rows: u32,
-        dst: Shared,
         mul: Option<Val>,
-    ) {
-        let d = self.dv * 4;
+    ) -> Vec<Val> {
+        let dv = self.head_dim / 4;
+        let total = rows * dv;
+        let aligned = view.vec4_aligned(k);
         let s = self.storage;
-        let end = k.u32(rows * d);
-        let step = k.u32(self.wg);
-        let dv = self.dv;
-        k.for_range(self.tid, end, step, |k, idx| {
-            let dc = k.u32(d);
-            let row = k.div(idx, dc);
-            let col = k.rem(idx, dc);
-            let t = k.add(t0, row);
-            let ok = k.lt(t, tend);
-            let zero_u = k.u32(0);
-            let tc = k.select(ok, t, zero_u);
-            let at = view.row(k, b, tc, h);
-            let at = k.add(at, col);
-            let x = load_f32(k, view.buf, at, 1, s);
-            let zero = k.const_f32(0.0);
-            let x = k.select(ok, x, zero);
-            let x = match mul {
-                Some(m) => k.mul(x, m),
-                None => x,
-            };
-            let dvc = k.u32(dv);
-            let slot = k.mul(row, dvc);
-            let four = k.u32(4);
-            let q = k.div(col, four);
-            let slot = k.add(slot, q);
-            let lane = k.rem(col, four);
-            k.shared_store_lane(dst, slot, lane, x);
-        });
+        (0..total.div_ceil(self.wg))
+            .map(|slot| {
+                let (row, c4) = self.slot(k, slot, total, dv);
+                let t = k.add(t0, row);
+                let ok = k.lt(t, tend);
+                let zero_u = k.u32(0);
+                let tc = k.select(ok, t, zero_u);
+                let base = view.row(k, b, tc, h);
+                let x = k.var(v4());
+                k.if_else(
+                    aligned,
+                    |k| {
+                        let four = k.u32(4);
+                        let at = k.div(base, four);
+                        let at = k.add(at, c4);
+                        let v = load_f32(k, view.buf, at, 4, s);
+                        k.set(x, v);
+                    },
+                    |k| {
+                        let four = k.u32(4);
+                        let e = k.mul(c4, four);
+                        let e = k.add(base, e);
+                        let lanes: Vec<Val> = (0..4)
+                            .map(|l| {
+                                let o = k.u32(l);
+                                let at = k.add(e, o);
+                                load_f32(k, view.buf, at, 1, s)
+                            })
+                            .collect();
+                        let v = k.vector(&lanes);
+                        k.set(x, v);
+                    },
+                );
+                let x = k.get(x);
+                let zero = k.const_float(v4(), 0.0);
+                let x = k.select(ok, x, zero);
+                match mul {
+                    Some(m) => {
+                        let m = k.splat(m, 4);
+                        k.mul(x, m)
+                    }
+                    None => x,
+                }
+            })
+            .collect()
     }
 
-    /// For each pair (tile a, row of a, tile b) and each row `rows[jj]` of b: Σ a·b over
-    /// the row's vec4s.
+    /// (row, vec4 column) of this invocation's `slot` of a `total`-vec4 tile of `dv`-vec4
+    /// rows (the last slots of a tile that does not divide evenly repeat its last vec4).
+    fn slot(&self, k: &mut KernelBuilder, slot: u32, total: u32, dv: u32) -> (Val, Val) {
+        let off = k.u32(slot * self.wg);
+        let idx = k.add(self.tid, off);
+        let idx = if (slot + 1) * self.wg > total {
+            let last = k.u32(total - 1);
+            k.min(idx, last)
+        } else {
+            idx
+        };
+        let dvc = k.u32(dv);
+        (k.div(idx, dvc), k.rem(idx, dvc))
+    }
+
+    /// Stages fetched vec4s into `dst` (a tile of `rows` D-rows).
+    fn put(&self, k: &mut KernelBuilder, dst: Tile, rows: u32, vals: &[Val]) {
+        let dv = self.head_dim / 4;
+        let stride = k.u32(dst.stride);
+        for (slot, &x) in vals.iter().enumerate() {
+            let (row, c4) = self.slot(k, slot as u32, rows * dv, dv);
+            let at = k.mul(row, stride);
+            let at = k.add(at, c4);
+            k.shared_store(dst.arr, at, x);
+        }
+    }
+
+    /// Fetched values as variables (the loop's prefetch registers) and back.
+    fn hold(k: &mut KernelBuilder, vals: &[Val]) -> Vec<Var> {
+        vals.iter().map(|&v| k.var_init(v)).collect()
+    }
+
+    fn take(k: &mut KernelBuilder, vars: &[Var]) -> Vec<Val> {
+        vars.iter().map(|&v| k.get(v)).collect()
+    }
+
+    fn refill(k: &mut KernelBuilder, vars: &[Var], vals: &[Val]) {
+        for (&v, &x) in vars.iter().zip(vals) {
+            k.set(v, x);
+        }
+    }
+
+    /// For each pair (A, B) of staged D-row tiles: the owned-rows × `cols` products
+    /// A[row]·B[col] over D, out[pair][i][j] for rows[i] and cols[j]. Unrolled: the
+    /// compiler schedules the shared loads ahead of the multiply-adds.
     fn dots(
         &self,
         k: &mut KernelBuilder,
-        pairs: &[(Shared, Val, Shared)],
-        rows: &[Val],
-    ) -> Vec<Vec<Val>> {
-        let accs: Vec<Vec<Var>> = pairs
+        pairs: &[(Tile, Tile)],
+        cols: &[Val],
+    ) -> Vec<Vec<Vec<Val>>> {
+        let zero = k.const_f32(0.0);
+        let mut accs: Vec<Vec<Vec<Val>>> = pairs
+            .iter()
+            .map(|_| self.rows.iter().map(|_| vec![zero; cols.len()]).collect())
+            .collect();
+        let base = |k: &mut KernelBuilder, t: Tile, r: Val| {
+            let s = k.u32(t.stride);
+            k.mul(r, s)
+        };
+        let a_base: Vec<Vec<Val>> = pairs
+            .iter()
+            .map(|&(a, _)| self.rows.iter().map(|&r| base(k, a, r)).collect())
+            .collect();
+        let b_base: Vec<Vec<Val>> = pairs
+            .iter()
+            .map(|&(_, b)| cols.iter().map(|&c| base(k, b, c)).collect())
+            .collect();
+        for v in 0..self.head_dim / 4 {
+            let v = k.u32(v);
+            for (x, &(a, b)) in pairs.iter().enumerate() {
+                let lanes = |k: &mut KernelBuilder, t: Tile, at: Val| {
+                    let at = k.add(at, v);
+                    let x = k.shared_load(t.arr, at);
+                    (0..4).map(|l| k.extract(x, l)).collect::<Vec<Val>>()
+                };
+                let av: Vec<Vec<Val>> = a_base[x].iter().map(|&at| lanes(k, a, at)).collect();
+                let bv: Vec<Vec<Val>> = b_base[x].iter().map(|&at| lanes(k, b, at)).collect();
+                for (i, ai) in av.iter().enumerate() {
+                    for (j, bj) in bv.iter().enumerate() {
+                        for l in 0..4 {
+                            accs[x][i][j] = k.fma(ai[l], bj[l], accs[x][i][j]);
+                        }
+                    }
+                }
+            }
+        }
+        accs
+    }
+
+    /// Zeroed D-wide accumulators: [owned row][chunk] vec4s.
+    fn zero_accs(&self, k: &mut KernelBuilder) -> Vec<Vec<Var>> {
+        self.rows
             .iter()
             .map(|_| {
-                rows.iter()
+                (0..self.chunks)
                     .map(|_| {
-                        let z = k.const_f32(0.0);
+                        let z = k.const_float(v4(), 0.0);
                         k.var_init(z)
                     })
                     .collect()
             })
-            .collect();
-        let dvc = k.u32(self.dv);
-        let a_base: Vec<Val> = pairs.iter().map(|&(_, ra, _)| k.mul(ra, dvc)).collect();
-        let b_base: Vec<Val> = rows.iter().map(|&rb| k.mul(rb, dvc)).collect();
-        let zero = k.u32(0);
-        let one = k.u32(1);
-        k.for_range(zero, dvc, one, |k, v| {
-            for (x, &(ta, _, tb)) in pairs.iter().enumerate() {
-                let ai = k.add(a_base[x], v);
-                let av = k.shared_load(ta, ai);
-                for (jj, &bb) in b_base.iter().enumerate() {
-                    let bi = k.add(bb, v);
-                    let bv = k.shared_load(tb, bi);
-                    let d = k.dot(av, bv);
-                    let cur = k.get(accs[x][jj]);
-                    let n = k.add(cur, d);
-                    k.set(accs[x][jj], n);
-                }
-            }
-        });
-        accs.iter()
-            .map(|row| row.iter().map(|&v| k.get(v)).collect())
             .collect()
     }
 
-    /// acc[o] += w · tile[row·dv + part + 4·o] for each owned vec4.
-    fn axpy(&self, k: &mut KernelBuilder, acc: &[Var], w: Val, tile: Shared, row: Val) {
-        let dvc = k.u32(self.dv);
-        let base = k.mul(row, dvc);
-        let base = k.add(base, self.part);
-        let wv = k.splat(w, 4);
-        for (o, &a) in acc.iter().enumerate() {
-            let off = k.u32(o as u32 * SIMT_TPR);
-            let at = k.add(base, off);
-            let x = k.shared_load(tile, at);
-            let cur = k.get(a);
-            let n = k.fma(wv, x, cur);
-            k.set(a, n);
+    /// For each (acc, scores, B): acc[i] += Σ_x scores[rows[i]][x] · B[x] over the `n`
+    /// columns of the score tile (= staged rows of B), on the owned chunks of D.
+    fn axpy(&self, k: &mut KernelBuilder, terms: &[(&[Vec<Var>], Tile, Tile)], n: u32) {
+        let s_base: Vec<Vec<Val>> = terms
+            .iter()
+            .map(|&(_, s, _)| {
+                self.rows
+                    .iter()
+                    .map(|&r| {
+                        let st = k.u32(s.stride);
+                        k.mul(r, st)
+                    })
+                    .collect()
+            })
+            .collect();
+        for x4 in 0..n / 4 {
+            let x4 = k.u32(x4);
+            for (t, &(acc, s, b)) in terms.iter().enumerate() {
+                let sv: Vec<Val> = s_base[t]
+                    .iter()
+                    .map(|&at| {
+                        let at = k.add(at, x4);
+                        k.shared_load(s.arr, at)
+                    })
+                    .collect();
+                let four = k.u32(4);
+                let x0 = k.mul(x4, four);
+                for l in 0..4u32 {
+                    let lc = k.u32(l);
+                    let x = k.add(x0, lc);
+                    let st = k.u32(b.stride);
+                    let row = k.mul(x, st);
+                    let row = k.add(row, self.tc);
+                    let bv: Vec<Val> = (0..self.chunks)
+                        .map(|c| {
+                            let o = k.u32(c * SIMT_COLS);
+                            let at = k.add(row, o);
+                            k.shared_load(b.arr, at)
+                        })
+                        .collect();
+                    for (i, &w) in sv.iter().enumerate() {
+                        let w = k.extract(w, l);
+                        let w = k.splat(w, 4);
+                        for (c, &bc) in bv.iter().enumerate() {
+                            let cur = k.get(acc[i][c]);
+                            let nv = k.fma(w, bc, cur);
+                            k.set(acc[i][c], nv);
+                        }
+                    }
+                }
+            }
         }
     }
 
-    /// Stores the owned vec4s of dense row (b, t, h) of `buf`, times `mul`, when t < T.
+    /// Writes score values[i][j] at (rows[i], cols[j]) of `tile`.
+    fn store_scores(&self, k: &mut KernelBuilder, tile: Tile, cols: &[Val], values: &[Vec<Val>]) {
+        let four = k.u32(4);
+        let st = k.u32(tile.stride);
+        for (i, &r) in self.rows.iter().enumerate() {
+            let base = k.mul(r, st);
+            for (j, &c) in cols.iter().enumerate() {
+                let q = k.div(c, four);
+                let at = k.add(base, q);
+                let lane = k.rem(c, four);
+                k.shared_store_lane(tile.arr, at, lane, values[i][j]);
+            }
+        }
+    }
+
+    /// Stores owned row i's accumulator, times `mul[i]`, as dense row (b, t0 + rows[i], h)
+    /// of `buf`, for rows inside T and chunks inside D.
     #[allow(clippy::too_many_arguments)]
-    fn store_row(
+    fn store_rows(
         &self,
         k: &mut KernelBuilder,
         buf: helios_spirv::Buffer,
-        acc: &[Var],
+        acc: &[Vec<Var>],
         (b, h): (Val, Val),
-        t: Val,
-        mul: Val,
+        t0: Val,
+        mul: &[Val],
     ) {
-        let inside = k.lt(t, self.p.t);
-        k.if_(inside, |k| {
-            let base = dense_row(k, &self.p, self.dv * 4, b, t, h);
-            let four = k.u32(4);
-            let base = k.div(base, four);
-            let base = k.add(base, self.part);
-            let m = k.splat(mul, 4);
-            for (o, &a) in acc.iter().enumerate() {
-                let off = k.u32(o as u32 * SIMT_TPR);
-                let at = k.add(base, off);
-                let x = k.get(a);
-                let x = k.mul(x, m);
-                store_f32(k, buf, at, x, self.storage);
-            }
-        });
-    }
-
-    /// The `n` columns this invocation computes scores for: part, part + 4, ...
-    fn my_cols(&self, k: &mut KernelBuilder, n: u32) -> Vec<Val> {
-        (0..n / SIMT_TPR)
-            .map(|jj| {
-                let o = k.u32(jj * SIMT_TPR);
-                k.add(self.part, o)
-            })
-            .collect()
+        let dv = self.head_dim / 4;
+        for (i, &r) in self.rows.iter().enumerate() {
+            let t = k.add(t0, r);
+            let inside = k.lt(t, self.p.t);
+            k.if_(inside, |k| {
+                let base = dense_row(k, &self.p, self.head_dim, b, t, h);
+                let four = k.u32(4);
+                let base = k.div(base, four);
+                let m = k.splat(mul[i], 4);
+                for (c, &a) in acc[i].iter().enumerate() {
+                    let o = k.u32(c as u32 * SIMT_COLS);
+                    let chunk = k.add(self.tc, o);
+                    let at = k.add(base, chunk);
+                    let x = k.get(a);
+                    let x = k.mul(x, m);
+                    if (c as u32 + 1) * SIMT_COLS > dv {
+                        let dvc = k.u32(dv);
+                        let inside = k.lt(chunk, dvc);
+                        k.if_(inside, |k| store_f32(k, buf, at, x, self.storage));
+                    } else {
+                        store_f32(k, buf, at, x, self.storage);
+                    }
+                }
+            });
+        }
     }
 
     /// Keys a query block starting at `q0` sees: min(kend, q0 + bq) when causal.
@@ -252,6 +466,55 @@ impl Ctx {
         let bq = k.u32(self.bq);
         let e = k.add(q0, bq);
         k.min(kend, e)
+    }
+
+    /// Whether the block of queries q0.. (bq of them) and keys k0.. (bk) holds a pair the
+    /// mask drops: a key at or past `kend`, or (causal) a key after a query.
+    fn needs_mask(&self, k: &mut KernelBuilder, q0: Val, k0: Val, kend: Val) -> Val {
+        let bk = k.u32(self.bk);
+        let kl = k.add(k0, bk);
+        let past = k.gt(kl, kend);
+        if !self.causal {
+            return past;
+        }
+        // The block's last key lies after its first query.
+        let one = k.u32(1);
+        let last = k.sub(kl, one);
+        let after = k.gt(last, q0);
+        k.or(past, after)
+    }
+
+    /// values[i][j], or `fill` where (query, key) of (rows[i], cols[j]) is dropped: only
+    /// computed when `need` holds.
+    #[allow(clippy::too_many_arguments)]
+    fn mask(
+        &self,
+        k: &mut KernelBuilder,
+        values: Vec<Vec<Val>>,
+        need: Val,
+        query_key: &dyn Fn(&mut KernelBuilder, usize, usize) -> (Val, Val),
+        kend: Val,
+        fill: f32,
+    ) -> Vec<Vec<Val>> {
+        let vars: Vec<Vec<Var>> = values
+            .iter()
+            .map(|r| r.iter().map(|&v| k.var_init(v)).collect())
+            .collect();
+        k.if_(need, |k| {
+            for (i, r) in vars.iter().enumerate() {
+                for (j, &v) in r.iter().enumerate() {
+                    let (q, key) = query_key(k, i, j);
+                    let kp = keep(k, self.causal, q, key, kend);
+                    let x = k.get(v);
+                    let f = k.const_f32(fill);
+                    let x = k.select(kp, x, f);
+                    k.set(v, x);
+                }
+            }
+        });
+        vars.iter()
+            .map(|r| r.iter().map(|&v| k.get(v)).collect())
+            .collect()
     }
 }
 
@@ -271,137 +534,167 @@ fn safe_max(k: &mut KernelBuilder, m: Val) -> Val {
     k.select(none, zero, m)
 }
 
-/// P = exp(s·scale − L) where kept (0 elsewhere) and dS = P·(dP − Dsum).
-#[allow(clippy::too_many_arguments)]
-fn p_ds(
-    k: &mut KernelBuilder,
-    c: &Ctx,
-    s: Val,
-    dp: Val,
-    kp: Val,
-    lse: Val,
-    dsum: Val,
-) -> (Val, Val) {
-    let x = k.mul(s, c.p.scale);
-    let x = k.sub(x, lse);
-    let e = k.exp(x);
-    let zero = k.const_f32(0.0);
-    let p = k.select(kp, e, zero);
-    let d = k.sub(dp, dsum);
-    let ds = k.mul(p, d);
-    (p, ds)
+/// scale · log2 e: scores times this are in base 2.
+fn base2_scale(k: &mut KernelBuilder, c: &Ctx) -> Val {
+    let l = k.const_f32(std::f32::consts::LOG2_E);
+    k.mul(c.p.scale, l)
 }
 
 fn forward(kern: &AttentionKernel) -> KernelModule {
     let (mut kb, c) = Ctx::new(kern);
     let k = &mut kb;
     let (bq, bk) = (c.bq, c.bk);
-    let sq = c.tile(k, bq);
-    let sk = c.tile(k, bk);
-    let sv = c.tile(k, bk);
-    let ss = k.shared_array(Ty::scalar(Scalar::F32), SharedLen::Fixed(bq * bk));
+    let sq = c.head_tile(k, bq);
+    let sk = c.head_tile(k, bk);
+    let sv = c.head_tile(k, bk);
+    let sp = c.score_tile(k, bq, bk);
+    let f = Ty::scalar(Scalar::F32);
+    let red = k.shared_array(f, SharedLen::Fixed(bq * SIMT_COLS));
     let (b, h, qb) = block_coords(k, &c.p, bq, c.causal);
     let bqc = k.u32(bq);
     let q0 = k.mul(qb, bqc);
-    let i = k.add(q0, c.r);
     let kend = key_end(k, &c.p, b);
     let (qv, kv, vv) = (c.p.views[0], c.p.views[1], c.p.views[2]);
-    c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, Some(c.p.scale));
+    let s2 = base2_scale(k, &c);
+    let q = c.fetch(k, qv, (b, h), q0, c.p.t, bq, Some(s2));
+    c.put(k, sq, bq, &q);
     let kmax = c.key_limit(k, q0, kend);
     let nkb = blocks(k, kmax, bk);
+    let z = k.u32(0);
+    let kf = c.fetch(k, kv, (b, h), z, kend, bk, None);
+    let vf = c.fetch(k, vv, (b, h), z, kend, bk, None);
+    let (kf, vf) = (Ctx::hold(k, &kf), Ctx::hold(k, &vf));
     let ninf = k.const_f32(f32::NEG_INFINITY);
-    let m = k.var_init(ninf);
     let zero = k.const_f32(0.0);
-    let l = k.var_init(zero);
+    let m: Vec<Var> = c.rows.iter().map(|_| k.var_init(ninf)).collect();
+    let l: Vec<Var> = c.rows.iter().map(|_| k.var_init(zero)).collect();
     let acc = c.zero_accs(k);
+    let colsc = k.u32(SIMT_COLS);
+    let red_base: Vec<Val> = c.rows.iter().map(|&r| k.mul(r, colsc)).collect();
+    let queries: Vec<Val> = c.rows.iter().map(|&r| k.add(q0, r)).collect();
     let (z, one) = (k.u32(0), k.u32(1));
     k.for_range(z, nkb, one, |k, kb| {
         let bkc = k.u32(bk);
         let k0 = k.mul(kb, bkc);
         k.workgroup_barrier();
-        c.load_tile(k, kv, (b, h), k0, kend, bk, sk, None);
-        c.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
+        let x = Ctx::take(k, &kf);
+        c.put(k, sk, bk, &x);
+        let x = Ctx::take(k, &vf);
+        c.put(k, sv, bk, &x);
         k.workgroup_barrier();
-        let cols = c.my_cols(k, bk);
-        let dots = c.dots(k, &[(sq, c.r, sk)], &cols);
-        let rowbase = k.mul(c.r, bkc);
-        for (jj, &col) in cols.iter().enumerate() {
-            let j = k.add(k0, col);
-            let kp = keep(k, c.causal, i, j, kend);
-            let ninf = k.const_f32(f32::NEG_INFINITY);
-            let v = k.select(kp, dots[0][jj], ninf);
-            let at = k.add(rowbase, col);
-            k.shared_store(ss, at, v);
+        // The next block's keys and values load while this one is multiplied.
+        let next = k.add(k0, bkc);
+        let x = c.fetch(k, kv, (b, h), next, kend, bk, None);
+        Ctx::refill(k, &kf, &x);
+        let x = c.fetch(k, vv, (b, h), next, kend, bk, None);
+        Ctx::refill(k, &vf, &x);
+        let cols = c.cols(k, bk);
+        let s = c.dots(k, &[(sq, sk)], &cols).remove(0);
+        let need = c.needs_mask(k, q0, k0, kend);
+        let qk = |k: &mut KernelBuilder, i: usize, j: usize| (queries[i], k.add(k0, cols[j]));
+        let s = c.mask(k, s, need, &qk, kend, f32::NEG_INFINITY);
+        // The block's row maxima, through `red`.
+        for (i, row) in s.iter().enumerate() {
+            let mut mx = row[0];
+            for &x in &row[1..] {
+                mx = k.max(mx, x);
+            }
+            let at = k.add(red_base[i], c.tc);
+            k.shared_store(red, at, mx);
         }
         k.workgroup_barrier();
-        // Online softmax over the block's scores of the row.
-        let ninf = k.const_f32(f32::NEG_INFINITY);
-        let mx = k.var_init(ninf);
-        let (z, one) = (k.u32(0), k.u32(1));
-        k.for_range(z, bkc, one, |k, col| {
-            let at = k.add(rowbase, col);
-            let x = k.shared_load(ss, at);
-            let cur = k.get(mx);
-            let n = k.max(cur, x);
-            k.set(mx, n);
-        });
-        let mold = k.get(m);
-        let mxv = k.get(mx);
-        let mnew = k.max(mold, mxv);
-        let safe = safe_max(k, mnew);
-        let d = k.sub(mold, safe);
-        let corr = k.exp(d);
-        let lv = k.get(l);
-        let lv = k.mul(lv, corr);
-        k.set(l, lv);
-        let cv = k.splat(corr, 4);
-        for &a in &acc {
-            let x = k.get(a);
-            let x = k.mul(x, cv);
-            k.set(a, x);
+        let mut p = Vec::with_capacity(s.len());
+        for (i, row) in s.iter().enumerate() {
+            let mut mx = k.get(m[i]);
+            let mold = mx;
+            for t in 0..SIMT_COLS {
+                let o = k.u32(t);
+                let at = k.add(red_base[i], o);
+                let x = k.shared_load(red, at);
+                mx = k.max(mx, x);
+            }
+            let safe = safe_max(k, mx);
+            let d = k.sub(mold, safe);
+            let corr = k.exp2(d);
+            let lv = k.get(l[i]);
+            let mut lv = k.mul(lv, corr);
+            let cv = k.splat(corr, 4);
+            for &a in &acc[i] {
+                let x = k.get(a);
+                let x = k.mul(x, cv);
+                k.set(a, x);
+            }
+            k.set(m[i], mx);
+            let pr: Vec<Val> = row
+                .iter()
+                .map(|&x| {
+                    let d = k.sub(x, safe);
+                    k.exp2(d)
+                })
+                .collect();
+            for &x in &pr {
+                lv = k.add(lv, x);
+            }
+            k.set(l[i], lv);
+            p.push(pr);
         }
-        k.set(m, mnew);
-        k.for_range(z, bkc, one, |k, col| {
-            let at = k.add(rowbase, col);
-            let x = k.shared_load(ss, at);
-            let dd = k.sub(x, safe);
-            let pc = k.exp(dd);
-            let lv = k.get(l);
-            let lv = k.add(lv, pc);
-            k.set(l, lv);
-            c.axpy(k, &acc, pc, sv, col);
-        });
+        c.store_scores(k, sp, &cols, &p);
+        k.workgroup_barrier();
+        c.axpy(k, &[(&acc, sp, sv)], bk);
     });
-    // Normalise and store O; L = m + log l (−inf for a row with no key).
-    let lv = k.get(l);
-    let mv = k.get(m);
-    let zero = k.const_f32(0.0);
-    let empty = k.eq(lv, zero);
-    let onef = k.const_f32(1.0);
-    let inv = k.div(onef, lv);
-    let inv = k.select(empty, zero, inv);
-    let lg = k.log(lv);
-    let lse = k.add(mv, lg);
-    let ninf = k.const_f32(f32::NEG_INFINITY);
-    let lse = k.select(empty, ninf, lse);
-    c.store_row(k, c.p.outs[0], &acc, (b, h), i, inv);
-    let inside = k.lt(i, c.p.t);
+    // Each invocation summed its own columns: the row sums, through `red`.
+    for (i, &li) in l.iter().enumerate() {
+        let at = k.add(red_base[i], c.tc);
+        let x = k.get(li);
+        k.shared_store(red, at, x);
+    }
+    k.workgroup_barrier();
+    let ln2 = k.const_f32(std::f32::consts::LN_2);
+    let mut inv = Vec::new();
+    let mut lse = Vec::new();
+    for i in 0..c.rows.len() {
+        let mut sum = k.const_f32(0.0);
+        for t in 0..SIMT_COLS {
+            let o = k.u32(t);
+            let at = k.add(red_base[i], o);
+            let x = k.shared_load(red, at);
+            sum = k.add(sum, x);
+        }
+        let zero = k.const_f32(0.0);
+        let empty = k.eq(sum, zero);
+        let onef = k.const_f32(1.0);
+        let r = k.div(onef, sum);
+        inv.push(k.select(empty, zero, r));
+        // L = m·ln 2 + ln l (m is in base 2); −inf for a row with no key.
+        let mv = k.get(m[i]);
+        let mv = k.mul(mv, ln2);
+        let lg = k.log(sum);
+        let x = k.add(mv, lg);
+        let ninf = k.const_f32(f32::NEG_INFINITY);
+        lse.push(k.select(empty, ninf, x));
+    }
+    c.store_rows(k, c.p.outs[0], &acc, (b, h), q0, &inv);
     let z = k.u32(0);
-    let first = k.eq(c.part, z);
-    let w = k.and(inside, first);
+    let first = k.eq(c.tc, z);
     let lse_buf = c.p.lse.expect("forward writes lse");
-    let at = stat_index(k, &c.p, b, h, i);
-    k.if_(w, |k| k.store(lse_buf, at, lse));
+    for (i, &q) in queries.iter().enumerate() {
+        let inside = k.lt(q, c.p.t);
+        let w = k.and(inside, first);
+        let at = stat_index(k, &c.p, b, h, q);
+        k.if_(w, |k| k.store(lse_buf, at, lse[i]));
+    }
     kb.finish()
 }
 
-/// Loads L and Dsum of query `i` (L = +inf, Dsum = 0 past T, so P = 0 there).
+/// L·log2 e and Dsum of query `i` (L = +inf, Dsum = 0 past T, so P = 0 there).
 fn row_stats(k: &mut KernelBuilder, c: &Ctx, b: Val, h: Val, i: Val) -> (Val, Val) {
     let inside = k.lt(i, c.p.t);
     let z = k.u32(0);
     let ic = k.select(inside, i, z);
     let at = stat_index(k, &c.p, b, h, ic);
     let l = k.load(c.p.lse.expect("backward reads lse"), at, 1);
+    let log2e = k.const_f32(std::f32::consts::LOG2_E);
+    let l = k.mul(l, log2e);
     let d = k.load(c.p.dsum.expect("backward reads dsum"), at, 1);
     let inf = k.const_f32(f32::INFINITY);
     let zero = k.const_f32(0.0);
@@ -410,27 +703,39 @@ fn row_stats(k: &mut KernelBuilder, c: &Ctx, b: Val, h: Val, i: Val) -> (Val, Va
     (l, d)
 }
 
+/// P = exp2(s − L) and dS = P·(dP − Dsum) (s and L in base 2).
+fn p_ds(k: &mut KernelBuilder, s: Val, dp: Val, l: Val, dsum: Val) -> (Val, Val) {
+    let x = k.sub(s, l);
+    let p = k.exp2(x);
+    let d = k.sub(dp, dsum);
+    let ds = k.mul(p, d);
+    (p, ds)
+}
+
 fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let (mut kb, c) = Ctx::new(kern);
     let k = &mut kb;
     let (bq, bk) = (c.bq, c.bk);
-    let sk = c.tile(k, bk);
-    let sv = c.tile(k, bk);
-    let sq = c.tile(k, bq);
-    let sdo = c.tile(k, bq);
+    let sk = c.head_tile(k, bk);
+    let sv = c.head_tile(k, bk);
+    let sq = c.head_tile(k, bq);
+    let sdo = c.head_tile(k, bq);
+    let spt = c.score_tile(k, bk, bq);
+    let sdst = c.score_tile(k, bk, bq);
     let f = Ty::scalar(Scalar::F32);
-    let sp = k.shared_array(f, SharedLen::Fixed(bq * bk));
-    let sds = k.shared_array(f, SharedLen::Fixed(bq * bk));
     let sl = k.shared_array(f, SharedLen::Fixed(bq));
     let sd = k.shared_array(f, SharedLen::Fixed(bq));
     let (b, h, kblk) = block_coords(k, &c.p, bk, false);
     let bkc = k.u32(bk);
     let k0 = k.mul(kblk, bkc);
-    let j = k.add(k0, c.r);
     let kend = key_end(k, &c.p, b);
     let (qv, kv, vv, dov) = (c.p.views[0], c.p.views[1], c.p.views[2], c.p.views[3]);
-    c.load_tile(k, kv, (b, h), k0, kend, bk, sk, None);
-    c.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
+    // K staged in base-2 score units: Sᵀ = K·Qᵀ comes out scaled.
+    let s2 = base2_scale(k, &c);
+    let x = c.fetch(k, kv, (b, h), k0, kend, bk, Some(s2));
+    c.put(k, sk, bk, &x);
+    let x = c.fetch(k, vv, (b, h), k0, kend, bk, None);
+    c.put(k, sv, bk, &x);
     let dk = c.zero_accs(k);
     let dvs = c.zero_accs(k);
     let nqb = blocks(k, c.p.t, bq);
@@ -440,47 +745,81 @@ fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let live = k.lt(k0, kend);
     let z = k.u32(0);
     let nqb = k.select(live, nqb, z);
+    let keys: Vec<Val> = c.rows.iter().map(|&r| k.add(k0, r)).collect();
+    // A query block's Q, dO and row statistics, fetched a block ahead.
+    let fetch_q = |k: &mut KernelBuilder, i0: Val| {
+        let mut x = c.fetch(k, qv, (b, h), i0, c.p.t, bq, None);
+        x.extend(c.fetch(k, dov, (b, h), i0, c.p.t, bq, None));
+        for slot in 0..bq.div_ceil(c.wg) {
+            let o = k.u32(slot * c.wg);
+            let idx = k.add(c.tid, o);
+            let i = k.add(i0, idx);
+            let (l, d) = row_stats(k, &c, b, h, i);
+            let zero = k.const_f32(0.0);
+            x.push(k.vector(&[l, d, zero, zero]));
+        }
+        x
+    };
+    let i0 = k.mul(qstart, bqc);
+    let x = fetch_q(k, i0);
+    let held = Ctx::hold(k, &x);
+    let per_tile = (bq * c.head_dim / 4).div_ceil(c.wg) as usize;
     let one = k.u32(1);
     k.for_range(qstart, nqb, one, |k, qb| {
         let i0 = k.mul(qb, bqc);
         k.workgroup_barrier();
-        c.load_tile(k, qv, (b, h), i0, c.p.t, bq, sq, None);
-        c.load_tile(k, dov, (b, h), i0, c.p.t, bq, sdo, None);
-        let step = k.u32(c.wg);
-        k.for_range(c.tid, bqc, step, |k, idx| {
-            let i = k.add(i0, idx);
-            let (l, d) = row_stats(k, &c, b, h, i);
-            k.shared_store(sl, idx, l);
-            k.shared_store(sd, idx, d);
-        });
-        k.workgroup_barrier();
-        let qs = c.my_cols(k, bq);
-        let dots = c.dots(k, &[(sk, c.r, sq), (sv, c.r, sdo)], &qs);
-        for (jj, &qi) in qs.iter().enumerate() {
-            let i = k.add(i0, qi);
-            let kp = keep(k, c.causal, i, j, kend);
-            let l = k.shared_load(sl, qi);
-            let d = k.shared_load(sd, qi);
-            let (p, ds) = p_ds(k, &c, dots[0][jj], dots[1][jj], kp, l, d);
-            let at = k.mul(qi, bkc);
-            let at = k.add(at, c.r);
-            k.shared_store(sp, at, p);
-            k.shared_store(sds, at, ds);
+        let x = Ctx::take(k, &held);
+        c.put(k, sq, bq, &x[..per_tile]);
+        c.put(k, sdo, bq, &x[per_tile..2 * per_tile]);
+        for (slot, &st) in x[2 * per_tile..].iter().enumerate() {
+            let o = k.u32(slot as u32 * c.wg);
+            let idx = k.add(c.tid, o);
+            let inside = k.lt(idx, bqc);
+            k.if_(inside, |k| {
+                let l = k.extract(st, 0);
+                let d = k.extract(st, 1);
+                k.shared_store(sl, idx, l);
+                k.shared_store(sd, idx, d);
+            });
         }
         k.workgroup_barrier();
-        let (z, one) = (k.u32(0), k.u32(1));
-        k.for_range(z, bqc, one, |k, qi| {
-            let at = k.mul(qi, bkc);
-            let at = k.add(at, c.r);
-            let p = k.shared_load(sp, at);
-            let ds = k.shared_load(sds, at);
-            c.axpy(k, &dvs, p, sdo, qi);
-            c.axpy(k, &dk, ds, sq, qi);
-        });
+        let next = k.add(i0, bqc);
+        let x = fetch_q(k, next);
+        Ctx::refill(k, &held, &x);
+        let qs = c.cols(k, bq);
+        let mut prods = c.dots(k, &[(sk, sq), (sv, sdo)], &qs);
+        let dpt = prods.pop().expect("two products");
+        let st = prods.pop().expect("two products");
+        let stats: Vec<(Val, Val)> = qs
+            .iter()
+            .map(|&q| (k.shared_load(sl, q), k.shared_load(sd, q)))
+            .collect();
+        let mut p = Vec::new();
+        let mut ds = Vec::new();
+        for (srow, dprow) in st.iter().zip(&dpt) {
+            let (mut pr, mut dr) = (Vec::new(), Vec::new());
+            for (j, (&s, &dp)) in srow.iter().zip(dprow).enumerate() {
+                let (x, y) = p_ds(k, s, dp, stats[j].0, stats[j].1);
+                pr.push(x);
+                dr.push(y);
+            }
+            p.push(pr);
+            ds.push(dr);
+        }
+        let need = c.needs_mask(k, i0, k0, kend);
+        let qk = |k: &mut KernelBuilder, i: usize, j: usize| (k.add(i0, qs[j]), keys[i]);
+        let p = c.mask(k, p, need, &qk, kend, 0.0);
+        let ds = c.mask(k, ds, need, &qk, kend, 0.0);
+        c.store_scores(k, spt, &qs, &p);
+        c.store_scores(k, sdst, &qs, &ds);
+        k.workgroup_barrier();
+        c.axpy(k, &[(&dvs, spt, sdo), (&dk, sdst, sq)], bq);
     });
     let onef = k.const_f32(1.0);
-    c.store_row(k, c.p.outs[0], &dk, (b, h), j, c.p.scale);
-    c.store_row(k, c.p.outs[1], &dvs, (b, h), j, onef);
+    let scale: Vec<Val> = c.rows.iter().map(|_| c.p.scale).collect();
+    let ones: Vec<Val> = c.rows.iter().map(|_| onef).collect();
+    c.store_rows(k, c.p.outs[0], &dk, (b, h), k0, &scale);
+    c.store_rows(k, c.p.outs[1], &dvs, (b, h), k0, &ones);
     kb.finish()
 }
 
@@ -488,49 +827,68 @@ fn dq(kern: &AttentionKernel) -> KernelModule {
     let (mut kb, c) = Ctx::new(kern);
     let k = &mut kb;
     let (bq, bk) = (c.bq, c.bk);
-    let sq = c.tile(k, bq);
-    let sdo = c.tile(k, bq);
-    let sk = c.tile(k, bk);
-    let sv = c.tile(k, bk);
-    let sds = k.shared_array(Ty::scalar(Scalar::F32), SharedLen::Fixed(bq * bk));
+    let sq = c.head_tile(k, bq);
+    let sdo = c.head_tile(k, bq);
+    let sk = c.head_tile(k, bk);
+    let sv = c.head_tile(k, bk);
+    let sds = c.score_tile(k, bq, bk);
     let (b, h, qb) = block_coords(k, &c.p, bq, c.causal);
     let bqc = k.u32(bq);
     let q0 = k.mul(qb, bqc);
-    let i = k.add(q0, c.r);
     let kend = key_end(k, &c.p, b);
     let (qv, kv, vv, dov) = (c.p.views[0], c.p.views[1], c.p.views[2], c.p.views[3]);
-    c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, None);
-    c.load_tile(k, dov, (b, h), q0, c.p.t, bq, sdo, None);
-    let (l, d) = row_stats(k, &c, b, h, i);
+    // Q staged in base-2 score units; dQ = scale·dS·K does not involve it.
+    let s2 = base2_scale(k, &c);
+    let x = c.fetch(k, qv, (b, h), q0, c.p.t, bq, Some(s2));
+    c.put(k, sq, bq, &x);
+    let x = c.fetch(k, dov, (b, h), q0, c.p.t, bq, None);
+    c.put(k, sdo, bq, &x);
+    let queries: Vec<Val> = c.rows.iter().map(|&r| k.add(q0, r)).collect();
+    let stats: Vec<(Val, Val)> = queries.iter().map(|&i| row_stats(k, &c, b, h, i)).collect();
     let kmax = c.key_limit(k, q0, kend);
     let nkb = blocks(k, kmax, bk);
     let acc = c.zero_accs(k);
     let (z, one) = (k.u32(0), k.u32(1));
+    let kf = c.fetch(k, kv, (b, h), z, kend, bk, None);
+    let vf = c.fetch(k, vv, (b, h), z, kend, bk, None);
+    let (kf, vf) = (Ctx::hold(k, &kf), Ctx::hold(k, &vf));
     k.for_range(z, nkb, one, |k, kb| {
         let bkc = k.u32(bk);
         let k0 = k.mul(kb, bkc);
         k.workgroup_barrier();
-        c.load_tile(k, kv, (b, h), k0, kend, bk, sk, None);
-        c.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
+        let x = Ctx::take(k, &kf);
+        c.put(k, sk, bk, &x);
+        let x = Ctx::take(k, &vf);
+        c.put(k, sv, bk, &x);
         k.workgroup_barrier();
-        let cols = c.my_cols(k, bk);
-        let dots = c.dots(k, &[(sq, c.r, sk), (sdo, c.r, sv)], &cols);
-        let rowbase = k.mul(c.r, bkc);
-        for (jj, &col) in cols.iter().enumerate() {
-            let j = k.add(k0, col);
-            let kp = keep(k, c.causal, i, j, kend);
-            let (_, ds) = p_ds(k, &c, dots[0][jj], dots[1][jj], kp, l, d);
-            let at = k.add(rowbase, col);
-            k.shared_store(sds, at, ds);
-        }
+        let next = k.add(k0, bkc);
+        let x = c.fetch(k, kv, (b, h), next, kend, bk, None);
+        Ctx::refill(k, &kf, &x);
+        let x = c.fetch(k, vv, (b, h), next, kend, bk, None);
+        Ctx::refill(k, &vf, &x);
+        let cols = c.cols(k, bk);
+        let mut prods = c.dots(k, &[(sq, sk), (sdo, sv)], &cols);
+        let dp = prods.pop().expect("two products");
+        let s = prods.pop().expect("two products");
+        let ds: Vec<Vec<Val>> = s
+            .iter()
+            .zip(&dp)
+            .enumerate()
+            .map(|(i, (srow, dprow))| {
+                srow.iter()
+                    .zip(dprow)
+                    .map(|(&s, &dp)| p_ds(k, s, dp, stats[i].0, stats[i].1).1)
+                    .collect()
+            })
+            .collect();
+        let need = c.needs_mask(k, q0, k0, kend);
+        let qk = |k: &mut KernelBuilder, i: usize, j: usize| (queries[i], k.add(k0, cols[j]));
+        let ds = c.mask(k, ds, need, &qk, kend, 0.0);
+        c.store_scores(k, sds, &cols, &ds);
         k.workgroup_barrier();
-        let (z, one) = (k.u32(0), k.u32(1));
-        k.for_range(z, bkc, one, |k, col| {
-            let at = k.add(rowbase, col);
-            let ds = k.shared_load(sds, at);
-            c.axpy(k, &acc, ds, sk, col);
-        });
+        c.axpy(k, &[(&acc, sds, sk)], bk);
     });
-    c.store_row(k, c.p.outs[0], &acc, (b, h), i, c.p.scale);
+    let scale: Vec<Val> = c.rows.iter().map(|_| c.p.scale).collect();
+    c.store_rows(k, c.p.outs[0], &acc, (b, h), q0, &scale);
     kb.finish()
 }

@@ -41,8 +41,9 @@ struct Case {
     dtype: DType,
     causal: bool,
     lens: Option<Vec<u32>>,
-    /// Q, K, V as views of one fused [B, T, 3, H, D] tensor.
-    fused: bool,
+    /// Q, K, V as views of one fused [B, T, 3, H, D] tensor that starts this many elements
+    /// into its buffer (1: no row starts on a multiple of 4 elements).
+    fused: Option<usize>,
     variant: Option<AttnVariant>,
 }
 
@@ -71,17 +72,21 @@ fn run(d: &Device, c: &Case, seed: u64) -> Result<([f64; 5], bool), String> {
         variant: c.variant,
         ..Default::default()
     };
-    let (qt, kt, vt) = if c.fused {
-        // [B, T, 3, H, D]
-        let mut fused = vec![0.0f32; 3 * n];
+    let (qt, kt, vt) = if let Some(at) = c.fused {
+        // [B, T, 3, H, D], `at` elements into the buffer.
+        let mut fused = vec![0.5f32; at + 3 * n];
         for (x, src) in [&q, &k, &v].iter().enumerate() {
             for bt in 0..s.b * s.t {
                 for hd in 0..s.h * s.d {
-                    fused[(bt * 3 + x) * s.h * s.d + hd] = src[bt * s.h * s.d + hd];
+                    fused[at + (bt * 3 + x) * s.h * s.d + hd] = src[bt * s.h * s.d + hd];
                 }
             }
         }
-        let f = Tensor::from_slice_as(d, &fused, &[s.b, s.t, 3, s.h, s.d], c.dtype).map_err(e)?;
+        let f = Tensor::from_slice_as(d, &fused, &[at + 3 * n], c.dtype).map_err(e)?;
+        let f = f
+            .narrow(0, at, 3 * n)
+            .and_then(|f| f.reshape(&[s.b, s.t, 3, s.h, s.d]))
+            .map_err(e)?;
         let [a, b, cc] = f.split_qkv().map_err(e)?;
         (a, b, cc)
     } else {
@@ -166,7 +171,7 @@ fn every_head_dim_and_dtype_matches_reference() {
                 dtype,
                 causal: i % 3 != 2,
                 lens,
-                fused: false,
+                fused: None,
                 variant: None,
             };
             let errs = check(d, &c, i as u64);
@@ -197,7 +202,7 @@ fn fused_qkv_views_are_read_in_place() {
                 dtype,
                 causal,
                 lens: lens.clone(),
-                fused: true,
+                fused: Some(i),
                 variant: None,
             };
             check(d, &c, 100 + i as u64);
@@ -219,8 +224,8 @@ fn every_simt_variant_matches_reference() {
                 dims: dims(1, 37, 2, hd),
                 dtype: DType::F32,
                 causal: i % 2 == 0,
-                lens: (i == 1).then(|| vec![30]),
-                fused: false,
+                lens: (i % 3 == 1).then(|| vec![30]),
+                fused: None,
                 variant: Some(v),
             };
             match run(d, &c, 7) {
@@ -260,7 +265,7 @@ fn every_coop_variant_matches_reference() {
                     dtype,
                     causal: i % 2 == 0,
                     lens: (i % 2 == 1).then(|| vec![77, 40]),
-                    fused: false,
+                    fused: None,
                     variant: Some(v),
                 };
                 match run(d, &c, 11) {
@@ -293,7 +298,7 @@ fn empty_and_long_key_lengths() {
         dtype: DType::F32,
         causal: false,
         lens: Some(vec![0, 4, 100]),
-        fused: false,
+        fused: None,
         variant: None,
     };
     check(d, &c, 3);
@@ -417,7 +422,7 @@ fn tuning_stores_winners_that_are_used() {
         dtype: DType::F32,
         causal: false,
         lens: Some(vec![29]),
-        fused: false,
+        fused: None,
         variant: None,
     };
     check(d, &c, 21);
