@@ -12,9 +12,10 @@
 //!
 //! What bounds them on an H100 is latency, not shared-memory bandwidth: 8 rows per
 //! invocation (half the loads per multiply-add, half the invocations) took twice as long.
-//! So each loop loads the next block into registers while it multiplies the current one,
-//! and the tiles are as large as 48 KiB (the Vulkan limit on NVIDIA) allows at 128
-//! invocations. The old one-row-per-invocation kernels ran at 2–4 TFLOP/s.
+//! The tiles are as large as 48 KiB (the Vulkan limit on NVIDIA) allows at 128
+//! invocations. Loops stay loops: unrolling the products measured no faster, and both it
+//! and prefetching the next block into registers made lavapipe's compiler take minutes per
+//! kernel. The old one-row-per-invocation kernels ran at 2–4 TFLOP/s.
 //!
 //! - Score tiles (S, dP) live in registers; the row maximum of the forward's online softmax
 //!   is reduced through a small shared array (no subgroup operations, so the kernels run
@@ -178,13 +179,11 @@ impl Ctx {
             .collect()
     }
 
-    /// This invocation's share of rows t0..t0+rows of `view` (zeros at t >= tend), times
-    /// `mul`, as vec4s in registers: `put` stages them. Loading a block into registers
-    /// while the previous one is multiplied hides the memory latency. vec4 loads where the
-    /// view's offset and strides allow them (the fused QKV layout does), else one element
-    /// at a time.
+    /// Stages rows t0..t0+rows of `view` (zeros at t >= tend) into `dst`, times `mul`:
+    /// vec4 loads where the view's offset and strides allow them (the fused QKV layout
+    /// does), else one element at a time.
     #[allow(clippy::too_many_arguments)]
-    fn fetch(
+    fn load_tile(
         &self,
         k: &mut KernelBuilder,
         view: View,
@@ -192,114 +191,100 @@ impl Ctx {
         t0: Val,
         tend: Val,
         rows: u32,
+        dst: Tile,
         mul: Option<Val>,
-    ) -> Vec<Val> {
-        let dv = self.head_dim / 4;
-        let total = rows * dv;
+    ) {
         let aligned = view.vec4_aligned(k);
+        k.if_else(
+            aligned,
+            |k| self.load_tile_with(k, view, (b, h), (t0, tend), rows, dst, mul, 4),
+            |k| self.load_tile_with(k, view, (b, h), (t0, tend), rows, dst, mul, 1),
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn load_tile_with(
+        &self,
+        k: &mut KernelBuilder,
+        view: View,
+        (b, h): (Val, Val),
+        (t0, tend): (Val, Val),
+        rows: u32,
+        dst: Tile,
+        mul: Option<Val>,
+        lanes: u8,
+    ) {
+        let per_row = self.head_dim / u32::from(lanes);
         let s = self.storage;
-        (0..total.div_ceil(self.wg))
-            .map(|slot| {
-                let (row, c4) = self.slot(k, slot, total, dv);
-                let t = k.add(t0, row);
-                let ok = k.lt(t, tend);
-                let zero_u = k.u32(0);
-                let tc = k.select(ok, t, zero_u);
-                let base = view.row(k, b, tc, h);
-                let x = k.var(v4());
-                k.if_else(
-                    aligned,
-                    |k| {
-                        let four = k.u32(4);
-                        let at = k.div(base, four);
-                        let at = k.add(at, c4);
-                        let v = load_f32(k, view.buf, at, 4, s);
-                        k.set(x, v);
-                    },
-                    |k| {
-                        let four = k.u32(4);
-                        let e = k.mul(c4, four);
-                        let e = k.add(base, e);
-                        let lanes: Vec<Val> = (0..4)
-                            .map(|l| {
-                                let o = k.u32(l);
-                                let at = k.add(e, o);
-                                load_f32(k, view.buf, at, 1, s)
-                            })
-                            .collect();
-                        let v = k.vector(&lanes);
-                        k.set(x, v);
-                    },
-                );
-                let x = k.get(x);
-                let zero = k.const_float(v4(), 0.0);
-                let x = k.select(ok, x, zero);
-                match mul {
-                    Some(m) => {
-                        let m = k.splat(m, 4);
-                        k.mul(x, m)
-                    }
-                    None => x,
+        let end = k.u32(rows * per_row);
+        let step = k.u32(self.wg);
+        k.for_range(self.tid, end, step, |k, idx| {
+            let pr = k.u32(per_row);
+            let row = k.div(idx, pr);
+            let col = k.rem(idx, pr);
+            let t = k.add(t0, row);
+            let ok = k.lt(t, tend);
+            let zero_u = k.u32(0);
+            let tc = k.select(ok, t, zero_u);
+            let at = view.row(k, b, tc, h);
+            let at = if lanes == 4 {
+                let four = k.u32(4);
+                k.div(at, four)
+            } else {
+                at
+            };
+            let at = k.add(at, col);
+            let x = load_f32(k, view.buf, at, lanes, s);
+            let zero = k.const_float(x.ty, 0.0);
+            let x = k.select(ok, x, zero);
+            let x = match mul {
+                Some(m) if lanes == 4 => {
+                    let m = k.splat(m, 4);
+                    k.mul(x, m)
                 }
-            })
-            .collect()
-    }
-
-    /// (row, vec4 column) of this invocation's `slot` of a `total`-vec4 tile of `dv`-vec4
-    /// rows (the last slots of a tile that does not divide evenly repeat its last vec4).
-    fn slot(&self, k: &mut KernelBuilder, slot: u32, total: u32, dv: u32) -> (Val, Val) {
-        let off = k.u32(slot * self.wg);
-        let idx = k.add(self.tid, off);
-        let idx = if (slot + 1) * self.wg > total {
-            let last = k.u32(total - 1);
-            k.min(idx, last)
-        } else {
-            idx
-        };
-        let dvc = k.u32(dv);
-        (k.div(idx, dvc), k.rem(idx, dvc))
-    }
-
-    /// Stages fetched vec4s into `dst` (a tile of `rows` D-rows).
-    fn put(&self, k: &mut KernelBuilder, dst: Tile, rows: u32, vals: &[Val]) {
-        let dv = self.head_dim / 4;
-        let stride = k.u32(dst.stride);
-        for (slot, &x) in vals.iter().enumerate() {
-            let (row, c4) = self.slot(k, slot as u32, rows * dv, dv);
-            let at = k.mul(row, stride);
-            let at = k.add(at, c4);
-            k.shared_store(dst.arr, at, x);
-        }
-    }
-
-    /// Fetched values as variables (the loop's prefetch registers) and back.
-    fn hold(k: &mut KernelBuilder, vals: &[Val]) -> Vec<Var> {
-        vals.iter().map(|&v| k.var_init(v)).collect()
-    }
-
-    fn take(k: &mut KernelBuilder, vars: &[Var]) -> Vec<Val> {
-        vars.iter().map(|&v| k.get(v)).collect()
-    }
-
-    fn refill(k: &mut KernelBuilder, vars: &[Var], vals: &[Val]) {
-        for (&v, &x) in vars.iter().zip(vals) {
-            k.set(v, x);
-        }
+                Some(m) => k.mul(x, m),
+                None => x,
+            };
+            let stride = k.u32(dst.stride);
+            let slot = k.mul(row, stride);
+            if lanes == 4 {
+                let slot = k.add(slot, col);
+                k.shared_store(dst.arr, slot, x);
+            } else {
+                let four = k.u32(4);
+                let q = k.div(col, four);
+                let slot = k.add(slot, q);
+                let lane = k.rem(col, four);
+                k.shared_store_lane(dst.arr, slot, lane, x);
+            }
+        });
     }
 
     /// For each pair (A, B) of staged D-row tiles: the owned-rows × `cols` products
-    /// A[row]·B[col] over D, out[pair][i][j] for rows[i] and cols[j]. Unrolled: the
-    /// compiler schedules the shared loads ahead of the multiply-adds.
+    /// A[row]·B[col] over D, out[pair][i][j] for rows[i] and cols[j]. A loop over D's
+    /// vec4s, not unrolled: unrolling measured no faster on an H100, and lavapipe's
+    /// compiler takes minutes over the unrolled kernels.
     fn dots(
         &self,
         k: &mut KernelBuilder,
         pairs: &[(Tile, Tile)],
         cols: &[Val],
     ) -> Vec<Vec<Vec<Val>>> {
-        let zero = k.const_f32(0.0);
-        let mut accs: Vec<Vec<Vec<Val>>> = pairs
+        let accs: Vec<Vec<Vec<Var>>> = pairs
             .iter()
-            .map(|_| self.rows.iter().map(|_| vec![zero; cols.len()]).collect())
+            .map(|_| {
+                self.rows
+                    .iter()
+                    .map(|_| {
+                        cols.iter()
+                            .map(|_| {
+                                let z = k.const_f32(0.0);
+                                k.var_init(z)
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
             .collect();
         let base = |k: &mut KernelBuilder, t: Tile, r: Val| {
             let s = k.u32(t.stride);
@@ -313,8 +298,10 @@ impl Ctx {
             .iter()
             .map(|&(_, b)| cols.iter().map(|&c| base(k, b, c)).collect())
             .collect();
-        for v in 0..self.head_dim / 4 {
-            let v = k.u32(v);
+        let zero = k.u32(0);
+        let one = k.u32(1);
+        let dv = k.u32(self.head_dim / 4);
+        k.for_range(zero, dv, one, |k, v| {
             for (x, &(a, b)) in pairs.iter().enumerate() {
                 let lanes = |k: &mut KernelBuilder, t: Tile, at: Val| {
                     let at = k.add(at, v);
@@ -325,14 +312,22 @@ impl Ctx {
                 let bv: Vec<Vec<Val>> = b_base[x].iter().map(|&at| lanes(k, b, at)).collect();
                 for (i, ai) in av.iter().enumerate() {
                     for (j, bj) in bv.iter().enumerate() {
+                        let mut acc = k.get(accs[x][i][j]);
                         for l in 0..4 {
-                            accs[x][i][j] = k.fma(ai[l], bj[l], accs[x][i][j]);
+                            acc = k.fma(ai[l], bj[l], acc);
                         }
+                        k.set(accs[x][i][j], acc);
                     }
                 }
             }
-        }
-        accs
+        });
+        accs.iter()
+            .map(|p| {
+                p.iter()
+                    .map(|row| row.iter().map(|&v| k.get(v)).collect())
+                    .collect()
+            })
+            .collect()
     }
 
     /// Zeroed D-wide accumulators: [owned row][chunk] vec4s.
@@ -365,8 +360,10 @@ impl Ctx {
                     .collect()
             })
             .collect();
-        for x4 in 0..n / 4 {
-            let x4 = k.u32(x4);
+        let zero = k.u32(0);
+        let one = k.u32(1);
+        let n4 = k.u32(n / 4);
+        k.for_range(zero, n4, one, |k, x4| {
             for (t, &(acc, s, b)) in terms.iter().enumerate() {
                 let sv: Vec<Val> = s_base[t]
                     .iter()
@@ -401,7 +398,7 @@ impl Ctx {
                     }
                 }
             }
-        }
+        });
     }
 
     /// Writes score values[i][j] at (rows[i], cols[j]) of `tile`.
@@ -556,14 +553,9 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
     let kend = key_end(k, &c.p, b);
     let (qv, kv, vv) = (c.p.views[0], c.p.views[1], c.p.views[2]);
     let s2 = base2_scale(k, &c);
-    let q = c.fetch(k, qv, (b, h), q0, c.p.t, bq, Some(s2));
-    c.put(k, sq, bq, &q);
+    c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, Some(s2));
     let kmax = c.key_limit(k, q0, kend);
     let nkb = blocks(k, kmax, bk);
-    let z = k.u32(0);
-    let kf = c.fetch(k, kv, (b, h), z, kend, bk, None);
-    let vf = c.fetch(k, vv, (b, h), z, kend, bk, None);
-    let (kf, vf) = (Ctx::hold(k, &kf), Ctx::hold(k, &vf));
     let ninf = k.const_f32(f32::NEG_INFINITY);
     let zero = k.const_f32(0.0);
     let m: Vec<Var> = c.rows.iter().map(|_| k.var_init(ninf)).collect();
@@ -577,17 +569,9 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
         let bkc = k.u32(bk);
         let k0 = k.mul(kb, bkc);
         k.workgroup_barrier();
-        let x = Ctx::take(k, &kf);
-        c.put(k, sk, bk, &x);
-        let x = Ctx::take(k, &vf);
-        c.put(k, sv, bk, &x);
+        c.load_tile(k, kv, (b, h), k0, kend, bk, sk, None);
+        c.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
         k.workgroup_barrier();
-        // The next block's keys and values load while this one is multiplied.
-        let next = k.add(k0, bkc);
-        let x = c.fetch(k, kv, (b, h), next, kend, bk, None);
-        Ctx::refill(k, &kf, &x);
-        let x = c.fetch(k, vv, (b, h), next, kend, bk, None);
-        Ctx::refill(k, &vf, &x);
         let cols = c.cols(k, bk);
         let s = c.dots(k, &[(sq, sk)], &cols).remove(0);
         let need = c.needs_mask(k, q0, k0, kend);
@@ -732,10 +716,8 @@ fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let (qv, kv, vv, dov) = (c.p.views[0], c.p.views[1], c.p.views[2], c.p.views[3]);
     // K staged in base-2 score units: Sᵀ = K·Qᵀ comes out scaled.
     let s2 = base2_scale(k, &c);
-    let x = c.fetch(k, kv, (b, h), k0, kend, bk, Some(s2));
-    c.put(k, sk, bk, &x);
-    let x = c.fetch(k, vv, (b, h), k0, kend, bk, None);
-    c.put(k, sv, bk, &x);
+    c.load_tile(k, kv, (b, h), k0, kend, bk, sk, Some(s2));
+    c.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
     let dk = c.zero_accs(k);
     let dvs = c.zero_accs(k);
     let nqb = blocks(k, c.p.t, bq);
@@ -746,46 +728,20 @@ fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let z = k.u32(0);
     let nqb = k.select(live, nqb, z);
     let keys: Vec<Val> = c.rows.iter().map(|&r| k.add(k0, r)).collect();
-    // A query block's Q, dO and row statistics, fetched a block ahead.
-    let fetch_q = |k: &mut KernelBuilder, i0: Val| {
-        let mut x = c.fetch(k, qv, (b, h), i0, c.p.t, bq, None);
-        x.extend(c.fetch(k, dov, (b, h), i0, c.p.t, bq, None));
-        for slot in 0..bq.div_ceil(c.wg) {
-            let o = k.u32(slot * c.wg);
-            let idx = k.add(c.tid, o);
-            let i = k.add(i0, idx);
-            let (l, d) = row_stats(k, &c, b, h, i);
-            let zero = k.const_f32(0.0);
-            x.push(k.vector(&[l, d, zero, zero]));
-        }
-        x
-    };
-    let i0 = k.mul(qstart, bqc);
-    let x = fetch_q(k, i0);
-    let held = Ctx::hold(k, &x);
-    let per_tile = (bq * c.head_dim / 4).div_ceil(c.wg) as usize;
     let one = k.u32(1);
     k.for_range(qstart, nqb, one, |k, qb| {
         let i0 = k.mul(qb, bqc);
         k.workgroup_barrier();
-        let x = Ctx::take(k, &held);
-        c.put(k, sq, bq, &x[..per_tile]);
-        c.put(k, sdo, bq, &x[per_tile..2 * per_tile]);
-        for (slot, &st) in x[2 * per_tile..].iter().enumerate() {
-            let o = k.u32(slot as u32 * c.wg);
-            let idx = k.add(c.tid, o);
-            let inside = k.lt(idx, bqc);
-            k.if_(inside, |k| {
-                let l = k.extract(st, 0);
-                let d = k.extract(st, 1);
-                k.shared_store(sl, idx, l);
-                k.shared_store(sd, idx, d);
-            });
-        }
+        c.load_tile(k, qv, (b, h), i0, c.p.t, bq, sq, None);
+        c.load_tile(k, dov, (b, h), i0, c.p.t, bq, sdo, None);
+        let step = k.u32(c.wg);
+        k.for_range(c.tid, bqc, step, |k, idx| {
+            let i = k.add(i0, idx);
+            let (l, d) = row_stats(k, &c, b, h, i);
+            k.shared_store(sl, idx, l);
+            k.shared_store(sd, idx, d);
+        });
         k.workgroup_barrier();
-        let next = k.add(i0, bqc);
-        let x = fetch_q(k, next);
-        Ctx::refill(k, &held, &x);
         let qs = c.cols(k, bq);
         let mut prods = c.dots(k, &[(sk, sq), (sv, sdo)], &qs);
         let dpt = prods.pop().expect("two products");
@@ -839,33 +795,21 @@ fn dq(kern: &AttentionKernel) -> KernelModule {
     let (qv, kv, vv, dov) = (c.p.views[0], c.p.views[1], c.p.views[2], c.p.views[3]);
     // Q staged in base-2 score units; dQ = scale·dS·K does not involve it.
     let s2 = base2_scale(k, &c);
-    let x = c.fetch(k, qv, (b, h), q0, c.p.t, bq, Some(s2));
-    c.put(k, sq, bq, &x);
-    let x = c.fetch(k, dov, (b, h), q0, c.p.t, bq, None);
-    c.put(k, sdo, bq, &x);
+    c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, Some(s2));
+    c.load_tile(k, dov, (b, h), q0, c.p.t, bq, sdo, None);
     let queries: Vec<Val> = c.rows.iter().map(|&r| k.add(q0, r)).collect();
     let stats: Vec<(Val, Val)> = queries.iter().map(|&i| row_stats(k, &c, b, h, i)).collect();
     let kmax = c.key_limit(k, q0, kend);
     let nkb = blocks(k, kmax, bk);
     let acc = c.zero_accs(k);
     let (z, one) = (k.u32(0), k.u32(1));
-    let kf = c.fetch(k, kv, (b, h), z, kend, bk, None);
-    let vf = c.fetch(k, vv, (b, h), z, kend, bk, None);
-    let (kf, vf) = (Ctx::hold(k, &kf), Ctx::hold(k, &vf));
     k.for_range(z, nkb, one, |k, kb| {
         let bkc = k.u32(bk);
         let k0 = k.mul(kb, bkc);
         k.workgroup_barrier();
-        let x = Ctx::take(k, &kf);
-        c.put(k, sk, bk, &x);
-        let x = Ctx::take(k, &vf);
-        c.put(k, sv, bk, &x);
+        c.load_tile(k, kv, (b, h), k0, kend, bk, sk, None);
+        c.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
         k.workgroup_barrier();
-        let next = k.add(k0, bkc);
-        let x = c.fetch(k, kv, (b, h), next, kend, bk, None);
-        Ctx::refill(k, &kf, &x);
-        let x = c.fetch(k, vv, (b, h), next, kend, bk, None);
-        Ctx::refill(k, &vf, &x);
         let cols = c.cols(k, bk);
         let mut prods = c.dots(k, &[(sq, sk), (sdo, sv)], &cols);
         let dp = prods.pop().expect("two products");
