@@ -327,11 +327,12 @@ pub fn fused_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     Ok(y.reshape(&[b, t, c])?) // (B, T, C)
 }
 
-/// Most bytes of f32 scores per layer the materialised form may store. In f32 it is the
-/// faster form: on an H100 the portable flash kernel took 15.1 ms forward+backward at
-/// 8×12×1024×64 where stored scores take about a third of that (PyTorch's naive form: 4.9 ms;
-/// bench/results/2026-11-23-attention-h100.md), and `helios bench train` at GPT-2 sizes
-/// spent half its fp32 step in it. Past this size the flash kernel's O(T) memory wins.
+/// Most bytes of f32 scores per layer the materialised form may store. In f32 it is still
+/// the faster form at GPT-2 sizes: on an H100 the portable flash kernel takes 4.7 ms
+/// forward+backward at 8×12×1024×64 (its backward is 4× its forward;
+/// bench/results/2026-11-24-attention-f32-h100-session8.txt), and a GPT-2 124M fp32 step ran
+/// 217.5 ms materialised against 222.5 ms on the flash kernel. Past this size the flash
+/// kernel's O(T) memory wins.
 pub const MATERIALISED_BYTES: u64 = 1 << 30;
 
 /// Whether helios' fused attention takes heads of `d` channels (multiples of 16 up to 256).
