@@ -455,6 +455,31 @@ impl Ctx {
         }
     }
 
+    /// The loop over key blocks 0..nkb of Forward and Dq: block kb's keys and values staged
+    /// in `sk` and `sv` between two barriers, then `body(k, k0)`.
+    fn over_key_blocks(
+        &self,
+        k: &mut KernelBuilder,
+        (b, h): (Val, Val),
+        nkb: Val,
+        kend: Val,
+        (sk, sv): (Tile, Tile),
+        body: impl FnOnce(&mut KernelBuilder, Val),
+    ) {
+        let (kv, vv) = (self.p.views[1], self.p.views[2]);
+        let bk = self.bk;
+        let (z, one) = (k.u32(0), k.u32(1));
+        k.for_range(z, nkb, one, |k, kb| {
+            let bkc = k.u32(bk);
+            let k0 = k.mul(kb, bkc);
+            k.workgroup_barrier();
+            self.load_tile(k, kv, (b, h), k0, kend, bk, sk, None);
+            self.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
+            k.workgroup_barrier();
+            body(k, k0);
+        });
+    }
+
     /// Keys a query block starting at `q0` sees: min(kend, q0 + bq) when causal.
     fn key_limit(&self, k: &mut KernelBuilder, q0: Val, kend: Val) -> Val {
         if !self.causal {
@@ -551,7 +576,7 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
     let bqc = k.u32(bq);
     let q0 = k.mul(qb, bqc);
     let kend = key_end(k, &c.p, b);
-    let (qv, kv, vv) = (c.p.views[0], c.p.views[1], c.p.views[2]);
+    let qv = c.p.views[0];
     let s2 = base2_scale(k, &c);
     c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, Some(s2));
     let kmax = c.key_limit(k, q0, kend);
@@ -564,14 +589,7 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
     let colsc = k.u32(SIMT_COLS);
     let red_base: Vec<Val> = c.rows.iter().map(|&r| k.mul(r, colsc)).collect();
     let queries: Vec<Val> = c.rows.iter().map(|&r| k.add(q0, r)).collect();
-    let (z, one) = (k.u32(0), k.u32(1));
-    k.for_range(z, nkb, one, |k, kb| {
-        let bkc = k.u32(bk);
-        let k0 = k.mul(kb, bkc);
-        k.workgroup_barrier();
-        c.load_tile(k, kv, (b, h), k0, kend, bk, sk, None);
-        c.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
-        k.workgroup_barrier();
+    c.over_key_blocks(k, (b, h), nkb, kend, (sk, sv), |k, k0| {
         let cols = c.cols(k, bk);
         let s = c.dots(k, &[(sq, sk)], &cols).remove(0);
         let need = c.needs_mask(k, q0, k0, kend);
@@ -792,7 +810,7 @@ fn dq(kern: &AttentionKernel) -> KernelModule {
     let bqc = k.u32(bq);
     let q0 = k.mul(qb, bqc);
     let kend = key_end(k, &c.p, b);
-    let (qv, kv, vv, dov) = (c.p.views[0], c.p.views[1], c.p.views[2], c.p.views[3]);
+    let (qv, dov) = (c.p.views[0], c.p.views[3]);
     // Q staged in base-2 score units; dQ = scale·dS·K does not involve it.
     let s2 = base2_scale(k, &c);
     c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, Some(s2));
@@ -802,14 +820,7 @@ fn dq(kern: &AttentionKernel) -> KernelModule {
     let kmax = c.key_limit(k, q0, kend);
     let nkb = blocks(k, kmax, bk);
     let acc = c.zero_accs(k);
-    let (z, one) = (k.u32(0), k.u32(1));
-    k.for_range(z, nkb, one, |k, kb| {
-        let bkc = k.u32(bk);
-        let k0 = k.mul(kb, bkc);
-        k.workgroup_barrier();
-        c.load_tile(k, kv, (b, h), k0, kend, bk, sk, None);
-        c.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
-        k.workgroup_barrier();
+    c.over_key_blocks(k, (b, h), nkb, kend, (sk, sv), |k, k0| {
         let cols = c.cols(k, bk);
         let mut prods = c.dots(k, &[(sq, sk), (sdo, sv)], &cols);
         let dp = prods.pop().expect("two products");
