@@ -147,13 +147,12 @@ pub fn default_order(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
             _ => COOP_VARIANTS,
         });
     }
-    let s = simt;
     // The largest tiles first: 128 invocations of 4×8 register tiles where they fit 48 KiB
     // at D = 64, down to what fits lavapipe's 32 KiB at D = 128.
     out.extend(match stage {
-        AttnStage::DkDv => [s(32, 32), s(16, 32), s(16, 16), s(16, 8)],
-        AttnStage::Dq => [s(64, 16), s(32, 32), s(32, 16), s(8, 16)],
-        _ => [s(64, 32), s(32, 32), s(16, 32), s(16, 16)],
+        AttnStage::DkDv => [simt(32, 32), simt(16, 32), simt(16, 16), simt(16, 8)],
+        AttnStage::Dq => [simt(64, 16), simt(32, 32), simt(32, 16), simt(8, 16)],
+        _ => [simt(64, 32), simt(32, 32), simt(16, 32), simt(16, 16)],
     });
     out
 }

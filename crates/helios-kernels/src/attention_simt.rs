@@ -113,27 +113,21 @@ impl Ctx {
         let mut k = KernelBuilder::new(kern.name(), kern.binding, [wg, 1, 1]);
         let p = kern.declare(&mut k, false);
         let (bq, bk) = kern.variant.blocks();
-        let owned = if kern.stage == AttnStage::DkDv {
-            bk
+        let (owned, other) = if kern.stage == AttnStage::DkDv {
+            (bk, bq)
         } else {
-            bq
+            (bq, bk)
         };
-        let other = if kern.stage == AttnStage::DkDv {
-            bq
-        } else {
-            bk
-        };
-        let per = SIMT_ROWS;
         assert!(
-            owned % per == 0 && other % SIMT_COLS == 0,
+            owned % SIMT_ROWS == 0 && other % SIMT_COLS == 0,
             "SIMT blocks of {owned}x{other}"
         );
         let tid = k.local_index();
         let cols = k.u32(SIMT_COLS);
         let tr = k.div(tid, cols);
         let tc = k.rem(tid, cols);
-        let stride = owned / per;
-        let rows = (0..per)
+        let stride = owned / SIMT_ROWS;
+        let rows = (0..SIMT_ROWS)
             .map(|i| {
                 let o = k.u32(i * stride);
                 k.add(tr, o)
@@ -506,36 +500,45 @@ impl Ctx {
         k.or(past, after)
     }
 
-    /// values[i][j], or `fill` where (query, key) of (rows[i], cols[j]) is dropped: only
-    /// computed when `need` holds.
-    #[allow(clippy::too_many_arguments)]
+    /// Each matrix's [i][j], or `fill` where (query, key) of (rows[i], cols[j]) is dropped:
+    /// only computed when `need` holds, the mask once for all the matrices.
     fn mask(
         &self,
         k: &mut KernelBuilder,
-        values: Vec<Vec<Val>>,
+        matrices: Vec<Vec<Vec<Val>>>,
         need: Val,
         query_key: &dyn Fn(&mut KernelBuilder, usize, usize) -> (Val, Val),
         kend: Val,
         fill: f32,
-    ) -> Vec<Vec<Val>> {
-        let vars: Vec<Vec<Var>> = values
+    ) -> Vec<Vec<Vec<Val>>> {
+        let vars: Vec<Vec<Vec<Var>>> = matrices
             .iter()
-            .map(|r| r.iter().map(|&v| k.var_init(v)).collect())
+            .map(|m| {
+                m.iter()
+                    .map(|r| r.iter().map(|&v| k.var_init(v)).collect())
+                    .collect()
+            })
             .collect();
         k.if_(need, |k| {
-            for (i, r) in vars.iter().enumerate() {
-                for (j, &v) in r.iter().enumerate() {
+            let f = k.const_f32(fill);
+            for i in 0..self.rows.len() {
+                for j in 0..vars[0][i].len() {
                     let (q, key) = query_key(k, i, j);
                     let kp = keep(k, self.causal, q, key, kend);
-                    let x = k.get(v);
-                    let f = k.const_f32(fill);
-                    let x = k.select(kp, x, f);
-                    k.set(v, x);
+                    for m in &vars {
+                        let x = k.get(m[i][j]);
+                        let x = k.select(kp, x, f);
+                        k.set(m[i][j], x);
+                    }
                 }
             }
         });
         vars.iter()
-            .map(|r| r.iter().map(|&v| k.get(v)).collect())
+            .map(|m| {
+                m.iter()
+                    .map(|r| r.iter().map(|&v| k.get(v)).collect())
+                    .collect()
+            })
             .collect()
     }
 }
@@ -594,7 +597,9 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
         let s = c.dots(k, &[(sq, sk)], &cols).remove(0);
         let need = c.needs_mask(k, q0, k0, kend);
         let qk = |k: &mut KernelBuilder, i: usize, j: usize| (queries[i], k.add(k0, cols[j]));
-        let s = c.mask(k, s, need, &qk, kend, f32::NEG_INFINITY);
+        let s = c
+            .mask(k, vec![s], need, &qk, kend, f32::NEG_INFINITY)
+            .remove(0);
         // The block's row maxima, through `red`.
         for (i, row) in s.iter().enumerate() {
             let mut mx = row[0];
@@ -782,8 +787,9 @@ fn dkdv(kern: &AttentionKernel) -> KernelModule {
         }
         let need = c.needs_mask(k, i0, k0, kend);
         let qk = |k: &mut KernelBuilder, i: usize, j: usize| (k.add(i0, qs[j]), keys[i]);
-        let p = c.mask(k, p, need, &qk, kend, 0.0);
-        let ds = c.mask(k, ds, need, &qk, kend, 0.0);
+        let mut masked = c.mask(k, vec![p, ds], need, &qk, kend, 0.0);
+        let ds = masked.pop().expect("two matrices");
+        let p = masked.pop().expect("two matrices");
         c.store_scores(k, spt, &qs, &p);
         c.store_scores(k, sdst, &qs, &ds);
         k.workgroup_barrier();
@@ -838,7 +844,7 @@ fn dq(kern: &AttentionKernel) -> KernelModule {
             .collect();
         let need = c.needs_mask(k, q0, k0, kend);
         let qk = |k: &mut KernelBuilder, i: usize, j: usize| (queries[i], k.add(k0, cols[j]));
-        let ds = c.mask(k, ds, need, &qk, kend, 0.0);
+        let ds = c.mask(k, vec![ds], need, &qk, kend, 0.0).remove(0);
         c.store_scores(k, sds, &cols, &ds);
         k.workgroup_barrier();
         c.axpy(k, &[(&acc, sds, sk)], bk);
