@@ -176,6 +176,9 @@ pub struct AttentionKernel {
     pub binding: Binding,
     /// Subgroup size the cooperative variants are built for (0 for SIMT).
     pub subgroup: u32,
+    /// The device's fragment layout, for cooperative variants that keep scores in
+    /// registers (`attention_frag`); `None` stages them in shared memory (`attention_coop`).
+    pub frag: Option<crate::FragMap>,
 }
 
 /// Push-constant strides of a [B, T, H, D] view (elements; d has stride 1).
@@ -241,14 +244,20 @@ pub(crate) struct Params {
 impl AttentionKernel {
     pub fn name(&self) -> String {
         format!(
-            "attn_{}_{}_d{}{}{}_{}",
+            "attn_{}_{}_d{}{}{}_{}{}",
             self.stage.tag(),
             self.storage.name(),
             self.head_dim,
             if self.causal { "_causal" } else { "" },
             if self.padded { "_pad" } else { "" },
-            self.variant.tag()
+            self.variant.tag(),
+            if self.in_registers() { "_reg" } else { "" }
         )
+    }
+
+    /// Whether this is a cooperative kernel that keeps its scores in registers.
+    pub fn in_registers(&self) -> bool {
+        self.variant.is_coop() && self.frag.is_some() && self.stage != AttnStage::Prep
     }
 
     /// Invocations per workgroup.
@@ -269,6 +278,9 @@ impl AttentionKernel {
     pub fn shared_bytes(&self) -> u32 {
         match self.variant {
             AttnVariant::Simt { .. } => crate::attention_simt::shared_bytes(self),
+            AttnVariant::Coop { .. } if self.in_registers() => {
+                crate::attention_frag::layout(self).total * 16
+            }
             AttnVariant::Coop { .. } => crate::attention_coop::shared_bytes(self),
         }
     }
@@ -286,6 +298,12 @@ impl AttentionKernel {
         );
         match self.variant {
             AttnVariant::Simt { .. } => crate::attention_simt::build(self),
+            AttnVariant::Coop { .. } if self.in_registers() => match self.stage {
+                AttnStage::Forward => crate::attention_frag::forward(self),
+                AttnStage::DkDv => crate::attention_frag::dkdv(self),
+                AttnStage::Dq => crate::attention_frag::dq(self),
+                AttnStage::Prep => unreachable!("Prep is never in registers"),
+            },
             AttnVariant::Coop { .. } => crate::attention_coop::build(self),
         }
     }
@@ -456,6 +474,7 @@ impl AttentionKernel {
                         variant: SIMT_VARIANTS[i % SIMT_VARIANTS.len()],
                         binding,
                         subgroup: 0,
+                        frag: None,
                     });
                 }
             }
@@ -463,22 +482,28 @@ impl AttentionKernel {
         out
     }
 
-    /// Cooperative-matrix kernels for validation (Vulkan 1.3, device addresses).
+    /// Cooperative-matrix kernels for validation (Vulkan 1.3, device addresses): both
+    /// families, the register one with NVIDIA's fragment map.
     pub fn coop_samples() -> Vec<AttentionKernel> {
+        let (acc, a) = crate::FragMap::nvidia_probe();
+        let map = crate::FragMap::recognise(&acc, &a).expect("NVIDIA's layout is recognised");
         let mut out = Vec::new();
         for (i, &head_dim) in [32u32, 64, 80, 96, 128].iter().enumerate() {
             for storage in [Storage::F16, Storage::BF16] {
                 for stage in AttnStage::ALL.into_iter().filter(|&s| coop_supports(s)) {
-                    out.push(AttentionKernel {
-                        stage,
-                        storage,
-                        head_dim,
-                        causal: i % 2 == 0,
-                        padded: i % 3 == 1,
-                        variant: COOP_VARIANTS[i % COOP_VARIANTS.len()],
-                        binding: Binding::DeviceAddress,
-                        subgroup: 32,
-                    });
+                    for frag in [None, Some(map)] {
+                        out.push(AttentionKernel {
+                            stage,
+                            storage,
+                            head_dim,
+                            causal: i % 2 == 0,
+                            padded: i % 3 == 1,
+                            variant: COOP_VARIANTS[i % COOP_VARIANTS.len()],
+                            binding: Binding::DeviceAddress,
+                            subgroup: 32,
+                            frag,
+                        });
+                    }
                 }
             }
         }
@@ -647,6 +672,7 @@ mod tests {
                                 variant,
                                 binding: Binding::DeviceAddress,
                                 subgroup: if coop { 32 } else { 0 },
+                                frag: None,
                             };
                             k.shared_bytes() <= limit
                         });

@@ -8,7 +8,9 @@
 pub mod attention;
 mod attention_coop;
 mod attention_coop_bwd;
+mod attention_frag;
 mod attention_simt;
+pub mod coop_layout;
 pub mod elementwise;
 mod elementwise_strided;
 pub mod embedding;
@@ -29,6 +31,7 @@ pub mod softmax;
 pub mod storage;
 
 pub use attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
+pub use coop_layout::{CoopProbeKernel, FragMap};
 pub use elementwise::{
     BinaryOp, ElementwiseKernel, ElementwiseOp, Strides, UnaryOp, Variant, ELEMENTWISE_DTYPES,
     ELEMENTWISE_WORKGROUP, MAX_DIMS,

@@ -446,6 +446,55 @@ impl KernelBuilder {
         CoopMat { id: rid, ty: m.ty }
     }
 
+    /// The number of elements of a fragment of type `ty` each invocation holds
+    /// (`OpCooperativeMatrixLengthKHR`: an implementation property, known only at run time).
+    pub fn coop_length(&mut self, ty: CoopTy) -> Val {
+        let t = self.coop_type(ty);
+        let u = Ty::scalar(Scalar::U32);
+        let ut = self.ty(u);
+        let rid = self.inst(Op::CooperativeMatrixLengthKHR, Some(ut), vec![id(t)]);
+        Val { id: rid, ty: u }
+    }
+
+    /// Element `index` of this invocation's part of `m` (which element of the matrix that is
+    /// the extension leaves to the implementation: see `helios_kernels::coop_layout`).
+    #[track_caller]
+    pub fn coop_extract(&mut self, m: CoopMat, index: u32) -> Val {
+        let rty = Ty::scalar(m.ty.scalar);
+        let t = self.ty(rty);
+        let rid = self.inst(
+            Op::CompositeExtract,
+            Some(t),
+            vec![id(m.id), Operand::LiteralBit32(index)],
+        );
+        Val { id: rid, ty: rty }
+    }
+
+    /// `m` with this invocation's element `index` replaced by `x` (of the component type).
+    #[track_caller]
+    pub fn coop_insert(&mut self, m: CoopMat, x: Val, index: u32) -> CoopMat {
+        assert!(
+            x.ty == Ty::scalar(m.ty.scalar),
+            "coop_insert of {} into {}",
+            x.ty,
+            m.ty
+        );
+        let t = self.coop_type(m.ty);
+        let rid = self.inst(
+            Op::CompositeInsert,
+            Some(t),
+            vec![x.into(), id(m.id), Operand::LiteralBit32(index)],
+        );
+        CoopMat { id: rid, ty: m.ty }
+    }
+
+    /// A fragment whose elements are all about to be replaced (`OpUndef`).
+    pub fn coop_undef(&mut self, ty: CoopTy) -> CoopMat {
+        let t = self.coop_type(ty);
+        let rid = self.inst(Op::Undef, Some(t), vec![]);
+        CoopMat { id: rid, ty }
+    }
+
     /// A function-local variable holding a fragment.
     pub fn coop_var(&mut self, ty: CoopTy) -> CoopVar {
         let t = self.coop_type(ty);
@@ -534,6 +583,16 @@ mod tests {
         k.subgroup_barrier();
         let narrow = k.coop_convert(d, scalar);
         k.coop_store(narrow, h_buf, 1, zero, s8, CoopLayout::RowMajor, 2);
+        // Element access: an accumulator element moved into an A fragment, as the
+        // attention kernels do with P.
+        let x = k.coop_extract(narrow, 1);
+        let u = k.coop_undef(a_ty);
+        let u = k.coop_insert(u, x, 0);
+        let n = k.coop_length(a_ty);
+        let y = k.coop_extract(d, 0);
+        let y = k.coop_insert(d, y, 1);
+        let e = k.coop_muladd(u, b, y);
+        k.coop_store(e, c_buf, 1, n, s8, CoopLayout::RowMajor, 4);
         k.finish()
     }
 

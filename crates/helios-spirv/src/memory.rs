@@ -162,6 +162,26 @@ impl KernelBuilder {
         self.inst_void(Op::Store, vec![id(ptr), value.into()]);
     }
 
+    /// Lane `lane` (a u32, may vary per invocation) of vector element `index` of `arr`.
+    #[track_caller]
+    pub fn shared_load_lane(&mut self, arr: Shared, index: Val, lane: Val) -> Val {
+        assert!(arr.elem.lanes > 1, "lane load from shared {}", arr.elem);
+        assert!(
+            lane.ty == Ty::scalar(Scalar::U32),
+            "lane index must be a u32"
+        );
+        let rty = Ty::scalar(arr.elem.scalar);
+        let ptr_ty = self.ptr_ty(StorageClass::Workgroup, rty);
+        let ptr = self.inst(
+            Op::AccessChain,
+            Some(ptr_ty),
+            vec![id(arr.var), index.into(), lane.into()],
+        );
+        let ty = self.ty(rty);
+        let rid = self.inst(Op::Load, Some(ty), vec![id(ptr)]);
+        Val { id: rid, ty: rty }
+    }
+
     /// `barrier()`: every invocation of the workgroup arrives, and workgroup-shared writes
     /// before it are visible after it.
     pub fn workgroup_barrier(&mut self) {

@@ -95,6 +95,8 @@ struct DeviceInner {
     elementwise_workgroup: u32,
     /// FxHash: looked up on every op.
     kernels: Mutex<FxHashMap<KernelKey, Arc<Compiled>>>,
+    /// The cooperative-matrix fragment layouts of f16 and bf16, once probed.
+    frag_maps: [std::sync::OnceLock<Option<helios_kernels::FragMap>>; 2],
 }
 
 impl Device {
@@ -145,8 +147,17 @@ impl Device {
                 elementwise_workgroup: crate::env::workgroup_override()
                     .unwrap_or(helios_kernels::ELEMENTWISE_WORKGROUP),
                 kernels: Mutex::new(FxHashMap::default()),
+                frag_maps: Default::default(),
             }),
         }
+    }
+
+    /// Where the f16 (`bf16 = false`) or bf16 fragment layout is remembered once probed.
+    pub(crate) fn frag_map_cell(
+        &self,
+        bf16: bool,
+    ) -> &std::sync::OnceLock<Option<helios_kernels::FragMap>> {
+        &self.inner.frag_maps[usize::from(bf16)]
     }
 
     /// The kernel choices this device makes.
@@ -431,6 +442,7 @@ pub(crate) enum KernelKey {
     Reduce(ReduceKernel),
     Matmul(helios_kernels::MatmulKernel),
     CoopPeak(helios_kernels::CoopPeakKernel),
+    CoopProbe(helios_kernels::CoopProbeKernel),
     CrossEntropy(helios_kernels::CrossEntropyKernel),
     Embedding(helios_kernels::EmbeddingKernel),
     AdamW(helios_kernels::AdamWKernel),

@@ -246,14 +246,13 @@ fn every_coop_variant_matches_reference() {
     let d = device();
     let probe = Tensor::from_slice_as(d, &[0.0; 64], &[1, 1, 1, 64], DType::F16).unwrap();
     let opts = AttentionOptions::causal();
-    if !probe
-        .attention_kernel(AttnStage::Forward, &opts)
-        .unwrap()
-        .contains("coop")
-    {
+    let name = probe.attention_kernel(AttnStage::Forward, &opts).unwrap();
+    if !name.contains("coop") {
         eprintln!("skipped: {} has no 16x16x16 cooperative matrices", d.name());
         return;
     }
+    // `_reg`: scores in registers (the device's fragment layout was recognised).
+    println!("{}: {name}", d.name());
     for (i, v) in helios_kernels::attention::COOP_VARIANTS
         .into_iter()
         .enumerate()
@@ -272,10 +271,13 @@ fn every_coop_variant_matches_reference() {
                     Ok((errs, coop)) => {
                         assert!(coop, "{c:?} did not run the cooperative kernels");
                         println!(
-                            "coop {} {dtype} d{hd}: out {:.2e} lse {:.2e}",
+                            "coop {} {dtype} d{hd}: out {:.2e} lse {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}",
                             v.tag(),
                             errs[0],
-                            errs[1]
+                            errs[1],
+                            errs[2],
+                            errs[3],
+                            errs[4]
                         );
                         check(d, &c, 11);
                     }

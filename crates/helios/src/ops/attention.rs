@@ -13,7 +13,7 @@ use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant, ViewStr
 use helios_kernels::Storage;
 
 use crate::device::KernelKey;
-use crate::{DType, Error, IndexTensor, Result, Tensor};
+use crate::{DType, Device, Error, IndexTensor, Result, Tensor};
 
 /// How attention is applied.
 #[derive(Clone, Default)]
@@ -433,6 +433,11 @@ fn choose(
         Storage::F32 => false,
     } && caps.subgroup == 32
         && env_variant() != Some(Forced::Simt);
+    let frag = if coop {
+        frag_map(device, storage)
+    } else {
+        None
+    };
     let make = |variant: AttnVariant| AttentionKernel {
         stage,
         storage,
@@ -446,6 +451,7 @@ fn choose(
             device.binding()
         },
         subgroup: if variant.is_coop() { caps.subgroup } else { 0 },
+        frag: if variant.is_coop() { frag } else { None },
     };
     let fits = |kern: &AttentionKernel| {
         kern.shared_bytes() <= caps.max_shared_bytes
@@ -497,6 +503,96 @@ fn choose(
                 dims.d, caps.max_shared_bytes
             ))
         })
+}
+
+/// The device's cooperative-matrix fragment layout for `storage` inputs when the
+/// register-resident kernels can use it (probed once per device; see
+/// `helios_kernels::coop_layout`). `HELIOS_ATTN_FRAG=0` keeps the kernels that stage scores
+/// in shared memory (for side-by-side measurements). A probe that fails leaves those
+/// kernels in place and says why under `HELIOS_DEBUG`.
+pub(crate) fn frag_map(device: &Device, storage: Storage) -> Option<helios_kernels::FragMap> {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *OFF.get_or_init(|| std::env::var("HELIOS_ATTN_FRAG").is_ok_and(|v| v.trim() == "0")) {
+        return None;
+    }
+    let bf16 = match storage {
+        Storage::F16 => false,
+        Storage::BF16 => true,
+        Storage::F32 => return None,
+    };
+    *device
+        .frag_map_cell(bf16)
+        .get_or_init(|| match probe(device, storage) {
+            Ok(map) => Some(map),
+            Err(why) => {
+                if crate::env::debug() {
+                    eprintln!(
+                        "helios: attention keeps scores in shared memory on this device: {why}"
+                    );
+                }
+                None
+            }
+        })
+}
+
+/// Runs the fragment-layout probe and recognises its result.
+fn probe(
+    device: &Device,
+    storage: Storage,
+) -> std::result::Result<helios_kernels::FragMap, String> {
+    use helios_kernels::CoopProbeKernel;
+    let kernel = CoopProbeKernel {
+        input: storage,
+        subgroup: crate::ops::matmul_caps(device).subgroup,
+    };
+    if kernel.subgroup != 32 {
+        return Err(format!("subgroups of {}", kernel.subgroup));
+    }
+    let run = || -> Result<Vec<f32>> {
+        let coords: Vec<f32> = (0..256).map(|x| x as f32).collect();
+        let dtype = match storage {
+            Storage::BF16 => DType::BF16,
+            _ => DType::F16,
+        };
+        let h = Tensor::from_slice_as(device, &coords, &[256], dtype)?;
+        let f = Tensor::from_slice(device, &coords, &[256])?;
+        let out = Tensor::from_slice(
+            device,
+            &vec![f32::from_bits(u32::MAX); CoopProbeKernel::OUT_WORDS],
+            &[CoopProbeKernel::OUT_WORDS],
+        )?;
+        let compiled = device.kernel(crate::device::KernelKey::CoopProbe(kernel), || {
+            kernel.build()
+        })?;
+        let push = helios_kernels::pack_push(
+            &compiled.module.name,
+            &compiled.module.params,
+            compiled.module.push_size,
+            &[
+                helios_kernels::Arg::Address(h.address()?),
+                helios_kernels::Arg::Address(f.address()?),
+                helios_kernels::Arg::Address(out.address()?),
+            ],
+        )?;
+        device.context().dispatch(
+            &compiled.pipeline,
+            [1, 1, 1],
+            &push,
+            &[
+                helios_vk::Access::read(h.buffer()?),
+                helios_vk::Access::read(f.buffer()?),
+                helios_vk::Access::write(out.buffer()?),
+            ],
+        )?;
+        out.to_vec()
+    };
+    let words: Vec<u32> = run()
+        .map_err(|e| format!("the probe failed: {e}"))?
+        .into_iter()
+        .map(f32::to_bits)
+        .collect();
+    let (a, acc) = CoopProbeKernel::parse(&words)?;
+    helios_kernels::FragMap::recognise(&acc, &a)
 }
 
 /// What `HELIOS_ATTN_VARIANT` asks for.

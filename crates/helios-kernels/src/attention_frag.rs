@@ -1,0 +1,1026 @@
+//! Cooperative-matrix attention with the scores kept in registers (f16/bf16 inputs, f32
+//! accumulation), for devices whose fragment layout [`FragMap`] recognises.
+//!
+//! This is FlashAttention-2 as it is written for CUDA's `mma.sync`: a subgroup owns 16 rows
+//! of the score tile, and everything element-wise happens on the accumulator fragments the
+//! matrix unit wrote. Row maxima and sums are per-invocation reductions over the elements of
+//! a row slot plus `subgroupShuffleXor` over the map's row lanes; the online-softmax
+//! rescale is a fragment of per-row factors multiplied into the O accumulators; P (and dS
+//! in the backward) becomes the next product's A operand by moving elements between
+//! fragments in the map's permutation. Nothing but the staged K, V (and Q, dO) tiles touches
+//! shared memory in the loops; the kernels in `attention_coop` store every score tile to
+//! shared memory and back instead, and remain for devices without a recognised layout.
+//!
+//! Each invocation learns the row and column of its elements at start-up from a coordinate
+//! fragment (r·16 + c, loaded from shared memory), so the only thing compiled in is the
+//! structure, not the layout itself. Masks run only on key blocks that need them (a branch
+//! per block, uniform in the subgroup).
+
+use helios_spirv::{
+    CoopLayout, CoopMat, CoopTy, CoopUse, CoopVar, KernelBuilder, KernelModule, Scalar, Shared,
+    SharedLen, Ty, Val,
+};
+
+use crate::attention::{
+    block_coords, dense_row, key_end, stat_index, AttentionKernel, AttnStage, Params,
+};
+use crate::attention_coop::{frag_scalar, row_limit, stage, FRAG, SUBGROUP, WORD};
+use crate::coop_layout::{FragMap, LEN};
+use crate::storage::store_f32;
+
+/// Words (16 bytes) of the coordinate tile and of one subgroup's epilogue tile (16×16 f32).
+const TILE_WORDS: u32 = FRAG * FRAG / 4;
+
+/// Word layout of a kernel's shared array.
+pub(crate) struct Layout {
+    /// Words per staged row of D halves (padded by one word against bank conflicts).
+    row: u32,
+    /// Forward/Dq: the K and V tiles of a key block. DkDv: the Q and dO tiles of a query
+    /// block, then L and Dsum (f32, bq each).
+    a: u32,
+    b: u32,
+    stats: u32,
+    /// Start-up staging (coordinates, then the owned rows) and, at the end, the epilogue.
+    region: u32,
+    pub total: u32,
+}
+
+pub(crate) fn layout(kern: &AttentionKernel) -> Layout {
+    let (bq, bk) = kern.variant.blocks();
+    let row = kern.head_dim / WORD + 1;
+    let (owned, streamed) = match kern.stage {
+        AttnStage::DkDv => (bk, bq),
+        _ => (bq, bk),
+    };
+    let nsg = owned / FRAG;
+    let (a, b) = (0, streamed * row);
+    let stats = 2 * streamed * row;
+    let stats_words = if kern.stage == AttnStage::DkDv {
+        streamed / 2
+    } else {
+        0
+    };
+    let region = stats + stats_words;
+    // Start-up: DkDv stages K and V (2·bk rows), the others Q (and dO) one at a time.
+    let staged = match kern.stage {
+        AttnStage::DkDv => 2 * owned * row,
+        _ => owned * row,
+    };
+    let total = region + staged.max(TILE_WORDS).max(nsg * TILE_WORDS);
+    Layout {
+        row,
+        a,
+        b,
+        stats,
+        region,
+        total,
+    }
+}
+
+/// Fragment types of a kernel.
+#[derive(Clone, Copy)]
+struct Types {
+    a: CoopTy,
+    b: CoopTy,
+    acc: CoopTy,
+    /// The accumulator with 16-bit components (P on its way to an A fragment).
+    narrow: CoopTy,
+}
+
+fn types(kern: &AttentionKernel) -> Types {
+    let s = frag_scalar(kern.storage);
+    let acc = CoopTy::new(Scalar::F32, FRAG, FRAG, CoopUse::Accumulator);
+    Types {
+        a: CoopTy::new(s, FRAG, FRAG, CoopUse::A),
+        b: CoopTy::new(s, FRAG, FRAG, CoopUse::B),
+        acc,
+        narrow: acc.with_scalar(s),
+    }
+}
+
+/// What an invocation knows about its place in the subgroup's fragments.
+struct Place {
+    map: FragMap,
+    lane: Val,
+    /// Row (0..16) of each row slot.
+    row: Vec<Val>,
+    /// Column (0..16) of each column slot.
+    col: Vec<Val>,
+}
+
+impl Place {
+    fn col_of(&self, e: usize) -> Val {
+        self.col[self.map.col_slot[e] as usize]
+    }
+}
+
+/// Learns the rows and columns of this invocation's elements: the workgroup writes the
+/// coordinate tile (r·16 + c as f32) at word `at`, each subgroup loads it as an accumulator
+/// and reads its elements. Ends with a workgroup barrier (the tile may be overwritten).
+fn place(
+    k: &mut KernelBuilder,
+    smem: Shared,
+    map: FragMap,
+    acc_ty: CoopTy,
+    at: u32,
+    tid: Val,
+    threads: u32,
+) -> Place {
+    let words = k.u32(TILE_WORDS);
+    let step = k.u32(threads);
+    k.for_range(tid, words, step, |k, w| {
+        let four = k.u32(4);
+        let first = k.mul(w, four);
+        let lanes: Vec<Val> = (0..4)
+            .map(|c| {
+                let o = k.u32(c);
+                let x = k.add(first, o);
+                let x = k.convert(x, Scalar::F32);
+                k.bitcast(x, Ty::scalar(Scalar::U32))
+            })
+            .collect();
+        let v = k.vector(&lanes);
+        let base = k.u32(at);
+        let wi = k.add(w, base);
+        k.shared_store(smem, wi, v);
+    });
+    k.workgroup_barrier();
+    let base = k.u32(at);
+    let four = k.u32(4);
+    let m = k.coop_load_shared(acc_ty, smem, base, four, CoopLayout::RowMajor);
+    let sixteen = k.u32(FRAG);
+    let coord = |k: &mut KernelBuilder, e: usize, row: bool| {
+        let x = k.coop_extract(m, e as u32);
+        let x = k.convert(x, Scalar::U32);
+        if row {
+            k.div(x, sixteen)
+        } else {
+            k.rem(x, sixteen)
+        }
+    };
+    let row = (0..map.row_slots)
+        .map(|s| coord(k, map.row_rep(s), true))
+        .collect();
+    let col = (0..map.col_slots)
+        .map(|s| coord(k, map.col_rep(s), false))
+        .collect();
+    k.workgroup_barrier();
+    let lane = k.subgroup_invocation_id();
+    Place {
+        map,
+        lane,
+        row,
+        col,
+    }
+}
+
+fn elems(k: &mut KernelBuilder, m: CoopMat) -> Vec<Val> {
+    (0..LEN as u32).map(|e| k.coop_extract(m, e)).collect()
+}
+
+fn from_elems(k: &mut KernelBuilder, ty: CoopTy, vals: &[Val]) -> CoopMat {
+    let mut m = k.coop_undef(ty);
+    for (e, &v) in vals.iter().enumerate() {
+        m = k.coop_insert(m, v, e as u32);
+    }
+    m
+}
+
+/// A fragment whose element e is `per_slot[row slot of e]`.
+fn row_frag(k: &mut KernelBuilder, pl: &Place, ty: CoopTy, per_slot: &[Val]) -> CoopMat {
+    let vals: Vec<Val> = (0..LEN)
+        .map(|e| per_slot[pl.map.row_slot[e] as usize])
+        .collect();
+    from_elems(k, ty, &vals)
+}
+
+/// The f32 accumulator values `vals` as the A operand of the next product (rounded to the
+/// inputs' 16-bit type), moved in registers by the map's permutation.
+fn to_a(k: &mut KernelBuilder, pl: &Place, ty: Types, vals: &[Val]) -> CoopMat {
+    let wide = from_elems(k, ty.acc, vals);
+    let narrow = k.coop_convert(wide, ty.narrow.scalar);
+    let mut a = k.coop_undef(ty.a);
+    for e in 0..LEN {
+        let x = k.coop_extract(narrow, u32::from(pl.map.a_from_acc[e]));
+        a = k.coop_insert(a, x, e as u32);
+    }
+    a
+}
+
+/// `op` over the invocations sharing each row (the map's row lanes).
+fn row_reduce(k: &mut KernelBuilder, pl: &Place, mut v: Val, max: bool) -> Val {
+    for bit in 0..5 {
+        if pl.map.row_lanes & (1 << bit) != 0 {
+            let m = k.u32(1 << bit);
+            let o = k.subgroup_shuffle_xor(v, m);
+            v = if max { k.max(v, o) } else { k.add(v, o) };
+        }
+    }
+    v
+}
+
+/// A fragments (row-major 16 × 16) of rows `row0..row0+16` of the tile at word `tile`.
+fn a_frags(
+    k: &mut KernelBuilder,
+    smem: Shared,
+    ty: CoopTy,
+    (tile, row): (u32, u32),
+    row0: Val,
+    d: u32,
+) -> Vec<CoopMat> {
+    let rowc = k.u32(row);
+    let base = k.mul(row0, rowc);
+    let t = k.u32(tile);
+    let base = k.add(base, t);
+    (0..d / FRAG)
+        .map(|dc| {
+            let o = k.u32(dc * 2);
+            let at = k.add(base, o);
+            k.coop_load_shared(ty, smem, at, rowc, CoopLayout::RowMajor)
+        })
+        .collect()
+}
+
+/// Σ_dc A[dc]·Bᵀ(c, dc) for the 16 columns c·16.. of an `n`-row staged tile at word `tile`
+/// (its rows are the product's columns, so B is read column-major): one 16×16 f32 tile.
+fn product_t(
+    k: &mut KernelBuilder,
+    smem: Shared,
+    ty: Types,
+    a: &[CoopMat],
+    (tile, row): (u32, u32),
+    c: u32,
+) -> CoopMat {
+    let rowc = k.u32(row);
+    let mut s = k.coop_zero(ty.acc);
+    for (dc, &x) in a.iter().enumerate() {
+        let w = k.u32(tile + c * FRAG * row + dc as u32 * 2);
+        let y = k.coop_load_shared(ty.b, smem, w, rowc, CoopLayout::ColumnMajor);
+        s = k.coop_muladd(x, y, s);
+    }
+    s
+}
+
+/// acc[dc] (∘ `scale` when given) += Σ_c A[c]·tile(c·16.., dc·16..), B read row-major.
+fn accumulate(
+    k: &mut KernelBuilder,
+    smem: Shared,
+    ty: Types,
+    acc: &[CoopVar],
+    scale: Option<CoopMat>,
+    a: &[CoopMat],
+    (tile, row): (u32, u32),
+) {
+    let rowc = k.u32(row);
+    for (dc, &v) in acc.iter().enumerate() {
+        let mut o = k.coop_get(v);
+        if let Some(f) = scale {
+            o = k.coop_binary(helios_spirv::BinOp::Mul, o, f);
+        }
+        for (c, &x) in a.iter().enumerate() {
+            let w = k.u32(tile + c as u32 * FRAG * row + dc as u32 * 2);
+            let y = k.coop_load_shared(ty.b, smem, w, rowc, CoopLayout::RowMajor);
+            o = k.coop_muladd(x, y, o);
+        }
+        k.coop_set(v, o);
+    }
+}
+
+fn zero_accs(k: &mut KernelBuilder, ty: CoopTy, n: u32) -> Vec<CoopVar> {
+    (0..n)
+        .map(|_| {
+            let v = k.coop_var(ty);
+            let z = k.coop_zero(ty);
+            k.coop_set(v, z);
+            v
+        })
+        .collect()
+}
+
+/// Stores the subgroup's accumulators (16 rows × D: rows `t0..t0+16`, those below T) times
+/// `mul` (a per-element fragment or a scalar) to the dense output, through its epilogue
+/// tile at word `at`: invocation (lane / 2) writes half of row lane / 2.
+#[allow(clippy::too_many_arguments)]
+fn store_rows(
+    k: &mut KernelBuilder,
+    smem: Shared,
+    kern: &AttentionKernel,
+    p: &Params,
+    acc: &[CoopVar],
+    mul: Result<CoopMat, Val>,
+    (b, h, t0): (Val, Val, Val),
+    out: helios_spirv::Buffer,
+    at: Val,
+) {
+    let lane = k.subgroup_invocation_id();
+    let two = k.u32(2);
+    let four = k.u32(4);
+    let eight = k.u32(8);
+    let r = k.div(lane, two);
+    let half = k.rem(lane, two);
+    let t = k.add(t0, r);
+    let inside = k.lt(t, p.t);
+    for (dc, &a) in acc.iter().enumerate() {
+        let o = k.coop_get(a);
+        let o = match mul {
+            Ok(f) => k.coop_binary(helios_spirv::BinOp::Mul, o, f),
+            Err(s) => k.coop_scale(o, s),
+        };
+        k.coop_store_shared(o, smem, at, four, CoopLayout::RowMajor);
+        k.subgroup_barrier();
+        let rb = k.mul(r, four);
+        let hb = k.mul(half, two);
+        let src = k.add(rb, hb);
+        let src = k.add(src, at);
+        k.if_(inside, |k| {
+            let base = dense_row(k, p, kern.head_dim, b, t, h);
+            let col = k.u32(dc as u32 * FRAG);
+            let base = k.add(base, col);
+            let hc = k.mul(half, eight);
+            let base = k.add(base, hc);
+            let base = k.div(base, four);
+            for q in 0..2 {
+                let o = k.u32(q);
+                let w = k.add(src, o);
+                let raw = k.shared_load(smem, w);
+                let v = k.bitcast(raw, Ty::vector(Scalar::F32, 4));
+                let dst = k.add(base, o);
+                store_f32(k, out, dst, v, kern.storage);
+            }
+        });
+        k.subgroup_barrier();
+    }
+}
+
+/// The common start of a kernel: builder, parameters, shared array, types.
+struct Start {
+    kb: KernelBuilder,
+    p: Params,
+    smem: Shared,
+    ty: Types,
+    lay: Layout,
+    tid: Val,
+    /// 16 · subgroup id: the subgroup's first owned row in the block.
+    row0: Val,
+    threads: u32,
+    /// The subgroup's epilogue tile.
+    epi: Val,
+}
+
+fn start(kern: &AttentionKernel, owned: u32) -> Start {
+    let lay = layout(kern);
+    let threads = owned / FRAG * SUBGROUP;
+    let mut kb = KernelBuilder::new(kern.name(), kern.binding, [threads, 1, 1]);
+    let p = kern.declare(&mut kb, true);
+    let k = &mut kb;
+    let smem = k.shared_array(Ty::vector(Scalar::U32, 4), SharedLen::Fixed(lay.total));
+    let tid = k.local_index();
+    let sg = k.subgroup_id();
+    let sixteen = k.u32(FRAG);
+    let row0 = k.mul(sg, sixteen);
+    let tw = k.u32(TILE_WORDS);
+    let epi = k.mul(sg, tw);
+    let reg = k.u32(lay.region);
+    let epi = k.add(epi, reg);
+    Start {
+        ty: types(kern),
+        kb,
+        p,
+        smem,
+        lay,
+        tid,
+        row0,
+        threads,
+        epi,
+    }
+}
+
+fn map_of(kern: &AttentionKernel) -> FragMap {
+    kern.frag
+        .expect("register-resident attention needs the device's fragment map")
+}
+
+pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
+    let (bq, bk) = kern.variant.blocks();
+    let d = kern.head_dim;
+    let Start {
+        mut kb,
+        p,
+        smem,
+        ty,
+        lay,
+        tid,
+        row0,
+        threads,
+        epi,
+    } = start(kern, bq);
+    let k = &mut kb;
+    let pl = place(k, smem, map_of(kern), ty.acc, lay.region, tid, threads);
+    let nslot = pl.row.len();
+    let (b, h, qb) = block_coords(k, &p, bq, kern.causal);
+    let bqc = k.u32(bq);
+    let q0 = k.mul(qb, bqc);
+    let qs = k.add(q0, row0);
+    let kend = key_end(k, &p, b);
+    let (qv, kv, vv) = (p.views[0], p.views[1], p.views[2]);
+    stage(
+        k,
+        smem,
+        lay.region,
+        lay.row,
+        qv,
+        (b, h),
+        q0,
+        p.t,
+        bq,
+        tid,
+        threads,
+    );
+    k.workgroup_barrier();
+    let qf = a_frags(k, smem, ty.a, (lay.region, lay.row), row0, d);
+    k.workgroup_barrier();
+
+    // Per row slot: the keys its row sees (j < lim), running max and (this invocation's
+    // part of the) sum, in base 2.
+    let lims: Vec<Val> = pl
+        .row
+        .iter()
+        .map(|&r| {
+            let i = k.add(qs, r);
+            row_limit(k, kern.causal, i, kend)
+        })
+        .collect();
+    let ninf = k.const_f32(f32::NEG_INFINITY);
+    let zero = k.const_f32(0.0);
+    let ms: Vec<_> = (0..nslot).map(|_| k.var_init(ninf)).collect();
+    let ls: Vec<_> = (0..nslot).map(|_| k.var_init(zero)).collect();
+    let acc = zero_accs(k, ty.acc, d / FRAG);
+    let log2e = k.const_f32(std::f32::consts::LOG2_E);
+    let scale2 = k.mul(p.scale, log2e);
+    let kmax = if kern.causal {
+        let e = k.add(q0, bqc);
+        k.min(kend, e)
+    } else {
+        kend
+    };
+    let bkm = k.u32(bk - 1);
+    let e = k.add(kmax, bkm);
+    let bkc = k.u32(bk);
+    let nkb = k.div(e, bkc);
+    let (z, one) = (k.u32(0), k.u32(1));
+    let kt = (lay.a, lay.row);
+    let vt = (lay.b, lay.row);
+    k.for_range(z, nkb, one, |k, blk| {
+        let k0 = k.mul(blk, bkc);
+        k.workgroup_barrier();
+        stage(
+            k,
+            smem,
+            lay.a,
+            lay.row,
+            kv,
+            (b, h),
+            k0,
+            kend,
+            bk,
+            tid,
+            threads,
+        );
+        stage(
+            k,
+            smem,
+            lay.b,
+            lay.row,
+            vv,
+            (b, h),
+            k0,
+            kend,
+            bk,
+            tid,
+            threads,
+        );
+        k.workgroup_barrier();
+        // A block needs masks when a key past the end or past some row's diagonal is in it.
+        let k1 = k.add(k0, bkc);
+        let past_end = k.gt(k1, kend);
+        let needs = if kern.causal {
+            let one = k.u32(1);
+            let diag = k.add(qs, one);
+            let over = k.gt(k1, diag);
+            k.or(past_end, over)
+        } else {
+            past_end
+        };
+        let body = |k: &mut KernelBuilder, masked: bool| {
+            // S = Q·Kᵀ, scaled to base 2, masked.
+            let mut xs: Vec<Vec<Val>> = Vec::new();
+            for c in 0..bk / FRAG {
+                let s = product_t(k, smem, ty, &qf, kt, c);
+                let mut v = elems(k, s);
+                let jc = k.u32(c * FRAG);
+                let jb = k.add(k0, jc);
+                for (e, x) in v.iter_mut().enumerate() {
+                    *x = k.mul(*x, scale2);
+                    if masked {
+                        let j = k.add(jb, pl.col_of(e));
+                        let lim = lims[pl.map.row_slot[e] as usize];
+                        let keep = k.lt(j, lim);
+                        let ninf = k.const_f32(f32::NEG_INFINITY);
+                        *x = k.select(keep, *x, ninf);
+                    }
+                }
+                xs.push(v);
+            }
+            // Online softmax per row slot.
+            let mut safe = Vec::new();
+            let mut corr = Vec::new();
+            for (s, &mvar) in ms.iter().enumerate() {
+                let mut mx = k.const_f32(f32::NEG_INFINITY);
+                for v in &xs {
+                    for (e, &x) in v.iter().enumerate() {
+                        if pl.map.row_slot[e] as usize == s {
+                            mx = k.max(mx, x);
+                        }
+                    }
+                }
+                let mx = row_reduce(k, &pl, mx, true);
+                let mold = k.get(mvar);
+                let mnew = k.max(mold, mx);
+                let ninf = k.const_f32(f32::NEG_INFINITY);
+                let zero = k.const_f32(0.0);
+                let none = k.eq(mnew, ninf);
+                let sf = k.select(none, zero, mnew);
+                let dm = k.sub(mold, sf);
+                corr.push(k.exp2(dm));
+                k.set(mvar, mnew);
+                safe.push(sf);
+            }
+            let mut sums: Vec<Val> = (0..nslot).map(|_| k.const_f32(0.0)).collect();
+            let pa: Vec<CoopMat> = xs
+                .iter()
+                .map(|v| {
+                    let ps: Vec<Val> = v
+                        .iter()
+                        .enumerate()
+                        .map(|(e, &x)| {
+                            let s = pl.map.row_slot[e] as usize;
+                            let dd = k.sub(x, safe[s]);
+                            let p = k.exp2(dd);
+                            sums[s] = k.add(sums[s], p);
+                            p
+                        })
+                        .collect();
+                    to_a(k, &pl, ty, &ps)
+                })
+                .collect();
+            for s in 0..nslot {
+                let l = k.get(ls[s]);
+                let l = k.fma(l, corr[s], sums[s]);
+                k.set(ls[s], l);
+            }
+            // O = O ∘ corr + P·V.
+            let cf = row_frag(k, &pl, ty.acc, &corr);
+            accumulate(k, smem, ty, &acc, Some(cf), &pa, vt);
+        };
+        k.if_else(needs, |k| body(k, true), |k| body(k, false));
+    });
+
+    // O / l and L = (m + log2 l)·ln 2 per row.
+    let mut invs = Vec::new();
+    let mut lses = Vec::new();
+    for s in 0..nslot {
+        let l = k.get(ls[s]);
+        let l = row_reduce(k, &pl, l, false);
+        let m = k.get(ms[s]);
+        let zero = k.const_f32(0.0);
+        let empty = k.eq(l, zero);
+        let onef = k.const_f32(1.0);
+        let inv = k.div(onef, l);
+        invs.push(k.select(empty, zero, inv));
+        let lg = k.log2(l);
+        let lse = k.add(m, lg);
+        let ln2 = k.const_f32(std::f32::consts::LN_2);
+        let lse = k.mul(lse, ln2);
+        let ninf = k.const_f32(f32::NEG_INFINITY);
+        lses.push(k.select(empty, ninf, lse));
+    }
+    let inv = row_frag(k, &pl, ty.acc, &invs);
+    k.workgroup_barrier();
+    store_rows(k, smem, kern, &p, &acc, Ok(inv), (b, h, qs), p.outs[0], epi);
+    // One invocation per row writes L.
+    let lse_buf = p.lse.expect("forward writes lse");
+    let rl = k.u32(u32::from(pl.map.row_lanes));
+    let mine = k.and(pl.lane, rl);
+    let z = k.u32(0);
+    let first = k.eq(mine, z);
+    for (s, &r) in pl.row.iter().enumerate() {
+        let i = k.add(qs, r);
+        let inside = k.lt(i, p.t);
+        let w = k.and(inside, first);
+        let at = stat_index(k, &p, b, h, i);
+        let v = lses[s];
+        k.if_(w, |k| k.store(lse_buf, at, v));
+    }
+    kb.finish()
+}
+
+/// L (as −L·log2 e, +∞ past T so that P = 0 there) and Dsum of query `i`.
+fn row_stats(k: &mut KernelBuilder, p: &Params, (b, h): (Val, Val), i: Val) -> (Val, Val) {
+    let inside = k.lt(i, p.t);
+    let z = k.u32(0);
+    let ic = k.select(inside, i, z);
+    let at = stat_index(k, p, b, h, ic);
+    let l = k.load(p.lse.expect("backward reads lse"), at, 1);
+    let ds = k.load(p.dsum.expect("backward reads dsum"), at, 1);
+    let inf = k.const_f32(f32::INFINITY);
+    let zero = k.const_f32(0.0);
+    let l = k.select(inside, l, inf);
+    let nlog2e = k.const_f32(-std::f32::consts::LOG2_E);
+    let l = k.mul(l, nlog2e);
+    let ds = k.select(inside, ds, zero);
+    (l, ds)
+}
+
+pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
+    let (bq, bk) = kern.variant.blocks();
+    let d = kern.head_dim;
+    let Start {
+        mut kb,
+        p,
+        smem,
+        ty,
+        lay,
+        tid,
+        row0,
+        threads,
+        epi,
+    } = start(kern, bq);
+    let k = &mut kb;
+    let pl = place(k, smem, map_of(kern), ty.acc, lay.region, tid, threads);
+    let (b, h, qb) = block_coords(k, &p, bq, kern.causal);
+    let bqc = k.u32(bq);
+    let q0 = k.mul(qb, bqc);
+    let qs = k.add(q0, row0);
+    let kend = key_end(k, &p, b);
+    let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
+    let tile = (lay.region, lay.row);
+    stage(
+        k,
+        smem,
+        lay.region,
+        lay.row,
+        qv,
+        (b, h),
+        q0,
+        p.t,
+        bq,
+        tid,
+        threads,
+    );
+    k.workgroup_barrier();
+    let qf = a_frags(k, smem, ty.a, tile, row0, d);
+    k.workgroup_barrier();
+    stage(
+        k,
+        smem,
+        lay.region,
+        lay.row,
+        dov,
+        (b, h),
+        q0,
+        p.t,
+        bq,
+        tid,
+        threads,
+    );
+    k.workgroup_barrier();
+    let of = a_frags(k, smem, ty.a, tile, row0, d);
+    k.workgroup_barrier();
+    let mut lims = Vec::new();
+    let mut nl2 = Vec::new();
+    let mut dsums = Vec::new();
+    for &r in &pl.row {
+        let i = k.add(qs, r);
+        lims.push(row_limit(k, kern.causal, i, kend));
+        let (l, ds) = row_stats(k, &p, (b, h), i);
+        nl2.push(l);
+        dsums.push(ds);
+    }
+    let log2e = k.const_f32(std::f32::consts::LOG2_E);
+    let scale2 = k.mul(p.scale, log2e);
+    let acc = zero_accs(k, ty.acc, d / FRAG);
+    let kmax = if kern.causal {
+        let e = k.add(q0, bqc);
+        k.min(kend, e)
+    } else {
+        kend
+    };
+    let bkm = k.u32(bk - 1);
+    let e = k.add(kmax, bkm);
+    let bkc = k.u32(bk);
+    let nkb = k.div(e, bkc);
+    let (z, one) = (k.u32(0), k.u32(1));
+    let kt = (lay.a, lay.row);
+    let vt = (lay.b, lay.row);
+    k.for_range(z, nkb, one, |k, blk| {
+        let k0 = k.mul(blk, bkc);
+        k.workgroup_barrier();
+        stage(
+            k,
+            smem,
+            lay.a,
+            lay.row,
+            kv,
+            (b, h),
+            k0,
+            kend,
+            bk,
+            tid,
+            threads,
+        );
+        stage(
+            k,
+            smem,
+            lay.b,
+            lay.row,
+            vv,
+            (b, h),
+            k0,
+            kend,
+            bk,
+            tid,
+            threads,
+        );
+        k.workgroup_barrier();
+        let k1 = k.add(k0, bkc);
+        let past_end = k.gt(k1, kend);
+        let needs = if kern.causal {
+            let one = k.u32(1);
+            let diag = k.add(qs, one);
+            let over = k.gt(k1, diag);
+            k.or(past_end, over)
+        } else {
+            past_end
+        };
+        let body = |k: &mut KernelBuilder, masked: bool| {
+            // dS = P ∘ (dP − Dsum), P = exp2(S·scale·log2 e − L·log2 e), per 16 keys.
+            let da: Vec<CoopMat> = (0..bk / FRAG)
+                .map(|c| {
+                    let s = product_t(k, smem, ty, &qf, kt, c);
+                    let dp = product_t(k, smem, ty, &of, vt, c);
+                    let s = elems(k, s);
+                    let dp = elems(k, dp);
+                    let jc = k.u32(c * FRAG);
+                    let jb = k.add(k0, jc);
+                    let ds: Vec<Val> = (0..LEN)
+                        .map(|e| {
+                            let slot = pl.map.row_slot[e] as usize;
+                            let x = k.fma(s[e], scale2, nl2[slot]);
+                            let mut pr = k.exp2(x);
+                            if masked {
+                                let j = k.add(jb, pl.col_of(e));
+                                let keep = k.lt(j, lims[slot]);
+                                let zero = k.const_f32(0.0);
+                                pr = k.select(keep, pr, zero);
+                            }
+                            let dd = k.sub(dp[e], dsums[slot]);
+                            k.mul(pr, dd)
+                        })
+                        .collect();
+                    to_a(k, &pl, ty, &ds)
+                })
+                .collect();
+            accumulate(k, smem, ty, &acc, None, &da, kt);
+        };
+        k.if_else(needs, |k| body(k, true), |k| body(k, false));
+    });
+    k.workgroup_barrier();
+    store_rows(
+        k,
+        smem,
+        kern,
+        &p,
+        &acc,
+        Err(p.scale),
+        (b, h, qs),
+        p.outs[0],
+        epi,
+    );
+    kb.finish()
+}
+
+pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
+    let (bq, bk) = kern.variant.blocks();
+    let d = kern.head_dim;
+    let Start {
+        mut kb,
+        p,
+        smem,
+        ty,
+        lay,
+        tid,
+        row0,
+        threads,
+        epi,
+    } = start(kern, bk);
+    let k = &mut kb;
+    let pl = place(k, smem, map_of(kern), ty.acc, lay.region, tid, threads);
+    let (b, h, kblk) = block_coords(k, &p, bk, false);
+    let bkc = k.u32(bk);
+    let k0 = k.mul(kblk, bkc);
+    let js = k.add(k0, row0);
+    let kend = key_end(k, &p, b);
+    let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
+    let vstart = lay.region + bk * lay.row;
+    stage(
+        k,
+        smem,
+        lay.region,
+        lay.row,
+        kv,
+        (b, h),
+        k0,
+        kend,
+        bk,
+        tid,
+        threads,
+    );
+    stage(
+        k,
+        smem,
+        vstart,
+        lay.row,
+        vv,
+        (b, h),
+        k0,
+        kend,
+        bk,
+        tid,
+        threads,
+    );
+    k.workgroup_barrier();
+    let kf = a_frags(k, smem, ty.a, (lay.region, lay.row), row0, d);
+    let vf = a_frags(k, smem, ty.a, (vstart, lay.row), row0, d);
+    k.workgroup_barrier();
+    // The keys of each row slot: j (kept while j < kend).
+    let keys: Vec<Val> = pl.row.iter().map(|&r| k.add(js, r)).collect();
+    let dk = zero_accs(k, ty.acc, d / FRAG);
+    let dv = zero_accs(k, ty.acc, d / FRAG);
+    let bqc = k.u32(bq);
+    let bqm = k.u32(bq - 1);
+    let e = k.add(p.t, bqm);
+    let nqb = k.div(e, bqc);
+    let qstart = if kern.causal {
+        k.div(k0, bqc)
+    } else {
+        k.u32(0)
+    };
+    let live = k.lt(k0, kend);
+    let z = k.u32(0);
+    let nqb = k.select(live, nqb, z);
+    let one = k.u32(1);
+    let log2e = k.const_f32(std::f32::consts::LOG2_E);
+    let scale2 = k.mul(p.scale, log2e);
+    let qt = (lay.a, lay.row);
+    let ot = (lay.b, lay.row);
+    let sixteen = k.u32(FRAG);
+    let js_end = k.add(js, sixteen);
+    let keys_past_end = k.gt(js_end, kend);
+    k.for_range(qstart, nqb, one, |k, qb| {
+        let i0 = k.mul(qb, bqc);
+        k.workgroup_barrier();
+        stage(
+            k,
+            smem,
+            lay.a,
+            lay.row,
+            qv,
+            (b, h),
+            i0,
+            p.t,
+            bq,
+            tid,
+            threads,
+        );
+        stage(
+            k,
+            smem,
+            lay.b,
+            lay.row,
+            dov,
+            (b, h),
+            i0,
+            p.t,
+            bq,
+            tid,
+            threads,
+        );
+        let step = k.u32(threads);
+        k.for_range(tid, bqc, step, |k, idx| {
+            let i = k.add(i0, idx);
+            let (l, ds) = row_stats(k, &p, (b, h), i);
+            let four = k.u32(4);
+            let w = k.div(idx, four);
+            let lane = k.rem(idx, four);
+            let st = k.u32(lay.stats);
+            let wl = k.add(st, w);
+            let u = Ty::scalar(Scalar::U32);
+            let lb = k.bitcast(l, u);
+            k.shared_store_lane(smem, wl, lane, lb);
+            let off = k.u32(bq / 4);
+            let wd = k.add(wl, off);
+            let db = k.bitcast(ds, u);
+            k.shared_store_lane(smem, wd, lane, db);
+        });
+        k.workgroup_barrier();
+        // Masks where a key is past the end or some query of the block precedes a key.
+        let needs = if kern.causal {
+            let fifteen = k.u32(FRAG - 1);
+            let last_key = k.add(js, fifteen);
+            let before = k.gt(last_key, i0);
+            k.or(keys_past_end, before)
+        } else {
+            keys_past_end
+        };
+        let body = |k: &mut KernelBuilder, masked: bool| {
+            let mut pa = Vec::new();
+            let mut da = Vec::new();
+            for c in 0..bq / FRAG {
+                // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 16 keys × 16 queries.
+                let s = product_t(k, smem, ty, &kf, qt, c);
+                let dp = product_t(k, smem, ty, &vf, ot, c);
+                let s = elems(k, s);
+                let dp = elems(k, dp);
+                // Each column slot's query: its L and Dsum from the stats area.
+                let mut stat = Vec::new();
+                for &col in &pl.col {
+                    let cc = k.u32(c * FRAG);
+                    let q = k.add(cc, col);
+                    let four = k.u32(4);
+                    let w = k.div(q, four);
+                    let lane = k.rem(q, four);
+                    let st = k.u32(lay.stats);
+                    let wl = k.add(w, st);
+                    let l = k.shared_load_lane(smem, wl, lane);
+                    let off = k.u32(bq / 4);
+                    let wd = k.add(wl, off);
+                    let ds = k.shared_load_lane(smem, wd, lane);
+                    let f = Ty::scalar(Scalar::F32);
+                    let qi = k.add(i0, q);
+                    stat.push((k.bitcast(l, f), k.bitcast(ds, f), qi));
+                }
+                let mut ps = Vec::new();
+                let mut dss = Vec::new();
+                for e in 0..LEN {
+                    let (nl2, dsum, i) = stat[pl.map.col_slot[e] as usize];
+                    let x = k.fma(s[e], scale2, nl2);
+                    let mut pr = k.exp2(x);
+                    if masked {
+                        let j = keys[pl.map.row_slot[e] as usize];
+                        let mut keep = k.lt(j, kend);
+                        if kern.causal {
+                            let seen = k.le(j, i);
+                            keep = k.and(keep, seen);
+                        }
+                        let zero = k.const_f32(0.0);
+                        pr = k.select(keep, pr, zero);
+                    }
+                    let dd = k.sub(dp[e], dsum);
+                    dss.push(k.mul(pr, dd));
+                    ps.push(pr);
+                }
+                pa.push(to_a(k, &pl, ty, &ps));
+                da.push(to_a(k, &pl, ty, &dss));
+            }
+            // dV += Pᵀ·dO, dK += dSᵀ·Q.
+            accumulate(k, smem, ty, &dv, None, &pa, ot);
+            accumulate(k, smem, ty, &dk, None, &da, qt);
+        };
+        k.if_else(needs, |k| body(k, true), |k| body(k, false));
+    });
+    k.workgroup_barrier();
+    let onef = k.const_f32(1.0);
+    store_rows(
+        k,
+        smem,
+        kern,
+        &p,
+        &dk,
+        Err(p.scale),
+        (b, h, js),
+        p.outs[0],
+        epi,
+    );
+    store_rows(
+        k,
+        smem,
+        kern,
+        &p,
+        &dv,
+        Err(onef),
+        (b, h, js),
+        p.outs[1],
+        epi,
+    );
+    kb.finish()
+}
