@@ -124,12 +124,16 @@ pub const SIMT_VARIANTS: [AttnVariant; 8] = [
     simt(8, 16),
     simt(16, 8),
 ];
-/// Cooperative-matrix candidates.
-pub const COOP_VARIANTS: [AttnVariant; 4] = [
+/// Cooperative-matrix candidates (the 128-row tiles fit 48 KiB only with the scores in
+/// registers).
+pub const COOP_VARIANTS: [AttnVariant; 7] = [
     AttnVariant::Coop { bq: 64, bk: 64 },
     AttnVariant::Coop { bq: 64, bk: 32 },
     AttnVariant::Coop { bq: 32, bk: 64 },
     AttnVariant::Coop { bq: 32, bk: 32 },
+    AttnVariant::Coop { bq: 128, bk: 64 },
+    AttnVariant::Coop { bq: 128, bk: 32 },
+    AttnVariant::Coop { bq: 64, bk: 128 },
 ];
 
 /// Candidates for `stage` in the order the selection function tries them without a tuned
@@ -144,8 +148,14 @@ pub fn default_order(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
         out.extend(match stage {
             AttnStage::DkDv => [c(32, 64), c(32, 32), c(64, 32), c(64, 64)],
             AttnStage::Dq => [c(64, 32), c(32, 32), c(64, 64), c(32, 64)],
-            _ => COOP_VARIANTS,
+            _ => [c(64, 64), c(64, 32), c(32, 64), c(32, 32)],
         });
+        out.extend(
+            COOP_VARIANTS
+                .into_iter()
+                .filter(|v| !out.contains(v))
+                .collect::<Vec<_>>(),
+        );
     }
     // The largest tiles first: 128 invocations of 4×8 register tiles where they fit 48 KiB
     // at D = 64, down to what fits lavapipe's 32 KiB at D = 128.
@@ -617,18 +627,45 @@ pub(crate) fn build_prep(kern: &AttentionKernel) -> KernelModule {
         let rd = dout.row(k, b, t, h);
         let zero = k.const_f32(0.0);
         let acc = k.var_init(zero);
-        let start = k.u32(0);
-        let end = k.u32(d);
         let one = k.u32(1);
-        k.for_range(start, end, one, |k, i| {
-            let a = k.add(ro, i);
-            let x = crate::storage::load_f32(k, o.buf, a, 1, s);
-            let a = k.add(rd, i);
-            let y = crate::storage::load_f32(k, dout.buf, a, 1, s);
-            let cur = k.get(acc);
-            let v = k.fma(x, y, cur);
-            k.set(acc, v);
-        });
+        // Four elements per load where both rows start on a multiple of 4 (the cooperative
+        // path always; fused-QKV views at odd offsets read one at a time).
+        let a4 = o.vec4_aligned(k);
+        let b4 = dout.vec4_aligned(k);
+        let wide = k.and(a4, b4);
+        k.if_else(
+            wide,
+            |k| {
+                let four = k.u32(4);
+                let ro = k.div(ro, four);
+                let rd = k.div(rd, four);
+                let start = k.u32(0);
+                let end = k.u32(d / 4);
+                k.for_range(start, end, one, |k, i| {
+                    let a = k.add(ro, i);
+                    let x = crate::storage::load_f32(k, o.buf, a, 4, s);
+                    let a = k.add(rd, i);
+                    let y = crate::storage::load_f32(k, dout.buf, a, 4, s);
+                    let cur = k.get(acc);
+                    let v = k.dot(x, y);
+                    let v = k.add(cur, v);
+                    k.set(acc, v);
+                });
+            },
+            |k| {
+                let start = k.u32(0);
+                let end = k.u32(d);
+                k.for_range(start, end, one, |k, i| {
+                    let a = k.add(ro, i);
+                    let x = crate::storage::load_f32(k, o.buf, a, 1, s);
+                    let a = k.add(rd, i);
+                    let y = crate::storage::load_f32(k, dout.buf, a, 1, s);
+                    let cur = k.get(acc);
+                    let v = k.fma(x, y, cur);
+                    k.set(acc, v);
+                });
+            },
+        );
         let at = stat_index(k, &p, b, h, t);
         let v = k.get(acc);
         k.store(dsum, at, v);

@@ -11,6 +11,9 @@
 //! shared memory in the loops; the kernels in `attention_coop` store every score tile to
 //! shared memory and back instead, and remain for devices without a recognised layout.
 //!
+//! The scale must be positive (the forward takes row maxima of the raw scores and folds
+//! the scale into the exponent's fma); the host keeps the other kernels for any other.
+//!
 //! Each invocation learns the row and column of its elements at start-up from a coordinate
 //! fragment (r·16 + c, loaded from shared memory), so the only thing compiled in is the
 //! structure, not the layout itself. Masks run only on key blocks that need them (a branch
@@ -18,11 +21,11 @@
 
 use helios_spirv::{
     CoopLayout, CoopMat, CoopTy, CoopUse, CoopVar, KernelBuilder, KernelModule, Scalar, Shared,
-    SharedLen, Ty, Val,
+    SharedLen, Ty, Val, Var,
 };
 
 use crate::attention::{
-    block_coords, dense_row, key_end, stat_index, AttentionKernel, AttnStage, Params,
+    block_coords, dense_row, key_end, stat_index, AttentionKernel, AttnStage, Params, View,
 };
 use crate::attention_coop::{frag_scalar, row_limit, stage, FRAG, SUBGROUP, WORD};
 use crate::coop_layout::{FragMap, LEN};
@@ -61,11 +64,8 @@ pub(crate) fn layout(kern: &AttentionKernel) -> Layout {
         0
     };
     let region = stats + stats_words;
-    // Start-up: DkDv stages K and V (2·bk rows), the others Q (and dO) one at a time.
-    let staged = match kern.stage {
-        AttnStage::DkDv => 2 * owned * row,
-        _ => owned * row,
-    };
+    // Start-up: the owned rows (Q and dO, or K and V) one tile at a time.
+    let staged = owned * row;
     let total = region + staged.max(TILE_WORDS).max(nsg * TILE_WORDS);
     Layout {
         row,
@@ -352,6 +352,110 @@ fn store_rows(
     }
 }
 
+/// A tile of `rows` staged rows of a strided view, loaded into registers ahead of its
+/// shared-memory stores: a loop loads block i + 1 right after storing block i, so the global
+/// loads overlap block i's products (the kernels have no lavapipe to spare compile time for:
+/// they only run on devices with cooperative matrices).
+struct Prefetch {
+    view: View,
+    /// Word offset of the tile in shared memory.
+    base: u32,
+    rows: u32,
+    /// The values in flight, one 16-byte word per unit this invocation moves.
+    vars: Vec<Var>,
+}
+
+/// Who moves what: this invocation (`tid` of `threads`), row words, (b, h).
+#[derive(Clone, Copy)]
+struct Movers {
+    tid: Val,
+    threads: u32,
+    row: u32,
+    bh: (Val, Val),
+}
+
+impl Movers {
+    /// Units (16-byte words) of a `rows`-row tile and whether they divide among the
+    /// invocations.
+    fn units(&self, rows: u32) -> (u32, bool) {
+        let units = rows * (self.row - 1);
+        (units, units % self.threads == 0)
+    }
+
+    /// (row, word in row) of unit `j` of this invocation, clamped into the tile.
+    fn unit(&self, k: &mut KernelBuilder, rows: u32, j: u32) -> (Val, Val, Val) {
+        let (units, exact) = self.units(rows);
+        let off = k.u32(j * self.threads);
+        let idx = k.add(self.tid, off);
+        let idx = if exact {
+            idx
+        } else {
+            let last = k.u32(units - 1);
+            k.min(idx, last)
+        };
+        let per = k.u32(self.row - 1);
+        let r = k.div(idx, per);
+        let w = k.rem(idx, per);
+        (idx, r, w)
+    }
+
+    fn prefetch(&self, k: &mut KernelBuilder, view: View, base: u32, rows: u32) -> Prefetch {
+        let (units, _) = self.units(rows);
+        let vars = (0..units.div_ceil(self.threads))
+            .map(|_| k.var(Ty::vector(Scalar::U32, 4)))
+            .collect();
+        Prefetch {
+            view,
+            base,
+            rows,
+            vars,
+        }
+    }
+
+    /// Loads rows t0.. of the tile (zero words at t >= tend) into its registers.
+    fn load(&self, k: &mut KernelBuilder, f: &Prefetch, t0: Val, tend: Val) {
+        for (j, &v) in f.vars.iter().enumerate() {
+            let (_, r, w) = self.unit(k, f.rows, j as u32);
+            let t = k.add(t0, r);
+            let ok = k.lt(t, tend);
+            let zero = k.u32(0);
+            let tc = k.select(ok, t, zero);
+            let at = f.view.row(k, self.bh.0, tc, self.bh.1);
+            let word = k.u32(WORD);
+            let at = k.div(at, word);
+            let at = k.add(at, w);
+            let x = k.load(f.view.buf, at, 4);
+            let z4 = k.splat(zero, 4);
+            let ok4 = k.splat(ok, 4);
+            let x = k.select(ok4, x, z4);
+            k.set(v, x);
+        }
+    }
+
+    /// Stores the tile's registers into shared memory.
+    fn store(&self, k: &mut KernelBuilder, smem: Shared, f: &Prefetch) {
+        let (units, exact) = self.units(f.rows);
+        for (j, &v) in f.vars.iter().enumerate() {
+            let (idx, r, w) = self.unit(k, f.rows, j as u32);
+            let rc = k.u32(self.row);
+            let at = k.mul(r, rc);
+            let at = k.add(at, w);
+            let bc = k.u32(f.base);
+            let at = k.add(at, bc);
+            let x = k.get(v);
+            if exact || (j as u32 + 1) * self.threads <= units {
+                k.shared_store(smem, at, x);
+            } else {
+                // The clamped units repeat the last one: only its owner stores.
+                let off = k.u32(j as u32 * self.threads);
+                let raw = k.add(self.tid, off);
+                let inside = k.eq(raw, idx);
+                k.if_(inside, |k| k.shared_store(smem, at, x));
+            }
+        }
+    }
+}
+
 /// The common start of a kernel: builder, parameters, shared array, types.
 struct Start {
     kb: KernelBuilder,
@@ -470,36 +574,25 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     let (z, one) = (k.u32(0), k.u32(1));
     let kt = (lay.a, lay.row);
     let vt = (lay.b, lay.row);
+    let mv = Movers {
+        tid,
+        threads,
+        row: lay.row,
+        bh: (b, h),
+    };
+    let kp = mv.prefetch(k, kv, lay.a, bk);
+    let vp = mv.prefetch(k, vv, lay.b, bk);
+    mv.load(k, &kp, z, kend);
+    mv.load(k, &vp, z, kend);
     k.for_range(z, nkb, one, |k, blk| {
         let k0 = k.mul(blk, bkc);
         k.workgroup_barrier();
-        stage(
-            k,
-            smem,
-            lay.a,
-            lay.row,
-            kv,
-            (b, h),
-            k0,
-            kend,
-            bk,
-            tid,
-            threads,
-        );
-        stage(
-            k,
-            smem,
-            lay.b,
-            lay.row,
-            vv,
-            (b, h),
-            k0,
-            kend,
-            bk,
-            tid,
-            threads,
-        );
+        mv.store(k, smem, &kp);
+        mv.store(k, smem, &vp);
         k.workgroup_barrier();
+        let next = k.add(k0, bkc);
+        mv.load(k, &kp, next, kend);
+        mv.load(k, &vp, next, kend);
         // A block needs masks when a key past the end or past some row's diagonal is in it.
         let k1 = k.add(k0, bkc);
         let past_end = k.gt(k1, kend);
@@ -512,16 +605,15 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
             past_end
         };
         let body = |k: &mut KernelBuilder, masked: bool| {
-            // S = Q·Kᵀ, scaled to base 2, masked.
+            // S = Q·Kᵀ, masked (raw: the scale, positive, is folded into the exponent).
             let mut xs: Vec<Vec<Val>> = Vec::new();
             for c in 0..bk / FRAG {
                 let s = product_t(k, smem, ty, &qf, kt, c);
                 let mut v = elems(k, s);
-                let jc = k.u32(c * FRAG);
-                let jb = k.add(k0, jc);
-                for (e, x) in v.iter_mut().enumerate() {
-                    *x = k.mul(*x, scale2);
-                    if masked {
+                if masked {
+                    let jc = k.u32(c * FRAG);
+                    let jb = k.add(k0, jc);
+                    for (e, x) in v.iter_mut().enumerate() {
                         let j = k.add(jb, pl.col_of(e));
                         let lim = lims[pl.map.row_slot[e] as usize];
                         let keep = k.lt(j, lim);
@@ -531,9 +623,10 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
                 }
                 xs.push(v);
             }
-            // Online softmax per row slot.
-            let mut safe = Vec::new();
+            // Online softmax per row slot, in base 2: m is max(S)·scale·log2 e.
+            let mut neg_safe = Vec::new();
             let mut corr = Vec::new();
+            let mut grew = k.bool(false);
             for (s, &mvar) in ms.iter().enumerate() {
                 let mut mx = k.const_f32(f32::NEG_INFINITY);
                 for v in &xs {
@@ -544,8 +637,11 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
                     }
                 }
                 let mx = row_reduce(k, &pl, mx, true);
+                let mx = k.mul(mx, scale2);
                 let mold = k.get(mvar);
                 let mnew = k.max(mold, mx);
+                let up = k.gt(mnew, mold);
+                grew = k.or(grew, up);
                 let ninf = k.const_f32(f32::NEG_INFINITY);
                 let zero = k.const_f32(0.0);
                 let none = k.eq(mnew, ninf);
@@ -553,7 +649,7 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
                 let dm = k.sub(mold, sf);
                 corr.push(k.exp2(dm));
                 k.set(mvar, mnew);
-                safe.push(sf);
+                neg_safe.push(k.neg(sf));
             }
             let mut sums: Vec<Val> = (0..nslot).map(|_| k.const_f32(0.0)).collect();
             let pa: Vec<CoopMat> = xs
@@ -564,7 +660,7 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
                         .enumerate()
                         .map(|(e, &x)| {
                             let s = pl.map.row_slot[e] as usize;
-                            let dd = k.sub(x, safe[s]);
+                            let dd = k.fma(x, scale2, neg_safe[s]);
                             let p = k.exp2(dd);
                             sums[s] = k.add(sums[s], p);
                             p
@@ -578,9 +674,18 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
                 let l = k.fma(l, corr[s], sums[s]);
                 k.set(ls[s], l);
             }
-            // O = O ∘ corr + P·V.
+            // O = O ∘ corr + P·V, the rescale only when some row's maximum grew (after the
+            // first blocks it rarely does).
+            let grew = k.subgroup_any(grew);
             let cf = row_frag(k, &pl, ty.acc, &corr);
-            accumulate(k, smem, ty, &acc, Some(cf), &pa, vt);
+            k.if_(grew, |k| {
+                for &a in &acc {
+                    let o = k.coop_get(a);
+                    let o = k.coop_binary(helios_spirv::BinOp::Mul, o, cf);
+                    k.coop_set(a, o);
+                }
+            });
+            accumulate(k, smem, ty, &acc, None, &pa, vt);
         };
         k.if_else(needs, |k| body(k, true), |k| body(k, false));
     });
@@ -722,36 +827,25 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     let (z, one) = (k.u32(0), k.u32(1));
     let kt = (lay.a, lay.row);
     let vt = (lay.b, lay.row);
+    let mv = Movers {
+        tid,
+        threads,
+        row: lay.row,
+        bh: (b, h),
+    };
+    let kp = mv.prefetch(k, kv, lay.a, bk);
+    let vp = mv.prefetch(k, vv, lay.b, bk);
+    mv.load(k, &kp, z, kend);
+    mv.load(k, &vp, z, kend);
     k.for_range(z, nkb, one, |k, blk| {
         let k0 = k.mul(blk, bkc);
         k.workgroup_barrier();
-        stage(
-            k,
-            smem,
-            lay.a,
-            lay.row,
-            kv,
-            (b, h),
-            k0,
-            kend,
-            bk,
-            tid,
-            threads,
-        );
-        stage(
-            k,
-            smem,
-            lay.b,
-            lay.row,
-            vv,
-            (b, h),
-            k0,
-            kend,
-            bk,
-            tid,
-            threads,
-        );
+        mv.store(k, smem, &kp);
+        mv.store(k, smem, &vp);
         k.workgroup_barrier();
+        let next = k.add(k0, bkc);
+        mv.load(k, &kp, next, kend);
+        mv.load(k, &vp, next, kend);
         let k1 = k.add(k0, bkc);
         let past_end = k.gt(k1, kend);
         let needs = if kern.causal {
@@ -831,7 +925,8 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let js = k.add(k0, row0);
     let kend = key_end(k, &p, b);
     let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
-    let vstart = lay.region + bk * lay.row;
+    // K, then V, through the region into A fragments.
+    let tile = (lay.region, lay.row);
     stage(
         k,
         smem,
@@ -845,10 +940,13 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
         tid,
         threads,
     );
+    k.workgroup_barrier();
+    let kf = a_frags(k, smem, ty.a, tile, row0, d);
+    k.workgroup_barrier();
     stage(
         k,
         smem,
-        vstart,
+        lay.region,
         lay.row,
         vv,
         (b, h),
@@ -859,8 +957,7 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
         threads,
     );
     k.workgroup_barrier();
-    let kf = a_frags(k, smem, ty.a, (lay.region, lay.row), row0, d);
-    let vf = a_frags(k, smem, ty.a, (vstart, lay.row), row0, d);
+    let vf = a_frags(k, smem, ty.a, tile, row0, d);
     k.workgroup_barrier();
     // The keys of each row slot: j (kept while j < kend).
     let keys: Vec<Val> = pl.row.iter().map(|&r| k.add(js, r)).collect();
@@ -886,35 +983,25 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let sixteen = k.u32(FRAG);
     let js_end = k.add(js, sixteen);
     let keys_past_end = k.gt(js_end, kend);
+    let mv = Movers {
+        tid,
+        threads,
+        row: lay.row,
+        bh: (b, h),
+    };
+    let qp = mv.prefetch(k, qv, lay.a, bq);
+    let op = mv.prefetch(k, dov, lay.b, bq);
+    let first = k.mul(qstart, bqc);
+    mv.load(k, &qp, first, p.t);
+    mv.load(k, &op, first, p.t);
     k.for_range(qstart, nqb, one, |k, qb| {
         let i0 = k.mul(qb, bqc);
         k.workgroup_barrier();
-        stage(
-            k,
-            smem,
-            lay.a,
-            lay.row,
-            qv,
-            (b, h),
-            i0,
-            p.t,
-            bq,
-            tid,
-            threads,
-        );
-        stage(
-            k,
-            smem,
-            lay.b,
-            lay.row,
-            dov,
-            (b, h),
-            i0,
-            p.t,
-            bq,
-            tid,
-            threads,
-        );
+        mv.store(k, smem, &qp);
+        mv.store(k, smem, &op);
+        let next = k.add(i0, bqc);
+        mv.load(k, &qp, next, p.t);
+        mv.load(k, &op, next, p.t);
         let step = k.u32(threads);
         k.for_range(tid, bqc, step, |k, idx| {
             let i = k.add(i0, idx);

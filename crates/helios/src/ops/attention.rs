@@ -433,7 +433,10 @@ fn choose(
         Storage::F32 => false,
     } && caps.subgroup == 32
         && env_variant() != Some(Forced::Simt);
-    let frag = if coop {
+    // The register kernels fold the scale into their exponent and need it positive (every
+    // attention's is; the others take any).
+    let positive = opts.scale.map_or(true, |s| s > 0.0);
+    let frag = if coop && positive {
         frag_map(device, storage)
     } else {
         None
