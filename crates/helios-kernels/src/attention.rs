@@ -138,24 +138,26 @@ pub const COOP_VARIANTS: [AttnVariant; 7] = [
 
 /// Candidates for `stage` in the order the selection function tries them without a tuned
 /// choice (the first that fits the device's shared memory and workgroup limits wins).
-/// Cooperative orders as measured on an H100 (forward) or chosen for registers (the backward
-/// kernels keep half a score row of S, dP, L and Dsum per invocation: DkDv prefers 32-query
-/// blocks).
-pub fn default_order(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
+/// Cooperative orders as measured on an H100: with the scores in `registers` (bf16
+/// 8×12×1024×64, each tile forced: forward 128×64 140 µs, 64×32 153, 64×64 188; DkDv keeps
+/// 32-query blocks) or in shared memory (the backward kernels keep half a score row of S,
+/// dP, L and Dsum per invocation: DkDv prefers 32-query blocks).
+pub fn default_order(stage: AttnStage, coop: bool, registers: bool) -> Vec<AttnVariant> {
     let c = |bq, bk| AttnVariant::Coop { bq, bk };
     let mut out = Vec::new();
     if coop {
-        out.extend(match stage {
-            AttnStage::DkDv => [c(32, 64), c(32, 32), c(64, 32), c(64, 64)],
-            AttnStage::Dq => [c(64, 32), c(32, 32), c(64, 64), c(32, 64)],
-            _ => [c(64, 64), c(64, 32), c(32, 64), c(32, 32)],
+        out.extend(match (stage, registers) {
+            (AttnStage::DkDv, _) => vec![c(32, 64), c(32, 32), c(64, 32), c(64, 64)],
+            (AttnStage::Dq, false) => vec![c(64, 32), c(32, 32), c(64, 64), c(32, 64)],
+            (AttnStage::Dq, true) => vec![c(64, 32), c(128, 64), c(32, 32), c(64, 64)],
+            (_, true) => vec![c(128, 64), c(64, 32), c(64, 64), c(32, 32)],
+            _ => vec![c(64, 64), c(64, 32), c(32, 64), c(32, 32)],
         });
-        out.extend(
-            COOP_VARIANTS
-                .into_iter()
-                .filter(|v| !out.contains(v))
-                .collect::<Vec<_>>(),
-        );
+        let rest: Vec<AttnVariant> = COOP_VARIANTS
+            .into_iter()
+            .filter(|v| !out.contains(v))
+            .collect();
+        out.extend(rest);
     }
     // The largest tiles first: 128 invocations of 4×8 register tiles where they fit 48 KiB
     // at D = 64, down to what fits lavapipe's 32 KiB at D = 128.
@@ -696,7 +698,7 @@ mod tests {
                     (false, 32 << 10, Storage::F32),
                     (true, 48 << 10, Storage::BF16),
                 ] {
-                    let fits = default_order(stage, coop)
+                    let fits = default_order(stage, coop, false)
                         .into_iter()
                         .filter(|v| v.is_coop() == coop)
                         .any(|variant| {

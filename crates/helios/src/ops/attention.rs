@@ -495,7 +495,7 @@ fn choose(
         }
     }
     let coop_stage = coop && helios_kernels::attention::coop_supports(stage) && aligned;
-    let candidates = helios_kernels::attention::default_order(stage, coop_stage);
+    let candidates = helios_kernels::attention::default_order(stage, coop_stage, frag.is_some());
     candidates
         .into_iter()
         .map(make)

@@ -53,7 +53,7 @@ pub(crate) fn wanted(q: &Tensor, d: usize, stages: &[AttnStage], o: &AttentionOp
 /// The variants worth trying for `stage`, the default order first: the cooperative family
 /// where the default is cooperative (SIMT tiles are far slower there), else SIMT.
 fn candidates(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
-    let mut v: Vec<AttnVariant> = default_order(stage, coop)
+    let mut v: Vec<AttnVariant> = default_order(stage, coop, false)
         .into_iter()
         .filter(|x| x.is_coop() == coop)
         .collect();
