@@ -16,10 +16,13 @@
 //!   dense [B, T, H, D]; L and Dsum are f32 [B, H, T].
 //! - Two families of variants, kept side by side in [`AttnVariant`]: `Simt` (f32 math,
 //!   every device: `attention_simt`) and `Coop` (f16/bf16 on 16×16×16 cooperative matrices
-//!   with f32 accumulation: `attention_coop` forward, `attention_coop_bwd` backward). Both
-//!   stage tiles in shared memory and do all element-wise work (mask, exp, dS) on shared score
-//!   tiles. Which runs is `helios`'s one selection function (a forced variant, the tuned one,
-//!   else the first of [`default_order`] that fits the device).
+//!   with f32 accumulation). A `Coop` kernel keeps its score tiles in registers
+//!   (`attention_frag`, FlashAttention-2 style) when the kernel signature carries the
+//!   device's probed fragment layout ([`crate::FragMap`]), else it does the element-wise
+//!   work (mask, exp, dS) on score tiles in shared memory (`attention_coop` forward,
+//!   `attention_coop_bwd` backward). Which runs is `helios`'s one selection function (a
+//!   forced variant, the tuned one, else the first of [`default_order`] that fits the
+//!   device).
 
 use helios_spirv::{Access, Binding, Buffer, KernelBuilder, KernelModule, Param, Scalar, Ty, Val};
 
