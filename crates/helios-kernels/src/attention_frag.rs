@@ -412,7 +412,10 @@ impl Movers {
         }
     }
 
-    /// Loads rows t0.. of the tile (zero words at t >= tend) into its registers.
+    /// Loads rows t0.. of the tile into its registers (rows at t >= tend read row 0; `store`
+    /// zeroes them). Nothing here may consume the loaded values: the NVIDIA compiler waits
+    /// for a load at its first use, and a select right after the load (as this had once)
+    /// put the whole global latency back into every block.
     fn load(&self, k: &mut KernelBuilder, f: &Prefetch, t0: Val, tend: Val) {
         for (j, &v) in f.vars.iter().enumerate() {
             let (_, r, w) = self.unit(k, f.rows, j as u32);
@@ -425,15 +428,13 @@ impl Movers {
             let at = k.div(at, word);
             let at = k.add(at, w);
             let x = k.load(f.view.buf, at, 4);
-            let z4 = k.splat(zero, 4);
-            let ok4 = k.splat(ok, 4);
-            let x = k.select(ok4, x, z4);
             k.set(v, x);
         }
     }
 
-    /// Stores the tile's registers into shared memory.
-    fn store(&self, k: &mut KernelBuilder, smem: Shared, f: &Prefetch) {
+    /// Stores the tile's registers (rows t0.. as loaded, zero words at t >= tend) into
+    /// shared memory.
+    fn store(&self, k: &mut KernelBuilder, smem: Shared, f: &Prefetch, t0: Val, tend: Val) {
         let (units, exact) = self.units(f.rows);
         for (j, &v) in f.vars.iter().enumerate() {
             let (idx, r, w) = self.unit(k, f.rows, j as u32);
@@ -443,6 +444,12 @@ impl Movers {
             let bc = k.u32(f.base);
             let at = k.add(at, bc);
             let x = k.get(v);
+            let t = k.add(t0, r);
+            let ok = k.lt(t, tend);
+            let zero = k.u32(0);
+            let z4 = k.splat(zero, 4);
+            let ok4 = k.splat(ok, 4);
+            let x = k.select(ok4, x, z4);
             if exact || (j as u32 + 1) * self.threads <= units {
                 k.shared_store(smem, at, x);
             } else {
@@ -587,8 +594,8 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     k.for_range(z, nkb, one, |k, blk| {
         let k0 = k.mul(blk, bkc);
         k.workgroup_barrier();
-        mv.store(k, smem, &kp);
-        mv.store(k, smem, &vp);
+        mv.store(k, smem, &kp, k0, kend);
+        mv.store(k, smem, &vp, k0, kend);
         k.workgroup_barrier();
         let next = k.add(k0, bkc);
         mv.load(k, &kp, next, kend);
@@ -840,8 +847,8 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     k.for_range(z, nkb, one, |k, blk| {
         let k0 = k.mul(blk, bkc);
         k.workgroup_barrier();
-        mv.store(k, smem, &kp);
-        mv.store(k, smem, &vp);
+        mv.store(k, smem, &kp, k0, kend);
+        mv.store(k, smem, &vp, k0, kend);
         k.workgroup_barrier();
         let next = k.add(k0, bkc);
         mv.load(k, &kp, next, kend);
@@ -991,34 +998,76 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     };
     let qp = mv.prefetch(k, qv, lay.a, bq);
     let op = mv.prefetch(k, dov, lay.b, bq);
+    // L and Dsum of the block's queries, prefetched like the tiles: invocation tid moves
+    // queries tid, tid + threads, ... below bq (raw loads; `store_stats` transforms them).
+    let lse_buf = p.lse.expect("backward reads lse");
+    let dsum_buf = p.dsum.expect("backward reads dsum");
+    let stat_vars: Vec<(Val, Var, Var)> = (0..bq.div_ceil(threads))
+        .map(|j| {
+            let o = k.u32(j * threads);
+            let idx = k.add(tid, o);
+            let f = Ty::scalar(Scalar::F32);
+            (idx, k.var(f), k.var(f))
+        })
+        .collect();
+    let load_stats = |k: &mut KernelBuilder, i0: Val| {
+        for &(idx, lv, dv) in &stat_vars {
+            let i = k.add(i0, idx);
+            let inside = k.lt(i, p.t);
+            let z = k.u32(0);
+            let ic = k.select(inside, i, z);
+            let at = stat_index(k, &p, b, h, ic);
+            let l = k.load(lse_buf, at, 1);
+            let ds = k.load(dsum_buf, at, 1);
+            k.set(lv, l);
+            k.set(dv, ds);
+        }
+    };
+    // Stores −L·log2 e (+∞ past T, so that P = 0 there) and Dsum (0 past T).
+    let store_stats = |k: &mut KernelBuilder, i0: Val| {
+        for &(idx, lv, dv) in &stat_vars {
+            let body = |k: &mut KernelBuilder| {
+                let i = k.add(i0, idx);
+                let inside = k.lt(i, p.t);
+                let l = k.get(lv);
+                let ds = k.get(dv);
+                let inf = k.const_f32(f32::INFINITY);
+                let zero = k.const_f32(0.0);
+                let l = k.select(inside, l, inf);
+                let nlog2e = k.const_f32(-std::f32::consts::LOG2_E);
+                let l = k.mul(l, nlog2e);
+                let ds = k.select(inside, ds, zero);
+                let four = k.u32(4);
+                let w = k.div(idx, four);
+                let lane = k.rem(idx, four);
+                let st = k.u32(lay.stats);
+                let wl = k.add(st, w);
+                let u = Ty::scalar(Scalar::U32);
+                let lb = k.bitcast(l, u);
+                k.shared_store_lane(smem, wl, lane, lb);
+                let off = k.u32(bq / 4);
+                let wd = k.add(wl, off);
+                let db = k.bitcast(ds, u);
+                k.shared_store_lane(smem, wd, lane, db);
+            };
+            let mine = k.lt(idx, bqc);
+            k.if_(mine, body);
+        }
+    };
     let first = k.mul(qstart, bqc);
     mv.load(k, &qp, first, p.t);
     mv.load(k, &op, first, p.t);
+    load_stats(k, first);
     k.for_range(qstart, nqb, one, |k, qb| {
         let i0 = k.mul(qb, bqc);
         k.workgroup_barrier();
-        mv.store(k, smem, &qp);
-        mv.store(k, smem, &op);
+        mv.store(k, smem, &qp, i0, p.t);
+        mv.store(k, smem, &op, i0, p.t);
+        store_stats(k, i0);
         let next = k.add(i0, bqc);
         mv.load(k, &qp, next, p.t);
         mv.load(k, &op, next, p.t);
-        let step = k.u32(threads);
-        k.for_range(tid, bqc, step, |k, idx| {
-            let i = k.add(i0, idx);
-            let (l, ds) = row_stats(k, &p, (b, h), i);
-            let four = k.u32(4);
-            let w = k.div(idx, four);
-            let lane = k.rem(idx, four);
-            let st = k.u32(lay.stats);
-            let wl = k.add(st, w);
-            let u = Ty::scalar(Scalar::U32);
-            let lb = k.bitcast(l, u);
-            k.shared_store_lane(smem, wl, lane, lb);
-            let off = k.u32(bq / 4);
-            let wd = k.add(wl, off);
-            let db = k.bitcast(ds, u);
-            k.shared_store_lane(smem, wd, lane, db);
-        });
+        load_stats(k, next);
         k.workgroup_barrier();
         // Masks where a key is past the end or some query of the block precedes a key.
         let needs = if kern.causal {
