@@ -235,7 +235,7 @@ fn store_rows(
     }
 }
 
-fn zero_accs(k: &mut KernelBuilder, ty: CoopTy, n: u32) -> Vec<CoopVar> {
+pub(crate) fn zero_accs(k: &mut KernelBuilder, ty: CoopTy, n: u32) -> Vec<CoopVar> {
     (0..n)
         .map(|_| {
             let v = k.coop_var(ty);
@@ -277,7 +277,7 @@ fn scores(
 
 /// A fragments (16 × 16, row-major) of the 16 × `d` rows starting at row `row0` of the tile
 /// at word `tile` (`row` words per row).
-fn row_frags(
+pub(crate) fn row_frags(
     k: &mut KernelBuilder,
     smem: Shared,
     ty: CoopTy,

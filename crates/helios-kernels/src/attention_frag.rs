@@ -28,6 +28,7 @@ use crate::attention::{
     block_coords, dense_row, key_end, stat_index, AttentionKernel, AttnStage, Params, View,
 };
 use crate::attention_coop::{frag_scalar, row_limit, stage, FRAG, SUBGROUP, WORD};
+use crate::attention_coop_bwd::{row_frags, zero_accs};
 use crate::coop_layout::{FragMap, LEN};
 use crate::storage::store_f32;
 
@@ -219,28 +220,6 @@ fn row_reduce(k: &mut KernelBuilder, pl: &Place, mut v: Val, max: bool) -> Val {
     v
 }
 
-/// A fragments (row-major 16 × 16) of rows `row0..row0+16` of the tile at word `tile`.
-fn a_frags(
-    k: &mut KernelBuilder,
-    smem: Shared,
-    ty: CoopTy,
-    (tile, row): (u32, u32),
-    row0: Val,
-    d: u32,
-) -> Vec<CoopMat> {
-    let rowc = k.u32(row);
-    let base = k.mul(row0, rowc);
-    let t = k.u32(tile);
-    let base = k.add(base, t);
-    (0..d / FRAG)
-        .map(|dc| {
-            let o = k.u32(dc * 2);
-            let at = k.add(base, o);
-            k.coop_load_shared(ty, smem, at, rowc, CoopLayout::RowMajor)
-        })
-        .collect()
-}
-
 /// Σ_dc A[dc]·Bᵀ(c, dc) for the 16 columns c·16.. of an `n`-row staged tile at word `tile`
 /// (its rows are the product's columns, so B is read column-major): one 16×16 f32 tile.
 fn product_t(
@@ -284,17 +263,6 @@ fn accumulate(
         }
         k.coop_set(v, o);
     }
-}
-
-fn zero_accs(k: &mut KernelBuilder, ty: CoopTy, n: u32) -> Vec<CoopVar> {
-    (0..n)
-        .map(|_| {
-            let v = k.coop_var(ty);
-            let z = k.coop_zero(ty);
-            k.coop_set(v, z);
-            v
-        })
-        .collect()
 }
 
 /// Stores the subgroup's accumulators (16 rows × D: rows `t0..t0+16`, those below T) times
@@ -463,6 +431,65 @@ impl Movers {
     }
 }
 
+/// The key blocks of a query block (Forward, Dq): K and V tiles prefetched into registers
+/// one block ahead and staged in shared memory at `lay.a` and `lay.b`, then `body(k, k0,
+/// masked)` for the block at key k0, built twice under a branch: with masks where a key past
+/// the end or past some row's diagonal is in the block, without elsewhere.
+struct KeyBlocks<'a> {
+    kern: &'a AttentionKernel,
+    smem: Shared,
+    lay: &'a Layout,
+    movers: Movers,
+    kv: (View, View),
+    q0: Val,
+    /// The subgroup's first query row.
+    qs: Val,
+    kend: Val,
+}
+
+impl KeyBlocks<'_> {
+    fn run(&self, k: &mut KernelBuilder, body: &dyn Fn(&mut KernelBuilder, Val, bool)) {
+        let (bq, bk) = self.kern.variant.blocks();
+        let (mv, kend) = (&self.movers, self.kend);
+        let kmax = if self.kern.causal {
+            let bqc = k.u32(bq);
+            let e = k.add(self.q0, bqc);
+            k.min(kend, e)
+        } else {
+            kend
+        };
+        let bkm = k.u32(bk - 1);
+        let e = k.add(kmax, bkm);
+        let bkc = k.u32(bk);
+        let nkb = k.div(e, bkc);
+        let (z, one) = (k.u32(0), k.u32(1));
+        let kp = mv.prefetch(k, self.kv.0, self.lay.a, bk);
+        let vp = mv.prefetch(k, self.kv.1, self.lay.b, bk);
+        mv.load(k, &kp, z, kend);
+        mv.load(k, &vp, z, kend);
+        k.for_range(z, nkb, one, |k, blk| {
+            let k0 = k.mul(blk, bkc);
+            k.workgroup_barrier();
+            mv.store(k, self.smem, &kp, k0, kend);
+            mv.store(k, self.smem, &vp, k0, kend);
+            k.workgroup_barrier();
+            let next = k.add(k0, bkc);
+            mv.load(k, &kp, next, kend);
+            mv.load(k, &vp, next, kend);
+            let past_end = k.gt(next, kend);
+            let needs = if self.kern.causal {
+                let one = k.u32(1);
+                let diag = k.add(self.qs, one);
+                let over = k.gt(next, diag);
+                k.or(past_end, over)
+            } else {
+                past_end
+            };
+            k.if_else(needs, |k| body(k, k0, true), |k| body(k, k0, false));
+        });
+    }
+}
+
 /// The common start of a kernel: builder, parameters, shared array, types.
 struct Start {
     kb: KernelBuilder,
@@ -548,7 +575,7 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
         threads,
     );
     k.workgroup_barrier();
-    let qf = a_frags(k, smem, ty.a, (lay.region, lay.row), row0, d);
+    let qf = row_frags(k, smem, ty.a, lay.region, lay.row, row0, d);
     k.workgroup_barrier();
 
     // Per row slot: the keys its row sees (j < lim), running max and (this invocation's
@@ -568,133 +595,105 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     let acc = zero_accs(k, ty.acc, d / FRAG);
     let log2e = k.const_f32(std::f32::consts::LOG2_E);
     let scale2 = k.mul(p.scale, log2e);
-    let kmax = if kern.causal {
-        let e = k.add(q0, bqc);
-        k.min(kend, e)
-    } else {
-        kend
-    };
-    let bkm = k.u32(bk - 1);
-    let e = k.add(kmax, bkm);
-    let bkc = k.u32(bk);
-    let nkb = k.div(e, bkc);
-    let (z, one) = (k.u32(0), k.u32(1));
     let kt = (lay.a, lay.row);
     let vt = (lay.b, lay.row);
-    let mv = Movers {
-        tid,
-        threads,
-        row: lay.row,
-        bh: (b, h),
+    let walk = KeyBlocks {
+        kern,
+        smem,
+        lay: &lay,
+        movers: Movers {
+            tid,
+            threads,
+            row: lay.row,
+            bh: (b, h),
+        },
+        kv: (kv, vv),
+        q0,
+        qs,
+        kend,
     };
-    let kp = mv.prefetch(k, kv, lay.a, bk);
-    let vp = mv.prefetch(k, vv, lay.b, bk);
-    mv.load(k, &kp, z, kend);
-    mv.load(k, &vp, z, kend);
-    k.for_range(z, nkb, one, |k, blk| {
-        let k0 = k.mul(blk, bkc);
-        k.workgroup_barrier();
-        mv.store(k, smem, &kp, k0, kend);
-        mv.store(k, smem, &vp, k0, kend);
-        k.workgroup_barrier();
-        let next = k.add(k0, bkc);
-        mv.load(k, &kp, next, kend);
-        mv.load(k, &vp, next, kend);
-        // A block needs masks when a key past the end or past some row's diagonal is in it.
-        let k1 = k.add(k0, bkc);
-        let past_end = k.gt(k1, kend);
-        let needs = if kern.causal {
-            let one = k.u32(1);
-            let diag = k.add(qs, one);
-            let over = k.gt(k1, diag);
-            k.or(past_end, over)
-        } else {
-            past_end
-        };
-        let body = |k: &mut KernelBuilder, masked: bool| {
-            // S = Q·Kᵀ, masked (raw: the scale, positive, is folded into the exponent).
-            let mut xs: Vec<Vec<Val>> = Vec::new();
-            for c in 0..bk / FRAG {
-                let s = product_t(k, smem, ty, &qf, kt, c);
-                let mut v = elems(k, s);
-                if masked {
-                    let jc = k.u32(c * FRAG);
-                    let jb = k.add(k0, jc);
-                    for (e, x) in v.iter_mut().enumerate() {
-                        let j = k.add(jb, pl.col_of(e));
-                        let lim = lims[pl.map.row_slot[e] as usize];
-                        let keep = k.lt(j, lim);
-                        let ninf = k.const_f32(f32::NEG_INFINITY);
-                        *x = k.select(keep, *x, ninf);
+    walk.run(k, &|k, k0, masked| {
+        // S = Q·Kᵀ, masked (raw: the scale, positive, is folded into the exponent).
+        let mut xs: Vec<Vec<Val>> = Vec::new();
+        for c in 0..bk / FRAG {
+            let s = product_t(k, smem, ty, &qf, kt, c);
+            let mut v = elems(k, s);
+            if masked {
+                let jc = k.u32(c * FRAG);
+                let jb = k.add(k0, jc);
+                for (e, x) in v.iter_mut().enumerate() {
+                    let j = k.add(jb, pl.col_of(e));
+                    let lim = lims[pl.map.row_slot[e] as usize];
+                    let keep = k.lt(j, lim);
+                    let ninf = k.const_f32(f32::NEG_INFINITY);
+                    *x = k.select(keep, *x, ninf);
+                }
+            }
+            xs.push(v);
+        }
+        // Online softmax per row slot, in base 2: m is max(S)·scale·log2 e.
+        let mut neg_safe = Vec::new();
+        let mut corr = Vec::new();
+        let mut grew = k.bool(false);
+        for (s, &mvar) in ms.iter().enumerate() {
+            let mut mx = k.const_f32(f32::NEG_INFINITY);
+            for v in &xs {
+                for (e, &x) in v.iter().enumerate() {
+                    if pl.map.row_slot[e] as usize == s {
+                        mx = k.max(mx, x);
                     }
                 }
-                xs.push(v);
             }
-            // Online softmax per row slot, in base 2: m is max(S)·scale·log2 e.
-            let mut neg_safe = Vec::new();
-            let mut corr = Vec::new();
-            let mut grew = k.bool(false);
-            for (s, &mvar) in ms.iter().enumerate() {
-                let mut mx = k.const_f32(f32::NEG_INFINITY);
-                for v in &xs {
-                    for (e, &x) in v.iter().enumerate() {
-                        if pl.map.row_slot[e] as usize == s {
-                            mx = k.max(mx, x);
-                        }
-                    }
-                }
-                let mx = row_reduce(k, &pl, mx, true);
-                let mx = k.mul(mx, scale2);
-                let mold = k.get(mvar);
-                let mnew = k.max(mold, mx);
-                let up = k.gt(mnew, mold);
-                grew = k.or(grew, up);
-                let ninf = k.const_f32(f32::NEG_INFINITY);
-                let zero = k.const_f32(0.0);
-                let none = k.eq(mnew, ninf);
-                let sf = k.select(none, zero, mnew);
-                let dm = k.sub(mold, sf);
-                corr.push(k.exp2(dm));
-                k.set(mvar, mnew);
-                neg_safe.push(k.neg(sf));
+            let mx = row_reduce(k, &pl, mx, true);
+            let mx = k.mul(mx, scale2);
+            let mold = k.get(mvar);
+            let mnew = k.max(mold, mx);
+            let up = k.gt(mnew, mold);
+            grew = k.or(grew, up);
+            let ninf = k.const_f32(f32::NEG_INFINITY);
+            let zero = k.const_f32(0.0);
+            let none = k.eq(mnew, ninf);
+            let sf = k.select(none, zero, mnew);
+            let dm = k.sub(mold, sf);
+            corr.push(k.exp2(dm));
+            k.set(mvar, mnew);
+            neg_safe.push(k.neg(sf));
+        }
+        let mut sums: Vec<Val> = (0..nslot).map(|_| k.const_f32(0.0)).collect();
+        let pa: Vec<CoopMat> = xs
+            .iter()
+            .map(|v| {
+                let ps: Vec<Val> = v
+                    .iter()
+                    .enumerate()
+                    .map(|(e, &x)| {
+                        let s = pl.map.row_slot[e] as usize;
+                        let dd = k.fma(x, scale2, neg_safe[s]);
+                        let p = k.exp2(dd);
+                        sums[s] = k.add(sums[s], p);
+                        p
+                    })
+                    .collect();
+                to_a(k, &pl, ty, &ps)
+            })
+            .collect();
+        for s in 0..nslot {
+            let l = k.get(ls[s]);
+            let l = k.fma(l, corr[s], sums[s]);
+            k.set(ls[s], l);
+        }
+        // O = O ∘ corr + P·V, the rescale only when some row's maximum grew (after the
+        // first blocks it rarely does).
+        let grew = k.subgroup_any(grew);
+        let cf = row_frag(k, &pl, ty.acc, &corr);
+        k.if_(grew, |k| {
+            for &a in &acc {
+                let o = k.coop_get(a);
+                let o = k.coop_binary(helios_spirv::BinOp::Mul, o, cf);
+                k.coop_set(a, o);
             }
-            let mut sums: Vec<Val> = (0..nslot).map(|_| k.const_f32(0.0)).collect();
-            let pa: Vec<CoopMat> = xs
-                .iter()
-                .map(|v| {
-                    let ps: Vec<Val> = v
-                        .iter()
-                        .enumerate()
-                        .map(|(e, &x)| {
-                            let s = pl.map.row_slot[e] as usize;
-                            let dd = k.fma(x, scale2, neg_safe[s]);
-                            let p = k.exp2(dd);
-                            sums[s] = k.add(sums[s], p);
-                            p
-                        })
-                        .collect();
-                    to_a(k, &pl, ty, &ps)
-                })
-                .collect();
-            for s in 0..nslot {
-                let l = k.get(ls[s]);
-                let l = k.fma(l, corr[s], sums[s]);
-                k.set(ls[s], l);
-            }
-            // O = O ∘ corr + P·V, the rescale only when some row's maximum grew (after the
-            // first blocks it rarely does).
-            let grew = k.subgroup_any(grew);
-            let cf = row_frag(k, &pl, ty.acc, &corr);
-            k.if_(grew, |k| {
-                for &a in &acc {
-                    let o = k.coop_get(a);
-                    let o = k.coop_binary(helios_spirv::BinOp::Mul, o, cf);
-                    k.coop_set(a, o);
-                }
-            });
-            accumulate(k, smem, ty, &acc, None, &pa, vt);
-        };
-        k.if_else(needs, |k| body(k, true), |k| body(k, false));
+        });
+        accumulate(k, smem, ty, &acc, None, &pa, vt);
     });
 
     // O / l and L = (m + log2 l)·ln 2 per row.
@@ -790,7 +789,7 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
         threads,
     );
     k.workgroup_barrier();
-    let qf = a_frags(k, smem, ty.a, tile, row0, d);
+    let qf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
     k.workgroup_barrier();
     stage(
         k,
@@ -806,7 +805,7 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
         threads,
     );
     k.workgroup_barrier();
-    let of = a_frags(k, smem, ty.a, tile, row0, d);
+    let of = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
     k.workgroup_barrier();
     let mut lims = Vec::new();
     let mut nl2 = Vec::new();
@@ -821,79 +820,52 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     let log2e = k.const_f32(std::f32::consts::LOG2_E);
     let scale2 = k.mul(p.scale, log2e);
     let acc = zero_accs(k, ty.acc, d / FRAG);
-    let kmax = if kern.causal {
-        let e = k.add(q0, bqc);
-        k.min(kend, e)
-    } else {
-        kend
-    };
-    let bkm = k.u32(bk - 1);
-    let e = k.add(kmax, bkm);
-    let bkc = k.u32(bk);
-    let nkb = k.div(e, bkc);
-    let (z, one) = (k.u32(0), k.u32(1));
     let kt = (lay.a, lay.row);
     let vt = (lay.b, lay.row);
-    let mv = Movers {
-        tid,
-        threads,
-        row: lay.row,
-        bh: (b, h),
+    let walk = KeyBlocks {
+        kern,
+        smem,
+        lay: &lay,
+        movers: Movers {
+            tid,
+            threads,
+            row: lay.row,
+            bh: (b, h),
+        },
+        kv: (kv, vv),
+        q0,
+        qs,
+        kend,
     };
-    let kp = mv.prefetch(k, kv, lay.a, bk);
-    let vp = mv.prefetch(k, vv, lay.b, bk);
-    mv.load(k, &kp, z, kend);
-    mv.load(k, &vp, z, kend);
-    k.for_range(z, nkb, one, |k, blk| {
-        let k0 = k.mul(blk, bkc);
-        k.workgroup_barrier();
-        mv.store(k, smem, &kp, k0, kend);
-        mv.store(k, smem, &vp, k0, kend);
-        k.workgroup_barrier();
-        let next = k.add(k0, bkc);
-        mv.load(k, &kp, next, kend);
-        mv.load(k, &vp, next, kend);
-        let k1 = k.add(k0, bkc);
-        let past_end = k.gt(k1, kend);
-        let needs = if kern.causal {
-            let one = k.u32(1);
-            let diag = k.add(qs, one);
-            let over = k.gt(k1, diag);
-            k.or(past_end, over)
-        } else {
-            past_end
-        };
-        let body = |k: &mut KernelBuilder, masked: bool| {
-            // dS = P ∘ (dP − Dsum), P = exp2(S·scale·log2 e − L·log2 e), per 16 keys.
-            let da: Vec<CoopMat> = (0..bk / FRAG)
-                .map(|c| {
-                    let s = product_t(k, smem, ty, &qf, kt, c);
-                    let dp = product_t(k, smem, ty, &of, vt, c);
-                    let s = elems(k, s);
-                    let dp = elems(k, dp);
-                    let jc = k.u32(c * FRAG);
-                    let jb = k.add(k0, jc);
-                    let ds: Vec<Val> = (0..LEN)
-                        .map(|e| {
-                            let slot = pl.map.row_slot[e] as usize;
-                            let x = k.fma(s[e], scale2, nl2[slot]);
-                            let mut pr = k.exp2(x);
-                            if masked {
-                                let j = k.add(jb, pl.col_of(e));
-                                let keep = k.lt(j, lims[slot]);
-                                let zero = k.const_f32(0.0);
-                                pr = k.select(keep, pr, zero);
-                            }
-                            let dd = k.sub(dp[e], dsums[slot]);
-                            k.mul(pr, dd)
-                        })
-                        .collect();
-                    to_a(k, &pl, ty, &ds)
-                })
-                .collect();
-            accumulate(k, smem, ty, &acc, None, &da, kt);
-        };
-        k.if_else(needs, |k| body(k, true), |k| body(k, false));
+    walk.run(k, &|k, k0, masked| {
+        // dS = P ∘ (dP − Dsum), P = exp2(S·scale·log2 e − L·log2 e), per 16 keys.
+        let da: Vec<CoopMat> = (0..bk / FRAG)
+            .map(|c| {
+                let s = product_t(k, smem, ty, &qf, kt, c);
+                let dp = product_t(k, smem, ty, &of, vt, c);
+                let s = elems(k, s);
+                let dp = elems(k, dp);
+                let jc = k.u32(c * FRAG);
+                let jb = k.add(k0, jc);
+                let ds: Vec<Val> = (0..LEN)
+                    .map(|e| {
+                        let slot = pl.map.row_slot[e] as usize;
+                        let x = k.fma(s[e], scale2, nl2[slot]);
+                        let mut pr = k.exp2(x);
+                        if masked {
+                            let j = k.add(jb, pl.col_of(e));
+                            let keep = k.lt(j, lims[slot]);
+                            let zero = k.const_f32(0.0);
+                            pr = k.select(keep, pr, zero);
+                        }
+                        let dd = k.sub(dp[e], dsums[slot]);
+                        k.mul(pr, dd)
+                    })
+                    .collect();
+                to_a(k, &pl, ty, &ds)
+            })
+            .collect();
+        accumulate(k, smem, ty, &acc, None, &da, kt);
     });
     k.workgroup_barrier();
     store_rows(
@@ -948,7 +920,7 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
         threads,
     );
     k.workgroup_barrier();
-    let kf = a_frags(k, smem, ty.a, tile, row0, d);
+    let kf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
     k.workgroup_barrier();
     stage(
         k,
@@ -964,7 +936,7 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
         threads,
     );
     k.workgroup_barrier();
-    let vf = a_frags(k, smem, ty.a, tile, row0, d);
+    let vf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
     k.workgroup_barrier();
     // The keys of each row slot: j (kept while j < kend).
     let keys: Vec<Val> = pl.row.iter().map(|&r| k.add(js, r)).collect();
