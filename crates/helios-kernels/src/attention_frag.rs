@@ -240,22 +240,18 @@ fn product_t(
     s
 }
 
-/// acc[dc] (∘ `scale` when given) += Σ_c A[c]·tile(c·16.., dc·16..), B read row-major.
+/// acc[dc] += Σ_c A[c]·tile(c·16.., dc·16..), B read row-major.
 fn accumulate(
     k: &mut KernelBuilder,
     smem: Shared,
     ty: Types,
     acc: &[CoopVar],
-    scale: Option<CoopMat>,
     a: &[CoopMat],
     (tile, row): (u32, u32),
 ) {
     let rowc = k.u32(row);
     for (dc, &v) in acc.iter().enumerate() {
         let mut o = k.coop_get(v);
-        if let Some(f) = scale {
-            o = k.coop_binary(helios_spirv::BinOp::Mul, o, f);
-        }
         for (c, &x) in a.iter().enumerate() {
             let w = k.u32(tile + c as u32 * FRAG * row + dc as u32 * 2);
             let y = k.coop_load_shared(ty.b, smem, w, rowc, CoopLayout::RowMajor);
@@ -322,8 +318,8 @@ fn store_rows(
 
 /// A tile of `rows` staged rows of a strided view, loaded into registers ahead of its
 /// shared-memory stores: a loop loads block i + 1 right after storing block i, so the global
-/// loads overlap block i's products (the kernels have no lavapipe to spare compile time for:
-/// they only run on devices with cooperative matrices).
+/// loads overlap block i's products. (The SIMT kernels left this out for lavapipe's compile
+/// time; these never run there, it has no cooperative matrices.)
 struct Prefetch {
     view: View,
     /// Word offset of the tile in shared memory.
@@ -693,7 +689,7 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
                 k.coop_set(a, o);
             }
         });
-        accumulate(k, smem, ty, &acc, None, &pa, vt);
+        accumulate(k, smem, ty, &acc, &pa, vt);
     });
 
     // O / l and L = (m + log2 l)·ln 2 per row.
@@ -865,7 +861,7 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
                 to_a(k, &pl, ty, &ds)
             })
             .collect();
-        accumulate(k, smem, ty, &acc, None, &da, kt);
+        accumulate(k, smem, ty, &acc, &da, kt);
     });
     k.workgroup_barrier();
     store_rows(
@@ -1101,8 +1097,8 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
                 da.push(to_a(k, &pl, ty, &dss));
             }
             // dV += Pᵀ·dO, dK += dSᵀ·Q.
-            accumulate(k, smem, ty, &dv, None, &pa, ot);
-            accumulate(k, smem, ty, &dk, None, &da, qt);
+            accumulate(k, smem, ty, &dv, &pa, ot);
+            accumulate(k, smem, ty, &dk, &da, qt);
         };
         k.if_else(needs, |k| body(k, true), |k| body(k, false));
     });
