@@ -577,6 +577,48 @@ pub(crate) fn key_end(k: &mut KernelBuilder, p: &Params, b: Val) -> Val {
     }
 }
 
+/// Key blocks of `bk` a query block of `bq` rows at `q0` visits: the keys below `kend`,
+/// and when causal only those up to its last row.
+pub(crate) fn key_blocks(
+    k: &mut KernelBuilder,
+    causal: bool,
+    (q0, bq): (Val, u32),
+    kend: Val,
+    bk: u32,
+) -> Val {
+    let kmax = if causal {
+        let bqc = k.u32(bq);
+        let e = k.add(q0, bqc);
+        k.min(kend, e)
+    } else {
+        kend
+    };
+    let bkm = k.u32(bk - 1);
+    let e = k.add(kmax, bkm);
+    let bkc = k.u32(bk);
+    k.div(e, bkc)
+}
+
+/// The query blocks of `bq` a key block at `k0` visits, as the range [first, end): none
+/// when the block starts at or past `kend`, and when causal none before the one holding k0.
+pub(crate) fn query_blocks(
+    k: &mut KernelBuilder,
+    p: &Params,
+    causal: bool,
+    k0: Val,
+    kend: Val,
+    bq: u32,
+) -> (Val, Val) {
+    let bqc = k.u32(bq);
+    let bqm = k.u32(bq - 1);
+    let e = k.add(p.t, bqm);
+    let end = k.div(e, bqc);
+    let first = if causal { k.div(k0, bqc) } else { k.u32(0) };
+    let live = k.lt(k0, kend);
+    let z = k.u32(0);
+    (first, k.select(live, end, z))
+}
+
 /// Index of (b, h, t) in an f32 [B, H, T] row-statistics buffer.
 pub(crate) fn stat_index(k: &mut KernelBuilder, p: &Params, b: Val, h: Val, t: Val) -> Val {
     let bh = k.mul(b, p.heads);

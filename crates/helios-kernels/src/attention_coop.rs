@@ -27,8 +27,8 @@ use helios_spirv::{
 };
 
 use crate::attention::{
-    block_coords, build_prep, dense_row, key_end, stat_index, AttentionKernel, AttnStage, Params,
-    View,
+    block_coords, build_prep, dense_row, key_blocks, key_end, stat_index, AttentionKernel,
+    AttnStage, Params, View,
 };
 use crate::storage::{store_f32, Storage};
 
@@ -326,16 +326,8 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
     let m = k.var_init(ninf);
     let zero = k.const_f32(0.0);
     let l = k.var_init(zero);
-    let kmax = if kern.causal {
-        let e = k.add(q0, bqc);
-        k.min(kend, e)
-    } else {
-        kend
-    };
-    let bkm = k.u32(bk - 1);
-    let e = k.add(kmax, bkm);
+    let nkb = key_blocks(k, kern.causal, (q0, bq), kend, bk);
     let bkc = k.u32(bk);
-    let nkb = k.div(e, bkc);
     let (z, one) = (k.u32(0), k.u32(1));
     let s_row = bk / 4; // words per f32 score row
                         // Scores in base 2 (exp2 below), and the keys this invocation's row sees: j < lim.

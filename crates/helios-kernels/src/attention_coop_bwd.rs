@@ -15,7 +15,8 @@ use helios_spirv::{
 };
 
 use crate::attention::{
-    block_coords, dense_row, key_end, stat_index, AttentionKernel, AttnStage, Params,
+    block_coords, dense_row, key_blocks, key_end, query_blocks, stat_index, AttentionKernel,
+    AttnStage, Params,
 };
 use crate::attention_coop::{
     frag_scalar, pack2, remaining, row_limit, stage, FRAG, SUBGROUP, WORD,
@@ -189,18 +190,20 @@ fn write_half(
 }
 
 /// Stores accumulators `acc` (16 × D of this subgroup's rows, row t of the invocation when
-/// t < T) times `mul` to the dense output `out`, fragment by fragment through the scratch.
+/// t < T) times `mul` (a scalar, or a fragment multiplied element-wise) to the dense output
+/// `out`, fragment by fragment through the subgroup's 16×16 f32 tile at word `tile`: the
+/// invocation writes half `half` (8 columns) of row `r` of it.
 #[allow(clippy::too_many_arguments)]
-fn store_rows(
+pub(crate) fn store_rows(
     k: &mut KernelBuilder,
     smem: Shared,
     kern: &AttentionKernel,
     p: &Params,
-    g: &Sg,
+    (r, half, tile): (Val, Val, Val),
     acc: &[CoopVar],
     (b, h, t): (Val, Val, Val),
     out: helios_spirv::Buffer,
-    mul: Val,
+    mul: Result<CoopMat, Val>,
 ) {
     let four = k.u32(4);
     let two = k.u32(2);
@@ -208,18 +211,21 @@ fn store_rows(
     let inside = k.lt(t, p.t);
     for (dc, &a) in acc.iter().enumerate() {
         let o = k.coop_get(a);
-        let o = k.coop_scale(o, mul);
-        k.coop_store_shared(o, smem, g.s_at, four, CoopLayout::RowMajor);
+        let o = match mul {
+            Ok(f) => k.coop_binary(helios_spirv::BinOp::Mul, o, f),
+            Err(s) => k.coop_scale(o, s),
+        };
+        k.coop_store_shared(o, smem, tile, four, CoopLayout::RowMajor);
         k.subgroup_barrier();
-        let rb = k.mul(g.r, four);
-        let hb = k.mul(g.half, two);
+        let rb = k.mul(r, four);
+        let hb = k.mul(half, two);
         let at = k.add(rb, hb);
-        let at = k.add(at, g.s_at);
+        let at = k.add(at, tile);
         k.if_(inside, |k| {
             let base = dense_row(k, p, kern.head_dim, b, t, h);
             let col = k.u32(dc as u32 * FRAG);
             let base = k.add(base, col);
-            let hc = k.mul(g.half, eight);
+            let hc = k.mul(half, eight);
             let base = k.add(base, hc);
             let base = k.div(base, four);
             for q in 0..2 {
@@ -397,18 +403,8 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let vf = row_frags(k, smem, ty.a, lay.v, lay.row, g.row0, d);
     let dk = zero_accs(k, ty.acc, d / FRAG);
     let dv = zero_accs(k, ty.acc, d / FRAG);
+    let (qstart, nqb) = query_blocks(k, &p, kern.causal, k0, kend, bq);
     let bqc = k.u32(bq);
-    let bqm = k.u32(bq - 1);
-    let e = k.add(p.t, bqm);
-    let nqb = k.div(e, bqc);
-    let qstart = if kern.causal {
-        k.div(k0, bqc)
-    } else {
-        k.u32(0)
-    };
-    let live = k.lt(k0, kend);
-    let z = k.u32(0);
-    let nqb = k.select(live, nqb, z);
     let one = k.u32(1);
     let lse = p.lse.expect("backward reads lse");
     let dsum = p.dsum.expect("backward reads dsum");
@@ -529,8 +525,28 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     });
     k.workgroup_barrier();
     let onef = k.const_f32(1.0);
-    store_rows(k, smem, kern, &p, &g, &dk, (b, h, j), p.outs[0], p.scale);
-    store_rows(k, smem, kern, &p, &g, &dv, (b, h, j), p.outs[1], onef);
+    store_rows(
+        k,
+        smem,
+        kern,
+        &p,
+        (g.r, g.half, g.s_at),
+        &dk,
+        (b, h, j),
+        p.outs[0],
+        Err(p.scale),
+    );
+    store_rows(
+        k,
+        smem,
+        kern,
+        &p,
+        (g.r, g.half, g.s_at),
+        &dv,
+        (b, h, j),
+        p.outs[1],
+        Err(onef),
+    );
     kb.finish()
 }
 
@@ -603,16 +619,8 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     let scale2 = k.mul(p.scale, log2e);
     let lim = row_limit(k, kern.causal, i, kend);
     let acc = zero_accs(k, ty.acc, d / FRAG);
-    let kmax = if kern.causal {
-        let e = k.add(q0, bqc);
-        k.min(kend, e)
-    } else {
-        kend
-    };
-    let bkm = k.u32(bk - 1);
-    let e = k.add(kmax, bkm);
+    let nkb = key_blocks(k, kern.causal, (q0, bq), kend, bk);
     let bkc = k.u32(bk);
-    let nkb = k.div(e, bkc);
     let (z, one) = (k.u32(0), k.u32(1));
     k.for_range(z, nkb, one, |k, blk| {
         let k0 = k.mul(blk, bkc);
@@ -673,6 +681,16 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
         accumulate(k, smem, &acc, ty.a, ty.b, g.s_at, bk, lay.k, lay.row);
     });
     k.workgroup_barrier();
-    store_rows(k, smem, kern, &p, &g, &acc, (b, h, i), p.outs[0], p.scale);
+    store_rows(
+        k,
+        smem,
+        kern,
+        &p,
+        (g.r, g.half, g.s_at),
+        &acc,
+        (b, h, i),
+        p.outs[0],
+        Err(p.scale),
+    );
     kb.finish()
 }

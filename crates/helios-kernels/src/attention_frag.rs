@@ -25,12 +25,12 @@ use helios_spirv::{
 };
 
 use crate::attention::{
-    block_coords, dense_row, key_end, stat_index, AttentionKernel, AttnStage, Params, View,
+    block_coords, key_blocks, key_end, query_blocks, stat_index, AttentionKernel, AttnStage,
+    Params, View,
 };
 use crate::attention_coop::{frag_scalar, row_limit, stage, FRAG, SUBGROUP, WORD};
 use crate::attention_coop_bwd::{row_frags, zero_accs};
 use crate::coop_layout::{FragMap, LEN};
-use crate::storage::store_f32;
 
 /// Words (16 bytes) of the coordinate tile and of one subgroup's epilogue tile (16×16 f32).
 const TILE_WORDS: u32 = FRAG * FRAG / 4;
@@ -278,42 +278,20 @@ fn store_rows(
 ) {
     let lane = k.subgroup_invocation_id();
     let two = k.u32(2);
-    let four = k.u32(4);
-    let eight = k.u32(8);
     let r = k.div(lane, two);
     let half = k.rem(lane, two);
     let t = k.add(t0, r);
-    let inside = k.lt(t, p.t);
-    for (dc, &a) in acc.iter().enumerate() {
-        let o = k.coop_get(a);
-        let o = match mul {
-            Ok(f) => k.coop_binary(helios_spirv::BinOp::Mul, o, f),
-            Err(s) => k.coop_scale(o, s),
-        };
-        k.coop_store_shared(o, smem, at, four, CoopLayout::RowMajor);
-        k.subgroup_barrier();
-        let rb = k.mul(r, four);
-        let hb = k.mul(half, two);
-        let src = k.add(rb, hb);
-        let src = k.add(src, at);
-        k.if_(inside, |k| {
-            let base = dense_row(k, p, kern.head_dim, b, t, h);
-            let col = k.u32(dc as u32 * FRAG);
-            let base = k.add(base, col);
-            let hc = k.mul(half, eight);
-            let base = k.add(base, hc);
-            let base = k.div(base, four);
-            for q in 0..2 {
-                let o = k.u32(q);
-                let w = k.add(src, o);
-                let raw = k.shared_load(smem, w);
-                let v = k.bitcast(raw, Ty::vector(Scalar::F32, 4));
-                let dst = k.add(base, o);
-                store_f32(k, out, dst, v, kern.storage);
-            }
-        });
-        k.subgroup_barrier();
-    }
+    crate::attention_coop_bwd::store_rows(
+        k,
+        smem,
+        kern,
+        p,
+        (r, half, at),
+        acc,
+        (b, h, t),
+        out,
+        mul,
+    );
 }
 
 /// A tile of `rows` staged rows of a strided view, loaded into registers ahead of its
@@ -447,17 +425,8 @@ impl KeyBlocks<'_> {
     fn run(&self, k: &mut KernelBuilder, body: &dyn Fn(&mut KernelBuilder, Val, bool)) {
         let (bq, bk) = self.kern.variant.blocks();
         let (mv, kend) = (&self.movers, self.kend);
-        let kmax = if self.kern.causal {
-            let bqc = k.u32(bq);
-            let e = k.add(self.q0, bqc);
-            k.min(kend, e)
-        } else {
-            kend
-        };
-        let bkm = k.u32(bk - 1);
-        let e = k.add(kmax, bkm);
+        let nkb = key_blocks(k, self.kern.causal, (self.q0, bq), kend, bk);
         let bkc = k.u32(bk);
-        let nkb = k.div(e, bkc);
         let (z, one) = (k.u32(0), k.u32(1));
         let kp = mv.prefetch(k, self.kv.0, self.lay.a, bk);
         let vp = mv.prefetch(k, self.kv.1, self.lay.b, bk);
@@ -938,18 +907,8 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let keys: Vec<Val> = pl.row.iter().map(|&r| k.add(js, r)).collect();
     let dk = zero_accs(k, ty.acc, d / FRAG);
     let dv = zero_accs(k, ty.acc, d / FRAG);
+    let (qstart, nqb) = query_blocks(k, &p, kern.causal, k0, kend, bq);
     let bqc = k.u32(bq);
-    let bqm = k.u32(bq - 1);
-    let e = k.add(p.t, bqm);
-    let nqb = k.div(e, bqc);
-    let qstart = if kern.causal {
-        k.div(k0, bqc)
-    } else {
-        k.u32(0)
-    };
-    let live = k.lt(k0, kend);
-    let z = k.u32(0);
-    let nqb = k.select(live, nqb, z);
     let one = k.u32(1);
     let log2e = k.const_f32(std::f32::consts::LOG2_E);
     let scale2 = k.mul(p.scale, log2e);

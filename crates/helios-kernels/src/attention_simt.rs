@@ -31,8 +31,8 @@
 use helios_spirv::{KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
 
 use crate::attention::{
-    block_coords, build_prep, dense_row, keep, key_end, stat_index, AttentionKernel, AttnStage,
-    Params, View,
+    block_coords, build_prep, dense_row, keep, key_blocks, key_end, query_blocks, stat_index,
+    AttentionKernel, AttnStage, Params, View,
 };
 use crate::storage::{load_f32, store_f32, Storage};
 
@@ -474,16 +474,6 @@ impl Ctx {
         });
     }
 
-    /// Keys a query block starting at `q0` sees: min(kend, q0 + bq) when causal.
-    fn key_limit(&self, k: &mut KernelBuilder, q0: Val, kend: Val) -> Val {
-        if !self.causal {
-            return kend;
-        }
-        let bq = k.u32(self.bq);
-        let e = k.add(q0, bq);
-        k.min(kend, e)
-    }
-
     /// Whether the block of queries q0.. (bq of them) and keys k0.. (bk) holds a pair the
     /// mask drops: a key at or past `kend`, or (causal) a key after a query.
     fn needs_mask(&self, k: &mut KernelBuilder, q0: Val, k0: Val, kend: Val) -> Val {
@@ -543,14 +533,6 @@ impl Ctx {
     }
 }
 
-/// Blocks of `block` rows covering 0..end.
-fn blocks(k: &mut KernelBuilder, end: Val, block: u32) -> Val {
-    let bm = k.u32(block - 1);
-    let e = k.add(end, bm);
-    let b = k.u32(block);
-    k.div(e, b)
-}
-
 /// `m == -inf ? 0 : m`: the shift that keeps a row with no key yet finite.
 fn safe_max(k: &mut KernelBuilder, m: Val) -> Val {
     let ninf = k.const_f32(f32::NEG_INFINITY);
@@ -582,8 +564,7 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
     let qv = c.p.views[0];
     let s2 = base2_scale(k, &c);
     c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, Some(s2));
-    let kmax = c.key_limit(k, q0, kend);
-    let nkb = blocks(k, kmax, bk);
+    let nkb = key_blocks(k, c.causal, (q0, bq), kend, bk);
     let ninf = k.const_f32(f32::NEG_INFINITY);
     let zero = k.const_f32(0.0);
     let m: Vec<Var> = c.rows.iter().map(|_| k.var_init(ninf)).collect();
@@ -743,13 +724,8 @@ fn dkdv(kern: &AttentionKernel) -> KernelModule {
     c.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
     let dk = c.zero_accs(k);
     let dvs = c.zero_accs(k);
-    let nqb = blocks(k, c.p.t, bq);
+    let (qstart, nqb) = query_blocks(k, &c.p, c.causal, k0, kend, bq);
     let bqc = k.u32(bq);
-    let qstart = if c.causal { k.div(k0, bqc) } else { k.u32(0) };
-    // No key of this block exists: nothing to accumulate.
-    let live = k.lt(k0, kend);
-    let z = k.u32(0);
-    let nqb = k.select(live, nqb, z);
     let keys: Vec<Val> = c.rows.iter().map(|&r| k.add(k0, r)).collect();
     let one = k.u32(1);
     k.for_range(qstart, nqb, one, |k, qb| {
@@ -823,8 +799,7 @@ fn dq(kern: &AttentionKernel) -> KernelModule {
     c.load_tile(k, dov, (b, h), q0, c.p.t, bq, sdo, None);
     let queries: Vec<Val> = c.rows.iter().map(|&r| k.add(q0, r)).collect();
     let stats: Vec<(Val, Val)> = queries.iter().map(|&i| row_stats(k, &c, b, h, i)).collect();
-    let kmax = c.key_limit(k, q0, kend);
-    let nkb = blocks(k, kmax, bk);
+    let nkb = key_blocks(k, c.causal, (q0, bq), kend, bk);
     let acc = c.zero_accs(k);
     c.over_key_blocks(k, (b, h), nkb, kend, (sk, sv), |k, k0| {
         let cols = c.cols(k, bk);
