@@ -243,26 +243,6 @@ impl CoopProbeKernel {
         k.finish()
     }
 
-    /// Host data for `h` and `f`.
-    pub fn inputs(&self) -> (Vec<u32>, Vec<f32>) {
-        let bits = |x: u32| -> u32 {
-            match self.input {
-                Storage::BF16 => (x as f32).to_bits() >> 16,
-                // f16 of a small integer: exponent and the bits below the leading one.
-                _ if x == 0 => 0,
-                _ => {
-                    let e = 31 - x.leading_zeros();
-                    ((e + 15) << 10) | ((x << (10 - e)) & 0x3ff)
-                }
-            }
-        };
-        let n = SIDE * SIDE;
-        let words = (0..n / 2)
-            .map(|i| bits(2 * i) | (bits(2 * i + 1) << 16))
-            .collect();
-        (words, (0..n).map(|x| x as f32).collect())
-    }
-
     /// Reads the output back into (A, accumulator) coordinates, or why not.
     pub fn parse(out: &[u32]) -> Result<(Probed, Probed), String> {
         if out.len() < Self::OUT_WORDS {
@@ -333,20 +313,6 @@ mod tests {
             m[1][0] = x;
         }
         assert!(FragMap::recognise(&mixed, &mixed_a).is_err());
-    }
-
-    #[test]
-    fn probe_inputs_are_the_coordinates() {
-        let (h, f) = CoopProbeKernel {
-            input: Storage::F16,
-            subgroup: 32,
-        }
-        .inputs();
-        assert_eq!(f[37], 37.0);
-        // 37 = 1.15625 · 2^5; 255 = 1.9921875 · 2^7.
-        assert_eq!(h[18] >> 16, 0x50a0);
-        assert_eq!(h[127] >> 16, 0x5bf8);
-        assert_eq!(h[0] & 0xffff, 0);
     }
 
     #[test]
