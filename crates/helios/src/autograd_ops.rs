@@ -5,36 +5,39 @@
 use helios_kernels::{Activation, Compare};
 
 use crate::autograd::{any_needs, record, reduce_to};
+use crate::grad_rules::Saved;
 use crate::{CrossEntropy, MatmulOptions, NormOutput, Reduction, Result, SoftmaxOptions, Tensor};
 
-/// The gradient of `op` over `axis` (`None`: all) at `x`, given its output `y` and `g`.
+/// The gradient of `op` over `axis` (`None`: all) at `x`, given its output `y` and `g` (a
+/// sum or mean reads only `x`'s shape).
 pub(crate) fn reduce_backward(
     op: Reduction,
     axis: Option<usize>,
-    x: &Tensor,
-    y: &Tensor,
+    x: &Saved,
+    y: &Saved,
     g: &Tensor,
 ) -> Result<Tensor> {
+    let shape = x.shape();
     // The reduced shape with the axis kept as 1, so `g` and `y` broadcast against `x`.
     let kept: Vec<usize> = match axis {
         Some(a) => {
-            let mut s = x.shape().to_vec();
+            let mut s = shape.to_vec();
             s[a] = 1;
             s
         }
-        None => vec![1; x.shape().len()],
+        None => vec![1; shape.len()],
     };
     let count = match axis {
-        Some(a) => x.shape()[a],
-        None => x.len(),
+        Some(a) => shape[a],
+        None => shape.iter().product(),
     };
     let gb = g.reshape(&kept)?;
     match op {
-        Reduction::Sum => gb.broadcast_to(x.shape())?.contiguous(),
-        Reduction::Mean => gb.broadcast_to(x.shape())?.div_scalar(count as f32),
+        Reduction::Sum => gb.broadcast_to(shape)?.contiguous(),
+        Reduction::Mean => gb.broadcast_to(shape)?.div_scalar(count as f32),
         Reduction::Max | Reduction::Min => {
             // Every element equal to the extreme gets the whole gradient (ties share none).
-            let hit = x.compare(Compare::Eq, &y.reshape(&kept)?)?;
+            let hit = x.get().compare(Compare::Eq, &y.get().reshape(&kept)?)?;
             hit.mul(&gb)
         }
         Reduction::ArgMax => unreachable!("argmax has no gradient"),

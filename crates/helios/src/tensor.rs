@@ -17,6 +17,7 @@ use helios_spirv::Binding;
 use helios_vk::{Access, Buffer, MemoryLocation};
 
 use crate::device::{KernelKey, OperandLayout};
+use crate::grad_rules::{self, Saved};
 use crate::layout::{broadcast_shapes, merge_dims, Layout};
 use crate::lazy::{ElemOp, Input, Node};
 use crate::{DType, Device, Error, Result};
@@ -226,12 +227,13 @@ impl Tensor {
         if !crate::autograd::any_needs(&[self]) {
             return Ok(y);
         }
-        let (x, yd) = (self.detach(), y.detach());
+        let (keep_x, keep_y) = grad_rules::unary_saves(op);
+        let (x, yd) = (Saved::new(self, keep_x), Saved::new(&y, keep_y));
         Ok(crate::autograd::record(
             op.name(),
             &[self],
             y,
-            move |g, _| Ok(vec![Some(crate::grad_rules::unary(op, &x, &yd, g)?)]),
+            move |g, _| Ok(vec![Some(grad_rules::unary(op, &x, &yd, g)?)]),
         ))
     }
 
@@ -258,13 +260,15 @@ impl Tensor {
         if !differentiable || !crate::autograd::any_needs(&[self, other]) {
             return Ok(y);
         }
-        let (a, b, yd) = (self.detach(), other.detach(), y.detach());
+        let (keep_a, keep_b, keep_y) = grad_rules::binary_saves(op);
+        let (a, b) = (Saved::new(self, keep_a), Saved::new(other, keep_b));
+        let yd = Saved::new(&y, keep_y);
         Ok(crate::autograd::record(
             op.name(),
             &[self, other],
             y,
             move |g, _| {
-                let (da, db) = crate::grad_rules::binary(op, &a, &b, &yd, g)?;
+                let (da, db) = grad_rules::binary(op, &a, &b, &yd, g)?;
                 Ok(vec![Some(da), Some(db)])
             },
         ))
@@ -286,13 +290,14 @@ impl Tensor {
         if !op.has_scalar_form() || !crate::autograd::any_needs(&[self]) {
             return Ok(y);
         }
-        let (x, yd) = (self.detach(), y.detach());
+        let (keep_x, keep_y) = grad_rules::scalar_saves(op, scalar_first);
+        let (x, yd) = (Saved::new(self, keep_x), Saved::new(&y, keep_y));
         Ok(crate::autograd::record(
             op.name(),
             &[self],
             y,
             move |g, _| {
-                let dx = crate::grad_rules::scalar(op, s, scalar_first, &x, &yd, g)?;
+                let dx = grad_rules::scalar(op, s, scalar_first, &x, &yd, g)?;
                 Ok(vec![Some(dx)])
             },
         ))

@@ -582,6 +582,58 @@ fn graph_is_released_and_gradients_accumulate() {
     assert_no_validation_messages();
 }
 
+/// An op saves only what its backward rule reads: in `exp(x·2 + b)` the scale and the add
+/// read nothing back and the exponential reads its output, so the forward's one fused
+/// kernel stores one array (before, every intermediate was held for backward and stored),
+/// and the gradients still match the CPU.
+#[test]
+fn forward_stores_only_what_backward_reads() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = StdRng::seed_from_u64(21);
+    let (xv, bv) = (
+        random(&mut rng, 24, -1.0, 1.0),
+        random(&mut rng, 6, -1.0, 1.0),
+    );
+    let x = up(&xv, &[4, 6]).requires_grad_();
+    let b = up(&bv, &[6]).requires_grad_();
+    let before = graph_stats();
+    let y = {
+        // The chain's temporaries end with this statement, so the sum (which realises its
+        // input at once) finds `e` held by this binding and by exp's backward only.
+        let e = x.mul_scalar(2.0).unwrap().add(&b).unwrap().exp().unwrap();
+        e.sum_all().unwrap()
+    };
+    y.realize().unwrap();
+    let after = graph_stats();
+    assert_eq!(
+        after.kernels - before.kernels,
+        1,
+        "one fused forward kernel"
+    );
+    assert_eq!(
+        after.outputs - before.outputs,
+        1,
+        "only exp's output is stored"
+    );
+    y.backward().unwrap();
+    let (gx, gb) = (
+        x.grad().unwrap().to_vec().unwrap(),
+        b.grad().unwrap().to_vec().unwrap(),
+    );
+    let mut want_b = [0.0f64; 6];
+    for (i, &g) in gx.iter().enumerate() {
+        let e = (2.0 * xv[i] + bv[i % 6]).exp();
+        assert!(
+            (f64::from(g) - 2.0 * e).abs() <= 1e-5 * (1.0 + 2.0 * e),
+            "dx[{i}]"
+        );
+        want_b[i % 6] += e;
+    }
+    for (j, (&g, w)) in gb.iter().zip(want_b).enumerate() {
+        assert!((f64::from(g) - w).abs() <= 1e-5 * (1.0 + w), "db[{j}]");
+    }
+    assert_no_validation_messages();
+}
 #[test]
 fn training_loop_reaches_a_memory_steady_state() {
     let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());

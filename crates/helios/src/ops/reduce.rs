@@ -16,6 +16,7 @@ use helios_kernels::{Geometry, Launch};
 use helios_vk::{Access, Buffer, MemoryLocation};
 
 use crate::device::{Compiled, KernelKey};
+use crate::grad_rules::Saved;
 use crate::{DType, Device, Error, IndexTensor, Result, Tensor};
 
 impl Device {
@@ -220,7 +221,9 @@ impl Tensor {
         let axis = axis
             .map(|a| resolve_axis(op.name(), a, self.shape().len()))
             .transpose()?;
-        let (x, yd) = (self.detach(), y.detach());
+        // A sum or mean's gradient needs only the shape; max and min compare x with y.
+        let extreme = matches!(op, Reduction::Max | Reduction::Min);
+        let (x, yd) = (Saved::new(self, extreme), Saved::new(&y, extreme));
         Ok(crate::autograd::record(
             op.name(),
             &[self],
