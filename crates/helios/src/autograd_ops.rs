@@ -44,10 +44,14 @@ pub(crate) fn reduce_backward(
     }
 }
 
-/// `a · b` with the options' epilogue, differentiable in a, b, bias and residual. Without
-/// gradients it is one kernel with the epilogue fused; with them the product is one kernel
-/// and the epilogue element-wise ops (which fuse among themselves), because the activation's
-/// backward needs its input.
+/// `a · b` with the options' epilogue, differentiable in a, b, bias and residual.
+///
+/// The scale, bias and residual stay in the kernel's epilogue under autograd too: their
+/// backward reads nothing back (the product's gradient is `alpha · g`, the bias's a row sum of
+/// `g`, the residual's `g`), so one kernel writes `alpha · a · b + bias + residual` and no
+/// element-wise pass rereads the product. Only an activation needs its input for backward:
+/// with gradients it runs as an element-wise op on the kernel's output, and a residual is
+/// added after it.
 pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Tensor> {
     let mut inputs = vec![a, b];
     inputs.extend(opts.bias);
@@ -55,40 +59,61 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
     if !any_needs(&inputs) {
         return a.matmul_raw(b, opts);
     }
-    let plain = MatmulOptions {
+    let act = opts.act;
+    // The residual joins the epilogue only when no activation comes before it.
+    let residual = opts.residual.filter(|_| act == Activation::None);
+    let kernel_opts = MatmulOptions {
+        alpha: opts.alpha,
+        bias: opts.bias,
+        act: Activation::None,
+        residual,
+        out: None,
         variant: opts.variant,
-        ..MatmulOptions::default()
+        splits: None,
     };
-    let z = a.matmul_raw(b, &plain)?;
+    let z = a.matmul_raw(b, &kernel_opts)?;
+    let mut linked = vec![a, b];
+    linked.extend(opts.bias);
+    linked.extend(residual);
     let (ad, bd) = (a.detach(), b.detach());
-    let mut y = record("matmul", &[a, b], z, move |g, needs| {
+    let alpha = opts.alpha;
+    // (shape, dtype) of the bias and the residual: their gradients are g reduced and cast.
+    let bias_of = opts.bias.map(|t| (t.shape().to_vec(), t.dtype()));
+    let residual_of = residual.map(|t| (t.shape().to_vec(), t.dtype()));
+    let mut y = record("matmul", &linked, z, move |g, needs| {
         let g = g.to_dtype(ad.dtype())?;
+        let gz = match alpha == 1.0 {
+            true => g.clone(),
+            false => g.mul_scalar(alpha)?,
+        };
         let nd = bd.shape().len();
-        let da = match needs[0] {
+        let mut grads = Vec::with_capacity(needs.len());
+        grads.push(match needs[0] {
             true => Some(reduce_to(
-                &g.matmul(&bd.transpose(nd - 2, nd - 1)?)?,
+                &gz.matmul(&bd.transpose(nd - 2, nd - 1)?)?,
                 ad.shape(),
             )?),
             false => None,
-        };
-        let db = match needs[1] {
-            true => Some(weight_grad(&ad, &bd, &g)?),
+        });
+        grads.push(match needs[1] {
+            true => Some(weight_grad(&ad, &bd, &gz)?),
             false => None,
-        };
-        Ok(vec![da, db])
+        });
+        for (shape, dtype) in bias_of.iter().chain(&residual_of) {
+            let need = needs[grads.len()];
+            grads.push(match need {
+                true => Some(reduce_to(&g, shape)?.to_dtype(*dtype)?),
+                false => None,
+            });
+        }
+        Ok(grads)
     });
-    if opts.alpha != 1.0 {
-        y = y.mul_scalar(opts.alpha)?;
-    }
-    if let Some(bias) = opts.bias {
-        y = y.add(&bias.to_dtype(y.dtype())?)?;
-    }
-    y = match opts.act {
+    y = match act {
         Activation::None => y,
         Activation::Relu => y.relu()?,
         Activation::GeluTanh => y.gelu_tanh()?,
     };
-    if let Some(r) = opts.residual {
+    if let (Some(r), true) = (opts.residual, residual.is_none()) {
         y = y.add(&r.to_dtype(y.dtype())?)?;
     }
     match opts.out {

@@ -378,7 +378,7 @@ fn matmul_rules() {
         &[
             (a.clone(), vec![bt, m, k]),
             (w.clone(), vec![k, n]),
-            (bias, vec![n]),
+            (bias.clone(), vec![n]),
         ],
         |t| {
             let opts = helios::MatmulOptions {
@@ -403,6 +403,48 @@ fn matmul_rules() {
             out
         },
     );
+    // The scale, bias and residual in the kernel's epilogue (no activation), and a scale
+    // with a GELU whose residual is added after it: gradients reach all four inputs.
+    let res = random(&mut rng, bt * m * n, -1.0, 1.0);
+    for act in [helios::Activation::None, helios::Activation::GeluTanh] {
+        check(
+            &format!("linear {act:?} with residual"),
+            &[
+                (a.clone(), vec![bt, m, k]),
+                (w.clone(), vec![k, n]),
+                (bias.clone(), vec![n]),
+                (res.clone(), vec![bt, m, n]),
+            ],
+            move |t| {
+                let opts = helios::MatmulOptions {
+                    alpha: 0.75,
+                    bias: Some(&t[2]),
+                    act,
+                    residual: Some(&t[3]),
+                    ..Default::default()
+                };
+                t[0].matmul_opts(&t[1], &opts).unwrap()
+            },
+            move |h| {
+                let mut out = Vec::new();
+                for b in 0..bt {
+                    let y = matmul_cpu(&h[0][b * m * k..(b + 1) * m * k], &h[1], m, k, n);
+                    for (i, v) in y.iter().enumerate() {
+                        let z = 0.75 * v + h[2][i % n];
+                        let z = match act {
+                            helios::Activation::GeluTanh => {
+                                let c = 0.797_884_560_802_865_4 * (z + 0.044715 * z * z * z);
+                                0.5 * z * (1.0 + c.tanh())
+                            }
+                            _ => z,
+                        };
+                        out.push(z + h[3][b * m * n + i]);
+                    }
+                }
+                out
+            },
+        );
+    }
     // Batched, both operands per batch, b read through a transposed view.
     let b2 = random(&mut rng, bt * n * k, -1.0, 1.0);
     check(
