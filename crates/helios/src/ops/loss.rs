@@ -7,6 +7,11 @@
 //! `helios_kernels::loss`). Targets known on the host are range-checked before anything
 //! is recorded; targets produced on the device that fall outside `[0, vocab)` give NaN loss
 //! and gradient for their row.
+//!
+//! Logits whose rows lie at a uniform stride, as `x.narrow(-1, 0, V)` of a (…, Vp) tensor
+//! (a padded vocabulary's head), are read in place: the kernels take the row stride, so the
+//! classes past V are never read and nothing is copied. Their dlogits is the same view of a
+//! (…, Vp) tensor whose columns V..Vp are zero. Other views are made contiguous first.
 
 use helios_kernels::reduce::MAX_ELEMENTS;
 use helios_kernels::{
@@ -34,7 +39,8 @@ impl Tensor {
     /// Cross-entropy of these logits (…, vocab) against `targets` (…), one class index per
     /// row: `loss = mean over non-ignored rows of logsumexp(row) − row[target]`. Rows whose
     /// target equals `ignore_index` count for nothing (loss 0, gradient 0, not in the mean);
-    /// if every row is ignored the loss is 0 (PyTorch gives NaN).
+    /// if every row is ignored the loss is 0 (PyTorch gives NaN). A view whose rows lie at a
+    /// uniform stride (`narrow` of the last axis from 0) is read in place.
     pub fn cross_entropy(
         &self,
         targets: &IndexTensor,
@@ -73,7 +79,14 @@ impl Tensor {
             return Err(Error::DeviceMismatch { op: OP });
         }
         let invalid = |detail: String| Error::Invalid { op: OP, detail };
-        let x = self.contiguous()?;
+        let (x, stride) = match row_stride(self) {
+            Some(stride) => (self.clone(), stride),
+            None => {
+                let x = self.contiguous()?;
+                let vocab = x.shape().last().copied().unwrap_or(0);
+                (x, vocab)
+            }
+        };
         let Some((&vocab, lead)) = x.shape().split_last() else {
             return Err(invalid(
                 "logits must have at least one axis (the classes)".into(),
@@ -93,7 +106,7 @@ impl Tensor {
                 targets.len()
             )));
         }
-        let elements = rows as u64 * vocab as u64;
+        let elements = rows as u64 * stride as u64;
         if elements > MAX_ELEMENTS {
             return Err(helios_kernels::KernelError::TooLarge {
                 what: "cross-entropy logits element count",
@@ -106,20 +119,26 @@ impl Tensor {
         let stats = Tensor::empty(device, vec![2], DType::F32)?;
         let row_loss = Tensor::empty(device, vec![rows], DType::F32)?;
         let loss = Tensor::empty(device, vec![1], DType::F32)?;
-        let dlogits = match scale {
-            Some(_) => Some(Tensor::empty(device, x.shape().to_vec(), x.dtype())?),
+        // (…, stride), viewed as (…, vocab) in the logits' layout.
+        let dlogits_rows = match scale {
+            Some(_) => {
+                let mut shape = x.shape().to_vec();
+                *shape.last_mut().expect("checked above") = stride;
+                Some(Tensor::empty(device, shape, x.dtype())?)
+            }
             None => None,
         };
         let args = CrossEntropyArgs {
             rows: rows as u32,
             vocab: vocab as u32,
+            stride: stride as u32,
             ignore_index,
             scale: scale.unwrap_or(1.0),
             logits: x.address()?,
             targets: targets.buffer().device_address(),
             stats: stats.address()?,
             row_loss: row_loss.address()?,
-            dlogits: dlogits
+            dlogits: dlogits_rows
                 .as_ref()
                 .map(|d| d.address())
                 .transpose()?
@@ -130,11 +149,11 @@ impl Tensor {
         x.ce_dispatch(CrossEntropyStage::Count, &args, &[t], &[stats.buffer()?])?;
         let mut reads = vec![x.buffer()?, t];
         let mut writes = vec![row_loss.buffer()?];
-        if let Some(d) = &dlogits {
+        if let Some(d) = &dlogits_rows {
             reads.push(stats.buffer()?);
             writes.push(d.buffer()?);
         }
-        let grad = dlogits.is_some();
+        let grad = dlogits_rows.is_some();
         x.ce_dispatch(CrossEntropyStage::Rows { grad }, &args, &reads, &writes)?;
         x.ce_dispatch(
             CrossEntropyStage::Mean,
@@ -142,6 +161,11 @@ impl Tensor {
             &[row_loss.buffer()?, stats.buffer()?],
             &[loss.buffer()?],
         )?;
+        let last = x.shape().len() - 1;
+        let dlogits = match dlogits_rows {
+            Some(d) if stride != vocab => Some(d.narrow(last, 0, vocab)?),
+            d => d,
+        };
         Ok(CrossEntropy {
             loss,
             row_loss,
@@ -168,6 +192,35 @@ impl Tensor {
             |c, g, _| Ok(kernel.launch(&c.module, g, args)?),
         )
     }
+}
+
+/// The row stride of logits `x` (…, vocab) that the kernels can read in place: `vocab` when
+/// `x` is dense; the stride of a view that starts its buffer, keeps the last axis dense and
+/// lays its rows out at one stride at least `vocab` (a `narrow` of the last axis from 0).
+/// `None` for any other view, which is made contiguous first.
+fn row_stride(x: &Tensor) -> Option<usize> {
+    let layout = x.layout();
+    let (&vocab, lead) = layout.shape().split_last()?;
+    if layout.is_dense() {
+        return Some(vocab);
+    }
+    let (&inner, lead_strides) = layout.strides().split_last()?;
+    if layout.offset() != 0 || (vocab > 1 && inner != 1) {
+        return None;
+    }
+    // Row-major over the leading axes, counted in rows of `stride` elements.
+    let mut stride = None;
+    let mut rows_inside = 1;
+    for (&size, &st) in lead.iter().zip(lead_strides).rev() {
+        if size != 1 {
+            let s = *stride.get_or_insert(st);
+            if st != s * rows_inside {
+                return None;
+            }
+        }
+        rows_inside *= size;
+    }
+    stride.filter(|&s| s >= vocab && s <= u32::MAX as usize)
 }
 
 impl Device {
