@@ -11,7 +11,8 @@
 //! kernels lose 5 ms of a 60 ms bf16 step to it on an H100), the head writes (…, Vp) logits
 //! and the cross-entropy reads the first V of each row in place. The padded rows get no
 //! gradient (the embedding never reads them; their logit columns are not in the loss), so
-//! AdamW keeps them exactly zero. Everything that leaves the device (`download`,
+//! AdamW keeps them exactly zero. Training runs `forward_loss`, whose cross-entropy hands the
+//! (…, Vp) product its gradient directly; `forward` gives users (B, T, V). Everything that leaves the device (`download`,
 //! `grads_to_host`, `to_host`) drops them; everything that arrives (`upload`, `upload_rows`)
 //! adds them: host stores, checkpoints and files stay (V, C).
 //!
@@ -265,6 +266,21 @@ pub fn forward(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Te
     head(p, &hidden(p, idx, pos)?)
 }
 
+/// `loss(&forward(p, idx, pos)?, targets)`, the training step's form: the cross-entropy reads
+/// the first V columns of the head's (B, T, Vp) product and its gradient is (B, T, Vp), so
+/// backward hands the product its gradient with no narrow/pad copy (which the (B, T, V) view
+/// would cost: a pass over the logits). A (1,) tensor.
+pub fn forward_loss(
+    p: &GptParams,
+    idx: &IndexTensor,
+    pos: &IndexTensor,
+    targets: &IndexTensor,
+) -> Result<Tensor> {
+    let logits = padded_head(p, &hidden(p, idx, pos)?)?; // (B, T, Vp)
+    let v = p.config.vocab_size;
+    Ok(logits.cross_entropy_padded(targets, None, v)?.loss)
+}
+
 /// The logits (B, V) of the last position only: what generation needs, without the
 /// (B, T, V) product that dominates a forward pass at GPT-2's vocabulary.
 pub fn forward_last(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Tensor> {
@@ -291,11 +307,17 @@ pub fn head(p: &GptParams, h: &Tensor) -> Result<Tensor> {
         shape[last] = v;
         return Ok(logits.reshape(&shape)?); // (..., V)
     }
-    let logits = h.matmul(&p.wte().transpose(0, 1)?)?; // (..., Vp)
+    let logits = padded_head(p, h)?; // (..., Vp)
     match logits.shape()[last] == v {
         true => Ok(logits),
         false => Ok(logits.narrow(last, 0, v)?), // (..., V) at stride Vp
     }
+}
+
+/// The head's product over every row of wte: (..., Vp) = h (..., C) @ wte^T, columns V..Vp
+/// zero.
+fn padded_head(p: &GptParams, h: &Tensor) -> Result<Tensor> {
+    Ok(h.matmul(&p.wte().transpose(0, 1)?)?)
 }
 
 /// Everything before the head: the final layer norm's output (B, T, C).
@@ -312,7 +334,8 @@ pub fn hidden(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Ten
 }
 
 /// The mean cross-entropy of `logits` (B, T, V) against `targets` (B, T): a (1,) tensor.
-/// `forward`'s logits (a view at stride Vp) are read in place, the padded columns never.
+/// `forward`'s logits (a view at stride Vp) are read in place, the padded columns never;
+/// to train, `forward_loss` saves backward a copy.
 pub fn loss(logits: &Tensor, targets: &IndexTensor) -> Result<Tensor> {
     Ok(logits.cross_entropy(targets, None)?.loss)
 }

@@ -355,8 +355,9 @@ fn f32_attention_keeps_no_scores_for_backward() {
 }
 
 /// A vocabulary that is not a multiple of 128 (300, padded to 384 on the device) gives the
-/// logits, loss, gradients, gradient norms and AdamW steps of the same model run unpadded
-/// (wte (V, C) through `GptParams::from_tensors`), its padded rows stay exactly zero under
+/// logits, loss, gradients (through `forward_loss`, what training runs, and through
+/// `loss(forward)`), gradient norms and AdamW steps of the same model run unpadded (wte
+/// (V, C) through `GptParams::from_tensors`), its padded rows stay exactly zero under
 /// weight decay, everything that reaches the host has Hugging Face's shapes, and sampling
 /// with the key/value cache picks ids below V and equals recomputation. Tolerances: 1e-6 of
 /// each tensor's largest magnitude (the same f32 arithmetic; only the matmul tiles and the
@@ -405,11 +406,30 @@ fn padded_vocabulary_equals_the_unpadded_model() {
     let zeros = OptimizerState::zeros(&config);
     let mut opt_p = AdamW::new(&padded, &zeros, hyper, None).unwrap();
     let mut opt_u = AdamW::new(&plain, &zeros, hyper, None).unwrap();
+    // The (B, T, V) logits' loss and gradients (backward through the view's narrow).
+    let via_view = |p: &GptParams| {
+        let logits = model::forward(p, &idx, &pos).unwrap();
+        assert_eq!(logits.shape(), &[b, t, v]);
+        let loss = model::loss(&logits, &targets).unwrap();
+        loss.backward().unwrap();
+        let grads = p.grads_to_host().unwrap();
+        p.zero_grad();
+        (logits.to_vec().unwrap(), loss.to_vec().unwrap(), grads)
+    };
+    let (logits_p, loss_p, grads_p) = via_view(&padded);
+    let (logits_u, loss_u, grads_u) = via_view(&plain);
+    close("view logits", &logits_p, &logits_u);
+    close("view loss", &loss_p, &loss_u);
+    for spec in config.param_specs() {
+        assert_eq!(grads_p[&spec.name].shape, spec.shape);
+        let what = format!("view grad {}", spec.name);
+        close(&what, &grads_p[&spec.name].data, &grads_u[&spec.name].data);
+    }
+    // Training's form, with AdamW steps (decay, clipping to the global norm).
     for step in 0..5 {
         let run = |p: &GptParams, opt: &mut AdamW| {
-            let logits = model::forward(p, &idx, &pos).unwrap();
-            assert_eq!(logits.shape(), &[b, t, v]);
-            let loss = model::loss(&logits, &targets).unwrap();
+            let logits = helios::no_grad(|| model::forward(p, &idx, &pos)).unwrap();
+            let loss = model::forward_loss(p, &idx, &pos, &targets).unwrap();
             loss.backward().unwrap();
             let grads = p.grads_to_host().unwrap();
             let norm = opt.step(p, 1e-2).unwrap().to_vec().unwrap();

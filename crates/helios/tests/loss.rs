@@ -389,30 +389,43 @@ fn row_strided_view_matches_reference() {
                     &unpadded,
                 );
 
-                // Through autograd: d(scale · loss)/d(full), zero past `vocab`.
-                let leaf = full.requires_grad_();
-                let loss = leaf
-                    .narrow(2, 0, vocab)
-                    .unwrap()
-                    .cross_entropy(&tg, IGNORE_INDEX)
-                    .unwrap()
-                    .loss;
-                check(
-                    &format!("{what} autograd loss"),
-                    LOSS_TOL,
-                    &loss.to_vec().unwrap(),
-                    &[want.loss],
-                );
-                loss.mul_scalar(scale).unwrap().backward().unwrap();
-                let g = leaf.grad().unwrap();
-                assert_eq!(g.shape(), &[b, t, stride]);
-                let g = g.to_vec().unwrap();
-                check(&format!("{what} autograd dlogits"), tol, &g, &want_d);
-                assert!(
-                    g.chunks_exact(stride)
-                        .all(|row| row[vocab..].iter().all(|&v| v == 0.0)),
-                    "{what}: the padding columns get a zero gradient"
-                );
+                // Through autograd, d(scale · loss)/d(full), zero past `vocab`: the view's
+                // cross-entropy (reaching `full` through narrow's backward), and
+                // `cross_entropy_padded` of `full` itself.
+                for padded_op in [false, true] {
+                    let leaf = full.detach().requires_grad_();
+                    let ce = match padded_op {
+                        false => leaf
+                            .narrow(2, 0, vocab)
+                            .unwrap()
+                            .cross_entropy(&tg, IGNORE_INDEX),
+                        true => leaf.cross_entropy_padded(&tg, IGNORE_INDEX, vocab),
+                    };
+                    let loss = ce.unwrap().loss;
+                    let what = format!("{what} autograd (padded op: {padded_op})");
+                    check(
+                        &format!("{what} loss"),
+                        LOSS_TOL,
+                        &loss.to_vec().unwrap(),
+                        &[want.loss],
+                    );
+                    loss.mul_scalar(scale).unwrap().backward().unwrap();
+                    let g = leaf.grad().unwrap();
+                    assert_eq!(g.shape(), &[b, t, stride]);
+                    let g = g.to_vec().unwrap();
+                    check(&format!("{what} dlogits"), tol, &g, &want_d);
+                    assert!(
+                        g.chunks_exact(stride)
+                            .all(|row| row[vocab..].iter().all(|&v| v == 0.0)),
+                        "{what}: the padding columns get a zero gradient"
+                    );
+                }
+                // Without autograd the padded op gives the same statistics bit for bit.
+                let p = full.cross_entropy_padded(&tg, IGNORE_INDEX, vocab).unwrap();
+                assert_eq!(bits(&p.row_loss), bits(&r.row_loss), "{what}");
+                assert!(full
+                    .cross_entropy_padded(&tg, IGNORE_INDEX, stride + 1)
+                    .is_err());
             }
         }
     }

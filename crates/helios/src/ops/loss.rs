@@ -8,10 +8,13 @@
 //! is recorded; targets produced on the device that fall outside `[0, vocab)` give NaN loss
 //! and gradient for their row.
 //!
-//! Logits whose rows lie at a uniform stride, as `x.narrow(-1, 0, V)` of a (…, Vp) tensor
-//! (a padded vocabulary's head), are read in place: the kernels take the row stride, so the
-//! classes past V are never read and nothing is copied. Their dlogits is the same view of a
-//! (…, Vp) tensor whose columns V..Vp are zero. Other views are made contiguous first.
+//! Rows are read at a stride (a push constant), so a padded vocabulary costs no copy:
+//! `cross_entropy_padded` takes logits (…, Vp) and counts their first V columns only, and
+//! its gradient is (…, Vp) with zeros past V, recorded against the padded tensor itself (the
+//! head's product gets it with no narrow/pad pass). A view whose rows lie at one stride, as
+//! `x.narrow(-1, 0, V)`, is read in place as well; its dlogits is the same view of a
+//! zero-padded buffer (but autograd reaches the padded tensor through `narrow`'s backward, a
+//! pad copy: train through `cross_entropy_padded`). Other views are made contiguous first.
 
 use helios_kernels::reduce::MAX_ELEMENTS;
 use helios_kernels::{
@@ -46,12 +49,35 @@ impl Tensor {
         targets: &IndexTensor,
         ignore_index: Option<u32>,
     ) -> Result<CrossEntropy> {
+        self.cross_entropy_classes(targets, ignore_index, None)
+    }
+
+    /// `cross_entropy` of the first `classes` columns of these logits (…, n), n ≥ classes:
+    /// the loss of `self.narrow(-1, 0, classes)` (targets below `classes`), for a vocabulary
+    /// padded to n. The columns past `classes` are never read; the gradient, here and through
+    /// autograd, is (…, n) with zeros there, so the product that made the padded logits gets
+    /// it directly.
+    pub fn cross_entropy_padded(
+        &self,
+        targets: &IndexTensor,
+        ignore_index: Option<u32>,
+        classes: usize,
+    ) -> Result<CrossEntropy> {
+        self.cross_entropy_classes(targets, ignore_index, Some(classes))
+    }
+
+    fn cross_entropy_classes(
+        &self,
+        targets: &IndexTensor,
+        ignore_index: Option<u32>,
+        classes: Option<usize>,
+    ) -> Result<CrossEntropy> {
         if crate::autograd::any_needs(&[self]) {
             // The gradient comes out of the same pass over the logits; backward scales it.
-            let ce = self.cross_entropy_impl(targets, ignore_index, Some(1.0))?;
+            let ce = self.cross_entropy_impl(targets, ignore_index, Some(1.0), classes)?;
             return Ok(crate::autograd_ops::cross_entropy(self, ce));
         }
-        self.cross_entropy_impl(targets, ignore_index, None)
+        self.cross_entropy_impl(targets, ignore_index, None, classes)
     }
 
     /// Cross-entropy and its gradient in one pass over each row: `dlogits = (softmax − onehot)
@@ -64,14 +90,16 @@ impl Tensor {
         ignore_index: Option<u32>,
         scale: f32,
     ) -> Result<CrossEntropy> {
-        self.cross_entropy_impl(targets, ignore_index, Some(scale))
+        self.cross_entropy_impl(targets, ignore_index, Some(scale), None)
     }
 
+    /// The kernels over the first `classes` (all when `None`) columns of each row.
     fn cross_entropy_impl(
         &self,
         targets: &IndexTensor,
         ignore_index: Option<u32>,
         scale: Option<f32>,
+        classes: Option<usize>,
     ) -> Result<CrossEntropy> {
         const OP: &str = "cross_entropy";
         let device = self.device();
@@ -83,19 +111,26 @@ impl Tensor {
             Some(stride) => (self.clone(), stride),
             None => {
                 let x = self.contiguous()?;
-                let vocab = x.shape().last().copied().unwrap_or(0);
-                (x, vocab)
+                let n = x.shape().last().copied().unwrap_or(0);
+                (x, n)
             }
         };
-        let Some((&vocab, lead)) = x.shape().split_last() else {
+        let Some((&n, lead)) = x.shape().split_last() else {
             return Err(invalid(
                 "logits must have at least one axis (the classes)".into(),
             ));
         };
+        let vocab = classes.unwrap_or(n);
         if vocab == 0 {
             return Err(invalid(
                 "logits have 0 classes; the last axis must not be empty".into(),
             ));
+        }
+        if vocab > n {
+            return Err(invalid(format!(
+                "{vocab} classes asked of logits {:?}; at most the last axis' {n}",
+                x.shape()
+            )));
         }
         let rows: usize = lead.iter().product();
         if targets.len() != rows {
@@ -119,7 +154,7 @@ impl Tensor {
         let stats = Tensor::empty(device, vec![2], DType::F32)?;
         let row_loss = Tensor::empty(device, vec![rows], DType::F32)?;
         let loss = Tensor::empty(device, vec![1], DType::F32)?;
-        // (…, stride), viewed as (…, vocab) in the logits' layout.
+        // (…, stride), viewed as (…, n) in the logits' layout.
         let dlogits_rows = match scale {
             Some(_) => {
                 let mut shape = x.shape().to_vec();
@@ -163,7 +198,7 @@ impl Tensor {
         )?;
         let last = x.shape().len() - 1;
         let dlogits = match dlogits_rows {
-            Some(d) if stride != vocab => Some(d.narrow(last, 0, vocab)?),
+            Some(d) if stride != n => Some(d.narrow(last, 0, n)?),
             d => d,
         };
         Ok(CrossEntropy {
