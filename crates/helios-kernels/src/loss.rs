@@ -18,6 +18,10 @@
 //! - `Rows` (one group per row): `row_loss[r]`, and `dlogits` when `grad`;
 //! - `Mean` (one workgroup): `loss[0] = Σ row_loss / count`, 0 when every row is ignored.
 //!
+//! Rows lie `stride` elements apart (at least `vocab`, a push constant): the first `vocab`
+//! of each are the classes, so a padded vocabulary's (rows, Vp) logits are read in place,
+//! and the gradient's columns `vocab..stride` are written as zeros.
+//!
 //! Rows are walked with the shared row machinery (`rows`): 16-byte slots aligned to the
 //! buffer (rows of an odd vocabulary need no padding), `unroll` slots in flight per
 //! invocation, and group reductions over the whole workgroup (subgroups, or a shared-memory
