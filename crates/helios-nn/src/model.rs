@@ -5,16 +5,18 @@
 //! The one decision a reader must know: parameters keep Hugging Face's shapes on the device
 //! too (Conv1D weights [in, out], so a linear layer is `x @ w + b`), one leaf tensor per
 //! `GptConfig::param_specs` entry in that order; q, k and v come out of one (B, T, 3C)
-//! product and the fused attention kernel reads them in place as views. The one exception is
-//! wte, which is (Vp, C) on the device with Vp = `padded_vocab(V)` and rows V..Vp zero: the
-//! three head products run on a multiple of 128 rows (GPT-2's 50,257 is odd, and the matmul
-//! kernels lose 5 ms of a 60 ms bf16 step to it on an H100), the head writes (…, Vp) logits
-//! and the cross-entropy reads the first V of each row in place. The padded rows get no
-//! gradient (the embedding never reads them; their logit columns are not in the loss), so
-//! AdamW keeps them exactly zero. Training runs `forward_loss`, whose cross-entropy hands the
-//! (…, Vp) product its gradient directly; `forward` gives users (B, T, V). Everything that leaves the device (`download`,
-//! `grads_to_host`, `to_host`) drops them; everything that arrives (`upload`, `upload_rows`)
-//! adds them: host stores, checkpoints and files stay (V, C).
+//! product and the fused attention kernel reads them in place as views.
+//!
+//! The one exception is wte, which is (Vp, C) on the device with Vp = `padded_vocab(V)` and
+//! rows V..Vp zero: the three head products run on a multiple of 128 rows (GPT-2's 50,257 is
+//! odd, and the matmul kernels lose 5 ms of a 60 ms bf16 step to it on an H100), the head
+//! writes (…, Vp) logits and the cross-entropy reads the first V of each row in place. The
+//! padded rows get no gradient (the embedding never reads them; their logit columns are not
+//! in the loss), so AdamW keeps them exactly zero. Training runs `forward_loss`, whose
+//! cross-entropy hands the (…, Vp) product its gradient directly; `forward` gives users
+//! (B, T, V). Everything that leaves the device (`download`, `grads_to_host`, `to_host`)
+//! drops the padded rows; everything that arrives (`upload`, `upload_rows`) adds them: host
+//! stores, checkpoints and files stay (V, C).
 //!
 //! Shapes: B batch, T sequence, C channels, H heads, D = C/H, V vocabulary, Vp the padded
 //! vocabulary, L layers.
@@ -40,6 +42,9 @@ pub fn padded_vocab(v: usize) -> usize {
     v.next_multiple_of(VOCAB_MULTIPLE)
 }
 
+/// Hugging Face's name of the token embedding, tied to the head.
+const WTE: &str = "wte.weight";
+
 /// The rows parameter `spec` has on the device: `padded_vocab(V)` for wte (the one
 /// parameter with a vocabulary axis), its own first size otherwise.
 pub fn device_rows(spec: &ParamSpec) -> usize {
@@ -49,9 +54,6 @@ pub fn device_rows(spec: &ParamSpec) -> usize {
     }
 }
 
-/// Hugging Face's name of the token embedding, tied to the head.
-const WTE: &str = "wte.weight";
-
 /// `t` on `device` as `dtype` with zero rows appended up to `rows` (its first axis): how a
 /// host parameter or AdamW moment of Hugging Face's shape becomes its device tensor.
 pub fn upload_rows(t: &HostTensor, rows: usize, device: &Device, dtype: DType) -> Result<Tensor> {
@@ -59,11 +61,12 @@ pub fn upload_rows(t: &HostTensor, rows: usize, device: &Device, dtype: DType) -
     if rows <= have || t.shape.len() < 2 {
         return t.upload(device, dtype);
     }
+    let row: usize = t.shape[1..].iter().product();
     let mut shape = t.shape.clone();
     shape[0] = rows;
-    let mut data = Vec::with_capacity(t.len() / have * rows);
+    let mut data = Vec::with_capacity(rows * row);
     data.extend_from_slice(&t.data);
-    data.resize(t.len() / have * rows, 0.0);
+    data.resize(rows * row, 0.0);
     HostTensor::new(shape, data)?.upload(device, dtype)
 }
 
