@@ -18,6 +18,10 @@
 //! - `Rows` (one group per row): `row_loss[r]`, and `dlogits` when `grad`;
 //! - `Mean` (one workgroup): `loss[0] = Σ row_loss / count`, 0 when every row is ignored.
 //!
+//! Rows lie `stride` elements apart (at least `vocab`, a push constant): the first `vocab`
+//! of each are the classes, so a padded vocabulary's (rows, Vp) logits are read in place,
+//! and the gradient's columns `vocab..stride` are written as zeros.
+//!
 //! Rows are walked with the shared row machinery (`rows`): 16-byte slots aligned to the
 //! buffer (rows of an odd vocabulary need no padding), `unroll` slots in flight per
 //! invocation, and group reductions over the whole workgroup (subgroups, or a shared-memory
@@ -73,17 +77,21 @@ pub struct CrossEntropyKernel {
     pub setup: CrossEntropySetup,
 }
 
-/// One cross-entropy problem: `rows` rows of `vocab` logits, and the device addresses of its
-/// buffers (ignored where the binding model passes descriptors instead).
+/// One cross-entropy problem: `rows` rows of `vocab` logits, each row starting `stride`
+/// elements after the one before, and the device addresses of its buffers (ignored where the
+/// binding model passes descriptors instead).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CrossEntropyArgs {
     pub rows: u32,
     pub vocab: u32,
+    /// Elements from one row's start to the next's, at least `vocab` (`vocab` for dense
+    /// logits; a padded vocabulary's `Vp` for the first `vocab` columns of (rows, Vp)).
+    pub stride: u32,
     /// Rows whose target equals this contribute nothing.
     pub ignore_index: Option<u32>,
     /// Upstream gradient of the mean loss (1 for a loss that is the objective itself).
     pub scale: f32,
-    /// (rows, vocab) in the kernel's storage.
+    /// (rows, stride) in the kernel's storage, of which the first `vocab` of each row are read.
     pub logits: u64,
     /// (rows,) u32.
     pub targets: u64,
@@ -91,7 +99,8 @@ pub struct CrossEntropyArgs {
     pub stats: u64,
     /// (rows,) f32.
     pub row_loss: u64,
-    /// (rows, vocab) in the kernel's storage; only for `Rows { grad: true }`.
+    /// (rows, stride) in the kernel's storage, columns `vocab..stride` written as zeros;
+    /// only for `Rows { grad: true }`.
     pub dlogits: u64,
     /// (1,) f32.
     pub loss: u64,
@@ -205,7 +214,7 @@ impl CrossEntropyKernel {
             CrossEntropyStage::Rows { .. } => {
                 let threads = self.threads_per_row(a.vocab, geometry.workgroup);
                 let shift = threads.trailing_zeros();
-                args.extend([a.rows, a.vocab, ignore, ignoring, shift].map(Arg::U32));
+                args.extend([a.rows, a.vocab, a.stride, ignore, ignoring, shift].map(Arg::U32));
                 let per = u64::from(geometry.workgroup / threads);
                 grid(u64::from(a.rows).div_ceil(per), geometry.max_groups_x)?
             }
@@ -322,10 +331,17 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
     let stats = grad.then(|| k.buffer("stats", Scalar::F32, Access::Read));
     let row_loss = k.buffer("row_loss", Scalar::F32, Access::Write);
     let dlogits = grad.then(|| k.buffer("dlogits", buffer_scalar(s), Access::Write));
-    let params = ["rows", "vocab", "ignore_index", "ignoring", "group_shift"];
+    let params = [
+        "rows",
+        "vocab",
+        "stride",
+        "ignore_index",
+        "ignoring",
+        "group_shift",
+    ];
     let params = params.map(|n| k.param(n, u32t));
     k.begin();
-    let [rows, vocab, ignore, ignoring, shift] = params.map(|p| k.load_param(p));
+    let [rows, vocab, stride, ignore, ignoring, shift] = params.map(|p| k.load_param(p));
     let mut g = Groups::runtime(k, kernel.setup.reducer, shift);
     let threads = g.size();
     let lane = g.lane(k);
@@ -344,7 +360,7 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
     let out = k.not(in_grid);
     let skip = k.or(skip, out);
     let valid = k.lt(t, vocab);
-    let base = k.mul(r, vocab);
+    let base = k.mul(r, stride);
     let end = k.add(base, vocab);
     let row = Row {
         whole: false,
@@ -353,6 +369,13 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
         vec: 4,
     };
     let (first, last) = (row.first_slot(k), row.end_slot(k));
+    // The whole stride of the row, which the gradient covers (zeros past `vocab`).
+    let padded_end = k.add(base, stride);
+    let padded = Row {
+        end: padded_end,
+        ..row
+    };
+    let padded_last = padded.end_slot(k);
     let fzero = k.const_f32(0.0);
     let nan = k.const_f32(f32::NAN);
     let v4 = Ty::vector(Scalar::F32, 4);
@@ -437,8 +460,8 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
         k.store(row_loss, r, l);
     });
 
-    // Pass 2 (no barriers): dlogits = (exp(x − max) / sum − onehot) · norm, zeros for an
-    // ignored row.
+    // Pass 2 (no barriers): dlogits = (exp(x − max) / sum − onehot) · norm over the row's
+    // `vocab` columns, zeros past them up to the stride and for an ignored row.
     if let (Some(stats), Some(d)) = (stats, dlogits) {
         let i0 = k.u32(0);
         let norm = k.load(stats, i0, 1);
@@ -449,19 +472,20 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
         let invs = k.splat(inv, 4);
         let ms = k.splat(mmax, 4);
         let ts = k.splat(t, 4);
+        let vs = k.splat(vocab, 4);
         let (o, z) = (k.const_float(v4, 1.0), k.const_float(v4, 0.0));
         k.if_(in_grid, |k| {
             k.if_else(
                 skip,
                 |k| {
-                    for_each_slot_by(k, first, last, lane, threads, unroll, |k, slots| {
+                    for_each_slot_by(k, first, padded_last, lane, threads, unroll, |k, slots| {
                         for &slot in slots {
-                            row.store(k, d, s, slot, z);
+                            padded.store(k, d, s, slot, z);
                         }
                     });
                 },
                 |k| {
-                    for_each_slot_by(k, first, last, lane, threads, unroll, |k, slots| {
+                    for_each_slot_by(k, first, padded_last, lane, threads, unroll, |k, slots| {
                         let xs: Vec<Val> = slots
                             .iter()
                             .map(|&slot| row.load(k, logits, s, slot, 0.0))
@@ -475,7 +499,10 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
                             let oh = k.select(hit, o, z);
                             let gr = k.sub(p, oh);
                             let gr = k.mul(gr, ns);
-                            row.store(k, d, s, slot, gr);
+                            // Lanes past `vocab` loaded 0, not a logit: their gradient is 0.
+                            let inside = k.lt(cols, vs);
+                            let gr = k.select(inside, gr, z);
+                            padded.store(k, d, s, slot, gr);
                         }
                     });
                 },

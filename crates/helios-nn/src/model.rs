@@ -7,7 +7,19 @@
 //! `GptConfig::param_specs` entry in that order; q, k and v come out of one (B, T, 3C)
 //! product and the fused attention kernel reads them in place as views.
 //!
-//! Shapes: B batch, T sequence, C channels, H heads, D = C/H, V vocabulary, L layers.
+//! The one exception is wte, which is (Vp, C) on the device with Vp = `padded_vocab(V)` and
+//! rows V..Vp zero: the three head products run on a multiple of 128 rows (GPT-2's 50,257 is
+//! odd, and the matmul kernels lose 5 ms of a 60 ms bf16 step to it on an H100), the head
+//! writes (…, Vp) logits and the cross-entropy reads the first V of each row in place. The
+//! padded rows get no gradient (the embedding never reads them; their logit columns are not
+//! in the loss), so AdamW keeps them exactly zero. Training runs `forward_loss`, whose
+//! cross-entropy hands the (…, Vp) product its gradient directly; `forward` gives users
+//! (B, T, V). Everything that leaves the device (`download`, `grads_to_host`, `to_host`)
+//! drops the padded rows; everything that arrives (`upload`, `upload_rows`) adds them: host
+//! stores, checkpoints and files stay (V, C).
+//!
+//! Shapes: B batch, T sequence, C channels, H heads, D = C/H, V vocabulary, Vp the padded
+//! vocabulary, L layers.
 
 use std::collections::BTreeMap;
 
@@ -15,18 +27,55 @@ use helios::{
     Activation, AttentionOptions, DType, Device, IndexTensor, MatmulOptions, SoftmaxOptions, Tensor,
 };
 
-use crate::config::GptConfig;
+use crate::config::{GptConfig, ParamSpec};
 use crate::params::{HostTensor, ParamStore};
 use crate::{Error, Result};
 
 /// Device tensors per transformer block.
 const PER_BLOCK: usize = 12;
 
+/// The device's wte rows are a multiple of this (as llm.c pads GPT-2's vocabulary).
+pub const VOCAB_MULTIPLE: usize = 128;
+
+/// `v` rounded up to a multiple of `VOCAB_MULTIPLE`: the rows of wte on the device.
+pub fn padded_vocab(v: usize) -> usize {
+    v.next_multiple_of(VOCAB_MULTIPLE)
+}
+
+/// Hugging Face's name of the token embedding, tied to the head.
+const WTE: &str = "wte.weight";
+
+/// The rows parameter `spec` has on the device: `padded_vocab(V)` for wte (the one
+/// parameter with a vocabulary axis), its own first size otherwise.
+pub fn device_rows(spec: &ParamSpec) -> usize {
+    match spec.name.as_str() {
+        WTE => padded_vocab(spec.shape[0]),
+        _ => spec.shape.first().copied().unwrap_or(1),
+    }
+}
+
+/// `t` on `device` as `dtype` with zero rows appended up to `rows` (its first axis): how a
+/// host parameter or AdamW moment of Hugging Face's shape becomes its device tensor.
+pub fn upload_rows(t: &HostTensor, rows: usize, device: &Device, dtype: DType) -> Result<Tensor> {
+    let have = t.shape.first().copied().unwrap_or(1);
+    if rows <= have || t.shape.len() < 2 {
+        return t.upload(device, dtype);
+    }
+    let row: usize = t.shape[1..].iter().product();
+    let mut shape = t.shape.clone();
+    shape[0] = rows;
+    let mut data = Vec::with_capacity(rows * row);
+    data.extend_from_slice(&t.data);
+    data.resize(rows * row, 0.0);
+    HostTensor::new(shape, data)?.upload(device, dtype)
+}
+
 /// GPT-2's parameters on a device, one leaf tensor per `GptConfig::param_specs` entry, in
-/// that order and of those (Hugging Face) shapes.
+/// that order and of those (Hugging Face) shapes, except wte: (Vp, C), rows V..Vp zero (see
+/// the module's note).
 pub struct GptParams {
     config: GptConfig,
-    /// One per `config.param_specs()`.
+    /// One per `config.param_specs()`; wte (Vp, C) or, from `from_tensors`, (V, C).
     tensors: Vec<Tensor>,
 }
 
@@ -47,11 +96,12 @@ pub(crate) struct Block<'a> {
 }
 
 impl GptParams {
-    /// `store` on `device` as `dtype`, every tensor a leaf that accumulates a gradient.
+    /// `store` on `device` as `dtype`, every tensor a leaf that accumulates a gradient, wte
+    /// padded to (Vp, C).
     pub fn upload(store: &ParamStore, device: &Device, dtype: DType) -> Result<GptParams> {
         let tensors = store
             .iter()
-            .map(|(_, t)| Ok(t.upload(device, dtype)?.requires_grad_()))
+            .map(|(s, t)| Ok(upload_rows(t, device_rows(&s), device, dtype)?.requires_grad_()))
             .collect::<Result<Vec<_>>>()?;
         Ok(GptParams {
             config: store.config().clone(),
@@ -60,7 +110,9 @@ impl GptParams {
     }
 
     /// Wraps tensors made elsewhere (one per parameter, e.g. bf16 copies of f32 masters),
-    /// each made a gradient leaf.
+    /// each made a gradient leaf. Each has its Hugging Face shape, except that wte may also
+    /// be padded, (Vp, C) with rows V..Vp zero (what `upload_rows` to `device_rows` gives).
+    /// An unpadded (V, C) wte is kept as it is: the model computes the same, only slower.
     pub fn from_tensors(config: &GptConfig, tensors: Vec<Tensor>) -> Result<GptParams> {
         let specs = config.param_specs();
         if specs.len() != tensors.len() {
@@ -71,7 +123,8 @@ impl GptParams {
             )));
         }
         for (s, t) in specs.iter().zip(&tensors) {
-            if s.shape != t.shape() {
+            let padded = s.name == WTE && t.shape() == [device_rows(s), s.shape[1]];
+            if s.shape != t.shape() && !padded {
                 return Err(Error::WrongShape {
                     name: s.name.clone(),
                     expected: s.shape.clone(),
@@ -90,18 +143,18 @@ impl GptParams {
         &self.config
     }
 
-    /// The device tensors, one per `config().param_specs()`.
+    /// The device tensors, one per `config().param_specs()` (wte padded: see `GptParams`).
     pub fn tensors(&self) -> &[Tensor] {
         &self.tensors
     }
 
-    /// The parameters as a host store (f32).
+    /// The parameters as a host store (f32, wte without its padding).
     pub fn download(&self) -> Result<ParamStore> {
         ParamStore::from_tensors(&self.config, to_host(&self.config, &self.tensors)?)
     }
 
-    /// The accumulated gradients as host tensors by Hugging Face name (zeros where no
-    /// gradient reached a parameter).
+    /// The accumulated gradients as host tensors by Hugging Face name and shape (zeros where
+    /// no gradient reached a parameter; wte's without the padded rows).
     pub fn grads_to_host(&self) -> Result<BTreeMap<String, HostTensor>> {
         let grads = self
             .tensors
@@ -120,7 +173,7 @@ impl GptParams {
     }
 
     pub(crate) fn wte(&self) -> &Tensor {
-        &self.tensors[0] // (V, C)
+        &self.tensors[0] // (Vp, C); rows V..Vp zero
     }
 
     pub(crate) fn wpe(&self) -> &Tensor {
@@ -156,14 +209,22 @@ impl GptParams {
     }
 }
 
-/// Device tensors, one per parameter of `config` in `param_specs` order, as host tensors by
-/// name (widened to f32).
+/// Device tensors, one per parameter of `config` in `param_specs` order (wte's padded rows
+/// too, as parameters, gradients or moments have them), as host tensors by name of Hugging
+/// Face's shapes (widened to f32; the padded rows dropped).
 pub fn to_host(config: &GptConfig, tensors: &[Tensor]) -> Result<BTreeMap<String, HostTensor>> {
     config
         .param_specs()
         .into_iter()
         .zip(tensors)
-        .map(|(s, t)| Ok((s.name, HostTensor::download(t)?)))
+        .map(|(s, t)| {
+            let rows = s.shape.first().copied().unwrap_or(1);
+            let t = match t.shape().first() {
+                Some(&have) if have > rows && s.shape.len() >= 2 => t.narrow(0, 0, rows)?,
+                _ => t.clone(),
+            };
+            Ok((s.name, HostTensor::download(&t)?))
+        })
         .collect()
 }
 
@@ -202,9 +263,25 @@ pub fn inputs(
     ))
 }
 
-/// GPT-2's forward pass: logits (B, T, V) for token ids `idx` (B, T) at positions `pos` (T).
+/// GPT-2's forward pass: logits (B, T, V) for token ids `idx` (B, T) at positions `pos` (T):
+/// a view of the head's (B, T, Vp) product (rows at stride Vp), which `loss` reads in place.
 pub fn forward(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Tensor> {
     head(p, &hidden(p, idx, pos)?)
+}
+
+/// `loss(&forward(p, idx, pos)?, targets)`, the training step's form: the cross-entropy reads
+/// the first V columns of the head's (B, T, Vp) product and its gradient is (B, T, Vp), so
+/// backward hands the product its gradient with no narrow/pad copy (which the (B, T, V) view
+/// would cost: a pass over the logits). A (1,) tensor.
+pub fn forward_loss(
+    p: &GptParams,
+    idx: &IndexTensor,
+    pos: &IndexTensor,
+    targets: &IndexTensor,
+) -> Result<Tensor> {
+    let logits = padded_head(p, &hidden(p, idx, pos)?)?; // (B, T, Vp)
+    let v = p.config.vocab_size;
+    Ok(logits.cross_entropy_padded(targets, None, v)?.loss)
 }
 
 /// The logits (B, V) of the last position only: what generation needs, without the
@@ -219,17 +296,30 @@ pub fn forward_last(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Resu
 }
 
 /// The tied head: logits (..., V) = h (..., C) @ wte^T, wte read in place through a
-/// transposed view. A single row (generation) is a product and a row sum over wte instead:
-/// a matmul tile would spend 31 of its 32 rows on nothing (measured 3x slower on lavapipe).
+/// transposed view: the product is (..., Vp), and the logits are its first V columns (a
+/// view; the padded columns are zero). A single row (generation) is a product and a row
+/// sum over wte's first V rows instead: a matmul tile would spend 31 of its 32 rows on
+/// nothing (measured 3x slower on lavapipe).
 pub fn head(p: &GptParams, h: &Tensor) -> Result<Tensor> {
-    let c = p.config.n_embd;
+    let (c, v) = (p.config.n_embd, p.config.vocab_size);
+    let mut shape = h.shape().to_vec();
+    let last = shape.len() - 1;
     if h.len() == c && !h.requires_grad() {
-        let v = p.config.vocab_size;
-        let logits = p.wte().mul(&h.reshape(&[1, c])?)?.sum(-1)?; // (V, C) → (V)
-        let mut shape = h.shape().to_vec();
-        *shape.last_mut().expect("h has an axis") = v;
+        let wte = p.wte().narrow(0, 0, v)?; // (V, C), rows of (Vp, C): dense
+        let logits = wte.mul(&h.reshape(&[1, c])?)?.sum(-1)?; // (V, C) → (V)
+        shape[last] = v;
         return Ok(logits.reshape(&shape)?); // (..., V)
     }
+    let logits = padded_head(p, h)?; // (..., Vp)
+    match logits.shape()[last] == v {
+        true => Ok(logits),
+        false => Ok(logits.narrow(last, 0, v)?), // (..., V) at stride Vp
+    }
+}
+
+/// The head's product over every row of wte: (..., Vp) = h (..., C) @ wte^T, columns V..Vp
+/// zero.
+fn padded_head(p: &GptParams, h: &Tensor) -> Result<Tensor> {
     Ok(h.matmul(&p.wte().transpose(0, 1)?)?)
 }
 
@@ -247,6 +337,8 @@ pub fn hidden(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Result<Ten
 }
 
 /// The mean cross-entropy of `logits` (B, T, V) against `targets` (B, T): a (1,) tensor.
+/// `forward`'s logits (a view at stride Vp) are read in place, the padded columns never;
+/// to train, `forward_loss` saves backward a copy.
 pub fn loss(logits: &Tensor, targets: &IndexTensor) -> Result<Tensor> {
     Ok(logits.cross_entropy(targets, None)?.loss)
 }

@@ -9,7 +9,7 @@
 use helios::{adamw_step_scaled, AdamWConfig, AdamWParam, DType, Tensor};
 
 use crate::checkpoint::OptimizerState;
-use crate::model::{to_host, GptParams};
+use crate::model::{device_rows, to_host, upload_rows, GptParams};
 use crate::params::ParamStore;
 use crate::schedule::AdamWHyper;
 use crate::{Error, Result};
@@ -19,7 +19,8 @@ pub struct AdamW {
     pub hyper: AdamWHyper,
     /// Steps taken (the next is `step + 1`).
     pub step: u64,
-    /// f32 first and second moments, the parameters' shapes.
+    /// f32 first and second moments, the device parameters' shapes (wte's padded rows too,
+    /// which stay zero: their gradient is zero).
     m: Vec<Tensor>,
     v: Vec<Tensor>,
     /// f32 master weights when the model's tensors are narrower (bf16); `None` in fp32.
@@ -41,10 +42,13 @@ impl AdamW {
         state.validate(config)?;
         let device = params.tensors()[0].device().clone();
         let specs = config.param_specs();
+        // The host moments have Hugging Face's shapes; on the device they take the shape of
+        // their parameter (zero rows for wte's padding).
         let upload = |map: &std::collections::BTreeMap<String, crate::HostTensor>| {
             specs
                 .iter()
-                .map(|s| map[&s.name].upload(&device, DType::F32))
+                .zip(params.tensors())
+                .map(|(s, p)| upload_rows(&map[&s.name], p.shape()[0], &device, DType::F32))
                 .collect::<Result<Vec<_>>>()
         };
         Ok(AdamW {
@@ -175,7 +179,8 @@ impl AdamW {
         Ok(norm)
     }
 
-    /// The moments on the host (Hugging Face names and shapes), for a checkpoint.
+    /// The moments on the host (Hugging Face names and shapes: no padded rows), for a
+    /// checkpoint.
     pub fn state(&self, params: &GptParams) -> Result<OptimizerState> {
         let config = params.config();
         Ok(OptimizerState {
@@ -185,7 +190,8 @@ impl AdamW {
         })
     }
 
-    /// The f32 weights: the masters in bf16, else the model's own tensors.
+    /// The f32 weights (Hugging Face shapes): the masters in bf16, else the model's own
+    /// tensors.
     pub fn weights(&self, params: &GptParams) -> Result<ParamStore> {
         match &self.master {
             None => params.download(),
@@ -197,7 +203,7 @@ impl AdamW {
 }
 
 /// The model's tensors in `dtype` and, when that is narrower than f32, their f32 masters:
-/// `(params, master)` ready for `AdamW::new`.
+/// `(params, master)` ready for `AdamW::new`. Both have the device's shapes (wte padded).
 pub fn upload_with_master(
     store: &ParamStore,
     device: &helios::Device,
@@ -208,11 +214,11 @@ pub fn upload_with_master(
     }
     let master = store
         .iter()
-        .map(|(_, t)| t.upload(device, DType::F32))
+        .map(|(s, t)| upload_rows(t, device_rows(&s), device, DType::F32))
         .collect::<Result<Vec<_>>>()?;
     let narrow = store
         .iter()
-        .map(|(_, t)| t.upload(device, dtype))
+        .map(|(s, t)| upload_rows(t, device_rows(&s), device, dtype))
         .collect::<Result<Vec<_>>>()?;
     Ok((
         GptParams::from_tensors(store.config(), narrow)?,

@@ -345,9 +345,7 @@ impl Trainer {
             let batch = self.sampler.next_batch();
             let (idx, pos, targets) = self.upload(&batch)?;
             let t0 = Instant::now();
-            let logits = model::forward(&self.params, &idx, &pos)?; // (B, T, V)
-            let loss = model::loss(&logits, &targets)?; // (1)
-            drop(logits);
+            let loss = model::forward_loss(&self.params, &idx, &pos, &targets)?; // (1)
             let value = loss.to_vec()?[0]; // the step's one read of the loss
             fwd += ms(t0);
             if !value.is_finite() {
@@ -420,8 +418,7 @@ impl Trainer {
             let mut total: Option<Tensor> = None;
             for b in batches {
                 let (idx, pos, targets) = self.upload(&b)?;
-                let logits = model::forward(&self.params, &idx, &pos)?; // (B, T, V)
-                let loss = model::loss(&logits, &targets)?; // (1)
+                let loss = model::forward_loss(&self.params, &idx, &pos, &targets)?; // (1)
                 total = Some(match total {
                     None => loss,
                     Some(t) => t.add(&loss)?,

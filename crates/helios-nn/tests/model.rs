@@ -353,3 +353,139 @@ fn f32_attention_keeps_no_scores_for_backward() {
     assert_eq!(g_ckpt, g_plain, "the recomputation runs the same kernels");
     assert!(dev.validation_messages().is_empty());
 }
+
+/// A vocabulary that is not a multiple of 128 (300, padded to 384 on the device) gives the
+/// logits, loss, gradients (through `forward_loss`, what training runs, and through
+/// `loss(forward)`), gradient norms and AdamW steps of the same model run unpadded (wte
+/// (V, C) through `GptParams::from_tensors`), its padded rows stay exactly zero under
+/// weight decay, everything that reaches the host has Hugging Face's shapes, and sampling
+/// with the key/value cache picks ids below V and equals recomputation. Tolerances: 1e-6 of
+/// each tensor's largest magnitude (the same f32 arithmetic; only the matmul tiles and the
+/// cross-entropy's row alignment differ; measured on lavapipe: printed).
+#[test]
+fn padded_vocabulary_equals_the_unpadded_model() {
+    use helios_nn::generate::{generate, generate_recompute, Sampling};
+    use helios_nn::model::padded_vocab;
+    let dev = device();
+    let config = GptConfig {
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32,
+        vocab_size: 300,
+        block_size: 16,
+        layer_norm_eps: 1e-5,
+    };
+    let (v, c, vp) = (300, 32, padded_vocab(300));
+    assert_eq!(vp, 384);
+    assert_eq!(padded_vocab(512), 512);
+    let store = ParamStore::init_gpt2(&config, 7).unwrap();
+    let padded = GptParams::upload(&store, &dev, helios::DType::F32).unwrap();
+    assert_eq!(padded.tensors()[0].shape(), &[vp, c]);
+    let plain = store
+        .iter()
+        .map(|(_, t)| t.upload(&dev, helios::DType::F32).unwrap())
+        .collect();
+    let plain = GptParams::from_tensors(&config, plain).unwrap();
+    assert_eq!(plain.tensors()[0].shape(), &[v, c]);
+
+    let (b, t) = (2, 16);
+    let ids: Vec<u32> = (0..b * t).map(|i| ((i * 97 + 13) % v) as u32).collect();
+    let tg: Vec<u32> = (0..b * t).map(|i| ((i * 61 + 299) % v) as u32).collect();
+    let (idx, pos) = model::inputs(&config, &dev, &ids, b, t).unwrap();
+    let targets = IndexTensor::from_slice(&dev, &tg, &[b, t]).unwrap();
+    let close = |what: &str, got: &[f32], want: &[f32]| {
+        let (err, scale) = max_err(got, want);
+        println!("{what}: max abs error {err:.3e} of {scale:.3e}");
+        assert!(err <= 1e-6 * scale.max(1e-6), "{what}: {err} of {scale}");
+    };
+    let hyper = AdamWHyper {
+        grad_clip: Some(1.0),
+        weight_decay: 0.1,
+        ..AdamWHyper::default()
+    };
+    let zeros = OptimizerState::zeros(&config);
+    let mut opt_p = AdamW::new(&padded, &zeros, hyper, None).unwrap();
+    let mut opt_u = AdamW::new(&plain, &zeros, hyper, None).unwrap();
+    // The (B, T, V) logits' loss and gradients (backward through the view's narrow).
+    let via_view = |p: &GptParams| {
+        let logits = model::forward(p, &idx, &pos).unwrap();
+        assert_eq!(logits.shape(), &[b, t, v]);
+        let loss = model::loss(&logits, &targets).unwrap();
+        loss.backward().unwrap();
+        let grads = p.grads_to_host().unwrap();
+        p.zero_grad();
+        (logits.to_vec().unwrap(), loss.to_vec().unwrap(), grads)
+    };
+    let (logits_p, loss_p, grads_p) = via_view(&padded);
+    let (logits_u, loss_u, grads_u) = via_view(&plain);
+    close("view logits", &logits_p, &logits_u);
+    close("view loss", &loss_p, &loss_u);
+    for spec in config.param_specs() {
+        assert_eq!(grads_p[&spec.name].shape, spec.shape);
+        let what = format!("view grad {}", spec.name);
+        close(&what, &grads_p[&spec.name].data, &grads_u[&spec.name].data);
+    }
+    // Training's form, with AdamW steps (decay, clipping to the global norm).
+    for step in 0..5 {
+        let run = |p: &GptParams, opt: &mut AdamW| {
+            let logits = helios::no_grad(|| model::forward(p, &idx, &pos)).unwrap();
+            let loss = model::forward_loss(p, &idx, &pos, &targets).unwrap();
+            loss.backward().unwrap();
+            let grads = p.grads_to_host().unwrap();
+            let norm = opt.step(p, 1e-2).unwrap().to_vec().unwrap();
+            (
+                logits.to_vec().unwrap(),
+                loss.to_vec().unwrap(),
+                grads,
+                norm,
+            )
+        };
+        let (logits_p, loss_p, grads_p, norm_p) = run(&padded, &mut opt_p);
+        let (logits_u, loss_u, grads_u, norm_u) = run(&plain, &mut opt_u);
+        close(&format!("step {step} logits"), &logits_p, &logits_u);
+        close(&format!("step {step} loss"), &loss_p, &loss_u);
+        close(&format!("step {step} grad norm"), &norm_p, &norm_u);
+        if step == 0 {
+            for spec in config.param_specs() {
+                assert_eq!(grads_p[&spec.name].shape, spec.shape);
+                let what = format!("grad {}", spec.name);
+                close(&what, &grads_p[&spec.name].data, &grads_u[&spec.name].data);
+            }
+        }
+    }
+    // The padded rows are still exactly zero (decay of 0 is 0; their gradient is 0), and
+    // nothing of them reaches the host.
+    let wte = padded.tensors()[0].to_vec().unwrap();
+    assert!(wte[v * c..].iter().all(|&x| x == 0.0), "padded rows moved");
+    let (wp, wu) = (padded.download().unwrap(), plain.download().unwrap());
+    for spec in config.param_specs() {
+        assert_eq!(wp.get(&spec.name).unwrap().shape, spec.shape);
+        close(
+            &format!("weights {}", spec.name),
+            &wp.get(&spec.name).unwrap().data,
+            &wu.get(&spec.name).unwrap().data,
+        );
+    }
+    let state = opt_p.state(&padded).unwrap();
+    assert_eq!(state.m["wte.weight"].shape, [v, c]);
+    assert_eq!(state.v["wte.weight"].shape, [v, c]);
+
+    // Generation: every id below V, the cache equal to recomputation, crossing the block size.
+    let s = Sampling {
+        temperature: 1.5,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 9,
+    };
+    let prompt = &ids[..5];
+    let cached = generate(&padded, &dev, prompt, 30, &s, |_| {}).unwrap();
+    let full = generate_recompute(&padded, &dev, prompt, 30, &s, |_| {}).unwrap();
+    assert_eq!(cached, full);
+    assert!(cached.iter().all(|&id| (id as usize) < v));
+    let last = helios::no_grad(|| model::forward_last(&padded, &idx, &pos))
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    assert_eq!(last.len(), b * v);
+    assert!(dev.validation_messages().is_empty());
+}

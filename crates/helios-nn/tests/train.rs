@@ -310,3 +310,44 @@ fn bad_inputs_fail_before_training() {
         .unwrap();
     assert!(matches!(err, Error::SamplerMismatch { .. }), "{err}");
 }
+
+/// A vocabulary that is not a multiple of 128 (32, padded to 128 on the device): the
+/// checkpoint's weights and AdamW moments hold wte as (V, C), never the padded rows, in
+/// bf16 (f32 masters) as in f32, and the device's padded rows stay zero while training.
+#[test]
+fn checkpoints_hold_the_unpadded_vocabulary() {
+    let dev = device();
+    let scratch = common::Scratch::new("train-padded");
+    let (train, val) = data();
+    let cfg = config();
+    let (v, c) = (cfg.vocab_size, cfg.n_embd);
+    for precision in [DType::F32, DType::BF16] {
+        let dir = scratch.join(precision.name());
+        let tc = TrainConfig {
+            precision,
+            eval_every: 0,
+            ..train_config(3, Some(&dir))
+        };
+        let mut t = Trainer::new(&dev, &store(), train.clone(), Some(val.clone()), tc).unwrap();
+        t.run(None, |_| {}).unwrap();
+        let wte = &t.params().tensors()[0];
+        assert_eq!(wte.shape(), &[helios_nn::model::padded_vocab(v), c]);
+        let rows = wte.to_vec().unwrap();
+        assert!(rows[v * c..].iter().all(|&x| x == 0.0), "padded rows moved");
+        for file in ["model.safetensors", "optimizer.safetensors"] {
+            let bytes = std::fs::read(dir.join(file)).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let mut seen = 0;
+            for (name, view) in st.tensors() {
+                if name.ends_with("wte.weight") {
+                    assert_eq!(view.shape(), [v, c], "{file}: {name}");
+                    seen += 1;
+                }
+            }
+            assert!(seen > 0, "{file} holds wte");
+        }
+        let ckpt = load_checkpoint(&dir).unwrap();
+        assert_eq!(ckpt.params.get("wte.weight").unwrap().shape, [v, c]);
+    }
+    assert!(dev.validation_messages().is_empty());
+}

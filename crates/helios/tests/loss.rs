@@ -322,3 +322,148 @@ fn bad_arguments_are_errors() {
     ));
     assert_no_validation_messages();
 }
+
+/// Logits whose rows lie at a stride past the vocabulary (`narrow` of the last axis from 0,
+/// as a padded vocabulary's head gives them) are read in place: the loss, the row losses and
+/// dlogits (the same view) match the reference over the first `vocab` columns, and the
+/// gradient reaching the whole (rows, stride) tensor through autograd is zero past `vocab`.
+/// The padding columns hold NaN, so any read of them would show. Tolerances as `compare`:
+/// losses 2e-5; dlogits 2e-5 relative + 2e-6·scale/count, widened by one rounding to f16
+/// (1e-3 relative) or bf16 (8e-3 relative).
+#[test]
+fn row_strided_view_matches_reference() {
+    let mut rng = StdRng::seed_from_u64(17);
+    // (rows as (B, T), vocab, stride): an odd vocabulary padded to a multiple of 128 as the
+    // model pads GPT-2's; a stride that is not a multiple of 4; one row per workgroup.
+    let cases = [((2, 5), 1000, 1024), ((3, 7), 13, 19), ((1, 3), 2053, 2176)];
+    for ((b, t), vocab, stride) in cases {
+        let rows = b * t;
+        for dtype in DType::ALL {
+            let mut padded = random_logits(&mut rng, rows * stride, dtype);
+            for row in padded.chunks_exact_mut(stride) {
+                row[vocab..].fill(f32::NAN);
+            }
+            let targets = random_targets(&mut rng, rows, vocab, 0.2);
+            // A power of two: the autograd path's product by the scale is exact in every dtype.
+            let scale = 0.5;
+            let want =
+                cpu::cross_entropy_strided(&padded, vocab, stride, &targets, IGNORE_INDEX, scale);
+            let what = format!("{b}x{t}x{vocab} at stride {stride} {dtype}");
+            for d in devices() {
+                let full = Tensor::from_slice_as(d, &padded, &[b, t, stride], dtype).unwrap();
+                let x = full.narrow(2, 0, vocab).unwrap();
+                assert!(!x.is_contiguous());
+                let tg = IndexTensor::from_slice(d, &targets, &[b, t]).unwrap();
+                let r = x.cross_entropy_with_grad(&tg, IGNORE_INDEX, scale).unwrap();
+                check(
+                    &format!("{what} loss"),
+                    LOSS_TOL,
+                    &r.loss.to_vec().unwrap(),
+                    &[want.loss],
+                );
+                check(
+                    &format!("{what} row loss"),
+                    LOSS_TOL,
+                    &r.row_loss.to_vec().unwrap(),
+                    &want.row_loss,
+                );
+                let count = targets.iter().filter(|&&t| t != IGNORE).count().max(1);
+                let tol = Tolerance {
+                    rtol: 2e-5,
+                    atol: 2e-6 * scale / count as f32,
+                }
+                .stored_as(dtype);
+                let want_d: Vec<f32> = want.dlogits.iter().map(|&v| dtype.round(v)).collect();
+                let dl = r.dlogits.as_ref().unwrap();
+                assert_eq!(dl.shape(), &[b, t, vocab]);
+                assert_eq!(dl.layout().strides(), x.layout().strides());
+                let unpadded: Vec<f32> = want_d
+                    .chunks_exact(stride)
+                    .flat_map(|row| &row[..vocab])
+                    .copied()
+                    .collect();
+                check(
+                    &format!("{what} dlogits"),
+                    tol,
+                    &dl.to_vec().unwrap(),
+                    &unpadded,
+                );
+
+                // Through autograd, d(scale · loss)/d(full), zero past `vocab`: the view's
+                // cross-entropy (reaching `full` through narrow's backward), and
+                // `cross_entropy_padded` of `full` itself.
+                for padded_op in [false, true] {
+                    let leaf = full.detach().requires_grad_();
+                    let ce = match padded_op {
+                        false => leaf
+                            .narrow(2, 0, vocab)
+                            .unwrap()
+                            .cross_entropy(&tg, IGNORE_INDEX),
+                        true => leaf.cross_entropy_padded(&tg, IGNORE_INDEX, vocab),
+                    };
+                    let loss = ce.unwrap().loss;
+                    let what = format!("{what} autograd (padded op: {padded_op})");
+                    check(
+                        &format!("{what} loss"),
+                        LOSS_TOL,
+                        &loss.to_vec().unwrap(),
+                        &[want.loss],
+                    );
+                    loss.mul_scalar(scale).unwrap().backward().unwrap();
+                    let g = leaf.grad().unwrap();
+                    assert_eq!(g.shape(), &[b, t, stride]);
+                    let g = g.to_vec().unwrap();
+                    check(&format!("{what} dlogits"), tol, &g, &want_d);
+                    assert!(
+                        g.chunks_exact(stride)
+                            .all(|row| row[vocab..].iter().all(|&v| v == 0.0)),
+                        "{what}: the padding columns get a zero gradient"
+                    );
+                }
+                // Without autograd the padded op gives the same statistics bit for bit.
+                let p = full.cross_entropy_padded(&tg, IGNORE_INDEX, vocab).unwrap();
+                assert_eq!(bits(&p.row_loss), bits(&r.row_loss), "{what}");
+                assert!(full
+                    .cross_entropy_padded(&tg, IGNORE_INDEX, stride + 1)
+                    .is_err());
+            }
+        }
+    }
+    assert_no_validation_messages();
+}
+
+/// Views the kernels cannot read in place (rows not at one stride, not starting the buffer)
+/// are made contiguous first and give the same results as their dense copy.
+#[test]
+fn other_views_are_made_contiguous() {
+    let mut rng = StdRng::seed_from_u64(18);
+    let d = device();
+    let (rows, vocab) = (6, 37);
+    let values = random_logits(&mut rng, rows * (vocab + 5), DType::F32);
+    let full = Tensor::from_slice(d, &values, &[rows, vocab + 5]).unwrap();
+    let targets = random_targets(&mut rng, rows, vocab, 0.0);
+    let t = ids(d, &targets);
+    // Columns 5.. of each row (an offset), and the transpose of a (vocab, rows) tensor.
+    let shifted = full.narrow(1, 5, vocab).unwrap();
+    let transposed = Tensor::from_slice(d, &values[..rows * vocab], &[vocab, rows])
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap();
+    for x in [shifted, transposed] {
+        let dense = x.contiguous().unwrap();
+        let want = cpu::cross_entropy(&dense.to_vec().unwrap(), vocab, &targets, None, 1.0);
+        let r = x.cross_entropy_with_grad(&t, None, 1.0).unwrap();
+        check("loss", LOSS_TOL, &r.loss.to_vec().unwrap(), &[want.loss]);
+        let tol = Tolerance {
+            rtol: 2e-5,
+            atol: 2e-6 / rows as f32,
+        };
+        check(
+            "dlogits",
+            tol,
+            &r.dlogits.unwrap().to_vec().unwrap(),
+            &want.dlogits,
+        );
+    }
+    assert_no_validation_messages();
+}

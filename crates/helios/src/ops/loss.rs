@@ -7,6 +7,14 @@
 //! `helios_kernels::loss`). Targets known on the host are range-checked before anything
 //! is recorded; targets produced on the device that fall outside `[0, vocab)` give NaN loss
 //! and gradient for their row.
+//!
+//! Rows are read at a stride (a push constant), so a padded vocabulary costs no copy:
+//! `cross_entropy_padded` takes logits (…, Vp) and counts their first V columns only, and
+//! its gradient is (…, Vp) with zeros past V, recorded against the padded tensor itself (the
+//! head's product gets it with no narrow/pad pass). A view whose rows lie at one stride, as
+//! `x.narrow(-1, 0, V)`, is read in place as well; its dlogits is the same view of a
+//! zero-padded buffer (but autograd reaches the padded tensor through `narrow`'s backward, a
+//! pad copy: train through `cross_entropy_padded`). Other views are made contiguous first.
 
 use helios_kernels::reduce::MAX_ELEMENTS;
 use helios_kernels::{
@@ -34,18 +42,42 @@ impl Tensor {
     /// Cross-entropy of these logits (…, vocab) against `targets` (…), one class index per
     /// row: `loss = mean over non-ignored rows of logsumexp(row) − row[target]`. Rows whose
     /// target equals `ignore_index` count for nothing (loss 0, gradient 0, not in the mean);
-    /// if every row is ignored the loss is 0 (PyTorch gives NaN).
+    /// if every row is ignored the loss is 0 (PyTorch gives NaN). A view whose rows lie at a
+    /// uniform stride (`narrow` of the last axis from 0) is read in place.
     pub fn cross_entropy(
         &self,
         targets: &IndexTensor,
         ignore_index: Option<u32>,
     ) -> Result<CrossEntropy> {
+        self.cross_entropy_classes(targets, ignore_index, None)
+    }
+
+    /// `cross_entropy` of the first `classes` columns of these logits (…, n), n ≥ classes:
+    /// the loss of `self.narrow(-1, 0, classes)` (targets below `classes`), for a vocabulary
+    /// padded to n. The columns past `classes` are never read; the gradient, here and through
+    /// autograd, is (…, n) with zeros there, so the product that made the padded logits gets
+    /// it directly.
+    pub fn cross_entropy_padded(
+        &self,
+        targets: &IndexTensor,
+        ignore_index: Option<u32>,
+        classes: usize,
+    ) -> Result<CrossEntropy> {
+        self.cross_entropy_classes(targets, ignore_index, Some(classes))
+    }
+
+    fn cross_entropy_classes(
+        &self,
+        targets: &IndexTensor,
+        ignore_index: Option<u32>,
+        classes: Option<usize>,
+    ) -> Result<CrossEntropy> {
         if crate::autograd::any_needs(&[self]) {
             // The gradient comes out of the same pass over the logits; backward scales it.
-            let ce = self.cross_entropy_impl(targets, ignore_index, Some(1.0))?;
+            let ce = self.cross_entropy_impl(targets, ignore_index, Some(1.0), classes)?;
             return Ok(crate::autograd_ops::cross_entropy(self, ce));
         }
-        self.cross_entropy_impl(targets, ignore_index, None)
+        self.cross_entropy_impl(targets, ignore_index, None, classes)
     }
 
     /// Cross-entropy and its gradient in one pass over each row: `dlogits = (softmax − onehot)
@@ -58,14 +90,16 @@ impl Tensor {
         ignore_index: Option<u32>,
         scale: f32,
     ) -> Result<CrossEntropy> {
-        self.cross_entropy_impl(targets, ignore_index, Some(scale))
+        self.cross_entropy_impl(targets, ignore_index, Some(scale), None)
     }
 
+    /// The kernels over the first `classes` (all when `None`) columns of each row.
     fn cross_entropy_impl(
         &self,
         targets: &IndexTensor,
         ignore_index: Option<u32>,
         scale: Option<f32>,
+        classes: Option<usize>,
     ) -> Result<CrossEntropy> {
         const OP: &str = "cross_entropy";
         let device = self.device();
@@ -73,16 +107,30 @@ impl Tensor {
             return Err(Error::DeviceMismatch { op: OP });
         }
         let invalid = |detail: String| Error::Invalid { op: OP, detail };
-        let x = self.contiguous()?;
-        let Some((&vocab, lead)) = x.shape().split_last() else {
+        let (x, stride) = match row_stride(self) {
+            Some(stride) => (self.clone(), stride),
+            None => {
+                let x = self.contiguous()?;
+                let n = x.shape().last().copied().unwrap_or(0);
+                (x, n)
+            }
+        };
+        let Some((&n, lead)) = x.shape().split_last() else {
             return Err(invalid(
                 "logits must have at least one axis (the classes)".into(),
             ));
         };
+        let vocab = classes.unwrap_or(n);
         if vocab == 0 {
             return Err(invalid(
                 "logits have 0 classes; the last axis must not be empty".into(),
             ));
+        }
+        if vocab > n {
+            return Err(invalid(format!(
+                "{vocab} classes asked of logits {:?}; at most the last axis' {n}",
+                x.shape()
+            )));
         }
         let rows: usize = lead.iter().product();
         if targets.len() != rows {
@@ -93,7 +141,7 @@ impl Tensor {
                 targets.len()
             )));
         }
-        let elements = rows as u64 * vocab as u64;
+        let elements = rows as u64 * stride as u64;
         if elements > MAX_ELEMENTS {
             return Err(helios_kernels::KernelError::TooLarge {
                 what: "cross-entropy logits element count",
@@ -106,20 +154,26 @@ impl Tensor {
         let stats = Tensor::empty(device, vec![2], DType::F32)?;
         let row_loss = Tensor::empty(device, vec![rows], DType::F32)?;
         let loss = Tensor::empty(device, vec![1], DType::F32)?;
-        let dlogits = match scale {
-            Some(_) => Some(Tensor::empty(device, x.shape().to_vec(), x.dtype())?),
+        // (…, stride), viewed as (…, n) in the logits' layout.
+        let dlogits_rows = match scale {
+            Some(_) => {
+                let mut shape = x.shape().to_vec();
+                *shape.last_mut().expect("checked above") = stride;
+                Some(Tensor::empty(device, shape, x.dtype())?)
+            }
             None => None,
         };
         let args = CrossEntropyArgs {
             rows: rows as u32,
             vocab: vocab as u32,
+            stride: stride as u32,
             ignore_index,
             scale: scale.unwrap_or(1.0),
             logits: x.address()?,
             targets: targets.buffer().device_address(),
             stats: stats.address()?,
             row_loss: row_loss.address()?,
-            dlogits: dlogits
+            dlogits: dlogits_rows
                 .as_ref()
                 .map(|d| d.address())
                 .transpose()?
@@ -130,11 +184,11 @@ impl Tensor {
         x.ce_dispatch(CrossEntropyStage::Count, &args, &[t], &[stats.buffer()?])?;
         let mut reads = vec![x.buffer()?, t];
         let mut writes = vec![row_loss.buffer()?];
-        if let Some(d) = &dlogits {
+        if let Some(d) = &dlogits_rows {
             reads.push(stats.buffer()?);
             writes.push(d.buffer()?);
         }
-        let grad = dlogits.is_some();
+        let grad = dlogits_rows.is_some();
         x.ce_dispatch(CrossEntropyStage::Rows { grad }, &args, &reads, &writes)?;
         x.ce_dispatch(
             CrossEntropyStage::Mean,
@@ -142,6 +196,11 @@ impl Tensor {
             &[row_loss.buffer()?, stats.buffer()?],
             &[loss.buffer()?],
         )?;
+        let last = x.shape().len() - 1;
+        let dlogits = match dlogits_rows {
+            Some(d) if stride != n => Some(d.narrow(last, 0, n)?),
+            d => d,
+        };
         Ok(CrossEntropy {
             loss,
             row_loss,
@@ -168,6 +227,35 @@ impl Tensor {
             |c, g, _| Ok(kernel.launch(&c.module, g, args)?),
         )
     }
+}
+
+/// The row stride of logits `x` (…, vocab) that the kernels can read in place: `vocab` when
+/// `x` is dense; the stride of a view that starts its buffer, keeps the last axis dense and
+/// lays its rows out at one stride at least `vocab` (a `narrow` of the last axis from 0).
+/// `None` for any other view, which is made contiguous first.
+fn row_stride(x: &Tensor) -> Option<usize> {
+    let layout = x.layout();
+    let (&vocab, lead) = layout.shape().split_last()?;
+    if layout.is_dense() {
+        return Some(vocab);
+    }
+    let (&inner, lead_strides) = layout.strides().split_last()?;
+    if layout.offset() != 0 || (vocab > 1 && inner != 1) {
+        return None;
+    }
+    // Row-major over the leading axes, counted in rows of `stride` elements.
+    let mut stride = None;
+    let mut rows_inside = 1;
+    for (&size, &st) in lead.iter().zip(lead_strides).rev() {
+        if size != 1 {
+            let s = *stride.get_or_insert(st);
+            if st != s * rows_inside {
+                return None;
+            }
+        }
+        rows_inside *= size;
+    }
+    stride.filter(|&s| s >= vocab && s <= u32::MAX as usize)
 }
 
 impl Device {
