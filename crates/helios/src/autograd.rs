@@ -354,7 +354,17 @@ pub(crate) fn reduce_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
     }
     let mut t = g.clone();
     let pad = t.shape().len() - shape.len();
-    for _ in 0..pad {
+    if pad > 1 {
+        // The leading dimensions as one, summed by one reduction (a bias's gradient over
+        // (B, T, n) reads g once instead of writing a (T, n) partial), where the view merges
+        // them in place; otherwise one at a time below.
+        let mut merged = vec![g.shape()[..pad].iter().product::<usize>()];
+        merged.extend_from_slice(&g.shape()[pad..]);
+        if g.layout().reshape(&merged).is_some() {
+            t = g.reshape(&merged)?;
+        }
+    }
+    while t.shape().len() > shape.len() {
         t = t.sum(0)?;
     }
     for d in 0..shape.len() {

@@ -233,6 +233,41 @@ fn binary_rules_broadcast() {
     bin("minimum", -2.0, 2.0, |a, b| a.minimum(b).unwrap(), f64::min);
 }
 
+/// A (4) operand broadcast over (2, 3, 4): its gradient sums two leading dimensions, in one
+/// reduction when the incoming gradient is dense and one at a time when it is a transposed
+/// view (the output read back through `transpose`).
+#[test]
+fn broadcast_gradients_over_several_leading_dims() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let a = random(&mut rng, 24, -2.0, 2.0);
+    let b = random(&mut rng, 4, -2.0, 2.0);
+    let inputs = [(a, vec![2, 3, 4]), (b, vec![4])];
+    check(
+        "mul over (2, 3)",
+        &inputs,
+        |t| t[0].mul(&t[1]).unwrap(),
+        |h| (0..24).map(|i| h[0][i] * h[1][i % 4]).collect(),
+    );
+    check(
+        "mul over (2, 3), transposed after",
+        &inputs,
+        |t| t[0].mul(&t[1]).unwrap().transpose(0, 1).unwrap(),
+        |h| {
+            // (3, 2, 4): element (j, i, k) is (i, j, k) of the product.
+            let mut out = Vec::new();
+            for j in 0..3 {
+                for i in 0..2 {
+                    for k in 0..4 {
+                        let at = (i * 3 + j) * 4 + k;
+                        out.push(h[0][at] * h[1][k]);
+                    }
+                }
+            }
+            out
+        },
+    );
+}
+
 #[test]
 fn where_and_masked_fill() {
     let mut rng = StdRng::seed_from_u64(3);
