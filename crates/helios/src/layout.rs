@@ -261,15 +261,27 @@ impl Layout {
         Some(strides)
     }
 
-    /// The same elements as `shape` when this layout is contiguous (`None` otherwise, or when
-    /// the element counts differ: the caller reports which).
+    /// The same elements in row-major order as `shape`, without moving them: `None` when the
+    /// element counts differ (the caller reports it) or when no strides can express it (the
+    /// caller copies). Any layout whose runs of dimensions being merged or split are each
+    /// contiguous within themselves qualifies, not only a contiguous one: `(B, T, 1, H, D)`,
+    /// a narrowed slot of a fused QKV, is the view `(B, T, H, D)` with the same strides.
     pub fn reshape(&self, shape: &[usize]) -> Option<Layout> {
-        if shape.iter().product::<usize>() != self.len() || !self.is_contiguous() {
+        let len = shape.iter().product::<usize>();
+        if len != self.len() {
             return None;
         }
+        if len == 0 || self.is_contiguous() {
+            return Some(Layout {
+                shape: Dims::from_slice(shape),
+                strides: contiguous_dims(shape),
+                offset: self.offset,
+            });
+        }
+        let strides = reshape_strides(&self.shape, &self.strides, shape)?;
         Some(Layout {
             shape: Dims::from_slice(shape),
-            strides: contiguous_dims(shape),
+            strides,
             offset: self.offset,
         })
     }
@@ -300,6 +312,41 @@ impl Layout {
     }
 }
 
+/// Strides giving the elements of (`shape`, `strides`) in row-major order as `to` (both with
+/// the same, non-zero element count), or `None`. The old dimensions are cut into chunks
+/// that are contiguous within themselves (each dimension's stride is the next one's times
+/// its size; size-1 dimensions never cut); every chunk must be covered exactly by
+/// consecutive new dimensions, which then step through it row-major.
+fn reshape_strides(shape: &[usize], strides: &[usize], to: &[usize]) -> Option<Dims> {
+    let mut out: Dims = smallvec::smallvec![0; to.len()];
+    // New dimensions are assigned from the right.
+    let mut view_d = to.len();
+    let mut chunk_stride = *strides.last()?;
+    let (mut chunk_len, mut view_len) = (1usize, 1usize);
+    for d in (0..shape.len()).rev() {
+        chunk_len *= shape[d];
+        let chunk_ends =
+            d == 0 || (shape[d - 1] != 1 && strides[d - 1] != chunk_len * chunk_stride);
+        if !chunk_ends {
+            continue;
+        }
+        while view_d > 0 && (view_len < chunk_len || to[view_d - 1] == 1) {
+            view_d -= 1;
+            out[view_d] = view_len * chunk_stride;
+            view_len *= to[view_d];
+        }
+        if view_len != chunk_len {
+            return None;
+        }
+        if d > 0 {
+            chunk_stride = strides[d - 1];
+            chunk_len = 1;
+            view_len = 1;
+        }
+    }
+    (view_d == 0).then_some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,6 +361,36 @@ mod tests {
         let l = Layout::contiguous(&[3, 1]);
         assert_eq!(l.broadcast_strides(&[2, 3, 4]), Some(vec![0, 1, 0]));
         assert_eq!(l.broadcast_strides(&[2, 4]), None);
+    }
+
+    #[test]
+    fn reshape_keeps_views_where_strides_allow() {
+        // One slot of a fused (B, T, 3, H, D) QKV: (B, T, H, D) and (B·T, H·D) are views.
+        let (b, t, h, d) = (2, 5, 3, 4);
+        let qkv = Layout::contiguous(&[b, t, 3, h, d]);
+        let k = qkv.narrow(2, 1, 1).unwrap();
+        let v = k.reshape(&[b, t, h, d]).unwrap();
+        assert_eq!(v.strides(), &[t * 3 * h * d, 3 * h * d, d, 1]);
+        assert_eq!(v.offset(), h * d);
+        assert_eq!(v.indices(), k.indices(), "same elements in the same order");
+        let rows = k.reshape(&[b * t, h * d]).unwrap();
+        assert_eq!(rows.strides(), &[3 * h * d, 1]);
+        assert_eq!(rows.indices(), k.indices());
+        // Splitting a merged run again, and a trailing unit dimension.
+        let split = rows.reshape(&[b, t, h, d, 1]).unwrap();
+        assert_eq!(split.indices(), k.indices());
+        // Heads merged across the slot gap are not one run: copying is the only way.
+        assert!(k.reshape(&[b, t * h * d]).is_none());
+        // A transpose reshapes only along its own runs.
+        let tr = Layout::contiguous(&[2, 3, 4]).transpose(0, 2).unwrap(); // (4, 3, 2)
+        assert!(tr.reshape(&[6, 4]).is_none());
+        assert!(tr.reshape(&[4, 6]).is_none());
+        let unit = tr.reshape(&[4, 1, 3, 2]).unwrap();
+        assert_eq!(unit.indices(), tr.indices());
+        // Broadcast (stride 0) runs split and merge too.
+        let bc = Layout::contiguous(&[3, 1]).broadcast_to(&[3, 4]).unwrap();
+        let bc2 = bc.reshape(&[3, 2, 2]).unwrap();
+        assert_eq!(bc2.indices(), bc.indices());
     }
 
     #[test]
