@@ -113,7 +113,8 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
         Activation::Relu => y.relu()?,
         Activation::GeluTanh => y.gelu_tanh()?,
     };
-    if let (Some(r), true) = (opts.residual, residual.is_none()) {
+    // After an activation the residual is an element-wise add (else it is in the epilogue).
+    if let (Some(r), None) = (opts.residual, residual) {
         y = y.add(&r.to_dtype(y.dtype())?)?;
     }
     match opts.out {
