@@ -92,7 +92,7 @@ def parse_args(argv):
     args.target_sample_us = 1000.0 if q else 5000.0
     args.max_k = 8 if q else 4096
     args.dtypes = [d for d in args.dtypes.split(",") if d]
-    allowed = ("f32", "f16", "bf16") if args.suite in ("matmul", "ops") else ("f32", "f16")
+    allowed = ("f32", "f16", "bf16")
     for d in args.dtypes:
         if d not in allowed:
             p.error(f"unknown dtype {d!r}; use {' or '.join(allowed)}")
@@ -191,7 +191,7 @@ def dispatch(torch, dev, a):
 
 
 def bandwidth(torch, dev, a):
-    dtypes = {"f32": torch.float32, "f16": torch.float16}
+    dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     gen = torch.Generator(device=dev).manual_seed(0)
     results = []
     for n in a.sizes:

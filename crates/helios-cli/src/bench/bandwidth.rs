@@ -83,6 +83,7 @@ pub fn parse_dtype(name: &str) -> Option<DType> {
     match name {
         "f32" => Some(DType::F32),
         "f16" => Some(DType::F16),
+        "bf16" => Some(DType::BF16),
         _ => None,
     }
 }
@@ -93,7 +94,7 @@ pub fn run(device: &Device, plan: &BandwidthPlan) -> BenchResult<Vec<CaseResult>
     for &n in &plan.sizes {
         for &dtype_name in &plan.dtypes {
             let dtype = parse_dtype(dtype_name)
-                .ok_or_else(|| format!("unknown dtype {dtype_name:?}; use f32 or f16"))?;
+                .ok_or_else(|| format!("unknown dtype {dtype_name:?}; use f32, f16 or bf16"))?;
             let mut copy_gbps = None;
             for op in Op::ALL {
                 eprintln!("bench: bandwidth {} {dtype} n={n}", op.name());

@@ -62,7 +62,7 @@ pub struct BenchArgs {
     /// are powers of two (default 4M,64M; with --quick 64K).
     #[arg(long, value_delimiter = ',', value_parser = parse_elements)]
     sizes: Vec<usize>,
-    /// Element types, comma-separated (bandwidth: f32,f16, the default; matmul also bf16,
+    /// Element types, comma-separated (bandwidth: default f32,f16, bf16 on request; matmul:
     /// default all three).
     #[arg(long, value_delimiter = ',', value_parser = ["f32", "f16", "bf16"])]
     dtypes: Vec<String>,
@@ -148,7 +148,7 @@ impl Plan {
                 vec!["f32", "f16"]
             } else {
                 let mut d: Vec<&'static str> = Vec::new();
-                for name in ["f32", "f16"] {
+                for name in ["f32", "f16", "bf16"] {
                     if args.dtypes.iter().any(|a| a == name) {
                         d.push(name);
                     }
@@ -280,7 +280,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     let plan = Plan::from_args(args);
     if plan.bandwidth.as_ref().is_some_and(|b| b.dtypes.is_empty()) {
-        return Err("--dtypes selects no element type; use f32, f16 or both".into());
+        return Err("--dtypes selects no element type; use f32, f16, bf16 or several".into());
     }
     // Resolve the script before measuring, so a wrong --torch-script fails in a second.
     let script = torch_script(args)?;
