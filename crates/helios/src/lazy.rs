@@ -65,37 +65,13 @@ pub(crate) enum ElemOp {
     Where,
     /// The input converted to the node's dtype.
     Cast,
-    /// The input placed at `start..` along `dim` of a larger, zero-filled shape `shape`.
+    /// The input placed at `start..` along `dim` of a zero-filled shape whose size along
+    /// `dim` is `full` (every other size is the input's).
     Pad {
         dim: usize,
         start: usize,
-        shape: smallvec_shape::Shape,
+        full: usize,
     },
-}
-
-/// A small inline shape for `ElemOp::Pad` (keeps `ElemOp` `Copy`).
-pub(crate) mod smallvec_shape {
-    /// Up to 8 dimensions.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub struct Shape {
-        dims: [usize; 8],
-        len: u8,
-    }
-
-    impl Shape {
-        pub fn new(s: &[usize]) -> Option<Shape> {
-            let mut dims = [0; 8];
-            dims.get_mut(..s.len())?.copy_from_slice(s);
-            Some(Shape {
-                dims,
-                len: s.len() as u8,
-            })
-        }
-
-        pub fn as_slice(&self) -> &[usize] {
-            &self.dims[..usize::from(self.len)]
-        }
-    }
 }
 
 impl ElemOp {
@@ -119,8 +95,9 @@ pub(crate) struct Input {
 
 pub(crate) struct Pending {
     pub op: ElemOp,
-    /// Inline: most ops have one to three inputs.
-    pub inputs: smallvec::SmallVec<[Input; 3]>,
+    /// Inline up to two (a `where` spills its third): the node is moved into its `Arc` as it
+    /// is built, and every inline byte is copied on each op.
+    pub inputs: smallvec::SmallVec<[Input; 2]>,
 }
 
 /// One dense array of `len` elements of `dtype`: realised (a buffer) or pending (an op).
@@ -253,7 +230,7 @@ impl Node {
         dtype: DType,
         len: usize,
         op: ElemOp,
-        inputs: smallvec::SmallVec<[Input; 3]>,
+        inputs: smallvec::SmallVec<[Input; 2]>,
     ) -> Result<Arc<Node>> {
         let depth = 1 + inputs.iter().map(|i| i.node.depth).max().unwrap_or(0);
         let pending = Some(Pending { op, inputs });
@@ -514,12 +491,14 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
         let guard = m.lock();
         let p = guard.as_ref().expect("members are pending");
         let mut args: smallvec::SmallVec<[u32; 3]> = smallvec::SmallVec::new();
-        if let ElemOp::Pad { dim, start, shape } = p.op {
+        if let ElemOp::Pad { dim, start, full } = p.op {
             let i = &p.inputs[0];
-            let full = shape.as_slice();
+            let padded = |d: usize| if d == dim { full } else { i.layout.shape()[d] };
             inputs.push(FusedInput {
                 dtype: i.node.dtype.storage(),
-                shape: full.iter().map(|&v| to_u32(v)).collect::<Result<_>>()?,
+                shape: (0..i.layout.ndim())
+                    .map(|d| to_u32(padded(d)))
+                    .collect::<Result<_>>()?,
                 strides: i
                     .layout
                     .strides()

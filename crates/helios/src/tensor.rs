@@ -372,7 +372,11 @@ impl Tensor {
     /// A lazy node computing `op` over `inputs` (one device, broadcast to one shape).
     pub(crate) fn lazy(&self, op: ElemOp, inputs: &[&Tensor], out: DType) -> Result<Tensor> {
         let mut layout = match op {
-            ElemOp::Pad { shape, .. } => Layout::contiguous(shape.as_slice()),
+            ElemOp::Pad { dim, full, .. } => {
+                let mut shape = self.shape().to_vec();
+                shape[dim] = full;
+                Layout::contiguous(&shape)
+            }
             _ => Layout::contiguous(self.shape()),
         };
         for t in &inputs[1..] {

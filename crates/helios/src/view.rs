@@ -158,21 +158,17 @@ impl Tensor {
     /// This tensor placed at `start..start + len` along `dim` of a zero-filled tensor whose
     /// size along `dim` is `full` (the gradient of `narrow`).
     pub fn pad(&self, dim: usize, start: usize, full: usize) -> Result<Tensor> {
-        let mut shape = self.shape().to_vec();
+        let shape = self.shape();
         if dim >= shape.len() || start + shape[dim] > full {
             return Err(self.view_error(
                 "pad",
                 format!("cannot place dimension {dim} at {start} in a size of {full}"),
             ));
         }
-        shape[dim] = full;
-        let packed = crate::lazy::smallvec_shape::Shape::new(&shape)
-            .ok_or_else(|| self.view_error("pad", "pads tensors of at most 8 dimensions".into()))?;
-        let op = crate::lazy::ElemOp::Pad {
-            dim,
-            start,
-            shape: packed,
-        };
+        if shape.len() > 8 {
+            return Err(self.view_error("pad", "pads tensors of at most 8 dimensions".into()));
+        }
+        let op = crate::lazy::ElemOp::Pad { dim, start, full };
         let out = self.lazy(op, &[self], self.dtype())?;
         let len = self.shape()[dim];
         Ok(record("pad", &[self], out, move |g, _| {
