@@ -8,11 +8,7 @@
 //! for a row with no key). Backward follows FlashAttention-2: a `Prep` pass writes
 //! Dsum[i] = Σ_d dO[i,d]·O[i,d], then `DkDv` walks query blocks per key block and `Dq` key
 //! blocks per query block, each recomputing P = exp(S − L); no atomics, so every gradient is
-//! deterministic. Where the scores live in registers and the device adds f32 atomically,
-//! `Bwd` does both in one kernel, FlashAttention-2's way: it walks query blocks per key
-//! block like `DkDv` and adds each block's dQ share into an f32 buffer with atomics, which
-//! saves recomputing S and dP (two of seven products) but makes dQ's summation order, and so
-//! its last bits, vary from run to run.
+//! deterministic.
 //!
 //! Key decisions a reader must know:
 //! - Q, K, V, O (in backward) and dO are read through strides (push constants): the fused
@@ -48,13 +44,9 @@ pub enum AttnStage {
     DkDv,
     /// dQ, one query block per workgroup.
     Dq,
-    /// dK and dV as `DkDv`, and dQ added into a zeroed f32 [B, T, H, D] buffer with atomics
-    /// (register kernels only; not deterministic).
-    Bwd,
 }
 
 impl AttnStage {
-    /// The stages every family has (`Bwd` exists only with scores in registers).
     pub const ALL: [AttnStage; 4] = [
         AttnStage::Forward,
         AttnStage::Prep,
@@ -68,13 +60,7 @@ impl AttnStage {
             AttnStage::Prep => "prep",
             AttnStage::DkDv => "dkdv",
             AttnStage::Dq => "dq",
-            AttnStage::Bwd => "bwd",
         }
-    }
-
-    /// Whether a workgroup owns a block of keys (and walks query blocks).
-    pub fn owns_keys(self) -> bool {
-        matches!(self, AttnStage::DkDv | AttnStage::Bwd)
     }
 }
 
@@ -164,9 +150,7 @@ pub fn default_order(stage: AttnStage, coop: bool, registers: bool) -> Vec<AttnV
     let mut out = Vec::new();
     if coop {
         out.extend(match (stage, registers) {
-            (AttnStage::DkDv | AttnStage::Bwd, _) => {
-                vec![c(32, 64), c(32, 32), c(64, 32), c(64, 64)]
-            }
+            (AttnStage::DkDv, _) => vec![c(32, 64), c(32, 32), c(64, 32), c(64, 64)],
             (AttnStage::Dq, false) => vec![c(64, 32), c(32, 32), c(64, 64), c(32, 64)],
             (AttnStage::Dq, true) => vec![c(64, 32), c(128, 64), c(32, 32), c(64, 64)],
             (_, true) => vec![c(128, 64), c(64, 32), c(64, 64), c(32, 32)],
@@ -181,7 +165,7 @@ pub fn default_order(stage: AttnStage, coop: bool, registers: bool) -> Vec<AttnV
     // The largest tiles first: 128 invocations of 4×8 register tiles where they fit 48 KiB
     // at D = 64, down to what fits lavapipe's 32 KiB at D = 128.
     out.extend(match stage {
-        AttnStage::DkDv | AttnStage::Bwd => [simt(32, 32), simt(16, 32), simt(16, 16), simt(16, 8)],
+        AttnStage::DkDv => [simt(32, 32), simt(16, 32), simt(16, 16), simt(16, 8)],
         AttnStage::Dq => [simt(64, 16), simt(32, 32), simt(32, 16), simt(8, 16)],
         _ => [simt(64, 32), simt(32, 32), simt(16, 32), simt(16, 16)],
     });
@@ -210,9 +194,6 @@ pub struct AttentionKernel {
     /// The device's fragment layout, for cooperative variants that keep scores in
     /// registers (`attention_frag`); `None` stages them in shared memory (`attention_coop`).
     pub frag: Option<crate::FragMap>,
-    /// Prep only: also zero the f32 dQ rows that `Bwd` then adds into (FlashAttention-2's
-    /// `dot(dO, O)` kernel clears its dQ accumulator the same way).
-    pub clear_dq: bool,
 }
 
 /// Push-constant strides of a [B, T, H, D] view (elements; d has stride 1).
@@ -267,7 +248,7 @@ pub(crate) struct Params {
     /// Dsum (Prep: written; backward: read).
     pub dsum: Option<Buffer>,
     pub lens: Option<Buffer>,
-    /// Dense outputs: Forward o; DkDv dk, dv; Dq dq; Bwd dk, dv, dq (f32, accumulated).
+    /// Dense outputs: Forward o; DkDv dk, dv; Dq dq.
     pub outs: Vec<Buffer>,
     pub t: Val,
     pub heads: Val,
@@ -278,15 +259,14 @@ pub(crate) struct Params {
 impl AttentionKernel {
     pub fn name(&self) -> String {
         format!(
-            "attn_{}_{}_d{}{}{}_{}{}{}",
+            "attn_{}_{}_d{}{}{}_{}{}",
             self.stage.tag(),
             self.storage.name(),
             self.head_dim,
             if self.causal { "_causal" } else { "" },
             if self.padded { "_pad" } else { "" },
             self.variant.tag(),
-            if self.in_registers() { "_reg" } else { "" },
-            if self.clear_dq { "_clr" } else { "" }
+            if self.in_registers() { "_reg" } else { "" }
         )
     }
 
@@ -300,7 +280,7 @@ impl AttentionKernel {
         let (bq, bk) = self.variant.blocks();
         let owned = match self.stage {
             AttnStage::Prep => return PREP_WORKGROUP,
-            s if s.owns_keys() => bk,
+            AttnStage::DkDv => bk,
             _ => bq,
         };
         match self.variant {
@@ -321,8 +301,7 @@ impl AttentionKernel {
     }
 
     /// Emits the kernel. Buffers, in order: Forward q, k, v, [lens], o, lse; Prep o, do,
-    /// dsum, [dq (f32) with `clear_dq`]; DkDv q, k, v, do, lse, dsum, [lens], dk, dv; Dq the same with dq; Bwd with dk,
-    /// dv, dq (f32). Push constants
+    /// dsum; DkDv q, k, v, do, lse, dsum, [lens], dk, dv; Dq the same with dq. Push constants
     /// after them: t, heads, batch, scale, then per [`stride_groups`] group the offset of
     /// each member and the group's batch, seq and head strides (Forward (q, k, v); Prep (o),
     /// (do); backward (q, k, v), (do)).
@@ -333,25 +312,13 @@ impl AttentionKernel {
             self.head_dim
         );
         match self.variant {
-            AttnVariant::Simt { .. } if self.stage == AttnStage::Bwd => {
-                panic!(
-                    "{}: the one-kernel backward needs scores in registers",
-                    self.name()
-                )
-            }
             AttnVariant::Simt { .. } => crate::attention_simt::build(self),
             AttnVariant::Coop { .. } if self.in_registers() => match self.stage {
                 AttnStage::Forward => crate::attention_frag::forward(self),
-                AttnStage::DkDv | AttnStage::Bwd => crate::attention_frag::dkdv(self),
+                AttnStage::DkDv => crate::attention_frag::dkdv(self),
                 AttnStage::Dq => crate::attention_frag::dq(self),
                 AttnStage::Prep => unreachable!("Prep is never in registers"),
             },
-            AttnVariant::Coop { .. } if self.stage == AttnStage::Bwd => {
-                panic!(
-                    "{}: the one-kernel backward needs scores in registers",
-                    self.name()
-                )
-            }
             AttnVariant::Coop { .. } => crate::attention_coop::build(self),
         }
     }
@@ -374,7 +341,7 @@ impl AttentionKernel {
             .iter()
             .map(|n| k.buffer(n, elem, Access::Read))
             .collect();
-        let backward = matches!(self.stage, AttnStage::DkDv | AttnStage::Dq | AttnStage::Bwd);
+        let backward = matches!(self.stage, AttnStage::DkDv | AttnStage::Dq);
         let mut lse = None;
         let mut dsum = None;
         if backward {
@@ -392,22 +359,13 @@ impl AttentionKernel {
             }
             AttnStage::Prep => {
                 dsum = Some(k.buffer("dsum", f32s, Access::Write));
-                if self.clear_dq {
-                    vec![k.buffer("dq", f32s, Access::Write)]
-                } else {
-                    vec![]
-                }
+                vec![]
             }
             AttnStage::DkDv => vec![
                 k.buffer("dk", out_elem, Access::Write),
                 k.buffer("dv", out_elem, Access::Write),
             ],
             AttnStage::Dq => vec![k.buffer("dq", out_elem, Access::Write)],
-            AttnStage::Bwd => vec![
-                k.buffer("dk", out_elem, Access::Write),
-                k.buffer("dv", out_elem, Access::Write),
-                k.buffer("dq", f32s, Access::ReadWrite),
-            ],
         };
         let u = Ty::scalar(Scalar::U32);
         let [t, heads, batch] = ["t", "heads", "batch"].map(|n| k.param(n, u));
@@ -501,7 +459,7 @@ impl AttentionKernel {
                 max_groups_x,
             )?,
             stage => {
-                let block = if stage.owns_keys() { bk } else { bq };
+                let block = if stage == AttnStage::DkDv { bk } else { bq };
                 if bh > u64::from(crate::launch::MIN_GROUPS_LIMIT) {
                     return Err(KernelError::TooLarge {
                         what: "batch × heads",
@@ -532,7 +490,6 @@ impl AttentionKernel {
                         binding,
                         subgroup: 0,
                         frag: None,
-                        clear_dq: stage == AttnStage::Prep && i % 2 == 0,
                     });
                 }
             }
@@ -548,12 +505,8 @@ impl AttentionKernel {
         let mut out = Vec::new();
         for (i, &head_dim) in [32u32, 64, 80, 96, 128].iter().enumerate() {
             for storage in [Storage::F16, Storage::BF16] {
-                let stages = AttnStage::ALL.into_iter().filter(|&s| coop_supports(s));
-                for stage in stages.chain([AttnStage::Bwd]) {
+                for stage in AttnStage::ALL.into_iter().filter(|&s| coop_supports(s)) {
                     for frag in [None, Some(map)] {
-                        if stage == AttnStage::Bwd && frag.is_none() {
-                            continue;
-                        }
                         out.push(AttentionKernel {
                             stage,
                             storage,
@@ -564,7 +517,6 @@ impl AttentionKernel {
                             binding: Binding::DeviceAddress,
                             subgroup: 32,
                             frag,
-                            clear_dq: false,
                         });
                     }
                 }
@@ -583,7 +535,7 @@ pub fn stride_groups(stage: AttnStage) -> &'static [&'static [usize]] {
     match stage {
         AttnStage::Forward => &[&[0, 1, 2]],
         AttnStage::Prep => &[&[0], &[1]],
-        AttnStage::DkDv | AttnStage::Dq | AttnStage::Bwd => &[&[0, 1, 2], &[3]],
+        AttnStage::DkDv | AttnStage::Dq => &[&[0, 1, 2], &[3]],
     }
 }
 
@@ -697,7 +649,7 @@ pub(crate) fn keep(k: &mut KernelBuilder, causal: bool, i: Val, j: Val, kend: Va
 }
 
 /// The `Prep` kernel (shared by both families): one invocation per (b, t, h) row,
-/// Dsum[b, h, t] = Σ_d dO·O in f32, and with `clear_dq` the row's D dQ words zeroed.
+/// Dsum[b, h, t] = Σ_d dO·O in f32.
 pub(crate) fn build_prep(kern: &AttentionKernel) -> KernelModule {
     let mut k = KernelBuilder::new(kern.name(), kern.binding, [PREP_WORKGROUP, 1, 1]);
     let p = kern.declare(&mut k, false);
@@ -764,19 +716,6 @@ pub(crate) fn build_prep(kern: &AttentionKernel) -> KernelModule {
         let at = stat_index(k, &p, b, h, t);
         let v = k.get(acc);
         k.store(dsum, at, v);
-        if kern.clear_dq {
-            // Dense f32 rows of D (a multiple of 16) elements: whole 16-byte stores.
-            let row = dense_row(k, &p, d, b, t, h);
-            let four = k.u32(4);
-            let row = k.div(row, four);
-            let zero = k.const_f32(0.0);
-            let zero4 = k.splat(zero, 4);
-            for i in 0..d / 4 {
-                let o = k.u32(i);
-                let at = k.add(row, o);
-                k.store(p.outs[0], at, zero4);
-            }
-        }
     });
     k.finish()
 }
@@ -818,7 +757,6 @@ mod tests {
                                 binding: Binding::DeviceAddress,
                                 subgroup: if coop { 32 } else { 0 },
                                 frag: None,
-                                clear_dq: false,
                             };
                             k.shared_bytes() <= limit
                         });

@@ -106,7 +106,6 @@ pub(crate) fn build(kern: &AttentionKernel) -> KernelModule {
         AttnStage::Forward => forward(kern),
         AttnStage::DkDv => crate::attention_coop_bwd::dkdv(kern),
         AttnStage::Dq => crate::attention_coop_bwd::dq(kern),
-        AttnStage::Bwd => unreachable!("the one-kernel backward keeps scores in registers"),
     }
 }
 

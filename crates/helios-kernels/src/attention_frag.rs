@@ -25,8 +25,8 @@ use helios_spirv::{
 };
 
 use crate::attention::{
-    block_coords, dense_row, key_blocks, key_end, query_blocks, stat_index, AttentionKernel,
-    AttnStage, Params, View,
+    block_coords, key_blocks, key_end, query_blocks, stat_index, AttentionKernel, AttnStage,
+    Params, View,
 };
 use crate::attention_coop::{frag_scalar, row_limit, stage, FRAG, SUBGROUP, WORD};
 use crate::attention_coop_bwd::{row_frags, zero_accs};
@@ -39,18 +39,12 @@ const TILE_WORDS: u32 = FRAG * FRAG / 4;
 pub(crate) struct Layout {
     /// Words per staged row of D halves (padded by one word against bank conflicts).
     row: u32,
-    /// Forward/Dq: the K and V tiles of a key block. DkDv/Bwd: the Q and dO tiles of a
-    /// query block, then L and Dsum (f32, bq each).
+    /// Forward/Dq: the K and V tiles of a key block. DkDv: the Q and dO tiles of a query
+    /// block, then L and Dsum (f32, bq each).
     a: u32,
     b: u32,
     stats: u32,
-    /// Bwd: the block's K tile (bk rows), resident: the B operand of dQ = dS·K.
-    keys: u32,
-    /// Bwd: words per row of the dSᵀ tile (bk key rows of bq halves, plus one word against
-    /// bank conflicts), which lives in the region while the query blocks run.
-    ds_row: u32,
-    /// Start-up staging (coordinates, then the owned rows), Bwd's dSᵀ tile in the loop and,
-    /// at the end, the epilogue.
+    /// Start-up staging (coordinates, then the owned rows) and, at the end, the epilogue.
     region: u32,
     pub total: u32,
 }
@@ -58,34 +52,27 @@ pub(crate) struct Layout {
 pub(crate) fn layout(kern: &AttentionKernel) -> Layout {
     let (bq, bk) = kern.variant.blocks();
     let row = kern.head_dim / WORD + 1;
-    let (owned, streamed) = if kern.stage.owns_keys() {
-        (bk, bq)
-    } else {
-        (bq, bk)
+    let (owned, streamed) = match kern.stage {
+        AttnStage::DkDv => (bk, bq),
+        _ => (bq, bk),
     };
     let nsg = owned / FRAG;
     let (a, b) = (0, streamed * row);
     let stats = 2 * streamed * row;
-    let stats_words = if kern.stage.owns_keys() {
+    let stats_words = if kern.stage == AttnStage::DkDv {
         streamed / 2
     } else {
         0
     };
-    let keys = stats + stats_words;
-    let fused = kern.stage == AttnStage::Bwd;
-    let region = keys + if fused { bk * row } else { 0 };
-    let ds_row = bq / WORD + 1;
-    let ds_words = if fused { bk * ds_row } else { 0 };
+    let region = stats + stats_words;
     // Start-up: the owned rows (Q and dO, or K and V) one tile at a time.
     let staged = owned * row;
-    let total = region + staged.max(TILE_WORDS).max(nsg * TILE_WORDS).max(ds_words);
+    let total = region + staged.max(TILE_WORDS).max(nsg * TILE_WORDS);
     Layout {
         row,
         a,
         b,
         stats,
-        keys,
-        ds_row,
         region,
         total,
     }
@@ -860,80 +847,6 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     kb.finish()
 }
 
-/// Bwd's dQ: after a query block, dQ[i0.., :] += scale · dS·K, split over the subgroups by
-/// output fragment, each a sum over the block's keys of dS (the shared dSᵀ tile read
-/// column-major, so transposed) times the resident K tile, then added into the f32 dq
-/// buffer with atomics.
-struct DqShare<'a> {
-    kern: &'a AttentionKernel,
-    lay: &'a Layout,
-    ty: Types,
-    smem: Shared,
-    pl: &'a Place,
-}
-
-impl DqShare<'_> {
-    fn add(&self, k: &mut KernelBuilder, p: &Params, (b, h, i0): (Val, Val, Val)) {
-        let (bq, bk) = self.kern.variant.blocks();
-        let d = self.kern.head_dim;
-        let (lay, ty, smem) = (self.lay, self.ty, self.smem);
-        let dfrags = d / FRAG;
-        let outputs = bq / FRAG * dfrags;
-        let nsg = bk / FRAG;
-        let sg = k.subgroup_id();
-        let dsr = k.u32(lay.ds_row);
-        let rowc = k.u32(lay.row);
-        let dq = p.outs[2];
-        for j in 0..outputs.div_ceil(nsg) {
-            let off = k.u32(j * nsg);
-            let o = k.add(sg, off);
-            let body = |k: &mut KernelBuilder| {
-                let dfc = k.u32(dfrags);
-                let qf = k.div(o, dfc);
-                let df = k.rem(o, dfc);
-                let two = k.u32(2);
-                let qcol = k.mul(qf, two);
-                let dcol = k.mul(df, two);
-                let mut acc = k.coop_zero(ty.acc);
-                for kc in 0..bk / FRAG {
-                    let at = k.u32(lay.region + kc * FRAG * lay.ds_row);
-                    let at = k.add(at, qcol);
-                    let a = k.coop_load_shared(ty.a, smem, at, dsr, CoopLayout::ColumnMajor);
-                    let at = k.u32(lay.keys + kc * FRAG * lay.row);
-                    let at = k.add(at, dcol);
-                    let kb = k.coop_load_shared(ty.b, smem, at, rowc, CoopLayout::RowMajor);
-                    acc = k.coop_muladd(a, kb, acc);
-                }
-                let sixteen = k.u32(FRAG);
-                let q0 = k.mul(qf, sixteen);
-                let q0 = k.add(i0, q0);
-                let d0 = k.mul(df, sixteen);
-                for (slot, &r) in self.pl.row.iter().enumerate() {
-                    let i = k.add(q0, r);
-                    let inside = k.lt(i, p.t);
-                    k.if_(inside, |k| {
-                        let base = dense_row(k, p, d, b, i, h);
-                        let base = k.add(base, d0);
-                        for e in (0..LEN).filter(|&e| self.pl.map.row_slot[e] as usize == slot) {
-                            let x = k.coop_extract(acc, e as u32);
-                            let x = k.mul(x, p.scale);
-                            let at = k.add(base, self.pl.col_of(e));
-                            k.atomic_add_f32(dq, at, x);
-                        }
-                    });
-                }
-            };
-            if outputs % nsg == 0 {
-                body(k);
-            } else {
-                let n = k.u32(outputs);
-                let live = k.lt(o, n);
-                k.if_(live, body);
-            }
-        }
-    }
-}
-
 pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let (bq, bk) = kern.variant.blocks();
     let d = kern.head_dim;
@@ -956,15 +869,12 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let js = k.add(k0, row0);
     let kend = key_end(k, &p, b);
     let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
-    // K, then V, into A fragments: through the region, but Bwd keeps K where it stays for
-    // the dQ products.
-    let fused = kern.stage == AttnStage::Bwd;
+    // K, then V, through the region into A fragments.
     let tile = (lay.region, lay.row);
-    let ktile = if fused { lay.keys } else { lay.region };
     stage(
         k,
         smem,
-        ktile,
+        lay.region,
         lay.row,
         kv,
         (b, h),
@@ -975,7 +885,7 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
         threads,
     );
     k.workgroup_barrier();
-    let kf = row_frags(k, smem, ty.a, ktile, lay.row, row0, d);
+    let kf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
     k.workgroup_barrier();
     stage(
         k,
@@ -1148,29 +1058,8 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
             // dV += Pᵀ·dO, dK += dSᵀ·Q.
             accumulate(k, smem, ty, &dv, &pa, ot);
             accumulate(k, smem, ty, &dk, &da, qt);
-            if fused {
-                // This subgroup's 16 rows of the block's dSᵀ, for the dQ products.
-                let dsr = k.u32(lay.ds_row);
-                let rows = k.mul(row0, dsr);
-                for (c, &x) in da.iter().enumerate() {
-                    let o = k.u32(lay.region + c as u32 * 2);
-                    let at = k.add(rows, o);
-                    k.coop_store_shared(x, smem, at, dsr, CoopLayout::RowMajor);
-                }
-            }
         };
         k.if_else(needs, |k| body(k, true), |k| body(k, false));
-        if fused {
-            k.workgroup_barrier();
-            let dq = DqShare {
-                kern,
-                lay: &lay,
-                ty,
-                smem,
-                pl: &pl,
-            };
-            dq.add(k, &p, (b, h, i0));
-        }
     });
     k.workgroup_barrier();
     let onef = k.const_f32(1.0);

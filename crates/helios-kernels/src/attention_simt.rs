@@ -64,9 +64,7 @@ pub(crate) fn shared_bytes(kern: &AttentionKernel) -> u32 {
     match kern.stage {
         AttnStage::Forward => (bq + 2 * bk) * row + score(bq, bk) + bq * SIMT_COLS * 4,
         AttnStage::Prep => 0,
-        AttnStage::DkDv | AttnStage::Bwd => {
-            (2 * bq + 2 * bk) * row + 2 * score(bk, bq) + 2 * bq * 4
-        }
+        AttnStage::DkDv => (2 * bq + 2 * bk) * row + 2 * score(bk, bq) + 2 * bq * 4,
         AttnStage::Dq => (2 * bq + 2 * bk) * row + score(bq, bk),
     }
 }
@@ -77,7 +75,6 @@ pub(crate) fn build(kern: &AttentionKernel) -> KernelModule {
         AttnStage::Forward => forward(kern),
         AttnStage::DkDv => dkdv(kern),
         AttnStage::Dq => dq(kern),
-        AttnStage::Bwd => unreachable!("no SIMT one-kernel backward"),
     }
 }
 

@@ -728,11 +728,6 @@ impl KernelBuilder {
         self.caps.insert(cap as u32);
     }
 
-    /// Whether `cap` has been declared so far.
-    pub fn has_capability(&self, cap: Capability) -> bool {
-        self.caps.contains(&(cap as u32))
-    }
-
     /// Adds an extension to the module (idempotent).
     pub fn extension(&mut self, ext: &'static str) {
         self.exts.insert(ext);

@@ -1,5 +1,5 @@
 //! Memory: buffer loads and stores (scalar or 2/4-lane vectors), workgroup-shared arrays,
-//! barriers and atomics (integer, and f32 add).
+//! barriers and integer atomics.
 //!
 //! A buffer is declared with its scalar element type; a load or store names a vector width
 //! and indexes in units of that width, so `load(buf, i, 4)` reads elements 4i..4i+3 as one
@@ -87,37 +87,6 @@ impl KernelBuilder {
             id: rid,
             ty: value.ty,
         }
-    }
-
-    /// Atomically adds the f32 `value` to element `index` of the f32 `buf`, discarding the
-    /// old value (SPV_EXT_shader_atomic_float_add; the device must enable
-    /// shaderBufferFloat32AtomicAdd). The order of concurrent adds is unspecified, so sums
-    /// built this way are not bit-reproducible.
-    #[track_caller]
-    pub fn atomic_add_f32(&mut self, buf: Buffer, index: Val, value: Val) {
-        assert!(
-            buf.elem == Scalar::F32 && value.ty == Ty::scalar(Scalar::F32),
-            "atomic_add_f32 needs an f32 buffer and value"
-        );
-        self.capability(rspirv::spirv::Capability::AtomicFloat32AddEXT);
-        self.extension("SPV_EXT_shader_atomic_float_add");
-        let (ptr, _) = self.element_pointer(buf, 1, index);
-        // Under the Vulkan memory model (cooperative-matrix kernels declare it) device scope
-        // needs a capability of its own; queue-family scope covers every invocation of the
-        // dispatch without it.
-        let scope = if self.has_capability(rspirv::spirv::Capability::VulkanMemoryModel) {
-            Scope::QueueFamily
-        } else {
-            Scope::Device
-        };
-        let scope = self.const_u32(scope as u32);
-        let sem = self.const_u32(MemorySemantics::RELAXED.bits());
-        let ty = self.ty(value.ty);
-        self.inst(
-            Op::AtomicFAddEXT,
-            Some(ty),
-            vec![id(ptr), id(scope), id(sem), value.into()],
-        );
     }
 
     /// Declares a workgroup-shared array of `elem`.

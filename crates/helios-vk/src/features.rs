@@ -50,9 +50,6 @@ pub struct EnabledFeatures {
     pub cooperative_matrix_workgroup_scope: bool,
     /// `cooperativeMatrixTensorAddressing` of the same extension (with workgroup scope).
     pub cooperative_matrix_tensor_addressing: bool,
-    /// VK_EXT_shader_atomic_float shaderBufferFloat32AtomicAdd: f32 atomic adds to buffers
-    /// (the non-deterministic one-kernel attention backward).
-    pub buffer_float32_atomic_add: bool,
     /// VK_KHR_pipeline_executable_properties pipelineExecutableInfo: only when asked for
     /// (`HELIOS_PIPELINE_STATS`), since capturing statistics may slow pipeline creation.
     pub pipeline_executable_info: bool,
@@ -158,7 +155,6 @@ pub(crate) fn plan(
                 .cooperative_matrix2
                 .as_ref()
                 .is_some_and(|c| c.tensor_addressing),
-        buffer_float32_atomic_add: f.buffer_float32_atomic_add,
         pipeline_executable_info: pipeline_stats && f.pipeline_executable_info,
     };
     (enabled, withheld)
@@ -188,9 +184,6 @@ pub(crate) fn extensions(caps: &Caps, enabled: &EnabledFeatures) -> Vec<&'static
     }
     if enabled.pipeline_executable_info {
         exts.push(ash::khr::pipeline_executable_properties::NAME);
-    }
-    if enabled.buffer_float32_atomic_add {
-        exts.push(ash::ext::shader_atomic_float::NAME);
     }
     // The spec requires enabling it wherever it is listed (MoltenVK and similar).
     if caps.has_extension("VK_KHR_portability_subset") {
@@ -250,8 +243,6 @@ pub(crate) fn create_device(
     };
     let mut pexec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
         .pipeline_executable_info(true);
-    let mut fatomic = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default()
-        .shader_buffer_float32_atomic_add(true);
 
     let mut features2 = vk::PhysicalDeviceFeatures2::default()
         .features(base)
@@ -278,9 +269,6 @@ pub(crate) fn create_device(
     }
     if e.pipeline_executable_info {
         features2 = features2.push_next(&mut pexec);
-    }
-    if e.buffer_float32_atomic_add {
-        features2 = features2.push_next(&mut fatomic);
     }
 
     let ext_ptrs: Vec<_> = extensions(caps, e).iter().map(|n| n.as_ptr()).collect();

@@ -128,8 +128,6 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
     let mut coop_feat = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
     let mut bf16_feat = PhysicalDeviceShaderBfloat16FeaturesKHR::default();
     let mut pexec_feat = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
-    let mut fatomic_feat = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default();
-    let has_fatomic = has(ash::ext::shader_atomic_float::NAME);
     let has_pexec = has(ash::khr::pipeline_executable_properties::NAME);
     let has_coop = has(ash::khr::cooperative_matrix::NAME);
     let has_bf16 = has(KHR_SHADER_BFLOAT16);
@@ -156,9 +154,6 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         }
         if has_pexec {
             f2 = f2.push_next(&mut pexec_feat);
-        }
-        if has_fatomic {
-            f2 = f2.push_next(&mut fatomic_feat);
         }
         unsafe { raw.get_physical_device_features2(pd, &mut f2) };
         f2.features
@@ -202,7 +197,6 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         maintenance4: m4_on,
         synchronization2: sync2_on,
         cooperative_matrix: has_coop && on(coop_feat.cooperative_matrix),
-        buffer_float32_atomic_add: has_fatomic && on(fatomic_feat.shader_buffer_float32_atomic_add),
         pipeline_executable_info: has_pexec && on(pexec_feat.pipeline_executable_info),
     };
 

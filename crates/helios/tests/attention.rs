@@ -45,8 +45,6 @@ struct Case {
     /// into its buffer (1: no row starts on a multiple of 4 elements).
     fused: Option<usize>,
     variant: Option<AttnVariant>,
-    /// The two-kernel backward even where the one-kernel (atomic dQ) form exists.
-    deterministic: bool,
 }
 
 /// The worst relative error of (out, lse, dq, dk, dv), and whether the forward ran the
@@ -72,7 +70,6 @@ fn run(d: &Device, c: &Case, seed: u64) -> Result<([f64; 5], bool), String> {
         scale: None,
         key_lengths: lens,
         variant: c.variant,
-        deterministic: c.deterministic,
         ..Default::default()
     };
     let (qt, kt, vt) = if let Some(at) = c.fused {
@@ -176,7 +173,6 @@ fn every_head_dim_and_dtype_matches_reference() {
                 lens,
                 fused: None,
                 variant: None,
-                deterministic: false,
             };
             let errs = check(d, &c, i as u64);
             coop |= run(d, &c, i as u64).unwrap().1;
@@ -208,7 +204,6 @@ fn fused_qkv_views_are_read_in_place() {
                 lens: lens.clone(),
                 fused: Some(i),
                 variant: None,
-                deterministic: false,
             };
             check(d, &c, 100 + i as u64);
         }
@@ -232,7 +227,6 @@ fn every_simt_variant_matches_reference() {
                 lens: (i % 3 == 1).then(|| vec![30]),
                 fused: None,
                 variant: Some(v),
-                deterministic: false,
             };
             match run(d, &c, 7) {
                 Ok(_) => {
@@ -246,8 +240,7 @@ fn every_simt_variant_matches_reference() {
 }
 
 /// Every cooperative tile (where the device has cooperative matrices; a visible skip
-/// elsewhere) on f16 and bf16, T = 77, causal with padding and not, head dims 64, 80, 128,
-/// the one-kernel backward (where the device has it) and the deterministic one.
+/// elsewhere) on f16 and bf16, T = 77, causal with padding and not, head dims 64, 80, 128.
 #[test]
 fn every_coop_variant_matches_reference() {
     let d = device();
@@ -265,7 +258,7 @@ fn every_coop_variant_matches_reference() {
         .enumerate()
     {
         for dtype in [DType::F16, DType::BF16] {
-            for (hd, deterministic) in [(64usize, false), (64, true), (80, false), (128, true)] {
+            for hd in [64usize, 80, 128] {
                 let c = Case {
                     dims: dims(2, 77, 2, hd),
                     dtype,
@@ -273,23 +266,12 @@ fn every_coop_variant_matches_reference() {
                     lens: (i % 2 == 1).then(|| vec![77, 40]),
                     fused: None,
                     variant: Some(v),
-                    deterministic,
-                };
-                let opts = AttentionOptions {
-                    variant: Some(v),
-                    deterministic,
-                    ..AttentionOptions::causal()
-                };
-                let backward = match probe.attention_backward_kernels(&opts) {
-                    Ok(names) if names.len() == 1 => "one-kernel backward",
-                    Ok(_) => "two-kernel backward",
-                    Err(_) => "no backward kernel",
                 };
                 match run(d, &c, 11) {
                     Ok((errs, coop)) => {
                         assert!(coop, "{c:?} did not run the cooperative kernels");
                         println!(
-                            "coop {} {dtype} d{hd} ({backward}): out {:.2e} lse {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}",
+                            "coop {} {dtype} d{hd}: out {:.2e} lse {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}",
                             v.tag(),
                             errs[0],
                             errs[1],
@@ -320,12 +302,11 @@ fn empty_and_long_key_lengths() {
         lens: Some(vec![0, 4, 100]),
         fused: None,
         variant: None,
-        deterministic: false,
     };
     check(d, &c, 3);
 }
 
-/// Two backward passes with `deterministic` give bit-identical gradients.
+/// Two backward passes give bit-identical gradients.
 #[test]
 fn backward_is_deterministic() {
     let d = device();
@@ -337,10 +318,7 @@ fn backward_is_deterministic() {
     let k = up(random(n, &mut rng, DType::F16));
     let v = up(random(n, &mut rng, DType::F16));
     let dout = up(random(n, &mut rng, DType::F16));
-    let opts = AttentionOptions {
-        deterministic: true,
-        ..AttentionOptions::causal()
-    };
+    let opts = AttentionOptions::causal();
     let fwd = q.attention(&k, &v, &opts).unwrap();
     let a = q.attention_backward(&k, &v, &fwd, &dout, &opts).unwrap();
     let b = q.attention_backward(&k, &v, &fwd, &dout, &opts).unwrap();
@@ -448,7 +426,6 @@ fn tuning_stores_winners_that_are_used() {
         lens: Some(vec![29]),
         fused: None,
         variant: None,
-        deterministic: false,
     };
     check(d, &c, 21);
 }

@@ -173,9 +173,11 @@ pub fn run(args: &BenchArgs) -> CliResult {
                 let time_us = summarize(&times, mode)?;
                 let mut variant = q.attention_kernel(AttnStage::Forward, &opts)?;
                 if mode == "fwdbwd" {
-                    for name in q.attention_backward_kernels(&opts)? {
-                        variant = format!("{variant} + {name}");
-                    }
+                    variant = format!(
+                        "{variant} + {} + {}",
+                        q.attention_kernel(AttnStage::DkDv, &opts)?,
+                        q.attention_kernel(AttnStage::Dq, &opts)?
+                    );
                 }
                 let r = AttnResult {
                     case: mode,

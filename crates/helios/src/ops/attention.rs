@@ -29,11 +29,6 @@ pub struct AttentionOptions {
     pub variant: Option<AttnVariant>,
     /// Forces a variant for one stage only (the tuner; `variant` wins over it).
     pub stage_variant: Option<(AttnStage, AttnVariant)>,
-    /// Backward with a fixed summation order, so gradients are bit-identical run to run:
-    /// two kernels (dK/dV, then dQ) instead of one that adds dQ with atomics. Costs about
-    /// a fifth of the backward where the one-kernel form exists; `HELIOS_DETERMINISTIC=1`
-    /// sets it for every call.
-    pub deterministic: bool,
 }
 
 impl AttentionOptions {
@@ -236,9 +231,7 @@ impl Tensor {
     }
 
     /// dQ, dK, dV of `self.attention(k, v, opts)` from its output `fwd` and the gradient
-    /// `dout` ([B, T, H, D]) of `fwd.out`. Where the scores stay in registers and the device
-    /// adds f32 atomically, one kernel does it and dQ's last bits depend on the order its
-    /// atomic adds land; elsewhere, or with `opts.deterministic`, two kernels in a fixed
+    /// `dout` ([B, T, H, D]) of `fwd.out`. Deterministic: no atomics, a fixed summation
     /// order.
     pub fn attention_backward(
         &self,
@@ -271,35 +264,23 @@ impl Tensor {
             )));
         }
         let lens = lengths(opts, dims)?;
-        let views = [qs, ks, vs, ds];
-        let fused = one_kernel_backward(q, dims, opts, aligned(&views))?;
-        let stages: &[AttnStage] = if fused {
-            &[AttnStage::Bwd]
-        } else {
-            &[AttnStage::DkDv, AttnStage::Dq]
-        };
-        if super::attention_tune::wanted(q, dims.d, stages, opts) {
-            super::attention_tune::tune_backward(q, k, v, fwd, dout, opts, stages)?;
+        if super::attention_tune::wanted(q, dims.d, &[AttnStage::DkDv, AttnStage::Dq], opts) {
+            super::attention_tune::tune_backward(q, k, v, fwd, dout, opts)?;
         }
         let device = self.device();
-        let shape = vec![dims.b, dims.t, dims.h, dims.d];
         let dsum = Tensor::empty(device, vec![dims.b, dims.h, dims.t], DType::F32)?;
-        // The one-kernel backward adds dQ into f32 rows that Prep zeroes.
-        let dq_sum = if fused {
-            Some(Tensor::empty(device, shape.clone(), DType::F32)?)
-        } else {
-            None
-        };
-        let mut prep = choose(self, AttnStage::Prep, dims, opts, aligned(&[os, ds]))?;
-        prep.clear_dq = fused;
-        let mut writes = vec![dsum.buffer()?];
-        if let Some(acc) = &dq_sum {
-            writes.push(acc.buffer()?);
-        }
-        let reads = [fwd.out.buffer()?, dout.buffer()?];
-        self.record_kernel(prep, dims, opts, &[os, ds], &reads, &writes)?;
+        self.record_attention(
+            AttnStage::Prep,
+            dims,
+            opts,
+            &[os, ds],
+            &[fwd.out.buffer()?, dout.buffer()?],
+            &[dsum.buffer()?],
+        )?;
+        let shape = vec![dims.b, dims.t, dims.h, dims.d];
+        let gq = Tensor::empty(device, shape.clone(), self.dtype())?;
         let gk = Tensor::empty(device, shape.clone(), self.dtype())?;
-        let gv = Tensor::empty(device, shape.clone(), self.dtype())?;
+        let gv = Tensor::empty(device, shape, self.dtype())?;
         let mut reads = vec![
             q.buffer()?,
             k.buffer()?,
@@ -309,44 +290,27 @@ impl Tensor {
             dsum.buffer()?,
         ];
         reads.extend(lens);
+        let views = [qs, ks, vs, ds];
         let lse_off = fwd.lse.layout().offset();
         if lse_off != 0 {
             return Err(invalid(
                 "lse must start its buffer (the forward's own)".into(),
             ));
         }
-        let gq = if let Some(acc) = dq_sum {
-            // dQ's f32 sum, cast (lazily, so it fuses with whatever reads dQ next).
-            let writes = [gk.buffer()?, gv.buffer()?, acc.buffer()?];
-            q.record_attention(AttnStage::Bwd, dims, opts, &views, &reads, &writes)?;
-            acc.to_dtype(self.dtype())?
-        } else {
-            let writes = [gk.buffer()?, gv.buffer()?];
-            q.record_attention(AttnStage::DkDv, dims, opts, &views, &reads, &writes)?;
-            let gq = Tensor::empty(device, shape, self.dtype())?;
-            q.record_attention(AttnStage::Dq, dims, opts, &views, &reads, &[gq.buffer()?])?;
-            gq
-        };
+        q.record_attention(
+            AttnStage::DkDv,
+            dims,
+            opts,
+            &views,
+            &reads,
+            &[gk.buffer()?, gv.buffer()?],
+        )?;
+        q.record_attention(AttnStage::Dq, dims, opts, &views, &reads, &[gq.buffer()?])?;
         Ok(AttentionGrads {
             dq: gq,
             dk: gk,
             dv: gv,
         })
-    }
-
-    /// The kernels the backward of attention on `self` (q) with `opts` runs after Prep:
-    /// `[bwd]` (one kernel, dQ by atomics) or `[dkdv, dq]`.
-    pub fn attention_backward_kernels(&self, opts: &AttentionOptions) -> Result<Vec<String>> {
-        let (dims, s) = view_of("q", self)?;
-        let stages: &[AttnStage] = if one_kernel_backward(self, dims, opts, aligned(&[s]))? {
-            &[AttnStage::Bwd]
-        } else {
-            &[AttnStage::DkDv, AttnStage::Dq]
-        };
-        stages
-            .iter()
-            .map(|&st| Ok(choose(self, st, dims, opts, aligned(&[s]))?.name()))
-            .collect()
     }
 
     /// The kernel `choose` picks for `stage` of attention on `self` (q) with `opts`.
@@ -365,22 +329,10 @@ impl Tensor {
         reads: &[&helios_vk::Buffer],
         writes: &[&helios_vk::Buffer],
     ) -> Result<()> {
-        let kern = choose(self, stage, dims, opts, aligned(views))?;
-        self.record_kernel(kern, dims, opts, views, reads, writes)
-    }
-
-    fn record_kernel(
-        &self,
-        kern: AttentionKernel,
-        dims: Dims,
-        opts: &AttentionOptions,
-        views: &[ViewStrides],
-        reads: &[&helios_vk::Buffer],
-        writes: &[&helios_vk::Buffer],
-    ) -> Result<()> {
         if dims.b * dims.t * dims.h == 0 {
             return Ok(());
         }
+        let kern = choose(self, stage, dims, opts, aligned(views))?;
         let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
         let device = self.device();
         device.dispatch_rows(
@@ -422,30 +374,6 @@ fn shared_strides(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor,
         }
     };
     Ok((dense(q)?, dense(k)?, dense(v)?))
-}
-
-/// Whether the backward runs as one kernel (`AttnStage::Bwd`): determinism not asked for,
-/// f32 atomic adds on the device, and the kernel chosen for it keeps scores in registers.
-/// A variant forced for Bwd that does not fit is an error, as for any stage (the tuner
-/// skips it rather than timing the two-kernel path under its name).
-fn one_kernel_backward(
-    q: &Tensor,
-    dims: Dims,
-    opts: &AttentionOptions,
-    aligned: bool,
-) -> Result<bool> {
-    if opts.deterministic
-        || crate::env::deterministic()
-        || !q.device().context().enabled().buffer_float32_atomic_add
-    {
-        return Ok(false);
-    }
-    let forced = opts.stage_variant.is_some_and(|(s, _)| s == AttnStage::Bwd);
-    match choose(q, AttnStage::Bwd, dims, opts, aligned) {
-        Ok(k) => Ok(k.in_registers()),
-        Err(e) if forced => Err(e),
-        Err(_) => Ok(false),
-    }
 }
 
 /// Offsets and strides all multiples of 8 elements.
@@ -527,7 +455,6 @@ fn choose(
         },
         subgroup: if variant.is_coop() { caps.subgroup } else { 0 },
         frag: if variant.is_coop() { frag } else { None },
-        clear_dq: false,
     };
     let fits = |kern: &AttentionKernel| {
         kern.shared_bytes() <= caps.max_shared_bytes

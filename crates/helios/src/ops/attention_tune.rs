@@ -5,7 +5,7 @@
 //! other stages run their usual kernels, a constant that cannot change the winner. A
 //! candidate may win only if its outputs agree with the default kernel's within four times
 //! the tests' bound for the dtype. It runs on the first forward (Forward stage) or backward
-//! (DkDv and Dq, or Bwd) of a class on a GPU, unless `HELIOS_ATTN_TUNE=0` (`=1` tunes on CPU devices
+//! (DkDv and Dq) of a class on a GPU, unless `HELIOS_ATTN_TUNE=0` (`=1` tunes on CPU devices
 //! too). Winners persist in `<cache root>/attention/<device uuid>-<driver>.tsv`, one
 //! `variant  µs  class` line each, as the matmul tuner's do.
 
@@ -107,12 +107,7 @@ fn tune(
     let d = *q.shape().last().unwrap_or(&0);
     let key = class(q.dtype().storage(), d, stage, base);
     let mut reference: Option<Vec<Vec<f32>>> = None;
-    let current = q.attention_kernel(stage, base)?;
-    if stage == AttnStage::Bwd && !current.contains("_reg") {
-        // No one-kernel backward here (it needs scores in registers).
-        return Ok(());
-    }
-    let coop = current.contains("coop");
+    let coop = q.attention_kernel(stage, base)?.contains("coop");
     // First every candidate once (compiling it, checking it against the first), then, with
     // the GPU's clock raised, the timings back to back: compiles leave the GPU idle long
     // enough for NVIDIA's driver to drop the clock, which once inflated some classes' times
@@ -173,7 +168,6 @@ pub(crate) fn tune_forward(q: &Tensor, k: &Tensor, v: &Tensor, o: &AttentionOpti
     })
 }
 
-/// Tunes the backward's `stages`: DkDv and Dq, or the one-kernel Bwd.
 pub(crate) fn tune_backward(
     q: &Tensor,
     k: &Tensor,
@@ -181,27 +175,15 @@ pub(crate) fn tune_backward(
     fwd: &AttentionOutput,
     dout: &Tensor,
     o: &AttentionOptions,
-    stages: &[AttnStage],
 ) -> Result<()> {
     let grads = |o: &AttentionOptions| -> Result<AttentionGrads> {
         q.attention_backward(k, v, fwd, dout, o)
     };
-    for &stage in stages {
-        // DkDv and Dq run only on the deterministic path.
-        let o = &AttentionOptions {
-            deterministic: stage != AttnStage::Bwd,
-            ..o.clone()
-        };
-        tune(q, stage, o, &|o| {
-            let g = grads(o)?;
-            Ok(match stage {
-                AttnStage::DkDv => vec![g.dk, g.dv],
-                AttnStage::Dq => vec![g.dq],
-                _ => vec![g.dq, g.dk, g.dv],
-            })
-        })?;
-    }
-    Ok(())
+    tune(q, AttnStage::DkDv, o, &|o| {
+        let g = grads(o)?;
+        Ok(vec![g.dk, g.dv])
+    })?;
+    tune(q, AttnStage::Dq, o, &|o| Ok(vec![grads(o)?.dq]))
 }
 
 // ------------------------------------------------------------------ the cache
@@ -239,7 +221,6 @@ impl Tensor {
     ) -> Result<()> {
         tune_forward(self, k, v, opts)?;
         let fwd = self.attention(k, v, opts)?;
-        let stages = [AttnStage::DkDv, AttnStage::Dq, AttnStage::Bwd];
-        tune_backward(self, k, v, &fwd, dout, opts, &stages)
+        tune_backward(self, k, v, &fwd, dout, opts)
     }
 }
