@@ -39,6 +39,9 @@ pub struct TorchAttn {
     pub naive_us: Option<f64>,
     #[serde(default)]
     pub backend: Option<String>,
+    /// "graph" (CUDA-graph replay: GPU time, as Helios's timestamps) or "eager".
+    #[serde(default)]
+    pub timing: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -289,6 +292,7 @@ fn table(meta: &report::RunMeta, rows: &[AttnResult]) -> String {
         "sdpa/helios",
         "naive µs",
         "naive/helios",
+        "torch timing",
         "variant",
     ]
     .iter()
@@ -313,6 +317,10 @@ fn table(meta: &report::RunMeta, rows: &[AttnResult]) -> String {
             ratio(sdpa),
             f(naive),
             ratio(naive),
+            r.torch
+                .as_ref()
+                .and_then(|t| t.timing.clone())
+                .unwrap_or_else(|| "-".to_owned()),
             r.variant.clone(),
         ]);
     }
