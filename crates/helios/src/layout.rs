@@ -7,16 +7,24 @@
 //! flips), and a stride of 0 repeats an element (broadcast). Everything here is pure
 //! arithmetic on sizes, tested without a GPU.
 
-/// Sizes or strides, inline up to 6 dimensions: every op builds layouts, and the lazy graph's
-/// host cost per op is mostly allocations.
+/// Sizes or strides, inline up to 6 dimensions.
 pub(crate) type Dims = smallvec::SmallVec<[usize; 6]>;
 
 /// Shape, strides and offset of a tensor view, in elements.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Layout {
+///
+/// Shared and immutable: every element-wise op copies its inputs' layouts into its graph node
+/// and usually gives its output the layout of its first input, so a copy is a reference
+/// count, not the ~120 bytes of two inline dimension lists. A view makes a new one.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Layout(std::sync::Arc<Parts>);
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Parts {
     shape: Dims,
     strides: Dims,
     offset: usize,
+    /// Exactly `Layout::contiguous(shape)` (what an element-wise op's output is).
+    row_major: bool,
 }
 
 /// Row-major strides of `shape`, inline.
@@ -94,37 +102,56 @@ pub fn merge_dims(shape: &[usize], strides: &mut [Vec<usize>]) -> Vec<usize> {
 }
 
 impl Layout {
+    fn new(shape: Dims, strides: Dims, offset: usize) -> Layout {
+        let row_major = offset == 0 && strides == contiguous_dims(&shape);
+        Layout(std::sync::Arc::new(Parts {
+            shape,
+            strides,
+            offset,
+            row_major,
+        }))
+    }
+
     /// A row-major layout of `shape` from element 0.
     pub fn contiguous(shape: &[usize]) -> Layout {
-        Layout {
+        Layout(std::sync::Arc::new(Parts {
             shape: Dims::from_slice(shape),
             strides: contiguous_dims(shape),
             offset: 0,
+            row_major: true,
+        }))
+    }
+
+    /// `Layout::contiguous(self.shape())`: this layout itself when it is that already.
+    pub(crate) fn row_major(&self) -> Layout {
+        match self.0.row_major {
+            true => self.clone(),
+            false => Layout::contiguous(self.shape()),
         }
     }
 
     /// (ndim) sizes.
     pub fn shape(&self) -> &[usize] {
-        &self.shape
+        &self.0.shape
     }
 
     /// (ndim) element strides; 0 along broadcast dimensions.
     pub fn strides(&self) -> &[usize] {
-        &self.strides
+        &self.0.strides
     }
 
     /// Element offset of the view's first element in its buffer.
     pub fn offset(&self) -> usize {
-        self.offset
+        self.0.offset
     }
 
     pub fn ndim(&self) -> usize {
-        self.shape.len()
+        self.0.shape.len()
     }
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.shape.iter().product()
+        self.0.shape.iter().product()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -134,8 +161,11 @@ impl Layout {
     /// Whether the elements are row-major and dense (strides of size-1 dimensions do not
     /// matter), from `offset` on.
     pub fn is_contiguous(&self) -> bool {
+        if self.0.row_major {
+            return true;
+        }
         let mut expected = 1;
-        for (&size, &stride) in self.shape.iter().zip(&self.strides).rev() {
+        for (&size, &stride) in self.shape().iter().zip(self.strides()).rev() {
             if size != 1 && stride != expected {
                 return false;
             }
@@ -147,7 +177,7 @@ impl Layout {
     /// Whether the elements are row-major and start at element 0 of the buffer (what the
     /// vec4 kernels and the other kernel families read).
     pub fn is_dense(&self) -> bool {
-        self.offset == 0 && self.is_contiguous()
+        self.offset() == 0 && self.is_contiguous()
     }
 
     /// One past the largest element index the view touches (0 when empty).
@@ -155,11 +185,11 @@ impl Layout {
         if self.is_empty() {
             return 0;
         }
-        self.offset
+        self.offset()
             + self
-                .shape
+                .shape()
                 .iter()
-                .zip(&self.strides)
+                .zip(self.strides())
                 .map(|(&s, &t)| (s - 1) * t)
                 .sum::<usize>()
             + 1
@@ -181,10 +211,10 @@ impl Layout {
     pub fn transpose(&self, a: usize, b: usize) -> Result<Layout, String> {
         self.check_dim(a)?;
         self.check_dim(b)?;
-        let mut l = self.clone();
-        l.shape.swap(a, b);
-        l.strides.swap(a, b);
-        Ok(l)
+        let (mut shape, mut strides) = (self.0.shape.clone(), self.0.strides.clone());
+        shape.swap(a, b);
+        strides.swap(a, b);
+        Ok(Layout::new(shape, strides, self.offset()))
     }
 
     /// Dimension `d` of the result is dimension `order[d]` of this layout.
@@ -200,17 +230,17 @@ impl Layout {
                 self.ndim()
             ));
         }
-        Ok(Layout {
-            shape: order.iter().map(|&d| self.shape[d]).collect(),
-            strides: order.iter().map(|&d| self.strides[d]).collect(),
-            offset: self.offset,
-        })
+        Ok(Layout::new(
+            order.iter().map(|&d| self.shape()[d]).collect(),
+            order.iter().map(|&d| self.strides()[d]).collect(),
+            self.offset(),
+        ))
     }
 
     /// Elements `start..start + len` of dimension `dim`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Layout, String> {
         self.check_dim(dim)?;
-        let size = self.shape[dim];
+        let size = self.shape()[dim];
         let inside = matches!(start.checked_add(len), Some(end) if end <= size);
         if !inside {
             return Err(format!(
@@ -218,12 +248,13 @@ impl Layout {
                 start.saturating_add(len)
             ));
         }
-        let mut l = self.clone();
-        l.shape[dim] = len;
+        let mut shape = self.0.shape.clone();
+        shape[dim] = len;
+        let mut offset = self.offset();
         if len > 0 {
-            l.offset += start * self.strides[dim];
+            offset += start * self.strides()[dim];
         }
-        Ok(l)
+        Ok(Layout::new(shape, self.0.strides.clone(), offset))
     }
 
     /// This layout repeated to `shape` (numpy broadcasting: new dimensions on the left,
@@ -235,11 +266,11 @@ impl Layout {
                  the target's or be 1"
             )
         })?;
-        Ok(Layout {
-            shape: Dims::from_slice(shape),
-            strides: Dims::from_vec(strides),
-            offset: self.offset,
-        })
+        Ok(Layout::new(
+            Dims::from_slice(shape),
+            Dims::from_vec(strides),
+            self.offset(),
+        ))
     }
 
     /// This layout's strides seen from `shape` it broadcasts to: 0 along new and stretched
@@ -251,9 +282,9 @@ impl Layout {
         let pad = shape.len() - self.ndim();
         let mut strides = vec![0; shape.len()];
         for d in 0..self.ndim() {
-            let (from, to) = (self.shape[d], shape[pad + d]);
+            let (from, to) = (self.shape()[d], shape[pad + d]);
             strides[pad + d] = match (from, to) {
-                _ if from == to => self.strides[d],
+                _ if from == to => self.strides()[d],
                 (1, _) => 0,
                 _ => return None,
             };
@@ -272,18 +303,14 @@ impl Layout {
             return None;
         }
         if len == 0 || self.is_contiguous() {
-            return Some(Layout {
-                shape: Dims::from_slice(shape),
-                strides: contiguous_dims(shape),
-                offset: self.offset,
-            });
+            return Some(Layout::new(
+                Dims::from_slice(shape),
+                contiguous_dims(shape),
+                self.offset(),
+            ));
         }
-        let strides = reshape_strides(&self.shape, &self.strides, shape)?;
-        Some(Layout {
-            shape: Dims::from_slice(shape),
-            strides,
-            offset: self.offset,
-        })
+        let strides = reshape_strides(self.shape(), self.strides(), shape)?;
+        Some(Layout::new(Dims::from_slice(shape), strides, self.offset()))
     }
 
     /// The buffer index of every element in row-major order (the CPU reference's gather).
@@ -293,22 +320,32 @@ impl Layout {
         let mut coord = vec![0usize; self.ndim()];
         for _ in 0..n {
             out.push(
-                self.offset
+                self.offset()
                     + coord
                         .iter()
-                        .zip(&self.strides)
+                        .zip(self.strides())
                         .map(|(c, s)| c * s)
                         .sum::<usize>(),
             );
             for d in (0..self.ndim()).rev() {
                 coord[d] += 1;
-                if coord[d] < self.shape[d] {
+                if coord[d] < self.shape()[d] {
                     break;
                 }
                 coord[d] = 0;
             }
         }
         out
+    }
+}
+
+impl std::fmt::Debug for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Layout")
+            .field("shape", &self.0.shape)
+            .field("strides", &self.0.strides)
+            .field("offset", &self.0.offset)
+            .finish()
     }
 }
 

@@ -23,13 +23,12 @@ use crate::lazy::{ElemOp, Input, Node};
 use crate::{DType, Device, Error, Result};
 
 /// An n-dimensional array on a device, stored as `dtype` (arithmetic is f32). Cloning is
-/// cheap; views share the node (and, once it is realised, the buffer).
+/// cheap (reference counts); views share the node (and, once it is realised, the buffer).
+///
+/// The handle holds its parts inline rather than behind one more `Arc`: every op makes a
+/// tensor, and an allocation per op is a large share of building a lazy chain.
 #[derive(Clone)]
 pub struct Tensor {
-    inner: Arc<TensorInner>,
-}
-
-struct TensorInner {
     /// The array this tensor views: realised (a buffer) or pending (a lazy op).
     node: Arc<Node>,
     layout: Layout,
@@ -88,54 +87,51 @@ impl Tensor {
 
     pub(crate) fn from_node(node: Arc<Node>, layout: Layout) -> Tensor {
         Tensor {
-            inner: Arc::new(TensorInner {
-                node,
-                layout,
-                grad: None,
-            }),
+            node,
+            layout,
+            grad: None,
         }
     }
 
     /// Another view of this tensor's array (no autograd link: view ops add their own).
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
-        Tensor::from_node(self.inner.node.clone(), layout)
+        Tensor::from_node(self.node.clone(), layout)
     }
 
     /// This tensor with autograd link `grad`.
     pub(crate) fn with_grad(&self, grad: Option<crate::autograd::GradLink>) -> Tensor {
         Tensor {
-            inner: Arc::new(TensorInner {
-                node: self.inner.node.clone(),
-                layout: self.inner.layout.clone(),
-                grad,
-            }),
+            node: self.node.clone(),
+            layout: self.layout.clone(),
+            grad,
         }
     }
 
     pub(crate) fn grad_link(&self) -> Option<&crate::autograd::GradLink> {
-        self.inner.grad.as_ref()
+        self.grad.as_ref()
     }
 
     /// This tensor's pending element-wise group as a reduction's prologue (see
     /// `lazy::prologue`), when nothing else can ever read its values: no other handle on
     /// this tensor or its array, no gradient recording, a dense view of the whole array.
     pub(crate) fn sole_prologue(&self) -> Result<Option<crate::lazy::Lowered>> {
-        let l = &self.inner.layout;
-        let whole = l.is_dense() && l.offset() == 0 && l.len() == self.inner.node.len;
-        if Arc::strong_count(&self.inner) != 1
+        let l = &self.layout;
+        let whole = l.is_dense() && l.offset() == 0 && l.len() == self.node.len;
+        // A second handle on this tensor (a clone) holds the node too.
+        if Arc::strong_count(&self.node) != 1
             || !whole
-            || self.inner.node.is_realized()
+            || self.node.is_realized()
             || crate::autograd::any_needs(&[self])
         {
             return Ok(None);
         }
-        crate::lazy::prologue(&self.inner.node)
+        crate::lazy::prologue(&self.node)
     }
 
     /// Whether the values are computed (or being computed) on the device, rather than
     /// waiting in the lazy graph.
     pub fn is_realized(&self) -> bool {
-        self.inner.node.is_realized()
+        self.node.is_realized()
     }
 
     /// Runs whatever this tensor's values depend on (without waiting for the GPU).
@@ -152,10 +148,10 @@ impl Tensor {
         }
         let ctx = self.device().context();
         let layout = self.layout();
-        let whole = layout.is_dense() && layout.len() == self.inner.node.len;
-        if whole && !self.inner.node.is_realized() && self.device().kernel_readback(bytes.len()) {
+        let whole = layout.is_dense() && layout.len() == self.node.len;
+        if whole && !self.node.is_realized() && self.device().kernel_readback(bytes.len()) {
             // A small pending result: its kernel writes host memory, read in place.
-            let buffer = self.inner.node.buffer_in(MemoryLocation::HostVisible)?;
+            let buffer = self.node.buffer_in(MemoryLocation::HostVisible)?;
             ctx.download(buffer, 0, &mut bytes)?;
             return Ok(self.dtype().decode(&bytes));
         }
@@ -175,27 +171,27 @@ impl Tensor {
     }
 
     pub fn dtype(&self) -> DType {
-        self.inner.node.dtype
+        self.node.dtype
     }
 
     pub fn shape(&self) -> &[usize] {
-        self.inner.layout.shape()
+        self.layout.shape()
     }
 
     /// Shape, strides and offset of this view.
     pub fn layout(&self) -> &Layout {
-        &self.inner.layout
+        &self.layout
     }
 
     /// Whether the elements are row-major from the start of the buffer (what kernels other
     /// than element-wise expect; `contiguous()` makes any tensor so).
     pub fn is_contiguous(&self) -> bool {
-        self.inner.layout.is_dense()
+        self.layout.is_dense()
     }
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.inner.layout.len()
+        self.layout.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -203,20 +199,20 @@ impl Tensor {
     }
 
     pub fn device(&self) -> &Device {
-        &self.inner.node.device
+        &self.node.device
     }
 
     /// GPU address of the view's first element (for push constants), realising the tensor
     /// first. Kernels that assume row-major data take `contiguous()` tensors, whose first
     /// element starts the buffer.
     pub(crate) fn address(&self) -> Result<u64> {
-        let offset = self.inner.layout.offset() * self.dtype().size();
+        let offset = self.layout.offset() * self.dtype().size();
         Ok(self.buffer()?.device_address() + offset as u64)
     }
 
     /// The buffer holding the elements (for declaring accesses), realising the tensor first.
     pub(crate) fn buffer(&self) -> Result<&Buffer> {
-        self.inner.node.buffer()
+        self.node.buffer()
     }
 
     // ------------------------------------------------------------ element-wise
@@ -377,7 +373,7 @@ impl Tensor {
                 shape[dim] = full;
                 Layout::contiguous(&shape)
             }
-            _ => Layout::contiguous(self.shape()),
+            _ => self.layout.row_major(),
         };
         for t in &inputs[1..] {
             if !self.device().same(t.device()) {
@@ -406,8 +402,8 @@ impl Tensor {
             inputs
                 .iter()
                 .map(|t| Input {
-                    node: t.inner.node.clone(),
-                    layout: t.inner.layout.clone(),
+                    node: t.node.clone(),
+                    layout: t.layout.clone(),
                 })
                 .collect(),
         )?;
