@@ -314,8 +314,15 @@ fn dense_edge(input: &Input, len: usize) -> bool {
 }
 
 /// A fusion group: pending members in topological order (inputs first).
+///
+/// The group holds its members' ops while it is scheduled, taken out of the nodes as they
+/// join it, so that later passes read them without locking each node again. Run, it drops
+/// them (releasing the members' inputs); dropped unrun (prerequisites first, a split, a
+/// prologue, an error), it gives them back, and the members are pending as before.
 struct Group {
     members: Vec<Arc<Node>>,
+    /// Per member: its op.
+    ops: Vec<Pending>,
     /// The collection's epoch: a node is a member when its `mark` is this epoch and its
     /// `slot` a member index.
     epoch: u64,
@@ -323,6 +330,14 @@ struct Group {
     uses: Vec<u32>,
     /// Pending nodes read through other views: realised before the group.
     prerequisites: Vec<Arc<Node>>,
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        for (m, op) in self.members.iter().zip(self.ops.drain(..)) {
+            *m.lock() = Some(op);
+        }
+    }
 }
 
 impl Group {
@@ -342,10 +357,13 @@ const EXPANDING: u32 = u32::MAX - 1;
 /// Pass 1: the pending nodes `root` reaches through dense edges.
 fn collect(root: &Arc<Node>) -> Group {
     let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
+    // A group usually holds the root's whole pending chain: room for it up front.
+    let chain = root.depth as usize + 1;
     let mut g = Group {
-        members: Vec::new(),
+        members: Vec::with_capacity(chain),
+        ops: Vec::with_capacity(chain),
         epoch,
-        uses: Vec::new(),
+        uses: Vec::with_capacity(chain),
         prerequisites: Vec::new(),
     };
     let found = |n: &Node| {
@@ -355,11 +373,13 @@ fn collect(root: &Arc<Node>) -> Group {
         }
     };
     found(root);
-    let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
+    let mut stack: Vec<(Arc<Node>, bool)> = Vec::with_capacity(2 * chain);
+    stack.push((root.clone(), false));
     while let Some((n, expanded)) = stack.pop() {
         if expanded {
             n.slot.store(g.members.len() as u32, Ordering::Relaxed);
             g.uses.push(0);
+            g.ops.push(n.lock().take().expect("members are pending"));
             g.members.push(n);
             continue;
         }
@@ -367,21 +387,19 @@ fn collect(root: &Arc<Node>) -> Group {
             continue;
         }
         n.slot.store(EXPANDING, Ordering::Relaxed);
-        // Below its inputs on the stack: assigned a member index after all of them.
+        // Below its inputs on the stack: a member after all of them.
         stack.push((n.clone(), true));
-        {
-            let guard = n.lock();
-            let p = guard.as_ref().expect("members are pending");
-            // A padded read shifts coordinates: its input is always stored.
-            let pad = matches!(p.op, ElemOp::Pad { .. });
-            for i in p.inputs.iter().filter(|i| !i.node.is_realized()) {
-                if !pad && dense_edge(i, n.len) {
-                    found(&i.node);
-                    i.node.uses.fetch_add(1, Ordering::Relaxed);
-                    stack.push((i.node.clone(), false));
-                } else {
-                    g.prerequisites.push(i.node.clone());
-                }
+        let guard = n.lock();
+        let p = guard.as_ref().expect("members are pending");
+        // A padded read shifts coordinates: its input is always stored.
+        let pad = matches!(p.op, ElemOp::Pad { .. });
+        for i in p.inputs.iter().filter(|i| !i.node.is_realized()) {
+            if !pad && dense_edge(i, n.len) {
+                found(&i.node);
+                i.node.uses.fetch_add(1, Ordering::Relaxed);
+                stack.push((i.node.clone(), false));
+            } else {
+                g.prerequisites.push(i.node.clone());
             }
         }
     }
@@ -398,12 +416,12 @@ fn collect_ready(root: &Arc<Node>) -> Result<Option<Group>> {
         if root.is_realized() {
             return Ok(None);
         }
-        let group = collect(root);
+        let mut group = collect(root);
         if group.prerequisites.is_empty() {
             return Ok(Some(group));
         }
-        let pre = group.prerequisites;
-        drop(group.members);
+        let pre = std::mem::take(&mut group.prerequisites);
+        drop(group);
         for p in pre {
             realize(&p, MemoryLocation::DeviceLocal)?;
         }
@@ -478,7 +496,9 @@ pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
 /// Pass 3: the group as one fused kernel.
 fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
     let device = &root.device;
-    let mut code: Vec<Instr> = Vec::new();
+    // At most: per member its op, a scalar, and one read per input.
+    let bound = g.ops.iter().map(|p| 2 + p.inputs.len()).sum();
+    let mut code: Vec<Instr> = Vec::with_capacity(bound);
     let mut inputs: Vec<FusedInput> = Vec::new();
     let mut leaves: Vec<(Arc<Node>, usize)> = Vec::new();
     // (leaf node, layout) → its `Input` instruction.
@@ -487,9 +507,7 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
     let mut member_instr: Vec<u32> = Vec::with_capacity(g.members.len());
     // Scalar values, one push constant per distinct bit pattern.
     let mut scalars: Vec<f32> = Vec::new();
-    for m in &g.members {
-        let guard = m.lock();
-        let p = guard.as_ref().expect("members are pending");
+    for (m, p) in g.members.iter().zip(&g.ops) {
         let mut args: smallvec::SmallVec<[u32; 3]> = smallvec::SmallVec::new();
         if let ElemOp::Pad { dim, start, full } = p.op {
             let i = &p.inputs[0];
@@ -645,7 +663,7 @@ fn out_shape(inputs: &[Input]) -> Vec<usize> {
 
 /// Pass 4: record the kernel, hand out buffers, release the members' inputs.
 fn run(
-    group: Group,
+    mut group: Group,
     outputs: smallvec::SmallVec<[usize; 4]>,
     (kernel, leaves, scalars): Lowered,
     root: &Arc<Node>,
@@ -700,11 +718,7 @@ fn run(
             .iter()
             .map(|&o| group.members[o].len * group.members[o].dtype.size())
             .sum();
-        let ops: Vec<&str> = group
-            .members
-            .iter()
-            .map(|m| m.lock().as_ref().map_or("?", |p| p.op.name()))
-            .collect();
+        let ops: Vec<&str> = group.ops.iter().map(|p| p.op.name()).collect();
         eprintln!(
             "helios: realise {}: {} nodes [{}], {} inputs, {} outputs, {} elements, {} B read, {} B written",
             kernel.name(),
@@ -726,9 +740,7 @@ fn run(
     // Every member's op is done: drop them all. Their inputs are members (held by `group`)
     // or leaves (held by `leaves`), so nothing cascades here; members no one else holds go
     // with `group`.
-    for m in &group.members {
-        drop(m.lock().take());
-    }
+    group.ops.clear();
     drop(leaves);
     drop(group);
     Ok(())

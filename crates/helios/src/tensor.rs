@@ -394,19 +394,16 @@ impl Tensor {
         if len == 0 {
             return Tensor::empty(self.device(), layout.shape().to_vec(), out);
         }
-        let node = Node::pending(
-            self.device().clone(),
-            out,
-            len,
-            op,
-            inputs
-                .iter()
-                .map(|t| Input {
-                    node: t.node.clone(),
-                    layout: t.layout.clone(),
-                })
-                .collect(),
-        )?;
+        // Pushed one by one: `collect` goes through `SmallVec::extend`, which costs several
+        // times as much for one or two items.
+        let mut views = smallvec::SmallVec::new();
+        for t in inputs {
+            views.push(Input {
+                node: t.node.clone(),
+                layout: t.layout.clone(),
+            });
+        }
+        let node = Node::pending(self.device().clone(), out, len, op, views)?;
         Ok(Tensor::from_node(node, layout))
     }
 
