@@ -23,6 +23,8 @@ struct Parts {
     shape: Dims,
     strides: Dims,
     offset: usize,
+    /// The product of `shape` (asked for on every op and in the scheduler's loops).
+    len: usize,
     /// Exactly `Layout::contiguous(shape)` (what an element-wise op's output is).
     row_major: bool,
 }
@@ -105,6 +107,7 @@ impl Layout {
     fn new(shape: Dims, strides: Dims, offset: usize) -> Layout {
         let row_major = offset == 0 && strides == contiguous_dims(&shape);
         Layout(std::sync::Arc::new(Parts {
+            len: shape.iter().product(),
             shape,
             strides,
             offset,
@@ -118,6 +121,7 @@ impl Layout {
             shape: Dims::from_slice(shape),
             strides: contiguous_dims(shape),
             offset: 0,
+            len: shape.iter().product(),
             row_major: true,
         }))
     }
@@ -151,7 +155,7 @@ impl Layout {
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.0.shape.iter().product()
+        self.0.len
     }
 
     pub fn is_empty(&self) -> bool {

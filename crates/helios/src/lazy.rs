@@ -326,8 +326,6 @@ struct Group {
     /// The collection's epoch: a node is a member when its `mark` is this epoch and its
     /// `slot` a member index.
     epoch: u64,
-    /// Per member: uses by other members through dense edges.
-    uses: Vec<u32>,
     /// Pending nodes read through other views: realised before the group.
     prerequisites: Vec<Arc<Node>>,
 }
@@ -341,6 +339,11 @@ impl Drop for Group {
 }
 
 impl Group {
+    /// A member's uses by other members through dense edges (counted by `collect`).
+    fn uses(&self, m: &Node) -> usize {
+        m.uses.load(Ordering::Relaxed) as usize
+    }
+
     /// The member index of `n`, if it is a member.
     fn member(&self, n: &Node) -> Option<usize> {
         let slot = n.slot.load(Ordering::Relaxed);
@@ -363,7 +366,6 @@ fn collect(root: &Arc<Node>) -> Group {
         members: Vec::with_capacity(chain),
         ops: Vec::with_capacity(chain),
         epoch,
-        uses: Vec::with_capacity(chain),
         prerequisites: Vec::new(),
     };
     let found = |n: &Node| {
@@ -374,11 +376,19 @@ fn collect(root: &Arc<Node>) -> Group {
     };
     found(root);
     let mut stack: Vec<(Arc<Node>, bool)> = Vec::with_capacity(2 * chain);
-    stack.push((root.clone(), false));
-    while let Some((n, expanded)) = stack.pop() {
+    // The input found last is expanded next without a trip through the stack (a chain is
+    // walked straight down).
+    let mut next = Some(root.clone());
+    loop {
+        let (n, expanded) = match next.take() {
+            Some(n) => (n, false),
+            None => match stack.pop() {
+                Some(visit) => visit,
+                None => break,
+            },
+        };
         if expanded {
             n.slot.store(g.members.len() as u32, Ordering::Relaxed);
-            g.uses.push(0);
             g.ops.push(n.lock().take().expect("members are pending"));
             g.members.push(n);
             continue;
@@ -397,14 +407,13 @@ fn collect(root: &Arc<Node>) -> Group {
             if !pad && dense_edge(i, n.len) {
                 found(&i.node);
                 i.node.uses.fetch_add(1, Ordering::Relaxed);
-                stack.push((i.node.clone(), false));
+                if let Some(earlier) = next.replace(i.node.clone()) {
+                    stack.push((earlier, false));
+                }
             } else {
                 g.prerequisites.push(i.node.clone());
             }
         }
-    }
-    for (u, m) in g.uses.iter_mut().zip(&g.members) {
-        *u = m.uses.load(Ordering::Relaxed);
     }
     g
 }
@@ -439,7 +448,7 @@ fn realize(root: &Arc<Node>, location: MemoryLocation) -> Result<()> {
         let outputs: smallvec::SmallVec<[usize; 4]> = (0..group.members.len())
             .filter(|&i| {
                 let m = &group.members[i];
-                Arc::ptr_eq(m, root) || Arc::strong_count(m) > 1 + group.uses[i] as usize
+                Arc::ptr_eq(m, root) || Arc::strong_count(m) > 1 + group.uses(m)
             })
             .collect();
         let kernel = lower(&group, &outputs, root)?;
@@ -482,7 +491,8 @@ pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
     // and each dense use inside the group one more.
     let held_outside = |i: usize| {
         let extra = usize::from(i == last);
-        Arc::strong_count(&group.members[i]) > 1 + extra + group.uses[i] as usize
+        let m = &group.members[i];
+        Arc::strong_count(m) > 1 + extra + group.uses(m)
     };
     if (0..group.members.len()).any(held_outside) {
         return Ok(None);
