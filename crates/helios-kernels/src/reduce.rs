@@ -177,12 +177,6 @@ pub struct ReduceSetup {
 
 /// Default slots per loop step: four 16-byte loads in flight per invocation.
 pub const REDUCE_UNROLL: u8 = 4;
-/// Slots per loop step of a column `Combine`: it has one invocation per column (a few
-/// hundred for a bias gradient), each walking every partial row, so the walk is a chain of
-/// memory latencies that only more loads in flight shorten. At 4 a combine over 512
-/// partial rows of 2304 columns took 14.5 µs on an H100, more than the partial pass over
-/// the 8192×2304 tensor itself.
-pub const COMBINE_UNROLL: u8 = 16;
 /// Default workgroup count a split reduction aims for.
 pub const REDUCE_TARGET_GROUPS: u32 = 2048;
 /// Default workgroup size.
@@ -312,10 +306,7 @@ pub fn plan(
                 dims,
             },
             ReduceStep {
-                kernel: ReduceKernel {
-                    unroll: COMBINE_UNROLL,
-                    ..kernel(Stage::Combine, layout)
-                },
+                kernel: kernel(Stage::Combine, layout),
                 dims: Dims::Columns {
                     outer: outer as u32,
                     axis: splits as u32,

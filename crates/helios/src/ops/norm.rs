@@ -383,6 +383,7 @@ fn sum_partials(
     len: u32,
     dtype: DType,
 ) -> Result<()> {
+    let cfg = device.config().rows;
     let kernel = ReduceKernel {
         op: Reduction::Sum,
         storage: dtype.storage(),
@@ -390,7 +391,7 @@ fn sum_partials(
         layout: Layout::Columns {
             vec: if len % 4 == 0 { 4 } else { 1 },
         },
-        unroll: helios_kernels::reduce::COMBINE_UNROLL,
+        unroll: cfg.unroll(),
         reducer: device.reducer(),
         workgroup: device.row_workgroup(REDUCE_WORKGROUP),
         binding: device.binding(),
