@@ -401,12 +401,32 @@ fn tune(p: &Problem) -> Result<TuneReport> {
     if let Some((k, ..)) = checked.iter().find(|c| c.2) {
         device.warm_up(|| sample(p, k, &out, 4).map(drop))?;
     }
-    for (k, check_error, passed) in checked {
-        let time_us = if passed {
-            Some(time(p, &k, &out)?)
+    // Each passing candidate is warmed up (which also compiles it), then timed in three
+    // rounds that take every candidate in turn; its time is its median over the rounds.
+    // Timed one after the other, a clock dip during one candidate's samples could crown a
+    // slower one: on an H100 a bias product once went to simt64x64d2 at 1079 µs over
+    // simt128x64d2, which runs it in 798.
+    let mut reps = Vec::new();
+    for (k, _, passed) in &checked {
+        reps.push(if *passed {
+            Some(reps_for(50, |r| sample(p, k, &out, r))?)
         } else {
             None
-        };
+        });
+    }
+    let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(3); checked.len()];
+    for _ in 0..3 {
+        for (i, (k, ..)) in checked.iter().enumerate() {
+            if let Some(r) = reps[i] {
+                samples[i].push(sample(p, k, &out, r)?);
+            }
+        }
+    }
+    for ((k, check_error, passed), mut v) in checked.into_iter().zip(samples) {
+        let time_us = passed.then(|| {
+            v.sort_by(f64::total_cmp);
+            v[1]
+        });
         rows.push(CandidateResult {
             variant: k.variant.name(),
             splits: 1,
@@ -628,12 +648,6 @@ fn sample(p: &Problem, kernel: &MatmulKernel, out: &Tensor, reps: u32) -> Result
     Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / f64::from(reps))
 }
 
-/// Median GPU time of `kernel` on the problem's own operands, µs: one warm-up (which also
-/// compiles), then 3 samples of `r` back-to-back runs, `r` chosen so a sample lasts ~2 ms.
-fn time(p: &Problem, kernel: &MatmulKernel, out: &Tensor) -> Result<f64> {
-    median_time(50, |reps| sample(p, kernel, out, reps))
-}
-
 /// `time` for a plan (a split one writes fresh tensors each run, as a caller's would).
 fn time_plan(p: &Problem, plan: &Plan) -> Result<f64> {
     let ctx = p.a.device().context();
@@ -650,14 +664,21 @@ fn time_plan(p: &Problem, plan: &Plan) -> Result<f64> {
     median_time(8, sample)
 }
 
-fn median_time(max_reps: u32, mut sample: impl FnMut(u32) -> Result<f64>) -> Result<f64> {
+/// Back-to-back runs per sample so that a sample lasts ~2 ms (at most `max_reps`), from a
+/// warm-up run (which also compiles) and one timed run.
+fn reps_for(max_reps: u32, mut sample: impl FnMut(u32) -> Result<f64>) -> Result<u32> {
     sample(1)?;
     let first = sample(1)?;
-    let reps = if first > 0.0 {
+    Ok(if first > 0.0 {
         (2000.0 / first).ceil().clamp(1.0, f64::from(max_reps)) as u32
     } else {
         max_reps
-    };
+    })
+}
+
+/// Median of 3 samples of `reps_for` runs each, µs per run.
+fn median_time(max_reps: u32, mut sample: impl FnMut(u32) -> Result<f64>) -> Result<f64> {
+    let reps = reps_for(max_reps, &mut sample)?;
     let mut v = [sample(reps)?, sample(reps)?, sample(reps)?];
     v.sort_by(f64::total_cmp);
     Ok(v[1])
