@@ -22,6 +22,7 @@ pub mod matmul;
 pub mod matmul_coop;
 mod matmul_simt;
 mod matmul_wg;
+pub mod multi_tensor;
 pub mod norm;
 mod norm_bwd;
 pub mod optim;
@@ -48,6 +49,7 @@ pub use matmul::{
     Variant as MatmulVariant, WgSupport,
 };
 pub use matmul_coop::CoopPeakKernel;
+pub use multi_tensor::{sum_squares_table, SumSquaresKernel};
 pub use optim::{AdamWArgs, AdamWKernel, AdamWStep};
 pub use storage::{buffer_scalar, load_f32, store_f32, Storage};
 

@@ -99,6 +99,13 @@ fn every_adamw_kernel_validates() {
     assert_eq!(n, 2 * 3 * 3 * 2);
 }
 
+/// The multi-tensor sum of squares: addresses read from a table become pointers.
+#[test]
+fn every_sum_squares_kernel_validates() {
+    let kernels = helios_kernels::SumSquaresKernel::samples();
+    assert_eq!(validate_all(kernels.iter().map(|k| k.build())), 3 * 2);
+}
+
 mod matmul {
     use helios_kernels::matmul::{Activation, Epilogue, MatmulKernel, Variant, VARIANTS};
     use helios_kernels::{CoopPeakKernel, Storage};

@@ -64,26 +64,13 @@ impl AdamW {
     /// The global L2 norm of every gradient of `params`, a (1,) device tensor; `None` when
     /// no gradient has been accumulated.
     pub fn grad_norm(params: &GptParams) -> Result<Option<Tensor>> {
-        let mut total: Option<Tensor> = None;
-        for t in params.tensors() {
-            if let Some(g) = t.grad() {
-                // g² is never stored: the pending cast and square are the sum's prologue
-                // once the block has dropped the cast's handle.
-                let squares = {
-                    let g = g.to_dtype(DType::F32)?;
-                    g.mul(&g)?
-                };
-                let sq = squares.sum_all()?.reshape(&[1])?; // (1)
-                total = Some(match total {
-                    None => sq,
-                    Some(s) => s.add(&sq)?,
-                });
-            }
+        let grads: Vec<Tensor> = params.tensors().iter().filter_map(|t| t.grad()).collect();
+        if grads.is_empty() {
+            return Ok(None);
         }
-        Ok(match total {
-            None => None,
-            Some(t) => Some(t.sqrt()?),
-        })
+        // One dispatch over every gradient (helios::sum_squares), not one reduction each.
+        let refs: Vec<&Tensor> = grads.iter().collect();
+        Ok(Some(helios::sum_squares(&refs)?.sqrt()?))
     }
 
     /// One step at learning rate `lr` on the gradients accumulated in `params` (clipped to

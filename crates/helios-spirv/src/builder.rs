@@ -46,6 +46,8 @@ pub enum Access {
 pub struct Buffer {
     pub(crate) index: usize,
     pub elem: Scalar,
+    /// For `buffer_at`: the id of the vec2<u32> device address computed in the kernel.
+    pub(crate) address: Option<Word>,
 }
 
 /// A push-constant scalar or vector parameter.
@@ -231,7 +233,11 @@ impl KernelBuilder {
             slot,
             views: HashMap::new(),
         });
-        Buffer { index, elem }
+        Buffer {
+            index,
+            elem,
+            address: None,
+        }
     }
 
     /// Declares a push-constant value parameter.
@@ -559,6 +565,28 @@ impl KernelBuilder {
 
     /// A pointer to element `index` of `buf` viewed as an array of `lanes`-wide vectors,
     /// with the alignment the access may assume.
+    /// A read-only buffer at a device address the kernel computed: a vec2 of u32, low word
+    /// first, as a table of tensors stores addresses (SPIR-V bitcasts such a vector to a
+    /// physical pointer, so no 64-bit integers are needed). For kernels that walk many
+    /// tensors in one dispatch; device-address binding only, loads only.
+    #[track_caller]
+    pub fn buffer_at(&mut self, address: Val, elem: Scalar) -> Buffer {
+        assert!(
+            self.binding == Binding::DeviceAddress,
+            "buffer_at needs device addresses"
+        );
+        assert!(
+            address.ty == Ty::vector(Scalar::U32, 2),
+            "a device address is a vec2<u32>, got {}",
+            address.ty
+        );
+        Buffer {
+            index: usize::MAX,
+            elem,
+            address: Some(address.id),
+        }
+    }
+
     pub(crate) fn element_pointer(&mut self, buf: Buffer, lanes: u8, index: Val) -> (Word, u32) {
         assert!(
             matches!(lanes, 1 | 2 | 4),
@@ -572,8 +600,14 @@ impl KernelBuilder {
         let zero = self.const_u32(0);
         match self.binding {
             Binding::DeviceAddress => {
-                let mut base = self.buffer_base(buf);
-                if lanes != 1 {
+                let mut base = match buf.address {
+                    Some(address) => {
+                        let view = self.view_pointer_type(elem, true);
+                        self.inst(Op::Bitcast, Some(view), vec![id(address)])
+                    }
+                    None => self.buffer_base(buf),
+                };
+                if lanes != 1 && buf.address.is_none() {
                     let readonly = self.read_only(buf.index);
                     let view = self.view_pointer_type(elem, readonly);
                     base = self.inst(Op::Bitcast, Some(view), vec![id(base)]);

@@ -56,6 +56,10 @@ impl KernelBuilder {
     #[track_caller]
     pub fn store(&mut self, buf: Buffer, index: Val, value: Val) {
         assert!(
+            buf.address.is_none(),
+            "buffers at computed addresses are read-only"
+        );
+        assert!(
             value.ty.scalar == buf.elem,
             "store of {} into a buffer of {}",
             value.ty,

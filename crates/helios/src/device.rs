@@ -354,7 +354,10 @@ impl Device {
         // Matmul tiles are built around their workgroup size: never overridden.
         let fixed = matches!(
             key,
-            KernelKey::Matmul(_) | KernelKey::CoopPeak(_) | KernelKey::Attention(_)
+            KernelKey::Matmul(_)
+                | KernelKey::CoopPeak(_)
+                | KernelKey::Attention(_)
+                | KernelKey::SumSquares(_)
         );
         if let Some(x) = crate::env::workgroup_override().filter(|_| !fixed) {
             workgroup[0] = x;
@@ -450,6 +453,7 @@ pub(crate) enum KernelKey {
     Norm(helios_kernels::norm::NormKernel),
     NormParam(helios_kernels::norm::NormParamKernel),
     Attention(helios_kernels::AttentionKernel),
+    SumSquares(helios_kernels::SumSquaresKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter

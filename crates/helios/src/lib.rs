@@ -41,7 +41,7 @@ pub use helios_kernels::{BinaryOp, ElementwiseKernel, ElementwiseOp, UnaryOp};
 pub use index::IndexTensor;
 pub use layout::Layout;
 pub use lazy::{graph_stats, GraphStats};
-pub use ops::{adamw_step, adamw_step_scaled, AdamWConfig, AdamWParam, CrossEntropy};
+pub use ops::{adamw_step, adamw_step_scaled, sum_squares, AdamWConfig, AdamWParam, CrossEntropy};
 pub use ops::{attention_tuning, AttentionGrads, AttentionOptions, AttentionOutput};
 pub use ops::{
     coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,

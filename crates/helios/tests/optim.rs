@@ -340,3 +340,66 @@ fn strided_gradient() {
     close("param", &param.to_vec().unwrap(), &p, |i| 1e-6 * p[i].abs());
     assert_clean(d);
 }
+
+/// `sum_squares` (global-norm clipping) against the f64 sum: tensors of every dtype, larger
+/// than a table chunk, lengths that are not multiples of four, an offset view, a strided
+/// view and an empty tensor, with device addresses (one dispatch per dtype through a table
+/// of addresses) and with descriptors (one reduction per tensor). Tolerance: 1e-5 of the
+/// sum (f32 accumulation of positive terms over ~10^5 elements).
+#[test]
+fn sum_squares_matches_the_f64_sum() {
+    let d = device();
+    let mut rng = StdRng::seed_from_u64(23);
+    let mut want = 0.0f64;
+    let mut tensors = Vec::new();
+    for (i, &n) in [40_000usize, 3, 777, 16_384, 1].iter().enumerate() {
+        let dtype = DType::ALL[i % 3];
+        let x = random(&mut rng, n, 0.1, 2.0, dtype);
+        want += x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>();
+        tensors.push(Tensor::from_slice_as(d, &x, &[n], dtype).unwrap());
+    }
+    // Elements 3.. of a bf16 tensor (an offset that is not a multiple of four) and a
+    // transposed f32 view.
+    let base = random(&mut rng, 1003, 0.1, 2.0, DType::BF16);
+    want += base[3..]
+        .iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>();
+    let b = Tensor::from_slice_as(d, &base, &[1003], DType::BF16).unwrap();
+    tensors.push(b.narrow(0, 3, 1000).unwrap());
+    let m = random(&mut rng, 6 * 5, 0.1, 2.0, DType::F32);
+    want += m.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>();
+    let mt = Tensor::from_slice(d, &m, &[6, 5]).unwrap();
+    tensors.push(mt.transpose(0, 1).unwrap());
+    tensors.push(Tensor::from_slice(d, &[], &[0]).unwrap());
+    let refs: Vec<&Tensor> = tensors.iter().collect();
+    let check = |d: &Device, got: Tensor| {
+        assert_eq!(got.shape(), [1]);
+        let got = f64::from(got.to_vec().unwrap()[0]);
+        assert!(
+            (got - want).abs() <= 1e-5 * want,
+            "{}: {got} against {want}",
+            d.name()
+        );
+    };
+    check(d, helios::sum_squares(&refs).unwrap());
+    assert_clean(d);
+
+    let ctx = helios_vk::Context::from_env().unwrap();
+    if !ctx.enabled().push_descriptor {
+        eprintln!("descriptor half skipped: the device lacks VK_KHR_push_descriptor");
+        return;
+    }
+    let dd = &Device::with_binding(ctx, helios_spirv::Binding::Descriptor);
+    let moved: Vec<Tensor> = tensors
+        .iter()
+        .map(|t| {
+            let host = t.to_vec().unwrap();
+            Tensor::from_slice_as(dd, &host, t.shape(), t.dtype()).unwrap()
+        })
+        .collect();
+    let refs: Vec<&Tensor> = moved.iter().collect();
+    check(dd, helios::sum_squares(&refs).unwrap());
+    assert_clean(dd);
+    assert!(helios::sum_squares(&[]).is_err());
+}

@@ -21,6 +21,6 @@ pub use matmul::{MatmulChoice, MatmulOptions};
 pub(crate) use matmul_tune::forget_device;
 pub use matmul_tune::{coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, TuneReport};
 pub use norm::{NormGrads, NormOutput};
-pub use optim::{adamw_step, adamw_step_scaled, AdamWConfig, AdamWParam};
+pub use optim::{adamw_step, adamw_step_scaled, sum_squares, AdamWConfig, AdamWParam};
 pub use reduce::RowOp;
 pub use softmax::SoftmaxOptions;

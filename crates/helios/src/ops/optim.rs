@@ -8,7 +8,10 @@
 //! address table is explained in `helios_kernels::optim` (about 4% over GPT-2 124M's 148
 //! tensors; a flat parameter buffer is one dispatch).
 
-use helios_kernels::{AdamWArgs, AdamWKernel, AdamWStep, KernelError};
+use helios_kernels::multi_tensor::SUM_SQUARES_ENTRY;
+use helios_kernels::{
+    sum_squares_table, AdamWArgs, AdamWKernel, AdamWStep, KernelError, SumSquaresKernel,
+};
 
 use crate::device::KernelKey;
 use crate::{DType, Error, Result, Tensor};
@@ -199,4 +202,92 @@ pub fn adamw_step_scaled(
         )?;
     }
     Ok(())
+}
+
+/// Σ x² over every element of every tensor in `tensors` (any dtypes, accumulated in f32): a
+/// (1,) f32 tensor, computed on the device and never read back (global-norm clipping).
+///
+/// With device addresses one dispatch per dtype walks all the tensors through a table of
+/// their addresses (`helios_kernels::multi_tensor`), then one reduction sums its partials;
+/// with descriptors, one reduction per tensor.
+pub fn sum_squares(tensors: &[&Tensor]) -> Result<Tensor> {
+    const OP: &str = "sum_squares";
+    let Some(first) = tensors.first() else {
+        return Err(Error::Invalid {
+            op: OP,
+            detail: "needs at least one tensor".into(),
+        });
+    };
+    let device = first.device();
+    if tensors.iter().any(|t| !t.device().same(device)) {
+        return Err(Error::DeviceMismatch { op: OP });
+    }
+    let mut total: Option<Tensor> = None;
+    let mut add = |s: Tensor| -> Result<()> {
+        total = Some(match total.take() {
+            None => s,
+            Some(t) => t.add(&s)?,
+        });
+        Ok(())
+    };
+    if device.binding() != helios_spirv::Binding::DeviceAddress {
+        for t in tensors {
+            // The cast and the square are the sum's prologue once the block drops them.
+            let squares = {
+                let x = t.to_dtype(DType::F32)?;
+                x.mul(&x)?
+            };
+            add(squares.sum_all()?.reshape(&[1])?)?;
+        }
+        return Ok(total.expect("at least one tensor"));
+    }
+    for dtype in DType::ALL {
+        // Dense, starting on a multiple of four elements: the kernel reads whole vec4s.
+        let group: Vec<Tensor> = tensors
+            .iter()
+            .filter(|t| t.dtype() == dtype && !t.is_empty())
+            .map(|t| {
+                let t = t.contiguous()?;
+                if t.layout().offset() % 4 == 0 {
+                    Ok(t)
+                } else {
+                    t.copy()
+                }
+            })
+            .collect::<Result<_>>()?;
+        if group.is_empty() {
+            continue;
+        }
+        let spans = group
+            .iter()
+            .map(|t| Ok((t.address()?, t.len() as u64)))
+            .collect::<Result<Vec<_>>>()?;
+        let table = sum_squares_table(&spans);
+        let chunks = table.len() / SUM_SQUARES_ENTRY;
+        let table = crate::IndexTensor::from_slice(device, &table, &[table.len()])?;
+        let partials = Tensor::empty(device, vec![chunks], DType::F32)?;
+        let kernel = SumSquaresKernel {
+            storage: dtype.storage(),
+            reducer: device.reducer(),
+        };
+        let mut reads = group
+            .iter()
+            .map(|t| t.buffer())
+            .collect::<Result<Vec<_>>>()?;
+        reads.push(table.buffer());
+        let (table_at, partials_at) = (table.buffer().device_address(), partials.address()?);
+        device.dispatch_rows(
+            KernelKey::SumSquares(kernel),
+            || kernel.build(),
+            &reads,
+            &[partials.buffer()?],
+            |c, g, _| Ok(kernel.launch(&c.module, g, chunks as u32, table_at, partials_at)?),
+        )?;
+        add(partials.sum_all()?.reshape(&[1])?)?;
+    }
+    match total {
+        Some(t) => Ok(t),
+        // Every tensor was empty.
+        None => Tensor::zeros(device, &[1], DType::F32),
+    }
 }

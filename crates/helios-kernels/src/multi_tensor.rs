@@ -1,0 +1,186 @@
+//! Σ x² over many tensors in one dispatch, for global-norm gradient clipping: a table lists
+//! chunks of the tensors (device address, first element, element count), workgroup g sums
+//! the squares of chunk g in f32 and writes partial g, and an ordinary reduction then sums
+//! the partials.
+//!
+//! The one decision a reader must know: the tensors are reached through addresses read from
+//! the table (`KernelBuilder::buffer_at`), not as kernel parameters, so one dispatch covers
+//! any number of them. One reduction per tensor cost a GPT-2 124M step 2.4 ms on an H100
+//! (148 tensors, each a partial and a combine with a barrier between: latency, not bytes);
+//! this needs device-address binding, and the host keeps the per-tensor form for
+//! descriptors.
+
+use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty};
+
+use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::rows::{linear_workgroup, Groups, Reducer};
+use crate::storage::{buffer_scalar, load_f32, Storage};
+use crate::KernelError;
+
+/// Invocations per workgroup.
+pub const SUM_SQUARES_WORKGROUP: u32 = 256;
+/// Most elements of one chunk: 64 per invocation, in 16-element strides of vec4 loads.
+pub const SUM_SQUARES_CHUNK: u32 = 16384;
+/// u32 words of one table entry: address (low, high), first element, element count.
+pub const SUM_SQUARES_ENTRY: usize = 4;
+
+/// The signature of the kernel: the tensors' storage (one dtype per dispatch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SumSquaresKernel {
+    pub storage: Storage,
+    pub reducer: Reducer,
+}
+
+impl SumSquaresKernel {
+    pub fn name(&self) -> String {
+        format!(
+            "sum_squares_{}_{}_wg{SUM_SQUARES_WORKGROUP}",
+            self.storage.name(),
+            self.reducer.tag()
+        )
+    }
+
+    /// Buffers: the table (u32, `SUM_SQUARES_ENTRY` words per chunk) and the partials (f32,
+    /// one per chunk); push constant: the chunk count. Every chunk's first element must be a
+    /// multiple of 4 and its address aligned to four elements (the host's chunks of dense
+    /// tensors are).
+    pub fn build(&self) -> KernelModule {
+        let w = SUM_SQUARES_WORKGROUP;
+        let mut k = KernelBuilder::new(self.name(), Binding::DeviceAddress, [w, 1, 1]);
+        let table = k.buffer("table", Scalar::U32, Access::Read);
+        let partials = k.buffer("partials", Scalar::F32, Access::Write);
+        let chunks = k.param("chunks", Ty::scalar(Scalar::U32));
+        k.begin();
+        let chunks = k.load_param(chunks);
+        let g = linear_workgroup(&mut k);
+        let inside = k.lt(g, chunks);
+        let zero = k.u32(0);
+        // A workgroup past the table reads entry 0 and sums none of it: every invocation
+        // must reach the reduction's barriers.
+        let entry_at = k.select(inside, g, zero);
+        let entry = k.load(table, entry_at, 4);
+        let lo = k.extract(entry, 0);
+        let hi = k.extract(entry, 1);
+        let address = k.vector(&[lo, hi]);
+        let first = k.extract(entry, 2);
+        let count = k.extract(entry, 3);
+        let count = k.select(inside, count, zero);
+        let x = k.buffer_at(address, buffer_scalar(self.storage));
+        let lid = k.local_index();
+        let step = k.u32(w);
+        let zf = k.const_f32(0.0);
+        let acc = k.var_init(zf);
+        // Whole vec4s, then the last count % 4 elements one by one.
+        let two = k.u32(2);
+        let quads = k.shr(count, two);
+        let q0 = k.shr(first, two);
+        k.for_range(lid, quads, step, |k, q| {
+            let at = k.add(q0, q);
+            let v = load_f32(k, x, at, 4, self.storage);
+            let a = k.get(acc);
+            let s = k.dot(v, v);
+            let s = k.add(a, s);
+            k.set(acc, s);
+        });
+        let done = k.shl(quads, two);
+        let t0 = k.add(done, lid);
+        k.for_range(t0, count, step, |k, t| {
+            let at = k.add(first, t);
+            let v = load_f32(k, x, at, 1, self.storage);
+            let a = k.get(acc);
+            let s = k.fma(v, v, a);
+            k.set(acc, s);
+        });
+        let mut groups = Groups::new(&mut k, self.reducer, w);
+        let mine = k.get(acc);
+        let total = groups.reduce(&mut k, ReduceOp::Add, mine);
+        let leader = k.eq(lid, zero);
+        let write = k.and(leader, inside);
+        k.if_(write, |k| k.store(partials, g, total));
+        k.finish()
+    }
+
+    /// The launch over `chunks` table entries, with the table's and the partials' device
+    /// addresses.
+    pub fn launch(
+        &self,
+        module: &KernelModule,
+        geometry: Geometry,
+        chunks: u32,
+        table: u64,
+        partials: u64,
+    ) -> Result<Launch, KernelError> {
+        let args = [
+            Arg::Address(table),
+            Arg::Address(partials),
+            Arg::U32(chunks),
+        ];
+        let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
+        Ok(Launch {
+            groups: grid(u64::from(chunks), geometry.max_groups_x)?,
+            push,
+        })
+    }
+
+    /// Kernels for validation: every storage, both reducers.
+    pub fn samples() -> Vec<SumSquaresKernel> {
+        let mut out = Vec::new();
+        for storage in Storage::ALL {
+            for reducer in [
+                Reducer::Subgroup {
+                    block: 32,
+                    whole: true,
+                },
+                Reducer::SharedTree,
+            ] {
+                out.push(SumSquaresKernel { storage, reducer });
+            }
+        }
+        out
+    }
+}
+
+/// The table for tensors at `addresses` (device address, element count each): chunks of at
+/// most `SUM_SQUARES_CHUNK` elements, `SUM_SQUARES_ENTRY` words each. Empty tensors add none.
+pub fn sum_squares_table(tensors: &[(u64, u64)]) -> Vec<u32> {
+    let chunk = u64::from(SUM_SQUARES_CHUNK);
+    let mut table = Vec::new();
+    for &(address, len) in tensors {
+        let mut first = 0;
+        while first < len {
+            let count = chunk.min(len - first);
+            table.extend([
+                address as u32,
+                (address >> 32) as u32,
+                first as u32,
+                count as u32,
+            ]);
+            first += count;
+        }
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_chunks_every_element_once() {
+        let t = sum_squares_table(&[(0x1_0000_0100, 40_000), (0x200, 0), (0x300, 5)]);
+        let entries: Vec<&[u32]> = t.chunks(SUM_SQUARES_ENTRY).collect();
+        assert_eq!(entries.len(), 4);
+        assert_eq!(entries[0], [0x100, 1, 0, SUM_SQUARES_CHUNK]);
+        assert_eq!(entries[1], [0x100, 1, SUM_SQUARES_CHUNK, SUM_SQUARES_CHUNK]);
+        assert_eq!(
+            entries[2],
+            [
+                0x100,
+                1,
+                2 * SUM_SQUARES_CHUNK,
+                40_000 - 2 * SUM_SQUARES_CHUNK
+            ]
+        );
+        assert_eq!(entries[3], [0x300, 0, 0, 5]);
+    }
+}
