@@ -10,7 +10,7 @@
 //! this needs device-address binding, and the host keeps the per-tensor form for
 //! descriptors.
 
-use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty};
+use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val};
 
 use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
 use crate::rows::{linear_workgroup, Groups, Reducer};
@@ -70,27 +70,25 @@ impl SumSquaresKernel {
         let step = k.u32(w);
         let zf = k.const_f32(0.0);
         let acc = k.var_init(zf);
+        // Slots from..to of `lanes` elements each, counted from slot `base`.
+        let add_squares = |k: &mut KernelBuilder, (from, to, base): (Val, Val, Val), lanes| {
+            k.for_range(from, to, step, |k, i| {
+                let at = k.add(base, i);
+                let v = load_f32(k, x, at, lanes, self.storage);
+                let sq = if lanes == 1 { k.mul(v, v) } else { k.dot(v, v) };
+                let a = k.get(acc);
+                let s = k.add(a, sq);
+                k.set(acc, s);
+            });
+        };
         // Whole vec4s, then the last count % 4 elements one by one.
         let two = k.u32(2);
         let quads = k.shr(count, two);
         let q0 = k.shr(first, two);
-        k.for_range(lid, quads, step, |k, q| {
-            let at = k.add(q0, q);
-            let v = load_f32(k, x, at, 4, self.storage);
-            let a = k.get(acc);
-            let s = k.dot(v, v);
-            let s = k.add(a, s);
-            k.set(acc, s);
-        });
+        add_squares(&mut k, (lid, quads, q0), 4);
         let done = k.shl(quads, two);
         let t0 = k.add(done, lid);
-        k.for_range(t0, count, step, |k, t| {
-            let at = k.add(first, t);
-            let v = load_f32(k, x, at, 1, self.storage);
-            let a = k.get(acc);
-            let s = k.fma(v, v, a);
-            k.set(acc, s);
-        });
+        add_squares(&mut k, (t0, count, first), 1);
         let mut groups = Groups::new(&mut k, self.reducer, w);
         let mine = k.get(acc);
         let total = groups.reduce(&mut k, ReduceOp::Add, mine);
