@@ -260,7 +260,17 @@ pub fn sum_squares(tensors: &[&Tensor]) -> Result<Tensor> {
         }
         let spans = group
             .iter()
-            .map(|t| Ok((t.address()?, t.len() as u64)))
+            .map(|t| {
+                // The table counts elements in u32.
+                if t.len() as u64 > u64::from(u32::MAX) {
+                    return Err(KernelError::TooLarge {
+                        what: "sum_squares tensor element count",
+                        size: t.len() as u64,
+                    }
+                    .into());
+                }
+                Ok((t.address()?, t.len() as u64))
+            })
             .collect::<Result<Vec<_>>>()?;
         let table = sum_squares_table(&spans);
         let chunks = table.len() / SUM_SQUARES_ENTRY;
