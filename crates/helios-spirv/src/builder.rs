@@ -563,8 +563,6 @@ impl KernelBuilder {
         }
     }
 
-    /// A pointer to element `index` of `buf` viewed as an array of `lanes`-wide vectors,
-    /// with the alignment the access may assume.
     /// A read-only buffer at a device address the kernel computed: a vec2 of u32, low word
     /// first, as a table of tensors stores addresses (SPIR-V bitcasts such a vector to a
     /// physical pointer, so no 64-bit integers are needed). For kernels that walk many
@@ -587,6 +585,17 @@ impl KernelBuilder {
         }
     }
 
+    /// Panics on a write to a `buffer_at` buffer (its views are `NonWritable`).
+    #[track_caller]
+    pub(crate) fn assert_writable(&self, buf: Buffer) {
+        assert!(
+            buf.address.is_none(),
+            "buffers at computed addresses are read-only"
+        );
+    }
+
+    /// A pointer to element `index` of `buf` viewed as an array of `lanes`-wide vectors,
+    /// with the alignment the access may assume.
     pub(crate) fn element_pointer(&mut self, buf: Buffer, lanes: u8, index: Val) -> (Word, u32) {
         assert!(
             matches!(lanes, 1 | 2 | 4),
@@ -600,18 +609,20 @@ impl KernelBuilder {
         let zero = self.const_u32(0);
         match self.binding {
             Binding::DeviceAddress => {
-                let mut base = match buf.address {
+                let base = match buf.address {
+                    // A computed address: straight to the (read-only) view of the access.
                     Some(address) => {
                         let view = self.view_pointer_type(elem, true);
                         self.inst(Op::Bitcast, Some(view), vec![id(address)])
                     }
-                    None => self.buffer_base(buf),
+                    None if lanes == 1 => self.buffer_base(buf),
+                    None => {
+                        let base = self.buffer_base(buf);
+                        let readonly = self.read_only(buf.index);
+                        let view = self.view_pointer_type(elem, readonly);
+                        self.inst(Op::Bitcast, Some(view), vec![id(base)])
+                    }
                 };
-                if lanes != 1 && buf.address.is_none() {
-                    let readonly = self.read_only(buf.index);
-                    let view = self.view_pointer_type(elem, readonly);
-                    base = self.inst(Op::Bitcast, Some(view), vec![id(base)]);
-                }
                 let ptr_ty = self.ptr_ty(StorageClass::PhysicalStorageBuffer, elem);
                 let ptr = self.inst(
                     Op::AccessChain,

@@ -303,6 +303,7 @@ impl KernelBuilder {
         layout: CoopLayout,
         align: u32,
     ) {
+        self.assert_writable(buf);
         // spirv-val (2025) looks through the push-constant block's buffer pointers and wants
         // the 16-bit arithmetic capability for 16-bit buffers a fragment reinterprets.
         self.arith_caps(buf.elem);

@@ -55,10 +55,7 @@ impl KernelBuilder {
     /// `index`.
     #[track_caller]
     pub fn store(&mut self, buf: Buffer, index: Val, value: Val) {
-        assert!(
-            buf.address.is_none(),
-            "buffers at computed addresses are read-only"
-        );
+        self.assert_writable(buf);
         assert!(
             value.ty.scalar == buf.elem,
             "store of {} into a buffer of {}",
@@ -74,6 +71,7 @@ impl KernelBuilder {
     /// Atomically adds `value` (u32 or i32) to element `index` of `buf`; returns the old value.
     #[track_caller]
     pub fn atomic_add(&mut self, buf: Buffer, index: Val, value: Val) -> Val {
+        self.assert_writable(buf);
         assert!(
             matches!(buf.elem, Scalar::U32 | Scalar::I32) && value.ty == Ty::scalar(buf.elem),
             "atomic_add needs a u32/i32 buffer and value"

@@ -1,5 +1,6 @@
 //! AdamW over many parameter tensors: one fused read-modify-write pass per tensor, all
-//! recorded into the open batch with no barriers between them.
+//! recorded into the open batch with no barriers between them; and `sum_squares`, the
+//! global-norm clipping's Σ g² over all of them in one dispatch.
 //!
 //! The one decision a reader must know: the update is in place. Parameters and moments are
 //! the optimizer's state, so `adamw_step` writes `param`, `m`, `v` (and `copy`) where they
