@@ -67,6 +67,35 @@ impl Epilogue {
     }
 }
 
+/// What a product may take for granted about the triangles of a square operand or of its
+/// result, so that causal attention's products skip the half that is zero or unwanted.
+/// The diagonal is column = row of the batch's matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Triangle {
+    /// Nothing: the whole product.
+    Full,
+    /// Only C on and below the diagonal is wanted: a workgroup whose tile lies wholly above
+    /// it stores nothing (those outputs keep what they held).
+    LowerC,
+    /// A is zero above the diagonal: the k loop ends after the tile's last row. The zeros
+    /// must be in memory (the k steps the tile does run read them).
+    LowerA,
+    /// A is zero below the diagonal: the k loop starts at the k step holding the tile's
+    /// first row (zeros in memory, as for `LowerA`).
+    UpperA,
+}
+
+impl Triangle {
+    fn tag(self) -> &'static str {
+        match self {
+            Triangle::Full => "",
+            Triangle::LowerC => "_trilc",
+            Triangle::LowerA => "_trila",
+            Triangle::UpperA => "_triua",
+        }
+    }
+}
+
 /// A SIMT tile: `bm × bn` outputs per workgroup, `tm × tn` per invocation (in 4×4 blocks
 /// spread over the tile so shared-memory reads are broadcast or conflict-free), k in steps of
 /// `BK_SIMT`, global loads issued `depth` k steps ahead of their use (see `prefetch`).
@@ -302,13 +331,17 @@ pub struct MatmulKernel {
     pub vec_b: bool,
     pub vec_c: bool,
     pub epilogue: Epilogue,
+    /// Which triangle the product skips (`Triangle::Full` for every ordinary product).
+    pub triangle: Triangle,
     /// Subgroup size the cooperative kernels are built for (0 for SIMT).
     pub subgroup: u32,
 }
 
 /// Sizes and strides of one launch (all in elements). A is `m × k` (stored `k × m` when
 /// transposed) with leading dimension `lda`; B is `k × n` (`n × k`) with `ldb`; C and the
-/// residual are `m × n` row-major with `ldc`/`ldr`; batch `i` starts at `i · stride_*`.
+/// residual are `m × n` row-major with `ldc`/`ldr`. The batch may have two levels, as the
+/// (B, H) heads of attention viewed in place do: batch `i` is (`i / inner`, `i % inner`) and
+/// starts at `(i / inner) · stride_* + (i % inner) · inner_*` (`inner` 1: `i · stride_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulShape {
     pub batch: u32,
@@ -323,6 +356,12 @@ pub struct MatmulShape {
     pub stride_b: u32,
     pub stride_c: u32,
     pub stride_r: u32,
+    /// Inner batch count (1: one level); it divides `batch`.
+    pub inner: u32,
+    pub inner_a: u32,
+    pub inner_b: u32,
+    pub inner_c: u32,
+    pub inner_r: u32,
 }
 
 impl MatmulShape {
@@ -341,6 +380,11 @@ impl MatmulShape {
             stride_b: k * n,
             stride_c: m * n,
             stride_r: m * n,
+            inner: 1,
+            inner_a: 0,
+            inner_b: 0,
+            inner_c: 0,
+            inner_r: 0,
         }
     }
 
@@ -360,16 +404,29 @@ pub struct Alignment {
 
 impl Alignment {
     /// An operand may use `width`-element vectors when its contiguous extent, its leading
-    /// dimension and its batch stride are multiples of `width` (then a vector never straddles
-    /// a row, and every row starts aligned).
+    /// dimension and its batch strides are multiples of `width` (then a vector never
+    /// straddles a row, and every row starts aligned).
     pub fn of(s: &MatmulShape, trans_a: bool, trans_b: bool, width: u32) -> Alignment {
-        let ok = |extent: u32, ld: u32, stride: u32| {
-            extent % width == 0 && ld % width == 0 && (s.batch <= 1 || stride % width == 0)
+        let ok = |extent: u32, ld: u32, stride: u32, inner: u32| {
+            extent % width == 0
+                && ld % width == 0
+                && (s.batch <= 1 || stride % width == 0)
+                && (s.inner <= 1 || inner % width == 0)
         };
         Alignment {
-            a: ok(if trans_a { s.m } else { s.k }, s.lda, s.stride_a),
-            b: ok(if trans_b { s.k } else { s.n }, s.ldb, s.stride_b),
-            c: ok(s.n, s.ldc, s.stride_c) && ok(s.n, s.ldr, s.stride_r),
+            a: ok(
+                if trans_a { s.m } else { s.k },
+                s.lda,
+                s.stride_a,
+                s.inner_a,
+            ),
+            b: ok(
+                if trans_b { s.k } else { s.n },
+                s.ldb,
+                s.stride_b,
+                s.inner_b,
+            ),
+            c: ok(s.n, s.ldc, s.stride_c, s.inner_c) && ok(s.n, s.ldr, s.stride_r, s.inner_r),
         }
     }
 }
@@ -435,6 +492,7 @@ impl MatmulKernel {
             vec_b: al.b,
             vec_c: al.c,
             epilogue,
+            triangle: Triangle::Full,
             subgroup: if variant.is_coop() { subgroup } else { 0 },
         }
     }
@@ -453,6 +511,7 @@ impl MatmulKernel {
             Variant::Wg(t) => {
                 (!t.tensor || (self.input == Storage::F16 && caps.coop_wg_tensor))
                     && self.epilogue.is_plain()
+                    && self.triangle == Triangle::Full
                     && self.vec_a
                     && self.vec_b
                     && self.vec_c
@@ -497,7 +556,7 @@ impl MatmulKernel {
         }
     }
 
-    /// `mm_<variant>_<in>_<out>_<nn|nt|tn|tt>[_v<abc>][_<epilogue>]`.
+    /// `mm_<variant>_<in>_<out>_<nn|nt|tn|tt>[_v<abc>][_<epilogue>][_tri<lc|la|ua>]`.
     pub fn name(&self) -> String {
         let t = |x: bool| if x { 't' } else { 'n' };
         let mut vec = String::new();
@@ -507,7 +566,7 @@ impl MatmulKernel {
             }
         }
         format!(
-            "mm_{}_{}_{}_{}{}{}{}",
+            "mm_{}_{}_{}_{}{}{}{}{}",
             self.variant.name(),
             self.input.name(),
             self.out.name(),
@@ -518,7 +577,8 @@ impl MatmulKernel {
             } else {
                 format!("_v{vec}")
             },
-            self.epilogue.tag()
+            self.epilogue.tag(),
+            self.triangle.tag()
         )
     }
 
@@ -565,6 +625,12 @@ impl MatmulKernel {
         let (bm, bn) = self.variant.tile();
         let gx = shape.n.div_ceil(bn);
         let gy = shape.m.div_ceil(bm);
+        if shape.inner == 0 || shape.batch % shape.inner != 0 {
+            return Err(bad(format!(
+                "inner batch count {} does not divide the batch {}",
+                shape.inner, shape.batch
+            )));
+        }
         if gy > 65535 || shape.batch > 65535 || gx > 65535 {
             return Err(KernelError::TooLarge {
                 what: "matmul grid",
@@ -594,6 +660,11 @@ impl MatmulKernel {
             shape.stride_b,
             shape.stride_c,
             shape.stride_r,
+            shape.inner,
+            shape.inner_a,
+            shape.inner_b,
+            shape.inner_c,
+            shape.inner_r,
         ] {
             args.push(Arg::U32(v));
         }
@@ -695,6 +766,7 @@ pub(crate) struct Params {
     pub stride_b: Param,
     pub stride_c: Param,
     pub stride_r: Param,
+    pub inner: [Param; 5],
     pub alpha: Param,
 }
 
@@ -724,6 +796,7 @@ pub(crate) fn declare(
     let (lda, ldb, ldc, ldr) = (p("lda"), p("ldb"), p("ldc"), p("ldr"));
     let (stride_a, stride_b, stride_c, stride_r) =
         (p("stride_a"), p("stride_b"), p("stride_c"), p("stride_r"));
+    let inner = ["inner", "inner_a", "inner_b", "inner_c", "inner_r"].map(&mut p);
     let alpha = k.param("alpha", Ty::scalar(Scalar::F32));
     Params {
         a,
@@ -742,6 +815,7 @@ pub(crate) fn declare(
         stride_b,
         stride_c,
         stride_r,
+        inner,
         alpha,
     }
 }
@@ -769,14 +843,21 @@ fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
     let (m, n, kk) = (ld(k, p.m), ld(k, p.n), ld(k, p.k));
     let (lda, ldb, ldc, ldr) = (ld(k, p.lda), ld(k, p.ldb), ld(k, p.ldc), ld(k, p.ldr));
     let alpha = ld(k, p.alpha);
-    let off = |k: &mut KernelBuilder, q: Param| {
+    // Batch `batch` is (outer, inner) = (batch / inner, batch % inner).
+    let inner = ld(k, p.inner[0]);
+    let outer_i = k.div(batch, inner);
+    let inner_i = k.rem(batch, inner);
+    let off = |k: &mut KernelBuilder, q: Param, qi: Param| {
         let s = k.load_param(q);
-        k.mul(batch, s)
+        let si = k.load_param(qi);
+        let o = k.mul(outer_i, s);
+        let i = k.mul(inner_i, si);
+        k.add(o, i)
     };
-    let off_a = off(k, p.stride_a);
-    let off_b = off(k, p.stride_b);
-    let off_c = off(k, p.stride_c);
-    let off_r = off(k, p.stride_r);
+    let off_a = off(k, p.stride_a, p.inner[1]);
+    let off_b = off(k, p.stride_b, p.inner[2]);
+    let off_c = off(k, p.stride_c, p.inner[3]);
+    let off_r = off(k, p.stride_r, p.inner[4]);
     Dims {
         m,
         n,
@@ -807,7 +888,8 @@ fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
 /// steps earlier, from slot (t+1) % depth) into stage (t+1) % 2, refills that slot with
 /// tile t+1+depth, runs `compute(base_a, base_b)` on stage t % 2 and ends with a barrier.
 /// The loop is unrolled `depth` times so slots are static; steps past the last tile see
-/// zeros (the loads clamp and mask) and add nothing. `load(k0)` reads the A and B tiles at
+/// zeros (the loads clamp and mask) and add nothing. Tiles run from k = `k_begin` (a
+/// multiple of `bk`) to `k_end` (see `k_span`). `load(k0)` reads the A and B tiles at
 /// k offset `k0` into registers; `store(base_a, base_b, a, b, k0)` writes the tile loaded
 /// at `k0` into a stage. A kernel that masks the k edge should do it in `store`: a select on
 /// the loaded words at load time makes the compiler wait for them there, which turns `depth`
@@ -815,7 +897,7 @@ fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn staged_k_loop(
     k: &mut KernelBuilder,
-    kdim: Val,
+    (k_begin, k_end): (Val, Val),
     bk: u32,
     depth: u8,
     stages: u8,
@@ -826,13 +908,20 @@ pub(crate) fn staged_k_loop(
 ) {
     let depth = u32::from(depth.max(1));
     let zero = k.u32(0);
-    let (ra, rb) = load(k, zero);
-    store(k, zero, zero, &ra, &rb, zero);
+    // The k offset of tile `t` (counted from `k_begin`).
+    let tile_k = |k: &mut KernelBuilder, t: Val| {
+        let bk_v = k.u32(bk);
+        let off = k.mul(t, bk_v);
+        k.add(k_begin, off)
+    };
+    let (ra, rb) = load(k, k_begin);
+    store(k, zero, zero, &ra, &rb, k_begin);
     let bk_v = k.u32(bk);
     let mut slots: Vec<(Vec<Var>, Vec<Var>)> = Vec::new();
     for j in 0..depth {
         let tile = if j == 0 { depth } else { j };
-        let k0 = k.u32(tile * bk);
+        let tile = k.u32(tile);
+        let k0 = tile_k(k, tile);
         let (ra, rb) = load(k, k0);
         let va: Vec<Var> = ra.into_iter().map(|v| k.var_init(v)).collect();
         let vb: Vec<Var> = rb.into_iter().map(|v| k.var_init(v)).collect();
@@ -841,7 +930,8 @@ pub(crate) fn staged_k_loop(
     k.workgroup_barrier();
 
     let bk_m1 = k.u32(bk - 1);
-    let kpad = k.add(kdim, bk_m1);
+    let span = k.sub(k_end, k_begin);
+    let kpad = k.add(span, bk_m1);
     let tiles = k.div(kpad, bk_v);
     let dv = k.u32(depth);
     let dm1 = k.u32(depth - 1);
@@ -879,11 +969,11 @@ pub(crate) fn staged_k_loop(
             let nbase_a = k.mul(other, a_stage);
             let nbase_b = k.mul(other, b_stage);
             let next = k.add(kt, one);
-            let next_k0 = k.mul(next, bk_v);
+            let next_k0 = tile_k(k, next);
             store(k, nbase_a, nbase_b, &ra, &rb, next_k0);
             let ahead = k.u32(1 + depth);
             let tile = k.add(kt, ahead);
-            let k0 = k.mul(tile, bk_v);
+            let k0 = tile_k(k, tile);
             let (ra, rb) = load(k, k0);
             for (v, x) in va.iter().zip(ra) {
                 k.set(*v, x);
@@ -909,6 +999,51 @@ pub(crate) fn tile_origin(k: &mut KernelBuilder, p: &Params, bm: u32, bn: u32) -
     let m0 = k.mul(tile_m, bm_v);
     let n0 = k.mul(tile_n, bn_v);
     (d, m0, n0)
+}
+
+/// The k range `[begin, end)` a workgroup whose tile starts at row `m0` runs (`begin` a
+/// multiple of `bk`): all of k, or the part `kern.triangle` leaves (see `Triangle`).
+pub(crate) fn k_span(
+    k: &mut KernelBuilder,
+    kern: &MatmulKernel,
+    d: &Dims,
+    m0: Val,
+    bm: u32,
+    bk: u32,
+) -> (Val, Val) {
+    let zero = k.u32(0);
+    match kern.triangle {
+        Triangle::Full | Triangle::LowerC => (zero, d.k),
+        Triangle::LowerA => {
+            let bm_v = k.u32(bm);
+            let end = k.add(m0, bm_v);
+            (zero, k.min(end, d.k))
+        }
+        Triangle::UpperA => {
+            let bk_v = k.u32(bk);
+            let steps = k.div(m0, bk_v);
+            let begin = k.mul(steps, bk_v);
+            (k.min(begin, d.k), d.k)
+        }
+    }
+}
+
+/// Ends the workgroup when `kern.triangle` is `LowerC` and its tile (rows from `m0`, `bm` of
+/// them; columns from `n0`) lies wholly above the diagonal. Uniform over the workgroup, so
+/// it may precede barriers.
+pub(crate) fn skip_upper_tile(
+    k: &mut KernelBuilder,
+    kern: &MatmulKernel,
+    m0: Val,
+    n0: Val,
+    bm: u32,
+) {
+    if kern.triangle == Triangle::LowerC {
+        let last = k.u32(bm - 1);
+        let last = k.add(m0, last);
+        let above = k.gt(n0, last);
+        k.return_if(above);
+    }
 }
 
 /// Workgroup tile coordinates (row tile, column tile) with grouped rasterization: runs of

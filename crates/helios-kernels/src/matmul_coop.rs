@@ -22,7 +22,8 @@ use helios_spirv::{
 };
 
 use crate::matmul::{
-    declare, mask, staged_k_loop, store_quad, tile_origin, CoopTile, Dims, MatmulKernel, FRAG,
+    declare, k_span, mask, skip_upper_tile, staged_k_loop, store_quad, tile_origin, CoopTile, Dims,
+    MatmulKernel, FRAG,
 };
 use crate::storage::{buffer_scalar, Storage};
 
@@ -113,6 +114,8 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
     k.begin();
 
     let (d, m0, n0) = tile_origin(&mut k, &p, bm, bn);
+    skip_upper_tile(&mut k, kern, m0, n0, bm);
+    let span = k_span(&mut k, kern, &d, m0, bm, bk);
     let tid = k.local_index();
     let sg_id = k.subgroup_id();
     let wn_v = k.u32(wn);
@@ -170,7 +173,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
     // (base_a, base_b).
     staged_k_loop(
         &mut k,
-        d.k,
+        span,
         bk,
         t.depth,
         t.stages,

@@ -14,7 +14,8 @@
 use helios_spirv::{Binding, KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
 
 use crate::matmul::{
-    declare, mask, staged_k_loop, store_quad, tile_origin, Dims, MatmulKernel, SimtTile, BK_SIMT,
+    declare, k_span, mask, skip_upper_tile, staged_k_loop, store_quad, tile_origin, Dims,
+    MatmulKernel, SimtTile, BK_SIMT,
 };
 use crate::storage::{buffer_scalar, load_f32};
 
@@ -53,6 +54,8 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
     k.begin();
 
     let (d, m0, n0) = tile_origin(&mut k, &p, bm, bn);
+    skip_upper_tile(&mut k, kern, m0, n0, bm);
+    let span = k_span(&mut k, kern, &d, m0, bm, BK_SIMT);
     let tid = k.local_index();
     let tx_n = k.u32(threads_x);
     let tx = k.rem(tid, tx_n);
@@ -98,7 +101,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
     // The staged k loop (see `staged_k_loop`), computing on the stage at (base_a, base_b).
     staged_k_loop(
         &mut k,
-        d.k,
+        span,
         BK_SIMT,
         t.depth,
         2,

@@ -104,6 +104,10 @@ pub struct SoftmaxKernel {
     /// Built for rows a multiple of 4 long ([`Row::whole`]): no per-slot bounds checks.
     /// [`whole_rows`](crate::rows::whole_rows) says when a launch may use it.
     pub whole: bool,
+    /// Softmax forward only: also writes each row's log-sum-exp, ln Σ exp(scale·x) over its
+    /// unmasked columns (−inf for a fully masked row), to an f32 buffer `lse` of one value
+    /// per row (what attention's backward takes).
+    pub lse: bool,
 }
 
 /// What the output pass applies to each shifted input, computed once per row from its max
@@ -119,10 +123,11 @@ impl SoftmaxKernel {
     pub fn name(&self) -> String {
         let v = self.variant.tag();
         format!(
-            "{}softmax{}{}_{v}{}_{}_{}_wg{}",
+            "{}softmax{}{}{}_{v}{}_{}_{}_wg{}",
             if self.log { "log_" } else { "" },
             if self.backward { "_bwd" } else { "" },
             if self.causal { "_causal" } else { "" },
+            if self.lse { "_lse" } else { "" },
             if self.whole { "w" } else { "" },
             self.storage.name(),
             self.reducer.tag(),
@@ -130,7 +135,7 @@ impl SoftmaxKernel {
         )
     }
 
-    /// Emits the kernel. Buffers: forward x, y; backward y, dy, dx. Push constants after
+    /// Emits the kernel. Buffers: forward x, y (and lse); backward y, dy, dx. Push constants after
     /// them: rows, len, causal_rows (T of the (…, T, L) view; row i of a matrix is
     /// `row % causal_rows`), group_shift (log2 of the invocations per row), scale.
     pub fn build(&self) -> KernelModule {
@@ -145,6 +150,13 @@ impl SoftmaxKernel {
             vec![k.buffer("x", elem, Access::Read)]
         };
         let out = k.buffer(if self.backward { "dx" } else { "y" }, elem, Access::Write);
+        assert!(
+            !self.lse || !(self.log || self.backward),
+            "lse is an output of the softmax forward"
+        );
+        let lse = self
+            .lse
+            .then(|| k.buffer("lse", Scalar::F32, Access::Write));
         let u32_ty = Ty::scalar(Scalar::U32);
         let params = ["rows", "len", "causal_rows", "group_shift"].map(|n| k.param(n, u32_ty));
         let scale = k.param("scale", Ty::scalar(Scalar::F32));
@@ -160,7 +172,7 @@ impl SoftmaxKernel {
         let lane = groups.lane(&mut k);
         let base = k.mul(g, per);
         let unit = k.add(base, gi);
-        let (row, _) = Row::nth(&mut k, unit, rows, len, 4, self.whole);
+        let (row, valid) = Row::nth(&mut k, unit, rows, len, 4, self.whole);
         let causal_i = self.causal.then(|| k.rem(unit, causal_rows));
         let ctx = Ctx {
             row,
@@ -168,11 +180,13 @@ impl SoftmaxKernel {
             threads,
             causal_i,
             scale,
+            unit,
+            valid,
         };
         if self.backward {
             self.backward_body(&mut k, &mut groups, &ctx, ins[0], ins[1], out);
         } else {
-            self.forward_body(&mut k, &mut groups, &ctx, ins[0], out);
+            self.forward_body(&mut k, &mut groups, &ctx, ins[0], out, lse);
         }
         k.finish()
     }
@@ -299,6 +313,17 @@ impl SoftmaxKernel {
         k.select(none, zero, m)
     }
 
+    /// Writes the row's log-sum-exp (`safe` + ln `sum`) from its first lane.
+    fn store_lse(k: &mut KernelBuilder, c: &Ctx, lse: Option<Buffer>, safe: Val, sum: Val) {
+        let Some(lse) = lse else { return };
+        let l = k.log(sum);
+        let v = k.add(safe, l);
+        let zero = k.u32(0);
+        let first = k.eq(c.lane, zero);
+        let mine = k.and(first, c.valid);
+        k.if_(mine, |k| k.store(lse, c.unit, v));
+    }
+
     fn forward_body(
         &self,
         k: &mut KernelBuilder,
@@ -306,6 +331,7 @@ impl SoftmaxKernel {
         c: &Ctx,
         x: Buffer,
         y: Buffer,
+        lse: Option<Buffer>,
     ) {
         let first = c.row.first_slot(k);
         let end_slot = c.row.end_slot(k);
@@ -346,6 +372,7 @@ impl SoftmaxKernel {
                     s = k.add(s, h);
                 }
                 let sum = groups.reduce(k, ReduceOp::Add, s);
+                Self::store_lse(k, c, lse, safe, sum);
                 let st = self.stats(k, safe, sum);
                 for (slot, inside, xs) in held {
                     let out = self.output(k, xs, &st);
@@ -383,6 +410,7 @@ impl SoftmaxKernel {
                 let sv = k.get(s);
                 let mine = k.mul(sv, r);
                 let sum = groups.reduce(k, ReduceOp::Add, mine);
+                Self::store_lse(k, c, lse, safe, sum);
                 let stats = self.stats(k, safe, sum);
                 // Pass 2: the output.
                 c.row.walk(
@@ -520,8 +548,8 @@ impl SoftmaxKernel {
     }
 
     /// Grid and push constants for `rows` rows of `len`, `threads` invocations per row (from
-    /// `select`); `buffers` are the device addresses in declaration order (forward: x, y;
-    /// backward: y, dy, dx).
+    /// `select`); `buffers` are the device addresses in declaration order (forward: x, y and
+    /// lse when built with it; backward: y, dy, dx).
     #[allow(clippy::too_many_arguments)]
     pub fn launch(
         &self,
@@ -543,7 +571,11 @@ impl SoftmaxKernel {
                 ),
             });
         }
-        let want = if self.backward { 3 } else { 2 };
+        let want = if self.backward {
+            3
+        } else {
+            2 + usize::from(self.lse)
+        };
         if buffers.len() != want {
             return Err(KernelError::Arguments {
                 kernel: self.name(),
@@ -593,6 +625,7 @@ impl SoftmaxKernel {
                         workgroup: 256,
                         binding,
                         whole: log,
+                        lse: !log && !backward && i != 1,
                     });
                 }
             }
@@ -608,6 +641,9 @@ struct Ctx {
     threads: Val,
     causal_i: Option<Val>,
     scale: Val,
+    /// The row's index and whether it is one of the launch's rows.
+    unit: Val,
+    valid: Val,
 }
 
 #[cfg(test)]

@@ -107,7 +107,7 @@ fn every_sum_squares_kernel_validates() {
 }
 
 mod matmul {
-    use helios_kernels::matmul::{Activation, Epilogue, MatmulKernel, Variant, VARIANTS};
+    use helios_kernels::matmul::{Activation, Epilogue, MatmulKernel, Triangle, Variant, VARIANTS};
     use helios_kernels::{CoopPeakKernel, Storage};
     use helios_spirv::{validate, TargetEnv};
 
@@ -135,9 +135,13 @@ mod matmul {
             vec_b: vec,
             vec_c: vec,
             epilogue,
+            triangle: Triangle::Full,
             subgroup: if variant.is_coop() { 32 } else { 0 },
         }
     }
+
+    /// Each skipped triangle (causal attention's products).
+    const TRIANGLES: [Triangle; 3] = [Triangle::LowerC, Triangle::LowerA, Triangle::UpperA];
 
     fn check(k: &MatmulKernel) {
         let m = k.build();
@@ -160,8 +164,18 @@ mod matmul {
             .filter(|v| !v.is_coop())
             .collect();
         for (i, &v) in simt.iter().enumerate() {
-            for trans in TRANS {
+            for (j, trans) in TRANS.into_iter().enumerate() {
                 check(&kernel(v, Storage::F32, Storage::F32, trans, true, FULL));
+                let mut tri = kernel(
+                    v,
+                    Storage::F32,
+                    Storage::F32,
+                    trans,
+                    j % 2 == 0,
+                    Epilogue::NONE,
+                );
+                tri.triangle = TRIANGLES[(i + j) % 3];
+                check(&tri);
                 if i == 0 {
                     for input in Storage::ALL {
                         for out in Storage::ALL {
@@ -213,15 +227,11 @@ mod matmul {
                 }
                 continue;
             }
-            for trans in TRANS {
-                check(&kernel(
-                    v,
-                    Storage::F16,
-                    Storage::F16,
-                    trans,
-                    true,
-                    Epilogue::NONE,
-                ));
+            for (j, trans) in TRANS.into_iter().enumerate() {
+                let mut k = kernel(v, Storage::F16, Storage::F16, trans, true, Epilogue::NONE);
+                check(&k);
+                k.triangle = TRIANGLES[(i + j) % 3];
+                check(&k);
                 if i == 0 {
                     for input in [Storage::F16, Storage::BF16] {
                         for out in Storage::ALL {

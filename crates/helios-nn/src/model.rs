@@ -387,19 +387,16 @@ fn block(w: &Block, x: &Tensor, cfg: &GptConfig) -> Result<Tensor> {
 
 /// Causal self-attention of `n_head` heads over the fused projection qkv (B, T, 3C), laid
 /// out q | k | v, each head's D = C/H channels together: → (B, T, C). Each position attends
-/// to itself and the positions before it, scores scaled by 1/√D. Runs the fused kernel,
-/// which reads q, k and v in place as views of qkv and never stores the scores, for f16 and
-/// bf16; f32 (which has no cooperative-matrix flash kernel) and head sizes the fused kernel
-/// does not take run the materialised form, as long as its scores fit `MATERIALISED_BYTES`,
-/// checkpointed so that no layer keeps its scores for backward.
+/// to itself and the positions before it, scores scaled by 1/√D. Runs helios' attention op,
+/// which reads q, k and v in place as views of qkv: the flash kernels for f16 and bf16 (the
+/// scores never stored), and in f32 the materialised form on the matmul kernels, which skips
+/// the masked half and recomputes the scores in backward. Head sizes the op does not take
+/// run `materialised_attention`, checkpointed so that no layer keeps its scores.
 pub fn causal_self_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     let (b, t, c) = qkv_dims(qkv, n_head)?;
-    let d = c / n_head;
-    let scores = (b * n_head * t * t * 4) as u64; // (B, H, T, T) f32
-    let f32_faster = qkv.dtype() == helios::DType::F32 && scores <= MATERIALISED_BYTES;
-    if !fused_attention_fits(d) || f32_faster {
+    if !fused_attention_fits(c / n_head) {
         // Checkpointed: backward computes the probabilities again rather than keeping
-        // (B, H, T, T) of them per layer (4.5 GiB at GPT-2 124M's 8×1024 in f32).
+        // (B, H, T, T) of them per layer.
         return Ok(helios::checkpoint(&[qkv], move |x| {
             materialised(&x[0], (b, t, c), n_head)
         })?);
@@ -407,25 +404,17 @@ pub fn causal_self_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     fused_attention(qkv, n_head)
 }
 
-/// The fused kernel's form of `causal_self_attention` (head sizes multiples of 16 up to 256).
+/// helios' attention op as `causal_self_attention` (head sizes multiples of 16 up to 256).
 pub fn fused_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     let (b, t, c) = qkv_dims(qkv, n_head)?;
     let d = c / n_head;
     let qkv = qkv.reshape(&[b, t, 3, n_head, d])?; // (B, T, 3, H, D)
-                                                   // Views of qkv, (B, T, H, D) each: the fused kernel reads them in place.
+                                                   // Views of qkv, (B, T, H, D) each: the op reads them in place.
     let part = |i: usize| qkv.narrow(2, i, 1)?.reshape(&[b, t, n_head, d]);
     let (q, k, v) = (part(0)?, part(1)?, part(2)?);
     let y = q.attention(&k, &v, &AttentionOptions::causal())?.out; // (B, T, H, D)
     Ok(y.reshape(&[b, t, c])?) // (B, T, C)
 }
-
-/// Most bytes of f32 scores per layer the materialised form may store. In f32 it is still
-/// the faster form at GPT-2 sizes: on an H100 the portable flash kernel takes 4.7 ms
-/// forward+backward at 8×12×1024×64 (its backward is 4× its forward;
-/// bench/results/2026-11-24-attention-f32-h100-session8.txt), and a GPT-2 124M fp32 step ran
-/// 217.5 ms materialised against 222.5 ms on the flash kernel. Past this size the flash
-/// kernel's O(T) memory wins.
-pub const MATERIALISED_BYTES: u64 = 1 << 30;
 
 /// Whether helios' fused attention takes heads of `d` channels (multiples of 16 up to 256).
 fn fused_attention_fits(d: usize) -> bool {

@@ -315,9 +315,10 @@ fn kv_cache_generation_matches_recomputation() {
     assert!(dev.validation_messages().is_empty());
 }
 
-/// In f32 the model runs attention checkpointed: after the forward pass, nothing of the
-/// (B, H, T, T) scores or probabilities is held for backward, while the plain materialised
-/// form holds at least the probabilities. Gradients agree.
+/// In f32 the model's attention (helios' op, in its materialised form) keeps only its output
+/// and log-sum-exp for backward: after the forward pass nothing of the (B, H, T, T) scores
+/// or probabilities is held, while the plain materialised form holds at least the
+/// probabilities. Gradients agree.
 #[test]
 fn f32_attention_keeps_no_scores_for_backward() {
     let dev = device();
@@ -347,10 +348,13 @@ fn f32_attention_keeps_no_scores_for_backward() {
         "checkpointed forward holds {held_ckpt} B, scores are {scores} B"
     );
     assert!(
-        held_plain >= held_ckpt + scores,
-        "plain {held_plain} B, checkpointed {held_ckpt} B, scores {scores} B"
+        held_plain >= scores,
+        "plain {held_plain} B, scores {scores} B"
     );
-    assert_eq!(g_ckpt, g_plain, "the recomputation runs the same kernels");
+    // The op's products skip the masked half and read the heads in place: the same sums
+    // in another order.
+    let (err, scale) = max_err(&g_ckpt, &g_plain);
+    assert!(err < 1e-6 * scale.max(1.0), "gradients differ by {err}");
     assert!(dev.validation_messages().is_empty());
 }
 

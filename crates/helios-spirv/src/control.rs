@@ -100,6 +100,23 @@ impl KernelBuilder {
         self.block(merge);
     }
 
+    /// `if cond { return }`: the invocation ends here. A kernel with barriers must call it
+    /// with a condition uniform over the workgroup (every invocation leaves, or none does).
+    #[track_caller]
+    pub fn return_if(&mut self, cond: Val) {
+        self.check_cond(cond);
+        let (then_l, merge) = (self.b.id(), self.b.id());
+        self.b
+            .selection_merge(merge, SelectionControl::NONE)
+            .expect("selection merge");
+        self.b
+            .branch_conditional(cond.id, then_l, merge, [])
+            .expect("conditional branch");
+        self.block(then_l);
+        self.b.ret().expect("return");
+        self.block(merge);
+    }
+
     /// `if cond { then } else { otherwise }`.
     #[track_caller]
     pub fn if_else(

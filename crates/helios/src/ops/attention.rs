@@ -12,6 +12,7 @@
 use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
 use helios_kernels::Storage;
 
+use super::attention_materialised::{self as materialised, HeadView, Heads};
 use crate::device::KernelKey;
 use crate::{DType, Device, Error, IndexTensor, Result, Tensor};
 
@@ -210,6 +211,18 @@ impl Tensor {
         same("v", q, v, dims, dv)?;
         check_dims(dims)?;
         let lens = lengths(opts, dims)?;
+        if materialised_form(q, dims, opts) {
+            let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
+            let h = heads(dims);
+            return materialised::forward(
+                head_view(q, qs),
+                head_view(k, ks),
+                head_view(v, vs),
+                h,
+                opts,
+                scale,
+            );
+        }
         if super::attention_tune::wanted(q, dims.d, &[AttnStage::Forward], opts) {
             super::attention_tune::tune_forward(q, k, v, opts)?;
         }
@@ -264,6 +277,18 @@ impl Tensor {
             )));
         }
         let lens = lengths(opts, dims)?;
+        if materialised_form(q, dims, opts) {
+            let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
+            return materialised::backward(
+                head_view(q, qs),
+                head_view(k, ks),
+                head_view(v, vs),
+                head_view(dout, ds),
+                heads(dims),
+                opts,
+                scale,
+            );
+        }
         if super::attention_tune::wanted(q, dims.d, &[AttnStage::DkDv, AttnStage::Dq], opts) {
             super::attention_tune::tune_backward(q, k, v, fwd, dout, opts)?;
         }
@@ -313,10 +338,13 @@ impl Tensor {
         })
     }
 
-    /// The kernel `choose` picks for `stage` of attention on `self` (q) with `opts`.
+    /// The kernel `choose` picks for `stage` of attention on `self` (q) with `opts`, or
+    /// `materialised` where the scores are stored (f32; see `attention_materialised`).
     pub fn attention_kernel(&self, stage: AttnStage, opts: &AttentionOptions) -> Result<String> {
-        let (dims, _) = view_of("q", self)?;
-        let (_, s) = view_of("q", self)?;
+        let (dims, s) = view_of("q", self)?;
+        if materialised_form(self, dims, opts) {
+            return Ok("materialised".into());
+        }
         Ok(choose(self, stage, dims, opts, aligned(&[s]))?.name())
     }
 
@@ -353,6 +381,30 @@ impl Tensor {
                 )?)
             },
         )
+    }
+}
+
+/// Whether this attention runs in the materialised form (`attention_materialised::wanted`).
+fn materialised_form(q: &Tensor, dims: Dims, opts: &AttentionOptions) -> bool {
+    materialised::wanted(q.dtype(), heads(dims), opts, env_variant().is_some())
+}
+
+fn heads(d: Dims) -> Heads {
+    Heads {
+        b: d.b,
+        t: d.t,
+        h: d.h,
+        d: d.d,
+    }
+}
+
+/// A checked view as the materialised form's operand.
+fn head_view(t: &Tensor, s: ViewStrides) -> HeadView<'_> {
+    HeadView {
+        t,
+        batch: s.batch as usize,
+        seq: s.seq as usize,
+        head: s.head as usize,
     }
 }
 

@@ -13,7 +13,7 @@
 
 use helios_kernels::matmul::{vector_elems, Alignment};
 use helios_kernels::{
-    Activation, Epilogue, MatmulAddresses, MatmulKernel, MatmulShape, MatmulVariant,
+    Activation, Epilogue, MatmulAddresses, MatmulKernel, MatmulShape, MatmulVariant, Triangle,
 };
 use helios_vk::Access;
 
@@ -81,6 +81,9 @@ pub(crate) struct Problem {
     pub out_shape: Vec<usize>,
     pub forced: Option<MatmulVariant>,
     pub forced_splits: Option<u32>,
+    /// The triangle the kernel skips (`Full` for every user-facing product; see
+    /// `Problem::strided`).
+    pub triangle: Triangle,
 }
 
 fn invalid(detail: String) -> Error {
@@ -236,6 +239,11 @@ impl Problem {
             stride_b: to_u32("batch stride of b", stride_b)?,
             stride_c: (m * n) as u32,
             stride_r: (m * n) as u32,
+            inner: 1,
+            inner_a: 0,
+            inner_b: 0,
+            inner_c: 0,
+            inner_r: 0,
         };
         Ok(Problem {
             a: at,
@@ -255,7 +263,40 @@ impl Problem {
             out_shape,
             forced: o.variant,
             forced_splits: o.splits,
+            triangle: Triangle::Full,
         })
+    }
+
+    /// A plain product (no epilogue) over explicit sizes and strides, for ops that index
+    /// their operands in place (attention's (B, H) heads as a two-level batch): `shape`
+    /// addresses the buffers of `a` and `b` from their views' offsets, and the output, a
+    /// tensor of `out_shape` (the whole tensor `record` writes into, in `a`'s dtype), from
+    /// its own. The caller vouches that every access stays inside the views' buffers.
+    pub(crate) fn strided(
+        a: &Tensor,
+        b: &Tensor,
+        shape: MatmulShape,
+        trans: (bool, bool),
+        triangle: Triangle,
+        alpha: f32,
+        out_shape: Vec<usize>,
+    ) -> Problem {
+        Problem {
+            a: a.clone(),
+            b: b.clone(),
+            bias: None,
+            residual: None,
+            shape,
+            trans,
+            input: a.dtype(),
+            out: a.dtype(),
+            epilogue: Epilogue::NONE,
+            alpha,
+            out_shape,
+            forced: None,
+            forced_splits: None,
+            triangle,
+        }
     }
 
     /// The shape of one batched launch computing the product as `splits` partial products
@@ -267,7 +308,12 @@ impl Problem {
     fn split_shape(&self, splits: u32) -> Option<MatmulShape> {
         let s = &self.shape;
         let kc = s.k / splits.max(1);
-        if splits < 2 || s.batch != 1 || !self.epilogue.is_plain() || kc * splits != s.k {
+        if splits < 2
+            || s.batch != 1
+            || !self.epilogue.is_plain()
+            || self.triangle != Triangle::Full
+            || kc * splits != s.k
+        {
             return None;
         }
         if kc % 8 != 0 {
@@ -363,6 +409,7 @@ impl Problem {
             self.epilogue,
             subgroup,
         );
+        k.triangle = self.triangle;
         let w = vector_elems(variant) as usize;
         k.vec_a &= self.a.layout().offset() % w == 0;
         k.vec_b &= self.b.layout().offset() % w == 0;

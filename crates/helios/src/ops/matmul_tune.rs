@@ -165,6 +165,7 @@ pub(crate) fn choose(p: &Problem) -> Result<(Plan, Choice)> {
         p.trans,
         p.shape,
         p.epilogue,
+        p.triangle,
     );
     if let Some(&hit) = memo().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(hit);
@@ -177,7 +178,8 @@ pub(crate) fn choose(p: &Problem) -> Result<(Plan, Choice)> {
     Ok(chosen)
 }
 
-/// (device, binding, input, output, transposes, shape, epilogue) of a matmul problem.
+/// (device, binding, input, output, transposes, shape, epilogue, triangle) of a matmul
+/// problem.
 type MemoKey = (
     usize,
     helios_spirv::Binding,
@@ -186,6 +188,7 @@ type MemoKey = (
     (bool, bool),
     helios_kernels::MatmulShape,
     helios_kernels::Epilogue,
+    helios_kernels::Triangle,
 );
 
 fn memo() -> &'static Mutex<rustc_hash::FxHashMap<MemoKey, (Plan, Choice)>> {
@@ -582,6 +585,9 @@ fn check(p: &Problem, plan: &Plan) -> Result<f64> {
     };
     let small = Problem::new(&a_t, &b_t, &opts)?;
     let mut k = *kernel;
+    // The check's operands are dense and full: it checks the tile's arithmetic, and a
+    // triangle's skipped parts would not match the full reference.
+    k.triangle = helios_kernels::Triangle::Full;
     // The small problem's views are dense: any vector access the kernel assumes is valid.
     k.vec_a &= small.kernel(k.variant, k.subgroup).vec_a;
     k.vec_b &= small.kernel(k.variant, k.subgroup).vec_b;

@@ -78,8 +78,20 @@ impl Tensor {
         let op = if log { "log_softmax" } else { "softmax" };
         let geo = softmax_geometry(op, self.shape(), opts)?;
         let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
-        self.record_softmax(log, false, opts, geo, &[self], &out)?;
+        self.record_softmax(log, false, opts, geo, &[self], &out, None)?;
         Ok(out)
+    }
+
+    /// Softmax of a contiguous tensor and each row's log-sum-exp, ln Σ exp(scale·x) over the
+    /// unmasked columns (f32, the shape without its last axis; −inf for a fully masked row),
+    /// in one kernel. No autograd (attention's materialised form uses it).
+    pub(crate) fn softmax_lse(&self, opts: SoftmaxOptions) -> Result<(Tensor, Tensor)> {
+        let geo = softmax_geometry("softmax", self.shape(), opts)?;
+        let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
+        let rows = &self.shape()[..self.shape().len() - 1];
+        let lse = Tensor::empty(self.device(), rows.to_vec(), crate::DType::F32)?;
+        self.record_softmax(false, false, opts, geo, &[self], &out, Some(&lse))?;
+        Ok((out, lse))
     }
 
     fn softmax_bwd(&self, log: bool, dy: &Tensor, opts: SoftmaxOptions) -> Result<Tensor> {
@@ -91,10 +103,11 @@ impl Tensor {
         same_operands(op, self, dy)?;
         let geo = softmax_geometry(op, self.shape(), opts)?;
         let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
-        self.record_softmax(log, true, opts, geo, &[self, dy], &out)?;
+        self.record_softmax(log, true, opts, geo, &[self, dy], &out, None)?;
         Ok(out)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn record_softmax(
         &self,
         log: bool,
@@ -103,6 +116,7 @@ impl Tensor {
         (rows, len, causal_rows): (u32, u32, u32),
         inputs: &[&Tensor],
         out: &Tensor,
+        lse: Option<&Tensor>,
     ) -> Result<()> {
         if rows == 0 || len == 0 {
             return Ok(());
@@ -121,13 +135,18 @@ impl Tensor {
             workgroup,
             binding: device.binding(),
             whole: helios_kernels::rows::whole_rows(u64::from(len), &cfg),
+            lse: lse.is_some(),
         };
         let reads: Vec<_> = inputs.iter().map(|t| t.buffer()).collect::<Result<_>>()?;
+        let mut writes = vec![out.buffer()?];
+        if let Some(l) = lse {
+            writes.push(l.buffer()?);
+        }
         device.dispatch_rows(
             KernelKey::Softmax(kernel),
             || kernel.build(),
             &reads,
-            &[out.buffer()?],
+            &writes,
             |c, g, addrs| {
                 let l = kernel.launch(
                     &c.module,

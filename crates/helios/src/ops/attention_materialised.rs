@@ -1,0 +1,270 @@
+//! Attention with its scores stored: the f32 form, on the matmul and softmax kernels.
+//!
+//! Without cooperative matrices the flash kernels run on FMA units at a third of a GEMM's
+//! rate, so in f32 it is faster to store the (B, H, T, T) scores and run the products as
+//! batched GEMMs (on an H100 at 8×12×1024×64 the flash kernels take 4.7 ms forward and
+//! backward; bench/results/2026-11-24-attention-f32-h100-session8.txt). The one decision a
+//! reader must know: every product reads Q, K, V and dO in place through their strides (the
+//! (B, H) heads are a two-level batch) and writes dense [B, T, H, D] outputs, and under a
+//! causal mask each skips the half the mask makes zero (`Triangle`):
+//!
+//! | product | triangle |
+//! |---|---|
+//! | S = Q·Kᵀ, dP = dO·Vᵀ | only the lower triangle is computed (the softmax masks the rest) |
+//! | O = P·V, dQ = dS·K | P and dS are zero above the diagonal: k stops at the tile's last row |
+//! | dV = Pᵀ·dO, dK = dSᵀ·Q | Pᵀ and dSᵀ are zero below it: k starts at the tile's first row |
+//!
+//! The softmax writes the zeros those products read. The backward computes S and P again
+//! (one product and one softmax) rather than keep P per layer; dS = scale·P∘(dP − Σ P∘dP) is
+//! the softmax's own backward.
+
+use helios_kernels::{MatmulShape, Triangle};
+
+use super::attention::{AttentionGrads, AttentionOptions, AttentionOutput};
+use super::matmul::Problem;
+use super::matmul_tune;
+use super::softmax::SoftmaxOptions;
+use crate::{DType, Result, Tensor};
+
+/// Most bytes of f32 scores, B·H·T·T·4, the stored form takes; larger problems run the flash
+/// kernels, whose memory is O(T). At 1 GiB the backward holds three such tensors at once.
+pub const MATERIALISED_BYTES: u64 = 1 << 30;
+
+/// (B, T, H, D) of a problem.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Heads {
+    pub b: usize,
+    pub t: usize,
+    pub h: usize,
+    pub d: usize,
+}
+
+/// One [B, T, H, D] operand read (or written) in place: its tensor (whose view offset is
+/// where head (0, 0) starts) and its batch, seq and head strides.
+#[derive(Clone, Copy)]
+pub(crate) struct HeadView<'a> {
+    pub t: &'a Tensor,
+    pub batch: usize,
+    pub seq: usize,
+    pub head: usize,
+}
+
+impl<'a> HeadView<'a> {
+    /// A dense [B, T, H, D] tensor.
+    fn dense(t: &'a Tensor, x: Heads) -> HeadView<'a> {
+        HeadView {
+            t,
+            batch: x.t * x.h * x.d,
+            seq: x.h * x.d,
+            head: x.d,
+        }
+    }
+
+    /// The view as the T×D matrix of each head (`trans`: read as D×T).
+    fn matrix(self, trans: bool) -> Operand<'a> {
+        Operand {
+            t: self.t,
+            trans,
+            ld: self.seq,
+            batch: self.batch,
+            head: self.head,
+        }
+    }
+}
+
+/// Whether attention of this size and these options runs in this form: f32, no key
+/// lengths, no forced flash variant (`opts.variant`, `stage_variant`, `HELIOS_ATTN_VARIANT`),
+/// and scores within `MATERIALISED_BYTES`.
+pub(crate) fn wanted(dtype: DType, x: Heads, opts: &AttentionOptions, forced_env: bool) -> bool {
+    let scores = 4 * (x.b * x.h) as u64 * (x.t as u64) * (x.t as u64);
+    dtype == DType::F32
+        && opts.key_lengths.is_none()
+        && opts.variant.is_none()
+        && opts.stage_variant.is_none()
+        && !forced_env
+        && scores <= MATERIALISED_BYTES
+}
+
+/// `alpha · a · b` for every head, written into `out`: each operand a matrix per head,
+/// read as its transpose where marked; sizes `(m, n, k)`.
+fn product(
+    x: Heads,
+    a: Operand,
+    b: Operand,
+    out: Operand,
+    (m, n, k): (usize, usize, usize),
+    triangle: Triangle,
+    alpha: f32,
+) -> Result<()> {
+    let u = |v: usize| v as u32;
+    let shape = MatmulShape {
+        batch: u(x.b * x.h),
+        m: u(m),
+        n: u(n),
+        k: u(k),
+        lda: u(a.ld),
+        ldb: u(b.ld),
+        ldc: u(out.ld),
+        ldr: u(out.ld),
+        stride_a: u(a.batch),
+        stride_b: u(b.batch),
+        stride_c: u(out.batch),
+        stride_r: u(out.batch),
+        inner: u(x.h),
+        inner_a: u(a.head),
+        inner_b: u(b.head),
+        inner_c: u(out.head),
+        inner_r: u(out.head),
+    };
+    let p = Problem::strided(
+        a.t,
+        b.t,
+        shape,
+        (a.trans, b.trans),
+        triangle,
+        alpha,
+        out.t.shape().to_vec(),
+    );
+    let (plan, _) = matmul_tune::choose(&p)?;
+    p.record(&plan.kernel, out.t)
+}
+
+/// One matrix operand of `product`: the tensor, transposed or not, its leading dimension
+/// and its batch and head strides.
+#[derive(Clone, Copy)]
+struct Operand<'a> {
+    t: &'a Tensor,
+    trans: bool,
+    ld: usize,
+    batch: usize,
+    head: usize,
+}
+
+/// A dense (B, H, T, T) tensor as each head's T×T matrix (`trans`: its transpose).
+fn scores(t: &Tensor, x: Heads, trans: bool) -> Operand<'_> {
+    Operand {
+        t,
+        trans,
+        ld: x.t,
+        batch: x.h * x.t * x.t,
+        head: x.t * x.t,
+    }
+}
+
+fn triangle(causal: bool, t: Triangle) -> Triangle {
+    if causal {
+        t
+    } else {
+        Triangle::Full
+    }
+}
+
+/// P = softmax(scale·Q·Kᵀ + mask) as dense (B, H, T, T), and the rows' log-sum-exp.
+fn probabilities(
+    q: HeadView,
+    k: HeadView,
+    x: Heads,
+    opts: &AttentionOptions,
+    scale: f32,
+) -> Result<(Tensor, Tensor)> {
+    let s = Tensor::empty(q.t.device(), vec![x.b, x.h, x.t, x.t], DType::F32)?;
+    product(
+        x,
+        q.matrix(false),
+        k.matrix(true),
+        scores(&s, x, false),
+        (x.t, x.t, x.d),
+        triangle(opts.causal, Triangle::LowerC),
+        1.0,
+    )?;
+    s.softmax_lse(softmax_options(opts, scale))
+}
+
+fn softmax_options(opts: &AttentionOptions, scale: f32) -> SoftmaxOptions {
+    SoftmaxOptions {
+        scale,
+        causal: opts.causal,
+    }
+}
+
+/// O ([B, T, H, D]) and the log-sum-exp ([B, H, T]).
+pub(crate) fn forward(
+    q: HeadView,
+    k: HeadView,
+    v: HeadView,
+    x: Heads,
+    opts: &AttentionOptions,
+    scale: f32,
+) -> Result<AttentionOutput> {
+    let (p, lse) = probabilities(q, k, x, opts, scale)?;
+    let out = Tensor::empty(q.t.device(), vec![x.b, x.t, x.h, x.d], DType::F32)?;
+    product(
+        x,
+        scores(&p, x, false),
+        v.matrix(false),
+        HeadView::dense(&out, x).matrix(false),
+        (x.t, x.d, x.t),
+        triangle(opts.causal, Triangle::LowerA),
+        1.0,
+    )?;
+    Ok(AttentionOutput { out, lse })
+}
+
+/// dQ, dK, dV (dense [B, T, H, D]) from dO.
+pub(crate) fn backward(
+    q: HeadView,
+    k: HeadView,
+    v: HeadView,
+    dout: HeadView,
+    x: Heads,
+    opts: &AttentionOptions,
+    scale: f32,
+) -> Result<AttentionGrads> {
+    let device = q.t.device();
+    let (p, _) = probabilities(q, k, x, opts, scale)?;
+    let dp = Tensor::empty(device, vec![x.b, x.h, x.t, x.t], DType::F32)?;
+    product(
+        x,
+        dout.matrix(false),
+        v.matrix(true),
+        scores(&dp, x, false),
+        (x.t, x.t, x.d),
+        triangle(opts.causal, Triangle::LowerC),
+        1.0,
+    )?;
+    // scale·P∘(dP − Σ P∘dP): the gradient of the unscaled scores.
+    let ds = p.softmax_backward(&dp, softmax_options(opts, scale))?;
+    drop(dp);
+    let grad = || Tensor::empty(device, vec![x.b, x.t, x.h, x.d], DType::F32);
+    let (dq, dk, dv) = (grad()?, grad()?, grad()?);
+    let rows = (x.t, x.d, x.t);
+    product(
+        x,
+        scores(&p, x, true),
+        dout.matrix(false),
+        HeadView::dense(&dv, x).matrix(false),
+        rows,
+        triangle(opts.causal, Triangle::UpperA),
+        1.0,
+    )?;
+    drop(p);
+    product(
+        x,
+        scores(&ds, x, false),
+        k.matrix(false),
+        HeadView::dense(&dq, x).matrix(false),
+        rows,
+        triangle(opts.causal, Triangle::LowerA),
+        1.0,
+    )?;
+    product(
+        x,
+        scores(&ds, x, true),
+        q.matrix(false),
+        HeadView::dense(&dk, x).matrix(false),
+        rows,
+        triangle(opts.causal, Triangle::UpperA),
+        1.0,
+    )?;
+    Ok(AttentionGrads { dq, dk, dv })
+}
