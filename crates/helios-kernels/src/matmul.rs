@@ -77,15 +77,20 @@ pub enum Triangle {
     /// Only C on and below the diagonal is wanted: a workgroup whose tile lies wholly above
     /// it stores nothing (those outputs keep what they held).
     LowerC,
-    /// A is zero above the diagonal: the k loop ends after the tile's last row. The zeros
-    /// must be in memory (the k steps the tile does run read them).
+    /// A is read as zero above the diagonal, whatever is stored there: the k loop ends
+    /// after the tile's last row, and the steps it runs mask A. SIMT kernels only.
     LowerA,
-    /// A is zero below the diagonal: the k loop starts at the k step holding the tile's
-    /// first row (zeros in memory, as for `LowerA`).
+    /// A is read as zero below the diagonal: the k loop starts at the k step holding the
+    /// tile's first row (masked as for `LowerA`). SIMT kernels only.
     UpperA,
 }
 
 impl Triangle {
+    /// Whether A is masked to a triangle.
+    pub const fn masks_a(self) -> bool {
+        matches!(self, Triangle::LowerA | Triangle::UpperA)
+    }
+
     fn tag(self) -> &'static str {
         match self {
             Triangle::Full => "",
@@ -508,6 +513,7 @@ impl MatmulKernel {
         }
         match v {
             Variant::Simt(_) => true,
+            _ if self.triangle.masks_a() => false,
             Variant::Wg(t) => {
                 (!t.tensor || (self.input == Storage::F16 && caps.coop_wg_tensor))
                     && self.epilogue.is_plain()

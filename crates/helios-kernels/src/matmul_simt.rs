@@ -9,13 +9,14 @@
 //! operand is copied as whole vectors. Two shared buffers and a register prefetch give one
 //! barrier per k step: the next tile's global loads are issued before the current tile's
 //! FMAs. Out-of-range rows, columns and k are read as zeros from clamped addresses (no
-//! branches in the main loop); only the final stores are guarded.
+//! branches in the main loop); only the final stores are guarded. A triangular A
+//! (`Triangle::LowerA`/`UpperA`) is masked where it is stored into shared memory.
 
 use helios_spirv::{Binding, KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
 
 use crate::matmul::{
     declare, k_span, mask, skip_upper_tile, staged_k_loop, store_quad, tile_origin, Dims,
-    MatmulKernel, SimtTile, BK_SIMT,
+    MatmulKernel, SimtTile, Triangle, BK_SIMT,
 };
 use crate::storage::{buffer_scalar, load_f32};
 
@@ -29,6 +30,9 @@ struct Operand {
     vec: bool,
     /// vec4s per staged k row (`outer / 4 + 1`, one vec4 of padding).
     row: u32,
+    /// A only, under `Triangle::LowerA`/`UpperA`: the tile's first row, and whether the
+    /// lower triangle is kept (else the upper one).
+    triangle: Option<(Val, bool)>,
 }
 
 impl Operand {
@@ -66,12 +70,18 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
         k_contiguous: !kern.trans_a,
         vec: kern.vec_a,
         row: bm / 4 + 1,
+        triangle: match kern.triangle {
+            Triangle::LowerA => Some((m0, true)),
+            Triangle::UpperA => Some((m0, false)),
+            Triangle::Full | Triangle::LowerC => None,
+        },
     };
     let b_op = Operand {
         outer: bn,
         k_contiguous: kern.trans_b,
         vec: kern.vec_b,
         row: bn / 4 + 1,
+        triangle: None,
     };
     let vec4 = Ty::vector(Scalar::F32, 4);
     let a_len = BK_SIMT * a_op.row;
@@ -288,7 +298,8 @@ fn load_tile(
 }
 
 /// Stores the units loaded at k = `k0` into the k-major staging buffer at vec4 offset
-/// `base`; vector-loaded units past K are zeroed here (see `load_tile`).
+/// `base`; vector-loaded units past K are zeroed here (see `load_tile`), and so are the
+/// entries of a triangular A outside its triangle.
 #[allow(clippy::too_many_arguments)]
 fn store_tile(
     k: &mut KernelBuilder,
@@ -309,6 +320,26 @@ fn store_tile(
             mask(k, ok, v)
         } else {
             v
+        };
+        let v = match op.triangle {
+            None => v,
+            Some((m0, lower)) => {
+                // Row and k of each lane: four k along a row, or four rows at one k.
+                let lanes: Vec<Val> = (0..4).map(|l| k.u32(l)).collect();
+                let lanes = k.vector(&lanes);
+                let row = k.add(m0, o);
+                let row = k.splat(row, 4);
+                let gk = k.add(k0, kk);
+                let gk = k.splat(gk, 4);
+                let (row, gk) = if op.k_contiguous {
+                    (row, k.add(gk, lanes))
+                } else {
+                    (k.add(row, lanes), gk)
+                };
+                let keep = if lower { k.le(gk, row) } else { k.ge(gk, row) };
+                let zero = k.constant_bits(v.ty, 0);
+                k.select(keep, v, zero)
+            }
         };
         let store = |k: &mut KernelBuilder| {
             let row = k.u32(op.row);

@@ -108,6 +108,10 @@ pub struct SoftmaxKernel {
     /// unmasked columns (−inf for a fully masked row), to an f32 buffer `lse` of one value
     /// per row (what attention's backward takes).
     pub lse: bool,
+    /// Causal only: a row i stops at its diagonal, so columns j > i are neither read nor
+    /// written (what they hold stays), for consumers that ignore them (attention's
+    /// triangular products). Forward and backward alike.
+    pub prefix: bool,
 }
 
 /// What the output pass applies to each shifted input, computed once per row from its max
@@ -123,11 +127,12 @@ impl SoftmaxKernel {
     pub fn name(&self) -> String {
         let v = self.variant.tag();
         format!(
-            "{}softmax{}{}{}_{v}{}_{}_{}_wg{}",
+            "{}softmax{}{}{}{}_{v}{}_{}_{}_wg{}",
             if self.log { "log_" } else { "" },
             if self.backward { "_bwd" } else { "" },
             if self.causal { "_causal" } else { "" },
             if self.lse { "_lse" } else { "" },
+            if self.prefix { "_prefix" } else { "" },
             if self.whole { "w" } else { "" },
             self.storage.name(),
             self.reducer.tag(),
@@ -172,8 +177,19 @@ impl SoftmaxKernel {
         let lane = groups.lane(&mut k);
         let base = k.mul(g, per);
         let unit = k.add(base, gi);
-        let (row, valid) = Row::nth(&mut k, unit, rows, len, 4, self.whole);
+        assert!(
+            !self.prefix || self.causal,
+            "a prefix row needs the causal mask"
+        );
+        let (mut row, valid) = Row::nth(&mut k, unit, rows, len, 4, self.whole && !self.prefix);
         let causal_i = self.causal.then(|| k.rem(unit, causal_rows));
+        if let (true, Some(i)) = (self.prefix, causal_i) {
+            // Row i ends after column i (an empty row stays empty).
+            let one = k.u32(1);
+            let seen = k.add(i, one);
+            let end = k.add(row.start, seen);
+            row.end = k.min(row.end, end);
+        }
         let ctx = Ctx {
             row,
             lane,
@@ -626,6 +642,7 @@ impl SoftmaxKernel {
                         binding,
                         whole: log,
                         lse: !log && !backward && i != 1,
+                        prefix: !log && (i + usize::from(log)) % 2 == 0,
                     });
                 }
             }

@@ -309,6 +309,16 @@ fn kv_cache_generation_matches_recomputation() {
         seed: 3,
     };
     let prompt = &r.inputs[..10];
+    // What the first token is drawn from: the whole prompt's last logits, as recomputation
+    // gets them, against the reference.
+    let (idx, pos) = model::inputs(&r.config, &dev, prompt, 1, prompt.len()).unwrap();
+    let last = helios::no_grad(|| model::forward_last(&params, &idx, &pos))
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let at = prompt.len() - 1;
+    let (err, _) = max_err(&last, &r.tensors["logits"].data[at * v..(at + 1) * v]);
+    assert!(err < 1e-4, "prompt logits: {err}");
     let cached = generate(&params, &dev, prompt, 60, &s, |_| {}).unwrap();
     let full = generate_recompute(&params, &dev, prompt, 60, &s, |_| {}).unwrap();
     assert_eq!(cached, full);

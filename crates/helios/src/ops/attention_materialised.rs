@@ -11,10 +11,11 @@
 //! | product | triangle |
 //! |---|---|
 //! | S = Q·Kᵀ, dP = dO·Vᵀ | only the lower triangle is computed (the softmax masks the rest) |
-//! | O = P·V, dQ = dS·K | P and dS are zero above the diagonal: k stops at the tile's last row |
-//! | dV = Pᵀ·dO, dK = dSᵀ·Q | Pᵀ and dSᵀ are zero below it: k starts at the tile's first row |
+//! | O = P·V, dQ = dS·K | P and dS are read as zero above the diagonal: k stops at the tile's last row |
+//! | dV = Pᵀ·dO, dK = dSᵀ·Q | Pᵀ and dSᵀ are read as zero below it: k starts at the tile's first row |
 //!
-//! The softmax writes the zeros those products read. The backward computes S and P again
+//! The triangular products read P and dS as zero outside their triangle, so the softmax and
+//! its backward touch only each row's causal prefix. The backward computes S and P again
 //! (one product and one softmax) rather than keep P per layer; dS = scale·P∘(dP − Σ P∘dP) is
 //! the softmax's own backward.
 
@@ -233,7 +234,7 @@ pub(crate) fn backward(
         1.0,
     )?;
     // scale·P∘(dP − Σ P∘dP): the gradient of the unscaled scores.
-    let ds = p.softmax_backward(&dp, softmax_options(opts, scale))?;
+    let ds = p.softmax_backward_prefix(&dp, softmax_options(opts, scale))?;
     drop(dp);
     let grad = || Tensor::empty(device, vec![x.b, x.t, x.h, x.d], DType::F32);
     let (dq, dk, dv) = (grad()?, grad()?, grad()?);

@@ -78,20 +78,51 @@ impl Tensor {
         let op = if log { "log_softmax" } else { "softmax" };
         let geo = softmax_geometry(op, self.shape(), opts)?;
         let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
-        self.record_softmax(log, false, opts, geo, &[self], &out, None)?;
+        let how = Record {
+            log,
+            backward: false,
+            prefix: false,
+        };
+        self.record_softmax(how, opts, geo, &[self], &out, None)?;
         Ok(out)
     }
 
     /// Softmax of a contiguous tensor and each row's log-sum-exp, ln Σ exp(scale·x) over the
     /// unmasked columns (f32, the shape without its last axis; −inf for a fully masked row),
-    /// in one kernel. No autograd (attention's materialised form uses it).
+    /// in one kernel, for attention's materialised form (no autograd). Causal rows stop at
+    /// the diagonal: the output's columns past it are left unwritten, for consumers that
+    /// ignore them.
     pub(crate) fn softmax_lse(&self, opts: SoftmaxOptions) -> Result<(Tensor, Tensor)> {
         let geo = softmax_geometry("softmax", self.shape(), opts)?;
         let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
         let rows = &self.shape()[..self.shape().len() - 1];
         let lse = Tensor::empty(self.device(), rows.to_vec(), crate::DType::F32)?;
-        self.record_softmax(false, false, opts, geo, &[self], &out, Some(&lse))?;
+        let how = Record {
+            log: false,
+            backward: false,
+            prefix: opts.causal,
+        };
+        self.record_softmax(how, opts, geo, &[self], &out, Some(&lse))?;
         Ok((out, lse))
+    }
+
+    /// `softmax_backward` of `softmax_lse`'s output: causal rows read and write only up to
+    /// the diagonal, so the gradient's columns past it are left unwritten.
+    pub(crate) fn softmax_backward_prefix(
+        &self,
+        dy: &Tensor,
+        opts: SoftmaxOptions,
+    ) -> Result<Tensor> {
+        same_operands("softmax_backward", self, dy)?;
+        let geo = softmax_geometry("softmax_backward", self.shape(), opts)?;
+        let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
+        let how = Record {
+            log: false,
+            backward: true,
+            prefix: opts.causal,
+        };
+        self.record_softmax(how, opts, geo, &[self, dy], &out, None)?;
+        Ok(out)
     }
 
     fn softmax_bwd(&self, log: bool, dy: &Tensor, opts: SoftmaxOptions) -> Result<Tensor> {
@@ -103,15 +134,22 @@ impl Tensor {
         same_operands(op, self, dy)?;
         let geo = softmax_geometry(op, self.shape(), opts)?;
         let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
-        self.record_softmax(log, true, opts, geo, &[self, dy], &out, None)?;
+        let how = Record {
+            log,
+            backward: true,
+            prefix: false,
+        };
+        self.record_softmax(how, opts, geo, &[self, dy], &out, None)?;
         Ok(out)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn record_softmax(
         &self,
-        log: bool,
-        backward: bool,
+        Record {
+            log,
+            backward,
+            prefix,
+        }: Record,
         opts: SoftmaxOptions,
         (rows, len, causal_rows): (u32, u32, u32),
         inputs: &[&Tensor],
@@ -136,6 +174,7 @@ impl Tensor {
             binding: device.binding(),
             whole: helios_kernels::rows::whole_rows(u64::from(len), &cfg),
             lse: lse.is_some(),
+            prefix,
         };
         let reads: Vec<_> = inputs.iter().map(|t| t.buffer()).collect::<Result<_>>()?;
         let mut writes = vec![out.buffer()?];
@@ -162,6 +201,15 @@ impl Tensor {
             },
         )
     }
+}
+
+/// Which softmax kernel `record_softmax` runs (see `SoftmaxKernel`).
+#[derive(Clone, Copy)]
+struct Record {
+    log: bool,
+    backward: bool,
+    /// Causal rows stop at the diagonal.
+    prefix: bool,
 }
 
 /// (rows, row length, T of the causal (…, T, L) view) of a softmax over the last axis.
