@@ -227,7 +227,7 @@ mod matmul {
                 }
                 continue;
             }
-            for (j, trans) in TRANS.into_iter().enumerate() {
+            for trans in TRANS {
                 let mut k = kernel(v, Storage::F16, Storage::F16, trans, true, Epilogue::NONE);
                 check(&k);
                 // Cooperative tiles take no triangular A (they do not mask it).
