@@ -606,6 +606,12 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
                 s,
                 scalar_first,
             } => {
+                // The fused max and min take their scalar to be a number (`Instr::Binary`);
+                // with a NaN scalar every element is NaN, which `x + NaN` computes.
+                let op = match op {
+                    BinaryOp::Max | BinaryOp::Min if s.is_nan() => BinaryOp::Add,
+                    op => op,
+                };
                 let c = constant(&mut code, s);
                 match scalar_first {
                     true => Instr::Binary(op, c, args[0]),
