@@ -295,6 +295,57 @@ fn fused_scalar_max_and_min_propagate_nan() {
     assert_no_validation_messages();
 }
 
+/// Members that die in a realisation become spares that later nodes reuse (see `lazy.rs`):
+/// chains built on reused nodes give the CPU's values, a spare is not a live node, and it
+/// holds no device (dropping the device releases its context).
+#[test]
+fn spare_nodes_are_reused_and_hold_nothing() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = common::device_with(|c| c);
+    let ctx = d.context().clone();
+    let live = graph_stats().live_nodes;
+    for round in 0..3 {
+        // Another length each round: a reused node takes the new one.
+        let n = 1027 + 8 * round;
+        let data: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 0.25 - 1.5).collect();
+        let x = Tensor::from_slice(&d, &data, &[n]).unwrap();
+        let mut t = x.clone();
+        let mut want = data.clone();
+        // Three scalars a round: the chain is one group (each distinct scalar is a push
+        // constant), so every member but the root becomes a spare.
+        for i in 0..300 {
+            let s = 1.0 + (round * 3 + i % 3) as f32 * 1e-3;
+            (t, want) = match i % 3 {
+                0 => (
+                    t.mul_scalar(s).unwrap(),
+                    want.iter().map(|v| v * s).collect(),
+                ),
+                1 => (
+                    t.add_scalar(-s).unwrap(),
+                    want.iter().map(|v| v - s).collect(),
+                ),
+                _ => (
+                    t.maximum_scalar(-s).unwrap(),
+                    want.iter().map(|v| v.max(-s)).collect(),
+                ),
+            };
+        }
+        let got = t.to_vec().unwrap();
+        assert_eq!(got.len(), n);
+        if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
+            panic!("round {round}, element {i}: {} vs {}", got[i], want[i]);
+        }
+    }
+    assert_eq!(graph_stats().live_nodes, live, "spares are not live nodes");
+    common::assert_clean(&d);
+    drop(d);
+    assert_eq!(
+        std::sync::Arc::strong_count(&ctx),
+        1,
+        "no spare keeps the device (and its context) alive"
+    );
+}
+
 #[test]
 fn a_pending_result_read_back_is_written_to_host_memory_by_its_kernel() {
     let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
