@@ -20,7 +20,7 @@ use helios_spirv::{Access, Binding, Buffer, CmpOp, KernelBuilder, KernelModule, 
 use crate::elementwise::{binary_expr, unary_expr, BinaryOp, UnaryOp};
 use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
 use crate::storage::{buffer_scalar, f32_to_bf16_bits, load_f32, store_f32, Storage};
-use crate::KernelError;
+use crate::{math, KernelError};
 
 /// A comparison giving 1.0 where true and 0.0 where false (NaN compares unequal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,6 +87,10 @@ pub enum Instr {
     /// compiler folds `x · 0` to 0 for a NaN `x`).
     Scalar(u16),
     Unary(UnaryOp, u32),
+    /// `op(a, b)`. A `Max` or `Min` with one `Scalar` operand takes that scalar to be a
+    /// number (three instructions instead of six: only the other operand's NaN is tested);
+    /// `launch` refuses a NaN there. `max(x, NaN)` is NaN for every `x`, so it is written
+    /// `Add` (`x + NaN`).
     Binary(BinaryOp, u32, u32),
     /// 1.0 where `a op b`, else 0.0.
     Compare(Compare, u32, u32),
@@ -496,7 +500,7 @@ impl FusedKernel {
                 }
                 Instr::Scalar(i) => k.splat(scalars[usize::from(i)], lanes),
                 Instr::Unary(op, a) => unary_expr(k, op, vals[a as usize]),
-                Instr::Binary(op, a, b) => binary_expr(k, op, vals[a as usize], vals[b as usize]),
+                Instr::Binary(op, a, b) => self.binary(k, op, (a, b), &vals),
                 Instr::Compare(op, a, b) => {
                     let c = k.cmp(op.op(), vals[a as usize], vals[b as usize]);
                     let one = k.const_float(fty, 1.0);
@@ -513,6 +517,59 @@ impl FusedKernel {
             vals.push(v);
         }
         vals
+    }
+
+    /// `op` over the values of instructions `a` and `b`: a max or min of a scalar parameter
+    /// (a number: see `Instr::Binary`) tests only the other operand for NaN.
+    fn binary(&self, k: &mut KernelBuilder, op: BinaryOp, (a, b): (u32, u32), vals: &[Val]) -> Val {
+        let (va, vb) = (vals[a as usize], vals[b as usize]);
+        let want_max = match op {
+            BinaryOp::Max => true,
+            BinaryOp::Min => false,
+            _ => return binary_expr(k, op, va, vb),
+        };
+        match (self.is_scalar(a), self.is_scalar(b)) {
+            (false, true) => math::max_nan_number(k, va, vb, want_max),
+            (true, false) => math::max_nan_number(k, vb, va, want_max),
+            _ => binary_expr(k, op, va, vb),
+        }
+    }
+
+    fn is_scalar(&self, i: u32) -> bool {
+        matches!(self.code[i as usize], Instr::Scalar(_))
+    }
+
+    /// Checks the scalar values a launch passes: one feeding a max or min must be a number
+    /// (the kernel does not test it for NaN).
+    pub(crate) fn check_scalars(&self, scalars: &[f32]) -> Result<(), KernelError> {
+        if scalars.len() != usize::from(self.scalars) {
+            return Err(KernelError::Arguments {
+                kernel: self.name(),
+                detail: format!("expects {} scalars, got {}", self.scalars, scalars.len()),
+            });
+        }
+        if !scalars.iter().any(|s| s.is_nan()) {
+            return Ok(());
+        }
+        for ins in &self.code {
+            let Instr::Binary(BinaryOp::Max | BinaryOp::Min, a, b) = *ins else {
+                continue;
+            };
+            for o in [a, b] {
+                if let Instr::Scalar(i) = self.code[o as usize] {
+                    if scalars[usize::from(i)].is_nan() {
+                        return Err(KernelError::Arguments {
+                            kernel: self.name(),
+                            detail: format!(
+                                "scalar {i} is NaN but feeds a max or min, which take their \
+                                 scalar as a number (write max(x, NaN) as x + NaN)"
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     fn load(
@@ -586,12 +643,7 @@ impl FusedKernel {
         if self.binding == Binding::DeviceAddress {
             args.extend(inputs.iter().chain(outputs).map(|&a| Arg::Address(a)));
         }
-        if scalars.len() != usize::from(self.scalars) {
-            return Err(KernelError::Arguments {
-                kernel: self.name(),
-                detail: format!("expects {} scalars, got {}", self.scalars, scalars.len()),
-            });
-        }
+        self.check_scalars(scalars)?;
         args.extend(scalars.iter().map(|&s| Arg::F32(s)));
         self.offset_args(offsets, &mut args)?;
         let per_group = if self.vectorized() {
@@ -662,4 +714,78 @@ fn coordinates(k: &mut KernelBuilder, shape: &[u32], e: Val) -> Vec<Val> {
     }
     cs[0] = rest;
     cs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `op(x, s)` over 64 f32, with `s` a scalar (or a second input).
+    fn kernel(op: BinaryOp, scalar: bool) -> FusedKernel {
+        let input = FusedInput {
+            dtype: Storage::F32,
+            shape: vec![64],
+            strides: vec![1],
+            aligned: true,
+            window: None,
+        };
+        let (second, inputs, scalars) = match scalar {
+            true => (Instr::Scalar(0), vec![input], 1),
+            false => (Instr::Input(1), vec![input.clone(), input], 0),
+        };
+        FusedKernel {
+            binding: Binding::DeviceAddress,
+            len: 64,
+            inputs,
+            code: vec![Instr::Input(0), second, Instr::Binary(op, 0, 1)],
+            outputs: vec![(2, Storage::F32)],
+            scalars,
+            vecs: 1,
+        }
+    }
+
+    fn count(module: &KernelModule, op: &str) -> usize {
+        module
+            .disassemble()
+            .lines()
+            .filter(|l| l.contains(op))
+            .count()
+    }
+
+    /// A max or min of a scalar tests only the tensor operand for NaN (three instructions,
+    /// where two tensors take six); the snapshot of that choice.
+    #[test]
+    fn scalar_max_and_min_test_one_operand_for_nan() {
+        for op in [BinaryOp::Max, BinaryOp::Min] {
+            let with_scalar = kernel(op, true).build(64);
+            assert_eq!(count(&with_scalar, "OpIsNan"), 1);
+            assert_eq!(count(&with_scalar, "OpLogicalOr"), 0);
+            let two_tensors = kernel(op, false).build(64);
+            assert_eq!(count(&two_tensors, "OpIsNan"), 2);
+        }
+    }
+
+    /// The launch refuses a NaN scalar where the kernel takes it as a number, and accepts it
+    /// elsewhere.
+    #[test]
+    fn a_nan_scalar_of_a_max_is_refused() {
+        let geometry = Geometry {
+            workgroup: 64,
+            max_groups_x: 65535,
+        };
+        for op in [BinaryOp::Max, BinaryOp::Min, BinaryOp::Add] {
+            let k = kernel(op, true);
+            let m = k.build(64);
+            let launch = |s: f32| k.launch(&m, geometry, &[0x1000], &[0x2000], &[s], &[]);
+            assert!(launch(2.0).is_ok());
+            let nan = launch(f32::NAN);
+            match op {
+                BinaryOp::Add => assert!(nan.is_ok(), "{nan:?}"),
+                _ => assert!(
+                    matches!(nan, Err(KernelError::Arguments { .. })),
+                    "{op:?}: {nan:?}"
+                ),
+            }
+        }
+    }
 }

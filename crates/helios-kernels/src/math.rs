@@ -95,10 +95,11 @@ pub fn gelu_tanh(k: &mut KernelBuilder, x: Val) -> Val {
 /// into a max that drops the NaN; the explicit NaN test survives.)
 pub fn relu(k: &mut KernelBuilder, x: Val) -> Val {
     let zero = splat_f(k, x, 0.0);
-    max_nan(k, x, zero, true)
+    max_nan_number(k, x, zero, true)
 }
 
-/// Maximum or minimum that returns NaN when either operand is NaN (as PyTorch does).
+/// Maximum or minimum that returns NaN when either operand is NaN (as PyTorch does): six
+/// instructions. `max_nan_number` is the three-instruction form for a `b` that is never NaN.
 pub fn max_nan(k: &mut KernelBuilder, a: Val, b: Val, want_max: bool) -> Val {
     let m = if want_max { k.max(a, b) } else { k.min(a, b) };
     let na = k.is_nan(a);
@@ -106,6 +107,16 @@ pub fn max_nan(k: &mut KernelBuilder, a: Val, b: Val, want_max: bool) -> Val {
     let any = k.or(na, nb);
     let nan = k.add(a, b);
     k.select(any, nan, m)
+}
+
+/// `max_nan` for a `b` the caller knows is not NaN (a constant, or a scalar parameter its
+/// launch has checked): `isnan(a) ? a : max(a, b)`. GLSL's `FMax` may return either operand
+/// of a NaN, so only `a`'s NaN needs the explicit test, which NVIDIA's compiler keeps (see
+/// `relu`).
+pub fn max_nan_number(k: &mut KernelBuilder, a: Val, b: Val, want_max: bool) -> Val {
+    let m = if want_max { k.max(a, b) } else { k.min(a, b) };
+    let na = k.is_nan(a);
+    k.select(na, a, m)
 }
 
 /// C99 `pow(a, b)` on f32: exp2(b·log2|a|) with the sign for odd integer exponents and the

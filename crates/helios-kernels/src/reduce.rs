@@ -716,12 +716,15 @@ impl ReduceKernel {
         scale: f32,
         (scalars, offsets): (&[f32], &[u32]),
     ) -> Result<Launch, KernelError> {
-        let want_scalars = self.prologue.as_ref().map_or(0, |p| usize::from(p.scalars));
-        if scalars.len() != want_scalars {
-            return Err(KernelError::Arguments {
-                kernel: self.name(),
-                detail: format!("expects {want_scalars} scalars, got {}", scalars.len()),
-            });
+        match &self.prologue {
+            Some(p) => p.check_scalars(scalars)?,
+            None if !scalars.is_empty() => {
+                return Err(KernelError::Arguments {
+                    kernel: self.name(),
+                    detail: format!("expects no scalars, got {}", scalars.len()),
+                });
+            }
+            None => {}
         }
         if buffers.len() != self.buffer_count() {
             return Err(KernelError::Arguments {

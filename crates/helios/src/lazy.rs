@@ -20,7 +20,8 @@
 //!    generates and compiles nothing.
 //! 4. `run`: output buffers come from the caching pool; the dispatch is recorded; the
 //!    members' pending ops are dropped, which releases their inputs (the memory plan: a
-//!    buffer returns to the pool once its last reader is recorded).
+//!    buffer returns to the pool once its last reader is recorded). Members nothing else
+//!    holds become this thread's spare nodes, whose allocations later nodes reuse.
 //!
 //! A reduction of a pending result nothing else holds takes the group as its prologue
 //! instead (`prologue`): the reduction computes the elements where it would load them.
@@ -102,7 +103,8 @@ pub(crate) struct Pending {
 
 /// One dense array of `len` elements of `dtype`: realised (a buffer) or pending (an op).
 pub(crate) struct Node {
-    pub device: Device,
+    /// `None` only for a spare (see `SPARES`), which nothing can reach.
+    device: Option<Device>,
     pub dtype: DType,
     pub len: usize,
     buffer: OnceLock<Buffer>,
@@ -195,6 +197,53 @@ pub(crate) fn realize_all() -> Result<()> {
 /// realising the same nodes would change under it.
 static REALIZE: Mutex<()> = Mutex::new(());
 
+thread_local! {
+    /// Spare nodes: members that died in one of this thread's realisations, kept with their
+    /// allocation for `Node::new` to reuse. A chain of 1000 ops otherwise pays 1000 mallocs
+    /// and frees, about half of building a node. A spare is unique (no other strong or weak
+    /// reference: `Arc::get_mut` checks it) and holds nothing (no device, buffer or op), so it
+    /// keeps no device alive and is not a live node.
+    static SPARES: std::cell::RefCell<Vec<Arc<Node>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Most spare nodes a thread keeps (a chain's worth, `MAX_DEPTH`: about 200 KiB).
+const MAX_SPARES: usize = MAX_DEPTH as usize;
+
+/// Keeps the members of `members` nothing else holds as spares; drops the others.
+fn recycle(members: Vec<Arc<Node>>) {
+    // This thread's weak references to the members it built last (a chain built in order is
+    // the list's tail, newest first) are dropped now, so those members can be unique: they
+    // are realised or dead, so `realize_all` needs none of them.
+    PENDING.with(|list| {
+        let mut list = list.borrow_mut();
+        for m in members.iter().rev() {
+            match list.last() {
+                Some(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(m)) => drop(list.pop()),
+                _ => break,
+            }
+        }
+    });
+    SPARES.with(|spares| {
+        let mut spares = spares.borrow_mut();
+        for mut m in members {
+            if spares.len() >= MAX_SPARES {
+                break;
+            }
+            let Some(n) = Arc::get_mut(&mut m) else {
+                continue;
+            };
+            if n.buffer.get().is_some() {
+                continue;
+            }
+            debug_assert!(n.lock().is_none(), "run dropped every member's op");
+            // No longer a live node (`Drop` does not count a spare).
+            n.device = None;
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+            spares.push(m);
+        }
+    });
+}
+
 impl Node {
     /// A realised node owning `buffer`.
     pub(crate) fn realized(device: Device, dtype: DType, len: usize, buffer: Buffer) -> Arc<Node> {
@@ -210,8 +259,21 @@ impl Node {
         depth: u32,
     ) -> Arc<Node> {
         LIVE.fetch_add(1, Ordering::Relaxed);
+        if let Some(mut spare) = SPARES.with(|s| s.borrow_mut().pop()) {
+            let n = Arc::get_mut(&mut spare).expect("spares are unique");
+            n.device = Some(device);
+            n.dtype = dtype;
+            n.len = len;
+            n.buffer = buffer;
+            *n.pending.get_mut().unwrap_or_else(|p| p.into_inner()) = pending;
+            n.depth = depth;
+            *n.mark.get_mut() = 0;
+            *n.slot.get_mut() = 0;
+            *n.uses.get_mut() = 0;
+            return spare;
+        }
         Arc::new(Node {
-            device,
+            device: Some(device),
             dtype,
             len,
             buffer,
@@ -251,6 +313,12 @@ impl Node {
         Ok(node)
     }
 
+    pub(crate) fn device(&self) -> &Device {
+        self.device
+            .as_ref()
+            .expect("only spares, which nothing can reach, have no device")
+    }
+
     pub(crate) fn is_realized(&self) -> bool {
         self.buffer.get().is_some()
     }
@@ -282,6 +350,9 @@ impl Drop for Node {
     /// Drops long pending chains without deep recursion: inputs held only by this node are
     /// unlinked onto a work list.
     fn drop(&mut self) {
+        if self.device.is_none() {
+            return; // a spare: not live, holds nothing
+        }
         LIVE.fetch_sub(1, Ordering::Relaxed);
         let Some(p) = self
             .pending
@@ -452,7 +523,12 @@ fn realize(root: &Arc<Node>, location: MemoryLocation) -> Result<()> {
             })
             .collect();
         let kernel = lower(&group, &outputs, root)?;
-        let budget = root.device.context().caps().limits.max_push_constants_size;
+        let budget = root
+            .device()
+            .context()
+            .caps()
+            .limits
+            .max_push_constants_size;
         let push = FusedKernel::push_bytes(kernel.0.inputs.len(), outputs.len(), kernel.2.len());
         if push > budget && group.members.len() > 1 {
             // Too many buffers for one kernel's push constants: realise half the group first.
@@ -505,7 +581,7 @@ pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
 
 /// Pass 3: the group as one fused kernel.
 fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
-    let device = &root.device;
+    let device = root.device();
     // At most: per member its op, a scalar, and one read per input.
     let bound = g.ops.iter().map(|p| 2 + p.inputs.len()).sum();
     let mut code: Vec<Instr> = Vec::with_capacity(bound);
@@ -606,6 +682,12 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
                 s,
                 scalar_first,
             } => {
+                // The fused max and min take their scalar to be a number (`Instr::Binary`);
+                // with a NaN scalar every element is NaN, which `x + NaN` computes.
+                let op = match op {
+                    BinaryOp::Max | BinaryOp::Min if s.is_nan() => BinaryOp::Add,
+                    op => op,
+                };
                 let c = constant(&mut code, s);
                 match scalar_first {
                     true => Instr::Binary(op, c, args[0]),
@@ -679,7 +761,7 @@ fn run(
     root: &Arc<Node>,
     root_location: MemoryLocation,
 ) -> Result<()> {
-    let device = group.members[0].device.clone();
+    let device = group.members[0].device().clone();
     let ctx = device.context();
     let workgroup = device.elementwise_workgroup();
     let debug = crate::env::debug();
@@ -748,10 +830,10 @@ fn run(
         let _ = group.members[o].buffer.set(b);
     }
     // Every member's op is done: drop them all. Their inputs are members (held by `group`)
-    // or leaves (held by `leaves`), so nothing cascades here; members no one else holds go
-    // with `group`.
+    // or leaves (held by `leaves`), so nothing cascades here; members no one else holds
+    // become spares.
     group.ops.clear();
     drop(leaves);
-    drop(group);
+    recycle(std::mem::take(&mut group.members));
     Ok(())
 }

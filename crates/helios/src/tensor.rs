@@ -199,7 +199,7 @@ impl Tensor {
     }
 
     pub fn device(&self) -> &Device {
-        &self.node.device
+        self.node.device()
     }
 
     /// GPU address of the view's first element (for push constants), realising the tensor

@@ -227,6 +227,125 @@ fn a_chain_with_a_broadcast_bias_is_one_kernel_and_reads_views_in_place() {
     assert_no_validation_messages();
 }
 
+/// Max and min of scalars inside one fused kernel, over IEEE special values (vec4 and
+/// one-element forms, both operand orders, every special value as the scalar) against the
+/// CPU: NaN exactly where an operand is NaN, as in PyTorch. The kernel tests only the tensor
+/// operand for NaN; a NaN scalar is lowered to `x + NaN`.
+#[test]
+fn fused_scalar_max_and_min_propagate_nan() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = device();
+    let specials = helios::selfcheck::SPECIALS;
+    for len in [specials.len() * 4, specials.len() * 4 + 3] {
+        let x: Vec<f32> = (0..len).map(|i| specials[i % specials.len()]).collect();
+        let t = Tensor::from_slice(d, &x, &[len]).unwrap();
+        // Four steps a kernel (more outputs would pass lavapipe's push-constant budget).
+        for (c, chunk) in specials.chunks(4).enumerate() {
+            let before = graph_stats();
+            // A computed operand (a member of the group, not a load).
+            let x1 = t.mul_scalar(1.0).unwrap();
+            let mut steps: Vec<(Tensor, Vec<f32>)> = Vec::new();
+            for (j, &s) in chunk.iter().enumerate() {
+                let i = 4 * c + j;
+                let (max, scalar_first) = (i % 2 == 0, i % 3 == 0);
+                let op = match max {
+                    true => helios::BinaryOp::Max,
+                    false => helios::BinaryOp::Min,
+                };
+                let z = match scalar_first {
+                    true => x1.scalar_first_op(op, s).unwrap(),
+                    false => x1.scalar_op(op, s).unwrap(),
+                };
+                // PyTorch: NaN if either operand is NaN, else the max or min.
+                let want = x
+                    .iter()
+                    .map(|&v| match (v.is_nan() || s.is_nan(), max) {
+                        (true, _) => f32::NAN,
+                        (false, true) => v.max(s),
+                        (false, false) => v.min(s),
+                    })
+                    .collect();
+                steps.push((z, want));
+            }
+            // One kernel: every step is held, so the group rooted at their sum stores each.
+            let mut all = steps[0].0.clone();
+            for (z, _) in &steps[1..] {
+                all = all.add(z).unwrap();
+            }
+            all.realize().unwrap();
+            assert_eq!(
+                graph_stats().kernels - before.kernels,
+                1,
+                "one fused kernel"
+            );
+            for (j, (z, want)) in steps.iter().enumerate() {
+                let got = z.to_vec().unwrap();
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    // Zeros compare equal whatever their sign (`FMax` leaves it unspecified).
+                    assert!(
+                        (g.is_nan() && w.is_nan()) || g == w,
+                        "n={len}, scalar {}, element {i} (x = {}): got {g}, want {w}",
+                        chunk[j],
+                        x[i]
+                    );
+                }
+            }
+        }
+    }
+    assert_no_validation_messages();
+}
+
+/// Members that die in a realisation become spares that later nodes reuse (see `lazy.rs`):
+/// chains built on reused nodes give the CPU's values, a spare is not a live node, and it
+/// holds no device (dropping the device releases its context).
+#[test]
+fn spare_nodes_are_reused_and_hold_nothing() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = common::device_with(|c| c);
+    let ctx = d.context().clone();
+    let live = graph_stats().live_nodes;
+    for round in 0..3 {
+        // Another length each round: a reused node takes the new one.
+        let n = 1027 + 8 * round;
+        let data: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 0.25 - 1.5).collect();
+        let x = Tensor::from_slice(&d, &data, &[n]).unwrap();
+        let mut t = x.clone();
+        let mut want = data.clone();
+        // Three scalars a round: the chain is one group (each distinct scalar is a push
+        // constant), so every member but the root becomes a spare.
+        for i in 0..300 {
+            let s = 1.0 + (round * 3 + i % 3) as f32 * 1e-3;
+            (t, want) = match i % 3 {
+                0 => (
+                    t.mul_scalar(s).unwrap(),
+                    want.iter().map(|v| v * s).collect(),
+                ),
+                1 => (
+                    t.add_scalar(-s).unwrap(),
+                    want.iter().map(|v| v - s).collect(),
+                ),
+                _ => (
+                    t.maximum_scalar(-s).unwrap(),
+                    want.iter().map(|v| v.max(-s)).collect(),
+                ),
+            };
+        }
+        let got = t.to_vec().unwrap();
+        assert_eq!(got.len(), n);
+        if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
+            panic!("round {round}, element {i}: {} vs {}", got[i], want[i]);
+        }
+    }
+    assert_eq!(graph_stats().live_nodes, live, "spares are not live nodes");
+    common::assert_clean(&d);
+    drop(d);
+    assert_eq!(
+        std::sync::Arc::strong_count(&ctx),
+        1,
+        "no spare keeps the device (and its context) alive"
+    );
+}
+
 #[test]
 fn a_pending_result_read_back_is_written_to_host_memory_by_its_kernel() {
     let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
