@@ -187,6 +187,9 @@ impl OpenBatch {
         self.stages.insert(stage);
         for a in accesses {
             a.buffer.mark(self.value, a.write);
+            // A copy on the transfer queue that wrote (or reads) this buffer runs beside the
+            // compute queue: the batch waits for it (copy_queue.rs).
+            self.wait_transfer = self.wait_transfer.max(a.buffer.transfer_use());
         }
     }
 
@@ -553,5 +556,38 @@ impl Context {
         // work.
         let value = unsafe { self.submit(record)? };
         self.wait(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryLocation;
+
+    /// A batch that touches a buffer a transfer-queue copy used waits for that copy (the
+    /// submit turns `wait_transfer` into a semaphore wait where the device has the queue).
+    #[test]
+    fn a_batch_waits_for_the_copies_of_its_buffers() {
+        let ctx = Context::from_env().unwrap();
+        let (a, b) = (
+            ctx.create_buffer(256, MemoryLocation::DeviceLocal).unwrap(),
+            ctx.create_buffer(256, MemoryLocation::DeviceLocal).unwrap(),
+        );
+        a.mark_transfer(7);
+        b.mark_transfer(3);
+        let waits = ctx
+            .with_batch(|batch| {
+                let before = batch.wait_transfer;
+                batch.order(&ctx, Stage::Compute, &[Access::read(&b)]);
+                let after_b = batch.wait_transfer;
+                batch.order(&ctx, Stage::Compute, &[Access::read(&a)]);
+                let after_a = batch.wait_transfer;
+                // The copies are made up: a real submit must not wait for them.
+                batch.wait_transfer = 0;
+                Ok((before, after_b, after_a))
+            })
+            .unwrap();
+        assert_eq!(waits, (0, 3, 7));
+        ctx.synchronize().unwrap();
     }
 }

@@ -27,7 +27,12 @@ impl Context {
         if bytes.is_empty() {
             return Ok(());
         }
-        if dst.is_mapped() && dst.last_use() <= self.completed()? {
+        // In place only once no GPU work still touches the region: neither a compute batch
+        // nor a copy on the transfer queue (which could otherwise land after this write).
+        if dst.is_mapped()
+            && dst.last_use() <= self.completed()?
+            && dst.transfer_use() <= self.copies_completed()?
+        {
             return dst.write_mapped(offset, bytes);
         }
         for (i, chunk) in bytes.chunks(STAGING_CHUNK as usize).enumerate() {

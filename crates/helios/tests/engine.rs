@@ -345,24 +345,35 @@ fn stress(d: &Device, seed: u64) {
 
 /// Uploads into memory a pending op still reads, and read-backs too large for the copy
 /// kernel: on devices with a dedicated transfer queue these run on the copy engine, ordered
-/// against compute by the two timelines; elsewhere through staging on the compute queue.
+/// against compute by the two timelines (the copy after the kernel that last read the
+/// region, the kernel that reads the new data after the copy); elsewhere through staging on
+/// the compute queue. Each round keeps the compute queue busy behind that last read, so a
+/// kernel reading the upload could run before the copy if it did not wait for it.
 #[test]
 fn staged_transfers_are_ordered_against_compute() {
     let (_g, d) = device();
     d.set_early_submit(true);
     let n = 1 << 19; // 2 MiB of f32: above the copy-kernel read-back limit
     let mut rng = StdRng::seed_from_u64(9);
-    for round in 0..4 {
+    for round in 0..8 {
         let va: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-        let a = Tensor::from_vec1(d, &va).unwrap();
-        let b = a.mul_scalar(3.0).unwrap(); // pending: reads a
-        drop(a); // a's memory goes back to the pool while b's read is pending
         let vc: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-        let c = Tensor::from_vec1(d, &vc).unwrap(); // likely a's region: a staged upload
+        let a = Tensor::from_vec1(d, &va).unwrap();
+        let b = a.mul_scalar(3.0).unwrap();
+        b.realize().unwrap(); // recorded now: a kernel reading a is pending
+        let mut busy = b.clone(); // dependent kernels after it keep the queue busy
+        for _ in 0..64 {
+            busy = busy.add_scalar(1.0).unwrap();
+            busy.realize().unwrap();
+        }
+        drop(a); // a's memory goes back to the pool while b's read is pending
+        let c = Tensor::from_vec1(d, &vc).unwrap(); // a's region: a staged upload
         let e = b.add(&c).unwrap();
+        e.realize().unwrap(); // queued behind `busy`, as the copy is
         let want: Vec<f32> = va.iter().zip(&vc).map(|(x, y)| x * 3.0 + y).collect();
         assert_eq!(e.to_vec().unwrap(), want, "round {round}");
         assert_eq!(c.to_vec().unwrap(), vc, "round {round}");
+        drop(busy);
     }
     d.set_early_submit(false);
     assert_no_validation_messages(d);
