@@ -997,26 +997,8 @@ pub(crate) fn staged_k_loop(
 
 /// This workgroup's problem: the launch's dimensions (with its batch's offsets) and the
 /// first row and column of its `bm × bn` output tile.
-///
-/// Under `Triangle::LowerA` row tiles run last to first: the k loop grows with the row, so
-/// the longest tiles start first and the short ones fill the tail.
-pub(crate) fn tile_origin(
-    k: &mut KernelBuilder,
-    kern: &MatmulKernel,
-    p: &Params,
-    bm: u32,
-    bn: u32,
-) -> (Dims, Val, Val) {
+pub(crate) fn tile_origin(k: &mut KernelBuilder, p: &Params, bm: u32, bn: u32) -> (Dims, Val, Val) {
     let (tile_m, tile_n, batch) = tile_coords(k);
-    let tile_m = if kern.triangle == Triangle::LowerA {
-        let nwg = k.num_workgroups();
-        let gy = k.extract(nwg, 1);
-        let last = k.u32(1);
-        let last = k.sub(gy, last);
-        k.sub(last, tile_m)
-    } else {
-        tile_m
-    };
     let d = load_dims(k, p, batch);
     let bm_v = k.u32(bm);
     let bn_v = k.u32(bn);

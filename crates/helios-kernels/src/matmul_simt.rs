@@ -57,7 +57,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
     let p = declare(&mut k, kern, elem, elem);
     k.begin();
 
-    let (d, m0, n0) = tile_origin(&mut k, kern, &p, bm, bn);
+    let (d, m0, n0) = tile_origin(&mut k, &p, bm, bn);
     skip_upper_tile(&mut k, kern, m0, n0, bm);
     let span = k_span(&mut k, kern, &d, m0, bm, BK_SIMT);
     let tid = k.local_index();

@@ -38,7 +38,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: WgTile) -> KernelModule {
     let p = declare(&mut k, kern, operand, operand);
     k.begin();
 
-    let (d, m0, n0) = tile_origin(&mut k, kern, &p, bm, bn);
+    let (d, m0, n0) = tile_origin(&mut k, &p, bm, bn);
     let word = k.u32(WORD);
     let lda = k.div(d.lda, word);
     let ldb = k.div(d.ldb, word);
