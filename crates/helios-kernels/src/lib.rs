@@ -45,7 +45,7 @@ pub use loss::{
     CROSS_ENTROPY_WORKGROUP,
 };
 pub use matmul::{
-    Activation, Epilogue, MatmulAddresses, MatmulCaps, MatmulKernel, MatmulShape, Triangle,
+    Activation, Epilogue, MatmulAddresses, MatmulCaps, MatmulKernel, MatmulShape, RowOp, Triangle,
     Variant as MatmulVariant, WgSupport,
 };
 pub use matmul_coop::CoopPeakKernel;

@@ -28,14 +28,28 @@ pub enum Activation {
     GeluTanh,
 }
 
-/// What happens to `alpha · A·B` before it is stored, in this order: `+ bias[col]`, the
-/// activation, `+ residual[row, col]`, then rounding to the output storage. Bias and residual
-/// are stored like the output.
+/// A softmax step folded into the epilogue, with one f32 value per output row (`rows`,
+/// indexed batch · M + row): what attention's materialised backward uses instead of a
+/// separate softmax pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowOp {
+    None,
+    /// `exp(v − rows[row])`: probabilities from the scores and their log-sum-exp.
+    Exp,
+    /// `residual[row, col] · (v − rows[row])`, the residual multiplying instead of adding:
+    /// the softmax gradient from the probabilities (residual) and Σ P∘dP (rows).
+    SoftmaxGrad,
+}
+
+/// What happens to `alpha · A·B` before it is stored, in this order: `+ bias[col]`, the row
+/// op, the activation, `+ residual[row, col]` (unless the row op multiplied by it), then
+/// rounding to the output storage. Bias and residual are stored like the output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Epilogue {
     pub bias: bool,
     pub act: Activation,
     pub residual: bool,
+    pub row: RowOp,
 }
 
 impl Epilogue {
@@ -43,11 +57,25 @@ impl Epilogue {
         bias: false,
         act: Activation::None,
         residual: false,
+        row: RowOp::None,
     };
 
     /// Whether anything beyond scaling and rounding happens.
     pub const fn is_plain(&self) -> bool {
-        !self.bias && !self.residual && matches!(self.act, Activation::None)
+        !self.bias
+            && !self.residual
+            && matches!(self.act, Activation::None)
+            && matches!(self.row, RowOp::None)
+    }
+
+    /// Whether the parts fit together: a softmax gradient multiplies by the residual and
+    /// nothing else follows a row op.
+    pub const fn is_valid(&self) -> bool {
+        match self.row {
+            RowOp::None => true,
+            RowOp::Exp => !self.residual && matches!(self.act, Activation::None),
+            RowOp::SoftmaxGrad => self.residual && matches!(self.act, Activation::None),
+        }
     }
 
     fn tag(&self) -> String {
@@ -55,12 +83,17 @@ impl Epilogue {
         if self.bias {
             s.push_str("_bias");
         }
+        match self.row {
+            RowOp::None => {}
+            RowOp::Exp => s.push_str("_rowexp"),
+            RowOp::SoftmaxGrad => s.push_str("_rowsmgrad"),
+        }
         match self.act {
             Activation::None => {}
             Activation::Relu => s.push_str("_relu"),
             Activation::GeluTanh => s.push_str("_gelu"),
         }
-        if self.residual {
+        if self.residual && self.row != RowOp::SoftmaxGrad {
             s.push_str("_res");
         }
         s
@@ -508,6 +541,7 @@ impl MatmulKernel {
         let v = self.variant;
         if v.shared_bytes(self.trans_a, self.trans_b) > caps.max_shared_bytes
             || v.threads(caps.subgroup) > caps.max_invocations
+            || !self.epilogue.is_valid()
         {
             return false;
         }
@@ -625,8 +659,11 @@ impl MatmulKernel {
         }
         if self.epilogue.bias != addr.bias.is_some()
             || self.epilogue.residual != addr.residual.is_some()
+            || (self.epilogue.row != RowOp::None) != addr.rows.is_some()
         {
-            return Err(bad("bias/residual buffers do not match the epilogue".into()));
+            return Err(bad(
+                "bias/residual/row buffers do not match the epilogue".into()
+            ));
         }
         let (bm, bn) = self.variant.tile();
         let gx = shape.n.div_ceil(bn);
@@ -652,6 +689,9 @@ impl MatmulKernel {
             args.push(Arg::Address(b));
         }
         if let Some(r) = addr.residual {
+            args.push(Arg::Address(r));
+        }
+        if let Some(r) = addr.rows {
             args.push(Arg::Address(r));
         }
         for v in [
@@ -691,6 +731,8 @@ pub struct MatmulAddresses {
     pub c: u64,
     pub bias: Option<u64>,
     pub residual: Option<u64>,
+    /// The row op's values (f32), when the epilogue has one.
+    pub rows: Option<u64>,
 }
 
 /// The documented default choice (used where no tuned winner exists, e.g. on CPU devices):
@@ -761,6 +803,7 @@ pub(crate) struct Params {
     pub c: Buffer,
     pub bias: Option<Buffer>,
     pub residual: Option<Buffer>,
+    pub rows: Option<Buffer>,
     pub m: Param,
     pub n: Param,
     pub k: Param,
@@ -796,6 +839,8 @@ pub(crate) fn declare(
         .epilogue
         .residual
         .then(|| k.buffer("residual", out, Access::Read));
+    let rows =
+        (kern.epilogue.row != RowOp::None).then(|| k.buffer("rows", Scalar::F32, Access::Read));
     let u = Ty::scalar(Scalar::U32);
     let mut p = |name: &str| k.param(name, u);
     let (m, n, kk) = (p("m"), p("n"), p("k"));
@@ -810,6 +855,7 @@ pub(crate) fn declare(
         c,
         bias,
         residual,
+        rows,
         m,
         n,
         k: kk,
@@ -837,6 +883,8 @@ pub(crate) struct Dims {
     pub ldc: Val,
     pub ldr: Val,
     pub alpha: Val,
+    /// This workgroup's (flat) batch index.
+    pub batch: Val,
     /// Element offsets of this workgroup's batch in A, B, C and the residual.
     pub off_a: Val,
     pub off_b: Val,
@@ -873,6 +921,7 @@ fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
         ldc,
         ldr,
         alpha,
+        batch,
         off_a,
         off_b,
         off_c,
@@ -1103,17 +1152,37 @@ pub(crate) fn epilogue_store(
         let b = load_f32(k, bias, i, lanes, kern.out);
         v = k.add(v, b);
     }
+    // The residual at (row, col), for adding or for the softmax gradient's product.
+    let residual = |k: &mut KernelBuilder, res: Buffer| {
+        let at = k.mul(row, d.ldr);
+        let at = k.add(at, col);
+        let at = k.add(at, d.off_r);
+        let i = vidx(k, at);
+        load_f32(k, res, i, lanes, kern.out)
+    };
+    if let Some(rows) = p.rows {
+        let at = k.mul(d.batch, d.m);
+        let at = k.add(at, row);
+        let r = load_f32(k, rows, at, 1, Storage::F32);
+        let r = k.splat(r, lanes);
+        v = k.sub(v, r);
+        v = match kern.epilogue.row {
+            RowOp::Exp => k.exp(v),
+            RowOp::SoftmaxGrad => {
+                let res = p.residual.expect("a softmax gradient reads the residual");
+                let y = residual(k, res);
+                k.mul(y, v)
+            }
+            RowOp::None => unreachable!("no rows buffer without a row op"),
+        };
+    }
     v = match kern.epilogue.act {
         Activation::None => v,
         Activation::Relu => math::relu(k, v),
         Activation::GeluTanh => math::gelu_tanh(k, v),
     };
-    if let Some(res) = p.residual {
-        let at = k.mul(row, d.ldr);
-        let at = k.add(at, col);
-        let at = k.add(at, d.off_r);
-        let i = vidx(k, at);
-        let r = load_f32(k, res, i, lanes, kern.out);
+    if let (Some(res), false) = (p.residual, kern.epilogue.row == RowOp::SoftmaxGrad) {
+        let r = residual(k, res);
         v = k.add(v, r);
     }
     let at = k.mul(row, d.ldc);

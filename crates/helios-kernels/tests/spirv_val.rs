@@ -107,7 +107,9 @@ fn every_sum_squares_kernel_validates() {
 }
 
 mod matmul {
-    use helios_kernels::matmul::{Activation, Epilogue, MatmulKernel, Triangle, Variant, VARIANTS};
+    use helios_kernels::matmul::{
+        Activation, Epilogue, MatmulKernel, RowOp, Triangle, Variant, VARIANTS,
+    };
     use helios_kernels::{CoopPeakKernel, Storage};
     use helios_spirv::{validate, TargetEnv};
 
@@ -115,7 +117,21 @@ mod matmul {
         bias: true,
         act: Activation::GeluTanh,
         residual: true,
+        row: RowOp::None,
     };
+
+    /// Attention's softmax steps (see `RowOp`).
+    const ROW_OPS: [Epilogue; 2] = [
+        Epilogue {
+            row: RowOp::Exp,
+            ..Epilogue::NONE
+        },
+        Epilogue {
+            residual: true,
+            row: RowOp::SoftmaxGrad,
+            ..Epilogue::NONE
+        },
+    ];
 
     fn kernel(
         variant: Variant,
@@ -172,7 +188,7 @@ mod matmul {
                     Storage::F32,
                     trans,
                     j % 2 == 0,
-                    Epilogue::NONE,
+                    ROW_OPS[(i + j) % 2],
                 );
                 tri.triangle = TRIANGLES[(i + j) % 3];
                 check(&tri);
@@ -232,6 +248,7 @@ mod matmul {
                 check(&k);
                 // Cooperative tiles take no triangular A (they do not mask it).
                 k.triangle = Triangle::LowerC;
+                k.epilogue = ROW_OPS[i % 2];
                 check(&k);
                 if i == 0 {
                     for input in [Storage::F16, Storage::BF16] {

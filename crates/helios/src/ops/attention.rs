@@ -284,6 +284,7 @@ impl Tensor {
                 head_view(k, ks),
                 head_view(v, vs),
                 head_view(dout, ds),
+                fwd,
                 heads(dims),
                 opts,
                 scale,

@@ -14,12 +14,14 @@
 //! | O = P·V, dQ = dS·K | P and dS are read as zero above the diagonal: k stops at the tile's last row |
 //! | dV = Pᵀ·dO, dK = dSᵀ·Q | Pᵀ and dSᵀ are read as zero below it: k starts at the tile's first row |
 //!
-//! The triangular products read P and dS as zero outside their triangle, so the softmax and
-//! its backward touch only each row's causal prefix. The backward computes S and P again
-//! (one product and one softmax) rather than keep P per layer; dS = scale·P∘(dP − Σ P∘dP) is
-//! the softmax's own backward.
+//! The triangular products read P and dS as zero outside their triangle, so the softmax
+//! touches only each row's causal prefix. The backward computes P again rather than keep it
+//! per layer, FlashAttention-2's way but through memory: P = exp(scale·Q·Kᵀ − L) is the
+//! epilogue of the product (L, the forward's log-sum-exp), and dS = scale·P∘(dP − Δ), with
+//! Δ = Σ_j P∘dP = Σ_d dO∘O per row, the epilogue of dP = dO·Vᵀ (`RowOp`). No softmax pass
+//! runs in the backward, and dP is never stored.
 
-use helios_kernels::{MatmulShape, Triangle};
+use helios_kernels::{Epilogue, MatmulShape, RowOp, Triangle};
 
 use super::attention::{AttentionGrads, AttentionOptions, AttentionOutput};
 use super::matmul::Problem;
@@ -97,6 +99,29 @@ fn product(
     triangle: Triangle,
     alpha: f32,
 ) -> Result<()> {
+    product_then(x, a, b, out, (m, n, k), triangle, alpha, None)
+}
+
+/// A softmax step in a product's epilogue: the row op, its per-row values ([B, H, T] f32)
+/// and, for the gradient, P (laid out as the output).
+struct Step<'a> {
+    op: RowOp,
+    rows: &'a Tensor,
+    p: Option<&'a Tensor>,
+}
+
+/// `product` with `step` folded into its epilogue.
+#[allow(clippy::too_many_arguments)]
+fn product_then(
+    x: Heads,
+    a: Operand,
+    b: Operand,
+    out: Operand,
+    (m, n, k): (usize, usize, usize),
+    triangle: Triangle,
+    alpha: f32,
+    step: Option<Step>,
+) -> Result<()> {
     let u = |v: usize| v as u32;
     let shape = MatmulShape {
         batch: u(x.b * x.h),
@@ -117,7 +142,7 @@ fn product(
         inner_c: u(out.head),
         inner_r: u(out.head),
     };
-    let p = Problem::strided(
+    let mut p = Problem::strided(
         a.t,
         b.t,
         shape,
@@ -126,6 +151,15 @@ fn product(
         alpha,
         out.t.shape().to_vec(),
     );
+    if let Some(s) = step {
+        p.epilogue = Epilogue {
+            residual: s.p.is_some(),
+            row: s.op,
+            ..Epilogue::NONE
+        };
+        p.rows = Some(s.rows.clone());
+        p.residual = s.p.cloned();
+    }
     let (plan, _) = matmul_tune::choose(&p)?;
     p.record(&plan.kernel, out.t)
 }
@@ -211,31 +245,62 @@ pub(crate) fn forward(
     Ok(AttentionOutput { out, lse })
 }
 
-/// dQ, dK, dV (dense [B, T, H, D]) from dO.
+/// dQ, dK, dV (dense [B, T, H, D]) from dO and the forward's output and log-sum-exp.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     q: HeadView,
     k: HeadView,
     v: HeadView,
     dout: HeadView,
+    fwd: &AttentionOutput,
     x: Heads,
     opts: &AttentionOptions,
     scale: f32,
 ) -> Result<AttentionGrads> {
     let device = q.t.device();
-    let (p, _) = probabilities(q, k, x, opts, scale)?;
-    let dp = Tensor::empty(device, vec![x.b, x.h, x.t, x.t], DType::F32)?;
-    product(
+    let square = || Tensor::empty(device, vec![x.b, x.h, x.t, x.t], DType::F32);
+    // P = exp(scale·Q·Kᵀ − L).
+    let p = square()?;
+    product_then(
+        x,
+        q.matrix(false),
+        k.matrix(true),
+        scores(&p, x, false),
+        (x.t, x.t, x.d),
+        triangle(opts.causal, Triangle::LowerC),
+        scale,
+        Some(Step {
+            op: RowOp::Exp,
+            rows: &fwd.lse,
+            p: None,
+        }),
+    )?;
+    // scale·Δ = scale·Σ_d dO∘O per row, [B, H, T].
+    let dims = [x.b, x.t, x.h, x.d];
+    let delta = dout
+        .t
+        .reshape(&dims)?
+        .mul(&fwd.out.reshape(&dims)?)?
+        .sum(-1)? // [B, T, H]
+        .permute(&[0, 2, 1])?
+        .mul_scalar(scale)?
+        .contiguous()?;
+    // dS = scale·P∘(dP − Δ), dP = dO·Vᵀ never stored.
+    let ds = square()?;
+    product_then(
         x,
         dout.matrix(false),
         v.matrix(true),
-        scores(&dp, x, false),
+        scores(&ds, x, false),
         (x.t, x.t, x.d),
         triangle(opts.causal, Triangle::LowerC),
-        1.0,
+        scale,
+        Some(Step {
+            op: RowOp::SoftmaxGrad,
+            rows: &delta,
+            p: Some(&p),
+        }),
     )?;
-    // scale·P∘(dP − Σ P∘dP): the gradient of the unscaled scores.
-    let ds = p.softmax_backward_prefix(&dp, softmax_options(opts, scale))?;
-    drop(dp);
     let grad = || Tensor::empty(device, vec![x.b, x.t, x.h, x.d], DType::F32);
     let (dq, dk, dv) = (grad()?, grad()?, grad()?);
     let rows = (x.t, x.d, x.t);

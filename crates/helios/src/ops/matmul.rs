@@ -13,7 +13,8 @@
 
 use helios_kernels::matmul::{vector_elems, Alignment};
 use helios_kernels::{
-    Activation, Epilogue, MatmulAddresses, MatmulKernel, MatmulShape, MatmulVariant, Triangle,
+    Activation, Epilogue, MatmulAddresses, MatmulKernel, MatmulShape, MatmulVariant, RowOp,
+    Triangle,
 };
 use helios_vk::Access;
 
@@ -71,6 +72,8 @@ pub(crate) struct Problem {
     pub b: Tensor,
     pub bias: Option<Tensor>,
     pub residual: Option<Tensor>,
+    /// The epilogue's row values (f32, one per row of every batch matrix; see `RowOp`).
+    pub rows: Option<Tensor>,
     pub shape: MatmulShape,
     pub trans: (bool, bool),
     pub input: DType,
@@ -250,6 +253,7 @@ impl Problem {
             b: bt,
             bias,
             residual,
+            rows: None,
             shape,
             trans: (ta, tb),
             input: a.dtype(),
@@ -258,6 +262,7 @@ impl Problem {
                 bias: o.bias.is_some(),
                 act: o.act,
                 residual: o.residual.is_some(),
+                row: RowOp::None,
             },
             alpha: o.alpha,
             out_shape,
@@ -286,6 +291,7 @@ impl Problem {
             b: b.clone(),
             bias: None,
             residual: None,
+            rows: None,
             shape,
             trans,
             input: a.dtype(),
@@ -444,13 +450,14 @@ impl Problem {
             c: out.address()?,
             bias: self.bias.as_ref().map(|t| t.address()).transpose()?,
             residual: self.residual.as_ref().map(|t| t.address()).transpose()?,
+            rows: self.rows.as_ref().map(|t| t.address()).transpose()?,
         };
         let launch = kernel.launch(&compiled.module, s, &addr, self.alpha)?;
         let mut accesses = vec![
             Access::read(self.a.buffer()?),
             Access::read(self.b.buffer()?),
         ];
-        for t in self.bias.iter().chain(&self.residual) {
+        for t in self.bias.iter().chain(&self.residual).chain(&self.rows) {
             accesses.push(Access::read(t.buffer()?));
         }
         accesses.push(Access::write(out.buffer()?));

@@ -320,7 +320,12 @@ pub(crate) fn class_key(p: &Problem) -> String {
         p.epilogue.bias as u8,
         p.epilogue.act,
         p.epilogue.residual as u8,
-    )
+    ) + match p.epilogue.row {
+        // (Classes without a row op keep the keys stored before row ops existed.)
+        helios_kernels::RowOp::None => "",
+        helios_kernels::RowOp::Exp => " rexp",
+        helios_kernels::RowOp::SoftmaxGrad => " rsmgrad",
+    }
 }
 
 // ------------------------------------------------------------------ the tuner
@@ -532,7 +537,16 @@ fn parse_tag(tag: &str) -> Option<(MatmulVariant, u32)> {
 /// kernel assumes; a kernel that needs whole tiles gets whole tiles, at least one) with fresh
 /// random inputs and returns its relative error.
 fn check(p: &Problem, plan: &Plan) -> Result<f64> {
-    let kernel = &plan.kernel;
+    // A row op (attention's softmax steps) reads buffers this check does not make: it checks
+    // the tile's product alone, which is what candidates differ in.
+    let epilogue = match p.epilogue.row {
+        helios_kernels::RowOp::None => p.epilogue,
+        _ => helios_kernels::Epilogue::NONE,
+    };
+    let kernel = &MatmulKernel {
+        epilogue,
+        ..plan.kernel
+    };
     let device = p.a.device();
     let s = &p.shape;
     let batch = s.batch.min(2) as usize;
@@ -558,8 +572,8 @@ fn check(p: &Problem, plan: &Plan) -> Result<f64> {
     let a_host = rand_vec(batch * m * kk, p.input);
     let b_batches = if s.stride_b == 0 { 1 } else { batch };
     let b_host = rand_vec(b_batches * kk * n, p.input);
-    let bias_host = p.epilogue.bias.then(|| rand_vec(n, p.out));
-    let res_host = p.epilogue.residual.then(|| rand_vec(batch * m * n, p.out));
+    let bias_host = epilogue.bias.then(|| rand_vec(n, p.out));
+    let res_host = epilogue.residual.then(|| rand_vec(batch * m * n, p.out));
 
     // Upload in the stored orientation, then view as the logical operand.
     let a_t = upload_operand(device, &a_host, Some(batch), m, kk, p.trans.0, p.input)?;
@@ -577,7 +591,7 @@ fn check(p: &Problem, plan: &Plan) -> Result<f64> {
     let opts = super::MatmulOptions {
         alpha: p.alpha,
         bias: bias_t.as_ref(),
-        act: p.epilogue.act,
+        act: epilogue.act,
         residual: res_t.as_ref(),
         out: Some(p.out),
         variant: Some(kernel.variant),
@@ -607,7 +621,7 @@ fn check(p: &Problem, plan: &Plan) -> Result<f64> {
             k: kk,
             alpha: p.alpha,
             bias: bias_host.as_deref(),
-            act: p.epilogue.act,
+            act: epilogue.act,
             residual: res_host.as_deref(),
         },
     );

@@ -106,25 +106,6 @@ impl Tensor {
         Ok((out, lse))
     }
 
-    /// `softmax_backward` of `softmax_lse`'s output: causal rows read and write only up to
-    /// the diagonal, so the gradient's columns past it are left unwritten.
-    pub(crate) fn softmax_backward_prefix(
-        &self,
-        dy: &Tensor,
-        opts: SoftmaxOptions,
-    ) -> Result<Tensor> {
-        same_operands("softmax_backward", self, dy)?;
-        let geo = softmax_geometry("softmax_backward", self.shape(), opts)?;
-        let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
-        let how = Record {
-            log: false,
-            backward: true,
-            prefix: opts.causal,
-        };
-        self.record_softmax(how, opts, geo, &[self, dy], &out, None)?;
-        Ok(out)
-    }
-
     fn softmax_bwd(&self, log: bool, dy: &Tensor, opts: SoftmaxOptions) -> Result<Tensor> {
         let op = if log {
             "log_softmax_backward"
