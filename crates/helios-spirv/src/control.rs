@@ -83,9 +83,10 @@ impl KernelBuilder {
         );
     }
 
-    /// `if cond { then }`.
+    /// Opens `if cond` without an else: the selection header, then the `then` block the
+    /// caller fills; returns the merge label.
     #[track_caller]
-    pub fn if_(&mut self, cond: Val, then: impl FnOnce(&mut Self)) {
+    fn open_if(&mut self, cond: Val) -> Word {
         self.check_cond(cond);
         let (then_l, merge) = (self.b.id(), self.b.id());
         self.b
@@ -95,6 +96,13 @@ impl KernelBuilder {
             .branch_conditional(cond.id, then_l, merge, [])
             .expect("conditional branch");
         self.block(then_l);
+        merge
+    }
+
+    /// `if cond { then }`.
+    #[track_caller]
+    pub fn if_(&mut self, cond: Val, then: impl FnOnce(&mut Self)) {
+        let merge = self.open_if(cond);
         then(self);
         self.branch(merge);
         self.block(merge);
@@ -104,15 +112,7 @@ impl KernelBuilder {
     /// with a condition uniform over the workgroup (every invocation leaves, or none does).
     #[track_caller]
     pub fn return_if(&mut self, cond: Val) {
-        self.check_cond(cond);
-        let (then_l, merge) = (self.b.id(), self.b.id());
-        self.b
-            .selection_merge(merge, SelectionControl::NONE)
-            .expect("selection merge");
-        self.b
-            .branch_conditional(cond.id, then_l, merge, [])
-            .expect("conditional branch");
-        self.block(then_l);
+        let merge = self.open_if(cond);
         self.b.ret().expect("return");
         self.block(merge);
     }

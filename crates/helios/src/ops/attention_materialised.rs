@@ -88,20 +88,6 @@ pub(crate) fn wanted(dtype: DType, x: Heads, opts: &AttentionOptions, forced_env
         && scores <= MATERIALISED_BYTES
 }
 
-/// `alpha · a · b` for every head, written into `out`: each operand a matrix per head,
-/// read as its transpose where marked; sizes `(m, n, k)`.
-fn product(
-    x: Heads,
-    a: Operand,
-    b: Operand,
-    out: Operand,
-    (m, n, k): (usize, usize, usize),
-    triangle: Triangle,
-    alpha: f32,
-) -> Result<()> {
-    product_then(x, a, b, out, (m, n, k), triangle, alpha, None)
-}
-
 /// A softmax step in a product's epilogue: the row op, its per-row values ([B, H, T] f32)
 /// and, for the gradient, P (laid out as the output).
 struct Step<'a> {
@@ -110,9 +96,11 @@ struct Step<'a> {
     p: Option<&'a Tensor>,
 }
 
-/// `product` with `step` folded into its epilogue.
+/// `alpha · a · b` for every head, written into `out`, with `step` folded into the
+/// epilogue: each operand a matrix per head, read as its transpose where marked; sizes
+/// `(m, n, k)`.
 #[allow(clippy::too_many_arguments)]
-fn product_then(
+fn product(
     x: Heads,
     a: Operand,
     b: Operand,
@@ -194,25 +182,53 @@ fn triangle(causal: bool, t: Triangle) -> Triangle {
     }
 }
 
-/// P = softmax(scale·Q·Kᵀ + mask) as dense (B, H, T, T), and the rows' log-sum-exp.
-fn probabilities(
-    q: HeadView,
-    k: HeadView,
+/// `alpha · a · bᵀ` for every head (a and b [B, T, H, D] views) into the dense (B, H, T, T)
+/// `out`, only its lower triangle under a causal mask, `step` in the epilogue.
+fn scores_product(
     x: Heads,
-    opts: &AttentionOptions,
-    scale: f32,
-) -> Result<(Tensor, Tensor)> {
-    let s = Tensor::empty(q.t.device(), vec![x.b, x.h, x.t, x.t], DType::F32)?;
+    [a, b]: [HeadView; 2],
+    out: &Tensor,
+    causal: bool,
+    alpha: f32,
+    step: Option<Step>,
+) -> Result<()> {
     product(
         x,
-        q.matrix(false),
-        k.matrix(true),
-        scores(&s, x, false),
+        a.matrix(false),
+        b.matrix(true),
+        scores(out, x, false),
         (x.t, x.t, x.d),
-        triangle(opts.causal, Triangle::LowerC),
+        triangle(causal, Triangle::LowerC),
+        alpha,
+        step,
+    )
+}
+
+/// `s · v` for every head into the dense [B, T, H, D] `out`: s a dense (B, H, T, T) tensor
+/// (read as its transpose when `trans`), v a [B, T, H, D] view. Under a causal mask s is
+/// read as lower-triangular (its transpose as upper).
+fn heads_product(
+    x: Heads,
+    (s, trans): (&Tensor, bool),
+    v: HeadView,
+    out: &Tensor,
+    causal: bool,
+) -> Result<()> {
+    let half = if trans {
+        Triangle::UpperA
+    } else {
+        Triangle::LowerA
+    };
+    product(
+        x,
+        scores(s, x, trans),
+        v.matrix(false),
+        HeadView::dense(out, x).matrix(false),
+        (x.t, x.d, x.t),
+        triangle(causal, half),
         1.0,
-    )?;
-    s.softmax_lse(softmax_options(opts, scale))
+        None,
+    )
 }
 
 fn softmax_options(opts: &AttentionOptions, scale: f32) -> SoftmaxOptions {
@@ -231,17 +247,13 @@ pub(crate) fn forward(
     opts: &AttentionOptions,
     scale: f32,
 ) -> Result<AttentionOutput> {
-    let (p, lse) = probabilities(q, k, x, opts, scale)?;
-    let out = Tensor::empty(q.t.device(), vec![x.b, x.t, x.h, x.d], DType::F32)?;
-    product(
-        x,
-        scores(&p, x, false),
-        v.matrix(false),
-        HeadView::dense(&out, x).matrix(false),
-        (x.t, x.d, x.t),
-        triangle(opts.causal, Triangle::LowerA),
-        1.0,
-    )?;
+    let device = q.t.device();
+    let s = Tensor::empty(device, vec![x.b, x.h, x.t, x.t], DType::F32)?;
+    scores_product(x, [q, k], &s, opts.causal, 1.0, None)?;
+    let (p, lse) = s.softmax_lse(softmax_options(opts, scale))?;
+    drop(s);
+    let out = Tensor::empty(device, vec![x.b, x.t, x.h, x.d], DType::F32)?;
+    heads_product(x, (&p, false), v, &out, opts.causal)?;
     Ok(AttentionOutput { out, lse })
 }
 
@@ -258,23 +270,16 @@ pub(crate) fn backward(
     scale: f32,
 ) -> Result<AttentionGrads> {
     let device = q.t.device();
+    let causal = opts.causal;
     let square = || Tensor::empty(device, vec![x.b, x.h, x.t, x.t], DType::F32);
     // P = exp(scale·Q·Kᵀ − L).
     let p = square()?;
-    product_then(
-        x,
-        q.matrix(false),
-        k.matrix(true),
-        scores(&p, x, false),
-        (x.t, x.t, x.d),
-        triangle(opts.causal, Triangle::LowerC),
-        scale,
-        Some(Step {
-            op: RowOp::Exp,
-            rows: &fwd.lse,
-            p: None,
-        }),
-    )?;
+    let exp = Step {
+        op: RowOp::Exp,
+        rows: &fwd.lse,
+        p: None,
+    };
+    scores_product(x, [q, k], &p, causal, scale, Some(exp))?;
     // scale·Δ = scale·Σ_d dO∘O per row, [B, H, T].
     let dims = [x.b, x.t, x.h, x.d];
     let delta = dout
@@ -287,50 +292,17 @@ pub(crate) fn backward(
         .contiguous()?;
     // dS = scale·P∘(dP − Δ), dP = dO·Vᵀ never stored.
     let ds = square()?;
-    product_then(
-        x,
-        dout.matrix(false),
-        v.matrix(true),
-        scores(&ds, x, false),
-        (x.t, x.t, x.d),
-        triangle(opts.causal, Triangle::LowerC),
-        scale,
-        Some(Step {
-            op: RowOp::SoftmaxGrad,
-            rows: &delta,
-            p: Some(&p),
-        }),
-    )?;
-    let grad = || Tensor::empty(device, vec![x.b, x.t, x.h, x.d], DType::F32);
-    let (dq, dk, dv) = (grad()?, grad()?, grad()?);
-    let rows = (x.t, x.d, x.t);
-    product(
-        x,
-        scores(&p, x, true),
-        dout.matrix(false),
-        HeadView::dense(&dv, x).matrix(false),
-        rows,
-        triangle(opts.causal, Triangle::UpperA),
-        1.0,
-    )?;
+    let grad = Step {
+        op: RowOp::SoftmaxGrad,
+        rows: &delta,
+        p: Some(&p),
+    };
+    scores_product(x, [dout, v], &ds, causal, scale, Some(grad))?;
+    let dense = || Tensor::empty(device, vec![x.b, x.t, x.h, x.d], DType::F32);
+    let (dq, dk, dv) = (dense()?, dense()?, dense()?);
+    heads_product(x, (&p, true), dout, &dv, causal)?; // Pᵀ·dO
     drop(p);
-    product(
-        x,
-        scores(&ds, x, false),
-        k.matrix(false),
-        HeadView::dense(&dq, x).matrix(false),
-        rows,
-        triangle(opts.causal, Triangle::LowerA),
-        1.0,
-    )?;
-    product(
-        x,
-        scores(&ds, x, true),
-        q.matrix(false),
-        HeadView::dense(&dk, x).matrix(false),
-        rows,
-        triangle(opts.causal, Triangle::UpperA),
-        1.0,
-    )?;
+    heads_product(x, (&ds, false), k, &dq, causal)?; // dS·K
+    heads_product(x, (&ds, true), q, &dk, causal)?; // dSᵀ·Q
     Ok(AttentionGrads { dq, dk, dv })
 }
