@@ -1,5 +1,7 @@
-//! Fused scaled-dot-product attention on tensors: forward (O and the row log-sum-exp L) and
-//! backward (dQ, dK, dV), flash style: scores never reach memory.
+//! Scaled-dot-product attention on tensors: forward (O and the row log-sum-exp L) and
+//! backward (dQ, dK, dV), flash style (scores never reach memory), except f32 without key
+//! lengths up to `MATERIALISED_BYTES` of scores, which runs the faster materialised form
+//! on the matmul kernels (`attention_materialised`; no flash variant forced).
 //!
 //! The one decision a reader must know: Q, K and V are read in place through their strides,
 //! so the three views [`Tensor::split_qkv`] cuts from the fused QKV projection's
