@@ -14,7 +14,7 @@
 use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
 use helios_kernels::Storage;
 
-use super::attention_materialised::{self as materialised, HeadView, Heads};
+use super::attention_materialised::{self as materialised, HeadView};
 use crate::device::KernelKey;
 use crate::{DType, Device, Error, IndexTensor, Result, Tensor};
 
@@ -63,11 +63,11 @@ pub struct AttentionGrads {
 
 /// (B, T, H, D) of a problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Dims {
-    b: usize,
-    t: usize,
-    h: usize,
-    d: usize,
+pub(super) struct Dims {
+    pub(super) b: usize,
+    pub(super) t: usize,
+    pub(super) h: usize,
+    pub(super) d: usize,
 }
 
 const OP: &str = "attention";
@@ -215,12 +215,11 @@ impl Tensor {
         let lens = lengths(opts, dims)?;
         if materialised_form(q, dims, opts) {
             let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
-            let h = heads(dims);
             return materialised::forward(
                 head_view(q, qs),
                 head_view(k, ks),
                 head_view(v, vs),
-                h,
+                dims,
                 opts,
                 scale,
             );
@@ -287,7 +286,7 @@ impl Tensor {
                 head_view(v, vs),
                 head_view(dout, ds),
                 fwd,
-                heads(dims),
+                dims,
                 opts,
                 scale,
             );
@@ -389,16 +388,7 @@ impl Tensor {
 
 /// Whether this attention runs in the materialised form (`attention_materialised::wanted`).
 fn materialised_form(q: &Tensor, dims: Dims, opts: &AttentionOptions) -> bool {
-    materialised::wanted(q.dtype(), heads(dims), opts, env_variant().is_some())
-}
-
-fn heads(d: Dims) -> Heads {
-    Heads {
-        b: d.b,
-        t: d.t,
-        h: d.h,
-        d: d.d,
-    }
+    materialised::wanted(q.dtype(), dims, opts, env_variant().is_some())
 }
 
 /// A checked view as the materialised form's operand.

@@ -23,24 +23,15 @@
 
 use helios_kernels::{Epilogue, MatmulShape, RowOp, Triangle};
 
-use super::attention::{AttentionGrads, AttentionOptions, AttentionOutput};
+use super::attention::{AttentionGrads, AttentionOptions, AttentionOutput, Dims};
 use super::matmul::Problem;
 use super::matmul_tune;
 use super::softmax::SoftmaxOptions;
 use crate::{DType, Result, Tensor};
 
 /// Most bytes of f32 scores, B·H·T·T·4, the stored form takes; larger problems run the flash
-/// kernels, whose memory is O(T). At 1 GiB the backward holds three such tensors at once.
+/// kernels, whose memory is O(T). At 1 GiB the backward holds two such tensors (P and dS).
 pub const MATERIALISED_BYTES: u64 = 1 << 30;
-
-/// (B, T, H, D) of a problem.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Heads {
-    pub b: usize,
-    pub t: usize,
-    pub h: usize,
-    pub d: usize,
-}
 
 /// One [B, T, H, D] operand read (or written) in place: its tensor (whose view offset is
 /// where head (0, 0) starts) and its batch, seq and head strides.
@@ -54,7 +45,7 @@ pub(crate) struct HeadView<'a> {
 
 impl<'a> HeadView<'a> {
     /// A dense [B, T, H, D] tensor.
-    fn dense(t: &'a Tensor, x: Heads) -> HeadView<'a> {
+    fn dense(t: &'a Tensor, x: Dims) -> HeadView<'a> {
         HeadView {
             t,
             batch: x.t * x.h * x.d,
@@ -78,7 +69,7 @@ impl<'a> HeadView<'a> {
 /// Whether attention of this size and these options runs in this form: f32, no key
 /// lengths, no forced flash variant (`opts.variant`, `stage_variant`, `HELIOS_ATTN_VARIANT`),
 /// and scores within `MATERIALISED_BYTES`.
-pub(crate) fn wanted(dtype: DType, x: Heads, opts: &AttentionOptions, forced_env: bool) -> bool {
+pub(crate) fn wanted(dtype: DType, x: Dims, opts: &AttentionOptions, forced_env: bool) -> bool {
     let scores = 4 * (x.b * x.h) as u64 * (x.t as u64) * (x.t as u64);
     dtype == DType::F32
         && opts.key_lengths.is_none()
@@ -101,7 +92,7 @@ struct Step<'a> {
 /// `(m, n, k)`.
 #[allow(clippy::too_many_arguments)]
 fn product(
-    x: Heads,
+    x: Dims,
     a: Operand,
     b: Operand,
     out: Operand,
@@ -164,7 +155,7 @@ struct Operand<'a> {
 }
 
 /// A dense (B, H, T, T) tensor as each head's T×T matrix (`trans`: its transpose).
-fn scores(t: &Tensor, x: Heads, trans: bool) -> Operand<'_> {
+fn scores(t: &Tensor, x: Dims, trans: bool) -> Operand<'_> {
     Operand {
         t,
         trans,
@@ -185,7 +176,7 @@ fn triangle(causal: bool, t: Triangle) -> Triangle {
 /// `alpha · a · bᵀ` for every head (a and b [B, T, H, D] views) into the dense (B, H, T, T)
 /// `out`, only its lower triangle under a causal mask, `step` in the epilogue.
 fn scores_product(
-    x: Heads,
+    x: Dims,
     [a, b]: [HeadView; 2],
     out: &Tensor,
     causal: bool,
@@ -208,7 +199,7 @@ fn scores_product(
 /// (read as its transpose when `trans`), v a [B, T, H, D] view. Under a causal mask s is
 /// read as lower-triangular (its transpose as upper).
 fn heads_product(
-    x: Heads,
+    x: Dims,
     (s, trans): (&Tensor, bool),
     v: HeadView,
     out: &Tensor,
@@ -243,7 +234,7 @@ pub(crate) fn forward(
     q: HeadView,
     k: HeadView,
     v: HeadView,
-    x: Heads,
+    x: Dims,
     opts: &AttentionOptions,
     scale: f32,
 ) -> Result<AttentionOutput> {
@@ -265,7 +256,7 @@ pub(crate) fn backward(
     v: HeadView,
     dout: HeadView,
     fwd: &AttentionOutput,
-    x: Heads,
+    x: Dims,
     opts: &AttentionOptions,
     scale: f32,
 ) -> Result<AttentionGrads> {
