@@ -963,15 +963,14 @@ pub(crate) fn staged_k_loop(
 ) {
     let depth = u32::from(depth.max(1));
     let zero = k.u32(0);
+    let bk_v = k.u32(bk);
     // The k offset of tile `t` (counted from `k_begin`).
     let tile_k = |k: &mut KernelBuilder, t: Val| {
-        let bk_v = k.u32(bk);
         let off = k.mul(t, bk_v);
         k.add(k_begin, off)
     };
     let (ra, rb) = load(k, k_begin);
     store(k, zero, zero, &ra, &rb, k_begin);
-    let bk_v = k.u32(bk);
     let mut slots: Vec<(Vec<Var>, Vec<Var>)> = Vec::new();
     for j in 0..depth {
         let tile = if j == 0 { depth } else { j };

@@ -272,11 +272,12 @@ impl Problem {
         })
     }
 
-    /// A plain product (no epilogue) over explicit sizes and strides, for ops that index
-    /// their operands in place (attention's (B, H) heads as a two-level batch): `shape`
-    /// addresses the buffers of `a` and `b` from their views' offsets, and the output, a
-    /// tensor of `out_shape` (the whole tensor `record` writes into, in `a`'s dtype), from
-    /// its own. The caller vouches that every access stays inside the views' buffers.
+    /// A product over explicit sizes and strides, for ops that index their operands in place
+    /// (attention's (B, H) heads as a two-level batch): `shape` addresses the buffers of `a`
+    /// and `b` from their views' offsets, and the output, a tensor of `out_shape` (the whole
+    /// tensor `record` writes into, in `a`'s dtype), from its own. It starts with no
+    /// epilogue; a caller that folds one in sets `epilogue` with its `residual` and `rows`.
+    /// The caller vouches that every access stays inside the views' buffers.
     pub(crate) fn strided(
         a: &Tensor,
         b: &Tensor,
