@@ -136,7 +136,7 @@ impl Triangle {
 
 /// A SIMT tile: `bm × bn` outputs per workgroup, `tm × tn` per invocation (in 4×4 blocks
 /// spread over the tile so shared-memory reads are broadcast or conflict-free), k in steps of
-/// `BK_SIMT`, global loads issued `depth` k steps ahead of their use (see `prefetch`).
+/// `BK_SIMT`, global loads issued `depth` k steps ahead of their use (see `staged_k_loop`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SimtTile {
     pub bm: u16,
@@ -930,25 +930,33 @@ fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
 }
 
 /// The k loop both tiled generators (SIMT and cooperative) share: `stages` (1 or 2)
-/// shared-memory stages of `stage` words for A and B and `depth` register slots of global
-/// loads in flight.
+/// shared-memory stages of `stage` words for A and B, and `depth` tiles of global loads in
+/// flight in `depth + 1` register sets.
 ///
 /// With one stage, step t instead computes on the stage, waits at a barrier, stores tile
-/// t+1 into it, refills the slot and ends with a second barrier: the loads of a tile are in
+/// t+1 into it, refills a set and ends with a second barrier: the loads of a tile are in
 /// flight during one step's product either way (NVIDIA's compiler waits for all global
 /// loads in flight at the first use of any of them, so `depth` > 1 buys no more).
 ///
-/// Prologue: tile 0 goes into stage 0, tiles 1..=depth into the register slots (slot j
-/// holds tile `depth` when j == 0, else tile j). Step t then stores tile t+1 (loaded `depth`
-/// steps earlier, from slot (t+1) % depth) into stage (t+1) % 2, refills that slot with
-/// tile t+1+depth, runs `compute(base_a, base_b)` on stage t % 2 and ends with a barrier.
-/// The loop is unrolled `depth` times so slots are static; steps past the last tile see
-/// zeros (the loads clamp and mask) and add nothing. Tiles run from k = `k_begin` (a
-/// multiple of `bk`) to `k_end` (see `k_span`). `load(k0)` reads the A and B tiles at
-/// k offset `k0` into registers; `store(base_a, base_b, a, b, k0)` writes the tile loaded
-/// at `k0` into a stage. A kernel that masks the k edge should do it in `store`: a select on
-/// the loaded words at load time makes the compiler wait for them there, which turns `depth`
-/// steps of latency hiding into one.
+/// Prologue: tile 0 goes into stage 0, tiles 1..=depth into register sets 1..=depth. Step t
+/// then stores tile t+1 (loaded `depth` steps earlier, from set (t+1) % (depth+1)) into
+/// stage (t+1) % 2, loads tile t+1+depth into set t % (depth+1) (whose tile t went into
+/// shared memory a step ago), runs `compute(base_a, base_b)` on stage t % 2 and ends with a
+/// barrier. The loop is unrolled depth+1 times so sets are static; steps past the last tile
+/// see zeros (the loads clamp and mask) and add nothing.
+///
+/// Why one set more than tiles in flight: with `depth` sets, a refill overwrites the set
+/// whose old tile the same step stores, and NVIDIA's compiler, which moves the loads of the
+/// unrolled body together late in it, then loads into fresh registers and copies them into
+/// the set at the end of the body: the copies wait for the loads, so their latency was
+/// hidden behind a few hundred instructions instead of steps (on an H100, 49–77 MOVs a body
+/// behind the last barrier; the extra set took gpt2_fc_dx from 476 to 456 µs).
+///
+/// Tiles run from k = `k_begin` (a multiple of `bk`) to `k_end` (see `k_span`). `load(k0)`
+/// reads the A and B tiles at k offset `k0` into registers; `store(base_a, base_b, a, b,
+/// k0)` writes the tile loaded at `k0` into a stage. A kernel that masks the k edge should
+/// do it in `store`: a select on the loaded words at load time makes the compiler wait for
+/// them there, which turns `depth` steps of latency hiding into one.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn staged_k_loop(
     k: &mut KernelBuilder,
@@ -962,6 +970,9 @@ pub(crate) fn staged_k_loop(
     mut compute: impl FnMut(&mut KernelBuilder, Val, Val),
 ) {
     let depth = u32::from(depth.max(1));
+    // One register set more than tiles in flight (see above), and the loop unrolled once
+    // per set, so that set indices are static.
+    let sets = depth + 1;
     let zero = k.u32(0);
     let bk_v = k.u32(bk);
     // The k offset of tile `t` (counted from `k_begin`).
@@ -971,10 +982,13 @@ pub(crate) fn staged_k_loop(
     };
     let (ra, rb) = load(k, k_begin);
     store(k, zero, zero, &ra, &rb, k_begin);
+    // Set 0 would hold tile 0, which is in stage 0 already: it starts out free.
     let mut slots: Vec<(Vec<Var>, Vec<Var>)> = Vec::new();
-    for j in 0..depth {
-        let tile = if j == 0 { depth } else { j };
-        let tile = k.u32(tile);
+    let va: Vec<Var> = ra.iter().map(|&v| k.var_init(v)).collect();
+    let vb: Vec<Var> = rb.iter().map(|&v| k.var_init(v)).collect();
+    slots.push((va, vb));
+    for j in 1..=depth {
+        let tile = k.u32(j);
         let k0 = tile_k(k, tile);
         let (ra, rb) = load(k, k0);
         let va: Vec<Var> = ra.into_iter().map(|v| k.var_init(v)).collect();
@@ -987,8 +1001,8 @@ pub(crate) fn staged_k_loop(
     let span = k.sub(k_end, k_begin);
     let kpad = k.add(span, bk_m1);
     let tiles = k.div(kpad, bk_v);
-    let dv = k.u32(depth);
-    let dm1 = k.u32(depth - 1);
+    let dv = k.u32(sets);
+    let dm1 = k.u32(sets - 1);
     let tiles = k.add(tiles, dm1);
     let tiles = k.div(tiles, dv);
     let tiles = k.mul(tiles, dv);
@@ -1003,7 +1017,7 @@ pub(crate) fn staged_k_loop(
         compute(k, base_a, base_b);
     };
     k.for_range(zero, tiles, dv, |k, t0| {
-        for u in 0..depth {
+        for u in 0..sets {
             let off = k.u32(u);
             let kt = k.add(t0, off);
             let (cur, other) = if single {
@@ -1017,7 +1031,7 @@ pub(crate) fn staged_k_loop(
                 product(k, cur);
                 k.workgroup_barrier();
             }
-            let (va, vb) = &slots[((u + 1) % depth) as usize];
+            let (va, vb) = &slots[((u + 1) % sets) as usize];
             let ra: Vec<Val> = va.iter().map(|&v| k.get(v)).collect();
             let rb: Vec<Val> = vb.iter().map(|&v| k.get(v)).collect();
             let nbase_a = k.mul(other, a_stage);
@@ -1025,14 +1039,16 @@ pub(crate) fn staged_k_loop(
             let next = k.add(kt, one);
             let next_k0 = tile_k(k, next);
             store(k, nbase_a, nbase_b, &ra, &rb, next_k0);
+            // Tile t+1+depth goes into the set of tile t, stored a step ago.
+            let (da, db) = &slots[u as usize];
             let ahead = k.u32(1 + depth);
             let tile = k.add(kt, ahead);
             let k0 = tile_k(k, tile);
             let (ra, rb) = load(k, k0);
-            for (v, x) in va.iter().zip(ra) {
+            for (v, x) in da.iter().zip(ra) {
                 k.set(*v, x);
             }
-            for (v, x) in vb.iter().zip(rb) {
+            for (v, x) in db.iter().zip(rb) {
                 k.set(*v, x);
             }
             if !single {
