@@ -931,26 +931,26 @@ fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
 
 /// The k loop both tiled generators (SIMT and cooperative) share: `stages` (1 or 2)
 /// shared-memory stages of `stage` words for A and B, and `depth` tiles of global loads in
-/// flight in `depth + 1` register sets.
+/// flight in `depth` register sets, or `depth + 1` with `spare_set`.
 ///
 /// With one stage, step t instead computes on the stage, waits at a barrier, stores tile
 /// t+1 into it, refills a set and ends with a second barrier: the loads of a tile are in
 /// flight during one step's product either way (NVIDIA's compiler waits for all global
 /// loads in flight at the first use of any of them, so `depth` > 1 buys no more).
 ///
-/// Prologue: tile 0 goes into stage 0, tiles 1..=depth into register sets 1..=depth. Step t
-/// then stores tile t+1 (loaded `depth` steps earlier, from set (t+1) % (depth+1)) into
-/// stage (t+1) % 2, loads tile t+1+depth into set t % (depth+1) (whose tile t went into
-/// shared memory a step ago), runs `compute(base_a, base_b)` on stage t % 2 and ends with a
-/// barrier. The loop is unrolled depth+1 times so sets are static; steps past the last tile
-/// see zeros (the loads clamp and mask) and add nothing.
+/// Prologue: tile 0 goes into stage 0, tile j (1..=depth) into register set j % sets. Step
+/// t then stores tile t+1 (loaded `depth` steps earlier) into stage (t+1) % 2, loads tile
+/// t+1+depth into its set, runs `compute(base_a, base_b)` on stage t % 2 and ends with a
+/// barrier. The loop is unrolled once per set so set indices are static; steps past the
+/// last tile see zeros (the loads clamp and mask) and add nothing.
 ///
-/// Why one set more than tiles in flight: with `depth` sets, a refill overwrites the set
-/// whose old tile the same step stores, and NVIDIA's compiler, which moves the loads of the
-/// unrolled body together late in it, then loads into fresh registers and copies them into
-/// the set at the end of the body: the copies wait for the loads, so their latency was
-/// hidden behind a few hundred instructions instead of steps (on an H100, 49–77 MOVs a body
-/// behind the last barrier; the extra set took gpt2_fc_dx from 476 to 456 µs).
+/// The spare set: without it, a refill overwrites the set whose old tile the same step
+/// stores. NVIDIA's compiler moves the loads of the unrolled body together late in it, so it
+/// then loads into fresh registers and copies them into the set at the end of the body,
+/// where the copies wait for the loads (on an H100, 49–77 MOVs a body behind the last
+/// barrier). With a spare set, the refill goes into the set stored a step earlier. It took
+/// the SIMT kernels' gpt2_fc_dx from 476 to 456 µs; the cooperative kernels, short of
+/// registers, lost with it (a bf16 GPT-2 step 50.4 → 51.2 ms, DistilGPT-2 17.4 → 18.6).
 ///
 /// Tiles run from k = `k_begin` (a multiple of `bk`) to `k_end` (see `k_span`). `load(k0)`
 /// reads the A and B tiles at k offset `k0` into registers; `store(base_a, base_b, a, b,
@@ -964,15 +964,16 @@ pub(crate) fn staged_k_loop(
     bk: u32,
     depth: u8,
     stages: u8,
+    spare_set: bool,
     stage: [u32; 2],
     load: impl Fn(&mut KernelBuilder, Val) -> (Vec<Val>, Vec<Val>),
     store: impl Fn(&mut KernelBuilder, Val, Val, &[Val], &[Val], Val),
     mut compute: impl FnMut(&mut KernelBuilder, Val, Val),
 ) {
     let depth = u32::from(depth.max(1));
-    // One register set more than tiles in flight (see above), and the loop unrolled once
-    // per set, so that set indices are static.
-    let sets = depth + 1;
+    // Tile j lives in set j % sets; the loop is unrolled once per set, so that set indices
+    // are static.
+    let sets = depth + u32::from(spare_set);
     let zero = k.u32(0);
     let bk_v = k.u32(bk);
     // The k offset of tile `t` (counted from `k_begin`).
@@ -980,21 +981,28 @@ pub(crate) fn staged_k_loop(
         let off = k.mul(t, bk_v);
         k.add(k_begin, off)
     };
+    let vars = |k: &mut KernelBuilder, (ra, rb): (Vec<Val>, Vec<Val>)| {
+        let va: Vec<Var> = ra.into_iter().map(|v| k.var_init(v)).collect();
+        let vb: Vec<Var> = rb.into_iter().map(|v| k.var_init(v)).collect();
+        (va, vb)
+    };
     let (ra, rb) = load(k, k_begin);
     store(k, zero, zero, &ra, &rb, k_begin);
-    // Set 0 would hold tile 0, which is in stage 0 already: it starts out free.
-    let mut slots: Vec<(Vec<Var>, Vec<Var>)> = Vec::new();
-    let va: Vec<Var> = ra.iter().map(|&v| k.var_init(v)).collect();
-    let vb: Vec<Var> = rb.iter().map(|&v| k.var_init(v)).collect();
-    slots.push((va, vb));
+    let mut slots: Vec<Option<(Vec<Var>, Vec<Var>)>> = vec![None; sets as usize];
+    if spare_set {
+        // Set 0 would hold tile 0, which is in stage 0 already: it starts out free.
+        slots[0] = Some(vars(k, (ra, rb)));
+    }
     for j in 1..=depth {
         let tile = k.u32(j);
         let k0 = tile_k(k, tile);
-        let (ra, rb) = load(k, k0);
-        let va: Vec<Var> = ra.into_iter().map(|v| k.var_init(v)).collect();
-        let vb: Vec<Var> = rb.into_iter().map(|v| k.var_init(v)).collect();
-        slots.push((va, vb));
+        let loaded = load(k, k0);
+        slots[(j % sets) as usize] = Some(vars(k, loaded));
     }
+    let slots: Vec<(Vec<Var>, Vec<Var>)> = slots
+        .into_iter()
+        .map(|s| s.expect("every set filled"))
+        .collect();
     k.workgroup_barrier();
 
     let bk_m1 = k.u32(bk - 1);
@@ -1039,8 +1047,9 @@ pub(crate) fn staged_k_loop(
             let next = k.add(kt, one);
             let next_k0 = tile_k(k, next);
             store(k, nbase_a, nbase_b, &ra, &rb, next_k0);
-            // Tile t+1+depth goes into the set of tile t, stored a step ago.
-            let (da, db) = &slots[u as usize];
+            // Tile t+1+depth: into the set just stored, or with a spare set, into the set of
+            // tile t, stored a step ago.
+            let (da, db) = &slots[((u + 1 + depth) % sets) as usize];
             let ahead = k.u32(1 + depth);
             let tile = k.add(kt, ahead);
             let k0 = tile_k(k, tile);

@@ -177,6 +177,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
         bk,
         t.depth,
         t.stages,
+        false,
         [a.stage(), b.stage()],
         |k, k0| {
             let ra = load_tile(k, &a, src_a.as_ref(), &d, tid, threads, k0);

@@ -114,6 +114,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
         BK_SIMT,
         t.depth,
         2,
+        true,
         [a_len, b_len],
         |k, k0| {
             let ra = load_tile(k, kern, &a_op, &a_src, &d, tid, threads, k0);
