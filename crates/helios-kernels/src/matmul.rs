@@ -197,6 +197,7 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("simt128x128d1", simt(128, 128, 8, 8, 1)),
     ("simt128x128d2", simt(128, 128, 8, 8, 2)),
     ("simt128x64d2", simt(128, 64, 8, 8, 2)),
+    ("simt128x64d1", simt(128, 64, 8, 8, 1)),
     // 8×16 per invocation (`t`), cuBLAS's SIMT shape: 128 invocations at ~235 registers.
     // On an H100 it won only 4096³ (3188 µs against 3289 for simt128x64d2); 8×16 on a
     // 128×64 tile spilled, and 16×8 or 256×128 tiles lost everywhere
