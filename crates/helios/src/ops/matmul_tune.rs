@@ -449,18 +449,24 @@ fn tune(p: &Problem) -> Result<TuneReport> {
             .filter_map(|r| r.time_us.map(|t| (r.variant, r.splits, t)))
             .min_by(|a, b| a.2.total_cmp(&b.2))
     };
-    // Split-K with the two best kernels, where k is long enough for each part to keep the
-    // kernel's pipeline busy (≥ 512), the product is large enough to be worth a second pass
-    // over an M×N f32 workspace per part, and that workspace stays small. Two, because the
-    // best plain kernel is often a small tile that fills the GPU, and a larger tile split
-    // over k can beat it (on an H100, gpt2_fc_dw: simt64x32d2 582 µs, simt128x64d2 644,
-    // simt128x64d2 in four parts 495).
+    // Split-K with the plain kernels within `SPLIT_BASE_SLACK` of the best (at most
+    // `SPLIT_BASES`), where k is long enough for each part to keep the kernel's pipeline busy
+    // (≥ 512), the product is large enough to be worth a second pass over an M×N f32
+    // workspace per part, and that workspace stays small. Not the best alone: that is often
+    // a small tile that fills the GPU, and a larger tile split over k can beat it (on an
+    // H100, gpt2_fc_dw: simt64x32d2 582 µs, simt128x64d2 644, simt128x64d2 in four parts
+    // 469).
     let mut ranked: Vec<(&'static str, f64)> = rows
         .iter()
         .filter_map(|r| r.time_us.map(|t| (r.variant, t)))
         .collect();
     ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
-    for &(v, _) in ranked.iter().take(SPLIT_BASES) {
+    let fastest = ranked.first().map_or(0.0, |r| r.1);
+    for &(v, _) in ranked
+        .iter()
+        .take_while(|r| r.1 <= fastest * SPLIT_BASE_SLACK)
+        .take(SPLIT_BASES)
+    {
         let v = MatmulVariant::by_name(v).expect("a table variant");
         for splits in SPLITS {
             let Some((sub, k)) = p.split(v, splits, caps.subgroup) else {
@@ -510,8 +516,10 @@ fn tune(p: &Problem) -> Result<TuneReport> {
 /// The k splits the tuner tries after the plain kernels.
 const SPLITS: [u32; 3] = [2, 3, 4];
 
-/// How many of the fastest plain kernels the tuner also tries split over k.
-const SPLIT_BASES: usize = 2;
+/// The plain kernels the tuner also tries split over k: at most this many of the fastest,
+/// each within `SPLIT_BASE_SLACK` times the fastest one's time.
+const SPLIT_BASES: usize = 4;
+const SPLIT_BASE_SLACK: f64 = 1.25;
 
 /// Largest f32 workspace (bytes) a split product may use: the sum pass costs a read of it,
 /// and the tuner holds up to 8 at once while timing.
