@@ -484,6 +484,9 @@ pub struct MatmulCaps {
     pub coop_wg: Vec<WgSupport>,
     /// Tensor-addressed loads of such matrices (`cooperativeMatrixTensorAddressing`).
     pub coop_wg_tensor: bool,
+    /// On a CPU device (lavapipe), how many host threads run workgroups at once; `None` on
+    /// GPUs.
+    pub cpu_threads: Option<u32>,
 }
 
 /// One input type's workgroup-scope support: `m × n × k` products of f32-accumulated
@@ -737,9 +740,11 @@ pub struct MatmulAddresses {
 }
 
 /// The documented default choice (used where no tuned winner exists, e.g. on CPU devices):
-/// cooperative fragments for f16/bf16 inputs where the device has them (128×128 tiles when
-/// the output has at least 64 such tiles' worth of elements, else 64×64), otherwise SIMT
-/// tiles sized so that the grid still has work for many workgroups. Always feasible.
+/// on a CPU device, SIMT tiles of 8×8 per invocation wherever every host thread still gets a
+/// workgroup; else cooperative fragments for f16/bf16 inputs where the device has them
+/// (128×128 tiles when the output has at least 64 such tiles' worth of elements, else
+/// 64×64), otherwise SIMT tiles sized so that the grid still has work for many workgroups.
+/// Always feasible.
 pub fn default_variant(
     input: Storage,
     out: Storage,
@@ -762,6 +767,26 @@ pub fn default_variant(
         &["coop64x64w2x2k32d2", "simt32x32d1"]
     };
     let feasible = candidates(input, out, trans, shape, epilogue, caps);
+    if let Some(threads) = caps.cpu_threads {
+        // On a CPU an invocation's 8×8 block runs about twice the FMAs a second of a 4×4 one
+        // (lavapipe, 2 threads, the tiny preset's lm-head products at a vocabulary of 8192:
+        // simt128x128d1 369–410 ms, simt128x64d1 392–407, simt32x32d1 814–838, simt64x64d2
+        // 794–915). Take the largest such tile that still gives every thread a workgroup.
+        let grid = |k: &MatmulKernel| {
+            let (bm, bn) = k.variant.tile();
+            u64::from(shape.m.div_ceil(bm))
+                * u64::from(shape.n.div_ceil(bn))
+                * u64::from(shape.batch)
+        };
+        let wide = ["simt128x128d1", "simt128x64d1"].iter().find_map(|name| {
+            feasible
+                .iter()
+                .find(|k| k.variant.name() == *name && grid(k) >= u64::from(threads))
+        });
+        if let Some(k) = wide {
+            return *k;
+        }
+    }
     order
         .iter()
         .find_map(|name| feasible.iter().find(|k| k.variant.name() == *name).copied())
