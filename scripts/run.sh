@@ -3,7 +3,7 @@
 # vocabulary, 7.2M parameters) on the bundled Shakespeare on the best Vulkan device
 # (lavapipe on a machine without a GPU; HELIOS_DEVICE picks another), then print a sample.
 # The defaults (40 steps of 4x64 tokens, learning rate 2e-3 with 4 warm-up steps, cosine to
-# 2e-4) take 3 to 12 minutes on lavapipe on 2 idle CPU cores, depending on the CPU (see the
+# 2e-4) take 3 to 7 minutes on lavapipe on 2 idle CPU cores, depending on the CPU (see the
 # README), and bring the validation loss from 10.83 to 6.78. Extra
 # arguments go to `helios train` (e.g. `scripts/run.sh --steps 500 --batch 8`; see
 # `helios train --help`). Writes out/train/: checkpoint/, log.json, log.csv, loss.png.
