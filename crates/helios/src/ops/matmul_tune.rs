@@ -99,18 +99,22 @@ pub fn matmul_caps(device: &Device) -> MatmulCaps {
         coop_bf16,
         coop_wg,
         coop_wg_tensor: en.cooperative_matrix_tensor_addressing,
-        // Lavapipe runs workgroups on one thread per core unless LP_NUM_THREADS says
-        // otherwise.
-        cpu_threads: (caps.device_type == DeviceType::Cpu).then(|| {
-            std::env::var("LP_NUM_THREADS")
-                .ok()
-                .and_then(|v| v.trim().parse::<u32>().ok())
-                .filter(|&n| n > 0)
-                .unwrap_or_else(|| {
-                    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
-                })
-        }),
+        cpu_threads: (caps.device_type == DeviceType::Cpu).then(host_threads),
     }
+}
+
+/// How many threads lavapipe runs workgroups on: one per core unless `LP_NUM_THREADS` says
+/// otherwise. Read once per process: `matmul_caps` is asked per op (attention's selection),
+/// and finding the core count reads cgroup files on Linux.
+fn host_threads() -> u32 {
+    static THREADS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::env::var("LP_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32))
+    })
 }
 
 fn invalid(detail: String) -> Error {
