@@ -199,6 +199,7 @@ fn describe(s: &mut String, index: usize, c: &Caps, selected: bool, extensions: 
         ("maintenance4", f.maintenance4),
         ("synchronization2", f.synchronization2),
         ("cooperative_matrix", f.cooperative_matrix),
+        ("buffer_f32_atomic_add", f.shader_buffer_float32_atomic_add),
         ("nv_cooperative_matrix2", c.nv_cooperative_matrix2),
     ] {
         sub(s, name, yes_no(on).into());

@@ -1,5 +1,5 @@
 //! Memory: buffer loads and stores (scalar or 2/4-lane vectors), workgroup-shared arrays,
-//! barriers and integer atomics.
+//! barriers and atomics (integer add, and f32 add through SPV_EXT_shader_atomic_float_add).
 //!
 //! A buffer is declared with its scalar element type; a load or store names a vector width
 //! and indexes in units of that width, so `load(buf, i, 4)` reads elements 4i..4i+3 as one
@@ -7,7 +7,7 @@
 //! (the access size), as SPIR-V requires for physical pointers.
 
 use rspirv::dr::Operand;
-use rspirv::spirv::{MemoryAccess, MemorySemantics, Op, Scope, StorageClass, Word};
+use rspirv::spirv::{Capability, MemoryAccess, MemorySemantics, Op, Scope, StorageClass, Word};
 
 use crate::builder::{id, Buffer, KernelBuilder};
 use crate::types::{Scalar, Ty, Val};
@@ -82,6 +82,37 @@ impl KernelBuilder {
         let ty = self.ty(value.ty);
         let rid = self.inst(
             Op::AtomicIAdd,
+            Some(ty),
+            vec![id(ptr), id(scope), id(sem), value.into()],
+        );
+        Val {
+            id: rid,
+            ty: value.ty,
+        }
+    }
+
+    /// Atomically adds `value` (f32) to element `index` of an f32 buffer (device scope,
+    /// relaxed); returns the old value. Emits `OpAtomicFAddEXT`, so the device must have
+    /// VK_EXT_shader_atomic_float's shaderBufferFloat32AtomicAdd enabled
+    /// (`EnabledFeatures::shader_buffer_float32_atomic_add` in helios-vk). The order of
+    /// concurrent adds is unspecified, so sums are exact only where every partial sum is.
+    #[track_caller]
+    pub fn atomic_fadd(&mut self, buf: Buffer, index: Val, value: Val) -> Val {
+        self.assert_writable(buf);
+        assert!(
+            buf.elem == Scalar::F32 && value.ty == Ty::scalar(Scalar::F32),
+            "atomic_fadd needs an f32 buffer and value, got {} into {}",
+            value.ty,
+            buf.elem.name()
+        );
+        self.capability(Capability::AtomicFloat32AddEXT);
+        self.extension("SPV_EXT_shader_atomic_float_add");
+        let (ptr, _) = self.element_pointer(buf, 1, index);
+        let scope = self.const_u32(Scope::Device as u32);
+        let sem = self.const_u32(MemorySemantics::RELAXED.bits());
+        let ty = self.ty(value.ty);
+        let rid = self.inst(
+            Op::AtomicFAddEXT,
             Some(ty),
             vec![id(ptr), id(scope), id(sem), value.into()],
         );

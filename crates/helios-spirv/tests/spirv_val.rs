@@ -205,6 +205,59 @@ fn control_flow_shared_and_subgroup_module_validates() {
     }
 }
 
+/// `out[i % 4] += x[i]` through f32 atomics, in a bounds check; the old value is stored too.
+fn float_atomics(binding: Binding) -> KernelModule {
+    let mut k = KernelBuilder::new("atomic_fadd", binding, [64, 1, 1]);
+    let x = k.buffer("x", Scalar::F32, Access::Read);
+    let out = k.buffer("out", Scalar::F32, Access::ReadWrite);
+    let old = k.buffer("old", Scalar::F32, Access::Write);
+    let n = k.param("n", Ty::scalar(Scalar::U32));
+    k.begin();
+    let gid = k.global_id();
+    let i = k.extract(gid, 0);
+    let nv = k.load_param(n);
+    let inb = k.lt(i, nv);
+    k.if_(inb, |k| {
+        let v = k.load(x, i, 1);
+        let four = k.u32(4);
+        let slot = k.rem(i, four);
+        let prev = k.atomic_fadd(out, slot, v);
+        k.store(old, i, prev);
+        // A constant operand and an i32 index.
+        let one = k.const_f32(1.0);
+        let zero = k.i32(0);
+        let _ = k.atomic_fadd(out, zero, one);
+    });
+    k.finish()
+}
+
+#[test]
+fn float_atomic_add_module_validates() {
+    for b in BINDINGS {
+        let m = float_atomics(b);
+        let asm = m.disassemble();
+        for want in [
+            "OpCapability AtomicFloat32AddEXT",
+            "OpExtension \"SPV_EXT_shader_atomic_float_add\"",
+            "OpAtomicFAddEXT",
+        ] {
+            assert!(asm.contains(want), "{b:?}: no {want} in\n{asm}");
+        }
+        check(&m);
+    }
+}
+
+#[test]
+#[should_panic(expected = "atomic_fadd needs an f32 buffer and value")]
+fn float_atomic_add_rejects_integer_buffers() {
+    let mut k = KernelBuilder::new("bad_fadd", Binding::DeviceAddress, [1, 1, 1]);
+    let out = k.buffer("out", Scalar::U32, Access::ReadWrite);
+    k.begin();
+    let i = k.local_index();
+    let one = k.const_f32(1.0);
+    k.atomic_fadd(out, i, one);
+}
+
 #[test]
 fn empty_kernel_validates() {
     for b in BINDINGS {

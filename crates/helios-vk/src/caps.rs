@@ -186,6 +186,9 @@ pub struct Features {
     pub synchronization2: bool,
     /// VK_KHR_cooperative_matrix feature bit.
     pub cooperative_matrix: bool,
+    /// VK_EXT_shader_atomic_float shaderBufferFloat32AtomicAdd (f32 atomic add on storage
+    /// buffers).
+    pub shader_buffer_float32_atomic_add: bool,
     /// VK_KHR_pipeline_executable_properties pipelineExecutableInfo: the driver reports
     /// compiler statistics of pipelines (enabled only on request, `HELIOS_PIPELINE_STATS`).
     pub pipeline_executable_info: bool,

@@ -53,6 +53,9 @@ pub struct EnabledFeatures {
     /// VK_KHR_pipeline_executable_properties pipelineExecutableInfo: only when asked for
     /// (`HELIOS_PIPELINE_STATS`), since capturing statistics may slow pipeline creation.
     pub pipeline_executable_info: bool,
+    /// VK_EXT_shader_atomic_float shaderBufferFloat32AtomicAdd (f32 atomic add on storage
+    /// buffers).
+    pub shader_buffer_float32_atomic_add: bool,
 }
 
 /// Refuses devices Helios cannot run on, naming everything that is missing at once.
@@ -156,6 +159,7 @@ pub(crate) fn plan(
                 .as_ref()
                 .is_some_and(|c| c.tensor_addressing),
         pipeline_executable_info: pipeline_stats && f.pipeline_executable_info,
+        shader_buffer_float32_atomic_add: f.shader_buffer_float32_atomic_add,
     };
     (enabled, withheld)
 }
@@ -184,6 +188,9 @@ pub(crate) fn extensions(caps: &Caps, enabled: &EnabledFeatures) -> Vec<&'static
     }
     if enabled.pipeline_executable_info {
         exts.push(ash::khr::pipeline_executable_properties::NAME);
+    }
+    if enabled.shader_buffer_float32_atomic_add {
+        exts.push(ash::ext::shader_atomic_float::NAME);
     }
     // The spec requires enabling it wherever it is listed (MoltenVK and similar).
     if caps.has_extension("VK_KHR_portability_subset") {
@@ -243,6 +250,8 @@ pub(crate) fn create_device(
     };
     let mut pexec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
         .pipeline_executable_info(true);
+    let mut atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default()
+        .shader_buffer_float32_atomic_add(true);
 
     let mut features2 = vk::PhysicalDeviceFeatures2::default()
         .features(base)
@@ -269,6 +278,9 @@ pub(crate) fn create_device(
     }
     if e.pipeline_executable_info {
         features2 = features2.push_next(&mut pexec);
+    }
+    if e.shader_buffer_float32_atomic_add {
+        features2 = features2.push_next(&mut atomic_float);
     }
 
     let ext_ptrs: Vec<_> = extensions(caps, e).iter().map(|n| n.as_ptr()).collect();
@@ -388,6 +400,25 @@ mod tests {
         let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 239)), true, true);
         assert!(e.pipeline_executable_info && withheld.is_empty());
         assert_eq!(extensions(&c, &e), [name]);
+    }
+
+    #[test]
+    fn float32_atomic_add_when_supported() {
+        let name = ash::ext::shader_atomic_float::NAME;
+        for api in [vk::API_VERSION_1_2, vk::API_VERSION_1_3] {
+            let mut c = caps(api);
+            // Not supported: off, no extension.
+            let (e, withheld) = plan(&c, None, false, true);
+            assert!(!e.shader_buffer_float32_atomic_add && withheld.is_empty());
+            assert!(!extensions(&c, &e).contains(&name));
+            // Supported: on, with its extension; the 1.3.239 layer knows this 2020 extension.
+            c.features.shader_buffer_float32_atomic_add = true;
+            for layer in [None, Some(vk::make_api_version(0, 1, 3, 239))] {
+                let (e, withheld) = plan(&c, layer, false, true);
+                assert!(e.shader_buffer_float32_atomic_add && withheld.is_empty());
+                assert_eq!(extensions(&c, &e), [name]);
+            }
+        }
     }
 
     #[test]

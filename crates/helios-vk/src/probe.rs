@@ -128,9 +128,11 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
     let mut coop_feat = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
     let mut bf16_feat = PhysicalDeviceShaderBfloat16FeaturesKHR::default();
     let mut pexec_feat = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
+    let mut atomic_float_feat = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default();
     let has_pexec = has(ash::khr::pipeline_executable_properties::NAME);
     let has_coop = has(ash::khr::cooperative_matrix::NAME);
     let has_bf16 = has(KHR_SHADER_BFLOAT16);
+    let has_atomic_float = has(ash::ext::shader_atomic_float::NAME);
     let base = if at_least(1, 1) {
         let mut f2 = vk::PhysicalDeviceFeatures2::default();
         if at_least(1, 2) {
@@ -154,6 +156,9 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         }
         if has_pexec {
             f2 = f2.push_next(&mut pexec_feat);
+        }
+        if has_atomic_float {
+            f2 = f2.push_next(&mut atomic_float_feat);
         }
         unsafe { raw.get_physical_device_features2(pd, &mut f2) };
         f2.features
@@ -197,6 +202,8 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         maintenance4: m4_on,
         synchronization2: sync2_on,
         cooperative_matrix: has_coop && on(coop_feat.cooperative_matrix),
+        shader_buffer_float32_atomic_add: has_atomic_float
+            && on(atomic_float_feat.shader_buffer_float32_atomic_add),
         pipeline_executable_info: has_pexec && on(pexec_feat.pipeline_executable_info),
     };
 
