@@ -154,6 +154,9 @@ pub struct KernelBuilder {
     pub(crate) raw_ops: HashMap<Word, (u32, bool)>,
     /// Emit SPIR-V 1.6 (tensor addressing needs it) instead of 1.5.
     pub(crate) spirv_1_6: bool,
+    /// Some atomic has device scope: under the Vulkan memory model that needs
+    /// `VulkanMemoryModelDeviceScope` (added by `finish`).
+    pub(crate) device_scope: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -189,6 +192,7 @@ impl KernelBuilder {
             begun: false,
             fused_fma: Vec::new(),
             literal_local_size: false,
+            device_scope: false,
             raw_ops: HashMap::new(),
             spirv_1_6: false,
         };
@@ -297,6 +301,10 @@ impl KernelBuilder {
         };
         // Cooperative matrices require the Vulkan memory model (coop.rs asks for it).
         let model = if self.caps.contains(&(Capability::VulkanMemoryModel as u32)) {
+            if self.device_scope {
+                self.caps
+                    .insert(Capability::VulkanMemoryModelDeviceScope as u32);
+            }
             spirv::MemoryModel::Vulkan
         } else {
             spirv::MemoryModel::GLSL450

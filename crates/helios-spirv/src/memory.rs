@@ -78,6 +78,7 @@ impl KernelBuilder {
         );
         let (ptr, _) = self.element_pointer(buf, 1, index);
         let scope = self.const_u32(Scope::Device as u32);
+        self.device_scope = true;
         let sem = self.const_u32(MemorySemantics::RELAXED.bits());
         let ty = self.ty(value.ty);
         let rid = self.inst(
@@ -109,6 +110,7 @@ impl KernelBuilder {
         self.extension("SPV_EXT_shader_atomic_float_add");
         let (ptr, _) = self.element_pointer(buf, 1, index);
         let scope = self.const_u32(Scope::Device as u32);
+        self.device_scope = true;
         let sem = self.const_u32(MemorySemantics::RELAXED.bits());
         let ty = self.ty(value.ty);
         let rid = self.inst(
@@ -228,6 +230,7 @@ impl KernelBuilder {
     /// A device-scope memory barrier on buffer memory (no execution barrier).
     pub fn buffer_memory_barrier(&mut self) {
         let scope = self.const_u32(Scope::Device as u32);
+        self.device_scope = true;
         let sem = self
             .const_u32((MemorySemantics::ACQUIRE_RELEASE | MemorySemantics::UNIFORM_MEMORY).bits());
         self.inst_void(Op::MemoryBarrier, vec![id(scope), id(sem)]);

@@ -47,6 +47,8 @@ struct Case {
     /// into its buffer (1: no row starts on a multiple of 4 elements).
     fused: Option<usize>,
     variant: Option<AttnVariant>,
+    /// The deterministic backward (dQ in its own pass, no atomics).
+    deterministic: bool,
 }
 
 /// The worst relative error of (out, lse, dq, dk, dv), and the forward's kernel
@@ -72,6 +74,7 @@ fn run(d: &Device, c: &Case, seed: u64) -> Result<([f64; 5], String), String> {
         scale: None,
         key_lengths: lens,
         variant: c.variant,
+        deterministic: c.deterministic,
         ..Default::default()
     };
     let (qt, kt, vt) = if let Some(at) = c.fused {
@@ -173,6 +176,7 @@ fn every_head_dim_and_dtype_matches_reference() {
                 lens,
                 fused: None,
                 variant: None,
+                deterministic: false,
             };
             let errs = check(d, &c, i as u64);
             let kernel = run(d, &c, i as u64).unwrap().1;
@@ -220,6 +224,7 @@ fn materialised_form_spans_tiles() {
             lens: None,
             fused,
             variant: None,
+            deterministic: false,
         };
         let seed = 40 + i as u64;
         let kernel = run(d, &c, seed).unwrap_or_else(|e| panic!("{e}")).1;
@@ -244,6 +249,7 @@ fn fused_qkv_views_are_read_in_place() {
                 lens: lens.clone(),
                 fused: Some(i),
                 variant: None,
+                deterministic: false,
             };
             check(d, &c, 100 + i as u64);
         }
@@ -267,6 +273,7 @@ fn every_simt_variant_matches_reference() {
                 lens: (i % 3 == 1).then(|| vec![30]),
                 fused: None,
                 variant: Some(v),
+                deterministic: false,
             };
             match run(d, &c, 7) {
                 Ok(_) => {
@@ -280,7 +287,8 @@ fn every_simt_variant_matches_reference() {
 }
 
 /// Every cooperative tile (where the device has cooperative matrices; a visible skip
-/// elsewhere) on f16 and bf16, T = 77, causal with padding and not, head dims 64, 80, 128.
+/// elsewhere) on f16 and bf16, each with the atomic and the deterministic backward, T = 77,
+/// causal with padding and not, head dims 64, 80, 128.
 #[test]
 fn every_coop_variant_matches_reference() {
     let d = device();
@@ -297,7 +305,12 @@ fn every_coop_variant_matches_reference() {
         .into_iter()
         .enumerate()
     {
-        for dtype in [DType::F16, DType::BF16] {
+        for (dtype, deterministic) in [
+            (DType::F16, false),
+            (DType::F16, true),
+            (DType::BF16, false),
+            (DType::BF16, true),
+        ] {
             for hd in [64usize, 80, 128] {
                 let c = Case {
                     dims: dims(2, 77, 2, hd),
@@ -306,7 +319,16 @@ fn every_coop_variant_matches_reference() {
                     lens: (i % 2 == 1).then(|| vec![77, 40]),
                     fused: None,
                     variant: Some(v),
+                    deterministic,
                 };
+                let opts = AttentionOptions {
+                    variant: Some(v),
+                    deterministic,
+                    ..Default::default()
+                };
+                let probe =
+                    Tensor::from_slice_as(d, &vec![0.0; hd], &[1, 1, 1, hd], dtype).unwrap();
+                let backward = probe.attention_backward_kernels(&opts).unwrap_or_default();
                 match run(d, &c, 11) {
                     Ok((errs, kernel)) => {
                         assert!(
@@ -314,7 +336,7 @@ fn every_coop_variant_matches_reference() {
                             "{c:?} ran {kernel}, not the cooperative kernels"
                         );
                         println!(
-                            "coop {} {dtype} d{hd}: out {:.2e} lse {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}",
+                            "coop {} {dtype} d{hd} ({backward}): out {:.2e} lse {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}",
                             v.tag(),
                             errs[0],
                             errs[1],
@@ -345,11 +367,12 @@ fn empty_and_long_key_lengths() {
         lens: Some(vec![0, 4, 100]),
         fused: None,
         variant: None,
+        deterministic: false,
     };
     check(d, &c, 3);
 }
 
-/// Two backward passes give bit-identical gradients.
+/// Two deterministic backward passes give bit-identical gradients.
 #[test]
 fn backward_is_deterministic() {
     let d = device();
@@ -361,7 +384,10 @@ fn backward_is_deterministic() {
     let k = up(random(n, &mut rng, DType::F16));
     let v = up(random(n, &mut rng, DType::F16));
     let dout = up(random(n, &mut rng, DType::F16));
-    let opts = AttentionOptions::causal();
+    let opts = AttentionOptions {
+        deterministic: true,
+        ..AttentionOptions::causal()
+    };
     let fwd = q.attention(&k, &v, &opts).unwrap();
     let a = q.attention_backward(&k, &v, &fwd, &dout, &opts).unwrap();
     let b = q.attention_backward(&k, &v, &fwd, &dout, &opts).unwrap();
@@ -469,6 +495,7 @@ fn tuning_stores_winners_that_are_used() {
         lens: Some(vec![29]),
         fused: None,
         variant: None,
+        deterministic: false,
     };
     check(d, &c, 21);
 }
