@@ -165,8 +165,9 @@ pub const SIMT_VARIANTS: [AttnVariant; 8] = [
 ];
 /// Cooperative-matrix candidates (the 128-row tiles fit 48 KiB only with the scores in
 /// registers).
-pub const COOP_VARIANTS: [AttnVariant; 7] = [
+pub const COOP_VARIANTS: [AttnVariant; 8] = [
     AttnVariant::Coop { bq: 64, bk: 64 },
+    AttnVariant::Coop { bq: 32, bk: 128 },
     AttnVariant::Coop { bq: 64, bk: 32 },
     AttnVariant::Coop { bq: 32, bk: 64 },
     AttnVariant::Coop { bq: 32, bk: 32 },
@@ -187,7 +188,7 @@ pub fn default_order(stage: AttnStage, coop: bool, registers: bool) -> Vec<AttnV
     if stage == AttnStage::DkDvDq {
         // Only the register kernels have this stage.
         if coop && registers {
-            out.extend([c(32, 64), c(64, 64), c(32, 32), c(64, 32)]);
+            out.extend([c(32, 64), c(32, 128), c(64, 64), c(32, 32), c(64, 32)]);
         }
         return out;
     }

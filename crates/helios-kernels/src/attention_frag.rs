@@ -74,8 +74,9 @@ pub(crate) fn layout(kern: &AttentionKernel) -> Layout {
     let staged = owned * row;
     let ds = region + staged.max(TILE_WORDS).max(nsg * TILE_WORDS);
     let ds_row = bq / WORD + 1;
+    // DkDvDq: after dSᵀ, each subgroup's 16×16 f32 dQ tile on its way to the atomics.
     let total = if kern.stage == AttnStage::DkDvDq {
-        ds + bk * ds_row
+        ds + bk * ds_row + nsg * TILE_WORDS
     } else {
         ds
     };
@@ -1164,24 +1165,62 @@ fn add_dq(
                 let bm = k.coop_load_shared(ty.b, smem, b_at, row, CoopLayout::RowMajor);
                 acc = k.coop_muladd(a, bm, acc);
             }
-            let vals = elems(k, acc);
-            for (slot, &r) in pl.row.iter().enumerate() {
+            if std::env::var("HELIOS_DIAG_DQ_DIRECT").is_ok() {
+                let vals = elems(k, acc);
+                for (slot, &r) in pl.row.iter().enumerate() {
+                    let qr = k.add(q0, r);
+                    let i = k.add(i0, qr);
+                    let inside = k.lt(i, p.t);
+                    k.if_(inside, |k| {
+                        let base = dense_row(k, p, d, b, i, h);
+                        let base = k.add(base, dcol);
+                        for (e, &v) in vals.iter().enumerate() {
+                            if pl.map.row_slot[e] as usize != slot {
+                                continue;
+                            }
+                            let at = k.add(base, pl.col_of(e));
+                            let v = k.mul(v, p.scale);
+                            k.atomic_fadd(dq, at, v);
+                        }
+                    });
+                }
+                return;
+            }
+            // Through the subgroup's scratch tile, so that each atomic instruction of the
+            // subgroup covers two rows of 16 consecutive floats (whole 32-byte sectors).
+            let tw = k.u32(TILE_WORDS);
+            let scratch = k.mul(sg, tw);
+            let base = k.u32(lay.ds + bk * lay.ds_row);
+            let scratch = k.add(scratch, base);
+            let four = k.u32(4);
+            k.coop_store_shared(acc, smem, scratch, four, CoopLayout::RowMajor);
+            k.subgroup_barrier();
+            let lane = k.subgroup_invocation_id();
+            let col = k.rem(lane, sixteen);
+            let r0 = k.div(lane, sixteen);
+            let dcol = k.add(dcol, col);
+            let cw = k.div(col, four);
+            let cl = k.rem(col, four);
+            let f32t = Ty::scalar(Scalar::F32);
+            for it in 0..FRAG / 2 {
+                let two_it = k.u32(2 * it);
+                let r = k.add(r0, two_it);
+                let w = k.mul(r, four);
+                let w = k.add(w, cw);
+                let w = k.add(w, scratch);
+                let v = k.shared_load_lane(smem, w, cl);
+                let v = k.bitcast(v, f32t);
+                let v = k.mul(v, p.scale);
                 let qr = k.add(q0, r);
                 let i = k.add(i0, qr);
                 let inside = k.lt(i, p.t);
                 k.if_(inside, |k| {
-                    let base = dense_row(k, p, d, b, i, h);
-                    let base = k.add(base, dcol);
-                    for (e, &v) in vals.iter().enumerate() {
-                        if pl.map.row_slot[e] as usize != slot {
-                            continue;
-                        }
-                        let at = k.add(base, pl.col_of(e));
-                        let v = k.mul(v, p.scale);
-                        k.atomic_fadd(dq, at, v);
-                    }
+                    let at = dense_row(k, p, d, b, i, h);
+                    let at = k.add(at, dcol);
+                    k.atomic_fadd(dq, at, v);
                 });
             }
+            k.subgroup_barrier();
         };
         if (j + 1) * nsg <= frags {
             body(k);

@@ -151,6 +151,9 @@ fn tune(
     }
     for (v, o) in &valid {
         let us = time(device, &|| run(o).map(drop))?;
+        if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+            eprintln!("helios: attention tuning {key}: {} {us:.1} µs", v.tag());
+        }
         if best.map_or(true, |(_, b)| us < b) {
             best = Some((*v, us));
         }
