@@ -8,11 +8,7 @@
 //! for a row with no key). Backward follows FlashAttention-2: a `Prep` pass writes
 //! Dsum[i] = Σ_d dO[i,d]·O[i,d], then `DkDv` walks query blocks per key block and `Dq` key
 //! blocks per query block, each recomputing P = exp(S − L); no atomics, so every gradient is
-//! deterministic. The fast backward (`PrepDq`, `DkDvDq`: cooperative kernels with the scores
-//! in registers, on devices with f32 buffer atomics) computes dQ inside the dK/dV kernel
-//! instead, from the dS it already holds, and adds each key block's share into a zeroed f32
-//! buffer with atomics, as FlashAttention-2 does: two products fewer per block pair, and the
-//! order of those additions (so dQ's last bits) varies from run to run.
+//! deterministic.
 //!
 //! Key decisions a reader must know:
 //! - Q, K, V, O (in backward) and dO are read through strides (push constants): the fused
@@ -48,15 +44,9 @@ pub enum AttnStage {
     DkDv,
     /// dQ, one query block per workgroup.
     Dq,
-    /// `Prep`, and the f32 dQ accumulator of `DkDvDq` zeroed.
-    PrepDq,
-    /// dK and dV as `DkDv`, and each key block's share of dQ added to the f32 accumulator
-    /// with atomics (cooperative kernels with the scores in registers only).
-    DkDvDq,
 }
 
 impl AttnStage {
-    /// The deterministic stages, which every family has.
     pub const ALL: [AttnStage; 4] = [
         AttnStage::Forward,
         AttnStage::Prep,
@@ -64,38 +54,12 @@ impl AttnStage {
         AttnStage::Dq,
     ];
 
-    /// The zeroing `Prep` of the atomic backward, or plain `Prep`.
-    pub fn prep(atomic: bool) -> AttnStage {
-        if atomic {
-            AttnStage::PrepDq
-        } else {
-            AttnStage::Prep
-        }
-    }
-
-    /// A `Prep` stage (one invocation per row, not tiled).
-    pub fn is_prep(self) -> bool {
-        matches!(self, AttnStage::Prep | AttnStage::PrepDq)
-    }
-
-    /// A stage that owns key blocks and walks query blocks.
-    pub fn owns_keys(self) -> bool {
-        matches!(self, AttnStage::DkDv | AttnStage::DkDvDq)
-    }
-
-    /// A stage that reads Q, K, V, dO, L and Dsum.
-    pub fn is_backward(self) -> bool {
-        matches!(self, AttnStage::DkDv | AttnStage::Dq | AttnStage::DkDvDq)
-    }
-
     fn tag(self) -> &'static str {
         match self {
             AttnStage::Forward => "fwd",
             AttnStage::Prep => "prep",
             AttnStage::DkDv => "dkdv",
             AttnStage::Dq => "dq",
-            AttnStage::PrepDq => "prepdq",
-            AttnStage::DkDvDq => "dkdvdq",
         }
     }
 }
@@ -165,9 +129,8 @@ pub const SIMT_VARIANTS: [AttnVariant; 8] = [
 ];
 /// Cooperative-matrix candidates (the 128-row tiles fit 48 KiB only with the scores in
 /// registers).
-pub const COOP_VARIANTS: [AttnVariant; 8] = [
+pub const COOP_VARIANTS: [AttnVariant; 7] = [
     AttnVariant::Coop { bq: 64, bk: 64 },
-    AttnVariant::Coop { bq: 32, bk: 128 },
     AttnVariant::Coop { bq: 64, bk: 32 },
     AttnVariant::Coop { bq: 32, bk: 64 },
     AttnVariant::Coop { bq: 32, bk: 32 },
@@ -185,13 +148,6 @@ pub const COOP_VARIANTS: [AttnVariant; 8] = [
 pub fn default_order(stage: AttnStage, coop: bool, registers: bool) -> Vec<AttnVariant> {
     let c = |bq, bk| AttnVariant::Coop { bq, bk };
     let mut out = Vec::new();
-    if stage == AttnStage::DkDvDq {
-        // Only the register kernels have this stage.
-        if coop && registers {
-            out.extend([c(32, 64), c(32, 128), c(64, 64), c(32, 32), c(64, 32)]);
-        }
-        return out;
-    }
     if coop {
         out.extend(match (stage, registers) {
             (AttnStage::DkDv, _) => vec![c(32, 64), c(32, 32), c(64, 32), c(64, 64)],
@@ -209,9 +165,7 @@ pub fn default_order(stage: AttnStage, coop: bool, registers: bool) -> Vec<AttnV
     // The largest tiles first: 128 invocations of 4×8 register tiles where they fit 48 KiB
     // at D = 64, down to what fits lavapipe's 32 KiB at D = 128.
     out.extend(match stage {
-        AttnStage::DkDv | AttnStage::DkDvDq => {
-            [simt(32, 32), simt(16, 32), simt(16, 16), simt(16, 8)]
-        }
+        AttnStage::DkDv => [simt(32, 32), simt(16, 32), simt(16, 16), simt(16, 8)],
         AttnStage::Dq => [simt(64, 16), simt(32, 32), simt(32, 16), simt(8, 16)],
         _ => [simt(64, 32), simt(32, 32), simt(16, 32), simt(16, 16)],
     });
@@ -318,22 +272,16 @@ impl AttentionKernel {
 
     /// Whether this is a cooperative kernel that keeps its scores in registers.
     pub fn in_registers(&self) -> bool {
-        self.variant.is_coop() && self.frag.is_some() && !self.stage.is_prep()
-    }
-
-    /// Whether a kernel of this stage, variant and fragment map exists (`DkDvDq` only in
-    /// registers).
-    pub fn exists(&self) -> bool {
-        self.stage != AttnStage::DkDvDq || self.in_registers()
+        self.variant.is_coop() && self.frag.is_some() && self.stage != AttnStage::Prep
     }
 
     /// Invocations per workgroup.
     pub fn workgroup(&self) -> u32 {
         let (bq, bk) = self.variant.blocks();
         let owned = match self.stage {
-            AttnStage::Prep | AttnStage::PrepDq => return PREP_WORKGROUP,
-            AttnStage::DkDv | AttnStage::DkDvDq => bk,
-            AttnStage::Forward | AttnStage::Dq => bq,
+            AttnStage::Prep => return PREP_WORKGROUP,
+            AttnStage::DkDv => bk,
+            _ => bq,
         };
         match self.variant {
             AttnVariant::Simt { .. } => crate::attention_simt::workgroup(owned),
@@ -341,12 +289,8 @@ impl AttentionKernel {
         }
     }
 
-    /// Bytes of workgroup-shared memory the kernel declares (`u32::MAX` for a kernel that
-    /// does not exist).
+    /// Bytes of workgroup-shared memory the kernel declares.
     pub fn shared_bytes(&self) -> u32 {
-        if !self.exists() {
-            return u32::MAX;
-        }
         match self.variant {
             AttnVariant::Simt { .. } => crate::attention_simt::shared_bytes(self),
             AttnVariant::Coop { .. } if self.in_registers() => {
@@ -357,8 +301,7 @@ impl AttentionKernel {
     }
 
     /// Emits the kernel. Buffers, in order: Forward q, k, v, [lens], o, lse; Prep o, do,
-    /// dsum (PrepDq: then dq, f32); DkDv q, k, v, do, lse, dsum, [lens], dk, dv; Dq the same
-    /// with dq; DkDvDq with dk, dv, dq (f32, accumulated). Push constants
+    /// dsum; DkDv q, k, v, do, lse, dsum, [lens], dk, dv; Dq the same with dq. Push constants
     /// after them: t, heads, batch, scale, then per [`stride_groups`] group the offset of
     /// each member and the group's batch, seq and head strides (Forward (q, k, v); Prep (o),
     /// (do); backward (q, k, v), (do)).
@@ -374,12 +317,8 @@ impl AttentionKernel {
                 AttnStage::Forward => crate::attention_frag::forward(self),
                 AttnStage::DkDv => crate::attention_frag::dkdv(self),
                 AttnStage::Dq => crate::attention_frag::dq(self),
-                AttnStage::DkDvDq => crate::attention_frag::dkdv(self),
-                AttnStage::Prep | AttnStage::PrepDq => unreachable!("Prep is never in registers"),
+                AttnStage::Prep => unreachable!("Prep is never in registers"),
             },
-            _ if self.stage == AttnStage::DkDvDq => {
-                panic!("{} exists only with the scores in registers", self.name())
-            }
             AttnVariant::Coop { .. } => crate::attention_coop::build(self),
         }
     }
@@ -395,21 +334,21 @@ impl AttentionKernel {
         let f32s = Scalar::F32;
         let names: &[&str] = match self.stage {
             AttnStage::Forward => &["q", "k", "v"],
-            AttnStage::Prep | AttnStage::PrepDq => &["o", "do"],
-            AttnStage::DkDv | AttnStage::Dq | AttnStage::DkDvDq => &["q", "k", "v", "do"],
+            AttnStage::Prep => &["o", "do"],
+            _ => &["q", "k", "v", "do"],
         };
         let ins: Vec<Buffer> = names
             .iter()
             .map(|n| k.buffer(n, elem, Access::Read))
             .collect();
-        let backward = self.stage.is_backward();
+        let backward = matches!(self.stage, AttnStage::DkDv | AttnStage::Dq);
         let mut lse = None;
         let mut dsum = None;
         if backward {
             lse = Some(k.buffer("lse", f32s, Access::Read));
             dsum = Some(k.buffer("dsum", f32s, Access::Read));
         }
-        let lens = (self.padded && !self.stage.is_prep())
+        let lens = (self.padded && self.stage != AttnStage::Prep)
             .then(|| k.buffer("lens", Scalar::U32, Access::Read));
         let out_elem = buffer_scalar(self.storage);
         let outs: Vec<Buffer> = match self.stage {
@@ -422,20 +361,11 @@ impl AttentionKernel {
                 dsum = Some(k.buffer("dsum", f32s, Access::Write));
                 vec![]
             }
-            AttnStage::PrepDq => {
-                dsum = Some(k.buffer("dsum", f32s, Access::Write));
-                vec![k.buffer("dq", f32s, Access::Write)]
-            }
             AttnStage::DkDv => vec![
                 k.buffer("dk", out_elem, Access::Write),
                 k.buffer("dv", out_elem, Access::Write),
             ],
             AttnStage::Dq => vec![k.buffer("dq", out_elem, Access::Write)],
-            AttnStage::DkDvDq => vec![
-                k.buffer("dk", out_elem, Access::Write),
-                k.buffer("dv", out_elem, Access::Write),
-                k.buffer("dq", f32s, Access::ReadWrite),
-            ],
         };
         let u = Ty::scalar(Scalar::U32);
         let [t, heads, batch] = ["t", "heads", "batch"].map(|n| k.param(n, u));
@@ -524,12 +454,12 @@ impl AttentionKernel {
         let (bq, bk) = self.variant.blocks();
         let bh = u64::from(batch) * u64::from(heads);
         let groups = match self.stage {
-            AttnStage::Prep | AttnStage::PrepDq => grid(
+            AttnStage::Prep => grid(
                 (bh * u64::from(t)).div_ceil(u64::from(PREP_WORKGROUP)),
                 max_groups_x,
             )?,
             stage => {
-                let block = if stage.owns_keys() { bk } else { bq };
+                let block = if stage == AttnStage::DkDv { bk } else { bq };
                 if bh > u64::from(crate::launch::MIN_GROUPS_LIMIT) {
                     return Err(KernelError::TooLarge {
                         what: "batch × heads",
@@ -549,7 +479,7 @@ impl AttentionKernel {
         let mut out = Vec::new();
         for (i, &head_dim) in [32u32, 64, 80, 96, 128].iter().enumerate() {
             for storage in Storage::ALL {
-                for stage in AttnStage::ALL.into_iter().chain([AttnStage::PrepDq]) {
+                for stage in AttnStage::ALL {
                     out.push(AttentionKernel {
                         stage,
                         storage,
@@ -575,12 +505,9 @@ impl AttentionKernel {
         let mut out = Vec::new();
         for (i, &head_dim) in [32u32, 64, 80, 96, 128].iter().enumerate() {
             for storage in [Storage::F16, Storage::BF16] {
-                let stages = AttnStage::ALL
-                    .into_iter()
-                    .chain([AttnStage::PrepDq, AttnStage::DkDvDq]);
-                for stage in stages.filter(|&s| coop_supports(s)) {
+                for stage in AttnStage::ALL.into_iter().filter(|&s| coop_supports(s)) {
                     for frag in [None, Some(map)] {
-                        let kern = AttentionKernel {
+                        out.push(AttentionKernel {
                             stage,
                             storage,
                             head_dim,
@@ -590,10 +517,7 @@ impl AttentionKernel {
                             binding: Binding::DeviceAddress,
                             subgroup: 32,
                             frag,
-                        };
-                        if kern.exists() {
-                            out.push(kern);
-                        }
+                        });
                     }
                 }
             }
@@ -610,8 +534,8 @@ impl AttentionKernel {
 pub fn stride_groups(stage: AttnStage) -> &'static [&'static [usize]] {
     match stage {
         AttnStage::Forward => &[&[0, 1, 2]],
-        AttnStage::Prep | AttnStage::PrepDq => &[&[0], &[1]],
-        AttnStage::DkDv | AttnStage::Dq | AttnStage::DkDvDq => &[&[0, 1, 2], &[3]],
+        AttnStage::Prep => &[&[0], &[1]],
+        AttnStage::DkDv | AttnStage::Dq => &[&[0, 1, 2], &[3]],
     }
 }
 
@@ -792,19 +716,6 @@ pub(crate) fn build_prep(kern: &AttentionKernel) -> KernelModule {
         let at = stat_index(k, &p, b, h, t);
         let v = k.get(acc);
         k.store(dsum, at, v);
-        if kern.stage == AttnStage::PrepDq {
-            // The row of the f32 dQ accumulator, 16 bytes at a time (D is a multiple of 16).
-            let row = dense_row(k, &p, d, b, t, h);
-            let four = k.u32(4);
-            let row = k.div(row, four);
-            let zero = k.const_f32(0.0);
-            let z4 = k.splat(zero, 4);
-            for i in 0..d / 4 {
-                let o = k.u32(i);
-                let at = k.add(row, o);
-                k.store(p.outs[0], at, z4);
-            }
-        }
     });
     k.finish()
 }

@@ -91,7 +91,7 @@ fn layout(kern: &AttentionKernel) -> Layout {
 pub(crate) fn shared_bytes(kern: &AttentionKernel) -> u32 {
     match kern.stage {
         AttnStage::Forward => layout(kern).total * 16,
-        AttnStage::Prep | AttnStage::PrepDq => 0,
+        AttnStage::Prep => 0,
         _ => crate::attention_coop_bwd::layout(kern).total * 16,
     }
 }
@@ -102,11 +102,10 @@ pub(crate) fn build(kern: &AttentionKernel) -> KernelModule {
         "cooperative attention needs f16 or bf16"
     );
     match kern.stage {
-        AttnStage::Prep | AttnStage::PrepDq => build_prep(kern),
+        AttnStage::Prep => build_prep(kern),
         AttnStage::Forward => forward(kern),
         AttnStage::DkDv => crate::attention_coop_bwd::dkdv(kern),
         AttnStage::Dq => crate::attention_coop_bwd::dq(kern),
-        AttnStage::DkDvDq => unreachable!("DkDvDq exists only with the scores in registers"),
     }
 }
 

@@ -25,8 +25,8 @@ use helios_spirv::{
 };
 
 use crate::attention::{
-    block_coords, dense_row, key_blocks, key_end, query_blocks, stat_index, AttentionKernel,
-    AttnStage, Params, View,
+    block_coords, key_blocks, key_end, query_blocks, stat_index, AttentionKernel, AttnStage,
+    Params, View,
 };
 use crate::attention_coop::{frag_scalar, row_limit, stage, FRAG, SUBGROUP, WORD};
 use crate::attention_coop_bwd::{row_frags, zero_accs};
@@ -45,26 +45,21 @@ pub(crate) struct Layout {
     b: u32,
     stats: u32,
     /// Start-up staging (coordinates, then the owned rows) and, at the end, the epilogue.
-    /// DkDvDq: K stays here through the loop (dQ's B operand), staged last.
     region: u32,
-    /// DkDvDq: dSᵀ of the block pair (bk keys × bq queries, halves), `ds_row` words a key.
-    ds: u32,
-    ds_row: u32,
     pub total: u32,
 }
 
 pub(crate) fn layout(kern: &AttentionKernel) -> Layout {
     let (bq, bk) = kern.variant.blocks();
     let row = kern.head_dim / WORD + 1;
-    let (owned, streamed) = if kern.stage.owns_keys() {
-        (bk, bq)
-    } else {
-        (bq, bk)
+    let (owned, streamed) = match kern.stage {
+        AttnStage::DkDv => (bk, bq),
+        _ => (bq, bk),
     };
     let nsg = owned / FRAG;
     let (a, b) = (0, streamed * row);
     let stats = 2 * streamed * row;
-    let stats_words = if kern.stage.owns_keys() {
+    let stats_words = if kern.stage == AttnStage::DkDv {
         streamed / 2
     } else {
         0
@@ -72,22 +67,13 @@ pub(crate) fn layout(kern: &AttentionKernel) -> Layout {
     let region = stats + stats_words;
     // Start-up: the owned rows (Q and dO, or K and V) one tile at a time.
     let staged = owned * row;
-    let ds = region + staged.max(TILE_WORDS).max(nsg * TILE_WORDS);
-    let ds_row = bq / WORD + 1;
-    // DkDvDq: after dSᵀ, each subgroup's 16×16 f32 dQ tile on its way to the atomics.
-    let total = if kern.stage == AttnStage::DkDvDq {
-        ds + bk * ds_row + nsg * TILE_WORDS
-    } else {
-        ds
-    };
+    let total = region + staged.max(TILE_WORDS).max(nsg * TILE_WORDS);
     Layout {
         row,
         a,
         b,
         stats,
         region,
-        ds,
-        ds_row,
         total,
     }
 }
@@ -212,19 +198,8 @@ fn row_frag(k: &mut KernelBuilder, pl: &Place, ty: CoopTy, per_slot: &[Val]) -> 
 /// The f32 accumulator values `vals` as the A operand of the next product (rounded to the
 /// inputs' 16-bit type), moved in registers by the map's permutation.
 fn to_a(k: &mut KernelBuilder, pl: &Place, ty: Types, vals: &[Val]) -> CoopMat {
-    let narrow = narrow(k, ty, vals);
-    narrow_to_a(k, pl, ty, narrow)
-}
-
-/// The f32 accumulator values `vals` rounded to the inputs' 16-bit type (still an
-/// accumulator).
-fn narrow(k: &mut KernelBuilder, ty: Types, vals: &[Val]) -> CoopMat {
     let wide = from_elems(k, ty.acc, vals);
-    k.coop_convert(wide, ty.narrow.scalar)
-}
-
-/// A narrowed accumulator as the A operand of the next product.
-fn narrow_to_a(k: &mut KernelBuilder, pl: &Place, ty: Types, narrow: CoopMat) -> CoopMat {
+    let narrow = k.coop_convert(wide, ty.narrow.scalar);
     let mut a = k.coop_undef(ty.a);
     for e in 0..LEN {
         let x = k.coop_extract(narrow, u32::from(pl.map.a_from_acc[e]));
@@ -894,35 +869,40 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let js = k.add(k0, row0);
     let kend = key_end(k, &p, b);
     let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
-    // K and V through the region into A fragments; with dQ, V first, and K stays there.
-    let fused = kern.stage == AttnStage::DkDvDq;
+    // K, then V, through the region into A fragments.
     let tile = (lay.region, lay.row);
-    let mut owned_frags = Vec::new();
-    for view in if fused { [vv, kv] } else { [kv, vv] } {
-        stage(
-            k,
-            smem,
-            lay.region,
-            lay.row,
-            view,
-            (b, h),
-            k0,
-            kend,
-            bk,
-            tid,
-            threads,
-        );
-        k.workgroup_barrier();
-        owned_frags.push(row_frags(k, smem, ty.a, tile.0, tile.1, row0, d));
-        k.workgroup_barrier();
-    }
-    let (kf, vf) = if fused {
-        (owned_frags.pop(), owned_frags.pop())
-    } else {
-        let v = owned_frags.pop();
-        (owned_frags.pop(), v)
-    };
-    let (kf, vf) = (kf.expect("K fragments"), vf.expect("V fragments"));
+    stage(
+        k,
+        smem,
+        lay.region,
+        lay.row,
+        kv,
+        (b, h),
+        k0,
+        kend,
+        bk,
+        tid,
+        threads,
+    );
+    k.workgroup_barrier();
+    let kf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
+    k.workgroup_barrier();
+    stage(
+        k,
+        smem,
+        lay.region,
+        lay.row,
+        vv,
+        (b, h),
+        k0,
+        kend,
+        bk,
+        tid,
+        threads,
+    );
+    k.workgroup_barrier();
+    let vf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
+    k.workgroup_barrier();
     // The keys of each row slot: j (kept while j < kend).
     let keys: Vec<Val> = pl.row.iter().map(|&r| k.add(js, r)).collect();
     let dk = zero_accs(k, ty.acc, d / FRAG);
@@ -1073,26 +1053,13 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
                     ps.push(pr);
                 }
                 pa.push(to_a(k, &pl, ty, &ps));
-                let dn = narrow(k, ty, &dss);
-                if fused {
-                    // dSᵀ rows of this subgroup's keys, columns c·16.. of the block.
-                    let dsr = k.u32(lay.ds_row);
-                    let at = k.mul(row0, dsr);
-                    let off = k.u32(lay.ds + c * FRAG / WORD);
-                    let at = k.add(at, off);
-                    k.coop_store_shared(dn, smem, at, dsr, CoopLayout::RowMajor);
-                }
-                da.push(narrow_to_a(k, &pl, ty, dn));
+                da.push(to_a(k, &pl, ty, &dss));
             }
             // dV += Pᵀ·dO, dK += dSᵀ·Q.
             accumulate(k, smem, ty, &dv, &pa, ot);
             accumulate(k, smem, ty, &dk, &da, qt);
         };
         k.if_else(needs, |k| body(k, true), |k| body(k, false));
-        if fused {
-            k.workgroup_barrier();
-            add_dq(k, kern, &p, &pl, (smem, &lay), (b, h, i0));
-        }
     });
     k.workgroup_barrier();
     let onef = k.const_f32(1.0);
@@ -1119,115 +1086,4 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
         epi,
     );
     kb.finish()
-}
-
-/// DkDvDq's share of dQ for the query block at `i0`: dQ (bq × D) += scale · dS (bq × bk) ·
-/// K (bk × D), dSᵀ and K from shared memory, each output fragment added to the f32
-/// accumulator with atomics. The workgroup's subgroups take the fragments in turn.
-fn add_dq(
-    k: &mut KernelBuilder,
-    kern: &AttentionKernel,
-    p: &Params,
-    pl: &Place,
-    (smem, lay): (Shared, &Layout),
-    (b, h, i0): (Val, Val, Val),
-) {
-    let (bq, bk) = kern.variant.blocks();
-    let d = kern.head_dim;
-    let ty = types(kern);
-    let (nd, nsg) = (d / FRAG, bk / FRAG);
-    let frags = bq / FRAG * nd;
-    let sg = k.subgroup_id();
-    let dq = p.outs[2];
-    for j in 0..frags.div_ceil(nsg) {
-        let off = k.u32(j * nsg);
-        let f = k.add(sg, off);
-        let body = |k: &mut KernelBuilder| {
-            let ndc = k.u32(nd);
-            let qi = k.div(f, ndc);
-            let dj = k.rem(f, ndc);
-            let sixteen = k.u32(FRAG);
-            let q0 = k.mul(qi, sixteen);
-            let dcol = k.mul(dj, sixteen);
-            let dsr = k.u32(lay.ds_row);
-            let row = k.u32(lay.row);
-            let two = k.u32(FRAG / WORD);
-            // A = dS[q][key]: dSᵀ's rows are keys, so column-major; B = K row-major.
-            let a_col = k.mul(qi, two);
-            let b_col = k.mul(dj, two);
-            let mut acc = k.coop_zero(ty.acc);
-            for kc in 0..bk / FRAG {
-                let a_at = k.u32(lay.ds + kc * FRAG * lay.ds_row);
-                let a_at = k.add(a_at, a_col);
-                let a = k.coop_load_shared(ty.a, smem, a_at, dsr, CoopLayout::ColumnMajor);
-                let b_at = k.u32(lay.region + kc * FRAG * lay.row);
-                let b_at = k.add(b_at, b_col);
-                let bm = k.coop_load_shared(ty.b, smem, b_at, row, CoopLayout::RowMajor);
-                acc = k.coop_muladd(a, bm, acc);
-            }
-            if std::env::var("HELIOS_DIAG_DQ_DIRECT").is_ok() {
-                let vals = elems(k, acc);
-                for (slot, &r) in pl.row.iter().enumerate() {
-                    let qr = k.add(q0, r);
-                    let i = k.add(i0, qr);
-                    let inside = k.lt(i, p.t);
-                    k.if_(inside, |k| {
-                        let base = dense_row(k, p, d, b, i, h);
-                        let base = k.add(base, dcol);
-                        for (e, &v) in vals.iter().enumerate() {
-                            if pl.map.row_slot[e] as usize != slot {
-                                continue;
-                            }
-                            let at = k.add(base, pl.col_of(e));
-                            let v = k.mul(v, p.scale);
-                            k.atomic_fadd(dq, at, v);
-                        }
-                    });
-                }
-                return;
-            }
-            // Through the subgroup's scratch tile, so that each atomic instruction of the
-            // subgroup covers two rows of 16 consecutive floats (whole 32-byte sectors).
-            let tw = k.u32(TILE_WORDS);
-            let scratch = k.mul(sg, tw);
-            let base = k.u32(lay.ds + bk * lay.ds_row);
-            let scratch = k.add(scratch, base);
-            let four = k.u32(4);
-            k.coop_store_shared(acc, smem, scratch, four, CoopLayout::RowMajor);
-            k.subgroup_barrier();
-            let lane = k.subgroup_invocation_id();
-            let col = k.rem(lane, sixteen);
-            let r0 = k.div(lane, sixteen);
-            let dcol = k.add(dcol, col);
-            let cw = k.div(col, four);
-            let cl = k.rem(col, four);
-            let f32t = Ty::scalar(Scalar::F32);
-            for it in 0..FRAG / 2 {
-                let two_it = k.u32(2 * it);
-                let r = k.add(r0, two_it);
-                let w = k.mul(r, four);
-                let w = k.add(w, cw);
-                let w = k.add(w, scratch);
-                let v = k.shared_load_lane(smem, w, cl);
-                let v = k.bitcast(v, f32t);
-                let v = k.mul(v, p.scale);
-                let qr = k.add(q0, r);
-                let i = k.add(i0, qr);
-                let inside = k.lt(i, p.t);
-                k.if_(inside, |k| {
-                    let at = dense_row(k, p, d, b, i, h);
-                    let at = k.add(at, dcol);
-                    k.atomic_fadd(dq, at, v);
-                });
-            }
-            k.subgroup_barrier();
-        };
-        if (j + 1) * nsg <= frags {
-            body(k);
-        } else {
-            let total = k.u32(frags);
-            let live = k.lt(f, total);
-            k.if_(live, body);
-        }
-    }
 }

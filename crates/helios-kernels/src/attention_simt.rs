@@ -63,8 +63,7 @@ pub(crate) fn shared_bytes(kern: &AttentionKernel) -> u32 {
     let score = |rows: u32, cols: u32| rows * score_stride(cols) * 16;
     match kern.stage {
         AttnStage::Forward => (bq + 2 * bk) * row + score(bq, bk) + bq * SIMT_COLS * 4,
-        AttnStage::Prep | AttnStage::PrepDq => 0,
-        AttnStage::DkDvDq => unreachable!("no SIMT kernel of DkDvDq"),
+        AttnStage::Prep => 0,
         AttnStage::DkDv => (2 * bq + 2 * bk) * row + 2 * score(bk, bq) + 2 * bq * 4,
         AttnStage::Dq => (2 * bq + 2 * bk) * row + score(bq, bk),
     }
@@ -72,11 +71,10 @@ pub(crate) fn shared_bytes(kern: &AttentionKernel) -> u32 {
 
 pub(crate) fn build(kern: &AttentionKernel) -> KernelModule {
     match kern.stage {
-        AttnStage::Prep | AttnStage::PrepDq => build_prep(kern),
+        AttnStage::Prep => build_prep(kern),
         AttnStage::Forward => forward(kern),
         AttnStage::DkDv => dkdv(kern),
         AttnStage::Dq => dq(kern),
-        AttnStage::DkDvDq => unreachable!("no SIMT kernel of DkDvDq"),
     }
 }
 

@@ -319,8 +319,7 @@ fn every_attention_kernel_validates() {
             )
         })
         .sum();
-    // Both bindings × head dims × storages × stages (the four, and PrepDq).
-    assert_eq!(n, 2 * 5 * 3 * 5);
+    assert_eq!(n, 2 * 5 * 3 * 4);
 }
 
 /// The cooperative attention kernels (f16 and bf16 fragments; scores in shared memory and in
@@ -335,7 +334,5 @@ fn every_coop_attention_kernel_validates() {
         }
         n += 1;
     }
-    // Head dims × storages × (the four stages and PrepDq in both families, DkDvDq in
-    // registers).
-    assert_eq!(n, 5 * 2 * (5 * 2 + 1));
+    assert_eq!(n, 5 * 2 * 4 * 2);
 }

@@ -2,8 +2,8 @@
 //! Vulkan 1.2 and 1.3, in both binding models.
 
 use helios_spirv::{
-    validate, Access, Binding, GroupMode, KernelBuilder, KernelModule, ParamSlot, ReduceOp, Scalar,
-    SharedLen, TargetEnv, Ty,
+    validate, Access, Binding, CoopTy, CoopUse, GroupMode, KernelBuilder, KernelModule, ParamSlot,
+    ReduceOp, Scalar, SharedLen, TargetEnv, Ty,
 };
 
 fn check(m: &KernelModule) {
@@ -244,6 +244,26 @@ fn float_atomic_add_module_validates() {
             assert!(asm.contains(want), "{b:?}: no {want} in\n{asm}");
         }
         check(&m);
+    }
+}
+
+/// Under the Vulkan memory model (which cooperative matrices bring in), a device-scope atomic
+/// needs the VulkanMemoryModelDeviceScope capability: the builder adds it.
+#[test]
+fn device_scope_atomics_under_the_vulkan_memory_model_validate() {
+    let mut k = KernelBuilder::new("coop_fadd", Binding::DeviceAddress, [32, 1, 1]);
+    let out = k.buffer("out", Scalar::F32, Access::ReadWrite);
+    k.begin();
+    let ty = CoopTy::new(Scalar::F16, 16, 16, CoopUse::A);
+    let _ = k.coop_var(ty);
+    let i = k.local_index();
+    let one = k.const_f32(1.0);
+    k.atomic_fadd(out, i, one);
+    // spirv-val refuses the atomic without the capability (rspirv cannot disassemble
+    // cooperative-matrix types, so the validator is the check).
+    let m = k.finish();
+    if let Err(e) = validate(&m.name, &m.words, TargetEnv::Vulkan1_3) {
+        panic!("{e}");
     }
 }
 

@@ -32,7 +32,6 @@
 //! | `HELIOS_ROW_WHOLE=0` | softmax and norm kernels keep their per-slot bounds checks even for rows a multiple of 4 long (for measuring what the unchecked kernels gain) |
 //! | `HELIOS_NORM_ROWS=<n>` | rows each invocation group of the cached layernorm/rmsnorm backward walks, summing dgamma/dbeta (default: rows / 256 to the nearest power of two, 1 to 32) |
 //! | `HELIOS_FUSION=0` | realise every element-wise node as it is built (one kernel per op), to measure what fusion buys |
-//! | `HELIOS_DETERMINISTIC=1` | attention's backward computes dQ in a pass of its own instead of accumulating it with f32 atomics, so gradients repeat bit for bit (`AttentionOptions::deterministic` for one call) |
 //! | `HELIOS_DEBUG=1` | print each realisation of the lazy graph: the fused kernel, its nodes, inputs, outputs and bytes moved |
 //! | `HELIOS_WARM_MS=<ms>` | how long timing code (the matmul tuner, `helios bench`) keeps the GPU busy before it measures, so the SM clock has left its idle state (default 300 on GPUs, 0 on CPU devices) |
 
@@ -51,15 +50,6 @@ pub(crate) fn binding() -> Binding {
 pub(crate) fn fusion() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("HELIOS_FUSION").as_deref() != Ok("0"))
-}
-
-/// `HELIOS_DETERMINISTIC=1`: no atomic accumulation in attention's backward (read once per
-/// process).
-pub(crate) fn deterministic() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(
-        || matches!(std::env::var("HELIOS_DETERMINISTIC").as_deref(), Ok(v) if v != "0"),
-    )
 }
 
 /// `HELIOS_DEBUG=1`: print each realisation (read once per process).

@@ -47,8 +47,6 @@ struct Case {
     /// into its buffer (1: no row starts on a multiple of 4 elements).
     fused: Option<usize>,
     variant: Option<AttnVariant>,
-    /// The deterministic backward (dQ in its own pass, no atomics).
-    deterministic: bool,
 }
 
 /// The worst relative error of (out, lse, dq, dk, dv), and the forward's kernel
@@ -74,7 +72,6 @@ fn run(d: &Device, c: &Case, seed: u64) -> Result<([f64; 5], String), String> {
         scale: None,
         key_lengths: lens,
         variant: c.variant,
-        deterministic: c.deterministic,
         ..Default::default()
     };
     let (qt, kt, vt) = if let Some(at) = c.fused {
@@ -176,7 +173,6 @@ fn every_head_dim_and_dtype_matches_reference() {
                 lens,
                 fused: None,
                 variant: None,
-                deterministic: false,
             };
             let errs = check(d, &c, i as u64);
             let kernel = run(d, &c, i as u64).unwrap().1;
@@ -224,7 +220,6 @@ fn materialised_form_spans_tiles() {
             lens: None,
             fused,
             variant: None,
-            deterministic: false,
         };
         let seed = 40 + i as u64;
         let kernel = run(d, &c, seed).unwrap_or_else(|e| panic!("{e}")).1;
@@ -249,7 +244,6 @@ fn fused_qkv_views_are_read_in_place() {
                 lens: lens.clone(),
                 fused: Some(i),
                 variant: None,
-                deterministic: false,
             };
             check(d, &c, 100 + i as u64);
         }
@@ -273,7 +267,6 @@ fn every_simt_variant_matches_reference() {
                 lens: (i % 3 == 1).then(|| vec![30]),
                 fused: None,
                 variant: Some(v),
-                deterministic: false,
             };
             match run(d, &c, 7) {
                 Ok(_) => {
@@ -287,8 +280,7 @@ fn every_simt_variant_matches_reference() {
 }
 
 /// Every cooperative tile (where the device has cooperative matrices; a visible skip
-/// elsewhere) on f16 and bf16, each with the atomic and the deterministic backward, T = 77,
-/// causal with padding and not, head dims 64, 80, 128.
+/// elsewhere) on f16 and bf16, T = 77, causal with padding and not, head dims 64, 80, 128.
 #[test]
 fn every_coop_variant_matches_reference() {
     let d = device();
@@ -305,12 +297,7 @@ fn every_coop_variant_matches_reference() {
         .into_iter()
         .enumerate()
     {
-        for (dtype, deterministic) in [
-            (DType::F16, false),
-            (DType::F16, true),
-            (DType::BF16, false),
-            (DType::BF16, true),
-        ] {
+        for dtype in [DType::F16, DType::BF16] {
             for hd in [64usize, 80, 128] {
                 let c = Case {
                     dims: dims(2, 77, 2, hd),
@@ -319,16 +306,7 @@ fn every_coop_variant_matches_reference() {
                     lens: (i % 2 == 1).then(|| vec![77, 40]),
                     fused: None,
                     variant: Some(v),
-                    deterministic,
                 };
-                let opts = AttentionOptions {
-                    variant: Some(v),
-                    deterministic,
-                    ..Default::default()
-                };
-                let probe =
-                    Tensor::from_slice_as(d, &vec![0.0; hd], &[1, 1, 1, hd], dtype).unwrap();
-                let backward = probe.attention_backward_kernels(&opts).unwrap_or_default();
                 match run(d, &c, 11) {
                     Ok((errs, kernel)) => {
                         assert!(
@@ -336,7 +314,7 @@ fn every_coop_variant_matches_reference() {
                             "{c:?} ran {kernel}, not the cooperative kernels"
                         );
                         println!(
-                            "coop {} {dtype} d{hd} ({backward}): out {:.2e} lse {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}",
+                            "coop {} {dtype} d{hd}: out {:.2e} lse {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}",
                             v.tag(),
                             errs[0],
                             errs[1],
@@ -367,12 +345,11 @@ fn empty_and_long_key_lengths() {
         lens: Some(vec![0, 4, 100]),
         fused: None,
         variant: None,
-        deterministic: false,
     };
     check(d, &c, 3);
 }
 
-/// Two deterministic backward passes give bit-identical gradients.
+/// Two backward passes give bit-identical gradients.
 #[test]
 fn backward_is_deterministic() {
     let d = device();
@@ -384,10 +361,7 @@ fn backward_is_deterministic() {
     let k = up(random(n, &mut rng, DType::F16));
     let v = up(random(n, &mut rng, DType::F16));
     let dout = up(random(n, &mut rng, DType::F16));
-    let opts = AttentionOptions {
-        deterministic: true,
-        ..AttentionOptions::causal()
-    };
+    let opts = AttentionOptions::causal();
     let fwd = q.attention(&k, &v, &opts).unwrap();
     let a = q.attention_backward(&k, &v, &fwd, &dout, &opts).unwrap();
     let b = q.attention_backward(&k, &v, &fwd, &dout, &opts).unwrap();
@@ -495,7 +469,6 @@ fn tuning_stores_winners_that_are_used() {
         lens: Some(vec![29]),
         fused: None,
         variant: None,
-        deterministic: false,
     };
     check(d, &c, 21);
 }

@@ -6,9 +6,7 @@
 // Methodology as `bench ops`: each sample is K back-to-back ops between two GPU timestamps
 // (K so a sample lasts ~5 ms), per-op time = sample / K, outputs dropped at once. Q, K and V
 // are the three views of one fused [B, T, 3, H, D] tensor (what the QKV projection writes);
-// fwd+bwd is `attention` then `attention_backward` with a random dO (`fwdbwd-det`: the
-// deterministic backward, dQ in a pass of its own, where `fwdbwd` accumulates it with
-// atomics; PyTorch's figure is its one fwd+bwd). TFLOP/s counts causal
+// fwd+bwd is `attention` then `attention_backward` with a random dO. TFLOP/s counts causal
 // FLOPs: forward 2·B·H·T²·D (two T×T×D products, half the scores masked), fwd+bwd 3.5× that
 // (the backward's five products), whatever a kernel recomputes.
 
@@ -25,7 +23,7 @@ use crate::CliResult;
 const SHAPES: [(usize, usize, usize, usize); 3] =
     [(8, 12, 512, 64), (8, 12, 1024, 64), (4, 16, 2048, 128)];
 const QUICK_SHAPES: [(usize, usize, usize, usize); 1] = [(1, 2, 70, 64)];
-const MODES: [&str; 3] = ["fwd", "fwdbwd", "fwdbwd-det"];
+const MODES: [&str; 2] = ["fwd", "fwdbwd"];
 
 /// PyTorch's figures for one case (bench/torch_attention.py).
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -168,10 +166,6 @@ pub fn run(args: &BenchArgs) -> CliResult {
                 dt,
             )?;
             for &mode in &modes {
-                let opts = AttentionOptions {
-                    deterministic: mode == "fwdbwd-det",
-                    ..opts.clone()
-                };
                 let fwd = || q.attention(&k, &v, &opts).map(drop);
                 let both = || {
                     let f = q.attention(&k, &v, &opts)?;
@@ -181,8 +175,12 @@ pub fn run(args: &BenchArgs) -> CliResult {
                 let (times, kk) = time_op(&device, run, samples, quick)?;
                 let time_us = summarize(&times, mode)?;
                 let mut variant = q.attention_kernel(AttnStage::Forward, &opts)?;
-                if mode != "fwd" {
-                    variant = format!("{variant} + {}", q.attention_backward_kernels(&opts)?);
+                if mode == "fwdbwd" {
+                    variant = format!(
+                        "{variant} + {} + {}",
+                        q.attention_kernel(AttnStage::DkDv, &opts)?,
+                        q.attention_kernel(AttnStage::Dq, &opts)?
+                    );
                 }
                 let r = AttnResult {
                     case: mode,
@@ -206,21 +204,12 @@ pub fn run(args: &BenchArgs) -> CliResult {
     device.set_batch_limit(limit);
 
     let (torch_meta, torch_note, rows) = super::torch_side(script.as_deref(), |script| {
-        let torch_modes: Vec<&str> = modes
-            .iter()
-            .copied()
-            .filter(|&m| m != "fwdbwd-det")
-            .collect();
-        run_torch(script, &torch_modes, &shapes, &dtypes, samples, quick)
+        run_torch(script, &modes, &shapes, &dtypes, samples, quick)
     });
     for r in results.iter_mut() {
         r.torch = rows
             .iter()
-            .find(|t| {
-                t.case == r.case.trim_end_matches("-det")
-                    && t.dtype == r.dtype
-                    && t.shape == r.shape
-            })
+            .find(|t| t.case == r.case && t.dtype == r.dtype && t.shape == r.shape)
             .cloned();
     }
     let plan = super::Plan {

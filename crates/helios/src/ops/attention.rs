@@ -32,12 +32,6 @@ pub struct AttentionOptions {
     pub variant: Option<AttnVariant>,
     /// Forces a variant for one stage only (the tuner; `variant` wins over it).
     pub stage_variant: Option<(AttnStage, AttnVariant)>,
-    /// Gradients reproducible bit for bit: the backward computes dQ in a pass of its own
-    /// (`Dq`). Otherwise, on devices with f32 buffer atomics where the cooperative kernels
-    /// keep their scores in registers, dK/dV's kernel adds each key block's share of dQ into
-    /// an f32 accumulator with atomics (`DkDvDq`: faster; the additions' order, so dQ's last
-    /// bits, vary between runs). `HELIOS_DETERMINISTIC=1` sets this for every call.
-    pub deterministic: bool,
 }
 
 impl AttentionOptions {
@@ -251,9 +245,8 @@ impl Tensor {
     }
 
     /// dQ, dK, dV of `self.attention(k, v, opts)` from its output `fwd` and the gradient
-    /// `dout` ([B, T, H, D]) of `fwd.out`. dQ's last bits vary between runs where dQ is
-    /// accumulated with atomics (see [`AttentionOptions::deterministic`]); everything else is
-    /// deterministic.
+    /// `dout` ([B, T, H, D]) of `fwd.out`. Deterministic: no atomics, a fixed summation
+    /// order.
     pub fn attention_backward(
         &self,
         k: &Tensor,
@@ -298,42 +291,23 @@ impl Tensor {
                 scale,
             );
         }
-        let views = [qs, ks, vs, ds];
-        let atomic = atomic_backward(q, dims, opts, aligned(&views));
-        if super::attention_tune::wanted(q, dims.d, backward_stages(atomic), opts) {
-            super::attention_tune::tune_backward(
-                q,
-                k,
-                v,
-                fwd,
-                dout,
-                opts,
-                backward_stages(atomic),
-            )?;
+        if super::attention_tune::wanted(q, dims.d, &[AttnStage::DkDv, AttnStage::Dq], opts) {
+            super::attention_tune::tune_backward(q, k, v, fwd, dout, opts)?;
         }
         let device = self.device();
         let dsum = Tensor::empty(device, vec![dims.b, dims.h, dims.t], DType::F32)?;
-        let shape = vec![dims.b, dims.t, dims.h, dims.d];
-        // The atomic backward's f32 dQ accumulator, zeroed by PrepDq.
-        let dq_acc = if atomic {
-            Some(Tensor::empty(device, shape.clone(), DType::F32)?)
-        } else {
-            None
-        };
-        let mut prep_writes = vec![dsum.buffer()?];
-        if let Some(acc) = &dq_acc {
-            prep_writes.push(acc.buffer()?);
-        }
         self.record_attention(
-            AttnStage::prep(atomic),
+            AttnStage::Prep,
             dims,
             opts,
             &[os, ds],
             &[fwd.out.buffer()?, dout.buffer()?],
-            &prep_writes,
+            &[dsum.buffer()?],
         )?;
+        let shape = vec![dims.b, dims.t, dims.h, dims.d];
+        let gq = Tensor::empty(device, shape.clone(), self.dtype())?;
         let gk = Tensor::empty(device, shape.clone(), self.dtype())?;
-        let gv = Tensor::empty(device, shape.clone(), self.dtype())?;
+        let gv = Tensor::empty(device, shape, self.dtype())?;
         let mut reads = vec![
             q.buffer()?,
             k.buffer()?,
@@ -343,36 +317,22 @@ impl Tensor {
             dsum.buffer()?,
         ];
         reads.extend(lens);
+        let views = [qs, ks, vs, ds];
         let lse_off = fwd.lse.layout().offset();
         if lse_off != 0 {
             return Err(invalid(
                 "lse must start its buffer (the forward's own)".into(),
             ));
         }
-        let gq = if let Some(acc) = dq_acc {
-            q.record_attention(
-                AttnStage::DkDvDq,
-                dims,
-                opts,
-                &views,
-                &reads,
-                &[gk.buffer()?, gv.buffer()?, acc.buffer()?],
-            )?;
-            // A lazy cast: it fuses into whatever reads dQ next.
-            acc.to_dtype(self.dtype())?
-        } else {
-            q.record_attention(
-                AttnStage::DkDv,
-                dims,
-                opts,
-                &views,
-                &reads,
-                &[gk.buffer()?, gv.buffer()?],
-            )?;
-            let gq = Tensor::empty(device, shape, self.dtype())?;
-            q.record_attention(AttnStage::Dq, dims, opts, &views, &reads, &[gq.buffer()?])?;
-            gq
-        };
+        q.record_attention(
+            AttnStage::DkDv,
+            dims,
+            opts,
+            &views,
+            &reads,
+            &[gk.buffer()?, gv.buffer()?],
+        )?;
+        q.record_attention(AttnStage::Dq, dims, opts, &views, &reads, &[gq.buffer()?])?;
         Ok(AttentionGrads {
             dq: gq,
             dk: gk,
@@ -388,22 +348,6 @@ impl Tensor {
             return Ok("materialised".into());
         }
         Ok(choose(self, stage, dims, opts, aligned(&[s]))?.name())
-    }
-
-    /// The kernels the backward of attention on `self` (q) with `opts` runs after `Prep`,
-    /// joined by " + " (see [`AttentionOptions::deterministic`]).
-    pub fn attention_backward_kernels(&self, opts: &AttentionOptions) -> Result<String> {
-        let (dims, s) = view_of("q", self)?;
-        if materialised_form(self, dims, opts) {
-            return Ok("materialised".into());
-        }
-        let aligned = aligned(&[s]);
-        let atomic = atomic_backward(self, dims, opts, aligned);
-        let names = backward_stages(atomic)
-            .iter()
-            .map(|&st| Ok(choose(self, st, dims, opts, aligned)?.name()))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(names.join(" + "))
     }
 
     fn record_attention(
@@ -440,29 +384,6 @@ impl Tensor {
             },
         )
     }
-}
-
-/// The kernels of the backward after `Prep`: the atomic one, or dK/dV and dQ.
-pub(super) fn backward_stages(atomic: bool) -> &'static [AttnStage] {
-    if atomic {
-        &[AttnStage::DkDvDq]
-    } else {
-        &[AttnStage::DkDv, AttnStage::Dq]
-    }
-}
-
-/// Whether the backward of attention on `q` accumulates dQ with atomics (`DkDvDq`): not
-/// asked to be deterministic, f32 buffer atomics on the device, and a `DkDvDq` kernel that
-/// fits (the cooperative kernels with the scores in registers).
-pub(super) fn atomic_backward(
-    q: &Tensor,
-    dims: Dims,
-    opts: &AttentionOptions,
-    aligned: bool,
-) -> bool {
-    !opts.deterministic
-        && !crate::env::deterministic()
-        && choose(q, AttnStage::DkDvDq, dims, opts, aligned).is_ok()
 }
 
 /// Whether this attention runs in the materialised form (`attention_materialised::wanted`).
@@ -580,13 +501,8 @@ fn choose(
         subgroup: if variant.is_coop() { caps.subgroup } else { 0 },
         frag: if variant.is_coop() { frag } else { None },
     };
-    // DkDvDq's f32 atomics, at device scope under the Vulkan memory model.
-    let en = device.context().enabled();
-    let atomics = en.shader_buffer_float32_atomic_add && en.vulkan_memory_model_device_scope;
     let fits = |kern: &AttentionKernel| {
-        kern.exists()
-            && (kern.stage != AttnStage::DkDvDq || atomics)
-            && kern.shared_bytes() <= caps.max_shared_bytes
+        kern.shared_bytes() <= caps.max_shared_bytes
             && kern.workgroup() <= caps.max_invocations
             && (!kern.variant.is_coop()
                 || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))

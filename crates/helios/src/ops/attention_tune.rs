@@ -171,8 +171,6 @@ pub(crate) fn tune_forward(q: &Tensor, k: &Tensor, v: &Tensor, o: &AttentionOpti
     })
 }
 
-/// Tunes the backward's `stages` (DkDv, Dq, DkDvDq: those the caller's path runs).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn tune_backward(
     q: &Tensor,
     k: &Tensor,
@@ -180,44 +178,15 @@ pub(crate) fn tune_backward(
     fwd: &AttentionOutput,
     dout: &Tensor,
     o: &AttentionOptions,
-    stages: &[AttnStage],
 ) -> Result<()> {
     let grads = |o: &AttentionOptions| -> Result<AttentionGrads> {
         q.attention_backward(k, v, fwd, dout, o)
     };
-    for &stage in stages {
-        match stage {
-            AttnStage::DkDv => tune(q, stage, o, &|o| {
-                let det = AttentionOptions {
-                    deterministic: true,
-                    ..o.clone()
-                };
-                let g = grads(&det)?;
-                Ok(vec![g.dk, g.dv])
-            })?,
-            AttnStage::Dq => tune(q, stage, o, &|o| {
-                let det = AttentionOptions {
-                    deterministic: true,
-                    ..o.clone()
-                };
-                Ok(vec![grads(&det)?.dq])
-            })?,
-            AttnStage::DkDvDq => tune(q, stage, o, &|o| {
-                // A candidate that cannot run here is refused, not timed on the other path.
-                let name = q.attention_kernel(stage, o)?;
-                if !name.contains("dkdvdq") {
-                    return Err(crate::Error::Invalid {
-                        op: "attention",
-                        detail: format!("{name} does not accumulate dQ"),
-                    });
-                }
-                let g = grads(o)?;
-                Ok(vec![g.dq, g.dk, g.dv])
-            })?,
-            _ => {}
-        }
-    }
-    Ok(())
+    tune(q, AttnStage::DkDv, o, &|o| {
+        let g = grads(o)?;
+        Ok(vec![g.dk, g.dv])
+    })?;
+    tune(q, AttnStage::Dq, o, &|o| Ok(vec![grads(o)?.dq]))
 }
 
 // ------------------------------------------------------------------ the cache
@@ -255,14 +224,6 @@ impl Tensor {
     ) -> Result<()> {
         tune_forward(self, k, v, opts)?;
         let fwd = self.attention(k, v, opts)?;
-        let mut stages = vec![AttnStage::DkDv, AttnStage::Dq];
-        if !opts.deterministic
-            && self
-                .attention_kernel(AttnStage::DkDvDq, opts)
-                .is_ok_and(|n| n.contains("dkdvdq"))
-        {
-            stages.push(AttnStage::DkDvDq);
-        }
-        tune_backward(self, k, v, &fwd, dout, opts, &stages)
+        tune_backward(self, k, v, &fwd, dout, opts)
     }
 }
