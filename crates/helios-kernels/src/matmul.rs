@@ -146,6 +146,19 @@ pub struct SimtTile {
     pub depth: u8,
 }
 
+impl SimtTile {
+    /// k per unrolled step of the k loop: one `BK_SIMT` tile per register set (`depth` + a
+    /// spare; see `staged_k_loop`).
+    pub const fn k_step(self) -> u32 {
+        let depth = if self.depth == 0 {
+            1
+        } else {
+            self.depth as u32
+        };
+        BK_SIMT * (depth + 1)
+    }
+}
+
 /// A cooperative-matrix tile: `bm × bn` outputs per workgroup, `wm × wn` subgroups each
 /// computing `bm/wm × bn/wn` with 16×16×16 fragments, k staged `bk` at a time through
 /// `stages` (1 or 2) shared-memory stages, global loads issued `depth` k steps ahead of
@@ -374,6 +387,24 @@ pub struct MatmulKernel {
     pub triangle: Triangle,
     /// Subgroup size the cooperative kernels are built for (0 for SIMT).
     pub subgroup: u32,
+    /// k is a whole number of the k loop's unrolled steps (see [`exact_k`]) and the whole of
+    /// k is run, so no tile the loop computes passes the end: its loads need no per-element
+    /// k clamp and its shared-memory stores no mask. On an H100 this made the f32 GPT-2
+    /// products 2–5% faster (bench/results/2026-11-25-matmul-f32-h100-session14.md).
+    pub exact_k: bool,
+}
+
+/// Whether `variant` may run `shape` with [`MatmulKernel::exact_k`]: k a multiple of the
+/// loop's unrolled step (SIMT [`SimtTile::k_step`], cooperative `bk` × prefetch depth;
+/// workgroup scope never). The triangle forms, whose k range varies per tile, never do
+/// (`Problem::kernel`).
+pub fn exact_k(variant: Variant, shape: &MatmulShape) -> bool {
+    let step = match variant {
+        Variant::Simt(t) => t.k_step(),
+        Variant::Coop(t) => u32::from(t.bk) * u32::from(t.depth.max(1)),
+        Variant::Wg(_) => return false,
+    };
+    shape.k > 0 && shape.k % step == 0
 }
 
 /// Sizes and strides of one launch (all in elements). A is `m × k` (stored `k × m` when
@@ -536,6 +567,7 @@ impl MatmulKernel {
             epilogue,
             triangle: Triangle::Full,
             subgroup: if variant.is_coop() { subgroup } else { 0 },
+            exact_k: exact_k(variant, shape),
         }
     }
 
@@ -623,7 +655,7 @@ impl MatmulKernel {
             },
             self.epilogue.tag(),
             self.triangle.tag()
-        )
+        ) + if self.exact_k { "_xk" } else { "" }
     }
 
     /// Emits the kernel.
@@ -661,6 +693,12 @@ impl MatmulKernel {
         if !self.fits(shape) {
             return Err(bad(format!("its tile does not divide the shape {shape:?}")));
         }
+        if self.exact_k && (self.triangle != Triangle::Full || !exact_k(self.variant, shape)) {
+            return Err(bad(format!(
+                "built for a k that is a whole number of loop steps; k = {} is not",
+                shape.k
+            )));
+        }
         if self.epilogue.bias != addr.bias.is_some()
             || self.epilogue.residual != addr.residual.is_some()
             || (self.epilogue.row != RowOp::None) != addr.rows.is_some()
@@ -684,11 +722,13 @@ impl MatmulKernel {
                 size: u64::from(gx) * u64::from(gy) * u64::from(shape.batch),
             });
         }
-        let mut args = vec![
+        // Sized for every argument at once: this runs for every product recorded.
+        let mut args = Vec::with_capacity(23);
+        args.extend([
             Arg::Address(addr.a),
             Arg::Address(addr.b),
             Arg::Address(addr.c),
-        ];
+        ]);
         if let Some(b) = addr.bias {
             args.push(Arg::Address(b));
         }

@@ -23,7 +23,7 @@ use helios_spirv::{
 
 use crate::matmul::{
     declare, k_span, mask, skip_upper_tile, staged_k_loop, store_quad, tile_origin, CoopTile, Dims,
-    MatmulKernel, FRAG,
+    MatmulKernel, Triangle, FRAG,
 };
 use crate::storage::{buffer_scalar, Storage};
 
@@ -167,8 +167,21 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
     let wcol = k.u32(bn / wn);
     let warp_row = k.mul(warp_m, wrow);
     let warp_col = k.mul(warp_n, wcol);
-    let src_a = a.vec.then(|| Source::new(&mut k, &a, &d, tid, threads));
-    let src_b = b.vec.then(|| Source::new(&mut k, &b, &d, tid, threads));
+    // With a whole number of loop steps in k (`exact_k`), no tile the loop computes passes
+    // the end, and the prefetched ones past it, never computed, are read at the last tile's
+    // k: one clamp a tile instead of one a word, and no masks.
+    let exact = kern.exact_k && kern.triangle == Triangle::Full;
+    let last_tile = exact.then(|| {
+        let bk_v = k.u32(bk);
+        let kk = k.max(d.k, bk_v);
+        k.sub(kk, bk_v)
+    });
+    let src_a = a
+        .vec
+        .then(|| Source::new(&mut k, &a, &d, tid, threads, exact));
+    let src_b = b
+        .vec
+        .then(|| Source::new(&mut k, &b, &d, tid, threads, exact));
     // The staged k loop (see `staged_k_loop`), running the fragments of the stage at
     // (base_a, base_b).
     staged_k_loop(
@@ -180,6 +193,10 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
         false,
         [a.stage(), b.stage()],
         |k, k0| {
+            let k0 = match last_tile {
+                Some(last) => k.min(k0, last),
+                None => k0,
+            };
             let ra = load_tile(k, &a, src_a.as_ref(), &d, tid, threads, k0);
             let rb = load_tile(k, &b, src_b.as_ref(), &d, tid, threads, k0);
             (ra, rb)
@@ -377,12 +394,20 @@ struct Source {
     start: Vec<Val>,
     /// Per word: its k offset inside the tile.
     kk: Vec<Val>,
-    /// Largest k a load may start at: `K − 8` (k contiguous) or `K − 1`.
-    k_last: Val,
+    /// Largest k a load may start at: `K − 8` (k contiguous) or `K − 1`; `None` where the
+    /// tiles loaded lie inside k (`exact_k`).
+    k_last: Option<Val>,
 }
 
 impl Source {
-    fn new(k: &mut KernelBuilder, op: &Operand, d: &Dims, tid: Val, threads: u32) -> Source {
+    fn new(
+        k: &mut KernelBuilder,
+        op: &Operand,
+        d: &Dims,
+        tid: Val,
+        threads: u32,
+        exact: bool,
+    ) -> Source {
         let count = op.units().div_ceil(threads);
         let (mut start, mut kks) = (Vec::new(), Vec::new());
         // A vector operand's contiguous extent is a multiple of 8 (`Alignment::of`).
@@ -407,7 +432,7 @@ impl Source {
         Source {
             start,
             kk: kks,
-            k_last,
+            k_last: (!exact).then_some(k_last),
         }
     }
 
@@ -419,7 +444,10 @@ impl Source {
             .zip(&self.kk)
             .map(|(&start, &kk)| {
                 let gk = k.add(k0, kk);
-                let gk = k.min(gk, self.k_last);
+                let gk = match self.k_last {
+                    Some(last) => k.min(gk, last),
+                    None => gk,
+                };
                 let at = if op.k_contiguous {
                     k.add(start, gk)
                 } else {
@@ -517,6 +545,8 @@ fn store_tile(
 ) {
     for (j, &w) in regs.iter().enumerate() {
         let w = match src {
+            // Exact: every word of a tile the loop computes lies inside k.
+            Some(src) if src.k_last.is_none() => w,
             Some(src) => {
                 let gk = k.add(k0, src.kk[j]);
                 let ok = k.lt(gk, d.k);

@@ -63,6 +63,17 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
     let span = k_span(&mut k, kern, &d, m0, bm, BK_SIMT);
     let tid = k.local_index();
     let (tx, ty) = lane_grid(&mut k, tid, threads_x, bm / tm);
+    // With a whole number of loop steps in k, every tile the loop computes lies inside k;
+    // the tiles it loads past the end (prefetch) are never computed, and reading them at the
+    // last tile's k keeps them in bounds: one clamp a tile, no masks.
+    let exact = kern.exact_k && kern.triangle == Triangle::Full;
+    let last_tile = if exact {
+        let bk = k.u32(BK_SIMT);
+        let kk = k.max(d.k, bk);
+        Some(k.sub(kk, bk))
+    } else {
+        None
+    };
 
     let a_op = Operand {
         outer: bm,
@@ -117,13 +128,17 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
         true,
         [a_len, b_len],
         |k, k0| {
-            let ra = load_tile(k, kern, &a_op, &a_src, &d, tid, threads, k0);
-            let rb = load_tile(k, kern, &b_op, &b_src, &d, tid, threads, k0);
+            let k0 = match last_tile {
+                Some(last) => k.min(k0, last),
+                None => k0,
+            };
+            let ra = load_tile(k, kern, &a_op, &a_src, &d, tid, threads, k0, exact);
+            let rb = load_tile(k, kern, &b_op, &b_src, &d, tid, threads, k0, exact);
             (ra, rb)
         },
         |k, base_a, base_b, ra, rb, k0| {
-            store_tile(k, &a_op, &d, sa, base_a, ra, tid, threads, k0);
-            store_tile(k, &b_op, &d, sb, base_b, rb, tid, threads, k0);
+            store_tile(k, &a_op, &d, sa, base_a, ra, tid, threads, k0, exact);
+            store_tile(k, &b_op, &d, sb, base_b, rb, tid, threads, k0, exact);
         },
         |k, base_a, base_b| {
             let mut sums: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
@@ -265,7 +280,7 @@ fn unit_coords(
 }
 
 /// Loads this invocation's vec4 units of the tile starting at k = `k0` (f32, zeros outside
-/// the matrix).
+/// the matrix; with `exact`, the tile lies inside k and its k is not clamped).
 #[allow(clippy::too_many_arguments)]
 fn load_tile(
     k: &mut KernelBuilder,
@@ -276,6 +291,7 @@ fn load_tile(
     tid: Val,
     threads: u32,
     k0: Val,
+    exact: bool,
 ) -> Vec<Val> {
     let count = op.units().div_ceil(threads);
     (0..count)
@@ -300,10 +316,29 @@ fn load_tile(
                     let n = k.max(n, w);
                     k.sub(n, w)
                 };
-                let row_last = last(k, row_n, one);
-                let col_last = last(k, col_n, four);
-                let row = k.min(row, row_last);
-                let col = k.min(col, col_last);
+                // The outer coordinate is clamped (loop-invariant); k only where the tile
+                // may pass the end.
+                let (row, col) = if op.k_contiguous {
+                    let row_last = last(k, row_n, one);
+                    let row = k.min(row, row_last);
+                    let col = if exact {
+                        col
+                    } else {
+                        let col_last = last(k, col_n, four);
+                        k.min(col, col_last)
+                    };
+                    (row, col)
+                } else {
+                    let col_last = last(k, col_n, four);
+                    let col = k.min(col, col_last);
+                    let row = if exact {
+                        row
+                    } else {
+                        let row_last = last(k, row_n, one);
+                        k.min(row, row_last)
+                    };
+                    (row, col)
+                };
                 let start = k.mul(row, src.ld);
                 let start = k.add(start, src.off);
                 let at = k.add(start, col);
@@ -333,8 +368,9 @@ fn load_tile(
 }
 
 /// Stores the units loaded at k = `k0` into the k-major staging buffer at vec4 offset
-/// `base`; vector-loaded units past K are zeroed here (see `load_tile`), and so are the
-/// entries of a triangular A outside its triangle.
+/// `base`; vector-loaded units past K are zeroed here (see `load_tile`; with `exact` no tile
+/// the loop computes has any), and so are the entries of a triangular A outside its
+/// triangle.
 #[allow(clippy::too_many_arguments)]
 fn store_tile(
     k: &mut KernelBuilder,
@@ -346,10 +382,11 @@ fn store_tile(
     tid: Val,
     threads: u32,
     k0: Val,
+    exact: bool,
 ) {
     for (j, &v) in regs.iter().enumerate() {
         let (o, kk, valid) = unit_coords(k, op, tid, threads, j as u32);
-        let v = if op.vec {
+        let v = if op.vec && !exact {
             let gk = k.add(k0, kk);
             let ok = k.lt(gk, d.k);
             mask(k, ok, v)

@@ -175,7 +175,8 @@ impl NormKernel {
     /// Backward: x, gamma, [mean], rstd, dy, dx, [dgamma_part, [dbeta_part]].
     pub fn buffer_names(&self) -> Vec<&'static str> {
         let l = self.layer();
-        let mut v = vec!["x", "gamma"];
+        let mut v = Vec::with_capacity(8);
+        v.extend(["x", "gamma"]);
         if self.backward {
             if l {
                 v.push("mean");

@@ -153,6 +153,7 @@ mod matmul {
             epilogue,
             triangle: Triangle::Full,
             subgroup: if variant.is_coop() { 32 } else { 0 },
+            exact_k: false,
         }
     }
 
@@ -182,6 +183,10 @@ mod matmul {
         for (i, &v) in simt.iter().enumerate() {
             for (j, trans) in TRANS.into_iter().enumerate() {
                 check(&kernel(v, Storage::F32, Storage::F32, trans, true, FULL));
+                // Whole loop steps in k (no k clamps or masks), aligned and not.
+                let mut exact = kernel(v, Storage::F32, Storage::F32, trans, j % 2 == 0, FULL);
+                exact.exact_k = true;
+                check(&exact);
                 let mut tri = kernel(
                     v,
                     Storage::F32,
@@ -243,9 +248,12 @@ mod matmul {
                 }
                 continue;
             }
-            for trans in TRANS {
+            for (j, trans) in TRANS.into_iter().enumerate() {
                 let mut k = kernel(v, Storage::F16, Storage::F16, trans, true, Epilogue::NONE);
                 check(&k);
+                let mut exact = kernel(v, Storage::BF16, Storage::F32, trans, j % 2 == 0, FULL);
+                exact.exact_k = true;
+                check(&exact);
                 // Cooperative tiles take no triangular A (they do not mask it).
                 k.triangle = Triangle::LowerC;
                 k.epilogue = ROW_OPS[i % 2];

@@ -229,12 +229,37 @@ fn every_simt_variant() {
             }
             .check(200 + (i * 4 + j) as u64);
         }
-        // Aligned: vec4 loads and stores.
-        Case {
-            variant: Some(v),
-            ..Case::new(1, 128, 64, 48)
+        // Aligned: vec4 loads and stores; NN and TT between them stage each operand both
+        // ways. k = 48 is a whole number of the loop's steps (16 or 24: the kernels without k
+        // clamps or masks, `_xk`), 40 is not.
+        for (j, trans) in [(false, false), (true, true)].into_iter().enumerate() {
+            for (k, exact) in [(48, true), (40, false)] {
+                let c = Case {
+                    trans,
+                    variant: Some(v),
+                    ..Case::new(1, 128, 64, k)
+                };
+                let a = operand(
+                    &random(128 * k, DType::F32, 1),
+                    [1, 128, k],
+                    trans.0,
+                    DType::F32,
+                );
+                let b = operand(
+                    &random(k * 64, DType::F32, 2),
+                    [1, k, 64],
+                    trans.1,
+                    DType::F32,
+                );
+                let opts = MatmulOptions {
+                    variant: Some(v),
+                    ..Default::default()
+                };
+                let name = a.matmul_choice(&b, &opts).unwrap().kernel;
+                assert_eq!(name.ends_with("_xk"), exact, "{name} at k = {k}");
+                c.check(300 + (i * 8 + j * 2) as u64 + u64::from(exact));
+            }
         }
-        .check(300 + i as u64);
     }
     assert_no_validation_messages();
 }
@@ -529,17 +554,19 @@ fn cooperative_matrix_variants() {
             );
             continue;
         }
-        // Every variant on an odd shape in every transpose combination; the first two also
-        // on aligned and tiny shapes and with the full epilogue (each distinct kernel costs a
-        // pipeline compile, which dominates on a GPU).
+        // Every variant on an odd shape and on one whose k is a whole number of every
+        // variant's loop steps (384: the kernels without k clamps or masks), in every
+        // transpose combination; the first two also on aligned and tiny shapes and with the
+        // full epilogue (each distinct kernel costs a pipeline compile, which dominates on a
+        // GPU).
         for (i, v) in helios_kernels_variants(subgroup_coop)
             .into_iter()
             .enumerate()
         {
             let shapes: &[(usize, usize, usize)] = if i < 2 {
-                &[(256, 256, 128), (77, 133, 72), (50, 45, 37)]
+                &[(256, 256, 128), (77, 133, 72), (96, 136, 384), (50, 45, 37)]
             } else {
-                &[(77, 133, 72)]
+                &[(77, 133, 72), (96, 136, 384)]
             };
             for (j, trans) in TRANS.into_iter().enumerate() {
                 for &(m, n, k) in shapes {

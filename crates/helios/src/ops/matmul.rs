@@ -417,6 +417,7 @@ impl Problem {
             subgroup,
         );
         k.triangle = self.triangle;
+        k.exact_k &= self.triangle == Triangle::Full;
         let w = vector_elems(variant) as usize;
         k.vec_a &= self.a.layout().offset() % w == 0;
         k.vec_b &= self.b.layout().offset() % w == 0;
@@ -454,10 +455,11 @@ impl Problem {
             rows: self.rows.as_ref().map(|t| t.address()).transpose()?,
         };
         let launch = kernel.launch(&compiled.module, s, &addr, self.alpha)?;
-        let mut accesses = vec![
+        let mut accesses = Vec::with_capacity(6);
+        accesses.extend([
             Access::read(self.a.buffer()?),
             Access::read(self.b.buffer()?),
-        ];
+        ]);
         for t in self.bias.iter().chain(&self.residual).chain(&self.rows) {
             accesses.push(Access::read(t.buffer()?));
         }

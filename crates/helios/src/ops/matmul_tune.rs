@@ -640,6 +640,7 @@ fn check(p: &Problem, plan: &Plan) -> Result<f64> {
     k.vec_a &= small.kernel(k.variant, k.subgroup).vec_a;
     k.vec_b &= small.kernel(k.variant, k.subgroup).vec_b;
     k.vec_c &= small.kernel(k.variant, k.subgroup).vec_c;
+    k.exact_k &= small.kernel(k.variant, k.subgroup).exact_k;
     let out = small.run(&Plan {
         kernel: k,
         splits: plan.splits,
