@@ -407,6 +407,31 @@ pub fn exact_k(variant: Variant, shape: &MatmulShape) -> bool {
     shape.k > 0 && shape.k % step == 0
 }
 
+/// Where a kernel built with `exact_k` reads the tiles its loop prefetches past the end: the
+/// k of the last tile inside k (`K − bk`), so one clamp a tile keeps every load in bounds
+/// and no tile the loop computes needs a mask. `None` (clamp and mask per element) for other
+/// kernels and for triangles.
+pub(crate) fn last_tile(
+    k: &mut KernelBuilder,
+    kern: &MatmulKernel,
+    d: &Dims,
+    bk: u32,
+) -> Option<Val> {
+    (kern.exact_k && kern.triangle == Triangle::Full).then(|| {
+        let bk = k.u32(bk);
+        let kk = k.max(d.k, bk);
+        k.sub(kk, bk)
+    })
+}
+
+/// A tile's k for its loads: `k0`, held at `last` (see [`last_tile`]).
+pub(crate) fn tile_k0(k: &mut KernelBuilder, last: Option<Val>, k0: Val) -> Val {
+    match last {
+        Some(last) => k.min(k0, last),
+        None => k0,
+    }
+}
+
 /// Sizes and strides of one launch (all in elements). A is `m × k` (stored `k × m` when
 /// transposed) with leading dimension `lda`; B is `k × n` (`n × k`) with `ldb`; C and the
 /// residual are `m × n` row-major with `ldc`/`ldr`. The batch may have two levels, as the

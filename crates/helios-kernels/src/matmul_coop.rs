@@ -22,8 +22,8 @@ use helios_spirv::{
 };
 
 use crate::matmul::{
-    declare, k_span, mask, skip_upper_tile, staged_k_loop, store_quad, tile_origin, CoopTile, Dims,
-    MatmulKernel, Triangle, FRAG,
+    declare, k_span, last_tile, mask, skip_upper_tile, staged_k_loop, store_quad, tile_k0,
+    tile_origin, CoopTile, Dims, MatmulKernel, FRAG,
 };
 use crate::storage::{buffer_scalar, Storage};
 
@@ -167,15 +167,8 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
     let wcol = k.u32(bn / wn);
     let warp_row = k.mul(warp_m, wrow);
     let warp_col = k.mul(warp_n, wcol);
-    // With a whole number of loop steps in k (`exact_k`), no tile the loop computes passes
-    // the end, and the prefetched ones past it, never computed, are read at the last tile's
-    // k: one clamp a tile instead of one a word, and no masks.
-    let exact = kern.exact_k && kern.triangle == Triangle::Full;
-    let last_tile = exact.then(|| {
-        let bk_v = k.u32(bk);
-        let kk = k.max(d.k, bk_v);
-        k.sub(kk, bk_v)
-    });
+    let last = last_tile(&mut k, kern, &d, bk);
+    let exact = last.is_some();
     let src_a = a
         .vec
         .then(|| Source::new(&mut k, &a, &d, tid, threads, exact));
@@ -193,10 +186,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
         false,
         [a.stage(), b.stage()],
         |k, k0| {
-            let k0 = match last_tile {
-                Some(last) => k.min(k0, last),
-                None => k0,
-            };
+            let k0 = tile_k0(k, last, k0);
             let ra = load_tile(k, &a, src_a.as_ref(), &d, tid, threads, k0);
             let rb = load_tile(k, &b, src_b.as_ref(), &d, tid, threads, k0);
             (ra, rb)

@@ -16,8 +16,8 @@
 use helios_spirv::{Binding, KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
 
 use crate::matmul::{
-    declare, k_span, mask, skip_upper_tile, staged_k_loop, store_quad, tile_origin, Dims,
-    MatmulKernel, SimtTile, Triangle, BK_SIMT,
+    declare, k_span, last_tile, mask, skip_upper_tile, staged_k_loop, store_quad, tile_k0,
+    tile_origin, Dims, MatmulKernel, SimtTile, Triangle, BK_SIMT,
 };
 use crate::storage::{buffer_scalar, load_f32};
 
@@ -63,17 +63,8 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
     let span = k_span(&mut k, kern, &d, m0, bm, BK_SIMT);
     let tid = k.local_index();
     let (tx, ty) = lane_grid(&mut k, tid, threads_x, bm / tm);
-    // With a whole number of loop steps in k, every tile the loop computes lies inside k;
-    // the tiles it loads past the end (prefetch) are never computed, and reading them at the
-    // last tile's k keeps them in bounds: one clamp a tile, no masks.
-    let exact = kern.exact_k && kern.triangle == Triangle::Full;
-    let last_tile = if exact {
-        let bk = k.u32(BK_SIMT);
-        let kk = k.max(d.k, bk);
-        Some(k.sub(kk, bk))
-    } else {
-        None
-    };
+    let last = last_tile(&mut k, kern, &d, BK_SIMT);
+    let exact = last.is_some();
 
     let a_op = Operand {
         outer: bm,
@@ -128,10 +119,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
         true,
         [a_len, b_len],
         |k, k0| {
-            let k0 = match last_tile {
-                Some(last) => k.min(k0, last),
-                None => k0,
-            };
+            let k0 = tile_k0(k, last, k0);
             let ra = load_tile(k, kern, &a_op, &a_src, &d, tid, threads, k0, exact);
             let rb = load_tile(k, kern, &b_op, &b_src, &d, tid, threads, k0, exact);
             (ra, rb)
