@@ -1340,3 +1340,52 @@ pub(crate) fn mask(k: &mut KernelBuilder, cond: Val, v: Val) -> Val {
     let zero = k.constant_bits(v.ty, 0);
     k.select(cond, v, zero)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `exact_k` holds exactly where k is a whole number of the loop's unrolled steps:
+    /// SIMT 8 × (depth + 1) (the spare register set), cooperative bk × depth, never for
+    /// workgroup scope or k = 0.
+    #[test]
+    fn exact_k_follows_the_loop_step() {
+        let shape = |k: u32| MatmulShape::packed(1, 64, 64, k, false, false);
+        let v = |name: &str| Variant::by_name(name).expect("a variant of the table");
+        for (name, step) in [
+            ("simt128x64d1", 16),
+            ("simt64x64d2", 24),
+            ("coop128x256w2x4k48s1", 48),
+            ("coop128x128w4x4k32d2", 64),
+            ("coop128x256w2x4k16d1", 16),
+        ] {
+            for k in [step, 2 * step, 768, 3072, 8192, step + 8, 0] {
+                let want = k > 0 && k % step == 0;
+                assert_eq!(exact_k(v(name), &shape(k)), want, "{name} k = {k}");
+            }
+        }
+        assert!(!exact_k(v("wg128x128k16w4p"), &shape(1024)));
+        // The constructor sets it from the shape; launch refuses a shape it does not fit.
+        let kern = MatmulKernel::new(
+            v("simt128x64d1"),
+            Storage::F32,
+            Storage::F32,
+            (false, false),
+            &shape(48),
+            Epilogue::NONE,
+            0,
+        );
+        assert!(kern.exact_k && kern.name().ends_with("_xk"));
+        let module = kern.build();
+        let addr = MatmulAddresses {
+            a: 0,
+            b: 0,
+            c: 0,
+            bias: None,
+            residual: None,
+            rows: None,
+        };
+        assert!(kern.launch(&module, &shape(48), &addr, 1.0).is_ok());
+        assert!(kern.launch(&module, &shape(40), &addr, 1.0).is_err());
+    }
+}
