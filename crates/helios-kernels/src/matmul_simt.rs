@@ -304,28 +304,19 @@ fn load_tile(
                     let n = k.max(n, w);
                     k.sub(n, w)
                 };
-                // The outer coordinate is clamped (loop-invariant); k only where the tile
-                // may pass the end.
-                let (row, col) = if op.k_contiguous {
+                // The outer coordinate is clamped (loop-invariant); k (the column when k is
+                // contiguous, else the row) only where the tile may pass the end.
+                let row = if exact && !op.k_contiguous {
+                    row
+                } else {
                     let row_last = last(k, row_n, one);
-                    let row = k.min(row, row_last);
-                    let col = if exact {
-                        col
-                    } else {
-                        let col_last = last(k, col_n, four);
-                        k.min(col, col_last)
-                    };
-                    (row, col)
+                    k.min(row, row_last)
+                };
+                let col = if exact && op.k_contiguous {
+                    col
                 } else {
                     let col_last = last(k, col_n, four);
-                    let col = k.min(col, col_last);
-                    let row = if exact {
-                        row
-                    } else {
-                        let row_last = last(k, row_n, one);
-                        k.min(row, row_last)
-                    };
-                    (row, col)
+                    k.min(col, col_last)
                 };
                 let start = k.mul(row, src.ld);
                 let start = k.add(start, src.off);

@@ -76,20 +76,7 @@ impl KernelBuilder {
             matches!(buf.elem, Scalar::U32 | Scalar::I32) && value.ty == Ty::scalar(buf.elem),
             "atomic_add needs a u32/i32 buffer and value"
         );
-        let (ptr, _) = self.element_pointer(buf, 1, index);
-        let scope = self.const_u32(Scope::Device as u32);
-        self.device_scope = true;
-        let sem = self.const_u32(MemorySemantics::RELAXED.bits());
-        let ty = self.ty(value.ty);
-        let rid = self.inst(
-            Op::AtomicIAdd,
-            Some(ty),
-            vec![id(ptr), id(scope), id(sem), value.into()],
-        );
-        Val {
-            id: rid,
-            ty: value.ty,
-        }
+        self.atomic_rmw(Op::AtomicIAdd, buf, index, value)
     }
 
     /// Atomically adds `value` (f32) to element `index` of an f32 buffer (device scope,
@@ -108,13 +95,18 @@ impl KernelBuilder {
         );
         self.capability(Capability::AtomicFloat32AddEXT);
         self.extension("SPV_EXT_shader_atomic_float_add");
+        self.atomic_rmw(Op::AtomicFAddEXT, buf, index, value)
+    }
+
+    /// `op` (an atomic read-modify-write) of `value` on element `index` of `buf`, device
+    /// scope, relaxed; returns the old value.
+    fn atomic_rmw(&mut self, op: Op, buf: Buffer, index: Val, value: Val) -> Val {
         let (ptr, _) = self.element_pointer(buf, 1, index);
-        let scope = self.const_u32(Scope::Device as u32);
-        self.device_scope = true;
+        let scope = self.device_scope();
         let sem = self.const_u32(MemorySemantics::RELAXED.bits());
         let ty = self.ty(value.ty);
         let rid = self.inst(
-            Op::AtomicFAddEXT,
+            op,
             Some(ty),
             vec![id(ptr), id(scope), id(sem), value.into()],
         );
@@ -122,6 +114,13 @@ impl KernelBuilder {
             id: rid,
             ty: value.ty,
         }
+    }
+
+    /// The `Device` scope constant, noting its use (`finish` adds the capability the Vulkan
+    /// memory model needs for it).
+    fn device_scope(&mut self) -> Word {
+        self.device_scope = true;
+        self.const_u32(Scope::Device as u32)
     }
 
     /// Declares a workgroup-shared array of `elem`.
@@ -229,8 +228,7 @@ impl KernelBuilder {
 
     /// A device-scope memory barrier on buffer memory (no execution barrier).
     pub fn buffer_memory_barrier(&mut self) {
-        let scope = self.const_u32(Scope::Device as u32);
-        self.device_scope = true;
+        let scope = self.device_scope();
         let sem = self
             .const_u32((MemorySemantics::ACQUIRE_RELEASE | MemorySemantics::UNIFORM_MEMORY).bits());
         self.inst_void(Op::MemoryBarrier, vec![id(scope), id(sem)]);
