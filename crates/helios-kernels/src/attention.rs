@@ -194,6 +194,10 @@ pub struct AttentionKernel {
     /// The device's fragment layout, for cooperative variants that keep scores in
     /// registers (`attention_frag`); `None` stages them in shared memory (`attention_coop`).
     pub frag: Option<crate::FragMap>,
+    /// The forward with the scores in registers: software-pipelined over two K/V buffers
+    /// (block j + 1's products issued before block j's softmax). Needs twice the K/V shared
+    /// memory.
+    pub pipelined: bool,
 }
 
 /// Push-constant strides of a [B, T, H, D] view (elements; d has stride 1).
@@ -259,15 +263,25 @@ pub(crate) struct Params {
 impl AttentionKernel {
     pub fn name(&self) -> String {
         format!(
-            "attn_{}_{}_d{}{}{}_{}{}",
+            "attn_{}_{}_d{}{}{}_{}{}{}",
             self.stage.tag(),
             self.storage.name(),
             self.head_dim,
             if self.causal { "_causal" } else { "" },
             if self.padded { "_pad" } else { "" },
             self.variant.tag(),
-            if self.in_registers() { "_reg" } else { "" }
+            if self.in_registers() { "_reg" } else { "" },
+            if self.pipelined { "_pipe" } else { "" }
         )
+    }
+
+    /// This kernel software-pipelined, where its family has that form (the forward with
+    /// the scores in registers).
+    pub fn pipelining(self) -> Option<AttentionKernel> {
+        (self.in_registers() && self.stage == AttnStage::Forward).then_some(AttentionKernel {
+            pipelined: true,
+            ..self
+        })
     }
 
     /// Whether this is a cooperative kernel that keeps its scores in registers.
@@ -310,6 +324,11 @@ impl AttentionKernel {
             self.head_dim % 16 == 0 && self.head_dim > 0,
             "head dim {} is not a multiple of 16",
             self.head_dim
+        );
+        assert!(
+            !self.pipelined || self.pipelining().is_some(),
+            "{} has no pipelined form",
+            self.name()
         );
         match self.variant {
             AttnVariant::Simt { .. } => crate::attention_simt::build(self),
@@ -490,6 +509,7 @@ impl AttentionKernel {
                         binding,
                         subgroup: 0,
                         frag: None,
+                        pipelined: false,
                     });
                 }
             }
@@ -507,7 +527,7 @@ impl AttentionKernel {
             for storage in [Storage::F16, Storage::BF16] {
                 for stage in AttnStage::ALL.into_iter().filter(|&s| coop_supports(s)) {
                     for frag in [None, Some(map)] {
-                        out.push(AttentionKernel {
+                        let kern = AttentionKernel {
                             stage,
                             storage,
                             head_dim,
@@ -517,7 +537,10 @@ impl AttentionKernel {
                             binding: Binding::DeviceAddress,
                             subgroup: 32,
                             frag,
-                        });
+                            pipelined: false,
+                        };
+                        out.push(kern);
+                        out.extend(kern.pipelining());
                     }
                 }
             }
@@ -757,6 +780,7 @@ mod tests {
                                 binding: Binding::DeviceAddress,
                                 subgroup: if coop { 32 } else { 0 },
                                 frag: None,
+                                pipelined: false,
                             };
                             k.shared_bytes() <= limit
                         });

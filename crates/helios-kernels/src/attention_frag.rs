@@ -14,6 +14,12 @@
 //! The scale must be positive (the forward takes row maxima of the raw scores and folds
 //! the scale into the exponent's fma); the host keeps the other kernels for any other.
 //!
+//! The forward runs software-pipelined where two K/V buffers fit in shared memory
+//! (`AttentionKernel::pipelined`): block j + 1's scores are multiplied before block j's
+//! softmax, whose dependent chain (max, shuffles, exp, sum) otherwise left the matrix unit
+//! idle; 106 → 93 µs for bf16 at 8×12×1024×64 on an H100. The same for Dq, whose chain
+//! has no reductions, gained nothing, nor did three buffers with one barrier per block.
+//!
 //! Each invocation learns the row and column of its elements at start-up from a coordinate
 //! fragment (r·16 + c, loaded from shared memory), so the only thing compiled in is the
 //! structure, not the layout itself. Masks run only on key blocks that need them (a branch
@@ -43,6 +49,8 @@ pub(crate) struct Layout {
     /// block, then L and Dsum (f32, bq each).
     a: u32,
     b: u32,
+    /// Pipelined forward: words from one K/V buffer pair to the other (0 otherwise).
+    ring: u32,
     stats: u32,
     /// Start-up staging (coordinates, then the owned rows) and, at the end, the epilogue.
     region: u32,
@@ -64,17 +72,32 @@ pub(crate) fn layout(kern: &AttentionKernel) -> Layout {
     } else {
         0
     };
-    let region = stats + stats_words;
     // Start-up: the owned rows (Q and dO, or K and V) one tile at a time.
     let staged = owned * row;
-    let total = region + staged.max(TILE_WORDS).max(nsg * TILE_WORDS);
+    let region_words = staged.max(TILE_WORDS).max(nsg * TILE_WORDS);
+    if kern.pipelined {
+        // Two K/V buffers; the start-up and epilogue region lies over them (it is used
+        // only before the first K/V store and after the last K/V read, barriers between).
+        let ring = 2 * streamed * row;
+        return Layout {
+            row,
+            a,
+            b,
+            ring,
+            stats: 2 * ring,
+            region: 0,
+            total: (2 * ring).max(region_words),
+        };
+    }
+    let region = stats + stats_words;
     Layout {
         row,
         a,
         b,
+        ring: 0,
         stats,
         region,
-        total,
+        total: region + region_words,
     }
 }
 
@@ -220,20 +243,48 @@ fn row_reduce(k: &mut KernelBuilder, pl: &Place, mut v: Val, max: bool) -> Val {
     v
 }
 
-/// Σ_dc A[dc]·Bᵀ(c, dc) for the 16 columns c·16.. of an `n`-row staged tile at word `tile`
-/// (its rows are the product's columns, so B is read column-major): one 16×16 f32 tile.
+/// A staged tile in shared memory: its first word (`word`, plus `off` where the tile is one
+/// of a ring of buffers chosen at run time) and its words per row.
+#[derive(Clone, Copy)]
+struct Tile {
+    word: u32,
+    row: u32,
+    off: Option<Val>,
+}
+
+impl Tile {
+    fn fixed((word, row): (u32, u32)) -> Tile {
+        Tile {
+            word,
+            row,
+            off: None,
+        }
+    }
+
+    /// Word `word + extra` of the tile.
+    fn at(&self, k: &mut KernelBuilder, extra: u32) -> Val {
+        let w = k.u32(self.word + extra);
+        match self.off {
+            Some(o) => k.add(o, w),
+            None => w,
+        }
+    }
+}
+
+/// Σ_dc A[dc]·Bᵀ(c, dc) for the 16 columns c·16.. of an `n`-row staged tile (its rows are
+/// the product's columns, so B is read column-major): one 16×16 f32 tile.
 fn product_t(
     k: &mut KernelBuilder,
     smem: Shared,
     ty: Types,
     a: &[CoopMat],
-    (tile, row): (u32, u32),
+    tile: Tile,
     c: u32,
 ) -> CoopMat {
-    let rowc = k.u32(row);
+    let rowc = k.u32(tile.row);
     let mut s = k.coop_zero(ty.acc);
     for (dc, &x) in a.iter().enumerate() {
-        let w = k.u32(tile + c * FRAG * row + dc as u32 * 2);
+        let w = tile.at(k, c * FRAG * tile.row + dc as u32 * 2);
         let y = k.coop_load_shared(ty.b, smem, w, rowc, CoopLayout::ColumnMajor);
         s = k.coop_muladd(x, y, s);
     }
@@ -247,13 +298,13 @@ fn accumulate(
     ty: Types,
     acc: &[CoopVar],
     a: &[CoopMat],
-    (tile, row): (u32, u32),
+    tile: Tile,
 ) {
-    let rowc = k.u32(row);
+    let rowc = k.u32(tile.row);
     for (dc, &v) in acc.iter().enumerate() {
         let mut o = k.coop_get(v);
         for (c, &x) in a.iter().enumerate() {
-            let w = k.u32(tile + c as u32 * FRAG * row + dc as u32 * 2);
+            let w = tile.at(k, c as u32 * FRAG * tile.row + dc as u32 * 2);
             let y = k.coop_load_shared(ty.b, smem, w, rowc, CoopLayout::RowMajor);
             o = k.coop_muladd(x, y, o);
         }
@@ -377,6 +428,18 @@ impl Movers {
     /// Stores the tile's registers (rows t0.. as loaded, zero words at t >= tend) into
     /// shared memory.
     fn store(&self, k: &mut KernelBuilder, smem: Shared, f: &Prefetch, t0: Val, tend: Val) {
+        self.store_at(k, smem, f, (t0, tend), None);
+    }
+
+    /// `store`, to the tile's base plus `off` words (a ring buffer chosen at run time).
+    fn store_at(
+        &self,
+        k: &mut KernelBuilder,
+        smem: Shared,
+        f: &Prefetch,
+        (t0, tend): (Val, Val),
+        off: Option<Val>,
+    ) {
         let (units, exact) = self.units(f.rows);
         for (j, &v) in f.vars.iter().enumerate() {
             let (idx, r, w) = self.unit(k, f.rows, j as u32);
@@ -385,6 +448,10 @@ impl Movers {
             let at = k.add(at, w);
             let bc = k.u32(f.base);
             let at = k.add(at, bc);
+            let at = match off {
+                Some(o) => k.add(at, o),
+                None => at,
+            };
             let x = k.get(v);
             let t = k.add(t0, r);
             let ok = k.lt(t, tend);
@@ -441,17 +508,110 @@ impl KeyBlocks<'_> {
             let next = k.add(k0, bkc);
             mv.load(k, &kp, next, kend);
             mv.load(k, &vp, next, kend);
-            let past_end = k.gt(next, kend);
-            let needs = if self.kern.causal {
-                let one = k.u32(1);
-                let diag = k.add(self.qs, one);
-                let over = k.gt(next, diag);
-                k.or(past_end, over)
-            } else {
-                past_end
-            };
-            k.if_else(needs, |k| body(k, k0, true), |k| body(k, k0, false));
+            let needs = self.needs_mask(k, next);
+            self.unless_past_rows(k, k0, &|k| {
+                k.if_else(needs, |k| body(k, k0, true), |k| body(k, k0, false))
+            });
         });
+    }
+
+    /// Whether the block ending before key `next` has a key past the end or past some of
+    /// the subgroup's rows' diagonals.
+    fn needs_mask(&self, k: &mut KernelBuilder, next: Val) -> Val {
+        let past_end = k.gt(next, self.kend);
+        if self.kern.causal {
+            let one = k.u32(1);
+            let diag = k.add(self.qs, one);
+            let over = k.gt(next, diag);
+            k.or(past_end, over)
+        } else {
+            past_end
+        }
+    }
+
+    /// The walk software-pipelined: block j + 1's K and V are stored into the other of two
+    /// buffers and its products (`ahead(k, K tile, V tile)`) issued before block j is
+    /// finished (`finish(k, its products, k0, masked, K tile, V tile)`), so that the matrix
+    /// unit has work while the finishing element-wise chain (the softmax) runs.
+    #[allow(clippy::type_complexity)]
+    fn run_pipelined(
+        &self,
+        k: &mut KernelBuilder,
+        acc_ty: CoopTy,
+        ahead: &dyn Fn(&mut KernelBuilder, Tile, Tile) -> Vec<CoopMat>,
+        finish: &dyn Fn(&mut KernelBuilder, Vec<CoopMat>, Val, bool, Tile, Tile),
+    ) {
+        let (bq, bk) = self.kern.variant.blocks();
+        let (mv, kend, smem, lay) = (&self.movers, self.kend, self.smem, self.lay);
+        let nkb = key_blocks(k, self.kern.causal, (self.q0, bq), kend, bk);
+        let bkc = k.u32(bk);
+        let (z, one) = (k.u32(0), k.u32(1));
+        let kp = mv.prefetch(k, self.kv.0, lay.a, bk);
+        let vp = mv.prefetch(k, self.kv.1, lay.b, bk);
+        // Block 0 into buffer 0, block 1 into registers, block 0's products.
+        mv.load(k, &kp, z, kend);
+        mv.load(k, &vp, z, kend);
+        mv.store(k, smem, &kp, z, kend);
+        mv.store(k, smem, &vp, z, kend);
+        k.workgroup_barrier();
+        mv.load(k, &kp, bkc, kend);
+        mv.load(k, &vp, bkc, kend);
+        let kt = Tile::fixed((lay.a, lay.row));
+        let vt = Tile::fixed((lay.b, lay.row));
+        let held: Vec<CoopVar> = ahead(k, kt, vt)
+            .into_iter()
+            .map(|m| {
+                let v = k.coop_var(acc_ty);
+                k.coop_set(v, m);
+                v
+            })
+            .collect();
+        let ring = k.u32(lay.ring);
+        k.for_range(z, nkb, one, |k, blk| {
+            let k0 = k.mul(blk, bkc);
+            let parity = k.and(blk, one);
+            let cur = k.mul(parity, ring);
+            let nxt = k.sub(ring, cur);
+            let next = k.add(k0, bkc);
+            // Everyone is done with block j − 1's buffer (the next one's): fill it. Past
+            // the last block this stores zeros, whose products are never used.
+            k.workgroup_barrier();
+            mv.store_at(k, smem, &kp, (next, kend), Some(nxt));
+            mv.store_at(k, smem, &vp, (next, kend), Some(nxt));
+            k.workgroup_barrier();
+            let after = k.add(next, bkc);
+            mv.load(k, &kp, after, kend);
+            mv.load(k, &vp, after, kend);
+            let needs = self.needs_mask(k, next);
+            let at = |t: Tile, off: Val| Tile {
+                off: Some(off),
+                ..t
+            };
+            self.unless_past_rows(k, k0, &|k| {
+                let body = |k: &mut KernelBuilder, masked: bool| {
+                    let products = ahead(k, at(kt, nxt), at(vt, nxt));
+                    let mine = held.iter().map(|&v| k.coop_get(v)).collect();
+                    finish(k, mine, k0, masked, at(kt, cur), at(vt, cur));
+                    for (&v, m) in held.iter().zip(products) {
+                        k.coop_set(v, m);
+                    }
+                };
+                k.if_else(needs, |k| body(k, true), |k| body(k, false));
+            });
+        });
+    }
+
+    /// `body`, unless the block at k0 lies past all of the subgroup's rows (causal): such a
+    /// block adds nothing, nor do the later ones. The subgroup still stages its share.
+    fn unless_past_rows(&self, k: &mut KernelBuilder, k0: Val, body: &dyn Fn(&mut KernelBuilder)) {
+        if self.kern.causal {
+            let last = k.u32(FRAG - 1);
+            let last = k.add(self.qs, last);
+            let live = k.le(k0, last);
+            k.if_(live, body);
+        } else {
+            body(k);
+        }
     }
 }
 
@@ -560,8 +720,8 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     let acc = zero_accs(k, ty.acc, d / FRAG);
     let log2e = k.const_f32(std::f32::consts::LOG2_E);
     let scale2 = k.mul(p.scale, log2e);
-    let kt = (lay.a, lay.row);
-    let vt = (lay.b, lay.row);
+    let kt = Tile::fixed((lay.a, lay.row));
+    let vt = Tile::fixed((lay.b, lay.row));
     let walk = KeyBlocks {
         kern,
         smem,
@@ -577,14 +737,17 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
         qs,
         kend,
     };
-    walk.run(k, &|k, k0, masked| {
-        // S = Q·Kᵀ, masked (raw: the scale, positive, is folded into the exponent).
-        let mut xs: Vec<Vec<Val>> = Vec::new();
-        for c in 0..bk / FRAG {
-            let s = product_t(k, smem, ty, &qf, kt, c);
-            let mut v = elems(k, s);
-            if masked {
-                let jc = k.u32(c * FRAG);
+    // Masks, online softmax and O += P·V for the key block at k0, whose raw scores are `xs`
+    // (one element list per 16 keys); the O rescale under a branch when `lazy_rescale`.
+    let softmax_pv = |k: &mut KernelBuilder,
+                      mut xs: Vec<Vec<Val>>,
+                      k0: Val,
+                      masked: bool,
+                      vt: Tile,
+                      lazy_rescale: bool| {
+        if masked {
+            for (c, v) in xs.iter_mut().enumerate() {
+                let jc = k.u32(c as u32 * FRAG);
                 let jb = k.add(k0, jc);
                 for (e, x) in v.iter_mut().enumerate() {
                     let j = k.add(jb, pl.col_of(e));
@@ -594,7 +757,6 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
                     *x = k.select(keep, *x, ninf);
                 }
             }
-            xs.push(v);
         }
         // Online softmax per row slot, in base 2: m is max(S)·scale·log2 e.
         let mut neg_safe = Vec::new();
@@ -651,15 +813,46 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
         // first blocks it rarely does).
         let grew = k.subgroup_any(grew);
         let cf = row_frag(k, &pl, ty.acc, &corr);
-        k.if_(grew, |k| {
+        let rescale = |k: &mut KernelBuilder| {
             for &a in &acc {
                 let o = k.coop_get(a);
                 let o = k.coop_binary(helios_spirv::BinOp::Mul, o, cf);
                 k.coop_set(a, o);
             }
-        });
+        };
+        if lazy_rescale {
+            k.if_(grew, rescale);
+        } else {
+            rescale(k);
+        }
         accumulate(k, smem, ty, &acc, &pa, vt);
-    });
+    };
+    if kern.pipelined {
+        walk.run_pipelined(
+            k,
+            ty.acc,
+            &|k, kt, _| {
+                (0..bk / FRAG)
+                    .map(|c| product_t(k, smem, ty, &qf, kt, c))
+                    .collect()
+            },
+            &|k, s, k0, masked, _, vt| {
+                let xs = s.into_iter().map(|m| elems(k, m)).collect();
+                softmax_pv(k, xs, k0, masked, vt, false);
+            },
+        );
+    } else {
+        walk.run(k, &|k, k0, masked| {
+            // S = Q·Kᵀ (raw: the scale, positive, is folded into the exponent).
+            let xs: Vec<Vec<Val>> = (0..bk / FRAG)
+                .map(|c| {
+                    let s = product_t(k, smem, ty, &qf, kt, c);
+                    elems(k, s)
+                })
+                .collect();
+            softmax_pv(k, xs, k0, masked, vt, true);
+        });
+    }
 
     // O / l and L = (m + log2 l)·ln 2 per row.
     let mut invs = Vec::new();
@@ -785,8 +978,8 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     let log2e = k.const_f32(std::f32::consts::LOG2_E);
     let scale2 = k.mul(p.scale, log2e);
     let acc = zero_accs(k, ty.acc, d / FRAG);
-    let kt = (lay.a, lay.row);
-    let vt = (lay.b, lay.row);
+    let kt = Tile::fixed((lay.a, lay.row));
+    let vt = Tile::fixed((lay.b, lay.row));
     let walk = KeyBlocks {
         kern,
         smem,
@@ -912,8 +1105,8 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let one = k.u32(1);
     let log2e = k.const_f32(std::f32::consts::LOG2_E);
     let scale2 = k.mul(p.scale, log2e);
-    let qt = (lay.a, lay.row);
-    let ot = (lay.b, lay.row);
+    let qt = Tile::fixed((lay.a, lay.row));
+    let ot = Tile::fixed((lay.b, lay.row));
     let sixteen = k.u32(FRAG);
     let js_end = k.add(js, sixteen);
     let keys_past_end = k.gt(js_end, kend);

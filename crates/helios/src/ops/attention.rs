@@ -486,26 +486,31 @@ fn choose(
     } else {
         None
     };
-    let make = |variant: AttnVariant| AttentionKernel {
-        stage,
-        storage,
-        head_dim: dims.d as u32,
-        causal: opts.causal,
-        padded: opts.key_lengths.is_some(),
-        variant,
-        binding: if variant.is_coop() {
-            helios_spirv::Binding::DeviceAddress
-        } else {
-            device.binding()
-        },
-        subgroup: if variant.is_coop() { caps.subgroup } else { 0 },
-        frag: if variant.is_coop() { frag } else { None },
-    };
     let fits = |kern: &AttentionKernel| {
         kern.shared_bytes() <= caps.max_shared_bytes
             && kern.workgroup() <= caps.max_invocations
             && (!kern.variant.is_coop()
                 || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
+    };
+    // The pipelined form where the kernel has one and its two K/V buffers fit.
+    let make = |variant: AttnVariant| {
+        let plain = AttentionKernel {
+            stage,
+            storage,
+            head_dim: dims.d as u32,
+            causal: opts.causal,
+            padded: opts.key_lengths.is_some(),
+            variant,
+            binding: if variant.is_coop() {
+                helios_spirv::Binding::DeviceAddress
+            } else {
+                device.binding()
+            },
+            subgroup: if variant.is_coop() { caps.subgroup } else { 0 },
+            frag: if variant.is_coop() { frag } else { None },
+            pipelined: false,
+        };
+        plain.pipelining().filter(fits).unwrap_or(plain)
     };
     let stage_forced = opts
         .stage_variant
