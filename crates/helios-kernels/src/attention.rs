@@ -71,6 +71,10 @@ pub enum AttnVariant {
     Simt { bq: u8, bk: u8 },
     /// Cooperative matrices: one subgroup per 16 owned rows.
     Coop { bq: u8, bk: u8 },
+    /// Cooperative matrices, the forward with the scores in registers only: one subgroup per
+    /// 32 query rows, two 16-row tiles sharing every K and V fragment it loads (half the
+    /// shared-memory reads per product).
+    CoopPair { bq: u8, bk: u8 },
 }
 
 impl AttnVariant {
@@ -79,19 +83,31 @@ impl AttnVariant {
         match *self {
             AttnVariant::Simt { bq, bk } => format!("simt{bq}x{bk}"),
             AttnVariant::Coop { bq, bk } => format!("coop{bq}x{bk}"),
+            AttnVariant::CoopPair { bq, bk } => format!("coop{bq}x{bk}p"),
         }
     }
 
     pub fn blocks(&self) -> (u32, u32) {
         match *self {
-            AttnVariant::Simt { bq, bk } | AttnVariant::Coop { bq, bk } => {
-                (u32::from(bq), u32::from(bk))
-            }
+            AttnVariant::Simt { bq, bk }
+            | AttnVariant::Coop { bq, bk }
+            | AttnVariant::CoopPair { bq, bk } => (u32::from(bq), u32::from(bk)),
         }
     }
 
     pub fn is_coop(&self) -> bool {
-        matches!(self, AttnVariant::Coop { .. })
+        matches!(
+            self,
+            AttnVariant::Coop { .. } | AttnVariant::CoopPair { .. }
+        )
+    }
+
+    /// 16-row tiles per subgroup (cooperative variants).
+    pub fn row_tiles(&self) -> u32 {
+        match self {
+            AttnVariant::CoopPair { .. } => 2,
+            _ => 1,
+        }
     }
 
     /// Parses a tag (`HELIOS_ATTN_VARIANT`).
@@ -101,12 +117,16 @@ impl AttnVariant {
         } else {
             (true, s.strip_prefix("coop")?)
         };
+        let (rest, pair) = match rest.strip_suffix('p') {
+            Some(r) if coop => (r, true),
+            _ => (rest, false),
+        };
         let (a, b) = rest.split_once('x')?;
         let (bq, bk) = (a.parse().ok()?, b.parse().ok()?);
-        Some(if coop {
-            AttnVariant::Coop { bq, bk }
-        } else {
-            AttnVariant::Simt { bq, bk }
+        Some(match (coop, pair) {
+            (true, true) => AttnVariant::CoopPair { bq, bk },
+            (true, false) => AttnVariant::Coop { bq, bk },
+            _ => AttnVariant::Simt { bq, bk },
         })
     }
 }
@@ -128,8 +148,8 @@ pub const SIMT_VARIANTS: [AttnVariant; 8] = [
     simt(16, 8),
 ];
 /// Cooperative-matrix candidates (the 128-row tiles fit 48 KiB only with the scores in
-/// registers).
-pub const COOP_VARIANTS: [AttnVariant; 7] = [
+/// registers; the pairs are the register forward's).
+pub const COOP_VARIANTS: [AttnVariant; 10] = [
     AttnVariant::Coop { bq: 64, bk: 64 },
     AttnVariant::Coop { bq: 64, bk: 32 },
     AttnVariant::Coop { bq: 32, bk: 64 },
@@ -137,6 +157,9 @@ pub const COOP_VARIANTS: [AttnVariant; 7] = [
     AttnVariant::Coop { bq: 128, bk: 64 },
     AttnVariant::Coop { bq: 128, bk: 32 },
     AttnVariant::Coop { bq: 64, bk: 128 },
+    AttnVariant::CoopPair { bq: 128, bk: 32 },
+    AttnVariant::CoopPair { bq: 128, bk: 64 },
+    AttnVariant::CoopPair { bq: 64, bk: 32 },
 ];
 
 /// Candidates for `stage` in the order the selection function tries them without a tuned
@@ -299,7 +322,9 @@ impl AttentionKernel {
         };
         match self.variant {
             AttnVariant::Simt { .. } => crate::attention_simt::workgroup(owned),
-            AttnVariant::Coop { .. } => owned / 16 * self.subgroup,
+            AttnVariant::Coop { .. } | AttnVariant::CoopPair { .. } => {
+                owned / (16 * self.variant.row_tiles()) * self.subgroup
+            }
         }
     }
 
@@ -311,7 +336,15 @@ impl AttentionKernel {
                 crate::attention_frag::layout(self).total * 16
             }
             AttnVariant::Coop { .. } => crate::attention_coop::shared_bytes(self),
+            // Only the register forward has pairs (see `buildable`).
+            AttnVariant::CoopPair { .. } => crate::attention_frag::layout(self).total * 16,
         }
+    }
+
+    /// Whether this stage's family has the variant: pairs are the register forward's.
+    pub fn buildable(&self) -> bool {
+        !matches!(self.variant, AttnVariant::CoopPair { .. })
+            || (self.in_registers() && self.stage == AttnStage::Forward)
     }
 
     /// Emits the kernel. Buffers, in order: Forward q, k, v, [lens], o, lse; Prep o, do,
@@ -330,6 +363,7 @@ impl AttentionKernel {
             "{} has no pipelined form",
             self.name()
         );
+        assert!(self.buildable(), "{} has no kernel", self.name());
         match self.variant {
             AttnVariant::Simt { .. } => crate::attention_simt::build(self),
             AttnVariant::Coop { .. } if self.in_registers() => match self.stage {
@@ -339,6 +373,7 @@ impl AttentionKernel {
                 AttnStage::Prep => unreachable!("Prep is never in registers"),
             },
             AttnVariant::Coop { .. } => crate::attention_coop::build(self),
+            AttnVariant::CoopPair { .. } => crate::attention_frag::forward(self),
         }
     }
 
@@ -541,6 +576,14 @@ impl AttentionKernel {
                         };
                         out.push(kern);
                         out.extend(kern.pipelining());
+                        if frag.is_some() && stage == AttnStage::Forward {
+                            let pair = AttentionKernel {
+                                variant: AttnVariant::CoopPair { bq: 128, bk: 32 },
+                                ..kern
+                            };
+                            out.push(pair);
+                            out.extend(pair.pipelining());
+                        }
                     }
                 }
             }

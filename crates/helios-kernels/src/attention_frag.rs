@@ -64,7 +64,7 @@ pub(crate) fn layout(kern: &AttentionKernel) -> Layout {
         AttnStage::DkDv => (bk, bq),
         _ => (bq, bk),
     };
-    let nsg = owned / FRAG;
+    let nsg = owned / (FRAG * kern.variant.row_tiles());
     let (a, b) = (0, streamed * row);
     let stats = 2 * streamed * row;
     let stats_words = if kern.stage == AttnStage::DkDv {
@@ -605,7 +605,7 @@ impl KeyBlocks<'_> {
     /// block adds nothing, nor do the later ones. The subgroup still stages its share.
     fn unless_past_rows(&self, k: &mut KernelBuilder, k0: Val, body: &dyn Fn(&mut KernelBuilder)) {
         if self.kern.causal {
-            let last = k.u32(FRAG - 1);
+            let last = k.u32(FRAG * self.kern.variant.row_tiles() - 1);
             let last = k.add(self.qs, last);
             let live = k.le(k0, last);
             k.if_(live, body);
@@ -623,7 +623,7 @@ struct Start {
     ty: Types,
     lay: Layout,
     tid: Val,
-    /// 16 · subgroup id: the subgroup's first owned row in the block.
+    /// The subgroup's first owned row in the block (16 or 32 rows per subgroup).
     row0: Val,
     threads: u32,
     /// The subgroup's epilogue tile.
@@ -632,15 +632,16 @@ struct Start {
 
 fn start(kern: &AttentionKernel, owned: u32) -> Start {
     let lay = layout(kern);
-    let threads = owned / FRAG * SUBGROUP;
+    let rows = FRAG * kern.variant.row_tiles();
+    let threads = owned / rows * SUBGROUP;
     let mut kb = KernelBuilder::new(kern.name(), kern.binding, [threads, 1, 1]);
     let p = kern.declare(&mut kb, true);
     let k = &mut kb;
     let smem = k.shared_array(Ty::vector(Scalar::U32, 4), SharedLen::Fixed(lay.total));
     let tid = k.local_index();
     let sg = k.subgroup_id();
-    let sixteen = k.u32(FRAG);
-    let row0 = k.mul(sg, sixteen);
+    let rows = k.u32(rows);
+    let row0 = k.mul(sg, rows);
     let tw = k.u32(TILE_WORDS);
     let epi = k.mul(sg, tw);
     let reg = k.u32(lay.region);
@@ -661,6 +662,66 @@ fn start(kern: &AttentionKernel, owned: u32) -> Start {
 fn map_of(kern: &AttentionKernel) -> FragMap {
     kern.frag
         .expect("register-resident attention needs the device's fragment map")
+}
+
+/// One 16-row tile of the rows a subgroup owns in the forward: its first row, Q fragments,
+/// per row slot the keys its row sees (j < lim), running max and (this invocation's part of
+/// the) sum in base 2, and its O accumulators.
+struct RowTile {
+    qs: Val,
+    qf: Vec<CoopMat>,
+    lims: Vec<Val>,
+    ms: Vec<Var>,
+    ls: Vec<Var>,
+    acc: Vec<CoopVar>,
+}
+
+/// Σ_dc A_t[dc]·Bᵀ(c, dc) for every row tile t's A fragments, as `product_t` does for one:
+/// each B fragment is loaded once for all tiles.
+fn products_t(
+    k: &mut KernelBuilder,
+    smem: Shared,
+    ty: Types,
+    tiles: &[RowTile],
+    tile: Tile,
+    c: u32,
+) -> Vec<CoopMat> {
+    let rowc = k.u32(tile.row);
+    let mut s: Vec<CoopMat> = tiles.iter().map(|_| k.coop_zero(ty.acc)).collect();
+    for dc in 0..tiles[0].qf.len() {
+        let w = tile.at(k, c * FRAG * tile.row + dc as u32 * 2);
+        let y = k.coop_load_shared(ty.b, smem, w, rowc, CoopLayout::ColumnMajor);
+        for (t, rt) in tiles.iter().enumerate() {
+            s[t] = k.coop_muladd(rt.qf[dc], y, s[t]);
+        }
+    }
+    s
+}
+
+/// Every row tile t's acc[dc] += Σ_c P_t[c]·tile(c·16.., dc·16..), each B fragment loaded
+/// once for all tiles.
+fn accumulate_tiles(
+    k: &mut KernelBuilder,
+    smem: Shared,
+    ty: Types,
+    tiles: &[RowTile],
+    pa: &[Vec<CoopMat>],
+    tile: Tile,
+) {
+    let rowc = k.u32(tile.row);
+    for dc in 0..tiles[0].acc.len() {
+        let mut o: Vec<CoopMat> = tiles.iter().map(|rt| k.coop_get(rt.acc[dc])).collect();
+        for c in 0..pa[0].len() {
+            let w = tile.at(k, c as u32 * FRAG * tile.row + dc as u32 * 2);
+            let y = k.coop_load_shared(ty.b, smem, w, rowc, CoopLayout::RowMajor);
+            for (t, p) in pa.iter().enumerate() {
+                o[t] = k.coop_muladd(p[c], y, o[t]);
+            }
+        }
+        for (rt, o) in tiles.iter().zip(o) {
+            k.coop_set(rt.acc[dc], o);
+        }
+    }
 }
 
 pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
@@ -700,24 +761,33 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
         threads,
     );
     k.workgroup_barrier();
-    let qf = row_frags(k, smem, ty.a, lay.region, lay.row, row0, d);
-    k.workgroup_barrier();
-
-    // Per row slot: the keys its row sees (j < lim), running max and (this invocation's
-    // part of the) sum, in base 2.
-    let lims: Vec<Val> = pl
-        .row
-        .iter()
-        .map(|&r| {
-            let i = k.add(qs, r);
-            row_limit(k, kern.causal, i, kend)
-        })
-        .collect();
     let ninf = k.const_f32(f32::NEG_INFINITY);
     let zero = k.const_f32(0.0);
-    let ms: Vec<_> = (0..nslot).map(|_| k.var_init(ninf)).collect();
-    let ls: Vec<_> = (0..nslot).map(|_| k.var_init(zero)).collect();
-    let acc = zero_accs(k, ty.acc, d / FRAG);
+    let tiles: Vec<RowTile> = (0..kern.variant.row_tiles())
+        .map(|t| {
+            let off = k.u32(t * FRAG);
+            let first = k.add(row0, off);
+            let qf = row_frags(k, smem, ty.a, lay.region, lay.row, first, d);
+            let qs = k.add(qs, off);
+            let lims = pl
+                .row
+                .iter()
+                .map(|&r| {
+                    let i = k.add(qs, r);
+                    row_limit(k, kern.causal, i, kend)
+                })
+                .collect();
+            RowTile {
+                qs,
+                qf,
+                lims,
+                ms: (0..nslot).map(|_| k.var_init(ninf)).collect(),
+                ls: (0..nslot).map(|_| k.var_init(zero)).collect(),
+                acc: zero_accs(k, ty.acc, d / FRAG),
+            }
+        })
+        .collect();
+    k.workgroup_barrier();
     let log2e = k.const_f32(std::f32::consts::LOG2_E);
     let scale2 = k.mul(p.scale, log2e);
     let kt = Tile::fixed((lay.a, lay.row));
@@ -737,21 +807,23 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
         qs,
         kend,
     };
-    // Masks, online softmax and O += P·V for the key block at k0, whose raw scores are `xs`
-    // (one element list per 16 keys); the O rescale under a branch when `lazy_rescale`.
-    let softmax_pv = |k: &mut KernelBuilder,
-                      mut xs: Vec<Vec<Val>>,
-                      k0: Val,
-                      masked: bool,
-                      vt: Tile,
-                      lazy_rescale: bool| {
+    // Masks, online softmax and the O rescale of one row tile for the key block at k0,
+    // whose raw scores are `xs` (one element list per 16 keys): P as A fragments. The
+    // rescale runs under a branch when `lazy_rescale`.
+    let softmax = |k: &mut KernelBuilder,
+                   rt: &RowTile,
+                   mut xs: Vec<Vec<Val>>,
+                   k0: Val,
+                   masked: bool,
+                   lazy_rescale: bool|
+     -> Vec<CoopMat> {
         if masked {
             for (c, v) in xs.iter_mut().enumerate() {
                 let jc = k.u32(c as u32 * FRAG);
                 let jb = k.add(k0, jc);
                 for (e, x) in v.iter_mut().enumerate() {
                     let j = k.add(jb, pl.col_of(e));
-                    let lim = lims[pl.map.row_slot[e] as usize];
+                    let lim = rt.lims[pl.map.row_slot[e] as usize];
                     let keep = k.lt(j, lim);
                     let ninf = k.const_f32(f32::NEG_INFINITY);
                     *x = k.select(keep, *x, ninf);
@@ -762,7 +834,7 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
         let mut neg_safe = Vec::new();
         let mut corr = Vec::new();
         let mut grew = k.bool(false);
-        for (s, &mvar) in ms.iter().enumerate() {
+        for (s, &mvar) in rt.ms.iter().enumerate() {
             let mut mx = k.const_f32(f32::NEG_INFINITY);
             for v in &xs {
                 for (e, &x) in v.iter().enumerate() {
@@ -805,16 +877,16 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
             })
             .collect();
         for s in 0..nslot {
-            let l = k.get(ls[s]);
+            let l = k.get(rt.ls[s]);
             let l = k.fma(l, corr[s], sums[s]);
-            k.set(ls[s], l);
+            k.set(rt.ls[s], l);
         }
-        // O = O ∘ corr + P·V, the rescale only when some row's maximum grew (after the
-        // first blocks it rarely does).
+        // O = O ∘ corr (+ P·V after this), the rescale only when some row's maximum grew
+        // (after the first blocks it rarely does).
         let grew = k.subgroup_any(grew);
         let cf = row_frag(k, &pl, ty.acc, &corr);
         let rescale = |k: &mut KernelBuilder| {
-            for &a in &acc {
+            for &a in &rt.acc {
                 let o = k.coop_get(a);
                 let o = k.coop_binary(helios_spirv::BinOp::Mul, o, cf);
                 k.coop_set(a, o);
@@ -825,70 +897,97 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
         } else {
             rescale(k);
         }
-        accumulate(k, smem, ty, &acc, &pa, vt);
+        pa
+    };
+    // S = Q·Kᵀ of every row tile for the keys at `kt` (raw: the scale, positive, is folded
+    // into the exponent), tile-major.
+    let scores = |k: &mut KernelBuilder, kt: Tile| -> Vec<CoopMat> {
+        let per_c: Vec<Vec<CoopMat>> = (0..bk / FRAG)
+            .map(|c| products_t(k, smem, ty, &tiles, kt, c))
+            .collect();
+        (0..tiles.len())
+            .flat_map(|t| per_c.iter().map(move |v| v[t]))
+            .collect()
+    };
+    // The block at k0 from its scores: each tile's softmax, then O += P·V for all tiles.
+    let finish = |k: &mut KernelBuilder,
+                  s: Vec<CoopMat>,
+                  k0: Val,
+                  masked: bool,
+                  vt: Tile,
+                  lazy_rescale: bool| {
+        let per_tile = (bk / FRAG) as usize;
+        let pa: Vec<Vec<CoopMat>> = tiles
+            .iter()
+            .zip(s.chunks(per_tile))
+            .map(|(rt, s)| {
+                let xs = s.iter().map(|&m| elems(k, m)).collect();
+                softmax(k, rt, xs, k0, masked, lazy_rescale)
+            })
+            .collect();
+        accumulate_tiles(k, smem, ty, &tiles, &pa, vt);
     };
     if kern.pipelined {
         walk.run_pipelined(
             k,
             ty.acc,
-            &|k, kt, _| {
-                (0..bk / FRAG)
-                    .map(|c| product_t(k, smem, ty, &qf, kt, c))
-                    .collect()
-            },
-            &|k, s, k0, masked, _, vt| {
-                let xs = s.into_iter().map(|m| elems(k, m)).collect();
-                softmax_pv(k, xs, k0, masked, vt, false);
-            },
+            &|k, kt, _| scores(k, kt),
+            &|k, s, k0, masked, _, vt| finish(k, s, k0, masked, vt, false),
         );
     } else {
         walk.run(k, &|k, k0, masked| {
-            // S = Q·Kᵀ (raw: the scale, positive, is folded into the exponent).
-            let xs: Vec<Vec<Val>> = (0..bk / FRAG)
-                .map(|c| {
-                    let s = product_t(k, smem, ty, &qf, kt, c);
-                    elems(k, s)
-                })
-                .collect();
-            softmax_pv(k, xs, k0, masked, vt, true);
+            let s = scores(k, kt);
+            finish(k, s, k0, masked, vt, true);
         });
     }
 
     // O / l and L = (m + log2 l)·ln 2 per row.
-    let mut invs = Vec::new();
-    let mut lses = Vec::new();
-    for s in 0..nslot {
-        let l = k.get(ls[s]);
-        let l = row_reduce(k, &pl, l, false);
-        let m = k.get(ms[s]);
-        let zero = k.const_f32(0.0);
-        let empty = k.eq(l, zero);
-        let onef = k.const_f32(1.0);
-        let inv = k.div(onef, l);
-        invs.push(k.select(empty, zero, inv));
-        let lg = k.log2(l);
-        let lse = k.add(m, lg);
-        let ln2 = k.const_f32(std::f32::consts::LN_2);
-        let lse = k.mul(lse, ln2);
-        let ninf = k.const_f32(f32::NEG_INFINITY);
-        lses.push(k.select(empty, ninf, lse));
-    }
-    let inv = row_frag(k, &pl, ty.acc, &invs);
     k.workgroup_barrier();
-    store_rows(k, smem, kern, &p, &acc, Ok(inv), (b, h, qs), p.outs[0], epi);
-    // One invocation per row writes L.
     let lse_buf = p.lse.expect("forward writes lse");
-    let rl = k.u32(u32::from(pl.map.row_lanes));
-    let mine = k.and(pl.lane, rl);
-    let z = k.u32(0);
-    let first = k.eq(mine, z);
-    for (s, &r) in pl.row.iter().enumerate() {
-        let i = k.add(qs, r);
-        let inside = k.lt(i, p.t);
-        let w = k.and(inside, first);
-        let at = stat_index(k, &p, b, h, i);
-        let v = lses[s];
-        k.if_(w, |k| k.store(lse_buf, at, v));
+    for rt in &tiles {
+        let mut invs = Vec::new();
+        let mut lses = Vec::new();
+        for s in 0..nslot {
+            let l = k.get(rt.ls[s]);
+            let l = row_reduce(k, &pl, l, false);
+            let m = k.get(rt.ms[s]);
+            let zero = k.const_f32(0.0);
+            let empty = k.eq(l, zero);
+            let onef = k.const_f32(1.0);
+            let inv = k.div(onef, l);
+            invs.push(k.select(empty, zero, inv));
+            let lg = k.log2(l);
+            let lse = k.add(m, lg);
+            let ln2 = k.const_f32(std::f32::consts::LN_2);
+            let lse = k.mul(lse, ln2);
+            let ninf = k.const_f32(f32::NEG_INFINITY);
+            lses.push(k.select(empty, ninf, lse));
+        }
+        let inv = row_frag(k, &pl, ty.acc, &invs);
+        store_rows(
+            k,
+            smem,
+            kern,
+            &p,
+            &rt.acc,
+            Ok(inv),
+            (b, h, rt.qs),
+            p.outs[0],
+            epi,
+        );
+        // One invocation per row writes L.
+        let rl = k.u32(u32::from(pl.map.row_lanes));
+        let mine = k.and(pl.lane, rl);
+        let z = k.u32(0);
+        let first = k.eq(mine, z);
+        for (s, &r) in pl.row.iter().enumerate() {
+            let i = k.add(rt.qs, r);
+            let inside = k.lt(i, p.t);
+            let w = k.and(inside, first);
+            let at = stat_index(k, &p, b, h, i);
+            let v = lses[s];
+            k.if_(w, |k| k.store(lse_buf, at, v));
+        }
     }
     kb.finish()
 }

@@ -67,12 +67,17 @@ fn run(d: &Device, c: &Case, seed: u64) -> Result<([f64; 5], String), String> {
         Some(l) => Some(IndexTensor::from_slice(d, l, &[s.b]).map_err(e)?),
         None => None,
     };
+    let (variant, stage_variant) = match c.variant {
+        // Row-tile pairs are the forward's: the backward runs its usual kernels.
+        Some(v) if v.row_tiles() > 1 => (None, Some((AttnStage::Forward, v))),
+        v => (v, None),
+    };
     let opts = AttentionOptions {
         causal: c.causal,
         scale: None,
         key_lengths: lens,
-        variant: c.variant,
-        ..Default::default()
+        variant,
+        stage_variant,
     };
     let (qt, kt, vt) = if let Some(at) = c.fused {
         // [B, T, 3, H, D], `at` elements into the buffer.

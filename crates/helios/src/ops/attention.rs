@@ -487,7 +487,8 @@ fn choose(
         None
     };
     let fits = |kern: &AttentionKernel| {
-        kern.shared_bytes() <= caps.max_shared_bytes
+        kern.buildable()
+            && kern.shared_bytes() <= caps.max_shared_bytes
             && kern.workgroup() <= caps.max_invocations
             && (!kern.variant.is_coop()
                 || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
