@@ -18,8 +18,10 @@ use crate::DType;
 /// which moves big buffers faster).
 const KERNEL_READBACK_MAX: usize = 1 << 20;
 
-/// Default warm-up before timed GPU work, ms (see [`Device::warm_up`]).
-pub const WARM_UP_MS: u32 = 300;
+/// Default warm-up before timed GPU work, ms (see [`Device::warm_up`]). On an H100 the SM
+/// clock came up from 345 MHz only 0.3–0.5 s into sustained load (nvidia-smi at 100 ms,
+/// `bench/results/2026-11-25-clocks-h100-session15.txt`).
+pub const WARM_UP_MS: u32 = 1000;
 
 /// Kernel choices a Device makes for every op (the environment sets them in `Device::new`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,11 +206,14 @@ impl Device {
     /// Runs `work` (something that records GPU work and waits for it, ideally for a few ms)
     /// again and again for [`Device::warm_up_time`] (not at all when that is zero).
     ///
-    /// Why: NVIDIA's driver lowers an idle GPU's SM clock to about 345 MHz (from 1980 on an
-    /// H200) a few seconds after the last work, and raises it only under sustained load.
-    /// Timing that follows compiles or CPU work in bursts of a few ms runs at the idle clock,
-    /// up to 5.7× slow (seen in `bench/results/2026-11-22-clocks-h200.md`). Everything that
-    /// times kernels (the matmul tuner, `helios bench`) warms up first.
+    /// Why: NVIDIA's driver lowers an idle GPU's SM clock to about 345 MHz (from 1980) after
+    /// well under a second without work (0.5–1 s on an H100), and raises it only after some
+    /// 0.3–0.5 s of sustained load. Timing that follows compiles or CPU work runs at the idle
+    /// clock, up to 5.7× slow (`bench/results/2026-11-22-clocks-h200.md`). Everything that
+    /// times kernels (the tuners, `helios bench`) warms up first. A 300 ms warm-up ended
+    /// just before the clock rose: tuners then timed their first candidates 2.5–3.5× slow.
+    /// (Waiting for the call's time to settle does not work: at the idle clock it is steady
+    /// too.)
     pub fn warm_up<E>(
         &self,
         mut work: impl FnMut() -> std::result::Result<(), E>,

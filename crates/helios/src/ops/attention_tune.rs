@@ -144,13 +144,25 @@ fn tune(
     }
     let mut best: Option<(AttnVariant, f64)> = None;
     if let Some((_, o)) = valid.first() {
+        // Several calls per wait: sustained load is what raises the clock.
         device.warm_up(|| {
-            run(o)?;
+            for _ in 0..4 {
+                run(o)?;
+            }
             device.synchronize()
         })?;
     }
-    for (v, o) in &valid {
-        let us = time(device, &|| run(o).map(drop))?;
+    // Three rounds that take every candidate in turn, each candidate's time its median: a
+    // clock change during one candidate's samples cannot crown it.
+    let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(3); valid.len()];
+    for _ in 0..3 {
+        for ((_, o), s) in valid.iter().zip(&mut samples) {
+            s.push(time(device, &|| run(o).map(drop))?);
+        }
+    }
+    for ((v, _), mut s) in valid.iter().zip(samples) {
+        s.sort_by(f64::total_cmp);
+        let us = s[1];
         if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
             eprintln!("helios: attention tuning {key}: {} {us:.1} µs", v.tag());
         }

@@ -517,6 +517,21 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         }
     }
     let winner = best(&rows);
+    if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+        for r in &rows {
+            let time = r
+                .time_us
+                .map_or("failed its check".into(), |t| format!("{t:.1} µs"));
+            eprintln!(
+                "helios: matmul tuning {key} ({}x{}x{}): {} {time} (error {:.1e})",
+                p.shape.m,
+                p.shape.n,
+                p.shape.k,
+                r.label(),
+                r.check_error
+            );
+        }
+    }
     if let Some((v, splits, t)) = winner {
         store(device, &key, &winner_tag(v, splits), t);
     }
