@@ -281,14 +281,7 @@ fn product_t(
     tile: Tile,
     c: u32,
 ) -> CoopMat {
-    let rowc = k.u32(tile.row);
-    let mut s = k.coop_zero(ty.acc);
-    for (dc, &x) in a.iter().enumerate() {
-        let w = tile.at(k, c * FRAG * tile.row + dc as u32 * 2);
-        let y = k.coop_load_shared(ty.b, smem, w, rowc, CoopLayout::ColumnMajor);
-        s = k.coop_muladd(x, y, s);
-    }
-    s
+    products_t(k, smem, ty, &[a], tile, c)[0]
 }
 
 /// acc[dc] += Σ_c A[c]·tile(c·16.., dc·16..), B read row-major.
@@ -300,16 +293,7 @@ fn accumulate(
     a: &[CoopMat],
     tile: Tile,
 ) {
-    let rowc = k.u32(tile.row);
-    for (dc, &v) in acc.iter().enumerate() {
-        let mut o = k.coop_get(v);
-        for (c, &x) in a.iter().enumerate() {
-            let w = tile.at(k, c as u32 * FRAG * tile.row + dc as u32 * 2);
-            let y = k.coop_load_shared(ty.b, smem, w, rowc, CoopLayout::RowMajor);
-            o = k.coop_muladd(x, y, o);
-        }
-        k.coop_set(v, o);
-    }
+    accumulate_tiles(k, smem, ty, &[acc], &[a], tile);
 }
 
 /// Stores the subgroup's accumulators (16 rows × D: rows `t0..t0+16`, those below T) times
@@ -676,50 +660,50 @@ struct RowTile {
     acc: Vec<CoopVar>,
 }
 
-/// Σ_dc A_t[dc]·Bᵀ(c, dc) for every row tile t's A fragments, as `product_t` does for one:
-/// each B fragment is loaded once for all tiles.
+/// `product_t` for several A operands (one per row tile): each B fragment is loaded once
+/// for all of them.
 fn products_t(
     k: &mut KernelBuilder,
     smem: Shared,
     ty: Types,
-    tiles: &[RowTile],
+    a: &[&[CoopMat]],
     tile: Tile,
     c: u32,
 ) -> Vec<CoopMat> {
     let rowc = k.u32(tile.row);
-    let mut s: Vec<CoopMat> = tiles.iter().map(|_| k.coop_zero(ty.acc)).collect();
-    for dc in 0..tiles[0].qf.len() {
+    let mut s: Vec<CoopMat> = a.iter().map(|_| k.coop_zero(ty.acc)).collect();
+    for dc in 0..a[0].len() {
         let w = tile.at(k, c * FRAG * tile.row + dc as u32 * 2);
         let y = k.coop_load_shared(ty.b, smem, w, rowc, CoopLayout::ColumnMajor);
-        for (t, rt) in tiles.iter().enumerate() {
-            s[t] = k.coop_muladd(rt.qf[dc], y, s[t]);
+        for (st, at) in s.iter_mut().zip(a) {
+            *st = k.coop_muladd(at[dc], y, *st);
         }
     }
     s
 }
 
-/// Every row tile t's acc[dc] += Σ_c P_t[c]·tile(c·16.., dc·16..), each B fragment loaded
-/// once for all tiles.
+/// `accumulate` for several accumulator sets and their A operands (one per row tile): each
+/// B fragment is loaded once for all of them.
 fn accumulate_tiles(
     k: &mut KernelBuilder,
     smem: Shared,
     ty: Types,
-    tiles: &[RowTile],
-    pa: &[Vec<CoopMat>],
+    accs: &[&[CoopVar]],
+    a: &[&[CoopMat]],
     tile: Tile,
 ) {
     let rowc = k.u32(tile.row);
-    for dc in 0..tiles[0].acc.len() {
-        let mut o: Vec<CoopMat> = tiles.iter().map(|rt| k.coop_get(rt.acc[dc])).collect();
-        for c in 0..pa[0].len() {
+    for dc in 0..accs[0].len() {
+        let mut o: Vec<CoopMat> = accs.iter().map(|acc| k.coop_get(acc[dc])).collect();
+        for c in 0..a[0].len() {
             let w = tile.at(k, c as u32 * FRAG * tile.row + dc as u32 * 2);
             let y = k.coop_load_shared(ty.b, smem, w, rowc, CoopLayout::RowMajor);
-            for (t, p) in pa.iter().enumerate() {
-                o[t] = k.coop_muladd(p[c], y, o[t]);
+            for (ot, at) in o.iter_mut().zip(a) {
+                *ot = k.coop_muladd(at[c], y, *ot);
             }
         }
-        for (rt, o) in tiles.iter().zip(o) {
-            k.coop_set(rt.acc[dc], o);
+        for (acc, o) in accs.iter().zip(o) {
+            k.coop_set(acc[dc], o);
         }
     }
 }
@@ -902,8 +886,9 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     // S = Q·Kᵀ of every row tile for the keys at `kt` (raw: the scale, positive, is folded
     // into the exponent), tile-major.
     let scores = |k: &mut KernelBuilder, kt: Tile| -> Vec<CoopMat> {
+        let qfs: Vec<&[CoopMat]> = tiles.iter().map(|t| &t.qf[..]).collect();
         let per_c: Vec<Vec<CoopMat>> = (0..bk / FRAG)
-            .map(|c| products_t(k, smem, ty, &tiles, kt, c))
+            .map(|c| products_t(k, smem, ty, &qfs, kt, c))
             .collect();
         (0..tiles.len())
             .flat_map(|t| per_c.iter().map(move |v| v[t]))
@@ -925,7 +910,9 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
                 softmax(k, rt, xs, k0, masked, lazy_rescale)
             })
             .collect();
-        accumulate_tiles(k, smem, ty, &tiles, &pa, vt);
+        let accs: Vec<&[CoopVar]> = tiles.iter().map(|t| &t.acc[..]).collect();
+        let pas: Vec<&[CoopMat]> = pa.iter().map(|p| &p[..]).collect();
+        accumulate_tiles(k, smem, ty, &accs, &pas, vt);
     };
     if kern.pipelined {
         walk.run_pipelined(
