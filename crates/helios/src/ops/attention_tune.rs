@@ -203,9 +203,10 @@ pub(crate) fn tune_backward(
 
 // ------------------------------------------------------------------ the cache
 
-/// Attention winners per device (`<cache root>/attention/<device>.tsv`).
+/// Attention winners per device (`<cache root>/attention/<device>.tsv`). Version 2: the
+/// forward is software-pipelined where it fits, and row-tile pairs joined its candidates.
 static STORE: super::tuning_store::TuningStore =
-    super::tuning_store::TuningStore::new("attention", 1, |v| AttnVariant::by_name(v).is_some());
+    super::tuning_store::TuningStore::new("attention", 2, |v| AttnVariant::by_name(v).is_some());
 
 /// The tuned variant for `class` on this device, if any.
 pub(crate) fn cached(device: &Device, class: &str) -> Option<AttnVariant> {
