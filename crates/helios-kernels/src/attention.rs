@@ -790,6 +790,59 @@ pub(crate) fn build_prep(kern: &AttentionKernel) -> KernelModule {
 mod tests {
     use super::*;
 
+    /// The pipelined form and the row-tile pairs exist only for the forward with the scores
+    /// in registers; the pipelined layout holds two K/V buffer pairs with the start-up
+    /// region over them.
+    #[test]
+    fn pairs_and_pipelining_belong_to_the_register_forward() {
+        let (acc, a) = crate::FragMap::nvidia_probe();
+        let map = crate::FragMap::recognise(&acc, &a).expect("NVIDIA's layout");
+        let base = AttentionKernel {
+            stage: AttnStage::Forward,
+            storage: Storage::BF16,
+            head_dim: 64,
+            causal: true,
+            padded: false,
+            variant: AttnVariant::Coop { bq: 128, bk: 32 },
+            binding: Binding::DeviceAddress,
+            subgroup: 32,
+            frag: Some(map),
+            pipelined: false,
+        };
+        let piped = base.pipelining().expect("the register forward pipelines");
+        assert!(
+            piped.name().ends_with("coop128x32_reg_pipe"),
+            "{}",
+            piped.name()
+        );
+        // Rows of 64 halves take 8 words plus one of padding. Two pairs of 32-row K and V
+        // tiles (1152 words) hold the 128 staged Q rows (1152) too.
+        assert_eq!(piped.shared_bytes(), 1152 * 16);
+        let wide = AttentionKernel {
+            variant: AttnVariant::Coop { bq: 128, bk: 64 },
+            ..piped
+        };
+        assert_eq!(wide.shared_bytes(), 2 * 2 * 64 * 9 * 16);
+        for stage in [AttnStage::DkDv, AttnStage::Dq, AttnStage::Prep] {
+            assert!(AttentionKernel { stage, ..base }.pipelining().is_none());
+        }
+        assert!(AttentionKernel { frag: None, ..base }
+            .pipelining()
+            .is_none());
+
+        let pair = AttentionKernel {
+            variant: AttnVariant::CoopPair { bq: 128, bk: 32 },
+            ..base
+        };
+        assert!(pair.buildable());
+        assert_eq!(pair.workgroup(), 4 * 32, "32 query rows per subgroup");
+        for stage in [AttnStage::DkDv, AttnStage::Dq] {
+            assert!(!AttentionKernel { stage, ..pair }.buildable());
+        }
+        assert!(!AttentionKernel { frag: None, ..pair }.buildable());
+        assert_eq!(AttnVariant::by_name("simt16x16p"), None);
+    }
+
     #[test]
     fn variant_tags_round_trip() {
         for v in SIMT_VARIANTS.into_iter().chain(COOP_VARIANTS) {
