@@ -513,17 +513,17 @@ impl KeyBlocks<'_> {
         }
     }
 
-    /// The walk software-pipelined: block j + 1's K and V are stored into the other of two
-    /// buffers and its products (`ahead(k, K tile, V tile)`) issued before block j is
-    /// finished (`finish(k, its products, k0, masked, K tile, V tile)`), so that the matrix
-    /// unit has work while the finishing element-wise chain (the softmax) runs.
+    /// The forward's walk software-pipelined: block j + 1's K and V are stored into the
+    /// other of two buffers and its scores (`ahead(k, K tile)`) multiplied before block j is
+    /// finished (`finish(k, its scores, k0, masked, V tile)`), so that the matrix unit has
+    /// work while the softmax's dependent chain runs.
     #[allow(clippy::type_complexity)]
     fn run_pipelined(
         &self,
         k: &mut KernelBuilder,
         acc_ty: CoopTy,
-        ahead: &dyn Fn(&mut KernelBuilder, Tile, Tile) -> Vec<CoopMat>,
-        finish: &dyn Fn(&mut KernelBuilder, Vec<CoopMat>, Val, bool, Tile, Tile),
+        ahead: &dyn Fn(&mut KernelBuilder, Tile) -> Vec<CoopMat>,
+        finish: &dyn Fn(&mut KernelBuilder, Vec<CoopMat>, Val, bool, Tile),
     ) {
         let (bq, bk) = self.kern.variant.blocks();
         let (mv, kend, smem, lay) = (&self.movers, self.kend, self.smem, self.lay);
@@ -542,7 +542,7 @@ impl KeyBlocks<'_> {
         mv.load(k, &vp, bkc, kend);
         let kt = Tile::fixed((lay.a, lay.row));
         let vt = Tile::fixed((lay.b, lay.row));
-        let held: Vec<CoopVar> = ahead(k, kt, vt)
+        let held: Vec<CoopVar> = ahead(k, kt)
             .into_iter()
             .map(|m| {
                 let v = k.coop_var(acc_ty);
@@ -573,9 +573,9 @@ impl KeyBlocks<'_> {
             };
             self.unless_past_rows(k, k0, &|k| {
                 let body = |k: &mut KernelBuilder, masked: bool| {
-                    let products = ahead(k, at(kt, nxt), at(vt, nxt));
+                    let products = ahead(k, at(kt, nxt));
                     let mine = held.iter().map(|&v| k.coop_get(v)).collect();
-                    finish(k, mine, k0, masked, at(kt, cur), at(vt, cur));
+                    finish(k, mine, k0, masked, at(vt, cur));
                     for (&v, m) in held.iter().zip(products) {
                         k.coop_set(v, m);
                     }
@@ -918,8 +918,8 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
         walk.run_pipelined(
             k,
             ty.acc,
-            &|k, kt, _| scores(k, kt),
-            &|k, s, k0, masked, _, vt| finish(k, s, k0, masked, vt, false),
+            &|k, kt| scores(k, kt),
+            &|k, s, k0, masked, vt| finish(k, s, k0, masked, vt, false),
         );
     } else {
         walk.run(k, &|k, k0, masked| {
