@@ -418,38 +418,20 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         let passed = check_error <= tolerance(p.out);
         checked.push((k, check_error, passed));
     }
-    // Time the survivors back to back, after a warm-up with the first one, so that every
-    // candidate sees the same (busy) GPU clock: checks and compiles above leave it idle.
     let out = p.output()?;
-    if let Some((k, ..)) = checked.iter().find(|c| c.2) {
-        device.warm_up(|| sample(p, k, &out, 4).map(drop))?;
-    }
-    // Each passing candidate is warmed up (which also compiles it), then timed in three
-    // rounds that take every candidate in turn; its time is its median over the rounds.
-    // Timed one after the other, a clock dip during one candidate's samples could crown a
-    // slower one: on an H100 a bias product once went to simt64x64d2 at 1079 µs over
-    // simt128x64d2, which runs it in 798.
-    let mut reps = Vec::new();
-    for (k, _, passed) in &checked {
-        reps.push(if *passed {
-            Some(reps_for(50, |r| sample(p, k, &out, r))?)
-        } else {
-            None
-        });
-    }
-    let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(3); checked.len()];
-    for _ in 0..3 {
-        for (i, (k, ..)) in checked.iter().enumerate() {
-            if let Some(r) = reps[i] {
-                samples[i].push(sample(p, k, &out, r)?);
-            }
-        }
-    }
-    for ((k, check_error, passed), mut v) in checked.into_iter().zip(samples) {
-        let time_us = passed.then(|| {
-            v.sort_by(f64::total_cmp);
-            v[1]
-        });
+    let samplers: Vec<Option<Sampler>> = checked
+        .iter()
+        .map(|&(k, _, passed)| {
+            let out = &out;
+            passed.then(|| Sampler {
+                max_reps: 50,
+                sample: Box::new(move |r| sample(p, &k, out, r)),
+            })
+        })
+        .collect();
+    let samples = time_candidates(device, &samplers)?;
+    drop(samplers);
+    for ((k, check_error, passed), time_us) in checked.into_iter().zip(samples) {
         rows.push(CandidateResult {
             variant: k.variant.name(),
             splits: 1,
@@ -477,6 +459,7 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         .collect();
     ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
     let fastest = ranked.first().map_or(0.0, |r| r.1);
+    let mut split_rows = Vec::new();
     for &(v, _) in ranked
         .iter()
         .take_while(|r| r.1 <= fastest * SPLIT_BASE_SLACK)
@@ -501,20 +484,32 @@ fn tune(p: &Problem) -> Result<TuneReport> {
             };
             let check_error = check(p, &plan).unwrap_or(f64::NAN);
             let passed = check_error <= tolerance(p.out);
-            let time_us = if passed {
-                Some(time_plan(p, &plan)?)
-            } else {
-                None
-            };
-            rows.push(CandidateResult {
-                variant: v.name(),
-                splits,
-                kernel: k.name(),
-                check_error,
-                passed,
-                time_us,
-            });
+            split_rows.push((plan, k.name(), check_error, passed));
         }
+    }
+    // Timed like the plain kernels, after their own compiles and warm-up. A split plan
+    // writes fresh tensors each run, as a caller's would: at most 8 runs per sample, since
+    // each holds its own workspace until the GPU is done and the pool keeps what it held.
+    let samplers: Vec<Option<Sampler>> = split_rows
+        .iter()
+        .map(|&(plan, _, _, passed)| {
+            passed.then(|| Sampler {
+                max_reps: 8,
+                sample: Box::new(move |r| sample_plan(p, &plan, r)),
+            })
+        })
+        .collect();
+    let times = time_candidates(device, &samplers)?;
+    drop(samplers);
+    for ((plan, kernel, check_error, passed), time_us) in split_rows.into_iter().zip(times) {
+        rows.push(CandidateResult {
+            variant: plan.kernel.variant.name(),
+            splits: plan.splits,
+            kernel,
+            check_error,
+            passed,
+            time_us,
+        });
     }
     let winner = best(&rows);
     if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
@@ -718,48 +713,81 @@ fn sample(p: &Problem, kernel: &MatmulKernel, out: &Tensor, reps: u32) -> Result
     Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / f64::from(reps))
 }
 
-/// `time` for a plan (a split one writes fresh tensors each run, as a caller's would).
-fn time_plan(p: &Problem, plan: &Plan) -> Result<f64> {
+/// One run of `plan` per rep (a split plan's sum pass included), µs per run.
+fn sample_plan(p: &Problem, plan: &Plan, reps: u32) -> Result<f64> {
     let ctx = p.a.device().context();
-    let sample = |reps: u32| -> Result<f64> {
-        let t = ctx.start_gpu_timer()?;
-        for _ in 0..reps {
-            p.run(plan)?.realize()?;
-        }
-        let span = ctx.stop_gpu_timer(t)?;
-        Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / f64::from(reps))
+    let t = ctx.start_gpu_timer()?;
+    for _ in 0..reps {
+        p.run(plan)?.realize()?;
+    }
+    let span = ctx.stop_gpu_timer(t)?;
+    Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / f64::from(reps))
+}
+
+/// A candidate to time: `sample(reps)` records `reps` back-to-back runs and returns the GPU
+/// time per run in µs.
+struct Sampler<'a> {
+    max_reps: u32,
+    sample: Box<dyn Fn(u32) -> Result<f64> + 'a>,
+}
+
+/// Each candidate's median time per run, µs, in `candidates`' order (`None` where there is
+/// no candidate: one that failed its check).
+///
+/// In this order:
+/// 1. One run of every candidate, which compiles it. The correctness check does not always
+///    compile the kernel that is timed (exact k follows the shape), and with a cold driver
+///    cache a class's compiles took 3 s, long enough for the GPU's clock to fall.
+/// 2. A warm-up ([`Device::warm_up`]) with the first candidate, to raise the clock.
+/// 3. Back-to-back runs per sample so that a sample lasts ~2 ms (at most `max_reps`).
+/// 4. Three rounds that take every candidate in turn; a candidate's time is its median. A
+///    clock dip during one candidate's samples then cannot crown it (on an H100 a bias
+///    product once went to simt64x64d2 at 1079 µs over simt128x64d2, which runs it in 798).
+///
+/// Before step 1 came first, a cold-cache tuning timed a GPT-2 class at 345 MHz and gave
+/// its forward product to coop32x64 (259 µs) over coop128x256 (152).
+fn time_candidates(device: &Device, candidates: &[Option<Sampler>]) -> Result<Vec<Option<f64>>> {
+    let live = || candidates.iter().flatten();
+    let Some(first) = live().next() else {
+        return Ok(vec![None; candidates.len()]);
     };
-    // At most 8 runs per sample: each holds its own workspace until the GPU is done, and
-    // the pool keeps what it once held.
-    median_time(8, sample)
-}
-
-/// Back-to-back runs per sample so that a sample lasts ~2 ms (at most `max_reps`), from a
-/// warm-up run (which also compiles) and one timed run.
-fn reps_for(max_reps: u32, mut sample: impl FnMut(u32) -> Result<f64>) -> Result<u32> {
-    sample(1)?;
-    let first = sample(1)?;
-    Ok(if first > 0.0 {
-        (2000.0 / first).ceil().clamp(1.0, f64::from(max_reps)) as u32
-    } else {
-        max_reps
-    })
-}
-
-/// Median of 3 samples of `reps_for` runs each, µs per run.
-fn median_time(max_reps: u32, mut sample: impl FnMut(u32) -> Result<f64>) -> Result<f64> {
-    let reps = reps_for(max_reps, &mut sample)?;
-    let mut v = [sample(reps)?, sample(reps)?, sample(reps)?];
-    v.sort_by(f64::total_cmp);
-    Ok(v[1])
+    for c in live() {
+        (c.sample)(1)?;
+    }
+    device.warm_up(|| (first.sample)(4.min(first.max_reps)).map(drop))?;
+    let mut reps = Vec::with_capacity(candidates.len());
+    for c in live() {
+        let once = (c.sample)(1)?;
+        reps.push(if once > 0.0 {
+            (2000.0 / once).ceil().clamp(1.0, f64::from(c.max_reps)) as u32
+        } else {
+            c.max_reps
+        });
+    }
+    let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(3); reps.len()];
+    for _ in 0..3 {
+        for ((c, &r), s) in live().zip(&reps).zip(&mut samples) {
+            s.push((c.sample)(r)?);
+        }
+    }
+    let mut medians = samples.into_iter().map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[1]
+    });
+    Ok(candidates
+        .iter()
+        .map(|c| c.as_ref().and_then(|_| medians.next()))
+        .collect())
 }
 
 // ------------------------------------------------------------------ the cache
 
 /// Matmul winners per device (`<cache root>/matmul/<device>.tsv`). Version 2: the
 /// cooperative kernels' loads changed (unmasked, read-only path) and one-stage tiles came in.
+/// Version 3: the tuner compiles every candidate before its warm-up; earlier stores can hold
+/// winners timed at the idle clock.
 static STORE: super::tuning_store::TuningStore =
-    super::tuning_store::TuningStore::new("matmul", 2, |v| parse_tag(v).is_some());
+    super::tuning_store::TuningStore::new("matmul", 3, |v| parse_tag(v).is_some());
 
 fn cached(device: &Device, key: &str) -> Option<(MatmulVariant, u32)> {
     STORE.get(device, key).and_then(|v| parse_tag(&v))
@@ -858,4 +886,44 @@ pub fn coop_peak(device: &Device, dtype: DType) -> Result<Option<CoopPeak>> {
         tflops: kernel.flops(groups, iters) / secs / 1e12,
         time_us: secs * 1e6,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    /// Every candidate runs once (its compile) before any is timed, the reps per sample
+    /// follow each one's time, and a candidate that failed its check keeps its place.
+    #[test]
+    fn candidates_compile_first_and_keep_their_places() {
+        let device = Device::from_env().expect("a Vulkan device");
+        let calls = RefCell::new(Vec::new());
+        let sampler = |id: u32, us: f64| {
+            let calls = &calls;
+            Some(Sampler {
+                max_reps: 4,
+                sample: Box::new(move |reps| {
+                    calls.borrow_mut().push((id, reps));
+                    Ok(us)
+                }),
+            })
+        };
+        let candidates = [None, sampler(1, 5.0), None, sampler(3, 3000.0)];
+        let times = time_candidates(&device, &candidates).expect("timed");
+        assert_eq!(times, [None, Some(5.0), None, Some(3000.0)]);
+        let warm = calls.borrow().len() - 10;
+        let calls = calls.borrow();
+        assert_eq!(calls[..2], [(1, 1), (3, 1)], "compiles first");
+        assert!(calls[2..2 + warm].iter().all(|&c| c == (1, 4)), "warm-up");
+        let timed = &calls[2 + warm..];
+        assert_eq!(
+            timed[..2],
+            [(1, 1), (3, 1)],
+            "one run each to size the samples"
+        );
+        // 5 µs runs fill a 2 ms sample only at 400 reps (capped at 4); 3 ms ones need 1.
+        assert_eq!(timed[2..], [(1, 4), (3, 1), (1, 4), (3, 1), (1, 4), (3, 1)]);
+    }
 }
