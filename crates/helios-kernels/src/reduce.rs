@@ -132,12 +132,16 @@ pub enum Dims {
         threads: u32,
     },
     /// (outer, axis, inner) with the axis cut into `splits` chunks of `chunk` elements.
+    /// `threads`: invocations per group of `vec` columns, a power of two up to the
+    /// workgroup. 1 for `Direct` and `Partial`, whose invocations each walk a chunk alone;
+    /// a `Combine` group walks the partial rows together and reduces across its lanes.
     Columns {
         outer: u32,
         axis: u32,
         inner: u32,
         splits: u32,
         chunk: u32,
+        threads: u32,
     },
 }
 
@@ -292,6 +296,7 @@ pub fn plan(
             inner: inner as u32,
             splits: splits as u32,
             chunk: chunk as u32,
+            threads: 1,
         };
         let layout = Layout::Columns { vec };
         if splits == 1 {
@@ -313,10 +318,18 @@ pub fn plan(
                     inner: inner as u32,
                     splits: 1,
                     chunk: splits as u32,
+                    threads: combine_threads(splits, setup.unroll, w),
                 },
             },
         ])
     }
+}
+
+/// Invocations that combine one group of columns' `partials` rows together (as a row combine
+/// reads a row's partials): one invocation walking hundreds of partial rows alone waits on
+/// each load in turn (27.6 µs a call for GPT-2's bias and norm-weight gradients on an H100).
+pub fn combine_threads(partials: u64, unroll: u8, workgroup: u32) -> u32 {
+    threads_for(partials, unroll.max(1).into(), workgroup)
 }
 
 /// Buffers of a reduction kernel, in declaration order.
@@ -413,7 +426,7 @@ impl ReduceKernel {
         let u32_ty = Ty::scalar(Scalar::U32);
         let names: &[&str] = match self.layout {
             Layout::Rows => &["rows", "len", "splits", "chunk", "group_shift"],
-            Layout::Columns { .. } => &["outer", "axis", "inner", "splits", "chunk"],
+            Layout::Columns { .. } => &["outer", "axis", "inner", "splits", "chunk", "group_shift"],
         };
         let params: Vec<_> = names.iter().map(|n| k.param(n, u32_ty)).collect();
         let scale = k.param("scale", Ty::scalar(Scalar::F32));
@@ -428,6 +441,9 @@ impl ReduceKernel {
         bufs.pro_params = pro_params.into_iter().map(|q| k.load_param(q)).collect();
         match self.layout {
             Layout::Rows => self.build_rows(&mut k, &bufs, &p, scale),
+            Layout::Columns { vec } if self.stage == Stage::Combine => {
+                self.build_columns_combine(&mut k, &bufs, vec, &p, scale)
+            }
             Layout::Columns { vec } => self.build_columns(&mut k, &bufs, vec, &p, scale),
         }
         k.finish()
@@ -626,6 +642,7 @@ impl ReduceKernel {
         });
     }
 
+    /// Direct and Partial over columns: each invocation walks its chunk of the axis alone.
     fn build_columns(&self, k: &mut KernelBuilder, b: &Bufs, vec: u8, p: &[Val], scale: Val) {
         let (outer, axis, inner, splits, chunk) = (p[0], p[1], p[2], p[3], p[4]);
         let g = linear_workgroup(k);
@@ -654,34 +671,29 @@ impl ReduceKernel {
         let col = k.shl(ic, vshift);
         let base = k.add(oai, col);
 
-        let combine = self.stage == Stage::Combine;
         let acc = self.acc(k, vec);
         let unroll = u32::from(self.unroll);
         let one = k.u32(1);
         for_each_slot_by(k, a0, a1, zero, one, unroll, |k, idx| {
-            let loaded: Vec<(Val, Option<Val>)> = idx
+            let loaded: Vec<Val> = idx
                 .iter()
                 .map(|&a| {
                     let off = k.mul(a, inner);
                     let e = k.add(base, off);
                     let slot = k.shr(e, vshift);
-                    if combine {
-                        let v = k.load(b.x, slot, vec);
-                        let i = b.xi.map(|xi| k.load(xi, slot, vec));
-                        (v, i)
-                    } else if let Some(pro) = &self.prologue {
+                    match &self.prologue {
                         // Element `e` alone, or the vec4 `slot` starting there.
-                        let at = if vec == 1 { e } else { slot };
-                        (pro.value_at(k, &b.pro, &b.pro_params, at, vec), None)
-                    } else {
-                        let v = crate::storage::load_f32(k, b.x, slot, vec, self.storage);
-                        (v, None)
+                        Some(pro) => {
+                            let at = if vec == 1 { e } else { slot };
+                            pro.value_at(k, &b.pro, &b.pro_params, at, vec)
+                        }
+                        None => crate::storage::load_f32(k, b.x, slot, vec, self.storage),
                     }
                 })
                 .collect();
-            for (&a, (v, i)) in idx.iter().zip(loaded) {
-                let i = i.or_else(|| (self.op == Reduction::ArgMax).then(|| k.splat(a, vec)));
-                self.fold_lanes(k, &acc, v, combine, i);
+            for (&a, v) in idx.iter().zip(loaded) {
+                let i = (self.op == Reduction::ArgMax).then(|| k.splat(a, vec));
+                self.fold_lanes(k, &acc, v, false, i);
             }
         });
 
@@ -702,6 +714,77 @@ impl ReduceKernel {
         let oe = k.add(orow, col);
         let at = k.shr(oe, vshift);
         self.store_result(k, b, valid, at, result, index, scale);
+    }
+
+    /// Combine over columns: a group of invocations per `vec` columns walks the partial rows
+    /// (lane i takes rows i, i + group, ...), then reduces across the group.
+    fn build_columns_combine(
+        &self,
+        k: &mut KernelBuilder,
+        b: &Bufs,
+        vec: u8,
+        p: &[Val],
+        scale: Val,
+    ) {
+        let (outer, axis, inner) = (p[0], p[1], p[2]);
+        let mut groups = Groups::runtime(k, self.reducer, p[5]);
+        let threads = groups.size();
+        let g = linear_workgroup(k);
+        let per = groups.per_workgroup(k);
+        let gi = groups.group(k);
+        let lane = groups.lane(k);
+        let gbase = k.mul(g, per);
+        let unit = k.add(gbase, gi);
+        let vshift = k.u32(u32::from(vec).trailing_zeros());
+        let ncols = k.shr(inner, vshift);
+        let total = k.mul(outer, ncols);
+        let valid = k.lt(unit, total);
+        let ic = k.rem(unit, ncols);
+        let o = k.div(unit, ncols);
+        let zero = k.u32(0);
+        let end = k.select(valid, axis, zero);
+        // Element of (o, partial row 0, column ic·vec).
+        let oa = k.mul(o, axis);
+        let oai = k.mul(oa, inner);
+        let col = k.shl(ic, vshift);
+        let base = k.add(oai, col);
+
+        let acc = self.acc(k, vec);
+        let unroll = u32::from(self.unroll);
+        for_each_slot_by(k, zero, end, lane, threads, unroll, |k, idx| {
+            let loaded: Vec<(Val, Option<Val>)> = idx
+                .iter()
+                .map(|&a| {
+                    let off = k.mul(a, inner);
+                    let e = k.add(base, off);
+                    let slot = k.shr(e, vshift);
+                    let v = k.load(b.x, slot, vec);
+                    let i = b.xi.map(|xi| k.load(xi, slot, vec));
+                    (v, i)
+                })
+                .collect();
+            for (v, i) in loaded {
+                self.fold_lanes(k, &acc, v, true, i);
+            }
+        });
+
+        // Column-wise across the group (lanes of `vec` stay apart), then lane 0 stores.
+        let gop = self.group_op();
+        let own = k.get(acc.value);
+        let result = groups.reduce(k, gop, own);
+        let index = acc.index.map(|var| {
+            let mine = k.get(var);
+            let is_best = k.eq(own, result);
+            let none = k.constant_bits(mine.ty, u64::from(u32::MAX));
+            let cand = k.select(is_best, mine, none);
+            groups.reduce(k, ReduceOp::Min, cand)
+        });
+        let first_lane = k.eq(lane, zero);
+        let store = k.and(valid, first_lane);
+        let orow = k.mul(o, inner);
+        let oe = k.add(orow, col);
+        let at = k.shr(oe, vshift);
+        self.store_result(k, b, store, at, result, index, scale);
     }
 
     /// Grid and push constants. `buffers` are the device addresses in declaration order:
@@ -770,13 +853,28 @@ impl ReduceKernel {
                     inner,
                     splits,
                     chunk,
+                    threads,
                 },
                 Layout::Columns { vec },
             ) => {
-                args.extend([outer, axis, inner, splits, chunk].map(Arg::U32));
+                let grouped = self.stage == Stage::Combine;
+                if !threads.is_power_of_two()
+                    || u64::from(threads) > w
+                    || (!grouped && threads != 1)
+                    || (grouped && splits != 1)
+                {
+                    return Err(KernelError::Arguments {
+                        kernel: self.name(),
+                        detail: format!(
+                            "{threads} invocations per column group and {splits} splits"
+                        ),
+                    });
+                }
+                let shift = threads.trailing_zeros();
+                args.extend([outer, axis, inner, splits, chunk, shift].map(Arg::U32));
                 let units =
                     u64::from(outer) * u64::from(splits) * u64::from(inner) / u64::from(vec);
-                units.div_ceil(w)
+                (units * u64::from(threads)).div_ceil(w)
             }
             _ => {
                 return Err(KernelError::Arguments {

@@ -403,6 +403,11 @@ fn sum_partials(
         inner: len,
         splits: 1,
         chunk: partial_rows,
+        threads: helios_kernels::reduce::combine_threads(
+            partial_rows.into(),
+            kernel.unroll,
+            kernel.workgroup,
+        ),
     };
     for (p, o) in parts.iter().zip(outs) {
         device.dispatch_rows(
