@@ -547,6 +547,49 @@ fn softmax_norm_rules() {
     );
 }
 
+/// `loss.backward()` hands cross-entropy's saved gradient on as it is (its seed is 1); any
+/// other upstream gradient still scales it.
+#[test]
+fn cross_entropy_gradient_under_each_seed() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let (rows, vocab) = (5, 7);
+    let targets: Vec<u32> = (0..rows).map(|_| rng.gen_range(0..vocab as u32)).collect();
+    let ids = IndexTensor::from_slice(device(), &targets, &[rows]).unwrap();
+    let logits = random(&mut rng, rows * vocab, -2.0, 2.0);
+    let mut want = Vec::new();
+    for (r, row) in logits.chunks(vocab).enumerate() {
+        let m = row.iter().cloned().fold(f64::MIN, f64::max);
+        let z: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        for (j, v) in row.iter().enumerate() {
+            let onehot = if j == targets[r] as usize { 1.0 } else { 0.0 };
+            want.push(((v - m).exp() / z - onehot) / rows as f64);
+        }
+    }
+    let seeds: [(&str, f64); 4] = [("backward", 1.0), ("ones", 1.0), ("x3", 3.0), ("view", 1.0)];
+    for (how, factor) in seeds {
+        let x = up(&logits, &[rows, vocab]).requires_grad_();
+        let loss = x.cross_entropy(&ids, None).unwrap().loss;
+        match how {
+            "backward" => loss.backward().unwrap(),
+            "ones" => {
+                let one = Tensor::full(device(), loss.shape(), 1.0, DType::F32).unwrap();
+                loss.backward_with(&one).unwrap()
+            }
+            "x3" => loss.mul_scalar(3.0).unwrap().backward().unwrap(),
+            _ => loss.reshape(&[1, 1]).unwrap().backward().unwrap(),
+        }
+        let got = x.grad().unwrap().to_vec().unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let w = factor * w;
+            assert!(
+                (f64::from(*g) - w).abs() <= 1e-5 + 1e-4 * w.abs(),
+                "{how} {i}: {g} vs {w}"
+            );
+        }
+    }
+    assert_no_validation_messages();
+}
+
 #[test]
 fn cross_entropy_and_embedding() {
     let mut rng = StdRng::seed_from_u64(7);
