@@ -138,8 +138,9 @@ pub struct FusedInput {
     /// first element sits a multiple of 4 elements into a buffer).
     pub aligned: bool,
     /// A zero-padded read: only coordinates `start..start + len` along `dim` of `shape` hold
-    /// input elements (at coordinate − start); elsewhere the value is 0. Forces the one-element
-    /// form.
+    /// input elements (at coordinate − start); elsewhere the value is 0. The vector form
+    /// keeps it only where every vec4 lies wholly inside or outside (see
+    /// [`Window::keeps_vec4s`]).
     pub window: Option<Window>,
 }
 
@@ -149,6 +150,16 @@ pub struct Window {
     pub dim: u8,
     pub start: u32,
     pub len: u32,
+}
+
+impl Window {
+    /// Whether the four elements of every vec4 of a view of `dims` dimensions lie on the same
+    /// side of the window: it cuts an outer dimension (a concatenation along it: the
+    /// gradient of q, k and v assembled into one of a fused QKV), or the innermost one at
+    /// multiples of 4.
+    pub fn keeps_vec4s(&self, dims: usize) -> bool {
+        usize::from(self.dim) + 1 < dims || (self.start % 4 == 0 && self.len % 4 == 0)
+    }
 }
 
 /// The signature of a fused kernel: everything that changes the emitted SPIR-V.
@@ -182,13 +193,14 @@ enum Read {
 
 impl FusedKernel {
     /// Whether invocations handle vec4s: the element count and every input view's innermost
-    /// dimension are multiples of 4, so four consecutive elements share a row of each input.
+    /// dimension are multiples of 4, so four consecutive elements share a row of each input,
+    /// and every window keeps vec4s whole.
     pub fn vectorized(&self) -> bool {
         self.len % 4 == 0
-            && self
-                .inputs
-                .iter()
-                .all(|i| i.window.is_none() && i.shape.last().is_some_and(|&s| s % 4 == 0))
+            && self.inputs.iter().all(|i| {
+                i.shape.last().is_some_and(|&s| s % 4 == 0)
+                    && i.window.is_none_or(|w| w.keeps_vec4s(i.shape.len()))
+            })
     }
 
     /// Bytes of push constants a kernel needs: an address per input and output, 4 bytes per
@@ -265,10 +277,9 @@ impl FusedKernel {
             }
             ok
         };
+        // A window shifts the coordinates, so the element index never addresses the input.
+        let dense = dense && input.window.is_none();
         let inner = input.strides.last().copied().unwrap_or(1);
-        if input.window.is_some() {
-            return Read::Gather;
-        }
         if !self.vectorized() || lanes == 1 {
             return if dense { Read::Dense } else { Read::Gather };
         }

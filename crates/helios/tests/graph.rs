@@ -591,3 +591,56 @@ fn descriptor_bound_kernels_read_views_at_their_offsets() {
         d.validation_messages()
     );
 }
+
+/// Concatenations (padded reads) in the vector form, where every vec4 lies on one side of
+/// each window (along an outer dimension; along the last at multiples of 4), and in the
+/// one-element form where it cannot (odd widths), in each dtype: exact copies.
+#[test]
+fn concatenations_in_both_forms_copy_exactly() {
+    let d = device();
+    let mut rng = StdRng::seed_from_u64(0xca7);
+    // (shape of each part except along `dim`, dim, the parts' sizes along it)
+    let cases: [(&[usize], usize, &[usize]); 5] = [
+        (&[3, 0, 2, 8], 1, &[5, 5, 5]), // a fused QKV's gradient: outer dim, vec4 rows
+        (&[6, 0], 1, &[4, 8, 12]),      // the last dim at multiples of 4
+        (&[6, 0], 1, &[3, 5, 4]),       // odd widths: one element at a time
+        (&[0, 12], 0, &[7, 9]),         // the first dim
+        (&[2, 0, 3], 1, &[2, 1]),       // nothing a multiple of 4
+    ];
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for (base, dim, sizes) in cases {
+            let parts: Vec<(Vec<usize>, Vec<f32>)> = sizes
+                .iter()
+                .map(|&s| {
+                    let mut shape = base.to_vec();
+                    shape[dim] = s;
+                    let n: usize = shape.iter().product();
+                    let v = (0..n)
+                        .map(|_| dtype.round(rng.gen_range(-2.0f32..2.0)))
+                        .collect();
+                    (shape, v)
+                })
+                .collect();
+            let tensors: Vec<Tensor> = parts
+                .iter()
+                .map(|(s, v)| Tensor::from_slice_as(d, v, s, dtype).unwrap())
+                .collect();
+            let refs: Vec<&Tensor> = tensors.iter().collect();
+            let got = Tensor::cat(&refs, dim).unwrap().to_vec().unwrap();
+            // The reference: rows of the leading dims, each the parts' slices in turn.
+            let outer: usize = base[..dim].iter().product();
+            let mut want = Vec::with_capacity(got.len());
+            for o in 0..outer {
+                for (shape, v) in &parts {
+                    let block: usize = shape[dim..].iter().product();
+                    want.extend_from_slice(&v[o * block..(o + 1) * block]);
+                }
+            }
+            assert_eq!(
+                got, want,
+                "{dtype} cat of {sizes:?} along {dim} of {base:?}"
+            );
+        }
+    }
+    assert_no_validation_messages();
+}
