@@ -199,7 +199,7 @@ impl FusedKernel {
         self.len % 4 == 0
             && self.inputs.iter().all(|i| {
                 i.shape.last().is_some_and(|&s| s % 4 == 0)
-                    && i.window.is_none_or(|w| w.keeps_vec4s(i.shape.len()))
+                    && i.window.map_or(true, |w| w.keeps_vec4s(i.shape.len()))
             })
     }
 
