@@ -551,6 +551,7 @@ fn softmax_norm_rules() {
 /// other upstream gradient still scales it.
 #[test]
 fn cross_entropy_gradient_under_each_seed() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = StdRng::seed_from_u64(11);
     let (rows, vocab) = (5, 7);
     let targets: Vec<u32> = (0..rows).map(|_| rng.gen_range(0..vocab as u32)).collect();

@@ -597,6 +597,8 @@ fn descriptor_bound_kernels_read_views_at_their_offsets() {
 /// one-element form where it cannot (odd widths), in each dtype: exact copies.
 #[test]
 fn concatenations_in_both_forms_copy_exactly() {
+    // Graph statistics are process-wide: other tests count kernels.
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let d = device();
     let mut rng = StdRng::seed_from_u64(0xca7);
     // (shape of each part except along `dim`, dim, the parts' sizes along it)
