@@ -332,6 +332,48 @@ pub fn combine_threads(partials: u64, unroll: u8, workgroup: u32) -> u32 {
     threads_for(partials, unroll.max(1).into(), workgroup)
 }
 
+/// Where a column kernel's unit (one of outer × splits × inner/vec) reads.
+struct ColumnUnit {
+    /// Whether the unit exists (the grid rounds up).
+    valid: Val,
+    /// Its chunk of the axis.
+    s: Val,
+    /// Its outer index.
+    o: Val,
+    /// Its first column.
+    col: Val,
+    /// The element of (o, axis 0, col).
+    base: Val,
+    /// log2(vec): element index → slot.
+    vshift: Val,
+}
+
+/// `unit`'s place among (outer, splits, inner/vec) units, outer slowest.
+fn column_unit(k: &mut KernelBuilder, unit: Val, vec: u8, dims: [Val; 4]) -> ColumnUnit {
+    let [outer, axis, inner, splits] = dims;
+    let vshift = k.u32(u32::from(vec).trailing_zeros());
+    let ncols = k.shr(inner, vshift);
+    let os = k.mul(outer, splits);
+    let total = k.mul(os, ncols);
+    let valid = k.lt(unit, total);
+    let ic = k.rem(unit, ncols);
+    let rest = k.div(unit, ncols);
+    let s = k.rem(rest, splits);
+    let o = k.div(rest, splits);
+    let oa = k.mul(o, axis);
+    let oai = k.mul(oa, inner);
+    let col = k.shl(ic, vshift);
+    let base = k.add(oai, col);
+    ColumnUnit {
+        valid,
+        s,
+        o,
+        col,
+        base,
+        vshift,
+    }
+}
+
 /// Buffers of a reduction kernel, in declaration order.
 struct Bufs {
     /// The tensor, or the partials (Combine); unused with a prologue.
@@ -650,26 +692,20 @@ impl ReduceKernel {
         let lid = k.local_index();
         let gbase = k.mul(g, w);
         let unit = k.add(gbase, lid);
-        let vshift = k.u32(u32::from(vec).trailing_zeros());
-        let ncols = k.shr(inner, vshift);
-        let os = k.mul(outer, splits);
-        let total = k.mul(os, ncols);
-        let valid = k.lt(unit, total);
-        let ic = k.rem(unit, ncols);
-        let rest = k.div(unit, ncols);
-        let s = k.rem(rest, splits);
-        let o = k.div(rest, splits);
+        let ColumnUnit {
+            valid,
+            s,
+            o,
+            col,
+            base,
+            vshift,
+        } = column_unit(k, unit, vec, [outer, axis, inner, splits]);
         let a0 = k.mul(s, chunk);
         let a1 = k.add(a0, chunk);
         let a1 = k.min(a1, axis);
         let zero = k.u32(0);
         let a0 = k.select(valid, a0, zero);
         let a1 = k.select(valid, a1, zero);
-        // Element of (o, a = 0, column ic·vec).
-        let oa = k.mul(o, axis);
-        let oai = k.mul(oa, inner);
-        let col = k.shl(ic, vshift);
-        let base = k.add(oai, col);
 
         let acc = self.acc(k, vec);
         let unroll = u32::from(self.unroll);
@@ -735,19 +771,17 @@ impl ReduceKernel {
         let lane = groups.lane(k);
         let gbase = k.mul(g, per);
         let unit = k.add(gbase, gi);
-        let vshift = k.u32(u32::from(vec).trailing_zeros());
-        let ncols = k.shr(inner, vshift);
-        let total = k.mul(outer, ncols);
-        let valid = k.lt(unit, total);
-        let ic = k.rem(unit, ncols);
-        let o = k.div(unit, ncols);
+        let one = k.u32(1);
+        let ColumnUnit {
+            valid,
+            o,
+            col,
+            base,
+            vshift,
+            ..
+        } = column_unit(k, unit, vec, [outer, axis, inner, one]);
         let zero = k.u32(0);
         let end = k.select(valid, axis, zero);
-        // Element of (o, partial row 0, column ic·vec).
-        let oa = k.mul(o, axis);
-        let oai = k.mul(oa, inner);
-        let col = k.shl(ic, vshift);
-        let base = k.add(oai, col);
 
         let acc = self.acc(k, vec);
         let unroll = u32::from(self.unroll);
