@@ -5,6 +5,9 @@
 //! about a third of the recording thread's time).
 //!
 //!     cargo run --release -p helios --example step_probe
+//!
+//! Steps from the third on run through `steady_step`, which callgrind can count alone (see
+//! there); `STEPS` sets how many run (default 8).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -102,7 +105,11 @@ fn main() -> helios::Result<()> {
     for i in 0..steps {
         // Step 0 compiles (and, on GPUs, tunes); the later ones are the steady state.
         let allocs = ALLOCS.load(Ordering::Relaxed);
-        let (host, fwd, bwd) = step(&x, &params, &targets, (b, t, c))?;
+        let (host, fwd, bwd) = if i < 2 {
+            step(&x, &params, &targets, (b, t, c))?
+        } else {
+            steady_step(&x, &params, &targets, (b, t, c))?
+        };
         let allocs = ALLOCS.load(Ordering::Relaxed) - allocs;
         dev.synchronize()?;
         println!(
@@ -117,6 +124,19 @@ fn main() -> helios::Result<()> {
 }
 
 type Timing = (f64, f64, f64);
+
+/// A step after the first two (compiles, tuning, pool growth): its own symbol, so that
+/// `valgrind --tool=callgrind --collect-atstart=no --toggle-collect=step_probe::steady_step`
+/// counts the steady state alone.
+#[inline(never)]
+fn steady_step(
+    x: &Tensor,
+    params: &[Vec<Tensor>],
+    targets: &IndexTensor,
+    shape: (usize, usize, usize),
+) -> helios::Result<Timing> {
+    step(x, params, targets, shape)
+}
 
 /// One step's recording: host µs in all, of the forward and of the backward.
 fn step(
