@@ -26,7 +26,7 @@
 
 use helios_spirv::{Access, Binding, Buffer, KernelBuilder, KernelModule, Param, Scalar, Ty, Val};
 
-use crate::launch::{grid, pack_push, Arg, Launch};
+use crate::launch::{grid, pack_push, Arg, Args, Launch};
 use crate::storage::{buffer_scalar, Storage};
 use crate::KernelError;
 
@@ -482,7 +482,7 @@ impl AttentionKernel {
         views: &[ViewStrides],
         buffers: &[u64],
     ) -> Result<Launch, KernelError> {
-        let mut args: Vec<Arg> = Vec::with_capacity(32);
+        let mut args = Args::new();
         if self.binding == Binding::DeviceAddress {
             args.extend(buffers.iter().map(|&a| Arg::Address(a)));
         }

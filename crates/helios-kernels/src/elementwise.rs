@@ -12,7 +12,7 @@
 
 use helios_spirv::{Access, Binding, Buffer, KernelBuilder, KernelModule, Scalar, Ty, Val};
 
-use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
 use crate::{math, KernelError};
 
@@ -421,7 +421,7 @@ impl ElementwiseKernel {
             )));
         }
         // Descriptor-bound kernels get their buffers from the dispatch's bindings instead.
-        let mut args: Vec<Arg> = Vec::with_capacity(8);
+        let mut args = Args::new();
         if self.binding == Binding::DeviceAddress {
             args.extend(inputs.iter().map(|&a| Arg::Address(a)));
             args.push(Arg::Address(output));

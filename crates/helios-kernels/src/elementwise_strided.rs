@@ -11,7 +11,7 @@
 use helios_spirv::{KernelBuilder, Param, Scalar, Ty, Val};
 
 use crate::elementwise::{Io, Strides};
-use crate::launch::Arg;
+use crate::launch::{Arg, Args};
 
 /// The push-constant parameters of a strided kernel.
 pub(crate) struct StridedParams {
@@ -84,12 +84,7 @@ pub(crate) fn body(k: &mut KernelBuilder, io: &Io<Option<Val>>, group: Val, p: &
 
 /// Appends the strided arguments in declaration order, checking their lengths and that no
 /// offset overflows the kernel's 32-bit index arithmetic.
-pub(crate) fn push_args(
-    dims: usize,
-    n: u64,
-    st: &Strides,
-    args: &mut Vec<Arg>,
-) -> Result<(), String> {
+pub(crate) fn push_args(dims: usize, n: u64, st: &Strides, args: &mut Args) -> Result<(), String> {
     if st.shape.len() != dims || st.inputs.iter().any(|(s, _)| s.len() != dims) {
         return Err(format!("expects {dims} sizes and strides per input"));
     }

@@ -29,7 +29,7 @@
 
 use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, Scalar, SharedLen, Ty, Val};
 
-use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::rows::linear_workgroup;
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
 use crate::KernelError;
@@ -345,7 +345,7 @@ impl EmbeddingKernel {
             EmbeddingStage::Rank => &[a.ids, a.offsets, a.pos, a.sorted],
             EmbeddingStage::Sum => &[a.offsets, a.sorted, a.dout, a.dtable],
         };
-        let mut args: Vec<Arg> = Vec::with_capacity(8);
+        let mut args = Args::new();
         if address {
             args.extend(bufs.iter().map(|&b| Arg::Address(b)));
         }

@@ -18,7 +18,7 @@
 use helios_spirv::{Access, Binding, Buffer, CmpOp, KernelBuilder, KernelModule, Scalar, Ty, Val};
 
 use crate::elementwise::{binary_expr, unary_expr, BinaryOp, UnaryOp};
-use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::storage::{buffer_scalar, f32_to_bf16_bits, load_f32, store_f32, Storage};
 use crate::{math, KernelError};
 
@@ -650,7 +650,7 @@ impl FusedKernel {
             });
         }
         let n = u64::from(self.len);
-        let mut args: Vec<Arg> = Vec::new();
+        let mut args = Args::new();
         if self.binding == Binding::DeviceAddress {
             args.extend(inputs.iter().chain(outputs).map(|&a| Arg::Address(a)));
         }
@@ -670,11 +670,7 @@ impl FusedKernel {
 
 impl FusedKernel {
     /// Pushes the input offsets (descriptor binding only; checked against the inputs).
-    pub(crate) fn offset_args(
-        &self,
-        offsets: &[u32],
-        args: &mut Vec<Arg>,
-    ) -> Result<(), KernelError> {
+    pub(crate) fn offset_args(&self, offsets: &[u32], args: &mut Args) -> Result<(), KernelError> {
         if self.binding != Binding::Descriptor {
             return Ok(());
         }

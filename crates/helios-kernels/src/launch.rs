@@ -7,11 +7,19 @@ use helios_spirv::{ParamInfo, ParamSlot, Scalar, Ty};
 
 use crate::KernelError;
 
+/// A packed push-constant block, inline up to 256 bytes (what NVIDIA, AMD and lavapipe
+/// offer): packing runs for every dispatch recorded, and a heap block per dispatch was a
+/// malloc and a free on the recording thread.
+pub type PushBytes = smallvec::SmallVec<[u8; 256]>;
+
+/// The arguments of one launch, inline up to 24 (a matmul with every epilogue buffer has 23).
+pub type Args = smallvec::SmallVec<[Arg; 24]>;
+
 /// What a dispatch needs besides the pipeline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
     pub groups: [u32; 3],
-    pub push: Vec<u8>,
+    pub push: PushBytes,
 }
 
 /// How a kernel's invocations are grouped on a device.
@@ -81,7 +89,7 @@ pub fn pack_push(
     params: &[ParamInfo],
     size: u32,
     args: &[Arg],
-) -> Result<Vec<u8>, KernelError> {
+) -> Result<PushBytes, KernelError> {
     let mismatch = |detail: String| KernelError::Arguments {
         kernel: kernel.to_string(),
         detail,
@@ -96,8 +104,7 @@ pub fn pack_push(
             args.len()
         )));
     }
-    // One allocation per launch: this runs for every op.
-    let mut out = vec![0u8; size as usize];
+    let mut out: PushBytes = smallvec::smallvec![0u8; size as usize];
     let mut put = |offset: u32, bytes: &[u8]| {
         let at = offset as usize;
         out[at..at + bytes.len()].copy_from_slice(bytes);

@@ -39,7 +39,7 @@ pub use elementwise::{
 };
 pub use embedding::{EmbeddingArgs, EmbeddingKernel, EmbeddingStage};
 pub use fused::{Compare, FusedInput, FusedKernel, Instr, Window};
-pub use launch::{grid, pack_push, Arg, Geometry, Launch};
+pub use launch::{grid, pack_push, Arg, Args, Geometry, Launch, PushBytes};
 pub use loss::{
     CrossEntropyArgs, CrossEntropyKernel, CrossEntropySetup, CrossEntropyStage,
     CROSS_ENTROPY_WORKGROUP,

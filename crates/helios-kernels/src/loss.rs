@@ -35,7 +35,7 @@
 
 use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val};
 
-use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::rows::{
     for_each_slot_by, hreduce, hsum, linear_workgroup, row_slots, threads_for, Groups, Reducer, Row,
 };
@@ -197,7 +197,7 @@ impl CrossEntropyKernel {
             }
             CrossEntropyStage::Mean => &[a.row_loss, a.stats, a.loss],
         };
-        let mut args: Vec<Arg> = Vec::with_capacity(10);
+        let mut args = Args::new();
         if address {
             args.extend(bufs.iter().map(|&b| Arg::Address(b)));
         }

@@ -15,7 +15,7 @@
 
 use helios_spirv::{Access, Buffer, KernelBuilder, KernelModule, Param, Scalar, Ty, Val, Var};
 
-use crate::launch::{pack_push, Arg, Launch};
+use crate::launch::{pack_push, Arg, Args, Launch};
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
 use crate::{math, KernelError};
 
@@ -747,8 +747,8 @@ impl MatmulKernel {
                 size: u64::from(gx) * u64::from(gy) * u64::from(shape.batch),
             });
         }
-        // Sized for every argument at once: this runs for every product recorded.
-        let mut args = Vec::with_capacity(23);
+        // Inline: this runs for every product recorded.
+        let mut args = Args::new();
         args.extend([
             Arg::Address(addr.a),
             Arg::Address(addr.b),

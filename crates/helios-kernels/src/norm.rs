@@ -21,7 +21,7 @@ use helios_spirv::{
     Access, Binding, Buffer, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val,
 };
 
-use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::rows::{
     for_each_slot_by, hsum, linear_workgroup, plan_row, row_slots, Groups, Reducer, Row, RowChoice,
     RowConfig, RowPlan,
@@ -612,7 +612,7 @@ impl NormKernel {
                 geometry.workgroup
             )));
         }
-        let mut args: Vec<Arg> = Vec::with_capacity(12);
+        let mut args = Args::new();
         if self.binding == Binding::DeviceAddress {
             args.extend(buffers.iter().map(|&a| Arg::Address(a)));
         }

@@ -6,7 +6,7 @@ use helios_spirv::{
     Access, Binding, Buffer, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val, Var,
 };
 
-use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::norm::{Bufs, Ctx, NormKernel, NormKind};
 use crate::rows::{for_each_slot_by, hsum, linear_workgroup, Groups, Row};
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
@@ -451,7 +451,7 @@ impl NormParamKernel {
                 ),
             });
         }
-        let mut args: Vec<Arg> = Vec::with_capacity(10);
+        let mut args = Args::new();
         if self.binding == Binding::DeviceAddress {
             args.extend(buffers.iter().map(|&a| Arg::Address(a)));
         }

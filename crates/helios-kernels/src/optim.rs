@@ -23,7 +23,7 @@
 
 use helios_spirv::{Access, Binding, Buffer, KernelBuilder, KernelModule, Scalar, Ty, Val};
 
-use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::rows::linear_workgroup;
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
 use crate::KernelError;
@@ -207,7 +207,7 @@ impl AdamWKernel {
         geometry: Geometry,
         a: &AdamWArgs,
     ) -> Result<Launch, KernelError> {
-        let mut args: Vec<Arg> = Vec::with_capacity(14);
+        let mut args = Args::new();
         if self.binding == Binding::DeviceAddress {
             args.push(Arg::Address(a.grad));
             if self.scaled {

@@ -23,7 +23,7 @@ use helios_spirv::{
 };
 
 use crate::fused::FusedKernel;
-use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::rows::{
     for_each_slot_by, hreduce, hsum, key_value, linear_workgroup, order_key, row_slots,
     threads_for, Groups, Reducer, Row,
@@ -853,7 +853,7 @@ impl ReduceKernel {
                 ),
             });
         }
-        let mut args: Vec<Arg> = Vec::with_capacity(10);
+        let mut args = Args::new();
         if self.binding == Binding::DeviceAddress {
             args.extend(buffers.iter().map(|&a| Arg::Address(a)));
         }

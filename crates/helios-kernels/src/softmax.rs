@@ -20,7 +20,7 @@ use helios_spirv::{
     Access, Binding, Buffer, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val, Var,
 };
 
-use crate::launch::{grid, pack_push, Arg, Geometry, Launch};
+use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::rows::{
     for_each_slot_by, hreduce, hsum, linear_workgroup, plan_row, row_slots, Groups, Reducer, Row,
     RowChoice, RowConfig, RowPlan,
@@ -598,7 +598,7 @@ impl SoftmaxKernel {
                 detail: format!("expects {want} buffers, got {}", buffers.len()),
             });
         }
-        let mut args: Vec<Arg> = Vec::with_capacity(8);
+        let mut args = Args::new();
         if self.binding == Binding::DeviceAddress {
             args.extend(buffers.iter().map(|&a| Arg::Address(a)));
         }

@@ -58,7 +58,7 @@ impl Tensor {
                 got: data.len(),
             });
         }
-        let t = Tensor::empty(device, shape.to_vec(), dtype)?;
+        let t = Tensor::empty(device, shape, dtype)?;
         if !data.is_empty() {
             device
                 .context()
@@ -73,7 +73,7 @@ impl Tensor {
     }
 
     /// A dense tensor of `shape` whose contents are undefined until a kernel writes them.
-    pub(crate) fn empty(device: &Device, shape: Vec<usize>, dtype: DType) -> Result<Tensor> {
+    pub(crate) fn empty(device: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let len: usize = shape.iter().product();
         let bytes = (len * dtype.size()) as u64;
         let buffer = device
@@ -81,7 +81,7 @@ impl Tensor {
             .create_buffer(bytes, MemoryLocation::DeviceLocal)?;
         Ok(Tensor::from_node(
             Node::realized(device.clone(), dtype, len, buffer),
-            Layout::contiguous(&shape),
+            Layout::contiguous(shape),
         ))
     }
 
@@ -397,7 +397,7 @@ impl Tensor {
         }
         let len = layout.len();
         if len == 0 {
-            return Tensor::empty(self.device(), layout.shape().to_vec(), out);
+            return Tensor::empty(self.device(), layout.shape(), out);
         }
         // Pushed one by one: `collect` goes through `SmallVec::extend`, which costs several
         // times as much for one or two items.

@@ -228,8 +228,8 @@ impl Tensor {
             super::attention_tune::tune_forward(q, k, v, opts)?;
         }
         let device = self.device();
-        let out = Tensor::empty(device, vec![dims.b, dims.t, dims.h, dims.d], self.dtype())?;
-        let lse = Tensor::empty(device, vec![dims.b, dims.h, dims.t], DType::F32)?;
+        let out = Tensor::empty(device, &[dims.b, dims.t, dims.h, dims.d], self.dtype())?;
+        let lse = Tensor::empty(device, &[dims.b, dims.h, dims.t], DType::F32)?;
         let mut reads = vec![q.buffer()?, k.buffer()?, v.buffer()?];
         reads.extend(lens);
         let writes = [out.buffer()?, lse.buffer()?];
@@ -295,7 +295,7 @@ impl Tensor {
             super::attention_tune::tune_backward(q, k, v, fwd, dout, opts)?;
         }
         let device = self.device();
-        let dsum = Tensor::empty(device, vec![dims.b, dims.h, dims.t], DType::F32)?;
+        let dsum = Tensor::empty(device, &[dims.b, dims.h, dims.t], DType::F32)?;
         self.record_attention(
             AttnStage::Prep,
             dims,
@@ -305,9 +305,9 @@ impl Tensor {
             &[dsum.buffer()?],
         )?;
         let shape = vec![dims.b, dims.t, dims.h, dims.d];
-        let gq = Tensor::empty(device, shape.clone(), self.dtype())?;
-        let gk = Tensor::empty(device, shape.clone(), self.dtype())?;
-        let gv = Tensor::empty(device, shape, self.dtype())?;
+        let gq = Tensor::empty(device, &shape, self.dtype())?;
+        let gk = Tensor::empty(device, &shape, self.dtype())?;
+        let gv = Tensor::empty(device, &shape, self.dtype())?;
         let mut reads = vec![
             q.buffer()?,
             k.buffer()?,

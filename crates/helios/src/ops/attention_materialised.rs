@@ -128,7 +128,7 @@ fn product(
         (a.trans, b.trans),
         triangle,
         alpha,
-        out.t.shape().to_vec(),
+        out.t.shape(),
     );
     if let Some(s) = step {
         p.epilogue = Epilogue {
@@ -239,11 +239,11 @@ pub(crate) fn forward(
     scale: f32,
 ) -> Result<AttentionOutput> {
     let device = q.t.device();
-    let s = Tensor::empty(device, vec![x.b, x.h, x.t, x.t], DType::F32)?;
+    let s = Tensor::empty(device, &[x.b, x.h, x.t, x.t], DType::F32)?;
     scores_product(x, [q, k], &s, opts.causal, 1.0, None)?;
     let (p, lse) = s.softmax_lse(softmax_options(opts, scale))?;
     drop(s);
-    let out = Tensor::empty(device, vec![x.b, x.t, x.h, x.d], DType::F32)?;
+    let out = Tensor::empty(device, &[x.b, x.t, x.h, x.d], DType::F32)?;
     heads_product(x, (&p, false), v, &out, opts.causal)?;
     Ok(AttentionOutput { out, lse })
 }
@@ -262,7 +262,7 @@ pub(crate) fn backward(
 ) -> Result<AttentionGrads> {
     let device = q.t.device();
     let causal = opts.causal;
-    let square = || Tensor::empty(device, vec![x.b, x.h, x.t, x.t], DType::F32);
+    let square = || Tensor::empty(device, &[x.b, x.h, x.t, x.t], DType::F32);
     // P = exp(scale·Q·Kᵀ − L).
     let p = square()?;
     let exp = Step {
@@ -289,7 +289,7 @@ pub(crate) fn backward(
         p: Some(&p),
     };
     scores_product(x, [dout, v], &ds, causal, scale, Some(grad))?;
-    let dense = || Tensor::empty(device, vec![x.b, x.t, x.h, x.d], DType::F32);
+    let dense = || Tensor::empty(device, &[x.b, x.t, x.h, x.d], DType::F32);
     let (dq, dk, dv) = (dense()?, dense()?, dense()?);
     heads_product(x, (&p, true), dout, &dv, causal)?; // Pᵀ·dO
     drop(p);

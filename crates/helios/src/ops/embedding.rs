@@ -38,7 +38,7 @@ impl Tensor {
         ids.check_range(OP, vocab, None)?;
         let mut shape = ids.shape().to_vec();
         shape.push(dim);
-        let out = Tensor::empty(self.device(), shape, table.dtype())?;
+        let out = Tensor::empty(self.device(), &shape, table.dtype())?;
         let args = EmbeddingArgs {
             n: ids.len() as u32,
             dim: dim as u32,
@@ -86,7 +86,7 @@ impl Tensor {
         check_size(n, dim)?;
         check_size(vocab, dim)?;
         ids.check_range(OP, vocab, None)?;
-        let dtable = Tensor::empty(device, vec![vocab, dim], dout.dtype())?;
+        let dtable = Tensor::empty(device, &[vocab, dim], dout.dtype())?;
         if vocab == 0 || dim == 0 {
             return Ok(dtable);
         }

@@ -151,15 +151,15 @@ impl Tensor {
         }
         targets.check_range(OP, vocab, ignore_index)?;
 
-        let stats = Tensor::empty(device, vec![2], DType::F32)?;
-        let row_loss = Tensor::empty(device, vec![rows], DType::F32)?;
-        let loss = Tensor::empty(device, vec![1], DType::F32)?;
+        let stats = Tensor::empty(device, &[2], DType::F32)?;
+        let row_loss = Tensor::empty(device, &[rows], DType::F32)?;
+        let loss = Tensor::empty(device, &[1], DType::F32)?;
         // (…, stride), viewed as (…, n) in the logits' layout.
         let dlogits_rows = match scale {
             Some(_) => {
                 let mut shape = x.shape().to_vec();
                 *shape.last_mut().expect("checked above") = stride;
-                Some(Tensor::empty(device, shape, x.dtype())?)
+                Some(Tensor::empty(device, &shape, x.dtype())?)
             }
             None => None,
         };

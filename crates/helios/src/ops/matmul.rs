@@ -20,6 +20,7 @@ use helios_vk::Access;
 
 use super::matmul_tune::{self, Choice};
 use crate::device::KernelKey;
+use crate::layout::Dims;
 use crate::{DType, Error, Result, Tensor};
 
 /// What to fuse into a matmul and how to run it. `Default`: plain `a·b` in `a`'s dtype.
@@ -81,7 +82,7 @@ pub(crate) struct Problem {
     pub epilogue: Epilogue,
     pub alpha: f32,
     /// (..., m, n) of the result.
-    pub out_shape: Vec<usize>,
+    pub out_shape: Dims,
     pub forced: Option<MatmulVariant>,
     pub forced_splits: Option<u32>,
     /// The triangle the kernel skips (`Full` for every user-facing product; see
@@ -174,10 +175,10 @@ impl Problem {
             });
         }
         let (ba, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
-        let batch_dims: Vec<usize> = if ba == bb || bb.is_empty() {
-            ba.to_vec()
+        let batch_dims: &[usize] = if ba == bb || bb.is_empty() {
+            ba
         } else if ba.is_empty() {
-            bb.to_vec()
+            bb
         } else {
             return Err(invalid(format!(
                 "batch dimensions {ba:?} and {bb:?} differ; make them equal or pass one \
@@ -185,7 +186,7 @@ impl Problem {
             )));
         };
         let batch: usize = batch_dims.iter().product();
-        let mut out_shape = batch_dims.clone();
+        let mut out_shape = Dims::from_slice(batch_dims);
         out_shape.extend([m, n]);
 
         let (at, ta, lda, mut stride_a) = readable(a)?;
@@ -285,7 +286,7 @@ impl Problem {
         trans: (bool, bool),
         triangle: Triangle,
         alpha: f32,
-        out_shape: Vec<usize>,
+        out_shape: &[usize],
     ) -> Problem {
         Problem {
             a: a.clone(),
@@ -299,7 +300,7 @@ impl Problem {
             out: a.dtype(),
             epilogue: Epilogue::NONE,
             alpha,
-            out_shape,
+            out_shape: Dims::from_slice(out_shape),
             forced: None,
             forced_splits: None,
             triangle,
@@ -392,11 +393,7 @@ impl Problem {
                 ))
             })?;
         let (m, n) = (sub.m as usize, sub.n as usize);
-        let partials = Tensor::empty(
-            self.a.device(),
-            vec![plan.splits as usize, m, n],
-            DType::F32,
-        )?;
+        let partials = Tensor::empty(self.a.device(), &[plan.splits as usize, m, n], DType::F32)?;
         self.record_shape(&kernel, &sub, &partials)?;
         partials
             .sum(0)?
@@ -455,7 +452,7 @@ impl Problem {
             rows: self.rows.as_ref().map(|t| t.address()).transpose()?,
         };
         let launch = kernel.launch(&compiled.module, s, &addr, self.alpha)?;
-        let mut accesses = Vec::with_capacity(6);
+        let mut accesses: smallvec::SmallVec<[Access; 6]> = smallvec::SmallVec::new();
         accesses.extend([
             Access::read(self.a.buffer()?),
             Access::read(self.b.buffer()?),
@@ -472,7 +469,7 @@ impl Problem {
 
     /// A fresh output tensor.
     pub(crate) fn output(&self) -> Result<Tensor> {
-        Tensor::empty(self.a.device(), self.out_shape.clone(), self.out)
+        Tensor::empty(self.a.device(), &self.out_shape, self.out)
     }
 }
 

@@ -838,7 +838,7 @@ pub fn coop_peak(device: &Device, dtype: DType) -> Result<Option<CoopPeak>> {
     )?;
     let c = Tensor::empty(
         device,
-        vec![(groups * kernel.subgroups * 16 * 256) as usize],
+        &[(groups * kernel.subgroups * 16 * 256) as usize],
         DType::F32,
     )?;
     let compiled = device.kernel(crate::device::KernelKey::CoopPeak(kernel), || {

@@ -212,12 +212,12 @@ impl Tensor {
         let (rows, len) = norm_dims(op, self, &params)?;
         let device = self.device();
         let stat_shape = self.shape()[..self.shape().len() - 1].to_vec();
-        let y = Tensor::empty(device, self.shape().to_vec(), self.dtype())?;
+        let y = Tensor::empty(device, self.shape(), self.dtype())?;
         let mean = match kind {
-            NormKind::Layer => Some(Tensor::empty(device, stat_shape.clone(), DType::F32)?),
+            NormKind::Layer => Some(Tensor::empty(device, &stat_shape, DType::F32)?),
             NormKind::Rms => None,
         };
-        let rstd = Tensor::empty(device, stat_shape, DType::F32)?;
+        let rstd = Tensor::empty(device, &stat_shape, DType::F32)?;
         if rows > 0 {
             let (kernel, threads) = self.norm_kernel(kind, false, gamma, len);
             let reads: Vec<&Buffer> = std::iter::once(self.buffer()?)
@@ -261,10 +261,10 @@ impl Tensor {
         let stats: Vec<&Tensor> = mean.into_iter().chain(std::iter::once(rstd)).collect();
         check_stats(op, self, &stats)?;
         let device = self.device();
-        let dx = Tensor::empty(device, self.shape().to_vec(), self.dtype())?;
-        let dgamma = Tensor::empty(device, vec![len as usize], gamma.dtype())?;
+        let dx = Tensor::empty(device, self.shape(), self.dtype())?;
+        let dgamma = Tensor::empty(device, &[len as usize], gamma.dtype())?;
         let dbeta = match kind {
-            NormKind::Layer => Some(Tensor::empty(device, vec![len as usize], gamma.dtype())?),
+            NormKind::Layer => Some(Tensor::empty(device, &[len as usize], gamma.dtype())?),
             NormKind::Rms => None,
         };
         let param_outs: Vec<&Buffer> = std::iter::once(dgamma.buffer()?)

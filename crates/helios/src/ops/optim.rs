@@ -276,7 +276,7 @@ pub fn sum_squares(tensors: &[&Tensor]) -> Result<Tensor> {
         let table = sum_squares_table(&spans);
         let chunks = table.len() / SUM_SQUARES_ENTRY;
         let table = crate::IndexTensor::from_slice(device, &table, &[table.len()])?;
-        let partials = Tensor::empty(device, vec![chunks], DType::F32)?;
+        let partials = Tensor::empty(device, &[chunks], DType::F32)?;
         let kernel = SumSquaresKernel {
             storage: dtype.storage(),
             reducer: device.reducer(),

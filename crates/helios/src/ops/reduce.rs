@@ -268,7 +268,7 @@ impl Tensor {
                 }),
             };
         }
-        let out = Tensor::empty(self.device(), out_shape, self.dtype())?;
+        let out = Tensor::empty(self.device(), &out_shape, self.dtype())?;
         if out_len > 0 {
             self.record_reduce(op, (outer, len, inner), Some(out.buffer()?), None)?;
         }

@@ -77,7 +77,7 @@ impl Tensor {
     pub(crate) fn softmax_op(&self, log: bool, opts: SoftmaxOptions) -> Result<Tensor> {
         let op = if log { "log_softmax" } else { "softmax" };
         let geo = softmax_geometry(op, self.shape(), opts)?;
-        let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
+        let out = Tensor::empty(self.device(), self.shape(), self.dtype())?;
         let how = Record {
             log,
             backward: false,
@@ -94,9 +94,9 @@ impl Tensor {
     /// ignore them.
     pub(crate) fn softmax_lse(&self, opts: SoftmaxOptions) -> Result<(Tensor, Tensor)> {
         let geo = softmax_geometry("softmax", self.shape(), opts)?;
-        let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
+        let out = Tensor::empty(self.device(), self.shape(), self.dtype())?;
         let rows = &self.shape()[..self.shape().len() - 1];
-        let lse = Tensor::empty(self.device(), rows.to_vec(), crate::DType::F32)?;
+        let lse = Tensor::empty(self.device(), rows, crate::DType::F32)?;
         let how = Record {
             log: false,
             backward: false,
@@ -114,7 +114,7 @@ impl Tensor {
         };
         same_operands(op, self, dy)?;
         let geo = softmax_geometry(op, self.shape(), opts)?;
-        let out = Tensor::empty(self.device(), self.shape().to_vec(), self.dtype())?;
+        let out = Tensor::empty(self.device(), self.shape(), self.dtype())?;
         let how = Record {
             log,
             backward: true,
