@@ -436,6 +436,9 @@ impl FusedKernel {
         at: Val,
         lanes: u8,
     ) -> Vec<Val> {
+        // Without contraction: the same group computed here and in a reduction's loads (a
+        // prologue) must round alike, whatever code surrounds it.
+        let contracting = k.set_exact_arithmetic(true);
         let (scalars, offsets) = self.split_params(params);
         let e = if lanes == 4 {
             let two = k.u32(2);
@@ -527,6 +530,7 @@ impl FusedKernel {
             };
             vals.push(v);
         }
+        k.set_exact_arithmetic(contracting);
         vals
     }
 
@@ -726,6 +730,7 @@ fn coordinates(k: &mut KernelBuilder, shape: &[u32], e: Val) -> Vec<Val> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use helios_spirv::{validate, TargetEnv};
 
     /// `op(x, s)` over 64 f32, with `s` a scalar (or a second input).
     fn kernel(op: BinaryOp, scalar: bool) -> FusedKernel {
@@ -769,6 +774,44 @@ mod tests {
             assert_eq!(count(&with_scalar, "OpLogicalOr"), 0);
             let two_tensors = kernel(op, false).build(64);
             assert_eq!(count(&two_tensors, "OpIsNan"), 2);
+        }
+    }
+
+    /// Every float product and sum of the expression is decorated `NoContraction` (so a group
+    /// rounds alike in its own kernel and in a reduction's loads), and nothing else is.
+    #[test]
+    fn expressions_are_not_contracted() {
+        let mut k = kernel(BinaryOp::Mul, true);
+        // x·s + x, then (x·s + x) − s.
+        k.code.extend([
+            Instr::Binary(BinaryOp::Add, 2, 0),
+            Instr::Binary(BinaryOp::Sub, 3, 1),
+        ]);
+        k.outputs = vec![(4, Storage::F32)];
+        let module = k.build(64);
+        for env in [TargetEnv::Vulkan1_2, TargetEnv::Vulkan1_3] {
+            validate(&module.name, &module.words, env).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let asm = module.disassemble();
+        let results = |ops: &[&str]| -> Vec<String> {
+            asm.lines()
+                .filter(|l| ops.iter().any(|op| l.contains(&format!("= {op} "))))
+                .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+                .collect()
+        };
+        let float = results(&["OpFMul", "OpFAdd", "OpFSub"]);
+        let decorated: Vec<&str> = asm
+            .lines()
+            .filter(|l| l.contains("NoContraction"))
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .collect();
+        assert_eq!(float.len(), 3, "{asm}");
+        assert_eq!(decorated.len(), float.len(), "{asm}");
+        for id in &float {
+            assert!(
+                decorated.contains(&id.as_str()),
+                "{id} not decorated:\n{asm}"
+            );
         }
     }
 

@@ -157,6 +157,9 @@ pub struct KernelBuilder {
     /// Some atomic has device scope: under the Vulkan memory model that needs
     /// `VulkanMemoryModelDeviceScope` (added by `finish`).
     pub(crate) device_scope: bool,
+    /// Float adds, subtractions, products and quotients are decorated `NoContraction` (see
+    /// `set_exact_arithmetic`).
+    pub(crate) exact_arithmetic: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -195,6 +198,7 @@ impl KernelBuilder {
             device_scope: false,
             raw_ops: HashMap::new(),
             spirv_1_6: false,
+            exact_arithmetic: false,
         };
         kb.capability(Capability::Shader);
         if binding == Binding::DeviceAddress {
@@ -205,6 +209,16 @@ impl KernelBuilder {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// While on, every float add, subtraction, product and quotient the builder emits is
+    /// decorated `NoContraction`, so the driver may not fuse a product and a sum into one
+    /// rounding (an FMA). Code emitted in more than one kernel, which must give bit-identical
+    /// results in each (an element-wise group computed in its own kernel or in a reduction's
+    /// loads), is emitted under it: otherwise whether a product is contracted depends on what
+    /// surrounds it. Returns the previous setting.
+    pub fn set_exact_arithmetic(&mut self, on: bool) -> bool {
+        std::mem::replace(&mut self.exact_arithmetic, on)
     }
 
     pub fn binding(&self) -> Binding {

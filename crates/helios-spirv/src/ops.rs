@@ -5,7 +5,7 @@
 //! `OpIAdd` on integers). Operands must agree in type; use `splat` to widen a scalar.
 
 use rspirv::dr::Operand;
-use rspirv::spirv::{GLOp, Op, Word};
+use rspirv::spirv::{Decoration, GLOp, Op, Word};
 
 use crate::builder::{id, KernelBuilder};
 use crate::types::{Kind, Scalar, Ty, Val};
@@ -96,6 +96,9 @@ impl KernelBuilder {
         self.arith_caps(a.ty.scalar);
         let ty = self.ty(a.ty);
         let rid = self.inst(op_code, Some(ty), vec![a.into(), b.into()]);
+        if self.exact_arithmetic && matches!(op_code, Op::FAdd | Op::FSub | Op::FMul | Op::FDiv) {
+            self.b.decorate(rid, Decoration::NoContraction, []);
+        }
         Val { id: rid, ty: a.ty }
     }
 
