@@ -59,6 +59,73 @@ pub fn grid(groups: u64, max_x: u32) -> Result<[u32; 3], KernelError> {
 mod tests {
     use super::*;
 
+    fn param(name: &str, slot: ParamSlot) -> ParamInfo {
+        ParamInfo {
+            name: name.into(),
+            slot,
+            access: None,
+        }
+    }
+
+    /// Arguments land at their parameters' offsets, little-endian, descriptors skipped; a
+    /// wrong count, a wrong type or an offset past the block is an error, not a panic.
+    #[test]
+    fn push_constants_pack_at_their_offsets() {
+        let params = [
+            param("a", ParamSlot::Address { offset: 0 }),
+            param("d", ParamSlot::Descriptor { binding: 0 }),
+            param(
+                "n",
+                ParamSlot::Value {
+                    offset: 8,
+                    ty: Ty::scalar(Scalar::U32),
+                },
+            ),
+            param(
+                "s",
+                ParamSlot::Value {
+                    offset: 12,
+                    ty: Ty::scalar(Scalar::F32),
+                },
+            ),
+            param(
+                "i",
+                ParamSlot::Value {
+                    offset: 16,
+                    ty: Ty::scalar(Scalar::I32),
+                },
+            ),
+        ];
+        let args = [
+            Arg::Address(0x0102_0304_0506_0708),
+            Arg::U32(7),
+            Arg::F32(1.5),
+            Arg::I32(-2),
+        ];
+        let out = pack_push("k", &params, 24, &args).unwrap();
+        let mut want = vec![0u8; 24];
+        want[..8].copy_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
+        want[8..12].copy_from_slice(&7u32.to_le_bytes());
+        want[12..16].copy_from_slice(&1.5f32.to_le_bytes());
+        want[16..20].copy_from_slice(&(-2i32).to_le_bytes());
+        assert_eq!(out.as_slice(), want.as_slice());
+        // A block larger than the inline capacity.
+        let big = pack_push("k", &params, 300, &args).unwrap();
+        assert_eq!(&big[..24], want.as_slice());
+        assert_eq!(big.len(), 300);
+        let refused = |r: Result<PushBytes, KernelError>| {
+            assert!(matches!(r, Err(KernelError::Arguments { .. })), "{r:?}");
+        };
+        refused(pack_push("k", &params, 24, &args[..3]));
+        let mut more = args.to_vec();
+        more.push(Arg::U32(1));
+        refused(pack_push("k", &params, 24, &more));
+        let mut wrong = args;
+        wrong[1] = Arg::F32(7.0);
+        refused(pack_push("k", &params, 24, &wrong));
+        refused(pack_push("k", &params, 18, &args));
+    }
+
     #[test]
     fn grids_are_balanced() {
         assert_eq!(grid(0, 65535).unwrap(), [0, 1, 1]);
@@ -84,6 +151,10 @@ pub enum Arg {
 
 /// Packs `args` into the push-constant block described by `params`, checking that each
 /// argument matches its parameter.
+///
+/// This runs for every dispatch recorded, so it writes each argument with a copy of a
+/// constant size (a copy of a run-time length was a `memcpy` call per argument) into a
+/// zeroed inline block.
 pub fn pack_push(
     kernel: &str,
     params: &[ParamInfo],
@@ -94,43 +165,86 @@ pub fn pack_push(
         kernel: kernel.to_string(),
         detail,
     };
-    let slots = params
-        .iter()
-        .filter(|p| !matches!(p.slot, ParamSlot::Descriptor { .. }));
-    let expected = slots.clone().count();
-    if expected != args.len() {
-        return Err(mismatch(format!(
+    let count_mismatch = || {
+        let expected = params
+            .iter()
+            .filter(|p| !matches!(p.slot, ParamSlot::Descriptor { .. }))
+            .count();
+        mismatch(format!(
             "expects {expected} push-constant arguments, got {}",
             args.len()
-        )));
-    }
-    let mut out: PushBytes = smallvec::smallvec![0u8; size as usize];
-    let mut put = |offset: u32, bytes: &[u8]| {
-        let at = offset as usize;
-        out[at..at + bytes.len()].copy_from_slice(bytes);
+        ))
+    };
+    let size = size as usize;
+    let mut out: PushBytes = match size <= 256 {
+        true => PushBytes::from_buf_and_len([0; 256], size),
+        false => PushBytes::from_vec(vec![0; size]),
     };
     let u32_ty = Ty::scalar(Scalar::U32);
     let i32_ty = Ty::scalar(Scalar::I32);
     let f32_ty = Ty::scalar(Scalar::F32);
-    for (p, a) in slots.zip(args) {
-        match (&p.slot, a) {
-            (ParamSlot::Address { offset }, Arg::Address(v)) => put(*offset, &v.to_le_bytes()),
+    let mut next = args.iter();
+    for p in params {
+        if matches!(p.slot, ParamSlot::Descriptor { .. }) {
+            continue;
+        }
+        let Some(a) = next.next() else {
+            return Err(count_mismatch());
+        };
+        let written = match (&p.slot, a) {
+            (ParamSlot::Address { offset }, Arg::Address(v)) => put(&mut out, *offset, v),
             (ParamSlot::Value { offset, ty }, Arg::U32(v)) if *ty == u32_ty => {
-                put(*offset, &v.to_le_bytes())
+                put(&mut out, *offset, v)
             }
             (ParamSlot::Value { offset, ty }, Arg::I32(v)) if *ty == i32_ty => {
-                put(*offset, &v.to_le_bytes())
+                put(&mut out, *offset, v)
             }
             (ParamSlot::Value { offset, ty }, Arg::F32(v)) if *ty == f32_ty => {
-                put(*offset, &v.to_le_bytes())
+                put(&mut out, *offset, v)
             }
-            _ => {
-                return Err(mismatch(format!(
-                    "parameter `{}` ({:?}) cannot take {a:?}",
-                    p.name, p.slot
-                )))
-            }
+            _ => false,
+        };
+        if !written {
+            return Err(mismatch(format!(
+                "parameter `{}` ({:?}) cannot take {a:?} in a {size}-byte block",
+                p.name, p.slot
+            )));
         }
     }
+    if next.next().is_some() {
+        return Err(count_mismatch());
+    }
     Ok(out)
+}
+
+/// A value of a push-constant argument, as its little-endian bytes.
+trait PushValue {
+    const SIZE: usize;
+    fn write(&self, to: &mut [u8]);
+}
+
+macro_rules! push_value {
+    ($($t:ty),*) => {$(
+        impl PushValue for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn write(&self, to: &mut [u8]) {
+                if let Some(to) = to.first_chunk_mut::<{ std::mem::size_of::<$t>() }>() {
+                    *to = self.to_le_bytes();
+                }
+            }
+        }
+    )*};
+}
+push_value!(u64, u32, i32, f32);
+
+/// Writes `v` at byte `offset` of `out`; false where it does not fit.
+fn put<T: PushValue>(out: &mut [u8], offset: u32, v: &T) -> bool {
+    let at = offset as usize;
+    match out.get_mut(at..).filter(|rest| rest.len() >= T::SIZE) {
+        Some(rest) => {
+            v.write(rest);
+            true
+        }
+        None => false,
+    }
 }
