@@ -203,10 +203,45 @@ fn bad_arguments_are_errors() {
         &["bench", "bandwidth", "--dtypes", "f64"],
         &["bench", "dispatch", "--ops", "0"],
         &["bench", "everything"],
+        &["bench", "matmul", "--quick", "--variants", "coop12x"],
+        &["bench", "matmul", "--quick", "--variants", "simt64x64d9"],
     ] {
         let out = helios(args);
         assert!(!out.status.success(), "{args:?} accepted");
         assert!(!text(&out.stderr).contains("panicked"), "{args:?}");
+    }
+}
+
+/// `--variants` times each listed variant instead of the tuner's choice, checked against the
+/// reference; one the case cannot run (a cooperative tile on f32 operands) is skipped.
+#[test]
+fn matmul_variants_side_by_side() {
+    let out = helios(&[
+        "bench",
+        "matmul",
+        "--quick",
+        "--cases",
+        "sq256",
+        "--dtypes",
+        "f32",
+        "--samples",
+        "1",
+        "--variants",
+        "simt64x64d2,coop128x256w2x8k32s1,simt128x64d1",
+        "--json",
+        "-",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("sq256 f32 skipped"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    check_metadata(&v, "matmul");
+    let rows = v["results"].as_array().expect("results");
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["variant"].as_str()).collect();
+    assert_eq!(names, ["simt64x64d2", "simt128x64d1"]);
+    for r in rows {
+        assert_eq!(r["how"], "forced");
+        assert!(r["candidates"].as_array().is_some_and(|c| c.is_empty()));
+        assert!(r["rel_err"].as_f64().is_some_and(|e| e < 1e-5), "{r}");
     }
 }
 

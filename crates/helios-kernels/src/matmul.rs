@@ -203,9 +203,10 @@ pub const BK_SIMT: u32 = 8;
 /// Fragment edge of the cooperative kernels (16×16×16 is reported by NVIDIA, AMD and Intel).
 pub const FRAG: u32 = 16;
 
-/// Every variant, by name (`HELIOS_MATMUL_VARIANT` takes these names): tile, subgroup
-/// arrangement (`w`), k step (`k`, cooperative), prefetch depth (`d`) or one shared-memory
-/// stage (`s1`, depth 1).
+/// Every variant the tuner tries, by name (`HELIOS_MATMUL_VARIANT` takes these names, and
+/// cooperative tiles outside the table in the same grammar: `Variant::parse`): tile,
+/// subgroup arrangement (`w`), k step (`k`, cooperative), prefetch depth (`d`) or one
+/// shared-memory stage (`s1`, depth 1).
 pub const VARIANTS: &[(&str, Variant)] = &[
     ("simt128x128d1", simt(128, 128, 8, 8, 1)),
     ("simt128x128d2", simt(128, 128, 8, 8, 2)),
@@ -247,6 +248,24 @@ pub const VARIANTS: &[(&str, Variant)] = &[
 /// Largest tile edges of the `Wg` variants: every M and N tile divides `WG_GRANULE[0]`, every
 /// k step `WG_GRANULE[1]` (the tuner's shape classes keep exact divisibility up to these).
 pub const WG_GRANULE: [u32; 2] = [256, 64];
+
+/// The per-invocation block a SIMT tile name leaves implicit: 8×8 from 128 rows, 4×4 below.
+const fn simt_block(bm: u16) -> (u8, u8) {
+    if bm >= 128 {
+        (8, 8)
+    } else {
+        (4, 4)
+    }
+}
+
+/// A decimal number (at most 4 digits) at the start of `s`, and what follows it.
+fn number(s: &str) -> Option<(u32, &str)> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || digits > 4 {
+        return None;
+    }
+    Some((s[..digits].parse().ok()?, &s[digits..]))
+}
 
 const fn simt(bm: u16, bn: u16, tm: u8, tn: u8, depth: u8) -> Variant {
     Variant::Simt(SimtTile {
@@ -311,9 +330,85 @@ impl Variant {
             .map_or("custom", |(n, _)| n)
     }
 
-    /// The variant called `name`.
+    /// The variant called `name` in the table.
     pub fn by_name(name: &str) -> Option<Variant> {
         VARIANTS.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+
+    /// The name of any variant, in the table's grammar: for a table variant its table name.
+    /// SIMT tiles name their per-invocation block (`t<tm>x<tn>`) only where it is not the
+    /// default for the tile height (8×8 from 128 rows, 4×4 below).
+    pub fn label(self) -> String {
+        match self {
+            Variant::Simt(t) => {
+                let block = match (t.tm, t.tn) == simt_block(t.bm) {
+                    true => String::new(),
+                    false => format!("t{}x{}", t.tm, t.tn),
+                };
+                format!("simt{}x{}{block}d{}", t.bm, t.bn, t.depth)
+            }
+            Variant::Coop(t) => {
+                let pipeline = match t.stages {
+                    1 => "s1".to_string(),
+                    _ => format!("d{}", t.depth),
+                };
+                format!("coop{}x{}w{}x{}k{}{pipeline}", t.bm, t.bn, t.wm, t.wn, t.bk)
+            }
+            Variant::Wg(t) => format!(
+                "{}{}x{}k{}w{}{}",
+                if t.tensor { "wgt" } else { "wg" },
+                t.bm,
+                t.bn,
+                t.bk,
+                t.warps,
+                if t.prefetch { "p" } else { "" }
+            ),
+        }
+    }
+
+    /// The variant `name` names: a table name, or a cooperative tile outside the table
+    /// written in its grammar, `coop<bm>x<bn>w<wm>x<wn>k<bk>` then `d<depth>` (two
+    /// shared-memory stages, loads `depth` steps ahead, 1 to 3) or `s1` (one stage), for
+    /// trying tiles side by side (`helios bench matmul --variants`) without editing the
+    /// table. Edges are multiples of 16 (each subgroup's share too) up to 512, k steps up to
+    /// 128, at most 32 subgroups; whether a device runs the tile (shared memory, workgroup
+    /// size) is checked where it is chosen.
+    pub fn parse(name: &str) -> Option<Variant> {
+        if let Some(v) = Variant::by_name(name) {
+            return Some(v);
+        }
+        let rest = name.strip_prefix("coop")?;
+        let (bm, rest) = number(rest)?;
+        let (bn, rest) = number(rest.strip_prefix('x')?)?;
+        let (wm, rest) = number(rest.strip_prefix('w')?)?;
+        let (wn, rest) = number(rest.strip_prefix('x')?)?;
+        let (bk, rest) = number(rest.strip_prefix('k')?)?;
+        let (depth, stages) = match rest {
+            "s1" => (1, 1),
+            _ => (
+                number(rest.strip_prefix('d')?)
+                    .filter(|(_, r)| r.is_empty())?
+                    .0,
+                2,
+            ),
+        };
+        let edge = |e: u32, parts: u32| e <= 512 && parts > 0 && e % (parts * FRAG) == 0;
+        let ok = edge(bm, wm)
+            && edge(bn, wn)
+            && wm * wn <= 32
+            && bk > 0
+            && bk <= 128
+            && bk % FRAG == 0
+            && (1..=3).contains(&depth);
+        ok.then_some(Variant::Coop(CoopTile {
+            bm: bm as u16,
+            bn: bn as u16,
+            bk: bk as u16,
+            wm: wm as u8,
+            wn: wn as u8,
+            depth: depth as u8,
+            stages,
+        }))
     }
 
     /// Runs on the matrix units (subgroup or workgroup scope).
@@ -634,12 +729,8 @@ impl MatmulKernel {
                     && wm % FRAG == 0
                     && wn % FRAG == 0
                     && t.bk as u32 % FRAG == 0
-                    && crate::matmul_coop::scratch_fits(
-                        t,
-                        self.trans_a,
-                        self.trans_b,
-                        caps.subgroup,
-                    )
+                    && crate::matmul_coop::scratch(t, self.trans_a, self.trans_b, caps.subgroup)
+                        .is_some()
             }
         }
     }
@@ -668,7 +759,7 @@ impl MatmulKernel {
         }
         format!(
             "mm_{}_{}_{}_{}{}{}{}{}",
-            self.variant.name(),
+            self.variant.label(),
             self.input.name(),
             self.out.name(),
             t(self.trans_a),
@@ -1344,6 +1435,46 @@ pub(crate) fn mask(k: &mut KernelBuilder, cond: Val, v: Val) -> Val {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every table variant's label is its table name and parses back to it; tiles outside
+    /// the table parse from the same grammar, and malformed or impossible ones do not.
+    #[test]
+    fn variant_names_round_trip() {
+        for &(name, v) in VARIANTS {
+            assert_eq!(v.label(), name);
+            assert_eq!(Variant::parse(name), Some(v), "{name}");
+        }
+        let custom = [
+            ("coop128x256w2x8k32s1", coop1(128, 256, 32, 2, 8)),
+            ("coop128x192w2x6k32d1", coop(128, 192, 32, 2, 6, 1)),
+            ("coop256x128w4x4k16d3", coop(256, 128, 16, 4, 4, 3)),
+        ];
+        for (name, v) in custom {
+            assert_eq!(Variant::by_name(name), None, "{name} is in the table");
+            assert_eq!(Variant::parse(name), Some(v), "{name}");
+            assert_eq!(v.label(), name);
+        }
+        for bad in [
+            "",
+            "coop",
+            "coop128x256w2x8k32",
+            "coop128x256w2x8k32s2",
+            "coop128x256w2x8k32d0",
+            "coop128x256w2x8k32d4",
+            "coop128x256w2x8k32d1x",
+            "coop120x256w2x8k32d1",
+            "coop128x256w3x8k32d1",
+            "coop128x256w2x8k24d1",
+            "coop1024x256w2x8k32d1",
+            "coop128x256w8x8k32d1",
+            "coop128x256w0x8k32d1",
+            "coop00128x256w2x8k32d1",
+            "simt128x128t4x4d1",
+            "wg128x128k16w8p",
+        ] {
+            assert_eq!(Variant::parse(bad), None, "{bad:?}");
+        }
+    }
 
     /// `exact_k` holds exactly where k is a whole number of the loop's unrolled steps:
     /// SIMT 8 × (depth + 1) (the spare register set), cooperative bk × depth, never for

@@ -46,12 +46,28 @@ pub(crate) fn stage_vec4s(t: CoopTile, trans_a: bool, trans_b: bool) -> (u32, u3
     (a, b)
 }
 
-/// Whether the A stage(s) can hold every subgroup's 16×16 f32 epilogue scratch (64 words).
-pub(crate) fn scratch_fits(t: CoopTile, trans_a: bool, trans_b: bool, subgroup: u32) -> bool {
-    let (a, _) = stage_vec4s(t, trans_a, trans_b);
-    subgroup > 0
-        && 64 % subgroup == 0
-        && 64 * u32::from(t.wm) * u32::from(t.wn) <= u32::from(t.stages) * a
+/// Which stages hold every subgroup's 16×16 f32 epilogue scratch (64 words): A's where they
+/// are large enough, else B's (many subgroups over a short A tile); `None` where neither is.
+pub(crate) fn scratch(t: CoopTile, trans_a: bool, trans_b: bool, subgroup: u32) -> Option<Scratch> {
+    let (a, b) = stage_vec4s(t, trans_a, trans_b);
+    let need = 64 * u32::from(t.wm) * u32::from(t.wn);
+    let stages = u32::from(t.stages);
+    if subgroup == 0 || 64 % subgroup != 0 {
+        None
+    } else if need <= stages * a {
+        Some(Scratch::A)
+    } else if need <= stages * b {
+        Some(Scratch::B)
+    } else {
+        None
+    }
+}
+
+/// The stage array the epilogue's scratch lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scratch {
+    A,
+    B,
 }
 
 fn frag_scalar(s: Storage) -> Scalar {
@@ -244,6 +260,10 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
         let col = k.add(n0, c);
         (row, col)
     };
+    let scratch_array = match scratch(t, kern.trans_a, kern.trans_b, sg) {
+        Some(Scratch::B) => sb,
+        _ => sa,
+    };
     let shared_path = |k: &mut KernelBuilder| {
         let lane = k.subgroup_invocation_id();
         let sixty_four = k.u32(64);
@@ -252,14 +272,14 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
         for i in 0..fm {
             for j in 0..fnn {
                 let m = k.coop_get(acc[(i * fnn + j) as usize]);
-                k.coop_store_shared(m, sa, scratch, four, CoopLayout::RowMajor);
+                k.coop_store_shared(m, scratch_array, scratch, four, CoopLayout::RowMajor);
                 k.subgroup_barrier();
                 let (row0, col0) = frag_origin(k, i, j);
                 for q in 0..64 / sg {
                     let qo = k.u32(q * sg);
                     let qi = k.add(lane, qo);
                     let at = k.add(scratch, qi);
-                    let w = k.shared_load(sa, at);
+                    let w = k.shared_load(scratch_array, at);
                     let v = k.bitcast(w, Ty::vector(Scalar::F32, 4));
                     let r = k.div(qi, four);
                     let c = k.rem(qi, four);

@@ -271,6 +271,33 @@ mod matmul {
                 }
             }
         }
+        // Tiles outside the table (`Variant::parse`), with 12 and 16 subgroups: the epilogue
+        // scratch of some lives in the B stages.
+        for name in [
+            "coop128x256w2x8k32s1",
+            "coop256x128w4x4k16d1",
+            "coop128x192w2x6k32d1",
+        ] {
+            let v = Variant::parse(name).expect("a cooperative tile");
+            for (j, trans) in TRANS.into_iter().enumerate() {
+                check(&kernel(
+                    v,
+                    Storage::BF16,
+                    Storage::BF16,
+                    trans,
+                    true,
+                    Epilogue::NONE,
+                ));
+                check(&kernel(
+                    v,
+                    Storage::F16,
+                    Storage::F32,
+                    trans,
+                    j % 2 == 0,
+                    FULL,
+                ));
+            }
+        }
         for input in [Storage::F16, Storage::BF16] {
             let k = CoopPeakKernel {
                 input,

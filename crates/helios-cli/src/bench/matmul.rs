@@ -9,7 +9,10 @@
 // lasts ~5 ms), per-op time = sample / r. The relative error ‖out − ref‖ / ‖ref‖ is computed
 // against the f64 reference on 8 evenly spaced rows (every column up to 8192, else evenly
 // spaced columns). PyTorch runs the same cases with `torch.matmul`, TF32 off, CUDA events
-// and the same sampling. Inputs are uniform in [-1, 1), never zeros.
+// and the same sampling. Inputs are uniform in [-1, 1), never zeros. With `--variants`, each
+// listed variant (table names or cooperative tiles outside the table, `Variant::parse`) is
+// forced, unsplit, and measured the same way instead of the tuner's choice: candidate
+// designs side by side in one run, beside the same PyTorch figure.
 // Case names: `sq<n>` (n×n×n), `gpt2_<layer>_<fwd|dx|dw>` for the linear layers of GPT-2 124M
 // at batch×sequence 4096 (qkv 768→2304, fc 768→3072, proj 3072→768, lmhead 768→50257) with
 // PyTorch's weight layout (W stored out×in): fwd = X·Wᵀ, dx = dY·W, dw = dYᵀ·X.
@@ -17,7 +20,7 @@
 use std::path::Path;
 
 use helios::cpu::matmul::{matmul_at, relative_error, MatmulRef};
-use helios::{coop_peak, DType, Device, MatmulOptions, Tensor};
+use helios::{coop_peak, DType, Device, MatmulOptions, MatmulVariant, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::stats::Summary;
@@ -183,23 +186,32 @@ fn parse_dtype(name: &str) -> Option<DType> {
     DType::ALL.into_iter().find(|d| d.name() == name)
 }
 
+/// One case in one dtype: the tuner's choice (its report kept), or `forced`, unsplit.
 fn measure(
     device: &Device,
     c: &MmCase,
     dt: DType,
     samples: usize,
     seed: u64,
+    forced: Option<MatmulVariant>,
 ) -> BenchResult<MmResult> {
     let round = |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| dt.round(x)).collect() };
     let a_host = round(random_values(c.m * c.k, seed));
     let b_host = round(random_values(c.k * c.n, seed + 1));
     let a = upload(device, &a_host, c.m, c.k, c.ta, dt)?;
     let b = upload(device, &b_host, c.k, c.n, c.tb, dt)?;
-    let opts = MatmulOptions::default();
+    let opts = MatmulOptions {
+        variant: forced,
+        splits: forced.map(|_| 1),
+        ..MatmulOptions::default()
+    };
 
-    // Tune (unless a variant is forced by HELIOS_MATMUL_VARIANT), then use the choice.
+    // Tune (unless a variant is forced, here or by HELIOS_MATMUL_VARIANT), then use the
+    // choice.
     let mut candidates = Vec::new();
-    if std::env::var("HELIOS_MATMUL_VARIANT").map_or(true, |v| v.trim().is_empty()) {
+    if forced.is_none()
+        && std::env::var("HELIOS_MATMUL_VARIANT").map_or(true, |v| v.trim().is_empty())
+    {
         let report = a.matmul_tune(&b, &opts)?;
         candidates = report
             .candidates
@@ -310,6 +322,21 @@ pub fn run(args: &BenchArgs) -> CliResult {
             );
         }
     }
+    let forced: Vec<Option<MatmulVariant>> = match args.variants.is_empty() {
+        true => vec![None],
+        false => args
+            .variants
+            .iter()
+            .map(|name| {
+                MatmulVariant::parse(name.trim()).map(Some).ok_or_else(|| {
+                    format!(
+                        "--variants: {name:?} names no matmul variant (a table name, or \
+                         coop<bm>x<bn>w<wm>x<wn>k<bk> then d<1-3> or s1)"
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?,
+    };
     let script = super::torch_script(args)?;
 
     let device = Device::from_env()?;
@@ -332,8 +359,20 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     let mut results = Vec::new();
     for (i, c) in cases.iter().enumerate() {
-        for &dt in &dtypes {
-            let mut r = measure(&device, c, dt, samples, 1000 + 10 * i as u64)?;
+        for (&dt, &v) in dtypes
+            .iter()
+            .flat_map(|dt| forced.iter().map(move |v| (dt, v)))
+        {
+            let mut r = match measure(&device, c, dt, samples, 1000 + 10 * i as u64, v) {
+                Ok(r) => r,
+                // A listed variant this case cannot run (its dtype, shared memory, ...).
+                Err(e) if v.is_some() => {
+                    eprintln!("bench: {} {} skipped: {e}", c.name, dt.name());
+                    device.synchronize()?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             r.pct_of_peak = peaks
                 .iter()
                 .find(|p| p.dtype == r.dtype && r.variant.starts_with("coop"))

@@ -78,6 +78,13 @@ pub struct BenchArgs {
     /// all.
     #[arg(long, value_delimiter = ',')]
     cases: Vec<String>,
+    /// Matmul only: time these variants side by side on every case instead of the tuner's
+    /// choice, comma-separated: table names (`helios_kernels::matmul::VARIANTS`) or
+    /// cooperative tiles in the same grammar, coop<bm>x<bn>w<wm>x<wn>k<bk> then d<1-3> or s1.
+    /// Each is checked against the f64 reference like any result; one a case cannot run is
+    /// reported and skipped.
+    #[arg(long, value_delimiter = ',')]
+    variants: Vec<String>,
     /// Shapes for the ops suite, comma-separated ROWSxCOLS (default 4096x768, 4096x3072,
     /// 4096x50257; with --quick 64x768, 4x50257).
     #[arg(long, value_delimiter = ',')]

@@ -389,7 +389,7 @@ impl Problem {
                     "this product cannot be split {} ways with variant {} (see \
                      MatmulOptions::splits)",
                     plan.splits,
-                    plan.kernel.variant.name()
+                    plan.kernel.variant.label()
                 ))
             })?;
         let (m, n) = (sub.m as usize, sub.n as usize);
@@ -548,6 +548,6 @@ pub struct MatmulChoice {
 impl MatmulChoice {
     /// The variant's name, with `/k<splits>` when k is split.
     pub fn label(&self) -> String {
-        matmul_tune::winner_tag(self.variant.name(), self.splits)
+        matmul_tune::winner_tag(&self.variant.label(), self.splits)
     }
 }

@@ -124,7 +124,8 @@ fn invalid(detail: String) -> Error {
     }
 }
 
-/// `HELIOS_MATMUL_VARIANT`: a variant name from `helios_kernels::matmul::VARIANTS`.
+/// `HELIOS_MATMUL_VARIANT`: a variant name from `helios_kernels::matmul::VARIANTS`, or a
+/// cooperative tile outside it in the same grammar (`MatmulVariant::parse`).
 fn env_variant() -> Result<Option<MatmulVariant>> {
     // Read once per process (it is asked on every matmul).
     static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
@@ -135,13 +136,14 @@ fn env_variant() -> Result<Option<MatmulVariant>> {
     if name.is_empty() {
         return Ok(None);
     }
-    MatmulVariant::by_name(name).map(Some).ok_or_else(|| {
+    MatmulVariant::parse(name).map(Some).ok_or_else(|| {
         let names: Vec<&str> = helios_kernels::matmul::VARIANTS
             .iter()
             .map(|(n, _)| *n)
             .collect();
         invalid(format!(
-            "HELIOS_MATMUL_VARIANT={name:?} names no variant; use one of {}",
+            "HELIOS_MATMUL_VARIANT={name:?} names no variant; use one of {}, or a \
+             cooperative tile coop<bm>x<bn>w<wm>x<wn>k<bk> followed by d<1-3> or s1",
             names.join(", ")
         ))
     })
@@ -230,7 +232,7 @@ fn choose_uncached(p: &Problem, forced: Option<(MatmulVariant, Choice)>) -> Resu
             return Err(invalid(format!(
                 "variant {} cannot run here ({} inputs, {} on {}): it needs more shared \
                  memory or invocations than the device has, or cooperative-matrix support",
-                v.name(),
+                v.label(),
                 p.input,
                 if p.trans.0 || p.trans.1 {
                     "transposed operands"
@@ -244,7 +246,7 @@ fn choose_uncached(p: &Problem, forced: Option<(MatmulVariant, Choice)>) -> Resu
             return Err(invalid(format!(
                 "variant {} needs M, N and K to be multiples of its tile ({:?}); \
                  this product is {}x{}x{}: pick another variant or pad the operands",
-                v.name(),
+                v.label(),
                 v,
                 p.shape.m,
                 p.shape.n,
