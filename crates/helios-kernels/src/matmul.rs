@@ -392,23 +392,49 @@ impl Variant {
                 2,
             ),
         };
-        let edge = |e: u32, parts: u32| e <= 512 && parts > 0 && e % (parts * FRAG) == 0;
-        let ok = edge(bm, wm)
-            && edge(bn, wn)
-            && wm * wn <= 32
-            && bk > 0
-            && bk <= 128
-            && bk % FRAG == 0
-            && (1..=3).contains(&depth);
-        ok.then_some(Variant::Coop(CoopTile {
-            bm: bm as u16,
-            bn: bn as u16,
-            bk: bk as u16,
-            wm: wm as u8,
-            wn: wn as u8,
-            depth: depth as u8,
+        let v = Variant::Coop(CoopTile {
+            bm: u16::try_from(bm).ok()?,
+            bn: u16::try_from(bn).ok()?,
+            bk: u16::try_from(bk).ok()?,
+            wm: u8::try_from(wm).ok()?,
+            wn: u8::try_from(wn).ok()?,
+            depth: u8::try_from(depth).ok()?,
             stages,
-        }))
+        });
+        let sized = bm <= 512 && bn <= 512 && bk <= 128 && wm * wn <= 32;
+        (sized && v.well_formed()).then_some(v)
+    }
+
+    /// Whether the tile is one the kernel generators build: every table variant and every
+    /// name `parse` accepts is; a tile put together by hand (the fields are public) may not
+    /// be, and is then never feasible, rather than a panic or an invalid module.
+    pub fn well_formed(self) -> bool {
+        match self {
+            Variant::Simt(t) => {
+                let (bm, bn, tm, tn) = (t.bm, t.bn, u16::from(t.tm), u16::from(t.tn));
+                tm >= 4
+                    && tn >= 4
+                    && tm % 4 == 0
+                    && tn % 4 == 0
+                    && bm % tm == 0
+                    && bn % tn == 0
+                    && bm > 0
+                    && bn > 0
+                    && t.depth <= 3
+            }
+            Variant::Coop(t) => {
+                let edge = |e: u16, parts: u8| {
+                    parts > 0 && e > 0 && e % (u16::from(parts) * FRAG as u16) == 0
+                };
+                edge(t.bm, t.wm)
+                    && edge(t.bn, t.wn)
+                    && t.bk > 0
+                    && t.bk % FRAG as u16 == 0
+                    && (1..=3).contains(&t.depth)
+                    && (t.stages == 2 || (t.stages == 1 && t.depth == 1))
+            }
+            Variant::Wg(t) => t.bm > 0 && t.bn > 0 && t.bk > 0 && t.warps > 0,
+        }
     }
 
     /// Runs on the matrix units (subgroup or workgroup scope).
@@ -695,7 +721,8 @@ impl MatmulKernel {
     /// fragment support for the input storage).
     pub fn feasible(&self, caps: &MatmulCaps) -> bool {
         let v = self.variant;
-        if v.shared_bytes(self.trans_a, self.trans_b) > caps.max_shared_bytes
+        if !v.well_formed()
+            || v.shared_bytes(self.trans_a, self.trans_b) > caps.max_shared_bytes
             || v.threads(caps.subgroup) > caps.max_invocations
             || !self.epilogue.is_valid()
         {
@@ -1450,9 +1477,27 @@ mod tests {
             ("coop256x128w4x4k16d3", coop(256, 128, 16, 4, 4, 3)),
         ];
         for (name, v) in custom {
+            assert!(v.well_formed(), "{name}");
             assert_eq!(Variant::by_name(name), None, "{name} is in the table");
             assert_eq!(Variant::parse(name), Some(v), "{name}");
             assert_eq!(v.label(), name);
+        }
+        // Every name the grammar takes is well formed, and hand-made tiles that the
+        // generators cannot build are not.
+        assert!(VARIANTS.iter().all(|(_, v)| v.well_formed()));
+        for bad in [
+            simt(128, 128, 3, 8, 1),
+            simt(128, 100, 8, 8, 1),
+            simt(0, 64, 4, 4, 1),
+            coop(128, 128, 32, 0, 2, 1),
+            coop(128, 128, 24, 2, 2, 1),
+            coop(96, 128, 32, 4, 2, 1),
+            coop(128, 128, 32, 2, 2, 0),
+            coop_tile(128, 128, 32, 2, 2, 2, 1),
+            coop_tile(128, 128, 32, 2, 2, 1, 3),
+            wg(128, 128, 16, 0, false),
+        ] {
+            assert!(!bad.well_formed(), "{bad:?}");
         }
         for bad in [
             "",

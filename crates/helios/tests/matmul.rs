@@ -140,6 +140,47 @@ impl Case {
 
 const TRANS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
 
+/// A forced variant the device cannot run, or a tile put together by hand that the kernel
+/// generators cannot build, is an error that names it, not a panic; a cooperative tile
+/// outside the table is named as `HELIOS_MATMUL_VARIANT` would take it.
+#[test]
+fn unrunnable_variants_are_errors() {
+    use helios_kernels::matmul::{CoopTile, SimtTile};
+    let a = Tensor::from_slice(device(), &random(8 * 16, DType::F32, 3), &[8, 16]).unwrap();
+    let b = Tensor::from_slice(device(), &random(16 * 8, DType::F32, 4), &[16, 8]).unwrap();
+    let odd_simt = MatmulVariant::Simt(SimtTile {
+        bm: 64,
+        bn: 64,
+        tm: 3,
+        tn: 4,
+        depth: 1,
+    });
+    let no_subgroups = MatmulVariant::Coop(CoopTile {
+        bm: 128,
+        bn: 128,
+        bk: 32,
+        wm: 0,
+        wn: 2,
+        depth: 1,
+        stages: 2,
+    });
+    let custom = MatmulVariant::parse("coop128x256w2x8k32s1").expect("a cooperative tile");
+    for (v, name) in [
+        (odd_simt, "simt64x64t3x4d1"),
+        (no_subgroups, "coop128x128w0x2k32d1"),
+        // f32 operands never run on cooperative matrices.
+        (custom, "coop128x256w2x8k32s1"),
+    ] {
+        let opts = MatmulOptions {
+            variant: Some(v),
+            ..Default::default()
+        };
+        let err = a.matmul_opts(&b, &opts).unwrap_err().to_string();
+        assert!(err.contains(name) && err.contains("cannot run"), "{err}");
+    }
+    assert_no_validation_messages();
+}
+
 /// Split-K (k cut into 2, 3 or 4 products in one batched launch, summed after): every
 /// transpose combination, narrow inputs and outputs, a scale, a folded batch; and the
 /// products it cannot split are refused with a message.
