@@ -259,7 +259,23 @@ impl Node {
         depth: u32,
     ) -> Arc<Node> {
         LIVE.fetch_add(1, Ordering::Relaxed);
-        let node = Node {
+        if let Some(mut spare) = SPARES.with(|s| s.borrow_mut().pop()) {
+            // The spare's allocation takes the new node, field by field: a spare holds no
+            // device, buffer or op, so nothing is dropped, and the node is not built on the
+            // stack and copied in whole (two copies of ~200 bytes per op).
+            let n = Arc::get_mut(&mut spare).expect("spares are unique");
+            n.device = Some(device);
+            n.dtype = dtype;
+            n.len = len;
+            n.buffer = buffer;
+            n.pending = Mutex::new(pending);
+            n.depth = depth;
+            *n.mark.get_mut() = 0;
+            *n.slot.get_mut() = 0;
+            *n.uses.get_mut() = 0;
+            return spare;
+        }
+        Arc::new(Node {
             device: Some(device),
             dtype,
             len,
@@ -269,15 +285,7 @@ impl Node {
             mark: AtomicU64::new(0),
             slot: Default::default(),
             uses: Default::default(),
-        };
-        match SPARES.with(|s| s.borrow_mut().pop()) {
-            // The spare's allocation takes the new node (dropping a spare counts nothing).
-            Some(mut spare) => {
-                *Arc::get_mut(&mut spare).expect("spares are unique") = node;
-                spare
-            }
-            None => Arc::new(node),
-        }
+        })
     }
 
     /// A pending node computing `op` over `inputs` into `len` elements of `dtype`. With
