@@ -157,6 +157,11 @@ pub struct MmResult {
     pub rel_err: f64,
     /// Share of the cooperative-matrix peak of the same dtype, %.
     pub pct_of_peak: Option<f64>,
+    /// The driver's compiler statistics of the kernel (on NVIDIA register count, binary
+    /// size, stack, local and shared memory), where they were captured
+    /// (`HELIOS_PIPELINE_STATS=1`): empty otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernel_stats: Vec<(String, String)>,
     pub candidates: Vec<CandidateRow>,
     pub torch: Option<TorchMm>,
 }
@@ -275,6 +280,7 @@ fn measure(
         .map(|_| sample(reps))
         .collect::<BenchResult<_>>()?;
     let time_us = summarize(&times, &c.name)?;
+    let kernel_stats = kernel_stats(device, &choice.kernel)?;
     let flops = 2.0 * c.m as f64 * c.n as f64 * c.k as f64;
     Ok(MmResult {
         case: c.clone(),
@@ -287,9 +293,30 @@ fn measure(
         tflops: flops / (time_us.median * 1e-6) / 1e12,
         rel_err,
         pct_of_peak: None,
+        kernel_stats,
         candidates,
         torch: None,
     })
+}
+
+/// The captured compiler statistics of `kernel`'s executables, as (name, value) text.
+fn kernel_stats(device: &Device, kernel: &str) -> BenchResult<Vec<(String, String)>> {
+    let all = device.kernel_statistics()?;
+    Ok(all
+        .into_iter()
+        .filter(|k| k.kernel == kernel)
+        .flat_map(|k| k.executables)
+        .flat_map(|e| e.stats)
+        .map(|(name, value)| (name, value.to_string()))
+        .collect())
+}
+
+/// The register count among a result's statistics (NVIDIA names it "Register Count").
+fn registers(r: &MmResult) -> Option<&str> {
+    r.kernel_stats
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("register count"))
+        .map(|(_, v)| v.as_str())
 }
 
 /// `helios bench matmul`.
@@ -465,6 +492,7 @@ fn table(meta: &report::RunMeta, peaks: &[PeakRow], rows: &[MmResult]) -> String
         );
     }
     let torch = rows.iter().any(|r| r.torch.is_some());
+    let regs = rows.iter().any(|r| registers(r).is_some());
     let mut head = vec![
         "case",
         "dtype",
@@ -478,6 +506,9 @@ fn table(meta: &report::RunMeta, peaks: &[PeakRow], rows: &[MmResult]) -> String
         "rel err",
         "% peak",
     ];
+    if regs {
+        head.push("regs");
+    }
     if torch {
         head.extend([
             "torch µs",
@@ -507,6 +538,9 @@ fn table(meta: &report::RunMeta, peaks: &[PeakRow], rows: &[MmResult]) -> String
             format!("{:.1e}", r.rel_err),
             r.pct_of_peak.map_or("-".into(), |p| format!("{p:.0}%")),
         ];
+        if regs {
+            line.push(registers(r).unwrap_or("-").to_string());
+        }
         if torch {
             match &r.torch {
                 Some(t) => line.extend([
@@ -553,4 +587,36 @@ fn table(meta: &report::RunMeta, peaks: &[PeakRow], rows: &[MmResult]) -> String
         s.push('\n');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A result's register count comes from the driver's statistic of that name, whatever
+    /// its case; without captured statistics there is none (and no table column).
+    #[test]
+    fn register_count_from_kernel_statistics() {
+        let mut r = MmResult {
+            case: case("sq256", 256, 256, 256, false, false),
+            dtype: "bf16",
+            variant: "coop128x256w2x8k32s1".into(),
+            kernel: "mm_coop128x256w2x8k32s1_bf16_bf16_nn_vabc".into(),
+            how: "forced",
+            ops_per_sample: 1,
+            time_us: Summary::of(&[10.0, 11.0]).expect("finite samples"),
+            tflops: 1.0,
+            rel_err: 1e-3,
+            pct_of_peak: None,
+            kernel_stats: Vec::new(),
+            candidates: Vec::new(),
+            torch: None,
+        };
+        assert_eq!(registers(&r), None);
+        r.kernel_stats = vec![
+            ("Binary Size".into(), "35200".into()),
+            ("Register Count".into(), "128".into()),
+        ];
+        assert_eq!(registers(&r), Some("128"));
+    }
 }
