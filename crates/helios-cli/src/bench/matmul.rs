@@ -392,8 +392,16 @@ pub fn run(args: &BenchArgs) -> CliResult {
         {
             let mut r = match measure(&device, c, dt, samples, 1000 + 10 * i as u64, v) {
                 Ok(r) => r,
-                // A listed variant this case cannot run (its dtype, shared memory, ...).
-                Err(e) if v.is_some() => {
+                // A listed variant this case cannot run (its dtype, shared memory, ...): the
+                // selection refuses it as invalid. Anything else (a lost device, memory) ends
+                // the run as usual.
+                Err(e)
+                    if v.is_some()
+                        && matches!(
+                            e.downcast_ref::<helios::Error>(),
+                            Some(helios::Error::Invalid { .. })
+                        ) =>
+                {
                     eprintln!("bench: {} {} skipped: {e}", c.name, dt.name());
                     device.synchronize()?;
                     continue;
