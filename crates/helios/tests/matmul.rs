@@ -599,9 +599,13 @@ fn cooperative_matrix_variants() {
         // variant's loop steps (384: the kernels without k clamps or masks), in every
         // transpose combination; the first two also on aligned and tiny shapes and with the
         // full epilogue (each distinct kernel costs a pipeline compile, which dominates on a
-        // GPU).
+        // GPU). Then two tiles outside the table with 16 subgroups, whose epilogue scratch
+        // lives in the B stages (the odd shape's edge tiles take that path).
+        let custom = ["coop128x256w2x8k32s1", "coop256x128w4x4k16d1"]
+            .map(|name| MatmulVariant::parse(name).expect("a cooperative tile"));
         for (i, v) in helios_kernels_variants(subgroup_coop)
             .into_iter()
+            .chain(custom)
             .enumerate()
         {
             let shapes: &[(usize, usize, usize)] = if i < 2 {
