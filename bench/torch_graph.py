@@ -28,6 +28,8 @@ def parse(argv):
     p.add_argument("--mixed", default="4096x4096")
     p.add_argument("--mlp", default="8192x768")
     p.add_argument("--dtypes", default="f32,bf16")
+    p.add_argument("--cases", default="chain1000,roundtrip,mixed32,mlp_block",
+                   help="comma-separated: chain1000, roundtrip, mixed32, mlp_block")
     p.add_argument("--quick", action="store_true")
     return p.parse_args(argv)
 
@@ -92,6 +94,7 @@ def main(argv=None):
     results = []
     s = a.samples
 
+    cases = set(a.cases.split(","))
     x = torch.rand(1024, device=dev)
 
     def chain():
@@ -99,21 +102,26 @@ def main(argv=None):
         for i in range(1000):
             t = t * 1.0001 if i % 2 == 0 else t - 0.0001
         t.cpu()
-    results.append({"case": "chain1000", "dtype": "f32", "eager_us": timed(torch, chain, s) / 1000})
-    results.append({"case": "roundtrip", "dtype": "f32",
-                    "eager_us": timed(torch, lambda: (x + 1.0).cpu(), s * 40, 20)})
+    if "chain1000" in cases:
+        results.append({"case": "chain1000", "dtype": "f32",
+                        "eager_us": timed(torch, chain, s) / 1000})
+    if "roundtrip" in cases:
+        results.append({"case": "roundtrip", "dtype": "f32",
+                        "eager_us": timed(torch, lambda: (x + 1.0).cpu(), s * 40, 20)})
 
-    rows, cols = (int(v) for v in a.mixed.split("x"))
-    xm = torch.rand(rows, cols, device=dev)
-    bm = torch.rand(cols, device=dev)
-    run = mixed_fn(torch, F, xm, bm)
-    compiled = torch.compile(run)
-    results.append({"case": "mixed32", "dtype": "f32", "eager_us": timed(torch, run, s),
-                    "compile_us": timed(torch, compiled, s),
-                    "eager_kernels": kernels(torch, run), "compile_kernels": kernels(torch, compiled)})
+    if "mixed32" in cases:
+        rows, cols = (int(v) for v in a.mixed.split("x"))
+        xm = torch.rand(rows, cols, device=dev)
+        bm = torch.rand(cols, device=dev)
+        run = mixed_fn(torch, F, xm, bm)
+        compiled = torch.compile(run)
+        results.append({"case": "mixed32", "dtype": "f32", "eager_us": timed(torch, run, s),
+                        "compile_us": timed(torch, compiled, s),
+                        "eager_kernels": kernels(torch, run),
+                        "compile_kernels": kernels(torch, compiled)})
 
     n, c = (int(v) for v in a.mlp.split("x"))
-    for name in a.dtypes.split(","):
+    for name in (a.dtypes.split(",") if "mlp_block" in cases else []):
         dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[name]
         mk = lambda *shape, scale=1.0: (torch.rand(*shape, device=dev) * scale).to(dt)
         x2, dy = mk(n, c).requires_grad_(), mk(n, c)

@@ -203,6 +203,7 @@ fn bad_arguments_are_errors() {
         &["bench", "bandwidth", "--dtypes", "f64"],
         &["bench", "dispatch", "--ops", "0"],
         &["bench", "everything"],
+        &["bench", "graph", "--quick", "--cases", "chain"],
         &["bench", "matmul", "--quick", "--variants", "coop12x"],
         &["bench", "matmul", "--quick", "--variants", "simt64x64d9"],
     ] {
@@ -245,6 +246,32 @@ fn matmul_variants_side_by_side() {
     }
 }
 
+/// `--cases` runs only the graph cases named (host12 gives its cold and cached rows).
+#[test]
+fn graph_quick_selected_cases() {
+    let out = helios(&[
+        "bench",
+        "graph",
+        "--quick",
+        "--samples",
+        "2",
+        "--cases",
+        "host12,chain1000",
+        "--json",
+        "-",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    check_metadata(&v, "graph");
+    let names: Vec<&str> = v["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .filter_map(|r| r["case"].as_str())
+        .collect();
+    assert_eq!(names, ["chain1000", "host12_cold", "host12_cached"]);
+}
+
 #[test]
 fn torch_reference_help_parses() {
     if !has_python() {
@@ -261,6 +288,13 @@ fn torch_reference_help_parses() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("--suite"));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/torch_graph.py");
+    let out = Command::new("python3")
+        .args([script, "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("--cases"));
 }
 
 #[test]

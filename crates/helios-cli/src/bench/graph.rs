@@ -69,6 +69,9 @@ struct Sizes {
     host: (usize, usize, usize, usize),
 }
 
+/// The suite's cases, in the order they run (`--cases` selects among them).
+const CASES: [&str; 5] = ["chain1000", "roundtrip", "mixed32", "mlp_block", "host12"];
+
 pub fn run(args: &BenchArgs) -> CliResult {
     let quick = args.quick;
     let sizes = Sizes {
@@ -93,18 +96,45 @@ pub fn run(args: &BenchArgs) -> CliResult {
             .filter_map(|d| DType::ALL.into_iter().find(|t| t.name() == d))
             .collect()
     };
+    let cases: Vec<&str> = match args.cases.is_empty() {
+        true => CASES.to_vec(),
+        false => args
+            .cases
+            .iter()
+            .map(|c| {
+                CASES
+                    .iter()
+                    .copied()
+                    .find(|&k| k == c.trim())
+                    .ok_or_else(|| {
+                        format!(
+                            "--cases: the graph suite has no case {c:?}; its cases are {}",
+                            CASES.join(", ")
+                        )
+                    })
+            })
+            .collect::<Result<_, _>>()?,
+    };
     let script = super::torch_script_named(args, "bench/torch_graph.py")?;
     let device = Device::from_env()?;
     eprintln!("bench: graph on {}", device.name());
-    let mut results = vec![chain(&device, &sizes)?, roundtrip(&device, &sizes)?];
-    results.push(mixed(&device, &sizes)?);
-    for &dt in &dtypes {
-        results.push(mlp_block(&device, &sizes, dt)?);
+    let mut results = Vec::new();
+    for case in CASES.iter().filter(|c| cases.contains(c)) {
+        match *case {
+            "chain1000" => results.push(chain(&device, &sizes)?),
+            "roundtrip" => results.push(roundtrip(&device, &sizes)?),
+            "mixed32" => results.push(mixed(&device, &sizes)?),
+            "mlp_block" => {
+                for &dt in &dtypes {
+                    results.push(mlp_block(&device, &sizes, dt)?);
+                }
+            }
+            _ => results.extend(host12(&device, &sizes)?),
+        }
     }
-    results.extend(host12(&device, &sizes)?);
 
     let (torch_meta, torch_note, rows) = super::torch_side(script.as_deref(), |script| {
-        run_torch(script, &sizes, &dtypes, quick)
+        run_torch(script, &sizes, &dtypes, &cases, quick)
     });
     for r in results.iter_mut() {
         r.torch = rows
@@ -384,6 +414,7 @@ fn run_torch(
     script: &Path,
     s: &Sizes,
     dtypes: &[DType],
+    cases: &[&str],
     quick: bool,
 ) -> Result<(serde_json::Value, Vec<TorchGraph>), String> {
     let mut cmd = std::process::Command::new("python3");
@@ -393,6 +424,9 @@ fn run_torch(
     cmd.args(["--mlp", &format!("{}x{}", s.mlp_rows, s.mlp_c)]);
     let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
     cmd.args(["--dtypes", &names.join(",")]);
+    // host12 has no PyTorch side.
+    let torch_cases: Vec<&str> = cases.iter().copied().filter(|&c| c != "host12").collect();
+    cmd.args(["--cases", &torch_cases.join(",")]);
     if quick {
         cmd.arg("--quick");
     }
