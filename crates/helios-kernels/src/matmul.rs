@@ -750,12 +750,9 @@ impl MatmulKernel {
                     Storage::BF16 => caps.coop_bf16,
                     Storage::F32 => false,
                 };
-                let (wm, wn) = (t.bm as u32 / t.wm as u32, t.bn as u32 / t.wn as u32);
+                // Fragment-multiple shares and k steps: `well_formed`, checked above.
                 frags
                     && caps.subgroup == self.subgroup
-                    && wm % FRAG == 0
-                    && wn % FRAG == 0
-                    && t.bk as u32 % FRAG == 0
                     && crate::matmul_coop::scratch(t, self.trans_a, self.trans_b, caps.subgroup)
                         .is_some()
             }
