@@ -278,23 +278,18 @@ fn torch_reference_help_parses() {
         eprintln!("skipped: no python3");
         return;
     }
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../bench/torch_reference.py"
-    );
-    let out = Command::new("python3")
-        .args([script, "--help"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("--suite"));
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/torch_graph.py");
-    let out = Command::new("python3")
-        .args([script, "--help"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("--cases"));
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/");
+    for (script, option) in [
+        ("torch_reference.py", "--suite"),
+        ("torch_graph.py", "--cases"),
+    ] {
+        let out = Command::new("python3")
+            .args([&format!("{dir}{script}"), "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{script}: {}", text(&out.stderr));
+        assert!(text(&out.stdout).contains(option), "{script}");
+    }
 }
 
 #[test]

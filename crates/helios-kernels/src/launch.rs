@@ -192,15 +192,17 @@ pub fn pack_push(
             return Err(count_mismatch());
         };
         let written = match (&p.slot, a) {
-            (ParamSlot::Address { offset }, Arg::Address(v)) => put(&mut out, *offset, v),
+            (ParamSlot::Address { offset }, Arg::Address(v)) => {
+                put(&mut out, *offset, v.to_le_bytes())
+            }
             (ParamSlot::Value { offset, ty }, Arg::U32(v)) if *ty == u32_ty => {
-                put(&mut out, *offset, v)
+                put(&mut out, *offset, v.to_le_bytes())
             }
             (ParamSlot::Value { offset, ty }, Arg::I32(v)) if *ty == i32_ty => {
-                put(&mut out, *offset, v)
+                put(&mut out, *offset, v.to_le_bytes())
             }
             (ParamSlot::Value { offset, ty }, Arg::F32(v)) if *ty == f32_ty => {
-                put(&mut out, *offset, v)
+                put(&mut out, *offset, v.to_le_bytes())
             }
             _ => false,
         };
@@ -217,32 +219,15 @@ pub fn pack_push(
     Ok(out)
 }
 
-/// A value of a push-constant argument, as its little-endian bytes.
-trait PushValue {
-    const SIZE: usize;
-    fn write(&self, to: &mut [u8]);
-}
-
-macro_rules! push_value {
-    ($($t:ty),*) => {$(
-        impl PushValue for $t {
-            const SIZE: usize = std::mem::size_of::<$t>();
-            fn write(&self, to: &mut [u8]) {
-                if let Some(to) = to.first_chunk_mut::<{ std::mem::size_of::<$t>() }>() {
-                    *to = self.to_le_bytes();
-                }
-            }
-        }
-    )*};
-}
-push_value!(u64, u32, i32, f32);
-
-/// Writes `v` at byte `offset` of `out`; false where it does not fit.
-fn put<T: PushValue>(out: &mut [u8], offset: u32, v: &T) -> bool {
-    let at = offset as usize;
-    match out.get_mut(at..).filter(|rest| rest.len() >= T::SIZE) {
-        Some(rest) => {
-            v.write(rest);
+/// Writes `bytes` at byte `offset` of `out` (a copy of constant size); false where they do
+/// not fit.
+fn put<const N: usize>(out: &mut [u8], offset: u32, bytes: [u8; N]) -> bool {
+    match out
+        .get_mut(offset as usize..)
+        .and_then(|rest| rest.first_chunk_mut::<N>())
+    {
+        Some(to) => {
+            *to = bytes;
             true
         }
         None => false,
