@@ -19,7 +19,7 @@ use helios_spirv::{Access, Binding, Buffer, CmpOp, KernelBuilder, KernelModule, 
 
 use crate::elementwise::{binary_expr, unary_expr, BinaryOp, UnaryOp};
 use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
-use crate::storage::{buffer_scalar, f32_to_bf16_bits, load_f32, store_f32, Storage};
+use crate::storage::{buffer_scalar, f32_to_bf16_bits, load_f32, round_to_f16, store_f32, Storage};
 use crate::{math, KernelError};
 
 /// A comparison giving 1.0 where true and 0.0 where false (NaN compares unequal).
@@ -422,7 +422,13 @@ impl FusedKernel {
     ) {
         let vals = self.values(k, inputs, scalars, at, lanes);
         for (&(o, s), &buf) in self.outputs.iter().zip(outputs) {
-            store_f32(k, buf, at, vals[o as usize], s);
+            // Rounded first, so that the store's conversion is exact whatever rounding the
+            // driver gives it, and agrees with `round` in a reduction's prologue.
+            let v = match s {
+                Storage::F16 => round_to_f16(k, vals[o as usize]),
+                _ => vals[o as usize],
+            };
+            store_f32(k, buf, at, v, s);
         }
     }
 
@@ -698,10 +704,7 @@ fn round(k: &mut KernelBuilder, value: Val, s: Storage) -> Val {
     let lanes = value.ty.lanes;
     match s {
         Storage::F32 => value,
-        Storage::F16 => {
-            let h = k.convert(value, Scalar::F16);
-            k.convert(h, Scalar::F32)
-        }
+        Storage::F16 => round_to_f16(k, value),
         Storage::BF16 => {
             let bits = f32_to_bf16_bits(k, value);
             let wide = k.convert(bits, Scalar::U32);

@@ -7,7 +7,7 @@
 //! family declares its float buffers with [`buffer_scalar`] and reads and writes them through
 //! [`load_f32`] and [`store_f32`], so a new format is added here once.
 
-use helios_spirv::{Buffer, KernelBuilder, Scalar, Ty, Val};
+use helios_spirv::{Buffer, GLOp, KernelBuilder, Scalar, Ty, Val};
 
 /// How float values are stored in a buffer (arithmetic on them is f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -91,6 +91,54 @@ pub fn store_f32(k: &mut KernelBuilder, buf: Buffer, index: Val, value: Val, s: 
         Storage::BF16 => f32_to_bf16_bits(k, value),
     };
     k.store(buf, index, narrow);
+}
+
+/// f32 `value` rounded to the nearest f16 (ties to even), still f32: overflow to ±inf, f16
+/// subnormals kept, NaN kept. Computed by scaling with powers of two and `RoundEven`, which
+/// every step leaves exact, rather than `OpFConvert` there and back: Vulkan leaves the
+/// rounding of a narrowing `OpFConvert` to the implementation unless a decoration fixes it,
+/// and NVIDIA's compiler may drop an f32 → f16 → f32 round trip held in registers. A fused
+/// group that rounds an f16 value in registers (a reduction's prologue) then rounded it
+/// differently from the same group storing it (1 ulp, `graph::reductions_compute_a_pending_
+/// group_in_their_loads` on an H100).
+pub fn round_to_f16(k: &mut KernelBuilder, value: Val) -> Val {
+    let lanes = value.ty.lanes;
+    let float = Ty::vector(Scalar::F32, lanes);
+    let bits = k.bitcast(value, Ty::vector(Scalar::U32, lanes));
+    let twenty_three = splat_u32(k, 23, lanes);
+    let shifted = k.shr(bits, twenty_three);
+    let exp_mask = splat_u32(k, 0xff, lanes);
+    let exp = k.and(shifted, exp_mask);
+    // The f16 quantum at this magnitude is 2^q, q = max(e, −14) − 10 for the unbiased
+    // exponent e (−14: below it f16 is subnormal, with a fixed quantum 2^−24). Scale by 2^−q
+    // (biased exponent min(264 − exp, 151)), round to an integer, scale back by 2^q
+    // (biased max(exp, 113) − 10). Both scales are normal f32 for every exp up to 255.
+    let c264 = splat_u32(k, 264, lanes);
+    let c151 = splat_u32(k, 151, lanes);
+    let down = k.sub(c264, exp);
+    let down = k.min(down, c151);
+    let down = k.shl(down, twenty_three);
+    let down = k.bitcast(down, float);
+    let c113 = splat_u32(k, 113, lanes);
+    let ten = splat_u32(k, 10, lanes);
+    let up = k.max(exp, c113);
+    let up = k.sub(up, ten);
+    let up = k.shl(up, twenty_three);
+    let up = k.bitcast(up, float);
+    let scaled = k.mul(value, down);
+    let whole = k.glsl_op(GLOp::RoundEven, &[scaled]);
+    let rounded = k.mul(whole, up);
+    // Past the largest f16 (65504) it is ±inf, with the sign of `value`.
+    let sign_mask = splat_u32(k, 0x8000_0000, lanes);
+    let sign = k.and(bits, sign_mask);
+    let inf_bits = splat_u32(k, 0x7f80_0000, lanes);
+    let inf = k.or(sign, inf_bits);
+    let inf = k.bitcast(inf, float);
+    let max = k.const_f32(65504.0);
+    let max = k.splat(max, lanes);
+    let magnitude = k.abs(rounded);
+    let over = k.gt(magnitude, max);
+    k.select(over, inf, rounded)
 }
 
 /// The bf16 bit patterns (`u16` lanes) of f32 `value`, rounded to nearest even.

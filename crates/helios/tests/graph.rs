@@ -646,3 +646,61 @@ fn concatenations_in_both_forms_copy_exactly() {
     }
     assert_no_validation_messages();
 }
+
+/// f16 rounding inside a fused group (a cast held in registers) and at its store are both
+/// round-to-nearest-even, bit for bit as `half` rounds: ties either way, the largest f16
+/// and the overflow past it, f16 subnormals and their ties, infinities, NaN, signed zero,
+/// and random values.
+#[test]
+fn f16_rounding_is_exact_in_registers_and_in_stores() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = device();
+    let ulp = |e: i32| 2f32.powi(e - 10);
+    let mut v: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0 + ulp(0) / 2.0,       // tie to even: down to 1
+        1.0 + 3.0 * ulp(0) / 2.0, // tie to even: up
+        -(1.0 + 3.0 * ulp(0) / 2.0),
+        65504.0,
+        65519.99,
+        65520.0, // ties to even past the largest: inf
+        -70000.0,
+        2f32.powi(-24) / 2.0, // tie between 0 and the smallest subnormal: 0
+        3.0 * 2f32.powi(-24) / 2.0, // tie between subnormals 1 and 2: 2
+        5.0 * 2f32.powi(-25),
+        2f32.powi(-14) - 2f32.powi(-26),
+        1e-30,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    let mut rng = StdRng::seed_from_u64(5);
+    while v.len() < 4096 {
+        let e = rng.gen_range(-26i32..17);
+        v.push(rng.gen_range(-1.0f32..1.0) * 2f32.powi(e));
+    }
+    let want: Vec<f32> = v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+    let same = |got: &[f32], what: &str| {
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let ok = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+            assert!(ok, "{what}: {:e} rounded to {g:e}, want {w:e} (#{i})", v[i]);
+        }
+    };
+    let x = Tensor::from_slice(d, &v, &[v.len()]).unwrap();
+    // Stored: a fused group whose output is f16 (the multiply keeps it a kernel of its own).
+    let stored = x.mul_scalar(1.0).unwrap().to_dtype(DType::F16).unwrap();
+    same(&stored.to_vec().unwrap(), "stored");
+    // In registers: the f16 value feeds an f32 op of the same group.
+    let held = x
+        .mul_scalar(1.0)
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .mul_scalar(1.0)
+        .unwrap();
+    same(&held.to_vec().unwrap(), "in registers");
+    assert_no_validation_messages();
+}
