@@ -230,8 +230,8 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     // 6 and 16 subgroups of 64×32 (168 and 128 registers, one workgroup an SM): on an H100
     // they lose at 4096³ but fill the SMs better on GPT-2's n = 768 and 2304, e.g. bf16
     // qkv dx 70.7 µs against 87.9, fc dx 93–94 against 113, lm-head dx 2072 against 3182,
-    // lm-head dw (2x8) 1837 against 1989 (unsplit;
-    // bench/results/2026-11-27-matmul-h100-session18-sweep.txt).
+    // lm-head dw (2x8) 1837 against 1989 (unsplit, before the epilogue went through shared
+    // memory everywhere; bench/results/2026-11-27-matmul-h100-session18-sweep.txt).
     ("coop128x192w2x6k48s1", coop1(128, 192, 48, 2, 6)),
     ("coop192x128w6x2k48s1", coop1(192, 128, 48, 6, 2)),
     ("coop128x256w2x8k48s1", coop1(128, 256, 48, 2, 8)),

@@ -9,12 +9,15 @@
 //! spreads the 8 rows a fragment load reads over distinct banks); a transposed operand is
 //! read back as a column-major fragment, so the four transpose combinations cost the same.
 //!
-//! The epilogue has two paths, chosen per workgroup: a tile entirely inside C with no bias,
-//! activation or residual and aligned rows is scaled, converted and stored fragment by
-//! fragment straight to memory; otherwise each subgroup stores a fragment as f32 into its
-//! own slice of the (then idle) A stage, and every invocation applies the epilogue to four
-//! known (row, column) elements at a time, with bounds checks. KHR fragments do not say which
-//! invocation holds which element, so per-element work has to go through memory.
+//! The epilogue: each subgroup stores a fragment as f32 into its own slice of the (then
+//! idle) stages, and every invocation applies the scale, bias, activation and residual to
+//! four known (row, column) elements at a time and stores them together, with bounds checks.
+//! KHR fragments do not say which invocation holds which element, so per-element work has
+//! to go through memory. Whole tiles with a plain epilogue used to store each fragment
+//! straight to memory instead (`OpCooperativeMatrixStoreKHR`): on an H100 that became one
+//! 16-bit store per element, and took 25–30 µs longer on a 4096×2304 bf16 output whatever
+//! the k, 11–31% of GPT-2's products (bench/results/2026-11-27-matmul-h100-session18-
+//! epilogue-ab.txt).
 
 use helios_spirv::{
     Access, Binding, CoopLayout, CoopTy, CoopUse, CoopVar, KernelBuilder, KernelModule, Scalar,
@@ -264,68 +267,33 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
         Some(Scratch::B) => sb,
         _ => sa,
     };
-    let shared_path = |k: &mut KernelBuilder| {
-        let lane = k.subgroup_invocation_id();
-        let sixty_four = k.u32(64);
-        let scratch = k.mul(sg_id, sixty_four);
-        let four = k.u32(4);
-        for i in 0..fm {
-            for j in 0..fnn {
-                let m = k.coop_get(acc[(i * fnn + j) as usize]);
-                k.coop_store_shared(m, scratch_array, scratch, four, CoopLayout::RowMajor);
-                k.subgroup_barrier();
-                let (row0, col0) = frag_origin(k, i, j);
-                for q in 0..64 / sg {
-                    let qo = k.u32(q * sg);
-                    let qi = k.add(lane, qo);
-                    let at = k.add(scratch, qi);
-                    let w = k.shared_load(scratch_array, at);
-                    let v = k.bitcast(w, Ty::vector(Scalar::F32, 4));
-                    let r = k.div(qi, four);
-                    let c = k.rem(qi, four);
-                    let c = k.mul(c, four);
-                    let row = k.add(row0, r);
-                    let col = k.add(col0, c);
-                    store_quad(k, kern, &p, &d, row, col, v);
-                }
-                k.subgroup_barrier();
-            }
-        }
-    };
     // Every subgroup is done reading the stages before any reuses them as scratch.
     k.workgroup_barrier();
-    if kern.epilogue.is_plain() && kern.vec_c {
-        let (bm_v, bn_v) = (k.u32(bm), k.u32(bn));
-        let end_m = k.add(m0, bm_v);
-        let end_n = k.add(n0, bn_v);
-        let in_m = k.le(end_m, d.m);
-        let in_n = k.le(end_n, d.n);
-        let inside = k.and(in_m, in_n);
-        let out_scalar = match kern.out {
-            Storage::F32 => Scalar::F32,
-            Storage::F16 => Scalar::F16,
-            Storage::BF16 => Scalar::BF16,
-        };
-        k.if_else(
-            inside,
-            |k| {
-                for i in 0..fm {
-                    for j in 0..fnn {
-                        let m = k.coop_get(acc[(i * fnn + j) as usize]);
-                        let m = k.coop_scale(m, d.alpha);
-                        let m = k.coop_convert(m, out_scalar);
-                        let (row, col) = frag_origin(k, i, j);
-                        let at = k.mul(row, d.ldc);
-                        let at = k.add(at, col);
-                        let at = k.add(at, d.off_c);
-                        k.coop_store(m, p.c, 1, at, d.ldc, CoopLayout::RowMajor, 16);
-                    }
-                }
-            },
-            shared_path,
-        );
-    } else {
-        shared_path(&mut k);
+    let lane = k.subgroup_invocation_id();
+    let sixty_four = k.u32(64);
+    let scratch = k.mul(sg_id, sixty_four);
+    let four = k.u32(4);
+    for i in 0..fm {
+        for j in 0..fnn {
+            let m = k.coop_get(acc[(i * fnn + j) as usize]);
+            k.coop_store_shared(m, scratch_array, scratch, four, CoopLayout::RowMajor);
+            k.subgroup_barrier();
+            let (row0, col0) = frag_origin(&mut k, i, j);
+            for q in 0..64 / sg {
+                let qo = k.u32(q * sg);
+                let qi = k.add(lane, qo);
+                let at = k.add(scratch, qi);
+                let w = k.shared_load(scratch_array, at);
+                let v = k.bitcast(w, Ty::vector(Scalar::F32, 4));
+                let r = k.div(qi, four);
+                let c = k.rem(qi, four);
+                let c = k.mul(c, four);
+                let row = k.add(row0, r);
+                let col = k.add(col0, c);
+                store_quad(&mut k, kern, &p, &d, row, col, v);
+            }
+            k.subgroup_barrier();
+        }
     }
     k.finish()
 }
