@@ -582,7 +582,7 @@ fn tuner_checks_times_and_keeps_a_winner() {
 #[test]
 fn cooperative_matrix_variants() {
     let caps = matmul_caps(device());
-    for input in [DType::F16, DType::BF16] {
+    for (d, input) in [DType::F16, DType::BF16].into_iter().enumerate() {
         let have = match input {
             DType::F16 => caps.coop_f16,
             _ => caps.coop_bf16,
@@ -600,7 +600,9 @@ fn cooperative_matrix_variants() {
         // transpose combination; the first two also on aligned and tiny shapes and with the
         // full epilogue (each distinct kernel costs a pipeline compile, which dominates on a
         // GPU). Then two tiles outside the table with 16 subgroups, whose epilogue scratch
-        // lives in the B stages (the odd shape's edge tiles take that path).
+        // lives in the B stages (the odd shape's edge tiles take that path). Past the first
+        // two, each variant runs in one input type, f16 and bf16 in turn: with 18 variants
+        // both types took more than 230 s on an H100 (session 18).
         let custom = ["coop128x256w2x8k32s1", "coop256x128w4x4k16d1"]
             .map(|name| MatmulVariant::parse(name).expect("a cooperative tile"));
         for (i, v) in helios_kernels_variants(subgroup_coop)
@@ -608,6 +610,9 @@ fn cooperative_matrix_variants() {
             .chain(custom)
             .enumerate()
         {
+            if i >= 2 && (i + d) % 2 == 1 {
+                continue;
+            }
             let shapes: &[(usize, usize, usize)] = if i < 2 {
                 &[(256, 256, 128), (77, 133, 72), (96, 136, 384), (50, 45, 37)]
             } else {
