@@ -113,18 +113,20 @@ pub fn round_to_f16(k: &mut KernelBuilder, value: Val) -> Val {
     // exponent e (−14: below it f16 is subnormal, with a fixed quantum 2^−24). Scale by 2^−q
     // (biased exponent min(264 − exp, 151)), round to an integer, scale back by 2^q
     // (biased max(exp, 113) − 10). Both scales are normal f32 for every exp up to 255.
+    let pow2 = |k: &mut KernelBuilder, biased: Val| {
+        let bits = k.shl(biased, twenty_three);
+        k.bitcast(bits, float)
+    };
     let c264 = splat_u32(k, 264, lanes);
     let c151 = splat_u32(k, 151, lanes);
     let down = k.sub(c264, exp);
     let down = k.min(down, c151);
-    let down = k.shl(down, twenty_three);
-    let down = k.bitcast(down, float);
+    let down = pow2(k, down);
     let c113 = splat_u32(k, 113, lanes);
     let ten = splat_u32(k, 10, lanes);
     let up = k.max(exp, c113);
     let up = k.sub(up, ten);
-    let up = k.shl(up, twenty_three);
-    let up = k.bitcast(up, float);
+    let up = pow2(k, up);
     let scaled = k.mul(value, down);
     let whole = k.glsl_op(GLOp::RoundEven, &[scaled]);
     let rounded = k.mul(whole, up);
