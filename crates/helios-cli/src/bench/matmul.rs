@@ -15,7 +15,9 @@
 // designs side by side in one run, beside the same PyTorch figure.
 // Case names: `sq<n>` (n×n×n), `gpt2_<layer>_<fwd|dx|dw>` for the linear layers of GPT-2 124M
 // at batch×sequence 4096 (qkv 768→2304, fc 768→3072, proj 3072→768, lmhead 768→50257) with
-// PyTorch's weight layout (W stored out×in): fwd = X·Wᵀ, dx = dY·W, dw = dYᵀ·X.
+// PyTorch's weight layout (W stored out×in): fwd = X·Wᵀ, dx = dY·W, dw = dYᵀ·X;
+// `gpt2_8k_*` the same at 8192 rows (the trainer's 8×1024). Helios's trainer stores W in×out
+// (Hugging Face's Conv1D), so there fwd is NN and dx NT: `MxNxK:NT` cases time that form.
 
 use std::path::Path;
 
@@ -64,32 +66,30 @@ pub fn all_cases(quick: bool) -> Vec<MmCase> {
         .iter()
         .map(|&n| case(&format!("sq{n}"), n, n, n, false, false))
         .collect();
-    for (layer, out, inp) in [
-        ("qkv", 2304, 768),
-        ("fc", 3072, 768),
-        ("proj", 768, 3072),
-        ("lmhead", 50257, 768),
-    ] {
-        let bt = 4096;
-        v.push(case(
-            &format!("gpt2_{layer}_fwd"),
-            bt,
-            out,
-            inp,
-            false,
-            true,
-        ));
-        v.push(case(
-            &format!("gpt2_{layer}_dx"),
-            bt,
-            inp,
-            out,
-            false,
-            false,
-        ));
-        v.push(case(&format!("gpt2_{layer}_dw"), out, inp, bt, true, false));
+    for (group, bt) in [("gpt2", 4096), ("gpt2_8k", 8192)] {
+        for (layer, out, inp) in [
+            ("qkv", 2304, 768),
+            ("fc", 3072, 768),
+            ("proj", 768, 3072),
+            ("lmhead", 50257, 768),
+        ] {
+            let name = |pass: &str| format!("{group}_{layer}_{pass}");
+            v.push(case(&name("fwd"), bt, out, inp, false, true));
+            v.push(case(&name("dx"), bt, inp, out, false, false));
+            v.push(case(&name("dw"), out, inp, bt, true, false));
+        }
     }
     v
+}
+
+/// Whether `sel` (a `--cases` entry) selects `name`: the name itself or its group
+/// (`squares`, `gpt2` at 4096 rows, `gpt2_8k` at 8192).
+fn selects(sel: &str, name: &str) -> bool {
+    let in_8k = name.starts_with("gpt2_8k_");
+    sel == name
+        || (sel == "squares" && name.starts_with("sq"))
+        || (sel == "gpt2" && name.starts_with("gpt2_") && !in_8k)
+        || (sel == "gpt2_8k" && in_8k)
 }
 
 /// A case given as a shape, `MxNxK` with an optional `:NN|NT|TN|TT` (which operands are
@@ -333,18 +333,12 @@ pub fn run(args: &BenchArgs) -> CliResult {
     let mut cases = all_cases(quick);
     if !args.cases.is_empty() {
         let custom: Vec<MmCase> = args.cases.iter().filter_map(|s| custom_case(s)).collect();
-        cases.retain(|c| {
-            args.cases.iter().any(|sel| {
-                sel == &c.name
-                    || (sel == "squares" && c.name.starts_with("sq"))
-                    || (sel == "gpt2" && c.name.starts_with("gpt2"))
-            })
-        });
+        cases.retain(|c| args.cases.iter().any(|sel| selects(sel, &c.name)));
         cases.extend(custom);
         if cases.is_empty() {
             return Err(
-                "--cases selects no matmul case (names: sq1024.., gpt2_*, groups: \
-                 squares, gpt2, or a shape MxNxK[:NN|NT|TN|TT])"
+                "--cases selects no matmul case (names: sq1024.., gpt2_*, gpt2_8k_*, groups: \
+                 squares, gpt2, gpt2_8k, or a shape MxNxK[:NN|NT|TN|TT])"
                     .into(),
             );
         }
@@ -600,6 +594,28 @@ fn table(meta: &report::RunMeta, peaks: &[PeakRow], rows: &[MmResult]) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The GPT-2 groups are disjoint: `gpt2` is the 4096-row shapes, `gpt2_8k` the 8192-row
+    /// ones, twelve each; a name selects only itself.
+    #[test]
+    fn gpt2_groups_select_their_rows() {
+        let cases = all_cases(false);
+        let group = |sel: &str| -> Vec<&MmCase> {
+            cases.iter().filter(|c| selects(sel, &c.name)).collect()
+        };
+        let (small, large) = (group("gpt2"), group("gpt2_8k"));
+        assert_eq!((small.len(), large.len()), (12, 12));
+        assert!(small.iter().all(|c| c.m == 4096 || c.k == 4096));
+        assert!(large.iter().all(|c| c.m == 8192 || c.k == 8192));
+        assert!(small.iter().all(|c| !c.name.starts_with("gpt2_8k")));
+        let fc = group("gpt2_8k_fc_dw");
+        assert_eq!(fc.len(), 1);
+        assert_eq!(
+            (fc[0].m, fc[0].n, fc[0].k, fc[0].ta),
+            (3072, 768, 8192, true)
+        );
+        assert_eq!(group("squares").len(), 5);
+    }
 
     /// A result's register count comes from the driver's statistic of that name, whatever
     /// its case; without captured statistics there is none (and no table column).

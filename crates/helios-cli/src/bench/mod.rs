@@ -74,7 +74,7 @@ pub struct BenchArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     ops: Option<u32>,
     /// Matmul cases, comma-separated: names (sq4096, gpt2_fc_fwd, ...) or groups (squares,
-    /// gpt2); ops cases: softmax, layernorm_fwd, layernorm_fwdbwd, sum_all, sum_last; graph
+    /// gpt2 at 4096 rows, gpt2_8k at 8192) or shapes MxNxK[:NT]; ops cases: softmax, layernorm_fwd, layernorm_fwdbwd, sum_all, sum_last; graph
     /// cases: chain1000, roundtrip, mixed32, mlp_block, host12; default all.
     #[arg(long, value_delimiter = ',')]
     cases: Vec<String>,
