@@ -338,6 +338,10 @@ impl Variant {
             .map_or("custom", |(n, _)| n)
     }
 
+    /// How a cooperative tile outside the table is written (`parse`), for messages that say
+    /// what a name may be.
+    pub const COOP_GRAMMAR: &str = "coop<bm>x<bn>w<wm>x<wn>k<bk> then d<1-3> or s1";
+
     /// The variant called `name` in the table.
     pub fn by_name(name: &str) -> Option<Variant> {
         VARIANTS.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)

@@ -600,7 +600,7 @@ fn cooperative_matrix_variants() {
         // transpose combination; the first two also on aligned and tiny shapes and with the
         // full epilogue (each distinct kernel costs a pipeline compile, which dominates on a
         // GPU). Then two tiles outside the table with 16 subgroups, whose epilogue scratch
-        // lives in the B stages (the odd shape's edge tiles take that path). Past the first
+        // lives in the B stages. Past the first
         // two, each variant runs in one input type, f16 and bf16 in turn: with 18 variants
         // both types took more than 230 s on an H100 (session 18).
         let custom = ["coop128x256w2x8k32s1", "coop256x128w4x4k16d1"]

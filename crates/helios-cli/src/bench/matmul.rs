@@ -352,7 +352,8 @@ pub fn run(args: &BenchArgs) -> CliResult {
                 MatmulVariant::parse(name.trim()).map(Some).ok_or_else(|| {
                     format!(
                         "--variants: {name:?} names no matmul variant (a table name, or \
-                         coop<bm>x<bn>w<wm>x<wn>k<bk> then d<1-3> or s1)"
+                         {})",
+                        MatmulVariant::COOP_GRAMMAR
                     )
                 })
             })

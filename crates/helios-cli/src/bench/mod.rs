@@ -73,9 +73,10 @@ pub struct BenchArgs {
     /// Ops per chain / independent sample in the dispatch suite (default 1000; --quick 100).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     ops: Option<u32>,
-    /// Matmul cases, comma-separated: names (sq4096, gpt2_fc_fwd, ...) or groups (squares,
-    /// gpt2 at 4096 rows, gpt2_8k at 8192) or shapes MxNxK[:NT]; ops cases: softmax, layernorm_fwd, layernorm_fwdbwd, sum_all, sum_last; graph
-    /// cases: chain1000, roundtrip, mixed32, mlp_block, host12; default all.
+    /// Matmul cases, comma-separated: names (sq4096, gpt2_fc_fwd, ...), groups (squares,
+    /// gpt2 at 4096 rows, gpt2_8k at 8192) or shapes MxNxK[:NN|NT|TN|TT]; ops cases:
+    /// softmax, layernorm_fwd, layernorm_fwdbwd, sum_all, sum_last; graph cases: chain1000,
+    /// roundtrip, mixed32, mlp_block, host12; default all.
     #[arg(long, value_delimiter = ',')]
     cases: Vec<String>,
     /// Matmul only: time these variants side by side on every case instead of the tuner's

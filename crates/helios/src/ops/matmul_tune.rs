@@ -143,8 +143,9 @@ fn env_variant() -> Result<Option<MatmulVariant>> {
             .collect();
         invalid(format!(
             "HELIOS_MATMUL_VARIANT={name:?} names no variant; use one of {}, or a \
-             cooperative tile coop<bm>x<bn>w<wm>x<wn>k<bk> followed by d<1-3> or s1",
-            names.join(", ")
+             cooperative tile {}",
+            names.join(", "),
+            MatmulVariant::COOP_GRAMMAR
         ))
     })
 }
