@@ -187,7 +187,7 @@ pub(crate) fn record(
 
 /// Whether any of `inputs` needs a gradient (rules save tensors only then).
 pub(crate) fn any_needs(inputs: &[&Tensor]) -> bool {
-    grad_enabled() && inputs.iter().any(|t| t.grad_link().is_some())
+    inputs.iter().any(|t| t.grad_link().is_some()) && grad_enabled()
 }
 
 impl Tensor {

@@ -134,6 +134,11 @@ impl Layout {
         }
     }
 
+    /// Whether `other` has this layout's shape (at once when it is this layout).
+    pub(crate) fn same_shape(&self, other: &Layout) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.shape() == other.shape()
+    }
+
     /// (ndim) sizes.
     pub fn shape(&self) -> &[usize] {
         &self.0.shape

@@ -30,7 +30,7 @@
 //! is either computed once inside one kernel, or stored; a view that reorders elements
 //! always reads stored data.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use helios_kernels::{
@@ -91,7 +91,20 @@ impl ElemOp {
 /// One input of a pending op: a view of another node.
 pub(crate) struct Input {
     pub node: Arc<Node>,
-    pub layout: Layout,
+    /// The view read, or `None`: the whole node, dense, read element for element at the
+    /// op's output shape. Most inputs are that, and `None` costs no reference count on the
+    /// way in and out of the graph (a chain's host time is mostly such counts). Either every
+    /// input of an op has a view or none has, so the output shape is known from the views
+    /// whenever one is needed.
+    pub view: Option<Layout>,
+}
+
+impl Input {
+    /// Whether a read of `node` through `layout` by an op whose output is laid out as `out`
+    /// is the whole node, dense, element for element (an `Input` without a view).
+    pub(crate) fn plain(node: &Node, layout: &Layout, out: &Layout) -> bool {
+        layout.is_dense() && layout.len() == node.len && layout.same_shape(out)
+    }
 }
 
 pub(crate) struct Pending {
@@ -140,7 +153,6 @@ static KERNELS: AtomicU64 = AtomicU64::new(0);
 static NODES: AtomicU64 = AtomicU64::new(0);
 static OUTPUTS: AtomicU64 = AtomicU64::new(0);
 static PROLOGUES: AtomicU64 = AtomicU64::new(0);
-static LIVE: AtomicU64 = AtomicU64::new(0);
 pub(crate) static LIVE_GRAD: AtomicU64 = AtomicU64::new(0);
 
 /// What the scheduler has done so far (process-wide).
@@ -150,19 +162,83 @@ pub fn graph_stats() -> GraphStats {
         nodes: NODES.load(Ordering::Relaxed),
         outputs: OUTPUTS.load(Ordering::Relaxed),
         prologues: PROLOGUES.load(Ordering::Relaxed),
-        live_nodes: LIVE.load(Ordering::Relaxed),
+        live_nodes: live_nodes(),
         live_grad_nodes: LIVE_GRAD.load(Ordering::Relaxed),
     }
 }
 
+/// Live graph nodes, counted per thread: every node built and dropped would otherwise pay
+/// a locked instruction on one shared counter, a large share of a lazy op's host time.
+/// Each thread adds to its own counter with plain loads and stores; `graph_stats` sums them.
+struct LiveCount(Arc<AtomicI64>);
+
+/// Every running thread's counter (registered on first use).
+static LIVE_COUNTS: Mutex<Vec<Arc<AtomicI64>>> = Mutex::new(Vec::new());
+/// What exited threads counted (and counts made while a thread's counter is gone).
+static LIVE_RETIRED: AtomicI64 = AtomicI64::new(0);
+
 thread_local! {
+    static LIVE_HERE: LiveCount = {
+        let count = Arc::new(AtomicI64::new(0));
+        LIVE_COUNTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(count.clone());
+        LiveCount(count)
+    };
+}
+
+impl Drop for LiveCount {
+    fn drop(&mut self) {
+        // Under the registry's lock: a sum sees this thread's count in one place or the other.
+        let mut counts = LIVE_COUNTS.lock().unwrap_or_else(|p| p.into_inner());
+        LIVE_RETIRED.fetch_add(self.0.load(Ordering::Relaxed), Ordering::Relaxed);
+        counts.retain(|c| !Arc::ptr_eq(c, &self.0));
+    }
+}
+
+/// Adds `delta` live nodes (this thread's counter: only this thread writes it).
+fn count_live(delta: i64) {
+    let counted = LIVE_HERE.try_with(|c| {
+        c.0.store(c.0.load(Ordering::Relaxed) + delta, Ordering::Relaxed);
+    });
+    if counted.is_err() {
+        LIVE_RETIRED.fetch_add(delta, Ordering::Relaxed);
+    }
+}
+
+/// Graph nodes alive in the process: every thread's count and the exited threads'.
+fn live_nodes() -> u64 {
+    let counts = LIVE_COUNTS.lock().unwrap_or_else(|p| p.into_inner());
+    let live = LIVE_RETIRED.load(Ordering::Relaxed)
+        + counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum::<i64>();
+    live.max(0) as u64
+}
+
+thread_local! {
+    /// This thread's graph bookkeeping: the pending list and the spares, which a
+    /// realisation's `recycle` updates together in one access.
+    static LOCAL: std::cell::RefCell<Local> = const {
+        std::cell::RefCell::new(Local { pending: Vec::new(), spares: Vec::new() })
+    };
+}
+
+struct Local {
     /// Every pending node this thread built and not yet known realised (weak: dropping a
     /// pending result forgets it). `realize_all` walks it at an optimizer step or a
     /// synchronize. Per thread: another thread's optimizer step must not realise this
     /// thread's half-built groups, which would cut them where this thread's program does not
     /// (in f16 and bf16 storage a cut rounds an intermediate: results would depend on timing).
-    static PENDING: std::cell::RefCell<Vec<std::sync::Weak<Node>>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    pending: Vec<std::sync::Weak<Node>>,
+    /// Spare nodes: members that died in one of this thread's realisations, kept with their
+    /// allocation for `Node::new` to reuse. A chain of 1000 ops otherwise pays 1000 mallocs
+    /// and frees, about half of building a node. A spare is unique (no other strong or weak
+    /// reference: `Arc::get_mut` checks it) and holds nothing (no device, buffer or op), so it
+    /// keeps no device alive and is not a live node.
+    spares: Vec<Arc<Node>>,
 }
 
 /// Realises every pending node this thread built that is still alive: before an op that
@@ -175,9 +251,13 @@ pub(crate) fn realize_all() -> Result<()> {
     // no other thread's scheduler sees the reference counts our upgrades raise: it decides
     // what to store (and what a reduction may compute in its loads) from those counts.
     let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
-    let pending: Vec<Arc<Node>> = PENDING.with(|list| {
-        let mut list = list.borrow_mut();
-        let live = list.drain(..).filter_map(|w| w.upgrade()).collect();
+    let pending: Vec<Arc<Node>> = LOCAL.with(|local| {
+        let mut local = local.borrow_mut();
+        let live = local
+            .pending
+            .drain(..)
+            .filter_map(|w| w.upgrade())
+            .collect();
         live
     });
     // `pending` was declared after the lock guard, so on every return it is released first.
@@ -197,15 +277,6 @@ pub(crate) fn realize_all() -> Result<()> {
 /// realising the same nodes would change under it.
 static REALIZE: Mutex<()> = Mutex::new(());
 
-thread_local! {
-    /// Spare nodes: members that died in one of this thread's realisations, kept with their
-    /// allocation for `Node::new` to reuse. A chain of 1000 ops otherwise pays 1000 mallocs
-    /// and frees, about half of building a node. A spare is unique (no other strong or weak
-    /// reference: `Arc::get_mut` checks it) and holds nothing (no device, buffer or op), so it
-    /// keeps no device alive and is not a live node.
-    static SPARES: std::cell::RefCell<Vec<Arc<Node>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// Most spare nodes a thread keeps (a chain's worth, `MAX_DEPTH`: about 200 KiB).
 const MAX_SPARES: usize = MAX_DEPTH as usize;
 
@@ -214,17 +285,15 @@ fn recycle(members: Vec<Arc<Node>>) {
     // This thread's weak references to the members it built last (a chain built in order is
     // the list's tail, newest first) are dropped now, so those members can be unique: they
     // are realised or dead, so `realize_all` needs none of them.
-    PENDING.with(|list| {
-        let mut list = list.borrow_mut();
+    let spared = LOCAL.with(|local| {
+        let Local { pending, spares } = &mut *local.borrow_mut();
         for m in members.iter().rev() {
-            match list.last() {
-                Some(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(m)) => drop(list.pop()),
+            match pending.last() {
+                Some(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(m)) => drop(pending.pop()),
                 _ => break,
             }
         }
-    });
-    SPARES.with(|spares| {
-        let mut spares = spares.borrow_mut();
+        let before = spares.len();
         for mut m in members {
             if spares.len() >= MAX_SPARES {
                 break;
@@ -236,21 +305,25 @@ fn recycle(members: Vec<Arc<Node>>) {
                 continue;
             }
             debug_assert!(n.lock().is_none(), "run dropped every member's op");
-            // No longer a live node (`Drop` does not count a spare).
             n.device = None;
-            LIVE.fetch_sub(1, Ordering::Relaxed);
             spares.push(m);
         }
+        spares.len() - before
     });
+    // No longer live nodes (`Drop` does not count a spare): one update for the group.
+    count_live(-(spared as i64));
 }
 
 impl Node {
     /// A realised node owning `buffer`.
     pub(crate) fn realized(device: Device, dtype: DType, len: usize, buffer: Buffer) -> Arc<Node> {
-        Node::new(device, dtype, len, OnceLock::from(buffer), None, 0)
+        let spare = LOCAL.with(|local| local.borrow_mut().spares.pop());
+        Node::new(spare, device, dtype, len, OnceLock::from(buffer), None, 0)
     }
 
+    /// A node in `spare`'s allocation, or a new one.
     fn new(
+        spare: Option<Arc<Node>>,
         device: Device,
         dtype: DType,
         len: usize,
@@ -258,8 +331,8 @@ impl Node {
         pending: Option<Pending>,
         depth: u32,
     ) -> Arc<Node> {
-        LIVE.fetch_add(1, Ordering::Relaxed);
-        if let Some(mut spare) = SPARES.with(|s| s.borrow_mut().pop()) {
+        count_live(1);
+        if let Some(mut spare) = spare {
             // The spare's allocation takes the new node, field by field: a spare holds no
             // device, buffer or op, so nothing is dropped, and the node is not built on the
             // stack and copied in whole (two copies of ~200 bytes per op).
@@ -268,7 +341,8 @@ impl Node {
             n.dtype = dtype;
             n.len = len;
             n.buffer = buffer;
-            n.pending = Mutex::new(pending);
+            // In place (a new `Mutex` is built on the stack and copied in).
+            *n.pending.get_mut().unwrap_or_else(|p| p.into_inner()) = pending;
             n.depth = depth;
             *n.mark.get_mut() = 0;
             *n.slot.get_mut() = 0;
@@ -298,10 +372,19 @@ impl Node {
         inputs: smallvec::SmallVec<[Input; 2]>,
     ) -> Result<Arc<Node>> {
         let depth = 1 + inputs.iter().map(|i| i.node.depth).max().unwrap_or(0);
+        debug_assert!(
+            inputs
+                .iter()
+                .all(|i| i.view.is_some() == inputs[0].view.is_some()),
+            "an op's inputs all have views, or none has"
+        );
         let pending = Some(Pending { op, inputs });
-        let node = Node::new(device, dtype, len, OnceLock::new(), pending, depth);
-        PENDING.with(|list| {
-            let mut list = list.borrow_mut();
+        // Two accesses, around `Node::new` rather than one around it all: a closure that
+        // takes the op copies it once more, which costs more than the second access.
+        let spare = LOCAL.with(|local| local.borrow_mut().spares.pop());
+        let node = Node::new(spare, device, dtype, len, OnceLock::new(), pending, depth);
+        LOCAL.with(|local| {
+            let list = &mut local.borrow_mut().pending;
             if list.len() >= list.capacity() && list.len() >= 1024 {
                 // Forget dropped nodes before growing (amortised O(1)). Counting, not
                 // upgrading: an upgrade would raise the count another thread's scheduler
@@ -356,7 +439,7 @@ impl Drop for Node {
         if self.device.is_none() {
             return; // a spare: not live, holds nothing
         }
-        LIVE.fetch_sub(1, Ordering::Relaxed);
+        count_live(-1);
         let Some(p) = self
             .pending
             .get_mut()
@@ -384,7 +467,11 @@ impl Drop for Node {
 /// Whether a consumer of `len` elements reads `input` element for element: a dense view of
 /// the whole node, of the consumer's size (no broadcast).
 fn dense_edge(input: &Input, len: usize) -> bool {
-    input.layout.is_dense() && input.layout.len() == input.node.len && input.node.len == len
+    input.node.len == len
+        && match &input.view {
+            None => true,
+            Some(l) => l.is_dense() && l.len() == input.node.len,
+        }
 }
 
 /// A fusion group: pending members in topological order (inputs first).
@@ -442,28 +529,34 @@ fn collect(root: &Arc<Node>) -> Group {
         epoch,
         prerequisites: Vec::new(),
     };
+    // Plain loads and stores, not read-modify-writes: the caller holds `REALIZE`, so no
+    // other thread touches the marks, and a locked instruction per node is most of a
+    // chain's collection.
     let found = |n: &Node| {
-        if n.mark.swap(epoch, Ordering::Relaxed) != epoch {
+        if n.mark.load(Ordering::Relaxed) != epoch {
+            n.mark.store(epoch, Ordering::Relaxed);
             n.slot.store(FOUND, Ordering::Relaxed);
             n.uses.store(0, Ordering::Relaxed);
         }
     };
     found(root);
-    let mut stack: Vec<(Arc<Node>, bool)> = Vec::with_capacity(2 * chain);
+    // A node found (`None`), or expanded and waiting below its inputs with its op taken out
+    // (`Some`): it becomes a member after all of them.
+    let mut stack: Vec<(Arc<Node>, Option<Pending>)> = Vec::with_capacity(2 * chain);
     // The input found last is expanded next without a trip through the stack (a chain is
     // walked straight down).
     let mut next = Some(root.clone());
     loop {
-        let (n, expanded) = match next.take() {
-            Some(n) => (n, false),
+        let (n, op) = match next.take() {
+            Some(n) => (n, None),
             None => match stack.pop() {
                 Some(visit) => visit,
                 None => break,
             },
         };
-        if expanded {
+        if let Some(op) = op {
             n.slot.store(g.members.len() as u32, Ordering::Relaxed);
-            g.ops.push(n.lock().take().expect("members are pending"));
+            g.ops.push(op);
             g.members.push(n);
             continue;
         }
@@ -471,23 +564,27 @@ fn collect(root: &Arc<Node>) -> Group {
             continue;
         }
         n.slot.store(EXPANDING, Ordering::Relaxed);
-        // Below its inputs on the stack: a member after all of them.
-        stack.push((n.clone(), true));
-        let guard = n.lock();
-        let p = guard.as_ref().expect("members are pending");
+        // Taken out now (one lock per member): the stack holds it until the member is
+        // placed, and every member is placed before `collect` returns.
+        let p = n.lock().take().expect("members are pending");
         // A padded read shifts coordinates: its input is always stored.
         let pad = matches!(p.op, ElemOp::Pad { .. });
+        let below = stack.len();
         for i in p.inputs.iter().filter(|i| !i.node.is_realized()) {
             if !pad && dense_edge(i, n.len) {
                 found(&i.node);
-                i.node.uses.fetch_add(1, Ordering::Relaxed);
+                let uses = &i.node.uses;
+                uses.store(uses.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 if let Some(earlier) = next.replace(i.node.clone()) {
-                    stack.push((earlier, false));
+                    stack.push((earlier, None));
                 }
             } else {
                 g.prerequisites.push(i.node.clone());
             }
         }
+        // Below the inputs just found (those pushed above; usually none: a chain's input is
+        // `next`).
+        stack.insert(below, (n, Some(p)));
     }
     g
 }
@@ -590,24 +687,25 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
     let mut code: Vec<Instr> = Vec::with_capacity(bound);
     let mut inputs: Vec<FusedInput> = Vec::new();
     let mut leaves: Vec<(Arc<Node>, usize)> = Vec::new();
-    // (leaf node, layout) → its `Input` instruction.
-    let mut leaf_instr: smallvec::SmallVec<[(*const Node, Layout, u32); 4]> =
+    // (leaf node, view read: `None` for the whole node, dense) → its `Input` instruction.
+    let mut leaf_instr: smallvec::SmallVec<[(*const Node, Option<Layout>, u32); 4]> =
         smallvec::SmallVec::new();
     let mut member_instr: Vec<u32> = Vec::with_capacity(g.members.len());
     // Scalar values, one push constant per distinct bit pattern.
     let mut scalars: Vec<f32> = Vec::new();
     for (m, p) in g.members.iter().zip(&g.ops) {
-        let mut args: smallvec::SmallVec<[u32; 3]> = smallvec::SmallVec::new();
+        // Per input (at most three: `where`), its instruction.
+        let mut args = [0u32; 3];
         if let ElemOp::Pad { dim, start, full } = p.op {
             let i = &p.inputs[0];
-            let padded = |d: usize| if d == dim { full } else { i.layout.shape()[d] };
+            let view = i.view.as_ref().expect("a padded input keeps its view");
+            let padded = |d: usize| if d == dim { full } else { view.shape()[d] };
             inputs.push(FusedInput {
                 dtype: i.node.dtype.storage(),
-                shape: (0..i.layout.ndim())
+                shape: (0..view.ndim())
                     .map(|d| to_u32(padded(d)))
                     .collect::<Result<_>>()?,
-                strides: i
-                    .layout
+                strides: view
                     .strides()
                     .iter()
                     .map(|&v| to_u32(v))
@@ -616,55 +714,73 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
                 window: Some(Window {
                     dim: dim as u8,
                     start: to_u32(start)?,
-                    len: to_u32(i.layout.shape()[dim])?,
+                    len: to_u32(view.shape()[dim])?,
                 }),
             });
-            leaves.push((i.node.clone(), i.layout.offset()));
+            leaves.push((i.node.clone(), view.offset()));
             code.push(Instr::Input((inputs.len() - 1) as u16));
             member_instr.push((code.len() - 1) as u32);
             continue;
         }
         // The op's output shape (the inputs broadcast together), for reads of stored inputs.
         let mut shape: Option<Vec<usize>> = None;
-        for i in &p.inputs {
+        for (k, i) in p.inputs.iter().enumerate() {
             if let Some(at) = g.member(&i.node) {
                 if dense_edge(i, m.len) {
-                    args.push(member_instr[at]);
+                    args[k] = member_instr[at];
                     continue;
                 }
             }
             let ptr = Arc::as_ptr(&i.node);
-            let shape = shape.get_or_insert_with(|| out_shape(&p.inputs));
-            let view = i
-                .layout
-                .broadcast_to(shape)
-                .map_err(|detail| Error::InvalidView {
-                    op: "fusion",
-                    shape: i.layout.shape().to_vec(),
-                    detail,
-                })?;
+            // The read as the kernel sees it: `None` for the whole leaf, dense, element for
+            // element (however it is shaped), else its view broadcast to the op's shape.
+            let view = match &i.view {
+                None => None,
+                Some(layout) => {
+                    let shape = shape.get_or_insert_with(|| out_shape(&p.inputs));
+                    let view = layout
+                        .broadcast_to(shape)
+                        .map_err(|detail| Error::InvalidView {
+                            op: "fusion",
+                            shape: layout.shape().to_vec(),
+                            detail,
+                        })?;
+                    (!(view.is_dense() && view.len() == i.node.len)).then_some(view)
+                }
+            };
             if let Some(&(_, _, at)) = leaf_instr.iter().find(|(p, l, _)| *p == ptr && *l == view) {
-                args.push(at);
+                args[k] = at;
                 continue;
             }
-            let mut strides = vec![view.strides().to_vec()];
-            let merged = merge_dims(view.shape(), &mut strides);
-            inputs.push(FusedInput {
-                dtype: i.node.dtype.storage(),
-                shape: merged.into_iter().map(to_u32).collect::<Result<_>>()?,
-                strides: strides
-                    .remove(0)
-                    .into_iter()
-                    .map(to_u32)
-                    .collect::<Result<_>>()?,
-                aligned: view.offset() % 4 == 0,
-                window: None,
+            inputs.push(match &view {
+                None => FusedInput {
+                    dtype: i.node.dtype.storage(),
+                    shape: vec![to_u32(i.node.len)?],
+                    strides: vec![1],
+                    aligned: true,
+                    window: None,
+                },
+                Some(view) => {
+                    let mut strides = vec![view.strides().to_vec()];
+                    let merged = merge_dims(view.shape(), &mut strides);
+                    FusedInput {
+                        dtype: i.node.dtype.storage(),
+                        shape: merged.into_iter().map(to_u32).collect::<Result<_>>()?,
+                        strides: strides
+                            .remove(0)
+                            .into_iter()
+                            .map(to_u32)
+                            .collect::<Result<_>>()?,
+                        aligned: view.offset() % 4 == 0,
+                        window: None,
+                    }
+                }
             });
-            leaves.push((i.node.clone(), view.offset()));
+            leaves.push((i.node.clone(), view.as_ref().map_or(0, Layout::offset)));
             let at = code.len() as u32;
             code.push(Instr::Input((inputs.len() - 1) as u16));
             leaf_instr.push((ptr, view, at));
-            args.push(at);
+            args[k] = at;
         }
         let mut constant = |code: &mut Vec<Instr>, s: f32| {
             let i = match scalars.iter().position(|x| x.to_bits() == s.to_bits()) {
@@ -748,9 +864,14 @@ fn to_u32(v: usize) -> Result<u32> {
 
 /// The broadcast shape of an op's inputs.
 fn out_shape(inputs: &[Input]) -> Vec<usize> {
-    let mut shape = inputs[0].layout.shape().to_vec();
-    for i in &inputs[1..] {
-        shape = crate::layout::broadcast_shapes(&shape, i.layout.shape())
+    let mut views = inputs.iter().map(|i| {
+        i.view
+            .as_ref()
+            .expect("an op's inputs all have views, or none")
+    });
+    let mut shape = views.next().expect("ops have inputs").shape().to_vec();
+    for view in views {
+        shape = crate::layout::broadcast_shapes(&shape, view.shape())
             .expect("shapes were checked when the node was built");
     }
     shape

@@ -399,13 +399,18 @@ impl Tensor {
         if len == 0 {
             return Tensor::empty(self.device(), layout.shape(), out);
         }
+        // Inputs read whole and element for element keep no view (see `Input::view`).
+        let plain = !matches!(op, ElemOp::Pad { .. })
+            && inputs
+                .iter()
+                .all(|t| Input::plain(&t.node, &t.layout, &layout));
         // Pushed one by one: `collect` goes through `SmallVec::extend`, which costs several
         // times as much for one or two items.
         let mut views = smallvec::SmallVec::new();
         for t in inputs {
             views.push(Input {
                 node: t.node.clone(),
-                layout: t.layout.clone(),
+                view: (!plain).then(|| t.layout.clone()),
             });
         }
         let node = Node::pending(self.device().clone(), out, len, op, views)?;
