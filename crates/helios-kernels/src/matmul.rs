@@ -1159,8 +1159,10 @@ fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
 /// Prologue: tile 0 goes into stage 0, tile j (1..=depth) into register set j % sets. Step
 /// t then stores tile t+1 (loaded `depth` steps earlier) into stage (t+1) % 2, loads tile
 /// t+1+depth into its set, runs `compute(base_a, base_b)` on stage t % 2 and ends with a
-/// barrier. The loop is unrolled once per set so set indices are static; steps past the
-/// last tile see zeros (the loads clamp and mask) and add nothing.
+/// barrier. The loop is unrolled once per set, and with two stages to an even count, so set
+/// and stage indices are static (a stage index computed at run time turned every fragment
+/// address into arithmetic the loop repeats); steps past the last tile see zeros (the loads
+/// clamp and mask) and add nothing.
 ///
 /// The spare set: without it, a refill overwrites the set whose old tile the same step
 /// stores. NVIDIA's compiler moves the loads of the unrolled body together late in it, so it
@@ -1227,8 +1229,13 @@ pub(crate) fn staged_k_loop(
     let span = k.sub(k_end, k_begin);
     let kpad = k.add(span, bk_m1);
     let tiles = k.div(kpad, bk_v);
-    let dv = k.u32(sets);
-    let dm1 = k.u32(sets - 1);
+    let unroll = if stages == 1 || sets % 2 == 0 {
+        sets
+    } else {
+        2 * sets
+    };
+    let dv = k.u32(unroll);
+    let dm1 = k.u32(unroll - 1);
     let tiles = k.add(tiles, dm1);
     let tiles = k.div(tiles, dv);
     let tiles = k.mul(tiles, dv);
@@ -1243,14 +1250,14 @@ pub(crate) fn staged_k_loop(
         compute(k, base_a, base_b);
     };
     k.for_range(zero, tiles, dv, |k, t0| {
-        for u in 0..sets {
+        for u in 0..unroll {
             let off = k.u32(u);
             let kt = k.add(t0, off);
+            // t0 is a multiple of `unroll`, so tile kt's stage is u's.
             let (cur, other) = if single {
                 (zero, zero)
             } else {
-                let cur = k.and(kt, one);
-                (cur, k.xor(cur, one))
+                (k.u32(u % 2), k.u32((u + 1) % 2))
             };
             if single {
                 // One stage: every invocation is done reading it before it is refilled.
