@@ -1159,10 +1159,9 @@ fn load_dims(k: &mut KernelBuilder, p: &Params, batch: Val) -> Dims {
 /// Prologue: tile 0 goes into stage 0, tile j (1..=depth) into register set j % sets. Step
 /// t then stores tile t+1 (loaded `depth` steps earlier) into stage (t+1) % 2, loads tile
 /// t+1+depth into its set, runs `compute(base_a, base_b)` on stage t % 2 and ends with a
-/// barrier. The loop is unrolled once per set, and with two stages to an even count, so set
-/// and stage indices are static (a stage index computed at run time turned every fragment
-/// address into arithmetic the loop repeats); steps past the last tile see zeros (the loads
-/// clamp and mask) and add nothing.
+/// barrier. The loop is unrolled once per set so set indices are static, and twice where
+/// two stages meet one set, so the stage index is too; steps past the last tile see zeros
+/// (the loads clamp and mask) and add nothing.
 ///
 /// The spare set: without it, a refill overwrites the set whose old tile the same step
 /// stores. NVIDIA's compiler moves the loads of the unrolled body together late in it, so it
@@ -1229,11 +1228,12 @@ pub(crate) fn staged_k_loop(
     let span = k.sub(k_end, k_begin);
     let kpad = k.add(span, bk_m1);
     let tiles = k.div(kpad, bk_v);
-    let unroll = if stages == 1 || sets % 2 == 0 {
-        sets
-    } else {
-        2 * sets
-    };
+    // Two stages and one set: unrolled twice, so that the stage of step u is u % 2. With
+    // an odd number of sets above one (the SIMT kernels' two sets and a spare), unrolling
+    // to an even count lost 12–31% (an H200: simt128x64d2 at GPT-2's f32 dW shapes), so
+    // there the stage stays an index computed each step.
+    let unroll = if stages == 2 && sets == 1 { 2 } else { sets };
+    let static_stage = unroll % 2 == 0;
     let dv = k.u32(unroll);
     let dm1 = k.u32(unroll - 1);
     let tiles = k.add(tiles, dm1);
@@ -1253,11 +1253,14 @@ pub(crate) fn staged_k_loop(
         for u in 0..unroll {
             let off = k.u32(u);
             let kt = k.add(t0, off);
-            // t0 is a multiple of `unroll`, so tile kt's stage is u's.
+            // With an even unroll t0 is even, so tile kt's stage is u's.
             let (cur, other) = if single {
                 (zero, zero)
-            } else {
+            } else if static_stage {
                 (k.u32(u % 2), k.u32((u + 1) % 2))
+            } else {
+                let cur = k.and(kt, one);
+                (cur, k.xor(cur, one))
             };
             if single {
                 // One stage: every invocation is done reading it before it is refilled.
