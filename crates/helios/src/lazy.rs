@@ -480,35 +480,119 @@ fn dense_edge(input: &Input, len: usize) -> bool {
 /// join it, so that later passes read them without locking each node again. Run, it drops
 /// them (releasing the members' inputs); dropped unrun (prerequisites first, a split, a
 /// prologue, an error), it gives them back, and the members are pending as before.
+///
+/// A member other than the root is held by the group through the input of the op that
+/// found it (`held_at`), not by a reference of its own: a chain's realisation would
+/// otherwise pay a reference count up and one down per op.
 struct Group {
-    members: Vec<Arc<Node>>,
-    /// Per member: its op.
-    ops: Vec<Pending>,
+    /// The collection's root, its last member.
+    root: Arc<Node>,
+    /// Per member, in the order `collect` expanded them (the root's first): its op.
+    taken: Vec<Pending>,
+    /// Per member, in the same order: the input that holds it (the root's is `ROOT`). An
+    /// op found a member before it expanded it, so `held_at[e].op < e`.
+    held_at: Vec<At>,
+    /// The members in topological order, as indices in `taken`.
+    order: Vec<u32>,
     /// The collection's epoch: a node is a member when its `mark` is this epoch and its
-    /// `slot` a member index.
+    /// `slot` a member index (in `order`).
     epoch: u64,
     /// Pending nodes read through other views: realised before the group.
     prerequisites: Vec<Arc<Node>>,
 }
 
+/// Where a group holds a node: input `slot` of `Group::taken[op]`, or the root (`ROOT`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct At {
+    op: u32,
+    slot: u32,
+}
+
+const ROOT: At = At {
+    op: u32::MAX,
+    slot: 0,
+};
+
 impl Drop for Group {
     fn drop(&mut self) {
-        for (m, op) in self.members.iter().zip(self.ops.drain(..)) {
-            *m.lock() = Some(op);
+        // Last expanded first: the op holding a member was expanded before it, so it is
+        // still here when the member's op goes back.
+        while let Some(op) = self.taken.pop() {
+            let e = self.taken.len();
+            *self.node_at(self.held_at[e]).lock() = Some(op);
         }
     }
 }
 
 impl Group {
+    /// Members.
+    fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// The node held at `at`.
+    fn node_at(&self, at: At) -> &Arc<Node> {
+        match at {
+            ROOT => &self.root,
+            At { op, slot } => &self.taken[op as usize].inputs[slot as usize].node,
+        }
+    }
+
+    /// Member `j`'s node (topological order).
+    fn node(&self, j: usize) -> &Arc<Node> {
+        self.node_at(self.held_at[self.order[j] as usize])
+    }
+
+    /// Member `j`'s op (topological order).
+    fn op(&self, j: usize) -> &Pending {
+        &self.taken[self.order[j] as usize]
+    }
+
     /// A member's uses by other members through dense edges (counted by `collect`).
     fn uses(&self, m: &Node) -> usize {
         m.uses.load(Ordering::Relaxed) as usize
+    }
+
+    /// References to member `j` other than its uses inside the group: the group's own
+    /// reference to the root, and whoever outside the group holds it.
+    fn held_outside(&self, j: usize) -> usize {
+        let m = self.node(j);
+        Arc::strong_count(m) - self.uses(m)
     }
 
     /// The member index of `n`, if it is a member.
     fn member(&self, n: &Node) -> Option<usize> {
         let slot = n.slot.load(Ordering::Relaxed);
         (n.mark.load(Ordering::Relaxed) == self.epoch && slot < EXPANDING).then_some(slot as usize)
+    }
+
+    /// Drops every member's op (the group has run) and hands back the members in
+    /// topological order, each by the reference that held it in the group. The ops' other
+    /// inputs are leaves (held by the kernel's `leaves` as well) or further uses of members,
+    /// so nothing cascades here.
+    fn release(&mut self) -> Vec<Arc<Node>> {
+        let mut members: Vec<Option<Arc<Node>>> = vec![None; self.len()];
+        if let Some(last) = members.last_mut() {
+            *last = Some(self.root.clone());
+        }
+        for (e, op) in std::mem::take(&mut self.taken).into_iter().enumerate() {
+            for (k, input) in op.inputs.into_iter().enumerate() {
+                let at = At {
+                    op: e as u32,
+                    slot: k as u32,
+                };
+                match self.member(&input.node) {
+                    Some(j) if self.held_at[self.order[j] as usize] == at => {
+                        members[j] = Some(input.node)
+                    }
+                    _ => drop(input),
+                }
+            }
+        }
+        members
+            .into_iter()
+            .map(|m| m.expect("the group holds every member"))
+            .collect()
     }
 }
 
@@ -524,8 +608,10 @@ fn collect(root: &Arc<Node>) -> Group {
     // A group usually holds the root's whole pending chain: room for it up front.
     let chain = root.depth as usize + 1;
     let mut g = Group {
-        members: Vec::with_capacity(chain),
-        ops: Vec::with_capacity(chain),
+        root: root.clone(),
+        taken: Vec::with_capacity(chain),
+        held_at: Vec::with_capacity(chain),
+        order: Vec::with_capacity(chain),
         epoch,
         prerequisites: Vec::new(),
     };
@@ -540,43 +626,55 @@ fn collect(root: &Arc<Node>) -> Group {
         }
     };
     found(root);
-    // A node found (`None`), or expanded and waiting below its inputs with its op taken out
-    // (`Some`): it becomes a member after all of them.
-    let mut stack: Vec<(Arc<Node>, Option<Pending>)> = Vec::with_capacity(2 * chain);
+    /// A step of the walk: a node found where the group holds it, or an expanded member
+    /// (an index in `taken`) waiting below its inputs: it joins the order after all of them.
+    enum Visit {
+        Find(At),
+        Place(u32),
+    }
+    let mut stack: Vec<Visit> = Vec::with_capacity(2 * chain);
     // The input found last is expanded next without a trip through the stack (a chain is
     // walked straight down).
-    let mut next = Some(root.clone());
+    let mut next = Some(ROOT);
     loop {
-        let (n, op) = match next.take() {
-            Some(n) => (n, None),
-            None => match stack.pop() {
-                Some(visit) => visit,
-                None => break,
-            },
+        let at = match next.take().map(Visit::Find).or_else(|| stack.pop()) {
+            None => break,
+            Some(Visit::Place(e)) => {
+                let slot = g.order.len() as u32;
+                g.node_at(g.held_at[e as usize])
+                    .slot
+                    .store(slot, Ordering::Relaxed);
+                g.order.push(e);
+                continue;
+            }
+            Some(Visit::Find(at)) => at,
         };
-        if let Some(op) = op {
-            n.slot.store(g.members.len() as u32, Ordering::Relaxed);
-            g.ops.push(op);
-            g.members.push(n);
-            continue;
-        }
+        let n = g.node_at(at);
         if n.slot.load(Ordering::Relaxed) != FOUND {
             continue;
         }
         n.slot.store(EXPANDING, Ordering::Relaxed);
-        // Taken out now (one lock per member): the stack holds it until the member is
-        // placed, and every member is placed before `collect` returns.
+        let len = n.len;
+        // Taken out now (one lock per member); from here the group holds it.
         let p = n.lock().take().expect("members are pending");
+        let e = g.taken.len() as u32;
         // A padded read shifts coordinates: its input is always stored.
         let pad = matches!(p.op, ElemOp::Pad { .. });
         let below = stack.len();
-        for i in p.inputs.iter().filter(|i| !i.node.is_realized()) {
-            if !pad && dense_edge(i, n.len) {
+        for (k, i) in p.inputs.iter().enumerate() {
+            if i.node.is_realized() {
+                continue;
+            }
+            if !pad && dense_edge(i, len) {
                 found(&i.node);
                 let uses = &i.node.uses;
                 uses.store(uses.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-                if let Some(earlier) = next.replace(i.node.clone()) {
-                    stack.push((earlier, None));
+                let here = At {
+                    op: e,
+                    slot: k as u32,
+                };
+                if let Some(earlier) = next.replace(here) {
+                    stack.push(Visit::Find(earlier));
                 }
             } else {
                 g.prerequisites.push(i.node.clone());
@@ -584,7 +682,9 @@ fn collect(root: &Arc<Node>) -> Group {
         }
         // Below the inputs just found (those pushed above; usually none: a chain's input is
         // `next`).
-        stack.insert(below, (n, Some(p)));
+        stack.insert(below, Visit::Place(e));
+        g.held_at.push(at);
+        g.taken.push(p);
     }
     g
 }
@@ -614,13 +714,9 @@ fn realize(root: &Arc<Node>, location: MemoryLocation) -> Result<()> {
         let Some(group) = collect_ready(root)? else {
             return Ok(());
         };
-        // Outputs: the root, and members held outside the group. `members` holds one
-        // reference to each and every dense use inside the group another.
-        let outputs: smallvec::SmallVec<[usize; 4]> = (0..group.members.len())
-            .filter(|&i| {
-                let m = &group.members[i];
-                Arc::ptr_eq(m, root) || Arc::strong_count(m) > 1 + group.uses(m)
-            })
+        // Outputs: the root, and members held outside the group.
+        let outputs: smallvec::SmallVec<[usize; 4]> = (0..group.len())
+            .filter(|&j| Arc::ptr_eq(group.node(j), root) || group.held_outside(j) > 0)
             .collect();
         let kernel = lower(&group, &outputs, root)?;
         let budget = root
@@ -630,9 +726,9 @@ fn realize(root: &Arc<Node>, location: MemoryLocation) -> Result<()> {
             .limits
             .max_push_constants_size;
         let push = FusedKernel::push_bytes(kernel.0.inputs.len(), outputs.len(), kernel.2.len());
-        if push > budget && group.members.len() > 1 {
+        if push > budget && group.len() > 1 {
             // Too many buffers for one kernel's push constants: realise half the group first.
-            let half = group.members[group.members.len() / 2].clone();
+            let half = group.node(group.len() / 2).clone();
             drop(group);
             realize(&half, MemoryLocation::DeviceLocal)?;
             continue;
@@ -658,23 +754,16 @@ pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
     let Some(group) = collect_ready(root)? else {
         return Ok(None);
     };
-    let last = group.members.len() - 1;
-    debug_assert!(
-        Arc::ptr_eq(&group.members[last], root),
-        "the root comes last"
-    );
-    // `members` holds one reference to each member, the caller's tensor one to the root,
-    // and each dense use inside the group one more.
-    let held_outside = |i: usize| {
-        let extra = usize::from(i == last);
-        let m = &group.members[i];
-        Arc::strong_count(m) > 1 + extra + group.uses(m)
-    };
-    if (0..group.members.len()).any(held_outside) {
+    let last = group.len() - 1;
+    debug_assert!(Arc::ptr_eq(group.node(last), root), "the root comes last");
+    // Besides its uses inside the group, the root is held by the group and the caller's
+    // tensor; every other member by no one.
+    let held_outside = |j: usize| group.held_outside(j) > if j == last { 2 } else { 0 };
+    if (0..group.len()).any(held_outside) {
         return Ok(None);
     }
     let lowered = lower(&group, &[last], root)?;
-    NODES.fetch_add(group.members.len() as u64, Ordering::Relaxed);
+    NODES.fetch_add(group.len() as u64, Ordering::Relaxed);
     PROLOGUES.fetch_add(1, Ordering::Relaxed);
     Ok(Some(lowered))
 }
@@ -683,17 +772,17 @@ pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
 fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
     let device = root.device();
     // At most: per member its op, a scalar, and one read per input.
-    let bound = g.ops.iter().map(|p| 2 + p.inputs.len()).sum();
+    let bound = g.taken.iter().map(|p| 2 + p.inputs.len()).sum();
     let mut code: Vec<Instr> = Vec::with_capacity(bound);
     let mut inputs: Vec<FusedInput> = Vec::new();
     let mut leaves: Vec<(Arc<Node>, usize)> = Vec::new();
     // (leaf node, view read: `None` for the whole node, dense) → its `Input` instruction.
     let mut leaf_instr: smallvec::SmallVec<[(*const Node, Option<Layout>, u32); 4]> =
         smallvec::SmallVec::new();
-    let mut member_instr: Vec<u32> = Vec::with_capacity(g.members.len());
+    let mut member_instr: Vec<u32> = Vec::with_capacity(g.len());
     // Scalar values, one push constant per distinct bit pattern.
     let mut scalars: Vec<f32> = Vec::new();
-    for (m, p) in g.members.iter().zip(&g.ops) {
+    for (m, p) in (0..g.len()).map(|j| (g.node(j), g.op(j))) {
         // Per input (at most three: `where`), its instruction.
         let mut args = [0u32; 3];
         if let ElemOp::Pad { dim, start, full } = p.op {
@@ -838,7 +927,7 @@ fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
         code,
         outputs: outputs
             .iter()
-            .map(|&i| (member_instr[i], g.members[i].dtype.storage()))
+            .map(|&i| (member_instr[i], g.node(i).dtype.storage()))
             .collect(),
         scalars: scalars.len() as u16,
         vecs: device.config().elementwise_vecs.unwrap_or(1),
@@ -885,7 +974,7 @@ fn run(
     root: &Arc<Node>,
     root_location: MemoryLocation,
 ) -> Result<()> {
-    let device = group.members[0].device().clone();
+    let device = group.root.device().clone();
     let ctx = device.context();
     let workgroup = device.elementwise_workgroup();
     let debug = crate::env::debug();
@@ -894,7 +983,7 @@ fn run(
     let compiled = device.kernel(KernelKey::Fused(kernel.clone()), || kernel.build(workgroup))?;
     let mut buffers: smallvec::SmallVec<[Buffer; 4]> = smallvec::SmallVec::new();
     for &o in &outputs {
-        let m = &group.members[o];
+        let m = group.node(o);
         let bytes = (m.len * m.dtype.size()).max(4) as u64;
         let location = match Arc::ptr_eq(m, root) {
             true => root_location,
@@ -932,13 +1021,13 @@ fn run(
         let bytes_in: usize = leaves.iter().map(|(n, _)| n.len * n.dtype.size()).sum();
         let bytes_out: usize = outputs
             .iter()
-            .map(|&o| group.members[o].len * group.members[o].dtype.size())
+            .map(|&o| group.node(o).len * group.node(o).dtype.size())
             .sum();
-        let ops: Vec<&str> = group.ops.iter().map(|p| p.op.name()).collect();
+        let ops: Vec<&str> = (0..group.len()).map(|j| group.op(j).op.name()).collect();
         eprintln!(
             "helios: realise {}: {} nodes [{}], {} inputs, {} outputs, {} elements, {} B read, {} B written",
             kernel.name(),
-            group.members.len(),
+            group.len(),
             ops.join(" "),
             leaves.len(),
             outputs.len(),
@@ -948,16 +1037,14 @@ fn run(
         );
     }
     KERNELS.fetch_add(1, Ordering::Relaxed);
-    NODES.fetch_add(group.members.len() as u64, Ordering::Relaxed);
+    NODES.fetch_add(group.len() as u64, Ordering::Relaxed);
     OUTPUTS.fetch_add(outputs.len() as u64, Ordering::Relaxed);
     for (&o, b) in outputs.iter().zip(buffers) {
-        let _ = group.members[o].buffer.set(b);
+        let _ = group.node(o).buffer.set(b);
     }
-    // Every member's op is done: drop them all. Their inputs are members (held by `group`)
-    // or leaves (held by `leaves`), so nothing cascades here; members no one else holds
-    // become spares.
-    group.ops.clear();
+    // Every member's op is done: drop them all; members no one else holds become spares.
+    let members = group.release();
     drop(leaves);
-    recycle(std::mem::take(&mut group.members));
+    recycle(members);
     Ok(())
 }
