@@ -40,6 +40,7 @@ use helios_vk::{Access, Buffer, MemoryLocation};
 
 use crate::device::KernelKey;
 use crate::layout::merge_dims;
+use crate::realize_lock::{RealizeCell, Realizing};
 use crate::{DType, Device, Error, Layout, Result};
 
 /// A pending chain this deep is realised as it grows: bounds kernel size, recursion when a
@@ -121,11 +122,12 @@ pub(crate) struct Node {
     pub dtype: DType,
     pub len: usize,
     buffer: OnceLock<Buffer>,
-    pending: Mutex<Option<Pending>>,
+    /// The op, while pending (and not taken into a group being scheduled).
+    pending: RealizeCell<Option<Pending>>,
     /// Longest pending chain below this node (0 once realised).
     depth: u32,
-    /// Scheduler scratch (under `REALIZE`): the epoch of the last collection that found
-    /// this node, its member index there, and its uses inside that group.
+    /// Scheduler scratch (under the scheduler's lock): the epoch of the last collection that
+    /// found this node, its member index there, and its uses inside that group.
     mark: AtomicU64,
     slot: std::sync::atomic::AtomicU32,
     uses: std::sync::atomic::AtomicU32,
@@ -250,7 +252,7 @@ pub(crate) fn realize_all() -> Result<()> {
     // Under the lock, so no other thread's realisation runs between the check and ours, and
     // no other thread's scheduler sees the reference counts our upgrades raise: it decides
     // what to store (and what a reduction may compute in its loads) from those counts.
-    let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
+    let one = crate::realize_lock::lock();
     let pending: Vec<Arc<Node>> = LOCAL.with(|local| {
         let mut local = local.borrow_mut();
         let live = local
@@ -265,17 +267,17 @@ pub(crate) fn realize_all() -> Result<()> {
         // A node another thread's group computed in registers (no one held it then: only
         // this list's weak reference, upgraded afterwards) has neither op nor buffer: it is
         // dead, not pending.
-        if n.is_realized() || n.lock().is_none() {
+        if n.is_realized() {
             continue;
         }
-        realize(n, MemoryLocation::DeviceLocal)?;
+        let Some(op) = n.pending.take(&one) else {
+            continue;
+        };
+        n.pending.replace(Some(op), &one);
+        realize(n, MemoryLocation::DeviceLocal, &one)?;
     }
     Ok(())
 }
-
-/// One realisation at a time: the scheduler reads reference counts, which another thread
-/// realising the same nodes would change under it.
-static REALIZE: Mutex<()> = Mutex::new(());
 
 /// Most spare nodes a thread keeps (a chain's worth, `MAX_DEPTH`: about 200 KiB).
 const MAX_SPARES: usize = MAX_DEPTH as usize;
@@ -304,7 +306,10 @@ fn recycle(members: Vec<Arc<Node>>) {
             if n.buffer.get().is_some() {
                 continue;
             }
-            debug_assert!(n.lock().is_none(), "run dropped every member's op");
+            debug_assert!(
+                n.pending.get_mut().is_none(),
+                "run dropped every member's op"
+            );
             n.device = None;
             spares.push(m);
         }
@@ -341,8 +346,7 @@ impl Node {
             n.dtype = dtype;
             n.len = len;
             n.buffer = buffer;
-            // In place (a new `Mutex` is built on the stack and copied in).
-            *n.pending.get_mut().unwrap_or_else(|p| p.into_inner()) = pending;
+            *n.pending.get_mut() = pending;
             n.depth = depth;
             *n.mark.get_mut() = 0;
             *n.slot.get_mut() = 0;
@@ -354,7 +358,7 @@ impl Node {
             dtype,
             len,
             buffer,
-            pending: Mutex::new(pending),
+            pending: RealizeCell::new(pending),
             depth,
             mark: AtomicU64::new(0),
             slot: Default::default(),
@@ -421,14 +425,10 @@ impl Node {
             return Ok(b);
         }
         {
-            let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
-            realize(self, location)?;
+            let one = crate::realize_lock::lock();
+            realize(self, location, &one)?;
         }
         Ok(self.buffer.get().expect("realised above"))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Pending>> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -440,23 +440,13 @@ impl Drop for Node {
             return; // a spare: not live, holds nothing
         }
         count_live(-1);
-        let Some(p) = self
-            .pending
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        else {
+        let Some(p) = self.pending.get_mut().take() else {
             return;
         };
         let mut work: Vec<Arc<Node>> = p.inputs.into_iter().map(|i| i.node).collect();
         while let Some(n) = work.pop() {
             if let Ok(mut n) = Arc::try_unwrap(n) {
-                if let Some(p) = n
-                    .pending
-                    .get_mut()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
-                {
+                if let Some(p) = n.pending.get_mut().take() {
                     work.extend(p.inputs.into_iter().map(|i| i.node));
                 }
             }
@@ -484,7 +474,9 @@ fn dense_edge(input: &Input, len: usize) -> bool {
 /// A member other than the root is held by the group through the input of the op that
 /// found it (`held_at`), not by a reference of its own: a chain's realisation would
 /// otherwise pay a reference count up and one down per op.
-struct Group {
+struct Group<'r> {
+    /// The scheduler's lock, held while the group exists (its ops go back under it).
+    lock: &'r Realizing,
     /// The collection's root, its last member.
     root: Arc<Node>,
     /// Per member, in the order `collect` expanded them (the root's first): its op.
@@ -513,18 +505,20 @@ const ROOT: At = At {
     slot: 0,
 };
 
-impl Drop for Group {
+impl Drop for Group<'_> {
     fn drop(&mut self) {
         // Last expanded first: the op holding a member was expanded before it, so it is
         // still here when the member's op goes back.
         while let Some(op) = self.taken.pop() {
             let e = self.taken.len();
-            *self.node_at(self.held_at[e]).lock() = Some(op);
+            self.node_at(self.held_at[e])
+                .pending
+                .replace(Some(op), self.lock);
         }
     }
 }
 
-impl Group {
+impl Group<'_> {
     /// Members.
     fn len(&self) -> usize {
         self.order.len()
@@ -603,11 +597,12 @@ const FOUND: u32 = u32::MAX;
 const EXPANDING: u32 = u32::MAX - 1;
 
 /// Pass 1: the pending nodes `root` reaches through dense edges.
-fn collect(root: &Arc<Node>) -> Group {
+fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
     let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
     // A group usually holds the root's whole pending chain: room for it up front.
     let chain = root.depth as usize + 1;
     let mut g = Group {
+        lock,
         root: root.clone(),
         taken: Vec::with_capacity(chain),
         held_at: Vec::with_capacity(chain),
@@ -615,9 +610,9 @@ fn collect(root: &Arc<Node>) -> Group {
         epoch,
         prerequisites: Vec::new(),
     };
-    // Plain loads and stores, not read-modify-writes: the caller holds `REALIZE`, so no
-    // other thread touches the marks, and a locked instruction per node is most of a
-    // chain's collection.
+    // Plain loads and stores, not read-modify-writes: the caller holds the scheduler's
+    // lock, so no other thread touches the marks, and a locked instruction per node is most
+    // of a chain's collection.
     let found = |n: &Node| {
         if n.mark.load(Ordering::Relaxed) != epoch {
             n.mark.store(epoch, Ordering::Relaxed);
@@ -655,8 +650,8 @@ fn collect(root: &Arc<Node>) -> Group {
         }
         n.slot.store(EXPANDING, Ordering::Relaxed);
         let len = n.len;
-        // Taken out now (one lock per member); from here the group holds it.
-        let p = n.lock().take().expect("members are pending");
+        // From here the group holds it.
+        let p = n.pending.take(lock).expect("members are pending");
         let e = g.taken.len() as u32;
         // A padded read shifts coordinates: its input is always stored.
         let pad = matches!(p.op, ElemOp::Pad { .. });
@@ -690,28 +685,27 @@ fn collect(root: &Arc<Node>) -> Group {
 }
 
 /// `collect(root)` once every prerequisite is realised (`None`: the root is realised).
-/// Caller holds `REALIZE`.
-fn collect_ready(root: &Arc<Node>) -> Result<Option<Group>> {
+fn collect_ready<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Result<Option<Group<'r>>> {
     loop {
         if root.is_realized() {
             return Ok(None);
         }
-        let mut group = collect(root);
+        let mut group = collect(root, lock);
         if group.prerequisites.is_empty() {
             return Ok(Some(group));
         }
         let pre = std::mem::take(&mut group.prerequisites);
         drop(group);
         for p in pre {
-            realize(&p, MemoryLocation::DeviceLocal)?;
+            realize(&p, MemoryLocation::DeviceLocal, lock)?;
         }
     }
 }
 
-/// Realises `root` (caller holds `REALIZE`).
-fn realize(root: &Arc<Node>, location: MemoryLocation) -> Result<()> {
+/// Realises `root`.
+fn realize(root: &Arc<Node>, location: MemoryLocation, lock: &Realizing) -> Result<()> {
     loop {
-        let Some(group) = collect_ready(root)? else {
+        let Some(group) = collect_ready(root, lock)? else {
             return Ok(());
         };
         // Outputs: the root, and members held outside the group.
@@ -730,7 +724,7 @@ fn realize(root: &Arc<Node>, location: MemoryLocation) -> Result<()> {
             // Too many buffers for one kernel's push constants: realise half the group first.
             let half = group.node(group.len() / 2).clone();
             drop(group);
-            realize(&half, MemoryLocation::DeviceLocal)?;
+            realize(&half, MemoryLocation::DeviceLocal, lock)?;
             continue;
         }
         return run(group, outputs, kernel, root, location);
@@ -750,8 +744,8 @@ pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
     if !crate::env::fusion() {
         return Ok(None);
     }
-    let _one = REALIZE.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(group) = collect_ready(root)? else {
+    let one = crate::realize_lock::lock();
+    let Some(group) = collect_ready(root, &one)? else {
         return Ok(None);
     };
     let last = group.len() - 1;
@@ -769,7 +763,7 @@ pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
 }
 
 /// Pass 3: the group as one fused kernel.
-fn lower(g: &Group, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
+fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
     let device = root.device();
     // At most: per member its op, a scalar, and one read per input.
     let bound = g.taken.iter().map(|p| 2 + p.inputs.len()).sum();
@@ -968,7 +962,7 @@ fn out_shape(inputs: &[Input]) -> Vec<usize> {
 
 /// Pass 4: record the kernel, hand out buffers, release the members' inputs.
 fn run(
-    mut group: Group,
+    mut group: Group<'_>,
     outputs: smallvec::SmallVec<[usize; 4]>,
     (kernel, leaves, scalars): Lowered,
     root: &Arc<Node>,

@@ -24,6 +24,7 @@ mod index;
 mod layout;
 mod lazy;
 mod ops;
+mod realize_lock;
 pub mod selfcheck;
 mod tensor;
 mod view;

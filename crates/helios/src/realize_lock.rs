@@ -1,0 +1,58 @@
+//! The scheduler's one lock, and cells that only its holder can reach.
+//!
+//! Every realisation runs under one process-wide lock (`lock`): the scheduler decides from
+//! reference counts, which another thread realising the same nodes would change under it.
+//! A pending node's op is read and written only there (and through `&mut` on the node), so
+//! a mutex per node would only add two locked instructions per op to a chain's realisation
+//! (~5 ns each, a large share of it). The design decision a reader must know: `Realizing`,
+//! the proof that this thread holds the lock, is the only way into a `RealizeCell`.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::{Mutex, MutexGuard};
+
+/// Proof that this thread holds the scheduler's lock. Exactly one exists, inside `REALIZE`
+/// (the field is private to this module), and it is not `Sync`: a `&Realizing` is only ever
+/// on the thread holding the lock, and only while it holds it.
+pub(crate) struct Realizing(PhantomData<Cell<()>>);
+
+static REALIZE: Mutex<Realizing> = Mutex::new(Realizing(PhantomData));
+
+/// Takes the scheduler's lock (waiting for another thread's realisation to finish).
+pub(crate) fn lock() -> MutexGuard<'static, Realizing> {
+    REALIZE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A value shared between threads that only the holder of the scheduler's lock reads or
+/// writes (or whoever has the cell by `&mut`). It moves values in and out and never lends a
+/// reference to its content, like `Cell`.
+pub(crate) struct RealizeCell<T>(Cell<T>);
+
+// SAFETY: `Cell<T>` is not `Sync` only because two threads could touch it at once. Here every
+// access through `&self` takes a `&Realizing`, which exists only on the one thread that holds
+// `REALIZE` (see `Realizing`), so accesses are serialised by that mutex, which also orders
+// them across threads; access through `&mut self` is exclusive anyway. `T: Send`: the value
+// is moved in on one thread and out on another, as through a `Mutex<T>`.
+unsafe impl<T: Send> Sync for RealizeCell<T> {}
+
+impl<T> RealizeCell<T> {
+    pub(crate) const fn new(value: T) -> Self {
+        RealizeCell(Cell::new(value))
+    }
+
+    /// Replaces the value, returning the old one.
+    pub(crate) fn replace(&self, value: T, _lock: &Realizing) -> T {
+        self.0.replace(value)
+    }
+
+    pub(crate) fn get_mut(&mut self) -> &mut T {
+        self.0.get_mut()
+    }
+}
+
+impl<T: Default> RealizeCell<T> {
+    /// Takes the value, leaving the default.
+    pub(crate) fn take(&self, lock: &Realizing) -> T {
+        self.replace(T::default(), lock)
+    }
+}
