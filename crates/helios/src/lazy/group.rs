@@ -1,0 +1,465 @@
+//! A fusion group: the scheduler's pass 1 (`collect`: the pending nodes a root reaches
+//! through dense edges), its pass 3 (`lower`: the group as one `FusedKernel`), and the
+//! group's end: `Group::release` once it has run, or its `Drop` giving every op back if not.
+//!
+//! The design decision a reader must know: a group owns its members' ops, taken out of the
+//! nodes, and holds each member other than the root only through the input of the op that
+//! found it (`held_at`), with no reference count of its own. All of it lives under the
+//! scheduler's lock, which the group carries (`&Realizing`) for as long as it exists: the
+//! nodes' marks that say who is a member are read under it, and a dropped group puts its
+//! ops back under it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use helios_kernels::{BinaryOp, FusedInput, FusedKernel, Instr, Window};
+use helios_vk::MemoryLocation;
+
+use super::{realize, ElemOp, Input, Lowered, Node, Pending};
+use crate::layout::merge_dims;
+use crate::realize_lock::Realizing;
+use crate::{Error, Layout, Result};
+
+/// Whether a consumer of `len` elements reads `input` element for element: a dense view of
+/// the whole node, of the consumer's size (no broadcast).
+fn dense_edge(input: &Input, len: usize) -> bool {
+    input.node.len == len
+        && match &input.view {
+            None => true,
+            Some(l) => l.is_dense() && l.len() == input.node.len,
+        }
+}
+
+/// A fusion group: pending members in topological order (inputs first).
+///
+/// The group holds its members' ops while it is scheduled, taken out of the nodes as they
+/// join it, so that later passes read them without locking each node again. Run, it drops
+/// them (releasing the members' inputs); dropped unrun (prerequisites first, a split, a
+/// prologue, an error), it gives them back, and the members are pending as before.
+///
+/// A member other than the root is held by the group through the input of the op that
+/// found it (`held_at`), not by a reference of its own: a chain's realisation would
+/// otherwise pay a reference count up and one down per op.
+pub(super) struct Group<'r> {
+    /// The scheduler's lock, held while the group exists (its ops go back under it).
+    lock: &'r Realizing,
+    /// The collection's root, its last member.
+    pub(super) root: Arc<Node>,
+    /// Per member, in the order `collect` expanded them (the root's first): its op.
+    taken: Vec<Pending>,
+    /// Per member, in the same order: the input that holds it (the root's is `ROOT`). An
+    /// op found a member before it expanded it, so `held_at[e].op < e`.
+    held_at: Vec<At>,
+    /// The members in topological order, as indices in `taken`.
+    order: Vec<u32>,
+    /// The collection's epoch: a node is a member when its `mark` is this epoch and its
+    /// `slot` a member index (in `order`).
+    epoch: u64,
+    /// Pending nodes read through other views: realised before the group.
+    prerequisites: Vec<Arc<Node>>,
+}
+
+/// Where a group holds a node: input `slot` of `Group::taken[op]`, or the root (`ROOT`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct At {
+    op: u32,
+    slot: u32,
+}
+
+const ROOT: At = At {
+    op: u32::MAX,
+    slot: 0,
+};
+
+impl Drop for Group<'_> {
+    fn drop(&mut self) {
+        // Last expanded first: the op holding a member was expanded before it, so it is
+        // still here when the member's op goes back.
+        while let Some(op) = self.taken.pop() {
+            let e = self.taken.len();
+            self.node_at(self.held_at[e])
+                .pending
+                .replace(Some(op), self.lock);
+        }
+    }
+}
+
+impl Group<'_> {
+    /// Members.
+    pub(super) fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// The node held at `at`.
+    fn node_at(&self, at: At) -> &Arc<Node> {
+        match at {
+            ROOT => &self.root,
+            At { op, slot } => &self.taken[op as usize].inputs[slot as usize].node,
+        }
+    }
+
+    /// Member `j`'s node (topological order).
+    pub(super) fn node(&self, j: usize) -> &Arc<Node> {
+        self.node_at(self.held_at[self.order[j] as usize])
+    }
+
+    /// Member `j`'s op (topological order).
+    pub(super) fn op(&self, j: usize) -> &Pending {
+        &self.taken[self.order[j] as usize]
+    }
+
+    /// A member's uses by other members through dense edges (counted by `collect`).
+    fn uses(&self, m: &Node) -> usize {
+        m.uses.load(Ordering::Relaxed) as usize
+    }
+
+    /// References to member `j` other than its uses inside the group: the group's own
+    /// reference to the root, and whoever outside the group holds it.
+    pub(super) fn held_outside(&self, j: usize) -> usize {
+        let m = self.node(j);
+        Arc::strong_count(m) - self.uses(m)
+    }
+
+    /// The member index of `n`, if it is a member.
+    fn member(&self, n: &Node) -> Option<usize> {
+        let slot = n.slot.load(Ordering::Relaxed);
+        (n.mark.load(Ordering::Relaxed) == self.epoch && slot < EXPANDING).then_some(slot as usize)
+    }
+
+    /// Drops every member's op (the group has run) and hands back the members in
+    /// topological order, each by the reference that held it in the group. The ops' other
+    /// inputs are leaves (held by the kernel's `leaves` as well) or further uses of members,
+    /// so nothing cascades here.
+    pub(super) fn release(&mut self) -> Vec<Arc<Node>> {
+        let mut members: Vec<Option<Arc<Node>>> = vec![None; self.len()];
+        if let Some(last) = members.last_mut() {
+            *last = Some(self.root.clone());
+        }
+        for (e, op) in std::mem::take(&mut self.taken).into_iter().enumerate() {
+            for (k, input) in op.inputs.into_iter().enumerate() {
+                let at = At {
+                    op: e as u32,
+                    slot: k as u32,
+                };
+                match self.member(&input.node) {
+                    Some(j) if self.held_at[self.order[j] as usize] == at => {
+                        members[j] = Some(input.node)
+                    }
+                    _ => drop(input),
+                }
+            }
+        }
+        members
+            .into_iter()
+            .map(|m| m.expect("the group holds every member"))
+            .collect()
+    }
+}
+
+/// Collection epochs: marks on the nodes replace hash sets (the scheduler's hot loop).
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+/// `Node::slot` of a node found but not yet expanded, and of one being expanded.
+const FOUND: u32 = u32::MAX;
+const EXPANDING: u32 = u32::MAX - 1;
+
+/// Pass 1: the pending nodes `root` reaches through dense edges.
+fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
+    let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
+    // A group usually holds the root's whole pending chain: room for it up front.
+    let chain = root.depth as usize + 1;
+    let mut g = Group {
+        lock,
+        root: root.clone(),
+        taken: Vec::with_capacity(chain),
+        held_at: Vec::with_capacity(chain),
+        order: Vec::with_capacity(chain),
+        epoch,
+        prerequisites: Vec::new(),
+    };
+    // Plain loads and stores, not read-modify-writes: the caller holds the scheduler's
+    // lock, so no other thread touches the marks, and a locked instruction per node is most
+    // of a chain's collection.
+    let found = |n: &Node| {
+        if n.mark.load(Ordering::Relaxed) != epoch {
+            n.mark.store(epoch, Ordering::Relaxed);
+            n.slot.store(FOUND, Ordering::Relaxed);
+            n.uses.store(0, Ordering::Relaxed);
+        }
+    };
+    found(root);
+    /// A step of the walk: a node found where the group holds it, or an expanded member
+    /// (an index in `taken`) waiting below its inputs: it joins the order after all of them.
+    enum Visit {
+        Find(At),
+        Place(u32),
+    }
+    let mut stack: Vec<Visit> = Vec::with_capacity(2 * chain);
+    // The input found last is expanded next without a trip through the stack (a chain is
+    // walked straight down).
+    let mut next = Some(ROOT);
+    loop {
+        let at = match next.take().map(Visit::Find).or_else(|| stack.pop()) {
+            None => break,
+            Some(Visit::Place(e)) => {
+                let slot = g.order.len() as u32;
+                g.node_at(g.held_at[e as usize])
+                    .slot
+                    .store(slot, Ordering::Relaxed);
+                g.order.push(e);
+                continue;
+            }
+            Some(Visit::Find(at)) => at,
+        };
+        let n = g.node_at(at);
+        if n.slot.load(Ordering::Relaxed) != FOUND {
+            continue;
+        }
+        n.slot.store(EXPANDING, Ordering::Relaxed);
+        let len = n.len;
+        // From here the group holds it.
+        let p = n.pending.take(lock).expect("members are pending");
+        let e = g.taken.len() as u32;
+        // A padded read shifts coordinates: its input is always stored.
+        let pad = matches!(p.op, ElemOp::Pad { .. });
+        let below = stack.len();
+        for (k, i) in p.inputs.iter().enumerate() {
+            if i.node.is_realized() {
+                continue;
+            }
+            if !pad && dense_edge(i, len) {
+                found(&i.node);
+                let uses = &i.node.uses;
+                uses.store(uses.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                let here = At {
+                    op: e,
+                    slot: k as u32,
+                };
+                if let Some(earlier) = next.replace(here) {
+                    stack.push(Visit::Find(earlier));
+                }
+            } else {
+                g.prerequisites.push(i.node.clone());
+            }
+        }
+        // Below the inputs just found (those pushed above; usually none: a chain's input is
+        // `next`).
+        stack.insert(below, Visit::Place(e));
+        g.held_at.push(at);
+        g.taken.push(p);
+    }
+    g
+}
+
+/// `collect(root)` once every prerequisite is realised (`None`: the root is realised).
+pub(super) fn collect_ready<'r>(
+    root: &Arc<Node>,
+    lock: &'r Realizing,
+) -> Result<Option<Group<'r>>> {
+    loop {
+        if root.is_realized() {
+            return Ok(None);
+        }
+        let mut group = collect(root, lock);
+        if group.prerequisites.is_empty() {
+            return Ok(Some(group));
+        }
+        let pre = std::mem::take(&mut group.prerequisites);
+        drop(group);
+        for p in pre {
+            realize(&p, MemoryLocation::DeviceLocal, lock)?;
+        }
+    }
+}
+
+/// Pass 3: the group as one fused kernel.
+pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
+    let device = root.device();
+    // At most: per member its op, a scalar, and one read per input.
+    let bound = g.taken.iter().map(|p| 2 + p.inputs.len()).sum();
+    let mut code: Vec<Instr> = Vec::with_capacity(bound);
+    let mut inputs: Vec<FusedInput> = Vec::new();
+    let mut leaves: Vec<(Arc<Node>, usize)> = Vec::new();
+    // (leaf node, view read: `None` for the whole node, dense) → its `Input` instruction.
+    let mut leaf_instr: smallvec::SmallVec<[(*const Node, Option<Layout>, u32); 4]> =
+        smallvec::SmallVec::new();
+    let mut member_instr: Vec<u32> = Vec::with_capacity(g.len());
+    // Scalar values, one push constant per distinct bit pattern.
+    let mut scalars: Vec<f32> = Vec::new();
+    for (m, p) in (0..g.len()).map(|j| (g.node(j), g.op(j))) {
+        // Per input (at most three: `where`), its instruction.
+        let mut args = [0u32; 3];
+        if let ElemOp::Pad { dim, start, full } = p.op {
+            let i = &p.inputs[0];
+            let view = i.view.as_ref().expect("a padded input keeps its view");
+            let padded = |d: usize| if d == dim { full } else { view.shape()[d] };
+            inputs.push(FusedInput {
+                dtype: i.node.dtype.storage(),
+                shape: (0..view.ndim())
+                    .map(|d| to_u32(padded(d)))
+                    .collect::<Result<_>>()?,
+                strides: view
+                    .strides()
+                    .iter()
+                    .map(|&v| to_u32(v))
+                    .collect::<Result<_>>()?,
+                aligned: false,
+                window: Some(Window {
+                    dim: dim as u8,
+                    start: to_u32(start)?,
+                    len: to_u32(view.shape()[dim])?,
+                }),
+            });
+            leaves.push((i.node.clone(), view.offset()));
+            code.push(Instr::Input((inputs.len() - 1) as u16));
+            member_instr.push((code.len() - 1) as u32);
+            continue;
+        }
+        // The op's output shape (the inputs broadcast together), for reads of stored inputs.
+        let mut shape: Option<Vec<usize>> = None;
+        for (k, i) in p.inputs.iter().enumerate() {
+            if let Some(at) = g.member(&i.node) {
+                if dense_edge(i, m.len) {
+                    args[k] = member_instr[at];
+                    continue;
+                }
+            }
+            let ptr = Arc::as_ptr(&i.node);
+            // The read as the kernel sees it: `None` for the whole leaf, dense, element for
+            // element (however it is shaped), else its view broadcast to the op's shape.
+            let view = match &i.view {
+                None => None,
+                Some(layout) => {
+                    let shape = shape.get_or_insert_with(|| out_shape(&p.inputs));
+                    let view = layout
+                        .broadcast_to(shape)
+                        .map_err(|detail| Error::InvalidView {
+                            op: "fusion",
+                            shape: layout.shape().to_vec(),
+                            detail,
+                        })?;
+                    (!(view.is_dense() && view.len() == i.node.len)).then_some(view)
+                }
+            };
+            if let Some(&(_, _, at)) = leaf_instr.iter().find(|(p, l, _)| *p == ptr && *l == view) {
+                args[k] = at;
+                continue;
+            }
+            inputs.push(match &view {
+                None => FusedInput {
+                    dtype: i.node.dtype.storage(),
+                    shape: vec![to_u32(i.node.len)?],
+                    strides: vec![1],
+                    aligned: true,
+                    window: None,
+                },
+                Some(view) => {
+                    let mut strides = vec![view.strides().to_vec()];
+                    let merged = merge_dims(view.shape(), &mut strides);
+                    FusedInput {
+                        dtype: i.node.dtype.storage(),
+                        shape: merged.into_iter().map(to_u32).collect::<Result<_>>()?,
+                        strides: strides
+                            .remove(0)
+                            .into_iter()
+                            .map(to_u32)
+                            .collect::<Result<_>>()?,
+                        aligned: view.offset() % 4 == 0,
+                        window: None,
+                    }
+                }
+            });
+            leaves.push((i.node.clone(), view.as_ref().map_or(0, Layout::offset)));
+            let at = code.len() as u32;
+            code.push(Instr::Input((inputs.len() - 1) as u16));
+            leaf_instr.push((ptr, view, at));
+            args[k] = at;
+        }
+        let mut constant = |code: &mut Vec<Instr>, s: f32| {
+            let i = match scalars.iter().position(|x| x.to_bits() == s.to_bits()) {
+                Some(i) => i,
+                None => {
+                    scalars.push(s);
+                    scalars.len() - 1
+                }
+            };
+            code.push(Instr::Scalar(i as u16));
+            (code.len() - 1) as u32
+        };
+        let ins = match p.op {
+            ElemOp::Unary(u) => Instr::Unary(u, args[0]),
+            ElemOp::Binary(b) => Instr::Binary(b, args[0], args[1]),
+            ElemOp::Scalar {
+                op,
+                s,
+                scalar_first,
+            } => {
+                // The fused max and min take their scalar to be a number (`Instr::Binary`);
+                // with a NaN scalar every element is NaN, which `x + NaN` computes.
+                let op = match op {
+                    BinaryOp::Max | BinaryOp::Min if s.is_nan() => BinaryOp::Add,
+                    op => op,
+                };
+                let c = constant(&mut code, s);
+                match scalar_first {
+                    true => Instr::Binary(op, c, args[0]),
+                    false => Instr::Binary(op, args[0], c),
+                }
+            }
+            ElemOp::Compare(c) => Instr::Compare(c, args[0], args[1]),
+            ElemOp::CompareScalar(cmp, s) => {
+                let c = constant(&mut code, s);
+                Instr::Compare(cmp, args[0], c)
+            }
+            ElemOp::Where => Instr::Where(args[0], args[1], args[2]),
+            ElemOp::Cast => Instr::Round(m.dtype.storage(), args[0]),
+            ElemOp::Pad { .. } => unreachable!("lowered above"),
+        };
+        code.push(ins);
+        member_instr.push((code.len() - 1) as u32);
+    }
+    let len = u32::try_from(root.len).map_err(|_| {
+        Error::Kernel(helios_kernels::KernelError::TooLarge {
+            what: "element count",
+            size: root.len as u64,
+        })
+    })?;
+    let kernel = FusedKernel {
+        binding: device.binding(),
+        len,
+        inputs,
+        code,
+        outputs: outputs
+            .iter()
+            .map(|&i| (member_instr[i], g.node(i).dtype.storage()))
+            .collect(),
+        scalars: scalars.len() as u16,
+        vecs: device.config().elementwise_vecs.unwrap_or(1),
+    };
+    debug_assert!(kernel.check().is_ok(), "{:?}", kernel.check());
+    Ok((kernel, leaves, scalars))
+}
+
+/// A size, stride or offset as the kernels' 32-bit index arithmetic takes it.
+pub(super) fn to_u32(v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| {
+        Error::Kernel(helios_kernels::KernelError::TooLarge {
+            what: "stride or size",
+            size: v as u64,
+        })
+    })
+}
+
+/// The broadcast shape of an op's inputs.
+fn out_shape(inputs: &[Input]) -> Vec<usize> {
+    let mut views = inputs.iter().map(|i| {
+        i.view
+            .as_ref()
+            .expect("an op's inputs all have views, or none")
+    });
+    let mut shape = views.next().expect("ops have inputs").shape().to_vec();
+    for view in views {
+        shape = crate::layout::broadcast_shapes(&shape, view.shape())
+            .expect("shapes were checked when the node was built");
+    }
+    shape
+}
