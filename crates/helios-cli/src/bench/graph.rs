@@ -229,7 +229,7 @@ fn mixed(device: &Device, s: &Sizes) -> BenchResult<GraphResult> {
     let b = Tensor::from_slice(device, &random_values(cols, 4), &[cols])?;
     super::profile_start(device)?;
     let (copy, _) = timed(device, s.samples, 3, || x.copy()?.realize())?;
-    let copy_gpu = busiest_kernel_us(device)?;
+    let copy_gpu = super::busiest_kernel_us(device)?;
     super::profile_start(device)?;
     let (times, kernels) = timed(device, s.samples, 3, || {
         // 32 element-wise ops: the bias, one GELU, and scalings, residuals, clamps and
@@ -244,7 +244,7 @@ fn mixed(device: &Device, s: &Sizes) -> BenchResult<GraphResult> {
         }
         y.realize()
     })?;
-    let fused_gpu = busiest_kernel_us(device)?;
+    let fused_gpu = super::busiest_kernel_us(device)?;
     let copy_med = summarize(&copy, "copy")?.median;
     let time = summarize(&times, "mixed32")?;
     let gpu = match (fused_gpu, copy_gpu) {
@@ -260,19 +260,6 @@ fn mixed(device: &Device, s: &Sizes) -> BenchResult<GraphResult> {
     r.kernels_per_step = Some(kernels);
     r.vs_ideal = Some(time.median / copy_med);
     Ok(r)
-}
-
-/// With HELIOS_PROFILE=1: the mean GPU time of the kernel that took the most time since
-/// `profile_start` (a case's one fused kernel), µs; `None` unless profiling.
-fn busiest_kernel_us(device: &Device) -> BenchResult<Option<f64>> {
-    if device.context().profiler().is_none() {
-        return Ok(None);
-    }
-    device.synchronize()?;
-    let report = device.context().profile_report()?;
-    Ok(report
-        .and_then(|r| r.rows.into_iter().max_by_key(|row| row.total_ns))
-        .map(|row| row.mean_ns / 1e3))
 }
 
 fn mlp_block(device: &Device, s: &Sizes, dt: DType) -> BenchResult<GraphResult> {

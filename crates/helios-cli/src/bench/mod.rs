@@ -486,15 +486,28 @@ fn profile_start(device: &Device) -> BenchResult<()> {
     Ok(())
 }
 
-/// Mean GPU time of `kernel`'s dispatches since `profile_start`, µs; `None` unless profiling.
-fn gpu_mean_us(device: &Device, kernel: &str) -> BenchResult<Option<f64>> {
+/// The profiler's rows for the dispatches since `profile_start`, once they have run; `None`
+/// unless profiling.
+fn profile_rows(device: &Device) -> BenchResult<Option<Vec<helios_vk::ProfileRow>>> {
     if device.context().profiler().is_none() {
         return Ok(None);
     }
     device.synchronize()?;
-    let report = device.context().profile_report()?;
-    Ok(report
-        .and_then(|r| r.rows.into_iter().find(|row| row.name == kernel))
+    Ok(device.context().profile_report()?.map(|r| r.rows))
+}
+
+/// Mean GPU time of `kernel`'s dispatches since `profile_start`, µs; `None` unless profiling.
+fn gpu_mean_us(device: &Device, kernel: &str) -> BenchResult<Option<f64>> {
+    Ok(profile_rows(device)?
+        .and_then(|rows| rows.into_iter().find(|row| row.name == kernel))
+        .map(|row| row.mean_ns / 1e3))
+}
+
+/// Mean GPU time of the kernel that took the most time since `profile_start` (a case's one
+/// fused kernel, whatever its generated name), µs; `None` unless profiling.
+fn busiest_kernel_us(device: &Device) -> BenchResult<Option<f64>> {
+    Ok(profile_rows(device)?
+        .and_then(|rows| rows.into_iter().max_by_key(|row| row.total_ns))
         .map(|row| row.mean_ns / 1e3))
 }
 
