@@ -12,13 +12,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use helios_kernels::{BinaryOp, FusedInput, FusedKernel, Instr, Window};
+use helios_kernels::{BinaryOp, FusedDims, FusedInput, Instr, Window};
 use helios_vk::MemoryLocation;
 
 use super::{realize, ElemOp, Input, Lowered, Node, Pending};
-use crate::layout::merge_dims;
+use crate::layout::{is_contiguous, merge_dims_one, Dims};
 use crate::realize_lock::Realizing;
-use crate::{Error, Layout, Result};
+use crate::{Error, Result};
 
 /// Whether a consumer of `len` elements reads `input` element for element: a dense view of
 /// the whole node, of the consumer's size (no broadcast).
@@ -271,20 +271,24 @@ pub(super) fn collect_ready<'r>(
     }
 }
 
-/// Pass 3: the group as one fused kernel.
-pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
+/// Pass 3: the group as one fused kernel, written into `out`, whose allocations it reuses
+/// (a group like the last one lowered allocates nothing).
+pub(super) fn lower(
+    g: &Group<'_>,
+    outputs: &[usize],
+    root: &Arc<Node>,
+    out: &mut Lowered,
+) -> Result<()> {
     let device = root.device();
-    // At most: per member its op, a scalar, and one read per input.
-    let bound = g.taken.iter().map(|p| 2 + p.inputs.len()).sum();
-    let mut code: Vec<Instr> = Vec::with_capacity(bound);
-    let mut inputs: Vec<FusedInput> = Vec::new();
-    let mut leaves: Vec<(Arc<Node>, usize)> = Vec::new();
-    // (leaf node, view read: `None` for the whole node, dense) → its `Input` instruction.
-    let mut leaf_instr: smallvec::SmallVec<[(*const Node, Option<Layout>, u32); 4]> =
-        smallvec::SmallVec::new();
-    let mut member_instr: Vec<u32> = Vec::with_capacity(g.len());
-    // Scalar values, one push constant per distinct bit pattern.
-    let mut scalars: Vec<f32> = Vec::new();
+    out.clear();
+    let Lowered {
+        kernel,
+        leaves,
+        scalars,
+        input_instr,
+        member_instr,
+    } = out;
+    let (code, inputs) = (&mut kernel.code, &mut kernel.inputs);
     for (m, p) in (0..g.len()).map(|j| (g.node(j), g.op(j))) {
         // Per input (at most three: `where`), its instruction.
         let mut args = [0u32; 3];
@@ -311,11 +315,12 @@ pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Resul
             });
             leaves.push((i.node.clone(), view.offset()));
             code.push(Instr::Input((inputs.len() - 1) as u16));
+            input_instr.push((code.len() - 1) as u32);
             member_instr.push((code.len() - 1) as u32);
             continue;
         }
         // The op's output shape (the inputs broadcast together), for reads of stored inputs.
-        let mut shape: Option<Vec<usize>> = None;
+        let mut shape: Option<Dims> = None;
         for (k, i) in p.inputs.iter().enumerate() {
             if let Some(at) = g.member(&i.node) {
                 if dense_edge(i, m.len) {
@@ -323,55 +328,20 @@ pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Resul
                     continue;
                 }
             }
-            let ptr = Arc::as_ptr(&i.node);
-            // The read as the kernel sees it: `None` for the whole leaf, dense, element for
-            // element (however it is shaped), else its view broadcast to the op's shape.
-            let view = match &i.view {
-                None => None,
-                Some(layout) => {
-                    let shape = shape.get_or_insert_with(|| out_shape(&p.inputs));
-                    let view = layout
-                        .broadcast_to(shape)
-                        .map_err(|detail| Error::InvalidView {
-                            op: "fusion",
-                            shape: layout.shape().to_vec(),
-                            detail,
-                        })?;
-                    (!(view.is_dense() && view.len() == i.node.len)).then_some(view)
-                }
+            let (input, offset) = read(i, m.len, &p.inputs, &mut shape)?;
+            // The same leaf read the same way is one kernel input.
+            let same = |((n, o), r): (&(Arc<Node>, usize), &FusedInput)| {
+                Arc::ptr_eq(n, &i.node) && *o == offset && *r == input
             };
-            if let Some(&(_, _, at)) = leaf_instr.iter().find(|(p, l, _)| *p == ptr && *l == view) {
-                args[k] = at;
+            if let Some(x) = leaves.iter().zip(inputs.iter()).position(same) {
+                args[k] = input_instr[x];
                 continue;
             }
-            inputs.push(match &view {
-                None => FusedInput {
-                    dtype: i.node.dtype.storage(),
-                    shape: vec![to_u32(i.node.len)?],
-                    strides: vec![1],
-                    aligned: true,
-                    window: None,
-                },
-                Some(view) => {
-                    let mut strides = vec![view.strides().to_vec()];
-                    let merged = merge_dims(view.shape(), &mut strides);
-                    FusedInput {
-                        dtype: i.node.dtype.storage(),
-                        shape: merged.into_iter().map(to_u32).collect::<Result<_>>()?,
-                        strides: strides
-                            .remove(0)
-                            .into_iter()
-                            .map(to_u32)
-                            .collect::<Result<_>>()?,
-                        aligned: view.offset() % 4 == 0,
-                        window: None,
-                    }
-                }
-            });
-            leaves.push((i.node.clone(), view.as_ref().map_or(0, Layout::offset)));
+            inputs.push(input);
+            leaves.push((i.node.clone(), offset));
             let at = code.len() as u32;
             code.push(Instr::Input((inputs.len() - 1) as u16));
-            leaf_instr.push((ptr, view, at));
+            input_instr.push(at);
             args[k] = at;
         }
         let mut constant = |code: &mut Vec<Instr>, s: f32| {
@@ -399,7 +369,7 @@ pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Resul
                     BinaryOp::Max | BinaryOp::Min if s.is_nan() => BinaryOp::Add,
                     op => op,
                 };
-                let c = constant(&mut code, s);
+                let c = constant(code, s);
                 match scalar_first {
                     true => Instr::Binary(op, c, args[0]),
                     false => Instr::Binary(op, args[0], c),
@@ -407,7 +377,7 @@ pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Resul
             }
             ElemOp::Compare(c) => Instr::Compare(c, args[0], args[1]),
             ElemOp::CompareScalar(cmp, s) => {
-                let c = constant(&mut code, s);
+                let c = constant(code, s);
                 Instr::Compare(cmp, args[0], c)
             }
             ElemOp::Where => Instr::Where(args[0], args[1], args[2]),
@@ -417,26 +387,64 @@ pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Resul
         code.push(ins);
         member_instr.push((code.len() - 1) as u32);
     }
-    let len = u32::try_from(root.len).map_err(|_| {
+    kernel.len = u32::try_from(root.len).map_err(|_| {
         Error::Kernel(helios_kernels::KernelError::TooLarge {
             what: "element count",
             size: root.len as u64,
         })
     })?;
-    let kernel = FusedKernel {
-        binding: device.binding(),
-        len,
-        inputs,
-        code,
-        outputs: outputs
+    kernel.binding = device.binding();
+    kernel.outputs.extend(
+        outputs
             .iter()
-            .map(|&i| (member_instr[i], g.node(i).dtype.storage()))
-            .collect(),
-        scalars: scalars.len() as u16,
-        vecs: device.config().elementwise_vecs.unwrap_or(1),
-    };
+            .map(|&i| (member_instr[i], g.node(i).dtype.storage())),
+    );
+    kernel.scalars = scalars.len() as u16;
+    kernel.vecs = device.config().elementwise_vecs.unwrap_or(1);
     debug_assert!(kernel.check().is_ok(), "{:?}", kernel.check());
-    Ok((kernel, leaves, scalars))
+    Ok(())
+}
+
+/// How an op of `len` elements over `op_inputs` reads its stored input `i`: the kernel
+/// input, and the element of `i`'s node where the read starts. The whole node, dense,
+/// element for element (however it is shaped), or its view broadcast to the op's shape
+/// (`shape`, computed on first need), dimensions merged.
+fn read(
+    i: &Input,
+    len: usize,
+    op_inputs: &[Input],
+    shape: &mut Option<Dims>,
+) -> Result<(FusedInput, usize)> {
+    let dtype = i.node.dtype.storage();
+    let whole = || -> Result<(FusedInput, usize)> {
+        let input = FusedInput {
+            dtype,
+            shape: FusedDims::from_slice(&[to_u32(i.node.len)?]),
+            strides: FusedDims::from_slice(&[1]),
+            aligned: true,
+            window: None,
+        };
+        Ok((input, 0))
+    };
+    let Some(layout) = &i.view else {
+        return whole();
+    };
+    let shape = shape.get_or_insert_with(|| out_shape(op_inputs));
+    let strides = layout
+        .broadcast_strides(shape)
+        .expect("shapes were checked when the node was built");
+    if layout.offset() == 0 && len == i.node.len && is_contiguous(shape, &strides) {
+        return whole();
+    }
+    let (shape, strides) = merge_dims_one(shape, &strides);
+    let input = FusedInput {
+        dtype,
+        shape: shape.iter().map(|&v| to_u32(v)).collect::<Result<_>>()?,
+        strides: strides.iter().map(|&v| to_u32(v)).collect::<Result<_>>()?,
+        aligned: layout.offset() % 4 == 0,
+        window: None,
+    };
+    Ok((input, layout.offset()))
 }
 
 /// A size, stride or offset as the kernels' 32-bit index arithmetic takes it.
@@ -450,16 +458,20 @@ pub(super) fn to_u32(v: usize) -> Result<u32> {
 }
 
 /// The broadcast shape of an op's inputs.
-fn out_shape(inputs: &[Input]) -> Vec<usize> {
+fn out_shape(inputs: &[Input]) -> Dims {
     let mut views = inputs.iter().map(|i| {
         i.view
             .as_ref()
             .expect("an op's inputs all have views, or none")
     });
-    let mut shape = views.next().expect("ops have inputs").shape().to_vec();
+    let mut shape = Dims::from_slice(views.next().expect("ops have inputs").shape());
     for view in views {
-        shape = crate::layout::broadcast_shapes(&shape, view.shape())
-            .expect("shapes were checked when the node was built");
+        // Usually the shape already: a broadcast operand read beside a full one.
+        if view.broadcast_strides(&shape).is_none() {
+            let wider = crate::layout::broadcast_shapes(&shape, view.shape())
+                .expect("shapes were checked when the node was built");
+            shape = Dims::from_vec(wider);
+        }
     }
     shape
 }

@@ -41,7 +41,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use helios_kernels::{BinaryOp, Compare, FusedKernel, Geometry, UnaryOp};
 use helios_vk::{Access, Buffer, MemoryLocation};
 
-use crate::device::KernelKey;
 use crate::realize_lock::{RealizeCell, Realizing};
 use crate::{DType, Device, Layout, Result};
 use group::{collect_ready, lower, to_u32, Group};
@@ -227,7 +226,7 @@ thread_local! {
     /// This thread's graph bookkeeping: the pending list and the spares, which a
     /// realisation's `recycle` updates together in one access.
     static LOCAL: std::cell::RefCell<Local> = const {
-        std::cell::RefCell::new(Local { pending: Vec::new(), spares: Vec::new() })
+        std::cell::RefCell::new(Local { pending: Vec::new(), spares: Vec::new(), lowered: None })
     };
 }
 
@@ -244,6 +243,9 @@ struct Local {
     /// reference: `Arc::get_mut` checks it) and holds nothing (no device, buffer or op), so it
     /// keeps no device alive and is not a live node.
     spares: Vec<Arc<Node>>,
+    /// The last realisation's lowering, whose allocations the next one reuses (it holds no
+    /// node between realisations).
+    lowered: Option<Lowered>,
 }
 
 /// Realises every pending node this thread built that is still alive: before an op that
@@ -291,7 +293,9 @@ fn recycle(members: Vec<Arc<Node>>) {
     // the list's tail, newest first) are dropped now, so those members can be unique: they
     // are realised or dead, so `realize_all` needs none of them.
     let spared = LOCAL.with(|local| {
-        let Local { pending, spares } = &mut *local.borrow_mut();
+        let Local {
+            pending, spares, ..
+        } = &mut *local.borrow_mut();
         for m in members.iter().rev() {
             match pending.last() {
                 Some(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(m)) => drop(pending.pop()),
@@ -459,6 +463,24 @@ impl Drop for Node {
 
 /// Realises `root`.
 fn realize(root: &Arc<Node>, location: MemoryLocation, lock: &Realizing) -> Result<()> {
+    // Taken from this thread's slot and put back (a prerequisite's realisation, nested in
+    // this one, finds the slot empty and starts its own).
+    let mut lowered = LOCAL
+        .with(|local| local.borrow_mut().lowered.take())
+        .unwrap_or_default();
+    let result = realize_with(root, location, lock, &mut lowered);
+    lowered.leaves.clear();
+    LOCAL.with(|local| local.borrow_mut().lowered = Some(lowered));
+    result
+}
+
+/// `realize`, lowering into `lowered`.
+fn realize_with(
+    root: &Arc<Node>,
+    location: MemoryLocation,
+    lock: &Realizing,
+    lowered: &mut Lowered,
+) -> Result<()> {
     loop {
         let Some(group) = collect_ready(root, lock)? else {
             return Ok(());
@@ -467,27 +489,76 @@ fn realize(root: &Arc<Node>, location: MemoryLocation, lock: &Realizing) -> Resu
         let outputs: smallvec::SmallVec<[usize; 4]> = (0..group.len())
             .filter(|&j| Arc::ptr_eq(group.node(j), root) || group.held_outside(j) > 0)
             .collect();
-        let kernel = lower(&group, &outputs, root)?;
+        lower(&group, &outputs, root, lowered)?;
         let budget = root
             .device()
             .context()
             .caps()
             .limits
             .max_push_constants_size;
-        let push = FusedKernel::push_bytes(kernel.0.inputs.len(), outputs.len(), kernel.2.len());
+        let push = FusedKernel::push_bytes(
+            lowered.kernel.inputs.len(),
+            outputs.len(),
+            lowered.scalars.len(),
+        );
         if push > budget && group.len() > 1 {
             // Too many buffers for one kernel's push constants: realise half the group first.
             let half = group.node(group.len() / 2).clone();
             drop(group);
+            lowered.leaves.clear();
             realize(&half, MemoryLocation::DeviceLocal, lock)?;
             continue;
         }
-        return run(group, outputs, kernel, root, location);
+        return run(group, outputs, lowered, root, location);
     }
 }
 
-/// The fused kernel of a group, the leaves it reads (node, element offset) and its scalars.
-pub(crate) type Lowered = (FusedKernel, Vec<(Arc<Node>, usize)>, Vec<f32>);
+/// Pass 3's product: a group's fused kernel, the leaves it reads and its scalar values.
+pub(crate) struct Lowered {
+    /// The signature, which finds the compiled kernel (the schedule cache).
+    pub kernel: FusedKernel,
+    /// Per kernel input: the node read, and the element its read starts at.
+    pub leaves: Vec<(Arc<Node>, usize)>,
+    /// The values of the kernel's scalar parameters.
+    pub scalars: Vec<f32>,
+    /// `lower`'s scratch: per kernel input, its instruction.
+    input_instr: Vec<u32>,
+    /// `lower`'s scratch: per member in topological order, its instruction.
+    member_instr: Vec<u32>,
+}
+
+impl Default for Lowered {
+    fn default() -> Lowered {
+        Lowered {
+            kernel: FusedKernel {
+                binding: helios_spirv::Binding::DeviceAddress,
+                len: 0,
+                inputs: Vec::new(),
+                code: Vec::new(),
+                outputs: Vec::new(),
+                scalars: 0,
+                vecs: 1,
+            },
+            leaves: Vec::new(),
+            scalars: Vec::new(),
+            input_instr: Vec::new(),
+            member_instr: Vec::new(),
+        }
+    }
+}
+
+impl Lowered {
+    /// Empties every list, keeping the allocations.
+    fn clear(&mut self) {
+        self.kernel.inputs.clear();
+        self.kernel.code.clear();
+        self.kernel.outputs.clear();
+        self.leaves.clear();
+        self.scalars.clear();
+        self.input_instr.clear();
+        self.member_instr.clear();
+    }
+}
 
 /// The pending group ending at `root` lowered as a reduction's prologue: the reduction
 /// computes the root's elements where it would load them, so the root is never stored.
@@ -511,14 +582,17 @@ pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
     if (0..group.len()).any(held_outside) {
         return Ok(None);
     }
-    let lowered = lower(&group, &[last], root)?;
+    let mut lowered = Lowered::default();
+    lower(&group, &[last], root, &mut lowered)?;
     NODES.fetch_add(group.len() as u64, Ordering::Relaxed);
     PROLOGUES.fetch_add(1, Ordering::Relaxed);
     Ok(Some(lowered))
 }
 
 /// Each leaf's first element (what a descriptor-bound kernel adds to its indices).
-pub(crate) fn element_offsets(leaves: &[(Arc<Node>, usize)]) -> Result<Vec<u32>> {
+pub(crate) fn element_offsets(
+    leaves: &[(Arc<Node>, usize)],
+) -> Result<smallvec::SmallVec<[u32; 8]>> {
     leaves.iter().map(|&(_, o)| to_u32(o)).collect()
 }
 
@@ -526,17 +600,20 @@ pub(crate) fn element_offsets(leaves: &[(Arc<Node>, usize)]) -> Result<Vec<u32>>
 fn run(
     mut group: Group<'_>,
     outputs: smallvec::SmallVec<[usize; 4]>,
-    (kernel, leaves, scalars): Lowered,
+    lowered: &mut Lowered,
     root: &Arc<Node>,
     root_location: MemoryLocation,
 ) -> Result<()> {
-    let device = group.root.device().clone();
+    let Lowered {
+        kernel,
+        leaves,
+        scalars,
+        ..
+    } = lowered;
+    let device = root.device();
     let ctx = device.context();
-    let workgroup = device.elementwise_workgroup();
     let debug = crate::env::debug();
-    // The key owns the signature; the launch below reads it back through the same Arc.
-    let kernel = Arc::new(kernel);
-    let compiled = device.kernel(KernelKey::Fused(kernel.clone()), || kernel.build(workgroup))?;
+    let compiled = device.fused_kernel(kernel)?;
     let mut buffers: smallvec::SmallVec<[Buffer; 4]> = smallvec::SmallVec::new();
     for &o in &outputs {
         let m = group.node(o);
@@ -548,7 +625,7 @@ fn run(
         buffers.push(ctx.create_buffer(bytes, location)?);
     }
     let mut in_addrs: smallvec::SmallVec<[u64; 8]> = smallvec::SmallVec::new();
-    for (node, offset) in &leaves {
+    for (node, offset) in leaves.iter() {
         let b = node.buffer.get().expect("leaves are realised");
         in_addrs.push(b.device_address() + (offset * node.dtype.size()) as u64);
     }
@@ -562,8 +639,8 @@ fn run(
         },
         &in_addrs,
         &out_addrs,
-        &scalars,
-        &element_offsets(&leaves)?,
+        scalars,
+        &element_offsets(leaves)?,
     )?;
     {
         let mut accesses: smallvec::SmallVec<[Access; 8]> = leaves
@@ -600,7 +677,7 @@ fn run(
     }
     // Every member's op is done: drop them all; members no one else holds become spares.
     let members = group.release();
-    drop(leaves);
+    leaves.clear();
     recycle(members);
     Ok(())
 }
