@@ -11,9 +11,10 @@
 //!    *dense* edges (the consumer reads the producer's elements in order, so one kernel can
 //!    compute both at the same index). A pending input read through any other view
 //!    (transposed, broadcast, sliced) is a prerequisite, realised first as its own group.
-//! 2. `outputs`: a member is written to memory only if something outside the group holds it
+//! 2. outputs: a member is written to memory only if something outside the group holds it
 //!    (a user's tensor, a saved tensor for backward, another pending node): the target, and
-//!    members whose reference count exceeds their uses inside the group.
+//!    members whose reference count exceeds their uses inside the group. Decided in `lower`'s
+//!    walk over the members.
 //! 3. `lower`: the group becomes one `FusedKernel` (expression DAG in topological order,
 //!    inputs deduplicated, dimensions merged per input view) whose signature finds its
 //!    compiled pipeline in the device's kernel cache — the schedule cache: an identical step
@@ -27,7 +28,7 @@
 //! instead (`prologue`): the reduction computes the elements where it would load them.
 //!
 //! This file holds the nodes, the pending ops and the realisation's entry points, with
-//! passes 2 and 4; the fusion group, its collection and its lowering are in `group`.
+//! pass 4; the fusion group, its collection and its lowering (passes 1 to 3) are in `group`.
 //!
 //! The design decision a reader must know: fusion never recomputes. An element-wise result
 //! is either computed once inside one kernel, or stored; a view that reorders elements
@@ -43,7 +44,7 @@ use helios_vk::{Access, Buffer, MemoryLocation};
 
 use crate::realize_lock::{RealizeCell, Realizing};
 use crate::{DType, Device, Layout, Result};
-use group::{collect_ready, lower, to_u32, Group};
+use group::{collect_ready, lower, to_u32, Group, Lists};
 
 /// A pending chain this deep is realised as it grows: bounds kernel size, recursion when a
 /// chain is dropped, and the host work a single realisation can pile up.
@@ -226,7 +227,12 @@ thread_local! {
     /// This thread's graph bookkeeping: the pending list and the spares, which a
     /// realisation's `recycle` updates together in one access.
     static LOCAL: std::cell::RefCell<Local> = const {
-        std::cell::RefCell::new(Local { pending: Vec::new(), spares: Vec::new(), lowered: None })
+        std::cell::RefCell::new(Local {
+            pending: Vec::new(),
+            spares: Vec::new(),
+            lists: Lists::new(),
+            lowered: None,
+        })
     };
 }
 
@@ -243,6 +249,8 @@ struct Local {
     /// reference: `Arc::get_mut` checks it) and holds nothing (no device, buffer or op), so it
     /// keeps no device alive and is not a live node.
     spares: Vec<Arc<Node>>,
+    /// The lists of the last fusion group, whose allocations the next one reuses.
+    lists: Lists,
     /// The last realisation's lowering, whose allocations the next one reuses (it holds no
     /// node between realisations).
     lowered: Option<Lowered>,
@@ -287,8 +295,9 @@ pub(crate) fn realize_all() -> Result<()> {
 /// Most spare nodes a thread keeps (a chain's worth, `MAX_DEPTH`: about 200 KiB).
 const MAX_SPARES: usize = MAX_DEPTH as usize;
 
-/// Keeps the members of `members` nothing else holds as spares; drops the others.
-fn recycle(members: Vec<Arc<Node>>) {
+/// Keeps the members of `members` (`Group::release`'s, all `Some`) nothing else holds as
+/// spares; drops the others, leaving `members` empty.
+fn recycle(members: &mut Vec<Option<Arc<Node>>>) {
     // This thread's weak references to the members it built last (a chain built in order is
     // the list's tail, newest first) are dropped now, so those members can be unique: they
     // are realised or dead, so `realize_all` needs none of them.
@@ -296,14 +305,14 @@ fn recycle(members: Vec<Arc<Node>>) {
         let Local {
             pending, spares, ..
         } = &mut *local.borrow_mut();
-        for m in members.iter().rev() {
+        for m in members.iter().rev().flatten() {
             match pending.last() {
                 Some(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(m)) => drop(pending.pop()),
                 _ => break,
             }
         }
         let before = spares.len();
-        for mut m in members {
+        for mut m in members.drain(..).flatten() {
             if spares.len() >= MAX_SPARES {
                 break;
             }
@@ -485,11 +494,7 @@ fn realize_with(
         let Some(group) = collect_ready(root, lock)? else {
             return Ok(());
         };
-        // Outputs: the root, and members held outside the group.
-        let outputs: smallvec::SmallVec<[usize; 4]> = (0..group.len())
-            .filter(|&j| Arc::ptr_eq(group.node(j), root) || group.held_outside(j) > 0)
-            .collect();
-        lower(&group, &outputs, root, lowered)?;
+        lower(&group, root, lowered)?;
         let budget = root
             .device()
             .context()
@@ -498,7 +503,7 @@ fn realize_with(
             .max_push_constants_size;
         let push = FusedKernel::push_bytes(
             lowered.kernel.inputs.len(),
-            outputs.len(),
+            lowered.outputs.len(),
             lowered.scalars.len(),
         );
         if push > budget && group.len() > 1 {
@@ -509,7 +514,7 @@ fn realize_with(
             realize(&half, MemoryLocation::DeviceLocal, lock)?;
             continue;
         }
-        return run(group, outputs, lowered, root, location);
+        return run(group, lowered, root, location);
     }
 }
 
@@ -521,6 +526,9 @@ pub(crate) struct Lowered {
     pub leaves: Vec<(Arc<Node>, usize)>,
     /// The values of the kernel's scalar parameters.
     pub scalars: Vec<f32>,
+    /// The members stored (topological indices): the root, and members held outside the
+    /// group.
+    outputs: smallvec::SmallVec<[usize; 4]>,
     /// `lower`'s scratch: per kernel input, its instruction.
     input_instr: Vec<u32>,
     /// `lower`'s scratch: per member in topological order, its instruction.
@@ -541,6 +549,7 @@ impl Default for Lowered {
             },
             leaves: Vec::new(),
             scalars: Vec::new(),
+            outputs: smallvec::SmallVec::new(),
             input_instr: Vec::new(),
             member_instr: Vec::new(),
         }
@@ -555,6 +564,7 @@ impl Lowered {
         self.kernel.outputs.clear();
         self.leaves.clear();
         self.scalars.clear();
+        self.outputs.clear();
         self.input_instr.clear();
         self.member_instr.clear();
     }
@@ -583,7 +593,8 @@ pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
         return Ok(None);
     }
     let mut lowered = Lowered::default();
-    lower(&group, &[last], root, &mut lowered)?;
+    lower(&group, root, &mut lowered)?;
+    debug_assert_eq!(lowered.outputs[..], [last], "the root alone is stored");
     NODES.fetch_add(group.len() as u64, Ordering::Relaxed);
     PROLOGUES.fetch_add(1, Ordering::Relaxed);
     Ok(Some(lowered))
@@ -599,7 +610,6 @@ pub(crate) fn element_offsets(
 /// Pass 4: record the kernel, hand out buffers, release the members' inputs.
 fn run(
     mut group: Group<'_>,
-    outputs: smallvec::SmallVec<[usize; 4]>,
     lowered: &mut Lowered,
     root: &Arc<Node>,
     root_location: MemoryLocation,
@@ -608,6 +618,7 @@ fn run(
         kernel,
         leaves,
         scalars,
+        outputs,
         ..
     } = lowered;
     let device = root.device();
@@ -615,7 +626,7 @@ fn run(
     let debug = crate::env::debug();
     let compiled = device.fused_kernel(kernel)?;
     let mut buffers: smallvec::SmallVec<[Buffer; 4]> = smallvec::SmallVec::new();
-    for &o in &outputs {
+    for &o in outputs.iter() {
         let m = group.node(o);
         let bytes = (m.len * m.dtype.size()).max(4) as u64;
         let location = match Arc::ptr_eq(m, root) {
