@@ -173,9 +173,14 @@ impl Layout {
         }
     }
 
+    /// Whether `other` is this layout (the same value, not only an equal one).
+    pub(crate) fn same(&self, other: &Layout) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// Whether `other` has this layout's shape (at once when it is this layout).
     pub(crate) fn same_shape(&self, other: &Layout) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.shape() == other.shape()
+        self.same(other) || self.shape() == other.shape()
     }
 
     /// (ndim) sizes.

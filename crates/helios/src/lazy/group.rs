@@ -18,7 +18,7 @@ use helios_vk::MemoryLocation;
 use super::{realize, ElemOp, Input, Lowered, Node, Pending, LOCAL};
 use crate::layout::{is_contiguous, merge_dims_one, Dims};
 use crate::realize_lock::Realizing;
-use crate::{Error, Result};
+use crate::{Error, Layout, Result};
 
 /// Whether a consumer of `len` elements reads `input` element for element: a dense view of
 /// the whole node, of the consumer's size (no broadcast).
@@ -298,7 +298,10 @@ fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
         }
         // Below the inputs just found (those pushed above; usually none: a chain's input is
         // `next`).
-        stack.insert(below, Visit::Place(e));
+        match stack.len() == below {
+            true => stack.push(Visit::Place(e)),
+            false => stack.insert(below, Visit::Place(e)),
+        }
         g.lists.held_at.push(at);
         g.lists.taken.push(p);
     }
@@ -340,6 +343,7 @@ pub(super) fn lower(g: &Group<'_>, root: &Arc<Node>, out: &mut Lowered) -> Resul
         outputs,
         input_instr,
         member_instr,
+        views,
     } = out;
     let (code, inputs) = (&mut kernel.code, &mut kernel.inputs);
     // Pass 2: member `j`, computed by instruction `at`, is stored when something outside
@@ -392,21 +396,37 @@ pub(super) fn lower(g: &Group<'_>, root: &Arc<Node>, out: &mut Lowered) -> Resul
                     continue;
                 }
             }
+            // A view read before at this shape (a broadcast bias, added again and again)
+            // is that read, found without working it out again.
+            if let Some(view) = &i.view {
+                let shape = shape.get_or_insert_with(|| out_shape(&p.inputs));
+                let seen = |(x, v, s): &&(usize, Layout, Dims)| {
+                    Arc::ptr_eq(&leaves[*x].0, &i.node) && v.same(view) && s == shape
+                };
+                if let Some(&(x, ..)) = views.iter().find(seen) {
+                    args[k] = input_instr[x];
+                    continue;
+                }
+            }
             let (input, offset) = read(i, m.len, &p.inputs, &mut shape)?;
             // The same leaf read the same way is one kernel input.
             let same = |((n, o), r): (&(Arc<Node>, usize), &FusedInput)| {
                 Arc::ptr_eq(n, &i.node) && *o == offset && *r == input
             };
-            if let Some(x) = leaves.iter().zip(inputs.iter()).position(same) {
-                args[k] = input_instr[x];
-                continue;
+            let x = match leaves.iter().zip(inputs.iter()).position(same) {
+                Some(x) => x,
+                None => {
+                    inputs.push(input);
+                    leaves.push((i.node.clone(), offset));
+                    code.push(Instr::Input((inputs.len() - 1) as u16));
+                    input_instr.push((code.len() - 1) as u32);
+                    inputs.len() - 1
+                }
+            };
+            if let (Some(view), Some(shape)) = (&i.view, &shape) {
+                views.push((x, view.clone(), shape.clone()));
             }
-            inputs.push(input);
-            leaves.push((i.node.clone(), offset));
-            let at = code.len() as u32;
-            code.push(Instr::Input((inputs.len() - 1) as u16));
-            input_instr.push(at);
-            args[k] = at;
+            args[k] = input_instr[x];
         }
         let mut constant = |code: &mut Vec<Instr>, s: f32| {
             let i = match scalars.iter().position(|x| x.to_bits() == s.to_bits()) {

@@ -478,7 +478,7 @@ fn realize(root: &Arc<Node>, location: MemoryLocation, lock: &Realizing) -> Resu
         .with(|local| local.borrow_mut().lowered.take())
         .unwrap_or_default();
     let result = realize_with(root, location, lock, &mut lowered);
-    lowered.leaves.clear();
+    lowered.clear();
     LOCAL.with(|local| local.borrow_mut().lowered = Some(lowered));
     result
 }
@@ -533,6 +533,9 @@ pub(crate) struct Lowered {
     input_instr: Vec<u32>,
     /// `lower`'s scratch: per member in topological order, its instruction.
     member_instr: Vec<u32>,
+    /// `lower`'s scratch: the views read so far (kernel input, view, the reading op's
+    /// shape).
+    views: Vec<(usize, Layout, crate::layout::Dims)>,
 }
 
 impl Default for Lowered {
@@ -552,6 +555,7 @@ impl Default for Lowered {
             outputs: smallvec::SmallVec::new(),
             input_instr: Vec::new(),
             member_instr: Vec::new(),
+            views: Vec::new(),
         }
     }
 }
@@ -567,6 +571,7 @@ impl Lowered {
         self.outputs.clear();
         self.input_instr.clear();
         self.member_instr.clear();
+        self.views.clear();
     }
 }
 
