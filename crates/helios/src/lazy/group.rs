@@ -298,10 +298,7 @@ fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
         }
         // Below the inputs just found (those pushed above; usually none: a chain's input is
         // `next`).
-        match stack.len() == below {
-            true => stack.push(Visit::Place(e)),
-            false => stack.insert(below, Visit::Place(e)),
-        }
+        stack.insert(below, Visit::Place(e));
         g.lists.held_at.push(at);
         g.lists.taken.push(p);
     }
