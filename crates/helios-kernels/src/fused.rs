@@ -124,16 +124,20 @@ impl Instr {
     }
 }
 
+/// Sizes or strides of a fused input, inline up to `MAX_DIMS`.
+pub type Dims = smallvec::SmallVec<[u32; crate::MAX_DIMS]>;
+
 /// One input of a fused kernel, read as a view of the output's elements: output element `e`
 /// reads the input at the coordinates of `e` in `shape`, through `strides`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FusedInput {
     pub dtype: Storage,
     /// (dims) the view's shape, outermost first, dimensions contiguous in both the view and
-    /// the input merged; its product is the kernel's element count.
-    pub shape: Vec<u32>,
+    /// the input merged; its product is the kernel's element count. Inline: the scheduler
+    /// builds a signature per realisation to look its kernel up, without allocating.
+    pub shape: Dims,
     /// (dims) element strides along `shape`; 0 where broadcast.
-    pub strides: Vec<u32>,
+    pub strides: Dims,
     /// Whether the address passed for this input is 16-byte aligned for vec4 loads (its
     /// first element sits a multiple of 4 elements into a buffer).
     pub aligned: bool,
@@ -739,8 +743,8 @@ mod tests {
     fn kernel(op: BinaryOp, scalar: bool) -> FusedKernel {
         let input = FusedInput {
             dtype: Storage::F32,
-            shape: vec![64],
-            strides: vec![1],
+            shape: Dims::from_slice(&[64]),
+            strides: Dims::from_slice(&[1]),
             aligned: true,
             window: None,
         };

@@ -38,7 +38,7 @@ pub use elementwise::{
     ELEMENTWISE_WORKGROUP, MAX_DIMS,
 };
 pub use embedding::{EmbeddingArgs, EmbeddingKernel, EmbeddingStage};
-pub use fused::{Compare, FusedInput, FusedKernel, Instr, Window};
+pub use fused::{Compare, Dims as FusedDims, FusedInput, FusedKernel, Instr, Window};
 pub use launch::{grid, pack_push, Arg, Args, Geometry, Launch, PushBytes};
 pub use loss::{
     CrossEntropyArgs, CrossEntropyKernel, CrossEntropySetup, CrossEntropyStage,

@@ -983,20 +983,17 @@ impl ReduceKernel {
         // Prologues: a vectorizable one (a dense f32 times a broadcast bf16 row) and one that
         // is not (a 3-wide row, f16), in each layout and stage that reads the tensor.
         let pro = |n: u32, inner: u32, dtype: Storage| {
-            let input = |strides: Vec<u32>, dtype| crate::fused::FusedInput {
+            let input = |strides: [u32; 2], dtype| crate::fused::FusedInput {
                 dtype,
-                shape: vec![n / inner, inner],
-                strides,
+                shape: crate::fused::Dims::from_slice(&[n / inner, inner]),
+                strides: crate::fused::Dims::from_slice(&strides),
                 aligned: true,
                 window: None,
             };
             Arc::new(FusedKernel {
                 binding,
                 len: n,
-                inputs: vec![
-                    input(vec![inner, 1], Storage::F32),
-                    input(vec![0, 1], dtype),
-                ],
+                inputs: vec![input([inner, 1], Storage::F32), input([0, 1], dtype)],
                 code: vec![
                     crate::fused::Instr::Input(0),
                     crate::fused::Instr::Input(1),

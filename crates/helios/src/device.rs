@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use helios_kernels::reduce::ReduceKernel;
 use helios_kernels::rows::RowConfig;
 use helios_kernels::softmax::SoftmaxKernel;
-use helios_kernels::{ElementwiseKernel, ElementwiseOp, Variant, MAX_DIMS};
+use helios_kernels::{ElementwiseKernel, ElementwiseOp, FusedKernel, Variant, MAX_DIMS};
 
 use crate::DType;
 
@@ -97,6 +97,10 @@ struct DeviceInner {
     elementwise_workgroup: u32,
     /// FxHash: looked up on every op.
     kernels: Mutex<FxHashMap<KernelKey, Arc<Compiled>>>,
+    /// Fused kernels apart, looked up by reference: the scheduler lowers every group into a
+    /// signature it reuses, and a kernel found (every group of a step like the last) costs
+    /// no allocation.
+    fused: Mutex<FxHashMap<FusedKernel, Arc<Compiled>>>,
     /// The cooperative-matrix fragment layouts of f16 and bf16, once probed.
     frag_maps: [std::sync::OnceLock<Option<helios_kernels::FragMap>>; 2],
 }
@@ -149,6 +153,7 @@ impl Device {
                 elementwise_workgroup: crate::env::workgroup_override()
                     .unwrap_or(helios_kernels::ELEMENTWISE_WORKGROUP),
                 kernels: Mutex::new(FxHashMap::default()),
+                fused: Mutex::new(FxHashMap::default()),
                 frag_maps: Default::default(),
             }),
         }
@@ -352,10 +357,6 @@ impl Device {
         if let Some(k) = cache.get(&key) {
             return Ok(k.clone());
         }
-        let module = build();
-        crate::env::dump_kernel(&module);
-        // HELIOS_WG overrides the workgroup size along x (for tuning experiments).
-        let mut workgroup = module.workgroup_size;
         // Matmul tiles are built around their workgroup size: never overridden.
         let fixed = matches!(
             key,
@@ -364,6 +365,27 @@ impl Device {
                 | KernelKey::Attention(_)
                 | KernelKey::SumSquares(_)
         );
+        let compiled = self.compile(build(), fixed)?;
+        cache.insert(key, compiled.clone());
+        Ok(compiled)
+    }
+
+    /// The compiled fused kernel with signature `kernel`, compiled on first use only.
+    pub(crate) fn fused_kernel(&self, kernel: &FusedKernel) -> Result<Arc<Compiled>> {
+        let mut cache = self.inner.fused.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = cache.get(kernel) {
+            return Ok(k.clone());
+        }
+        let compiled = self.compile(kernel.build(self.elementwise_workgroup()), false)?;
+        cache.insert(kernel.clone(), compiled.clone());
+        Ok(compiled)
+    }
+
+    /// `module`'s pipeline (`fixed`: its workgroup size is never overridden).
+    fn compile(&self, module: KernelModule, fixed: bool) -> Result<Arc<Compiled>> {
+        crate::env::dump_kernel(&module);
+        // HELIOS_WG overrides the workgroup size along x (for tuning experiments).
+        let mut workgroup = module.workgroup_size;
         if let Some(x) = crate::env::workgroup_override().filter(|_| !fixed) {
             workgroup[0] = x;
         }
@@ -388,7 +410,6 @@ impl Device {
         if crate::env::pipeline_stats_report() {
             self.report_statistics(&compiled);
         }
-        cache.insert(key, compiled.clone());
         Ok(compiled)
     }
 
@@ -404,7 +425,8 @@ impl Device {
         }
         let compiled: Vec<Arc<Compiled>> = {
             let cache = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
-            cache.values().cloned().collect()
+            let fused = self.inner.fused.lock().unwrap_or_else(|p| p.into_inner());
+            cache.values().chain(fused.values()).cloned().collect()
         };
         let mut out = compiled
             .iter()
@@ -444,9 +466,6 @@ pub struct KernelStats {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum KernelKey {
     Elementwise(ElementwiseKernel),
-    /// Shared: a fused group's signature holds its whole expression, and the scheduler
-    /// launches from the same value it looked up.
-    Fused(Arc<helios_kernels::FusedKernel>),
     Reduce(ReduceKernel),
     Matmul(helios_kernels::MatmulKernel),
     CoopPeak(helios_kernels::CoopPeakKernel),

@@ -103,6 +103,45 @@ pub fn merge_dims(shape: &[usize], strides: &mut [Vec<usize>]) -> Vec<usize> {
     out_shape
 }
 
+/// `merge_dims` of one operand, inline: `shape` read through `strides` with the dimensions
+/// contiguous in it merged and size-1 dimensions dropped (at least one dimension remains).
+pub(crate) fn merge_dims_one(shape: &[usize], strides: &[usize]) -> (Dims, Dims) {
+    let (mut out_shape, mut out_strides) = (Dims::new(), Dims::new());
+    for (&size, &stride) in shape.iter().zip(strides) {
+        if size == 1 {
+            continue;
+        }
+        match (out_shape.last_mut(), out_strides.last_mut()) {
+            (Some(s), Some(t)) if *t == stride * size => {
+                *s *= size;
+                *t = stride;
+            }
+            _ => {
+                out_shape.push(size);
+                out_strides.push(stride);
+            }
+        }
+    }
+    if out_shape.is_empty() {
+        out_shape.push(1);
+        out_strides.push(1);
+    }
+    (out_shape, out_strides)
+}
+
+/// Whether `shape` read through `strides` is row-major and dense (strides of size-1
+/// dimensions do not matter).
+pub(crate) fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
+    let mut expected = 1;
+    for (&size, &stride) in shape.iter().zip(strides).rev() {
+        if size != 1 && stride != expected {
+            return false;
+        }
+        expected *= size;
+    }
+    true
+}
+
 impl Layout {
     fn new(shape: Dims, strides: Dims, offset: usize) -> Layout {
         let row_major = offset == 0 && strides == contiguous_dims(&shape);
@@ -134,9 +173,14 @@ impl Layout {
         }
     }
 
+    /// Whether `other` is this layout (the same value, not only an equal one).
+    pub(crate) fn same(&self, other: &Layout) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// Whether `other` has this layout's shape (at once when it is this layout).
     pub(crate) fn same_shape(&self, other: &Layout) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.shape() == other.shape()
+        self.same(other) || self.shape() == other.shape()
     }
 
     /// (ndim) sizes.
@@ -170,17 +214,7 @@ impl Layout {
     /// Whether the elements are row-major and dense (strides of size-1 dimensions do not
     /// matter), from `offset` on.
     pub fn is_contiguous(&self) -> bool {
-        if self.0.row_major {
-            return true;
-        }
-        let mut expected = 1;
-        for (&size, &stride) in self.shape().iter().zip(self.strides()).rev() {
-            if size != 1 && stride != expected {
-                return false;
-            }
-            expected *= size;
-        }
-        true
+        self.0.row_major || is_contiguous(self.shape(), self.strides())
     }
 
     /// Whether the elements are row-major and start at element 0 of the buffer (what the
@@ -275,21 +309,17 @@ impl Layout {
                  the target's or be 1"
             )
         })?;
-        Ok(Layout::new(
-            Dims::from_slice(shape),
-            Dims::from_vec(strides),
-            self.offset(),
-        ))
+        Ok(Layout::new(Dims::from_slice(shape), strides, self.offset()))
     }
 
     /// This layout's strides seen from `shape` it broadcasts to: 0 along new and stretched
     /// dimensions. `None` when it does not broadcast to `shape`.
-    pub fn broadcast_strides(&self, shape: &[usize]) -> Option<Vec<usize>> {
+    pub(crate) fn broadcast_strides(&self, shape: &[usize]) -> Option<Dims> {
         if shape.len() < self.ndim() {
             return None;
         }
         let pad = shape.len() - self.ndim();
-        let mut strides = vec![0; shape.len()];
+        let mut strides: Dims = smallvec::smallvec![0; shape.len()];
         for d in 0..self.ndim() {
             let (from, to) = (self.shape()[d], shape[pad + d]);
             strides[pad + d] = match (from, to) {
@@ -405,7 +435,10 @@ mod tests {
         assert_eq!(broadcast_shapes(&[0, 1], &[1, 3]), Some(vec![0, 3]));
         assert_eq!(broadcast_shapes(&[2, 3], &[3, 2]), None);
         let l = Layout::contiguous(&[3, 1]);
-        assert_eq!(l.broadcast_strides(&[2, 3, 4]), Some(vec![0, 1, 0]));
+        assert_eq!(
+            l.broadcast_strides(&[2, 3, 4]).unwrap().to_vec(),
+            vec![0, 1, 0]
+        );
         assert_eq!(l.broadcast_strides(&[2, 4]), None);
     }
 
@@ -473,5 +506,26 @@ mod tests {
         assert_eq!(s, vec![vec![0, 1], vec![5, 1]]);
         let mut s = vec![vec![0]];
         assert_eq!(merge_dims(&[1], &mut s), vec![1]);
+    }
+
+    #[test]
+    fn merging_one_operand_agrees_with_merging_many() {
+        let cases: [(&[usize], &[usize]); 6] = [
+            (&[2, 3, 4], &[12, 4, 1]),
+            (&[3, 2], &[1, 3]),
+            (&[4, 1, 5], &[0, 5, 1]),
+            (&[64, 256], &[0, 1]),
+            (&[2, 3, 4], &[24, 4, 1]),
+            (&[1], &[0]),
+        ];
+        for (shape, strides) in cases {
+            let mut many = vec![strides.to_vec()];
+            let merged = merge_dims(shape, &mut many);
+            let (one, one_strides) = merge_dims_one(shape, strides);
+            assert_eq!(
+                (one.to_vec(), one_strides.to_vec()),
+                (merged, many.remove(0))
+            );
+        }
     }
 }

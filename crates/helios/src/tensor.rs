@@ -384,7 +384,8 @@ impl Tensor {
             if !self.device().same(t.device()) {
                 return Err(Error::DeviceMismatch { op: op.name() });
             }
-            if t.shape() != layout.shape() {
+            // Usually a broadcast operand read beside a full one: the shape stays.
+            if t.shape() != layout.shape() && t.layout.broadcast_strides(layout.shape()).is_none() {
                 let shape = broadcast_shapes(layout.shape(), t.shape()).ok_or_else(|| {
                     Error::ShapeMismatch {
                         op: op.name(),
@@ -522,6 +523,7 @@ fn strided_args(op: ElementwiseOp, inputs: &[&Tensor], shape: &[usize]) -> Resul
             t.layout()
                 .broadcast_strides(shape)
                 .expect("operands broadcast to the output shape")
+                .into_vec()
         })
         .collect();
     let merged = merge_dims(shape, &mut strides);

@@ -12,11 +12,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use helios_kernels::{BinaryOp, FusedInput, FusedKernel, Instr, Window};
+use helios_kernels::{BinaryOp, FusedDims, FusedInput, Instr, Window};
 use helios_vk::MemoryLocation;
 
-use super::{realize, ElemOp, Input, Lowered, Node, Pending};
-use crate::layout::merge_dims;
+use super::{realize, ElemOp, Input, Lowered, Node, Pending, LOCAL};
+use crate::layout::{is_contiguous, merge_dims_one, Dims};
 use crate::realize_lock::Realizing;
 use crate::{Error, Layout, Result};
 
@@ -45,6 +45,19 @@ pub(super) struct Group<'r> {
     lock: &'r Realizing,
     /// The collection's root, its last member.
     pub(super) root: Arc<Node>,
+    /// Its members' ops, where it holds them, their order: this thread's lists, taken from
+    /// `Local::lists` and put back when the group is dropped.
+    lists: Lists,
+    /// The collection's epoch: a node is a member when its `mark` is this epoch and its
+    /// `slot` a member index (in `order`).
+    epoch: u64,
+    /// Pending nodes read through other views: realised before the group.
+    prerequisites: Vec<Arc<Node>>,
+}
+
+/// The lists a group is built in, kept by the thread from one group to the next for their
+/// allocations. Empty between groups: they hold no node then.
+pub(super) struct Lists {
     /// Per member, in the order `collect` expanded them (the root's first): its op.
     taken: Vec<Pending>,
     /// Per member, in the same order: the input that holds it (the root's is `ROOT`). An
@@ -52,11 +65,29 @@ pub(super) struct Group<'r> {
     held_at: Vec<At>,
     /// The members in topological order, as indices in `taken`.
     order: Vec<u32>,
-    /// The collection's epoch: a node is a member when its `mark` is this epoch and its
-    /// `slot` a member index (in `order`).
-    epoch: u64,
-    /// Pending nodes read through other views: realised before the group.
-    prerequisites: Vec<Arc<Node>>,
+    /// `collect`'s work list.
+    stack: Vec<Visit>,
+    /// The members `Group::release` hands back, in topological order.
+    members: Vec<Option<Arc<Node>>>,
+}
+
+impl Lists {
+    pub(super) const fn new() -> Lists {
+        Lists {
+            taken: Vec::new(),
+            held_at: Vec::new(),
+            order: Vec::new(),
+            stack: Vec::new(),
+            members: Vec::new(),
+        }
+    }
+}
+
+/// A step of `collect`'s walk: a node found where the group holds it, or an expanded member
+/// (an index in `taken`) waiting below its inputs: it joins the order after all of them.
+enum Visit {
+    Find(At),
+    Place(u32),
 }
 
 /// Where a group holds a node: input `slot` of `Group::taken[op]`, or the root (`ROOT`).
@@ -75,37 +106,40 @@ impl Drop for Group<'_> {
     fn drop(&mut self) {
         // Last expanded first: the op holding a member was expanded before it, so it is
         // still here when the member's op goes back.
-        while let Some(op) = self.taken.pop() {
-            let e = self.taken.len();
-            self.node_at(self.held_at[e])
+        while let Some(op) = self.lists.taken.pop() {
+            let e = self.lists.taken.len();
+            self.node_at(self.lists.held_at[e])
                 .pending
                 .replace(Some(op), self.lock);
         }
+        let mut lists = std::mem::replace(&mut self.lists, Lists::new());
+        lists.members.clear();
+        let _ = LOCAL.try_with(|local| local.borrow_mut().lists = lists);
     }
 }
 
 impl Group<'_> {
     /// Members.
     pub(super) fn len(&self) -> usize {
-        self.order.len()
+        self.lists.order.len()
     }
 
     /// The node held at `at`.
     fn node_at(&self, at: At) -> &Arc<Node> {
         match at {
             ROOT => &self.root,
-            At { op, slot } => &self.taken[op as usize].inputs[slot as usize].node,
+            At { op, slot } => &self.lists.taken[op as usize].inputs[slot as usize].node,
         }
     }
 
     /// Member `j`'s node (topological order).
     pub(super) fn node(&self, j: usize) -> &Arc<Node> {
-        self.node_at(self.held_at[self.order[j] as usize])
+        self.node_at(self.lists.held_at[self.lists.order[j] as usize])
     }
 
     /// Member `j`'s op (topological order).
     pub(super) fn op(&self, j: usize) -> &Pending {
-        &self.taken[self.order[j] as usize]
+        &self.lists.taken[self.lists.order[j] as usize]
     }
 
     /// A member's uses by other members through dense edges (counted by `collect`).
@@ -122,38 +156,51 @@ impl Group<'_> {
 
     /// The member index of `n`, if it is a member.
     fn member(&self, n: &Node) -> Option<usize> {
-        let slot = n.slot.load(Ordering::Relaxed);
-        (n.mark.load(Ordering::Relaxed) == self.epoch && slot < EXPANDING).then_some(slot as usize)
+        member(n, self.epoch)
     }
 
     /// Drops every member's op (the group has run) and hands back the members in
-    /// topological order, each by the reference that held it in the group. The ops' other
-    /// inputs are leaves (held by the kernel's `leaves` as well) or further uses of members,
-    /// so nothing cascades here.
-    pub(super) fn release(&mut self) -> Vec<Arc<Node>> {
-        let mut members: Vec<Option<Arc<Node>>> = vec![None; self.len()];
+    /// topological order (every entry `Some`), each by the reference that held it in the
+    /// group. The ops' other inputs are leaves (held by the kernel's `leaves` as well) or
+    /// further uses of members, so nothing cascades here.
+    pub(super) fn release(&mut self) -> &mut Vec<Option<Arc<Node>>> {
+        let n = self.len();
+        let epoch = self.epoch;
+        let Lists {
+            taken,
+            held_at,
+            order,
+            members,
+            ..
+        } = &mut self.lists;
+        members.resize(n, None);
         if let Some(last) = members.last_mut() {
             *last = Some(self.root.clone());
         }
-        for (e, op) in std::mem::take(&mut self.taken).into_iter().enumerate() {
+        for (e, op) in taken.drain(..).enumerate() {
             for (k, input) in op.inputs.into_iter().enumerate() {
                 let at = At {
                     op: e as u32,
                     slot: k as u32,
                 };
-                match self.member(&input.node) {
-                    Some(j) if self.held_at[self.order[j] as usize] == at => {
-                        members[j] = Some(input.node)
-                    }
+                match member(&input.node, epoch) {
+                    Some(j) if held_at[order[j] as usize] == at => members[j] = Some(input.node),
                     _ => drop(input),
                 }
             }
         }
+        debug_assert!(
+            members.iter().all(Option::is_some),
+            "the group holds every member"
+        );
         members
-            .into_iter()
-            .map(|m| m.expect("the group holds every member"))
-            .collect()
     }
+}
+
+/// The member index of `n` in the group collected in `epoch`, if it is a member.
+fn member(n: &Node, epoch: u64) -> Option<usize> {
+    let slot = n.slot.load(Ordering::Relaxed);
+    (n.mark.load(Ordering::Relaxed) == epoch && slot < EXPANDING).then_some(slot as usize)
 }
 
 /// Collection epochs: marks on the nodes replace hash sets (the scheduler's hot loop).
@@ -165,14 +212,29 @@ const EXPANDING: u32 = u32::MAX - 1;
 /// Pass 1: the pending nodes `root` reaches through dense edges.
 fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
     let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
+    // This thread's lists (a group realising a prerequisite of another runs while that one
+    // is dropped, so one set serves).
+    let mut lists =
+        LOCAL.with(|local| std::mem::replace(&mut local.borrow_mut().lists, Lists::new()));
+    debug_assert!(
+        lists.taken.is_empty(),
+        "a group's ops were released or given back"
+    );
+    lists.held_at.clear();
+    lists.order.clear();
+    lists.members.clear();
     // A group usually holds the root's whole pending chain: room for it up front.
     let chain = root.depth as usize + 1;
+    lists.taken.reserve(chain);
+    lists.held_at.reserve(chain);
+    lists.order.reserve(chain);
+    let mut stack = std::mem::take(&mut lists.stack);
+    stack.clear();
+    stack.reserve(2 * chain);
     let mut g = Group {
         lock,
         root: root.clone(),
-        taken: Vec::with_capacity(chain),
-        held_at: Vec::with_capacity(chain),
-        order: Vec::with_capacity(chain),
+        lists,
         epoch,
         prerequisites: Vec::new(),
     };
@@ -187,13 +249,6 @@ fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
         }
     };
     found(root);
-    /// A step of the walk: a node found where the group holds it, or an expanded member
-    /// (an index in `taken`) waiting below its inputs: it joins the order after all of them.
-    enum Visit {
-        Find(At),
-        Place(u32),
-    }
-    let mut stack: Vec<Visit> = Vec::with_capacity(2 * chain);
     // The input found last is expanded next without a trip through the stack (a chain is
     // walked straight down).
     let mut next = Some(ROOT);
@@ -201,11 +256,11 @@ fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
         let at = match next.take().map(Visit::Find).or_else(|| stack.pop()) {
             None => break,
             Some(Visit::Place(e)) => {
-                let slot = g.order.len() as u32;
-                g.node_at(g.held_at[e as usize])
+                let slot = g.lists.order.len() as u32;
+                g.node_at(g.lists.held_at[e as usize])
                     .slot
                     .store(slot, Ordering::Relaxed);
-                g.order.push(e);
+                g.lists.order.push(e);
                 continue;
             }
             Some(Visit::Find(at)) => at,
@@ -218,7 +273,7 @@ fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
         let len = n.len;
         // From here the group holds it.
         let p = n.pending.take(lock).expect("members are pending");
-        let e = g.taken.len() as u32;
+        let e = g.lists.taken.len() as u32;
         // A padded read shifts coordinates: its input is always stored.
         let pad = matches!(p.op, ElemOp::Pad { .. });
         let below = stack.len();
@@ -244,9 +299,10 @@ fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
         // Below the inputs just found (those pushed above; usually none: a chain's input is
         // `next`).
         stack.insert(below, Visit::Place(e));
-        g.held_at.push(at);
-        g.taken.push(p);
+        g.lists.held_at.push(at);
+        g.lists.taken.push(p);
     }
+    g.lists.stack = stack;
     g
 }
 
@@ -271,21 +327,33 @@ pub(super) fn collect_ready<'r>(
     }
 }
 
-/// Pass 3: the group as one fused kernel.
-pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Result<Lowered> {
+/// Passes 2 and 3: the group as one fused kernel storing the members held outside it,
+/// written into `out`, whose allocations it reuses (a group like the last one lowered
+/// allocates nothing).
+pub(super) fn lower(g: &Group<'_>, root: &Arc<Node>, out: &mut Lowered) -> Result<()> {
     let device = root.device();
-    // At most: per member its op, a scalar, and one read per input.
-    let bound = g.taken.iter().map(|p| 2 + p.inputs.len()).sum();
-    let mut code: Vec<Instr> = Vec::with_capacity(bound);
-    let mut inputs: Vec<FusedInput> = Vec::new();
-    let mut leaves: Vec<(Arc<Node>, usize)> = Vec::new();
-    // (leaf node, view read: `None` for the whole node, dense) → its `Input` instruction.
-    let mut leaf_instr: smallvec::SmallVec<[(*const Node, Option<Layout>, u32); 4]> =
-        smallvec::SmallVec::new();
-    let mut member_instr: Vec<u32> = Vec::with_capacity(g.len());
-    // Scalar values, one push constant per distinct bit pattern.
-    let mut scalars: Vec<f32> = Vec::new();
-    for (m, p) in (0..g.len()).map(|j| (g.node(j), g.op(j))) {
+    out.clear();
+    let Lowered {
+        kernel,
+        leaves,
+        scalars,
+        outputs,
+        input_instr,
+        member_instr,
+        views,
+    } = out;
+    let (code, inputs) = (&mut kernel.code, &mut kernel.inputs);
+    // Pass 2: member `j`, computed by instruction `at`, is stored when something outside
+    // the group holds it, and so is the root (the last member).
+    let stored = &mut kernel.outputs;
+    let mut store = |j: usize, m: &Arc<Node>, at: u32| {
+        if Arc::strong_count(m) > g.uses(m) || j + 1 == g.len() {
+            outputs.push(j);
+            stored.push((at, m.dtype.storage()));
+        }
+    };
+    for j in 0..g.len() {
+        let (m, p) = (g.node(j), g.op(j));
         // Per input (at most three: `where`), its instruction.
         let mut args = [0u32; 3];
         if let ElemOp::Pad { dim, start, full } = p.op {
@@ -311,11 +379,13 @@ pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Resul
             });
             leaves.push((i.node.clone(), view.offset()));
             code.push(Instr::Input((inputs.len() - 1) as u16));
+            input_instr.push((code.len() - 1) as u32);
             member_instr.push((code.len() - 1) as u32);
+            store(j, m, (code.len() - 1) as u32);
             continue;
         }
         // The op's output shape (the inputs broadcast together), for reads of stored inputs.
-        let mut shape: Option<Vec<usize>> = None;
+        let mut shape: Option<Dims> = None;
         for (k, i) in p.inputs.iter().enumerate() {
             if let Some(at) = g.member(&i.node) {
                 if dense_edge(i, m.len) {
@@ -323,56 +393,37 @@ pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Resul
                     continue;
                 }
             }
-            let ptr = Arc::as_ptr(&i.node);
-            // The read as the kernel sees it: `None` for the whole leaf, dense, element for
-            // element (however it is shaped), else its view broadcast to the op's shape.
-            let view = match &i.view {
-                None => None,
-                Some(layout) => {
-                    let shape = shape.get_or_insert_with(|| out_shape(&p.inputs));
-                    let view = layout
-                        .broadcast_to(shape)
-                        .map_err(|detail| Error::InvalidView {
-                            op: "fusion",
-                            shape: layout.shape().to_vec(),
-                            detail,
-                        })?;
-                    (!(view.is_dense() && view.len() == i.node.len)).then_some(view)
+            // A view read before at this shape (a broadcast bias, added again and again)
+            // is that read, found without working it out again.
+            if let Some(view) = &i.view {
+                let shape = shape.get_or_insert_with(|| out_shape(&p.inputs));
+                let seen = |(x, v, s): &&(usize, Layout, Dims)| {
+                    Arc::ptr_eq(&leaves[*x].0, &i.node) && v.same(view) && s == shape
+                };
+                if let Some(&(x, ..)) = views.iter().find(seen) {
+                    args[k] = input_instr[x];
+                    continue;
+                }
+            }
+            let (input, offset) = read(i, m.len, &p.inputs, &mut shape)?;
+            // The same leaf read the same way is one kernel input.
+            let same = |((n, o), r): (&(Arc<Node>, usize), &FusedInput)| {
+                Arc::ptr_eq(n, &i.node) && *o == offset && *r == input
+            };
+            let x = match leaves.iter().zip(inputs.iter()).position(same) {
+                Some(x) => x,
+                None => {
+                    inputs.push(input);
+                    leaves.push((i.node.clone(), offset));
+                    code.push(Instr::Input((inputs.len() - 1) as u16));
+                    input_instr.push((code.len() - 1) as u32);
+                    inputs.len() - 1
                 }
             };
-            if let Some(&(_, _, at)) = leaf_instr.iter().find(|(p, l, _)| *p == ptr && *l == view) {
-                args[k] = at;
-                continue;
+            if let (Some(view), Some(shape)) = (&i.view, &shape) {
+                views.push((x, view.clone(), shape.clone()));
             }
-            inputs.push(match &view {
-                None => FusedInput {
-                    dtype: i.node.dtype.storage(),
-                    shape: vec![to_u32(i.node.len)?],
-                    strides: vec![1],
-                    aligned: true,
-                    window: None,
-                },
-                Some(view) => {
-                    let mut strides = vec![view.strides().to_vec()];
-                    let merged = merge_dims(view.shape(), &mut strides);
-                    FusedInput {
-                        dtype: i.node.dtype.storage(),
-                        shape: merged.into_iter().map(to_u32).collect::<Result<_>>()?,
-                        strides: strides
-                            .remove(0)
-                            .into_iter()
-                            .map(to_u32)
-                            .collect::<Result<_>>()?,
-                        aligned: view.offset() % 4 == 0,
-                        window: None,
-                    }
-                }
-            });
-            leaves.push((i.node.clone(), view.as_ref().map_or(0, Layout::offset)));
-            let at = code.len() as u32;
-            code.push(Instr::Input((inputs.len() - 1) as u16));
-            leaf_instr.push((ptr, view, at));
-            args[k] = at;
+            args[k] = input_instr[x];
         }
         let mut constant = |code: &mut Vec<Instr>, s: f32| {
             let i = match scalars.iter().position(|x| x.to_bits() == s.to_bits()) {
@@ -399,7 +450,7 @@ pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Resul
                     BinaryOp::Max | BinaryOp::Min if s.is_nan() => BinaryOp::Add,
                     op => op,
                 };
-                let c = constant(&mut code, s);
+                let c = constant(code, s);
                 match scalar_first {
                     true => Instr::Binary(op, c, args[0]),
                     false => Instr::Binary(op, args[0], c),
@@ -407,7 +458,7 @@ pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Resul
             }
             ElemOp::Compare(c) => Instr::Compare(c, args[0], args[1]),
             ElemOp::CompareScalar(cmp, s) => {
-                let c = constant(&mut code, s);
+                let c = constant(code, s);
                 Instr::Compare(cmp, args[0], c)
             }
             ElemOp::Where => Instr::Where(args[0], args[1], args[2]),
@@ -416,27 +467,61 @@ pub(super) fn lower(g: &Group<'_>, outputs: &[usize], root: &Arc<Node>) -> Resul
         };
         code.push(ins);
         member_instr.push((code.len() - 1) as u32);
+        store(j, m, (code.len() - 1) as u32);
     }
-    let len = u32::try_from(root.len).map_err(|_| {
+    kernel.len = u32::try_from(root.len).map_err(|_| {
         Error::Kernel(helios_kernels::KernelError::TooLarge {
             what: "element count",
             size: root.len as u64,
         })
     })?;
-    let kernel = FusedKernel {
-        binding: device.binding(),
-        len,
-        inputs,
-        code,
-        outputs: outputs
-            .iter()
-            .map(|&i| (member_instr[i], g.node(i).dtype.storage()))
-            .collect(),
-        scalars: scalars.len() as u16,
-        vecs: device.config().elementwise_vecs.unwrap_or(1),
-    };
+    kernel.binding = device.binding();
+    kernel.scalars = scalars.len() as u16;
+    kernel.vecs = device.config().elementwise_vecs.unwrap_or(1);
     debug_assert!(kernel.check().is_ok(), "{:?}", kernel.check());
-    Ok((kernel, leaves, scalars))
+    Ok(())
+}
+
+/// How an op of `len` elements over `op_inputs` reads its stored input `i`: the kernel
+/// input, and the element of `i`'s node where the read starts. The whole node, dense,
+/// element for element (however it is shaped), or its view broadcast to the op's shape
+/// (`shape`, computed on first need), dimensions merged.
+fn read(
+    i: &Input,
+    len: usize,
+    op_inputs: &[Input],
+    shape: &mut Option<Dims>,
+) -> Result<(FusedInput, usize)> {
+    let dtype = i.node.dtype.storage();
+    let whole = || -> Result<(FusedInput, usize)> {
+        let input = FusedInput {
+            dtype,
+            shape: FusedDims::from_slice(&[to_u32(i.node.len)?]),
+            strides: FusedDims::from_slice(&[1]),
+            aligned: true,
+            window: None,
+        };
+        Ok((input, 0))
+    };
+    let Some(layout) = &i.view else {
+        return whole();
+    };
+    let shape = shape.get_or_insert_with(|| out_shape(op_inputs));
+    let strides = layout
+        .broadcast_strides(shape)
+        .expect("shapes were checked when the node was built");
+    if layout.offset() == 0 && len == i.node.len && is_contiguous(shape, &strides) {
+        return whole();
+    }
+    let (shape, strides) = merge_dims_one(shape, &strides);
+    let input = FusedInput {
+        dtype,
+        shape: shape.iter().map(|&v| to_u32(v)).collect::<Result<_>>()?,
+        strides: strides.iter().map(|&v| to_u32(v)).collect::<Result<_>>()?,
+        aligned: layout.offset() % 4 == 0,
+        window: None,
+    };
+    Ok((input, layout.offset()))
 }
 
 /// A size, stride or offset as the kernels' 32-bit index arithmetic takes it.
@@ -450,16 +535,20 @@ pub(super) fn to_u32(v: usize) -> Result<u32> {
 }
 
 /// The broadcast shape of an op's inputs.
-fn out_shape(inputs: &[Input]) -> Vec<usize> {
+fn out_shape(inputs: &[Input]) -> Dims {
     let mut views = inputs.iter().map(|i| {
         i.view
             .as_ref()
             .expect("an op's inputs all have views, or none")
     });
-    let mut shape = views.next().expect("ops have inputs").shape().to_vec();
+    let mut shape = Dims::from_slice(views.next().expect("ops have inputs").shape());
     for view in views {
-        shape = crate::layout::broadcast_shapes(&shape, view.shape())
-            .expect("shapes were checked when the node was built");
+        // Usually the shape already: a broadcast operand read beside a full one.
+        if view.broadcast_strides(&shape).is_none() {
+            let wider = crate::layout::broadcast_shapes(&shape, view.shape())
+                .expect("shapes were checked when the node was built");
+            shape = Dims::from_vec(wider);
+        }
     }
     shape
 }

@@ -11,9 +11,10 @@
 //!    *dense* edges (the consumer reads the producer's elements in order, so one kernel can
 //!    compute both at the same index). A pending input read through any other view
 //!    (transposed, broadcast, sliced) is a prerequisite, realised first as its own group.
-//! 2. `outputs`: a member is written to memory only if something outside the group holds it
+//! 2. outputs: a member is written to memory only if something outside the group holds it
 //!    (a user's tensor, a saved tensor for backward, another pending node): the target, and
-//!    members whose reference count exceeds their uses inside the group.
+//!    members whose reference count exceeds their uses inside the group. Decided in `lower`'s
+//!    walk over the members.
 //! 3. `lower`: the group becomes one `FusedKernel` (expression DAG in topological order,
 //!    inputs deduplicated, dimensions merged per input view) whose signature finds its
 //!    compiled pipeline in the device's kernel cache — the schedule cache: an identical step
@@ -27,7 +28,7 @@
 //! instead (`prologue`): the reduction computes the elements where it would load them.
 //!
 //! This file holds the nodes, the pending ops and the realisation's entry points, with
-//! passes 2 and 4; the fusion group, its collection and its lowering are in `group`.
+//! pass 4; the fusion group, its collection and its lowering (passes 1 to 3) are in `group`.
 //!
 //! The design decision a reader must know: fusion never recomputes. An element-wise result
 //! is either computed once inside one kernel, or stored; a view that reorders elements
@@ -41,10 +42,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use helios_kernels::{BinaryOp, Compare, FusedKernel, Geometry, UnaryOp};
 use helios_vk::{Access, Buffer, MemoryLocation};
 
-use crate::device::KernelKey;
 use crate::realize_lock::{RealizeCell, Realizing};
 use crate::{DType, Device, Layout, Result};
-use group::{collect_ready, lower, to_u32, Group};
+use group::{collect_ready, lower, to_u32, Group, Lists};
 
 /// A pending chain this deep is realised as it grows: bounds kernel size, recursion when a
 /// chain is dropped, and the host work a single realisation can pile up.
@@ -227,7 +227,12 @@ thread_local! {
     /// This thread's graph bookkeeping: the pending list and the spares, which a
     /// realisation's `recycle` updates together in one access.
     static LOCAL: std::cell::RefCell<Local> = const {
-        std::cell::RefCell::new(Local { pending: Vec::new(), spares: Vec::new() })
+        std::cell::RefCell::new(Local {
+            pending: Vec::new(),
+            spares: Vec::new(),
+            lists: Lists::new(),
+            lowered: None,
+        })
     };
 }
 
@@ -244,6 +249,11 @@ struct Local {
     /// reference: `Arc::get_mut` checks it) and holds nothing (no device, buffer or op), so it
     /// keeps no device alive and is not a live node.
     spares: Vec<Arc<Node>>,
+    /// The lists of the last fusion group, whose allocations the next one reuses.
+    lists: Lists,
+    /// The last realisation's lowering, whose allocations the next one reuses (it holds no
+    /// node between realisations).
+    lowered: Option<Lowered>,
 }
 
 /// Realises every pending node this thread built that is still alive: before an op that
@@ -285,21 +295,24 @@ pub(crate) fn realize_all() -> Result<()> {
 /// Most spare nodes a thread keeps (a chain's worth, `MAX_DEPTH`: about 200 KiB).
 const MAX_SPARES: usize = MAX_DEPTH as usize;
 
-/// Keeps the members of `members` nothing else holds as spares; drops the others.
-fn recycle(members: Vec<Arc<Node>>) {
+/// Keeps the members of `members` (`Group::release`'s, all `Some`) nothing else holds as
+/// spares; drops the others, leaving `members` empty.
+fn recycle(members: &mut Vec<Option<Arc<Node>>>) {
     // This thread's weak references to the members it built last (a chain built in order is
     // the list's tail, newest first) are dropped now, so those members can be unique: they
     // are realised or dead, so `realize_all` needs none of them.
     let spared = LOCAL.with(|local| {
-        let Local { pending, spares } = &mut *local.borrow_mut();
-        for m in members.iter().rev() {
+        let Local {
+            pending, spares, ..
+        } = &mut *local.borrow_mut();
+        for m in members.iter().rev().flatten() {
             match pending.last() {
                 Some(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(m)) => drop(pending.pop()),
                 _ => break,
             }
         }
         let before = spares.len();
-        for mut m in members {
+        for mut m in members.drain(..).flatten() {
             if spares.len() >= MAX_SPARES {
                 break;
             }
@@ -459,35 +472,108 @@ impl Drop for Node {
 
 /// Realises `root`.
 fn realize(root: &Arc<Node>, location: MemoryLocation, lock: &Realizing) -> Result<()> {
+    // Taken from this thread's slot and put back (a prerequisite's realisation, nested in
+    // this one, finds the slot empty and starts its own).
+    let mut lowered = LOCAL
+        .with(|local| local.borrow_mut().lowered.take())
+        .unwrap_or_default();
+    let result = realize_with(root, location, lock, &mut lowered);
+    lowered.clear();
+    LOCAL.with(|local| local.borrow_mut().lowered = Some(lowered));
+    result
+}
+
+/// `realize`, lowering into `lowered`.
+fn realize_with(
+    root: &Arc<Node>,
+    location: MemoryLocation,
+    lock: &Realizing,
+    lowered: &mut Lowered,
+) -> Result<()> {
     loop {
         let Some(group) = collect_ready(root, lock)? else {
             return Ok(());
         };
-        // Outputs: the root, and members held outside the group.
-        let outputs: smallvec::SmallVec<[usize; 4]> = (0..group.len())
-            .filter(|&j| Arc::ptr_eq(group.node(j), root) || group.held_outside(j) > 0)
-            .collect();
-        let kernel = lower(&group, &outputs, root)?;
+        lower(&group, root, lowered)?;
         let budget = root
             .device()
             .context()
             .caps()
             .limits
             .max_push_constants_size;
-        let push = FusedKernel::push_bytes(kernel.0.inputs.len(), outputs.len(), kernel.2.len());
+        let push = FusedKernel::push_bytes(
+            lowered.kernel.inputs.len(),
+            lowered.outputs.len(),
+            lowered.scalars.len(),
+        );
         if push > budget && group.len() > 1 {
             // Too many buffers for one kernel's push constants: realise half the group first.
             let half = group.node(group.len() / 2).clone();
             drop(group);
+            lowered.leaves.clear();
             realize(&half, MemoryLocation::DeviceLocal, lock)?;
             continue;
         }
-        return run(group, outputs, kernel, root, location);
+        return run(group, lowered, root, location);
     }
 }
 
-/// The fused kernel of a group, the leaves it reads (node, element offset) and its scalars.
-pub(crate) type Lowered = (FusedKernel, Vec<(Arc<Node>, usize)>, Vec<f32>);
+/// Pass 3's product: a group's fused kernel, the leaves it reads and its scalar values.
+pub(crate) struct Lowered {
+    /// The signature, which finds the compiled kernel (the schedule cache).
+    pub kernel: FusedKernel,
+    /// Per kernel input: the node read, and the element its read starts at.
+    pub leaves: Vec<(Arc<Node>, usize)>,
+    /// The values of the kernel's scalar parameters.
+    pub scalars: Vec<f32>,
+    /// The members stored (topological indices): the root, and members held outside the
+    /// group.
+    outputs: smallvec::SmallVec<[usize; 4]>,
+    /// `lower`'s scratch: per kernel input, its instruction.
+    input_instr: Vec<u32>,
+    /// `lower`'s scratch: per member in topological order, its instruction.
+    member_instr: Vec<u32>,
+    /// `lower`'s scratch: the views read so far (kernel input, view, the reading op's
+    /// shape).
+    views: Vec<(usize, Layout, crate::layout::Dims)>,
+}
+
+impl Default for Lowered {
+    fn default() -> Lowered {
+        Lowered {
+            kernel: FusedKernel {
+                binding: helios_spirv::Binding::DeviceAddress,
+                len: 0,
+                inputs: Vec::new(),
+                code: Vec::new(),
+                outputs: Vec::new(),
+                scalars: 0,
+                vecs: 1,
+            },
+            leaves: Vec::new(),
+            scalars: Vec::new(),
+            outputs: smallvec::SmallVec::new(),
+            input_instr: Vec::new(),
+            member_instr: Vec::new(),
+            views: Vec::new(),
+        }
+    }
+}
+
+impl Lowered {
+    /// Empties every list, keeping the allocations.
+    fn clear(&mut self) {
+        self.kernel.inputs.clear();
+        self.kernel.code.clear();
+        self.kernel.outputs.clear();
+        self.leaves.clear();
+        self.scalars.clear();
+        self.outputs.clear();
+        self.input_instr.clear();
+        self.member_instr.clear();
+        self.views.clear();
+    }
+}
 
 /// The pending group ending at `root` lowered as a reduction's prologue: the reduction
 /// computes the root's elements where it would load them, so the root is never stored.
@@ -511,34 +597,41 @@ pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
     if (0..group.len()).any(held_outside) {
         return Ok(None);
     }
-    let lowered = lower(&group, &[last], root)?;
+    let mut lowered = Lowered::default();
+    lower(&group, root, &mut lowered)?;
+    debug_assert_eq!(lowered.outputs[..], [last], "the root alone is stored");
     NODES.fetch_add(group.len() as u64, Ordering::Relaxed);
     PROLOGUES.fetch_add(1, Ordering::Relaxed);
     Ok(Some(lowered))
 }
 
 /// Each leaf's first element (what a descriptor-bound kernel adds to its indices).
-pub(crate) fn element_offsets(leaves: &[(Arc<Node>, usize)]) -> Result<Vec<u32>> {
+pub(crate) fn element_offsets(
+    leaves: &[(Arc<Node>, usize)],
+) -> Result<smallvec::SmallVec<[u32; 8]>> {
     leaves.iter().map(|&(_, o)| to_u32(o)).collect()
 }
 
 /// Pass 4: record the kernel, hand out buffers, release the members' inputs.
 fn run(
     mut group: Group<'_>,
-    outputs: smallvec::SmallVec<[usize; 4]>,
-    (kernel, leaves, scalars): Lowered,
+    lowered: &mut Lowered,
     root: &Arc<Node>,
     root_location: MemoryLocation,
 ) -> Result<()> {
-    let device = group.root.device().clone();
+    let Lowered {
+        kernel,
+        leaves,
+        scalars,
+        outputs,
+        ..
+    } = lowered;
+    let device = root.device();
     let ctx = device.context();
-    let workgroup = device.elementwise_workgroup();
     let debug = crate::env::debug();
-    // The key owns the signature; the launch below reads it back through the same Arc.
-    let kernel = Arc::new(kernel);
-    let compiled = device.kernel(KernelKey::Fused(kernel.clone()), || kernel.build(workgroup))?;
+    let compiled = device.fused_kernel(kernel)?;
     let mut buffers: smallvec::SmallVec<[Buffer; 4]> = smallvec::SmallVec::new();
-    for &o in &outputs {
+    for &o in outputs.iter() {
         let m = group.node(o);
         let bytes = (m.len * m.dtype.size()).max(4) as u64;
         let location = match Arc::ptr_eq(m, root) {
@@ -548,7 +641,7 @@ fn run(
         buffers.push(ctx.create_buffer(bytes, location)?);
     }
     let mut in_addrs: smallvec::SmallVec<[u64; 8]> = smallvec::SmallVec::new();
-    for (node, offset) in &leaves {
+    for (node, offset) in leaves.iter() {
         let b = node.buffer.get().expect("leaves are realised");
         in_addrs.push(b.device_address() + (offset * node.dtype.size()) as u64);
     }
@@ -562,8 +655,8 @@ fn run(
         },
         &in_addrs,
         &out_addrs,
-        &scalars,
-        &element_offsets(&leaves)?,
+        scalars,
+        &element_offsets(leaves)?,
     )?;
     {
         let mut accesses: smallvec::SmallVec<[Access; 8]> = leaves
@@ -600,7 +693,7 @@ fn run(
     }
     // Every member's op is done: drop them all; members no one else holds become spares.
     let members = group.release();
-    drop(leaves);
+    leaves.clear();
     recycle(members);
     Ok(())
 }

@@ -312,7 +312,12 @@ impl Tensor {
             _ => self.sole_prologue()?,
         };
         let (prologue, leaves, scalars) = match prologue {
-            Some((kernel, leaves, scalars)) => (Some(Arc::new(kernel)), leaves, scalars),
+            Some(crate::lazy::Lowered {
+                kernel,
+                leaves,
+                scalars,
+                ..
+            }) => (Some(Arc::new(kernel)), leaves, scalars),
             None => (None, Vec::new(), Vec::new()),
         };
         let offsets = crate::lazy::element_offsets(&leaves)?;
