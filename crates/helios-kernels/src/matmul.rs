@@ -233,6 +233,12 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     // lm-head dw (2x8) 1837 against 1989 (unsplit, before the epilogue went through shared
     // memory everywhere; bench/results/2026-11-27-matmul-h100-session18-sweep.txt).
     ("coop128x192w2x6k48s1", coop1(128, 192, 48, 2, 6)),
+    // k64 in one stage (47.5 and 35 KiB): the fewest barriers per product. On an H100
+    // (bench/results/2026-11-27-matmul-h100-session19-ablation.txt, second sweep), bf16
+    // 8192-row qkv dx 121.5 µs and fc fwd 172.0 for the first, against 138.4 and 212.6
+    // for 128x128 at k48; the second ran 4096³ at 235 TFLOP/s against 191 at k48.
+    ("coop128x192w2x6k64s1", coop1(128, 192, 64, 2, 6)),
+    ("coop128x128w2x4k64s1", coop1(128, 128, 64, 2, 4)),
     ("coop192x128w6x2k48s1", coop1(192, 128, 48, 6, 2)),
     ("coop128x256w2x8k48s1", coop1(128, 256, 48, 2, 8)),
     ("coop128x128w2x2k16d2", coop(128, 128, 16, 2, 2, 2)),
