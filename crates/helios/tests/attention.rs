@@ -268,6 +268,23 @@ fn fused_qkv_views_are_read_in_place() {
     }
 }
 
+/// Enough heads that the grid splits them into groups (its z dimension): 1536 heads of
+/// 63 × 64 f16 stream 16 KiB each, so 768 heads run per group (`head_group` keeps a group
+/// within 16 MiB) and every stage's workgroup finds its head from the group and x.
+#[test]
+fn heads_split_into_groups_match_reference() {
+    let d = device();
+    let c = Case {
+        dims: dims(4, 63, 384, 64),
+        dtype: DType::F16,
+        causal: true,
+        lens: None,
+        fused: None,
+        variant: None,
+    };
+    check(d, &c, 15);
+}
+
 /// Every SIMT tile that fits the device gives the reference's answer (T = 37: a partial
 /// last block for every tile).
 #[test]
