@@ -172,7 +172,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
                     q.attention_backward(&k, &v, &f, &dout, &opts).map(drop)
                 };
                 let run: &dyn Fn() -> helios::Result<()> = if mode == "fwd" { &fwd } else { &both };
+                super::profile_start(&device)?;
                 let (times, kk) = time_op(&device, run, samples, quick)?;
+                let stages = stage_times(&device)?;
                 let time_us = summarize(&times, mode)?;
                 let mut variant = q.attention_kernel(AttnStage::Forward, &opts)?;
                 if mode == "fwdbwd" {
@@ -182,6 +184,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
                         q.attention_kernel(AttnStage::Dq, &opts)?
                     );
                 }
+                variant.push_str(&stages);
                 let r = AttnResult {
                     case: mode,
                     dtype: dt.name(),
@@ -232,6 +235,27 @@ pub fn run(args: &BenchArgs) -> CliResult {
     };
     super::emit(args.json.as_deref(), &table(&meta, &results), &doc)?;
     super::no_validation_messages(&device)
+}
+
+/// With HELIOS_PROFILE=1, the mean GPU time of each attention stage's kernel since
+/// `profile_start` (the stage from the kernel's name), e.g. "; GPU µs fwd 74.5 prep 8.1
+/// dkdv 130.2 dq 92.3"; empty otherwise. Timestamps around every dispatch slow the ops a
+/// little, so the case's own median is the figure to quote.
+fn stage_times(device: &Device) -> BenchResult<String> {
+    let Some(rows) = super::profile_rows(device)? else {
+        return Ok(String::new());
+    };
+    let stages: Vec<String> = rows
+        .iter()
+        .filter_map(|row| {
+            let stage = row.name.strip_prefix("attn_")?.split('_').next()?;
+            Some(format!("{stage} {:.1}", row.mean_ns / 1e3))
+        })
+        .collect();
+    Ok(match stages.is_empty() {
+        true => String::new(),
+        false => format!("; GPU µs {}", stages.join(" ")),
+    })
 }
 
 /// bench/torch_attention.py under the current directory or above the binary.
