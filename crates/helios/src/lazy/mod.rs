@@ -123,6 +123,11 @@ pub(crate) struct Node {
     /// `None` only for a spare (see `SPARES`), which nothing can reach.
     device: Option<Device>,
     pub dtype: DType,
+    /// The array's shape, row-major: the layout of a tensor that views the whole node (most
+    /// tensors, which then hold no layout of their own). A spare keeps its last one, so a
+    /// node reused for an array of the same shape costs no reference count.
+    pub layout: Layout,
+    /// `layout.len()`, read in the scheduler's loops.
     pub len: usize,
     buffer: OnceLock<Buffer>,
     /// The op, while pending (and not taken into a group being scheduled).
@@ -246,8 +251,8 @@ struct Local {
     /// Spare nodes: members that died in one of this thread's realisations, kept with their
     /// allocation for `Node::new` to reuse. A chain of 1000 ops otherwise pays 1000 mallocs
     /// and frees, about half of building a node. A spare is unique (no other strong or weak
-    /// reference: `Arc::get_mut` checks it) and holds nothing (no device, buffer or op), so it
-    /// keeps no device alive and is not a live node.
+    /// reference: `Arc::get_mut` checks it) and holds no device, buffer or op (only its last
+    /// layout), so it keeps no device alive and is not a live node.
     spares: Vec<Arc<Node>>,
     /// The lists of the last fusion group, whose allocations the next one reuses.
     lists: Lists,
@@ -336,10 +341,23 @@ fn recycle(members: &mut Vec<Option<Arc<Node>>>) {
 }
 
 impl Node {
-    /// A realised node owning `buffer`.
-    pub(crate) fn realized(device: Device, dtype: DType, len: usize, buffer: Buffer) -> Arc<Node> {
+    /// A realised node owning `buffer`, a row-major array of `layout`'s shape.
+    pub(crate) fn realized(
+        device: Device,
+        dtype: DType,
+        layout: &Layout,
+        buffer: Buffer,
+    ) -> Arc<Node> {
         let spare = LOCAL.with(|local| local.borrow_mut().spares.pop());
-        Node::new(spare, device, dtype, len, OnceLock::from(buffer), None, 0)
+        Node::new(
+            spare,
+            device,
+            dtype,
+            layout,
+            OnceLock::from(buffer),
+            None,
+            0,
+        )
     }
 
     /// A node in `spare`'s allocation, or a new one.
@@ -347,7 +365,7 @@ impl Node {
         spare: Option<Arc<Node>>,
         device: Device,
         dtype: DType,
-        len: usize,
+        layout: &Layout,
         buffer: OnceLock<Buffer>,
         pending: Option<Pending>,
         depth: u32,
@@ -355,12 +373,15 @@ impl Node {
         count_live(1);
         if let Some(mut spare) = spare {
             // The spare's allocation takes the new node, field by field: a spare holds no
-            // device, buffer or op, so nothing is dropped, and the node is not built on the
+            // device, buffer or op, so nothing is dropped (but a layout of another shape), and the node is not built on the
             // stack and copied in whole (two copies of ~200 bytes per op).
             let n = Arc::get_mut(&mut spare).expect("spares are unique");
             n.device = Some(device);
             n.dtype = dtype;
-            n.len = len;
+            if !n.layout.same(layout) {
+                n.layout = layout.clone();
+            }
+            n.len = layout.len();
             n.buffer = buffer;
             *n.pending.get_mut() = pending;
             n.depth = depth;
@@ -372,7 +393,8 @@ impl Node {
         Arc::new(Node {
             device: Some(device),
             dtype,
-            len,
+            layout: layout.clone(),
+            len: layout.len(),
             buffer,
             pending: RealizeCell::new(pending),
             depth,
@@ -382,12 +404,13 @@ impl Node {
         })
     }
 
-    /// A pending node computing `op` over `inputs` into `len` elements of `dtype`. With
-    /// fusion off (`HELIOS_FUSION=0`) or past `MAX_DEPTH`, it is realised at once.
+    /// A pending node computing `op` over `inputs` into a row-major array of `layout`'s
+    /// shape and `dtype`. With fusion off (`HELIOS_FUSION=0`) or past `MAX_DEPTH`, it is
+    /// realised at once.
     pub(crate) fn pending(
         device: Device,
         dtype: DType,
-        len: usize,
+        layout: &Layout,
         op: ElemOp,
         inputs: smallvec::SmallVec<[Input; 2]>,
     ) -> Result<Arc<Node>> {
@@ -402,7 +425,15 @@ impl Node {
         // Two accesses, around `Node::new` rather than one around it all: a closure that
         // takes the op copies it once more, which costs more than the second access.
         let spare = LOCAL.with(|local| local.borrow_mut().spares.pop());
-        let node = Node::new(spare, device, dtype, len, OnceLock::new(), pending, depth);
+        let node = Node::new(
+            spare,
+            device,
+            dtype,
+            layout,
+            OnceLock::new(),
+            pending,
+            depth,
+        );
         LOCAL.with(|local| {
             let list = &mut local.borrow_mut().pending;
             if list.len() >= list.capacity() && list.len() >= 1024 {
@@ -453,7 +484,7 @@ impl Drop for Node {
     /// unlinked onto a work list.
     fn drop(&mut self) {
         if self.device.is_none() {
-            return; // a spare: not live, holds nothing
+            return; // a spare: not live, holds only a layout
         }
         count_live(-1);
         let Some(p) = self.pending.get_mut().take() else {
