@@ -165,11 +165,12 @@ impl Layout {
         }))
     }
 
-    /// `Layout::contiguous(self.shape())`: this layout itself when it is that already.
-    pub(crate) fn row_major(&self) -> Layout {
+    /// `Layout::contiguous(self.shape())`: this layout itself, borrowed, when it is that
+    /// already (an element-wise op's output usually is its input's layout).
+    pub(crate) fn row_major(&self) -> std::borrow::Cow<'_, Layout> {
         match self.0.row_major {
-            true => self.clone(),
-            false => Layout::contiguous(self.shape()),
+            true => std::borrow::Cow::Borrowed(self),
+            false => std::borrow::Cow::Owned(Layout::contiguous(self.shape())),
         }
     }
 

@@ -10,6 +10,7 @@
 //! operands numpy-style; their output is always a fresh row-major tensor. When every operand
 //! is dense and of the output's shape they run the vec4 kernels, otherwise the strided one.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use helios_kernels::{BinaryOp, Compare, ElementwiseOp, Geometry, Strides, UnaryOp, MAX_DIMS};
@@ -31,7 +32,9 @@ use crate::{DType, Device, Error, Result};
 pub struct Tensor {
     /// The array this tensor views: realised (a buffer) or pending (a lazy op).
     node: Arc<Node>,
-    layout: Layout,
+    /// The view, or `None`: the whole array in its own row-major layout (`Node::layout`).
+    /// Most tensors are that, and then make or drop no reference count for a layout.
+    view: Option<Layout>,
     /// Autograd: how the gradient flows back from this tensor (`None`: it needs none).
     grad: Option<crate::autograd::GradLink>,
 }
@@ -79,10 +82,12 @@ impl Tensor {
         let buffer = device
             .context()
             .create_buffer(bytes, MemoryLocation::DeviceLocal)?;
-        Ok(Tensor::from_node(
-            Node::realized(device.clone(), dtype, len, buffer),
-            Layout::contiguous(shape),
-        ))
+        Ok(Tensor::from_node(Node::realized(
+            device.clone(),
+            dtype,
+            &Layout::contiguous(shape),
+            buffer,
+        )))
     }
 
     /// The address of the array this tensor views: equal for tensors viewing the same one.
@@ -90,24 +95,29 @@ impl Tensor {
         Arc::as_ptr(&self.node) as usize
     }
 
-    pub(crate) fn from_node(node: Arc<Node>, layout: Layout) -> Tensor {
+    /// A tensor viewing the whole of `node`.
+    fn from_node(node: Arc<Node>) -> Tensor {
         Tensor {
             node,
-            layout,
+            view: None,
             grad: None,
         }
     }
 
     /// Another view of this tensor's array (no autograd link: view ops add their own).
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
-        Tensor::from_node(self.node.clone(), layout)
+        Tensor {
+            view: (!layout.same(&self.node.layout)).then_some(layout),
+            node: self.node.clone(),
+            grad: None,
+        }
     }
 
     /// This tensor with autograd link `grad`.
     pub(crate) fn with_grad(&self, grad: Option<crate::autograd::GradLink>) -> Tensor {
         Tensor {
             node: self.node.clone(),
-            layout: self.layout.clone(),
+            view: self.view.clone(),
             grad,
         }
     }
@@ -120,7 +130,7 @@ impl Tensor {
     /// `lazy::prologue`), when nothing else can ever read its values: no other handle on
     /// this tensor or its array, no gradient recording, a dense view of the whole array.
     pub(crate) fn sole_prologue(&self) -> Result<Option<crate::lazy::Lowered>> {
-        let l = &self.layout;
+        let l = self.layout();
         let whole = l.is_dense() && l.offset() == 0 && l.len() == self.node.len;
         // A second handle on this tensor (a clone) holds the node too.
         if Arc::strong_count(&self.node) != 1
@@ -180,23 +190,23 @@ impl Tensor {
     }
 
     pub fn shape(&self) -> &[usize] {
-        self.layout.shape()
+        self.layout().shape()
     }
 
     /// Shape, strides and offset of this view.
     pub fn layout(&self) -> &Layout {
-        &self.layout
+        self.view.as_ref().unwrap_or(&self.node.layout)
     }
 
     /// Whether the elements are row-major from the start of the buffer (what kernels other
     /// than element-wise expect; `contiguous()` makes any tensor so).
     pub fn is_contiguous(&self) -> bool {
-        self.layout.is_dense()
+        self.layout().is_dense()
     }
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.layout.len()
+        self.layout().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -211,7 +221,7 @@ impl Tensor {
     /// first. Kernels that assume row-major data take `contiguous()` tensors, whose first
     /// element starts the buffer.
     pub(crate) fn address(&self) -> Result<u64> {
-        let offset = self.layout.offset() * self.dtype().size();
+        let offset = self.layout().offset() * self.dtype().size();
         Ok(self.buffer()?.device_address() + offset as u64)
     }
 
@@ -376,16 +386,17 @@ impl Tensor {
             ElemOp::Pad { dim, full, .. } => {
                 let mut shape = self.shape().to_vec();
                 shape[dim] = full;
-                Layout::contiguous(&shape)
+                Cow::Owned(Layout::contiguous(&shape))
             }
-            _ => self.layout.row_major(),
+            _ => self.layout().row_major(),
         };
         for t in &inputs[1..] {
             if !self.device().same(t.device()) {
                 return Err(Error::DeviceMismatch { op: op.name() });
             }
             // Usually a broadcast operand read beside a full one: the shape stays.
-            if t.shape() != layout.shape() && t.layout.broadcast_strides(layout.shape()).is_none() {
+            if t.shape() != layout.shape() && t.layout().broadcast_strides(layout.shape()).is_none()
+            {
                 let shape = broadcast_shapes(layout.shape(), t.shape()).ok_or_else(|| {
                     Error::ShapeMismatch {
                         op: op.name(),
@@ -393,7 +404,7 @@ impl Tensor {
                         rhs: t.shape().to_vec(),
                     }
                 })?;
-                layout = Layout::contiguous(&shape);
+                layout = Cow::Owned(Layout::contiguous(&shape));
             }
         }
         let len = layout.len();
@@ -404,18 +415,18 @@ impl Tensor {
         let plain = !matches!(op, ElemOp::Pad { .. })
             && inputs
                 .iter()
-                .all(|t| Input::plain(&t.node, &t.layout, &layout));
+                .all(|t| Input::plain(&t.node, t.layout(), &layout));
         // Pushed one by one: `collect` goes through `SmallVec::extend`, which costs several
         // times as much for one or two items.
         let mut views = smallvec::SmallVec::new();
         for t in inputs {
             views.push(Input {
                 node: t.node.clone(),
-                view: (!plain).then(|| t.layout.clone()),
+                view: (!plain).then(|| t.layout().clone()),
             });
         }
-        let node = Node::pending(self.device().clone(), out, len, op, views)?;
-        Ok(Tensor::from_node(node, layout))
+        let node = Node::pending(self.device().clone(), out, &layout, op, views)?;
+        Ok(Tensor::from_node(node))
     }
 
     /// 1.0 where `self op other` (broadcast), else 0.0; no gradient.

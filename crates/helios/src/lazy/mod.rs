@@ -120,9 +120,14 @@ pub(crate) struct Pending {
 
 /// One dense array of `len` elements of `dtype`: realised (a buffer) or pending (an op).
 pub(crate) struct Node {
-    /// `None` only for a spare (see `SPARES`), which nothing can reach.
+    /// `None` only for a spare (see `Spare`), which nothing can reach.
     device: Option<Device>,
     pub dtype: DType,
+    /// The array's shape, row-major: the layout of a tensor that views the whole node (most
+    /// tensors, which then hold no layout of their own). A spare keeps its last one, so a
+    /// node reused for an array of the same shape costs no reference count.
+    pub layout: Layout,
+    /// `layout.len()`, read in the scheduler's loops.
     pub len: usize,
     buffer: OnceLock<Buffer>,
     /// The op, while pending (and not taken into a group being scheduled).
@@ -245,10 +250,8 @@ struct Local {
     pending: Vec<std::sync::Weak<Node>>,
     /// Spare nodes: members that died in one of this thread's realisations, kept with their
     /// allocation for `Node::new` to reuse. A chain of 1000 ops otherwise pays 1000 mallocs
-    /// and frees, about half of building a node. A spare is unique (no other strong or weak
-    /// reference: `Arc::get_mut` checks it) and holds nothing (no device, buffer or op), so it
-    /// keeps no device alive and is not a live node.
-    spares: Vec<Arc<Node>>,
+    /// and frees, about half of building a node.
+    spares: Vec<Spare>,
     /// The lists of the last fusion group, whose allocations the next one reuses.
     lists: Lists,
     /// The last realisation's lowering, whose allocations the next one reuses (it holds no
@@ -297,37 +300,23 @@ const MAX_SPARES: usize = MAX_DEPTH as usize;
 
 /// Keeps the members of `members` (`Group::release`'s, all `Some`) nothing else holds as
 /// spares; drops the others, leaving `members` empty.
-fn recycle(members: &mut Vec<Option<Arc<Node>>>) {
-    // This thread's weak references to the members it built last (a chain built in order is
-    // the list's tail, newest first) are dropped now, so those members can be unique: they
-    // are realised or dead, so `realize_all` needs none of them.
+fn recycle(members: &mut Vec<Option<Arc<Node>>>, lock: &Realizing) {
     let spared = LOCAL.with(|local| {
         let Local {
             pending, spares, ..
         } = &mut *local.borrow_mut();
-        for m in members.iter().rev().flatten() {
-            match pending.last() {
-                Some(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(m)) => drop(pending.pop()),
-                _ => break,
-            }
-        }
         let before = spares.len();
-        for mut m in members.drain(..).flatten() {
-            if spares.len() >= MAX_SPARES {
-                break;
-            }
-            let Some(n) = Arc::get_mut(&mut m) else {
-                continue;
+        // Newest first: a chain built in order is the pending list's tail. A member's entry
+        // there goes with it (it is realised or dead, so `realize_all` needs it no more): into
+        // the spare, for the node built in it next.
+        for m in members.drain(..).rev().flatten() {
+            let weak = match pending.last() {
+                Some(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(&m)) => pending.pop(),
+                _ => None,
             };
-            if n.buffer.get().is_some() {
-                continue;
+            if spares.len() < MAX_SPARES && m.buffer.get().is_none() {
+                spares.extend(Spare::new(m, weak, lock));
             }
-            debug_assert!(
-                n.pending.get_mut().is_none(),
-                "run dropped every member's op"
-            );
-            n.device = None;
-            spares.push(m);
         }
         spares.len() - before
     });
@@ -335,59 +324,138 @@ fn recycle(members: &mut Vec<Option<Arc<Node>>>) {
     count_live(-(spared as i64));
 }
 
-impl Node {
-    /// A realised node owning `buffer`.
-    pub(crate) fn realized(device: Device, dtype: DType, len: usize, buffer: Buffer) -> Arc<Node> {
-        let spare = LOCAL.with(|local| local.borrow_mut().spares.pop());
-        Node::new(spare, device, dtype, len, OnceLock::from(buffer), None, 0)
+/// A node's allocation that nothing else can reach, for `Node::new` to build in: its one
+/// strong reference and its one weak reference, if any (its entry in this thread's pending
+/// list, which the node built in it takes over), are both here. It holds no device, buffer
+/// or op (only its last layout), so it keeps no device alive and is not a live node.
+///
+/// Why not `Arc::get_mut`: it fails while a weak reference exists, and checking uniqueness,
+/// dropping the entry and making a new one for the next node are four locked instructions
+/// per op (a chain's host time is mostly such counts). A spare checks once, with loads.
+struct Spare {
+    node: Arc<Node>,
+    weak: Option<std::sync::Weak<Node>>,
+}
+
+impl Spare {
+    /// `node` as a spare, with `weak` its entry in this thread's pending list, if nothing
+    /// else holds it (`None`: something does). Under the scheduler's lock (`lock`), which
+    /// every upgrade of a weak reference to a node takes (`realize_all`).
+    fn new(
+        mut node: Arc<Node>,
+        weak: Option<std::sync::Weak<Node>>,
+        _lock: &Realizing,
+    ) -> Option<Spare> {
+        if weak.is_none() {
+            Arc::get_mut(&mut node)?;
+        } else {
+            // The strong count first: once it is 1 (ours), no other strong reference can be
+            // made, as none is upgraded while we hold the lock. Then the weak count: exactly
+            // 1 is ours alone (one being locked by `Arc::get_mut` elsewhere reads 0).
+            if Arc::strong_count(&node) != 1 || Arc::weak_count(&node) != 1 {
+                return None;
+            }
+            // What another thread did with the node before dropping its reference (a
+            // release decrement, read above) happens before what is done with it here.
+            std::sync::atomic::fence(Ordering::Acquire);
+        }
+        let mut spare = Spare { node, weak };
+        let n = spare.node_mut();
+        debug_assert!(
+            n.pending.get_mut().is_none(),
+            "run dropped every member's op"
+        );
+        n.device = None;
+        Some(spare)
     }
 
-    /// A node in `spare`'s allocation, or a new one.
-    fn new(
-        spare: Option<Arc<Node>>,
+    /// The node, to build another in.
+    fn node_mut(&mut self) -> &mut Node {
+        // SAFETY: the one strong reference and the one weak reference (if any) are this
+        // spare's, checked in `new` (no other existed then, so none can have been made
+        // since: references are made from references), and the weak one is not upgraded
+        // while it is here. So, as after `Arc::get_mut`, nothing else can read or write the
+        // node while the returned borrow of `self` lives. `Arc::as_ptr` is the allocation's
+        // own pointer, valid for writes of the node it owns (what `get_mut` returns).
+        unsafe { &mut *(Arc::as_ptr(&self.node) as *mut Node) }
+    }
+}
+
+impl Node {
+    /// A realised node owning `buffer`, a row-major array of `layout`'s shape.
+    pub(crate) fn realized(
         device: Device,
         dtype: DType,
-        len: usize,
+        layout: &Layout,
+        buffer: Buffer,
+    ) -> Arc<Node> {
+        let spare = LOCAL.with(|local| local.borrow_mut().spares.pop());
+        Node::new(
+            spare,
+            device,
+            dtype,
+            layout,
+            OnceLock::from(buffer),
+            None,
+            0,
+        )
+        .0
+    }
+
+    /// A node in `spare`'s allocation, or a new one; and the spare's weak reference, if
+    /// it had one.
+    fn new(
+        spare: Option<Spare>,
+        device: Device,
+        dtype: DType,
+        layout: &Layout,
         buffer: OnceLock<Buffer>,
         pending: Option<Pending>,
         depth: u32,
-    ) -> Arc<Node> {
+    ) -> (Arc<Node>, Option<std::sync::Weak<Node>>) {
         count_live(1);
         if let Some(mut spare) = spare {
             // The spare's allocation takes the new node, field by field: a spare holds no
-            // device, buffer or op, so nothing is dropped, and the node is not built on the
-            // stack and copied in whole (two copies of ~200 bytes per op).
-            let n = Arc::get_mut(&mut spare).expect("spares are unique");
+            // device, buffer or op, so nothing is dropped (only a layout of another shape),
+            // and the node is not built on the stack and copied in whole (two copies of ~200
+            // bytes per op).
+            let n = spare.node_mut();
             n.device = Some(device);
             n.dtype = dtype;
-            n.len = len;
+            if !n.layout.same(layout) {
+                n.layout = layout.clone();
+            }
+            n.len = layout.len();
             n.buffer = buffer;
             *n.pending.get_mut() = pending;
             n.depth = depth;
             *n.mark.get_mut() = 0;
             *n.slot.get_mut() = 0;
             *n.uses.get_mut() = 0;
-            return spare;
+            return (spare.node, spare.weak);
         }
-        Arc::new(Node {
+        let node = Arc::new(Node {
             device: Some(device),
             dtype,
-            len,
+            layout: layout.clone(),
+            len: layout.len(),
             buffer,
             pending: RealizeCell::new(pending),
             depth,
             mark: AtomicU64::new(0),
             slot: Default::default(),
             uses: Default::default(),
-        })
+        });
+        (node, None)
     }
 
-    /// A pending node computing `op` over `inputs` into `len` elements of `dtype`. With
-    /// fusion off (`HELIOS_FUSION=0`) or past `MAX_DEPTH`, it is realised at once.
+    /// A pending node computing `op` over `inputs` into a row-major array of `layout`'s
+    /// shape and `dtype`. With fusion off (`HELIOS_FUSION=0`) or past `MAX_DEPTH`, it is
+    /// realised at once.
     pub(crate) fn pending(
         device: Device,
         dtype: DType,
-        len: usize,
+        layout: &Layout,
         op: ElemOp,
         inputs: smallvec::SmallVec<[Input; 2]>,
     ) -> Result<Arc<Node>> {
@@ -402,7 +470,15 @@ impl Node {
         // Two accesses, around `Node::new` rather than one around it all: a closure that
         // takes the op copies it once more, which costs more than the second access.
         let spare = LOCAL.with(|local| local.borrow_mut().spares.pop());
-        let node = Node::new(spare, device, dtype, len, OnceLock::new(), pending, depth);
+        let (node, weak) = Node::new(
+            spare,
+            device,
+            dtype,
+            layout,
+            OnceLock::new(),
+            pending,
+            depth,
+        );
         LOCAL.with(|local| {
             let list = &mut local.borrow_mut().pending;
             if list.len() >= list.capacity() && list.len() >= 1024 {
@@ -411,7 +487,7 @@ impl Node {
                 // is reading. Realised nodes go at the next `realize_all`.
                 list.retain(|w| w.strong_count() > 0);
             }
-            list.push(Arc::downgrade(&node));
+            list.push(weak.unwrap_or_else(|| Arc::downgrade(&node)));
         });
         if depth >= MAX_DEPTH || !crate::env::fusion() {
             node.buffer()?;
@@ -453,7 +529,7 @@ impl Drop for Node {
     /// unlinked onto a work list.
     fn drop(&mut self) {
         if self.device.is_none() {
-            return; // a spare: not live, holds nothing
+            return; // a spare: not live, holds only a layout
         }
         count_live(-1);
         let Some(p) = self.pending.get_mut().take() else {
@@ -514,7 +590,7 @@ fn realize_with(
             realize(&half, MemoryLocation::DeviceLocal, lock)?;
             continue;
         }
-        return run(group, lowered, root, location);
+        return run(group, lowered, root, location, lock);
     }
 }
 
@@ -618,6 +694,7 @@ fn run(
     lowered: &mut Lowered,
     root: &Arc<Node>,
     root_location: MemoryLocation,
+    lock: &Realizing,
 ) -> Result<()> {
     let Lowered {
         kernel,
@@ -694,6 +771,6 @@ fn run(
     // Every member's op is done: drop them all; members no one else holds become spares.
     let members = group.release();
     leaves.clear();
-    recycle(members);
+    recycle(members, lock);
     Ok(())
 }
