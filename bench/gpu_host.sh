@@ -10,7 +10,7 @@
 set -uo pipefail
 out=${1:?output dir}
 for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done; ldconfig
-if ! .gpu/chain_probe >/dev/null 2>&1; then
+if [ -x .gpu/helios ] && ! .gpu/helios info >/dev/null 2>&1; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
 export HELIOS_VALIDATION=0
