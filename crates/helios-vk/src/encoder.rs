@@ -13,6 +13,7 @@
 use ash::vk;
 use std::cell::Cell;
 use std::sync::{Arc, MutexGuard};
+use std::time::Instant;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -269,6 +270,9 @@ pub struct EncoderStats {
     pub dispatches: u64,
     /// Barriers between dispatches (the ones at batch boundaries are not counted).
     pub barriers: u64,
+    /// Host time spent opening batches (a free command buffer may mean a wait) and submitting
+    /// them (ending, queue submit, and any wait for too many batches in flight), ns.
+    pub submit_ns: u64,
 }
 
 impl Encoder {
@@ -305,6 +309,15 @@ impl Drop for RecordingGuard {
 }
 
 impl Context {
+    /// Counts `batch` and submits it, timing the submit.
+    fn submit_counted(&self, enc: &mut Encoder, batch: OpenBatch) -> Result<()> {
+        enc.count(&batch);
+        let t = Instant::now();
+        let r = self.submit_batch(batch);
+        enc.stats.submit_ns += t.elapsed().as_nanos() as u64;
+        r
+    }
+
     fn lock_encoder(&self) -> Result<(MutexGuard<'_, Encoder>, RecordingGuard)> {
         if RECORDING.with(|r| r.get()) {
             return Err(Error::Reentrant);
@@ -319,7 +332,9 @@ impl Context {
     pub(crate) fn with_batch<R>(&self, f: impl FnOnce(&mut OpenBatch) -> Result<R>) -> Result<R> {
         let (mut enc, _g) = self.lock_encoder()?;
         if enc.open.is_none() {
+            let t = Instant::now();
             let slot = self.begin_slot()?;
+            enc.stats.submit_ns += t.elapsed().as_nanos() as u64;
             let value = self.last_submitted() + 1;
             enc.open = Some(OpenBatch {
                 slot,
@@ -354,8 +369,7 @@ impl Context {
         }
         if full || starving {
             let batch = enc.open.take().expect("open");
-            enc.count(&batch);
-            self.submit_batch(batch)?;
+            self.submit_counted(&mut enc, batch)?;
         }
         Ok(out)
     }
@@ -457,8 +471,7 @@ impl Context {
         // so early submits start from the shortest interval again.
         enc.early_at = EARLY_CHECK;
         if let Some(batch) = enc.open.take() {
-            enc.count(&batch);
-            self.submit_batch(batch)?;
+            self.submit_counted(&mut enc, batch)?;
         }
         Ok(self.last_submitted())
     }
@@ -519,8 +532,7 @@ impl Context {
     {
         let (mut enc, _g) = self.lock_encoder()?;
         if let Some(batch) = enc.open.take() {
-            enc.count(&batch);
-            self.submit_batch(batch)?;
+            self.submit_counted(&mut enc, batch)?;
         }
         let slot = self.begin_slot()?;
         let mut batch = OpenBatch {
@@ -542,8 +554,7 @@ impl Context {
             return Err(e);
         }
         let value = batch.value;
-        enc.count(&batch);
-        self.submit_batch(batch)?;
+        self.submit_counted(&mut enc, batch)?;
         Ok(value)
     }
 

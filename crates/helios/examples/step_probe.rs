@@ -7,7 +7,9 @@
 //!     cargo run --release -p helios --example step_probe
 //!
 //! Steps from the third on run through `steady_step`, which callgrind can count alone (see
-//! there); `STEPS` sets how many run (default 8).
+//! there); `STEPS` sets how many run (default 8), `SHAPE=t,c` the sequence length and width
+//! (default 16,32; `bench graph`'s host12 is 64,128), and `EARLY=0` turns off the encoder's
+//! early submits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -68,7 +70,17 @@ fn block(x: &Tensor, p: &[Tensor], b: usize, t: usize, c: usize) -> helios::Resu
 
 fn main() -> helios::Result<()> {
     let dev = Device::from_env()?;
-    let (layers, b, t, c) = (12, 1, 16, 32);
+    let (t, c) = match std::env::var("SHAPE") {
+        Ok(v) => {
+            let mut it = v.split(',').filter_map(|x| x.trim().parse::<usize>().ok());
+            (it.next().unwrap_or(16), it.next().unwrap_or(32))
+        }
+        Err(_) => (16, 32),
+    };
+    let (layers, b) = (12, 1);
+    if std::env::var("EARLY").is_ok_and(|v| v == "0") {
+        dev.set_early_submit(false);
+    }
     let param = |shape: &[usize], s: f32| -> helios::Result<Tensor> {
         let n: usize = shape.iter().product();
         let v: Vec<f32> = (0..n)
@@ -105,15 +117,17 @@ fn main() -> helios::Result<()> {
     for i in 0..steps {
         // Step 0 compiles (and, on GPUs, tunes); the later ones are the steady state.
         let allocs = ALLOCS.load(Ordering::Relaxed);
+        let submit_ns = dev.encoder_stats().submit_ns;
         let (host, fwd, bwd) = if i < 2 {
             step(&x, &params, &targets, (b, t, c))?
         } else {
             steady_step(&x, &params, &targets, (b, t, c))?
         };
         let allocs = ALLOCS.load(Ordering::Relaxed) - allocs;
+        let submit = (dev.encoder_stats().submit_ns - submit_ns) as f64 / 1e3;
         dev.synchronize()?;
         println!(
-            "step {i}: {host:.0} µs host (forward {fwd:.0}, backward {bwd:.0}), {allocs} allocations, {} dispatches, {} barriers, {} batches, {} pipelines so far",
+            "step {i}: {host:.0} µs host (forward {fwd:.0}, backward {bwd:.0}, batches opened and submitted {submit:.0}), {allocs} allocations, {} dispatches, {} barriers, {} batches, {} pipelines so far",
             dev.encoder_stats().dispatches,
             dev.encoder_stats().barriers,
             dev.encoder_stats().batches,

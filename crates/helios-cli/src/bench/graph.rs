@@ -316,6 +316,7 @@ fn mlp_block(device: &Device, s: &Sizes, dt: DType) -> BenchResult<GraphResult> 
             .map(|r| r.total_ns)
             .sum();
         r.outside_matmul = (total > 0).then(|| (total - mm) as f64 / total as f64);
+        eprintln!("mlp_block {dt}: GPU time per kernel (warm-up and timed steps)\n{report}");
     }
     Ok(r)
 }
