@@ -30,8 +30,17 @@ use crate::launch::{grid, pack_push, Arg, Args, Launch};
 use crate::storage::{buffer_scalar, Storage};
 use crate::KernelError;
 
-/// Invocations per workgroup of the `Prep` kernel.
-pub const PREP_WORKGROUP: u32 = 64;
+/// Invocations per workgroup of the `Prep` kernel: 64 rows of [`PREP_LANES`].
+pub const PREP_WORKGROUP: u32 = 256;
+
+/// Invocations per row of the `Prep` kernel where subgroup shuffles combine them (see
+/// [`build_prep`]). Four lanes of vec4s cover 16 elements, a 32-byte sector of halves, per
+/// load; every head dim (a multiple of 16) divides among them evenly; and every device whose
+/// subgroups the row kernels use (power-of-two sizes of 4 or more: lavapipe's are 4, 8 or
+/// 16 with the host's vector width) holds a row in one subgroup, so the kernel does not
+/// depend on the size. Fewer lanes than D/8 also leave more loads in flight per lane
+/// (D/16 of each input).
+pub const PREP_LANES: u32 = 4;
 
 /// Which kernel of the family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -212,7 +221,9 @@ pub struct AttentionKernel {
     pub padded: bool,
     pub variant: AttnVariant,
     pub binding: Binding,
-    /// Subgroup size the cooperative variants are built for (0 for SIMT).
+    /// Subgroup size the cooperative variants are built for (0 for SIMT). `Prep` (either
+    /// family) takes the size of the subgroups it may shuffle in, a power of two, or 0
+    /// where the device has no subgroup shuffles (see [`AttentionKernel::prep_lanes`]).
     pub subgroup: u32,
     /// The device's fragment layout, for cooperative variants that keep scores in
     /// registers (`attention_frag`); `None` stages them in shared memory (`attention_coop`).
@@ -295,7 +306,21 @@ impl AttentionKernel {
             self.variant.tag(),
             if self.in_registers() { "_reg" } else { "" },
             if self.pipelined { "_pipe" } else { "" }
-        )
+        ) + if self.stage == AttnStage::Prep && self.prep_lanes() > 1 {
+            "_sg"
+        } else {
+            ""
+        }
+    }
+
+    /// Invocations that share a row of `Prep`: [`PREP_LANES`] where the kernel may shuffle
+    /// within subgroups that large, else 1.
+    pub fn prep_lanes(&self) -> u32 {
+        if self.subgroup >= PREP_LANES {
+            PREP_LANES
+        } else {
+            1
+        }
     }
 
     /// This kernel software-pipelined, where its family has that form (the forward with
@@ -509,7 +534,7 @@ impl AttentionKernel {
         let bh = u64::from(batch) * u64::from(heads);
         let groups = match self.stage {
             AttnStage::Prep => grid(
-                (bh * u64::from(t)).div_ceil(u64::from(PREP_WORKGROUP)),
+                (bh * u64::from(t)).div_ceil(u64::from(PREP_WORKGROUP / self.prep_lanes())),
                 max_groups_x,
             )?,
             stage => {
@@ -529,13 +554,14 @@ impl AttentionKernel {
     }
 
     /// A representative set of kernels for validation: every stage, storage and head dim
-    /// of the SIMT family (causal/padded alternating), in `binding`.
+    /// of the SIMT family (causal/padded alternating), in `binding`; `Prep` both with
+    /// subgroup shuffles and without.
     pub fn samples(binding: Binding) -> Vec<AttentionKernel> {
         let mut out = Vec::new();
         for (i, &head_dim) in [32u32, 64, 80, 96, 128].iter().enumerate() {
             for storage in Storage::ALL {
                 for stage in AttnStage::ALL {
-                    out.push(AttentionKernel {
+                    let kern = AttentionKernel {
                         stage,
                         storage,
                         head_dim,
@@ -546,7 +572,14 @@ impl AttentionKernel {
                         subgroup: 0,
                         frag: None,
                         pipelined: false,
-                    });
+                    };
+                    out.push(kern);
+                    if stage == AttnStage::Prep {
+                        out.push(AttentionKernel {
+                            subgroup: [4, 32][i % 2],
+                            ..kern
+                        });
+                    }
                 }
             }
         }
@@ -740,116 +773,129 @@ pub(crate) fn keep(k: &mut KernelBuilder, causal: bool, i: Val, j: Val, kend: Va
     }
 }
 
-/// The `Prep` kernel (shared by both families): one invocation per (b, t, h) row,
-/// Dsum[b, h, t] = Σ_d dO·O in f32.
+/// The `Prep` kernel (shared by both families): Dsum[b, h, t] = Σ_d dO·O in f32 for every
+/// (b, t, h) row, rows in that order (a dense [B, T, H, D] view's rows follow one another in
+/// memory, so a workgroup streams one contiguous stretch of each input).
+///
+/// [`AttentionKernel::prep_lanes`] invocations share a row, adjacent in one subgroup: lane ℓ
+/// reads pieces ℓ, ℓ + lanes, ... (vec4s, or single elements for views that are not
+/// 4-aligned), so each load instruction of a subgroup covers whole 32-byte sectors of
+/// several rows, and the lanes' partial sums combine with shuffles (no shared memory, no
+/// barrier). Each invocation finds its (b, t, h) once, not once per piece: the divisions by
+/// `heads` and `t` (push constants) cost more than the loads' issue. The design before this
+/// (64 invocations, every vec4 piece's product through shared memory, (b, t, h) per piece)
+/// took 8.4 µs for GPT-2's 8×12×512 bf16 rows on an H100, 1.1 TB/s.
+///
+/// Loads are vec4s of the storage type (8 bytes of halves), not 16-byte words of 8 halves:
+/// the element-at-a-time path reads the same buffers, and four lanes' 8-byte loads already
+/// fill whole sectors. Without subgroup shuffles (`HELIOS_NO_SUBGROUP`, or a device without
+/// them) one invocation takes a row: correct, but then a load instruction touches a sector
+/// per invocation (2.5× the bytes' time on an H100 when that was the only design).
 pub(crate) fn build_prep(kern: &AttentionKernel) -> KernelModule {
     let mut k = KernelBuilder::new(kern.name(), kern.binding, [PREP_WORKGROUP, 1, 1]);
     let p = kern.declare(&mut k, false);
-    let g = crate::rows::linear_workgroup(&mut k);
-    let wg = k.u32(PREP_WORKGROUP);
-    let first = k.mul(g, wg);
-    let lid = k.local_index();
-    let bt = k.mul(p.batch, p.t);
-    let rows = k.mul(bt, p.heads);
+    let lanes = kern.prep_lanes();
     let (o, dout) = (p.views[0], p.views[1]);
     let dsum = p.dsum.expect("prep writes dsum");
     let s = kern.storage;
     let d = kern.head_dim;
-    // (b, t, h) of row `row` (rows in that order: a dense [B, T, H, D] view's rows follow
-    // one another in memory).
-    let coords = |k: &mut KernelBuilder, row: Val| {
-        let h = k.rem(row, p.heads);
-        let bt = k.div(row, p.heads);
-        let b = k.div(bt, p.t);
-        let t = k.rem(bt, p.t);
-        (b, t, h)
+    // This invocation's place in the workgroup, numbered so that the `lanes` of a row sit
+    // in one subgroup: by subgroup id and lane, not `LocalInvocationIndex` (Vulkan does not
+    // tie the two together). Subgroups of a power-of-two size ≥ `lanes` dividing the
+    // workgroup (what `prep_lanes` asks of the device) number 0..PREP_WORKGROUP exactly.
+    let slot = if lanes > 1 {
+        let sg = k.subgroup_id();
+        let size = k.subgroup_size();
+        let id = k.subgroup_invocation_id();
+        let base = k.mul(sg, size);
+        k.add(base, id)
+    } else {
+        k.local_index()
     };
+    let shift = k.u32(lanes.trailing_zeros());
+    let local = k.shr(slot, shift);
+    let mask = k.u32(lanes - 1);
+    let lane = k.and(slot, mask);
+    let g = crate::rows::linear_workgroup(&mut k);
+    let per_group = k.u32(PREP_WORKGROUP / lanes);
+    let first = k.mul(g, per_group);
+    let row = k.add(first, local);
+    let bt = k.mul(p.batch, p.t);
+    let rows = k.mul(bt, p.heads);
+    let inside = k.lt(row, rows);
+    // Rows past the end (the last workgroup's) read row 0 and store nothing: every lane
+    // stays active for the shuffles.
+    let zero_u = k.u32(0);
+    let row = k.select(inside, row, zero_u);
+    let h = k.rem(row, p.heads);
+    let bt = k.div(row, p.heads);
+    let b = k.div(bt, p.t);
+    let t = k.rem(bt, p.t);
+    let ro = o.row(&mut k, b, t, h);
+    let rd = dout.row(&mut k, b, t, h);
     let a4 = o.vec4_aligned(&mut k);
     let b4 = dout.vec4_aligned(&mut k);
     let wide = k.and(a4, b4);
-    // The workgroup's rows in vec4 pieces, `pieces` per row: invocation i takes pieces i,
-    // i + 64, ..., so neighbouring invocations read neighbouring 4-element pieces (one row
-    // per invocation read each row at a stride of a whole row: 22 µs for GPT-2's 8×12×1024
-    // rows on an H100, 2.5× the bytes' time). Each piece's dot product goes to shared
-    // memory (rows padded by one slot, so neither the writes nor the row sums below
-    // collide on banks); then each invocation sums its row.
-    let pieces = d / 4;
-    let pitch = pieces + 1;
-    let part = k.shared_array(
-        Ty::scalar(Scalar::F32),
-        helios_spirv::SharedLen::Fixed(PREP_WORKGROUP * pitch),
-    );
-    let row = k.add(first, lid);
-    let inside = k.lt(row, rows);
+    let zero = k.const_f32(0.0);
+    let acc = k.var_init(zero);
     k.if_else(
         wide,
         |k| {
-            let pv = k.u32(pieces);
-            let pitch_v = k.u32(pitch);
-            let four = k.u32(4);
+            // All of a lane's loads first, then the products: d / (4·lanes) independent
+            // loads of each input in flight per invocation.
+            let two = k.u32(2);
+            let vo = k.shr(ro, two);
+            let vo = k.add(vo, lane);
+            let vd = k.shr(rd, two);
+            let vd = k.add(vd, lane);
+            let pieces = d / 4 / lanes;
+            let mut xs = Vec::new();
             for j in 0..pieces {
-                let step = k.u32(j * PREP_WORKGROUP);
-                let c = k.add(lid, step);
-                let local = k.div(c, pv);
-                let piece = k.rem(c, pv);
-                let r = k.add(first, local);
-                let ok = k.lt(r, rows);
-                let r = k.select(ok, r, first);
-                let (b, t, h) = coords(k, r);
-                let ro = o.row(k, b, t, h);
-                let ro = k.div(ro, four);
-                let ro = k.add(ro, piece);
-                let rd = dout.row(k, b, t, h);
-                let rd = k.div(rd, four);
-                let rd = k.add(rd, piece);
-                let x = crate::storage::load_f32(k, o.buf, ro, 4, s);
-                let y = crate::storage::load_f32(k, dout.buf, rd, 4, s);
-                let v = k.dot(x, y);
-                let slot = k.mul(local, pitch_v);
-                let slot = k.add(slot, piece);
-                k.shared_store(part, slot, v);
+                let step = k.u32(j * lanes);
+                let ao = k.add(vo, step);
+                let ad = k.add(vd, step);
+                let x = crate::storage::load_f32(k, o.buf, ao, 4, s);
+                let y = crate::storage::load_f32(k, dout.buf, ad, 4, s);
+                xs.push((x, y));
             }
-            k.workgroup_barrier();
-            k.if_(inside, |k| {
-                let base = k.mul(lid, pitch_v);
-                let mut acc = k.const_f32(0.0);
-                for i in 0..pieces {
-                    let iv = k.u32(i);
-                    let at = k.add(base, iv);
-                    let x = k.shared_load(part, at);
-                    acc = k.add(acc, x);
-                }
-                let (b, t, h) = coords(k, row);
-                let at = stat_index(k, &p, b, h, t);
-                k.store(dsum, at, acc);
-            });
+            let mut sum = k.dot(xs[0].0, xs[0].1);
+            for &(x, y) in &xs[1..] {
+                let v = k.dot(x, y);
+                sum = k.add(sum, v);
+            }
+            k.set(acc, sum);
         },
         // Views at odd offsets (a fused QKV's, say) are read one element at a time.
         |k| {
-            k.if_(inside, |k| {
-                let (b, t, h) = coords(k, row);
-                let ro = o.row(k, b, t, h);
-                let rd = dout.row(k, b, t, h);
-                let zero = k.const_f32(0.0);
-                let acc = k.var_init(zero);
-                let one = k.u32(1);
-                let start = k.u32(0);
-                let end = k.u32(d);
-                k.for_range(start, end, one, |k, i| {
-                    let a = k.add(ro, i);
-                    let x = crate::storage::load_f32(k, o.buf, a, 1, s);
-                    let a = k.add(rd, i);
-                    let y = crate::storage::load_f32(k, dout.buf, a, 1, s);
-                    let cur = k.get(acc);
-                    let v = k.fma(x, y, cur);
-                    k.set(acc, v);
-                });
-                let at = stat_index(k, &p, b, h, t);
-                let v = k.get(acc);
-                k.store(dsum, at, v);
+            let ao = k.add(ro, lane);
+            let ad = k.add(rd, lane);
+            let step = k.u32(lanes);
+            let end = k.u32(d);
+            k.for_range(zero_u, end, step, |k, i| {
+                let a = k.add(ao, i);
+                let x = crate::storage::load_f32(k, o.buf, a, 1, s);
+                let a = k.add(ad, i);
+                let y = crate::storage::load_f32(k, dout.buf, a, 1, s);
+                let cur = k.get(acc);
+                let v = k.fma(x, y, cur);
+                k.set(acc, v);
             });
         },
     );
+    let mut sum = k.get(acc);
+    let mut m = 1;
+    while m < lanes {
+        let mv = k.u32(m);
+        let other = k.subgroup_shuffle_xor(sum, mv);
+        sum = k.add(sum, other);
+        m *= 2;
+    }
+    let lead = k.eq(lane, zero_u);
+    let store = k.and(inside, lead);
+    k.if_(store, |k| {
+        let at = stat_index(k, &p, b, h, t);
+        k.store(dsum, at, sum);
+    });
     k.finish()
 }
 

@@ -341,7 +341,8 @@ fn every_norm_kernel_validates() {
     assert_eq!(n, 2 * (3 * 2 * 2 + 2));
 }
 
-/// Every attention stage, storage and head dim of the SIMT family, both binding models.
+/// Every attention stage, storage and head dim of the SIMT family, both binding models;
+/// `Prep` also with subgroup shuffles.
 #[test]
 fn every_attention_kernel_validates() {
     let n: usize = [Binding::DeviceAddress, Binding::Descriptor]
@@ -354,7 +355,7 @@ fn every_attention_kernel_validates() {
             )
         })
         .sum();
-    assert_eq!(n, 2 * 5 * 3 * 4);
+    assert_eq!(n, 2 * 5 * 3 * (4 + 1));
 }
 
 /// The cooperative attention kernels (f16 and bf16 fragments; scores in shared memory and in

@@ -12,6 +12,7 @@
 //! f16/bf16 where the device has 16×16×16 fragments, else the largest SIMT tile that fits.
 
 use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
+use helios_kernels::rows::Reducer;
 use helios_kernels::Storage;
 
 use super::attention_materialised::{self as materialised, HeadView};
@@ -493,6 +494,13 @@ fn choose(
             && (!kern.variant.is_coop()
                 || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
     };
+    // Prep shares each row among the lanes of a subgroup where the row kernels may use
+    // subgroup operations (their `reducer`: shuffles in compute, a power-of-two size of 4
+    // or more, not turned off by `HELIOS_NO_SUBGROUP`).
+    let prep_subgroup = match device.reducer() {
+        Reducer::Subgroup { block, .. } => block,
+        Reducer::SharedTree => 0,
+    };
     // The pipelined form where the kernel has one and its two K/V buffers fit.
     let make = |variant: AttnVariant| {
         let plain = AttentionKernel {
@@ -507,7 +515,13 @@ fn choose(
             } else {
                 device.binding()
             },
-            subgroup: if variant.is_coop() { caps.subgroup } else { 0 },
+            subgroup: if stage == AttnStage::Prep {
+                prep_subgroup
+            } else if variant.is_coop() {
+                caps.subgroup
+            } else {
+                0
+            },
             frag: if variant.is_coop() { frag } else { None },
             pipelined: false,
         };
