@@ -381,8 +381,18 @@ impl Tensor {
     }
 }
 
+/// `HELIOS_TUNE_TRACE=1`: each step of a class's tuning as it starts (where a tuning stalls).
+fn trace(what: std::fmt::Arguments) {
+    if std::env::var_os("HELIOS_TUNE_TRACE").is_some() {
+        eprintln!("helios: matmul tuning: {what}");
+    }
+}
+
 fn tune(p: &Problem) -> Result<TuneReport> {
     let device = p.a.device();
+    let started = std::time::Instant::now();
+    let compile_s = || device.context().pipeline_stats().total_create_seconds;
+    let compile_start = compile_s();
     let caps = matmul_caps(device);
     let key = class_key(p);
     let mut rows = Vec::new();
@@ -408,6 +418,7 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         if !k.feasible(&caps) || !seen.insert(k) {
             continue;
         }
+        trace(format_args!("{key}: checking {}", k.name()));
         // A candidate that cannot run the check loses (NaN fails the tolerance); it does
         // not end the tuning.
         let check_error = check(
@@ -421,6 +432,7 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         let passed = check_error <= tolerance(p.out);
         checked.push((k, check_error, passed));
     }
+    let checked_at = started.elapsed().as_secs_f64();
     let out = p.output()?;
     let samplers: Vec<Option<Sampler>> = checked
         .iter()
@@ -485,6 +497,7 @@ fn tune(p: &Problem) -> Result<TuneReport> {
                 kernel: p.kernel(v, caps.subgroup),
                 splits,
             };
+            trace(format_args!("{key}: checking {} split {splits}", k.name()));
             let check_error = check(p, &plan).unwrap_or(f64::NAN);
             let passed = check_error <= tolerance(p.out);
             split_rows.push((plan, k.name(), check_error, passed));
@@ -516,6 +529,14 @@ fn tune(p: &Problem) -> Result<TuneReport> {
     }
     let winner = best(&rows);
     if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+        // Where a class's tuning time goes (a fresh machine's first step is mostly this).
+        eprintln!(
+            "helios: matmul tuning {key}: {:.1} s in all, {:.1} s to the end of the checks, \
+             {:.1} s creating pipelines",
+            started.elapsed().as_secs_f64(),
+            checked_at,
+            compile_s() - compile_start
+        );
         for r in &rows {
             let time = r
                 .time_us
@@ -754,9 +775,11 @@ fn time_candidates(device: &Device, candidates: &[Option<Sampler>]) -> Result<Ve
     let Some(first) = live().next() else {
         return Ok(vec![None; candidates.len()]);
     };
-    for c in live() {
+    for (i, c) in live().enumerate() {
+        trace(format_args!("first run of timed candidate {i}"));
         (c.sample)(1)?;
     }
+    trace(format_args!("warm-up"));
     device.warm_up(|| (first.sample)(4.min(first.max_reps)).map(drop))?;
     let mut reps = Vec::with_capacity(candidates.len());
     for c in live() {
@@ -767,8 +790,10 @@ fn time_candidates(device: &Device, candidates: &[Option<Sampler>]) -> Result<Ve
             c.max_reps
         });
     }
+    trace(format_args!("reps {reps:?}"));
     let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(3); reps.len()];
-    for _ in 0..3 {
+    for round in 0..3 {
+        trace(format_args!("round {round}"));
         for ((c, &r), s) in live().zip(&reps).zip(&mut samples) {
             s.push((c.sample)(r)?);
         }
