@@ -344,11 +344,23 @@ impl Tensor {
     /// The kernel `choose` picks for `stage` of attention on `self` (q) with `opts`, or
     /// `materialised` where the scores are stored (f32; see `attention_materialised`).
     pub fn attention_kernel(&self, stage: AttnStage, opts: &AttentionOptions) -> Result<String> {
+        Ok(self
+            .attention_kernel_of(stage, opts)?
+            .map_or_else(|| "materialised".into(), |k| k.name()))
+    }
+
+    /// `attention_kernel`'s choice itself (`None`: the materialised form), judged from q's
+    /// view alone (a call with other views may pick narrower loads).
+    pub(crate) fn attention_kernel_of(
+        &self,
+        stage: AttnStage,
+        opts: &AttentionOptions,
+    ) -> Result<Option<AttentionKernel>> {
         let (dims, s) = view_of("q", self)?;
         if materialised_form(self, dims, opts) {
-            return Ok("materialised".into());
+            return Ok(None);
         }
-        Ok(choose(self, stage, dims, opts, aligned(&[s]))?.name())
+        Ok(Some(choose(self, stage, dims, opts, aligned(&[s]))?))
     }
 
     fn record_attention(

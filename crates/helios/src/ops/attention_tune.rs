@@ -112,6 +112,24 @@ fn tune(
     // the GPU's clock raised, the timings back to back: compiles leave the GPU idle long
     // enough for NVIDIA's driver to drop the clock, which once inflated some classes' times
     // 5× and could have picked a winner by when it ran rather than how fast.
+    // The candidates' pipelines first, several at once (`Device::precompile`); one that
+    // cannot be chosen here is left to the loop, which skips it.
+    let kernels: Vec<_> = candidates(stage, coop)
+        .into_iter()
+        .filter_map(|v| {
+            let o = AttentionOptions {
+                stage_variant: Some((stage, v)),
+                ..base.clone()
+            };
+            q.attention_kernel_of(stage, &o).ok().flatten()
+        })
+        .map(|k| {
+            let build: Box<dyn FnOnce() -> helios_spirv::KernelModule + Send> =
+                Box::new(move || k.build());
+            (crate::device::KernelKey::Attention(k), build)
+        })
+        .collect();
+    device.precompile(kernels)?;
     let mut valid: Vec<(AttnVariant, AttentionOptions)> = Vec::new();
     for v in candidates(stage, coop) {
         let o = AttentionOptions {

@@ -409,15 +409,17 @@ fn tune(p: &Problem) -> Result<TuneReport> {
     // candidates exist, timing SIMT ones there would only lengthen tuning.
     let large = p.shape.flops() >= f64::from(1u32 << 30);
     let has_coop = all.iter().any(|k| k.variant.is_coop());
-    let mut checked = Vec::new();
-    for cand in all
+    let kernels: Vec<MatmulKernel> = all
         .into_iter()
         .filter(|k| k.variant.is_coop() || !(has_coop && large))
-    {
-        let k = p.kernel(cand.variant, caps.subgroup);
-        if !k.feasible(&caps) || !seen.insert(k) {
-            continue;
-        }
+        .map(|cand| p.kernel(cand.variant, caps.subgroup))
+        .filter(|k| k.feasible(&caps) && seen.insert(*k))
+        .collect();
+    // Every candidate compiled up front, in parallel (the checks of aligned shapes mostly
+    // run these same kernels).
+    precompile(device, &kernels)?;
+    let mut checked = Vec::new();
+    for k in kernels {
         trace(format_args!("{key}: checking {}", k.name()));
         // A candidate that cannot run the check loses (NaN fails the tolerance); it does
         // not end the tuning.
@@ -474,34 +476,34 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         .collect();
     ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
     let fastest = ranked.first().map_or(0.0, |r| r.1);
-    let mut split_rows = Vec::new();
-    for &(v, _) in ranked
+    let splittable: Vec<(MatmulVariant, u32, MatmulKernel)> = ranked
         .iter()
         .take_while(|r| r.1 <= fastest * SPLIT_BASE_SLACK)
         .take(SPLIT_BASES)
-    {
-        let v = MatmulVariant::by_name(v).expect("a table variant");
-        for splits in SPLITS {
-            let Some((sub, k)) = p.split(v, splits, caps.subgroup) else {
-                continue;
-            };
+        .map(|&(v, _)| MatmulVariant::by_name(v).expect("a table variant"))
+        .flat_map(|v| SPLITS.iter().map(move |&splits| (v, splits)))
+        .filter_map(|(v, splits)| {
+            let (sub, k) = p.split(v, splits, caps.subgroup)?;
             let workspace = 4 * u64::from(splits) * u64::from(sub.m) * u64::from(sub.n);
-            if sub.k < 512
-                || !k.feasible(&caps)
-                || p.shape.flops() < 1e9
-                || workspace > MAX_SPLIT_WORKSPACE
-            {
-                continue;
-            }
-            let plan = Plan {
-                kernel: p.kernel(v, caps.subgroup),
-                splits,
-            };
-            trace(format_args!("{key}: checking {} split {splits}", k.name()));
-            let check_error = check(p, &plan).unwrap_or(f64::NAN);
-            let passed = check_error <= tolerance(p.out);
-            split_rows.push((plan, k.name(), check_error, passed));
-        }
+            let worth = sub.k >= 512
+                && k.feasible(&caps)
+                && p.shape.flops() >= 1e9
+                && workspace <= MAX_SPLIT_WORKSPACE;
+            worth.then_some((v, splits, k))
+        })
+        .collect();
+    let split_kernels: Vec<MatmulKernel> = splittable.iter().map(|s| s.2).collect();
+    precompile(device, &split_kernels)?;
+    let mut split_rows = Vec::new();
+    for (v, splits, k) in splittable {
+        let plan = Plan {
+            kernel: p.kernel(v, caps.subgroup),
+            splits,
+        };
+        trace(format_args!("{key}: checking {} split {splits}", k.name()));
+        let check_error = check(p, &plan).unwrap_or(f64::NAN);
+        let passed = check_error <= tolerance(p.out);
+        split_rows.push((plan, k.name(), check_error, passed));
     }
     // Timed like the plain kernels, after their own compiles and warm-up. A split plan
     // writes fresh tensors each run, as a caller's would: at most 8 runs per sample, since
@@ -560,6 +562,20 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         winner_splits: winner.map_or(1, |w| w.1),
         candidates: rows,
     })
+}
+
+/// Compiles `kernels` several at once ([`Device::precompile`]).
+fn precompile(device: &Device, kernels: &[MatmulKernel]) -> Result<()> {
+    device.precompile(
+        kernels
+            .iter()
+            .map(|&k| {
+                let build: Box<dyn FnOnce() -> helios_spirv::KernelModule + Send> =
+                    Box::new(move || k.build());
+                (crate::device::KernelKey::Matmul(k), build)
+            })
+            .collect(),
+    )
 }
 
 /// The k splits the tuner tries after the plain kernels.
@@ -923,6 +939,54 @@ mod tests {
     use std::cell::RefCell;
 
     use super::*;
+
+    /// `precompile` creates each distinct kernel's pipeline once, on several threads, and
+    /// the `kernel` lookups that follow find them (no build, no further pipeline).
+    #[test]
+    fn precompiled_kernels_are_found_afterwards() {
+        let device = Device::from_env().expect("a Vulkan device");
+        let a = Tensor::from_slice(&device, &[0.5f32; 96 * 80], &[96, 80]).expect("a");
+        let b = Tensor::from_slice(&device, &[0.25f32; 80 * 72], &[80, 72]).expect("b");
+        let p = Problem::new(&a, &b, &super::super::MatmulOptions::default()).expect("problem");
+        let caps = matmul_caps(&device);
+        let mut kernels: Vec<MatmulKernel> = candidates(
+            p.input.storage(),
+            p.out.storage(),
+            p.trans,
+            &p.shape,
+            p.epilogue,
+            &caps,
+        )
+        .into_iter()
+        .map(|c| p.kernel(c.variant, caps.subgroup))
+        .filter(|k| k.feasible(&caps))
+        .take(4)
+        .collect();
+        assert!(kernels.len() >= 2, "lavapipe has SIMT candidates");
+        let distinct = kernels
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len() as u64;
+        kernels.push(kernels[0]);
+        let created = || device.context().pipeline_stats().pipelines_created;
+        let before = created();
+        precompile(&device, &kernels).expect("compiled");
+        assert_eq!(
+            created() - before,
+            distinct,
+            "one pipeline per distinct kernel"
+        );
+        for k in &kernels {
+            device
+                .kernel(crate::device::KernelKey::Matmul(*k), || {
+                    panic!("{} was not precompiled", k.name())
+                })
+                .expect("cached");
+        }
+        assert_eq!(created() - before, distinct, "nothing compiled twice");
+        let messages = device.validation_messages();
+        assert!(messages.is_empty(), "validation: {messages:?}");
+    }
 
     /// Every candidate runs once (its compile) before any is timed, the reps per sample
     /// follow each one's time, and a candidate that failed its check keeps its place.
