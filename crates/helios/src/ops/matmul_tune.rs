@@ -397,14 +397,7 @@ fn tune(p: &Problem) -> Result<TuneReport> {
     let key = class_key(p);
     let mut rows = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    let all = candidates(
-        p.input.storage(),
-        p.out.storage(),
-        p.trans,
-        &p.shape,
-        p.epilogue,
-        &caps,
-    );
+    let all = candidates_of(p, &caps);
     // FMA kernels cannot beat the matrix units on large products: where cooperative
     // candidates exist, timing SIMT ones there would only lengthen tuning.
     let large = p.shape.flops() >= f64::from(1u32 << 30);
@@ -562,6 +555,18 @@ fn tune(p: &Problem) -> Result<TuneReport> {
         winner_splits: winner.map_or(1, |w| w.1),
         candidates: rows,
     })
+}
+
+/// The table's kernels that fit `p` on a device with `caps`.
+fn candidates_of(p: &Problem, caps: &MatmulCaps) -> Vec<MatmulKernel> {
+    candidates(
+        p.input.storage(),
+        p.out.storage(),
+        p.trans,
+        &p.shape,
+        p.epilogue,
+        caps,
+    )
 }
 
 /// Compiles `kernels` several at once ([`Device::precompile`]).
@@ -949,19 +954,12 @@ mod tests {
         let b = Tensor::from_slice(&device, &[0.25f32; 80 * 72], &[80, 72]).expect("b");
         let p = Problem::new(&a, &b, &super::super::MatmulOptions::default()).expect("problem");
         let caps = matmul_caps(&device);
-        let mut kernels: Vec<MatmulKernel> = candidates(
-            p.input.storage(),
-            p.out.storage(),
-            p.trans,
-            &p.shape,
-            p.epilogue,
-            &caps,
-        )
-        .into_iter()
-        .map(|c| p.kernel(c.variant, caps.subgroup))
-        .filter(|k| k.feasible(&caps))
-        .take(4)
-        .collect();
+        let mut kernels: Vec<MatmulKernel> = candidates_of(&p, &caps)
+            .into_iter()
+            .map(|c| p.kernel(c.variant, caps.subgroup))
+            .filter(|k| k.feasible(&caps))
+            .take(4)
+            .collect();
         assert!(kernels.len() >= 2, "lavapipe has SIMT candidates");
         let distinct = kernels
             .iter()
