@@ -309,6 +309,14 @@ impl Drop for RecordingGuard {
 }
 
 impl Context {
+    /// A command buffer for a new batch, timing the wait for one.
+    fn open_slot(&self, enc: &mut Encoder) -> Result<Slot> {
+        let t = Instant::now();
+        let slot = self.begin_slot();
+        enc.stats.submit_ns += t.elapsed().as_nanos() as u64;
+        slot
+    }
+
     /// Counts `batch` and submits it, timing the submit.
     fn submit_counted(&self, enc: &mut Encoder, batch: OpenBatch) -> Result<()> {
         enc.count(&batch);
@@ -332,9 +340,7 @@ impl Context {
     pub(crate) fn with_batch<R>(&self, f: impl FnOnce(&mut OpenBatch) -> Result<R>) -> Result<R> {
         let (mut enc, _g) = self.lock_encoder()?;
         if enc.open.is_none() {
-            let t = Instant::now();
-            let slot = self.begin_slot()?;
-            enc.stats.submit_ns += t.elapsed().as_nanos() as u64;
+            let slot = self.open_slot(&mut enc)?;
             let value = self.last_submitted() + 1;
             enc.open = Some(OpenBatch {
                 slot,
@@ -534,7 +540,7 @@ impl Context {
         if let Some(batch) = enc.open.take() {
             self.submit_counted(&mut enc, batch)?;
         }
-        let slot = self.begin_slot()?;
+        let slot = self.open_slot(&mut enc)?;
         let mut batch = OpenBatch {
             slot,
             value: self.last_submitted() + 1,

@@ -367,9 +367,9 @@ impl Device {
     /// find them. Why: a tuner compiles every candidate of a shape class, and on an H100 the
     /// driver's compiles were 85% of a bf16 class's 12-16 s (a GPT-2 step meets ~8 classes).
     /// Vulkan allows concurrent pipeline creation (the pipeline cache synchronizes itself).
-    pub(crate) fn precompile(
+    pub(crate) fn precompile<F: FnOnce() -> KernelModule + Send>(
         &self,
-        kernels: Vec<(KernelKey, Box<dyn FnOnce() -> KernelModule + Send + '_>)>,
+        kernels: Vec<(KernelKey, F)>,
     ) -> Result<()> {
         let todo: Vec<_> = {
             let cache = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());

@@ -108,34 +108,31 @@ fn tune(
     let key = class(q.dtype().storage(), d, stage, base);
     let mut reference: Option<Vec<Vec<f32>>> = None;
     let coop = q.attention_kernel(stage, base)?.contains("coop");
-    // First every candidate once (compiling it, checking it against the first), then, with
-    // the GPU's clock raised, the timings back to back: compiles leave the GPU idle long
-    // enough for NVIDIA's driver to drop the clock, which once inflated some classes' times
-    // 5× and could have picked a winner by when it ran rather than how fast.
-    // The candidates' pipelines first, several at once (`Device::precompile`); one that
-    // cannot be chosen here is left to the loop, which skips it.
-    let kernels: Vec<_> = candidates(stage, coop)
+    let forced: Vec<(AttnVariant, AttentionOptions)> = candidates(stage, coop)
         .into_iter()
-        .filter_map(|v| {
+        .map(|v| {
             let o = AttentionOptions {
                 stage_variant: Some((stage, v)),
                 ..base.clone()
             };
-            q.attention_kernel_of(stage, &o).ok().flatten()
-        })
-        .map(|k| {
-            let build: Box<dyn FnOnce() -> helios_spirv::KernelModule + Send> =
-                Box::new(move || k.build());
-            (crate::device::KernelKey::Attention(k), build)
+            (v, o)
         })
         .collect();
-    device.precompile(kernels)?;
+    // The candidates' pipelines first, several at once (`Device::precompile`); one that
+    // cannot be chosen here is left to the loop below, which skips it.
+    device.precompile(
+        forced
+            .iter()
+            .filter_map(|(_, o)| q.attention_kernel_of(stage, o).ok().flatten())
+            .map(|k| (crate::device::KernelKey::Attention(k), move || k.build()))
+            .collect(),
+    )?;
+    // First every candidate once (checking it against the first), then, with the GPU's
+    // clock raised, the timings back to back: compiles leave the GPU idle long enough for
+    // NVIDIA's driver to drop the clock, which once inflated some classes' times 5× and
+    // could have picked a winner by when it ran rather than how fast.
     let mut valid: Vec<(AttnVariant, AttentionOptions)> = Vec::new();
-    for v in candidates(stage, coop) {
-        let o = AttentionOptions {
-            stage_variant: Some((stage, v)),
-            ..base.clone()
-        };
+    for (v, o) in forced {
         // A variant that cannot run here (shared memory, no cooperative matrices) is skipped.
         let Ok(outs) = run(&o) else { continue };
         let got: Vec<Vec<f32>> = outs.iter().map(|t| t.to_vec()).collect::<Result<_>>()?;

@@ -574,11 +574,7 @@ fn precompile(device: &Device, kernels: &[MatmulKernel]) -> Result<()> {
     device.precompile(
         kernels
             .iter()
-            .map(|&k| {
-                let build: Box<dyn FnOnce() -> helios_spirv::KernelModule + Send> =
-                    Box::new(move || k.build());
-                (crate::device::KernelKey::Matmul(k), build)
-            })
+            .map(|&k| (crate::device::KernelKey::Matmul(k), move || k.build()))
             .collect(),
     )
 }
