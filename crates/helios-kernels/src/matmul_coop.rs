@@ -331,7 +331,10 @@ fn frag_load(
     k.coop_load_shared(ty, s, at, row, layout)
 }
 
-/// (outer, k) tile coordinates of this invocation's `j`-th word and whether it exists.
+/// (outer, k) tile coordinates of this invocation's `j`-th word and whether it exists. A
+/// word that does not exist gets the tile's last word's coordinates, so that its unguarded
+/// load stays inside the tile (with exact k nothing else keeps k inside the matrix; see the
+/// SIMT kernel's `unit_coords`).
 fn unit_coords(
     k: &mut KernelBuilder,
     op: &Operand,
@@ -341,10 +344,14 @@ fn unit_coords(
 ) -> (Val, Val, Option<Val>) {
     let off = k.u32(j * threads);
     let idx = k.add(tid, off);
-    let valid = (op.units() % threads != 0).then(|| {
+    let (idx, valid) = if op.units() % threads == 0 {
+        (idx, None)
+    } else {
         let n = k.u32(op.units());
-        k.lt(idx, n)
-    });
+        let valid = k.lt(idx, n);
+        let last = k.u32(op.units() - 1);
+        (k.min(idx, last), Some(valid))
+    };
     let word = k.u32(WORD);
     if op.k_contiguous {
         let per = k.u32(op.bk / WORD);
