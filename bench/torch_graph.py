@@ -11,6 +11,8 @@ forward+backward, f32 and bf16; kernels per step from the profiler).
 
 import argparse
 import json
+import os
+import re
 import statistics
 import sys
 import time
@@ -48,14 +50,27 @@ def timed(torch, fn, samples, warmup=3):
     return statistics.median(out)
 
 
-def kernels(torch, fn):
+# cuBLAS/CUTLASS GEMM kernels, by name (sm90_xmma_gemm_..., ampere_sgemm_..., cutlass_...).
+MATMUL_KERNEL = re.compile(r"gemm|cutlass|xmma|cublas", re.IGNORECASE)
+
+
+def kernels(torch, fn, label=None):
+    """Kernels one call of `fn` launches, and the share of their GPU time outside matrix
+    products. With `label`, the per-kernel table goes to stderr."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return float(sum(1 for e in prof.events() if e.device_type.name == "CUDA"))
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    total = sum(e.device_time for e in events)
+    outside = sum(e.device_time for e in events if not MATMUL_KERNEL.search(e.name))
+    if label:
+        print(f"{label}: {len(events)} kernels, {total:.1f} µs", file=sys.stderr)
+        for e in sorted(events, key=lambda e: -e.device_time):
+            print(f"  {e.device_time:9.1f} µs  {e.name[:110]}", file=sys.stderr)
+    return float(len(events)), (outside / total if total > 0 else None)
 
 
 def mixed_fn(torch, F, x, b):
@@ -117,8 +132,8 @@ def main(argv=None):
         compiled = torch.compile(run)
         results.append({"case": "mixed32", "dtype": "f32", "eager_us": timed(torch, run, s),
                         "compile_us": timed(torch, compiled, s),
-                        "eager_kernels": kernels(torch, run),
-                        "compile_kernels": kernels(torch, compiled)})
+                        "eager_kernels": kernels(torch, run)[0],
+                        "compile_kernels": kernels(torch, compiled)[0]})
 
     n, c = (int(v) for v in a.mlp.split("x"))
     for name in (a.dtypes.split(",") if "mlp_block" in cases else []):
@@ -130,9 +145,14 @@ def main(argv=None):
                    (mk(4 * c, c) * 0.02).requires_grad_(), (mk(c) * 0.02).requires_grad_()]
         run = mlp_fn(torch, F, x2, dy, *tensors)
         compiled = torch.compile(run)
+        # HELIOS_PROFILE=1 (as for the helios side) prints each kernel's time.
+        show = os.environ.get("HELIOS_PROFILE") == "1"
+        eager_k, eager_out = kernels(torch, run, show and f"torch eager mlp_block {name}")
+        comp_k, comp_out = kernels(torch, compiled, show and f"torch.compile mlp_block {name}")
         results.append({"case": "mlp_block", "dtype": name, "eager_us": timed(torch, run, s),
                         "compile_us": timed(torch, compiled, s),
-                        "eager_kernels": kernels(torch, run), "compile_kernels": kernels(torch, compiled)})
+                        "eager_kernels": eager_k, "compile_kernels": comp_k,
+                        "eager_outside_mm": eager_out, "compile_outside_mm": comp_out})
 
     doc = {"meta": {"torch": torch.__version__, "cuda": torch.version.cuda,
                     "device": torch.cuda.get_device_name()}, "results": results}

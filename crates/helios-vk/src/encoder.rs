@@ -25,10 +25,9 @@ use crate::submit::Slot;
 /// Default dispatches per submitted batch (`HELIOS_BATCH` overrides).
 pub const DEFAULT_BATCH: u32 = 256;
 
-/// Every this many dispatches the encoder checks whether the GPU has finished everything
-/// submitted, and if so submits the open batch at once (the interval doubles while the GPU
-/// stays idle; see `with_batch`). The check is one semaphore read; starting small gets the
-/// GPU going within a few ops of a host wait.
+/// While the GPU is busy the encoder checks every this many dispatches whether it has
+/// finished everything submitted, and if so submits the open batch at once (see
+/// `with_batch`). The check is one semaphore read.
 const EARLY_CHECK: u32 = 8;
 
 /// How a dispatch or copy touches a buffer.
@@ -280,7 +279,7 @@ impl Encoder {
         Encoder {
             open: None,
             batch_limit,
-            early_at: EARLY_CHECK,
+            early_at: 1,
             early_submit: true,
             stats: EncoderStats::default(),
         }
@@ -359,21 +358,25 @@ impl Context {
         let out = f(batch)?;
         let n = batch.dispatches;
         // Submit at the threshold, or early when the GPU has run dry: a long batch recorded
-        // while the GPU idles would otherwise cost recording time plus execution time. When
-        // the host is the bottleneck the GPU is always dry, so each early submit doubles the
-        // wait for the next one (a submit costs microseconds); finding the GPU busy means it
-        // is the bottleneck, and checks go back to every EARLY_CHECK dispatches.
+        // while the GPU idles would otherwise cost recording time plus execution time. After
+        // a host wait the GPU is idle, so the first dispatch goes at once; when the host is
+        // the bottleneck the GPU is always dry, so each early submit doubles the wait for the
+        // next one (a submit costs microseconds); finding the GPU busy means it is the
+        // bottleneck, and the next check comes EARLY_CHECK dispatches later.
         let full = n >= enc.batch_limit;
         let mut starving = false;
-        if enc.early_submit && !full && n >= enc.early_at && n % EARLY_CHECK == 0 {
+        if enc.early_submit && !full && n >= enc.early_at {
             starving = self.completed()? >= self.last_submitted();
             enc.early_at = if starving {
                 (enc.early_at * 2).min(enc.batch_limit)
             } else {
-                EARLY_CHECK
+                n + EARLY_CHECK
             };
         }
         if full || starving {
+            if full {
+                enc.early_at = EARLY_CHECK;
+            }
             let batch = enc.open.take().expect("open");
             self.submit_counted(&mut enc, batch)?;
         }
@@ -473,9 +476,9 @@ impl Context {
     /// Submits the open batch, if any; returns the last submitted timeline value.
     pub fn flush(&self) -> Result<u64> {
         let (mut enc, _g) = self.lock_encoder()?;
-        // The host is about to wait: whatever is recorded next starts a new stretch of work,
-        // so early submits start from the shortest interval again.
-        enc.early_at = EARLY_CHECK;
+        // The host is about to wait: whatever is recorded next starts a new stretch of work
+        // on an idle GPU, so its first dispatch is submitted at once.
+        enc.early_at = 1;
         if let Some(batch) = enc.open.take() {
             self.submit_counted(&mut enc, batch)?;
         }

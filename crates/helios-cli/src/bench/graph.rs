@@ -59,6 +59,11 @@ struct TorchGraph {
     eager_kernels: Option<f64>,
     #[serde(default)]
     compile_kernels: Option<f64>,
+    /// `mlp_block`: the share of eager's (compiled code's) GPU time outside GEMM kernels.
+    #[serde(default)]
+    eager_outside_mm: Option<f64>,
+    #[serde(default)]
+    compile_outside_mm: Option<f64>,
 }
 
 struct Sizes {
@@ -446,6 +451,10 @@ fn run_torch(
         let err = String::from_utf8_lossy(&out.stderr);
         return Err(err.lines().last().unwrap_or("failed").to_string());
     }
+    if std::env::var("HELIOS_PROFILE").as_deref() == Ok("1") {
+        // The script's per-kernel tables (it reads the same variable), beside ours.
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    }
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
         .map_err(|e| format!("{}: bad JSON: {e}", script.display()))?;
     let rows: Vec<TorchGraph> = serde_json::from_value(doc["results"].clone())
@@ -455,27 +464,31 @@ fn run_torch(
 
 fn table(results: &[GraphResult]) -> String {
     let mut s = String::from(
-        "case           dtype  median µs    p95 µs   cv%  kernels  vs ideal  outside mm  torch eager  compile  (kernels eager/compile)  variant\n",
+        "case           dtype  median µs    p95 µs   cv%  kernels  vs ideal  outside mm  torch eager  compile  (kernels eager/compile)  (outside mm eager/compile)  variant\n",
     );
     for r in results {
         let opt = |v: Option<f64>, w: usize, p: usize| match v {
             Some(v) => format!("{v:>w$.p$}"),
             None => format!("{:>w$}", "-"),
         };
-        let (te, tc, tk) = match &r.torch {
+        let pair = |a: Option<f64>, b: Option<f64>, scale: f64, p: usize| {
+            format!(
+                "{}/{}",
+                opt(a.map(|v| v * scale), 0, p).trim(),
+                opt(b.map(|v| v * scale), 0, p).trim()
+            )
+        };
+        let (te, tc, tk, tm) = match &r.torch {
             Some(t) => (
                 Some(t.eager_us),
                 t.compile_us,
-                format!(
-                    "{}/{}",
-                    opt(t.eager_kernels, 0, 0).trim(),
-                    opt(t.compile_kernels, 0, 0).trim()
-                ),
+                pair(t.eager_kernels, t.compile_kernels, 1.0, 0),
+                pair(t.eager_outside_mm, t.compile_outside_mm, 100.0, 1),
             ),
-            None => (None, None, "-".into()),
+            None => (None, None, "-".into(), "-".into()),
         };
         s.push_str(&format!(
-            "{:14} {:5} {:>10.2} {:>9.2} {:>5.1} {} {} {} {} {} {:>24}  {}\n",
+            "{:14} {:5} {:>10.2} {:>9.2} {:>5.1} {} {} {} {} {} {:>24} {:>27}  {}\n",
             r.case,
             r.dtype,
             r.time_us.median,
@@ -487,6 +500,7 @@ fn table(results: &[GraphResult]) -> String {
             opt(te, 12, 2),
             opt(tc, 8, 2),
             tk,
+            tm,
             r.variant
         ));
     }
