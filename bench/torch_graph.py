@@ -50,8 +50,8 @@ def timed(torch, fn, samples, warmup=3):
     return statistics.median(out)
 
 
-# cuBLAS/CUTLASS GEMM kernels, by name (sm90_xmma_gemm_..., ampere_sgemm_..., cutlass_...).
-MATMUL_KERNEL = re.compile(r"gemm|cutlass|xmma|cublas", re.IGNORECASE)
+# cuBLAS/CUTLASS GEMM kernels, by name (sm80_xmma_gemm_..., cutlass_80_simt_sgemm_..., nvjet_sm90_...).
+MATMUL_KERNEL = re.compile(r"gemm|cutlass|xmma|cublas|nvjet", re.IGNORECASE)
 
 
 def kernels(torch, fn, label=None):

@@ -42,14 +42,20 @@ pub enum RowOp {
 }
 
 /// What happens to `alpha · A·B` before it is stored, in this order: `+ bias[col]`, the row
-/// op, the activation, `+ residual[row, col]` (unless the row op multiplied by it), then
-/// rounding to the output storage. Bias and residual are stored like the output.
+/// op, the activation, `+ residual[row, col]` (unless the row op or `act_grad` multiplied by
+/// it), then rounding to the output storage. Bias and residual are stored like the output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Epilogue {
     pub bias: bool,
     pub act: Activation,
     pub residual: bool,
     pub row: RowOp,
+    /// The product is the gradient reaching an activation's output, and what is stored is
+    /// the gradient at its input: `act'(residual) · v`, the residual being the activation's
+    /// input. Nothing else may be set but the residual. A linear layer's backward computes
+    /// the GELU's backward this way inside the next layer's input-gradient product, instead
+    /// of a pass over both tensors.
+    pub act_grad: Activation,
 }
 
 impl Epilogue {
@@ -58,6 +64,7 @@ impl Epilogue {
         act: Activation::None,
         residual: false,
         row: RowOp::None,
+        act_grad: Activation::None,
     };
 
     /// Whether anything beyond scaling and rounding happens.
@@ -66,16 +73,29 @@ impl Epilogue {
             && !self.residual
             && matches!(self.act, Activation::None)
             && matches!(self.row, RowOp::None)
+            && matches!(self.act_grad, Activation::None)
     }
 
     /// Whether the parts fit together: a softmax gradient multiplies by the residual and
-    /// nothing else follows a row op.
+    /// nothing else follows a row op; an activation's gradient multiplies by the residual
+    /// and comes alone.
     pub const fn is_valid(&self) -> bool {
+        if !matches!(self.act_grad, Activation::None) {
+            return self.residual
+                && !self.bias
+                && matches!(self.act, Activation::None)
+                && matches!(self.row, RowOp::None);
+        }
         match self.row {
             RowOp::None => true,
             RowOp::Exp => !self.residual && matches!(self.act, Activation::None),
             RowOp::SoftmaxGrad => self.residual && matches!(self.act, Activation::None),
         }
+    }
+
+    /// Whether the residual multiplies the value rather than being added to it.
+    const fn residual_multiplies(&self) -> bool {
+        matches!(self.row, RowOp::SoftmaxGrad) || !matches!(self.act_grad, Activation::None)
     }
 
     fn tag(&self) -> String {
@@ -93,7 +113,12 @@ impl Epilogue {
             Activation::Relu => s.push_str("_relu"),
             Activation::GeluTanh => s.push_str("_gelu"),
         }
-        if self.residual && self.row != RowOp::SoftmaxGrad {
+        match self.act_grad {
+            Activation::None => {}
+            Activation::Relu => s.push_str("_drelu"),
+            Activation::GeluTanh => s.push_str("_dgelu"),
+        }
+        if self.residual && !self.residual_multiplies() {
             s.push_str("_res");
         }
         s
@@ -1439,7 +1464,18 @@ pub(crate) fn epilogue_store(
         Activation::Relu => math::relu(k, v),
         Activation::GeluTanh => math::gelu_tanh(k, v),
     };
-    if let (Some(res), false) = (p.residual, kern.epilogue.row == RowOp::SoftmaxGrad) {
+    let act_grad = kern.epilogue.act_grad;
+    if act_grad != Activation::None {
+        let res = p
+            .residual
+            .expect("an activation's gradient reads the residual");
+        let x = residual(k, res);
+        v = match act_grad {
+            Activation::Relu => math::relu_backward(k, x, v),
+            Activation::GeluTanh => math::gelu_tanh_backward(k, x, v),
+            Activation::None => unreachable!("checked above"),
+        };
+    } else if let (Some(res), false) = (p.residual, kern.epilogue.row == RowOp::SoftmaxGrad) {
         let r = residual(k, res);
         v = k.add(v, r);
     }

@@ -118,6 +118,14 @@ mod matmul {
         act: Activation::GeluTanh,
         residual: true,
         row: RowOp::None,
+        act_grad: Activation::None,
+    };
+
+    /// A linear layer's GELU backward in the next layer's input-gradient product.
+    const ACT_GRAD: Epilogue = Epilogue {
+        residual: true,
+        act_grad: Activation::GeluTanh,
+        ..Epilogue::NONE
     };
 
     /// Attention's softmax steps (see `RowOp`).
@@ -201,7 +209,7 @@ mod matmul {
                     for input in Storage::ALL {
                         for out in Storage::ALL {
                             for vec in [false, true] {
-                                for ep in [Epilogue::NONE, FULL] {
+                                for ep in [Epilogue::NONE, FULL, ACT_GRAD] {
                                     check(&kernel(v, input, out, trans, vec, ep));
                                 }
                             }
@@ -262,7 +270,7 @@ mod matmul {
                     for input in [Storage::F16, Storage::BF16] {
                         for out in Storage::ALL {
                             for vec in [false, true] {
-                                for ep in [Epilogue::NONE, FULL] {
+                                for ep in [Epilogue::NONE, FULL, ACT_GRAD] {
                                     check(&kernel(v, input, out, trans, vec, ep));
                                 }
                             }

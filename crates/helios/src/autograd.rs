@@ -14,9 +14,10 @@
 //!   never calls `backward()` is released with its output.
 //! - Leaves accumulate: a second `backward()` adds to `grad()`, until `zero_grad()`.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex};
 
+use helios_kernels::Activation;
 use rustc_hash::FxHashMap;
 
 use crate::{Error, Result, Tensor};
@@ -44,6 +45,9 @@ pub(crate) struct GradNode {
     /// Inline: most ops have one to three inputs, and a step records hundreds of nodes.
     edges: smallvec::SmallVec<[Option<GradLink>; 3]>,
     backward: Mutex<Option<Backward>>,
+    /// An activation's node (see [`mark_activation`]): the activation and its input, so that
+    /// the product consuming its output may compute the gradient at its input directly.
+    act: Mutex<Option<(Activation, Tensor)>>,
 }
 
 impl Drop for GradNode {
@@ -56,6 +60,36 @@ thread_local! {
     static NO_GRAD: Cell<u32> = const { Cell::new(0) };
     /// While `backward()` runs on this thread: the address of its all-ones seed's node.
     static UNIT_SEED: Cell<usize> = const { Cell::new(0) };
+    /// Node addresses of the gradients the running backward rule already took through an
+    /// activation's derivative (see [`through_activation`]).
+    static THROUGH_ACT: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Records that `out` is `act(input)`: a backward rule whose input `out` is (a linear
+/// layer's product) may then compute the gradient at `input` itself, e.g. in its product's
+/// epilogue, instead of the activation's rule making a pass over both tensors
+/// ([`activation_input`], [`through_activation`]).
+pub(crate) fn mark_activation(out: &Tensor, act: Activation, input: &Tensor) {
+    if let Some(GradLink::Node(n)) = out.grad_link() {
+        *n.act.lock().unwrap_or_else(|p| p.into_inner()) = Some((act, input.detach()));
+    }
+}
+
+/// The activation and its input, where `link` is an activation's node (and it has not run).
+pub(crate) fn activation_input(link: &GradLink) -> Option<(Activation, Tensor)> {
+    match link {
+        GradLink::Node(n) => n.act.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        GradLink::Leaf(_) => None,
+    }
+}
+
+/// Marks `g`, a gradient a backward rule returns for an input that is an activation's
+/// output, as already multiplied by the activation's derivative: the engine passes it on to
+/// the activation's input as it is, and applies the activation's rule only to the other
+/// gradients that reach that output. (Exact however many consumers the output has:
+/// act'(x)·(g₁ + g₂) = act'(x)·g₁ + act'(x)·g₂.)
+pub(crate) fn through_activation(g: &Tensor) {
+    THROUGH_ACT.with(|t| t.borrow_mut().push(g.node_addr()));
 }
 
 /// Whether `g` is the gradient of ones that [`Tensor::backward`] started from. A rule that
@@ -181,6 +215,7 @@ pub(crate) fn record(
         name,
         edges: inputs.iter().map(|t| t.grad_link().cloned()).collect(),
         backward: Mutex::new(Some(Box::new(backward))),
+        act: Mutex::new(None),
     };
     out.with_grad(Some(GradLink::Node(Arc::new(node))))
 }
@@ -330,6 +365,8 @@ fn topological(root: &Arc<GradNode>) -> Vec<Arc<GradNode>> {
 fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
     let order = topological(root);
     let mut grads: FxHashMap<*const GradNode, Tensor> = FxHashMap::default();
+    // Per activation node: the gradients at its input that rules already computed.
+    let mut through: FxHashMap<*const GradNode, Tensor> = FxHashMap::default();
     grads.insert(Arc::as_ptr(root), seed);
     for node in order {
         let backward = node
@@ -347,13 +384,27 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
                 ),
             });
         };
+        let key = Arc::as_ptr(&node);
+        node.act.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let (g, done) = (grads.remove(&key), through.remove(&key));
         // A node no gradient reached (its output was unused) only releases its tensors.
-        let Some(g) = grads.remove(&Arc::as_ptr(&node)) else {
+        if g.is_none() && done.is_none() {
             continue;
-        };
+        }
         let needs: smallvec::SmallVec<[bool; 4]> = node.edges.iter().map(Option::is_some).collect();
-        let input_grads = backward(&g, &needs)?;
-        drop(g);
+        THROUGH_ACT.with(|t| t.borrow_mut().clear());
+        let mut input_grads = match g {
+            Some(g) => backward(&g, &needs)?,
+            None => vec![None; needs.len()],
+        };
+        let marked = THROUGH_ACT.with(|t| std::mem::take(&mut *t.borrow_mut()));
+        if let Some(done) = done {
+            // An activation: its one input's gradient, part of it computed by its consumers.
+            input_grads[0] = Some(match input_grads[0].take() {
+                Some(rest) => rest.add(&done)?,
+                None => done,
+            });
+        }
         for (edge, ig) in node.edges.iter().zip(input_grads) {
             let (Some(edge), Some(ig)) = (edge, ig) else {
                 continue;
@@ -362,11 +413,25 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
                 GradLink::Leaf(l) => accumulate(l, ig)?,
                 GradLink::Node(n) => {
                     let key = Arc::as_ptr(n);
-                    let sum = match grads.remove(&key) {
+                    let map = match marked.contains(&ig.node_addr()) {
+                        true if activation_input(edge).is_none() => {
+                            return Err(Error::Invalid {
+                                op: "backward",
+                                detail: format!(
+                                    "`{}` passed on a gradient taken through an activation \
+                                     to an input that is no activation's output (a bug)",
+                                    node.name
+                                ),
+                            })
+                        }
+                        true => &mut through,
+                        false => &mut grads,
+                    };
+                    let sum = match map.remove(&key) {
                         Some(old) => old.add(&ig)?,
                         None => ig,
                     };
-                    grads.insert(key, sum);
+                    map.insert(key, sum);
                 }
             }
         }

@@ -456,6 +456,58 @@ fn matmul_rules() {
             },
         );
     }
+    // Two linear layers, the second reading the first's GELU: its input gradient comes out
+    // of the second product's epilogue at the GELU's input. Then the GELU's output also
+    // feeds an element-wise consumer, whose share of the gradient takes the GELU's own rule
+    // (the two parts add at the GELU's input).
+    let n2 = 4;
+    let w2 = random(&mut rng, n * n2, -1.0, 1.0);
+    let w3 = random(&mut rng, n * n, -1.0, 1.0);
+    let mlp = move |h: &[Vec<f64>], second: &[f64], n2: usize, skip: bool| {
+        let mut out = Vec::new();
+        for b in 0..bt {
+            let z = matmul_cpu(&h[0][b * m * k..(b + 1) * m * k], &h[1], m, k, n);
+            let g: Vec<f64> = z
+                .iter()
+                .enumerate()
+                .map(|(i, v)| gelu(v + h[2][i % n]))
+                .collect();
+            let y = matmul_cpu(&g, second, m, n, n2);
+            match skip {
+                true => out.extend(y.iter().zip(&g).map(|(y, g)| y + g * g)),
+                false => out.extend(y),
+            }
+        }
+        out
+    };
+    let layers = [
+        (a.clone(), vec![bt, m, k]),
+        (w.clone(), vec![k, n]),
+        (bias.clone(), vec![n]),
+    ];
+    let fc = |t: &[Tensor]| {
+        let opts = helios::MatmulOptions {
+            bias: Some(&t[2]),
+            act: helios::Activation::GeluTanh,
+            ..Default::default()
+        };
+        t[0].matmul_opts(&t[1], &opts).unwrap()
+    };
+    check(
+        "linear gelu linear",
+        &[layers.to_vec(), vec![(w2, vec![n, n2])]].concat(),
+        move |t| fc(t).matmul(&t[3]).unwrap(),
+        move |h| mlp(h, &h[3], n2, false),
+    );
+    check(
+        "linear gelu linear, gelu also squared",
+        &[layers.to_vec(), vec![(w3, vec![n, n])]].concat(),
+        move |t| {
+            let h = fc(t);
+            h.matmul(&t[3]).unwrap().add(&h.mul(&h).unwrap()).unwrap()
+        },
+        move |h| mlp(h, &h[3], n, true),
+    );
     // Batched, both operands per batch, b read through a transposed view.
     let b2 = random(&mut rng, bt * n * k, -1.0, 1.0);
     check(

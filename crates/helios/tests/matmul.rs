@@ -54,6 +54,8 @@ struct Case {
     bias: bool,
     act: Activation,
     residual: bool,
+    /// Multiply by this activation's derivative at the residual instead of adding it.
+    act_grad: Activation,
     alpha: f32,
     variant: Option<MatmulVariant>,
     splits: Option<u32>,
@@ -72,6 +74,7 @@ impl Case {
             bias: false,
             act: Activation::None,
             residual: false,
+            act_grad: Activation::None,
             alpha: 1.0,
             variant: None,
             splits: None,
@@ -94,6 +97,7 @@ impl Case {
             bias: self.bias.then_some(&bias),
             act: self.act,
             residual: self.residual.then_some(&res),
+            act_grad: self.act_grad,
             out: Some(self.out),
             variant: self.variant,
             splits: self.splits,
@@ -114,6 +118,7 @@ impl Case {
                 bias: self.bias.then_some(&bias_host[..]),
                 act: self.act,
                 residual: self.residual.then_some(&res_host[..]),
+                act_grad: self.act_grad,
             },
         );
         relative_error(&got, &want)
@@ -352,6 +357,35 @@ fn epilogues_and_output_storage() {
         ..Case::new(1, 64, 64, 16)
     }
     .check(420);
+    // An activation's gradient at the residual (a linear layer's backward), scalar and
+    // vector stores, in each output storage.
+    for (i, act_grad) in [Activation::Relu, Activation::GeluTanh]
+        .into_iter()
+        .enumerate()
+    {
+        for (j, out) in DType::ALL.into_iter().enumerate() {
+            let (m, n) = if j == 0 { (64, 64) } else { (33, 70) };
+            Case {
+                residual: true,
+                act_grad,
+                alpha: 0.5,
+                out,
+                trans: TRANS[(i + 2 * j) % 4],
+                ..Case::new(2, m, n, 24)
+            }
+            .check(430 + (i * 3 + j) as u64);
+        }
+    }
+    // It needs the residual (the activation's input) and nothing else.
+    let x = Tensor::from_slice(device(), &[1.0; 4], &[2, 2]).unwrap();
+    let bad = MatmulOptions {
+        bias: Some(&x),
+        residual: Some(&x),
+        act_grad: Activation::GeluTanh,
+        ..Default::default()
+    };
+    let err = x.matmul_opts(&x, &bad).unwrap_err().to_string();
+    assert!(err.contains("act_grad"), "{err}");
     assert_no_validation_messages();
 }
 
@@ -640,6 +674,15 @@ fn cooperative_matrix_variants() {
                     ..Case::new(2, 128, 192, 96)
                 }
                 .check(990 + i as u64);
+                Case {
+                    input,
+                    out: input,
+                    residual: true,
+                    act_grad: Activation::GeluTanh,
+                    variant: Some(v),
+                    ..Case::new(2, 128, 192, 96)
+                }
+                .check(995 + i as u64);
             }
         }
     }

@@ -69,7 +69,7 @@ fn silu_grad(x: f64) -> f64 {
 
 /// d/dx 0.5·x·(1 + tanh z), z = √(2/π)·(x + 0.044715x³):
 /// 0.5·(1 + tanh z) + 0.5·x·(1 − tanh² z)·√(2/π)·(1 + 3·0.044715x²); 1 and 0 at ±∞.
-fn gelu_tanh_grad(x: f64) -> f64 {
+pub(crate) fn gelu_tanh_grad(x: f64) -> f64 {
     if x.is_infinite() {
         return if x > 0.0 { 1.0 } else { 0.0 };
     }

@@ -21,6 +21,8 @@ pub struct MatmulRef<'a> {
     pub act: Activation,
     /// (batch, m, n) values.
     pub residual: Option<&'a [f32]>,
+    /// Instead of adding the residual, multiply by this activation's derivative at it.
+    pub act_grad: Activation,
 }
 
 impl<'a> MatmulRef<'a> {
@@ -34,6 +36,7 @@ impl<'a> MatmulRef<'a> {
             bias: None,
             act: Activation::None,
             residual: None,
+            act_grad: Activation::None,
         }
     }
 }
@@ -42,6 +45,15 @@ impl<'a> MatmulRef<'a> {
 pub fn gelu_tanh(x: f64) -> f64 {
     let c = (2.0 / std::f64::consts::PI).sqrt();
     0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// d/dx of `act` at `x`.
+fn activate_grad(act: Activation, x: f64) -> f64 {
+    match act {
+        Activation::None => 1.0,
+        Activation::Relu => f64::from(u8::from(x > 0.0)),
+        Activation::GeluTanh => super::elementwise::gelu_tanh_grad(x),
+    }
 }
 
 fn activate(act: Activation, v: f64) -> f64 {
@@ -93,7 +105,11 @@ pub fn matmul_at(
             }
             v = activate(p.act, v);
             if let Some(res) = p.residual {
-                v += f64::from(res[(bi * m + r) * n + c]);
+                let x = f64::from(res[(bi * m + r) * n + c]);
+                match p.act_grad {
+                    Activation::None => v += x,
+                    act => v *= activate_grad(act, x),
+                }
             }
             out.push(v);
         }

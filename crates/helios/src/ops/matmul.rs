@@ -33,6 +33,10 @@ pub struct MatmulOptions<'a> {
     pub act: Activation,
     /// Added last; the output's shape, converted to the output dtype if needed.
     pub residual: Option<&'a Tensor>,
+    /// The product is the gradient at an activation's output and `residual` holds that
+    /// activation's input: the result is `act_grad'(residual) · alpha·A·B` (the residual
+    /// multiplies instead of adding). Only with a residual, and no bias or `act`.
+    pub act_grad: Activation,
     /// Output dtype (default: the inputs').
     pub out: Option<DType>,
     /// Run this variant instead of the chosen one (benchmarks, tests); an error if the
@@ -50,6 +54,7 @@ impl Default for MatmulOptions<'_> {
             bias: None,
             act: Activation::None,
             residual: None,
+            act_grad: Activation::None,
             out: None,
             variant: None,
             splits: None,
@@ -201,6 +206,15 @@ impl Problem {
         let stride_b = if bb.is_empty() { 0 } else { stride_b };
 
         let out = o.out.unwrap_or(a.dtype());
+        if o.act_grad != Activation::None
+            && (o.residual.is_none() || o.bias.is_some() || o.act != Activation::None)
+        {
+            return Err(invalid(
+                "act_grad multiplies by the activation's gradient at the residual: pass the \
+                 activation's input as `residual`, and no bias or `act`"
+                    .into(),
+            ));
+        }
         let bias = match o.bias {
             None => None,
             Some(t) => {
@@ -264,6 +278,7 @@ impl Problem {
                 act: o.act,
                 residual: o.residual.is_some(),
                 row: RowOp::None,
+                act_grad: o.act_grad,
             },
             alpha: o.alpha,
             out_shape,

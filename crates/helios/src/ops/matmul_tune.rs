@@ -678,6 +678,7 @@ fn check(p: &Problem, plan: &Plan) -> Result<f64> {
         bias: bias_t.as_ref(),
         act: epilogue.act,
         residual: res_t.as_ref(),
+        act_grad: epilogue.act_grad,
         out: Some(p.out),
         variant: Some(kernel.variant),
         splits: None,
@@ -709,6 +710,7 @@ fn check(p: &Problem, plan: &Plan) -> Result<f64> {
             bias: bias_host.as_deref(),
             act: epilogue.act,
             residual: res_host.as_deref(),
+            act_grad: epilogue.act_grad,
         },
     );
     Ok(relative_error(&got, &want))
