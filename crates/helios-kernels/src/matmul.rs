@@ -56,6 +56,10 @@ pub struct Epilogue {
     /// the GELU's backward this way inside the next layer's input-gradient product, instead
     /// of a pass over both tensors.
     pub act_grad: Activation,
+    /// Also store the value the activation takes (after the bias) into a second output,
+    /// `pre`, laid out like C: what the activation's backward reads, written by the product
+    /// instead of read back by an activation pass.
+    pub store_pre: bool,
 }
 
 impl Epilogue {
@@ -65,6 +69,7 @@ impl Epilogue {
         residual: false,
         row: RowOp::None,
         act_grad: Activation::None,
+        store_pre: false,
     };
 
     /// Whether anything beyond scaling and rounding happens.
@@ -74,12 +79,20 @@ impl Epilogue {
             && matches!(self.act, Activation::None)
             && matches!(self.row, RowOp::None)
             && matches!(self.act_grad, Activation::None)
+            && !self.store_pre
     }
 
     /// Whether the parts fit together: a softmax gradient multiplies by the residual and
     /// nothing else follows a row op; an activation's gradient multiplies by the residual
     /// and comes alone.
     pub const fn is_valid(&self) -> bool {
+        if self.store_pre
+            && (matches!(self.act, Activation::None)
+                || !matches!(self.act_grad, Activation::None)
+                || !matches!(self.row, RowOp::None))
+        {
+            return false;
+        }
         if !matches!(self.act_grad, Activation::None) {
             return self.residual
                 && !self.bias
@@ -107,6 +120,9 @@ impl Epilogue {
             RowOp::None => {}
             RowOp::Exp => s.push_str("_rowexp"),
             RowOp::SoftmaxGrad => s.push_str("_rowsmgrad"),
+        }
+        if self.store_pre {
+            s.push_str("_pre");
         }
         match self.act {
             Activation::None => {}
@@ -885,9 +901,10 @@ impl MatmulKernel {
         if self.epilogue.bias != addr.bias.is_some()
             || self.epilogue.residual != addr.residual.is_some()
             || (self.epilogue.row != RowOp::None) != addr.rows.is_some()
+            || self.epilogue.store_pre != addr.pre.is_some()
         {
             return Err(bad(
-                "bias/residual/row buffers do not match the epilogue".into()
+                "bias/residual/row/pre buffers do not match the epilogue".into(),
             ));
         }
         let (bm, bn) = self.variant.tile();
@@ -919,6 +936,9 @@ impl MatmulKernel {
             args.push(Arg::Address(r));
         }
         if let Some(r) = addr.rows {
+            args.push(Arg::Address(r));
+        }
+        if let Some(r) = addr.pre {
             args.push(Arg::Address(r));
         }
         for v in [
@@ -960,6 +980,8 @@ pub struct MatmulAddresses {
     pub residual: Option<u64>,
     /// The row op's values (f32), when the epilogue has one.
     pub rows: Option<u64>,
+    /// The second output (`Epilogue::store_pre`).
+    pub pre: Option<u64>,
 }
 
 /// The documented default choice (used where no tuned winner exists, e.g. on CPU devices):
@@ -1053,6 +1075,7 @@ pub(crate) struct Params {
     pub bias: Option<Buffer>,
     pub residual: Option<Buffer>,
     pub rows: Option<Buffer>,
+    pub pre: Option<Buffer>,
     pub m: Param,
     pub n: Param,
     pub k: Param,
@@ -1090,6 +1113,10 @@ pub(crate) fn declare(
         .then(|| k.buffer("residual", out, Access::Read));
     let rows =
         (kern.epilogue.row != RowOp::None).then(|| k.buffer("rows", Scalar::F32, Access::Read));
+    let pre = kern
+        .epilogue
+        .store_pre
+        .then(|| k.buffer("pre", out, Access::Write));
     let u = Ty::scalar(Scalar::U32);
     let mut p = |name: &str| k.param(name, u);
     let (m, n, kk) = (p("m"), p("n"), p("k"));
@@ -1105,6 +1132,7 @@ pub(crate) fn declare(
         bias,
         residual,
         rows,
+        pre,
         m,
         n,
         k: kk,
@@ -1459,6 +1487,16 @@ pub(crate) fn epilogue_store(
             RowOp::None => unreachable!("no rows buffer without a row op"),
         };
     }
+    let c_index = |k: &mut KernelBuilder| {
+        let at = k.mul(row, d.ldc);
+        let at = k.add(at, col);
+        let at = k.add(at, d.off_c);
+        vidx(k, at)
+    };
+    if let Some(pre) = p.pre {
+        let i = c_index(k);
+        store_f32(k, pre, i, v, kern.out);
+    }
     v = match kern.epilogue.act {
         Activation::None => v,
         Activation::Relu => math::relu(k, v),
@@ -1479,10 +1517,7 @@ pub(crate) fn epilogue_store(
         let r = residual(k, res);
         v = k.add(v, r);
     }
-    let at = k.mul(row, d.ldc);
-    let at = k.add(at, col);
-    let at = k.add(at, d.off_c);
-    let i = vidx(k, at);
+    let i = c_index(k);
     store_f32(k, p.c, i, v, kern.out);
 }
 
@@ -1621,6 +1656,7 @@ mod tests {
             bias: None,
             residual: None,
             rows: None,
+            pre: None,
         };
         assert!(kern.launch(&module, &shape(48), &addr, 1.0).is_ok());
         assert!(kern.launch(&module, &shape(40), &addr, 1.0).is_err());

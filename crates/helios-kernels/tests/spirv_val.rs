@@ -119,6 +119,15 @@ mod matmul {
         residual: true,
         row: RowOp::None,
         act_grad: Activation::None,
+        store_pre: false,
+    };
+
+    /// A linear layer's forward under autograd: the GELU and its input, both stored.
+    const SAVING_PRE: Epilogue = Epilogue {
+        bias: true,
+        act: Activation::GeluTanh,
+        store_pre: true,
+        ..Epilogue::NONE
     };
 
     /// A linear layer's GELU backward in the next layer's input-gradient product.
@@ -209,7 +218,7 @@ mod matmul {
                     for input in Storage::ALL {
                         for out in Storage::ALL {
                             for vec in [false, true] {
-                                for ep in [Epilogue::NONE, FULL, ACT_GRAD] {
+                                for ep in [Epilogue::NONE, FULL, ACT_GRAD, SAVING_PRE] {
                                     check(&kernel(v, input, out, trans, vec, ep));
                                 }
                             }
@@ -270,7 +279,7 @@ mod matmul {
                     for input in [Storage::F16, Storage::BF16] {
                         for out in Storage::ALL {
                             for vec in [false, true] {
-                                for ep in [Epilogue::NONE, FULL, ACT_GRAD] {
+                                for ep in [Epilogue::NONE, FULL, ACT_GRAD, SAVING_PRE] {
                                     check(&kernel(v, input, out, trans, vec, ep));
                                 }
                             }

@@ -415,6 +415,7 @@ fn matmul_rules() {
         |z: f64| 0.5 * z * (1.0 + (0.797_884_560_802_865_4 * (z + 0.044715 * z * z * z)).tanh());
     for (alpha, act, with_res) in [
         (1.0, helios::Activation::GeluTanh, false),
+        (1.0, helios::Activation::Relu, false),
         (0.75, helios::Activation::None, true),
         (0.75, helios::Activation::GeluTanh, true),
     ] {
@@ -447,7 +448,8 @@ fn matmul_rules() {
                         let z = f64::from(alpha) * v + h[2][i % n];
                         let z = match act {
                             helios::Activation::GeluTanh => gelu(z),
-                            _ => z,
+                            helios::Activation::Relu => z.max(0.0),
+                            helios::Activation::None => z,
                         };
                         out.push(z + h.get(3).map_or(0.0, |r| r[b * m * n + i]));
                     }

@@ -80,6 +80,9 @@ pub(crate) struct Problem {
     pub residual: Option<Tensor>,
     /// The epilogue's row values (f32, one per row of every batch matrix; see `RowOp`).
     pub rows: Option<Tensor>,
+    /// The second output of `Epilogue::store_pre`: the activation's input, dense, of the
+    /// output's shape and dtype.
+    pub pre: Option<Tensor>,
     pub shape: MatmulShape,
     pub trans: (bool, bool),
     pub input: DType,
@@ -269,6 +272,7 @@ impl Problem {
             bias,
             residual,
             rows: None,
+            pre: None,
             shape,
             trans: (ta, tb),
             input: a.dtype(),
@@ -279,6 +283,7 @@ impl Problem {
                 residual: o.residual.is_some(),
                 row: RowOp::None,
                 act_grad: o.act_grad,
+                store_pre: false,
             },
             alpha: o.alpha,
             out_shape,
@@ -309,6 +314,7 @@ impl Problem {
             bias: None,
             residual: None,
             rows: None,
+            pre: None,
             shape,
             trans,
             input: a.dtype(),
@@ -465,6 +471,7 @@ impl Problem {
             bias: self.bias.as_ref().map(|t| t.address()).transpose()?,
             residual: self.residual.as_ref().map(|t| t.address()).transpose()?,
             rows: self.rows.as_ref().map(|t| t.address()).transpose()?,
+            pre: self.pre.as_ref().map(|t| t.address()).transpose()?,
         };
         let launch = kernel.launch(&compiled.module, s, &addr, self.alpha)?;
         let mut accesses: smallvec::SmallVec<[Access; 6]> = smallvec::SmallVec::new();
@@ -476,6 +483,9 @@ impl Problem {
             accesses.push(Access::read(t.buffer()?));
         }
         accesses.push(Access::write(out.buffer()?));
+        if let Some(t) = &self.pre {
+            accesses.push(Access::write(t.buffer()?));
+        }
         device
             .context()
             .dispatch(&compiled.pipeline, launch.groups, &launch.push, &accesses)?;
@@ -505,6 +515,26 @@ impl Tensor {
         let p = Problem::new(self, other, opts)?;
         let (plan, _) = matmul_tune::choose(&p)?;
         p.run(&plan)
+    }
+
+    /// `matmul_raw` with an activation (`opts.act`), also returning the activation's input
+    /// (the product after the bias), which the kernel stores beside the output: `(act(z), z)`.
+    pub(crate) fn matmul_saving_pre(
+        &self,
+        other: &Tensor,
+        opts: &MatmulOptions,
+    ) -> Result<(Tensor, Tensor)> {
+        let mut p = Problem::new(self, other, opts)?;
+        if opts.act == Activation::None || opts.residual.is_some() {
+            return Err(invalid(
+                "saving the activation's input needs an activation and no residual".into(),
+            ));
+        }
+        p.epilogue.store_pre = true;
+        let pre = p.output()?;
+        p.pre = Some(pre.clone());
+        let (plan, _) = matmul_tune::choose(&p)?;
+        Ok((p.run(&plan)?, pre))
     }
 
     /// `matmul_opts` writing into `out`, a dense tensor of the result's shape and dtype

@@ -683,7 +683,10 @@ fn check(p: &Problem, plan: &Plan) -> Result<f64> {
         variant: Some(kernel.variant),
         splits: None,
     };
-    let small = Problem::new(&a_t, &b_t, &opts)?;
+    let mut small = Problem::new(&a_t, &b_t, &opts)?;
+    if kernel.epilogue.store_pre {
+        small.pre = Some(small.output()?);
+    }
     let mut k = *kernel;
     // The check's operands are dense and full: it checks the tile's arithmetic, and a
     // triangle's skipped parts would not match the full reference.
