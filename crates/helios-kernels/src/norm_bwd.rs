@@ -199,26 +199,18 @@ impl NormKernel {
         let wfirst = k.var_init(wg_base);
         let dyb = b.dy.expect("dy");
         let st = self.storage;
-        k.while_(
-            |k| {
-                let w = k.get(wfirst);
-                let more = k.lt(w, rows);
-                k.and(more, live_wg)
-            },
-            |k| {
-                let r = k.get(i);
-                let (row, valid) = Row::nth(k, r, rows, len, vec, self.whole && vec == 4);
-                let c = Ctx {
-                    row,
-                    lane,
-                    threads,
-                    len_f,
-                };
-                let (mean, rstd) = self.row_stats(k, b, r, valid);
-                let s0 = k.shr(c.row.start, vshift);
-                let mut held = Vec::new();
-                let (mut a, mut bb) = (k.const_f32(0.0), k.const_f32(0.0));
-                for &(cs, inside, gm, _, _) in &cols {
+        let whole = self.whole && vec == 4;
+        // Row `r`'s statistics and this invocation's x and dy slots (zeros outside the row
+        // or past the last row). The loop issues row r + G's loads before it reduces row r:
+        // the reductions' latency (shuffles, barriers) then covers the loads' instead of
+        // adding to it, one row after another.
+        let fetch = |k: &mut KernelBuilder, r: Val| {
+            let (row, valid) = Row::nth(k, r, rows, len, vec, whole);
+            let (mean, rstd) = self.row_stats(k, b, r, valid);
+            let s0 = k.shr(row.start, vshift);
+            let slots: Vec<(Val, Val)> = cols
+                .iter()
+                .map(|&(cs, inside, _, _, _)| {
                     let slot = k.add(s0, cs);
                     let live = k.and(inside, valid);
                     let xb = b.x;
@@ -234,6 +226,50 @@ impl NormKernel {
                         |k| load_f32(k, dyb, slot, vec, st),
                         |k| k.const_float(ty, 0.0),
                     );
+                    (x, dy)
+                })
+                .collect();
+            (mean, rstd, slots)
+        };
+        let (mean0, rstd0, first) = fetch(k, unit);
+        let next_mean = k.var_init(mean0);
+        let next_rstd = k.var_init(rstd0);
+        let next: Vec<(Var, Var)> = first
+            .into_iter()
+            .map(|(x, dy)| (k.var_init(x), k.var_init(dy)))
+            .collect();
+        k.while_(
+            |k| {
+                let w = k.get(wfirst);
+                let more = k.lt(w, rows);
+                k.and(more, live_wg)
+            },
+            |k| {
+                let r = k.get(i);
+                let (row, valid) = Row::nth(k, r, rows, len, vec, whole);
+                let c = Ctx {
+                    row,
+                    lane,
+                    threads,
+                    len_f,
+                };
+                let (mean, rstd) = (k.get(next_mean), k.get(next_rstd));
+                let current: Vec<(Val, Val)> =
+                    next.iter().map(|&(x, dy)| (k.get(x), k.get(dy))).collect();
+                let rn = k.add(r, stride);
+                let (mean_n, rstd_n, ahead) = fetch(k, rn);
+                k.set(next_mean, mean_n);
+                k.set(next_rstd, rstd_n);
+                for (&(vx, vdy), (x, dy)) in next.iter().zip(ahead) {
+                    k.set(vx, x);
+                    k.set(vdy, dy);
+                }
+                let s0 = k.shr(c.row.start, vshift);
+                let mut held = Vec::new();
+                let (mut a, mut bb) = (k.const_f32(0.0), k.const_f32(0.0));
+                for (&(cs, inside, gm, _, _), (x, dy)) in cols.iter().zip(current) {
+                    let slot = k.add(s0, cs);
+                    let live = k.and(inside, valid);
                     let m = k.splat(mean, vec);
                     let rs = k.splat(rstd, vec);
                     let d = k.sub(x, m);
