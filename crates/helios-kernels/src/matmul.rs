@@ -587,6 +587,33 @@ pub fn exact_k(variant: Variant, shape: &MatmulShape) -> bool {
     shape.k > 0 && shape.k % step == 0
 }
 
+/// The index of this invocation's `j`-th unit of a staged tile of `units` units loaded by
+/// `threads` invocations, and, when `units` is not a multiple of `threads`, whether that
+/// unit exists.
+///
+/// An invocation without a unit gets the tile's last one: the loads are unguarded, and with
+/// exact k nothing clamps k either, so an index past the tile would read k rows past the end
+/// of the matrix. (It did: simt64x64d1, 256 invocations for 128 units, read up to 7 rows
+/// past A's last one, and on an H100 a fresh-cache tuning of a 768×3072×8192 TN product
+/// hung there.) Callers skip the stores of units that do not exist.
+pub(crate) fn unit_index(
+    k: &mut KernelBuilder,
+    units: u32,
+    tid: Val,
+    threads: u32,
+    j: u32,
+) -> (Val, Option<Val>) {
+    let off = k.u32(j * threads);
+    let idx = k.add(tid, off);
+    if units % threads == 0 {
+        return (idx, None);
+    }
+    let n = k.u32(units);
+    let valid = k.lt(idx, n);
+    let last = k.u32(units - 1);
+    (k.min(idx, last), Some(valid))
+}
+
 /// Where a kernel built with `exact_k` reads the tiles its loop prefetches past the end: the
 /// k of the last tile inside k (`K − bk`), so one clamp a tile keeps every load in bounds
 /// and no tile the loop computes needs a mask. `None` (clamp and mask per element) for other

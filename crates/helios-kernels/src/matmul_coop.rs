@@ -26,7 +26,7 @@ use helios_spirv::{
 
 use crate::matmul::{
     declare, k_span, last_tile, mask, skip_upper_tile, staged_k_loop, store_quad, tile_k0,
-    tile_origin, CoopTile, Dims, MatmulKernel, FRAG,
+    tile_origin, unit_index, CoopTile, Dims, MatmulKernel, FRAG,
 };
 use crate::storage::{buffer_scalar, Storage};
 
@@ -331,10 +331,8 @@ fn frag_load(
     k.coop_load_shared(ty, s, at, row, layout)
 }
 
-/// (outer, k) tile coordinates of this invocation's `j`-th word and whether it exists. A
-/// word that does not exist gets the tile's last word's coordinates, so that its unguarded
-/// load stays inside the tile (with exact k nothing else keeps k inside the matrix; see the
-/// SIMT kernel's `unit_coords`).
+/// (outer, k) tile coordinates of this invocation's `j`-th word and whether it exists (see
+/// [`unit_index`]).
 fn unit_coords(
     k: &mut KernelBuilder,
     op: &Operand,
@@ -342,16 +340,7 @@ fn unit_coords(
     threads: u32,
     j: u32,
 ) -> (Val, Val, Option<Val>) {
-    let off = k.u32(j * threads);
-    let idx = k.add(tid, off);
-    let (idx, valid) = if op.units() % threads == 0 {
-        (idx, None)
-    } else {
-        let n = k.u32(op.units());
-        let valid = k.lt(idx, n);
-        let last = k.u32(op.units() - 1);
-        (k.min(idx, last), Some(valid))
-    };
+    let (idx, valid) = unit_index(k, op.units(), tid, threads, j);
     let word = k.u32(WORD);
     if op.k_contiguous {
         let per = k.u32(op.bk / WORD);

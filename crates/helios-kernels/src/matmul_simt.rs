@@ -17,7 +17,7 @@ use helios_spirv::{Binding, KernelBuilder, KernelModule, Scalar, Shared, SharedL
 
 use crate::matmul::{
     declare, k_span, last_tile, mask, skip_upper_tile, staged_k_loop, store_quad, tile_k0,
-    tile_origin, Dims, MatmulKernel, SimtTile, Triangle, BK_SIMT,
+    tile_origin, unit_index, Dims, MatmulKernel, SimtTile, Triangle, BK_SIMT,
 };
 use crate::storage::{buffer_scalar, load_f32};
 
@@ -234,13 +234,7 @@ struct Source {
 }
 
 /// The (outer, k) coordinates within the tile of this invocation's `j`-th vec4 unit, and
-/// whether the unit exists (tiles with fewer units than invocations leave some idle).
-///
-/// An idle invocation gets the coordinates of the tile's last unit: `load_tile` loads
-/// without a guard, and with exact k it does not clamp k either, so a unit index past the
-/// tile would read k rows past the end of the matrix. (It did: simt64x64d1, 256
-/// invocations for 128 units, read up to 7 rows past A's last one, and on an H100 a
-/// fresh-cache tuning of a 768×3072×8192 TN product hung there.)
+/// whether the unit exists (see [`unit_index`]).
 fn unit_coords(
     k: &mut KernelBuilder,
     op: &Operand,
@@ -248,16 +242,7 @@ fn unit_coords(
     threads: u32,
     j: u32,
 ) -> (Val, Val, Option<Val>) {
-    let off = k.u32(j * threads);
-    let idx = k.add(tid, off);
-    let (idx, valid) = if op.units() % threads == 0 {
-        (idx, None)
-    } else {
-        let n = k.u32(op.units());
-        let valid = k.lt(idx, n);
-        let last = k.u32(op.units() - 1);
-        (k.min(idx, last), Some(valid))
-    };
+    let (idx, valid) = unit_index(k, op.units(), tid, threads, j);
     if op.k_contiguous {
         // BK/4 units per outer row: unit = (o, kq), k = 4·kq.
         let per = k.u32(BK_SIMT / 4);
