@@ -6,7 +6,30 @@
 pub mod shader;
 
 use helios_vk::{env, Context, ContextOptions, Instance, InstanceOptions};
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Held by a test thread from its first instance on until the thread ends (libtest runs each
+/// test on its own thread), so the tests of a binary never use Vulkan at the same time.
+/// The Khronos validation layer (Debian's 1.3.239) races one device's creation against
+/// another device's commands: a test creating its context while another recorded a
+/// dispatch crashed in the layer's vkCmdDispatch on a null entry point, about once in 500
+/// runs of `pipeline_cache` (core dump, session 22).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    static HELD: RefCell<Option<MutexGuard<'static, ()>>> = const { RefCell::new(None) };
+}
+
+fn serialize() {
+    HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        if held.is_none() {
+            // A test that panicked while holding it poisoned nothing it protects.
+            *held = Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    });
+}
 
 /// Tests run with validation on unless HELIOS_VALIDATION=0: a message is a failure.
 pub fn options() -> InstanceOptions {
@@ -17,6 +40,7 @@ pub fn options() -> InstanceOptions {
 }
 
 pub fn instance() -> Arc<Instance> {
+    serialize();
     Arc::new(Instance::new(&options()).expect("create Vulkan instance"))
 }
 
