@@ -501,6 +501,26 @@ fn matmul_rules() {
         move |t| fc(t).matmul(&t[3]).unwrap(),
         move |h| mlp(h, &h[3], n2, false),
     );
+    let w4 = random(&mut rng, n * n, -1.0, 1.0);
+    check(
+        "linear gelu, two linear layers reading it",
+        &[
+            layers.to_vec(),
+            vec![(w4, vec![n, n]), (w3.clone(), vec![n, n])],
+        ]
+        .concat(),
+        move |t| {
+            let h = fc(t);
+            h.matmul(&t[3])
+                .unwrap()
+                .add(&h.matmul(&t[4]).unwrap())
+                .unwrap()
+        },
+        move |h| {
+            let (a, b) = (mlp(h, &h[3], n, false), mlp(h, &h[4], n, false));
+            a.iter().zip(&b).map(|(a, b)| a + b).collect()
+        },
+    );
     check(
         "linear gelu linear, gelu also squared",
         &[layers.to_vec(), vec![(w3, vec![n, n])]].concat(),
