@@ -13,6 +13,10 @@
 //!   not survive `backward()` (a second call is an error that says so), and a forward that
 //!   never calls `backward()` is released with its output.
 //! - Leaves accumulate: a second `backward()` adds to `grad()`, until `zero_grad()`.
+//! - A rule may hand on a gradient already taken through the activation that produced its
+//!   input (`mark_activation`, `through_activation`): a linear layer reading a GELU's output
+//!   computes the gradient at the GELU's input in its product's epilogue. The engine keeps
+//!   such gradients apart and adds them after the activation's own rule has run on the rest.
 
 use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex};

@@ -53,8 +53,8 @@ pub(crate) fn reduce_backward(
 /// backward reads nothing back (the product's gradient is `alpha · g`, the bias's a row sum of
 /// `g`, the residual's `g`), so one kernel writes `alpha · a · b + bias + residual` and no
 /// element-wise pass rereads the product. Only an activation needs its input for backward:
-/// with gradients it runs as an element-wise op on the kernel's output, and a residual is
-/// added after it.
+/// in f32 the kernel also stores that input, in f16/bf16 the activation runs as an
+/// element-wise op on the kernel's output; a residual is then added after it.
 pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Tensor> {
     let mut inputs = vec![a, b];
     inputs.extend(opts.bias);
@@ -84,16 +84,15 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
         splits: None,
     };
     // In f32 the product also applies the activation, storing its input beside it: on an
-    // H100 (GPT-2's MLP block, 8192×768) that took the SIMT product ~10 µs against a 68 µs
-    // activation pass. In f16/bf16 the activation stays a pass: the cooperative kernels'
-    // epilogue runs while the matrix units idle, and a GELU there cost more than the pass
-    // (as its backward did, below).
-    let (z, activated) = match act != Activation::None && a.dtype() == DType::F32 {
-        true => {
-            let (y, z) = a.matmul_saving_pre(b, &MatmulOptions { act, ..kernel_opts })?;
-            (z, Some(y))
-        }
-        false => (a.matmul_raw(b, &kernel_opts)?, None),
+    // H100 (GPT-2's MLP block, 8192×768) that took the SIMT product 26 µs longer and saved
+    // a 68 µs activation pass. In f16/bf16 the activation stays a pass: the cooperative
+    // kernels' epilogue runs while the matrix units idle, and a GELU there cost more than
+    // the pass (as its backward did, below).
+    let (z, activated) = if act != Activation::None && a.dtype() == DType::F32 {
+        let (y, z) = a.matmul_saving_pre(b, &MatmulOptions { act, ..kernel_opts })?;
+        (z, Some(y))
+    } else {
+        (a.matmul_raw(b, &kernel_opts)?, None)
     };
     let mut linked = vec![a, b];
     linked.extend(opts.bias);
@@ -161,7 +160,8 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
             record("activation", &[&z], out, move |g, _| {
                 Ok(vec![Some(match act {
                     Activation::Relu => zd.relu_backward(g)?,
-                    _ => zd.gelu_tanh_backward(g)?,
+                    Activation::GeluTanh => zd.gelu_tanh_backward(g)?,
+                    Activation::None => unreachable!("matched above"),
                 })])
             })
         }
