@@ -829,13 +829,14 @@ fn training_loop_reaches_a_memory_steady_state() {
     let mut last_loss = 0.0;
     for step in 1..=1000u32 {
         let loss = {
-            let hid = x
-                .matmul(&w1)
-                .unwrap()
-                .add(&b1)
-                .unwrap()
-                .gelu_tanh()
-                .unwrap();
+            // The bias and GELU in the product's epilogue (in f32 the kernel also stores the
+            // GELU's input, and the second product's input gradient comes out through it).
+            let fc = helios::MatmulOptions {
+                bias: Some(&b1),
+                act: helios::Activation::GeluTanh,
+                ..Default::default()
+            };
+            let hid = x.matmul_opts(&w1, &fc).unwrap();
             let logits = hid.matmul(&w2).unwrap().add(&b2).unwrap();
             logits.cross_entropy(&targets, None).unwrap().loss
         };
