@@ -1514,15 +1514,13 @@ pub(crate) fn epilogue_store(
             RowOp::None => unreachable!("no rows buffer without a row op"),
         };
     }
-    let c_index = |k: &mut KernelBuilder| {
-        let at = k.mul(row, d.ldc);
-        let at = k.add(at, col);
-        let at = k.add(at, d.off_c);
-        vidx(k, at)
-    };
+    // Where C's value goes (and the activation's input, which is laid out like C).
+    let at = k.mul(row, d.ldc);
+    let at = k.add(at, col);
+    let at = k.add(at, d.off_c);
+    let c_index = vidx(k, at);
     if let Some(pre) = p.pre {
-        let i = c_index(k);
-        store_f32(k, pre, i, v, kern.out);
+        store_f32(k, pre, c_index, v, kern.out);
     }
     v = match kern.epilogue.act {
         Activation::None => v,
@@ -1544,8 +1542,7 @@ pub(crate) fn epilogue_store(
         let r = residual(k, res);
         v = k.add(v, r);
     }
-    let i = c_index(k);
-    store_f32(k, p.c, i, v, kern.out);
+    store_f32(k, p.c, c_index, v, kern.out);
 }
 
 /// Stores a 4-column group `v` (vec4 f32) at (`row`, `col..col+4`): one vector store when

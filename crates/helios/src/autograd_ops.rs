@@ -83,11 +83,13 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
         variant: opts.variant,
         splits: None,
     };
-    // In f32 the product also applies the activation, storing its input beside it: on an
-    // H100 (GPT-2's MLP block, 8192×768) that took the SIMT product 26 µs longer and saved
-    // a 68 µs activation pass. In f16/bf16 the activation stays a pass: the cooperative
-    // kernels' epilogue runs while the matrix units idle, and a GELU there cost more than
-    // the pass (as its backward did, below).
+    // In f32 the product also applies the activation, storing its input beside it, and the
+    // activation is marked (below) so that the product reading its output computes the
+    // gradient at its input in its epilogue. On an H100, in GPT-2's MLP block at 8192×768,
+    // the forward product took 26 µs longer and a 68 µs activation pass went; the backward
+    // product 29 µs longer and a 99 µs pass went. In f16/bf16 the activation and its
+    // backward stay passes: the cooperative kernels' epilogue runs while the matrix units
+    // idle, and the GELU's gradient there took 82 µs longer against a 55 µs pass.
     let (z, activated) = if act != Activation::None && a.dtype() == DType::F32 {
         let (y, z) = a.matmul_saving_pre(b, &MatmulOptions { act, ..kernel_opts })?;
         (z, Some(y))
@@ -98,13 +100,10 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
     linked.extend(opts.bias);
     linked.extend(residual);
     let (ad, bd) = (a.detach(), b.detach());
-    // Where `a` is an activation's output (a linear layer's, as an MLP's second product
-    // reads the first's GELU), a's gradient is computed at the activation's input in this
-    // product's epilogue (see `autograd::mark_activation`): in f32 only. On an H100, in
-    // GPT-2's MLP block at 8192×768, the f32 product took 29 µs longer and the 99 µs GELU
-    // backward pass went; in bf16 the cooperative kernel's epilogue, which runs while the
-    // matrix units idle, took 82 µs longer against a 55 µs pass.
-    let a_link = a.grad_link().cloned().filter(|_| a.dtype() == DType::F32);
+    // Where `a` is a marked activation's output (a linear layer's, as an MLP's second
+    // product reads the first's GELU), a's gradient is computed at the activation's input
+    // in this product's epilogue (see `autograd::mark_activation`).
+    let a_link = a.grad_link().cloned();
     let alpha = opts.alpha;
     // (shape, dtype) of the bias and the residual: their gradients are g reduced and cast.
     let bias_of = opts.bias.map(|t| (t.shape().to_vec(), t.dtype()));
@@ -157,20 +156,19 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
         (Activation::None, _) => z.clone(),
         (_, Some(out)) => {
             let zd = z.detach();
-            record("activation", &[&z], out, move |g, _| {
+            let y = record("activation", &[&z], out, move |g, _| {
                 Ok(vec![Some(match act {
                     Activation::Relu => zd.relu_backward(g)?,
                     Activation::GeluTanh => zd.gelu_tanh_backward(g)?,
                     Activation::None => unreachable!("matched above"),
                 })])
-            })
+            });
+            autograd::mark_activation(&y, act, &z);
+            y
         }
         (Activation::Relu, None) => z.relu()?,
         (Activation::GeluTanh, None) => z.gelu_tanh()?,
     };
-    if act != Activation::None {
-        autograd::mark_activation(&y, act, &z);
-    }
     drop(z);
     // After an activation the residual is an element-wise add (else it is in the epilogue).
     if let (Some(r), None) = (opts.residual, residual) {
