@@ -8,7 +8,18 @@
 //! for a row with no key). Backward follows FlashAttention-2: a `Prep` pass writes
 //! Dsum[i] = Σ_d dO[i,d]·O[i,d], then `DkDv` walks query blocks per key block and `Dq` key
 //! blocks per query block, each recomputing P = exp(S − L); no atomics, so every gradient is
-//! deterministic.
+//! deterministic. The register-resident `Dq` computes Dsum itself from the dO rows it stages
+//! and O, writes it, and runs before `DkDv` (`AttentionKernel::own_dsum`): the Prep pass
+//! cost 8.8 µs at 8×12×512×64 and 13.7 at T = 1024 (H100), its Dsum 2–3 µs inside Dq.
+//!
+//! Why dQ is not summed with atomics from the DkDv kernel, as FlashAttention-2 does (two
+//! products fewer): measured on an H100 (session 23, patch in `bench/results/2026-11-27-
+//! attention-dkdvq-session23.patch`), bf16 8×12×1024×64, that kernel took 295 µs against
+//! DkDv's 130 plus Dq's 95. Its dQ products and ~54 M f32 atomic adds (one per query row,
+//! head dim and visited 64-key block) cost 90–110 µs, as much as the separate Dq kernel,
+//! and Vulkan has no vector float atomics or bulk reductions to make them cheaper. With
+//! 128-key blocks (half the adds) and the adds coalesced per row through shared memory, the
+//! whole fwd+bwd was still 10 µs slower (332 against 322, profiled).
 //!
 //! Key decisions a reader must know:
 //! - Q, K, V, O (in backward) and dO are read through strides (push constants): the fused
@@ -232,6 +243,9 @@ pub struct AttentionKernel {
     /// (block j + 1's products issued before block j's softmax). Needs twice the K/V shared
     /// memory.
     pub pipelined: bool,
+    /// Dq computes Dsum itself (from dO and O, O dense) and writes it for DkDv, which then
+    /// runs after it: no Prep pass. Register-resident cooperative Dq only.
+    pub own_dsum: bool,
 }
 
 /// Push-constant strides of a [B, T, H, D] view (elements; d has stride 1).
@@ -283,8 +297,10 @@ pub(crate) struct Params {
     pub views: Vec<View>,
     /// L (Forward: written; backward: read).
     pub lse: Option<Buffer>,
-    /// Dsum (Prep: written; backward: read).
+    /// Dsum (Prep and a Dq with `own_dsum`: written; backward: read).
     pub dsum: Option<Buffer>,
+    /// O, dense [B, T, H, D] (a Dq with `own_dsum`).
+    pub o: Option<Buffer>,
     pub lens: Option<Buffer>,
     /// Dense outputs: Forward o; DkDv dk, dv; Dq dq.
     pub outs: Vec<Buffer>,
@@ -310,7 +326,7 @@ impl AttentionKernel {
             "_sg"
         } else {
             ""
-        }
+        } + if self.own_dsum { "_dsum" } else { "" }
     }
 
     /// Invocations that share a row of `Prep`: [`PREP_LANES`] where the kernel may shuffle
@@ -366,14 +382,17 @@ impl AttentionKernel {
         }
     }
 
-    /// Whether this stage's family has the variant: pairs are the register forward's.
+    /// Whether this stage's family has the variant: pairs are the register forward's, and
+    /// `own_dsum` the register Dq's.
     pub fn buildable(&self) -> bool {
-        !matches!(self.variant, AttnVariant::CoopPair { .. })
-            || (self.in_registers() && self.stage == AttnStage::Forward)
+        (!matches!(self.variant, AttnVariant::CoopPair { .. })
+            || (self.in_registers() && self.stage == AttnStage::Forward))
+            && (!self.own_dsum || (self.in_registers() && self.stage == AttnStage::Dq))
     }
 
     /// Emits the kernel. Buffers, in order: Forward q, k, v, [lens], o, lse; Prep o, do,
-    /// dsum; DkDv q, k, v, do, lse, dsum, [lens], dk, dv; Dq the same with dq. Push constants
+    /// dsum; DkDv q, k, v, do, lse, dsum, [lens], dk, dv; Dq the same with dq, or with
+    /// `own_dsum` q, k, v, do, lse, o, [lens], dsum, dq. Push constants
     /// after them: t, heads, batch, scale, then per [`stride_groups`] group the offset of
     /// each member and the group's batch, seq and head strides (Forward (q, k, v); Prep (o),
     /// (do); backward (q, k, v), (do)).
@@ -423,9 +442,14 @@ impl AttentionKernel {
         let backward = matches!(self.stage, AttnStage::DkDv | AttnStage::Dq);
         let mut lse = None;
         let mut dsum = None;
+        let mut o = None;
         if backward {
             lse = Some(k.buffer("lse", f32s, Access::Read));
-            dsum = Some(k.buffer("dsum", f32s, Access::Read));
+            if self.own_dsum {
+                o = Some(k.buffer("o", elem, Access::Read));
+            } else {
+                dsum = Some(k.buffer("dsum", f32s, Access::Read));
+            }
         }
         let lens = (self.padded && self.stage != AttnStage::Prep)
             .then(|| k.buffer("lens", Scalar::U32, Access::Read));
@@ -444,7 +468,12 @@ impl AttentionKernel {
                 k.buffer("dk", out_elem, Access::Write),
                 k.buffer("dv", out_elem, Access::Write),
             ],
-            AttnStage::Dq => vec![k.buffer("dq", out_elem, Access::Write)],
+            AttnStage::Dq => {
+                if self.own_dsum {
+                    dsum = Some(k.buffer("dsum", f32s, Access::Write));
+                }
+                vec![k.buffer("dq", out_elem, Access::Write)]
+            }
         };
         let u = Ty::scalar(Scalar::U32);
         let [t, heads, batch] = ["t", "heads", "batch"].map(|n| k.param(n, u));
@@ -484,6 +513,7 @@ impl AttentionKernel {
             views,
             lse,
             dsum,
+            o,
             lens,
             outs,
             t: k.load_param(t),
@@ -572,6 +602,7 @@ impl AttentionKernel {
                         subgroup: 0,
                         frag: None,
                         pipelined: false,
+                        own_dsum: false,
                     };
                     out.push(kern);
                     if stage == AttnStage::Prep {
@@ -607,9 +638,16 @@ impl AttentionKernel {
                             subgroup: 32,
                             frag,
                             pipelined: false,
+                            own_dsum: false,
                         };
                         out.push(kern);
                         out.extend(kern.pipelining());
+                        if frag.is_some() && stage == AttnStage::Dq {
+                            out.push(AttentionKernel {
+                                own_dsum: true,
+                                ..kern
+                            });
+                        }
                         if frag.is_some() && stage == AttnStage::Forward {
                             let pair = AttentionKernel {
                                 variant: AttnVariant::CoopPair { bq: 128, bk: 32 },
@@ -921,6 +959,7 @@ mod tests {
             subgroup: 32,
             frag: Some(map),
             pipelined: false,
+            own_dsum: false,
         };
         let piped = base.pipelining().expect("the register forward pipelines");
         assert!(
@@ -954,6 +993,40 @@ mod tests {
         }
         assert!(!AttentionKernel { frag: None, ..pair }.buildable());
         assert_eq!(AttnVariant::by_name("simt16x16p"), None);
+    }
+
+    /// Only the register Dq computes Dsum itself (it stages dO rows and knows the fragment
+    /// layout to hand each row's sum to its invocations).
+    #[test]
+    fn own_dsum_belongs_to_the_register_dq() {
+        let (acc, a) = crate::FragMap::nvidia_probe();
+        let map = crate::FragMap::recognise(&acc, &a).expect("NVIDIA's layout");
+        let dq = AttentionKernel {
+            stage: AttnStage::Dq,
+            storage: Storage::F16,
+            head_dim: 80,
+            causal: true,
+            padded: true,
+            variant: AttnVariant::Coop { bq: 64, bk: 32 },
+            binding: Binding::DeviceAddress,
+            subgroup: 32,
+            frag: Some(map),
+            pipelined: false,
+            own_dsum: true,
+        };
+        assert!(dq.buildable());
+        assert!(dq.name().ends_with("_reg_dsum"), "{}", dq.name());
+        assert!(!AttentionKernel { frag: None, ..dq }.buildable());
+        for stage in [AttnStage::Forward, AttnStage::Prep, AttnStage::DkDv] {
+            assert!(!AttentionKernel { stage, ..dq }.buildable());
+        }
+        let simt = AttentionKernel {
+            variant: AttnVariant::Simt { bq: 32, bk: 16 },
+            frag: None,
+            subgroup: 0,
+            ..dq
+        };
+        assert!(!simt.buildable());
     }
 
     #[test]
@@ -1002,6 +1075,7 @@ mod tests {
                                 subgroup: if coop { 32 } else { 0 },
                                 frag: None,
                                 pipelined: false,
+                                own_dsum: false,
                             };
                             k.shared_bytes() <= limit
                         });

@@ -979,21 +979,133 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     kb.finish()
 }
 
-/// L (as −L·log2 e, +∞ past T so that P = 0 there) and Dsum of query `i`.
-fn row_stats(k: &mut KernelBuilder, p: &Params, (b, h): (Val, Val), i: Val) -> (Val, Val) {
+/// L (as −L·log2 e, +∞ past T so that P = 0 there) and, unless the kernel computes it
+/// itself, Dsum of query `i`.
+fn row_stats(k: &mut KernelBuilder, p: &Params, (b, h): (Val, Val), i: Val) -> (Val, Option<Val>) {
     let inside = k.lt(i, p.t);
     let z = k.u32(0);
     let ic = k.select(inside, i, z);
     let at = stat_index(k, p, b, h, ic);
     let l = k.load(p.lse.expect("backward reads lse"), at, 1);
-    let ds = k.load(p.dsum.expect("backward reads dsum"), at, 1);
     let inf = k.const_f32(f32::INFINITY);
-    let zero = k.const_f32(0.0);
     let l = k.select(inside, l, inf);
     let nlog2e = k.const_f32(-std::f32::consts::LOG2_E);
     let l = k.mul(l, nlog2e);
-    let ds = k.select(inside, ds, zero);
+    let ds = p.o.is_none().then(|| {
+        let ds = k.load(p.dsum.expect("backward reads dsum"), at, 1);
+        let zero = k.const_f32(0.0);
+        k.select(inside, ds, zero)
+    });
     (l, ds)
+}
+
+/// Dsum = Σ_d dO·O of the subgroup's 16 rows (queries `qs..`, staged dO rows `row0..` in the
+/// region), for a Dq with `own_dsum`: lanes 2r and 2r + 1 take half of row r each (dO from
+/// shared memory, O from the dense output in 16-byte loads), the even lane stores it for
+/// DkDv (rows below T), and every invocation gets its row slots' sums by shuffles. Rows past
+/// T have dO staged as zeros, so their sum is 0, as Prep's.
+#[allow(clippy::too_many_arguments)]
+fn own_dsum(
+    k: &mut KernelBuilder,
+    kern: &AttentionKernel,
+    p: &Params,
+    lay: &Layout,
+    smem: Shared,
+    pl: &Place,
+    (b, h): (Val, Val),
+    (qs, row0): (Val, Val),
+) -> Vec<Val> {
+    let d = kern.head_dim;
+    let half_words = d / WORD / 2;
+    let two = k.u32(2);
+    let r = k.div(pl.lane, two);
+    let half = k.rem(pl.lane, two);
+    let i = k.add(qs, r);
+    let inside = k.lt(i, p.t);
+    let zero = k.u32(0);
+    let ic = k.select(inside, i, zero);
+    let eight = k.u32(WORD);
+    let hw = k.u32(half_words);
+    let first = k.mul(half, hw);
+    let orow = crate::attention::dense_row(k, p, d, b, ic, h);
+    let orow = k.div(orow, eight);
+    let orow = k.add(orow, first);
+    let srow = k.add(row0, r);
+    let rowc = k.u32(lay.row);
+    let srow = k.mul(srow, rowc);
+    let reg = k.u32(lay.region);
+    let srow = k.add(srow, reg);
+    let srow = k.add(srow, first);
+    let o = p.o.expect("own_dsum reads O");
+    let words: Vec<(Val, Val)> = (0..half_words)
+        .map(|j| {
+            let jc = k.u32(j);
+            let at = k.add(orow, jc);
+            let x = k.load(o, at, 4);
+            let at = k.add(srow, jc);
+            (k.shared_load(smem, at), x)
+        })
+        .collect();
+    let mut sum = k.const_f32(0.0);
+    for (a, x) in words {
+        let prod = dot_halves(k, a, x, kern.storage);
+        sum = k.add(sum, prod);
+    }
+    let one = k.u32(1);
+    let other = k.subgroup_shuffle_xor(sum, one);
+    let sum = k.add(sum, other);
+    let even = k.eq(half, zero);
+    let store = k.and(even, inside);
+    k.if_(store, |k| {
+        let at = stat_index(k, p, b, h, i);
+        k.store(p.dsum.expect("own_dsum writes Dsum"), at, sum);
+    });
+    pl.row
+        .iter()
+        .map(|&row| {
+            let src = k.mul(row, two);
+            k.subgroup_shuffle(sum, src)
+        })
+        .collect()
+}
+
+/// Σ of the products of the 8 halves (f16 or bf16) in two 16-byte words, in f32.
+fn dot_halves(k: &mut KernelBuilder, a: Val, b: Val, storage: crate::Storage) -> Val {
+    let f4 = Ty::vector(Scalar::F32, 4);
+    match storage {
+        crate::Storage::BF16 => {
+            // Element 2w is the low half of word w, 2w + 1 the high half.
+            let sixteen = k.u32(16);
+            let sixteen = k.splat(sixteen, 4);
+            let mask = k.u32(0xffff_0000);
+            let mask = k.splat(mask, 4);
+            let widen = |k: &mut KernelBuilder, w: Val| {
+                let lo = k.shl(w, sixteen);
+                let hi = k.and(w, mask);
+                (k.bitcast(lo, f4), k.bitcast(hi, f4))
+            };
+            let (alo, ahi) = widen(k, a);
+            let (blo, bhi) = widen(k, b);
+            let lo = k.dot(alo, blo);
+            let hi = k.dot(ahi, bhi);
+            k.add(lo, hi)
+        }
+        _ => {
+            let h2 = Ty::vector(Scalar::F16, 2);
+            let mut sum = k.const_f32(0.0);
+            for w in 0..4 {
+                let x = k.extract(a, w);
+                let y = k.extract(b, w);
+                let x = k.bitcast(x, h2);
+                let y = k.bitcast(y, h2);
+                let x = k.convert(x, Scalar::F32);
+                let y = k.convert(y, Scalar::F32);
+                let dd = k.dot(x, y);
+                sum = k.add(sum, dd);
+            }
+            sum
+        }
+    }
 }
 
 pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
@@ -1051,15 +1163,22 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     k.workgroup_barrier();
     let of = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
     k.workgroup_barrier();
+    // The region keeps dO until the epilogue: with `own_dsum`, each row's Dsum from it.
+    let own = kern
+        .own_dsum
+        .then(|| own_dsum(k, kern, &p, &lay, smem, &pl, (b, h), (qs, row0)));
     let mut lims = Vec::new();
     let mut nl2 = Vec::new();
     let mut dsums = Vec::new();
-    for &r in &pl.row {
+    for (slot, &r) in pl.row.iter().enumerate() {
         let i = k.add(qs, r);
         lims.push(row_limit(k, kern.causal, i, kend));
         let (l, ds) = row_stats(k, &p, (b, h), i);
         nl2.push(l);
-        dsums.push(ds);
+        dsums.push(match &own {
+            Some(v) => v[slot],
+            None => ds.expect("Dsum from Prep"),
+        });
     }
     let log2e = k.const_f32(std::f32::consts::LOG2_E);
     let scale2 = k.mul(p.scale, log2e);

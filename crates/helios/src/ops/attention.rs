@@ -295,36 +295,43 @@ impl Tensor {
         if super::attention_tune::wanted(q, dims.d, &[AttnStage::DkDv, AttnStage::Dq], opts) {
             super::attention_tune::tune_backward(q, k, v, fwd, dout, opts)?;
         }
-        let device = self.device();
-        let dsum = Tensor::empty(device, &[dims.b, dims.h, dims.t], DType::F32)?;
-        self.record_attention(
-            AttnStage::Prep,
-            dims,
-            opts,
-            &[os, ds],
-            &[fwd.out.buffer()?, dout.buffer()?],
-            &[dsum.buffer()?],
-        )?;
-        let shape = vec![dims.b, dims.t, dims.h, dims.d];
-        let gq = Tensor::empty(device, &shape, self.dtype())?;
-        let gk = Tensor::empty(device, &shape, self.dtype())?;
-        let gv = Tensor::empty(device, &shape, self.dtype())?;
-        let mut reads = vec![
-            q.buffer()?,
-            k.buffer()?,
-            v.buffer()?,
-            dout.buffer()?,
-            fwd.lse.buffer()?,
-            dsum.buffer()?,
-        ];
-        reads.extend(lens);
-        let views = [qs, ks, vs, ds];
         let lse_off = fwd.lse.layout().offset();
         if lse_off != 0 {
             return Err(invalid(
                 "lse must start its buffer (the forward's own)".into(),
             ));
         }
+        let device = self.device();
+        let views = [qs, ks, vs, ds];
+        let dsum = Tensor::empty(device, &[dims.b, dims.h, dims.t], DType::F32)?;
+        let shape = vec![dims.b, dims.t, dims.h, dims.d];
+        let gq = Tensor::empty(device, &shape, self.dtype())?;
+        let gk = Tensor::empty(device, &shape, self.dtype())?;
+        let gv = Tensor::empty(device, &shape, self.dtype())?;
+        let dq = choose(q, AttnStage::Dq, dims, opts, aligned(&views))?;
+        let inputs = [q.buffer()?, k.buffer()?, v.buffer()?, dout.buffer()?];
+        if dq.own_dsum {
+            // Dq computes Dsum from dO and O (row-major from its buffer's start) and writes
+            // it for DkDv, which runs after it: no Prep pass.
+            let o = fwd.out.contiguous()?;
+            let mut reads = inputs.to_vec();
+            reads.extend([fwd.lse.buffer()?, o.buffer()?]);
+            reads.extend(lens);
+            let writes = [dsum.buffer()?, gq.buffer()?];
+            q.record_attention(AttnStage::Dq, dims, opts, &views, &reads, &writes)?;
+        } else {
+            self.record_attention(
+                AttnStage::Prep,
+                dims,
+                opts,
+                &[os, ds],
+                &[fwd.out.buffer()?, dout.buffer()?],
+                &[dsum.buffer()?],
+            )?;
+        }
+        let mut reads = inputs.to_vec();
+        reads.extend([fwd.lse.buffer()?, dsum.buffer()?]);
+        reads.extend(lens);
         q.record_attention(
             AttnStage::DkDv,
             dims,
@@ -333,7 +340,9 @@ impl Tensor {
             &reads,
             &[gk.buffer()?, gv.buffer()?],
         )?;
-        q.record_attention(AttnStage::Dq, dims, opts, &views, &reads, &[gq.buffer()?])?;
+        if !dq.own_dsum {
+            q.record_attention(AttnStage::Dq, dims, opts, &views, &reads, &[gq.buffer()?])?;
+        }
         Ok(AttentionGrads {
             dq: gq,
             dk: gk,
@@ -536,6 +545,12 @@ fn choose(
             },
             frag: if variant.is_coop() { frag } else { None },
             pipelined: false,
+            own_dsum: false,
+        };
+        // The register Dq computes Dsum itself (no Prep pass).
+        let plain = AttentionKernel {
+            own_dsum: stage == AttnStage::Dq && plain.in_registers(),
+            ..plain
         };
         plain.pipelining().filter(fits).unwrap_or(plain)
     };
