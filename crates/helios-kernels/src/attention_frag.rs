@@ -34,7 +34,7 @@ use crate::attention::{
     block_coords, key_blocks, key_end, query_blocks, stat_index, AttentionKernel, AttnStage,
     Params, View,
 };
-use crate::attention_coop::{frag_scalar, row_limit, stage, FRAG, SUBGROUP, WORD};
+use crate::attention_coop::{frag_scalar, row_limit, FRAG, SUBGROUP, WORD};
 use crate::attention_coop_bwd::{row_frags, zero_accs};
 use crate::coop_layout::{FragMap, LEN};
 
@@ -473,16 +473,31 @@ struct KeyBlocks<'a> {
 }
 
 impl KeyBlocks<'_> {
-    fn run(&self, k: &mut KernelBuilder, body: &dyn Fn(&mut KernelBuilder, Val, bool)) {
+    /// Issues the loads of key block 0's K and V tiles into registers, for `run` or
+    /// `run_pipelined`: a kernel calls this first thing, so that their latency overlaps its
+    /// start-up (the owned rows' loads, the coordinate tile) instead of following it.
+    fn first_loads(&self, k: &mut KernelBuilder) -> (Prefetch, Prefetch) {
+        let (_, bk) = self.kern.variant.blocks();
+        let mv = &self.movers;
+        let kp = mv.prefetch(k, self.kv.0, self.lay.a, bk);
+        let vp = mv.prefetch(k, self.kv.1, self.lay.b, bk);
+        let z = k.u32(0);
+        mv.load(k, &kp, z, self.kend);
+        mv.load(k, &vp, z, self.kend);
+        (kp, vp)
+    }
+
+    fn run(
+        &self,
+        k: &mut KernelBuilder,
+        (kp, vp): (Prefetch, Prefetch),
+        body: &dyn Fn(&mut KernelBuilder, Val, bool),
+    ) {
         let (bq, bk) = self.kern.variant.blocks();
         let (mv, kend) = (&self.movers, self.kend);
         let nkb = key_blocks(k, self.kern.causal, (self.q0, bq), kend, bk);
         let bkc = k.u32(bk);
         let (z, one) = (k.u32(0), k.u32(1));
-        let kp = mv.prefetch(k, self.kv.0, self.lay.a, bk);
-        let vp = mv.prefetch(k, self.kv.1, self.lay.b, bk);
-        mv.load(k, &kp, z, kend);
-        mv.load(k, &vp, z, kend);
         k.for_range(z, nkb, one, |k, blk| {
             let k0 = k.mul(blk, bkc);
             k.workgroup_barrier();
@@ -521,6 +536,7 @@ impl KeyBlocks<'_> {
     fn run_pipelined(
         &self,
         k: &mut KernelBuilder,
+        (kp, vp): (Prefetch, Prefetch),
         acc_ty: CoopTy,
         ahead: &dyn Fn(&mut KernelBuilder, Tile) -> Vec<CoopMat>,
         finish: &dyn Fn(&mut KernelBuilder, Vec<CoopMat>, Val, bool, Tile),
@@ -530,11 +546,8 @@ impl KeyBlocks<'_> {
         let nkb = key_blocks(k, self.kern.causal, (self.q0, bq), kend, bk);
         let bkc = k.u32(bk);
         let (z, one) = (k.u32(0), k.u32(1));
-        let kp = mv.prefetch(k, self.kv.0, lay.a, bk);
-        let vp = mv.prefetch(k, self.kv.1, lay.b, bk);
-        // Block 0 into buffer 0, block 1 into registers, block 0's products.
-        mv.load(k, &kp, z, kend);
-        mv.load(k, &vp, z, kend);
+        // Block 0 (loaded by `first_loads`) into buffer 0, block 1 into registers, block
+        // 0's products.
         mv.store(k, smem, &kp, z, kend);
         mv.store(k, smem, &vp, z, kend);
         k.workgroup_barrier();
@@ -723,27 +736,36 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
         epi,
     } = start(kern, bq);
     let k = &mut kb;
-    let pl = place(k, smem, map_of(kern), ty.acc, lay.region, tid, threads);
-    let nslot = pl.row.len();
     let (b, h, qb) = block_coords(k, &p, bq, kern.causal);
     let bqc = k.u32(bq);
     let q0 = k.mul(qb, bqc);
     let qs = k.add(q0, row0);
     let kend = key_end(k, &p, b);
     let (qv, kv, vv) = (p.views[0], p.views[1], p.views[2]);
-    stage(
-        k,
-        smem,
-        lay.region,
-        lay.row,
-        qv,
-        (b, h),
-        q0,
-        p.t,
-        bq,
+    let movers = Movers {
         tid,
         threads,
-    );
+        row: lay.row,
+        bh: (b, h),
+    };
+    let walk = KeyBlocks {
+        kern,
+        smem,
+        lay: &lay,
+        movers,
+        kv: (kv, vv),
+        q0,
+        qs,
+        kend,
+    };
+    // The start-up's global loads all in flight at once (Q, key block 0), under the
+    // coordinate tile's barriers: one memory latency per workgroup, not one per tile.
+    let qp = movers.prefetch(k, qv, lay.region, bq);
+    movers.load(k, &qp, q0, p.t);
+    let first = walk.first_loads(k);
+    let pl = place(k, smem, map_of(kern), ty.acc, lay.region, tid, threads);
+    let nslot = pl.row.len();
+    movers.store(k, smem, &qp, q0, p.t);
     k.workgroup_barrier();
     let ninf = k.const_f32(f32::NEG_INFINITY);
     let zero = k.const_f32(0.0);
@@ -776,21 +798,6 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     let scale2 = k.mul(p.scale, log2e);
     let kt = Tile::fixed((lay.a, lay.row));
     let vt = Tile::fixed((lay.b, lay.row));
-    let walk = KeyBlocks {
-        kern,
-        smem,
-        lay: &lay,
-        movers: Movers {
-            tid,
-            threads,
-            row: lay.row,
-            bh: (b, h),
-        },
-        kv: (kv, vv),
-        q0,
-        qs,
-        kend,
-    };
     // Masks, online softmax and the O rescale of one row tile for the key block at k0,
     // whose raw scores are `xs` (one element list per 16 keys): P as A fragments. The
     // rescale runs under a branch when `lazy_rescale`.
@@ -917,12 +924,13 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     if kern.pipelined {
         walk.run_pipelined(
             k,
+            first,
             ty.acc,
             &|k, kt| scores(k, kt),
             &|k, s, k0, masked, vt| finish(k, s, k0, masked, vt, false),
         );
     } else {
-        walk.run(k, &|k, k0, masked| {
+        walk.run(k, first, &|k, k0, masked| {
             let s = scores(k, kt);
             finish(k, s, k0, masked, vt, true);
         });
@@ -999,27 +1007,31 @@ fn row_stats(k: &mut KernelBuilder, p: &Params, (b, h): (Val, Val), i: Val) -> (
     (l, ds)
 }
 
-/// Dsum = Σ_d dO·O of the subgroup's 16 rows (queries `qs..`, staged dO rows `row0..` in the
-/// region), for a Dq with `own_dsum`: lanes 2r and 2r + 1 take half of row r each (dO from
-/// shared memory, O from the dense output in 16-byte loads), the even lane stores it for
-/// DkDv (rows below T), and every invocation gets its row slots' sums by shuffles. Rows past
-/// T have dO staged as zeros, so their sum is 0, as Prep's.
-#[allow(clippy::too_many_arguments)]
-fn own_dsum(
+/// This invocation's half of an O row for [`own_dsum`], loaded early: lanes 2r and 2r + 1
+/// of a subgroup take half of its row r each (query `qs + r`).
+struct DsumRows {
+    r: Val,
+    half: Val,
+    /// Query qs + r and whether it is below T.
+    i: Val,
+    inside: Val,
+    /// The O words (16-byte loads of the dense output; row 0's past T).
+    words: Vec<Val>,
+}
+
+fn dsum_loads(
     k: &mut KernelBuilder,
     kern: &AttentionKernel,
     p: &Params,
-    lay: &Layout,
-    smem: Shared,
-    pl: &Place,
     (b, h): (Val, Val),
-    (qs, row0): (Val, Val),
-) -> Vec<Val> {
+    qs: Val,
+) -> DsumRows {
     let d = kern.head_dim;
     let half_words = d / WORD / 2;
+    let lane = k.subgroup_invocation_id();
     let two = k.u32(2);
-    let r = k.div(pl.lane, two);
-    let half = k.rem(pl.lane, two);
+    let r = k.div(lane, two);
+    let half = k.rem(lane, two);
     let i = k.add(qs, r);
     let inside = k.lt(i, p.t);
     let zero = k.u32(0);
@@ -1030,30 +1042,67 @@ fn own_dsum(
     let orow = crate::attention::dense_row(k, p, d, b, ic, h);
     let orow = k.div(orow, eight);
     let orow = k.add(orow, first);
+    let o = p.o.expect("own_dsum reads O");
+    let words = (0..half_words)
+        .map(|j| {
+            let jc = k.u32(j);
+            let at = k.add(orow, jc);
+            k.load(o, at, 4)
+        })
+        .collect();
+    DsumRows {
+        r,
+        half,
+        i,
+        inside,
+        words,
+    }
+}
+
+/// Dsum = Σ_d dO·O of the subgroup's 16 rows (staged dO rows `row0..` in the region, O's
+/// from [`dsum_loads`]), for a Dq with `own_dsum`: each lane pair sums its row, the even
+/// lane stores it for DkDv (rows below T), and every invocation gets its row slots' sums by
+/// shuffles. Rows past T have dO staged as zeros, so their sum is 0, as Prep's.
+#[allow(clippy::too_many_arguments)]
+fn own_dsum(
+    k: &mut KernelBuilder,
+    kern: &AttentionKernel,
+    p: &Params,
+    lay: &Layout,
+    smem: Shared,
+    pl: &Place,
+    (b, h): (Val, Val),
+    row0: Val,
+    rows: DsumRows,
+) -> Vec<Val> {
+    let DsumRows {
+        r,
+        half,
+        i,
+        inside,
+        words,
+    } = rows;
+    let hw = k.u32(kern.head_dim / WORD / 2);
+    let first = k.mul(half, hw);
     let srow = k.add(row0, r);
     let rowc = k.u32(lay.row);
     let srow = k.mul(srow, rowc);
     let reg = k.u32(lay.region);
     let srow = k.add(srow, reg);
     let srow = k.add(srow, first);
-    let o = p.o.expect("own_dsum reads O");
-    let words: Vec<(Val, Val)> = (0..half_words)
-        .map(|j| {
-            let jc = k.u32(j);
-            let at = k.add(orow, jc);
-            let x = k.load(o, at, 4);
-            let at = k.add(srow, jc);
-            (k.shared_load(smem, at), x)
-        })
-        .collect();
     let mut sum = k.const_f32(0.0);
-    for (a, x) in words {
+    for (j, x) in words.into_iter().enumerate() {
+        let jc = k.u32(j as u32);
+        let at = k.add(srow, jc);
+        let a = k.shared_load(smem, at);
         let prod = dot_halves(k, a, x, kern.storage);
         sum = k.add(sum, prod);
     }
     let one = k.u32(1);
     let other = k.subgroup_shuffle_xor(sum, one);
     let sum = k.add(sum, other);
+    let zero = k.u32(0);
+    let two = k.u32(2);
     let even = k.eq(half, zero);
     let store = k.and(even, inside);
     k.if_(store, |k| {
@@ -1123,50 +1172,49 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
         epi,
     } = start(kern, bq);
     let k = &mut kb;
-    let pl = place(k, smem, map_of(kern), ty.acc, lay.region, tid, threads);
     let (b, h, qb) = block_coords(k, &p, bq, kern.causal);
     let bqc = k.u32(bq);
     let q0 = k.mul(qb, bqc);
     let qs = k.add(q0, row0);
     let kend = key_end(k, &p, b);
     let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
-    let tile = (lay.region, lay.row);
-    stage(
-        k,
-        smem,
-        lay.region,
-        lay.row,
-        qv,
-        (b, h),
-        q0,
-        p.t,
-        bq,
+    let movers = Movers {
         tid,
         threads,
-    );
+        row: lay.row,
+        bh: (b, h),
+    };
+    let walk = KeyBlocks {
+        kern,
+        smem,
+        lay: &lay,
+        movers,
+        kv: (kv, vv),
+        q0,
+        qs,
+        kend,
+    };
+    // The start-up's global loads all in flight at once (Q, dO, O's rows for Dsum, key
+    // block 0), under the coordinate tile's barriers; Q and dO then pass through the
+    // region one after the other.
+    let qp = movers.prefetch(k, qv, lay.region, bq);
+    movers.load(k, &qp, q0, p.t);
+    let op = movers.prefetch(k, dov, lay.region, bq);
+    movers.load(k, &op, q0, p.t);
+    let o_rows = kern.own_dsum.then(|| dsum_loads(k, kern, &p, (b, h), qs));
+    let first = walk.first_loads(k);
+    let pl = place(k, smem, map_of(kern), ty.acc, lay.region, tid, threads);
+    let tile = (lay.region, lay.row);
+    movers.store(k, smem, &qp, q0, p.t);
     k.workgroup_barrier();
     let qf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
     k.workgroup_barrier();
-    stage(
-        k,
-        smem,
-        lay.region,
-        lay.row,
-        dov,
-        (b, h),
-        q0,
-        p.t,
-        bq,
-        tid,
-        threads,
-    );
+    movers.store(k, smem, &op, q0, p.t);
     k.workgroup_barrier();
     let of = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
     k.workgroup_barrier();
     // The region keeps dO until the epilogue: with `own_dsum`, each row's Dsum from it.
-    let own = kern
-        .own_dsum
-        .then(|| own_dsum(k, kern, &p, &lay, smem, &pl, (b, h), (qs, row0)));
+    let own = o_rows.map(|rows| own_dsum(k, kern, &p, &lay, smem, &pl, (b, h), row0, rows));
     let mut lims = Vec::new();
     let mut nl2 = Vec::new();
     let mut dsums = Vec::new();
@@ -1185,22 +1233,7 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     let acc = zero_accs(k, ty.acc, d / FRAG);
     let kt = Tile::fixed((lay.a, lay.row));
     let vt = Tile::fixed((lay.b, lay.row));
-    let walk = KeyBlocks {
-        kern,
-        smem,
-        lay: &lay,
-        movers: Movers {
-            tid,
-            threads,
-            row: lay.row,
-            bh: (b, h),
-        },
-        kv: (kv, vv),
-        q0,
-        qs,
-        kend,
-    };
-    walk.run(k, &|k, k0, masked| {
+    walk.run(k, first, &|k, k0, masked| {
         // dS = P ∘ (dP − Dsum), P = exp2(S·scale·log2 e − L·log2 e), per 16 keys.
         let da: Vec<CoopMat> = (0..bk / FRAG)
             .map(|c| {
@@ -1260,67 +1293,27 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
         epi,
     } = start(kern, bk);
     let k = &mut kb;
-    let pl = place(k, smem, map_of(kern), ty.acc, lay.region, tid, threads);
     let (b, h, kblk) = block_coords(k, &p, bk, false);
     let bkc = k.u32(bk);
     let k0 = k.mul(kblk, bkc);
     let js = k.add(k0, row0);
     let kend = key_end(k, &p, b);
     let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
-    // K, then V, through the region into A fragments.
-    let tile = (lay.region, lay.row);
-    stage(
-        k,
-        smem,
-        lay.region,
-        lay.row,
-        kv,
-        (b, h),
-        k0,
-        kend,
-        bk,
-        tid,
-        threads,
-    );
-    k.workgroup_barrier();
-    let kf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
-    k.workgroup_barrier();
-    stage(
-        k,
-        smem,
-        lay.region,
-        lay.row,
-        vv,
-        (b, h),
-        k0,
-        kend,
-        bk,
-        tid,
-        threads,
-    );
-    k.workgroup_barrier();
-    let vf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
-    k.workgroup_barrier();
-    // The keys of each row slot: j (kept while j < kend).
-    let keys: Vec<Val> = pl.row.iter().map(|&r| k.add(js, r)).collect();
-    let dk = zero_accs(k, ty.acc, d / FRAG);
-    let dv = zero_accs(k, ty.acc, d / FRAG);
     let (qstart, nqb) = query_blocks(k, &p, kern.causal, k0, kend, bq);
     let bqc = k.u32(bq);
-    let one = k.u32(1);
-    let log2e = k.const_f32(std::f32::consts::LOG2_E);
-    let scale2 = k.mul(p.scale, log2e);
-    let qt = Tile::fixed((lay.a, lay.row));
-    let ot = Tile::fixed((lay.b, lay.row));
-    let sixteen = k.u32(FRAG);
-    let js_end = k.add(js, sixteen);
-    let keys_past_end = k.gt(js_end, kend);
     let mv = Movers {
         tid,
         threads,
         row: lay.row,
         bh: (b, h),
     };
+    // The start-up's global loads all in flight at once (K, V, the first query block's Q,
+    // dO, L and Dsum), under the coordinate tile's barriers; K and V then pass through the
+    // region into A fragments one after the other.
+    let kpre = mv.prefetch(k, kv, lay.region, bk);
+    mv.load(k, &kpre, k0, kend);
+    let vpre = mv.prefetch(k, vv, lay.region, bk);
+    mv.load(k, &vpre, k0, kend);
     let qp = mv.prefetch(k, qv, lay.a, bq);
     let op = mv.prefetch(k, dov, lay.b, bq);
     // L and Dsum of the block's queries, prefetched like the tiles: invocation tid moves
@@ -1383,6 +1376,28 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     mv.load(k, &qp, first, p.t);
     mv.load(k, &op, first, p.t);
     load_stats(k, first);
+    let pl = place(k, smem, map_of(kern), ty.acc, lay.region, tid, threads);
+    let tile = (lay.region, lay.row);
+    mv.store(k, smem, &kpre, k0, kend);
+    k.workgroup_barrier();
+    let kf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
+    k.workgroup_barrier();
+    mv.store(k, smem, &vpre, k0, kend);
+    k.workgroup_barrier();
+    let vf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
+    k.workgroup_barrier();
+    // The keys of each row slot: j (kept while j < kend).
+    let keys: Vec<Val> = pl.row.iter().map(|&r| k.add(js, r)).collect();
+    let dk = zero_accs(k, ty.acc, d / FRAG);
+    let dv = zero_accs(k, ty.acc, d / FRAG);
+    let one = k.u32(1);
+    let log2e = k.const_f32(std::f32::consts::LOG2_E);
+    let scale2 = k.mul(p.scale, log2e);
+    let qt = Tile::fixed((lay.a, lay.row));
+    let ot = Tile::fixed((lay.b, lay.row));
+    let sixteen = k.u32(FRAG);
+    let js_end = k.add(js, sixteen);
+    let keys_past_end = k.gt(js_end, kend);
     k.for_range(qstart, nqb, one, |k, qb| {
         let i0 = k.mul(qb, bqc);
         k.workgroup_barrier();
