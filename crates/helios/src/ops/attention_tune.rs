@@ -6,7 +6,7 @@
 //! candidate may win only if its outputs agree with the default kernel's within four times
 //! the tests' bound for the dtype. It runs on the first forward (Forward stage) or backward
 //! (DkDv and Dq) of a class on a GPU, unless `HELIOS_ATTN_TUNE=0` (`=1` tunes on CPU devices
-//! too). Winners persist in `<cache root>/attention/<device uuid>-<driver>.tsv`, one
+//! too). Winners persist in `<cache root>/attention/<device uuid>-<driver>-<features>.tsv`, one
 //! `variant  µs  class` line each, as the matmul tuner's do.
 
 use helios_kernels::attention::{

@@ -7,8 +7,9 @@
 //! (`helios_kernels::matmul::default_variant`). Key decision: a candidate may win only after
 //! it passed a correctness check against the f64 CPU reference on fresh random inputs; then
 //! it is timed with GPU timestamps on the caller's own operands. Winners persist in
-//! `<cache root>/matmul/<device uuid>-<driver version>.tsv` (one `variant  µs  class` line per
-//! class), so tuning happens once per device and driver, and a new driver retunes.
+//! `<cache root>/matmul/<device uuid>-<driver version>-<features>.tsv` (one `variant  µs
+//! class` line per class), so tuning happens once per device, driver and set of enabled
+//! kernel features, and a new driver retunes.
 
 use std::sync::Mutex;
 

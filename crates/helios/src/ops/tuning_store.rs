@@ -1,7 +1,14 @@
 //! Tuned winners on disk, per device: one TSV file per kernel family under the cache root
-//! (`<cache root>/<family>/<device UUID>-<driver version>.tsv`, lines `variant µs class`),
-//! loaded on first use and rewritten atomically (temporary file, rename) when a winner is
-//! added. The matmul and attention tuners share it.
+//! (`<cache root>/<family>/<device UUID>-<driver version>-<features>.tsv`, lines
+//! `variant µs class`), loaded on first use and rewritten atomically (temporary file,
+//! rename) when a winner is added. The matmul and attention tuners share it.
+//!
+//! `<features>` names the enabled features that decide which kernel families can run
+//! (cooperative matrices per input type, workgroup-scope matrices, subgroup reductions):
+//! the same device with some of them hidden (a validation layer that does not know an
+//! extension, `HELIOS_NO_SUBGROUP`) tunes into a file of its own. Once, winners tuned with
+//! cooperative matrices hidden were stored under the device's one key and later kept a
+//! run with them available on 12× slower SIMT attention kernels.
 //!
 //! The one decision a reader must know: a line whose variant the current build does not know
 //! is dropped on load, so a stale file can never force a kernel that no longer exists, and a
@@ -138,7 +145,8 @@ impl TuningStore {
     }
 }
 
-/// `<device UUID>-<driver version>`, with the version's unusual characters replaced.
+/// `<device UUID>-<driver version>-<features>`, with the version's unusual characters
+/// replaced; `<features>` is [`feature_tag`].
 fn device_key(device: &Device) -> String {
     let caps = device.context().caps();
     let safe: String = caps
@@ -152,5 +160,30 @@ fn device_key(device: &Device) -> String {
             }
         })
         .collect();
-    format!("{}-{safe}", caps.device_uuid)
+    format!("{}-{safe}-{}", caps.device_uuid, feature_tag(device))
+}
+
+/// The kernel families this device may run, as letters: `h` f16 and `b` bf16 cooperative
+/// matrices, `w` workgroup-scope matrices, `s` subgroup reductions (`-` for none).
+fn feature_tag(device: &Device) -> String {
+    let caps = super::matmul_caps(device);
+    let subgroup = matches!(
+        device.reducer(),
+        helios_kernels::rows::Reducer::Subgroup { .. }
+    );
+    let tag: String = [
+        (caps.coop_f16, 'h'),
+        (caps.coop_bf16, 'b'),
+        (!caps.coop_wg.is_empty(), 'w'),
+        (subgroup, 's'),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|&(_, c)| c)
+    .collect();
+    if tag.is_empty() {
+        "-".into()
+    } else {
+        tag
+    }
 }
