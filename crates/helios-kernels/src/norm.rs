@@ -133,6 +133,9 @@ pub struct NormKernel {
     /// Built for rows a multiple of 4 long ([`Row::whole`]): no per-slot bounds checks.
     /// [`whole_rows`](crate::rows::whole_rows) says when a launch may use it.
     pub whole: bool,
+    /// Backward: dx also adds `dx_in`, a gradient already summed for x (x's shape and
+    /// storage), so that autograd's sum of the two is not a pass of its own.
+    pub accumulate: bool,
 }
 
 /// Per-row values shared by the kernel's parts.
@@ -147,13 +150,14 @@ impl NormKernel {
     pub fn name(&self) -> String {
         let v = self.variant.tag();
         format!(
-            "{}norm{}_{v}{}_{}_{}_{}_wg{}",
+            "{}norm{}{}_{v}{}_{}_{}_{}_wg{}",
             if self.kind == NormKind::Layer {
                 "layer_"
             } else {
                 "rms_"
             },
             if self.backward { "_bwd" } else { "" },
+            if self.accumulate { "_acc" } else { "" },
             if self.whole { "w" } else { "" },
             self.storage.name(),
             self.params.name(),
@@ -172,7 +176,7 @@ impl NormKernel {
     }
 
     /// Buffer names in declaration order. Forward: x, gamma, [beta], y, [mean], rstd.
-    /// Backward: x, gamma, [mean], rstd, dy, dx, [dgamma_part, [dbeta_part]].
+    /// Backward: x, gamma, [mean], rstd, dy, [dx_in], dx, [dgamma_part, [dbeta_part]].
     pub fn buffer_names(&self) -> Vec<&'static str> {
         let l = self.layer();
         let mut v = Vec::with_capacity(8);
@@ -181,7 +185,11 @@ impl NormKernel {
             if l {
                 v.push("mean");
             }
-            v.extend(["rstd", "dy", "dx"]);
+            v.extend(["rstd", "dy"]);
+            if self.accumulate {
+                v.push("dx_in");
+            }
+            v.push("dx");
             if self.writes_partials() {
                 v.push("dgamma_part");
                 if l {
@@ -210,7 +218,7 @@ impl NormKernel {
             .iter()
             .map(|&n| {
                 let (elem, access) = match n {
-                    "x" | "dy" => (buffer_scalar(self.storage), Access::Read),
+                    "x" | "dy" | "dx_in" => (buffer_scalar(self.storage), Access::Read),
                     "y" | "dx" => (buffer_scalar(self.storage), Access::Write),
                     "gamma" | "beta" => (buffer_scalar(self.params), Access::Read),
                     "mean" | "rstd" if self.backward => (Scalar::F32, Access::Read),
@@ -238,6 +246,7 @@ impl NormKernel {
             mean: buf("mean"),
             rstd: buf("rstd").expect("rstd"),
             dy: buf("dy"),
+            dx_in: buf("dx_in"),
             dgamma: buf("dgamma_part"),
             dbeta: buf("dbeta_part"),
         };
@@ -653,6 +662,8 @@ pub(crate) struct Bufs {
     pub(crate) mean: Option<Buffer>,
     pub(crate) rstd: Buffer,
     pub(crate) dy: Option<Buffer>,
+    /// Backward with `accumulate`: the gradient dx adds.
+    pub(crate) dx_in: Option<Buffer>,
     pub(crate) dgamma: Option<Buffer>,
     pub(crate) dbeta: Option<Buffer>,
 }
@@ -686,6 +697,7 @@ impl NormKernel {
                         workgroup: 256,
                         binding,
                         whole: kind == NormKind::Layer && i != 1,
+                        accumulate: backward && kind == NormKind::Layer,
                     });
                 }
             }

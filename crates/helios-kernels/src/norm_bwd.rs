@@ -143,9 +143,17 @@ impl NormKernel {
             u32::from(unroll),
             |k, slots| {
                 let v: Vec<_> = slots.iter().map(|&s| load(k, s)).collect();
-                for (&s, (x, dy, gm)) in slots.iter().zip(v) {
+                let acc: Vec<Option<Val>> = slots
+                    .iter()
+                    .map(|&s| b.dx_in.map(|d| c.row.load(k, d, st, s, 0.0)))
+                    .collect();
+                for ((&s, (x, dy, gm)), acc) in slots.iter().zip(v).zip(acc) {
                     let (xh, g) = self.xhat_g(k, c, s, x, dy, gm, mean, rstd);
                     let dx = Self::dx(k, xh, g, a, bb, rstd);
+                    let dx = match acc {
+                        Some(a) => k.add(dx, a),
+                        None => dx,
+                    };
                     c.row.store(k, b.y, st, s, dx);
                 }
             },
@@ -208,25 +216,27 @@ impl NormKernel {
             let (row, valid) = Row::nth(k, r, rows, len, vec, whole);
             let (mean, rstd) = self.row_stats(k, b, r, valid);
             let s0 = k.shr(row.start, vshift);
-            let slots: Vec<(Val, Val)> = cols
+            let slots: Vec<[Val; 3]> = cols
                 .iter()
                 .map(|&(cs, inside, _, _, _)| {
                     let slot = k.add(s0, cs);
                     let live = k.and(inside, valid);
-                    let xb = b.x;
-                    let x = k.if_value(
-                        live,
-                        ty,
-                        |k| load_f32(k, xb, slot, vec, st),
-                        |k| k.const_float(ty, 0.0),
-                    );
-                    let dy = k.if_value(
-                        live,
-                        ty,
-                        |k| load_f32(k, dyb, slot, vec, st),
-                        |k| k.const_float(ty, 0.0),
-                    );
-                    (x, dy)
+                    let load = |k: &mut KernelBuilder, buf| {
+                        k.if_value(
+                            live,
+                            ty,
+                            |k| load_f32(k, buf, slot, vec, st),
+                            |k| k.const_float(ty, 0.0),
+                        )
+                    };
+                    let x = load(k, b.x);
+                    let dy = load(k, dyb);
+                    // The gradient dx adds (zeros when the kernel does not accumulate).
+                    let acc = match b.dx_in {
+                        Some(d) => load(k, d),
+                        None => k.const_float(ty, 0.0),
+                    };
+                    [x, dy, acc]
                 })
                 .collect();
             (mean, rstd, slots)
@@ -234,9 +244,9 @@ impl NormKernel {
         let (mean0, rstd0, first) = fetch(k, unit);
         let next_mean = k.var_init(mean0);
         let next_rstd = k.var_init(rstd0);
-        let next: Vec<(Var, Var)> = first
+        let next: Vec<[Var; 3]> = first
             .into_iter()
-            .map(|(x, dy)| (k.var_init(x), k.var_init(dy)))
+            .map(|vals| vals.map(|v| k.var_init(v)))
             .collect();
         k.while_(
             |k| {
@@ -254,20 +264,21 @@ impl NormKernel {
                     len_f,
                 };
                 let (mean, rstd) = (k.get(next_mean), k.get(next_rstd));
-                let current: Vec<(Val, Val)> =
-                    next.iter().map(|&(x, dy)| (k.get(x), k.get(dy))).collect();
+                let current: Vec<[Val; 3]> =
+                    next.iter().map(|vars| vars.map(|v| k.get(v))).collect();
                 let rn = k.add(r, stride);
                 let (mean_n, rstd_n, ahead) = fetch(k, rn);
                 k.set(next_mean, mean_n);
                 k.set(next_rstd, rstd_n);
-                for (&(vx, vdy), (x, dy)) in next.iter().zip(ahead) {
-                    k.set(vx, x);
-                    k.set(vdy, dy);
+                for (vars, vals) in next.iter().zip(ahead) {
+                    for (&v, x) in vars.iter().zip(vals) {
+                        k.set(v, x);
+                    }
                 }
                 let s0 = k.shr(c.row.start, vshift);
                 let mut held = Vec::new();
                 let (mut a, mut bb) = (k.const_f32(0.0), k.const_f32(0.0));
-                for (&(cs, inside, gm, _, _), (x, dy)) in cols.iter().zip(current) {
+                for (&(cs, inside, gm, _, _), [x, dy, acc]) in cols.iter().zip(current) {
                     let slot = k.add(s0, cs);
                     let live = k.and(inside, valid);
                     let m = k.splat(mean, vec);
@@ -282,11 +293,15 @@ impl NormKernel {
                     let gx = k.mul(g, xh);
                     let h2 = hsum(k, gx);
                     bb = k.add(bb, h2);
-                    held.push((slot, live, xh, g, dy));
+                    held.push((slot, live, xh, g, dy, acc));
                 }
                 let (ma, mb) = self.bwd_sums(k, groups, &c, a, bb);
-                for (&(_, _, _, dg, db), (slot, live, xh, g, dy)) in cols.iter().zip(held) {
+                for (&(_, _, _, dg, db), (slot, live, xh, g, dy, acc)) in cols.iter().zip(held) {
                     let dx = Self::dx(k, xh, g, ma, mb, rstd);
+                    let dx = match b.dx_in {
+                        Some(_) => k.add(dx, acc),
+                        None => dx,
+                    };
                     let yb = b.y;
                     k.if_(live, |k| store_f32(k, yb, slot, dx, st));
                     let cur = k.get(dg);

@@ -67,6 +67,37 @@ thread_local! {
     /// Node addresses of the gradients the running backward rule already took through an
     /// activation's derivative (see [`through_activation`]).
     static THROUGH_ACT: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// While a backward rule runs: per input, the gradient its other consumers already
+    /// summed for it, which the rule may add itself ([`take_pending`]).
+    static PENDING: RefCell<Vec<Option<Tensor>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The gradient the other consumers of input `i` of the running backward rule's op have
+/// already summed for it, if there is one and `fits` accepts it. A rule that takes it
+/// returns for input `i` its own gradient plus this one (a norm's backward adds it inside
+/// its kernel), and the engine adds nothing; otherwise the engine sums the two as usual (a
+/// pass over both, ~40 µs for a GPT-2 residual stream at 8×1024 on an H100). Not for a
+/// gradient the rule marks with [`through_activation`] (another sum).
+pub(crate) fn take_pending(i: usize, fits: impl FnOnce(&Tensor) -> bool) -> Option<Tensor> {
+    PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        let slot = p.get_mut(i)?;
+        if slot.as_ref().is_some_and(fits) {
+            TAKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            slot.take()
+        } else {
+            None
+        }
+    })
+}
+
+/// Pending gradients rules have taken ([`take_pending`]) since the process started.
+static TAKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many gradient sums backward rules have computed inside their own kernels so far
+/// (process-wide; tests).
+pub fn folded_gradient_sums() -> u64 {
+    TAKEN.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Records that `out` is `act(input)`: a backward rule whose input `out` is (a linear
@@ -372,7 +403,10 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
     // Per activation node: the gradients at its input that rules already computed.
     let mut through: FxHashMap<*const GradNode, Tensor> = FxHashMap::default();
     grads.insert(Arc::as_ptr(root), seed);
+    // Inputs of the running rule whose pending gradient it took (`take_pending`).
+    let mut taken: smallvec::SmallVec<[*const GradNode; 4]> = smallvec::SmallVec::new();
     for node in order {
+        taken.clear();
         let backward = node
             .backward
             .lock()
@@ -398,7 +432,45 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
         let needs: smallvec::SmallVec<[bool; 4]> = node.edges.iter().map(Option::is_some).collect();
         THROUGH_ACT.with(|t| t.borrow_mut().clear());
         let mut input_grads = match g {
-            Some(g) => backward(&g, &needs)?,
+            Some(g) => {
+                // Each input's gradient summed so far, offered to the rule (the first edge
+                // to a node only: an op may read one tensor twice).
+                let mut offered = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+                offered.clear();
+                offered.extend(node.edges.iter().enumerate().map(|(i, e)| {
+                    match e {
+                        Some(GradLink::Node(n))
+                            if !node.edges[..i].iter().any(
+                                |f| matches!(f, Some(GradLink::Node(m)) if Arc::ptr_eq(m, n)),
+                            ) =>
+                        {
+                            grads.remove(&Arc::as_ptr(n))
+                        }
+                        _ => None,
+                    }
+                }));
+                let offered_any: smallvec::SmallVec<[bool; 4]> =
+                    offered.iter().map(Option::is_some).collect();
+                PENDING.with(|p| *p.borrow_mut() = offered);
+                let result = backward(&g, &needs);
+                let mut left = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+                // What the rule did not take goes back, to be summed below as before.
+                for ((e, back), offered) in node.edges.iter().zip(left.drain(..)).zip(offered_any) {
+                    match (e, back) {
+                        (Some(GradLink::Node(n)), Some(t)) => {
+                            grads.insert(Arc::as_ptr(n), t);
+                        }
+                        (Some(GradLink::Node(n)), None) if offered => {
+                            // Taken: the rule's gradient includes it (and must not be one
+                            // taken through an activation, which would be summed apart).
+                            taken.push(Arc::as_ptr(n));
+                        }
+                        _ => {}
+                    }
+                }
+                PENDING.with(|p| *p.borrow_mut() = left);
+                result?
+            }
             None => vec![None; needs.len()],
         };
         let marked = THROUGH_ACT.with(|t| std::mem::take(&mut *t.borrow_mut()));
@@ -424,6 +496,16 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
                                 detail: format!(
                                     "`{}` passed on a gradient taken through an activation \
                                      to an input that is no activation's output (a bug)",
+                                    node.name
+                                ),
+                            })
+                        }
+                        true if taken.contains(&key) => {
+                            return Err(Error::Invalid {
+                                op: "backward",
+                                detail: format!(
+                                    "`{}` took its input's pending gradient and passed it on \
+                                     through an activation (a bug)",
                                     node.name
                                 ),
                             })

@@ -29,7 +29,7 @@ pub mod selfcheck;
 mod tensor;
 mod view;
 
-pub use autograd::{checkpoint, no_grad, NoGradGuard};
+pub use autograd::{checkpoint, folded_gradient_sums, no_grad, NoGradGuard};
 pub use device::{Device, KernelConfig, KernelStats, OperandLayout, Readback, WARM_UP_MS};
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -621,6 +621,102 @@ fn softmax_norm_rules() {
     );
 }
 
+/// A norm inside a residual stream (h + norm(h), h not a leaf): the norm's backward adds the
+/// gradient the residual already gave h inside its own kernel (`folded_gradient_sums`
+/// counts it), and the sum is right.
+#[test]
+fn norm_in_a_residual_stream_adds_in_its_kernel() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let (r, c) = (5, 12);
+    let x = random(&mut rng, r * c, -2.0, 2.0);
+    let gamma = random(&mut rng, c, 0.5, 1.5);
+    let beta = random(&mut rng, c, -0.5, 0.5);
+    let norm = move |row: &[f64], mean: bool| -> Vec<f64> {
+        let n = row.len() as f64;
+        let m = if mean {
+            row.iter().sum::<f64>() / n
+        } else {
+            0.0
+        };
+        let var = row.iter().map(|v| (v - m).powi(2)).sum::<f64>() / n;
+        let rstd = 1.0 / (var + 1e-5).sqrt();
+        row.iter().map(|v| (v - m) * rstd).collect()
+    };
+    let before = helios::folded_gradient_sums();
+    check(
+        "layer_norm in a residual stream",
+        &[
+            (x.clone(), vec![r, c]),
+            (gamma.clone(), vec![c]),
+            (beta, vec![c]),
+        ],
+        |t| {
+            let h = t[0].mul_scalar(1.5).unwrap();
+            let y = h.layer_norm(&t[1], &t[2], 1e-5).unwrap().y;
+            h.add(&y).unwrap()
+        },
+        move |h| {
+            let mut out = Vec::new();
+            for row in h[0].chunks(c) {
+                let hs: Vec<f64> = row.iter().map(|v| 1.5 * v).collect();
+                let n = norm(&hs, true);
+                out.extend((0..c).map(|j| n[j] * h[1][j] + h[2][j] + hs[j]));
+            }
+            out
+        },
+    );
+    let after_layer = helios::folded_gradient_sums();
+    assert!(
+        after_layer > before,
+        "the layer norm's backward did not add the residual's gradient"
+    );
+    check(
+        "rms_norm in a residual stream",
+        &[(x, vec![r, c]), (gamma, vec![c])],
+        |t| {
+            let h = t[0].mul_scalar(1.5).unwrap();
+            let y = h.rms_norm(&t[1], 1e-5).unwrap().y;
+            h.add(&y).unwrap()
+        },
+        move |h| {
+            let mut out = Vec::new();
+            for row in h[0].chunks(c) {
+                let hs: Vec<f64> = row.iter().map(|v| 1.5 * v).collect();
+                let n = norm(&hs, false);
+                out.extend((0..c).map(|j| n[j] * h[1][j] + hs[j]));
+            }
+            out
+        },
+    );
+    assert!(
+        helios::folded_gradient_sums() > after_layer,
+        "the RMS norm's backward did not add the residual's gradient"
+    );
+    // Rows too long for the cached kernel (and not a multiple of 4) run the streaming one.
+    let long = 4102;
+    let x = random(&mut rng, 2 * long, -2.0, 2.0);
+    let gamma = random(&mut rng, long, 0.5, 1.5);
+    let beta = random(&mut rng, long, -0.5, 0.5);
+    check(
+        "layer_norm of long rows in a residual stream",
+        &[(x, vec![2, long]), (gamma, vec![long]), (beta, vec![long])],
+        |t| {
+            let h = t[0].mul_scalar(1.5).unwrap();
+            let y = h.layer_norm(&t[1], &t[2], 1e-5).unwrap().y;
+            h.add(&y).unwrap()
+        },
+        move |h| {
+            let mut out = Vec::new();
+            for row in h[0].chunks(long) {
+                let hs: Vec<f64> = row.iter().map(|v| 1.5 * v).collect();
+                let n = norm(&hs, true);
+                out.extend((0..long).map(|j| n[j] * h[1][j] + h[2][j] + hs[j]));
+            }
+            out
+        },
+    );
+}
+
 /// `loss.backward()` hands cross-entropy's saved gradient on as it is (its seed is 1); any
 /// other upstream gradient still scales it.
 #[test]

@@ -139,13 +139,7 @@ impl Tensor {
         rstd: &Tensor,
         dy: &Tensor,
     ) -> Result<NormGrads> {
-        self.contiguous()?.norm_backward(
-            NormKind::Layer,
-            &gamma.contiguous()?,
-            Some(&mean.contiguous()?),
-            &rstd.contiguous()?,
-            &dy.contiguous()?,
-        )
+        self.norm_backward_adding(gamma, Some(mean), rstd, dy, None)
     }
 
     /// Gradients of `rms_norm` at input `self`, from the forward's `rstd` and `dy`.
@@ -155,12 +149,31 @@ impl Tensor {
         rstd: &Tensor,
         dy: &Tensor,
     ) -> Result<NormGrads> {
+        self.norm_backward_adding(gamma, None, rstd, dy, None)
+    }
+
+    /// The layer norm's (`mean` given) or RMS norm's backward whose dx also adds `add` (x's
+    /// shape and dtype) inside the kernel: autograd's sum of x's gradients from the norm and
+    /// from x's other consumers (a residual stream's) without a pass of its own.
+    pub(crate) fn norm_backward_adding(
+        &self,
+        gamma: &Tensor,
+        mean: Option<&Tensor>,
+        rstd: &Tensor,
+        dy: &Tensor,
+        add: Option<&Tensor>,
+    ) -> Result<NormGrads> {
+        let kind = match mean {
+            Some(_) => NormKind::Layer,
+            None => NormKind::Rms,
+        };
         self.contiguous()?.norm_backward(
-            NormKind::Rms,
+            kind,
             &gamma.contiguous()?,
-            None,
+            mean.map(Tensor::contiguous).transpose()?.as_ref(),
             &rstd.contiguous()?,
             &dy.contiguous()?,
+            add.map(Tensor::contiguous).transpose()?.as_ref(),
         )
     }
 
@@ -192,6 +205,7 @@ impl Tensor {
             workgroup: choice.workgroup,
             binding: device.binding(),
             whole: helios_kernels::rows::whole_rows(u64::from(len), &device.config().rows),
+            accumulate: false,
         };
         (kernel, choice.threads)
     }
@@ -250,6 +264,7 @@ impl Tensor {
         mean: Option<&Tensor>,
         rstd: &Tensor,
         dy: &Tensor,
+        add: Option<&Tensor>,
     ) -> Result<NormGrads> {
         let op = if kind == NormKind::Layer {
             "layer_norm_backward"
@@ -258,6 +273,9 @@ impl Tensor {
         };
         let (rows, len) = norm_dims(op, self, &[gamma])?;
         same_operands(op, self, dy)?;
+        if let Some(a) = add {
+            same_operands(op, self, a)?;
+        }
         let stats: Vec<&Tensor> = mean.into_iter().chain(std::iter::once(rstd)).collect();
         check_stats(op, self, &stats)?;
         let device = self.device();
@@ -283,12 +301,17 @@ impl Tensor {
         }
         let cfg = device.config().rows;
         let (kernel, threads) = self.norm_kernel(kind, true, gamma, len);
+        let kernel = NormKernel {
+            accumulate: add.is_some(),
+            ..kernel
+        };
         let inputs: Vec<&Buffer> = [
             Some(self.buffer()?),
             Some(gamma.buffer()?),
             mean.map(|m| m.buffer()).transpose()?,
             Some(rstd.buffer()?),
             Some(dy.buffer()?),
+            add.map(|a| a.buffer()).transpose()?,
         ]
         .into_iter()
         .flatten()
