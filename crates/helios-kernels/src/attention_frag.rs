@@ -472,7 +472,41 @@ struct KeyBlocks<'a> {
     kend: Val,
 }
 
-impl KeyBlocks<'_> {
+impl<'a> KeyBlocks<'a> {
+    /// The walk of this workgroup's query block (Forward, Dq: from [`block_coords`], the
+    /// longest causal blocks first), its subgroup's first row at `row0` of the block.
+    fn of_query_block(
+        k: &mut KernelBuilder,
+        kern: &'a AttentionKernel,
+        p: &Params,
+        lay: &'a Layout,
+        smem: Shared,
+        (tid, threads): (Val, u32),
+        row0: Val,
+    ) -> KeyBlocks<'a> {
+        let (bq, _) = kern.variant.blocks();
+        let (b, h, qb) = block_coords(k, p, bq, kern.causal);
+        let bqc = k.u32(bq);
+        let q0 = k.mul(qb, bqc);
+        let qs = k.add(q0, row0);
+        let kend = key_end(k, p, b);
+        KeyBlocks {
+            kern,
+            smem,
+            lay,
+            movers: Movers {
+                tid,
+                threads,
+                row: lay.row,
+                bh: (b, h),
+            },
+            kv: (p.views[1], p.views[2]),
+            q0,
+            qs,
+            kend,
+        }
+    }
+
     /// Issues the loads of key block 0's K and V tiles into registers, for `run` or
     /// `run_pipelined`: a kernel calls this first thing, so that their latency overlaps its
     /// start-up (the owned rows' loads, the coordinate tile) instead of following it.
@@ -736,28 +770,10 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
         epi,
     } = start(kern, bq);
     let k = &mut kb;
-    let (b, h, qb) = block_coords(k, &p, bq, kern.causal);
-    let bqc = k.u32(bq);
-    let q0 = k.mul(qb, bqc);
-    let qs = k.add(q0, row0);
-    let kend = key_end(k, &p, b);
-    let (qv, kv, vv) = (p.views[0], p.views[1], p.views[2]);
-    let movers = Movers {
-        tid,
-        threads,
-        row: lay.row,
-        bh: (b, h),
-    };
-    let walk = KeyBlocks {
-        kern,
-        smem,
-        lay: &lay,
-        movers,
-        kv: (kv, vv),
-        q0,
-        qs,
-        kend,
-    };
+    let walk = KeyBlocks::of_query_block(k, kern, &p, &lay, smem, (tid, threads), row0);
+    let (movers, q0, qs, kend) = (walk.movers, walk.q0, walk.qs, walk.kend);
+    let (b, h) = movers.bh;
+    let qv = p.views[0];
     // The start-up's global loads all in flight at once (Q, key block 0), under the
     // coordinate tile's barriers: one memory latency per workgroup, not one per tile.
     let qp = movers.prefetch(k, qv, lay.region, bq);
@@ -1172,28 +1188,10 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
         epi,
     } = start(kern, bq);
     let k = &mut kb;
-    let (b, h, qb) = block_coords(k, &p, bq, kern.causal);
-    let bqc = k.u32(bq);
-    let q0 = k.mul(qb, bqc);
-    let qs = k.add(q0, row0);
-    let kend = key_end(k, &p, b);
-    let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
-    let movers = Movers {
-        tid,
-        threads,
-        row: lay.row,
-        bh: (b, h),
-    };
-    let walk = KeyBlocks {
-        kern,
-        smem,
-        lay: &lay,
-        movers,
-        kv: (kv, vv),
-        q0,
-        qs,
-        kend,
-    };
+    let walk = KeyBlocks::of_query_block(k, kern, &p, &lay, smem, (tid, threads), row0);
+    let (movers, q0, qs, kend) = (walk.movers, walk.q0, walk.qs, walk.kend);
+    let (b, h) = movers.bh;
+    let (qv, dov) = (p.views[0], p.views[3]);
     // The start-up's global loads all in flight at once (Q, dO, O's rows for Dsum, key
     // block 0), under the coordinate tile's barriers; Q and dO then pass through the
     // region one after the other.

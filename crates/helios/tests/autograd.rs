@@ -621,100 +621,73 @@ fn softmax_norm_rules() {
     );
 }
 
-/// A norm inside a residual stream (h + norm(h), h not a leaf): the norm's backward adds the
-/// gradient the residual already gave h inside its own kernel (`folded_gradient_sums`
-/// counts it), and the sum is right.
+/// `h + norm(h)` with `h = 1.5·x` (not a leaf) for rows of `c`, checked against finite
+/// differences: a layer norm with `beta`, else an RMS norm.
+fn check_residual_norm(name: &str, rows: usize, c: usize, beta: bool, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut inputs = vec![
+        (random(&mut rng, rows * c, -2.0, 2.0), vec![rows, c]),
+        (random(&mut rng, c, 0.5, 1.5), vec![c]),
+    ];
+    if beta {
+        inputs.push((random(&mut rng, c, -0.5, 0.5), vec![c]));
+    }
+    check(
+        name,
+        &inputs,
+        |t| {
+            let h = t[0].mul_scalar(1.5).unwrap();
+            let y = match t.get(2) {
+                Some(b) => h.layer_norm(&t[1], b, 1e-5).unwrap().y,
+                None => h.rms_norm(&t[1], 1e-5).unwrap().y,
+            };
+            h.add(&y).unwrap()
+        },
+        move |h| {
+            let mut out = Vec::new();
+            for row in h[0].chunks(c) {
+                let hs: Vec<f64> = row.iter().map(|v| 1.5 * v).collect();
+                let n = c as f64;
+                let m = if beta {
+                    hs.iter().sum::<f64>() / n
+                } else {
+                    0.0
+                };
+                let var = hs.iter().map(|v| (v - m).powi(2)).sum::<f64>() / n;
+                let rstd = 1.0 / (var + 1e-5).sqrt();
+                out.extend((0..c).map(|j| {
+                    let shift = if beta { h[2][j] } else { 0.0 };
+                    (hs[j] - m) * rstd * h[1][j] + shift + hs[j]
+                }));
+            }
+            out
+        },
+    );
+}
+
+/// A norm inside a residual stream: the norm's backward adds the gradient the residual
+/// already gave h inside its own kernel (`folded_gradient_sums` counts it), and the sum is
+/// right, for layer and RMS norms and for rows too long for the cached kernel (not a
+/// multiple of 4: the streaming one).
 #[test]
 fn norm_in_a_residual_stream_adds_in_its_kernel() {
-    let mut rng = StdRng::seed_from_u64(23);
-    let (r, c) = (5, 12);
-    let x = random(&mut rng, r * c, -2.0, 2.0);
-    let gamma = random(&mut rng, c, 0.5, 1.5);
-    let beta = random(&mut rng, c, -0.5, 0.5);
-    let norm = move |row: &[f64], mean: bool| -> Vec<f64> {
-        let n = row.len() as f64;
-        let m = if mean {
-            row.iter().sum::<f64>() / n
-        } else {
-            0.0
-        };
-        let var = row.iter().map(|v| (v - m).powi(2)).sum::<f64>() / n;
-        let rstd = 1.0 / (var + 1e-5).sqrt();
-        row.iter().map(|v| (v - m) * rstd).collect()
-    };
-    let before = helios::folded_gradient_sums();
-    check(
-        "layer_norm in a residual stream",
-        &[
-            (x.clone(), vec![r, c]),
-            (gamma.clone(), vec![c]),
-            (beta, vec![c]),
-        ],
-        |t| {
-            let h = t[0].mul_scalar(1.5).unwrap();
-            let y = h.layer_norm(&t[1], &t[2], 1e-5).unwrap().y;
-            h.add(&y).unwrap()
-        },
-        move |h| {
-            let mut out = Vec::new();
-            for row in h[0].chunks(c) {
-                let hs: Vec<f64> = row.iter().map(|v| 1.5 * v).collect();
-                let n = norm(&hs, true);
-                out.extend((0..c).map(|j| n[j] * h[1][j] + h[2][j] + hs[j]));
-            }
-            out
-        },
-    );
-    let after_layer = helios::folded_gradient_sums();
-    assert!(
-        after_layer > before,
-        "the layer norm's backward did not add the residual's gradient"
-    );
-    check(
-        "rms_norm in a residual stream",
-        &[(x, vec![r, c]), (gamma, vec![c])],
-        |t| {
-            let h = t[0].mul_scalar(1.5).unwrap();
-            let y = h.rms_norm(&t[1], 1e-5).unwrap().y;
-            h.add(&y).unwrap()
-        },
-        move |h| {
-            let mut out = Vec::new();
-            for row in h[0].chunks(c) {
-                let hs: Vec<f64> = row.iter().map(|v| 1.5 * v).collect();
-                let n = norm(&hs, false);
-                out.extend((0..c).map(|j| n[j] * h[1][j] + hs[j]));
-            }
-            out
-        },
-    );
-    assert!(
-        helios::folded_gradient_sums() > after_layer,
-        "the RMS norm's backward did not add the residual's gradient"
-    );
-    // Rows too long for the cached kernel (and not a multiple of 4) run the streaming one.
-    let long = 4102;
-    let x = random(&mut rng, 2 * long, -2.0, 2.0);
-    let gamma = random(&mut rng, long, 0.5, 1.5);
-    let beta = random(&mut rng, long, -0.5, 0.5);
-    check(
-        "layer_norm of long rows in a residual stream",
-        &[(x, vec![2, long]), (gamma, vec![long]), (beta, vec![long])],
-        |t| {
-            let h = t[0].mul_scalar(1.5).unwrap();
-            let y = h.layer_norm(&t[1], &t[2], 1e-5).unwrap().y;
-            h.add(&y).unwrap()
-        },
-        move |h| {
-            let mut out = Vec::new();
-            for row in h[0].chunks(long) {
-                let hs: Vec<f64> = row.iter().map(|v| 1.5 * v).collect();
-                let n = norm(&hs, true);
-                out.extend((0..long).map(|j| n[j] * h[1][j] + h[2][j] + hs[j]));
-            }
-            out
-        },
-    );
+    for (name, rows, c, beta) in [
+        ("layer_norm in a residual stream", 5, 12, true),
+        ("rms_norm in a residual stream", 5, 12, false),
+        (
+            "layer_norm of long rows in a residual stream",
+            2,
+            4102,
+            true,
+        ),
+    ] {
+        let before = helios::folded_gradient_sums();
+        check_residual_norm(name, rows, c, beta, 23);
+        assert!(
+            helios::folded_gradient_sums() > before,
+            "{name}: the norm's backward did not add the residual's gradient"
+        );
+    }
 }
 
 /// `loss.backward()` hands cross-entropy's saved gradient on as it is (its seed is 1); any
