@@ -17,6 +17,9 @@
 //!   input (`mark_activation`, `through_activation`): a linear layer reading a GELU's output
 //!   computes the gradient at the GELU's input in its product's epilogue. The engine keeps
 //!   such gradients apart and adds them after the activation's own rule has run on the rest.
+//! - While a rule runs, the engine offers it the gradient each input already has from its
+//!   other consumers (`take_pending`); a rule that takes one adds it itself (a norm's
+//!   backward inside its kernel: a residual stream's sum without a pass of its own).
 
 use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex};
