@@ -3,7 +3,8 @@
 // checked on the device, non-canonical input must be rejected before anything is submitted,
 // and a test fails on any validation message.
 
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use helios_field::{
     cpu, edge_elements, random_elements, Batch, Field, FieldConfig, FieldError, FieldOp, Fq, Job,
@@ -11,7 +12,25 @@ use helios_field::{
 };
 use helios_vk::{env, Context, Instance, InstanceOptions};
 
+/// Held by a test thread from its first context on until the thread ends, so the tests of
+/// this binary never use Vulkan at the same time: the Khronos validation layer (Debian's
+/// 1.3.239) races one device's creation against another device's commands (helios-vk's
+/// tests hold the same kind of lock, session 22); this binary crashed in it once in CI-like
+/// runs (SIGSEGV, session 23).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    static HELD: RefCell<Option<MutexGuard<'static, ()>>> = const { RefCell::new(None) };
+}
+
 fn context() -> Arc<Context> {
+    HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        if held.is_none() {
+            // A test that panicked while holding it poisoned nothing it protects.
+            *held = Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    });
     let validation = env::flag(env::HELIOS_VALIDATION)
         .expect("HELIOS_VALIDATION must be 0 or 1")
         .unwrap_or(true);
