@@ -31,7 +31,11 @@ use crate::{Error, Result, Tensor};
 
 /// The gradient of each input (`None` where it needs none), given the output's gradient and
 /// which inputs need one.
-pub(crate) type Backward = Box<dyn FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send>;
+pub(crate) type Backward = Box<dyn FnOnce(&Tensor, &[bool]) -> Result<Grads> + Send>;
+
+/// A rule's gradients, one per input (`None` where it needs none): inline, since a step
+/// runs hundreds of rules and most ops have one to three inputs.
+pub(crate) type Grads = smallvec::SmallVec<[Option<Tensor>; 3]>;
 
 /// Where the gradient of a tensor goes.
 #[derive(Clone)]
@@ -226,7 +230,7 @@ pub fn checkpoint(
         let y = f(&leaves)?;
         if !y.requires_grad() {
             // `f` ignored every input that needs a gradient.
-            return Ok(vec![None; leaves.len()]);
+            return Ok(smallvec::smallvec![None; leaves.len()]);
         }
         y.backward_with(g)?;
         Ok(leaves
@@ -243,7 +247,7 @@ pub(crate) fn record(
     name: &'static str,
     inputs: &[&Tensor],
     out: Tensor,
-    backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    backward: impl FnOnce(&Tensor, &[bool]) -> Result<Grads> + Send + 'static,
 ) -> Tensor {
     if !grad_enabled() || inputs.iter().all(|t| t.grad_link().is_none()) {
         return out;
@@ -380,18 +384,15 @@ fn topological(root: &Arc<GradNode>) -> Vec<Arc<GradNode>> {
         if seen.insert(Arc::as_ptr(&n), ()).is_some() {
             continue;
         }
-        let children: Vec<Arc<GradNode>> = n
-            .edges
-            .iter()
-            .filter_map(|e| match e {
-                Some(GradLink::Node(c)) => Some(c.clone()),
-                _ => None,
-            })
-            .collect();
+        // The node, then its inputs above it (no list of them: one allocation a node).
+        let at = stack.len();
         stack.push((n, true));
-        for c in children {
-            if !seen.contains_key(&Arc::as_ptr(&c)) {
-                stack.push((c, false));
+        for i in 0..stack[at].0.edges.len() {
+            if let Some(GradLink::Node(c)) = &stack[at].0.edges[i] {
+                if !seen.contains_key(&Arc::as_ptr(c)) {
+                    let c = c.clone();
+                    stack.push((c, false));
+                }
             }
         }
     }
@@ -474,7 +475,7 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
                 PENDING.with(|p| *p.borrow_mut() = left);
                 result?
             }
-            None => vec![None; needs.len()],
+            None => smallvec::smallvec![None; needs.len()],
         };
         let marked = THROUGH_ACT.with(|t| std::mem::take(&mut *t.borrow_mut()));
         if let Some(done) = done {

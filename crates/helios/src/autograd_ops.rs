@@ -115,7 +115,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
             false => g.mul_scalar(alpha)?,
         };
         let nd = bd.shape().len();
-        let mut grads = Vec::with_capacity(needs.len());
+        let mut grads = autograd::Grads::new();
         let bt = bd.transpose(nd - 2, nd - 1)?;
         let through = a_link
             .as_ref()
@@ -157,7 +157,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
         (_, Some(out)) => {
             let zd = z.detach();
             let y = record("activation", &[&z], out, move |g, _| {
-                Ok(vec![Some(match act {
+                Ok(smallvec::smallvec![Some(match act {
                     Activation::Relu => zd.relu_backward(g)?,
                     Activation::GeluTanh => zd.gelu_tanh_backward(g)?,
                     Activation::None => unreachable!("matched above"),
@@ -214,7 +214,7 @@ pub(crate) fn softmax(x: &Tensor, log: bool, opts: SoftmaxOptions) -> Result<Ten
             true => yd.log_softmax_backward(g, opts)?,
             false => yd.softmax_backward(g, opts)?,
         };
-        Ok(vec![Some(dx)])
+        Ok(smallvec::smallvec![Some(dx)])
     }))
 }
 
@@ -236,7 +236,7 @@ pub(crate) fn layer_norm(
         // x's gradient from its other consumers (a residual stream's), added in the kernel.
         let add = autograd::take_pending(0, |t| t.shape() == xd.shape() && t.dtype() == xd.dtype());
         let grads = xd.norm_backward_adding(&gd, mean.as_ref(), &rstd, g, add.as_ref())?;
-        let mut v = vec![Some(grads.dx), Some(grads.dgamma)];
+        let mut v: autograd::Grads = smallvec::smallvec![Some(grads.dx), Some(grads.dgamma)];
         if mean.is_some() {
             v.push(grads.dbeta);
         }
@@ -256,10 +256,10 @@ pub(crate) fn cross_entropy(logits: &Tensor, ce: CrossEntropy) -> CrossEntropy {
     let loss = record("cross_entropy", &[logits], ce.loss.clone(), move |g, _| {
         // g: (1,), the upstream gradient of the mean loss.
         if crate::autograd::is_unit_seed(g) {
-            return Ok(vec![Some(dlogits.clone())]);
+            return Ok(smallvec::smallvec![Some(dlogits.clone())]);
         }
         let scale = g.reshape(&vec![1; nd])?.to_dtype(dlogits.dtype())?;
-        Ok(vec![Some(dlogits.mul(&scale)?)])
+        Ok(smallvec::smallvec![Some(dlogits.mul(&scale)?)])
     });
     CrossEntropy {
         loss,

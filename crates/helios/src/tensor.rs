@@ -244,7 +244,11 @@ impl Tensor {
             op.name(),
             &[self],
             y,
-            move |g, _| Ok(vec![Some(grad_rules::unary(op, &x, &yd, g)?)]),
+            move |g, _| {
+                Ok(smallvec::smallvec![Some(grad_rules::unary(
+                    op, &x, &yd, g
+                )?)])
+            },
         ))
     }
 
@@ -280,7 +284,7 @@ impl Tensor {
             y,
             move |g, _| {
                 let (da, db) = grad_rules::binary(op, &a, &b, &yd, g)?;
-                Ok(vec![Some(da), Some(db)])
+                Ok(smallvec::smallvec![Some(da), Some(db)])
             },
         ))
     }
@@ -309,7 +313,7 @@ impl Tensor {
             y,
             move |g, _| {
                 let dx = grad_rules::scalar(op, s, scalar_first, &x, &yd, g)?;
-                Ok(vec![Some(dx)])
+                Ok(smallvec::smallvec![Some(dx)])
             },
         ))
     }
@@ -332,7 +336,7 @@ impl Tensor {
                 let zero = g.mul_scalar(0.0)?;
                 let da = g.where_(&c, &zero)?;
                 let db = zero.where_(&c, g)?;
-                Ok(vec![
+                Ok(smallvec::smallvec![
                     Some(crate::autograd::reduce_to(&da, &a_shape)?),
                     Some(crate::autograd::reduce_to(&db, &b_shape)?),
                 ])

@@ -43,7 +43,7 @@ impl Tensor {
         };
         let back = self.shape().to_vec();
         Ok(record("reshape", &[self], out, move |g, _| {
-            Ok(vec![Some(g.reshape(&back)?)])
+            Ok(smallvec::smallvec![Some(g.reshape(&back)?)])
         }))
     }
 
@@ -57,7 +57,7 @@ impl Tensor {
             "transpose",
             &[self],
             self.with_layout(l),
-            move |g, _| Ok(vec![Some(g.transpose(a, b)?)]),
+            move |g, _| Ok(smallvec::smallvec![Some(g.transpose(a, b)?)]),
         ))
     }
 
@@ -75,7 +75,7 @@ impl Tensor {
             "permute",
             &[self],
             self.with_layout(l),
-            move |g, _| Ok(vec![Some(g.permute(&inverse)?)]),
+            move |g, _| Ok(smallvec::smallvec![Some(g.permute(&inverse)?)]),
         ))
     }
 
@@ -90,7 +90,7 @@ impl Tensor {
             "narrow",
             &[self],
             self.with_layout(l),
-            move |g, _| Ok(vec![Some(g.pad(dim, start, full)?)]),
+            move |g, _| Ok(smallvec::smallvec![Some(g.pad(dim, start, full)?)]),
         ))
     }
 
@@ -114,7 +114,11 @@ impl Tensor {
             "broadcast_to",
             &[self],
             self.with_layout(l),
-            move |g, _| Ok(vec![Some(crate::autograd::reduce_to(g, &back)?)]),
+            move |g, _| {
+                Ok(smallvec::smallvec![Some(crate::autograd::reduce_to(
+                    g, &back
+                )?)])
+            },
         ))
     }
 
@@ -136,7 +140,7 @@ impl Tensor {
             self.dtype(),
         )?;
         Ok(record("contiguous", &[self], out, |g, _| {
-            Ok(vec![Some(g.clone())])
+            Ok(smallvec::smallvec![Some(g.clone())])
         }))
     }
 
@@ -149,7 +153,7 @@ impl Tensor {
         let out = self.elementwise(ElementwiseOp::Unary(UnaryOp::Copy), &[self], None, dtype)?;
         let back = self.dtype();
         Ok(record("to_dtype", &[self], out, move |g, _| {
-            Ok(vec![Some(g.to_dtype(back)?)])
+            Ok(smallvec::smallvec![Some(g.to_dtype(back)?)])
         }))
     }
 }
@@ -172,7 +176,7 @@ impl Tensor {
         let out = self.lazy(op, &[self], self.dtype())?;
         let len = self.shape()[dim];
         Ok(record("pad", &[self], out, move |g, _| {
-            Ok(vec![Some(g.narrow(dim, start, len)?)])
+            Ok(smallvec::smallvec![Some(g.narrow(dim, start, len)?)])
         }))
     }
 

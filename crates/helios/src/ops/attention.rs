@@ -191,7 +191,7 @@ impl Tensor {
                 let g = g.to_dtype(q.dtype())?;
                 let grads = q.attention_backward(&kd, &vd, &saved, &g, &opts)?;
                 // Each in its input's own shape ([B, T, 1, H, D] for `split_qkv` views).
-                Ok(vec![
+                Ok(smallvec::smallvec![
                     Some(grads.dq.reshape(q.shape())?),
                     Some(grads.dk.reshape(kd.shape())?),
                     Some(grads.dv.reshape(vd.shape())?),

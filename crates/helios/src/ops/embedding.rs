@@ -25,7 +25,11 @@ impl Tensor {
             "embedding",
             &[self],
             out,
-            move |g, _| Ok(vec![Some(g.embedding_backward(&ids, vocab)?)]),
+            move |g, _| {
+                Ok(smallvec::smallvec![Some(
+                    g.embedding_backward(&ids, vocab)?
+                )])
+            },
         ))
     }
 

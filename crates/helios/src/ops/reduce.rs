@@ -229,9 +229,9 @@ impl Tensor {
             &[self],
             y,
             move |g, _| {
-                Ok(vec![Some(crate::autograd_ops::reduce_backward(
-                    op, axis, &x, &yd, g,
-                )?)])
+                Ok(smallvec::smallvec![Some(
+                    crate::autograd_ops::reduce_backward(op, axis, &x, &yd, g,)?
+                )])
             },
         ))
     }
