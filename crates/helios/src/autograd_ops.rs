@@ -96,7 +96,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
     } else {
         (a.matmul_raw(b, &kernel_opts)?, None)
     };
-    let mut linked = vec![a, b];
+    let mut linked: smallvec::SmallVec<[&Tensor; 4]> = smallvec::smallvec![a, b];
     linked.extend(opts.bias);
     linked.extend(residual);
     let (ad, bd) = (a.detach(), b.detach());

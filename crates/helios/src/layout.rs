@@ -10,8 +10,8 @@
 /// Sizes or strides, inline up to 6 dimensions.
 pub(crate) type Dims = smallvec::SmallVec<[usize; 6]>;
 
-/// Row-major layouts a thread keeps by shape, at most this many (then it starts over).
-const ROW_MAJOR_CACHED: usize = 512;
+/// Layouts a thread keeps in each of its caches, at most this many (then it starts over).
+const LAYOUTS_CACHED: usize = 512;
 
 thread_local! {
     /// The row-major layouts this thread made, by shape. A training step makes the same few
@@ -19,6 +19,10 @@ thread_local! {
     /// count where a new one cost an allocation and its free (a quarter of a 12-block
     /// step's ~4300 allocations were layouts).
     static ROW_MAJOR: std::cell::RefCell<rustc_hash::FxHashMap<Dims, Layout>> =
+        std::cell::RefCell::new(rustc_hash::FxHashMap::default());
+    /// The other views this thread made (transposes, narrows, broadcasts), by shape,
+    /// strides and offset: a step makes the same ones again too.
+    static VIEWS: std::cell::RefCell<rustc_hash::FxHashMap<(Dims, Dims, usize), Layout>> =
         std::cell::RefCell::new(rustc_hash::FxHashMap::default());
 }
 
@@ -155,15 +159,36 @@ pub(crate) fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
 }
 
 impl Layout {
+    /// The layout of (shape, strides, offset): one this thread made before where it has one
+    /// (see `ROW_MAJOR` and `VIEWS`).
     fn new(shape: Dims, strides: Dims, offset: usize) -> Layout {
-        let row_major = offset == 0 && strides == contiguous_dims(&shape);
-        Layout(std::sync::Arc::new(Parts {
-            len: shape.iter().product(),
-            shape,
-            strides,
-            offset,
-            row_major,
-        }))
+        if offset == 0 && strides == contiguous_dims(&shape) {
+            return Layout::contiguous(&shape);
+        }
+        let make = |shape: Dims, strides: Dims| {
+            Layout(std::sync::Arc::new(Parts {
+                len: shape.iter().product(),
+                shape,
+                strides,
+                offset,
+                row_major: false,
+            }))
+        };
+        let key = (shape, strides, offset);
+        VIEWS
+            .try_with(|cache| {
+                let mut cache = cache.borrow_mut();
+                if let Some(l) = cache.get(&key) {
+                    return l.clone();
+                }
+                if cache.len() >= LAYOUTS_CACHED {
+                    cache.clear();
+                }
+                let l = make(key.0.clone(), key.1.clone());
+                cache.insert(key.clone(), l.clone());
+                l
+            })
+            .unwrap_or_else(|_| make(key.0.clone(), key.1.clone()))
     }
 
     /// A row-major layout of `shape` from element 0: one this thread made before for the
@@ -184,7 +209,7 @@ impl Layout {
                 if let Some(l) = cache.get(shape) {
                     return l.clone();
                 }
-                if cache.len() >= ROW_MAJOR_CACHED {
+                if cache.len() >= LAYOUTS_CACHED {
                     cache.clear();
                 }
                 let l = make();

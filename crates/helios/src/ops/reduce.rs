@@ -341,8 +341,9 @@ impl Tensor {
         };
         // What the first step reads: the tensor's buffer, or the prologue's leaves at their
         // element offsets.
-        let source: Vec<(&Buffer, u64)> = match &x {
-            Some(x) => vec![(x.buffer()?, 0)],
+        // Inline lists: this runs for every reduction (bias gradients, losses, norms).
+        let source: smallvec::SmallVec<[(&Buffer, u64); 4]> = match &x {
+            Some(x) => smallvec::smallvec![(x.buffer()?, 0)],
             None => leaves
                 .iter()
                 .map(|(n, off)| Ok((n.buffer()?, (off * n.dtype.size()) as u64)))
@@ -359,7 +360,8 @@ impl Tensor {
                 );
             }
         }
-        let outputs: Vec<(&Buffer, u64)> = y.into_iter().chain(yi).map(|b| (b, 0)).collect();
+        let outputs: smallvec::SmallVec<[(&Buffer, u64); 2]> =
+            y.into_iter().chain(yi).map(|b| (b, 0)).collect();
         match steps.as_slice() {
             [step] => run_step(device, step, &source, &outputs, scale, (&scalars, &offsets)),
             [partial, combine] => {
@@ -369,7 +371,7 @@ impl Tensor {
                     Reduction::ArgMax => Some(device.scratch(n * 4)?),
                     _ => None,
                 };
-                let mid: Vec<(&Buffer, u64)> = std::iter::once(&values)
+                let mid: smallvec::SmallVec<[(&Buffer, u64); 2]> = std::iter::once(&values)
                     .chain(indices.as_ref())
                     .map(|b| (b, 0))
                     .collect();
