@@ -75,8 +75,11 @@ thread_local! {
     /// activation's derivative (see [`through_activation`]).
     static THROUGH_ACT: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
     /// While a backward rule runs: per input, the gradient its other consumers already
-    /// summed for it, which the rule may add itself ([`take_pending`]).
+    /// summed for it, which the rule may add itself ([`take_pending`]). A rule that runs a
+    /// backward of its own (`checkpoint`) finds its list restored when that returns.
     static PENDING: RefCell<Vec<Option<Tensor>>> = const { RefCell::new(Vec::new()) };
+    /// An empty list with capacity, for the next offer (no allocation a rule).
+    static SPARE_OFFER: RefCell<Vec<Option<Tensor>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The gradient the other consumers of input `i` of the running backward rule's op have
@@ -439,7 +442,7 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
             Some(g) => {
                 // Each input's gradient summed so far, offered to the rule (the first edge
                 // to a node only: an op may read one tensor twice).
-                let mut offered = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+                let mut offered = SPARE_OFFER.with(|p| std::mem::take(&mut *p.borrow_mut()));
                 offered.clear();
                 offered.extend(node.edges.iter().enumerate().map(|(i, e)| {
                     match e {
@@ -455,9 +458,11 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
                 }));
                 let offered_any: smallvec::SmallVec<[bool; 4]> =
                     offered.iter().map(Option::is_some).collect();
-                PENDING.with(|p| *p.borrow_mut() = offered);
+                // Swapped in and out: an enclosing rule's list (a checkpoint's backward runs
+                // this loop inside its rule) comes back untouched.
+                let outer = PENDING.with(|p| std::mem::replace(&mut *p.borrow_mut(), offered));
                 let result = backward(&g, &needs);
-                let mut left = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+                let mut left = PENDING.with(|p| std::mem::replace(&mut *p.borrow_mut(), outer));
                 // What the rule did not take goes back, to be summed below as before.
                 for ((e, back), offered) in node.edges.iter().zip(left.drain(..)).zip(offered_any) {
                     match (e, back) {
@@ -472,7 +477,7 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
                         _ => {}
                     }
                 }
-                PENDING.with(|p| *p.borrow_mut() = left);
+                SPARE_OFFER.with(|p| *p.borrow_mut() = left);
                 result?
             }
             None => smallvec::smallvec![None; needs.len()],

@@ -665,6 +665,41 @@ fn check_residual_norm(name: &str, rows: usize, c: usize, beta: bool, seed: u64)
     );
 }
 
+/// A checkpointed norm inside a residual stream: the checkpoint's backward runs a backward
+/// of its own, which must not disturb the gradient the engine offered the checkpoint's rule
+/// (the residual's, for h).
+#[test]
+fn checkpoint_in_a_residual_stream_keeps_the_offered_gradient() {
+    let mut rng = StdRng::seed_from_u64(29);
+    let (r, c) = (4, 10);
+    let x = random(&mut rng, r * c, -2.0, 2.0);
+    let gamma = random(&mut rng, c, 0.5, 1.5);
+    let beta = random(&mut rng, c, -0.5, 0.5);
+    check(
+        "checkpointed layer_norm in a residual stream",
+        &[(x, vec![r, c]), (gamma, vec![c]), (beta, vec![c])],
+        |t| {
+            let h = t[0].mul_scalar(1.5).unwrap();
+            let y = helios::checkpoint(&[&h, &t[1], &t[2]], |u| {
+                Ok(u[0].layer_norm(&u[1], &u[2], 1e-5)?.y)
+            })
+            .unwrap();
+            h.add(&y).unwrap()
+        },
+        move |h| {
+            let mut out = Vec::new();
+            for row in h[0].chunks(c) {
+                let hs: Vec<f64> = row.iter().map(|v| 1.5 * v).collect();
+                let m = hs.iter().sum::<f64>() / c as f64;
+                let var = hs.iter().map(|v| (v - m).powi(2)).sum::<f64>() / c as f64;
+                let rstd = 1.0 / (var + 1e-5).sqrt();
+                out.extend((0..c).map(|j| (hs[j] - m) * rstd * h[1][j] + h[2][j] + hs[j]));
+            }
+            out
+        },
+    );
+}
+
 /// A norm inside a residual stream: the norm's backward adds the gradient the residual
 /// already gave h inside its own kernel (`folded_gradient_sums` counts it), and the sum is
 /// right, for layer and RMS norms and for rows too long for the cached kernel (not a
