@@ -23,7 +23,7 @@
 //! | `HELIOS_SPIRV_VAL=<path>` | the `spirv-val` binary tests use (default: `.tools/bin/spirv-val`, installed by `scripts/deps.sh test`; never one on PATH) |
 //! | `HELIOS_MATMUL_VARIANT=<name>` | force a matmul variant (`simt128x128`, `coop128x128w2x2`, ...: `helios_kernels::matmul::VARIANTS`) |
 //! | `HELIOS_COOPMAT2=0` | leave VK_NV_cooperative_matrix2 off: the workgroup-scope matmul variants (`wg...`) never run |
-//! | `HELIOS_MATMUL_TUNE=0\|1` | matmul autotuning off (documented default variant) or on also for CPU devices (default: on for GPUs; winners cached per device UUID + driver under the cache root) |
+//! | `HELIOS_MATMUL_TUNE=0\|1` | matmul autotuning off (documented default variant) or on also for CPU devices (default: on for GPUs; winners cached per device UUID, driver and enabled kernel features under the cache root) |
 //! | `HELIOS_NO_SUBGROUP=1` | reductions, softmax and norms combine through shared-memory trees instead of subgroup operations |
 //! | `HELIOS_ROWS=cached\|streaming` | force the softmax/norm variant: row kept in registers, or streamed once per pass (default: by row length) |
 //! | `HELIOS_ROW_UNROLL=<n>` | 16-byte loads per invocation per loop step in reduce/softmax/norm kernels (1..=8, default 4) |
