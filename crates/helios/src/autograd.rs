@@ -17,9 +17,10 @@
 //!   input (`mark_activation`, `through_activation`): a linear layer reading a GELU's output
 //!   computes the gradient at the GELU's input in its product's epilogue. The engine keeps
 //!   such gradients apart and adds them after the activation's own rule has run on the rest.
-//! - While a rule runs, the engine offers it the gradient each input already has from its
-//!   other consumers (`take_pending`); a rule that takes one adds it itself (a norm's
-//!   backward inside its kernel: a residual stream's sum without a pass of its own).
+//! - While a rule recorded with `record_taking_pending` runs, the engine offers it the
+//!   gradient each input already has from its other consumers (`take_pending`); a rule that
+//!   takes one adds it itself (a norm's backward inside its kernel: a residual stream's sum
+//!   without a pass of its own).
 
 use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex};
@@ -59,6 +60,9 @@ pub(crate) struct GradNode {
     /// An activation's node (see [`mark_activation`]): the activation and its input, so that
     /// the product consuming its output may compute the gradient at its input directly.
     act: Mutex<Option<(Activation, Tensor)>>,
+    /// The rule may add its inputs' pending gradients itself ([`record_taking_pending`]):
+    /// only such rules are offered them.
+    takes_pending: bool,
 }
 
 impl Drop for GradNode {
@@ -83,7 +87,8 @@ thread_local! {
 }
 
 /// The gradient the other consumers of input `i` of the running backward rule's op have
-/// already summed for it, if there is one and `fits` accepts it. A rule that takes it
+/// already summed for it, if there is one and `fits` accepts it (only for a rule recorded
+/// with [`record_taking_pending`]). A rule that takes it
 /// returns for input `i` its own gradient plus this one (a norm's backward adds it inside
 /// its kernel), and the engine adds nothing; otherwise the engine sums the two as usual (a
 /// pass over both, ~40 µs for a GPT-2 residual stream at 8×1024 on an H100). Not for a
@@ -252,6 +257,27 @@ pub(crate) fn record(
     out: Tensor,
     backward: impl FnOnce(&Tensor, &[bool]) -> Result<Grads> + Send + 'static,
 ) -> Tensor {
+    record_node(name, inputs, out, false, backward)
+}
+
+/// `record` for a rule that calls [`take_pending`]: while it runs, the engine offers it the
+/// gradient each input already has (others pay nothing for the offer).
+pub(crate) fn record_taking_pending(
+    name: &'static str,
+    inputs: &[&Tensor],
+    out: Tensor,
+    backward: impl FnOnce(&Tensor, &[bool]) -> Result<Grads> + Send + 'static,
+) -> Tensor {
+    record_node(name, inputs, out, true, backward)
+}
+
+fn record_node(
+    name: &'static str,
+    inputs: &[&Tensor],
+    out: Tensor,
+    takes_pending: bool,
+    backward: impl FnOnce(&Tensor, &[bool]) -> Result<Grads> + Send + 'static,
+) -> Tensor {
     if !grad_enabled() || inputs.iter().all(|t| t.grad_link().is_none()) {
         return out;
     }
@@ -261,6 +287,7 @@ pub(crate) fn record(
         edges: inputs.iter().map(|t| t.grad_link().cloned()).collect(),
         backward: Mutex::new(Some(Box::new(backward))),
         act: Mutex::new(None),
+        takes_pending,
     };
     out.with_grad(Some(GradLink::Node(Arc::new(node))))
 }
@@ -439,47 +466,10 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
         let needs: smallvec::SmallVec<[bool; 4]> = node.edges.iter().map(Option::is_some).collect();
         THROUGH_ACT.with(|t| t.borrow_mut().clear());
         let mut input_grads = match g {
-            Some(g) => {
-                // Each input's gradient summed so far, offered to the rule (the first edge
-                // to a node only: an op may read one tensor twice).
-                let mut offered = SPARE_OFFER.with(|p| std::mem::take(&mut *p.borrow_mut()));
-                offered.clear();
-                offered.extend(node.edges.iter().enumerate().map(|(i, e)| {
-                    match e {
-                        Some(GradLink::Node(n))
-                            if !node.edges[..i].iter().any(
-                                |f| matches!(f, Some(GradLink::Node(m)) if Arc::ptr_eq(m, n)),
-                            ) =>
-                        {
-                            grads.remove(&Arc::as_ptr(n))
-                        }
-                        _ => None,
-                    }
-                }));
-                let offered_any: smallvec::SmallVec<[bool; 4]> =
-                    offered.iter().map(Option::is_some).collect();
-                // Swapped in and out: an enclosing rule's list (a checkpoint's backward runs
-                // this loop inside its rule) comes back untouched.
-                let outer = PENDING.with(|p| std::mem::replace(&mut *p.borrow_mut(), offered));
-                let result = backward(&g, &needs);
-                let mut left = PENDING.with(|p| std::mem::replace(&mut *p.borrow_mut(), outer));
-                // What the rule did not take goes back, to be summed below as before.
-                for ((e, back), offered) in node.edges.iter().zip(left.drain(..)).zip(offered_any) {
-                    match (e, back) {
-                        (Some(GradLink::Node(n)), Some(t)) => {
-                            grads.insert(Arc::as_ptr(n), t);
-                        }
-                        (Some(GradLink::Node(n)), None) if offered => {
-                            // Taken: the rule's gradient includes it (and must not be one
-                            // taken through an activation, which would be summed apart).
-                            taken.push(Arc::as_ptr(n));
-                        }
-                        _ => {}
-                    }
-                }
-                SPARE_OFFER.with(|p| *p.borrow_mut() = left);
-                result?
+            Some(g) if node.takes_pending => {
+                run_offering(&node, backward, &g, &needs, &mut grads, &mut taken)?
             }
+            Some(g) => backward(&g, &needs)?,
             None => smallvec::smallvec![None; needs.len()],
         };
         let marked = THROUGH_ACT.with(|t| std::mem::take(&mut *t.borrow_mut()));
@@ -532,6 +522,54 @@ fn run_backward(root: &Arc<GradNode>, seed: Tensor) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Runs `node`'s rule `backward` offering it each input's gradient summed so far in `grads`
+/// (the first edge to a node only: an op may read one tensor twice); what it does not take
+/// goes back into `grads`, what it takes is listed in `taken`.
+fn run_offering(
+    node: &GradNode,
+    backward: Backward,
+    g: &Tensor,
+    needs: &[bool],
+    grads: &mut FxHashMap<*const GradNode, Tensor>,
+    taken: &mut smallvec::SmallVec<[*const GradNode; 4]>,
+) -> Result<Grads> {
+    let mut offered = SPARE_OFFER.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    offered.clear();
+    offered.extend(node.edges.iter().enumerate().map(|(i, e)| {
+        match e {
+            Some(GradLink::Node(n))
+                if !node.edges[..i]
+                    .iter()
+                    .any(|f| matches!(f, Some(GradLink::Node(m)) if Arc::ptr_eq(m, n))) =>
+            {
+                grads.remove(&Arc::as_ptr(n))
+            }
+            _ => None,
+        }
+    }));
+    let offered_any: smallvec::SmallVec<[bool; 4]> = offered.iter().map(Option::is_some).collect();
+    // Swapped in and out: an enclosing rule's list (a checkpoint's backward runs this loop
+    // inside its rule) comes back untouched.
+    let outer = PENDING.with(|p| std::mem::replace(&mut *p.borrow_mut(), offered));
+    let result = backward(g, needs);
+    let mut left = PENDING.with(|p| std::mem::replace(&mut *p.borrow_mut(), outer));
+    for ((e, back), offered) in node.edges.iter().zip(left.drain(..)).zip(offered_any) {
+        match (e, back) {
+            (Some(GradLink::Node(n)), Some(t)) => {
+                grads.insert(Arc::as_ptr(n), t);
+            }
+            (Some(GradLink::Node(n)), None) if offered => {
+                // Taken: the rule's gradient includes it (and must not be one taken through
+                // an activation, which would be summed apart).
+                taken.push(Arc::as_ptr(n));
+            }
+            _ => {}
+        }
+    }
+    SPARE_OFFER.with(|p| *p.borrow_mut() = left);
+    result
 }
 
 /// `g` summed over the dimensions along which `shape` was broadcast to `g`'s shape.

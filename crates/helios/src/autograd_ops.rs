@@ -232,7 +232,7 @@ pub(crate) fn layer_norm(
     }
     let (xd, gd) = (x.detach(), gamma.detach());
     let (mean, rstd) = (out.mean.as_ref().map(Tensor::detach), out.rstd.detach());
-    let y = record("norm", &inputs, out.y.clone(), move |g, _| {
+    let y = autograd::record_taking_pending("norm", &inputs, out.y.clone(), move |g, _| {
         // x's gradient from its other consumers (a residual stream's), added in the kernel.
         let add = autograd::take_pending(0, |t| t.shape() == xd.shape() && t.dtype() == xd.dtype());
         let grads = xd.norm_backward_adding(&gd, mean.as_ref(), &rstd, g, add.as_ref())?;
