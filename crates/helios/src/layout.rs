@@ -18,11 +18,10 @@ thread_local! {
     /// hundred every step (each new node's and output's): a cached one costs a reference
     /// count where a new one cost an allocation and its free (a quarter of a 12-block
     /// step's ~4300 allocations were layouts).
-    static ROW_MAJOR: std::cell::RefCell<rustc_hash::FxHashMap<Dims, Layout>> =
-        std::cell::RefCell::new(rustc_hash::FxHashMap::default());
+    static ROW_MAJOR: Cache<Dims> = std::cell::RefCell::new(rustc_hash::FxHashMap::default());
     /// The other views this thread made (transposes, narrows, broadcasts), by shape,
     /// strides and offset: a step makes the same ones again too.
-    static VIEWS: std::cell::RefCell<rustc_hash::FxHashMap<(Dims, Dims, usize), Layout>> =
+    static VIEWS: Cache<(Dims, Dims, usize)> =
         std::cell::RefCell::new(rustc_hash::FxHashMap::default());
 }
 
@@ -158,6 +157,37 @@ pub(crate) fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
     true
 }
 
+type Cache<K> = std::cell::RefCell<rustc_hash::FxHashMap<K, Layout>>;
+
+/// The layout `cache` holds for `key`, else the one `make()` returns with its owned key,
+/// kept there (the cache starts over past `LAYOUTS_CACHED`; during thread teardown, made
+/// and not kept).
+fn cached<K, Q>(
+    cache: &'static std::thread::LocalKey<Cache<K>>,
+    key: &Q,
+    make: impl FnOnce() -> (K, Layout),
+) -> Layout
+where
+    K: std::borrow::Borrow<Q> + Eq + std::hash::Hash,
+    Q: Eq + std::hash::Hash + ?Sized,
+{
+    match cache.try_with(|c| c.borrow().get(key).cloned()) {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            let (k, l) = make();
+            cache.with(|c| {
+                let mut c = c.borrow_mut();
+                if c.len() >= LAYOUTS_CACHED {
+                    c.clear();
+                }
+                c.insert(k, l.clone());
+            });
+            l
+        }
+        Err(_) => make().1,
+    }
+}
+
 impl Layout {
     /// The layout of (shape, strides, offset): one this thread made before where it has one
     /// (see `ROW_MAJOR` and `VIEWS`).
@@ -165,58 +195,32 @@ impl Layout {
         if offset == 0 && strides == contiguous_dims(&shape) {
             return Layout::contiguous(&shape);
         }
-        let make = |shape: Dims, strides: Dims| {
-            Layout(std::sync::Arc::new(Parts {
-                len: shape.iter().product(),
-                shape,
-                strides,
+        let key = (shape, strides, offset);
+        cached(&VIEWS, &key, || {
+            let l = Layout(std::sync::Arc::new(Parts {
+                len: key.0.iter().product(),
+                shape: key.0.clone(),
+                strides: key.1.clone(),
                 offset,
                 row_major: false,
-            }))
-        };
-        let key = (shape, strides, offset);
-        VIEWS
-            .try_with(|cache| {
-                let mut cache = cache.borrow_mut();
-                if let Some(l) = cache.get(&key) {
-                    return l.clone();
-                }
-                if cache.len() >= LAYOUTS_CACHED {
-                    cache.clear();
-                }
-                let l = make(key.0.clone(), key.1.clone());
-                cache.insert(key.clone(), l.clone());
-                l
-            })
-            .unwrap_or_else(|_| make(key.0.clone(), key.1.clone()))
+            }));
+            (key.clone(), l)
+        })
     }
 
     /// A row-major layout of `shape` from element 0: one this thread made before for the
     /// same shape where it has one (see `ROW_MAJOR`).
     pub fn contiguous(shape: &[usize]) -> Layout {
-        let make = || {
-            Layout(std::sync::Arc::new(Parts {
+        cached(&ROW_MAJOR, shape, || {
+            let l = Layout(std::sync::Arc::new(Parts {
                 shape: Dims::from_slice(shape),
                 strides: contiguous_dims(shape),
                 offset: 0,
                 len: shape.iter().product(),
                 row_major: true,
-            }))
-        };
-        ROW_MAJOR
-            .try_with(|cache| {
-                let mut cache = cache.borrow_mut();
-                if let Some(l) = cache.get(shape) {
-                    return l.clone();
-                }
-                if cache.len() >= LAYOUTS_CACHED {
-                    cache.clear();
-                }
-                let l = make();
-                cache.insert(Dims::from_slice(shape), l.clone());
-                l
-            })
-            .unwrap_or_else(|_| make())
+            }));
+            (Dims::from_slice(shape), l)
+        })
     }
 
     /// `Layout::contiguous(self.shape())`: this layout itself, borrowed, when it is that
