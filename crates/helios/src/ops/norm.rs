@@ -163,12 +163,7 @@ impl Tensor {
         dy: &Tensor,
         add: Option<&Tensor>,
     ) -> Result<NormGrads> {
-        let kind = match mean {
-            Some(_) => NormKind::Layer,
-            None => NormKind::Rms,
-        };
         self.contiguous()?.norm_backward(
-            kind,
             &gamma.contiguous()?,
             mean.map(Tensor::contiguous).transpose()?.as_ref(),
             &rstd.contiguous()?,
@@ -257,15 +252,19 @@ impl Tensor {
         Ok(NormOutput { y, mean, rstd })
     }
 
+    /// `norm_backward_adding` on row-major operands.
     fn norm_backward(
         &self,
-        kind: NormKind,
         gamma: &Tensor,
         mean: Option<&Tensor>,
         rstd: &Tensor,
         dy: &Tensor,
         add: Option<&Tensor>,
     ) -> Result<NormGrads> {
+        let kind = match mean {
+            Some(_) => NormKind::Layer,
+            None => NormKind::Rms,
+        };
         let op = if kind == NormKind::Layer {
             "layer_norm_backward"
         } else {
