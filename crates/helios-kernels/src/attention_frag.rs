@@ -38,8 +38,17 @@ use crate::attention_coop::{frag_scalar, row_limit, FRAG, SUBGROUP, WORD};
 use crate::attention_coop_bwd::{row_frags, zero_accs};
 use crate::coop_layout::{FragMap, LEN};
 
-/// Words (16 bytes) of the coordinate tile and of one subgroup's epilogue tile (16×16 f32).
+/// Words (16 bytes) of the coordinate tile (16×16 f32).
 const TILE_WORDS: u32 = FRAG * FRAG / 4;
+
+/// Accumulator fragments a subgroup's epilogue tile holds side by side: 16 rows × 32 f32.
+const EPI_FRAGS: u32 = 2;
+
+/// Words per row of the epilogue tile, padded by one against bank conflicts.
+const EPI_ROW: u32 = EPI_FRAGS * FRAG / 4 + 1;
+
+/// Words of one subgroup's epilogue tile.
+const EPI_WORDS: u32 = FRAG * EPI_ROW;
 
 /// Word layout of a kernel's shared array.
 pub(crate) struct Layout {
@@ -74,7 +83,7 @@ pub(crate) fn layout(kern: &AttentionKernel) -> Layout {
     };
     // Start-up: the owned rows (Q and dO, or K and V) one tile at a time.
     let staged = owned * row;
-    let region_words = staged.max(TILE_WORDS).max(nsg * TILE_WORDS);
+    let region_words = staged.max(TILE_WORDS).max(nsg * EPI_WORDS);
     if kern.pipelined {
         // Two K/V buffers; the start-up and epilogue region lies over them (it is used
         // only before the first K/V store and after the last K/V read, barriers between).
@@ -298,7 +307,10 @@ fn accumulate(
 
 /// Stores the subgroup's accumulators (16 rows × D: rows `t0..t0+16`, those below T) times
 /// `mul` (a per-element fragment or a scalar) to the dense output, through its epilogue
-/// tile at word `at`: invocation (lane / 2) writes half of row lane / 2.
+/// tile at word `at`, [`EPI_FRAGS`] fragments at a time: the fragments go to the tile, then
+/// consecutive invocations write consecutive 4-element pieces of a row, so every store
+/// instruction fills whole 32-byte sectors (a row's 16 columns per fragment were two
+/// invocations' 8-byte halves before, each instruction half-filling 16 sectors).
 #[allow(clippy::too_many_arguments)]
 fn store_rows(
     k: &mut KernelBuilder,
@@ -312,21 +324,50 @@ fn store_rows(
     at: Val,
 ) {
     let lane = k.subgroup_invocation_id();
-    let two = k.u32(2);
-    let r = k.div(lane, two);
-    let half = k.rem(lane, two);
-    let t = k.add(t0, r);
-    crate::attention_coop_bwd::store_rows(
-        k,
-        smem,
-        kern,
-        p,
-        (r, half, at),
-        acc,
-        (b, h, t),
-        out,
-        mul,
-    );
+    let rowc = k.u32(EPI_ROW);
+    for (round, frags) in acc.chunks(EPI_FRAGS as usize).enumerate() {
+        // The tile's previous readers (an earlier round or output) are done.
+        k.subgroup_barrier();
+        for (f, &a) in frags.iter().enumerate() {
+            let o = k.coop_get(a);
+            let o = match mul {
+                Ok(m) => k.coop_binary(helios_spirv::BinOp::Mul, o, m),
+                Err(s) => k.coop_scale(o, s),
+            };
+            let w = k.u32(f as u32 * FRAG / 4);
+            let w = k.add(at, w);
+            k.coop_store_shared(o, smem, w, rowc, CoopLayout::RowMajor);
+        }
+        k.subgroup_barrier();
+        // Pieces of 4 columns, `per_row` a row: 64 a fragment, so every invocation of the
+        // subgroup (32) moves the same number.
+        let per_row = frags.len() as u32 * FRAG / 4;
+        let units = FRAG * per_row;
+        let col0 = round as u32 * EPI_FRAGS * FRAG;
+        for j in 0..units / SUBGROUP {
+            let off = k.u32(j * SUBGROUP);
+            let u = k.add(lane, off);
+            let prc = k.u32(per_row);
+            let r = k.div(u, prc);
+            let c = k.rem(u, prc);
+            let t = k.add(t0, r);
+            let inside = k.lt(t, p.t);
+            k.if_(inside, |k| {
+                let w = k.mul(r, rowc);
+                let w = k.add(w, c);
+                let w = k.add(w, at);
+                let raw = k.shared_load(smem, w);
+                let v = k.bitcast(raw, Ty::vector(Scalar::F32, 4));
+                let base = crate::attention::dense_row(k, p, kern.head_dim, b, t, h);
+                let cc = k.u32(col0);
+                let base = k.add(base, cc);
+                let four = k.u32(4);
+                let base = k.div(base, four);
+                let dst = k.add(base, c);
+                crate::storage::store_f32(k, out, dst, v, kern.storage);
+            });
+        }
+    }
 }
 
 /// A tile of `rows` staged rows of a strided view, loaded into registers ahead of its
@@ -673,7 +714,7 @@ fn start(kern: &AttentionKernel, owned: u32) -> Start {
     let sg = k.subgroup_id();
     let rows = k.u32(rows);
     let row0 = k.mul(sg, rows);
-    let tw = k.u32(TILE_WORDS);
+    let tw = k.u32(EPI_WORDS);
     let epi = k.mul(sg, tw);
     let reg = k.u32(lay.region);
     let epi = k.add(epi, reg);
