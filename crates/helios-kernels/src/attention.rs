@@ -184,10 +184,11 @@ pub const COOP_VARIANTS: [AttnVariant; 10] = [
 
 /// Candidates for `stage` in the order the selection function tries them without a tuned
 /// choice (the first that fits the device's shared memory and workgroup limits wins).
-/// Cooperative orders as measured on an H100: with the scores in `registers` (bf16
-/// 8×12×1024×64, each tile forced: forward 128×64 140 µs, 64×32 153, 64×64 188; DkDv keeps
-/// 32-query blocks) or in shared memory (the backward kernels keep half a score row of S,
-/// dP, L and Dsum per invocation: DkDv prefers 32-query blocks).
+/// Cooperative orders as measured on an H100: with the scores in `registers` (bf16, each
+/// tile forced, pipelined: forward 128×32 26.0 µs at 8×12×512×64 and 72.2 at T = 1024,
+/// 128×64 28.8 and 79.1; DkDv keeps 32-query blocks) or in shared memory (the backward
+/// kernels keep half a score row of S, dP, L and Dsum per invocation: DkDv prefers
+/// 32-query blocks).
 pub fn default_order(stage: AttnStage, coop: bool, registers: bool) -> Vec<AttnVariant> {
     let c = |bq, bk| AttnVariant::Coop { bq, bk };
     let mut out = Vec::new();
@@ -196,7 +197,7 @@ pub fn default_order(stage: AttnStage, coop: bool, registers: bool) -> Vec<AttnV
             (AttnStage::DkDv, _) => vec![c(32, 64), c(32, 32), c(64, 32), c(64, 64)],
             (AttnStage::Dq, false) => vec![c(64, 32), c(32, 32), c(64, 64), c(32, 64)],
             (AttnStage::Dq, true) => vec![c(64, 32), c(128, 64), c(32, 32), c(64, 64)],
-            (_, true) => vec![c(128, 64), c(64, 32), c(64, 64), c(32, 32)],
+            (_, true) => vec![c(128, 32), c(128, 64), c(64, 32), c(64, 64), c(32, 32)],
             _ => vec![c(64, 64), c(64, 32), c(32, 64), c(32, 32)],
         });
         let rest: Vec<AttnVariant> = COOP_VARIANTS
