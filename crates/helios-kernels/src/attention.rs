@@ -21,6 +21,19 @@
 //! 128-key blocks (half the adds) and the adds coalesced per row through shared memory, the
 //! whole fwd+bwd was still 10 µs slower (332 against 322, profiled).
 //!
+//! Where the register kernels' time goes at 8×12×512×64 bf16 (H100, session 24, ablations
+//! in `bench/results/2026-11-27-session24-h100.txt`): of forward 27.6 µs, Dq 35.4 and DkDv
+//! 42.5, a workgroup's start and end alone (no key or query loop) take 11.2, 12.9 and
+//! 16.3, of which the output stores 5.2, 4.6 and 9.3; the diagonal blocks 6, 5 and 7; the
+//! parts add up, so starts and ends hardly overlap other workgroups' loops. Tried there
+//! and not kept (patches beside the figures): DkDv computing Dsum itself so that it and
+//! Dq run side by side (DkDv 11% slower, no overlap gained); each subgroup of the forward
+//! storing its rows after its last key block (forward +40%; its registers were not read,
+//! and the shipped forward's 127 sit at the limit for two workgroups an SM); several tiles
+//! per workgroup
+//! (every stage slower); a grid order pairing heavy and light blocks (slower than
+//! heaviest first); Dq loading V late (registers unchanged).
+//!
 //! Key decisions a reader must know:
 //! - Q, K, V, O (in backward) and dO are read through strides (push constants): the fused
 //!   QKV projection's [B, T, 3, H, D] output is read in place. Outputs O, dQ, dK, dV are
