@@ -30,9 +30,8 @@
 //! Dq run side by side (DkDv 11% slower, no overlap gained); each subgroup of the forward
 //! storing its rows after its last key block (forward +40%; its registers were not read,
 //! and the shipped forward's 127 sit at the limit for two workgroups an SM); several tiles
-//! per workgroup
-//! (every stage slower); a grid order pairing heavy and light blocks (slower than
-//! heaviest first); Dq loading V late (registers unchanged).
+//! per workgroup (every stage slower); a grid order pairing heavy and light blocks (slower
+//! than heaviest first); Dq loading V late (registers unchanged).
 //!
 //! Key decisions a reader must know:
 //! - Q, K, V, O (in backward) and dO are read through strides (push constants): the fused
