@@ -535,6 +535,70 @@ fn reductions_compute_a_pending_group_in_their_loads() {
     assert_no_validation_messages();
 }
 
+/// `var` and `var_all` of a stored tensor compute the deviations and their squares in the
+/// second mean's loads: one prologue each and no fused kernel (while `var` held the
+/// deviations in a local, they and the squares were one fused kernel storing both), and
+/// the values match the f64 CPU reference (f32, |got − want| ≤ 1e-5 relative).
+#[test]
+fn variance_squares_its_deviations_in_the_means_loads() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = device();
+    let (rows, cols) = (37, 300);
+    let mut rng = StdRng::seed_from_u64(29);
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|_| rng.gen_range(-2.0f32..3.0))
+        .collect();
+    let x = Tensor::from_slice(d, &v, &[rows, cols]).unwrap();
+    x.realize().unwrap();
+    let var = |xs: &mut dyn Iterator<Item = f64>| {
+        let xs: Vec<f64> = xs.collect();
+        let m = xs.iter().sum::<f64>() / xs.len() as f64;
+        xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / xs.len() as f64
+    };
+    let at = |i: usize, j: usize| f64::from(v[i * cols + j]);
+    let cases = [
+        (
+            "var(1)",
+            (0..rows)
+                .map(|i| var(&mut (0..cols).map(|j| at(i, j))))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "var(0)",
+            (0..cols)
+                .map(|j| var(&mut (0..rows).map(|i| at(i, j))))
+                .collect(),
+        ),
+        ("var_all", vec![var(&mut v.iter().map(|&a| f64::from(a)))]),
+    ];
+    for (name, want) in cases {
+        let before = graph_stats();
+        let got = match name {
+            "var(1)" => x.var(1),
+            "var(0)" => x.var(0),
+            _ => x.var_all(),
+        }
+        .unwrap();
+        let after = graph_stats();
+        assert_eq!(
+            after.prologues - before.prologues,
+            1,
+            "{name}: one prologue"
+        );
+        assert_eq!(after.kernels, before.kernels, "{name}: no fused kernel");
+        let got = got.to_vec().unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (k, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            let err = (f64::from(g) - w).abs() / w.abs().max(1e-6);
+            assert!(
+                err <= 1e-5,
+                "{name}[{k}]: {g}, CPU {w} (relative error {err:.2e})"
+            );
+        }
+    }
+    assert_no_validation_messages();
+}
+
 /// Under descriptor binding (devices without buffer device addresses) a descriptor binds a
 /// whole buffer: fused kernels and reduction prologues add each view's first element
 /// themselves (offsets 1, 4 and 8 elements into the buffer; vector and element reads).

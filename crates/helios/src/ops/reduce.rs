@@ -119,6 +119,16 @@ impl Device {
     }
 }
 
+/// (x − mean)², pending. The deviations are dropped before the caller reduces the squares,
+/// so no handle but the product's holds them: a reduction takes a pending result as its
+/// prologue only when nothing else holds any of it (a live `d` in `d.mul(&d)?.mean(..)`
+/// made the deviations and the squares one fused kernel storing both, read back by the
+/// mean).
+fn squared_deviations(x: &Tensor, mean: &Tensor) -> Result<Tensor> {
+    let d = x.sub(mean)?;
+    d.mul(&d)
+}
+
 /// `axis` as an index into `ndim` dimensions (negative values count from the end).
 pub(crate) fn resolve_axis(op: &'static str, axis: isize, ndim: usize) -> Result<usize> {
     let a = if axis < 0 { axis + ndim as isize } else { axis };
@@ -186,19 +196,19 @@ impl Tensor {
     }
 
     /// Biased variance over `axis` (the mean of squared deviations, as layer norm uses),
-    /// dropping it; differentiable (built from mean, sub and mul).
+    /// dropping it; differentiable (built from mean, sub and mul). Without autograd the
+    /// deviations and their squares are computed in the second mean's loads (its prologue).
     pub fn var(&self, axis: isize) -> Result<Tensor> {
         let a = resolve_axis("var", axis, self.shape().len())?;
         let mut kept = self.shape().to_vec();
         kept[a] = 1;
-        let d = self.sub(&self.mean(axis)?.reshape(&kept)?)?;
-        d.mul(&d)?.mean(axis)
+        let mean = self.mean(axis)?.reshape(&kept)?;
+        squared_deviations(self, &mean)?.mean(axis)
     }
 
     /// Biased variance of every element, as a 0-d tensor.
     pub fn var_all(&self) -> Result<Tensor> {
-        let d = self.sub(&self.mean_all()?)?;
-        d.mul(&d)?.mean_all()
+        squared_deviations(self, &self.mean_all()?)?.mean_all()
     }
 
     /// Index of the first maximum along `axis` (a NaN counts as the maximum, as in PyTorch).
