@@ -66,42 +66,22 @@ fn flops(mode: &str, (b, h, t, d): (usize, usize, usize, usize)) -> f64 {
     }
 }
 
-/// Per-op GPU time (µs) of `k` ops back to back.
-fn sample(device: &Device, run: &dyn Fn() -> helios::Result<()>, k: usize) -> BenchResult<f64> {
-    device.set_batch_limit(u32::try_from(8 * k + 64).unwrap_or(u32::MAX));
-    device.synchronize()?;
-    let ctx = device.context();
-    let timer = ctx.start_gpu_timer()?;
-    for _ in 0..k {
-        run()?;
-    }
-    let span = ctx.stop_gpu_timer(timer)?;
-    Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / k as f64)
-}
-
+/// Samples of one attention call (up to 8 dispatches, fwd+bwd with Prep); quick runs
+/// keep K at 2.
 fn time_op(
     device: &Device,
     run: &dyn Fn() -> helios::Result<()>,
     samples: usize,
     quick: bool,
 ) -> BenchResult<(Vec<f64>, usize)> {
-    let (target, max_k) = if quick { (1_000.0, 2) } else { (5_000.0, 512) };
-    sample(device, run, 1)?;
-    let mut k = 2.min(max_k);
-    for _ in 0..2 {
-        let per = sample(device, run, k)?;
-        k = if per > 0.0 {
-            (target / per).ceil() as usize
-        } else {
-            max_k
-        }
-        .clamp(1, max_k);
-    }
-    device.warm_up(|| sample(device, run, k).map(drop))?;
-    let times = (0..samples)
-        .map(|_| sample(device, run, k))
-        .collect::<BenchResult<Vec<f64>>>()?;
-    Ok((times, k))
+    let (target_us, max_k) = if quick { (1_000.0, 2) } else { (5_000.0, 512) };
+    let plan = super::Sampling {
+        target_us,
+        first: 2,
+        max_k,
+        dispatches: 8,
+    };
+    super::time_ops(device, &|_| run(), samples, plan)
 }
 
 fn parse_dtype(name: &str) -> Option<DType> {

@@ -512,6 +512,60 @@ fn busiest_kernel_us(device: &Device) -> BenchResult<Option<f64>> {
 }
 
 /// `Summary::of`, with an error naming the case when the samples cannot be summarized.
+/// Records op number `i` of a sample.
+type RunOp<'a> = &'a dyn Fn(usize) -> helios::Result<()>;
+
+/// How `time_ops` sizes its samples: K ops back to back per sample, K calibrated so that a
+/// sample lasts about `target_us`, at most `max_k`; the first calibration sample runs
+/// `first` ops (after one of `first / 2`, which compiles); each op records at most
+/// `dispatches` dispatches (the batch holds a whole sample).
+#[derive(Clone, Copy)]
+struct Sampling {
+    target_us: f64,
+    first: usize,
+    max_k: usize,
+    dispatches: usize,
+}
+
+/// Per-op GPU time (µs) of `k` ops back to back, between two GPU timestamps.
+fn gpu_sample(device: &Device, run: RunOp, k: usize, dispatches: usize) -> BenchResult<f64> {
+    device.set_batch_limit(u32::try_from(dispatches * k + 64).unwrap_or(u32::MAX));
+    device.synchronize()?;
+    let ctx = device.context();
+    let timer = ctx.start_gpu_timer()?;
+    for i in 0..k {
+        run(i)?;
+    }
+    let span = ctx.stop_gpu_timer(timer)?;
+    Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / k as f64)
+}
+
+/// Warm-up, K calibration, then `samples` samples of per-op µs, and K.
+fn time_ops(
+    device: &Device,
+    run: RunOp,
+    samples: usize,
+    s: Sampling,
+) -> BenchResult<(Vec<f64>, usize)> {
+    let sample = |k: usize| gpu_sample(device, run, k, s.dispatches);
+    sample((s.first / 2).max(1))?;
+    let mut k = s.first.min(s.max_k);
+    for _ in 0..2 {
+        let per = sample(k)?;
+        k = if per > 0.0 {
+            (s.target_us / per).ceil() as usize
+        } else {
+            s.max_k
+        }
+        .clamp(1, s.max_k);
+    }
+    device.warm_up(|| sample(k).map(drop))?;
+    let times = (0..samples)
+        .map(|_| sample(k))
+        .collect::<BenchResult<Vec<f64>>>()?;
+    Ok((times, k))
+}
+
 fn summarize(values: &[f64], case: &str) -> BenchResult<Summary> {
     Summary::of(values).ok_or_else(|| format!("{case}: no finite timing samples").into())
 }

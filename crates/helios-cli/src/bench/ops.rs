@@ -24,7 +24,7 @@ use helios::{
 use serde::{Deserialize, Serialize};
 
 use super::stats::Summary;
-use super::{random_values, report, summarize, BenchArgs, BenchResult};
+use super::{random_values, report, summarize, BenchArgs, BenchResult, RunOp};
 use crate::CliResult;
 
 /// Input bytes the rotation spans (several times the L2 of current GPUs).
@@ -226,46 +226,21 @@ fn input_sets(
     Ok(sets)
 }
 
-/// Records op number `i` of a sample.
-type RunOp<'a> = &'a dyn Fn(usize) -> helios::Result<()>;
-
-/// Per-op GPU time (µs) of `k` ops back to back.
-fn sample(device: &Device, run: RunOp, k: usize) -> BenchResult<f64> {
-    device.set_batch_limit(u32::try_from(2 * k + 64).unwrap_or(u32::MAX));
-    device.synchronize()?;
-    let ctx = device.context();
-    let timer = ctx.start_gpu_timer()?;
-    for i in 0..k {
-        run(i)?;
-    }
-    let span = ctx.stop_gpu_timer(timer)?;
-    Ok(ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6 / k as f64)
-}
-
-/// Warm-up, K calibration, then `samples` samples.
+/// Warm-up, K calibration, then `samples` samples (ops of up to 2 dispatches).
 fn time_op(
     device: &Device,
     run: RunOp,
     samples: usize,
     quick: bool,
 ) -> BenchResult<(Vec<f64>, usize)> {
-    let (target, max_k) = if quick { (1_000.0, 4) } else { (5_000.0, 2048) };
-    sample(device, run, 2)?;
-    let mut k = 4.min(max_k);
-    for _ in 0..2 {
-        let per = sample(device, run, k)?;
-        k = if per > 0.0 {
-            (target / per).ceil() as usize
-        } else {
-            max_k
-        }
-        .clamp(1, max_k);
-    }
-    device.warm_up(|| sample(device, run, k).map(drop))?;
-    let times = (0..samples)
-        .map(|_| sample(device, run, k))
-        .collect::<BenchResult<Vec<f64>>>()?;
-    Ok((times, k))
+    let (target_us, max_k) = if quick { (1_000.0, 4) } else { (5_000.0, 2048) };
+    let plan = super::Sampling {
+        target_us,
+        first: 4,
+        max_k,
+        dispatches: 2,
+    };
+    super::time_ops(device, run, samples, plan)
 }
 
 /// The AdamW case's name (outside `CASES`: it has its own inputs).
