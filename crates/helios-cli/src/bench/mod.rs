@@ -511,7 +511,6 @@ fn busiest_kernel_us(device: &Device) -> BenchResult<Option<f64>> {
         .map(|row| row.mean_ns / 1e3))
 }
 
-/// `Summary::of`, with an error naming the case when the samples cannot be summarized.
 /// Records op number `i` of a sample.
 type RunOp<'a> = &'a dyn Fn(usize) -> helios::Result<()>;
 
@@ -566,6 +565,7 @@ fn time_ops(
     Ok((times, k))
 }
 
+/// `Summary::of`, with an error naming the case when the samples cannot be summarized.
 fn summarize(values: &[f64], case: &str) -> BenchResult<Summary> {
     Summary::of(values).ok_or_else(|| format!("{case}: no finite timing samples").into())
 }
