@@ -30,6 +30,7 @@ pub mod reduce;
 pub mod rows;
 pub mod softmax;
 pub mod storage;
+pub mod transpose;
 
 pub use attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
 pub use coop_layout::{CoopProbeKernel, FragMap};
@@ -52,6 +53,7 @@ pub use matmul_coop::CoopPeakKernel;
 pub use multi_tensor::{sum_squares_table, SumSquaresKernel};
 pub use optim::{AdamWArgs, AdamWKernel, AdamWStep};
 pub use storage::{buffer_scalar, load_f32, store_f32, Storage};
+pub use transpose::{TransposeArgs, TransposeKernel};
 
 /// Errors from preparing a kernel launch.
 #[derive(Debug, thiserror::Error)]

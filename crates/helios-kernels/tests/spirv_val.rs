@@ -106,6 +106,13 @@ fn every_sum_squares_kernel_validates() {
     assert_eq!(validate_all(kernels.iter().map(|k| k.build())), 3 * 2);
 }
 
+/// The tiled transpose, every storage, both binding models.
+#[test]
+fn every_transpose_kernel_validates() {
+    let kernels = helios_kernels::TransposeKernel::samples();
+    assert_eq!(validate_all(kernels.iter().map(|k| k.build())), 2 * 3);
+}
+
 mod matmul {
     use helios_kernels::matmul::{
         Activation, Epilogue, MatmulKernel, RowOp, Triangle, Variant, VARIANTS,

@@ -393,6 +393,14 @@ impl Tensor {
 }
 
 fn accumulate(leaf: &LeafGrad, g: Tensor) -> Result<()> {
+    // A gradient that reached the leaf through a transpose (a tied output head's: 50304×768
+    // for GPT-2) is made row-major here, by the tiled transpose: added to another gradient
+    // or read by the optimizer as it is, it would be gathered element by element, ten
+    // times slower (730 µs against ~70 for GPT-2's, on an H100).
+    let g = match g.transposed_matrices() {
+        Some(_) => g.contiguous()?,
+        None => g,
+    };
     let mut slot = leaf.grad.lock().unwrap_or_else(|p| p.into_inner());
     *slot = Some(match slot.take() {
         Some(old) => old.add(&g)?,

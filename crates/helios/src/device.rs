@@ -522,6 +522,7 @@ pub(crate) enum KernelKey {
     NormParam(helios_kernels::norm::NormParamKernel),
     Attention(helios_kernels::AttentionKernel),
     SumSquares(helios_kernels::SumSquaresKernel),
+    Transpose(helios_kernels::TransposeKernel),
 }
 
 /// A kernel ready to dispatch: its pipeline and the module it came from (whose parameter
@@ -560,5 +561,6 @@ fn fixed_workgroup(key: &KernelKey) -> bool {
             | KernelKey::CoopPeak(_)
             | KernelKey::Attention(_)
             | KernelKey::SumSquares(_)
+            | KernelKey::Transpose(_)
     )
 }

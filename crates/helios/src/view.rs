@@ -10,10 +10,16 @@
 
 use std::ops::Range;
 
-use helios_kernels::{ElementwiseOp, UnaryOp};
+use helios_kernels::{ElementwiseOp, TransposeArgs, TransposeKernel, UnaryOp};
 
 use crate::autograd::record;
+use crate::device::KernelKey;
 use crate::{DType, Error, Result, Tensor};
+
+/// Elements from which `contiguous()` copies a transposed matrix through shared-memory
+/// tiles instead of the element-wise copy (which smaller ones keep: it fuses with the
+/// element-wise ops around it, and their strided reads cost little).
+const TILED_TRANSPOSE_MIN: usize = 1 << 16;
 
 impl Tensor {
     fn view_error(&self, op: &'static str, detail: String) -> Error {
@@ -128,20 +134,78 @@ impl Tensor {
     }
 
     /// A row-major tensor starting its own buffer: this one when it already is, else a copy
-    /// by the strided gather kernel. Kernels that assume row-major data call this first.
+    /// by the strided gather kernel, or, for a large transposed matrix (a batch of them),
+    /// by the tiled transpose. Kernels that assume row-major data call this first.
     pub fn contiguous(&self) -> Result<Tensor> {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
-        let out = self.elementwise(
-            ElementwiseOp::Unary(UnaryOp::Copy),
-            &[self],
-            None,
-            self.dtype(),
-        )?;
+        let out = match self.transposed_matrices() {
+            Some(t) if self.len() >= TILED_TRANSPOSE_MIN => self.transpose_tiled(&t)?,
+            _ => self.elementwise(
+                ElementwiseOp::Unary(UnaryOp::Copy),
+                &[self],
+                None,
+                self.dtype(),
+            )?,
+        };
         Ok(record("contiguous", &[self], out, |g, _| {
             Ok(smallvec::smallvec![Some(g.clone())])
         }))
+    }
+
+    /// Whether this view is a transposed matrix, or a batch of them: read row-major, its
+    /// last axis is strided and the one before has stride 1 (size-1 axes dropped, axes
+    /// contiguous in memory merged). `x.transpose(0, 1)` of a row-major `x` is one.
+    pub(crate) fn transposed_matrices(&self) -> Option<TransposeArgs> {
+        let l = self.layout();
+        let (shape, strides) = crate::layout::merge_dims_one(l.shape(), l.strides());
+        let u = |v: usize| u32::try_from(v).ok();
+        let (batch, batch_stride, rows, cols, col_stride) = match (&shape[..], &strides[..]) {
+            (&[r, c], &[1, sc]) => (1, 0, r, c, sc),
+            (&[b, r, c], &[sb, 1, sc]) => (b, sb, r, c, sc),
+            _ => return None,
+        };
+        // Every index the kernel forms must fit its u32 arithmetic.
+        let last = l.offset() + (batch - 1) * batch_stride + (rows - 1) + (cols - 1) * col_stride;
+        u(last)?;
+        u(self.len())?;
+        Some(TransposeArgs {
+            batch: u(batch)?,
+            rows: u(rows)?,
+            cols: u(cols)?,
+            offset: u(l.offset())?,
+            batch_stride: u(batch_stride)?,
+            col_stride: u(col_stride)?,
+            ..TransposeArgs::default()
+        })
+    }
+
+    /// A dense copy of a view `transposed_matrices` described as `t`, by the tiled
+    /// transpose (`helios_kernels::transpose`): both the reads and the writes move whole
+    /// memory sectors, where the element-wise copy's reads each use 2 or 4 bytes of one.
+    fn transpose_tiled(&self, t: &TransposeArgs) -> Result<Tensor> {
+        let device = self.device();
+        let out = Tensor::empty(device, self.shape(), self.dtype())?;
+        let src = self.buffer()?;
+        let dst = out.buffer()?;
+        let kern = TransposeKernel {
+            storage: self.dtype().storage(),
+            binding: device.binding(),
+        };
+        let args = TransposeArgs {
+            src: src.device_address(),
+            dst: dst.device_address(),
+            ..*t
+        };
+        device.dispatch_rows(
+            KernelKey::Transpose(kern),
+            || kern.build(),
+            &[src],
+            &[dst],
+            |c, g, _| Ok(kern.launch(&c.module, g, &args)?),
+        )?;
+        Ok(out)
     }
 
     /// The values converted to `dtype` (round to nearest even; NaN stays NaN, overflow gives

@@ -1173,3 +1173,71 @@ fn checkpoint_recomputes_the_same_gradients() {
     assert_eq!(graph_stats().live_grad_nodes, 0, "released after backward");
     assert_no_validation_messages();
 }
+
+/// A table used, transposed, as a product's weight (an output head) gets a row-major
+/// gradient (copied through the tiled transpose), not a strided view for the optimizer to
+/// gather element by element; tied to an embedding as GPT-2's wte, the accumulated
+/// gradient matches the f64 reference.
+#[test]
+fn transposed_weight_gradients_are_row_major_and_right() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let (vocab, dim, n) = (260usize, 256usize, 5usize);
+    let mut rng = StdRng::seed_from_u64(77);
+    let wv = random(&mut rng, vocab * dim, -1.0, 1.0);
+    let rv = random(&mut rng, n * vocab, -1.0, 1.0);
+    let ids: Vec<u32> = (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect();
+    let w = up(&wv, &[vocab, dim]).requires_grad_();
+    // The head alone: rᵀ·x, row-major.
+    let xv = random(&mut rng, n * dim, -1.0, 1.0);
+    let head = up(&xv, &[n, dim])
+        .matmul(&w.transpose(0, 1).unwrap())
+        .unwrap();
+    let loss = head.mul(&up(&rv, &[n, vocab])).unwrap().sum_all().unwrap();
+    loss.backward().unwrap();
+    let g = w.grad().expect("backward reached the head");
+    assert!(g.is_contiguous(), "strides {:?}", g.layout().strides());
+    let got = g.to_vec().unwrap();
+    for v in [0, 17, vocab - 1] {
+        for c in [0, 100, dim - 1] {
+            let want: f64 = (0..n).map(|i| rv[i * vocab + v] * xv[i * dim + c]).sum();
+            let gv = got[v * dim + c] as f64;
+            assert!(
+                (gv - want).abs() <= 1e-4 * (want.abs() + 1.0),
+                "head ({v}, {c})"
+            );
+        }
+    }
+    w.zero_grad();
+    // Tied: the embedding's gradient and the head's, accumulated.
+    let idx = IndexTensor::from_slice(device(), &ids, &[n]).unwrap();
+    let e = w.embedding(&idx).unwrap();
+    let logits = e.matmul(&w.transpose(0, 1).unwrap()).unwrap();
+    let loss = logits
+        .mul(&up(&rv, &[n, vocab]))
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    loss.backward().unwrap();
+    let g = w.grad().expect("backward reached the table");
+    assert!(g.is_contiguous(), "strides {:?}", g.layout().strides());
+    // d logits = r: the head's part is rᵀ·e, the embedding's adds (r·w)[i] to row ids[i].
+    let mut want = vec![0.0f64; vocab * dim];
+    for i in 0..n {
+        let row = ids[i] as usize;
+        for v in 0..vocab {
+            let r = rv[i * vocab + v];
+            for c in 0..dim {
+                want[v * dim + c] += r * wv[row * dim + c];
+                want[row * dim + c] += r * wv[v * dim + c];
+            }
+        }
+    }
+    let got = g.to_vec().unwrap();
+    for (k, (&gv, &wv)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (gv as f64 - wv).abs() <= 1e-4 * (wv.abs() + 1.0),
+            "element {k}: {gv}, expected {wv}"
+        );
+    }
+    assert_no_validation_messages();
+}

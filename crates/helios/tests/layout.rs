@@ -378,3 +378,58 @@ fn casts_round_to_nearest_even_and_keep_specials() {
     assert_eq!(h[13..15], [1.0, 1.0 + 1.0 / 512.0]);
     assert_no_validation_messages();
 }
+
+/// A view of a tensor, for table-driven tests.
+type View = fn(&Tensor) -> Tensor;
+
+/// `contiguous()` of a large transposed matrix (a batch of them, an offset view) copies it
+/// through the tiled transpose, recorded at once, and gives exactly the elements in order,
+/// sizes not multiples of the 32-wide tile; a small one stays a lazy element-wise copy.
+#[test]
+fn large_transposes_copy_through_tiles() {
+    let d = common::device_with(|c| c);
+    let mut rng = StdRng::seed_from_u64(31);
+    for dtype in DTYPES {
+        // (shape of the row-major source, how it is viewed, whether the tiles copy it).
+        let cases: [(&[usize], View, bool); 4] = [
+            (&[300, 257], |x| x.transpose(0, 1).unwrap(), true),
+            (&[3, 130, 201], |x| x.transpose(1, 2).unwrap(), true),
+            (
+                &[310, 260],
+                |x| {
+                    x.narrow(0, 5, 300)
+                        .unwrap()
+                        .narrow(1, 2, 257)
+                        .unwrap()
+                        .transpose(0, 1)
+                        .unwrap()
+                },
+                true,
+            ),
+            (&[40, 33], |x| x.transpose(0, 1).unwrap(), false),
+        ];
+        for (shape, view, tiled) in cases {
+            let n: usize = shape.iter().product();
+            let host = round(dtype, &values(&mut rng, n));
+            let x = Tensor::from_slice_as(&d, &host, shape, dtype).unwrap();
+            let v = view(&x);
+            // The reference: the view's elements in row-major order, from its layout.
+            let l = v.layout();
+            let want: Vec<f32> = l.indices().iter().map(|&i| host[i]).collect();
+            d.synchronize().unwrap();
+            let before = d.encoder_stats().dispatches;
+            let c = v.contiguous().unwrap();
+            let recorded = d.encoder_stats().dispatches - before;
+            assert_eq!(recorded, u64::from(tiled), "{dtype} {shape:?}: dispatches");
+            assert!(c.is_contiguous() && c.shape() == v.shape());
+            let got = c.to_vec().unwrap();
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()),
+                "{dtype} {shape:?}: the copy differs from the view"
+            );
+        }
+    }
+    common::assert_clean(&d);
+}
