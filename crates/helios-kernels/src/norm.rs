@@ -61,28 +61,41 @@ impl NormVariant {
 pub const NORM_CACHED_SLOTS: [u32; 2] = [8, 4];
 /// Default workgroup size.
 pub const NORM_WORKGROUP: u32 = 256;
-/// Groups the cached backward aims for: each walks `rows / NORM_BWD_GROUPS` rows and writes
-/// one row of dgamma/dbeta partials that a second pass sums, so fewer groups mean less
-/// partial traffic and more rows per group less parallelism. See [`norm_bwd_rows`].
-pub const NORM_BWD_GROUPS: u32 = 256;
+/// Elements one group of the cached backward covers, over all its rows, when
+/// [`norm_bwd_rows`] picks its rows: each group writes one row of dgamma/dbeta partials that
+/// a second pass sums, so more rows per group mean fewer partials to sum but a longer chain
+/// of dependent rows in each group. Aiming at a fixed number of elements per group keeps
+/// about 1024 × 768 / width groups (6 MiB of f32 partials) whatever the row count.
+pub const NORM_BWD_ELEMENTS: u64 = 3 << 18;
+/// Fewest rows one group of the cached backward walks.
+pub const NORM_BWD_MIN_ROWS: u32 = 2;
 /// Most rows one group of the cached backward walks.
 pub const NORM_BWD_MAX_ROWS: u32 = 32;
 
 /// Rows each group of the cached backward walks (`HELIOS_NORM_ROWS` overrides): the power of
-/// two nearest `rows / NORM_BWD_GROUPS`, between 1 and [`NORM_BWD_MAX_ROWS`]. Measured on an
-/// H100, layernorm forward+backward f32 µs at 4, 8, 16, 32, 64 rows per group:
-/// 4096×768 105, 67, 58, 68, 104; 4096×3072 226, 158, 121, 120, 158; 16384×768 —, 338, 210,
-/// 167, 180; 1024×768 —, 26, 32, 51, 91 (bf16 alike).
-pub fn norm_bwd_rows(rows: u32) -> u32 {
-    let want = (rows / NORM_BWD_GROUPS).max(1);
-    // Nearest power of two: round up, then down when the lower one is closer.
-    let up = want.next_power_of_two();
-    let r = if up - want > want - up / 2 {
-        up / 2
-    } else {
-        up
-    };
-    r.clamp(1, NORM_BWD_MAX_ROWS)
+/// two at or above `rows · width / NORM_BWD_ELEMENTS`, between [`NORM_BWD_MIN_ROWS`] and
+/// [`NORM_BWD_MAX_ROWS`]. Measured on an H100 (session 25, the cached backward that loads
+/// the next row while reducing this one), layernorm forward+backward bf16 µs at 2, 4, 8,
+/// 16, 32 rows per group, the rule's pick in bold:
+///
+/// | shape | 2 | 4 | 8 | 16 | 32 |
+/// |---|---|---|---|---|---|
+/// | 1024×768 | **18** | 22 | 26 | 34 | 54 |
+/// | 4096×768 | 33 | **28** | 30 | 37 | 56 |
+/// | 8192×768 | 62 | 50 | **45** | 51 | 69 |
+/// | 16384×768 | 114 | 87 | 76 | **71** | 88 |
+/// | 8192×1024 | 92 | 72 | 65 | **62** | 83 |
+/// | 4096×3072 | 116 | 87 | 76 | **72** | 89 |
+/// | 8192×3072 | 213 | 162 | 138 | 126 | **122** |
+/// | 4096×4096 | 174 | 136 | 114 | 109 | **105** |
+///
+/// f32 picks the same or within 6% of its best (8192×768: 60 at 8, 59 at 16). The rule it
+/// replaced, `rows / 256` whatever the width (tuned before that loop), took 32 rows at
+/// 8192×768: 69 µs in bf16.
+pub fn norm_bwd_rows(rows: u32, width: u32) -> u32 {
+    let want = (u64::from(rows) * u64::from(width)).div_ceil(NORM_BWD_ELEMENTS);
+    let r = want.next_power_of_two().min(u64::from(NORM_BWD_MAX_ROWS)) as u32;
+    r.clamp(NORM_BWD_MIN_ROWS, NORM_BWD_MAX_ROWS)
 }
 
 /// The family's selection function: the variant and the invocations per row. Forward:
@@ -712,12 +725,12 @@ mod tests {
 
     #[test]
     fn backward_rows_per_group() {
-        assert_eq!(norm_bwd_rows(1), 1);
-        assert_eq!(norm_bwd_rows(1024), 4);
-        assert_eq!(norm_bwd_rows(4096), 16);
-        assert_eq!(norm_bwd_rows(6000), 16); // 23.4 → 16, not 32
-        assert_eq!(norm_bwd_rows(7000), 32); // 27.3 → 32
-        assert_eq!(norm_bwd_rows(1 << 20), NORM_BWD_MAX_ROWS);
+        assert_eq!(norm_bwd_rows(1, 768), NORM_BWD_MIN_ROWS);
+        assert_eq!(norm_bwd_rows(4096, 768), 4);
+        assert_eq!(norm_bwd_rows(8192, 768), 8);
+        assert_eq!(norm_bwd_rows(8192, 1024), 16); // 10.7 → 16
+        assert_eq!(norm_bwd_rows(8192, 3072), 32);
+        assert_eq!(norm_bwd_rows(1 << 20, 768), NORM_BWD_MAX_ROWS);
     }
 
     #[test]

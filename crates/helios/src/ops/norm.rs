@@ -330,7 +330,8 @@ impl Tensor {
                     rows,
                     kernel.workgroup,
                     threads,
-                    cfg.norm_rows.unwrap_or_else(|| norm::norm_bwd_rows(rows)),
+                    cfg.norm_rows
+                        .unwrap_or_else(|| norm::norm_bwd_rows(rows, len)),
                 );
                 let bufs = partial_scratch(g)?;
                 let mut writes = vec![dx.buffer()?];
