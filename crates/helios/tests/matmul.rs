@@ -211,6 +211,20 @@ fn split_k_matches_reference() {
             .check(700 + (i * 3 + j) as u64);
         }
     }
+    // An output a multiple of 4 long: the k slices are summed 4 columns at a time, straight
+    // into the narrow dtype.
+    for (trans, out) in [(TRANS[0], DType::BF16), (TRANS[3], DType::F16)] {
+        Case {
+            trans,
+            input: out,
+            out,
+            alpha: 1.0,
+            variant: Some(v),
+            splits: Some(4),
+            ..Case::new(1, 128, 96, 256)
+        }
+        .check(777);
+    }
     // A row-major stack against one matrix folds into one tall product: still splittable.
     let a = Tensor::from_slice(device(), &random(3 * 5 * 64, DType::F32, 7), &[3, 5, 64]).unwrap();
     let b = Tensor::from_slice(device(), &random(64 * 9, DType::F32, 8), &[64, 9]).unwrap();

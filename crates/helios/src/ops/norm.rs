@@ -9,12 +9,12 @@
 use helios_kernels::norm::{
     self, param_splits, NormKernel, NormKind, NormParamKernel, NormVariant,
 };
-use helios_kernels::reduce::{Dims, Layout, ReduceKernel, Reduction, Stage, REDUCE_WORKGROUP};
+use helios_kernels::reduce::REDUCE_WORKGROUP;
 use helios_vk::Buffer;
 
 use crate::device::KernelKey;
 use crate::ops::softmax::same_operands;
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 /// What a norm's forward returns: the output (x's shape and dtype) and the per-row
 /// statistics the backward needs, f32 of x's shape without its last axis.
@@ -384,62 +384,9 @@ impl Tensor {
                 (splits, bufs)
             }
         };
-        sum_partials(
-            device,
-            &scratch,
-            &param_outs,
-            partial_rows,
-            len,
-            gamma.dtype(),
-        )?;
+        for (part, out) in scratch.iter().zip(&param_outs) {
+            device.sum_partial_rows(part, out, partial_rows, len, gamma.dtype())?;
+        }
         Ok(NormGrads { dx, dgamma, dbeta })
     }
-}
-
-/// Sums each (partial_rows, len) f32 scratch buffer over its rows into the matching output,
-/// stored as `dtype` (the reduce family's deterministic column `Combine`).
-fn sum_partials(
-    device: &Device,
-    parts: &[Buffer],
-    outs: &[&Buffer],
-    partial_rows: u32,
-    len: u32,
-    dtype: DType,
-) -> Result<()> {
-    let cfg = device.config().rows;
-    let kernel = ReduceKernel {
-        op: Reduction::Sum,
-        storage: dtype.storage(),
-        stage: Stage::Combine,
-        layout: Layout::Columns {
-            vec: if len % 4 == 0 { 4 } else { 1 },
-        },
-        unroll: cfg.unroll(),
-        reducer: device.reducer(),
-        workgroup: device.row_workgroup(REDUCE_WORKGROUP),
-        binding: device.binding(),
-        prologue: None,
-    };
-    let dims = Dims::Columns {
-        outer: 1,
-        axis: partial_rows,
-        inner: len,
-        splits: 1,
-        chunk: partial_rows,
-        threads: helios_kernels::reduce::combine_threads(
-            partial_rows.into(),
-            kernel.unroll,
-            kernel.workgroup,
-        ),
-    };
-    for (p, o) in parts.iter().zip(outs) {
-        device.dispatch_rows(
-            KernelKey::Reduce(kernel.clone()),
-            || kernel.build(),
-            &[p],
-            &[o],
-            |c, g, a| Ok(kernel.launch(&c.module, g, dims, a, 1.0, (&[], &[]))?),
-        )?;
-    }
-    Ok(())
 }

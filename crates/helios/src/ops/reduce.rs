@@ -111,6 +111,48 @@ impl Device {
         Ok(())
     }
 
+    /// Sums the `rows` rows of the f32 partials `part` ((rows, len), row-major) into `out`,
+    /// stored as `dtype`: the reduce family's deterministic column `Combine`, which reads f32
+    /// and writes any storage, so a narrower result needs no cast pass (a norm's parameter
+    /// gradients from their groups' partials, a split-K product from its k slices).
+    pub(crate) fn sum_partial_rows(
+        &self,
+        part: &Buffer,
+        out: &Buffer,
+        rows: u32,
+        len: u32,
+        dtype: DType,
+    ) -> Result<()> {
+        let kernel = reduce::ReduceKernel {
+            op: Reduction::Sum,
+            storage: dtype.storage(),
+            stage: reduce::Stage::Combine,
+            layout: reduce::Layout::Columns {
+                vec: if len % 4 == 0 { 4 } else { 1 },
+            },
+            unroll: self.config().rows.unroll(),
+            reducer: self.reducer(),
+            workgroup: self.row_workgroup(REDUCE_WORKGROUP),
+            binding: self.binding(),
+            prologue: None,
+        };
+        let dims = reduce::Dims::Columns {
+            outer: 1,
+            axis: rows,
+            inner: len,
+            splits: 1,
+            chunk: rows,
+            threads: reduce::combine_threads(rows.into(), kernel.unroll, kernel.workgroup),
+        };
+        self.dispatch_rows(
+            KernelKey::Reduce(kernel.clone()),
+            || kernel.build(),
+            &[part],
+            &[out],
+            |c, g, a| Ok(kernel.launch(&c.module, g, dims, a, 1.0, (&[], &[]))?),
+        )
+    }
+
     /// A device-local scratch buffer of `bytes` (at least 4).
     pub(crate) fn scratch(&self, bytes: u64) -> Result<Buffer> {
         Ok(self
