@@ -37,35 +37,39 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-use helios::{Activation, Device, IndexTensor, MatmulOptions, SoftmaxOptions, Tensor};
+use helios::{Activation, AttentionOptions, Device, IndexTensor, MatmulOptions, Tensor};
 
+/// GPT-2's block as `helios_nn` writes it (and `bench graph`'s host12): fused q|k|v
+/// projection with bias, the attention op reading q, k, v in place as views, output
+/// projection with bias and residual, then the MLP with biases, GELU and residual.
 fn block(x: &Tensor, p: &[Tensor], b: usize, t: usize, c: usize) -> helios::Result<Tensor> {
     let heads = 4;
     let d = c / heads;
-    let split = |y: Tensor| y.reshape(&[b, t, heads, d])?.permute(&[0, 2, 1, 3]); // (b, h, t, d)
+    fn linear<'a>(
+        bias: &'a Tensor,
+        residual: Option<&'a Tensor>,
+        act: Activation,
+    ) -> MatmulOptions<'a> {
+        MatmulOptions {
+            bias: Some(bias),
+            residual,
+            act,
+            ..Default::default()
+        }
+    }
     let h = x.layer_norm(&p[0], &p[1], 1e-5)?.y;
-    let q = split(h.matmul(&p[2])?)?;
-    let k = split(h.matmul(&p[3])?)?;
-    let v = split(h.matmul(&p[4])?)?;
-    let att = q
-        .matmul(&k.transpose(2, 3)?)?
-        .softmax_with(SoftmaxOptions::causal(1.0 / (d as f32).sqrt()))?;
-    let o = att
-        .matmul(&v)?
-        .permute(&[0, 2, 1, 3])?
+    let qkv = h
+        .matmul_opts(&p[2], &linear(&p[3], None, Activation::None))?
+        .reshape(&[b, t, 3, heads, d])?;
+    let part = |i: usize| qkv.narrow(2, i, 1)?.reshape(&[b, t, heads, d]);
+    let a = part(0)?
+        .attention(&part(1)?, &part(2)?, &AttentionOptions::causal())?
+        .out
         .reshape(&[b, t, c])?;
-    let x = x.add(&o.matmul(&p[5])?)?;
+    let x = a.matmul_opts(&p[4], &linear(&p[5], Some(x), Activation::None))?;
     let h = x.layer_norm(&p[6], &p[7], 1e-5)?.y;
-    let fc = MatmulOptions {
-        bias: Some(&p[9]),
-        act: Activation::GeluTanh,
-        ..Default::default()
-    };
-    let proj = MatmulOptions {
-        residual: Some(&x),
-        ..Default::default()
-    };
-    h.matmul_opts(&p[8], &fc)?.matmul_opts(&p[10], &proj)
+    let f = h.matmul_opts(&p[8], &linear(&p[9], None, Activation::GeluTanh))?;
+    f.matmul_opts(&p[10], &linear(&p[11], Some(&x), Activation::None))
 }
 
 fn main() -> helios::Result<()> {
@@ -94,15 +98,16 @@ fn main() -> helios::Result<()> {
         for (shape, s) in [
             (vec![c], 1.0),
             (vec![c], 0.1),
+            (vec![c, 3 * c], 0.1),
+            (vec![3 * c], 0.1),
             (vec![c, c], 0.1),
-            (vec![c, c], 0.1),
-            (vec![c, c], 0.1),
-            (vec![c, c], 0.1),
+            (vec![c], 0.1),
             (vec![c], 1.0),
             (vec![c], 0.1),
             (vec![c, 4 * c], 0.1),
             (vec![4 * c], 0.1),
             (vec![4 * c, c], 0.1),
+            (vec![c], 0.1),
         ] {
             p.push(param(&shape, s)?);
         }
