@@ -259,6 +259,9 @@ pub struct AttentionKernel {
     /// Dq computes Dsum itself (from dO and O, O dense) and writes it for DkDv, which then
     /// runs after it: no Prep pass. Register-resident cooperative Dq only.
     pub own_dsum: bool,
+    /// Dq and DkDv write into the slices of one dense [B, T, 3, H, D] gradient (whose buffer
+    /// the host passes for each output) instead of dense [B, T, H, D] tensors.
+    pub packed: bool,
 }
 
 /// Push-constant strides of a [B, T, H, D] view (elements; d has stride 1).
@@ -315,8 +318,9 @@ pub(crate) struct Params {
     /// O, dense [B, T, H, D] (a Dq with `own_dsum`).
     pub o: Option<Buffer>,
     pub lens: Option<Buffer>,
-    /// Dense outputs: Forward o; DkDv dk, dv; Dq dq.
-    pub outs: Vec<Buffer>,
+    /// Outputs: Forward o; DkDv dk, dv; Dq dq. Dense [B, T, H, D], or with `packed` the
+    /// slices of one [B, T, 3, H, D] tensor (offsets 0, HD, 2HD, row stride 3HD).
+    pub outs: Vec<View>,
     pub t: Val,
     pub heads: Val,
     pub batch: Val,
@@ -340,6 +344,7 @@ impl AttentionKernel {
         } else {
             ""
         } + if self.own_dsum { "_dsum" } else { "" }
+            + if self.packed { "_packed" } else { "" }
     }
 
     /// Invocations that share a row of `Prep`: [`PREP_LANES`] where the kernel may shuffle
@@ -504,6 +509,35 @@ impl AttentionKernel {
             })
             .collect();
         k.begin();
+        let (t, heads) = (k.load_param(t), k.load_param(heads));
+        // The outputs: dense [B, T, H, D], or (`packed`) the slices of one [B, T, 3, H, D]
+        // tensor that the host passes for each: dq at 0, dk at HD, dv at 2HD, rows 3HD apart.
+        let dh = k.u32(self.head_dim);
+        let hd = k.mul(heads, dh);
+        let zero = k.u32(0);
+        let (st, offs) = match (self.packed, self.stage) {
+            (true, stage) => {
+                let (two, three) = (k.u32(2), k.u32(3));
+                let st = k.mul(hd, three);
+                match stage {
+                    AttnStage::DkDv => (st, vec![hd, k.mul(hd, two)]),
+                    _ => (st, vec![zero]),
+                }
+            }
+            (false, _) => (hd, vec![zero; outs.len()]),
+        };
+        let sb = k.mul(t, st);
+        let out_views: Vec<View> = outs
+            .iter()
+            .zip(offs)
+            .map(|(&buf, off)| View {
+                buf,
+                off,
+                sb,
+                st,
+                sh: dh,
+            })
+            .collect();
         let mut views: Vec<Option<View>> = vec![None; ins.len()];
         for (g, (offs, st)) in stride_groups(self.stage).iter().zip(&groups) {
             let [sb, st, sh] = st.map(|p| k.load_param(p));
@@ -528,9 +562,9 @@ impl AttentionKernel {
             dsum,
             o,
             lens,
-            outs,
-            t: k.load_param(t),
-            heads: k.load_param(heads),
+            outs: out_views,
+            t,
+            heads,
             batch: k.load_param(batch),
             scale: k.load_param(scale),
         }
@@ -616,11 +650,18 @@ impl AttentionKernel {
                         frag: None,
                         pipelined: false,
                         own_dsum: false,
+                        packed: false,
                     };
                     out.push(kern);
                     if stage == AttnStage::Prep {
                         out.push(AttentionKernel {
                             subgroup: [4, 32][i % 2],
+                            ..kern
+                        });
+                    }
+                    if matches!(stage, AttnStage::Dq | AttnStage::DkDv) {
+                        out.push(AttentionKernel {
+                            packed: true,
                             ..kern
                         });
                     }
@@ -652,12 +693,20 @@ impl AttentionKernel {
                             frag,
                             pipelined: false,
                             own_dsum: false,
+                            packed: false,
                         };
                         out.push(kern);
                         out.extend(kern.pipelining());
                         if frag.is_some() && stage == AttnStage::Dq {
                             out.push(AttentionKernel {
                                 own_dsum: true,
+                                ..kern
+                            });
+                        }
+                        if matches!(stage, AttnStage::Dq | AttnStage::DkDv) {
+                            out.push(AttentionKernel {
+                                packed: true,
+                                own_dsum: frag.is_some() && stage == AttnStage::Dq,
                                 ..kern
                             });
                         }
@@ -803,7 +852,8 @@ pub(crate) fn stat_index(k: &mut KernelBuilder, p: &Params, b: Val, h: Val, t: V
     k.add(x, t)
 }
 
-/// Element index of (b, t, h, 0) in a dense [B, T, H, D] output.
+/// Element index of (b, t, h, 0) in a dense [B, T, H, D] tensor (the forward's O, which a Dq
+/// with `own_dsum` reads).
 pub(crate) fn dense_row(k: &mut KernelBuilder, p: &Params, d: u32, b: Val, t: Val, h: Val) -> Val {
     let bt = k.mul(b, p.t);
     let bt = k.add(bt, t);
@@ -973,6 +1023,7 @@ mod tests {
             frag: Some(map),
             pipelined: false,
             own_dsum: false,
+            packed: false,
         };
         let piped = base.pipelining().expect("the register forward pipelines");
         assert!(
@@ -1026,6 +1077,7 @@ mod tests {
             frag: Some(map),
             pipelined: false,
             own_dsum: true,
+            packed: false,
         };
         assert!(dq.buildable());
         assert!(dq.name().ends_with("_reg_dsum"), "{}", dq.name());
@@ -1089,6 +1141,7 @@ mod tests {
                                 frag: None,
                                 pipelined: false,
                                 own_dsum: false,
+                                packed: false,
                             };
                             k.shared_bytes() <= limit
                         });

@@ -27,8 +27,8 @@ use helios_spirv::{
 };
 
 use crate::attention::{
-    block_coords, build_prep, dense_row, key_blocks, key_end, stat_index, AttentionKernel,
-    AttnStage, Params, View,
+    block_coords, build_prep, key_blocks, key_end, stat_index, AttentionKernel, AttnStage, Params,
+    View,
 };
 use crate::storage::{store_f32, Storage};
 
@@ -510,7 +510,7 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
         let at = k.add(at, s_at);
         let storage = kern.storage;
         k.if_(inside, |k| {
-            let base = dense_row(k, &p, d, b, i, h);
+            let base = out.row(k, b, i, h);
             let col = k.u32(dc as u32 * FRAG);
             let base = k.add(base, col);
             let hc = k.mul(half, eight);
@@ -522,7 +522,7 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
                 let raw = k.shared_load(smem, w);
                 let v = k.bitcast(raw, Ty::vector(Scalar::F32, 4));
                 let dst = k.add(base, o);
-                store_f32(k, out, dst, v, storage);
+                store_f32(k, out.buf, dst, v, storage);
             }
         });
         k.subgroup_barrier();

@@ -15,8 +15,8 @@ use helios_spirv::{
 };
 
 use crate::attention::{
-    block_coords, dense_row, key_blocks, key_end, query_blocks, stat_index, AttentionKernel,
-    AttnStage, Params,
+    block_coords, key_blocks, key_end, query_blocks, stat_index, AttentionKernel, AttnStage,
+    Params, View,
 };
 use crate::attention_coop::{
     frag_scalar, pack2, remaining, row_limit, stage, FRAG, SUBGROUP, WORD,
@@ -202,7 +202,7 @@ pub(crate) fn store_rows(
     (r, half, tile): (Val, Val, Val),
     acc: &[CoopVar],
     (b, h, t): (Val, Val, Val),
-    out: helios_spirv::Buffer,
+    out: View,
     mul: Result<CoopMat, Val>,
 ) {
     let four = k.u32(4);
@@ -222,7 +222,7 @@ pub(crate) fn store_rows(
         let at = k.add(rb, hb);
         let at = k.add(at, tile);
         k.if_(inside, |k| {
-            let base = dense_row(k, p, kern.head_dim, b, t, h);
+            let base = out.row(k, b, t, h);
             let col = k.u32(dc as u32 * FRAG);
             let base = k.add(base, col);
             let hc = k.mul(half, eight);
@@ -234,7 +234,7 @@ pub(crate) fn store_rows(
                 let raw = k.shared_load(smem, w);
                 let v = k.bitcast(raw, Ty::vector(Scalar::F32, 4));
                 let dst = k.add(base, o);
-                store_f32(k, out, dst, v, kern.storage);
+                store_f32(k, out.buf, dst, v, kern.storage);
             }
         });
         k.subgroup_barrier();

@@ -320,7 +320,7 @@ fn store_rows(
     acc: &[CoopVar],
     mul: Result<CoopMat, Val>,
     (b, h, t0): (Val, Val, Val),
-    out: helios_spirv::Buffer,
+    out: crate::attention::View,
     at: Val,
 ) {
     let lane = k.subgroup_invocation_id();
@@ -358,13 +358,13 @@ fn store_rows(
                 let w = k.add(w, at);
                 let raw = k.shared_load(smem, w);
                 let v = k.bitcast(raw, Ty::vector(Scalar::F32, 4));
-                let base = crate::attention::dense_row(k, p, kern.head_dim, b, t, h);
+                let base = out.row(k, b, t, h);
                 let cc = k.u32(col0);
                 let base = k.add(base, cc);
                 let four = k.u32(4);
                 let base = k.div(base, four);
                 let dst = k.add(base, c);
-                crate::storage::store_f32(k, out, dst, v, kern.storage);
+                crate::storage::store_f32(k, out.buf, dst, v, kern.storage);
             });
         }
     }

@@ -31,8 +31,8 @@
 use helios_spirv::{KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
 
 use crate::attention::{
-    block_coords, build_prep, dense_row, keep, key_blocks, key_end, query_blocks, stat_index,
-    AttentionKernel, AttnStage, Params, View,
+    block_coords, build_prep, keep, key_blocks, key_end, query_blocks, stat_index, AttentionKernel,
+    AttnStage, Params, View,
 };
 use crate::storage::{load_f32, store_f32, Storage};
 
@@ -416,7 +416,7 @@ impl Ctx {
     fn store_rows(
         &self,
         k: &mut KernelBuilder,
-        buf: helios_spirv::Buffer,
+        out: View,
         acc: &[Vec<Var>],
         (b, h): (Val, Val),
         t0: Val,
@@ -427,7 +427,7 @@ impl Ctx {
             let t = k.add(t0, r);
             let inside = k.lt(t, self.p.t);
             k.if_(inside, |k| {
-                let base = dense_row(k, &self.p, self.head_dim, b, t, h);
+                let base = out.row(k, b, t, h);
                 let four = k.u32(4);
                 let base = k.div(base, four);
                 let m = k.splat(mul[i], 4);
@@ -440,9 +440,9 @@ impl Ctx {
                     if (c as u32 + 1) * SIMT_COLS > dv {
                         let dvc = k.u32(dv);
                         let inside = k.lt(chunk, dvc);
-                        k.if_(inside, |k| store_f32(k, buf, at, x, self.storage));
+                        k.if_(inside, |k| store_f32(k, out.buf, at, x, self.storage));
                     } else {
-                        store_f32(k, buf, at, x, self.storage);
+                        store_f32(k, out.buf, at, x, self.storage);
                     }
                 }
             });

@@ -379,7 +379,8 @@ fn every_attention_kernel_validates() {
             )
         })
         .sum();
-    assert_eq!(n, 2 * 5 * 3 * (4 + 1));
+    // Every stage, Prep with shuffles too, Dq and DkDv writing a packed gradient too.
+    assert_eq!(n, 2 * 5 * 3 * (4 + 1 + 2));
 }
 
 /// The cooperative attention kernels (f16 and bf16 fragments; scores in shared memory and in
@@ -395,6 +396,7 @@ fn every_coop_attention_kernel_validates() {
         n += 1;
     }
     // Every stage of both families, the register forward pipelined and with row-tile pairs
-    // (plain and pipelined), and the register Dq computing Dsum itself.
-    assert_eq!(n, 5 * 2 * (4 * 2 + 3 + 1));
+    // (plain and pipelined), the register Dq computing Dsum itself, and both families' Dq and
+    // DkDv writing a packed gradient.
+    assert_eq!(n, 5 * 2 * (4 * 2 + 3 + 1 + 4));
 }

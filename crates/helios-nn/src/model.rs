@@ -408,11 +408,10 @@ pub fn causal_self_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
 pub fn fused_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     let (b, t, c) = qkv_dims(qkv, n_head)?;
     let d = c / n_head;
-    let qkv = qkv.reshape(&[b, t, 3, n_head, d])?; // (B, T, 3, H, D)
-                                                   // Views of qkv, (B, T, H, D) each: the op reads them in place.
-    let part = |i: usize| qkv.narrow(2, i, 1)?.reshape(&[b, t, n_head, d]);
-    let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-    let y = q.attention(&k, &v, &AttentionOptions::causal())?.out; // (B, T, H, D)
+    // q, k and v are read in place as slices of (B, T, 3, H, D), and backward writes their
+    // gradients into the slices of one tensor.
+    let qkv = qkv.reshape(&[b, t, 3, n_head, d])?;
+    let y = qkv.attention_qkv(&AttentionOptions::causal())?.out; // (B, T, H, D)
     Ok(y.reshape(&[b, t, c])?) // (B, T, C)
 }
 

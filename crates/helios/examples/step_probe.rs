@@ -40,7 +40,7 @@ static GLOBAL: Counting = Counting;
 use helios::{Activation, AttentionOptions, Device, IndexTensor, MatmulOptions, Tensor};
 
 /// GPT-2's block as `helios_nn` writes it (and `bench graph`'s host12): fused q|k|v
-/// projection with bias, the attention op reading q, k, v in place as views, output
+/// projection with bias, the attention op reading q, k, v in place as its slices, output
 /// projection with bias and residual, then the MLP with biases, GELU and residual.
 fn block(x: &Tensor, p: &[Tensor], b: usize, t: usize, c: usize) -> helios::Result<Tensor> {
     let heads = 4;
@@ -58,12 +58,10 @@ fn block(x: &Tensor, p: &[Tensor], b: usize, t: usize, c: usize) -> helios::Resu
         }
     }
     let h = x.layer_norm(&p[0], &p[1], 1e-5)?.y;
-    let qkv = h
+    let a = h
         .matmul_opts(&p[2], &linear(&p[3], None, Activation::None))?
-        .reshape(&[b, t, 3, heads, d])?;
-    let part = |i: usize| qkv.narrow(2, i, 1)?.reshape(&[b, t, heads, d]);
-    let a = part(0)?
-        .attention(&part(1)?, &part(2)?, &AttentionOptions::causal())?
+        .reshape(&[b, t, 3, heads, d])?
+        .attention_qkv(&AttentionOptions::causal())?
         .out
         .reshape(&[b, t, c])?;
     let x = a.matmul_opts(&p[4], &linear(&p[5], Some(x), Activation::None))?;

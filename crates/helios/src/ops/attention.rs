@@ -169,7 +169,8 @@ impl Tensor {
     ///
     /// Differentiable in Q, K and V: `backward()` through `out` runs `attention_backward`
     /// (the saved `lse` and the output, no scores stored). Q, K and V taken as `narrow`s of one
-    /// fused QKV tensor get their gradients summed into one fused kernel of padded writes.
+    /// fused QKV tensor get their gradients summed into one fused kernel of padded writes;
+    /// `attention_qkv` on the fused tensor writes them into one gradient instead.
     pub fn attention(
         &self,
         k: &Tensor,
@@ -196,6 +197,45 @@ impl Tensor {
                     Some(grads.dk.reshape(kd.shape())?),
                     Some(grads.dv.reshape(vd.shape())?),
                 ])
+            });
+        Ok(AttentionOutput { out, lse: fwd.lse })
+    }
+
+    /// `attention` over the three slices of a fused [B, T, 3, H, D] tensor (q, k and v
+    /// along axis 2, as `split_qkv` gives them), read in place, with one gradient: its
+    /// backward writes dQ, dK and dV straight into the slices of one [B, T, 3, H, D]
+    /// tensor. (Through `split_qkv` views, `attention` gives each slice its own gradient,
+    /// which the views' backward pads and sums: a pass over all three, once a layer.)
+    pub fn attention_qkv(&self, opts: &AttentionOptions) -> Result<AttentionOutput> {
+        let shape = self.shape();
+        if shape.len() != 5 || shape[2] != 3 {
+            return Err(invalid(format!(
+                "attention_qkv needs a [B, T, 3, H, D] tensor, got {shape:?}"
+            )));
+        }
+        let head = [shape[0], shape[1], shape[3], shape[4]];
+        let views = |x: &Tensor| -> Result<[Tensor; 3]> {
+            let [q, k, v] = x.split_qkv()?;
+            Ok([q.reshape(&head)?, k.reshape(&head)?, v.reshape(&head)?])
+        };
+        let [q, k, v] = views(self)?;
+        let fwd = q.attention_raw(&k, &v, opts)?;
+        if !crate::autograd::any_needs(&[self]) {
+            return Ok(fwd);
+        }
+        let [q, k, v] = views(&self.detach())?;
+        let saved = AttentionOutput {
+            out: fwd.out.detach(),
+            lse: fwd.lse.clone(),
+        };
+        let opts = opts.clone();
+        let out =
+            crate::autograd::record("attention_qkv", &[self], fwd.out.clone(), move |g, _| {
+                let g = g.to_dtype(q.dtype())?;
+                match q.backward_impl(&k, &v, &saved, &g, &opts, true)? {
+                    Grads::Packed(dqkv) => Ok(smallvec::smallvec![Some(dqkv)]),
+                    Grads::Separate(_) => unreachable!("asked for packed gradients"),
+                }
             });
         Ok(AttentionOutput { out, lse: fwd.lse })
     }
@@ -238,7 +278,7 @@ impl Tensor {
             AttnStage::Forward,
             dims,
             opts,
-            &[qs, ks, vs],
+            (&[qs, ks, vs], false),
             &reads,
             &writes,
         )?;
@@ -256,6 +296,24 @@ impl Tensor {
         dout: &Tensor,
         opts: &AttentionOptions,
     ) -> Result<AttentionGrads> {
+        match self.backward_impl(k, v, fwd, dout, opts, false)? {
+            Grads::Separate(g) => Ok(g),
+            Grads::Packed(_) => unreachable!("asked for separate gradients"),
+        }
+    }
+
+    /// `attention_backward`, its gradients as three tensors or (`packed`) as one dense
+    /// [B, T, 3, H, D] tensor whose slices along axis 2 are dQ, dK and dV: the kernels write
+    /// each into its slice (offsets 0, HD, 2HD, row stride 3HD).
+    fn backward_impl(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        fwd: &AttentionOutput,
+        dout: &Tensor,
+        opts: &AttentionOptions,
+        packed: bool,
+    ) -> Result<Grads> {
         let (q, k, v) = &shared_strides(self, k, v)?;
         let (dims, qs) = view_of("q", q)?;
         let (dk, ks) = view_of("k", k)?;
@@ -281,7 +339,7 @@ impl Tensor {
         let lens = lengths(opts, dims)?;
         if materialised_form(q, dims, opts) {
             let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
-            return materialised::backward(
+            let g = materialised::backward(
                 head_view(q, qs),
                 head_view(k, ks),
                 head_view(v, vs),
@@ -290,7 +348,20 @@ impl Tensor {
                 dims,
                 opts,
                 scale,
-            );
+            )?;
+            if !packed {
+                return Ok(Grads::Separate(g));
+            }
+            let one = [dims.b, dims.t, 1, dims.h, dims.d];
+            let parts = [
+                g.dq.reshape(&one)?,
+                g.dk.reshape(&one)?,
+                g.dv.reshape(&one)?,
+            ];
+            return Ok(Grads::Packed(Tensor::cat(
+                &[&parts[0], &parts[1], &parts[2]],
+                2,
+            )?));
         }
         if super::attention_tune::wanted(q, dims.d, &[AttnStage::DkDv, AttnStage::Dq], opts) {
             super::attention_tune::tune_backward(q, k, v, fwd, dout, opts)?;
@@ -304,10 +375,20 @@ impl Tensor {
         let device = self.device();
         let views = [qs, ks, vs, ds];
         let dsum = Tensor::empty(device, &[dims.b, dims.h, dims.t], DType::F32)?;
-        let shape = vec![dims.b, dims.t, dims.h, dims.d];
-        let gq = Tensor::empty(device, &shape, self.dtype())?;
-        let gk = Tensor::empty(device, &shape, self.dtype())?;
-        let gv = Tensor::empty(device, &shape, self.dtype())?;
+        // Where dQ, dK and dV go: three dense tensors, or the slices of one packed tensor
+        // (each kernel gets its buffer and writes at its slice's offset).
+        let targets: Vec<Tensor> = if packed {
+            let g = Tensor::empty(device, &[dims.b, dims.t, 3, dims.h, dims.d], self.dtype())?;
+            vec![g.clone(), g.clone(), g]
+        } else {
+            let shape = [dims.b, dims.t, dims.h, dims.d];
+            let mut g = Vec::with_capacity(3);
+            for _ in 0..3 {
+                g.push(Tensor::empty(device, &shape, self.dtype())?);
+            }
+            g
+        };
+        let (gq, gk, gv) = (&targets[0], &targets[1], &targets[2]);
         let dq = choose(q, AttnStage::Dq, dims, opts, aligned(&views))?;
         let inputs = [q.buffer()?, k.buffer()?, v.buffer()?, dout.buffer()?];
         if dq.own_dsum {
@@ -318,13 +399,13 @@ impl Tensor {
             reads.extend([fwd.lse.buffer()?, o.buffer()?]);
             reads.extend(lens);
             let writes = [dsum.buffer()?, gq.buffer()?];
-            q.record_attention(AttnStage::Dq, dims, opts, &views, &reads, &writes)?;
+            q.record_attention(AttnStage::Dq, dims, opts, (&views, packed), &reads, &writes)?;
         } else {
             self.record_attention(
                 AttnStage::Prep,
                 dims,
                 opts,
-                &[os, ds],
+                (&[os, ds], false),
                 &[fwd.out.buffer()?, dout.buffer()?],
                 &[dsum.buffer()?],
             )?;
@@ -336,17 +417,23 @@ impl Tensor {
             AttnStage::DkDv,
             dims,
             opts,
-            &views,
+            (&views, packed),
             &reads,
             &[gk.buffer()?, gv.buffer()?],
         )?;
         if !dq.own_dsum {
-            q.record_attention(AttnStage::Dq, dims, opts, &views, &reads, &[gq.buffer()?])?;
+            let writes = [gq.buffer()?];
+            q.record_attention(AttnStage::Dq, dims, opts, (&views, packed), &reads, &writes)?;
         }
-        Ok(AttentionGrads {
-            dq: gq,
-            dk: gk,
-            dv: gv,
+        let mut targets = targets.into_iter();
+        let mut next = || targets.next().expect("three targets");
+        Ok(match packed {
+            true => Grads::Packed(next()),
+            false => Grads::Separate(AttentionGrads {
+                dq: next(),
+                dk: next(),
+                dv: next(),
+            }),
         })
     }
 
@@ -372,19 +459,24 @@ impl Tensor {
         Ok(Some(choose(self, stage, dims, opts, aligned(&[s]))?))
     }
 
+    /// Records `stage` over the strided inputs `views`, writing dense [B, T, H, D] outputs
+    /// or (`packed`) the slices of one [B, T, 3, H, D] gradient.
     fn record_attention(
         &self,
         stage: AttnStage,
         dims: Dims,
         opts: &AttentionOptions,
-        views: &[ViewStrides],
+        (views, packed): (&[ViewStrides], bool),
         reads: &[&helios_vk::Buffer],
         writes: &[&helios_vk::Buffer],
     ) -> Result<()> {
         if dims.b * dims.t * dims.h == 0 {
             return Ok(());
         }
-        let kern = choose(self, stage, dims, opts, aligned(views))?;
+        let kern = AttentionKernel {
+            packed,
+            ..choose(self, stage, dims, opts, aligned(views))?
+        };
         let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
         let device = self.device();
         device.dispatch_rows(
@@ -406,6 +498,12 @@ impl Tensor {
             },
         )
     }
+}
+
+/// What `backward_impl` returns: dQ, dK, dV apart, or packed in one [B, T, 3, H, D] tensor.
+enum Grads {
+    Separate(AttentionGrads),
+    Packed(Tensor),
 }
 
 /// Whether this attention runs in the materialised form (`attention_materialised::wanted`).
@@ -546,6 +644,7 @@ fn choose(
             frag: if variant.is_coop() { frag } else { None },
             pipelined: false,
             own_dsum: false,
+            packed: false,
         };
         // The register Dq computes Dsum itself (no Prep pass).
         let plain = AttentionKernel {
