@@ -333,7 +333,7 @@ fn mlp_block(device: &Device, s: &Sizes, dt: DType) -> BenchResult<GraphResult> 
 /// epilogue, then the MLP (fc with bias and GELU, proj with bias and residual). Parameters
 /// in `p`: ln_1 w, b; attn w (c, 3c), b; proj w (c, c), b; ln_2 w, b; fc w (c, 4c), b;
 /// fc proj w (4c, c), b.
-fn block(x: &Tensor, p: &[Tensor]) -> helios::Result<Tensor> {
+fn block(x: &Tensor, p: &[Tensor]) -> helios_nn::Result<Tensor> {
     fn linear<'a>(
         bias: &'a Tensor,
         residual: Option<&'a Tensor>,
@@ -349,16 +349,11 @@ fn block(x: &Tensor, p: &[Tensor]) -> helios::Result<Tensor> {
     let none = helios::Activation::None;
     let h = x.layer_norm(&p[0], &p[1], 1e-5)?.y;
     let qkv = h.matmul_opts(&p[2], &linear(&p[3], None, none))?;
-    let a = helios_nn::model::causal_self_attention(&qkv, HOST12_HEADS).map_err(|e| {
-        helios::Error::Invalid {
-            op: "attention",
-            detail: e.to_string(),
-        }
-    })?;
+    let a = helios_nn::model::causal_self_attention(&qkv, HOST12_HEADS)?;
     let x = a.matmul_opts(&p[4], &linear(&p[5], Some(x), none))?;
     let h = x.layer_norm(&p[6], &p[7], 1e-5)?.y;
     let f = h.matmul_opts(&p[8], &linear(&p[9], None, helios::Activation::GeluTanh))?;
-    f.matmul_opts(&p[10], &linear(&p[11], Some(&x), none))
+    Ok(f.matmul_opts(&p[10], &linear(&p[11], Some(&x), none))?)
 }
 
 /// Heads of host12's blocks.
@@ -392,7 +387,7 @@ fn host12(device: &Device, s: &Sizes) -> BenchResult<Vec<GraphResult>> {
     }
     let x = Tensor::from_slice(device, &random_values(b * t * c, 40), &[b, t, c])?;
     let targets = IndexTensor::from_slice(device, &vec![3; b * t], &[b * t])?;
-    let step = || -> helios::Result<f64> {
+    let step = || -> BenchResult<f64> {
         let t0 = Instant::now();
         let mut h = x.clone();
         for p in &params {

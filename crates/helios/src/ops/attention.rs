@@ -232,10 +232,8 @@ impl Tensor {
         let out =
             crate::autograd::record("attention_qkv", &[self], fwd.out.clone(), move |g, _| {
                 let g = g.to_dtype(q.dtype())?;
-                match q.backward_impl(&k, &v, &saved, &g, &opts, true)? {
-                    Grads::Packed(dqkv) => Ok(smallvec::smallvec![Some(dqkv)]),
-                    Grads::Separate(_) => unreachable!("asked for packed gradients"),
-                }
+                let [dqkv, ..] = q.backward_impl(&k, &v, &saved, &g, &opts, true)?;
+                Ok(smallvec::smallvec![Some(dqkv)])
             });
         Ok(AttentionOutput { out, lse: fwd.lse })
     }
@@ -296,14 +294,12 @@ impl Tensor {
         dout: &Tensor,
         opts: &AttentionOptions,
     ) -> Result<AttentionGrads> {
-        match self.backward_impl(k, v, fwd, dout, opts, false)? {
-            Grads::Separate(g) => Ok(g),
-            Grads::Packed(_) => unreachable!("asked for separate gradients"),
-        }
+        let [dq, dk, dv] = self.backward_impl(k, v, fwd, dout, opts, false)?;
+        Ok(AttentionGrads { dq, dk, dv })
     }
 
-    /// `attention_backward`, its gradients as three tensors or (`packed`) as one dense
-    /// [B, T, 3, H, D] tensor whose slices along axis 2 are dQ, dK and dV: the kernels write
+    /// `attention_backward`'s dQ, dK and dV as three tensors, or (`packed`) three handles of
+    /// one dense [B, T, 3, H, D] tensor whose slices along axis 2 they are: the kernels write
     /// each into its slice (offsets 0, HD, 2HD, row stride 3HD).
     fn backward_impl(
         &self,
@@ -313,7 +309,7 @@ impl Tensor {
         dout: &Tensor,
         opts: &AttentionOptions,
         packed: bool,
-    ) -> Result<Grads> {
+    ) -> Result<[Tensor; 3]> {
         let (q, k, v) = &shared_strides(self, k, v)?;
         let (dims, qs) = view_of("q", q)?;
         let (dk, ks) = view_of("k", k)?;
@@ -350,7 +346,7 @@ impl Tensor {
                 scale,
             )?;
             if !packed {
-                return Ok(Grads::Separate(g));
+                return Ok([g.dq, g.dk, g.dv]);
             }
             let one = [dims.b, dims.t, 1, dims.h, dims.d];
             let parts = [
@@ -358,10 +354,8 @@ impl Tensor {
                 g.dk.reshape(&one)?,
                 g.dv.reshape(&one)?,
             ];
-            return Ok(Grads::Packed(Tensor::cat(
-                &[&parts[0], &parts[1], &parts[2]],
-                2,
-            )?));
+            let p = Tensor::cat(&[&parts[0], &parts[1], &parts[2]], 2)?;
+            return Ok([p.clone(), p.clone(), p]);
         }
         if super::attention_tune::wanted(q, dims.d, &[AttnStage::DkDv, AttnStage::Dq], opts) {
             super::attention_tune::tune_backward(q, k, v, fwd, dout, opts)?;
@@ -377,16 +371,13 @@ impl Tensor {
         let dsum = Tensor::empty(device, &[dims.b, dims.h, dims.t], DType::F32)?;
         // Where dQ, dK and dV go: three dense tensors, or the slices of one packed tensor
         // (each kernel gets its buffer and writes at its slice's offset).
-        let targets: Vec<Tensor> = if packed {
+        let targets: [Tensor; 3] = if packed {
             let g = Tensor::empty(device, &[dims.b, dims.t, 3, dims.h, dims.d], self.dtype())?;
-            vec![g.clone(), g.clone(), g]
+            [g.clone(), g.clone(), g]
         } else {
             let shape = [dims.b, dims.t, dims.h, dims.d];
-            let mut g = Vec::with_capacity(3);
-            for _ in 0..3 {
-                g.push(Tensor::empty(device, &shape, self.dtype())?);
-            }
-            g
+            let one = || Tensor::empty(device, &shape, self.dtype());
+            [one()?, one()?, one()?]
         };
         let (gq, gk, gv) = (&targets[0], &targets[1], &targets[2]);
         let dq = choose(q, AttnStage::Dq, dims, opts, aligned(&views))?;
@@ -425,16 +416,7 @@ impl Tensor {
             let writes = [gq.buffer()?];
             q.record_attention(AttnStage::Dq, dims, opts, (&views, packed), &reads, &writes)?;
         }
-        let mut targets = targets.into_iter();
-        let mut next = || targets.next().expect("three targets");
-        Ok(match packed {
-            true => Grads::Packed(next()),
-            false => Grads::Separate(AttentionGrads {
-                dq: next(),
-                dk: next(),
-                dv: next(),
-            }),
-        })
+        Ok(targets)
     }
 
     /// The kernel `choose` picks for `stage` of attention on `self` (q) with `opts`, or
@@ -498,12 +480,6 @@ impl Tensor {
             },
         )
     }
-}
-
-/// What `backward_impl` returns: dQ, dK, dV apart, or packed in one [B, T, 3, H, D] tensor.
-enum Grads {
-    Separate(AttentionGrads),
-    Packed(Tensor),
 }
 
 /// Whether this attention runs in the materialised form (`attention_materialised::wanted`).
