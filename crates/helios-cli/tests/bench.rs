@@ -269,7 +269,15 @@ fn graph_quick_selected_cases() {
         .iter()
         .filter_map(|r| r["case"].as_str())
         .collect();
-    assert_eq!(names, ["chain1000", "host12_cold", "host12_cached"]);
+    assert_eq!(
+        names,
+        [
+            "chain1000",
+            "host12_cold",
+            "host12_cached",
+            "host12_submitted"
+        ]
+    );
 }
 
 #[test]

@@ -91,6 +91,11 @@ pub fn u32_or(name: &'static str, default: u32) -> Result<u32> {
 /// `HELIOS_TRANSFER_QUEUE=0`: staged copies stay on the compute queue.
 pub const HELIOS_TRANSFER_QUEUE: &str = "HELIOS_TRANSFER_QUEUE";
 
+/// `HELIOS_SUBMIT_THREAD=0|1`: command buffers recorded and submitted on the recording
+/// thread, or on a thread of their own (default: their own thread on GPUs, not on CPU
+/// devices, where it competes with the device's threads).
+pub const HELIOS_SUBMIT_THREAD: &str = "HELIOS_SUBMIT_THREAD";
+
 /// `HELIOS_BAR=0`: device-local buffers never use the host-visible (BAR) memory type.
 pub const HELIOS_BAR: &str = "HELIOS_BAR";
 

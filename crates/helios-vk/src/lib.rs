@@ -37,6 +37,7 @@ mod recorder;
 mod submit;
 mod timer;
 mod transfer;
+mod worker;
 
 pub use adapter::{select_adapter, select_adapter_from_env, Adapter};
 pub use caps::{

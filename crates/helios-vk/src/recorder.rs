@@ -1,10 +1,16 @@
-// Recording commands into one command buffer: dispatch, barrier, copy.
+// Recording commands for one command buffer: dispatch, barrier, copy, timestamp.
 //
 // The checks and recording shared by the encoder (declared accesses, barriers decided by
 // hazard tracking) and by `Recorder`, which only exists inside `Context::submit*` closures
 // (explicit barriers). Every argument that comes from the caller (push-constant sizes, group
 // counts, copy ranges, objects from another device) is checked and returns an error instead
 // of recording something the validation layer would reject.
+//
+// The design decision a reader must know: recording does not call Vulkan. A batch's commands
+// go into a `Commands` list (a few stores each), and `replay` turns the list into a command
+// buffer when the batch is submitted, on the submit thread (worker.rs). The driver's own cost
+// per command (on NVIDIA most of a dispatch's host time) then overlaps the recording of the
+// next batch instead of adding to it.
 
 use ash::vk;
 
@@ -23,6 +29,182 @@ pub const MAX_COPY_REGION: u64 = 1 << 30;
 pub struct Recorder<'a> {
     ctx: &'a Context,
     batch: &'a mut OpenBatch,
+}
+
+/// A range of one of `Commands`' side lists.
+type Span = (u32, u32);
+
+/// One recorded command. Variable-length data (push constants, descriptors, copy regions,
+/// kernel names) lives in `Commands`' side lists, so a command is a few words.
+#[derive(Clone, Copy, Debug)]
+enum Cmd {
+    Dispatch {
+        pipeline: vk::Pipeline,
+        layout: vk::PipelineLayout,
+        groups: [u32; 3],
+        push: Span,
+        descriptors: Span,
+        /// Index in `names` (profiling only; `u32::MAX` otherwise).
+        name: u32,
+    },
+    /// Dispatch → dispatch (`compute_barrier`).
+    ComputeBarrier,
+    /// Everything compute or transfer → everything (`compute_transfer_barrier`).
+    FullBarrier,
+    Copy {
+        src: vk::Buffer,
+        dst: vk::Buffer,
+        regions: Span,
+    },
+    Fill {
+        dst: vk::Buffer,
+        offset: u64,
+        len: u64,
+        word: u32,
+    },
+    ResetQueries {
+        pool: vk::QueryPool,
+        first: u32,
+        count: u32,
+    },
+    Timestamp {
+        pool: vk::QueryPool,
+        query: u32,
+    },
+}
+
+/// A batch's commands, in order, until `replay` records them.
+#[derive(Default)]
+pub(crate) struct Commands {
+    cmds: Vec<Cmd>,
+    bytes: Vec<u8>,
+    descriptors: Vec<vk::DescriptorBufferInfo>,
+    regions: Vec<vk::BufferCopy>,
+    names: Vec<String>,
+}
+
+fn span(start: usize, end: usize) -> Span {
+    (start as u32, end as u32)
+}
+
+impl Commands {
+    pub(crate) fn compute_barrier(&mut self) {
+        self.cmds.push(Cmd::ComputeBarrier);
+    }
+
+    pub(crate) fn full_barrier(&mut self) {
+        self.cmds.push(Cmd::FullBarrier);
+    }
+
+    pub(crate) fn fill(&mut self, dst: vk::Buffer, offset: u64, len: u64, word: u32) {
+        self.cmds.push(Cmd::Fill {
+            dst,
+            offset,
+            len,
+            word,
+        });
+    }
+
+    pub(crate) fn reset_queries(&mut self, pool: vk::QueryPool, first: u32, count: u32) {
+        self.cmds.push(Cmd::ResetQueries { pool, first, count });
+    }
+
+    pub(crate) fn timestamp(&mut self, pool: vk::QueryPool, query: u32) {
+        self.cmds.push(Cmd::Timestamp { pool, query });
+    }
+
+    /// Records the commands into `cb` (begun, after its opening barrier).
+    ///
+    /// # Safety
+    /// `cb` is recording on `ctx`'s device, and every object the commands name is alive
+    /// (the batch keeps its pipelines; buffers outlive their last use by pool tagging or by
+    /// the caller's `submit` contract).
+    pub(crate) unsafe fn replay(&self, ctx: &Context, cb: vk::CommandBuffer) {
+        let device = ctx.device();
+        let mut bound = vk::Pipeline::null();
+        let range = |(a, b): Span| a as usize..b as usize;
+        for cmd in &self.cmds {
+            match *cmd {
+                Cmd::Dispatch {
+                    pipeline,
+                    layout,
+                    groups,
+                    push,
+                    descriptors,
+                    name,
+                } => {
+                    // With HELIOS_PROFILE=1, timestamps bracket the dispatch (after any
+                    // barrier before it, in this same command buffer).
+                    let span = match (&ctx.profiler, self.names.get(name as usize)) {
+                        (Some(p), Some(name)) => p.begin(cb, name),
+                        _ => None,
+                    };
+                    if bound != pipeline {
+                        device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline);
+                        bound = pipeline;
+                    }
+                    let infos = &self.descriptors[range(descriptors)];
+                    if !infos.is_empty() {
+                        let writes: Vec<vk::WriteDescriptorSet> = infos
+                            .iter()
+                            .enumerate()
+                            .map(|(i, info)| {
+                                vk::WriteDescriptorSet::default()
+                                    .dst_binding(i as u32)
+                                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                                    .buffer_info(std::slice::from_ref(info))
+                            })
+                            .collect();
+                        let pd = ctx
+                            .push_descriptor
+                            .as_ref()
+                            .expect("checked at pipeline creation");
+                        pd.cmd_push_descriptor_set(
+                            cb,
+                            vk::PipelineBindPoint::COMPUTE,
+                            layout,
+                            0,
+                            &writes,
+                        );
+                    }
+                    let bytes = &self.bytes[range(push)];
+                    if !bytes.is_empty() {
+                        device.cmd_push_constants(
+                            cb,
+                            layout,
+                            vk::ShaderStageFlags::COMPUTE,
+                            0,
+                            bytes,
+                        );
+                    }
+                    device.cmd_dispatch(cb, groups[0], groups[1], groups[2]);
+                    if let (Some(p), Some(span)) = (&ctx.profiler, span) {
+                        p.end(cb, span);
+                    }
+                }
+                Cmd::ComputeBarrier => compute_barrier(device, cb),
+                Cmd::FullBarrier => compute_transfer_barrier(device, cb),
+                Cmd::Copy { src, dst, regions } => {
+                    device.cmd_copy_buffer(cb, src, dst, &self.regions[range(regions)])
+                }
+                Cmd::Fill {
+                    dst,
+                    offset,
+                    len,
+                    word,
+                } => device.cmd_fill_buffer(cb, dst, offset, len, word),
+                Cmd::ResetQueries { pool, first, count } => {
+                    device.cmd_reset_query_pool(cb, pool, first, count)
+                }
+                Cmd::Timestamp { pool, query } => device.cmd_write_timestamp(
+                    cb,
+                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                    pool,
+                    query,
+                ),
+            }
+        }
+    }
 }
 
 /// Checks a dispatch's caller-supplied arguments against the pipeline and device limits.
@@ -62,7 +244,8 @@ pub(crate) fn check_dispatch(
     Ok(())
 }
 
-/// Binds (if needed), pushes constants and dispatches. Arguments were checked.
+/// Adds a dispatch to the batch's commands (bound, pushed and dispatched at replay).
+/// Arguments were checked.
 pub(crate) fn record_dispatch(
     ctx: &Context,
     batch: &mut OpenBatch,
@@ -71,60 +254,26 @@ pub(crate) fn record_dispatch(
     push_constants: &[u8],
     descriptors: &[vk::DescriptorBufferInfo],
 ) {
-    let device = ctx.device();
-    let cb = batch.slot.cb;
-    // With HELIOS_PROFILE=1, timestamps bracket the dispatch (after any barrier the encoder
-    // inserted, in this same command buffer).
-    // SAFETY: the command buffer is recording under the encoder lock.
-    let span = ctx
-        .profiler
-        .as_ref()
-        .and_then(|p| unsafe { p.begin(cb, pipeline.name()) });
-    // SAFETY: the command buffer is recording; the pipeline and its layout belong to this
-    // device and the push range was checked against the layout (check_dispatch).
-    unsafe {
-        if batch.bound != pipeline.raw() {
-            device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.raw());
-            batch.bound = pipeline.raw();
+    let c = &mut batch.commands;
+    let push = c.bytes.len();
+    c.bytes.extend_from_slice(push_constants);
+    let infos = c.descriptors.len();
+    c.descriptors.extend_from_slice(descriptors);
+    let name = match ctx.profiler {
+        Some(_) => {
+            c.names.push(pipeline.name().to_owned());
+            c.names.len() as u32 - 1
         }
-        if !descriptors.is_empty() {
-            let writes: Vec<vk::WriteDescriptorSet> = descriptors
-                .iter()
-                .enumerate()
-                .map(|(i, info)| {
-                    vk::WriteDescriptorSet::default()
-                        .dst_binding(i as u32)
-                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                        .buffer_info(std::slice::from_ref(info))
-                })
-                .collect();
-            let pd = ctx
-                .push_descriptor
-                .as_ref()
-                .expect("checked at pipeline creation");
-            pd.cmd_push_descriptor_set(
-                cb,
-                vk::PipelineBindPoint::COMPUTE,
-                pipeline.layout(),
-                0,
-                &writes,
-            );
-        }
-        if !push_constants.is_empty() {
-            device.cmd_push_constants(
-                cb,
-                pipeline.layout(),
-                vk::ShaderStageFlags::COMPUTE,
-                0,
-                push_constants,
-            );
-        }
-        device.cmd_dispatch(cb, groups[0], groups[1], groups[2]);
-    }
-    if let (Some(p), Some(span)) = (&ctx.profiler, span) {
-        // SAFETY: same command buffer as `begin`, still recording.
-        unsafe { p.end(cb, span) };
-    }
+        None => u32::MAX,
+    };
+    c.cmds.push(Cmd::Dispatch {
+        pipeline: pipeline.raw(),
+        layout: pipeline.layout(),
+        groups,
+        push: span(push, c.bytes.len()),
+        descriptors: span(infos, c.descriptors.len()),
+        name,
+    });
     batch.dispatches += 1;
 }
 
@@ -156,7 +305,7 @@ impl<'a> Recorder<'a> {
     /// Makes all earlier compute and transfer writes visible to all later compute and
     /// transfer accesses (and orders later writes after earlier reads).
     pub fn barrier(&mut self) {
-        self.batch.barrier(self.ctx);
+        self.batch.barrier();
     }
 
     /// Copies `size` bytes; regions are split at `MAX_COPY_REGION`. Size 0 records nothing.
@@ -185,20 +334,22 @@ impl<'a> Recorder<'a> {
         if src.raw() == dst.raw() && src_at < dst_at + size && dst_at < src_at + size {
             return Err(Error::OverlappingCopy);
         }
-        let regions: Vec<vk::BufferCopy> = (0..size)
-            .step_by(MAX_COPY_REGION as usize)
-            .map(|start| vk::BufferCopy {
-                src_offset: src.offset() + src_offset + start,
-                dst_offset: dst.offset() + dst_offset + start,
-                size: (size - start).min(MAX_COPY_REGION),
-            })
-            .collect();
-        // SAFETY: both buffers belong to this device and the ranges were checked.
-        unsafe {
-            self.ctx
-                .device()
-                .cmd_copy_buffer(self.batch.slot.cb, src.raw(), dst.raw(), &regions)
-        };
+        let c = &mut self.batch.commands;
+        let first = c.regions.len();
+        c.regions.extend(
+            (0..size)
+                .step_by(MAX_COPY_REGION as usize)
+                .map(|start| vk::BufferCopy {
+                    src_offset: src.offset() + src_offset + start,
+                    dst_offset: dst.offset() + dst_offset + start,
+                    size: (size - start).min(MAX_COPY_REGION),
+                }),
+        );
+        c.cmds.push(Cmd::Copy {
+            src: src.raw(),
+            dst: dst.raw(),
+            regions: span(first, c.regions.len()),
+        });
         Ok(())
     }
 

@@ -132,7 +132,7 @@ impl Submitter {
 impl Context {
     /// A command buffer from the ring, begun, with a barrier against all earlier work on the
     /// queue (submission order alone does not make earlier writes visible).
-    pub(crate) fn begin_slot(&self) -> Result<Slot> {
+    fn begin_slot(&self) -> Result<Slot> {
         let slot = self.acquire_slot()?;
         let device = self.device();
         let begin = vk::CommandBufferBeginInfo::default()
@@ -147,7 +147,7 @@ impl Context {
     }
 
     /// Returns a slot whose recording failed, unsubmitted.
-    pub(crate) fn abandon_slot(&self, slot: Slot) {
+    fn abandon_slot(&self, slot: Slot) {
         self.discard_profile();
         self.release_slot(slot);
     }
@@ -159,19 +159,25 @@ impl Context {
         }
     }
 
-    /// Ends the batch's command buffer and submits it, signalling `batch.value`. Keeps the
-    /// batch's pipelines alive until that value completes. Waits first if too many batches
-    /// are in flight, so the host cannot run unboundedly ahead of the GPU.
+    /// Records the batch's commands into a command buffer and submits it, signalling
+    /// `batch.value`. Keeps the batch's pipelines alive until that value completes. Waits
+    /// first if too many batches are in flight, so the host cannot run unboundedly ahead of
+    /// the GPU. Runs on the submit thread, or wherever a queue is drained (worker.rs).
     pub(crate) fn submit_batch(&self, batch: OpenBatch) -> Result<()> {
         let device = self.device();
         let s = &self.submitter;
         let OpenBatch {
-            slot,
+            commands,
             value,
             keep,
             wait_transfer,
             ..
         } = batch;
+        let slot = self.begin_slot()?;
+        // SAFETY: the command buffer is recording; the batch keeps its pipelines, and its
+        // buffers outlive their last use (pool tags, or `submit`'s contract).
+        unsafe { commands.replay(self, slot.cb) };
+        drop(commands);
         recorder::host_read_barrier(device, slot.cb);
         // SAFETY: the command buffer is recording.
         if let Err(r) = unsafe { device.end_command_buffer(slot.cb) } {
@@ -240,6 +246,7 @@ impl Context {
         if value > self.last_submitted() {
             self.flush()?;
         }
+        self.check_submits()?;
         let last_submitted = self.last_submitted();
         if value > last_submitted {
             return Err(Error::WaitOnUnsubmitted {

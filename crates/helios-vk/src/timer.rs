@@ -43,17 +43,8 @@ impl Context {
         let pool = unsafe { self.device().create_query_pool(&info, None) }
             .map_err(vk_err("vkCreateQueryPool"))?;
         let recorded = self.with_batch(|batch| {
-            let cb = batch.slot.cb;
-            // SAFETY: the command buffer is recording; the pool is new and ours.
-            unsafe {
-                self.device().cmd_reset_query_pool(cb, pool, 0, 2);
-                self.device().cmd_write_timestamp(
-                    cb,
-                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                    pool,
-                    0,
-                );
-            }
+            batch.commands.reset_queries(pool, 0, 2);
+            batch.commands.timestamp(pool, 0);
             Ok(())
         });
         if let Err(e) = recorded {
@@ -68,15 +59,8 @@ impl Context {
     pub fn stop_gpu_timer(&self, timer: GpuTimer) -> Result<GpuSpan> {
         let pool = timer.pool;
         let value = self.with_batch(|batch| {
-            // SAFETY: the command buffer is recording; query 1 was reset with the pool.
-            unsafe {
-                self.device().cmd_write_timestamp(
-                    batch.slot.cb,
-                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                    pool,
-                    1,
-                )
-            };
+            // Query 1 was reset with the pool.
+            batch.commands.timestamp(pool, 1);
             Ok(batch.value)
         })?;
         Ok(GpuSpan { pool, value })

@@ -121,7 +121,7 @@ fn main() -> helios::Result<()> {
         // Step 0 compiles (and, on GPUs, tunes); the later ones are the steady state.
         let allocs = ALLOCS.load(Ordering::Relaxed);
         let submit_ns = dev.encoder_stats().submit_ns;
-        let (host, fwd, bwd) = if i < 2 {
+        let (host, fwd, bwd, submitted) = if i < 2 {
             step(&x, &params, &targets, (b, t, c))?
         } else {
             steady_step(&x, &params, &targets, (b, t, c))?
@@ -130,17 +130,27 @@ fn main() -> helios::Result<()> {
         let submit = (dev.encoder_stats().submit_ns - submit_ns) as f64 / 1e3;
         dev.synchronize()?;
         println!(
-            "step {i}: {host:.0} µs host (forward {fwd:.0}, backward {bwd:.0}, batches opened and submitted {submit:.0}), {allocs} allocations, {} dispatches, {} barriers, {} batches, {} pipelines so far",
+            "step {i}: {host:.0} µs host (forward {fwd:.0}, backward {bwd:.0}; all submitted at {submitted:.0}; recording and submitting command buffers {submit:.0}), {allocs} allocations, {} dispatches, {} barriers, {} batches, {} pipelines so far",
             dev.encoder_stats().dispatches,
             dev.encoder_stats().barriers,
             dev.encoder_stats().batches,
             dev.context().pipeline_stats().pipelines_created
         );
     }
+    // With HELIOS_PROFILE=1, the kernels of a step by count (the census a host cut starts
+    // from: every dispatch costs host time, ours and the driver's).
+    if let Some(report) = dev.profile_report()? {
+        let mut rows = report.rows;
+        rows.sort_by(|a, b| b.count.cmp(&a.count).then(a.name.cmp(&b.name)));
+        for r in rows {
+            println!("{:8.1} a step  {}", r.count as f64 / steps as f64, r.name);
+        }
+    }
     Ok(())
 }
 
-type Timing = (f64, f64, f64);
+/// Host µs: all recorded, of that the forward and the backward, and all submitted.
+type Timing = (f64, f64, f64, f64);
 
 /// A step after the first two (compiles, tuning, pool growth): its own symbol, so that
 /// `valgrind --tool=callgrind --collect-atstart=no --toggle-collect=step_probe::steady_step`
@@ -155,7 +165,7 @@ fn steady_step(
     step(x, params, targets, shape)
 }
 
-/// One step's recording: host µs in all, of the forward and of the backward.
+/// One step's recording.
 fn step(
     x: &Tensor,
     params: &[Vec<Tensor>],
@@ -175,5 +185,7 @@ fn step(
         p.grad().expect("reached").realize()?;
         p.zero_grad();
     }
-    Ok((t0.elapsed().as_secs_f64() * 1e6, fwd, bwd))
+    let host = t0.elapsed().as_secs_f64() * 1e6;
+    x.device().flush()?;
+    Ok((host, fwd, bwd, t0.elapsed().as_secs_f64() * 1e6))
 }

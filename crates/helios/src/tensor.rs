@@ -351,10 +351,15 @@ impl Tensor {
         fill.where_(mask, self)
     }
 
-    /// A tensor of `shape` holding `value` everywhere.
+    /// A tensor of `shape` holding `value` everywhere: filled on the GPU in order with the
+    /// recorded work (no staging copy; autograd seeds every backward with one).
     pub fn full(device: &Device, shape: &[usize], value: f32, dtype: DType) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
-        Tensor::from_slice_as(device, &vec![value; n], shape, dtype)
+        let t = Tensor::empty(device, shape, dtype)?;
+        // The element's bits over a 32-bit word: one f32, or two 16-bit elements.
+        let b = dtype.encode(&[value, value]);
+        let word = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        device.context().fill(t.buffer()?, word)?;
+        Ok(t)
     }
 
     /// Zeros of `shape`.

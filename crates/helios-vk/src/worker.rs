@@ -1,0 +1,181 @@
+// The submit thread: closed batches are recorded into command buffers and submitted off the
+// thread that records them.
+//
+// On NVIDIA, the driver's work per command (vkCmdDispatch, vkCmdPushConstants, barriers) and
+// per submit is about 40% of the host time of a small model's training step (perf on an H100
+// host, session 26). The encoder therefore only lists a batch's commands (recorder.rs); when
+// the batch closes it is queued here, and one thread per Context replays the list into a
+// command buffer and submits it while the recording thread goes on.
+//
+// The decisions a reader must know:
+// - Batches are submitted in order, whoever submits them: taking a batch off the queue and
+//   submitting it happen under one lock (`running`). A thread that must see its work
+//   submitted (a host wait, `flush`, an explicit `submit`), or that closes a short batch
+//   for a GPU that ran dry (encoder.rs), submits what is still queued itself (`drain`)
+//   instead of waiting for the submit thread to wake. (A submit thread that polled the
+//   queue for a millisecond before sleeping measured no better on the H100 host.)
+// - A queued batch holds an `Arc` of its Context, so the Context outlives its queued work
+//   and its Drop never finds work queued. The thread itself holds only the queue, so a
+//   Context whose last `Arc` is a batch's is dropped on the submit thread, which then ends.
+// - A batch that fails to submit is fatal for the Context: its timeline value never
+//   arrives, and later values would claim work that never ran. Every later batch is dropped
+//   and every later call that submits or waits returns the first failure.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use ash::vk;
+
+use crate::context::Context;
+use crate::encoder::OpenBatch;
+use crate::error::{Error, Result};
+
+/// Batches queued for submission, shared by a Context and its submit thread.
+pub(crate) struct Jobs {
+    state: Mutex<State>,
+    /// Signalled when a batch is queued or the queue closes.
+    ready: Condvar,
+    /// Held while a batch is taken off the queue and submitted: submission order is queue
+    /// order.
+    running: Mutex<()>,
+    /// The first submission failure (the call and its result).
+    failure: Mutex<Option<(&'static str, vk::Result)>>,
+    failed: AtomicBool,
+    /// Host time spent recording command buffers and submitting them, ns.
+    submit_ns: AtomicU64,
+}
+
+struct State {
+    queue: VecDeque<Job>,
+    closed: bool,
+}
+
+struct Job {
+    ctx: Arc<Context>,
+    batch: OpenBatch,
+}
+
+impl Jobs {
+    pub(crate) fn new() -> Arc<Jobs> {
+        Arc::new(Jobs {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                closed: false,
+            }),
+            ready: Condvar::new(),
+            running: Mutex::new(()),
+            failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
+            submit_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// Starts the submit thread; `None` if the system refused a thread (batches are then
+    /// submitted where they close).
+    pub(crate) fn spawn(self: &Arc<Self>) -> Option<JoinHandle<()>> {
+        let jobs = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("helios-submit".into())
+            .spawn(move || jobs.serve())
+            .ok()
+    }
+
+    fn serve(&self) {
+        loop {
+            {
+                let mut s = lock(&self.state);
+                while s.queue.is_empty() {
+                    if s.closed {
+                        return;
+                    }
+                    s = self.ready.wait(s).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            self.run_next();
+        }
+    }
+
+    /// Submits the oldest queued batch, if any; false if the queue was empty.
+    fn run_next(&self) -> bool {
+        let ctx = {
+            let _running = lock(&self.running);
+            let Some(Job { ctx, batch }) = lock(&self.state).queue.pop_front() else {
+                return false;
+            };
+            if !self.failed.load(Ordering::Acquire) {
+                let t = Instant::now();
+                if let Err(e) = ctx.submit_batch(batch) {
+                    self.fail(e);
+                }
+                let ns = t.elapsed().as_nanos() as u64;
+                self.submit_ns.fetch_add(ns, Ordering::Relaxed);
+            }
+            ctx
+        };
+        // Possibly the Context's last handle: dropped with no lock held.
+        drop(ctx);
+        true
+    }
+
+    fn fail(&self, e: Error) {
+        let mut f = lock(&self.failure);
+        if f.is_none() {
+            *f = Some(match e {
+                Error::Vk { call, result } => (call, result),
+                Error::DeviceLost => ("vkQueueSubmit", vk::Result::ERROR_DEVICE_LOST),
+                _ => ("vkQueueSubmit", vk::Result::ERROR_UNKNOWN),
+            });
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Closes the queue: the submit thread ends once it is empty.
+    pub(crate) fn close(&self) {
+        lock(&self.state).closed = true;
+        self.ready.notify_all();
+    }
+}
+
+impl Context {
+    /// Queues a closed batch for the submit thread (or submits it here where there is none).
+    pub(crate) fn enqueue(&self, batch: OpenBatch) -> Result<()> {
+        let ctx = self.me.upgrade().expect("a Context in use has a handle");
+        lock(&self.jobs.state).queue.push_back(Job { ctx, batch });
+        if self.has_worker {
+            self.jobs.ready.notify_one();
+            Ok(())
+        } else {
+            self.drain()
+        }
+    }
+
+    /// Submits every queued batch on this thread (the submit thread may take some first).
+    pub(crate) fn drain(&self) -> Result<()> {
+        while self.jobs.run_next() {}
+        self.check_submits()
+    }
+
+    /// The first failed submission, if there was one: nothing submits after it.
+    pub(crate) fn check_submits(&self) -> Result<()> {
+        if !self.jobs.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match *lock(&self.jobs.failure) {
+            Some((call, result)) => Err(Error::vk(call, result)),
+            None => Err(Error::DeviceLost),
+        }
+    }
+
+    /// Host time spent recording and submitting batches so far, ns.
+    pub(crate) fn submit_ns(&self) -> u64 {
+        self.jobs.submit_ns.load(Ordering::Relaxed)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every lock here guards state that is consistent between statements.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
