@@ -3,9 +3,10 @@
 //! Loads Vulkan at run time, probes what each device can do ([`Caps`]), creates a logical
 //! device ([`Context`]) with every useful feature it supports, and offers buffers addressed
 //! by device address, compute pipelines from run-time SPIR-V, and submission ordered by one
-//! timeline semaphore. This first runtime is synchronous (`submit_and_wait`, `upload`,
-//! `download` block); `submit`/`completed`/`wait` are the seams the async engine builds on.
-//! It knows nothing of tensors.
+//! timeline semaphore. Dispatches are batched by the encoder (`Context::dispatch`), whose
+//! closed batches are recorded into command buffers and submitted on a submit thread on GPUs
+//! (worker.rs); `submit`/`completed`/`wait` and the blocking `upload`/`download` sit beside
+//! it. It knows nothing of tensors.
 //!
 //! ```no_run
 //! # fn main() -> helios_vk::Result<()> {
