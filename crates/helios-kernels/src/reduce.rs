@@ -186,6 +186,9 @@ pub const REDUCE_TARGET_GROUPS: u32 = 2048;
 /// Default workgroup size.
 pub const REDUCE_WORKGROUP: u32 = 256;
 
+/// Fewest ways a column reduction's rows are split into partial sums (see `plan`).
+const MIN_COLUMN_SPLITS: u64 = 8;
+
 /// Largest element count the kernels index (SPIR-V access-chain indices are signed 32-bit).
 pub const MAX_ELEMENTS: u64 = (1 << 31) - 1;
 
@@ -283,9 +286,13 @@ pub fn plan(
         let vec = if inner % 4 == 0 { 4u8 } else { 1 };
         let units = outer * inner / u64::from(vec);
         let want = target * u64::from(w);
+        // Split the columns' rows over more invocations when the columns alone cannot fill
+        // the GPU, each chunk keeping four loop steps; but only where the rows divide at
+        // least MIN_COLUMN_SPLITS ways: fewer save less GPU time than the combine's own
+        // dispatch and barrier cost (host12's bias gradients: 64 rows, 4 ways).
         let mut splits = 1;
-        if units < want {
-            let max_splits = (axis / (u * 4)).max(1);
+        let max_splits = (axis / (u * 4)).max(1);
+        if units < want && max_splits >= MIN_COLUMN_SPLITS {
             splits = want.div_ceil(units).min(max_splits);
         }
         let chunk = axis.div_ceil(splits);
@@ -1065,6 +1072,13 @@ mod tests {
         let p = plan(Reduction::ArgMax, Storage::F16, 2, 100_000, 3, &s, None).unwrap();
         assert_eq!(p.len(), 2);
         assert_eq!(p[1].kernel.layout, Layout::Columns { vec: 1 });
+        // A bias gradient over 64 rows is one pass (four ways would not pay for a combine);
+        // over 128 rows it splits eight ways.
+        let p = plan(Reduction::Sum, Storage::F32, 1, 64, 512, &s, None).unwrap();
+        assert_eq!(p.len(), 1);
+        assert!(matches!(p[0].dims, Dims::Columns { splits: 1, .. }));
+        let p = plan(Reduction::Sum, Storage::F32, 1, 128, 512, &s, None).unwrap();
+        assert!(matches!(p[0].dims, Dims::Columns { splits: 8, .. }));
         assert!(plan(Reduction::Sum, Storage::F32, 1, 0, 1, &s, None).is_err());
         assert!(plan(Reduction::Sum, Storage::F32, 1 << 16, 1 << 16, 1, &s, None).is_err());
     }
