@@ -117,6 +117,10 @@ pub struct ReduceKernel {
     /// never stores it. Its inputs take the tensor's place among the buffers and its scalars
     /// follow the kernel's own push constants.
     pub prologue: Option<Arc<FusedKernel>>,
+    /// Combine over columns with `outer` = 2 (a sum) whose two halves are separate buffers:
+    /// partial rows `x` → `y` and `x2` → `y2`, each from its start. A layer norm's dgamma
+    /// and dbeta in one dispatch.
+    pub split_outer: bool,
 }
 
 /// The problem a launch covers, in elements.
@@ -238,6 +242,7 @@ pub fn plan(
         prologue: (stage != Stage::Combine)
             .then(|| prologue.clone())
             .flatten(),
+        split_outer: false,
     };
     let target = u64::from(setup.target_groups.max(1));
     if inner == 1 {
@@ -389,7 +394,10 @@ struct Bufs {
     pro: Vec<Buffer>,
     pro_params: Vec<Val>,
     xi: Option<Buffer>,
+    /// `split_outer`'s second input and output.
+    x2: Option<Buffer>,
     y: Option<Buffer>,
+    y2: Option<Buffer>,
     yi: Option<Buffer>,
 }
 
@@ -417,8 +425,9 @@ impl ReduceKernel {
             .prologue
             .as_ref()
             .map_or(String::new(), |p| format!("_of_{}", p.name()));
+        let split = if self.split_outer { "_2out" } else { "" };
         format!(
-            "reduce_{}{of}_{stage}_{layout}_{}_{}_u{}_wg{}",
+            "reduce_{}{of}_{stage}_{layout}{split}_{}_{}_u{}_wg{}",
             self.op.name(),
             self.storage.name(),
             self.reducer.tag(),
@@ -452,18 +461,26 @@ impl ReduceKernel {
         let argmax = self.op == Reduction::ArgMax;
         let xi = (argmax && self.stage == Stage::Combine)
             .then(|| k.buffer("x_index", Scalar::U32, Access::Read));
+        let x2 = self
+            .split_outer
+            .then(|| k.buffer("x2", partial_scalar, Access::Read));
         let y = match (self.stage, argmax) {
             (Stage::Partial, _) => Some(k.buffer("y", partial_scalar, Access::Write)),
             (_, false) => Some(k.buffer("y", buffer_scalar(self.storage), Access::Write)),
             (_, true) => None,
         };
+        let y2 = self
+            .split_outer
+            .then(|| k.buffer("y2", buffer_scalar(self.storage), Access::Write));
         let yi = argmax.then(|| k.buffer("y_index", Scalar::U32, Access::Write));
         Bufs {
             x,
             pro,
             pro_params: Vec::new(),
             xi,
+            x2,
             y,
+            y2,
             yi,
         }
     }
@@ -792,22 +809,34 @@ impl ReduceKernel {
 
         let acc = self.acc(k, vec);
         let unroll = u32::from(self.unroll);
-        for_each_slot_by(k, zero, end, lane, threads, unroll, |k, idx| {
-            let loaded: Vec<(Val, Option<Val>)> = idx
-                .iter()
-                .map(|&a| {
-                    let off = k.mul(a, inner);
-                    let e = k.add(base, off);
-                    let slot = k.shr(e, vshift);
-                    let v = k.load(b.x, slot, vec);
-                    let i = b.xi.map(|xi| k.load(xi, slot, vec));
-                    (v, i)
-                })
-                .collect();
-            for (v, i) in loaded {
-                self.fold_lanes(k, &acc, v, true, i);
+        let walk = |k: &mut KernelBuilder, x: Buffer, base: Val| {
+            for_each_slot_by(k, zero, end, lane, threads, unroll, |k, idx| {
+                let loaded: Vec<(Val, Option<Val>)> = idx
+                    .iter()
+                    .map(|&a| {
+                        let off = k.mul(a, inner);
+                        let e = k.add(base, off);
+                        let slot = k.shr(e, vshift);
+                        let v = k.load(x, slot, vec);
+                        let i = b.xi.map(|xi| k.load(xi, slot, vec));
+                        (v, i)
+                    })
+                    .collect();
+                for (v, i) in loaded {
+                    self.fold_lanes(k, &acc, v, true, i);
+                }
+            });
+        };
+        match b.x2 {
+            // Row o of the partials from the start of input o (its columns only).
+            Some(x2) => {
+                let first = k.eq(o, zero);
+                k.if_(first, |k| walk(k, b.x, col));
+                let second = k.not(first);
+                k.if_(second, |k| walk(k, x2, col));
             }
-        });
+            None => walk(k, b.x, base),
+        }
 
         // Column-wise across the group (lanes of `vec` stay apart), then lane 0 stores.
         let gop = self.group_op();
@@ -822,10 +851,30 @@ impl ReduceKernel {
         });
         let first_lane = k.eq(lane, zero);
         let store = k.and(valid, first_lane);
-        let orow = k.mul(o, inner);
-        let oe = k.add(orow, col);
-        let at = k.shr(oe, vshift);
-        self.store_result(k, b, store, at, result, index, scale);
+        match b.y2 {
+            // Row o of the result from the start of output o.
+            Some(y2) => {
+                let at = k.shr(col, vshift);
+                let first = k.eq(o, zero);
+                let to_y = k.and(store, first);
+                self.store_result(k, b, to_y, at, result, index, scale);
+                let second = k.not(first);
+                let to_y2 = k.and(store, second);
+                let b2 = Bufs {
+                    y: Some(y2),
+                    pro: Vec::new(),
+                    pro_params: Vec::new(),
+                    ..*b
+                };
+                self.store_result(k, &b2, to_y2, at, result, index, scale);
+            }
+            None => {
+                let orow = k.mul(o, inner);
+                let oe = k.add(orow, col);
+                let at = k.shr(oe, vshift);
+                self.store_result(k, b, store, at, result, index, scale);
+            }
+        }
     }
 
     /// Grid and push constants. `buffers` are the device addresses in declaration order:
@@ -899,6 +948,12 @@ impl ReduceKernel {
                 Layout::Columns { vec },
             ) => {
                 let grouped = self.stage == Stage::Combine;
+                if self.split_outer && !(grouped && outer == 2 && self.op == Reduction::Sum) {
+                    return Err(KernelError::Arguments {
+                        kernel: self.name(),
+                        detail: format!("two outputs take a sum's combine of 2 rows, not {outer}"),
+                    });
+                }
                 if !threads.is_power_of_two()
                     || u64::from(threads) > w
                     || (!grouped && threads != 1)
@@ -940,7 +995,10 @@ impl ReduceKernel {
         let xi = argmax && self.stage == Stage::Combine;
         let y = self.stage == Stage::Partial || !argmax;
         let x = self.prologue.as_ref().map_or(1, |p| p.inputs.len());
-        x + usize::from(xi) + usize::from(y) + usize::from(argmax)
+        x + usize::from(xi)
+            + usize::from(y)
+            + 2 * usize::from(self.split_outer)
+            + usize::from(argmax)
     }
 
     /// A representative set of kernels (every op, stage and layout) for validation.
@@ -983,9 +1041,25 @@ impl ReduceKernel {
                         workgroup: 256,
                         binding,
                         prologue: None,
+                        split_outer: false,
                     });
                 }
             }
+        }
+        // Two outputs: dgamma and dbeta from one buffer of partials.
+        for (i, vec) in [4u8, 1].into_iter().enumerate() {
+            out.push(ReduceKernel {
+                op: Reduction::Sum,
+                storage: Storage::ALL[i + 1],
+                stage: Stage::Combine,
+                layout: Layout::Columns { vec },
+                unroll: 4,
+                reducer: reducers[i],
+                workgroup: 256,
+                binding,
+                prologue: None,
+                split_outer: true,
+            });
         }
         // Prologues: a vectorizable one (a dense f32 times a broadcast bf16 row) and one that
         // is not (a 3-wide row, f16), in each layout and stage that reads the tensor.
@@ -1034,6 +1108,7 @@ impl ReduceKernel {
                         workgroup: 256,
                         binding,
                         prologue: Some(p.clone()),
+                        split_outer: false,
                     });
                 }
             }

@@ -424,8 +424,8 @@ impl Problem {
         device.sum_partial_rows(
             partials.buffer()?,
             out.buffer()?,
-            plan.splits,
-            len,
+            None,
+            (plan.splits, len),
             self.out,
         )?;
         Ok(out)

@@ -384,9 +384,15 @@ impl Tensor {
                 (splits, bufs)
             }
         };
-        for (part, out) in scratch.iter().zip(&param_outs) {
-            device.sum_partial_rows(part, out, partial_rows, len, gamma.dtype())?;
-        }
+        // dgamma and dbeta (a layer norm's) in one dispatch.
+        let second = scratch.get(1).zip(param_outs.get(1).copied());
+        device.sum_partial_rows(
+            &scratch[0],
+            param_outs[0],
+            second,
+            (partial_rows, len),
+            gamma.dtype(),
+        )?;
         Ok(NormGrads { dx, dgamma, dbeta })
     }
 }

@@ -114,13 +114,15 @@ impl Device {
     /// Sums the `rows` rows of the f32 partials `part` ((rows, len), row-major) into `out`,
     /// stored as `dtype`: the reduce family's deterministic column `Combine`, which reads f32
     /// and writes any storage, so a narrower result needs no cast pass (a norm's parameter
-    /// gradients from their groups' partials, a split-K product from its k slices).
+    /// gradients from their groups' partials, a split-K product from its k slices). With a
+    /// second pair `(part2, out2)` of the same sizes, both sums run in one dispatch (a layer
+    /// norm's dgamma and dbeta).
     pub(crate) fn sum_partial_rows(
         &self,
         part: &Buffer,
         out: &Buffer,
-        rows: u32,
-        len: u32,
+        second: Option<(&Buffer, &Buffer)>,
+        (rows, len): (u32, u32),
         dtype: DType,
     ) -> Result<()> {
         let kernel = reduce::ReduceKernel {
@@ -135,20 +137,28 @@ impl Device {
             workgroup: self.row_workgroup(REDUCE_WORKGROUP),
             binding: self.binding(),
             prologue: None,
+            split_outer: second.is_some(),
         };
         let dims = reduce::Dims::Columns {
-            outer: 1,
+            outer: 1 + u32::from(second.is_some()),
             axis: rows,
             inner: len,
             splits: 1,
             chunk: rows,
             threads: reduce::combine_threads(rows.into(), kernel.unroll, kernel.workgroup),
         };
+        let (reads, writes): (
+            smallvec::SmallVec<[&Buffer; 2]>,
+            smallvec::SmallVec<[&Buffer; 2]>,
+        ) = match second {
+            Some((part2, out2)) => ([part, part2].into(), [out, out2].into()),
+            None => ([part].into_iter().collect(), [out].into_iter().collect()),
+        };
         self.dispatch_rows(
             KernelKey::Reduce(kernel.clone()),
             || kernel.build(),
-            &[part],
-            &[out],
+            &reads,
+            &writes,
             |c, g, a| Ok(kernel.launch(&c.module, g, dims, a, 1.0, (&[], &[]))?),
         )
     }
