@@ -673,15 +673,16 @@ impl ReduceKernel {
         } else {
             row
         };
-        self.store_result(k, b, store, out_at, result, index, scale);
+        self.store_result(k, (b.y, b.yi), store, out_at, result, index, scale);
     }
 
-    /// Lane 0's store of a group's (or invocation's) result at element `at`.
+    /// Lane 0's store of a group's (or invocation's) result at element `at` of the outputs
+    /// `(y, y_index)`.
     #[allow(clippy::too_many_arguments)]
     fn store_result(
         &self,
         k: &mut KernelBuilder,
-        b: &Bufs,
+        (y, yi): (Option<Buffer>, Option<Buffer>),
         cond: Val,
         at: Val,
         result: Val,
@@ -689,10 +690,10 @@ impl ReduceKernel {
         scale: Val,
     ) {
         k.if_(cond, |k| {
-            if let (Some(yi), Some(i)) = (b.yi, index) {
+            if let (Some(yi), Some(i)) = (yi, index) {
                 k.store(yi, at, i);
             }
-            let Some(y) = b.y else { return };
+            let Some(y) = y else { return };
             match (self.stage, self.op) {
                 (Stage::Partial, _) => k.store(y, at, result),
                 (_, Reduction::Sum | Reduction::Mean) => {
@@ -773,7 +774,7 @@ impl ReduceKernel {
         let orow = k.mul(out_row, inner);
         let oe = k.add(orow, col);
         let at = k.shr(oe, vshift);
-        self.store_result(k, b, valid, at, result, index, scale);
+        self.store_result(k, (b.y, b.yi), valid, at, result, index, scale);
     }
 
     /// Combine over columns: a group of invocations per `vec` columns walks the partial rows
@@ -857,22 +858,16 @@ impl ReduceKernel {
                 let at = k.shr(col, vshift);
                 let first = k.eq(o, zero);
                 let to_y = k.and(store, first);
-                self.store_result(k, b, to_y, at, result, index, scale);
+                self.store_result(k, (b.y, b.yi), to_y, at, result, index, scale);
                 let second = k.not(first);
                 let to_y2 = k.and(store, second);
-                let b2 = Bufs {
-                    y: Some(y2),
-                    pro: Vec::new(),
-                    pro_params: Vec::new(),
-                    ..*b
-                };
-                self.store_result(k, &b2, to_y2, at, result, index, scale);
+                self.store_result(k, (Some(y2), None), to_y2, at, result, index, scale);
             }
             None => {
                 let orow = k.mul(o, inner);
                 let oe = k.add(orow, col);
                 let at = k.shr(oe, vshift);
-                self.store_result(k, b, store, at, result, index, scale);
+                self.store_result(k, (b.y, b.yi), store, at, result, index, scale);
             }
         }
     }
@@ -1046,7 +1041,7 @@ impl ReduceKernel {
                 }
             }
         }
-        // Two outputs: dgamma and dbeta from one buffer of partials.
+        // Two outputs: dgamma and dbeta, each from its own buffer of partials.
         for (i, vec) in [4u8, 1].into_iter().enumerate() {
             out.push(ReduceKernel {
                 op: Reduction::Sum,

@@ -193,17 +193,19 @@ impl Tensor {
             storage: self.dtype().storage(),
             binding: device.binding(),
         };
-        let args = TransposeArgs {
-            src: src.device_address(),
-            dst: dst.device_address(),
-            ..*t
-        };
         device.dispatch_rows(
             KernelKey::Transpose(kern),
             || kern.build(),
             &[src],
             &[dst],
-            |c, g, _| Ok(kern.launch(&c.module, g, &args)?),
+            |c, g, a| {
+                let args = TransposeArgs {
+                    src: a[0],
+                    dst: a[1],
+                    ..*t
+                };
+                Ok(kern.launch(&c.module, g, &args)?)
+            },
         )?;
         Ok(out)
     }

@@ -147,13 +147,12 @@ impl Device {
             chunk: rows,
             threads: reduce::combine_threads(rows.into(), kernel.unroll, kernel.workgroup),
         };
-        let (reads, writes): (
-            smallvec::SmallVec<[&Buffer; 2]>,
-            smallvec::SmallVec<[&Buffer; 2]>,
-        ) = match second {
-            Some((part2, out2)) => ([part, part2].into(), [out, out2].into()),
-            None => ([part].into_iter().collect(), [out].into_iter().collect()),
-        };
+        let mut reads: smallvec::SmallVec<[&Buffer; 2]> = smallvec::smallvec![part];
+        let mut writes: smallvec::SmallVec<[&Buffer; 2]> = smallvec::smallvec![out];
+        if let Some((part2, out2)) = second {
+            reads.push(part2);
+            writes.push(out2);
+        }
         self.dispatch_rows(
             KernelKey::Reduce(kernel.clone()),
             || kernel.build(),
