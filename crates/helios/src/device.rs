@@ -103,7 +103,16 @@ struct DeviceInner {
     fused: Mutex<FxHashMap<FusedKernel, Arc<Compiled>>>,
     /// The cooperative-matrix fragment layouts of f16 and bf16, once probed.
     frag_maps: [std::sync::OnceLock<Option<helios_kernels::FragMap>>; 2],
+    /// The tuning stores' key for this device (`tuning_store::device_key`), built once: the
+    /// attention tuner looks its winners up on every call.
+    tuning_key: std::sync::OnceLock<String>,
+    /// The attention tuner's stored winners as looked up so far (`attention_tune::cached`).
+    attention_winners: Mutex<AttentionWinners>,
 }
+
+/// Tuned attention variants per class, `None` where none is stored.
+pub(crate) type AttentionWinners =
+    FxHashMap<crate::ops::attention_tune::Class, Option<helios_kernels::attention::AttnVariant>>;
 
 impl Device {
     /// The best device present (`HELIOS_DEVICE` selects another by index or name), with the
@@ -155,6 +164,8 @@ impl Device {
                 kernels: Mutex::new(FxHashMap::default()),
                 fused: Mutex::new(FxHashMap::default()),
                 frag_maps: Default::default(),
+                tuning_key: Default::default(),
+                attention_winners: Mutex::new(FxHashMap::default()),
             }),
         }
     }
@@ -165,6 +176,16 @@ impl Device {
         bf16: bool,
     ) -> &std::sync::OnceLock<Option<helios_kernels::FragMap>> {
         &self.inner.frag_maps[usize::from(bf16)]
+    }
+
+    /// Where the tuning stores' key for this device is remembered once built.
+    pub(crate) fn tuning_key_cell(&self) -> &std::sync::OnceLock<String> {
+        &self.inner.tuning_key
+    }
+
+    /// The attention winners looked up so far on this device.
+    pub(crate) fn attention_winners(&self) -> &Mutex<AttentionWinners> {
+        &self.inner.attention_winners
     }
 
     /// The kernel choices this device makes.

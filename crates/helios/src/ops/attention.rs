@@ -1,7 +1,8 @@
 //! Scaled-dot-product attention on tensors: forward (O and the row log-sum-exp L) and
 //! backward (dQ, dK, dV), flash style (scores never reach memory), except f32 without key
-//! lengths up to `MATERIALISED_BYTES` of scores, which runs the faster materialised form
-//! on the matmul kernels (`attention_materialised`; no flash variant forced).
+//! lengths on a GPU with `MATERIALISED_MIN_BYTES` to `MATERIALISED_BYTES` of scores, which
+//! runs the faster materialised form on the matmul kernels (`attention_materialised`; no
+//! flash variant forced).
 //!
 //! The one decision a reader must know: Q, K and V are read in place through their strides,
 //! so the three views [`Tensor::split_qkv`] cuts from the fused QKV projection's
@@ -33,6 +34,10 @@ pub struct AttentionOptions {
     pub variant: Option<AttnVariant>,
     /// Forces a variant for one stage only (the tuner; `variant` wins over it).
     pub stage_variant: Option<(AttnStage, AttnVariant)>,
+    /// Forces the f32 form without key lengths (tests, benchmarks): `Some(true)` stores the
+    /// scores and runs the matmul kernels, `Some(false)` the flash kernels; `None` decides
+    /// by device and size (`attention_materialised::wanted`).
+    pub stored_scores: Option<bool>,
 }
 
 impl AttentionOptions {
@@ -484,7 +489,8 @@ impl Tensor {
 
 /// Whether this attention runs in the materialised form (`attention_materialised::wanted`).
 fn materialised_form(q: &Tensor, dims: Dims, opts: &AttentionOptions) -> bool {
-    materialised::wanted(q.dtype(), dims, opts, env_variant().is_some())
+    let cpu = q.device().context().caps().device_type == helios_vk::DeviceType::Cpu;
+    materialised::wanted(q.dtype(), dims, opts, env_variant().is_some(), cpu)
 }
 
 /// A checked view as the materialised form's operand.
@@ -654,7 +660,7 @@ fn choose(
     }
     if let Some(v) = super::attention_tune::cached(
         device,
-        &super::attention_tune::class(storage, dims.d, stage, opts),
+        super::attention_tune::Class::of(storage, dims.d, stage, opts),
     ) {
         let kern = make(v);
         if fits(&kern) {
@@ -774,19 +780,28 @@ enum Forced {
     Variant(AttnVariant),
 }
 
-/// `HELIOS_ATTN_VARIANT` (ignored with a note when it names nothing).
+/// `HELIOS_ATTN_VARIANT`, read once per process (every attention call asks; ignored with a
+/// note when it names nothing).
 fn env_variant() -> Option<Forced> {
-    let s = std::env::var("HELIOS_ATTN_VARIANT").ok()?;
-    let s = s.trim();
-    if s.is_empty() {
-        return None;
-    }
-    if s == "simt" {
-        return Some(Forced::Simt);
-    }
-    let v = AttnVariant::by_name(s).map(Forced::Variant);
-    if v.is_none() {
-        eprintln!("helios: HELIOS_ATTN_VARIANT={s:?} names no variant (simt, simt16x16, coop64x64, ...); ignored");
-    }
-    v
+    static FORCED: std::sync::OnceLock<Option<Forced>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| {
+        let s = std::env::var("HELIOS_ATTN_VARIANT").ok()?;
+        let s = s.trim();
+        if s.is_empty() {
+            return None;
+        }
+        if s == "simt" {
+            return Some(Forced::Simt);
+        }
+        let v = AttnVariant::by_name(s).map(Forced::Variant);
+        if v.is_none() {
+            eprintln!("helios: HELIOS_ATTN_VARIANT={s:?} names no variant (simt, simt16x16, coop64x64, ...); ignored");
+        }
+        v
+    })
+}
+
+/// Whether `HELIOS_ATTN_VARIANT` forces the kernels (the tuner then stays off).
+pub(crate) fn forced_by_env() -> bool {
+    env_variant().is_some()
 }

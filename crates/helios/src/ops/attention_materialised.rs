@@ -33,6 +33,13 @@ use crate::{DType, Result, Tensor};
 /// kernels, whose memory is O(T). At 1 GiB the backward holds two such tensors (P and dS).
 pub const MATERIALISED_BYTES: u64 = 1 << 30;
 
+/// Fewest bytes of f32 scores the stored form takes on a GPU. Below it the flash kernels
+/// are as fast (4 dispatches a layer's forward and backward instead of 10, and no T×T
+/// buffers): on an H100, forward+backward at 1×4×64×32 took 33.5 µs against 38.9 stored,
+/// 4×4×128×32 (1 MiB of scores) 37.9 against 46.3, 8×12×64×64 (1.5 MiB) 61.6 both, and
+/// 8×12×128×64 (6 MiB) 130 against 101 (bench/results/2026-11-27-session27-h100.txt).
+pub const MATERIALISED_MIN_BYTES: u64 = 2 << 20;
+
 /// One [B, T, H, D] operand read (or written) in place: its tensor (whose view offset is
 /// where head (0, 0) starts) and its batch, seq and head strides.
 #[derive(Clone, Copy)]
@@ -68,15 +75,27 @@ impl<'a> HeadView<'a> {
 
 /// Whether attention of this size and these options runs in this form: f32, no key
 /// lengths, no forced flash variant (`opts.variant`, `stage_variant`, `HELIOS_ATTN_VARIANT`),
-/// and scores within `MATERIALISED_BYTES`.
-pub(crate) fn wanted(dtype: DType, x: Dims, opts: &AttentionOptions, forced_env: bool) -> bool {
+/// and, unless `opts.stored_scores` decides, a GPU (`cpu`: a CPU device, where the flash
+/// kernels ran 1.8–3.8× faster at every size measured: lavapipe, session 27) with scores
+/// from `MATERIALISED_MIN_BYTES` to `MATERIALISED_BYTES`.
+pub(crate) fn wanted(
+    dtype: DType,
+    x: Dims,
+    opts: &AttentionOptions,
+    forced_env: bool,
+    cpu: bool,
+) -> bool {
     let scores = 4 * (x.b * x.h) as u64 * (x.t as u64) * (x.t as u64);
-    dtype == DType::F32
+    let possible = dtype == DType::F32
         && opts.key_lengths.is_none()
         && opts.variant.is_none()
         && opts.stage_variant.is_none()
         && !forced_env
-        && scores <= MATERIALISED_BYTES
+        && scores <= MATERIALISED_BYTES;
+    possible
+        && opts
+            .stored_scores
+            .unwrap_or(!cpu && scores >= MATERIALISED_MIN_BYTES)
 }
 
 /// A softmax step in a product's epilogue: the row op, its per-row values ([B, H, T] f32)
@@ -296,4 +315,38 @@ pub(crate) fn backward(
     heads_product(x, (&ds, false), k, &dq, causal)?; // dS·K
     heads_product(x, (&ds, true), q, &dk, causal)?; // dSᵀ·Q
     Ok(AttentionGrads { dq, dk, dv })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stored_form_is_for_larger_f32_problems_on_gpus() {
+        let dims = |b, h, t| Dims { b, t, h, d: 64 };
+        let auto = AttentionOptions::causal();
+        let force = |stored| AttentionOptions {
+            stored_scores: Some(stored),
+            ..AttentionOptions::causal()
+        };
+        let gpu = |x: Dims, o: &AttentionOptions| wanted(DType::F32, x, o, false, false);
+        // 1.5 MiB of scores: the flash kernels; 6 MiB: stored.
+        assert!(!gpu(dims(8, 12, 64), &auto));
+        assert!(gpu(dims(8, 12, 128), &auto));
+        assert!(!gpu(dims(8, 12, 128), &force(false)));
+        assert!(gpu(dims(1, 1, 8), &force(true)));
+        // Past MATERIALISED_BYTES, f16, key lengths or a forced variant: never.
+        assert!(!gpu(dims(8, 12, 4096), &force(true)));
+        assert!(!wanted(DType::F16, dims(8, 12, 128), &auto, false, false));
+        assert!(!wanted(DType::F32, dims(8, 12, 128), &auto, true, false));
+        // CPU devices take the flash kernels unless forced.
+        assert!(!wanted(DType::F32, dims(8, 12, 512), &auto, false, true));
+        assert!(wanted(
+            DType::F32,
+            dims(8, 12, 512),
+            &force(true),
+            false,
+            true
+        ));
+    }
 }

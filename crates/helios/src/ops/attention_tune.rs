@@ -19,22 +19,52 @@ use super::attention::{AttentionGrads, AttentionOptions, AttentionOutput};
 use crate::cpu::attention::relative_error;
 use crate::{DType, Device, Result, Tensor};
 
-/// The class a winner applies to.
-pub(crate) fn class(storage: Storage, d: usize, stage: AttnStage, o: &AttentionOptions) -> String {
-    format!(
-        "{} d{d} {stage:?} causal{} pad{}",
-        storage.name(),
-        o.causal as u8,
-        o.key_lengths.is_some() as u8
-    )
+/// The class a winner applies to: (storage, head dim, stage, causal, key lengths).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Class {
+    storage: Storage,
+    d: usize,
+    stage: AttnStage,
+    causal: bool,
+    padded: bool,
 }
 
-fn enabled(device: &Device) -> bool {
-    match std::env::var("HELIOS_ATTN_TUNE").as_deref().map(str::trim) {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => device.context().caps().device_type != DeviceType::Cpu,
+impl Class {
+    pub(crate) fn of(storage: Storage, d: usize, stage: AttnStage, o: &AttentionOptions) -> Class {
+        Class {
+            storage,
+            d,
+            stage,
+            causal: o.causal,
+            padded: o.key_lengths.is_some(),
+        }
     }
+
+    /// As the store's files name it: "bf16 d64 Forward causal1 pad0".
+    fn name(&self) -> String {
+        format!(
+            "{} d{} {:?} causal{} pad{}",
+            self.storage.name(),
+            self.d,
+            self.stage,
+            self.causal as u8,
+            self.padded as u8
+        )
+    }
+}
+
+/// `HELIOS_ATTN_TUNE` (read once per process: every attention call asks).
+fn enabled(device: &Device) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let forced =
+        FORCED.get_or_init(
+            || match std::env::var("HELIOS_ATTN_TUNE").as_deref().map(str::trim) {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            },
+        );
+    forced.unwrap_or_else(|| device.context().caps().device_type != DeviceType::Cpu)
 }
 
 /// Whether a call should tune `stages` first: tuning on, nothing forced, some stage's class
@@ -43,11 +73,11 @@ pub(crate) fn wanted(q: &Tensor, d: usize, stages: &[AttnStage], o: &AttentionOp
     let dev = q.device();
     o.variant.is_none()
         && o.stage_variant.is_none()
-        && std::env::var("HELIOS_ATTN_VARIANT").map_or(true, |v| v.trim().is_empty())
+        && !super::attention::forced_by_env()
         && enabled(dev)
         && stages
             .iter()
-            .any(|&s| cached(dev, &class(q.dtype().storage(), d, s, o)).is_none())
+            .any(|&s| cached(dev, Class::of(q.dtype().storage(), d, s, o)).is_none())
 }
 
 /// The variants worth trying for `stage`, the default order first: the cooperative family
@@ -105,7 +135,8 @@ fn tune(
 ) -> Result<()> {
     let device = q.device();
     let d = *q.shape().last().unwrap_or(&0);
-    let key = class(q.dtype().storage(), d, stage, base);
+    let class = Class::of(q.dtype().storage(), d, stage, base);
+    let key = class.name();
     let mut reference: Option<Vec<Vec<f32>>> = None;
     let coop = q.attention_kernel(stage, base)?.contains("coop");
     let forced: Vec<(AttnVariant, AttentionOptions)> = candidates(stage, coop)
@@ -186,7 +217,7 @@ fn tune(
         }
     }
     if let Some((v, us)) = best {
-        store(device, &key, &v.tag(), us);
+        store(device, class, &v.tag(), us);
     }
     Ok(())
 }
@@ -223,11 +254,20 @@ pub(crate) fn tune_backward(
 static STORE: super::tuning_store::TuningStore =
     super::tuning_store::TuningStore::new("attention", 2, |v| AttnVariant::by_name(v).is_some());
 
-/// The tuned variant for `class` on this device, if any.
-pub(crate) fn cached(device: &Device, class: &str) -> Option<AttnVariant> {
-    STORE
-        .get(device, class)
-        .and_then(|v| AttnVariant::by_name(&v))
+/// The tuned variant for `class` on this device, if any. Every attention call asks, so the
+/// answer is remembered per device (`Device::attention_winners`) until a winner is stored.
+pub(crate) fn cached(device: &Device, class: Class) -> Option<AttnVariant> {
+    let memo = device.attention_winners();
+    if let Some(&v) = memo.lock().unwrap_or_else(|p| p.into_inner()).get(&class) {
+        return v;
+    }
+    let v = STORE
+        .get(device, &class.name())
+        .and_then(|v| AttnVariant::by_name(&v));
+    memo.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(class, v);
+    v
 }
 
 /// Every winner known for this device: (class, variant, µs), sorted.
@@ -235,8 +275,13 @@ pub fn attention_tuning(device: &Device) -> Vec<(String, String, f64)> {
     STORE.all(device)
 }
 
-fn store(device: &Device, key: &str, variant: &str, us: f64) {
-    STORE.put(device, key, variant, us)
+fn store(device: &Device, class: Class, variant: &str, us: f64) {
+    STORE.put(device, &class.name(), variant, us);
+    device
+        .attention_winners()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&class);
 }
 
 impl Tensor {

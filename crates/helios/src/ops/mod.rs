@@ -4,7 +4,7 @@
 
 mod attention;
 mod attention_materialised;
-mod attention_tune;
+pub(crate) mod attention_tune;
 mod embedding;
 mod loss;
 mod matmul;

@@ -112,7 +112,10 @@ impl TuningStore {
     fn with<T>(&self, device: &Device, f: impl FnOnce(&mut Entries) -> T) -> T {
         let mut guard = self.devices.lock().unwrap_or_else(|p| p.into_inner());
         let devices = guard.get_or_insert_with(HashMap::new);
-        let key = device_key(device);
+        let key = device.tuning_key_cell().get_or_init(|| device_key(device));
+        if let Some(entries) = devices.get_mut(key.as_str()) {
+            return f(entries);
+        }
         let entries = devices.entry(key.clone()).or_insert_with(|| {
             let path = helios_vk::PipelineCacheDir::from_env()
                 .ok()
