@@ -8,10 +8,9 @@
 //! for a row with no key). Backward follows FlashAttention-2: a `Prep` pass writes
 //! Dsum[i] = Σ_d dO[i,d]·O[i,d], then `DkDv` walks query blocks per key block and `Dq` key
 //! blocks per query block, each recomputing P = exp(S − L); no atomics, so every gradient is
-//! deterministic. The register-resident and SIMT `Dq` compute Dsum themselves from the dO
-//! rows they stage and O, write it, and run before `DkDv` (`AttentionKernel::own_dsum`):
-//! the Prep pass cost 8.8 µs at 8×12×512×64 and 13.7 at T = 1024 (H100), its Dsum 2–3 µs
-//! inside the register Dq; it is one dispatch fewer a layer for the SIMT kernels.
+//! deterministic. The register-resident `Dq` computes Dsum itself from the dO rows it stages
+//! and O, writes it, and runs before `DkDv` (`AttentionKernel::own_dsum`): the Prep pass
+//! cost 8.8 µs at 8×12×512×64 and 13.7 at T = 1024 (H100), its Dsum 2–3 µs inside Dq.
 //!
 //! Why dQ is not summed with atomics from the DkDv kernel, as FlashAttention-2 does (two
 //! products fewer): measured on an H100 (session 23, patch in `bench/results/2026-11-27-
@@ -402,13 +401,11 @@ impl AttentionKernel {
     }
 
     /// Whether this stage's family has the variant: pairs are the register forward's, and
-    /// `own_dsum` the register and SIMT Dq's.
+    /// `own_dsum` the register Dq's.
     pub fn buildable(&self) -> bool {
         (!matches!(self.variant, AttnVariant::CoopPair { .. })
             || (self.in_registers() && self.stage == AttnStage::Forward))
-            && (!self.own_dsum
-                || (self.stage == AttnStage::Dq
-                    && (self.in_registers() || !self.variant.is_coop())))
+            && (!self.own_dsum || (self.in_registers() && self.stage == AttnStage::Dq))
     }
 
     /// Emits the kernel. Buffers, in order: Forward q, k, v, [lens], o, lse; Prep o, do,
@@ -665,13 +662,6 @@ impl AttentionKernel {
                     if matches!(stage, AttnStage::Dq | AttnStage::DkDv) {
                         out.push(AttentionKernel {
                             packed: true,
-                            own_dsum: stage == AttnStage::Dq,
-                            ..kern
-                        });
-                    }
-                    if stage == AttnStage::Dq {
-                        out.push(AttentionKernel {
-                            own_dsum: true,
                             ..kern
                         });
                     }
@@ -1069,11 +1059,10 @@ mod tests {
         assert_eq!(AttnVariant::by_name("simt16x16p"), None);
     }
 
-    /// Only the register and SIMT Dq compute Dsum themselves (both stage dO rows; the
-    /// register one knows the fragment layout to hand each row's sum to its invocations,
-    /// the SIMT one meets each row's partials in shared memory).
+    /// Only the register Dq computes Dsum itself (it stages dO rows and knows the fragment
+    /// layout to hand each row's sum to its invocations).
     #[test]
-    fn own_dsum_belongs_to_the_register_and_simt_dq() {
+    fn own_dsum_belongs_to_the_register_dq() {
         let (acc, a) = crate::FragMap::nvidia_probe();
         let map = crate::FragMap::recognise(&acc, &a).expect("NVIDIA's layout");
         let dq = AttentionKernel {
@@ -1102,22 +1091,7 @@ mod tests {
             subgroup: 0,
             ..dq
         };
-        assert!(simt.buildable());
-        assert!(simt.name().ends_with("_dsum"), "{}", simt.name());
-        assert!(!AttentionKernel {
-            stage: AttnStage::DkDv,
-            ..simt
-        }
-        .buildable());
-        // Its partials take shared memory: bq rows of SIMT_COLS f32s.
-        let plain = AttentionKernel {
-            own_dsum: false,
-            ..simt
-        };
-        assert_eq!(
-            simt.shared_bytes(),
-            plain.shared_bytes() + 32 * crate::attention_simt::SIMT_COLS * 4
-        );
+        assert!(!simt.buildable());
     }
 
     #[test]

@@ -31,8 +31,8 @@
 use helios_spirv::{KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
 
 use crate::attention::{
-    block_coords, build_prep, dense_row, keep, key_blocks, key_end, query_blocks, stat_index,
-    AttentionKernel, AttnStage, Params, View,
+    block_coords, build_prep, keep, key_blocks, key_end, query_blocks, stat_index, AttentionKernel,
+    AttnStage, Params, View,
 };
 use crate::storage::{load_f32, store_f32, Storage};
 
@@ -65,9 +65,7 @@ pub(crate) fn shared_bytes(kern: &AttentionKernel) -> u32 {
         AttnStage::Forward => (bq + 2 * bk) * row + score(bq, bk) + bq * SIMT_COLS * 4,
         AttnStage::Prep => 0,
         AttnStage::DkDv => (2 * bq + 2 * bk) * row + 2 * score(bk, bq) + 2 * bq * 4,
-        AttnStage::Dq => {
-            (2 * bq + 2 * bk) * row + score(bq, bk) + u32::from(kern.own_dsum) * bq * SIMT_COLS * 4
-        }
+        AttnStage::Dq => (2 * bq + 2 * bk) * row + score(bq, bk),
     }
 }
 
@@ -676,15 +674,8 @@ fn forward(kern: &AttentionKernel) -> KernelModule {
     kb.finish()
 }
 
-/// L·log2 e and Dsum of query `i` (L = +inf, Dsum = 0 past T, so P = 0 there); Dsum from
-/// `own` where the kernel computed it (`own_dsum`), else loaded.
-fn row_stats(
-    k: &mut KernelBuilder,
-    c: &Ctx,
-    (b, h): (Val, Val),
-    i: Val,
-    own: Option<Val>,
-) -> (Val, Val) {
+/// L·log2 e and Dsum of query `i` (L = +inf, Dsum = 0 past T, so P = 0 there).
+fn row_stats(k: &mut KernelBuilder, c: &Ctx, b: Val, h: Val, i: Val) -> (Val, Val) {
     let inside = k.lt(i, c.p.t);
     let z = k.u32(0);
     let ic = k.select(inside, i, z);
@@ -692,95 +683,12 @@ fn row_stats(
     let l = k.load(c.p.lse.expect("backward reads lse"), at, 1);
     let log2e = k.const_f32(std::f32::consts::LOG2_E);
     let l = k.mul(l, log2e);
-    let d = match own {
-        Some(d) => d,
-        None => k.load(c.p.dsum.expect("backward reads dsum"), at, 1),
-    };
+    let d = k.load(c.p.dsum.expect("backward reads dsum"), at, 1);
     let inf = k.const_f32(f32::INFINITY);
     let zero = k.const_f32(0.0);
     let l = k.select(inside, l, inf);
     let d = k.select(inside, d, zero);
     (l, d)
-}
-
-/// Dsum = Σ_d dO·O of the owned query rows, for a Dq with `own_dsum` (no Prep pass):
-/// each invocation dots its vec4 chunks of the staged dO rows with O's (the dense forward
-/// output, read from memory), a row's [`SIMT_COLS`] partials meet in `part`, and column 0
-/// stores the rows below T for DkDv, which runs after. Rows past T have dO staged as
-/// zeros, so their sum is 0, as Prep's.
-fn own_dsum(
-    k: &mut KernelBuilder,
-    c: &Ctx,
-    (sdo, part): (Tile, Shared),
-    (b, h): (Val, Val),
-    q0: Val,
-) -> Vec<Val> {
-    let o = c.p.o.expect("own_dsum reads O");
-    let dv = c.head_dim / 4;
-    let colsc = k.u32(SIMT_COLS);
-    // dO staged by every invocation.
-    k.workgroup_barrier();
-    for &r in &c.rows {
-        let i = k.add(q0, r);
-        let inside = k.lt(i, c.p.t);
-        let zero = k.u32(0);
-        let ic = k.select(inside, i, zero);
-        let orow = dense_row(k, &c.p, c.head_dim, b, ic, h);
-        let four = k.u32(4);
-        let orow = k.div(orow, four);
-        let stride = k.u32(sdo.stride);
-        let srow = k.mul(r, stride);
-        let mut sum = k.const_f32(0.0);
-        for j in 0..c.chunks {
-            let first = k.u32(j * SIMT_COLS);
-            let ch = k.add(c.tc, first);
-            // Chunks past D/4 (D = 80) read row padding and are not summed.
-            let whole = (j + 1) * SIMT_COLS <= dv;
-            let dvc = k.u32(dv);
-            let live = k.lt(ch, dvc);
-            let last = k.u32(dv - 1);
-            let chc = if whole { ch } else { k.min(ch, last) };
-            let at = k.add(srow, chc);
-            let a = k.shared_load(sdo.arr, at);
-            let at = k.add(orow, chc);
-            let x = load_f32(k, o, at, 4, c.storage);
-            let prod = k.dot(a, x);
-            let prod = if whole {
-                prod
-            } else {
-                let z = k.const_f32(0.0);
-                k.select(live, prod, z)
-            };
-            sum = k.add(sum, prod);
-        }
-        let base = k.mul(r, colsc);
-        let at = k.add(base, c.tc);
-        k.shared_store(part, at, sum);
-    }
-    k.workgroup_barrier();
-    let zero = k.u32(0);
-    let first_col = k.eq(c.tc, zero);
-    c.rows
-        .iter()
-        .map(|&r| {
-            let base = k.mul(r, colsc);
-            let mut sum = k.const_f32(0.0);
-            for t in 0..SIMT_COLS {
-                let o = k.u32(t);
-                let at = k.add(base, o);
-                let x = k.shared_load(part, at);
-                sum = k.add(sum, x);
-            }
-            let i = k.add(q0, r);
-            let inside = k.lt(i, c.p.t);
-            let store = k.and(first_col, inside);
-            k.if_(store, |k| {
-                let at = stat_index(k, &c.p, b, h, i);
-                k.store(c.p.dsum.expect("own_dsum writes Dsum"), at, sum);
-            });
-            sum
-        })
-        .collect()
 }
 
 /// P = exp2(s − L) and dS = P·(dP − Dsum) (s and L in base 2).
@@ -828,7 +736,7 @@ fn dkdv(kern: &AttentionKernel) -> KernelModule {
         let step = k.u32(c.wg);
         k.for_range(c.tid, bqc, step, |k, idx| {
             let i = k.add(i0, idx);
-            let (l, d) = row_stats(k, &c, (b, h), i, None);
+            let (l, d) = row_stats(k, &c, b, h, i);
             k.shared_store(sl, idx, l);
             k.shared_store(sd, idx, d);
         });
@@ -890,16 +798,7 @@ fn dq(kern: &AttentionKernel) -> KernelModule {
     c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, Some(s2));
     c.load_tile(k, dov, (b, h), q0, c.p.t, bq, sdo, None);
     let queries: Vec<Val> = c.rows.iter().map(|&r| k.add(q0, r)).collect();
-    let own = kern.own_dsum.then(|| {
-        let f = Ty::scalar(Scalar::F32);
-        let part = k.shared_array(f, SharedLen::Fixed(bq * SIMT_COLS));
-        own_dsum(k, &c, (sdo, part), (b, h), q0)
-    });
-    let stats: Vec<(Val, Val)> = queries
-        .iter()
-        .enumerate()
-        .map(|(x, &i)| row_stats(k, &c, (b, h), i, own.as_ref().map(|d| d[x])))
-        .collect();
+    let stats: Vec<(Val, Val)> = queries.iter().map(|&i| row_stats(k, &c, b, h, i)).collect();
     let nkb = key_blocks(k, c.causal, (q0, bq), kend, bk);
     let acc = c.zero_accs(k);
     c.over_key_blocks(k, (b, h), nkb, kend, (sk, sv), |k, k0| {

@@ -580,11 +580,10 @@ fn tuning_stores_winners_that_are_used() {
             "DkDv" => AttnStage::DkDv,
             _ => AttnStage::Dq,
         };
-        let kernel = q.attention_kernel(st, &opts).unwrap();
-        assert!(
-            kernel.split('_').any(|part| part == variant),
-            "{kernel} is not {variant}"
-        );
+        assert!(q
+            .attention_kernel(st, &opts)
+            .unwrap()
+            .ends_with(variant.as_str()));
     }
     let c = Case {
         dims: dims(1, 33, 2, 32),

@@ -628,18 +628,11 @@ fn choose(
             own_dsum: false,
             packed: false,
         };
-        // The register and SIMT Dq compute Dsum themselves (no Prep pass) where the SIMT
-        // one's partials fit.
-        let own = AttentionKernel {
-            own_dsum: true,
+        // The register Dq computes Dsum itself (no Prep pass).
+        let plain = AttentionKernel {
+            own_dsum: stage == AttnStage::Dq && plain.in_registers(),
             ..plain
         };
-        let plain =
-            if stage == AttnStage::Dq && own.buildable() && (fits(&own) || own.in_registers()) {
-                own
-            } else {
-                plain
-            };
         plain.pipelining().filter(fits).unwrap_or(plain)
     };
     let stage_forced = opts
