@@ -11,6 +11,10 @@
 //! deterministic. The register-resident `Dq` computes Dsum itself from the dO rows it stages
 //! and O, writes it, and runs before `DkDv` (`AttentionKernel::own_dsum`): the Prep pass
 //! cost 8.8 µs at 8×12×512×64 and 13.7 at T = 1024 (H100), its Dsum 2–3 µs inside Dq.
+//! The SIMT Dq computing Dsum the same way measured slower (session 27, H100, f32
+//! fwd+bwd 4×4×128×32 48.1 µs against 36.1, 1×4×64×32 30.0 against 25.8; lavapipe no
+//! different): on grids that small, DkDv and Dq running side by side after the short Prep
+//! pass is worth more than the dispatch saved.
 //!
 //! Why dQ is not summed with atomics from the DkDv kernel, as FlashAttention-2 does (two
 //! products fewer): measured on an H100 (session 23, patch in `bench/results/2026-11-27-
