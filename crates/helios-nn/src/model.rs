@@ -390,8 +390,9 @@ fn block(w: &Block, x: &Tensor, cfg: &GptConfig) -> Result<Tensor> {
 /// to itself and the positions before it, scores scaled by 1/√D. Runs helios' attention op,
 /// which reads q, k and v in place as views of qkv: the flash kernels for f16 and bf16 (the
 /// scores never stored), and in f32 on a GPU, from 2 MiB of scores, the materialised form on
-/// the matmul kernels, which skips the masked half and recomputes the scores in backward. Head sizes the op does not take
-/// run `materialised_attention`, checkpointed so that no layer keeps its scores.
+/// the matmul kernels, which skips the masked half and recomputes the scores in backward.
+/// Head sizes the op does not take run `materialised_attention`, checkpointed so that no
+/// layer keeps its scores.
 pub fn causal_self_attention(qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     let (b, t, c) = qkv_dims(qkv, n_head)?;
     if !fused_attention_fits(c / n_head) {
