@@ -56,6 +56,8 @@ pub struct Context {
     enabled: EnabledFeatures,
     /// The one open batch all GPU commands are recorded into (encoder.rs).
     pub(crate) encoder: Mutex<Encoder>,
+    /// Emptied command lists of submitted batches, for the next ones (encoder.rs).
+    pub(crate) spare_commands: Mutex<Vec<crate::recorder::Commands>>,
     /// Caching allocators for device-local and host-visible memory (pool.rs).
     pools: [Mutex<Pool>; 2],
     next_block: AtomicU64,
@@ -276,6 +278,7 @@ impl Context {
                 0 => DEFAULT_BATCH,
                 n => n,
             })),
+            spare_commands: Mutex::new(Vec::new()),
             pools: [
                 Mutex::new(Pool::new(MemoryLocation::DeviceLocal)),
                 Mutex::new(Pool::new(MemoryLocation::HostVisible)),

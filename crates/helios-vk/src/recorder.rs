@@ -88,6 +88,16 @@ fn span(start: usize, end: usize) -> Span {
 }
 
 impl Commands {
+    /// Empties the lists, keeping their capacity: a recycled `Commands` records the next
+    /// batch without growing its vectors again (`Context::recycle_commands`).
+    pub(crate) fn clear(&mut self) {
+        self.cmds.clear();
+        self.bytes.clear();
+        self.descriptors.clear();
+        self.regions.clear();
+        self.names.clear();
+    }
+
     pub(crate) fn compute_barrier(&mut self) {
         self.cmds.push(Cmd::ComputeBarrier);
     }

@@ -177,7 +177,7 @@ impl Context {
         // SAFETY: the command buffer is recording; the batch keeps its pipelines, and its
         // buffers outlive their last use (pool tags, or `submit`'s contract).
         unsafe { commands.replay(self, slot.cb) };
-        drop(commands);
+        self.recycle_commands(commands);
         recorder::host_read_barrier(device, slot.cb);
         // SAFETY: the command buffer is recording.
         if let Err(r) = unsafe { device.end_command_buffer(slot.cb) } {
