@@ -60,6 +60,15 @@ pub struct Epilogue {
     /// `pre`, laid out like C: what the activation's backward reads, written by the product
     /// instead of read back by an activation pass.
     pub store_pre: bool,
+    /// Also store the column sums of B, `sums[n] = Σ_k B[k, n]` (not scaled by alpha;
+    /// rounded to C's storage), into a third output of N values: a linear layer's bias
+    /// gradient from the product that computes its weight gradient (dW = Xᵀ·dY reads dY as
+    /// B, and db is the sum of dY's rows), as cuBLASLt's BGRADB epilogue does, instead of a
+    /// reduction pass re-reading dY. SIMT kernels only (they stage B's tiles in shared
+    /// memory and every invocation reads its columns' values), a batch of one, the whole k
+    /// range, and nothing else in the epilogue; the workgroups of the first tile row store
+    /// it.
+    pub col_sums: bool,
 }
 
 impl Epilogue {
@@ -70,6 +79,7 @@ impl Epilogue {
         row: RowOp::None,
         act_grad: Activation::None,
         store_pre: false,
+        col_sums: false,
     };
 
     /// Whether anything beyond scaling and rounding happens.
@@ -80,12 +90,21 @@ impl Epilogue {
             && matches!(self.row, RowOp::None)
             && matches!(self.act_grad, Activation::None)
             && !self.store_pre
+            && !self.col_sums
     }
 
     /// Whether the parts fit together: a softmax gradient multiplies by the residual and
     /// nothing else follows a row op; an activation's gradient multiplies by the residual
     /// and comes alone.
     pub const fn is_valid(&self) -> bool {
+        if self.col_sums {
+            return !self.bias
+                && !self.residual
+                && !self.store_pre
+                && matches!(self.act, Activation::None)
+                && matches!(self.row, RowOp::None)
+                && matches!(self.act_grad, Activation::None);
+        }
         if self.store_pre
             && (matches!(self.act, Activation::None)
                 || !matches!(self.act_grad, Activation::None)
@@ -136,6 +155,9 @@ impl Epilogue {
         }
         if self.residual && !self.residual_multiplies() {
             s.push_str("_res");
+        }
+        if self.col_sums {
+            s.push_str("_colsum");
         }
         s
     }
@@ -815,8 +837,8 @@ impl MatmulKernel {
             return false;
         }
         match v {
-            Variant::Simt(_) => true,
-            _ if self.triangle.masks_a() => false,
+            Variant::Simt(_) => !self.epilogue.col_sums || self.triangle == Triangle::Full,
+            _ if self.triangle.masks_a() || self.epilogue.col_sums => false,
             Variant::Wg(t) => {
                 (!t.tensor || (self.input == Storage::F16 && caps.coop_wg_tensor))
                     && self.epilogue.is_plain()
@@ -929,10 +951,23 @@ impl MatmulKernel {
             || self.epilogue.residual != addr.residual.is_some()
             || (self.epilogue.row != RowOp::None) != addr.rows.is_some()
             || self.epilogue.store_pre != addr.pre.is_some()
+            || self.epilogue.col_sums != addr.sums.is_some()
         {
             return Err(bad(
-                "bias/residual/row/pre buffers do not match the epilogue".into(),
+                "bias/residual/row/pre/sums buffers do not match the epilogue".into(),
             ));
+        }
+        if self.epilogue.col_sums
+            && (!matches!(self.variant, Variant::Simt(_))
+                || shape.batch != 1
+                || self.triangle != Triangle::Full)
+        {
+            return Err(bad(format!(
+                "column sums need a SIMT tile, a batch of one and the whole k range; got {} \
+                 with a batch of {}",
+                self.variant.label(),
+                shape.batch
+            )));
         }
         let (bm, bn) = self.variant.tile();
         let gx = shape.n.div_ceil(bn);
@@ -966,6 +1001,9 @@ impl MatmulKernel {
             args.push(Arg::Address(r));
         }
         if let Some(r) = addr.pre {
+            args.push(Arg::Address(r));
+        }
+        if let Some(r) = addr.sums {
             args.push(Arg::Address(r));
         }
         for v in [
@@ -1009,6 +1047,8 @@ pub struct MatmulAddresses {
     pub rows: Option<u64>,
     /// The second output (`Epilogue::store_pre`).
     pub pre: Option<u64>,
+    /// B's column sums (`Epilogue::col_sums`).
+    pub sums: Option<u64>,
 }
 
 /// The documented default choice (used where no tuned winner exists, e.g. on CPU devices):
@@ -1103,6 +1143,7 @@ pub(crate) struct Params {
     pub residual: Option<Buffer>,
     pub rows: Option<Buffer>,
     pub pre: Option<Buffer>,
+    pub sums: Option<Buffer>,
     pub m: Param,
     pub n: Param,
     pub k: Param,
@@ -1144,6 +1185,10 @@ pub(crate) fn declare(
         .epilogue
         .store_pre
         .then(|| k.buffer("pre", out, Access::Write));
+    let sums = kern
+        .epilogue
+        .col_sums
+        .then(|| k.buffer("sums", out, Access::Write));
     let u = Ty::scalar(Scalar::U32);
     let mut p = |name: &str| k.param(name, u);
     let (m, n, kk) = (p("m"), p("n"), p("k"));
@@ -1160,6 +1205,7 @@ pub(crate) fn declare(
         residual,
         rows,
         pre,
+        sums,
         m,
         n,
         k: kk,
@@ -1681,6 +1727,7 @@ mod tests {
             residual: None,
             rows: None,
             pre: None,
+            sums: None,
         };
         assert!(kern.launch(&module, &shape(48), &addr, 1.0).is_ok());
         assert!(kern.launch(&module, &shape(40), &addr, 1.0).is_err());

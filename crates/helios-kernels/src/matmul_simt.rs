@@ -19,7 +19,7 @@ use crate::matmul::{
     declare, k_span, last_tile, mask, skip_upper_tile, staged_k_loop, store_quad, tile_k0,
     tile_origin, unit_index, Dims, MatmulKernel, SimtTile, Triangle, BK_SIMT,
 };
-use crate::storage::{buffer_scalar, load_f32};
+use crate::storage::{buffer_scalar, load_f32, store_f32};
 
 /// One operand's staging geometry.
 struct Operand {
@@ -93,6 +93,12 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
     let (gm, gn) = (tm / 4, tn / 4);
     let zero4 = k.constant_bits(vec4, 0);
     let acc: Vec<Var> = (0..tm * gn).map(|_| k.var_init(zero4)).collect();
+    // `Epilogue::col_sums`: every invocation sums the B values it reads, its `gn` column
+    // quads over all of k (invocations of one `tx` hold the same sums).
+    let col_sums: Vec<Var> = match kern.epilogue.col_sums {
+        true => (0..gn).map(|_| k.var_init(zero4)).collect(),
+        false => Vec::new(),
+    };
 
     let a_src = Source {
         buf: p.a,
@@ -130,6 +136,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
         },
         |k, base_a, base_b| {
             let mut sums: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
+            let mut bsums: Vec<Val> = col_sums.iter().map(|&v| k.get(v)).collect();
             for kk in 0..BK_SIMT {
                 let a: Vec<Val> = (0..gm)
                     .map(|g| {
@@ -147,6 +154,9 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
                         k.shared_load(sb, at)
                     })
                     .collect();
+                for (s, bv) in bsums.iter_mut().zip(&b) {
+                    *s = k.add(*s, *bv);
+                }
                 for (gi, av) in a.iter().enumerate() {
                     for i in 0..4 {
                         let s = k.extract(*av, i);
@@ -160,6 +170,9 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
                 }
             }
             for (v, s) in acc.iter().zip(sums) {
+                k.set(*v, s);
+            }
+            for (v, s) in col_sums.iter().zip(bsums) {
                 k.set(*v, s);
             }
         },
@@ -183,6 +196,28 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
                 store_quad(&mut k, kern, &p, &d, row, col, v);
             }
         }
+    }
+    if let Some(out) = p.sums {
+        // The first tile row's invocations of the first row of blocks store their sums.
+        let zero = k.u32(0);
+        let first_row = k.eq(m0, zero);
+        let first_block = k.eq(ty, zero);
+        let storing = k.and(first_row, first_block);
+        k.if_(storing, |k| {
+            for (gj, &v) in col_sums.iter().enumerate() {
+                let c = k.u32(gj as u32 * (bn / gn));
+                let c = k.add(c, tx4);
+                let col = k.add(n0, c);
+                let v = k.get(v);
+                for lane in 0..4 {
+                    let off = k.u32(lane);
+                    let c = k.add(col, off);
+                    let ok = k.lt(c, d.n);
+                    let x = k.extract(v, lane);
+                    k.if_(ok, |k| store_f32(k, out, c, x, kern.out));
+                }
+            }
+        });
     }
     k.finish()
 }

@@ -128,6 +128,7 @@ mod matmul {
         row: RowOp::None,
         act_grad: Activation::None,
         store_pre: false,
+        col_sums: false,
     };
 
     /// A linear layer's forward under autograd: the GELU and its input, both stored.
@@ -142,6 +143,12 @@ mod matmul {
     const ACT_GRAD: Epilogue = Epilogue {
         residual: true,
         act_grad: Activation::GeluTanh,
+        ..Epilogue::NONE
+    };
+
+    /// A linear layer's weight gradient with its bias gradient (SIMT only).
+    const COL_SUMS: Epilogue = Epilogue {
+        col_sums: true,
         ..Epilogue::NONE
     };
 
@@ -208,6 +215,14 @@ mod matmul {
         for (i, &v) in simt.iter().enumerate() {
             for (j, trans) in TRANS.into_iter().enumerate() {
                 check(&kernel(v, Storage::F32, Storage::F32, trans, true, FULL));
+                check(&kernel(
+                    v,
+                    Storage::F32,
+                    Storage::F32,
+                    trans,
+                    j % 2 == 0,
+                    COL_SUMS,
+                ));
                 // Whole loop steps in k (no k clamps or masks), aligned and not.
                 let mut exact = kernel(v, Storage::F32, Storage::F32, trans, j % 2 == 0, FULL);
                 exact.exact_k = true;
@@ -226,7 +241,7 @@ mod matmul {
                     for input in Storage::ALL {
                         for out in Storage::ALL {
                             for vec in [false, true] {
-                                for ep in [Epilogue::NONE, FULL, ACT_GRAD, SAVING_PRE] {
+                                for ep in [Epilogue::NONE, FULL, ACT_GRAD, SAVING_PRE, COL_SUMS] {
                                     check(&kernel(v, input, out, trans, vec, ep));
                                 }
                             }

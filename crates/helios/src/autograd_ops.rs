@@ -138,15 +138,27 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
             (true, _) => Some(reduce_to(&gz.matmul(&bt)?, ad.shape())?),
             (false, _) => None,
         });
-        grads.push(match needs[1] {
-            true => Some(weight_grad(&ad, &bd, &gz)?),
-            false => None,
-        });
+        // The bias gradient, g's column sums, comes out of the weight gradient's product
+        // where its kernel can fold them in (gz is g there only when alpha is 1).
+        let bias_needed = bias_of.is_some() && needs[2];
+        let (dw, mut db) = match needs[1] {
+            true => {
+                let (dw, db) = weight_grad(&ad, &bd, &gz, bias_needed && alpha == 1.0)?;
+                (Some(dw), db)
+            }
+            false => (None, None),
+        };
+        grads.push(dw);
         for (shape, dtype) in bias_of.iter().chain(&residual_of) {
             let need = needs[grads.len()];
-            grads.push(match need {
-                true => Some(reduce_to(&g, shape)?.to_dtype(*dtype)?),
-                false => None,
+            let summed = match grads.len() {
+                2 => db.take(),
+                _ => None,
+            };
+            grads.push(match (need, summed) {
+                (true, Some(db)) => Some(db.to_dtype(*dtype)?),
+                (true, None) => Some(reduce_to(&g, shape)?.to_dtype(*dtype)?),
+                (false, _) => None,
             });
         }
         Ok(grads)
@@ -188,18 +200,34 @@ fn same_rows(g: &Tensor, a: &Tensor) -> bool {
 }
 
 /// d(a·b)/db = aᵀ·g, summed over a's batch: a (…, M, K), g (…, M, N) → b's shape. A 2-D b
-/// under a batched a (a linear layer) takes one product over the flattened rows.
-fn weight_grad(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Tensor> {
+/// (a linear layer) takes one product over the flattened rows, which with `col_sums` also
+/// returns g's column sums, the bias gradient, from the same launch where its kernel can
+/// fold them in (`Tensor::matmul_col_sums`; `None` for a batched b).
+fn weight_grad(
+    a: &Tensor,
+    b: &Tensor,
+    g: &Tensor,
+    col_sums: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
     let nd = a.shape().len();
-    if b.shape().len() == 2 && nd > 2 {
+    if b.shape().len() == 2 {
         let k = a.shape()[nd - 1];
         let n = g.shape()[g.shape().len() - 1];
-        let a2 = a.reshape(&[a.len() / k, k])?;
-        let g2 = g.reshape(&[g.len() / n, n])?;
-        return a2.transpose(0, 1)?.matmul(&g2);
+        let (a2, g2) = match nd {
+            2 => (a.clone(), g.clone()),
+            _ => (a.reshape(&[a.len() / k, k])?, g.reshape(&[g.len() / n, n])?),
+        };
+        let a2t = a2.transpose(0, 1)?;
+        return match col_sums {
+            true => {
+                let (dw, db) = a2t.matmul_col_sums(&g2, None)?;
+                Ok((dw, Some(db)))
+            }
+            false => Ok((a2t.matmul(&g2)?, None)),
+        };
     }
     let at = a.transpose(nd - 2, nd - 1)?;
-    reduce_to(&at.matmul(g)?, b.shape())
+    Ok((reduce_to(&at.matmul(g)?, b.shape())?, None))
 }
 
 /// Softmax or log-softmax over the last axis, differentiable.

@@ -83,6 +83,8 @@ pub(crate) struct Problem {
     /// The second output of `Epilogue::store_pre`: the activation's input, dense, of the
     /// output's shape and dtype.
     pub pre: Option<Tensor>,
+    /// The third output of `Epilogue::col_sums`: B's column sums, (n) in the output dtype.
+    pub sums: Option<Tensor>,
     pub shape: MatmulShape,
     pub trans: (bool, bool),
     pub input: DType,
@@ -273,6 +275,7 @@ impl Problem {
             residual,
             rows: None,
             pre: None,
+            sums: None,
             shape,
             trans: (ta, tb),
             input: a.dtype(),
@@ -284,6 +287,7 @@ impl Problem {
                 row: RowOp::None,
                 act_grad: o.act_grad,
                 store_pre: false,
+                col_sums: false,
             },
             alpha: o.alpha,
             out_shape,
@@ -315,6 +319,7 @@ impl Problem {
             residual: None,
             rows: None,
             pre: None,
+            sums: None,
             shape,
             trans,
             input: a.dtype(),
@@ -481,6 +486,7 @@ impl Problem {
             residual: self.residual.as_ref().map(|t| t.address()).transpose()?,
             rows: self.rows.as_ref().map(|t| t.address()).transpose()?,
             pre: self.pre.as_ref().map(|t| t.address()).transpose()?,
+            sums: self.sums.as_ref().map(|t| t.address()).transpose()?,
         };
         let launch = kernel.launch(&compiled.module, s, &addr, self.alpha)?;
         let mut accesses: smallvec::SmallVec<[Access; 6]> = smallvec::SmallVec::new();
@@ -492,7 +498,7 @@ impl Problem {
             accesses.push(Access::read(t.buffer()?));
         }
         accesses.push(Access::write(out.buffer()?));
-        if let Some(t) = &self.pre {
+        for t in self.pre.iter().chain(&self.sums) {
             accesses.push(Access::write(t.buffer()?));
         }
         device
@@ -544,6 +550,56 @@ impl Tensor {
         p.pre = Some(pre.clone());
         let (plan, _) = matmul_tune::choose(&p)?;
         Ok((p.run(&plan)?, pre))
+    }
+
+    /// `(self · other, Σ_k other[k, ·])` for 2-D operands: a product and the column sums
+    /// of its right operand, in the output dtype. Where the kernel chosen for the product
+    /// can fold the sums in (`Epilogue::col_sums`: a SIMT tile, k not split) one launch
+    /// computes both, else a reduction follows. This is a linear layer's weight and bias
+    /// gradients (dW = Xᵀ·dY, db = Σ rows of dY), which the matmul backward rule takes from
+    /// here. `variant` forces the product's kernel as `MatmulOptions::variant` does. Records
+    /// no gradient: an error for operands that need one (call it under `no_grad`).
+    pub fn matmul_col_sums(
+        &self,
+        other: &Tensor,
+        variant: Option<MatmulVariant>,
+    ) -> Result<(Tensor, Tensor)> {
+        if self.shape().len() != 2 || other.shape().len() != 2 {
+            return Err(invalid(format!(
+                "matmul_col_sums takes 2-D operands, got {:?} and {:?}; reshape a batch of \
+                 rows into one matrix",
+                self.shape(),
+                other.shape()
+            )));
+        }
+        if crate::autograd::any_needs(&[self, other]) {
+            return Err(invalid(
+                "matmul_col_sums records no gradient; call it under no_grad or on tensors \
+                 that need none"
+                    .into(),
+            ));
+        }
+        let opts = MatmulOptions {
+            variant,
+            ..Default::default()
+        };
+        let mut p = Problem::new(self, other, &opts)?;
+        let (plan, _) = matmul_tune::choose(&p)?;
+        let s = &p.shape;
+        let foldable = plan.splits <= 1
+            && matches!(plan.kernel.variant, MatmulVariant::Simt(_))
+            && s.m > 0
+            && s.n > 0;
+        if !foldable {
+            return Ok((p.run(&plan)?, other.sum(0)?.to_dtype(p.out)?));
+        }
+        let mut kernel = plan.kernel;
+        kernel.epilogue.col_sums = true;
+        let sums = Tensor::empty(self.device(), &[s.n as usize], p.out)?;
+        p.sums = Some(sums.clone());
+        let out = p.output()?;
+        p.record(&kernel, &out)?;
+        Ok((out, sums))
     }
 
     /// `matmul_opts` writing into `out`, a dense tensor of the result's shape and dtype
