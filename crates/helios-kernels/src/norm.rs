@@ -37,6 +37,9 @@ pub enum NormKind {
     Rms,
 }
 
+/// A norm kernel's buffer names, inline (launches check their count on every dispatch).
+pub type BufferNames = smallvec::SmallVec<[&'static str; 10]>;
+
 /// The candidate kernels (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NormVariant {
@@ -190,9 +193,9 @@ impl NormKernel {
 
     /// Buffer names in declaration order. Forward: x, gamma, [beta], y, [mean], rstd.
     /// Backward: x, gamma, [mean], rstd, dy, [dx_in], dx, [dgamma_part, [dbeta_part]].
-    pub fn buffer_names(&self) -> Vec<&'static str> {
+    pub fn buffer_names(&self) -> BufferNames {
         let l = self.layer();
-        let mut v = Vec::with_capacity(8);
+        let mut v = BufferNames::new();
         v.extend(["x", "gamma"]);
         if self.backward {
             if l {

@@ -7,7 +7,7 @@ use helios_spirv::{
 };
 
 use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
-use crate::norm::{Bufs, Ctx, NormKernel, NormKind};
+use crate::norm::{BufferNames, Bufs, Ctx, NormKernel, NormKind};
 use crate::rows::{for_each_slot_by, hsum, linear_workgroup, Groups, Row};
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
 use crate::KernelError;
@@ -373,10 +373,12 @@ impl NormParamKernel {
     }
 
     /// Buffers: x, [mean], rstd, dy, dgamma_part, [dbeta_part].
-    pub fn buffer_names(&self) -> Vec<&'static str> {
+    pub fn buffer_names(&self) -> BufferNames {
         match self.kind {
-            NormKind::Layer => vec!["x", "mean", "rstd", "dy", "dgamma_part", "dbeta_part"],
-            NormKind::Rms => vec!["x", "rstd", "dy", "dgamma_part"],
+            NormKind::Layer => {
+                BufferNames::from_slice(&["x", "mean", "rstd", "dy", "dgamma_part", "dbeta_part"])
+            }
+            NormKind::Rms => BufferNames::from_slice(&["x", "rstd", "dy", "dgamma_part"]),
         }
     }
 

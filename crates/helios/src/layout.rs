@@ -53,6 +53,21 @@ fn contiguous_dims(shape: &[usize]) -> Dims {
     strides
 }
 
+/// Whether `strides` are exactly `contiguous_dims(shape)` (without building them).
+fn is_row_major(shape: &[usize], strides: &[usize]) -> bool {
+    if shape.len() != strides.len() {
+        return false;
+    }
+    let mut expected = 1;
+    for (&size, &stride) in shape.iter().zip(strides).rev() {
+        if stride != expected {
+            return false;
+        }
+        expected *= size;
+    }
+    true
+}
+
 /// The shape two operands broadcast to (numpy rules: aligned from the right, each pair of
 /// sizes equal or one of them 1), or `None` when they are incompatible.
 pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
@@ -192,7 +207,7 @@ impl Layout {
     /// The layout of (shape, strides, offset): one this thread made before where it has one
     /// (see `ROW_MAJOR` and `VIEWS`).
     fn new(shape: Dims, strides: Dims, offset: usize) -> Layout {
-        if offset == 0 && strides == contiguous_dims(&shape) {
+        if offset == 0 && is_row_major(&shape, &strides) {
             return Layout::contiguous(&shape);
         }
         let key = (shape, strides, offset);
@@ -485,6 +500,30 @@ fn reshape_strides(shape: &[usize], strides: &[usize], to: &[usize]) -> Option<D
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `is_row_major` agrees with comparing against `contiguous_dims`, size-1 dimensions and
+    /// zero strides included.
+    #[test]
+    fn row_major_check_matches_the_built_strides() {
+        let cases: [(&[usize], &[usize]); 8] = [
+            (&[], &[]),
+            (&[5], &[1]),
+            (&[5], &[2]),
+            (&[2, 3, 4], &[12, 4, 1]),
+            (&[2, 3, 4], &[12, 1, 3]),
+            (&[2, 1, 4], &[4, 4, 1]),
+            (&[2, 1, 4], &[4, 1, 1]),
+            (&[3, 4], &[0, 1]),
+        ];
+        for (shape, strides) in cases {
+            assert_eq!(
+                is_row_major(shape, strides),
+                strides == contiguous_dims(shape).as_slice(),
+                "{shape:?} {strides:?}"
+            );
+        }
+        assert!(!is_row_major(&[2, 3], &[3]));
+    }
 
     #[test]
     fn broadcasting_follows_numpy() {
