@@ -33,8 +33,14 @@ pub const DEFAULT_BATCH: u32 = 256;
 const EARLY_CHECK: u32 = 8;
 
 /// Most dispatches in a batch that `with_batch` submits on the recording thread when the
-/// GPU has run dry (larger batches, and full ones, go to the submit thread).
-const INLINE_MAX: u32 = 64;
+/// GPU has run dry (larger batches, and full ones, go to the submit thread): the first
+/// dispatch after an idle spell, so the GPU starts without waiting for the submit thread to
+/// wake. On an H100 host (session 28, 10 alternating runs), `bench graph` host12 took a
+/// median 812 µs cached (1095 submitted) at 1, 831 at 8 and 920 (1113) at 64: each inline
+/// batch is the driver's recording work on this thread, and a host-bound step's doubling
+/// early submits (1, 2, 4, ... 64 dispatches) put half its dispatches there at 64. GPT-2
+/// bf16 steps took 38.4-38.5 ms at either value.
+const INLINE_MAX: u32 = 1;
 
 /// How a dispatch or copy touches a buffer.
 #[derive(Clone, Copy, Debug)]
@@ -411,10 +417,8 @@ impl Context {
                 enc.early_at = EARLY_CHECK;
             }
             let batch = enc.open.take().expect("open");
-            // A short batch for a GPU that ran dry is submitted here: the GPU starts without
-            // waiting for the submit thread to wake, and recording a few commands costs
-            // this thread little. (On an H100 host, handing such batches over added
-            // 0.2-0.3 ms to a GPT-2 step's optimizer, which starts on an idle GPU.)
+            // A one-dispatch batch for a GPU that ran dry is submitted here (see
+            // `INLINE_MAX`).
             let inline = starving && batch.dispatches <= INLINE_MAX;
             self.submit_counted(&mut enc, batch)?;
             if inline {
