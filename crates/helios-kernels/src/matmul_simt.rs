@@ -93,12 +93,15 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
     let (gm, gn) = (tm / 4, tn / 4);
     let zero4 = k.constant_bits(vec4, 0);
     let acc: Vec<Var> = (0..tm * gn).map(|_| k.var_init(zero4)).collect();
-    // `Epilogue::col_sums`: every invocation sums the B values it reads, its `gn` column
-    // quads over all of k (invocations of one `tx` hold the same sums).
+    // `Epilogue::col_sums`: the invocations of the first tile row's workgroups (a uniform
+    // branch; the others would only repeat the sums) add up the B values they read, their
+    // `gn` column quads over all of k (invocations of one `tx` hold the same sums).
     let col_sums: Vec<Var> = match kern.epilogue.col_sums {
         true => (0..gn).map(|_| k.var_init(zero4)).collect(),
         false => Vec::new(),
     };
+    let zero = k.u32(0);
+    let first_row = k.eq(m0, zero);
 
     let a_src = Source {
         buf: p.a,
@@ -136,7 +139,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
         },
         |k, base_a, base_b| {
             let mut sums: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
-            let mut bsums: Vec<Val> = col_sums.iter().map(|&v| k.get(v)).collect();
+
             for kk in 0..BK_SIMT {
                 let a: Vec<Val> = (0..gm)
                     .map(|g| {
@@ -154,9 +157,6 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
                         k.shared_load(sb, at)
                     })
                     .collect();
-                for (s, bv) in bsums.iter_mut().zip(&b) {
-                    *s = k.add(*s, *bv);
-                }
                 for (gi, av) in a.iter().enumerate() {
                     for i in 0..4 {
                         let s = k.extract(*av, i);
@@ -172,8 +172,22 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
             for (v, s) in acc.iter().zip(sums) {
                 k.set(*v, s);
             }
-            for (v, s) in col_sums.iter().zip(bsums) {
-                k.set(*v, s);
+            if !col_sums.is_empty() {
+                k.if_(first_row, |k| {
+                    let mut sums: Vec<Val> = col_sums.iter().map(|&v| k.get(v)).collect();
+                    for kk in 0..BK_SIMT {
+                        for (g, sum) in sums.iter_mut().enumerate() {
+                            let at = k.u32(kk * b_op.row + g as u32 * (bn / gn / 4));
+                            let at = k.add(at, base_b);
+                            let at = k.add(at, tx);
+                            let b = k.shared_load(sb, at);
+                            *sum = k.add(*sum, b);
+                        }
+                    }
+                    for (v, s) in col_sums.iter().zip(sums) {
+                        k.set(*v, s);
+                    }
+                });
             }
         },
     );
@@ -199,8 +213,6 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
     }
     if let Some(out) = p.sums {
         // The first tile row's invocations of the first row of blocks store their sums.
-        let zero = k.u32(0);
-        let first_row = k.eq(m0, zero);
         let first_block = k.eq(ty, zero);
         let storing = k.and(first_row, first_block);
         k.if_(storing, |k| {
