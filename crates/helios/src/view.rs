@@ -14,6 +14,7 @@ use helios_kernels::{ElementwiseOp, TransposeArgs, TransposeKernel, UnaryOp};
 
 use crate::autograd::record;
 use crate::device::KernelKey;
+use crate::layout::Dims;
 use crate::{DType, Error, Result, Tensor};
 
 /// Elements from which `contiguous()` copies a transposed matrix through shared-memory
@@ -47,7 +48,8 @@ impl Tensor {
             Some(l) => self.with_layout(l),
             None => return self.contiguous()?.reshape(shape),
         };
-        let back = self.shape().to_vec();
+        // Inline (a view op runs several times per layer): no allocation for the shape.
+        let back = Dims::from_slice(self.shape());
         Ok(record("reshape", &[self], out, move |g, _| {
             Ok(smallvec::smallvec![Some(g.reshape(&back)?)])
         }))
@@ -73,7 +75,7 @@ impl Tensor {
             .layout()
             .permute(order)
             .map_err(|e| self.view_error("permute", e))?;
-        let mut inverse = vec![0; order.len()];
+        let mut inverse: Dims = smallvec::smallvec![0; order.len()];
         for (d, &o) in order.iter().enumerate() {
             inverse[o] = d;
         }
@@ -115,7 +117,7 @@ impl Tensor {
             .layout()
             .broadcast_to(shape)
             .map_err(|e| self.view_error("broadcast_to", e))?;
-        let back = self.shape().to_vec();
+        let back = Dims::from_slice(self.shape());
         Ok(record(
             "broadcast_to",
             &[self],
@@ -366,7 +368,7 @@ impl Tensor {
         out_shape[0] = ids.len();
         let picked = rows.reshape(&out_shape)?;
         // Undo the permutation.
-        let mut inverse = vec![0; order.len()];
+        let mut inverse: Dims = smallvec::smallvec![0; order.len()];
         for (i, &o) in order.iter().enumerate() {
             inverse[o] = i;
         }
