@@ -65,12 +65,9 @@ pub struct Epilogue {
     /// gradient from the product that computes its weight gradient (dW = Xᵀ·dY reads dY as
     /// B, and db is the sum of dY's rows), as cuBLASLt's BGRADB epilogue does, instead of a
     /// reduction pass re-reading dY. SIMT kernels only (they stage B's tiles in shared
-    /// memory and every invocation reads its columns' values), the whole k range, and
-    /// nothing else in the epilogue; the workgroups of the first tile row store it. Batch
-    /// b's sums go to `sums + off_c(b)`, C's own batch offset: for one matrix that is
-    /// `sums[n]`; split-K's workspace (one batch per k range) gives each range a stride of
-    /// M·N + N and points `sums` past the first M×N block, so that the pass summing the
-    /// ranges adds up the column sums too.
+    /// memory and every invocation reads its columns' values), a batch of one, the whole k
+    /// range, and nothing else in the epilogue; the workgroups of the first tile row store
+    /// it.
     pub col_sums: bool,
 }
 
@@ -961,11 +958,15 @@ impl MatmulKernel {
             ));
         }
         if self.epilogue.col_sums
-            && (!matches!(self.variant, Variant::Simt(_)) || self.triangle != Triangle::Full)
+            && (!matches!(self.variant, Variant::Simt(_))
+                || shape.batch != 1
+                || self.triangle != Triangle::Full)
         {
             return Err(bad(format!(
-                "column sums need a SIMT tile and the whole k range; got {}",
-                self.variant.label()
+                "column sums need a SIMT tile, a batch of one and the whole k range; got {} \
+                 with a batch of {}",
+                self.variant.label(),
+                shape.batch
             )));
         }
         let (bm, bn) = self.variant.tile();

@@ -226,9 +226,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
                     let c = k.add(col, off);
                     let ok = k.lt(c, d.n);
                     let x = k.extract(v, lane);
-                    // Batch b's sums at C's batch offset (see `Epilogue::col_sums`).
-                    let at = k.add(d.off_c, c);
-                    k.if_(ok, |k| store_f32(k, out, at, x, kern.out));
+                    k.if_(ok, |k| store_f32(k, out, c, x, kern.out));
                 }
             }
         });

@@ -220,7 +220,7 @@ fn weight_grad(
         let a2t = a2.transpose(0, 1)?;
         return match col_sums {
             true => {
-                let (dw, db) = a2t.matmul_col_sums(&g2, None, None)?;
+                let (dw, db) = a2t.matmul_col_sums(&g2, None)?;
                 Ok((dw, Some(db)))
             }
             false => Ok((a2t.matmul(&g2)?, None)),

@@ -342,15 +342,9 @@ impl Problem {
     fn split_shape(&self, splits: u32) -> Option<MatmulShape> {
         let s = &self.shape;
         let kc = s.k / splits.max(1);
-        // Column sums (`Epilogue::col_sums`) follow each k range's M×N block.
-        let sums = self.epilogue.col_sums;
-        let plain = Epilogue {
-            col_sums: false,
-            ..self.epilogue
-        };
         if splits < 2
             || s.batch != 1
-            || !plain.is_plain()
+            || !self.epilogue.is_plain()
             || self.triangle != Triangle::Full
             || kc * splits != s.k
         {
@@ -360,8 +354,7 @@ impl Problem {
             return None;
         }
         let mn = s.m.checked_mul(s.n)?;
-        let stride = if sums { mn.checked_add(s.n)? } else { mn };
-        stride.checked_mul(splits)?;
+        mn.checked_mul(splits)?;
         Some(MatmulShape {
             batch: splits,
             k: kc,
@@ -377,8 +370,8 @@ impl Problem {
             },
             ldc: s.n,
             ldr: s.n,
-            stride_c: stride,
-            stride_r: stride,
+            stride_c: mn,
+            stride_r: mn,
             ..*s
         })
     }
@@ -393,17 +386,13 @@ impl Problem {
         subgroup: u32,
     ) -> Option<(MatmulShape, MatmulKernel)> {
         let sub = self.split_shape(splits)?;
-        let epilogue = Epilogue {
-            col_sums: self.epilogue.col_sums,
-            ..Epilogue::NONE
-        };
         let mut k = MatmulKernel::new(
             variant,
             self.input.storage(),
             DType::F32.storage(),
             self.trans,
             &sub,
-            epilogue,
+            Epilogue::NONE,
             subgroup,
         );
         let w = vector_elems(variant) as usize;
@@ -566,17 +555,14 @@ impl Tensor {
     /// `(self · other, Σ_k other[k, ·])` for 2-D operands: a product and the column sums
     /// of its right operand, in the output dtype. Where the kernel chosen for the product
     /// can fold the sums in (`Epilogue::col_sums`: a SIMT tile, k not split) one launch
-    /// computes both (split over k too: the pass summing the k ranges sums the column sums),
-    /// else a reduction follows. This is a linear layer's weight and bias gradients
-    /// (dW = Xᵀ·dY, db = Σ rows of dY), which the matmul backward rule takes from here.
-    /// `variant` and `splits` force the product's kernel and k split as
-    /// `MatmulOptions::variant` and `splits` do. Records no gradient: an error for operands
-    /// that need one (call it under `no_grad`).
+    /// computes both, else a reduction follows. This is a linear layer's weight and bias
+    /// gradients (dW = Xᵀ·dY, db = Σ rows of dY), which the matmul backward rule takes from
+    /// here. `variant` forces the product's kernel as `MatmulOptions::variant` does. Records
+    /// no gradient: an error for operands that need one (call it under `no_grad`).
     pub fn matmul_col_sums(
         &self,
         other: &Tensor,
         variant: Option<MatmulVariant>,
-        splits: Option<u32>,
     ) -> Result<(Tensor, Tensor)> {
         if self.shape().len() != 2 || other.shape().len() != 2 {
             return Err(invalid(format!(
@@ -595,53 +581,25 @@ impl Tensor {
         }
         let opts = MatmulOptions {
             variant,
-            splits,
             ..Default::default()
         };
         let mut p = Problem::new(self, other, &opts)?;
         let (plan, _) = matmul_tune::choose(&p)?;
-        let (m, n) = (p.shape.m as usize, p.shape.n as usize);
-        let foldable = matches!(plan.kernel.variant, MatmulVariant::Simt(_)) && m > 0 && n > 0;
+        let s = &p.shape;
+        let foldable = plan.splits <= 1
+            && matches!(plan.kernel.variant, MatmulVariant::Simt(_))
+            && s.m > 0
+            && s.n > 0;
         if !foldable {
             return Ok((p.run(&plan)?, other.sum(0)?.to_dtype(p.out)?));
         }
-        p.epilogue.col_sums = true;
-        let device = self.device();
-        if plan.splits <= 1 {
-            let mut kernel = plan.kernel;
-            kernel.epilogue.col_sums = true;
-            let sums = Tensor::empty(device, &[n], p.out)?;
-            p.sums = Some(sums.clone());
-            let out = p.output()?;
-            p.record(&kernel, &out)?;
-            return Ok((out, sums));
-        }
-        // Split over k: each range's column sums follow its M×N block in the workspace, and
-        // the pass summing the ranges sums them too; the product and the sums are views of
-        // its one output.
-        let (sub, kernel) = p
-            .split(plan.kernel.variant, plan.splits, plan.kernel.subgroup)
-            .ok_or_else(|| {
-                invalid(format!(
-                    "this product cannot be split {} ways with variant {}",
-                    plan.splits,
-                    plan.kernel.variant.label()
-                ))
-            })?;
-        let len = m * n + n;
-        let partials = Tensor::empty(device, &[plan.splits as usize, len], DType::F32)?;
-        p.sums = Some(partials.narrow(1, m * n, n)?);
-        p.record_shape(&kernel, &sub, &partials)?;
-        let both = Tensor::empty(device, &[len], p.out)?;
-        device.sum_partial_rows(
-            partials.buffer()?,
-            both.buffer()?,
-            None,
-            (plan.splits, to_u32("split-K product", len)?),
-            p.out,
-        )?;
-        let product = both.narrow(0, 0, m * n)?.reshape(&[m, n])?;
-        Ok((product, both.narrow(0, m * n, n)?))
+        let mut kernel = plan.kernel;
+        kernel.epilogue.col_sums = true;
+        let sums = Tensor::empty(self.device(), &[s.n as usize], p.out)?;
+        p.sums = Some(sums.clone());
+        let out = p.output()?;
+        p.record(&kernel, &out)?;
+        Ok((out, sums))
     }
 
     /// `matmul_opts` writing into `out`, a dense tensor of the result's shape and dtype
