@@ -328,8 +328,8 @@ fn every_simt_variant() {
 /// weight and bias gradients). Every SIMT variant folds the sums into the product's launch;
 /// checked in all four transposes at odd sizes (several tile rows and columns, a k tail, no
 /// vector accesses) and aligned ones, and in f16/bf16. The default choice (cooperative
-/// fragments on a GPU) sums in a reduction after the product. Operands that need a gradient
-/// or are not 2-D are errors.
+/// fragments on a GPU) and products past 2^30 FLOPs sum in a reduction after the product.
+/// Operands that need a gradient or are not 2-D are errors.
 #[test]
 fn products_with_column_sums() {
     let check = |m: usize, n: usize, k: usize, trans: (bool, bool), dtype: DType, v, seed| {
@@ -390,6 +390,8 @@ fn products_with_column_sums() {
         check(96, 72, 50, (true, false), dtype, None, 790);
     }
     check(200, 96, 130, (true, false), DType::F32, None, 791);
+    // Past `COL_SUMS_MAX_FLOPS` (2^30) the sums come from a reduction after the product.
+    check(512, 512, 2048, (true, false), DType::F32, None, 793);
 
     let a = Tensor::from_slice(device(), &random(12, DType::F32, 1), &[3, 4]).unwrap();
     let b = Tensor::from_slice(device(), &random(8, DType::F32, 2), &[4, 2]).unwrap();

@@ -23,6 +23,14 @@ use crate::device::KernelKey;
 use crate::layout::Dims;
 use crate::{DType, Error, Result, Tensor};
 
+/// Largest product (FLOPs) into which `matmul_col_sums` folds the column sums. Below it
+/// the products are small and the saved dispatch is host time (a 12-block step's bias
+/// gradients: 48 dispatches); above it the sums' registers cost the kernel more than the
+/// reduction pass they save. On an H100 (session 28), the GPT-2 MLP block's f32 weight
+/// gradients (39 GFLOP, split 4 ways over k) took 907 µs with the sums against 868
+/// without, where each bias reduction took ~17 µs.
+const COL_SUMS_MAX_FLOPS: f64 = (1u64 << 30) as f64;
+
 /// What to fuse into a matmul and how to run it. `Default`: plain `a·b` in `a`'s dtype.
 #[derive(Clone, Copy, Debug)]
 pub struct MatmulOptions<'a> {
@@ -554,8 +562,9 @@ impl Tensor {
 
     /// `(self · other, Σ_k other[k, ·])` for 2-D operands: a product and the column sums
     /// of its right operand, in the output dtype. Where the kernel chosen for the product
-    /// can fold the sums in (`Epilogue::col_sums`: a SIMT tile, k not split) one launch
-    /// computes both, else a reduction follows. This is a linear layer's weight and bias
+    /// can fold the sums in (`Epilogue::col_sums`: a SIMT tile, k not split) and the
+    /// product is small (`COL_SUMS_MAX_FLOPS`), one launch computes both, else a reduction
+    /// follows. This is a linear layer's weight and bias
     /// gradients (dW = Xᵀ·dY, db = Σ rows of dY), which the matmul backward rule takes from
     /// here. `variant` forces the product's kernel as `MatmulOptions::variant` does. Records
     /// no gradient: an error for operands that need one (call it under `no_grad`).
@@ -588,6 +597,7 @@ impl Tensor {
         let s = &p.shape;
         let foldable = plan.splits <= 1
             && matches!(plan.kernel.variant, MatmulVariant::Simt(_))
+            && s.flops() < COL_SUMS_MAX_FLOPS
             && s.m > 0
             && s.n > 0;
         if !foldable {
