@@ -139,7 +139,6 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
         },
         |k, base_a, base_b| {
             let mut sums: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
-
             for kk in 0..BK_SIMT {
                 let a: Vec<Val> = (0..gm)
                     .map(|g| {

@@ -141,7 +141,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
         // The bias gradient, g's column sums, comes out of the weight gradient's product
         // where its kernel can fold them in (gz is g there only when alpha is 1).
         let bias_needed = bias_of.is_some() && needs[2];
-        let (dw, mut db) = match needs[1] {
+        let (dw, db) = match needs[1] {
             true => {
                 let (dw, db) = weight_grad(&ad, &bd, &gz, bias_needed && alpha == 1.0)?;
                 (Some(dw), db)
@@ -149,16 +149,20 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
             false => (None, None),
         };
         grads.push(dw);
-        for (shape, dtype) in bias_of.iter().chain(&residual_of) {
-            let need = needs[grads.len()];
-            let summed = match grads.len() {
-                2 => db.take(),
-                _ => None,
-            };
-            grads.push(match (need, summed) {
-                (true, Some(db)) => Some(db.to_dtype(*dtype)?),
-                (true, None) => Some(reduce_to(&g, shape)?.to_dtype(*dtype)?),
+        // The bias's gradient (folded above or summed here), then the residual's: g reduced
+        // to their shapes and cast to their dtypes.
+        let reduced = |(shape, dtype): &(Vec<usize>, DType)| reduce_to(&g, shape)?.to_dtype(*dtype);
+        if let Some(bias) = &bias_of {
+            grads.push(match (needs[2], db) {
+                (true, Some(db)) => Some(db.to_dtype(bias.1)?),
+                (true, None) => Some(reduced(bias)?),
                 (false, _) => None,
+            });
+        }
+        if let Some(residual) = &residual_of {
+            grads.push(match needs[grads.len()] {
+                true => Some(reduced(residual)?),
+                false => None,
             });
         }
         Ok(grads)

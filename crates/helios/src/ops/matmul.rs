@@ -564,10 +564,10 @@ impl Tensor {
     /// of its right operand, in the output dtype. Where the kernel chosen for the product
     /// can fold the sums in (`Epilogue::col_sums`: a SIMT tile, k not split) and the
     /// product is small (`COL_SUMS_MAX_FLOPS`), one launch computes both, else a reduction
-    /// follows. This is a linear layer's weight and bias
-    /// gradients (dW = Xᵀ·dY, db = Σ rows of dY), which the matmul backward rule takes from
-    /// here. `variant` forces the product's kernel as `MatmulOptions::variant` does. Records
-    /// no gradient: an error for operands that need one (call it under `no_grad`).
+    /// follows. This is a linear layer's weight and bias gradients (dW = Xᵀ·dY, db = Σ rows
+    /// of dY), which the matmul backward rule takes from here. `variant` forces the
+    /// product's kernel as `MatmulOptions::variant` does. Records no gradient: an error for
+    /// operands that need one (call it under `no_grad`).
     pub fn matmul_col_sums(
         &self,
         other: &Tensor,
@@ -601,7 +601,8 @@ impl Tensor {
             && s.m > 0
             && s.n > 0;
         if !foldable {
-            return Ok((p.run(&plan)?, other.sum(0)?.to_dtype(p.out)?));
+            // `other` is in the output dtype (no `out` option here).
+            return Ok((p.run(&plan)?, other.sum(0)?));
         }
         let mut kernel = plan.kernel;
         kernel.epilogue.col_sums = true;
