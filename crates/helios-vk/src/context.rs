@@ -84,8 +84,9 @@ pub struct ContextOptions {
     pub verbose: bool,
     /// `HELIOS_BATCH=<n>`: dispatches per submitted batch (0 means the default).
     pub batch_limit: u32,
-    /// `HELIOS_SPIN_US=<µs>`: how long a host wait polls before sleeping.
-    pub spin_us: u32,
+    /// `HELIOS_SPIN_US=<µs>`: how long a host wait polls before sleeping; `None`: the
+    /// device's default (`GPU_SPIN_US` on GPUs, `CPU_SPIN_US` on CPU devices).
+    pub spin_us: Option<u32>,
     /// `HELIOS_TRANSFER_QUEUE=0` keeps staged copies on the compute queue even where a
     /// dedicated transfer queue exists.
     pub transfer_queue: bool,
@@ -117,7 +118,7 @@ impl Default for ContextOptions {
             profile: false,
             verbose: false,
             batch_limit: DEFAULT_BATCH,
-            spin_us: DEFAULT_SPIN_US,
+            spin_us: None,
             transfer_queue: true,
             bar: true,
             submit_thread: None,
@@ -135,7 +136,7 @@ impl ContextOptions {
             profile: env::flag(HELIOS_PROFILE)?.unwrap_or(false),
             verbose: env::flag(HELIOS_VERBOSE)?.unwrap_or(false),
             batch_limit: env::u32_or(env::HELIOS_BATCH, DEFAULT_BATCH)?,
-            spin_us: env::u32_or(env::HELIOS_SPIN_US, DEFAULT_SPIN_US)?,
+            spin_us: env::u32_opt(env::HELIOS_SPIN_US)?,
             transfer_queue: env::flag(env::HELIOS_TRANSFER_QUEUE)?.unwrap_or(true),
             bar: env::flag(env::HELIOS_BAR)?.unwrap_or(true),
             submit_thread: env::flag(env::HELIOS_SUBMIT_THREAD)?,
@@ -284,7 +285,12 @@ impl Context {
                 Mutex::new(Pool::new(MemoryLocation::HostVisible)),
             ],
             next_block: AtomicU64::new(1),
-            spin: Duration::from_micros(options.spin_us.into()),
+            spin: Duration::from_micros(u64::from(options.spin_us.unwrap_or(
+                match caps.device_type {
+                    crate::DeviceType::Cpu => CPU_SPIN_US,
+                    _ => GPU_SPIN_US,
+                },
+            ))),
             me: me.clone(),
             jobs,
             has_worker: worker.is_some(),
@@ -447,9 +453,19 @@ pub fn pick_transfer_family(families: &[QueueFamily]) -> Option<u32> {
         .map(|q| q.index)
 }
 
-/// Default for `HELIOS_SPIN_US`: long enough to catch a short kernel, short enough not to
-/// burn a core while a long one runs.
-const DEFAULT_SPIN_US: u32 = 1000;
+/// Default for `HELIOS_SPIN_US` on GPUs: a host wait polls for up to 100 ms before it
+/// sleeps in the driver, as CUDA's default wait spins. Waking from that sleep costs about
+/// 100 µs on the H100 host (a VM): `bench graph` mlp_block took 5672 µs (f32) and 1602
+/// (bf16) a step at 1 ms, 5578 and 1486 polling throughout (session 29, medians of four
+/// alternating runs), against 5423 and 1359 of GPU time. Past the first millisecond the
+/// poll yields the core between reads (`Context::wait_timeline`); a wait longer than 100 ms
+/// pays the wake-up, under 0.1% of it.
+const GPU_SPIN_US: u32 = 100_000;
+
+/// Default for `HELIOS_SPIN_US` on CPU devices (lavapipe): long enough to catch a short
+/// kernel, short enough not to take a core from the device's own threads while a long one
+/// runs.
+const CPU_SPIN_US: u32 = 1000;
 
 /// The queue family Helios submits to: the first with graphics and compute (the universal
 /// family, which every driver schedules well), else the first with compute. A dedicated

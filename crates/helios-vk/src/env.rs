@@ -78,14 +78,20 @@ fn parse_bytes(v: &str) -> Option<u64> {
 
 /// Reads an unsigned integer; unset or blank gives `default`.
 pub fn u32_or(name: &'static str, default: u32) -> Result<u32> {
-    match string(name) {
-        None => Ok(default),
-        Some(v) => v.parse().map_err(|_| Error::BadEnvVar {
-            name,
-            value: v,
-            expected: "an unsigned integer",
-        }),
-    }
+    Ok(u32_opt(name)?.unwrap_or(default))
+}
+
+/// `name` as an unsigned integer, `None` where it is unset.
+pub fn u32_opt(name: &'static str) -> Result<Option<u32>> {
+    string(name)
+        .map(|v| {
+            v.parse().map_err(|_| Error::BadEnvVar {
+                name,
+                value: v,
+                expected: "an unsigned integer",
+            })
+        })
+        .transpose()
 }
 
 /// `HELIOS_TRANSFER_QUEUE=0`: staged copies stay on the compute queue.

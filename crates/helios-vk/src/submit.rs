@@ -260,25 +260,33 @@ impl Context {
     }
 
     /// Waits until `semaphore` reaches `value`: polls `completed` for up to the spin time
-    /// (a blocking wait costs tens of microseconds of wake-up latency, which a short GPU job
-    /// would otherwise pay on every read-back), then blocks in the driver. Returns the value
-    /// reached.
+    /// (waking from a blocking wait costs about 100 µs on a VM host, which every step that
+    /// ends in a host wait would otherwise pay), then blocks in the driver. Past
+    /// `YIELD_AFTER` the poll gives the core to any other runnable thread between reads.
+    /// Returns the value reached.
     pub(crate) fn wait_timeline(
         &self,
         semaphore: vk::Semaphore,
         value: u64,
         completed: impl Fn() -> Result<u64>,
     ) -> Result<u64> {
+        /// How long a wait polls with the CPU's spin hint only.
+        const YIELD_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
         let start = std::time::Instant::now();
         loop {
             let done = completed()?;
             if done >= value {
                 return Ok(done);
             }
-            if start.elapsed() >= self.spin {
+            let waited = start.elapsed();
+            if waited >= self.spin {
                 break;
             }
-            std::hint::spin_loop();
+            if waited >= YIELD_AFTER {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
         let semaphores = [semaphore];
         let values = [value];

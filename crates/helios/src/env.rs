@@ -6,7 +6,7 @@
 //! | `HELIOS_DEVICE=<index or name>` | pick a device other than the best one (`helios info` lists them) |
 //! | `HELIOS_BINDING=address\|descriptor` | how kernels receive buffers: device addresses in push constants (default) or push descriptors |
 //! | `HELIOS_BATCH=<n>` | dispatches per submitted batch (default 256; 1 submits every op alone) |
-//! | `HELIOS_SPIN_US=<µs>` | how long a host wait polls the GPU before sleeping (default 1000) |
+//! | `HELIOS_SPIN_US=<µs>` | how long a host wait polls the GPU before sleeping (default 100000 on GPUs, 1000 on CPU devices) |
 //! | `HELIOS_PROFILE=1` | GPU timestamps around every dispatch; `Device::profile_report()` gives the per-kernel table |
 //! | `HELIOS_TRANSFER_QUEUE=0` | staged copies stay on the compute queue |
 //! | `HELIOS_BAR=0` | device-local buffers never use the host-visible (BAR) memory type |
