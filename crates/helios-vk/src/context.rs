@@ -455,11 +455,15 @@ pub fn pick_transfer_family(families: &[QueueFamily]) -> Option<u32> {
 
 /// Default for `HELIOS_SPIN_US` on GPUs: a host wait polls for up to 100 ms before it
 /// sleeps in the driver, as CUDA's default wait spins. Waking from that sleep costs about
-/// 100 µs on the H100 host (a VM): `bench graph` mlp_block took 5672 µs (f32) and 1602
-/// (bf16) a step at 1 ms, 5578 and 1486 polling throughout (session 29, medians of four
-/// alternating runs), against 5423 and 1359 of GPU time. Past the first millisecond the
-/// poll yields the core between reads (`Context::wait_timeline`); a wait longer than 100 ms
-/// pays the wake-up, under 0.1% of it.
+/// 100 µs on the H100 host (a VM), and every training step ends in a wait:
+/// - `bench graph` mlp_block took 5672 µs (f32) and 1602 (bf16) a step at 1 ms, 5578 and
+///   1486 polling throughout, against 5423 and 1359 of GPU time (session 29, medians of
+///   four alternating runs);
+/// - `bench train` GPT-2 bf16 took 37.9 and 38.0 ms a step against 38.2 and 38.4.
+///
+/// Past the first millisecond the poll yields the core between reads
+/// (`Context::wait_timeline`); host12 measured no slower for it, nor faster without the
+/// yield. A wait longer than 100 ms pays the wake-up, under 0.1% of it.
 const GPU_SPIN_US: u32 = 100_000;
 
 /// Default for `HELIOS_SPIN_US` on CPU devices (lavapipe): long enough to catch a short
