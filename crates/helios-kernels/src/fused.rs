@@ -331,10 +331,10 @@ impl FusedKernel {
         params.split_at(usize::from(self.scalars))
     }
 
-    /// Output 0's value (rounded to its storage, as a stored value would be) at element `at`
-    /// (`lanes` 1) or at the four elements of vec4 `at` (`lanes` 4: one vector evaluation
-    /// when `vectorized`, else one per element), inside another kernel: a reduction's
-    /// prologue.
+    /// The root's value (the last output, rounded to its storage, as a stored value would
+    /// be) at element `at` (`lanes` 1) or at the four elements of vec4 `at` (`lanes` 4: one
+    /// vector evaluation when `vectorized`, else one per element), inside another kernel: a
+    /// reduction's prologue.
     pub(crate) fn value_at(
         &self,
         k: &mut KernelBuilder,
@@ -343,21 +343,43 @@ impl FusedKernel {
         at: Val,
         lanes: u8,
     ) -> Val {
+        let root = self.outputs.len() - 1;
+        self.outputs_at(k, inputs, params, at, lanes, root..root + 1)[0]
+    }
+
+    /// `value_at` for every output in `which`, each rounded to its storage: a prologue that
+    /// also stores the members held outside its group.
+    pub(crate) fn outputs_at(
+        &self,
+        k: &mut KernelBuilder,
+        inputs: &[Buffer],
+        params: &[Val],
+        at: Val,
+        lanes: u8,
+        which: std::ops::Range<usize>,
+    ) -> Vec<Val> {
         if lanes == 4 && !self.vectorized() {
             let two = k.u32(2);
             let e0 = k.shl(at, two);
-            let parts: Vec<Val> = (0..4)
+            let per_element: Vec<Vec<Val>> = (0..4)
                 .map(|j| {
                     let off = k.u32(j);
                     let e = k.add(e0, off);
-                    self.value_at(k, inputs, params, e, 1)
+                    self.outputs_at(k, inputs, params, e, 1, which.clone())
                 })
                 .collect();
-            return k.vector(&parts);
+            return (0..which.len())
+                .map(|o| {
+                    let parts: Vec<Val> = per_element.iter().map(|v| v[o]).collect();
+                    k.vector(&parts)
+                })
+                .collect();
         }
         let vals = self.values(k, inputs, params, at, lanes);
-        let (o, s) = self.outputs[0];
-        round(k, vals[o as usize], s)
+        self.outputs[which]
+            .iter()
+            .map(|&(o, s)| round(k, vals[o as usize], s))
+            .collect()
     }
 
     /// Emits the kernel. Push constants: each input's address, then each output's.

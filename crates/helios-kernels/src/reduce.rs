@@ -117,6 +117,11 @@ pub struct ReduceKernel {
     /// never stores it. Its inputs take the tensor's place among the buffers and its scalars
     /// follow the kernel's own push constants.
     pub prologue: Option<Arc<FusedKernel>>,
+    /// With a prologue: the step also stores every output of it where it computes them
+    /// (each dense, in its own buffer after the kernel's others). A pending group that
+    /// something else still reads is then stored and reduced in one pass over its inputs,
+    /// where it would otherwise be stored by its own kernel and read back.
+    pub store_prologue: bool,
     /// Combine over columns with `outer` = 2 (a sum) whose two halves are separate buffers:
     /// partial rows `x` → `y` and `x2` → `y2`, each from its start. A layer norm's dgamma
     /// and dbeta in one dispatch.
@@ -242,6 +247,7 @@ pub fn plan(
         prologue: (stage != Stage::Combine)
             .then(|| prologue.clone())
             .flatten(),
+        store_prologue: false,
         split_outer: false,
     };
     let target = u64::from(setup.target_groups.max(1));
@@ -399,6 +405,8 @@ struct Bufs {
     y: Option<Buffer>,
     y2: Option<Buffer>,
     yi: Option<Buffer>,
+    /// `store_prologue`: one buffer per prologue output, with its storage.
+    pro_out: Vec<(Buffer, Storage)>,
 }
 
 /// Per-invocation accumulator.
@@ -407,6 +415,22 @@ struct Acc {
     value: helios_spirv::Var,
     /// ArgMax: index of the best key.
     index: Option<helios_spirv::Var>,
+}
+
+/// The prologue's root value at element `at` (`lanes` 1) or vec4 `at` (`lanes` 4), for the
+/// reduction to fold; with `store_prologue`, every output of the prologue is stored there
+/// first. Both layouts evaluate each element exactly once (a row's edge elements one by
+/// one, inside the row only), so each stored element is written once.
+fn prologue_value(k: &mut KernelBuilder, pro: &FusedKernel, b: &Bufs, at: Val, lanes: u8) -> Val {
+    if b.pro_out.is_empty() {
+        return pro.value_at(k, &b.pro, &b.pro_params, at, lanes);
+    }
+    let n = pro.outputs.len();
+    let vals = pro.outputs_at(k, &b.pro, &b.pro_params, at, lanes, 0..n);
+    for (&v, &(buf, s)) in vals.iter().zip(&b.pro_out) {
+        store_f32(k, buf, at, v, s);
+    }
+    vals[n - 1]
 }
 
 impl ReduceKernel {
@@ -426,8 +450,9 @@ impl ReduceKernel {
             .as_ref()
             .map_or(String::new(), |p| format!("_of_{}", p.name()));
         let split = if self.split_outer { "_2out" } else { "" };
+        let stored = if self.store_prologue { "_stored" } else { "" };
         format!(
-            "reduce_{}{of}_{stage}_{layout}{split}_{}_{}_u{}_wg{}",
+            "reduce_{}{of}{stored}_{stage}_{layout}{split}_{}_{}_u{}_wg{}",
             self.op.name(),
             self.storage.name(),
             self.reducer.tag(),
@@ -473,6 +498,18 @@ impl ReduceKernel {
             .split_outer
             .then(|| k.buffer("y2", buffer_scalar(self.storage), Access::Write));
         let yi = argmax.then(|| k.buffer("y_index", Scalar::U32, Access::Write));
+        let pro_out = match (&self.prologue, self.store_prologue) {
+            (Some(p), true) => p
+                .outputs
+                .iter()
+                .enumerate()
+                .map(|(i, &(_, s))| {
+                    let name = format!("stored{i}");
+                    (k.buffer(&name, buffer_scalar(s), Access::Write), s)
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         Bufs {
             x,
             pro,
@@ -482,6 +519,7 @@ impl ReduceKernel {
             y,
             y2,
             yi,
+            pro_out,
         }
     }
 
@@ -623,7 +661,7 @@ impl ReduceKernel {
                         (v, i)
                     } else if let Some(pro) = &self.prologue {
                         let value = |k: &mut KernelBuilder, at: Val, lanes: u8| {
-                            pro.value_at(k, &b.pro, &b.pro_params, at, lanes)
+                            prologue_value(k, pro, b, at, lanes)
                         };
                         (r.load_with(k, s, self.fill(), value), None)
                     } else {
@@ -746,7 +784,7 @@ impl ReduceKernel {
                         // Element `e` alone, or the vec4 `slot` starting there.
                         Some(pro) => {
                             let at = if vec == 1 { e } else { slot };
-                            pro.value_at(k, &b.pro, &b.pro_params, at, vec)
+                            prologue_value(k, pro, b, at, vec)
                         }
                         None => crate::storage::load_f32(k, b.x, slot, vec, self.storage),
                     }
@@ -984,16 +1022,22 @@ impl ReduceKernel {
         Ok(Launch { groups, push })
     }
 
-    /// Buffers the kernel takes: x (or the prologue's inputs), [x_index], [y], [y_index].
+    /// Buffers the kernel takes: x (or the prologue's inputs), [x_index], [y], [y_index],
+    /// [the prologue's stored outputs].
     pub fn buffer_count(&self) -> usize {
         let argmax = self.op == Reduction::ArgMax;
         let xi = argmax && self.stage == Stage::Combine;
         let y = self.stage == Stage::Partial || !argmax;
         let x = self.prologue.as_ref().map_or(1, |p| p.inputs.len());
+        let stored = match (&self.prologue, self.store_prologue) {
+            (Some(p), true) => p.outputs.len(),
+            _ => 0,
+        };
         x + usize::from(xi)
             + usize::from(y)
             + 2 * usize::from(self.split_outer)
             + usize::from(argmax)
+            + stored
     }
 
     /// A representative set of kernels (every op, stage and layout) for validation.
@@ -1036,6 +1080,7 @@ impl ReduceKernel {
                         workgroup: 256,
                         binding,
                         prologue: None,
+                        store_prologue: false,
                         split_outer: false,
                     });
                 }
@@ -1053,11 +1098,13 @@ impl ReduceKernel {
                 workgroup: 256,
                 binding,
                 prologue: None,
+                store_prologue: false,
                 split_outer: true,
             });
         }
         // Prologues: a vectorizable one (a dense f32 times a broadcast bf16 row) and one that
-        // is not (a 3-wide row, f16), in each layout and stage that reads the tensor.
+        // is not (a 3-wide row, f16), in each layout and stage that reads the tensor, each also
+        // storing its outputs.
         let pro = |n: u32, inner: u32, dtype: Storage| {
             let input = |strides: [u32; 2], dtype| crate::fused::FusedInput {
                 dtype,
@@ -1093,18 +1140,26 @@ impl ReduceKernel {
                         vec: 4 - 3 * i as u8,
                     },
                 ] {
-                    out.push(ReduceKernel {
-                        op: Reduction::ALL[i * 2],
-                        storage: p.outputs[0].1,
-                        stage,
-                        layout,
-                        unroll: 4,
-                        reducer: reducers[i],
-                        workgroup: 256,
-                        binding,
-                        prologue: Some(p.clone()),
-                        split_outer: false,
-                    });
+                    for store_prologue in [false, true] {
+                        // Stored, the product (a member) is an output besides the root.
+                        let mut p = (*p).clone();
+                        if store_prologue {
+                            p.outputs.insert(0, (2, Storage::F32));
+                        }
+                        out.push(ReduceKernel {
+                            op: Reduction::ALL[i * 2],
+                            storage: p.outputs[p.outputs.len() - 1].1,
+                            stage,
+                            layout,
+                            unroll: 4,
+                            reducer: reducers[i],
+                            workgroup: 256,
+                            binding,
+                            prologue: Some(Arc::new(p)),
+                            store_prologue,
+                            split_outer: false,
+                        });
+                    }
                 }
             }
         }

@@ -110,6 +110,17 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
     let residual_of = residual.map(|t| (t.shape().to_vec(), t.dtype()));
     let mut y = record("matmul", &linked, z, move |g, needs| {
         let g = g.to_dtype(ad.dtype())?;
+        // The bias's and the residual's gradients: g reduced to their shapes and cast.
+        let reduced = |(shape, dtype): &(Vec<usize>, DType)| reduce_to(&g, shape)?.to_dtype(*dtype);
+        let bias_needed = bias_of.is_some() && needs[2];
+        // Where g is still pending (an activation's backward in f16/bf16, whose product does
+        // not compute it), the bias gradient's reduction comes first: it computes g in its
+        // loads and stores it for the products (`lazy::with_prologue`), where g would
+        // otherwise be stored by its own kernel and read again by the reduction.
+        let early_db = match &bias_of {
+            Some(bias) if bias_needed && !g.is_realized() => Some(reduced(bias)?),
+            _ => None,
+        };
         let gz = match alpha == 1.0 {
             true => g.clone(),
             false => g.mul_scalar(alpha)?,
@@ -138,25 +149,25 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
             (true, _) => Some(reduce_to(&gz.matmul(&bt)?, ad.shape())?),
             (false, _) => None,
         });
-        // The bias gradient, g's column sums, comes out of the weight gradient's product
-        // where its kernel can fold them in (gz is g there only when alpha is 1).
-        let bias_needed = bias_of.is_some() && needs[2];
+        // Otherwise the bias gradient, g's column sums, comes out of the weight gradient's
+        // product where its kernel can fold them in (gz is g there only when alpha is 1).
+        let fold = bias_needed && alpha == 1.0 && early_db.is_none();
         let (dw, db) = match needs[1] {
             true => {
-                let (dw, db) = weight_grad(&ad, &bd, &gz, bias_needed && alpha == 1.0)?;
+                let (dw, db) = weight_grad(&ad, &bd, &gz, fold)?;
                 (Some(dw), db)
             }
             false => (None, None),
         };
         grads.push(dw);
-        // The bias's gradient (folded above or summed here), then the residual's: g reduced
-        // to their shapes and cast to their dtypes.
-        let reduced = |(shape, dtype): &(Vec<usize>, DType)| reduce_to(&g, shape)?.to_dtype(*dtype);
+        // The bias's gradient (computed early, folded above or summed here), then the
+        // residual's.
         if let Some(bias) = &bias_of {
-            grads.push(match (needs[2], db) {
-                (true, Some(db)) => Some(db.to_dtype(bias.1)?),
-                (true, None) => Some(reduced(bias)?),
-                (false, _) => None,
+            grads.push(match (needs[2], early_db, db) {
+                (true, Some(db), _) => Some(db),
+                (true, None, Some(db)) => Some(db.to_dtype(bias.1)?),
+                (true, None, None) => Some(reduced(bias)?),
+                (false, ..) => None,
             });
         }
         if let Some(residual) = &residual_of {

@@ -126,21 +126,20 @@ impl Tensor {
         self.grad.as_ref()
     }
 
-    /// This tensor's pending element-wise group as a reduction's prologue (see
-    /// `lazy::prologue`), when nothing else can ever read its values: no other handle on
-    /// this tensor or its array, no gradient recording, a dense view of the whole array.
-    pub(crate) fn sole_prologue(&self) -> Result<Option<crate::lazy::Lowered>> {
+    /// Records a reduction of this tensor with its pending element-wise group as the
+    /// prologue (see `lazy::with_prologue`, which passes `reduce` the lowering and the
+    /// buffers to store the group's held members into). `None`, recording nothing: the
+    /// tensor is realised, a view of part of its array or not dense, or needs a gradient.
+    pub(crate) fn with_prologue<R>(
+        &self,
+        reduce: impl FnOnce(&mut crate::lazy::Lowered, &[helios_vk::Buffer]) -> Result<R>,
+    ) -> Result<Option<R>> {
         let l = self.layout();
         let whole = l.is_dense() && l.offset() == 0 && l.len() == self.node.len;
-        // A second handle on this tensor (a clone) holds the node too.
-        if Arc::strong_count(&self.node) != 1
-            || !whole
-            || self.node.is_realized()
-            || crate::autograd::any_needs(&[self])
-        {
+        if !whole || self.node.is_realized() || crate::autograd::any_needs(&[self]) {
             return Ok(None);
         }
-        crate::lazy::prologue(&self.node)
+        crate::lazy::with_prologue(&self.node, reduce)
     }
 
     /// Whether the values are computed (or being computed) on the device, rather than

@@ -554,6 +554,123 @@ fn matmul_rules() {
     );
 }
 
+/// A two-layer MLP with biases and a GELU between, in f16 and bf16, where the GELU and its
+/// backward are element-wise passes (the products' epilogues take them only in f32): every
+/// gradient against the f64 CPU reference computed from the same rounded inputs. Each
+/// layer's output gradient reaches its matmul rule still pending (the GELU's backward, and
+/// the loss's cast), so the bias gradient's reduction computes it in its loads and stores
+/// it for the products: two stored prologues in the backward.
+#[test]
+fn low_precision_mlp_gradients() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = StdRng::seed_from_u64(12);
+    let (m, k, h, n) = (24, 16, 20, 12);
+    let gelu =
+        |z: f64| 0.5 * z * (1.0 + (0.797_884_560_802_865_4 * (z + 0.044715 * z.powi(3))).tanh());
+    let dgelu = |z: f64| {
+        let c = 0.797_884_560_802_865_4;
+        let t = (c * (z + 0.044715 * z.powi(3))).tanh();
+        0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * z * z)
+    };
+    for (dtype, tol) in [(DType::F16, 4e-3), (DType::BF16, 3e-2)] {
+        let leaf = |v: Vec<f64>, shape: &[usize]| {
+            let t = up(&v, shape).to_dtype(dtype).unwrap();
+            // The values the GPU sees, for the reference.
+            let seen: Vec<f64> = t.to_vec().unwrap().iter().map(|&x| x.into()).collect();
+            (t.requires_grad_(), seen)
+        };
+        let (x, xv) = leaf(random(&mut rng, m * k, -1.0, 1.0), &[m, k]);
+        let (w1, w1v) = leaf(random(&mut rng, k * h, -0.5, 0.5), &[k, h]);
+        let (b1, b1v) = leaf(random(&mut rng, h, -0.5, 0.5), &[h]);
+        let (w2, w2v) = leaf(random(&mut rng, h * n, -0.5, 0.5), &[h, n]);
+        let (b2, _) = leaf(random(&mut rng, n, -0.5, 0.5), &[n]);
+        let r = random(&mut rng, m * n, -1.0, 1.0);
+        let fc = helios::MatmulOptions {
+            bias: Some(&b1),
+            act: helios::Activation::GeluTanh,
+            ..Default::default()
+        };
+        let proj = helios::MatmulOptions {
+            bias: Some(&b2),
+            ..Default::default()
+        };
+        let y = x
+            .matmul_opts(&w1, &fc)
+            .unwrap()
+            .matmul_opts(&w2, &proj)
+            .unwrap();
+        let loss = y
+            .to_dtype(DType::F32)
+            .unwrap()
+            .mul(&up(&r, &[m, n]))
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let before = graph_stats();
+        loss.backward().unwrap();
+        let grads: Vec<Vec<f64>> = [&x, &w1, &b1, &w2, &b2]
+            .iter()
+            .map(|t| {
+                t.grad()
+                    .unwrap()
+                    .to_vec()
+                    .unwrap()
+                    .iter()
+                    .map(|&v| v.into())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            graph_stats().prologues - before.prologues,
+            2,
+            "{dtype:?}: both bias gradients compute their layer's output gradient"
+        );
+        // The reference, in f64 from the rounded inputs.
+        let z1: Vec<f64> = matmul_cpu(&xv, &w1v, m, k, h)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v + b1v[i % h])
+            .collect();
+        let hv: Vec<f64> = z1.iter().map(|&z| gelu(z)).collect();
+        let dh = matmul_cpu(&r, &transpose(&w2v, h, n), m, n, h);
+        let dz1: Vec<f64> = dh.iter().zip(&z1).map(|(g, &z)| g * dgelu(z)).collect();
+        let col_sums = |g: &[f64], cols: usize| -> Vec<f64> {
+            (0..cols)
+                .map(|j| (0..m).map(|i| g[i * cols + j]).sum())
+                .collect()
+        };
+        let want = [
+            matmul_cpu(&dz1, &transpose(&w1v, k, h), m, h, k),
+            matmul_cpu(&transpose(&xv, m, k), &dz1, k, m, h),
+            col_sums(&dz1, h),
+            matmul_cpu(&transpose(&hv, m, h), &r, h, m, n),
+            col_sums(&r, n),
+        ];
+        for (i, (got, want)) in grads.iter().zip(&want).enumerate() {
+            let err: f64 = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            let norm: f64 = want.iter().map(|b| b * b).sum::<f64>().sqrt();
+            assert!(
+                err <= tol * norm,
+                "{dtype:?} gradient {i} (x, w1, b1, w2, b2): relative error {}",
+                err / norm
+            );
+        }
+    }
+    assert_no_validation_messages();
+}
+
+/// `v` (rows × cols, row-major) transposed.
+fn transpose(v: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    (0..cols * rows)
+        .map(|i| v[(i % rows) * cols + i / rows])
+        .collect()
+}
+
 #[test]
 fn softmax_norm_rules() {
     let mut rng = StdRng::seed_from_u64(6);

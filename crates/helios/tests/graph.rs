@@ -417,42 +417,67 @@ fn reductions(t: &Tensor) -> Vec<(&'static str, Tensor)> {
     ]
 }
 
-/// `f()` reduced with the pending result as the reduction's prologue (no one else holds it)
-/// and reduced after storing it (a second handle forces the store): the prologue computes
-/// the same rounded values the store would hold and the plans are the same, so the results
-/// agree bit for bit. Each reduction of the first kind is one prologue and no fused kernel.
+/// `f()` reduced three ways: with the pending result as the reduction's prologue (no one
+/// else holds it); again with a second handle on it, so that the reduction's first step
+/// also stores it; and after realising it by its own kernel. A prologue computes the same
+/// rounded values a store would hold and the plans are the same, so the three results agree
+/// bit for bit, and so do the stored values and the realised ones. Each of the first two is
+/// one prologue and no fused kernel; the third, a fused kernel and no prologue.
 #[track_caller]
 fn prologue_matches_stored(what: &str, f: &dyn Fn() -> Tensor) {
     let names: Vec<&str> = reductions(&f()).into_iter().map(|(n, _)| n).collect();
+    let bits =
+        |t: &Tensor| -> Vec<u32> { t.to_vec().unwrap().iter().map(|x| x.to_bits()).collect() };
     for (i, name) in names.iter().enumerate() {
-        let t = f();
-        t.realize().ok(); // a no-op for pending results: realising is the reduction's job
-        drop(t);
-        let t = f();
-        let before = graph_stats();
-        let fused = reductions_one(t, i);
-        let after = graph_stats();
-        let t = f();
-        let keep = t.clone();
-        let stored = reductions_one(t, i);
-        let stored_stats = graph_stats();
-        drop(keep);
+        let count = |reduce: &dyn Fn() -> Tensor| {
+            let before = graph_stats();
+            let r = reduce();
+            let after = graph_stats();
+            (
+                r,
+                after.prologues - before.prologues,
+                after.kernels - before.kernels,
+            )
+        };
+        let (sole, sole_pro, sole_kernels) = count(&|| reductions_one(f(), i));
+        let kept = std::cell::RefCell::new(None);
+        let (held, held_pro, held_kernels) = count(&|| {
+            let t = f();
+            *kept.borrow_mut() = Some(t.clone());
+            reductions_one(t, i)
+        });
+        let kept = kept.into_inner().expect("kept");
+        let realised = f();
+        realised.realize().unwrap();
+        let (apart, apart_pro, _) = count(&|| reductions_one(realised.clone(), i));
         assert_eq!(
-            after.prologues - before.prologues,
-            1,
-            "{what} {name}: one prologue"
+            (sole_pro, sole_kernels),
+            (1, 0),
+            "{what} {name}: sole prologue"
         );
         assert_eq!(
-            after.kernels, before.kernels,
-            "{what} {name}: no fused kernel of its own"
+            (held_pro, held_kernels),
+            (1, 0),
+            "{what} {name}: held prologue"
+        );
+        assert_eq!(apart_pro, 0, "{what} {name}: a realised tensor is read");
+        assert!(
+            kept.is_realized(),
+            "{what} {name}: the held result is stored"
         );
         assert_eq!(
-            stored_stats.prologues, after.prologues,
-            "{what} {name}: a held result is stored, not recomputed"
+            bits(&kept),
+            bits(&realised),
+            "{what} {name}: the stored values are the realised ones"
         );
-        let (g, s) = (fused.to_vec().unwrap(), stored.to_vec().unwrap());
-        let same = g.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{what} {name}: prologue {g:?} stored {s:?}");
+        let (s, h, a) = (bits(&sole), bits(&held), bits(&apart));
+        assert!(
+            s == h && h == a,
+            "{what} {name}: sole {:?} held {:?} apart {:?}",
+            sole.to_vec().unwrap(),
+            held.to_vec().unwrap(),
+            apart.to_vec().unwrap()
+        );
     }
 }
 

@@ -24,8 +24,10 @@
 //!    buffer returns to the pool once its last reader is recorded). Members nothing else
 //!    holds become this thread's spare nodes, whose allocations later nodes reuse.
 //!
-//! A reduction of a pending result nothing else holds takes the group as its prologue
-//! instead (`prologue`): the reduction computes the elements where it would load them.
+//! A reduction of a pending result takes the group as its prologue instead
+//! (`with_prologue`): the reduction computes the elements where it would load them, and
+//! its first step also stores the members something else holds (the root included, if it
+//! is held), which it would otherwise read back after their own kernel stored them.
 //!
 //! This file holds the nodes, the pending ops and the realisation's entry points, with
 //! pass 4; the fusion group, its collection and its lowering (passes 1 to 3) are in `group`.
@@ -652,33 +654,77 @@ impl Lowered {
 }
 
 /// The pending group ending at `root` lowered as a reduction's prologue: the reduction
-/// computes the root's elements where it would load them, so the root is never stored.
-/// Only when the root is the group's one output and no one but the caller's tensor holds it
-/// (`root` is that tensor's reference): fusion never recomputes, so a value someone may
-/// still read is stored as usual (`None`). Prerequisites are realised first. The members
-/// stay pending (held by the caller's tensor), but nothing will ever read them.
-pub(crate) fn prologue(root: &Arc<Node>) -> Result<Option<Lowered>> {
+/// computes the group's elements where it would load the root's, and `reduce` records it,
+/// given the lowering (whose kernel and leaves it may take) and the buffers the reduction
+/// must also store the group's outputs into. Prerequisites are realised first. `None`
+/// (nothing recorded): fusion is off, the root is realised, or a group to store has too
+/// many buffers for the reduction's push constants.
+///
+/// - Where no one but the caller's tensor holds the root (`root` is that tensor's
+///   reference) and no one outside the group holds another member, nothing is stored (the
+///   buffers are none). The members stay pending, held by the caller's tensor, but nothing
+///   will ever read them.
+/// - Otherwise the reduction stores what realising the group would store: every member held
+///   outside it, and the root (fusion never recomputes, so a value someone may still read
+///   is stored). Those members are then realised, as if by their own kernel, which the
+///   reduction saves: a second pass over the group's result, and a dispatch. A method
+///   chain's temporaries hold their members; so does a gradient that a linear layer's
+///   backward both reduces (the bias) and multiplies.
+pub(crate) fn with_prologue<R>(
+    root: &Arc<Node>,
+    reduce: impl FnOnce(&mut Lowered, &[Buffer]) -> Result<R>,
+) -> Result<Option<R>> {
     if !crate::env::fusion() {
         return Ok(None);
     }
     let one = crate::realize_lock::lock();
-    let Some(group) = collect_ready(root, &one)? else {
+    let Some(mut group) = collect_ready(root, &one)? else {
         return Ok(None);
     };
     let last = group.len() - 1;
     debug_assert!(Arc::ptr_eq(group.node(last), root), "the root comes last");
+    let mut lowered = Lowered::default();
+    lower(&group, root, &mut lowered)?;
+    let count = |group: &Group<'_>| {
+        NODES.fetch_add(group.len() as u64, Ordering::Relaxed);
+        PROLOGUES.fetch_add(1, Ordering::Relaxed);
+    };
     // Besides its uses inside the group, the root is held by the group and the caller's
     // tensor; every other member by no one.
     let held_outside = |j: usize| group.held_outside(j) > if j == last { 2 } else { 0 };
-    if (0..group.len()).any(held_outside) {
+    if !(0..group.len()).any(held_outside) {
+        debug_assert_eq!(lowered.outputs[..], [last], "the root alone is an output");
+        count(&group);
+        return reduce(&mut lowered, &[]).map(Some);
+    }
+    let ctx = root.device().context();
+    // The reduction's push constants hold the group's addresses, its own (at most three)
+    // and its seven parameters: past the device's budget, the group is realised apart.
+    let push = FusedKernel::push_bytes(
+        lowered.kernel.inputs.len() + 3,
+        lowered.outputs.len(),
+        lowered.scalars.len() + 7,
+    );
+    if push > ctx.caps().limits.max_push_constants_size {
         return Ok(None);
     }
-    let mut lowered = Lowered::default();
-    lower(&group, root, &mut lowered)?;
-    debug_assert_eq!(lowered.outputs[..], [last], "the root alone is stored");
-    NODES.fetch_add(group.len() as u64, Ordering::Relaxed);
-    PROLOGUES.fetch_add(1, Ordering::Relaxed);
-    Ok(Some(lowered))
+    let mut buffers: smallvec::SmallVec<[Buffer; 4]> = smallvec::SmallVec::new();
+    for &o in lowered.outputs.iter() {
+        let m = group.node(o);
+        let bytes = (m.len * m.dtype.size()).max(4) as u64;
+        buffers.push(ctx.create_buffer(bytes, MemoryLocation::DeviceLocal)?);
+    }
+    count(&group);
+    let out = reduce(&mut lowered, &buffers)?;
+    OUTPUTS.fetch_add(lowered.outputs.len() as u64, Ordering::Relaxed);
+    for (&o, b) in lowered.outputs.iter().zip(buffers) {
+        let _ = group.node(o).buffer.set(b);
+    }
+    // As after `run`: every member's op is done.
+    let members = group.release();
+    lowered.leaves.clear();
+    recycle(members, &one);
+    Ok(Some(out))
 }
 
 /// Each leaf's first element (what a descriptor-bound kernel adds to its indices).

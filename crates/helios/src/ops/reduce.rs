@@ -137,6 +137,7 @@ impl Device {
             workgroup: self.row_workgroup(REDUCE_WORKGROUP),
             binding: self.binding(),
             prologue: None,
+            store_prologue: false,
             split_outer: second.is_some(),
         };
         let dims = reduce::Dims::Columns {
@@ -363,39 +364,60 @@ impl Tensor {
     fn record_reduce(
         &self,
         op: Reduction,
-        (outer, len, inner): (u64, u64, u64),
+        dims: (u64, u64, u64),
         y: Option<&Buffer>,
         yi: Option<&Buffer>,
     ) -> Result<()> {
+        if op != Reduction::ArgMax {
+            let recorded = self.with_prologue(|lowered, stored| {
+                let empty = crate::lazy::Lowered::default().kernel;
+                let prologue = Prologue {
+                    kernel: Arc::new(std::mem::replace(&mut lowered.kernel, empty)),
+                    leaves: std::mem::take(&mut lowered.leaves),
+                    scalars: std::mem::take(&mut lowered.scalars),
+                    stored,
+                };
+                self.record_steps(op, dims, y, yi, Some(prologue))
+            })?;
+            if recorded.is_some() {
+                return Ok(());
+            }
+        }
+        self.record_steps(op, dims, y, yi, None)
+    }
+
+    /// The reduction's dispatches: from this tensor's buffer, or computing its elements in
+    /// the first step's loads (`prologue`).
+    fn record_steps(
+        &self,
+        op: Reduction,
+        (outer, len, inner): (u64, u64, u64),
+        y: Option<&Buffer>,
+        yi: Option<&Buffer>,
+        prologue: Option<Prologue<'_>>,
+    ) -> Result<()> {
         let device = self.device();
-        let prologue = match op {
-            Reduction::ArgMax => None,
-            _ => self.sole_prologue()?,
-        };
-        let (prologue, leaves, scalars) = match prologue {
-            Some(crate::lazy::Lowered {
-                kernel,
-                leaves,
-                scalars,
-                ..
-            }) => (Some(Arc::new(kernel)), leaves, scalars),
-            None => (None, Vec::new(), Vec::new()),
+        let (kernel, leaves, scalars, stored) = match prologue {
+            Some(p) => (Some(p.kernel), p.leaves, p.scalars, p.stored),
+            None => (None, Vec::new(), Vec::new(), &[][..]),
         };
         let offsets = crate::lazy::element_offsets(&leaves)?;
         // Kernels read row-major data from the start of the buffer: views are gathered first.
-        let x = match prologue {
+        let x = match kernel {
             Some(_) => None,
             None => Some(self.contiguous()?),
         };
-        let steps = reduce::plan(
+        let mut steps = reduce::plan(
             op,
             self.dtype().storage(),
             outer,
             len,
             inner,
             &device.reduce_setup(),
-            prologue.clone(),
+            kernel.clone(),
         )?;
+        // The first step computes the prologue; it stores the group's held members too.
+        steps[0].kernel.store_prologue = !stored.is_empty();
         let scale = match op {
             Reduction::Mean => (1.0 / len as f64) as f32,
             _ => 1.0,
@@ -411,20 +433,40 @@ impl Tensor {
                 .collect::<Result<_>>()?,
         };
         if crate::env::debug() {
-            if let Some(p) = &prologue {
+            if let Some(p) = &kernel {
                 eprintln!(
-                    "helios: {} {} computes {} ({} inputs) in its loads",
+                    "helios: {} {} computes {} ({} inputs) in its loads{}",
                     op.name(),
                     steps[0].kernel.name(),
                     p.name(),
-                    leaves.len()
+                    leaves.len(),
+                    match stored.len() {
+                        0 => String::new(),
+                        n => format!(", storing {n} of its values"),
+                    }
                 );
             }
         }
         let outputs: smallvec::SmallVec<[(&Buffer, u64); 2]> =
             y.into_iter().chain(yi).map(|b| (b, 0)).collect();
+        // The first step's writes, then the prologue's stored values (its last buffers).
+        fn first_writes<'b>(
+            writes: &[(&'b Buffer, u64)],
+            stored: &'b [Buffer],
+        ) -> smallvec::SmallVec<[(&'b Buffer, u64); 6]> {
+            let mut all: smallvec::SmallVec<[(&Buffer, u64); 6]> = writes.iter().copied().collect();
+            all.extend(stored.iter().map(|b| (b, 0)));
+            all
+        }
         match steps.as_slice() {
-            [step] => run_step(device, step, &source, &outputs, scale, (&scalars, &offsets)),
+            [step] => run_step(
+                device,
+                step,
+                &source,
+                &first_writes(&outputs, stored),
+                scale,
+                (&scalars, &offsets),
+            ),
             [partial, combine] => {
                 let n = partial.partials();
                 let values = device.scratch(n * 4)?;
@@ -436,12 +478,29 @@ impl Tensor {
                     .chain(indices.as_ref())
                     .map(|b| (b, 0))
                     .collect();
-                run_step(device, partial, &source, &mid, scale, (&scalars, &offsets))?;
+                run_step(
+                    device,
+                    partial,
+                    &source,
+                    &first_writes(&mid, stored),
+                    scale,
+                    (&scalars, &offsets),
+                )?;
                 run_step(device, combine, &mid, &outputs, scale, (&[], &[]))
             }
             _ => unreachable!("reduce plans have one or two steps"),
         }
     }
+}
+
+/// A pending group computed in a reduction's loads (`Tensor::with_prologue`).
+struct Prologue<'a> {
+    kernel: Arc<helios_kernels::FusedKernel>,
+    /// Per kernel input: the node read and the element its read starts at.
+    leaves: Vec<(Arc<crate::lazy::Node>, usize)>,
+    scalars: Vec<f32>,
+    /// Buffers for the kernel's outputs, which the first step stores (none: it stores none).
+    stored: &'a [Buffer],
 }
 
 /// Records one step: `reads` then `writes` as (buffer, byte offset of the first element),
