@@ -359,8 +359,8 @@ impl Tensor {
     }
 
     /// Records the plan's dispatches: values into `y`, indices into `yi` (argmax). A pending
-    /// element-wise result no one else holds is computed inside the first step (a prologue)
-    /// rather than stored and read back.
+    /// element-wise result is computed inside the first step (a prologue) rather than stored
+    /// and read back; that step also stores the values something else holds.
     fn record_reduce(
         &self,
         op: Reduction,
