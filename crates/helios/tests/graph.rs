@@ -673,6 +673,29 @@ fn descriptor_bound_kernels_read_views_at_their_offsets() {
             want_s,
             "sum of columns {start}..+{len}"
         );
+        // In one statement the temporaries hold both values: the sum's first step stores
+        // them where it computes them (descriptors for the stored outputs too).
+        let before = graph_stats();
+        let s0 = c
+            .mul_scalar(2.0)
+            .unwrap()
+            .add_scalar(0.5)
+            .unwrap()
+            .sum(0)
+            .unwrap();
+        let after = graph_stats();
+        assert_eq!(
+            (
+                after.prologues - before.prologues,
+                after.kernels - before.kernels
+            ),
+            (1, 0),
+            "columns {start}..+{len}: one stored prologue, no fused kernel"
+        );
+        let want_s0: Vec<f32> = (0..len)
+            .map(|j| (0..rows).map(|i| want_c[i * len + j]).sum())
+            .collect();
+        assert_eq!(s0.to_vec().unwrap(), want_s0, "column sums {start}..+{len}");
     }
     assert!(
         d.validation_messages().is_empty(),
