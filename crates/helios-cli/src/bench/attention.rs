@@ -195,26 +195,16 @@ pub fn run(args: &BenchArgs) -> CliResult {
             .find(|t| t.case == r.case && t.dtype == r.dtype && t.shape == r.shape)
             .cloned();
     }
-    let plan = super::Plan {
-        quick,
-        dispatch: None,
-        bandwidth: None,
-    };
-    let meta = report::RunMeta::collect(&device, "attention", &plan, torch_meta, torch_note);
-    #[derive(Serialize)]
-    struct Doc<'a> {
-        #[serde(flatten)]
-        meta: &'a report::RunMeta<'a>,
-        samples: usize,
-        results: &'a [AttnResult],
-    }
-    let doc = Doc {
-        meta: &meta,
-        samples,
-        results: &results,
-    };
-    super::emit(args.json.as_deref(), &table(&meta, &results), &doc)?;
-    super::no_validation_messages(&device)
+    let torch = (torch_meta, torch_note);
+    super::finish(
+        args,
+        &device,
+        "attention",
+        torch,
+        Some(samples),
+        &results,
+        |meta| table(meta, &results),
+    )
 }
 
 /// With HELIOS_PROFILE=1, the mean GPU time of each attention stage's kernel since

@@ -155,7 +155,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
             .cloned();
     }
     let torch = (torch_meta, torch_note);
-    super::finish(args, &device, "graph", torch, &results, &table(&results))
+    super::finish(args, &device, "graph", torch, None, &results, |_| {
+        table(&results)
+    })
 }
 
 fn result(case: &str, dtype: DType, variant: String, time_us: Summary) -> GraphResult {

@@ -409,8 +409,9 @@ fn finish<R: Serialize>(
     device: &Device,
     suite: &str,
     (torch_meta, torch_note): (Option<serde_json::Value>, Option<String>),
+    samples: Option<usize>,
     results: &[R],
-    table: &str,
+    table: impl FnOnce(&report::RunMeta) -> String,
 ) -> CliResult {
     let plan = Plan {
         quick: args.quick,
@@ -422,13 +423,16 @@ fn finish<R: Serialize>(
     struct Doc<'a, R> {
         #[serde(flatten)]
         meta: &'a report::RunMeta<'a>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        samples: Option<usize>,
         results: &'a [R],
     }
     emit(
         args.json.as_deref(),
-        table,
+        &table(&meta),
         &Doc {
             meta: &meta,
+            samples,
             results,
         },
     )?;

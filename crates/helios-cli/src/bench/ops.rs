@@ -457,26 +457,16 @@ pub fn run(args: &BenchArgs) -> CliResult {
             });
     }
 
-    let plan = super::Plan {
-        quick,
-        dispatch: None,
-        bandwidth: None,
-    };
-    let meta = report::RunMeta::collect(&device, "ops", &plan, torch_meta, torch_note);
-    #[derive(Serialize)]
-    struct Doc<'a> {
-        #[serde(flatten)]
-        meta: &'a report::RunMeta<'a>,
-        samples: usize,
-        results: &'a [OpResult],
-    }
-    let doc = Doc {
-        meta: &meta,
-        samples,
-        results: &results,
-    };
-    super::emit(args.json.as_deref(), &table(&meta, &results), &doc)?;
-    super::no_validation_messages(&device)
+    let torch = (torch_meta, torch_note);
+    super::finish(
+        args,
+        &device,
+        "ops",
+        torch,
+        Some(samples),
+        &results,
+        |meta| table(meta, &results),
+    )
 }
 
 /// Runs `torch_reference.py --suite ops` for the same cases, shapes and dtypes.

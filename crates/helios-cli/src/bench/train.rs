@@ -143,7 +143,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
             .collect();
     }
     let torch = (torch_meta, torch_note);
-    super::finish(args, &device, "train", torch, &results, &table(&results))
+    super::finish(args, &device, "train", torch, None, &results, |_| {
+        table(&results)
+    })
 }
 
 /// Trains `case` for `steps` timed steps after the first (and two untimed ones).
