@@ -331,24 +331,11 @@ impl FusedKernel {
         params.split_at(usize::from(self.scalars))
     }
 
-    /// The root's value (the last output, rounded to its storage, as a stored value would
-    /// be) at element `at` (`lanes` 1) or at the four elements of vec4 `at` (`lanes` 4: one
-    /// vector evaluation when `vectorized`, else one per element), inside another kernel: a
-    /// reduction's prologue.
-    pub(crate) fn value_at(
-        &self,
-        k: &mut KernelBuilder,
-        inputs: &[Buffer],
-        params: &[Val],
-        at: Val,
-        lanes: u8,
-    ) -> Val {
-        let root = self.outputs.len() - 1;
-        self.outputs_at(k, inputs, params, at, lanes, root..root + 1)[0]
-    }
-
-    /// `value_at` for every output in `which`, each rounded to its storage: a prologue that
-    /// also stores the members held outside its group.
+    /// The values of the outputs in `which` (each rounded to its storage, as a stored value
+    /// would be) at element `at` (`lanes` 1) or at the four elements of vec4 `at` (`lanes`
+    /// 4: one vector evaluation when `vectorized`, else one per element), inside another
+    /// kernel: a reduction's prologue, which folds the root (the last output) and may store
+    /// the members held outside its group.
     pub(crate) fn outputs_at(
         &self,
         k: &mut KernelBuilder,

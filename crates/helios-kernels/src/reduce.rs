@@ -422,15 +422,14 @@ struct Acc {
 /// first. Both layouts evaluate each element exactly once (a row's edge elements one by
 /// one, inside the row only), so each stored element is written once.
 fn prologue_value(k: &mut KernelBuilder, pro: &FusedKernel, b: &Bufs, at: Val, lanes: u8) -> Val {
-    if b.pro_out.is_empty() {
-        return pro.value_at(k, &b.pro, &b.pro_params, at, lanes);
-    }
     let n = pro.outputs.len();
-    let vals = pro.outputs_at(k, &b.pro, &b.pro_params, at, lanes, 0..n);
+    // The stored outputs (all of them, `pro_out` being one per output), or the root alone.
+    let first = if b.pro_out.is_empty() { n - 1 } else { 0 };
+    let vals = pro.outputs_at(k, &b.pro, &b.pro_params, at, lanes, first..n);
     for (&v, &(buf, s)) in vals.iter().zip(&b.pro_out) {
         store_f32(k, buf, at, v, s);
     }
-    vals[n - 1]
+    vals[vals.len() - 1]
 }
 
 impl ReduceKernel {

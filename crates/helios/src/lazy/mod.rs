@@ -678,7 +678,7 @@ pub(crate) fn with_prologue<R>(
         return Ok(None);
     }
     let one = crate::realize_lock::lock();
-    let Some(mut group) = collect_ready(root, &one)? else {
+    let Some(group) = collect_ready(root, &one)? else {
         return Ok(None);
     };
     let last = group.len() - 1;
@@ -708,23 +708,51 @@ pub(crate) fn with_prologue<R>(
     if push > ctx.caps().limits.max_push_constants_size {
         return Ok(None);
     }
-    let mut buffers: smallvec::SmallVec<[Buffer; 4]> = smallvec::SmallVec::new();
-    for &o in lowered.outputs.iter() {
-        let m = group.node(o);
-        let bytes = (m.len * m.dtype.size()).max(4) as u64;
-        buffers.push(ctx.create_buffer(bytes, MemoryLocation::DeviceLocal)?);
-    }
+    let buffers = output_buffers(&group, &lowered.outputs, root, MemoryLocation::DeviceLocal)?;
     count(&group);
     let out = reduce(&mut lowered, &buffers)?;
     OUTPUTS.fetch_add(lowered.outputs.len() as u64, Ordering::Relaxed);
+    settle(group, &mut lowered, buffers, &one);
+    Ok(Some(out))
+}
+
+/// A buffer for each stored member (`outputs`, topological indices), the root's in
+/// `root_location`.
+fn output_buffers(
+    group: &Group<'_>,
+    outputs: &[usize],
+    root: &Arc<Node>,
+    root_location: MemoryLocation,
+) -> Result<smallvec::SmallVec<[Buffer; 4]>> {
+    let ctx = root.device().context();
+    outputs
+        .iter()
+        .map(|&o| {
+            let m = group.node(o);
+            let bytes = (m.len * m.dtype.size()).max(4) as u64;
+            let location = match Arc::ptr_eq(m, root) {
+                true => root_location,
+                false => MemoryLocation::DeviceLocal,
+            };
+            Ok(ctx.create_buffer(bytes, location)?)
+        })
+        .collect()
+}
+
+/// After the dispatch that computes the group is recorded: the stored members take their
+/// buffers, every member's op is dropped, and members no one else holds become spares.
+fn settle(
+    mut group: Group<'_>,
+    lowered: &mut Lowered,
+    buffers: smallvec::SmallVec<[Buffer; 4]>,
+    lock: &Realizing,
+) {
     for (&o, b) in lowered.outputs.iter().zip(buffers) {
         let _ = group.node(o).buffer.set(b);
     }
-    // As after `run`: every member's op is done.
     let members = group.release();
     lowered.leaves.clear();
-    recycle(members, &one);
-    Ok(Some(out))
+    recycle(members, lock);
 }
 
 /// Each leaf's first element (what a descriptor-bound kernel adds to its indices).
@@ -736,7 +764,7 @@ pub(crate) fn element_offsets(
 
 /// Pass 4: record the kernel, hand out buffers, release the members' inputs.
 fn run(
-    mut group: Group<'_>,
+    group: Group<'_>,
     lowered: &mut Lowered,
     root: &Arc<Node>,
     root_location: MemoryLocation,
@@ -753,16 +781,7 @@ fn run(
     let ctx = device.context();
     let debug = crate::env::debug();
     let compiled = device.fused_kernel(kernel)?;
-    let mut buffers: smallvec::SmallVec<[Buffer; 4]> = smallvec::SmallVec::new();
-    for &o in outputs.iter() {
-        let m = group.node(o);
-        let bytes = (m.len * m.dtype.size()).max(4) as u64;
-        let location = match Arc::ptr_eq(m, root) {
-            true => root_location,
-            false => MemoryLocation::DeviceLocal,
-        };
-        buffers.push(ctx.create_buffer(bytes, location)?);
-    }
+    let buffers = output_buffers(&group, outputs, root, root_location)?;
     let mut in_addrs: smallvec::SmallVec<[u64; 8]> = smallvec::SmallVec::new();
     for (node, offset) in leaves.iter() {
         let b = node.buffer.get().expect("leaves are realised");
@@ -811,12 +830,6 @@ fn run(
     KERNELS.fetch_add(1, Ordering::Relaxed);
     NODES.fetch_add(group.len() as u64, Ordering::Relaxed);
     OUTPUTS.fetch_add(outputs.len() as u64, Ordering::Relaxed);
-    for (&o, b) in outputs.iter().zip(buffers) {
-        let _ = group.node(o).buffer.set(b);
-    }
-    // Every member's op is done: drop them all; members no one else holds become spares.
-    let members = group.release();
-    leaves.clear();
-    recycle(members, lock);
+    settle(group, lowered, buffers, lock);
     Ok(())
 }
