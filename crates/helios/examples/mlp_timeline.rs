@@ -58,24 +58,21 @@ fn main() -> helios::Result<()> {
         let ctx = Arc::clone(dev.context());
         let (events, stop) = (Arc::clone(&events), Arc::clone(&stop));
         std::thread::spawn(move || {
+            // Notes `what` and the value whenever the value moves off `last`.
+            let note = |what: &str, value: u64, last: &mut u64| {
+                if value != *last {
+                    events
+                        .lock()
+                        .unwrap()
+                        .push((us(), format!("{what} {value}")));
+                    *last = value;
+                }
+            };
             let (mut done, mut sub) = (0, 0);
             while !stop.load(Ordering::Relaxed) {
                 let d = ctx.completed().unwrap_or(done);
-                let s = ctx.last_submitted();
-                if s != sub {
-                    events
-                        .lock()
-                        .unwrap()
-                        .push((us(), format!("submitted {s}")));
-                    sub = s;
-                }
-                if d != done {
-                    events
-                        .lock()
-                        .unwrap()
-                        .push((us(), format!("GPU reached {d}")));
-                    done = d;
-                }
+                note("submitted", ctx.last_submitted(), &mut sub);
+                note("GPU reached", d, &mut done);
                 std::hint::spin_loop();
             }
         })
