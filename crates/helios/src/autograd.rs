@@ -417,11 +417,19 @@ fn accumulate(leaf: &LeafGrad, g: Tensor) -> Result<()> {
         Some(_) => g.contiguous()?,
         None => g,
     };
+    // A pending product (a weight's gradient) is recorded now, with the sum of an earlier
+    // gradient as its residual where there is one: left for the optimizer step, it would
+    // hold its operands (an activation and a gradient of this step) until then.
+    let record = g.is_pending_product();
     let mut slot = leaf.grad.lock().unwrap_or_else(|p| p.into_inner());
-    *slot = Some(match slot.take() {
+    let sum = match slot.take() {
         Some(old) => old.add(&g)?,
         None => g,
-    });
+    };
+    let sum = slot.insert(sum);
+    if record {
+        sum.realize()?;
+    }
     Ok(())
 }
 

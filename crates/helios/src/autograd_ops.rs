@@ -113,12 +113,14 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
         // The bias's and the residual's gradients: g reduced to their shapes and cast.
         let reduced = |(shape, dtype): &(Vec<usize>, DType)| reduce_to(&g, shape)?.to_dtype(*dtype);
         let bias_needed = bias_of.is_some() && needs[2];
-        // Where g is still pending (an activation's backward in f16/bf16, whose product does
-        // not compute it), the bias gradient's reduction comes first: it computes g in its
-        // loads and stores it for the products (`lazy::with_prologue`), where g would
-        // otherwise be stored by its own kernel and read again by the reduction.
+        // Where g is still a pending element-wise result (an activation's backward in
+        // f16/bf16, whose product does not compute it), the bias gradient's reduction comes
+        // first: it computes g in its loads and stores it for the products
+        // (`lazy::with_prologue`), where g would otherwise be stored by its own kernel and
+        // read again by the reduction. (A pending product is recorded as it is either way.)
+        let pending = !g.is_realized() && !g.is_pending_product();
         let early_db = match &bias_of {
-            Some(bias) if bias_needed && !g.is_realized() => Some(reduced(bias)?),
+            Some(bias) if bias_needed && pending => Some(reduced(bias)?),
             _ => None,
         };
         let gz = match alpha == 1.0 {

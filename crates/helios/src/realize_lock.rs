@@ -19,8 +19,43 @@ pub(crate) struct Realizing(PhantomData<Cell<()>>);
 static REALIZE: Mutex<Realizing> = Mutex::new(Realizing(PhantomData));
 
 /// Takes the scheduler's lock (waiting for another thread's realisation to finish).
-pub(crate) fn lock() -> MutexGuard<'static, Realizing> {
-    REALIZE.lock().unwrap_or_else(|p| p.into_inner())
+///
+/// The lock is not re-entrant: work done under it (a product's recording, a reduction's
+/// prologue) must not realise a node. Builds with debug assertions catch a thread asking
+/// again, which would otherwise wait for itself forever.
+pub(crate) fn lock() -> Held {
+    #[cfg(debug_assertions)]
+    HELD.with(|held| {
+        assert!(
+            !held.replace(true),
+            "a realisation asked for the scheduler's lock it holds (a bug)"
+        )
+    });
+    Held(REALIZE.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+#[cfg(debug_assertions)]
+thread_local! {
+    /// Whether this thread holds the scheduler's lock.
+    static HELD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The scheduler's lock, held (see `lock`).
+pub(crate) struct Held(MutexGuard<'static, Realizing>);
+
+impl std::ops::Deref for Held {
+    type Target = Realizing;
+
+    fn deref(&self) -> &Realizing {
+        &self.0
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        let _ = HELD.try_with(|held| held.set(false));
+    }
 }
 
 /// A value shared between threads that only the holder of the scheduler's lock reads or

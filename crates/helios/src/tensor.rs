@@ -77,11 +77,19 @@ impl Tensor {
 
     /// A dense tensor of `shape` whose contents are undefined until a kernel writes them.
     pub(crate) fn empty(device: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::empty_in(device, shape, dtype, MemoryLocation::DeviceLocal)
+    }
+
+    /// `empty`, its buffer in `location`.
+    pub(crate) fn empty_in(
+        device: &Device,
+        shape: &[usize],
+        dtype: DType,
+        location: MemoryLocation,
+    ) -> Result<Tensor> {
         let len: usize = shape.iter().product();
         let bytes = (len * dtype.size()) as u64;
-        let buffer = device
-            .context()
-            .create_buffer(bytes, MemoryLocation::DeviceLocal)?;
+        let buffer = device.context().create_buffer(bytes, location)?;
         Ok(Tensor::from_node(Node::realized(
             device.clone(),
             dtype,
@@ -102,6 +110,40 @@ impl Tensor {
             view: None,
             grad: None,
         }
+    }
+
+    /// A tensor viewing `node` through `view` (`None`: the whole node), with no autograd
+    /// link: the scheduler's handle on a graph node.
+    pub(crate) fn from_parts(node: Arc<Node>, view: Option<Layout>) -> Tensor {
+        match view {
+            Some(layout) if !layout.same(&node.layout) => Tensor {
+                node,
+                view: Some(layout),
+                grad: None,
+            },
+            _ => Tensor::from_node(node),
+        }
+    }
+
+    /// The graph node and view this tensor reads, as a pending op's input.
+    pub(crate) fn input(&self) -> Input {
+        Input {
+            node: self.node.clone(),
+            view: Some(self.layout().clone()),
+        }
+    }
+
+    /// The buffer of a tensor nothing else refers to (a scheduler's temporary), handed over;
+    /// `None` if the array is shared or not realised.
+    pub(crate) fn into_buffer(self) -> Option<Buffer> {
+        let mut node = Arc::try_unwrap(self.node).ok()?;
+        node.take_buffer()
+    }
+
+    /// Whether this tensor is a matrix product still waiting in the lazy graph (see
+    /// `lazy::epilogue`).
+    pub(crate) fn is_pending_product(&self) -> bool {
+        self.node.is_pending_product()
     }
 
     /// Another view of this tensor's array (no autograd link: view ops add their own).

@@ -82,7 +82,14 @@ struct Sizes {
 }
 
 /// The suite's cases, in the order they run (`--cases` selects among them).
-const CASES: [&str; 5] = ["chain1000", "roundtrip", "mixed32", "mlp_block", "host12"];
+const CASES: [&str; 6] = [
+    "chain1000",
+    "roundtrip",
+    "mixed32",
+    "mlp_block",
+    "mlp_plain",
+    "host12",
+];
 
 pub fn run(args: &BenchArgs) -> CliResult {
     let quick = args.quick;
@@ -136,9 +143,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
             "chain1000" => results.push(chain(&device, &sizes)?),
             "roundtrip" => results.push(roundtrip(&device, &sizes)?),
             "mixed32" => results.push(mixed(&device, &sizes)?),
-            "mlp_block" => {
+            "mlp_block" | "mlp_plain" => {
                 for &dt in &dtypes {
-                    results.push(mlp_block(&device, &sizes, dt)?);
+                    results.push(mlp_block(&device, &sizes, dt, *case == "mlp_plain")?);
                 }
             }
             _ => results.extend(host12(&device, &sizes)?),
@@ -149,9 +156,14 @@ pub fn run(args: &BenchArgs) -> CliResult {
         run_torch(script, &sizes, &dtypes, &cases, quick)
     });
     for r in results.iter_mut() {
+        // mlp_plain is mlp_block written with plain ops: PyTorch's side is the same.
+        let case = match r.case.as_str() {
+            "mlp_plain" => "mlp_block",
+            c => c,
+        };
         r.torch = rows
             .iter()
-            .find(|t| t.case == r.case && t.dtype == r.dtype)
+            .find(|t| t.case == case && t.dtype == r.dtype)
             .cloned();
     }
     let torch = (torch_meta, torch_note);
@@ -280,7 +292,10 @@ fn mixed(device: &Device, s: &Sizes) -> BenchResult<GraphResult> {
 /// Untimed steps before `mlp_block`'s samples (kept out of its profile).
 const WARMUP: usize = 3;
 
-fn mlp_block(device: &Device, s: &Sizes, dt: DType) -> BenchResult<GraphResult> {
+/// GPT-2's MLP block, fwd+bwd: with the epilogue options `helios_nn` passes, or (`plain`,
+/// the case mlp_plain) written with plain ops, `x.matmul(&w)?.add(&b)?.gelu_tanh()?`, whose
+/// tails the scheduler folds into the products' epilogues.
+fn mlp_block(device: &Device, s: &Sizes, dt: DType, plain: bool) -> BenchResult<GraphResult> {
     let (n, c) = (s.mlp_rows, s.mlp_c);
     let t = |len: usize, shape: &[usize], seed: u64, scale: f32| -> helios::Result<Tensor> {
         let v: Vec<f32> = random_values(len, seed).iter().map(|x| x * scale).collect();
@@ -297,18 +312,26 @@ fn mlp_block(device: &Device, s: &Sizes, dt: DType) -> BenchResult<GraphResult> 
     let params = [&x, &gamma, &beta, &w1, &b1, &w2, &b2];
     let step = || -> helios::Result<()> {
         let h = x.layer_norm(&gamma, &beta, 1e-5)?.y;
-        let fc = MatmulOptions {
-            bias: Some(&b1),
-            act: helios::Activation::GeluTanh,
-            ..Default::default()
+        let y = match plain {
+            true => {
+                let h = h.matmul(&w1)?.add(&b1)?.gelu_tanh()?;
+                h.matmul(&w2)?.add(&b2)?.add(&x)?
+            }
+            false => {
+                let fc = MatmulOptions {
+                    bias: Some(&b1),
+                    act: helios::Activation::GeluTanh,
+                    ..Default::default()
+                };
+                let h = h.matmul_opts(&w1, &fc)?;
+                let proj = MatmulOptions {
+                    bias: Some(&b2),
+                    residual: Some(&x),
+                    ..Default::default()
+                };
+                h.matmul_opts(&w2, &proj)?
+            }
         };
-        let h = h.matmul_opts(&w1, &fc)?;
-        let proj = MatmulOptions {
-            bias: Some(&b2),
-            residual: Some(&x),
-            ..Default::default()
-        };
-        let y = h.matmul_opts(&w2, &proj)?;
         y.mul(&dy)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
         for p in params {
             p.grad().expect("backward reached it").realize()?;
@@ -323,11 +346,17 @@ fn mlp_block(device: &Device, s: &Sizes, dt: DType) -> BenchResult<GraphResult> 
     }
     super::profile_start(device)?;
     let (times, kernels) = timed(device, s.samples, 0, step)?;
+    let name = if plain { "mlp_plain" } else { "mlp_block" };
+    let form = if plain {
+        "plain ops"
+    } else {
+        "epilogue options"
+    };
     let mut r = result(
-        "mlp_block",
+        name,
         dt,
-        format!("LN→fc+b→GELU→proj+b→+x fwd+bwd, {n}x{c}"),
-        summarize(&times, "mlp_block")?,
+        format!("LN→fc+b→GELU→proj+b→+x fwd+bwd, {n}x{c}, {form}"),
+        summarize(&times, name)?,
     );
     r.kernels_per_step = Some(kernels);
     if let Some(report) = device.profile_report()? {
@@ -342,8 +371,8 @@ fn mlp_block(device: &Device, s: &Sizes, dt: DType) -> BenchResult<GraphResult> 
         let per_step = total as f64 / s.samples as f64 / 1e3;
         r.gpu_us_per_step = Some(per_step);
         eprintln!(
-            "mlp_block {dt}: GPU time per kernel (timed steps)\n{report}\n\
-             mlp_block {dt}: GPU time {per_step:.1} µs a step, wall median {:.1} µs",
+            "{name} {dt}: GPU time per kernel (timed steps)\n{report}\n\
+             {name} {dt}: GPU time {per_step:.1} µs a step, wall median {:.1} µs",
             r.time_us.median
         );
     }
@@ -476,8 +505,14 @@ fn run_torch(
     cmd.args(["--mlp", &format!("{}x{}", s.mlp_rows, s.mlp_c)]);
     let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
     cmd.args(["--dtypes", &names.join(",")]);
-    // host12 has no PyTorch side.
-    let torch_cases: Vec<&str> = cases.iter().copied().filter(|&c| c != "host12").collect();
+    // host12 has no PyTorch side; mlp_plain's is mlp_block's.
+    let mut torch_cases: Vec<&str> = Vec::new();
+    for &c in cases {
+        let c = if c == "mlp_plain" { "mlp_block" } else { c };
+        if c != "host12" && !torch_cases.contains(&c) {
+            torch_cases.push(c);
+        }
+    }
     cmd.args(["--cases", &torch_cases.join(",")]);
     if quick {
         cmd.arg("--quick");

@@ -76,7 +76,7 @@ pub struct BenchArgs {
     /// Matmul cases, comma-separated: names (sq4096, gpt2_fc_fwd, ...), groups (squares,
     /// gpt2 at 4096 rows, gpt2_8k at 8192) or shapes MxNxK[:NN|NT|TN|TT]; ops cases:
     /// softmax, layernorm_fwd, layernorm_fwdbwd, sum_all, sum_last; graph cases: chain1000,
-    /// roundtrip, mixed32, mlp_block, host12; default all.
+    /// roundtrip, mixed32, mlp_block, mlp_plain, host12; default all.
     #[arg(long, value_delimiter = ',')]
     cases: Vec<String>,
     /// Matmul only: time these variants side by side on every case instead of the tuner's

@@ -15,14 +15,14 @@ use std::sync::Arc;
 use helios_kernels::{BinaryOp, FusedDims, FusedInput, Instr, Window};
 use helios_vk::MemoryLocation;
 
-use super::{realize, ElemOp, Input, Lowered, Node, Pending, LOCAL};
+use super::{epilogue, realize, ElemOp, Input, Lowered, Node, Pending, LOCAL};
 use crate::layout::{is_contiguous, merge_dims_one, Dims};
 use crate::realize_lock::Realizing;
 use crate::{Error, Layout, Result};
 
 /// Whether a consumer of `len` elements reads `input` element for element: a dense view of
 /// the whole node, of the consumer's size (no broadcast).
-fn dense_edge(input: &Input, len: usize) -> bool {
+pub(super) fn dense_edge(input: &Input, len: usize) -> bool {
     input.node.len == len
         && match &input.view {
             None => true,
@@ -143,7 +143,7 @@ impl Group<'_> {
     }
 
     /// A member's uses by other members through dense edges (counted by `collect`).
-    fn uses(&self, m: &Node) -> usize {
+    pub(super) fn uses(&self, m: &Node) -> usize {
         m.uses.load(Ordering::Relaxed) as usize
     }
 
@@ -155,7 +155,7 @@ impl Group<'_> {
     }
 
     /// The member index of `n`, if it is a member.
-    fn member(&self, n: &Node) -> Option<usize> {
+    pub(super) fn member(&self, n: &Node) -> Option<usize> {
         member(n, self.epoch)
     }
 
@@ -210,7 +210,7 @@ const FOUND: u32 = u32::MAX;
 const EXPANDING: u32 = u32::MAX - 1;
 
 /// Pass 1: the pending nodes `root` reaches through dense edges.
-fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
+pub(super) fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
     let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
     // This thread's lists (a group realising a prerequisite of another runs while that one
     // is dropped, so one set serves).
@@ -281,7 +281,9 @@ fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
             if i.node.is_realized() {
                 continue;
             }
-            if !pad && dense_edge(i, len) {
+            // A product is never a member: it is realised first, or takes the members that
+            // read it into its epilogue (`collect_ready`).
+            if !pad && !i.node.product && dense_edge(i, len) {
                 found(&i.node);
                 let uses = &i.node.uses;
                 uses.store(uses.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
@@ -306,7 +308,10 @@ fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
     g
 }
 
-/// `collect(root)` once every prerequisite is realised (`None`: the root is realised).
+/// `collect(root)` once every prerequisite is realised (`None`: the root is realised, or
+/// was a product and is now). A pending product the group reads takes the members that
+/// follow it into its epilogue where they fit (`epilogue::fold_target`); the others are
+/// realised as they are.
 pub(super) fn collect_ready<'r>(
     root: &Arc<Node>,
     lock: &'r Realizing,
@@ -315,16 +320,31 @@ pub(super) fn collect_ready<'r>(
         if root.is_realized() {
             return Ok(None);
         }
+        if root.is_pending_product() {
+            epilogue::realize_product(root, MemoryLocation::DeviceLocal, lock)?;
+            return Ok(None);
+        }
         let mut group = collect(root, lock);
         if group.prerequisites.is_empty() {
             return Ok(Some(group));
         }
         let pre = std::mem::take(&mut group.prerequisites);
+        let fold = epilogue::fold_target(&group, &pre, lock);
         drop(group);
+        if let Some((end, product)) = fold {
+            drop(pre);
+            epilogue::fold(&end, product, lock)?;
+            continue;
+        }
         for p in pre {
             realize(&p, MemoryLocation::DeviceLocal, lock)?;
         }
     }
+}
+
+/// Takes the prerequisites `collect` found (the group then has none).
+pub(super) fn take_prerequisites(g: &mut Group<'_>) -> Vec<Arc<Node>> {
+    std::mem::take(&mut g.prerequisites)
 }
 
 /// Passes 2 and 3: the group as one fused kernel storing the members held outside it,
@@ -464,6 +484,7 @@ pub(super) fn lower(g: &Group<'_>, root: &Arc<Node>, out: &mut Lowered) -> Resul
             ElemOp::Where => Instr::Where(args[0], args[1], args[2]),
             ElemOp::Cast => Instr::Round(m.dtype.storage(), args[0]),
             ElemOp::Pad { .. } => unreachable!("lowered above"),
+            ElemOp::Product { .. } => unreachable!("a product is never a member"),
         };
         code.push(ins);
         member_instr.push((code.len() - 1) as u32);

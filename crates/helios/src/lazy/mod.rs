@@ -29,13 +29,20 @@
 //! its first step also stores the members something else holds (the root included, if it
 //! is held), which it would otherwise read back after their own kernel stored them.
 //!
+//! A matrix product is a pending node as well, but never a group member: a group that reads
+//! it may have the product compute its first members in the matmul kernel's epilogue (a
+//! bias, an activation, a residual, a cast), and it is otherwise recorded as it was asked
+//! for, the first time something needs it (`epilogue`).
+//!
 //! This file holds the nodes, the pending ops and the realisation's entry points, with
-//! pass 4; the fusion group, its collection and its lowering (passes 1 to 3) are in `group`.
+//! pass 4; the fusion group, its collection and its lowering (passes 1 to 3) are in `group`,
+//! the products in `epilogue`.
 //!
 //! The design decision a reader must know: fusion never recomputes. An element-wise result
 //! is either computed once inside one kernel, or stored; a view that reorders elements
 //! always reads stored data.
 
+mod epilogue;
 mod group;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -79,6 +86,14 @@ pub(crate) enum ElemOp {
         start: usize,
         full: usize,
     },
+    /// A matrix product over inputs `a`, `b` and, with `bias`, the bias, all realised when
+    /// the node was built: `act(alpha · a·b + bias)`. Never a member of a fusion group: a
+    /// group reading it may take its epilogue (see `epilogue`).
+    Product {
+        alpha: f32,
+        act: helios_kernels::Activation,
+        bias: bool,
+    },
 }
 
 impl ElemOp {
@@ -90,6 +105,7 @@ impl ElemOp {
             ElemOp::Where => "where",
             ElemOp::Cast => "cast",
             ElemOp::Pad { .. } => "pad",
+            ElemOp::Product { .. } => "matmul",
         }
     }
 }
@@ -136,6 +152,8 @@ pub(crate) struct Node {
     pending: RealizeCell<Option<Pending>>,
     /// Longest pending chain below this node (0 once realised).
     depth: u32,
+    /// Built as a matrix product (`ElemOp::Product`), which `collect` never takes into a group.
+    product: bool,
     /// Scheduler scratch (under the scheduler's lock): the epoch of the last collection that
     /// found this node, its member index there, and its uses inside that group.
     mark: AtomicU64,
@@ -155,6 +173,9 @@ pub struct GraphStats {
     /// Groups computed inside a reduction's loads instead (never stored; their nodes count
     /// in `nodes`).
     pub prologues: u64,
+    /// Matrix products that computed the element-wise nodes reading them in their epilogue
+    /// (those nodes count in `nodes`; no fused kernel ran for them).
+    pub epilogues: u64,
     /// Graph nodes (realised or pending) alive now.
     pub live_nodes: u64,
     /// Autograd nodes alive now (recorded ops whose graph has not been released).
@@ -165,6 +186,7 @@ static KERNELS: AtomicU64 = AtomicU64::new(0);
 static NODES: AtomicU64 = AtomicU64::new(0);
 static OUTPUTS: AtomicU64 = AtomicU64::new(0);
 static PROLOGUES: AtomicU64 = AtomicU64::new(0);
+static EPILOGUES: AtomicU64 = AtomicU64::new(0);
 pub(crate) static LIVE_GRAD: AtomicU64 = AtomicU64::new(0);
 
 /// What the scheduler has done so far (process-wide).
@@ -174,6 +196,7 @@ pub fn graph_stats() -> GraphStats {
         nodes: NODES.load(Ordering::Relaxed),
         outputs: OUTPUTS.load(Ordering::Relaxed),
         prologues: PROLOGUES.load(Ordering::Relaxed),
+        epilogues: EPILOGUES.load(Ordering::Relaxed),
         live_nodes: live_nodes(),
         live_grad_nodes: LIVE_GRAD.load(Ordering::Relaxed),
     }
@@ -416,6 +439,7 @@ impl Node {
         depth: u32,
     ) -> (Arc<Node>, Option<std::sync::Weak<Node>>) {
         count_live(1);
+        let product = matches!(&pending, Some(p) if matches!(p.op, ElemOp::Product { .. }));
         if let Some(mut spare) = spare {
             // The spare's allocation takes the new node, field by field: a spare holds no
             // device, buffer or op, so nothing is dropped (only a layout of another shape),
@@ -431,6 +455,7 @@ impl Node {
             n.buffer = buffer;
             *n.pending.get_mut() = pending;
             n.depth = depth;
+            n.product = product;
             *n.mark.get_mut() = 0;
             *n.slot.get_mut() = 0;
             *n.uses.get_mut() = 0;
@@ -444,6 +469,7 @@ impl Node {
             buffer,
             pending: RealizeCell::new(pending),
             depth,
+            product,
             mark: AtomicU64::new(0),
             slot: Default::default(),
             uses: Default::default(),
@@ -507,6 +533,17 @@ impl Node {
         self.buffer.get().is_some()
     }
 
+    /// Whether this is a matrix product not yet recorded.
+    pub(crate) fn is_pending_product(&self) -> bool {
+        self.product && !self.is_realized()
+    }
+
+    /// The buffer, taken out (the node is then neither realised nor pending: only for a
+    /// scheduler's temporary that nothing else can reach).
+    pub(crate) fn take_buffer(&mut self) -> Option<Buffer> {
+        self.buffer.take()
+    }
+
     /// The node's buffer, running whatever it depends on first.
     pub(crate) fn buffer(self: &Arc<Node>) -> Result<&Buffer> {
         self.buffer_in(MemoryLocation::DeviceLocal)
@@ -550,6 +587,9 @@ impl Drop for Node {
 
 /// Realises `root`.
 fn realize(root: &Arc<Node>, location: MemoryLocation, lock: &Realizing) -> Result<()> {
+    if root.is_pending_product() {
+        return epilogue::realize_product(root, location, lock);
+    }
     // Taken from this thread's slot and put back (a prerequisite's realisation, nested in
     // this one, finds the slot empty and starts its own).
     let mut lowered = LOCAL

@@ -411,10 +411,15 @@ impl Problem {
 
     /// Runs `plan` into a fresh output tensor.
     pub(crate) fn run(&self, plan: &Plan) -> Result<Tensor> {
+        let out = self.output()?;
+        self.run_into(plan, &out)?;
+        Ok(out)
+    }
+
+    /// Runs `plan` into `out`, a dense tensor of the output's shape and dtype.
+    fn run_into(&self, plan: &Plan, out: &Tensor) -> Result<()> {
         if plan.splits <= 1 {
-            let out = self.output()?;
-            self.record(&plan.kernel, &out)?;
-            return Ok(out);
+            return self.record(&plan.kernel, out);
         }
         let (sub, kernel) = self
             .split(plan.kernel.variant, plan.splits, plan.kernel.subgroup)
@@ -432,7 +437,6 @@ impl Problem {
         self.record_shape(&kernel, &sub, &partials)?;
         // The k slices' f32 products summed in one pass that stores the output's dtype (a
         // sum then a cast was two passes, 48 a GPT-2 bf16 step).
-        let out = self.output()?;
         let len = to_u32("split-K product", m * n)?;
         device.sum_partial_rows(
             partials.buffer()?,
@@ -441,7 +445,38 @@ impl Problem {
             (plan.splits, len),
             self.out,
         )?;
-        Ok(out)
+        Ok(())
+    }
+
+    /// Whether the product may wait in the lazy graph (`Tensor::matmul_raw`): fusion is on,
+    /// the kernel is not forced, the output is not empty, and the epilogue leaves room for
+    /// what a graph pass can fold in after it (nothing past the bias and the activation).
+    fn can_wait(&self, o: &MatmulOptions) -> bool {
+        crate::env::fusion()
+            && o.variant.is_none()
+            && o.residual.is_none()
+            && o.act_grad == Activation::None
+            && self.out_shape.iter().all(|&d| d > 0)
+    }
+
+    /// The product as a pending graph node (`lazy::ElemOp::Product`). Its operands are
+    /// realised now, as a recorded product's would be, so that recording it later, under
+    /// the scheduler's lock, builds and realises nothing (`Tensor::product_now`).
+    fn pending(&self) -> Result<Tensor> {
+        let mut inputs = smallvec::SmallVec::new();
+        for t in [&self.a, &self.b].into_iter().chain(&self.bias) {
+            t.buffer()?;
+            inputs.push(t.input());
+        }
+        let op = crate::lazy::ElemOp::Product {
+            alpha: self.alpha,
+            act: self.epilogue.act,
+            bias: self.bias.is_some(),
+        };
+        let layout = crate::Layout::contiguous(&self.out_shape);
+        let node =
+            crate::lazy::Node::pending(self.a.device().clone(), self.out, &layout, op, inputs)?;
+        Ok(Tensor::from_parts(node, None))
     }
 
     /// `variant`'s kernel for this problem: vector accesses where the shape and the views'
@@ -533,11 +568,47 @@ impl Tensor {
         crate::autograd_ops::matmul(self, other, opts)
     }
 
-    /// `matmul_opts` without autograd: one kernel.
+    /// `matmul_opts` without autograd: one kernel, recorded now, or, where a graph pass may
+    /// still fold element-wise ops into its epilogue (`Problem::can_wait`), when something
+    /// first needs the result (`lazy::epilogue`).
     pub(crate) fn matmul_raw(&self, other: &Tensor, opts: &MatmulOptions) -> Result<Tensor> {
         let p = Problem::new(self, other, opts)?;
+        if p.can_wait(opts) {
+            return p.pending();
+        }
         let (plan, _) = matmul_tune::choose(&p)?;
         p.run(&plan)
+    }
+
+    /// The scheduler's recording of a pending product (`lazy::epilogue`), with the epilogue
+    /// it settled on: `self · other` with `opts` (no forced variant), into a fresh tensor in
+    /// `location`, and with `store_pre` also the activation's input (of the output's dtype).
+    /// Returns the output, that input, and the kernel's name.
+    ///
+    /// It runs under the scheduler's lock, so it must not realise or build a graph node:
+    /// the operands are realised, readable in place, and the bias and residual dense and of
+    /// the output's dtype (what `lazy::epilogue` admits), which `Problem::new` then takes
+    /// as they are.
+    pub(crate) fn product_now(
+        &self,
+        other: &Tensor,
+        opts: &MatmulOptions,
+        store_pre: bool,
+        location: helios_vk::MemoryLocation,
+    ) -> Result<(Tensor, Option<Tensor>, String)> {
+        let mut p = Problem::new(self, other, opts)?;
+        if store_pre {
+            p.epilogue.store_pre = true;
+            p.pre = Some(p.output()?);
+        }
+        let (plan, _) = matmul_tune::choose(&p)?;
+        let out = Tensor::empty_in(self.device(), &p.out_shape, p.out, location)?;
+        p.run_into(&plan, &out)?;
+        let name = match crate::env::debug() {
+            true => plan.kernel.name(),
+            false => String::new(),
+        };
+        Ok((out, p.pre.take(), name))
     }
 
     /// `matmul_raw` with an activation (`opts.act`), also returning the activation's input
