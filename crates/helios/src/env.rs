@@ -31,8 +31,8 @@
 //! | `HELIOS_SPLIT_GROUPS=<n>` | workgroups a split (two-phase) reduction aims for (default 2048) |
 //! | `HELIOS_ROW_WHOLE=0` | softmax and norm kernels keep their per-slot bounds checks even for rows a multiple of 4 long (for measuring what the unchecked kernels gain) |
 //! | `HELIOS_NORM_ROWS=<n>` | rows each invocation group of the cached layernorm/rmsnorm backward walks, summing dgamma/dbeta (default: rows / 256 to the nearest power of two, 1 to 32) |
-//! | `HELIOS_FUSION=0` | realise every element-wise node as it is built (one kernel per op), to measure what fusion buys |
-//! | `HELIOS_DEBUG=1` | print each realisation of the lazy graph: the fused kernel, its nodes, inputs, outputs and bytes moved |
+//! | `HELIOS_FUSION=0` | realise every element-wise node and product as it is built (one kernel per op), to measure what fusion buys |
+//! | `HELIOS_DEBUG=1` | print each realisation of the lazy graph: the fused kernel, its nodes, inputs, outputs and bytes moved, or the product and the nodes in its epilogue |
 //! | `HELIOS_WARM_MS=<ms>` | how long timing code (the matmul tuner, `helios bench`) keeps the GPU busy before it measures, so the SM clock has left its idle state (default 300 on GPUs, 0 on CPU devices) |
 
 use helios_spirv::{Binding, KernelModule};
@@ -46,7 +46,7 @@ pub(crate) fn binding() -> Binding {
     }
 }
 
-/// `HELIOS_FUSION=0`: element-wise nodes run one by one (read once per process).
+/// `HELIOS_FUSION=0`: element-wise nodes and products run one by one (read once per process).
 pub(crate) fn fusion() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("HELIOS_FUSION").as_deref() != Ok("0"))
