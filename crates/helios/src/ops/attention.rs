@@ -660,7 +660,7 @@ fn choose(
     }
     if let Some(v) = super::attention_tune::cached(
         device,
-        super::attention_tune::Class::of(storage, dims.d, stage, opts),
+        super::attention_tune::Class::of(storage, dims.d, dims.b * dims.t * dims.h, stage, opts),
     ) {
         let kern = make(v);
         if fits(&kern) {

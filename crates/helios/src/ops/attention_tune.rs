@@ -1,4 +1,5 @@
-//! Block-size autotuning of the attention kernels per (device, dtype, head dim, stage, mask).
+//! Block-size autotuning of the attention kernels per (device, dtype, head dim, stage, mask,
+//! size: the query rows B·T·H to a power of two, which sets how the grid fills the GPU).
 //!
 //! The one decision a reader must know: tuning times whole calls on the caller's own
 //! operands, forcing one stage's variant at a time (`AttentionOptions::stage_variant`); the
@@ -19,7 +20,7 @@ use super::attention::{AttentionGrads, AttentionOptions, AttentionOutput};
 use crate::cpu::attention::relative_error;
 use crate::{DType, Device, Result, Tensor};
 
-/// The class a winner applies to: (storage, head dim, stage, causal, key lengths).
+/// The class a winner applies to: (storage, head dim, stage, causal, key lengths, size).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Class {
     storage: Storage,
@@ -27,30 +28,48 @@ pub(crate) struct Class {
     stage: AttnStage,
     causal: bool,
     padded: bool,
+    /// log2 of the query rows (B·T·H) rounded up to a power of two: the grid's size, which
+    /// decides how many waves of workgroups a tile makes (GPT-2's 8×12 heads at T = 512
+    /// fill 1.45 waves of an H100 with 128-row tiles).
+    rows: u32,
 }
 
 impl Class {
-    pub(crate) fn of(storage: Storage, d: usize, stage: AttnStage, o: &AttentionOptions) -> Class {
+    /// The class of a call with `rows` query rows (B·T·H) of head dim `d`.
+    pub(crate) fn of(
+        storage: Storage,
+        d: usize,
+        rows: usize,
+        stage: AttnStage,
+        o: &AttentionOptions,
+    ) -> Class {
         Class {
             storage,
             d,
             stage,
             causal: o.causal,
             padded: o.key_lengths.is_some(),
+            rows: rows.max(1).next_power_of_two().trailing_zeros(),
         }
     }
 
-    /// As the store's files name it: "bf16 d64 Forward causal1 pad0".
+    /// As the store's files name it: "bf16 d64 Forward causal1 pad0 rows2^16".
     fn name(&self) -> String {
         format!(
-            "{} d{} {:?} causal{} pad{}",
+            "{} d{} {:?} causal{} pad{} rows2^{}",
             self.storage.name(),
             self.d,
             self.stage,
             self.causal as u8,
-            self.padded as u8
+            self.padded as u8,
+            self.rows
         )
     }
+}
+
+/// The query rows (B·T·H) of `q`, a (B, T, H, D) view.
+fn rows(q: &Tensor, d: usize) -> usize {
+    q.len() / d.max(1)
 }
 
 /// `HELIOS_ATTN_TUNE` (read once per process: every attention call asks).
@@ -77,7 +96,7 @@ pub(crate) fn wanted(q: &Tensor, d: usize, stages: &[AttnStage], o: &AttentionOp
         && enabled(dev)
         && stages
             .iter()
-            .any(|&s| cached(dev, Class::of(q.dtype().storage(), d, s, o)).is_none())
+            .any(|&s| cached(dev, Class::of(q.dtype().storage(), d, rows(q, d), s, o)).is_none())
 }
 
 /// The variants worth trying for `stage`, the default order first: the cooperative family
@@ -135,7 +154,7 @@ fn tune(
 ) -> Result<()> {
     let device = q.device();
     let d = *q.shape().last().unwrap_or(&0);
-    let class = Class::of(q.dtype().storage(), d, stage, base);
+    let class = Class::of(q.dtype().storage(), d, rows(q, d), stage, base);
     let key = class.name();
     let mut reference: Option<Vec<Vec<f32>>> = None;
     let coop = q.attention_kernel(stage, base)?.contains("coop");
