@@ -9,7 +9,9 @@
 //! The one decision a reader must know: which kernel runs is decided in `matmul_tune`
 //! (forced variant, `HELIOS_MATMUL_VARIANT`, the tuned and persisted winner for the shape
 //! class, or the documented default), never here; this file only turns tensors into a
-//! `MatmulShape` and records the dispatch.
+//! `MatmulShape` and records the dispatch. A product that a graph pass may still give an
+//! element-wise tail (at most a bias and an activation, no forced kernel) becomes a pending
+//! graph node instead, which `lazy::epilogue` records when something needs it.
 
 use helios_kernels::matmul::{vector_elems, Alignment};
 use helios_kernels::{
