@@ -369,8 +369,10 @@ pub(super) fn realize_product(
     location: MemoryLocation,
     lock: &Realizing,
 ) -> Result<()> {
+    // A product loses its op only when recorded, or folded into its one reader (then
+    // nothing else held it): a pending one asked for here still has it.
     let Some(op) = p.pending.take(lock) else {
-        return Ok(());
+        unreachable!("a pending product keeps its op until it is recorded")
     };
     let ElemOp::Product { alpha, act, .. } = op.op else {
         unreachable!("only products are built with `product`")
