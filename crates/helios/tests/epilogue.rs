@@ -177,6 +177,18 @@ const CASES: &[Case] = &[
         low_counts: (1, 0),
     },
     Case {
+        name: "p / 3 + bias",
+        build: |o| o.x.matmul(&o.w)?.div_scalar(3.0)?.add(&o.b),
+        want: |v| {
+            v.p.iter()
+                .enumerate()
+                .map(|(i, p)| p / 3.0 + bias_of(v, i))
+                .collect()
+        },
+        f32_counts: (1, 0),
+        low_counts: (1, 0),
+    },
+    Case {
         name: "gelu(p + bias)",
         build: |o| o.x.matmul(&o.w)?.add(&o.b)?.gelu_tanh(),
         want: |v| {

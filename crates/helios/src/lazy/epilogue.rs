@@ -10,7 +10,7 @@
 //!   asks `fold_target` how much of the group the epilogue can compute. Those members (the
 //!   *tail*) follow one another, each reading the one before element for element, in the
 //!   epilogue's order:
-//!   1. `× s`, folded into the product's scale;
+//!   1. `× s` or `/ s`, folded into the product's scale;
 //!   2. `+ bias`, a vector broadcast along the rows;
 //!   3. GELU (tanh) or ReLU; or instead the gradient at an activation's input,
 //!      `act_backward(x, product)`, which reads `x` where the epilogue reads a residual;
@@ -221,6 +221,12 @@ fn stage(
             s,
             ..
         } if t.bare() => Some(Stage::Scale(s)),
+        // `p / s` as `p · (1/s)`: within an ulp of the division (attention's `/ √d`).
+        ElemOp::Scalar {
+            op: BinaryOp::Div,
+            s,
+            scalar_first: false,
+        } if t.bare() => Some(Stage::Scale(1.0 / s)),
         ElemOp::Binary(BinaryOp::Add) => {
             let x = &o.inputs[1 - slot];
             if g.member(&x.node).is_some() {
