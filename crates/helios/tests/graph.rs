@@ -816,3 +816,24 @@ fn f16_rounding_is_exact_in_registers_and_in_stores() {
     same(&held.to_vec().unwrap(), "in registers");
     assert_no_validation_messages();
 }
+
+/// A reduction whose pending group reads more tensors than the reduction's push constants
+/// can address (8 bytes each, 40 here) still gives the exact sum: the group is realised
+/// apart first.
+#[test]
+fn a_reduction_of_a_group_with_many_inputs() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = device();
+    let n = 40;
+    let parts: Vec<Tensor> = (0..n)
+        .map(|i| Tensor::from_slice(d, &[i as f32, 1.0, 2.0, 0.5], &[4]).unwrap())
+        .collect();
+    let mut sum = parts[0].clone();
+    for p in &parts[1..] {
+        sum = sum.add(p).unwrap();
+    }
+    let total = sum.sum_all().unwrap().to_vec().unwrap()[0];
+    let want = (0..n).map(|i| i as f32 + 3.5).sum::<f32>();
+    assert_eq!(total, want);
+    assert_no_validation_messages();
+}

@@ -697,8 +697,8 @@ impl Lowered {
 /// computes the group's elements where it would load the root's, and `reduce` records it,
 /// given the lowering (whose kernel and leaves it may take) and the buffers the reduction
 /// must also store the group's outputs into. Prerequisites are realised first. `None`
-/// (nothing recorded): fusion is off, the root is realised, or a group to store has too
-/// many buffers for the reduction's push constants.
+/// (nothing recorded): fusion is off, the root is realised, or the group has too many
+/// buffers for the reduction's push constants.
 ///
 /// - Where no one but the caller's tensor holds the root (`root` is that tensor's
 ///   reference) and no one outside the group holds another member, nothing is stored (the
@@ -732,21 +732,24 @@ pub(crate) fn with_prologue<R>(
     // Besides its uses inside the group, the root is held by the group and the caller's
     // tensor; every other member by no one.
     let held_outside = |j: usize| group.held_outside(j) > if j == last { 2 } else { 0 };
-    if !(0..group.len()).any(held_outside) {
+    let stored = (0..group.len()).any(held_outside);
+    // The reduction's push constants hold the group's addresses (inputs, and the outputs it
+    // stores), its own (at most three) and its seven parameters: past the device's budget
+    // (128 bytes on lavapipe: a dozen inputs), the group is realised apart, split as
+    // `realize` splits any group, and the reduction reads its result.
+    let push = FusedKernel::push_bytes(
+        lowered.kernel.inputs.len() + 3,
+        if stored { lowered.outputs.len() } else { 0 },
+        lowered.scalars.len() + 7,
+    );
+    let ctx = root.device().context();
+    if push > ctx.caps().limits.max_push_constants_size {
+        return Ok(None);
+    }
+    if !stored {
         debug_assert_eq!(lowered.outputs[..], [last], "the root alone is an output");
         count(&group);
         return reduce(&mut lowered, &[]).map(Some);
-    }
-    let ctx = root.device().context();
-    // The reduction's push constants hold the group's addresses, its own (at most three)
-    // and its seven parameters: past the device's budget, the group is realised apart.
-    let push = FusedKernel::push_bytes(
-        lowered.kernel.inputs.len() + 3,
-        lowered.outputs.len(),
-        lowered.scalars.len() + 7,
-    );
-    if push > ctx.caps().limits.max_push_constants_size {
-        return Ok(None);
     }
     let buffers = output_buffers(&group, &lowered.outputs, root, MemoryLocation::DeviceLocal)?;
     count(&group);
