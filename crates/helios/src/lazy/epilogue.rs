@@ -109,6 +109,21 @@ enum Stage {
 }
 
 impl Tail {
+    /// The epilogue product `op` was built with (output `out`), taking nothing of a group yet.
+    fn new(op: &ProductOp, out: DType) -> Tail {
+        Tail {
+            members: SmallVec::new(),
+            alpha: op.alpha,
+            own_bias: op.bias,
+            bias: None,
+            act: op.act,
+            pre: None,
+            residual: None,
+            act_grad: Activation::None,
+            out,
+        }
+    }
+
     fn has_bias(&self) -> bool {
         self.own_bias || self.bias.is_some()
     }
@@ -151,17 +166,7 @@ fn tail(g: &Group<'_>, p: &Arc<Node>, refs: usize, lock: &Realizing) -> Option<T
         return None;
     }
     let shape = p.layout.shape();
-    let mut t = Tail {
-        members: SmallVec::new(),
-        alpha: op.alpha,
-        own_bias: op.bias,
-        bias: None,
-        act: op.act,
-        pre: None,
-        residual: None,
-        act_grad: Activation::None,
-        out: p.dtype,
-    };
+    let mut t = Tail::new(&op, p.dtype);
     // The value computed last (the product, then each member taken), whether something
     // other than its one reader holds it, and its member index.
     let (mut value, mut held, mut at) = (p, Arc::strong_count(p) > 1 + refs, None);
@@ -309,33 +314,10 @@ pub(super) fn fold(end: &Arc<Node>, p: Arc<Node>, lock: &Realizing) -> Result<()
             realize(q, MemoryLocation::DeviceLocal, lock)?;
         }
     };
-    let op = p.pending.take(lock).expect("checked pending above");
-    let (a, b, own_bias) = operands(&op);
-    let opts = MatmulOptions {
-        alpha: t.alpha,
-        bias: own_bias.as_ref().or(t.bias.as_ref()),
-        act: t.act,
-        residual: t.residual.as_ref(),
-        act_grad: t.act_grad,
-        out: Some(t.out),
-        ..Default::default()
-    };
-    let recorded = a.product_now(&b, &opts, t.pre.is_some(), MemoryLocation::DeviceLocal);
-    let (out, pre, kernel) = match recorded {
-        Ok(r) => r,
-        Err(e) => {
-            p.pending.replace(Some(op), lock);
-            return Err(e);
-        }
-    };
-    let stored = [(Some(end), Some(out)), (stored_pre(&g, &p, t.pre), pre)];
-    for (node, tensor) in stored {
-        if let (Some(node), Some(tensor)) = (node, tensor) {
-            let buffer = tensor
-                .into_buffer()
-                .expect("a fresh output is held nowhere else");
-            let _ = node.buffer.set(buffer);
-        }
+    let (out, pre, kernel) = record(&p, &t, MemoryLocation::DeviceLocal, lock)?;
+    set_buffer(end, out);
+    if let (Some(node), Some(pre)) = (stored_pre(&g, &p, t.pre), pre) {
+        set_buffer(node, pre);
     }
     if crate::env::debug() {
         let ops: Vec<&str> = (0..g.len()).map(|j| g.op(j).op.name()).collect();
@@ -350,8 +332,47 @@ pub(super) fn fold(end: &Arc<Node>, p: Arc<Node>, lock: &Realizing) -> Result<()
     NODES.fetch_add(g.len() as u64, Ordering::Relaxed);
     let members = g.release();
     recycle(members, lock);
-    drop(op);
     Ok(())
+}
+
+/// Records pending product `p` with `t`'s epilogue, its output in `location`: the output,
+/// the activation's input where `t` stores it, and the kernel's name (`product_now`). The op
+/// is dropped once recorded; on an error `p` keeps it, pending as before.
+fn record(
+    p: &Node,
+    t: &Tail,
+    location: MemoryLocation,
+    lock: &Realizing,
+) -> Result<(Tensor, Option<Tensor>, String)> {
+    // A product loses its op only when recorded, or folded into its one reader (then
+    // nothing else held it): a pending one asked for here still has it.
+    let op = p
+        .pending
+        .take(lock)
+        .expect("a pending product keeps its op until it is recorded");
+    let (a, b, own_bias) = operands(&op);
+    let opts = MatmulOptions {
+        alpha: t.alpha,
+        bias: own_bias.as_ref().or(t.bias.as_ref()),
+        act: t.act,
+        residual: t.residual.as_ref(),
+        act_grad: t.act_grad,
+        out: Some(t.out),
+        ..Default::default()
+    };
+    let recorded = a.product_now(&b, &opts, t.pre.is_some(), location);
+    if recorded.is_err() {
+        p.pending.replace(Some(op), lock);
+    }
+    recorded
+}
+
+/// Hands `tensor`'s buffer (a fresh output of `record`) to `node`, which it realises.
+fn set_buffer(node: &Node, tensor: Tensor) {
+    let buffer = tensor
+        .into_buffer()
+        .expect("a fresh output is held nowhere else");
+    let _ = node.buffer.set(buffer);
 }
 
 /// The node the activation's input is stored into.
@@ -375,39 +396,16 @@ pub(super) fn realize_product(
     location: MemoryLocation,
     lock: &Realizing,
 ) -> Result<()> {
-    // A product loses its op only when recorded, or folded into its one reader (then
-    // nothing else held it): a pending one asked for here still has it.
-    let Some(op) = p.pending.take(lock) else {
+    let Some(op) = product_op(p, lock) else {
         unreachable!("a pending product keeps its op until it is recorded")
     };
-    let ElemOp::Product { alpha, act, .. } = op.op else {
-        unreachable!("only products are built with `product`")
-    };
-    let (a, b, bias) = operands(&op);
-    let opts = MatmulOptions {
-        alpha,
-        bias: bias.as_ref(),
-        act,
-        out: Some(p.dtype),
-        ..Default::default()
-    };
-    match a.product_now(&b, &opts, false, location) {
-        Ok((out, _, kernel)) => {
-            let buffer = out
-                .into_buffer()
-                .expect("a fresh output is held nowhere else");
-            let _ = p.buffer.set(buffer);
-            if crate::env::debug() {
-                eprintln!(
-                    "helios: realise {kernel}: a product, {} B written",
-                    p.len * p.dtype.size()
-                );
-            }
-            Ok(())
-        }
-        Err(e) => {
-            p.pending.replace(Some(op), lock);
-            Err(e)
-        }
+    let (out, _, kernel) = record(p, &Tail::new(&op, p.dtype), location, lock)?;
+    set_buffer(p, out);
+    if crate::env::debug() {
+        eprintln!(
+            "helios: realise {kernel}: a product, {} B written",
+            p.len * p.dtype.size()
+        );
     }
+    Ok(())
 }

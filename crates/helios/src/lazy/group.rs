@@ -328,7 +328,7 @@ pub(super) fn collect_ready<'r>(
         if group.prerequisites.is_empty() {
             return Ok(Some(group));
         }
-        let pre = std::mem::take(&mut group.prerequisites);
+        let pre = take_prerequisites(&mut group);
         let fold = epilogue::fold_target(&group, &pre, lock);
         drop(group);
         if let Some((end, product)) = fold {

@@ -620,17 +620,14 @@ impl Tensor {
         other: &Tensor,
         opts: &MatmulOptions,
     ) -> Result<(Tensor, Tensor)> {
-        let mut p = Problem::new(self, other, opts)?;
         if opts.act == Activation::None || opts.residual.is_some() {
             return Err(invalid(
                 "saving the activation's input needs an activation and no residual".into(),
             ));
         }
-        p.epilogue.store_pre = true;
-        let pre = p.output()?;
-        p.pre = Some(pre.clone());
-        let (plan, _) = matmul_tune::choose(&p)?;
-        Ok((p.run(&plan)?, pre))
+        let location = helios_vk::MemoryLocation::DeviceLocal;
+        let (y, pre, _) = self.product_now(other, opts, true, location)?;
+        Ok((y, pre.expect("product_now stores the input it is asked to")))
     }
 
     /// `(self · other, Σ_k other[k, ·])` for 2-D operands: a product and the column sums
