@@ -230,12 +230,40 @@ fn row_frag(k: &mut KernelBuilder, pl: &Place, ty: CoopTy, per_slot: &[Val]) -> 
 /// The f32 accumulator values `vals` as the A operand of the next product (rounded to the
 /// inputs' 16-bit type), moved in registers by the map's permutation.
 fn to_a(k: &mut KernelBuilder, pl: &Place, ty: Types, vals: &[Val]) -> CoopMat {
+    if ty.narrow.scalar == Scalar::BF16 {
+        return to_a_bf16(k, pl, ty, vals);
+    }
     let wide = from_elems(k, ty.acc, vals);
     let narrow = k.coop_convert(wide, ty.narrow.scalar);
     let mut a = k.coop_undef(ty.a);
     for e in 0..LEN {
         let x = k.coop_extract(narrow, u32::from(pl.map.a_from_acc[e]));
         a = k.coop_insert(a, x, e as u32);
+    }
+    a
+}
+
+/// [`to_a`] for bf16 operands: each f32 value's high half, as it lies in its register, so
+/// P and dS round towards zero.
+///
+/// That is the rounding NVIDIA's driver (580) already gave the cooperative-matrix
+/// `OpFConvert` f32 → bf16 in these loops, as a shift per element and a permute per pair
+/// (`SHF.R.U32.HI` + `PRMT`; there is no `F2FP.BF16` in its code). Written as high halves, the
+/// driver packs a pair with one `PRMT`, as f16 gets one `F2FP.PACK_AB`: the DkDv loop fell
+/// from 681 to 617 instructions, the same as f16's, and DkDv at bf16 8×12×1024×64 from 126.6
+/// to 124.8 µs (H200, session 31). Rounding to nearest instead (a min against NaNs carrying
+/// into the sign, an add, a pack: 3–4 instructions a pair) was more accurate (worst relative
+/// error 3.9e-3 against 7.5e-3 on the GPU test's shapes) and 3–14% slower in every kernel
+/// (`bench/results/2026-11-28-session31-h200.txt`). A driver whose `OpFConvert` rounds to
+/// nearest would give that accuracy up here. The outputs (O, dQ, dK, dV) round to nearest
+/// even in `store_rows`.
+fn to_a_bf16(k: &mut KernelBuilder, pl: &Place, ty: Types, vals: &[Val]) -> CoopMat {
+    let halves = Ty::vector(Scalar::BF16, 2);
+    let mut a = k.coop_undef(ty.a);
+    for (e, &from) in pl.map.a_from_acc.iter().enumerate() {
+        let two = k.bitcast(vals[usize::from(from)], halves);
+        let high = k.extract(two, 1);
+        a = k.coop_insert(a, high, e as u32);
     }
     a
 }

@@ -14,7 +14,7 @@
 //! keep 16-bit operands in `u32`/`vec4<u32>` buffers and shared arrays (16-byte accesses,
 //! one shared array for both staging stores and fragment loads), and bf16 needs no scalar
 //! arithmetic type at all: [`Scalar::BF16`] exists only as a fragment component
-//! (SPV_KHR_bfloat16), never as a value a kernel computes with.
+//! (SPV_KHR_bfloat16) and the bits moved into one, never as a value a kernel computes with.
 //!
 //! The element-to-invocation mapping of a fragment is not defined by the KHR extension, so
 //! per-element epilogues (bias by column, residual) go through shared memory; whole-fragment

@@ -8,8 +8,9 @@ use rspirv::spirv::Word;
 
 /// A scalar type the IR knows. bfloat16 is a storage format, not an arithmetic type: kernels
 /// keep it in `U16` and widen it to f32 with a shift, which works on every device. `BF16`
-/// exists only as the component of a cooperative matrix (SPV_KHR_bfloat16, see `coop`);
-/// scalar arithmetic on it is not valid SPIR-V.
+/// exists as the component of a cooperative matrix (SPV_KHR_bfloat16, see `coop`) and as the
+/// bits moved into one (a bitcast and an extract); scalar arithmetic on it is not valid
+/// SPIR-V.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scalar {
     Bool,
@@ -19,7 +20,7 @@ pub enum Scalar {
     F32,
     /// IEEE binary64 (needs `shaderFloat64`; exact-integer arithmetic in helios-field).
     F64,
-    /// bfloat16: cooperative-matrix components only.
+    /// bfloat16: cooperative-matrix components and the bits moved into them only.
     BF16,
     I32,
     U32,
