@@ -10,7 +10,9 @@ and the figure measured the host (216 to 443 µs for one case across runs). Wher
 fails the op runs eagerly, and `timing` says which. SDPA gets q, k, v as
 [B, H, T, D] leaves (its own layout); fwd+bwd is the forward then torch.autograd.grad with a
 random dO. The naive form is softmax(scale·QKᵀ + mask)·V with the [B, H, T, T] scores stored
-(f32 scores for f32 inputs, the input dtype otherwise). Prints one JSON document with --json -.
+(f32 scores for f32 inputs, the input dtype otherwise). `backend` names the kernel family
+SDPA ran (see `sdpa_backend`); `flash2_us` is SDPA with FlashAttention-2 forced (f16/bf16),
+the reference on the instructions Helios's kernels use. Prints one JSON document with --json -.
 """
 
 import argparse
@@ -34,6 +36,30 @@ def summary(values):
         return s[lo] + (s[hi] - s[lo]) * (r - lo)
 
     return pct(50), pct(95)
+
+
+def sdpa_backend(fn):
+    """Which kernels SDPA ran: the longest CUDA kernel of one call, named by family
+    ("cudnn-wgmma" is cuDNN's Hopper kernel on the wgmma instructions, which Vulkan's
+    cooperative matrices do not reach on NVIDIA's driver; "flash2" is FlashAttention-2 on
+    mma.sync, the instructions Helios's kernels run on). None where the profiler fails."""
+    import torch
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
+        name = max(kernels, key=lambda e: e.device_time_total).key.lower()
+    except Exception:  # noqa: BLE001 - the column is informative only
+        return None
+    if "cudnn" in name or "sdpa" in name:
+        return "cudnn-wgmma" if "wgmma" in name else "cudnn"
+    if "flash" in name:
+        return "flash2"
+    if "fmha" in name or "cutlass" in name or "efficient" in name:
+        return "mem-efficient"
+    return "math"
 
 
 def main():
@@ -130,6 +156,18 @@ def main():
                     return lambda: torch.autograd.grad(f(), (q, k, v), do)
 
                 med, p95, how = timed(run(sdpa))
+                backend = sdpa_backend(run(sdpa))
+                # FlashAttention-2 forced: the same instruction class (mma.sync) as ours.
+                flash_us = None
+                if dt != torch.float32:
+                    try:
+                        from torch.nn.attention import SDPBackend, sdpa_kernel
+                        def flash():
+                            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                                return sdpa()
+                        flash_us, _, _ = timed(run(flash))
+                    except (ImportError, RuntimeError):
+                        flash_us = None
                 naive_us = None
                 if not a.no_naive:
                     try:
@@ -138,7 +176,7 @@ def main():
                         torch.cuda.empty_cache()
                 results.append({"case": mode, "dtype": dname, "shape": shape,
                                 "median_us": med, "p95_us": p95, "naive_us": naive_us,
-                                "timing": how})
+                                "flash2_us": flash_us, "backend": backend, "timing": how})
             del q, k, v, do
             torch.cuda.empty_cache()
     doc = {"suite": "attention", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -37,6 +37,10 @@ pub struct TorchAttn {
     /// The naive form (scores stored), when it ran.
     #[serde(default)]
     pub naive_us: Option<f64>,
+    /// SDPA with FlashAttention-2 forced (mma.sync, as Helios's kernels), f16/bf16.
+    #[serde(default)]
+    pub flash2_us: Option<f64>,
+    /// The kernel family SDPA ran ("cudnn-wgmma", "flash2", ...: bench/torch_attention.py).
     #[serde(default)]
     pub backend: Option<String>,
     /// "graph" (CUDA-graph replay: GPU time, as Helios's timestamps) or "eager".
@@ -286,7 +290,9 @@ fn table(meta: &report::RunMeta, rows: &[AttnResult]) -> String {
         "sdpa/helios",
         "naive µs",
         "naive/helios",
+        "flash2 µs",
         "torch timing",
+        "sdpa kernel",
         "variant",
     ]
     .iter()
@@ -311,9 +317,14 @@ fn table(meta: &report::RunMeta, rows: &[AttnResult]) -> String {
             ratio(sdpa),
             f(naive),
             ratio(naive),
+            f(r.torch.as_ref().and_then(|t| t.flash2_us)),
             r.torch
                 .as_ref()
                 .and_then(|t| t.timing.clone())
+                .unwrap_or_else(|| "-".to_owned()),
+            r.torch
+                .as_ref()
+                .and_then(|t| t.backend.clone())
                 .unwrap_or_else(|| "-".to_owned()),
             r.variant.clone(),
         ]);
