@@ -25,6 +25,13 @@
 //! 128-key blocks (half the adds) and the adds coalesced per row through shared memory, the
 //! whole fwd+bwd was still 10 µs slower (332 against 322, profiled).
 //!
+//! What to compare against (session 31, H200, `bench attention --compare torch`): PyTorch
+//! 2.11's SDPA runs cuDNN's sm90 kernels on wgmma, which Vulkan's cooperative matrices do not
+//! reach on NVIDIA's driver (it emits mma.sync, about two thirds of wgmma's rate). On the same
+//! instructions, FlashAttention-2 (SDPA with that backend forced) takes 312 µs fwd+bwd at bf16
+//! 8×12×1024×64 and 127 at T = 512, against our 303 and 105; cuDNN takes 196 and 82. The
+//! bench prints both.
+//!
 //! Where the register kernels' time goes at 8×12×512×64 bf16 (H100, session 24, ablations
 //! in `bench/results/2026-11-27-session24-h100.txt`): of forward 27.6 µs, Dq 35.4 and DkDv
 //! 42.5, a workgroup's start and end alone (no key or query loop) take 11.2, 12.9 and
