@@ -227,6 +227,42 @@ fn a_chain_with_a_broadcast_bias_is_one_kernel_and_reads_views_in_place() {
     assert_no_validation_messages();
 }
 
+/// `Device::synchronize` (and an optimizer step) realise every pending node, and a chain
+/// realised there fuses as it does when read: one kernel, only the result stored. (They had
+/// first taken a reference to every pending node, so each member looked held by someone and
+/// was stored.)
+#[test]
+fn a_chain_realised_by_synchronize_stores_only_its_result() {
+    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = device();
+    let x: Vec<f32> = (0..64 * 32).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+    let xt = Tensor::from_slice(d, &x, &[64, 32]).unwrap();
+    let before = graph_stats();
+    let y = xt
+        .mul_scalar(3.0)
+        .unwrap()
+        .tanh()
+        .unwrap()
+        .add(&xt)
+        .unwrap();
+    d.synchronize().unwrap();
+    let after = graph_stats();
+    assert_eq!(after.kernels - before.kernels, 1);
+    assert_eq!(after.nodes - before.nodes, 3);
+    assert_eq!(
+        after.outputs - before.outputs,
+        1,
+        "intermediates stay in registers"
+    );
+    let got = y.to_vec().unwrap();
+    assert_eq!(graph_stats().kernels, after.kernels, "y was realised");
+    for (i, g) in got.iter().enumerate() {
+        let want = (3.0 * x[i] as f64).tanh() + x[i] as f64;
+        assert!((*g as f64 - want).abs() < 1e-5, "{i}: {g} vs {want}");
+    }
+    assert_no_validation_messages();
+}
+
 /// Max and min of scalars inside one fused kernel, over IEEE special values (vec4 and
 /// one-element forms, both operand orders, every special value as the scalar) against the
 /// CPU: NaN exactly where an operand is NaN, as in PyTorch. The kernel tests only the tensor

@@ -293,18 +293,18 @@ pub(crate) fn realize_all() -> Result<()> {
     // Under the lock, so no other thread's realisation runs between the check and ours, and
     // no other thread's scheduler sees the reference counts our upgrades raise: it decides
     // what to store (and what a reduction may compute in its loads) from those counts.
+    //
+    // Newest first, each node upgraded only while it is realised: a reference taken to every
+    // pending node up front made each look held by someone to the scheduler, so every member
+    // of every group was stored and no product took a tail. An older node that a newer one's
+    // group computes in registers, and nothing else holds, is dead by its turn.
     let one = crate::realize_lock::lock();
-    let pending: Vec<Arc<Node>> = LOCAL.with(|local| {
-        let mut local = local.borrow_mut();
-        let live = local
-            .pending
-            .drain(..)
-            .filter_map(|w| w.upgrade())
-            .collect();
-        live
-    });
-    // `pending` was declared after the lock guard, so on every return it is released first.
-    for n in pending.iter().rev() {
+    let pending: Vec<std::sync::Weak<Node>> =
+        LOCAL.with(|local| local.borrow_mut().pending.drain(..).collect());
+    for w in pending.iter().rev() {
+        let Some(n) = w.upgrade() else {
+            continue;
+        };
         // A node another thread's group computed in registers (no one held it then: only
         // this list's weak reference, upgraded afterwards) has neither op nor buffer: it is
         // dead, not pending.
@@ -315,7 +315,7 @@ pub(crate) fn realize_all() -> Result<()> {
             continue;
         };
         n.pending.replace(Some(op), &one);
-        realize(n, MemoryLocation::DeviceLocal, &one)?;
+        realize(&n, MemoryLocation::DeviceLocal, &one)?;
     }
     Ok(())
 }
