@@ -11,7 +11,7 @@
 mod common;
 
 use common::{assert_no_validation_messages, device};
-use helios::{graph_stats, Compare, DType, Device, Tensor};
+use helios::{graph_stats, Compare, DType, Device, GraphStats, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -191,6 +191,20 @@ fn fused_matches_node_by_node_and_cpu() {
     assert_no_validation_messages();
 }
 
+/// Asserts that one fused kernel ran since `before`, computing `nodes` nodes and storing
+/// only its result; returns the counters now.
+fn one_kernel_since(before: &GraphStats, nodes: u64) -> GraphStats {
+    let after = graph_stats();
+    assert_eq!(after.kernels - before.kernels, 1);
+    assert_eq!(after.nodes - before.nodes, nodes);
+    assert_eq!(
+        after.outputs - before.outputs,
+        1,
+        "intermediates stay in registers"
+    );
+    after
+}
+
 #[test]
 fn a_chain_with_a_broadcast_bias_is_one_kernel_and_reads_views_in_place() {
     let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -210,14 +224,7 @@ fn a_chain_with_a_broadcast_bias_is_one_kernel_and_reads_views_in_place() {
         .add(&xt)
         .unwrap();
     let got = y.to_vec().unwrap();
-    let after = graph_stats();
-    assert_eq!(after.kernels - before.kernels, 1);
-    assert_eq!(after.nodes - before.nodes, 4);
-    assert_eq!(
-        after.outputs - before.outputs,
-        1,
-        "intermediates stay in registers"
-    );
+    one_kernel_since(&before, 4);
     for (i, g) in got.iter().enumerate() {
         let z = (x[i] + b[i % 32]) as f64;
         let gelu = 0.5 * z * (1.0 + (0.797_884_560_802_865_4 * (z + 0.044715 * z * z * z)).tanh());
@@ -246,14 +253,7 @@ fn a_chain_realised_by_synchronize_stores_only_its_result() {
         .add(&xt)
         .unwrap();
     d.synchronize().unwrap();
-    let after = graph_stats();
-    assert_eq!(after.kernels - before.kernels, 1);
-    assert_eq!(after.nodes - before.nodes, 3);
-    assert_eq!(
-        after.outputs - before.outputs,
-        1,
-        "intermediates stay in registers"
-    );
+    let after = one_kernel_since(&before, 3);
     let got = y.to_vec().unwrap();
     assert_eq!(graph_stats().kernels, after.kernels, "y was realised");
     for (i, g) in got.iter().enumerate() {
