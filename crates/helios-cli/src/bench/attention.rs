@@ -300,6 +300,7 @@ fn table(meta: &report::RunMeta, rows: &[AttnResult]) -> String {
     .collect()];
     for r in rows {
         let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.1}"));
+        let text = |v: Option<&str>| v.unwrap_or("-").to_owned();
         let sdpa = r.torch.as_ref().map(|t| t.median_us);
         let naive = r.torch.as_ref().and_then(|t| t.naive_us);
         let tf = sdpa.map(|u| r.tflops * r.time_us.median / u);
@@ -318,14 +319,8 @@ fn table(meta: &report::RunMeta, rows: &[AttnResult]) -> String {
             f(naive),
             ratio(naive),
             f(r.torch.as_ref().and_then(|t| t.flash2_us)),
-            r.torch
-                .as_ref()
-                .and_then(|t| t.timing.clone())
-                .unwrap_or_else(|| "-".to_owned()),
-            r.torch
-                .as_ref()
-                .and_then(|t| t.backend.clone())
-                .unwrap_or_else(|| "-".to_owned()),
+            text(r.torch.as_ref().and_then(|t| t.timing.as_deref())),
+            text(r.torch.as_ref().and_then(|t| t.backend.as_deref())),
             r.variant.clone(),
         ]);
     }
