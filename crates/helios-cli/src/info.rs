@@ -201,6 +201,7 @@ fn describe(s: &mut String, index: usize, c: &Caps, selected: bool, extensions: 
         ("cooperative_matrix", f.cooperative_matrix),
         ("buffer_f32_atomic_add", f.shader_buffer_float32_atomic_add),
         ("nv_cooperative_matrix2", c.nv_cooperative_matrix2),
+        ("nvx_binary_import", f.native_kernels),
     ] {
         sub(s, name, yes_no(on).into());
     }

@@ -20,6 +20,7 @@ pub mod loss;
 pub mod math;
 pub mod matmul;
 pub mod matmul_coop;
+mod matmul_native;
 mod matmul_simt;
 mod matmul_wg;
 pub mod multi_tensor;
@@ -46,10 +47,11 @@ pub use loss::{
     CROSS_ENTROPY_WORKGROUP,
 };
 pub use matmul::{
-    Activation, Epilogue, MatmulAddresses, MatmulCaps, MatmulKernel, MatmulShape, RowOp, Triangle,
-    Variant as MatmulVariant, WgSupport,
+    Activation, Epilogue, MatmulAddresses, MatmulCaps, MatmulKernel, MatmulShape, NativeTile,
+    RowOp, Triangle, Variant as MatmulVariant, WgSupport,
 };
 pub use matmul_coop::CoopPeakKernel;
+pub use matmul_native::NativeLaunch;
 pub use multi_tensor::{sum_squares_table, SumSquaresKernel};
 pub use optim::{AdamWArgs, AdamWKernel, AdamWStep};
 pub use storage::{buffer_scalar, load_f32, store_f32, Storage};

@@ -252,6 +252,26 @@ pub struct WgTile {
     pub tensor: bool,
 }
 
+/// A tile of the native NVIDIA kernels (`matmul_native`, PTX with `wgmma`): `bm × bn` outputs
+/// per block of `bm / 64` warpgroups (each 64 rows × `bn`), k staged `bk` at a time through
+/// `stages` shared-memory stages filled by `cp.async`; `overlap` keeps one `wgmma` group in
+/// flight across the loop's barrier (one stage fewer ahead).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NativeTile {
+    pub bm: u16,
+    pub bn: u16,
+    pub bk: u16,
+    pub stages: u8,
+    pub overlap: bool,
+}
+
+impl NativeTile {
+    /// Shared memory of the stages: both operands, 2-byte elements.
+    pub const fn shared_bytes(self) -> u32 {
+        self.stages as u32 * (self.bm as u32 + self.bn as u32) * self.bk as u32 * 2
+    }
+}
+
 /// A kernel family and its tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Variant {
@@ -259,6 +279,8 @@ pub enum Variant {
     Coop(CoopTile),
     /// Workgroup-scope matrices (`matmul_wg`).
     Wg(WgTile),
+    /// NVIDIA's native path: PTX through VK_NVX_binary_import (`matmul_native`).
+    Native(NativeTile),
 }
 
 /// k step of the SIMT kernels: 8 keeps the transposing shared stores conflict-free.
@@ -320,7 +342,25 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     // a driver makes this path fast (bench/results/2026-11-22-coopmat2-h100.md).
     ("wg128x128k16w4p", wg(128, 128, 16, 4, true)),
     ("wgt128x128k16w4", wgt(128, 128, 16, 4)),
+    // NVIDIA native (wgmma through PTX): two warpgroups of 64 rows, 48 KiB of stages.
+    ("nv128x256k16s4", native(128, 256, 16, 4, false)),
+    ("nv128x256k16s4o", native(128, 256, 16, 4, true)),
+    ("nv128x256k32s2", native(128, 256, 32, 2, false)),
+    ("nv128x128k32s3", native(128, 128, 32, 3, false)),
+    ("nv128x128k32s3o", native(128, 128, 32, 3, true)),
+    ("nv128x128k16s6o", native(128, 128, 16, 6, true)),
+    ("nv128x192k16s4o", native(128, 192, 16, 4, true)),
 ];
+
+const fn native(bm: u16, bn: u16, bk: u16, stages: u8, overlap: bool) -> Variant {
+    Variant::Native(NativeTile {
+        bm,
+        bn,
+        bk,
+        stages,
+        overlap,
+    })
+}
 
 /// Largest tile edges of the `Wg` variants: every M and N tile divides `WG_GRANULE[0]`, every
 /// k step `WG_GRANULE[1]` (the tuner's shape classes keep exact divisibility up to these).
@@ -444,6 +484,14 @@ impl Variant {
                 t.warps,
                 if t.prefetch { "p" } else { "" }
             ),
+            Variant::Native(t) => format!(
+                "nv{}x{}k{}s{}{}",
+                t.bm,
+                t.bn,
+                t.bk,
+                t.stages,
+                if t.overlap { "o" } else { "" }
+            ),
         }
     }
 
@@ -515,7 +563,21 @@ impl Variant {
                     && (t.stages == 2 || (t.stages == 1 && t.depth == 1))
             }
             Variant::Wg(t) => t.bm > 0 && t.bn > 0 && t.bk > 0 && t.warps > 0,
+            Variant::Native(t) => {
+                t.bm % 64 == 0
+                    && (64..=192).contains(&t.bm)
+                    && t.bn % 16 == 0
+                    && (16..=256).contains(&t.bn)
+                    && t.bk % 16 == 0
+                    && (16..=64).contains(&t.bk)
+                    && t.stages >= 2 + u8::from(t.overlap)
+            }
         }
+    }
+
+    /// A native NVIDIA kernel (PTX through VK_NVX_binary_import), not a SPIR-V pipeline.
+    pub const fn is_native(self) -> bool {
+        matches!(self, Variant::Native(_))
     }
 
     /// Runs on the matrix units (subgroup or workgroup scope).
@@ -529,6 +591,7 @@ impl Variant {
             Variant::Simt(t) => (t.bm as u32, t.bn as u32),
             Variant::Coop(t) => (t.bm as u32, t.bn as u32),
             Variant::Wg(t) => (t.bm as u32, t.bn as u32),
+            Variant::Native(t) => (t.bm as u32, t.bn as u32),
         }
     }
 
@@ -538,6 +601,8 @@ impl Variant {
             Variant::Simt(t) => (t.bm as u32 / t.tm as u32) * (t.bn as u32 / t.tn as u32),
             Variant::Coop(t) => subgroup * t.wm as u32 * t.wn as u32,
             Variant::Wg(t) => subgroup * t.warps as u32,
+            // A warpgroup (128 threads) per 64 rows, whatever the subgroup size.
+            Variant::Native(t) => 2 * t.bm as u32,
         }
     }
 
@@ -554,6 +619,7 @@ impl Variant {
             }
             // The driver's own staging lives in its reserved shared memory.
             Variant::Wg(_) => 0,
+            Variant::Native(t) => t.shared_bytes(),
         }
     }
 }
@@ -563,7 +629,7 @@ impl Variant {
 pub const fn vector_elems(v: Variant) -> u32 {
     match v {
         Variant::Simt(_) => 4,
-        Variant::Coop(_) | Variant::Wg(_) => 8,
+        Variant::Coop(_) | Variant::Wg(_) | Variant::Native(_) => 8,
     }
 }
 
@@ -604,7 +670,7 @@ pub fn exact_k(variant: Variant, shape: &MatmulShape) -> bool {
     let step = match variant {
         Variant::Simt(t) => t.k_step(),
         Variant::Coop(t) => u32::from(t.bk) * u32::from(t.depth.max(1)),
-        Variant::Wg(_) => return false,
+        Variant::Wg(_) | Variant::Native(_) => return false,
     };
     shape.k > 0 && shape.k % step == 0
 }
@@ -772,6 +838,8 @@ pub struct MatmulCaps {
     /// On a CPU device (lavapipe), how many host threads run workgroups at once; `None` on
     /// GPUs.
     pub cpu_threads: Option<u32>,
+    /// The PTX target of the device's native kernels (VK_NVX_binary_import), if it has them.
+    pub native: Option<helios_ptx::Target>,
 }
 
 /// One input type's workgroup-scope support: `m × n × k` products of f32-accumulated
@@ -838,6 +906,7 @@ impl MatmulKernel {
         }
         match v {
             Variant::Simt(_) => !self.epilogue.col_sums || self.triangle == Triangle::Full,
+            Variant::Native(t) => crate::matmul_native::feasible(self, t, caps.native),
             _ if self.triangle.masks_a() || self.epilogue.col_sums => false,
             Variant::Wg(t) => {
                 (!t.tensor || (self.input == Storage::F16 && caps.coop_wg_tensor))
@@ -912,6 +981,10 @@ impl MatmulKernel {
             Variant::Simt(t) => crate::matmul_simt::build(self, t),
             Variant::Coop(t) => crate::matmul_coop::build(self, t),
             Variant::Wg(t) => crate::matmul_wg::build(self, t),
+            // Native kernels are PTX (`build_native`); callers branch on `is_native` first.
+            Variant::Native(_) => {
+                unreachable!("{} is a native kernel: use build_native", self.name())
+            }
         }
     }
 

@@ -210,7 +210,7 @@ mod matmul {
         let simt: Vec<Variant> = VARIANTS
             .iter()
             .map(|(_, v)| *v)
-            .filter(|v| !v.is_coop())
+            .filter(|v| !v.is_coop() && !v.is_native())
             .collect();
         for (i, &v) in simt.iter().enumerate() {
             for (j, trans) in TRANS.into_iter().enumerate() {

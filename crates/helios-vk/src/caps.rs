@@ -192,6 +192,9 @@ pub struct Features {
     /// VK_KHR_pipeline_executable_properties pipelineExecutableInfo: the driver reports
     /// compiler statistics of pipelines (enabled only on request, `HELIOS_PIPELINE_STATS`).
     pub pipeline_executable_info: bool,
+    /// VK_NVX_binary_import is listed: the driver runs CUDA kernels (PTX or cubin) inside
+    /// Vulkan command buffers (native.rs).
+    pub native_kernels: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

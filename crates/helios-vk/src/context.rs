@@ -22,6 +22,7 @@ use crate::executable::ExecutableCapture;
 use crate::features::{self, EnabledFeatures};
 use crate::instance::{Instance, InstanceOptions};
 use crate::memory::MemoryLocation;
+use crate::native;
 use crate::pipeline_cache::{PipelineCache, PipelineCacheDir, HELIOS_VERBOSE};
 use crate::pool::Pool;
 use crate::profile::{Profiler, HELIOS_PROFILE};
@@ -40,6 +41,10 @@ pub struct Context {
     pub(crate) pipeline_executable: Option<ash::khr::pipeline_executable_properties::Device>,
     /// What compute pipelines capture (`Off` unless asked for and supported; executable.rs).
     pub(crate) capture: ExecutableCapture,
+    /// VK_NVX_binary_import entry points, when native kernels are enabled (native.rs).
+    pub(crate) native: Option<ash::nvx::binary_import::Device>,
+    /// Why native kernels are off, for `create_native_kernel`'s error.
+    pub(crate) native_off: Option<String>,
     queue_family: u32,
     pub(crate) submitter: Submitter,
     /// The dedicated transfer queue, where the device has one (copy_queue.rs).
@@ -109,6 +114,9 @@ pub struct ContextOptions {
     /// it an allocation fails as out of device memory (after the pool gave back what it
     /// cached).
     pub memory_limit: Option<u64>,
+    /// `HELIOS_NATIVE=0` leaves VK_NVX_binary_import off: no native (PTX) kernels even where
+    /// the driver offers them.
+    pub native_kernels: bool,
 }
 
 impl Default for ContextOptions {
@@ -125,6 +133,7 @@ impl Default for ContextOptions {
             pipeline_statistics: ExecutableCapture::Off,
             cooperative_matrix2: true,
             memory_limit: None,
+            native_kernels: true,
         }
     }
 }
@@ -143,6 +152,7 @@ impl ContextOptions {
             pipeline_statistics: ExecutableCapture::from_env()?,
             cooperative_matrix2: env::flag(env::HELIOS_COOPMAT2)?.unwrap_or(true),
             memory_limit: env::bytes(env::HELIOS_MEMORY_LIMIT)?,
+            native_kernels: env::flag(env::HELIOS_NATIVE)?.unwrap_or(true),
         })
     }
 
@@ -177,11 +187,12 @@ impl Context {
                 missing: "a queue family with compute support".into(),
             })?;
         let want_stats = options.pipeline_statistics != ExecutableCapture::Off;
-        let (enabled, withheld) = features::plan(
+        let (mut enabled, withheld) = features::plan(
             caps,
             instance.validation_layer_version(),
             want_stats,
             options.cooperative_matrix2,
+            options.native_kernels,
         );
         if want_stats && !enabled.pipeline_executable_info {
             eprintln!(
@@ -249,6 +260,19 @@ impl Context {
         let pipeline_executable = enabled.pipeline_executable_info.then(|| {
             ash::khr::pipeline_executable_properties::Device::new(instance.raw(), &device)
         });
+        let mut native_off = native::unavailable_reason(caps, options.native_kernels, &enabled);
+        let native = match enabled.native_kernels {
+            true => match native::load(instance.raw(), &device) {
+                Ok(n) => Some(n),
+                Err(why) => {
+                    eprintln!("helios: native kernels off: {why}");
+                    enabled.native_kernels = false;
+                    native_off = Some(why);
+                    None
+                }
+            },
+            false => None,
+        };
         let capture = match enabled.pipeline_executable_info {
             true => options.pipeline_statistics,
             false => ExecutableCapture::Off,
@@ -266,6 +290,8 @@ impl Context {
             push_descriptor,
             pipeline_executable,
             capture,
+            native,
+            native_off,
             queue_family,
             submitter,
             copy_queue,

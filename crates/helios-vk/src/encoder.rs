@@ -21,6 +21,7 @@ use std::sync::{Arc, MutexGuard};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
+use crate::native::NativeKernel;
 use crate::pipeline::Pipeline;
 use crate::recorder::{self, Commands, Recorder};
 
@@ -175,17 +176,27 @@ pub(crate) struct OpenBatch {
     stages: Stages,
     /// Whether a dispatch was recorded since the last compute+transfer barrier.
     compute_since_full: bool,
+    /// Whether a barrier that does not order native launches (compute or compute+transfer)
+    /// forgot accesses since the last full barrier (native.rs).
+    partial_since_native: bool,
     /// Transfer-timeline value the batch must wait for (0: none).
     pub(crate) wait_transfer: u64,
     /// Pipelines the batch uses, kept alive until it completes.
     pub(crate) keep: Vec<Arc<Pipeline>>,
+    /// Native kernels the batch launches, kept alive until it completes.
+    pub(crate) keep_native: Vec<Arc<NativeKernel>>,
 }
 
 impl OpenBatch {
     /// Inserts a barrier if `accesses` (made by a command of `stage`) conflict with earlier
     /// ones, then records them.
     pub(crate) fn order(&mut self, stage: Stage, accesses: &[Access<'_>]) {
-        if stage == Stage::Transfer && self.compute_since_full {
+        if stage == Stage::Native && self.partial_since_native {
+            // Accesses forgotten at a compute-only or compute+transfer barrier may conflict
+            // with this launch, and that barrier does not cover it: fence everything, as for
+            // copies below.
+            self.barrier_from(Stages::ALL, stage);
+        } else if stage == Stage::Transfer && self.compute_since_full {
             // Compute-only barriers since the last full one do not order earlier dispatches
             // before a copy; copies are rare inside a batch, so fence everything.
             self.barrier_from(Stages::ALL, stage);
@@ -218,19 +229,35 @@ impl OpenBatch {
         any && self.stages != Stages::NONE
     }
 
-    /// A full compute/transfer barrier; forgets the tracked accesses.
+    /// A full compute/transfer barrier (a full ALL_COMMANDS one after a native launch);
+    /// forgets the tracked accesses.
     pub(crate) fn barrier(&mut self) {
         self.barrier_from(Stages::ALL, Stage::Compute);
     }
 
+    /// For a native launch recorded through a `Recorder` (explicit barriers): the caller's
+    /// last barrier before it becomes a full one, and so does the next barrier after it.
+    pub(crate) fn native_recorded(&mut self) {
+        self.commands.upgrade_last_barrier();
+        self.stages.insert(Stage::Native);
+    }
+
     /// A barrier from the stages used since the last one to `next`. Between dispatches this
-    /// is compute→compute only: a transfer stage in the mask costs NVIDIA more.
+    /// is compute→compute only: a transfer stage in the mask costs NVIDIA more. Around a
+    /// native launch it is ALL_COMMANDS→ALL_COMMANDS, since the driver does not say which
+    /// stage a launch runs in.
     fn barrier_from(&mut self, used: Stages, next: Stage) {
-        if used == Stages::COMPUTE && next == Stage::Compute {
+        if next == Stage::Native || self.stages.has_native() || used.has_native() {
+            self.commands.native_barrier();
+            self.compute_since_full = false;
+            self.partial_since_native = false;
+        } else if used == Stages::COMPUTE && next == Stage::Compute {
             self.commands.compute_barrier();
+            self.partial_since_native = true;
         } else {
             self.commands.full_barrier();
             self.compute_since_full = false;
+            self.partial_since_native = true;
         }
         self.hazards.clear();
         self.stages = Stages::NONE;
@@ -243,9 +270,11 @@ impl OpenBatch {
 pub(crate) enum Stage {
     Compute,
     Transfer,
+    /// A native kernel launch (native.rs): its stage is the driver's secret.
+    Native,
 }
 
-/// A set of stages (bit 0 compute, bit 1 transfer).
+/// A set of stages (bit 0 compute, bit 1 transfer, bit 2 native).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Stages(u8);
 
@@ -259,7 +288,12 @@ impl Stages {
         self.0 |= match s {
             Stage::Compute => 1,
             Stage::Transfer => 2,
+            Stage::Native => 4,
         };
+    }
+
+    fn has_native(self) -> bool {
+        self.0 & 4 != 0
     }
 }
 
@@ -333,8 +367,10 @@ impl OpenBatch {
             hazards: Hazards::default(),
             stages,
             compute_since_full: false,
+            partial_since_native: false,
             wait_transfer,
             keep: Vec::new(),
+            keep_native: Vec::new(),
         }
     }
 }
@@ -674,5 +710,56 @@ mod tests {
             .unwrap();
         assert_eq!(waits, (0, 3, 7));
         ctx.synchronize().unwrap();
+    }
+
+    /// Native launches get full all-commands barriers on hazards in either direction, and
+    /// one after any compute-only barrier that forgot accesses; independent work gets none.
+    /// Only barriers are recorded here (no launch), so this runs on any device.
+    #[test]
+    fn barriers_around_native_launches_are_full() {
+        let ctx = Context::from_env().unwrap();
+        let buf = |_| ctx.create_buffer(256, MemoryLocation::DeviceLocal).unwrap();
+        let (a, b, c, d) = (buf(0), buf(1), buf(2), buf(3));
+        let kinds = ctx
+            .with_batch(|batch| {
+                // Dispatch writes a → launch reads a: hazard, full barrier.
+                batch.order(Stage::Compute, &[Access::write(&a)]);
+                batch.order(Stage::Native, &[Access::read(&a), Access::write(&b)]);
+                // Independent dispatch: none. Then a dispatch reading b (the launch's
+                // output): full, since a launch is among the unfenced commands.
+                batch.order(Stage::Compute, &[Access::write(&c)]);
+                batch.order(Stage::Compute, &[Access::read(&b)]);
+                // Dispatch → dispatch: compute-only, and it forgets the write of d...
+                batch.order(Stage::Compute, &[Access::write(&d)]);
+                batch.order(Stage::Compute, &[Access::read(&d)]);
+                // ...so the next launch gets a full barrier even on an unrelated buffer.
+                batch.order(Stage::Native, &[Access::read(&a)]);
+                // An independent launch: none. A copy of its output: full.
+                batch.order(Stage::Native, &[Access::write(&c)]);
+                batch.order(Stage::Transfer, &[Access::read(&c)]);
+                Ok(batch.commands.barrier_kinds())
+            })
+            .unwrap();
+        assert_eq!(kinds, ["native", "native", "compute", "native", "native"]);
+        // The Recorder's explicit barriers (in a fresh batch): the one before a launch is
+        // upgraded, the one after it is full from the start.
+        ctx.synchronize().unwrap();
+        let kinds = ctx
+            .with_batch(|batch| {
+                let before = batch.commands.barrier_kinds().len();
+                batch.order(Stage::Compute, &[Access::write(&a)]);
+                batch.order(Stage::Compute, &[Access::read(&a)]);
+                batch.barrier();
+                batch.native_recorded();
+                batch.barrier();
+                batch.barrier();
+                Ok(batch.commands.barrier_kinds()[before..].to_vec())
+            })
+            .unwrap();
+        assert_eq!(kinds, ["compute", "native", "native", "full"]);
+        ctx.synchronize().unwrap();
+        // The all-commands barriers are valid Vulkan (checked where validation is on).
+        let messages = ctx.validation_messages();
+        assert!(messages.is_empty(), "{}", messages.join("\n"));
     }
 }

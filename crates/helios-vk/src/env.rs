@@ -105,6 +105,10 @@ pub const HELIOS_SUBMIT_THREAD: &str = "HELIOS_SUBMIT_THREAD";
 /// `HELIOS_BAR=0`: device-local buffers never use the host-visible (BAR) memory type.
 pub const HELIOS_BAR: &str = "HELIOS_BAR";
 
+/// `HELIOS_NATIVE=0`: leave VK_NVX_binary_import off, so native (PTX) kernels are never
+/// created even where the driver offers them.
+pub const HELIOS_NATIVE: &str = "HELIOS_NATIVE";
+
 #[cfg(test)]
 mod tests {
     use super::parse_bytes;

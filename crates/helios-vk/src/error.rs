@@ -119,6 +119,24 @@ pub enum Error {
     #[error("dispatch of {pipeline:?}: {detail}")]
     InvalidDispatch { pipeline: String, detail: String },
 
+    #[error("native kernels are unavailable on {device:?}: {reason}; use SPIR-V kernels there")]
+    NativeUnavailable { device: String, reason: String },
+
+    #[error(
+        "native kernel {kernel:?}: the driver rejected the PTX ({call} returned {result}, \
+         and the driver gives no diagnostics); run `ptxas` on the module (e.g. \
+         `ptxas -arch=sm_90 {kernel}.ptx`) to see why, and check that it defines `.entry {entry}`"
+    )]
+    NativeRejected {
+        kernel: String,
+        entry: String,
+        call: &'static str,
+        result: vk::Result,
+    },
+
+    #[error("native launch of {kernel:?}: {detail}")]
+    InvalidLaunch { kernel: String, detail: String },
+
     #[error("wait for timeline value {value}, but only {last_submitted} has been submitted; wait for a value returned by submit()")]
     WaitOnUnsubmitted { value: u64, last_submitted: u64 },
 

@@ -56,6 +56,9 @@ pub struct EnabledFeatures {
     /// VK_EXT_shader_atomic_float shaderBufferFloat32AtomicAdd (f32 atomic add on storage
     /// buffers).
     pub shader_buffer_float32_atomic_add: bool,
+    /// VK_NVX_binary_import with bufferDeviceAddress: native CUDA kernels from PTX
+    /// (`Context::create_native_kernel`); `HELIOS_NATIVE=0` leaves it off.
+    pub native_kernels: bool,
 }
 
 /// Refuses devices Helios cannot run on, naming everything that is missing at once.
@@ -87,6 +90,8 @@ pub(crate) fn check_required(caps: &Caps) -> Result<()> {
 const COOPERATIVE_MATRIX_HEADER: u32 = vk::make_api_version(0, 1, 3, 255);
 /// Header version that introduced VK_KHR_shader_bfloat16.
 const BFLOAT16_HEADER: u32 = vk::make_api_version(0, 1, 4, 311);
+/// Header version that introduced VK_NVX_binary_import (April 2021).
+const NATIVE_HEADER: u32 = vk::make_api_version(0, 1, 2, 175);
 
 /// Everything supported that Helios can use; NV cooperative_matrix2 is not wanted yet.
 ///
@@ -97,12 +102,14 @@ const BFLOAT16_HEADER: u32 = vk::make_api_version(0, 1, 4, 311);
 ///
 /// `pipeline_stats`: pipelineExecutableInfo was asked for (`ContextOptions::pipeline_stats`);
 /// it is enabled only then, and only where the device supports it. `coopmat2`: workgroup-scope
-/// cooperative matrices are wanted (`ContextOptions::cooperative_matrix2`).
+/// cooperative matrices are wanted (`ContextOptions::cooperative_matrix2`). `native`: native
+/// kernels are wanted (`ContextOptions::native_kernels`).
 pub(crate) fn plan(
     caps: &Caps,
     validation_layer: Option<u32>,
     pipeline_stats: bool,
     coopmat2: bool,
+    native: bool,
 ) -> (EnabledFeatures, Vec<&'static str>) {
     let f = &caps.features;
     let layer_knows = |header: u32| validation_layer.map_or(true, |v| v >= header);
@@ -127,6 +134,12 @@ pub(crate) fn plan(
     let cooperative_matrix_workgroup_scope =
         coopmat2 && cooperative_matrix && wg_supported && coopmat2_ok;
     let bfloat16 = f.bfloat16 && bf16_ok;
+    // Kernels take buffers as device addresses, so the extension is useless without them.
+    let native_wanted = native && f.native_kernels && f.buffer_device_address;
+    let native_ok = layer_knows(NATIVE_HEADER);
+    if native_wanted && !native_ok {
+        withheld.push("VK_NVX_binary_import");
+    }
     let enabled = EnabledFeatures {
         buffer_device_address: true,
         timeline_semaphore: true,
@@ -160,6 +173,7 @@ pub(crate) fn plan(
                 .is_some_and(|c| c.tensor_addressing),
         pipeline_executable_info: pipeline_stats && f.pipeline_executable_info,
         shader_buffer_float32_atomic_add: f.shader_buffer_float32_atomic_add,
+        native_kernels: native_wanted && native_ok,
     };
     (enabled, withheld)
 }
@@ -191,6 +205,9 @@ pub(crate) fn extensions(caps: &Caps, enabled: &EnabledFeatures) -> Vec<&'static
     }
     if enabled.shader_buffer_float32_atomic_add {
         exts.push(ash::ext::shader_atomic_float::NAME);
+    }
+    if enabled.native_kernels {
+        exts.push(ash::nvx::binary_import::NAME);
     }
     // The spec requires enabling it wherever it is listed (MoltenVK and similar).
     if caps.has_extension("VK_KHR_portability_subset") {
@@ -338,7 +355,7 @@ mod tests {
         c.features.compute_full_subgroups = true;
         c.features.bfloat16_cooperative_matrix = true;
         c.features.bfloat16 = true;
-        let (e, withheld) = plan(&c, None, false, true);
+        let (e, withheld) = plan(&c, None, false, true, true);
         assert!(withheld.is_empty());
         assert!(!e.compute_full_subgroups);
         assert!(!e.bfloat16_cooperative_matrix);
@@ -352,7 +369,7 @@ mod tests {
         c.features.subgroup_size_control = true;
         c.features.maintenance4 = true;
         c.features.push_descriptor = true;
-        let (e, _) = plan(&c, None, false, true);
+        let (e, _) = plan(&c, None, false, true, true);
         assert_eq!(
             extensions(&c, &e),
             [
@@ -369,16 +386,28 @@ mod tests {
         c.features.cooperative_matrix = true;
         c.features.bfloat16 = true;
         c.features.bfloat16_cooperative_matrix = true;
-        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 239)), false, true);
+        let (e, withheld) = plan(
+            &c,
+            Some(vk::make_api_version(0, 1, 3, 239)),
+            false,
+            true,
+            true,
+        );
         assert!(!e.cooperative_matrix && !e.bfloat16 && !e.bfloat16_cooperative_matrix);
         assert_eq!(
             withheld,
             ["VK_KHR_cooperative_matrix", "VK_KHR_shader_bfloat16"]
         );
-        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 280)), false, true);
+        let (e, withheld) = plan(
+            &c,
+            Some(vk::make_api_version(0, 1, 3, 280)),
+            false,
+            true,
+            true,
+        );
         assert!(e.cooperative_matrix && !e.bfloat16);
         assert_eq!(withheld, ["VK_KHR_shader_bfloat16"]);
-        let (e, withheld) = plan(&c, None, false, true);
+        let (e, withheld) = plan(&c, None, false, true, true);
         assert!(e.cooperative_matrix && e.bfloat16 && e.bfloat16_cooperative_matrix);
         assert!(withheld.is_empty());
     }
@@ -388,16 +417,22 @@ mod tests {
         let mut c = caps(vk::API_VERSION_1_3);
         let name = ash::khr::pipeline_executable_properties::NAME;
         // Requested but not supported: off, no extension.
-        let (e, withheld) = plan(&c, None, true, true);
+        let (e, withheld) = plan(&c, None, true, true, true);
         assert!(!e.pipeline_executable_info && withheld.is_empty());
         assert!(extensions(&c, &e).is_empty());
         c.features.pipeline_executable_info = true;
         // Supported but not requested: off (capturing statistics costs compile time).
-        let (e, _) = plan(&c, None, false, true);
+        let (e, _) = plan(&c, None, false, true, true);
         assert!(!e.pipeline_executable_info);
         assert!(extensions(&c, &e).is_empty());
         // Both: on, with its extension; the 1.3.239 layer knows this 2019 extension.
-        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 239)), true, true);
+        let (e, withheld) = plan(
+            &c,
+            Some(vk::make_api_version(0, 1, 3, 239)),
+            true,
+            true,
+            true,
+        );
         assert!(e.pipeline_executable_info && withheld.is_empty());
         assert_eq!(extensions(&c, &e), [name]);
     }
@@ -408,17 +443,51 @@ mod tests {
         for api in [vk::API_VERSION_1_2, vk::API_VERSION_1_3] {
             let mut c = caps(api);
             // Not supported: off, no extension.
-            let (e, withheld) = plan(&c, None, false, true);
+            let (e, withheld) = plan(&c, None, false, true, true);
             assert!(!e.shader_buffer_float32_atomic_add && withheld.is_empty());
             assert!(!extensions(&c, &e).contains(&name));
             // Supported: on, with its extension; the 1.3.239 layer knows this 2020 extension.
             c.features.shader_buffer_float32_atomic_add = true;
             for layer in [None, Some(vk::make_api_version(0, 1, 3, 239))] {
-                let (e, withheld) = plan(&c, layer, false, true);
+                let (e, withheld) = plan(&c, layer, false, true, true);
                 assert!(e.shader_buffer_float32_atomic_add && withheld.is_empty());
                 assert_eq!(extensions(&c, &e), [name]);
             }
         }
+    }
+
+    #[test]
+    fn native_kernels_when_offered_wanted_and_addressable() {
+        let name = ash::nvx::binary_import::NAME;
+        let mut c = caps(vk::API_VERSION_1_3);
+        // Not offered (lavapipe): off, no extension.
+        let (e, withheld) = plan(&c, None, false, true, true);
+        assert!(!e.native_kernels && withheld.is_empty());
+        assert!(!extensions(&c, &e).contains(&name));
+        c.features.native_kernels = true;
+        // Offered: on, with its extension; the 1.3.239 layer knows this 2021 extension.
+        for layer in [None, Some(vk::make_api_version(0, 1, 3, 239))] {
+            let (e, withheld) = plan(&c, layer, false, true, true);
+            assert!(e.native_kernels && withheld.is_empty());
+            assert_eq!(extensions(&c, &e), [name]);
+        }
+        // A layer older than the extension: left off and said.
+        let (e, withheld) = plan(
+            &c,
+            Some(vk::make_api_version(0, 1, 2, 170)),
+            false,
+            true,
+            true,
+        );
+        assert!(!e.native_kernels);
+        assert_eq!(withheld, ["VK_NVX_binary_import"]);
+        // HELIOS_NATIVE=0: off, and nothing to say.
+        let (e, withheld) = plan(&c, None, false, true, false);
+        assert!(!e.native_kernels && withheld.is_empty());
+        assert!(extensions(&c, &e).is_empty());
+        // Without device addresses kernels could not reach buffers.
+        c.features.buffer_device_address = false;
+        assert!(!plan(&c, None, false, true, true).0.native_kernels);
     }
 
     #[test]
@@ -435,15 +504,21 @@ mod tests {
             flexible: Vec::new(),
         };
         c.cooperative_matrix2 = Some(c2.clone());
-        let (e, withheld) = plan(&c, None, false, true);
+        let (e, withheld) = plan(&c, None, false, true, true);
         assert!(e.cooperative_matrix_workgroup_scope && withheld.is_empty());
         assert!(extensions(&c, &e).contains(&crate::coopmat2::NAME));
         // HELIOS_COOPMAT2=0.
-        let (e, _) = plan(&c, None, false, false);
+        let (e, _) = plan(&c, None, false, false, true);
         assert!(!e.cooperative_matrix_workgroup_scope);
         assert!(!extensions(&c, &e).contains(&crate::coopmat2::NAME));
         // A layer from before the extension: left off and said.
-        let (e, withheld) = plan(&c, Some(vk::make_api_version(0, 1, 3, 280)), false, true);
+        let (e, withheld) = plan(
+            &c,
+            Some(vk::make_api_version(0, 1, 3, 280)),
+            false,
+            true,
+            true,
+        );
         assert!(!e.cooperative_matrix_workgroup_scope);
         assert_eq!(withheld, ["VK_NV_cooperative_matrix2"]);
         // Without flexible dimensions, or without KHR cooperative matrices: off.
@@ -452,7 +527,7 @@ mod tests {
             ..c2
         });
         assert!(
-            !plan(&c, None, false, true)
+            !plan(&c, None, false, true, true)
                 .0
                 .cooperative_matrix_workgroup_scope
         );
@@ -462,7 +537,7 @@ mod tests {
         });
         c.features.cooperative_matrix = false;
         assert!(
-            !plan(&c, None, false, true)
+            !plan(&c, None, false, true, true)
                 .0
                 .cooperative_matrix_workgroup_scope
         );

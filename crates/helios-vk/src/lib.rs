@@ -8,6 +8,13 @@
 //! (worker.rs); `submit`/`completed`/`wait` and the blocking `upload`/`download` sit beside
 //! it. It knows nothing of tensors.
 //!
+//! Kernels come in two kinds: SPIR-V compute [`Pipeline`]s, which run on every device, and
+//! [`NativeKernel`]s, CUDA kernels from PTX text that NVIDIA's driver compiles and launches
+//! through VK_NVX_binary_import (native.rs; `EnabledFeatures::native_kernels` says whether a
+//! device has them). Both are recorded by the same encoder (`Context::dispatch`,
+//! `Context::launch_native`), so they mix freely in one batch, ordered by the same hazard
+//! tracking, over the same buffers.
+//!
 //! ```no_run
 //! # fn main() -> helios_vk::Result<()> {
 //! let ctx = helios_vk::Context::from_env()?; // HELIOS_VALIDATION, HELIOS_DEVICE
@@ -29,6 +36,7 @@ mod executable;
 mod features;
 mod instance;
 mod memory;
+mod native;
 mod pipeline;
 mod pipeline_cache;
 mod pool;
@@ -53,6 +61,7 @@ pub use executable::{ExecutableCapture, ExecutableStats, StatValue, HELIOS_PIPEL
 pub use features::EnabledFeatures;
 pub use instance::{Instance, InstanceOptions};
 pub use memory::{choose_memory_type, Buffer, MemoryLocation};
+pub use native::{NativeArg, NativeKernel, MAX_NATIVE_BLOCK_THREADS, MAX_NATIVE_PARAM_BYTES};
 pub use pipeline::{Pipeline, PipelineDesc};
 pub use pipeline_cache::{
     PipelineCacheDir, PipelineStats, HELIOS_CACHE_DIR, HELIOS_PIPELINE_CACHE, HELIOS_VERBOSE,
@@ -75,6 +84,7 @@ const _: () = {
     send_sync::<Context>();
     send_sync::<Buffer>();
     send_sync::<Pipeline>();
+    send_sync::<NativeKernel>();
     send_sync::<Adapter>();
     send_sync::<Profiler>();
 };

@@ -205,6 +205,7 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         shader_buffer_float32_atomic_add: has_atomic_float
             && on(atomic_float_feat.shader_buffer_float32_atomic_add),
         pipeline_executable_info: has_pexec && on(pexec_feat.pipeline_executable_info),
+        native_kernels: has(ash::nvx::binary_import::NAME),
     };
 
     // ---- memory and queues -----------------------------------------------------------

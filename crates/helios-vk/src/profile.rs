@@ -45,6 +45,8 @@ pub struct Span {
     name: u32,
     /// The command buffer of the begin timestamp; the end must go into the same one.
     cb: vk::CommandBuffer,
+    /// The stage both timestamps are written at.
+    stage: vk::PipelineStageFlags,
 }
 
 /// A span whose two timestamps are recorded; read back once its batch completes.
@@ -149,6 +151,20 @@ impl Profiler {
     /// queue family, and outside any render pass. It must be submitted (then `submitted`
     /// called) or never submitted (then `discarded` called).
     pub unsafe fn begin(&self, cb: vk::CommandBuffer, kernel_name: &str) -> Option<Span> {
+        self.begin_at(cb, kernel_name, vk::PipelineStageFlags::COMPUTE_SHADER)
+    }
+
+    /// `begin` with both timestamps at `stage` (BOTTOM_OF_PIPE around native launches, whose
+    /// stage is unknown: the timestamp then waits for every earlier command).
+    ///
+    /// # Safety
+    /// As for `begin`.
+    pub(crate) unsafe fn begin_at(
+        &self,
+        cb: vk::CommandBuffer,
+        kernel_name: &str,
+        stage: vk::PipelineStageFlags,
+    ) -> Option<Span> {
         let mut s = lock(&self.state);
         let pool = match s.active {
             Some(p) if s.pools[p].used + 2 <= QUERIES_PER_POOL => p,
@@ -158,13 +174,13 @@ impl Profiler {
         let p = &mut s.pools[pool];
         let query = p.used;
         p.used += 2;
-        self.device
-            .cmd_write_timestamp(cb, vk::PipelineStageFlags::COMPUTE_SHADER, p.raw, query);
+        self.device.cmd_write_timestamp(cb, stage, p.raw, query);
         Some(Span {
             pool,
             query,
             name,
             cb,
+            stage,
         })
     }
 
@@ -181,12 +197,8 @@ impl Profiler {
         let mut s = lock(&self.state);
         let p = &mut s.pools[span.pool];
         p.outstanding += 1;
-        self.device.cmd_write_timestamp(
-            cb,
-            vk::PipelineStageFlags::COMPUTE_SHADER,
-            p.raw,
-            span.query + 1,
-        );
+        self.device
+            .cmd_write_timestamp(cb, span.stage, p.raw, span.query + 1);
         s.pending.push_back(Pending {
             value: 0,
             pool: span.pool,

@@ -1,4 +1,4 @@
-// Recording commands for one command buffer: dispatch, barrier, copy, timestamp.
+// Recording commands for one command buffer: dispatch, native launch, barrier, copy, timestamp.
 //
 // The checks and recording shared by the encoder (declared accesses, barriers decided by
 // hazard tracking) and by `Recorder`, which only exists inside `Context::submit*` closures
@@ -18,7 +18,9 @@ use crate::context::Context;
 use crate::encoder::OpenBatch;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
+use crate::native::{NativeArg, NativeKernel, PackedParams};
 use crate::pipeline::Pipeline;
+use std::sync::Arc;
 
 /// Largest region per `vkCmdCopyBuffer` region: lavapipe crashes on a 2 GiB region.
 pub const MAX_COPY_REGION: u64 = 1 << 30;
@@ -51,6 +53,19 @@ enum Cmd {
     ComputeBarrier,
     /// Everything compute or transfer → everything (`compute_transfer_barrier`).
     FullBarrier,
+    /// All commands → all commands, around native launches (`native_barrier`).
+    NativeBarrier,
+    /// A native kernel launch (native.rs); counted as a dispatch.
+    NativeLaunch {
+        function: vk::CuFunctionNVX,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        /// Range of `args`.
+        params: Span,
+        /// Index in `names` (profiling only; `u32::MAX` otherwise).
+        name: u32,
+    },
     Copy {
         src: vk::Buffer,
         dst: vk::Buffer,
@@ -81,6 +96,13 @@ pub(crate) struct Commands {
     descriptors: Vec<vk::DescriptorBufferInfo>,
     regions: Vec<vk::BufferCopy>,
     names: Vec<String>,
+    /// Arguments of native launches.
+    args: Vec<NativeArg>,
+    /// Index in `cmds` of the last barrier (`Recorder::launch_native` upgrades it).
+    last_barrier: Option<usize>,
+    /// Whether a native launch is among the commands: the batch's opening and closing
+    /// barriers must then cover all commands (submit.rs).
+    pub(crate) native: bool,
 }
 
 fn span(start: usize, end: usize) -> Span {
@@ -96,14 +118,47 @@ impl Commands {
         self.descriptors.clear();
         self.regions.clear();
         self.names.clear();
+        self.args.clear();
+        self.last_barrier = None;
+        self.native = false;
     }
 
     pub(crate) fn compute_barrier(&mut self) {
-        self.cmds.push(Cmd::ComputeBarrier);
+        self.push_barrier(Cmd::ComputeBarrier);
     }
 
     pub(crate) fn full_barrier(&mut self) {
-        self.cmds.push(Cmd::FullBarrier);
+        self.push_barrier(Cmd::FullBarrier);
+    }
+
+    pub(crate) fn native_barrier(&mut self) {
+        self.push_barrier(Cmd::NativeBarrier);
+    }
+
+    fn push_barrier(&mut self, cmd: Cmd) {
+        self.last_barrier = Some(self.cmds.len());
+        self.cmds.push(cmd);
+    }
+
+    /// The barriers recorded so far, in order: "compute", "full" or "native".
+    #[cfg(test)]
+    pub(crate) fn barrier_kinds(&self) -> Vec<&'static str> {
+        self.cmds
+            .iter()
+            .filter_map(|c| match c {
+                Cmd::ComputeBarrier => Some("compute"),
+                Cmd::FullBarrier => Some("full"),
+                Cmd::NativeBarrier => Some("native"),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Makes the last barrier recorded a native (all-commands) one.
+    pub(crate) fn upgrade_last_barrier(&mut self) {
+        if let Some(i) = self.last_barrier {
+            self.cmds[i] = Cmd::NativeBarrier;
+        }
     }
 
     pub(crate) fn fill(&mut self, dst: vk::Buffer, offset: u64, len: u64, word: u32) {
@@ -132,6 +187,7 @@ impl Commands {
     pub(crate) unsafe fn replay(&self, ctx: &Context, cb: vk::CommandBuffer) {
         let device = ctx.device();
         let mut bound = vk::Pipeline::null();
+        let mut packed = PackedParams::default();
         let range = |(a, b): Span| a as usize..b as usize;
         for cmd in &self.cmds {
             match *cmd {
@@ -192,8 +248,51 @@ impl Commands {
                         p.end(cb, span);
                     }
                 }
+                Cmd::NativeLaunch {
+                    function,
+                    grid,
+                    block,
+                    shared,
+                    params,
+                    name,
+                } => {
+                    // Its stage is unknown: the timestamps wait for all earlier commands.
+                    let span = match (&ctx.profiler, self.names.get(name as usize)) {
+                        (Some(p), Some(name)) => {
+                            p.begin_at(cb, name, vk::PipelineStageFlags::BOTTOM_OF_PIPE)
+                        }
+                        _ => None,
+                    };
+                    packed.pack(&self.args[range(params)]);
+                    let pointers = packed.pointers();
+                    let info = vk::CuLaunchInfoNVX {
+                        function,
+                        grid_dim_x: grid[0],
+                        grid_dim_y: grid[1],
+                        grid_dim_z: grid[2],
+                        block_dim_x: block[0],
+                        block_dim_y: block[1],
+                        block_dim_z: block[2],
+                        shared_mem_bytes: shared,
+                        param_count: pointers.len(),
+                        p_params: if pointers.is_empty() {
+                            std::ptr::null()
+                        } else {
+                            pointers.as_ptr()
+                        },
+                        ..Default::default()
+                    };
+                    let nvx = ctx.native.as_ref().expect("a launch implies the extension");
+                    (nvx.fp().cmd_cu_launch_kernel_nvx)(cb, &info);
+                    // The driver may use Vulkan's compute state for its launch: rebind.
+                    bound = vk::Pipeline::null();
+                    if let (Some(p), Some(span)) = (&ctx.profiler, span) {
+                        p.end(cb, span);
+                    }
+                }
                 Cmd::ComputeBarrier => compute_barrier(device, cb),
                 Cmd::FullBarrier => compute_transfer_barrier(device, cb),
+                Cmd::NativeBarrier => native_barrier(device, cb),
                 Cmd::Copy { src, dst, regions } => {
                     device.cmd_copy_buffer(cb, src, dst, &self.regions[range(regions)])
                 }
@@ -287,6 +386,42 @@ pub(crate) fn record_dispatch(
     batch.dispatches += 1;
 }
 
+/// Adds a native launch to the batch's commands and keeps the kernel alive with the batch.
+/// Arguments were checked (`Context::check_native`).
+pub(crate) fn record_native(
+    ctx: &Context,
+    batch: &mut OpenBatch,
+    kernel: &Arc<NativeKernel>,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    params: &[NativeArg],
+) {
+    let c = &mut batch.commands;
+    let first = c.args.len();
+    c.args.extend_from_slice(params);
+    let name = match ctx.profiler {
+        Some(_) => {
+            c.names.push(kernel.name().to_owned());
+            c.names.len() as u32 - 1
+        }
+        None => u32::MAX,
+    };
+    c.cmds.push(Cmd::NativeLaunch {
+        function: kernel.raw(),
+        grid,
+        block,
+        shared,
+        params: span(first, c.args.len()),
+        name,
+    });
+    c.native = true;
+    batch.dispatches += 1;
+    if !batch.keep_native.iter().any(|k| Arc::ptr_eq(k, kernel)) {
+        batch.keep_native.push(Arc::clone(kernel));
+    }
+}
+
 impl<'a> Recorder<'a> {
     pub(crate) fn new(ctx: &'a Context, batch: &'a mut OpenBatch) -> Self {
         Recorder { ctx, batch }
@@ -312,8 +447,35 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
+    /// Records a native kernel launch (see `Context::launch_native`). Like `dispatch` here,
+    /// it declares no accesses: order it with `barrier()` before and after, which become
+    /// full all-commands barriers around it. The batch keeps the kernel alive.
+    pub fn launch_native(
+        &mut self,
+        kernel: &Arc<NativeKernel>,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        params: &[NativeArg],
+    ) -> Result<()> {
+        self.ctx
+            .check_native(kernel, grid, block, shared_bytes, params)?;
+        self.batch.native_recorded();
+        record_native(
+            self.ctx,
+            self.batch,
+            kernel,
+            grid,
+            block,
+            shared_bytes,
+            params,
+        );
+        Ok(())
+    }
+
     /// Makes all earlier compute and transfer writes visible to all later compute and
-    /// transfer accesses (and orders later writes after earlier reads).
+    /// transfer accesses (and orders later writes after earlier reads); around native
+    /// launches, all earlier writes to all later accesses.
     pub fn barrier(&mut self) {
         self.batch.barrier();
     }
@@ -422,14 +584,29 @@ pub(crate) fn compute_transfer_barrier(device: &ash::Device, cb: vk::CommandBuff
     );
 }
 
-/// Device writes → host reads: a host wait on the semaphore alone does not make device
-/// writes visible to the host.
-pub(crate) fn host_read_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
+/// Anything → anything: what orders a native launch, whose pipeline stage the driver does
+/// not document, against other work.
+pub(crate) fn native_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
     use vk::AccessFlags as A;
+    let all = (
+        vk::PipelineStageFlags::ALL_COMMANDS,
+        A::MEMORY_READ | A::MEMORY_WRITE,
+    );
+    global_barrier(device, cb, all, all);
+}
+
+/// Device writes → host reads: a host wait on the semaphore alone does not make device
+/// writes visible to the host. From all commands when the batch has native launches.
+pub(crate) fn host_read_barrier(device: &ash::Device, cb: vk::CommandBuffer, native: bool) {
+    use vk::AccessFlags as A;
+    let src = match native {
+        true => (vk::PipelineStageFlags::ALL_COMMANDS, A::MEMORY_WRITE),
+        false => (COMPUTE_TRANSFER, A::SHADER_WRITE | A::TRANSFER_WRITE),
+    };
     global_barrier(
         device,
         cb,
-        (COMPUTE_TRANSFER, A::SHADER_WRITE | A::TRANSFER_WRITE),
+        src,
         (vk::PipelineStageFlags::HOST, A::HOST_READ),
     );
 }

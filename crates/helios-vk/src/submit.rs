@@ -16,8 +16,10 @@ use std::sync::Mutex;
 use crate::context::Context;
 use crate::encoder::OpenBatch;
 use crate::error::{vk_err, Error, Result};
+use crate::native::NativeKernel;
 use crate::pipeline::Pipeline;
 use crate::recorder;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub(crate) struct Submitter {
@@ -26,6 +28,10 @@ pub(crate) struct Submitter {
     /// increase in submission order, as the spec requires.
     queue: Mutex<QueueState>,
     ring: Mutex<CommandRing>,
+    /// Whether the last submitted batch launched native kernels: the next batch's opening
+    /// barrier must then cover all commands too. Batches are submitted one at a time, in
+    /// order (worker.rs).
+    native_tail: AtomicBool,
 }
 
 struct QueueState {
@@ -73,11 +79,12 @@ impl Slot {
     }
 }
 
-/// A submitted batch: its command buffer and the pipelines it uses.
+/// A submitted batch: its command buffer and the pipelines and native kernels it uses.
 struct InFlight {
     value: u64,
     slot: Slot,
     _keep: Vec<Arc<Pipeline>>,
+    _keep_native: Vec<Arc<NativeKernel>>,
 }
 
 /// Batches submitted and not yet known complete before a submit waits for the oldest.
@@ -113,6 +120,7 @@ impl Submitter {
                 in_flight: VecDeque::new(),
                 all_pools: Vec::new(),
             }),
+            native_tail: AtomicBool::new(false),
         })
     }
 
@@ -131,8 +139,9 @@ impl Submitter {
 
 impl Context {
     /// A command buffer from the ring, begun, with a barrier against all earlier work on the
-    /// queue (submission order alone does not make earlier writes visible).
-    fn begin_slot(&self) -> Result<Slot> {
+    /// queue (submission order alone does not make earlier writes visible); over all
+    /// commands where native launches are on either side (`native`).
+    fn begin_slot(&self, native: bool) -> Result<Slot> {
         let slot = self.acquire_slot()?;
         let device = self.device();
         let begin = vk::CommandBufferBeginInfo::default()
@@ -142,7 +151,11 @@ impl Context {
             self.release_slot(slot);
             return Err(Error::vk("vkBeginCommandBuffer", r));
         }
-        recorder::compute_transfer_barrier(device, slot.cb);
+        if native {
+            recorder::native_barrier(device, slot.cb);
+        } else {
+            recorder::compute_transfer_barrier(device, slot.cb);
+        }
         Ok(slot)
     }
 
@@ -170,15 +183,17 @@ impl Context {
             commands,
             value,
             keep,
+            keep_native,
             wait_transfer,
             ..
         } = batch;
-        let slot = self.begin_slot()?;
+        let native = commands.native;
+        let slot = self.begin_slot(native || s.native_tail.load(Ordering::Acquire))?;
         // SAFETY: the command buffer is recording; the batch keeps its pipelines, and its
         // buffers outlive their last use (pool tags, or `submit`'s contract).
         unsafe { commands.replay(self, slot.cb) };
         self.recycle_commands(commands);
-        recorder::host_read_barrier(device, slot.cb);
+        recorder::host_read_barrier(device, slot.cb, native);
         // SAFETY: the command buffer is recording.
         if let Err(r) = unsafe { device.end_command_buffer(slot.cb) } {
             self.abandon_slot(slot);
@@ -205,7 +220,12 @@ impl Context {
             Some(cq) if wait_transfer > 0 => (
                 vec![cq.timeline],
                 vec![wait_transfer],
-                vec![vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER],
+                vec![match native {
+                    true => vk::PipelineStageFlags::ALL_COMMANDS,
+                    false => {
+                        vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER
+                    }
+                }],
             ),
             _ => (Vec::new(), Vec::new(), Vec::new()),
         };
@@ -226,6 +246,7 @@ impl Context {
             return Err(Error::vk("vkQueueSubmit", r));
         }
         q.last_submitted = value;
+        s.native_tail.store(native, Ordering::Release);
         if let Some(p) = &self.profiler {
             p.submitted(value);
         }
@@ -234,6 +255,7 @@ impl Context {
             value,
             slot,
             _keep: keep,
+            _keep_native: keep_native,
         });
         Ok(())
     }

@@ -11,6 +11,7 @@ use helios_kernels::reduce::ReduceKernel;
 use helios_kernels::rows::RowConfig;
 use helios_kernels::softmax::SoftmaxKernel;
 use helios_kernels::{ElementwiseKernel, ElementwiseOp, FusedKernel, Variant, MAX_DIMS};
+use helios_vk::NativeKernel;
 
 use crate::DType;
 
@@ -108,6 +109,10 @@ struct DeviceInner {
     tuning_key: std::sync::OnceLock<String>,
     /// The attention tuner's stored winners as looked up so far (`attention_tune::cached`).
     attention_winners: Mutex<AttentionWinners>,
+    /// Native (PTX) kernels by signature, JIT-compiled by the driver on first use.
+    native: Mutex<FxHashMap<KernelKey, Arc<NativeKernel>>>,
+    /// The PTX target the driver accepts, once probed (`native_target`).
+    native_target: std::sync::OnceLock<Option<helios_ptx::Target>>,
 }
 
 /// Tuned attention variants per class, `None` where none is stored.
@@ -166,6 +171,8 @@ impl Device {
                 frag_maps: Default::default(),
                 tuning_key: Default::default(),
                 attention_winners: Mutex::new(FxHashMap::default()),
+                native: Mutex::new(FxHashMap::default()),
+                native_target: Default::default(),
             }),
         }
     }
@@ -432,6 +439,84 @@ impl Device {
                 cache.entry(key).or_insert(c);
             }
         }
+        Ok(())
+    }
+
+    /// The PTX target of this device's native kernels, or `None` where it has none
+    /// (no VK_NVX_binary_import, `HELIOS_NATIVE=0`). Which architecture a driver runs is
+    /// not in Vulkan's properties, so the first call asks the driver: it JIT-compiles a
+    /// one-instruction `sm_90a` module only a Hopper GPU accepts (the first module of a
+    /// process also pays the driver's CUDA start-up, ~0.13 s on an H200).
+    pub fn native_target(&self) -> Option<helios_ptx::Target> {
+        *self.inner.native_target.get_or_init(|| {
+            let ctx = &self.inner.ctx;
+            if !ctx.has_native_kernels() {
+                return None;
+            }
+            let target = helios_ptx::Target::SM90A;
+            let mut k = helios_ptx::Kernel::new("helios_probe_sm90a", target);
+            k.wgmma_fence();
+            let module = k.finish().ok()?;
+            ctx.create_native_kernel(&module.text, &module.name, &module.name)
+                .ok()
+                .map(|_| target)
+        })
+    }
+
+    /// The native kernel with signature `key`, built by `build` and JIT-compiled by the
+    /// driver on first use only.
+    pub(crate) fn native_kernel(
+        &self,
+        key: KernelKey,
+        build: impl FnOnce() -> Result<helios_ptx::Module>,
+    ) -> Result<Arc<NativeKernel>> {
+        if let Some(k) = self
+            .inner
+            .native
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(k.clone());
+        }
+        let module = build()?;
+        crate::env::dump_native(&module);
+        let kernel =
+            self.inner
+                .ctx
+                .create_native_kernel(&module.text, &module.name, &module.name)?;
+        let mut cache = self.inner.native.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(cache.entry(key).or_insert(kernel).clone())
+    }
+
+    /// JIT-compiles those of `kernels` not compiled yet, several at once (as `precompile`
+    /// does for pipelines): the driver's JIT of a matmul module takes a good fraction of a
+    /// second, and a tuner asks for a dozen.
+    pub(crate) fn precompile_native<F: FnOnce() -> Result<helios_ptx::Module> + Send>(
+        &self,
+        kernels: Vec<(KernelKey, F)>,
+    ) -> Result<()> {
+        let todo: Vec<_> = {
+            let cache = self.inner.native.lock().unwrap_or_else(|p| p.into_inner());
+            kernels
+                .into_iter()
+                .filter(|(key, _)| !cache.contains_key(key))
+                .collect()
+        };
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(todo.len());
+        let queue = Mutex::new(todo.into_iter());
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+                    let Some((key, build)) = next else { break };
+                    // A failure is reported where the kernel is asked for, as in `precompile`.
+                    let _ = self.native_kernel(key, build);
+                });
+            }
+        });
         Ok(())
     }
 

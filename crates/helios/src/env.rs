@@ -117,6 +117,19 @@ pub(crate) fn dump_kernel(module: &KernelModule) {
     }
 }
 
+/// With `HELIOS_DUMP_KERNELS=dir`, native kernels are written there as `<name>.ptx`.
+pub(crate) fn dump_native(module: &helios_ptx::Module) {
+    let Some(dir) = std::env::var_os("HELIOS_DUMP_KERNELS") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let path = dir.join(format!("{}.ptx", module.name));
+    let result = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, &module.text));
+    if let Err(e) = result {
+        eprintln!("helios: cannot dump kernel to {}: {e}", path.display());
+    }
+}
+
 /// `HELIOS_NO_SUBGROUP=1`: shared-memory trees instead of subgroup operations.
 pub(crate) fn no_subgroup() -> bool {
     matches!(

@@ -522,7 +522,6 @@ impl Problem {
             return Ok(());
         }
         let device = self.a.device();
-        let compiled = device.kernel(KernelKey::Matmul(*kernel), || kernel.build())?;
         let addr = MatmulAddresses {
             a: self.a.address()?,
             b: self.b.address()?,
@@ -533,7 +532,6 @@ impl Problem {
             pre: self.pre.as_ref().map(|t| t.address()).transpose()?,
             sums: self.sums.as_ref().map(|t| t.address()).transpose()?,
         };
-        let launch = kernel.launch(&compiled.module, s, &addr, self.alpha)?;
         let mut accesses: smallvec::SmallVec<[Access; 6]> = smallvec::SmallVec::new();
         accesses.extend([
             Access::read(self.a.buffer()?),
@@ -546,6 +544,11 @@ impl Problem {
         for t in self.pre.iter().chain(&self.sums) {
             accesses.push(Access::write(t.buffer()?));
         }
+        if kernel.variant.is_native() {
+            return record_native(device, kernel, s, &addr, self.alpha, &accesses);
+        }
+        let compiled = device.kernel(KernelKey::Matmul(*kernel), || kernel.build())?;
+        let launch = kernel.launch(&compiled.module, s, &addr, self.alpha)?;
         device
             .context()
             .dispatch(&compiled.pipeline, launch.groups, &launch.push, &accesses)?;
@@ -741,4 +744,41 @@ impl MatmulChoice {
     pub fn label(&self) -> String {
         matmul_tune::winner_tag(&self.variant.label(), self.splits)
     }
+}
+
+/// Records a native (PTX) matmul kernel: the driver's JIT on first use, then a launch in
+/// the same encoder as the SPIR-V dispatches.
+fn record_native(
+    device: &crate::Device,
+    kernel: &MatmulKernel,
+    s: &MatmulShape,
+    addr: &MatmulAddresses,
+    alpha: f32,
+    accesses: &[Access],
+) -> Result<()> {
+    let target = device.native_target().ok_or_else(|| {
+        invalid(format!(
+            "{} is a native NVIDIA kernel, and this device has none (VK_NVX_binary_import \
+             with a Hopper GPU, HELIOS_NATIVE not 0)",
+            kernel.variant.label()
+        ))
+    })?;
+    let native = device.native_kernel(KernelKey::Matmul(*kernel), || {
+        Ok(kernel.build_native(target)?)
+    })?;
+    let launch = kernel.native_launch(s, addr, alpha)?;
+    let args: smallvec::SmallVec<[helios_vk::NativeArg; 24]> = launch
+        .args
+        .iter()
+        .map(|a| match *a {
+            helios_kernels::Arg::Address(v) => helios_vk::NativeArg::U64(v),
+            helios_kernels::Arg::U32(v) => helios_vk::NativeArg::U32(v),
+            helios_kernels::Arg::I32(v) => helios_vk::NativeArg::I32(v),
+            helios_kernels::Arg::F32(v) => helios_vk::NativeArg::F32(v),
+        })
+        .collect();
+    device
+        .context()
+        .launch_native(&native, launch.grid, launch.block, 0, &args, accesses)?;
+    Ok(())
 }

@@ -101,6 +101,7 @@ pub fn matmul_caps(device: &Device) -> MatmulCaps {
         coop_wg,
         coop_wg_tensor: en.cooperative_matrix_tensor_addressing,
         cpu_threads: (caps.device_type == DeviceType::Cpu).then(host_threads),
+        native: device.native_target(),
     }
 }
 
@@ -570,14 +571,30 @@ fn candidates_of(p: &Problem, caps: &MatmulCaps) -> Vec<MatmulKernel> {
     )
 }
 
-/// Compiles `kernels` several at once ([`Device::precompile`]).
+/// Compiles `kernels` several at once ([`Device::precompile`], and the driver's JIT for
+/// the native ones).
 fn precompile(device: &Device, kernels: &[MatmulKernel]) -> Result<()> {
+    use crate::device::KernelKey;
+    let (native, spirv): (Vec<MatmulKernel>, Vec<MatmulKernel>) =
+        kernels.iter().partition(|k| k.variant.is_native());
     device.precompile(
-        kernels
-            .iter()
-            .map(|&k| (crate::device::KernelKey::Matmul(k), move || k.build()))
+        spirv
+            .into_iter()
+            .map(|k| (KernelKey::Matmul(k), move || k.build()))
             .collect(),
-    )
+    )?;
+    if let Some(target) = device.native_target() {
+        device.precompile_native(
+            native
+                .into_iter()
+                .map(|k| {
+                    let build = move || Ok(k.build_native(target)?);
+                    (KernelKey::Matmul(k), build)
+                })
+                .collect(),
+        )?;
+    }
+    Ok(())
 }
 
 /// The k splits the tuner tries after the plain kernels.

@@ -167,7 +167,8 @@ fn device_key(device: &Device) -> String {
 }
 
 /// The kernel families this device may run, as letters: `h` f16 and `b` bf16 cooperative
-/// matrices, `w` workgroup-scope matrices, `s` subgroup reductions (`-` for none).
+/// matrices, `w` workgroup-scope matrices, `s` subgroup reductions, `n` native (PTX)
+/// kernels (`-` for none).
 fn feature_tag(device: &Device) -> String {
     let caps = super::matmul_caps(device);
     let subgroup = matches!(
@@ -179,6 +180,7 @@ fn feature_tag(device: &Device) -> String {
         (caps.coop_bf16, 'b'),
         (!caps.coop_wg.is_empty(), 'w'),
         (subgroup, 's'),
+        (caps.native.is_some(), 'n'),
     ]
     .iter()
     .filter(|(on, _)| *on)

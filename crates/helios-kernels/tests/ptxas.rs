@@ -1,0 +1,146 @@
+//! Every native (PTX) kernel the matmul family can emit goes through `ptxas` for the target
+//! it is built for, as every SPIR-V module goes through `spirv-val`: each variant in every
+//! transpose, storage and epilogue, without register spills.
+
+use helios_kernels::{
+    Activation, Epilogue, MatmulKernel, MatmulVariant as Variant, RowOp, Storage, Triangle,
+};
+use helios_ptx::{ptxas, Target};
+
+const FULL: Epilogue = Epilogue {
+    bias: true,
+    act: Activation::GeluTanh,
+    residual: true,
+    row: RowOp::None,
+    act_grad: Activation::None,
+    store_pre: false,
+    col_sums: false,
+};
+
+const SAVING_PRE: Epilogue = Epilogue {
+    bias: true,
+    act: Activation::GeluTanh,
+    store_pre: true,
+    ..Epilogue::NONE
+};
+
+const ACT_GRAD: Epilogue = Epilogue {
+    residual: true,
+    act_grad: Activation::GeluTanh,
+    ..Epilogue::NONE
+};
+
+const RELU: Epilogue = Epilogue {
+    bias: true,
+    act: Activation::Relu,
+    ..Epilogue::NONE
+};
+
+const TRANS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
+
+fn kernel(
+    variant: Variant,
+    input: Storage,
+    out: Storage,
+    trans: (bool, bool),
+    vec_c: bool,
+    epilogue: Epilogue,
+) -> MatmulKernel {
+    MatmulKernel {
+        variant,
+        input,
+        out,
+        trans_a: trans.0,
+        trans_b: trans.1,
+        vec_a: true,
+        vec_b: true,
+        vec_c,
+        epilogue,
+        triangle: Triangle::Full,
+        subgroup: 0,
+        exact_k: false,
+    }
+}
+
+fn check(k: &MatmulKernel) {
+    let m = k
+        .build_native(Target::SM90A)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let report = ptxas(&m.name, &m.text, &Target::SM90A.name()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (report.spill_stores, report.spill_loads),
+        (0, 0),
+        "{} spills ({} registers):\n{:?}",
+        m.name,
+        report.registers,
+        report.warnings
+    );
+    assert!(
+        report.warnings.is_empty(),
+        "{}: {:?}",
+        m.name,
+        report.warnings
+    );
+}
+
+fn natives() -> Vec<Variant> {
+    helios_kernels::matmul::VARIANTS
+        .iter()
+        .map(|(_, v)| *v)
+        .filter(|v| v.is_native())
+        .collect()
+}
+
+/// Every native variant in every transpose; the first also in every storage and epilogue.
+#[test]
+fn native_matmul_kernels_assemble() {
+    let variants = natives();
+    assert!(!variants.is_empty());
+    for (i, &v) in variants.iter().enumerate() {
+        for (j, trans) in TRANS.into_iter().enumerate() {
+            check(&kernel(
+                v,
+                Storage::BF16,
+                Storage::BF16,
+                trans,
+                true,
+                Epilogue::NONE,
+            ));
+            check(&kernel(
+                v,
+                Storage::F16,
+                Storage::F32,
+                trans,
+                j % 2 == 0,
+                FULL,
+            ));
+            if i == 0 {
+                for input in [Storage::F16, Storage::BF16] {
+                    for out in Storage::ALL {
+                        for vec_c in [false, true] {
+                            for ep in [Epilogue::NONE, FULL, ACT_GRAD, SAVING_PRE, RELU] {
+                                check(&kernel(v, input, out, trans, vec_c, ep));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A target without `wgmma` gets an error naming the instruction, not a module its driver
+/// would reject.
+#[test]
+fn native_matmul_needs_wgmma() {
+    let k = kernel(
+        natives()[0],
+        Storage::BF16,
+        Storage::BF16,
+        (false, true),
+        true,
+        Epilogue::NONE,
+    );
+    let err = k.build_native(Target::SM90).unwrap_err().to_string();
+    assert!(err.contains("wgmma") && err.contains("sm_90"), "{err}");
+}
