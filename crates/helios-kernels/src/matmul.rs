@@ -253,16 +253,14 @@ pub struct WgTile {
 }
 
 /// A tile of the native NVIDIA kernels (`matmul_native`, PTX with `wgmma`): `bm × bn` outputs
-/// per block of `bm / 64` warpgroups (each 64 rows × `bn`), k staged `bk` at a time through
-/// `stages` shared-memory stages filled by `cp.async`; `overlap` keeps one `wgmma` group in
-/// flight across the loop's barrier (one stage fewer ahead).
+/// per block of `bm / 64` consumer warpgroups (each 64 rows × `bn`) and a producer
+/// warpgroup, k staged `bk` at a time through `stages` shared-memory stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NativeTile {
     pub bm: u16,
     pub bn: u16,
     pub bk: u16,
     pub stages: u8,
-    pub overlap: bool,
 }
 
 impl NativeTile {
@@ -342,24 +340,16 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     // a driver makes this path fast (bench/results/2026-11-22-coopmat2-h100.md).
     ("wg128x128k16w4p", wg(128, 128, 16, 4, true)),
     ("wgt128x128k16w4", wgt(128, 128, 16, 4)),
-    // NVIDIA native (wgmma through PTX): two warpgroups of 64 rows, 48 KiB of stages.
-    ("nv128x256k16s4", native(128, 256, 16, 4, false)),
-    ("nv128x256k16s4o", native(128, 256, 16, 4, true)),
-    ("nv128x256k32s2", native(128, 256, 32, 2, false)),
-    ("nv128x128k32s3", native(128, 128, 32, 3, false)),
-    ("nv128x128k32s3o", native(128, 128, 32, 3, true)),
-    ("nv128x128k16s6o", native(128, 128, 16, 6, true)),
-    ("nv128x192k16s4o", native(128, 192, 16, 4, true)),
+    // NVIDIA native (wgmma through PTX): two consumer warpgroups of 64 rows and a producer
+    // warpgroup, stages of k16 within 48 KiB.
+    ("nv128x256k32s2", native(128, 256, 32, 2)),
+    ("nv128x256k16s4", native(128, 256, 16, 4)),
+    ("nv128x128k32s3", native(128, 128, 32, 3)),
+    ("nv128x192k16s4", native(128, 192, 16, 4)),
 ];
 
-const fn native(bm: u16, bn: u16, bk: u16, stages: u8, overlap: bool) -> Variant {
-    Variant::Native(NativeTile {
-        bm,
-        bn,
-        bk,
-        stages,
-        overlap,
-    })
+const fn native(bm: u16, bn: u16, bk: u16, stages: u8) -> Variant {
+    Variant::Native(NativeTile { bm, bn, bk, stages })
 }
 
 /// Largest tile edges of the `Wg` variants: every M and N tile divides `WG_GRANULE[0]`, every
@@ -484,14 +474,7 @@ impl Variant {
                 t.warps,
                 if t.prefetch { "p" } else { "" }
             ),
-            Variant::Native(t) => format!(
-                "nv{}x{}k{}s{}{}",
-                t.bm,
-                t.bn,
-                t.bk,
-                t.stages,
-                if t.overlap { "o" } else { "" }
-            ),
+            Variant::Native(t) => format!("nv{}x{}k{}s{}", t.bm, t.bn, t.bk, t.stages),
         }
     }
 
@@ -570,7 +553,7 @@ impl Variant {
                     && (16..=256).contains(&t.bn)
                     && t.bk % 16 == 0
                     && (16..=64).contains(&t.bk)
-                    && t.stages >= 2 + u8::from(t.overlap)
+                    && t.stages >= 2
             }
         }
     }
@@ -601,8 +584,8 @@ impl Variant {
             Variant::Simt(t) => (t.bm as u32 / t.tm as u32) * (t.bn as u32 / t.tn as u32),
             Variant::Coop(t) => subgroup * t.wm as u32 * t.wn as u32,
             Variant::Wg(t) => subgroup * t.warps as u32,
-            // A warpgroup (128 threads) per 64 rows, whatever the subgroup size.
-            Variant::Native(t) => 2 * t.bm as u32,
+            // A consumer warpgroup (128 threads) per 64 rows and a producer.
+            Variant::Native(t) => 2 * t.bm as u32 + 128,
         }
     }
 

@@ -25,6 +25,9 @@ use crate::KernelError;
 /// Rows of a warpgroup's strip (the `wgmma` M).
 const WG_ROWS: u32 = 64;
 const WG_THREADS: u32 = 128;
+/// Registers a thread may use (`.maxnreg`): 384 threads × 168 fill the SM's 64 Ki with
+/// one block per SM, enough for a consumer's 128 accumulators and the producer's slab.
+const MAX_REGS: u32 = 168;
 
 /// What a launch of a native kernel needs besides the kernel: grid, block and the
 /// arguments in parameter order (buffers as device addresses).
@@ -49,81 +52,285 @@ pub(crate) fn feasible(kern: &MatmulKernel, t: NativeTile, target: Option<Target
         && e.row == RowOp::None
         && !e.col_sums
         && t.shared_bytes() <= 48 * 1024
+        && matches!(t.bk, 16 | 32)
+        && loadable(u32::from(t.bm), !kern.trans_a)
+        && loadable(u32::from(t.bn), kern.trans_b)
 }
 
-/// Byte layout of one operand's stage in shared memory.
+/// The producer loads k in slabs of `SLAB` (a 128-byte line of each K-major row) and stores
+/// each slab into `SLAB / bk` stages.
+const SLAB: u32 = 64;
+
+/// Byte layout of one operand's stage (`rows` × `bk`) in shared memory.
+///
+/// - K-major (A not transposed, B transposed): rows of `bk` k (32 or 64 bytes) with the 32-
+///   or 64-byte swizzle (16-byte chunks XORed with the row's bits above the atom's row
+///   width), 8-row groups `8 · row bytes` apart (SBO). (The no-swizzle layout of 8 × 16-byte
+///   core matrices ran wgmma at half speed.)
+/// - M/N-major: the 128-byte swizzle, atoms of 64 rows (128 bytes) × 8 k whose 16-byte
+///   chunks are XORed with the k row, so that a warp storing one k row's 512 bytes hits
+///   every bank once; atoms along K 1 KiB apart (SBO), along M/N `bk / 8` KiB (LBO).
+///
+/// Either way a warpgroup's 64 rows of A start `bk · 128` bytes apart.
 #[derive(Clone, Copy, Debug)]
 struct Stage {
     /// Rows of the operand tile along M (A) or N (B).
     rows: u32,
     bk: u32,
-    /// Stored with K contiguous (A not transposed, B transposed).
     k_major: bool,
 }
 
 impl Stage {
-    fn bytes(self) -> u32 {
+    const fn bytes(self) -> u32 {
         self.rows * self.bk * 2
     }
 
-    /// Core matrices adjacent along K are `lbo` apart, 8-row groups along M/N `sbo` apart.
-    /// K-major: a row group's K run is contiguous (lbo 128); M/N-major: the M/N run of a
-    /// k group is (sbo 128).
+    const fn row_bytes(self) -> u32 {
+        self.bk * 2
+    }
+
     fn desc(self) -> MatrixDesc {
-        let (lbo, sbo) = if self.k_major {
-            (128, self.bk * 16)
+        if self.k_major {
+            MatrixDesc {
+                swizzle: if self.bk == 16 {
+                    Swizzle::B32
+                } else {
+                    Swizzle::B64
+                },
+                lbo: 16,
+                sbo: 8 * self.row_bytes(),
+            }
         } else {
-            (self.rows * 16, 128)
-        };
-        MatrixDesc {
-            swizzle: Swizzle::None,
-            lbo,
-            sbo,
+            MatrixDesc {
+                swizzle: Swizzle::B128,
+                lbo: self.bk / 8 * 1024,
+                sbo: 1024,
+            }
         }
     }
 
-    /// Byte offset of the k16 step `s` (two core matrices along K).
-    fn k_step(self, s: u32) -> u32 {
-        2 * s * self.desc().lbo
+    /// Where the k16 step `s` of the stage starts: 32 bytes along K-major rows, two 8-k
+    /// atoms on in M/N-major ones.
+    const fn k_step(self, s: u32) -> u32 {
+        if self.k_major {
+            32 * s
+        } else {
+            2048 * s
+        }
     }
 
-    /// Byte offset of row group `row / 8` (a warpgroup's first row).
-    fn row_offset(self, row: u32) -> u32 {
-        (row / 8) * self.desc().sbo
+    /// Where a warpgroup's 64 rows start.
+    const fn wg_offset(self) -> u32 {
+        self.bk * 128
     }
 
-    /// 16-byte chunks a stage holds.
-    fn chunks(self) -> u32 {
-        self.rows * self.bk / 8
+    /// The row bits a K-major row's chunk index is XORed with: the swizzle's period is 128
+    /// bytes of rows.
+    const fn flip_shift(self) -> u32 {
+        if self.bk == 16 {
+            2
+        } else {
+            1
+        }
     }
 }
 
-/// One 16-byte chunk of an operand's stage that a thread copies, fixed for the k loop.
-struct Chunk {
-    /// Global byte address of the chunk at k0 = 0 (u64).
+/// Whether an operand of `rows` rows stored this way has a stage layout and a load plan:
+/// M/N-major rows come in whole swizzle atoms, and a k row's 16-byte chunks divide the
+/// producer's threads.
+const fn loadable(rows: u32, k_major: bool) -> bool {
+    if k_major {
+        rows % 16 == 0
+    } else {
+        rows == 128 || rows == 256
+    }
+}
+
+/// One producer thread's share of an operand's slab: which 16-byte chunks it loads into
+/// registers and where each goes in its stage. K-major: 8 threads a row (one 128-byte line
+/// of 64 k), rows `t/8 + 16i`; M/N-major: `rows/8` threads a k row (contiguous along M/N),
+/// k rows `t·8/rows + i·1024/rows`. A warp's load touches 4 lines either way.
+struct Loader {
+    stage: Stage,
+    /// Chunks a thread loads per slab.
+    count: u32,
+    /// Address of this thread's first chunk in the first slab (u64), and the distance
+    /// between its chunks (u64) and between slabs (u64).
     src: Reg,
-    /// Byte offset in the stage (u32).
-    soff: Reg,
-    /// Its first k within the tile (u32).
-    kin: Reg,
-    /// Its row exists in the matrix and the chunk in the tile (pred).
-    row_ok: Reg,
-    /// Whether the chunk exists at all, where threads outnumber the last round of chunks.
-    exists: Option<Reg>,
+    chunk_step: Reg,
+    slab_step: Reg,
+    /// Chunk `i` is a row of the matrix (along M/N) that exists (pred, per distinct row).
+    row_ok: Vec<Reg>,
+    /// K-major: k of this thread's chunks within the slab (u32); M/N-major: k row of the
+    /// first chunk within the slab.
+    k_first: Reg,
+    /// Byte offset of chunk `i` in its stage (u32), per distinct offset.
+    soff: Vec<Reg>,
+    /// K-major: which k16 stage of the slab this thread's chunks go to (u32).
+    sub: Option<Reg>,
 }
 
-/// One thread's share of an operand's copies.
-struct Copies {
-    chunks: Vec<Chunk>,
-    /// Bytes the global address moves per k tile (u64).
-    step: Reg,
-    /// A valid address for chunks that read nothing.
-    safe: Reg,
-}
+impl Loader {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        k: &mut Kernel,
+        stage: Stage,
+        ptr: Reg,
+        ld: Reg,
+        r0: Reg,
+        rows_total: Reg,
+        t: Reg,
+    ) -> Loader {
+        let rows = stage.rows;
+        let ld_bytes = k.mul_wide(ld, 2u32);
+        if stage.k_major {
+            // Row t/8 + 16i, k chunk t % 8 (of the slab's 8).
+            let count = rows / 16;
+            let per_row = stage.bk / 8;
+            let row = k.shr(t, 3u32);
+            let kc = k.and(t, 7u32).retype(Ty::U32);
+            let k_first = k.mul(kc, 8u32);
+            let grow = k.add(r0, row);
+            let o = k.mul_wide(grow, ld);
+            let kc64 = k.cvt(Ty::U64, k_first);
+            let o = k.add(o, kc64);
+            let o = k.shl(o, 1u32);
+            let src = k.add(ptr, o);
+            let chunk_step = k.mul(ld_bytes, 16u32);
+            let slab_step = k.mov(Ty::U64, i64::from(SLAB * 2));
+            let row_ok = (0..count)
+                .map(|i| {
+                    let r = k.add(grow, 16 * i);
+                    k.setp(Cmp::Lt, r, rows_total)
+                })
+                .collect();
+            // Row·row bytes + 16·((kc % per_row) ^ (row >> flip) % per_row): the swizzle;
+            // chunk i is 16 rows on.
+            let within = k.rem(kc, per_row);
+            let flip = k.shr(row, stage.flip_shift());
+            let flip = k.rem(flip, per_row);
+            let c = k.xor(within, flip).retype(Ty::U32);
+            let s0 = k.mul(row, stage.row_bytes());
+            let s0 = k.mad(c, 16u32, s0);
+            let sub = k.div(kc, per_row);
+            Loader {
+                stage,
+                count,
+                src,
+                chunk_step,
+                slab_step,
+                row_ok,
+                k_first,
+                soff: vec![s0],
+                sub: Some(sub),
+            }
+        } else {
+            // k row t / (rows/8) + i·(128 / (rows/8)), chunk t % (rows/8) along M/N.
+            let per_row = rows / 8;
+            let rows_per_pass = WG_THREADS / per_row;
+            let count = SLAB / rows_per_pass;
+            let mc = k.rem(t, per_row);
+            let kr = k.div(t, per_row);
+            let col = k.mad(mc, 8u32, r0);
+            let o = k.mul_wide(kr, ld);
+            let c64 = k.cvt(Ty::U64, col);
+            let o = k.add(o, c64);
+            let o = k.shl(o, 1u32);
+            let src = k.add(ptr, o);
+            let chunk_step = k.mul(ld_bytes, rows_per_pass);
+            let slab_step = k.mul(ld_bytes, SLAB);
+            let ok = k.setp(Cmp::Lt, col, rows_total);
+            // Chunk i's k row within its stage: (kr + i·rows_per_pass) % bk; its swizzled
+            // offset: atom (mc / 8)·lbo + (k / 8)·1024 + (k % 8)·128 + ((mc % 8) ^ (k % 8))·16.
+            let per_stage = stage.bk / rows_per_pass;
+            let atom = k.shr(mc, 3u32);
+            let a_off = k.mul(atom, stage.desc().lbo);
+            let ch = k.and(mc, 7u32).retype(Ty::U32);
+            let soff = (0..per_stage)
+                .map(|i| {
+                    let kk = k.add(kr, i * rows_per_pass);
+                    let g = k.shr(kk, 3u32);
+                    let r = k.and(kk, 7u32).retype(Ty::U32);
+                    let x = k.xor(ch, r).retype(Ty::U32);
+                    let o = k.mad(g, 1024u32, a_off);
+                    let o = k.mad(r, 128u32, o);
+                    k.mad(x, 16u32, o)
+                })
+                .collect();
+            Loader {
+                stage,
+                count,
+                src,
+                chunk_step,
+                slab_step,
+                row_ok: vec![ok],
+                k_first: kr,
+                soff,
+                sub: None,
+            }
+        }
+    }
 
-/// The kernel's name for the signature (the SPIR-V family's naming with its own variant).
-pub(crate) fn entry_name(kern: &MatmulKernel) -> String {
-    kern.name()
+    /// Loads this thread's chunks of slab `slab` into registers (zeros where the chunk
+    /// lies outside the matrix); `kmax` is K − 64·slab.
+    fn load(&self, k: &mut Kernel, slab: Reg, kmax: Reg) -> Vec<[Reg; 4]> {
+        let s64 = k.cvt(Ty::U64, slab);
+        let off = k.mul(s64, self.slab_step);
+        let mut at = k.add(self.src, off);
+        let rows_per_pass = if self.stage.k_major {
+            0
+        } else {
+            WG_THREADS / (self.stage.rows / 8)
+        };
+        (0..self.count)
+            .map(|i| {
+                let ok = if self.stage.k_major {
+                    let k_ok = k.setp(Cmp::Lt, self.k_first, kmax);
+                    k.and_pred(k_ok, self.row_ok[i as usize])
+                } else {
+                    let kk = k.add(self.k_first, i * rows_per_pass);
+                    let k_ok = k.setp(Cmp::Lt, kk, kmax);
+                    k.and_pred(k_ok, self.row_ok[0])
+                };
+                let regs = [0; 4].map(|_| k.mov(Ty::B32, 0u32));
+                k.ld_v_if(ok, Space::Global, &regs, Addr::new(at));
+                if i + 1 < self.count {
+                    at = k.add(at, self.chunk_step);
+                }
+                regs
+            })
+            .collect()
+    }
+
+    /// Stores the chunks of `data` that belong to stage `sub` of the slab into the
+    /// stage at shared address `sbase`.
+    fn store(&self, k: &mut Kernel, data: &[[Reg; 4]], sub: u32, sbase: Reg) {
+        if let Some(mine) = self.sub {
+            // K-major: all of a thread's chunks belong to one stage (its k chunk / 2).
+            let p = k.setp(Cmp::Eq, mine, sub);
+            let at = k.add(sbase, self.soff[0]);
+            for (i, regs) in data.iter().enumerate() {
+                let step = 16 * self.stage.row_bytes() as usize;
+                k.st_v(
+                    Space::Shared,
+                    Addr::at(at, (step * i) as i64),
+                    regs,
+                    Some(p),
+                );
+            }
+        } else {
+            let per_stage = self.soff.len();
+            for (j, &soff) in self.soff.iter().enumerate() {
+                let at = k.add(sbase, soff);
+                k.st_v(
+                    Space::Shared,
+                    Addr::new(at),
+                    &data[sub as usize * per_stage + j],
+                    None,
+                );
+            }
+        }
+    }
 }
 
 /// Emits the PTX of `kern` with tile `t` for `target`.
@@ -132,7 +339,7 @@ pub(crate) fn build(
     t: NativeTile,
     target: Target,
 ) -> Result<Module, BuildError> {
-    let name = entry_name(kern);
+    let name = kern.name();
     let mut k = Kernel::new(&name, target);
     let (bm, bn, bk, stages) = (
         u32::from(t.bm),
@@ -140,8 +347,10 @@ pub(crate) fn build(
         u32::from(t.bk),
         u32::from(t.stages),
     );
-    let threads = bm / WG_ROWS * WG_THREADS;
-    k.threads(threads);
+    // Consumer warpgroups (64 rows each), then one producer warpgroup.
+    let consumers = bm / WG_ROWS * WG_THREADS;
+    k.threads(consumers + WG_THREADS);
+    k.max_registers(MAX_REGS);
     let e = kern.epilogue;
     let input = match kern.input {
         Storage::F16 => MmaInput::F16,
@@ -173,7 +382,8 @@ pub(crate) fn build(
         k_major: kern.trans_b,
     };
     let stage_bytes = a_stage.bytes() + b_stage.bytes();
-    let smem = k.shared("stages", 128, stages * stage_bytes);
+    // 1 KiB alignment: the 128-byte swizzle is a function of the address.
+    let smem = k.shared("stages", 1024, stages * stage_bytes);
 
     k.comment("block coordinates and batch offsets");
     let a = k.ld_param_global(pa);
@@ -200,43 +410,67 @@ pub(crate) fn build(
     let off_r = offset(&mut k, sr, ir);
     let m0 = k.mul(by, bm);
     let n0 = k.mul(bx, bn);
-    let bytes_a = k.shl(off_a, 1u32);
-    let a = k.add(a, bytes_a);
-    let bytes_b = k.shl(off_b, 1u32);
-    let b = k.add(b, bytes_b);
-
-    k.comment("each thread's cp.async chunks");
-    let ca = copies(&mut k, a_stage, a, lda, m0, m, tid, threads);
-    let cb = copies(&mut k, b_stage, b, ldb, n0, n, tid, threads);
 
     let base = k.shared_address(smem);
     let tiles = {
         let t = k.add(kk, bk - 1);
         k.div(t, bk)
     };
-    let load = |k: &mut Kernel, tile: Reg| {
-        let slot = k.rem(tile, stages);
-        let sbase = k.mad(slot, stage_bytes, base);
-        let k0 = k.mul(tile, bk);
-        let kmax = k.sub(kk, k0);
-        issue(k, &ca, sbase, tile, kmax);
-        let bbase = k.add(sbase, a_stage.bytes());
-        issue(k, &cb, bbase, tile, kmax);
-    };
+    // Named barriers hand the stages over (no shared memory, which the stages fill): stage
+    // s is `full` at barrier 1 + s (the producer arrives, the consumers wait) and `empty` at
+    // 1 + stages + s (the other way round), each counting the whole block.
+    let all = consumers + WG_THREADS;
+    let full = |s: Reg, k: &mut Kernel| k.add(s, 1u32);
+    let empty = |s: Reg, k: &mut Kernel| k.add(s, 1 + stages);
 
-    // With one wgmma group kept in flight, the stage it reads is not refilled until the
-    // next iteration: one stage fewer ahead.
-    let keep = u32::from(t.overlap);
-    let ahead = stages - 1 - keep;
-    k.comment("prologue: the first stages in flight");
-    for s in 0..ahead {
-        let tile = k.mov(Ty::U32, s);
-        let live = k.setp(Cmp::Lt, tile, tiles);
-        k.if_(live, |k| load(k, tile));
-        k.cp_async_commit();
+    let is_producer = k.setp(Cmp::Ge, tid, consumers);
+    let consume = k.label();
+    k.bra_if(is_producer, true, consume);
+    {
+        k.comment("producer: load a 64-k slab into registers, store it into 4 stages as they free");
+        let ptid = k.sub(tid, consumers);
+        let bytes_a = k.shl(off_a, 1u32);
+        let a = k.add(a, bytes_a);
+        let bytes_b = k.shl(off_b, 1u32);
+        let b = k.add(b, bytes_b);
+        let la = Loader::new(&mut k, a_stage, a, lda, m0, m, ptid);
+        let lb = Loader::new(&mut k, b_stage, b, ldb, n0, n, ptid);
+        let slabs = {
+            let t = k.add(kk, SLAB - 1);
+            k.div(t, SLAB)
+        };
+        k.for_range(0u32, slabs, 1, |k, slab| {
+            let k0 = k.mul(slab, SLAB);
+            let kmax = k.sub(kk, k0);
+            let da = la.load(k, slab, kmax);
+            let db = lb.load(k, slab, kmax);
+            for sub in 0..SLAB / bk {
+                let tile = k.mad(slab, SLAB / bk, sub);
+                let live = k.setp(Cmp::Lt, tile, tiles);
+                k.if_(live, |k| {
+                    let slot = k.rem(tile, stages);
+                    // From the second round on, wait until the consumers released the stage.
+                    let reuse = k.setp(Cmp::Ge, tile, stages);
+                    k.if_(reuse, |k| {
+                        let id = empty(slot, k);
+                        k.bar_sync_reg(id, all);
+                    });
+                    let sbase = k.mad(slot, stage_bytes, base);
+                    la.store(k, &da, sub, sbase);
+                    let bbase = k.add(sbase, a_stage.bytes());
+                    lb.store(k, &db, sub, bbase);
+                    // Ordinary stores, read next by wgmma through the async proxy.
+                    k.fence_proxy_async();
+                    let id = full(slot, k);
+                    k.bar_arrive_reg(id, all);
+                });
+            }
+        });
+        k.ret();
     }
+    k.place(consume);
 
-    k.comment("accumulators and descriptors");
+    k.comment("consumers: accumulators and descriptors");
     let acc = k.regs(Ty::F32, (bn / 2) as usize);
     for &r in &acc {
         k.assign(r, 0.0f32);
@@ -247,24 +481,18 @@ pub(crate) fn build(
         let d = k.wgmma_desc(base, &b_stage.desc());
         k.desc_offset(d, a_stage.bytes())
     };
-    // This warpgroup's rows of A.
-    let wg_a = k.mul(wg, a_stage.row_offset(WG_ROWS) >> 4);
+    // This warpgroup's 64 rows of A.
+    let wg_a = k.mul(wg, a_stage.wg_offset() >> 4);
     let wg_a = k.cvt(Ty::U64, wg_a);
     let desc_a0 = k.add(desc_a0, wg_a);
     let zero = k.mov(Ty::U32, 0u32);
     let scale_d = k.setp(Cmp::Eq, zero, 0u32);
 
-    k.comment("main loop: wait for a stage, refill the oldest, multiply");
+    k.comment("main loop: wait for a full stage, multiply, release the one before");
     k.for_range(0u32, tiles, 1, |k, tile| {
-        k.cp_async_wait(ahead - 1);
-        // cp.async writes are the generic proxy's; wgmma reads through the async proxy.
-        k.fence_proxy_async();
-        k.bar_sync(0);
-        let next = k.add(tile, ahead);
-        let live = k.setp(Cmp::Lt, next, tiles);
-        k.if_(live, |k| load(k, next));
-        k.cp_async_commit();
         let slot = k.rem(tile, stages);
+        let id = full(slot, k);
+        k.bar_sync_reg(id, all);
         let units = k.mul(slot, stage_bytes >> 4);
         let units = k.cvt(Ty::U64, units);
         let da = k.add(desc_a0, units);
@@ -286,10 +514,17 @@ pub(crate) fn build(
             );
         }
         k.wgmma_commit();
-        k.wgmma_wait(keep);
+        // The previous tile's product is done: its stage goes back to the producer.
+        k.wgmma_wait(1);
+        let some = k.setp(Cmp::Gt, tile, 0u32);
+        k.if_(some, |k| {
+            let prev = k.add(tile, stages - 1);
+            let prev = k.rem(prev, stages);
+            let id = empty(prev, k);
+            k.bar_arrive_reg(id, all);
+        });
     });
     k.wgmma_wait(0);
-    k.cp_async_wait(0);
 
     k.comment("epilogue from the accumulators");
     let out = Out {
@@ -304,112 +539,6 @@ pub(crate) fn build(
     };
     epilogue(&mut k, kern, &acc, &out, alpha, (m, n), (m0, n0), tid, bn);
     k.finish()
-}
-
-/// Works out this thread's chunks of an operand's stage: chunk `tid + j·threads` of
-/// `stage.chunks()`. K-major: chunk → (row, 8 k's), consecutive threads along k then rows,
-/// so a warp reads whole sectors and writes whole core matrices. M/N-major: chunk → (8
-/// rows of one k, k), consecutive threads along k within a core matrix first (its 8 rows are
-/// 16 bytes apart in shared memory: writes without bank conflicts), then along M/N.
-#[allow(clippy::too_many_arguments)]
-fn copies(
-    k: &mut Kernel,
-    stage: Stage,
-    ptr: Reg,
-    ld: Reg,
-    r0: Reg,
-    rows: Reg,
-    tid: Reg,
-    threads: u32,
-) -> Copies {
-    let total = stage.chunks();
-    let ld_bytes = k.mul_wide(ld, 2u32);
-    let step = if stage.k_major {
-        k.mov(Ty::U64, i64::from(stage.bk * 2))
-    } else {
-        k.mul(ld_bytes, stage.bk)
-    };
-    let chunks = (0..total.div_ceil(threads))
-        .map(|j| {
-            let c = k.add(tid, j * threads);
-            let exists = ((j + 1) * threads > total).then(|| k.setp(Cmp::Lt, c, total));
-            let (row, kin, soff) = if stage.k_major {
-                let per_row = stage.bk / 8;
-                let row = k.div(c, per_row);
-                let kc = k.rem(c, per_row);
-                let kin = k.mul(kc, 8u32);
-                // (row / 8)·sbo + kc·128 + (row % 8)·16
-                let g = k.shr(row, 3u32);
-                let s = k.mul(g, stage.desc().sbo);
-                let s = k.mad(kc, 128u32, s);
-                let r8 = k.and(row, 7u32).retype(Ty::U32);
-                (row, kin, k.mad(r8, 16u32, s))
-            } else {
-                let groups = stage.rows / 8;
-                let k8 = k.and(c, 7u32).retype(Ty::U32);
-                let rest = k.shr(c, 3u32);
-                let mc = k.rem(rest, groups);
-                let kg = k.div(rest, groups);
-                let row = k.mul(mc, 8u32);
-                let kin = k.mad(kg, 8u32, k8);
-                // mc·128 + kg·lbo + k8·16
-                let s = k.mul(mc, 128u32);
-                let s = k.mad(kg, stage.desc().lbo, s);
-                (row, kin, k.mad(k8, 16u32, s))
-            };
-            let grow = k.add(r0, row);
-            let row_ok = k.setp(Cmp::Lt, grow, rows);
-            let row_ok = match exists {
-                Some(e) => k.and_pred(row_ok, e),
-                None => row_ok,
-            };
-            // Element offset of the chunk at k0 = 0, then bytes.
-            let (major, minor) = if stage.k_major {
-                (grow, kin)
-            } else {
-                (kin, grow)
-            };
-            let o = k.mul_wide(major, ld);
-            let w = k.cvt(Ty::U64, minor);
-            let o = k.add(o, w);
-            let o = k.shl(o, 1u32);
-            let src = k.add(ptr, o);
-            Chunk {
-                src,
-                soff,
-                kin,
-                row_ok,
-                exists,
-            }
-        })
-        .collect();
-    Copies {
-        chunks,
-        step,
-        safe: ptr,
-    }
-}
-
-/// Issues one operand's copies of k tile `tile` into the stage at shared address `sbase`;
-/// `kmax` is K − k0. A chunk whose row or k lies outside the matrix reads nothing and
-/// zero-fills its 16 bytes (k is a multiple of 8, so a chunk is wholly in or out).
-fn issue(k: &mut Kernel, copies: &Copies, sbase: Reg, tile: Reg, kmax: Reg) {
-    let t64 = k.cvt(Ty::U64, tile);
-    let delta = k.mul(t64, copies.step);
-    for ch in &copies.chunks {
-        let k_ok = k.setp(Cmp::Lt, ch.kin, kmax);
-        let ok = k.and_pred(k_ok, ch.row_ok);
-        let src = k.add(ch.src, delta);
-        let src = k.selp(ok, src, copies.safe, Ty::U64);
-        let bytes = k.selp(ok, 16u32, 0u32, Ty::U32);
-        let dst = k.add(sbase, ch.soff);
-        match ch.exists {
-            Some(e) => k.if_(e, |k| {
-                k.cp_async(Addr::new(dst), Addr::new(src), 16, Some(bytes))
-            }),
-            None => k.cp_async(Addr::new(dst), Addr::new(src), 16, Some(bytes)),
-        }
-    }
 }
 
 /// Where the epilogue writes and what it reads.
@@ -626,6 +755,15 @@ fn activation_grad(k: &mut Kernel, act: Activation, x: Reg, dy: Reg) -> Reg {
 }
 
 impl MatmulKernel {
+    /// Whether this native kernel can run on a device whose native target is `target`
+    /// (its part of `feasible`, without the device's shared-memory limits).
+    pub fn native_feasible(&self, target: Option<Target>) -> bool {
+        match self.variant {
+            crate::matmul::Variant::Native(t) => feasible(self, t, target),
+            _ => false,
+        }
+    }
+
     /// Emits the native kernel (PTX) of a `Native` variant for `target`.
     pub fn build_native(&self, target: Target) -> Result<Module, KernelError> {
         let crate::matmul::Variant::Native(t) = self.variant else {
@@ -634,6 +772,12 @@ impl MatmulKernel {
                 detail: "not a native variant".into(),
             });
         };
+        if !feasible(self, t, Some(Target::SM90A)) {
+            return Err(KernelError::Arguments {
+                kernel: self.name(),
+                detail: "no native kernel for this tile, storage, layout and epilogue".into(),
+            });
+        }
         build(self, t, target).map_err(|e| KernelError::Arguments {
             kernel: self.name(),
             detail: e.to_string(),
@@ -717,7 +861,7 @@ impl MatmulKernel {
         args.push(Arg::F32(alpha));
         Ok(NativeLaunch {
             grid: [gx, gy, shape.batch],
-            block: [2 * u32::from(t.bm), 1, 1],
+            block: [2 * u32::from(t.bm) + WG_THREADS, 1, 1],
             args,
         })
     }

@@ -600,6 +600,16 @@ impl Kernel {
         self.emit(format_args!("bar.sync {id}, {threads}"));
     }
 
+    /// Waits at named barrier `id` (a register: 0–15) until `threads` threads have arrived.
+    pub fn bar_sync_reg(&mut self, id: Reg, threads: u32) {
+        self.emit(format_args!("bar.sync {id}, {threads}"));
+    }
+
+    /// Arrives at named barrier `id` without waiting (a producer's signal).
+    pub fn bar_arrive_reg(&mut self, id: Reg, threads: u32) {
+        self.emit(format_args!("bar.arrive {id}, {threads}"));
+    }
+
     pub fn ret(&mut self) {
         self.emit(format_args!("ret"));
     }

@@ -89,6 +89,22 @@ impl Kernel {
         regs
     }
 
+    /// A vector load into existing registers where `p` holds; elsewhere they keep their values.
+    pub fn ld_v_if(&mut self, p: Reg, space: Space, regs: &[Reg], at: Addr) {
+        if !matches!(regs.len(), 2 | 4) {
+            self.fail(format!("a vector load of {} values", regs.len()));
+            return;
+        }
+        let ty = mem_ty(regs[0].ty());
+        self.emit(format_args!(
+            "@{p} ld{}.v{}{} {}, {at}",
+            space.name(),
+            regs.len(),
+            ty.suffix(),
+            vector_of(regs)
+        ));
+    }
+
     /// Loads into existing registers (2 or 4 of one type).
     pub fn ld_v_into(&mut self, space: Space, regs: &[Reg], at: Addr) {
         if !matches!(regs.len(), 2 | 4) {
