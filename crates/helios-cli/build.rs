@@ -1,11 +1,13 @@
 // Embeds the git commit the binary is built from as HELIOS_GIT_COMMIT, for `helios bench`'s
-// JSON: the short hash, with "-dirty" when tracked files differ from it.
+// JSON: the short hash, with "-dirty" when tracked files differ from it; and compresses the
+// bundled corpus (data/shakespeare/shakespeare.txt, 3.6 MB) into OUT_DIR for `helios train`
+// to carry (`src/corpus.rs`), 1.4 MB as raw DEFLATE.
 //
 // Key decision: never fail the build over it. Without git or a .git directory (the GPU
 // machine gets a copy of the tree) the value is "unknown"; HELIOS_BUILD_COMMIT, when set,
 // overrides everything so that such a build can still be labelled.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
@@ -31,6 +33,44 @@ fn main() {
         .filter(|c| !c.trim().is_empty())
         .unwrap_or_else(|| describe(&root).unwrap_or_else(|| "unknown".to_owned()));
     println!("cargo:rustc-env=HELIOS_GIT_COMMIT={}", commit.trim());
+    compress_corpus(&root);
+}
+
+/// `OUT_DIR/corpus.deflate`: the bundled corpus as raw DEFLATE, or an empty file when the
+/// tree has no corpus (then `helios train` asks for `--data`). Compressed again only when
+/// the corpus is newer than the last output, since this script reruns on every source edit.
+fn compress_corpus(root: &Path) {
+    let corpus = root.join("data/shakespeare/shakespeare.txt");
+    println!("cargo:rerun-if-changed={}", corpus.display());
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"))
+        .join("corpus.deflate");
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if let (Some(input), Some(output)) = (modified(&corpus), modified(&out)) {
+        if output >= input {
+            return;
+        }
+    }
+    let packed = match std::fs::read(&corpus) {
+        Ok(text) => {
+            use std::io::Write;
+            let mut z = flate2::write::DeflateEncoder::new(
+                Vec::with_capacity(text.len() / 2),
+                flate2::Compression::best(),
+            );
+            z.write_all(&text).expect("compressing in memory");
+            z.finish().expect("compressing in memory")
+        }
+        Err(e) => {
+            println!(
+                "cargo:warning=no bundled corpus ({}: {e}); `helios train` will need --data",
+                corpus.display()
+            );
+            Vec::new()
+        }
+    };
+    let staged = out.with_extension("tmp");
+    std::fs::write(&staged, packed).expect("writing OUT_DIR");
+    std::fs::rename(&staged, &out).expect("writing OUT_DIR");
 }
 
 /// `<short hash>` or `<short hash>-dirty`, or `None` when git cannot tell.

@@ -3,6 +3,7 @@
 // every failure comes back here as a value, is printed as `error: ...` and exits with 1.
 
 mod bench;
+mod corpus;
 mod field;
 mod generate;
 mod info;

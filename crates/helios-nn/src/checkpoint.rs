@@ -263,16 +263,19 @@ fn read_optimizer(path: &Path, config: &GptConfig) -> Result<OptimizerState> {
         .ok_or_else(|| Error::corrupt(path, "its metadata has no valid 'step'"))?;
     let (mut m, mut v) = (BTreeMap::new(), BTreeMap::new());
     for (name, t) in file.tensors {
-        if let Some(p) = name.strip_prefix("exp_avg_sq.") {
-            v.insert(p.to_string(), t);
+        let (map, param) = if let Some(p) = name.strip_prefix("exp_avg_sq.") {
+            (&mut v, p)
         } else if let Some(p) = name.strip_prefix("exp_avg.") {
-            m.insert(p.to_string(), t);
+            (&mut m, p)
         } else {
             return Err(Error::UnexpectedTensor {
                 path: path.to_path_buf(),
                 name,
             });
-        }
+        };
+        // A non-finite moment would make the first resumed update non-finite.
+        weights::check_finite(path, &name, &t.data)?;
+        map.insert(param.to_string(), t);
     }
     for spec in config.param_specs() {
         for (kind, map) in [("exp_avg", &m), ("exp_avg_sq", &v)] {

@@ -95,18 +95,32 @@ impl Tokens {
 
     /// Tokenizes the UTF-8 text at `path`, or reads its cache from `cache_dir`.
     pub fn from_text_file(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path) -> Result<Tokens> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        Tokens::from_text(path, &bytes, tokenizer, cache_dir)
+    }
+
+    /// Tokenizes the UTF-8 text `bytes` (a corpus held in memory, such as the one `helios
+    /// train` carries), or reads its cache from `cache_dir`; `name` stands for the file in
+    /// messages and names the cache, which is the one a file of these bytes and that name
+    /// would use.
+    pub fn from_text(
+        name: &Path,
+        bytes: &[u8],
+        tokenizer: &Tokenizer,
+        cache_dir: &Path,
+    ) -> Result<Tokens> {
+        let path = name;
         if tokenizer.vocab_size() > u16::MAX as usize + 1 {
             return Err(Error::Data(format!(
                 "the tokenizer has {} tokens, but token files hold u16 ids (at most 65,536); use a smaller vocabulary",
                 tokenizer.vocab_size()
             )));
         }
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let cache = cache_path(path, &bytes, tokenizer, cache_dir);
+        let cache = cache_path(path, bytes, tokenizer, cache_dir);
         if cache.exists() {
             return Tokens::open_bin(&cache);
         }
-        let text = std::str::from_utf8(&bytes).map_err(|e| {
+        let text = std::str::from_utf8(bytes).map_err(|e| {
             Error::Data(format!(
                 "{} is not UTF-8 text ({e}); a pre-tokenized file must end in .bin",
                 path.display()

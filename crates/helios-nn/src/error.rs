@@ -47,6 +47,16 @@ pub enum Error {
     UnsupportedDtype { name: String, dtype: String },
     #[error("{path}: lm_head.weight differs from wte.weight; Helios ties the output head to the token embedding, so untied GPT-2 checkpoints are not supported", path = .path.display())]
     UntiedHead { path: PathBuf },
+    #[error("{path}: tensor '{name}' holds {count} non-finite value{s} (the first, {value}, at flat index {index}); the file is damaged or was written by a run that diverged: start from other weights or an earlier checkpoint", path = .path.display(), s = if *.count == 1 { "" } else { "s" })]
+    NonFiniteTensor {
+        path: PathBuf,
+        name: String,
+        /// Flat index of the first NaN or infinity, and its value.
+        index: usize,
+        value: f32,
+        /// How many of the tensor's values are not finite.
+        count: usize,
+    },
     #[error("parameter store: {0}")]
     Params(String),
 

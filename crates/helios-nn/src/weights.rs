@@ -98,6 +98,22 @@ fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
     })
 }
 
+/// Fails on the first NaN or infinity in `data`, tensor `name` of the file at `path`: a
+/// non-finite weight or moment makes the first step's loss or norm non-finite, and the run
+/// would stop there blaming the learning rate.
+pub(crate) fn check_finite(path: &Path, name: &str, data: &[f32]) -> Result<()> {
+    let Some(index) = data.iter().position(|v| !v.is_finite()) else {
+        return Ok(());
+    };
+    Err(Error::NonFiniteTensor {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        index,
+        value: data[index],
+        count: data[index..].iter().filter(|v| !v.is_finite()).count(),
+    })
+}
+
 /// The name of a GPT-2 parameter in a file, without prefix; `None` for tensors to skip (the
 /// causal-mask buffers).
 fn canonical_name(name: &str) -> Option<&str> {
@@ -109,7 +125,7 @@ fn canonical_name(name: &str) -> Option<&str> {
 }
 
 /// Loads the GPT-2 weights of `config` from the safetensors file at `path`, checking every
-/// name, shape and dtype; the file may be f32, f16 or bf16.
+/// name, shape and dtype, and that every value is finite; the file may be f32, f16 or bf16.
 pub fn load_weights(path: &Path, config: &GptConfig) -> Result<ParamStore> {
     config.validate()?;
     let specs = config.param_specs();
@@ -165,6 +181,7 @@ pub fn load_weights(path: &Path, config: &GptConfig) -> Result<ParamStore> {
             }
             check_shape(spec, view.shape())?;
             let data = to_f32(stored, view.dtype(), view.data())?;
+            check_finite(path, stored, &data)?;
             tensors.insert(
                 spec.name.clone(),
                 HostTensor {

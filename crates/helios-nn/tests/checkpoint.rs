@@ -449,3 +449,89 @@ fn a_save_keeps_the_users_files_and_refuses_what_it_cannot_keep() {
     assert!(save_pretrained(&file, &p, DType::F32).is_err());
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 }
+
+/// A NaN or infinity in loaded weights (`--init`, `--resume`) or in a resumed optimizer's
+/// moments is refused when the file is loaded, naming the tensor and the file; it used to
+/// reach the first step, which stopped with "lower the learning rate" (issue 49).
+#[test]
+fn non_finite_weights_and_moments_are_refused_when_loaded() {
+    let dir = Scratch::new("non-finite");
+    let cfg = small_config();
+
+    // Weights saved by Helios with one NaN, loaded the way `helios train --init` does: a
+    // directory with config.json, or its safetensors file (config.json beside it).
+    let mut p = params(7);
+    let mut w = p.get("h.1.attn.c_proj.weight").unwrap().clone();
+    w.data[5] = f32::NAN;
+    p.set("h.1.attn.c_proj.weight", w).unwrap();
+    let model = dir.join("model");
+    save_pretrained(&model, &p, DType::F32).unwrap();
+    let file = model.join(MODEL_FILE);
+    for init in [model.clone(), file.clone()] {
+        let e = load_pretrained(&init, None).unwrap_err();
+        match &e {
+            Error::NonFiniteTensor {
+                path,
+                name,
+                index,
+                count,
+                ..
+            } => {
+                assert_eq!(path, &file);
+                assert_eq!(name, "transformer.h.1.attn.c_proj.weight");
+                assert_eq!((*index, *count), (5, 1));
+            }
+            _ => panic!("{e}"),
+        }
+        let msg = e.to_string();
+        assert!(
+            msg.contains("transformer.h.1.attn.c_proj.weight")
+                && msg.contains(&file.display().to_string()),
+            "{msg}"
+        );
+        assert!(!msg.contains("learning rate"), "{msg}");
+    }
+
+    // An infinity in an f16 file (written with the safetensors crate) names its stored name.
+    let mut entries = raw_entries(&params(7), |n| n.to_string());
+    let e = entries.iter_mut().find(|e| e.0 == "ln_f.weight").unwrap();
+    e.1 = Dtype::F16;
+    e.3 = (0..8)
+        .flat_map(|i| {
+            let v = if i == 2 { f32::INFINITY } else { 1.0 };
+            half::f16::from_f32(v).to_le_bytes()
+        })
+        .collect();
+    let inf = dir.join("inf.safetensors");
+    write_raw(&inf, &entries);
+    let e = load_weights(&inf, &cfg).unwrap_err();
+    assert!(
+        matches!(&e, Error::NonFiniteTensor { name, index: 2, .. } if name == "ln_f.weight"),
+        "{e}"
+    );
+
+    // A checkpoint whose weights are finite but one moment is not (`--resume`).
+    let ckpt = dir.join("ckpt");
+    let mut o = optimizer(&cfg);
+    o.v.get_mut("h.0.mlp.c_fc.weight").unwrap().data[1] = f32::INFINITY;
+    save_checkpoint(&ckpt, &params(7), &o, &trainer(&cfg)).unwrap();
+    let e = load_checkpoint(&ckpt).unwrap_err();
+    match &e {
+        Error::NonFiniteTensor { path, name, .. } => {
+            assert_eq!(path, &ckpt.join(OPTIMIZER_FILE));
+            assert_eq!(name, "exp_avg_sq.h.0.mlp.c_fc.weight");
+        }
+        _ => panic!("{e}"),
+    }
+    // And weights with a NaN in a checkpoint.
+    let mut p = params(7);
+    let mut w = p.get("wpe.weight").unwrap().clone();
+    w.data[0] = f32::NAN;
+    p.set("wpe.weight", w).unwrap();
+    save_checkpoint(&ckpt, &p, &optimizer(&cfg), &trainer(&cfg)).unwrap();
+    let e = load_checkpoint(&ckpt).unwrap_err();
+    assert!(
+        matches!(&e, Error::NonFiniteTensor { name, .. } if name == "transformer.wpe.weight"),
+        "{e}"
+    );
+}

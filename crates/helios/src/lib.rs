@@ -48,5 +48,5 @@ pub use ops::{
     coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,
     TuneReport,
 };
-pub use ops::{NormGrads, NormOutput, RowOp, SoftmaxOptions};
+pub use ops::{stored_winners, NormGrads, NormOutput, RowOp, SoftmaxOptions};
 pub use tensor::Tensor;

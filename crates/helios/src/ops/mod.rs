@@ -25,3 +25,4 @@ pub use norm::{NormGrads, NormOutput};
 pub use optim::{adamw_step, adamw_step_scaled, sum_squares, AdamWConfig, AdamWParam};
 pub use reduce::RowOp;
 pub use softmax::SoftmaxOptions;
+pub use tuning_store::stored_winners;

@@ -148,6 +148,31 @@ impl TuningStore {
     }
 }
 
+/// How many tuned winners of the kernel family `family` (`"matmul"`, `"attention"`) are stored
+/// on disk for `device` (its driver and enabled features): 0 when none, and then the first
+/// use of each shape tunes. Reads the file; for a message before work starts (`helios train`
+/// says a cold first step will tune), not for a hot path.
+pub fn stored_winners(device: &Device, family: &str) -> usize {
+    let key = device.tuning_key_cell().get_or_init(|| device_key(device));
+    let Some(root) = helios_vk::PipelineCacheDir::from_env()
+        .ok()
+        .and_then(|dir| dir.root())
+    else {
+        return 0;
+    };
+    std::fs::read_to_string(root.join(family).join(format!("{key}.tsv"))).map_or(0, |text| {
+        let mut lines = text.lines();
+        let ours = lines
+            .next()
+            .is_some_and(|h| h.starts_with(&format!("# helios {family} tuning v")));
+        if ours {
+            lines.filter(|l| !l.trim().is_empty()).count()
+        } else {
+            0
+        }
+    })
+}
+
 /// `<device UUID>-<driver version>-<features>`, with the version's unusual characters
 /// replaced; `<features>` is [`feature_tag`].
 fn device_key(device: &Device) -> String {
