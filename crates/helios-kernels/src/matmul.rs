@@ -1,10 +1,13 @@
 //! Matrix multiply: `C[b] = epilogue(alpha · op(A[b]) · op(B[b]))` for a batch of strided
 //! matrices, with `op` the identity or a transpose read in place (no transpose pass).
 //!
-//! Two kernel families share this file's signature, launch and epilogue code:
+//! The kernel families share this file's signature, launch and epilogue code:
 //! - `matmul_simt`: tiled FMA kernels for any storage (f32 math), the portable path;
 //! - `matmul_coop`: cooperative-matrix kernels for f16/bf16 inputs with f32 accumulation,
-//!   double-buffered through shared memory, where the device reports the fragment shapes.
+//!   double-buffered through shared memory, where the device reports the fragment shapes;
+//! - `matmul_wg`: workgroup-scope matrices (VK_NV_cooperative_matrix2);
+//! - `matmul_native`: PTX with Hopper's `wgmma` for NVIDIA's native path (helios-ptx), built
+//!   by `MatmulKernel::build_native` instead of `build`.
 //!
 //! The variant table (`VARIANTS`) names every tile configuration; `default_variant` is the one
 //! documented selection rule used before (or without) the autotuner in `helios`, which times
@@ -341,11 +344,10 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("wg128x128k16w4p", wg(128, 128, 16, 4, true)),
     ("wgt128x128k16w4", wgt(128, 128, 16, 4)),
     // NVIDIA native (wgmma through PTX): two consumer warpgroups of 64 rows and a producer
-    // warpgroup, stages of k16 within 48 KiB.
+    // warpgroup, two k32 stages filling the 48 KiB. On the H200 it beat k16 × 4 stages and
+    // 128×128 tiles on every shape tried (bench/results/2026-11-28-native-matmul-h200.md);
+    // other tiles stay reachable by name (`Variant::parse`).
     ("nv128x256k32s2", native(128, 256, 32, 2)),
-    ("nv128x256k16s4", native(128, 256, 16, 4)),
-    ("nv128x128k32s3", native(128, 128, 32, 3)),
-    ("nv128x192k16s4", native(128, 192, 16, 4)),
 ];
 
 const fn native(bm: u16, bn: u16, bk: u16, stages: u8) -> Variant {
@@ -363,6 +365,21 @@ const fn simt_block(bm: u16) -> (u8, u8) {
     } else {
         (4, 4)
     }
+}
+
+/// A native tile written `<bm>x<bn>k<bk>s<stages>` (after `nv`).
+fn parse_native(s: &str) -> Option<Variant> {
+    let (bm, rest) = number(s)?;
+    let (bn, rest) = number(rest.strip_prefix('x')?)?;
+    let (bk, rest) = number(rest.strip_prefix('k')?)?;
+    let (stages, rest) = number(rest.strip_prefix('s')?)?;
+    let v = Variant::Native(NativeTile {
+        bm: u16::try_from(bm).ok()?,
+        bn: u16::try_from(bn).ok()?,
+        bk: u16::try_from(bk).ok()?,
+        stages: u8::try_from(stages).ok()?,
+    });
+    (rest.is_empty() && v.well_formed()).then_some(v)
 }
 
 /// A decimal number (at most 4 digits) at the start of `s`, and what follows it.
@@ -439,7 +456,8 @@ impl Variant {
 
     /// How a cooperative tile outside the table is written (`parse`), for messages that say
     /// what a name may be.
-    pub const COOP_GRAMMAR: &str = "coop<bm>x<bn>w<wm>x<wn>k<bk> then d<1-3> or s1";
+    pub const COOP_GRAMMAR: &str =
+        "coop<bm>x<bn>w<wm>x<wn>k<bk> then d<1-3> or s1, or nv<bm>x<bn>k<16|32>s<stages>";
 
     /// The variant called `name` in the table.
     pub fn by_name(name: &str) -> Option<Variant> {
@@ -488,6 +506,9 @@ impl Variant {
     pub fn parse(name: &str) -> Option<Variant> {
         if let Some(v) = Variant::by_name(name) {
             return Some(v);
+        }
+        if let Some(rest) = name.strip_prefix("nv") {
+            return parse_native(rest);
         }
         let rest = name.strip_prefix("coop")?;
         let (bm, rest) = number(rest)?;
