@@ -30,10 +30,10 @@
 //! | `HELIOS_ROW_SLOTS=<n>` | most 16-byte slots per invocation a cached softmax/norm row keeps in registers (1..=16; default per family) |
 //! | `HELIOS_SPLIT_GROUPS=<n>` | workgroups a split (two-phase) reduction aims for (default 2048) |
 //! | `HELIOS_ROW_WHOLE=0` | softmax and norm kernels keep their per-slot bounds checks even for rows a multiple of 4 long (for measuring what the unchecked kernels gain) |
-//! | `HELIOS_NORM_ROWS=<n>` | rows each invocation group of the cached layernorm/rmsnorm backward walks, summing dgamma/dbeta (default: rows / 256 to the nearest power of two, 1 to 32) |
+//! | `HELIOS_NORM_ROWS=<n>` | rows each invocation group of the cached layernorm/rmsnorm backward walks, summing dgamma/dbeta (default: the power of two at or above rows × width / 786432, 2 to 32) |
 //! | `HELIOS_FUSION=0` | realise every element-wise node and product as it is built (one kernel per op), to measure what fusion buys |
 //! | `HELIOS_DEBUG=1` | print each realisation of the lazy graph: the fused kernel, its nodes, inputs, outputs and bytes moved, or the product and the nodes in its epilogue |
-//! | `HELIOS_WARM_MS=<ms>` | how long timing code (the matmul tuner, `helios bench`) keeps the GPU busy before it measures, so the SM clock has left its idle state (default 300 on GPUs, 0 on CPU devices) |
+//! | `HELIOS_WARM_MS=<ms>` | how long timing code (the matmul tuner, `helios bench`) keeps the GPU busy before it measures, so the SM clock has left its idle state (default 1000 on GPUs, 0 on CPU devices) |
 
 use helios_spirv::{Binding, KernelModule};
 
