@@ -53,8 +53,31 @@ pub fn validator() -> PathBuf {
     }
 }
 
+/// With `HELIOS_SPIRV_DIGEST=<file>`, appends `<kernel> <hash of its words>` for every module
+/// validated: a refactoring that must not change kernels (issue 48) diffs the sorted file
+/// before and after, as tinygrad's "process replay" does.
+fn record_digest(kernel: &str, words: &[u32]) {
+    use std::hash::{Hash, Hasher};
+    let Some(path) = std::env::var_os("HELIOS_SPIRV_DIGEST") else {
+        return;
+    };
+    // SipHash with fixed keys: the same words give the same digest in every run.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    words.hash(&mut h);
+    let line = format!("{kernel} {:016x}\n", h.finish());
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path);
+    // One write per line with O_APPEND: lines from parallel tests do not interleave.
+    if let Err(e) = file.and_then(|mut f| f.write_all(line.as_bytes())) {
+        eprintln!("HELIOS_SPIRV_DIGEST: cannot append to {path:?}: {e}");
+    }
+}
+
 /// Validates `words` (named `kernel` in messages) for `env`.
 pub fn validate(kernel: &str, words: &[u32], env: TargetEnv) -> Result<(), ValidateError> {
+    record_digest(kernel, words);
     let tool = validator().display().to_string();
     let spawn = Command::new(&tool)
         .args(["--target-env", env.flag(), "-"])
