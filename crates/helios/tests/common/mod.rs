@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod matmul;
+
 use std::sync::OnceLock;
 
 use helios::{Device, KernelConfig};
