@@ -19,10 +19,6 @@ pub mod launch;
 pub mod loss;
 pub mod math;
 pub mod matmul;
-pub mod matmul_coop;
-mod matmul_native;
-mod matmul_simt;
-mod matmul_wg;
 pub mod multi_tensor;
 pub mod norm;
 mod norm_bwd;
@@ -47,11 +43,9 @@ pub use loss::{
     CROSS_ENTROPY_WORKGROUP,
 };
 pub use matmul::{
-    Activation, Epilogue, MatmulAddresses, MatmulCaps, MatmulKernel, MatmulShape, NativeTile,
-    RowOp, Triangle, Variant as MatmulVariant, WgSupport,
+    Activation, CoopPeakKernel, Epilogue, MatmulAddresses, MatmulCaps, MatmulKernel, MatmulShape,
+    NativeLaunch, NativeTile, RowOp, Triangle, Variant as MatmulVariant, WgSupport,
 };
-pub use matmul_coop::CoopPeakKernel;
-pub use matmul_native::NativeLaunch;
 pub use multi_tensor::{sum_squares_table, SumSquaresKernel};
 pub use optim::{AdamWArgs, AdamWKernel, AdamWStep};
 pub use storage::{buffer_scalar, load_f32, store_f32, Storage};

@@ -24,10 +24,10 @@ use helios_spirv::{
     Shared, SharedLen, Ty, Val,
 };
 
-use crate::matmul::{
-    declare, k_span, last_tile, mask, skip_upper_tile, staged_k_loop, store_quad, tile_k0,
-    tile_origin, unit_index, CoopTile, Dims, MatmulKernel, FRAG,
-};
+use super::epilogue::store_quad;
+use super::kloop::{k_span, last_tile, mask, skip_upper_tile, staged_k_loop, tile_k0, unit_index};
+use super::params::{declare, tile_origin, Dims};
+use super::{CoopTile, MatmulKernel, FRAG};
 use crate::storage::{buffer_scalar, Storage};
 
 /// Halves per staged word.

@@ -12,7 +12,8 @@
 
 use helios_spirv::{Binding, CoopLayout, CoopTy, CoopUse, KernelBuilder, KernelModule, Scalar};
 
-use crate::matmul::{declare, tile_origin, MatmulKernel, WgTile};
+use super::params::{declare, tile_origin};
+use super::{MatmulKernel, WgTile};
 use crate::storage::Storage;
 
 /// Halves per 16-byte word: A and B are addressed as `vec4<u32>`.

@@ -15,10 +15,10 @@
 
 use helios_spirv::{Binding, KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
 
-use crate::matmul::{
-    declare, k_span, last_tile, mask, skip_upper_tile, staged_k_loop, store_quad, tile_k0,
-    tile_origin, unit_index, Dims, MatmulKernel, SimtTile, Triangle, BK_SIMT,
-};
+use super::epilogue::store_quad;
+use super::kloop::{k_span, last_tile, mask, skip_upper_tile, staged_k_loop, tile_k0, unit_index};
+use super::params::{declare, tile_origin, Dims};
+use super::{MatmulKernel, SimtTile, Triangle, BK_SIMT};
 use crate::storage::{buffer_scalar, load_f32, store_f32};
 
 /// One operand's staging geometry.
