@@ -6,11 +6,6 @@
 //! min/max) live in `math` so every family shares one definition.
 
 pub mod attention;
-mod attention_coop;
-mod attention_coop_bwd;
-mod attention_frag;
-mod attention_simt;
-pub mod coop_layout;
 pub mod elementwise;
 mod elementwise_strided;
 pub mod embedding;
@@ -29,8 +24,9 @@ pub mod softmax;
 pub mod storage;
 pub mod transpose;
 
+pub use attention::layout as coop_layout;
+pub use attention::layout::{CoopProbeKernel, FragMap};
 pub use attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
-pub use coop_layout::{CoopProbeKernel, FragMap};
 pub use elementwise::{
     BinaryOp, ElementwiseKernel, ElementwiseOp, Strides, UnaryOp, Variant, ELEMENTWISE_DTYPES,
     ELEMENTWISE_WORKGROUP, MAX_DIMS,

@@ -17,36 +17,23 @@
 //! key block. The final 1/l uses the same trick. Everything shared lives in one array of
 //! `vec4<u32>` words, so the Q staging area is reused as the subgroups' scratch.
 //!
-//! Where a probe has learnt the device's fragment layout, `attention_frag` keeps the scores
-//! in registers instead (2× faster forward and backward on an H100); these kernels are the
-//! ones for every other device.
+//! Where a probe has learnt the device's fragment layout, `reg_fwd` and `reg_bwd` keep the
+//! scores in registers instead (2× faster forward and backward on an H100); these kernels
+//! are the ones for every other device.
 
 use helios_spirv::{
     BinOp, CoopLayout, CoopMat, CoopTy, CoopUse, CoopVar, KernelBuilder, KernelModule, Scalar,
     Shared, SharedLen, Ty, Val,
 };
 
-use crate::attention::{
-    block_coords, build_prep, key_blocks, key_end, stat_index, AttentionKernel, AttnStage, Params,
-    View,
-};
-use crate::storage::{store_f32, Storage};
-
-/// Fragment side.
-pub(crate) const FRAG: u32 = 16;
-/// Halves per shared word.
-pub(crate) const WORD: u32 = 8;
-/// Invocations per subgroup the kernels are written for.
-pub(crate) const SUBGROUP: u32 = 32;
-
-/// Whether the family has a kernel for `stage` (the others run the SIMT family).
-pub fn supports(stage: AttnStage) -> bool {
-    let _ = stage;
-    true
-}
+use super::frag::{pack2, remaining, row_limit, stage, FRAG, SUBGROUP, WORD};
+use super::layout::frag_scalar;
+use super::params::{block_coords, key_blocks, key_end, stat_index, Params};
+use super::signature::AttentionKernel;
+use crate::storage::store_f32;
 
 /// Word layout of the forward's shared array.
-struct Layout {
+pub(crate) struct Layout {
     /// Words per staged K/V/Q row.
     row: u32,
     k: u32,
@@ -59,10 +46,10 @@ struct Layout {
     s_off: u32,
     p_off: u32,
     c_off: u32,
-    total: u32,
+    pub(crate) total: u32,
 }
 
-fn layout(kern: &AttentionKernel) -> Layout {
+pub(crate) fn layout(kern: &AttentionKernel) -> Layout {
     let (bq, bk) = kern.variant.blocks();
     let row = kern.head_dim / WORD + 1;
     let k = 0;
@@ -88,144 +75,6 @@ fn layout(kern: &AttentionKernel) -> Layout {
     }
 }
 
-pub(crate) fn shared_bytes(kern: &AttentionKernel) -> u32 {
-    match kern.stage {
-        AttnStage::Forward => layout(kern).total * 16,
-        AttnStage::Prep => 0,
-        _ => crate::attention_coop_bwd::layout(kern).total * 16,
-    }
-}
-
-pub(crate) fn build(kern: &AttentionKernel) -> KernelModule {
-    assert!(
-        kern.storage != Storage::F32,
-        "cooperative attention needs f16 or bf16"
-    );
-    match kern.stage {
-        AttnStage::Prep => build_prep(kern),
-        AttnStage::Forward => forward(kern),
-        AttnStage::DkDv => crate::attention_coop_bwd::dkdv(kern),
-        AttnStage::Dq => crate::attention_coop_bwd::dq(kern),
-    }
-}
-
-pub(crate) fn frag_scalar(s: Storage) -> Scalar {
-    match s {
-        Storage::F16 => Scalar::F16,
-        _ => Scalar::BF16,
-    }
-}
-
-/// Keys below `lim` a query sees: min(kend, i + 1) when causal, else kend.
-pub(crate) fn row_limit(k: &mut KernelBuilder, causal: bool, i: Val, kend: Val) -> Val {
-    if !causal {
-        return kend;
-    }
-    let one = k.u32(1);
-    let i1 = k.add(i, one);
-    k.min(kend, i1)
-}
-
-/// max(lim − j0, 0) in u32.
-pub(crate) fn remaining(k: &mut KernelBuilder, lim: Val, j0: Val) -> Val {
-    let more = k.gt(lim, j0);
-    let d = k.sub(lim, j0);
-    let z = k.u32(0);
-    k.select(more, d, z)
-}
-
-/// Two f32 values as one u32 of halves in `s` (low half first). bf16 rounds half away from
-/// zero on the bits (ties are the only difference from round-to-nearest-even, and P and dS
-/// tiles are never NaN unless an input is): 2.5 operations per value instead of ~6.
-pub(crate) fn pack2(k: &mut KernelBuilder, s: Storage, a: Val, b: Val) -> Val {
-    let v = k.vector(&[a, b]);
-    match s {
-        Storage::F16 => {
-            let h = k.convert(v, Scalar::F16);
-            k.bitcast(h, Ty::scalar(Scalar::U32))
-        }
-        _ => {
-            let bits = k.bitcast(v, Ty::vector(Scalar::U32, 2));
-            let half = k.u32(0x8000);
-            let half = k.splat(half, 2);
-            let r = k.add(bits, half);
-            let lo = k.extract(r, 0);
-            let hi = k.extract(r, 1);
-            let sixteen = k.u32(16);
-            let lo = k.shr(lo, sixteen);
-            let top = k.u32(0xffff_0000);
-            let hi = k.and(hi, top);
-            k.or(lo, hi)
-        }
-    }
-}
-
-/// Stages rows t0..t0+rows of `view` (zero words at t >= tend) into `smem` at word `base`,
-/// `row` words per row: 16-byte loads (the host checked that offsets and strides are
-/// multiples of 8 elements).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn stage(
-    k: &mut KernelBuilder,
-    smem: Shared,
-    base: u32,
-    row: u32,
-    view: View,
-    (b, h): (Val, Val),
-    t0: Val,
-    tend: Val,
-    rows: u32,
-    tid: Val,
-    threads: u32,
-) {
-    let per = row - 1;
-    let units = rows * per;
-    for j in 0..units.div_ceil(threads) {
-        let off = k.u32(j * threads);
-        let idx = k.add(tid, off);
-        let body = |k: &mut KernelBuilder| {
-            let pc = k.u32(per);
-            let r = k.div(idx, pc);
-            let w = k.rem(idx, pc);
-            let t = k.add(t0, r);
-            let ok = k.lt(t, tend);
-            let zero = k.u32(0);
-            let tc = k.select(ok, t, zero);
-            let at = view.row(k, b, tc, h);
-            let word = k.u32(WORD);
-            let at = k.div(at, word);
-            let at = k.add(at, w);
-            let x = k.load(view.buf, at, 4);
-            let z4 = k.splat(zero, 4);
-            let x = k.select_vec(ok, x, z4);
-            let rc = k.u32(row);
-            let s = k.mul(r, rc);
-            let s = k.add(s, w);
-            let bc = k.u32(base);
-            let s = k.add(s, bc);
-            k.shared_store(smem, s, x);
-        };
-        if units % threads == 0 {
-            body(k);
-        } else {
-            let n = k.u32(units);
-            let inside = k.lt(idx, n);
-            k.if_(inside, body);
-        }
-    }
-}
-
-trait SelectVec {
-    fn select_vec(&mut self, cond: Val, a: Val, b: Val) -> Val;
-}
-
-impl SelectVec for KernelBuilder {
-    /// `select` of vectors by one scalar condition.
-    fn select_vec(&mut self, cond: Val, a: Val, b: Val) -> Val {
-        let c = self.splat(cond, a.ty.lanes);
-        self.select(c, a, b)
-    }
-}
-
 /// Writes `v` (one f32 per row) across the 16×16 f32 tile at word `at`: invocation (row r,
 /// half h) fills its 8 columns.
 fn row_tile(k: &mut KernelBuilder, smem: Shared, at: Val, r: Val, half: Val, v: Val) {
@@ -243,7 +92,7 @@ fn row_tile(k: &mut KernelBuilder, smem: Shared, at: Val, r: Val, half: Val, v: 
     k.shared_store(smem, b1, w);
 }
 
-fn forward(kern: &AttentionKernel) -> KernelModule {
+pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     let (bq, bk) = kern.variant.blocks();
     let d = kern.head_dim;
     let lay = layout(kern);

@@ -208,7 +208,7 @@ impl CoopProbeKernel {
         let f = k.buffer("f", Scalar::F32, Access::Read);
         let out = k.buffer("out", Scalar::U32, Access::Write);
         k.begin();
-        let scalar = crate::attention_coop::frag_scalar(self.input);
+        let scalar = frag_scalar(self.input);
         let zero = k.u32(0);
         let half_row = k.u32(SIDE / 2);
         let row = k.u32(SIDE);
@@ -258,6 +258,14 @@ impl CoopProbeKernel {
             std::array::from_fn(|l| std::array::from_fn(|e| out[4 + (u * LANES + l) * LEN + e]))
         };
         Ok((read(0), read(2)))
+    }
+}
+
+/// The fragment component type of f16 or bf16 storage (what the cooperative kernels load).
+pub(crate) fn frag_scalar(s: Storage) -> Scalar {
+    match s {
+        Storage::F16 => Scalar::F16,
+        _ => Scalar::BF16,
     }
 }
 

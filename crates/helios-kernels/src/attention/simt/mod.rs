@@ -27,33 +27,27 @@
 //!   invocation may read (head dims whose D/4 is not a multiple of 8 read padding into
 //!   accumulators that are never stored), so the inner loops carry no bounds checks.
 //! - Masks (causal, key padding, rows past T) are applied only on the blocks that need them.
+//!
+//! This file holds the tiles and the per-stage context ([`Ctx`]); the stage kernels are in
+//! `fwd` and `bwd`.
 
-use helios_spirv::{KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
+pub(crate) mod bwd;
+pub(crate) mod fwd;
 
-use crate::attention::{
-    block_coords, build_prep, keep, key_blocks, key_end, query_blocks, stat_index, AttentionKernel,
-    AttnStage, Params, View,
-};
+use helios_spirv::{KernelBuilder, Scalar, Shared, SharedLen, Ty, Val, Var};
+
+use super::params::{keep, Params, View};
+use super::signature::{AttentionKernel, AttnStage, SIMT_COLS, SIMT_ROWS};
 use crate::storage::{load_f32, store_f32, Storage};
 
-/// Rows of a tile each invocation owns.
-pub const SIMT_ROWS: u32 = 4;
-/// Invocations across a tile's columns (score columns, or vec4 chunks of D).
-pub const SIMT_COLS: u32 = 8;
-
 /// vec4s per staged D-row: every chunk any invocation reads, rounded up to odd.
-fn head_stride(head_dim: u32) -> u32 {
+pub(crate) fn head_stride(head_dim: u32) -> u32 {
     (head_dim / 4).div_ceil(SIMT_COLS) * SIMT_COLS + 1
 }
 
 /// vec4s per row of a score tile of `cols` columns (odd for the same reason).
-fn score_stride(cols: u32) -> u32 {
+pub(crate) fn score_stride(cols: u32) -> u32 {
     cols / 4 + 1
-}
-
-/// Invocations per workgroup of a SIMT kernel that owns `owned` rows.
-pub(crate) fn workgroup(owned: u32) -> u32 {
-    owned / SIMT_ROWS * SIMT_COLS
 }
 
 /// Shared bytes of a SIMT kernel.
@@ -69,46 +63,37 @@ pub(crate) fn shared_bytes(kern: &AttentionKernel) -> u32 {
     }
 }
 
-pub(crate) fn build(kern: &AttentionKernel) -> KernelModule {
-    match kern.stage {
-        AttnStage::Prep => build_prep(kern),
-        AttnStage::Forward => forward(kern),
-        AttnStage::DkDv => dkdv(kern),
-        AttnStage::Dq => dq(kern),
-    }
-}
-
-fn v4() -> Ty {
+pub(crate) fn v4() -> Ty {
     Ty::vector(Scalar::F32, 4)
 }
 
 /// A tile staged in shared memory as rows of `stride` vec4s.
 #[derive(Clone, Copy)]
-struct Tile {
-    arr: Shared,
-    stride: u32,
+pub(crate) struct Tile {
+    pub(crate) arr: Shared,
+    pub(crate) stride: u32,
 }
 
 /// What every SIMT stage knows once its parameters are loaded.
-struct Ctx {
-    p: Params,
-    storage: Storage,
-    causal: bool,
-    bq: u32,
-    bk: u32,
-    head_dim: u32,
-    wg: u32,
-    tid: Val,
+pub(crate) struct Ctx {
+    pub(crate) p: Params,
+    pub(crate) storage: Storage,
+    pub(crate) causal: bool,
+    pub(crate) bq: u32,
+    pub(crate) bk: u32,
+    pub(crate) head_dim: u32,
+    pub(crate) wg: u32,
+    pub(crate) tid: Val,
     /// This invocation's column index (0..SIMT_COLS).
-    tc: Val,
+    pub(crate) tc: Val,
     /// The owned rows of the workgroup's block, local indices.
-    rows: Vec<Val>,
+    pub(crate) rows: Vec<Val>,
     /// vec4 chunks of D per invocation (the last may lie past D for some invocations).
-    chunks: u32,
+    pub(crate) chunks: u32,
 }
 
 impl Ctx {
-    fn new(kern: &AttentionKernel) -> (KernelBuilder, Ctx) {
+    pub(crate) fn new(kern: &AttentionKernel) -> (KernelBuilder, Ctx) {
         let wg = kern.workgroup();
         let mut k = KernelBuilder::new(kern.name(), kern.binding, [wg, 1, 1]);
         let p = kern.declare(&mut k, false);
@@ -150,21 +135,21 @@ impl Ctx {
     }
 
     /// A staged tile of `rows` D-rows.
-    fn head_tile(&self, k: &mut KernelBuilder, rows: u32) -> Tile {
+    pub(crate) fn head_tile(&self, k: &mut KernelBuilder, rows: u32) -> Tile {
         let stride = head_stride(self.head_dim);
         let arr = k.shared_array(v4(), SharedLen::Fixed(rows * stride));
         Tile { arr, stride }
     }
 
     /// A score tile of `rows` × `cols`.
-    fn score_tile(&self, k: &mut KernelBuilder, rows: u32, cols: u32) -> Tile {
+    pub(crate) fn score_tile(&self, k: &mut KernelBuilder, rows: u32, cols: u32) -> Tile {
         let stride = score_stride(cols);
         let arr = k.shared_array(v4(), SharedLen::Fixed(rows * stride));
         Tile { arr, stride }
     }
 
     /// The `n` score columns this invocation owns: tc, tc + 8, ...
-    fn cols(&self, k: &mut KernelBuilder, n: u32) -> Vec<Val> {
+    pub(crate) fn cols(&self, k: &mut KernelBuilder, n: u32) -> Vec<Val> {
         (0..n / SIMT_COLS)
             .map(|j| {
                 let o = k.u32(j * SIMT_COLS);
@@ -177,7 +162,7 @@ impl Ctx {
     /// vec4 loads where the view's offset and strides allow them (the fused QKV layout
     /// does), else one element at a time.
     #[allow(clippy::too_many_arguments)]
-    fn load_tile(
+    pub(crate) fn load_tile(
         &self,
         k: &mut KernelBuilder,
         view: View,
@@ -197,7 +182,7 @@ impl Ctx {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn load_tile_with(
+    pub(crate) fn load_tile_with(
         &self,
         k: &mut KernelBuilder,
         view: View,
@@ -258,7 +243,7 @@ impl Ctx {
     /// A[row]·B[col] over D, out[pair][i][j] for rows[i] and cols[j]. A loop over D's
     /// vec4s, not unrolled: unrolling measured no faster on an H100, and lavapipe's
     /// compiler takes minutes over the unrolled kernels.
-    fn dots(
+    pub(crate) fn dots(
         &self,
         k: &mut KernelBuilder,
         pairs: &[(Tile, Tile)],
@@ -325,7 +310,7 @@ impl Ctx {
     }
 
     /// Zeroed D-wide accumulators: [owned row][chunk] vec4s.
-    fn zero_accs(&self, k: &mut KernelBuilder) -> Vec<Vec<Var>> {
+    pub(crate) fn zero_accs(&self, k: &mut KernelBuilder) -> Vec<Vec<Var>> {
         self.rows
             .iter()
             .map(|_| {
@@ -341,7 +326,7 @@ impl Ctx {
 
     /// For each (acc, scores, B): acc[i] += Σ_x scores[rows[i]][x] · B[x] over the `n`
     /// columns of the score tile (= staged rows of B), on the owned chunks of D.
-    fn axpy(&self, k: &mut KernelBuilder, terms: &[(&[Vec<Var>], Tile, Tile)], n: u32) {
+    pub(crate) fn axpy(&self, k: &mut KernelBuilder, terms: &[(&[Vec<Var>], Tile, Tile)], n: u32) {
         let s_base: Vec<Vec<Val>> = terms
             .iter()
             .map(|&(_, s, _)| {
@@ -396,7 +381,13 @@ impl Ctx {
     }
 
     /// Writes score values[i][j] at (rows[i], cols[j]) of `tile`.
-    fn store_scores(&self, k: &mut KernelBuilder, tile: Tile, cols: &[Val], values: &[Vec<Val>]) {
+    pub(crate) fn store_scores(
+        &self,
+        k: &mut KernelBuilder,
+        tile: Tile,
+        cols: &[Val],
+        values: &[Vec<Val>],
+    ) {
         let four = k.u32(4);
         let st = k.u32(tile.stride);
         for (i, &r) in self.rows.iter().enumerate() {
@@ -413,7 +404,7 @@ impl Ctx {
     /// Stores owned row i's accumulator, times `mul[i]`, as dense row (b, t0 + rows[i], h)
     /// of `buf`, for rows inside T and chunks inside D.
     #[allow(clippy::too_many_arguments)]
-    fn store_rows(
+    pub(crate) fn store_rows(
         &self,
         k: &mut KernelBuilder,
         out: View,
@@ -451,7 +442,7 @@ impl Ctx {
 
     /// The loop over key blocks 0..nkb of Forward and Dq: block kb's keys and values staged
     /// in `sk` and `sv` between two barriers, then `body(k, k0)`.
-    fn over_key_blocks(
+    pub(crate) fn over_key_blocks(
         &self,
         k: &mut KernelBuilder,
         (b, h): (Val, Val),
@@ -476,7 +467,7 @@ impl Ctx {
 
     /// Whether the block of queries q0.. (bq of them) and keys k0.. (bk) holds a pair the
     /// mask drops: a key at or past `kend`, or (causal) a key after a query.
-    fn needs_mask(&self, k: &mut KernelBuilder, q0: Val, k0: Val, kend: Val) -> Val {
+    pub(crate) fn needs_mask(&self, k: &mut KernelBuilder, q0: Val, k0: Val, kend: Val) -> Val {
         let bk = k.u32(self.bk);
         let kl = k.add(k0, bk);
         let past = k.gt(kl, kend);
@@ -492,7 +483,7 @@ impl Ctx {
 
     /// Each matrix's [i][j], or `fill` where (query, key) of (rows[i], cols[j]) is dropped:
     /// only computed when `need` holds, the mask once for all the matrices.
-    fn mask(
+    pub(crate) fn mask(
         &self,
         k: &mut KernelBuilder,
         matrices: Vec<Vec<Vec<Val>>>,
@@ -534,7 +525,7 @@ impl Ctx {
 }
 
 /// `m == -inf ? 0 : m`: the shift that keeps a row with no key yet finite.
-fn safe_max(k: &mut KernelBuilder, m: Val) -> Val {
+pub(crate) fn safe_max(k: &mut KernelBuilder, m: Val) -> Val {
     let ninf = k.const_f32(f32::NEG_INFINITY);
     let zero = k.const_f32(0.0);
     let none = k.eq(m, ninf);
@@ -542,289 +533,7 @@ fn safe_max(k: &mut KernelBuilder, m: Val) -> Val {
 }
 
 /// scale · log2 e: scores times this are in base 2.
-fn base2_scale(k: &mut KernelBuilder, c: &Ctx) -> Val {
+pub(crate) fn base2_scale(k: &mut KernelBuilder, c: &Ctx) -> Val {
     let l = k.const_f32(std::f32::consts::LOG2_E);
     k.mul(c.p.scale, l)
-}
-
-fn forward(kern: &AttentionKernel) -> KernelModule {
-    let (mut kb, c) = Ctx::new(kern);
-    let k = &mut kb;
-    let (bq, bk) = (c.bq, c.bk);
-    let sq = c.head_tile(k, bq);
-    let sk = c.head_tile(k, bk);
-    let sv = c.head_tile(k, bk);
-    let sp = c.score_tile(k, bq, bk);
-    let f = Ty::scalar(Scalar::F32);
-    let red = k.shared_array(f, SharedLen::Fixed(bq * SIMT_COLS));
-    let (b, h, qb) = block_coords(k, &c.p, bq, c.causal);
-    let bqc = k.u32(bq);
-    let q0 = k.mul(qb, bqc);
-    let kend = key_end(k, &c.p, b);
-    let qv = c.p.views[0];
-    let s2 = base2_scale(k, &c);
-    c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, Some(s2));
-    let nkb = key_blocks(k, c.causal, (q0, bq), kend, bk);
-    let ninf = k.const_f32(f32::NEG_INFINITY);
-    let zero = k.const_f32(0.0);
-    let m: Vec<Var> = c.rows.iter().map(|_| k.var_init(ninf)).collect();
-    let l: Vec<Var> = c.rows.iter().map(|_| k.var_init(zero)).collect();
-    let acc = c.zero_accs(k);
-    let colsc = k.u32(SIMT_COLS);
-    let red_base: Vec<Val> = c.rows.iter().map(|&r| k.mul(r, colsc)).collect();
-    let queries: Vec<Val> = c.rows.iter().map(|&r| k.add(q0, r)).collect();
-    c.over_key_blocks(k, (b, h), nkb, kend, (sk, sv), |k, k0| {
-        let cols = c.cols(k, bk);
-        let s = c.dots(k, &[(sq, sk)], &cols).remove(0);
-        let need = c.needs_mask(k, q0, k0, kend);
-        let qk = |k: &mut KernelBuilder, i: usize, j: usize| (queries[i], k.add(k0, cols[j]));
-        let s = c
-            .mask(k, vec![s], need, &qk, kend, f32::NEG_INFINITY)
-            .remove(0);
-        // The block's row maxima, through `red`.
-        for (i, row) in s.iter().enumerate() {
-            let mut mx = row[0];
-            for &x in &row[1..] {
-                mx = k.max(mx, x);
-            }
-            let at = k.add(red_base[i], c.tc);
-            k.shared_store(red, at, mx);
-        }
-        k.workgroup_barrier();
-        let mut p = Vec::with_capacity(s.len());
-        for (i, row) in s.iter().enumerate() {
-            let mut mx = k.get(m[i]);
-            let mold = mx;
-            for t in 0..SIMT_COLS {
-                let o = k.u32(t);
-                let at = k.add(red_base[i], o);
-                let x = k.shared_load(red, at);
-                mx = k.max(mx, x);
-            }
-            let safe = safe_max(k, mx);
-            let d = k.sub(mold, safe);
-            let corr = k.exp2(d);
-            let lv = k.get(l[i]);
-            let mut lv = k.mul(lv, corr);
-            let cv = k.splat(corr, 4);
-            for &a in &acc[i] {
-                let x = k.get(a);
-                let x = k.mul(x, cv);
-                k.set(a, x);
-            }
-            k.set(m[i], mx);
-            let pr: Vec<Val> = row
-                .iter()
-                .map(|&x| {
-                    let d = k.sub(x, safe);
-                    k.exp2(d)
-                })
-                .collect();
-            for &x in &pr {
-                lv = k.add(lv, x);
-            }
-            k.set(l[i], lv);
-            p.push(pr);
-        }
-        c.store_scores(k, sp, &cols, &p);
-        k.workgroup_barrier();
-        c.axpy(k, &[(&acc, sp, sv)], bk);
-    });
-    // Each invocation summed its own columns: the row sums, through `red`.
-    for (i, &li) in l.iter().enumerate() {
-        let at = k.add(red_base[i], c.tc);
-        let x = k.get(li);
-        k.shared_store(red, at, x);
-    }
-    k.workgroup_barrier();
-    let ln2 = k.const_f32(std::f32::consts::LN_2);
-    let mut inv = Vec::new();
-    let mut lse = Vec::new();
-    for i in 0..c.rows.len() {
-        let mut sum = k.const_f32(0.0);
-        for t in 0..SIMT_COLS {
-            let o = k.u32(t);
-            let at = k.add(red_base[i], o);
-            let x = k.shared_load(red, at);
-            sum = k.add(sum, x);
-        }
-        let zero = k.const_f32(0.0);
-        let empty = k.eq(sum, zero);
-        let onef = k.const_f32(1.0);
-        let r = k.div(onef, sum);
-        inv.push(k.select(empty, zero, r));
-        // L = m·ln 2 + ln l (m is in base 2); −inf for a row with no key.
-        let mv = k.get(m[i]);
-        let mv = k.mul(mv, ln2);
-        let lg = k.log(sum);
-        let x = k.add(mv, lg);
-        let ninf = k.const_f32(f32::NEG_INFINITY);
-        lse.push(k.select(empty, ninf, x));
-    }
-    c.store_rows(k, c.p.outs[0], &acc, (b, h), q0, &inv);
-    let z = k.u32(0);
-    let first = k.eq(c.tc, z);
-    let lse_buf = c.p.lse.expect("forward writes lse");
-    for (i, &q) in queries.iter().enumerate() {
-        let inside = k.lt(q, c.p.t);
-        let w = k.and(inside, first);
-        let at = stat_index(k, &c.p, b, h, q);
-        k.if_(w, |k| k.store(lse_buf, at, lse[i]));
-    }
-    kb.finish()
-}
-
-/// L·log2 e and Dsum of query `i` (L = +inf, Dsum = 0 past T, so P = 0 there).
-fn row_stats(k: &mut KernelBuilder, c: &Ctx, b: Val, h: Val, i: Val) -> (Val, Val) {
-    let inside = k.lt(i, c.p.t);
-    let z = k.u32(0);
-    let ic = k.select(inside, i, z);
-    let at = stat_index(k, &c.p, b, h, ic);
-    let l = k.load(c.p.lse.expect("backward reads lse"), at, 1);
-    let log2e = k.const_f32(std::f32::consts::LOG2_E);
-    let l = k.mul(l, log2e);
-    let d = k.load(c.p.dsum.expect("backward reads dsum"), at, 1);
-    let inf = k.const_f32(f32::INFINITY);
-    let zero = k.const_f32(0.0);
-    let l = k.select(inside, l, inf);
-    let d = k.select(inside, d, zero);
-    (l, d)
-}
-
-/// P = exp2(s − L) and dS = P·(dP − Dsum) (s and L in base 2).
-fn p_ds(k: &mut KernelBuilder, s: Val, dp: Val, l: Val, dsum: Val) -> (Val, Val) {
-    let x = k.sub(s, l);
-    let p = k.exp2(x);
-    let d = k.sub(dp, dsum);
-    let ds = k.mul(p, d);
-    (p, ds)
-}
-
-fn dkdv(kern: &AttentionKernel) -> KernelModule {
-    let (mut kb, c) = Ctx::new(kern);
-    let k = &mut kb;
-    let (bq, bk) = (c.bq, c.bk);
-    let sk = c.head_tile(k, bk);
-    let sv = c.head_tile(k, bk);
-    let sq = c.head_tile(k, bq);
-    let sdo = c.head_tile(k, bq);
-    let spt = c.score_tile(k, bk, bq);
-    let sdst = c.score_tile(k, bk, bq);
-    let f = Ty::scalar(Scalar::F32);
-    let sl = k.shared_array(f, SharedLen::Fixed(bq));
-    let sd = k.shared_array(f, SharedLen::Fixed(bq));
-    let (b, h, kblk) = block_coords(k, &c.p, bk, false);
-    let bkc = k.u32(bk);
-    let k0 = k.mul(kblk, bkc);
-    let kend = key_end(k, &c.p, b);
-    let (qv, kv, vv, dov) = (c.p.views[0], c.p.views[1], c.p.views[2], c.p.views[3]);
-    // K staged in base-2 score units: Sᵀ = K·Qᵀ comes out scaled.
-    let s2 = base2_scale(k, &c);
-    c.load_tile(k, kv, (b, h), k0, kend, bk, sk, Some(s2));
-    c.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
-    let dk = c.zero_accs(k);
-    let dvs = c.zero_accs(k);
-    let (qstart, nqb) = query_blocks(k, &c.p, c.causal, k0, kend, bq);
-    let bqc = k.u32(bq);
-    let keys: Vec<Val> = c.rows.iter().map(|&r| k.add(k0, r)).collect();
-    let one = k.u32(1);
-    k.for_range(qstart, nqb, one, |k, qb| {
-        let i0 = k.mul(qb, bqc);
-        k.workgroup_barrier();
-        c.load_tile(k, qv, (b, h), i0, c.p.t, bq, sq, None);
-        c.load_tile(k, dov, (b, h), i0, c.p.t, bq, sdo, None);
-        let step = k.u32(c.wg);
-        k.for_range(c.tid, bqc, step, |k, idx| {
-            let i = k.add(i0, idx);
-            let (l, d) = row_stats(k, &c, b, h, i);
-            k.shared_store(sl, idx, l);
-            k.shared_store(sd, idx, d);
-        });
-        k.workgroup_barrier();
-        let qs = c.cols(k, bq);
-        let mut prods = c.dots(k, &[(sk, sq), (sv, sdo)], &qs);
-        let dpt = prods.pop().expect("two products");
-        let st = prods.pop().expect("two products");
-        let stats: Vec<(Val, Val)> = qs
-            .iter()
-            .map(|&q| (k.shared_load(sl, q), k.shared_load(sd, q)))
-            .collect();
-        let mut p = Vec::new();
-        let mut ds = Vec::new();
-        for (srow, dprow) in st.iter().zip(&dpt) {
-            let (mut pr, mut dr) = (Vec::new(), Vec::new());
-            for (j, (&s, &dp)) in srow.iter().zip(dprow).enumerate() {
-                let (x, y) = p_ds(k, s, dp, stats[j].0, stats[j].1);
-                pr.push(x);
-                dr.push(y);
-            }
-            p.push(pr);
-            ds.push(dr);
-        }
-        let need = c.needs_mask(k, i0, k0, kend);
-        let qk = |k: &mut KernelBuilder, i: usize, j: usize| (k.add(i0, qs[j]), keys[i]);
-        let mut masked = c.mask(k, vec![p, ds], need, &qk, kend, 0.0);
-        let ds = masked.pop().expect("two matrices");
-        let p = masked.pop().expect("two matrices");
-        c.store_scores(k, spt, &qs, &p);
-        c.store_scores(k, sdst, &qs, &ds);
-        k.workgroup_barrier();
-        c.axpy(k, &[(&dvs, spt, sdo), (&dk, sdst, sq)], bq);
-    });
-    let onef = k.const_f32(1.0);
-    let scale: Vec<Val> = c.rows.iter().map(|_| c.p.scale).collect();
-    let ones: Vec<Val> = c.rows.iter().map(|_| onef).collect();
-    c.store_rows(k, c.p.outs[0], &dk, (b, h), k0, &scale);
-    c.store_rows(k, c.p.outs[1], &dvs, (b, h), k0, &ones);
-    kb.finish()
-}
-
-fn dq(kern: &AttentionKernel) -> KernelModule {
-    let (mut kb, c) = Ctx::new(kern);
-    let k = &mut kb;
-    let (bq, bk) = (c.bq, c.bk);
-    let sq = c.head_tile(k, bq);
-    let sdo = c.head_tile(k, bq);
-    let sk = c.head_tile(k, bk);
-    let sv = c.head_tile(k, bk);
-    let sds = c.score_tile(k, bq, bk);
-    let (b, h, qb) = block_coords(k, &c.p, bq, c.causal);
-    let bqc = k.u32(bq);
-    let q0 = k.mul(qb, bqc);
-    let kend = key_end(k, &c.p, b);
-    let (qv, dov) = (c.p.views[0], c.p.views[3]);
-    // Q staged in base-2 score units; dQ = scale·dS·K does not involve it.
-    let s2 = base2_scale(k, &c);
-    c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, Some(s2));
-    c.load_tile(k, dov, (b, h), q0, c.p.t, bq, sdo, None);
-    let queries: Vec<Val> = c.rows.iter().map(|&r| k.add(q0, r)).collect();
-    let stats: Vec<(Val, Val)> = queries.iter().map(|&i| row_stats(k, &c, b, h, i)).collect();
-    let nkb = key_blocks(k, c.causal, (q0, bq), kend, bk);
-    let acc = c.zero_accs(k);
-    c.over_key_blocks(k, (b, h), nkb, kend, (sk, sv), |k, k0| {
-        let cols = c.cols(k, bk);
-        let mut prods = c.dots(k, &[(sq, sk), (sdo, sv)], &cols);
-        let dp = prods.pop().expect("two products");
-        let s = prods.pop().expect("two products");
-        let ds: Vec<Vec<Val>> = s
-            .iter()
-            .zip(&dp)
-            .enumerate()
-            .map(|(i, (srow, dprow))| {
-                srow.iter()
-                    .zip(dprow)
-                    .map(|(&s, &dp)| p_ds(k, s, dp, stats[i].0, stats[i].1).1)
-                    .collect()
-            })
-            .collect();
-        let need = c.needs_mask(k, q0, k0, kend);
-        let qk = |k: &mut KernelBuilder, i: usize, j: usize| (queries[i], k.add(k0, cols[j]));
-        let ds = c.mask(k, vec![ds], need, &qk, kend, 0.0).remove(0);
-        c.store_scores(k, sds, &cols, &ds);
-        k.workgroup_barrier();
-        c.axpy(k, &[(&acc, sds, sk)], bk);
-    });
-    let scale: Vec<Val> = c.rows.iter().map(|_| c.p.scale).collect();
-    c.store_rows(k, c.p.outs[0], &acc, (b, h), q0, &scale);
-    kb.finish()
 }

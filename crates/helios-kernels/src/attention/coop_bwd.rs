@@ -14,13 +14,11 @@ use helios_spirv::{
     SharedLen, Ty, Val,
 };
 
-use crate::attention::{
-    block_coords, key_blocks, key_end, query_blocks, stat_index, AttentionKernel, AttnStage,
-    Params, View,
-};
-use crate::attention_coop::{
-    frag_scalar, pack2, remaining, row_limit, stage, FRAG, SUBGROUP, WORD,
-};
+use super::frag::{pack2, remaining, row_frags, row_limit, stage, zero_accs, FRAG, SUBGROUP, WORD};
+use super::layout::frag_scalar;
+use super::params::{block_coords, key_blocks, key_end, query_blocks, stat_index, Params, View};
+use super::signature::{AttentionKernel, AttnStage};
+use crate::storage::store_f32;
 
 /// The first query offset c (from `i_base`) that sees key `j`: j − i_base when causal and
 /// j > i_base, else 0; u32::MAX for a key at or past `kend` (no query sees it).
@@ -37,7 +35,6 @@ fn first_query(k: &mut KernelBuilder, causal: bool, j: Val, i_base: Val, kend: V
     let none = k.u32(u32::MAX);
     k.select(exists, thr, none)
 }
-use crate::storage::store_f32;
 
 /// Word offsets of a backward kernel's shared array.
 pub(crate) struct BwdLayout {
@@ -241,17 +238,6 @@ pub(crate) fn store_rows(
     }
 }
 
-pub(crate) fn zero_accs(k: &mut KernelBuilder, ty: CoopTy, n: u32) -> Vec<CoopVar> {
-    (0..n)
-        .map(|_| {
-            let v = k.coop_var(ty);
-            let z = k.coop_zero(ty);
-            k.coop_set(v, z);
-            v
-        })
-        .collect()
-}
-
 /// 16 × n scores into the f32 tile at `at`: Σ_dc A[dc]·B(dc, block), B fragments read
 /// column-major from the `n`-row tile at word `tile` (its rows are the score columns).
 #[allow(clippy::too_many_arguments)]
@@ -279,30 +265,6 @@ fn scores(
         let w = k.add(at, o);
         k.coop_store_shared(s, smem, w, stride, CoopLayout::RowMajor);
     }
-}
-
-/// A fragments (16 × 16, row-major) of the 16 × `d` rows starting at row `row0` of the tile
-/// at word `tile` (`row` words per row).
-pub(crate) fn row_frags(
-    k: &mut KernelBuilder,
-    smem: Shared,
-    ty: CoopTy,
-    tile: u32,
-    row: u32,
-    row0: Val,
-    d: u32,
-) -> Vec<CoopMat> {
-    let rowc = k.u32(row);
-    let base = k.mul(row0, rowc);
-    let t = k.u32(tile);
-    let base = k.add(base, t);
-    (0..d / FRAG)
-        .map(|dc| {
-            let o = k.u32(dc * 2);
-            let at = k.add(base, o);
-            k.coop_load_shared(ty, smem, at, rowc, CoopLayout::RowMajor)
-        })
-        .collect()
 }
 
 /// acc[dc] += Σ_c A(c)·tile(c, dc): A fragments from the 16 × n half tile at `at`, B
