@@ -2,9 +2,10 @@
 //! op, dtype, binding model, variant) into a `KernelModule` built with the helios-spirv IR,
 //! plus the launch geometry and push constants for a given problem size.
 //!
-//! Families live one per file, or per directory for the two big ones (`matmul/`, `attention/`,
-//! each with a `mod.rs` saying how its files relate); numerically delicate expressions (tanh,
-//! pow, NaN-aware min/max) live in `math` so every family shares one definition.
+//! Families live one per file, or per directory for the larger ones (`matmul/`, `attention/`,
+//! `reduce/`, `fused/`, and `rows/`, the row machinery several families share; each with a
+//! `mod.rs` saying how its files relate); numerically delicate expressions (tanh, pow,
+//! NaN-aware min/max) live in `math` so every family shares one definition.
 
 pub mod attention;
 pub mod elementwise;
