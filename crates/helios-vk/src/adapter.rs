@@ -1,9 +1,9 @@
-// A physical device with its probed capabilities, and the rule that picks one.
-//
-// Selection is one pure function over a slice of adapters so that it is tested without a
-// GPU and behaves identically in the CLI and the library: an explicit `HELIOS_DEVICE`
-// (index or name substring) wins; otherwise discrete > integrated > virtual > CPU > other,
-// ties keeping enumeration order.
+//! A physical device with its probed capabilities, and the rule that picks one.
+//!
+//! Selection is one pure function over a slice of adapters so that it is tested without a
+//! GPU and behaves identically in the CLI and the library: an explicit `HELIOS_DEVICE`
+//! (index or name substring) wins; otherwise discrete > integrated > virtual > CPU > other,
+//! ties keeping enumeration order.
 
 use ash::vk;
 

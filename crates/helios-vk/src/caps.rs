@@ -1,9 +1,9 @@
-// What a Vulkan device can do, as plain data read once at start-up.
-//
-// `Caps` is the single description kernels, the autotuner and `helios info` consult; it is
-// filled by `probe.rs` and never queried again, so code above this crate can branch on it
-// freely. Everything is owned, serialisable data (names as strings, versions as
-// "major.minor.patch") so that it prints and round-trips through JSON without Vulkan types.
+//! What a Vulkan device can do, as plain data read once at start-up.
+//!
+//! `Caps` is the single description kernels, the autotuner and `helios info` consult; it is
+//! filled by `probe.rs` and never queried again, so code above this crate can branch on it
+//! freely. Everything is owned, serialisable data (names as strings, versions as
+//! "major.minor.patch") so that it prints and round-trips through JSON without Vulkan types.
 
 use serde::Serialize;
 

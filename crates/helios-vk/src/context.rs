@@ -1,10 +1,11 @@
-// The logical device: one compute queue, one timeline, one pipeline cache.
-//
-// A `Context` is shared as `Arc<Context>` and is `Send + Sync`; every object made from it
-// (buffers, pipelines) holds that `Arc`, so the device outlives them and Drop order is right
-// by construction: objects, then the device, then the instance (also held by `Arc`).
-// Methods that create owned objects take `self: &Arc<Self>` for that reason.
+//! The logical device: one compute queue, one timeline, one pipeline cache.
+//!
+//! A `Context` is shared as `Arc<Context>` and is `Send + Sync`; every object made from it
+//! (buffers, pipelines) holds that `Arc`, so the device outlives them and Drop order is right
+//! by construction: objects, then the device, then the instance (also held by `Arc`).
+//! Methods that create owned objects take `self: &Arc<Self>` for that reason.
 
+use crate::sync::LockExt;
 use ash::vk;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -390,9 +391,7 @@ impl Context {
     }
 
     pub(crate) fn pool(&self, location: MemoryLocation) -> MutexGuard<'_, Pool> {
-        self.pools[location.index()]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.pools[location.index()].locked()
     }
 
     pub(crate) fn next_block_id(&self) -> u64 {

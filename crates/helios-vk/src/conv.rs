@@ -1,8 +1,8 @@
-// Pure conversions from Vulkan values to the names and strings Helios reports.
-//
-// Nothing here touches a Vulkan object, so all of it is unit-tested without a device. Names
-// are short lower-case words (`device_local`, `shuffle_relative`, `f16`) because they end up
-// in `helios info`, in JSON and in autotuner cache keys.
+//! Pure conversions from Vulkan values to the names and strings Helios reports.
+//!
+//! Nothing here touches a Vulkan object, so all of it is unit-tested without a device. Names
+//! are short lower-case words (`device_local`, `shuffle_relative`, `f16`) because they end up
+//! in `helios info`, in JSON and in autotuner cache keys.
 
 use ash::vk;
 use std::ffi::c_char;

@@ -1,14 +1,14 @@
-// VK_NV_cooperative_matrix2: workgroup-scope cooperative matrices of flexible size.
-//
-// With it a whole workgroup owns one large matrix (say 128×128) and the driver decides how
-// the operands are staged through shared memory and split over the matrix units, instead of
-// every subgroup holding its own 16×16 fragments. Helios uses two of its features,
-// `cooperativeMatrixWorkgroupScope` and `cooperativeMatrixFlexibleDimensions`; the others
-// (reductions, per-element operations, tensor addressing) need SPIR-V opcodes the rspirv in
-// use does not know.
-//
-// ash 0.38 (Vulkan 1.3.281) predates the extension, so its three structures and its one
-// command are declared here, laid out as the Vulkan registry defines them.
+//! VK_NV_cooperative_matrix2: workgroup-scope cooperative matrices of flexible size.
+//!
+//! With it a whole workgroup owns one large matrix (say 128×128) and the driver decides how
+//! the operands are staged through shared memory and split over the matrix units, instead of
+//! every subgroup holding its own 16×16 fragments. Helios uses two of its features,
+//! `cooperativeMatrixWorkgroupScope` and `cooperativeMatrixFlexibleDimensions`; the others
+//! (reductions, per-element operations, tensor addressing) need SPIR-V opcodes the rspirv in
+//! use does not know.
+//!
+//! ash 0.38 (Vulkan 1.3.281) predates the extension, so its three structures and its one
+//! command are declared here, laid out as the Vulkan registry defines them.
 
 use ash::vk;
 use serde::Serialize;

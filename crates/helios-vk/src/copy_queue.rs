@@ -1,15 +1,16 @@
-// The dedicated transfer queue: staged uploads and read-backs on the copy engine, beside the
-// compute queue, ordered by the two queues' timeline semaphores.
-//
-// Where a device has a transfer-only queue family (NVIDIA: two queues), staging copies run
-// there so they overlap compute. Ordering needs no host waits: a copy waits on the compute
-// timeline for the last compute use of what it touches, and a compute batch waits on the
-// transfer timeline for the last copy that touched its buffers (`Buffer::transfer_use`,
-// which the encoder folds into the batch's semaphore waits). Buffers are created with
-// concurrent sharing between the two families, so no ownership transfers are needed.
-// Staging buffers ride along with their copy and are dropped (back to the pool) once it
-// completes.
+//! The dedicated transfer queue: staged uploads and read-backs on the copy engine, beside the
+//! compute queue, ordered by the two queues' timeline semaphores.
+//!
+//! Where a device has a transfer-only queue family (NVIDIA: two queues), staging copies run
+//! there so they overlap compute. Ordering needs no host waits: a copy waits on the compute
+//! timeline for the last compute use of what it touches, and a compute batch waits on the
+//! transfer timeline for the last copy that touched its buffers (`Buffer::transfer_use`,
+//! which the encoder folds into the batch's semaphore waits). Buffers are created with
+//! concurrent sharing between the two families, so no ownership transfers are needed.
+//! Staging buffers ride along with their copy and are dropped (back to the pool) once it
+//! completes.
 
+use crate::sync::LockExt;
 use ash::vk;
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -50,10 +51,6 @@ pub(crate) struct CopyQueue {
     state: Mutex<State>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl CopyQueue {
     pub(crate) fn new(device: &ash::Device, family: u32) -> Result<CopyQueue> {
         // SAFETY: the family was requested with one queue at device creation.
@@ -81,7 +78,7 @@ impl CopyQueue {
     /// # Safety
     /// The device must be idle.
     pub(crate) unsafe fn destroy(&self, device: &ash::Device) {
-        let mut state = lock(&self.state);
+        let mut state = self.state.locked();
         state.in_flight.clear();
         for &pool in &state.all_pools {
             device.destroy_command_pool(pool, None);
@@ -90,7 +87,7 @@ impl CopyQueue {
     }
 
     pub(crate) fn last_submitted(&self) -> u64 {
-        lock(&self.state).last_submitted
+        self.state.locked().last_submitted
     }
 }
 
@@ -114,7 +111,7 @@ impl Context {
         self.retire_copies(self.copies_completed()?);
         let device = self.device();
         let slot = {
-            let mut state = lock(&q.state);
+            let mut state = q.state.locked();
             match state.free.pop() {
                 Some(slot) => slot,
                 None => {
@@ -177,7 +174,7 @@ impl Context {
                         .map_err(vk_err("vkEndCommandBuffer(transfer)"))
                 })
         };
-        let mut state = lock(&q.state);
+        let mut state = q.state.locked();
         if let Err(e) = recorded {
             release(device, &mut state, slot);
             return Err(e);
@@ -226,7 +223,7 @@ impl Context {
     /// Keeps `buffer` (a staging buffer) alive until the copy that signals `value` completes.
     pub(crate) fn keep_until_copied(&self, value: u64, buffer: Buffer) {
         let Some(q) = &self.copy_queue else { return };
-        let mut state = lock(&q.state);
+        let mut state = q.state.locked();
         if let Some(f) = state.in_flight.iter_mut().find(|f| f.value == value) {
             f.keep.push(buffer);
             return;
@@ -250,7 +247,7 @@ impl Context {
     pub(crate) fn retire_copies(&self, completed: u64) {
         let Some(q) = &self.copy_queue else { return };
         let done: Vec<InFlight> = {
-            let mut state = lock(&q.state);
+            let mut state = q.state.locked();
             let n = state
                 .in_flight
                 .iter()
@@ -268,7 +265,7 @@ impl Context {
             // Staging buffers return to the pool here, outside the lock.
             drop(f.keep);
         }
-        let mut state = lock(&q.state);
+        let mut state = q.state.locked();
         for slot in slots {
             release(device, &mut state, slot);
         }

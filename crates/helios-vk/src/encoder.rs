@@ -1,19 +1,20 @@
-// The encoder: many dispatches recorded into one command buffer, barriers only on real
-// hazards, submitted in batches that signal the queue's timeline.
-//
-// Every GPU command goes through the one open batch of the Context, so the batch's timeline
-// value is known when it opens (the last submitted value + 1) and buffers can remember it
-// as the value of their last write and use. A dispatch declares the buffers it reads and
-// writes; the encoder keeps the accesses since the last barrier and inserts a
-// compute→compute barrier only for read-after-write, write-after-read or write-after-write on
-// overlapping bytes, none between independent dispatches. The batch is submitted when it
-// reaches the dispatch threshold, when the host needs a result, or on `flush`; submitting
-// never waits unless too many batches are already in flight.
-//
-// Recording here only lists the commands (recorder.rs): a closed batch goes to the submit
-// thread, which records its command buffer and submits it (worker.rs), while this thread
-// goes on with the next batch. `flush` (and every host wait) submits what is queued itself.
+//! The encoder: many dispatches recorded into one command buffer, barriers only on real
+//! hazards, submitted in batches that signal the queue's timeline.
+//!
+//! Every GPU command goes through the one open batch of the Context, so the batch's timeline
+//! value is known when it opens (the last submitted value + 1) and buffers can remember it
+//! as the value of their last write and use. A dispatch declares the buffers it reads and
+//! writes; the encoder keeps the accesses since the last barrier and inserts a
+//! compute→compute barrier only for read-after-write, write-after-read or write-after-write on
+//! overlapping bytes, none between independent dispatches. The batch is submitted when it
+//! reaches the dispatch threshold, when the host needs a result, or on `flush`; submitting
+//! never waits unless too many batches are already in flight.
+//!
+//! Recording here only lists the commands (recorder.rs): a closed batch goes to the submit
+//! thread, which records its command buffer and submits it (worker.rs), while this thread
+//! goes on with the next batch. `flush` (and every host wait) submits what is queued itself.
 
+use crate::sync::LockExt;
 use ash::vk;
 use std::cell::Cell;
 use std::sync::{Arc, MutexGuard};
@@ -381,10 +382,7 @@ const SPARE_COMMANDS: usize = 4;
 impl Context {
     /// An empty command list for a new batch: a recycled one where there is one.
     fn spare_commands(&self) -> Commands {
-        let mut spare = self
-            .spare_commands
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut spare = self.spare_commands.locked();
         spare.pop().unwrap_or_default()
     }
 
@@ -394,10 +392,7 @@ impl Context {
     /// (callgrind, lavapipe).
     pub(crate) fn recycle_commands(&self, mut commands: Commands) {
         commands.clear();
-        let mut spare = self
-            .spare_commands
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut spare = self.spare_commands.locked();
         if spare.len() < SPARE_COMMANDS {
             spare.push(commands);
         }
@@ -414,7 +409,7 @@ impl Context {
         if RECORDING.with(|r| r.get()) {
             return Err(Error::Reentrant);
         }
-        let guard = self.encoder.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = self.encoder.locked();
         RECORDING.with(|r| r.set(true));
         Ok((guard, RecordingGuard))
     }
@@ -604,34 +599,25 @@ impl Context {
 
     /// Dispatches per submitted batch (at least 1; 1 submits every dispatch on its own).
     pub fn set_batch_limit(&self, dispatches: u32) {
-        self.encoder
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .batch_limit = dispatches.max(1);
+        self.encoder.locked().batch_limit = dispatches.max(1);
     }
 
     /// Whether batches are submitted early when the GPU has run dry (default on). Off, a batch
     /// is submitted only at the dispatch threshold, a host read or `flush`: what a benchmark
     /// of pure GPU execution wants.
     pub fn set_early_submit(&self, enabled: bool) {
-        self.encoder
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .early_submit = enabled;
+        self.encoder.locked().early_submit = enabled;
     }
 
     /// Batches, dispatches and barriers submitted so far.
     pub fn encoder_stats(&self) -> EncoderStats {
-        let mut stats = self.encoder.lock().unwrap_or_else(|e| e.into_inner()).stats;
+        let mut stats = self.encoder.locked().stats;
         stats.submit_ns = self.submit_ns();
         stats
     }
 
     pub fn batch_limit(&self) -> u32 {
-        self.encoder
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .batch_limit
+        self.encoder.locked().batch_limit
     }
 
     /// Records with `record` into a command buffer of its own (after everything recorded

@@ -1,7 +1,7 @@
-// Environment switches read by helios-vk, all in one place.
-//
-// They are read only where an `*::from_env()` constructor asks for them, so that library
-// users who build options by hand are never surprised by the environment.
+//! Environment switches read by helios-vk, all in one place.
+//!
+//! They are read only where an `*::from_env()` constructor asks for them, so that library
+//! users who build options by hand are never surprised by the environment.
 
 use crate::error::{Error, Result};
 

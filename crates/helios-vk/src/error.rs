@@ -1,9 +1,9 @@
-// The one error type of helios-vk.
-//
-// Every failure a caller cannot rule out in advance (no driver, no device, out of memory, a
-// lost device, a bad argument from user input) is a value of `Error` whose message says what
-// to do next. Raw `vk::Result`s are wrapped with the name of the call that produced them, and
-// the two results a user can act on (out of memory, device lost) get their own variants.
+//! The one error type of helios-vk.
+//!
+//! Every failure a caller cannot rule out in advance (no driver, no device, out of memory, a
+//! lost device, a bad argument from user input) is a value of `Error` whose message says what
+//! to do next. Raw `vk::Result`s are wrapped with the name of the call that produced them, and
+//! the two results a user can act on (out of memory, device lost) get their own variants.
 
 use ash::vk;
 

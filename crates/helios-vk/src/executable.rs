@@ -1,18 +1,18 @@
-// The driver's own view of a compiled pipeline (VK_KHR_pipeline_executable_properties).
-//
-// With `HELIOS_PIPELINE_STATS=1` (or `ContextOptions::pipeline_statistics`) on a device that
-// offers the extension, the Context enables pipelineExecutableInfo and creates every compute
-// pipeline with CAPTURE_STATISTICS (plus CAPTURE_INTERNAL_REPRESENTATIONS with `=2`);
-// `Context::pipeline_statistics` then returns what the compiler reports for each executable:
-// with `=2` also internal representations (IR or machine code as text) where the driver
-// offers them. Off (the default), or on a device without the extension, nothing changes and
-// the query returns nothing.
-//
-// Seen on an H200 with NVIDIA 580.159.04: one executable "CS" per pipeline with Register
-// Count, Binary Size, Stack Size, Local Memory Size and Shared Memory Size (bytes), also for
-// pipelines created through a loaded pipeline cache, and no internal representations at all.
-// Its Local Memory Size carries bit 36 (68719476736 = 2^36 where a kernel uses none, 2^36 + 240
-// for a 255-register matmul tile): the low bits are the bytes. Values are passed on as given.
+//! The driver's own view of a compiled pipeline (VK_KHR_pipeline_executable_properties).
+//!
+//! With `HELIOS_PIPELINE_STATS=1` (or `ContextOptions::pipeline_statistics`) on a device that
+//! offers the extension, the Context enables pipelineExecutableInfo and creates every compute
+//! pipeline with CAPTURE_STATISTICS (plus CAPTURE_INTERNAL_REPRESENTATIONS with `=2`);
+//! `Context::pipeline_statistics` then returns what the compiler reports for each executable:
+//! with `=2` also internal representations (IR or machine code as text) where the driver
+//! offers them. Off (the default), or on a device without the extension, nothing changes and
+//! the query returns nothing.
+//!
+//! Seen on an H200 with NVIDIA 580.159.04: one executable "CS" per pipeline with Register
+//! Count, Binary Size, Stack Size, Local Memory Size and Shared Memory Size (bytes), also for
+//! pipelines created through a loaded pipeline cache, and no internal representations at all.
+//! Its Local Memory Size carries bit 36 (68719476736 = 2^36 where a kernel uses none, 2^36 + 240
+//! for a 255-register matmul tile): the low bits are the bytes. Values are passed on as given.
 
 use ash::vk;
 use serde::Serialize;

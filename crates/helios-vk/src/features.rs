@@ -1,10 +1,10 @@
-// Which device features Helios turns on, and the VkDevice creation that does it.
-//
-// Deciding (`plan`) is a pure function of `Caps`, separate from the pNext plumbing
-// (`create_device`), so the policy is unit-tested and kernels can trust `EnabledFeatures`:
-// a feature is listed there only if it was both supported and requested at creation.
-// Required: Vulkan 1.2, bufferDeviceAddress (buffers travel as addresses in push constants)
-// and timelineSemaphore (the whole submission model). Everything else is optional.
+//! Which device features Helios turns on, and the VkDevice creation that does it.
+//!
+//! Deciding (`plan`) is a pure function of `Caps`, separate from the pNext plumbing
+//! (`create_device`), so the policy is unit-tested and kernels can trust `EnabledFeatures`:
+//! a feature is listed there only if it was both supported and requested at creation.
+//! Required: Vulkan 1.2, bufferDeviceAddress (buffers travel as addresses in push constants)
+//! and timelineSemaphore (the whole submission model). Everything else is optional.
 
 use ash::vk;
 use serde::Serialize;

@@ -1,11 +1,12 @@
-// Loading Vulkan and creating the instance, with optional validation.
-//
-// The loader is opened at run time (`ash::Entry::load`, a dlopen), so a machine without
-// Vulkan gets an error naming the packages to install instead of a link failure. With
-// validation on, the Khronos layer runs with synchronization validation, and a debug-utils
-// messenger collects every warning and error into a list that tests assert is empty: a
-// validation message is a bug, never noise to scroll past.
+//! Loading Vulkan and creating the instance, with optional validation.
+//!
+//! The loader is opened at run time (`ash::Entry::load`, a dlopen), so a machine without
+//! Vulkan gets an error naming the packages to install instead of a link failure. With
+//! validation on, the Khronos layer runs with synchronization validation, and a debug-utils
+//! messenger collects every warning and error into a list that tests assert is empty: a
+//! validation message is a bug, never noise to scroll past.
 
+use crate::sync::LockExt;
 use ash::vk;
 use std::ffi::{c_void, CStr};
 use std::sync::{Arc, Mutex};
@@ -192,7 +193,7 @@ impl Instance {
 
     /// Validation warnings and errors collected so far (always empty without validation).
     pub fn validation_messages(&self) -> Vec<String> {
-        lock(&self.messages).clone()
+        self.messages.locked().clone()
     }
 
     pub fn options(&self) -> &InstanceOptions {
@@ -265,11 +266,6 @@ fn messenger_create_info(messages: &Messages) -> vk::DebugUtilsMessengerCreateIn
         .user_data(Arc::as_ptr(messages) as *mut c_void)
 }
 
-fn lock(messages: &Mutex<Vec<String>>) -> std::sync::MutexGuard<'_, Vec<String>> {
-    // A panic elsewhere while holding the lock leaves a perfectly usable Vec.
-    messages.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Called by the validation layer on any thread; must not unwind into C.
 unsafe extern "system" fn on_message(
     severity: vk::DebugUtilsMessageSeverityFlagsEXT,
@@ -304,7 +300,7 @@ unsafe extern "system" fn on_message(
         // SAFETY: user_data is `Arc::as_ptr` of the instance's message list, alive until
         // after the messenger is destroyed.
         if let Some(messages) = unsafe { (user_data as *const Mutex<Vec<String>>).as_ref() } {
-            lock(messages).push(line);
+            messages.locked().push(line);
         }
     });
     vk::FALSE

@@ -44,6 +44,7 @@ mod probe;
 mod profile;
 mod recorder;
 mod submit;
+mod sync;
 mod timer;
 mod transfer;
 mod worker;

@@ -1,14 +1,14 @@
-// Buffers and the memory behind them.
-//
-// Memory comes from the driver in large blocks (one VkDeviceMemory + one VkBuffer spanning
-// it, reachable by device address), and a `Buffer` is a region of a block handed out by the
-// caching pool (pool.rs). A buffer's device address is the block's plus its offset, so
-// kernels never see the difference. Host-visible blocks (and device-local ones on unified
-// memory, where device-local memory is host-visible) are mapped once for their whole life.
-//
-// Each buffer remembers the timeline values of its last write and last use by the GPU
-// (recorded by the encoder); host reads wait for the first, host writes and the pool's
-// reuse for host access wait for the second.
+//! Buffers and the memory behind them.
+//!
+//! Memory comes from the driver in large blocks (one VkDeviceMemory + one VkBuffer spanning
+//! it, reachable by device address), and a `Buffer` is a region of a block handed out by the
+//! caching pool (pool.rs). A buffer's device address is the block's plus its offset, so
+//! kernels never see the difference. Host-visible blocks (and device-local ones on unified
+//! memory, where device-local memory is host-visible) are mapped once for their whole life.
+//!
+//! Each buffer remembers the timeline values of its last write and last use by the GPU
+//! (recorded by the encoder); host reads wait for the first, host writes and the pool's
+//! reuse for host access wait for the second.
 
 use ash::vk;
 use std::ptr::NonNull;

@@ -1,11 +1,11 @@
-// Compute pipelines from run-time SPIR-V.
-//
-// The binding model is "no descriptors": a pipeline layout has no sets, only one
-// push-constant range [0, push_constant_size) for the compute stage, and kernels receive
-// buffers as device addresses inside that range. Specialisation constants carry
-// compile-time choices such as the workgroup size. Every pipeline goes through the
-// Context's VkPipelineCache, persisted on disk (pipeline_cache.rs), and its creation time is
-// added to `Context::pipeline_stats`, so cold and warm starts can be told apart.
+//! Compute pipelines from run-time SPIR-V.
+//!
+//! The binding model is "no descriptors": a pipeline layout has no sets, only one
+//! push-constant range [0, push_constant_size) for the compute stage, and kernels receive
+//! buffers as device addresses inside that range. Specialisation constants carry
+//! compile-time choices such as the workgroup size. Every pipeline goes through the
+//! Context's VkPipelineCache, persisted on disk (pipeline_cache.rs), and its creation time is
+//! added to `Context::pipeline_stats`, so cold and warm starts can be told apart.
 
 use ash::vk;
 use std::collections::HashSet;

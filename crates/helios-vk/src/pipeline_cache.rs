@@ -1,20 +1,21 @@
-// The Context's VkPipelineCache, persisted on disk, and cold/warm pipeline-creation stats.
-//
-// The cache file is `<root>/pipelines/<vendor>-<device>-<driver>-<pipelineCacheUUID>.bin`,
-// where `<root>` is `$HELIOS_CACHE_DIR`, else `$XDG_CACHE_HOME/helios`, else
-// `$HOME/.cache/helios`. It is loaded when the Context is created and saved by
-// `Context::save_pipeline_cache` and when the Context drops (only if a pipeline was created
-// since the last save).
-//
-// Key decision: a driver may trust the blob it is given, so nothing reaches it unchecked.
-// The file is a small Helios envelope (magic, blob length, FNV-1a 64 of the blob) around the
-// driver's blob, and the blob's own VkPipelineCacheHeaderVersionOne must match this device
-// (header size, version, vendor, device, UUID). A missing, truncated, bit-flipped or foreign
-// file is ignored with a note (`PipelineStats::cache_note`, printed with HELIOS_VERBOSE=1),
-// never an error. Writes go to a unique temporary file renamed into place, so concurrent
-// processes see the old file or the new one, never half of one. A failed save during drop is
-// printed with HELIOS_VERBOSE=1 and otherwise ignored; an explicit save returns the error.
+//! The Context's VkPipelineCache, persisted on disk, and cold/warm pipeline-creation stats.
+//!
+//! The cache file is `<root>/pipelines/<vendor>-<device>-<driver>-<pipelineCacheUUID>.bin`,
+//! where `<root>` is `$HELIOS_CACHE_DIR`, else `$XDG_CACHE_HOME/helios`, else
+//! `$HOME/.cache/helios`. It is loaded when the Context is created and saved by
+//! `Context::save_pipeline_cache` and when the Context drops (only if a pipeline was created
+//! since the last save).
+//!
+//! Key decision: a driver may trust the blob it is given, so nothing reaches it unchecked.
+//! The file is a small Helios envelope (magic, blob length, FNV-1a 64 of the blob) around the
+//! driver's blob, and the blob's own VkPipelineCacheHeaderVersionOne must match this device
+//! (header size, version, vendor, device, UUID). A missing, truncated, bit-flipped or foreign
+//! file is ignored with a note (`PipelineStats::cache_note`, printed with HELIOS_VERBOSE=1),
+//! never an error. Writes go to a unique temporary file renamed into place, so concurrent
+//! processes see the old file or the new one, never half of one. A failed save during drop is
+//! printed with HELIOS_VERBOSE=1 and otherwise ignored; an explicit save returns the error.
 
+use crate::sync::LockExt;
 use ash::vk;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -201,7 +202,7 @@ impl PipelineCache {
 
     /// Counts one successful pipeline creation that took `elapsed`.
     pub(crate) fn record_creation(&self, elapsed: Duration) {
-        let mut s = lock(&self.state);
+        let mut s = self.state.locked();
         s.stats.pipelines_created += 1;
         s.stats.total_create_seconds += elapsed.as_secs_f64();
         s.dirty = true;
@@ -209,7 +210,7 @@ impl PipelineCache {
 
     /// Writes the driver's cache to the file (temp file + rename). No-op when not persisting.
     pub(crate) fn save(&self, device: &ash::Device) -> Result<()> {
-        let Some(path) = lock(&self.state).stats.cache_file.clone() else {
+        let Some(path) = self.state.locked().stats.cache_file.clone() else {
             return Ok(());
         };
         // SAFETY: the cache belongs to this device; the driver synchronises cache access.
@@ -226,7 +227,7 @@ impl PipelineCache {
             path: path.clone(),
             source,
         })?;
-        lock(&self.state).dirty = false;
+        self.state.locked().dirty = false;
         Ok(())
     }
 
@@ -235,7 +236,7 @@ impl PipelineCache {
     /// # Safety
     /// No pipeline creation may be in progress or follow.
     pub(crate) unsafe fn destroy(&self, device: &ash::Device) {
-        if lock(&self.state).dirty {
+        if self.state.locked().dirty {
             if let Err(e) = self.save(device) {
                 self.note(format!("not saved: {e}"));
             }
@@ -244,14 +245,14 @@ impl PipelineCache {
     }
 
     pub(crate) fn stats(&self) -> PipelineStats {
-        lock(&self.state).stats.clone()
+        self.state.locked().stats.clone()
     }
 
     fn note(&self, note: String) {
         if self.verbose {
             eprintln!("helios: pipeline cache: {note}");
         }
-        lock(&self.state).stats.cache_note = Some(note);
+        self.state.locked().stats.cache_note = Some(note);
     }
 }
 
@@ -372,11 +373,6 @@ fn le_u64(b: &[u8]) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[..8]);
     u64::from_le_bytes(a)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain counters: a panic elsewhere cannot leave them inconsistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -1,13 +1,13 @@
-// The caching allocator: regions of large driver blocks, recycled by size class.
-//
-// Like PyTorch's caching allocator, freed memory is kept and reused rather than returned to
-// the driver, so a steady-state loop of ops makes no driver allocations at all. What is new
-// here is the timeline: a freed region is tagged with the timeline value of its last GPU use.
-// Later GPU work on the queue may take it back at once (the encoder inserts a barrier for
-// the write-after-read), while a region the *host* will write (staging, direct uploads) is
-// handed out only once that value has completed. Memory goes back to the driver only when an
-// allocation fails (or on `empty_cache`): then every block without live regions whose last
-// use has completed is freed, and the allocation is retried once.
+//! The caching allocator: regions of large driver blocks, recycled by size class.
+//!
+//! Like PyTorch's caching allocator, freed memory is kept and reused rather than returned to
+//! the driver, so a steady-state loop of ops makes no driver allocations at all. What is new
+//! here is the timeline: a freed region is tagged with the timeline value of its last GPU use.
+//! Later GPU work on the queue may take it back at once (the encoder inserts a barrier for
+//! the write-after-read), while a region the *host* will write (staging, direct uploads) is
+//! handed out only once that value has completed. Memory goes back to the driver only when an
+//! allocation fails (or on `empty_cache`): then every block without live regions whose last
+//! use has completed is freed, and the allocation is retried once.
 
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::{BTreeMap, VecDeque};
@@ -536,7 +536,7 @@ impl Context {
     /// Frees every block. Called from Context's Drop after the device is idle.
     ///
     /// # Safety
-    /// The device must be idle and no Buffer may be alive (each holds an Arc<Context>, so
+    /// The device must be idle and no Buffer may be alive (each holds an `Arc<Context>`, so
     /// none is when the Context drops).
     pub(crate) unsafe fn destroy_pools(&self) {
         for location in [MemoryLocation::DeviceLocal, MemoryLocation::HostVisible] {

@@ -1,9 +1,9 @@
-// Feature probing: one pass over a physical device that fills `Caps`.
-//
-// Vulkan spreads what a device can do over core structs per version (1.1, 1.2, 1.3) and
-// per-extension structs; a struct may only be chained when its version or extension is
-// there, so every chain entry below is guarded by that condition. Device creation
-// (`features.rs`) enables from `Caps::features` alone and never probes again.
+//! Feature probing: one pass over a physical device that fills `Caps`.
+//!
+//! Vulkan spreads what a device can do over core structs per version (1.1, 1.2, 1.3) and
+//! per-extension structs; a struct may only be chained when its version or extension is
+//! there, so every chain entry below is guarded by that condition. Device creation
+//! (`features.rs`) enables from `Caps::features` alone and never probes again.
 
 use ash::vk;
 use std::ffi::{c_void, CStr};

@@ -1,24 +1,25 @@
-// GPU time per kernel from timestamp queries (`HELIOS_PROFILE=1`).
-//
-// The encoder brackets each dispatch with `begin`/`end` (two timestamps in the command
-// buffer it records), tags the spans of a batch with the batch's timeline value on submit
-// (`submitted`), and hands the completed timeline value to `collect`, which reads finished
-// spans without waiting and adds them to a per-kernel table (`report`).
-//
-// Key decisions:
-// - Both timestamps are written at COMPUTE_SHADER: a timestamp there is written once all
-//   earlier commands have finished their compute work, so a span is the time from the end of
-//   the previous dispatch to the end of this one. Spans tile the GPU timeline without
-//   overlapping, so shares add up to 100% even where independent dispatches run together.
-// - Queries live in a ring of pools of `QUERIES_PER_POOL`. A pool is reset with
-//   vkCmdResetQueryPool in the command buffer that takes it, right before its first
-//   timestamp (query operations on one queue execute in submission order, so no barrier is
-//   needed), and goes back to the ring only when every span in it has been read. The ring
-//   grows on demand up to `MAX_POOLS`; past that, `begin` returns `None` and the span is
-//   counted as dropped, so a caller that never collects cannot grow memory without bound.
-// - One recording stream per Context (the encoder's): `submitted` tags every span ended
-//   since the previous call, in order.
+//! GPU time per kernel from timestamp queries (`HELIOS_PROFILE=1`).
+//!
+//! The encoder brackets each dispatch with `begin`/`end` (two timestamps in the command
+//! buffer it records), tags the spans of a batch with the batch's timeline value on submit
+//! (`submitted`), and hands the completed timeline value to `collect`, which reads finished
+//! spans without waiting and adds them to a per-kernel table (`report`).
+//!
+//! Key decisions:
+//! - Both timestamps are written at COMPUTE_SHADER: a timestamp there is written once all
+//!   earlier commands have finished their compute work, so a span is the time from the end of
+//!   the previous dispatch to the end of this one. Spans tile the GPU timeline without
+//!   overlapping, so shares add up to 100% even where independent dispatches run together.
+//! - Queries live in a ring of pools of `QUERIES_PER_POOL`. A pool is reset with
+//!   vkCmdResetQueryPool in the command buffer that takes it, right before its first
+//!   timestamp (query operations on one queue execute in submission order, so no barrier is
+//!   needed), and goes back to the ring only when every span in it has been read. The ring
+//!   grows on demand up to `MAX_POOLS`; past that, `begin` returns `None` and the span is
+//!   counted as dropped, so a caller that never collects cannot grow memory without bound.
+//! - One recording stream per Context (the encoder's): `submitted` tags every span ended
+//!   since the previous call, in order.
 
+use crate::sync::LockExt;
 use ash::vk;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -135,7 +136,7 @@ impl Profiler {
         };
         // One pool up front, so that a device that cannot make one fails here, loudly.
         let first = profiler.create_pool()?;
-        let mut s = lock(&profiler.state);
+        let mut s = profiler.state.locked();
         s.pools.push(first);
         s.free.push(0);
         drop(s);
@@ -165,7 +166,7 @@ impl Profiler {
         kernel_name: &str,
         stage: vk::PipelineStageFlags,
     ) -> Option<Span> {
-        let mut s = lock(&self.state);
+        let mut s = self.state.locked();
         let pool = match s.active {
             Some(p) if s.pools[p].used + 2 <= QUERIES_PER_POOL => p,
             _ => self.take_pool(&mut s, cb)?,
@@ -194,7 +195,7 @@ impl Profiler {
             cb, span.cb,
             "a span must end in the command buffer it began in"
         );
-        let mut s = lock(&self.state);
+        let mut s = self.state.locked();
         let p = &mut s.pools[span.pool];
         p.outstanding += 1;
         self.device
@@ -212,7 +213,7 @@ impl Profiler {
     /// value its batch signals. Call right after the batch's vkQueueSubmit succeeded.
     #[track_caller]
     pub fn submitted(&self, timeline_value: u64) {
-        let mut s = lock(&self.state);
+        let mut s = self.state.locked();
         debug_assert!(
             timeline_value > s.last_value,
             "timeline values must increase"
@@ -233,7 +234,7 @@ impl Profiler {
     /// thrown away unsubmitted (a recording error). Pools whose reset was in it are reset again
     /// on next use.
     pub fn discarded(&self) {
-        let mut s = lock(&self.state);
+        let mut s = self.state.locked();
         let len = s.pending.len();
         let n = s.untagged;
         let dropped: Vec<Pending> = s.pending.drain(len - n..).collect();
@@ -255,7 +256,7 @@ impl Profiler {
     /// Reads back every span whose batch's timeline value is `<= completed_value` and adds it
     /// to the table. Never waits: the timeline says those queries are written.
     pub fn collect(&self, completed_value: u64) -> Result<()> {
-        let mut s = lock(&self.state);
+        let mut s = self.state.locked();
         let ready = s
             .pending
             .iter()
@@ -302,7 +303,7 @@ impl Profiler {
 
     /// The table so far, largest total first (call `collect` first for fresh numbers).
     pub fn report(&self) -> ProfileReport {
-        let s = lock(&self.state);
+        let s = self.state.locked();
         let all_ns: u64 = s.stats.iter().flatten().map(|k| k.total_ns).sum();
         let mut rows: Vec<ProfileRow> = s
             .stats
@@ -335,14 +336,14 @@ impl Profiler {
 
     /// Clears the table and the dropped count; spans still in flight are kept.
     pub fn reset(&self) {
-        let mut s = lock(&self.state);
+        let mut s = self.state.locked();
         s.stats.iter_mut().for_each(|k| *k = None);
         s.dropped = 0;
     }
 
     /// Query pools in the ring (for tests and `helios info`).
     pub fn query_pools(&self) -> usize {
-        lock(&self.state).pools.len()
+        self.state.locked().pools.len()
     }
 
     /// Destroys the query pools.
@@ -350,7 +351,7 @@ impl Profiler {
     /// # Safety
     /// The device must be idle and the profiler unused afterwards.
     pub(crate) unsafe fn destroy(&self) {
-        for pool in &lock(&self.state).pools {
+        for pool in &self.state.locked().pools {
             self.device.destroy_query_pool(pool.raw, None);
         }
     }
@@ -541,12 +542,6 @@ impl fmt::Display for ProfileReport {
         }
         Ok(())
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Every mutation keeps the state consistent before it can panic, so a poisoned lock is
-    // still safe to use.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

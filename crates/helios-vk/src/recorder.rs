@@ -1,16 +1,16 @@
-// Recording commands for one command buffer: dispatch, native launch, barrier, copy, timestamp.
-//
-// The checks and recording shared by the encoder (declared accesses, barriers decided by
-// hazard tracking) and by `Recorder`, which only exists inside `Context::submit*` closures
-// (explicit barriers). Every argument that comes from the caller (push-constant sizes, group
-// counts, copy ranges, objects from another device) is checked and returns an error instead
-// of recording something the validation layer would reject.
-//
-// The design decision a reader must know: recording does not call Vulkan. A batch's commands
-// go into a `Commands` list (a few stores each), and `replay` turns the list into a command
-// buffer when the batch is submitted, on the submit thread (worker.rs). The driver's own cost
-// per command (on NVIDIA most of a dispatch's host time) then overlaps the recording of the
-// next batch instead of adding to it.
+//! Recording commands for one command buffer: dispatch, native launch, barrier, copy, timestamp.
+//!
+//! The checks and recording shared by the encoder (declared accesses, barriers decided by
+//! hazard tracking) and by `Recorder`, which only exists inside `Context::submit*` closures
+//! (explicit barriers). Every argument that comes from the caller (push-constant sizes, group
+//! counts, copy ranges, objects from another device) is checked and returns an error instead
+//! of recording something the validation layer would reject.
+//!
+//! The design decision a reader must know: recording does not call Vulkan. A batch's commands
+//! go into a `Commands` list (a few stores each), and `replay` turns the list into a command
+//! buffer when the batch is submitted, on the submit thread (worker.rs). The driver's own cost
+//! per command (on NVIDIA most of a dispatch's host time) then overlaps the recording of the
+//! next batch instead of adding to it.
 
 use ash::vk;
 

@@ -1,14 +1,15 @@
-// Submission: command buffers from a ring, one timeline semaphore, submit/wait/completed.
-//
-// Every batch signals the next value of the Context's timeline semaphore; buffers remember
-// the values of their last write and use, and the host waits for exactly those. Command
-// buffers come from a ring of small pools, each reused only once the timeline has passed its
-// value.
-//
-// Every command buffer starts with a global barrier against all earlier work on the queue
-// and ends with a barrier that makes device writes visible to the host: hazards *inside* a
-// batch are the encoder's business, these two cover the ones between batches and host reads.
+//! Submission: command buffers from a ring, one timeline semaphore, submit/wait/completed.
+//!
+//! Every batch signals the next value of the Context's timeline semaphore; buffers remember
+//! the values of their last write and use, and the host waits for exactly those. Command
+//! buffers come from a ring of small pools, each reused only once the timeline has passed its
+//! value.
+//!
+//! Every command buffer starts with a global barrier against all earlier work on the queue
+//! and ends with a barrier that makes device writes visible to the host: hazards *inside* a
+//! batch are the encoder's business, these two cover the ones between batches and host reads.
 
+use crate::sync::LockExt;
 use ash::vk;
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -129,7 +130,7 @@ impl Submitter {
     /// # Safety
     /// The device must be idle and the Submitter unused afterwards.
     pub(crate) unsafe fn destroy(&self, device: &ash::Device) {
-        let ring = lock(&self.ring);
+        let ring = self.ring.locked();
         for &pool in &ring.all_pools {
             device.destroy_command_pool(pool, None);
         }
@@ -199,14 +200,14 @@ impl Context {
             self.abandon_slot(slot);
             return Err(Error::vk("vkEndCommandBuffer", r));
         }
-        let oldest = lock(&s.ring).in_flight.front().map(|f| f.value);
+        let oldest = s.ring.locked().in_flight.front().map(|f| f.value);
         if let Some(oldest) = oldest {
-            if lock(&s.ring).in_flight.len() >= MAX_IN_FLIGHT {
+            if s.ring.locked().in_flight.len() >= MAX_IN_FLIGHT {
                 self.wait(oldest)?;
             }
         }
 
-        let mut q = lock(&s.queue);
+        let mut q = s.queue.locked();
         debug_assert_eq!(
             value,
             q.last_submitted + 1,
@@ -251,7 +252,7 @@ impl Context {
             p.submitted(value);
         }
         // Pushed under the queue lock so that `in_flight` stays sorted by value.
-        lock(&s.ring).in_flight.push_back(InFlight {
+        s.ring.locked().in_flight.push_back(InFlight {
             value,
             slot,
             _keep: keep,
@@ -334,7 +335,7 @@ impl Context {
 
     /// The value signalled by the most recent submit (0 before any).
     pub fn last_submitted(&self) -> u64 {
-        lock(&self.submitter.queue).last_submitted
+        self.submitter.queue.locked().last_submitted
     }
 
     /// Takes a free command buffer, recycling pools whose work has completed.
@@ -342,7 +343,7 @@ impl Context {
         let completed = self.completed()?;
         self.retire(completed);
         let device = self.device();
-        let mut ring = lock(&self.submitter.ring);
+        let mut ring = self.submitter.ring.locked();
         if let Some(slot) = ring.free.pop() {
             return Ok(slot);
         }
@@ -355,7 +356,7 @@ impl Context {
     fn release_slot(&self, slot: Slot) {
         // A pool that fails to reset is left alone; it is still destroyed with the ring.
         if slot.reset(self.device()) {
-            lock(&self.submitter.ring).free.push(slot);
+            self.submitter.ring.locked().free.push(slot);
         }
     }
 
@@ -363,7 +364,7 @@ impl Context {
     /// it kept alive).
     fn retire(&self, completed: u64) {
         let done: Vec<InFlight> = {
-            let mut ring = lock(&self.submitter.ring);
+            let mut ring = self.submitter.ring.locked();
             let n = ring
                 .in_flight
                 .iter()
@@ -380,10 +381,4 @@ impl Context {
             let _ = p.collect(completed);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The guarded state stays consistent at every await-free point, so a poisoned lock
-    // (a panic in another thread) is still safe to use.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

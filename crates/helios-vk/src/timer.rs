@@ -1,11 +1,11 @@
-// GPU timers: two timestamps around a stretch of recorded work, like CUDA events.
-//
-// Benchmarks compare with PyTorch's CUDA-event timings, which measure from when the GPU
-// starts the first op to when it finishes the last, without the host's submit and wake-up
-// latency. A `GpuTimer` does the same on the encoder's command stream: `start` writes a
-// timestamp into the open batch, `stop` writes another after everything recorded since, and
-// `elapsed` waits for the batch and reads both. Each timer has its own two-query pool (this
-// is a measuring tool, not a hot path).
+//! GPU timers: two timestamps around a stretch of recorded work, like CUDA events.
+//!
+//! Benchmarks compare with PyTorch's CUDA-event timings, which measure from when the GPU
+//! starts the first op to when it finishes the last, without the host's submit and wake-up
+//! latency. A `GpuTimer` does the same on the encoder's command stream: `start` writes a
+//! timestamp into the open batch, `stop` writes another after everything recorded since, and
+//! `elapsed` waits for the batch and reads both. Each timer has its own two-query pool (this
+//! is a measuring tool, not a hot path).
 
 use ash::vk;
 

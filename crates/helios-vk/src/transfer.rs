@@ -1,12 +1,12 @@
-// Host <-> buffer transfers, asynchronous where the host does not need to wait.
-//
-// Uploads never wait: a mapped buffer the GPU no longer uses (unified memory, device memory
-// behind a full BAR mapping, or a host-visible buffer) is written in place; anything else is copied into a staging region
-// from the host-visible pool and a copy is recorded into the open batch, ordered before
-// later dispatches by the encoder's hazard tracking. Staging regions come back to the pool
-// tagged with the copy's timeline value, so the pool acts as a ring: the host reuses a region
-// only once the GPU has finished reading it. Downloads are the one place the host waits: for
-// exactly the buffer's last write (mapped) or for the copy into staging.
+//! Host <-> buffer transfers, asynchronous where the host does not need to wait.
+//!
+//! Uploads never wait: a mapped buffer the GPU no longer uses (unified memory, device memory
+//! behind a full BAR mapping, or a host-visible buffer) is written in place; anything else is copied into a staging region
+//! from the host-visible pool and a copy is recorded into the open batch, ordered before
+//! later dispatches by the encoder's hazard tracking. Staging regions come back to the pool
+//! tagged with the copy's timeline value, so the pool acts as a ring: the host reuses a region
+//! only once the GPU has finished reading it. Downloads are the one place the host waits: for
+//! exactly the buffer's last write (mapped) or for the copy into staging.
 
 use std::sync::Arc;
 

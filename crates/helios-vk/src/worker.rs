@@ -1,29 +1,30 @@
-// The submit thread: closed batches are recorded into command buffers and submitted off the
-// thread that records them.
-//
-// On NVIDIA, the driver's work per command (vkCmdDispatch, vkCmdPushConstants, barriers) and
-// per submit is about 40% of the host time of a small model's training step (perf on an H100
-// host, session 26). The encoder therefore only lists a batch's commands (recorder.rs); when
-// the batch closes it is queued here, and one thread per Context replays the list into a
-// command buffer and submits it while the recording thread goes on.
-//
-// The decisions a reader must know:
-// - Batches are submitted in order, whoever submits them: taking a batch off the queue and
-//   submitting it happen under one lock (`running`). A thread that must see its work
-//   submitted (a host wait, `flush`, an explicit `submit`), or that closes a short batch
-//   for a GPU that ran dry (encoder.rs), submits what is still queued itself (`drain`)
-//   instead of waiting for the submit thread to wake. (A submit thread that polled the
-//   queue for a millisecond before sleeping measured no better on the H100 host.)
-// - A queued batch holds an `Arc` of its Context, so the Context outlives its queued work
-//   and its Drop never finds work queued. The thread itself holds only the queue, so a
-//   Context whose last `Arc` is a batch's is dropped on the submit thread, which then ends.
-// - A batch that fails to submit is fatal for the Context: its timeline value never
-//   arrives, and later values would claim work that never ran. Every later batch is dropped
-//   and every later call that submits or waits returns the first failure.
+//! The submit thread: closed batches are recorded into command buffers and submitted off the
+//! thread that records them.
+//!
+//! On NVIDIA, the driver's work per command (vkCmdDispatch, vkCmdPushConstants, barriers) and
+//! per submit is about 40% of the host time of a small model's training step (perf on an H100
+//! host, session 26). The encoder therefore only lists a batch's commands (recorder.rs); when
+//! the batch closes it is queued here, and one thread per Context replays the list into a
+//! command buffer and submits it while the recording thread goes on.
+//!
+//! The decisions a reader must know:
+//! - Batches are submitted in order, whoever submits them: taking a batch off the queue and
+//!   submitting it happen under one lock (`running`). A thread that must see its work
+//!   submitted (a host wait, `flush`, an explicit `submit`), or that closes a short batch
+//!   for a GPU that ran dry (encoder.rs), submits what is still queued itself (`drain`)
+//!   instead of waiting for the submit thread to wake. (A submit thread that polled the
+//!   queue for a millisecond before sleeping measured no better on the H100 host.)
+//! - A queued batch holds an `Arc` of its Context, so the Context outlives its queued work
+//!   and its Drop never finds work queued. The thread itself holds only the queue, so a
+//!   Context whose last `Arc` is a batch's is dropped on the submit thread, which then ends.
+//! - A batch that fails to submit is fatal for the Context: its timeline value never
+//!   arrives, and later values would claim work that never ran. Every later batch is dropped
+//!   and every later call that submits or waits returns the first failure.
 
+use crate::sync::{wait, LockExt};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -86,12 +87,12 @@ impl Jobs {
     fn serve(&self) {
         loop {
             {
-                let mut s = lock(&self.state);
+                let mut s = self.state.locked();
                 while s.queue.is_empty() {
                     if s.closed {
                         return;
                     }
-                    s = self.ready.wait(s).unwrap_or_else(|e| e.into_inner());
+                    s = wait(&self.ready, s);
                 }
             }
             self.run_next();
@@ -101,8 +102,8 @@ impl Jobs {
     /// Submits the oldest queued batch, if any; false if the queue was empty.
     fn run_next(&self) -> bool {
         let ctx = {
-            let _running = lock(&self.running);
-            let Some(Job { ctx, batch }) = lock(&self.state).queue.pop_front() else {
+            let _running = self.running.locked();
+            let Some(Job { ctx, batch }) = self.state.locked().queue.pop_front() else {
                 return false;
             };
             if !self.failed.load(Ordering::Acquire) {
@@ -121,7 +122,7 @@ impl Jobs {
     }
 
     fn fail(&self, e: Error) {
-        let mut f = lock(&self.failure);
+        let mut f = self.failure.locked();
         if f.is_none() {
             *f = Some(match e {
                 Error::Vk { call, result } => (call, result),
@@ -134,7 +135,7 @@ impl Jobs {
 
     /// Closes the queue: the submit thread ends once it is empty.
     pub(crate) fn close(&self) {
-        lock(&self.state).closed = true;
+        self.state.locked().closed = true;
         self.ready.notify_all();
     }
 }
@@ -143,7 +144,7 @@ impl Context {
     /// Queues a closed batch for the submit thread (or submits it here where there is none).
     pub(crate) fn enqueue(&self, batch: OpenBatch) -> Result<()> {
         let ctx = self.me.upgrade().expect("a Context in use has a handle");
-        lock(&self.jobs.state).queue.push_back(Job { ctx, batch });
+        self.jobs.state.locked().queue.push_back(Job { ctx, batch });
         if self.has_worker {
             self.jobs.ready.notify_one();
             Ok(())
@@ -163,7 +164,7 @@ impl Context {
         if !self.jobs.failed.load(Ordering::Acquire) {
             return Ok(());
         }
-        match *lock(&self.jobs.failure) {
+        match *self.jobs.failure.locked() {
             Some((call, result)) => Err(Error::vk(call, result)),
             None => Err(Error::DeviceLost),
         }
@@ -173,9 +174,4 @@ impl Context {
     pub(crate) fn submit_ns(&self) -> u64 {
         self.jobs.submit_ns.load(Ordering::Relaxed)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every lock here guards state that is consistent between statements.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

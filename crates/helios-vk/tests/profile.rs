@@ -8,6 +8,7 @@ mod common;
 
 use ash::vk;
 use common::shader::{self, PUSH_SIZE};
+use common::LockExt;
 use helios_vk::{
     Buffer, Context, ContextOptions, MemoryLocation, Pipeline, PipelineCacheDir, PipelineDesc,
     Profiler, QUERIES_PER_POOL,
@@ -21,7 +22,7 @@ const WORKGROUP: u32 = 64;
 /// running at once on a loaded 2-core machine.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    ONE.lock().unwrap_or_else(|e| e.into_inner())
+    ONE.locked()
 }
 const WIDE: u32 = 1 << 16;
 

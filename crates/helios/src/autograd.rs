@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use helios_kernels::Activation;
 use rustc_hash::FxHashMap;
 
+use crate::realize_lock::LockExt;
 use crate::{Error, Result, Tensor};
 
 /// The gradient of each input (`None` where it needs none), given the output's gradient and
@@ -137,14 +138,14 @@ pub fn folded_gradient_sums() -> u64 {
 /// ([`activation_input`], [`through_activation`]).
 pub(crate) fn mark_activation(out: &Tensor, act: Activation, input: &Tensor) {
     if let Some(GradLink::Node(n)) = out.grad_link() {
-        *n.act.lock().unwrap_or_else(|p| p.into_inner()) = Some((act, input.detach()));
+        *n.act.locked() = Some((act, input.detach()));
     }
 }
 
 /// The activation and its input, where `link` is an activation's node (and it has not run).
 pub(crate) fn activation_input(link: &GradLink) -> Option<(Activation, Tensor)> {
     match link {
-        GradLink::Node(n) => n.act.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        GradLink::Node(n) => n.act.locked().clone(),
         GradLink::Leaf(_) => None,
     }
 }
@@ -340,7 +341,7 @@ impl Tensor {
     /// for a tensor that is not a leaf).
     pub fn grad(&self) -> Option<Tensor> {
         match self.grad_link() {
-            Some(GradLink::Leaf(l)) => l.grad.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            Some(GradLink::Leaf(l)) => l.grad.locked().clone(),
             _ => None,
         }
     }
@@ -348,7 +349,7 @@ impl Tensor {
     /// Forgets this leaf's accumulated gradient.
     pub fn zero_grad(&self) {
         if let Some(GradLink::Leaf(l)) = self.grad_link() {
-            *l.grad.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            *l.grad.locked() = None;
         }
     }
 
@@ -356,7 +357,7 @@ impl Tensor {
     pub fn set_grad(&self, grad: Option<Tensor>) -> Result<()> {
         match self.grad_link() {
             Some(GradLink::Leaf(l)) => {
-                *l.grad.lock().unwrap_or_else(|p| p.into_inner()) = grad.map(|g| g.detach());
+                *l.grad.locked() = grad.map(|g| g.detach());
                 Ok(())
             }
             _ => Err(Error::Invalid {
@@ -421,7 +422,7 @@ fn accumulate(leaf: &LeafGrad, g: Tensor) -> Result<()> {
     // gradient as its residual where there is one: left for the optimizer step, it would
     // hold its operands (an activation and a gradient of this step) until then.
     let record = g.is_pending_product();
-    let mut slot = leaf.grad.lock().unwrap_or_else(|p| p.into_inner());
+    let mut slot = leaf.grad.locked();
     let sum = match slot.take() {
         Some(old) => old.add(&g)?,
         None => g,
@@ -488,11 +489,7 @@ fn walk_backward(root: &Arc<GradNode>, seed: Tensor, walk: &mut Walk) -> Result<
     let mut taken: smallvec::SmallVec<[*const GradNode; 4]> = smallvec::SmallVec::new();
     for node in order.drain(..) {
         taken.clear();
-        let backward = node
-            .backward
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let backward = node.backward.locked().take();
         let Some(backward) = backward else {
             return Err(Error::Invalid {
                 op: "backward",
@@ -504,7 +501,7 @@ fn walk_backward(root: &Arc<GradNode>, seed: Tensor, walk: &mut Walk) -> Result<
             });
         };
         let key = Arc::as_ptr(&node);
-        node.act.lock().unwrap_or_else(|p| p.into_inner()).take();
+        node.act.locked().take();
         let (g, done) = (grads.remove(&key), through.remove(&key));
         // A node no gradient reached (its output was unused) only releases its tensors.
         if g.is_none() && done.is_none() {

@@ -13,6 +13,7 @@ use helios_kernels::softmax::SoftmaxKernel;
 use helios_kernels::{ElementwiseKernel, ElementwiseOp, FusedKernel, Variant, MAX_DIMS};
 use helios_vk::NativeKernel;
 
+use crate::realize_lock::LockExt;
 use crate::DType;
 
 /// Largest read-back done by a copy kernel into host memory (larger ones use the copy engine,
@@ -381,7 +382,7 @@ impl Device {
         key: KernelKey,
         build: impl FnOnce() -> KernelModule,
     ) -> Result<Arc<Compiled>> {
-        let mut cache = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.inner.kernels.locked();
         if let Some(k) = cache.get(&key) {
             return Ok(k.clone());
         }
@@ -400,7 +401,7 @@ impl Device {
         kernels: Vec<(KernelKey, F)>,
     ) -> Result<()> {
         let todo: Vec<_> = {
-            let cache = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
+            let cache = self.inner.kernels.locked();
             let mut seen = std::collections::HashSet::new();
             kernels
                 .into_iter()
@@ -421,18 +422,15 @@ impl Device {
         std::thread::scope(|s| {
             for _ in 0..threads {
                 s.spawn(|| loop {
-                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+                    let next = queue.locked().next();
                     let Some((key, build)) = next else { break };
                     let c = self.compile(build(), fixed_workgroup(&key));
-                    compiled
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((key, c));
+                    compiled.locked().push((key, c));
                 });
             }
         });
-        let mut cache = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
-        for (key, c) in compiled.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        let mut cache = self.inner.kernels.locked();
+        for (key, c) in compiled.into_value() {
             // A failed compile is reported where the kernel is asked for (`kernel` tries
             // again), as it would be without the precompile.
             if let Ok(c) = c {
@@ -470,13 +468,7 @@ impl Device {
         key: KernelKey,
         build: impl FnOnce() -> Result<helios_ptx::Module>,
     ) -> Result<Arc<NativeKernel>> {
-        if let Some(k) = self
-            .inner
-            .native
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
+        if let Some(k) = self.inner.native.locked().get(&key) {
             return Ok(k.clone());
         }
         let module = build()?;
@@ -485,7 +477,7 @@ impl Device {
             self.inner
                 .ctx
                 .create_native_kernel(&module.text, &module.name, &module.name)?;
-        let mut cache = self.inner.native.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.inner.native.locked();
         Ok(cache.entry(key).or_insert(kernel).clone())
     }
 
@@ -497,7 +489,7 @@ impl Device {
         kernels: Vec<(KernelKey, F)>,
     ) -> Result<()> {
         let todo: Vec<_> = {
-            let cache = self.inner.native.lock().unwrap_or_else(|p| p.into_inner());
+            let cache = self.inner.native.locked();
             kernels
                 .into_iter()
                 .filter(|(key, _)| !cache.contains_key(key))
@@ -510,7 +502,7 @@ impl Device {
         std::thread::scope(|s| {
             for _ in 0..threads {
                 s.spawn(|| loop {
-                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+                    let next = queue.locked().next();
                     let Some((key, build)) = next else { break };
                     // A failure is reported where the kernel is asked for, as in `precompile`.
                     let _ = self.native_kernel(key, build);
@@ -522,7 +514,7 @@ impl Device {
 
     /// The compiled fused kernel with signature `kernel`, compiled on first use only.
     pub(crate) fn fused_kernel(&self, kernel: &FusedKernel) -> Result<Arc<Compiled>> {
-        let mut cache = self.inner.fused.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.inner.fused.locked();
         if let Some(k) = cache.get(kernel) {
             return Ok(k.clone());
         }
@@ -574,8 +566,8 @@ impl Device {
             return Ok(Vec::new());
         }
         let compiled: Vec<Arc<Compiled>> = {
-            let cache = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
-            let fused = self.inner.fused.lock().unwrap_or_else(|p| p.into_inner());
+            let cache = self.inner.kernels.locked();
+            let fused = self.inner.fused.locked();
             cache.values().chain(fused.values()).cloned().collect()
         };
         let mut out = compiled

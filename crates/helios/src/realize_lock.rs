@@ -6,6 +6,8 @@
 //! a mutex per node would only add two locked instructions per op to a chain's realisation
 //! (~5 ns each, a large share of it). The design decision a reader must know: `Realizing`,
 //! the proof that this thread holds the lock, is the only way into a `RealizeCell`.
+//!
+//! Also the crate's one way to take a lock (`LockExt`), which recovers a poisoned one.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -31,7 +33,7 @@ pub(crate) fn lock() -> Held {
             "a realisation asked for the scheduler's lock it holds (a bug)"
         )
     });
-    Held(REALIZE.lock().unwrap_or_else(|p| p.into_inner()))
+    Held(REALIZE.locked())
 }
 
 #[cfg(debug_assertions)]
@@ -55,6 +57,33 @@ impl Drop for Held {
     fn drop(&mut self) {
         #[cfg(debug_assertions)]
         let _ = HELD.try_with(|held| held.set(false));
+    }
+}
+
+/// `lock` (and `into_inner`) that recover a poisoned mutex instead of panicking.
+///
+/// A panic on one thread (a failed assertion in a test, a caller's closure, a kernel that
+/// failed to build) must not wedge the engine: with `unwrap`, every later op on any thread
+/// would panic on the same lock. Using the data is sound because each of the crate's
+/// mutexes guards values that are valid in every state a panic can leave: caches and memos
+/// (compiled kernels, tuning winners) gain or replace whole entries, a gradient or
+/// activation slot is replaced whole, the live-node counts are plain numbers, and the
+/// scheduler's lock guards no data of its own (`Realizing` is a zero-sized proof).
+pub(crate) trait LockExt<T> {
+    /// Locks, waiting for the current holder; a poisoned lock is used as it is.
+    fn locked(&self) -> MutexGuard<'_, T>;
+
+    /// The value, taking the mutex apart; a poisoned one's value is used as it is.
+    fn into_value(self) -> T;
+}
+
+impl<T> LockExt<T> for Mutex<T> {
+    fn locked(&self) -> MutexGuard<'_, T> {
+        self.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn into_value(self) -> T {
+        self.into_inner().unwrap_or_else(|p| p.into_inner())
     }
 }
 

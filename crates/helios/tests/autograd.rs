@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{assert_no_validation_messages, device};
+use common::{assert_no_validation_messages, device, LockExt};
 use helios::{graph_stats, no_grad, Compare, DType, IndexTensor, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -44,7 +44,7 @@ fn check(
     gpu: impl Fn(&[Tensor]) -> Tensor,
     cpu: impl Fn(&[Vec<f64>]) -> Vec<f64>,
 ) {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let mut rng = StdRng::seed_from_u64(name.len() as u64 * 7919);
     let xs: Vec<Tensor> = inputs
         .iter()
@@ -562,7 +562,7 @@ fn matmul_rules() {
 /// it for the products: two stored prologues in the backward.
 #[test]
 fn low_precision_mlp_gradients() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let mut rng = StdRng::seed_from_u64(12);
     let (m, k, h, n) = (24, 16, 20, 12);
     let gelu =
@@ -846,7 +846,7 @@ fn norm_in_a_residual_stream_adds_in_its_kernel() {
 /// other upstream gradient still scales it.
 #[test]
 fn cross_entropy_gradient_under_each_seed() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let mut rng = StdRng::seed_from_u64(11);
     let (rows, vocab) = (5, 7);
     let targets: Vec<u32> = (0..rows).map(|_| rng.gen_range(0..vocab as u32)).collect();
@@ -931,7 +931,7 @@ fn cross_entropy_and_embedding() {
 
 #[test]
 fn graph_is_released_and_gradients_accumulate() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = device();
     let w = Tensor::from_slice(d, &[0.5, -1.0, 2.0], &[3])
         .unwrap()
@@ -980,7 +980,7 @@ fn graph_is_released_and_gradients_accumulate() {
 /// and the gradients still match the CPU.
 #[test]
 fn forward_stores_only_what_backward_reads() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let mut rng = StdRng::seed_from_u64(21);
     let (xv, bv) = (
         random(&mut rng, 24, -1.0, 1.0),
@@ -1028,7 +1028,7 @@ fn forward_stores_only_what_backward_reads() {
 }
 #[test]
 fn training_loop_reaches_a_memory_steady_state() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = device();
     let mut rng = StdRng::seed_from_u64(8);
     let (n, i, h, o) = (16, 8, 16, 4);
@@ -1245,7 +1245,7 @@ fn attention_through_fused_qkv() {
 /// kernels); an input that needs no gradient gets none.
 #[test]
 fn checkpoint_recomputes_the_same_gradients() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let mut rng = StdRng::seed_from_u64(12);
     let (m, k, n) = (9, 7, 5);
     let a = random(&mut rng, m * k, -1.0, 1.0);
@@ -1297,7 +1297,7 @@ fn checkpoint_recomputes_the_same_gradients() {
 /// gradient matches the f64 reference.
 #[test]
 fn transposed_weight_gradients_are_row_major_and_right() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let (vocab, dim, n) = (260usize, 256usize, 5usize);
     let mut rng = StdRng::seed_from_u64(77);
     let wv = random(&mut rng, vocab * dim, -1.0, 1.0);

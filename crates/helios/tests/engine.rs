@@ -3,6 +3,9 @@
 //! stress test of interleaved dependent and independent ops, random read-backs and reuse,
 //! checked element by element against the CPU reference under validation.
 
+mod common;
+
+use common::LockExt;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use helios::{cpu, BinaryOp, Device, Tensor, UnaryOp};
@@ -14,7 +17,7 @@ use rand::{Rng, SeedableRng};
 fn device() -> (MutexGuard<'static, ()>, &'static Device) {
     static DEVICE: OnceLock<Device> = OnceLock::new();
     static LOCK: Mutex<()> = Mutex::new(());
-    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = LOCK.locked();
     let d = DEVICE
         .get_or_init(|| Device::from_env().expect("a Vulkan device (install mesa-vulkan-drivers)"));
     d.set_batch_limit(helios_vk::DEFAULT_BATCH);

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{assert_no_validation_messages, device};
+use common::{assert_no_validation_messages, device, LockExt};
 use helios::{graph_stats, DType, MatmulOptions, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -289,7 +289,7 @@ fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
 
 #[test]
 fn element_wise_tails_fold_into_the_products_epilogue() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     for (i, dtype) in [DType::F32, DType::F16, DType::BF16]
         .into_iter()
         .enumerate()
@@ -304,7 +304,7 @@ fn element_wise_tails_fold_into_the_products_epilogue() {
 
 #[test]
 fn a_cast_folds_where_nothing_else_is_read() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     for (from, to) in [
         (DType::F32, DType::BF16),
         (DType::BF16, DType::F32),
@@ -353,7 +353,7 @@ fn a_cast_folds_where_nothing_else_is_read() {
 
 #[test]
 fn a_product_held_elsewhere_is_stored_whole() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let (o, v) = operands(9, DType::F32, 1, false);
     // Held and then added to: the product is stored as it is, the add fused apart.
     let p = o.x.matmul(&o.w).unwrap();
@@ -393,7 +393,7 @@ fn a_product_held_elsewhere_is_stored_whole() {
 /// records the same number of kernels, and its loss and gradients (with autograd) agree.
 #[test]
 fn a_plain_op_mlp_runs_like_the_hand_fused_one() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = device();
     let mut rng = StdRng::seed_from_u64(31);
     let (m, c, h) = (24, 16, 40);

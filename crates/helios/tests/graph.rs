@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{assert_no_validation_messages, device};
+use common::{assert_no_validation_messages, device, LockExt};
 use helios::{graph_stats, Compare, DType, Device, GraphStats, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -148,7 +148,7 @@ fn program(seed: u64, dtype: DType, ops: usize, eager: bool) -> Vec<Val> {
 
 #[test]
 fn fused_matches_node_by_node_and_cpu() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     for dtype in DType::ALL {
         let tol = match dtype {
             DType::F32 => 1e-5,
@@ -207,7 +207,7 @@ fn one_kernel_since(before: &GraphStats, nodes: u64) -> GraphStats {
 
 #[test]
 fn a_chain_with_a_broadcast_bias_is_one_kernel_and_reads_views_in_place() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = device();
     let x: Vec<f32> = (0..64 * 32).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
     let b: Vec<f32> = (0..32).map(|i| i as f32 * 0.01).collect();
@@ -240,7 +240,7 @@ fn a_chain_with_a_broadcast_bias_is_one_kernel_and_reads_views_in_place() {
 /// was stored.)
 #[test]
 fn a_chain_realised_by_synchronize_stores_only_its_result() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = device();
     let x: Vec<f32> = (0..64 * 32).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
     let xt = Tensor::from_slice(d, &x, &[64, 32]).unwrap();
@@ -269,7 +269,7 @@ fn a_chain_realised_by_synchronize_stores_only_its_result() {
 /// operand for NaN; a NaN scalar is lowered to `x + NaN`.
 #[test]
 fn fused_scalar_max_and_min_propagate_nan() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = device();
     let specials = helios::selfcheck::SPECIALS;
     for len in [specials.len() * 4, specials.len() * 4 + 3] {
@@ -336,7 +336,7 @@ fn fused_scalar_max_and_min_propagate_nan() {
 /// holds no device (dropping the device releases its context).
 #[test]
 fn spare_nodes_are_reused_and_hold_nothing() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = common::device_with(|c| c);
     let ctx = d.context().clone();
     let live = graph_stats().live_nodes;
@@ -384,7 +384,7 @@ fn spare_nodes_are_reused_and_hold_nothing() {
 
 #[test]
 fn a_pending_result_read_back_is_written_to_host_memory_by_its_kernel() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     // Force the kernel read-back policy (what discrete GPUs use for small reads).
     let d = common::device_with(|c| helios::KernelConfig {
         readback: helios::Readback::Kernel,
@@ -413,7 +413,7 @@ fn a_pending_result_read_back_is_written_to_host_memory_by_its_kernel() {
 /// counts it needs (a group's value computed in registers is never asked for afterwards).
 #[test]
 fn threads_realise_at_once() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = device();
     let x = Tensor::from_slice(d, &[0.5; 256], &[256]).unwrap();
     std::thread::scope(|s| {
@@ -534,7 +534,7 @@ fn reductions_one(t: Tensor, i: usize) -> Tensor {
 
 #[test]
 fn reductions_compute_a_pending_group_in_their_loads() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     // Random programs on 6×6 (one element per evaluation), every dtype, checked against
     // the CPU too.
     for dtype in DType::ALL {
@@ -602,7 +602,7 @@ fn reductions_compute_a_pending_group_in_their_loads() {
 /// the values match the f64 CPU reference (f32, |got − want| ≤ 1e-5 relative).
 #[test]
 fn variance_squares_its_deviations_in_the_means_loads() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = device();
     let (rows, cols) = (37, 300);
     let mut rng = StdRng::seed_from_u64(29);
@@ -665,7 +665,7 @@ fn variance_squares_its_deviations_in_the_means_loads() {
 /// themselves (offsets 1, 4 and 8 elements into the buffer; vector and element reads).
 #[test]
 fn descriptor_bound_kernels_read_views_at_their_offsets() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let ctx = helios_vk::Context::from_env().unwrap();
     if !ctx.enabled().push_descriptor {
         eprintln!("skipped: the device lacks VK_KHR_push_descriptor");
@@ -746,7 +746,7 @@ fn descriptor_bound_kernels_read_views_at_their_offsets() {
 #[test]
 fn concatenations_in_both_forms_copy_exactly() {
     // Graph statistics are process-wide: other tests count kernels.
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = device();
     let mut rng = StdRng::seed_from_u64(0xca7);
     // (shape of each part except along `dim`, dim, the parts' sizes along it)
@@ -801,7 +801,7 @@ fn concatenations_in_both_forms_copy_exactly() {
 /// and random values.
 #[test]
 fn f16_rounding_is_exact_in_registers_and_in_stores() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = device();
     let ulp = |e: i32| 2f32.powi(e - 10);
     let mut v: Vec<f32> = vec![
@@ -858,7 +858,7 @@ fn f16_rounding_is_exact_in_registers_and_in_stores() {
 /// apart first.
 #[test]
 fn a_reduction_of_a_group_with_many_inputs() {
-    let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = LOCK.locked();
     let d = device();
     let n = 40;
     let parts: Vec<Tensor> = (0..n)

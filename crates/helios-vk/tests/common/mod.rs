@@ -1,6 +1,6 @@
-// Shared helpers for helios-vk's integration tests: a validated context on whatever device
-// is present, the "no validation messages" check, deterministic random bytes, and the tiny
-// rspirv-built compute shader the pipeline tests run.
+//! Shared helpers for helios-vk's integration tests: a validated context on whatever device
+//! is present, the "no validation messages" check, deterministic random bytes, and the tiny
+//! rspirv-built compute shader the pipeline tests run.
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod shader;
@@ -25,10 +25,22 @@ fn serialize() {
     HELD.with(|held| {
         let mut held = held.borrow_mut();
         if held.is_none() {
-            // A test that panicked while holding it poisoned nothing it protects.
-            *held = Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()));
+            *held = Some(SERIAL.locked());
         }
     });
+}
+
+/// `lock` that recovers the guard of a poisoned mutex. The tests' locks only serialise
+/// tests (they guard `()`), so a test that panicked while holding one poisoned nothing it
+/// protects, and recovering keeps one failure from failing every later test of the binary.
+pub trait LockExt<T: ?Sized> {
+    fn locked(&self) -> MutexGuard<'_, T>;
+}
+
+impl<T: ?Sized> LockExt<T> for Mutex<T> {
+    fn locked(&self) -> MutexGuard<'_, T> {
+        self.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Tests run with validation on unless HELIOS_VALIDATION=0: a message is a failure.

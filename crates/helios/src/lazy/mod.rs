@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use helios_kernels::{BinaryOp, Compare, FusedKernel, Geometry, UnaryOp};
 use helios_vk::{Access, Buffer, MemoryLocation};
 
-use crate::realize_lock::{RealizeCell, Realizing};
+use crate::realize_lock::{LockExt, RealizeCell, Realizing};
 use crate::{DType, Device, Layout, Result};
 use group::{collect_ready, lower, to_u32, Group, Lists};
 
@@ -216,8 +216,7 @@ thread_local! {
     static LIVE_HERE: LiveCount = {
         let count = Arc::new(AtomicI64::new(0));
         LIVE_COUNTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .push(count.clone());
         LiveCount(count)
     };
@@ -226,7 +225,7 @@ thread_local! {
 impl Drop for LiveCount {
     fn drop(&mut self) {
         // Under the registry's lock: a sum sees this thread's count in one place or the other.
-        let mut counts = LIVE_COUNTS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = LIVE_COUNTS.locked();
         LIVE_RETIRED.fetch_add(self.0.load(Ordering::Relaxed), Ordering::Relaxed);
         counts.retain(|c| !Arc::ptr_eq(c, &self.0));
     }
@@ -244,7 +243,7 @@ fn count_live(delta: i64) {
 
 /// Graph nodes alive in the process: every thread's count and the exited threads'.
 fn live_nodes() -> u64 {
-    let counts = LIVE_COUNTS.lock().unwrap_or_else(|p| p.into_inner());
+    let counts = LIVE_COUNTS.locked();
     let live = LIVE_RETIRED.load(Ordering::Relaxed)
         + counts
             .iter()

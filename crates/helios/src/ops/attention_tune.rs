@@ -18,6 +18,7 @@ use helios_vk::DeviceType;
 
 use super::attention::{AttentionGrads, AttentionOptions, AttentionOutput};
 use crate::cpu::attention::relative_error;
+use crate::realize_lock::LockExt;
 use crate::{DType, Device, Result, Tensor};
 
 /// The class a winner applies to: (storage, head dim, stage, causal, key lengths, size).
@@ -277,15 +278,13 @@ static STORE: super::tuning_store::TuningStore =
 /// answer is remembered per device (`Device::attention_winners`) until a winner is stored.
 pub(crate) fn cached(device: &Device, class: Class) -> Option<AttnVariant> {
     let memo = device.attention_winners();
-    if let Some(&v) = memo.lock().unwrap_or_else(|p| p.into_inner()).get(&class) {
+    if let Some(&v) = memo.locked().get(&class) {
         return v;
     }
     let v = STORE
         .get(device, &class.name())
         .and_then(|v| AttnVariant::by_name(&v));
-    memo.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(class, v);
+    memo.locked().insert(class, v);
     v
 }
 
@@ -296,11 +295,7 @@ pub fn attention_tuning(device: &Device) -> Vec<(String, String, f64)> {
 
 fn store(device: &Device, class: Class, variant: &str, us: f64) {
     STORE.put(device, &class.name(), variant, us);
-    device
-        .attention_winners()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&class);
+    device.attention_winners().locked().remove(&class);
 }
 
 impl Tensor {

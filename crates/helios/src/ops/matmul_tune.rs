@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 
 use super::matmul::{Plan, Problem};
 use crate::cpu::matmul::{matmul as reference, relative_error, tolerance, MatmulRef};
+use crate::realize_lock::LockExt;
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// How a kernel was chosen.
@@ -187,14 +188,11 @@ pub(crate) fn choose(p: &Problem) -> Result<(Plan, Choice)> {
         p.epilogue,
         p.triangle,
     );
-    if let Some(&hit) = memo().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    if let Some(&hit) = memo().locked().get(&key) {
         return Ok(hit);
     }
     let chosen = choose_uncached(p, None)?;
-    memo()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, chosen);
+    memo().locked().insert(key, chosen);
     Ok(chosen)
 }
 
@@ -219,10 +217,7 @@ fn memo() -> &'static Mutex<rustc_hash::FxHashMap<MemoKey, (Plan, Choice)>> {
 
 /// Drops the remembered choices of the device with `id` (it is going away).
 pub(crate) fn forget_device(id: usize) {
-    memo()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|k, _| k.0 != id);
+    memo().locked().retain(|k, _| k.0 != id);
 }
 
 fn choose_uncached(p: &Problem, forced: Option<(MatmulVariant, Choice)>) -> Result<(Plan, Choice)> {

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use crate::realize_lock::LockExt;
 use crate::Device;
 
 /// One family's winners for every device seen in this process.
@@ -110,7 +111,7 @@ impl TuningStore {
     }
 
     fn with<T>(&self, device: &Device, f: impl FnOnce(&mut Entries) -> T) -> T {
-        let mut guard = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.devices.locked();
         let devices = guard.get_or_insert_with(HashMap::new);
         let key = device.tuning_key_cell().get_or_init(|| device_key(device));
         if let Some(entries) = devices.get_mut(key.as_str()) {

@@ -5,10 +5,23 @@
 
 pub mod matmul;
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use helios::{Device, KernelConfig};
 use proptest::prelude::*;
+
+/// `lock` that recovers the guard of a poisoned mutex. The tests' locks only serialise
+/// tests (they guard `()`), so a test that panicked while holding one poisoned nothing it
+/// protects, and recovering keeps one failure from failing every later test of the binary.
+pub trait LockExt<T: ?Sized> {
+    fn locked(&self) -> MutexGuard<'_, T>;
+}
+
+impl<T: ?Sized> LockExt<T> for Mutex<T> {
+    fn locked(&self) -> MutexGuard<'_, T> {
+        self.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// The device the environment selects (lavapipe in CI), shared by a binary's tests.
 pub fn device() -> &'static Device {

@@ -1,0 +1,30 @@
+//! Locks that survive a panic elsewhere: [`LockExt::locked`] and [`wait`].
+//!
+//! A `Mutex` is poisoned when a thread panics while holding it, and `lock` then returns an
+//! error on every later call. Helios recovers the guard instead of propagating the panic:
+//! a panic on one thread (a failed assertion in a test, a caller's closure) must not wedge
+//! the Context for every other thread, turning each later dispatch, upload or drop into a
+//! second panic. That is sound because every mutex in this crate guards state that is
+//! consistent between statements: each critical section finishes its mutation before
+//! anything in it can panic, or the state is plain data (counters, statistics, a list of
+//! validation messages, a queue of batches) that a half-finished update leaves usable.
+//! Code that adds a lock here must keep that true.
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+/// `lock` that recovers the guard of a poisoned mutex (see the module docs for why).
+pub(crate) trait LockExt<T: ?Sized> {
+    /// Locks, waiting for the current holder; a poisoned lock is used as it is.
+    fn locked(&self) -> MutexGuard<'_, T>;
+}
+
+impl<T: ?Sized> LockExt<T> for Mutex<T> {
+    fn locked(&self) -> MutexGuard<'_, T> {
+        self.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// `Condvar::wait` that, like [`LockExt::locked`], recovers the guard of a poisoned mutex.
+pub(crate) fn wait<'a, T>(ready: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    ready.wait(guard).unwrap_or_else(|p| p.into_inner())
+}
