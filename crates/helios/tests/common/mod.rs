@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod grad;
 pub mod matmul;
 
 use std::sync::{Mutex, MutexGuard, OnceLock};

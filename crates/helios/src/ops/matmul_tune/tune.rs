@@ -1,0 +1,322 @@
+//! The tuner proper: a shape class's candidates, each checked and then timed, the split-K
+//! variants of the fastest, and the report of every candidate.
+
+use helios_kernels::matmul::candidates;
+use helios_kernels::{MatmulCaps, MatmulKernel, MatmulVariant};
+
+use super::cache::{class_key, store, winner_tag};
+use super::caps::matmul_caps;
+use super::check::check;
+use super::timing::{sample, sample_plan, time_candidates, trace, Sampler};
+use crate::cpu::matmul::tolerance;
+use crate::ops::matmul::{Plan, Problem};
+use crate::{Device, Result, Tensor};
+
+/// One candidate's outcome.
+#[derive(Clone, Debug)]
+pub struct CandidateResult {
+    pub variant: &'static str,
+    /// k split into this many products (1: the plain kernel; see `MatmulOptions::splits`).
+    pub splits: u32,
+    pub kernel: String,
+    /// Relative error of the correctness check (NaN if it could not run).
+    pub check_error: f64,
+    pub passed: bool,
+    /// Median GPU time on the problem, µs (only for candidates that passed).
+    pub time_us: Option<f64>,
+}
+
+/// What tuning one shape class found.
+#[derive(Clone, Debug)]
+pub struct TuneReport {
+    pub class: String,
+    pub winner: Option<&'static str>,
+    /// The winner's k split (1: none).
+    pub winner_splits: u32,
+    pub candidates: Vec<CandidateResult>,
+}
+
+impl Tensor {
+    /// Tunes the matmul of `self · other` with `opts` now (even if a winner is cached), stores
+    /// the winner, and reports every candidate.
+    pub fn matmul_tune(
+        &self,
+        other: &Tensor,
+        opts: &crate::ops::MatmulOptions,
+    ) -> Result<TuneReport> {
+        let p = Problem::new(self, other, opts)?;
+        tune(&p)
+    }
+}
+
+pub(super) fn tune(p: &Problem) -> Result<TuneReport> {
+    let device = p.a.device();
+    let started = std::time::Instant::now();
+    let compile_s = || device.context().pipeline_stats().total_create_seconds;
+    let compile_start = compile_s();
+    let caps = matmul_caps(device);
+    let key = class_key(p);
+    let mut rows = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let all = candidates_of(p, &caps);
+    // FMA kernels cannot beat the matrix units on large products: where cooperative
+    // candidates exist, timing SIMT ones there would only lengthen tuning.
+    let large = p.shape.flops() >= f64::from(1u32 << 30);
+    let has_coop = all.iter().any(|k| k.variant.is_coop());
+    let kernels: Vec<MatmulKernel> = all
+        .into_iter()
+        .filter(|k| k.variant.is_coop() || !(has_coop && large))
+        .map(|cand| p.kernel(cand.variant, caps.subgroup))
+        .filter(|k| k.feasible(&caps) && seen.insert(*k))
+        .collect();
+    // Every candidate compiled up front, in parallel (the checks of aligned shapes mostly
+    // run these same kernels).
+    precompile(device, &kernels)?;
+    let mut checked = Vec::new();
+    for k in kernels {
+        trace(format_args!("{key}: checking {}", k.name()));
+        // A candidate that cannot run the check loses (NaN fails the tolerance); it does
+        // not end the tuning.
+        let check_error = check(
+            p,
+            &Plan {
+                kernel: k,
+                splits: 1,
+            },
+        )
+        .unwrap_or(f64::NAN);
+        let passed = check_error <= tolerance(p.out);
+        checked.push((k, check_error, passed));
+    }
+    let checked_at = started.elapsed().as_secs_f64();
+    let out = p.output()?;
+    let samplers: Vec<Option<Sampler>> = checked
+        .iter()
+        .map(|&(k, _, passed)| {
+            let out = &out;
+            passed.then(|| Sampler {
+                max_reps: 50,
+                sample: Box::new(move |r| sample(p, &k, out, r)),
+            })
+        })
+        .collect();
+    let samples = time_candidates(device, &samplers)?;
+    drop(samplers);
+    for ((k, check_error, passed), time_us) in checked.into_iter().zip(samples) {
+        rows.push(CandidateResult {
+            variant: k.variant.name(),
+            splits: 1,
+            kernel: k.name(),
+            check_error,
+            passed,
+            time_us,
+        });
+    }
+    let best = |rows: &[CandidateResult]| {
+        rows.iter()
+            .filter_map(|r| r.time_us.map(|t| (r.variant, r.splits, t)))
+            .min_by(|a, b| a.2.total_cmp(&b.2))
+    };
+    // Split-K with the plain kernels within `SPLIT_BASE_SLACK` of the best (at most
+    // `SPLIT_BASES`), where k is long enough for each part to keep the kernel's pipeline busy
+    // (≥ 512), the product is large enough to be worth a second pass over an M×N f32
+    // workspace per part, and that workspace stays small. Not the best alone: that is often
+    // a small tile that fills the GPU, and a larger tile split over k can beat it (on an
+    // H100, gpt2_fc_dw: simt64x32d2 582 µs, simt128x64d2 644, simt128x64d2 in four parts
+    // 469).
+    let mut ranked: Vec<(&'static str, f64)> = rows
+        .iter()
+        .filter_map(|r| r.time_us.map(|t| (r.variant, t)))
+        .collect();
+    ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let fastest = ranked.first().map_or(0.0, |r| r.1);
+    let splittable: Vec<(MatmulVariant, u32, MatmulKernel)> = ranked
+        .iter()
+        .take_while(|r| r.1 <= fastest * SPLIT_BASE_SLACK)
+        .take(SPLIT_BASES)
+        .map(|&(v, _)| MatmulVariant::by_name(v).expect("a table variant"))
+        .flat_map(|v| SPLITS.iter().map(move |&splits| (v, splits)))
+        .filter_map(|(v, splits)| {
+            let (sub, k) = p.split(v, splits, caps.subgroup)?;
+            let workspace = 4 * u64::from(splits) * u64::from(sub.m) * u64::from(sub.n);
+            let worth = sub.k >= 512
+                && k.feasible(&caps)
+                && p.shape.flops() >= 1e9
+                && workspace <= MAX_SPLIT_WORKSPACE;
+            worth.then_some((v, splits, k))
+        })
+        .collect();
+    let split_kernels: Vec<MatmulKernel> = splittable.iter().map(|s| s.2).collect();
+    precompile(device, &split_kernels)?;
+    let mut split_rows = Vec::new();
+    for (v, splits, k) in splittable {
+        let plan = Plan {
+            kernel: p.kernel(v, caps.subgroup),
+            splits,
+        };
+        trace(format_args!("{key}: checking {} split {splits}", k.name()));
+        let check_error = check(p, &plan).unwrap_or(f64::NAN);
+        let passed = check_error <= tolerance(p.out);
+        split_rows.push((plan, k.name(), check_error, passed));
+    }
+    // Timed like the plain kernels, after their own compiles and warm-up. A split plan
+    // writes fresh tensors each run, as a caller's would: at most 8 runs per sample, since
+    // each holds its own workspace until the GPU is done and the pool keeps what it held.
+    let samplers: Vec<Option<Sampler>> = split_rows
+        .iter()
+        .map(|&(plan, _, _, passed)| {
+            passed.then(|| Sampler {
+                max_reps: 8,
+                sample: Box::new(move |r| sample_plan(p, &plan, r)),
+            })
+        })
+        .collect();
+    let times = time_candidates(device, &samplers)?;
+    drop(samplers);
+    for ((plan, kernel, check_error, passed), time_us) in split_rows.into_iter().zip(times) {
+        rows.push(CandidateResult {
+            variant: plan.kernel.variant.name(),
+            splits: plan.splits,
+            kernel,
+            check_error,
+            passed,
+            time_us,
+        });
+    }
+    let winner = best(&rows);
+    if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+        // Where a class's tuning time goes (a fresh machine's first step is mostly this).
+        eprintln!(
+            "helios: matmul tuning {key}: {:.1} s in all, {:.1} s to the end of the checks, \
+             {:.1} s creating pipelines",
+            started.elapsed().as_secs_f64(),
+            checked_at,
+            compile_s() - compile_start
+        );
+        for r in &rows {
+            let time = r
+                .time_us
+                .map_or("failed its check".into(), |t| format!("{t:.1} µs"));
+            eprintln!(
+                "helios: matmul tuning {key} ({}x{}x{}): {} {time} (error {:.1e})",
+                p.shape.m,
+                p.shape.n,
+                p.shape.k,
+                r.label(),
+                r.check_error
+            );
+        }
+    }
+    if let Some((v, splits, t)) = winner {
+        store(device, &key, &winner_tag(v, splits), t);
+    }
+    Ok(TuneReport {
+        class: key,
+        winner: winner.map(|w| w.0),
+        winner_splits: winner.map_or(1, |w| w.1),
+        candidates: rows,
+    })
+}
+
+/// The table's kernels that fit `p` on a device with `caps`.
+fn candidates_of(p: &Problem, caps: &MatmulCaps) -> Vec<MatmulKernel> {
+    candidates(
+        p.input.storage(),
+        p.out.storage(),
+        p.trans,
+        &p.shape,
+        p.epilogue,
+        caps,
+    )
+}
+
+/// Compiles `kernels` several at once ([`Device::precompile`], and the driver's JIT for
+/// the native ones).
+fn precompile(device: &Device, kernels: &[MatmulKernel]) -> Result<()> {
+    use crate::device::KernelKey;
+    let (native, spirv): (Vec<MatmulKernel>, Vec<MatmulKernel>) =
+        kernels.iter().partition(|k| k.variant.is_native());
+    device.precompile(
+        spirv
+            .into_iter()
+            .map(|k| (KernelKey::Matmul(k), move || k.build()))
+            .collect(),
+    )?;
+    if let Some(target) = device.native_target() {
+        device.precompile_native(
+            native
+                .into_iter()
+                .map(|k| {
+                    let build = move || Ok(k.build_native(target)?);
+                    (KernelKey::Matmul(k), build)
+                })
+                .collect(),
+        )?;
+    }
+    Ok(())
+}
+
+/// The k splits the tuner tries after the plain kernels.
+const SPLITS: [u32; 3] = [2, 3, 4];
+
+/// The plain kernels the tuner also tries split over k: at most this many of the fastest,
+/// each within `SPLIT_BASE_SLACK` times the fastest one's time.
+const SPLIT_BASES: usize = 4;
+const SPLIT_BASE_SLACK: f64 = 1.25;
+
+/// Largest f32 workspace (bytes) a split product may use: the sum pass costs a read of it,
+/// and the tuner holds up to 8 at once while timing.
+const MAX_SPLIT_WORKSPACE: u64 = 256 << 20;
+
+impl CandidateResult {
+    /// The variant's name, with `/k<splits>` when k is split.
+    pub fn label(&self) -> String {
+        winner_tag(self.variant, self.splits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `precompile` creates each distinct kernel's pipeline once, on several threads, and
+    /// the `kernel` lookups that follow find them (no build, no further pipeline).
+    #[test]
+    fn precompiled_kernels_are_found_afterwards() {
+        let device = Device::from_env().expect("a Vulkan device");
+        let a = Tensor::from_slice(&device, &[0.5f32; 96 * 80], &[96, 80]).expect("a");
+        let b = Tensor::from_slice(&device, &[0.25f32; 80 * 72], &[80, 72]).expect("b");
+        let p = Problem::new(&a, &b, &crate::ops::MatmulOptions::default()).expect("problem");
+        let caps = matmul_caps(&device);
+        let mut kernels: Vec<MatmulKernel> = candidates_of(&p, &caps)
+            .into_iter()
+            .map(|c| p.kernel(c.variant, caps.subgroup))
+            .filter(|k| k.feasible(&caps))
+            .take(4)
+            .collect();
+        assert!(kernels.len() >= 2, "lavapipe has SIMT candidates");
+        let distinct = kernels
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len() as u64;
+        kernels.push(kernels[0]);
+        let created = || device.context().pipeline_stats().pipelines_created;
+        let before = created();
+        precompile(&device, &kernels).expect("compiled");
+        assert_eq!(
+            created() - before,
+            distinct,
+            "one pipeline per distinct kernel"
+        );
+        for k in &kernels {
+            device
+                .kernel(crate::device::KernelKey::Matmul(*k), || {
+                    panic!("{} was not precompiled", k.name())
+                })
+                .expect("cached");
+        }
+        assert_eq!(created() - before, distinct, "nothing compiled twice");
+        let messages = device.validation_messages();
+        assert!(messages.is_empty(), "validation: {messages:?}");
+    }
+}
