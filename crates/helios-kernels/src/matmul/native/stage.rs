@@ -9,7 +9,7 @@ use super::WG_THREADS;
 /// - K-major (A not transposed, B transposed): rows of `bk` k (32 or 64 bytes) with the 32-
 ///   or 64-byte swizzle (16-byte chunks XORed with the row's bits above the atom's row
 ///   width), 8-row groups `8 · row bytes` apart (SBO). (The no-swizzle layout of 8 × 16-byte
-///   core matrices ran wgmma at half speed.)
+///   core matrices was 12% slower on a product of two K-major operands.)
 /// - M/N-major: the 128-byte swizzle, atoms of 64 rows (128 bytes) × 8 k whose 16-byte
 ///   chunks are XORed with the k row, so that a warp storing one k row's 512 bytes hits
 ///   every bank once; atoms along K 1 KiB apart (SBO), along M/N `bk / 8` KiB (LBO).
