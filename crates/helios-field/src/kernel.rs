@@ -79,10 +79,8 @@ impl FieldOp {
     }
 }
 
-/// Default invocations per workgroup (a specialization constant; the bench sweeps it: on an
-/// H200 comba30kh's multiplier ran 22.4 G mul/s at 128 vs 21.7 at 256, and 64 was slowest
-/// for every layout of the first sweep; on an H100 comba30k2hr's chain ran 24.9 at 128, 24.1
-/// at 64 and 24.3 at 256).
+/// Default invocations per workgroup (a specialization constant; the bench sweeps it: 128 ran
+/// fastest on an H100 and an H200; bench/results/source-comment-history.md).
 pub const FIELD_WORKGROUP: u32 = 128;
 
 /// Largest element count of one dispatch: the kernels index u32 words (12 per element).

@@ -77,24 +77,9 @@ pub const NORM_BWD_MAX_ROWS: u32 = 32;
 
 /// Rows each group of the cached backward walks (`HELIOS_NORM_ROWS` overrides): the power of
 /// two at or above `rows · width / NORM_BWD_ELEMENTS`, between [`NORM_BWD_MIN_ROWS`] and
-/// [`NORM_BWD_MAX_ROWS`]. Measured on an H100 (session 25, the cached backward that loads
-/// the next row while reducing this one), layernorm forward+backward bf16 µs at 2, 4, 8,
-/// 16, 32 rows per group, the rule's pick in bold:
-///
-/// | shape | 2 | 4 | 8 | 16 | 32 |
-/// |---|---|---|---|---|---|
-/// | 1024×768 | **18** | 22 | 26 | 34 | 54 |
-/// | 4096×768 | 33 | **28** | 30 | 37 | 56 |
-/// | 8192×768 | 62 | 50 | **45** | 51 | 69 |
-/// | 16384×768 | 114 | 87 | 76 | **71** | 88 |
-/// | 8192×1024 | 92 | 72 | 65 | **62** | 83 |
-/// | 4096×3072 | 116 | 87 | 76 | **72** | 89 |
-/// | 8192×3072 | 213 | 162 | 138 | 126 | **122** |
-/// | 4096×4096 | 174 | 136 | 114 | 109 | **105** |
-///
-/// f32 picks the same or within 6% of its best (8192×768: 60 at 8, 59 at 16). The rule it
-/// replaced, `rows / 256` whatever the width (tuned before that loop), took 32 rows at
-/// 8192×768: 69 µs in bf16.
+/// [`NORM_BWD_MAX_ROWS`]. On an H100 the rule picked the fastest of 2–32 rows at every shape
+/// measured in bf16 (f32 within a few percent), and beat the `rows / 256` rule it replaced
+/// (session 25; the table is in bench/results/source-comment-history.md).
 pub fn norm_bwd_rows(rows: u32, width: u32) -> u32 {
     let want = (u64::from(rows) * u64::from(width)).div_ceil(NORM_BWD_ELEMENTS);
     let r = want.next_power_of_two().min(u64::from(NORM_BWD_MAX_ROWS)) as u32;

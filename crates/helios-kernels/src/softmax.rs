@@ -54,8 +54,8 @@ pub const SOFTMAX_CACHED_SLOTS: [u32; 2] = [8, 4];
 pub const SOFTMAX_WORKGROUP: u32 = 256;
 /// Slots per invocation per loop step of a streamed row, every storage (`HELIOS_ROW_UNROLL`
 /// overrides). With full slots walked unchecked (`Row::walk`) the f16/bf16 rows no longer
-/// prefer 2 (the norms' [`stream_unroll`](crate::rows::stream_unroll)): bf16 4096×50257 on
-/// an H100, u1/u2/u4: 415/384/374 µs.
+/// prefer 2 (the norms' [`stream_unroll`](crate::rows::stream_unroll)): 4 measured fastest
+/// on an H100 (bench/results/source-comment-history.md).
 pub const SOFTMAX_STREAM_UNROLL: u8 = 4;
 
 /// The family's selection function: the variant and the invocations per row (a run-time

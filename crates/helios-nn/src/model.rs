@@ -9,8 +9,8 @@
 //!
 //! The one exception is wte, which is (Vp, C) on the device with Vp = `padded_vocab(V)` and
 //! rows V..Vp zero: the three head products run on a multiple of 128 rows (GPT-2's 50,257 is
-//! odd, and the matmul kernels lose 5 ms of a 60 ms bf16 step to it on an H100), the head
-//! writes (…, Vp) logits and the cross-entropy reads the first V of each row in place. The
+//! odd, which the matmul kernels run much slower: bench/results/source-comment-history.md),
+//! the head writes (…, Vp) logits and the cross-entropy reads the first V of each row in place. The
 //! padded rows get no gradient (the embedding never reads them; their logit columns are not
 //! in the loss), so AdamW keeps them exactly zero. Training runs `forward_loss`, whose
 //! cross-entropy hands the (…, Vp) product its gradient directly; `forward` gives users

@@ -480,11 +480,9 @@ pub fn pick_transfer_family(families: &[QueueFamily]) -> Option<u32> {
 
 /// Default for `HELIOS_SPIN_US` on GPUs: a host wait polls for up to 100 ms before it
 /// sleeps in the driver, as CUDA's default wait spins. Waking from that sleep costs about
-/// 100 µs on the H100 host (a VM), and every training step ends in a wait:
-/// - `bench graph` mlp_block took 5672 µs (f32) and 1602 (bf16) a step at 1 ms, 5578 and
-///   1486 polling throughout, against 5423 and 1359 of GPU time (session 29, medians of
-///   four alternating runs);
-/// - `bench train` GPT-2 bf16 took 37.9 and 38.0 ms a step against 38.2 and 38.4.
+/// 100 µs on the H100 host (a VM), and every training step ends in a wait: polling
+/// throughout measured faster than a 1 ms poll in `bench graph` and `bench train` (session
+/// 29; figures in bench/results/source-comment-history.md).
 ///
 /// Past the first millisecond the poll yields the core between reads
 /// (`Context::wait_timeline`); host12 measured no slower for it, nor faster without the

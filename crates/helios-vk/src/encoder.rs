@@ -37,11 +37,9 @@ const EARLY_CHECK: u32 = 8;
 /// Most dispatches in a batch that `with_batch` submits on the recording thread when the
 /// GPU has run dry (larger batches, and full ones, go to the submit thread): the first
 /// dispatch after an idle spell, so the GPU starts without waiting for the submit thread to
-/// wake. On an H100 host (session 28, 10 alternating runs), `bench graph` host12 took a
-/// median 812 µs cached (1095 submitted) at 1, 831 at 8 and 920 (1113) at 64: each inline
-/// batch is the driver's recording work on this thread, and a host-bound step's doubling
-/// early submits (1, 2, 4, ... 64 dispatches) put half its dispatches there at 64. GPT-2
-/// bf16 steps took 38.4-38.5 ms at either value.
+/// wake. Each inline batch is the driver's recording work on this thread, so larger values
+/// measured slower on a host-bound step and no faster on GPT-2 (H100 host, session 28;
+/// figures in bench/results/source-comment-history.md).
 const INLINE_MAX: u32 = 1;
 
 /// How a dispatch or copy touches a buffer.

@@ -108,8 +108,8 @@ struct Walk {
 /// with [`record_taking_pending`]). A rule that takes it
 /// returns for input `i` its own gradient plus this one (a norm's backward adds it inside
 /// its kernel), and the engine adds nothing; otherwise the engine sums the two as usual (a
-/// pass over both, ~40 µs for a GPT-2 residual stream at 8×1024 on an H100). Not for a
-/// gradient the rule marks with [`through_activation`] (another sum).
+/// pass over both; cost in bench/results/source-comment-history.md). Not for a gradient the
+/// rule marks with [`through_activation`] (another sum).
 pub(crate) fn take_pending(i: usize, fits: impl FnOnce(&Tensor) -> bool) -> Option<Tensor> {
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
@@ -162,7 +162,7 @@ pub(crate) fn through_activation(g: &Tensor) {
 /// Whether `g` is the gradient of ones that [`Tensor::backward`] started from. A rule that
 /// would multiply a saved gradient by `g` may return it as it is: cross-entropy's saved
 /// gradient is as large as the logits (0.8 GB for GPT-2 at 8×1024 in bf16), and multiplying it
-/// by 1 cost a full pass over it (0.55 ms a step on an H100).
+/// by 1 cost a full pass over it (bench/results/source-comment-history.md).
 pub(crate) fn is_unit_seed(g: &Tensor) -> bool {
     UNIT_SEED.with(|s| s.get() == g.node_addr())
 }
@@ -412,8 +412,8 @@ impl Tensor {
 fn accumulate(leaf: &LeafGrad, g: Tensor) -> Result<()> {
     // A gradient that reached the leaf through a transpose (a tied output head's: 50304×768
     // for GPT-2) is made row-major here, by the tiled transpose: added to another gradient
-    // or read by the optimizer as it is, it would be gathered element by element (GPT-2's
-    // add took ~730 µs on an H100; the transpose then a dense add, ~80 + ~90).
+    // or read by the optimizer as it is, it would be gathered element by element, several
+    // times slower than the transpose and a dense add (bench/results/source-comment-history.md).
     let g = match g.transposed_matrices() {
         Some(_) => g.contiguous()?,
         None => g,

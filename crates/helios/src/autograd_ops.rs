@@ -85,11 +85,10 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
     };
     // In f32 the product also applies the activation, storing its input beside it, and the
     // activation is marked (below) so that the product reading its output computes the
-    // gradient at its input in its epilogue. On an H100, in GPT-2's MLP block at 8192×768,
-    // the forward product took 26 µs longer and a 68 µs activation pass went; the backward
-    // product 29 µs longer and a 99 µs pass went. In f16/bf16 the activation and its
-    // backward stay passes: the cooperative kernels' epilogue runs while the matrix units
-    // idle, and the GELU's gradient there took 82 µs longer against a 55 µs pass.
+    // gradient at its input in its epilogue, which costs the products less than the passes
+    // it removes. In f16/bf16 the activation and its backward stay passes: the cooperative
+    // kernels' epilogue runs while the matrix units idle, and cost more than the pass (GPT-2's
+    // MLP block on an H100; figures in bench/results/source-comment-history.md).
     let (z, activated) = if act != Activation::None && a.dtype() == DType::F32 {
         let (y, z) = a.matmul_saving_pre(b, &MatmulOptions { act, ..kernel_opts })?;
         (z, Some(y))

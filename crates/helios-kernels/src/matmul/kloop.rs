@@ -25,10 +25,9 @@ use super::{MatmulKernel, Triangle};
 /// The spare set: without it, a refill overwrites the set whose old tile the same step
 /// stores. NVIDIA's compiler moves the loads of the unrolled body together late in it, so it
 /// then loads into fresh registers and copies them into the set at the end of the body,
-/// where the copies wait for the loads (on an H100, 49–77 MOVs a body behind the last
-/// barrier). With a spare set, the refill goes into the set stored a step earlier. It took
-/// the SIMT kernels' gpt2_fc_dx from 476 to 456 µs; the cooperative kernels, short of
-/// registers, lost with it (a bf16 GPT-2 step 50.4 → 51.2 ms, DistilGPT-2 17.4 → 18.6).
+/// where the copies wait for the loads. With a spare set, the refill goes into the set
+/// stored a step earlier: faster for the SIMT kernels, slower for the cooperative ones, short
+/// of registers (H100; figures in bench/results/source-comment-history.md).
 ///
 /// Tiles run from k = `k_begin` (a multiple of `bk`) to `k_end` (see `k_span`). `load(k0)`
 /// reads the A and B tiles at k offset `k0` into registers; `store(base_a, base_b, a, b,

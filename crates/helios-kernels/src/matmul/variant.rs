@@ -101,9 +101,8 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("simt128x64d2", simt(128, 64, 8, 8, 2)),
     ("simt128x64d1", simt(128, 64, 8, 8, 1)),
     // 8×16 per invocation (`t`), cuBLAS's SIMT shape: 128 invocations at ~235 registers.
-    // On an H100 it won only 4096³ (3188 µs against 3289 for simt128x64d2); 8×16 on a
-    // 128×64 tile spilled, and 16×8 or 256×128 tiles lost everywhere
-    // (bench/results/2026-11-25-matmul-f32-h100-session11.txt).
+    // On an H100 it won only 4096³; 8×16 on a 128×64 tile spilled, and 16×8 or 256×128 tiles
+    // lost everywhere (bench/results/2026-11-25-matmul-f32-h100-session11.txt).
     ("simt128x128t8x16d2", simt(128, 128, 8, 16, 2)),
     ("simt64x64d1", simt(64, 64, 4, 4, 1)),
     ("simt64x64d2", simt(64, 64, 4, 4, 2)),
@@ -116,15 +115,12 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("coop256x128w4x2k48s1", coop1(256, 128, 48, 4, 2)),
     ("coop128x128w2x2k32s1", coop1(128, 128, 32, 2, 2)),
     // 6 and 16 subgroups of 64×32 (168 and 128 registers, one workgroup an SM): on an H100
-    // they lose at 4096³ but fill the SMs better on GPT-2's n = 768 and 2304, e.g. bf16
-    // qkv dx 70.7 µs against 87.9, fc dx 93–94 against 113, lm-head dx 2072 against 3182,
-    // lm-head dw (2x8) 1837 against 1989 (unsplit, before the epilogue went through shared
-    // memory everywhere; bench/results/2026-11-27-matmul-h100-session18-sweep.txt).
+    // they lose at 4096³ but fill the SMs better on GPT-2's n = 768 and 2304
+    // (bench/results/2026-11-27-matmul-h100-session18-sweep.txt).
     ("coop128x192w2x6k48s1", coop1(128, 192, 48, 2, 6)),
     // k64 in one stage (47.5 and 35 KiB): the fewest barriers per product. On an H100
-    // (bench/results/2026-11-27-matmul-h100-session19-ablation.txt, second sweep), bf16
-    // 8192-row qkv dx 121.5 µs and fc fwd 172.0 for the first, against 138.4 and 212.6
-    // for 128x128 at k48; the second ran 4096³ at 235 TFLOP/s against 191 at k48.
+    // both beat k48 (bench/results/2026-11-27-matmul-h100-session19-ablation.txt, second
+    // sweep).
     ("coop128x192w2x6k64s1", coop1(128, 192, 64, 2, 6)),
     ("coop128x128w2x4k64s1", coop1(128, 128, 64, 2, 4)),
     ("coop192x128w6x2k48s1", coop1(192, 128, 48, 6, 2)),
@@ -140,8 +136,8 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("coop64x64w2x2k64d2", coop(64, 64, 64, 2, 2, 2)),
     ("coop32x64w1x2k32d2", coop(32, 64, 32, 1, 2, 2)),
     // Workgroup scope, plain loads (`wg`) and tensor-addressed loads (`wgt`): the fastest of
-    // ten tilings of each tried on an H100 (driver 580.159.04), 73–79 TFLOP/s at 2048³/4096³
-    // f16 against 199–216 for coop128x256w2x4k16d1; kept so the tuner picks them up wherever
+    // ten tilings of each tried on an H100 (driver 580.159.04), under half the subgroup-scope
+    // kernels' rate; kept so the tuner picks them up wherever
     // a driver makes this path fast (bench/results/2026-11-22-coopmat2-h100.md).
     ("wg128x128k16w4p", wg(128, 128, 16, 4, true)),
     ("wgt128x128k16w4", wgt(128, 128, 16, 4)),

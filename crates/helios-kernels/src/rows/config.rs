@@ -65,16 +65,14 @@ pub struct RowConfig {
 
 /// Workgroup of a streamed softmax/norm row: long rows (a 50257 vocabulary) go through one
 /// workgroup each, and a larger one keeps fewer rows in flight per SM, so the second pass
-/// over a row finds it in L2. Measured on the H200 at 4096×50257 against 256: softmax f32
-/// 507–580 µs vs 640, bf16 392 vs 421; layernorm forward f32 631 vs 717, bf16 467 vs 585;
-/// layernorm forward+backward f32 1974 vs 2173 (bench/results/2026-11-22-ops-h200-warm.md).
+/// over a row finds it in L2. Faster than 256 for softmax and layernorm in f32 and bf16 on
+/// the H200 at 4096×50257 (bench/results/2026-11-22-ops-h200-warm.md; figures in
+/// bench/results/source-comment-history.md).
 pub const STREAM_WORKGROUP: u32 = 1024;
 
 /// Slots per invocation per loop step of a streamed row of `storage` (at
-/// [`STREAM_WORKGROUP`]): 4 for f32, 2 for f16/bf16. Measured on the H200 at 4096×50257 (u4
-/// vs u2): f32 softmax 506 vs 583 µs, layernorm fwd 588 vs 624, fwd+bwd 1991 vs 2045; bf16
-/// softmax 416 vs 389, fwd 632 vs 465, fwd+bwd 1853 vs 1685. 8 made the norm backward spill
-/// (6.4 ms instead of 2.0).
+/// [`STREAM_WORKGROUP`]): 4 for f32, 2 for f16/bf16, each the faster on the H200 at
+/// 4096×50257; 8 made the norm backward spill (bench/results/source-comment-history.md).
 pub const fn stream_unroll(storage: Storage) -> u8 {
     if storage.bytes() >= 4 {
         4

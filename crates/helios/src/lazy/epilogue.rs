@@ -28,9 +28,9 @@
 //! rereading it).
 //!
 //! Activations and their gradients fold only into f32 products. In f16/bf16 the cooperative
-//! kernels run the epilogue while the matrix units idle: on an H100, GPT-2's MLP block took
-//! 82 µs longer with the GELU's gradient in its product than with a 55 µs pass (the reason
-//! `autograd_ops::matmul` keeps them apart too).
+//! kernels run the epilogue while the matrix units idle, so the GELU's gradient in the
+//! product cost more than a separate pass (bench/results/source-comment-history.md; the
+//! reason `autograd_ops::matmul` keeps them apart too).
 //!
 //! The design decision a reader must know: the product is recorded under the scheduler's
 //! lock, so nothing it does may build or realise a graph node. Its operands were realised

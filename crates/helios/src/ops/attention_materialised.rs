@@ -35,9 +35,8 @@ pub const MATERIALISED_BYTES: u64 = 1 << 30;
 
 /// Fewest bytes of f32 scores the stored form takes on a GPU. Below it the flash kernels
 /// are as fast (4 dispatches a layer's forward and backward instead of 10, and no T×T
-/// buffers): on an H100, forward+backward at 1×4×64×32 took 33.5 µs against 38.9 stored,
-/// 4×4×128×32 (1 MiB of scores) 37.9 against 46.3, 8×12×64×64 (1.5 MiB) 61.6 both, and
-/// 8×12×128×64 (6 MiB) 130 against 101 (bench/results/2026-11-27-session27-h100.txt).
+/// buffers): on an H100 they were faster up to 1 MiB of scores, even at 1.5 MiB and slower
+/// at 6 MiB (bench/results/2026-11-27-session27-h100.txt).
 pub const MATERIALISED_MIN_BYTES: u64 = 2 << 20;
 
 /// One [B, T, H, D] operand read (or written) in place: its tensor (whose view offset is

@@ -28,9 +28,8 @@ use crate::{DType, Error, Result, Tensor};
 /// Largest product (FLOPs) into which `matmul_col_sums` folds the column sums. Below it
 /// the products are small and the saved dispatch is host time (a 12-block step's bias
 /// gradients: 48 dispatches); above it the sums' registers cost the kernel more than the
-/// reduction pass they save. On an H100 (session 28), the GPT-2 MLP block's f32 weight
-/// gradients (39 GFLOP, split 4 ways over k) took 907 µs with the sums against 868
-/// without, where each bias reduction took ~17 µs.
+/// reduction pass they save (GPT-2's MLP block on an H100, session 28; figures in
+/// bench/results/source-comment-history.md).
 const COL_SUMS_MAX_FLOPS: f64 = (1u64 << 30) as f64;
 
 /// What to fuse into a matmul and how to run it. `Default`: plain `a·b` in `a`'s dtype.

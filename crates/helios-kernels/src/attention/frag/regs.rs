@@ -246,12 +246,11 @@ pub(crate) fn to_a(k: &mut KernelBuilder, pl: &Place, ty: Types, vals: &[Val]) -
 /// That is the rounding NVIDIA's driver (580) already gave the cooperative-matrix
 /// `OpFConvert` f32 → bf16 in these loops, as a shift per element and a permute per pair
 /// (`SHF.R.U32.HI` + `PRMT`; there is no `F2FP.BF16` in its code). Written as high halves, the
-/// driver packs a pair with one `PRMT`, as f16 gets one `F2FP.PACK_AB`: the DkDv loop fell
-/// from 681 to 617 instructions, the same as f16's, and DkDv at bf16 8×12×1024×64 from 126.6
-/// to 124.8 µs (H200, session 31). Rounding to nearest instead (a min against NaNs carrying
-/// into the sign, an add, a pack: 3–4 instructions a pair) was more accurate (worst relative
-/// error 3.9e-3 against 7.5e-3 on the GPU test's shapes) and 3–14% slower in every kernel
-/// (`bench/results/2026-11-28-session31-h200.txt`). A driver whose `OpFConvert` rounds to
+/// driver packs a pair with one `PRMT`, as f16 gets one `F2FP.PACK_AB`: the DkDv loop has
+/// f16's instruction count and ran slightly faster. Rounding to nearest instead (a min
+/// against NaNs carrying into the sign, an add, a pack: 3–4 instructions a pair) was more
+/// accurate and slower in every kernel (`bench/results/2026-11-28-session31-h200.txt`;
+/// figures in bench/results/source-comment-history.md). A driver whose `OpFConvert` rounds to
 /// nearest would give that accuracy up here. The outputs (O, dQ, dK, dV) round to nearest
 /// even in `store_rows`.
 pub(crate) fn to_a_bf16(k: &mut KernelBuilder, pl: &Place, ty: Types, vals: &[Val]) -> CoopMat {

@@ -51,11 +51,10 @@ pub(super) struct Sampler<'a> {
 /// 2. A warm-up ([`Device::warm_up`]) with the first candidate, to raise the clock.
 /// 3. Back-to-back runs per sample so that a sample lasts ~2 ms (at most `max_reps`).
 /// 4. Three rounds that take every candidate in turn; a candidate's time is its median. A
-///    clock dip during one candidate's samples then cannot crown it (on an H100 a bias
-///    product once went to simt64x64d2 at 1079 µs over simt128x64d2, which runs it in 798).
+///    clock dip during one candidate's samples then cannot crown it (it once did on an H100).
 ///
-/// Before step 1 came first, a cold-cache tuning timed a GPT-2 class at 345 MHz and gave
-/// its forward product to coop32x64 (259 µs) over coop128x256 (152).
+/// Before step 1 came first, a cold-cache tuning timed a GPT-2 class at a low clock and gave
+/// it a slow winner (both cases in bench/results/source-comment-history.md).
 pub(super) fn time_candidates(
     device: &Device,
     candidates: &[Option<Sampler>],

@@ -121,9 +121,8 @@ pub(super) fn tune(p: &Problem) -> Result<TuneReport> {
     // `SPLIT_BASES`), where k is long enough for each part to keep the kernel's pipeline busy
     // (≥ 512), the product is large enough to be worth a second pass over an M×N f32
     // workspace per part, and that workspace stays small. Not the best alone: that is often
-    // a small tile that fills the GPU, and a larger tile split over k can beat it (on an
-    // H100, gpt2_fc_dw: simt64x32d2 582 µs, simt128x64d2 644, simt128x64d2 in four parts
-    // 469).
+    // a small tile that fills the GPU, and a larger tile split over k can beat it (an H100
+    // example in bench/results/source-comment-history.md).
     let mut ranked: Vec<(&'static str, f64)> = rows
         .iter()
         .filter_map(|r| r.time_us.map(|t| (r.variant, t)))
