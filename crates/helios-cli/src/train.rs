@@ -611,7 +611,7 @@ mod tests {
     use super::tuning_notice;
 
     /// A cold tuning cache on a GPU announces the first step's wait (it was a silent
-    /// progress bar for 28-37 s on an H200: issue 49); a warm cache, a CPU device or tuning
+    /// progress bar: issue 49); a warm cache, a CPU device or tuning
     /// turned off say nothing, and tuning forced on for a CPU device says it too.
     #[test]
     fn the_first_steps_tuning_is_announced_only_when_it_will_happen() {

@@ -79,8 +79,8 @@ impl FieldOp {
     }
 }
 
-/// Default invocations per workgroup (a specialization constant; the bench sweeps it: 128 ran
-/// fastest on an H100 and an H200; bench/results/source-comment-history.md).
+/// Default invocations per workgroup (a specialization constant; the bench sweeps it, and 128
+/// ran fastest on the GPUs measured: bench/results/source-comment-history.md).
 pub const FIELD_WORKGROUP: u32 = 128;
 
 /// Largest element count of one dispatch: the kernels index u32 words (12 per element).

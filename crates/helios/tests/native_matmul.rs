@@ -6,101 +6,22 @@
 //! NVIDIA Hopper GPU); elsewhere it says it skipped, and checks that forcing a native
 //! variant is a clear error. Run with `HELIOS_VALIDATION=1` like every test.
 
-use helios::cpu::matmul::{matmul as reference, relative_error, tolerance, MatmulRef};
 use helios::{matmul_caps, Activation, DType, MatmulOptions, MatmulVariant, Tensor};
 
 mod common;
-use common::matmul::{operand, random};
+use common::matmul::{Case, TRANS};
 use common::{assert_no_validation_messages, device};
 
-#[derive(Clone, Copy)]
-struct Case {
-    variant: MatmulVariant,
-    dims: [usize; 4],
-    trans: (bool, bool),
-    input: DType,
-    out: DType,
-    bias: bool,
-    act: Activation,
-    residual: bool,
-    act_grad: Activation,
-    alpha: f32,
-}
-
-impl Case {
-    fn new(variant: MatmulVariant, dims: [usize; 4], trans: (bool, bool), input: DType) -> Case {
-        Case {
-            variant,
-            dims,
-            trans,
-            input,
-            out: DType::F32,
-            bias: false,
-            act: Activation::None,
-            residual: false,
-            act_grad: Activation::None,
-            alpha: 1.0,
-        }
-    }
-
-    #[track_caller]
-    fn check(self, seed: u64) {
-        let [batch, m, n, k] = self.dims;
-        let a_host = random(batch * m * k, self.input, seed);
-        let b_host = random(batch * k * n, self.input, seed + 1);
-        let bias_host = random(n, self.out, seed + 2);
-        let res_host = random(batch * m * n, self.out, seed + 3);
-        let a = operand(&a_host, [batch, m, k], self.trans.0, self.input);
-        let b = operand(&b_host, [batch, k, n], self.trans.1, self.input);
-        let bias = Tensor::from_slice_as(device(), &bias_host, &[n], self.out).unwrap();
-        let res = Tensor::from_slice_as(device(), &res_host, &[batch, m, n], self.out).unwrap();
-        let opts = MatmulOptions {
-            alpha: self.alpha,
-            bias: self.bias.then_some(&bias),
-            act: self.act,
-            residual: self.residual.then_some(&res),
-            act_grad: self.act_grad,
-            out: Some(self.out),
-            variant: Some(self.variant),
-            splits: None,
-        };
-        let got = a.matmul_opts(&b, &opts).unwrap().to_vec().unwrap();
-        let want = reference(
-            &a_host,
-            &b_host,
-            &MatmulRef {
-                batch,
-                m,
-                n,
-                k,
-                alpha: self.alpha,
-                bias: self.bias.then_some(&bias_host[..]),
-                act: self.act,
-                residual: self.residual.then_some(&res_host[..]),
-                act_grad: self.act_grad,
-            },
-        );
-        let err = relative_error(&got, &want);
-        let tol = tolerance(self.out);
-        eprintln!(
-            "{} b{batch} {m}x{n}x{k} {:?} {}->{}: {err:.2e}",
-            self.variant.label(),
-            self.trans,
-            self.input,
-            self.out
-        );
-        assert!(
-            err <= tol,
-            "{} b{batch} {m}x{n}x{k} trans {:?} {}->{}: relative error {err:e} > {tol:e}",
-            self.variant.label(),
-            self.trans,
-            self.input,
-            self.out
-        );
+/// The shared `Case` for native variant `v` on `[batch, m, n, k]`.
+fn case(v: MatmulVariant, dims: [usize; 4], trans: (bool, bool), input: DType) -> Case {
+    let [batch, m, n, k] = dims;
+    Case {
+        trans,
+        input,
+        variant: Some(v),
+        ..Case::new(batch, m, n, k)
     }
 }
-
-const TRANS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
 
 fn natives() -> Vec<MatmulVariant> {
     // The table's native tiles, then the ones measured beside them, reachable by name.
@@ -195,7 +116,7 @@ fn native_variants_match_the_reference() {
                 Case {
                     out,
                     alpha: if s == 1 { 0.5 } else { 1.0 },
-                    ..Case::new(v, dims, trans, input)
+                    ..case(v, dims, trans, input)
                 }
                 .check(1000 + (i * 16 + j * 4 + s) as u64);
             }
@@ -219,7 +140,7 @@ fn native_epilogues_match_the_reference() {
                 let dims = [2, 136, 264, 200];
                 let base = Case {
                     out,
-                    ..Case::new(v, dims, trans, input)
+                    ..case(v, dims, trans, input)
                 };
                 let seed = 2000 + j as u64 * 100;
                 Case {

@@ -27,7 +27,7 @@ use super::{MatmulKernel, Triangle};
 /// then loads into fresh registers and copies them into the set at the end of the body,
 /// where the copies wait for the loads. With a spare set, the refill goes into the set
 /// stored a step earlier: faster for the SIMT kernels, slower for the cooperative ones, short
-/// of registers (H100; figures in bench/results/source-comment-history.md).
+/// of registers (figures in bench/results/source-comment-history.md).
 ///
 /// Tiles run from k = `k_begin` (a multiple of `bk`) to `k_end` (see `k_span`). `load(k0)`
 /// reads the A and B tiles at k offset `k0` into registers; `store(base_a, base_b, a, b,

@@ -237,26 +237,7 @@ impl MatmulKernel {
         if let Some(r) = addr.sums {
             args.push(Arg::Address(r));
         }
-        for v in [
-            shape.m,
-            shape.n,
-            shape.k,
-            shape.lda,
-            shape.ldb,
-            shape.ldc,
-            shape.ldr,
-            shape.stride_a,
-            shape.stride_b,
-            shape.stride_c,
-            shape.stride_r,
-            shape.inner,
-            shape.inner_a,
-            shape.inner_b,
-            shape.inner_c,
-            shape.inner_r,
-        ] {
-            args.push(Arg::U32(v));
-        }
+        args.extend(shape.launch_values().map(Arg::U32));
         args.push(Arg::F32(alpha));
         let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
         Ok(Launch {

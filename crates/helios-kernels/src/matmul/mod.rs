@@ -141,6 +141,29 @@ impl MatmulShape {
         }
     }
 
+    /// The sizes, leading dimensions and batch strides as every matmul kernel takes them,
+    /// after its buffers (the SPIR-V push constants and the native kernels' parameters).
+    pub(crate) fn launch_values(&self) -> [u32; 16] {
+        [
+            self.m,
+            self.n,
+            self.k,
+            self.lda,
+            self.ldb,
+            self.ldc,
+            self.ldr,
+            self.stride_a,
+            self.stride_b,
+            self.stride_c,
+            self.stride_r,
+            self.inner,
+            self.inner_a,
+            self.inner_b,
+            self.inner_c,
+            self.inner_r,
+        ]
+    }
+
     /// Multiply-adds × 2.
     pub fn flops(&self) -> f64 {
         2.0 * f64::from(self.batch) * f64::from(self.m) * f64::from(self.n) * f64::from(self.k)

@@ -100,8 +100,8 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("simt128x128d2", simt(128, 128, 8, 8, 2)),
     ("simt128x64d2", simt(128, 64, 8, 8, 2)),
     ("simt128x64d1", simt(128, 64, 8, 8, 1)),
-    // 8×16 per invocation (`t`), cuBLAS's SIMT shape: 128 invocations at ~235 registers.
-    // On an H100 it won only 4096³; 8×16 on a 128×64 tile spilled, and 16×8 or 256×128 tiles
+    // 8×16 per invocation (`t`), cuBLAS's SIMT shape: 128 invocations at ~235 registers. It
+    // won only the largest square; 8×16 on a 128×64 tile spilled, and 16×8 or 256×128 tiles
     // lost everywhere (bench/results/2026-11-25-matmul-f32-h100-session11.txt).
     ("simt128x128t8x16d2", simt(128, 128, 8, 16, 2)),
     ("simt64x64d1", simt(64, 64, 4, 4, 1)),

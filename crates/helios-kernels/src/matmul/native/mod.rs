@@ -52,13 +52,18 @@ pub struct NativeLaunch {
 }
 
 /// Whether the native kernel of `t` can run `kern` on a device whose native target is
-/// `target`: `wgmma` (Hopper's `sm_90a`), 16-bit inputs whose rows start 16-byte aligned
-/// (the `cp.async` copies), and an epilogue without the attention-only row ops, column sums
-/// or triangles.
+/// `target`: one with `wgmma` (Hopper's `sm_90a`), and a kernel that [`buildable`] allows.
 pub(crate) fn feasible(kern: &MatmulKernel, t: NativeTile, target: Option<Target>) -> bool {
+    target.is_some_and(|t| t.has_wgmma()) && buildable(kern, t)
+}
+
+/// Whether a native kernel exists for `kern` with tile `t`, whatever the target: 16-bit inputs
+/// whose rows start 16-byte aligned (the 16-byte loads), an epilogue without the
+/// attention-only row ops, column sums or triangles, and stages that fit 48 KiB in a layout
+/// the producer can fill.
+fn buildable(kern: &MatmulKernel, t: NativeTile) -> bool {
     let e = &kern.epilogue;
-    target.is_some_and(|t| t.has_wgmma())
-        && matches!(kern.input, Storage::F16 | Storage::BF16)
+    matches!(kern.input, Storage::F16 | Storage::BF16)
         && kern.vec_a
         && kern.vec_b
         && kern.triangle == Triangle::Full
@@ -318,7 +323,8 @@ impl MatmulKernel {
                 detail: "not a native variant".into(),
             });
         };
-        if !feasible(self, t, Some(Target::SM90A)) {
+        // A target without wgmma is refused by the builder, naming the instruction.
+        if !buildable(self, t) {
             return Err(KernelError::Arguments {
                 kernel: self.name(),
                 detail: "no native kernel for this tile, storage, layout and epilogue".into(),
@@ -384,26 +390,7 @@ impl MatmulKernel {
         args.extend(addr.bias.map(Arg::Address));
         args.extend(addr.residual.map(Arg::Address));
         args.extend(addr.pre.map(Arg::Address));
-        for v in [
-            shape.m,
-            shape.n,
-            shape.k,
-            shape.lda,
-            shape.ldb,
-            shape.ldc,
-            shape.ldr,
-            shape.stride_a,
-            shape.stride_b,
-            shape.stride_c,
-            shape.stride_r,
-            shape.inner,
-            shape.inner_a,
-            shape.inner_b,
-            shape.inner_c,
-            shape.inner_r,
-        ] {
-            args.push(Arg::U32(v));
-        }
+        args.extend(shape.launch_values().map(Arg::U32));
         args.push(Arg::F32(alpha));
         Ok(NativeLaunch {
             grid: [gx, gy, shape.batch],
