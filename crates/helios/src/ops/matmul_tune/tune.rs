@@ -60,12 +60,14 @@ pub(super) fn tune(p: &Problem) -> Result<TuneReport> {
     let mut seen = std::collections::HashSet::new();
     let all = candidates_of(p, &caps);
     // FMA kernels cannot beat the matrix units on large products: where cooperative
-    // candidates exist, timing SIMT ones there would only lengthen tuning.
+    // candidates exist, timing SIMT ones there would only lengthen tuning. (Native kernels
+    // run on the matrix units too: they stay.)
     let large = p.shape.flops() >= f64::from(1u32 << 30);
     let has_coop = all.iter().any(|k| k.variant.is_coop());
+    let fma = |v: MatmulVariant| matches!(v, MatmulVariant::Simt(_));
     let kernels: Vec<MatmulKernel> = all
         .into_iter()
-        .filter(|k| k.variant.is_coop() || !(has_coop && large))
+        .filter(|k| !(fma(k.variant) && has_coop && large))
         .map(|cand| p.kernel(cand.variant, caps.subgroup))
         .filter(|k| k.feasible(&caps) && seen.insert(*k))
         .collect();
