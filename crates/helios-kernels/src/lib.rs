@@ -43,6 +43,7 @@ pub use loss::{
 pub use matmul::{
     Activation, CoopPeakKernel, Epilogue, MatmulAddresses, MatmulCaps, MatmulKernel, MatmulShape,
     NativeLaunch, NativeTile, RowOp, Triangle, Variant as MatmulVariant, WgSupport,
+    NATIVE_MAPS_BYTES,
 };
 pub use multi_tensor::{sum_squares_table, SumSquaresKernel};
 pub use optim::{AdamWArgs, AdamWKernel, AdamWStep};

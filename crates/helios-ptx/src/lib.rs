@@ -10,17 +10,21 @@
 //! - `kernel`: the [`Kernel`] builder: parameters, registers, arithmetic, control flow.
 //! - `memory`: loads, stores, `cp.async`, `mbarrier`, bulk copies, matrix loads and stores.
 //! - `mma`: `mma.sync` and `wgmma` with its shared-memory descriptors.
+//! - `tensor`: tensor maps built on the device and `cp.async.bulk.tensor` copies of their
+//!   boxes (Hopper's copy engine writing `wgmma`'s swizzled layouts).
 //! - `validate`: runs `ptxas` on a module (the tests validate every generated kernel).
 
 mod kernel;
 mod memory;
 mod mma;
+mod tensor;
 mod types;
 mod validate;
 
 pub use kernel::{BuildError, Cmp, Kernel, Label, Param, SharedArray, Special};
 pub use memory::{Addr, Space};
 pub use mma::{MatrixDesc, MmaInput, Swizzle, WgmmaA};
+pub use tensor::{TensorMap2d, TENSOR_MAP_BYTES};
 pub use types::{Op, Reg, Target, Ty};
 pub use validate::{assembler, ptxas, PtxasReport, ValidateError};
 

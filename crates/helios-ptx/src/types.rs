@@ -242,7 +242,9 @@ impl Target {
     /// The PTX ISA version a module for this target declares: the oldest that knows it.
     pub const fn isa(self) -> &'static str {
         if self.sm >= 90 {
-            "8.0"
+            // 8.7: `tensormap.replace` takes global strides in bytes (before 8.6 ptxas read
+            // them in 16-byte units).
+            "8.7"
         } else {
             "7.0"
         }
@@ -256,6 +258,12 @@ impl Target {
     /// `mbarrier` transaction counts, `cp.async.bulk`, `stmatrix`, `fence.proxy.async`.
     pub const fn has_bulk(self) -> bool {
         self.sm >= 90
+    }
+
+    /// `tensormap.replace` and `tensormap.cp_fenceproxy` (tensor maps built on the device):
+    /// Hopper's architecture-specific target only.
+    pub const fn has_tensormap(self) -> bool {
+        self.has_wgmma()
     }
 
     /// `wgmma` and `setmaxnreg`: Hopper's architecture-specific target only.

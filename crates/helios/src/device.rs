@@ -114,6 +114,8 @@ struct DeviceInner {
     native: Mutex<FxHashMap<KernelKey, Arc<NativeKernel>>>,
     /// The PTX target the driver accepts, once probed (`native_target`).
     native_target: std::sync::OnceLock<Option<helios_ptx::Target>>,
+    /// Where native kernels write their tensor maps, made on first use (`native_maps`).
+    native_maps: std::sync::OnceLock<helios_vk::Buffer>,
 }
 
 /// Tuned attention variants per class, `None` where none is stored.
@@ -174,6 +176,7 @@ impl Device {
                 attention_winners: Mutex::new(FxHashMap::default()),
                 native: Mutex::new(FxHashMap::default()),
                 native_target: Default::default(),
+                native_maps: Default::default(),
             }),
         }
     }
@@ -479,6 +482,20 @@ impl Device {
                 .create_native_kernel(&module.text, &module.name, &module.name)?;
         let mut cache = self.inner.native.locked();
         Ok(cache.entry(key).or_insert(kernel).clone())
+    }
+
+    /// The workspace where native kernels write their tensor maps
+    /// (`helios_kernels::NATIVE_MAPS_BYTES`); native launches never overlap, so one serves
+    /// them all.
+    pub(crate) fn native_maps(&self) -> Result<&helios_vk::Buffer> {
+        if let Some(b) = self.inner.native_maps.get() {
+            return Ok(b);
+        }
+        let b = self.context().create_buffer(
+            helios_kernels::NATIVE_MAPS_BYTES,
+            helios_vk::MemoryLocation::DeviceLocal,
+        )?;
+        Ok(self.inner.native_maps.get_or_init(|| b))
     }
 
     /// JIT-compiles those of `kernels` not compiled yet, several at once (as `precompile`

@@ -25,8 +25,13 @@ fn case(v: MatmulVariant, dims: [usize; 4], trans: (bool, bool), input: DType) -
 
 fn natives() -> Vec<MatmulVariant> {
     // The table's native tiles, then the ones measured beside them, reachable by name.
-    let others = ["nv128x256k16s4", "nv128x128k32s3", "nv128x192k16s4"]
-        .map(|name| MatmulVariant::parse(name).expect("a native tile"));
+    let others = [
+        "nv128x256k16s3",
+        "nv128x128k32s2",
+        "nv128x128k16s5",
+        "nv256x128k16s3",
+    ]
+    .map(|name| MatmulVariant::parse(name).expect("a native tile"));
     helios_kernels::matmul::VARIANTS
         .iter()
         .map(|(_, v)| *v)

@@ -261,4 +261,7 @@ pub struct MatmulAddresses {
     pub pre: Option<u64>,
     /// B's column sums (`Epilogue::col_sums`).
     pub sums: Option<u64>,
+    /// Where native kernels write their tensor maps
+    /// ([`NATIVE_MAPS_BYTES`](crate::matmul::NATIVE_MAPS_BYTES) device-local bytes).
+    pub maps: Option<u64>,
 }

@@ -37,7 +37,7 @@ mod wg;
 pub use coop::CoopPeakKernel;
 pub use epilogue::{Activation, Epilogue, RowOp, Triangle};
 pub use launch::{Alignment, MatmulAddresses, MatmulCaps, WgSupport};
-pub use native::NativeLaunch;
+pub use native::{NativeLaunch, NATIVE_MAPS_BYTES};
 pub use select::{candidates, default_variant};
 pub use variant::{
     vector_elems, CoopTile, NativeTile, SimtTile, Variant, WgTile, BK_SIMT, FRAG, VARIANTS,
@@ -283,6 +283,7 @@ mod tests {
             rows: None,
             pre: None,
             sums: None,
+            maps: None,
         };
         assert!(kern.launch(&module, &shape(48), &addr, 1.0).is_ok());
         assert!(kern.launch(&module, &shape(40), &addr, 1.0).is_err());

@@ -69,9 +69,11 @@ pub struct NativeTile {
 }
 
 impl NativeTile {
-    /// Shared memory of the stages: both operands, 2-byte elements.
+    /// Shared memory: the stages (both operands, 2-byte elements), an mbarrier a stage and
+    /// the two tensor maps being built.
     pub const fn shared_bytes(self) -> u32 {
-        self.stages as u32 * (self.bm as u32 + self.bn as u32) * self.bk as u32 * 2
+        let stages = self.stages as u32 * (self.bm as u32 + self.bn as u32) * self.bk as u32 * 2;
+        stages + 8 * self.stages as u32 + 2 * 128
     }
 }
 
@@ -141,11 +143,13 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     // a driver makes this path fast (bench/results/2026-11-22-coopmat2-h100.md).
     ("wg128x128k16w4p", wg(128, 128, 16, 4, true)),
     ("wgt128x128k16w4", wgt(128, 128, 16, 4)),
-    // NVIDIA native (wgmma through PTX): two consumer warpgroups of 64 rows and a producer
-    // warpgroup, two k32 stages filling the 48 KiB. On the H200 it beat k16 × 4 stages and
-    // 128×128 tiles on every shape tried (bench/results/2026-11-28-native-matmul-h200.md);
-    // other tiles stay reachable by name (`Variant::parse`).
-    ("nv128x256k32s2", native(128, 256, 32, 2)),
+    // NVIDIA native (wgmma through PTX, stages filled by the copy engine): 128 rows (two
+    // consumer warpgroups) or 192 (three), k16 or k32 stages in the 48 KiB. On the H200 the
+    // first was within 5% of the best of six tiles on 9 of 11 GPT-2 and square shapes, the
+    // other two win where it does not (bench/results/2026-11-29-native-tma-h200.md).
+    ("nv128x192k16s4", native(128, 192, 16, 4)),
+    ("nv128x192k32s2", native(128, 192, 32, 2)),
+    ("nv192x192k16s3", native(192, 192, 16, 3)),
 ];
 
 const fn native(bm: u16, bn: u16, bk: u16, stages: u8) -> Variant {
@@ -367,7 +371,7 @@ impl Variant {
             Variant::Wg(t) => t.bm > 0 && t.bn > 0 && t.bk > 0 && t.warps > 0,
             Variant::Native(t) => {
                 t.bm % 64 == 0
-                    && (64..=192).contains(&t.bm)
+                    && (64..=256).contains(&t.bm)
                     && t.bn % 16 == 0
                     && (16..=256).contains(&t.bn)
                     && t.bk % 16 == 0

@@ -530,6 +530,10 @@ impl Problem {
             rows: self.rows.as_ref().map(|t| t.address()).transpose()?,
             pre: self.pre.as_ref().map(|t| t.address()).transpose()?,
             sums: self.sums.as_ref().map(|t| t.address()).transpose()?,
+            maps: match kernel.variant {
+                MatmulVariant::Native(_) => Some(device.native_maps()?.device_address()),
+                _ => None,
+            },
         };
         let mut accesses: smallvec::SmallVec<[Access; 6]> = smallvec::SmallVec::new();
         accesses.extend([
@@ -542,6 +546,9 @@ impl Problem {
         accesses.push(Access::write(out.buffer()?));
         for t in self.pre.iter().chain(&self.sums) {
             accesses.push(Access::write(t.buffer()?));
+        }
+        if addr.maps.is_some() {
+            accesses.push(Access::write(device.native_maps()?));
         }
         if kernel.variant.is_native() {
             return record_native(device, kernel, s, &addr, self.alpha, &accesses);

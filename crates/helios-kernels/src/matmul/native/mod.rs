@@ -3,23 +3,24 @@
 //!
 //! One block computes a `bm × bn` tile: `bm / 64` consumer warpgroups, each a 64 × `bn` strip
 //! of f32 accumulators, and one producer warpgroup. The driver gives these launches 48 KiB of
-//! shared memory and one such block per SM (`../shared/NVX.md`), so the stages are the whole
-//! budget and no byte of it is left for mbarriers: the stages are handed over by named
-//! barriers (`bar.arrive` / `bar.sync` counting the block).
+//! shared memory and one such block per SM (`../shared/NVX.md`), so the stages take almost
+//! all of it.
 //!
-//! - The producer loads each k tile of both operands into registers with 16-byte loads
-//!   (predicated: zeros past the matrix's edges), a few tiles ahead, and stores a tile into a
-//!   stage once the consumers released it, in the swizzled layouts `wgmma` reads through
-//!   descriptors (K-major or M/N-major as the operand is stored, so transposes cost nothing),
-//!   then fences the async proxy and signals the stage full.
-//! - The consumers run `wgmma` from the stage, keep one group in flight, and release the
-//!   stage before it.
+//! - The producer (`tma`): one warp builds the block's tensor maps, then one thread has the
+//!   copy engine bring each k tile of both operands into a free stage
+//!   (`cp.async.bulk.tensor`), in the swizzled layouts `wgmma` reads through descriptors
+//!   (K-major or M/N-major as the operand is stored, so transposes cost nothing), with zeros
+//!   past the matrices' edges. The copies complete on the stage's mbarrier.
+//! - The consumers wait on that mbarrier, run `wgmma` from the stage, keep one group in
+//!   flight, and release the stage before it through a named barrier the producer waits on.
 //! - The epilogue runs from the accumulators: scale, bias, activation (and its gradient), the
 //!   pre-activation output, residual, rounding to the output storage.
 //!
 //! Measured designs and figures: `bench/results/2026-11-28-native-matmul-h200.md`.
 
-use helios_ptx::{BuildError, Cmp, Kernel, MmaInput, Module, Reg, Special, Target, Ty, WgmmaA};
+use helios_ptx::{
+    Addr, BuildError, Cmp, Kernel, MmaInput, Module, Reg, Special, Target, Ty, WgmmaA,
+};
 
 use crate::launch::{Arg, Args};
 use crate::matmul::{
@@ -31,16 +32,13 @@ use crate::KernelError;
 /// Rows of a warpgroup's strip (the `wgmma` M).
 const WG_ROWS: u32 = 64;
 const WG_THREADS: u32 = 128;
-/// Registers a thread may use at entry (`.maxnreg`): 384 threads × 168 fill the SM's 64 Ki
-/// with one block per SM. Then `setmaxnreg` moves some from the consumers (128 accumulators
-/// and their addressing fit 160) to the producer, whose register buffers hold the k tiles
-/// in flight. The block's total cannot grow: 256·160 + 128·184 = 384·168 (asking for more
-/// waits forever).
-const MAX_REGS: u32 = 168;
-const CONSUMER_REGS: u32 = 160;
-const PRODUCER_REGS: u32 = 184;
-/// Registers of the producer's budget its tile buffers may take.
-const BUFFER_REGS: u32 = 150;
+/// The producer's registers after `setmaxnreg` (one thread issues copies): the fewest
+/// allowed, the rest go to the consumers' accumulators.
+const PRODUCER_REGS: u32 = 24;
+
+/// Bytes of the workspace where native kernels write their tensor maps
+/// ([`MatmulAddresses::maps`]): a slot per SM id.
+pub const NATIVE_MAPS_BYTES: u64 = tma::MAP_SLOTS as u64 * tma::MAP_SLOT_BYTES as u64;
 
 /// What a launch of a native kernel needs besides the kernel: grid, block and the
 /// arguments in parameter order (buffers as device addresses).
@@ -58,9 +56,9 @@ pub(crate) fn feasible(kern: &MatmulKernel, t: NativeTile, target: Option<Target
 }
 
 /// Whether a native kernel exists for `kern` with tile `t`, whatever the target: 16-bit inputs
-/// whose rows start 16-byte aligned (the 16-byte loads), an epilogue without the
-/// attention-only row ops, column sums or triangles, and stages that fit 48 KiB in a layout
-/// the producer can fill.
+/// whose rows start 16-byte aligned (tensor maps take 16-byte row strides), an epilogue
+/// without the attention-only row ops, column sums or triangles, and stages that fit 48 KiB
+/// in a layout the copy engine can fill.
 fn buildable(kern: &MatmulKernel, t: NativeTile) -> bool {
     let e = &kern.epilogue;
     matches!(kern.input, Storage::F16 | Storage::BF16)
@@ -77,9 +75,41 @@ fn buildable(kern: &MatmulKernel, t: NativeTile) -> bool {
 
 mod epilogue;
 mod stage;
+mod tma;
 
 use epilogue::{epilogue, Out};
-use stage::{loadable, Loader, Stage};
+use stage::{loadable, Stage};
+
+/// What the producer and the consumers of one block share: operands, sizes, the block's
+/// tile and its stages.
+struct Block {
+    /// Byte addresses of this batch's A and B (u64).
+    a: Reg,
+    b: Reg,
+    lda: Reg,
+    ldb: Reg,
+    m: Reg,
+    n: Reg,
+    k: Reg,
+    m0: Reg,
+    n0: Reg,
+    /// k tiles of the product.
+    tiles: Reg,
+    tid: Reg,
+    /// Shared address of the first stage (u32).
+    base: Reg,
+    a_stage: Stage,
+    b_stage: Stage,
+    stages: u32,
+    /// Consumer threads (the producer warpgroup follows them).
+    consumers: u32,
+}
+
+impl Block {
+    const fn stage_bytes(&self) -> u32 {
+        self.a_stage.bytes() + self.b_stage.bytes()
+    }
+}
 
 /// Emits the PTX of `kern` with tile `t` for `target`.
 pub(crate) fn build(
@@ -97,13 +127,11 @@ pub(crate) fn build(
     );
     // Consumer warpgroups (64 rows each), then one producer warpgroup.
     let consumers = bm / WG_ROWS * WG_THREADS;
-    k.threads(consumers + WG_THREADS);
-    k.max_registers(MAX_REGS);
+    let threads = consumers + WG_THREADS;
+    k.threads(threads);
+    let regs = Registers::of(threads);
+    k.max_registers(regs.entry);
     let e = kern.epilogue;
-    let input = match kern.input {
-        Storage::F16 => MmaInput::F16,
-        _ => MmaInput::BF16,
-    };
 
     // Parameters, in `native_launch` order.
     let pa = k.param("a", Ty::U64);
@@ -118,6 +146,7 @@ pub(crate) fn build(
     ];
     let sizes: Vec<_> = names.iter().map(|n| k.param(n, Ty::U32)).collect();
     let palpha = k.param("alpha", Ty::F32);
+    let pmaps = k.param("maps", Ty::U64);
 
     let a_stage = Stage {
         rows: bm,
@@ -129,9 +158,11 @@ pub(crate) fn build(
         bk,
         k_major: kern.trans_b,
     };
-    let stage_bytes = a_stage.bytes() + b_stage.bytes();
     // 1 KiB alignment: the 128-byte swizzle is a function of the address.
-    let smem = k.shared("stages", 1024, stages * stage_bytes);
+    let smem = k.shared("stages", 1024, stages * (a_stage.bytes() + b_stage.bytes()));
+    // Then the maps being built and the mbarriers: no padding between the three.
+    let maps = k.shared("map_build", 128, 2 * helios_ptx::TENSOR_MAP_BYTES);
+    let full = k.shared("full", 8, 8 * stages);
 
     k.comment("block coordinates and batch offsets");
     let a = k.ld_param_global(pa);
@@ -156,93 +187,125 @@ pub(crate) fn build(
     let off_b = offset(&mut k, sb, ib);
     let off_c = offset(&mut k, sc, ic);
     let off_r = offset(&mut k, sr, ir);
-    let m0 = k.mul(by, bm);
-    let n0 = k.mul(bx, bn);
-
-    let base = k.shared_address(smem);
-    let tiles = {
-        let t = k.add(kk, bk - 1);
-        k.div(t, bk)
+    let byte_address = |k: &mut Kernel, p: Reg, off: Reg| {
+        let bytes = k.shl(off, 1u32);
+        k.add(p, bytes)
     };
-    // Named barriers hand the stages over (no shared memory, which the stages fill): stage
-    // s is `full` at barrier 1 + s (the producer arrives, the consumers wait) and `empty` at
-    // 1 + stages + s (the other way round), each counting the whole block.
-    let all = consumers + WG_THREADS;
-    let full = |s: Reg, k: &mut Kernel| k.add(s, 1u32);
-    let empty = |s: Reg, k: &mut Kernel| k.add(s, 1 + stages);
+    let blk = Block {
+        a: byte_address(&mut k, a, off_a),
+        b: byte_address(&mut k, b, off_b),
+        lda,
+        ldb,
+        m,
+        n,
+        k: kk,
+        m0: k.mul(by, bm),
+        n0: k.mul(bx, bn),
+        tiles: {
+            let t = k.add(kk, bk - 1);
+            k.div(t, bk)
+        },
+        tid,
+        base: k.shared_address(smem),
+        a_stage,
+        b_stage,
+        stages,
+        consumers,
+    };
 
-    let is_producer = k.setp(Cmp::Ge, tid, consumers);
-    let consume = k.label();
-    k.bra_if(is_producer, true, consume);
-    {
-        k.comment("producer: k tiles loaded into registers ahead, stored as stages free");
-        k.setmaxnreg(true, PRODUCER_REGS);
-        let ptid = k.sub(tid, consumers);
-        let bytes_a = k.shl(off_a, 1u32);
-        let a = k.add(a, bytes_a);
-        let bytes_b = k.shl(off_b, 1u32);
-        let b = k.add(b, bytes_b);
-        let la = Loader::new(&mut k, a_stage, a, lda, m0, m, ptid);
-        let lb = Loader::new(&mut k, b_stage, b, ldb, n0, n, ptid);
-        // Register buffers in rotation: tile t is stored while the next `prefetch` load, as
-        // many as the producer's registers hold (up to three).
-        let per_buffer = 4 * (la.count + lb.count);
-        let prefetch = (BUFFER_REGS / per_buffer).clamp(2, 3) - 1;
-        let bufs: Vec<_> = (0..=prefetch)
-            .map(|_| (la.buffer(&mut k), lb.buffer(&mut k)))
-            .collect();
-        let load = |k: &mut Kernel, buf: &(Vec<[Reg; 4]>, Vec<[Reg; 4]>), tile: Reg| {
-            let live = k.setp(Cmp::Lt, tile, tiles);
-            k.if_(live, |k| {
-                let k0 = k.mul(tile, bk);
-                let kmax = k.sub(kk, k0);
-                la.load(k, &buf.0, tile, kmax);
-                lb.load(k, &buf.1, tile, kmax);
-            });
-        };
-        for (p, buf) in bufs.iter().enumerate().take(prefetch as usize) {
-            let tile = k.mov(Ty::U32, p as u32);
-            load(&mut k, buf, tile);
+    // Stage s is handed over full by its mbarrier, completed by the copy engine's
+    // transactions, and back empty by named barrier 1 + s (the consumers arrive, the
+    // producer's warp waits).
+    let bars = k.shared_address(full);
+    let maps_smem = k.shared_address(maps);
+    let maps_global = k.ld_param_global(pmaps);
+    let first = k.setp(Cmp::Eq, tid, consumers);
+    k.if_(first, |k| {
+        for s in 0..stages {
+            k.mbarrier_init(Addr::at(bars, i64::from(8 * s)), 1);
         }
-        k.for_range(0u32, tiles, prefetch + 1, |k, t0| {
-            for (u, buf) in bufs.iter().enumerate() {
-                let tile = k.add(t0, u as u32);
-                let ahead = k.add(tile, prefetch);
-                load(k, &bufs[(u + prefetch as usize) % bufs.len()], ahead);
-                let live = k.setp(Cmp::Lt, tile, tiles);
-                k.if_(live, |k| {
-                    let slot = k.rem(tile, stages);
-                    // From the second round on, wait until the consumers released the stage.
-                    let reuse = k.setp(Cmp::Ge, tile, stages);
-                    k.if_(reuse, |k| {
-                        let id = empty(slot, k);
-                        k.bar_sync_reg(id, all);
-                    });
-                    let sbase = k.mad(slot, stage_bytes, base);
-                    la.store(k, &buf.0, sbase);
-                    let bbase = k.add(sbase, a_stage.bytes());
-                    lb.store(k, &buf.1, bbase);
-                    // Ordinary stores, read next by wgmma through the async proxy.
-                    k.fence_proxy_async();
-                    let id = full(slot, k);
-                    k.bar_arrive_reg(id, all);
-                });
-            }
-        });
-        k.ret();
-    }
-    k.place(consume);
-    k.setmaxnreg(false, CONSUMER_REGS);
+        k.fence_mbarrier_init();
+    });
+    k.bar_sync(0);
+    let is_producer = k.setp(Cmp::Ge, tid, consumers);
+    let consume_label = k.label();
+    k.bra_if(is_producer, true, consume_label);
+    k.setmaxnreg(false, regs.producer);
+    tma::producer(&mut k, &blk, bars, maps_smem, maps_global);
+    k.ret();
+    k.place(consume_label);
+    k.setmaxnreg(true, regs.consumer);
+    let acc = consume(&mut k, kern, &blk, bars);
 
+    k.comment("epilogue from the accumulators");
+    let out = Out {
+        c,
+        off_c,
+        ldc,
+        bias: pbias.map(|p| k.ld_param_global(p)),
+        residual: pres.map(|p| k.ld_param_global(p)),
+        off_r,
+        ldr,
+        pre: ppre.map(|p| k.ld_param_global(p)),
+    };
+    epilogue(
+        &mut k,
+        kern,
+        &acc,
+        &out,
+        alpha,
+        (m, n),
+        (blk.m0, blk.n0),
+        tid,
+        bn,
+    );
+    k.finish()
+}
+
+/// Register budgets: at entry (`.maxnreg`: the block's threads share the SM's 64 Ki, one
+/// block per SM, which ptxas also holds the consumers' code to), then per role after
+/// `setmaxnreg`. A block's total cannot grow (asking for more waits forever), so what the
+/// producer gives the consumers take.
+struct Registers {
+    entry: u32,
+    consumer: u32,
+    producer: u32,
+}
+
+impl Registers {
+    fn of(threads: u32) -> Registers {
+        let entry = (65536 / threads).min(255) / 8 * 8;
+        let consumers = threads - WG_THREADS;
+        let consumer =
+            ((entry * threads - PRODUCER_REGS * WG_THREADS) / consumers / 8 * 8).min(256);
+        Registers {
+            entry,
+            consumer,
+            producer: PRODUCER_REGS,
+        }
+    }
+}
+
+/// The consumers' main loop: wait for a full stage (the mbarriers at shared `bars`, 8 bytes
+/// a stage), multiply it with `wgmma` (one group in flight), release the stage before it.
+/// Returns the accumulators.
+fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg) -> Vec<Reg> {
+    let (a_stage, b_stage, stages) = (blk.a_stage, blk.b_stage, blk.stages);
+    let input = match kern.input {
+        Storage::F16 => MmaInput::F16,
+        _ => MmaInput::BF16,
+    };
+    // The empty barriers count the consumers and the producer's one warp.
+    let empty_count = blk.consumers + 32;
     k.comment("consumers: accumulators and descriptors");
-    let acc = k.regs(Ty::F32, (bn / 2) as usize);
+    let acc = k.regs(Ty::F32, (b_stage.rows / 2) as usize);
     for &r in &acc {
         k.assign(r, 0.0f32);
     }
-    let wg = k.shr(tid, 7u32);
-    let desc_a0 = k.wgmma_desc(base, &a_stage.desc());
+    let wg = k.shr(blk.tid, 7u32);
+    let desc_a0 = k.wgmma_desc(blk.base, &a_stage.desc());
     let desc_b0 = {
-        let d = k.wgmma_desc(base, &b_stage.desc());
+        let d = k.wgmma_desc(blk.base, &b_stage.desc());
         k.desc_offset(d, a_stage.bytes())
     };
     // This warpgroup's 64 rows of A.
@@ -253,16 +316,19 @@ pub(crate) fn build(
     let scale_d = k.setp(Cmp::Eq, zero, 0u32);
 
     k.comment("main loop: wait for a full stage, multiply, release the one before");
-    k.for_range(0u32, tiles, 1, |k, tile| {
+    k.for_range(0u32, blk.tiles, 1, |k, tile| {
         let slot = k.rem(tile, stages);
-        let id = full(slot, k);
-        k.bar_sync_reg(id, all);
-        let units = k.mul(slot, stage_bytes >> 4);
+        // The stage's mbarrier completes a phase per round of the stages.
+        let round = k.div(tile, stages);
+        let parity = k.and(round, 1u32);
+        let bar = k.mad(slot, 8u32, bars);
+        k.mbarrier_wait(Addr::new(bar), parity);
+        let units = k.mul(slot, blk.stage_bytes() >> 4);
         let units = k.cvt(Ty::U64, units);
         let da = k.add(desc_a0, units);
         let db = k.add(desc_b0, units);
         k.wgmma_fence();
-        for s in 0..bk / 16 {
+        for s in 0..a_stage.bk / 16 {
             let das = k.desc_offset(da, a_stage.k_step(s));
             let dbs = k.desc_offset(db, b_stage.k_step(s));
             k.wgmma(
@@ -284,25 +350,12 @@ pub(crate) fn build(
         k.if_(some, |k| {
             let prev = k.add(tile, stages - 1);
             let prev = k.rem(prev, stages);
-            let id = empty(prev, k);
-            k.bar_arrive_reg(id, all);
+            let id = k.add(prev, 1u32);
+            k.bar_arrive_reg(id, empty_count);
         });
     });
     k.wgmma_wait(0);
-
-    k.comment("epilogue from the accumulators");
-    let out = Out {
-        c,
-        off_c,
-        ldc,
-        bias: pbias.map(|p| k.ld_param_global(p)),
-        residual: pres.map(|p| k.ld_param_global(p)),
-        off_r,
-        ldr,
-        pre: ppre.map(|p| k.ld_param_global(p)),
-    };
-    epilogue(&mut k, kern, &acc, &out, alpha, (m, n), (m0, n0), tid, bn);
-    k.finish()
+    acc
 }
 
 impl MatmulKernel {
@@ -356,6 +409,13 @@ impl MatmulKernel {
                 "built for 16-byte rows the shape does not have: {shape:?}"
             )));
         }
+        // 16-byte loads, and the copy engine's global addresses.
+        if addr.a % 16 != 0 || addr.b % 16 != 0 {
+            return Err(bad(format!(
+                "operands at {:#x} and {:#x}: native kernels need 16-byte aligned ones",
+                addr.a, addr.b
+            )));
+        }
         let e = &self.epilogue;
         if e.bias != addr.bias.is_some()
             || e.residual != addr.residual.is_some()
@@ -392,6 +452,10 @@ impl MatmulKernel {
         args.extend(addr.pre.map(Arg::Address));
         args.extend(shape.launch_values().map(Arg::U32));
         args.push(Arg::F32(alpha));
+        let maps = addr
+            .maps
+            .ok_or_else(|| bad("native kernels need a tensor-map workspace".into()))?;
+        args.push(Arg::Address(maps));
         Ok(NativeLaunch {
             grid: [gx, gy, shape.batch],
             block: [2 * u32::from(t.bm) + WG_THREADS, 1, 1],

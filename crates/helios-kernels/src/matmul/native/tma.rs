@@ -1,0 +1,116 @@
+//! The producer when the copy engine fills the stages: one warp builds the block's two
+//! tensor maps, then one thread issues a `cp.async.bulk.tensor` per operand box and stage,
+//! completing on the stage's mbarrier. The copies write the same swizzled layouts the
+//! register producer stores (`Stage`), and zeros past the matrices' edges.
+//!
+//! A tensor map must sit in global memory. Each block writes its maps to the slot of the SM
+//! it runs on (`%smid`, [`MAP_SLOTS`] slots of 256 bytes): a block fills an SM's registers,
+//! so no two blocks of a launch share an SM at a time, and native launches never overlap.
+
+use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Special, Swizzle, TensorMap2d, Ty};
+
+use super::stage::Stage;
+use super::Block;
+
+/// Tensor-map slots in the workspace a launch passes (`maps`), one per SM id; 256 bytes
+/// each (A's map, then B's).
+pub const MAP_SLOTS: u32 = 1024;
+pub const MAP_SLOT_BYTES: u32 = 256;
+
+/// The tensor map of an operand's stage: K-major operands as (k, rows) with one box of
+/// `bk × rows`, M/N-major ones as (rows, k) with boxes of 64 rows × `bk`, one per 128-byte
+/// swizzle atom column.
+fn map_of(k: &mut Kernel, stage: Stage, base: Reg, ld: Reg, rows: Reg, depth: Reg) -> TensorMap2d {
+    let row_bytes = k.mul_wide(ld, 2u32);
+    if stage.k_major {
+        TensorMap2d {
+            base,
+            dims: [depth, rows],
+            row_bytes,
+            box_dims: [stage.bk, stage.rows],
+            swizzle: stage.desc().swizzle,
+        }
+    } else {
+        TensorMap2d {
+            base,
+            dims: [rows, depth],
+            row_bytes,
+            box_dims: [64, stage.bk],
+            swizzle: Swizzle::B128,
+        }
+    }
+}
+
+/// Issues the copies of one operand's k tile `k0` into its stage at shared `dst`, rows from
+/// `r0`.
+fn load(k: &mut Kernel, stage: Stage, map: Reg, dst: Reg, r0: Reg, k0: Reg, bar: Addr) {
+    if stage.k_major {
+        k.tensor_load_2d(Addr::new(dst), map, [k0, r0], bar);
+    } else {
+        let lbo = stage.desc().lbo;
+        for j in 0..stage.rows / 64 {
+            let r = k.add(r0, 64 * j);
+            k.tensor_load_2d(Addr::at(dst, i64::from(j * lbo)), map, [r, k0], bar);
+        }
+    }
+}
+
+/// The producer warpgroup's part (after `setmaxnreg`): `bars` are the stages' full
+/// mbarriers, `maps_smem` 256 bytes where the maps are built, `maps_global` the workspace.
+pub(super) fn producer(k: &mut Kernel, blk: &Block, bars: Reg, maps_smem: Reg, maps_global: Reg) {
+    k.comment("producer: one warp builds the tensor maps, one thread issues the copies");
+    let ptid = k.sub(blk.tid, blk.consumers);
+    let spare = k.setp(Cmp::Ge, ptid, 32u32);
+    let done = k.label();
+    k.bra_if(spare, false, done);
+
+    // Zero both maps (64 words), then lane 0 writes their fields.
+    let word = k.shl(ptid, 2u32);
+    let at = k.add(maps_smem, word);
+    let zero = k.mov(Ty::U32, 0u32);
+    k.st(Space::Shared, Addr::new(at), zero);
+    k.st(Space::Shared, Addr::at(at, 128), zero);
+    k.warp_sync();
+    let lane0 = k.setp(Cmp::Eq, ptid, 0u32);
+    let map_a = map_of(k, blk.a_stage, blk.a, blk.lda, blk.m, blk.k);
+    let map_b = map_of(k, blk.b_stage, blk.b, blk.ldb, blk.n, blk.k);
+    k.if_(lane0, |k| {
+        k.tensormap_build(maps_smem, &map_a);
+        let b_smem = k.add(maps_smem, 128u32);
+        k.tensormap_build(b_smem, &map_b);
+    });
+    k.warp_sync();
+    let sm = k.special(Special::SmId);
+    let slot = k.rem(sm, MAP_SLOTS);
+    let off = k.mul_wide(slot, MAP_SLOT_BYTES);
+    let ga = k.add(maps_global, off);
+    let gb = k.add(ga, 128u32);
+    k.tensormap_publish(ga, maps_smem);
+    let b_smem = k.add(maps_smem, 128u32);
+    k.tensormap_publish(gb, b_smem);
+    k.tensormap_acquire(ga);
+    k.tensormap_acquire(gb);
+
+    k.comment("producer loop: wait for an empty stage, announce its bytes, copy");
+    let (stages, bk) = (blk.stages, blk.a_stage.bk);
+    let empty_count = blk.consumers + 32;
+    k.for_range(0u32, blk.tiles, 1, |k, tile| {
+        let slot = k.rem(tile, stages);
+        let reuse = k.setp(Cmp::Ge, tile, stages);
+        k.if_(reuse, |k| {
+            let id = k.add(slot, 1u32);
+            k.bar_sync_reg(id, empty_count);
+        });
+        k.if_(lane0, |k| {
+            let bar = k.mad(slot, 8u32, bars);
+            let bar = Addr::new(bar);
+            k.mbarrier_arrive_expect_tx(bar, blk.stage_bytes());
+            let dst = k.mad(slot, blk.stage_bytes(), blk.base);
+            let k0 = k.mul(tile, bk);
+            load(k, blk.a_stage, ga, dst, blk.m0, k0, bar);
+            let dst_b = k.add(dst, blk.a_stage.bytes());
+            load(k, blk.b_stage, gb, dst_b, blk.n0, k0, bar);
+        });
+    });
+    k.place(done);
+}
