@@ -23,11 +23,11 @@
 //!
 //! Products: a·b by up to two levels of Karatsuba ([`Product`]) and the reduction's m·p by
 //! one ([`Reduction`]), column by column in wrapping u64 arithmetic (exact because each
-//! column's true total fits). Which mix is fastest is measured, not derived: on the H100 the
-//! GPU's compiler turns each 32×32→64 multiply-add into one IMAD.WIDE.U32, and the time per
-//! product tracks about 4 cycles per IMAD.WIDE plus 2 per other IMAD plus 1 per ALU
-//! instruction (SASS read back from the pipeline cache, bench/results/2026-11-22-field-chain.md),
-//! so a Karatsuba level pays only where its extra adds cost less than the multiplies it saves.
+//! column's true total fits). Which mix is fastest is measured, not derived: NVIDIA's
+//! compiler turns each 32×32→64 multiply-add into one IMAD.WIDE.U32, which costs more than
+//! the other instructions (the cost model, from SASS read back from the pipeline cache, is in
+//! bench/results/2026-11-22-field-chain.md), so a Karatsuba level pays only where its extra
+//! adds cost less than the multiplies it saves.
 //! `comba30k2h` (two levels for a·b, schoolbook m·p) is the fastest; products through
 //! `OpUMulExtended` were slower than u64 multiplies of zero-extended words in every radix.
 

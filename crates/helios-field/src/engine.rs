@@ -22,9 +22,9 @@ use crate::{env, host, FieldError, Result};
 /// The measured defaults (bench/results/2026-11-22-field-h200.md and
 /// 2026-11-22-field-chain.md have the figures). Layout: comba30k2h (13 × 30-bit product
 /// scanning, a·b by two Karatsuba levels, two accumulators only in the columns that could
-/// overflow) has the fastest multiplier on an H100 and an H200: 25.7–25.8 G mul/s (chain
-/// probe) against 24.6 for comba30kh, the previous default, whose array ops are up to 4%
-/// faster (mul and sqr on an H100, sqr on an H200; `HELIOS_FIELD_LAYOUT=comba30kh`).
+/// overflow) has the fastest multiplier on the GPUs measured; comba30kh, the previous
+/// default, keeps slightly faster array ops on some (`HELIOS_FIELD_LAYOUT=comba30kh`;
+/// bench/results/source-comment-history.md).
 pub const DEFAULT_LAYOUT: Layout = Layout::Comba30K2H;
 /// Memory path: device-local won end to end for batched and streamed work at every size and
 /// for single ops from 1M elements (host-visible is ahead only for single small ops, by a few

@@ -26,8 +26,9 @@
 //! m·p runs on the FP64 pipe like a·b. Optionally a·b is one level of Karatsuba on 4-limb
 //! halves (48 products instead of 64; the half sums are exact in f64, below 2⁴⁹).
 //!
-//! Column sums on the FP64 pipe (`Fp64Mul::fp_columns`, layout `fp64c`): on an H100 the
-//! i64 column sums, two 64-bit adds per product, not the FP64 pipe, bound `fp64`/`fp64k`;
+//! Column sums on the FP64 pipe (`Fp64Mul::fp_columns`, layout `fp64c`): the i64 column
+//! sums, two 64-bit adds per product, not the FP64 pipe, bound `fp64`/`fp64k` (measured:
+//! bench/results/2026-11-22-field-h100-fp64.md);
 //! there each column's products are chained through the fused multiply-adds instead (the
 //! high part accumulates in the `fma`'s addend, its rounding error is recovered exactly as
 //! the low part, the low parts are summed in f64), so a product costs four FP64 operations

@@ -13,6 +13,13 @@
 //! anything is submitted, and every kernel returns canonical values, so the device never holds
 //! anything else. [`cpu`] is the blst reference and baseline the tests and the benchmark use.
 //!
+//! How the modules relate: `fq` holds the field's constants and host elements; `arith` emits
+//! the multi-limb arithmetic into the kernel IR, with the Montgomery multipliers in `comba`
+//! (integer limbs) and `fp64` (limbs on the FP64 pipe); `kernel` wraps it into the kernels
+//! and their launches. `engine` runs them on device-resident arrays, `host` (one-shot) and
+//! `stream` (chunked) drive `engine` from host arrays, and `env` reads the `HELIOS_FIELD_*`
+//! switches.
+//!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use helios_field::{Field, FieldOp, Batch};

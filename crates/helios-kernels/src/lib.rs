@@ -6,6 +6,12 @@
 //! `reduce/`, `fused/`, and `rows/`, the row machinery several families share; each with a
 //! `mod.rs` saying how its files relate); numerically delicate expressions (tanh, pow,
 //! NaN-aware min/max) live in `math` so every family shares one definition.
+//!
+//! How the modules relate: under every family lie `launch` (grids and push-constant packing),
+//! `storage` (f32/f16/bf16 loads and stores through f32) and `math`; `rows` builds on them
+//! and serves the row-shaped families (softmax, norm, loss, embedding, reduce, optim,
+//! multi_tensor, transpose, attention's prep). Families do not import one another, except
+//! `fused`, which reuses `elementwise`'s ops, and `reduce`, whose prologue is a fused group.
 
 pub mod attention;
 pub mod elementwise;

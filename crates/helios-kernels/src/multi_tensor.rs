@@ -5,10 +5,10 @@
 //!
 //! The one decision a reader must know: the tensors are reached through addresses read from
 //! the table (`KernelBuilder::buffer_at`), not as kernel parameters, so one dispatch covers
-//! any number of them. One reduction per tensor cost a GPT-2 124M step 2.4 ms on an H100
-//! (148 tensors, each a partial and a combine with a barrier between: latency, not bytes);
-//! this needs device-address binding, and the host keeps the per-tensor form for
-//! descriptors.
+//! any number of them. One reduction per tensor cost a GPT-2 step milliseconds (148
+//! tensors, each a partial and a combine with a barrier between: latency, not bytes;
+//! bench/results/source-comment-history.md); this needs device-address binding, and the
+//! host keeps the per-tensor form for descriptors.
 
 use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val};
 

@@ -79,7 +79,7 @@ pub const NORM_BWD_MAX_ROWS: u32 = 32;
 /// two at or above `rows · width / NORM_BWD_ELEMENTS`, between [`NORM_BWD_MIN_ROWS`] and
 /// [`NORM_BWD_MAX_ROWS`]. On an H100 the rule picked the fastest of 2–32 rows at every shape
 /// measured in bf16 (f32 within a few percent), and beat the `rows / 256` rule it replaced
-/// (session 25; the table is in bench/results/source-comment-history.md).
+/// (the table is in bench/results/source-comment-history.md).
 pub fn norm_bwd_rows(rows: u32, width: u32) -> u32 {
     let want = (u64::from(rows) * u64::from(width)).div_ceil(NORM_BWD_ELEMENTS);
     let r = want.next_power_of_two().min(u64::from(NORM_BWD_MAX_ROWS)) as u32;

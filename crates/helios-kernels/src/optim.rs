@@ -5,11 +5,10 @@
 //! The one decision a reader must know: one dispatch per parameter tensor, all recorded in
 //! one batch with no barriers between them (they touch disjoint buffers), rather than one
 //! dispatch over a table of addresses as `multi_tensor`'s sum of squares does. Independent
-//! dispatches overlap: one costs ~0.22 µs of GPU time on the H200 (ANCHORS.md), so GPT-2
-//! 124M's 148 tensors add ~33 µs to a ~0.85 ms update (3.5 GB moved at ~4.1 TB/s), about 4%.
-//! (The clipping norm's per-tensor reductions were another matter: each a partial and a
-//! combine with a barrier between, 2.4 ms a step.) Parameters kept in one flat tensor take a
-//! single dispatch.
+//! dispatches overlap, so GPT-2 124M's 148 tensors add a few percent to an update (the
+//! arithmetic is in bench/results/source-comment-history.md). The clipping norm's per-tensor
+//! reductions were another matter: each a partial and a combine with a barrier between.
+//! Parameters kept in one flat tensor take a single dispatch.
 //!
 //! The arithmetic is PyTorch's (`torch.optim.AdamW`, fused or not), in f32, with `g` the
 //! gradient times an optional scale read from device memory (`AdamWKernel::scaled`: a

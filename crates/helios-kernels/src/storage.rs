@@ -76,8 +76,8 @@ pub fn load_f32(k: &mut KernelBuilder, buf: Buffer, index: Val, lanes: u8, s: St
 /// f16 through `OpFConvert` (round to nearest even), bf16 through round-to-nearest-even on the
 /// bits with NaN kept a quiet NaN of the same sign. Through f16 a NaN stays a NaN, but its
 /// sign is the implementation's (Vulkan does not fix it; NVIDIA's conversions drop it).
-/// Setting it back from the input's bits slowed f16 copies (session 27;
-/// bench/results/source-comment-history.md), for a sign that IEEE gives no meaning.
+/// Setting it back from the input's bits slowed f16 copies
+/// (bench/results/source-comment-history.md), for a sign that IEEE gives no meaning.
 #[track_caller]
 pub fn store_f32(k: &mut KernelBuilder, buf: Buffer, index: Val, value: Val, s: Storage) {
     assert_eq!(value.ty.scalar, Scalar::F32, "store_f32 of {}", value.ty);

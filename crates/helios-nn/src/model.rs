@@ -299,7 +299,7 @@ pub fn forward_last(p: &GptParams, idx: &IndexTensor, pos: &IndexTensor) -> Resu
 /// transposed view: the product is (..., Vp), and the logits are its first V columns (a
 /// view; the padded columns are zero). A single row (generation) is a product and a row
 /// sum over wte's first V rows instead: a matmul tile would spend 31 of its 32 rows on
-/// nothing (measured 3x slower on lavapipe).
+/// nothing (measured slower; bench/results/source-comment-history.md).
 pub fn head(p: &GptParams, h: &Tensor) -> Result<Tensor> {
     let (c, v) = (p.config.n_embd, p.config.vocab_size);
     let mut shape = h.shape().to_vec();

@@ -12,6 +12,11 @@
 //!
 //! Cooperative matrices (SPV_KHR_cooperative_matrix, bf16 through SPV_KHR_bfloat16) live in
 //! `coop` beside `subgroup`, adding their capabilities and extensions where they emit.
+//!
+//! How the modules relate: `types` (the IR's scalars, vectors and values) is the base;
+//! `builder` declares parameters and emits the module, and each instruction family adds its
+//! methods to [`KernelBuilder`] from its own file (`ops`, `control`, `memory`, `subgroup`,
+//! `coop`, `tensor`, `fma`, `wide`). `validate` runs `spirv-val` on the result.
 
 mod builder;
 mod control;

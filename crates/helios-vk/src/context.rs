@@ -481,8 +481,8 @@ pub fn pick_transfer_family(families: &[QueueFamily]) -> Option<u32> {
 /// Default for `HELIOS_SPIN_US` on GPUs: a host wait polls for up to 100 ms before it
 /// sleeps in the driver, as CUDA's default wait spins. Waking from that sleep costs about
 /// 100 µs on the H100 host (a VM), and every training step ends in a wait: polling
-/// throughout measured faster than a 1 ms poll in `bench graph` and `bench train` (session
-/// 29; figures in bench/results/source-comment-history.md).
+/// throughout measured faster than a 1 ms poll in `bench graph` and `bench train` (figures
+/// in bench/results/source-comment-history.md).
 ///
 /// Past the first millisecond the poll yields the core between reads
 /// (`Context::wait_timeline`); host12 measured no slower for it, nor faster without the

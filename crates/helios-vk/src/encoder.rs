@@ -38,8 +38,8 @@ const EARLY_CHECK: u32 = 8;
 /// GPU has run dry (larger batches, and full ones, go to the submit thread): the first
 /// dispatch after an idle spell, so the GPU starts without waiting for the submit thread to
 /// wake. Each inline batch is the driver's recording work on this thread, so larger values
-/// measured slower on a host-bound step and no faster on GPT-2 (H100 host, session 28;
-/// figures in bench/results/source-comment-history.md).
+/// measured slower on a host-bound step and no faster on GPT-2 (on an H100 host; figures in
+/// bench/results/source-comment-history.md).
 const INLINE_MAX: u32 = 1;
 
 /// How a dispatch or copy touches a buffer.
@@ -386,8 +386,8 @@ impl Context {
 
     /// Keeps a replayed batch's command list, emptied, for a later batch. A step of a small
     /// model records a few batches of up to `DEFAULT_BATCH` dispatches; growing fresh lists
-    /// for each cost the recording thread about 4% of a 12-block training step's host time
-    /// (callgrind, lavapipe).
+    /// for each showed in profiles of the recording thread
+    /// (bench/results/source-comment-history.md).
     pub(crate) fn recycle_commands(&self, mut commands: Commands) {
         commands.clear();
         let mut spare = self.spare_commands.locked();

@@ -15,6 +15,15 @@
 //! `Context::launch_native`), so they mix freely in one batch, ordered by the same hazard
 //! tracking, over the same buffers.
 //!
+//! How the modules relate: `instance` loads Vulkan; `probe` (with `coopmat2`) fills [`Caps`]
+//! for each device, `adapter` picks one and `features` decides what to enable. [`Context`]
+//! then owns everything made on that device: buffers (`memory`, carved by `pool` from large
+//! blocks), pipelines (`pipeline`, `pipeline_cache`, `native`, `executable`), the encoder
+//! (`encoder` decides batches and barriers, `recorder` writes command buffers, `worker` and
+//! `submit` submit them on the timeline), host transfers (`transfer`, `copy_queue`) and
+//! timing (`profile`, `timer`). `caps`, `conv` and `env` are plain data and pure functions;
+//! `sync` holds the lock helpers.
+//!
 //! ```no_run
 //! # fn main() -> helios_vk::Result<()> {
 //! let ctx = helios_vk::Context::from_env()?; // HELIOS_VALIDATION, HELIOS_DEVICE

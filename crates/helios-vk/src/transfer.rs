@@ -74,8 +74,8 @@ impl Context {
         }
         // Mapped memory is read in place when it is host memory (host-visible buffers, or
         // anything on unified memory). Device memory behind a BAR mapping is not: the CPU's
-        // uncached reads cross PCIe one cache line at a time (86 µs for 4 KiB on an H200,
-        // measured), far slower than a staging copy.
+        // uncached reads cross PCIe one cache line at a time, far slower than a staging copy
+        // (measured: bench/results/source-comment-history.md).
         let host_memory =
             src.location() == MemoryLocation::HostVisible || self.caps().unified_memory;
         if src.is_mapped() && host_memory {

@@ -2,11 +2,11 @@
 //! thread that records them.
 //!
 //! On NVIDIA, the driver's work per command (vkCmdDispatch, vkCmdPushConstants, barriers) and
-//! per submit is a large share of the host time of a small model's training step (perf,
-//! session 26; bench/results/source-comment-history.md). The encoder therefore only lists a
-//! batch's commands (recorder.rs); when
-//! the batch closes it is queued here, and one thread per Context replays the list into a
-//! command buffer and submits it while the recording thread goes on.
+//! per submit is a large share of the host time of a small model's training step (perf;
+//! bench/results/source-comment-history.md). The encoder therefore only lists a batch's
+//! commands (recorder.rs); when the batch closes it is queued here, and one thread per
+//! Context replays the list into a command buffer and submits it while the recording thread
+//! goes on.
 //!
 //! The decisions a reader must know:
 //! - Batches are submitted in order, whoever submits them: taking a batch off the queue and

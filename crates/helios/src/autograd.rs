@@ -91,9 +91,9 @@ thread_local! {
 
 /// The lists one `backward()` works in: the graph's nodes in order, the walk that orders
 /// them, and the gradients summed per node. A training step walks the same ~500 nodes every
-/// step; growing these from empty each time was ~3% of a 12-block step's recording thread
-/// (callgrind). Taken from `SPARE_WALK` and put back emptied, so a backward nested in a rule
-/// (`checkpoint`) only starts with empty ones.
+/// step; growing these from empty each time showed in profiles of the recording thread
+/// (bench/results/source-comment-history.md). Taken from `SPARE_WALK` and put back emptied,
+/// so a backward nested in a rule (`checkpoint`) only starts with empty ones.
 #[derive(Default)]
 struct Walk {
     order: Vec<Arc<GradNode>>,

@@ -20,9 +20,9 @@ use crate::DType;
 /// which moves big buffers faster).
 const KERNEL_READBACK_MAX: usize = 1 << 20;
 
-/// Default warm-up before timed GPU work, ms (see [`Device::warm_up`]). On an H100 the SM
-/// clock came up from 345 MHz only 0.3–0.5 s into sustained load (nvidia-smi at 100 ms,
-/// `bench/results/2026-11-25-clocks-h100-session15.txt`).
+/// Default warm-up before timed GPU work, ms (see [`Device::warm_up`]): longer than the
+/// idle SM clock takes to come up under sustained load
+/// (`bench/results/2026-11-25-clocks-h100-session15.txt`).
 pub const WARM_UP_MS: u32 = 1000;
 
 /// Kernel choices a Device makes for every op (the environment sets them in `Device::new`).
@@ -243,12 +243,12 @@ impl Device {
     /// Runs `work` (something that records GPU work and waits for it, ideally for a few ms)
     /// again and again for [`Device::warm_up_time`] (not at all when that is zero).
     ///
-    /// Why: NVIDIA's driver lowers an idle GPU's SM clock to about 345 MHz (from 1980) after
-    /// well under a second without work (0.5–1 s on an H100), and raises it only after some
-    /// 0.3–0.5 s of sustained load. Timing that follows compiles or CPU work runs at the idle
-    /// clock, up to 5.7× slow (`bench/results/2026-11-22-clocks-h200.md`). Everything that
-    /// times kernels (the tuners, `helios bench`) warms up first. A 300 ms warm-up ended
-    /// just before the clock rose: tuners then timed their first candidates 2.5–3.5× slow.
+    /// Why: NVIDIA's driver lowers an idle GPU's SM clock after well under a second without
+    /// work, and raises it only after some tenths of a second of sustained load, so timing
+    /// that follows compiles or CPU work runs several times slow
+    /// (`bench/results/2026-11-22-clocks-h200.md`). Everything that times kernels (the
+    /// tuners, `helios bench`) warms up first, for longer than the clock takes to rise (a
+    /// shorter warm-up left the first candidates slow; bench/results/source-comment-history.md).
     /// (Waiting for the call's time to settle does not work: at the idle clock it is steady
     /// too.)
     pub fn warm_up<E>(
@@ -396,8 +396,8 @@ impl Device {
 
     /// Compiles those of `kernels` not compiled yet, several at once (one driver compile
     /// per host thread, up to the host's parallelism), so that the `kernel` calls that follow
-    /// find them. Why: a tuner compiles every candidate of a shape class, and on an H100 the
-    /// driver's compiles were 85% of a bf16 class's 12-16 s (a GPT-2 step meets ~8 classes).
+    /// find them. Why: a tuner compiles every candidate of a shape class, and the driver's
+    /// compiles were most of a class's tuning time (bench/results/source-comment-history.md).
     /// Vulkan allows concurrent pipeline creation (the pipeline cache synchronizes itself).
     pub(crate) fn precompile<F: FnOnce() -> KernelModule + Send>(
         &self,
@@ -447,7 +447,7 @@ impl Device {
     /// (no VK_NVX_binary_import, `HELIOS_NATIVE=0`). Which architecture a driver runs is
     /// not in Vulkan's properties, so the first call asks the driver: it JIT-compiles a
     /// one-instruction `sm_90a` module only a Hopper GPU accepts (the first module of a
-    /// process also pays the driver's CUDA start-up, ~0.13 s on an H200).
+    /// process also pays the driver's CUDA start-up).
     pub fn native_target(&self) -> Option<helios_ptx::Target> {
         *self.inner.native_target.get_or_init(|| {
             let ctx = &self.inner.ctx;

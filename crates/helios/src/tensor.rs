@@ -1,14 +1,18 @@
-//! `Tensor`: an immutable array on a device (a view of a shared buffer), and its element-wise
-//! operations.
+//! `Tensor`: an immutable array on a device, and its element-wise operations.
 //!
-//! Operations are recorded, not waited for: each appends one dispatch to the device's open
-//! batch (with a barrier only where it depends on an earlier dispatch), and batches are
-//! submitted as they fill. Only `to_vec` waits, and only for the batch that wrote the tensor.
+//! A tensor is a `Layout` (shape, strides, offset) over a node of the lazy graph (`lazy`),
+//! which is either realised (a buffer) or pending (an op not yet run); views share the node
+//! and cost no GPU work (`view.rs`). Elements are stored as the tensor's `DType` (f32, f16 or
+//! bf16); kernels compute in f32.
 //!
-//! A tensor is a `Layout` (shape, strides, offset) over a buffer shared by all its views, so
-//! views cost no GPU work (`view.rs`). Element-wise ops read any layout and broadcast their
-//! operands numpy-style; their output is always a fresh row-major tensor. When every operand
-//! is dense and of the output's shape they run the vec4 kernels, otherwise the strided one.
+//! Element-wise ops run nothing when called: each adds a pending node (operands broadcast
+//! numpy-style, output row-major), and the scheduler fuses a chain of them into one kernel
+//! when a value is needed (`to_vec`, `realize`, a library kernel that reads the buffer).
+//! Library ops (`ops/`) record their kernels into the device's open batch when called; a
+//! matmul may stay pending instead, so that the element-wise ops after it join its epilogue.
+//! Only a read-back (or `Device::synchronize`) waits for the GPU, and `to_vec` waits only for
+//! the work that writes the tensor. The one kernel this file records itself is the copy that
+//! reads a strided or small tensor straight into host memory.
 
 use std::borrow::Cow;
 use std::sync::Arc;

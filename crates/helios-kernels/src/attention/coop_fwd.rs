@@ -18,8 +18,9 @@
 //! `vec4<u32>` words, so the Q staging area is reused as the subgroups' scratch.
 //!
 //! Where a probe has learnt the device's fragment layout, `reg_fwd` and `reg_bwd` keep the
-//! scores in registers instead (2× faster forward and backward on an H100); these kernels
-//! are the ones for every other device.
+//! scores in registers instead, which measured much faster forward and backward
+//! (bench/results/source-comment-history.md); these kernels are the ones for every other
+//! device.
 
 use helios_spirv::{
     BinOp, CoopLayout, CoopMat, CoopTy, CoopUse, CoopVar, KernelBuilder, KernelModule, Scalar,

@@ -310,9 +310,8 @@ fn build_coop(kern: &AttentionKernel) -> KernelModule {
 }
 
 /// Bytes of the streamed tensors of one (b, h) (K and V, or Q and dO) that
-/// [`head_group`] keeps within, so that the heads running at once share L2. Session 27
-/// (H100, bf16 and f16 fwd+bwd at 8×12×512×64 and 8×12×1024×64, two rounds) measured 2, 4,
-/// 8 and 32 MiB beside it: 2–8 MiB were 3–20% slower, 32 MiB within noise.
+/// [`head_group`] keeps within, so that the heads running at once share L2. Smaller groups
+/// measured slower and larger ones no faster (bench/results/source-comment-history.md).
 const GROUP_BYTES: u64 = 16 << 20;
 
 /// Heads (b·H + h) per dispatch group: the largest divisor of `bh` whose streamed tensors
@@ -323,10 +322,9 @@ const GROUP_BYTES: u64 = 16 << 20;
 /// [`block_coords`](params::block_coords), the one with the most work when causal) before
 /// any runs its block 1, so the last workgroups to start are the shortest (longest
 /// processing time first). Before this order, blocks ran in x and the heavy blocks of the
-/// last heads started last: on an H100, bf16 8×12×1024×64 took 88.6 µs forward and 350
-/// forward+backward against 74–75 and 304 now. Grouping keeps the heads in flight few
-/// enough to share their streamed tensors in L2: all 64 heads of 4×16×2048×128 at once made
-/// the backward 6% slower.
+/// last heads started last, which measured slower. Grouping keeps the heads in flight few
+/// enough to share their streamed tensors in L2: all heads at once slowed the backward
+/// (both in bench/results/source-comment-history.md).
 fn head_group(bh: u32, t: u32, head_dim: u32, storage: Storage) -> u32 {
     let per_head = 2 * u64::from(t) * u64::from(head_dim) * u64::from(storage.bytes());
     let fit = (GROUP_BYTES / per_head.max(1)).clamp(1, u64::from(bh)) as u32;

@@ -16,13 +16,13 @@ use super::signature::{AttentionKernel, PREP_WORKGROUP};
 /// barrier). Each invocation finds its (b, t, h) once, not once per piece: the divisions by
 /// `heads` and `t` (push constants) cost more than the loads' issue. The design before this
 /// (64 invocations, every vec4 piece's product through shared memory, (b, t, h) per piece)
-/// took 8.4 µs for GPT-2's 8×12×512 bf16 rows on an H100, 1.1 TB/s.
+/// took well over the bytes' time (bench/results/source-comment-history.md).
 ///
 /// Loads are vec4s of the storage type (8 bytes of halves), not 16-byte words of 8 halves:
 /// the element-at-a-time path reads the same buffers, and four lanes' 8-byte loads already
 /// fill whole sectors. Without subgroup shuffles (`HELIOS_NO_SUBGROUP`, or a device without
 /// them) one invocation takes a row: correct, but then a load instruction touches a sector
-/// per invocation (2.5× the bytes' time on an H100 when that was the only design).
+/// per invocation (several times the bytes' time when that was the only design).
 pub(crate) fn build_prep(kern: &AttentionKernel) -> KernelModule {
     let mut k = KernelBuilder::new(kern.name(), kern.binding, [PREP_WORKGROUP, 1, 1]);
     let p = kern.declare(&mut k, false);

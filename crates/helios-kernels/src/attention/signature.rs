@@ -149,9 +149,9 @@ pub const COOP_VARIANTS: [AttnVariant; 10] = [
 
 /// Candidates for `stage` in the order the selection function tries them without a tuned
 /// choice (the first that fits the device's shared memory and workgroup limits wins).
-/// Cooperative orders as measured on an H100: with the scores in `registers` (bf16, each
-/// tile forced, pipelined: forward 128×32 26.0 µs at 8×12×512×64 and 72.2 at T = 1024,
-/// 128×64 28.8 and 79.1; DkDv keeps 32-query blocks) or in shared memory (the backward
+/// Cooperative orders as measured on an H100 (figures in
+/// bench/results/source-comment-history.md): with the scores in `registers` (forward
+/// 128×32 first, then 128×64; DkDv keeps 32-query blocks) or in shared memory (the backward
 /// kernels keep half a score row of S, dP, L and Dsum per invocation: DkDv prefers
 /// 32-query blocks).
 pub fn default_order(stage: AttnStage, coop: bool, registers: bool) -> Vec<AttnVariant> {

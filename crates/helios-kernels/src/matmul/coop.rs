@@ -15,9 +15,8 @@
 //! KHR fragments do not say which invocation holds which element, so per-element work has
 //! to go through memory. Whole tiles with a plain epilogue used to store each fragment
 //! straight to memory instead (`OpCooperativeMatrixStoreKHR`): on an H100 that became one
-//! 16-bit store per element, and took 25–30 µs longer on a 4096×2304 bf16 output whatever
-//! the k, 11–31% of GPT-2's products (bench/results/2026-11-27-matmul-h100-session18-
-//! epilogue-ab.txt).
+//! 16-bit store per element, measurably slower on GPT-2's products
+//! (bench/results/2026-11-27-matmul-h100-session18-epilogue-ab.txt).
 
 use helios_spirv::{
     Access, Binding, CoopLayout, CoopTy, CoopUse, CoopVar, KernelBuilder, KernelModule, Scalar,

@@ -88,8 +88,8 @@ pub(crate) fn staged_k_loop(
     let tiles = k.div(kpad, bk_v);
     // Two stages and one set: unrolled twice, so that the stage of step u is u % 2. With
     // an odd number of sets above one (the SIMT kernels' two sets and a spare), unrolling
-    // to an even count lost 12–31% (an H200: simt128x64d2 at GPT-2's f32 dW shapes), so
-    // there the stage stays an index computed each step.
+    // to an even count measured slower (bench/results/source-comment-history.md), so there
+    // the stage stays an index computed each step.
     let unroll = if stages == 2 && sets == 1 { 2 } else { sets };
     let static_stage = unroll % 2 == 0;
     let dv = k.u32(unroll);

@@ -72,8 +72,8 @@ pub struct MatmulKernel {
     pub subgroup: u32,
     /// k is a whole number of the k loop's unrolled steps (see [`exact_k`]) and the whole of
     /// k is run, so no tile the loop computes passes the end: its loads need no per-element
-    /// k clamp and its shared-memory stores no mask. On an H100 this made the f32 GPT-2
-    /// products 2–5% faster (bench/results/2026-11-25-matmul-f32-h100-session14.md).
+    /// k clamp and its shared-memory stores no mask, which made the f32 GPT-2 products
+    /// faster (bench/results/2026-11-25-matmul-f32-h100-session14-exact-k.txt).
     pub exact_k: bool,
 }
 

@@ -35,9 +35,8 @@ pub fn default_variant(
     let feasible = candidates(input, out, trans, shape, epilogue, caps);
     if let Some(threads) = caps.cpu_threads {
         // On a CPU an invocation's 8×8 block runs about twice the FMAs a second of a 4×4 one
-        // (lavapipe, 2 threads, the tiny preset's lm-head products at a vocabulary of 8192:
-        // simt128x128d1 369–410 ms, simt128x64d1 392–407, simt32x32d1 814–838, simt64x64d2
-        // 794–915). Take the largest such tile that still gives every thread a workgroup.
+        // (lavapipe; bench/results/source-comment-history.md). Take the largest such tile
+        // that still gives every thread a workgroup.
         let grid = |k: &MatmulKernel| {
             let (bm, bn) = k.variant.tile();
             u64::from(shape.m.div_ceil(bm))

@@ -238,8 +238,8 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
 /// shared memory returns one register per lane and cycle: a 16-byte load costs a subgroup
 /// four cycles, but two when lanes n and n^1, or n and n^2, read the same address (NVIDIA's
 /// uniform-pair rule). So lane bit 0 picks `tx` and bit 1 `ty`: A's loads pair lanes n^1 and
-/// B's pair n^2. Row-major lanes (`tx = tid % threads_x`) pair only A's; on an H100 this
-/// placement made NT products 4–5% faster and simt64x32d2 12%, and NN ones no slower.
+/// B's pair n^2. Row-major lanes (`tx = tid % threads_x`) pair only A's: this placement made
+/// NT products faster and NN ones no slower (bench/results/source-comment-history.md).
 fn lane_grid(k: &mut KernelBuilder, tid: Val, threads_x: u32, threads_y: u32) -> (Val, Val) {
     let interleave = threads_x >= 2
         && threads_y >= 2

@@ -138,9 +138,9 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("coop64x64w2x2k64d2", coop(64, 64, 64, 2, 2, 2)),
     ("coop32x64w1x2k32d2", coop(32, 64, 32, 1, 2, 2)),
     // Workgroup scope, plain loads (`wg`) and tensor-addressed loads (`wgt`): the fastest of
-    // ten tilings of each tried on an H100 (driver 580.159.04), under half the subgroup-scope
-    // kernels' rate; kept so the tuner picks them up wherever
-    // a driver makes this path fast (bench/results/2026-11-22-coopmat2-h100.md).
+    // ten tilings of each tried on an H100, under half the subgroup-scope kernels' rate; kept
+    // so the tuner picks them up wherever a driver makes this path fast
+    // (bench/results/2026-11-22-coopmat2-h100.md).
     ("wg128x128k16w4p", wg(128, 128, 16, 4, true)),
     ("wgt128x128k16w4", wgt(128, 128, 16, 4)),
     // NVIDIA native (wgmma through PTX, stages filled by the copy engine): 128 rows (two

@@ -157,7 +157,8 @@ pub fn plan(
 
 /// Invocations that combine one group of columns' `partials` rows together (as a row combine
 /// reads a row's partials): one invocation walking hundreds of partial rows alone waits on
-/// each load in turn (27.6 µs a call for GPT-2's bias and norm-weight gradients on an H100).
+/// each load in turn (slow for GPT-2's bias and norm-weight gradients; the figure is in
+/// bench/results/source-comment-history.md).
 pub fn combine_threads(partials: u64, unroll: u8, workgroup: u32) -> u32 {
     threads_for(partials, unroll.max(1).into(), workgroup)
 }

@@ -2,8 +2,8 @@
 //!
 //! Without cooperative matrices the flash kernels run on FMA units at a third of a GEMM's
 //! rate, so in f32 it is faster to store the (B, H, T, T) scores and run the products as
-//! batched GEMMs (on an H100 at 8×12×1024×64 the flash kernels take 4.7 ms forward and
-//! backward; bench/results/2026-11-24-attention-f32-h100-session8.txt). The one decision a
+//! batched GEMMs (the flash kernels' f32 figures are in
+//! bench/results/2026-11-24-attention-f32-h100-session8.txt). The one decision a
 //! reader must know: every product reads Q, K, V and dO in place through their strides (the
 //! (B, H) heads are a two-level batch) and writes dense [B, T, H, D] outputs, and under a
 //! causal mask each skips the half the mask makes zero (`Triangle`):
@@ -75,8 +75,8 @@ impl<'a> HeadView<'a> {
 /// Whether attention of this size and these options runs in this form: f32, no key
 /// lengths, no forced flash variant (`opts.variant`, `stage_variant`, `HELIOS_ATTN_VARIANT`),
 /// and, unless `opts.stored_scores` decides, a GPU (`cpu`: a CPU device, where the flash
-/// kernels ran 1.8–3.8× faster at every size measured: lavapipe, session 27) with scores
-/// from `MATERIALISED_MIN_BYTES` to `MATERIALISED_BYTES`.
+/// kernels were faster at every size measured; bench/results/source-comment-history.md)
+/// with scores from `MATERIALISED_MIN_BYTES` to `MATERIALISED_BYTES`.
 pub(crate) fn wanted(
     dtype: DType,
     x: Dims,

@@ -28,7 +28,7 @@ use crate::{DType, Error, Result, Tensor};
 /// Largest product (FLOPs) into which `matmul_col_sums` folds the column sums. Below it
 /// the products are small and the saved dispatch is host time (a 12-block step's bias
 /// gradients: 48 dispatches); above it the sums' registers cost the kernel more than the
-/// reduction pass they save (GPT-2's MLP block on an H100, session 28; figures in
+/// reduction pass they save (GPT-2's MLP block on an H100; figures in
 /// bench/results/source-comment-history.md).
 const COL_SUMS_MAX_FLOPS: f64 = (1u64 << 30) as f64;
 

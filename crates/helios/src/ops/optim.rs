@@ -6,8 +6,8 @@
 //! the optimizer's state, so `adamw_step` writes `param`, `m`, `v` (and `copy`) where they
 //! are, and every clone of those tensors sees the new values; the encoder orders the writes
 //! after earlier reads of the same buffers. One dispatch per tensor rather than one over an
-//! address table is explained in `helios_kernels::optim` (about 4% over GPT-2 124M's 148
-//! tensors; a flat parameter buffer is one dispatch).
+//! address table is explained in `helios_kernels::optim` (a few percent of GPT-2 124M's
+//! update; a flat parameter buffer is one dispatch).
 
 use helios_kernels::multi_tensor::SUM_SQUARES_ENTRY;
 use helios_kernels::{

@@ -11,11 +11,11 @@
 //! columns or chunks).
 //!
 //! What bounds them on an H100 is latency, not shared-memory bandwidth: 8 rows per
-//! invocation (half the loads per multiply-add, half the invocations) took twice as long.
-//! The tiles are as large as 48 KiB (the Vulkan limit on NVIDIA) allows at 128
-//! invocations. Loops stay loops: unrolling the products measured no faster, and both it
-//! and prefetching the next block into registers made lavapipe's compiler take minutes per
-//! kernel. The old one-row-per-invocation kernels ran at 2–4 TFLOP/s.
+//! invocation (half the loads per multiply-add, half the invocations) measured slower
+//! (bench/results/source-comment-history.md). The tiles are as large as 48 KiB (the Vulkan
+//! limit on NVIDIA) allows at 128 invocations. Loops stay loops: unrolling the products
+//! measured no faster, and both it and prefetching the next block into registers made
+//! lavapipe's compiler take minutes per kernel.
 //!
 //! - Score tiles (S, dP) live in registers; the row maximum of the forward's online softmax
 //!   is reduced through a small shared array (no subgroup operations, so the kernels run

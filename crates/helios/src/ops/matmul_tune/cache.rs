@@ -48,8 +48,9 @@ pub(crate) fn class_key(p: &Problem) -> String {
 /// cooperative kernels' loads changed (unmasked, read-only path) and one-stage tiles came in.
 /// Version 3: the tuner compiles every candidate before its warm-up; earlier stores can hold
 /// winners timed at the idle clock. Version 4: every cooperative tile's epilogue goes through
-/// shared memory (11–31% faster on GPT-2's shapes on an H100) and three tiles joined the
-/// table; earlier winners were ranked under the old epilogue and never saw the new tiles.
+/// shared memory (faster on GPT-2's shapes:
+/// bench/results/2026-11-27-matmul-h100-session18-epilogue-ab.txt) and three tiles joined
+/// the table; earlier winners were ranked under the old epilogue and never saw the new tiles.
 static STORE: crate::ops::tuning_store::TuningStore =
     crate::ops::tuning_store::TuningStore::new("matmul", 4, |v| parse_tag(v).is_some());
 
