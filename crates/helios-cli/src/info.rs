@@ -92,6 +92,9 @@ fn describe(s: &mut String, index: usize, c: &Caps, selected: bool, extensions: 
     let driver = format!("{} {} ({})", c.driver_name, c.driver_version, c.driver_info);
     top(s, "driver", driver);
     top(s, "device uuid", c.device_uuid.clone());
+    if let Some(n) = c.sm_count {
+        top(s, "multiprocessors", n.to_string());
+    }
     top(s, "pipeline cache uuid", c.pipeline_cache_uuid.clone());
 
     let memory = format!(

@@ -62,6 +62,8 @@ pub struct Caps {
     pub driver_version: String,
     /// Hex, 32 characters.
     pub device_uuid: String,
+    /// Streaming multiprocessors (VK_NV_shader_sm_builtins), where the driver says.
+    pub sm_count: Option<u32>,
     /// Hex, 32 characters; keys the persisted pipeline cache.
     pub pipeline_cache_uuid: String,
     pub memory_heaps: Vec<MemoryHeap>,

@@ -82,6 +82,8 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
     let mut p13 = vk::PhysicalDeviceVulkan13Properties::default();
     let mut sgc_props = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
     let mut m4_props = vk::PhysicalDeviceMaintenance4Properties::default();
+    let mut sm_props = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
+    let has_sm_props = has(ash::nv::shader_sm_builtins::NAME);
     let has_driver_props = at_least(1, 2) || has(ash::khr::driver_properties::NAME);
     let has_sgc = at_least(1, 3) || has(ash::ext::subgroup_size_control::NAME);
     let has_m4 = at_least(1, 3) || has(ash::khr::maintenance4::NAME);
@@ -92,6 +94,9 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
             .push_next(&mut maint3);
         if has_driver_props {
             p2 = p2.push_next(&mut driver);
+        }
+        if has_sm_props {
+            p2 = p2.push_next(&mut sm_props);
         }
         if at_least(1, 3) {
             p2 = p2.push_next(&mut p13);
@@ -286,6 +291,8 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         driver_info: conv::c_chars(&driver.driver_info),
         driver_version: conv::driver_version(props.vendor_id, props.driver_version),
         device_uuid: conv::hex(&id.device_uuid),
+        sm_count: (has_sm_props && at_least(1, 1) && sm_props.shader_sm_count > 0)
+            .then_some(sm_props.shader_sm_count),
         pipeline_cache_uuid: conv::hex(&props.pipeline_cache_uuid),
         memory_heaps,
         memory_types,

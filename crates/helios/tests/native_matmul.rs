@@ -67,11 +67,19 @@ fn runs(
 
 /// Shapes whose contiguous extents are multiples of 8 (the 16-byte copies) for `trans`,
 /// with every other extent odd where it may be, so tiles end inside the matrix; k both
-/// under one k step and over several.
-fn shapes(trans: (bool, bool)) -> [[usize; 4]; 3] {
+/// under one k step and over several; and more output tiles than an H200 has SMs, so a
+/// block walks several.
+fn shapes(trans: (bool, bool)) -> [[usize; 4]; 4] {
     let m = if trans.0 { 200 } else { 197 };
     let n = if trans.1 { 197 } else { 264 };
-    [[1, m, n, 136], [3, 72, 40, 24], [1, 264, 320, 520]]
+    let big_m = if trans.0 { 2056 } else { 2051 };
+    let big_n = if trans.1 { 2001 } else { 2008 };
+    [
+        [1, m, n, 136],
+        [3, 72, 40, 24],
+        [1, 264, 320, 520],
+        [1, big_m, big_n, 40],
+    ]
 }
 
 #[test]

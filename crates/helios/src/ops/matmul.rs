@@ -772,7 +772,7 @@ fn record_native(
     let native = device.native_kernel(KernelKey::Matmul(*kernel), || {
         Ok(kernel.build_native(target)?)
     })?;
-    let launch = kernel.native_launch(s, addr, alpha)?;
+    let launch = kernel.native_launch(s, addr, alpha, device.context().caps().sm_count)?;
     let args: smallvec::SmallVec<[helios_vk::NativeArg; 24]> = launch
         .args
         .iter()

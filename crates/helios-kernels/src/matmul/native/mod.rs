@@ -15,6 +15,9 @@
 //!   flight, and release the stage before it through a named barrier the producer waits on.
 //! - The epilogue runs from the accumulators: scale, bias, activation (and its gradient), the
 //!   pre-activation output, residual, rounding to the output storage.
+//! - Where the device's SM count is known, the grid is one block per SM and each block walks
+//!   its share of the output tiles: the maps are built once, and the producer fills the
+//!   stages of the next tile while the consumers store the last.
 //!
 //! Measured designs and figures: `bench/results/2026-11-28-native-matmul-h200.md`.
 
@@ -91,8 +94,11 @@ struct Block {
     m: Reg,
     n: Reg,
     k: Reg,
-    m0: Reg,
-    n0: Reg,
+    /// Output tiles along N, and in all (u32).
+    tiles_n: Reg,
+    tiles_mn: Reg,
+    bm: u32,
+    bn: u32,
     /// k tiles of the product.
     tiles: Reg,
     tid: Reg,
@@ -108,6 +114,26 @@ struct Block {
 impl Block {
     const fn stage_bytes(&self) -> u32 {
         self.a_stage.bytes() + self.b_stage.bytes()
+    }
+
+    /// Runs `body` with the first row and column (u32) of each output tile this block
+    /// computes: tiles `ctaid.x`, `ctaid.x + nctaid.x`, ... (N fastest), so a grid of one
+    /// block per SM walks all of them and a larger grid gives each block one.
+    fn for_each_tile(&self, k: &mut Kernel, mut body: impl FnMut(&mut Kernel, Reg, Reg)) {
+        let tile = k.special(Special::CtaIdX);
+        let step = k.special(Special::NCtaIdX);
+        let (top, done) = (k.label(), k.label());
+        k.place(top);
+        let over = k.setp(Cmp::Ge, tile, self.tiles_mn);
+        k.bra_if(over, false, done);
+        let row = k.div(tile, self.tiles_n);
+        let col = k.rem(tile, self.tiles_n);
+        let m0 = k.mul(row, self.bm);
+        let n0 = k.mul(col, self.bn);
+        body(k, m0, n0);
+        k.update("add", tile, tile, step);
+        k.bra(top);
+        k.place(done);
     }
 }
 
@@ -173,8 +199,6 @@ pub(crate) fn build(
         <[Reg; 16]>::try_from(v).expect("16 sizes");
     let alpha = k.ld_param(palpha);
     let tid = k.special(Special::TidX);
-    let bx = k.special(Special::CtaIdX);
-    let by = k.special(Special::CtaIdY);
     let bz = k.special(Special::CtaIdZ);
     let outer = k.div(bz, inner);
     let inr = k.rem(bz, inner);
@@ -199,8 +223,19 @@ pub(crate) fn build(
         m,
         n,
         k: kk,
-        m0: k.mul(by, bm),
-        n0: k.mul(bx, bn),
+        tiles_n: {
+            let t = k.add(n, bn - 1);
+            k.div(t, bn)
+        },
+        tiles_mn: {
+            let t = k.add(m, bm - 1);
+            let gy = k.div(t, bm);
+            let t = k.add(n, bn - 1);
+            let gx = k.div(t, bn);
+            k.mul(gx, gy)
+        },
+        bm,
+        bn,
         tiles: {
             let t = k.add(kk, bk - 1);
             k.div(t, bk)
@@ -235,9 +270,6 @@ pub(crate) fn build(
     k.ret();
     k.place(consume_label);
     k.setmaxnreg(true, regs.consumer);
-    let acc = consume(&mut k, kern, &blk, bars);
-
-    k.comment("epilogue from the accumulators");
     let out = Out {
         c,
         off_c,
@@ -248,17 +280,15 @@ pub(crate) fn build(
         ldr,
         pre: ppre.map(|p| k.ld_param_global(p)),
     };
-    epilogue(
-        &mut k,
-        kern,
-        &acc,
-        &out,
-        alpha,
-        (m, n),
-        (blk.m0, blk.n0),
-        tid,
-        bn,
-    );
+    let acc = k.regs(Ty::F32, (bn / 2) as usize);
+    // k steps consumed so far, over all this block's tiles: they pick the stage and its
+    // mbarrier's phase.
+    let step = k.mov(Ty::U32, 0u32);
+    blk.for_each_tile(&mut k, |k, m0, n0| {
+        consume(k, kern, &blk, bars, &acc, step);
+        k.comment("epilogue from the accumulators");
+        epilogue(k, kern, &acc, &out, alpha, (m, n), (m0, n0), tid, bn);
+    });
     k.finish()
 }
 
@@ -286,10 +316,11 @@ impl Registers {
     }
 }
 
-/// The consumers' main loop: wait for a full stage (the mbarriers at shared `bars`, 8 bytes
-/// a stage), multiply it with `wgmma` (one group in flight), release the stage before it.
-/// Returns the accumulators.
-fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg) -> Vec<Reg> {
+/// The consumers' main loop over one output tile: wait for a full stage (the mbarriers at
+/// shared `bars`, 8 bytes a stage), multiply it with `wgmma` (one group in flight), release
+/// the stage before it; the last stage goes back once the tile's products are done. `step`
+/// counts the k steps of earlier tiles and advances past this one's.
+fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg, acc: &[Reg], step: Reg) {
     let (a_stage, b_stage, stages) = (blk.a_stage, blk.b_stage, blk.stages);
     let input = match kern.input {
         Storage::F16 => MmaInput::F16,
@@ -297,9 +328,13 @@ fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg) -> Vec<R
     };
     // The empty barriers count the consumers and the producer's one warp.
     let empty_count = blk.consumers + 32;
+    let release = |k: &mut Kernel, step: Reg| {
+        let slot = k.rem(step, stages);
+        let id = k.add(slot, 1u32);
+        k.bar_arrive_reg(id, empty_count);
+    };
     k.comment("consumers: accumulators and descriptors");
-    let acc = k.regs(Ty::F32, (b_stage.rows / 2) as usize);
-    for &r in &acc {
+    for &r in acc {
         k.assign(r, 0.0f32);
     }
     let wg = k.shr(blk.tid, 7u32);
@@ -317,9 +352,9 @@ fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg) -> Vec<R
 
     k.comment("main loop: wait for a full stage, multiply, release the one before");
     k.for_range(0u32, blk.tiles, 1, |k, tile| {
-        let slot = k.rem(tile, stages);
+        let slot = k.rem(step, stages);
         // The stage's mbarrier completes a phase per round of the stages.
-        let round = k.div(tile, stages);
+        let round = k.div(step, stages);
         let parity = k.and(round, 1u32);
         let bar = k.mad(slot, 8u32, bars);
         k.mbarrier_wait(Addr::new(bar), parity);
@@ -333,7 +368,7 @@ fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg) -> Vec<R
             let dbs = k.desc_offset(db, b_stage.k_step(s));
             k.wgmma(
                 input,
-                &acc,
+                acc,
                 WgmmaA::Shared {
                     desc: das,
                     transpose: !a_stage.k_major,
@@ -344,18 +379,21 @@ fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg) -> Vec<R
             );
         }
         k.wgmma_commit();
-        // The previous tile's product is done: its stage goes back to the producer.
+        // The previous step's product is done: its stage goes back to the producer.
         k.wgmma_wait(1);
         let some = k.setp(Cmp::Gt, tile, 0u32);
         k.if_(some, |k| {
-            let prev = k.add(tile, stages - 1);
-            let prev = k.rem(prev, stages);
-            let id = k.add(prev, 1u32);
-            k.bar_arrive_reg(id, empty_count);
+            let prev = k.sub(step, 1u32);
+            release(k, prev);
         });
+        k.update("add", step, step, 1u32);
     });
     k.wgmma_wait(0);
-    acc
+    let any = k.setp(Cmp::Gt, blk.tiles, 0u32);
+    k.if_(any, |k| {
+        let last = k.sub(step, 1u32);
+        release(k, last);
+    });
 }
 
 impl MatmulKernel {
@@ -390,11 +428,17 @@ impl MatmulKernel {
     }
 
     /// Grid, block and arguments of a native kernel's launch over `shape`.
+    ///
+    /// `sms`, the device's SM count where known, bounds the grid to one resident block per
+    /// SM, each walking its share of the output tiles (the producer then fills the stages of
+    /// a block's next tile while its consumers store the last); without it every tile gets
+    /// a block.
     pub fn native_launch(
         &self,
         shape: &MatmulShape,
         addr: &MatmulAddresses,
         alpha: f32,
+        sms: Option<u32>,
     ) -> Result<NativeLaunch, KernelError> {
         let bad = |detail: String| KernelError::Arguments {
             kernel: self.name(),
@@ -456,8 +500,13 @@ impl MatmulKernel {
             .maps
             .ok_or_else(|| bad("native kernels need a tensor-map workspace".into()))?;
         args.push(Arg::Address(maps));
+        let tiles = gx * gy;
+        let blocks = match sms {
+            Some(sms) => (sms / shape.batch.max(1)).clamp(1, tiles),
+            None => tiles,
+        };
         Ok(NativeLaunch {
-            grid: [gx, gy, shape.batch],
+            grid: [blocks, 1, shape.batch],
             block: [2 * u32::from(t.bm) + WG_THREADS, 1, 1],
             args,
         })

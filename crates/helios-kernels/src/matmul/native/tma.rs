@@ -94,22 +94,27 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, bars: Reg, maps_smem: Reg, m
     k.comment("producer loop: wait for an empty stage, announce its bytes, copy");
     let (stages, bk) = (blk.stages, blk.a_stage.bk);
     let empty_count = blk.consumers + 32;
-    k.for_range(0u32, blk.tiles, 1, |k, tile| {
-        let slot = k.rem(tile, stages);
-        let reuse = k.setp(Cmp::Ge, tile, stages);
-        k.if_(reuse, |k| {
-            let id = k.add(slot, 1u32);
-            k.bar_sync_reg(id, empty_count);
-        });
-        k.if_(lane0, |k| {
-            let bar = k.mad(slot, 8u32, bars);
-            let bar = Addr::new(bar);
-            k.mbarrier_arrive_expect_tx(bar, blk.stage_bytes());
-            let dst = k.mad(slot, blk.stage_bytes(), blk.base);
-            let k0 = k.mul(tile, bk);
-            load(k, blk.a_stage, ga, dst, blk.m0, k0, bar);
-            let dst_b = k.add(dst, blk.a_stage.bytes());
-            load(k, blk.b_stage, gb, dst_b, blk.n0, k0, bar);
+    // k steps issued so far over this block's tiles: they pick the stage.
+    let step = k.mov(Ty::U32, 0u32);
+    blk.for_each_tile(k, |k, m0, n0| {
+        k.for_range(0u32, blk.tiles, 1, |k, tile| {
+            let slot = k.rem(step, stages);
+            let reuse = k.setp(Cmp::Ge, step, stages);
+            k.if_(reuse, |k| {
+                let id = k.add(slot, 1u32);
+                k.bar_sync_reg(id, empty_count);
+            });
+            k.if_(lane0, |k| {
+                let bar = k.mad(slot, 8u32, bars);
+                let bar = Addr::new(bar);
+                k.mbarrier_arrive_expect_tx(bar, blk.stage_bytes());
+                let dst = k.mad(slot, blk.stage_bytes(), blk.base);
+                let k0 = k.mul(tile, bk);
+                load(k, blk.a_stage, ga, dst, m0, k0, bar);
+                let dst_b = k.add(dst, blk.a_stage.bytes());
+                load(k, blk.b_stage, gb, dst_b, n0, k0, bar);
+            });
+            k.update("add", step, step, 1u32);
         });
     });
     k.place(done);
