@@ -168,6 +168,52 @@ pub struct History {
     pub val: Vec<EvalLog>,
 }
 
+/// The trainer's part of a checkpoint (`TrainerState::extra`): the run's log and f16 loss
+/// scale, which a resume takes back, and for the record the precision and accumulation it
+/// ran with. Typed: a malformed or unknown entry is an error on resume, never a silent
+/// default; an empty one (an export, a hand-made state) is a run with no history.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrainerExtras {
+    /// The dtype's name (`DType::name`).
+    #[serde(default)]
+    precision: Option<String>,
+    #[serde(default)]
+    accum: Option<usize>,
+    #[serde(default)]
+    history: History,
+    #[serde(default)]
+    loss_scaler: Option<LossScaler>,
+}
+
+impl TrainerExtras {
+    fn read(extra: &serde_json::Value) -> Result<TrainerExtras> {
+        let bad = |detail: String| {
+            Error::Data(format!(
+                "the checkpoint's trainer state has a bad `extra` ({detail}): it was not \
+                 written by this version of Helios, or it is damaged; resume from another \
+                 checkpoint, or start a new run from its weights with --init"
+            ))
+        };
+        if extra.is_null() {
+            return Ok(TrainerExtras::default());
+        }
+        let extras: TrainerExtras =
+            serde_json::from_value(extra.clone()).map_err(|e| bad(e.to_string()))?;
+        if let Some(p) = &extras.precision {
+            if !DType::ALL.iter().any(|d| d.name() == p) {
+                return Err(bad(format!("precision `{p}` is not a dtype")));
+            }
+        }
+        Ok(extras)
+    }
+
+    fn value(&self) -> Result<serde_json::Value> {
+        serde_json::to_value(self)
+            .map_err(|e| Error::Data(format!("the trainer state cannot be written: {e}")))
+    }
+}
+
 /// What `Trainer::run` reports as it goes.
 #[derive(Debug)]
 pub enum Event<'a> {
@@ -236,9 +282,8 @@ impl Trainer {
         cfg.seed = state.seed;
         check_run(&ckpt.params, &train, val.as_ref(), &cfg)?;
         let sampler = BatchSampler::resume_checked(train, state.sampler, cfg.batch, cfg.seq)?;
-        let history = serde_json::from_value(state.extra["history"].clone()).unwrap_or_default();
-        let scaler: Option<LossScaler> =
-            serde_json::from_value(state.extra["loss_scaler"].clone()).ok();
+        let extras = TrainerExtras::read(&state.extra)?;
+        let (history, scaler) = (extras.history, extras.loss_scaler);
         let mut t = Trainer::build(
             device,
             &ckpt.params,
@@ -447,12 +492,13 @@ impl Trainer {
             schedule: self.cfg.schedule,
             adamw: self.cfg.adamw,
             model: params.config().clone(),
-            extra: serde_json::json!({
-                "precision": self.cfg.precision.name(),
-                "accum": self.cfg.accum,
-                "history": self.history,
-                "loss_scaler": self.scaler,
-            }),
+            extra: TrainerExtras {
+                precision: Some(self.cfg.precision.name().into()),
+                accum: Some(self.cfg.accum),
+                history: self.history.clone(),
+                loss_scaler: self.scaler,
+            }
+            .value()?,
         };
         save_checkpoint(dir, &params, &opt, &state)?;
         self.last_saved = Some(self.opt.step);
@@ -519,4 +565,44 @@ fn check_run(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trainer_extras_round_trip_and_refuse_what_they_do_not_know() {
+        let extras = TrainerExtras {
+            precision: Some("bf16".into()),
+            accum: Some(2),
+            history: History {
+                train: Vec::new(),
+                val: vec![EvalLog {
+                    step: 10,
+                    loss: 3.25,
+                }],
+            },
+            loss_scaler: Some(LossScaler::default()),
+        };
+        let value = extras.value().unwrap();
+        assert_eq!(TrainerExtras::read(&value).unwrap(), extras);
+        // An export or a hand-made state has none: a run with no history.
+        let none = TrainerExtras::read(&serde_json::Value::Null).unwrap();
+        assert_eq!(none, TrainerExtras::default());
+        // Malformed, unknown or out-of-range entries are errors, not defaults.
+        for bad in [
+            serde_json::json!({"history": "lost"}),
+            serde_json::json!({"loss_scaler": {"scale": "big"}}),
+            serde_json::json!({"precision": "f8"}),
+            serde_json::json!({"history": {"train": [], "val": []}, "data": "x.txt"}),
+            serde_json::json!([1, 2]),
+        ] {
+            let err = TrainerExtras::read(&bad).unwrap_err().to_string();
+            assert!(
+                err.contains("bad `extra`") && err.contains("--init"),
+                "{err}"
+            );
+        }
+    }
 }
