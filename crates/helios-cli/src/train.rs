@@ -410,10 +410,20 @@ pub fn run(args: &TrainArgs) -> CliResult {
             .skip(1)
             .map(|s| s.fwd_ms + s.bwd_ms + s.opt_ms)
             .collect();
-        let step_ms = median(steady);
+        // The first step of a run compiles and tunes: the rate is the later steps' (none
+        // when the run had one step).
+        let rate = match steady.is_empty() {
+            true => String::new(),
+            false => {
+                let step_ms = median(steady);
+                format!(
+                    "; {step_ms:.0} ms/step, {:.0} tokens/s (steady state)",
+                    last.tokens as f64 / (step_ms / 1e3)
+                )
+            }
+        };
         println!(
-            "trained {} steps in {train_s:.1} s: loss {:.3} -> {:.3}{}; {step_ms:.0} ms/step, \
-             {:.0} tokens/s (steady state)",
+            "trained {} steps in {train_s:.1} s: loss {:.3} -> {:.3}{}{rate}",
             ran.len(),
             first.loss,
             last.loss,
@@ -421,7 +431,6 @@ pub fn run(args: &TrainArgs) -> CliResult {
                 .last()
                 .map(|v| format!(" (validation {:.3})", v.loss))
                 .unwrap_or_default(),
-            last.tokens as f64 / (step_ms / 1e3),
         );
     }
     if profiling {
