@@ -6,10 +6,8 @@ use helios_kernels::{Activation, Compare};
 
 use crate::autograd::{self, any_needs, record, reduce_to};
 use crate::grad_rules::Saved;
-use crate::{
-    CrossEntropy, DType, Error, MatmulOptions, NormOutput, Reduction, Result, SoftmaxOptions,
-    Tensor,
-};
+use crate::ops::MatmulSpec;
+use crate::{CrossEntropy, DType, Error, NormOutput, Reduction, Result, SoftmaxOptions, Tensor};
 
 /// The gradient of `op` over `axis` (`None`: all) at `x`, given its output `y` and `g` (a
 /// sum or mean reads only `x`'s shape).
@@ -55,7 +53,7 @@ pub(crate) fn reduce_backward(
 /// element-wise pass rereads the product. Only an activation needs its input for backward:
 /// in f32 the kernel also stores that input, in f16/bf16 the activation runs as an
 /// element-wise op on the kernel's output; a residual is then added after it.
-pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Tensor> {
+pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulSpec) -> Result<Tensor> {
     let mut inputs = vec![a, b];
     inputs.extend(opts.bias);
     inputs.extend(opts.residual);
@@ -73,7 +71,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
     let act = opts.act;
     // The residual joins the epilogue only when no activation comes before it.
     let residual = opts.residual.filter(|_| act == Activation::None);
-    let kernel_opts = MatmulOptions {
+    let kernel_opts = MatmulSpec {
         alpha: opts.alpha,
         bias: opts.bias,
         act: Activation::None,
@@ -90,7 +88,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
     // kernels' epilogue runs while the matrix units idle, and cost more than the pass (GPT-2's
     // MLP block on an H100; figures in bench/results/source-comment-history.md).
     let (z, activated) = if act != Activation::None && a.dtype() == DType::F32 {
-        let (y, z) = a.matmul_saving_pre(b, &MatmulOptions { act, ..kernel_opts })?;
+        let (y, z) = a.matmul_saving_pre(b, &MatmulSpec { act, ..kernel_opts })?;
         (z, Some(y))
     } else {
         (a.matmul_raw(b, &kernel_opts)?, None)
@@ -138,7 +136,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulOptions) -> Result<Ten
             (true, Some((act, x))) if same_rows(&gz, &ad) => {
                 let dx = gz.matmul_raw(
                     &bt,
-                    &MatmulOptions {
+                    &MatmulSpec {
                         residual: Some(&x),
                         act_grad: act,
                         ..Default::default()

@@ -57,7 +57,7 @@ pub use ops::{adamw_step, adamw_step_scaled, sum_squares, AdamWConfig, AdamWPara
 pub use ops::{attention_tuning, AttentionGrads, AttentionOptions, AttentionOutput};
 pub use ops::{
     coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,
-    TuneReport,
+    MatmulOverrides, TuneReport,
 };
 pub use ops::{stored_winners, NormGrads, NormOutput, RowOp, SoftmaxOptions};
 pub use tensor::Tensor;

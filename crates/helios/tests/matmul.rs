@@ -7,7 +7,9 @@
 //! `HELIOS_VALIDATION=1`; every test fails on any validation message.
 
 use helios::cpu::matmul::{matmul as reference, relative_error, tolerance, MatmulRef};
-use helios::{matmul_caps, Activation, DType, Error, MatmulOptions, MatmulVariant, Tensor};
+use helios::{
+    matmul_caps, Activation, DType, Error, MatmulOptions, MatmulOverrides, MatmulVariant, Tensor,
+};
 
 mod common;
 use common::matmul::{operand, random, Case, TRANS};
@@ -44,11 +46,14 @@ fn unrunnable_variants_are_errors() {
         // f32 operands never run on cooperative matrices.
         (custom, "coop128x256w2x8k32s1"),
     ] {
-        let opts = MatmulOptions {
+        let opts = MatmulOverrides {
             variant: Some(v),
             ..Default::default()
         };
-        let err = a.matmul_opts(&b, &opts).unwrap_err().to_string();
+        let err = a
+            .matmul_overridden(&b, &MatmulOptions::default(), &opts)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(name) && err.contains("cannot run"), "{err}");
     }
     assert_no_validation_messages();
@@ -96,12 +101,14 @@ fn split_k_matches_reference() {
     // A row-major stack against one matrix folds into one tall product: still splittable.
     let a = Tensor::from_slice(device(), &random(3 * 5 * 64, DType::F32, 7), &[3, 5, 64]).unwrap();
     let b = Tensor::from_slice(device(), &random(64 * 9, DType::F32, 8), &[64, 9]).unwrap();
-    let split = MatmulOptions {
+    let split = MatmulOverrides {
         variant: Some(v),
         splits: Some(2),
         ..Default::default()
     };
-    let got = a.matmul_opts(&b, &split).unwrap();
+    let got = a
+        .matmul_overridden(&b, &MatmulOptions::default(), &split)
+        .unwrap();
     let want = a.matmul(&b).unwrap();
     assert_eq!(got.shape(), [3, 5, 9]);
     let want: Vec<f64> = want
@@ -113,19 +120,17 @@ fn split_k_matches_reference() {
     assert!(relative_error(&got.to_vec().unwrap(), &want) < 1e-6);
     // Refused: an epilogue, and a k that does not cut into equal multiples of 8.
     let bias = Tensor::from_slice(device(), &[0.5; 9], &[9]).unwrap();
-    for (opts, k) in [
-        (
-            MatmulOptions {
-                bias: Some(&bias),
-                ..split
-            },
-            64,
-        ),
-        (split, 40),
-    ] {
+    let with_bias = MatmulOptions {
+        bias: Some(&bias),
+        ..Default::default()
+    };
+    for (opts, k) in [(with_bias, 64), (MatmulOptions::default(), 40)] {
         let a = Tensor::from_slice(device(), &random(5 * k, DType::F32, 9), &[5, k]).unwrap();
         let b = Tensor::from_slice(device(), &random(k * 9, DType::F32, 10), &[k, 9]).unwrap();
-        let err = a.matmul_opts(&b, &opts).unwrap_err().to_string();
+        let err = a
+            .matmul_overridden(&b, &opts, &split)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("cannot be split 2 ways"), "{err}");
     }
     assert_no_validation_messages();
@@ -179,11 +184,14 @@ fn every_simt_variant() {
                     trans.1,
                     DType::F32,
                 );
-                let opts = MatmulOptions {
+                let opts = MatmulOverrides {
                     variant: Some(v),
                     ..Default::default()
                 };
-                let name = a.matmul_choice(&b, &opts).unwrap().kernel;
+                let name = a
+                    .matmul_choice_overridden(&b, &MatmulOptions::default(), &opts)
+                    .unwrap()
+                    .kernel;
                 assert_eq!(name.ends_with("_xk"), exact, "{name} at k = {k}");
                 c.check(300 + (i * 8 + j * 2) as u64 + u64::from(exact));
             }
@@ -349,10 +357,16 @@ fn epilogues_and_output_storage() {
     let bad = MatmulOptions {
         bias: Some(&x),
         residual: Some(&x),
+        ..Default::default()
+    };
+    let act_grad = MatmulOverrides {
         act_grad: Activation::GeluTanh,
         ..Default::default()
     };
-    let err = x.matmul_opts(&x, &bad).unwrap_err().to_string();
+    let err = x
+        .matmul_overridden(&x, &bad, &act_grad)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("act_grad"), "{err}");
     assert_no_validation_messages();
 }
@@ -544,11 +558,13 @@ fn bad_operands_are_errors() {
             continue;
         }
         let v = MatmulVariant::by_name(name).unwrap();
-        let opts = MatmulOptions {
+        let opts = MatmulOverrides {
             variant: Some(v),
             ..Default::default()
         };
-        let e = a.matmul_opts(&ok, &opts).unwrap_err();
+        let e = a
+            .matmul_overridden(&ok, &MatmulOptions::default(), &opts)
+            .unwrap_err();
         assert!(e.to_string().contains("cannot run here"), "{name}: {e}");
     }
     assert_no_validation_messages();
@@ -705,9 +721,10 @@ fn workgroup_scope_variants() {
             let b =
                 Tensor::from_slice_as(dev, &random(40 * bn, input, 8), &[40, bn], input).unwrap();
             let e = odd
-                .matmul_opts(
+                .matmul_overridden(
                     &b,
-                    &MatmulOptions {
+                    &MatmulOptions::default(),
+                    &MatmulOverrides {
                         variant: Some(v),
                         ..Default::default()
                     },

@@ -6,7 +6,9 @@
 //! NVIDIA Hopper GPU); elsewhere it says it skipped, and checks that forcing a native
 //! variant is a clear error. Run with `HELIOS_VALIDATION=1` like every test.
 
-use helios::{matmul_caps, Activation, DType, MatmulOptions, MatmulVariant, Tensor};
+use helios::{
+    matmul_caps, Activation, DType, MatmulOptions, MatmulOverrides, MatmulVariant, Tensor,
+};
 
 mod common;
 use common::matmul::{Case, TRANS};
@@ -93,11 +95,12 @@ fn native_variants_match_the_reference() {
         let v = natives()[0];
         let a = Tensor::from_slice_as(device(), &[1.0; 64], &[8, 8], DType::BF16).unwrap();
         let err = a
-            .matmul_opts(
+            .matmul_overridden(
                 &a,
-                &MatmulOptions {
+                &MatmulOptions::default(),
+                &MatmulOverrides {
                     variant: Some(v),
-                    ..MatmulOptions::default()
+                    ..MatmulOverrides::default()
                 },
             )
             .unwrap_err()

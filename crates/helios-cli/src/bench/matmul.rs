@@ -22,7 +22,7 @@
 use std::path::Path;
 
 use helios::cpu::matmul::{matmul_at, relative_error, MatmulRef};
-use helios::{coop_peak, DType, Device, MatmulOptions, MatmulVariant, Tensor};
+use helios::{coop_peak, DType, Device, MatmulOptions, MatmulOverrides, MatmulVariant, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::stats::Summary;
@@ -205,10 +205,11 @@ fn measure(
     let b_host = round(random_values(c.k * c.n, seed + 1));
     let a = upload(device, &a_host, c.m, c.k, c.ta, dt)?;
     let b = upload(device, &b_host, c.k, c.n, c.tb, dt)?;
-    let opts = MatmulOptions {
+    let opts = MatmulOptions::default();
+    let forcing = MatmulOverrides {
         variant: forced,
         splits: forced.map(|_| 1),
-        ..MatmulOptions::default()
+        ..MatmulOverrides::default()
     };
 
     // Tune (unless a variant is forced, here or by HELIOS_MATMUL_VARIANT), then use the
@@ -229,16 +230,16 @@ fn measure(
             })
             .collect();
     }
-    let choice = a.matmul_choice(&b, &opts)?;
-    let fixed = MatmulOptions {
+    let choice = a.matmul_choice_overridden(&b, &opts, &forcing)?;
+    let fixed = MatmulOverrides {
         variant: Some(choice.variant),
         splits: Some(choice.splits),
-        ..opts
+        ..forcing
     };
 
     // Correctness on sampled rows (the output is reused by the timed runs below, so that
     // they measure the kernel, not the allocator).
-    let out = a.matmul_opts(&b, &fixed)?;
+    let out = a.matmul_overridden(&b, &opts, &fixed)?;
     let rows: Vec<usize> = (0..8).map(|i| i * (c.m - 1) / 7).collect();
     let step = c.n.div_ceil(8192);
     let cols: Vec<usize> = (0..c.n).step_by(step).collect();
@@ -264,9 +265,9 @@ fn measure(
         for _ in 0..reps {
             if choice.splits > 1 {
                 // The split form sums into a fresh tensor (from the pool, as in training).
-                a.matmul_opts(&b, &fixed)?.realize()?;
+                a.matmul_overridden(&b, &opts, &fixed)?.realize()?;
             } else {
-                a.matmul_into(&b, &out, &fixed)?;
+                a.matmul_into_overridden(&b, &out, &opts, &fixed)?;
             }
         }
         let span = ctx.stop_gpu_timer(t)?;

@@ -46,8 +46,9 @@ use smallvec::SmallVec;
 
 use super::group::{collect, dense_edge, take_prerequisites, Group};
 use super::{realize, recycle, ElemOp, Input, Node, Pending, EPILOGUES, NODES};
+use crate::ops::MatmulSpec;
 use crate::realize_lock::Realizing;
-use crate::{DType, Layout, MatmulOptions, Result, Tensor};
+use crate::{DType, Layout, Result, Tensor};
 
 /// A pending product's epilogue as it was built, and its operands' dtype.
 struct ProductOp {
@@ -351,7 +352,7 @@ fn record(
         .take(lock)
         .expect("a pending product keeps its op until it is recorded");
     let (a, b, own_bias) = operands(&op);
-    let opts = MatmulOptions {
+    let opts = MatmulSpec {
         alpha: t.alpha,
         bias: own_bias.as_ref().or(t.bias.as_ref()),
         act: t.act,

@@ -32,7 +32,7 @@ use crate::{DType, Error, Result, Tensor};
 /// bench/results/source-comment-history.md).
 const COL_SUMS_MAX_FLOPS: f64 = (1u64 << 30) as f64;
 
-/// What to fuse into a matmul and how to run it. `Default`: plain `a·b` in `a`'s dtype.
+/// What to fuse into a matmul. `Default`: plain `a·b` in `a`'s dtype.
 #[derive(Clone, Copy, Debug)]
 pub struct MatmulOptions<'a> {
     /// Scales the product before anything else.
@@ -42,18 +42,8 @@ pub struct MatmulOptions<'a> {
     pub act: Activation,
     /// Added last; the output's shape, converted to the output dtype if needed.
     pub residual: Option<&'a Tensor>,
-    /// The product is the gradient at an activation's output and `residual` holds that
-    /// activation's input: the result is `act_grad'(residual) · alpha·A·B` (the residual
-    /// multiplies instead of adding). Only with a residual, and no bias or `act`.
-    pub act_grad: Activation,
     /// Output dtype (default: the inputs').
     pub out: Option<DType>,
-    /// Run this variant instead of the chosen one (benchmarks, tests); an error if the
-    /// device cannot run it.
-    pub variant: Option<MatmulVariant>,
-    /// With `variant`: split k into this many products summed afterwards (see
-    /// `Problem::split_shape` for when that is possible); without `variant` it is ignored.
-    pub splits: Option<u32>,
 }
 
 impl Default for MatmulOptions<'_> {
@@ -63,11 +53,75 @@ impl Default for MatmulOptions<'_> {
             bias: None,
             act: Activation::None,
             residual: None,
-            act_grad: Activation::None,
             out: None,
+        }
+    }
+}
+
+/// What benchmarks, tests and backward rules set beside [`MatmulOptions`]
+/// ([`Tensor::matmul_overridden`]): a backward-only epilogue and a forced kernel. A user's
+/// product needs none of it.
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulOverrides {
+    /// The product is the gradient at an activation's output and the residual holds that
+    /// activation's input: the result is `act_grad'(residual) · alpha·A·B` (the residual
+    /// multiplies instead of adding). Only with a residual, and no bias or `act`; records no
+    /// gradient.
+    pub act_grad: Activation,
+    /// Run this variant instead of the chosen one; an error if the device cannot run it.
+    pub variant: Option<MatmulVariant>,
+    /// With `variant`: split k into this many products summed afterwards (see
+    /// `Problem::split_shape` for when that is possible); without `variant` it is ignored.
+    pub splits: Option<u32>,
+}
+
+impl Default for MatmulOverrides {
+    fn default() -> Self {
+        MatmulOverrides {
+            act_grad: Activation::None,
             variant: None,
             splits: None,
         }
+    }
+}
+
+/// A product's options and overrides together: what the crate passes around inside.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MatmulSpec<'a> {
+    pub alpha: f32,
+    pub bias: Option<&'a Tensor>,
+    pub act: Activation,
+    pub residual: Option<&'a Tensor>,
+    pub act_grad: Activation,
+    pub out: Option<DType>,
+    pub variant: Option<MatmulVariant>,
+    pub splits: Option<u32>,
+}
+
+impl Default for MatmulSpec<'_> {
+    fn default() -> Self {
+        MatmulSpec::new(&MatmulOptions::default(), &MatmulOverrides::default())
+    }
+}
+
+impl<'a> MatmulSpec<'a> {
+    pub(crate) fn new(o: &MatmulOptions<'a>, v: &MatmulOverrides) -> MatmulSpec<'a> {
+        MatmulSpec {
+            alpha: o.alpha,
+            bias: o.bias,
+            act: o.act,
+            residual: o.residual,
+            act_grad: v.act_grad,
+            out: o.out,
+            variant: v.variant,
+            splits: v.splits,
+        }
+    }
+}
+
+impl<'a> From<&MatmulOptions<'a>> for MatmulSpec<'a> {
+    fn from(o: &MatmulOptions<'a>) -> MatmulSpec<'a> {
+        MatmulSpec::new(o, &MatmulOverrides::default())
     }
 }
 
@@ -166,7 +220,7 @@ fn to_u32(what: &str, v: usize) -> Result<u32> {
 }
 
 impl Problem {
-    pub(crate) fn new(a: &Tensor, b: &Tensor, o: &MatmulOptions) -> Result<Problem> {
+    pub(crate) fn new(a: &Tensor, b: &Tensor, o: &MatmulSpec) -> Result<Problem> {
         if !a.device().same(b.device()) {
             return Err(Error::DeviceMismatch { op: "matmul" });
         }
@@ -427,7 +481,7 @@ impl Problem {
             .ok_or_else(|| {
                 invalid(format!(
                     "this product cannot be split {} ways with variant {} (see \
-                     MatmulOptions::splits)",
+                     MatmulOverrides::splits)",
                     plan.splits,
                     plan.kernel.variant.label()
                 ))
@@ -452,7 +506,7 @@ impl Problem {
     /// Whether the product may wait in the lazy graph (`Tensor::matmul_raw`): fusion is on,
     /// the kernel is not forced, the output is not empty, and the epilogue leaves room for
     /// what a graph pass can fold in after it (nothing past the bias and the activation).
-    fn can_wait(&self, o: &MatmulOptions) -> bool {
+    fn can_wait(&self, o: &MatmulSpec) -> bool {
         crate::env::fusion()
             && o.variant.is_none()
             && o.residual.is_none()
@@ -576,13 +630,24 @@ impl Tensor {
 
     /// `act(alpha · self · other + bias) + residual`, stored as `opts.out`, in one kernel.
     pub fn matmul_opts(&self, other: &Tensor, opts: &MatmulOptions) -> Result<Tensor> {
-        crate::autograd_ops::matmul(self, other, opts)
+        crate::autograd_ops::matmul(self, other, &opts.into())
+    }
+
+    /// `matmul_opts` with a forced kernel or a backward-only epilogue: for benchmarks and
+    /// tests.
+    pub fn matmul_overridden(
+        &self,
+        other: &Tensor,
+        opts: &MatmulOptions,
+        overrides: &MatmulOverrides,
+    ) -> Result<Tensor> {
+        crate::autograd_ops::matmul(self, other, &MatmulSpec::new(opts, overrides))
     }
 
     /// `matmul_opts` without autograd: one kernel, recorded now, or, where a graph pass may
     /// still fold element-wise ops into its epilogue (`Problem::can_wait`), when something
     /// first needs the result (`lazy::epilogue`).
-    pub(crate) fn matmul_raw(&self, other: &Tensor, opts: &MatmulOptions) -> Result<Tensor> {
+    pub(crate) fn matmul_raw(&self, other: &Tensor, opts: &MatmulSpec) -> Result<Tensor> {
         let p = Problem::new(self, other, opts)?;
         if p.can_wait(opts) {
             return p.pending();
@@ -603,7 +668,7 @@ impl Tensor {
     pub(crate) fn product_now(
         &self,
         other: &Tensor,
-        opts: &MatmulOptions,
+        opts: &MatmulSpec,
         store_pre: bool,
         location: helios_vk::MemoryLocation,
     ) -> Result<(Tensor, Option<Tensor>, String)> {
@@ -627,7 +692,7 @@ impl Tensor {
     pub(crate) fn matmul_saving_pre(
         &self,
         other: &Tensor,
-        opts: &MatmulOptions,
+        opts: &MatmulSpec,
     ) -> Result<(Tensor, Tensor)> {
         if opts.act == Activation::None || opts.residual.is_some() {
             return Err(invalid(
@@ -645,7 +710,7 @@ impl Tensor {
     /// product is small (`COL_SUMS_MAX_FLOPS`), one launch computes both, else a reduction
     /// follows. This is a linear layer's weight and bias gradients (dW = Xᵀ·dY, db = Σ rows
     /// of dY), which the matmul backward rule takes from here. `variant` forces the
-    /// product's kernel as `MatmulOptions::variant` does. Records no gradient: an error for
+    /// product's kernel as `MatmulOverrides::variant` does. Records no gradient: an error for
     /// operands that need one (call it under `no_grad`).
     pub fn matmul_col_sums(
         &self,
@@ -667,7 +732,7 @@ impl Tensor {
                     .into(),
             ));
         }
-        let opts = MatmulOptions {
+        let opts = MatmulSpec {
             variant,
             ..Default::default()
         };
@@ -695,7 +760,19 @@ impl Tensor {
     /// `matmul_opts` writing into `out`, a dense tensor of the result's shape and dtype
     /// (preallocated outputs: training loops, benchmarks).
     pub fn matmul_into(&self, other: &Tensor, out: &Tensor, opts: &MatmulOptions) -> Result<()> {
-        let p = Problem::new(self, other, opts)?;
+        self.matmul_into_overridden(other, out, opts, &MatmulOverrides::default())
+    }
+
+    /// `matmul_into` with a forced kernel or a backward-only epilogue: for benchmarks and
+    /// tests.
+    pub fn matmul_into_overridden(
+        &self,
+        other: &Tensor,
+        out: &Tensor,
+        opts: &MatmulOptions,
+        overrides: &MatmulOverrides,
+    ) -> Result<()> {
+        let p = Problem::new(self, other, &MatmulSpec::new(opts, overrides))?;
         if !out.device().same(self.device()) {
             return Err(Error::DeviceMismatch { op: "matmul" });
         }
@@ -723,7 +800,17 @@ impl Tensor {
     /// Which kernel `matmul_opts` runs for these operands and why (tuning it first if that is
     /// what `matmul_opts` would do).
     pub fn matmul_choice(&self, other: &Tensor, opts: &MatmulOptions) -> Result<MatmulChoice> {
-        let p = Problem::new(self, other, opts)?;
+        self.matmul_choice_overridden(other, opts, &MatmulOverrides::default())
+    }
+
+    /// `matmul_choice` under overrides (a forced variant is reported as forced).
+    pub fn matmul_choice_overridden(
+        &self,
+        other: &Tensor,
+        opts: &MatmulOptions,
+        overrides: &MatmulOverrides,
+    ) -> Result<MatmulChoice> {
+        let p = Problem::new(self, other, &MatmulSpec::new(opts, overrides))?;
         let (plan, how) = matmul_tune::choose(&p)?;
         Ok(MatmulChoice {
             kernel: plan.kernel.name(),

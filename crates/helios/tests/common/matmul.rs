@@ -3,7 +3,7 @@
 //! a product checked against the f64 CPU reference.
 
 use helios::cpu::matmul::{matmul as reference, relative_error, tolerance, MatmulRef};
-use helios::{Activation, DType, MatmulOptions, MatmulVariant, Tensor};
+use helios::{Activation, DType, MatmulOptions, MatmulOverrides, MatmulVariant, Tensor};
 use rand::{Rng, SeedableRng};
 
 use super::device;
@@ -93,12 +93,14 @@ impl Case {
             bias: self.bias.then_some(&bias),
             act: self.act,
             residual: self.residual.then_some(&res),
-            act_grad: self.act_grad,
             out: Some(self.out),
+        };
+        let overrides = MatmulOverrides {
+            act_grad: self.act_grad,
             variant: self.variant,
             splits: self.splits,
         };
-        let c = a.matmul_opts(&b, &opts).unwrap();
+        let c = a.matmul_overridden(&b, &opts, &overrides).unwrap();
         assert_eq!(c.shape(), [batch, m, n]);
         assert_eq!(c.dtype(), self.out);
         let got = c.to_vec().unwrap();

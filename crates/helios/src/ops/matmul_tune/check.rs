@@ -64,7 +64,7 @@ pub(super) fn check(p: &Problem, plan: &Plan) -> Result<f64> {
         Some(h) => Some(Tensor::from_slice_as(device, h, &[batch, m, n], p.out)?),
         None => None,
     };
-    let opts = crate::ops::MatmulOptions {
+    let opts = crate::ops::MatmulSpec {
         alpha: p.alpha,
         bias: bias_t.as_ref(),
         act: epilogue.act,

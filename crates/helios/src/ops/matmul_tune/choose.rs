@@ -17,7 +17,7 @@ use crate::{DType, Device, Error, Result};
 /// How a kernel was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Choice {
-    /// `MatmulOptions::variant`.
+    /// `MatmulOverrides::variant`.
     Forced,
     /// `HELIOS_MATMUL_VARIANT`.
     Env,

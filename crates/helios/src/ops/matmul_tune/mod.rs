@@ -1,7 +1,7 @@
 //! Which matmul kernel runs: the one selection function of the family, the autotuner behind
 //! it, its on-disk cache, and the cooperative-matrix peak microbenchmark.
 //!
-//! Order of precedence (`choose`): a variant forced by the caller (`MatmulOptions::variant`),
+//! Order of precedence (`choose`): a variant forced by the caller (`MatmulOverrides::variant`),
 //! then `HELIOS_MATMUL_VARIANT=<name>`, then the tuned winner for the problem's shape class,
 //! then (on GPUs, unless `HELIOS_MATMUL_TUNE=0`) tuning now, else the documented default
 //! (`helios_kernels::matmul::default_variant`). Key decision: a candidate may win only after

@@ -16,7 +16,7 @@ use crate::{Device, Result, Tensor};
 #[derive(Clone, Debug)]
 pub struct CandidateResult {
     pub variant: &'static str,
-    /// k split into this many products (1: the plain kernel; see `MatmulOptions::splits`).
+    /// k split into this many products (1: the plain kernel; see `MatmulOverrides::splits`).
     pub splits: u32,
     pub kernel: String,
     /// Relative error of the correctness check (NaN if it could not run).
@@ -44,7 +44,7 @@ impl Tensor {
         other: &Tensor,
         opts: &crate::ops::MatmulOptions,
     ) -> Result<TuneReport> {
-        let p = Problem::new(self, other, opts)?;
+        let p = Problem::new(self, other, &opts.into())?;
         tune(&p)
     }
 }
@@ -287,7 +287,7 @@ mod tests {
         let device = Device::from_env().expect("a Vulkan device");
         let a = Tensor::from_slice(&device, &[0.5f32; 96 * 80], &[96, 80]).expect("a");
         let b = Tensor::from_slice(&device, &[0.25f32; 80 * 72], &[80, 72]).expect("b");
-        let p = Problem::new(&a, &b, &crate::ops::MatmulOptions::default()).expect("problem");
+        let p = Problem::new(&a, &b, &crate::ops::MatmulSpec::default()).expect("problem");
         let caps = matmul_caps(&device);
         let mut kernels: Vec<MatmulKernel> = candidates_of(&p, &caps)
             .into_iter()
