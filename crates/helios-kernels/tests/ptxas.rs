@@ -3,38 +3,22 @@
 //! transpose, storage and epilogue, without register spills.
 
 use helios_kernels::{
-    Activation, Epilogue, MatmulKernel, MatmulVariant as Variant, RowOp, Storage, Triangle,
+    Activation, Epilogue, MatmulKernel, MatmulVariant as Variant, Storage, Triangle,
 };
 use helios_ptx::{ptxas, Target};
 
-const FULL: Epilogue = Epilogue {
-    bias: true,
-    act: Activation::GeluTanh,
-    residual: true,
-    row: RowOp::None,
-    act_grad: Activation::None,
-    store_pre: false,
-    col_sums: false,
-};
+const FULL: Epilogue = Epilogue::forward(true, Activation::GeluTanh, true);
 
-const SAVING_PRE: Epilogue = Epilogue {
+const SAVING_PRE: Epilogue = Epilogue::Forward {
     bias: true,
     act: Activation::GeluTanh,
+    residual: false,
     store_pre: true,
-    ..Epilogue::NONE
 };
 
-const ACT_GRAD: Epilogue = Epilogue {
-    residual: true,
-    act_grad: Activation::GeluTanh,
-    ..Epilogue::NONE
-};
+const ACT_GRAD: Epilogue = Epilogue::ActGrad(Activation::GeluTanh);
 
-const RELU: Epilogue = Epilogue {
-    bias: true,
-    act: Activation::Relu,
-    ..Epilogue::NONE
-};
+const RELU: Epilogue = Epilogue::forward(true, Activation::Relu, false);
 
 const TRANS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
 

@@ -121,47 +121,31 @@ mod matmul {
     use helios_kernels::{CoopPeakKernel, Storage};
     use helios_spirv::{validate, TargetEnv};
 
-    const FULL: Epilogue = Epilogue {
-        bias: true,
-        act: Activation::GeluTanh,
-        residual: true,
-        row: RowOp::None,
-        act_grad: Activation::None,
-        store_pre: false,
-        col_sums: false,
-    };
+    const FULL: Epilogue = Epilogue::forward(true, Activation::GeluTanh, true);
 
     /// A linear layer's forward under autograd: the GELU and its input, both stored.
-    const SAVING_PRE: Epilogue = Epilogue {
+    const SAVING_PRE: Epilogue = Epilogue::Forward {
         bias: true,
         act: Activation::GeluTanh,
+        residual: false,
         store_pre: true,
-        ..Epilogue::NONE
     };
 
     /// A linear layer's GELU backward in the next layer's input-gradient product.
-    const ACT_GRAD: Epilogue = Epilogue {
-        residual: true,
-        act_grad: Activation::GeluTanh,
-        ..Epilogue::NONE
-    };
+    const ACT_GRAD: Epilogue = Epilogue::ActGrad(Activation::GeluTanh);
 
     /// A linear layer's weight gradient with its bias gradient (SIMT only).
-    const COL_SUMS: Epilogue = Epilogue {
-        col_sums: true,
-        ..Epilogue::NONE
-    };
+    const COL_SUMS: Epilogue = Epilogue::ColSums;
 
     /// Attention's softmax steps (see `RowOp`).
     const ROW_OPS: [Epilogue; 2] = [
-        Epilogue {
-            row: RowOp::Exp,
-            ..Epilogue::NONE
+        Epilogue::Row {
+            op: RowOp::Exp,
+            bias: false,
         },
-        Epilogue {
-            residual: true,
-            row: RowOp::SoftmaxGrad,
-            ..Epilogue::NONE
+        Epilogue::Row {
+            op: RowOp::SoftmaxGrad,
+            bias: false,
         },
     ];
 

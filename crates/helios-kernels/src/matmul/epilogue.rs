@@ -31,122 +31,190 @@ pub enum RowOp {
     SoftmaxGrad,
 }
 
-/// What happens to `alpha · A·B` before it is stored, in this order: `+ bias[col]`, the row
-/// op, the activation, `+ residual[row, col]` (unless the row op or `act_grad` multiplied by
-/// it), then rounding to the output storage. Bias and residual are stored like the output.
+/// What happens to `alpha · A·B` before it is stored: one of the combinations the kernels
+/// implement. In the order applied: `+ bias[col]`, the row op, the activation, `+
+/// residual[row, col]` (unless the row op or the activation's gradient multiplies by it),
+/// then rounding to the output storage. Bias and residual are stored like the output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Epilogue {
-    pub bias: bool,
-    pub act: Activation,
-    pub residual: bool,
-    pub row: RowOp,
-    /// The product is the gradient reaching an activation's output, and what is stored is
-    /// the gradient at its input: `act'(residual) · v`, the residual being the activation's
-    /// input. Nothing else may be set but the residual. A linear layer's backward computes
-    /// the GELU's backward this way inside the next layer's input-gradient product, instead
-    /// of a pass over both tensors.
-    pub act_grad: Activation,
-    /// Also store the value the activation takes (after the bias) into a second output,
-    /// `pre`, laid out like C: what the activation's backward reads, written by the product
+pub enum Epilogue {
+    /// `act(alpha·A·B + bias) + residual`, each part optional. `store_pre` (with an
+    /// activation) also stores the value the activation takes into a second output, `pre`,
+    /// laid out like C: what the activation's backward reads, written by the product
     /// instead of read back by an activation pass.
-    pub store_pre: bool,
-    /// Also store the column sums of B, `sums[n] = Σ_k B[k, n]` (not scaled by alpha;
+    Forward {
+        bias: bool,
+        act: Activation,
+        residual: bool,
+        store_pre: bool,
+    },
+    /// The product is the gradient reaching an activation's output, and what is stored is
+    /// the gradient at its input: `act'(residual) · alpha·A·B`, the residual being the
+    /// activation's input. A linear layer's backward computes the GELU's backward this way
+    /// inside the next layer's input-gradient product, instead of a pass over both tensors.
+    ActGrad(Activation),
+    /// A softmax step with one f32 value per output row ([`RowOp`]): `exp(v − rows[row])`
+    /// (`Exp`), or `residual · (v − rows[row])` (`SoftmaxGrad`, the residual multiplying).
+    Row { op: RowOp, bias: bool },
+    /// `alpha·A·B`, and the column sums of B, `sums[n] = Σ_k B[k, n]` (not scaled by alpha;
     /// rounded to C's storage), into a third output of N values: a linear layer's bias
     /// gradient from the product that computes its weight gradient (dW = Xᵀ·dY reads dY as
     /// B, and db is the sum of dY's rows), as cuBLASLt's BGRADB epilogue does, instead of a
     /// reduction pass re-reading dY. SIMT kernels only (they stage B's tiles in shared
     /// memory and every invocation reads its columns' values), a batch of one, the whole k
-    /// range, and nothing else in the epilogue; the workgroups of the first tile row store
-    /// it.
-    pub col_sums: bool,
+    /// range; the workgroups of the first tile row store it.
+    ColSums,
 }
 
 impl Epilogue {
-    pub const NONE: Epilogue = Epilogue {
+    pub const NONE: Epilogue = Epilogue::Forward {
         bias: false,
         act: Activation::None,
         residual: false,
-        row: RowOp::None,
-        act_grad: Activation::None,
         store_pre: false,
-        col_sums: false,
     };
+
+    /// `act(alpha·A·B + bias) + residual`.
+    pub const fn forward(bias: bool, act: Activation, residual: bool) -> Epilogue {
+        Epilogue::Forward {
+            bias,
+            act,
+            residual,
+            store_pre: false,
+        }
+    }
+
+    /// This epilogue also storing the activation's input (`Forward::store_pre`); `None`
+    /// where there is no activation, or not a forward epilogue.
+    pub const fn saving_pre(self) -> Option<Epilogue> {
+        match self {
+            Epilogue::Forward {
+                bias,
+                act,
+                residual,
+                ..
+            } if !matches!(act, Activation::None) => Some(Epilogue::Forward {
+                bias,
+                act,
+                residual,
+                store_pre: true,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether a bias is added.
+    pub const fn bias(&self) -> bool {
+        match *self {
+            Epilogue::Forward { bias, .. } | Epilogue::Row { bias, .. } => bias,
+            Epilogue::ActGrad(_) | Epilogue::ColSums => false,
+        }
+    }
+
+    /// The activation applied (not its gradient).
+    pub const fn act(&self) -> Activation {
+        match *self {
+            Epilogue::Forward { act, .. } => act,
+            _ => Activation::None,
+        }
+    }
+
+    /// Whether a residual is read: added, or multiplying (`ActGrad`, `RowOp::SoftmaxGrad`).
+    pub const fn residual(&self) -> bool {
+        match *self {
+            Epilogue::Forward { residual, .. } => residual,
+            Epilogue::ActGrad(_) => true,
+            Epilogue::Row { op, .. } => matches!(op, RowOp::SoftmaxGrad),
+            Epilogue::ColSums => false,
+        }
+    }
+
+    pub const fn row(&self) -> RowOp {
+        match *self {
+            Epilogue::Row { op, .. } => op,
+            _ => RowOp::None,
+        }
+    }
+
+    /// The activation whose gradient multiplies the product (`ActGrad`).
+    pub const fn act_grad(&self) -> Activation {
+        match *self {
+            Epilogue::ActGrad(a) => a,
+            _ => Activation::None,
+        }
+    }
+
+    pub const fn store_pre(&self) -> bool {
+        matches!(
+            self,
+            Epilogue::Forward {
+                store_pre: true,
+                ..
+            }
+        )
+    }
+
+    pub const fn col_sums(&self) -> bool {
+        matches!(self, Epilogue::ColSums)
+    }
 
     /// Whether anything beyond scaling and rounding happens.
     pub const fn is_plain(&self) -> bool {
-        !self.bias
-            && !self.residual
-            && matches!(self.act, Activation::None)
-            && matches!(self.row, RowOp::None)
-            && matches!(self.act_grad, Activation::None)
-            && !self.store_pre
-            && !self.col_sums
+        matches!(
+            self,
+            Epilogue::Forward {
+                bias: false,
+                act: Activation::None,
+                residual: false,
+                store_pre: false,
+            }
+        )
     }
 
-    /// Whether the parts fit together: a softmax gradient multiplies by the residual and
-    /// nothing else follows a row op; an activation's gradient multiplies by the residual
-    /// and comes alone.
+    /// Whether the parts fit together: the variants allow every combination but storing
+    /// the input of no activation, and a row op of none.
     pub const fn is_valid(&self) -> bool {
-        if self.col_sums {
-            return !self.bias
-                && !self.residual
-                && !self.store_pre
-                && matches!(self.act, Activation::None)
-                && matches!(self.row, RowOp::None)
-                && matches!(self.act_grad, Activation::None);
-        }
-        if self.store_pre
-            && (matches!(self.act, Activation::None)
-                || !matches!(self.act_grad, Activation::None)
-                || !matches!(self.row, RowOp::None))
-        {
-            return false;
-        }
-        if !matches!(self.act_grad, Activation::None) {
-            return self.residual
-                && !self.bias
-                && matches!(self.act, Activation::None)
-                && matches!(self.row, RowOp::None);
-        }
-        match self.row {
-            RowOp::None => true,
-            RowOp::Exp => !self.residual && matches!(self.act, Activation::None),
-            RowOp::SoftmaxGrad => self.residual && matches!(self.act, Activation::None),
+        match *self {
+            Epilogue::Forward { act, store_pre, .. } => {
+                !store_pre || !matches!(act, Activation::None)
+            }
+            Epilogue::ActGrad(a) => !matches!(a, Activation::None),
+            Epilogue::Row { op, .. } => !matches!(op, RowOp::None),
+            Epilogue::ColSums => true,
         }
     }
 
     /// Whether the residual multiplies the value rather than being added to it.
     const fn residual_multiplies(&self) -> bool {
-        matches!(self.row, RowOp::SoftmaxGrad) || !matches!(self.act_grad, Activation::None)
+        matches!(self.row(), RowOp::SoftmaxGrad) || !matches!(self.act_grad(), Activation::None)
     }
 
     pub(super) fn tag(&self) -> String {
         let mut s = String::new();
-        if self.bias {
+        if self.bias() {
             s.push_str("_bias");
         }
-        match self.row {
+        match self.row() {
             RowOp::None => {}
             RowOp::Exp => s.push_str("_rowexp"),
             RowOp::SoftmaxGrad => s.push_str("_rowsmgrad"),
         }
-        if self.store_pre {
+        if self.store_pre() {
             s.push_str("_pre");
         }
-        match self.act {
+        match self.act() {
             Activation::None => {}
             Activation::Relu => s.push_str("_relu"),
             Activation::GeluTanh => s.push_str("_gelu"),
         }
-        match self.act_grad {
+        match self.act_grad() {
             Activation::None => {}
             Activation::Relu => s.push_str("_drelu"),
             Activation::GeluTanh => s.push_str("_dgelu"),
         }
-        if self.residual && !self.residual_multiplies() {
+        if self.residual() && !self.residual_multiplies() {
             s.push_str("_res");
         }
-        if self.col_sums {
+        if self.col_sums() {
             s.push_str("_colsum");
         }
         s
@@ -228,7 +296,7 @@ pub(crate) fn epilogue_store(
         let r = load_f32(k, rows, at, 1, Storage::F32);
         let r = k.splat(r, lanes);
         v = k.sub(v, r);
-        v = match kern.epilogue.row {
+        v = match kern.epilogue.row() {
             RowOp::Exp => k.exp(v),
             RowOp::SoftmaxGrad => {
                 let res = p.residual.expect("a softmax gradient reads the residual");
@@ -246,12 +314,12 @@ pub(crate) fn epilogue_store(
     if let Some(pre) = p.pre {
         store_f32(k, pre, c_index, v, kern.out);
     }
-    v = match kern.epilogue.act {
+    v = match kern.epilogue.act() {
         Activation::None => v,
         Activation::Relu => math::relu(k, v),
         Activation::GeluTanh => math::gelu_tanh(k, v),
     };
-    let act_grad = kern.epilogue.act_grad;
+    let act_grad = kern.epilogue.act_grad();
     if act_grad != Activation::None {
         let res = p
             .residual
@@ -262,7 +330,7 @@ pub(crate) fn epilogue_store(
             Activation::GeluTanh => math::gelu_tanh_backward(k, x, v),
             Activation::None => unreachable!("checked above"),
         };
-    } else if let (Some(res), false) = (p.residual, kern.epilogue.row == RowOp::SoftmaxGrad) {
+    } else if let (Some(res), false) = (p.residual, kern.epilogue.row() == RowOp::SoftmaxGrad) {
         let r = residual(k, res);
         v = k.add(v, r);
     }

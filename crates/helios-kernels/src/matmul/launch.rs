@@ -103,9 +103,9 @@ impl MatmulKernel {
             return false;
         }
         match v {
-            Variant::Simt(_) => !self.epilogue.col_sums || self.triangle == Triangle::Full,
+            Variant::Simt(_) => !self.epilogue.col_sums() || self.triangle == Triangle::Full,
             Variant::Native(t) => super::native::feasible(self, t, caps.native),
-            _ if self.triangle.masks_a() || self.epilogue.col_sums => false,
+            _ if self.triangle.masks_a() || self.epilogue.col_sums() => false,
             Variant::Wg(t) => {
                 (!t.tensor || (self.input == Storage::F16 && caps.coop_wg_tensor))
                     && self.epilogue.is_plain()
@@ -178,17 +178,17 @@ impl MatmulKernel {
                 shape.k
             )));
         }
-        if self.epilogue.bias != addr.bias.is_some()
-            || self.epilogue.residual != addr.residual.is_some()
-            || (self.epilogue.row != RowOp::None) != addr.rows.is_some()
-            || self.epilogue.store_pre != addr.pre.is_some()
-            || self.epilogue.col_sums != addr.sums.is_some()
+        if self.epilogue.bias() != addr.bias.is_some()
+            || self.epilogue.residual() != addr.residual.is_some()
+            || (self.epilogue.row() != RowOp::None) != addr.rows.is_some()
+            || self.epilogue.store_pre() != addr.pre.is_some()
+            || self.epilogue.col_sums() != addr.sums.is_some()
         {
             return Err(bad(
                 "bias/residual/row/pre/sums buffers do not match the epilogue".into(),
             ));
         }
-        if self.epilogue.col_sums
+        if self.epilogue.col_sums()
             && (!matches!(self.variant, Variant::Simt(_))
                 || shape.batch != 1
                 || self.triangle != Triangle::Full)

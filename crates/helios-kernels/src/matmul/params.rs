@@ -45,21 +45,21 @@ pub(crate) fn declare(
     let c = k.buffer("c", out, Access::Write);
     let bias = kern
         .epilogue
-        .bias
+        .bias()
         .then(|| k.buffer("bias", out, Access::Read));
     let residual = kern
         .epilogue
-        .residual
+        .residual()
         .then(|| k.buffer("residual", out, Access::Read));
     let rows =
-        (kern.epilogue.row != RowOp::None).then(|| k.buffer("rows", Scalar::F32, Access::Read));
+        (kern.epilogue.row() != RowOp::None).then(|| k.buffer("rows", Scalar::F32, Access::Read));
     let pre = kern
         .epilogue
-        .store_pre
+        .store_pre()
         .then(|| k.buffer("pre", out, Access::Write));
     let sums = kern
         .epilogue
-        .col_sums
+        .col_sums()
         .then(|| k.buffer("sums", out, Access::Write));
     let u = Ty::scalar(Scalar::U32);
     let mut p = |name: &str| k.param(name, u);

@@ -96,7 +96,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
     // `Epilogue::col_sums`: the invocations of the first tile row's workgroups (a uniform
     // branch; the others would only repeat the sums) add up the B values they read, their
     // `gn` column quads over all of k (invocations of one `tx` hold the same sums).
-    let col_sums: Vec<Var> = match kern.epilogue.col_sums {
+    let col_sums: Vec<Var> = match kern.epilogue.col_sums() {
         true => (0..gn).map(|_| k.var_init(zero4)).collect(),
         false => Vec::new(),
     };

@@ -149,10 +149,10 @@ fn product(
         out.t.shape(),
     );
     if let Some(s) = step {
-        p.epilogue = Epilogue {
-            residual: s.p.is_some(),
-            row: s.op,
-            ..Epilogue::NONE
+        // (`Exp` reads no residual; `SoftmaxGrad` multiplies by P, the residual.)
+        p.epilogue = Epilogue::Row {
+            op: s.op,
+            bias: false,
         };
         p.rows = Some(s.rows.clone());
         p.residual = s.p.cloned();

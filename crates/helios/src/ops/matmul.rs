@@ -15,8 +15,7 @@
 
 use helios_kernels::matmul::{vector_elems, Alignment};
 use helios_kernels::{
-    Activation, Epilogue, MatmulAddresses, MatmulKernel, MatmulShape, MatmulVariant, RowOp,
-    Triangle,
+    Activation, Epilogue, MatmulAddresses, MatmulKernel, MatmulShape, MatmulVariant, Triangle,
 };
 use helios_vk::Access;
 
@@ -343,14 +342,12 @@ impl Problem {
             trans: (ta, tb),
             input: a.dtype(),
             out,
-            epilogue: Epilogue {
-                bias: o.bias.is_some(),
-                act: o.act,
-                residual: o.residual.is_some(),
-                row: RowOp::None,
-                act_grad: o.act_grad,
-                store_pre: false,
-                col_sums: false,
+            // (`act_grad` was checked above to come with a residual and alone.)
+            epilogue: match o.act_grad {
+                Activation::None => {
+                    Epilogue::forward(o.bias.is_some(), o.act, o.residual.is_some())
+                }
+                act => Epilogue::ActGrad(act),
             },
             alpha: o.alpha,
             out_shape,
@@ -525,7 +522,7 @@ impl Problem {
         }
         let op = crate::lazy::ElemOp::Product {
             alpha: self.alpha,
-            act: self.epilogue.act,
+            act: self.epilogue.act(),
             bias: self.bias.is_some(),
         };
         let layout = crate::Layout::contiguous(&self.out_shape);
@@ -674,7 +671,9 @@ impl Tensor {
     ) -> Result<(Tensor, Option<Tensor>, String)> {
         let mut p = Problem::new(self, other, opts)?;
         if store_pre {
-            p.epilogue.store_pre = true;
+            p.epilogue = p.epilogue.saving_pre().ok_or_else(|| {
+                invalid("saving the activation's input needs an activation".into())
+            })?;
             p.pre = Some(p.output()?);
         }
         let (plan, _) = matmul_tune::choose(&p)?;
@@ -748,8 +747,11 @@ impl Tensor {
             // `other` is in the output dtype (no `out` option here).
             return Ok((p.run(&plan)?, other.sum(0)?));
         }
-        let mut kernel = plan.kernel;
-        kernel.epilogue.col_sums = true;
+        // (The product's own epilogue is plain: `p` has no options.)
+        let kernel = MatmulKernel {
+            epilogue: Epilogue::ColSums,
+            ..plan.kernel
+        };
         let sums = Tensor::empty(self.device(), &[s.n as usize], p.out)?;
         p.sums = Some(sums.clone());
         let out = p.output()?;

@@ -89,12 +89,12 @@ pub(super) fn epilogue(
                 store_pair(k, kern, Addr::at(p, off), &v, &oks);
             }
             for x in v.iter_mut() {
-                *x = activation(k, e.act, *x);
+                *x = activation(k, e.act(), *x);
             }
             if let Some(rp) = rptr {
                 let rv = load_pair(k, kern, Addr::at(rp, off), &oks);
                 for i in 0..2 {
-                    v[i] = match e.act_grad {
+                    v[i] = match e.act_grad() {
                         Activation::None => k.add(v[i], rv[i]),
                         act => activation_grad(k, act, rv[i], v[i]),
                     };

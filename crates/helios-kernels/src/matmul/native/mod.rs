@@ -68,8 +68,8 @@ fn buildable(kern: &MatmulKernel, t: NativeTile) -> bool {
         && kern.vec_a
         && kern.vec_b
         && kern.triangle == Triangle::Full
-        && e.row == RowOp::None
-        && !e.col_sums
+        && e.row() == RowOp::None
+        && !e.col_sums()
         && t.shared_bytes() <= 48 * 1024
         && matches!(t.bk, 16 | 32)
         && loadable(u32::from(t.bm), !kern.trans_a)
@@ -163,9 +163,9 @@ pub(crate) fn build(
     let pa = k.param("a", Ty::U64);
     let pb = k.param("b", Ty::U64);
     let pc = k.param("c", Ty::U64);
-    let pbias = e.bias.then(|| k.param("bias", Ty::U64));
-    let pres = e.residual.then(|| k.param("residual", Ty::U64));
-    let ppre = e.store_pre.then(|| k.param("pre", Ty::U64));
+    let pbias = e.bias().then(|| k.param("bias", Ty::U64));
+    let pres = e.residual().then(|| k.param("residual", Ty::U64));
+    let ppre = e.store_pre().then(|| k.param("pre", Ty::U64));
     let names = [
         "m", "n", "k", "lda", "ldb", "ldc", "ldr", "stride_a", "stride_b", "stride_c", "stride_r",
         "inner", "inner_a", "inner_b", "inner_c", "inner_r",
@@ -461,9 +461,9 @@ impl MatmulKernel {
             )));
         }
         let e = &self.epilogue;
-        if e.bias != addr.bias.is_some()
-            || e.residual != addr.residual.is_some()
-            || e.store_pre != addr.pre.is_some()
+        if e.bias() != addr.bias.is_some()
+            || e.residual() != addr.residual.is_some()
+            || e.store_pre() != addr.pre.is_some()
             || addr.rows.is_some()
             || addr.sums.is_some()
         {

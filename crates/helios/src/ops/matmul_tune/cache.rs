@@ -33,10 +33,10 @@ pub(crate) fn class_key(p: &Problem) -> String {
         divides(s.m, mn_granule),
         divides(s.n, mn_granule),
         divides(s.k, k_granule),
-        p.epilogue.bias as u8,
-        p.epilogue.act,
-        p.epilogue.residual as u8,
-    ) + match p.epilogue.row {
+        p.epilogue.bias() as u8,
+        p.epilogue.act(),
+        p.epilogue.residual() as u8,
+    ) + match p.epilogue.row() {
         // (Classes without a row op keep the keys stored before row ops existed.)
         helios_kernels::RowOp::None => "",
         helios_kernels::RowOp::Exp => " rexp",

@@ -15,7 +15,7 @@ use crate::{DType, Device, Result, Tensor};
 pub(super) fn check(p: &Problem, plan: &Plan) -> Result<f64> {
     // A row op (attention's softmax steps) reads buffers this check does not make: it checks
     // the tile's product alone, which is what candidates differ in.
-    let epilogue = match p.epilogue.row {
+    let epilogue = match p.epilogue.row() {
         helios_kernels::RowOp::None => p.epilogue,
         _ => helios_kernels::Epilogue::NONE,
     };
@@ -48,8 +48,8 @@ pub(super) fn check(p: &Problem, plan: &Plan) -> Result<f64> {
     let a_host = rand_vec(batch * m * kk, p.input);
     let b_batches = if s.stride_b == 0 { 1 } else { batch };
     let b_host = rand_vec(b_batches * kk * n, p.input);
-    let bias_host = epilogue.bias.then(|| rand_vec(n, p.out));
-    let res_host = epilogue.residual.then(|| rand_vec(batch * m * n, p.out));
+    let bias_host = epilogue.bias().then(|| rand_vec(n, p.out));
+    let res_host = epilogue.residual().then(|| rand_vec(batch * m * n, p.out));
 
     // Upload in the stored orientation, then view as the logical operand.
     let a_t = upload_operand(device, &a_host, Some(batch), m, kk, p.trans.0, p.input)?;
@@ -67,15 +67,15 @@ pub(super) fn check(p: &Problem, plan: &Plan) -> Result<f64> {
     let opts = crate::ops::MatmulSpec {
         alpha: p.alpha,
         bias: bias_t.as_ref(),
-        act: epilogue.act,
+        act: epilogue.act(),
         residual: res_t.as_ref(),
-        act_grad: epilogue.act_grad,
+        act_grad: epilogue.act_grad(),
         out: Some(p.out),
         variant: Some(kernel.variant),
         splits: None,
     };
     let mut small = Problem::new(&a_t, &b_t, &opts)?;
-    if kernel.epilogue.store_pre {
+    if kernel.epilogue.store_pre() {
         small.pre = Some(small.output()?);
     }
     let mut k = *kernel;
@@ -102,9 +102,9 @@ pub(super) fn check(p: &Problem, plan: &Plan) -> Result<f64> {
             k: kk,
             alpha: p.alpha,
             bias: bias_host.as_deref(),
-            act: epilogue.act,
+            act: epilogue.act(),
             residual: res_host.as_deref(),
-            act_grad: epilogue.act_grad,
+            act_grad: epilogue.act_grad(),
         },
     );
     Ok(relative_error(&got, &want))
