@@ -1,4 +1,5 @@
-//! The environment switches helios-field reads, all in one place (also listed in the README).
+//! The environment switches helios-field reads, all in one place (documented in
+//! `docs/ENVIRONMENT.md`).
 //!
 //! They are read only by [`FieldConfig::from_env`](crate::FieldConfig::from_env), so a library
 //! user who builds a config by hand is never surprised by the environment.

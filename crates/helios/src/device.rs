@@ -35,7 +35,7 @@ pub struct KernelConfig {
     /// loads need two per invocation to keep enough bytes in flight).
     pub elementwise_vecs: Option<u8>,
     /// Element-wise kernels without bounds checks when the size is a whole number of tiles
-    /// (`HELIOS_EW_EXACT=0` turns them off).
+    /// (false keeps the checks, to measure them).
     pub elementwise_exact: bool,
     /// How tensors are read back (`HELIOS_READBACK`).
     pub readback: Readback,
@@ -143,7 +143,7 @@ impl Device {
         let config = KernelConfig {
             binding,
             elementwise_vecs: crate::env::elementwise_vecs(),
-            elementwise_exact: crate::env::elementwise_exact(),
+            elementwise_exact: true,
             readback: crate::env::readback().unwrap_or(Readback::Auto),
             subgroups: !crate::env::no_subgroup(),
             rows: crate::env::row_config(),

@@ -1,39 +1,6 @@
-//! Every `HELIOS_*` environment switch, in one place.
-//!
-//! | variable | effect |
-//! |---|---|
-//! | `HELIOS_VALIDATION=1` | Khronos validation layer with synchronization validation; messages are collected (tests fail on any) |
-//! | `HELIOS_DEVICE=<index or name>` | pick a device other than the best one (`helios info` lists them) |
-//! | `HELIOS_BINDING=address\|descriptor` | how kernels receive buffers: device addresses in push constants (default) or push descriptors |
-//! | `HELIOS_BATCH=<n>` | dispatches per submitted batch (default 256; 1 submits every op alone) |
-//! | `HELIOS_SPIN_US=<µs>` | how long a host wait polls the GPU before sleeping (default 100000 on GPUs, 1000 on CPU devices) |
-//! | `HELIOS_PROFILE=1` | GPU timestamps around every dispatch; `Device::profile_report()` gives the per-kernel table |
-//! | `HELIOS_TRANSFER_QUEUE=0` | staged copies stay on the compute queue |
-//! | `HELIOS_BAR=0` | device-local buffers never use the host-visible (BAR) memory type |
-//! | `HELIOS_MEMORY_LIMIT=<bytes>` | the most device-local memory the pool may hold (`512M`, `2G`): past it an allocation fails as out of device memory; for testing out-of-memory handling, or sharing a GPU |
-//! | `HELIOS_PIPELINE_CACHE=0` | do not persist the Vulkan pipeline cache |
-//! | `HELIOS_CACHE_DIR=<dir>` | root of the on-disk caches (default `$XDG_CACHE_HOME/helios` or `~/.cache/helios`) |
-//! | `HELIOS_VERBOSE=1` | notes about ignored cache files and failed saves |
-//! | `HELIOS_EW_VECS=1\|2\|4` | vec4s per invocation in element-wise kernels (tuning experiments) |
-//! | `HELIOS_EW_EXACT=0` | element-wise kernels keep their bounds checks even when the size is a whole number of tiles |
-//! | `HELIOS_READBACK=kernel\|copy` | read tensors back through a copy kernel into host memory, or the copy engine (default: kernel for ≤ 1 MiB on discrete GPUs) |
-//! | `HELIOS_WG=<n>` | workgroup size (along x) for every kernel, overriding the default (tuning experiments) |
-//! | `HELIOS_DUMP_KERNELS=<dir>` | write the SPIR-V assembly of every kernel compiled to `<dir>/<name>.spvasm` (and, with `HELIOS_PIPELINE_STATS=2`, the driver's text representations to `<dir>/<name>.<executable>.<representation>.txt`) |
-//! | `HELIOS_PIPELINE_STATS=1\|2` | where the device offers VK_KHR_pipeline_executable_properties, pipelines capture the driver's compiler statistics (`1`; on NVIDIA register count, binary size, stack, local (spill) and shared memory) or statistics and the driver's internal representations, where it offers any (`2`; NVIDIA 580 offers none); each kernel compiled prints `helios: stats <kernel>: <stat>=<value>, ...` on stderr, and `Device::kernel_statistics()` returns them |
-//! | `HELIOS_SPIRV_VAL=<path>` | the `spirv-val` binary tests use (default: `.tools/bin/spirv-val`, installed by `scripts/deps.sh test`; never one on PATH) |
-//! | `HELIOS_MATMUL_VARIANT=<name>` | force a matmul variant (`simt128x128`, `coop128x128w2x2`, ...: `helios_kernels::matmul::VARIANTS`) |
-//! | `HELIOS_COOPMAT2=0` | leave VK_NV_cooperative_matrix2 off: the workgroup-scope matmul variants (`wg...`) never run |
-//! | `HELIOS_MATMUL_TUNE=0\|1` | matmul autotuning off (documented default variant) or on also for CPU devices (default: on for GPUs; winners cached per device UUID, driver and enabled kernel features under the cache root) |
-//! | `HELIOS_NO_SUBGROUP=1` | reductions, softmax and norms combine through shared-memory trees instead of subgroup operations |
-//! | `HELIOS_ROWS=cached\|streaming` | force the softmax/norm variant: row kept in registers, or streamed once per pass (default: by row length) |
-//! | `HELIOS_ROW_UNROLL=<n>` | 16-byte loads per invocation per loop step in reduce/softmax/norm kernels (1..=8, default 4) |
-//! | `HELIOS_ROW_SLOTS=<n>` | most 16-byte slots per invocation a cached softmax/norm row keeps in registers (1..=16; default per family) |
-//! | `HELIOS_SPLIT_GROUPS=<n>` | workgroups a split (two-phase) reduction aims for (default 2048) |
-//! | `HELIOS_ROW_WHOLE=0` | softmax and norm kernels keep their per-slot bounds checks even for rows a multiple of 4 long (for measuring what the unchecked kernels gain) |
-//! | `HELIOS_NORM_ROWS=<n>` | rows each invocation group of the cached layernorm/rmsnorm backward walks, summing dgamma/dbeta (default: the power of two at or above rows × width / 786432, 2 to 32) |
-//! | `HELIOS_FUSION=0` | realise every element-wise node and product as it is built (one kernel per op), to measure what fusion buys |
-//! | `HELIOS_DEBUG=1` | print each realisation of the lazy graph: the fused kernel, its nodes, inputs, outputs and bytes moved, or the product and the nodes in its epilogue |
-//! | `HELIOS_WARM_MS=<ms>` | how long timing code (the matmul tuner, `helios bench`) keeps the GPU busy before it measures, so the SM clock has left its idle state (default 1000 on GPUs, 0 on CPU devices) |
+//! Every `HELIOS_*` switch the helios crate reads, read here and nowhere else. What each
+//! does is documented in one place, `docs/ENVIRONMENT.md` (the user-facing ones also in the
+//! README).
 
 use helios_spirv::{Binding, KernelModule};
 
@@ -70,14 +37,6 @@ pub(crate) fn elementwise_vecs() -> Option<u8> {
             None
         }
     }
-}
-
-/// `HELIOS_EW_EXACT=0`: no exact (unchecked) element-wise variant.
-pub(crate) fn elementwise_exact() -> bool {
-    !matches!(
-        std::env::var("HELIOS_EW_EXACT").as_deref(),
-        Ok("0" | "false")
-    )
 }
 
 /// `HELIOS_READBACK=kernel|copy`: forces copy-kernel or copy-engine read-backs.
@@ -155,7 +114,7 @@ fn number_in(var: &str, range: std::ops::RangeInclusive<u32>) -> Option<u32> {
 }
 
 /// The row kernels' switches: `HELIOS_ROWS`, `HELIOS_ROW_UNROLL`, `HELIOS_ROW_SLOTS`,
-/// `HELIOS_SPLIT_GROUPS`, `HELIOS_NORM_ROWS`, `HELIOS_ROW_WHOLE` and `HELIOS_WG`.
+/// `HELIOS_SPLIT_GROUPS`, `HELIOS_NORM_ROWS` and `HELIOS_WG`.
 pub(crate) fn row_config() -> helios_kernels::rows::RowConfig {
     use helios_kernels::rows::{RowConfig, RowVariant};
     let d = RowConfig::default();
@@ -175,7 +134,7 @@ pub(crate) fn row_config() -> helios_kernels::rows::RowConfig {
         target_groups: number_in("HELIOS_SPLIT_GROUPS", 1..=1 << 20).unwrap_or(d.target_groups),
         workgroup: workgroup_override(),
         norm_rows: number_in("HELIOS_NORM_ROWS", 1..=1 << 16),
-        whole_rows: std::env::var("HELIOS_ROW_WHOLE").as_deref() != Ok("0"),
+        ..d
     }
 }
 
@@ -233,6 +192,59 @@ fn sanitize(name: &str) -> String {
     } else {
         s
     }
+}
+
+/// `HELIOS_VERBOSE=1`: notes about ignored cache files and failed saves, and what the tuners
+/// did.
+pub(crate) fn verbose() -> bool {
+    std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1")
+}
+
+/// `HELIOS_TUNE_TRACE`: print each step of a matmul class's tuning as it starts.
+pub(crate) fn tune_trace() -> bool {
+    std::env::var_os("HELIOS_TUNE_TRACE").is_some()
+}
+
+/// `HELIOS_MATMUL_VARIANT`, trimmed; `None` when unset or empty (read once per process:
+/// every matmul asks).
+pub(crate) fn matmul_variant() -> Option<&'static str> {
+    static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        std::env::var("HELIOS_MATMUL_VARIANT")
+            .ok()
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    })
+    .as_deref()
+}
+
+/// A tuner's switch (`HELIOS_MATMUL_TUNE`, `HELIOS_ATTN_TUNE`): `Some(false)` for `0`,
+/// `Some(true)` for `1`, `None` (the device's default) otherwise.
+fn tune_switch(name: &str) -> Option<bool> {
+    match std::env::var(name).as_deref().map(str::trim) {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    }
+}
+
+/// `HELIOS_MATMUL_TUNE=0|1`.
+pub(crate) fn matmul_tune() -> Option<bool> {
+    tune_switch("HELIOS_MATMUL_TUNE")
+}
+
+/// `HELIOS_ATTN_TUNE=0|1` (read once per process: every attention call asks).
+pub(crate) fn attention_tune() -> Option<bool> {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| tune_switch("HELIOS_ATTN_TUNE"))
+}
+
+/// `HELIOS_ATTN_VARIANT`, trimmed; `None` when unset or empty.
+pub(crate) fn attention_variant() -> Option<String> {
+    std::env::var("HELIOS_ATTN_VARIANT")
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
 }
 
 #[cfg(test)]

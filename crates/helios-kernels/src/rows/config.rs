@@ -58,8 +58,7 @@ pub struct RowConfig {
     /// (`HELIOS_NORM_ROWS`; default `norm::norm_bwd_rows`).
     pub norm_rows: Option<u32>,
     /// Softmax and norm rows a multiple of 4 long run kernels without per-slot checks
-    /// ([`Row::whole`](super::Row::whole); `HELIOS_ROW_WHOLE=0` turns that off, for
-    /// measurements).
+    /// ([`Row::whole`](super::Row::whole); false keeps the checks, to measure them).
     pub whole_rows: bool,
 }
 

@@ -683,14 +683,9 @@ fn choose(
 
 /// The device's cooperative-matrix fragment layout for `storage` inputs when the
 /// register-resident kernels can use it (probed once per device; see
-/// `helios_kernels::coop_layout`). `HELIOS_ATTN_FRAG=0` keeps the kernels that stage scores
-/// in shared memory (for side-by-side measurements). A probe that fails leaves those
-/// kernels in place and says why under `HELIOS_DEBUG`.
+/// `helios_kernels::coop_layout`). A probe that fails leaves the kernels that stage scores
+/// in shared memory in place and says why under `HELIOS_DEBUG`.
 pub(crate) fn frag_map(device: &Device, storage: Storage) -> Option<helios_kernels::FragMap> {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *OFF.get_or_init(|| std::env::var("HELIOS_ATTN_FRAG").is_ok_and(|v| v.trim() == "0")) {
-        return None;
-    }
     let bf16 = match storage {
         Storage::F16 => false,
         Storage::BF16 => true,
@@ -785,11 +780,8 @@ enum Forced {
 fn env_variant() -> Option<Forced> {
     static FORCED: std::sync::OnceLock<Option<Forced>> = std::sync::OnceLock::new();
     *FORCED.get_or_init(|| {
-        let s = std::env::var("HELIOS_ATTN_VARIANT").ok()?;
-        let s = s.trim();
-        if s.is_empty() {
-            return None;
-        }
+        let s = crate::env::attention_variant()?;
+        let s = s.as_str();
         if s == "simt" {
             return Some(Forced::Simt);
         }

@@ -73,18 +73,10 @@ fn rows(q: &Tensor, d: usize) -> usize {
     q.len() / d.max(1)
 }
 
-/// `HELIOS_ATTN_TUNE` (read once per process: every attention call asks).
+/// Whether attention tuning is on: `HELIOS_ATTN_TUNE`, else on GPUs.
 fn enabled(device: &Device) -> bool {
-    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let forced =
-        FORCED.get_or_init(
-            || match std::env::var("HELIOS_ATTN_TUNE").as_deref().map(str::trim) {
-                Ok("0") => Some(false),
-                Ok("1") => Some(true),
-                _ => None,
-            },
-        );
-    forced.unwrap_or_else(|| device.context().caps().device_type != DeviceType::Cpu)
+    crate::env::attention_tune()
+        .unwrap_or_else(|| device.context().caps().device_type != DeviceType::Cpu)
 }
 
 /// Whether a call should tune `stages` first: tuning on, nothing forced, some stage's class
@@ -196,7 +188,7 @@ fn tune(
                     .map(|(a, b)| relative_error(b, a))
                     .fold(0.0, f64::max);
                 if err.is_nan() || err > bound(q.dtype()) {
-                    if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+                    if crate::env::verbose() {
                         eprintln!(
                             "helios: attention tuning {key}: {} rejected (error {err:.2e})",
                             v.tag()
@@ -229,7 +221,7 @@ fn tune(
     for ((v, _), mut s) in valid.iter().zip(samples) {
         s.sort_by(f64::total_cmp);
         let us = s[1];
-        if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+        if crate::env::verbose() {
             eprintln!("helios: attention tuning {key}: {} {us:.1} µs", v.tag());
         }
         if best.map_or(true, |(_, b)| us < b) {

@@ -93,7 +93,7 @@ impl TuningStore {
                 .and_then(|_| std::fs::write(&tmp, text))
                 .and_then(|_| std::fs::rename(&tmp, &path));
             if let Err(err) = result {
-                if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+                if crate::env::verbose() {
                     eprintln!(
                         "helios: cannot save {family} tuning to {}: {err}",
                         path.display()

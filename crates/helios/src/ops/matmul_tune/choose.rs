@@ -51,15 +51,9 @@ fn invalid(detail: String) -> Error {
 /// `HELIOS_MATMUL_VARIANT`: a variant name from `helios_kernels::matmul::VARIANTS`, or a
 /// cooperative tile outside it in the same grammar (`MatmulVariant::parse`).
 fn env_variant() -> Result<Option<MatmulVariant>> {
-    // Read once per process (it is asked on every matmul).
-    static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let Some(name) = NAME.get_or_init(|| std::env::var("HELIOS_MATMUL_VARIANT").ok()) else {
+    let Some(name) = crate::env::matmul_variant() else {
         return Ok(None);
     };
-    let name = name.trim();
-    if name.is_empty() {
-        return Ok(None);
-    }
     MatmulVariant::parse(name).map(Some).ok_or_else(|| {
         let names: Vec<&str> = helios_kernels::matmul::VARIANTS
             .iter()
@@ -77,14 +71,8 @@ fn env_variant() -> Result<Option<MatmulVariant>> {
 /// Whether `choose` may tune: on GPUs by default (`HELIOS_MATMUL_TUNE=0` turns it off,
 /// `=1` on for CPU devices too, where timing is slow and means little).
 fn tuning_enabled(device: &Device) -> bool {
-    match std::env::var("HELIOS_MATMUL_TUNE")
-        .as_deref()
-        .map(str::trim)
-    {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => device.context().caps().device_type != DeviceType::Cpu,
-    }
+    crate::env::matmul_tune()
+        .unwrap_or_else(|| device.context().caps().device_type != DeviceType::Cpu)
 }
 
 /// The family's one selection function (see the module docs for the order).

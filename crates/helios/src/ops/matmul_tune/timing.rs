@@ -7,7 +7,7 @@ use crate::{Device, Result, Tensor};
 
 /// `HELIOS_TUNE_TRACE=1`: each step of a class's tuning as it starts (where a tuning stalls).
 pub(super) fn trace(what: std::fmt::Arguments) {
-    if std::env::var_os("HELIOS_TUNE_TRACE").is_some() {
+    if crate::env::tune_trace() {
         eprintln!("helios: matmul tuning: {what}");
     }
 }

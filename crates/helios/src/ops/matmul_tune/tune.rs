@@ -185,7 +185,7 @@ pub(super) fn tune(p: &Problem) -> Result<TuneReport> {
         });
     }
     let winner = best(&rows);
-    if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+    if crate::env::verbose() {
         // Where a class's tuning time goes (a fresh machine's first step is mostly this).
         eprintln!(
             "helios: matmul tuning {key}: {:.1} s in all, {:.1} s to the end of the checks, \
