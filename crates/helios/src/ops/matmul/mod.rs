@@ -12,12 +12,23 @@
 //! `MatmulShape` and records the dispatch. A product that a graph pass may still give an
 //! element-wise tail (at most a bias and an activation, no forced kernel) becomes a pending
 //! graph node instead, which `lazy::epilogue` records when something needs it.
+//!
+//! `options` holds what a caller asks (`MatmulOptions`, `MatmulOverrides`), `native` the
+//! recording of NVIDIA's native kernels; the problem, its split-K plans and the SPIR-V
+//! recording stay here.
 
 use helios_kernels::matmul::{vector_elems, Alignment};
 use helios_kernels::{
     Activation, Epilogue, MatmulAddresses, MatmulKernel, MatmulShape, MatmulVariant, Triangle,
 };
 use helios_vk::Access;
+
+mod native;
+mod options;
+
+use native::record_native;
+pub(crate) use options::MatmulSpec;
+pub use options::{MatmulOptions, MatmulOverrides};
 
 use super::matmul_tune::{self, Choice};
 use crate::device::KernelKey;
@@ -30,99 +41,6 @@ use crate::{DType, Error, Result, Tensor};
 /// reduction pass they save (GPT-2's MLP block on an H100; figures in
 /// bench/results/source-comment-history.md).
 const COL_SUMS_MAX_FLOPS: f64 = (1u64 << 30) as f64;
-
-/// What to fuse into a matmul. `Default`: plain `a·b` in `a`'s dtype.
-#[derive(Clone, Copy, Debug)]
-pub struct MatmulOptions<'a> {
-    /// Scales the product before anything else.
-    pub alpha: f32,
-    /// (n) added to every row; converted to the output dtype if needed.
-    pub bias: Option<&'a Tensor>,
-    pub act: Activation,
-    /// Added last; the output's shape, converted to the output dtype if needed.
-    pub residual: Option<&'a Tensor>,
-    /// Output dtype (default: the inputs').
-    pub out: Option<DType>,
-}
-
-impl Default for MatmulOptions<'_> {
-    fn default() -> Self {
-        MatmulOptions {
-            alpha: 1.0,
-            bias: None,
-            act: Activation::None,
-            residual: None,
-            out: None,
-        }
-    }
-}
-
-/// What benchmarks, tests and backward rules set beside [`MatmulOptions`]
-/// ([`Tensor::matmul_overridden`]): a backward-only epilogue and a forced kernel. A user's
-/// product needs none of it.
-#[derive(Clone, Copy, Debug)]
-pub struct MatmulOverrides {
-    /// The product is the gradient at an activation's output and the residual holds that
-    /// activation's input: the result is `act_grad'(residual) · alpha·A·B` (the residual
-    /// multiplies instead of adding). Only with a residual, and no bias or `act`; records no
-    /// gradient.
-    pub act_grad: Activation,
-    /// Run this variant instead of the chosen one; an error if the device cannot run it.
-    pub variant: Option<MatmulVariant>,
-    /// With `variant`: split k into this many products summed afterwards (see
-    /// `Problem::split_shape` for when that is possible); without `variant` it is ignored.
-    pub splits: Option<u32>,
-}
-
-impl Default for MatmulOverrides {
-    fn default() -> Self {
-        MatmulOverrides {
-            act_grad: Activation::None,
-            variant: None,
-            splits: None,
-        }
-    }
-}
-
-/// A product's options and overrides together: what the crate passes around inside.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct MatmulSpec<'a> {
-    pub alpha: f32,
-    pub bias: Option<&'a Tensor>,
-    pub act: Activation,
-    pub residual: Option<&'a Tensor>,
-    pub act_grad: Activation,
-    pub out: Option<DType>,
-    pub variant: Option<MatmulVariant>,
-    pub splits: Option<u32>,
-}
-
-impl Default for MatmulSpec<'_> {
-    fn default() -> Self {
-        MatmulSpec::new(&MatmulOptions::default(), &MatmulOverrides::default())
-    }
-}
-
-impl<'a> MatmulSpec<'a> {
-    pub(crate) fn new(o: &MatmulOptions<'a>, v: &MatmulOverrides) -> MatmulSpec<'a> {
-        MatmulSpec {
-            alpha: o.alpha,
-            bias: o.bias,
-            act: o.act,
-            residual: o.residual,
-            act_grad: v.act_grad,
-            out: o.out,
-            variant: v.variant,
-            splits: v.splits,
-        }
-    }
-}
-
-impl<'a> From<&MatmulOptions<'a>> for MatmulSpec<'a> {
-    fn from(o: &MatmulOptions<'a>) -> MatmulSpec<'a> {
-        MatmulSpec::new(o, &MatmulOverrides::default())
-    }
-}
 
 /// How a matmul runs: a kernel and, when `splits` > 1, the k dimension cut into that many
 /// products of one batched launch into an f32 workspace, then summed (split-K). Splitting
@@ -839,41 +757,4 @@ impl MatmulChoice {
     pub fn label(&self) -> String {
         matmul_tune::winner_tag(&self.variant.label(), self.splits)
     }
-}
-
-/// Records a native (PTX) matmul kernel: the driver's JIT on first use, then a launch in
-/// the same encoder as the SPIR-V dispatches.
-fn record_native(
-    device: &crate::Device,
-    kernel: &MatmulKernel,
-    s: &MatmulShape,
-    addr: &MatmulAddresses,
-    alpha: f32,
-    accesses: &[Access],
-) -> Result<()> {
-    let target = device.native_target().ok_or_else(|| {
-        invalid(format!(
-            "{} is a native NVIDIA kernel, and this device has none (VK_NVX_binary_import \
-             with a Hopper GPU, HELIOS_NATIVE not 0)",
-            kernel.variant.label()
-        ))
-    })?;
-    let native = device.native_kernel(KernelKey::Matmul(*kernel), || {
-        Ok(kernel.build_native(target)?)
-    })?;
-    let launch = kernel.native_launch(s, addr, alpha, device.context().caps().sm_count)?;
-    let args: smallvec::SmallVec<[helios_vk::NativeArg; 24]> = launch
-        .args
-        .iter()
-        .map(|a| match *a {
-            helios_kernels::Arg::Address(v) => helios_vk::NativeArg::U64(v),
-            helios_kernels::Arg::U32(v) => helios_vk::NativeArg::U32(v),
-            helios_kernels::Arg::I32(v) => helios_vk::NativeArg::I32(v),
-            helios_kernels::Arg::F32(v) => helios_vk::NativeArg::F32(v),
-        })
-        .collect();
-    device
-        .context()
-        .launch_native(&native, launch.grid, launch.block, 0, &args, accesses)?;
-    Ok(())
 }
