@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod grad;
+pub mod graph;
 pub mod matmul;
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
