@@ -6,7 +6,7 @@
 //! never takes it into a fusion group. It is recorded the first time something needs it:
 //! - a library kernel, a host read or an optimizer step: as it was asked for
 //!   (`realize_product`);
-//! - a fusion group reading it: `collect_ready` finds it among the group's prerequisites and
+//! - a fusion group reading it: `collect` finds it among the group's prerequisites and
 //!   asks `fold_target` how much of the group the epilogue can compute. Those members (the
 //!   *tail*) follow one another, each reading the one before element for element, in the
 //!   epilogue's order:
@@ -37,15 +37,16 @@
 //! when it was built, and the tail admits only a bias and a residual that are dense and of
 //! the output's dtype, which the product then reads as they are (`Tensor::product_now`).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use helios_kernels::{Activation, BinaryOp, UnaryOp};
 use helios_vk::MemoryLocation;
 use smallvec::SmallVec;
 
-use super::group::{collect, dense_edge, take_prerequisites, Group};
-use super::{realize, recycle, ElemOp, Input, Node, Pending, EPILOGUES, NODES};
+use super::group::{dense_edge, take_prerequisites, Group};
+use super::recycle::recycle;
+use super::stats::{report, Realised};
+use super::{realize, ElemOp, Input, Node, Pending};
 use crate::ops::MatmulSpec;
 use crate::realize_lock::Realizing;
 use crate::{DType, Layout, Result, Tensor};
@@ -297,7 +298,7 @@ pub(super) fn fold(end: &Arc<Node>, p: Arc<Node>, lock: &Realizing) -> Result<()
         if end.is_realized() || !p.is_pending_product() {
             return Ok(());
         }
-        let mut g = collect(end, lock);
+        let mut g = Group::new(end, lock);
         let pre = take_prerequisites(&mut g);
         if pre.iter().all(|q| Arc::ptr_eq(q, &p)) {
             let whole =
@@ -320,17 +321,11 @@ pub(super) fn fold(end: &Arc<Node>, p: Arc<Node>, lock: &Realizing) -> Result<()
     if let (Some(node), Some(pre)) = (stored_pre(&g, &p, t.pre), pre) {
         set_buffer(node, pre);
     }
-    if crate::env::debug() {
-        let ops: Vec<&str> = (0..g.len()).map(|j| g.op(j).op.name()).collect();
-        eprintln!(
-            "helios: realise {kernel}: a product and {} nodes [{}] in its epilogue, {} B written",
-            g.len(),
-            ops.join(" "),
-            end.len * end.dtype.size()
-        );
-    }
-    EPILOGUES.fetch_add(1, Ordering::Relaxed);
-    NODES.fetch_add(g.len() as u64, Ordering::Relaxed);
+    report(Realised::Epilogue {
+        kernel: &kernel,
+        group: &g,
+        end,
+    });
     let members = g.release();
     recycle(members, lock);
     Ok(())
@@ -402,11 +397,9 @@ pub(super) fn realize_product(
     };
     let (out, _, kernel) = record(p, &Tail::new(&op, p.dtype), location, lock)?;
     set_buffer(p, out);
-    if crate::env::debug() {
-        eprintln!(
-            "helios: realise {kernel}: a product, {} B written",
-            p.len * p.dtype.size()
-        );
-    }
+    report(Realised::Product {
+        kernel: &kernel,
+        out: p,
+    });
     Ok(())
 }

@@ -1,6 +1,7 @@
-//! A fusion group: the scheduler's pass 1 (`collect`: the pending nodes a root reaches
-//! through dense edges), its pass 3 (`lower`: the group as one `FusedKernel`), and the
-//! group's end: `Group::release` once it has run, or its `Drop` giving every op back if not.
+//! A fusion group: the walk of the scheduler's pass 1 (`Group::new`: the pending nodes a
+//! root reaches through dense edges, which `collect` repeats until it needs no
+//! prerequisite), what later passes read of it, and its end: `Group::release` once it has
+//! run, or its `Drop` giving every op back if not.
 //!
 //! The design decision a reader must know: a group owns its members' ops, taken out of the
 //! nodes, and holds each member other than the root only through the input of the op that
@@ -12,13 +13,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use helios_kernels::{BinaryOp, FusedDims, FusedInput, Instr, Window};
-use helios_vk::MemoryLocation;
-
-use super::{epilogue, realize, ElemOp, Input, Lowered, Node, Pending, LOCAL};
-use crate::layout::{is_contiguous, merge_dims_one, Dims};
+use super::recycle::{put_scratch, take_scratch, Scratch};
+use super::{ElemOp, Input, Node, Pending};
 use crate::realize_lock::Realizing;
-use crate::{Error, Layout, Result};
+
+thread_local! {
+    /// This thread's lists for the next group (see `Lists`).
+    static LISTS: Scratch<Lists> = const { Scratch::new(None) };
+}
 
 /// Whether a consumer of `len` elements reads `input` element for element: a dense view of
 /// the whole node, of the consumer's size (no broadcast).
@@ -46,7 +48,7 @@ pub(super) struct Group<'r> {
     /// The collection's root, its last member.
     pub(super) root: Arc<Node>,
     /// Its members' ops, where it holds them, their order: this thread's lists, taken from
-    /// `Local::lists` and put back when the group is dropped.
+    /// `LISTS` and put back when the group is dropped.
     lists: Lists,
     /// The collection's epoch: a node is a member when its `mark` is this epoch and its
     /// `slot` a member index (in `order`).
@@ -56,34 +58,23 @@ pub(super) struct Group<'r> {
 }
 
 /// The lists a group is built in, kept by the thread from one group to the next for their
-/// allocations. Empty between groups: they hold no node then.
-pub(super) struct Lists {
-    /// Per member, in the order `collect` expanded them (the root's first): its op.
+/// allocations (`LISTS`). Empty between groups: they hold no node then.
+#[derive(Default)]
+struct Lists {
+    /// Per member, in the order `Group::new` expanded them (the root's first): its op.
     taken: Vec<Pending>,
     /// Per member, in the same order: the input that holds it (the root's is `ROOT`). An
     /// op found a member before it expanded it, so `held_at[e].op < e`.
     held_at: Vec<At>,
     /// The members in topological order, as indices in `taken`.
     order: Vec<u32>,
-    /// `collect`'s work list.
+    /// `Group::new`'s work list.
     stack: Vec<Visit>,
     /// The members `Group::release` hands back, in topological order.
     members: Vec<Option<Arc<Node>>>,
 }
 
-impl Lists {
-    pub(super) const fn new() -> Lists {
-        Lists {
-            taken: Vec::new(),
-            held_at: Vec::new(),
-            order: Vec::new(),
-            stack: Vec::new(),
-            members: Vec::new(),
-        }
-    }
-}
-
-/// A step of `collect`'s walk: a node found where the group holds it, or an expanded member
+/// A step of `Group::new`'s walk: a node found where the group holds it, or an expanded member
 /// (an index in `taken`) waiting below its inputs: it joins the order after all of them.
 enum Visit {
     Find(At),
@@ -112,9 +103,9 @@ impl Drop for Group<'_> {
                 .pending
                 .replace(Some(op), self.lock);
         }
-        let mut lists = std::mem::replace(&mut self.lists, Lists::new());
+        let mut lists = std::mem::take(&mut self.lists);
         lists.members.clear();
-        let _ = LOCAL.try_with(|local| local.borrow_mut().lists = lists);
+        put_scratch(&LISTS, lists);
     }
 }
 
@@ -142,7 +133,7 @@ impl Group<'_> {
         &self.lists.taken[self.lists.order[j] as usize]
     }
 
-    /// A member's uses by other members through dense edges (counted by `collect`).
+    /// A member's uses by other members through dense edges (counted by `Group::new`).
     pub(super) fn uses(&self, m: &Node) -> usize {
         m.uses.load(Ordering::Relaxed) as usize
     }
@@ -209,367 +200,108 @@ static EPOCH: AtomicU64 = AtomicU64::new(0);
 const FOUND: u32 = u32::MAX;
 const EXPANDING: u32 = u32::MAX - 1;
 
-/// Pass 1: the pending nodes `root` reaches through dense edges.
-pub(super) fn collect<'r>(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
-    let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
-    // This thread's lists (a group realising a prerequisite of another runs while that one
-    // is dropped, so one set serves).
-    let mut lists =
-        LOCAL.with(|local| std::mem::replace(&mut local.borrow_mut().lists, Lists::new()));
-    debug_assert!(
-        lists.taken.is_empty(),
-        "a group's ops were released or given back"
-    );
-    lists.held_at.clear();
-    lists.order.clear();
-    lists.members.clear();
-    // A group usually holds the root's whole pending chain: room for it up front.
-    let chain = root.depth as usize + 1;
-    lists.taken.reserve(chain);
-    lists.held_at.reserve(chain);
-    lists.order.reserve(chain);
-    let mut stack = std::mem::take(&mut lists.stack);
-    stack.clear();
-    stack.reserve(2 * chain);
-    let mut g = Group {
-        lock,
-        root: root.clone(),
-        lists,
-        epoch,
-        prerequisites: Vec::new(),
-    };
-    // Plain loads and stores, not read-modify-writes: the caller holds the scheduler's
-    // lock, so no other thread touches the marks, and a locked instruction per node is most
-    // of a chain's collection.
-    let found = |n: &Node| {
-        if n.mark.load(Ordering::Relaxed) != epoch {
-            n.mark.store(epoch, Ordering::Relaxed);
-            n.slot.store(FOUND, Ordering::Relaxed);
-            n.uses.store(0, Ordering::Relaxed);
-        }
-    };
-    found(root);
-    // The input found last is expanded next without a trip through the stack (a chain is
-    // walked straight down).
-    let mut next = Some(ROOT);
-    loop {
-        let at = match next.take().map(Visit::Find).or_else(|| stack.pop()) {
-            None => break,
-            Some(Visit::Place(e)) => {
-                let slot = g.lists.order.len() as u32;
-                g.node_at(g.lists.held_at[e as usize])
-                    .slot
-                    .store(slot, Ordering::Relaxed);
-                g.lists.order.push(e);
-                continue;
-            }
-            Some(Visit::Find(at)) => at,
+impl<'r> Group<'r> {
+    /// Pass 1's walk: the pending nodes `root` reaches through dense edges, and the pending
+    /// nodes they read through other views (the prerequisites).
+    pub(super) fn new(root: &Arc<Node>, lock: &'r Realizing) -> Group<'r> {
+        let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
+        // This thread's lists (a group realising a prerequisite of another runs while that one
+        // is dropped, so one set serves).
+        let mut lists = take_scratch(&LISTS);
+        debug_assert!(
+            lists.taken.is_empty(),
+            "a group's ops were released or given back"
+        );
+        lists.held_at.clear();
+        lists.order.clear();
+        lists.members.clear();
+        // A group usually holds the root's whole pending chain: room for it up front.
+        let chain = root.depth as usize + 1;
+        lists.taken.reserve(chain);
+        lists.held_at.reserve(chain);
+        lists.order.reserve(chain);
+        let mut stack = std::mem::take(&mut lists.stack);
+        stack.clear();
+        stack.reserve(2 * chain);
+        let mut g = Group {
+            lock,
+            root: root.clone(),
+            lists,
+            epoch,
+            prerequisites: Vec::new(),
         };
-        let n = g.node_at(at);
-        if n.slot.load(Ordering::Relaxed) != FOUND {
-            continue;
-        }
-        n.slot.store(EXPANDING, Ordering::Relaxed);
-        let len = n.len;
-        // From here the group holds it.
-        let p = n.pending.take(lock).expect("members are pending");
-        let e = g.lists.taken.len() as u32;
-        // A padded read shifts coordinates: its input is always stored.
-        let pad = matches!(p.op, ElemOp::Pad { .. });
-        let below = stack.len();
-        for (k, i) in p.inputs.iter().enumerate() {
-            if i.node.is_realized() {
+        // Plain loads and stores, not read-modify-writes: the caller holds the scheduler's
+        // lock, so no other thread touches the marks, and a locked instruction per node is most
+        // of a chain's collection.
+        let found = |n: &Node| {
+            if n.mark.load(Ordering::Relaxed) != epoch {
+                n.mark.store(epoch, Ordering::Relaxed);
+                n.slot.store(FOUND, Ordering::Relaxed);
+                n.uses.store(0, Ordering::Relaxed);
+            }
+        };
+        found(root);
+        // The input found last is expanded next without a trip through the stack (a chain is
+        // walked straight down).
+        let mut next = Some(ROOT);
+        loop {
+            let at = match next.take().map(Visit::Find).or_else(|| stack.pop()) {
+                None => break,
+                Some(Visit::Place(e)) => {
+                    let slot = g.lists.order.len() as u32;
+                    g.node_at(g.lists.held_at[e as usize])
+                        .slot
+                        .store(slot, Ordering::Relaxed);
+                    g.lists.order.push(e);
+                    continue;
+                }
+                Some(Visit::Find(at)) => at,
+            };
+            let n = g.node_at(at);
+            if n.slot.load(Ordering::Relaxed) != FOUND {
                 continue;
             }
-            // A product is never a member: it is realised first, or takes the members that
-            // read it into its epilogue (`collect_ready`).
-            if !pad && !i.node.product && dense_edge(i, len) {
-                found(&i.node);
-                let uses = &i.node.uses;
-                uses.store(uses.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-                let here = At {
-                    op: e,
-                    slot: k as u32,
-                };
-                if let Some(earlier) = next.replace(here) {
-                    stack.push(Visit::Find(earlier));
+            n.slot.store(EXPANDING, Ordering::Relaxed);
+            let len = n.len;
+            // From here the group holds it.
+            let p = n.pending.take(lock).expect("members are pending");
+            let e = g.lists.taken.len() as u32;
+            // A padded read shifts coordinates: its input is always stored.
+            let pad = matches!(p.op, ElemOp::Pad { .. });
+            let below = stack.len();
+            for (k, i) in p.inputs.iter().enumerate() {
+                if i.node.is_realized() {
+                    continue;
                 }
-            } else {
-                g.prerequisites.push(i.node.clone());
+                // A product is never a member: it is realised first, or takes the members that
+                // read it into its epilogue (`collect`).
+                if !pad && !i.node.product && dense_edge(i, len) {
+                    found(&i.node);
+                    let uses = &i.node.uses;
+                    uses.store(uses.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                    let here = At {
+                        op: e,
+                        slot: k as u32,
+                    };
+                    if let Some(earlier) = next.replace(here) {
+                        stack.push(Visit::Find(earlier));
+                    }
+                } else {
+                    g.prerequisites.push(i.node.clone());
+                }
             }
+            // Below the inputs just found (those pushed above; usually none: a chain's input is
+            // `next`).
+            stack.insert(below, Visit::Place(e));
+            g.lists.held_at.push(at);
+            g.lists.taken.push(p);
         }
-        // Below the inputs just found (those pushed above; usually none: a chain's input is
-        // `next`).
-        stack.insert(below, Visit::Place(e));
-        g.lists.held_at.push(at);
-        g.lists.taken.push(p);
-    }
-    g.lists.stack = stack;
-    g
-}
-
-/// `collect(root)` once every prerequisite is realised (`None`: the root is realised, or
-/// was a product and is now). A pending product the group reads takes the members that
-/// follow it into its epilogue where they fit (`epilogue::fold_target`); the others are
-/// realised as they are.
-pub(super) fn collect_ready<'r>(
-    root: &Arc<Node>,
-    lock: &'r Realizing,
-) -> Result<Option<Group<'r>>> {
-    loop {
-        if root.is_realized() {
-            return Ok(None);
-        }
-        if root.is_pending_product() {
-            epilogue::realize_product(root, MemoryLocation::DeviceLocal, lock)?;
-            return Ok(None);
-        }
-        let mut group = collect(root, lock);
-        if group.prerequisites.is_empty() {
-            return Ok(Some(group));
-        }
-        let pre = take_prerequisites(&mut group);
-        let fold = epilogue::fold_target(&group, &pre, lock);
-        drop(group);
-        if let Some((end, product)) = fold {
-            drop(pre);
-            epilogue::fold(&end, product, lock)?;
-            continue;
-        }
-        for p in pre {
-            realize(&p, MemoryLocation::DeviceLocal, lock)?;
-        }
+        g.lists.stack = stack;
+        g
     }
 }
 
-/// Takes the prerequisites `collect` found (the group then has none).
+/// Takes the prerequisites `Group::new` found (the group then has none).
 pub(super) fn take_prerequisites(g: &mut Group<'_>) -> Vec<Arc<Node>> {
     std::mem::take(&mut g.prerequisites)
-}
-
-/// Passes 2 and 3: the group as one fused kernel storing the members held outside it,
-/// written into `out`, whose allocations it reuses (a group like the last one lowered
-/// allocates nothing).
-pub(super) fn lower(g: &Group<'_>, root: &Arc<Node>, out: &mut Lowered) -> Result<()> {
-    let device = root.device();
-    out.clear();
-    let Lowered {
-        kernel,
-        leaves,
-        scalars,
-        outputs,
-        input_instr,
-        member_instr,
-        views,
-    } = out;
-    let (code, inputs) = (&mut kernel.code, &mut kernel.inputs);
-    // Pass 2: member `j`, computed by instruction `at`, is stored when something outside
-    // the group holds it, and so is the root (the last member).
-    let stored = &mut kernel.outputs;
-    let mut store = |j: usize, m: &Arc<Node>, at: u32| {
-        if Arc::strong_count(m) > g.uses(m) || j + 1 == g.len() {
-            outputs.push(j);
-            stored.push((at, m.dtype.storage()));
-        }
-    };
-    for j in 0..g.len() {
-        let (m, p) = (g.node(j), g.op(j));
-        // Per input (at most three: `where`), its instruction.
-        let mut args = [0u32; 3];
-        if let ElemOp::Pad { dim, start, full } = p.op {
-            let i = &p.inputs[0];
-            let view = i.view.as_ref().expect("a padded input keeps its view");
-            let padded = |d: usize| if d == dim { full } else { view.shape()[d] };
-            inputs.push(FusedInput {
-                dtype: i.node.dtype.storage(),
-                shape: (0..view.ndim())
-                    .map(|d| to_u32(padded(d)))
-                    .collect::<Result<_>>()?,
-                strides: view
-                    .strides()
-                    .iter()
-                    .map(|&v| to_u32(v))
-                    .collect::<Result<_>>()?,
-                aligned: false,
-                window: Some(Window {
-                    dim: dim as u8,
-                    start: to_u32(start)?,
-                    len: to_u32(view.shape()[dim])?,
-                }),
-            });
-            leaves.push((i.node.clone(), view.offset()));
-            code.push(Instr::Input((inputs.len() - 1) as u16));
-            input_instr.push((code.len() - 1) as u32);
-            member_instr.push((code.len() - 1) as u32);
-            store(j, m, (code.len() - 1) as u32);
-            continue;
-        }
-        // The op's output shape (the inputs broadcast together), for reads of stored inputs.
-        let mut shape: Option<Dims> = None;
-        for (k, i) in p.inputs.iter().enumerate() {
-            if let Some(at) = g.member(&i.node) {
-                if dense_edge(i, m.len) {
-                    args[k] = member_instr[at];
-                    continue;
-                }
-            }
-            // A view read before at this shape (a broadcast bias, added again and again)
-            // is that read, found without working it out again.
-            if let Some(view) = &i.view {
-                let shape = shape.get_or_insert_with(|| out_shape(&p.inputs));
-                let seen = |(x, v, s): &&(usize, Layout, Dims)| {
-                    Arc::ptr_eq(&leaves[*x].0, &i.node) && v.same(view) && s == shape
-                };
-                if let Some(&(x, ..)) = views.iter().find(seen) {
-                    args[k] = input_instr[x];
-                    continue;
-                }
-            }
-            let (input, offset) = read(i, m.len, &p.inputs, &mut shape)?;
-            // The same leaf read the same way is one kernel input.
-            let same = |((n, o), r): (&(Arc<Node>, usize), &FusedInput)| {
-                Arc::ptr_eq(n, &i.node) && *o == offset && *r == input
-            };
-            let x = match leaves.iter().zip(inputs.iter()).position(same) {
-                Some(x) => x,
-                None => {
-                    inputs.push(input);
-                    leaves.push((i.node.clone(), offset));
-                    code.push(Instr::Input((inputs.len() - 1) as u16));
-                    input_instr.push((code.len() - 1) as u32);
-                    inputs.len() - 1
-                }
-            };
-            if let (Some(view), Some(shape)) = (&i.view, &shape) {
-                views.push((x, view.clone(), shape.clone()));
-            }
-            args[k] = input_instr[x];
-        }
-        let mut constant = |code: &mut Vec<Instr>, s: f32| {
-            let i = match scalars.iter().position(|x| x.to_bits() == s.to_bits()) {
-                Some(i) => i,
-                None => {
-                    scalars.push(s);
-                    scalars.len() - 1
-                }
-            };
-            code.push(Instr::Scalar(i as u16));
-            (code.len() - 1) as u32
-        };
-        let ins = match p.op {
-            ElemOp::Unary(u) => Instr::Unary(u, args[0]),
-            ElemOp::Binary(b) => Instr::Binary(b, args[0], args[1]),
-            ElemOp::Scalar {
-                op,
-                s,
-                scalar_first,
-            } => {
-                // The fused max and min take their scalar to be a number (`Instr::Binary`);
-                // with a NaN scalar every element is NaN, which `x + NaN` computes.
-                let op = match op {
-                    BinaryOp::Max | BinaryOp::Min if s.is_nan() => BinaryOp::Add,
-                    op => op,
-                };
-                let c = constant(code, s);
-                match scalar_first {
-                    true => Instr::Binary(op, c, args[0]),
-                    false => Instr::Binary(op, args[0], c),
-                }
-            }
-            ElemOp::Compare(c) => Instr::Compare(c, args[0], args[1]),
-            ElemOp::CompareScalar(cmp, s) => {
-                let c = constant(code, s);
-                Instr::Compare(cmp, args[0], c)
-            }
-            ElemOp::Where => Instr::Where(args[0], args[1], args[2]),
-            ElemOp::Cast => Instr::Round(m.dtype.storage(), args[0]),
-            ElemOp::Pad { .. } => unreachable!("lowered above"),
-            ElemOp::Product { .. } => unreachable!("a product is never a member"),
-        };
-        code.push(ins);
-        member_instr.push((code.len() - 1) as u32);
-        store(j, m, (code.len() - 1) as u32);
-    }
-    kernel.len = u32::try_from(root.len).map_err(|_| {
-        Error::Kernel(helios_kernels::KernelError::TooLarge {
-            what: "element count",
-            size: root.len as u64,
-        })
-    })?;
-    kernel.binding = device.binding();
-    kernel.scalars = scalars.len() as u16;
-    kernel.vecs = device.config().elementwise_vecs.unwrap_or(1);
-    debug_assert!(kernel.check().is_ok(), "{:?}", kernel.check());
-    Ok(())
-}
-
-/// How an op of `len` elements over `op_inputs` reads its stored input `i`: the kernel
-/// input, and the element of `i`'s node where the read starts. The whole node, dense,
-/// element for element (however it is shaped), or its view broadcast to the op's shape
-/// (`shape`, computed on first need), dimensions merged.
-fn read(
-    i: &Input,
-    len: usize,
-    op_inputs: &[Input],
-    shape: &mut Option<Dims>,
-) -> Result<(FusedInput, usize)> {
-    let dtype = i.node.dtype.storage();
-    let whole = || -> Result<(FusedInput, usize)> {
-        let input = FusedInput {
-            dtype,
-            shape: FusedDims::from_slice(&[to_u32(i.node.len)?]),
-            strides: FusedDims::from_slice(&[1]),
-            aligned: true,
-            window: None,
-        };
-        Ok((input, 0))
-    };
-    let Some(layout) = &i.view else {
-        return whole();
-    };
-    let shape = shape.get_or_insert_with(|| out_shape(op_inputs));
-    let strides = layout
-        .broadcast_strides(shape)
-        .expect("shapes were checked when the node was built");
-    if layout.offset() == 0 && len == i.node.len && is_contiguous(shape, &strides) {
-        return whole();
-    }
-    let (shape, strides) = merge_dims_one(shape, &strides);
-    let input = FusedInput {
-        dtype,
-        shape: shape.iter().map(|&v| to_u32(v)).collect::<Result<_>>()?,
-        strides: strides.iter().map(|&v| to_u32(v)).collect::<Result<_>>()?,
-        aligned: layout.offset() % 4 == 0,
-        window: None,
-    };
-    Ok((input, layout.offset()))
-}
-
-/// A size, stride or offset as the kernels' 32-bit index arithmetic takes it.
-pub(super) fn to_u32(v: usize) -> Result<u32> {
-    u32::try_from(v).map_err(|_| {
-        Error::Kernel(helios_kernels::KernelError::TooLarge {
-            what: "stride or size",
-            size: v as u64,
-        })
-    })
-}
-
-/// The broadcast shape of an op's inputs.
-fn out_shape(inputs: &[Input]) -> Dims {
-    let mut views = inputs.iter().map(|i| {
-        i.view
-            .as_ref()
-            .expect("an op's inputs all have views, or none")
-    });
-    let mut shape = Dims::from_slice(views.next().expect("ops have inputs").shape());
-    for view in views {
-        // Usually the shape already: a broadcast operand read beside a full one.
-        if view.broadcast_strides(&shape).is_none() {
-            let wider = crate::layout::broadcast_shapes(&shape, view.shape())
-                .expect("shapes were checked when the node was built");
-            shape = Dims::from_vec(wider);
-        }
-    }
-    shape
 }
