@@ -512,3 +512,76 @@ impl MatmulKernel {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matmul::{Epilogue, Variant};
+
+    fn kernel() -> MatmulKernel {
+        MatmulKernel {
+            variant: Variant::parse("nv128x192k16s4").expect("a native tile"),
+            input: Storage::BF16,
+            out: Storage::BF16,
+            trans_a: false,
+            trans_b: true,
+            vec_a: true,
+            vec_b: true,
+            vec_c: true,
+            epilogue: Epilogue::NONE,
+            triangle: Triangle::Full,
+            subgroup: 0,
+            exact_k: false,
+        }
+    }
+
+    fn addresses(a: u64, maps: Option<u64>) -> MatmulAddresses {
+        MatmulAddresses {
+            a,
+            b: 0x2000,
+            c: 0x3000,
+            bias: None,
+            residual: None,
+            rows: None,
+            pre: None,
+            sums: None,
+            maps,
+        }
+    }
+
+    /// With the SM count, one block per SM (per batch) walks the tiles; without it, or with
+    /// fewer tiles than SMs, every tile gets a block.
+    #[test]
+    fn the_grid_is_a_block_per_sm_where_the_count_is_known() {
+        let k = kernel();
+        let addr = addresses(0x1000, Some(0x4000));
+        let grid = |batch, m, n, sms| {
+            let s = MatmulShape::packed(batch, m, n, 768, false, true);
+            k.native_launch(&s, &addr, 1.0, sms).expect("a launch").grid
+        };
+        // 4096 × 4096 in 128 × 192 tiles: 32 × 22 = 704.
+        assert_eq!(grid(1, 4096, 4096, Some(132)), [132, 1, 1]);
+        assert_eq!(grid(1, 4096, 4096, None), [704, 1, 1]);
+        assert_eq!(grid(3, 4096, 4096, Some(132)), [44, 1, 3]);
+        assert_eq!(grid(1, 256, 384, Some(132)), [4, 1, 1]);
+        assert_eq!(grid(200, 128, 192, Some(132)), [1, 1, 200]);
+    }
+
+    /// The tensor maps' workspace and 16-byte aligned operands are required, and a missing
+    /// one is an error that names it, not a launch.
+    #[test]
+    fn launches_need_the_maps_and_aligned_operands() {
+        let k = kernel();
+        let s = MatmulShape::packed(1, 256, 384, 768, false, true);
+        let err = k
+            .native_launch(&s, &addresses(0x1000, None), 1.0, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tensor-map workspace"), "{err}");
+        let err = k
+            .native_launch(&s, &addresses(0x1008, Some(0x4000)), 1.0, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("16-byte aligned"), "{err}");
+    }
+}
