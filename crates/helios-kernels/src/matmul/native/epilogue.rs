@@ -7,8 +7,14 @@ use super::WG_ROWS;
 use crate::matmul::{Activation, MatmulKernel};
 use crate::storage::Storage;
 
-/// Where the epilogue writes and what it reads.
+/// Where the epilogue writes and what it reads, for every tile of the block: the output
+/// and its fused operands, the scale, the product's size (m, n) and the tile's width.
 pub(super) struct Out {
+    pub(super) alpha: Reg,
+    pub(super) m: Reg,
+    pub(super) n: Reg,
+    pub(super) bn: u32,
+    pub(super) tid: Reg,
     pub(super) c: Reg,
     pub(super) off_c: Reg,
     pub(super) ldc: Reg,
@@ -21,19 +27,23 @@ pub(super) struct Out {
 
 /// The accumulator layout of `wgmma` m64nN (f32): in warp `w` of the warpgroup, lane
 /// `4g + q` holds, for each 8-column block `j`, rows `16w + g` and `16w + g + 8` at columns
-/// `8j + 2q` and `8j + 2q + 1`: registers `4j + 2h + {0, 1}` for row half `h`.
-#[allow(clippy::too_many_arguments)]
+/// `8j + 2q` and `8j + 2q + 1`: registers `4j + 2h + {0, 1}` for row half `h`. `(m0, n0)`
+/// is the tile's first row and column.
 pub(super) fn epilogue(
     k: &mut Kernel,
     kern: &MatmulKernel,
     acc: &[Reg],
     out: &Out,
-    alpha: Reg,
-    (m, n): (Reg, Reg),
     (m0, n0): (Reg, Reg),
-    tid: Reg,
-    bn: u32,
 ) {
+    let Out {
+        alpha,
+        m,
+        n,
+        bn,
+        tid,
+        ..
+    } = *out;
     let e = kern.epilogue;
     let size = kern.out.bytes();
     let wg = k.shr(tid, 7u32);

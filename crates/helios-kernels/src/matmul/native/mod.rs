@@ -271,6 +271,11 @@ pub(crate) fn build(
     k.place(consume_label);
     k.setmaxnreg(true, regs.consumer);
     let out = Out {
+        alpha,
+        m,
+        n,
+        bn,
+        tid,
         c,
         off_c,
         ldc,
@@ -287,7 +292,7 @@ pub(crate) fn build(
     blk.for_each_tile(&mut k, |k, m0, n0| {
         consume(k, kern, &blk, bars, &acc, step);
         k.comment("epilogue from the accumulators");
-        epilogue(k, kern, &acc, &out, alpha, (m, n), (m0, n0), tid, bn);
+        epilogue(k, kern, &acc, &out, (m0, n0));
     });
     k.finish()
 }
