@@ -198,8 +198,7 @@ impl TrainerExtras {
         if extra.is_null() {
             return Ok(TrainerExtras::default());
         }
-        let extras: TrainerExtras =
-            serde_json::from_value(extra.clone()).map_err(|e| bad(e.to_string()))?;
+        let extras = TrainerExtras::deserialize(extra).map_err(|e| bad(e.to_string()))?;
         if let Some(p) = &extras.precision {
             if !DType::ALL.iter().any(|d| d.name() == p) {
                 return Err(bad(format!("precision `{p}` is not a dtype")));

@@ -19,7 +19,8 @@
 //!   its share of the output tiles: the maps are built once, and the producer fills the
 //!   stages of the next tile while the consumers store the last.
 //!
-//! Measured designs and figures: `bench/results/2026-11-28-native-matmul-h200.md`.
+//! Measured designs and figures: `bench/results/2026-11-28-native-matmul-h200.md` (the
+//! register producer this replaced), `bench/results/2026-11-29-native-tma-h200.md`.
 
 use helios_ptx::{
     Addr, BuildError, Cmp, Kernel, MmaInput, Module, Reg, Special, Target, Ty, WgmmaA,
@@ -215,6 +216,11 @@ pub(crate) fn build(
         let bytes = k.shl(off, 1u32);
         k.add(p, bytes)
     };
+    let ceil_div = |k: &mut Kernel, x: Reg, d: u32| {
+        let t = k.add(x, d - 1);
+        k.div(t, d)
+    };
+    let tiles_n = ceil_div(&mut k, n, bn);
     let blk = Block {
         a: byte_address(&mut k, a, off_a),
         b: byte_address(&mut k, b, off_b),
@@ -223,23 +229,14 @@ pub(crate) fn build(
         m,
         n,
         k: kk,
-        tiles_n: {
-            let t = k.add(n, bn - 1);
-            k.div(t, bn)
-        },
+        tiles_n,
         tiles_mn: {
-            let t = k.add(m, bm - 1);
-            let gy = k.div(t, bm);
-            let t = k.add(n, bn - 1);
-            let gx = k.div(t, bn);
-            k.mul(gx, gy)
+            let tiles_m = ceil_div(&mut k, m, bm);
+            k.mul(tiles_n, tiles_m)
         },
         bm,
         bn,
-        tiles: {
-            let t = k.add(kk, bk - 1);
-            k.div(t, bk)
-        },
+        tiles: ceil_div(&mut k, kk, bk),
         tid,
         base: k.shared_address(smem),
         a_stage,
@@ -458,7 +455,7 @@ impl MatmulKernel {
                 "built for 16-byte rows the shape does not have: {shape:?}"
             )));
         }
-        // 16-byte loads, and the copy engine's global addresses.
+        // The copy engine reads from 16-byte aligned global addresses only.
         if addr.a % 16 != 0 || addr.b % 16 != 0 {
             return Err(bad(format!(
                 "operands at {:#x} and {:#x}: native kernels need 16-byte aligned ones",

@@ -1,7 +1,7 @@
 //! The producer when the copy engine fills the stages: one warp builds the block's two
 //! tensor maps, then one thread issues a `cp.async.bulk.tensor` per operand box and stage,
-//! completing on the stage's mbarrier. The copies write the same swizzled layouts the
-//! register producer stores (`Stage`), and zeros past the matrices' edges.
+//! completing on the stage's mbarrier. The copies write the swizzled layouts `Stage`
+//! describes, and zeros past the matrices' edges.
 //!
 //! A tensor map must sit in global memory. Each block writes its maps to the slot of the SM
 //! it runs on (`%smid`, [`MAP_SLOTS`] slots of 256 bytes): a block fills an SM's registers,

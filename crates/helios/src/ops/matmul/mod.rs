@@ -490,6 +490,11 @@ impl Problem {
             return Ok(());
         }
         let device = self.a.device();
+        // Native kernels write their tensor maps into the device's workspace.
+        let maps = match kernel.variant.is_native() {
+            true => Some(device.native_maps()?),
+            false => None,
+        };
         let addr = MatmulAddresses {
             a: self.a.address()?,
             b: self.b.address()?,
@@ -499,10 +504,7 @@ impl Problem {
             rows: self.rows.as_ref().map(|t| t.address()).transpose()?,
             pre: self.pre.as_ref().map(|t| t.address()).transpose()?,
             sums: self.sums.as_ref().map(|t| t.address()).transpose()?,
-            maps: match kernel.variant {
-                MatmulVariant::Native(_) => Some(device.native_maps()?.device_address()),
-                _ => None,
-            },
+            maps: maps.map(|b| b.device_address()),
         };
         let mut accesses: smallvec::SmallVec<[Access; 6]> = smallvec::SmallVec::new();
         accesses.extend([
@@ -516,9 +518,7 @@ impl Problem {
         for t in self.pre.iter().chain(&self.sums) {
             accesses.push(Access::write(t.buffer()?));
         }
-        if addr.maps.is_some() {
-            accesses.push(Access::write(device.native_maps()?));
-        }
+        accesses.extend(maps.map(Access::write));
         if kernel.variant.is_native() {
             return record_native(device, kernel, s, &addr, self.alpha, &accesses);
         }
