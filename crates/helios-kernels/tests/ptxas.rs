@@ -2,6 +2,7 @@
 //! it is built for, as every SPIR-V module goes through `spirv-val`: each variant in every
 //! transpose, storage and epilogue, without register spills.
 
+use helios_kernels::matmul::native_variants;
 use helios_kernels::{
     Activation, Epilogue, MatmulKernel, MatmulVariant as Variant, Storage, Triangle,
 };
@@ -70,27 +71,10 @@ fn check(k: &MatmulKernel) {
     );
 }
 
-fn natives() -> Vec<Variant> {
-    // The table's native tiles, then the ones measured beside them, reachable by name.
-    let others = [
-        "nv128x256k16s3",
-        "nv128x128k32s2",
-        "nv128x128k16s5",
-        "nv256x128k16s3",
-    ]
-    .map(|name| Variant::parse(name).expect("a native tile"));
-    helios_kernels::matmul::VARIANTS
-        .iter()
-        .map(|(_, v)| *v)
-        .filter(|v| v.is_native())
-        .chain(others)
-        .collect()
-}
-
 /// Every native variant in every transpose; the first also in every storage and epilogue.
 #[test]
 fn native_matmul_kernels_assemble() {
-    let variants = natives();
+    let variants = native_variants();
     assert!(!variants.is_empty());
     for (i, &v) in variants.iter().enumerate() {
         for (j, trans) in TRANS.into_iter().enumerate() {
@@ -131,7 +115,7 @@ fn native_matmul_kernels_assemble() {
 #[test]
 fn native_matmul_needs_wgmma() {
     let k = kernel(
-        natives()[0],
+        native_variants()[0],
         Storage::BF16,
         Storage::BF16,
         (false, true),

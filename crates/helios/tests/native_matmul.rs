@@ -9,6 +9,7 @@
 use helios::{
     matmul_caps, Activation, DType, MatmulOptions, MatmulOverrides, MatmulVariant, Tensor,
 };
+use helios_kernels::matmul::native_variants;
 
 mod common;
 use common::matmul::{Case, TRANS};
@@ -23,23 +24,6 @@ fn case(v: MatmulVariant, dims: [usize; 4], trans: (bool, bool), input: DType) -
         variant: Some(v),
         ..Case::new(batch, m, n, k)
     }
-}
-
-fn natives() -> Vec<MatmulVariant> {
-    // The table's native tiles, then the ones measured beside them, reachable by name.
-    let others = [
-        "nv128x256k16s3",
-        "nv128x128k32s2",
-        "nv128x128k16s5",
-        "nv256x128k16s3",
-    ]
-    .map(|name| MatmulVariant::parse(name).expect("a native tile"));
-    helios_kernels::matmul::VARIANTS
-        .iter()
-        .map(|(_, v)| *v)
-        .filter(|v| v.is_native())
-        .chain(others)
-        .collect()
 }
 
 /// Whether the native kernel of `v` exists for these transposes (its tile's M/N-major
@@ -92,7 +76,7 @@ fn native_variants_match_the_reference() {
              Hopper GPU)",
             device().name()
         );
-        let v = natives()[0];
+        let v = native_variants()[0];
         let a = Tensor::from_slice_as(device(), &[1.0; 64], &[8, 8], DType::BF16).unwrap();
         let err = a
             .matmul_overridden(
@@ -113,7 +97,7 @@ fn native_variants_match_the_reference() {
         return;
     }
     let target = matmul_caps(device()).native;
-    for (i, v) in natives().into_iter().enumerate() {
+    for (i, v) in native_variants().into_iter().enumerate() {
         for (j, trans) in TRANS.into_iter().enumerate() {
             let input = if (i + j) % 2 == 0 {
                 DType::BF16
@@ -149,7 +133,7 @@ fn native_epilogues_match_the_reference() {
         eprintln!("SKIPPED native matmul epilogues: no native kernels on this device");
         return;
     }
-    let v = natives()[0];
+    let v = native_variants()[0];
     for (j, trans) in [(false, true), (true, false)].into_iter().enumerate() {
         for input in [DType::BF16, DType::F16] {
             for out in [DType::F32, input] {

@@ -40,8 +40,8 @@ pub use launch::{Alignment, MatmulAddresses, MatmulCaps, WgSupport};
 pub use native::{NativeLaunch, NATIVE_MAPS_BYTES};
 pub use select::{candidates, default_variant};
 pub use variant::{
-    vector_elems, CoopTile, NativeTile, SimtTile, Variant, WgTile, BK_SIMT, FRAG, VARIANTS,
-    WG_GRANULE,
+    native_variants, vector_elems, CoopTile, NativeTile, SimtTile, Variant, WgTile, BK_SIMT, FRAG,
+    VARIANTS, WG_GRANULE,
 };
 
 use helios_spirv::KernelModule;

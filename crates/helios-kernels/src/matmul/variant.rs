@@ -152,6 +152,29 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     ("nv192x192k16s3", native(192, 192, 16, 3)),
 ];
 
+/// Native tiles measured beside the table's on the H200 and reachable by name
+/// (`Variant::parse`); the tests build and run them too.
+const NATIVE_MEASURED: [&str; 4] = [
+    "nv128x256k16s3",
+    "nv128x128k32s2",
+    "nv128x128k16s5",
+    "nv256x128k16s3",
+];
+
+/// Every native tile worth building: the table's, then [`NATIVE_MEASURED`].
+pub fn native_variants() -> Vec<Variant> {
+    VARIANTS
+        .iter()
+        .map(|(_, v)| *v)
+        .filter(|v| v.is_native())
+        .chain(
+            NATIVE_MEASURED
+                .iter()
+                .map(|name| Variant::parse(name).expect("a native tile")),
+        )
+        .collect()
+}
+
 const fn native(bm: u16, bn: u16, bk: u16, stages: u8) -> Variant {
     Variant::Native(NativeTile { bm, bn, bk, stages })
 }
