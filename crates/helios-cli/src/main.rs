@@ -54,6 +54,9 @@ fn main() -> ExitCode {
         Command::Train(args) => train::run(&args),
         Command::Generate(args) => generate::run(&args),
     };
+    // Candidates still compiling for tuning on real work: let the one compiling finish
+    // before the driver unloads.
+    helios::stop_background_tuning();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

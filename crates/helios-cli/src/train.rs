@@ -320,16 +320,6 @@ pub fn run(args: &TrainArgs) -> CliResult {
         args.precision
     );
 
-    let cpu = device.context().caps().device_type == helios_vk::DeviceType::Cpu;
-    let tune = std::env::var("HELIOS_MATMUL_TUNE").ok();
-    if let Some(line) = tuning_notice(
-        cpu,
-        tune.as_deref(),
-        helios::stored_winners(&device, "matmul"),
-    ) {
-        println!("{line}");
-    }
-
     if let Some(path) = &args.dump_state {
         dump_state(&trainer, &device, args, path)?;
         println!("wrote {}", path.display());
@@ -473,32 +463,6 @@ pub fn run(args: &TrainArgs) -> CliResult {
     Ok(())
 }
 
-/// The line to print before the first step when it will tune the matrix products (and
-/// attention) for this device, a wait of up to a minute with no progress otherwise: tuning
-/// runs where `HELIOS_MATMUL_TUNE` (`tune_env`) says, by default on GPUs and not on CPU
-/// devices (`cpu`), and the tuning store holds no winners for this device yet (`stored`).
-/// Later runs find the winners stored (warm) and print nothing; a model of new shapes on a
-/// warm device tunes only those shapes, without this line.
-fn tuning_notice(cpu: bool, tune_env: Option<&str>, stored: usize) -> Option<String> {
-    let tunes = match tune_env.map(str::trim) {
-        Some("0") => false,
-        Some("1") => true,
-        _ => !cpu,
-    };
-    (tunes && stored == 0).then(|| {
-        let (device, wait) = if cpu {
-            ("device", "minutes on a CPU device")
-        } else {
-            ("GPU", "up to a minute (30-60 s for GPT-2 124M on an H200)")
-        };
-        format!(
-            "choosing kernels for this {device}: the first step tunes each matrix product and \
-             attention shape, {wait}; the choices are stored for later runs \
-             (HELIOS_MATMUL_TUNE=0 skips this)"
-        )
-    })
-}
-
 fn check_vocab(model: &GptConfig, tok: &Tokenizer) -> helios_nn::Result<()> {
     if tok.vocab_size() > model.vocab_size {
         return Err(helios_nn::Error::VocabMismatch {
@@ -613,31 +577,4 @@ fn dump_state(trainer: &Trainer, device: &Device, args: &TrainArgs, path: &Path)
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let _ = args;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::tuning_notice;
-
-    /// A cold tuning cache on a GPU announces the first step's wait (it was a silent
-    /// progress bar: issue 49); a warm cache, a CPU device or tuning
-    /// turned off say nothing, and tuning forced on for a CPU device says it too.
-    #[test]
-    fn the_first_steps_tuning_is_announced_only_when_it_will_happen() {
-        let cold_gpu = tuning_notice(false, None, 0).expect("a cold GPU tunes");
-        assert!(
-            cold_gpu.contains("choosing kernels for this GPU"),
-            "{cold_gpu}"
-        );
-        assert!(cold_gpu.contains("minute"), "{cold_gpu}");
-        assert_eq!(tuning_notice(false, None, 12), None, "warm GPU");
-        assert_eq!(tuning_notice(true, None, 0), None, "CPU device");
-        assert_eq!(tuning_notice(false, Some("0"), 0), None, "tuning off");
-        assert!(
-            tuning_notice(true, Some("1"), 0).is_some(),
-            "forced on a CPU"
-        );
-        assert_eq!(tuning_notice(true, Some("1"), 3), None, "forced, warm");
-        assert!(tuning_notice(false, Some(" 1 "), 0).is_some());
-    }
 }

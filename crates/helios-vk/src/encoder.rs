@@ -303,11 +303,24 @@ pub(crate) struct Encoder {
     early_at: u32,
     /// Whether batches may be submitted before the threshold when the GPU idles.
     early_submit: bool,
+    /// Open `SubmitHold`s: while any is, the open batch is submitted only by a flush.
+    held: u32,
     /// The timeline value of the last batch handed over for submission (the open batch
     /// signals the next one).
     pub(crate) enqueued: u64,
     /// Totals over submitted batches.
     stats: EncoderStats,
+}
+
+/// See [`Context::hold_submits`].
+pub struct SubmitHold<'a> {
+    ctx: &'a Context,
+}
+
+impl Drop for SubmitHold<'_> {
+    fn drop(&mut self) {
+        self.ctx.encoder.locked().held -= 1;
+    }
 }
 
 /// What the encoder has submitted so far.
@@ -329,6 +342,7 @@ impl Encoder {
             batch_limit,
             early_at: 1,
             early_submit: true,
+            held: 0,
             enqueued: 0,
             stats: EncoderStats::default(),
         }
@@ -431,6 +445,9 @@ impl Context {
         // the bottleneck the GPU is always dry, so each early submit doubles the wait for the
         // next one (a submit costs microseconds); finding the GPU busy means it is the
         // bottleneck, and the next check comes EARLY_CHECK dispatches later.
+        if enc.held > 0 {
+            return Ok(out);
+        }
         let full = n >= enc.batch_limit;
         let mut starving = false;
         if enc.early_submit && !full && n >= enc.early_at {
@@ -455,6 +472,15 @@ impl Context {
             }
         }
         Ok(out)
+    }
+
+    /// Keeps what is recorded from now until the hold is dropped in one batch (no threshold or
+    /// early submit in between; an explicit flush still submits): the two timestamps of a
+    /// timed stretch of work then share a command buffer, and the host's submit latency
+    /// cannot fall between them.
+    pub fn hold_submits(&self) -> SubmitHold<'_> {
+        self.encoder.locked().held += 1;
+        SubmitHold { ctx: self }
     }
 
     /// Records a dispatch of `pipeline` that touches `accesses`, with a barrier before it

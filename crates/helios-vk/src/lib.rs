@@ -65,7 +65,7 @@ pub use caps::{
 };
 pub use context::{pick_queue_family, pick_transfer_family, Context, ContextOptions};
 pub use coopmat2::{CooperativeMatrix2, FlexibleShape};
-pub use encoder::{Access, EncoderStats, DEFAULT_BATCH};
+pub use encoder::{Access, EncoderStats, SubmitHold, DEFAULT_BATCH};
 pub use error::{Error, Result};
 pub use executable::{ExecutableCapture, ExecutableStats, StatValue, HELIOS_PIPELINE_STATS};
 pub use features::EnabledFeatures;
@@ -82,7 +82,7 @@ pub use profile::{
 };
 pub use recorder::{Recorder, MAX_COPY_REGION};
 pub use timer::{GpuSpan, GpuTimer};
-pub use transfer::STAGING_CHUNK;
+pub use transfer::{Snapshot, STAGING_CHUNK};
 
 /// Re-exported so callers can name the raw types in the few escape hatches (`Buffer::raw`).
 pub use ash::vk;

@@ -66,6 +66,30 @@ impl Context {
         Ok(GpuSpan { pool, value })
     }
 
+    /// `gpu_elapsed` without waiting: the span back (`Err`) while its batch has not completed.
+    /// For measuring work a program does anyway (the tuners' exploration), where the host
+    /// must never stop for a timing.
+    pub fn gpu_elapsed_if_done(
+        &self,
+        span: GpuSpan,
+    ) -> Result<std::result::Result<std::time::Duration, GpuSpan>> {
+        if self.completed()? < span.value {
+            return Ok(Err(span));
+        }
+        self.gpu_elapsed(span).map(Ok)
+    }
+
+    /// A full barrier in the open batch: what is recorded next starts only after everything
+    /// recorded so far has finished. Around a timed stretch of real work, it keeps the
+    /// neighbours out of the measurement (a timestamp waits for earlier work, but does not
+    /// hold back later work).
+    pub fn full_barrier(&self) -> Result<()> {
+        self.with_batch(|batch| {
+            batch.barrier();
+            Ok(())
+        })
+    }
+
     /// Waits for the span's batch and returns the GPU time between the two timestamps.
     pub fn gpu_elapsed(&self, span: GpuSpan) -> Result<std::time::Duration> {
         self.wait(span.value)?;

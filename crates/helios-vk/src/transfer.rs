@@ -18,7 +18,45 @@ use crate::memory::{Buffer, MemoryLocation};
 /// Largest staging region one transfer uses at a time.
 pub const STAGING_CHUNK: u64 = 64 << 20;
 
+/// Byte ranges of a buffer copied aside in the command stream, at the point where
+/// [`Context::snapshot`] recorded them: readable once the GPU got there, without waiting.
+#[derive(Debug)]
+pub struct Snapshot {
+    buffer: Buffer,
+    /// Timeline value of the batch holding the copies.
+    value: u64,
+}
+
 impl Context {
+    /// Records copies of `regions` (offset, length in bytes) of `src` into one host-visible
+    /// buffer, in order with the work recorded before and after; [`Context::read_snapshot`]
+    /// reads them back once done. For comparing results on the side of real work without
+    /// stopping the host.
+    pub fn snapshot(self: &Arc<Self>, src: &Buffer, regions: &[(u64, u64)]) -> Result<Snapshot> {
+        self.check_own(src, "snapshot source")?;
+        let total: u64 = regions.iter().map(|r| r.1).sum();
+        let buffer = self.create_host_buffer(total.max(4), MemoryLocation::HostVisible)?;
+        let mut at = 0;
+        for &(offset, len) in regions.iter().filter(|r| r.1 > 0) {
+            src.check_range("snapshot", offset, len)?;
+            self.record_copy(src, offset, &buffer, at, len)?;
+            at += len;
+        }
+        let value = buffer.last_write();
+        Ok(Snapshot { buffer, value })
+    }
+
+    /// The bytes of a snapshot (its regions back to back), or `None` while the GPU has not
+    /// reached it.
+    pub fn read_snapshot(&self, snapshot: &Snapshot) -> Result<Option<Vec<u8>>> {
+        if self.completed()? < snapshot.value {
+            return Ok(None);
+        }
+        let mut out = vec![0u8; snapshot.buffer.size() as usize];
+        snapshot.buffer.read_mapped(0, &mut out)?;
+        Ok(Some(out))
+    }
+
     /// Writes `bytes` into `dst` at `offset`. Returns at once: GPU work recorded later sees
     /// the data, and the host may reuse `bytes` immediately.
     pub fn upload(self: &Arc<Self>, dst: &Buffer, offset: u64, bytes: &[u8]) -> Result<()> {

@@ -394,6 +394,13 @@ impl Device {
         Ok(compiled)
     }
 
+    /// Whether the kernel with signature `key` is compiled already (as a pipeline or a
+    /// native kernel): using it then costs no compile.
+    pub(crate) fn has_kernel(&self, key: &KernelKey) -> bool {
+        self.inner.kernels.locked().contains_key(key)
+            || self.inner.native.locked().contains_key(key)
+    }
+
     /// Compiles those of `kernels` not compiled yet, several at once (one driver compile
     /// per host thread, up to the host's parallelism), so that the `kernel` calls that follow
     /// find them. Why: a tuner compiles every candidate of a shape class, and the driver's

@@ -228,9 +228,19 @@ fn tune_switch(name: &str) -> Option<bool> {
     }
 }
 
-/// `HELIOS_MATMUL_TUNE=0|1`.
-pub(crate) fn matmul_tune() -> Option<bool> {
-    tune_switch("HELIOS_MATMUL_TUNE")
+/// `HELIOS_MATMUL_TUNE=0|1|full`: off, online (also on CPU devices), exhaustive.
+pub(crate) fn matmul_tune() -> Option<crate::ops::Tuning> {
+    use crate::ops::Tuning;
+    match std::env::var("HELIOS_MATMUL_TUNE")
+        .as_deref()
+        .map(str::trim)
+    {
+        Ok("full") => Some(Tuning::Exhaustive),
+        _ => tune_switch("HELIOS_MATMUL_TUNE").map(|on| match on {
+            true => Tuning::Online,
+            false => Tuning::Off,
+        }),
+    }
 }
 
 /// `HELIOS_ATTN_TUNE=0|1` (read once per process: every attention call asks).

@@ -56,8 +56,9 @@ pub use lazy::{graph_stats, GraphStats};
 pub use ops::{adamw_step, adamw_step_scaled, sum_squares, AdamWConfig, AdamWParam, CrossEntropy};
 pub use ops::{attention_tuning, AttentionGrads, AttentionOptions, AttentionOutput};
 pub use ops::{
-    coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,
-    MatmulOverrides, TuneReport,
+    coop_peak, matmul_caps, matmul_exploring, set_exhaustive_tuning, stop_background_tuning,
+    CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions, MatmulOverrides, TuneReport,
+    Tuning,
 };
 pub use ops::{stored_winners, NormGrads, NormOutput, RowOp, SoftmaxOptions};
 pub use tensor::Tensor;

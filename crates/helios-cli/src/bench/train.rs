@@ -33,6 +33,13 @@ struct TrainResult {
     ms_per_step: Summary,
     tokens_per_s: f64,
     first_step_s: f64,
+    /// Steps (counting the first) after which every step is within 2% of the median: how
+    /// long tuning on real work took to settle.
+    settled_after: usize,
+    /// Every step's wall time, ms, the first one included.
+    steps_ms: Vec<f64>,
+    /// Matmul shape classes still being tuned on real work at the end.
+    exploring: usize,
     fwd_ms: f64,
     bwd_ms: f64,
     opt_ms: f64,
@@ -126,8 +133,15 @@ pub fn run(args: &BenchArgs) -> CliResult {
         for &precision in &precisions {
             let r = one(&device, &case, precision, steps)?;
             eprintln!(
-                "bench: {} {} {:.1} ms/step, {:.0} tokens/s, first step {:.2} s",
-                r.case, r.precision, r.ms_per_step.median, r.tokens_per_s, r.first_step_s
+                "bench: {} {} {:.1} ms/step, {:.0} tokens/s, first step {:.2} s, within 2% \
+                 of the median after {} steps ({} matmul classes still tuning)",
+                r.case,
+                r.precision,
+                r.ms_per_step.median,
+                r.tokens_per_s,
+                r.first_step_s,
+                r.settled_after,
+                r.exploring
             );
             results.push(r);
         }
@@ -174,12 +188,28 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
     let mut trainer = helios_nn::train::Trainer::new(device, &init, train, None, tc)?;
     drop(init);
     device.synchronize()?;
+    let compiles = || device.context().pipeline_stats();
+    let before = compiles();
     let t0 = Instant::now();
     trainer.train_step()?;
     device.synchronize()?;
     let first = t0.elapsed().as_secs_f64();
+    let after = compiles();
+    if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+        eprintln!(
+            "bench: {} first step: {:.2} s, {} pipelines created in {:.2} s (all threads)",
+            case.name,
+            first,
+            after.pipelines_created - before.pipelines_created,
+            after.total_create_seconds - before.total_create_seconds
+        );
+    }
+    let mut all = vec![first * 1e3];
     for _ in 0..2 {
+        let t = Instant::now();
         trainer.train_step()?;
+        device.synchronize()?;
+        all.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let mut times = Vec::with_capacity(steps);
     let (mut fwd, mut bwd, mut opt) = (Vec::new(), Vec::new(), Vec::new());
@@ -189,6 +219,7 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
         let log = trainer.train_step()?;
         device.synchronize()?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
+        all.push(t.elapsed().as_secs_f64() * 1e3);
         fwd.push(log.fwd_ms);
         bwd.push(log.bwd_ms);
         opt.push(log.opt_ms);
@@ -203,6 +234,12 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
         tokens_per_s: (case.batch * case.seq) as f64 / (ms.median / 1e3),
         ms_per_step: ms,
         first_step_s: first,
+        settled_after: all
+            .iter()
+            .rposition(|&t| t > ms.median * 1.02)
+            .map_or(0, |i| i + 1),
+        steps_ms: all,
+        exploring: helios::matmul_exploring(device).len(),
         fwd_ms: med(&fwd)?,
         bwd_ms: med(&bwd)?,
         opt_ms: med(&opt)?,

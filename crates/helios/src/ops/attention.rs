@@ -285,7 +285,9 @@ impl Tensor {
             &reads,
             &writes,
         )?;
-        Ok(AttentionOutput { out, lse })
+        let real = AttentionOutput { out, lse };
+        super::attention_tune::explore_forward(q, k, v, opts, &real)?;
+        Ok(real)
     }
 
     /// dQ, dK, dV of `self.attention(k, v, opts)` from its output `fwd` and the gradient
@@ -306,7 +308,7 @@ impl Tensor {
     /// `attention_backward`'s dQ, dK and dV as three tensors, or (`packed`) three handles of
     /// one dense [B, T, 3, H, D] tensor whose slices along axis 2 they are: the kernels write
     /// each into its slice (offsets 0, HD, 2HD, row stride 3HD).
-    fn backward_impl(
+    pub(crate) fn backward_impl(
         &self,
         k: &Tensor,
         v: &Tensor,
@@ -421,6 +423,7 @@ impl Tensor {
             let writes = [gq.buffer()?];
             q.record_attention(AttnStage::Dq, dims, opts, (&views, packed), &reads, &writes)?;
         }
+        super::attention_tune::explore_backward(self, k, v, fwd, dout, opts, (&targets, packed))?;
         Ok(targets)
     }
 

@@ -17,6 +17,8 @@ use helios_kernels::Storage;
 use helios_vk::DeviceType;
 
 use super::attention::{AttentionGrads, AttentionOptions, AttentionOutput};
+use super::online::{compare, fenced, median, warm, RowSample, Verdict};
+use super::Tuning;
 use crate::cpu::attention::relative_error;
 use crate::realize_lock::LockExt;
 use crate::{DType, Device, Result, Tensor};
@@ -73,20 +75,32 @@ fn rows(q: &Tensor, d: usize) -> usize {
     q.len() / d.max(1)
 }
 
-/// Whether attention tuning is on: `HELIOS_ATTN_TUNE`, else on GPUs.
-fn enabled(device: &Device) -> bool {
-    crate::env::attention_tune()
-        .unwrap_or_else(|| device.context().caps().device_type != DeviceType::Cpu)
+/// How attention classes tune: exhaustively before their first call where matmul's do
+/// (`HELIOS_MATMUL_TUNE=full`, `set_exhaustive_tuning`), else `HELIOS_ATTN_TUNE=0` off, `=1`
+/// online also on CPU devices, by default online on GPUs.
+fn mode(device: &Device) -> Tuning {
+    if super::matmul_tune::exhaustive() {
+        return Tuning::Exhaustive;
+    }
+    match crate::env::attention_tune() {
+        Some(false) => Tuning::Off,
+        Some(true) => Tuning::Online,
+        None if device.context().caps().device_type == DeviceType::Cpu => Tuning::Off,
+        None => Tuning::Online,
+    }
 }
 
-/// Whether a call should tune `stages` first: tuning on, nothing forced, some stage's class
-/// without a winner.
+/// Whether a call is free to tune: nothing forced.
+fn free(o: &AttentionOptions) -> bool {
+    o.variant.is_none() && o.stage_variant.is_none() && !super::attention::forced_by_env()
+}
+
+/// Whether a call should tune `stages` exhaustively first: that mode, nothing forced, some
+/// stage's class without a winner.
 pub(crate) fn wanted(q: &Tensor, d: usize, stages: &[AttnStage], o: &AttentionOptions) -> bool {
     let dev = q.device();
-    o.variant.is_none()
-        && o.stage_variant.is_none()
-        && !super::attention::forced_by_env()
-        && enabled(dev)
+    free(o)
+        && mode(dev) == Tuning::Exhaustive
         && stages
             .iter()
             .any(|&s| cached(dev, Class::of(q.dtype().storage(), d, rows(q, d), s, o)).is_none())
@@ -257,6 +271,321 @@ pub(crate) fn tune_backward(
         Ok(vec![g.dk, g.dv])
     })?;
     tune(q, AttnStage::Dq, o, &|o| Ok(vec![grads(o)?.dq]))
+}
+
+// ------------------------------------------------------------------ on real work
+
+/// Real calls' worth of samples per candidate (the exhaustive tuner's count) and the slack
+/// past the best median beyond which a candidate's fastest run drops it.
+const SAMPLES: usize = 3;
+const DROP_SLACK: f64 = 1.25;
+
+/// One class being tuned on real work. Every exploring call of the class runs one candidate
+/// beside the real call (a shadow: the stage forced to that variant, into fresh outputs),
+/// fenced and timed; a candidate's first shadow is also compared with the real call's
+/// outputs (the default kernel's) from bytes copied aside. Nothing waits: results are
+/// collected on later calls, and the class settles on the lowest median as the exhaustive
+/// tuner would. The real calls keep the default kernel until then.
+struct Exploring {
+    cands: Vec<Cand>,
+    pending: Vec<Pending>,
+    calls: u64,
+}
+
+struct Cand {
+    variant: AttnVariant,
+    /// `None`: not yet compared; `Some(true)`: matched and may be timed.
+    checked: Option<bool>,
+    samples: Vec<f64>,
+    busy: bool,
+}
+
+struct Pending {
+    cand: usize,
+    span: helios_vk::GpuSpan,
+    /// (real, shadow, dtype, elements per compared stretch) for a first run.
+    compared: Vec<(
+        helios_vk::Snapshot,
+        helios_vk::Snapshot,
+        DType,
+        Vec<RowSample>,
+    )>,
+}
+
+type ExploreKey = (usize, Class);
+
+fn exploring() -> &'static std::sync::Mutex<rustc_hash::FxHashMap<ExploreKey, Exploring>> {
+    static MAP: std::sync::OnceLock<
+        std::sync::Mutex<rustc_hash::FxHashMap<ExploreKey, Exploring>>,
+    > = std::sync::OnceLock::new();
+    MAP.get_or_init(Default::default)
+}
+
+/// Byte ranges of a dense tensor to compare: up to four stretches of at most 64K elements,
+/// spread over it.
+fn stretches(t: &Tensor) -> (Vec<(u64, u64)>, Vec<RowSample>) {
+    let size = t.dtype().size() as u64;
+    let len = t.len() as u64;
+    let chunk = len.min(1 << 16);
+    let count = (len / chunk.max(1)).clamp(1, 4);
+    let starts: Vec<u64> = (0..count)
+        .map(|i| match count {
+            1 => 0,
+            _ => i * (len - chunk) / (count - 1),
+        })
+        .collect();
+    let regions = starts.iter().map(|&s| (s * size, chunk * size)).collect();
+    let rows = starts
+        .iter()
+        .map(|_| RowSample {
+            row: u32::MAX,
+            len: chunk as u32,
+        })
+        .collect();
+    (regions, rows)
+}
+
+impl Exploring {
+    fn new(variants: Vec<AttnVariant>) -> Exploring {
+        Exploring {
+            cands: variants
+                .into_iter()
+                .map(|variant| Cand {
+                    variant,
+                    checked: None,
+                    samples: Vec::new(),
+                    busy: false,
+                })
+                .collect(),
+            pending: Vec::new(),
+            calls: 0,
+        }
+    }
+
+    fn live(c: &Cand) -> bool {
+        c.checked == Some(true)
+    }
+
+    /// Takes in finished timings and comparisons (never waits).
+    fn collect(&mut self, ctx: &helios_vk::Context) -> Result<()> {
+        let mut still = Vec::new();
+        for p in std::mem::take(&mut self.pending) {
+            let mut read = Vec::new();
+            for (real, shadow, dtype, rows) in &p.compared {
+                match (ctx.read_snapshot(real)?, ctx.read_snapshot(shadow)?) {
+                    (Some(a), Some(b)) => read.push(compare(&a, &b, rows, *dtype, bound(*dtype))),
+                    _ => break,
+                }
+            }
+            if read.len() < p.compared.len() {
+                still.push(p);
+                continue;
+            }
+            let span = match ctx.gpu_elapsed_if_done(p.span)? {
+                Ok(t) => t.as_secs_f64() * 1e6,
+                Err(span) => {
+                    still.push(Pending { span, ..p });
+                    continue;
+                }
+            };
+            let c = &mut self.cands[p.cand];
+            c.busy = false;
+            if !p.compared.is_empty() {
+                c.checked = match () {
+                    _ if read.contains(&Verdict::Differ) => Some(false),
+                    _ if read.contains(&Verdict::Inconclusive) => None,
+                    _ => Some(true),
+                };
+            }
+            if Self::live(c) {
+                c.samples.push(span);
+            }
+        }
+        self.pending = still;
+        Ok(())
+    }
+
+    /// Drops candidates well behind the best; the winner (variant, median µs) once every
+    /// candidate is measured.
+    fn settle(&mut self) -> Option<(AttnVariant, f64)> {
+        // Judged on two runs at least: one slow run drops nothing.
+        let judged = |c: &Cand| Self::live(c) && c.samples.len() >= 2;
+        let best = self
+            .cands
+            .iter()
+            .filter(|c| judged(c))
+            .map(|c| median(&c.samples))
+            .fold(f64::INFINITY, f64::min);
+        for c in &mut self.cands {
+            let fastest = c.samples.iter().copied().fold(f64::INFINITY, f64::min);
+            if judged(c) && fastest > best * DROP_SLACK {
+                c.checked = Some(false);
+            }
+        }
+        let done = self.pending.is_empty()
+            && self.cands.iter().all(|c| match c.checked {
+                None => false,
+                Some(true) => c.samples.len() >= SAMPLES,
+                Some(false) => true,
+            });
+        if !done {
+            return None;
+        }
+        self.cands
+            .iter()
+            .filter(|c| Self::live(c))
+            .map(|c| (c.variant, median(&c.samples)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// The candidate this call runs beside the real one, and whether it is its first run
+    /// (compared).
+    fn pick(&mut self) -> Option<(usize, AttnVariant, bool)> {
+        let i = self
+            .cands
+            .iter()
+            .position(|c| !c.busy && c.checked.is_none())
+            .map(|i| (i, true))
+            .or_else(|| {
+                // Round robin (the fewest samples first): a drift of the GPU's clock then
+                // touches every candidate alike.
+                (0..self.cands.len())
+                    .filter(|&i| {
+                        let c = &self.cands[i];
+                        !c.busy && Self::live(c) && c.samples.len() < SAMPLES
+                    })
+                    .min_by_key(|&i| self.cands[i].samples.len())
+                    .map(|i| (i, false))
+            })?;
+        self.cands[i.0].busy = true;
+        Some((i.0, self.cands[i.0].variant, i.1))
+    }
+}
+
+/// After a real call of `stage` whose outputs are `real`: one step of the class's tuning on
+/// real work (see `Exploring`), when tuning is online, nothing is forced and the class has
+/// no winner yet. `run(opts)` records the call again with `opts`.
+fn explore(
+    q: &Tensor,
+    stage: AttnStage,
+    base: &AttentionOptions,
+    real: &[&Tensor],
+    run: &dyn Fn(&AttentionOptions) -> Result<Vec<Tensor>>,
+) -> Result<()> {
+    let device = q.device();
+    if !free(base) || mode(device) != Tuning::Online || !warm(device) {
+        return Ok(());
+    }
+    let d = *q.shape().last().unwrap_or(&0);
+    let class = Class::of(q.dtype().storage(), d, rows(q, d), stage, base);
+    if cached(device, class).is_some() {
+        return Ok(());
+    }
+    let ctx = device.context();
+    let key = (device.id(), class);
+    let picked = {
+        let mut map = exploring().locked();
+        let e = match map.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let coop = q.attention_kernel(stage, base)?.contains("coop");
+                e.insert(Exploring::new(candidates(stage, coop)))
+            }
+        };
+        e.calls += 1;
+        e.collect(ctx)?;
+        if let Some((v, us)) = e.settle() {
+            if crate::env::verbose() {
+                eprintln!(
+                    "helios: attention tuned {} on real work: {} {us:.1} µs ({} candidates, {} \
+                     calls)",
+                    class.name(),
+                    v.tag(),
+                    e.cands.len(),
+                    e.calls
+                );
+            }
+            map.remove(&key);
+            drop(map);
+            store(device, class, &v.tag(), us);
+            return Ok(());
+        }
+        e.pick()
+    };
+    let Some((cand, variant, first)) = picked else {
+        return Ok(());
+    };
+    let o = AttentionOptions {
+        stage_variant: Some((stage, variant)),
+        ..base.clone()
+    };
+    let (outs, span) = fenced(ctx, || run(&o))?;
+    let compared = match (&outs, first) {
+        (Ok(outs), true) => {
+            let mut v = Vec::new();
+            for (r, s) in real.iter().zip(outs) {
+                let (regions, rows) = stretches(r);
+                v.push((
+                    ctx.snapshot(r.buffer()?, &regions)?,
+                    ctx.snapshot(s.buffer()?, &regions)?,
+                    r.dtype(),
+                    rows,
+                ));
+            }
+            v
+        }
+        _ => Vec::new(),
+    };
+    let mut map = exploring().locked();
+    if let Some(e) = map.get_mut(&key) {
+        if outs.is_err() {
+            // It cannot run here (shared memory, cooperative matrices): out.
+            e.cands[cand].checked = Some(false);
+        }
+        e.pending.push(Pending {
+            cand,
+            span,
+            compared,
+        });
+    }
+    Ok(())
+}
+
+/// `explore` after a real forward.
+pub(crate) fn explore_forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &AttentionOptions,
+    real: &AttentionOutput,
+) -> Result<()> {
+    explore(q, AttnStage::Forward, o, &[&real.out, &real.lse], &|o| {
+        let f = q.attention(k, v, o)?;
+        Ok(vec![f.out, f.lse])
+    })
+}
+
+/// `explore` of both backward stages after a real backward whose gradients (dq, dk, dv;
+/// three handles of one packed tensor when `packed`) are `real`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn explore_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    fwd: &AttentionOutput,
+    dout: &Tensor,
+    o: &AttentionOptions,
+    (real, packed): (&[Tensor; 3], bool),
+) -> Result<()> {
+    let grads = |o: &AttentionOptions| q.backward_impl(k, v, fwd, dout, o, packed);
+    explore(q, AttnStage::DkDv, o, &[&real[1], &real[2]], &|o| {
+        let [_, dk, dv] = grads(o)?;
+        Ok(vec![dk, dv])
+    })?;
+    explore(q, AttnStage::Dq, o, &[&real[0]], &|o| {
+        let [dq, _, _] = grads(o)?;
+        Ok(vec![dq])
+    })
 }
 
 // ------------------------------------------------------------------ the cache

@@ -10,6 +10,7 @@ mod loss;
 mod matmul;
 mod matmul_tune;
 mod norm;
+mod online;
 mod optim;
 mod reduce;
 mod softmax;
@@ -21,7 +22,10 @@ pub use loss::CrossEntropy;
 pub(crate) use matmul::MatmulSpec;
 pub use matmul::{MatmulChoice, MatmulOptions, MatmulOverrides};
 pub(crate) use matmul_tune::forget_device;
-pub use matmul_tune::{coop_peak, matmul_caps, CandidateResult, Choice, CoopPeak, TuneReport};
+pub use matmul_tune::{
+    coop_peak, matmul_caps, matmul_exploring, set_exhaustive_tuning, stop_background_tuning,
+    CandidateResult, Choice, CoopPeak, TuneReport, Tuning,
+};
 pub use norm::{NormGrads, NormOutput};
 pub use optim::{adamw_step, adamw_step_scaled, sum_squares, AdamWConfig, AdamWParam};
 pub use reduce::RowOp;

@@ -69,38 +69,56 @@ impl TuningStore {
         v
     }
 
+    /// Forgets `class`'s winner (and rewrites the file): tests that explore a class start
+    /// from nothing and leave nothing behind.
+    #[cfg(test)]
+    pub(crate) fn remove(&self, device: &Device, class: &str) {
+        let header = self.header();
+        self.with(device, |e| {
+            if e.winners.remove(class).is_some() {
+                self.save(&header, e);
+            }
+        })
+    }
+
     /// Records a winner and rewrites the file; a failed write is reported with
     /// `HELIOS_VERBOSE=1` and otherwise ignored (the winner still holds for this process).
     pub(crate) fn put(&self, device: &Device, class: &str, variant: &str, us: f64) {
-        let family = self.family;
         let header = self.header();
         self.with(device, |e| {
             e.winners.insert(class.to_owned(), (variant.to_owned(), us));
-            let Some(path) = e.path.clone() else {
-                return;
-            };
-            let mut lines: Vec<String> = e
-                .winners
-                .iter()
-                .map(|(k, (v, t))| format!("{v}\t{t:.3}\t{k}"))
-                .collect();
-            lines.sort();
-            let text = format!("{header}\n{}\n", lines.join("\n"));
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-            let result = path
-                .parent()
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .and_then(|_| std::fs::write(&tmp, text))
-                .and_then(|_| std::fs::rename(&tmp, &path));
-            if let Err(err) = result {
-                if crate::env::verbose() {
-                    eprintln!(
-                        "helios: cannot save {family} tuning to {}: {err}",
-                        path.display()
-                    );
-                }
-            }
+            self.save(&header, e);
         })
+    }
+
+    /// Rewrites `e`'s file atomically (a temporary file, then a rename): a process killed
+    /// meanwhile leaves the old file or the new one, never half of one.
+    fn save(&self, header: &str, e: &Entries) {
+        let Some(path) = e.path.clone() else {
+            return;
+        };
+        let mut lines: Vec<String> = e
+            .winners
+            .iter()
+            .map(|(k, (v, t))| format!("{v}\t{t:.3}\t{k}"))
+            .collect();
+        lines.sort();
+        let text = format!("{header}\n{}\n", lines.join("\n"));
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let result = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|_| std::fs::write(&tmp, text))
+            .and_then(|_| std::fs::rename(&tmp, &path));
+        if let Err(err) = result {
+            if crate::env::verbose() {
+                eprintln!(
+                    "helios: cannot save {} tuning to {}: {err}",
+                    self.family,
+                    path.display()
+                );
+            }
+        }
     }
 
     fn header(&self) -> String {

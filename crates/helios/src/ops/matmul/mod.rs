@@ -387,7 +387,7 @@ impl Problem {
     }
 
     /// Runs `plan` into `out`, a dense tensor of the output's shape and dtype.
-    fn run_into(&self, plan: &Plan, out: &Tensor) -> Result<()> {
+    pub(crate) fn run_into(&self, plan: &Plan, out: &Tensor) -> Result<()> {
         if plan.splits <= 1 {
             return self.record(&plan.kernel, out);
         }
@@ -530,6 +530,54 @@ impl Problem {
         Ok(())
     }
 
+    /// Realises every operand and side output, so that recording the product records nothing
+    /// else (a pending producer would otherwise land inside a timed span).
+    pub(crate) fn realize_operands(&self) -> Result<()> {
+        let all = [
+            &self.bias,
+            &self.residual,
+            &self.rows,
+            &self.pre,
+            &self.sums,
+        ];
+        for t in [&self.a, &self.b]
+            .into_iter()
+            .chain(all.into_iter().flatten())
+        {
+            t.buffer()?;
+        }
+        Ok(())
+    }
+
+    /// The same product with its side outputs (`pre`, `sums`) in fresh tensors: for running
+    /// a candidate kernel beside the real one without touching anything the program reads.
+    pub(crate) fn shadow(&self) -> Result<Problem> {
+        let fresh = |t: &Option<Tensor>| -> Result<Option<Tensor>> {
+            t.as_ref()
+                .map(|t| Tensor::empty(t.device(), t.shape(), t.dtype()))
+                .transpose()
+        };
+        Ok(Problem {
+            a: self.a.clone(),
+            b: self.b.clone(),
+            bias: self.bias.clone(),
+            residual: self.residual.clone(),
+            rows: self.rows.clone(),
+            pre: fresh(&self.pre)?,
+            sums: fresh(&self.sums)?,
+            shape: self.shape,
+            trans: self.trans,
+            input: self.input,
+            out: self.out,
+            epilogue: self.epilogue,
+            alpha: self.alpha,
+            out_shape: self.out_shape.clone(),
+            forced: self.forced,
+            forced_splits: self.forced_splits,
+            triangle: self.triangle,
+        })
+    }
+
     /// A fresh output tensor.
     pub(crate) fn output(&self) -> Result<Tensor> {
         Tensor::empty(self.a.device(), &self.out_shape, self.out)
@@ -567,8 +615,7 @@ impl Tensor {
         if p.can_wait(opts) {
             return p.pending();
         }
-        let (plan, _) = matmul_tune::choose(&p)?;
-        p.run(&plan)
+        matmul_tune::run(&p)
     }
 
     /// The scheduler's recording of a pending product (`lazy::epilogue`), with the epilogue
@@ -594,11 +641,10 @@ impl Tensor {
             })?;
             p.pre = Some(p.output()?);
         }
-        let (plan, _) = matmul_tune::choose(&p)?;
         let out = Tensor::empty_in(self.device(), &p.out_shape, p.out, location)?;
-        p.run_into(&plan, &out)?;
+        matmul_tune::run_into(&p, &out)?;
         let name = match crate::env::debug() {
-            true => plan.kernel.name(),
+            true => matmul_tune::choose(&p)?.0.kernel.name(),
             false => String::new(),
         };
         Ok((out, p.pre.take(), name))
@@ -663,7 +709,7 @@ impl Tensor {
             && s.n > 0;
         if !foldable {
             // `other` is in the output dtype (no `out` option here).
-            return Ok((p.run(&plan)?, other.sum(0)?));
+            return Ok((matmul_tune::run(&p)?, other.sum(0)?));
         }
         // (The product's own epilogue is plain: `p` has no options.)
         let kernel = MatmulKernel {

@@ -58,6 +58,12 @@ pub(super) fn cached(device: &Device, key: &str) -> Option<(MatmulVariant, u32)>
     STORE.get(device, key).and_then(|v| parse_tag(&v))
 }
 
+/// Forgets a class's stored winner (tests).
+#[cfg(test)]
+pub(super) fn forget(device: &Device, key: &str) {
+    STORE.remove(device, key)
+}
+
 /// Records a winner (and rewrites the file).
 pub(super) fn store(device: &Device, key: &str, variant: &str, us: f64) {
     STORE.put(device, key, variant, us)

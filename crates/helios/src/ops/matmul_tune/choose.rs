@@ -1,14 +1,15 @@
 //! The family's one selection function, `choose`, and its per-process memo (the order of
 //! precedence is in the module docs of `matmul_tune`).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use helios_kernels::matmul::default_variant;
-use helios_kernels::{MatmulKernel, MatmulVariant};
+use helios_kernels::MatmulVariant;
 use helios_vk::DeviceType;
 
 use super::cache::{cached, class_key};
 use super::caps::matmul_caps;
+use super::explore::Explorer;
 use super::tune::tune;
 use crate::ops::matmul::{Plan, Problem};
 use crate::realize_lock::LockExt;
@@ -23,8 +24,10 @@ pub enum Choice {
     Env,
     /// A winner tuned earlier (this process or the cache file).
     Cached,
-    /// Tuned just now.
+    /// Tuned just now (exhaustively, or on real work).
     Tuned,
+    /// The class is being tuned on real work; this is its best kernel so far.
+    Exploring,
     /// `default_variant` (tuning off or not worth it on this device).
     Default,
 }
@@ -36,6 +39,7 @@ impl Choice {
             Choice::Env => "env",
             Choice::Cached => "cached",
             Choice::Tuned => "tuned",
+            Choice::Exploring => "exploring",
             Choice::Default => "default",
         }
     }
@@ -68,15 +72,96 @@ fn env_variant() -> Result<Option<MatmulVariant>> {
     })
 }
 
-/// Whether `choose` may tune: on GPUs by default (`HELIOS_MATMUL_TUNE=0` turns it off,
-/// `=1` on for CPU devices too, where timing is slow and means little).
-fn tuning_enabled(device: &Device) -> bool {
-    crate::env::matmul_tune()
-        .unwrap_or_else(|| device.context().caps().device_type != DeviceType::Cpu)
+/// How a class without a stored winner is tuned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tuning {
+    /// Not at all: the first choice stays.
+    Off,
+    /// On the program's own calls, never waiting (`explore`): the default on GPUs.
+    Online,
+    /// Every candidate checked and timed before the first call returns (`tune`): for a
+    /// long run that wants its best kernels from the first step.
+    Exhaustive,
 }
 
-/// The family's one selection function (see the module docs for the order).
+static EXHAUSTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every matmul class without a stored winner tune exhaustively before its first
+/// call returns, as `HELIOS_MATMUL_TUNE=full` does (`helios bench --tune full`).
+pub fn set_exhaustive_tuning(on: bool) {
+    EXHAUSTIVE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether classes tune exhaustively before their first call (`set_exhaustive_tuning`,
+/// `HELIOS_MATMUL_TUNE=full`): attention follows the same switch.
+pub(crate) fn exhaustive() -> bool {
+    EXHAUSTIVE.load(std::sync::atomic::Ordering::Relaxed)
+        || crate::env::matmul_tune() == Some(Tuning::Exhaustive)
+}
+
+/// How this device tunes: `HELIOS_MATMUL_TUNE=0` off, `=1` online also on CPU devices
+/// (where timing is slow and means little), `=full` exhaustive; by default online on GPUs
+/// and off on CPU devices.
+pub(crate) fn tuning(device: &Device) -> Tuning {
+    #[cfg(test)]
+    if let Some(&(_, t)) = TEST_TUNING
+        .locked()
+        .iter()
+        .find(|(id, _)| *id == device.id())
+    {
+        return t;
+    }
+    if EXHAUSTIVE.load(std::sync::atomic::Ordering::Relaxed) {
+        return Tuning::Exhaustive;
+    }
+    match crate::env::matmul_tune() {
+        Some(t) => t,
+        None if device.context().caps().device_type == DeviceType::Cpu => Tuning::Off,
+        None => Tuning::Online,
+    }
+}
+
+/// Per-device tuning for the unit tests (which share one process and its environment).
+#[cfg(test)]
+pub(super) static TEST_TUNING: Mutex<Vec<(usize, Tuning)>> = Mutex::new(Vec::new());
+
+/// What the memo remembers for a problem.
+#[derive(Clone)]
+enum Memo {
+    Fixed(Plan, Choice),
+    Exploring(Arc<Explorer>),
+}
+
+/// The family's one selection function (see the module docs for the order). A class being
+/// explored answers its best kernel so far.
 pub(crate) fn choose(p: &Problem) -> Result<(Plan, Choice)> {
+    Ok(match resolve(p)? {
+        Memo::Fixed(plan, how) => (plan, how),
+        Memo::Exploring(e) => (e.current(p), Choice::Exploring),
+    })
+}
+
+/// Records the product of `p` into `out` (dense, of the output's shape) with the chosen
+/// kernel: where the class is being explored, through its explorer, which may time this
+/// call or try a candidate beside it.
+pub(crate) fn run_into(p: &Problem, out: &crate::Tensor) -> Result<()> {
+    match resolve(p)? {
+        Memo::Fixed(plan, _) => p.run_into(&plan, out),
+        Memo::Exploring(e) => {
+            let action = e.next(p)?;
+            e.run(p, action, out)
+        }
+    }
+}
+
+/// `run_into` a fresh output.
+pub(crate) fn run(p: &Problem) -> Result<crate::Tensor> {
+    let out = p.output()?;
+    run_into(p, &out)?;
+    Ok(out)
+}
+
+fn resolve(p: &Problem) -> Result<Memo> {
     let device = p.a.device();
     let forced = match p.forced {
         Some(v) => Some((v, Choice::Forced)),
@@ -97,11 +182,26 @@ pub(crate) fn choose(p: &Problem) -> Result<(Plan, Choice)> {
         p.epilogue,
         p.triangle,
     );
-    if let Some(&hit) = memo().locked().get(&key) {
-        return Ok(hit);
+    let hit = memo().locked().get(&key).cloned();
+    if let Some(hit) = hit {
+        let Memo::Exploring(e) = &hit else {
+            return Ok(hit);
+        };
+        let Some((v, splits)) = e.winner() else {
+            return Ok(hit);
+        };
+        let settled = Memo::Fixed(
+            Plan {
+                kernel: p.kernel(v, matmul_caps(device).subgroup),
+                splits,
+            },
+            Choice::Tuned,
+        );
+        memo().locked().insert(key, settled.clone());
+        return Ok(settled);
     }
     let chosen = choose_uncached(p, None)?;
-    memo().locked().insert(key, chosen);
+    memo().locked().insert(key, chosen.clone());
     Ok(chosen)
 }
 
@@ -118,19 +218,40 @@ type MemoKey = (
     helios_kernels::Triangle,
 );
 
-fn memo() -> &'static Mutex<rustc_hash::FxHashMap<MemoKey, (Plan, Choice)>> {
-    static MEMO: std::sync::OnceLock<Mutex<rustc_hash::FxHashMap<MemoKey, (Plan, Choice)>>> =
+fn memo() -> &'static Mutex<rustc_hash::FxHashMap<MemoKey, Memo>> {
+    static MEMO: std::sync::OnceLock<Mutex<rustc_hash::FxHashMap<MemoKey, Memo>>> =
         std::sync::OnceLock::new();
     MEMO.get_or_init(Default::default)
 }
 
+/// The classes being explored, per (device, class key): every problem of a class shares one.
+fn explorers() -> &'static Mutex<Explorers> {
+    static EXPLORERS: std::sync::OnceLock<Mutex<Explorers>> = std::sync::OnceLock::new();
+    EXPLORERS.get_or_init(Default::default)
+}
+
+/// (device, class key) → the class's explorer.
+type Explorers = rustc_hash::FxHashMap<(usize, String), Arc<Explorer>>;
+
 /// Drops the remembered choices of the device with `id` (it is going away).
 pub(crate) fn forget_device(id: usize) {
     memo().locked().retain(|k, _| k.0 != id);
+    explorers().locked().retain(|k, _| k.0 != id);
 }
 
-fn choose_uncached(p: &Problem, forced: Option<(MatmulVariant, Choice)>) -> Result<(Plan, Choice)> {
-    let unsplit = |kernel: MatmulKernel| Plan { kernel, splits: 1 };
+/// The classes of `device` still being tuned on real work, by class key.
+pub fn matmul_exploring(device: &Device) -> Vec<String> {
+    let mut v: Vec<String> = explorers()
+        .locked()
+        .iter()
+        .filter(|(k, e)| k.0 == device.id() && e.winner().is_none())
+        .map(|(k, _)| k.1.clone())
+        .collect();
+    v.sort();
+    v
+}
+
+fn choose_uncached(p: &Problem, forced: Option<(MatmulVariant, Choice)>) -> Result<Memo> {
     let device = p.a.device();
     let caps = matmul_caps(device);
     if let Some((v, how)) = forced {
@@ -174,41 +295,87 @@ fn choose_uncached(p: &Problem, forced: Option<(MatmulVariant, Choice)>) -> Resu
             }
             _ => 1,
         };
-        return Ok((Plan { kernel: k, splits }, how));
+        return Ok(Memo::Fixed(Plan { kernel: k, splits }, how));
     }
     let key = class_key(p);
     if let Some((v, splits)) = cached(device, &key) {
         let k = p.kernel(v, caps.subgroup);
         let split_ok = splits == 1 || p.split(v, splits, caps.subgroup).is_some();
         if k.feasible(&caps) && k.fits(&p.shape) && split_ok {
-            return Ok((Plan { kernel: k, splits }, Choice::Cached));
+            return Ok(Memo::Fixed(Plan { kernel: k, splits }, Choice::Cached));
         }
     }
-    let default = || {
+    let first = first_choice(p);
+    let s = &p.shape;
+    // Nothing to tune where there is no product to time.
+    let empty = s.m == 0 || s.n == 0 || s.k == 0 || s.batch == 0;
+    match tuning(device) {
+        _ if empty => Ok(Memo::Fixed(first, Choice::Default)),
+        Tuning::Off => Ok(Memo::Fixed(first, Choice::Default)),
+        Tuning::Online => {
+            let e = explorers()
+                .locked()
+                .entry((device.id(), key.clone()))
+                .or_insert_with(|| Explorer::start(p, key, first))
+                .clone();
+            Ok(Memo::Exploring(e))
+        }
+        Tuning::Exhaustive => {
+            let report = tune(p)?;
+            Ok(match report.winner.and_then(MatmulVariant::by_name) {
+                Some(v) => Memo::Fixed(
+                    Plan {
+                        kernel: p.kernel(v, caps.subgroup),
+                        splits: report.winner_splits,
+                    },
+                    Choice::Tuned,
+                ),
+                None => Memo::Fixed(first, Choice::Default),
+            })
+        }
+    }
+}
+
+/// The kernel a class runs before anything was timed: a rule read off the tuners' winners
+/// on GPT-2's classes (H200, bf16 and f32: bench/results/2026-11-29-first-choice-h200.md).
+/// - f16/bf16 with native kernels: `nv128x192k16s4`, which won 13 of 24 classes and was
+///   within 5% in most others.
+/// - f32 on a GPU: `simt128x64d1` (won 22 of 35), `simt32x32d1` for outputs 64 wide or
+///   less (won all four such classes).
+/// - Otherwise the documented default (`helios_kernels::matmul::default_variant`).
+/// - k at least twice the larger output side, unbatched: split in 4 (won 9 of the 10 such
+///   classes), where the product can be split so.
+pub(crate) fn first_choice(p: &Problem) -> Plan {
+    let caps = matmul_caps(p.a.device());
+    let s = &p.shape;
+    let fits = |name: &str| {
+        let v = MatmulVariant::by_name(name)?;
+        let k = p.kernel(v, caps.subgroup);
+        (k.feasible(&caps) && k.fits(s)).then_some(k)
+    };
+    let half = matches!(p.input, DType::F16 | DType::BF16);
+    let gpu = caps.cpu_threads.is_none();
+    let ruled = match () {
+        _ if half && caps.native.is_some() => fits("nv128x192k16s4"),
+        _ if !half && gpu && s.n <= 64 => fits("simt32x32d1"),
+        _ if !half && gpu => fits("simt128x64d1"),
+        _ => None,
+    };
+    let kernel = ruled.unwrap_or_else(|| {
         let d = default_variant(
             p.input.storage(),
             p.out.storage(),
             p.trans,
-            &p.shape,
+            s,
             p.epilogue,
             &caps,
         );
         p.kernel(d.variant, caps.subgroup)
+    });
+    let long_k = gpu && s.batch == 1 && u64::from(s.k) >= 2 * u64::from(s.m.max(s.n));
+    let splits = match long_k && p.split(kernel.variant, 4, caps.subgroup).is_some() {
+        true => 4,
+        false => 1,
     };
-    let s = &p.shape;
-    // Nothing to tune where there is no product to time.
-    if !tuning_enabled(device) || s.m == 0 || s.n == 0 || s.k == 0 || s.batch == 0 {
-        return Ok((unsplit(default()), Choice::Default));
-    }
-    let report = tune(p)?;
-    match report.winner.and_then(MatmulVariant::by_name) {
-        Some(v) => Ok((
-            Plan {
-                kernel: p.kernel(v, caps.subgroup),
-                splits: report.winner_splits,
-            },
-            Choice::Tuned,
-        )),
-        None => Ok((unsplit(default()), Choice::Default)),
-    }
+    Plan { kernel, splits }
 }

@@ -20,13 +20,15 @@ mod cache;
 mod caps;
 mod check;
 mod choose;
+mod explore;
 mod peak;
 mod timing;
 mod tune;
 
 pub(crate) use cache::winner_tag;
 pub use caps::matmul_caps;
-pub use choose::Choice;
-pub(crate) use choose::{choose, forget_device};
+pub(crate) use choose::{choose, exhaustive, forget_device, run, run_into};
+pub use choose::{matmul_exploring, set_exhaustive_tuning, Choice, Tuning};
+pub use explore::background::stop as stop_background_tuning;
 pub use peak::{coop_peak, CoopPeak};
 pub use tune::{CandidateResult, TuneReport};

@@ -57,20 +57,7 @@ pub(super) fn tune(p: &Problem) -> Result<TuneReport> {
     let caps = matmul_caps(device);
     let key = class_key(p);
     let mut rows = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    let all = candidates_of(p, &caps);
-    // FMA kernels cannot beat the matrix units on large products: where cooperative
-    // candidates exist, timing SIMT ones there would only lengthen tuning. (Native kernels
-    // run on the matrix units too: they stay.)
-    let large = p.shape.flops() >= f64::from(1u32 << 30);
-    let has_coop = all.iter().any(|k| k.variant.is_coop());
-    let fma = |v: MatmulVariant| matches!(v, MatmulVariant::Simt(_));
-    let kernels: Vec<MatmulKernel> = all
-        .into_iter()
-        .filter(|k| !(fma(k.variant) && has_coop && large))
-        .map(|cand| p.kernel(cand.variant, caps.subgroup))
-        .filter(|k| k.feasible(&caps) && seen.insert(*k))
-        .collect();
+    let kernels = timed_candidates(p);
     // Every candidate compiled up front, in parallel (the checks of aligned shapes mostly
     // run these same kernels).
     precompile(device, &kernels)?;
@@ -119,34 +106,12 @@ pub(super) fn tune(p: &Problem) -> Result<TuneReport> {
             .filter_map(|r| r.time_us.map(|t| (r.variant, r.splits, t)))
             .min_by(|a, b| a.2.total_cmp(&b.2))
     };
-    // Split-K with the plain kernels within `SPLIT_BASE_SLACK` of the best (at most
-    // `SPLIT_BASES`), where k is long enough for each part to keep the kernel's pipeline busy
-    // (≥ 512), the product is large enough to be worth a second pass over an M×N f32
-    // workspace per part, and that workspace stays small. Not the best alone: that is often
-    // a small tile that fills the GPU, and a larger tile split over k can beat it (an H100
-    // example in bench/results/source-comment-history.md).
-    let mut ranked: Vec<(&'static str, f64)> = rows
+    let mut ranked: Vec<(MatmulVariant, f64)> = rows
         .iter()
-        .filter_map(|r| r.time_us.map(|t| (r.variant, t)))
+        .filter_map(|r| Some((MatmulVariant::by_name(r.variant)?, r.time_us?)))
         .collect();
     ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
-    let fastest = ranked.first().map_or(0.0, |r| r.1);
-    let splittable: Vec<(MatmulVariant, u32, MatmulKernel)> = ranked
-        .iter()
-        .take_while(|r| r.1 <= fastest * SPLIT_BASE_SLACK)
-        .take(SPLIT_BASES)
-        .map(|&(v, _)| MatmulVariant::by_name(v).expect("a table variant"))
-        .flat_map(|v| SPLITS.iter().map(move |&splits| (v, splits)))
-        .filter_map(|(v, splits)| {
-            let (sub, k) = p.split(v, splits, caps.subgroup)?;
-            let workspace = 4 * u64::from(splits) * u64::from(sub.m) * u64::from(sub.n);
-            let worth = sub.k >= 512
-                && k.feasible(&caps)
-                && p.shape.flops() >= 1e9
-                && workspace <= MAX_SPLIT_WORKSPACE;
-            worth.then_some((v, splits, k))
-        })
-        .collect();
+    let splittable = split_candidates(p, &ranked);
     let split_kernels: Vec<MatmulKernel> = splittable.iter().map(|s| s.2).collect();
     precompile(device, &split_kernels)?;
     let mut split_rows = Vec::new();
@@ -219,6 +184,54 @@ pub(super) fn tune(p: &Problem) -> Result<TuneReport> {
     })
 }
 
+/// The kernels a class times for `p`: the table's that fit and can run here, each once.
+/// FMA kernels cannot beat the matrix units on large products: where cooperative
+/// candidates exist, timing SIMT ones there would only lengthen tuning. (Native kernels run
+/// on the matrix units too: they stay.)
+pub(super) fn timed_candidates(p: &Problem) -> Vec<MatmulKernel> {
+    let caps = matmul_caps(p.a.device());
+    let all = candidates_of(p, &caps);
+    let large = p.shape.flops() >= f64::from(1u32 << 30);
+    let has_coop = all.iter().any(|k| k.variant.is_coop());
+    let fma = |v: MatmulVariant| matches!(v, MatmulVariant::Simt(_));
+    let mut seen = std::collections::HashSet::new();
+    all.into_iter()
+        .filter(|k| !(fma(k.variant) && has_coop && large))
+        .map(|cand| p.kernel(cand.variant, caps.subgroup))
+        .filter(|k| k.feasible(&caps) && seen.insert(*k))
+        .collect()
+}
+
+/// The split-K plans worth timing after the plain kernels `ranked` (variant, µs; fastest
+/// first): those within `SPLIT_BASE_SLACK` of the fastest (at most `SPLIT_BASES`), split
+/// where k is long enough for each part to keep the kernel's pipeline busy (≥ 512), the
+/// product is large enough to be worth a second pass over an M×N f32 workspace per part,
+/// and that workspace stays small. Not the fastest alone: that is often a small tile that
+/// fills the GPU, and a larger tile split over k can beat it (an H100 example in
+/// bench/results/source-comment-history.md).
+pub(super) fn split_candidates(
+    p: &Problem,
+    ranked: &[(MatmulVariant, f64)],
+) -> Vec<(MatmulVariant, u32, MatmulKernel)> {
+    let caps = matmul_caps(p.a.device());
+    let fastest = ranked.first().map_or(0.0, |r| r.1);
+    ranked
+        .iter()
+        .take_while(|r| r.1 <= fastest * SPLIT_BASE_SLACK)
+        .take(SPLIT_BASES)
+        .flat_map(|&(v, _)| SPLITS.iter().map(move |&splits| (v, splits)))
+        .filter_map(|(v, splits)| {
+            let (sub, k) = p.split(v, splits, caps.subgroup)?;
+            let workspace = 4 * u64::from(splits) * u64::from(sub.m) * u64::from(sub.n);
+            let worth = sub.k >= 512
+                && k.feasible(&caps)
+                && p.shape.flops() >= 1e9
+                && workspace <= MAX_SPLIT_WORKSPACE;
+            worth.then_some((v, splits, k))
+        })
+        .collect()
+}
+
 /// The table's kernels that fit `p` on a device with `caps`.
 fn candidates_of(p: &Problem, caps: &MatmulCaps) -> Vec<MatmulKernel> {
     candidates(
@@ -233,7 +246,7 @@ fn candidates_of(p: &Problem, caps: &MatmulCaps) -> Vec<MatmulKernel> {
 
 /// Compiles `kernels` several at once ([`Device::precompile`], and the driver's JIT for
 /// the native ones).
-fn precompile(device: &Device, kernels: &[MatmulKernel]) -> Result<()> {
+pub(super) fn precompile(device: &Device, kernels: &[MatmulKernel]) -> Result<()> {
     use crate::device::KernelKey;
     let (native, spirv): (Vec<MatmulKernel>, Vec<MatmulKernel>) =
         kernels.iter().partition(|k| k.variant.is_native());
