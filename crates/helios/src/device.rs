@@ -385,13 +385,14 @@ impl Device {
         key: KernelKey,
         build: impl FnOnce() -> KernelModule,
     ) -> Result<Arc<Compiled>> {
-        let mut cache = self.inner.kernels.locked();
-        if let Some(k) = cache.get(&key) {
+        if let Some(k) = self.inner.kernels.locked().get(&key) {
             return Ok(k.clone());
         }
+        // Compiled outside the lock: the background threads of tuning compile beside the
+        // program (two threads wanting one kernel at once may both compile it; one wins).
         let compiled = self.compile(build(), fixed_workgroup(&key))?;
-        cache.insert(key, compiled.clone());
-        Ok(compiled)
+        let mut cache = self.inner.kernels.locked();
+        Ok(cache.entry(key).or_insert(compiled).clone())
     }
 
     /// Whether the kernel with signature `key` is compiled already (as a pipeline or a
@@ -431,12 +432,13 @@ impl Device {
         let compiled = std::sync::Mutex::new(Vec::new());
         std::thread::scope(|s| {
             for _ in 0..threads {
-                s.spawn(|| loop {
+                let worker = || loop {
                     let next = queue.locked().next();
                     let Some((key, build)) = next else { break };
                     let c = self.compile(build(), fixed_workgroup(&key));
                     compiled.locked().push((key, c));
-                });
+                };
+                compile_thread(s, worker);
             }
         });
         let mut cache = self.inner.kernels.locked();
@@ -481,12 +483,14 @@ impl Device {
         if let Some(k) = self.inner.native.locked().get(&key) {
             return Ok(k.clone());
         }
+        let started = std::time::Instant::now();
         let module = build()?;
         crate::env::dump_native(&module);
         let kernel =
             self.inner
                 .ctx
                 .create_native_kernel(&module.text, &module.name, &module.name)?;
+        count_waited(&WAITED_NATIVE, started);
         let mut cache = self.inner.native.locked();
         Ok(cache.entry(key).or_insert(kernel).clone())
     }
@@ -525,12 +529,13 @@ impl Device {
         let queue = Mutex::new(todo.into_iter());
         std::thread::scope(|s| {
             for _ in 0..threads {
-                s.spawn(|| loop {
+                let worker = || loop {
                     let next = queue.locked().next();
                     let Some((key, build)) = next else { break };
                     // A failure is reported where the kernel is asked for, as in `precompile`.
                     let _ = self.native_kernel(key, build);
-                });
+                };
+                compile_thread(s, worker);
             }
         });
         Ok(())
@@ -549,6 +554,7 @@ impl Device {
 
     /// `module`'s pipeline (`fixed`: its workgroup size is never overridden).
     fn compile(&self, module: KernelModule, fixed: bool) -> Result<Arc<Compiled>> {
+        let started = std::time::Instant::now();
         crate::env::dump_kernel(&module);
         // HELIOS_WG overrides the workgroup size along x (for tuning experiments).
         let mut workgroup = module.workgroup_size;
@@ -576,6 +582,7 @@ impl Device {
         if crate::env::pipeline_stats_report() {
             self.report_statistics(&compiled);
         }
+        count_waited(&WAITED_SPIRV, started);
         Ok(compiled)
     }
 
@@ -685,4 +692,48 @@ fn fixed_workgroup(key: &KernelKey) -> bool {
             | KernelKey::SumSquares(_)
             | KernelKey::Transpose(_)
     )
+}
+
+/// Compiles the program waited for (SPIR-V pipelines, native kernels): count and
+/// nanoseconds, on threads other than the background and precompile ones.
+static WAITED_SPIRV: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+static WAITED_NATIVE: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
+fn count_waited(counter: &[std::sync::atomic::AtomicU64; 2], started: std::time::Instant) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if std::thread::current()
+        .name()
+        .is_some_and(|n| n.starts_with("helios-"))
+    {
+        return;
+    }
+    counter[0].fetch_add(1, Relaxed);
+    counter[1].fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+}
+
+/// Compiles the program's own threads waited for so far: (SPIR-V pipelines, seconds, native
+/// kernels, seconds). What a cold first step spends compiling, without the background's.
+pub fn waited_compiles() -> (u64, f64, u64, f64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let get = |c: &[std::sync::atomic::AtomicU64; 2]| {
+        (c[0].load(Relaxed), c[1].load(Relaxed) as f64 * 1e-9)
+    };
+    let (a, b) = get(&WAITED_SPIRV);
+    let (c, d) = get(&WAITED_NATIVE);
+    (a, b, c, d)
+}
+
+/// Spawns a precompile worker named as helios's own (its compiles are not waited for by the
+/// program's threads directly).
+fn compile_thread<'s, F: FnOnce() + Send + 's>(s: &'s std::thread::Scope<'s, '_>, f: F) {
+    std::thread::Builder::new()
+        .name("helios-compile".into())
+        .spawn_scoped(s, f)
+        .expect("a compile thread");
 }

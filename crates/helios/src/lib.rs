@@ -41,6 +41,7 @@ mod tensor;
 mod view;
 
 pub use autograd::{checkpoint, folded_gradient_sums, no_grad, NoGradGuard};
+pub use device::waited_compiles;
 pub use device::{Device, KernelConfig, KernelStats, OperandLayout, Readback, WARM_UP_MS};
 pub use dtype::DType;
 pub use error::{Error, Result};

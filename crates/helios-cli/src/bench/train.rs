@@ -190,18 +190,25 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
     device.synchronize()?;
     let compiles = || device.context().pipeline_stats();
     let before = compiles();
+    let waited = helios::waited_compiles();
     let t0 = Instant::now();
     trainer.train_step()?;
     device.synchronize()?;
     let first = t0.elapsed().as_secs_f64();
     let after = compiles();
     if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+        let now = helios::waited_compiles();
         eprintln!(
-            "bench: {} first step: {:.2} s, {} pipelines created in {:.2} s (all threads)",
+            "bench: {} first step: {:.2} s, {} pipelines created in {:.2} s (all threads); \
+             waited for {} pipelines ({:.2} s) and {} native kernels ({:.2} s)",
             case.name,
             first,
             after.pipelines_created - before.pipelines_created,
-            after.total_create_seconds - before.total_create_seconds
+            after.total_create_seconds - before.total_create_seconds,
+            now.0 - waited.0,
+            now.1 - waited.1,
+            now.2 - waited.2,
+            now.3 - waited.3
         );
     }
     let mut all = vec![first * 1e3];
@@ -225,6 +232,11 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
         opt.push(log.opt_ms);
     }
     let ms = summarize(&times, case.name)?;
+    if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+        for line in helios::matmul_exploring(device) {
+            eprintln!("bench: still tuning {line}");
+        }
+    }
     let med = |v: &[f64]| summarize(v, case.name).map(|s| s.median);
     Ok(TrainResult {
         case: case.name.to_string(),

@@ -157,15 +157,10 @@ fn product(
         p.rows = Some(s.rows.clone());
         p.residual = s.p.cloned();
     }
-    // A dense output (the scores) can be tuned on real work: a candidate's shadow writes a
-    // dense scratch tensor like it. Heads written into a wider view (P·V) keep the choice.
+    // A product into a whole tensor can be tuned on real work: a candidate's shadow writes a
+    // scratch tensor of its shape with the same strides.
     let dense = out.t.is_contiguous()
         && out.t.layout().offset() == 0
-        && shape.ldc == shape.n
-        && match shape.inner {
-            0 | 1 => shape.stride_c == shape.m * shape.n,
-            h => shape.inner_c == shape.m * shape.n && shape.stride_c == h * shape.m * shape.n,
-        }
         && match &p.residual {
             Some(r) => {
                 let (rb, ob) = (r.buffer()?, out.t.buffer()?);

@@ -135,7 +135,7 @@ enum Memo {
 /// The family's one selection function (see the module docs for the order). A class being
 /// explored answers its best kernel so far.
 pub(crate) fn choose(p: &Problem) -> Result<(Plan, Choice)> {
-    Ok(match resolve(p)? {
+    Ok(match resolve(p, false)? {
         Memo::Fixed(plan, how) => (plan, how),
         Memo::Exploring(e) => (e.current(p), Choice::Exploring),
     })
@@ -145,7 +145,7 @@ pub(crate) fn choose(p: &Problem) -> Result<(Plan, Choice)> {
 /// kernel: where the class is being explored, through its explorer, which may time this
 /// call or try a candidate beside it.
 pub(crate) fn run_into(p: &Problem, out: &crate::Tensor) -> Result<()> {
-    match resolve(p)? {
+    match resolve(p, true)? {
         Memo::Fixed(plan, _) => p.run_into(&plan, out),
         Memo::Exploring(e) => {
             let action = e.next(p)?;
@@ -161,14 +161,17 @@ pub(crate) fn run(p: &Problem) -> Result<crate::Tensor> {
     Ok(out)
 }
 
-fn resolve(p: &Problem) -> Result<Memo> {
+/// The memo's answer for `p`, working it out on a miss. Only a call that records the product
+/// through its explorer (`explore`) starts one: the others (a kernel's name, a product into
+/// a given view) take the class's explorer if it exists, else the first choice, unmemoised.
+fn resolve(p: &Problem, explore: bool) -> Result<Memo> {
     let device = p.a.device();
     let forced = match p.forced {
         Some(v) => Some((v, Choice::Forced)),
         None => env_variant()?.map(|v| (v, Choice::Env)),
     };
     if forced.is_some() {
-        return choose_uncached(p, forced);
+        return choose_uncached(p, forced, explore);
     }
     // A training loop asks the same few hundred questions every step: remember the answers
     // (the class key is a formatted string, the store a locked map of strings).
@@ -200,8 +203,13 @@ fn resolve(p: &Problem) -> Result<Memo> {
         memo().locked().insert(key, settled.clone());
         return Ok(settled);
     }
-    let chosen = choose_uncached(p, None)?;
-    memo().locked().insert(key, chosen.clone());
+    let chosen = choose_uncached(p, None, explore)?;
+    let unexplored = matches!(chosen, Memo::Fixed(_, Choice::Default))
+        && !explore
+        && tuning(device) == Tuning::Online;
+    if !unexplored {
+        memo().locked().insert(key, chosen.clone());
+    }
     Ok(chosen)
 }
 
@@ -239,19 +247,24 @@ pub(crate) fn forget_device(id: usize) {
     explorers().locked().retain(|k, _| k.0 != id);
 }
 
-/// The classes of `device` still being tuned on real work, by class key.
+/// The classes of `device` still being tuned on real work, a line each: the class key and
+/// where its exploration stands.
 pub fn matmul_exploring(device: &Device) -> Vec<String> {
     let mut v: Vec<String> = explorers()
         .locked()
         .iter()
         .filter(|(k, e)| k.0 == device.id() && e.winner().is_none())
-        .map(|(k, _)| k.1.clone())
+        .map(|(_, e)| e.summary())
         .collect();
     v.sort();
     v
 }
 
-fn choose_uncached(p: &Problem, forced: Option<(MatmulVariant, Choice)>) -> Result<Memo> {
+fn choose_uncached(
+    p: &Problem,
+    forced: Option<(MatmulVariant, Choice)>,
+    explore: bool,
+) -> Result<Memo> {
     let device = p.a.device();
     let caps = matmul_caps(device);
     if let Some((v, how)) = forced {
@@ -313,11 +326,15 @@ fn choose_uncached(p: &Problem, forced: Option<(MatmulVariant, Choice)>) -> Resu
         _ if empty => Ok(Memo::Fixed(first, Choice::Default)),
         Tuning::Off => Ok(Memo::Fixed(first, Choice::Default)),
         Tuning::Online => {
-            let e = explorers()
-                .locked()
-                .entry((device.id(), key.clone()))
-                .or_insert_with(|| Explorer::start(p, key, first))
-                .clone();
+            let mut all = explorers().locked();
+            let e = match (all.get(&(device.id(), key.clone())), explore) {
+                (Some(e), _) => e.clone(),
+                (None, true) => all
+                    .entry((device.id(), key.clone()))
+                    .or_insert_with(|| Explorer::start(p, key, first))
+                    .clone(),
+                (None, false) => return Ok(Memo::Fixed(first, Choice::Default)),
+            };
             Ok(Memo::Exploring(e))
         }
         Tuning::Exhaustive => {

@@ -15,19 +15,19 @@
 //! settles on the lowest median of `SAMPLES` real runs: written to the same store, read by
 //! every later process.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use helios_kernels::{MatmulKernel, MatmulVariant, Triangle};
 use helios_vk::{GpuSpan, Snapshot};
 
+use super::background;
 use super::cache::{store, winner_tag};
 use super::caps::matmul_caps;
 use super::tune::{split_candidates, timed_candidates};
 use crate::ops::matmul::{Plan, Problem};
 use crate::ops::online::{compare, fenced, median, warm, RowSample, Verdict};
 use crate::realize_lock::LockExt;
-use crate::{DType, Device, Result, Tensor};
+use crate::{DType, Result, Tensor};
 
 /// Real runs timed per candidate; its time is their median (the offline tuner's count).
 const SAMPLES: usize = 3;
@@ -35,6 +35,10 @@ const SAMPLES: usize = 3;
 /// A candidate whose fastest of two runs or more is this many times the best median is
 /// dropped.
 const DROP_SLACK: f64 = 1.25;
+
+/// A candidate whose first run takes this many times the best median so far is dropped at
+/// once.
+const GROSS_SLACK: f64 = 2.0;
 
 /// Rows of the output compared between a candidate and the incumbent, at most (spread over
 /// the whole output: first, last and evenly between), and their bytes at most.
@@ -50,8 +54,6 @@ pub(crate) struct Explorer {
 struct State {
     /// `cands[0]` is the incumbent: the first choice, which real calls run meanwhile.
     cands: Vec<Cand>,
-    /// Set by the background thread once the current round's kernels are compiled.
-    compiled: Arc<AtomicBool>,
     pending: Vec<Pending>,
     splits_added: bool,
     winner: Option<usize>,
@@ -120,11 +122,29 @@ fn launched(p: &Problem, plan: &Plan) -> Option<MatmulKernel> {
         .map(|(_, k)| k)
 }
 
-fn compiled(p: &Problem, plan: &Plan) -> bool {
-    launched(p, plan).is_some_and(|k| {
-        p.a.device()
-            .has_kernel(&crate::device::KernelKey::Matmul(k))
-    })
+/// Whether `plan`'s kernel for `p` can run now.
+enum Compiled {
+    Yes,
+    /// Queued on the background threads (a problem of the class with other offsets may want
+    /// other vector widths than the round compiled: those are queued on first sight).
+    Waiting,
+    /// It failed to compile here.
+    Failed,
+}
+
+fn compiled(p: &Problem, plan: &Plan) -> Compiled {
+    let Some(k) = launched(p, plan) else {
+        return Compiled::Failed;
+    };
+    let device = p.a.device();
+    if device.has_kernel(&crate::device::KernelKey::Matmul(k)) {
+        Compiled::Yes
+    } else if background::failed(device, &k) {
+        Compiled::Failed
+    } else {
+        background::compile(device, vec![k]);
+        Compiled::Waiting
+    }
 }
 
 impl Explorer {
@@ -147,20 +167,52 @@ impl Explorer {
                 });
             }
         }
-        let kernels = cands[1..].iter().map(|c| plan_of(p, c).kernel).collect();
-        let compiled = Arc::new(AtomicBool::new(false));
-        background::compile(p.a.device(), kernels, compiled.clone());
+        // The likelier winners first: the background threads compile in this order, and a
+        // candidate is tried as soon as it is compiled.
+        let family = |v: MatmulVariant| match () {
+            _ if v.is_native() => 0,
+            _ if v.is_coop() => 1,
+            _ => 2,
+        };
+        cands[1..].sort_by_key(|c| family(c.variant));
+        background::compile(
+            p.a.device(),
+            cands[1..].iter().map(|c| plan_of(p, c).kernel).collect(),
+        );
         Arc::new(Explorer {
             key,
             state: Mutex::new(State {
                 cands,
-                compiled,
                 pending: Vec::new(),
                 splits_added: false,
                 winner: None,
                 calls: 0,
             }),
         })
+    }
+
+    /// Where the exploration stands, in a line: candidates live (with their samples),
+    /// unchecked, being checked, and out, and the class's calls so far.
+    pub(crate) fn summary(&self) -> String {
+        let s = self.state.locked();
+        let count = |st: Status| s.cands.iter().filter(|c| c.status == st).count();
+        let samples: Vec<usize> = s
+            .cands
+            .iter()
+            .filter(|c| c.status == Status::Live)
+            .map(|c| c.samples.len())
+            .collect();
+        format!(
+            "{}: live {} (samples {samples:?}), unchecked {}, checking {}, out {}, {} calls, \
+             {} pending",
+            self.key,
+            samples.len(),
+            count(Status::Unchecked),
+            count(Status::Checking),
+            count(Status::Out),
+            s.calls,
+            s.pending.len()
+        )
     }
 
     /// The settled winner (variant, splits), if any.
@@ -201,21 +253,34 @@ impl Explorer {
         };
         // Round robin over the live candidates still short of samples (the fewest first):
         // a drift of the GPU's clock then touches them all alike.
-        let timed = (0..s.cands.len())
-            .filter(|&c| {
-                let cand = &s.cands[c];
-                cand.status == Status::Live
-                    && cand.samples.len() < SAMPLES
-                    && !busy(&s, c)
-                    && compiled(p, &plan_of(p, cand))
-            })
-            .min_by_key(|&c| s.cands[c].samples.len());
-        let shadow = match s.compiled.load(Ordering::Acquire) {
-            true => (1..s.cands.len()).find(|&c| {
-                s.cands[c].status == Status::Unchecked && compiled(p, &plan_of(p, &s.cands[c]))
-            }),
-            false => None,
-        };
+        let mut timed: Option<usize> = None;
+        for c in 0..s.cands.len() {
+            let cand = &s.cands[c];
+            let wants = cand.status == Status::Live && cand.samples.len() < SAMPLES;
+            let fewer = timed.map_or(true, |t| cand.samples.len() < s.cands[t].samples.len());
+            if !wants || !fewer || busy(&s, c) {
+                continue;
+            }
+            match compiled(p, &plan_of(p, cand)) {
+                Compiled::Yes => timed = Some(c),
+                Compiled::Waiting => {}
+                Compiled::Failed => s.cands[c].status = Status::Out,
+            }
+        }
+        let mut shadow = None;
+        for c in 1..s.cands.len() {
+            if s.cands[c].status != Status::Unchecked {
+                continue;
+            }
+            match compiled(p, &plan_of(p, &s.cands[c])) {
+                Compiled::Yes => {
+                    shadow = Some(c);
+                    break;
+                }
+                Compiled::Waiting => {}
+                Compiled::Failed => s.cands[c].status = Status::Out,
+            }
+        }
         if let Some(c) = shadow {
             s.cands[c].status = Status::Checking;
         }
@@ -361,14 +426,21 @@ impl State {
             .map(|c| median(&c.samples))
             .fold(f64::INFINITY, f64::min)
             * DROP_SLACK;
+        // A gross loser goes on its first run: each more would cost the program its time.
+        let first = self
+            .cands
+            .iter()
+            .filter(|c| c.status == Status::Live && !c.samples.is_empty())
+            .map(|c| median(&c.samples))
+            .fold(f64::INFINITY, f64::min)
+            * GROSS_SLACK;
         for c in &mut self.cands {
             let fastest = c.samples.iter().copied().fold(f64::INFINITY, f64::min);
-            if judged(c) && fastest > bar {
+            if (judged(c) && fastest > bar) || (c.status == Status::Live && fastest > first) {
                 c.status = Status::Out;
             }
         }
-        let done = self.compiled.load(Ordering::Acquire)
-            && self.pending.is_empty()
+        let done = self.pending.is_empty()
             && self.cands.iter().all(|c| match c.status {
                 Status::Live => c.samples.len() >= SAMPLES,
                 Status::Out => true,
@@ -393,13 +465,7 @@ impl State {
                 .filter(|(v, s, _)| !known.contains(&(*v, *s)))
                 .collect();
             if !splits.is_empty() {
-                let compiled = Arc::new(AtomicBool::new(false));
-                background::compile(
-                    p.a.device(),
-                    splits.iter().map(|s| s.2).collect(),
-                    compiled.clone(),
-                );
-                self.compiled = compiled;
+                background::compile(p.a.device(), splits.iter().map(|s| s.2).collect());
                 self.cands
                     .extend(splits.into_iter().map(|(variant, splits, _)| Cand {
                         variant,
@@ -429,13 +495,25 @@ impl State {
 
 /// Byte ranges of `out` to compare (rows spread over every batch matrix) and what they hold.
 fn check_rows(p: &Problem, out: &Tensor) -> (Vec<(u64, u64)>, Vec<RowSample>) {
+    let s = &p.shape;
     let size = p.out.size() as u64;
-    let n = u64::from(p.shape.n);
-    let m = u64::from(p.shape.m).max(1);
-    let total = m * u64::from(p.shape.batch);
+    let n = u64::from(s.n);
+    let m = u64::from(s.m).max(1);
+    let total = m * u64::from(s.batch);
     let row_bytes = (n * size).max(1);
     let count = CHECK_ROWS.min((CHECK_BYTES / row_bytes).max(1)).min(total);
     let base = (out.layout().offset() * p.out.size()) as u64;
+    // Where row r of the batch of matrices starts, in elements (see `MatmulShape`).
+    let start = |r: u64| {
+        let (bi, row) = (r / m, r % m);
+        let inner = u64::from(s.inner.max(1));
+        let batch = (bi / inner) * u64::from(s.stride_c)
+            + match inner {
+                1 => 0,
+                _ => (bi % inner) * u64::from(s.inner_c),
+            };
+        batch + row * u64::from(s.ldc)
+    };
     let mut picked: Vec<u64> = (0..count)
         .map(|i| match count {
             1 => 0,
@@ -445,7 +523,7 @@ fn check_rows(p: &Problem, out: &Tensor) -> (Vec<(u64, u64)>, Vec<RowSample>) {
     picked.dedup();
     let regions = picked
         .iter()
-        .map(|&r| (base + r * row_bytes, n * size))
+        .map(|&r| (base + start(r) * size, n * size))
         .collect();
     let rows = picked
         .iter()
@@ -471,80 +549,12 @@ fn matmul_bound(out: DType) -> f64 {
     }
 }
 
-/// The background compiles: one thread, one class's round at a time, each round's kernels
-/// compiled several at once (`precompile`).
-pub(crate) mod background {
-    use super::*;
-
-    type Job = Box<dyn FnOnce() + Send>;
-
-    struct Worker {
-        queue: std::sync::mpsc::Sender<Job>,
-        /// Rounds queued or compiling.
-        busy: Arc<(Mutex<usize>, std::sync::Condvar)>,
-    }
-
-    static WORKER: Mutex<Option<Worker>> = Mutex::new(None);
-    static STOPPING: AtomicBool = AtomicBool::new(false);
-
-    pub(crate) fn compile(device: &Device, kernels: Vec<MatmulKernel>, done: Arc<AtomicBool>) {
-        let device = device.clone();
-        let mut worker = WORKER.locked();
-        let w = worker.get_or_insert_with(|| {
-            let (tx, rx) = std::sync::mpsc::channel::<Job>();
-            let busy = Arc::new((Mutex::new(0usize), std::sync::Condvar::new()));
-            let b = busy.clone();
-            std::thread::Builder::new()
-                .name("helios-tune".into())
-                .spawn(move || {
-                    for job in rx {
-                        job();
-                        let (n, cv) = &*b;
-                        *n.locked() -= 1;
-                        cv.notify_all();
-                    }
-                })
-                .expect("a thread for background compiles");
-            Worker { queue: tx, busy }
-        });
-        *w.busy.0.locked() += 1;
-        let job: Job = Box::new(move || {
-            if !STOPPING.load(Ordering::Acquire) {
-                // A kernel that fails to compile fails its first run, which drops it.
-                let _ = super::super::tune::precompile(&device, &kernels);
-            }
-            done.store(true, Ordering::Release);
-        });
-        if w.queue.send(job).is_err() {
-            *w.busy.0.locked() -= 1;
-        }
-    }
-
-    /// Waits until every queued background compile has finished.
-    pub(crate) fn wait_idle() {
-        let busy = WORKER.locked().as_ref().map(|w| w.busy.clone());
-        if let Some(b) = busy {
-            let (n, cv) = &*b;
-            let mut g = n.locked();
-            while *g > 0 {
-                g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
-            }
-        }
-    }
-
-    /// Skips the compiles not started yet and waits for the one running: for a process
-    /// about to exit (a driver unloaded under a compiling thread may crash).
-    pub fn stop() {
-        STOPPING.store(true, Ordering::Release);
-        wait_idle();
-    }
-}
-
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
     use crate::ops::matmul_tune::choose::TEST_TUNING;
     use crate::ops::matmul_tune::Tuning;
+    use crate::Device;
 
     /// Devices whose candidates compute a wrong product in their shadow runs.
     pub(in crate::ops::matmul_tune) static SABOTAGED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
@@ -593,7 +603,7 @@ pub(super) mod tests {
             assert!(err <= 1e-5, "call {call}: relative error {err:.2e}");
             // The candidates' compiles run on their own thread; a real program goes on
             // with the incumbent meanwhile, a test waits to keep its call count short.
-            background::wait_idle();
+            super::background::wait_idle();
             let choice = a.matmul_choice(&b, &opts).expect("choice");
             if choice.how == crate::Choice::Tuned {
                 return (call, choice);

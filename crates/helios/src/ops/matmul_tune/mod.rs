@@ -16,6 +16,7 @@
 //! candidates, split-K, reports), `check` (a candidate's correctness check), `timing` (GPU
 //! timing of candidates) and `peak` (the cooperative-matrix peak microbenchmark).
 
+mod background;
 mod cache;
 mod caps;
 mod check;
@@ -25,10 +26,10 @@ mod peak;
 mod timing;
 mod tune;
 
+pub use background::stop as stop_background_tuning;
 pub(crate) use cache::winner_tag;
 pub use caps::matmul_caps;
 pub(crate) use choose::{choose, exhaustive, forget_device, run, run_into};
 pub use choose::{matmul_exploring, set_exhaustive_tuning, Choice, Tuning};
-pub use explore::background::stop as stop_background_tuning;
 pub use peak::{coop_peak, CoopPeak};
 pub use tune::{CandidateResult, TuneReport};

@@ -1,0 +1,135 @@
+//! The background compiles of tuning on real work (`explore`): candidates' kernels compiled
+//! by a pool of threads while the program runs its first choices.
+//!
+//! The one decision a reader must know: kernels are taken round robin across the classes
+//! that asked (each class's in the order it gave, likelier winners first), so every class
+//! gets its first candidates early instead of waiting behind another class's whole list;
+//! a fresh GPT-2 run queues about a thousand kernels.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+
+use helios_kernels::MatmulKernel;
+
+use crate::device::KernelKey;
+use crate::realize_lock::LockExt;
+use crate::Device;
+
+struct Queue {
+    /// One entry per request, served round robin.
+    classes: VecDeque<(Device, VecDeque<MatmulKernel>)>,
+    /// (device, kernel) queued or compiling.
+    queued: HashSet<(usize, MatmulKernel)>,
+    failed: HashSet<(usize, MatmulKernel)>,
+    /// Kernels queued or compiling.
+    busy: usize,
+    workers: usize,
+}
+
+fn queue() -> &'static Mutex<Queue> {
+    static QUEUE: std::sync::OnceLock<Mutex<Queue>> = std::sync::OnceLock::new();
+    QUEUE.get_or_init(|| {
+        Mutex::new(Queue {
+            classes: VecDeque::new(),
+            queued: HashSet::new(),
+            failed: HashSet::new(),
+            busy: 0,
+            workers: 0,
+        })
+    })
+}
+
+static WORK: Condvar = Condvar::new();
+static IDLE: Condvar = Condvar::new();
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// Queues `kernels` of one class for compiling (those compiled, queued or failed already are
+/// skipped).
+pub(crate) fn compile(device: &Device, kernels: Vec<MatmulKernel>) {
+    let mut q = queue().locked();
+    let fresh: VecDeque<MatmulKernel> = kernels
+        .into_iter()
+        .filter(|k| {
+            let id = (device.id(), *k);
+            !q.failed.contains(&id)
+                && !device.has_kernel(&KernelKey::Matmul(*k))
+                && q.queued.insert(id)
+        })
+        .collect();
+    if fresh.is_empty() {
+        return;
+    }
+    q.busy += fresh.len();
+    q.classes.push_back((device.clone(), fresh));
+    // All but one of the host's threads: the program's own keeps a core.
+    let want = std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1));
+    while q.workers < want {
+        q.workers += 1;
+        std::thread::Builder::new()
+            .name("helios-tune".into())
+            .spawn(work)
+            .expect("a thread for background compiles");
+    }
+    WORK.notify_all();
+}
+
+/// Whether `k` failed to compile on `device`.
+pub(crate) fn failed(device: &Device, k: &MatmulKernel) -> bool {
+    queue().locked().failed.contains(&(device.id(), *k))
+}
+
+fn work() {
+    loop {
+        let (device, k) = {
+            let mut q = queue().locked();
+            loop {
+                if let Some((device, mut kernels)) = q.classes.pop_front() {
+                    let k = kernels.pop_front().expect("classes hold kernels");
+                    if !kernels.is_empty() {
+                        q.classes.push_back((device.clone(), kernels));
+                    }
+                    break (device, k);
+                }
+                q = WORK.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let ok = STOPPING.load(Ordering::Acquire) || build(&device, k).is_ok();
+        let mut q = queue().locked();
+        q.queued.remove(&(device.id(), k));
+        if !ok {
+            q.failed.insert((device.id(), k));
+        }
+        q.busy -= 1;
+        IDLE.notify_all();
+    }
+}
+
+fn build(device: &Device, k: MatmulKernel) -> crate::Result<()> {
+    let key = KernelKey::Matmul(k);
+    if k.variant.is_native() {
+        let target = device.native_target().ok_or(crate::Error::Invalid {
+            op: "matmul",
+            detail: "a native kernel on a device without them".into(),
+        })?;
+        device.native_kernel(key, || Ok(k.build_native(target)?))?;
+    } else {
+        device.kernel(key, || k.build())?;
+    }
+    Ok(())
+}
+
+/// Waits until every queued background compile has finished.
+pub(crate) fn wait_idle() {
+    let mut q = queue().locked();
+    while q.busy > 0 {
+        q = IDLE.wait(q).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Skips the compiles not started yet and waits for those running: for a process about to
+/// exit (a driver unloaded under a compiling thread may crash).
+pub fn stop() {
+    STOPPING.store(true, Ordering::Release);
+    wait_idle();
+}
