@@ -354,3 +354,56 @@ print(json.dumps({"suite": "ops", "torch": "9.9", "cuda": "0", "device": "Fake",
         assert!(results[1]["torch"].is_null());
     }
 }
+
+#[test]
+fn generate_quick_with_a_stand_in_torch_script() {
+    // A cold and a warm pass of 3 tokens each; with python3, a stand-in torch script whose
+    // batch 1 and batch 8 rows attach to the Helios row of the same pass and precision.
+    let script = tmp("fake_torch_generate.py");
+    std::fs::write(
+        &script,
+        r#"import json, sys
+assert sys.argv[sys.argv.index("--new-tokens") + 1] == "3"
+assert sys.argv[sys.argv.index("--precisions") + 1] == "fp32"
+row = {"precision": "fp32", "first_token_ms": 9.0, "ms_per_token": 2.0, "p95_ms": 2.5,
+       "max_ms": 3.0, "tokens_per_s": 500.0, "timing": "per_step"}
+rows = [dict(row, batch=b, **{"pass": p}) for p in ["cold", "warm"] for b in [1, 8]]
+print(json.dumps({"meta": {"torch": "9.9", "cuda": "0", "device": "Fake"}, "results": rows}))
+"#,
+    )
+    .unwrap();
+    let mut args = vec![
+        "bench",
+        "generate",
+        "--quick",
+        "--samples",
+        "3",
+        "--dtypes",
+        "f32",
+        "--json",
+        "-",
+    ];
+    if has_python() {
+        args.extend([
+            "--compare",
+            "torch",
+            "--torch-script",
+            script.to_str().unwrap(),
+        ]);
+    }
+    let out = helios(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("batch 8 is not measured on Helios"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    check_metadata(&v, "generate");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for (r, pass) in results.iter().zip(["cold", "warm"]) {
+        assert_eq!(r["pass"], pass);
+        assert_eq!(r["tokens_ms"].as_array().map(Vec::len), Some(3));
+        assert_eq!(r["ms_per_token"]["samples"], 2);
+        if has_python() {
+            assert_eq!(r["torch"].as_array().map(Vec::len), Some(2), "{r}");
+        }
+    }
+}

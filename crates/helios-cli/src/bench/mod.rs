@@ -11,6 +11,7 @@
 mod attention;
 mod bandwidth;
 mod dispatch;
+mod generate;
 mod graph;
 mod matmul;
 mod ops;
@@ -40,7 +41,9 @@ pub struct BenchArgs {
     /// ops: softmax, layernorm and sums at GPT-2 shapes in GB/s, not part of `all`;
     /// graph: the lazy graph (fused chains, a GPT-2 MLP block fwd+bwd, host time of a
     /// transformer step), not part of `all`; train: GPT-2 training steps (DistilGPT-2 8x512,
-    /// GPT-2 124M 8x1024, fp32 and bf16) beside Hugging Face in PyTorch, not part of `all`.
+    /// GPT-2 124M 8x1024, fp32 and bf16) beside Hugging Face in PyTorch, not part of `all`;
+    /// generate: GPT-2 124M KV-cache decoding, batch 1, 200 greedy tokens each timed, fp32 and
+    /// bf16, a cold and a warm pass, beside Hugging Face `generate`, not part of `all`.
     #[arg(value_enum)]
     suite: Suite,
     /// Few iterations and small sizes (a smoke test, e.g. on lavapipe); figures are not
@@ -63,11 +66,11 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_parser = parse_elements)]
     sizes: Vec<usize>,
     /// Element types, comma-separated (bandwidth: default f32,f16, bf16 on request; matmul:
-    /// default all three).
+    /// default all three; generate: f32,bf16).
     #[arg(long, value_delimiter = ',', value_parser = ["f32", "f16", "bf16"])]
     dtypes: Vec<String>,
     /// Timed samples per case (default 25; with --quick 3); also the round-trip iterations
-    /// (default 2000; with --quick 20).
+    /// (default 2000; with --quick 20); generate: new tokens (default 200; with --quick 16).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     samples: Option<u32>,
     /// Ops per chain / independent sample in the dispatch suite (default 1000; --quick 100).
@@ -102,6 +105,7 @@ enum Suite {
     Graph,
     Attention,
     Train,
+    Generate,
 }
 
 impl Suite {
@@ -115,6 +119,7 @@ impl Suite {
             Suite::Graph => "graph",
             Suite::Attention => "attention",
             Suite::Train => "train",
+            Suite::Generate => "generate",
         }
     }
 }
@@ -285,6 +290,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     if args.suite == Suite::Train {
         return train::run(args);
+    }
+    if args.suite == Suite::Generate {
+        return generate::run(args);
     }
     let plan = Plan::from_args(args);
     if plan.bandwidth.as_ref().is_some_and(|b| b.dtypes.is_empty()) {

@@ -266,7 +266,7 @@ fn gib(bytes: u64) -> f64 {
 }
 
 /// A precision as the tables and the PyTorch script name it.
-fn precision_name(p: DType) -> &'static str {
+pub(super) fn precision_name(p: DType) -> &'static str {
     match p {
         DType::BF16 => "bf16",
         DType::F16 => "f16",

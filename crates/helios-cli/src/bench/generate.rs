@@ -1,0 +1,324 @@
+// `helios bench generate`: autoregressive decoding of GPT-2 124M (random init) with the
+// key/value cache, the way `helios generate` runs it, beside Hugging Face's `generate` in
+// PyTorch (`--compare torch` runs bench/torch_generate.py).
+//
+// An 8-token prompt, then 200 greedy tokens (`--samples N` sets the count; with --quick a
+// 2-layer 128-wide model and 16 tokens), fp32 and bf16 weights, batch 1 only: Helios's
+// KV-cache decode is single-sequence, so batch 8 is measured on the PyTorch side alone.
+// Every token is timed on its own, from the previous token's id on the host to this one's:
+// `generate` reads each token's logits back before it feeds the token, as any user's loop
+// must. Figures: time to first token (the prompt's single-position steps and the first
+// pick), then median / p95 / max ms per token over the others. The whole run is done twice in
+// one process: "cold" with whatever caches HELIOS_CACHE_DIR holds (a fresh directory is what
+// a new user sees), then "warm"; the cold pass's max says whether a token waited on pipeline
+// compilation or a kernel tuner.
+
+use std::path::Path;
+use std::time::Instant;
+
+use helios::{DType, Device};
+use helios_nn::generate::{generate, Sampling};
+use helios_nn::model::GptParams;
+use helios_nn::{GptConfig, ParamStore};
+use serde::{Deserialize, Serialize};
+
+use super::stats::Summary;
+use super::train::precision_name;
+use super::{report, summarize, BenchArgs, BenchResult};
+use crate::CliResult;
+
+/// "The quick brown fox jumps over the lazy" in GPT-2's tokenizer; the weights are random,
+/// so only the length matters, and both sides use the same ids.
+const PROMPT: [u32; 8] = [464, 2068, 7586, 21831, 18045, 625, 262, 16931];
+
+const BATCH8_NOTE: &str =
+    "batch 8 is not measured on Helios: its KV-cache decode is single-sequence (torch b8 is PyTorch alone)";
+
+#[derive(Debug, Serialize)]
+struct GenResult {
+    case: &'static str,
+    /// "cold" (the first pass in the process) or "warm" (the second).
+    pass: &'static str,
+    precision: &'static str,
+    batch: usize,
+    prompt_tokens: usize,
+    new_tokens: usize,
+    /// From the call to the first new token's id on the host, prompt included, ms.
+    first_token_ms: f64,
+    /// Tokens 2..N, each from the previous token's id to its own.
+    ms_per_token: Summary,
+    /// 1000 / the median ms per token.
+    tokens_per_s: f64,
+    /// Every token's wall time, ms, the first one included.
+    tokens_ms: Vec<f64>,
+    /// Pipelines created during the pass, compiled or from the on-disk pipeline cache (0: all
+    /// were in memory already).
+    pipelines_built: u64,
+    /// Matmul shape classes still being tuned on real work after the pass.
+    exploring: usize,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    torch: Vec<TorchGen>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+struct TorchGen {
+    pass: String,
+    precision: String,
+    batch: usize,
+    first_token_ms: f64,
+    /// Median over tokens 2..N; per sequence step, so batch 8 makes 8 tokens in it.
+    ms_per_token: f64,
+    p95_ms: f64,
+    max_ms: f64,
+    tokens_per_s: f64,
+    /// "per_step" (a stopping criterion stamps every step) or "total/n".
+    timing: String,
+}
+
+pub fn run(args: &BenchArgs) -> CliResult {
+    let (case, config) = match args.quick {
+        true => (
+            "quick",
+            GptConfig {
+                n_layer: 2,
+                n_head: 2,
+                n_embd: 128,
+                block_size: 64,
+                ..GptConfig::tiny()
+            },
+        ),
+        false => ("gpt2", GptConfig::gpt2()),
+    };
+    let n = args
+        .samples
+        .map_or(if args.quick { 16 } else { 200 }, |s| s as usize);
+    if n < 2 {
+        return Err(
+            "--samples: generate needs at least 2 tokens (the first is timed apart)".into(),
+        );
+    }
+    // Past the block size `generate` recomputes the window, which is not what is measured.
+    if PROMPT.len() + n - 1 > config.block_size {
+        return Err(format!(
+            "--samples {n}: {} prompt tokens and {n} new ones exceed the model's {} positions",
+            PROMPT.len(),
+            config.block_size
+        )
+        .into());
+    }
+    let precisions = precisions(&args.dtypes)?;
+    let script = super::torch_script_named(args, "bench/torch_generate.py")?;
+    let device = Device::from_env()?;
+    eprintln!("bench: generate on {}; {BATCH8_NOTE}", device.name());
+    let store = ParamStore::init_gpt2(&config, 1337)?;
+    let models = precisions
+        .iter()
+        .map(|&p| Ok((p, GptParams::upload(&store, &device, p)?)))
+        .collect::<BenchResult<Vec<_>>>()?;
+    drop(store);
+    let mut results = Vec::new();
+    for pass in ["cold", "warm"] {
+        for (precision, params) in &models {
+            let r = one(&device, params, case, pass, *precision, n)?;
+            eprintln!(
+                "bench: {pass} {} first token {:.1} ms, {:.2} ms/token (p95 {:.2}, max {:.2}), \
+                 {:.0} tokens/s, {} pipelines built",
+                r.precision,
+                r.first_token_ms,
+                r.ms_per_token.median,
+                r.ms_per_token.p95,
+                r.ms_per_token.max,
+                r.tokens_per_s,
+                r.pipelines_built
+            );
+            results.push(r);
+        }
+    }
+    let (torch_meta, torch_note, rows) = super::torch_side(script.as_deref(), |script| {
+        run_torch(script, &config, n, &precisions)
+    });
+    for r in results.iter_mut() {
+        r.torch = rows
+            .iter()
+            .filter(|t| t.pass == r.pass && t.precision == r.precision)
+            .cloned()
+            .collect();
+    }
+    let torch = (torch_meta, torch_note);
+    super::finish(
+        args,
+        &device,
+        "generate",
+        torch,
+        Some(n),
+        &results,
+        |meta| table(meta, &results),
+    )
+}
+
+/// The weight dtypes `--dtypes` names (default fp32 and bf16).
+fn precisions(dtypes: &[String]) -> BenchResult<Vec<DType>> {
+    if dtypes.is_empty() {
+        return Ok(vec![DType::F32, DType::BF16]);
+    }
+    let mut v = Vec::new();
+    for d in dtypes {
+        let p = match d.as_str() {
+            "f32" => DType::F32,
+            "bf16" => DType::BF16,
+            other => return Err(format!("generate measures f32 and bf16, not {other}").into()),
+        };
+        if !v.contains(&p) {
+            v.push(p);
+        }
+    }
+    Ok(v)
+}
+
+/// One greedy `generate` of `n` tokens after the prompt, every token stamped as it comes.
+fn one(
+    device: &Device,
+    params: &GptParams,
+    case: &'static str,
+    pass: &'static str,
+    precision: DType,
+    n: usize,
+) -> BenchResult<GenResult> {
+    let greedy = Sampling {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+    };
+    let built = || device.context().pipeline_stats().pipelines_created;
+    let before = built();
+    device.synchronize()?;
+    let mut stamps = Vec::with_capacity(n);
+    let t0 = Instant::now();
+    generate(params, device, &PROMPT, n, &greedy, |_| {
+        stamps.push(Instant::now())
+    })?;
+    let mut last = t0;
+    let tokens_ms: Vec<f64> = stamps
+        .iter()
+        .map(|&t| {
+            let ms = (t - last).as_secs_f64() * 1e3;
+            last = t;
+            ms
+        })
+        .collect();
+    let ms = summarize(&tokens_ms[1..], case)?;
+    Ok(GenResult {
+        case,
+        pass,
+        precision: precision_name(precision),
+        batch: 1,
+        prompt_tokens: PROMPT.len(),
+        new_tokens: n,
+        first_token_ms: tokens_ms[0],
+        tokens_per_s: 1e3 / ms.median,
+        ms_per_token: ms,
+        tokens_ms,
+        pipelines_built: built() - before,
+        exploring: helios::matmul_exploring(device).len(),
+        torch: Vec::new(),
+    })
+}
+
+fn run_torch(
+    script: &Path,
+    cfg: &GptConfig,
+    n: usize,
+    precisions: &[DType],
+) -> Result<(serde_json::Value, Vec<TorchGen>), String> {
+    let prompt: Vec<String> = PROMPT.iter().map(u32::to_string).collect();
+    let names: Vec<&str> = precisions.iter().map(|&p| precision_name(p)).collect();
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args(["--json", "-"])
+        .args(["--layers", &cfg.n_layer.to_string()])
+        .args(["--heads", &cfg.n_head.to_string()])
+        .args(["--embd", &cfg.n_embd.to_string()])
+        .args(["--positions", &cfg.block_size.to_string()])
+        .args(["--prompt", &prompt.join(",")])
+        .args(["--new-tokens", &n.to_string()])
+        .args(["--precisions", &names.join(",")])
+        .output()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(err.lines().last().unwrap_or("failed").to_string());
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("{}: bad JSON: {e}", script.display()))?;
+    let rows = serde_json::from_value(doc["results"].clone())
+        .map_err(|e| format!("{}: bad results: {e}", script.display()))?;
+    Ok((doc["meta"].clone(), rows))
+}
+
+fn table(meta: &report::RunMeta, results: &[GenResult]) -> String {
+    let mut s = meta.header();
+    s.push_str(
+        "pass  prec  batch  tokens  first ms  ms/token     p95     max  tokens/s  built  tuning | torch b1 first ms  ms/token     max  tokens/s | b8 ms/token  tokens/s\n",
+    );
+    let mut per_sum = false;
+    for r in results {
+        let torch = |batch: usize| r.torch.iter().find(|t| t.batch == batch);
+        per_sum |= r.torch.iter().any(|t| t.timing != "per_step");
+        let b1 = torch(1).map_or("                 -".to_string(), |t| {
+            format!(
+                "{:>17.1}  {:>8.2}  {:>6.2}  {:>8.0}",
+                t.first_token_ms, t.ms_per_token, t.max_ms, t.tokens_per_s
+            )
+        });
+        let b8 = torch(8).map_or("          -".to_string(), |t| {
+            format!("{:>11.2}  {:>8.0}", t.ms_per_token, t.tokens_per_s)
+        });
+        s.push_str(&format!(
+            "{:5} {:5} {:>5}  {:>6}  {:>8.1}  {:>8.2}  {:>6.2}  {:>6.2}  {:>8.0}  {:>5}  {:>6} | {b1} | {b8}\n",
+            r.pass,
+            r.precision,
+            r.batch,
+            r.new_tokens,
+            r.first_token_ms,
+            r.ms_per_token.median,
+            r.ms_per_token.p95,
+            r.ms_per_token.max,
+            r.tokens_per_s,
+            r.pipelines_built,
+            r.exploring,
+        ));
+    }
+    // The suite's point: whether any token of the first pass waited (compilation, tuning).
+    for cold in results.iter().filter(|r| r.pass == "cold") {
+        let warm = results
+            .iter()
+            .find(|w| w.pass == "warm" && w.precision == cold.precision);
+        if let Some(warm) = warm {
+            s.push_str(&format!(
+                "{}: slowest cold token (after the first) {:.2} ms, {:.2}x the warm median\n",
+                cold.precision,
+                cold.ms_per_token.max,
+                cold.ms_per_token.max / warm.ms_per_token.median
+            ));
+        }
+    }
+    s.push_str(&format!("note: {BATCH8_NOTE}\n"));
+    if per_sum {
+        s.push_str("note: some torch rows are total time / tokens, not per-step stamps\n");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtypes_default_to_both_and_refuse_f16() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(precisions(&[]).unwrap(), vec![DType::F32, DType::BF16]);
+        assert_eq!(precisions(&names(&["bf16"])).unwrap(), vec![DType::BF16]);
+        assert!(precisions(&names(&["f32", "f16"])).is_err());
+    }
+}
