@@ -465,7 +465,10 @@ impl Context {
             let batch = enc.open.take().expect("open");
             // A one-dispatch batch for a GPU that ran dry is submitted here (see
             // `INLINE_MAX`).
-            let inline = starving && batch.dispatches <= INLINE_MAX;
+            // (Not while a pipeline it uses still compiles: the submit thread waits for that,
+            // and this one goes on recording.)
+            let inline =
+                starving && batch.dispatches <= INLINE_MAX && batch.commands.pipelines_ready();
             self.submit_counted(&mut enc, batch)?;
             if inline {
                 self.drain()?;

@@ -34,6 +34,7 @@
 
 mod adapter;
 mod caps;
+mod compile_pool;
 mod context;
 pub mod conv;
 mod coopmat2;

@@ -10,11 +10,12 @@
 use ash::vk;
 use std::collections::HashSet;
 use std::ffi::CString;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use crate::context::Context;
 use crate::error::{vk_err, Error, Result};
+use crate::sync::LockExt;
 
 const SPIRV_MAGIC: u32 = 0x0723_0203;
 
@@ -36,7 +37,9 @@ pub struct PipelineDesc<'a> {
 pub struct Pipeline {
     ctx: Arc<Context>,
     name: String,
-    raw: vk::Pipeline,
+    /// The compiled pipeline, filled at creation or by a compile thread
+    /// (`create_pipeline_deferred`).
+    slot: Arc<Slot>,
     layout: vk::PipelineLayout,
     /// Push-descriptor set layout (null when buffers come as device addresses).
     set_layout: vk::DescriptorSetLayout,
@@ -46,8 +49,64 @@ pub struct Pipeline {
     create_flags: vk::PipelineCreateFlags,
 }
 
+/// A pipeline handle that may still be compiling: `get` waits for it.
+#[derive(Default)]
+pub(crate) struct Slot {
+    state: Mutex<Option<std::result::Result<vk::Pipeline, vk::Result>>>,
+    done: Condvar,
+}
+
+impl Slot {
+    fn set(&self, r: std::result::Result<vk::Pipeline, vk::Result>) {
+        *self.state.locked() = Some(r);
+        self.done.notify_all();
+    }
+
+    /// The handle, once compiled.
+    pub(crate) fn get(&self) -> Result<vk::Pipeline> {
+        let mut s = self.state.locked();
+        loop {
+            if let Some(r) = *s {
+                return r.map_err(|r| Error::vk("vkCreateComputePipelines", r));
+            }
+            s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    pub(crate) fn ready(&self) -> bool {
+        self.state.locked().is_some()
+    }
+}
+
 impl Context {
+    /// A compute pipeline, compiled before this returns (see `create_pipeline_deferred`).
     pub fn create_pipeline(self: &Arc<Self>, desc: &PipelineDesc<'_>) -> Result<Arc<Pipeline>> {
+        let (pipeline, compile) = self.pipeline_parts(desc)?;
+        compile();
+        pipeline.slot.get()?;
+        Ok(pipeline)
+    }
+
+    /// A compute pipeline whose compile runs on a pool of threads: it can be recorded at
+    /// once, and the batch that uses it waits for it when it is submitted (the submit
+    /// thread's wait, not the recording thread's). A program's first step asks for a hundred
+    /// pipelines one after another; a cold driver takes ~0.1 s for each, so compiling them
+    /// side by side is most of the first step's time saved. A compile that fails fails the
+    /// submit of the batch that uses it.
+    pub fn create_pipeline_deferred(
+        self: &Arc<Self>,
+        desc: &PipelineDesc<'_>,
+    ) -> Result<Arc<Pipeline>> {
+        let (pipeline, compile) = self.pipeline_parts(desc)?;
+        crate::compile_pool::spawn(Box::new(compile));
+        Ok(pipeline)
+    }
+
+    /// A pipeline with its layouts made and its slot empty, and the compile that fills it.
+    fn pipeline_parts(
+        self: &Arc<Self>,
+        desc: &PipelineDesc<'_>,
+    ) -> Result<(Arc<Pipeline>, impl FnOnce() + Send + 'static)> {
         let invalid = |detail: String| Error::InvalidPipeline {
             pipeline: desc.name.to_owned(),
             detail,
@@ -86,36 +145,40 @@ impl Context {
             )));
         }
 
-        let device = self.device();
-        let started = Instant::now();
-        let module_info = vk::ShaderModuleCreateInfo::default().code(desc.spirv);
-        // SAFETY: valid device; the code starts with the SPIR-V magic number.
-        let module = unsafe { device.create_shader_module(&module_info, None) }
-            .map_err(vk_err("vkCreateShaderModule"))?;
-        let result = self.build(desc, module, &entry);
-        // SAFETY: a shader module may be destroyed once pipelines are created from it.
-        unsafe { device.destroy_shader_module(module, None) };
-        let (set_layout, layout, raw) = result?;
-        self.pipeline_cache.record_creation(started.elapsed());
-        self.set_name(raw, desc.name);
-        Ok(Arc::new(Pipeline {
+        let (set_layout, layout) = self.layouts(desc)?;
+        let slot = Arc::new(Slot::default());
+        let pipeline = Arc::new(Pipeline {
             ctx: Arc::clone(self),
             name: desc.name.to_owned(),
-            raw,
+            slot: slot.clone(),
             layout,
             set_layout,
             push_constant_size: desc.push_constant_size,
             storage_buffers: desc.storage_buffers,
             create_flags: self.capture.create_flags(),
-        }))
+        });
+        let ctx = Arc::clone(self);
+        let spirv = desc.spirv.to_vec();
+        let spec = desc.spec_constants.to_vec();
+        let name = desc.name.to_owned();
+        let compile = move || {
+            let started = Instant::now();
+            let r = ctx.compile_pipeline(&spirv, &entry, &spec, layout);
+            if let Ok(raw) = r {
+                ctx.pipeline_cache.record_creation(started.elapsed());
+                ctx.set_name(raw, &name);
+            }
+            slot.set(r);
+        };
+        Ok((pipeline, compile))
     }
 
-    fn build(
+    /// The push-descriptor set layout (null without buffers bound so) and the pipeline
+    /// layout of `desc`.
+    fn layouts(
         &self,
         desc: &PipelineDesc<'_>,
-        module: vk::ShaderModule,
-        entry: &CString,
-    ) -> Result<(vk::DescriptorSetLayout, vk::PipelineLayout, vk::Pipeline)> {
+    ) -> Result<(vk::DescriptorSetLayout, vk::PipelineLayout)> {
         let device = self.device();
         let set_layout = if desc.storage_buffers > 0 {
             let bindings: Vec<vk::DescriptorSetLayoutBinding> = (0..desc.storage_buffers)
@@ -162,24 +225,37 @@ impl Context {
             .push_constant_ranges(ranges)
             .set_layouts(set_layouts);
         // SAFETY: valid device and create info.
-        let layout = match unsafe { device.create_pipeline_layout(&layout_info, None) } {
-            Ok(l) => l,
+        match unsafe { device.create_pipeline_layout(&layout_info, None) } {
+            Ok(layout) => Ok((set_layout, layout)),
             Err(r) => {
                 destroy_set_layout();
-                return Err(Error::vk("vkCreatePipelineLayout", r));
+                Err(Error::vk("vkCreatePipelineLayout", r))
             }
-        };
+        }
+    }
+
+    /// Compiles the pipeline: the driver's work, the slow part.
+    fn compile_pipeline(
+        &self,
+        spirv: &[u32],
+        entry: &CString,
+        spec_constants: &[(u32, u32)],
+        layout: vk::PipelineLayout,
+    ) -> std::result::Result<vk::Pipeline, vk::Result> {
+        let device = self.device();
+        let module_info = vk::ShaderModuleCreateInfo::default().code(spirv);
+        // SAFETY: valid device; the code starts with the SPIR-V magic number (checked).
+        let module = unsafe { device.create_shader_module(&module_info, None) }?;
 
         let entries: Vec<vk::SpecializationMapEntry> = (0u32..)
-            .zip(desc.spec_constants)
+            .zip(spec_constants)
             .map(|(i, &(id, _))| vk::SpecializationMapEntry {
                 constant_id: id,
                 offset: 4 * i,
                 size: 4,
             })
             .collect();
-        let data: Vec<u8> = desc
-            .spec_constants
+        let data: Vec<u8> = spec_constants
             .iter()
             .flat_map(|&(_, v)| v.to_ne_bytes())
             .collect();
@@ -203,15 +279,9 @@ impl Context {
         // SAFETY: module and layout are valid; the cache belongs to this device.
         let created =
             unsafe { device.create_compute_pipelines(self.pipeline_cache(), &[info], None) };
-        match created {
-            Ok(pipelines) => Ok((set_layout, layout, pipelines[0])),
-            Err((_, r)) => {
-                // SAFETY: the layout is not used by any pipeline.
-                unsafe { device.destroy_pipeline_layout(layout, None) };
-                destroy_set_layout();
-                Err(Error::vk("vkCreateComputePipelines", r))
-            }
-        }
+        // SAFETY: a shader module may be destroyed once pipelines are created from it.
+        unsafe { device.destroy_shader_module(module, None) };
+        created.map(|p| p[0]).map_err(|(_, r)| r)
     }
 }
 
@@ -225,9 +295,24 @@ impl Pipeline {
         self.push_constant_size
     }
 
-    /// The raw pipeline, for recording into command buffers Helios does not own.
+    /// The raw pipeline, for recording into command buffers Helios does not own (waits for
+    /// a deferred compile; a null handle if it failed).
     pub fn raw(&self) -> vk::Pipeline {
-        self.raw
+        self.slot.get().unwrap_or(vk::Pipeline::null())
+    }
+
+    /// Whether its compile has finished (always, unless deferred).
+    pub fn is_ready(&self) -> bool {
+        self.slot.ready()
+    }
+
+    /// Waits for a deferred compile; its error if it failed.
+    pub fn wait(&self) -> Result<()> {
+        self.slot.get().map(drop)
+    }
+
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        &self.slot
     }
 
     /// The raw layout (one push-constant range; set 0 of push descriptors if any).
@@ -255,8 +340,10 @@ impl Drop for Pipeline {
     fn drop(&mut self) {
         // SAFETY: synchronous runtime: no pending work uses it (with the unsafe `submit`,
         // keeping it alive is the caller's contract).
+        // A deferred compile ends first (its thread holds the slot, not the pipeline).
+        let raw = self.slot.get().unwrap_or(vk::Pipeline::null());
         unsafe {
-            self.ctx.device().destroy_pipeline(self.raw, None);
+            self.ctx.device().destroy_pipeline(raw, None);
             self.ctx.device().destroy_pipeline_layout(self.layout, None);
             if self.set_layout != vk::DescriptorSetLayout::null() {
                 self.ctx

@@ -19,7 +19,7 @@ use crate::encoder::OpenBatch;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 use crate::native::{NativeArg, NativeKernel, PackedParams};
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Pipeline, Slot};
 use std::sync::Arc;
 
 /// Largest region per `vkCmdCopyBuffer` region: lavapipe crashes on a 2 GiB region.
@@ -41,7 +41,8 @@ type Span = (u32, u32);
 #[derive(Clone, Copy, Debug)]
 enum Cmd {
     Dispatch {
-        pipeline: vk::Pipeline,
+        /// Index in `pipelines` (resolved at replay: the compile may still be running).
+        pipeline: u32,
         layout: vk::PipelineLayout,
         groups: [u32; 3],
         push: Span,
@@ -96,6 +97,8 @@ pub(crate) struct Commands {
     descriptors: Vec<vk::DescriptorBufferInfo>,
     regions: Vec<vk::BufferCopy>,
     names: Vec<String>,
+    /// The dispatches' pipelines, whose handles a deferred compile fills by replay.
+    pipelines: Vec<Arc<Slot>>,
     /// Arguments of native launches.
     args: Vec<NativeArg>,
     /// Index in `cmds` of the last barrier (`Recorder::launch_native` upgrades it).
@@ -118,9 +121,21 @@ impl Commands {
         self.descriptors.clear();
         self.regions.clear();
         self.names.clear();
+        self.pipelines.clear();
         self.args.clear();
         self.last_barrier = None;
         self.native = false;
+    }
+
+    /// The dispatches' pipeline handles for `replay`, waiting for deferred compiles; the
+    /// first failure if one failed.
+    pub(crate) fn pipelines(&self) -> Result<Vec<vk::Pipeline>> {
+        self.pipelines.iter().map(|s| s.get()).collect()
+    }
+
+    /// Whether every dispatch's pipeline is compiled (replaying the batch would not wait).
+    pub(crate) fn pipelines_ready(&self) -> bool {
+        self.pipelines.iter().all(|s| s.ready())
     }
 
     pub(crate) fn compute_barrier(&mut self) {
@@ -184,7 +199,12 @@ impl Commands {
     /// `cb` is recording on `ctx`'s device, and every object the commands name is alive
     /// (the batch keeps its pipelines; buffers outlive their last use by pool tagging or by
     /// the caller's `submit` contract).
-    pub(crate) unsafe fn replay(&self, ctx: &Context, cb: vk::CommandBuffer) {
+    pub(crate) unsafe fn replay(
+        &self,
+        ctx: &Context,
+        cb: vk::CommandBuffer,
+        pipelines: &[vk::Pipeline],
+    ) {
         let device = ctx.device();
         let mut bound = vk::Pipeline::null();
         let mut packed = PackedParams::default();
@@ -199,6 +219,7 @@ impl Commands {
                     descriptors,
                     name,
                 } => {
+                    let pipeline = pipelines[pipeline as usize];
                     // With HELIOS_PROFILE=1, timestamps bracket the dispatch (after any
                     // barrier before it, in this same command buffer).
                     let span = match (&ctx.profiler, self.names.get(name as usize)) {
@@ -375,8 +396,9 @@ pub(crate) fn record_dispatch(
         }
         None => u32::MAX,
     };
+    c.pipelines.push(pipeline.slot().clone());
     c.cmds.push(Cmd::Dispatch {
-        pipeline: pipeline.raw(),
+        pipeline: c.pipelines.len() as u32 - 1,
         layout: pipeline.layout(),
         groups,
         push: span(push, c.bytes.len()),

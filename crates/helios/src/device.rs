@@ -395,11 +395,11 @@ impl Device {
         Ok(cache.entry(key).or_insert(compiled).clone())
     }
 
-    /// Whether the kernel with signature `key` is compiled already (as a pipeline or a
-    /// native kernel): using it then costs no compile.
+    /// Whether the kernel with signature `key` is compiled already (as a pipeline, its
+    /// deferred compile finished, or a native kernel): using it then costs no wait.
     pub(crate) fn has_kernel(&self, key: &KernelKey) -> bool {
-        self.inner.kernels.locked().contains_key(key)
-            || self.inner.native.locked().contains_key(key)
+        let spirv = self.inner.kernels.locked().get(key).cloned();
+        spirv.is_some_and(|c| c.pipeline.is_ready()) || self.inner.native.locked().contains_key(key)
     }
 
     /// Compiles those of `kernels` not compiled yet, several at once (one driver compile
@@ -424,7 +424,7 @@ impl Device {
             .min(todo.len());
         if threads <= 1 {
             for (key, build) in todo {
-                self.kernel(key, build)?;
+                self.kernel(key, build)?.pipeline.wait()?;
             }
             return Ok(());
         }
@@ -435,7 +435,11 @@ impl Device {
                 let worker = || loop {
                     let next = queue.locked().next();
                     let Some((key, build)) = next else { break };
-                    let c = self.compile(build(), fixed_workgroup(&key));
+                    // Compiled by the time `precompile` returns, as its callers expect.
+                    let c = self.compile(build(), fixed_workgroup(&key)).and_then(|c| {
+                        c.pipeline.wait()?;
+                        Ok(c)
+                    });
                     compiled.locked().push((key, c));
                 };
                 compile_thread(s, worker);
@@ -562,7 +566,7 @@ impl Device {
             workgroup[0] = x;
         }
         let spec = module.workgroup_spec(workgroup);
-        let pipeline = self.inner.ctx.create_pipeline(&PipelineDesc {
+        let pipeline = self.inner.ctx.create_pipeline_deferred(&PipelineDesc {
             name: &module.name,
             spirv: &module.words,
             entry: module.entry,

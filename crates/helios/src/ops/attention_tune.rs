@@ -275,35 +275,42 @@ pub(crate) fn tune_backward(
 
 // ------------------------------------------------------------------ on real work
 
-/// Real calls' worth of samples per candidate (the exhaustive tuner's count) and the slack
-/// past the best median beyond which a candidate's fastest run drops it.
+/// Pairs per candidate and the slack past the best median ratio beyond which a candidate's
+/// best ratio drops it (as for matmul's exploration).
 const SAMPLES: usize = 3;
 const DROP_SLACK: f64 = 1.25;
 
-/// One class being tuned on real work. Every exploring call of the class runs one candidate
-/// beside the real call (a shadow: the stage forced to that variant, into fresh outputs),
-/// fenced and timed; a candidate's first shadow is also compared with the real call's
-/// outputs (the default kernel's) from bytes copied aside. Nothing waits: results are
-/// collected on later calls, and the class settles on the lowest median as the exhaustive
-/// tuner would. The real calls keep the default kernel until then.
+/// One class being tuned on real work. An exploring call of the class runs, after the real
+/// call, the default kernel's stage and one candidate's, each as a whole call with that
+/// stage forced, into fresh outputs, fenced and timed in one command buffer: the candidate's
+/// score is its median time over the default's in the same call (the GPU's clock cancels
+/// out). A candidate's first run is also compared with the real call's outputs from bytes
+/// copied aside. Nothing waits: results are collected on later calls, and the class settles
+/// on the lowest median ratio as the exhaustive tuner would. Real calls keep the default
+/// kernel until then.
 struct Exploring {
+    /// The default kernel's variant (the real calls').
+    incumbent: AttnVariant,
+    /// The other candidates.
     cands: Vec<Cand>,
+    incumbent_us: Vec<f64>,
     pending: Vec<Pending>,
     calls: u64,
 }
 
 struct Cand {
     variant: AttnVariant,
-    /// `None`: not yet compared; `Some(true)`: matched and may be timed.
+    /// `None`: not yet compared; `Some(true)`: matched, its pairs count.
     checked: Option<bool>,
-    samples: Vec<f64>,
+    ratios: Vec<f64>,
     busy: bool,
 }
 
 struct Pending {
     cand: usize,
+    incumbent: helios_vk::GpuSpan,
     span: helios_vk::GpuSpan,
-    /// (real, shadow, dtype, elements per compared stretch) for a first run.
+    /// (real, shadow, dtype, stretches) for a first run.
     compared: Vec<(
         helios_vk::Snapshot,
         helios_vk::Snapshot,
@@ -313,11 +320,10 @@ struct Pending {
 }
 
 type ExploreKey = (usize, Class);
+type ExploreMap = rustc_hash::FxHashMap<ExploreKey, Exploring>;
 
-fn exploring() -> &'static std::sync::Mutex<rustc_hash::FxHashMap<ExploreKey, Exploring>> {
-    static MAP: std::sync::OnceLock<
-        std::sync::Mutex<rustc_hash::FxHashMap<ExploreKey, Exploring>>,
-    > = std::sync::OnceLock::new();
+fn exploring() -> &'static std::sync::Mutex<ExploreMap> {
+    static MAP: std::sync::OnceLock<std::sync::Mutex<ExploreMap>> = std::sync::OnceLock::new();
     MAP.get_or_init(Default::default)
 }
 
@@ -346,17 +352,20 @@ fn stretches(t: &Tensor) -> (Vec<(u64, u64)>, Vec<RowSample>) {
 }
 
 impl Exploring {
-    fn new(variants: Vec<AttnVariant>) -> Exploring {
+    fn new(incumbent: AttnVariant, variants: Vec<AttnVariant>) -> Exploring {
         Exploring {
+            incumbent,
             cands: variants
                 .into_iter()
+                .filter(|&v| v != incumbent)
                 .map(|variant| Cand {
                     variant,
                     checked: None,
-                    samples: Vec::new(),
+                    ratios: Vec::new(),
                     busy: false,
                 })
                 .collect(),
+            incumbent_us: Vec::new(),
             pending: Vec::new(),
             calls: 0,
         }
@@ -366,7 +375,8 @@ impl Exploring {
         c.checked == Some(true)
     }
 
-    /// Takes in finished timings and comparisons (never waits).
+    /// Takes in finished pairs and comparisons (never waits: a pair shares its batch with
+    /// its copies).
     fn collect(&mut self, ctx: &helios_vk::Context) -> Result<()> {
         let mut still = Vec::new();
         for p in std::mem::take(&mut self.pending) {
@@ -381,13 +391,18 @@ impl Exploring {
                 still.push(p);
                 continue;
             }
-            let span = match ctx.gpu_elapsed_if_done(p.span)? {
+            let incumbent = match ctx.gpu_elapsed_if_done(p.incumbent)? {
                 Ok(t) => t.as_secs_f64() * 1e6,
                 Err(span) => {
-                    still.push(Pending { span, ..p });
+                    still.push(Pending {
+                        incumbent: span,
+                        ..p
+                    });
                     continue;
                 }
             };
+            let us = ctx.gpu_elapsed(p.span)?.as_secs_f64() * 1e6;
+            self.incumbent_us.push(incumbent);
             let c = &mut self.cands[p.cand];
             c.busy = false;
             if !p.compared.is_empty() {
@@ -397,49 +412,53 @@ impl Exploring {
                     _ => Some(true),
                 };
             }
-            if Self::live(c) {
-                c.samples.push(span);
+            if Self::live(c) && incumbent > 0.0 {
+                c.ratios.push(us / incumbent);
             }
         }
         self.pending = still;
         Ok(())
     }
 
-    /// Drops candidates well behind the best; the winner (variant, median µs) once every
-    /// candidate is measured.
+    /// Drops candidates well behind the best; the winner (variant, its median ratio) once
+    /// every candidate is measured.
     fn settle(&mut self) -> Option<(AttnVariant, f64)> {
-        // Judged on two runs at least: one slow run drops nothing.
-        let judged = |c: &Cand| Self::live(c) && c.samples.len() >= 2;
         let best = self
             .cands
             .iter()
-            .filter(|c| judged(c))
-            .map(|c| median(&c.samples))
-            .fold(f64::INFINITY, f64::min);
+            .filter(|c| Self::live(c) && !c.ratios.is_empty())
+            .map(|c| median(&c.ratios))
+            .fold(1.0, f64::min);
         for c in &mut self.cands {
-            let fastest = c.samples.iter().copied().fold(f64::INFINITY, f64::min);
-            if judged(c) && fastest > best * DROP_SLACK {
+            let fastest = c.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            // Judged on two pairs at least.
+            if Self::live(c) && c.ratios.len() >= 2 && fastest > best * DROP_SLACK {
                 c.checked = Some(false);
             }
         }
         let done = self.pending.is_empty()
             && self.cands.iter().all(|c| match c.checked {
                 None => false,
-                Some(true) => c.samples.len() >= SAMPLES,
+                Some(true) => c.ratios.len() >= SAMPLES,
                 Some(false) => true,
             });
         if !done {
             return None;
         }
-        self.cands
+        let challenger = self
+            .cands
             .iter()
             .filter(|c| Self::live(c))
-            .map(|c| (c.variant, median(&c.samples)))
-            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|c| (c.variant, median(&c.ratios)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        Some(match challenger {
+            Some((v, r)) if r < 1.0 => (v, r),
+            _ => (self.incumbent, 1.0),
+        })
     }
 
-    /// The candidate this call runs beside the real one, and whether it is its first run
-    /// (compared).
+    /// The candidate this call runs beside the default, and whether it is its first run
+    /// (compared): the next unchecked one, else the live one with the fewest pairs.
     fn pick(&mut self) -> Option<(usize, AttnVariant, bool)> {
         let i = self
             .cands
@@ -447,14 +466,12 @@ impl Exploring {
             .position(|c| !c.busy && c.checked.is_none())
             .map(|i| (i, true))
             .or_else(|| {
-                // Round robin (the fewest samples first): a drift of the GPU's clock then
-                // touches every candidate alike.
                 (0..self.cands.len())
                     .filter(|&i| {
                         let c = &self.cands[i];
-                        !c.busy && Self::live(c) && c.samples.len() < SAMPLES
+                        !c.busy && Self::live(c) && c.ratios.len() < SAMPLES
                     })
-                    .min_by_key(|&i| self.cands[i].samples.len())
+                    .min_by_key(|&i| self.cands[i].ratios.len())
                     .map(|i| (i, false))
             })?;
         self.cands[i.0].busy = true;
@@ -488,20 +505,24 @@ fn explore(
         let e = match map.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                let coop = q.attention_kernel(stage, base)?.contains("coop");
-                e.insert(Exploring::new(candidates(stage, coop)))
+                let Some(k) = q.attention_kernel_of(stage, base)? else {
+                    return Ok(());
+                };
+                let coop = k.variant.is_coop();
+                e.insert(Exploring::new(k.variant, candidates(stage, coop)))
             }
         };
         e.calls += 1;
         e.collect(ctx)?;
-        if let Some((v, us)) = e.settle() {
+        if let Some((v, ratio)) = e.settle() {
+            let us = median(&e.incumbent_us) * ratio;
             if crate::env::verbose() {
                 eprintln!(
-                    "helios: attention tuned {} on real work: {} {us:.1} µs ({} candidates, {} \
-                     calls)",
+                    "helios: attention tuned {} on real work: {} {us:.1} µs, {ratio:.2}x the \
+                     default ({} candidates, {} calls)",
                     class.name(),
                     v.tag(),
-                    e.cands.len(),
+                    e.cands.len() + 1,
                     e.calls
                 );
             }
@@ -510,16 +531,20 @@ fn explore(
             store(device, class, &v.tag(), us);
             return Ok(());
         }
-        e.pick()
+        e.pick().map(|p| (p, e.incumbent))
     };
-    let Some((cand, variant, first)) = picked else {
+    let Some(((cand, variant, first), incumbent)) = picked else {
         return Ok(());
     };
-    let o = AttentionOptions {
-        stage_variant: Some((stage, variant)),
+    let forced = |v: AttnVariant| AttentionOptions {
+        stage_variant: Some((stage, v)),
         ..base.clone()
     };
-    let (outs, span) = fenced(ctx, || run(&o))?;
+    // One batch for both spans and the copies: collecting the pair never waits.
+    let _hold = ctx.hold_submits();
+    let (ran, incumbent) = fenced(ctx, || run(&forced(incumbent)))?;
+    ran?;
+    let (outs, span) = fenced(ctx, || run(&forced(variant)))?;
     let compared = match (&outs, first) {
         (Ok(outs), true) => {
             let mut v = Vec::new();
@@ -544,6 +569,7 @@ fn explore(
         }
         e.pending.push(Pending {
             cand,
+            incumbent,
             span,
             compared,
         });

@@ -114,7 +114,8 @@ fn build(device: &Device, k: MatmulKernel) -> crate::Result<()> {
         })?;
         device.native_kernel(key, || Ok(k.build_native(target)?))?;
     } else {
-        device.kernel(key, || k.build())?;
+        // The pipeline compiles on the pool; a candidate is ready once it has.
+        device.kernel(key, || k.build())?.pipeline.wait()?;
     }
     Ok(())
 }

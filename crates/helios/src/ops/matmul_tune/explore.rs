@@ -1,19 +1,20 @@
 //! Tuning on real work: a shape class without a stored winner runs its first choice at once,
-//! and its other candidates are timed on the products the program computes anyway.
+//! and its other candidates are timed beside the products the program computes anyway.
 //!
-//! The one decision a reader must know: a candidate's results never reach the program
-//! before they have matched the incumbent's. Its first run is a shadow: the incumbent writes
-//! the real output, the candidate the same product into a scratch tensor, and rows of both
-//! are copied aside and compared once the GPU is done. Only then may the candidate compute
-//! real outputs, each such run timed between two GPU timestamps, fenced off from its
-//! neighbours. The host never waits for any of it: finished timings and comparisons are
-//! collected on later calls of the class. Candidates compile on a background thread, and a
-//! call whose kernel is not compiled yet simply runs the incumbent.
+//! The one decision a reader must know: every measurement is a pair. On an exploring call
+//! the incumbent computes the real output as always, and one candidate computes the same
+//! product into a scratch tensor right after it (a shadow), both fenced and timed in one
+//! command buffer. A candidate's score is its median time over the incumbent's in the same
+//! call: the GPU's clock, which drifts while a fresh program compiles and warms up, cancels
+//! out of the ratio. A candidate's first shadow is also compared with the real output from
+//! rows copied aside. Candidates never compute anything the program reads until the class
+//! settles, so exploring cannot change a result. The host never waits: finished timings and
+//! comparisons are collected on later calls, and candidates compile on background threads
+//! (`background`), tried as soon as each is ready.
 //!
-//! A class explores its plain kernels first, drops any whose fastest run is well behind the
-//! best median, then tries k splits of the leaders, as the offline tuner does (`tune`), and
-//! settles on the lowest median of `SAMPLES` real runs: written to the same store, read by
-//! every later process.
+//! A class explores its plain kernels first, drops any well behind the best, then tries k
+//! splits of the leaders, as the offline tuner does (`tune`), and settles on the lowest
+//! median ratio: written to the same store, read by every later process.
 
 use std::sync::{Arc, Mutex};
 
@@ -29,14 +30,14 @@ use crate::ops::online::{compare, fenced, median, warm, RowSample, Verdict};
 use crate::realize_lock::LockExt;
 use crate::{DType, Result, Tensor};
 
-/// Real runs timed per candidate; its time is their median (the offline tuner's count).
+/// Paired runs per candidate; its score is the median ratio (the offline tuner's count).
 const SAMPLES: usize = 3;
 
-/// A candidate whose fastest of two runs or more is this many times the best median is
+/// A candidate whose best of two ratios or more is this many times the best median is
 /// dropped.
 const DROP_SLACK: f64 = 1.25;
 
-/// A candidate whose first run takes this many times the best median so far is dropped at
+/// A candidate whose first ratio is this many times the best median so far is dropped at
 /// once.
 const GROSS_SLACK: f64 = 2.0;
 
@@ -54,6 +55,8 @@ pub(crate) struct Explorer {
 struct State {
     /// `cands[0]` is the incumbent: the first choice, which real calls run meanwhile.
     cands: Vec<Cand>,
+    /// The incumbent's times in the pairs, µs (for the store's figure).
+    incumbent_us: Vec<f64>,
     pending: Vec<Pending>,
     splits_added: bool,
     winner: Option<usize>,
@@ -65,44 +68,52 @@ struct Cand {
     variant: MatmulVariant,
     splits: u32,
     status: Status,
-    /// Per-run GPU times, µs.
-    samples: Vec<f64>,
+    /// Its time over the incumbent's, one per pair (the incumbent's own: none, it is 1).
+    ratios: Vec<f64>,
+}
+
+impl Cand {
+    fn score(&self, incumbent: bool) -> f64 {
+        match incumbent {
+            true => 1.0,
+            false => median(&self.ratios),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Status {
     /// Compiled (or compiling), not yet compared with the incumbent.
     Unchecked,
-    /// Its shadow run is on the GPU.
+    /// Its first shadow is on the GPU.
     Checking,
-    /// Matched the incumbent: may compute real outputs.
+    /// Matched the incumbent: its pairs count.
     Live,
     /// Failed its comparison, could not run, or too slow.
     Out,
 }
 
-enum Pending {
-    Time {
-        cand: usize,
-        span: GpuSpan,
-    },
-    Check {
-        cand: usize,
-        span: GpuSpan,
-        real: Snapshot,
-        shadow: Snapshot,
-        rows: Vec<RowSample>,
-        out: DType,
-    },
+/// A pair on the GPU: the incumbent's real run and candidate `cand`'s shadow, and for a
+/// first shadow the rows to compare.
+struct Pending {
+    cand: usize,
+    real: GpuSpan,
+    shadow: GpuSpan,
+    check: Option<Check>,
 }
 
-/// What a call of an exploring class runs: `real` computes the output (timed as candidate
-/// `timed` when set), and `shadow`, when set, a candidate beside it into scratch, timed and
-/// compared with the real output.
+struct Check {
+    real: Snapshot,
+    shadow: Snapshot,
+    rows: Vec<RowSample>,
+    out: DType,
+}
+
+/// What a call of an exploring class runs: `real` computes the output, and `shadow`, when
+/// set, a candidate beside it into scratch (compared when `check`).
 pub(crate) struct Action {
     real: Plan,
-    timed: Option<usize>,
-    shadow: Option<(usize, Plan)>,
+    shadow: Option<(usize, Plan, bool)>,
 }
 
 fn plan_of(p: &Problem, c: &Cand) -> Plan {
@@ -148,14 +159,14 @@ fn compiled(p: &Problem, plan: &Plan) -> Compiled {
 }
 
 impl Explorer {
-    /// Starts exploring `p`'s class from `first` (the incumbent): compiles the other
-    /// candidates in the background.
+    /// Starts exploring `p`'s class from `first` (the incumbent): queues the other
+    /// candidates' compiles.
     pub(crate) fn start(p: &Problem, key: String, first: Plan) -> Arc<Explorer> {
         let mut cands = vec![Cand {
             variant: first.kernel.variant,
             splits: first.splits,
             status: Status::Live,
-            samples: Vec::new(),
+            ratios: Vec::new(),
         }];
         for k in timed_candidates(p) {
             if k.variant != first.kernel.variant || first.splits > 1 {
@@ -163,7 +174,7 @@ impl Explorer {
                     variant: k.variant,
                     splits: 1,
                     status: Status::Unchecked,
-                    samples: Vec::new(),
+                    ratios: Vec::new(),
                 });
             }
         }
@@ -183,6 +194,7 @@ impl Explorer {
             key,
             state: Mutex::new(State {
                 cands,
+                incumbent_us: Vec::new(),
                 pending: Vec::new(),
                 splits_added: false,
                 winner: None,
@@ -191,22 +203,21 @@ impl Explorer {
         })
     }
 
-    /// Where the exploration stands, in a line: candidates live (with their samples),
+    /// Where the exploration stands, in a line: candidates live (with their pairs),
     /// unchecked, being checked, and out, and the class's calls so far.
     pub(crate) fn summary(&self) -> String {
         let s = self.state.locked();
         let count = |st: Status| s.cands.iter().filter(|c| c.status == st).count();
-        let samples: Vec<usize> = s
-            .cands
+        let pairs: Vec<usize> = s.cands[1..]
             .iter()
             .filter(|c| c.status == Status::Live)
-            .map(|c| c.samples.len())
+            .map(|c| c.ratios.len())
             .collect();
         format!(
-            "{}: live {} (samples {samples:?}), unchecked {}, checking {}, out {}, {} calls, \
-             {} pending",
+            "{}: live {} (pairs {pairs:?}), unchecked {}, checking {}, out {}, {} calls, {} \
+             pending",
             self.key,
-            samples.len(),
+            pairs.len(),
             count(Status::Unchecked),
             count(Status::Checking),
             count(Status::Out),
@@ -221,14 +232,13 @@ impl Explorer {
         s.winner.map(|w| (s.cands[w].variant, s.cands[w].splits))
     }
 
-    /// The plan real calls of `p` run while nothing is being measured: the best live
-    /// candidate so far (the incumbent until another has its samples).
+    /// The plan real calls of `p` run: the winner once settled, the incumbent until then.
     pub(crate) fn current(&self, p: &Problem) -> Plan {
         let s = self.state.locked();
-        plan_of(p, &s.cands[s.best().unwrap_or(0)])
+        plan_of(p, &s.cands[s.winner.unwrap_or(0)])
     }
 
-    /// Collects finished measurements, then decides what this call of `p` runs.
+    /// Collects finished pairs, then decides what this call of `p` runs.
     pub(crate) fn next(&self, p: &Problem) -> Result<Action> {
         let ctx = p.a.device().context();
         let mut s = self.state.locked();
@@ -237,89 +247,50 @@ impl Explorer {
         if s.winner.is_none() {
             s.advance(p, &self.key);
         }
-        let best = plan_of(p, &s.cands[s.winner.or(s.best()).unwrap_or(0)]);
-        let plain = Action {
-            real: best,
-            timed: None,
-            shadow: None,
-        };
+        let real = plan_of(p, &s.cands[s.winner.unwrap_or(0)]);
         if s.winner.is_some() || !warm(p.a.device()) {
-            return Ok(plain);
+            return Ok(Action { real, shadow: None });
         }
-        let busy = |s: &State, c: usize| {
-            s.pending.iter().any(|q| match q {
-                Pending::Time { cand, .. } | Pending::Check { cand, .. } => *cand == c,
-            })
-        };
-        // Round robin over the live candidates still short of samples (the fewest first):
-        // a drift of the GPU's clock then touches them all alike.
-        let mut timed: Option<usize> = None;
-        for c in 0..s.cands.len() {
+        let busy = |s: &State, c: usize| s.pending.iter().any(|q| q.cand == c);
+        // A first shadow for the next unchecked candidate that is compiled, else a pair for
+        // the live one with the fewest (round robin: every candidate sees the same moments).
+        let mut pick: Option<(usize, bool)> = None;
+        for c in 1..s.cands.len() {
             let cand = &s.cands[c];
-            let wants = cand.status == Status::Live && cand.samples.len() < SAMPLES;
-            let fewer = timed.map_or(true, |t| cand.samples.len() < s.cands[t].samples.len());
-            if !wants || !fewer || busy(&s, c) {
+            let check = cand.status == Status::Unchecked;
+            let wants = check || (cand.status == Status::Live && cand.ratios.len() < SAMPLES);
+            let better = match pick {
+                None => true,
+                Some((_, true)) => false,
+                Some((t, false)) => check || cand.ratios.len() < s.cands[t].ratios.len(),
+            };
+            if !wants || !better || busy(&s, c) {
                 continue;
             }
             match compiled(p, &plan_of(p, cand)) {
-                Compiled::Yes => timed = Some(c),
+                Compiled::Yes => pick = Some((c, check)),
                 Compiled::Waiting => {}
                 Compiled::Failed => s.cands[c].status = Status::Out,
             }
         }
-        let mut shadow = None;
-        for c in 1..s.cands.len() {
-            if s.cands[c].status != Status::Unchecked {
-                continue;
-            }
-            match compiled(p, &plan_of(p, &s.cands[c])) {
-                Compiled::Yes => {
-                    shadow = Some(c);
-                    break;
-                }
-                Compiled::Waiting => {}
-                Compiled::Failed => s.cands[c].status = Status::Out,
-            }
-        }
-        if let Some(c) = shadow {
+        let Some((c, check)) = pick else {
+            return Ok(Action { real, shadow: None });
+        };
+        if check {
             s.cands[c].status = Status::Checking;
         }
         Ok(Action {
-            real: timed.map_or(best, |c| plan_of(p, &s.cands[c])),
-            timed,
-            shadow: shadow.map(|c| (c, plan_of(p, &s.cands[c]))),
+            real,
+            shadow: Some((c, plan_of(p, &s.cands[c]), check)),
         })
     }
 
     /// Records `action` for `p` into `out` (a dense tensor of the output's shape).
     pub(crate) fn run(&self, p: &Problem, action: Action, out: &Tensor) -> Result<()> {
-        let ctx = p.a.device().context();
-        if action.timed.is_none() && action.shadow.is_none() {
+        let Some((cand, plan, check)) = action.shadow else {
             return p.run_into(&action.real, out);
-        }
-        // Operands still pending are recorded now, outside the timed spans.
-        p.realize_operands()?;
-        out.buffer()?;
-        if let Some(cand) = action.timed {
-            let (ran, span) = fenced(ctx, || p.run_into(&action.real, out))?;
-            let mut s = self.state.locked();
-            s.pending.push(Pending::Time { cand, span });
-            if ran.is_err() {
-                // The incumbent writes the output instead, and no shadow compares with it.
-                s.cands[cand].status = Status::Out;
-                let incumbent = plan_of(p, &s.cands[0]);
-                if let Some((c, _)) = action.shadow {
-                    s.cands[c].status = Status::Unchecked;
-                }
-                drop(s);
-                return p.run_into(&incumbent, out);
-            }
-        } else {
-            p.run_into(&action.real, out)?;
-        }
-        let Some((cand, plan)) = action.shadow else {
-            return Ok(());
         };
+        let ctx = p.a.device().context();
         #[allow(unused_mut)]
         let mut shadow = p.shadow()?;
         #[cfg(test)]
@@ -327,122 +298,118 @@ impl Explorer {
             shadow.alpha *= 1.5;
         }
         let scratch = shadow.output()?;
+        // Operands still pending are recorded now, outside the timed spans.
+        p.realize_operands()?;
         shadow.realize_operands()?;
+        out.buffer()?;
         scratch.buffer()?;
-        let (ran, span) = fenced(ctx, || shadow.run_into(&plan, &scratch))?;
-        let (regions, rows) = check_rows(p, out);
-        let pending = match ran {
-            Ok(()) => Pending::Check {
-                cand,
-                span,
-                real: ctx.snapshot(out.buffer()?, &regions)?,
-                shadow: ctx.snapshot(scratch.buffer()?, &regions)?,
-                rows,
-                out: p.out,
-            },
-            Err(_) => {
-                self.state.locked().cands[cand].status = Status::Out;
-                Pending::Time { cand, span }
+        // One batch for both spans and the copies: collecting the pair never waits.
+        let _hold = ctx.hold_submits();
+        let (ran, real) = fenced(ctx, || p.run_into(&action.real, out))?;
+        ran?;
+        let (ran, shadow_span) = fenced(ctx, || shadow.run_into(&plan, &scratch))?;
+        let check = match (&ran, check) {
+            (Ok(()), true) => {
+                let (regions, rows) = check_rows(p, out);
+                Some(Check {
+                    real: ctx.snapshot(out.buffer()?, &regions)?,
+                    shadow: ctx.snapshot(scratch.buffer()?, &regions)?,
+                    rows,
+                    out: p.out,
+                })
             }
+            _ => None,
         };
-        self.state.locked().pending.push(pending);
+        let mut s = self.state.locked();
+        if ran.is_err() {
+            s.cands[cand].status = Status::Out;
+        }
+        s.pending.push(Pending {
+            cand,
+            real,
+            shadow: shadow_span,
+            check,
+        });
         Ok(())
     }
 }
 
 impl State {
-    /// The live candidate with the lowest median so far.
-    fn best(&self) -> Option<usize> {
-        (0..self.cands.len())
-            .filter(|&c| self.cands[c].status == Status::Live && !self.cands[c].samples.is_empty())
-            .min_by(|&a, &b| {
-                median(&self.cands[a].samples).total_cmp(&median(&self.cands[b].samples))
-            })
-    }
-
-    /// Takes in every finished timing and comparison (never waits).
+    /// Takes in every finished pair and comparison (never waits).
     fn collect(&mut self, ctx: &helios_vk::Context) -> Result<()> {
         let mut still = Vec::new();
-        for p in std::mem::take(&mut self.pending) {
-            match p {
-                Pending::Time { cand, span } => match ctx.gpu_elapsed_if_done(span)? {
-                    Ok(t) => self.cands[cand].samples.push(t.as_secs_f64() * 1e6),
-                    Err(span) => still.push(Pending::Time { cand, span }),
-                },
-                Pending::Check {
-                    cand,
-                    span,
-                    real,
-                    shadow,
-                    rows,
-                    out,
-                } => {
-                    let (Some(a), Some(b)) =
-                        (ctx.read_snapshot(&real)?, ctx.read_snapshot(&shadow)?)
-                    else {
-                        still.push(Pending::Check {
-                            cand,
-                            span,
-                            real,
-                            shadow,
-                            rows,
-                            out,
-                        });
+        for mut p in std::mem::take(&mut self.pending) {
+            let verdict = match &p.check {
+                Some(c) => match (ctx.read_snapshot(&c.real)?, ctx.read_snapshot(&c.shadow)?) {
+                    (Some(a), Some(b)) => {
+                        Some(compare(&a, &b, &c.rows, c.out, matmul_bound(c.out)))
+                    }
+                    _ => {
+                        still.push(p);
                         continue;
-                    };
-                    let t = match ctx.gpu_elapsed_if_done(span)? {
-                        Ok(t) => t.as_secs_f64() * 1e6,
-                        Err(span) => {
-                            // Written in the same batch as the snapshots: done with them.
-                            ctx.gpu_elapsed(span)?.as_secs_f64() * 1e6
-                        }
-                    };
-                    let c = &mut self.cands[cand];
-                    c.status = match compare(&a, &b, &rows, out, matmul_bound(out)) {
-                        Verdict::Match => {
-                            c.samples.push(t);
-                            Status::Live
-                        }
-                        Verdict::Differ => Status::Out,
-                        // Real data with infinities or NaNs proves nothing: check again.
-                        Verdict::Inconclusive => Status::Unchecked,
-                    };
+                    }
+                },
+                None => None,
+            };
+            // Both spans are in the batch of the snapshots, or of each other.
+            let real = match ctx.gpu_elapsed_if_done(p.real)? {
+                Ok(t) => t.as_secs_f64() * 1e6,
+                Err(span) => {
+                    p.real = span;
+                    still.push(p);
+                    continue;
                 }
+            };
+            let shadow = ctx.gpu_elapsed(p.shadow)?.as_secs_f64() * 1e6;
+            self.incumbent_us.push(real);
+            let c = &mut self.cands[p.cand];
+            c.status = match (c.status, verdict) {
+                (Status::Out, _) => Status::Out,
+                (_, Some(Verdict::Differ)) => Status::Out,
+                // Real data with infinities or NaNs proves nothing: check again.
+                (_, Some(Verdict::Inconclusive)) => Status::Unchecked,
+                _ => Status::Live,
+            };
+            if c.status == Status::Live && real > 0.0 {
+                c.ratios.push(shadow / real);
             }
         }
         self.pending = still;
         Ok(())
     }
 
+    /// The live candidate (or the incumbent) with the lowest score.
+    fn best(&self) -> usize {
+        (0..self.cands.len())
+            .filter(|&c| {
+                c == 0 || (self.cands[c].status == Status::Live && !self.cands[c].ratios.is_empty())
+            })
+            .min_by(|&a, &b| {
+                self.cands[a]
+                    .score(a == 0)
+                    .total_cmp(&self.cands[b].score(b == 0))
+            })
+            .unwrap_or(0)
+    }
+
     /// Drops candidates well behind the best, adds the split round when the plain one is
     /// done, and settles when every candidate is measured.
     fn advance(&mut self, p: &Problem, key: &str) {
-        // Judged on two runs at least: one slow run (a clock dip, a neighbour) drops nothing.
-        let judged = |c: &Cand| c.status == Status::Live && c.samples.len() >= 2;
-        let bar = self
-            .cands
-            .iter()
-            .filter(|c| judged(c))
-            .map(|c| median(&c.samples))
-            .fold(f64::INFINITY, f64::min)
-            * DROP_SLACK;
-        // A gross loser goes on its first run: each more would cost the program its time.
-        let first = self
-            .cands
-            .iter()
-            .filter(|c| c.status == Status::Live && !c.samples.is_empty())
-            .map(|c| median(&c.samples))
-            .fold(f64::INFINITY, f64::min)
-            * GROSS_SLACK;
-        for c in &mut self.cands {
-            let fastest = c.samples.iter().copied().fold(f64::INFINITY, f64::min);
-            if (judged(c) && fastest > bar) || (c.status == Status::Live && fastest > first) {
+        let best = self.best();
+        let top = self.cands[best].score(best == 0);
+        for c in &mut self.cands[1..] {
+            let fastest = c.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let first = c.ratios.first().copied().unwrap_or(0.0);
+            // Judged on two pairs at least; a gross loser on its first.
+            let slow =
+                (c.ratios.len() >= 2 && fastest > top * DROP_SLACK) || first > top * GROSS_SLACK;
+            if c.status == Status::Live && slow {
                 c.status = Status::Out;
             }
         }
         let done = self.pending.is_empty()
-            && self.cands.iter().all(|c| match c.status {
-                Status::Live => c.samples.len() >= SAMPLES,
+            && self.cands[1..].iter().all(|c| match c.status {
+                Status::Live => c.ratios.len() >= SAMPLES,
                 Status::Out => true,
                 Status::Unchecked | Status::Checking => false,
             });
@@ -451,11 +418,12 @@ impl State {
         }
         if !self.splits_added {
             self.splits_added = true;
-            let mut ranked: Vec<(MatmulVariant, f64)> = self
-                .cands
-                .iter()
-                .filter(|c| c.status == Status::Live && c.splits == 1)
-                .map(|c| (c.variant, median(&c.samples)))
+            let mut ranked: Vec<(MatmulVariant, f64)> = (0..self.cands.len())
+                .filter(|&c| {
+                    let cand = &self.cands[c];
+                    cand.splits == 1 && (c == 0 || cand.status == Status::Live)
+                })
+                .map(|c| (self.cands[c].variant, self.cands[c].score(c == 0)))
                 .collect();
             ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
             let known: Vec<(MatmulVariant, u32)> =
@@ -471,22 +439,23 @@ impl State {
                         variant,
                         splits,
                         status: Status::Unchecked,
-                        samples: Vec::new(),
+                        ratios: Vec::new(),
                     }));
                 return;
             }
         }
-        let best = self.best().unwrap_or(0);
+        let best = self.best();
         self.winner = Some(best);
         let c = &self.cands[best];
-        let us = median(&c.samples);
+        let us = median(&self.incumbent_us) * c.score(best == 0);
         let tag = winner_tag(c.variant.name(), c.splits);
         store(p.a.device(), key, &tag, us);
         if crate::env::verbose() {
-            let tried = self.cands.len();
             eprintln!(
-                "helios: matmul tuned {key} on real work: {tag} {us:.1} µs ({tried} candidates, \
-                 {} calls)",
+                "helios: matmul tuned {key} on real work: {tag} {us:.1} µs, {:.2}x the first \
+                 choice ({} candidates, {} calls)",
+                c.score(best == 0),
+                self.cands.len(),
                 self.calls
             );
         }
