@@ -427,6 +427,18 @@ pub fn run(args: &TrainArgs) -> CliResult {
         if let Some(report) = device.profile_report()? {
             println!("GPU time per kernel, every step after the first:\n{report}");
         }
+        // What the kernel choices rest on: stored winners, and classes still being tuned
+        // on real work (their first choice runs meanwhile).
+        let exploring = helios::matmul_exploring(&device);
+        println!(
+            "matmul tuning: {} winners stored for this device, {} classes still tuning on \
+             real work",
+            helios::stored_winners(&device, "matmul"),
+            exploring.len()
+        );
+        for line in exploring {
+            println!("  {line}");
+        }
     }
     write_logs(&args.out, h)?;
     match plot::loss_curve(&args.out.join("loss.png"), h) {

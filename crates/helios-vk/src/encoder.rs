@@ -465,10 +465,9 @@ impl Context {
             let batch = enc.open.take().expect("open");
             // A one-dispatch batch for a GPU that ran dry is submitted here (see
             // `INLINE_MAX`).
-            // (Not while a pipeline it uses still compiles: the submit thread waits for that,
+            // (Not while a kernel it uses still compiles: the submit thread waits for that,
             // and this one goes on recording.)
-            let inline =
-                starving && batch.dispatches <= INLINE_MAX && batch.commands.pipelines_ready();
+            let inline = starving && batch.dispatches <= INLINE_MAX && batch.commands.compiled();
             self.submit_counted(&mut enc, batch)?;
             if inline {
                 self.drain()?;

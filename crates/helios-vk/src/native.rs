@@ -15,7 +15,7 @@
 
 use ash::vk;
 use std::ffi::{c_void, CStr, CString};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::caps::{Caps, Limits};
@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::features::EnabledFeatures;
 use crate::memory::Buffer;
 use crate::recorder;
+use crate::sync::LockExt;
 
 /// Most bytes of kernel parameters: CUDA's classic limit for a launch's `.param` space.
 pub const MAX_NATIVE_PARAM_BYTES: usize = 4096;
@@ -246,9 +247,42 @@ pub struct NativeKernel {
     ctx: Arc<Context>,
     name: String,
     entry: String,
-    module: vk::CuModuleNVX,
-    function: vk::CuFunctionNVX,
-    jit_time: Duration,
+    /// Filled by the JIT, at creation or on the compile pool (`create_native_kernel_deferred`).
+    slot: Arc<NativeSlot>,
+}
+
+/// A native kernel's module and function once JIT-compiled (or the call that failed), and
+/// the JIT's time.
+#[derive(Default)]
+pub(crate) struct NativeSlot {
+    state: Mutex<Option<Jitted>>,
+    done: Condvar,
+}
+
+type Jitted =
+    std::result::Result<(vk::CuModuleNVX, vk::CuFunctionNVX, Duration), (&'static str, vk::Result)>;
+
+impl NativeSlot {
+    fn wait(&self) -> Jitted {
+        let mut s = self.state.locked();
+        loop {
+            if let Some(r) = *s {
+                return r;
+            }
+            s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// The function, once compiled.
+    pub(crate) fn get(&self) -> Result<vk::CuFunctionNVX> {
+        self.wait()
+            .map(|j| j.1)
+            .map_err(|(call, r)| Error::vk(call, r))
+    }
+
+    pub(crate) fn ready(&self) -> bool {
+        self.state.locked().is_some()
+    }
 }
 
 impl Context {
@@ -265,7 +299,46 @@ impl Context {
         entry: &str,
         name: &str,
     ) -> Result<Arc<NativeKernel>> {
-        let Some(nvx) = &self.native else {
+        let (kernel, jit) = self.native_parts(ptx, entry, name)?;
+        jit();
+        match kernel.slot.wait() {
+            Ok(_) => Ok(kernel),
+            Err((call, result)) => Err(match result {
+                vk::Result::ERROR_DEVICE_LOST
+                | vk::Result::ERROR_OUT_OF_HOST_MEMORY
+                | vk::Result::ERROR_OUT_OF_DEVICE_MEMORY => Error::vk(call, result),
+                _ => Error::NativeRejected {
+                    kernel: name.to_owned(),
+                    entry: entry.to_owned(),
+                    call,
+                    result,
+                },
+            }),
+        }
+    }
+
+    /// `create_native_kernel` with the JIT on the compile pool: it can be launched at once,
+    /// and the batch that launches it waits for it when submitted (as deferred pipelines
+    /// do). A JIT that fails fails that batch's submit.
+    pub fn create_native_kernel_deferred(
+        self: &Arc<Self>,
+        ptx: &str,
+        entry: &str,
+        name: &str,
+    ) -> Result<Arc<NativeKernel>> {
+        let (kernel, jit) = self.native_parts(ptx, entry, name)?;
+        crate::compile_pool::spawn(Box::new(jit));
+        Ok(kernel)
+    }
+
+    /// A native kernel with its slot empty, and the JIT that fills it.
+    fn native_parts(
+        self: &Arc<Self>,
+        ptx: &str,
+        entry: &str,
+        name: &str,
+    ) -> Result<(Arc<NativeKernel>, impl FnOnce() + Send + 'static)> {
+        if self.native.is_none() {
             return Err(Error::NativeUnavailable {
                 device: self.caps().name.clone(),
                 reason: self
@@ -273,7 +346,7 @@ impl Context {
                     .clone()
                     .unwrap_or_else(|| "VK_NVX_binary_import is off".into()),
             });
-        };
+        }
         let invalid = |detail: &str| Error::InvalidPipeline {
             pipeline: name.to_owned(),
             detail: detail.to_owned(),
@@ -285,31 +358,44 @@ impl Context {
             .map_err(|_| invalid("the PTX text contains a NUL byte"))?
             .into_bytes_with_nul();
         data.shrink_to_fit();
-        let rejected = |call: &'static str, result: vk::Result| match result {
-            vk::Result::ERROR_DEVICE_LOST
-            | vk::Result::ERROR_OUT_OF_HOST_MEMORY
-            | vk::Result::ERROR_OUT_OF_DEVICE_MEMORY => Error::vk(call, result),
-            _ => Error::NativeRejected {
-                kernel: name.to_owned(),
-                entry: entry.to_owned(),
-                call,
-                result,
-            },
+        let slot = Arc::new(NativeSlot::default());
+        let kernel = Arc::new(NativeKernel {
+            ctx: Arc::clone(self),
+            name: name.to_owned(),
+            entry: entry.to_owned(),
+            slot: slot.clone(),
+        });
+        let ctx = Arc::clone(self);
+        let name = name.to_owned();
+        let jit = move || {
+            let r = ctx.jit(&data, &entry_c);
+            if let Ok((module, function, _)) = r {
+                ctx.set_name(module, &name);
+                ctx.set_name(function, &name);
+            }
+            *slot.state.locked() = Some(r);
+            slot.done.notify_all();
         };
+        Ok((kernel, jit))
+    }
+
+    /// The driver's JIT of `data` (PTX, NUL-terminated) and the lookup of `entry`.
+    fn jit(&self, data: &[u8], entry: &CString) -> Jitted {
+        let nvx = self.native.as_ref().expect("checked by native_parts");
         let fp = nvx.fp();
         let device = self.device().handle();
         let started = Instant::now();
-        let info = vk::CuModuleCreateInfoNVX::default().data(&data);
+        let info = vk::CuModuleCreateInfoNVX::default().data(data);
         let mut module = vk::CuModuleNVX::null();
         // SAFETY: the extension is enabled and its entry points checked (`load`); `info`
         // points at `data`, alive for the call.
         let r = unsafe { (fp.create_cu_module_nvx)(device, &info, std::ptr::null(), &mut module) };
         if r != vk::Result::SUCCESS {
-            return Err(rejected("vkCreateCuModuleNVX", r));
+            return Err(("vkCreateCuModuleNVX", r));
         }
         let info = vk::CuFunctionCreateInfoNVX::default()
             .module(module)
-            .name(&entry_c);
+            .name(entry);
         let mut function = vk::CuFunctionNVX::null();
         // SAFETY: as above; the module was just created.
         let r =
@@ -317,19 +403,9 @@ impl Context {
         if r != vk::Result::SUCCESS {
             // SAFETY: unused module of this device.
             unsafe { (fp.destroy_cu_module_nvx)(device, module, std::ptr::null()) };
-            return Err(rejected("vkCreateCuFunctionNVX", r));
+            return Err(("vkCreateCuFunctionNVX", r));
         }
-        let jit_time = started.elapsed();
-        self.set_name(module, name);
-        self.set_name(function, name);
-        Ok(Arc::new(NativeKernel {
-            ctx: Arc::clone(self),
-            name: name.to_owned(),
-            entry: entry.to_owned(),
-            module,
-            function,
-            jit_time,
-        }))
+        Ok((module, function, started.elapsed()))
     }
 
     /// Records a launch of `kernel` on a `grid` of blocks of `block` threads, with
@@ -401,12 +477,27 @@ impl NativeKernel {
     /// Host time the driver took to create the module and function (its PTX JIT; the first
     /// kernel of a process also pays the driver's CUDA start-up).
     pub fn jit_time(&self) -> Duration {
-        self.jit_time
+        self.slot.wait().map_or(Duration::ZERO, |j| j.2)
     }
 
-    /// The raw function, for recording into command buffers Helios does not own.
+    /// The raw function, for recording into command buffers Helios does not own (waits for
+    /// a deferred JIT; a null handle if it failed).
     pub fn raw(&self) -> vk::CuFunctionNVX {
-        self.function
+        self.slot.get().unwrap_or(vk::CuFunctionNVX::null())
+    }
+
+    /// Whether its JIT has finished (always, unless deferred).
+    pub fn is_ready(&self) -> bool {
+        self.slot.ready()
+    }
+
+    /// Waits for a deferred JIT; its error if it failed.
+    pub fn wait(&self) -> Result<()> {
+        self.slot.get().map(drop)
+    }
+
+    pub(crate) fn slot(&self) -> &Arc<NativeSlot> {
+        &self.slot
     }
 
     pub(crate) fn context(&self) -> &Context {
@@ -423,11 +514,15 @@ impl Drop for NativeKernel {
             .expect("a NativeKernel exists only where the extension is loaded")
             .fp();
         let device = self.ctx.device().handle();
+        // A deferred JIT ends first; a failed one left nothing to destroy.
+        let Ok((module, function, _)) = self.slot.wait() else {
+            return;
+        };
         // SAFETY: batches that launch it hold an Arc until they complete (with the unsafe
         // `submit`, Recorder launches keep it too), so no pending work uses it.
         unsafe {
-            (fp.destroy_cu_function_nvx)(device, self.function, std::ptr::null());
-            (fp.destroy_cu_module_nvx)(device, self.module, std::ptr::null());
+            (fp.destroy_cu_function_nvx)(device, function, std::ptr::null());
+            (fp.destroy_cu_module_nvx)(device, module, std::ptr::null());
         }
     }
 }
@@ -437,7 +532,7 @@ impl std::fmt::Debug for NativeKernel {
         f.debug_struct("NativeKernel")
             .field("name", &self.name)
             .field("entry", &self.entry)
-            .field("jit_time", &self.jit_time)
+            .field("ready", &self.slot.ready())
             .finish()
     }
 }

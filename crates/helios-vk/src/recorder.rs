@@ -18,7 +18,7 @@ use crate::context::Context;
 use crate::encoder::OpenBatch;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
-use crate::native::{NativeArg, NativeKernel, PackedParams};
+use crate::native::{NativeArg, NativeKernel, NativeSlot, PackedParams};
 use crate::pipeline::{Pipeline, Slot};
 use std::sync::Arc;
 
@@ -58,7 +58,8 @@ enum Cmd {
     NativeBarrier,
     /// A native kernel launch (native.rs); counted as a dispatch.
     NativeLaunch {
-        function: vk::CuFunctionNVX,
+        /// Index in `natives` (resolved at replay: the JIT may still be running).
+        function: u32,
         grid: [u32; 3],
         block: [u32; 3],
         shared: u32,
@@ -89,6 +90,12 @@ enum Cmd {
     },
 }
 
+/// The compiled handles of a batch's commands (`Commands::resolve`).
+pub(crate) struct Resolved {
+    pipelines: Vec<vk::Pipeline>,
+    functions: Vec<vk::CuFunctionNVX>,
+}
+
 /// A batch's commands, in order, until `replay` records them.
 #[derive(Default)]
 pub(crate) struct Commands {
@@ -97,8 +104,10 @@ pub(crate) struct Commands {
     descriptors: Vec<vk::DescriptorBufferInfo>,
     regions: Vec<vk::BufferCopy>,
     names: Vec<String>,
-    /// The dispatches' pipelines, whose handles a deferred compile fills by replay.
+    /// The dispatches' pipelines and the launches' native kernels, whose handles a deferred
+    /// compile fills by replay.
     pipelines: Vec<Arc<Slot>>,
+    natives: Vec<Arc<NativeSlot>>,
     /// Arguments of native launches.
     args: Vec<NativeArg>,
     /// Index in `cmds` of the last barrier (`Recorder::launch_native` upgrades it).
@@ -122,20 +131,32 @@ impl Commands {
         self.regions.clear();
         self.names.clear();
         self.pipelines.clear();
+        self.natives.clear();
         self.args.clear();
         self.last_barrier = None;
         self.native = false;
     }
 
-    /// The dispatches' pipeline handles for `replay`, waiting for deferred compiles; the
-    /// first failure if one failed.
-    pub(crate) fn pipelines(&self) -> Result<Vec<vk::Pipeline>> {
-        self.pipelines.iter().map(|s| s.get()).collect()
+    /// The handles `replay` records, waiting for deferred compiles; the first failure if one
+    /// failed.
+    pub(crate) fn resolve(&self) -> Result<Resolved> {
+        Ok(Resolved {
+            pipelines: self
+                .pipelines
+                .iter()
+                .map(|s| s.get())
+                .collect::<Result<_>>()?,
+            functions: self
+                .natives
+                .iter()
+                .map(|s| s.get())
+                .collect::<Result<_>>()?,
+        })
     }
 
-    /// Whether every dispatch's pipeline is compiled (replaying the batch would not wait).
-    pub(crate) fn pipelines_ready(&self) -> bool {
-        self.pipelines.iter().all(|s| s.ready())
+    /// Whether every pipeline and native kernel is compiled (replay would not wait).
+    pub(crate) fn compiled(&self) -> bool {
+        self.pipelines.iter().all(|s| s.ready()) && self.natives.iter().all(|s| s.ready())
     }
 
     pub(crate) fn compute_barrier(&mut self) {
@@ -199,12 +220,7 @@ impl Commands {
     /// `cb` is recording on `ctx`'s device, and every object the commands name is alive
     /// (the batch keeps its pipelines; buffers outlive their last use by pool tagging or by
     /// the caller's `submit` contract).
-    pub(crate) unsafe fn replay(
-        &self,
-        ctx: &Context,
-        cb: vk::CommandBuffer,
-        pipelines: &[vk::Pipeline],
-    ) {
+    pub(crate) unsafe fn replay(&self, ctx: &Context, cb: vk::CommandBuffer, resolved: &Resolved) {
         let device = ctx.device();
         let mut bound = vk::Pipeline::null();
         let mut packed = PackedParams::default();
@@ -219,7 +235,7 @@ impl Commands {
                     descriptors,
                     name,
                 } => {
-                    let pipeline = pipelines[pipeline as usize];
+                    let pipeline = resolved.pipelines[pipeline as usize];
                     // With HELIOS_PROFILE=1, timestamps bracket the dispatch (after any
                     // barrier before it, in this same command buffer).
                     let span = match (&ctx.profiler, self.names.get(name as usize)) {
@@ -277,6 +293,7 @@ impl Commands {
                     params,
                     name,
                 } => {
+                    let function = resolved.functions[function as usize];
                     // Its stage is unknown: the timestamps wait for all earlier commands.
                     let span = match (&ctx.profiler, self.names.get(name as usize)) {
                         (Some(p), Some(name)) => {
@@ -429,8 +446,9 @@ pub(crate) fn record_native(
         }
         None => u32::MAX,
     };
+    c.natives.push(kernel.slot().clone());
     c.cmds.push(Cmd::NativeLaunch {
-        function: kernel.raw(),
+        function: c.natives.len() as u32 - 1,
         grid,
         block,
         shared,

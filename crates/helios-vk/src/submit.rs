@@ -190,11 +190,11 @@ impl Context {
         } = batch;
         let native = commands.native;
         // Deferred compiles the batch uses end here (on the submit thread, as a rule).
-        let pipelines = commands.pipelines()?;
+        let resolved = commands.resolve()?;
         let slot = self.begin_slot(native || s.native_tail.load(Ordering::Acquire))?;
         // SAFETY: the command buffer is recording; the batch keeps its pipelines, and its
         // buffers outlive their last use (pool tags, or `submit`'s contract).
-        unsafe { commands.replay(self, slot.cb, &pipelines) };
+        unsafe { commands.replay(self, slot.cb, &resolved) };
         self.recycle_commands(commands);
         recorder::host_read_barrier(device, slot.cb, native);
         // SAFETY: the command buffer is recording.

@@ -399,7 +399,8 @@ impl Device {
     /// deferred compile finished, or a native kernel): using it then costs no wait.
     pub(crate) fn has_kernel(&self, key: &KernelKey) -> bool {
         let spirv = self.inner.kernels.locked().get(key).cloned();
-        spirv.is_some_and(|c| c.pipeline.is_ready()) || self.inner.native.locked().contains_key(key)
+        let native = self.inner.native.locked().get(key).cloned();
+        spirv.is_some_and(|c| c.pipeline.is_ready()) || native.is_some_and(|k| k.is_ready())
     }
 
     /// Compiles those of `kernels` not compiled yet, several at once (one driver compile
@@ -490,10 +491,12 @@ impl Device {
         let started = std::time::Instant::now();
         let module = build()?;
         crate::env::dump_native(&module);
-        let kernel =
-            self.inner
-                .ctx
-                .create_native_kernel(&module.text, &module.name, &module.name)?;
+        // JIT-compiled on the pool, as pipelines are (`Compiled`): launches wait at submit.
+        let kernel = self.inner.ctx.create_native_kernel_deferred(
+            &module.text,
+            &module.name,
+            &module.name,
+        )?;
         count_waited(&WAITED_NATIVE, started);
         let mut cache = self.inner.native.locked();
         Ok(cache.entry(key).or_insert(kernel).clone())
@@ -537,7 +540,7 @@ impl Device {
                     let next = queue.locked().next();
                     let Some((key, build)) = next else { break };
                     // A failure is reported where the kernel is asked for, as in `precompile`.
-                    let _ = self.native_kernel(key, build);
+                    let _ = self.native_kernel(key, build).and_then(|k| Ok(k.wait()?));
                 };
                 compile_thread(s, worker);
             }

@@ -1,14 +1,17 @@
-//! Block-size autotuning of the attention kernels per (device, dtype, head dim, stage, mask,
+//! Block-size tuning of the attention kernels per (device, dtype, head dim, stage, mask,
 //! size: the query rows B·T·H to a power of two, which sets how the grid fills the GPU).
 //!
 //! The one decision a reader must know: tuning times whole calls on the caller's own
 //! operands, forcing one stage's variant at a time (`AttentionOptions::stage_variant`); the
-//! other stages run their usual kernels, a constant that cannot change the winner. A
+//! other stages run their usual kernels, a constant that cannot change the winner. On GPUs a
+//! class is tuned on real work (`explore`): after each real call, the default's stage and
+//! one candidate's run side by side, timed in pairs and checked against the real outputs,
+//! until the class settles; real calls keep the default meanwhile. With
+//! `HELIOS_MATMUL_TUNE=full` the first call of a class tunes exhaustively instead (`tune`): a
 //! candidate may win only if its outputs agree with the default kernel's within four times
-//! the tests' bound for the dtype. It runs on the first forward (Forward stage) or backward
-//! (DkDv and Dq) of a class on a GPU, unless `HELIOS_ATTN_TUNE=0` (`=1` tunes on CPU devices
-//! too). Winners persist in `<cache root>/attention/<device uuid>-<driver>-<features>.tsv`, one
-//! `variant  µs  class` line each, as the matmul tuner's do.
+//! the tests' bound for the dtype. `HELIOS_ATTN_TUNE=0` turns tuning off (`=1` on for CPU
+//! devices too). Winners persist in `<cache root>/attention/<device uuid>-<driver>-<features>
+//! .tsv`, one `variant  µs  class` line each, as the matmul tuner's do.
 
 use helios_kernels::attention::{
     default_order, AttnStage, AttnVariant, COOP_VARIANTS, SIMT_VARIANTS,
@@ -79,6 +82,10 @@ fn rows(q: &Tensor, d: usize) -> usize {
 /// (`HELIOS_MATMUL_TUNE=full`, `set_exhaustive_tuning`), else `HELIOS_ATTN_TUNE=0` off, `=1`
 /// online also on CPU devices, by default online on GPUs.
 fn mode(device: &Device) -> Tuning {
+    #[cfg(test)]
+    if let Some(t) = super::online::test_tuning(device) {
+        return t;
+    }
     if super::matmul_tune::exhaustive() {
         return Tuning::Exhaustive;
     }
@@ -659,5 +666,79 @@ impl Tensor {
         tune_forward(self, k, v, opts)?;
         let fwd = self.attention(k, v, opts)?;
         tune_backward(self, k, v, &fwd, dout, opts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::online::TEST_TUNING;
+
+    /// A forward class explores on real calls (every output the same as the default
+    /// kernel's, bit for bit), settles, and its winner is stored.
+    #[test]
+    fn a_forward_class_explores_and_settles() {
+        let device = Device::from_env().expect("a Vulkan device");
+        TEST_TUNING.locked().push((device.id(), Tuning::Online));
+        let (b, t, h, d) = (1, 24, 2, 16);
+        let mut seed = 7u32;
+        let mut random = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+                })
+                .collect()
+        };
+        let shape = [b, t, h, d];
+        let n = b * t * h * d;
+        let q = Tensor::from_slice(&device, &random(n), &shape).expect("q");
+        let k = Tensor::from_slice(&device, &random(n), &shape).expect("k");
+        let v = Tensor::from_slice(&device, &random(n), &shape).expect("v");
+        let opts = AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
+        let class = Class::of(
+            q.dtype().storage(),
+            d,
+            rows(&q, d),
+            AttnStage::Forward,
+            &opts,
+        );
+        STORE.remove(&device, &class.name());
+        device.attention_winners().locked().remove(&class);
+        let default = q
+            .attention_kernel(AttnStage::Forward, &opts)
+            .expect("kernel");
+        let want = q
+            .attention(&k, &v, &opts)
+            .expect("forward")
+            .out
+            .to_vec()
+            .expect("read");
+        let mut settled = None;
+        for call in 1..=200 {
+            let got = q.attention(&k, &v, &opts).expect("forward");
+            if settled.is_none() {
+                assert_eq!(
+                    got.out.to_vec().expect("read"),
+                    want,
+                    "call {call}: the default's"
+                );
+            }
+            if cached(&device, class).is_some() && settled.is_none() {
+                settled = Some(call);
+            }
+        }
+        let call = settled.expect("the class settled within 200 calls");
+        assert!(
+            call > 3,
+            "settled after {call} calls: nothing was explored ({default})"
+        );
+        assert!(STORE.get(&device, &class.name()).is_some(), "stored");
+        STORE.remove(&device, &class.name());
+        let messages = device.validation_messages();
+        assert!(messages.is_empty(), "validation: {messages:?}");
     }
 }

@@ -107,6 +107,20 @@ pub(crate) fn warm(device: &Device) -> bool {
 /// See `warm`.
 const WARM_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Per-device tuning for the unit tests, which share one process and its environment
+/// (matmul's `tuning` and attention's `mode` read it first).
+#[cfg(test)]
+pub(crate) static TEST_TUNING: Mutex<Vec<(usize, crate::ops::Tuning)>> = Mutex::new(Vec::new());
+
+#[cfg(test)]
+pub(crate) fn test_tuning(device: &Device) -> Option<crate::ops::Tuning> {
+    TEST_TUNING
+        .locked()
+        .iter()
+        .find(|(id, _)| *id == device.id())
+        .map(|t| t.1)
+}
+
 /// The median of `v` (the upper one of an even count), infinity when empty.
 pub(crate) fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();

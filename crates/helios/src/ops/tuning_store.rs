@@ -36,6 +36,9 @@ pub(crate) struct TuningStore {
 struct Entries {
     path: Option<PathBuf>,
     winners: HashMap<String, (String, f64)>,
+    /// Winners stored for this device under other drivers (newest file first wins): the
+    /// first choices of a driver update, which tuning on real work then checks.
+    earlier: HashMap<String, String>,
 }
 
 impl TuningStore {
@@ -55,6 +58,12 @@ impl TuningStore {
     /// The winning variant tag for `class` on `device`, if one is stored.
     pub(crate) fn get(&self, device: &Device, class: &str) -> Option<String> {
         self.with(device, |e| e.winners.get(class).map(|(v, _)| v.clone()))
+    }
+
+    /// The winner stored for `class` on this device under another driver (or the same
+    /// driver with other features), if any: a good first choice after a driver update.
+    pub(crate) fn earlier(&self, device: &Device, class: &str) -> Option<String> {
+        self.with(device, |e| e.earlier.get(class).cloned())
     }
 
     /// Every winner for `device`: (class, variant, µs), sorted by class.
@@ -145,9 +154,51 @@ impl TuningStore {
                 .and_then(|p| std::fs::read_to_string(p).ok())
                 .map(|text| self.parse(&text))
                 .unwrap_or_default();
-            Entries { path, winners }
+            let earlier = path
+                .as_ref()
+                .map(|p| self.earlier_files(p, key))
+                .unwrap_or_default();
+            Entries {
+                path,
+                winners,
+                earlier,
+            }
         });
         f(entries)
+    }
+
+    /// The winners in the family's other files for the same device UUID (`key` starts with
+    /// it), the most recently written file's first.
+    fn earlier_files(&self, path: &std::path::Path, key: &str) -> HashMap<String, String> {
+        let uuid = key.split('-').next().unwrap_or(key);
+        let Some(dir) = path.parent().and_then(|d| std::fs::read_dir(d).ok()) else {
+            return HashMap::new();
+        };
+        let mut files: Vec<(std::time::SystemTime, PathBuf)> = dir
+            .flatten()
+            .map(|f| f.path())
+            .filter(|f| f.as_path() != path && f.extension().is_some_and(|x| x == "tsv"))
+            .filter(|f| {
+                f.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{uuid}-")))
+            })
+            .map(|f| {
+                let at = std::fs::metadata(&f).and_then(|m| m.modified());
+                (at.unwrap_or(std::time::UNIX_EPOCH), f)
+            })
+            .collect();
+        files.sort_by_key(|f| std::cmp::Reverse(f.0));
+        let mut earlier = HashMap::new();
+        for (_, f) in files {
+            let Ok(text) = std::fs::read_to_string(&f) else {
+                continue;
+            };
+            for (class, (variant, _)) in self.parse(&text) {
+                earlier.entry(class).or_insert(variant);
+            }
+        }
+        earlier
     }
 
     fn parse(&self, text: &str) -> HashMap<String, (String, f64)> {
@@ -234,5 +285,60 @@ fn feature_tag(device: &Device) -> String {
         "-".into()
     } else {
         tag
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static STORE: TuningStore = TuningStore::new("helios-store-test", 1, |v| v != "gone");
+
+    /// A winner is written atomically and read back by a fresh load; a file of another
+    /// driver for the same device gives the first choices of this one; lines the build does
+    /// not know and files that are not the family's are ignored, never an error.
+    #[test]
+    fn winners_persist_and_a_new_driver_starts_from_the_old_ones() {
+        let device = Device::from_env().expect("a Vulkan device");
+        let key = device_key(&device);
+        let Some(root) = helios_vk::PipelineCacheDir::from_env()
+            .ok()
+            .and_then(|dir| dir.root())
+        else {
+            return; // Persistence is off here (HELIOS_CACHE_DIR=off): nothing to check.
+        };
+        let dir = root.join("helios-store-test");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("the test's directory");
+        let uuid = key.split('-').next().expect("a uuid");
+        let header = "# helios helios-store-test tuning v1: variant\tmicroseconds\tclass";
+        let old_driver = dir.join(format!("{uuid}-0.0.0_old-x.tsv"));
+        std::fs::write(
+            &old_driver,
+            format!("{header}\nfast\t1.000\tclass a\ngone\t2.000\tclass b\nnot a line\n"),
+        )
+        .expect("an old driver's file");
+        std::fs::write(dir.join(format!("{uuid}-9.9.9-x.tsv")), "garbage\n").expect("garbage");
+        assert_eq!(STORE.earlier(&device, "class a").as_deref(), Some("fast"));
+        assert_eq!(
+            STORE.earlier(&device, "class b"),
+            None,
+            "an unknown variant is dropped"
+        );
+        assert_eq!(
+            STORE.get(&device, "class a"),
+            None,
+            "not this driver's winner"
+        );
+        STORE.put(&device, "class a", "faster", 0.5);
+        let text = std::fs::read_to_string(dir.join(format!("{key}.tsv"))).expect("written");
+        assert_eq!(text, format!("{header}\nfaster\t0.500\tclass a\n"));
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .expect("the directory")
+            .flatten()
+            .filter(|f| f.path().extension().is_some_and(|x| x != "tsv"))
+            .collect();
+        assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -112,7 +112,9 @@ fn build(device: &Device, k: MatmulKernel) -> crate::Result<()> {
             op: "matmul",
             detail: "a native kernel on a device without them".into(),
         })?;
-        device.native_kernel(key, || Ok(k.build_native(target)?))?;
+        device
+            .native_kernel(key, || Ok(k.build_native(target)?))?
+            .wait()?;
     } else {
         // The pipeline compiles on the pool; a candidate is ready once it has.
         device.kernel(key, || k.build())?.pipeline.wait()?;

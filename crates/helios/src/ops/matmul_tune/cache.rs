@@ -58,6 +58,12 @@ pub(super) fn cached(device: &Device, key: &str) -> Option<(MatmulVariant, u32)>
     STORE.get(device, key).and_then(|v| parse_tag(&v))
 }
 
+/// The winner of `key` stored for this device under another driver: the first choice after
+/// a driver update, checked again on real work.
+pub(super) fn earlier(device: &Device, key: &str) -> Option<(MatmulVariant, u32)> {
+    STORE.earlier(device, key).and_then(|v| parse_tag(&v))
+}
+
 /// Forgets a class's stored winner (tests).
 #[cfg(test)]
 pub(super) fn forget(device: &Device, key: &str) {

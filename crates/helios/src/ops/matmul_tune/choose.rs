@@ -7,7 +7,7 @@ use helios_kernels::matmul::default_variant;
 use helios_kernels::MatmulVariant;
 use helios_vk::DeviceType;
 
-use super::cache::{cached, class_key};
+use super::cache::{cached, class_key, earlier};
 use super::caps::matmul_caps;
 use super::explore::Explorer;
 use super::tune::tune;
@@ -104,11 +104,7 @@ pub(crate) fn exhaustive() -> bool {
 /// and off on CPU devices.
 pub(crate) fn tuning(device: &Device) -> Tuning {
     #[cfg(test)]
-    if let Some(&(_, t)) = TEST_TUNING
-        .locked()
-        .iter()
-        .find(|(id, _)| *id == device.id())
-    {
+    if let Some(t) = crate::ops::online::test_tuning(device) {
         return t;
     }
     if EXHAUSTIVE.load(std::sync::atomic::Ordering::Relaxed) {
@@ -120,10 +116,6 @@ pub(crate) fn tuning(device: &Device) -> Tuning {
         None => Tuning::Online,
     }
 }
-
-/// Per-device tuning for the unit tests (which share one process and its environment).
-#[cfg(test)]
-pub(super) static TEST_TUNING: Mutex<Vec<(usize, Tuning)>> = Mutex::new(Vec::new());
 
 /// What the memo remembers for a problem.
 #[derive(Clone)]
@@ -318,7 +310,19 @@ fn choose_uncached(
             return Ok(Memo::Fixed(Plan { kernel: k, splits }, Choice::Cached));
         }
     }
-    let first = first_choice(p);
+    // After a driver update, the old driver's winner is the first choice, checked again
+    // on real work; else the rule.
+    let first = earlier(device, &key)
+        .map(|(v, splits)| (p.kernel(v, caps.subgroup), splits))
+        .filter(|(k, splits)| {
+            k.feasible(&caps)
+                && k.fits(&p.shape)
+                && (*splits == 1 || p.split(k.variant, *splits, caps.subgroup).is_some())
+        })
+        .map_or_else(
+            || first_choice(p),
+            |(kernel, splits)| Plan { kernel, splits },
+        );
     let s = &p.shape;
     // Nothing to tune where there is no product to time.
     let empty = s.m == 0 || s.n == 0 || s.k == 0 || s.batch == 0;

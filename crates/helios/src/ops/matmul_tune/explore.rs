@@ -521,8 +521,8 @@ fn matmul_bound(out: DType) -> f64 {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::ops::matmul_tune::choose::TEST_TUNING;
     use crate::ops::matmul_tune::Tuning;
+    use crate::ops::online::TEST_TUNING;
     use crate::Device;
 
     /// Devices whose candidates compute a wrong product in their shadow runs.
@@ -624,5 +624,49 @@ pub(super) mod tests {
         super::super::cache::forget(&device, &super::super::cache::class_key(&p));
         let messages = device.validation_messages();
         assert!(messages.is_empty(), "validation: {messages:?}");
+    }
+
+    /// While a class explores, every output is the incumbent's, bit for bit: candidates
+    /// only ever write scratch.
+    #[test]
+    fn exploring_never_changes_a_result() {
+        let device = Device::from_env().expect("a Vulkan device");
+        TEST_TUNING.locked().push((device.id(), Tuning::Online));
+        let (a, _) = random(&device, &[80, 48], 5);
+        let (b, _) = random(&device, &[48, 56], 6);
+        let p = Problem::new(&a, &b, &Default::default()).expect("problem");
+        let key = super::super::cache::class_key(&p);
+        super::super::cache::forget(&device, &key);
+        let first = crate::ops::matmul_tune::choose::first_choice(&p);
+        let forced = crate::MatmulOverrides {
+            variant: Some(first.kernel.variant),
+            ..Default::default()
+        };
+        let opts = crate::MatmulOptions::default();
+        let want = a
+            .matmul_overridden(&b, &opts, &forced)
+            .and_then(|c| c.to_vec())
+            .expect("the incumbent's product");
+        for call in 1..=6 {
+            let got = a.matmul(&b).and_then(|c| c.to_vec()).expect("product");
+            assert_eq!(got, want, "call {call}");
+            super::background::wait_idle();
+        }
+        let choice = a.matmul_choice(&b, &opts).expect("choice");
+        assert_eq!(
+            choice.how,
+            crate::Choice::Exploring,
+            "still exploring after 6 calls"
+        );
+        let state = crate::ops::matmul_exploring(&device);
+        let line = state
+            .iter()
+            .find(|l| l.starts_with(&key))
+            .expect("exploring");
+        assert!(
+            !line.contains("live 0 "),
+            "no candidate ran beside it: {line}"
+        );
+        super::super::cache::forget(&device, &key);
     }
 }

@@ -1,20 +1,24 @@
-//! Which matmul kernel runs: the one selection function of the family, the autotuner behind
-//! it, its on-disk cache, and the cooperative-matrix peak microbenchmark.
+//! Which matmul kernel runs: the one selection function of the family, the tuners behind
+//! it, their on-disk cache, and the cooperative-matrix peak microbenchmark.
 //!
 //! Order of precedence (`choose`): a variant forced by the caller (`MatmulOverrides::variant`),
-//! then `HELIOS_MATMUL_VARIANT=<name>`, then the tuned winner for the problem's shape class,
-//! then (on GPUs, unless `HELIOS_MATMUL_TUNE=0`) tuning now, else the documented default
-//! (`helios_kernels::matmul::default_variant`). Key decision: a candidate may win only after
-//! it passed a correctness check against the f64 CPU reference on fresh random inputs; then
-//! it is timed with GPU timestamps on the caller's own operands. Winners persist in
+//! then `HELIOS_MATMUL_VARIANT=<name>`, then the stored winner for the problem's shape class.
+//! A class without one runs its first choice at once (the old driver's winner after a driver
+//! update, else a rule: `first_choice`) and, on GPUs, is tuned on real work (`explore`):
+//! candidates compile on background threads and run beside the program's own calls, checked
+//! against the incumbent's output and timed in pairs with it, until the class settles. With
+//! `HELIOS_MATMUL_TUNE=full` a class is instead tuned exhaustively before its first call
+//! returns (`tune`: each candidate checked against the f64 CPU reference, then timed);
+//! `HELIOS_MATMUL_TUNE=0` keeps the first choice. Winners persist in
 //! `<cache root>/matmul/<device uuid>-<driver version>-<features>.tsv` (one `variant  µs
-//! class` line per class), so tuning happens once per device, driver and set of enabled
-//! kernel features, and a new driver retunes.
+//! class` line per class).
 //!
-//! The files: `caps` (what the device offers matmul), `choose` (the selection and its
-//! per-process memo), `cache` (shape classes and the on-disk winners), `tune` (the tuner:
-//! candidates, split-K, reports), `check` (a candidate's correctness check), `timing` (GPU
-//! timing of candidates) and `peak` (the cooperative-matrix peak microbenchmark).
+//! The files: `caps` (what the device offers matmul), `choose` (the selection, its
+//! per-process memo and the first choice), `explore` (tuning on real work) and `background`
+//! (its compile threads), `cache` (shape classes and the on-disk winners), `tune` (the
+//! exhaustive tuner: candidates, split-K, reports), `check` (a candidate's correctness check
+//! against the CPU reference), `timing` (GPU timing of candidates) and `peak` (the
+//! cooperative-matrix peak microbenchmark).
 
 mod background;
 mod cache;
