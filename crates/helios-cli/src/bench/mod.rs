@@ -93,6 +93,11 @@ pub struct BenchArgs {
     /// 4096x50257; with --quick 64x768, 4x50257).
     #[arg(long, value_delimiter = ',')]
     shapes: Vec<String>,
+    /// How kernels are chosen for shapes without stored winners: `online` (default on GPUs:
+    /// a first choice at once, tuned on the benchmark's own calls) or `full` (every shape
+    /// tuned exhaustively before its first call, as HELIOS_MATMUL_TUNE=full).
+    #[arg(long, value_parser = ["online", "full"])]
+    tune: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -276,6 +281,9 @@ impl Drop for BatchLimitGuard<'_> {
 }
 
 pub fn run(args: &BenchArgs) -> CliResult {
+    if args.tune.as_deref() == Some("full") {
+        helios::set_exhaustive_tuning(true);
+    }
     if args.suite == Suite::Matmul {
         return matmul::run(args);
     }

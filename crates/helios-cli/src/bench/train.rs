@@ -315,7 +315,7 @@ fn run_torch(
 
 fn table(results: &[TrainResult]) -> String {
     let mut s = String::from(
-        "case        prec   BxT       ms/step     p95  tokens/s  first s  fwd/bwd/opt ms   held/peak GiB | torch eager ms  compile ms  (first s, reserved/peak GiB)\n",
+        "case        prec   BxT       ms/step     p95  tokens/s  first s  2% after  fwd/bwd/opt ms   held/peak GiB | torch eager ms  compile ms  (first s, reserved/peak GiB)\n",
     );
     for r in results {
         let torch = |mode: &str| r.torch.iter().find(|t| t.mode == mode);
@@ -327,7 +327,7 @@ fn table(results: &[TrainResult]) -> String {
             None => "       -".to_string(),
         };
         s.push_str(&format!(
-            "{:11} {:5} {:>4}x{:<5} {:>8.1} {:>7.1} {:>9.0} {:>8.2}  {:>5.1}/{:>5.1}/{:>5.1}  {:>6.2}/{:<6.2} | {}  {}\n",
+            "{:11} {:5} {:>4}x{:<5} {:>8.1} {:>7.1} {:>9.0} {:>8.2} {:>9}  {:>5.1}/{:>5.1}/{:>5.1}  {:>6.2}/{:<6.2} | {}  {}\n",
             r.case,
             r.precision,
             r.batch,
@@ -336,6 +336,7 @@ fn table(results: &[TrainResult]) -> String {
             r.ms_per_step.p95,
             r.tokens_per_s,
             r.first_step_s,
+            r.settled_after,
             r.fwd_ms,
             r.bwd_ms,
             r.opt_ms,

@@ -600,7 +600,6 @@ pub(crate) fn explore_forward(
 
 /// `explore` of both backward stages after a real backward whose gradients (dq, dk, dv;
 /// three handles of one packed tensor when `packed`) are `real`.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn explore_backward(
     q: &Tensor,
     k: &Tensor,

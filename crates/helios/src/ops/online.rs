@@ -44,23 +44,7 @@ pub(crate) enum Verdict {
 /// first `row + 1` elements of a row count (above the diagonal of a lower-triangular product
 /// neither kernel wrote anything; `u32::MAX` for whole rows).
 pub(crate) fn compare(a: &[u8], b: &[u8], rows: &[RowSample], out: DType, bound: f64) -> Verdict {
-    let decode = |bytes: &[u8]| -> Vec<f32> {
-        match out {
-            DType::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            DType::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            DType::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-        }
-    };
-    let (a, b) = (decode(a), decode(b));
+    let (a, b) = (out.decode(a), out.decode(b));
     let (mut diff, mut norm, mut at) = (0f64, 0f64, 0usize);
     for r in rows {
         let len = r.len as usize;
