@@ -676,7 +676,7 @@ impl Drop for DeviceInner {
         // released; errors here can only mean a lost device, which the drop cannot report.
         let _ = self.ctx.synchronize();
         // A later device may get this address: it must not inherit this one's choices.
-        crate::ops::forget_device(self as *const DeviceInner as usize);
+        crate::ops::forget_device(self as *const DeviceInner as usize, &self.ctx);
     }
 }
 

@@ -584,6 +584,22 @@ fn explore(
     Ok(())
 }
 
+/// Drops the explorations of the device with `id` (going away; `ctx` is its context, idle)
+/// and releases the timers of their pairs never collected.
+pub(crate) fn forget_device(id: usize, ctx: &helios_vk::Context) {
+    let gone: Vec<Exploring> = {
+        let mut map = exploring().locked();
+        let keys: Vec<ExploreKey> = map.keys().filter(|k| k.0 == id).copied().collect();
+        keys.iter().filter_map(|k| map.remove(k)).collect()
+    };
+    for e in gone {
+        for p in e.pending {
+            let _ = ctx.gpu_elapsed(p.incumbent);
+            let _ = ctx.gpu_elapsed(p.span);
+        }
+    }
+}
+
 /// `explore` after a real forward.
 pub(crate) fn explore_forward(
     q: &Tensor,

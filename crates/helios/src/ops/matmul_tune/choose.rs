@@ -233,10 +233,19 @@ fn explorers() -> &'static Mutex<Explorers> {
 /// (device, class key) → the class's explorer.
 type Explorers = rustc_hash::FxHashMap<(usize, String), Arc<Explorer>>;
 
-/// Drops the remembered choices of the device with `id` (it is going away).
-pub(crate) fn forget_device(id: usize) {
+/// Drops the remembered choices and explorations of the device with `id` (it is going away;
+/// `ctx` is its context, idle), and the timers its explorations still hold.
+pub(crate) fn forget_device(id: usize, ctx: &helios_vk::Context) {
     memo().locked().retain(|k, _| k.0 != id);
-    explorers().locked().retain(|k, _| k.0 != id);
+    let gone: Vec<Arc<Explorer>> = {
+        let mut all = explorers().locked();
+        let keys: Vec<_> = all.keys().filter(|k| k.0 == id).cloned().collect();
+        keys.iter().filter_map(|k| all.remove(k)).collect()
+    };
+    for e in gone {
+        e.discard(ctx);
+    }
+    crate::ops::attention_tune::forget_device(id, ctx);
 }
 
 /// The classes of `device` still being tuned on real work, a line each: the class key and

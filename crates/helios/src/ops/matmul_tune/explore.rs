@@ -226,6 +226,14 @@ impl Explorer {
         )
     }
 
+    /// Releases the timers of pairs never collected (the device is going away, idle).
+    pub(crate) fn discard(&self, ctx: &helios_vk::Context) {
+        for p in std::mem::take(&mut self.state.locked().pending) {
+            let _ = ctx.gpu_elapsed(p.real);
+            let _ = ctx.gpu_elapsed(p.shadow);
+        }
+    }
+
     /// The settled winner (variant, splits), if any.
     pub(crate) fn winner(&self) -> Option<(MatmulVariant, u32)> {
         let s = self.state.locked();
@@ -663,8 +671,9 @@ pub(super) mod tests {
             .iter()
             .find(|l| l.starts_with(&key))
             .expect("exploring");
+        // Live or dropped (lavapipe's timings are noisy): either way it ran beside.
         assert!(
-            !line.contains("live 0 "),
+            !(line.contains("live 0 ") && line.contains(" out 0,")),
             "no candidate ran beside it: {line}"
         );
         super::super::cache::forget(&device, &key);
