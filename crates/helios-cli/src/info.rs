@@ -56,6 +56,8 @@ pub fn run(args: &InfoArgs) -> CliResult {
             s.push('\n');
             describe(&mut s, index, c, index == selected, args.extensions);
         }
+        s.push('\n');
+        s.push_str(&tuning_line()?);
         s
     };
     write_stdout(&out)?;
@@ -69,6 +71,25 @@ pub fn run(args: &InfoArgs) -> CliResult {
         .into());
     }
     Ok(())
+}
+
+/// How the selected device chooses kernels, and what is stored for it: tuning on real work
+/// has nothing to show before a program runs, so the stored winners are the state.
+fn tuning_line() -> Result<String, Box<dyn std::error::Error>> {
+    let device = helios::Device::from_env()?;
+    let how = match helios::tuning(&device) {
+        helios::Tuning::Off => {
+            "off, each shape's first choice runs (HELIOS_MATMUL_TUNE=1: on real work)"
+        }
+        helios::Tuning::Online => "on real work (HELIOS_MATMUL_TUNE=full: before first use)",
+        helios::Tuning::Exhaustive => "exhaustive, before each shape's first use",
+    };
+    Ok(format!(
+        "kernel tuning: {how}; stored winners for this device and driver: {} matmul, {} \
+         attention\n",
+        helios::stored_winners(&device, "matmul"),
+        helios::stored_winners(&device, "attention")
+    ))
 }
 
 fn write_stdout(text: &str) -> std::io::Result<()> {

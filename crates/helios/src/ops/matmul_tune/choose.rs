@@ -102,7 +102,7 @@ pub(crate) fn exhaustive() -> bool {
 /// How this device tunes: `HELIOS_MATMUL_TUNE=0` off, `=1` online also on CPU devices
 /// (where timing is slow and means little), `=full` exhaustive; by default online on GPUs
 /// and off on CPU devices.
-pub(crate) fn tuning(device: &Device) -> Tuning {
+pub fn tuning(device: &Device) -> Tuning {
     #[cfg(test)]
     if let Some(t) = crate::ops::online::test_tuning(device) {
         return t;
