@@ -1,0 +1,268 @@
+//! Block-size tuning of the attention kernels per (device, dtype, head dim, stage, mask,
+//! size: the query rows B·T·H to a power of two, which sets how the grid fills the GPU).
+//!
+//! The one decision a reader must know: tuning times whole calls on the caller's own
+//! operands, forcing one stage's variant at a time (`AttentionOptions::stage_variant`); the
+//! other stages run their usual kernels, a constant that cannot change the winner. On GPUs a
+//! class is tuned on real work (`explore`): after each real call, the default's stage and
+//! one candidate's run side by side, timed in pairs and checked against the real outputs,
+//! until the class settles; real calls keep the default meanwhile. With
+//! `HELIOS_MATMUL_TUNE=full` the first call of a class tunes exhaustively instead (`exhaustive`): a
+//! candidate may win only if its outputs agree with the default kernel's within four times
+//! the tests' bound for the dtype. `HELIOS_ATTN_TUNE=0` turns tuning off (`=1` on for CPU
+//! devices too). Winners persist in `<cache root>/attention/<device uuid>-<driver>-<features>
+//! .tsv`, one `variant  µs  class` line each, as the matmul tuner's do.
+
+use helios_kernels::attention::{
+    default_order, AttnStage, AttnVariant, COOP_VARIANTS, SIMT_VARIANTS,
+};
+use helios_kernels::Storage;
+use helios_vk::DeviceType;
+
+mod exhaustive;
+mod explore;
+
+pub(crate) use exhaustive::{tune_backward, tune_forward};
+pub(crate) use explore::{explore_backward, explore_forward, forget_device};
+
+use super::attention::AttentionOptions;
+use super::Tuning;
+use crate::realize_lock::LockExt;
+use crate::{DType, Device, Result, Tensor};
+
+/// The class a winner applies to: (storage, head dim, stage, causal, key lengths, size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Class {
+    storage: Storage,
+    d: usize,
+    stage: AttnStage,
+    causal: bool,
+    padded: bool,
+    /// log2 of the query rows (B·T·H) rounded up to a power of two: the grid's size, which
+    /// decides how many waves of workgroups a tile makes (GPT-2's 8×12 heads at T = 512
+    /// fill 1.45 waves of an H100 with 128-row tiles).
+    rows: u32,
+}
+
+impl Class {
+    /// The class of a call with `rows` query rows (B·T·H) of head dim `d`.
+    pub(crate) fn of(
+        storage: Storage,
+        d: usize,
+        rows: usize,
+        stage: AttnStage,
+        o: &AttentionOptions,
+    ) -> Class {
+        Class {
+            storage,
+            d,
+            stage,
+            causal: o.causal,
+            padded: o.key_lengths.is_some(),
+            rows: rows.max(1).next_power_of_two().trailing_zeros(),
+        }
+    }
+
+    /// As the store's files name it: "bf16 d64 Forward causal1 pad0 rows2^16".
+    fn name(&self) -> String {
+        format!(
+            "{} d{} {:?} causal{} pad{} rows2^{}",
+            self.storage.name(),
+            self.d,
+            self.stage,
+            self.causal as u8,
+            self.padded as u8,
+            self.rows
+        )
+    }
+}
+
+/// The query rows (B·T·H) of `q`, a (B, T, H, D) view.
+fn rows(q: &Tensor, d: usize) -> usize {
+    q.len() / d.max(1)
+}
+
+/// How attention classes tune: exhaustively before their first call where matmul's do
+/// (`HELIOS_MATMUL_TUNE=full`, `set_exhaustive_tuning`), else `HELIOS_ATTN_TUNE=0` off, `=1`
+/// online also on CPU devices, by default online on GPUs.
+fn mode(device: &Device) -> Tuning {
+    #[cfg(test)]
+    if let Some(t) = super::online::test_tuning(device) {
+        return t;
+    }
+    if super::matmul_tune::exhaustive() {
+        return Tuning::Exhaustive;
+    }
+    match crate::env::attention_tune() {
+        Some(false) => Tuning::Off,
+        Some(true) => Tuning::Online,
+        None if device.context().caps().device_type == DeviceType::Cpu => Tuning::Off,
+        None => Tuning::Online,
+    }
+}
+
+/// Whether a call is free to tune: nothing forced.
+fn free(o: &AttentionOptions) -> bool {
+    o.variant.is_none() && o.stage_variant.is_none() && !super::attention::forced_by_env()
+}
+
+/// Whether a call should tune `stages` exhaustively first: that mode, nothing forced, some
+/// stage's class without a winner.
+pub(crate) fn wanted(q: &Tensor, d: usize, stages: &[AttnStage], o: &AttentionOptions) -> bool {
+    let dev = q.device();
+    free(o)
+        && mode(dev) == Tuning::Exhaustive
+        && stages
+            .iter()
+            .any(|&s| cached(dev, Class::of(q.dtype().storage(), d, rows(q, d), s, o)).is_none())
+}
+
+/// The variants worth trying for `stage`, the default order first: the cooperative family
+/// where the default is cooperative (SIMT tiles are far slower there), else SIMT.
+fn candidates(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
+    let mut v: Vec<AttnVariant> = default_order(stage, coop, false)
+        .into_iter()
+        .filter(|x| x.is_coop() == coop)
+        .collect();
+    let family = if coop {
+        &COOP_VARIANTS[..]
+    } else {
+        &SIMT_VARIANTS[..]
+    };
+    for &x in family {
+        if !v.contains(&x) {
+            v.push(x);
+        }
+    }
+    v
+}
+
+fn bound(dtype: DType) -> f64 {
+    4.0 * match dtype {
+        DType::F32 => 1e-4,
+        DType::F16 => 6e-3,
+        DType::BF16 => 4e-2,
+    }
+}
+
+// ------------------------------------------------------------------ the cache
+
+/// Attention winners per device (`<cache root>/attention/<device>.tsv`). Version 2: the
+/// forward is software-pipelined where it fits, and row-tile pairs joined its candidates.
+static STORE: super::tuning_store::TuningStore =
+    super::tuning_store::TuningStore::new("attention", 2, |v| AttnVariant::by_name(v).is_some());
+
+/// The tuned variant for `class` on this device, if any. Every attention call asks, so the
+/// answer is remembered per device (`Device::attention_winners`) until a winner is stored.
+pub(crate) fn cached(device: &Device, class: Class) -> Option<AttnVariant> {
+    let memo = device.attention_winners();
+    if let Some(&v) = memo.locked().get(&class) {
+        return v;
+    }
+    let v = STORE
+        .get(device, &class.name())
+        .and_then(|v| AttnVariant::by_name(&v));
+    memo.locked().insert(class, v);
+    v
+}
+
+/// Every winner known for this device: (class, variant, µs), sorted.
+pub fn attention_tuning(device: &Device) -> Vec<(String, String, f64)> {
+    STORE.all(device)
+}
+
+fn store(device: &Device, class: Class, variant: &str, us: f64) {
+    STORE.put(device, &class.name(), variant, us);
+    device.attention_winners().locked().remove(&class);
+}
+
+impl Tensor {
+    /// Tunes every stage of attention of queries `self` with `k`, `v` (and `dout` for the
+    /// backward stages) now, even where winners are cached or tuning is off, and stores the
+    /// winners (see [`attention_tuning`]).
+    pub fn attention_tune(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        dout: &Tensor,
+        opts: &AttentionOptions,
+    ) -> Result<()> {
+        tune_forward(self, k, v, opts)?;
+        let fwd = self.attention(k, v, opts)?;
+        tune_backward(self, k, v, &fwd, dout, opts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::online::TEST_TUNING;
+
+    /// A forward class explores on real calls (every output the same as the default
+    /// kernel's, bit for bit), settles, and its winner is stored.
+    #[test]
+    fn a_forward_class_explores_and_settles() {
+        let device = Device::from_env().expect("a Vulkan device");
+        TEST_TUNING.locked().push((device.id(), Tuning::Online));
+        let (b, t, h, d) = (1, 24, 2, 16);
+        let mut seed = 7u32;
+        let mut random = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+                })
+                .collect()
+        };
+        let shape = [b, t, h, d];
+        let n = b * t * h * d;
+        let q = Tensor::from_slice(&device, &random(n), &shape).expect("q");
+        let k = Tensor::from_slice(&device, &random(n), &shape).expect("k");
+        let v = Tensor::from_slice(&device, &random(n), &shape).expect("v");
+        let opts = AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
+        let class = Class::of(
+            q.dtype().storage(),
+            d,
+            rows(&q, d),
+            AttnStage::Forward,
+            &opts,
+        );
+        STORE.remove(&device, &class.name());
+        device.attention_winners().locked().remove(&class);
+        let default = q
+            .attention_kernel(AttnStage::Forward, &opts)
+            .expect("kernel");
+        let want = q
+            .attention(&k, &v, &opts)
+            .expect("forward")
+            .out
+            .to_vec()
+            .expect("read");
+        let mut settled = None;
+        for call in 1..=200 {
+            let got = q.attention(&k, &v, &opts).expect("forward");
+            if settled.is_none() {
+                assert_eq!(
+                    got.out.to_vec().expect("read"),
+                    want,
+                    "call {call}: the default's"
+                );
+            }
+            if cached(&device, class).is_some() && settled.is_none() {
+                settled = Some(call);
+            }
+        }
+        let call = settled.expect("the class settled within 200 calls");
+        assert!(
+            call > 3,
+            "settled after {call} calls: nothing was explored ({default})"
+        );
+        assert!(STORE.get(&device, &class.name()).is_some(), "stored");
+        STORE.remove(&device, &class.name());
+        let messages = device.validation_messages();
+        assert!(messages.is_empty(), "validation: {messages:?}");
+    }
+}
