@@ -277,7 +277,11 @@ fn explore(
     // One batch for both spans and the copies: collecting the pair never waits.
     let _hold = ctx.hold_submits();
     let (ran, incumbent) = fenced(ctx, || run(&forced(incumbent)))?;
-    ran?;
+    if let Err(e) = ran {
+        // The timer is released before the error goes up (a flush and a wait: a rare path).
+        let _ = ctx.gpu_elapsed(incumbent);
+        return Err(e);
+    }
     let (outs, span) = fenced(ctx, || run(&forced(variant)))?;
     let compared = match (&outs, first) {
         (Ok(outs), true) => {

@@ -314,7 +314,11 @@ impl Explorer {
         // One batch for both spans and the copies: collecting the pair never waits.
         let _hold = ctx.hold_submits();
         let (ran, real) = fenced(ctx, || p.run_into(&action.real, out))?;
-        ran?;
+        if let Err(e) = ran {
+            // The timer is released before the error goes up (a flush and a wait: a rare path).
+            let _ = ctx.gpu_elapsed(real);
+            return Err(e);
+        }
         let (ran, shadow_span) = fenced(ctx, || shadow.run_into(&plan, &scratch))?;
         let check = match (&ran, check) {
             (Ok(()), true) => {
