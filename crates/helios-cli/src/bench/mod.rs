@@ -93,9 +93,10 @@ pub struct BenchArgs {
     /// 4096x50257; with --quick 64x768, 4x50257).
     #[arg(long, value_delimiter = ',')]
     shapes: Vec<String>,
-    /// How kernels are chosen for shapes without stored winners: `online` (default on GPUs:
-    /// a first choice at once, tuned on the benchmark's own calls) or `full` (every shape
-    /// tuned exhaustively before its first call, as HELIOS_MATMUL_TUNE=full).
+    /// How kernels are chosen for shapes without stored winners: `full`, every shape tuned
+    /// exhaustively before its first call (as HELIOS_MATMUL_TUNE=full; the default of the
+    /// kernel suites, which time settled kernels), or `online`, a first choice at once,
+    /// tuned on the benchmark's own calls (the default of train and generate).
     #[arg(long, value_parser = ["online", "full"])]
     tune: Option<String>,
 }
@@ -281,8 +282,13 @@ impl Drop for BatchLimitGuard<'_> {
 }
 
 pub fn run(args: &BenchArgs) -> CliResult {
-    if args.tune.as_deref() == Some("full") {
-        helios::set_exhaustive_tuning(true);
+    // Kernel benchmarks time settled kernels, so their shapes tune before their first call;
+    // train and generate measure what a user sees, tuning on real work included.
+    let user_facing = matches!(args.suite, Suite::Train | Suite::Generate);
+    match args.tune.as_deref() {
+        Some("full") => helios::set_exhaustive_tuning(true),
+        None if !user_facing => helios::set_exhaustive_tuning(true),
+        _ => {}
     }
     if args.suite == Suite::Matmul {
         return matmul::run(args);

@@ -82,23 +82,23 @@ fn rows(q: &Tensor, d: usize) -> usize {
     q.len() / d.max(1)
 }
 
-/// How attention classes tune: exhaustively before their first call where matmul's do
-/// (`HELIOS_MATMUL_TUNE=full`, `set_exhaustive_tuning`), else `HELIOS_ATTN_TUNE=0` off, `=1`
-/// online also on CPU devices, by default online on GPUs.
+/// How attention classes tune: `HELIOS_ATTN_TUNE=0` off, `=1` online also on CPU devices, by
+/// default online on GPUs; exhaustive before their first call with `HELIOS_MATMUL_TUNE=full`,
+/// or where online and `set_exhaustive_tuning` asks.
 fn mode(device: &Device) -> Tuning {
     #[cfg(test)]
     if let Some(t) = super::online::test_tuning(device) {
         return t;
     }
-    if super::matmul_tune::exhaustive() {
+    if crate::env::matmul_tune() == Some(Tuning::Exhaustive) {
         return Tuning::Exhaustive;
     }
-    match crate::env::attention_tune() {
+    super::matmul_tune::upgraded(match crate::env::attention_tune() {
         Some(false) => Tuning::Off,
         Some(true) => Tuning::Online,
         None if device.context().caps().device_type == DeviceType::Cpu => Tuning::Off,
         None => Tuning::Online,
-    }
+    })
 }
 
 /// Whether a call is free to tune: nothing forced.

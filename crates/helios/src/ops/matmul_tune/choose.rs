@@ -86,17 +86,22 @@ pub enum Tuning {
 
 static EXHAUSTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Makes every matmul class without a stored winner tune exhaustively before its first
-/// call returns, as `HELIOS_MATMUL_TUNE=full` does (`helios bench --tune full`).
+/// Makes every class without a stored winner tune exhaustively before its first call
+/// returns where it would tune on real work, as `HELIOS_MATMUL_TUNE=full` does (`helios
+/// bench --tune full`, the kernel suites' default). Where tuning is off it stays off.
 pub fn set_exhaustive_tuning(on: bool) {
     EXHAUSTIVE.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether classes tune exhaustively before their first call (`set_exhaustive_tuning`,
-/// `HELIOS_MATMUL_TUNE=full`): attention follows the same switch.
-pub(crate) fn exhaustive() -> bool {
-    EXHAUSTIVE.load(std::sync::atomic::Ordering::Relaxed)
-        || crate::env::matmul_tune() == Some(Tuning::Exhaustive)
+/// `base` with `set_exhaustive_tuning` applied: where tuning is on, it becomes exhaustive
+/// (where it is off, as on CPU devices by default, it stays off). Attention follows it too.
+pub(crate) fn upgraded(base: Tuning) -> Tuning {
+    match base {
+        Tuning::Online if EXHAUSTIVE.load(std::sync::atomic::Ordering::Relaxed) => {
+            Tuning::Exhaustive
+        }
+        other => other,
+    }
 }
 
 /// How this device tunes: `HELIOS_MATMUL_TUNE=0` off, `=1` online also on CPU devices
@@ -107,14 +112,11 @@ pub fn tuning(device: &Device) -> Tuning {
     if let Some(t) = crate::ops::online::test_tuning(device) {
         return t;
     }
-    if EXHAUSTIVE.load(std::sync::atomic::Ordering::Relaxed) {
-        return Tuning::Exhaustive;
-    }
-    match crate::env::matmul_tune() {
+    upgraded(match crate::env::matmul_tune() {
         Some(t) => t,
         None if device.context().caps().device_type == DeviceType::Cpu => Tuning::Off,
         None => Tuning::Online,
-    }
+    })
 }
 
 /// What the memo remembers for a problem.
