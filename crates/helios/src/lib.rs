@@ -58,8 +58,8 @@ pub use ops::{adamw_step, adamw_step_scaled, sum_squares, AdamWConfig, AdamWPara
 pub use ops::{attention_tuning, AttentionGrads, AttentionOptions, AttentionOutput};
 pub use ops::{
     coop_peak, matmul_caps, matmul_exploring, set_exhaustive_tuning, stop_background_tuning,
-    tuning, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions, MatmulOverrides,
-    TuneReport, Tuning,
+    tuning, tuning_in_progress, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,
+    MatmulOverrides, TuneReport, Tuning,
 };
 pub use ops::{stored_winners, NormGrads, NormOutput, RowOp, SoftmaxOptions};
 pub use tensor::Tensor;

@@ -162,7 +162,12 @@ pub fn run(args: &BenchArgs) -> CliResult {
     })
 }
 
-/// Trains `case` for `steps` timed steps after the first (and two untimed ones).
+/// Most untimed steps, and seconds, `one` waits for tuning on real work to settle.
+const SETTLE_STEPS: usize = 1000;
+const SETTLE_SECONDS: f64 = 120.0;
+
+/// Trains `case` for `steps` timed steps after the first and the untimed ones that let
+/// tuning settle.
 fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchResult<TrainResult> {
     let cfg = &case.config;
     // Random tokens: what is measured is the step, not the data.
@@ -181,7 +186,7 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
     let tc = helios_nn::train::TrainConfig::steps_only(
         case.batch,
         case.seq,
-        steps as u64 + 3,
+        (steps + 3 + SETTLE_STEPS) as u64,
         precision,
     );
     device.empty_cache()?;
@@ -212,7 +217,15 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
         );
     }
     let mut all = vec![first * 1e3];
-    for _ in 0..2 {
+    // Untimed steps until no shape class is still tuning on real work (at least two, at
+    // most SETTLE_STEPS or SETTLE_SECONDS): the timed steps are of settled kernels, and
+    // `settled_after` says how long settling took.
+    let settling = Instant::now();
+    while all.len() < 3
+        || (helios::tuning_in_progress(device) > 0
+            && all.len() < SETTLE_STEPS
+            && settling.elapsed().as_secs_f64() < SETTLE_SECONDS)
+    {
         let t = Instant::now();
         trainer.train_step()?;
         device.synchronize()?;

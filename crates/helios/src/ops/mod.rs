@@ -24,7 +24,7 @@ pub use matmul::{MatmulChoice, MatmulOptions, MatmulOverrides};
 pub(crate) use matmul_tune::forget_device;
 pub use matmul_tune::{
     coop_peak, matmul_caps, matmul_exploring, set_exhaustive_tuning, stop_background_tuning,
-    tuning, CandidateResult, Choice, CoopPeak, TuneReport, Tuning,
+    tuning, tuning_in_progress, CandidateResult, Choice, CoopPeak, TuneReport, Tuning,
 };
 pub use norm::{NormGrads, NormOutput};
 pub use optim::{adamw_step, adamw_step_scaled, sum_squares, AdamWConfig, AdamWParam};

@@ -315,6 +315,15 @@ fn explore(
     Ok(())
 }
 
+/// How many attention classes of `device` are being tuned on real work.
+pub(crate) fn exploring_count(device: &crate::Device) -> usize {
+    exploring()
+        .locked()
+        .keys()
+        .filter(|k| k.0 == device.id())
+        .count()
+}
+
 /// Drops the explorations of the device with `id` (going away; `ctx` is its context, idle)
 /// and releases the timers of their pairs never collected.
 pub(crate) fn forget_device(id: usize, ctx: &helios_vk::Context) {

@@ -23,7 +23,7 @@ mod exhaustive;
 mod explore;
 
 pub(crate) use exhaustive::{tune_backward, tune_forward};
-pub(crate) use explore::{explore_backward, explore_forward, forget_device};
+pub(crate) use explore::{explore_backward, explore_forward, exploring_count, forget_device};
 
 use super::attention::AttentionOptions;
 use super::Tuning;

@@ -250,6 +250,12 @@ pub(crate) fn forget_device(id: usize, ctx: &helios_vk::Context) {
     crate::ops::attention_tune::forget_device(id, ctx);
 }
 
+/// How many shape classes of `device` (matmul and attention) are still being tuned on real
+/// work: 0 once everything the program has run is settled.
+pub fn tuning_in_progress(device: &Device) -> usize {
+    matmul_exploring(device).len() + crate::ops::attention_tune::exploring_count(device)
+}
+
 /// The classes of `device` still being tuned on real work, a line each: the class key and
 /// where its exploration stands.
 pub fn matmul_exploring(device: &Device) -> Vec<String> {

@@ -34,6 +34,8 @@ pub use background::stop as stop_background_tuning;
 pub(crate) use cache::winner_tag;
 pub use caps::matmul_caps;
 pub(crate) use choose::{choose, forget_device, run, run_into, upgraded};
-pub use choose::{matmul_exploring, set_exhaustive_tuning, tuning, Choice, Tuning};
+pub use choose::{
+    matmul_exploring, set_exhaustive_tuning, tuning, tuning_in_progress, Choice, Tuning,
+};
 pub use peak::{coop_peak, CoopPeak};
 pub use tune::{CandidateResult, TuneReport};
