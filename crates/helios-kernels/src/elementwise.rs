@@ -392,19 +392,18 @@ impl ElementwiseKernel {
         k.finish()
     }
 
-    /// Grid and push constants for `n` elements. `inputs` are the input buffers' device
-    /// addresses; `scalar` is required by the scalar form, `strides` by the strided variant.
-    #[allow(clippy::too_many_arguments)]
+    /// Grid and push constants for `n` elements at `addrs`; `scalar` is required by the
+    /// scalar form, `strides` by the strided variant.
     pub fn launch(
         &self,
         module: &KernelModule,
         geometry: Geometry,
         n: u64,
-        inputs: &[u64],
-        output: u64,
+        addrs: ElementwiseAddresses,
         scalar: Option<f32>,
         strides: Option<&Strides>,
     ) -> Result<Launch, KernelError> {
+        let ElementwiseAddresses { inputs, output } = addrs;
         let bad = |detail: String| KernelError::Arguments {
             kernel: self.name(),
             detail,
@@ -454,6 +453,14 @@ impl ElementwiseKernel {
         let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
         Ok(Launch { groups, push })
     }
+}
+
+/// The device addresses one element-wise launch reads and writes, named so that the inputs
+/// and the output cannot be swapped at a call site.
+#[derive(Clone, Copy, Debug)]
+pub struct ElementwiseAddresses<'a> {
+    pub inputs: &'a [u64],
+    pub output: u64,
 }
 
 /// The buffers and scalar of one element-wise kernel and the code that reads, computes and

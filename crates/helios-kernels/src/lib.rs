@@ -36,8 +36,8 @@ pub use attention::layout as coop_layout;
 pub use attention::layout::{CoopProbeKernel, FragMap};
 pub use attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
 pub use elementwise::{
-    BinaryOp, ElementwiseKernel, ElementwiseOp, Strides, UnaryOp, Variant, ELEMENTWISE_DTYPES,
-    ELEMENTWISE_WORKGROUP, MAX_DIMS,
+    BinaryOp, ElementwiseAddresses, ElementwiseKernel, ElementwiseOp, Strides, UnaryOp, Variant,
+    ELEMENTWISE_DTYPES, ELEMENTWISE_WORKGROUP, MAX_DIMS,
 };
 pub use embedding::{EmbeddingArgs, EmbeddingKernel, EmbeddingStage};
 pub use fused::{Compare, Dims as FusedDims, FusedInput, FusedKernel, Instr, Window};

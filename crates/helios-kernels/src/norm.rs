@@ -17,6 +17,8 @@
 //!   dx = rstd·(g − mean(g) − x̂·mean(g·x̂)) with g = dy·γ (RMSNorm without mean(g));
 //!   dγ = Σ_rows dy·x̂; dβ = Σ_rows dy.
 
+use std::ops::Range;
+
 use helios_spirv::{
     Access, Binding, Buffer, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val,
 };
@@ -24,12 +26,13 @@ use helios_spirv::{
 use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::rows::{
     for_each_slot_by, hsum, linear_workgroup, plan_row, row_slots, Groups, Reducer, Row, RowChoice,
-    RowConfig, RowPlan,
+    RowConfig, RowLaunch, RowPlan,
 };
 use crate::storage::{buffer_scalar, load_f32, Storage};
 use crate::KernelError;
 
-pub use crate::norm_bwd::{param_splits, NormParamKernel};
+pub use crate::norm_bwd::{param_splits, NormParamKernel, ParamSplits};
+use crate::norm_bwd::{CachedWalk, OwnedColumns};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NormKind {
@@ -145,6 +148,16 @@ pub(crate) struct Ctx {
     pub(crate) lane: Val,
     pub(crate) threads: Val,
     pub(crate) len_f: Val,
+    /// The row's index and whether it is one of the launch's rows.
+    pub(crate) unit: Val,
+    pub(crate) valid: Val,
+}
+
+/// A row's mean (0 for RMSNorm) and rstd, together because every x̂ needs both.
+#[derive(Clone, Copy)]
+pub(crate) struct RowStats {
+    pub(crate) mean: Val,
+    pub(crate) rstd: Val,
 }
 
 impl NormKernel {
@@ -253,15 +266,14 @@ impl NormKernel {
         };
         let mk = |k: &mut KernelBuilder, unit: Val, vec: u8| {
             let (row, valid) = Row::nth(k, unit, rows, len, vec, self.whole && vec == 4);
-            (
-                Ctx {
-                    row,
-                    lane,
-                    threads,
-                    len_f,
-                },
+            Ctx {
+                row,
+                lane,
+                threads,
+                len_f,
+                unit,
                 valid,
-            )
+            }
         };
         let g = linear_workgroup(&mut k);
         let per = groups.per_workgroup(&mut k);
@@ -270,26 +282,29 @@ impl NormKernel {
         let unit = k.add(base, gi);
         match (self.backward, self.variant) {
             (false, _) => {
-                let (c, valid) = mk(&mut k, unit, 4);
-                self.forward(&mut k, &mut groups, &c, &b, eps, unit, valid);
+                let c = mk(&mut k, unit, 4);
+                self.forward(&mut k, &mut groups, &c, &b, eps);
             }
             (true, NormVariant::Streaming { unroll }) => {
-                let (c, valid) = mk(&mut k, unit, 4);
-                self.backward_streaming(&mut k, &mut groups, &c, &b, unit, valid, unroll);
+                let c = mk(&mut k, unit, 4);
+                self.backward_streaming(&mut k, &mut groups, &c, &b, unroll);
             }
             (true, NormVariant::Cached { slots, vec }) => {
-                let dims = (rows, len, total);
-                self.backward_cached(
-                    &mut k,
-                    &mut groups,
-                    &b,
-                    dims,
-                    (lane, threads, len_f),
+                let walk = CachedWalk {
+                    rows,
+                    len,
+                    len_f,
+                    stride: total,
+                    wg_base: base,
+                    unit,
+                };
+                let cols = OwnedColumns {
+                    lane,
+                    threads,
                     slots,
                     vec,
-                    base,
-                    unit,
-                );
+                };
+                self.backward_cached(&mut k, &mut groups, &b, &walk, &cols);
             }
         }
         k.finish()
@@ -365,8 +380,7 @@ impl NormKernel {
         k.select(ok, v, z)
     }
 
-    /// The normalized output lanes of a slot from x, given mean (0 for RMS) and rstd.
-    #[allow(clippy::too_many_arguments)]
+    /// The normalized output lanes of a slot from x and the row's statistics.
     fn normalize(
         &self,
         k: &mut KernelBuilder,
@@ -374,11 +388,10 @@ impl NormKernel {
         b: &Bufs,
         slot: Val,
         x: Val,
-        mean: Val,
-        rstd: Val,
+        stats: RowStats,
     ) -> Val {
-        let m = k.splat(mean, 4);
-        let r = k.splat(rstd, 4);
+        let m = k.splat(stats.mean, 4);
+        let r = k.splat(stats.rstd, 4);
         let d = k.sub(x, m);
         let xh = k.mul(d, r);
         let gm = self.param(k, c, b.gamma, slot);
@@ -391,17 +404,7 @@ impl NormKernel {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn forward(
-        &self,
-        k: &mut KernelBuilder,
-        groups: &mut Groups,
-        c: &Ctx,
-        b: &Bufs,
-        eps: Val,
-        unit: Val,
-        valid: Val,
-    ) {
+    fn forward(&self, k: &mut KernelBuilder, groups: &mut Groups, c: &Ctx, b: &Bufs, eps: Val) {
         let first = c.row.first_slot(k);
         let end_slot = c.row.end_slot(k);
         let v4 = Ty::vector(Scalar::F32, 4);
@@ -450,19 +453,20 @@ impl NormKernel {
                 (mean, rstd, Some(held))
             }
             NormVariant::Streaming { unroll } => {
-                let (mean, var) = self.streaming_stats(k, groups, c, b, first, end_slot, unroll);
+                let (mean, var) = self.streaming_stats(k, groups, c, b, first..end_slot, unroll);
                 let ve = k.add(var, eps);
                 let rstd = k.rsqrt(ve);
                 (mean, rstd, None)
             }
         };
+        let stats = RowStats { mean, rstd };
         match held {
             Some(held) => {
                 for (slot, inside, x) in held {
                     // Inside the branch: gamma and beta are read only for slots of the row.
                     let (row, st, yb) = (c.row, self.storage, b.y);
                     k.if_(inside, |k| {
-                        let y = self.normalize(k, c, b, slot, x, mean, rstd);
+                        let y = self.normalize(k, c, b, slot, x, stats);
                         row.store(k, yb, st, slot, y);
                     });
                 }
@@ -484,7 +488,7 @@ impl NormKernel {
                             .map(|&s| c.row.load(k, b.x, self.storage, s, 0.0))
                             .collect();
                         for (&s, x) in slots.iter().zip(xs) {
-                            let y = self.normalize(k, c, b, s, x, mean, rstd);
+                            let y = self.normalize(k, c, b, s, x, stats);
                             c.row.store(k, b.y, self.storage, s, y);
                         }
                     },
@@ -493,26 +497,25 @@ impl NormKernel {
         }
         let zero = k.u32(0);
         let first_lane = k.eq(c.lane, zero);
-        let store = k.and(valid, first_lane);
+        let store = k.and(c.valid, first_lane);
         k.if_(store, |k| {
             if let Some(m) = b.mean {
-                k.store(m, unit, mean);
+                k.store(m, c.unit, mean);
             }
-            k.store(b.rstd, unit, rstd);
+            k.store(b.rstd, c.unit, rstd);
         });
     }
 
     /// (mean, biased variance) of a streamed row: per invocation, Chan's merge of 4-element
-    /// chunks into (count, mean, M2); then two group sums (RMSNorm: one sum of squares).
-    #[allow(clippy::too_many_arguments)]
+    /// chunks into (count, mean, M2) over `slots`; then two group sums (RMSNorm: one sum of
+    /// squares).
     fn streaming_stats(
         &self,
         k: &mut KernelBuilder,
         groups: &mut Groups,
         c: &Ctx,
         b: &Bufs,
-        first: Val,
-        end_slot: Val,
+        slots: Range<Val>,
         unroll: u8,
     ) -> (Val, Val) {
         let zero = k.const_f32(0.0);
@@ -522,8 +525,8 @@ impl NormKernel {
         let layer = self.layer();
         for_each_slot_by(
             k,
-            first,
-            end_slot,
+            slots.start,
+            slots.end,
             c.lane,
             c.threads,
             u32::from(unroll),
@@ -588,22 +591,19 @@ impl NormKernel {
         (row_mean, k.div(total, c.len_f))
     }
 
-    /// Grid and push constants for `rows` rows of `len` with `threads` invocations per row.
-    /// `buffers` are the device addresses in `buffer_names` order. The cached backward runs
-    /// `partial_rows` groups in all (from `backward_groups`: the partial rows it writes);
-    /// other kernels one group per row.
-    #[allow(clippy::too_many_arguments)]
+    /// Grid and push constants for `layout`. `buffers` are the device addresses in
+    /// `buffer_names` order. The cached backward runs `partial_rows` groups in all (from
+    /// `backward_groups`: the partial rows it writes); other kernels one group per row.
     pub fn launch(
         &self,
         module: &KernelModule,
         geometry: Geometry,
-        rows: u32,
-        len: u32,
-        threads: u32,
+        layout: RowLaunch,
         partial_rows: u32,
         eps: f32,
         buffers: &[u64],
     ) -> Result<Launch, KernelError> {
+        let RowLaunch { rows, len, threads } = layout;
         let names = self.buffer_names();
         let bad = |detail: String| KernelError::Arguments {
             kernel: self.name(),
@@ -748,6 +748,7 @@ mod tests {
         assert_eq!(bf16.variant, NormVariant::Streaming { unroll: 2 });
         assert_eq!(NormKernel::backward_groups(4096, 256, 64, 4), 1024);
         assert_eq!(NormKernel::backward_groups(5, 256, 64, 4), 4);
-        assert_eq!(param_splits(4096, 50257, 1, 1 << 19), (11, 373));
+        let split = param_splits(4096, 50257, 1, 1 << 19);
+        assert_eq!((split.splits, split.chunk), (11, 373));
     }
 }

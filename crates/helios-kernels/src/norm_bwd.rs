@@ -7,10 +7,38 @@ use helios_spirv::{
 };
 
 use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
-use crate::norm::{BufferNames, Bufs, Ctx, NormKernel, NormKind};
+use crate::norm::{BufferNames, Bufs, Ctx, NormKernel, NormKind, RowStats};
 use crate::rows::{for_each_slot_by, hsum, linear_workgroup, Groups, Row};
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
 use crate::KernelError;
+
+/// One slot's x, dy and gamma: a streaming step loads every slot's before any arithmetic.
+#[derive(Clone, Copy)]
+struct SlotLoads {
+    x: Val,
+    dy: Val,
+    gamma: Val,
+}
+
+/// The rows the cached backward walks: rows of `len` (`len_f` as f32), this group's from
+/// `unit` every `stride` (G) rows, while its workgroup's first (`wg_base`) is in range.
+pub(crate) struct CachedWalk {
+    pub(crate) rows: Val,
+    pub(crate) len: Val,
+    pub(crate) len_f: Val,
+    pub(crate) stride: Val,
+    pub(crate) wg_base: Val,
+    pub(crate) unit: Val,
+}
+
+/// The column slots an invocation of the cached backward owns in every row: `lane + j·threads`
+/// for j < `slots`, each of `vec` elements.
+pub(crate) struct OwnedColumns {
+    pub(crate) lane: Val,
+    pub(crate) threads: Val,
+    pub(crate) slots: u8,
+    pub(crate) vec: u8,
+}
 
 impl NormKernel {
     /// Loads mean (0 for RMS) and rstd of row `unit` (every invocation of the group reads the
@@ -21,35 +49,34 @@ impl NormKernel {
         b: &Bufs,
         unit: Val,
         valid: Val,
-    ) -> (Val, Val) {
+    ) -> RowStats {
         let zero = k.u32(0);
         let at = k.select(valid, unit, zero);
         let mean = match b.mean {
             Some(m) => k.load(m, at, 1),
             None => k.const_f32(0.0),
         };
-        (mean, k.load(b.rstd, at, 1))
+        RowStats {
+            mean,
+            rstd: k.load(b.rstd, at, 1),
+        }
     }
 
     /// (x̂, g = dy·γ) lanes of a slot; both 0 outside the row.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn xhat_g(
+    fn xhat_g(
         &self,
         k: &mut KernelBuilder,
         c: &Ctx,
         slot: Val,
-        x: Val,
-        dy: Val,
-        gamma: Val,
-        mean: Val,
-        rstd: Val,
+        v: SlotLoads,
+        stats: RowStats,
     ) -> (Val, Val) {
-        let m = k.splat(mean, x.ty.lanes);
-        let r = k.splat(rstd, x.ty.lanes);
-        let d = k.sub(x, m);
+        let m = k.splat(stats.mean, v.x.ty.lanes);
+        let r = k.splat(stats.rstd, v.x.ty.lanes);
+        let d = k.sub(v.x, m);
         let xh = k.mul(d, r);
         let xh = Self::masked(k, c, slot, xh);
-        let g = k.mul(dy, gamma);
+        let g = k.mul(v.dy, v.gamma);
         (xh, g)
     }
 
@@ -85,20 +112,17 @@ impl NormKernel {
         k.mul(u, r)
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward_streaming(
         &self,
         k: &mut KernelBuilder,
         groups: &mut Groups,
         c: &Ctx,
         b: &Bufs,
-        unit: Val,
-        valid: Val,
         unroll: u8,
     ) {
         let first = c.row.first_slot(k);
         let end_slot = c.row.end_slot(k);
-        let (mean, rstd) = self.row_stats(k, b, unit, valid);
+        let stats = self.row_stats(k, b, c.unit, c.valid);
         let zero = k.const_f32(0.0);
         let sg = k.var_init(zero);
         let sgx = k.var_init(zero);
@@ -107,8 +131,8 @@ impl NormKernel {
         let load = |k: &mut KernelBuilder, s: Val| {
             let x = c.row.load(k, b.x, st, s, 0.0);
             let dy = c.row.load(k, dyb, st, s, 0.0);
-            let gm = self.param(k, c, b.gamma, s);
-            (x, dy, gm)
+            let gamma = self.param(k, c, b.gamma, s);
+            SlotLoads { x, dy, gamma }
         };
         for_each_slot_by(
             k,
@@ -119,8 +143,8 @@ impl NormKernel {
             u32::from(unroll),
             |k, slots| {
                 let v: Vec<_> = slots.iter().map(|&s| load(k, s)).collect();
-                for (&s, (x, dy, gm)) in slots.iter().zip(v) {
-                    let (xh, g) = self.xhat_g(k, c, s, x, dy, gm, mean, rstd);
+                for (&s, v) in slots.iter().zip(v) {
+                    let (xh, g) = self.xhat_g(k, c, s, v, stats);
                     let h = hsum(k, g);
                     let gx = k.mul(g, xh);
                     let h2 = hsum(k, gx);
@@ -147,9 +171,9 @@ impl NormKernel {
                     .iter()
                     .map(|&s| b.dx_in.map(|d| c.row.load(k, d, st, s, 0.0)))
                     .collect();
-                for ((&s, (x, dy, gm)), acc) in slots.iter().zip(v).zip(acc) {
-                    let (xh, g) = self.xhat_g(k, c, s, x, dy, gm, mean, rstd);
-                    let dx = Self::dx(k, xh, g, a, bb, rstd);
+                for ((&s, v), acc) in slots.iter().zip(v).zip(acc) {
+                    let (xh, g) = self.xhat_g(k, c, s, v, stats);
+                    let dx = Self::dx(k, xh, g, a, bb, stats.rstd);
                     let dx = match acc {
                         Some(a) => k.add(dx, a),
                         None => dx,
@@ -164,19 +188,28 @@ impl NormKernel {
     /// fixed columns, keeping gamma and the dgamma/dbeta sums of its columns in registers,
     /// then writes its partial row of each. The loop runs while the workgroup's first row is in
     /// range, so every group of a workgroup meets the same barriers.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward_cached(
         &self,
         k: &mut KernelBuilder,
         groups: &mut Groups,
         b: &Bufs,
-        (rows, len, stride): (Val, Val, Val),
-        (lane, threads, len_f): (Val, Val, Val),
-        slots: u8,
-        vec: u8,
-        wg_base: Val,
-        unit: Val,
+        walk: &CachedWalk,
+        cols: &OwnedColumns,
     ) {
+        let CachedWalk {
+            rows,
+            len,
+            len_f,
+            stride,
+            wg_base,
+            unit,
+        } = *walk;
+        let OwnedColumns {
+            lane,
+            threads,
+            slots,
+            vec,
+        } = *cols;
         let ty = Ty::vector(Scalar::F32, vec);
         let vshift = k.u32(u32::from(vec).trailing_zeros());
         let vm1 = k.u32(u32::from(vec) - 1);
@@ -214,7 +247,7 @@ impl NormKernel {
         // adding to it, one row after another.
         let fetch = |k: &mut KernelBuilder, r: Val| {
             let (row, valid) = Row::nth(k, r, rows, len, vec, whole);
-            let (mean, rstd) = self.row_stats(k, b, r, valid);
+            let RowStats { mean, rstd } = self.row_stats(k, b, r, valid);
             let s0 = k.shr(row.start, vshift);
             let slots: Vec<[Val; 3]> = cols
                 .iter()
@@ -262,6 +295,8 @@ impl NormKernel {
                     lane,
                     threads,
                     len_f,
+                    unit: r,
+                    valid,
                 };
                 let (mean, rstd) = (k.get(next_mean), k.get(next_rstd));
                 let current: Vec<[Val; 3]> =
@@ -480,19 +515,18 @@ impl NormParamKernel {
         k.finish()
     }
 
-    /// Grid and push constants: `rows` rows of `len` summed in `splits` chunks of `chunk`
-    /// rows; `buffers` in `buffer_names` order.
-    #[allow(clippy::too_many_arguments)]
+    /// Grid and push constants: `rows` rows of `len` summed in `split`'s chunks; `buffers` in
+    /// `buffer_names` order.
     pub fn launch(
         &self,
         module: &KernelModule,
         geometry: Geometry,
         rows: u32,
         len: u32,
-        splits: u32,
-        chunk: u32,
+        split: ParamSplits,
         buffers: &[u64],
     ) -> Result<Launch, KernelError> {
+        let ParamSplits { splits, chunk } = split;
         let names = self.buffer_names();
         if buffers.len() != names.len() || len % u32::from(self.vec) != 0 {
             return Err(KernelError::Arguments {
@@ -519,16 +553,27 @@ impl NormParamKernel {
     }
 }
 
-/// (splits, chunk) for `NormParamKernel` over `rows` rows of `len` columns (`vec` per
+/// How `NormParamKernel` cuts the rows: `splits` chunks of `chunk` rows (the last may be
+/// shorter), what `param_splits` picks and `launch` takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamSplits {
+    pub splits: u32,
+    pub chunk: u32,
+}
+
+/// The splits for `NormParamKernel` over `rows` rows of `len` columns (`vec` per
 /// invocation): enough chunks for about `target_invocations`, each at least 16 rows.
-pub fn param_splits(rows: u32, len: u32, vec: u8, target_invocations: u64) -> (u32, u32) {
+pub fn param_splits(rows: u32, len: u32, vec: u8, target_invocations: u64) -> ParamSplits {
     let cols = u64::from((len / u32::from(vec)).max(1));
     let want = target_invocations.div_ceil(cols).max(1);
     let most = u64::from(rows.div_ceil(16)).max(1);
     let splits = want.min(most);
     let chunk = u64::from(rows).div_ceil(splits).max(1);
     let splits = u64::from(rows).div_ceil(chunk).max(1);
-    (splits as u32, chunk as u32)
+    ParamSplits {
+        splits: splits as u32,
+        chunk: chunk as u32,
+    }
 }
 
 impl NormParamKernel {

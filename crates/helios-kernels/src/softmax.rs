@@ -23,7 +23,7 @@ use helios_spirv::{
 use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::rows::{
     for_each_slot_by, hreduce, hsum, linear_workgroup, plan_row, row_slots, Groups, Reducer, Row,
-    RowChoice, RowConfig, RowPlan,
+    RowChoice, RowConfig, RowLaunch, RowPlan,
 };
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
 use crate::KernelError;
@@ -563,21 +563,19 @@ impl SoftmaxKernel {
         }
     }
 
-    /// Grid and push constants for `rows` rows of `len`, `threads` invocations per row (from
-    /// `select`); `buffers` are the device addresses in declaration order (forward: x, y and
-    /// lse when built with it; backward: y, dy, dx).
-    #[allow(clippy::too_many_arguments)]
+    /// Grid and push constants for `layout` (its `threads` from `select`); `buffers` are the
+    /// device addresses in declaration order (forward: x, y and lse when built with it;
+    /// backward: y, dy, dx).
     pub fn launch(
         &self,
         module: &KernelModule,
         geometry: Geometry,
-        rows: u32,
-        len: u32,
+        layout: RowLaunch,
         causal_rows: u32,
-        threads: u32,
         scale: f32,
         buffers: &[u64],
     ) -> Result<Launch, KernelError> {
+        let RowLaunch { rows, len, threads } = layout;
         if !threads.is_power_of_two() || threads > geometry.workgroup {
             return Err(KernelError::Arguments {
                 kernel: self.name(),

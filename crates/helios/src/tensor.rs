@@ -17,7 +17,9 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use helios_kernels::{BinaryOp, Compare, ElementwiseOp, Geometry, Strides, UnaryOp, MAX_DIMS};
+use helios_kernels::{
+    BinaryOp, Compare, ElementwiseAddresses, ElementwiseOp, Geometry, Strides, UnaryOp, MAX_DIMS,
+};
 use helios_spirv::Binding;
 use helios_vk::{Access, Buffer, MemoryLocation};
 
@@ -563,8 +565,10 @@ fn record_elementwise(
             max_groups_x: device.max_groups_x(),
         },
         n as u64,
-        &addrs,
-        out.device_address(),
+        ElementwiseAddresses {
+            inputs: &addrs,
+            output: out.device_address(),
+        },
         s,
         strides.as_ref(),
     )?;

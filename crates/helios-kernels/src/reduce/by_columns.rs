@@ -4,7 +4,7 @@
 
 use helios_spirv::{Buffer, KernelBuilder, ReduceOp, Val};
 
-use super::emit::{prologue_value, Bufs};
+use super::emit::{prologue_value, Bufs, Reduced};
 use super::signature::{ReduceKernel, Reduction, Stage};
 use crate::rows::{for_each_slot_by, linear_workgroup, Groups};
 
@@ -107,8 +107,10 @@ impl ReduceKernel {
             }
         });
 
-        let result = k.get(acc.value);
-        let index = acc.index.map(|v| k.get(v));
+        let r = Reduced {
+            value: k.get(acc.value),
+            index: acc.index.map(|v| k.get(v)),
+        };
         // Partial layout (outer, splits, inner); result layout (outer, inner).
         let out_row = if self.stage == Stage::Partial {
             k.mul(o, splits)
@@ -123,7 +125,7 @@ impl ReduceKernel {
         let orow = k.mul(out_row, inner);
         let oe = k.add(orow, col);
         let at = k.shr(oe, vshift);
-        self.store_result(k, (b.y, b.yi), valid, at, result, index, scale);
+        self.store_result(k, (b.y, b.yi), valid, at, r, scale);
     }
 
     /// Combine over columns: a group of invocations per `vec` columns walks the partial rows
@@ -199,6 +201,10 @@ impl ReduceKernel {
             let cand = k.select(is_best, mine, none);
             groups.reduce(k, ReduceOp::Min, cand)
         });
+        let r = Reduced {
+            value: result,
+            index,
+        };
         let first_lane = k.eq(lane, zero);
         let store = k.and(valid, first_lane);
         match b.y2 {
@@ -207,16 +213,16 @@ impl ReduceKernel {
                 let at = k.shr(col, vshift);
                 let first = k.eq(o, zero);
                 let to_y = k.and(store, first);
-                self.store_result(k, (b.y, b.yi), to_y, at, result, index, scale);
+                self.store_result(k, (b.y, b.yi), to_y, at, r, scale);
                 let second = k.not(first);
                 let to_y2 = k.and(store, second);
-                self.store_result(k, (Some(y2), None), to_y2, at, result, index, scale);
+                self.store_result(k, (Some(y2), None), to_y2, at, r, scale);
             }
             None => {
                 let orow = k.mul(o, inner);
                 let oe = k.add(orow, col);
                 let at = k.shr(oe, vshift);
-                self.store_result(k, (b.y, b.yi), store, at, result, index, scale);
+                self.store_result(k, (b.y, b.yi), store, at, r, scale);
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use helios_spirv::{KernelBuilder, ReduceOp, Val};
 
-use super::emit::{prologue_value, Bufs};
+use super::emit::{prologue_value, Bufs, Reduced};
 use super::signature::{ReduceKernel, Reduction, Stage};
 use crate::rows::{for_each_slot_by, hreduce, hsum, linear_workgroup, order_key, Groups, Row};
 
@@ -106,6 +106,10 @@ impl ReduceKernel {
         } else {
             row
         };
-        self.store_result(k, (b.y, b.yi), store, out_at, result, index, scale);
+        let r = Reduced {
+            value: result,
+            index,
+        };
+        self.store_result(k, (b.y, b.yi), store, out_at, r, scale);
     }
 }

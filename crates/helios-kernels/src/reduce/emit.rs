@@ -33,6 +33,14 @@ pub(super) struct Acc {
     pub(super) index: Option<helios_spirv::Var>,
 }
 
+/// A group's reduced value and, for argmax, the index it came from: what `store_result`
+/// writes, kept together because argmax needs both.
+#[derive(Clone, Copy)]
+pub(super) struct Reduced {
+    pub(super) value: Val,
+    pub(super) index: Option<Val>,
+}
+
 /// The prologue's root value at element `at` (`lanes` 1) or vec4 `at` (`lanes` 4), for the
 /// reduction to fold; with `store_prologue`, every output of the prologue is stored there
 /// first. Both layouts evaluate each element exactly once (a row's edge elements one by
@@ -184,33 +192,31 @@ impl ReduceKernel {
         }
     }
 
-    /// Lane 0's store of a group's (or invocation's) result at element `at` of the outputs
+    /// Lane 0's store of a group's (or invocation's) result `r` at element `at` of the outputs
     /// `(y, y_index)`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn store_result(
         &self,
         k: &mut KernelBuilder,
         (y, yi): (Option<Buffer>, Option<Buffer>),
         cond: Val,
         at: Val,
-        result: Val,
-        index: Option<Val>,
+        r: Reduced,
         scale: Val,
     ) {
         k.if_(cond, |k| {
-            if let (Some(yi), Some(i)) = (yi, index) {
+            if let (Some(yi), Some(i)) = (yi, r.index) {
                 k.store(yi, at, i);
             }
             let Some(y) = y else { return };
             match (self.stage, self.op) {
-                (Stage::Partial, _) => k.store(y, at, result),
+                (Stage::Partial, _) => k.store(y, at, r.value),
                 (_, Reduction::Sum | Reduction::Mean) => {
-                    let s = k.splat(scale, result.ty.lanes);
-                    let v = k.mul(result, s);
+                    let s = k.splat(scale, r.value.ty.lanes);
+                    let v = k.mul(r.value, s);
                     store_f32(k, y, at, v, self.storage);
                 }
                 (_, _) => {
-                    let v = key_value(k, result);
+                    let v = key_value(k, r.value);
                     store_f32(k, y, at, v, self.storage);
                 }
             }

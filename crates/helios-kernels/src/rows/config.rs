@@ -102,6 +102,15 @@ pub struct RowChoice<V> {
     pub workgroup: u32,
 }
 
+/// Rows of `len` elements, `threads` invocations on each: what a softmax or norm launch lays
+/// over its grid, kept together because every such launch checks and packs all three.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLaunch {
+    pub rows: u32,
+    pub len: u32,
+    pub threads: u32,
+}
+
 impl<V> RowChoice<V> {
     /// The same layout with the variant turned into a family's own.
     pub fn map<W>(self, f: impl FnOnce(V) -> W) -> RowChoice<W> {

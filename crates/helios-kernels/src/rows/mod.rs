@@ -29,7 +29,7 @@ mod walk;
 
 pub use config::{
     plan_row, row_slots, stream_unroll, threads_for, whole_rows, Reducer, RowChoice, RowConfig,
-    RowPlan, RowVariant, STREAM_WORKGROUP,
+    RowLaunch, RowPlan, RowVariant, STREAM_WORKGROUP,
 };
 pub use groups::{combine, hreduce, hsum, identity, key_value, order_key, Groups};
 pub use walk::{for_each_slot, for_each_slot_by, linear_workgroup, Row};

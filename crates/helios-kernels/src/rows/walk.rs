@@ -189,7 +189,6 @@ impl Row {
     /// `full`, which needs no bounds checks or fills; the at most two partial edge slots go to
     /// `edge`, the first by lane 0 and the last by lane `threads - 1`. Every slot touching the
     /// row is visited exactly once (a row inside one slot is one edge).
-    #[allow(clippy::too_many_arguments)]
     pub fn walk(
         &self,
         k: &mut KernelBuilder,

@@ -10,6 +10,7 @@ use helios_kernels::norm::{
     self, param_splits, NormKernel, NormKind, NormParamKernel, NormVariant,
 };
 use helios_kernels::reduce::REDUCE_WORKGROUP;
+use helios_kernels::rows::RowLaunch;
 use helios_vk::Buffer;
 
 use crate::device::KernelKey;
@@ -229,6 +230,7 @@ impl Tensor {
         let rstd = Tensor::empty(device, &stat_shape, DType::F32)?;
         if rows > 0 {
             let (kernel, threads) = self.norm_kernel(kind, false, gamma, len);
+            let layout = RowLaunch { rows, len, threads };
             let reads: Vec<&Buffer> = std::iter::once(self.buffer()?)
                 .chain(
                     params
@@ -246,7 +248,7 @@ impl Tensor {
                 || kernel.build(),
                 &reads,
                 &writes,
-                |c, g, a| Ok(kernel.launch(&c.module, g, rows, len, threads, 0, eps, a)?),
+                |c, g, a| Ok(kernel.launch(&c.module, g, layout, 0, eps, a)?),
             )?;
         }
         Ok(NormOutput { y, mean, rstd })
@@ -300,6 +302,7 @@ impl Tensor {
         }
         let cfg = device.config().rows;
         let (kernel, threads) = self.norm_kernel(kind, true, gamma, len);
+        let layout = RowLaunch { rows, len, threads };
         let kernel = NormKernel {
             accumulate: add.is_some(),
             ..kernel
@@ -341,7 +344,7 @@ impl Tensor {
                     || kernel.build(),
                     &inputs,
                     &writes,
-                    |c, gm, a| Ok(kernel.launch(&c.module, gm, rows, len, threads, g, 0.0, a)?),
+                    |c, gm, a| Ok(kernel.launch(&c.module, gm, layout, g, 0.0, a)?),
                 )?;
                 (g, bufs)
             }
@@ -351,7 +354,7 @@ impl Tensor {
                     || kernel.build(),
                     &inputs,
                     &[dx.buffer()?],
-                    |c, gm, a| Ok(kernel.launch(&c.module, gm, rows, len, threads, 0, 0.0, a)?),
+                    |c, gm, a| Ok(kernel.launch(&c.module, gm, layout, 0, 0.0, a)?),
                 )?;
                 let pk = NormParamKernel {
                     kind,
@@ -362,8 +365,8 @@ impl Tensor {
                     binding: device.binding(),
                 };
                 let target = u64::from(cfg.target_groups) * u64::from(pk.workgroup);
-                let (splits, chunk) = param_splits(rows, len, vec, target);
-                let bufs = partial_scratch(splits)?;
+                let split = param_splits(rows, len, vec, target);
+                let bufs = partial_scratch(split.splits)?;
                 let reads: Vec<&Buffer> = [
                     Some(self.buffer()?),
                     mean.map(|m| m.buffer()).transpose()?,
@@ -379,9 +382,9 @@ impl Tensor {
                     || pk.build(),
                     &reads,
                     &writes,
-                    |c, gm, a| Ok(pk.launch(&c.module, gm, rows, len, splits, chunk, a)?),
+                    |c, gm, a| Ok(pk.launch(&c.module, gm, rows, len, split, a)?),
                 )?;
-                (splits, bufs)
+                (split.splits, bufs)
             }
         };
         // dgamma and dbeta (a layer norm's) in one dispatch.

@@ -6,6 +6,7 @@
 //! dx = scale·(dy − exp(y)·Σ dy). Semantics (masking, fully masked rows, NaN) are those of
 //! `helios_kernels::softmax`.
 
+use helios_kernels::rows::RowLaunch;
 use helios_kernels::softmax::{self, SoftmaxKernel};
 
 use crate::device::KernelKey;
@@ -171,10 +172,8 @@ impl Tensor {
                 let l = kernel.launch(
                     &c.module,
                     g,
-                    rows,
-                    len,
+                    RowLaunch { rows, len, threads },
                     causal_rows,
-                    threads,
                     opts.scale,
                     addrs,
                 )?;
