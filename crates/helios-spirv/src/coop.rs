@@ -132,6 +132,13 @@ pub enum CoopLayout {
     ColumnMajor,
 }
 
+/// A fragment's layout with its stride: together they place every element, so they go as one.
+#[derive(Clone, Copy, Debug)]
+pub struct CoopStride {
+    pub stride: Val,
+    pub layout: CoopLayout,
+}
+
 /// A function-local cooperative-matrix variable (accumulators that live across loop
 /// iterations).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -267,15 +274,13 @@ impl KernelBuilder {
     /// buffer (index and stride count such vectors); `align` is the byte alignment of the
     /// first element the whole subgroup may assume (device-address buffers only).
     #[track_caller]
-    #[allow(clippy::too_many_arguments)] // a pointer, a layout and an alignment, all needed
     pub fn coop_load(
         &mut self,
         ty: CoopTy,
         buf: Buffer,
         lanes: u8,
         index: Val,
-        stride: Val,
-        layout: CoopLayout,
+        CoopStride { stride, layout }: CoopStride,
         align: u32,
     ) -> CoopMat {
         // spirv-val (2025) looks through the push-constant block's buffer pointers and wants
@@ -292,15 +297,13 @@ impl KernelBuilder {
 
     /// Stores fragment `m` into `buf` (see `coop_load` for index, stride and alignment).
     #[track_caller]
-    #[allow(clippy::too_many_arguments)] // a pointer, a layout and an alignment, all needed
     pub fn coop_store(
         &mut self,
         m: CoopMat,
         buf: Buffer,
         lanes: u8,
         index: Val,
-        stride: Val,
-        layout: CoopLayout,
+        CoopStride { stride, layout }: CoopStride,
         align: u32,
     ) {
         self.assert_writable(buf);
@@ -567,7 +570,17 @@ mod tests {
         let a_ty = CoopTy::new(scalar, 16, 16, CoopUse::A);
         let b_ty = CoopTy::new(scalar, 16, 16, CoopUse::B);
         let acc_ty = CoopTy::new(Scalar::F32, 16, 16, CoopUse::Accumulator);
-        let a = k.coop_load(a_ty, a_buf, 4, zero, s2, CoopLayout::RowMajor, 16);
+        let a = k.coop_load(
+            a_ty,
+            a_buf,
+            4,
+            zero,
+            CoopStride {
+                stride: s2,
+                layout: CoopLayout::RowMajor,
+            },
+            16,
+        );
         let b = k.coop_load_shared(b_ty, shared, zero, s2, CoopLayout::ColumnMajor);
         let acc = k.coop_var(acc_ty);
         let z = k.coop_zero(acc_ty);
@@ -579,11 +592,31 @@ mod tests {
         let d = k.coop_binary(BinOp::Add, d, c);
         k.coop_set(acc, d);
         let d = k.coop_get(acc);
-        k.coop_store(d, c_buf, 1, zero, s8, CoopLayout::RowMajor, 4);
+        k.coop_store(
+            d,
+            c_buf,
+            1,
+            zero,
+            CoopStride {
+                stride: s8,
+                layout: CoopLayout::RowMajor,
+            },
+            4,
+        );
         k.coop_store_shared(d, shared, zero, s8, CoopLayout::RowMajor);
         k.subgroup_barrier();
         let narrow = k.coop_convert(d, scalar);
-        k.coop_store(narrow, h_buf, 1, zero, s8, CoopLayout::RowMajor, 2);
+        k.coop_store(
+            narrow,
+            h_buf,
+            1,
+            zero,
+            CoopStride {
+                stride: s8,
+                layout: CoopLayout::RowMajor,
+            },
+            2,
+        );
         // Element access: an accumulator element moved into an A fragment, as the
         // attention kernels do with P.
         let x = k.coop_extract(narrow, 1);
@@ -593,7 +626,17 @@ mod tests {
         let y = k.coop_extract(d, 0);
         let y = k.coop_insert(d, y, 1);
         let e = k.coop_muladd(u, b, y);
-        k.coop_store(e, c_buf, 1, n, s8, CoopLayout::RowMajor, 4);
+        k.coop_store(
+            e,
+            c_buf,
+            1,
+            n,
+            CoopStride {
+                stride: s8,
+                layout: CoopLayout::RowMajor,
+            },
+            4,
+        );
         k.finish()
     }
 

@@ -35,7 +35,7 @@ pub use builder::{
     WORKGROUP_SIZE_SPEC_IDS,
 };
 pub use control::Var;
-pub use coop::{CoopLayout, CoopMat, CoopScope, CoopTy, CoopUse, CoopVar};
+pub use coop::{CoopLayout, CoopMat, CoopScope, CoopStride, CoopTy, CoopUse, CoopVar};
 pub use memory::{Shared, SharedLen};
 pub use ops::{BinOp, CmpOp};
 pub use rspirv::spirv::GLOp;

@@ -264,7 +264,17 @@ mod tests {
         let y = k.coop_load_tensor(tb, a, zero, slice, Some(view));
         let c = k.coop_zero(tc);
         let c = k.coop_muladd(x, y, c);
-        k.coop_store(c, out, 1, zero, n, crate::CoopLayout::RowMajor, 16);
+        k.coop_store(
+            c,
+            out,
+            1,
+            zero,
+            crate::CoopStride {
+                stride: n,
+                layout: crate::CoopLayout::RowMajor,
+            },
+            16,
+        );
         let m = k.finish();
         let mut ops = Vec::new();
         let mut at = 5;

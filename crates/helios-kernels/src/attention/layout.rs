@@ -22,7 +22,8 @@
 //! same way, from a coordinate fragment it loads itself.
 
 use helios_spirv::{
-    Access, Binding, CoopLayout, CoopMat, CoopTy, CoopUse, KernelBuilder, KernelModule, Scalar,
+    Access, Binding, CoopLayout, CoopMat, CoopStride, CoopTy, CoopUse, KernelBuilder, KernelModule,
+    Scalar,
 };
 
 use crate::storage::Storage;
@@ -215,9 +216,39 @@ impl CoopProbeKernel {
         let a_ty = CoopTy::new(scalar, SIDE, SIDE, CoopUse::A);
         let b_ty = CoopTy::new(scalar, SIDE, SIDE, CoopUse::B);
         let c_ty = CoopTy::new(Scalar::F32, SIDE, SIDE, CoopUse::Accumulator);
-        let a = k.coop_load(a_ty, h, 1, zero, half_row, CoopLayout::RowMajor, 16);
-        let b = k.coop_load(b_ty, h, 1, zero, half_row, CoopLayout::RowMajor, 16);
-        let c = k.coop_load(c_ty, f, 1, zero, row, CoopLayout::RowMajor, 16);
+        let a = k.coop_load(
+            a_ty,
+            h,
+            1,
+            zero,
+            CoopStride {
+                stride: half_row,
+                layout: CoopLayout::RowMajor,
+            },
+            16,
+        );
+        let b = k.coop_load(
+            b_ty,
+            h,
+            1,
+            zero,
+            CoopStride {
+                stride: half_row,
+                layout: CoopLayout::RowMajor,
+            },
+            16,
+        );
+        let c = k.coop_load(
+            c_ty,
+            f,
+            1,
+            zero,
+            CoopStride {
+                stride: row,
+                layout: CoopLayout::RowMajor,
+            },
+            16,
+        );
         let lane = k.subgroup_invocation_id();
         let lenc = k.u32(LEN as u32);
         let mine = k.mul(lane, lenc);

@@ -19,12 +19,14 @@
 //! (bench/results/2026-11-27-matmul-h100-session18-epilogue-ab.txt).
 
 use helios_spirv::{
-    Access, Binding, CoopLayout, CoopTy, CoopUse, CoopVar, KernelBuilder, KernelModule, Scalar,
-    Shared, SharedLen, Ty, Val,
+    Access, Binding, CoopLayout, CoopStride, CoopTy, CoopUse, CoopVar, KernelBuilder, KernelModule,
+    Scalar, Shared, SharedLen, Ty, Val,
 };
 
 use super::epilogue::store_quad;
-use super::kloop::{k_span, last_tile, mask, skip_upper_tile, staged_k_loop, tile_k0, unit_index};
+use super::kloop::{
+    k_span, last_tile, mask, skip_upper_tile, staged_k_loop, tile_k0, unit_index, Pipeline,
+};
 use super::params::{declare, tile_origin, Dims};
 use super::{CoopTile, MatmulKernel, FRAG};
 use crate::storage::{buffer_scalar, Storage};
@@ -198,11 +200,13 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
     staged_k_loop(
         &mut k,
         span,
-        bk,
-        t.depth,
-        t.stages,
-        false,
-        [a.stage(), b.stage()],
+        &Pipeline {
+            bk,
+            depth: t.depth,
+            stages: t.stages,
+            spare_set: false,
+            stage: [a.stage(), b.stage()],
+        },
         |k, k0| {
             let k0 = tile_k0(k, last, k0);
             let ra = load_tile(k, &a, src_a.as_ref(), &d, tid, threads, k0);
@@ -210,8 +214,14 @@ pub(crate) fn build(kern: &MatmulKernel, t: CoopTile) -> KernelModule {
             (ra, rb)
         },
         |k, base_a, base_b, ra, rb, k0| {
-            store_tile(k, &a, src_a.as_ref(), &d, sa, base_a, ra, tid, threads, k0);
-            store_tile(k, &b, src_b.as_ref(), &d, sb, base_b, rb, tid, threads, k0);
+            let step = TileStep {
+                d: &d,
+                tid,
+                threads,
+                k0,
+            };
+            store_tile(k, &a, src_a.as_ref(), &step, sa, base_a, ra);
+            store_tile(k, &b, src_b.as_ref(), &step, sb, base_b, rb);
         },
         |k, base_a, base_b| {
             let mut sums: Vec<_> = acc.iter().map(|&v| k.coop_get(v)).collect();
@@ -501,21 +511,32 @@ fn load_tile(
         .collect()
 }
 
+/// What one k step's tile stores all share: the sizes, this invocation and the k offset.
+#[derive(Clone, Copy)]
+struct TileStep<'a> {
+    d: &'a Dims,
+    tid: Val,
+    threads: u32,
+    k0: Val,
+}
+
 /// Stores the words loaded at k = `k0` into the stage at word offset `base`, zeroing those
 /// past K when they came from a `Source`.
-#[allow(clippy::too_many_arguments)]
 fn store_tile(
     k: &mut KernelBuilder,
     op: &Operand,
     src: Option<&Source>,
-    d: &Dims,
+    step: &TileStep,
     s: Shared,
     base: Val,
     regs: &[Val],
-    tid: Val,
-    threads: u32,
-    k0: Val,
 ) {
+    let TileStep {
+        d,
+        tid,
+        threads,
+        k0,
+    } = *step;
     for (j, &w) in regs.iter().enumerate() {
         let w = match src {
             // Exact: every word of a tile the loop computes lies inside k.
@@ -595,13 +616,33 @@ impl CoopPeakKernel {
         let af: Vec<_> = (0..n)
             .map(|i| {
                 let at = k.u32(i * 128);
-                k.coop_load(a_ty, a, 1, at, stride, CoopLayout::RowMajor, 16)
+                k.coop_load(
+                    a_ty,
+                    a,
+                    1,
+                    at,
+                    CoopStride {
+                        stride,
+                        layout: CoopLayout::RowMajor,
+                    },
+                    16,
+                )
             })
             .collect();
         let bf: Vec<_> = (0..n)
             .map(|j| {
                 let at = k.u32((n + j) * 128);
-                k.coop_load(b_ty, a, 1, at, stride, CoopLayout::RowMajor, 16)
+                k.coop_load(
+                    b_ty,
+                    a,
+                    1,
+                    at,
+                    CoopStride {
+                        stride,
+                        layout: CoopLayout::RowMajor,
+                    },
+                    16,
+                )
             })
             .collect();
         let acc: Vec<CoopVar> = (0..n * n)
@@ -638,7 +679,17 @@ impl CoopPeakKernel {
             let s = k.coop_get(*v);
             let off = k.u32(i as u32 * 256);
             let at = k.add(base, off);
-            k.coop_store(s, c, 1, at, sixteen, CoopLayout::RowMajor, 16);
+            k.coop_store(
+                s,
+                c,
+                1,
+                at,
+                CoopStride {
+                    stride: sixteen,
+                    layout: CoopLayout::RowMajor,
+                },
+                16,
+            );
         }
         k.finish()
     }

@@ -6,6 +6,16 @@ use helios_spirv::{KernelBuilder, Val, Var};
 use super::params::Dims;
 use super::{MatmulKernel, Triangle};
 
+/// The shape of a kernel's staged k loop, one value because its variant fixes all of it.
+#[derive(Clone, Copy)]
+pub(crate) struct Pipeline {
+    pub(crate) bk: u32,
+    pub(crate) depth: u8,
+    pub(crate) stages: u8,
+    pub(crate) spare_set: bool,
+    pub(crate) stage: [u32; 2],
+}
+
 /// The k loop both tiled generators (SIMT and cooperative) share: `stages` (1 or 2)
 /// shared-memory stages of `stage` words for A and B, and `depth` tiles of global loads in
 /// flight in `depth` register sets, or `depth + 1` with `spare_set`.
@@ -34,19 +44,21 @@ use super::{MatmulKernel, Triangle};
 /// k0)` writes the tile loaded at `k0` into a stage. A kernel that masks the k edge should
 /// do it in `store`: a select on the loaded words at load time makes the compiler wait for
 /// them there, which turns `depth` steps of latency hiding into one.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn staged_k_loop(
     k: &mut KernelBuilder,
     (k_begin, k_end): (Val, Val),
-    bk: u32,
-    depth: u8,
-    stages: u8,
-    spare_set: bool,
-    stage: [u32; 2],
+    pipe: &Pipeline,
     load: impl Fn(&mut KernelBuilder, Val) -> (Vec<Val>, Vec<Val>),
     store: impl Fn(&mut KernelBuilder, Val, Val, &[Val], &[Val], Val),
     mut compute: impl FnMut(&mut KernelBuilder, Val, Val),
 ) {
+    let Pipeline {
+        bk,
+        depth,
+        stages,
+        spare_set,
+        stage,
+    } = *pipe;
     let depth = u32::from(depth.max(1));
     // Tile j lives in set j % sets; the loop is unrolled once per set, so that set indices
     // are static.

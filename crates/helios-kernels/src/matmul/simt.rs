@@ -16,7 +16,9 @@
 use helios_spirv::{Binding, KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val, Var};
 
 use super::epilogue::store_quad;
-use super::kloop::{k_span, last_tile, mask, skip_upper_tile, staged_k_loop, tile_k0, unit_index};
+use super::kloop::{
+    k_span, last_tile, mask, skip_upper_tile, staged_k_loop, tile_k0, unit_index, Pipeline,
+};
 use super::params::{declare, tile_origin, Dims};
 use super::{MatmulKernel, SimtTile, Triangle, BK_SIMT};
 use crate::storage::{buffer_scalar, load_f32, store_f32};
@@ -118,24 +120,35 @@ pub(crate) fn build(kern: &MatmulKernel, t: SimtTile) -> KernelModule {
         extent: d.n,
     };
 
+    let step = |k0| TileStep {
+        d: &d,
+        tid,
+        threads,
+        k0,
+        exact,
+    };
     // The staged k loop (see `staged_k_loop`), computing on the stage at (base_a, base_b).
     staged_k_loop(
         &mut k,
         span,
-        BK_SIMT,
-        t.depth,
-        2,
-        true,
-        [a_len, b_len],
+        &Pipeline {
+            bk: BK_SIMT,
+            depth: t.depth,
+            stages: 2,
+            spare_set: true,
+            stage: [a_len, b_len],
+        },
         |k, k0| {
             let k0 = tile_k0(k, last, k0);
-            let ra = load_tile(k, kern, &a_op, &a_src, &d, tid, threads, k0, exact);
-            let rb = load_tile(k, kern, &b_op, &b_src, &d, tid, threads, k0, exact);
+            let step = step(k0);
+            let ra = load_tile(k, kern, &a_op, &a_src, &step);
+            let rb = load_tile(k, kern, &b_op, &b_src, &step);
             (ra, rb)
         },
         |k, base_a, base_b, ra, rb, k0| {
-            store_tile(k, &a_op, &d, sa, base_a, ra, tid, threads, k0, exact);
-            store_tile(k, &b_op, &d, sb, base_b, rb, tid, threads, k0, exact);
+            let step = step(k0);
+            store_tile(k, &a_op, &step, sa, base_a, ra);
+            store_tile(k, &b_op, &step, sb, base_b, rb);
         },
         |k, base_a, base_b| {
             let mut sums: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
@@ -308,20 +321,32 @@ fn unit_coords(
     }
 }
 
+/// What one k step's tile loads and stores all share: sizes, invocation, k0 and exactness.
+#[derive(Clone, Copy)]
+struct TileStep<'a> {
+    d: &'a Dims,
+    tid: Val,
+    threads: u32,
+    k0: Val,
+    exact: bool,
+}
+
 /// Loads this invocation's vec4 units of the tile starting at k = `k0` (f32, zeros outside
 /// the matrix; with `exact`, the tile lies inside k and its k is not clamped).
-#[allow(clippy::too_many_arguments)]
 fn load_tile(
     k: &mut KernelBuilder,
     kern: &MatmulKernel,
     op: &Operand,
     src: &Source,
-    d: &Dims,
-    tid: Val,
-    threads: u32,
-    k0: Val,
-    exact: bool,
+    step: &TileStep,
 ) -> Vec<Val> {
+    let TileStep {
+        d,
+        tid,
+        threads,
+        k0,
+        exact,
+    } = *step;
     let count = op.units().div_ceil(threads);
     (0..count)
         .map(|j| {
@@ -391,19 +416,21 @@ fn load_tile(
 /// `base`; vector-loaded units past K are zeroed here (see `load_tile`; with `exact` no tile
 /// the loop computes has any), and so are the entries of a triangular A outside its
 /// triangle.
-#[allow(clippy::too_many_arguments)]
 fn store_tile(
     k: &mut KernelBuilder,
     op: &Operand,
-    d: &Dims,
+    step: &TileStep,
     s: Shared,
     base: Val,
     regs: &[Val],
-    tid: Val,
-    threads: u32,
-    k0: Val,
-    exact: bool,
 ) {
+    let TileStep {
+        d,
+        tid,
+        threads,
+        k0,
+        exact,
+    } = *step;
     for (j, &v) in regs.iter().enumerate() {
         let (o, kk, valid) = unit_coords(k, op, tid, threads, j as u32);
         let v = if op.vec && !exact {

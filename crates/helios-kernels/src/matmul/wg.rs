@@ -10,7 +10,9 @@
 //! and the epilogue is scaling and rounding only; everything else goes to the subgroup-scope
 //! and SIMT variants.
 
-use helios_spirv::{Binding, CoopLayout, CoopTy, CoopUse, KernelBuilder, KernelModule, Scalar};
+use helios_spirv::{
+    Binding, CoopLayout, CoopStride, CoopTy, CoopUse, KernelBuilder, KernelModule, Scalar,
+};
 
 use super::params::{declare, tile_origin};
 use super::{MatmulKernel, WgTile};
@@ -73,8 +75,28 @@ pub(crate) fn build(kern: &MatmulKernel, t: WgTile) -> KernelModule {
         let b_at = k.mul(k0, b_step);
         let b_at = k.add(b_base, b_at);
         let b_at = k.div(b_at, word);
-        let a = k.coop_load(ta, p.a, 4, a_at, lda, a_layout, 16);
-        let b = k.coop_load(tb, p.b, 4, b_at, ldb, b_layout, 16);
+        let a = k.coop_load(
+            ta,
+            p.a,
+            4,
+            a_at,
+            CoopStride {
+                stride: lda,
+                layout: a_layout,
+            },
+            16,
+        );
+        let b = k.coop_load(
+            tb,
+            p.b,
+            4,
+            b_at,
+            CoopStride {
+                stride: ldb,
+                layout: b_layout,
+            },
+            16,
+        );
         (a, b)
     };
     let zero_k = k.u32(0);
@@ -140,6 +162,16 @@ pub(crate) fn build(kern: &MatmulKernel, t: WgTile) -> KernelModule {
     let at = k.mul(m0, d.ldc);
     let at = k.add(at, n0);
     let at = k.add(at, d.off_c);
-    k.coop_store(c, p.c, 1, at, d.ldc, CoopLayout::RowMajor, 16);
+    k.coop_store(
+        c,
+        p.c,
+        1,
+        at,
+        CoopStride {
+            stride: d.ldc,
+            layout: CoopLayout::RowMajor,
+        },
+        16,
+    );
     k.finish()
 }
