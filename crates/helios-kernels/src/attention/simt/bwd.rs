@@ -2,7 +2,7 @@
 
 use helios_spirv::{KernelBuilder, KernelModule, Scalar, SharedLen, Ty, Val};
 
-use super::{base2_scale, Ctx};
+use super::{base2_scale, Ctx, TileRows};
 use crate::attention::params::{block_coords, key_blocks, key_end, query_blocks, stat_index};
 use crate::attention::signature::AttentionKernel;
 
@@ -52,8 +52,15 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let (qv, kv, vv, dov) = (c.p.views[0], c.p.views[1], c.p.views[2], c.p.views[3]);
     // K staged in base-2 score units: Sᵀ = K·Qᵀ comes out scaled.
     let s2 = base2_scale(k, &c);
-    c.load_tile(k, kv, (b, h), k0, kend, bk, sk, Some(s2));
-    c.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
+    let keys = TileRows {
+        b,
+        h,
+        t0: k0,
+        tend: kend,
+        count: bk,
+    };
+    c.load_tile(k, kv, &keys, sk, Some(s2));
+    c.load_tile(k, vv, &keys, sv, None);
     let dk = c.zero_accs(k);
     let dvs = c.zero_accs(k);
     let (qstart, nqb) = query_blocks(k, &c.p, c.causal, k0, kend, bq);
@@ -63,8 +70,15 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     k.for_range(qstart, nqb, one, |k, qb| {
         let i0 = k.mul(qb, bqc);
         k.workgroup_barrier();
-        c.load_tile(k, qv, (b, h), i0, c.p.t, bq, sq, None);
-        c.load_tile(k, dov, (b, h), i0, c.p.t, bq, sdo, None);
+        let queries = TileRows {
+            b,
+            h,
+            t0: i0,
+            tend: c.p.t,
+            count: bq,
+        };
+        c.load_tile(k, qv, &queries, sq, None);
+        c.load_tile(k, dov, &queries, sdo, None);
         let step = k.u32(c.wg);
         k.for_range(c.tid, bqc, step, |k, idx| {
             let i = k.add(i0, idx);
@@ -127,8 +141,15 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     let (qv, dov) = (c.p.views[0], c.p.views[3]);
     // Q staged in base-2 score units; dQ = scale·dS·K does not involve it.
     let s2 = base2_scale(k, &c);
-    c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, Some(s2));
-    c.load_tile(k, dov, (b, h), q0, c.p.t, bq, sdo, None);
+    let rows = TileRows {
+        b,
+        h,
+        t0: q0,
+        tend: c.p.t,
+        count: bq,
+    };
+    c.load_tile(k, qv, &rows, sq, Some(s2));
+    c.load_tile(k, dov, &rows, sdo, None);
     let queries: Vec<Val> = c.rows.iter().map(|&r| k.add(q0, r)).collect();
     let stats: Vec<(Val, Val)> = queries.iter().map(|&i| row_stats(k, &c, b, h, i)).collect();
     let nkb = key_blocks(k, c.causal, (q0, bq), kend, bk);

@@ -2,7 +2,7 @@
 
 use helios_spirv::{KernelBuilder, KernelModule, Scalar, SharedLen, Ty, Val, Var};
 
-use super::{base2_scale, safe_max, Ctx};
+use super::{base2_scale, safe_max, Ctx, TileRows};
 use crate::attention::params::{block_coords, key_blocks, key_end, stat_index};
 use crate::attention::signature::{AttentionKernel, SIMT_COLS};
 
@@ -22,7 +22,14 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     let kend = key_end(k, &c.p, b);
     let qv = c.p.views[0];
     let s2 = base2_scale(k, &c);
-    c.load_tile(k, qv, (b, h), q0, c.p.t, bq, sq, Some(s2));
+    let rows = TileRows {
+        b,
+        h,
+        t0: q0,
+        tend: c.p.t,
+        count: bq,
+    };
+    c.load_tile(k, qv, &rows, sq, Some(s2));
     let nkb = key_blocks(k, c.causal, (q0, bq), kend, bk);
     let ninf = k.const_f32(f32::NEG_INFINITY);
     let zero = k.const_f32(0.0);

@@ -74,6 +74,16 @@ pub(crate) struct Tile {
     pub(crate) stride: u32,
 }
 
+/// Rows t0..t0+count of head (b, h), zeros at t >= tend: one value, so none gets swapped.
+#[derive(Clone, Copy)]
+pub(crate) struct TileRows {
+    pub(crate) b: Val,
+    pub(crate) h: Val,
+    pub(crate) t0: Val,
+    pub(crate) tend: Val,
+    pub(crate) count: u32,
+}
+
 /// What every SIMT stage knows once its parameters are loaded.
 pub(crate) struct Ctx {
     pub(crate) p: Params,
@@ -158,41 +168,41 @@ impl Ctx {
             .collect()
     }
 
-    /// Stages rows t0..t0+rows of `view` (zeros at t >= tend) into `dst`, times `mul`:
+    /// Stages rows t0..t0+count of `view` (zeros at t >= tend) into `dst`, times `mul`:
     /// vec4 loads where the view's offset and strides allow them (the fused QKV layout
     /// does), else one element at a time.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn load_tile(
         &self,
         k: &mut KernelBuilder,
         view: View,
-        (b, h): (Val, Val),
-        t0: Val,
-        tend: Val,
-        rows: u32,
+        rows: &TileRows,
         dst: Tile,
         mul: Option<Val>,
     ) {
         let aligned = view.vec4_aligned(k);
         k.if_else(
             aligned,
-            |k| self.load_tile_with(k, view, (b, h), (t0, tend), rows, dst, mul, 4),
-            |k| self.load_tile_with(k, view, (b, h), (t0, tend), rows, dst, mul, 1),
+            |k| self.load_tile_with(k, view, rows, dst, mul, 4),
+            |k| self.load_tile_with(k, view, rows, dst, mul, 1),
         );
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn load_tile_with(
         &self,
         k: &mut KernelBuilder,
         view: View,
-        (b, h): (Val, Val),
-        (t0, tend): (Val, Val),
-        rows: u32,
+        rows: &TileRows,
         dst: Tile,
         mul: Option<Val>,
         lanes: u8,
     ) {
+        let TileRows {
+            b,
+            h,
+            t0,
+            tend,
+            count: rows,
+        } = *rows;
         let per_row = self.head_dim / u32::from(lanes);
         let s = self.storage;
         let end = k.u32(rows * per_row);
@@ -403,7 +413,6 @@ impl Ctx {
 
     /// Stores owned row i's accumulator, times `mul[i]`, as dense row (b, t0 + rows[i], h)
     /// of `buf`, for rows inside T and chunks inside D.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn store_rows(
         &self,
         k: &mut KernelBuilder,
@@ -458,8 +467,15 @@ impl Ctx {
             let bkc = k.u32(bk);
             let k0 = k.mul(kb, bkc);
             k.workgroup_barrier();
-            self.load_tile(k, kv, (b, h), k0, kend, bk, sk, None);
-            self.load_tile(k, vv, (b, h), k0, kend, bk, sv, None);
+            let keys = TileRows {
+                b,
+                h,
+                t0: k0,
+                tend: kend,
+                count: bk,
+            };
+            self.load_tile(k, kv, &keys, sk, None);
+            self.load_tile(k, vv, &keys, sv, None);
             k.workgroup_barrier();
             body(k, k0);
         });
