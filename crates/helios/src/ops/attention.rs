@@ -13,12 +13,12 @@
 //! f16/bf16 where the device has 16×16×16 fragments, else the largest SIMT tile that fits.
 
 use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
-use helios_kernels::rows::Reducer;
-use helios_kernels::Storage;
 
 use super::attention_materialised::{self as materialised, HeadView};
+use super::attention_select::choose;
+pub(crate) use super::attention_select::forced_by_env;
 use crate::device::KernelKey;
-use crate::{DType, Device, Error, IndexTensor, Result, Tensor};
+use crate::{DType, Error, IndexTensor, Result, Tensor};
 
 /// How attention is applied.
 #[derive(Clone, Default)]
@@ -78,7 +78,7 @@ pub(super) struct Dims {
 
 const OP: &str = "attention";
 
-fn invalid(detail: String) -> Error {
+pub(super) fn invalid(detail: String) -> Error {
     Error::Invalid { op: OP, detail }
 }
 
@@ -493,7 +493,7 @@ impl Tensor {
 /// Whether this attention runs in the materialised form (`attention_materialised::wanted`).
 fn materialised_form(q: &Tensor, dims: Dims, opts: &AttentionOptions) -> bool {
     let cpu = q.device().context().caps().device_type == helios_vk::DeviceType::Cpu;
-    materialised::wanted(q.dtype(), dims, opts, env_variant().is_some(), cpu)
+    materialised::wanted(q.dtype(), dims, opts, forced_by_env(), cpu)
 }
 
 /// A checked view as the materialised form's operand.
@@ -562,241 +562,4 @@ fn lengths(opts: &AttentionOptions, d: Dims) -> Result<Option<&helios_vk::Buffer
             d.b
         ))),
     }
-}
-
-/// The family's one selection function (see the module docs for the order). `aligned`:
-/// every strided input's offset and strides are multiples of 8 elements (the cooperative
-/// kernels' 16-byte loads).
-fn choose(
-    q: &Tensor,
-    stage: AttnStage,
-    dims: Dims,
-    opts: &AttentionOptions,
-    aligned: bool,
-) -> Result<AttentionKernel> {
-    let device = q.device();
-    let storage = q.dtype().storage();
-    let caps = crate::ops::matmul_caps(device);
-    let coop = match storage {
-        Storage::F16 => caps.coop_f16,
-        Storage::BF16 => caps.coop_bf16,
-        Storage::F32 => false,
-    } && caps.subgroup == 32
-        && env_variant() != Some(Forced::Simt);
-    // The register kernels fold the scale into their exponent and need it positive (every
-    // attention's is; the others take any).
-    let positive = opts.scale.map_or(true, |s| s > 0.0);
-    let frag = if coop && positive {
-        frag_map(device, storage)
-    } else {
-        None
-    };
-    let fits = |kern: &AttentionKernel| {
-        kern.buildable()
-            && kern.shared_bytes() <= caps.max_shared_bytes
-            && kern.workgroup() <= caps.max_invocations
-            && (!kern.variant.is_coop()
-                || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
-    };
-    // Prep shares each row among the lanes of a subgroup where the row kernels may use
-    // subgroup operations (their `reducer`: shuffles in compute, a power-of-two size of 4
-    // or more, not turned off by `HELIOS_NO_SUBGROUP`).
-    let prep_subgroup = match device.reducer() {
-        Reducer::Subgroup { block, .. } => block,
-        Reducer::SharedTree => 0,
-    };
-    // The pipelined form where the kernel has one and its two K/V buffers fit.
-    let make = |variant: AttnVariant| {
-        let plain = AttentionKernel {
-            stage,
-            storage,
-            head_dim: dims.d as u32,
-            causal: opts.causal,
-            padded: opts.key_lengths.is_some(),
-            variant,
-            binding: if variant.is_coop() {
-                helios_spirv::Binding::DeviceAddress
-            } else {
-                device.binding()
-            },
-            subgroup: if stage == AttnStage::Prep {
-                prep_subgroup
-            } else if variant.is_coop() {
-                caps.subgroup
-            } else {
-                0
-            },
-            frag: if variant.is_coop() { frag } else { None },
-            pipelined: false,
-            own_dsum: false,
-            packed: false,
-        };
-        // The register Dq computes Dsum itself (no Prep pass).
-        let plain = AttentionKernel {
-            own_dsum: stage == AttnStage::Dq && plain.in_registers(),
-            ..plain
-        };
-        plain.pipelining().filter(fits).unwrap_or(plain)
-    };
-    let stage_forced = opts
-        .stage_variant
-        .and_then(|(s, v)| (s == stage).then_some(v));
-    let forced = opts.variant.or(stage_forced).or(match env_variant() {
-        Some(Forced::Variant(v)) => Some(v),
-        _ => None,
-    });
-    // A forced cooperative variant applies to the stages that family has.
-    let forced = forced.filter(|v| !v.is_coop() || helios_kernels::attention::coop_supports(stage));
-    if let Some(v) = forced {
-        let kern = make(v);
-        if !fits(&kern) {
-            return Err(invalid(format!(
-                "variant {} does not fit this device for {} (shared memory {} of {} bytes, cooperative matrices {})",
-                v.tag(),
-                kern.name(),
-                kern.shared_bytes(),
-                caps.max_shared_bytes,
-                if coop { "available" } else { "unavailable" }
-            )));
-        }
-        return Ok(kern);
-    }
-    if let Some(v) = super::attention_tune::cached(
-        device,
-        super::attention_tune::Class::of(storage, dims.d, dims.b * dims.t * dims.h, stage, opts),
-    ) {
-        let kern = make(v);
-        if fits(&kern) {
-            return Ok(kern);
-        }
-    }
-    let coop_stage = coop && helios_kernels::attention::coop_supports(stage) && aligned;
-    let candidates = helios_kernels::attention::default_order(stage, coop_stage, frag.is_some());
-    candidates
-        .into_iter()
-        .map(make)
-        .find(|k| fits(k))
-        .ok_or_else(|| {
-            invalid(format!(
-                "no attention kernel for head dim {} fits this device's {} bytes of shared memory",
-                dims.d, caps.max_shared_bytes
-            ))
-        })
-}
-
-/// The device's cooperative-matrix fragment layout for `storage` inputs when the
-/// register-resident kernels can use it (probed once per device; see
-/// `helios_kernels::coop_layout`). A probe that fails leaves the kernels that stage scores
-/// in shared memory in place and says why under `HELIOS_DEBUG`.
-pub(crate) fn frag_map(device: &Device, storage: Storage) -> Option<helios_kernels::FragMap> {
-    let bf16 = match storage {
-        Storage::F16 => false,
-        Storage::BF16 => true,
-        Storage::F32 => return None,
-    };
-    *device
-        .frag_map_cell(bf16)
-        .get_or_init(|| match probe(device, storage) {
-            Ok(map) => Some(map),
-            Err(why) => {
-                if crate::env::debug() {
-                    eprintln!(
-                        "helios: attention keeps scores in shared memory on this device: {why}"
-                    );
-                }
-                None
-            }
-        })
-}
-
-/// Runs the fragment-layout probe and recognises its result.
-fn probe(
-    device: &Device,
-    storage: Storage,
-) -> std::result::Result<helios_kernels::FragMap, String> {
-    use helios_kernels::CoopProbeKernel;
-    let kernel = CoopProbeKernel {
-        input: storage,
-        subgroup: crate::ops::matmul_caps(device).subgroup,
-    };
-    if kernel.subgroup != 32 {
-        return Err(format!("subgroups of {}", kernel.subgroup));
-    }
-    let run = || -> Result<Vec<f32>> {
-        let coords: Vec<f32> = (0..256).map(|x| x as f32).collect();
-        let dtype = match storage {
-            Storage::BF16 => DType::BF16,
-            _ => DType::F16,
-        };
-        let h = Tensor::from_slice_as(device, &coords, &[256], dtype)?;
-        let f = Tensor::from_slice(device, &coords, &[256])?;
-        let out = Tensor::from_slice(
-            device,
-            &vec![f32::from_bits(u32::MAX); CoopProbeKernel::OUT_WORDS],
-            &[CoopProbeKernel::OUT_WORDS],
-        )?;
-        let compiled = device.kernel(crate::device::KernelKey::CoopProbe(kernel), || {
-            kernel.build()
-        })?;
-        let push = helios_kernels::pack_push(
-            &compiled.module.name,
-            &compiled.module.params,
-            compiled.module.push_size,
-            &[
-                helios_kernels::Arg::Address(h.address()?),
-                helios_kernels::Arg::Address(f.address()?),
-                helios_kernels::Arg::Address(out.address()?),
-            ],
-        )?;
-        device.context().dispatch(
-            &compiled.pipeline,
-            [1, 1, 1],
-            &push,
-            &[
-                helios_vk::Access::read(h.buffer()?),
-                helios_vk::Access::read(f.buffer()?),
-                helios_vk::Access::write(out.buffer()?),
-            ],
-        )?;
-        out.to_vec()
-    };
-    let words: Vec<u32> = run()
-        .map_err(|e| format!("the probe failed: {e}"))?
-        .into_iter()
-        .map(f32::to_bits)
-        .collect();
-    let (a, acc) = CoopProbeKernel::parse(&words)?;
-    helios_kernels::FragMap::recognise(&acc, &a)
-}
-
-/// What `HELIOS_ATTN_VARIANT` asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Forced {
-    /// `simt`: the SIMT family (its default tile) even where cooperative matrices exist.
-    Simt,
-    /// A variant tag (`simt16x16`, `coop64x64`, ...).
-    Variant(AttnVariant),
-}
-
-/// `HELIOS_ATTN_VARIANT`, read once per process (every attention call asks; ignored with a
-/// note when it names nothing).
-fn env_variant() -> Option<Forced> {
-    static FORCED: std::sync::OnceLock<Option<Forced>> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| {
-        let s = crate::env::attention_variant()?;
-        let s = s.as_str();
-        if s == "simt" {
-            return Some(Forced::Simt);
-        }
-        let v = AttnVariant::by_name(s).map(Forced::Variant);
-        if v.is_none() {
-            eprintln!("helios: HELIOS_ATTN_VARIANT={s:?} names no variant (simt, simt16x16, coop64x64, ...); ignored");
-        }
-        v
-    })
-}
-
-/// Whether `HELIOS_ATTN_VARIANT` forces the kernels (the tuner then stays off).
-pub(crate) fn forced_by_env() -> bool {
-    env_variant().is_some()
 }

@@ -4,6 +4,7 @@
 
 mod attention;
 mod attention_materialised;
+mod attention_select;
 pub(crate) mod attention_tune;
 mod embedding;
 mod loss;
