@@ -474,6 +474,57 @@ impl State {
     }
 }
 
+/// What a product's shadow run needs (only the explorer uses them).
+impl Problem {
+    /// Realises every operand and side output, so that recording the product records nothing
+    /// else (a pending producer would otherwise land inside a timed span).
+    pub(crate) fn realize_operands(&self) -> Result<()> {
+        let all = [
+            &self.bias,
+            &self.residual,
+            &self.rows,
+            &self.pre,
+            &self.sums,
+        ];
+        for t in [&self.a, &self.b]
+            .into_iter()
+            .chain(all.into_iter().flatten())
+        {
+            t.buffer()?;
+        }
+        Ok(())
+    }
+
+    /// The same product with its side outputs (`pre`, `sums`) in fresh tensors: for running
+    /// a candidate kernel beside the real one without touching anything the program reads.
+    pub(crate) fn shadow(&self) -> Result<Problem> {
+        let fresh = |t: &Option<Tensor>| -> Result<Option<Tensor>> {
+            t.as_ref()
+                .map(|t| Tensor::empty(t.device(), t.shape(), t.dtype()))
+                .transpose()
+        };
+        Ok(Problem {
+            a: self.a.clone(),
+            b: self.b.clone(),
+            bias: self.bias.clone(),
+            residual: self.residual.clone(),
+            rows: self.rows.clone(),
+            pre: fresh(&self.pre)?,
+            sums: fresh(&self.sums)?,
+            shape: self.shape,
+            trans: self.trans,
+            input: self.input,
+            out: self.out,
+            epilogue: self.epilogue,
+            alpha: self.alpha,
+            out_shape: self.out_shape.clone(),
+            forced: self.forced,
+            forced_splits: self.forced_splits,
+            triangle: self.triangle,
+        })
+    }
+}
+
 /// Byte ranges of `out` to compare (rows spread over every batch matrix) and what they hold.
 fn check_rows(p: &Problem, out: &Tensor) -> (Vec<(u64, u64)>, Vec<RowSample>) {
     let s = &p.shape;
