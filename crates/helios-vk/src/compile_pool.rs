@@ -1,5 +1,7 @@
-//! The threads that compile deferred pipelines (`Context::create_pipeline_deferred`): one per
-//! host thread, started on first use, taking compiles in the order they were asked for.
+//! The threads that compile deferred pipelines and native kernels
+//! (`Context::create_pipeline_deferred`, `create_native_kernel_deferred`): one per host
+//! thread, started on first use, taking compiles in the order they were asked for; and the
+//! `Slot` a compile fills.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex};
@@ -7,6 +9,42 @@ use std::sync::{Condvar, Mutex};
 use crate::sync::LockExt;
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// A compile's result, filled at creation or by a pool thread: `wait` blocks until it is.
+pub(crate) struct Slot<T> {
+    state: Mutex<Option<T>>,
+    done: Condvar,
+}
+
+impl<T> Default for Slot<T> {
+    fn default() -> Self {
+        Slot {
+            state: Mutex::new(None),
+            done: Condvar::new(),
+        }
+    }
+}
+
+impl<T: Copy> Slot<T> {
+    pub(crate) fn set(&self, value: T) {
+        *self.state.locked() = Some(value);
+        self.done.notify_all();
+    }
+
+    pub(crate) fn wait(&self) -> T {
+        let mut s = self.state.locked();
+        loop {
+            if let Some(v) = *s {
+                return v;
+            }
+            s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    pub(crate) fn ready(&self) -> bool {
+        self.state.locked().is_some()
+    }
+}
 
 struct Pool {
     jobs: VecDeque<Job>,

@@ -15,17 +15,17 @@
 
 use ash::vk;
 use std::ffi::{c_void, CStr, CString};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::caps::{Caps, Limits};
+use crate::compile_pool::Slot;
 use crate::context::Context;
 use crate::encoder::{Access, Stage};
 use crate::error::{Error, Result};
 use crate::features::EnabledFeatures;
 use crate::memory::Buffer;
 use crate::recorder;
-use crate::sync::LockExt;
 
 /// Most bytes of kernel parameters: CUDA's classic limit for a launch's `.param` space.
 pub const MAX_NATIVE_PARAM_BYTES: usize = 4096;
@@ -251,38 +251,18 @@ pub struct NativeKernel {
     slot: Arc<NativeSlot>,
 }
 
-/// A native kernel's module and function once JIT-compiled (or the call that failed), and
-/// the JIT's time.
-#[derive(Default)]
-pub(crate) struct NativeSlot {
-    state: Mutex<Option<Jitted>>,
-    done: Condvar,
-}
+/// A native kernel's module and function once JIT-compiled, and the JIT's time (or the call
+/// that failed).
+pub(crate) type NativeSlot = Slot<Jitted>;
 
 type Jitted =
     std::result::Result<(vk::CuModuleNVX, vk::CuFunctionNVX, Duration), (&'static str, vk::Result)>;
 
-impl NativeSlot {
-    fn wait(&self) -> Jitted {
-        let mut s = self.state.locked();
-        loop {
-            if let Some(r) = *s {
-                return r;
-            }
-            s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// The function, once compiled.
-    pub(crate) fn get(&self) -> Result<vk::CuFunctionNVX> {
-        self.wait()
-            .map(|j| j.1)
-            .map_err(|(call, r)| Error::vk(call, r))
-    }
-
-    pub(crate) fn ready(&self) -> bool {
-        self.state.locked().is_some()
-    }
+/// The function in `slot`, waiting for its JIT.
+pub(crate) fn function(slot: &NativeSlot) -> Result<vk::CuFunctionNVX> {
+    slot.wait()
+        .map(|j| j.1)
+        .map_err(|(call, r)| Error::vk(call, r))
 }
 
 impl Context {
@@ -373,8 +353,7 @@ impl Context {
                 ctx.set_name(module, &name);
                 ctx.set_name(function, &name);
             }
-            *slot.state.locked() = Some(r);
-            slot.done.notify_all();
+            slot.set(r);
         };
         Ok((kernel, jit))
     }
@@ -483,7 +462,7 @@ impl NativeKernel {
     /// The raw function, for recording into command buffers Helios does not own (waits for
     /// a deferred JIT; a null handle if it failed).
     pub fn raw(&self) -> vk::CuFunctionNVX {
-        self.slot.get().unwrap_or(vk::CuFunctionNVX::null())
+        function(&self.slot).unwrap_or(vk::CuFunctionNVX::null())
     }
 
     /// Whether its JIT has finished (always, unless deferred).
@@ -493,7 +472,7 @@ impl NativeKernel {
 
     /// Waits for a deferred JIT; its error if it failed.
     pub fn wait(&self) -> Result<()> {
-        self.slot.get().map(drop)
+        function(&self.slot).map(drop)
     }
 
     pub(crate) fn slot(&self) -> &Arc<NativeSlot> {

@@ -10,12 +10,12 @@
 use ash::vk;
 use std::collections::HashSet;
 use std::ffi::CString;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
+use crate::compile_pool::Slot;
 use crate::context::Context;
 use crate::error::{vk_err, Error, Result};
-use crate::sync::LockExt;
 
 const SPIRV_MAGIC: u32 = 0x0723_0203;
 
@@ -39,7 +39,7 @@ pub struct Pipeline {
     name: String,
     /// The compiled pipeline, filled at creation or by a compile thread
     /// (`create_pipeline_deferred`).
-    slot: Arc<Slot>,
+    slot: Arc<PipelineSlot>,
     layout: vk::PipelineLayout,
     /// Push-descriptor set layout (null when buffers come as device addresses).
     set_layout: vk::DescriptorSetLayout,
@@ -49,33 +49,13 @@ pub struct Pipeline {
     create_flags: vk::PipelineCreateFlags,
 }
 
-/// A pipeline handle that may still be compiling: `get` waits for it.
-#[derive(Default)]
-pub(crate) struct Slot {
-    state: Mutex<Option<std::result::Result<vk::Pipeline, vk::Result>>>,
-    done: Condvar,
-}
+/// A pipeline's handle once compiled (or the compile's failure).
+pub(crate) type PipelineSlot = Slot<std::result::Result<vk::Pipeline, vk::Result>>;
 
-impl Slot {
-    fn set(&self, r: std::result::Result<vk::Pipeline, vk::Result>) {
-        *self.state.locked() = Some(r);
-        self.done.notify_all();
-    }
-
-    /// The handle, once compiled.
-    pub(crate) fn get(&self) -> Result<vk::Pipeline> {
-        let mut s = self.state.locked();
-        loop {
-            if let Some(r) = *s {
-                return r.map_err(|r| Error::vk("vkCreateComputePipelines", r));
-            }
-            s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    pub(crate) fn ready(&self) -> bool {
-        self.state.locked().is_some()
-    }
+/// The handle in `slot`, waiting for its compile.
+pub(crate) fn handle(slot: &PipelineSlot) -> Result<vk::Pipeline> {
+    slot.wait()
+        .map_err(|r| Error::vk("vkCreateComputePipelines", r))
 }
 
 impl Context {
@@ -83,7 +63,7 @@ impl Context {
     pub fn create_pipeline(self: &Arc<Self>, desc: &PipelineDesc<'_>) -> Result<Arc<Pipeline>> {
         let (pipeline, compile) = self.pipeline_parts(desc)?;
         compile();
-        pipeline.slot.get()?;
+        handle(&pipeline.slot)?;
         Ok(pipeline)
     }
 
@@ -146,7 +126,7 @@ impl Context {
         }
 
         let (set_layout, layout) = self.layouts(desc)?;
-        let slot = Arc::new(Slot::default());
+        let slot = Arc::new(PipelineSlot::default());
         let pipeline = Arc::new(Pipeline {
             ctx: Arc::clone(self),
             name: desc.name.to_owned(),
@@ -298,7 +278,7 @@ impl Pipeline {
     /// The raw pipeline, for recording into command buffers Helios does not own (waits for
     /// a deferred compile; a null handle if it failed).
     pub fn raw(&self) -> vk::Pipeline {
-        self.slot.get().unwrap_or(vk::Pipeline::null())
+        handle(&self.slot).unwrap_or(vk::Pipeline::null())
     }
 
     /// Whether its compile has finished (always, unless deferred).
@@ -308,10 +288,10 @@ impl Pipeline {
 
     /// Waits for a deferred compile; its error if it failed.
     pub fn wait(&self) -> Result<()> {
-        self.slot.get().map(drop)
+        handle(&self.slot).map(drop)
     }
 
-    pub(crate) fn slot(&self) -> &Arc<Slot> {
+    pub(crate) fn slot(&self) -> &Arc<PipelineSlot> {
         &self.slot
     }
 
@@ -341,7 +321,7 @@ impl Drop for Pipeline {
         // SAFETY: synchronous runtime: no pending work uses it (with the unsafe `submit`,
         // keeping it alive is the caller's contract).
         // A deferred compile ends first (its thread holds the slot, not the pipeline).
-        let raw = self.slot.get().unwrap_or(vk::Pipeline::null());
+        let raw = handle(&self.slot).unwrap_or(vk::Pipeline::null());
         unsafe {
             self.ctx.device().destroy_pipeline(raw, None);
             self.ctx.device().destroy_pipeline_layout(self.layout, None);

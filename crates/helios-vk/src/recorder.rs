@@ -18,8 +18,8 @@ use crate::context::Context;
 use crate::encoder::OpenBatch;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
-use crate::native::{NativeArg, NativeKernel, NativeSlot, PackedParams};
-use crate::pipeline::{Pipeline, Slot};
+use crate::native::{self, NativeArg, NativeKernel, NativeSlot, PackedParams};
+use crate::pipeline::{self, Pipeline, PipelineSlot};
 use std::sync::Arc;
 
 /// Largest region per `vkCmdCopyBuffer` region: lavapipe crashes on a 2 GiB region.
@@ -106,7 +106,7 @@ pub(crate) struct Commands {
     names: Vec<String>,
     /// The dispatches' pipelines and the launches' native kernels, whose handles a deferred
     /// compile fills by replay.
-    pipelines: Vec<Arc<Slot>>,
+    pipelines: Vec<Arc<PipelineSlot>>,
     natives: Vec<Arc<NativeSlot>>,
     /// Arguments of native launches.
     args: Vec<NativeArg>,
@@ -144,12 +144,12 @@ impl Commands {
             pipelines: self
                 .pipelines
                 .iter()
-                .map(|s| s.get())
+                .map(|s| pipeline::handle(s))
                 .collect::<Result<_>>()?,
             functions: self
                 .natives
                 .iter()
-                .map(|s| s.get())
+                .map(|s| native::function(s))
                 .collect::<Result<_>>()?,
         })
     }
