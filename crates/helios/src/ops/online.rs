@@ -73,7 +73,6 @@ pub(crate) fn compare(a: &[u8], b: &[u8], rows: &[RowSample], out: DType, bound:
 /// first steps of a program also wait for compiles. Timing before that ranks candidates by
 /// when they ran. (On CPU devices there is no clock to wait for.)
 pub(crate) fn warm(device: &Device) -> bool {
-    static FIRST: Mutex<Vec<(usize, std::time::Instant)>> = Mutex::new(Vec::new());
     if device.context().caps().device_type == helios_vk::DeviceType::Cpu {
         return true;
     }
@@ -90,6 +89,14 @@ pub(crate) fn warm(device: &Device) -> bool {
 
 /// See `warm`.
 const WARM_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Per device: when its first exploring call came (`warm`).
+static FIRST: Mutex<Vec<(usize, std::time::Instant)>> = Mutex::new(Vec::new());
+
+/// Forgets the device with `id` (going away): a later device at its address starts cold.
+pub(crate) fn forget_device(id: usize) {
+    FIRST.locked().retain(|f| f.0 != id);
+}
 
 /// Per-device tuning for the unit tests, which share one process and its environment
 /// (matmul's `tuning` and attention's `mode` read it first).

@@ -1,10 +1,13 @@
-//! The background compiles of tuning on real work (`explore`): candidates' kernels compiled
-//! by a pool of threads while the program runs its first choices.
+//! The background compiles of tuning on real work (`explore`): candidates' kernels asked for
+//! by a pool of threads while the program runs its first choices, each thread waiting for
+//! its kernel before taking the next (the driver's compile itself runs on helios-vk's compile
+//! pool, beside the program's own deferred compiles).
 //!
-//! The one decision a reader must know: kernels are taken round robin across the classes
-//! that asked (each class's in the order it gave, likelier winners first), so every class
-//! gets its first candidates early instead of waiting behind another class's whole list;
-//! a fresh GPT-2 run queues about a thousand kernels.
+//! The decisions a reader must know: kernels are taken round robin across the classes that
+//! asked (each class's in the order it gave, likelier winners first), so every class gets its
+//! first candidates early instead of waiting behind another class's whole list; and at most
+//! one candidate per thread is in flight, so the program's own compiles never queue behind
+//! the thousand or so a fresh GPT-2 run asks for.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};

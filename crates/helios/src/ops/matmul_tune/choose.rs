@@ -248,6 +248,7 @@ pub(crate) fn forget_device(id: usize, ctx: &helios_vk::Context) {
         e.discard(ctx);
     }
     crate::ops::attention_tune::forget_device(id, ctx);
+    crate::ops::online::forget_device(id);
 }
 
 /// How many shape classes of `device` (matmul and attention) are still being tuned on real
