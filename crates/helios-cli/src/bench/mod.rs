@@ -424,6 +424,23 @@ fn torch_side<T>(
     }
 }
 
+/// A torch script's JSON on stdout (`{"meta": ..., "results": [...]}`), or its last stderr
+/// line when it failed.
+fn torch_results<T: serde::de::DeserializeOwned>(
+    script: &std::path::Path,
+    out: &std::process::Output,
+) -> Result<(serde_json::Value, Vec<T>), String> {
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(err.lines().last().unwrap_or("failed").to_string());
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("{}: bad JSON: {e}", script.display()))?;
+    let rows = serde_json::from_value(doc["results"].clone())
+        .map_err(|e| format!("{}: bad results: {e}", script.display()))?;
+    Ok((doc["meta"].clone(), rows))
+}
+
 /// The tail of a suite with one results table: run metadata, the table, the JSON document
 /// (the metadata and `results`), and the validation check.
 fn finish<R: Serialize>(

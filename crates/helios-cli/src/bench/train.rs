@@ -315,15 +315,7 @@ fn run_torch(
         ])
         .output()
         .map_err(|e| format!("cannot run python3: {e}"))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(err.lines().last().unwrap_or("failed").to_string());
-    }
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("{}: bad JSON: {e}", script.display()))?;
-    let rows = serde_json::from_value(doc["results"].clone())
-        .map_err(|e| format!("{}: bad results: {e}", script.display()))?;
-    Ok((doc["meta"].clone(), rows))
+    super::torch_results(script, &out)
 }
 
 fn table(results: &[TrainResult]) -> String {
