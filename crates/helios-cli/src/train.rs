@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use helios::{DType, Device, IndexTensor};
+use helios_dist::Rank;
 use helios_nn::checkpoint::load_checkpoint;
 use helios_nn::generate::Sampling;
 use helios_nn::model::{self, GptParams};
@@ -121,6 +122,12 @@ pub struct TrainArgs {
     /// The sample's prompt.
     #[arg(long, default_value = "ROMEO:")]
     pub prompt: String,
+    /// Data parallel: train on N GPUs of this host, one process each, each with --batch
+    /// rows (so N times the batch per step). The ranks talk through MPI (a build with
+    /// `--features mpi`, MPICH installed); under an external launcher (`mpiexec`) leave
+    /// this out.
+    #[arg(long, default_value_t = 1)]
+    pub nproc: usize,
 }
 
 impl TrainArgs {
@@ -241,7 +248,58 @@ fn explain(
 }
 
 pub fn run(args: &TrainArgs) -> CliResult {
+    let rank = Rank::from_env()?;
+    if args.nproc > 1 {
+        if rank.world > 1 {
+            return Err(format!(
+                "--nproc {} in a process that is already rank {} of {}: the launcher starts \
+                 the ranks, so leave --nproc out",
+                args.nproc, rank.rank, rank.world
+            )
+            .into());
+        }
+        let program = std::env::current_exe()?;
+        let rest = without_nproc(std::env::args_os().skip(1));
+        helios_dist::launch::launch(args.nproc, &program, &rest)?;
+        return Ok(());
+    }
+    match train(args, rank) {
+        Err(e) if rank.world > 1 => {
+            // The other ranks may be waiting for this one in a collective: stop them all.
+            // One write, so that ranks failing together do not interleave their lines.
+            let line = format!("error: rank {}: {e}\n", rank.rank);
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            helios::stop_background_tuning();
+            helios_dist::abort(1)
+        }
+        other => other,
+    }
+}
+
+/// The command line without `--nproc N`: what each rank runs.
+fn without_nproc(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    let mut skip_value = false;
+    for a in args {
+        if std::mem::take(&mut skip_value) {
+            continue;
+        }
+        match a.to_str() {
+            Some("--nproc") => skip_value = true,
+            Some(s) if s.starts_with("--nproc=") => {}
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
+fn train(args: &TrainArgs, rank: Rank) -> CliResult {
     let started = Instant::now();
+    // Rank 0 reports; the other ranks print only their errors.
+    let first = rank.is_first();
+    macro_rules! say {
+        ($($t:tt)*) => { if first { println!($($t)*) } };
+    }
     let cfg = args.train_config();
     if args.accum == 0 {
         return Err("--accum must be at least 1".into());
@@ -257,8 +315,21 @@ pub fn run(args: &TrainArgs) -> CliResult {
                 .into(),
         );
     }
-    let device = Device::from_env()?;
-    println!("device: {}", device.name());
+    if args.dump_state.is_some() && rank.world > 1 {
+        return Err("--dump-state runs one process: leave out --nproc and the launcher".into());
+    }
+    let device = helios_dist::device_for(&rank)?;
+    let comm = helios_dist::connect(&device, rank)?;
+    say!("device: {}", device.name());
+    if rank.world > 1 {
+        say!(
+            "data parallel: {} ranks over {}, batches of {}x{} each",
+            rank.world,
+            comm.backend(),
+            args.batch,
+            args.seq
+        );
+    }
 
     // Data first: the cheapest thing to get wrong.
     let tokenizer = Tokenizer::from_option(args.tokenizer.as_deref())?;
@@ -267,7 +338,7 @@ pub fn run(args: &TrainArgs) -> CliResult {
     let tokens = corpus.open(&tokenizer, &cache)?;
     let (train, val) = tokens.split(args.val_fraction)?;
     let val = (!val.is_empty()).then_some(val);
-    println!(
+    say!(
         "data: {} ({} tokens: {} train, {} validation)",
         corpus.describe(),
         tokens.len(),
@@ -288,11 +359,11 @@ pub fn run(args: &TrainArgs) -> CliResult {
     let (mut trainer, init) = if let Some(dir) = &args.resume {
         let ckpt = load_checkpoint(dir)?;
         check_vocab(ckpt.params.config(), &tokenizer)?;
-        let t = match Trainer::resume(&device, &ckpt, train, val, cfg) {
+        let t = match Trainer::resume_with(&device, &ckpt, train, val, cfg, comm) {
             Ok(t) => t,
             Err(e) => return Err(oom(e, &ckpt.params)),
         };
-        println!("resumed {} at step {}", dir.display(), t.step_count());
+        say!("resumed {} at step {}", dir.display(), t.step_count());
         (t, ckpt.params)
     } else {
         let init = match &args.init {
@@ -300,13 +371,13 @@ pub fn run(args: &TrainArgs) -> CliResult {
             None => ParamStore::init_gpt2(&args.model_config()?, args.seed)?,
         };
         check_vocab(init.config(), &tokenizer)?;
-        match Trainer::new(&device, &init, train, val, cfg) {
+        match Trainer::new_with(&device, &init, train, val, cfg, comm) {
             Ok(t) => (t, init),
             Err(e) => return Err(oom(e, &init)),
         }
     };
     let model = trainer.params().config().clone();
-    println!(
+    say!(
         "model: {} layers, {} heads, {} channels, vocabulary {}, {:.2}M parameters; \
          batches of {}x{}x{} ({:?})",
         model.n_layer,
@@ -326,10 +397,15 @@ pub fn run(args: &TrainArgs) -> CliResult {
         return Ok(());
     }
 
-    std::fs::create_dir_all(&args.out)
-        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    if first {
+        std::fs::create_dir_all(&args.out)
+            .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    }
     let start_step = trainer.step_count();
-    let bar = ProgressBar::new(args.steps);
+    let bar = match first {
+        true => ProgressBar::new(args.steps),
+        false => ProgressBar::hidden(),
+    };
     bar.set_position(start_step);
     bar.set_style(
         ProgressStyle::with_template(
@@ -337,18 +413,24 @@ pub fn run(args: &TrainArgs) -> CliResult {
         )
         .expect("a valid template"),
     );
-    let loud = bar.is_hidden(); // no terminal: print lines instead
-    let say = |line: String| match loud {
-        true => println!("{line}"),
-        false => bar.println(line),
+    let loud = first && bar.is_hidden(); // no terminal: print lines instead
+    let note = |line: String| match (first, loud) {
+        (false, _) => {}
+        (true, true) => println!("{line}"),
+        (true, false) => bar.println(line),
     };
     let profiling = std::env::var_os("HELIOS_PROFILE").is_some();
     let t0 = Instant::now();
     let result = trainer.run(None, |e| match e {
         Event::Step(s) => {
             let ms = s.fwd_ms + s.bwd_ms + s.opt_ms;
+            let ms = ms + s.comm_ms;
+            let comm = match s.comm_ms > 0.0 {
+                true => format!(" comm {:.0}", s.comm_ms),
+                false => String::new(),
+            };
             let msg = format!(
-                "loss {:.4} | {:.0} tok/s | fwd {:.0} bwd {:.0} opt {:.0} ms | lr {:.2e} | norm {:.2}",
+                "loss {:.4} | {:.0} tok/s | fwd {:.0} bwd {:.0}{comm} opt {:.0} ms | lr {:.2e} | norm {:.2}",
                 s.loss,
                 s.tokens as f64 / (ms / 1e3),
                 s.fwd_ms,
@@ -376,10 +458,10 @@ pub fn run(args: &TrainArgs) -> CliResult {
             bar.set_message(msg);
             bar.inc(1);
         }
-        Event::Eval(v) => say(format!("step {:5}: validation loss {:.4}", v.step, v.loss)),
+        Event::Eval(v) => note(format!("step {:5}: validation loss {:.4}", v.step, v.loss)),
         Event::Saved { step, dir } => {
             if step != args.steps {
-                say(format!("step {step:5}: checkpoint {}", dir.display()));
+                note(format!("step {step:5}: checkpoint {}", dir.display()));
             }
         }
     });
@@ -390,6 +472,10 @@ pub fn run(args: &TrainArgs) -> CliResult {
         return Err(oom(e, &init));
     }
     let train_s = t0.elapsed().as_secs_f64();
+    trainer.finish()?;
+    if !first {
+        return Ok(());
+    }
 
     // Summary, logs and the curve.
     let h = trainer.history();
@@ -398,7 +484,7 @@ pub fn run(args: &TrainArgs) -> CliResult {
         let steady: Vec<f64> = ran
             .iter()
             .skip(1)
-            .map(|s| s.fwd_ms + s.bwd_ms + s.opt_ms)
+            .map(|s| s.fwd_ms + s.bwd_ms + s.comm_ms + s.opt_ms)
             .collect();
         // The first step of a run compiles and tunes: the rate is the later steps' (none
         // when the run had one step).
@@ -500,7 +586,7 @@ fn write_logs(out: &Path, h: &helios_nn::History) -> CliResult {
     std::fs::write(out.join("log.json"), json)
         .map_err(|e| format!("cannot write {}: {e}", out.join("log.json").display()))?;
     let mut csv = String::from(
-        "step,loss,val_loss,lr,grad_norm,fwd_ms,bwd_ms,opt_ms,tokens,loss_scale,skipped\n",
+        "step,loss,val_loss,lr,grad_norm,fwd_ms,bwd_ms,opt_ms,tokens,loss_scale,skipped,comm_ms\n",
     );
     for s in &h.train {
         let val = h
@@ -511,7 +597,7 @@ fn write_logs(out: &Path, h: &helios_nn::History) -> CliResult {
             .unwrap_or_default();
         let scale = s.loss_scale.map(|x| x.to_string()).unwrap_or_default();
         csv += &format!(
-            "{},{},{val},{},{},{:.3},{:.3},{:.3},{},{scale},{}\n",
+            "{},{},{val},{},{},{:.3},{:.3},{:.3},{},{scale},{},{:.3}\n",
             s.step,
             s.loss,
             s.lr,
@@ -520,7 +606,8 @@ fn write_logs(out: &Path, h: &helios_nn::History) -> CliResult {
             s.bwd_ms,
             s.opt_ms,
             s.tokens,
-            u8::from(s.skipped)
+            u8::from(s.skipped),
+            s.comm_ms
         );
     }
     std::fs::write(out.join("log.csv"), csv)

@@ -12,6 +12,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     #[error(transparent)]
     Helios(#[from] helios::Error),
+    /// Between the ranks of a data-parallel run.
+    #[error(transparent)]
+    Dist(#[from] helios_dist::Error),
 
     #[error("invalid model configuration: {0}")]
     Config(String),

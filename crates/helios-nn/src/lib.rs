@@ -59,7 +59,7 @@ pub use error::{Error, Result};
 pub use model::{causal_self_attention, forward, GptParams};
 pub use optim::AdamW;
 pub use params::{HostTensor, ParamStore};
-pub use sampler::{Batch, BatchSampler, EvalBatches, SamplerState};
+pub use sampler::{Batch, BatchSampler, EvalBatches, SamplerState, Shard};
 pub use schedule::{AdamWHyper, LrSchedule};
 pub use tokenizer::Tokenizer;
 pub use train::{

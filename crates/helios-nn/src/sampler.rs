@@ -45,6 +45,34 @@ pub struct SamplerState {
 pub struct BatchSampler {
     data: Tokens,
     state: SamplerState,
+    /// Data parallel: this rank's rows of every batch (see `shard`).
+    shard: Shard,
+}
+
+/// Rank `rank` of `ranks` takes the `rank`-th equal slice of a batch's rows: the ranks
+/// together see exactly the batch one process would, so N ranks with B rows each train the
+/// model one process trains with N·B.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub rank: usize,
+    pub ranks: usize,
+}
+
+impl Shard {
+    /// The whole batch.
+    pub const WHOLE: Shard = Shard { rank: 0, ranks: 1 };
+
+    /// This rank's rows of a batch of `batch`, which the ranks must divide.
+    fn rows(self, batch: usize) -> Result<std::ops::Range<usize>> {
+        if self.ranks == 0 || self.rank >= self.ranks || batch % self.ranks != 0 {
+            return Err(Error::Data(format!(
+                "a batch of {batch} rows cannot be split evenly over {} ranks",
+                self.ranks
+            )));
+        }
+        let per = batch / self.ranks;
+        Ok(self.rank * per..(self.rank + 1) * per)
+    }
 }
 
 /// Tokens a batch of B×T needs: the last target is one past the last input.
@@ -83,7 +111,11 @@ impl BatchSampler {
             data_tokens: data.len(),
             data_fingerprint: data.fingerprint(),
         };
-        Ok(BatchSampler { data, state })
+        Ok(BatchSampler {
+            data,
+            state,
+            shard: Shard::WHOLE,
+        })
     }
 
     /// A sampler continuing from `state`, on the same data it was saved with.
@@ -99,7 +131,11 @@ impl BatchSampler {
                 now: format!("{} (fingerprint {fingerprint:016x})", data.len()),
             });
         }
-        Ok(BatchSampler { data, state })
+        Ok(BatchSampler {
+            data,
+            state,
+            shard: Shard::WHOLE,
+        })
     }
 
     /// Like `resume`, but also insists on this run's batch size and sequence length.
@@ -116,6 +152,14 @@ impl BatchSampler {
             });
         }
         BatchSampler::resume(data, state)
+    }
+
+    /// This sampler drawing only `shard`'s rows of each batch (the state, and so a
+    /// checkpoint, still describes the whole batch).
+    pub fn shard(mut self, shard: Shard) -> Result<BatchSampler> {
+        shard.rows(self.state.batch)?;
+        self.shard = shard;
+        Ok(self)
     }
 
     /// The state to save: the next `next_batch` after a resume from it is the one this
@@ -142,13 +186,14 @@ impl BatchSampler {
         // Start offsets in [0, len - (T+1)]: a window of T+1 tokens always fits.
         let starts = (self.data.len() - seq_len) as u64;
         let mut window = vec![0u32; seq_len + 1];
+        let rows = self.shard.rows(batch).expect("checked by `shard`");
         let mut out = Batch {
-            inputs: Vec::with_capacity(batch * seq_len),
-            targets: Vec::with_capacity(batch * seq_len),
-            batch,
+            inputs: Vec::with_capacity(rows.len() * seq_len),
+            targets: Vec::with_capacity(rows.len() * seq_len),
+            batch: rows.len(),
             seq_len,
         };
-        for row in 0..batch {
+        for row in rows {
             let r = mix(mix(mix(seed) ^ step) ^ row as u64);
             let start = ((r as u128 * starts as u128) >> 64) as usize;
             self.data.read_into(start, &mut window);
@@ -176,6 +221,7 @@ pub struct EvalBatches {
     seq_len: usize,
     next: usize,
     count: usize,
+    shard: Shard,
 }
 
 impl EvalBatches {
@@ -189,7 +235,15 @@ impl EvalBatches {
             seq_len,
             next: 0,
             count,
+            shard: Shard::WHOLE,
         })
+    }
+
+    /// Only `shard`'s rows of each batch.
+    pub fn shard(mut self, shard: Shard) -> Result<EvalBatches> {
+        shard.rows(self.batch)?;
+        self.shard = shard;
+        Ok(self)
     }
 
     /// At most `max` batches (the first ones).
@@ -213,13 +267,14 @@ impl Iterator for EvalBatches {
         }
         let (b, t) = (self.batch, self.seq_len);
         let mut window = vec![0u32; t + 1];
+        let rows = self.shard.rows(b).expect("checked by `shard`");
         let mut out = Batch {
-            inputs: Vec::with_capacity(b * t),
-            targets: Vec::with_capacity(b * t),
-            batch: b,
+            inputs: Vec::with_capacity(rows.len() * t),
+            targets: Vec::with_capacity(rows.len() * t),
+            batch: rows.len(),
             seq_len: t,
         };
-        for row in 0..b {
+        for row in rows {
             self.data.read_into((self.next * b + row) * t, &mut window);
             out.inputs.extend_from_slice(&window[..t]);
             out.targets.extend_from_slice(&window[1..]);
@@ -235,3 +290,57 @@ impl Iterator for EvalBatches {
 }
 
 impl ExactSizeIterator for EvalBatches {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_together_are_the_whole_batch() {
+        let ids: Vec<u32> = (0..5000).map(|i| (i * 7919 % 50257) as u32).collect();
+        let data = Tokens::from_ids(&ids, "shard-test").unwrap();
+        let whole = BatchSampler::new(data.clone(), 6, 16, 42).unwrap();
+        let shards: Vec<_> = (0..3)
+            .map(|rank| {
+                let s = BatchSampler::new(data.clone(), 6, 16, 42).unwrap();
+                s.shard(Shard { rank, ranks: 3 }).unwrap()
+            })
+            .collect();
+        for step in [0, 1, 17] {
+            let all = whole.batch_at(step);
+            let parts: Vec<Batch> = shards.iter().map(|s| s.batch_at(step)).collect();
+            assert!(parts.iter().all(|p| p.batch == 2));
+            let inputs: Vec<u32> = parts.iter().flat_map(|p| p.inputs.clone()).collect();
+            let targets: Vec<u32> = parts.iter().flat_map(|p| p.targets.clone()).collect();
+            assert_eq!((inputs, targets), (all.inputs, all.targets));
+        }
+        // The state (what a checkpoint saves) still describes the whole batch.
+        assert_eq!(shards[1].state(), whole.state());
+        let eval = |shard| {
+            EvalBatches::new(data.clone(), 4, 8)
+                .unwrap()
+                .take_at_most(3)
+                .shard(shard)
+                .unwrap()
+                .flat_map(|b| b.inputs)
+                .collect::<Vec<_>>()
+        };
+        let halves = [
+            eval(Shard { rank: 0, ranks: 2 }),
+            eval(Shard { rank: 1, ranks: 2 }),
+        ];
+        let whole_eval = eval(Shard::WHOLE);
+        // Batch by batch: rank 0's 2 rows, then rank 1's.
+        let interleaved: Vec<u32> = (0..3)
+            .flat_map(|b| [&halves[0], &halves[1]].map(|h| h[b * 16..(b + 1) * 16].to_vec()))
+            .flatten()
+            .collect();
+        assert_eq!(interleaved, whole_eval);
+        let e = BatchSampler::new(data, 6, 16, 1)
+            .unwrap()
+            .shard(Shard { rank: 0, ranks: 4 })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot be split evenly over 4 ranks"), "{e}");
+    }
+}

@@ -10,10 +10,13 @@
 //! the last good one. In f16 an overflowing gradient is expected now and then: that step's
 //! update is skipped and the loss scale halves (`LossScaler`, saved with the checkpoint).
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use helios::{no_grad, DType, Device, IndexTensor, Tensor};
+use helios_dist::{Collective, Single};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::TRAINER_FORMAT;
@@ -21,14 +24,14 @@ use crate::checkpoint::{save_checkpoint, Checkpoint, OptimizerState, TrainerStat
 use crate::model::{self, GptParams};
 use crate::optim::{upload_with_master, AdamW};
 use crate::params::ParamStore;
-use crate::sampler::{Batch, BatchSampler, EvalBatches};
+use crate::sampler::{Batch, BatchSampler, EvalBatches, Shard};
 use crate::schedule::{AdamWHyper, LrSchedule};
 use crate::{Error, Result, Tokens};
 
 /// How to train.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
-    /// Rows per micro-batch (B).
+    /// Rows per micro-batch (B), on each rank of a data-parallel run.
     pub batch: usize,
     /// Tokens per row (T), at most the model's block size.
     pub seq: usize,
@@ -89,7 +92,10 @@ pub struct StepLog {
     pub fwd_ms: f64,
     pub bwd_ms: f64,
     pub opt_ms: f64,
-    /// Tokens this step trained on (B·T·accum).
+    /// Data parallel: averaging the gradients over the ranks (0 for one process).
+    #[serde(default)]
+    pub comm_ms: f64,
+    /// Tokens this step trained on, over all ranks (B·T·accum·ranks).
     pub tokens: usize,
     /// f16: the loss scale the step's backward ran with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,6 +227,14 @@ pub enum Event<'a> {
     Saved { step: u64, dir: &'a Path },
 }
 
+/// Where a run starts: the optimizer's state, and the log and last checkpoint of the run it
+/// continues (none for a new run).
+struct Start<'a> {
+    opt: &'a OptimizerState,
+    history: History,
+    last_saved: Option<u64>,
+}
+
 /// A training run in progress: the model and optimizer on the device, the data, the log.
 pub struct Trainer {
     device: Device,
@@ -234,6 +248,8 @@ pub struct Trainer {
     last_saved: Option<u64>,
     /// f16 only.
     scaler: Option<LossScaler>,
+    /// The other ranks of a data-parallel run (`Single` for one process).
+    comm: Box<dyn Collective>,
 }
 
 impl Trainer {
@@ -245,19 +261,33 @@ impl Trainer {
         val: Option<Tokens>,
         cfg: TrainConfig,
     ) -> Result<Trainer> {
-        check_run(init, &train, val.as_ref(), &cfg)?;
-        let sampler = BatchSampler::new(train, cfg.batch, cfg.seq, cfg.seed)?;
+        Trainer::new_with(device, init, train, val, cfg, Box::new(Single))
+    }
+
+    /// A new run as one rank of a data-parallel run over `comm`: the model one process
+    /// would train with batches of `cfg.batch` × ranks rows. Every rank must call it with
+    /// the same arguments (checked); the weights come from rank 0.
+    pub fn new_with(
+        device: &Device,
+        init: &ParamStore,
+        train: Tokens,
+        val: Option<Tokens>,
+        cfg: TrainConfig,
+        mut comm: Box<dyn Collective>,
+    ) -> Result<Trainer> {
+        let shard = shard_of(comm.as_ref());
+        check_run(init, &train, val.as_ref(), &cfg, shard.ranks)?;
+        agree_on_run(comm.as_mut(), init, &train, &cfg, 0)?;
+        let init = &*broadcast_store(comm.as_mut(), init)?;
+        let sampler =
+            BatchSampler::new(train, cfg.batch * shard.ranks, cfg.seq, cfg.seed)?.shard(shard)?;
         let state = OptimizerState::zeros(init.config());
-        Trainer::build(
-            device,
-            init,
-            &state,
-            sampler,
-            val,
-            cfg,
-            History::default(),
-            None,
-        )
+        let start = Start {
+            opt: &state,
+            history: History::default(),
+            last_saved: None,
+        };
+        Trainer::build(device, init, start, sampler, val, cfg, comm)
     }
 
     /// Continues the run saved in `ckpt` (from `load_checkpoint`) on the same data, batch
@@ -267,7 +297,21 @@ impl Trainer {
         ckpt: &Checkpoint,
         train: Tokens,
         val: Option<Tokens>,
+        cfg: TrainConfig,
+    ) -> Result<Trainer> {
+        Trainer::resume_with(device, ckpt, train, val, cfg, Box::new(Single))
+    }
+
+    /// `resume` as one rank of a data-parallel run (see `new_with`). The checkpoint's batch
+    /// is the whole run's, so any number of ranks that divides it can continue it; weights
+    /// and moments come from rank 0's copy.
+    pub fn resume_with(
+        device: &Device,
+        ckpt: &Checkpoint,
+        train: Tokens,
+        val: Option<Tokens>,
         mut cfg: TrainConfig,
+        mut comm: Box<dyn Collective>,
     ) -> Result<Trainer> {
         let (Some(opt), Some(state)) = (&ckpt.optimizer, &ckpt.trainer) else {
             return Err(Error::Data(
@@ -279,37 +323,53 @@ impl Trainer {
         cfg.schedule = state.schedule;
         cfg.adamw = state.adamw;
         cfg.seed = state.seed;
-        check_run(&ckpt.params, &train, val.as_ref(), &cfg)?;
-        let sampler = BatchSampler::resume_checked(train, state.sampler, cfg.batch, cfg.seq)?;
+        let shard = shard_of(comm.as_ref());
+        check_run(&ckpt.params, &train, val.as_ref(), &cfg, shard.ranks)?;
+        agree_on_run(comm.as_mut(), &ckpt.params, &train, &cfg, state.step)?;
+        let params = broadcast_store(comm.as_mut(), &ckpt.params)?;
+        let broadcast;
+        let opt = match comm.rank().world {
+            1 => opt,
+            _ => {
+                broadcast = OptimizerState {
+                    step: opt.step,
+                    m: broadcast_tensors(comm.as_mut(), &opt.m)?,
+                    v: broadcast_tensors(comm.as_mut(), &opt.v)?,
+                };
+                &broadcast
+            }
+        };
+        let sampler =
+            BatchSampler::resume_checked(train, state.sampler, cfg.batch * shard.ranks, cfg.seq)?
+                .shard(shard)?;
         let extras = TrainerExtras::read(&state.extra)?;
         let (history, scaler) = (extras.history, extras.loss_scaler);
-        let mut t = Trainer::build(
-            device,
-            &ckpt.params,
+        let start = Start {
             opt,
-            sampler,
-            val,
-            cfg,
             history,
-            Some(state.step),
-        )?;
+            last_saved: Some(state.step),
+        };
+        let mut t = Trainer::build(device, &params, start, sampler, val, cfg, comm)?;
         if let (Some(mine), Some(saved)) = (t.scaler.as_mut(), scaler) {
             (mine.scale, mine.good) = (saved.scale, saved.good);
         }
         Ok(t)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn build(
         device: &Device,
         init: &ParamStore,
-        state: &OptimizerState,
+        start: Start<'_>,
         sampler: BatchSampler,
         val: Option<Tokens>,
         cfg: TrainConfig,
-        history: History,
-        last_saved: Option<u64>,
+        comm: Box<dyn Collective>,
     ) -> Result<Trainer> {
+        let Start {
+            opt: state,
+            history,
+            last_saved,
+        } = start;
         let (params, master) = upload_with_master(init, device, cfg.precision)?;
         let opt = AdamW::new(&params, state, cfg.adamw, master)?;
         let scaler = (cfg.precision == DType::F16).then(LossScaler::default);
@@ -323,6 +383,7 @@ impl Trainer {
             history,
             last_saved,
             scaler,
+            comm,
         })
     }
 
@@ -390,12 +451,15 @@ impl Trainer {
             let (idx, pos, targets) = self.upload(&batch)?;
             let t0 = Instant::now();
             let loss = model::forward_loss(&self.params, &idx, &pos, &targets)?; // (1)
-            let value = loss.to_vec()?[0]; // the step's one read of the loss
+            let mut mean = [f64::from(loss.to_vec()?[0])]; // the step's one read of the loss
+                                                           // Every rank sees the run's loss, so a non-finite one stops all of them.
+            self.comm.mean(&mut mean)?;
+            let value = mean[0] as f32;
             fwd += ms(t0);
             if !value.is_finite() {
                 return Err(self.non_finite(step + 1, "loss", value));
             }
-            loss_sum += value as f64;
+            loss_sum += mean[0];
             let t1 = Instant::now();
             let factor = loss_scale.unwrap_or(1.0) / accum as f32;
             let scaled = if factor != 1.0 {
@@ -407,6 +471,14 @@ impl Trainer {
             self.device.synchronize()?;
             bwd += ms(t1);
         }
+        let t_comm = Instant::now();
+        let comm_ms = match self.comm.rank().world {
+            1 => 0.0,
+            _ => {
+                self.comm.average_gradients(self.params.tensors())?;
+                ms(t_comm)
+            }
+        };
         let t2 = Instant::now();
         let lr = self.cfg.schedule.lr_at(step);
         let norm = match loss_scale {
@@ -430,7 +502,8 @@ impl Trainer {
             fwd_ms: fwd,
             bwd_ms: bwd,
             opt_ms,
-            tokens: self.cfg.batch * self.cfg.seq * accum,
+            comm_ms,
+            tokens: self.cfg.batch * self.cfg.seq * accum * self.comm.rank().world,
             loss_scale,
             skipped,
         };
@@ -455,8 +528,10 @@ impl Trainer {
         let Some(val) = &self.val else {
             return Ok(None);
         };
-        let batches = EvalBatches::new(val.clone(), self.cfg.batch, self.cfg.seq)?
-            .take_at_most(self.cfg.eval_batches.max(1));
+        let shard = shard_of(self.comm.as_ref());
+        let batches = EvalBatches::new(val.clone(), self.cfg.batch * shard.ranks, self.cfg.seq)?
+            .take_at_most(self.cfg.eval_batches.max(1))
+            .shard(shard)?;
         let n = batches.num_batches();
         let total = no_grad(|| -> Result<Tensor> {
             let mut total: Option<Tensor> = None;
@@ -470,7 +545,9 @@ impl Trainer {
             }
             Ok(total.expect("at least one validation batch"))
         })?;
-        let loss = total.to_vec()?[0] / n as f32;
+        let mut mean = [f64::from(total.to_vec()?[0]) / n as f64];
+        self.comm.mean(&mut mean)?;
+        let loss = mean[0] as f32;
         let log = EvalLog {
             step: self.opt.step,
             loss,
@@ -480,7 +557,12 @@ impl Trainer {
     }
 
     /// Writes a resumable checkpoint to `dir` (atomically: a crash keeps the previous one).
+    /// In a data-parallel run only rank 0 writes: every rank holds the same state.
     pub fn save(&mut self, dir: &Path) -> Result<()> {
+        if !self.comm.rank().is_first() {
+            self.last_saved = Some(self.opt.step);
+            return Ok(());
+        }
         let params = self.weights()?;
         let opt = self.opt.state(&self.params)?;
         let state = TrainerState {
@@ -502,6 +584,12 @@ impl Trainer {
         save_checkpoint(dir, &params, &opt, &state)?;
         self.last_saved = Some(self.opt.step);
         Ok(())
+    }
+
+    /// Ends a data-parallel run in step with the other ranks (see `Collective::finish`);
+    /// nothing for a run of one.
+    pub fn finish(&mut self) -> Result<()> {
+        Ok(self.comm.finish()?)
     }
 
     /// Trains until `cfg.steps` optimizer steps are done (at most `until` when given),
@@ -545,6 +633,7 @@ fn check_run(
     train: &Tokens,
     val: Option<&Tokens>,
     cfg: &TrainConfig,
+    ranks: usize,
 ) -> Result<()> {
     let model = init.config();
     if cfg.seq == 0 || cfg.seq > model.block_size {
@@ -560,10 +649,83 @@ fn check_run(
         v.check_vocab(model.vocab_size)?;
         // Fail now rather than at the first evaluation.
         if cfg.eval_every > 0 {
-            EvalBatches::new(v.clone(), cfg.batch, cfg.seq)?;
+            EvalBatches::new(v.clone(), cfg.batch * ranks, cfg.seq)?;
         }
     }
     Ok(())
+}
+
+/// This rank's slice of every batch.
+fn shard_of(comm: &dyn Collective) -> Shard {
+    let r = comm.rank();
+    Shard {
+        rank: r.rank,
+        ranks: r.world,
+    }
+}
+
+/// Fails on every rank unless all ranks run the same model, data and settings from the
+/// same step: a rank that differed would train something else, or wait for ever.
+fn agree_on_run(
+    comm: &mut dyn Collective,
+    init: &ParamStore,
+    train: &Tokens,
+    cfg: &TrainConfig,
+    step: u64,
+) -> Result<()> {
+    if comm.rank().world == 1 {
+        return Ok(());
+    }
+    let model = crate::config::to_hf_json(init.config()).to_string();
+    let settings = format!(
+        "{} {} {} {} {:?} {:?} {} {} {} {step}",
+        cfg.batch,
+        cfg.seq,
+        cfg.accum,
+        cfg.steps,
+        cfg.schedule,
+        cfg.adamw,
+        cfg.precision.name(),
+        cfg.seed,
+        cfg.eval_every,
+    );
+    let data = format!("{} {:016x}", train.len(), train.fingerprint());
+    for (what, text) in [
+        ("the model configuration", model),
+        ("the training settings", settings),
+        ("the training data", data),
+    ] {
+        comm.agree(what, crate::data::fnv1a64(text.as_bytes()))?;
+    }
+    Ok(())
+}
+
+/// Rank 0's tensors, on every rank.
+fn broadcast_tensors(
+    comm: &mut dyn Collective,
+    tensors: &BTreeMap<String, crate::HostTensor>,
+) -> Result<BTreeMap<String, crate::HostTensor>> {
+    let mut out = tensors.clone();
+    for t in out.values_mut() {
+        comm.broadcast_f32(&mut t.data)?;
+    }
+    Ok(out)
+}
+
+/// Rank 0's weights, on every rank (borrowed, not copied, in a run of one).
+fn broadcast_store<'a>(
+    comm: &mut dyn Collective,
+    store: &'a ParamStore,
+) -> Result<Cow<'a, ParamStore>> {
+    if comm.rank().world == 1 {
+        return Ok(Cow::Borrowed(store));
+    }
+    let tensors = store.clone().into_tensors();
+    let tensors = broadcast_tensors(comm, &tensors)?;
+    Ok(Cow::Owned(ParamStore::from_tensors(
+        store.config(),
+        tensors,
+    )?))
 }
 
 #[cfg(test)]

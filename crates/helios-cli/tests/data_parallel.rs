@@ -1,0 +1,247 @@
+// Data-parallel training on the default device (lavapipe in CI) over MPI (issue 47): two
+// ranks with half the batch each train the model one process trains with the whole batch,
+// whether `helios train --nproc 2` or `mpiexec -n 2` starts them; a run resumes with another
+// number of ranks; ranks that disagree, or one that dies, stop the run with a clear error.
+// Built only with the `mpi` feature, as scripts/test.sh builds the tests.
+#![cfg(feature = "mpi")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use helios_nn::checkpoint::load_checkpoint;
+
+/// A fresh, empty directory under the system's temp dir.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("helios-dp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A two-layer model, 6 steps of `batch` rows of 32 tokens, validation every 3 steps.
+fn train_args(out: &Path, batch: usize, steps: u64) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "train",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "32",
+        "--block-size",
+        "32",
+        "--seq",
+        "32",
+        "--eval-every",
+        "3",
+        "--eval-batches",
+        "2",
+        "--sample-tokens",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(["--batch".into(), batch.to_string()]);
+    args.extend(["--steps".into(), steps.to_string()]);
+    args.extend(["--out".into(), out.display().to_string()]);
+    args
+}
+
+/// One test at a time: each starts two or three processes, and CI may have two cores.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn helios() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_helios"))
+}
+
+fn mpiexec() -> Command {
+    Command::new("mpiexec")
+}
+
+fn check(out: &Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// (step, loss, validation loss or NaN, gradient norm) per line of a run's log.csv.
+fn losses(out: &Path) -> Vec<(u64, f64, f64, f64)> {
+    let csv = std::fs::read_to_string(out.join("log.csv")).unwrap();
+    csv.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            let num = |s: &str| s.parse::<f64>().unwrap_or(f64::NAN);
+            (f[0].parse().unwrap(), num(f[1]), num(f[2]), num(f[4]))
+        })
+        .collect()
+}
+
+/// Relative difference, NaN equal to NaN (steps without validation).
+fn rel(a: f64, b: f64) -> f64 {
+    if a.is_nan() && b.is_nan() {
+        return 0.0;
+    }
+    (a - b).abs() / a.abs().max(1e-12)
+}
+
+/// The two runs logged the same steps, with losses and norms within `tol` (relative).
+fn same_losses(a: &Path, b: &Path, tol: f64) {
+    let (la, lb) = (losses(a), losses(b));
+    assert_eq!(la.len(), lb.len(), "{la:?}\n{lb:?}");
+    for (x, y) in la.iter().zip(&lb) {
+        assert_eq!(x.0, y.0);
+        for (u, v) in [(x.1, y.1), (x.2, y.2), (x.3, y.3)] {
+            assert!(
+                rel(u, v) <= tol,
+                "step {}: {u} against {v}\n{la:?}\n{lb:?}",
+                x.0
+            );
+        }
+    }
+}
+
+/// The largest difference between the two checkpoints' weights, over their largest value.
+fn weight_difference(a: &Path, b: &Path) -> f64 {
+    let (ca, cb) = (
+        load_checkpoint(&a.join("checkpoint")).unwrap(),
+        load_checkpoint(&b.join("checkpoint")).unwrap(),
+    );
+    let (mut diff, mut scale) = (0.0f64, 0.0f64);
+    for ((sa, ta), (sb, tb)) in ca.params.iter().zip(cb.params.iter()) {
+        assert_eq!(sa.name, sb.name);
+        for (x, y) in ta.data.iter().zip(&tb.data) {
+            diff = diff.max((x - y).abs() as f64);
+            scale = scale.max(x.abs() as f64);
+        }
+    }
+    diff / scale
+}
+
+/// Every rank's sum of squares and mean differs from one process's only in the order of
+/// f32 additions: losses agree to about 1e-7 relative; after six AdamW steps the weights
+/// agree to about 1e-6 of their largest value. The tolerances leave a factor of ten.
+const LOSS_TOL: f64 = 1e-6;
+const WEIGHT_TOL: f64 = 1e-5;
+
+#[test]
+fn two_ranks_with_half_the_batch_train_the_model_one_rank_trains() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let root = scratch("same");
+    let (one, two, mpi) = (root.join("one"), root.join("two"), root.join("mpi"));
+    check(
+        &helios().args(train_args(&one, 4, 6)).output().unwrap(),
+        "one rank",
+    );
+    let out = helios()
+        .args(train_args(&two, 2, 6))
+        .args(["--nproc", "2"])
+        .output()
+        .unwrap();
+    let stdout = check(&out, "--nproc 2");
+    assert!(stdout.contains("2 ranks over mpi"), "{stdout}");
+    let out = mpiexec()
+        .args(["-n", "2", env!("CARGO_BIN_EXE_helios")])
+        .args(train_args(&mpi, 2, 6))
+        .output()
+        .unwrap();
+    check(&out, "mpiexec -n 2");
+    same_losses(&one, &two, LOSS_TOL);
+    // The same ranks over the same MPI: the same bits.
+    same_losses(&two, &mpi, 0.0);
+    let d = weight_difference(&one, &two);
+    eprintln!("weights: largest difference {d:.2e} of the largest weight");
+    assert!(d <= WEIGHT_TOL, "{d}");
+    // Tokens per step count every rank's.
+    let log = std::fs::read_to_string(two.join("log.json")).unwrap();
+    assert!(log.contains("\"tokens\": 128"), "{log}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn a_run_of_two_ranks_resumes_with_one() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let root = scratch("resume");
+    let (whole, part) = (root.join("whole"), root.join("part"));
+    // A constant learning rate: a run of 3 steps is the first half of a run of 6.
+    let constant = ["--lr", "1e-3", "--min-lr", "1e-3", "--warmup", "0"];
+    let two = |out: &Path, steps: u64| {
+        let out = helios()
+            .args(train_args(out, 2, steps))
+            .args(constant)
+            .args(["--nproc", "2"])
+            .output()
+            .unwrap();
+        check(&out, "--nproc 2");
+    };
+    two(&whole, 6);
+    two(&part, 3);
+    // The checkpoint holds the whole run's batch (4 rows): one rank of 4 continues it.
+    let model_flags = 8; // --n-layer .. --block-size: the checkpoint has the model
+    let mut resume: Vec<String> = train_args(&part, 4, 6);
+    resume.drain(1..1 + model_flags);
+    resume.extend([
+        "--resume".into(),
+        part.join("checkpoint").display().to_string(),
+    ]);
+    let out = helios().args(&resume).args(constant).output().unwrap();
+    check(&out, "resume");
+    same_losses(&whole, &part, LOSS_TOL);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn ranks_that_disagree_or_die_stop_the_run_with_a_clear_error() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let root = scratch("fail");
+    let exe = env!("CARGO_BIN_EXE_helios");
+    let args = train_args(&root.join("run"), 2, 4);
+    // MPMD: rank 1 runs with another seed, so another batch order and other weights.
+    let out = mpiexec()
+        .args(["-n", "1", exe])
+        .args(&args)
+        .args([":", "-n", "1", exe])
+        .args(&args)
+        .args(["--seed", "7"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("rank 1 disagrees with rank 0 about the training settings"),
+        "{stderr}"
+    );
+    // Rank 1 cannot read its data and stops; rank 0, waiting for it, is stopped too.
+    let t = Instant::now();
+    let out = mpiexec()
+        .args(["-n", "1", exe])
+        .args(&args)
+        .args([":", "-n", "1", exe])
+        .args(&args)
+        .args(["--data", "/nonexistent/corpus.txt"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("rank 1") && stderr.contains("/nonexistent/corpus.txt"),
+        "{stderr}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(120), "{:?}", t.elapsed());
+    // Started by a launcher without MPI, a rank says what it lacks instead of waiting.
+    let out = helios()
+        .args(&args)
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "2")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("mpiexec"), "{stderr}");
+    std::fs::remove_dir_all(&root).unwrap();
+}

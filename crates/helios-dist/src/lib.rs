@@ -1,0 +1,130 @@
+//! Data-parallel training over several processes, one GPU each: which rank a process is
+//! (`Rank`, from its launcher's variables), the collective operations the trainer needs
+//! (`Collective`), the backends that carry them — NCCL on NVIDIA GPUs, MPI anywhere else —
+//! and `launch`, which starts the ranks for `helios train --nproc N`.
+//!
+//! The rule a reader must know: every rank runs the same program on the same data, and every
+//! collective is called by every rank in the same order. The ranks then hold bit-identical
+//! parameters after every step (gradients are averaged to identical bits, and every kernel is
+//! deterministic), so nothing but gradients, losses and the starting weights ever needs to
+//! travel.
+
+mod device;
+mod env;
+mod error;
+pub mod launch;
+#[cfg(feature = "mpi")]
+mod mpi;
+mod single;
+
+use helios::Tensor;
+
+pub use device::device_for;
+pub use env::{Launcher, Rank};
+pub use error::{Error, Result};
+pub use single::Single;
+
+/// The operations data-parallel training needs, carried by one backend. Every rank calls
+/// each of them, in the same order, with arguments of the same sizes.
+pub trait Collective {
+    /// This process's place in the run.
+    fn rank(&self) -> Rank;
+
+    /// The backend's name, for logs: "nccl", "mpi" or "single".
+    fn backend(&self) -> &'static str;
+
+    /// Every rank's `bytes` become rank 0's.
+    fn broadcast(&mut self, bytes: &mut [u8]) -> Result<()>;
+
+    /// Every rank's `values` become their element-wise mean over the ranks (the same bits
+    /// on every rank).
+    fn mean(&mut self, values: &mut [f64]) -> Result<()>;
+
+    /// Every tensor's gradient becomes the mean of that gradient over the ranks, the same
+    /// bits on every rank; each tensor must hold a gradient.
+    fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()>;
+
+    /// The run is over on every rank: shut the backend down in step with the others (MPI
+    /// finalizes). A collective dropped without `finish` — after a failure — leaves the
+    /// backend up rather than wait for ranks that may never come; call `abort` then.
+    fn finish(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Stops this rank's whole run after a failure, with exit status `code`: under MPI through
+/// `MPI_Abort` (the launcher stops every rank), otherwise by exiting (`helios train --nproc`
+/// stops the others when one fails). Print the error first.
+pub fn abort(code: i32) -> ! {
+    #[cfg(feature = "mpi")]
+    mpi::abort(code);
+    std::process::exit(code)
+}
+
+impl dyn Collective + '_ {
+    /// Checks that every rank has the same `value` (a fingerprint of `what`): every rank
+    /// fails together, naming the first that differs, so none is left waiting in a
+    /// collective for ranks that stopped.
+    pub fn agree(&mut self, what: &str, value: u64) -> Result<()> {
+        let mut first = value.to_le_bytes();
+        self.broadcast(&mut first)?;
+        let me = self.rank();
+        let mismatch = u64::from_le_bytes(first) != value;
+        // The mean of one-hot rank flags: 0 when all agree, else it names a rank that does not.
+        let mut flags = vec![0.0; me.world];
+        flags[me.rank] = f64::from(u8::from(mismatch));
+        self.mean(&mut flags)?;
+        match flags.iter().position(|&f| f > 0.0) {
+            None => Ok(()),
+            Some(rank) => Err(Error::Disagree {
+                rank,
+                what: what.to_string(),
+            }),
+        }
+    }
+
+    /// Every rank's `values` become rank 0's.
+    pub fn broadcast_f32(&mut self, values: &mut [f32]) -> Result<()> {
+        let mut bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.broadcast(&mut bytes)?;
+        for (v, b) in values.iter_mut().zip(bytes.chunks_exact(4)) {
+            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        Ok(())
+    }
+}
+
+/// The collective for this process's rank, on `device` (from `device_for`): a `Single` when
+/// the process runs alone; MPI when an MPI launcher started it; otherwise an error that says
+/// what this build lacks.
+pub fn connect(device: &helios::Device, rank: Rank) -> Result<Box<dyn Collective>> {
+    let _ = device;
+    match rank.launcher {
+        Launcher::None => Ok(Box::new(Single)),
+        Launcher::Mpi => mpi_backend(rank),
+        Launcher::Env => Err(Error::Unsupported(format!(
+            "rank {} of {} was started without MPI (RANK/WORLD_SIZE), which needs the NCCL \
+             backend; start the ranks with `mpiexec -n {}` and a build with `--features mpi` \
+             instead",
+            rank.rank, rank.world, rank.world
+        ))),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_backend(rank: Rank) -> Result<Box<dyn Collective>> {
+    Ok(Box::new(mpi::Mpi::init(rank)?))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_backend(rank: Rank) -> Result<Box<dyn Collective>> {
+    Err(Error::Unsupported(format!(
+        "rank {} of {} was started by an MPI launcher, but this helios was built without \
+         MPI: build it with `cargo build --release --features mpi` (which needs MPICH: \
+         `apt-get install mpich libmpich-dev libclang-dev`)",
+        rank.rank, rank.world
+    )))
+}
+
+/// Whether this build carries the MPI backend.
+pub const HAS_MPI: bool = cfg!(feature = "mpi");
