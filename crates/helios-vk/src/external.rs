@@ -22,6 +22,11 @@
 //! be signalled by someone who does not wait for this thread: a CUDA stream, another thread,
 //! or this thread before it waits. Up to 16 batches may be in flight before a submit waits
 //! for the oldest, so that bounds how much work may queue behind an unsignalled value.
+//!
+//! Under `HELIOS_VALIDATION=1`, the Khronos layer 1.3.239 (Debian's) tracks timelines only
+//! through the signals it sees: a blocking host wait while another thread or API signals can
+//! stall 10 s and report UNASSIGNED-VkSemaphore-state-timeout, a layer bug fixed upstream
+//! in 2024; it does not happen without the layer.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
