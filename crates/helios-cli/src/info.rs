@@ -140,6 +140,24 @@ fn describe(s: &mut String, index: usize, c: &Caps, selected: bool, extensions: 
         let value = format!("heap {}  {}", t.heap_index, t.flags.join(" "));
         sub(s, &format!("type {}", t.index), value);
     }
+    // What CUDA interop (helios::interop) can use on this device.
+    let x = &c.external;
+    let fd = |listed: bool, e: helios_vk::ExternalSupport| match (listed, e.exportable) {
+        (false, _) => "no".to_string(),
+        (true, false) => "extension listed, not exportable".to_string(),
+        (true, true) => format!(
+            "export yes, import {}{}",
+            yes_no(e.importable),
+            if e.dedicated_only {
+                ", dedicated only"
+            } else {
+                ""
+            }
+        ),
+    };
+    top(s, "opaque fd sharing", String::new());
+    sub(s, "memory", fd(x.memory_fd, x.memory));
+    sub(s, "timeline semaphore", fd(x.semaphore_fd, x.timeline));
 
     top(s, "queue families", String::new());
     for q in &c.queue_families {

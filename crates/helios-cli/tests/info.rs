@@ -28,6 +28,7 @@ fn info_lists_devices() {
         "cooperative matrix",
         "shader_int64",
         "heap 0",
+        "opaque fd sharing",
     ] {
         assert!(stdout.contains(key), "missing {key}: {stdout}");
     }

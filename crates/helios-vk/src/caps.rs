@@ -62,6 +62,10 @@ pub struct Caps {
     pub driver_version: String,
     /// Hex, 32 characters.
     pub device_uuid: String,
+    /// `device_uuid` as the driver gives it (VkPhysicalDeviceIDProperties::deviceUUID):
+    /// what CUDA's `cuDeviceGetUuid` returns for the same GPU.
+    #[serde(skip)]
+    pub device_uuid_bytes: [u8; 16],
     /// Streaming multiprocessors (VK_NV_shader_sm_builtins), where the driver says.
     pub sm_count: Option<u32>,
     /// Hex, 32 characters; keys the persisted pipeline cache.
@@ -83,6 +87,8 @@ pub struct Caps {
     pub nv_cooperative_matrix2: bool,
     /// What VK_NV_cooperative_matrix2 offers, where it is listed.
     pub cooperative_matrix2: Option<crate::CooperativeMatrix2>,
+    /// Memory and timeline semaphores shareable with other APIs (CUDA) through POSIX fds.
+    pub external: External,
     /// Every device extension name, sorted.
     pub extensions: Vec<String>,
     /// `api_version` as Vulkan encodes it, for comparisons.
@@ -197,6 +203,31 @@ pub struct Features {
     /// VK_NVX_binary_import is listed: the driver runs CUDA kernels (PTX or cubin) inside
     /// Vulkan command buffers (native.rs).
     pub native_kernels: bool,
+}
+
+/// What the driver says about sharing memory and timeline semaphores as opaque POSIX fds
+/// (the handle type CUDA imports on Linux).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct External {
+    /// VK_KHR_external_memory_fd is listed.
+    pub memory_fd: bool,
+    /// VK_KHR_external_semaphore_fd is listed.
+    pub semaphore_fd: bool,
+    /// vkGetPhysicalDeviceExternalBufferProperties for an opaque fd and the usage Helios's
+    /// buffers have (storage, transfer source and destination, device address).
+    pub memory: ExternalSupport,
+    /// vkGetPhysicalDeviceExternalSemaphoreProperties for an opaque fd of a timeline
+    /// semaphore.
+    pub timeline: ExternalSupport,
+}
+
+/// One handle type's answer from the driver.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ExternalSupport {
+    pub exportable: bool,
+    pub importable: bool,
+    /// Memory only: an export must be a dedicated allocation (Helios always makes one).
+    pub dedicated_only: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

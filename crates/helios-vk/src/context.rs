@@ -22,7 +22,7 @@ use crate::error::{vk_err, Error, Result};
 use crate::executable::ExecutableCapture;
 use crate::features::{self, EnabledFeatures};
 use crate::instance::{Instance, InstanceOptions};
-use crate::memory::MemoryLocation;
+use crate::memory::{Block, MemoryLocation};
 use crate::native;
 use crate::pipeline_cache::{PipelineCache, PipelineCacheDir, HELIOS_VERBOSE};
 use crate::pool::Pool;
@@ -46,6 +46,10 @@ pub struct Context {
     pub(crate) native: Option<ash::nvx::binary_import::Device>,
     /// Why native kernels are off, for `create_native_kernel`'s error.
     pub(crate) native_off: Option<String>,
+    /// VK_KHR_external_memory_fd entry points, where exports are enabled (external.rs).
+    pub(crate) external_memory_fd: Option<ash::khr::external_memory_fd::Device>,
+    /// VK_KHR_external_semaphore_fd entry points, likewise.
+    pub(crate) external_semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
     queue_family: u32,
     pub(crate) submitter: Submitter,
     /// The dedicated transfer queue, where the device has one (copy_queue.rs).
@@ -67,6 +71,10 @@ pub struct Context {
     /// Caching allocators for device-local and host-visible memory (pool.rs).
     pools: [Mutex<Pool>; 2],
     next_block: AtomicU64,
+    /// Bytes held by exported allocations (external.rs), which the pools do not count.
+    pub(crate) exported_bytes: AtomicU64,
+    /// Exported blocks whose drop could not wait for the GPU; freed once the device is idle.
+    graveyard: Mutex<Vec<Arc<Block>>>,
     /// How long `wait` polls the timeline before blocking (`HELIOS_SPIN_US`).
     pub(crate) spin: Duration,
     /// This Context's own handle, for the batches it queues (worker.rs).
@@ -274,6 +282,12 @@ impl Context {
             },
             false => None,
         };
+        let external_memory_fd = enabled
+            .export_memory
+            .then(|| ash::khr::external_memory_fd::Device::new(instance.raw(), &device));
+        let external_semaphore_fd = enabled
+            .export_timeline
+            .then(|| ash::khr::external_semaphore_fd::Device::new(instance.raw(), &device));
         let capture = match enabled.pipeline_executable_info {
             true => options.pipeline_statistics,
             false => ExecutableCapture::Off,
@@ -293,6 +307,8 @@ impl Context {
             capture,
             native,
             native_off,
+            external_memory_fd,
+            external_semaphore_fd,
             queue_family,
             submitter,
             copy_queue,
@@ -312,6 +328,8 @@ impl Context {
                 Mutex::new(Pool::new(MemoryLocation::HostVisible)),
             ],
             next_block: AtomicU64::new(1),
+            exported_bytes: AtomicU64::new(0),
+            graveyard: Mutex::new(Vec::new()),
             spin: Duration::from_micros(u64::from(options.spin_us.unwrap_or(
                 match caps.device_type {
                     crate::DeviceType::Cpu => CPU_SPIN_US,
@@ -398,6 +416,12 @@ impl Context {
         self.next_block.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Frees `block` when the Context drops, after the device went idle (an exported block
+    /// whose drop could not wait for the GPU's last use).
+    pub(crate) fn defer_destroy(&self, block: Arc<Block>) {
+        self.graveyard.locked().push(block);
+    }
+
     pub(crate) fn device(&self) -> &ash::Device {
         &self.device
     }
@@ -446,6 +470,14 @@ impl Drop for Context {
         unsafe {
             let _ = self.device.device_wait_idle();
             self.destroy_pools();
+            for block in self
+                .graveyard
+                .get_mut()
+                .map(std::mem::take)
+                .unwrap_or_default()
+            {
+                block.destroy(&self.device);
+            }
             if let Some(q) = &self.copy_queue {
                 q.destroy(&self.device);
             }

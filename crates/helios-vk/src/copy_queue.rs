@@ -17,6 +17,7 @@ use std::sync::Mutex;
 
 use crate::context::Context;
 use crate::error::{vk_err, Error, Result};
+use crate::external::{ExternalWaits, Timeline};
 use crate::memory::Buffer;
 use crate::recorder::MAX_COPY_REGION;
 use crate::submit::Slot;
@@ -35,6 +36,8 @@ struct InFlight {
     slot: Slot,
     /// Staging buffers the copy reads or writes, released when it completes.
     keep: Vec<Buffer>,
+    /// External semaphores the copy waited for, kept until it completes.
+    _waits: ExternalWaits,
 }
 
 struct State {
@@ -42,6 +45,8 @@ struct State {
     free: Vec<Slot>,
     in_flight: VecDeque<InFlight>,
     all_pools: Vec<vk::CommandPool>,
+    /// External waits for the next copy (`Context::wait_external`).
+    waits: ExternalWaits,
 }
 
 pub(crate) struct CopyQueue {
@@ -71,8 +76,14 @@ impl CopyQueue {
                 free: Vec::new(),
                 in_flight: VecDeque::new(),
                 all_pools: Vec::new(),
+                waits: ExternalWaits::default(),
             }),
         })
+    }
+
+    /// Has the next copy wait for `timeline` to reach `value`.
+    pub(crate) fn add_external_wait(&self, timeline: &std::sync::Arc<Timeline>, value: u64) {
+        self.state.locked().waits.add(timeline, value);
     }
 
     /// # Safety
@@ -181,7 +192,7 @@ impl Context {
         }
         let value = state.last_submitted + 1;
         let compute_timeline = self.submitter.timeline;
-        let (wait_sems, wait_values, wait_stages) = if after_compute > 0 {
+        let (mut wait_sems, mut wait_values, mut wait_stages) = if after_compute > 0 {
             (
                 vec![compute_timeline],
                 vec![after_compute],
@@ -190,6 +201,13 @@ impl Context {
         } else {
             (Vec::new(), Vec::new(), Vec::new())
         };
+        // Copies recorded after `wait_external` wait for its value, as compute batches do.
+        let external = state.waits.take();
+        for (semaphore, v) in external.iter() {
+            wait_sems.push(semaphore);
+            wait_values.push(v);
+            wait_stages.push(vk::PipelineStageFlags::ALL_COMMANDS);
+        }
         let signal_values = [value];
         let signals = [q.timeline];
         let cbs = [slot.cb];
@@ -205,6 +223,7 @@ impl Context {
         // SAFETY: the command buffer is executable; the queue is used only under this lock.
         if let Err(r) = unsafe { device.queue_submit(q.queue, &[submit], vk::Fence::null()) } {
             release(device, &mut state, slot);
+            state.waits.restore(external);
             return Err(Error::vk("vkQueueSubmit(transfer)", r));
         }
         state.last_submitted = value;
@@ -216,6 +235,7 @@ impl Context {
             value,
             slot,
             keep: Vec::new(),
+            _waits: external,
         });
         Ok(value)
     }

@@ -21,6 +21,7 @@ use std::sync::{Arc, MutexGuard};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::external::{ExternalSignals, ExternalWaits, Timeline};
 use crate::memory::Buffer;
 use crate::native::NativeKernel;
 use crate::pipeline::Pipeline;
@@ -86,11 +87,12 @@ impl<'a> Access<'a> {
     fn span(&self) -> (RegionKey, u64, u64) {
         let b = self.buffer;
         let start = b.offset + self.offset;
-        ((b.block.id, b.offset), start, start + self.len)
+        (b.hazard_key(), start, start + self.len)
     }
 }
 
-/// A pool region: (block id, offset of the region in the block).
+/// A pool region: (block id, offset of the region in the block); an exported allocation is
+/// one key, (block id, 0), however many regions view it (`Buffer::hazard_key`).
 type RegionKey = (u64, u64);
 
 /// Bytes `[start, end)` of a block; empty when `start >= end`.
@@ -184,6 +186,12 @@ pub(crate) struct OpenBatch {
     pub(crate) keep: Vec<Arc<Pipeline>>,
     /// Native kernels the batch launches, kept alive until it completes.
     pub(crate) keep_native: Vec<Arc<NativeKernel>>,
+    /// External timeline values the batch waits for before any of its commands
+    /// (`Context::wait_external`).
+    pub(crate) external_waits: ExternalWaits,
+    /// External timeline values signalled once the batch and everything before it on the
+    /// queue are done (`Context::signal_external`).
+    pub(crate) external_signals: ExternalSignals,
 }
 
 impl OpenBatch {
@@ -308,6 +316,8 @@ pub(crate) struct Encoder {
     /// The timeline value of the last batch handed over for submission (the open batch
     /// signals the next one).
     pub(crate) enqueued: u64,
+    /// External waits for the next batch to open (`Context::wait_external`).
+    external_waits: ExternalWaits,
     /// Totals over submitted batches.
     stats: EncoderStats,
 }
@@ -344,8 +354,22 @@ impl Encoder {
             early_submit: true,
             held: 0,
             enqueued: 0,
+            external_waits: ExternalWaits::default(),
             stats: EncoderStats::default(),
         }
+    }
+
+    /// Has the next batch to open wait for `timeline` to reach `value` (external.rs).
+    pub(crate) fn wait_next(&mut self, timeline: &Arc<Timeline>, value: u64) {
+        self.external_waits.add(timeline, value);
+    }
+
+    /// A new batch, signalling the next timeline value, that takes the pending external
+    /// waits.
+    fn open_batch(&mut self, commands: Commands, stages: Stages, wait_transfer: u64) -> OpenBatch {
+        let mut batch = OpenBatch::new(commands, self.enqueued + 1, stages, wait_transfer);
+        batch.external_waits = self.external_waits.take();
+        batch
     }
 
     /// Counts a batch about to be submitted.
@@ -362,7 +386,7 @@ thread_local! {
     static RECORDING: Cell<bool> = const { Cell::new(false) };
 }
 
-struct RecordingGuard;
+pub(crate) struct RecordingGuard;
 
 impl Drop for RecordingGuard {
     fn drop(&mut self) {
@@ -384,6 +408,8 @@ impl OpenBatch {
             wait_transfer,
             keep: Vec::new(),
             keep_native: Vec::new(),
+            external_waits: ExternalWaits::default(),
+            external_signals: Vec::new(),
         }
     }
 }
@@ -396,6 +422,17 @@ impl Context {
     fn spare_commands(&self) -> Commands {
         let mut spare = self.spare_commands.locked();
         spare.pop().unwrap_or_default()
+    }
+
+    /// The open batch, taken out of the encoder to be closed, or a new empty one.
+    pub(crate) fn take_open_batch(&self, enc: &mut Encoder) -> OpenBatch {
+        match enc.open.take() {
+            Some(batch) => batch,
+            None => {
+                let commands = self.spare_commands();
+                enc.open_batch(commands, Stages::NONE, 0)
+            }
+        }
     }
 
     /// Keeps a replayed batch's command list, emptied, for a later batch. A step of a small
@@ -411,13 +448,13 @@ impl Context {
     }
 
     /// Counts `batch` and hands it to the submit thread.
-    fn submit_counted(&self, enc: &mut Encoder, batch: OpenBatch) -> Result<()> {
+    pub(crate) fn submit_counted(&self, enc: &mut Encoder, batch: OpenBatch) -> Result<()> {
         enc.count(&batch);
         enc.enqueued = batch.value;
         self.enqueue(batch)
     }
 
-    fn lock_encoder(&self) -> Result<(MutexGuard<'_, Encoder>, RecordingGuard)> {
+    pub(crate) fn lock_encoder(&self) -> Result<(MutexGuard<'_, Encoder>, RecordingGuard)> {
         if RECORDING.with(|r| r.get()) {
             return Err(Error::Reentrant);
         }
@@ -434,7 +471,7 @@ impl Context {
         if enc.open.is_none() {
             // A new command buffer begins with a full barrier (submit.rs).
             let commands = self.spare_commands();
-            enc.open = Some(OpenBatch::new(commands, enc.enqueued + 1, Stages::NONE, 0));
+            enc.open = Some(enc.open_batch(commands, Stages::NONE, 0));
         }
         let batch = enc.open.as_mut().expect("opened above");
         let out = f(batch)?;
@@ -668,9 +705,13 @@ impl Context {
             // Accesses are not declared here: wait for every copy submitted so far.
             let copies = self.copy_queue.as_ref().map_or(0, |q| q.last_submitted());
             let commands = self.spare_commands();
-            let mut batch = OpenBatch::new(commands, enc.enqueued + 1, Stages::ALL, copies);
-            // A failed recording is dropped unsubmitted; the next batch takes its value.
-            record(&mut Recorder::new(self, &mut batch))?;
+            let mut batch = enc.open_batch(commands, Stages::ALL, copies);
+            // A failed recording is dropped unsubmitted; the next batch takes its value and
+            // its external waits.
+            if let Err(e) = record(&mut Recorder::new(self, &mut batch)) {
+                enc.external_waits.restore(batch.external_waits);
+                return Err(e);
+            }
             let value = batch.value;
             self.submit_counted(&mut enc, batch)?;
             value

@@ -137,6 +137,33 @@ pub enum Error {
     #[error("native launch of {kernel:?}: {detail}")]
     InvalidLaunch { kernel: String, detail: String },
 
+    #[error(
+        "{what} cannot be shared on {device:?}: {reason}; share through the host instead, or \
+         use a device whose driver offers it (NVIDIA's does)"
+    )]
+    ExportUnsupported {
+        what: &'static str,
+        device: String,
+        reason: String,
+    },
+
+    #[error("{what}: offset {offset} is not a multiple of {align} bytes; place regions at aligned offsets")]
+    Misaligned {
+        what: &'static str,
+        offset: u64,
+        align: u64,
+    },
+
+    #[error(
+        "{what} {value} on an external timeline already at (or promised) {current}: timeline \
+         values only increase; use a larger value"
+    )]
+    TimelineValue {
+        what: &'static str,
+        value: u64,
+        current: u64,
+    },
+
     #[error("wait for timeline value {value}, but only {last_submitted} has been submitted; wait for a value returned by submit()")]
     WaitOnUnsubmitted { value: u64, last_submitted: u64 },
 

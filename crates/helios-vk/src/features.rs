@@ -59,6 +59,12 @@ pub struct EnabledFeatures {
     /// VK_NVX_binary_import with bufferDeviceAddress: native CUDA kernels from PTX
     /// (`Context::create_native_kernel`); `HELIOS_NATIVE=0` leaves it off.
     pub native_kernels: bool,
+    /// VK_KHR_external_memory_fd, where the driver exports Helios's buffers as opaque fds:
+    /// `Context::export_memory` works.
+    pub export_memory: bool,
+    /// VK_KHR_external_semaphore_fd, where the driver exports timeline semaphores as opaque
+    /// fds: `Context::export_timeline` works.
+    pub export_timeline: bool,
 }
 
 /// Refuses devices Helios cannot run on, naming everything that is missing at once.
@@ -174,6 +180,10 @@ pub(crate) fn plan(
         pipeline_executable_info: pipeline_stats && f.pipeline_executable_info,
         shader_buffer_float32_atomic_add: f.shader_buffer_float32_atomic_add,
         native_kernels: native_wanted && native_ok,
+        // Both extensions date from 2017, older than any validation layer that knows
+        // Vulkan 1.2, so no layer withholds them.
+        export_memory: caps.external.memory_fd && caps.external.memory.exportable,
+        export_timeline: caps.external.semaphore_fd && caps.external.timeline.exportable,
     };
     (enabled, withheld)
 }
@@ -208,6 +218,12 @@ pub(crate) fn extensions(caps: &Caps, enabled: &EnabledFeatures) -> Vec<&'static
     }
     if enabled.native_kernels {
         exts.push(ash::nvx::binary_import::NAME);
+    }
+    if enabled.export_memory {
+        exts.push(ash::khr::external_memory_fd::NAME);
+    }
+    if enabled.export_timeline {
+        exts.push(ash::khr::external_semaphore_fd::NAME);
     }
     // The spec requires enabling it wherever it is listed (MoltenVK and similar).
     if caps.has_extension("VK_KHR_portability_subset") {
@@ -488,6 +504,38 @@ mod tests {
         // Without device addresses kernels could not reach buffers.
         c.features.buffer_device_address = false;
         assert!(!plan(&c, None, false, true, true).0.native_kernels);
+    }
+
+    #[test]
+    fn fd_exports_when_listed_and_exportable() {
+        let (mem, sem) = (
+            ash::khr::external_memory_fd::NAME,
+            ash::khr::external_semaphore_fd::NAME,
+        );
+        let mut c = caps(vk::API_VERSION_1_3);
+        // Listed, but the driver cannot export our buffers or timelines: off.
+        c.external.memory_fd = true;
+        c.external.semaphore_fd = true;
+        let (e, _) = plan(&c, None, false, true, true);
+        assert!(!e.export_memory && !e.export_timeline);
+        assert!(extensions(&c, &e).is_empty());
+        // Memory exportable (lavapipe 22.3 lists no semaphore fd): memory only.
+        c.external.memory.exportable = true;
+        c.external.semaphore_fd = false;
+        c.external.timeline.exportable = true;
+        let (e, withheld) = plan(
+            &c,
+            Some(vk::make_api_version(0, 1, 3, 239)),
+            false,
+            true,
+            true,
+        );
+        assert!(e.export_memory && !e.export_timeline && withheld.is_empty());
+        assert_eq!(extensions(&c, &e), [mem]);
+        c.external.semaphore_fd = true;
+        let (e, _) = plan(&c, None, false, true, true);
+        assert!(e.export_memory && e.export_timeline);
+        assert_eq!(extensions(&c, &e), [mem, sem]);
     }
 
     #[test]

@@ -20,8 +20,9 @@
 //! then owns everything made on that device: buffers (`memory`, carved by `pool` from large
 //! blocks), pipelines (`pipeline`, `pipeline_cache`, `native`, `executable`), the encoder
 //! (`encoder` decides batches and barriers, `recorder` writes command buffers, `worker` and
-//! `submit` submit them on the timeline), host transfers (`transfer`, `copy_queue`) and
-//! timing (`profile`, `timer`). `caps`, `conv` and `env` are plain data and pure functions;
+//! `submit` submit them on the timeline), host transfers (`transfer`, `copy_queue`),
+//! sharing with CUDA (`external`: exported memory and timelines) and timing (`profile`,
+//! `timer`). `caps`, `conv` and `env` are plain data and pure functions;
 //! `sync` holds the lock helpers.
 //!
 //! ```no_run
@@ -43,6 +44,7 @@ mod encoder;
 pub mod env;
 mod error;
 mod executable;
+mod external;
 mod features;
 mod instance;
 mod memory;
@@ -61,14 +63,15 @@ mod worker;
 
 pub use adapter::{select_adapter, select_adapter_from_env, Adapter};
 pub use caps::{
-    Caps, CooperativeMatrixShape, DeviceType, Features, Limits, MemoryHeap, MemoryType,
-    QueueFamily, Subgroup,
+    Caps, CooperativeMatrixShape, DeviceType, External, ExternalSupport, Features, Limits,
+    MemoryHeap, MemoryType, QueueFamily, Subgroup,
 };
 pub use context::{pick_queue_family, pick_transfer_family, Context, ContextOptions};
 pub use coopmat2::{CooperativeMatrix2, FlexibleShape};
 pub use encoder::{Access, EncoderStats, SubmitHold, DEFAULT_BATCH};
 pub use error::{Error, Result};
 pub use executable::{ExecutableCapture, ExecutableStats, StatValue, HELIOS_PIPELINE_STATS};
+pub use external::{ExportedMemory, ExternalTimeline, REGION_ALIGN};
 pub use features::EnabledFeatures;
 pub use instance::{Instance, InstanceOptions};
 pub use memory::{choose_memory_type, Buffer, MemoryLocation};
@@ -78,6 +81,7 @@ pub use pipeline_cache::{
     PipelineCacheDir, PipelineStats, HELIOS_CACHE_DIR, HELIOS_PIPELINE_CACHE, HELIOS_VERBOSE,
 };
 pub use pool::MemoryStats;
+pub use probe::BUFFER_USAGE;
 pub use profile::{
     ProfileReport, ProfileRow, Profiler, Span, HELIOS_PROFILE, MAX_POOLS, QUERIES_PER_POOL,
 };
@@ -98,4 +102,6 @@ const _: () = {
     send_sync::<NativeKernel>();
     send_sync::<Adapter>();
     send_sync::<Profiler>();
+    send_sync::<ExportedMemory>();
+    send_sync::<ExternalTimeline>();
 };

@@ -2,7 +2,8 @@
 //!
 //! Memory comes from the driver in large blocks (one VkDeviceMemory + one VkBuffer spanning
 //! it, reachable by device address), and a `Buffer` is a region of a block handed out by the
-//! caching pool (pool.rs). A buffer's device address is the block's plus its offset, so
+//! caching pool (pool.rs), or a region of an exported allocation (external.rs), which never
+//! goes back to the pool. A buffer's device address is the block's plus its offset, so
 //! kernels never see the difference. Host-visible blocks (and device-local ones on unified
 //! memory, where device-local memory is host-visible) are mapped once for their whole life.
 //!
@@ -68,23 +69,41 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Block {
-    /// Allocates a block of `size` bytes in `location` (`requested` is for error messages).
+    /// Allocates a block of `size` bytes in `location` from the pool (pool.rs).
     pub(crate) fn new(
         ctx: &Context,
         id: u64,
         size: u64,
         location: MemoryLocation,
     ) -> Result<Block> {
+        Block::create(ctx, id, size, location, false).map(|(block, _)| block)
+    }
+
+    /// Allocates a dedicated device-local block of `size` bytes exportable as an opaque fd
+    /// (external.rs); also returns the allocation's size and memory type, which an importer
+    /// must repeat.
+    pub(crate) fn new_exported(ctx: &Context, id: u64, size: u64) -> Result<(Block, Allocated)> {
+        Block::create(ctx, id, size, MemoryLocation::DeviceLocal, true)
+    }
+
+    fn create(
+        ctx: &Context,
+        id: u64,
+        size: u64,
+        location: MemoryLocation,
+        export: bool,
+    ) -> Result<(Block, Allocated)> {
         let device = ctx.device();
+        let mut external = vk::ExternalMemoryBufferCreateInfo::default()
+            .handle_types(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
         let info = vk::BufferCreateInfo::default()
             .size(size)
-            .usage(
-                vk::BufferUsageFlags::STORAGE_BUFFER
-                    | vk::BufferUsageFlags::TRANSFER_SRC
-                    | vk::BufferUsageFlags::TRANSFER_DST
-                    | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS,
-            )
+            .usage(crate::probe::BUFFER_USAGE)
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let info = match export {
+            true => info.push_next(&mut external),
+            false => info,
+        };
         // With a dedicated transfer queue, blocks are shared by both queue families, so
         // copies and kernels need no queue-family ownership transfers.
         let families = ctx.queue_families();
@@ -99,14 +118,16 @@ impl Block {
             .map_err(|r| oom_or(r, "vkCreateBuffer", size, location))?;
         // SAFETY: `raw` was just created on this device.
         let requirements = unsafe { device.get_buffer_memory_requirements(raw) };
-        let (memory, mapped) = match allocate(ctx, requirements, size, location) {
-            Ok(a) => a,
-            Err(e) => {
-                // SAFETY: unused buffer of this device.
-                unsafe { device.destroy_buffer(raw, None) };
-                return Err(e);
-            }
-        };
+        let dedicated = export.then_some(raw);
+        let (memory, mapped, allocated) =
+            match allocate(ctx, requirements, size, location, dedicated) {
+                Ok(a) => a,
+                Err(e) => {
+                    // SAFETY: unused buffer of this device.
+                    unsafe { device.destroy_buffer(raw, None) };
+                    return Err(e);
+                }
+            };
         // SAFETY: the memory type was chosen from the buffer's requirements; offset 0.
         if let Err(r) = unsafe { device.bind_buffer_memory(raw, memory, 0) } {
             // SAFETY: neither object is in use.
@@ -119,15 +140,21 @@ impl Block {
         let address_info = vk::BufferDeviceAddressInfo::default().buffer(raw);
         // SAFETY: bound buffer with SHADER_DEVICE_ADDRESS usage on a device with the feature.
         let address = unsafe { device.get_buffer_device_address(&address_info) };
-        ctx.set_name(raw, &format!("helios block {id} ({})", location.as_str()));
-        Ok(Block {
+        let what = if export {
+            "exported"
+        } else {
+            location.as_str()
+        };
+        ctx.set_name(raw, &format!("helios block {id} ({what})"));
+        let block = Block {
             id,
             raw,
             memory,
             size,
             address,
             mapped,
-        })
+        };
+        Ok((block, allocated))
     }
 
     /// Returns the memory to the driver.
@@ -142,6 +169,59 @@ impl Block {
     pub(crate) fn is_mapped(&self) -> bool {
         self.mapped.is_some()
     }
+
+    /// The VkDeviceMemory (for exporting it as an fd).
+    pub(crate) fn memory(&self) -> vk::DeviceMemory {
+        self.memory
+    }
+}
+
+/// What `allocate` got from the driver.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Allocated {
+    /// The VkDeviceMemory's size (the buffer's requirement, ≥ the size asked for).
+    pub(crate) size: u64,
+    pub(crate) memory_type: u32,
+}
+
+/// Timeline values of the last GPU accesses to some memory.
+#[derive(Default)]
+pub(crate) struct Marks {
+    /// Timeline value of the batch that last wrote it (0: none).
+    last_write: AtomicU64,
+    /// Timeline value of the batch that last read or wrote it (0: none).
+    last_use: AtomicU64,
+    /// Transfer-timeline value of the last copy-queue copy that touched it (0: none).
+    transfer_use: AtomicU64,
+}
+
+impl Marks {
+    fn new(last_use: u64, transfer_use: u64) -> Marks {
+        Marks {
+            last_write: AtomicU64::new(0),
+            last_use: AtomicU64::new(last_use),
+            transfer_use: AtomicU64::new(transfer_use),
+        }
+    }
+
+    pub(crate) fn last_use(&self) -> u64 {
+        self.last_use.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn transfer_use(&self) -> u64 {
+        self.transfer_use.load(Ordering::Acquire)
+    }
+}
+
+/// Where a buffer's region came from, and so where it goes when the buffer is dropped.
+pub(crate) enum Origin {
+    /// Carved by the caching pool (pool.rs), and returned to it.
+    Pool,
+    /// A region of an exported allocation (external.rs), which is freed once it and every
+    /// region are gone and never reaches the pool. Regions may overlap, so their accesses are
+    /// tracked for the whole allocation: in the allocation's `Marks`, and in the encoder
+    /// under one key.
+    Exported(Arc<crate::external::ExportedBlock>),
 }
 
 /// A region of device memory: what tensors and staging areas are made of.
@@ -155,12 +235,9 @@ pub struct Buffer {
     /// Size the caller asked for (may be 0).
     size: u64,
     location: MemoryLocation,
-    /// Timeline value of the batch that last wrote the buffer (0: none).
-    last_write: AtomicU64,
-    /// Timeline value of the batch that last read or wrote it (0: none).
-    last_use: AtomicU64,
-    /// Transfer-timeline value of the last copy-queue copy that touched it (0: none).
-    transfer_use: AtomicU64,
+    /// The last GPU accesses (of a pool region; an exported region's are its allocation's).
+    marks: Marks,
+    origin: Origin,
     /// The region was cut from a different extent than its previous occupants and has not
     /// been fenced yet (see `take_remapped`).
     remapped: AtomicBool,
@@ -205,10 +282,47 @@ impl Buffer {
             class: grant.class,
             size,
             location,
-            last_write: AtomicU64::new(0),
-            last_use: AtomicU64::new(grant.free_after),
-            transfer_use: AtomicU64::new(grant.transfer_after),
+            marks: Marks::new(grant.free_after, grant.transfer_after),
+            origin: Origin::Pool,
             remapped: AtomicBool::new(grant.remapped),
+        }
+    }
+
+    /// A buffer over `[offset, offset + size)` of an exported allocation, `class` bytes of
+    /// it reserved (what descriptors may bind). The caller checked the range and alignment.
+    pub(crate) fn exported_region(
+        exported: &Arc<crate::external::ExportedBlock>,
+        offset: u64,
+        size: u64,
+        class: u64,
+    ) -> Buffer {
+        Buffer {
+            ctx: Arc::clone(exported.context()),
+            block: Arc::clone(exported.block()),
+            offset,
+            class,
+            size,
+            location: MemoryLocation::DeviceLocal,
+            marks: Marks::default(),
+            origin: Origin::Exported(Arc::clone(exported)),
+            remapped: AtomicBool::new(false),
+        }
+    }
+
+    /// The marks that track this buffer's GPU accesses.
+    fn marks(&self) -> &Marks {
+        match &self.origin {
+            Origin::Pool => &self.marks,
+            Origin::Exported(e) => e.marks(),
+        }
+    }
+
+    /// The encoder's key for hazards on this buffer: its pool region, or the whole exported
+    /// allocation (whose regions may overlap; byte ranges are tracked within the key).
+    pub(crate) fn hazard_key(&self) -> (u64, u64) {
+        match self.origin {
+            Origin::Pool => (self.block.id, self.offset),
+            Origin::Exported(_) => (self.block.id, 0),
         }
     }
 
@@ -244,12 +358,12 @@ impl Buffer {
 
     /// Timeline value of the last GPU write (0: never written by the GPU).
     pub fn last_write(&self) -> u64 {
-        self.last_write.load(Ordering::Acquire)
+        self.marks().last_write.load(Ordering::Acquire)
     }
 
     /// Timeline value of the last GPU read or write.
     pub fn last_use(&self) -> u64 {
-        self.last_use.load(Ordering::Acquire)
+        self.marks().last_use()
     }
 
     /// Whether this is the first GPU use of a region cut from a different extent than its
@@ -262,20 +376,21 @@ impl Buffer {
 
     /// Records a GPU access in the batch that will signal `value`.
     pub(crate) fn mark(&self, value: u64, write: bool) {
-        self.last_use.fetch_max(value, Ordering::AcqRel);
+        let marks = self.marks();
+        marks.last_use.fetch_max(value, Ordering::AcqRel);
         if write {
-            self.last_write.fetch_max(value, Ordering::AcqRel);
+            marks.last_write.fetch_max(value, Ordering::AcqRel);
         }
     }
 
     /// Transfer-timeline value of the last copy-queue copy that read or wrote it.
     pub fn transfer_use(&self) -> u64 {
-        self.transfer_use.load(Ordering::Acquire)
+        self.marks().transfer_use()
     }
 
     /// Records a copy-queue copy that signals `value` on the transfer timeline.
     pub(crate) fn mark_transfer(&self, value: u64) {
-        self.transfer_use.fetch_max(value, Ordering::AcqRel);
+        self.marks().transfer_use.fetch_max(value, Ordering::AcqRel);
     }
 
     pub(crate) fn context(&self) -> &Context {
@@ -360,6 +475,10 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        // An exported region holds its allocation, which frees itself (external.rs).
+        if let Origin::Exported(_) = self.origin {
+            return;
+        }
         // The region goes back to the pool tagged with its last GPU use: later GPU work on
         // the queue may take it at once (the encoder orders the accesses), host access only
         // once that value has completed.
@@ -386,16 +505,22 @@ impl std::fmt::Debug for Buffer {
 }
 
 /// Allocates memory for `requirements` in `location`; maps it when it is host-visible.
+/// `export`: the buffer of a dedicated allocation exportable as an opaque fd.
 fn allocate(
     ctx: &Context,
     requirements: vk::MemoryRequirements,
     requested: u64,
     location: MemoryLocation,
-) -> Result<(vk::DeviceMemory, Option<Mapping>)> {
+    export: Option<vk::Buffer>,
+) -> Result<(vk::DeviceMemory, Option<Mapping>, Allocated)> {
     let props = ctx.memory_properties();
     let types = props.memory_types_as_slice();
     let heaps = props.memory_heaps_as_slice();
-    let bar = location == MemoryLocation::DeviceLocal && ctx.use_bar() && full_bar(types, heaps);
+    // An export is for another API's kernels: VRAM proper, not its host-mapped window.
+    let bar = location == MemoryLocation::DeviceLocal
+        && export.is_none()
+        && ctx.use_bar()
+        && full_bar(types, heaps);
     let chosen = if bar {
         choose_bar_type(types, requirements.memory_type_bits)
     } else {
@@ -433,8 +558,21 @@ fn allocate(
         .allocation_size(requirements.size)
         .memory_type_index(type_index)
         .push_next(&mut flags_info);
+    let mut export_info = vk::ExportMemoryAllocateInfo::default()
+        .handle_types(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
+    let mut dedicated_info = vk::MemoryDedicatedAllocateInfo::default();
+    let info = match export {
+        Some(buffer) => {
+            dedicated_info = dedicated_info.buffer(buffer);
+            info.push_next(&mut export_info)
+                .push_next(&mut dedicated_info)
+        }
+        None => info,
+    };
     let device = ctx.device();
-    // SAFETY: type index valid for the requirements; bufferDeviceAddress is enabled.
+    // SAFETY: type index valid for the requirements; bufferDeviceAddress is enabled; an
+    // export's chain is valid where the context enabled VK_KHR_external_memory_fd (checked
+    // by the caller), and its dedicated buffer is unbound.
     let memory = unsafe { device.allocate_memory(&info, None) }
         .map_err(|r| oom_or(r, "vkAllocateMemory", requested, location))?;
 
@@ -454,7 +592,11 @@ fn allocate(
     } else {
         None
     };
-    Ok((memory, mapped))
+    let allocated = Allocated {
+        size: requirements.size,
+        memory_type: type_index,
+    };
+    Ok((memory, mapped, allocated))
 }
 
 /// Whether all of the largest device-local heap is host-visible (resizable BAR, as on the

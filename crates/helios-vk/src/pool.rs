@@ -50,6 +50,9 @@ pub struct MemoryStats {
     pub bytes_in_use: u64,
     /// The most `bytes_in_use` has been (summed per location, so a bound on the sum).
     pub peak_in_use: u64,
+    /// Bytes held by exported allocations (`Context::export_memory`), which are outside the
+    /// pool and counted in none of the fields above.
+    pub bytes_exported: u64,
 }
 
 impl MemoryStats {
@@ -70,6 +73,7 @@ impl std::ops::Add for MemoryStats {
             bytes_held: self.bytes_held + o.bytes_held,
             bytes_in_use: self.bytes_in_use + o.bytes_in_use,
             peak_in_use: self.peak_in_use + o.peak_in_use,
+            bytes_exported: self.bytes_exported + o.bytes_exported,
         }
     }
 }
@@ -509,10 +513,13 @@ impl Context {
         });
     }
 
-    /// Allocation counters, summed over device-local and host-visible memory.
+    /// Allocation counters, summed over device-local and host-visible memory, and the bytes
+    /// of exported allocations.
     pub fn memory_stats(&self) -> MemoryStats {
-        self.pool(MemoryLocation::DeviceLocal).stats()
-            + self.pool(MemoryLocation::HostVisible).stats()
+        let mut stats = self.pool(MemoryLocation::DeviceLocal).stats()
+            + self.pool(MemoryLocation::HostVisible).stats();
+        stats.bytes_exported = self.exported();
+        stats
     }
 
     /// Starts `peak_in_use` again from what is in use now.

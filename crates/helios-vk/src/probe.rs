@@ -9,8 +9,8 @@ use ash::vk;
 use std::ffi::{c_void, CStr};
 
 use crate::caps::{
-    Caps, CooperativeMatrixShape, DeviceType, Features, Limits, MemoryHeap, MemoryType,
-    QueueFamily, Subgroup,
+    Caps, CooperativeMatrixShape, DeviceType, External, ExternalSupport, Features, Limits,
+    MemoryHeap, MemoryType, QueueFamily, Subgroup,
 };
 use crate::conv;
 use crate::error::{vk_err, Result};
@@ -278,6 +278,12 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         None
     };
 
+    let external = if at_least(1, 1) {
+        probe_external(raw, pd, &has)
+    } else {
+        External::default()
+    };
+
     let device_type = conv::device_type(props.device_type);
     let l = &props.limits;
     Ok(Caps {
@@ -291,6 +297,7 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         driver_info: conv::c_chars(&driver.driver_info),
         driver_version: conv::driver_version(props.vendor_id, props.driver_version),
         device_uuid: conv::hex(&id.device_uuid),
+        device_uuid_bytes: id.device_uuid,
         sm_count: (has_sm_props && at_least(1, 1) && sm_props.shader_sm_count > 0)
             .then_some(sm_props.shader_sm_count),
         pipeline_cache_uuid: conv::hex(&props.pipeline_cache_uuid),
@@ -325,7 +332,79 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         cooperative_matrix,
         nv_cooperative_matrix2: has(crate::coopmat2::NAME),
         cooperative_matrix2,
+        external,
         extensions,
         api_version_raw: api,
     })
+}
+
+/// The usage of every Helios buffer (memory.rs), which an exported allocation's buffer has
+/// too: the driver's answer to an export query depends on it.
+pub const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
+    vk::BufferUsageFlags::STORAGE_BUFFER.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_DST.as_raw()
+        | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS.as_raw(),
+);
+
+/// Whether buffers and timeline semaphores can be exported (and imported) as opaque fds.
+/// Both queries are core in Vulkan 1.1; the fd extensions are what makes the handles
+/// reachable, so without them the answers are not asked for.
+fn probe_external(
+    raw: &ash::Instance,
+    pd: vk::PhysicalDevice,
+    has: &dyn Fn(&CStr) -> bool,
+) -> External {
+    let opaque = vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD;
+    let memory_fd = has(ash::khr::external_memory_fd::NAME);
+    let semaphore_fd = has(ash::khr::external_semaphore_fd::NAME);
+    let memory = if memory_fd {
+        let info = vk::PhysicalDeviceExternalBufferInfo::default()
+            .usage(BUFFER_USAGE)
+            .handle_type(opaque);
+        let mut props = vk::ExternalBufferProperties::default();
+        // SAFETY: `pd` belongs to `raw`; Vulkan 1.1 is checked by the caller.
+        unsafe { raw.get_physical_device_external_buffer_properties(pd, &info, &mut props) };
+        let f = props.external_memory_properties.external_memory_features;
+        let compatible = props
+            .external_memory_properties
+            .compatible_handle_types
+            .contains(opaque);
+        use vk::ExternalMemoryFeatureFlags as M;
+        ExternalSupport {
+            exportable: compatible && f.contains(M::EXPORTABLE),
+            importable: compatible && f.contains(M::IMPORTABLE),
+            dedicated_only: f.contains(M::DEDICATED_ONLY),
+        }
+    } else {
+        ExternalSupport::default()
+    };
+    let timeline = if semaphore_fd {
+        let mut type_info =
+            vk::SemaphoreTypeCreateInfo::default().semaphore_type(vk::SemaphoreType::TIMELINE);
+        let info = vk::PhysicalDeviceExternalSemaphoreInfo::default()
+            .handle_type(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD)
+            .push_next(&mut type_info);
+        let mut props = vk::ExternalSemaphoreProperties::default();
+        // SAFETY: as above; the chained struct is a local.
+        unsafe { raw.get_physical_device_external_semaphore_properties(pd, &info, &mut props) };
+        use vk::ExternalSemaphoreFeatureFlags as S;
+        let f = props.external_semaphore_features;
+        let compatible = props
+            .compatible_handle_types
+            .contains(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD);
+        ExternalSupport {
+            exportable: compatible && f.contains(S::EXPORTABLE),
+            importable: compatible && f.contains(S::IMPORTABLE),
+            dedicated_only: false,
+        }
+    } else {
+        ExternalSupport::default()
+    };
+    External {
+        memory_fd,
+        semaphore_fd,
+        memory,
+        timeline,
+    }
 }

@@ -17,6 +17,7 @@ use std::sync::Mutex;
 use crate::context::Context;
 use crate::encoder::OpenBatch;
 use crate::error::{vk_err, Error, Result};
+use crate::external::{ExternalSignals, ExternalWaits};
 use crate::native::NativeKernel;
 use crate::pipeline::Pipeline;
 use crate::recorder;
@@ -80,12 +81,15 @@ impl Slot {
     }
 }
 
-/// A submitted batch: its command buffer and the pipelines and native kernels it uses.
+/// A submitted batch: its command buffer and the pipelines, native kernels and external
+/// semaphores it uses.
 struct InFlight {
     value: u64,
     slot: Slot,
     _keep: Vec<Arc<Pipeline>>,
     _keep_native: Vec<Arc<NativeKernel>>,
+    _keep_waits: ExternalWaits,
+    _keep_signals: ExternalSignals,
 }
 
 /// Batches submitted and not yet known complete before a submit waits for the oldest.
@@ -186,6 +190,8 @@ impl Context {
             keep,
             keep_native,
             wait_transfer,
+            external_waits,
+            external_signals,
             ..
         } = batch;
         let native = commands.native;
@@ -215,23 +221,32 @@ impl Context {
             q.last_submitted + 1,
             "batches signal consecutive values"
         );
-        let signal_values = [value];
-        let signals = [s.timeline];
+        // The Context's timeline, then any external ones (external.rs).
+        let mut signals = vec![s.timeline];
+        let mut signal_values = vec![value];
+        for (t, v) in &external_signals {
+            signals.push(t.raw);
+            signal_values.push(*v);
+        }
         let cbs = [slot.cb];
-        // Copies on the transfer queue this batch depends on (copy_queue.rs).
-        let (wait_sems, wait_values, wait_stages) = match &self.copy_queue {
-            Some(cq) if wait_transfer > 0 => (
-                vec![cq.timeline],
-                vec![wait_transfer],
-                vec![match native {
-                    true => vk::PipelineStageFlags::ALL_COMMANDS,
-                    false => {
-                        vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER
-                    }
-                }],
-            ),
-            _ => (Vec::new(), Vec::new(), Vec::new()),
-        };
+        let (mut wait_sems, mut wait_values, mut wait_stages) =
+            (Vec::new(), Vec::new(), Vec::new());
+        // Copies on the transfer queue this batch depends on (copy_queue.rs). Before an
+        // external signal the whole batch waits, so the signal follows the copies.
+        if let (Some(cq), true) = (&self.copy_queue, wait_transfer > 0) {
+            wait_sems.push(cq.timeline);
+            wait_values.push(wait_transfer);
+            wait_stages.push(match native || !external_signals.is_empty() {
+                true => vk::PipelineStageFlags::ALL_COMMANDS,
+                false => vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
+            });
+        }
+        // External values: nothing in the batch may start before them.
+        for (semaphore, v) in external_waits.iter() {
+            wait_sems.push(semaphore);
+            wait_values.push(v);
+            wait_stages.push(vk::PipelineStageFlags::ALL_COMMANDS);
+        }
         let mut timeline_info = vk::TimelineSemaphoreSubmitInfo::default()
             .wait_semaphore_values(&wait_values)
             .signal_semaphore_values(&signal_values);
@@ -259,6 +274,8 @@ impl Context {
             slot,
             _keep: keep,
             _keep_native: keep_native,
+            _keep_waits: external_waits,
+            _keep_signals: external_signals,
         });
         Ok(())
     }

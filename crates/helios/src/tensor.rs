@@ -96,12 +96,19 @@ impl Tensor {
         let len: usize = shape.iter().product();
         let bytes = (len * dtype.size()) as u64;
         let buffer = device.context().create_buffer(bytes, location)?;
-        Ok(Tensor::from_node(Node::realized(
-            device.clone(),
-            dtype,
-            &Layout::contiguous(shape),
-            buffer,
-        )))
+        Ok(Tensor::from_buffer(device, buffer, shape, dtype))
+    }
+
+    /// A realised row-major tensor of `shape` whose elements are `buffer`'s first bytes
+    /// (the caller checked that it holds them).
+    pub(crate) fn from_buffer(
+        device: &Device,
+        buffer: Buffer,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Tensor {
+        let layout = Layout::contiguous(shape);
+        Tensor::from_node(Node::realized(device.clone(), dtype, &layout, buffer))
     }
 
     /// The address of the array this tensor views: equal for tensors viewing the same one.
@@ -517,7 +524,7 @@ fn op_name(op: ElementwiseOp) -> &'static str {
 
 /// Records `op` over `inputs` (one dtype, each broadcastable to `shape`) into the dense
 /// `out` buffer of `shape` and dtype `out_dtype`.
-fn record_elementwise(
+pub(crate) fn record_elementwise(
     op: ElementwiseOp,
     inputs: &[&Tensor],
     s: Option<f32>,
