@@ -425,7 +425,7 @@ fn train(args: &TrainArgs, rank: Rank) -> CliResult {
         Event::Step(s) => {
             let ms = s.fwd_ms + s.bwd_ms + s.opt_ms;
             let ms = ms + s.comm_ms;
-            let comm = match s.comm_ms > 0.0 {
+            let comm = match rank.world > 1 {
                 true => format!(" comm {:.0}", s.comm_ms),
                 false => String::new(),
             };

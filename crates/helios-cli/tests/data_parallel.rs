@@ -242,6 +242,9 @@ fn ranks_that_disagree_or_die_stop_the_run_with_a_clear_error() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("mpiexec"), "{stderr}");
+    assert!(
+        stderr.contains("needs NCCL") && stderr.contains("mpiexec"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(&root).unwrap();
 }

@@ -9,6 +9,8 @@ pub enum Error {
     Helios(#[from] helios::Error),
     #[error(transparent)]
     Vulkan(#[from] helios_vk::Error),
+    #[error(transparent)]
+    Cuda(#[from] helios_cuda::Error),
     /// A launcher variable is missing, malformed or inconsistent.
     #[error("{0}")]
     Environment(String),

@@ -1,9 +1,10 @@
 //! `helios train --nproc N`: starts N ranks of the same command on this host, one per GPU,
 //! and stops them all when one fails.
 //!
-//! Two ways, chosen by what this build and host can do: under `mpiexec` when the build has
-//! MPI (its ranks then reach each other through MPI); otherwise as N children of this
-//! process with `RANK`, `LOCAL_RANK` and `WORLD_SIZE` set, as `torchrun` would.
+//! Two ways, chosen by what the host and this build can do: where NCCL runs (NVIDIA GPUs, the
+//! NCCL library found), as N children of this process with `RANK`, `LOCAL_RANK` and
+//! `WORLD_SIZE` set, as `torchrun` would, finding each other through `NCCL_COMM_ID`;
+//! otherwise under `mpiexec` when the build has MPI.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -18,11 +19,19 @@ pub fn launch(nproc: usize, program: &Path, args: &[OsString]) -> Result<()> {
     if nproc == 0 {
         return Err(Error::Launch("--nproc must be at least 1".into()));
     }
+    // NCCL where it runs: the ranks are our children, and find each other at a local port.
+    let nccl = crate::nccl::available(nproc);
+    if nccl.is_ok() {
+        let port = free_port()?;
+        let env = [("NCCL_COMM_ID".to_string(), format!("127.0.0.1:{port}"))];
+        return spawn_ranks(nproc, program, args, &env);
+    }
     if !crate::HAS_MPI {
         return Err(Error::Unsupported(format!(
-            "--nproc {nproc} needs a collective backend, and this helios has none: build it \
-             with `cargo build --release --features mpi` (MPICH: `apt-get install mpich \
-             libmpich-dev libclang-dev`)"
+            "--nproc {nproc} needs NCCL or MPI. NCCL cannot run here ({}); and this helios \
+             was built without MPI: build it with `cargo build --release --features mpi` \
+             (MPICH: `apt-get install mpich libmpich-dev libclang-dev`)",
+            nccl.unwrap_err()
         )));
     }
     let mpiexec = find_mpiexec().ok_or_else(|| {
@@ -46,6 +55,16 @@ pub fn launch(nproc: usize, program: &Path, args: &[OsString]) -> Result<()> {
             "a rank failed ({status}); mpiexec stopped the others"
         ))),
     }
+}
+
+/// A TCP port free on this host now, for rank 0's NCCL bootstrap.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::Launch(format!("no free local port for NCCL: {e}")))?;
+    Ok(listener
+        .local_addr()
+        .map_err(|e| Error::Launch(e.to_string()))?
+        .port())
 }
 
 /// `mpiexec` on PATH (MPICH's; Hydra's own name as a fallback).

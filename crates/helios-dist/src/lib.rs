@@ -15,6 +15,7 @@ mod error;
 pub mod launch;
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod nccl;
 mod single;
 
 use helios::Tensor;
@@ -22,6 +23,7 @@ use helios::Tensor;
 pub use device::device_for;
 pub use env::{Launcher, Rank};
 pub use error::{Error, Result};
+pub use nccl::NcclCollective;
 pub use single::Single;
 
 /// The operations data-parallel training needs, carried by one backend. Every rank calls
@@ -95,19 +97,34 @@ impl dyn Collective + '_ {
 }
 
 /// The collective for this process's rank, on `device` (from `device_for`): a `Single` when
-/// the process runs alone; MPI when an MPI launcher started it; otherwise an error that says
-/// what this build lacks.
+/// the process runs alone; NCCL where the device can share memory with CUDA and NCCL loads
+/// (found through MPI under `mpiexec`, else through `NCCL_COMM_ID`); MPI otherwise under
+/// `mpiexec`. An error says what is missing.
 pub fn connect(device: &helios::Device, rank: Rank) -> Result<Box<dyn Collective>> {
-    let _ = device;
     match rank.launcher {
         Launcher::None => Ok(Box::new(Single)),
-        Launcher::Mpi => mpi_backend(rank),
-        Launcher::Env => Err(Error::Unsupported(format!(
-            "rank {} of {} was started without MPI (RANK/WORLD_SIZE), which needs the NCCL \
-             backend; start the ranks with `mpiexec -n {}` and a build with `--features mpi` \
-             instead",
-            rank.rank, rank.world, rank.world
-        ))),
+        Launcher::Env => match NcclCollective::connect(device, rank, None) {
+            Ok(c) => Ok(Box::new(c)),
+            Err(e) => Err(Error::Unsupported(format!(
+                "rank {} of {} was started without MPI (RANK/WORLD_SIZE), so it needs NCCL, \
+                 which cannot run here: {e}. Start the ranks with `mpiexec -n {}` and a build \
+                 with `--features mpi` instead",
+                rank.rank, rank.world, rank.world
+            ))),
+        },
+        Launcher::Mpi => {
+            let bootstrap = mpi_backend(rank)?;
+            let shares = device.context().enabled().export_memory
+                && device.context().enabled().export_timeline;
+            match shares && nccl::available(1).is_ok() {
+                true => Ok(Box::new(NcclCollective::connect(
+                    device,
+                    rank,
+                    Some(bootstrap),
+                )?)),
+                false => Ok(bootstrap),
+            }
+        }
     }
 }
 

@@ -92,7 +92,8 @@ pub struct StepLog {
     pub fwd_ms: f64,
     pub bwd_ms: f64,
     pub opt_ms: f64,
-    /// Data parallel: averaging the gradients over the ranks (0 for one process).
+    /// Data parallel: averaging the gradients over the ranks (host time; about 0 for one
+    /// process).
     #[serde(default)]
     pub comm_ms: f64,
     /// Tokens this step trained on, over all ranks (B·T·accum·ranks).
@@ -471,14 +472,10 @@ impl Trainer {
             self.device.synchronize()?;
             bwd += ms(t1);
         }
+        // Also in a world of one: a backend other than `Single` runs its whole path there.
         let t_comm = Instant::now();
-        let comm_ms = match self.comm.rank().world {
-            1 => 0.0,
-            _ => {
-                self.comm.average_gradients(self.params.tensors())?;
-                ms(t_comm)
-            }
-        };
+        self.comm.average_gradients(self.params.tensors())?;
+        let comm_ms = ms(t_comm);
         let t2 = Instant::now();
         let lr = self.cfg.schedule.lr_at(step);
         let norm = match loss_scale {

@@ -1,0 +1,323 @@
+//! The NCCL backend: gradients are averaged on the GPU, with no copy through the host.
+//!
+//! Backward's gradients are copied into one exportable Vulkan allocation (the arena), which
+//! CUDA imports once; a Vulkan timeline semaphore, also imported, orders the two APIs on the
+//! GPU. Each step: Vulkan copies the gradients in and signals value 2k+1; the CUDA stream
+//! waits for it, all-reduces the arena in place and signals 2k+2; every later Vulkan command
+//! (the optimizer first) waits for that. The host only enqueues.
+
+use helios::interop::{ExportedArena, ExternalTimeline};
+use helios::{DType, Device, Tensor};
+use helios_cuda::{
+    Comm, Context, Cuda, DeviceBuffer, DevicePtr, ExternalMemory, ExternalSemaphore, Nccl,
+    NcclDtype, NcclOp, Stream, UniqueId,
+};
+
+use crate::{Collective, Error, Rank, Result};
+
+/// Whether this host can run `ranks` NCCL ranks (the libraries load and CUDA sees as many
+/// GPUs), or why not.
+pub fn available(ranks: usize) -> std::result::Result<(), String> {
+    let cuda = Cuda::load().map_err(|e| e.to_string())?;
+    let gpus = cuda.device_count().map_err(|e| e.to_string())?;
+    if gpus < ranks {
+        return Err(format!("CUDA sees {gpus} GPUs, fewer than {ranks} ranks"));
+    }
+    Nccl::load().map(drop).map_err(|e| e.to_string())
+}
+
+/// One rank's NCCL communicator and what it shares with Vulkan. Field order is drop order:
+/// CUDA lets go of the imported memory and semaphore before Vulkan frees them.
+pub struct NcclCollective {
+    grads: Option<GradArena>,
+    sem: ExternalSemaphore,
+    host: Option<DeviceBuffer>,
+    comm: Option<Comm>,
+    stream: Stream,
+    timeline: ExternalTimeline,
+    /// The timeline's last value (both APIs signal it, always higher).
+    value: u64,
+    nccl: Nccl,
+    ctx: Context,
+    device: Device,
+    rank: Rank,
+    /// What found the other ranks, kept until `finish` (MPI, when it started the ranks).
+    bootstrap: Option<Box<dyn Collective>>,
+}
+
+/// The gradients' home that CUDA sees: one tensor per parameter, packed at aligned offsets.
+struct GradArena {
+    /// CUDA's mapping, dropped before the Vulkan arena.
+    _memory: ExternalMemory,
+    base: DevicePtr,
+    /// Per parameter: its gradient's shape and dtype (the arena is rebuilt if they change).
+    specs: Vec<(Vec<usize>, DType)>,
+    tensors: Vec<Tensor>,
+    /// Contiguous runs of one dtype: (byte offset, elements, dtype), one all-reduce each.
+    runs: Vec<(u64, usize, NcclDtype)>,
+    _arena: ExportedArena,
+}
+
+fn nccl_dtype(d: DType) -> NcclDtype {
+    match d {
+        DType::F32 => NcclDtype::F32,
+        DType::F16 => NcclDtype::F16,
+        DType::BF16 => NcclDtype::Bf16,
+    }
+}
+
+impl NcclCollective {
+    /// Joins the NCCL communicator of `rank`'s run on `device`. The ranks find each other
+    /// through `bootstrap` when given (rank 0's unique id travels over it), else through
+    /// NCCL's own bootstrap at `NCCL_COMM_ID=host:port`, which every rank must have set.
+    pub fn connect(
+        device: &Device,
+        rank: Rank,
+        mut bootstrap: Option<Box<dyn Collective>>,
+    ) -> Result<NcclCollective> {
+        let enabled = device.context().enabled();
+        if !(enabled.export_memory && enabled.export_timeline) {
+            return Err(Error::Unsupported(format!(
+                "NCCL needs Vulkan memory and timeline semaphores exportable as fds \
+                 (VK_KHR_external_memory_fd, VK_KHR_external_semaphore_fd), which {} does not \
+                 offer",
+                device.name()
+            )));
+        }
+        let cuda = Cuda::load()?;
+        let gpu = cuda.device_by_uuid(&device.context().caps().device_uuid_bytes)?;
+        let ctx = gpu.primary_context()?;
+        let stream = Stream::new(&ctx)?;
+        let nccl = Nccl::load()?;
+        let id = match bootstrap.as_mut() {
+            Some(b) => {
+                let mut bytes = match rank.rank {
+                    0 => *UniqueId::new(&nccl)?.as_bytes(),
+                    _ => [0u8; 128],
+                };
+                b.broadcast(&mut bytes)?;
+                UniqueId::from_bytes(bytes)
+            }
+            None => {
+                if rank.world > 1 && std::env::var_os("NCCL_COMM_ID").is_none() {
+                    return Err(Error::Environment(
+                        "the ranks find each other through NCCL_COMM_ID=host:port (rank 0's \
+                         host and a free port), which is not set: set it for every rank, or \
+                         start them with `helios train --nproc N` or `mpiexec`"
+                            .into(),
+                    ));
+                }
+                // With NCCL_COMM_ID set, every rank makes the same id.
+                UniqueId::new(&nccl)?
+            }
+        };
+        let comm = Comm::init_rank(&nccl, &ctx, rank.world, &id, rank.rank)?;
+        let timeline = device.export_timeline()?;
+        let sem = ExternalSemaphore::import_timeline(&ctx, timeline.fd()?)?;
+        Ok(NcclCollective {
+            grads: None,
+            sem,
+            host: None,
+            comm: Some(comm),
+            stream,
+            timeline,
+            value: 0,
+            nccl,
+            ctx,
+            device: device.clone(),
+            rank,
+            bootstrap,
+        })
+    }
+
+    fn comm(&self) -> &Comm {
+        self.comm.as_ref().expect("used after finish")
+    }
+
+    /// A CUDA buffer of exactly `bytes` for host values (reused while the size stays).
+    fn host_buffer(&mut self, bytes: usize) -> Result<&mut DeviceBuffer> {
+        if self.host.as_ref().map(DeviceBuffer::len) != Some(bytes) {
+            self.host = None;
+            self.host = Some(DeviceBuffer::alloc(&self.ctx, bytes.max(1))?);
+        }
+        Ok(self.host.as_mut().expect("just made"))
+    }
+
+    /// The arena for gradients like `grads`, made (and imported into CUDA) on first use or
+    /// when their shapes change.
+    fn arena_for(&mut self, grads: &[Tensor]) -> Result<&GradArena> {
+        let specs: Vec<(Vec<usize>, DType)> = grads
+            .iter()
+            .map(|g| (g.shape().to_vec(), g.dtype()))
+            .collect();
+        if self.grads.as_ref().map(|a| &a.specs) != Some(&specs) {
+            self.grads = None;
+            self.grads = Some(self.make_arena(specs)?);
+        }
+        Ok(self.grads.as_ref().expect("just made"))
+    }
+
+    fn make_arena(&self, specs: Vec<(Vec<usize>, DType)>) -> Result<GradArena> {
+        let bytes = |(shape, dtype): &(Vec<usize>, DType)| {
+            (shape.iter().product::<usize>() * dtype.size()) as u64
+        };
+        // A first arena of one byte tells the alignment; runs of one dtype are packed
+        // without gaps where the alignment allows, so that one all-reduce covers each run.
+        let align = ExportedArena::new(&self.device, 1)?.alignment();
+        let mut offsets = Vec::with_capacity(specs.len());
+        let mut runs: Vec<(u64, usize, NcclDtype)> = Vec::new();
+        let mut at = 0u64;
+        for spec in &specs {
+            let dtype = nccl_dtype(spec.1);
+            let size = spec.1.size() as u64;
+            let continues = matches!(runs.last(), Some(r) if r.2 == dtype) && at % align == 0;
+            if !continues {
+                at = at.next_multiple_of(align);
+                runs.push((at, 0, dtype));
+            }
+            offsets.push(at);
+            let run = runs.last_mut().expect("pushed");
+            run.1 += (bytes(spec) / size) as usize;
+            at += bytes(spec);
+            // The next tensor must start aligned: pad, and the run ends unless the pad is 0.
+            if at % align != 0 {
+                at = at.next_multiple_of(align);
+                runs.push((at, 0, dtype));
+            }
+        }
+        runs.retain(|r| r.1 > 0);
+        let arena = ExportedArena::new(&self.device, at.max(align))?;
+        let tensors = specs
+            .iter()
+            .zip(&offsets)
+            .map(|((shape, dtype), &off)| arena.tensor(off, shape, *dtype))
+            .collect::<helios::Result<Vec<_>>>()?;
+        let memory = ExternalMemory::import(
+            &self.ctx,
+            arena.fd()?,
+            arena.allocation_size(),
+            arena.memory().dedicated(),
+        )?;
+        let base = memory.mapped_buffer(0, arena.allocation_size())?;
+        Ok(GradArena {
+            _memory: memory,
+            base,
+            specs,
+            tensors,
+            runs,
+            _arena: arena,
+        })
+    }
+}
+
+impl Collective for NcclCollective {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn backend(&self) -> &'static str {
+        "nccl"
+    }
+
+    fn broadcast(&mut self, bytes: &mut [u8]) -> Result<()> {
+        let buf = self.host_buffer(bytes.len())?;
+        buf.copy_from_host(bytes)?;
+        let ptr = buf.ptr();
+        // SAFETY: `ptr` holds `bytes.len()` bytes and outlives the synchronize below.
+        unsafe {
+            self.comm()
+                .broadcast(ptr, ptr, bytes.len(), NcclDtype::U8, 0, &self.stream)?;
+        }
+        self.stream.synchronize()?;
+        self.host.as_ref().expect("made").copy_to_host(bytes)?;
+        Ok(())
+    }
+
+    fn mean(&mut self, values: &mut [f64]) -> Result<()> {
+        let mut bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let buf = self.host_buffer(bytes.len())?;
+        buf.copy_from_host(&bytes)?;
+        let ptr = buf.ptr();
+        // SAFETY: `ptr` holds `values.len()` f64 and outlives the synchronize below.
+        unsafe {
+            self.comm().all_reduce(
+                ptr,
+                ptr,
+                values.len(),
+                NcclDtype::F64,
+                NcclOp::Sum,
+                &self.stream,
+            )?;
+        }
+        self.stream.synchronize()?;
+        self.host.as_ref().expect("made").copy_to_host(&mut bytes)?;
+        let n = self.rank.world as f64;
+        for (v, b) in values.iter_mut().zip(bytes.chunks_exact(8)) {
+            *v = f64::from_le_bytes(b.try_into().expect("8 bytes")) / n;
+        }
+        Ok(())
+    }
+
+    fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()> {
+        let grads = tensors
+            .iter()
+            .map(|t| {
+                t.grad()
+                    .ok_or_else(|| Error::Environment("a tensor has no gradient to average".into()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.arena_for(&grads)?;
+        let (ready, done) = (self.value + 1, self.value + 2);
+        self.value = done;
+        let arena = self.grads.as_ref().expect("made by arena_for");
+        for (g, slot) in grads.iter().zip(&arena.tensors) {
+            g.copy_into(slot)?;
+        }
+        self.device.signal_external(&self.timeline, ready)?;
+        self.stream.wait_external(&self.sem, ready)?;
+        let comm = self.comm.as_ref().expect("used after finish");
+        self.nccl.group(|| {
+            for &(offset, count, dtype) in &arena.runs {
+                let ptr = arena.base.offset(offset).expect("inside the arena");
+                // Sum, not Avg: NCCL 2.28's Avg changed a few f32 values of a world of one
+                // (bench/results/2026-11-29-data-parallel.md); the mean's division is ours.
+                // SAFETY: the run lies inside the mapped arena, which outlives the stream's
+                // work (dropping the arena waits for the GPU).
+                unsafe { comm.all_reduce(ptr, ptr, count, dtype, NcclOp::Sum, &self.stream)? };
+            }
+            Ok(())
+        })?;
+        self.stream.signal_external(&self.sem, done)?;
+        self.device.wait_external(&self.timeline, done)?;
+        let scale = 1.0 / self.rank.world as f32;
+        for (t, slot) in tensors.iter().zip(&arena.tensors) {
+            let mean = match self.rank.world {
+                1 => slot.clone(),
+                _ => slot.mul_scalar(scale)?,
+            };
+            t.set_grad(Some(mean))?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        // Every rank is here: the communicator can wait for its peers as it is destroyed.
+        self.device.synchronize()?;
+        self.stream.synchronize()?;
+        self.comm = None;
+        if let Some(b) = self.bootstrap.as_mut() {
+            b.finish()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for NcclCollective {
+    fn drop(&mut self) {
+        // Not finished: a rank failed, and destroying the communicator would wait for peers
+        // that may never come. Abort it instead.
+        if let Some(comm) = self.comm.take() {
+            let _ = comm.abort();
+        }
+    }
+}
