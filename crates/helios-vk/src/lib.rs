@@ -85,6 +85,7 @@ pub use probe::BUFFER_USAGE;
 pub use profile::{
     ProfileReport, ProfileRow, Profiler, Span, HELIOS_PROFILE, MAX_POOLS, QUERIES_PER_POOL,
 };
+pub use recorder::submit_compile_waits;
 pub use recorder::{Recorder, MAX_COPY_REGION};
 pub use timer::{GpuSpan, GpuTimer};
 pub use transfer::{Snapshot, STAGING_CHUNK};

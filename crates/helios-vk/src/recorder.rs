@@ -140,6 +140,17 @@ impl Commands {
     /// The handles `replay` records, waiting for deferred compiles; the first failure if one
     /// failed.
     pub(crate) fn resolve(&self) -> Result<Resolved> {
+        let waits = (!self.compiled()).then(std::time::Instant::now);
+        let resolved = self.resolve_now();
+        if let Some(t) = waits {
+            use std::sync::atomic::Ordering::Relaxed;
+            SUBMIT_WAITS[0].fetch_add(1, Relaxed);
+            SUBMIT_WAITS[1].fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        }
+        resolved
+    }
+
+    fn resolve_now(&self) -> Result<Resolved> {
         Ok(Resolved {
             pipelines: self
                 .pipelines
@@ -649,4 +660,20 @@ pub(crate) fn host_read_barrier(device: &ash::Device, cb: vk::CommandBuffer, nat
         src,
         (vk::PipelineStageFlags::HOST, A::HOST_READ),
     );
+}
+
+/// Batches whose submit waited for a deferred compile, and the nanoseconds it waited.
+static SUBMIT_WAITS: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
+/// Batches whose submit waited for deferred compiles so far, and the seconds waited: what a
+/// cold program loses to compiles it asked for later than it needed them.
+pub fn submit_compile_waits() -> (u64, f64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (
+        SUBMIT_WAITS[0].load(Relaxed),
+        SUBMIT_WAITS[1].load(Relaxed) as f64 * 1e-9,
+    )
 }

@@ -590,6 +590,14 @@ impl Device {
             self.report_statistics(&compiled);
         }
         count_waited(&WAITED_SPIRV, started);
+        // A kernel the program asks for while its classes explore may make a submit wait for
+        // its compile: say which.
+        if crate::env::verbose() && on_program_thread() && crate::ops::online::exploring(self) {
+            eprintln!(
+                "helios: the program asked for {} while tuning on real work",
+                compiled.module.name
+            );
+        }
         Ok(compiled)
     }
 
@@ -712,12 +720,16 @@ static WAITED_NATIVE: [std::sync::atomic::AtomicU64; 2] = [
     std::sync::atomic::AtomicU64::new(0),
 ];
 
-fn count_waited(counter: &[std::sync::atomic::AtomicU64; 2], started: std::time::Instant) {
-    use std::sync::atomic::Ordering::Relaxed;
-    if std::thread::current()
+/// Whether this thread is one of the program's (not a background or precompile thread).
+fn on_program_thread() -> bool {
+    !std::thread::current()
         .name()
         .is_some_and(|n| n.starts_with("helios-"))
-    {
+}
+
+fn count_waited(counter: &[std::sync::atomic::AtomicU64; 2], started: std::time::Instant) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if !on_program_thread() {
         return;
     }
     counter[0].fetch_add(1, Relaxed);

@@ -226,10 +226,40 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
             && all.len() < SETTLE_STEPS
             && settling.elapsed().as_secs_f64() < SETTLE_SECONDS)
     {
+        let waited = helios::waited_compiles();
+        let submits = helios_vk::submit_compile_waits();
+        let memory = device.memory_stats();
         let t = Instant::now();
         trainer.train_step()?;
         device.synchronize()?;
         all.push(t.elapsed().as_secs_f64() * 1e3);
+        // The steps right after the first, where exploring starts, and any step four times
+        // its predecessors' median: what they waited for.
+        let n = all.len();
+        let stalled =
+            n > 6 && Summary::of(&all[n - 6..n - 1]).is_some_and(|m| all[n - 1] > 4.0 * m.median);
+        if (n <= 5 || stalled) && std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+            let now = helios::waited_compiles();
+            let subs = helios_vk::submit_compile_waits();
+            let mem = device.memory_stats();
+            eprintln!(
+                "bench: {} step {n}: {:.3} s; waited for {} pipelines ({:.2} s) and {} native \
+                 kernels ({:.2} s) when asking, {} submits for compiles ({:.2} s); {} driver \
+                 allocations and {} frees (holding {:.2} GiB); {} classes tuning",
+                case.name,
+                all[n - 1] / 1e3,
+                now.0 - waited.0,
+                now.1 - waited.1,
+                now.2 - waited.2,
+                now.3 - waited.3,
+                subs.0 - submits.0,
+                subs.1 - submits.1,
+                mem.driver_allocations - memory.driver_allocations,
+                mem.driver_frees - memory.driver_frees,
+                mem.bytes_held as f64 / (1u64 << 30) as f64,
+                helios::tuning_in_progress(device)
+            );
+        }
     }
     let mut times = Vec::with_capacity(steps);
     let (mut fwd, mut bwd, mut opt) = (Vec::new(), Vec::new(), Vec::new());

@@ -11,7 +11,7 @@ mod loss;
 mod matmul;
 mod matmul_tune;
 mod norm;
-mod online;
+pub(crate) mod online;
 mod optim;
 mod reduce;
 mod softmax;

@@ -87,6 +87,14 @@ pub(crate) fn warm(device: &Device) -> bool {
     since.elapsed() >= WARM_AFTER
 }
 
+/// Whether `device` is past `warm`'s wait (its classes explore), without starting the wait.
+pub(crate) fn exploring(device: &Device) -> bool {
+    FIRST
+        .locked()
+        .iter()
+        .any(|f| f.0 == device.id() && f.1.elapsed() >= WARM_AFTER)
+}
+
 /// See `warm`.
 const WARM_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -96,6 +104,76 @@ static FIRST: Mutex<Vec<(usize, std::time::Instant)>> = Mutex::new(Vec::new());
 /// Forgets the device with `id` (going away): a later device at its address starts cold.
 pub(crate) fn forget_device(id: usize) {
     FIRST.locked().retain(|f| f.0 != id);
+    BUCKETS.locked().retain(|b| b.device != id);
+}
+
+/// Exploration's share of a device's time: the extra GPU work of exploring calls (shadows,
+/// and attention's second incumbent run) is paid from a bucket that fills at this fraction of
+/// wall time, so that tuning on real work costs a bounded few percent of a step however many
+/// classes explore at once; classes then settle over more steps.
+const BUDGET: f64 = 0.04;
+
+/// The bucket's size, µs (and what it holds at first): enough for a few dozen pairs of
+/// GPT-2's products at once, so that the first candidates are tried without delay.
+const BURST_US: f64 = 20_000.0;
+
+/// What a pair is guessed to cost before its class has measured one, µs.
+pub(crate) const FIRST_ESTIMATE_US: f64 = 200.0;
+
+struct Bucket {
+    device: usize,
+    tokens_us: f64,
+    at: std::time::Instant,
+}
+
+/// Per device: exploration's time budget (`spend`).
+static BUCKETS: Mutex<Vec<Bucket>> = Mutex::new(Vec::new());
+
+/// Whether exploring on `device` may add about `estimate_us` of GPU work now; if so the
+/// estimate is charged (`refund` corrects it once the work is measured).
+pub(crate) fn spend(device: &Device, estimate_us: f64) -> bool {
+    // CPU devices tune on real work only when asked (`HELIOS_MATMUL_TUNE=1`, the tests),
+    // and then to converge, not to keep a step's time.
+    if device.context().caps().device_type == helios_vk::DeviceType::Cpu {
+        return true;
+    }
+    spend_at(device.id(), std::time::Instant::now(), estimate_us)
+}
+
+/// `spend` for the device with `id` at time `now`.
+fn spend_at(id: usize, now: std::time::Instant, estimate_us: f64) -> bool {
+    let mut buckets = BUCKETS.locked();
+    let i = match buckets.iter().position(|b| b.device == id) {
+        Some(i) => i,
+        None => {
+            buckets.push(Bucket {
+                device: id,
+                tokens_us: BURST_US,
+                at: now,
+            });
+            buckets.len() - 1
+        }
+    };
+    let b = &mut buckets[i];
+    let earned = BUDGET * now.duration_since(b.at).as_secs_f64() * 1e6;
+    b.tokens_us = (b.tokens_us + earned).min(BURST_US);
+    b.at = now;
+    if b.tokens_us < estimate_us.min(BURST_US) {
+        return false;
+    }
+    b.tokens_us -= estimate_us;
+    true
+}
+
+/// Gives back what `spend` charged beyond the measured cost (or charges the excess).
+pub(crate) fn refund(device: &Device, charged_us: f64, actual_us: f64) {
+    refund_id(device.id(), charged_us, actual_us)
+}
+
+fn refund_id(id: usize, charged_us: f64, actual_us: f64) {
+    if let Some(b) = BUCKETS.locked().iter_mut().find(|b| b.device == id) {
+        b.tokens_us = (b.tokens_us + charged_us - actual_us).min(BURST_US);
+    }
 }
 
 /// Per-device tuning for the unit tests, which share one process and its environment
@@ -156,6 +234,36 @@ mod tests {
             compare(&bytes(&inf), &bytes(&a), &rows, DType::F32, 1e-4),
             Verdict::Inconclusive
         );
+    }
+
+    /// Exploration spends its burst, then what 4% of wall time earns, corrected by what
+    /// the work measured; a device has its own bucket.
+    #[test]
+    fn the_budget_bounds_exploration_to_a_share_of_wall_time() {
+        let (id, other) = (usize::MAX - 7, usize::MAX - 8);
+        let t0 = std::time::Instant::now();
+        let granted = (0..1000).take_while(|_| spend_at(id, t0, 200.0)).count();
+        assert_eq!(granted, (BURST_US / 200.0) as usize);
+        assert!(
+            spend_at(other, t0, 200.0),
+            "another device has its own bucket"
+        );
+        // 0.1 s earns 4 ms: twenty more pairs of 200 µs.
+        let t1 = t0 + std::time::Duration::from_millis(100);
+        let granted = (0..1000).take_while(|_| spend_at(id, t1, 200.0)).count();
+        assert_eq!(granted, 20);
+        // Those pairs measured 100 µs each: half comes back.
+        for _ in 0..20 {
+            refund_id(id, 200.0, 100.0);
+        }
+        let granted = (0..1000).take_while(|_| spend_at(id, t1, 200.0)).count();
+        assert_eq!(granted, 10);
+        // An hour idle fills the bucket, no more.
+        let t2 = t1 + std::time::Duration::from_secs(3600);
+        let granted = (0..1000).take_while(|_| spend_at(id, t2, 200.0)).count();
+        assert_eq!(granted, (BURST_US / 200.0) as usize);
+        forget_device(id);
+        forget_device(other);
     }
 
     /// Above the diagonal of a `LowerC` product nothing is compared (neither kernel wrote it).

@@ -125,21 +125,7 @@ impl Device {
         (rows, len): (u32, u32),
         dtype: DType,
     ) -> Result<()> {
-        let kernel = reduce::ReduceKernel {
-            op: Reduction::Sum,
-            storage: dtype.storage(),
-            stage: reduce::Stage::Combine,
-            layout: reduce::Layout::Columns {
-                vec: if len % 4 == 0 { 4 } else { 1 },
-            },
-            unroll: self.config().rows.unroll(),
-            reducer: self.reducer(),
-            workgroup: self.row_workgroup(REDUCE_WORKGROUP),
-            binding: self.binding(),
-            prologue: None,
-            store_prologue: false,
-            split_outer: second.is_some(),
-        };
+        let kernel = self.partial_rows_kernel(second.is_some(), len, dtype);
         let dims = reduce::Dims::Columns {
             outer: 1 + u32::from(second.is_some()),
             axis: rows,
@@ -161,6 +147,38 @@ impl Device {
             &writes,
             |c, g, a| Ok(kernel.launch(&c.module, g, dims, a, 1.0, (&[], &[]))?),
         )
+    }
+
+    /// The kernel `sum_partial_rows` runs (two outputs at once when `pair`).
+    fn partial_rows_kernel(&self, pair: bool, len: u32, dtype: DType) -> reduce::ReduceKernel {
+        reduce::ReduceKernel {
+            op: Reduction::Sum,
+            storage: dtype.storage(),
+            stage: reduce::Stage::Combine,
+            layout: reduce::Layout::Columns {
+                vec: if len % 4 == 0 { 4 } else { 1 },
+            },
+            unroll: self.config().rows.unroll(),
+            reducer: self.reducer(),
+            workgroup: self.row_workgroup(REDUCE_WORKGROUP),
+            binding: self.binding(),
+            prologue: None,
+            store_prologue: false,
+            split_outer: pair,
+        }
+    }
+
+    /// Whether `sum_partial_rows`'s kernel for `len` columns of `dtype` is compiled; when
+    /// not, its compile is started (deferred: nothing waits). For tuning on real work, which
+    /// tries a split product only once everything it launches is compiled.
+    pub(crate) fn partial_rows_ready(&self, len: u32, dtype: DType) -> Result<bool> {
+        let kernel = self.partial_rows_kernel(false, len, dtype);
+        let key = KernelKey::Reduce(kernel.clone());
+        if self.has_kernel(&key) {
+            return Ok(true);
+        }
+        self.kernel(key, || kernel.build())?;
+        Ok(false)
     }
 
     /// A device-local scratch buffer of `bytes` (at least 4).

@@ -1,10 +1,13 @@
 //! Attention tuning on real work (`explore`, the default on GPUs): see `Exploring`.
 
-use helios_kernels::attention::{AttnStage, AttnVariant};
+use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant};
 
 use super::{bound, cached, candidates, free, mode, rows, store, Class};
+use crate::device::KernelKey;
 use crate::ops::attention::{AttentionOptions, AttentionOutput};
-use crate::ops::online::{compare, fenced, median, warm, RowSample, Verdict};
+use crate::ops::online::{
+    compare, fenced, median, refund, spend, warm, RowSample, Verdict, FIRST_ESTIMATE_US,
+};
 use crate::ops::Tuning;
 use crate::realize_lock::LockExt;
 use crate::{DType, Result, Tensor};
@@ -34,6 +37,9 @@ struct Exploring {
 
 struct Cand {
     variant: AttnVariant,
+    /// Its kernel, compiling on helios-vk's pool from the start of the exploration: a
+    /// candidate is tried only once compiled, so that no submit waits for its compile.
+    kernel: Option<AttentionKernel>,
     /// `None`: not yet compared; `Some(true)`: matched, its pairs count.
     checked: Option<bool>,
     ratios: Vec<f64>,
@@ -44,6 +50,8 @@ struct Pending {
     cand: usize,
     incumbent: helios_vk::GpuSpan,
     span: helios_vk::GpuSpan,
+    /// What the exploration budget was charged for both runs, µs (`online::spend`).
+    charged_us: f64,
     /// (real, shadow, dtype, stretches) for a first run.
     compared: Vec<(
         helios_vk::Snapshot,
@@ -86,19 +94,43 @@ fn stretches(t: &Tensor) -> (Vec<(u64, u64)>, Vec<RowSample>) {
 }
 
 impl Exploring {
-    fn new(incumbent: AttnVariant, variants: Vec<AttnVariant>) -> Exploring {
-        Exploring {
-            incumbent,
-            cands: variants
-                .into_iter()
-                .filter(|&v| v != incumbent)
-                .map(|variant| Cand {
+    /// The exploration of `q`'s class of `stage` from `incumbent`: the other variants'
+    /// kernels start compiling (deferred: nothing waits here); a variant that cannot run
+    /// for this class is out from the start.
+    fn new(
+        (q, stage, packed): (&Tensor, AttnStage, bool),
+        base: &AttentionOptions,
+        incumbent: AttnVariant,
+        variants: Vec<AttnVariant>,
+    ) -> Exploring {
+        let cands = variants
+            .into_iter()
+            .filter(|&v| v != incumbent)
+            .map(|variant| {
+                // The kernel the call records: a packed backward writes the slices of one
+                // gradient.
+                let kernel = q
+                    .attention_kernel_of(stage, &forced(base, stage, variant))
+                    .ok()
+                    .flatten()
+                    .map(|k| AttentionKernel { packed, ..k });
+                if let Some(k) = kernel {
+                    let _ = q
+                        .device()
+                        .kernel(KernelKey::Attention(k), move || k.build());
+                }
+                Cand {
                     variant,
-                    checked: None,
+                    kernel,
+                    checked: kernel.is_none().then_some(false),
                     ratios: Vec::new(),
                     busy: false,
-                })
-                .collect(),
+                }
+            })
+            .collect();
+        Exploring {
+            incumbent,
+            cands,
             incumbent_us: Vec::new(),
             pending: Vec::new(),
             calls: 0,
@@ -111,7 +143,8 @@ impl Exploring {
 
     /// Takes in finished pairs and comparisons (never waits: a pair shares its batch with
     /// its copies).
-    fn collect(&mut self, ctx: &helios_vk::Context) -> Result<()> {
+    fn collect(&mut self, device: &crate::Device) -> Result<()> {
+        let ctx = device.context();
         let mut still = Vec::new();
         for p in std::mem::take(&mut self.pending) {
             let mut read = Vec::new();
@@ -136,6 +169,7 @@ impl Exploring {
                 }
             };
             let us = ctx.gpu_elapsed(p.span)?.as_secs_f64() * 1e6;
+            refund(device, p.charged_us, incumbent + us);
             self.incumbent_us.push(incumbent);
             let c = &mut self.cands[p.cand];
             c.busy = false;
@@ -192,18 +226,23 @@ impl Exploring {
     }
 
     /// The candidate this call runs beside the default, and whether it is its first run
-    /// (compared): the next unchecked one, else the live one with the fewest pairs.
-    fn pick(&mut self) -> Option<(usize, AttnVariant, bool)> {
+    /// (compared): the next unchecked one compiled, else the live one with the fewest pairs.
+    fn pick(&mut self, device: &crate::Device) -> Option<(usize, AttnVariant, bool)> {
+        let ready = |c: &Cand| {
+            !c.busy
+                && c.kernel
+                    .is_some_and(|k| device.has_kernel(&KernelKey::Attention(k)))
+        };
         let i = self
             .cands
             .iter()
-            .position(|c| !c.busy && c.checked.is_none())
+            .position(|c| ready(c) && c.checked.is_none())
             .map(|i| (i, true))
             .or_else(|| {
                 (0..self.cands.len())
                     .filter(|&i| {
                         let c = &self.cands[i];
-                        !c.busy && Self::live(c) && c.ratios.len() < SAMPLES
+                        ready(c) && Self::live(c) && c.ratios.len() < SAMPLES
                     })
                     .min_by_key(|&i| self.cands[i].ratios.len())
                     .map(|i| (i, false))
@@ -213,12 +252,19 @@ impl Exploring {
     }
 }
 
+/// `base` with `stage` forced to `variant`.
+fn forced(base: &AttentionOptions, stage: AttnStage, variant: AttnVariant) -> AttentionOptions {
+    AttentionOptions {
+        stage_variant: Some((stage, variant)),
+        ..base.clone()
+    }
+}
+
 /// After a real call of `stage` whose outputs are `real`: one step of the class's tuning on
 /// real work (see `Exploring`), when tuning is online, nothing is forced and the class has
 /// no winner yet. `run(opts)` records the call again with `opts`.
 fn explore(
-    q: &Tensor,
-    stage: AttnStage,
+    (q, stage, packed): (&Tensor, AttnStage, bool),
     base: &AttentionOptions,
     real: &[&Tensor],
     run: &dyn Fn(&AttentionOptions) -> Result<Vec<Tensor>>,
@@ -243,11 +289,16 @@ fn explore(
                     return Ok(());
                 };
                 let coop = k.variant.is_coop();
-                e.insert(Exploring::new(k.variant, candidates(stage, coop)))
+                e.insert(Exploring::new(
+                    (q, stage, packed),
+                    base,
+                    k.variant,
+                    candidates(stage, coop),
+                ))
             }
         };
         e.calls += 1;
-        e.collect(ctx)?;
+        e.collect(device)?;
         if let Some((v, ratio)) = e.settle() {
             let us = median(&e.incumbent_us) * ratio;
             if crate::env::verbose() {
@@ -265,15 +316,25 @@ fn explore(
             store(device, class, &v.tag(), us);
             return Ok(());
         }
-        e.pick().map(|p| (p, e.incumbent))
+        // A pair runs the incumbent again and a candidate that costs about as much.
+        let charged_us = 2.0
+            * match e.incumbent_us.is_empty() {
+                true => FIRST_ESTIMATE_US,
+                false => median(&e.incumbent_us),
+            };
+        if !spend(device, charged_us) {
+            return Ok(());
+        }
+        let picked = e.pick(device).map(|p| (p, e.incumbent, charged_us));
+        if picked.is_none() {
+            refund(device, charged_us, 0.0);
+        }
+        picked
     };
-    let Some(((cand, variant, first), incumbent)) = picked else {
+    let Some(((cand, variant, first), incumbent, charged_us)) = picked else {
         return Ok(());
     };
-    let forced = |v: AttnVariant| AttentionOptions {
-        stage_variant: Some((stage, v)),
-        ..base.clone()
-    };
+    let forced = |v: AttnVariant| forced(base, stage, v);
     // One batch for both spans and the copies: collecting the pair never waits.
     let _hold = ctx.hold_submits();
     let (ran, incumbent) = fenced(ctx, || run(&forced(incumbent)))?;
@@ -309,6 +370,7 @@ fn explore(
             cand,
             incumbent,
             span,
+            charged_us,
             compared,
         });
     }
@@ -348,10 +410,15 @@ pub(crate) fn explore_forward(
     o: &AttentionOptions,
     real: &AttentionOutput,
 ) -> Result<()> {
-    explore(q, AttnStage::Forward, o, &[&real.out, &real.lse], &|o| {
-        let f = q.attention(k, v, o)?;
-        Ok(vec![f.out, f.lse])
-    })
+    explore(
+        (q, AttnStage::Forward, false),
+        o,
+        &[&real.out, &real.lse],
+        &|o| {
+            let f = q.attention(k, v, o)?;
+            Ok(vec![f.out, f.lse])
+        },
+    )
 }
 
 /// `explore` of both backward stages after a real backward whose gradients (dq, dk, dv;
@@ -366,11 +433,16 @@ pub(crate) fn explore_backward(
     (real, packed): (&[Tensor; 3], bool),
 ) -> Result<()> {
     let grads = |o: &AttentionOptions| q.backward_impl(k, v, fwd, dout, o, packed);
-    explore(q, AttnStage::DkDv, o, &[&real[1], &real[2]], &|o| {
-        let [_, dk, dv] = grads(o)?;
-        Ok(vec![dk, dv])
-    })?;
-    explore(q, AttnStage::Dq, o, &[&real[0]], &|o| {
+    explore(
+        (q, AttnStage::DkDv, packed),
+        o,
+        &[&real[1], &real[2]],
+        &|o| {
+            let [_, dk, dv] = grads(o)?;
+            Ok(vec![dk, dv])
+        },
+    )?;
+    explore((q, AttnStage::Dq, packed), o, &[&real[0]], &|o| {
         let [dq, _, _] = grads(o)?;
         Ok(vec![dq])
     })

@@ -187,13 +187,15 @@ fn resolve(p: &Problem, explore: bool) -> Result<Memo> {
         let Some((v, splits)) = e.winner() else {
             return Ok(hit);
         };
-        let settled = Memo::Fixed(
-            Plan {
-                kernel: p.kernel(v, matmul_caps(device).subgroup),
-                splits,
-            },
-            Choice::Tuned,
-        );
+        let plan = Plan {
+            kernel: p.kernel(v, matmul_caps(device).subgroup),
+            splits,
+        };
+        // Until the winner is compiled for this problem, its explorer runs the incumbent.
+        if !super::explore::ready(p, &plan) {
+            return Ok(hit);
+        }
+        let settled = Memo::Fixed(plan, Choice::Tuned);
         memo().locked().insert(key, settled.clone());
         return Ok(settled);
     }

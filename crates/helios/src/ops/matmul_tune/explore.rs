@@ -26,7 +26,9 @@ use super::cache::{store, winner_tag};
 use super::caps::matmul_caps;
 use super::tune::{split_candidates, timed_candidates};
 use crate::ops::matmul::{Plan, Problem};
-use crate::ops::online::{compare, fenced, median, warm, RowSample, Verdict};
+use crate::ops::online::{
+    compare, fenced, median, refund, spend, warm, RowSample, Verdict, FIRST_ESTIMATE_US,
+};
 use crate::realize_lock::LockExt;
 use crate::{DType, Result, Tensor};
 
@@ -100,6 +102,8 @@ struct Pending {
     real: GpuSpan,
     shadow: GpuSpan,
     check: Option<Check>,
+    /// What the exploration budget was charged for the shadow, µs (`online::spend`).
+    charged_us: f64,
 }
 
 struct Check {
@@ -113,7 +117,8 @@ struct Check {
 /// set, a candidate beside it into scratch (compared when `check`).
 pub(crate) struct Action {
     real: Plan,
-    shadow: Option<(usize, Plan, bool)>,
+    /// (candidate, its plan, first run, µs charged to the budget).
+    shadow: Option<(usize, Plan, bool, f64)>,
 }
 
 fn plan_of(p: &Problem, c: &Cand) -> Plan {
@@ -148,7 +153,18 @@ fn compiled(p: &Problem, plan: &Plan) -> Compiled {
         return Compiled::Failed;
     };
     let device = p.a.device();
-    if device.has_kernel(&crate::device::KernelKey::Matmul(k)) {
+    // A split product also sums its partial products: that kernel must be ready too.
+    let sum_ready = match plan.splits {
+        0 | 1 => true,
+        _ => {
+            let sub = p.split(plan.kernel.variant, plan.splits, plan.kernel.subgroup);
+            let len = sub.map_or(0, |(s, _)| s.m.saturating_mul(s.n));
+            device.partial_rows_ready(len, p.out).unwrap_or(false)
+        }
+    };
+    if !sum_ready {
+        Compiled::Waiting
+    } else if device.has_kernel(&crate::device::KernelKey::Matmul(k)) {
         Compiled::Yes
     } else if background::failed(device, &k) {
         Compiled::Failed
@@ -156,6 +172,12 @@ fn compiled(p: &Problem, plan: &Plan) -> Compiled {
         background::compile(device, vec![k]);
         Compiled::Waiting
     }
+}
+
+/// Whether everything `plan` launches for `p` is compiled; if not, the missing kernels'
+/// compiles are started.
+pub(crate) fn ready(p: &Problem, plan: &Plan) -> bool {
+    matches!(compiled(p, plan), Compiled::Yes)
 }
 
 impl Explorer {
@@ -242,20 +264,18 @@ impl Explorer {
 
     /// The plan real calls of `p` run: the winner once settled, the incumbent until then.
     pub(crate) fn current(&self, p: &Problem) -> Plan {
-        let s = self.state.locked();
-        plan_of(p, &s.cands[s.winner.unwrap_or(0)])
+        self.state.locked().real_plan(p)
     }
 
     /// Collects finished pairs, then decides what this call of `p` runs.
     pub(crate) fn next(&self, p: &Problem) -> Result<Action> {
-        let ctx = p.a.device().context();
         let mut s = self.state.locked();
         s.calls += 1;
-        s.collect(ctx)?;
+        s.collect(p.a.device())?;
         if s.winner.is_none() {
             s.advance(p, &self.key);
         }
-        let real = plan_of(p, &s.cands[s.winner.unwrap_or(0)]);
+        let real = s.real_plan(p);
         if s.winner.is_some() || !warm(p.a.device()) {
             return Ok(Action { real, shadow: None });
         }
@@ -284,18 +304,26 @@ impl Explorer {
         let Some((c, check)) = pick else {
             return Ok(Action { real, shadow: None });
         };
+        // The shadow costs about what the incumbent does.
+        let estimate = match s.incumbent_us.is_empty() {
+            true => FIRST_ESTIMATE_US,
+            false => median(&s.incumbent_us),
+        };
+        if !spend(p.a.device(), estimate) {
+            return Ok(Action { real, shadow: None });
+        }
         if check {
             s.cands[c].status = Status::Checking;
         }
         Ok(Action {
             real,
-            shadow: Some((c, plan_of(p, &s.cands[c]), check)),
+            shadow: Some((c, plan_of(p, &s.cands[c]), check, estimate)),
         })
     }
 
     /// Records `action` for `p` into `out` (a dense tensor of the output's shape).
     pub(crate) fn run(&self, p: &Problem, action: Action, out: &Tensor) -> Result<()> {
-        let Some((cand, plan, check)) = action.shadow else {
+        let Some((cand, plan, check, charged_us)) = action.shadow else {
             return p.run_into(&action.real, out);
         };
         let ctx = p.a.device().context();
@@ -341,14 +369,29 @@ impl Explorer {
             real,
             shadow: shadow_span,
             check,
+            charged_us,
         });
         Ok(())
     }
 }
 
 impl State {
+    /// The plan real calls of `p` run: the winner once settled and compiled for `p` (a
+    /// problem of the class the shadows never ran may need other vector widths: queued
+    /// meanwhile), else the incumbent. So switching to the winner never makes a submit wait.
+    fn real_plan(&self, p: &Problem) -> Plan {
+        if let Some(w) = self.winner {
+            let plan = plan_of(p, &self.cands[w]);
+            if ready(p, &plan) {
+                return plan;
+            }
+        }
+        plan_of(p, &self.cands[0])
+    }
+
     /// Takes in every finished pair and comparison (never waits).
-    fn collect(&mut self, ctx: &helios_vk::Context) -> Result<()> {
+    fn collect(&mut self, device: &crate::Device) -> Result<()> {
+        let ctx = device.context();
         let mut still = Vec::new();
         for mut p in std::mem::take(&mut self.pending) {
             let verdict = match &p.check {
@@ -373,6 +416,7 @@ impl State {
                 }
             };
             let shadow = ctx.gpu_elapsed(p.shadow)?.as_secs_f64() * 1e6;
+            refund(device, p.charged_us, shadow);
             self.incumbent_us.push(real);
             let c = &mut self.cands[p.cand];
             c.status = match (c.status, verdict) {
