@@ -83,7 +83,12 @@ pub fn select(
         cfg.unroll.unwrap_or(SOFTMAX_STREAM_UNROLL),
     )
     .map(|plan| match plan {
-        RowPlan::Cached { slots } => SoftmaxVariant::Cached { slots },
+        // Slots rounded up to a power of two (the extra ones masked): rows that grow by one
+        // element at a time, as a decoder's scores do with every token, then need 4 kernels
+        // (1, 2, 4, 8 slots) instead of 8, each a compile a cold token waits for.
+        RowPlan::Cached { slots } => SoftmaxVariant::Cached {
+            slots: slots.next_power_of_two(),
+        },
         RowPlan::Streaming { unroll } => SoftmaxVariant::Streaming { unroll },
     })
 }
@@ -674,8 +679,20 @@ mod tests {
             let c = select(len, bwd, cfg, 1024);
             (c.variant, c.threads, c.workgroup)
         };
-        assert_eq!(pick(768, false, &cfg), (cached(6), 32, 256));
-        assert_eq!(pick(3072, false, &cfg), (cached(6), 128, 256));
+        // 6 slots a thread cover a row of 768 (and of 3072): rounded up to 8.
+        assert_eq!(pick(768, false, &cfg), (cached(8), 32, 256));
+        assert_eq!(pick(3072, false, &cfg), (cached(8), 128, 256));
+        assert_eq!(pick(1024, false, &cfg), (cached(8), 32, 256));
+        // Rows growing one element at a time take four cached kernels in all.
+        let mut kinds: Vec<u8> = (1..=4096)
+            .map(|len| match pick(len, false, &cfg).0 {
+                SoftmaxVariant::Cached { slots } => slots,
+                SoftmaxVariant::Streaming { .. } => 0,
+            })
+            .collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        assert_eq!(kinds, [1, 2, 4, 8]);
         assert_eq!(pick(3, true, &cfg), (cached(2), 1, 256));
         let streamed = SoftmaxVariant::Streaming { unroll: 4 };
         assert_eq!(pick(50257, false, &cfg), (streamed, 1024, 1024));
