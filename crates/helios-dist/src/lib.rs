@@ -54,6 +54,22 @@ pub trait Collective {
     }
 }
 
+/// Every tensor's gradient (an error names the first without one).
+pub(crate) fn gradients(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
+    tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.grad().ok_or_else(|| {
+                Error::Environment(format!(
+                    "tensor {i} of {} has no gradient to average; call backward() first",
+                    tensors.len()
+                ))
+            })
+        })
+        .collect()
+}
+
 /// Stops this rank's whole run after a failure, with exit status `code`: under MPI through
 /// `MPI_Abort` (the launcher stops every rank), otherwise by exiting (`helios train --nproc`
 /// stops the others when one fails). Print the error first.

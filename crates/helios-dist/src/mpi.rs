@@ -119,13 +119,7 @@ impl Collective for Mpi {
     }
 
     fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()> {
-        let grads = tensors
-            .iter()
-            .map(|t| {
-                t.grad()
-                    .ok_or_else(|| Error::Environment("a tensor has no gradient to average".into()))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let grads = crate::gradients(tensors)?;
         let mut flat = Vec::with_capacity(grads.iter().map(Tensor::len).sum());
         for g in &grads {
             flat.extend(g.to_vec()?);

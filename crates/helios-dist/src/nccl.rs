@@ -259,13 +259,7 @@ impl Collective for NcclCollective {
     }
 
     fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()> {
-        let grads = tensors
-            .iter()
-            .map(|t| {
-                t.grad()
-                    .ok_or_else(|| Error::Environment("a tensor has no gradient to average".into()))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let grads = crate::gradients(tensors)?;
         self.arena_for(&grads)?;
         let (ready, done) = (self.value + 1, self.value + 2);
         self.value = done;
