@@ -337,7 +337,7 @@ fn bench(args: &BenchArgs) -> CliResult {
             "e2e batched dl"
         );
         for &n in &sizes {
-            let row = bench_one(&hv, &dl, op, n, batch_elems, &pool, &pool_b, args.budget)?;
+            let row = bench_one((&hv, &dl), op, n, batch_elems, &pool, &pool_b, args.budget)?;
             print_row(&row);
             rows.push(row);
         }
@@ -478,7 +478,7 @@ fn run_sweep(
                 g_ops_per_s: g,
             });
             for op in [FieldOp::Add, FieldOp::Mul, FieldOp::Sqr] {
-                let stats = kernel_time(&f, op, &da, &db, &dc, n, 1, budget)?;
+                let stats = kernel_time(&f, op, (&da, &db, &dc), n, 1, budget)?;
                 let g = n as f64 / stats.median_s / 1e9;
                 line += &format!("  {} {:6.2} G/s", op.name(), g);
                 rows.push(SweepRow {
@@ -523,15 +523,13 @@ fn upload(f: &Field, x: &[Fq]) -> Result<FqVec, String> {
     f.upload(x).map_err(e)
 }
 
-/// Time per op: `batch` independent ops of n elements (slices of the arrays), repeated so a
-/// submit holds at least 4 dispatches; repeats of one slice are separated by barriers.
-#[allow(clippy::too_many_arguments)]
+/// Time per op: `batch` independent ops of n elements (slices of the arrays: inputs a and b,
+/// b unused by unary ops, and the output), repeated so a submit holds at least 4
+/// dispatches; repeats of one slice are separated by barriers.
 fn kernel_time(
     f: &Field,
     op: FieldOp,
-    a: &FqVec,
-    b: &FqVec,
-    out: &FqVec,
+    (a, b, out): (&FqVec, &FqVec, &FqVec),
     n: usize,
     batch: usize,
     budget: f64,
@@ -560,10 +558,10 @@ fn kernel_time(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One row of the table: `op` on n elements on the CPU (one core, all cores) and on the
+/// field's two memory paths (host-visible, device-local), singly and `batch_elems` at a time.
 fn bench_one(
-    hv: &Field,
-    dl: &Field,
+    (hv, dl): (&Field, &Field),
     op: FieldOp,
     n: usize,
     batch_elems: usize,
@@ -595,7 +593,7 @@ fn bench_one(
             upload(dl, &b_all)?,
             dl.alloc(total).map_err(e)?,
         );
-        kernel_time(dl, op, &da, &db, &dc, n, batch, budget)?
+        kernel_time(dl, op, (&da, &db, &dc), n, batch, budget)?
     };
 
     let mut out1 = vec![[0u64; 6]; n];

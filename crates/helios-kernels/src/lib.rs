@@ -34,7 +34,7 @@ pub mod transpose;
 
 pub use attention::layout as coop_layout;
 pub use attention::layout::{CoopProbeKernel, FragMap};
-pub use attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
+pub use attention::{AttentionKernel, AttnShape, AttnStage, AttnVariant, ViewStrides};
 pub use elementwise::{
     BinaryOp, ElementwiseAddresses, ElementwiseKernel, ElementwiseOp, Strides, UnaryOp, Variant,
     ELEMENTWISE_DTYPES, ELEMENTWISE_WORKGROUP, MAX_DIMS,

@@ -127,17 +127,7 @@ fn many_tensors_several_steps_match_reference() {
         for (s, g) in slots.iter_mut().zip(&grads_host) {
             let (p0, m0) = (s.p.clone(), s.m.clone());
             let g: Vec<f32> = g.iter().map(|&x| x * scale.unwrap_or(1.0)).collect();
-            cpu::adamw(
-                &mut s.p,
-                &g,
-                &mut s.m,
-                &mut s.v,
-                config.lr,
-                (config.beta1, config.beta2),
-                config.eps,
-                s.wd,
-                step,
-            );
+            cpu::adamw(&mut s.p, &g, &mut s.m, &mut s.v, &config, s.wd, step);
             let what = format!("step {step}, {} elements", s.p.len());
             let (gp, gm, gv) = (
                 s.param.to_vec().unwrap(),
@@ -333,10 +323,7 @@ fn strided_gradient() {
     adamw_step(&[one], &config, 1).unwrap();
     let logical: Vec<f32> = (0..r * c).map(|e| gt[(e % c) * r + e / c]).collect();
     let (mut mh, mut vh) = (zeros.clone(), zeros);
-    let b = (config.beta1, config.beta2);
-    cpu::adamw(
-        &mut p, &logical, &mut mh, &mut vh, config.lr, b, config.eps, 0.0, 1,
-    );
+    cpu::adamw(&mut p, &logical, &mut mh, &mut vh, &config, 0.0, 1);
     close("param", &param.to_vec().unwrap(), &p, |i| 1e-6 * p[i].abs());
     assert_clean(d);
 }

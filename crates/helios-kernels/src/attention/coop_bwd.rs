@@ -14,9 +14,11 @@ use helios_spirv::{
     SharedLen, Ty, Val,
 };
 
-use super::frag::{pack2, remaining, row_frags, row_limit, stage, zero_accs, FRAG, SUBGROUP, WORD};
+use super::frag::{
+    pack2, remaining, row_frags, row_limit, stage, zero_accs, OutRows, FRAG, SUBGROUP, WORD,
+};
 use super::layout::frag_scalar;
-use super::params::{block_coords, key_blocks, key_end, query_blocks, stat_index, Params, View};
+use super::params::{block_coords, key_blocks, key_end, query_blocks, stat_index, TileRows};
 use super::signature::{AttentionKernel, AttnStage};
 use crate::storage::store_f32;
 
@@ -51,6 +53,26 @@ pub(crate) struct BwdLayout {
     scratch: u32,
     per_sg: u32,
     pub total: u32,
+}
+
+impl BwdLayout {
+    /// The `n`-row tile staged at word `word`.
+    fn staged(&self, word: u32, n: u32) -> Staged {
+        Staged {
+            word,
+            row: self.row,
+            n,
+        }
+    }
+}
+
+/// An `n`-row tile staged in shared memory from word `word`, `row` words per row: the
+/// products' B operand (its rows are the score columns).
+#[derive(Clone, Copy)]
+struct Staged {
+    word: u32,
+    row: u32,
+    n: u32,
 }
 
 pub(crate) fn layout(kern: &AttentionKernel) -> BwdLayout {
@@ -186,26 +208,31 @@ fn write_half(
     }
 }
 
-/// Stores accumulators `acc` (16 × D of this subgroup's rows, row t of the invocation when
-/// t < T) times `mul` (a scalar, or a fragment multiplied element-wise) to the dense output
-/// `out`, fragment by fragment through the subgroup's 16×16 f32 tile at word `tile`: the
-/// invocation writes half `half` (8 columns) of row `r` of it.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn store_rows(
+/// Stores accumulators `acc` (16 × D of this subgroup's rows; `dest.t0` is the invocation's
+/// row, written when below T) times `mul` (a scalar, or a fragment multiplied element-wise)
+/// to the dense output, fragment by fragment through the subgroup's first 16×16 f32 scratch
+/// tile: the invocation writes half `half` (8 columns) of row `r` of it.
+fn store_rows(
     k: &mut KernelBuilder,
     smem: Shared,
     kern: &AttentionKernel,
-    p: &Params,
-    (r, half, tile): (Val, Val, Val),
+    g: &Sg,
     acc: &[CoopVar],
-    (b, h, t): (Val, Val, Val),
-    out: View,
+    dest: &OutRows,
     mul: Result<CoopMat, Val>,
 ) {
+    let (r, half, tile) = (g.r, g.half, g.s_at);
+    let OutRows {
+        view: out,
+        b,
+        h,
+        t0: t,
+        tend,
+    } = *dest;
     let four = k.u32(4);
     let two = k.u32(2);
     let eight = k.u32(8);
-    let inside = k.lt(t, p.t);
+    let inside = k.lt(t, tend);
     for (dc, &a) in acc.iter().enumerate() {
         let o = k.coop_get(a);
         let o = match mul {
@@ -239,19 +266,10 @@ pub(crate) fn store_rows(
 }
 
 /// 16 × n scores into the f32 tile at `at`: Σ_dc A[dc]·B(dc, block), B fragments read
-/// column-major from the `n`-row tile at word `tile` (its rows are the score columns).
-#[allow(clippy::too_many_arguments)]
-fn scores(
-    k: &mut KernelBuilder,
-    smem: Shared,
-    a: &[CoopMat],
-    b_ty: CoopTy,
-    acc_ty: CoopTy,
-    tile: u32,
-    row: u32,
-    n: u32,
-    at: Val,
-) {
+/// column-major from the staged `n`-row tile (its rows are the score columns).
+fn scores(k: &mut KernelBuilder, smem: Shared, ty: &Types, a: &[CoopMat], staged: Staged, at: Val) {
+    let Staged { word: tile, row, n } = staged;
+    let (b_ty, acc_ty) = (ty.b, ty.acc);
     let rowc = k.u32(row);
     let stride = k.u32(n / 4);
     for c in 0..n / FRAG {
@@ -268,19 +286,17 @@ fn scores(
 }
 
 /// acc[dc] += Σ_c A(c)·tile(c, dc): A fragments from the 16 × n half tile at `at`, B
-/// fragments row-major from the `n`-row tile at word `tile`.
-#[allow(clippy::too_many_arguments)]
+/// fragments row-major from the staged `n`-row tile.
 fn accumulate(
     k: &mut KernelBuilder,
     smem: Shared,
+    ty: &Types,
     acc: &[CoopVar],
-    a_ty: CoopTy,
-    b_ty: CoopTy,
     at: Val,
-    n: u32,
-    tile: u32,
-    row: u32,
+    staged: Staged,
 ) {
+    let Staged { word: tile, row, n } = staged;
+    let (a_ty, b_ty) = (ty.a, ty.b);
     let hr = k.u32(n / WORD + 1);
     let af: Vec<CoopMat> = (0..n / FRAG)
         .map(|c| {
@@ -334,32 +350,15 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let j = k.add(j, g.r);
     let kend = key_end(k, &p, b);
     let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
-    stage(
-        k,
-        smem,
-        lay.k,
-        lay.row,
-        kv,
-        (b, h),
-        k0,
-        kend,
-        bk,
-        g.tid,
-        threads,
-    );
-    stage(
-        k,
-        smem,
-        lay.v,
-        lay.row,
-        vv,
-        (b, h),
-        k0,
-        kend,
-        bk,
-        g.tid,
-        threads,
-    );
+    let keys = TileRows {
+        b,
+        h,
+        t0: k0,
+        tend: kend,
+        count: bk,
+    };
+    stage(k, smem, (lay.k, lay.row), kv, &keys, (g.tid, threads));
+    stage(k, smem, (lay.v, lay.row), vv, &keys, (g.tid, threads));
     k.workgroup_barrier();
     let kf = row_frags(k, smem, ty.a, lay.k, lay.row, g.row0, d);
     let vf = row_frags(k, smem, ty.a, lay.v, lay.row, g.row0, d);
@@ -375,31 +374,21 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     k.for_range(qstart, nqb, one, |k, qb| {
         let i0 = k.mul(qb, bqc);
         k.workgroup_barrier();
+        let queries = TileRows {
+            b,
+            h,
+            t0: i0,
+            tend: p.t,
+            count: bq,
+        };
+        stage(k, smem, (lay.q, lay.row), qv, &queries, (g.tid, threads));
         stage(
             k,
             smem,
-            lay.q,
-            lay.row,
-            qv,
-            (b, h),
-            i0,
-            p.t,
-            bq,
-            g.tid,
-            threads,
-        );
-        stage(
-            k,
-            smem,
-            lay.dout,
-            lay.row,
+            (lay.dout, lay.row),
             dov,
-            (b, h),
-            i0,
-            p.t,
-            bq,
-            g.tid,
-            threads,
+            &queries,
+            (g.tid, threads),
         );
         // L (+inf past T, so P = 0 there) and Dsum of the block's queries.
         let step = k.u32(threads);
@@ -433,8 +422,8 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
         });
         k.workgroup_barrier();
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys × bq queries).
-        scores(k, smem, &kf, ty.b, ty.acc, lay.q, lay.row, bq, g.s_at);
-        scores(k, smem, &vf, ty.b, ty.acc, lay.dout, lay.row, bq, g.d_at);
+        scores(k, smem, &ty, &kf, lay.staged(lay.q, bq), g.s_at);
+        scores(k, smem, &ty, &vf, lay.staged(lay.dout, bq), g.d_at);
         k.subgroup_barrier();
         let s = read_half(k, smem, g.s_at, &g, bq);
         let dp = read_half(k, smem, g.d_at, &g, bq);
@@ -482,33 +471,15 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
         write_half(k, smem, g.d_at, &g, bq, &dsv, kern.storage);
         k.subgroup_barrier();
         // dV += Pᵀ·dO, dK += dSᵀ·Q.
-        accumulate(k, smem, &dv, ty.a, ty.b, g.s_at, bq, lay.dout, lay.row);
-        accumulate(k, smem, &dk, ty.a, ty.b, g.d_at, bq, lay.q, lay.row);
+        accumulate(k, smem, &ty, &dv, g.s_at, lay.staged(lay.dout, bq));
+        accumulate(k, smem, &ty, &dk, g.d_at, lay.staged(lay.q, bq));
     });
     k.workgroup_barrier();
     let onef = k.const_f32(1.0);
-    store_rows(
-        k,
-        smem,
-        kern,
-        &p,
-        (g.r, g.half, g.s_at),
-        &dk,
-        (b, h, j),
-        p.outs[0],
-        Err(p.scale),
-    );
-    store_rows(
-        k,
-        smem,
-        kern,
-        &p,
-        (g.r, g.half, g.s_at),
-        &dv,
-        (b, h, j),
-        p.outs[1],
-        Err(onef),
-    );
+    let dk_rows = OutRows::of(&p, 0, (b, h), j);
+    let dv_rows = OutRows::of(&p, 1, (b, h), j);
+    store_rows(k, smem, kern, &g, &dk, &dk_rows, Err(p.scale));
+    store_rows(k, smem, kern, &g, &dv, &dv_rows, Err(onef));
     kb.finish()
 }
 
@@ -531,34 +502,24 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     let kend = key_end(k, &p, b);
     let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
     // Q, then dO, through the scratch region into A fragments.
-    stage(
-        k,
-        smem,
-        lay.q,
-        lay.row,
-        qv,
-        (b, h),
-        q0,
-        p.t,
-        bq,
-        g.tid,
-        threads,
-    );
+    let queries = TileRows {
+        b,
+        h,
+        t0: q0,
+        tend: p.t,
+        count: bq,
+    };
+    stage(k, smem, (lay.q, lay.row), qv, &queries, (g.tid, threads));
     k.workgroup_barrier();
     let qf = row_frags(k, smem, ty.a, lay.q, lay.row, g.row0, d);
     k.workgroup_barrier();
     stage(
         k,
         smem,
-        lay.dout,
-        lay.row,
+        (lay.dout, lay.row),
         dov,
-        (b, h),
-        q0,
-        p.t,
-        bq,
-        g.tid,
-        threads,
+        &queries,
+        (g.tid, threads),
     );
     k.workgroup_barrier();
     let of = row_frags(k, smem, ty.a, lay.dout, lay.row, g.row0, d);
@@ -587,36 +548,19 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     k.for_range(z, nkb, one, |k, blk| {
         let k0 = k.mul(blk, bkc);
         k.workgroup_barrier();
-        stage(
-            k,
-            smem,
-            lay.k,
-            lay.row,
-            kv,
-            (b, h),
-            k0,
-            kend,
-            bk,
-            g.tid,
-            threads,
-        );
-        stage(
-            k,
-            smem,
-            lay.v,
-            lay.row,
-            vv,
-            (b, h),
-            k0,
-            kend,
-            bk,
-            g.tid,
-            threads,
-        );
+        let keys = TileRows {
+            b,
+            h,
+            t0: k0,
+            tend: kend,
+            count: bk,
+        };
+        stage(k, smem, (lay.k, lay.row), kv, &keys, (g.tid, threads));
+        stage(k, smem, (lay.v, lay.row), vv, &keys, (g.tid, threads));
         k.workgroup_barrier();
         // S = Q·Kᵀ, dP = dO·Vᵀ (16 queries × bk keys).
-        scores(k, smem, &qf, ty.b, ty.acc, lay.k, lay.row, bk, g.s_at);
-        scores(k, smem, &of, ty.b, ty.acc, lay.v, lay.row, bk, g.d_at);
+        scores(k, smem, &ty, &qf, lay.staged(lay.k, bk), g.s_at);
+        scores(k, smem, &ty, &of, lay.staged(lay.v, bk), g.d_at);
         k.subgroup_barrier();
         let s = read_half(k, smem, g.s_at, &g, bk);
         let dp = read_half(k, smem, g.d_at, &g, bk);
@@ -640,19 +584,10 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
         write_half(k, smem, g.s_at, &g, bk, &dsv, kern.storage);
         k.subgroup_barrier();
         // dQ += dS·K.
-        accumulate(k, smem, &acc, ty.a, ty.b, g.s_at, bk, lay.k, lay.row);
+        accumulate(k, smem, &ty, &acc, g.s_at, lay.staged(lay.k, bk));
     });
     k.workgroup_barrier();
-    store_rows(
-        k,
-        smem,
-        kern,
-        &p,
-        (g.r, g.half, g.s_at),
-        &acc,
-        (b, h, i),
-        p.outs[0],
-        Err(p.scale),
-    );
+    let dq_rows = OutRows::of(&p, 0, (b, h), i);
+    store_rows(k, smem, kern, &g, &acc, &dq_rows, Err(p.scale));
     kb.finish()
 }

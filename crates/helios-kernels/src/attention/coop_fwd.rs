@@ -29,7 +29,7 @@ use helios_spirv::{
 
 use super::frag::{pack2, remaining, row_limit, stage, FRAG, SUBGROUP, WORD};
 use super::layout::frag_scalar;
-use super::params::{block_coords, key_blocks, key_end, stat_index, Params};
+use super::params::{block_coords, key_blocks, key_end, stat_index, Params, TileRows};
 use super::signature::AttentionKernel;
 use crate::storage::store_f32;
 
@@ -127,19 +127,14 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     let rowc = k.u32(lay.row);
 
     // Q: staged once, kept as A fragments.
-    stage(
-        k,
-        smem,
-        lay.region,
-        lay.row,
-        qv,
-        (b, h),
-        q0,
-        p.t,
-        bq,
-        tid,
-        threads,
-    );
+    let queries = TileRows {
+        b,
+        h,
+        t0: q0,
+        tend: p.t,
+        count: bq,
+    };
+    stage(k, smem, (lay.region, lay.row), qv, &queries, (tid, threads));
     k.workgroup_barrier();
     let q_base = k.mul(sg_row, rowc);
     let regc = k.u32(lay.region);
@@ -188,32 +183,15 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
     k.for_range(z, nkb, one, |k, blk| {
         let k0 = k.mul(blk, bkc);
         k.workgroup_barrier();
-        stage(
-            k,
-            smem,
-            lay.k,
-            lay.row,
-            kv,
-            (b, h),
-            k0,
-            kend,
-            bk,
-            tid,
-            threads,
-        );
-        stage(
-            k,
-            smem,
-            lay.v,
-            lay.row,
-            vv,
-            (b, h),
-            k0,
-            kend,
-            bk,
-            tid,
-            threads,
-        );
+        let keys = TileRows {
+            b,
+            h,
+            t0: k0,
+            tend: kend,
+            count: bk,
+        };
+        stage(k, smem, (lay.k, lay.row), kv, &keys, (tid, threads));
+        stage(k, smem, (lay.v, lay.row), vv, &keys, (tid, threads));
         k.workgroup_barrier();
         // S = Q·Kᵀ, 16 × bk, into the scratch.
         let src = k.u32(s_row);

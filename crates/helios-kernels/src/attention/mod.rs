@@ -43,7 +43,7 @@
 //! - `params`: the buffers and push constants a stage declares (`View`, `Params`), block
 //!   coordinates, key ranges and masks;
 //! - `signature`: the public signature ([`AttentionKernel`], [`AttnStage`], [`AttnVariant`],
-//!   [`ViewStrides`], the candidate lists and [`default_order`]);
+//!   [`ViewStrides`], [`AttnShape`], the candidate lists and [`default_order`]);
 //! - [`layout`]: the device's fragment layout ([`crate::FragMap`], the probe kernel; public
 //!   as `helios_kernels::coop_layout` too).
 
@@ -60,8 +60,8 @@ mod simt;
 
 pub use params::stride_groups;
 pub use signature::{
-    default_order, AttentionKernel, AttnStage, AttnVariant, ViewStrides, COOP_VARIANTS, PREP_LANES,
-    PREP_WORKGROUP, SIMT_VARIANTS,
+    default_order, AttentionKernel, AttnShape, AttnStage, AttnVariant, ViewStrides, COOP_VARIANTS,
+    PREP_LANES, PREP_WORKGROUP, SIMT_VARIANTS,
 };
 
 use helios_spirv::{Binding, KernelModule};
@@ -120,20 +120,19 @@ impl AttentionKernel {
         }
     }
 
-    /// The launch of this kernel for `batch × t × heads` rows. `buffers`: device addresses
-    /// in declaration order (ignored with descriptors); `views`: the strided inputs' strides.
-    #[allow(clippy::too_many_arguments)]
+    /// The launch of this kernel for the `batch × t × heads` rows of `shape`. `buffers`:
+    /// device addresses in declaration order (ignored with descriptors); `views`: the strided
+    /// inputs' strides.
     pub fn launch(
         &self,
         module: &KernelModule,
         max_groups_x: u32,
-        batch: u32,
-        t: u32,
-        heads: u32,
+        shape: AttnShape,
         scale: f32,
         views: &[ViewStrides],
         buffers: &[u64],
     ) -> Result<Launch, KernelError> {
+        let AttnShape { batch, t, heads } = shape;
         let mut args = Args::new();
         if self.binding == Binding::DeviceAddress {
             args.extend(buffers.iter().map(|&a| Arg::Address(a)));

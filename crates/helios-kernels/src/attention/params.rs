@@ -8,6 +8,17 @@ use helios_spirv::{Access, Buffer, KernelBuilder, Param, Scalar, Ty, Val};
 use super::signature::{AttentionKernel, AttnStage};
 use crate::storage::buffer_scalar;
 
+/// Rows t0..t0+count of head (b, h), zeros at t >= tend: what a stage stages from a view
+/// (the SIMT tiles, `frag::stage`), as one value, so none gets swapped.
+#[derive(Clone, Copy)]
+pub(crate) struct TileRows {
+    pub(crate) b: Val,
+    pub(crate) h: Val,
+    pub(crate) t0: Val,
+    pub(crate) tend: Val,
+    pub(crate) count: u32,
+}
+
 /// A strided view inside a kernel.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct View {

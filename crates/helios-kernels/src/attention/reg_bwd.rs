@@ -8,7 +8,7 @@ use super::frag::blocks::{start, KeyBlocks, Movers, Start};
 use super::frag::regs::{
     accumulate, elems, map_of, place, product_t, store_rows, to_a, Layout, Place, Tile,
 };
-use super::frag::{row_frags, row_limit, zero_accs, FRAG, WORD};
+use super::frag::{row_frags, row_limit, zero_accs, OutRows, FRAG, WORD};
 use super::layout::LEN;
 use super::params::{block_coords, dense_row, key_end, query_blocks, stat_index, Params};
 use super::signature::AttentionKernel;
@@ -34,8 +34,12 @@ fn row_stats(k: &mut KernelBuilder, p: &Params, (b, h): (Val, Val), i: Val) -> (
 }
 
 /// This invocation's half of an O row for [`own_dsum`], loaded early: lanes 2r and 2r + 1
-/// of a subgroup take half of its row r each (query `qs + r`).
+/// of a subgroup take half of its row r each (query `qs + r` of head (b, h), staged dO row
+/// `row0 + r`).
 struct DsumRows {
+    bh: (Val, Val),
+    /// The subgroup's first row in the block.
+    row0: Val,
     r: Val,
     half: Val,
     /// Query qs + r and whether it is below T.
@@ -50,7 +54,7 @@ fn dsum_loads(
     kern: &AttentionKernel,
     p: &Params,
     (b, h): (Val, Val),
-    qs: Val,
+    (row0, qs): (Val, Val),
 ) -> DsumRows {
     let d = kern.head_dim;
     let half_words = d / WORD / 2;
@@ -77,6 +81,8 @@ fn dsum_loads(
         })
         .collect();
     DsumRows {
+        bh: (b, h),
+        row0,
         r,
         half,
         i,
@@ -89,7 +95,6 @@ fn dsum_loads(
 /// from [`dsum_loads`]), for a Dq with `own_dsum`: each lane pair sums its row, the even
 /// lane stores it for DkDv (rows below T), and every invocation gets its row slots' sums by
 /// shuffles. Rows past T have dO staged as zeros, so their sum is 0, as Prep's.
-#[allow(clippy::too_many_arguments)]
 fn own_dsum(
     k: &mut KernelBuilder,
     kern: &AttentionKernel,
@@ -97,11 +102,11 @@ fn own_dsum(
     lay: &Layout,
     smem: Shared,
     pl: &Place,
-    (b, h): (Val, Val),
-    row0: Val,
     rows: DsumRows,
 ) -> Vec<Val> {
     let DsumRows {
+        bh: (b, h),
+        row0,
         r,
         half,
         i,
@@ -209,7 +214,9 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     movers.load(k, &qp, q0, p.t);
     let op = movers.prefetch(k, dov, lay.region, bq);
     movers.load(k, &op, q0, p.t);
-    let o_rows = kern.own_dsum.then(|| dsum_loads(k, kern, &p, (b, h), qs));
+    let o_rows = kern
+        .own_dsum
+        .then(|| dsum_loads(k, kern, &p, (b, h), (row0, qs)));
     let first = walk.first_loads(k);
     let pl = place(k, smem, map_of(kern), ty.acc, lay.region, tid, threads);
     let tile = (lay.region, lay.row);
@@ -222,7 +229,7 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     let of = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
     k.workgroup_barrier();
     // The region keeps dO until the epilogue: with `own_dsum`, each row's Dsum from it.
-    let own = o_rows.map(|rows| own_dsum(k, kern, &p, &lay, smem, &pl, (b, h), row0, rows));
+    let own = o_rows.map(|rows| own_dsum(k, kern, &p, &lay, smem, &pl, rows));
     let mut lims = Vec::new();
     let mut nl2 = Vec::new();
     let mut dsums = Vec::new();
@@ -272,17 +279,8 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
         accumulate(k, smem, ty, &acc, &da, kt);
     });
     k.workgroup_barrier();
-    store_rows(
-        k,
-        smem,
-        kern,
-        &p,
-        &acc,
-        Err(p.scale),
-        (b, h, qs),
-        p.outs[0],
-        epi,
-    );
+    let dq_rows = OutRows::of(&p, 0, (b, h), qs);
+    store_rows(k, smem, kern, &acc, Err(p.scale), &dq_rows, epi);
     kb.finish()
 }
 
@@ -484,27 +482,9 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     });
     k.workgroup_barrier();
     let onef = k.const_f32(1.0);
-    store_rows(
-        k,
-        smem,
-        kern,
-        &p,
-        &dk,
-        Err(p.scale),
-        (b, h, js),
-        p.outs[0],
-        epi,
-    );
-    store_rows(
-        k,
-        smem,
-        kern,
-        &p,
-        &dv,
-        Err(onef),
-        (b, h, js),
-        p.outs[1],
-        epi,
-    );
+    let dk_rows = OutRows::of(&p, 0, (b, h), js);
+    let dv_rows = OutRows::of(&p, 1, (b, h), js);
+    store_rows(k, smem, kern, &dk, Err(p.scale), &dk_rows, epi);
+    store_rows(k, smem, kern, &dv, Err(onef), &dv_rows, epi);
     kb.finish()
 }

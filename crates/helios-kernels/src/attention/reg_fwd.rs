@@ -10,7 +10,7 @@ use super::frag::regs::{
     accumulate_tiles, elems, map_of, place, products_t, row_frag, row_reduce, store_rows, to_a,
     Tile,
 };
-use super::frag::{row_frags, row_limit, zero_accs, FRAG};
+use super::frag::{row_frags, row_limit, zero_accs, OutRows, FRAG};
 use super::params::stat_index;
 use super::signature::AttentionKernel;
 
@@ -246,17 +246,8 @@ pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {
             lses.push(k.select(empty, ninf, lse));
         }
         let inv = row_frag(k, &pl, ty.acc, &invs);
-        store_rows(
-            k,
-            smem,
-            kern,
-            &p,
-            &rt.acc,
-            Ok(inv),
-            (b, h, rt.qs),
-            p.outs[0],
-            epi,
-        );
+        let out = OutRows::of(&p, 0, (b, h), rt.qs);
+        store_rows(k, smem, kern, &rt.acc, Ok(inv), &out, epi);
         // One invocation per row writes L.
         let rl = k.u32(u32::from(pl.map.row_lanes));
         let mine = k.and(pl.lane, rl);

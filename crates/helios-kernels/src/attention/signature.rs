@@ -222,6 +222,15 @@ pub struct ViewStrides {
     pub head: u32,
 }
 
+/// (B, T, H) of one launch, the push constants t, heads and batch (D is the kernel's
+/// `head_dim`): the kernel covers batch × t × heads rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    pub batch: u32,
+    pub t: u32,
+    pub heads: u32,
+}
+
 /// Rows of a tile each invocation of a SIMT kernel owns.
 pub const SIMT_ROWS: u32 = 4;
 /// Invocations across a SIMT tile's columns (score columns, or vec4 chunks of D).

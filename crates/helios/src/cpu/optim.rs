@@ -4,19 +4,26 @@
 //! `p ← p·(1 − lr·wd)`, `m ← β1·m + (1−β1)·g`, `v ← β2·v + (1−β2)·g²`,
 //! `p ← p − lr/(1−β1^t) · m / (√v / √(1−β2^t) + ε)`; NaN in g gives NaN in p, m and v.
 
-/// Updates `param`, `m` and `v` in place (f64 arithmetic, each result rounded once to f32).
-#[allow(clippy::too_many_arguments)]
+use crate::AdamWConfig;
+
+/// Updates `param`, `m` and `v` in place (f64 arithmetic, each result rounded once to f32):
+/// step `step` with the hyper-parameters of `config` and the tensor's `weight_decay`, as
+/// `adamw_step` takes them.
 pub fn adamw(
     param: &mut [f32],
     grad: &[f32],
     m: &mut [f32],
     v: &mut [f32],
-    lr: f32,
-    (beta1, beta2): (f32, f32),
-    eps: f32,
+    config: &AdamWConfig,
     weight_decay: f32,
     step: u32,
 ) {
+    let AdamWConfig {
+        lr,
+        beta1,
+        beta2,
+        eps,
+    } = *config;
     let (lr, b1, b2) = (f64::from(lr), f64::from(beta1), f64::from(beta2));
     let (eps, wd) = (f64::from(eps), f64::from(weight_decay));
     let t = step as i32;

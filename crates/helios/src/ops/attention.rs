@@ -12,7 +12,7 @@
 //! else the tuned one cached for (device, head dim, dtype), else cooperative matrices for
 //! f16/bf16 where the device has 16×16×16 fragments, else the largest SIMT tile that fits.
 
-use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant, ViewStrides};
+use helios_kernels::attention::{AttentionKernel, AttnShape, AttnStage, AttnVariant, ViewStrides};
 
 use super::attention_materialised::{self as materialised, HeadView};
 use super::attention_select::choose;
@@ -260,9 +260,7 @@ impl Tensor {
         if materialised_form(q, dims, opts) {
             let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
             return materialised::forward(
-                head_view(q, qs),
-                head_view(k, ks),
-                head_view(v, vs),
+                [head_view(q, qs), head_view(k, ks), head_view(v, vs)],
                 dims,
                 opts,
                 scale,
@@ -343,9 +341,7 @@ impl Tensor {
         if materialised_form(q, dims, opts) {
             let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
             let g = materialised::backward(
-                head_view(q, qs),
-                head_view(k, ks),
-                head_view(v, vs),
+                [head_view(q, qs), head_view(k, ks), head_view(v, vs)],
                 head_view(dout, ds),
                 fwd,
                 dims,
@@ -475,16 +471,12 @@ impl Tensor {
             reads,
             writes,
             |c, g, addrs| {
-                Ok(kern.launch(
-                    &c.module,
-                    g.max_groups_x,
-                    dims.b as u32,
-                    dims.t as u32,
-                    dims.h as u32,
-                    scale,
-                    views,
-                    addrs,
-                )?)
+                let shape = AttnShape {
+                    batch: dims.b as u32,
+                    t: dims.t as u32,
+                    heads: dims.h as u32,
+                };
+                Ok(kern.launch(&c.module, g.max_groups_x, shape, scale, views, addrs)?)
             },
         )
     }

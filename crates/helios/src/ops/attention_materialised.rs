@@ -108,11 +108,9 @@ struct Step<'a> {
 /// `alpha · a · b` for every head, written into `out`, with `step` folded into the
 /// epilogue: each operand a matrix per head, read as its transpose where marked; sizes
 /// `(m, n, k)`.
-#[allow(clippy::too_many_arguments)]
 fn product(
     x: Dims,
-    a: Operand,
-    b: Operand,
+    [a, b]: [Operand; 2],
     out: Operand,
     (m, n, k): (usize, usize, usize),
     triangle: Triangle,
@@ -217,8 +215,7 @@ fn scores_product(
 ) -> Result<()> {
     product(
         x,
-        a.matrix(false),
-        b.matrix(true),
+        [a.matrix(false), b.matrix(true)],
         scores(out, x, false),
         (x.t, x.t, x.d),
         triangle(causal, Triangle::LowerC),
@@ -244,8 +241,7 @@ fn heads_product(
     };
     product(
         x,
-        scores(s, x, trans),
-        v.matrix(false),
+        [scores(s, x, trans), v.matrix(false)],
         HeadView::dense(out, x).matrix(false),
         (x.t, x.d, x.t),
         triangle(causal, half),
@@ -263,9 +259,7 @@ fn softmax_options(opts: &AttentionOptions, scale: f32) -> SoftmaxOptions {
 
 /// O ([B, T, H, D]) and the log-sum-exp ([B, H, T]).
 pub(crate) fn forward(
-    q: HeadView,
-    k: HeadView,
-    v: HeadView,
+    [q, k, v]: [HeadView; 3],
     x: Dims,
     opts: &AttentionOptions,
     scale: f32,
@@ -281,11 +275,8 @@ pub(crate) fn forward(
 }
 
 /// dQ, dK, dV (dense [B, T, H, D]) from dO and the forward's output and log-sum-exp.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
-    q: HeadView,
-    k: HeadView,
-    v: HeadView,
+    [q, k, v]: [HeadView; 3],
     dout: HeadView,
     fwd: &AttentionOutput,
     x: Dims,

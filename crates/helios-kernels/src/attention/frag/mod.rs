@@ -10,7 +10,7 @@ pub(crate) mod regs;
 
 use helios_spirv::{CoopLayout, CoopMat, CoopTy, CoopVar, KernelBuilder, Scalar, Shared, Ty, Val};
 
-use super::params::View;
+use super::params::{Params, TileRows, View};
 use crate::storage::Storage;
 
 /// Fragment side.
@@ -66,23 +66,24 @@ pub(crate) fn pack2(k: &mut KernelBuilder, s: Storage, a: Val, b: Val) -> Val {
     }
 }
 
-/// Stages rows t0..t0+rows of `view` (zero words at t >= tend) into `smem` at word `base`,
-/// `row` words per row: 16-byte loads (the host checked that offsets and strides are
-/// multiples of 8 elements).
-#[allow(clippy::too_many_arguments)]
+/// Stages `rows` of `view` (zero words at t >= tend) into `smem` at word `base`, `row` words
+/// per row, invocation `tid` of `threads` moving its share: 16-byte loads (the host checked
+/// that offsets and strides are multiples of 8 elements).
 pub(crate) fn stage(
     k: &mut KernelBuilder,
     smem: Shared,
-    base: u32,
-    row: u32,
+    (base, row): (u32, u32),
     view: View,
-    (b, h): (Val, Val),
-    t0: Val,
-    tend: Val,
-    rows: u32,
-    tid: Val,
-    threads: u32,
+    rows: &TileRows,
+    (tid, threads): (Val, u32),
 ) {
+    let TileRows {
+        b,
+        h,
+        t0,
+        tend,
+        count: rows,
+    } = *rows;
     let per = row - 1;
     let units = rows * per;
     for j in 0..units.div_ceil(threads) {
@@ -116,6 +117,30 @@ pub(crate) fn stage(
             let n = k.u32(units);
             let inside = k.lt(idx, n);
             k.if_(inside, body);
+        }
+    }
+}
+
+/// Where accumulator rows go: rows from `t0` of head (b, h) of the dense output `view`, of
+/// which those below `tend` (T) are written.
+#[derive(Clone, Copy)]
+pub(crate) struct OutRows {
+    pub(crate) view: View,
+    pub(crate) b: Val,
+    pub(crate) h: Val,
+    pub(crate) t0: Val,
+    pub(crate) tend: Val,
+}
+
+impl OutRows {
+    /// Rows from `t0` of head (b, h) of the stage's output `which` (`p.outs`), below T.
+    pub(crate) fn of(p: &Params, which: usize, (b, h): (Val, Val), t0: Val) -> OutRows {
+        OutRows {
+            view: p.outs[which],
+            b,
+            h,
+            t0,
+            tend: p.t,
         }
     }
 }

@@ -30,9 +30,8 @@ use helios_spirv::{
     CoopLayout, CoopMat, CoopTy, CoopUse, CoopVar, KernelBuilder, Scalar, Shared, Ty, Val,
 };
 
-use super::{FRAG, SUBGROUP, WORD};
+use super::{OutRows, FRAG, SUBGROUP, WORD};
 use crate::attention::layout::{frag_scalar, FragMap, LEN};
-use crate::attention::params::{Params, View};
 use crate::attention::signature::{AttentionKernel, AttnStage};
 
 /// Words (16 bytes) of the coordinate tile (16×16 f32).
@@ -329,24 +328,28 @@ pub(crate) fn accumulate(
     accumulate_tiles(k, smem, ty, &[acc], &[a], tile);
 }
 
-/// Stores the subgroup's accumulators (16 rows × D: rows `t0..t0+16`, those below T) times
-/// `mul` (a per-element fragment or a scalar) to the dense output, through its epilogue
+/// Stores the subgroup's accumulators (16 rows × D: `dest`'s rows t0..t0+16, those below T)
+/// times `mul` (a per-element fragment or a scalar) to the dense output, through its epilogue
 /// tile at word `at`, [`EPI_FRAGS`] fragments at a time: the fragments go to the tile, then
 /// consecutive invocations write consecutive 4-element pieces of a row, so every store
 /// instruction fills whole 32-byte sectors (a row's 16 columns per fragment were two
 /// invocations' 8-byte halves before, each instruction half-filling 16 sectors).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn store_rows(
     k: &mut KernelBuilder,
     smem: Shared,
     kern: &AttentionKernel,
-    p: &Params,
     acc: &[CoopVar],
     mul: Result<CoopMat, Val>,
-    (b, h, t0): (Val, Val, Val),
-    out: View,
+    dest: &OutRows,
     at: Val,
 ) {
+    let OutRows {
+        view: out,
+        b,
+        h,
+        t0,
+        tend,
+    } = *dest;
     let lane = k.subgroup_invocation_id();
     let rowc = k.u32(EPI_ROW);
     for (round, frags) in acc.chunks(EPI_FRAGS as usize).enumerate() {
@@ -375,7 +378,7 @@ pub(crate) fn store_rows(
             let r = k.div(u, prc);
             let c = k.rem(u, prc);
             let t = k.add(t0, r);
-            let inside = k.lt(t, p.t);
+            let inside = k.lt(t, tend);
             k.if_(inside, |k| {
                 let w = k.mul(r, rowc);
                 let w = k.add(w, c);

@@ -2,8 +2,10 @@
 
 use helios_spirv::{KernelBuilder, KernelModule, Scalar, SharedLen, Ty, Val};
 
-use super::{base2_scale, Ctx, TileRows};
-use crate::attention::params::{block_coords, key_blocks, key_end, query_blocks, stat_index};
+use super::{base2_scale, Ctx};
+use crate::attention::params::{
+    block_coords, key_blocks, key_end, query_blocks, stat_index, TileRows,
+};
 use crate::attention::signature::AttentionKernel;
 
 /// L·log2 e and Dsum of query `i` (L = +inf, Dsum = 0 past T, so P = 0 there).

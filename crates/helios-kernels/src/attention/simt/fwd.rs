@@ -2,8 +2,8 @@
 
 use helios_spirv::{KernelBuilder, KernelModule, Scalar, SharedLen, Ty, Val, Var};
 
-use super::{base2_scale, safe_max, Ctx, TileRows};
-use crate::attention::params::{block_coords, key_blocks, key_end, stat_index};
+use super::{base2_scale, safe_max, Ctx};
+use crate::attention::params::{block_coords, key_blocks, key_end, stat_index, TileRows};
 use crate::attention::signature::{AttentionKernel, SIMT_COLS};
 
 pub(crate) fn forward(kern: &AttentionKernel) -> KernelModule {

@@ -36,7 +36,7 @@ pub(crate) mod fwd;
 
 use helios_spirv::{KernelBuilder, Scalar, Shared, SharedLen, Ty, Val, Var};
 
-use super::params::{keep, Params, View};
+use super::params::{keep, Params, TileRows, View};
 use super::signature::{AttentionKernel, AttnStage, SIMT_COLS, SIMT_ROWS};
 use crate::storage::{load_f32, store_f32, Storage};
 
@@ -72,16 +72,6 @@ pub(crate) fn v4() -> Ty {
 pub(crate) struct Tile {
     pub(crate) arr: Shared,
     pub(crate) stride: u32,
-}
-
-/// Rows t0..t0+count of head (b, h), zeros at t >= tend: one value, so none gets swapped.
-#[derive(Clone, Copy)]
-pub(crate) struct TileRows {
-    pub(crate) b: Val,
-    pub(crate) h: Val,
-    pub(crate) t0: Val,
-    pub(crate) tend: Val,
-    pub(crate) count: u32,
 }
 
 /// What every SIMT stage knows once its parameters are loaded.
