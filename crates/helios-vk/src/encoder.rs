@@ -22,6 +22,8 @@ use std::sync::{Arc, MutexGuard};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::external::{ExternalSignals, ExternalWaits, Timeline};
+pub use crate::hazards::Access;
+use crate::hazards::Hazards;
 use crate::memory::Buffer;
 use crate::native::NativeKernel;
 use crate::pipeline::Pipeline;
@@ -42,126 +44,6 @@ const EARLY_CHECK: u32 = 8;
 /// measured slower on a host-bound step and no faster on GPT-2 (on an H100 host; figures in
 /// bench/results/source-comment-history.md).
 const INLINE_MAX: u32 = 1;
-
-/// How a dispatch or copy touches a buffer.
-#[derive(Clone, Copy, Debug)]
-pub struct Access<'a> {
-    pub buffer: &'a Buffer,
-    /// Byte range inside the buffer.
-    pub offset: u64,
-    pub len: u64,
-    pub write: bool,
-}
-
-impl<'a> Access<'a> {
-    /// Reads the whole buffer.
-    pub fn read(buffer: &'a Buffer) -> Self {
-        Access {
-            buffer,
-            offset: 0,
-            len: buffer.size(),
-            write: false,
-        }
-    }
-
-    /// Writes (and may read) the whole buffer.
-    pub fn write(buffer: &'a Buffer) -> Self {
-        Access {
-            buffer,
-            offset: 0,
-            len: buffer.size(),
-            write: true,
-        }
-    }
-
-    /// The same access narrowed to `[offset, offset + len)` of the buffer.
-    pub fn range(self, offset: u64, len: u64) -> Self {
-        Access {
-            offset,
-            len,
-            ..self
-        }
-    }
-
-    /// The region key and absolute byte range in the block.
-    fn span(&self) -> (RegionKey, u64, u64) {
-        let b = self.buffer;
-        let start = b.offset + self.offset;
-        (b.hazard_key(), start, start + self.len)
-    }
-}
-
-/// A pool region: (block id, offset of the region in the block); an exported allocation is
-/// one key, (block id, 0), however many regions view it (`Buffer::hazard_key`).
-type RegionKey = (u64, u64);
-
-/// Bytes `[start, end)` of a block; empty when `start >= end`.
-#[derive(Clone, Copy, Default)]
-struct Cover {
-    start: u64,
-    end: u64,
-}
-
-impl Cover {
-    fn overlaps(&self, start: u64, end: u64) -> bool {
-        self.start < end && start < self.end
-    }
-
-    fn extend(&mut self, start: u64, end: u64) {
-        if self.start >= self.end {
-            *self = Cover { start, end };
-        } else {
-            self.start = self.start.min(start);
-            self.end = self.end.max(end);
-        }
-    }
-}
-
-/// What the dispatches since the last barrier read and wrote in one region, as covering
-/// ranges: O(1) per access however many dispatches read the same tensor. Covering is
-/// conservative (two disjoint writes to one region look like one), which can only add a
-/// barrier, never miss one.
-#[derive(Clone, Copy, Default)]
-struct RegionUse {
-    read: Cover,
-    written: Cover,
-}
-
-/// Accesses since the last barrier, per pool region.
-#[derive(Default)]
-struct Hazards {
-    /// FxHash: the keys are small integers and this map is hit on every dispatch.
-    regions: rustc_hash::FxHashMap<RegionKey, RegionUse>,
-}
-
-impl Hazards {
-    fn conflicts(&self, accesses: &[Access<'_>]) -> bool {
-        accesses.iter().any(|a| {
-            let (key, start, end) = a.span();
-            self.regions.get(&key).is_some_and(|u| {
-                u.written.overlaps(start, end) || (a.write && u.read.overlaps(start, end))
-            })
-        })
-    }
-
-    fn add(&mut self, accesses: &[Access<'_>]) {
-        for a in accesses {
-            let (key, start, end) = a.span();
-            if start < end {
-                let u = self.regions.entry(key).or_default();
-                if a.write {
-                    u.written.extend(start, end);
-                } else {
-                    u.read.extend(start, end);
-                }
-            }
-        }
-    }
-
-    fn clear(&mut self) {
-        self.regions.clear();
-    }
-}
 
 /// The batch being recorded.
 pub(crate) struct OpenBatch {

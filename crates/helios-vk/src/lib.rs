@@ -19,7 +19,7 @@
 //! for each device, `adapter` picks one and `features` decides what to enable. [`Context`]
 //! then owns everything made on that device: buffers (`memory`, carved by `pool` from large
 //! blocks), pipelines (`pipeline`, `pipeline_cache`, `native`, `executable`), the encoder
-//! (`encoder` decides batches and barriers, `recorder` writes command buffers, `worker` and
+//! (`encoder` decides batches, `hazards` where barriers go, `recorder` writes command buffers, `worker` and
 //! `submit` submit them on the timeline), host transfers (`transfer`, `copy_queue`),
 //! sharing with CUDA (`external`: exported memory and timelines) and timing (`profile`,
 //! `timer`). `caps`, `conv` and `env` are plain data and pure functions;
@@ -46,6 +46,7 @@ mod error;
 mod executable;
 mod external;
 mod features;
+mod hazards;
 mod instance;
 mod memory;
 mod native;
