@@ -19,11 +19,11 @@
 //! for each device, `adapter` picks one and `features` decides what to enable. [`Context`]
 //! then owns everything made on that device: buffers (`memory`, carved by `pool` from large
 //! blocks), pipelines (`pipeline`, `pipeline_cache`, `native`, `executable`), the encoder
-//! (`encoder` decides batches, `hazards` where barriers go, `recorder` writes command buffers, `worker` and
-//! `submit` submit them on the timeline), host transfers (`transfer`, `copy_queue`),
-//! sharing with CUDA (`external`: exported memory and timelines) and timing (`profile`,
-//! `timer`). `caps`, `conv` and `env` are plain data and pure functions;
-//! `sync` holds the lock helpers.
+//! (`encoder` decides batches, `hazards` where barriers go, `recorder` writes command
+//! buffers, `worker` and `submit` submit them on the timeline), host transfers (`transfer`,
+//! `copy_queue`), sharing with CUDA (`external`: exported memory and timelines) and timing
+//! (`profile`, `timer`). `caps`, `conv` and `env` are plain data and pure functions; `sync`
+//! holds the lock helpers.
 //!
 //! ```no_run
 //! # fn main() -> helios_vk::Result<()> {
