@@ -12,7 +12,7 @@ out=${1:?output dir}
 for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done; ldconfig
 B=target/release/helios
 $B info >/dev/null 2>&1 || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-L=${L:-comba30kh,comba30khr,comba30k2hr}
+L=${L:-comba30k2h,comba30kh}
 for canonical in 0 1; do
   echo "== HELIOS_FIELD_CHAIN_CANONICAL=$canonical" | tee -a "$out/chain.txt"
   HELIOS_FIELD_CHAIN_CANONICAL=$canonical HELIOS_CACHE_DIR="$out/cache$canonical" HELIOS_PIPELINE_STATS=1 \

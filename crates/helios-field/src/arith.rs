@@ -1,284 +1,79 @@
 //! Multi-limb Fq arithmetic emitted into the kernel IR: add/sub/neg modulo p, the Montgomery
-//! product (CIOS) and a dedicated Montgomery square (SOS), all fully unrolled.
+//! product (CIOS) and a dedicated Montgomery square (SOS), all fully unrolled, over 12 × 32-bit
+//! words (the element's bytes).
 //!
-//! The one decision a reader must know: the limb layout is a parameter ([`Layout`]), because
+//! The one decision a reader must know: the multiplier is a parameter ([`Layout`]), because
 //! the fastest one is the one the GPU's compiler turns into the fewest instructions, which is
-//! measured, not derived (`helios field bench --sweep`). Four layouts share this code:
-//! 12×32-bit limbs with 32×32→64 products written as u64 arithmetic (`U32Wide`), the same with
-//! the product from `OpUMulExtended` (`U32Mix`), 12×32-bit limbs with `OpUMulExtended` and
-//! `OpIAddCarry` (`U32Ext`), and 6×64-bit limbs with the extended ops on u64 (`U64`). Only the
-//! three primitives `mac`, `adc` and `sbb` differ. The `Comba*` layouts multiply in 29- or
-//! 30-bit limbs by product scanning ([`crate::comba`]); their add/sub/neg are `U32Mix`'s, and
-//! their products convert from and to the 12 words around the multiplier.
-//!
-//! The `Dual*` layouts compute several elements per invocation, each through one of the
-//! single-element layouts above ([`Layout::pipes`]); the kernels (`crate::kernel`) emit one
-//! `Arith` per element, so this file never sees them.
+//! measured, not derived (`helios field bench --sweep`). `U32Mix` multiplies the 12 words
+//! directly (products through `OpUMulExtended`, sums and carries through u64 arithmetic); the
+//! `Comba*` layouts convert the words to 13 × 30-bit limbs around a product-scanning
+//! multiplier ([`crate::comba`]). Add/sub/neg are the same code for every layout. The other
+//! layouts measured (other word sizes and carry primitives, 29-bit limbs, Karatsuba
+//! reductions, products on the FP64 pipe, several elements per invocation) lost and were
+//! removed; their figures are in bench/results/2026-11-22-field-h200.md,
+//! 2026-11-22-field-h100-fp64.md and 2026-11-22-field-chain.md.
 //!
 //! p < 2³⁸¹ leaves the top limb's highest bits clear, which allows the "no-carry" CIOS
-//! variant (no extra carry word per row) and guarantees that a + b never leaves N limbs.
+//! variant (no extra carry word per row) and guarantees that a + b never leaves 12 words.
 
 use helios_spirv::{KernelBuilder, Scalar, Ty, Val};
 
-use helios_vk::EnabledFeatures;
-
 use crate::comba::{Comba, Radix};
-use crate::fp64::{FmaKind, Fp64, Fp64Mul};
 use crate::fq::{pow2_mod_p, Fq, P, P_BITS, P_INV_NEG, R_MOD_P};
 
-/// How an Fq element is held in registers inside a kernel.
+/// How an Fq element is multiplied inside a kernel. Each layout is kept for a reason the
+/// measurements give (bench/results/2026-11-22-field-chain.md, H100 and H200).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {
-    /// 12 × u32; products and carries through u64 arithmetic (one 64-bit multiply-add).
-    U32Wide,
-    /// 12 × u32; products through `OpUMulExtended`, sums and carries through u64 arithmetic.
+    /// 12 × u32, CIOS; products through `OpUMulExtended`, sums and carries through u64
+    /// arithmetic. The plain schoolbook baseline the sweep compares against (18.3 G mul/s on
+    /// the H200 where `Comba30KH` then gave 22.4), and the add/sub/neg of every layout.
     U32Mix,
-    /// 12 × u32; products through `OpUMulExtended`, carries through `OpIAddCarry`.
-    U32Ext,
-    /// 6 × u64; products through `OpUMulExtended` on u64, carries through `OpIAddCarry`.
-    U64,
-    /// Products in 14 × 29-bit limbs, one u64 column accumulator, u64 multiplies.
-    Comba29,
-    /// As `Comba29` with products through `OpUMulExtended`.
-    Comba29Ext,
-    /// As `Comba29` with two accumulators per column (a·b and m·p: two dependency chains).
-    Comba29Dual,
-    /// Products in 13 × 30-bit limbs, two u64 column accumulators, u64 multiplies.
-    Comba30,
-    /// As `Comba30` with products through `OpUMulExtended`.
-    Comba30Ext,
-    /// As `Comba29` with a·b by one level of Karatsuba (357 products instead of 406).
-    Comba29K,
-    /// As `Comba29K` with products through `OpUMulExtended`.
-    Comba29KExt,
-    /// As `Comba30` with a·b by one level of Karatsuba (316 products instead of 351).
-    Comba30K,
-    /// As `Comba30K` with products through `OpUMulExtended`.
-    Comba30KExt,
-    /// As `Comba30` with two accumulators only in the middle columns (where one could
-    /// overflow), one elsewhere.
-    Comba30H,
-    /// As `Comba30K`, accumulators split as in `Comba30H`.
+    /// Products in 13 × 30-bit limbs by product scanning, a·b by one level of Karatsuba,
+    /// two u64 accumulators only in the columns that could overflow one. A slower multiplier
+    /// than `Comba30K2H` (24.6 against 25.7 G mul/s) but faster array ops, which are what the
+    /// API runs: mul and sqr 2–4% on the H100, sqr 3% on the H200. It needs fewer registers
+    /// (72 against 96 in the chain kernel).
     Comba30KH,
-    /// As `Comba30KH` with the reduction's m·p by one level of Karatsuba too (274 products
-    /// instead of 303).
-    Comba30KHR,
-    /// As `Comba30KH` with a·b by two levels of Karatsuba (278 products).
+    /// As `Comba30KH` with a·b by two levels of Karatsuba (278 wide multiplies instead of
+    /// 303): the fastest multiplier measured, and the default.
     Comba30K2H,
-    /// Both: two levels for a·b, one for m·p (249 products).
-    Comba30K2HR,
-    /// As `Comba29K` with the reduction's m·p by one level of Karatsuba (301 products, one
-    /// accumulator per column).
-    Comba29KR,
-    /// As `Comba29KR` with a·b by two levels of Karatsuba (277 products).
-    Comba29K2R,
-    /// Products on the FP64 pipe ([`crate::fp64`]): 8 × 48-bit limbs as f64, each product
-    /// split exactly by two GLSL `Fma`s (fused in practice, not by specification), column
-    /// sums in i64. Needs `shaderFloat64`.
-    Fp64,
-    /// As `Fp64` with a·b by one level of Karatsuba (48 products instead of 64).
-    Fp64K,
-    /// As `Fp64` with the column sums on the FP64 pipe too (`Fp64::mont_mul_fp_columns`):
-    /// four FP64 operations and no 64-bit integer add per product, for GPUs where the
-    /// integer side, not the FP64 pipe, limits `Fp64`.
-    Fp64C,
-    /// Two elements per invocation, one through `Comba30KH` (integer pipe), one through
-    /// `Fp64K` (FP64 pipe), as independent straight-line code, so that both pipes work at
-    /// once. Add/sub/neg use the integer code for both. Needs `shaderFloat64`.
-    Dual,
-    /// As `Dual` with three elements per invocation: two through `Comba30KH`, one `Fp64K`.
-    Dual21,
-    /// As `Dual` with three elements per invocation: one through `Comba30KH`, two `Fp64K`.
-    Dual12,
-    /// Two elements per invocation, both through `Comba30KH`: the control for `Dual` (two
-    /// independent products per invocation without the FP64 pipe), and the multi-element
-    /// kernel shape that runs on every device.
-    DualInt,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 27] = [
-        Layout::U32Wide,
-        Layout::U32Mix,
-        Layout::U32Ext,
-        Layout::U64,
-        Layout::Comba29,
-        Layout::Comba29Ext,
-        Layout::Comba29Dual,
-        Layout::Comba30,
-        Layout::Comba30Ext,
-        Layout::Comba29K,
-        Layout::Comba29KExt,
-        Layout::Comba30K,
-        Layout::Comba30KExt,
-        Layout::Comba30H,
-        Layout::Comba30KH,
-        Layout::Comba30KHR,
-        Layout::Comba30K2H,
-        Layout::Comba30K2HR,
-        Layout::Comba29KR,
-        Layout::Comba29K2R,
-        Layout::Fp64,
-        Layout::Fp64K,
-        Layout::Fp64C,
-        Layout::Dual,
-        Layout::Dual21,
-        Layout::Dual12,
-        Layout::DualInt,
-    ];
+    pub const ALL: [Layout; 3] = [Layout::U32Mix, Layout::Comba30KH, Layout::Comba30K2H];
 
     pub const fn name(self) -> &'static str {
         match self {
-            Layout::U32Wide => "u32wide",
             Layout::U32Mix => "u32mix",
-            Layout::U32Ext => "u32ext",
-            Layout::U64 => "u64",
-            Layout::Comba29 => "comba29",
-            Layout::Comba29Ext => "comba29e",
-            Layout::Comba29Dual => "comba29d",
-            Layout::Comba30 => "comba30",
-            Layout::Comba30Ext => "comba30e",
-            Layout::Comba29K => "comba29k",
-            Layout::Comba29KExt => "comba29ke",
-            Layout::Comba30K => "comba30k",
-            Layout::Comba30KExt => "comba30ke",
-            Layout::Comba30H => "comba30h",
             Layout::Comba30KH => "comba30kh",
-            Layout::Comba30KHR => "comba30khr",
             Layout::Comba30K2H => "comba30k2h",
-            Layout::Comba30K2HR => "comba30k2hr",
-            Layout::Comba29KR => "comba29kr",
-            Layout::Comba29K2R => "comba29k2r",
-            Layout::Fp64 => "fp64",
-            Layout::Fp64K => "fp64k",
-            Layout::Fp64C => "fp64c",
-            Layout::Dual => "dual",
-            Layout::Dual21 => "dual21",
-            Layout::Dual12 => "dual12",
-            Layout::DualInt => "dualint",
         }
     }
 
-    /// The layouts of the elements one invocation computes, in order: element `P·i + j` of
-    /// an array (P = `pipes().len()`) goes through `pipes()[j]`. The layout itself except
-    /// for the `Dual*` layouts, whose entries are single-element layouts.
-    pub fn pipes(self) -> Vec<Layout> {
-        use Layout::{Comba30KH as I, Fp64K as F};
+    /// The reduced-radix multiplier, for the product-scanning layouts.
+    pub(crate) const fn radix(self) -> Option<Radix> {
         match self {
-            Layout::Dual => vec![I, F],
-            Layout::Dual21 => vec![I, I, F],
-            Layout::Dual12 => vec![I, F, F],
-            Layout::DualInt => vec![I, I],
-            _ => vec![self],
+            Layout::U32Mix => None,
+            Layout::Comba30KH => Some(Radix { karatsuba: 1 }),
+            Layout::Comba30K2H => Some(Radix { karatsuba: 2 }),
         }
-    }
-
-    /// Elements per invocation of the layout's kernels.
-    pub fn elements_per_invocation(self) -> usize {
-        self.pipes().len()
-    }
-
-    /// Whether the layout's products run (in part) on the FP64 pipe with GLSL `Fma`, whose
-    /// exactness a [`Field`](crate::Field) self-tests before using it.
-    pub fn needs_fused_fma(self) -> bool {
-        self.pipes()
-            .iter()
-            .any(|l| l.fp64().is_some_and(|m| m.fma == FmaKind::Glsl))
-    }
-
-    /// The reduced radix the multiplier works in, for the product-scanning layouts.
-    pub const fn radix(self) -> Option<Radix> {
-        // (bits, dual, ext, Karatsuba levels of a·b, Karatsuba m·p, hybrid)
-        let (w, dual, ext, karatsuba, kred, hybrid) = match self {
-            Layout::Comba29 => (29, false, false, 0, false, false),
-            Layout::Comba29Ext => (29, false, true, 0, false, false),
-            Layout::Comba29Dual => (29, true, false, 0, false, false),
-            Layout::Comba30 => (30, true, false, 0, false, false),
-            Layout::Comba30Ext => (30, true, true, 0, false, false),
-            Layout::Comba29K => (29, false, false, 1, false, false),
-            Layout::Comba29KExt => (29, false, true, 1, false, false),
-            Layout::Comba30K => (30, true, false, 1, false, false),
-            Layout::Comba30KExt => (30, true, true, 1, false, false),
-            Layout::Comba30H => (30, true, false, 0, false, true),
-            Layout::Comba30KH => (30, true, false, 1, false, true),
-            Layout::Comba30KHR => (30, true, false, 1, true, true),
-            Layout::Comba30K2H => (30, true, false, 2, false, true),
-            Layout::Comba30K2HR => (30, true, false, 2, true, true),
-            Layout::Comba29KR => (29, false, false, 1, true, false),
-            Layout::Comba29K2R => (29, false, false, 2, true, false),
-            _ => return None,
-        };
-        Some(Radix {
-            w,
-            dual,
-            ext,
-            karatsuba,
-            kred,
-            hybrid,
-        })
-    }
-
-    /// The FP64 multiplier of the `Fp64*` layouts.
-    pub const fn fp64(self) -> Option<Fp64Mul> {
-        let (karatsuba, fp_columns, fma) = match self {
-            Layout::Fp64 => (false, false, FmaKind::Glsl),
-            Layout::Fp64K => (true, false, FmaKind::Glsl),
-            Layout::Fp64C => (false, true, FmaKind::Glsl),
-            _ => return None,
-        };
-        Some(Fp64Mul {
-            karatsuba,
-            fma,
-            fp_columns,
-        })
-    }
-
-    /// The device features the layout's kernels need beyond the ones every layout uses, as
-    /// (Vulkan feature name, whether `enabled` has it).
-    pub fn requirements(self, enabled: &EnabledFeatures) -> Vec<(&'static str, bool)> {
-        if self.pipes().iter().any(|l| l.fp64().is_some()) {
-            vec![("shaderFloat64", enabled.shader_float64)]
-        } else {
-            Vec::new()
-        }
-    }
-
-    /// Whether the layout's multiplier works in its own register form (reduced-radix or f64
-    /// limbs) rather than in the layout's words.
-    const fn has_mul_form(self) -> bool {
-        self.radix().is_some() || self.fp64().is_some()
     }
 
     pub fn from_name(name: &str) -> Option<Layout> {
         Layout::ALL.into_iter().find(|l| l.name() == name)
     }
-
-    /// The limb type.
-    pub const fn word(self) -> Scalar {
-        match self {
-            Layout::U64 => Scalar::U64,
-            _ => Scalar::U32,
-        }
-    }
-
-    /// Limbs per element.
-    pub const fn limbs(self) -> usize {
-        match self {
-            Layout::U64 => 6,
-            _ => 12,
-        }
-    }
-
-    /// `x` split into this layout's limbs, least significant first.
-    pub fn split(self, x: &Fq) -> Vec<u64> {
-        match self.word() {
-            Scalar::U32 => x.iter().flat_map(|&l| [l & 0xffff_ffff, l >> 32]).collect(),
-            _ => x.to_vec(),
-        }
-    }
 }
 
-/// An element in registers: `layout.limbs()` words, least significant first.
+/// Words per element.
+pub const WORDS: usize = 12;
+
+/// `x` as 12 u32 words, least significant first.
+fn split_words(x: &Fq) -> Vec<u64> {
+    x.iter().flat_map(|&l| [l & 0xffff_ffff, l >> 32]).collect()
+}
+
+/// An element in registers: [`WORDS`] words, or a multiplier's limbs, least significant first.
 pub type Limbs = Vec<Val>;
 
 /// Emits limb arithmetic for one layout into a kernel.
@@ -288,23 +83,14 @@ pub struct Arith<'k> {
 }
 
 impl Arith<'_> {
-    fn word_ty(&self) -> Ty {
-        Ty::scalar(self.layout.word())
-    }
-
     /// A word constant.
     pub fn word(&mut self, v: u64) -> Val {
-        let ty = self.word_ty();
-        self.k.constant_bits(ty, v)
+        self.k.constant_bits(Ty::scalar(Scalar::U32), v)
     }
 
-    /// A constant element (e.g. p, R² mod p) as limbs.
+    /// A constant element (e.g. p, R² mod p) as words.
     pub fn constant(&mut self, x: &Fq) -> Limbs {
-        self.layout
-            .split(x)
-            .into_iter()
-            .map(|w| self.word(w))
-            .collect()
+        split_words(x).into_iter().map(|w| self.word(w)).collect()
     }
 
     fn split_u64(&mut self, t: Val) -> (Val, Val) {
@@ -316,69 +102,35 @@ impl Arith<'_> {
         self.k.convert(x, Scalar::U64)
     }
 
-    /// `(lo, hi)` of `a * b + c + d`; cannot overflow two words.
+    /// `(lo, hi)` of `a * b + c + d`; cannot overflow two words. The product comes from
+    /// `OpUMulExtended` and the sums from u64 arithmetic: in this CIOS that measured faster
+    /// than a u64 multiply of zero-extended words, and 2.5× faster than `OpIAddCarry` chains.
     pub fn mac(&mut self, a: Val, b: Val, c: Val, d: Val) -> (Val, Val) {
-        match self.layout {
-            Layout::U32Wide => {
-                let (a, b, c, d) = (self.widen(a), self.widen(b), self.widen(c), self.widen(d));
-                let p = self.k.mul(a, b);
-                let t = self.k.add(p, c);
-                let t = self.k.add(t, d);
-                self.split_u64(t)
-            }
-            Layout::U32Ext | Layout::U64 => {
-                let (lo, hi) = self.k.umul_extended(a, b);
-                let (s, c1) = self.k.iadd_carry(lo, c);
-                let (s, c2) = self.k.iadd_carry(s, d);
-                let hi = self.k.add(hi, c1);
-                (s, self.k.add(hi, c2))
-            }
-            _ => {
-                let (lo, hi) = self.k.umul_extended(a, b);
-                let pair = self.k.vector(&[lo, hi]);
-                let p = self.k.bitcast(pair, Ty::scalar(Scalar::U64));
-                let (c, d) = (self.widen(c), self.widen(d));
-                let t = self.k.add(p, c);
-                let t = self.k.add(t, d);
-                self.split_u64(t)
-            }
-        }
+        let (lo, hi) = self.k.umul_extended(a, b);
+        let pair = self.k.vector(&[lo, hi]);
+        let p = self.k.bitcast(pair, Ty::scalar(Scalar::U64));
+        let (c, d) = (self.widen(c), self.widen(d));
+        let t = self.k.add(p, c);
+        let t = self.k.add(t, d);
+        self.split_u64(t)
     }
 
-    /// `(a + b + carry mod W, carry out)` with carries 0 or 1.
+    /// `(a + b + carry mod 2³², carry out)` with carries 0 or 1.
     pub fn adc(&mut self, a: Val, b: Val, carry: Val) -> (Val, Val) {
-        match self.layout {
-            Layout::U32Ext | Layout::U64 => {
-                let (s, c1) = self.k.iadd_carry(a, b);
-                let (s, c2) = self.k.iadd_carry(s, carry);
-                (s, self.k.or(c1, c2)) // at most one of the two carries is set
-            }
-            _ => {
-                let (a, b, c) = (self.widen(a), self.widen(b), self.widen(carry));
-                let t = self.k.add(a, b);
-                let t = self.k.add(t, c);
-                self.split_u64(t)
-            }
-        }
+        let (a, b, c) = (self.widen(a), self.widen(b), self.widen(carry));
+        let t = self.k.add(a, b);
+        let t = self.k.add(t, c);
+        self.split_u64(t)
     }
 
-    /// `(a - b - borrow mod W, borrow out)` with borrows 0 or 1.
+    /// `(a - b - borrow mod 2³², borrow out)` with borrows 0 or 1.
     pub fn sbb(&mut self, a: Val, b: Val, borrow: Val) -> (Val, Val) {
-        match self.layout {
-            Layout::U32Ext | Layout::U64 => {
-                let (d, b1) = self.k.isub_borrow(a, b);
-                let (d, b2) = self.k.isub_borrow(d, borrow);
-                (d, self.k.or(b1, b2))
-            }
-            _ => {
-                let (a, b, c) = (self.widen(a), self.widen(b), self.widen(borrow));
-                let t = self.k.sub(a, b);
-                let t = self.k.sub(t, c);
-                let (lo, hi) = self.split_u64(t);
-                let one = self.word(1);
-                (lo, self.k.and(hi, one)) // hi is all ones after a borrow, else 0
-            }
-        }
+        let (a, b, c) = (self.widen(a), self.widen(b), self.widen(borrow));
+        let t = self.k.sub(a, b);
+        let t = self.k.sub(t, c);
+        let (lo, hi) = self.split_u64(t);
+        let one = self.word(1);
+        (lo, self.k.and(hi, one)) // hi is all ones after a borrow, else 0
     }
 
     /// `x - p` if `x ≥ p`, else `x`, for x < 2p.
@@ -458,13 +210,9 @@ impl Arith<'_> {
             .collect()
     }
 
-    /// m = t · (-p⁻¹) mod W.
+    /// m = t · (-p⁻¹) mod 2³².
     fn reduction_factor(&mut self, t: Val) -> Val {
-        let inv = match self.layout.word() {
-            Scalar::U32 => P_INV_NEG & 0xffff_ffff,
-            _ => P_INV_NEG,
-        };
-        let inv = self.word(inv);
+        let inv = self.word(P_INV_NEG & 0xffff_ffff);
         self.k.mul(t, inv)
     }
 
@@ -475,28 +223,16 @@ impl Arith<'_> {
     }
 
     /// An element in the multiplier's register form (the limbs `mont_mul_form` takes and
-    /// returns): the layout's limbs, or the reduced-radix limbs of a `Comba*` layout.
+    /// returns): the words, or the reduced-radix limbs of a `Comba*` layout.
     pub fn enter_mul_form(&mut self, x: &[Val]) -> Limbs {
-        if let Some(mut f) = self.fp64() {
-            return f.unpack_words(x);
-        }
         match self.comba() {
             Some(mut c) => c.unpack_words(x),
             None => x.to_vec(),
         }
     }
 
-    /// The FP64 emitter of an `Fp64*` layout.
-    fn fp64(&mut self) -> Option<Fp64<'_>> {
-        let mul = self.layout.fp64()?;
-        Some(Fp64 { k: self.k, mul })
-    }
-
-    /// Back from the multiplier's register form to the layout's limbs.
+    /// Back from the multiplier's register form to the words.
     pub fn leave_mul_form(&mut self, x: &[Val]) -> Limbs {
-        if let Some(mut f) = self.fp64() {
-            return f.pack_words(x);
-        }
         match self.comba() {
             Some(mut c) => c.pack_words(x),
             None => x.to_vec(),
@@ -531,7 +267,7 @@ impl Arith<'_> {
         }
     }
 
-    /// Back from chain form to the layout's limbs, canonical (one product with R mod p for
+    /// Back from chain form to the words, canonical (one product with R mod p for
     /// a `Comba*` layout: x·2³⁸⁴·R'⁻¹ = x·2⁻ˢ).
     pub fn leave_chain_form(&mut self, x: &[Val]) -> Limbs {
         let limbs = match self.comba() {
@@ -546,9 +282,6 @@ impl Arith<'_> {
 
     /// Montgomery product a·b·R⁻¹ mod p of canonical a, b in the multiplier's register form.
     pub fn mont_mul_form(&mut self, a: &[Val], b: &[Val]) -> Limbs {
-        if let Some(mut f) = self.fp64() {
-            return f.mont_mul(a, b);
-        }
         match self.comba() {
             Some(mut c) => c.mont_mul(a, b),
             None => self.cios_mul(a, b),
@@ -565,18 +298,15 @@ impl Arith<'_> {
     /// Montgomery product with a constant: a·x·R⁻¹ mod p.
     pub fn mont_mul_by(&mut self, a: &[Val], x: &Fq) -> Limbs {
         let a = self.enter_mul_form(a);
-        let x = if let Some(mut f) = self.fp64() {
-            f.constant(x)
-        } else if let Some(mut c) = self.comba() {
-            c.constant(x)
-        } else {
-            self.constant(x)
+        let x = match self.comba() {
+            Some(mut c) => c.constant(x),
+            None => self.constant(x),
         };
         let r = self.mont_mul_form(&a, &x);
         self.leave_mul_form(&r)
     }
 
-    /// CIOS, no-carry variant, in the layout's limbs.
+    /// CIOS, no-carry variant, in words.
     fn cios_mul(&mut self, a: &[Val], b: &[Val]) -> Limbs {
         let n = a.len();
         let p = self.constant(&P);
@@ -600,15 +330,14 @@ impl Arith<'_> {
 
     /// Montgomery square a²·R⁻¹ mod p: the product with each cross term once (doubled by a
     /// shift), then a separate (SOS) reduction; about 20% fewer multiplies than `mont_mul`.
-    /// `Comba*` and `Fp64*` layouts square with their multiplier.
+    /// `Comba*` layouts square with their multiplier.
     pub fn mont_sqr(&mut self, a: &[Val]) -> Limbs {
-        if self.layout.has_mul_form() {
+        if self.layout.radix().is_some() {
             let a = self.enter_mul_form(a);
             let r = self.mont_mul_form(&a, &a);
             return self.leave_mul_form(&r);
         }
         let n = a.len();
-        let bits = self.layout.word().bits();
         let zero = self.word(0);
         let mut t = vec![zero; 2 * n];
         // Cross terms a_i·a_j, i < j.
@@ -622,7 +351,7 @@ impl Arith<'_> {
             t[i + n] = carry;
         }
         // Double (the cross-term sum is below a²/2 < 2^(2·384-1), so nothing leaves 2N words).
-        let top_shift = self.word(u64::from(bits - 1));
+        let top_shift = self.word(31);
         let one = self.word(1);
         for k in (1..2 * n).rev() {
             let hi = self.k.shl(t[k], one);
@@ -663,52 +392,5 @@ impl Arith<'_> {
         }
         // (t + M·p)/R < 2p < R: the final `top` is 0.
         self.reduce_once(&t[n..])
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fp64_layouts_need_shader_float64() {
-        let mut enabled = EnabledFeatures::default();
-        for layout in Layout::ALL {
-            let unmet = layout.requirements(&enabled).iter().any(|(_, ok)| !ok);
-            let fp64 = matches!(
-                layout,
-                Layout::Fp64
-                    | Layout::Fp64K
-                    | Layout::Fp64C
-                    | Layout::Dual
-                    | Layout::Dual21
-                    | Layout::Dual12
-            );
-            assert_eq!(unmet, fp64, "{}", layout.name());
-            assert_eq!(layout.needs_fused_fma(), fp64, "{}", layout.name());
-        }
-        enabled.shader_float64 = true;
-        assert!(Layout::ALL
-            .iter()
-            .all(|l| l.requirements(&enabled).iter().all(|(_, ok)| *ok)));
-    }
-
-    /// A multi-element layout's pipes are single-element layouts, one of each kind in `Dual`.
-    #[test]
-    fn pipes_are_single_element_layouts() {
-        for layout in Layout::ALL {
-            let pipes = layout.pipes();
-            assert_eq!(pipes.len(), layout.elements_per_invocation());
-            if pipes.len() == 1 {
-                assert_eq!(pipes, [layout]);
-            }
-            for p in pipes {
-                assert_eq!(p.pipes(), [p], "{} in {}", p.name(), layout.name());
-            }
-        }
-        assert_eq!(Layout::Dual.pipes(), [Layout::Comba30KH, Layout::Fp64K]);
-        assert_eq!(Layout::from_name("dual"), Some(Layout::Dual));
-        assert_eq!(Layout::DualInt.elements_per_invocation(), 2);
-        assert_eq!(Layout::Dual21.elements_per_invocation(), 3);
     }
 }

@@ -10,32 +10,30 @@
 
 use std::collections::BTreeMap;
 
-use helios_spirv::{Access, Binding, KernelBuilder};
+use helios_spirv::{Access, Binding, KernelBuilder, Scalar};
 
 use crate::arith::{Arith, Layout};
-use crate::kernel::{load_element, store_element};
+use crate::kernel::{first_vector, load_element, store_element};
 
 /// Operation counts ("OpName:bits" → count) of a kernel doing `products` dependent
 /// Montgomery products in the layout's multiplier form.
 fn kernel_ops(layout: Layout, products: usize) -> BTreeMap<String, i64> {
     let mut k = KernelBuilder::new("census", Binding::DeviceAddress, [64, 1, 1]);
-    let word = layout.word();
-    let a = k.buffer("a", word, Access::Read);
-    let b = k.buffer("b", word, Access::Read);
-    let out = k.buffer("out", word, Access::Write);
+    let a = k.buffer("a", Scalar::U32, Access::Read);
+    let b = k.buffer("b", Scalar::U32, Access::Read);
+    let out = k.buffer("out", Scalar::U32, Access::Write);
     k.begin();
     let i = k.local_index();
-    let three = k.u32(3);
-    let first = k.mul(i, three);
-    let xa = load_element(&mut k, a, first, layout);
-    let xb = load_element(&mut k, b, first, layout);
+    let first = first_vector(&mut k, i);
+    let xa = load_element(&mut k, a, first);
+    let xb = load_element(&mut k, b, first);
     let mut ar = Arith { k: &mut k, layout };
     let (mut x, y) = (ar.enter_mul_form(&xa), ar.enter_mul_form(&xb));
     for _ in 0..products {
         x = ar.mont_mul_form(&x, &y);
     }
     let r = ar.leave_mul_form(&x);
-    store_element(&mut k, out, first, layout, &r);
+    store_element(&mut k, out, first, &r);
     let text = k.finish().disassemble();
     census(&text)
 }
@@ -95,7 +93,6 @@ pub(crate) fn cost(layout: Layout) -> (i64, i64) {
             let w = match (name, bits) {
                 ("OpUConvert" | "OpSConvert" | "OpBitcast" | "OpCompositeExtract", _) => 0,
                 ("OpCompositeConstruct", _) => 0,
-                (_, "64") if name.starts_with("OpF") || name == "OpExtInst" => 1,
                 ("OpIMul", "64") => 1, // u32×u32 zero-extended: one wide multiply(-add)
                 (_, "64") => 2,
                 _ => 1,
@@ -111,21 +108,13 @@ mod tests {
     use super::*;
 
     /// Prints the census (`cargo test -p helios-field census -- --nocapture`) and holds the
-    /// multipliers to it: today's per-product counts are ceilings, and `fp64c` must keep its
-    /// integer side small (the point of that layout).
+    /// multipliers to it: today's per-product counts are ceilings.
     #[test]
     fn multipliers_stay_within_their_census() {
         // (layout, SPIR-V operations, weighted) per product, as measured when written.
         let ceilings = [
             (Layout::Comba30KH, 1480, 1192),
-            (Layout::Comba30KHR, 1400, 1153),
             (Layout::Comba30K2H, 1429, 1197),
-            (Layout::Comba30K2HR, 1349, 1158),
-            (Layout::Comba30H, 1590, 1249),
-            (Layout::Comba29K, 1627, 1303),
-            (Layout::Fp64, 1109, 1193),
-            (Layout::Fp64K, 1021, 1121),
-            (Layout::Fp64C, 821, 897),
         ];
         for (layout, max_raw, max_weighted) in ceilings {
             let (raw, weighted) = cost(layout);
@@ -135,25 +124,13 @@ mod tests {
             assert!(weighted <= max_weighted, "{}", layout.name());
         }
         // The product-scanning multipliers perform exactly the 32×32→64 multiplies their
-        // radix promises (Karatsuba levels, Karatsuba reduction) and n 32-bit ones.
+        // radix promises (Karatsuba levels) and n 32-bit ones.
         for layout in Layout::ALL {
             let Some(r) = layout.radix() else { continue };
             let ops = per_product(layout);
-            let op = if r.ext { "OpUMulExtended" } else { "OpIMul:64" };
-            let wide: i64 = ops
-                .iter()
-                .filter(|(k, _)| k.starts_with(op))
-                .map(|(_, &n)| n)
-                .sum();
-            assert_eq!(wide, r.multiplies() as i64, "{}", layout.name());
+            let wide = ops.get("OpIMul:64").copied();
+            assert_eq!(wide, Some(r.multiplies() as i64), "{}", layout.name());
             assert_eq!(ops.get("OpIMul:32").copied(), Some(r.n() as i64));
         }
-        let c = per_product(Layout::Fp64C);
-        let int64 = c.get("OpIAdd:64").copied().unwrap_or(0);
-        assert!(
-            int64 <= 100,
-            "fp64c: {int64} 64-bit integer adds per product"
-        );
-        assert!(!c.contains_key("OpISub:64"));
     }
 }

@@ -1,85 +1,78 @@
 //! Montgomery multiplication by product scanning (Comba, "FIPS") over reduced-radix limbs:
-//! w-bit limbs (w = 29 or 30) held in u32 words, every partial product a 32×32→64 multiply
-//! added into a 64-bit column accumulator, with one carry normalisation per column instead of
-//! an add-with-carry chain per product.
+//! 13 × 30-bit limbs held in u32 words, every partial product a 32×32→64 multiply added into
+//! a 64-bit column accumulator, with one carry normalisation per column instead of an
+//! add-with-carry chain per product.
 //!
 //! The one decision a reader must know: the radix does not divide 384, so a plain Montgomery
-//! product here ([`Comba::redc_mul`]) divides by R' = 2^(n·w) (2⁴⁰⁶ for 14 × 29 bits, 2³⁹⁰ for
-//! 13 × 30), not by the API's R = 2³⁸⁴. The API's product ([`Comba::mont_mul`]) therefore
-//! shifts its first operand left by s = n·w − 384 bits (an exact integer shift, a few bit
-//! operations per limb, no multiply): (a·2ˢ)·b·R'⁻¹ = a·b·2⁻³⁸⁴. With a, b < p < 2³⁸¹ the result
-//! is below (2^(381+s)·p + R'·p)/R' < 1.125p, so one conditional subtraction makes it
-//! canonical. A chain of products (`Arith::chain_mul`) instead keeps its values scaled by 2ˢ,
-//! so each product is a plain `redc_mul`, and may skip the conditional subtraction: with
-//! a, b < 2p and 4p < R' the result stays below 2p.
+//! product here ([`Comba::redc_mul`]) divides by R' = 2³⁹⁰, not by the API's R = 2³⁸⁴. The
+//! API's product ([`Comba::mont_mul`]) therefore shifts its first operand left by
+//! s = 390 − 384 bits (an exact integer shift, a few bit operations per limb, no multiply):
+//! (a·2ˢ)·b·R'⁻¹ = a·b·2⁻³⁸⁴. With a, b < p < 2³⁸¹ the result is below
+//! (2^(381+s)·p + R'·p)/R' < 1.125p, so one conditional subtraction makes it canonical. A
+//! chain of products (`Arith::chain_mul`) instead keeps its values scaled by 2ˢ, so each
+//! product is a plain `redc_mul`, and may skip the conditional subtraction: with a, b < 2p and
+//! 4p < R' the result stays below 2p.
 //!
-//! Overflow: a column sums up to 2n products below 2^(2w) plus the carry from the column
-//! before. 28 products of 29-bit limbs fit one u64 (< 2^62.9); 26 products of 30-bit limbs do
-//! not, so that radix keeps two accumulators (a·b terms and m·p terms) and adds their low
-//! parts with a small separate carry — in every column (`dual`) or only in the columns whose
-//! exact bound (the operands' bit lengths, p's own limbs) reaches 2⁶⁴ (`hybrid`: 3 of 25 for
-//! the products the kernels do, [`Radix::split_columns`]). [`Radix::fits`] checks the
-//! worst case; a unit test runs it for every radix the layout table uses.
+//! Overflow: a column sums up to 2n = 26 products below 2⁶⁰ plus the carry from the column
+//! before, which one u64 does not hold in the worst case. So the columns whose exact bound
+//! (the operands' bit lengths, p's own limbs) reaches 2⁶⁴ keep two accumulators (a·b terms
+//! and m·p terms) and add their low parts with a small separate carry: 3 of 25 for the
+//! products the kernels do ([`Radix::split_columns`]). [`Radix::fits`] checks the worst case.
 //!
-//! Products: a·b by up to two levels of Karatsuba ([`Product`]) and the reduction's m·p by
-//! one ([`Reduction`]), column by column in wrapping u64 arithmetic (exact because each
-//! column's true total fits). Which mix is fastest is measured, not derived: NVIDIA's
-//! compiler turns each 32×32→64 multiply-add into one IMAD.WIDE.U32, which costs more than
-//! the other instructions (the cost model, from SASS read back from the pipeline cache, is in
+//! Products: a·b by one or two levels of Karatsuba ([`Product`]), the reduction's m·p
+//! schoolbook, column by column in wrapping u64 arithmetic (exact because each column's true
+//! total fits). Which mix is fastest is measured, not derived: NVIDIA's compiler turns each
+//! 32×32→64 multiply-add into one IMAD.WIDE.U32, which costs more than the other
+//! instructions (the cost model, from SASS read back from the pipeline cache, is in
 //! bench/results/2026-11-22-field-chain.md), so a Karatsuba level pays only where its extra
-//! adds cost less than the multiplies it saves.
-//! `comba30k2h` (two levels for a·b, schoolbook m·p) is the fastest; products through
-//! `OpUMulExtended` were slower than u64 multiplies of zero-extended words in every radix.
+//! adds cost less than the multiplies it saves. That file also has the variants that lost and
+//! were removed: 29-bit limbs, one or two accumulators in every column, products through
+//! `OpUMulExtended` (15–20% slower than u64 multiplies of zero-extended words) and a Karatsuba
+//! m·p (fewer multiplies, no faster).
 
-use helios_spirv::{KernelBuilder, Scalar, Ty, Val};
+use helios_spirv::{KernelBuilder, Scalar, Val};
 
 use crate::fq::{Fq, P, P_BITS, P_INV_NEG};
 
-/// One reduced-radix representation and how its multiplier is emitted.
+/// Bits per limb (≤ 30, so a difference of two limbs and a borrow fits an i32).
+pub const W: u32 = 30;
+
+/// The reduced-radix multiplier: 13 × 30-bit limbs, and how a·b is split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Radix {
-    /// Bits per limb (≤ 30, so a difference of two limbs and a borrow fits an i32).
-    pub w: u32,
-    /// Two column accumulators (a·b and m·p) instead of one.
-    pub dual: bool,
-    /// Products through `OpUMulExtended` (else u64 multiplies of zero-extended words).
-    pub ext: bool,
     /// Levels of Karatsuba for a·b (each: 3 half-size products instead of 4), column-wise.
     pub karatsuba: u32,
-    /// The reduction's m·p by one level of Karatsuba too ([`Reduction`]).
-    pub kred: bool,
-    /// With `dual`: split only the middle columns, whose sums could overflow one u64.
-    pub hybrid: bool,
 }
 
 impl Radix {
     /// Limbs per element: the least n with n·w ≥ 384.
     pub const fn n(self) -> usize {
-        384usize.div_ceil(self.w as usize)
+        384usize.div_ceil(W as usize)
     }
 
     /// Extra left shift of the first operand: n·w − 384.
     pub const fn s(self) -> u32 {
-        self.n() as u32 * self.w - 384
+        self.n() as u32 * W - 384
     }
 
     const fn mask(self) -> u64 {
-        (1 << self.w) - 1
+        (1 << W) - 1
     }
 
-    /// Whether no column accumulator can overflow 64 bits (limbs at their largest).
+    /// Whether no column accumulator can overflow 64 bits (limbs at their largest, every
+    /// column split in two accumulators of n products each).
+    #[cfg(test)]
     pub fn fits(self) -> bool {
         let n = self.n() as u128;
         let prod = (self.mask() as u128).pow(2);
-        let carry_in = 1u128 << (64 - self.w);
-        let per_acc = if self.dual { n } else { 2 * n };
+        let carry_in = 1u128 << (64 - W);
         // Karatsuba operand sums gain a bit per level and must stay u32 factors.
-        let widest = self.w + self.karatsuba.max(u32::from(self.kred));
-        self.w <= 30 && widest <= 32 && per_acc * prod + carry_in < 1u128 << 64
+        W + self.karatsuba <= 32 && n * prod + carry_in < 1u128 << 64
     }
 
     /// 32×32→64 multiplies per Montgomery product, besides the n 32-bit ones that make m:
-    /// a·b by its Karatsuba levels, m·p schoolbook (n²) or as [`Reduction`] splits it.
+    /// a·b by its Karatsuba levels, m·p schoolbook (n²).
+    #[cfg(test)]
     pub fn multiplies(self) -> usize {
         fn product(n: usize, levels: u32) -> usize {
             if levels == 0 || n < 2 {
@@ -89,25 +82,17 @@ impl Radix {
             2 * product(h, levels - 1) + product(n - h, levels - 1)
         }
         let n = self.n();
-        let (h, r) = (n.div_ceil(2), n - n.div_ceil(2));
-        // L, M, H, and m_c·p_0 for h ≤ c < n.
-        let reduction = if self.kred {
-            2 * h * h + r * r + r
-        } else {
-            n * n
-        };
-        product(n, self.karatsuba) + reduction
+        product(n, self.karatsuba) + n * n
     }
 
     /// Which columns of a product of operands below 2^a_bits and 2^b_bits are summed in two
-    /// accumulators: every column for a dual radix, none for a single one, and for a hybrid
-    /// radix exactly those whose one-accumulator total could reach 2⁶⁴. That bound is exact
-    /// per column: the operands' top limbs are as short as their bit bounds make them, the
-    /// m·p terms use p's own limbs, and the carry in is the previous column's bound >> w.
+    /// accumulators: exactly those whose one-accumulator total could reach 2⁶⁴. That bound is
+    /// exact per column: the operands' top limbs are as short as their bit bounds make them,
+    /// the m·p terms use p's own limbs, and the carry in is the previous column's bound >> w.
     /// For a chain's operands (below 2p < 2³⁸²) that is 3 columns instead of the 11 that
     /// full-width limbs would give.
     pub fn split_columns(self, a_bits: u32, b_bits: u32) -> Vec<bool> {
-        let (n, w) = (self.n(), self.w as usize);
+        let (n, w) = (self.n(), W as usize);
         let mask = u128::from(self.mask());
         let limb_max = |bits: u32, i: usize| -> u128 {
             let (bits, lo) = (bits as usize, i * w);
@@ -128,7 +113,7 @@ impl Radix {
                 // + 2: the low-part carry of a split column; + 4: the split carries' rounding.
                 let total = ab + mp + carry + 2;
                 carry = (total >> w) + 4;
-                self.dual && (!self.hybrid || total >= 1 << 64)
+                total >= 1 << 64
             })
             .collect()
     }
@@ -137,10 +122,10 @@ impl Radix {
     pub fn split(self, x: &Fq) -> Vec<u64> {
         (0..self.n())
             .map(|i| {
-                let bit = i * self.w as usize;
+                let bit = i * W as usize;
                 let (word, off) = (bit / 64, bit % 64);
                 let mut v = x.get(word).copied().unwrap_or(0) >> off;
-                if off + self.w as usize > 64 && word + 1 < 6 {
+                if off + W as usize > 64 && word + 1 < 6 {
                     v |= x[word + 1] << (64 - off);
                 }
                 v & self.mask()
@@ -256,134 +241,6 @@ impl Split {
     }
 }
 
-/// The reduction's m·p, column by column, while m grows by one limb per column (m_c zeroes
-/// column c, so it is known only once the rest of that column is summed).
-///
-/// Schoolbook, or one Karatsuba level with p's halves and their sum as constants, in the
-/// D form of [`Product`]: L = m_lo·p_lo, H = m_hi·p_hi, M = S·P with S_i = m_i + m_(h+i) and
-/// P_i = p_i + p_(h+i); D_k = L_k − H_(k−h); column c = D_c − D_(c−h) + M_(c−h). At column
-/// c < n everything but m_c is known:
-/// - c < h: m_c sits only in L_c = D_c (as m_c·p_0). L_c's other terms wait as `pending`;
-///   m_c's low bits come from the accumulator plus pending, then D_c = pending + m_c·p_0.
-/// - h ≤ c < n, j = c − h: m_c sits in M_j (as S_j·P_0, S_j = m_j + m_c) and in D_c (as
-///   −m_c·p_h, through H_j); together m_c·(P_0 − p_h) = m_c·p_0. So the column takes M_j
-///   and D_c without m_c, plus m_c·p_0; D_c is kept without its −m_c·p_h, which column c + h,
-///   where D_c is subtracted, adds back as +m_c·p_h.
-///
-/// 140 multiplies instead of 169 for 13 limbs.
-struct Reduction {
-    p: Vec<Val>,
-    kara: Option<RedKara>,
-}
-
-struct RedKara {
-    h: usize,
-    /// P_i = p_i + p_(h+i) (p_i where p has no limb h+i).
-    psum: Vec<Val>,
-    /// D_k as (value, stands for −value), one per column so far; for h ≤ k < n without its
-    /// −m_k·p_h term.
-    d: Vec<(Val, bool)>,
-    /// Columns that have a D_k: h + H's columns.
-    d_len: usize,
-    /// L_c's known terms while c < h waits for m_c.
-    pending: Option<Val>,
-    /// S_i = m_i + m_(h+i), once both are known.
-    sums: Vec<Option<Val>>,
-}
-
-impl Reduction {
-    fn new(cb: &mut Comba, p: &[Val], karatsuba: bool) -> Self {
-        let kara = karatsuba.then(|| {
-            let n = p.len();
-            let h = n.div_ceil(2);
-            let limbs = cb.r.split(&P);
-            let psum = (0..h)
-                .map(|i| cb.c32(limbs[i] + limbs.get(h + i).copied().unwrap_or(0)))
-                .collect();
-            RedKara {
-                h,
-                psum,
-                d: Vec::new(),
-                d_len: h + 2 * (n - h) - 1,
-                pending: None,
-                sums: vec![None; h],
-            }
-        });
-        Reduction {
-            p: p.to_vec(),
-            kara,
-        }
-    }
-
-    /// Adds column `col`'s m·p terms known so far (all but m_col·p_0 while col < n) to
-    /// `acc`. Returns the new accumulator and, where some of them are held back until m_col
-    /// is known, their low word, which m_col's computation must include.
-    fn known(&mut self, cb: &mut Comba, mut acc: Val, col: usize, m: &[Val]) -> (Val, Option<Val>) {
-        let n = self.p.len();
-        let Some(kr) = self.kara.as_mut() else {
-            for i in terms(col, m.len(), n) {
-                acc = cb.mac(acc, m[i], self.p[col - i]);
-            }
-            return (acc, None);
-        };
-        let (h, r) = (kr.h, n - kr.h);
-        let (p_lo, p_hi) = self.p.split_at(h);
-        let mut held = None;
-        // + D_col, over the known m limbs.
-        if col < kr.d_len {
-            let mut lc = None;
-            for i in terms(col, h.min(m.len()), h) {
-                lc = Some(cb.mac_opt(lc, m[i], p_lo[col - i]));
-            }
-            if col < h {
-                kr.pending = lc;
-                held = lc.map(|v| cb.low(v));
-            } else {
-                let j = col - h;
-                let mut hj = None;
-                for i in terms(j, r.min(m.len().saturating_sub(h)), r) {
-                    hj = Some(cb.mac_opt(hj, m[h + i], p_hi[j - i]));
-                }
-                let (v, negative) = cb.difference(lc, hj);
-                kr.d.push((v, negative));
-                acc = cb.add_signed(Some(acc), v, negative);
-            }
-        }
-        if col >= h {
-            let j = col - h;
-            // M_j over S_i; S_j's m_(h+j) is m_col itself while col < n.
-            for i in terms(j, h, h) {
-                let s = match (m.get(h + i), kr.sums[i]) {
-                    (Some(_), Some(s)) => s,
-                    (Some(&hi), None) => *kr.sums[i].insert(cb.k.add(m[i], hi)),
-                    (None, _) => m[i],
-                };
-                acc = cb.mac(acc, s, kr.psum[j - i]);
-            }
-            // − D_j, and D_j's missing −m_j·p_h back for h ≤ j < n.
-            if let Some(&(v, negated)) = kr.d.get(j) {
-                acc = cb.add_signed(Some(acc), v, !negated);
-                if (h..n).contains(&j) {
-                    acc = cb.mac(acc, m[j], self.p[h]);
-                }
-            }
-        }
-        (acc, held)
-    }
-
-    /// Adds m_col's own terms to `acc` (col < n), once m_col is known.
-    fn complete(&mut self, cb: &mut Comba, acc: Val, col: usize, mk: Val) -> Val {
-        match self.kara.as_mut() {
-            Some(kr) if col < kr.h => {
-                let lc = cb.mac_opt(kr.pending.take(), mk, self.p[0]);
-                kr.d.push((lc, false));
-                cb.k.add(acc, lc)
-            }
-            _ => cb.mac(acc, mk, self.p[0]),
-        }
-    }
-}
-
 /// Emits reduced-radix arithmetic into a kernel.
 pub struct Comba<'k> {
     pub k: &'k mut KernelBuilder,
@@ -397,7 +254,7 @@ impl Comba<'_> {
 
     /// Twelve u32 words (the element's bytes) to n limbs of w bits.
     pub fn unpack_words(&mut self, words: &[Val]) -> Vec<Val> {
-        let (w, mask) = (self.r.w as usize, self.r.mask());
+        let (w, mask) = (W as usize, self.r.mask());
         let mask = self.c32(mask);
         (0..self.r.n())
             .map(|i| {
@@ -420,7 +277,7 @@ impl Comba<'_> {
 
     /// n normalised limbs (each < 2^w, value < 2³⁸⁴) back to twelve u32 words.
     pub fn pack_words(&mut self, limbs: &[Val]) -> Vec<Val> {
-        let w = self.r.w as usize;
+        let w = W as usize;
         (0..12)
             .map(|j| {
                 let (lo, hi) = (32 * j, 32 * j + 32);
@@ -458,10 +315,7 @@ impl Comba<'_> {
         if s == 0 {
             return a.to_vec();
         }
-        let (lo_bits, hi_sh) = (
-            self.c32((1 << (self.r.w - s)) - 1),
-            self.k.u32(self.r.w - s),
-        );
+        let (lo_bits, hi_sh) = (self.c32((1 << (W - s)) - 1), self.k.u32(W - s));
         let s = self.k.u32(s);
         (0..a.len())
             .map(|i| {
@@ -485,17 +339,11 @@ impl Comba<'_> {
 
     /// `x·y` in u64, for u32 x, y.
     fn wide(&mut self, x: Val, y: Val) -> Val {
-        if self.r.ext {
-            let (lo, hi) = self.k.umul_extended(x, y);
-            let pair = self.k.vector(&[lo, hi]);
-            self.k.bitcast(pair, Ty::scalar(Scalar::U64))
-        } else {
-            let (x, y) = (
-                self.k.convert(x, Scalar::U64),
-                self.k.convert(y, Scalar::U64),
-            );
-            self.k.mul(x, y)
-        }
+        let (x, y) = (
+            self.k.convert(x, Scalar::U64),
+            self.k.convert(y, Scalar::U64),
+        );
+        self.k.mul(x, y)
     }
 
     fn low(&mut self, acc: Val) -> Val {
@@ -503,7 +351,7 @@ impl Comba<'_> {
     }
 
     fn shift_out(&mut self, acc: Val) -> Val {
-        let w = self.k.u64(u64::from(self.r.w));
+        let w = self.k.u64(u64::from(W));
         self.k.shr(acc, w)
     }
 
@@ -547,6 +395,15 @@ impl Comba<'_> {
         }
     }
 
+    /// `acc` plus column `col`'s m·p terms over the m limbs known so far (all but m_col
+    /// while col < n: m_col zeroes column col, so it is known only once the rest is summed).
+    fn add_mp(&mut self, mut acc: Val, col: usize, m: &[Val], p: &[Val]) -> Val {
+        for i in terms(col, m.len(), p.len()) {
+            acc = self.mac(acc, m[i], p[col - i]);
+        }
+        acc
+    }
+
     /// a·b·2⁻³⁸⁴ mod p, canonical, for canonical a, b given as n normalised limbs.
     pub fn mont_mul(&mut self, a: &[Val], b: &[Val]) -> Vec<Val> {
         let a = self.shift_in(a);
@@ -570,10 +427,9 @@ impl Comba<'_> {
         let mask = self.c32(self.r.mask());
         let inv = self.c32(P_INV_NEG & self.r.mask());
         let zero64 = self.k.u64(0);
-        let wbits = self.k.u32(self.r.w);
+        let wbits = self.k.u32(W);
         let zero32 = self.k.u32(0);
         let mut ab = Product::new(self.k, a, b, self.r.karatsuba);
-        let mut mp = Reduction::new(self, &p, self.r.kred);
         // x: the column's a·b terms, and its m·p terms unless the column is split; while
         // columns are split, y = (the m·p terms, the carry 0..=2 of the two accumulators' low
         // parts).
@@ -593,20 +449,12 @@ impl Comba<'_> {
                 _ => {}
             }
             x = ab.add_to(self, Some(x), col).expect("an accumulator");
-            let held = match y {
-                Some((yv, c)) => {
-                    let (yv, held) = mp.known(self, yv, col, &m);
-                    y = Some((yv, c));
-                    held
-                }
-                None => {
-                    let (xv, held) = mp.known(self, x, col, &m);
-                    x = xv;
-                    held
-                }
-            };
+            match y {
+                Some((yv, c)) => y = Some((self.add_mp(yv, col, &m, &p), c)),
+                None => x = self.add_mp(x, col, &m, &p),
+            }
             let lx = self.low(x);
-            let mut sum_low = match y {
+            let sum_low = match y {
                 Some((yv, c)) => {
                     let ly = self.low(yv);
                     let s = self.k.add(lx, ly);
@@ -614,16 +462,13 @@ impl Comba<'_> {
                 }
                 None => lx,
             };
-            if let Some(v) = held {
-                sum_low = self.k.add(sum_low, v);
-            }
             if col < n {
                 // m = low · (−p⁻¹) mod 2^w zeroes the column's low w bits.
                 let mk = self.k.mul(sum_low, inv);
                 let mk = self.k.and(mk, mask);
                 match y {
                     Some((yv, c)) => {
-                        let y2 = mp.complete(self, yv, col, mk);
+                        let y2 = self.mac(yv, mk, p[0]);
                         // (x + y2 + c) mod 2^w = 0: the carry out of the low parts is
                         // ((x mod 2^w) + (y2 mod 2^w) + c) >> w.
                         let ly2 = self.low(y2);
@@ -632,7 +477,7 @@ impl Comba<'_> {
                         let s = self.k.add(s, c);
                         y = Some((y2, self.k.shr(s, wbits)));
                     }
-                    None => x = mp.complete(self, x, col, mk),
+                    None => x = self.mac(x, mk, p[0]),
                 }
                 m.push(mk);
             } else {
@@ -697,34 +542,27 @@ mod tests {
 
     #[test]
     fn radices_fit_and_split_round_trips() {
-        for (w, dual, n, s) in [(29, false, 14, 22), (29, true, 14, 22), (30, true, 13, 6)] {
-            let r = Radix {
-                w,
-                dual,
-                ext: false,
-                karatsuba: 0,
-                kred: false,
-                hybrid: false,
-            };
-            assert_eq!((r.n(), r.s()), (n, s));
+        for layout in crate::Layout::ALL {
+            let Some(r) = layout.radix() else { continue };
+            assert_eq!((r.n(), r.s()), (13, 6));
             assert!(r.fits(), "{r:?}");
             for x in random_elements(50, 3) {
                 let limbs = r.split(&x);
                 let mut back = [0u64; 6];
                 for (i, &l) in limbs.iter().enumerate() {
-                    assert!(l < 1 << w);
-                    let bit = i * w as usize;
+                    assert!(l < 1 << W);
+                    let bit = i * W as usize;
                     back[bit / 64] |= l << (bit % 64);
-                    if bit % 64 + w as usize > 64 && bit / 64 + 1 < 6 {
+                    if bit % 64 + W as usize > 64 && bit / 64 + 1 < 6 {
                         back[bit / 64 + 1] |= l >> (64 - bit % 64);
                     }
                 }
                 assert_eq!(back, x);
             }
         }
-        // A hybrid 30-bit radix splits only the columns whose exact bound reaches 2⁶⁴: five
-        // for full-width operands, three for a chain's (< 2p) and the API's (a·2⁶ and b < p).
-        let r = crate::Layout::Comba30H.radix().unwrap();
+        // Only the columns whose exact bound reaches 2⁶⁴ are split: five for full-width
+        // operands, three for a chain's (< 2p) and the API's (a·2⁶ and b < p).
+        let r = crate::Layout::Comba30K2H.radix().unwrap();
         let split = |a, b| -> Vec<usize> {
             let s = r.split_columns(a, b);
             (0..s.len()).filter(|&i| s[i]).collect()
@@ -732,20 +570,8 @@ mod tests {
         assert_eq!(split(390, 390), (10..=14).collect::<Vec<_>>());
         assert_eq!(split(382, 382), (10..=12).collect::<Vec<_>>());
         assert_eq!(split(387, 381), (10..=12).collect::<Vec<_>>());
-        // A dual radix splits every column, a single one none.
-        let dual = crate::Layout::Comba30.radix().unwrap();
-        assert!(dual.split_columns(390, 390).iter().all(|&s| s));
-        let single = crate::Layout::Comba29K.radix().unwrap();
-        assert!(!single.split_columns(406, 406).iter().any(|&s| s));
-        // 30-bit limbs in one accumulator would overflow: that is why that radix is dual.
-        assert!(!Radix {
-            w: 30,
-            dual: false,
-            ext: false,
-            karatsuba: 0,
-            kred: false,
-            hybrid: false,
-        }
-        .fits());
+        // Why any column is split: 2n products of 30-bit limbs overflow one u64.
+        let prod = u128::from(r.mask()).pow(2);
+        assert!(2 * r.n() as u128 * prod >= 1 << 64);
     }
 }

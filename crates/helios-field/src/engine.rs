@@ -91,8 +91,6 @@ pub struct Field {
 pub(crate) struct Compiled {
     pub module: Arc<KernelModule>,
     pub pipeline: Arc<Pipeline>,
-    /// Elements each invocation computes (`Layout::elements_per_invocation`).
-    pub per_invocation: usize,
 }
 
 /// An array of Fq elements in device memory (device-local or host-visible per the config).
@@ -116,69 +114,14 @@ impl Field {
         Field::with_config(ctx, FieldConfig::from_env()?)
     }
 
-    /// A field on `ctx` with `config`; a layout whose kernels need a device feature that is
-    /// not enabled is [`FieldError::Unsupported`].
+    /// A field on `ctx` with `config`.
     pub fn with_config(ctx: Arc<Context>, config: FieldConfig) -> Result<Field> {
-        let missing: Vec<&str> = config
-            .layout
-            .requirements(ctx.enabled())
-            .into_iter()
-            .filter_map(|(name, ok)| (!ok).then_some(name))
-            .collect();
-        if !missing.is_empty() {
-            return Err(FieldError::Unsupported {
-                layout: config.layout.name(),
-                device: ctx.caps().name.clone(),
-                missing: missing.join(" and "),
-            });
-        }
-        let field = Field {
+        Ok(Field {
             ctx,
             config,
             kernels: Mutex::new(HashMap::new()),
             chain: Mutex::new(None),
             scratch: Mutex::new(host::Scratch::default()),
-        };
-        if config.layout.needs_fused_fma() {
-            field.check_fused_fma()?;
-        }
-        Ok(field)
-    }
-
-    /// The layouts whose products use GLSL.std.450 `Fma` on f64 (`Fp64`, `Fp64K` and the
-    /// `Dual*` layouts with an FP64 pipe) are exact only where the driver fuses it, which
-    /// Vulkan does not require (llvmpipe, for one, rounds the product first). The layout is
-    /// refused unless its products of every pair of edge values and of random values match
-    /// blst. A multi-element layout (P elements per invocation) gets P copies of the pairs,
-    /// the s-th rotated by s, so that every pipe sees every pair. One unfused multiply-add in
-    /// a product shows in nearly every result, so this catches a driver that does not fuse;
-    /// it cannot prove that one always does.
-    fn check_fused_fma(&self) -> Result<()> {
-        let per = self.config.layout.elements_per_invocation();
-        let edges = crate::fq::edge_elements();
-        let (mut x, mut y): (Vec<Fq>, Vec<Fq>) = edges
-            .iter()
-            .flat_map(|x| edges.iter().map(move |y| (*x, *y)))
-            .unzip();
-        let random = 256usize.next_multiple_of(per) + x.len().next_multiple_of(per) - x.len();
-        x.extend(crate::fq::random_elements(random, 0xf64));
-        y.extend(crate::fq::random_elements(random, 0xf65));
-        let copies = |v: &[Fq]| -> Vec<Fq> {
-            (0..per)
-                .flat_map(|s| v[s..].iter().chain(&v[..s]).copied())
-                .collect()
-        };
-        let (a, b) = (copies(&x), copies(&y));
-        let got = self.compute(FieldOp::Mul, &a, &b)?;
-        if got == crate::cpu::reference(FieldOp::Mul, &a, &b) {
-            return Ok(());
-        }
-        Err(FieldError::Unsupported {
-            layout: self.config.layout.name(),
-            device: self.ctx.caps().name.clone(),
-            missing: "a fused f64 GLSL.std.450 Fma (its self-test products differ from blst: \
-                      the driver rounds the product before the add)"
-                .into(),
         })
     }
 
@@ -227,7 +170,6 @@ impl Field {
         Ok(Compiled {
             module: Arc::new(module),
             pipeline,
-            per_invocation: self.config.layout.elements_per_invocation(),
         })
     }
 
@@ -273,7 +215,7 @@ impl Field {
         if out.len == 0 {
             return Ok(());
         }
-        let groups = grid(out.len, c.per_invocation, self.config.workgroup)?;
+        let groups = grid(out.len, self.config.workgroup)?;
         let push = push_constants(
             &c.module,
             &[a.address(), b.address()],
@@ -403,11 +345,10 @@ pub(crate) fn record_dispatch(
         return Ok(());
     }
     // Lengths were checked against MAX_DISPATCH_ELEMENTS when the work was described.
-    let groups =
-        grid(n, c.per_invocation, workgroup).map_err(|e| helios_vk::Error::InvalidDispatch {
-            pipeline: c.module.name.clone(),
-            detail: e.to_string(),
-        })?;
+    let groups = grid(n, workgroup).map_err(|e| helios_vk::Error::InvalidDispatch {
+        pipeline: c.module.name.clone(),
+        detail: e.to_string(),
+    })?;
     let push = push_constants(&c.module, &inputs, out, &[n as u32]);
     rec.dispatch(&c.pipeline, groups, &push)
 }

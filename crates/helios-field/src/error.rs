@@ -47,16 +47,6 @@ pub enum FieldError {
         expected: &'static str,
     },
 
-    #[error(
-        "layout {layout} cannot run on {device}: it needs {missing}; choose another layout \
-         (HELIOS_FIELD_LAYOUT; the default runs everywhere)"
-    )]
-    Unsupported {
-        layout: &'static str,
-        device: String,
-        missing: String,
-    },
-
     #[error(transparent)]
     Vulkan(#[from] helios_vk::Error),
 }

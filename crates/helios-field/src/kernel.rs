@@ -1,19 +1,15 @@
 //! The Fq kernels: inputs and output as 48-byte elements reached through buffer device
-//! addresses, one kernel per (op, limb layout); one element per invocation, or P for the
-//! `Dual*` layouts (element P·i + j through the layout's j-th pipe, `Layout::pipes`).
+//! addresses, one kernel per (op, limb layout), one element per invocation.
 //!
 //! The one decision a reader must know: every kernel reads and writes the host's format
-//! (six little-endian u64 limbs) with three 16-byte loads/stores per element, whatever layout
-//! it computes in, so the layout is a pure speed choice that never changes data on the device.
-//! Push constants: `a`, [`b`], `out` addresses, then `n`; the grid is two-dimensional so any
-//! n fits under `maxComputeWorkGroupCount[0]`. A multi-element invocation keeps its P
-//! elements' code in one basic block (so the GPU's compiler can interleave them): where n is
-//! not a multiple of P, the last invocation computes its missing elements on a copy of
-//! element n − 1 (in bounds) and does not store them.
+//! (six little-endian u64 limbs, seen as 12 u32 words) with three 16-byte loads/stores per
+//! element, whatever layout it multiplies in, so the layout is a pure speed choice that never
+//! changes data on the device. Push constants: `a`, [`b`], `out` addresses, then `n`; the grid
+//! is two-dimensional so any n fits under `maxComputeWorkGroupCount[0]`.
 
 use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, ParamSlot, Scalar, Ty, Val};
 
-use crate::arith::{Arith, Layout, Limbs};
+use crate::arith::{Arith, Layout, Limbs, WORDS};
 use crate::fq::{ONE, R2_MOD_P};
 use crate::{FieldError, Result};
 
@@ -102,105 +98,32 @@ impl FieldKernel {
     pub fn build(&self) -> KernelModule {
         let mut k =
             KernelBuilder::new(self.name(), Binding::DeviceAddress, [FIELD_WORKGROUP, 1, 1]);
-        let word = self.layout.word();
-        let a = k.buffer("a", word, Access::Read);
-        let b = (self.op.arity() == 2).then(|| k.buffer("b", word, Access::Read));
-        let out = k.buffer("out", word, Access::Write);
+        let a = k.buffer("a", Scalar::U32, Access::Read);
+        let b = (self.op.arity() == 2).then(|| k.buffer("b", Scalar::U32, Access::Read));
+        let out = k.buffer("out", Scalar::U32, Access::Write);
         let n = k.param("n", Ty::scalar(Scalar::U32));
         k.begin();
 
-        let pipes = self.layout.pipes();
         let n = k.load_param(n);
-        let (base, inside) = invocation_base(&mut k, n, pipes.len());
-
-        let op = self.op;
+        let i = linear_index(&mut k);
+        let inside = k.lt(i, n);
+        let (op, layout) = (self.op, self.layout);
         k.if_(inside, |k| {
-            let slots = slots(k, base, n, &pipes);
-            let inputs: Vec<(Limbs, Option<Limbs>)> = slots
-                .iter()
-                .map(|s| {
-                    let xa = load_element(k, a, s.first, s.layout);
-                    let xb = b.map(|b| load_element(k, b, s.first, s.layout));
-                    (xa, xb)
-                })
-                .collect();
-            // Every element's arithmetic before any store: one straight-line block.
-            let results: Vec<Limbs> = slots
-                .iter()
-                .zip(&inputs)
-                .map(|(s, (xa, xb))| {
-                    let mut ar = Arith {
-                        k: &mut *k,
-                        layout: s.layout,
-                    };
-                    op.emit(&mut ar, xa, xb.as_deref())
-                })
-                .collect();
-            store_elements(k, out, &slots, &results);
+            let first = first_vector(k, i);
+            let xa = load_element(k, a, first);
+            let xb = b.map(|b| load_element(k, b, first));
+            let mut ar = Arith { k: &mut *k, layout };
+            let r = op.emit(&mut ar, &xa, xb.as_deref());
+            store_element(k, out, first, &r);
         });
         k.finish()
     }
 }
 
-/// One element of an invocation: its first 16-byte vector (3 × its index), the single-element
-/// layout it is computed in, and whether it is stored (`None`: always, inside the bounds
-/// check; else a bool, false for the copies of element n − 1 at the end of the array).
-struct Slot {
-    first: Val,
-    layout: Layout,
-    store: Option<Val>,
-}
-
-/// The invocation's first element P·i and whether it is inside the array (P·i < n).
-fn invocation_base(k: &mut KernelBuilder, n: Val, per_invocation: usize) -> (Val, Val) {
-    let i = linear_index(k);
-    let base = if per_invocation == 1 {
-        i
-    } else {
-        let p = k.u32(per_invocation as u32);
-        k.mul(i, p)
-    };
-    let inside = k.lt(base, n);
-    (base, inside)
-}
-
-/// The invocation's elements base + j, one per pipe; for base < n. Elements past the end
-/// are clamped to n − 1 (loaded and computed, not stored).
-fn slots(k: &mut KernelBuilder, base: Val, n: Val, pipes: &[Layout]) -> Vec<Slot> {
+/// Element i's first 16-byte vector: 3·i.
+pub(crate) fn first_vector(k: &mut KernelBuilder, i: Val) -> Val {
     let three = k.u32(3);
-    let last = (pipes.len() > 1).then(|| {
-        let one = k.u32(1);
-        k.sub(n, one)
-    });
-    pipes
-        .iter()
-        .enumerate()
-        .map(|(j, &layout)| {
-            let (index, store) = match (j, last) {
-                (0, _) | (_, None) => (base, None),
-                (j, Some(last)) => {
-                    let off = k.u32(j as u32);
-                    let e = k.add(base, off);
-                    let inside = k.lt(e, n);
-                    (k.min(e, last), Some(inside))
-                }
-            };
-            Slot {
-                first: k.mul(index, three),
-                layout,
-                store,
-            }
-        })
-        .collect()
-}
-
-fn store_elements(k: &mut KernelBuilder, out: helios_spirv::Buffer, slots: &[Slot], r: &[Limbs]) {
-    for (s, r) in slots.iter().zip(r) {
-        match s.store {
-            None => store_element(k, out, s.first, s.layout, r),
-            Some(inside) => k.if_(inside, |k| store_element(k, out, s.first, s.layout, r)),
-        }
-    }
+    k.mul(i, three)
 }
 
 /// The invocation's element index over the 2-D grid.
@@ -225,108 +148,64 @@ pub fn build_mul_chain(layout: Layout, canonical: bool) -> KernelModule {
     let form = if canonical { "_canonical" } else { "" };
     let name = format!("fq_mul_chain_{}{form}", layout.name());
     let mut k = KernelBuilder::new(name, Binding::DeviceAddress, [FIELD_WORKGROUP, 1, 1]);
-    let word = layout.word();
-    let a = k.buffer("a", word, Access::Read);
-    let b = k.buffer("b", word, Access::Read);
-    let out = k.buffer("out", word, Access::Write);
+    let a = k.buffer("a", Scalar::U32, Access::Read);
+    let b = k.buffer("b", Scalar::U32, Access::Read);
+    let out = k.buffer("out", Scalar::U32, Access::Write);
     let n = k.param("n", Ty::scalar(Scalar::U32));
     let iterations = k.param("iterations", Ty::scalar(Scalar::U32));
     k.begin();
-    let pipes = layout.pipes();
     let n = k.load_param(n);
     let iterations = k.load_param(iterations);
-    let (base, inside) = invocation_base(&mut k, n, pipes.len());
+    let i = linear_index(&mut k);
+    let inside = k.lt(i, n);
     k.if_(inside, |k| {
-        let slots = slots(k, base, n, &pipes);
+        let first = first_vector(k, i);
         // Operands stay in the multiplier's register form across the loop (the reduced-radix
-        // and f64 layouts convert once on each side of it, not per product). With several
-        // elements per invocation, each element's chain is dependent within itself only.
-        let mut chains = Vec::with_capacity(slots.len());
-        for s in &slots {
-            let xa = load_element(k, a, s.first, s.layout);
-            let xb = load_element(k, b, s.first, s.layout);
-            let mut ar = Arith {
-                k: &mut *k,
-                layout: s.layout,
-            };
-            let (xa, xb) = (ar.enter_chain_form(&xa), ar.enter_chain_form(&xb));
-            let acc: Vec<_> = xa.iter().map(|&x| k.var_init(x)).collect();
-            chains.push((acc, xb));
-        }
+        // layouts convert once on each side of it, not per product).
+        let xa = load_element(k, a, first);
+        let xb = load_element(k, b, first);
+        let mut ar = Arith { k: &mut *k, layout };
+        let (xa, xb) = (ar.enter_chain_form(&xa), ar.enter_chain_form(&xb));
+        let acc: Vec<_> = xa.iter().map(|&x| k.var_init(x)).collect();
         let (zero, one) = (k.u32(0), k.u32(1));
         k.for_range(zero, iterations, one, |k, _| {
-            let cur: Vec<Vec<Val>> = chains
-                .iter()
-                .map(|(acc, _)| acc.iter().map(|&v| k.get(v)).collect())
-                .collect();
-            let next: Vec<Limbs> = slots
-                .iter()
-                .zip(&chains)
-                .zip(&cur)
-                .map(|((s, (_, xb)), cur)| {
-                    let mut ar = Arith {
-                        k: &mut *k,
-                        layout: s.layout,
-                    };
-                    ar.chain_mul(cur, xb, canonical)
-                })
-                .collect();
-            for ((acc, _), next) in chains.iter().zip(next) {
-                for (&v, x) in acc.iter().zip(next) {
-                    k.set(v, x);
-                }
+            let cur: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
+            let mut ar = Arith { k: &mut *k, layout };
+            let next = ar.chain_mul(&cur, &xb, canonical);
+            for (&v, x) in acc.iter().zip(next) {
+                k.set(v, x);
             }
         });
-        let results: Vec<Limbs> = slots
-            .iter()
-            .zip(&chains)
-            .map(|(s, (acc, _))| {
-                let r: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
-                let mut ar = Arith {
-                    k: &mut *k,
-                    layout: s.layout,
-                };
-                ar.leave_chain_form(&r)
-            })
-            .collect();
-        store_elements(k, out, &slots, &results);
+        let r: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
+        let mut ar = Arith { k: &mut *k, layout };
+        let r = ar.leave_chain_form(&r);
+        store_element(k, out, first, &r);
     });
     k.finish()
 }
 
-/// Lanes per 16-byte vector.
-fn lanes(layout: Layout) -> u8 {
-    (16 / layout.word().bytes()) as u8
-}
-
-pub(crate) fn load_element(
-    k: &mut KernelBuilder,
-    buf: helios_spirv::Buffer,
-    first: Val,
-    layout: Layout,
-) -> Limbs {
-    let lanes = lanes(layout);
-    let mut limbs = Vec::with_capacity(layout.limbs());
+/// The element's 12 words, from three 16-byte vectors starting at vector `first`.
+pub(crate) fn load_element(k: &mut KernelBuilder, buf: helios_spirv::Buffer, first: Val) -> Limbs {
+    let mut limbs = Vec::with_capacity(WORDS);
     for v in 0..3 {
         let off = k.u32(v);
         let idx = k.add(first, off);
-        let vec = k.load(buf, idx, lanes);
-        for lane in 0..lanes as u32 {
+        let vec = k.load(buf, idx, 4);
+        for lane in 0..4 {
             limbs.push(k.extract(vec, lane));
         }
     }
     limbs
 }
 
+/// 12 words to three 16-byte vectors starting at vector `first`.
 pub(crate) fn store_element(
     k: &mut KernelBuilder,
     buf: helios_spirv::Buffer,
     first: Val,
-    layout: Layout,
     limbs: &[Val],
 ) {
-    let lanes = lanes(layout) as usize;
-    for (v, parts) in limbs.chunks(lanes).enumerate() {
+    for (v, parts) in limbs.chunks(4).enumerate() {
         let off = k.u32(v as u32);
         let idx = k.add(first, off);
         let vec = k.vector(parts);
@@ -358,10 +237,9 @@ pub fn push_constants(module: &KernelModule, inputs: &[u64], out: u64, values: &
     bytes
 }
 
-/// The grid for `n` elements at `per_invocation` elements per invocation and `workgroup`
-/// invocations per group: the kernel library's balanced folding, with rows of at most 65535
-/// groups (every device's minimum limit).
-pub fn grid(n: usize, per_invocation: usize, workgroup: u32) -> Result<[u32; 3]> {
+/// The grid for `n` elements at `workgroup` invocations per group: the kernel library's
+/// balanced folding, with rows of at most 65535 groups (every device's minimum limit).
+pub fn grid(n: usize, workgroup: u32) -> Result<[u32; 3]> {
     if n > MAX_DISPATCH_ELEMENTS {
         return Err(FieldError::TooLarge {
             what: "one dispatch",
@@ -369,8 +247,7 @@ pub fn grid(n: usize, per_invocation: usize, workgroup: u32) -> Result<[u32; 3]>
             max: MAX_DISPATCH_ELEMENTS,
         });
     }
-    let invocations = (n as u64).div_ceil(per_invocation.max(1) as u64);
-    let groups = invocations.div_ceil(u64::from(workgroup));
+    let groups = (n as u64).div_ceil(u64::from(workgroup));
     helios_kernels::grid(groups, helios_kernels::launch::MIN_GROUPS_LIMIT).map_err(|_| {
         FieldError::TooLarge {
             what: "one dispatch",
@@ -401,53 +278,13 @@ mod tests {
         }
     }
 
-    /// A multi-element kernel keeps its elements' arithmetic in one basic block (so the
-    /// GPU's compiler can interleave the pipes): its only blocks beyond those of its first
-    /// pipe's kernel are the guarded stores of the other elements (two labels each). The
-    /// chain's loop body likewise.
-    #[test]
-    fn multi_element_kernels_are_straight_line() {
-        let labels = |m: &KernelModule| m.disassemble().matches("OpLabel").count();
-        for layout in Layout::ALL {
-            let pipes = layout.pipes();
-            let extra = 2 * (pipes.len() - 1);
-            for op in [FieldOp::Mul, FieldOp::Sqr, FieldOp::ToMont, FieldOp::Add] {
-                let one = FieldKernel {
-                    op,
-                    layout: pipes[0],
-                }
-                .build();
-                let m = FieldKernel { op, layout }.build();
-                assert_eq!(labels(&m), labels(&one) + extra, "{}", m.name);
-            }
-            let (one, m) = (
-                build_mul_chain(pipes[0], false),
-                build_mul_chain(layout, false),
-            );
-            assert_eq!(labels(&m), labels(&one) + extra, "{}", m.name);
-        }
-        let dual = FieldKernel {
-            op: FieldOp::Mul,
-            layout: Layout::Dual,
-        }
-        .build()
-        .disassemble();
-        assert!(dual.contains("Fma"), "the FP64 pipe's fused multiply-adds");
-        assert!(dual.contains("OpIMul"), "the integer pipe's products");
-    }
-
     #[test]
     fn grid_folds_into_two_dimensions() {
-        assert_eq!(grid(0, 1, 128).unwrap(), [0, 1, 1]);
-        assert_eq!(grid(64, 1, 128).unwrap(), [1, 1, 1]);
+        assert_eq!(grid(0, 128).unwrap(), [0, 1, 1]);
+        assert_eq!(grid(64, 128).unwrap(), [1, 1, 1]);
+        assert_eq!(grid(257, 128).unwrap(), [3, 1, 1]);
         // 131072 groups in three balanced rows, not 65535 + 65535 + 2.
-        assert_eq!(grid(1 << 24, 1, 128).unwrap(), [43691, 3, 1]);
-        assert!(grid(MAX_DISPATCH_ELEMENTS + 1, 1, 128).is_err());
-        // Two elements per invocation: half the invocations, rounded up.
-        assert_eq!(grid(256, 2, 128).unwrap(), [1, 1, 1]);
-        assert_eq!(grid(257, 2, 128).unwrap(), [2, 1, 1]);
-        assert_eq!(grid(1 << 24, 2, 128).unwrap(), [32768, 2, 1]); // 65536 groups
-        assert_eq!(grid(1 << 24, 3, 128).unwrap(), [43691, 1, 1]); // ⌈2²⁴/3⌉/128 ↑
-        assert!(grid(MAX_DISPATCH_ELEMENTS + 1, 2, 128).is_err());
+        assert_eq!(grid(1 << 24, 128).unwrap(), [43691, 3, 1]);
+        assert!(grid(MAX_DISPATCH_ELEMENTS + 1, 128).is_err());
     }
 }

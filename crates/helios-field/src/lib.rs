@@ -14,9 +14,9 @@
 //! anything else. [`cpu`] is the blst reference and baseline the tests and the benchmark use.
 //!
 //! How the modules relate: `fq` holds the field's constants and host elements; `arith` emits
-//! the multi-limb arithmetic into the kernel IR, with the Montgomery multipliers in `comba`
-//! (integer limbs) and `fp64` (limbs on the FP64 pipe); `kernel` wraps it into the kernels
-//! and their launches. `engine` runs them on device-resident arrays, `host` (one-shot) and
+//! the multi-limb arithmetic into the kernel IR for each [`Layout`] (the schoolbook `u32mix`,
+//! and the product-scanning multipliers of `comba`, one of them the default); `kernel` wraps
+//! it into the kernels and their launches. `engine` runs them on device-resident arrays, `host` (one-shot) and
 //! `stream` (chunked) drive `engine` from host arrays, and `env` reads the `HELIOS_FIELD_*`
 //! switches.
 //!
@@ -42,17 +42,14 @@ pub mod cpu;
 mod engine;
 pub mod env;
 mod error;
-mod fp64;
 mod fq;
 mod host;
 mod kernel;
 mod stream;
 
 pub use arith::Layout;
-pub use comba::Radix;
 pub use engine::{Batch, Field, FieldConfig, FqSlice, FqVec, DEFAULT_DEVICE_LOCAL, DEFAULT_LAYOUT};
 pub use error::{FieldError, Result};
-pub use fp64::{FmaKind, Fp64Mul};
 pub use fq::{
     check_canonical, edge_elements, is_canonical, random_elements, to_hex, Fq, FQ_BYTES, ONE, P,
     P_INV_NEG, R2_MOD_P, R_MOD_P,

@@ -62,22 +62,6 @@ fn field(ctx: &Arc<Context>, layout: Layout, device_local: bool) -> Field {
     Field::with_config(Arc::clone(ctx), config(layout, device_local)).expect("field")
 }
 
-/// The layouts this device runs. Only a layout with an FP64 pipe (`Fp64*`, `Dual*` but
-/// `DualInt`) may be refused (no shaderFloat64, or a driver that does not fuse GLSL `Fma`, as
-/// llvmpipe), and only with `Unsupported`.
-fn layouts(ctx: &Arc<Context>) -> Vec<Layout> {
-    Layout::ALL
-        .into_iter()
-        .filter(
-            |&layout| match Field::with_config(Arc::clone(ctx), config(layout, false)) {
-                Ok(_) => true,
-                Err(FieldError::Unsupported { .. }) if layout.needs_fused_fma() => false,
-                Err(e) => panic!("{}: {e}", layout.name()),
-            },
-        )
-        .collect()
-}
-
 /// Every edge value against every edge value, then random pairs: (a, b).
 fn inputs(random: usize, seed: u64) -> (Vec<Fq>, Vec<Fq>) {
     let edges = edge_elements();
@@ -91,23 +75,6 @@ fn inputs(random: usize, seed: u64) -> (Vec<Fq>, Vec<Fq>) {
     a.extend(random_elements(random, seed));
     b.extend(random_elements(random, seed + 1));
     (a, b)
-}
-
-/// `inputs` so that with a multi-element layout (element P·i + j through pipe j) every pair
-/// goes through every pipe: padded with random pairs to a multiple of P, then P copies, the
-/// s-th rotated by s. Neighbours stay distinct, so results stored to the wrong element of an
-/// invocation show. One copy, unchanged, for a single-element layout.
-fn every_pipe(layout: Layout, (mut a, mut b): (Vec<Fq>, Vec<Fq>)) -> (Vec<Fq>, Vec<Fq>) {
-    let per = layout.elements_per_invocation();
-    let pad = a.len().next_multiple_of(per) - a.len();
-    a.extend(random_elements(pad, 97));
-    b.extend(random_elements(pad, 98));
-    let copies = |x: &[Fq]| -> Vec<Fq> {
-        (0..per)
-            .flat_map(|s| x[s..].iter().chain(&x[..s]).copied())
-            .collect()
-    };
-    (copies(&a), copies(&b))
 }
 
 #[track_caller]
@@ -124,8 +91,8 @@ fn assert_same(op: FieldOp, what: &str, got: &[Fq], want: &[Fq], a: &[Fq], b: &[
 #[test]
 fn every_op_and_layout_matches_blst() {
     let ctx = context();
-    for layout in layouts(&ctx) {
-        let (a, b) = every_pipe(layout, inputs(300, 1));
+    for layout in Layout::ALL {
+        let (a, b) = inputs(300, 1);
         let f = field(&ctx, layout, false);
         for op in FieldOp::ALL {
             let bb: &[Fq] = if op.arity() == 2 { &b } else { &[] };
@@ -137,59 +104,14 @@ fn every_op_and_layout_matches_blst() {
     finish(ctx);
 }
 
-/// The FP64 layouts (whose exactness rests on fused multiply-adds) on many more random
-/// inputs than the sweep above, every edge pair through every pipe, and through the chain
-/// probe.
-#[test]
-fn fp64_layouts_match_blst() {
-    let ctx = context();
-    for layout in Layout::ALL.into_iter().filter(|l| l.needs_fused_fma()) {
-        let (a, b) = every_pipe(layout, inputs(4000, 71));
-        let f = match Field::with_config(Arc::clone(&ctx), config(layout, true)) {
-            Ok(f) => f,
-            Err(e @ FieldError::Unsupported { .. }) => {
-                eprintln!("{} not run on this device: {e}", layout.name());
-                continue;
-            }
-            Err(e) => panic!("{}: {e}", layout.name()),
-        };
-        for op in [
-            FieldOp::Mul,
-            FieldOp::Sqr,
-            FieldOp::ToMont,
-            FieldOp::FromMont,
-        ] {
-            let bb: &[Fq] = if op.arity() == 2 { &b } else { &[] };
-            let got = f.compute(op, &a, bb).expect("compute");
-            assert_same(op, layout.name(), &got, &cpu::reference(op, &a, &b), &a, &b);
-        }
-        let (da, db, dc) = (
-            f.upload(&a).unwrap(),
-            f.upload(&b).unwrap(),
-            f.alloc(a.len()).unwrap(),
-        );
-        f.mul_chain(da.all(), db.all(), dc.all(), 7).unwrap();
-        let got = f.download(dc.all()).unwrap();
-        assert_same(
-            FieldOp::Mul,
-            layout.name(),
-            &got,
-            &cpu::mul_chain(&a, &b, 7),
-            &a,
-            &b,
-        );
-    }
-    finish(ctx);
-}
-
 #[test]
 fn mul_chain_probe_matches_blst() {
     let ctx = context();
-    let forms = layouts(&ctx)
+    let forms = Layout::ALL
         .into_iter()
         .flat_map(|layout| [(layout, false), (layout, true)]);
     for (layout, chain_canonical) in forms {
-        let (a, b) = every_pipe(layout, inputs(100, 31));
+        let (a, b) = inputs(100, 31);
         let config = FieldConfig {
             chain_canonical,
             ..config(layout, true)
@@ -223,8 +145,8 @@ fn mul_chain_probe_matches_blst() {
 fn long_chains_match_blst() {
     let ctx = context();
     let k = 1000;
-    for layout in layouts(&ctx) {
-        let (a, b) = every_pipe(layout, inputs(16, 61));
+    for layout in Layout::ALL {
+        let (a, b) = inputs(16, 61);
         let want = cpu::mul_chain(&a, &b, k);
         let mut want_sq = a.clone();
         for _ in 0..20 {
@@ -256,62 +178,56 @@ fn long_chains_match_blst() {
     finish(ctx);
 }
 
-/// Lengths around multiples of P (so the last invocation of a multi-element layout has fewer
-/// than P elements), on slices starting at odd elements, out of place and in place, and the
-/// chain probe: results match blst and nothing outside the output slice is written. For the
-/// multi-element layouts this device runs, and the default layout as the control.
+/// Lengths 0 to 9 on slices starting at odd elements, out of place and in place, and the
+/// chain probe: results match blst and nothing outside the output slice is written.
 #[test]
 fn every_length_and_offset_stays_in_bounds() {
     let ctx = context();
     let total = 24;
     let (a, b) = (random_elements(total, 41), random_elements(total, 42));
     let guard = random_elements(total, 43);
-    let multi = layouts(&ctx)
-        .into_iter()
-        .filter(|&l| l.elements_per_invocation() > 1 || l == helios_field::DEFAULT_LAYOUT);
-    for layout in multi {
-        let f = field(&ctx, layout, true);
-        let (da, db) = (f.upload(&a).unwrap(), f.upload(&b).unwrap());
-        for n in [0, 1, 2, 3, 4, 5, 7, 8, 9] {
-            for start in [0, 1, 3] {
-                let r = start..start + n;
-                let what = format!("{} n={n} start={start}", layout.name());
-                let (sa, sb) = (da.slice(r.clone()).unwrap(), db.slice(r.clone()).unwrap());
-                let expect = |part: &[Fq]| {
-                    let mut want = guard.clone();
-                    want[r.clone()].copy_from_slice(part);
-                    want
-                };
-                for op in FieldOp::ALL {
-                    let out = f.upload(&guard).unwrap();
-                    let mut batch = Batch::new();
-                    batch
-                        .push(op, &[sa, sb][..op.arity()], out.slice(r.clone()).unwrap())
-                        .unwrap();
-                    f.run(&batch).unwrap();
-                    let want = expect(&cpu::reference(op, &a[r.clone()], &b[r.clone()]));
-                    assert_same(op, &what, &f.download(out.all()).unwrap(), &want, &a, &b);
-                }
-                // In place: x = x·b, then x = x².
-                let x = f.upload(&a).unwrap();
-                let xs = x.slice(r.clone()).unwrap();
-                let mut batch = Batch::new();
-                batch.push(FieldOp::Mul, &[xs, sb], xs).unwrap();
-                batch.push(FieldOp::Sqr, &[xs], xs).unwrap();
-                f.run(&batch).unwrap();
-                let ab = cpu::reference(FieldOp::Mul, &a[r.clone()], &b[r.clone()]);
-                let mut want = a.clone();
-                want[r.clone()].copy_from_slice(&cpu::reference(FieldOp::Sqr, &ab, &[]));
-                let got = f.download(x.all()).unwrap();
-                assert_same(FieldOp::Sqr, &what, &got, &want, &a, &b);
-                // The chain probe.
+    let layout = helios_field::DEFAULT_LAYOUT;
+    let f = field(&ctx, layout, true);
+    let (da, db) = (f.upload(&a).unwrap(), f.upload(&b).unwrap());
+    for n in [0, 1, 2, 3, 4, 5, 7, 8, 9] {
+        for start in [0, 1, 3] {
+            let r = start..start + n;
+            let what = format!("{} n={n} start={start}", layout.name());
+            let (sa, sb) = (da.slice(r.clone()).unwrap(), db.slice(r.clone()).unwrap());
+            let expect = |part: &[Fq]| {
+                let mut want = guard.clone();
+                want[r.clone()].copy_from_slice(part);
+                want
+            };
+            for op in FieldOp::ALL {
                 let out = f.upload(&guard).unwrap();
-                f.mul_chain(sa, sb, out.slice(r.clone()).unwrap(), 3)
+                let mut batch = Batch::new();
+                batch
+                    .push(op, &[sa, sb][..op.arity()], out.slice(r.clone()).unwrap())
                     .unwrap();
-                let want = expect(&cpu::mul_chain(&a[r.clone()], &b[r.clone()], 3));
-                let got = f.download(out.all()).unwrap();
-                assert_same(FieldOp::Mul, &what, &got, &want, &a, &b);
+                f.run(&batch).unwrap();
+                let want = expect(&cpu::reference(op, &a[r.clone()], &b[r.clone()]));
+                assert_same(op, &what, &f.download(out.all()).unwrap(), &want, &a, &b);
             }
+            // In place: x = x·b, then x = x².
+            let x = f.upload(&a).unwrap();
+            let xs = x.slice(r.clone()).unwrap();
+            let mut batch = Batch::new();
+            batch.push(FieldOp::Mul, &[xs, sb], xs).unwrap();
+            batch.push(FieldOp::Sqr, &[xs], xs).unwrap();
+            f.run(&batch).unwrap();
+            let ab = cpu::reference(FieldOp::Mul, &a[r.clone()], &b[r.clone()]);
+            let mut want = a.clone();
+            want[r.clone()].copy_from_slice(&cpu::reference(FieldOp::Sqr, &ab, &[]));
+            let got = f.download(x.all()).unwrap();
+            assert_same(FieldOp::Sqr, &what, &got, &want, &a, &b);
+            // The chain probe.
+            let out = f.upload(&guard).unwrap();
+            f.mul_chain(sa, sb, out.slice(r.clone()).unwrap(), 3)
+                .unwrap();
+            let want = expect(&cpu::mul_chain(&a[r.clone()], &b[r.clone()], 3));
+            let got = f.download(out.all()).unwrap();
+            assert_same(FieldOp::Mul, &what, &got, &want, &a, &b);
         }
     }
     finish(ctx);
