@@ -677,3 +677,29 @@ fn dump_state(trainer: &Trainer, device: &Device, args: &TrainArgs, path: &Path)
     let _ = args;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each rank runs the launcher's command line without `--nproc` and its value, in
+    /// either spelling; everything else, in order.
+    #[test]
+    fn ranks_run_the_command_without_nproc() {
+        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let line = args(&[
+            "train",
+            "--nproc",
+            "2",
+            "--batch",
+            "4",
+            "--nproc=3",
+            "--out",
+            "o",
+        ]);
+        assert_eq!(
+            without_nproc(line.into_iter()),
+            args(&["train", "--batch", "4", "--out", "o"])
+        );
+    }
+}
