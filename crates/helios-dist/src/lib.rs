@@ -17,6 +17,7 @@ pub mod launch;
 mod mpi;
 pub mod nccl;
 mod single;
+mod watchdog;
 
 use helios::Tensor;
 
@@ -117,6 +118,27 @@ impl dyn Collective + '_ {
 /// (found through MPI under `mpiexec`, else through `NCCL_COMM_ID`); MPI otherwise under
 /// `mpiexec`. An error says what is missing.
 pub fn connect(device: &helios::Device, rank: Rank) -> Result<Box<dyn Collective>> {
+    if rank.world == 1 {
+        return Ok(Box::new(Single));
+    }
+    // Joining waits for every other rank: not for ever.
+    let timeout = watchdog::join_timeout()?;
+    let _deadline = watchdog::Watchdog::arm(timeout, move || {
+        let line = format!(
+            "error: rank {} of {}: the other ranks did not join within {} s (one failed \
+             before connecting, or they were started with other settings); stopping \
+             (HELIOS_DIST_TIMEOUT sets the wait)\n",
+            rank.rank,
+            rank.world,
+            timeout.as_secs()
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        abort(1)
+    });
+    connect_now(device, rank)
+}
+
+fn connect_now(device: &helios::Device, rank: Rank) -> Result<Box<dyn Collective>> {
     match rank.launcher {
         Launcher::None => Ok(Box::new(Single)),
         Launcher::Env => match NcclCollective::connect(device, rank, None) {

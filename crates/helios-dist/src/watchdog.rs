@@ -1,0 +1,84 @@
+//! A deadline for joining the other ranks: a rank whose peers never come (one crashed
+//! before it connected, a wrong `NCCL_COMM_ID`) would otherwise wait in NCCL's or MPI's
+//! initialisation for ever.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// How long a rank waits for the others to join (`HELIOS_DIST_TIMEOUT`, seconds).
+pub const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Runs `expired` on its own thread unless disarmed (or dropped) within `timeout`.
+pub struct Watchdog {
+    done: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Watchdog {
+    pub fn arm(timeout: Duration, expired: impl FnOnce() + Send + 'static) -> Watchdog {
+        let done = Arc::new((Mutex::new(false), Condvar::new()));
+        let watched = done.clone();
+        std::thread::spawn(move || {
+            let (lock, cv) = &*watched;
+            let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let (guard, _) = cv
+                .wait_timeout_while(guard, timeout, |done| !*done)
+                .unwrap_or_else(|e| e.into_inner());
+            if !*guard {
+                drop(guard);
+                expired();
+            }
+        });
+        Watchdog { done }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.done;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
+    }
+}
+
+/// `JOIN_TIMEOUT`, or `HELIOS_DIST_TIMEOUT` seconds when set.
+pub fn join_timeout() -> crate::Result<Duration> {
+    match std::env::var("HELIOS_DIST_TIMEOUT") {
+        Err(_) => Ok(JOIN_TIMEOUT),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(s) if s > 0 => Ok(Duration::from_secs(s)),
+            _ => Err(crate::Error::Environment(format!(
+                "HELIOS_DIST_TIMEOUT={v:?} is not a number of seconds above 0"
+            ))),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[test]
+    fn fires_only_when_not_disarmed_in_time() {
+        let fired = Arc::new(AtomicBool::new(false));
+        let f = fired.clone();
+        let dog = Watchdog::arm(Duration::from_millis(50), move || {
+            f.store(true, Ordering::SeqCst)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(fired.load(Ordering::SeqCst), "not disarmed: it fires");
+        drop(dog);
+
+        let calm = Arc::new(AtomicBool::new(false));
+        let c = calm.clone();
+        let dog = Watchdog::arm(Duration::from_millis(200), move || {
+            c.store(true, Ordering::SeqCst)
+        });
+        drop(dog);
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(
+            !calm.load(Ordering::SeqCst),
+            "disarmed in time: it stays quiet"
+        );
+    }
+}
