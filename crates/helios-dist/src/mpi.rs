@@ -32,6 +32,9 @@ impl Drop for Mpi {
 /// `MPI_Abort` on the whole job, when MPI is up.
 pub fn abort(code: i32) {
     if mpi::environment::is_initialized() && !mpi::environment::is_finalized() {
+        // mpiexec forwards each rank's output through its own pipes and stops forwarding
+        // once a rank aborts: let it pass on the error just printed first (a CI run lost it).
+        std::thread::sleep(std::time::Duration::from_millis(300));
         // SAFETY: MPI is initialised and not finalised; MPI_Abort takes the world
         // communicator and does not return.
         unsafe {
