@@ -151,6 +151,8 @@ impl NcclCollective {
             .map(|g| (g.shape().to_vec(), g.dtype()))
             .collect();
         if self.grads.as_ref().map(|a| &a.specs) != Some(&specs) {
+            // The old arena may still be in CUDA's hands: let its work finish first.
+            self.stream.synchronize()?;
             self.grads = None;
             self.grads = Some(self.make_arena(specs)?);
         }
