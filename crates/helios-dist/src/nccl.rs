@@ -160,32 +160,22 @@ impl NcclCollective {
     }
 
     fn make_arena(&self, specs: Vec<(Vec<usize>, DType)>) -> Result<GradArena> {
-        let bytes = |(shape, dtype): &(Vec<usize>, DType)| {
-            (shape.iter().product::<usize>() * dtype.size()) as u64
-        };
-        // A first arena of one byte tells the alignment; runs of one dtype are packed
-        // without gaps where the alignment allows, so that one all-reduce covers each run.
-        let align = ExportedArena::new(&self.device, 1)?.alignment();
+        // Each tensor at an aligned offset; tensors of one dtype that end where the next
+        // begins form one run, so that one all-reduce covers it.
+        let align = self.device.context().region_alignment();
         let mut offsets = Vec::with_capacity(specs.len());
         let mut runs: Vec<(u64, usize, NcclDtype)> = Vec::new();
         let mut at = 0u64;
-        for spec in &specs {
-            let dtype = nccl_dtype(spec.1);
-            let size = spec.1.size() as u64;
-            let continues = matches!(runs.last(), Some(r) if r.2 == dtype) && at % align == 0;
-            if !continues {
-                at = at.next_multiple_of(align);
-                runs.push((at, 0, dtype));
+        for (shape, dtype) in &specs {
+            let (elements, size) = (shape.iter().product::<usize>(), dtype.size() as u64);
+            let start = at.next_multiple_of(align);
+            let dtype = nccl_dtype(*dtype);
+            match runs.last_mut() {
+                Some(r) if r.2 == dtype && r.0 + r.1 as u64 * size == start => r.1 += elements,
+                _ => runs.push((start, elements, dtype)),
             }
-            offsets.push(at);
-            let run = runs.last_mut().expect("pushed");
-            run.1 += (bytes(spec) / size) as usize;
-            at += bytes(spec);
-            // The next tensor must start aligned: pad, and the run ends unless the pad is 0.
-            if at % align != 0 {
-                at = at.next_multiple_of(align);
-                runs.push((at, 0, dtype));
-            }
+            offsets.push(start);
+            at = start + elements as u64 * size;
         }
         runs.retain(|r| r.1 > 0);
         let arena = ExportedArena::new(&self.device, at.max(align))?;
