@@ -4,7 +4,7 @@
 
 use helios_kernels::attention::{AttnStage, AttnVariant};
 
-use super::{bound, candidates, rows, store, Class};
+use super::{bound, candidates, forced, rows, store, Class};
 use crate::cpu::attention::relative_error;
 use crate::ops::attention::{AttentionGrads, AttentionOptions, AttentionOutput};
 use crate::{Device, Result, Tensor};
@@ -42,13 +42,7 @@ fn tune(
     let coop = q.attention_kernel(stage, base)?.contains("coop");
     let forced: Vec<(AttnVariant, AttentionOptions)> = candidates(stage, coop)
         .into_iter()
-        .map(|v| {
-            let o = AttentionOptions {
-                stage_variant: Some((stage, v)),
-                ..base.clone()
-            };
-            (v, o)
-        })
+        .map(|v| (v, forced(base, stage, v)))
         .collect();
     // The candidates' pipelines first, several at once (`Device::precompile`); one that
     // cannot be chosen here is left to the loop below, which skips it.

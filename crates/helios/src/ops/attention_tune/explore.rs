@@ -2,7 +2,7 @@
 
 use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant};
 
-use super::{bound, cached, candidates, free, mode, rows, store, Class};
+use super::{bound, cached, candidates, forced, free, mode, rows, store, Class};
 use crate::device::KernelKey;
 use crate::ops::attention::{AttentionOptions, AttentionOutput};
 use crate::ops::online::{
@@ -252,14 +252,6 @@ impl Exploring {
     }
 }
 
-/// `base` with `stage` forced to `variant`.
-fn forced(base: &AttentionOptions, stage: AttnStage, variant: AttnVariant) -> AttentionOptions {
-    AttentionOptions {
-        stage_variant: Some((stage, variant)),
-        ..base.clone()
-    }
-}
-
 /// After a real call of `stage` whose outputs are `real`: one step of the class's tuning on
 /// real work (see `Exploring`), when tuning is online, nothing is forced and the class has
 /// no winner yet. `run(opts)` records the call again with `opts`.
@@ -334,16 +326,15 @@ fn explore(
     let Some(((cand, variant, first), incumbent, charged_us)) = picked else {
         return Ok(());
     };
-    let forced = |v: AttnVariant| forced(base, stage, v);
     // One batch for both spans and the copies: collecting the pair never waits.
     let _hold = ctx.hold_submits();
-    let (ran, incumbent) = fenced(ctx, || run(&forced(incumbent)))?;
+    let (ran, incumbent) = fenced(ctx, || run(&forced(base, stage, incumbent)))?;
     if let Err(e) = ran {
         // The timer is released before the error goes up (a flush and a wait: a rare path).
         let _ = ctx.gpu_elapsed(incumbent);
         return Err(e);
     }
-    let (outs, span) = fenced(ctx, || run(&forced(variant)))?;
+    let (outs, span) = fenced(ctx, || run(&forced(base, stage, variant)))?;
     let compared = match (&outs, first) {
         (Ok(outs), true) => {
             let mut v = Vec::new();

@@ -117,6 +117,14 @@ pub(crate) fn wanted(q: &Tensor, d: usize, stages: &[AttnStage], o: &AttentionOp
             .any(|&s| cached(dev, Class::of(q.dtype().storage(), d, rows(q, d), s, o)).is_none())
 }
 
+/// `base` with `stage` forced to `variant` (how both tuners run a candidate).
+fn forced(base: &AttentionOptions, stage: AttnStage, variant: AttnVariant) -> AttentionOptions {
+    AttentionOptions {
+        stage_variant: Some((stage, variant)),
+        ..base.clone()
+    }
+}
+
 /// The variants worth trying for `stage`, the default order first: the cooperative family
 /// where the default is cooperative (SIMT tiles are far slower there), else SIMT.
 fn candidates(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
