@@ -129,13 +129,14 @@ fn plan_of(p: &Problem, c: &Cand) -> Plan {
     }
 }
 
-/// The kernel a plan launches for `p` (a split plan's sub-problem kernel).
-fn launched(p: &Problem, plan: &Plan) -> Option<MatmulKernel> {
+/// The matmul kernel a plan launches for `p` (a split plan's sub-problem kernel) and, for a
+/// split plan, the elements its partial products sum into.
+fn launched(p: &Problem, plan: &Plan) -> Option<(MatmulKernel, Option<u32>)> {
     if plan.splits <= 1 {
-        return Some(plan.kernel);
+        return Some((plan.kernel, None));
     }
     p.split(plan.kernel.variant, plan.splits, plan.kernel.subgroup)
-        .map(|(_, k)| k)
+        .map(|(sub, k)| (k, Some(sub.m.saturating_mul(sub.n))))
 }
 
 /// Whether `plan`'s kernel for `p` can run now.
@@ -149,19 +150,14 @@ enum Compiled {
 }
 
 fn compiled(p: &Problem, plan: &Plan) -> Compiled {
-    let Some(k) = launched(p, plan) else {
+    let Some((k, sum_len)) = launched(p, plan) else {
         return Compiled::Failed;
     };
     let device = p.a.device();
     // A split product also sums its partial products: that kernel must be ready too.
-    let sum_ready = match plan.splits {
-        0 | 1 => true,
-        _ => {
-            let sub = p.split(plan.kernel.variant, plan.splits, plan.kernel.subgroup);
-            let len = sub.map_or(0, |(s, _)| s.m.saturating_mul(s.n));
-            device.partial_rows_ready(len, p.out).unwrap_or(false)
-        }
-    };
+    let sum_ready = sum_len.map_or(true, |len| {
+        device.partial_rows_ready(len, p.out).unwrap_or(false)
+    });
     if !sum_ready {
         Compiled::Waiting
     } else if device.has_kernel(&crate::device::KernelKey::Matmul(k)) {
