@@ -5,7 +5,7 @@ use helios::Tensor;
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::{Communicator, Root};
+use mpi::traits::{Communicator, Equivalence, Root};
 
 use crate::{Collective, Error, Rank, Result};
 
@@ -69,11 +69,11 @@ impl Mpi {
 
     /// Sums `values` over the ranks into rank 0, then sends rank 0's sums to all: unlike an
     /// all-reduce, whose summation order may differ per rank, every rank gets the same bits.
-    fn sum_everywhere_f32(&self, values: &mut [f32]) {
+    fn sum_everywhere<T: Equivalence + Copy + Default>(&self, values: &mut [T]) {
         let root = self.world.process_at_rank(0);
         for piece in values.chunks_mut(PIECE) {
             if self.rank.rank == 0 {
-                let mut sum = vec![0.0f32; piece.len()];
+                let mut sum = vec![T::default(); piece.len()];
                 root.reduce_into_root(&piece[..], &mut sum[..], SystemOperation::sum());
                 piece.copy_from_slice(&sum);
             } else {
@@ -102,15 +102,7 @@ impl Collective for Mpi {
     }
 
     fn mean(&mut self, values: &mut [f64]) -> Result<()> {
-        let root = self.world.process_at_rank(0);
-        if self.rank.rank == 0 {
-            let mut sum = vec![0.0f64; values.len()];
-            root.reduce_into_root(&values[..], &mut sum[..], SystemOperation::sum());
-            values.copy_from_slice(&sum);
-        } else {
-            root.reduce_into(&values[..], SystemOperation::sum());
-        }
-        root.broadcast_into(values);
+        self.sum_everywhere(values);
         let n = self.rank.world as f64;
         values.iter_mut().for_each(|v| *v /= n);
         Ok(())
@@ -127,7 +119,7 @@ impl Collective for Mpi {
         for g in &grads {
             flat.extend(g.to_vec()?);
         }
-        self.sum_everywhere_f32(&mut flat);
+        self.sum_everywhere(&mut flat);
         let scale = 1.0 / self.rank.world as f32;
         let mut at = 0;
         for (t, g) in tensors.iter().zip(&grads) {
