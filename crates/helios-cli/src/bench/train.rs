@@ -193,6 +193,7 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
     let mut trainer = helios_nn::train::Trainer::new(device, &init, train, None, tc)?;
     drop(init);
     device.synchronize()?;
+    let verbose = std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1");
     let compiles = || device.context().pipeline_stats();
     let before = compiles();
     let waited = helios::waited_compiles();
@@ -201,7 +202,7 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
     device.synchronize()?;
     let first = t0.elapsed().as_secs_f64();
     let after = compiles();
-    if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+    if verbose {
         let now = helios::waited_compiles();
         eprintln!(
             "bench: {} first step: {:.2} s, {} pipelines created in {:.2} s (all threads); \
@@ -238,7 +239,7 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
         let n = all.len();
         let stalled =
             n > 6 && Summary::of(&all[n - 6..n - 1]).is_some_and(|m| all[n - 1] > 4.0 * m.median);
-        if (n <= 5 || stalled) && std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+        if (n <= 5 || stalled) && verbose {
             let now = helios::waited_compiles();
             let subs = helios_vk::submit_compile_waits();
             let mem = device.memory_stats();
@@ -275,7 +276,7 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
         opt.push(log.opt_ms);
     }
     let ms = summarize(&times, case.name)?;
-    if std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1") {
+    if verbose {
         for line in helios::matmul_exploring(device) {
             eprintln!("bench: still tuning {line}");
         }
