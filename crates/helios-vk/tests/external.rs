@@ -492,7 +492,31 @@ fn work_recorded_after_wait_external_waits_for_the_value() {
         assert_eq!(read_u32s(&ctx, &buf, 0, N as usize), expected(4, N));
         ctx.synchronize().unwrap();
     }
-    common::finish(ctx);
+    finish_tolerating_layer_stall(ctx);
+}
+
+/// `common::finish`, except for the one message the validation layer 1.3.239 reports when a
+/// thread waits on work that another thread's host signal releases (see `polling_context`):
+/// polling narrows the window but a loaded CI machine still hit it once, and the message
+/// itself says "most likely a validation bug". Every other message still fails the test.
+fn finish_tolerating_layer_stall(ctx: Arc<Context>) {
+    const LAYER_STALL: &str = "UNASSIGNED-VkSemaphore-state-timeout";
+    let instance = Arc::clone(ctx.instance());
+    drop(ctx);
+    let messages = instance.validation_messages();
+    let others: Vec<&String> = messages
+        .iter()
+        .filter(|m| !m.contains(LAYER_STALL))
+        .collect();
+    assert!(
+        others.is_empty(),
+        "{} validation message(s):\n{}",
+        others.len(),
+        messages.join("\n")
+    );
+    if others.len() < messages.len() {
+        eprintln!("note: the validation layer reported its timeline stall ({LAYER_STALL})");
+    }
 }
 
 #[test]
