@@ -1,7 +1,9 @@
 //! Every native (PTX) kernel the matmul family can emit goes through `ptxas` for the target
 //! it is built for, as every SPIR-V module goes through `spirv-val`: each variant in every
-//! transpose, storage and epilogue, without register spills.
+//! transpose, storage and epilogue, and the attention forward in every storage, head dim
+//! and mask, without register spills.
 
+use helios_kernels::attention::{AttentionKernel, AttnStage, NATIVE_VARIANTS};
 use helios_kernels::matmul::native_variants;
 use helios_kernels::{
     Activation, Epilogue, MatmulKernel, MatmulVariant as Variant, Storage, Triangle,
@@ -54,6 +56,10 @@ fn check(k: &MatmulKernel) {
     let m = k
         .build_native(Target::SM90A)
         .unwrap_or_else(|e| panic!("{e}"));
+    assemble(&m);
+}
+
+fn assemble(m: &helios_ptx::Module) {
     let report = ptxas(&m.name, &m.text, &Target::SM90A.name()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         (report.spill_stores, report.spill_loads),
@@ -127,4 +133,43 @@ fn native_matmul_needs_wgmma() {
         (err.contains("wgmma") || err.contains("setmaxnreg")) && err.contains("which sm_90 does"),
         "{err}"
     );
+}
+
+/// Every native attention forward that exists: each tile at the head dims it takes, f16
+/// and bf16, causal or not, with and without key padding.
+#[test]
+fn native_attention_kernels_assemble() {
+    let mut built = 0;
+    for variant in NATIVE_VARIANTS {
+        for head_dim in [64, 128] {
+            for (i, storage) in [Storage::BF16, Storage::F16].into_iter().enumerate() {
+                for causal in [true, false] {
+                    let k = AttentionKernel {
+                        stage: AttnStage::Forward,
+                        storage,
+                        head_dim,
+                        causal,
+                        padded: causal == (i == 0),
+                        variant,
+                        binding: helios_spirv::Binding::DeviceAddress,
+                        subgroup: 0,
+                        frag: None,
+                        pipelined: false,
+                        own_dsum: false,
+                        packed: false,
+                    };
+                    if !k.native_feasible(Some(Target::SM90A)) {
+                        continue;
+                    }
+                    let m = k
+                        .build_native(Target::SM90A)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    assemble(&m);
+                    built += 1;
+                }
+            }
+        }
+    }
+    // Head dim 64 on both tiles, 128 on 32-key blocks only.
+    assert_eq!(built, 12);
 }

@@ -437,6 +437,13 @@ impl Kernel {
         r
     }
 
+    /// `log2(a)`, approximate (the SFU's `lg2`).
+    pub fn lg2(&mut self, a: Reg) -> Reg {
+        let r = self.reg(a.ty);
+        self.emit(format_args!("lg2.approx.ftz{} {r}, {a}", a.ty.suffix()));
+        r
+    }
+
     /// `1 / a`, approximate.
     pub fn rcp(&mut self, a: Reg) -> Reg {
         let r = self.reg(a.ty);
@@ -476,6 +483,12 @@ impl Kernel {
     pub fn and_pred(&mut self, a: Reg, b: Reg) -> Reg {
         let r = self.reg(Ty::Pred);
         self.emit(format_args!("and.pred {r}, {a}, {b}"));
+        r
+    }
+
+    pub fn or_pred(&mut self, a: Reg, b: Reg) -> Reg {
+        let r = self.reg(Ty::Pred);
+        self.emit(format_args!("or.pred {r}, {a}, {b}"));
         r
     }
 
@@ -542,11 +555,11 @@ impl Kernel {
     pub fn shfl(&mut self, mode: &str, v: Reg, lane: impl Into<Op>, clamp: u32) -> Reg {
         let r = self.reg(v.ty);
         let lane = lane.into();
+        // `.b32` takes any 32-bit register, floats included.
         self.emit(format_args!(
-            "shfl.sync.{mode}.b32 {r}, {}, {lane}, {clamp}, 0xffffffff",
-            v.retype(bits(v.ty))
+            "shfl.sync.{mode}.b32 {r}, {v}, {lane}, {clamp}, 0xffffffff"
         ));
-        r.retype(v.ty)
+        r
     }
 
     // ---- control ---------------------------------------------------------------------

@@ -32,6 +32,19 @@ pub struct TensorMap2d {
     pub swizzle: Swizzle,
 }
 
+/// A tensor of 2-byte elements of any rank from 1 to 5 as a tensor map sees it: dimension 0
+/// is contiguous, dimension `i + 1` is `strides[i]` bytes apart (u64 registers, multiples of
+/// 16), and a copy moves a `box_dims` box. Boxes of extent 1 in the upper dimensions let one
+/// map cover a strided [B, T, H, D] view whose (T, D) slices are copied as 2D boxes.
+#[derive(Clone, Debug)]
+pub struct TensorMap {
+    pub base: Reg,
+    pub dims: Vec<Reg>,
+    pub strides: Vec<Reg>,
+    pub box_dims: Vec<u32>,
+    pub swizzle: Swizzle,
+}
+
 /// The map fields `tensormap.replace` writes, by their PTX names.
 #[derive(Clone, Copy)]
 enum Field {
@@ -106,28 +119,55 @@ impl Kernel {
     /// (u32, 128-byte aligned). One thread runs it; the map's other fields stay zero (no
     /// interleave, zero fill, 16-byte swizzle atoms).
     pub fn tensormap_build(&mut self, map: Reg, t: &TensorMap2d) {
+        let nd = TensorMap {
+            base: t.base,
+            dims: t.dims.to_vec(),
+            strides: vec![t.row_bytes],
+            box_dims: t.box_dims.to_vec(),
+            swizzle: t.swizzle,
+        };
+        self.tensormap_build_nd(map, &nd);
+    }
+
+    /// [`tensormap_build`](Kernel::tensormap_build) for a map of any rank from 1 to 5.
+    pub fn tensormap_build_nd(&mut self, map: Reg, t: &TensorMap) {
         if !self.require(self.target.has_tensormap(), "tensormap.replace") {
             return;
         }
-        let [b0, b1] = t.box_dims;
+        let rank = t.dims.len();
+        if !(1..=5).contains(&rank) || t.box_dims.len() != rank || t.strides.len() + 1 != rank {
+            self.fail(format!(
+                "tensor map of {rank} dims, {} box dims and {} strides",
+                t.box_dims.len(),
+                t.strides.len()
+            ));
+            return;
+        }
+        let b0 = t.box_dims[0];
         let inner = b0 * 2;
         let swizzle_fits = t.swizzle == Swizzle::None || inner <= t.swizzle.row_bytes();
-        if inner % 16 != 0 || b0 > 256 || !(1..=256).contains(&b1) || !swizzle_fits {
-            self.fail(format!("tensor map box {b0}×{b1} with {:?}", t.swizzle));
+        let boxes_fit = t.box_dims[1..].iter().all(|b| (1..=256).contains(b));
+        if inner % 16 != 0 || b0 > 256 || !boxes_fit || !swizzle_fits {
+            self.fail(format!(
+                "tensor map box {:?} with {:?}",
+                t.box_dims, t.swizzle
+            ));
             return;
         }
         let base = t.base.retype(Ty::B64);
         self.tensormap_replace(map, Field::GlobalAddress, base);
         // The rank field holds the rank less one.
-        self.tensormap_replace(map, Field::Rank, 1u32);
-        for (i, (&dim, bx)) in t.dims.iter().zip([b0, b1]).enumerate() {
+        self.tensormap_replace(map, Field::Rank, rank as u32 - 1);
+        for (i, (&dim, &bx)) in t.dims.iter().zip(&t.box_dims).enumerate() {
             let i = i as u32;
             self.tensormap_replace(map, Field::GlobalDim(i), dim.retype(Ty::B32));
             self.tensormap_replace(map, Field::BoxDim(i), bx);
             self.tensormap_replace(map, Field::ElementStride(i), 1u32);
         }
         // Strides of the dimensions above the first, in bytes.
-        self.tensormap_replace(map, Field::GlobalStride(0), t.row_bytes.retype(Ty::B64));
+        for (i, &s) in t.strides.iter().enumerate() {
+            self.tensormap_replace(map, Field::GlobalStride(i as u32), s.retype(Ty::B64));
+        }
         self.tensormap_replace(map, Field::ElemType, ELEMTYPE_U16);
         self.tensormap_replace(map, Field::SwizzleMode, swizzle_mode(t.swizzle));
     }
@@ -161,10 +201,25 @@ impl Kernel {
     /// then 1) of the map at global `map` into shared `dst` (128-byte aligned; 1024 for the
     /// 128-byte swizzle), completing as transactions of the box's full size on `bar`.
     pub fn tensor_load_2d(&mut self, dst: Addr, map: Reg, coords: [Reg; 2], bar: Addr) {
+        self.tensor_load(dst, map, &coords, bar);
+    }
+
+    /// [`tensor_load_2d`](Kernel::tensor_load_2d) for a map of any rank (one coordinate per
+    /// dimension).
+    pub fn tensor_load(&mut self, dst: Addr, map: Reg, coords: &[Reg], bar: Addr) {
+        if !(1..=5).contains(&coords.len()) {
+            self.fail(format!("a tensor copy with {} coordinates", coords.len()));
+            return;
+        }
         if self.require(self.target.has_bulk(), "cp.async.bulk.tensor") {
-            let [x, y] = coords.map(|c| c.retype(Ty::S32));
+            let c: Vec<String> = coords
+                .iter()
+                .map(|c| c.retype(Ty::S32).to_string())
+                .collect();
             self.emit(format_args!(
-                "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes {dst}, [{map}, {{{x}, {y}}}], {bar}"
+                "cp.async.bulk.tensor.{}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes {dst}, [{map}, {{{}}}], {bar}",
+                coords.len(),
+                c.join(", ")
             ));
         }
     }

@@ -71,8 +71,9 @@ fn run(d: &Device, c: &Case, seed: u64) -> Result<([f64; 5], String), String> {
         None => None,
     };
     let (variant, stage_variant) = match c.variant {
-        // Row-tile pairs are the forward's: the backward runs its usual kernels.
-        Some(v) if v.row_tiles() > 1 => (None, Some((AttnStage::Forward, v))),
+        // Row-tile pairs and native kernels are the forward's: the backward runs its usual
+        // kernels.
+        Some(v) if v.row_tiles() > 1 || v.is_native() => (None, Some((AttnStage::Forward, v))),
         v => (v, None),
     };
     let opts = AttentionOptions {
@@ -155,7 +156,8 @@ fn run(d: &Device, c: &Case, seed: u64) -> Result<([f64; 5], String), String> {
 #[track_caller]
 fn check(d: &Device, c: &Case, seed: u64) -> [f64; 5] {
     let (errs, kernel) = run(d, c, seed).unwrap_or_else(|e| panic!("{e}"));
-    let coop = kernel.contains("coop");
+    // Native kernels round P to the input type as the cooperative ones do.
+    let coop = kernel.contains("coop") || kernel.contains("_nv");
     let tol = tolerance(c.dtype, coop);
     let names = ["out", "lse", "dq", "dk", "dv"];
     for (n, &err) in names.iter().zip(&errs) {
@@ -448,6 +450,75 @@ fn every_coop_variant_matches_reference() {
             }
         }
     }
+}
+
+/// The native forward (PTX with `wgmma`, on an NVIDIA Hopper GPU): each tile at the head
+/// dims it takes, f16 and bf16, causal and not, key padding (0, short, past T), fused QKV
+/// views, and more work items than an H200 has SMs (blocks walk several). Elsewhere it
+/// checks that forcing it is a clear error.
+#[test]
+fn native_forward_matches_reference() {
+    let d = device();
+    let variants = helios_kernels::attention::NATIVE_VARIANTS;
+    if helios::matmul_caps(d).native.is_none() {
+        eprintln!(
+            "SKIPPED native attention: {} has no native kernels",
+            d.name()
+        );
+        let c = Case {
+            dims: dims(1, 16, 1, 64),
+            dtype: DType::BF16,
+            causal: true,
+            lens: None,
+            fused: None,
+            variant: Some(variants[0]),
+            stored: None,
+        };
+        let err = run(d, &c, 1).unwrap_err();
+        assert!(err.contains("does not fit"), "{err}");
+        return;
+    }
+    let mut n = 0;
+    for v in variants {
+        for hd in [64usize, 128] {
+            for (i, dtype) in [DType::BF16, DType::F16].into_iter().enumerate() {
+                for causal in [true, false] {
+                    let shapes = [dims(2, 77, 3, hd), dims(2, 300, 24, hd)];
+                    for (j, &s) in shapes.iter().enumerate() {
+                        let c = Case {
+                            dims: s,
+                            dtype,
+                            causal,
+                            lens: (i == j).then(|| {
+                                let t = s.t as u32;
+                                [vec![0, t + 7], vec![t - 13, 1]][j].clone()
+                            }),
+                            fused: (j == 1 && causal).then_some(0),
+                            variant: Some(v),
+                            stored: None,
+                        };
+                        match run(d, &c, 5 + n) {
+                            Ok((errs, kernel)) => {
+                                assert!(kernel.contains("_nv"), "{c:?} ran {kernel}");
+                                println!(
+                                    "native {} {dtype} d{hd} causal {causal} {:?}: out {:.2e} lse {:.2e}",
+                                    v.tag(),
+                                    (s.b, s.t, s.h),
+                                    errs[0],
+                                    errs[1]
+                                );
+                                check(d, &c, 5 + n);
+                                n += 1;
+                            }
+                            Err(e) if e.contains("does not fit") => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(n >= 24, "{n} native cases ran");
 }
 
 /// A key length of 0 gives O = 0, L = −inf and zero gradients; lengths past T are T. In

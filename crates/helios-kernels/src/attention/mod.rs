@@ -51,6 +51,7 @@ mod coop_bwd;
 mod coop_fwd;
 mod frag;
 pub mod layout;
+mod native;
 mod params;
 mod prep;
 mod reg_bwd;
@@ -58,6 +59,7 @@ mod reg_fwd;
 mod signature;
 mod simt;
 
+pub use native::NATIVE_VARIANTS;
 pub use params::stride_groups;
 pub use signature::{
     default_order, AttentionKernel, AttnShape, AttnStage, AttnVariant, ViewStrides, COOP_VARIANTS,
@@ -86,6 +88,7 @@ impl AttentionKernel {
             AttnVariant::Coop { .. } => coop_shared_bytes(self),
             // Only the register forward has pairs (see `buildable`).
             AttnVariant::CoopPair { .. } => frag::regs::layout(self).total * 16,
+            AttnVariant::Native { bk, .. } => native::shared_bytes(u32::from(bk), self.head_dim),
         }
     }
 
@@ -117,6 +120,9 @@ impl AttentionKernel {
             },
             AttnVariant::Coop { .. } => build_coop(self),
             AttnVariant::CoopPair { .. } => reg_fwd::forward(self),
+            AttnVariant::Native { .. } => {
+                panic!("{} is a native kernel: build_native", self.name())
+            }
         }
     }
 

@@ -60,6 +60,9 @@ pub enum AttnVariant {
     /// 32 query rows, two 16-row tiles sharing every K and V fragment it loads (half the
     /// shared-memory reads per product).
     CoopPair { bq: u8, bk: u8 },
+    /// NVIDIA's native path (PTX, `wgmma`; the forward only): `bq / 64` consumer
+    /// warpgroups against key blocks of `bk` (`native`).
+    Native { bq: u8, bk: u8 },
 }
 
 impl AttnVariant {
@@ -69,6 +72,7 @@ impl AttnVariant {
             AttnVariant::Simt { bq, bk } => format!("simt{bq}x{bk}"),
             AttnVariant::Coop { bq, bk } => format!("coop{bq}x{bk}"),
             AttnVariant::CoopPair { bq, bk } => format!("coop{bq}x{bk}p"),
+            AttnVariant::Native { bq, bk } => format!("nv{bq}x{bk}"),
         }
     }
 
@@ -76,7 +80,8 @@ impl AttnVariant {
         match *self {
             AttnVariant::Simt { bq, bk }
             | AttnVariant::Coop { bq, bk }
-            | AttnVariant::CoopPair { bq, bk } => (u32::from(bq), u32::from(bk)),
+            | AttnVariant::CoopPair { bq, bk }
+            | AttnVariant::Native { bq, bk } => (u32::from(bq), u32::from(bk)),
         }
     }
 
@@ -85,6 +90,11 @@ impl AttnVariant {
             self,
             AttnVariant::Coop { .. } | AttnVariant::CoopPair { .. }
         )
+    }
+
+    /// Whether this is a native (PTX) kernel, which only NVIDIA's native path runs.
+    pub fn is_native(&self) -> bool {
+        matches!(self, AttnVariant::Native { .. })
     }
 
     /// 16-row tiles per subgroup (cooperative variants).
@@ -97,6 +107,11 @@ impl AttnVariant {
 
     /// Parses a tag (`HELIOS_ATTN_VARIANT`).
     pub fn by_name(s: &str) -> Option<AttnVariant> {
+        if let Some(r) = s.strip_prefix("nv") {
+            let (a, b) = r.split_once('x')?;
+            let (bq, bk) = (a.parse().ok()?, b.parse().ok()?);
+            return Some(AttnVariant::Native { bq, bk });
+        }
         let (coop, rest) = if let Some(r) = s.strip_prefix("simt") {
             (false, r)
         } else {
@@ -293,12 +308,16 @@ impl AttentionKernel {
             AttnVariant::Coop { .. } | AttnVariant::CoopPair { .. } => {
                 owned / (16 * self.variant.row_tiles()) * self.subgroup
             }
+            AttnVariant::Native { bq, .. } => super::native::threads(u32::from(bq)),
         }
     }
 
     /// Whether this stage's family has the variant: pairs are the register forward's, and
     /// `own_dsum` the register Dq's.
     pub fn buildable(&self) -> bool {
+        if self.variant.is_native() {
+            return super::native::buildable(self);
+        }
         (!matches!(self.variant, AttnVariant::CoopPair { .. })
             || (self.in_registers() && self.stage == AttnStage::Forward))
             && (!self.own_dsum || (self.in_registers() && self.stage == AttnStage::Dq))

@@ -18,7 +18,8 @@ use super::attention_materialised::{self as materialised, HeadView};
 use super::attention_select::choose;
 pub(crate) use super::attention_select::forced_by_env;
 use crate::device::KernelKey;
-use crate::{DType, Error, IndexTensor, Result, Tensor};
+use crate::{DType, Device, Error, IndexTensor, Result, Tensor};
+use helios_vk::Access;
 
 /// How attention is applied.
 #[derive(Clone, Default)]
@@ -465,21 +466,57 @@ impl Tensor {
         };
         let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
         let device = self.device();
+        let shape = AttnShape {
+            batch: dims.b as u32,
+            t: dims.t as u32,
+            heads: dims.h as u32,
+        };
+        if kern.variant.is_native() {
+            return record_native(device, &kern, shape, scale, views, reads, writes);
+        }
         device.dispatch_rows(
             KernelKey::Attention(kern),
             || kern.build(),
             reads,
             writes,
-            |c, g, addrs| {
-                let shape = AttnShape {
-                    batch: dims.b as u32,
-                    t: dims.t as u32,
-                    heads: dims.h as u32,
-                };
-                Ok(kern.launch(&c.module, g.max_groups_x, shape, scale, views, addrs)?)
-            },
+            |c, g, addrs| Ok(kern.launch(&c.module, g.max_groups_x, shape, scale, views, addrs)?),
         )
     }
+}
+
+/// Records a native (PTX) attention kernel: its tensor maps go to the device's native
+/// workspace, written by every native launch (which orders them).
+fn record_native(
+    device: &Device,
+    kern: &AttentionKernel,
+    shape: AttnShape,
+    scale: f32,
+    views: &[ViewStrides],
+    reads: &[&helios_vk::Buffer],
+    writes: &[&helios_vk::Buffer],
+) -> Result<()> {
+    let target = super::native::target(device, &kern.name())?;
+    let maps = device.native_maps()?;
+    let addrs: smallvec::SmallVec<[u64; 8]> = reads
+        .iter()
+        .chain(writes)
+        .map(|b| b.device_address())
+        .collect();
+    let sms = device.context().caps().sm_count;
+    let launch = kern.native_launch(shape, scale, views, &addrs, maps.device_address(), sms)?;
+    let accesses: smallvec::SmallVec<[Access; 8]> = reads
+        .iter()
+        .map(|b| Access::read(b))
+        .chain(writes.iter().map(|b| Access::write(b)))
+        .chain([Access::write(maps)])
+        .collect();
+    super::native::record(
+        device,
+        KernelKey::Attention(*kern),
+        || Ok(kern.build_native(target)?),
+        &launch,
+        &accesses,
+    )
 }
 
 /// Whether this attention runs in the materialised form (`attention_materialised::wanted`).

@@ -36,12 +36,16 @@ pub(super) fn choose(
     } else {
         None
     };
+    // Native kernels need the device's native target, the copy engine's aligned rows and
+    // a positive scale.
+    let native = device.native_target();
     let fits = |kern: &AttentionKernel| {
         kern.buildable()
             && kern.shared_bytes() <= caps.max_shared_bytes
             && kern.workgroup() <= caps.max_invocations
             && (!kern.variant.is_coop()
                 || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
+            && (!kern.variant.is_native() || (kern.native_feasible(native) && aligned && positive))
     };
     // Prep shares each row among the lanes of a subgroup where the row kernels may use
     // subgroup operations (their `reducer`: shuffles in compute, a power-of-two size of 4
@@ -90,8 +94,12 @@ pub(super) fn choose(
         Some(Forced::Variant(v)) => Some(v),
         _ => None,
     });
-    // A forced cooperative variant applies to the stages that family has.
-    let forced = forced.filter(|v| !v.is_coop() || helios_kernels::attention::coop_supports(stage));
+    // A forced cooperative or native variant applies to the stages that family has (the
+    // native one: the forward).
+    let forced = forced.filter(|v| {
+        (!v.is_coop() || helios_kernels::attention::coop_supports(stage))
+            && (!v.is_native() || stage == AttnStage::Forward)
+    });
     if let Some(v) = forced {
         let kern = make(v);
         if !fits(&kern) {

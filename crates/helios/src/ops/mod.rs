@@ -10,6 +10,7 @@ mod embedding;
 mod loss;
 mod matmul;
 mod matmul_tune;
+mod native;
 mod norm;
 pub(crate) mod online;
 mod optim;

@@ -4,7 +4,7 @@
 
 use helios_kernels::attention::{AttnStage, AttnVariant};
 
-use super::{bound, candidates, forced, rows, store, Class};
+use super::{bound, candidates, forced, rows, start_compile, store, Class};
 use crate::cpu::attention::relative_error;
 use crate::ops::attention::{AttentionGrads, AttentionOptions, AttentionOutput};
 use crate::{Device, Result, Tensor};
@@ -40,16 +40,24 @@ fn tune(
     let key = class.name();
     let mut reference: Option<Vec<Vec<f32>>> = None;
     let coop = q.attention_kernel(stage, base)?.contains("coop");
-    let forced: Vec<(AttnVariant, AttentionOptions)> = candidates(stage, coop)
+    let forced: Vec<(AttnVariant, AttentionOptions)> = candidates(device, stage, coop)
         .into_iter()
         .map(|v| (v, forced(base, stage, v)))
         .collect();
-    // The candidates' pipelines first, several at once (`Device::precompile`); one that
-    // cannot be chosen here is left to the loop below, which skips it.
+    // The candidates' pipelines first, several at once (`Device::precompile`; native ones
+    // through the driver's deferred JIT); one that cannot be chosen here is left to the
+    // loop below, which skips it.
+    let kernels: Vec<helios_kernels::attention::AttentionKernel> = forced
+        .iter()
+        .filter_map(|(_, o)| q.attention_kernel_of(stage, o).ok().flatten())
+        .collect();
+    for &k in kernels.iter().filter(|k| k.variant.is_native()) {
+        start_compile(device, k)?;
+    }
     device.precompile(
-        forced
-            .iter()
-            .filter_map(|(_, o)| q.attention_kernel_of(stage, o).ok().flatten())
+        kernels
+            .into_iter()
+            .filter(|k| !k.variant.is_native())
             .map(|k| (crate::device::KernelKey::Attention(k), move || k.build()))
             .collect(),
     )?;

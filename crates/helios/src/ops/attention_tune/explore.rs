@@ -2,7 +2,7 @@
 
 use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant};
 
-use super::{bound, cached, candidates, forced, free, mode, rows, store, Class};
+use super::{bound, cached, candidates, forced, free, mode, rows, start_compile, store, Class};
 use crate::device::KernelKey;
 use crate::ops::attention::{AttentionOptions, AttentionOutput};
 use crate::ops::online::{
@@ -115,9 +115,7 @@ impl Exploring {
                     .flatten()
                     .map(|k| AttentionKernel { packed, ..k });
                 if let Some(k) = kernel {
-                    let _ = q
-                        .device()
-                        .kernel(KernelKey::Attention(k), move || k.build());
+                    let _ = start_compile(q.device(), k);
                 }
                 Cand {
                     variant,
@@ -285,7 +283,7 @@ fn explore(
                     (q, stage, packed),
                     base,
                     k.variant,
-                    candidates(stage, coop),
+                    candidates(device, stage, coop),
                 ))
             }
         };

@@ -14,7 +14,8 @@
 //! .tsv`, one `variant  µs  class` line each, as the matmul tuner's do.
 
 use helios_kernels::attention::{
-    default_order, AttnStage, AttnVariant, COOP_VARIANTS, SIMT_VARIANTS,
+    default_order, AttentionKernel, AttnStage, AttnVariant, COOP_VARIANTS, NATIVE_VARIANTS,
+    SIMT_VARIANTS,
 };
 use helios_kernels::Storage;
 use helios_vk::DeviceType;
@@ -126,12 +127,19 @@ fn forced(base: &AttentionOptions, stage: AttnStage, variant: AttnVariant) -> At
 }
 
 /// The variants worth trying for `stage`, the default order first: the cooperative family
-/// where the default is cooperative (SIMT tiles are far slower there), else SIMT.
-fn candidates(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
-    let mut v: Vec<AttnVariant> = default_order(stage, coop, false)
-        .into_iter()
-        .filter(|x| x.is_coop() == coop)
-        .collect();
+/// where the default is cooperative (SIMT tiles are far slower there), else SIMT; before
+/// them the native forwards where the device has native kernels (a variant that cannot run
+/// a class is skipped there).
+fn candidates(device: &Device, stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
+    let mut v: Vec<AttnVariant> = Vec::new();
+    if coop && stage == AttnStage::Forward && device.native_target().is_some() {
+        v.extend(NATIVE_VARIANTS);
+    }
+    v.extend(
+        default_order(stage, coop, false)
+            .into_iter()
+            .filter(|x| x.is_coop() == coop),
+    );
     let family = if coop {
         &COOP_VARIANTS[..]
     } else {
@@ -143,6 +151,19 @@ fn candidates(stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
         }
     }
     v
+}
+
+/// Starts compiling `k` without waiting: SPIR-V on the compile pool, a native kernel through
+/// the driver's deferred JIT (`Device::has_kernel` says when either is ready).
+fn start_compile(device: &Device, k: AttentionKernel) -> Result<()> {
+    let key = crate::device::KernelKey::Attention(k);
+    if k.variant.is_native() {
+        let target = super::native::target(device, &k.name())?;
+        device.native_kernel(key, || Ok(k.build_native(target)?))?;
+    } else {
+        device.kernel(key, move || k.build())?;
+    }
+    Ok(())
 }
 
 fn bound(dtype: DType) -> f64 {

@@ -1,10 +1,8 @@
-//! Recording a native (PTX) matmul kernel on NVIDIA: the driver's JIT on first use, then a
-//! launch in the same encoder as the SPIR-V dispatches.
+//! Recording a native (PTX) matmul kernel on NVIDIA (`ops::native` does the launch).
 
 use helios_kernels::{MatmulAddresses, MatmulKernel, MatmulShape};
 use helios_vk::Access;
 
-use super::invalid;
 use crate::device::KernelKey;
 use crate::Result;
 
@@ -18,29 +16,13 @@ pub(super) fn record_native(
     alpha: f32,
     accesses: &[Access],
 ) -> Result<()> {
-    let target = device.native_target().ok_or_else(|| {
-        invalid(format!(
-            "{} is a native NVIDIA kernel, and this device has none (VK_NVX_binary_import \
-             with a Hopper GPU, HELIOS_NATIVE not 0)",
-            kernel.variant.label()
-        ))
-    })?;
-    let native = device.native_kernel(KernelKey::Matmul(*kernel), || {
-        Ok(kernel.build_native(target)?)
-    })?;
+    let target = crate::ops::native::target(device, &kernel.variant.label())?;
     let launch = kernel.native_launch(s, addr, alpha, device.context().caps().sm_count)?;
-    let args: smallvec::SmallVec<[helios_vk::NativeArg; 24]> = launch
-        .args
-        .iter()
-        .map(|a| match *a {
-            helios_kernels::Arg::Address(v) => helios_vk::NativeArg::U64(v),
-            helios_kernels::Arg::U32(v) => helios_vk::NativeArg::U32(v),
-            helios_kernels::Arg::I32(v) => helios_vk::NativeArg::I32(v),
-            helios_kernels::Arg::F32(v) => helios_vk::NativeArg::F32(v),
-        })
-        .collect();
-    device
-        .context()
-        .launch_native(&native, launch.grid, launch.block, 0, &args, accesses)?;
-    Ok(())
+    crate::ops::native::record(
+        device,
+        KernelKey::Matmul(*kernel),
+        || Ok(kernel.build_native(target)?),
+        &launch,
+        accesses,
+    )
 }

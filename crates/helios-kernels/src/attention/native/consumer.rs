@@ -1,0 +1,423 @@
+//! The consumer warpgroups of the native forward: Q in registers, then per key block
+//! S = Q·Kᵀ, the online softmax and O += P·V on `wgmma`, software-pipelined; then O / l
+//! and the log-sum-exp.
+
+use helios_ptx::{Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty, WgmmaA};
+
+use super::kernel::{Block, Params};
+use super::{AttentionKernel, Storage, NATIVE_STAGES, WG_ROWS};
+
+/// The consumer warpgroups: per item, Q into registers, then per key block S = Q·Kᵀ, the
+/// online softmax, O += P·V; then O / l and the log-sum-exp.
+pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &Params) {
+    let input = match kern.storage {
+        Storage::F16 => MmaInput::F16,
+        _ => MmaInput::BF16,
+    };
+    let half2 = match kern.storage {
+        Storage::F16 => Ty::F16x2,
+        _ => Ty::BF16x2,
+    };
+    let (bk, d) = (blk.bk, blk.d);
+    let empty_count = blk.consumers + 32;
+    let tid = blk.tid;
+    let wg = k.shr(tid, 7u32);
+    let warp = {
+        let t = k.and(tid, 127u32).retype(Ty::U32);
+        k.shr(t, 5u32)
+    };
+    let lane = k.and(tid, 31u32).retype(Ty::U32);
+    let g = k.shr(lane, 2u32);
+    let tq = k.and(lane, 3u32).retype(Ty::U32);
+    // This thread's first row within a tile, and its warp's.
+    let warp_row = {
+        let r = k.mul(wg, WG_ROWS);
+        k.mad(warp, 16u32, r)
+    };
+    let own_row = k.add(warp_row, g);
+    let col2 = k.shl(tq, 1u32);
+    let [sb, st, sh] = p.strides;
+    let log2e = std::f32::consts::LOG2_E;
+    let scale2 = k.mul(p.scale, log2e);
+
+    let s_acc = k.regs(Ty::F32, (bk / 2) as usize);
+    let o_acc = k.regs(Ty::F32, (d / 2) as usize);
+    let p_regs = k.regs(half2, (bk / 4) as usize);
+    let m = [k.reg(Ty::F32), k.reg(Ty::F32)];
+    let l = [k.reg(Ty::F32), k.reg(Ty::F32)];
+    let zero = k.mov(Ty::U32, 0u32);
+    let yes = k.setp(Cmp::Eq, zero, 0u32);
+    let no = k.setp(Cmp::Ne, zero, 0u32);
+    let k_desc = MatrixDesc {
+        swizzle: Swizzle::B128,
+        lbo: 16,
+        sbo: 1024,
+    };
+    let v_desc = MatrixDesc {
+        swizzle: Swizzle::B128,
+        lbo: bk * 128,
+        sbo: 1024,
+    };
+    let k_desc0 = k.wgmma_desc(blk.k_base, &k_desc);
+    let v_desc0 = k.wgmma_desc(blk.v_base, &v_desc);
+    let step = k.mov(Ty::U32, 0u32);
+
+    blk.for_each_item(k, |k, it| {
+        let rows = [k.add(it.q0, own_row), k.add(it.q0, own_row)];
+        k.update("add", rows[1], rows[1], 8u32);
+        let first_row = k.add(it.q0, warp_row);
+        k.comment("Q rows into registers: wgmma's A fragments, one k16 step at a time");
+        // Element (b, row, h, 0) of a strided view at `ptr`.
+        let row_at = |k: &mut Kernel, ptr: Reg, off: Reg, row: Reg| {
+            let e = k.cvt(Ty::U64, off);
+            let e = k.mad_wide(it.h, sh, e);
+            let e = k.mad_wide(it.b, sb, e);
+            let e = k.mad_wide(row, st, e);
+            let bytes = k.shl(e, 1u32);
+            k.add(ptr, bytes)
+        };
+        let ok = [
+            k.setp(Cmp::Lt, rows[0], blk.t),
+            k.setp(Cmp::Lt, rows[1], blk.t),
+        ];
+        let q_rows = [
+            row_at(k, p.q, p.offs[0], rows[0]),
+            row_at(k, p.q, p.offs[0], rows[1]),
+        ];
+        let col_bytes = k.cvt(Ty::U64, col2);
+        let col_bytes = k.shl(col_bytes, 1u32);
+        let q_at = [k.add(q_rows[0], col_bytes), k.add(q_rows[1], col_bytes)];
+        let mut qf = Vec::with_capacity((d / 4) as usize);
+        for s in 0..d / 16 {
+            for (half, col) in [(0usize, 0u32), (1, 0), (0, 8), (1, 8)] {
+                let at = Addr::at(q_at[half], i64::from((16 * s + col) * 2));
+                qf.push(k.ld_if(ok[half], Space::Global, Ty::B32, at, 0u32));
+            }
+        }
+        for &r in &o_acc {
+            k.assign(r, 0.0f32);
+        }
+        for h in 0..2 {
+            k.assign(m[h], f32::NEG_INFINITY);
+            k.assign(l[h], 0.0f32);
+        }
+
+        let live = {
+            // A causal warpgroup needs the blocks up to its last row; the rest of the tile's
+            // blocks it only hands back.
+            let own = if blk.causal {
+                let r = k.mad(wg, WG_ROWS, it.q0);
+                let e = k.add(r, WG_ROWS);
+                let e = k.min(e, it.len);
+                let e = k.add(e, bk - 1);
+                k.div(e, bk)
+            } else {
+                it.blocks
+            };
+            k.min(own, it.blocks)
+        };
+        let c = Consumer {
+            input,
+            half2,
+            bk,
+            d,
+            blk,
+            empty_count,
+            s_acc: &s_acc,
+            o_acc: &o_acc,
+            p_regs: &p_regs,
+            m,
+            l,
+            qf: &qf,
+            k_desc0,
+            v_desc0,
+            yes,
+            no,
+            scale2,
+            rows,
+            first_row,
+            key_col: col2,
+            len: it.len,
+            step0: k.mov(Ty::U32, step),
+        };
+        k.comment("key blocks: S(j) = Q K(j)^T issued before O += P(j-1) V(j-1), softmax between");
+        let any = k.setp(Cmp::Gt, live, 0u32);
+        k.if_(any, |k| {
+            c.scores(k, step);
+            c.softmax(k, step, true);
+            k.for_range(1u32, live, 1, |k, _| {
+                let prev = k.mov(Ty::U32, step);
+                k.update("add", step, step, 1u32);
+                c.scores_issue(k, step);
+                c.product_issue(k, prev);
+                // S(j) is done; P(j-1) V(j-1) may still run: the softmax overlaps it.
+                k.wgmma_wait(1);
+                c.release(k, step, false);
+                let (alpha, probs) = c.probabilities(k, step);
+                k.wgmma_wait(0);
+                c.release(k, prev, true);
+                c.rescale(k, &alpha, &probs);
+            });
+            c.product_issue(k, step);
+            k.wgmma_wait(0);
+            c.release(k, step, true);
+            k.update("add", step, step, 1u32);
+        });
+        k.comment("blocks past this warpgroup's rows: handed back unread");
+        k.for_range(live, it.blocks, 1, |k, _| {
+            for v in [false, true] {
+                c.wait_full(k, step, v);
+                c.release(k, step, v);
+            }
+            k.update("add", step, step, 1u32);
+        });
+
+        k.comment("epilogue: O / l, the log-sum-exp");
+        let mut inv = [zero; 2];
+        for h in 0..2 {
+            let mut s = l[h];
+            for x in [1u32, 2] {
+                let o = k.shfl("bfly", s, x, 31);
+                s = k.add(s, o);
+            }
+            let empty = k.setp(Cmp::Eq, s, 0.0f32);
+            let r = k.rcp_exact(s);
+            inv[h] = k.selp(empty, 0.0f32, r, Ty::F32);
+            // L = ln 2 · (m + log2 l): −inf for a row with no key.
+            let lg = k.lg2(s);
+            let ln = k.add(m[h], lg);
+            let lse = k.mul(ln, std::f32::consts::LN_2);
+            let quad0 = k.setp(Cmp::Eq, tq, 0u32);
+            let write = k.and_pred(quad0, ok[h]);
+            let bh = k.mad(it.b, blk.heads, it.h);
+            let idx = k.mad(bh, blk.t, rows[h]);
+            let at = k.mad_wide(idx, 4u32, p.lse);
+            k.st_if(write, Space::Global, Addr::new(at), lse);
+        }
+        for h in 0..2usize {
+            // O is dense [B, T, H, D].
+            let bt = k.mad(it.b, blk.t, rows[h]);
+            let bth = k.mad(bt, blk.heads, it.h);
+            let e = k.mul_wide(bth, d);
+            let c = k.cvt(Ty::U64, col2);
+            let e = k.add(e, c);
+            let bytes = k.shl(e, 1u32);
+            let at = k.add(p.o, bytes);
+            for jb in 0..d / 8 {
+                let i = (4 * jb) as usize + 2 * h;
+                let lo = k.mul(o_acc[i], inv[h]);
+                let hi = k.mul(o_acc[i + 1], inv[h]);
+                let v = k.cvt_pack(half2, hi, lo);
+                k.st_if(ok[h], Space::Global, Addr::at(at, i64::from(16 * jb)), v);
+            }
+        }
+    });
+}
+
+/// What one consumer warpgroup's key-block steps share (see `consumer`).
+struct Consumer<'a> {
+    input: MmaInput,
+    half2: Ty,
+    bk: u32,
+    d: u32,
+    blk: &'a Block,
+    empty_count: u32,
+    s_acc: &'a [Reg],
+    o_acc: &'a [Reg],
+    /// P of the block whose P·V is next, as `wgmma`'s A fragments.
+    p_regs: &'a [Reg],
+    m: [Reg; 2],
+    l: [Reg; 2],
+    qf: &'a [Reg],
+    k_desc0: Reg,
+    v_desc0: Reg,
+    yes: Reg,
+    no: Reg,
+    scale2: Reg,
+    rows: [Reg; 2],
+    first_row: Reg,
+    key_col: Reg,
+    len: Reg,
+    /// The k step of the item's first key block.
+    step0: Reg,
+}
+
+impl Consumer<'_> {
+    /// The ring slot of k step `step`, its mbarrier parity, and its offset in descriptor
+    /// units.
+    fn slot(&self, k: &mut Kernel, step: Reg) -> (Reg, Reg, Reg) {
+        let slot = k.rem(step, NATIVE_STAGES);
+        let round = k.div(step, NATIVE_STAGES);
+        let parity = k.and(round, 1u32);
+        let units = k.mul(slot, self.blk.stage_bytes() >> 4);
+        (slot, parity, k.cvt(Ty::U64, units))
+    }
+
+    fn wait_full(&self, k: &mut Kernel, step: Reg, v: bool) {
+        let (slot, parity, _) = self.slot(k, step);
+        let bar = self.blk.full_bar(k, slot, v);
+        k.mbarrier_wait(bar, parity);
+    }
+
+    /// Hands K's or V's stage of `step` back to the producer.
+    fn release(&self, k: &mut Kernel, step: Reg, v: bool) {
+        let slot = k.rem(step, NATIVE_STAGES);
+        let id = self.blk.empty_id(k, slot, v);
+        k.bar_arrive_reg(id, self.empty_count);
+    }
+
+    /// Issues S = Q·Kᵀ for the key block of `step` once its K has landed (one commit group).
+    fn scores_issue(&self, k: &mut Kernel, step: Reg) {
+        self.wait_full(k, step, false);
+        let (_, _, units) = self.slot(k, step);
+        let kd = k.add(self.k_desc0, units);
+        k.wgmma_fence();
+        for s in 0..self.d / 16 {
+            let off = (s / 4) * self.bk * 128 + (s % 4) * 32;
+            let desc = k.desc_offset(kd, off);
+            let a = &self.qf[(4 * s) as usize..(4 * s + 4) as usize];
+            k.wgmma(
+                self.input,
+                self.s_acc,
+                WgmmaA::Registers(a),
+                desc,
+                false,
+                if s == 0 { self.no } else { self.yes },
+            );
+        }
+        k.wgmma_commit();
+    }
+
+    /// S for `step`, waited for, its K stage handed back.
+    fn scores(&self, k: &mut Kernel, step: Reg) {
+        self.scores_issue(k, step);
+        k.wgmma_wait(0);
+        self.release(k, step, false);
+    }
+
+    /// Issues O += P·V for the key block of `step` once its V has landed.
+    fn product_issue(&self, k: &mut Kernel, step: Reg) {
+        self.wait_full(k, step, true);
+        let (_, _, units) = self.slot(k, step);
+        let vd = k.add(self.v_desc0, units);
+        k.wgmma_fence();
+        for s in 0..self.bk / 16 {
+            let desc = k.desc_offset(vd, 2048 * s);
+            let a = &self.p_regs[(4 * s) as usize..(4 * s + 4) as usize];
+            k.wgmma(
+                self.input,
+                self.o_acc,
+                WgmmaA::Registers(a),
+                desc,
+                true,
+                self.yes,
+            );
+        }
+        k.wgmma_commit();
+    }
+
+    /// The softmax of the first block (`first`: O is still zero) or, through
+    /// `probabilities` and `rescale`, of a later one.
+    fn softmax(&self, k: &mut Kernel, step: Reg, first: bool) {
+        let (alpha, probs) = self.probabilities(k, step);
+        if first {
+            for (&r, &p) in self.p_regs.iter().zip(&probs) {
+                k.assign(r, p);
+            }
+        } else {
+            self.rescale(k, &alpha, &probs);
+        }
+    }
+
+    /// Masks S for the key block of `step`, updates the row maxima and sums, and returns
+    /// the rows' rescale factors and the new P (rounded, in A-fragment order). O is not
+    /// touched: a product into it may still run.
+    fn probabilities(&self, k: &mut Kernel, step: Reg) -> ([Reg; 2], Vec<Reg>) {
+        let (bk, blk) = (self.bk, self.blk);
+        // The block's first key: the item's blocks are its steps from `step0` on.
+        let j = k.sub(step, self.step0);
+        let key0 = k.mul(j, bk);
+        let key_end = k.add(key0, bk);
+        let past_len = k.setp(Cmp::Gt, key_end, self.len);
+        let need = if blk.causal {
+            let past_row = k.setp(Cmp::Gt, key_end, self.first_row);
+            k.or_pred(past_len, past_row)
+        } else {
+            past_len
+        };
+        k.if_(need, |k| {
+            let key_t = k.add(key0, self.key_col);
+            for (i, &r) in self.s_acc.iter().enumerate() {
+                let i = i as u32;
+                let key = k.add(key_t, 8 * (i / 4) + (i % 2));
+                let row = self.rows[((i / 2) % 2) as usize];
+                let out = k.setp(Cmp::Ge, key, self.len);
+                let bad = if blk.causal {
+                    let after = k.setp(Cmp::Gt, key, row);
+                    k.or_pred(out, after)
+                } else {
+                    out
+                };
+                let v = k.selp(bad, f32::NEG_INFINITY, r, Ty::F32);
+                k.assign(r, v);
+            }
+        });
+        // Online softmax, base 2, two rows a thread; a row's four threads are a quad.
+        let zero = k.mov(Ty::F32, 0.0f32);
+        let mut alpha = [zero; 2];
+        let mut neg_m = [zero; 2];
+        for h in 0..2usize {
+            let mut mx = k.mov(Ty::F32, f32::NEG_INFINITY);
+            for (i, &r) in self.s_acc.iter().enumerate() {
+                if (i / 2) % 2 == h {
+                    mx = k.max(mx, r);
+                }
+            }
+            for x in [1u32, 2] {
+                let o = k.shfl("bfly", mx, x, 31);
+                mx = k.max(mx, o);
+            }
+            let mx = k.mul(mx, self.scale2);
+            let m_new = k.max(self.m[h], mx);
+            // A row with no key yet keeps m = −inf; its exponentials use 0 (all zero).
+            let none = k.setp(Cmp::Eq, m_new, f32::NEG_INFINITY);
+            let m_use = k.selp(none, 0.0f32, m_new, Ty::F32);
+            let diff = k.sub(self.m[h], m_use);
+            alpha[h] = k.ex2(diff);
+            neg_m[h] = k.neg(m_use);
+            k.assign(self.m[h], m_new);
+        }
+        let mut sums = [k.mov(Ty::F32, 0.0f32), k.mov(Ty::F32, 0.0f32)];
+        let mut probs = Vec::with_capacity(self.s_acc.len());
+        for (i, &r) in self.s_acc.iter().enumerate() {
+            let h = (i / 2) % 2;
+            let x = k.fma(r, self.scale2, neg_m[h]);
+            let e = k.ex2(x);
+            sums[h] = k.add(sums[h], e);
+            probs.push(e);
+        }
+        for h in 0..2 {
+            let scaled = k.mul(self.l[h], alpha[h]);
+            let v = k.add(scaled, sums[h]);
+            k.assign(self.l[h], v);
+        }
+        // S's accumulator layout is P·V's A layout: registers 8s..8s+7 are k step s.
+        let packed = probs
+            .chunks(2)
+            .map(|c| k.cvt_pack(self.half2, c[1], c[0]))
+            .collect();
+        (alpha, packed)
+    }
+
+    /// Once the last product into O is done: O scaled by the rows' factors, the new P in
+    /// place for the next product.
+    fn rescale(&self, k: &mut Kernel, alpha: &[Reg; 2], probs: &[Reg]) {
+        for (i, &r) in self.o_acc.iter().enumerate() {
+            let v = k.mul(r, alpha[(i / 2) % 2]);
+            k.assign(r, v);
+        }
+        for (&r, &p) in self.p_regs.iter().zip(probs) {
+            k.assign(r, p);
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The native forward's kernel: parameters, shared memory, the work walk both roles share,
+//! and the split into the producer warp (`producer`) and the consumer warpgroups
+//! (`consumer`).
+
+use helios_ptx::{Addr, BuildError, Cmp, Kernel, Module, Reg, Space, Special, Target, Ty};
+
+use super::{
+    consumer, producer, stage_bytes, AttentionKernel, AttnVariant, NATIVE_STAGES, ONE_BLOCK_BYTES,
+    PRODUCER_REGS, WG_ROWS, WG_THREADS,
+};
+
+/// What the producer and the consumers share: sizes, the work walk and the stages.
+pub(super) struct Block {
+    pub(super) t: Reg,
+    pub(super) heads: Reg,
+    pub(super) bh: Reg,
+    /// Query tiles per (batch, head) and work items in all.
+    pub(super) tiles: Reg,
+    pub(super) items: Reg,
+    /// Key lengths (u64 address) with key padding.
+    pub(super) lens: Option<Reg>,
+    pub(super) causal: bool,
+    pub(super) bq: u32,
+    pub(super) bk: u32,
+    pub(super) d: u32,
+    pub(super) tid: Reg,
+    /// Shared addresses of the first K and V stages and of the mbarriers (K full, then V).
+    pub(super) k_base: Reg,
+    pub(super) v_base: Reg,
+    pub(super) bars: Reg,
+    pub(super) consumers: u32,
+}
+
+/// One work item: a query tile of one (batch, head), and its key blocks.
+pub(super) struct Item {
+    pub(super) b: Reg,
+    pub(super) h: Reg,
+    pub(super) q0: Reg,
+    /// Keys of this batch row (key padding, at most T).
+    pub(super) len: Reg,
+    /// Key blocks the tile attends to.
+    pub(super) blocks: Reg,
+}
+
+impl Block {
+    /// Runs `body` for each work item of this block: items `ctaid.x`, `+ nctaid.x`, ...;
+    /// item i is query tile `tiles − 1 − i / bh` (the longest causal tiles first) of
+    /// (batch, head) `i % bh`.
+    pub(super) fn for_each_item(&self, k: &mut Kernel, mut body: impl FnMut(&mut Kernel, &Item)) {
+        let item = k.special(Special::CtaIdX);
+        let step = k.special(Special::NCtaIdX);
+        let (top, done) = (k.label(), k.label());
+        k.place(top);
+        let over = k.setp(Cmp::Ge, item, self.items);
+        k.bra_if(over, false, done);
+        let back = k.div(item, self.bh);
+        let last = k.sub(self.tiles, 1u32);
+        let tile = k.sub(last, back);
+        let r = k.rem(item, self.bh);
+        let b = k.div(r, self.heads);
+        let h = k.rem(r, self.heads);
+        let q0 = k.mul(tile, self.bq);
+        let len = match self.lens {
+            Some(lens) => {
+                let at = k.mad_wide(b, 4u32, lens);
+                let l = k.ld(Space::Global, Ty::U32, Addr::new(at));
+                k.min(l, self.t)
+            }
+            None => k.mov(Ty::U32, self.t),
+        };
+        let end = if self.causal {
+            let e = k.add(q0, self.bq);
+            k.min(e, len)
+        } else {
+            len
+        };
+        let e = k.add(end, self.bk - 1);
+        let blocks = k.div(e, self.bk);
+        body(
+            k,
+            &Item {
+                b,
+                h,
+                q0,
+                len,
+                blocks,
+            },
+        );
+        k.update("add", item, item, step);
+        k.bra(top);
+        k.place(done);
+    }
+
+    pub(super) fn stage_bytes(&self) -> u32 {
+        stage_bytes(self.bk, self.d)
+    }
+
+    /// Named barrier ids of the stages' "empty" signals: K's, then V's (0 is the block's).
+    pub(super) fn empty_id(&self, k: &mut Kernel, slot: Reg, v: bool) -> Reg {
+        let first = 1 + if v { NATIVE_STAGES } else { 0 };
+        k.add(slot, first)
+    }
+
+    /// The full mbarrier of `slot` of K's or V's ring.
+    pub(super) fn full_bar(&self, k: &mut Kernel, slot: Reg, v: bool) -> Addr {
+        let at = k.mad(slot, 8u32, self.bars);
+        Addr::at(at, if v { i64::from(8 * NATIVE_STAGES) } else { 0 })
+    }
+}
+
+/// The value `kern` was declared with, in launch order.
+pub(super) struct Params {
+    pub(super) q: Reg,
+    pub(super) k: Reg,
+    pub(super) v: Reg,
+    pub(super) o: Reg,
+    pub(super) lse: Reg,
+    /// Element offsets of Q, K, V and their shared batch, seq and head strides.
+    pub(super) offs: [Reg; 3],
+    pub(super) strides: [Reg; 3],
+    pub(super) scale: Reg,
+    pub(super) maps: Reg,
+}
+
+/// Emits the native forward of `kern` for `target`.
+pub(super) fn forward(kern: &AttentionKernel, target: Target) -> Result<Module, BuildError> {
+    let AttnVariant::Native { bq, bk } = kern.variant else {
+        unreachable!("the native forward of a native variant");
+    };
+    let (bq, bk, d) = (u32::from(bq), u32::from(bk), kern.head_dim);
+    let mut k = Kernel::new(&kern.name(), target);
+    let consumers = bq / WG_ROWS * WG_THREADS;
+    let threads = consumers + WG_THREADS;
+    k.threads(threads);
+    let entry = (65536 / threads).min(255) / 8 * 8;
+    k.max_registers(entry);
+    let consumer_regs =
+        ((entry * threads - PRODUCER_REGS * WG_THREADS) / consumers / 8 * 8).min(256);
+
+    // Parameters, in `native_launch` order: the buffers as the SPIR-V kernel declares them,
+    // then its push constants, then the maps' workspace.
+    let pq = k.param("q", Ty::U64);
+    let pk = k.param("k", Ty::U64);
+    let pv = k.param("v", Ty::U64);
+    let plens = kern.padded.then(|| k.param("lens", Ty::U64));
+    let po = k.param("o", Ty::U64);
+    let plse = k.param("lse", Ty::U64);
+    let pt = k.param("t", Ty::U32);
+    let pheads = k.param("heads", Ty::U32);
+    let pbatch = k.param("batch", Ty::U32);
+    let pscale = k.param("scale", Ty::F32);
+    let poffs = ["off_q", "off_k", "off_v"].map(|n| k.param(n, Ty::U32));
+    let pstrides = ["stride_b", "stride_t", "stride_h"].map(|n| k.param(n, Ty::U32));
+    let pmaps = k.param("maps", Ty::U64);
+
+    let ring = stage_bytes(bk, d) * NATIVE_STAGES;
+    let rings = (2 * ring).max(ONE_BLOCK_BYTES);
+    let smem = k.shared("stages", 1024, rings);
+    let maps_arr = k.shared("map_build", 128, 2 * helios_ptx::TENSOR_MAP_BYTES);
+    let bars_arr = k.shared("full", 8, 16 * NATIVE_STAGES);
+
+    let p = Params {
+        q: k.ld_param_global(pq),
+        k: k.ld_param_global(pk),
+        v: k.ld_param_global(pv),
+        o: k.ld_param_global(po),
+        lse: k.ld_param_global(plse),
+        offs: poffs.map(|p| k.ld_param(p)),
+        strides: pstrides.map(|p| k.ld_param(p)),
+        scale: k.ld_param(pscale),
+        maps: k.ld_param_global(pmaps),
+    };
+    let t = k.ld_param(pt);
+    let heads = k.ld_param(pheads);
+    let batch = k.ld_param(pbatch);
+    let lens = plens.map(|p| k.ld_param_global(p));
+    let tid = k.special(Special::TidX);
+    let bh = k.mul(batch, heads);
+    let tiles = {
+        let e = k.add(t, bq - 1);
+        k.div(e, bq)
+    };
+    let base = k.shared_address(smem);
+    let blk = Block {
+        t,
+        heads,
+        bh,
+        tiles,
+        items: k.mul(tiles, bh),
+        lens,
+        causal: kern.causal,
+        bq,
+        bk,
+        d,
+        tid,
+        k_base: base,
+        v_base: k.add(base, ring),
+        bars: k.shared_address(bars_arr),
+        consumers,
+    };
+
+    let first = k.setp(Cmp::Eq, tid, consumers);
+    k.if_(first, |k| {
+        for s in 0..2 * NATIVE_STAGES {
+            k.mbarrier_init(Addr::at(blk.bars, i64::from(8 * s)), 1);
+        }
+        k.fence_mbarrier_init();
+    });
+    k.bar_sync(0);
+    let is_producer = k.setp(Cmp::Ge, tid, consumers);
+    let consume = k.label();
+    k.bra_if(is_producer, true, consume);
+    k.setmaxnreg(false, PRODUCER_REGS);
+    let maps_smem = k.shared_address(maps_arr);
+    producer::producer(&mut k, &blk, &p, maps_smem);
+    k.ret();
+    k.place(consume);
+    k.setmaxnreg(true, consumer_regs);
+    consumer::consumer(&mut k, kern, &blk, &p);
+    k.finish()
+}

@@ -1,0 +1,281 @@
+//! The attention forward on NVIDIA's native path: PTX with Hopper's `wgmma`, launched
+//! through VK_NVX_binary_import (FlashAttention-3's structure within what the driver gives
+//! these launches: 48 KiB of shared memory, one block per SM, no clusters).
+//!
+//! One block is `bq / 64` consumer warpgroups of 64 query rows each and one producer warp.
+//! Blocks stay resident (one per SM) and walk work items — a query tile of one (batch, head),
+//! the longest causal tiles first — so each builds its tensor maps once.
+//!
+//! - The producer builds one 4D tensor map per operand over the whole [B, T, H, D] view
+//!   (boxes of `bk` keys × 64 channels of one head) and has the copy engine bring each key
+//!   block's K and V into a ring of stages, completing on per-stage mbarriers; K and V have
+//!   their own barriers, so the next K streams in while this block's P·V runs.
+//! - Each consumer warpgroup keeps its Q rows in registers as `wgmma`'s A operand, computes
+//!   S = Q·Kᵀ from the K stage, does the online softmax in registers (base 2, the scale
+//!   folded in), rounds P into the A-operand fragment (the accumulator layout of S is the
+//!   A layout of P·V, as in FlashAttention-3) and accumulates O += P·V from the V stage
+//!   (N-major, read transposed by the descriptor). Scores never reach memory.
+//! - The epilogue divides by the row sums and writes O and the log-sum-exp.
+//!
+//! Semantics are the family's (`super` module docs): key padding, causal masking, rows with
+//! no key give O = 0 and L = −inf.
+
+mod consumer;
+mod kernel;
+mod producer;
+
+use helios_ptx::{Module, Target};
+
+use super::signature::{AttentionKernel, AttnShape, AttnStage, AttnVariant, ViewStrides};
+use crate::launch::{Arg, Args};
+use crate::matmul::NativeLaunch;
+use crate::storage::Storage;
+use crate::KernelError;
+
+/// Query rows of a consumer warpgroup (the `wgmma` M).
+const WG_ROWS: u32 = 64;
+const WG_THREADS: u32 = 128;
+/// Registers the producer warpgroup keeps after `setmaxnreg` (one thread issues copies).
+const PRODUCER_REGS: u32 = 24;
+/// Stages of the K and V rings.
+pub const NATIVE_STAGES: u32 = 2;
+/// Channels of one copy box and one 128-byte swizzle row.
+const PANEL: u32 = 64;
+/// Tensor-map slots in the workspace (one per SM id) and their size: K's map, then V's.
+const MAP_SLOTS: u32 = 1024;
+const MAP_SLOT_BYTES: u32 = 256;
+/// Bytes of the block's shared memory below which a second block could share its SM (and
+/// its tensor-map slot): the stages are padded to it.
+const ONE_BLOCK_BYTES: u32 = 32 * 1024;
+
+/// Native forward candidates: 128 query rows (two consumer warpgroups) against blocks of 64
+/// keys (head dim 64) or 32 (head dim 128, whose stages are twice the size).
+pub const NATIVE_VARIANTS: [AttnVariant; 2] = [
+    AttnVariant::Native { bq: 128, bk: 64 },
+    AttnVariant::Native { bq: 128, bk: 32 },
+];
+
+/// Bytes of one stage of K or V (`bk` keys × D channels).
+const fn stage_bytes(bk: u32, d: u32) -> u32 {
+    bk * d * 2
+}
+
+/// Shared memory of a native forward: both rings, padded to keep one block per SM, then
+/// the two maps being built and four mbarriers a stage pair.
+pub(super) fn shared_bytes(bk: u32, d: u32) -> u32 {
+    let rings = (2 * NATIVE_STAGES * stage_bytes(bk, d)).max(ONE_BLOCK_BYTES);
+    rings + 2 * helios_ptx::TENSOR_MAP_BYTES + 16 * NATIVE_STAGES
+}
+
+// The maps go to the workspace the native matmul uses, in the same slots.
+const _: () = assert!(MAP_SLOTS as u64 * MAP_SLOT_BYTES as u64 <= crate::matmul::NATIVE_MAPS_BYTES);
+
+/// Whether a native forward exists for `kern`: the forward of f16/bf16 inputs, head dims
+/// whose rows are whole 128-byte swizzle rows (64 or 128), query tiles of whole
+/// warpgroups, key blocks that are whole `wgmma` k steps, and stages within 48 KiB.
+pub(super) fn buildable(kern: &AttentionKernel) -> bool {
+    let AttnVariant::Native { bq, bk } = kern.variant else {
+        return false;
+    };
+    let (bq, bk, d) = (u32::from(bq), u32::from(bk), kern.head_dim);
+    kern.stage == AttnStage::Forward
+        && matches!(kern.storage, Storage::F16 | Storage::BF16)
+        && matches!(d, 64 | 128)
+        && bq % WG_ROWS == 0
+        && (WG_ROWS..=2 * WG_ROWS).contains(&bq)
+        && bk % 16 == 0
+        && (16..=128).contains(&bk)
+        && !kern.packed
+        && shared_bytes(bk, d) <= 48 * 1024
+}
+
+/// Threads of a native forward block: the consumer warpgroups, then the producer's.
+pub(super) fn threads(bq: u32) -> u32 {
+    bq / WG_ROWS * WG_THREADS + WG_THREADS
+}
+impl AttentionKernel {
+    /// Whether this native kernel can run on a device whose native target is `target`.
+    pub fn native_feasible(&self, target: Option<Target>) -> bool {
+        target.is_some_and(|t| t.has_wgmma()) && buildable(self)
+    }
+
+    /// Emits the native kernel (PTX) of a `Native` variant for `target`.
+    pub fn build_native(&self, target: Target) -> Result<Module, KernelError> {
+        if !buildable(self) {
+            return Err(KernelError::Arguments {
+                kernel: self.name(),
+                detail: "no native attention kernel for this stage, storage, head dim and tile"
+                    .into(),
+            });
+        }
+        kernel::forward(self, target).map_err(|e| KernelError::Arguments {
+            kernel: self.name(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// Grid, block and arguments of a native launch over `shape`: `buffers` are the device
+    /// addresses in declaration order (q, k, v, [lens], o, lse), `views` Q's, K's and V's
+    /// strides (one set, offsets apart), `maps` the tensor-map workspace. With the SM count
+    /// the grid is one block per SM walking the work items, else a block per item.
+    pub fn native_launch(
+        &self,
+        shape: AttnShape,
+        scale: f32,
+        views: &[ViewStrides],
+        buffers: &[u64],
+        maps: u64,
+        sms: Option<u32>,
+    ) -> Result<NativeLaunch, KernelError> {
+        let bad = |detail: String| KernelError::Arguments {
+            kernel: self.name(),
+            detail,
+        };
+        let AttnVariant::Native { bq, .. } = self.variant else {
+            return Err(bad("not a native variant".into()));
+        };
+        let want = 5 + usize::from(self.padded);
+        if buffers.len() != want || views.len() != 3 {
+            return Err(bad(format!(
+                "{} buffers and {} views, expected {want} and 3",
+                buffers.len(),
+                views.len()
+            )));
+        }
+        let v0 = views[0];
+        if views
+            .iter()
+            .any(|v| (v.batch, v.seq, v.head) != (v0.batch, v0.seq, v0.head))
+        {
+            return Err(bad(format!("Q, K and V strides differ: {views:?}")));
+        }
+        // The copy engine reads 16-byte aligned rows from 16-byte aligned addresses.
+        let misaligned = views.iter().any(|v| {
+            [v.offset, v.batch, v.seq, v.head]
+                .iter()
+                .any(|x| x % 8 != 0)
+        }) || buffers[..3].iter().any(|a| a % 16 != 0);
+        if misaligned {
+            return Err(bad(format!(
+                "native attention needs 16-byte aligned views: {views:?}"
+            )));
+        }
+        if scale.is_nan() || scale <= 0.0 {
+            return Err(bad(format!(
+                "scale {scale}: the kernel needs a positive one"
+            )));
+        }
+        let AttnShape { batch, t, heads } = shape;
+        let tiles = u64::from(t.div_ceil(u32::from(bq)));
+        let items = tiles * u64::from(batch) * u64::from(heads);
+        if items > u64::from(u32::MAX) {
+            return Err(KernelError::TooLarge {
+                what: "attention work items",
+                size: items,
+            });
+        }
+        let mut args = Args::new();
+        args.extend(buffers.iter().map(|&a| Arg::Address(a)));
+        args.extend([t, heads, batch].map(Arg::U32));
+        args.push(Arg::F32(scale));
+        args.extend(views.iter().map(|v| Arg::U32(v.offset)));
+        args.extend([v0.batch, v0.seq, v0.head].map(Arg::U32));
+        args.push(Arg::Address(maps));
+        let items = items as u32;
+        let blocks = sms.map_or(items, |s| s.min(items)).max(1);
+        Ok(NativeLaunch {
+            grid: [blocks, 1, 1],
+            block: [threads(u32::from(bq)), 1, 1],
+            args,
+        })
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use helios_spirv::Binding;
+
+    fn kernel(d: u32, variant: AttnVariant, causal: bool, padded: bool) -> AttentionKernel {
+        AttentionKernel {
+            stage: AttnStage::Forward,
+            storage: Storage::BF16,
+            head_dim: d,
+            causal,
+            padded,
+            variant,
+            binding: Binding::DeviceAddress,
+            subgroup: 0,
+            frag: None,
+            pipelined: false,
+            own_dsum: false,
+            packed: false,
+        }
+    }
+
+    /// Which kernels exist: the forward of 16-bit inputs at head dims 64 and 128 in 48 KiB.
+    #[test]
+    fn native_kernels_exist_where_their_stages_fit() {
+        let [wide, narrow] = NATIVE_VARIANTS;
+        assert!(buildable(&kernel(64, wide, true, false)));
+        assert!(buildable(&kernel(128, narrow, false, true)));
+        // Head dim 128 with 64-key blocks needs 64 KiB of stages.
+        assert!(!buildable(&kernel(128, wide, true, false)));
+        assert!(!buildable(&kernel(80, narrow, true, false)));
+        let f32k = AttentionKernel {
+            storage: Storage::F32,
+            ..kernel(64, wide, true, false)
+        };
+        assert!(!buildable(&f32k));
+        let dq = AttentionKernel {
+            stage: AttnStage::Dq,
+            ..kernel(64, wide, true, false)
+        };
+        assert!(!buildable(&dq));
+        assert!(!kernel(64, wide, true, false).native_feasible(Some(Target::SM90)));
+        assert!(kernel(64, wide, true, false).native_feasible(Some(Target::SM90A)));
+    }
+
+    /// The grid is one block per SM (or per item when there are fewer), and misaligned
+    /// views are refused with an error, not launched.
+    #[test]
+    fn launches_walk_items_and_refuse_misaligned_views() {
+        let k = kernel(64, NATIVE_VARIANTS[0], true, false);
+        let shape = AttnShape {
+            batch: 8,
+            t: 1024,
+            heads: 12,
+        };
+        let v = ViewStrides {
+            offset: 0,
+            batch: 1024 * 2304,
+            seq: 2304,
+            head: 64,
+        };
+        let views = [
+            v,
+            ViewStrides { offset: 768, ..v },
+            ViewStrides { offset: 1536, ..v },
+        ];
+        let bufs = [0x1000, 0x1000, 0x1000, 0x8000, 0x9000];
+        let l = k
+            .native_launch(shape, 0.125, &views, &bufs, 0x4000, Some(132))
+            .unwrap();
+        assert_eq!(l.grid, [132, 1, 1]);
+        assert_eq!(l.block, [384, 1, 1]);
+        let small = AttnShape {
+            batch: 1,
+            t: 200,
+            heads: 2,
+        };
+        let l = k
+            .native_launch(small, 0.125, &views, &bufs, 0x4000, Some(132))
+            .unwrap();
+        assert_eq!(l.grid, [4, 1, 1]);
+        let odd = [v, ViewStrides { offset: 3, ..v }, v];
+        let err = k
+            .native_launch(shape, 0.125, &odd, &bufs, 0x4000, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("aligned"), "{err}");
+    }
+}
