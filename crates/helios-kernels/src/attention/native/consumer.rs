@@ -5,7 +5,7 @@
 use helios_ptx::{Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty, WgmmaA};
 
 use super::kernel::{Block, Params};
-use super::{AttentionKernel, Storage, NATIVE_STAGES, WG_ROWS};
+use super::{AttentionKernel, Storage, WG_ROWS};
 
 /// The consumer warpgroups: per item, Q into registers, then per key block S = Q·Kᵀ, the
 /// online softmax, O += P·V; then O / l and the log-sum-exp.
@@ -142,27 +142,38 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         };
         k.comment("key blocks: S(j) = Q K(j)^T issued before O += P(j-1) V(j-1), softmax between");
         let any = k.setp(Cmp::Gt, live, 0u32);
-        k.if_(any, |k| {
-            c.scores(k, step);
-            c.softmax(k, step, true);
-            k.for_range(1u32, live, 1, |k, _| {
-                let prev = k.mov(Ty::U32, step);
-                k.update("add", step, step, 1u32);
-                c.scores_issue(k, step);
-                c.product_issue(k, prev);
-                // S(j) is done; P(j-1) V(j-1) may still run: the softmax overlaps it.
-                k.wgmma_wait(1);
-                c.release(k, step, false);
-                let (alpha, probs) = c.probabilities(k, step);
+        if std::env::var_os("HELIOS_ATTN_SEQ").is_some() {
+            k.for_range(0u32, live, 1, |k, _| {
+                c.scores(k, step);
+                c.softmax(k, step, false);
+                c.product_issue(k, step);
                 k.wgmma_wait(0);
-                c.release(k, prev, true);
-                c.rescale(k, &alpha, &probs);
+                c.release(k, step, true);
+                k.update("add", step, step, 1u32);
             });
-            c.product_issue(k, step);
-            k.wgmma_wait(0);
-            c.release(k, step, true);
-            k.update("add", step, step, 1u32);
-        });
+        } else {
+            k.if_(any, |k| {
+                c.scores(k, step);
+                c.softmax(k, step, true);
+                k.for_range(1u32, live, 1, |k, _| {
+                    let prev = k.mov(Ty::U32, step);
+                    k.update("add", step, step, 1u32);
+                    c.scores_issue(k, step);
+                    c.product_issue(k, prev);
+                    // S(j) is done; P(j-1) V(j-1) may still run: the softmax overlaps it.
+                    k.wgmma_wait(1);
+                    c.release(k, step, false);
+                    let (alpha, probs) = c.probabilities(k, step);
+                    k.wgmma_wait(0);
+                    c.release(k, prev, true);
+                    c.rescale(k, &alpha, &probs);
+                });
+                c.product_issue(k, step);
+                k.wgmma_wait(0);
+                c.release(k, step, true);
+                k.update("add", step, step, 1u32);
+            });
+        }
         k.comment("blocks past this warpgroup's rows: handed back unread");
         k.for_range(live, it.blocks, 1, |k, _| {
             for v in [false, true] {
@@ -246,8 +257,8 @@ impl Consumer<'_> {
     /// The ring slot of k step `step`, its mbarrier parity, and its offset in descriptor
     /// units.
     fn slot(&self, k: &mut Kernel, step: Reg) -> (Reg, Reg, Reg) {
-        let slot = k.rem(step, NATIVE_STAGES);
-        let round = k.div(step, NATIVE_STAGES);
+        let slot = k.rem(step, self.blk.stages);
+        let round = k.div(step, self.blk.stages);
         let parity = k.and(round, 1u32);
         let units = k.mul(slot, self.blk.stage_bytes() >> 4);
         (slot, parity, k.cvt(Ty::U64, units))
@@ -261,7 +272,7 @@ impl Consumer<'_> {
 
     /// Hands K's or V's stage of `step` back to the producer.
     fn release(&self, k: &mut Kernel, step: Reg, v: bool) {
-        let slot = k.rem(step, NATIVE_STAGES);
+        let slot = k.rem(step, self.blk.stages);
         let id = self.blk.empty_id(k, slot, v);
         k.bar_arrive_reg(id, self.empty_count);
     }

@@ -5,7 +5,7 @@
 use helios_ptx::{Addr, BuildError, Cmp, Kernel, Module, Reg, Space, Special, Target, Ty};
 
 use super::{
-    consumer, producer, stage_bytes, AttentionKernel, AttnVariant, NATIVE_STAGES, ONE_BLOCK_BYTES,
+    consumer, producer, stage_bytes, stages, AttentionKernel, AttnVariant, ONE_BLOCK_BYTES,
     PRODUCER_REGS, WG_ROWS, WG_THREADS,
 };
 
@@ -23,6 +23,8 @@ pub(super) struct Block {
     pub(super) bq: u32,
     pub(super) bk: u32,
     pub(super) d: u32,
+    /// Stages of each ring.
+    pub(super) stages: u32,
     pub(super) tid: Reg,
     /// Shared addresses of the first K and V stages and of the mbarriers (K full, then V).
     pub(super) k_base: Reg,
@@ -97,14 +99,14 @@ impl Block {
 
     /// Named barrier ids of the stages' "empty" signals: K's, then V's (0 is the block's).
     pub(super) fn empty_id(&self, k: &mut Kernel, slot: Reg, v: bool) -> Reg {
-        let first = 1 + if v { NATIVE_STAGES } else { 0 };
+        let first = 1 + if v { self.stages } else { 0 };
         k.add(slot, first)
     }
 
     /// The full mbarrier of `slot` of K's or V's ring.
     pub(super) fn full_bar(&self, k: &mut Kernel, slot: Reg, v: bool) -> Addr {
         let at = k.mad(slot, 8u32, self.bars);
-        Addr::at(at, if v { i64::from(8 * NATIVE_STAGES) } else { 0 })
+        Addr::at(at, if v { i64::from(8 * self.stages) } else { 0 })
     }
 }
 
@@ -153,11 +155,12 @@ pub(super) fn forward(kern: &AttentionKernel, target: Target) -> Result<Module, 
     let pstrides = ["stride_b", "stride_t", "stride_h"].map(|n| k.param(n, Ty::U32));
     let pmaps = k.param("maps", Ty::U64);
 
-    let ring = stage_bytes(bk, d) * NATIVE_STAGES;
+    let n_stages = stages(bk, d);
+    let ring = stage_bytes(bk, d) * n_stages;
     let rings = (2 * ring).max(ONE_BLOCK_BYTES);
     let smem = k.shared("stages", 1024, rings);
     let maps_arr = k.shared("map_build", 128, 2 * helios_ptx::TENSOR_MAP_BYTES);
-    let bars_arr = k.shared("full", 8, 16 * NATIVE_STAGES);
+    let bars_arr = k.shared("full", 8, 16 * n_stages);
 
     let p = Params {
         q: k.ld_param_global(pq),
@@ -192,6 +195,7 @@ pub(super) fn forward(kern: &AttentionKernel, target: Target) -> Result<Module, 
         bq,
         bk,
         d,
+        stages: n_stages,
         tid,
         k_base: base,
         v_base: k.add(base, ring),
@@ -201,7 +205,7 @@ pub(super) fn forward(kern: &AttentionKernel, target: Target) -> Result<Module, 
 
     let first = k.setp(Cmp::Eq, tid, consumers);
     k.if_(first, |k| {
-        for s in 0..2 * NATIVE_STAGES {
+        for s in 0..2 * n_stages {
             k.mbarrier_init(Addr::at(blk.bars, i64::from(8 * s)), 1);
         }
         k.fence_mbarrier_init();

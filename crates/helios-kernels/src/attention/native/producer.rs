@@ -4,7 +4,7 @@
 use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Special, Swizzle, TensorMap, Ty};
 
 use super::kernel::{Block, Params};
-use super::{MAP_SLOTS, MAP_SLOT_BYTES, NATIVE_STAGES, PANEL};
+use super::{MAP_SLOTS, MAP_SLOT_BYTES, PANEL};
 
 /// The producer warp: builds K's and V's maps into its SM's slot, then walks the items and
 /// brings each key block into the next free stage of each ring.
@@ -62,8 +62,8 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, p: &Params, maps_smem: Reg) 
     let step = k.mov(Ty::U32, 0u32);
     blk.for_each_item(k, |k, it| {
         k.for_range(0u32, it.blocks, 1, |k, j| {
-            let slot = k.rem(step, NATIVE_STAGES);
-            let reuse = k.setp(Cmp::Ge, step, NATIVE_STAGES);
+            let slot = k.rem(step, blk.stages);
+            let reuse = k.setp(Cmp::Ge, step, blk.stages);
             let key0 = k.mul(j, blk.bk);
             for (v, map, ring) in [(false, gk, blk.k_base), (true, gv, blk.v_base)] {
                 k.if_(reuse, |k| {
