@@ -7,9 +7,10 @@
 //! and v into row `len` in place (`Tensor::write_kv`: no copy of the older rows). The
 //! single query then attends over the first len + 1 rows with `Tensor::attention_decode`,
 //! whose kernels take the length at run time, so a token compiles nothing that the first
-//! one did not (a product and softmax of a new shape per token did: tens of milliseconds per
-//! cold token). Every cached key precedes the query, so no mask is needed. Batch 1 only;
-//! once the model's block size is reached the caller recomputes the window instead.
+//! one did not (a product and softmax of a new shape per token did, and a cold device's
+//! tokens waited for them). Every cached key precedes the query, so no mask is needed.
+//! Batch 1 only; once the model's block size is reached the caller recomputes the window
+//! instead.
 
 use helios::{no_grad, Activation, IndexTensor, MatmulOptions, Tensor};
 

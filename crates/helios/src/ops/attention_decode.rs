@@ -5,7 +5,7 @@
 //! The one decision a reader must know: the cache's length reaches the kernels as a push
 //! constant, never as a shape they are compiled for, so a decoder whose cache grows by a
 //! key per token compiles nothing after its first token (the matmul/softmax form compiled
-//! for each new length: tens of milliseconds per token on a cold GPU). The cache is
+//! kernels for each new length, which a cold device's tokens waited for). The cache is
 //! allocated once at its capacity and written in place, so a step copies only its new
 //! rows. An in-place write records this thread's pending lazy work first (as `copy_into`
 //! and the optimizer do), so whatever was asked for before it reads the old values; the
