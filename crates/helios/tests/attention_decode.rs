@@ -3,8 +3,8 @@
 //! every dtype, head dims 16 to 256 (two no multiple of 4), cache lengths from 1 key to
 //! many chunks of keys, queries read in place from a fused QKV, caches whose rows start off
 //! a multiple of 4 elements; rows past `len` hold NaN, so a kernel reading them fails. Then
-//! the in-place write, a token-by-token decode that must compile nothing after its first
-//! tokens, and the errors. Every test fails on any validation message.
+//! the in-place write, the kernels bound through descriptors, a token-by-token decode that
+//! must compile nothing after its first tokens, and the errors. Every test fails on any validation message.
 //!
 //! Error measure: max |got − want| / max |want|. Bounds: f32 1e-4; f16 2e-3 and bf16 1e-2
 //! (inputs are exact in the storage type and the math is f32, so beyond f32 rounding only
@@ -165,6 +165,57 @@ fn long_caches_spread_over_many_chunks() {
         };
         check(dev, &c, 100 + i as u64);
     }
+}
+
+/// The same kernels bound through descriptors instead of device addresses: one chunk and
+/// several, aligned caches and not, D a multiple of 4 and not; then a write and a read.
+#[test]
+fn descriptor_binding_gives_the_same_results() {
+    let ctx = helios_vk::Context::from_env().expect("a Vulkan device");
+    if !ctx.enabled().push_descriptor {
+        eprintln!("skipped: the device lacks VK_KHR_push_descriptor");
+        return;
+    }
+    let dev = &Device::with_binding(ctx, helios_spirv::Binding::Descriptor);
+    for (i, (d, len, dtype)) in [
+        (64, 17, DType::F32),
+        (36, 300, DType::F16),
+        (128, 1000, DType::BF16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let c = Case {
+            b: 2,
+            h: 3,
+            d,
+            cap: len + 1,
+            len,
+            dtype,
+            fused_q: i != 1,
+            cache_offset: i % 2,
+            scale: None,
+        };
+        check(dev, &c, 200 + i as u64);
+    }
+    let f = |x: f32| Tensor::full(dev, &[1, 4, 2, 8], x, DType::F32).unwrap();
+    let (kc, vc) = (f(0.5), f(0.5));
+    let new = Tensor::full(dev, &[1, 1, 2, 8], 2.0, DType::F32).unwrap();
+    Tensor::write_kv(&kc, &vc, 1, &new, &new).unwrap();
+    let q = Tensor::full(dev, &[1, 2, 8], 1.0, DType::F32).unwrap();
+    // Scores 4·scale·(0.5 or 2) over keys 0 and 1: O = weighted mean of 0.5 and 2.
+    let o = q
+        .attention_decode(&kc, &vc, 2, Some(0.25))
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let (w0, w1) = (1.0f64.exp(), 4.0f64.exp());
+    let want = (0.5 * w0 + 2.0 * w1) / (w0 + w1);
+    assert!(
+        o.iter().all(|&x| (x as f64 - want).abs() < 1e-6),
+        "{o:?} vs {want}"
+    );
+    assert_clean(dev);
 }
 
 /// `write_kv` writes rows pos..pos + n of both caches from slices of a fused
