@@ -32,6 +32,7 @@ pub mod softmax;
 pub mod storage;
 pub mod transpose;
 
+pub use attention::decode::{DecodeKernel, DecodeStage};
 pub use attention::layout as coop_layout;
 pub use attention::layout::{CoopProbeKernel, FragMap};
 pub use attention::{AttentionKernel, AttnShape, AttnStage, AttnVariant, ViewStrides};

@@ -84,8 +84,9 @@ pub fn select(
     )
     .map(|plan| match plan {
         // Slots rounded up to a power of two (the extra ones masked): rows that grow by one
-        // element at a time, as a decoder's scores do with every token, then need 4 kernels
-        // (1, 2, 4, 8 slots) instead of 8, each a compile a cold token waits for.
+        // element at a time, as a decoder's scores do when it attends with matmul and
+        // softmax (`attention_decode` does not), then need 4 kernels (1, 2, 4, 8 slots)
+        // instead of 8, each a compile a cold token waits for.
         RowPlan::Cached { slots } => SoftmaxVariant::Cached {
             slots: slots.next_power_of_two(),
         },

@@ -383,6 +383,17 @@ fn every_attention_kernel_validates() {
     assert_eq!(n, 2 * 5 * 3 * (4 + 1 + 2));
 }
 
+/// Decoding attention: every stage and storage, both binding models, `Split` for head dims
+/// 16 to 256, two of them no multiple of 4.
+#[test]
+fn every_decode_attention_kernel_validates() {
+    let kernels = helios_kernels::DecodeKernel::samples();
+    assert_eq!(
+        validate_all(kernels.iter().map(|k| k.build())),
+        2 * 3 * (7 + 2)
+    );
+}
+
 /// The cooperative attention kernels (f16 and bf16 fragments; scores in shared memory and in
 /// registers), for Vulkan 1.3.
 #[test]

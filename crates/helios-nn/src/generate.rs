@@ -138,7 +138,7 @@ pub fn generate(
     }
     let mut rng = Rng(s.seed);
     let mut tokens = prompt.to_vec();
-    let mut cache = KvCache::new(params);
+    let mut cache = KvCache::new(params)?;
     let mut logits = None;
     for &t in prompt {
         logits = Some(kv_cache::step(params, &mut cache, t)?); // (1, V)

@@ -2,13 +2,15 @@
 //! through the blocks (its q, k, v; attention over the cached keys and values) and one
 //! (1, C) x (C, V) head product, instead of a pass over the whole window.
 //!
-//! The one decision a reader must know: each layer's cache is a (1, t, C) key and value
-//! tensor that grows by `Tensor::cat` of the new position's k and v (a copy of t·C values
-//! per token, small beside the products; helios' `matmul_into` cannot write into a row view
-//! of a preallocated cache, it wants outputs that start their buffer). The single query
-//! attends over the cached prefix with the scores stored ((1, H, 1, t+1), small); every
-//! cached key precedes it, so no mask is needed. Batch 1 only; once the model's block size
-//! is reached the caller recomputes the window instead.
+//! The one decision a reader must know: each layer's keys and values are allocated once, at
+//! the model's block size ((1, block_size, H, D) each), and a step writes its position's k
+//! and v into row `len` in place (`Tensor::write_kv`: no copy of the older rows). The
+//! single query then attends over the first len + 1 rows with `Tensor::attention_decode`,
+//! whose kernels take the length at run time, so a token compiles nothing that the first
+//! one did not (a product and softmax of a new shape per token did, and a cold device's
+//! tokens waited for them). Every cached key precedes the query, so no mask is needed.
+//! Batch 1 only; once the model's block size is reached the caller recomputes the window
+//! instead.
 
 use helios::{no_grad, Activation, IndexTensor, MatmulOptions, Tensor};
 
@@ -17,9 +19,9 @@ use crate::{Error, Result};
 
 /// Keys and values of every layer for the positions decoded so far.
 pub struct KvCache {
-    /// Per layer: (1, len, C) keys and values (`None` before the first position).
-    k: Vec<Option<Tensor>>,
-    v: Vec<Option<Tensor>>,
+    /// Per layer: (1, block_size, H, D) keys and values, rows 0..len written.
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
     /// Positions cached.
     len: usize,
     /// The model's block size: positions that fit.
@@ -27,15 +29,25 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// An empty cache for `params`' configuration.
-    pub fn new(params: &GptParams) -> KvCache {
+    /// An empty cache for `params`' configuration: every layer's keys and values allocated
+    /// (2 · L · block_size · C values of the model's dtype).
+    pub fn new(params: &GptParams) -> Result<KvCache> {
         let cfg = params.config();
-        KvCache {
-            k: vec![None; cfg.n_layer],
-            v: vec![None; cfg.n_layer],
+        let (device, dtype) = (params.wte().device(), params.wte().dtype());
+        let shape = [1, cfg.block_size, cfg.n_head, cfg.n_embd / cfg.n_head];
+        let layer = || Tensor::zeros(device, &shape, dtype);
+        let k = (0..cfg.n_layer)
+            .map(|_| layer())
+            .collect::<helios::Result<_>>()?;
+        let v = (0..cfg.n_layer)
+            .map(|_| layer())
+            .collect::<helios::Result<_>>()?;
+        Ok(KvCache {
+            k,
+            v,
             len: 0,
             capacity: cfg.block_size,
-        }
+        })
     }
 
     /// Positions cached.
@@ -71,8 +83,8 @@ pub fn step(params: &GptParams, cache: &mut KvCache, token: u32) -> Result<Tenso
             .embedding(&id)?
             .add(&params.wpe().embedding(&pos)?)?; // (1, 1, C)
         for l in 0..cfg.n_layer {
-            let (k, v) = (&mut cache.k[l], &mut cache.v[l]);
-            x = block_step(&params.block(l), &x, k, v, cfg)?; // (1, 1, C)
+            let kv = (&cache.k[l], &cache.v[l]);
+            x = block_step(&params.block(l), &x, kv, cache.len, cfg)?; // (1, 1, C)
         }
         cache.len += 1;
         let (w, b) = params.ln_f();
@@ -84,13 +96,13 @@ pub fn step(params: &GptParams, cache: &mut KvCache, token: u32) -> Result<Tenso
     })
 }
 
-/// One block for a single new position: x (1, 1, C) → (1, 1, C), appending the position's
-/// k and v to the layer's caches (1, t, C) → (1, t+1, C).
+/// One block for a single new position `pos`: x (1, 1, C) → (1, 1, C), writing the
+/// position's k and v into row `pos` of the layer's caches (1, block_size, H, D).
 fn block_step(
     w: &Block,
     x: &Tensor,
-    k_cache: &mut Option<Tensor>,
-    v_cache: &mut Option<Tensor>,
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    pos: usize,
     cfg: &crate::GptConfig,
 ) -> Result<Tensor> {
     let (c, nh) = (cfg.n_embd, cfg.n_head);
@@ -103,38 +115,13 @@ fn block_step(
             ..MatmulOptions::default()
         },
     )?; // (1, 1, 3C): q | k | v
-    let q = qkv.narrow(2, 0, c)?; // (1, 1, C)
-    for (i, cache) in [(1, &mut *k_cache), (2, &mut *v_cache)] {
-        let new = qkv.narrow(2, i * c, c)?; // (1, 1, C)
-        *cache = Some(match cache.take() {
-            None => new.contiguous()?,
-            Some(old) => Tensor::cat(&[&old, &new], 1)?, // (1, t+1, C)
-        });
-    }
-    let (k_cache, v_cache) = (
-        k_cache.as_ref().expect("set"),
-        v_cache.as_ref().expect("set"),
-    );
-    let n = k_cache.shape()[1];
-    let q = q.reshape(&[1, nh, 1, d])?; // (1, H, 1, D): one position, so no permute
-    let heads = |cache: &Tensor| -> Result<Tensor> {
-        Ok(cache
-            .narrow(1, 0, n)?
-            .reshape(&[1, n, nh, d])?
-            .permute(&[0, 2, 1, 3])?)
-    }; // (1, H, n, D)
-    let k = heads(k_cache)?.transpose(2, 3)?; // (1, H, D, n)
-    let v = heads(v_cache)?; // (1, H, n, D)
-    let att = q
-        .matmul_opts(
-            &k,
-            &MatmulOptions {
-                alpha: 1.0 / (d as f32).sqrt(),
-                ..MatmulOptions::default()
-            },
-        )?
-        .softmax()?; // (1, H, 1, n)
-    let y = att.matmul(&v)?.reshape(&[1, 1, c])?; // (1, H, 1, D) → (1, 1, C)
+        // Views of the product, read in place by the kernels.
+    let head = |i: usize| qkv.narrow(2, i * c, c)?.reshape(&[1, 1, nh, d]); // (1, 1, H, D)
+    let (q, k, v) = (head(0)?, head(1)?, head(2)?);
+    Tensor::write_kv(k_cache, v_cache, pos, &k, &v)?;
+    let y = q
+        .attention_decode(k_cache, v_cache, pos + 1, None)? // (1, 1, H, D)
+        .reshape(&[1, 1, c])?;
     let x = y.matmul_opts(
         w.proj_w,
         &MatmulOptions {

@@ -395,6 +395,14 @@ impl Device {
         Ok(cache.entry(key).or_insert(compiled).clone())
     }
 
+    /// Kernels compiled for this device so far (pipelines, fused kernels and native
+    /// kernels, those of background tuning included): a loop that asks for no new kernel
+    /// leaves it unchanged, which is how a test sees that a warm loop compiles nothing.
+    pub fn compiled_kernels(&self) -> usize {
+        let inner = &self.inner;
+        inner.kernels.locked().len() + inner.fused.locked().len() + inner.native.locked().len()
+    }
+
     /// Whether the kernel with signature `key` is compiled already (as a pipeline, its
     /// deferred compile finished, or a native kernel): using it then costs no wait.
     pub(crate) fn has_kernel(&self, key: &KernelKey) -> bool {
@@ -665,6 +673,7 @@ pub(crate) enum KernelKey {
     Norm(helios_kernels::norm::NormKernel),
     NormParam(helios_kernels::norm::NormParamKernel),
     Attention(helios_kernels::AttentionKernel),
+    AttentionDecode(helios_kernels::DecodeKernel),
     SumSquares(helios_kernels::SumSquaresKernel),
     Transpose(helios_kernels::TransposeKernel),
 }
@@ -704,6 +713,7 @@ fn fixed_workgroup(key: &KernelKey) -> bool {
         KernelKey::Matmul(_)
             | KernelKey::CoopPeak(_)
             | KernelKey::Attention(_)
+            | KernelKey::AttentionDecode(_)
             | KernelKey::SumSquares(_)
             | KernelKey::Transpose(_)
     )

@@ -45,10 +45,13 @@
 //! - `signature`: the public signature ([`AttentionKernel`], [`AttnStage`], [`AttnVariant`],
 //!   [`ViewStrides`], [`AttnShape`], the candidate lists and [`default_order`]);
 //! - [`layout`]: the device's fragment layout ([`crate::FragMap`], the probe kernel; public
-//!   as `helios_kernels::coop_layout` too).
+//!   as `helios_kernels::coop_layout` too);
+//! - [`decode`], apart from the rest: one query per head over a key/value cache (decoding),
+//!   with its own signature ([`decode::DecodeKernel`]); it shares only [`ViewStrides`].
 
 mod coop_bwd;
 mod coop_fwd;
+pub mod decode;
 mod frag;
 pub mod layout;
 mod native;

@@ -164,3 +164,39 @@ pub fn relative_error(got: &[f32], want: &[f32]) -> f64 {
         .fold(0.0, f64::max)
         / scale
 }
+
+/// Single-query attention over a key/value cache (decoding): O[b, h] =
+/// Σ_{j<len} softmax_j(scale·q[b, h]·K[b, j, h]) V[b, j, h], with q and O dense [B, H, D]
+/// and K, V dense [B, capacity, H, D] (`s.t` is the capacity; rows from `len` on are never
+/// read). `len` ≥ 1.
+pub fn attention_decode(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: AttnDims,
+    len: usize,
+    scale: f32,
+) -> Vec<f32> {
+    assert!((1..=s.t).contains(&len), "len {len} of capacity {}", s.t);
+    let mut out = vec![0.0f32; s.b * s.h * s.d];
+    for b in 0..s.b {
+        for h in 0..s.h {
+            let qi = &q[(b * s.h + h) * s.d..][..s.d];
+            let scores: Vec<f64> = (0..len)
+                .map(|j| {
+                    let kj = &k[s.at(b, j, h)..][..s.d];
+                    let dot: f64 = qi.iter().zip(kj).map(|(&a, &c)| a as f64 * c as f64).sum();
+                    dot * scale as f64
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = scores.iter().map(|&x| (x - m).exp()).collect();
+            let sum: f64 = p.iter().sum();
+            for e in 0..s.d {
+                let acc: f64 = (0..len).map(|j| p[j] * v[s.at(b, j, h) + e] as f64).sum();
+                out[(b * s.h + h) * s.d + e] = (acc / sum) as f32;
+            }
+        }
+    }
+    out
+}

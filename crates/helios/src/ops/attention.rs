@@ -85,7 +85,7 @@ pub(super) fn invalid(detail: String) -> Error {
 
 /// (B, T, H, D) and the strides of a [B, T, H, D] (or [B, T, 1, H, D]) view whose last
 /// axis has stride 1.
-fn view_of(name: &str, t: &Tensor) -> Result<(Dims, ViewStrides)> {
+pub(super) fn view_of(name: &str, t: &Tensor) -> Result<(Dims, ViewStrides)> {
     let (shape, strides) = (t.shape(), t.layout().strides());
     let (dims, head_axis) = match shape.len() {
         4 => ((shape[0], shape[1], shape[2], shape[3]), 2),

@@ -3,6 +3,7 @@
 //! device's kernel cache (`Device::kernel` with a `KernelKey` variant per family).
 
 mod attention;
+mod attention_decode;
 mod attention_materialised;
 mod attention_select;
 pub(crate) mod attention_tune;
