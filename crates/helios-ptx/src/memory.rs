@@ -139,6 +139,16 @@ impl Kernel {
         r
     }
 
+    /// A load into an existing register where `p` holds (elsewhere it keeps its value);
+    /// nothing waits for it until the register is read.
+    pub fn ld_into_if(&mut self, p: Reg, space: Space, dst: Reg, at: Addr) {
+        self.emit(format_args!(
+            "@{p} ld{}{} {dst}, {at}",
+            space.name(),
+            mem_ty(dst.ty()).suffix()
+        ));
+    }
+
     pub fn st(&mut self, space: Space, at: Addr, v: Reg) {
         self.emit(format_args!(
             "st{}{} {at}, {v}",

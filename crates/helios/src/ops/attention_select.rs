@@ -124,7 +124,17 @@ pub(super) fn choose(
         }
     }
     let coop_stage = coop && helios_kernels::attention::coop_supports(stage) && aligned;
-    let candidates = helios_kernels::attention::default_order(stage, coop_stage, frag.is_some());
+    let mut candidates = Vec::new();
+    // Where the device has native kernels, the native forward first (measured faster than
+    // the cooperative one at every tuned shape: bench/results/2026-11-29-native-attention-h200.md).
+    if coop_stage && stage == AttnStage::Forward && native.is_some() {
+        candidates.extend(helios_kernels::attention::NATIVE_VARIANTS);
+    }
+    candidates.extend(helios_kernels::attention::default_order(
+        stage,
+        coop_stage,
+        frag.is_some(),
+    ));
     candidates
         .into_iter()
         .map(make)

@@ -61,38 +61,51 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let k_desc0 = k.wgmma_desc(blk.k_base, &k_desc);
     let v_desc0 = k.wgmma_desc(blk.v_base, &v_desc);
     let step = k.mov(Ty::U32, 0u32);
+    let qf = k.regs(Ty::B32, (d / 4) as usize);
+    let q_load = k.regs(Ty::B32, (d / 4) as usize);
+    let col_bytes = {
+        let c = k.cvt(Ty::U64, col2);
+        k.shl(c, 1u32)
+    };
+    // Loads the Q fragments of the item at (b, h, q0) into `q_load` (zeros past T), then
+    // `qf`, the registers `wgmma` reads, copies them. (Loading the next item's Q into
+    // `q_load` while this one runs gave wrong results on the H200, even where no block had
+    // a next item; why is not known yet: bench/results/2026-11-29-native-attention-h200.md.)
+    let load_q = |k: &mut Kernel, (b, h, q0): (Reg, Reg, Reg)| {
+        for half in 0..2u32 {
+            let row = k.add(q0, own_row);
+            let row = k.add(row, 8 * half);
+            let ok = k.setp(Cmp::Lt, row, blk.t);
+            let e = k.cvt(Ty::U64, p.offs[0]);
+            let e = k.mad_wide(h, sh, e);
+            let e = k.mad_wide(b, sb, e);
+            let e = k.mad_wide(row, st, e);
+            let bytes = k.shl(e, 1u32);
+            let at = k.add(p.q, bytes);
+            let at = k.add(at, col_bytes);
+            for s in 0..d / 16 {
+                for (i, col) in [(0u32, 0u32), (2, 8)] {
+                    let r = q_load[(4 * s + i + half) as usize];
+                    k.assign(r, 0u32);
+                    let a = Addr::at(at, i64::from((16 * s + col) * 2));
+                    k.ld_into_if(ok, Space::Global, r, a);
+                }
+            }
+        }
+    };
 
     blk.for_each_item(k, |k, it| {
         let rows = [k.add(it.q0, own_row), k.add(it.q0, own_row)];
         k.update("add", rows[1], rows[1], 8u32);
         let first_row = k.add(it.q0, warp_row);
-        k.comment("Q rows into registers: wgmma's A fragments, one k16 step at a time");
-        // Element (b, row, h, 0) of a strided view at `ptr`.
-        let row_at = |k: &mut Kernel, ptr: Reg, off: Reg, row: Reg| {
-            let e = k.cvt(Ty::U64, off);
-            let e = k.mad_wide(it.h, sh, e);
-            let e = k.mad_wide(it.b, sb, e);
-            let e = k.mad_wide(row, st, e);
-            let bytes = k.shl(e, 1u32);
-            k.add(ptr, bytes)
-        };
+        k.comment("Q rows in registers: wgmma's A fragments");
         let ok = [
             k.setp(Cmp::Lt, rows[0], blk.t),
             k.setp(Cmp::Lt, rows[1], blk.t),
         ];
-        let q_rows = [
-            row_at(k, p.q, p.offs[0], rows[0]),
-            row_at(k, p.q, p.offs[0], rows[1]),
-        ];
-        let col_bytes = k.cvt(Ty::U64, col2);
-        let col_bytes = k.shl(col_bytes, 1u32);
-        let q_at = [k.add(q_rows[0], col_bytes), k.add(q_rows[1], col_bytes)];
-        let mut qf = Vec::with_capacity((d / 4) as usize);
-        for s in 0..d / 16 {
-            for (half, col) in [(0usize, 0u32), (1, 0), (0, 8), (1, 8)] {
-                let at = Addr::at(q_at[half], i64::from((16 * s + col) * 2));
-                qf.push(k.ld_if(ok[half], Space::Global, Ty::B32, at, 0u32));
-            }
+        load_q(k, (it.b, it.h, it.q0));
+        for (&r, &l) in qf.iter().zip(&q_load) {
+            k.assign(r, l);
         }
         for &r in &o_acc {
             k.assign(r, 0.0f32);
@@ -140,40 +153,18 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             len: it.len,
             step0: k.mov(Ty::U32, step),
         };
-        k.comment("key blocks: S(j) = Q K(j)^T issued before O += P(j-1) V(j-1), softmax between");
-        let any = k.setp(Cmp::Gt, live, 0u32);
-        if std::env::var_os("HELIOS_ATTN_SEQ").is_some() {
-            k.for_range(0u32, live, 1, |k, _| {
-                c.scores(k, step);
-                c.softmax(k, step, false);
-                c.product_issue(k, step);
-                k.wgmma_wait(0);
-                c.release(k, step, true);
-                k.update("add", step, step, 1u32);
-            });
-        } else {
-            k.if_(any, |k| {
-                c.scores(k, step);
-                c.softmax(k, step, true);
-                k.for_range(1u32, live, 1, |k, _| {
-                    let prev = k.mov(Ty::U32, step);
-                    k.update("add", step, step, 1u32);
-                    c.scores_issue(k, step);
-                    c.product_issue(k, prev);
-                    // S(j) is done; P(j-1) V(j-1) may still run: the softmax overlaps it.
-                    k.wgmma_wait(1);
-                    c.release(k, step, false);
-                    let (alpha, probs) = c.probabilities(k, step);
-                    k.wgmma_wait(0);
-                    c.release(k, prev, true);
-                    c.rescale(k, &alpha, &probs);
-                });
-                c.product_issue(k, step);
-                k.wgmma_wait(0);
-                c.release(k, step, true);
-                k.update("add", step, step, 1u32);
-            });
-        }
+        k.comment("key blocks: S = Q K^T, online softmax, O += P V");
+        // In order: S(j), its softmax, P(j)·V(j). Issuing S(j+1) before the softmax of
+        // block j (FlashAttention-3's intra-warpgroup pipelining) measured slower here: the
+        // two consumer warpgroups already overlap each other's softmax and products.
+        k.for_range(0u32, live, 1, |k, _| {
+            c.scores(k, step);
+            c.softmax(k, step);
+            c.product_issue(k, step);
+            k.wgmma_wait(0);
+            c.release(k, step, true);
+            k.update("add", step, step, 1u32);
+        });
         k.comment("blocks past this warpgroup's rows: handed back unread");
         k.for_range(live, it.blocks, 1, |k, _| {
             for v in [false, true] {
@@ -327,17 +318,11 @@ impl Consumer<'_> {
         k.wgmma_commit();
     }
 
-    /// The softmax of the first block (`first`: O is still zero) or, through
-    /// `probabilities` and `rescale`, of a later one.
-    fn softmax(&self, k: &mut Kernel, step: Reg, first: bool) {
+    /// The softmax of the key block of `step`: new row maxima and sums, O rescaled, P in
+    /// place for the product.
+    fn softmax(&self, k: &mut Kernel, step: Reg) {
         let (alpha, probs) = self.probabilities(k, step);
-        if first {
-            for (&r, &p) in self.p_regs.iter().zip(&probs) {
-                k.assign(r, p);
-            }
-        } else {
-            self.rescale(k, &alpha, &probs);
-        }
+        self.rescale(k, &alpha, &probs);
     }
 
     /// Masks S for the key block of `step`, updates the row maxima and sums, and returns

@@ -45,6 +45,17 @@ pub(super) struct Item {
 }
 
 impl Block {
+    /// Batch row, head and first query row of work item `item` (see `for_each_item`).
+    pub(super) fn coords(&self, k: &mut Kernel, item: Reg) -> (Reg, Reg, Reg) {
+        let back = k.div(item, self.bh);
+        let last = k.sub(self.tiles, 1u32);
+        let tile = k.sub(last, back);
+        let r = k.rem(item, self.bh);
+        let b = k.div(r, self.heads);
+        let h = k.rem(r, self.heads);
+        (b, h, k.mul(tile, self.bq))
+    }
+
     /// Runs `body` for each work item of this block: items `ctaid.x`, `+ nctaid.x`, ...;
     /// item i is query tile `tiles − 1 − i / bh` (the longest causal tiles first) of
     /// (batch, head) `i % bh`.
@@ -55,13 +66,7 @@ impl Block {
         k.place(top);
         let over = k.setp(Cmp::Ge, item, self.items);
         k.bra_if(over, false, done);
-        let back = k.div(item, self.bh);
-        let last = k.sub(self.tiles, 1u32);
-        let tile = k.sub(last, back);
-        let r = k.rem(item, self.bh);
-        let b = k.div(r, self.heads);
-        let h = k.rem(r, self.heads);
-        let q0 = k.mul(tile, self.bq);
+        let (b, h, q0) = self.coords(k, item);
         let len = match self.lens {
             Some(lens) => {
                 let at = k.mad_wide(b, 4u32, lens);

@@ -39,7 +39,11 @@ fn tune(
     let class = Class::of(q.dtype().storage(), d, rows(q, d), stage, base);
     let key = class.name();
     let mut reference: Option<Vec<Vec<f32>>> = None;
-    let coop = q.attention_kernel(stage, base)?.contains("coop");
+    // The default's family: cooperative, or native (whose stages beside the forward are
+    // cooperative), else SIMT.
+    let coop = q
+        .attention_kernel_of(stage, base)?
+        .is_some_and(|k| k.variant.is_coop() || k.variant.is_native());
     let forced: Vec<(AttnVariant, AttentionOptions)> = candidates(device, stage, coop)
         .into_iter()
         .map(|v| (v, forced(base, stage, v)))

@@ -278,7 +278,7 @@ fn explore(
                 let Some(k) = q.attention_kernel_of(stage, base)? else {
                     return Ok(());
                 };
-                let coop = k.variant.is_coop();
+                let coop = k.variant.is_coop() || k.variant.is_native();
                 e.insert(Exploring::new(
                     (q, stage, packed),
                     base,

@@ -127,19 +127,19 @@ fn forced(base: &AttentionOptions, stage: AttnStage, variant: AttnVariant) -> At
 }
 
 /// The variants worth trying for `stage`, the default order first: the cooperative family
-/// where the default is cooperative (SIMT tiles are far slower there), else SIMT; before
-/// them the native forwards where the device has native kernels (a variant that cannot run
-/// a class is skipped there).
+/// where the default is cooperative (SIMT tiles are far slower there), else SIMT; the native
+/// forwards second where the device has native kernels (a variant that cannot run a class
+/// is skipped there).
 fn candidates(device: &Device, stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
-    let mut v: Vec<AttnVariant> = Vec::new();
+    let mut v: Vec<AttnVariant> = default_order(stage, coop, false)
+        .into_iter()
+        .filter(|x| x.is_coop() == coop)
+        .collect();
+    // After the first, which the exhaustive tuner checks the others against.
     if coop && stage == AttnStage::Forward && device.native_target().is_some() {
-        v.extend(NATIVE_VARIANTS);
+        let at = v.len().min(1);
+        v.splice(at..at, NATIVE_VARIANTS);
     }
-    v.extend(
-        default_order(stage, coop, false)
-            .into_iter()
-            .filter(|x| x.is_coop() == coop),
-    );
     let family = if coop {
         &COOP_VARIANTS[..]
     } else {
