@@ -23,6 +23,7 @@ pub mod loss;
 pub mod math;
 pub mod matmul;
 pub mod multi_tensor;
+mod native_maps;
 pub mod norm;
 mod norm_bwd;
 pub mod optim;

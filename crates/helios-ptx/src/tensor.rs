@@ -45,6 +45,18 @@ pub struct TensorMap {
     pub swizzle: Swizzle,
 }
 
+impl From<TensorMap2d> for TensorMap {
+    fn from(t: TensorMap2d) -> TensorMap {
+        TensorMap {
+            base: t.base,
+            dims: t.dims.to_vec(),
+            strides: vec![t.row_bytes],
+            box_dims: t.box_dims.to_vec(),
+            swizzle: t.swizzle,
+        }
+    }
+}
+
 /// The map fields `tensormap.replace` writes, by their PTX names.
 #[derive(Clone, Copy)]
 enum Field {
@@ -119,14 +131,7 @@ impl Kernel {
     /// (u32, 128-byte aligned). One thread runs it; the map's other fields stay zero (no
     /// interleave, zero fill, 16-byte swizzle atoms).
     pub fn tensormap_build(&mut self, map: Reg, t: &TensorMap2d) {
-        let nd = TensorMap {
-            base: t.base,
-            dims: t.dims.to_vec(),
-            strides: vec![t.row_bytes],
-            box_dims: t.box_dims.to_vec(),
-            swizzle: t.swizzle,
-        };
-        self.tensormap_build_nd(map, &nd);
+        self.tensormap_build_nd(map, &TensorMap::from(*t));
     }
 
     /// [`tensormap_build`](Kernel::tensormap_build) for a map of any rank from 1 to 5.

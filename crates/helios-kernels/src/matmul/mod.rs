@@ -34,10 +34,11 @@ mod simt;
 mod variant;
 mod wg;
 
+pub use crate::native_maps::NATIVE_MAPS_BYTES;
 pub use coop::CoopPeakKernel;
 pub use epilogue::{Activation, Epilogue, RowOp, Triangle};
 pub use launch::{Alignment, MatmulAddresses, MatmulCaps, WgSupport};
-pub use native::{NativeLaunch, NATIVE_MAPS_BYTES};
+pub use native::NativeLaunch;
 pub use select::{candidates, default_variant};
 pub use variant::{
     native_variants, vector_elems, CoopTile, NativeTile, SimtTile, Variant, WgTile, BK_SIMT, FRAG,

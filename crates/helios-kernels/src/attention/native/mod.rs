@@ -41,9 +41,6 @@ const PRODUCER_REGS: u32 = 24;
 const MAX_STAGES: u32 = 7;
 /// Channels of one copy box and one 128-byte swizzle row.
 const PANEL: u32 = 64;
-/// Tensor-map slots in the workspace (one per SM id) and their size: K's map, then V's.
-const MAP_SLOTS: u32 = 1024;
-const MAP_SLOT_BYTES: u32 = 256;
 /// Bytes of the block's shared memory below which a second block could share its SM (and
 /// its tensor-map slot): the stages are padded to it.
 const ONE_BLOCK_BYTES: u32 = 32 * 1024;
@@ -78,9 +75,6 @@ pub(super) fn shared_bytes(bk: u32, d: u32) -> u32 {
     let rings = (2 * n * stage_bytes(bk, d)).max(ONE_BLOCK_BYTES);
     rings + 2 * helios_ptx::TENSOR_MAP_BYTES + 16 * n
 }
-
-// The maps go to the workspace the native matmul uses, in the same slots.
-const _: () = assert!(MAP_SLOTS as u64 * MAP_SLOT_BYTES as u64 <= crate::matmul::NATIVE_MAPS_BYTES);
 
 /// Whether a native forward exists for `kern`: the forward of f16/bf16 inputs, head dims
 /// whose rows are whole 128-byte swizzle rows (64 or 128), query tiles of whole

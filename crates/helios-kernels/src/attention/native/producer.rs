@@ -1,10 +1,10 @@
 //! The producer warp of the native forward: tensor maps built on the device, then the
 //! copy engine filling the K and V rings.
 
-use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Special, Swizzle, TensorMap, Ty};
+use helios_ptx::{Addr, Cmp, Kernel, Reg, Swizzle, TensorMap, Ty};
 
 use super::kernel::{Block, Params};
-use super::{MAP_SLOTS, MAP_SLOT_BYTES, PANEL};
+use super::PANEL;
 
 /// The producer warp: builds K's and V's maps into its SM's slot, then walks the items and
 /// brings each key block into the next free stage of each ring.
@@ -15,13 +15,6 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, p: &Params, maps_smem: Reg) 
     let done = k.label();
     k.bra_if(spare, false, done);
 
-    let word = k.shl(ptid, 2u32);
-    let at = k.add(maps_smem, word);
-    let zero = k.mov(Ty::U32, 0u32);
-    k.st(Space::Shared, Addr::new(at), zero);
-    k.st(Space::Shared, Addr::at(at, 128), zero);
-    k.warp_sync();
-    let lane0 = k.setp(Cmp::Eq, ptid, 0u32);
     // [B, T, H, D] as (D, H, T, B): boxes of 64 channels × 1 head × bk keys × 1 batch row.
     let bytes = |k: &mut Kernel, s: Reg| k.mul_wide(s, 2u32);
     let [sb, st, sh] = p.strides;
@@ -40,22 +33,8 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, p: &Params, maps_smem: Reg) 
     };
     let map_k = map_of(k, p.k, p.offs[1]);
     let map_v = map_of(k, p.v, p.offs[2]);
-    k.if_(lane0, |k| {
-        k.tensormap_build_nd(maps_smem, &map_k);
-        let v_smem = k.add(maps_smem, 128u32);
-        k.tensormap_build_nd(v_smem, &map_v);
-    });
-    k.warp_sync();
-    let sm = k.special(Special::SmId);
-    let slot = k.rem(sm, MAP_SLOTS);
-    let off = k.mul_wide(slot, MAP_SLOT_BYTES);
-    let gk = k.add(p.maps, off);
-    let gv = k.add(gk, 128u32);
-    k.tensormap_publish(gk, maps_smem);
-    let v_smem = k.add(maps_smem, 128u32);
-    k.tensormap_publish(gv, v_smem);
-    k.tensormap_acquire(gk);
-    k.tensormap_acquire(gv);
+    let [gk, gv] = crate::native_maps::publish(k, ptid, maps_smem, p.maps, [&map_k, &map_v]);
+    let lane0 = k.setp(Cmp::Eq, ptid, 0u32);
 
     k.comment("producer loop: wait for a free stage, announce its bytes, copy");
     let empty_count = blk.consumers + 32;

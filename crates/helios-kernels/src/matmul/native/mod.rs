@@ -40,10 +40,6 @@ const WG_THREADS: u32 = 128;
 /// allowed, the rest go to the consumers' accumulators.
 const PRODUCER_REGS: u32 = 24;
 
-/// Bytes of the workspace where native kernels write their tensor maps
-/// ([`MatmulAddresses::maps`]): a slot per SM id.
-pub const NATIVE_MAPS_BYTES: u64 = tma::MAP_SLOTS as u64 * tma::MAP_SLOT_BYTES as u64;
-
 /// What a launch of a native kernel needs besides the kernel: grid, block and the
 /// arguments in parameter order (buffers as device addresses).
 #[derive(Clone, Debug, PartialEq)]

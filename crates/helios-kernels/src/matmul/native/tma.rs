@@ -2,20 +2,12 @@
 //! tensor maps, then one thread issues a `cp.async.bulk.tensor` per operand box and stage,
 //! completing on the stage's mbarrier. The copies write the swizzled layouts `Stage`
 //! describes, and zeros past the matrices' edges.
-//!
-//! A tensor map must sit in global memory. Each block writes its maps to the slot of the SM
-//! it runs on (`%smid`, [`MAP_SLOTS`] slots of 256 bytes): a block fills an SM's registers,
-//! so no two blocks of a launch share an SM at a time, and native launches never overlap.
+//! The maps go to this SM's slot of the workspace (`crate::native_maps`).
 
-use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Special, Swizzle, TensorMap2d, Ty};
+use helios_ptx::{Addr, Cmp, Kernel, Reg, Swizzle, TensorMap2d, Ty};
 
 use super::stage::Stage;
 use super::Block;
-
-/// Tensor-map slots in the workspace a launch passes (`maps`), one per SM id; 256 bytes
-/// each (A's map, then B's).
-pub const MAP_SLOTS: u32 = 1024;
-pub const MAP_SLOT_BYTES: u32 = 256;
 
 /// The tensor map of an operand's stage: K-major operands as (k, rows) with one box of
 /// `bk × rows`, M/N-major ones as (rows, k) with boxes of 64 rows × `bk`, one per 128-byte
@@ -64,32 +56,10 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, bars: Reg, maps_smem: Reg, m
     let done = k.label();
     k.bra_if(spare, false, done);
 
-    // Zero both maps (64 words), then lane 0 writes their fields.
-    let word = k.shl(ptid, 2u32);
-    let at = k.add(maps_smem, word);
-    let zero = k.mov(Ty::U32, 0u32);
-    k.st(Space::Shared, Addr::new(at), zero);
-    k.st(Space::Shared, Addr::at(at, 128), zero);
-    k.warp_sync();
+    let map_a = map_of(k, blk.a_stage, blk.a, blk.lda, blk.m, blk.k).into();
+    let map_b = map_of(k, blk.b_stage, blk.b, blk.ldb, blk.n, blk.k).into();
+    let [ga, gb] = crate::native_maps::publish(k, ptid, maps_smem, maps_global, [&map_a, &map_b]);
     let lane0 = k.setp(Cmp::Eq, ptid, 0u32);
-    let map_a = map_of(k, blk.a_stage, blk.a, blk.lda, blk.m, blk.k);
-    let map_b = map_of(k, blk.b_stage, blk.b, blk.ldb, blk.n, blk.k);
-    k.if_(lane0, |k| {
-        k.tensormap_build(maps_smem, &map_a);
-        let b_smem = k.add(maps_smem, 128u32);
-        k.tensormap_build(b_smem, &map_b);
-    });
-    k.warp_sync();
-    let sm = k.special(Special::SmId);
-    let slot = k.rem(sm, MAP_SLOTS);
-    let off = k.mul_wide(slot, MAP_SLOT_BYTES);
-    let ga = k.add(maps_global, off);
-    let gb = k.add(ga, 128u32);
-    k.tensormap_publish(ga, maps_smem);
-    let b_smem = k.add(maps_smem, 128u32);
-    k.tensormap_publish(gb, b_smem);
-    k.tensormap_acquire(ga);
-    k.tensormap_acquire(gb);
 
     k.comment("producer loop: wait for an empty stage, announce its bytes, copy");
     let (stages, bk) = (blk.stages, blk.a_stage.bk);
