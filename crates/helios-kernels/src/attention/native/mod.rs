@@ -122,7 +122,7 @@ impl AttentionKernel {
     }
 
     /// Grid, block and arguments of a native launch over `shape`: `buffers` are the device
-    /// addresses in declaration order (q, k, v, [lens], o, lse), `views` Q's, K's and V's
+    /// addresses in declaration order (q, k, v, lens with key padding, o, lse), `views` Q's, K's and V's
     /// strides (one set, offsets apart), `maps` the tensor-map workspace. With the SM count
     /// the grid is one block per SM walking the work items, else a block per item.
     pub fn native_launch(
