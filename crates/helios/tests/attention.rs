@@ -452,14 +452,17 @@ fn every_coop_variant_matches_reference() {
     }
 }
 
-/// The native forward (PTX with `wgmma`, on an NVIDIA Hopper GPU): each tile at the head
-/// dims it takes, f16 and bf16, causal and not, key padding (0, short, past T), fused QKV
+/// The native forward (PTX with `wgmma`, on an NVIDIA Hopper GPU): each tile (and each
+/// experiment reachable by name) at the head dims it takes, f16 and bf16, causal and not, key padding (0, short, past T), fused QKV
 /// views, and more work items than an H200 has SMs (blocks walk several). Elsewhere it
 /// checks that forcing it is a clear error.
 #[test]
 fn native_forward_matches_reference() {
     let d = device();
-    let variants = helios_kernels::attention::NATIVE_VARIANTS;
+    let variants: Vec<AttnVariant> = helios_kernels::attention::NATIVE_VARIANTS
+        .into_iter()
+        .chain(helios_kernels::attention::NATIVE_EXPERIMENTS)
+        .collect();
     if helios::matmul_caps(d).native.is_none() {
         eprintln!(
             "SKIPPED native attention: {} has no native kernels",
@@ -518,7 +521,7 @@ fn native_forward_matches_reference() {
             }
         }
     }
-    assert!(n >= 24, "{n} native cases ran");
+    assert!(n >= 40, "{n} native cases ran");
 }
 
 /// A key length of 0 gives O = 0, L = −inf and zero gradients; lengths past T are T. In

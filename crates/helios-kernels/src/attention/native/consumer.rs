@@ -5,7 +5,7 @@
 use helios_ptx::{Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty, WgmmaA};
 
 use super::kernel::{Block, Params};
-use super::{AttentionKernel, Storage, WG_ROWS};
+use super::{AttentionKernel, AttnVariant, Storage, TURN_BARRIER, WG_ROWS};
 
 /// The consumer warpgroups: per item, Q into registers, then per key block S = Q·Kᵀ, the
 /// online softmax, O += P·V; then O / l and the log-sum-exp.
@@ -94,6 +94,8 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         }
     };
 
+    let turns = Turns::new(k, kern, blk, wg);
+
     blk.for_each_item(k, |k, it| {
         let rows = [k.add(it.q0, own_row), k.add(it.q0, own_row)];
         k.update("add", rows[1], rows[1], 8u32);
@@ -155,18 +157,29 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         };
         k.comment("key blocks: S = Q K^T, online softmax, O += P V");
         // In order: S(j), its softmax, P(j)·V(j). Issuing S(j+1) before the softmax of
-        // block j (FlashAttention-3's intra-warpgroup pipelining) measured slower here: the
-        // two consumer warpgroups already overlap each other's softmax and products.
+        // block j (FlashAttention-3's intra-warpgroup pipelining) measured slower here.
+        // With turns, each product is issued in this warpgroup's turn (see `Turns`).
         k.for_range(0u32, live, 1, |k, _| {
-            c.scores(k, step);
+            turns.take(k);
+            c.scores_issue(k, step);
+            turns.pass(k);
+            k.wgmma_wait(0);
+            c.release(k, step, false);
             c.softmax(k, step);
+            turns.take(k);
             c.product_issue(k, step);
+            turns.pass(k);
             k.wgmma_wait(0);
             c.release(k, step, true);
             k.update("add", step, step, 1u32);
         });
         k.comment("blocks past this warpgroup's rows: handed back unread");
         k.for_range(live, it.blocks, 1, |k, _| {
+            // Turns keep alternating: every warpgroup takes two a block.
+            for _ in 0..2 {
+                turns.take(k);
+                turns.pass(k);
+            }
             for v in [false, true] {
                 c.wait_full(k, step, v);
                 c.release(k, step, v);
@@ -290,13 +303,6 @@ impl Consumer<'_> {
         k.wgmma_commit();
     }
 
-    /// S for `step`, waited for, its K stage handed back.
-    fn scores(&self, k: &mut Kernel, step: Reg) {
-        self.scores_issue(k, step);
-        k.wgmma_wait(0);
-        self.release(k, step, false);
-    }
-
     /// Issues O += P·V for the key block of `step` once its V has landed.
     fn product_issue(&self, k: &mut Kernel, step: Reg) {
         self.wait_full(k, step, true);
@@ -414,6 +420,58 @@ impl Consumer<'_> {
         }
         for (&r, &p) in self.p_regs.iter().zip(probs) {
             k.assign(r, p);
+        }
+    }
+}
+
+/// FlashAttention-3's ping-pong between the consumer warpgroups (`pingpong` variants): a
+/// warpgroup issues each of its products only in its turn, then passes the turn on, so the
+/// warpgroups drift half a block apart and one's softmax runs beside another's products.
+/// Warpgroup w waits at named barrier `TURN_BARRIER − w`, and the one before it arrives
+/// there; the last warpgroup gives warpgroup 0 the first turn. Every warpgroup takes the
+/// same number of turns (two a key block, also for the blocks it hands back unread), so
+/// the rotation never stalls. Without ping-pong these are no-ops.
+struct Turns {
+    /// This warpgroup's barrier and the next one's (`None`: no turns).
+    ids: Option<(Reg, Reg)>,
+}
+
+impl Turns {
+    /// Two warpgroups meet at each turn's barrier: the waiter and the one passing.
+    const THREADS: u32 = 256;
+
+    fn new(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, wg: Reg) -> Turns {
+        let pingpong = matches!(kern.variant, AttnVariant::Native { pingpong: true, .. });
+        let n = blk.consumers / 128;
+        if !pingpong || n < 2 {
+            return Turns { ids: None };
+        }
+        let top = k.mov(Ty::U32, TURN_BARRIER);
+        let mine = k.sub(top, wg);
+        let after = k.add(wg, 1u32);
+        let after = k.rem(after, n);
+        let next = k.sub(top, after);
+        let last = k.setp(Cmp::Eq, wg, n - 1);
+        k.if_(last, |k| {
+            let first = k.mov(Ty::U32, TURN_BARRIER);
+            k.bar_arrive_reg(first, Self::THREADS);
+        });
+        Turns {
+            ids: Some((mine, next)),
+        }
+    }
+
+    /// Waits for this warpgroup's turn.
+    fn take(&self, k: &mut Kernel) {
+        if let Some((mine, _)) = self.ids {
+            k.bar_sync_reg(mine, Self::THREADS);
+        }
+    }
+
+    /// Passes the turn to the next warpgroup.
+    fn pass(&self, k: &mut Kernel) {
+        if let Some((_, next)) = self.ids {
+            k.bar_arrive_reg(next, Self::THREADS);
         }
     }
 }

@@ -131,7 +131,7 @@ pub(super) struct Params {
 
 /// Emits the native forward of `kern` for `target`.
 pub(super) fn forward(kern: &AttentionKernel, target: Target) -> Result<Module, BuildError> {
-    let AttnVariant::Native { bq, bk } = kern.variant else {
+    let AttnVariant::Native { bq, bk, .. } = kern.variant else {
         unreachable!("the native forward of a native variant");
     };
     let (bq, bk, d) = (u32::from(bq), u32::from(bk), kern.head_dim);
