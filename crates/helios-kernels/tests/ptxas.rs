@@ -135,17 +135,20 @@ fn native_matmul_needs_wgmma() {
     );
 }
 
-/// Every native attention forward that exists: each tile at the head dims it takes, f16
-/// and bf16, causal or not, with and without key padding.
+/// Every native attention kernel that exists (forward and Dq): each tile at the head dims
+/// it takes, f16 and bf16, causal or not, with and without key padding, Dq's packed output.
 #[test]
 fn native_attention_kernels_assemble() {
     let mut built = 0;
     for variant in NATIVE_VARIANTS.into_iter().chain(NATIVE_EXPERIMENTS) {
         for head_dim in [64, 128] {
             for (i, storage) in [Storage::BF16, Storage::F16].into_iter().enumerate() {
-                for causal in [true, false] {
+                for (causal, stage) in [true, false]
+                    .into_iter()
+                    .flat_map(|c| [(c, AttnStage::Forward), (c, AttnStage::Dq)])
+                {
                     let k = AttentionKernel {
-                        stage: AttnStage::Forward,
+                        stage,
                         storage,
                         head_dim,
                         causal,
@@ -156,7 +159,7 @@ fn native_attention_kernels_assemble() {
                         frag: None,
                         pipelined: false,
                         own_dsum: false,
-                        packed: false,
+                        packed: stage == AttnStage::Dq && causal,
                     };
                     if !k.native_feasible(Some(Target::SM90A)) {
                         continue;

@@ -55,6 +55,16 @@ struct Case {
 /// The worst relative error of (out, lse, dq, dk, dv), and the forward's kernel
 /// (`materialised` where the scores are stored).
 fn run(d: &Device, c: &Case, seed: u64) -> Result<([f64; 5], String), String> {
+    run_with(d, c, seed, None)
+}
+
+/// `run` with one stage's kernel forced (`stage_variant`) instead of `c.variant`'s.
+fn run_with(
+    d: &Device,
+    c: &Case,
+    seed: u64,
+    stage: Option<(AttnStage, AttnVariant)>,
+) -> Result<([f64; 5], String), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let s = c.dims;
     let n = s.b * s.t * s.h * s.d;
@@ -70,11 +80,14 @@ fn run(d: &Device, c: &Case, seed: u64) -> Result<([f64; 5], String), String> {
         Some(l) => Some(IndexTensor::from_slice(d, l, &[s.b]).map_err(e)?),
         None => None,
     };
-    let (variant, stage_variant) = match c.variant {
-        // Row-tile pairs and native kernels are the forward's: the backward runs its usual
-        // kernels.
-        Some(v) if v.row_tiles() > 1 || v.is_native() => (None, Some((AttnStage::Forward, v))),
-        v => (v, None),
+    let (variant, stage_variant) = match (stage, c.variant) {
+        (Some(sv), _) => (None, Some(sv)),
+        (None, v) => match v {
+            // Row-tile pairs and native kernels are the forward's: the backward runs its usual
+            // kernels.
+            Some(v) if v.row_tiles() > 1 || v.is_native() => (None, Some((AttnStage::Forward, v))),
+            v => (v, None),
+        },
     };
     let opts = AttentionOptions {
         causal: c.causal,
@@ -522,6 +535,92 @@ fn native_forward_matches_reference() {
         }
     }
     assert!(n >= 40, "{n} native cases ran");
+}
+
+/// The native Dq (not in the tuners' lists until measured): each tile that has one, f16
+/// and bf16, causal (packed into the fused gradient) and not, key padding, against the
+/// reference with every other kernel the default. Skips where there are no native kernels.
+#[test]
+fn native_dq_matches_reference() {
+    let d = device();
+    if helios::matmul_caps(d).native.is_none() {
+        eprintln!("SKIPPED native Dq: {} has no native kernels", d.name());
+        return;
+    }
+    let variants = helios_kernels::attention::NATIVE_VARIANTS
+        .into_iter()
+        .chain(helios_kernels::attention::NATIVE_EXPERIMENTS);
+    let mut n = 0;
+    for v in variants {
+        for hd in [64usize, 128] {
+            for (i, dtype) in [DType::BF16, DType::F16].into_iter().enumerate() {
+                for causal in [true, false] {
+                    let s = [dims(2, 77, 3, hd), dims(2, 300, 24, hd)][i];
+                    let c = Case {
+                        dims: s,
+                        dtype,
+                        causal,
+                        lens: (!causal).then(|| vec![0, s.t as u32 - 13]),
+                        fused: causal.then_some(0),
+                        variant: None,
+                        stored: None,
+                    };
+                    match run_with(d, &c, 7 + n, Some((AttnStage::Dq, v))) {
+                        Ok((errs, _)) => {
+                            println!(
+                                "native dq {} {dtype} d{hd} causal {causal} {:?}: dq {:.2e} dk {:.2e}",
+                                v.tag(),
+                                (s.b, s.t, s.h),
+                                errs[2],
+                                errs[3]
+                            );
+                            let tol = tolerance(dtype, true);
+                            assert!(
+                                errs.iter().all(|&e| e <= tol),
+                                "{c:?} with Dq {}: {errs:?}",
+                                v.tag()
+                            );
+                            n += 1;
+                        }
+                        Err(e) if e.contains("does not fit") => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+        }
+    }
+    assert!(n >= 12, "{n} native Dq cases ran");
+    // The packed form (dQ into the first slice of the fused gradient, as `attention_qkv`
+    // runs it) equals the dense one bit for bit.
+    let (b, t, h, hd) = (2, 77, 3, 64);
+    let mut rng = StdRng::seed_from_u64(91);
+    let shape = [b, t, 3, h, hd];
+    let host = random(b * t * 3 * h * hd, &mut rng, DType::BF16);
+    let r = random(b * t * h * hd, &mut rng, DType::BF16);
+    let r = Tensor::from_slice_as(d, &r, &[b, t, h, hd], DType::BF16).unwrap();
+    let opts = AttentionOptions {
+        stage_variant: Some((AttnStage::Dq, helios_kernels::attention::NATIVE_VARIANTS[0])),
+        ..AttentionOptions::causal()
+    };
+    let grad = |packed: bool| {
+        let qkv = Tensor::from_slice_as(d, &host, &shape, DType::BF16)
+            .unwrap()
+            .requires_grad_();
+        let out = match packed {
+            true => qkv.attention_qkv(&opts).unwrap().out,
+            false => {
+                let [q, k, v] = qkv.split_qkv().unwrap();
+                let v4 = |x: Tensor| x.reshape(&[b, t, h, hd]).unwrap();
+                v4(q).attention(&v4(k), &v4(v), &opts).unwrap().out
+            }
+        };
+        out.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        qkv.grad().expect("backward reached qkv").to_vec().unwrap()
+    };
+    let (packed, views) = (grad(true), grad(false));
+    let first = (0..packed.len()).find(|&i| packed[i] != views[i]);
+    assert!(first.is_none(), "packed native Dq differs at {first:?}");
+    assert_clean(d);
 }
 
 /// A key length of 0 gives O = 0, L = −inf and zero gradients; lengths past T are T. In

@@ -94,11 +94,13 @@ pub(super) fn choose(
         Some(Forced::Variant(v)) => Some(v),
         _ => None,
     });
-    // A forced cooperative or native variant applies to the stages that family has (the
-    // native one: the forward).
+    // A forced cooperative or native variant applies to the stages that family has. A
+    // native one forced for every stage applies to the forward; its Dq (not measured yet)
+    // runs only where asked for by stage.
+    let by_stage = stage_forced.is_some() && opts.variant.is_none();
     let forced = forced.filter(|v| {
         (!v.is_coop() || helios_kernels::attention::coop_supports(stage))
-            && (!v.is_native() || stage == AttnStage::Forward)
+            && (!v.is_native() || stage == AttnStage::Forward || by_stage)
     });
     if let Some(v) = forced {
         let kern = make(v);

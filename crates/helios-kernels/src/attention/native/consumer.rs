@@ -36,7 +36,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     };
     let own_row = k.add(warp_row, g);
     let col2 = k.shl(tq, 1u32);
-    let [sb, st, sh] = p.strides;
     let log2e = std::f32::consts::LOG2_E;
     let scale2 = k.mul(p.scale, log2e);
 
@@ -60,6 +59,9 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     };
     let k_desc0 = k.wgmma_desc(blk.k_base, &k_desc);
     let v_desc0 = k.wgmma_desc(blk.v_base, &v_desc);
+    // The forward reads K by keys and V over them; Dq reads V by keys and K over them too.
+    let k_desc0_n = k.wgmma_desc(blk.k_base, &v_desc);
+    let v_desc0_k = k.wgmma_desc(blk.v_base, &k_desc);
     let step = k.mov(Ty::U32, 0u32);
     let qf = k.regs(Ty::B32, (d / 4) as usize);
     let q_load = k.regs(Ty::B32, (d / 4) as usize);
@@ -67,31 +69,13 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         let c = k.cvt(Ty::U64, col2);
         k.shl(c, 1u32)
     };
-    // Loads the Q fragments of the item at (b, h, q0) into `q_load` (zeros past T), then
-    // `qf`, the registers `wgmma` reads, copies them. (Loading the next item's Q into
-    // `q_load` while this one runs gave wrong results on the H200, even where no block had
-    // a next item; why is not known yet: bench/results/2026-11-29-native-attention-h200.md.)
-    let load_q = |k: &mut Kernel, (b, h, q0): (Reg, Reg, Reg)| {
-        for half in 0..2u32 {
-            let row = k.add(q0, own_row);
-            let row = k.add(row, 8 * half);
-            let ok = k.setp(Cmp::Lt, row, blk.t);
-            let e = k.cvt(Ty::U64, p.offs[0]);
-            let e = k.mad_wide(h, sh, e);
-            let e = k.mad_wide(b, sb, e);
-            let e = k.mad_wide(row, st, e);
-            let bytes = k.shl(e, 1u32);
-            let at = k.add(p.q, bytes);
-            let at = k.add(at, col_bytes);
-            for s in 0..d / 16 {
-                for (i, col) in [(0u32, 0u32), (2, 8)] {
-                    let r = q_load[(4 * s + i + half) as usize];
-                    k.assign(r, 0u32);
-                    let a = Addr::at(at, i64::from((16 * s + col) * 2));
-                    k.ld_into_if(ok, Space::Global, r, a);
-                }
-            }
-        }
+    // Q's fragments are loaded into `q_load`, then `qf`, the registers `wgmma` reads,
+    // copies them. (Loading the next item's Q into `q_load` while this one runs gave wrong
+    // results on the H200, even where no block had a next item; why is not known yet:
+    // bench/results/2026-11-29-native-attention-h200.md.)
+    let q_view = (p.q, p.offs[0], p.strides);
+    let load_q = |k: &mut Kernel, at: (Reg, Reg, Reg)| {
+        load_fragments(k, (own_row, col_bytes), q_view, at, (blk.t, d), &q_load);
     };
 
     let turns = Turns::new(k, kern, blk, wg);
@@ -144,8 +128,8 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             m,
             l,
             qf: &qf,
-            k_desc0,
-            v_desc0,
+            by_keys: [k_desc0, v_desc0_k],
+            over_keys: [k_desc0_n, v_desc0],
             yes,
             no,
             scale2,
@@ -230,37 +214,39 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
 }
 
 /// What one consumer warpgroup's key-block steps share (see `consumer`).
-struct Consumer<'a> {
-    input: MmaInput,
-    half2: Ty,
-    bk: u32,
-    d: u32,
-    blk: &'a Block,
-    empty_count: u32,
-    s_acc: &'a [Reg],
-    o_acc: &'a [Reg],
+pub(super) struct Consumer<'a> {
+    pub(super) input: MmaInput,
+    pub(super) half2: Ty,
+    pub(super) bk: u32,
+    pub(super) d: u32,
+    pub(super) blk: &'a Block,
+    pub(super) empty_count: u32,
+    pub(super) s_acc: &'a [Reg],
+    pub(super) o_acc: &'a [Reg],
     /// P of the block whose P·V is next, as `wgmma`'s A fragments.
-    p_regs: &'a [Reg],
-    m: [Reg; 2],
-    l: [Reg; 2],
-    qf: &'a [Reg],
-    k_desc0: Reg,
-    v_desc0: Reg,
-    yes: Reg,
-    no: Reg,
-    scale2: Reg,
-    rows: [Reg; 2],
-    first_row: Reg,
-    key_col: Reg,
-    len: Reg,
+    pub(super) p_regs: &'a [Reg],
+    pub(super) m: [Reg; 2],
+    pub(super) l: [Reg; 2],
+    pub(super) qf: &'a [Reg],
+    /// Descriptors of the first K and V stages read K-major (keys × D as the B of A·Xᵀ)
+    /// and N-major (as the B of A·X).
+    pub(super) by_keys: [Reg; 2],
+    pub(super) over_keys: [Reg; 2],
+    pub(super) yes: Reg,
+    pub(super) no: Reg,
+    pub(super) scale2: Reg,
+    pub(super) rows: [Reg; 2],
+    pub(super) first_row: Reg,
+    pub(super) key_col: Reg,
+    pub(super) len: Reg,
     /// The k step of the item's first key block.
-    step0: Reg,
+    pub(super) step0: Reg,
 }
 
 impl Consumer<'_> {
     /// The ring slot of k step `step`, its mbarrier parity, and its offset in descriptor
     /// units.
-    fn slot(&self, k: &mut Kernel, step: Reg) -> (Reg, Reg, Reg) {
+    pub(super) fn slot(&self, k: &mut Kernel, step: Reg) -> (Reg, Reg, Reg) {
         let slot = k.rem(step, self.blk.stages);
         let round = k.div(step, self.blk.stages);
         let parity = k.and(round, 1u32);
@@ -268,32 +254,39 @@ impl Consumer<'_> {
         (slot, parity, k.cvt(Ty::U64, units))
     }
 
-    fn wait_full(&self, k: &mut Kernel, step: Reg, v: bool) {
+    pub(super) fn wait_full(&self, k: &mut Kernel, step: Reg, v: bool) {
         let (slot, parity, _) = self.slot(k, step);
         let bar = self.blk.full_bar(k, slot, v);
         k.mbarrier_wait(bar, parity);
     }
 
     /// Hands K's or V's stage of `step` back to the producer.
-    fn release(&self, k: &mut Kernel, step: Reg, v: bool) {
+    pub(super) fn release(&self, k: &mut Kernel, step: Reg, v: bool) {
         let slot = k.rem(step, self.blk.stages);
         let id = self.blk.empty_id(k, slot, v);
         k.bar_arrive_reg(id, self.empty_count);
     }
 
     /// Issues S = Q·Kᵀ for the key block of `step` once its K has landed (one commit group).
-    fn scores_issue(&self, k: &mut Kernel, step: Reg) {
-        self.wait_full(k, step, false);
+    pub(super) fn scores_issue(&self, k: &mut Kernel, step: Reg) {
+        self.issue_by_keys(k, step, self.qf, false, self.s_acc);
+    }
+
+    /// Issues `acc` = A·Xᵀ once the stage of `step` of ring X (K, or V with `v`) has landed:
+    /// A is 64 rows × D as fragments (`a`, a k16 step of D each four registers), X the
+    /// stage's keys × D read K-major; `acc` is 64 rows × the block's keys.
+    pub(super) fn issue_by_keys(&self, k: &mut Kernel, step: Reg, a: &[Reg], v: bool, acc: &[Reg]) {
+        self.wait_full(k, step, v);
         let (_, _, units) = self.slot(k, step);
-        let kd = k.add(self.k_desc0, units);
+        let kd = k.add(self.by_keys[usize::from(v)], units);
         k.wgmma_fence();
         for s in 0..self.d / 16 {
             let off = (s / 4) * self.bk * 128 + (s % 4) * 32;
             let desc = k.desc_offset(kd, off);
-            let a = &self.qf[(4 * s) as usize..(4 * s + 4) as usize];
+            let a = &a[(4 * s) as usize..(4 * s + 4) as usize];
             k.wgmma(
                 self.input,
-                self.s_acc,
+                acc,
                 WgmmaA::Registers(a),
                 desc,
                 false,
@@ -304,37 +297,44 @@ impl Consumer<'_> {
     }
 
     /// Issues O += P·V for the key block of `step` once its V has landed.
-    fn product_issue(&self, k: &mut Kernel, step: Reg) {
-        self.wait_full(k, step, true);
+    pub(super) fn product_issue(&self, k: &mut Kernel, step: Reg) {
+        self.issue_over_keys(k, step, self.p_regs, true, self.o_acc);
+    }
+
+    /// Issues `acc` += A·X once the stage of `step` of ring X (K, or V with `v`) has landed:
+    /// A is 64 rows × the block's keys as fragments (`a`, in the accumulator order of
+    /// `issue_by_keys`' output), X the stage's keys × D read N-major (transposed by the
+    /// descriptor); `acc` is 64 rows × D.
+    pub(super) fn issue_over_keys(
+        &self,
+        k: &mut Kernel,
+        step: Reg,
+        a: &[Reg],
+        v: bool,
+        acc: &[Reg],
+    ) {
+        self.wait_full(k, step, v);
         let (_, _, units) = self.slot(k, step);
-        let vd = k.add(self.v_desc0, units);
+        let vd = k.add(self.over_keys[usize::from(v)], units);
         k.wgmma_fence();
         for s in 0..self.bk / 16 {
             let desc = k.desc_offset(vd, 2048 * s);
-            let a = &self.p_regs[(4 * s) as usize..(4 * s + 4) as usize];
-            k.wgmma(
-                self.input,
-                self.o_acc,
-                WgmmaA::Registers(a),
-                desc,
-                true,
-                self.yes,
-            );
+            let a = &a[(4 * s) as usize..(4 * s + 4) as usize];
+            k.wgmma(self.input, acc, WgmmaA::Registers(a), desc, true, self.yes);
         }
         k.wgmma_commit();
     }
 
     /// The softmax of the key block of `step`: new row maxima and sums, O rescaled, P in
     /// place for the product.
-    fn softmax(&self, k: &mut Kernel, step: Reg) {
+    pub(super) fn softmax(&self, k: &mut Kernel, step: Reg) {
         let (alpha, probs) = self.probabilities(k, step);
         self.rescale(k, &alpha, &probs);
     }
 
-    /// Masks S for the key block of `step`, updates the row maxima and sums, and returns
-    /// the rows' rescale factors and the new P (rounded, in A-fragment order). O is not
-    /// touched: a product into it may still run.
-    fn probabilities(&self, k: &mut Kernel, step: Reg) -> ([Reg; 2], Vec<Reg>) {
+    /// Sets S to −inf where the block of `step` has keys past the row's length or, causal,
+    /// after the row (only in blocks that reach past the warp's first row or the length).
+    pub(super) fn mask(&self, k: &mut Kernel, step: Reg) {
         let (bk, blk) = (self.bk, self.blk);
         // The block's first key: the item's blocks are its steps from `step0` on.
         let j = k.sub(step, self.step0);
@@ -364,6 +364,13 @@ impl Consumer<'_> {
                 k.assign(r, v);
             }
         });
+    }
+
+    /// Masks S for the key block of `step`, updates the row maxima and sums, and returns
+    /// the rows' rescale factors and the new P (rounded, in A-fragment order). O is not
+    /// touched: a product into it may still run.
+    pub(super) fn probabilities(&self, k: &mut Kernel, step: Reg) -> ([Reg; 2], Vec<Reg>) {
+        self.mask(k, step);
         // Online softmax, base 2, two rows a thread; a row's four threads are a quad.
         let zero = k.mov(Ty::F32, 0.0f32);
         let mut alpha = [zero; 2];
@@ -413,7 +420,7 @@ impl Consumer<'_> {
 
     /// Once the last product into O is done: O scaled by the rows' factors, the new P in
     /// place for the next product.
-    fn rescale(&self, k: &mut Kernel, alpha: &[Reg; 2], probs: &[Reg]) {
+    pub(super) fn rescale(&self, k: &mut Kernel, alpha: &[Reg; 2], probs: &[Reg]) {
         for (i, &r) in self.o_acc.iter().enumerate() {
             let v = k.mul(r, alpha[(i / 2) % 2]);
             k.assign(r, v);
@@ -431,7 +438,7 @@ impl Consumer<'_> {
 /// there; the last warpgroup gives warpgroup 0 the first turn. Every warpgroup takes the
 /// same number of turns (two a key block, also for the blocks it hands back unread), so
 /// the rotation never stalls. Without ping-pong these are no-ops.
-struct Turns {
+pub(super) struct Turns {
     /// This warpgroup's barrier and the next one's (`None`: no turns).
     ids: Option<(Reg, Reg)>,
 }
@@ -440,7 +447,7 @@ impl Turns {
     /// Two warpgroups meet at each turn's barrier: the waiter and the one passing.
     const THREADS: u32 = 256;
 
-    fn new(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, wg: Reg) -> Turns {
+    pub(super) fn new(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, wg: Reg) -> Turns {
         let pingpong = matches!(kern.variant, AttnVariant::Native { pingpong: true, .. });
         let n = blk.consumers / 128;
         if !pingpong || n < 2 {
@@ -462,16 +469,50 @@ impl Turns {
     }
 
     /// Waits for this warpgroup's turn.
-    fn take(&self, k: &mut Kernel) {
+    pub(super) fn take(&self, k: &mut Kernel) {
         if let Some((mine, _)) = self.ids {
             k.bar_sync_reg(mine, Self::THREADS);
         }
     }
 
     /// Passes the turn to the next warpgroup.
-    fn pass(&self, k: &mut Kernel) {
+    pub(super) fn pass(&self, k: &mut Kernel) {
         if let Some((_, next)) = self.ids {
             k.bar_arrive_reg(next, Self::THREADS);
+        }
+    }
+}
+
+/// Loads rows q0 + `own_row` and q0 + `own_row` + 8 (at most `t`; zeros past it) of one
+/// (b, h) of a strided 16-bit view — (address, element offset, [batch, seq, head] strides) —
+/// into `dst` as `wgmma`'s A fragments: four registers a k16 step of the `d` channels, this
+/// thread's two columns of each 8 (`col_bytes` in).
+pub(super) fn load_fragments(
+    k: &mut Kernel,
+    (own_row, col_bytes): (Reg, Reg),
+    (ptr, off, [sb, st, sh]): (Reg, Reg, [Reg; 3]),
+    (b, h, q0): (Reg, Reg, Reg),
+    (t, d): (Reg, u32),
+    dst: &[Reg],
+) {
+    for half in 0..2u32 {
+        let row = k.add(q0, own_row);
+        let row = k.add(row, 8 * half);
+        let ok = k.setp(Cmp::Lt, row, t);
+        let e = k.cvt(Ty::U64, off);
+        let e = k.mad_wide(h, sh, e);
+        let e = k.mad_wide(b, sb, e);
+        let e = k.mad_wide(row, st, e);
+        let bytes = k.shl(e, 1u32);
+        let at = k.add(ptr, bytes);
+        let at = k.add(at, col_bytes);
+        for s in 0..d / 16 {
+            for (i, col) in [(0u32, 0u32), (2, 8)] {
+                let r = dst[(4 * s + i + half) as usize];
+                k.assign(r, 0u32);
+                let a = Addr::at(at, i64::from((16 * s + col) * 2));
+                k.ld_into_if(ok, Space::Global, r, a);
+            }
         }
     }
 }

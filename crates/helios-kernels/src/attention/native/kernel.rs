@@ -5,8 +5,8 @@
 use helios_ptx::{Addr, BuildError, Cmp, Kernel, Module, Reg, Space, Special, Target, Ty};
 
 use super::{
-    consumer, producer, stage_bytes, stages, AttentionKernel, AttnVariant, ONE_BLOCK_BYTES,
-    PRODUCER_REGS, WG_ROWS, WG_THREADS,
+    consumer, dq, producer, stage_bytes, stages, AttentionKernel, AttnStage, AttnVariant,
+    ONE_BLOCK_BYTES, PRODUCER_REGS, WG_ROWS, WG_THREADS,
 };
 
 /// What the producer and the consumers share: sizes, the work walk and the stages.
@@ -120,6 +120,7 @@ pub(super) struct Params {
     pub(super) q: Reg,
     pub(super) k: Reg,
     pub(super) v: Reg,
+    /// The forward's O and L (written); Dq's dQ (written) and L (read).
     pub(super) o: Reg,
     pub(super) lse: Reg,
     /// Element offsets of Q, K, V and their shared batch, seq and head strides.
@@ -127,13 +128,24 @@ pub(super) struct Params {
     pub(super) strides: [Reg; 3],
     pub(super) scale: Reg,
     pub(super) maps: Reg,
+    /// Dq's other inputs.
+    pub(super) grad: Option<Grad>,
 }
 
-/// Emits the native forward of `kern` for `target`.
-pub(super) fn forward(kern: &AttentionKernel, target: Target) -> Result<Module, BuildError> {
+/// What Dq reads beside the forward's inputs: dO (its own strides) and Dsum.
+pub(super) struct Grad {
+    pub(super) d_o: Reg,
+    pub(super) off_do: Reg,
+    pub(super) strides_do: [Reg; 3],
+    pub(super) dsum: Reg,
+}
+
+/// Emits the native kernel of `kern` (its forward or Dq) for `target`.
+pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, BuildError> {
     let AttnVariant::Native { bq, bk, .. } = kern.variant else {
-        unreachable!("the native forward of a native variant");
+        unreachable!("the native kernel of a native variant");
     };
+    let dq = kern.stage == AttnStage::Dq;
     let (bq, bk, d) = (u32::from(bq), u32::from(bk), kern.head_dim);
     let mut k = Kernel::new(&kern.name(), target);
     let consumers = bq / WG_ROWS * WG_THREADS;
@@ -146,18 +158,34 @@ pub(super) fn forward(kern: &AttentionKernel, target: Target) -> Result<Module, 
 
     // Parameters, in `native_launch` order: the buffers as the SPIR-V kernel declares them,
     // then its push constants, then the maps' workspace.
+    // Forward: q, k, v, [lens], o, lse. Dq: q, k, v, do, lse, dsum, [lens], dq.
     let pq = k.param("q", Ty::U64);
     let pk = k.param("k", Ty::U64);
     let pv = k.param("v", Ty::U64);
+    let pgrad = dq.then(|| {
+        [
+            k.param("do", Ty::U64),
+            k.param("lse", Ty::U64),
+            k.param("dsum", Ty::U64),
+        ]
+    });
     let plens = kern.padded.then(|| k.param("lens", Ty::U64));
-    let po = k.param("o", Ty::U64);
-    let plse = k.param("lse", Ty::U64);
+    let (po, plse) = match pgrad {
+        Some([_, lse, _]) => (k.param("dq", Ty::U64), lse),
+        None => (k.param("o", Ty::U64), k.param("lse", Ty::U64)),
+    };
     let pt = k.param("t", Ty::U32);
     let pheads = k.param("heads", Ty::U32);
     let pbatch = k.param("batch", Ty::U32);
     let pscale = k.param("scale", Ty::F32);
     let poffs = ["off_q", "off_k", "off_v"].map(|n| k.param(n, Ty::U32));
     let pstrides = ["stride_b", "stride_t", "stride_h"].map(|n| k.param(n, Ty::U32));
+    let pdo = dq.then(|| {
+        (
+            k.param("off_do", Ty::U32),
+            ["do_b", "do_t", "do_h"].map(|n| k.param(n, Ty::U32)),
+        )
+    });
     let pmaps = k.param("maps", Ty::U64);
 
     let n_stages = stages(bk, d);
@@ -177,6 +205,12 @@ pub(super) fn forward(kern: &AttentionKernel, target: Target) -> Result<Module, 
         strides: pstrides.map(|p| k.ld_param(p)),
         scale: k.ld_param(pscale),
         maps: k.ld_param_global(pmaps),
+        grad: pgrad.zip(pdo).map(|([d_o, _, dsum], (off, st))| Grad {
+            d_o: k.ld_param_global(d_o),
+            off_do: k.ld_param(off),
+            strides_do: st.map(|p| k.ld_param(p)),
+            dsum: k.ld_param_global(dsum),
+        }),
     };
     let t = k.ld_param(pt);
     let heads = k.ld_param(pheads);
@@ -225,6 +259,10 @@ pub(super) fn forward(kern: &AttentionKernel, target: Target) -> Result<Module, 
     k.ret();
     k.place(consume);
     k.setmaxnreg(true, consumer_regs);
-    consumer::consumer(&mut k, kern, &blk, &p);
+    if dq {
+        dq::consumer(&mut k, kern, &blk, &p);
+    } else {
+        consumer::consumer(&mut k, kern, &blk, &p);
+    }
     k.finish()
 }

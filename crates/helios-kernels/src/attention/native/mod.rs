@@ -21,6 +21,7 @@
 //! no key give O = 0 and L = −inf.
 
 mod consumer;
+mod dq;
 mod kernel;
 mod producer;
 
@@ -90,15 +91,16 @@ pub(super) fn shared_bytes(bk: u32, d: u32) -> u32 {
     rings + 2 * helios_ptx::TENSOR_MAP_BYTES + 16 * n
 }
 
-/// Whether a native forward exists for `kern`: the forward of f16/bf16 inputs, head dims
-/// whose rows are whole 128-byte swizzle rows (64 or 128), query tiles of whole
-/// warpgroups, key blocks that are whole `wgmma` k steps, and stages within 48 KiB.
+/// Whether a native kernel exists for `kern`: the forward or Dq (without its own Dsum) of
+/// f16/bf16 inputs, head dims whose rows are whole 128-byte swizzle rows (64 or 128), query
+/// tiles of whole warpgroups, key blocks that are whole `wgmma` k steps, and stages within
+/// 48 KiB.
 pub(super) fn buildable(kern: &AttentionKernel) -> bool {
     let AttnVariant::Native { bq, bk, pingpong } = kern.variant else {
         return false;
     };
     let (bq, bk, d) = (u32::from(bq), u32::from(bk), kern.head_dim);
-    kern.stage == AttnStage::Forward
+    matches!(kern.stage, AttnStage::Forward | AttnStage::Dq)
         && matches!(kern.storage, Storage::F16 | Storage::BF16)
         && matches!(d, 64 | 128)
         && bq % WG_ROWS == 0
@@ -106,12 +108,15 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
         && (WG_ROWS..=3 * WG_ROWS).contains(&bq)
         && bk % 16 == 0
         && (16..=128).contains(&bk)
-        && !kern.packed
+        && (!kern.packed || kern.stage == AttnStage::Dq)
+        && !kern.own_dsum
+        // Dq keeps Q, dO and dQ in registers: at head dim 128 three warpgroups spill.
+        && (kern.stage == AttnStage::Forward || d == 64 || bq <= 2 * WG_ROWS)
         && stages(bk, d) >= 2
         && shared_bytes(bk, d) <= 48 * 1024
 }
 
-/// Threads of a native forward block: the consumer warpgroups, then the producer's.
+/// Threads of a native block: the consumer warpgroups, then the producer's.
 pub(super) fn threads(bq: u32) -> u32 {
     bq / WG_ROWS * WG_THREADS + WG_THREADS
 }
@@ -130,7 +135,7 @@ impl AttentionKernel {
                     .into(),
             });
         }
-        kernel::forward(self, target).map_err(|e| KernelError::Arguments {
+        kernel::build(self, target).map_err(|e| KernelError::Arguments {
             kernel: self.name(),
             detail: e.to_string(),
         })
@@ -156,22 +161,29 @@ impl AttentionKernel {
         let AttnVariant::Native { bq, .. } = self.variant else {
             return Err(bad("not a native variant".into()));
         };
-        let want = 5 + usize::from(self.padded);
-        if buffers.len() != want || views.len() != 3 {
+        // Forward: q, k, v, [lens], o, lse and the views of q, k, v. Dq: q, k, v, do, lse,
+        // dsum, [lens], dq and the views of q, k, v, do.
+        let dq = self.stage == AttnStage::Dq;
+        let (want, n_views) = match dq {
+            true => (7 + usize::from(self.padded), 4),
+            false => (5 + usize::from(self.padded), 3),
+        };
+        if buffers.len() != want || views.len() != n_views {
             return Err(bad(format!(
-                "{} buffers and {} views, expected {want} and 3",
+                "{} buffers and {} views, expected {want} and {n_views}",
                 buffers.len(),
                 views.len()
             )));
         }
         let v0 = views[0];
-        if views
+        if views[..3]
             .iter()
             .any(|v| (v.batch, v.seq, v.head) != (v0.batch, v0.seq, v0.head))
         {
             return Err(bad(format!("Q, K and V strides differ: {views:?}")));
         }
-        // The copy engine reads 16-byte aligned rows from 16-byte aligned addresses.
+        // The copy engine reads 16-byte aligned rows from 16-byte aligned addresses, and the
+        // fragment loads 4-byte pairs.
         let misaligned = views.iter().any(|v| {
             [v.offset, v.batch, v.seq, v.head]
                 .iter()
@@ -200,8 +212,11 @@ impl AttentionKernel {
         args.extend(buffers.iter().map(|&a| Arg::Address(a)));
         args.extend([t, heads, batch].map(Arg::U32));
         args.push(Arg::F32(scale));
-        args.extend(views.iter().map(|v| Arg::U32(v.offset)));
+        args.extend(views[..3].iter().map(|v| Arg::U32(v.offset)));
         args.extend([v0.batch, v0.seq, v0.head].map(Arg::U32));
+        if let Some(d) = views.get(3) {
+            args.extend([d.offset, d.batch, d.seq, d.head].map(Arg::U32));
+        }
         args.push(Arg::Address(maps));
         let items = items as u32;
         let blocks = sms.map_or(items, |s| s.min(items)).max(1);

@@ -1,0 +1,227 @@
+//! The consumer warpgroups of the native Dq: per query tile, Q and dO in registers, then
+//! per key block S = Q·Kᵀ and dP = dO·Vᵀ, P = exp(S − L), dS = P ∘ (dP − Dsum) and
+//! dQ += dS·K on `wgmma`; then dQ · scale. The producer and the work walk are the forward's
+//! (the same K and V rings); V's stage goes back once dP is done, K's after dS·K.
+//!
+//! No atomics: each query tile owns its dQ rows (deterministic, as the SPIR-V Dq). Dsum
+//! comes from the Prep pass.
+
+use helios_ptx::{Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty};
+
+use super::consumer::{load_fragments, Consumer, Turns};
+use super::kernel::{Block, Params};
+use super::{AttentionKernel, Storage, WG_ROWS};
+
+/// Dq's consumer warpgroups (see the module docs).
+pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &Params) {
+    let grad = p.grad.as_ref().expect("Dq's parameters");
+    let input = match kern.storage {
+        Storage::F16 => MmaInput::F16,
+        _ => MmaInput::BF16,
+    };
+    let half2 = match kern.storage {
+        Storage::F16 => Ty::F16x2,
+        _ => Ty::BF16x2,
+    };
+    let (bk, d) = (blk.bk, blk.d);
+    let tid = blk.tid;
+    let wg = k.shr(tid, 7u32);
+    let warp = {
+        let t = k.and(tid, 127u32).retype(Ty::U32);
+        k.shr(t, 5u32)
+    };
+    let lane = k.and(tid, 31u32).retype(Ty::U32);
+    let g = k.shr(lane, 2u32);
+    let tq = k.and(lane, 3u32).retype(Ty::U32);
+    let warp_row = {
+        let r = k.mul(wg, WG_ROWS);
+        k.mad(warp, 16u32, r)
+    };
+    let own_row = k.add(warp_row, g);
+    let col2 = k.shl(tq, 1u32);
+    let col_bytes = {
+        let c = k.cvt(Ty::U64, col2);
+        k.shl(c, 1u32)
+    };
+    let log2e = std::f32::consts::LOG2_E;
+    let scale2 = k.mul(p.scale, log2e);
+
+    let s_acc = k.regs(Ty::F32, (bk / 2) as usize);
+    let dp_acc = k.regs(Ty::F32, (bk / 2) as usize);
+    let dq_acc = k.regs(Ty::F32, (d / 2) as usize);
+    let (qf, q_load) = (
+        k.regs(Ty::B32, (d / 4) as usize),
+        k.regs(Ty::B32, (d / 4) as usize),
+    );
+    let (dof, do_load) = (
+        k.regs(Ty::B32, (d / 4) as usize),
+        k.regs(Ty::B32, (d / 4) as usize),
+    );
+    // The forward's row state, unused here (`Consumer` carries it).
+    let unused = [k.reg(Ty::F32), k.reg(Ty::F32)];
+    let zero = k.mov(Ty::U32, 0u32);
+    let yes = k.setp(Cmp::Eq, zero, 0u32);
+    let no = k.setp(Cmp::Ne, zero, 0u32);
+    let by_keys = MatrixDesc {
+        swizzle: Swizzle::B128,
+        lbo: 16,
+        sbo: 1024,
+    };
+    let over_keys = MatrixDesc {
+        swizzle: Swizzle::B128,
+        lbo: bk * 128,
+        sbo: 1024,
+    };
+    let descs = [
+        [
+            k.wgmma_desc(blk.k_base, &by_keys),
+            k.wgmma_desc(blk.v_base, &by_keys),
+        ],
+        [
+            k.wgmma_desc(blk.k_base, &over_keys),
+            k.wgmma_desc(blk.v_base, &over_keys),
+        ],
+    ];
+    let step = k.mov(Ty::U32, 0u32);
+    let q_view = (p.q, p.offs[0], p.strides);
+    let do_view = (grad.d_o, grad.off_do, grad.strides_do);
+    let turns = Turns::new(k, kern, blk, wg);
+
+    blk.for_each_item(k, |k, it| {
+        let rows = [k.add(it.q0, own_row), k.add(it.q0, own_row)];
+        k.update("add", rows[1], rows[1], 8u32);
+        let first_row = k.add(it.q0, warp_row);
+        let ok = [
+            k.setp(Cmp::Lt, rows[0], blk.t),
+            k.setp(Cmp::Lt, rows[1], blk.t),
+        ];
+        k.comment("Q and dO rows in registers: wgmma's A fragments");
+        let at = (it.b, it.h, it.q0);
+        load_fragments(k, (own_row, col_bytes), q_view, at, (blk.t, d), &q_load);
+        load_fragments(k, (own_row, col_bytes), do_view, at, (blk.t, d), &do_load);
+        for (&r, &l) in qf.iter().zip(&q_load).chain(dof.iter().zip(&do_load)) {
+            k.assign(r, l);
+        }
+        // The rows' L (base 2; a row with no key, L = −inf, gets P = 0 from +inf) and Dsum.
+        let bh = k.mad(it.b, blk.heads, it.h);
+        let mut lse2 = [zero; 2];
+        let mut dsum = [zero; 2];
+        for h in 0..2 {
+            let idx = k.mad(bh, blk.t, rows[h]);
+            let l_at = k.mad_wide(idx, 4u32, p.lse);
+            let l = k.ld_if(ok[h], Space::Global, Ty::F32, Addr::new(l_at), 0.0f32);
+            let none = k.setp(Cmp::Eq, l, f32::NEG_INFINITY);
+            let l2 = k.mul(l, log2e);
+            lse2[h] = k.selp(none, f32::INFINITY, l2, Ty::F32);
+            let d_at = k.mad_wide(idx, 4u32, grad.dsum);
+            dsum[h] = k.ld_if(ok[h], Space::Global, Ty::F32, Addr::new(d_at), 0.0f32);
+        }
+        for &r in &dq_acc {
+            k.assign(r, 0.0f32);
+        }
+        let live = {
+            // A causal warpgroup needs the blocks up to its last row.
+            let own = if blk.causal {
+                let r = k.mad(wg, WG_ROWS, it.q0);
+                let e = k.add(r, WG_ROWS);
+                let e = k.min(e, it.len);
+                let e = k.add(e, bk - 1);
+                k.div(e, bk)
+            } else {
+                it.blocks
+            };
+            k.min(own, it.blocks)
+        };
+        let c = Consumer {
+            input,
+            half2,
+            bk,
+            d,
+            blk,
+            empty_count: blk.consumers + 32,
+            s_acc: &s_acc,
+            o_acc: &dq_acc,
+            p_regs: &[],
+            m: unused,
+            l: unused,
+            qf: &qf,
+            by_keys: descs[0],
+            over_keys: descs[1],
+            yes,
+            no,
+            scale2,
+            rows,
+            first_row,
+            key_col: col2,
+            len: it.len,
+            step0: k.mov(Ty::U32, step),
+        };
+
+        k.comment("key blocks: S = Q K^T, dP = dO V^T, dS = P (dP - Dsum), dQ += dS K");
+        k.for_range(0u32, live, 1, |k, _| {
+            turns.take(k);
+            c.issue_by_keys(k, step, &qf, false, &s_acc);
+            c.issue_by_keys(k, step, &dof, true, &dp_acc);
+            turns.pass(k);
+            k.wgmma_wait(0);
+            c.release(k, step, true);
+            c.mask(k, step);
+            let mut ds = Vec::with_capacity(s_acc.len());
+            for (i, (&s, &dp)) in s_acc.iter().zip(&dp_acc).enumerate() {
+                let h = (i / 2) % 2;
+                let x = k.mul(s, scale2);
+                let x = k.sub(x, lse2[h]);
+                let prob = k.ex2(x);
+                let diff = k.sub(dp, dsum[h]);
+                ds.push(k.mul(prob, diff));
+            }
+            // S's accumulator layout is the A layout of dS·K.
+            let frags: Vec<Reg> = ds
+                .chunks(2)
+                .map(|c| k.cvt_pack(half2, c[1], c[0]))
+                .collect();
+            turns.take(k);
+            c.issue_over_keys(k, step, &frags, false, &dq_acc);
+            turns.pass(k);
+            k.wgmma_wait(0);
+            c.release(k, step, false);
+            k.update("add", step, step, 1u32);
+        });
+        k.comment("blocks past this warpgroup's rows: handed back unread");
+        k.for_range(live, it.blocks, 1, |k, _| {
+            for _ in 0..2 {
+                turns.take(k);
+                turns.pass(k);
+            }
+            for v in [true, false] {
+                c.wait_full(k, step, v);
+                c.release(k, step, v);
+            }
+            k.update("add", step, step, 1u32);
+        });
+
+        k.comment("epilogue: dQ scaled, rounded, stored");
+        // dQ is dense [B, T, H, D], or the first slice of a packed [B, T, 3, H, D].
+        let row_heads = if kern.packed {
+            k.mul(blk.heads, 3u32)
+        } else {
+            k.mov(Ty::U32, blk.heads)
+        };
+        for h in 0..2usize {
+            let bt = k.mad(it.b, blk.t, rows[h]);
+            let bth = k.mad(bt, row_heads, it.h);
+            let e = k.mul_wide(bth, d);
+            let cc = k.cvt(Ty::U64, col2);
+            let e = k.add(e, cc);
+            let bytes = k.shl(e, 1u32);
+            let at = k.add(p.o, bytes);
+            for jb in 0..d / 8 {
+                let i = (4 * jb) as usize + 2 * h;
+                let lo = k.mul(dq_acc[i], p.scale);
+                let hi = k.mul(dq_acc[i + 1], p.scale);
+                let v = k.cvt_pack(half2, hi, lo);
+                k.st_if(ok[h], Space::Global, Addr::at(at, i64::from(16 * jb)), v);
+            }
+        }
+    });
+}
