@@ -135,18 +135,18 @@ fn native_matmul_needs_wgmma() {
     );
 }
 
-/// Every native attention kernel that exists (forward and Dq): each tile at the head dims
-/// it takes, f16 and bf16, causal or not, with and without key padding, Dq's packed output.
+/// Every native attention kernel that exists (forward, Dq, DkDv): each tile at the head
+/// dims it takes, f16 and bf16, causal or not, with and without key padding, the backward's
+/// packed outputs.
 #[test]
 fn native_attention_kernels_assemble() {
     let mut built = 0;
     for variant in NATIVE_VARIANTS.into_iter().chain(NATIVE_EXPERIMENTS) {
         for head_dim in [64, 128] {
             for (i, storage) in [Storage::BF16, Storage::F16].into_iter().enumerate() {
-                for (causal, stage) in [true, false]
-                    .into_iter()
-                    .flat_map(|c| [(c, AttnStage::Forward), (c, AttnStage::Dq)])
-                {
+                for (causal, stage) in [true, false].into_iter().flat_map(|c| {
+                    [AttnStage::Forward, AttnStage::Dq, AttnStage::DkDv].map(|s| (c, s))
+                }) {
                     let k = AttentionKernel {
                         stage,
                         storage,
@@ -159,7 +159,7 @@ fn native_attention_kernels_assemble() {
                         frag: None,
                         pipelined: false,
                         own_dsum: false,
-                        packed: stage == AttnStage::Dq && causal,
+                        packed: stage != AttnStage::Forward && causal,
                     };
                     if !k.native_feasible(Some(Target::SM90A)) {
                         continue;

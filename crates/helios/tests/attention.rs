@@ -537,11 +537,12 @@ fn native_forward_matches_reference() {
     assert!(n >= 40, "{n} native cases ran");
 }
 
-/// The native Dq (not in the tuners' lists until measured): each tile that has one, f16
-/// and bf16, causal (packed into the fused gradient) and not, key padding, against the
-/// reference with every other kernel the default. Skips where there are no native kernels.
+/// The native backward kernels, Dq and DkDv (not in the tuners' lists until measured):
+/// each tile that has one, f16 and bf16, causal (read from the fused QKV) and not, key
+/// padding, against the reference with every other kernel the default; and their packed
+/// outputs equal to the dense ones. Skips where there are no native kernels.
 #[test]
-fn native_dq_matches_reference() {
+fn native_backward_matches_reference() {
     let d = device();
     if helios::matmul_caps(d).native.is_none() {
         eprintln!("SKIPPED native Dq: {} has no native kernels", d.name());
@@ -551,7 +552,7 @@ fn native_dq_matches_reference() {
         .into_iter()
         .chain(helios_kernels::attention::NATIVE_EXPERIMENTS);
     let mut n = 0;
-    for v in variants {
+    for (v, stage) in variants.flat_map(|v| [(v, AttnStage::Dq), (v, AttnStage::DkDv)]) {
         for hd in [64usize, 128] {
             for (i, dtype) in [DType::BF16, DType::F16].into_iter().enumerate() {
                 for causal in [true, false] {
@@ -565,19 +566,20 @@ fn native_dq_matches_reference() {
                         variant: None,
                         stored: None,
                     };
-                    match run_with(d, &c, 7 + n, Some((AttnStage::Dq, v))) {
+                    match run_with(d, &c, 7 + n, Some((stage, v))) {
                         Ok((errs, _)) => {
                             println!(
-                                "native dq {} {dtype} d{hd} causal {causal} {:?}: dq {:.2e} dk {:.2e}",
+                                "native {stage:?} {} {dtype} d{hd} causal {causal} {:?}: dq {:.2e} dk {:.2e} dv {:.2e}",
                                 v.tag(),
                                 (s.b, s.t, s.h),
                                 errs[2],
-                                errs[3]
+                                errs[3],
+                                errs[4]
                             );
                             let tol = tolerance(dtype, true);
                             assert!(
                                 errs.iter().all(|&e| e <= tol),
-                                "{c:?} with Dq {}: {errs:?}",
+                                "{c:?} with {stage:?} {}: {errs:?}",
                                 v.tag()
                             );
                             n += 1;
@@ -589,37 +591,42 @@ fn native_dq_matches_reference() {
             }
         }
     }
-    assert!(n >= 12, "{n} native Dq cases ran");
-    // The packed form (dQ into the first slice of the fused gradient, as `attention_qkv`
-    // runs it) equals the dense one bit for bit.
+    assert!(n >= 24, "{n} native backward cases ran");
+    // The packed forms (into the slices of the fused gradient, as `attention_qkv` runs
+    // them) equal the dense ones bit for bit.
     let (b, t, h, hd) = (2, 77, 3, 64);
     let mut rng = StdRng::seed_from_u64(91);
     let shape = [b, t, 3, h, hd];
     let host = random(b * t * 3 * h * hd, &mut rng, DType::BF16);
     let r = random(b * t * h * hd, &mut rng, DType::BF16);
     let r = Tensor::from_slice_as(d, &r, &[b, t, h, hd], DType::BF16).unwrap();
-    let opts = AttentionOptions {
-        stage_variant: Some((AttnStage::Dq, helios_kernels::attention::NATIVE_VARIANTS[0])),
-        ..AttentionOptions::causal()
-    };
-    let grad = |packed: bool| {
-        let qkv = Tensor::from_slice_as(d, &host, &shape, DType::BF16)
-            .unwrap()
-            .requires_grad_();
-        let out = match packed {
-            true => qkv.attention_qkv(&opts).unwrap().out,
-            false => {
-                let [q, k, v] = qkv.split_qkv().unwrap();
-                let v4 = |x: Tensor| x.reshape(&[b, t, h, hd]).unwrap();
-                v4(q).attention(&v4(k), &v4(v), &opts).unwrap().out
-            }
+    for stage in [AttnStage::Dq, AttnStage::DkDv] {
+        let opts = AttentionOptions {
+            stage_variant: Some((stage, helios_kernels::attention::NATIVE_VARIANTS[0])),
+            ..AttentionOptions::causal()
         };
-        out.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-        qkv.grad().expect("backward reached qkv").to_vec().unwrap()
-    };
-    let (packed, views) = (grad(true), grad(false));
-    let first = (0..packed.len()).find(|&i| packed[i] != views[i]);
-    assert!(first.is_none(), "packed native Dq differs at {first:?}");
+        let grad = |packed: bool| {
+            let qkv = Tensor::from_slice_as(d, &host, &shape, DType::BF16)
+                .unwrap()
+                .requires_grad_();
+            let out = match packed {
+                true => qkv.attention_qkv(&opts).unwrap().out,
+                false => {
+                    let [q, k, v] = qkv.split_qkv().unwrap();
+                    let v4 = |x: Tensor| x.reshape(&[b, t, h, hd]).unwrap();
+                    v4(q).attention(&v4(k), &v4(v), &opts).unwrap().out
+                }
+            };
+            out.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+            qkv.grad().expect("backward reached qkv").to_vec().unwrap()
+        };
+        let (packed, views) = (grad(true), grad(false));
+        let first = (0..packed.len()).find(|&i| packed[i] != views[i]);
+        assert!(
+            first.is_none(),
+            "packed native {stage:?} differs at {first:?}"
+        );
+    }
     assert_clean(d);
 }
 

@@ -81,15 +81,15 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let turns = Turns::new(k, kern, blk, wg);
 
     blk.for_each_item(k, |k, it| {
-        let rows = [k.add(it.q0, own_row), k.add(it.q0, own_row)];
+        let rows = [k.add(it.row0, own_row), k.add(it.row0, own_row)];
         k.update("add", rows[1], rows[1], 8u32);
-        let first_row = k.add(it.q0, warp_row);
+        let first_row = k.add(it.row0, warp_row);
         k.comment("Q rows in registers: wgmma's A fragments");
         let ok = [
             k.setp(Cmp::Lt, rows[0], blk.t),
             k.setp(Cmp::Lt, rows[1], blk.t),
         ];
-        load_q(k, (it.b, it.h, it.q0));
+        load_q(k, (it.b, it.h, it.row0));
         for (&r, &l) in qf.iter().zip(&q_load) {
             k.assign(r, l);
         }
@@ -105,7 +105,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             // A causal warpgroup needs the blocks up to its last row; the rest of the tile's
             // blocks it only hands back.
             let own = if blk.causal {
-                let r = k.mad(wg, WG_ROWS, it.q0);
+                let r = k.mad(wg, WG_ROWS, it.row0);
                 let e = k.add(r, WG_ROWS);
                 let e = k.min(e, it.len);
                 let e = k.add(e, bk - 1);

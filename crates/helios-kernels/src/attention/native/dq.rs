@@ -88,15 +88,15 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let turns = Turns::new(k, kern, blk, wg);
 
     blk.for_each_item(k, |k, it| {
-        let rows = [k.add(it.q0, own_row), k.add(it.q0, own_row)];
+        let rows = [k.add(it.row0, own_row), k.add(it.row0, own_row)];
         k.update("add", rows[1], rows[1], 8u32);
-        let first_row = k.add(it.q0, warp_row);
+        let first_row = k.add(it.row0, warp_row);
         let ok = [
             k.setp(Cmp::Lt, rows[0], blk.t),
             k.setp(Cmp::Lt, rows[1], blk.t),
         ];
         k.comment("Q and dO rows in registers: wgmma's A fragments");
-        let at = (it.b, it.h, it.q0);
+        let at = (it.b, it.h, it.row0);
         load_fragments(k, (own_row, col_bytes), q_view, at, (blk.t, d), &q_load);
         load_fragments(k, (own_row, col_bytes), do_view, at, (blk.t, d), &do_load);
         for (&r, &l) in qf.iter().zip(&q_load).chain(dof.iter().zip(&do_load)) {
@@ -122,7 +122,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         let live = {
             // A causal warpgroup needs the blocks up to its last row.
             let own = if blk.causal {
-                let r = k.mad(wg, WG_ROWS, it.q0);
+                let r = k.mad(wg, WG_ROWS, it.row0);
                 let e = k.add(r, WG_ROWS);
                 let e = k.min(e, it.len);
                 let e = k.add(e, bk - 1);

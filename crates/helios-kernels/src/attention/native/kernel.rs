@@ -5,7 +5,7 @@
 use helios_ptx::{Addr, BuildError, Cmp, Kernel, Module, Reg, Space, Special, Target, Ty};
 
 use super::{
-    consumer, dq, producer, stage_bytes, stages, AttentionKernel, AttnStage, AttnVariant,
+    consumer, dkdv, dq, producer, stage_bytes, stages, AttentionKernel, AttnStage, AttnVariant,
     ONE_BLOCK_BYTES, PRODUCER_REGS, WG_ROWS, WG_THREADS,
 };
 
@@ -14,42 +14,53 @@ pub(super) struct Block {
     pub(super) t: Reg,
     pub(super) heads: Reg,
     pub(super) bh: Reg,
-    /// Query tiles per (batch, head) and work items in all.
+    /// Tiles per (batch, head) and work items in all.
     pub(super) tiles: Reg,
     pub(super) items: Reg,
     /// Key lengths (u64 address) with key padding.
     pub(super) lens: Option<Reg>,
     pub(super) causal: bool,
+    /// DkDv's walk: a tile is `bq` keys and its blocks are `bk` queries (the forward's
+    /// and Dq's: `bq` queries against blocks of `bk` keys).
+    pub(super) dkdv: bool,
     pub(super) bq: u32,
     pub(super) bk: u32,
     pub(super) d: u32,
     /// Stages of each ring.
     pub(super) stages: u32,
     pub(super) tid: Reg,
-    /// Shared addresses of the first K and V stages and of the mbarriers (K full, then V).
+    /// Shared addresses of the first stages of the two rings — K and V; DkDv's Q and dO —
+    /// and of the mbarriers (the first ring's full ones, then the second's).
     pub(super) k_base: Reg,
     pub(super) v_base: Reg,
     pub(super) bars: Reg,
     pub(super) consumers: u32,
 }
 
-/// One work item: a query tile of one (batch, head), and its key blocks.
+/// One work item: a tile of one (batch, head) — queries, or DkDv's keys — and the blocks
+/// of the other side it meets.
 pub(super) struct Item {
     pub(super) b: Reg,
     pub(super) h: Reg,
-    pub(super) q0: Reg,
+    /// The tile's first row.
+    pub(super) row0: Reg,
     /// Keys of this batch row (key padding, at most T).
     pub(super) len: Reg,
-    /// Key blocks the tile attends to.
+    /// The first block the tile meets (0 but for causal DkDv), and how many.
+    pub(super) first: Reg,
     pub(super) blocks: Reg,
 }
 
 impl Block {
-    /// Batch row, head and first query row of work item `item` (see `for_each_item`).
+    /// Batch row, head and first row of work item `item` (see `for_each_item`).
     pub(super) fn coords(&self, k: &mut Kernel, item: Reg) -> (Reg, Reg, Reg) {
         let back = k.div(item, self.bh);
-        let last = k.sub(self.tiles, 1u32);
-        let tile = k.sub(last, back);
+        let tile = if self.dkdv {
+            back
+        } else {
+            let last = k.sub(self.tiles, 1u32);
+            k.sub(last, back)
+        };
         let r = k.rem(item, self.bh);
         let b = k.div(r, self.heads);
         let h = k.rem(r, self.heads);
@@ -57,8 +68,8 @@ impl Block {
     }
 
     /// Runs `body` for each work item of this block: items `ctaid.x`, `+ nctaid.x`, ...;
-    /// item i is query tile `tiles − 1 − i / bh` (the longest causal tiles first) of
-    /// (batch, head) `i % bh`.
+    /// item i is tile `tiles − 1 − i / bh` of (batch, head) `i % bh`, or with DkDv tile
+    /// `i / bh`: either way the longest causal tiles first.
     pub(super) fn for_each_item(&self, k: &mut Kernel, mut body: impl FnMut(&mut Kernel, &Item)) {
         let item = k.special(Special::CtaIdX);
         let step = k.special(Special::NCtaIdX);
@@ -66,7 +77,7 @@ impl Block {
         k.place(top);
         let over = k.setp(Cmp::Ge, item, self.items);
         k.bra_if(over, false, done);
-        let (b, h, q0) = self.coords(k, item);
+        let (b, h, row0) = self.coords(k, item);
         let len = match self.lens {
             Some(lens) => {
                 let at = k.mad_wide(b, 4u32, lens);
@@ -75,21 +86,37 @@ impl Block {
             }
             None => k.mov(Ty::U32, self.t),
         };
-        let end = if self.causal {
-            let e = k.add(q0, self.bq);
-            k.min(e, len)
+        let (first, blocks) = if self.dkdv {
+            // Every query row meets these keys (from the first at or after them, causal);
+            // a tile of keys past the length meets none.
+            let first = if self.causal {
+                k.div(row0, self.bk)
+            } else {
+                k.mov(Ty::U32, 0u32)
+            };
+            let e = k.add(self.t, self.bk - 1);
+            let all = k.div(e, self.bk);
+            let n = k.sub(all, first);
+            let dead = k.setp(Cmp::Ge, row0, len);
+            (first, k.selp(dead, 0u32, n, Ty::U32))
         } else {
-            len
+            let end = if self.causal {
+                let e = k.add(row0, self.bq);
+                k.min(e, len)
+            } else {
+                len
+            };
+            let e = k.add(end, self.bk - 1);
+            (k.mov(Ty::U32, 0u32), k.div(e, self.bk))
         };
-        let e = k.add(end, self.bk - 1);
-        let blocks = k.div(e, self.bk);
         body(
             k,
             &Item {
                 b,
                 h,
-                q0,
+                row0,
                 len,
+                first,
                 blocks,
             },
         );
@@ -138,14 +165,17 @@ pub(super) struct Grad {
     pub(super) off_do: Reg,
     pub(super) strides_do: [Reg; 3],
     pub(super) dsum: Reg,
+    /// DkDv's second output, dV (its first, dK, is `Params::o`).
+    pub(super) dv: Option<Reg>,
 }
 
-/// Emits the native kernel of `kern` (its forward or Dq) for `target`.
+/// Emits the native kernel of `kern` (its forward, Dq or DkDv) for `target`.
 pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, BuildError> {
     let AttnVariant::Native { bq, bk, .. } = kern.variant else {
         unreachable!("the native kernel of a native variant");
     };
-    let dq = kern.stage == AttnStage::Dq;
+    let dkdv = kern.stage == AttnStage::DkDv;
+    let dq = kern.stage == AttnStage::Dq || dkdv;
     let (bq, bk, d) = (u32::from(bq), u32::from(bk), kern.head_dim);
     let mut k = Kernel::new(&kern.name(), target);
     let consumers = bq / WG_ROWS * WG_THREADS;
@@ -158,7 +188,8 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
 
     // Parameters, in `native_launch` order: the buffers as the SPIR-V kernel declares them,
     // then its push constants, then the maps' workspace.
-    // Forward: q, k, v, [lens], o, lse. Dq: q, k, v, do, lse, dsum, [lens], dq.
+    // Forward: q, k, v, [lens], o, lse. Dq: q, k, v, do, lse, dsum, [lens], dq. DkDv the
+    // same with dk, dv. (`dq` below: either backward stage.)
     let pq = k.param("q", Ty::U64);
     let pk = k.param("k", Ty::U64);
     let pv = k.param("v", Ty::U64);
@@ -171,9 +202,11 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
     });
     let plens = kern.padded.then(|| k.param("lens", Ty::U64));
     let (po, plse) = match pgrad {
+        Some([_, lse, _]) if dkdv => (k.param("dk", Ty::U64), lse),
         Some([_, lse, _]) => (k.param("dq", Ty::U64), lse),
         None => (k.param("o", Ty::U64), k.param("lse", Ty::U64)),
     };
+    let pdv = dkdv.then(|| k.param("dv", Ty::U64));
     let pt = k.param("t", Ty::U32);
     let pheads = k.param("heads", Ty::U32);
     let pbatch = k.param("batch", Ty::U32);
@@ -210,6 +243,7 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
             off_do: k.ld_param(off),
             strides_do: st.map(|p| k.ld_param(p)),
             dsum: k.ld_param_global(dsum),
+            dv: pdv.map(|p| k.ld_param_global(p)),
         }),
     };
     let t = k.ld_param(pt);
@@ -231,6 +265,7 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
         items: k.mul(tiles, bh),
         lens,
         causal: kern.causal,
+        dkdv,
         bq,
         bk,
         d,
@@ -259,7 +294,9 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
     k.ret();
     k.place(consume);
     k.setmaxnreg(true, consumer_regs);
-    if dq {
+    if dkdv {
+        dkdv::consumer(&mut k, kern, &blk, &p);
+    } else if dq {
         dq::consumer(&mut k, kern, &blk, &p);
     } else {
         consumer::consumer(&mut k, kern, &blk, &p);

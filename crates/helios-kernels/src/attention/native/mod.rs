@@ -21,6 +21,7 @@
 //! no key give O = 0 and L = −inf.
 
 mod consumer;
+mod dkdv;
 mod dq;
 mod kernel;
 mod producer;
@@ -91,7 +92,7 @@ pub(super) fn shared_bytes(bk: u32, d: u32) -> u32 {
     rings + 2 * helios_ptx::TENSOR_MAP_BYTES + 16 * n
 }
 
-/// Whether a native kernel exists for `kern`: the forward or Dq (without its own Dsum) of
+/// Whether a native kernel exists for `kern`: the forward, Dq (without its own Dsum) or DkDv of
 /// f16/bf16 inputs, head dims whose rows are whole 128-byte swizzle rows (64 or 128), query
 /// tiles of whole warpgroups, key blocks that are whole `wgmma` k steps, and stages within
 /// 48 KiB.
@@ -100,7 +101,7 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
         return false;
     };
     let (bq, bk, d) = (u32::from(bq), u32::from(bk), kern.head_dim);
-    matches!(kern.stage, AttnStage::Forward | AttnStage::Dq)
+    kern.stage != AttnStage::Prep
         && matches!(kern.storage, Storage::F16 | Storage::BF16)
         && matches!(d, 64 | 128)
         && bq % WG_ROWS == 0
@@ -108,7 +109,9 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
         && (WG_ROWS..=3 * WG_ROWS).contains(&bq)
         && bk % 16 == 0
         && (16..=128).contains(&bk)
-        && (!kern.packed || kern.stage == AttnStage::Dq)
+        && (!kern.packed || kern.stage != AttnStage::Forward)
+        // DkDv keeps K, V, dK and dV in registers: head dim 64 only.
+        && (kern.stage != AttnStage::DkDv || d == 64)
         && !kern.own_dsum
         // Dq keeps Q, dO and dQ in registers: at head dim 128 three warpgroups spill.
         && (kern.stage == AttnStage::Forward || d == 64 || bq <= 2 * WG_ROWS)
@@ -162,11 +165,11 @@ impl AttentionKernel {
             return Err(bad("not a native variant".into()));
         };
         // Forward: q, k, v, [lens], o, lse and the views of q, k, v. Dq: q, k, v, do, lse,
-        // dsum, [lens], dq and the views of q, k, v, do.
-        let dq = self.stage == AttnStage::Dq;
-        let (want, n_views) = match dq {
-            true => (7 + usize::from(self.padded), 4),
-            false => (5 + usize::from(self.padded), 3),
+        // dsum, [lens], dq and the views of q, k, v, do; DkDv the same with dk, dv.
+        let (want, n_views) = match self.stage {
+            AttnStage::Dq => (7 + usize::from(self.padded), 4),
+            AttnStage::DkDv => (8 + usize::from(self.padded), 4),
+            _ => (5 + usize::from(self.padded), 3),
         };
         if buffers.len() != want || views.len() != n_views {
             return Err(bad(format!(

@@ -1,5 +1,5 @@
-//! The producer warp of the native forward: tensor maps built on the device, then the
-//! copy engine filling the K and V rings.
+//! The producer warp of the native kernels: tensor maps built on the device, then the copy
+//! engine filling the two rings (K and V; DkDv's Q and dO).
 
 use helios_ptx::{Addr, Cmp, Kernel, Reg, Swizzle, TensorMap, Ty};
 
@@ -15,24 +15,31 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, p: &Params, maps_smem: Reg) 
     let done = k.label();
     k.bra_if(spare, false, done);
 
-    // [B, T, H, D] as (D, H, T, B): boxes of 64 channels × 1 head × bk keys × 1 batch row.
-    let bytes = |k: &mut Kernel, s: Reg| k.mul_wide(s, 2u32);
-    let [sb, st, sh] = p.strides;
-    let strides = vec![bytes(k, sh), bytes(k, st), bytes(k, sb)];
+    // [B, T, H, D] as (D, H, T, B): boxes of 64 channels × 1 head × bk rows × 1 batch row.
     let d = k.mov(Ty::U32, blk.d);
     let batch = k.div(blk.bh, blk.heads);
-    let map_of = |k: &mut Kernel, ptr: Reg, off: Reg| {
+    let map_of = |k: &mut Kernel, ptr: Reg, off: Reg, [sb, st, sh]: [Reg; 3]| {
         let o = k.mul_wide(off, 2u32);
+        let strides = [sh, st, sb].map(|s| k.mul_wide(s, 2u32)).to_vec();
         TensorMap {
             base: k.add(ptr, o),
             dims: vec![d, blk.heads, blk.t, batch],
-            strides: strides.clone(),
+            strides,
             box_dims: vec![PANEL, 1, blk.bk, 1],
             swizzle: Swizzle::B128,
         }
     };
-    let map_k = map_of(k, p.k, p.offs[1]);
-    let map_v = map_of(k, p.v, p.offs[2]);
+    // The rings carry K and V, or DkDv's Q and dO.
+    let (map_k, map_v) = match (&p.grad, blk.dkdv) {
+        (Some(g), true) => (
+            map_of(k, p.q, p.offs[0], p.strides),
+            map_of(k, g.d_o, g.off_do, g.strides_do),
+        ),
+        _ => (
+            map_of(k, p.k, p.offs[1], p.strides),
+            map_of(k, p.v, p.offs[2], p.strides),
+        ),
+    };
     let [gk, gv] = crate::native_maps::publish(k, ptid, maps_smem, p.maps, [&map_k, &map_v]);
     let lane0 = k.setp(Cmp::Eq, ptid, 0u32);
 
@@ -43,7 +50,8 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, p: &Params, maps_smem: Reg) 
         k.for_range(0u32, it.blocks, 1, |k, j| {
             let slot = k.rem(step, blk.stages);
             let reuse = k.setp(Cmp::Ge, step, blk.stages);
-            let key0 = k.mul(j, blk.bk);
+            let block = k.add(it.first, j);
+            let key0 = k.mul(block, blk.bk);
             for (v, map, ring) in [(false, gk, blk.k_base), (true, gv, blk.v_base)] {
                 k.if_(reuse, |k| {
                     let id = blk.empty_id(k, slot, v);

@@ -1,0 +1,257 @@
+//! The consumer warpgroups of the native DkDv: per tile of keys, K and V in registers
+//! (each warpgroup 64 keys), then per block of queries — Q and dO from the rings —
+//! Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, Pᵀ = exp(Sᵀ − L), dSᵀ = Pᵀ ∘ (dPᵀ − Dsum), dV += Pᵀ·dO and
+//! dK += dSᵀ·Q on `wgmma`; then dK · scale and dV. Computing the transposes directly puts
+//! Pᵀ and dSᵀ in the accumulator layout that is the A layout of the next products, as
+//! FlashAttention-3 does. No atomics: each tile owns its dK and dV rows.
+
+use helios_ptx::{Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty};
+
+use super::consumer::{load_fragments, Consumer, Turns};
+use super::kernel::{Block, Params};
+use super::{AttentionKernel, Storage, WG_ROWS};
+
+/// DkDv's consumer warpgroups (see the module docs).
+pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &Params) {
+    let grad = p.grad.as_ref().expect("DkDv's parameters");
+    let dv_out = grad.dv.expect("DkDv's dV");
+    let input = match kern.storage {
+        Storage::F16 => MmaInput::F16,
+        _ => MmaInput::BF16,
+    };
+    let half2 = match kern.storage {
+        Storage::F16 => Ty::F16x2,
+        _ => Ty::BF16x2,
+    };
+    let (bk, d) = (blk.bk, blk.d);
+    let tid = blk.tid;
+    let wg = k.shr(tid, 7u32);
+    let warp = {
+        let t = k.and(tid, 127u32).retype(Ty::U32);
+        k.shr(t, 5u32)
+    };
+    let lane = k.and(tid, 31u32).retype(Ty::U32);
+    let g = k.shr(lane, 2u32);
+    let tq = k.and(lane, 3u32).retype(Ty::U32);
+    let warp_row = {
+        let r = k.mul(wg, WG_ROWS);
+        k.mad(warp, 16u32, r)
+    };
+    let own_row = k.add(warp_row, g);
+    let col2 = k.shl(tq, 1u32);
+    let col_bytes = {
+        let c = k.cvt(Ty::U64, col2);
+        k.shl(c, 1u32)
+    };
+    let log2e = std::f32::consts::LOG2_E;
+    let scale2 = k.mul(p.scale, log2e);
+
+    let st_acc = k.regs(Ty::F32, (bk / 2) as usize);
+    let dpt_acc = k.regs(Ty::F32, (bk / 2) as usize);
+    let dk_acc = k.regs(Ty::F32, (d / 2) as usize);
+    let dv_acc = k.regs(Ty::F32, (d / 2) as usize);
+    let (kf, k_load) = (
+        k.regs(Ty::B32, (d / 4) as usize),
+        k.regs(Ty::B32, (d / 4) as usize),
+    );
+    let (vf, v_load) = (
+        k.regs(Ty::B32, (d / 4) as usize),
+        k.regs(Ty::B32, (d / 4) as usize),
+    );
+    // The forward's row state, unused here (`Consumer` carries it).
+    let unused = [k.reg(Ty::F32), k.reg(Ty::F32)];
+    let zero = k.mov(Ty::U32, 0u32);
+    let yes = k.setp(Cmp::Eq, zero, 0u32);
+    let no = k.setp(Cmp::Ne, zero, 0u32);
+    let by_rows = MatrixDesc {
+        swizzle: Swizzle::B128,
+        lbo: 16,
+        sbo: 1024,
+    };
+    let over_rows = MatrixDesc {
+        swizzle: Swizzle::B128,
+        lbo: bk * 128,
+        sbo: 1024,
+    };
+    // Ring 0 holds Q, ring 1 dO.
+    let descs = [
+        [
+            k.wgmma_desc(blk.k_base, &by_rows),
+            k.wgmma_desc(blk.v_base, &by_rows),
+        ],
+        [
+            k.wgmma_desc(blk.k_base, &over_rows),
+            k.wgmma_desc(blk.v_base, &over_rows),
+        ],
+    ];
+    let step = k.mov(Ty::U32, 0u32);
+    let k_view = (p.k, p.offs[1], p.strides);
+    let v_view = (p.v, p.offs[2], p.strides);
+    let turns = Turns::new(k, kern, blk, wg);
+
+    blk.for_each_item(k, |k, it| {
+        // This thread's two key rows.
+        let rows = [k.add(it.row0, own_row), k.add(it.row0, own_row)];
+        k.update("add", rows[1], rows[1], 8u32);
+        let ok = [
+            k.setp(Cmp::Lt, rows[0], blk.t),
+            k.setp(Cmp::Lt, rows[1], blk.t),
+        ];
+        k.comment("K and V rows in registers: wgmma's A fragments");
+        let at = (it.b, it.h, it.row0);
+        load_fragments(k, (own_row, col_bytes), k_view, at, (blk.t, d), &k_load);
+        load_fragments(k, (own_row, col_bytes), v_view, at, (blk.t, d), &v_load);
+        for (&r, &l) in kf.iter().zip(&k_load).chain(vf.iter().zip(&v_load)) {
+            k.assign(r, l);
+        }
+        for &r in dk_acc.iter().chain(&dv_acc) {
+            k.assign(r, 0.0f32);
+        }
+        let bh = k.mad(it.b, blk.heads, it.h);
+        let row_base = k.mul(bh, blk.t);
+        // The warp's last key: blocks of queries before it need the causal mask.
+        let warp_last = k.add(it.row0, warp_row);
+        let warp_last = k.add(warp_last, 15u32);
+        let tile_end = k.add(it.row0, blk.bq);
+        let past_len = k.setp(Cmp::Gt, tile_end, it.len);
+        let c = Consumer {
+            input,
+            half2,
+            bk,
+            d,
+            blk,
+            empty_count: blk.consumers + 32,
+            s_acc: &st_acc,
+            o_acc: &dk_acc,
+            p_regs: &[],
+            m: unused,
+            l: unused,
+            qf: &kf,
+            by_keys: descs[0],
+            over_keys: descs[1],
+            yes,
+            no,
+            scale2,
+            rows,
+            first_row: warp_last,
+            key_col: col2,
+            len: it.len,
+            step0: k.mov(Ty::U32, step),
+        };
+
+        k.comment("query blocks: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q");
+        k.for_range(0u32, it.blocks, 1, |k, j| {
+            let block = k.add(it.first, j);
+            let q0 = k.mul(block, bk);
+            // L (base 2; +inf for a query with no key, whose P is then 0) and Dsum of this
+            // thread's query columns 8i + 2q + {0, 1}, loaded before the products land.
+            let col0 = k.add(q0, col2);
+            let mut lse2 = Vec::with_capacity((bk / 4) as usize);
+            let mut dsum = Vec::with_capacity((bk / 4) as usize);
+            for i in 0..bk / 4 {
+                let q = k.add(col0, 8 * (i / 2) + (i % 2));
+                let live = k.setp(Cmp::Lt, q, blk.t);
+                let idx = k.add(row_base, q);
+                let l_at = k.mad_wide(idx, 4u32, p.lse);
+                let l = k.ld_if(live, Space::Global, Ty::F32, Addr::new(l_at), 0.0f32);
+                let none = k.setp(Cmp::Eq, l, f32::NEG_INFINITY);
+                let l2 = k.mul(l, log2e);
+                lse2.push(k.selp(none, f32::INFINITY, l2, Ty::F32));
+                let d_at = k.mad_wide(idx, 4u32, grad.dsum);
+                dsum.push(k.ld_if(live, Space::Global, Ty::F32, Addr::new(d_at), 0.0f32));
+            }
+            turns.take(k);
+            c.issue_by_keys(k, step, &kf, false, &st_acc);
+            c.issue_by_keys(k, step, &vf, true, &dpt_acc);
+            turns.pass(k);
+            k.wgmma_wait(0);
+
+            // Masked: queries past T, keys past the length, and (causal) keys after the
+            // query; only in blocks that reach such a pair for this warp.
+            let q_end = k.add(q0, bk);
+            let past_t = k.setp(Cmp::Gt, q_end, blk.t);
+            let need = k.or_pred(past_t, past_len);
+            let need = if blk.causal {
+                let early = k.setp(Cmp::Lt, q0, warp_last);
+                k.or_pred(need, early)
+            } else {
+                need
+            };
+            k.if_(need, |k| {
+                for (i, &r) in st_acc.iter().enumerate() {
+                    let i = i as u32;
+                    let q = k.add(col0, 8 * (i / 4) + (i % 2));
+                    let key = rows[((i / 2) % 2) as usize];
+                    let out = k.setp(Cmp::Ge, q, blk.t);
+                    let gone = k.setp(Cmp::Ge, key, it.len);
+                    let bad = k.or_pred(out, gone);
+                    let bad = if blk.causal {
+                        let after = k.setp(Cmp::Gt, key, q);
+                        k.or_pred(bad, after)
+                    } else {
+                        bad
+                    };
+                    let v = k.selp(bad, f32::NEG_INFINITY, r, Ty::F32);
+                    k.assign(r, v);
+                }
+            });
+            let mut pt = Vec::with_capacity(st_acc.len());
+            let mut dst = Vec::with_capacity(st_acc.len());
+            for (i, (&s, &dp)) in st_acc.iter().zip(&dpt_acc).enumerate() {
+                // Column i of the accumulator layout: register i is query 8(i / 4) +
+                // 2q + i % 2 of the block, the (i / 4 · 2 + i % 2)-th this thread holds.
+                let col = (i / 4) * 2 + i % 2;
+                let x = k.mul(s, scale2);
+                let x = k.sub(x, lse2[col]);
+                let prob = k.ex2(x);
+                let diff = k.sub(dp, dsum[col]);
+                dst.push(k.mul(prob, diff));
+                pt.push(prob);
+            }
+            let pack = |k: &mut Kernel, v: &[Reg]| -> Vec<Reg> {
+                v.chunks(2).map(|c| k.cvt_pack(half2, c[1], c[0])).collect()
+            };
+            let (pf, dsf) = (pack(k, &pt), pack(k, &dst));
+            turns.take(k);
+            c.issue_over_keys(k, step, &pf, true, &dv_acc);
+            c.issue_over_keys(k, step, &dsf, false, &dk_acc);
+            turns.pass(k);
+            k.wgmma_wait(0);
+            c.release(k, step, false);
+            c.release(k, step, true);
+            k.update("add", step, step, 1u32);
+        });
+
+        k.comment("epilogue: dK scaled, dV, rounded, stored");
+        // Dense [B, T, H, D], or the second and third slices of a packed [B, T, 3, H, D].
+        let row_heads = if kern.packed {
+            k.mul(blk.heads, 3u32)
+        } else {
+            k.mov(Ty::U32, blk.heads)
+        };
+        let one = k.mov(Ty::F32, 1.0f32);
+        for (n, (acc, out, factor)) in [(&dk_acc, p.o, p.scale), (&dv_acc, dv_out, one)]
+            .into_iter()
+            .enumerate()
+        {
+            let slice = if kern.packed { n as u32 + 1 } else { 0 };
+            for h in 0..2usize {
+                let bt = k.mad(it.b, blk.t, rows[h]);
+                let bth = k.mad(bt, row_heads, it.h);
+                let bth = k.mad(blk.heads, slice, bth);
+                let e = k.mul_wide(bth, d);
+                let cc = k.cvt(Ty::U64, col2);
+                let e = k.add(e, cc);
+                let bytes = k.shl(e, 1u32);
+                let at = k.add(out, bytes);
+                for jb in 0..d / 8 {
+                    let i = (4 * jb) as usize + 2 * h;
+                    let lo = k.mul(acc[i], factor);
+                    let hi = k.mul(acc[i + 1], factor);
+                    let v = k.cvt_pack(half2, hi, lo);
+                    k.st_if(ok[h], Space::Global, Addr::at(at, i64::from(16 * jb)), v);
+                }
+            }
+        }
+    });
+}
