@@ -9,7 +9,8 @@
 #         cannot check cooperative matrices or SPV_KHR_fma, so the tests never use one on PATH.
 #         Also NVIDIA's `ptxas` (CUDA 12.9, V12.9.86) for checking the PTX helios-ptx emits:
 #         .tools/bin/ptxas, from the pinned PyPI wheel nvidia-cuda-nvcc-cu12 (checked by
-#         SHA-256), so the PTX ISA the tests accept does not depend on a local CUDA install.
+#         SHA-256), so the PTX ISA the tests accept does not depend on a local CUDA install;
+#         and `nvdisasm` (13.5.37, wheel nvidia-cuda-nvdisasm) to read the SASS it assembles.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -114,5 +115,37 @@ ln -sfn "../cuda-$cuda/bin/ptxas" .tools/bin/ptxas
 # kills it with SIGPIPE, which pipefail reports as a failure.
 .tools/bin/ptxas --version 2>/dev/null | grep "V$cuda" >/dev/null || {
   echo "error: .tools/bin/ptxas does not run; remove .tools and run scripts/deps.sh test again" >&2
+  exit 1
+}
+
+# nvdisasm, CUDA 13.5 (13.5.37), from the wheel nvidia-cuda-nvdisasm 13.5.37 (NVIDIA CUDA
+# Toolkit EULA; downloaded here, never committed): the tests read the SASS of the native
+# attention kernels that ptxas assembled, for a register-allocation fault seen on the H200.
+nvd=13.5.37
+ndir=.tools/nvdisasm-$nvd
+if [ ! -x "$ndir/bin/nvdisasm" ]; then
+  case "$(uname -m)" in
+    x86_64)
+      url=https://files.pythonhosted.org/packages/64/4a/c84a14209a549d97831a02d111d943f47c995d4d3beaa3416daa3b534abb/nvidia_cuda_nvdisasm-13.5.37-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
+      sha=d3fdbdd49fa53e2e4aacd3db8259d052bd2b049ececdcb69e92e083c6728e7ca ;;
+    *)
+      echo "error: no pinned nvdisasm for $(uname -m). Install CUDA 12.4 or newer" \
+        "(e.g. pip install nvidia-cuda-nvdisasm) and set HELIOS_NVDISASM to its nvdisasm." >&2
+      exit 1 ;;
+  esac
+  echo "installing: nvdisasm (CUDA $nvd) into $ndir" >&2
+  ntmp=$(mktemp -d)
+  trap 'rm -rf "${tmp:-}" "${ptmp:-}" "$ntmp"' EXIT
+  curl -fsSL --retry 3 -o "$ntmp/w.whl" "$url"
+  echo "$sha  $ntmp/w.whl" | sha256sum -c --quiet -
+  unzip -q -j -o "$ntmp/w.whl" nvidia/cu13/bin/nvdisasm -d "$ntmp/bin"
+  chmod +x "$ntmp/bin/nvdisasm"
+  mkdir -p "$ndir"
+  rm -rf "$ndir/bin"
+  mv "$ntmp/bin" "$ndir/bin"
+fi
+ln -sfn "../nvdisasm-$nvd/bin/nvdisasm" .tools/bin/nvdisasm
+.tools/bin/nvdisasm --version 2>/dev/null | grep "V13.5" >/dev/null || {
+  echo "error: .tools/bin/nvdisasm does not run; remove .tools and run scripts/deps.sh test again" >&2
   exit 1
 }

@@ -13,6 +13,7 @@ scripts/deps.sh test
 export HELIOS_VALIDATION=1
 export HELIOS_SPIRV_VAL="${HELIOS_SPIRV_VAL:-$PWD/.tools/bin/spirv-val}"
 export HELIOS_PTXAS="${HELIOS_PTXAS:-$PWD/.tools/bin/ptxas}"
+export HELIOS_NVDISASM="${HELIOS_NVDISASM:-$PWD/.tools/bin/nvdisasm}"
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -8,7 +8,7 @@ use helios_kernels::matmul::native_variants;
 use helios_kernels::{
     Activation, Epilogue, MatmulKernel, MatmulVariant as Variant, Storage, Triangle,
 };
-use helios_ptx::{ptxas, Target};
+use helios_ptx::{ptxas, sass, Target};
 
 const FULL: Epilogue = Epilogue::forward(true, Activation::GeluTanh, true);
 
@@ -59,7 +59,7 @@ fn check(k: &MatmulKernel) {
     assemble(&m);
 }
 
-fn assemble(m: &helios_ptx::Module) {
+fn assemble(m: &helios_ptx::Module) -> Vec<u8> {
     let report = ptxas(&m.name, &m.text, &Target::SM90A.name()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         (report.spill_stores, report.spill_loads),
@@ -75,6 +75,7 @@ fn assemble(m: &helios_ptx::Module) {
         m.name,
         report.warnings
     );
+    report.cubin
 }
 
 /// Every native variant in every transpose; the first also in every storage and epilogue.
@@ -167,11 +168,89 @@ fn native_attention_kernels_assemble() {
                     let m = k
                         .build_native(Target::SM90A)
                         .unwrap_or_else(|e| panic!("{e}"));
-                    assemble(&m);
+                    let cubin = assemble(&m);
+                    let text = sass(&m.name, &cubin).unwrap_or_else(|e| panic!("{e}"));
+                    if let Err(e) = fragments_kept(&text) {
+                        panic!("{}: {e}", m.name);
+                    }
                     built += 1;
                 }
             }
         }
     }
     assert!(built >= 8, "{built} native attention kernels");
+}
+
+/// The register-allocation fault met on the H200 (bench/results/2026-11-29-native-
+/// attention-h200.md): a `wgmma` whose A operand is a loop-invariant register fragment (Q
+/// in the forward and Dq, dO in Dq, K and V in DkDv: the forms without `.tnspB`) had those
+/// registers reused for scratch inside the loop, so the next key block multiplied garbage.
+/// Checks, on the SASS, that nothing between the kernel's first and last `HGMMA` writes a
+/// register such an `HGMMA` reads as A.
+fn fragments_kept(sass: &str) -> Result<(), String> {
+    let lines: Vec<&str> = sass.lines().collect();
+    let hgmma: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].contains("HGMMA"))
+        .collect();
+    let (Some(&first), Some(&last)) = (hgmma.first(), hgmma.last()) else {
+        return Err("no HGMMA in the kernel".into());
+    };
+    // `HGMMA.64xNx16.F32.BF16 Rd, Ra, gdesc[..], ...`: Ra..Ra+3 are A, unless B is transposed
+    // (there A is the block's P or dS, new each block).
+    let mut held = std::collections::BTreeSet::new();
+    for &i in &hgmma {
+        let l = lines[i];
+        let ops: Vec<&str> = l.split_whitespace().collect();
+        let Some(at) = ops.iter().position(|o| o.starts_with("HGMMA")) else {
+            continue;
+        };
+        let a = ops.get(at + 2).map(|o| o.trim_end_matches(','));
+        if let (Some(a), false) = (a.and_then(|a| a.strip_prefix('R')), l.contains("tnspB")) {
+            if let Ok(r) = a.parse::<u32>() {
+                held.extend(r..r + 4);
+            }
+        }
+    }
+    for l in &lines[first + 1..last] {
+        if l.contains("HGMMA") {
+            continue;
+        }
+        // `/*addr*/ [@P] OPCODE Rdst, ...`: the first operand is the one written.
+        let mut ops = l.split_whitespace().skip_while(|o| o.starts_with("/*"));
+        let mut op = ops.next();
+        if op.is_some_and(|o| o.starts_with('@')) {
+            op = ops.next();
+        }
+        let dst = ops
+            .next()
+            .map(|o| o.trim_end_matches(',').trim_end_matches(';'));
+        let reg = dst
+            .and_then(|d| d.strip_prefix('R'))
+            .and_then(|r| r.parse::<u32>().ok());
+        if let (Some(op), Some(r)) = (op, reg) {
+            if held.contains(&r) && !op.starts_with("ST") {
+                return Err(format!(
+                    "R{r}, a wgmma A fragment kept across the loop, is written: {}",
+                    l.trim()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The check fails where a loop-invariant A fragment is overwritten, and passes where only
+/// the per-block (transposed-B) operands are.
+#[test]
+fn fragment_check_finds_a_clobbered_operand() {
+    let good = "\
+        /*0100*/ HGMMA.64x64x16.F32.BF16 R24, R88, gdesc[UR4], RZ, !UPT ;
+        /*0110*/ IMAD R20, R1, 0x40, R4 ;
+        /*0120*/ F2FP.BF16.F32.PACK_AB R36, R25, R24 ;
+        /*0130*/ HGMMA.64x64x16.F32.BF16 R56, R36, gdesc[UR4].tnspB, R56 ;";
+    assert_eq!(fragments_kept(good), Ok(()));
+    let bad = good.replace("IMAD R20", "IMAD R89");
+    let err = fragments_kept(&bad).unwrap_err();
+    assert!(err.contains("R89"), "{err}");
+    assert!(fragments_kept("/*0000*/ EXIT ;").is_err());
 }

@@ -12,7 +12,8 @@
 //! - `mma`: `mma.sync` and `wgmma` with its shared-memory descriptors.
 //! - `tensor`: tensor maps built on the device and `cp.async.bulk.tensor` copies of their
 //!   boxes (Hopper's copy engine writing `wgmma`'s swizzled layouts).
-//! - `validate`: runs `ptxas` on a module (the tests validate every generated kernel).
+//! - `validate`: runs `ptxas` on a module (the tests validate every generated kernel) and
+//!   `nvdisasm` on what it assembled.
 
 mod kernel;
 mod memory;
@@ -26,7 +27,7 @@ pub use memory::{Addr, Space};
 pub use mma::{MatrixDesc, MmaInput, Swizzle, WgmmaA};
 pub use tensor::{TensorMap, TensorMap2d, TENSOR_MAP_BYTES};
 pub use types::{Op, Reg, Target, Ty};
-pub use validate::{assembler, ptxas, PtxasReport, ValidateError};
+pub use validate::{assembler, disassembler, ptxas, sass, PtxasReport, ValidateError};
 
 /// A finished module: PTX text with one entry point, and what a launch must know of it.
 #[derive(Clone, Debug, PartialEq, Eq)]

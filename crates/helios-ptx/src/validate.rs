@@ -25,6 +25,16 @@ pub enum ValidateError {
         arch: String,
         message: String,
     },
+    #[error(
+        "cannot run nvdisasm `{tool}`: {source}. Run `scripts/deps.sh test` (installs nvdisasm \
+         into .tools/bin) or point HELIOS_NVDISASM at one from CUDA 12.4 or newer"
+    )]
+    DisassemblerMissing {
+        tool: String,
+        source: std::io::Error,
+    },
+    #[error("nvdisasm could not read the cubin of `{kernel}`:\n{message}")]
+    Disassembly { kernel: String, message: String },
     /// The temporary `.ptx` could not be written or the `.cubin` read back: a problem of this
     /// machine's temp directory, not of the PTX or the tool.
     #[error("ptxas scratch file `{path}` for kernel `{kernel}`: {source}")]
@@ -60,6 +70,44 @@ pub fn assembler() -> PathBuf {
             "/../../.tools/bin/ptxas"
         )),
     }
+}
+
+/// The `nvdisasm` binary: `HELIOS_NVDISASM`, else `<workspace>/.tools/bin/nvdisasm`.
+pub fn disassembler() -> PathBuf {
+    match std::env::var_os("HELIOS_NVDISASM") {
+        Some(tool) if !tool.is_empty() => PathBuf::from(tool),
+        _ => PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../.tools/bin/nvdisasm"
+        )),
+    }
+}
+
+/// The SASS of `cubin` (a [`PtxasReport::cubin`] of kernel `kernel`), one instruction a
+/// line, as [`disassembler`] prints it.
+pub fn sass(kernel: &str, cubin: &[u8]) -> Result<String, ValidateError> {
+    let scratch = ScratchFiles::new();
+    std::fs::write(&scratch.cubin, cubin).map_err(|source| ValidateError::Scratch {
+        kernel: kernel.to_string(),
+        path: scratch.cubin.clone(),
+        source,
+    })?;
+    let tool = disassembler();
+    let out = Command::new(&tool)
+        .arg("-c")
+        .arg(&scratch.cubin)
+        .output()
+        .map_err(|source| ValidateError::DisassemblerMissing {
+            tool: tool.display().to_string(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(ValidateError::Disassembly {
+            kernel: kernel.to_string(),
+            message: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Assembles `ptx` (named `kernel` in messages) for `arch` (e.g. `sm_90a`) with [`assembler`].
@@ -210,6 +258,17 @@ mod tests {
         assert_eq!(report.shared_bytes, 0);
         assert!(report.warnings.is_empty(), "{:?}", report.warnings);
         assert!(report.cubin.starts_with(b"\x7fELF"), "cubin is not an ELF");
+    }
+
+    #[test]
+    fn a_cubin_disassembles() {
+        let report = ptxas("add_one", ADD_ONE, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
+        let text = sass("add_one", &report.cubin).unwrap_or_else(|e| panic!("{e}"));
+        assert!(text.contains("IADD") || text.contains("VIADD"), "{text}");
+        assert!(matches!(
+            sass("garbage", b"not an elf"),
+            Err(ValidateError::Disassembly { .. })
+        ));
     }
 
     #[test]
