@@ -70,9 +70,10 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         k.shl(c, 1u32)
     };
     // Q's fragments are loaded into `q_load`, then `qf`, the registers `wgmma` reads,
-    // copies them. (Loading the next item's Q into `q_load` while this one runs gave wrong
-    // results on the H200, even where no block had a next item; why is not known yet:
-    // bench/results/2026-11-29-native-attention-h200.md.)
+    // copies them. (Loading the next item's Q into `q_load` while this one ran made the
+    // compiler reuse `qf`'s registers for scratch inside the key loop: wrong results on the
+    // H200. The ptxas test checks the SASS for it: bench/results/2026-11-29-native-
+    // attention-h200.md.)
     let q_view = (p.q, p.offs[0], p.strides);
     let load_q = |k: &mut Kernel, at: (Reg, Reg, Reg)| {
         load_fragments(k, (own_row, col_bytes), q_view, at, (blk.t, d), &q_load);
