@@ -415,6 +415,42 @@ impl Comm {
         self.api.check("ncclBroadcast", code, raw)
     }
 
+    /// Reduces `count` elements of `send` across ranks with `op` into rank `root`'s `recv`
+    /// (`send == recv` works in place; other ranks' `recv` is not written).
+    ///
+    /// # Safety
+    /// See [`Comm`]: `send` (and `recv` on the root) hold `count` elements of `dtype`.
+    #[allow(clippy::too_many_arguments)] // ncclReduce's own arguments, plus the stream
+    pub unsafe fn reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: NcclDtype,
+        op: NcclOp,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let raw = self.prepare("Comm::reduce", dtype, Some(op), stream)?;
+        if root >= self.world {
+            return Err(Error::InvalidArgument {
+                call: "Comm::reduce",
+                detail: format!("root {root} is not a rank of this world of {}", self.world),
+            });
+        }
+        let code = (self.api.reduce)(
+            send.as_ptr(),
+            recv.as_ptr(),
+            count,
+            dtype as c_int,
+            op as c_int,
+            root as c_int,
+            raw,
+            stream.raw(),
+        );
+        self.api.check("ncclReduce", code, raw)
+    }
+
     /// Reduces `world * recv_count` elements of `send` with `op` and leaves block `rank` of the
     /// result (`recv_count` elements) in `recv`.
     ///

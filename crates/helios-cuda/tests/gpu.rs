@@ -159,7 +159,7 @@ fn a_world_of_one_all_reduces_f32_and_bf16_with_sum_and_avg() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU and NCCL"]
-fn a_world_of_one_broadcasts_reduce_scatters_and_all_gathers() {
+fn a_world_of_one_broadcasts_reduces_reduce_scatters_and_all_gathers() {
     let cuda = Cuda::load().expect("load libcuda");
     let (ctx, stream) = device_zero(&cuda);
     let nccl = Nccl::load().expect("load NCCL (is its lib directory on LD_LIBRARY_PATH?)");
@@ -172,10 +172,13 @@ fn a_world_of_one_broadcasts_reduce_scatters_and_all_gathers() {
 
     // With one rank, each of these copies `send` to `recv`.
     type Collective<'a> = &'a dyn Fn(&DeviceBuffer) -> helios_cuda::Result<()>;
-    let cases: [(&str, Collective); 3] = [
-        // SAFETY (all three): `send` and `recv` hold `n` bf16 values and outlive the sync.
+    let cases: [(&str, Collective); 4] = [
+        // SAFETY (all four): `send` and `recv` hold `n` bf16 values and outlive the sync.
         ("broadcast from root 0", &|recv| unsafe {
             comm.broadcast(send.ptr(), recv.ptr(), n, dtype, 0, &stream)
+        }),
+        ("reduce Sum to root 0", &|recv| unsafe {
+            comm.reduce(send.ptr(), recv.ptr(), n, dtype, NcclOp::Sum, 0, &stream)
         }),
         ("reduce_scatter Sum", &|recv| unsafe {
             comm.reduce_scatter(send.ptr(), recv.ptr(), n, dtype, NcclOp::Sum, &stream)
@@ -195,7 +198,11 @@ fn a_world_of_one_broadcasts_reduce_scatters_and_all_gathers() {
     // SAFETY: rejected before NCCL is called.
     let bad_root = unsafe { comm.broadcast(send.ptr(), send.ptr(), n, dtype, 1, &stream) };
     assert!(matches!(bad_root, Err(Error::InvalidArgument { .. })));
-    println!("checked: broadcast from a root outside the world is refused");
+    // SAFETY: rejected before NCCL is called.
+    let bad_root =
+        unsafe { comm.reduce(send.ptr(), send.ptr(), n, dtype, NcclOp::Sum, 1, &stream) };
+    assert!(matches!(bad_root, Err(Error::InvalidArgument { .. })));
+    println!("checked: broadcast and reduce to a root outside the world are refused");
     comm.abort().expect("ncclCommAbort");
     println!("checked: abort");
 }

@@ -24,4 +24,7 @@ pub enum Error {
     Unsupported(String),
     #[error("launcher: {0}")]
     Launch(String),
+    /// The optimizer state's shards (ZeRO-1) do not fit the call or the run.
+    #[error("sharded optimizer state (ZeRO-1): {0}")]
+    Zero(String),
 }

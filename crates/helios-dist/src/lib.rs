@@ -7,7 +7,9 @@
 //! collective is called by every rank in the same order. The ranks then hold bit-identical
 //! parameters after every step (gradients are averaged to identical bits, and every kernel is
 //! deterministic), so nothing but gradients, losses and the starting weights ever needs to
-//! travel.
+//! travel. Under ZeRO-1 (`Shards`) each rank keeps the optimizer state of its own shard of
+//! the parameters: gradients then travel to their owner only, and updated parameters from
+//! their owner to every rank, which again leaves every rank with the same bits.
 
 mod device;
 mod env;
@@ -16,6 +18,7 @@ pub mod launch;
 #[cfg(feature = "mpi")]
 mod mpi;
 pub mod nccl;
+mod shard;
 mod single;
 mod watchdog;
 
@@ -25,6 +28,7 @@ pub use device::device_for;
 pub use env::{Launcher, Rank};
 pub use error::{Error, Result};
 pub use nccl::NcclCollective;
+pub use shard::Shards;
 pub use single::Single;
 
 /// The operations data-parallel training needs, carried by one backend. Every rank calls
@@ -36,8 +40,13 @@ pub trait Collective {
     /// The backend's name, for logs: "nccl", "mpi" or "single".
     fn backend(&self) -> &'static str;
 
+    /// Every rank's `bytes` become rank `root`'s.
+    fn broadcast_from(&mut self, root: usize, bytes: &mut [u8]) -> Result<()>;
+
     /// Every rank's `bytes` become rank 0's.
-    fn broadcast(&mut self, bytes: &mut [u8]) -> Result<()>;
+    fn broadcast(&mut self, bytes: &mut [u8]) -> Result<()> {
+        self.broadcast_from(0, bytes)
+    }
 
     /// Every rank's `values` become their element-wise mean over the ranks (the same bits
     /// on every rank).
@@ -46,6 +55,15 @@ pub trait Collective {
     /// Every tensor's gradient becomes the mean of that gradient over the ranks, the same
     /// bits on every rank; each tensor must hold a gradient.
     fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()>;
+
+    /// ZeRO-1's first half: on the rank that owns a tensor under `shards`, its gradient
+    /// becomes the mean of that gradient over the ranks; the other ranks' gradient of it is
+    /// left as it was (only the owner updates the tensor). Each tensor must hold a gradient.
+    fn reduce_gradients(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()>;
+
+    /// ZeRO-1's second half, after each owner updated its tensors: every rank's tensors take
+    /// their owner's values, written in place (the same bits on every rank).
+    fn broadcast_owned(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()>;
 
     /// The run is over on every rank: shut the backend down in step with the others (MPI
     /// finalizes). A collective dropped without `finish` — after a failure — leaves the
@@ -69,6 +87,16 @@ pub(crate) fn gradients(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
             })
         })
         .collect()
+}
+
+/// `root` must be a rank of a world of `world`.
+pub(crate) fn check_root(root: usize, world: usize) -> Result<()> {
+    match root < world {
+        true => Ok(()),
+        false => Err(Error::Environment(format!(
+            "a broadcast from rank {root} in a run of {world} ranks: ranks count from 0"
+        ))),
+    }
 }
 
 /// Stops this rank's whole run after a failure, with exit status `code`: under MPI through
@@ -104,8 +132,13 @@ impl dyn Collective + '_ {
 
     /// Every rank's `values` become rank 0's.
     pub fn broadcast_f32(&mut self, values: &mut [f32]) -> Result<()> {
+        self.broadcast_f32_from(0, values)
+    }
+
+    /// Every rank's `values` become rank `root`'s.
+    pub fn broadcast_f32_from(&mut self, root: usize, values: &mut [f32]) -> Result<()> {
         let mut bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.broadcast(&mut bytes)?;
+        self.broadcast_from(root, &mut bytes)?;
         for (v, b) in values.iter_mut().zip(bytes.chunks_exact(4)) {
             *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }

@@ -1,5 +1,7 @@
 //! The MPI backend: for GPUs without NCCL, and for CI. Gradients travel through the host
 //! (read back, reduced by MPI, uploaded), which is slow but works on any Vulkan device.
+//! Sums go to one rank and back out from it, never through an all-reduce, so that every
+//! rank gets the same bits whatever algorithm the MPI library picks.
 
 use helios::Tensor;
 use mpi::collective::SystemOperation;
@@ -7,7 +9,7 @@ use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, Equivalence, Root};
 
-use crate::{Collective, Error, Rank, Result};
+use crate::{Collective, Error, Rank, Result, Shards};
 
 /// MPI counts are C ints: larger buffers go in pieces of this many elements.
 const PIECE: usize = 1 << 28;
@@ -70,18 +72,44 @@ impl Mpi {
     /// Sums `values` over the ranks into rank 0, then sends rank 0's sums to all: unlike an
     /// all-reduce, whose summation order may differ per rank, every rank gets the same bits.
     fn sum_everywhere<T: Equivalence + Copy + Default>(&self, values: &mut [T]) {
-        let root = self.world.process_at_rank(0);
+        self.sum_into(0, values);
+        self.broadcast_into(0, values);
+    }
+
+    /// Sums `values` over the ranks into rank `to`'s `values`; the others' are left alone.
+    fn sum_into<T: Equivalence + Copy + Default>(&self, to: usize, values: &mut [T]) {
+        let root = self.world.process_at_rank(to as i32);
         for piece in values.chunks_mut(PIECE) {
-            if self.rank.rank == 0 {
+            if self.rank.rank == to {
                 let mut sum = vec![T::default(); piece.len()];
                 root.reduce_into_root(&piece[..], &mut sum[..], SystemOperation::sum());
                 piece.copy_from_slice(&sum);
             } else {
                 root.reduce_into(&piece[..], SystemOperation::sum());
             }
+        }
+    }
+
+    /// Rank `from`'s `values` become every rank's.
+    fn broadcast_into<T: Equivalence>(&self, from: usize, values: &mut [T]) {
+        let root = self.world.process_at_rank(from as i32);
+        for piece in values.chunks_mut(PIECE) {
             root.broadcast_into(piece);
         }
     }
+}
+
+/// Every tensor's values as f32, one after another, and where each starts (one more entry:
+/// the end).
+fn flatten(tensors: &[Tensor]) -> Result<(Vec<f32>, Vec<usize>)> {
+    let mut flat = Vec::with_capacity(tensors.iter().map(Tensor::len).sum());
+    let mut starts = Vec::with_capacity(tensors.len() + 1);
+    for t in tensors {
+        starts.push(flat.len());
+        flat.extend(t.to_vec()?);
+    }
+    starts.push(flat.len());
+    Ok((flat, starts))
 }
 
 impl Collective for Mpi {
@@ -93,11 +121,9 @@ impl Collective for Mpi {
         "mpi"
     }
 
-    fn broadcast(&mut self, bytes: &mut [u8]) -> Result<()> {
-        let root = self.world.process_at_rank(0);
-        for piece in bytes.chunks_mut(PIECE) {
-            root.broadcast_into(piece);
-        }
+    fn broadcast_from(&mut self, root: usize, bytes: &mut [u8]) -> Result<()> {
+        crate::check_root(root, self.rank.world)?;
+        self.broadcast_into(root, bytes);
         Ok(())
     }
 
@@ -115,10 +141,7 @@ impl Collective for Mpi {
 
     fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()> {
         let grads = crate::gradients(tensors)?;
-        let mut flat = Vec::with_capacity(grads.iter().map(Tensor::len).sum());
-        for g in &grads {
-            flat.extend(g.to_vec()?);
-        }
+        let (mut flat, _) = flatten(&grads)?;
         self.sum_everywhere(&mut flat);
         let scale = 1.0 / self.rank.world as f32;
         let mut at = 0;
@@ -131,6 +154,67 @@ impl Collective for Mpi {
                 g.shape(),
                 g.dtype(),
             )?))?;
+        }
+        Ok(())
+    }
+
+    fn reduce_gradients(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()> {
+        shards.check(tensors.len(), self.rank.world)?;
+        let grads = crate::gradients(tensors)?;
+        // Every rank's whole gradient leaves it, but each part reaches its owner only: half
+        // of what `average_gradients` moves, the other half being `broadcast_owned`.
+        let (mut flat, starts) = flatten(&grads)?;
+        for r in 0..self.rank.world {
+            let owned = shards.range(r);
+            let (a, b) = (starts[owned.start], starts[owned.end]);
+            if a < b {
+                self.sum_into(r, &mut flat[a..b]);
+            }
+        }
+        let scale = 1.0 / self.rank.world as f32;
+        for i in shards.range(self.rank.rank) {
+            let g = &grads[i];
+            let mean: Vec<f32> = flat[starts[i]..starts[i + 1]]
+                .iter()
+                .map(|v| v * scale)
+                .collect();
+            tensors[i].set_grad(Some(Tensor::from_slice_as(
+                g.device(),
+                &mean,
+                g.shape(),
+                g.dtype(),
+            )?))?;
+        }
+        Ok(())
+    }
+
+    fn broadcast_owned(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()> {
+        shards.check(tensors.len(), self.rank.world)?;
+        for r in 0..self.rank.world {
+            let owned = &tensors[shards.range(r)];
+            if owned.is_empty() {
+                continue;
+            }
+            // f32 on the wire: exact for every dtype a tensor has.
+            let (mut flat, starts) = match r == self.rank.rank {
+                true => flatten(owned)?,
+                false => {
+                    let mut starts = vec![0];
+                    starts.extend(owned.iter().scan(0, |at, t| {
+                        *at += t.len();
+                        Some(*at)
+                    }));
+                    (vec![0.0; starts[owned.len()]], starts)
+                }
+            };
+            self.broadcast_into(r, &mut flat);
+            if r == self.rank.rank {
+                continue;
+            }
+            for (k, t) in owned.iter().enumerate() {
+                let values = &flat[starts[k]..starts[k + 1]];
+                Tensor::from_slice_as(t.device(), values, t.shape(), t.dtype())?.copy_into(t)?;
+            }
         }
         Ok(())
     }

@@ -4,7 +4,10 @@
 //! CUDA imports once; a Vulkan timeline semaphore, also imported, orders the two APIs on the
 //! GPU. Each step: Vulkan copies the gradients in and signals value 2k+1; the CUDA stream
 //! waits for it, all-reduces the arena in place and signals 2k+2; every later Vulkan command
-//! (the optimizer first) waits for that. The host only enqueues.
+//! (the optimizer first) waits for that. The host only enqueues. Under ZeRO-1 the same
+//! arena carries both halves of the step, one exchange each: the gradients, reduced to each
+//! shard's owner, then the updated parameters (of the gradients' shapes and dtypes), each
+//! shard broadcast from its owner.
 
 use helios::interop::{ExportedArena, ExternalTimeline};
 use helios::{DType, Device, Tensor};
@@ -13,7 +16,7 @@ use helios_cuda::{
     NcclDtype, NcclOp, Stream, UniqueId,
 };
 
-use crate::{Collective, Error, Rank, Result};
+use crate::{Collective, Error, Rank, Result, Shards};
 
 /// Whether this host can run `ranks` NCCL ranks (the libraries load and CUDA sees as many
 /// GPUs), or why not.
@@ -29,7 +32,7 @@ pub fn available(ranks: usize) -> std::result::Result<(), String> {
 /// One rank's NCCL communicator and what it shares with Vulkan. Field order is drop order:
 /// CUDA lets go of the imported memory and semaphore before Vulkan frees them.
 pub struct NcclCollective {
-    grads: Option<GradArena>,
+    arena: Option<Arena>,
     sem: ExternalSemaphore,
     host: Option<DeviceBuffer>,
     comm: Option<Comm>,
@@ -45,17 +48,39 @@ pub struct NcclCollective {
     bootstrap: Option<Box<dyn Collective>>,
 }
 
-/// The gradients' home that CUDA sees: one tensor per parameter, packed at aligned offsets.
-struct GradArena {
+/// The gradients' (and under ZeRO-1 the parameters') home that CUDA sees: one tensor per
+/// parameter, packed at aligned offsets.
+struct Arena {
     /// CUDA's mapping, dropped before the Vulkan arena.
     _memory: ExternalMemory,
     base: DevicePtr,
     /// Per parameter: its gradient's shape and dtype (the arena is rebuilt if they change).
     specs: Vec<(Vec<usize>, DType)>,
     tensors: Vec<Tensor>,
-    /// Contiguous runs of one dtype: (byte offset, elements, dtype), one all-reduce each.
-    runs: Vec<(u64, usize, NcclDtype)>,
+    /// Per parameter: (byte offset, elements, dtype) of its slot.
+    slots: Vec<(u64, usize, NcclDtype)>,
     _arena: ExportedArena,
+}
+
+impl Arena {
+    /// The slots of parameters `range` as contiguous runs of one dtype, (byte offset,
+    /// elements, dtype): one collective each.
+    fn runs(&self, range: std::ops::Range<usize>) -> Vec<(u64, usize, NcclDtype)> {
+        let mut runs: Vec<(u64, usize, NcclDtype)> = Vec::new();
+        for &(start, elements, dtype) in &self.slots[range] {
+            let size = dtype.size_bytes() as u64;
+            match runs.last_mut() {
+                Some(r) if r.2 == dtype && r.0 + r.1 as u64 * size == start => r.1 += elements,
+                _ => runs.push((start, elements, dtype)),
+            }
+        }
+        runs.retain(|r| r.1 > 0);
+        runs
+    }
+
+    fn ptr(&self, offset: u64) -> DevicePtr {
+        self.base.offset(offset).expect("inside the arena")
+    }
 }
 
 fn nccl_dtype(d: DType) -> NcclDtype {
@@ -115,7 +140,7 @@ impl NcclCollective {
         let timeline = device.export_timeline()?;
         let sem = ExternalSemaphore::import_timeline(&ctx, timeline.fd()?)?;
         Ok(NcclCollective {
-            grads: None,
+            arena: None,
             sem,
             host: None,
             comm: Some(comm),
@@ -134,6 +159,14 @@ impl NcclCollective {
         self.comm.as_ref().expect("used after finish")
     }
 
+    /// The mean over the ranks of a sum the arena's `slot` holds.
+    fn mean_of(&self, slot: &Tensor) -> Result<Tensor> {
+        Ok(match self.rank.world {
+            1 => slot.clone(),
+            n => slot.mul_scalar(1.0 / n as f32)?,
+        })
+    }
+
     /// A CUDA buffer of exactly `bytes` for host values (reused while the size stays).
     fn host_buffer(&mut self, bytes: usize) -> Result<&mut DeviceBuffer> {
         if self.host.as_ref().map(DeviceBuffer::len) != Some(bytes) {
@@ -143,46 +176,39 @@ impl NcclCollective {
         Ok(self.host.as_mut().expect("just made"))
     }
 
-    /// The arena for gradients like `grads`, made (and imported into CUDA) on first use or
-    /// when their shapes change.
-    fn arena_for(&mut self, grads: &[Tensor]) -> Result<&GradArena> {
-        let specs: Vec<(Vec<usize>, DType)> = grads
+    /// The arena for tensors like `like` (gradients, or the parameters they belong to),
+    /// made (and imported into CUDA) on first use or when their shapes change.
+    fn arena_for(&mut self, like: &[Tensor]) -> Result<&Arena> {
+        let specs: Vec<(Vec<usize>, DType)> = like
             .iter()
             .map(|g| (g.shape().to_vec(), g.dtype()))
             .collect();
-        if self.grads.as_ref().map(|a| &a.specs) != Some(&specs) {
+        if self.arena.as_ref().map(|a| &a.specs) != Some(&specs) {
             // The old arena may still be in CUDA's hands: let its work finish first.
             self.stream.synchronize()?;
-            self.grads = None;
-            self.grads = Some(self.make_arena(specs)?);
+            self.arena = None;
+            self.arena = Some(self.make_arena(specs)?);
         }
-        Ok(self.grads.as_ref().expect("just made"))
+        Ok(self.arena.as_ref().expect("just made"))
     }
 
-    fn make_arena(&self, specs: Vec<(Vec<usize>, DType)>) -> Result<GradArena> {
+    fn make_arena(&self, specs: Vec<(Vec<usize>, DType)>) -> Result<Arena> {
         // Each tensor at an aligned offset; tensors of one dtype that end where the next
-        // begins form one run, so that one all-reduce covers it.
+        // begins form one run (`Arena::runs`), so that one collective covers it.
         let align = self.device.context().region_alignment();
-        let mut offsets = Vec::with_capacity(specs.len());
-        let mut runs: Vec<(u64, usize, NcclDtype)> = Vec::new();
+        let mut slots = Vec::with_capacity(specs.len());
         let mut at = 0u64;
         for (shape, dtype) in &specs {
             let (elements, size) = (shape.iter().product::<usize>(), dtype.size() as u64);
             let start = at.next_multiple_of(align);
-            let dtype = nccl_dtype(*dtype);
-            match runs.last_mut() {
-                Some(r) if r.2 == dtype && r.0 + r.1 as u64 * size == start => r.1 += elements,
-                _ => runs.push((start, elements, dtype)),
-            }
-            offsets.push(start);
+            slots.push((start, elements, nccl_dtype(*dtype)));
             at = start + elements as u64 * size;
         }
-        runs.retain(|r| r.1 > 0);
         let arena = ExportedArena::new(&self.device, at.max(align))?;
         let tensors = specs
             .iter()
-            .zip(&offsets)
-            .map(|((shape, dtype), &off)| arena.tensor(off, shape, *dtype))
+            .zip(&slots)
+            .map(|((shape, dtype), &(off, _, _))| arena.tensor(off, shape, *dtype))
             .collect::<helios::Result<Vec<_>>>()?;
         let memory = ExternalMemory::import(
             &self.ctx,
@@ -191,14 +217,32 @@ impl NcclCollective {
             arena.memory().dedicated(),
         )?;
         let base = memory.mapped_buffer(0, arena.allocation_size())?;
-        Ok(GradArena {
+        Ok(Arena {
             _memory: memory,
             base,
             specs,
             tensors,
-            runs,
+            slots,
             _arena: arena,
         })
+    }
+
+    /// Runs `collectives` on the CUDA stream between the arena's filling and its reading:
+    /// after every Vulkan command recorded so far, and before every one recorded later.
+    fn exchange(
+        &mut self,
+        collectives: impl FnOnce(&Comm, &Stream, &Arena) -> helios_cuda::Result<()>,
+    ) -> Result<()> {
+        let (ready, done) = (self.value + 1, self.value + 2);
+        self.value = done;
+        self.device.signal_external(&self.timeline, ready)?;
+        self.stream.wait_external(&self.sem, ready)?;
+        let arena = self.arena.as_ref().expect("made by arena_for");
+        let comm = self.comm.as_ref().expect("used after finish");
+        self.nccl.group(|| collectives(comm, &self.stream, arena))?;
+        self.stream.signal_external(&self.sem, done)?;
+        self.device.wait_external(&self.timeline, done)?;
+        Ok(())
     }
 }
 
@@ -211,14 +255,15 @@ impl Collective for NcclCollective {
         "nccl"
     }
 
-    fn broadcast(&mut self, bytes: &mut [u8]) -> Result<()> {
+    fn broadcast_from(&mut self, root: usize, bytes: &mut [u8]) -> Result<()> {
+        crate::check_root(root, self.rank.world)?;
         let buf = self.host_buffer(bytes.len())?;
         buf.copy_from_host(bytes)?;
         let ptr = buf.ptr();
         // SAFETY: `ptr` holds `bytes.len()` bytes and outlives the synchronize below.
         unsafe {
             self.comm()
-                .broadcast(ptr, ptr, bytes.len(), NcclDtype::U8, 0, &self.stream)?;
+                .broadcast(ptr, ptr, bytes.len(), NcclDtype::U8, root, &self.stream)?;
         }
         self.stream.synchronize()?;
         self.host.as_ref().expect("made").copy_to_host(bytes)?;
@@ -253,35 +298,81 @@ impl Collective for NcclCollective {
     fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()> {
         let grads = crate::gradients(tensors)?;
         self.arena_for(&grads)?;
-        let (ready, done) = (self.value + 1, self.value + 2);
-        self.value = done;
-        let arena = self.grads.as_ref().expect("made by arena_for");
+        let arena = self.arena.as_ref().expect("made by arena_for");
         for (g, slot) in grads.iter().zip(&arena.tensors) {
             g.copy_into(slot)?;
         }
-        self.device.signal_external(&self.timeline, ready)?;
-        self.stream.wait_external(&self.sem, ready)?;
-        let comm = self.comm.as_ref().expect("used after finish");
-        self.nccl.group(|| {
-            for &(offset, count, dtype) in &arena.runs {
-                let ptr = arena.base.offset(offset).expect("inside the arena");
+        self.exchange(|comm, stream, arena| {
+            for (offset, count, dtype) in arena.runs(0..arena.slots.len()) {
+                let ptr = arena.ptr(offset);
                 // Sum, not Avg: NCCL 2.28's Avg changed a few f32 values of a world of one
                 // (bench/results/2026-11-29-data-parallel.md); the mean's division is ours.
                 // SAFETY: the run lies inside the mapped arena, which outlives the stream's
                 // work (dropping the arena waits for the GPU).
-                unsafe { comm.all_reduce(ptr, ptr, count, dtype, NcclOp::Sum, &self.stream)? };
+                unsafe { comm.all_reduce(ptr, ptr, count, dtype, NcclOp::Sum, stream)? };
             }
             Ok(())
         })?;
-        self.stream.signal_external(&self.sem, done)?;
-        self.device.wait_external(&self.timeline, done)?;
-        let scale = 1.0 / self.rank.world as f32;
+        let arena = self.arena.as_ref().expect("made by arena_for");
         for (t, slot) in tensors.iter().zip(&arena.tensors) {
-            let mean = match self.rank.world {
-                1 => slot.clone(),
-                _ => slot.mul_scalar(scale)?,
-            };
-            t.set_grad(Some(mean))?;
+            t.set_grad(Some(self.mean_of(slot)?))?;
+        }
+        Ok(())
+    }
+
+    fn reduce_gradients(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()> {
+        shards.check(tensors.len(), self.rank.world)?;
+        let grads = crate::gradients(tensors)?;
+        self.arena_for(&grads)?;
+        let arena = self.arena.as_ref().expect("made by arena_for");
+        for (g, slot) in grads.iter().zip(&arena.tensors) {
+            g.copy_into(slot)?;
+        }
+        let world = self.rank.world;
+        self.exchange(|comm, stream, arena| {
+            for owner in 0..world {
+                for (offset, count, dtype) in arena.runs(shards.range(owner)) {
+                    let ptr = arena.ptr(offset);
+                    // SAFETY: as in `average_gradients`; in place on the owner.
+                    unsafe { comm.reduce(ptr, ptr, count, dtype, NcclOp::Sum, owner, stream)? };
+                }
+            }
+            Ok(())
+        })?;
+        let arena = self.arena.as_ref().expect("made by arena_for");
+        for i in shards.range(self.rank.rank) {
+            tensors[i].set_grad(Some(self.mean_of(&arena.tensors[i])?))?;
+        }
+        Ok(())
+    }
+
+    fn broadcast_owned(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()> {
+        shards.check(tensors.len(), self.rank.world)?;
+        // The gradients' arena, when the parameters match it (they do: a gradient has its
+        // parameter's shape and dtype). The optimizer has read the gradients by now: Vulkan
+        // orders these copies after its reads.
+        self.arena_for(tensors)?;
+        let arena = self.arena.as_ref().expect("made by arena_for");
+        let mine = shards.range(self.rank.rank);
+        for i in mine.clone() {
+            tensors[i].copy_into(&arena.tensors[i])?;
+        }
+        let world = self.rank.world;
+        self.exchange(|comm, stream, arena| {
+            for owner in 0..world {
+                for (offset, count, dtype) in arena.runs(shards.range(owner)) {
+                    let ptr = arena.ptr(offset);
+                    // SAFETY: as in `average_gradients`.
+                    unsafe { comm.broadcast(ptr, ptr, count, dtype, owner, stream)? };
+                }
+            }
+            Ok(())
+        })?;
+        let arena = self.arena.as_ref().expect("made by arena_for");
+        for (i, (t, slot)) in tensors.iter().zip(&arena.tensors).enumerate() {
+            if !mine.contains(&i) {
+                slot.copy_into(t)?;
+            }
         }
         Ok(())
     }

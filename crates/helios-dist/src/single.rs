@@ -1,6 +1,6 @@
 use helios::Tensor;
 
-use crate::{Collective, Rank, Result};
+use crate::{Collective, Rank, Result, Shards};
 
 /// A run of one process: every collective is the identity.
 #[derive(Clone, Copy, Debug, Default)]
@@ -15,8 +15,8 @@ impl Collective for Single {
         "single"
     }
 
-    fn broadcast(&mut self, _bytes: &mut [u8]) -> Result<()> {
-        Ok(())
+    fn broadcast_from(&mut self, root: usize, _bytes: &mut [u8]) -> Result<()> {
+        crate::check_root(root, 1)
     }
 
     fn mean(&mut self, _values: &mut [f64]) -> Result<()> {
@@ -25,5 +25,13 @@ impl Collective for Single {
 
     fn average_gradients(&mut self, _tensors: &[Tensor]) -> Result<()> {
         Ok(())
+    }
+
+    fn reduce_gradients(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()> {
+        shards.check(tensors.len(), 1)
+    }
+
+    fn broadcast_owned(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()> {
+        shards.check(tensors.len(), 1)
     }
 }

@@ -10,7 +10,8 @@
 //! - `weights` + `checkpoint`: Hugging Face safetensors in and out, and atomic checkpoints that
 //!   resume exactly (optimizer moments, sampler, schedule).
 //! - `model`: GPT-2's forward pass on the device (autograd gives the backward); `optim`:
-//!   AdamW with clipping and bf16 master weights; `train`: the training loop.
+//!   AdamW with clipping and bf16 master weights; `train`: the training loop; `parallel`: its
+//!   side of data-parallel training (agreement between ranks, ZeRO-1's sharded optimizer).
 //!
 //! Layout decision: parameters keep Hugging Face's shapes in files and in memory (Conv1D
 //! weights [in, out]), so files need no transposes and a linear layer is `x @ w`.
@@ -39,6 +40,7 @@ pub mod generate;
 pub mod kv_cache;
 pub mod model;
 pub mod optim;
+pub mod parallel;
 pub mod params;
 pub mod sampler;
 pub mod schedule;

@@ -217,15 +217,19 @@ pub fn to_host(config: &GptConfig, tensors: &[Tensor]) -> Result<BTreeMap<String
         .param_specs()
         .into_iter()
         .zip(tensors)
-        .map(|(s, t)| {
-            let rows = s.shape.first().copied().unwrap_or(1);
-            let t = match t.shape().first() {
-                Some(&have) if have > rows && s.shape.len() >= 2 => t.narrow(0, 0, rows)?,
-                _ => t.clone(),
-            };
-            Ok((s.name, HostTensor::download(&t)?))
-        })
+        .map(|(s, t)| Ok((s.name.clone(), host_of(&s, t)?)))
         .collect()
+}
+
+/// One device tensor of `spec`'s parameter (or of its optimizer state) as a host tensor of
+/// the Hugging Face shape: wte's padded rows left out.
+pub(crate) fn host_of(spec: &ParamSpec, t: &Tensor) -> Result<HostTensor> {
+    let rows = spec.shape.first().copied().unwrap_or(1);
+    let t = match t.shape().first() {
+        Some(&have) if have > rows && spec.shape.len() >= 2 => t.narrow(0, 0, rows)?,
+        _ => t.clone(),
+    };
+    HostTensor::download(&t)
 }
 
 /// Token ids (B, T) and positions 0..T as device index tensors, after checking them against

@@ -5,6 +5,12 @@
 //! The one decision a reader must know: the clip coefficient min(1, clip / (‖g‖ + 1e-6))
 //! stays a device tensor that scales every gradient, so clipping never waits for the host;
 //! the norm is handed back for logging, and reading it is the caller's choice.
+//!
+//! Under ZeRO-1 (`parallel`) an `AdamW` owns a shard of the parameters: it keeps moments
+//! (and masters) for those alone and updates them alone, with the norm of the whole gradient
+//! that the caller sums over the ranks.
+
+use std::ops::Range;
 
 use helios::{adamw_step_scaled, AdamWConfig, AdamWParam, DType, Tensor};
 
@@ -14,11 +20,15 @@ use crate::params::ParamStore;
 use crate::schedule::AdamWHyper;
 use crate::{Error, Result};
 
-/// AdamW's state on the device, one entry per parameter (`GptConfig::param_specs` order).
+/// AdamW's state on the device, one entry per owned parameter (`GptConfig::param_specs`
+/// order).
 pub struct AdamW {
     pub hyper: AdamWHyper,
     /// Steps taken (the next is `step + 1`).
     pub step: u64,
+    /// The parameters this optimizer updates (`param_specs` indices): all of them, or under
+    /// ZeRO-1 this rank's shard. The vectors below hold these parameters' entries.
+    owned: Range<usize>,
     /// f32 first and second moments, the device parameters' shapes (wte's padded rows too,
     /// which stay zero: their gradient is zero).
     m: Vec<Tensor>,
@@ -38,16 +48,43 @@ impl AdamW {
         hyper: AdamWHyper,
         master: Option<Vec<Tensor>>,
     ) -> Result<AdamW> {
+        AdamW::for_shard(params, state, hyper, master, 0..params.tensors().len())
+    }
+
+    /// `new` for the parameters `owned` alone (ZeRO-1): only their moments come from
+    /// `state` to the device, and `master` holds only their f32 weights (see
+    /// `upload_with_master_of`).
+    pub fn for_shard(
+        params: &GptParams,
+        state: &OptimizerState,
+        hyper: AdamWHyper,
+        master: Option<Vec<Tensor>>,
+        owned: Range<usize>,
+    ) -> Result<AdamW> {
         let config = params.config();
         state.validate(config)?;
+        let n = params.tensors().len();
+        if owned.start > owned.end || owned.end > n {
+            return Err(Error::Params(format!(
+                "the optimizer's shard {owned:?} is not a range of the {n} parameters"
+            )));
+        }
+        if master.as_ref().is_some_and(|m| m.len() != owned.len()) {
+            return Err(Error::Params(format!(
+                "{} master weights for a shard of {} parameters",
+                master.map_or(0, |m| m.len()),
+                owned.len()
+            )));
+        }
         let device = params.tensors()[0].device().clone();
-        let specs = config.param_specs();
+        let specs = &config.param_specs()[owned.clone()];
+        let tensors = &params.tensors()[owned.clone()];
         // The host moments have Hugging Face's shapes; on the device they take the shape of
         // their parameter (zero rows for wte's padding).
         let upload = |map: &std::collections::BTreeMap<String, crate::HostTensor>| {
             specs
                 .iter()
-                .zip(params.tensors())
+                .zip(tensors)
                 .map(|(s, p)| upload_rows(&map[&s.name], p.shape()[0], &device, DType::F32))
                 .collect::<Result<Vec<_>>>()
         };
@@ -58,7 +95,38 @@ impl AdamW {
             v: upload(&state.v)?,
             master,
             decay: specs.iter().map(|s| s.weight_decay).collect(),
+            owned,
         })
+    }
+
+    /// The parameters this optimizer updates (`param_specs` indices).
+    pub fn owned(&self) -> Range<usize> {
+        self.owned.clone()
+    }
+
+    fn owns_all(&self, params: &GptParams) -> bool {
+        self.owned == (0..params.tensors().len())
+    }
+
+    /// Parameter `i`'s moments (m, v) and f32 master (bf16 runs), when this optimizer owns it.
+    pub(crate) fn state_of(&self, i: usize) -> Option<(&Tensor, &Tensor, Option<&Tensor>)> {
+        let k = i
+            .checked_sub(self.owned.start)
+            .filter(|_| self.owned.contains(&i))?;
+        Some((&self.m[k], &self.v[k], self.master.as_ref().map(|m| &m[k])))
+    }
+
+    /// Errors unless this optimizer holds the whole state (`what` needs it).
+    fn whole(&self, params: &GptParams, what: &str) -> Result<()> {
+        match self.owns_all(params) {
+            true => Ok(()),
+            false => Err(Error::Params(format!(
+                "{what} needs every parameter's optimizer state, but this rank holds only its \
+                 shard (parameters {:?}, ZeRO-1): gather the state over the ranks first \
+                 (Trainer::save and Trainer::gather_weights do)",
+                self.owned
+            ))),
+        }
     }
 
     /// The global L2 norm of every gradient of `params`, a (1,) device tensor; `None` when
@@ -77,7 +145,7 @@ impl AdamW {
     /// the global norm `hyper.grad_clip` first), then forgets them. Returns the gradient
     /// norm before clipping, a (1,) device tensor. Every parameter must have a gradient.
     pub fn step(&mut self, params: &GptParams, lr: f64) -> Result<Tensor> {
-        self.step_inner(params, lr, None)
+        self.step_inner(params, lr, None, None)
     }
 
     /// `step` for gradients of a loss multiplied by a loss scale S (f16 training): the
@@ -92,20 +160,63 @@ impl AdamW {
         lr: f64,
         unscale: f32,
     ) -> Result<Tensor> {
-        self.step_inner(params, lr, Some(unscale))
+        self.step_inner(params, lr, Some(unscale), None)
     }
 
-    fn step_inner(&mut self, params: &GptParams, lr: f64, unscale: Option<f32>) -> Result<Tensor> {
-        let grads = params
-            .tensors()
+    /// The sum of the squares of the owned parameters' gradients, a (1,) f32 device tensor
+    /// (`None` when this optimizer owns no parameter): this rank's share of the squared norm
+    /// under ZeRO-1. Every owned parameter must have a gradient.
+    pub fn owned_sum_squares(&self, params: &GptParams) -> Result<Option<Tensor>> {
+        let grads = self.owned_grads(params)?;
+        if grads.is_empty() {
+            return Ok(None);
+        }
+        let refs: Vec<&Tensor> = grads.iter().collect();
+        Ok(Some(helios::sum_squares(&refs)?))
+    }
+
+    /// `step` (`unscale` None) or `step_loss_scaled` (`unscale` 1/S) of the owned parameters
+    /// alone, clipped with `norm`: the whole gradient's norm, summed by the caller over every
+    /// rank's `owned_sum_squares`, as a (1,) device tensor (of the scaled gradient in f16).
+    /// Given the same gradients and norm, each owned parameter's update is `step`'s.
+    pub fn step_owned(
+        &mut self,
+        params: &GptParams,
+        lr: f64,
+        unscale: Option<f32>,
+        norm: Tensor,
+    ) -> Result<Tensor> {
+        self.step_inner(params, lr, unscale, Some(norm))
+    }
+
+    fn owned_grads(&self, params: &GptParams) -> Result<Vec<Tensor>> {
+        params.tensors()[self.owned.clone()]
             .iter()
             .map(|t| {
                 t.grad().ok_or_else(|| {
                     Error::Params("a parameter got no gradient; call backward() first".into())
                 })
             })
-            .collect::<Result<Vec<_>>>()?;
-        let norm = AdamW::grad_norm(params)?.expect("every parameter has a gradient");
+            .collect()
+    }
+
+    /// One step of the owned parameters; `norm` is the whole gradient's norm, or `None` to
+    /// compute it here (only when this optimizer owns every parameter).
+    fn step_inner(
+        &mut self,
+        params: &GptParams,
+        lr: f64,
+        unscale: Option<f32>,
+        norm: Option<Tensor>,
+    ) -> Result<Tensor> {
+        let grads = self.owned_grads(params)?;
+        let norm = match norm {
+            Some(n) => n,
+            None => {
+                self.whole(params, "a step without the whole gradient's norm")?;
+                AdamW::grad_norm(params)?.expect("every parameter has a gradient")
+            }
+        };
         let norm = match unscale {
             Some(u) => norm.mul_scalar(u)?,
             None => norm,
@@ -143,7 +254,7 @@ impl AdamW {
         let wd = self.hyper.weight_decay as f32;
         let list: Vec<AdamWParam> = (0..grads.len())
             .map(|i| {
-                let model = &params.tensors()[i];
+                let model = &params.tensors()[self.owned.start + i];
                 let (param, copy) = match &self.master {
                     Some(master) => (&master[i], Some(model)),
                     None => (model, None),
@@ -169,6 +280,7 @@ impl AdamW {
     /// The moments on the host (Hugging Face names and shapes: no padded rows), for a
     /// checkpoint.
     pub fn state(&self, params: &GptParams) -> Result<OptimizerState> {
+        self.whole(params, "the optimizer state")?;
         let config = params.config();
         Ok(OptimizerState {
             step: self.step,
@@ -183,6 +295,7 @@ impl AdamW {
         match &self.master {
             None => params.download(),
             Some(master) => {
+                self.whole(params, "the f32 master weights")?;
                 ParamStore::from_tensors(params.config(), to_host(params.config(), master)?)
             }
         }
@@ -196,12 +309,26 @@ pub fn upload_with_master(
     device: &helios::Device,
     dtype: DType,
 ) -> Result<(GptParams, Option<Vec<Tensor>>)> {
+    let all = 0..store.config().param_specs().len();
+    upload_with_master_of(store, device, dtype, all)
+}
+
+/// `upload_with_master` with f32 masters for the parameters `owned` alone (a ZeRO-1 shard:
+/// the others' masters live on their owners), ready for `AdamW::for_shard`.
+pub fn upload_with_master_of(
+    store: &ParamStore,
+    device: &helios::Device,
+    dtype: DType,
+    owned: Range<usize>,
+) -> Result<(GptParams, Option<Vec<Tensor>>)> {
     if dtype == DType::F32 {
         return Ok((GptParams::upload(store, device, DType::F32)?, None));
     }
     let master = store
         .iter()
-        .map(|(s, t)| upload_rows(t, device_rows(&s), device, DType::F32))
+        .enumerate()
+        .filter(|(i, _)| owned.contains(i))
+        .map(|(_, (s, t))| upload_rows(t, device_rows(&s), device, DType::F32))
         .collect::<Result<Vec<_>>>()?;
     let narrow = store
         .iter()

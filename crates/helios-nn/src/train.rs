@@ -10,21 +10,20 @@
 //! the last good one. In f16 an overflowing gradient is expected now and then: that step's
 //! update is skipped and the loss scale halves (`LossScaler`, saved with the checkpoint).
 
-use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use helios::{no_grad, DType, Device, IndexTensor, Tensor};
-use helios_dist::{Collective, Single};
+use helios_dist::{Collective, Shards, Single};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::TRAINER_FORMAT;
 use crate::checkpoint::{save_checkpoint, Checkpoint, OptimizerState, TrainerState};
 use crate::model::{self, GptParams};
-use crate::optim::{upload_with_master, AdamW};
+use crate::optim::{upload_with_master_of, AdamW};
+use crate::parallel::{self, agree_on_run, broadcast_store, broadcast_tensors, shard_of};
 use crate::params::ParamStore;
-use crate::sampler::{Batch, BatchSampler, EvalBatches, Shard};
+use crate::sampler::{Batch, BatchSampler, EvalBatches};
 use crate::schedule::{AdamWHyper, LrSchedule};
 use crate::{Error, Result, Tokens};
 
@@ -54,6 +53,10 @@ pub struct TrainConfig {
     pub save_every: u64,
     /// Where checkpoints go (`None`: nowhere).
     pub checkpoint_dir: Option<PathBuf>,
+    /// ZeRO-1: each rank of a data-parallel run keeps the AdamW moments (and f32 masters) of
+    /// its shard of the parameters only, and updates only those (see `parallel`). The same
+    /// run either way, within rounding; nothing changes in a run of one.
+    pub zero: bool,
 }
 
 impl TrainConfig {
@@ -73,6 +76,7 @@ impl TrainConfig {
             eval_batches: 0,
             save_every: 0,
             checkpoint_dir: None,
+            zero: false,
         }
     }
 }
@@ -92,8 +96,8 @@ pub struct StepLog {
     pub fwd_ms: f64,
     pub bwd_ms: f64,
     pub opt_ms: f64,
-    /// Data parallel: averaging the gradients over the ranks (host time; about 0 for one
-    /// process).
+    /// Data parallel: averaging the gradients over the ranks, or under ZeRO-1 reducing them
+    /// and sharing the updated parameters (host time; about 0 for one process).
     #[serde(default)]
     pub comm_ms: f64,
     /// Tokens this step trained on, over all ranks (B·T·accum·ranks).
@@ -251,6 +255,8 @@ pub struct Trainer {
     scaler: Option<LossScaler>,
     /// The other ranks of a data-parallel run (`Single` for one process).
     comm: Box<dyn Collective>,
+    /// ZeRO-1: which rank owns which parameters' optimizer state (`cfg.zero`).
+    shards: Option<Shards>,
 }
 
 impl Trainer {
@@ -371,8 +377,17 @@ impl Trainer {
             history,
             last_saved,
         } = start;
-        let (params, master) = upload_with_master(init, device, cfg.precision)?;
-        let opt = AdamW::new(&params, state, cfg.adamw, master)?;
+        let rank = comm.rank();
+        let shards = match cfg.zero {
+            true => Some(parallel::zero_shards(init.config(), rank.world)?),
+            false => None,
+        };
+        let owned = match &shards {
+            Some(s) => s.range(rank.rank),
+            None => 0..init.config().param_specs().len(),
+        };
+        let (params, master) = upload_with_master_of(init, device, cfg.precision, owned.clone())?;
+        let opt = AdamW::for_shard(&params, state, cfg.adamw, master, owned)?;
         let scaler = (cfg.precision == DType::F16).then(LossScaler::default);
         Ok(Trainer {
             device: device.clone(),
@@ -385,6 +400,7 @@ impl Trainer {
             last_saved,
             scaler,
             comm,
+            shards,
         })
     }
 
@@ -425,9 +441,24 @@ impl Trainer {
         self.sampler.batch_at(self.sampler.state().step)
     }
 
-    /// The f32 weights as a host store.
+    /// The f32 weights as a host store. Under ZeRO-1 with narrow weights (bf16, f16) the
+    /// f32 masters are spread over the ranks, and this fails: use `gather_weights`.
     pub fn weights(&self) -> Result<ParamStore> {
         self.opt.weights(&self.params)
+    }
+
+    /// The f32 weights on rank 0 (`None` on the other ranks). Under ZeRO-1 a collective:
+    /// every rank calls it, and each shard's owner sends its part.
+    pub fn gather_weights(&mut self) -> Result<Option<ParamStore>> {
+        match &self.shards {
+            Some(shards) => {
+                let got =
+                    parallel::gather(&self.opt, &self.params, &mut *self.comm, shards, false)?;
+                Ok(got.map(|(weights, _)| weights))
+            }
+            None if self.comm.rank().is_first() => Ok(Some(self.weights()?)),
+            None => Ok(None),
+        }
     }
 
     /// Device index tensors for a batch: ids (B, T), positions (T), targets (B, T).
@@ -473,17 +504,26 @@ impl Trainer {
             bwd += ms(t1);
         }
         // Also in a world of one: a backend other than `Single` runs its whole path there.
-        let t_comm = Instant::now();
-        self.comm.average_gradients(self.params.tensors())?;
-        let comm_ms = ms(t_comm);
-        let t2 = Instant::now();
         let lr = self.cfg.schedule.lr_at(step);
-        let norm = match loss_scale {
-            Some(s) => self.opt.step_loss_scaled(&self.params, lr, 1.0 / s)?,
-            None => self.opt.step(&self.params, lr)?,
+        let t = Instant::now();
+        let (norm, comm_ms) = match &self.shards {
+            Some(shards) => {
+                let unscale = loss_scale.map(|s| 1.0 / s);
+                let comm = &mut *self.comm;
+                parallel::sharded_step(&mut self.opt, &self.params, comm, shards, lr, unscale)?
+            }
+            None => {
+                self.comm.average_gradients(self.params.tensors())?;
+                let comm_ms = ms(t);
+                let norm = match loss_scale {
+                    Some(s) => self.opt.step_loss_scaled(&self.params, lr, 1.0 / s)?,
+                    None => self.opt.step(&self.params, lr)?,
+                };
+                (norm, comm_ms)
+            }
         };
         let grad_norm = norm.to_vec()?[0];
-        let opt_ms = ms(t2);
+        let opt_ms = ms(t) - comm_ms;
         let skipped = match self.scaler.as_mut() {
             Some(scaler) => scaler.update(grad_norm),
             None if !grad_norm.is_finite() => {
@@ -554,14 +594,23 @@ impl Trainer {
     }
 
     /// Writes a resumable checkpoint to `dir` (atomically: a crash keeps the previous one).
-    /// In a data-parallel run only rank 0 writes: every rank holds the same state.
+    /// In a data-parallel run only rank 0 writes: every rank holds the same state, or under
+    /// ZeRO-1 sends its shard's to rank 0 first (then every rank must call `save`).
     pub fn save(&mut self, dir: &Path) -> Result<()> {
-        if !self.comm.rank().is_first() {
+        let whole = match &self.shards {
+            Some(shards) => {
+                parallel::gather(&self.opt, &self.params, &mut *self.comm, shards, true)?
+                    .and_then(|(weights, state)| Some((weights, state?)))
+            }
+            None if self.comm.rank().is_first() => {
+                Some((self.weights()?, self.opt.state(&self.params)?))
+            }
+            None => None,
+        };
+        let Some((params, opt)) = whole else {
             self.last_saved = Some(self.opt.step);
             return Ok(());
-        }
-        let params = self.weights()?;
-        let opt = self.opt.state(&self.params)?;
+        };
         let state = TrainerState {
             format: TRAINER_FORMAT,
             step: self.opt.step,
@@ -650,79 +699,6 @@ fn check_run(
         }
     }
     Ok(())
-}
-
-/// This rank's slice of every batch.
-fn shard_of(comm: &dyn Collective) -> Shard {
-    let r = comm.rank();
-    Shard {
-        rank: r.rank,
-        ranks: r.world,
-    }
-}
-
-/// Fails on every rank unless all ranks run the same model, data and settings from the
-/// same step: a rank that differed would train something else, or wait for ever.
-fn agree_on_run(
-    comm: &mut dyn Collective,
-    init: &ParamStore,
-    train: &Tokens,
-    cfg: &TrainConfig,
-    step: u64,
-) -> Result<()> {
-    if comm.rank().world == 1 {
-        return Ok(());
-    }
-    let model = crate::config::to_hf_json(init.config()).to_string();
-    let settings = format!(
-        "{} {} {} {} {:?} {:?} {} {} {} {step}",
-        cfg.batch,
-        cfg.seq,
-        cfg.accum,
-        cfg.steps,
-        cfg.schedule,
-        cfg.adamw,
-        cfg.precision.name(),
-        cfg.seed,
-        cfg.eval_every,
-    );
-    let data = format!("{} {:016x}", train.len(), train.fingerprint());
-    for (what, text) in [
-        ("the model configuration", model),
-        ("the training settings", settings),
-        ("the training data", data),
-    ] {
-        comm.agree(what, crate::data::fnv1a64(text.as_bytes()))?;
-    }
-    Ok(())
-}
-
-/// Rank 0's tensors, on every rank.
-fn broadcast_tensors(
-    comm: &mut dyn Collective,
-    tensors: &BTreeMap<String, crate::HostTensor>,
-) -> Result<BTreeMap<String, crate::HostTensor>> {
-    let mut out = tensors.clone();
-    for t in out.values_mut() {
-        comm.broadcast_f32(&mut t.data)?;
-    }
-    Ok(out)
-}
-
-/// Rank 0's weights, on every rank (borrowed, not copied, in a run of one).
-fn broadcast_store<'a>(
-    comm: &mut dyn Collective,
-    store: &'a ParamStore,
-) -> Result<Cow<'a, ParamStore>> {
-    if comm.rank().world == 1 {
-        return Ok(Cow::Borrowed(store));
-    }
-    let tensors = store.clone().into_tensors();
-    let tensors = broadcast_tensors(comm, &tensors)?;
-    Ok(Cow::Owned(ParamStore::from_tensors(
-        store.config(),
-        tensors,
-    )?))
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
 //! The NCCL backend in a world of one rank, on an NVIDIA GPU (ignored elsewhere): every
 //! step exports nothing new but copies the gradients into the shared arena, signals CUDA
 //! through the exported timeline, all-reduces there and waits for CUDA before the
-//! optimizer. A world of one must then train bit for bit like one process.
+//! optimizer. A world of one must then train bit for bit like one process, and so must a
+//! world of one with the optimizer state sharded (ZeRO-1: the gradients reduced to their
+//! owner and the updated parameters broadcast from it through the same arena, the squared
+//! norm summed over the ranks through NCCL).
 //!
 //! Kernel tuning off (`HELIOS_MATMUL_TUNE=0`): tuning on real work switches kernels during a
 //! run, and bit-for-bit comparisons between runs need the same kernels in both.
@@ -74,18 +77,27 @@ fn a_world_of_one_over_nccl_trains_bit_for_bit_like_one_process() {
         for precision in [DType::F32, DType::BF16] {
             let mut cfg = TrainConfig::steps_only(batch, seq, steps, precision);
             cfg.schedule = LrSchedule::constant(3e-4);
+            let zero = TrainConfig {
+                zero: true,
+                ..cfg.clone()
+            };
             // Alone first, to compile every kernel; the figures are the later runs'.
             run(&dev, &store, &cfg, false);
             let (b, wb, step_b, comm) = run(&dev, &store, &cfg, true);
+            let (z, wz, step_z, comm_z) = run(&dev, &store, &zero, true);
             let (a, wa, step_a, _) = run(&dev, &store, &cfg, false);
-            assert_eq!(a, b, "{name} {precision:?}: losses and norms");
-            for ((s, x), (_, y)) in wa.iter().zip(wb.iter()) {
-                assert!(x.data == y.data, "{name} {precision:?}: {} differs", s.name);
+            for (what, got, weights) in [("NCCL", &b, &wb), ("NCCL, ZeRO-1", &z, &wz)] {
+                assert_eq!(&a, got, "{name} {precision:?} {what}: losses and norms");
+                for ((s, x), (_, y)) in wa.iter().zip(weights.iter()) {
+                    let p = precision;
+                    assert!(x.data == y.data, "{name} {p:?} {what}: {} differs", s.name);
+                }
             }
             println!(
                 "checked: {name} {} {batch}x{seq}, {steps} steps: NCCL world of one equals one \
-                 process bit for bit; step {step_a:.2} ms alone, {step_b:.2} ms over NCCL \
-                 (gradient averaging {comm:.2} ms)",
+                 process bit for bit, sharded (ZeRO-1) or not; step {step_a:.2} ms alone, \
+                 {step_b:.2} ms over NCCL (gradient averaging {comm:.2} ms), {step_z:.2} ms \
+                 sharded (reduce, norm and broadcast {comm_z:.2} ms)",
                 precision.name()
             );
         }
