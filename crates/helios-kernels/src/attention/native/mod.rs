@@ -252,7 +252,8 @@ mod tests {
         }
     }
 
-    /// Which kernels exist: the forward of 16-bit inputs at head dims 64 and 128 in 48 KiB.
+    /// Which kernels exist: the forward and the backward of 16-bit inputs at head dims 64
+    /// and 128 in 48 KiB.
     #[test]
     fn native_kernels_exist_where_their_stages_fit() {
         let [wide, _, narrow] = NATIVE_VARIANTS;
@@ -266,11 +267,22 @@ mod tests {
             ..kernel(64, wide, true, false)
         };
         assert!(!buildable(&f32k));
-        let dq = AttentionKernel {
-            stage: AttnStage::Dq,
-            ..kernel(64, wide, true, false)
+        // The backward: Dq and DkDv (head dim 64; Dq 128 too), not Prep, not Dq computing
+        // Dsum itself.
+        let stage = |stage, d| AttentionKernel {
+            stage,
+            ..kernel(d, narrow, true, false)
         };
-        assert!(!buildable(&dq));
+        assert!(buildable(&stage(AttnStage::Dq, 64)));
+        assert!(buildable(&stage(AttnStage::Dq, 128)));
+        assert!(buildable(&stage(AttnStage::DkDv, 64)));
+        assert!(!buildable(&stage(AttnStage::DkDv, 128)));
+        assert!(!buildable(&stage(AttnStage::Prep, 64)));
+        let own = AttentionKernel {
+            own_dsum: true,
+            ..stage(AttnStage::Dq, 64)
+        };
+        assert!(!buildable(&own));
         assert!(!kernel(64, wide, true, false).native_feasible(Some(Target::SM90)));
         assert!(kernel(64, wide, true, false).native_feasible(Some(Target::SM90A)));
     }
