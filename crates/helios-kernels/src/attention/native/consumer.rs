@@ -4,71 +4,32 @@
 
 use helios_ptx::{Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty, WgmmaA};
 
-use super::kernel::{Block, Params};
+use super::kernel::{Block, Item, Params};
 use super::{AttentionKernel, AttnVariant, Storage, TURN_BARRIER, WG_ROWS};
 
 /// The consumer warpgroups: per item, Q into registers, then per key block S = Q·Kᵀ, the
 /// online softmax, O += P·V; then O / l and the log-sum-exp.
 pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &Params) {
-    let input = match kern.storage {
-        Storage::F16 => MmaInput::F16,
-        _ => MmaInput::BF16,
-    };
-    let half2 = match kern.storage {
-        Storage::F16 => Ty::F16x2,
-        _ => Ty::BF16x2,
-    };
+    let lanes = Lanes::new(k, kern, blk, p);
+    let Lanes {
+        wg,
+        warp_row,
+        own_row,
+        tq,
+        col2,
+        col_bytes,
+        zero,
+        ..
+    } = lanes;
     let (bk, d) = (blk.bk, blk.d);
-    let empty_count = blk.consumers + 32;
-    let tid = blk.tid;
-    let wg = k.shr(tid, 7u32);
-    let warp = {
-        let t = k.and(tid, 127u32).retype(Ty::U32);
-        k.shr(t, 5u32)
-    };
-    let lane = k.and(tid, 31u32).retype(Ty::U32);
-    let g = k.shr(lane, 2u32);
-    let tq = k.and(lane, 3u32).retype(Ty::U32);
-    // This thread's first row within a tile, and its warp's.
-    let warp_row = {
-        let r = k.mul(wg, WG_ROWS);
-        k.mad(warp, 16u32, r)
-    };
-    let own_row = k.add(warp_row, g);
-    let col2 = k.shl(tq, 1u32);
-    let log2e = std::f32::consts::LOG2_E;
-    let scale2 = k.mul(p.scale, log2e);
-
     let s_acc = k.regs(Ty::F32, (bk / 2) as usize);
     let o_acc = k.regs(Ty::F32, (d / 2) as usize);
-    let p_regs = k.regs(half2, (bk / 4) as usize);
+    let p_regs = k.regs(lanes.half2, (bk / 4) as usize);
     let m = [k.reg(Ty::F32), k.reg(Ty::F32)];
     let l = [k.reg(Ty::F32), k.reg(Ty::F32)];
-    let zero = k.mov(Ty::U32, 0u32);
-    let yes = k.setp(Cmp::Eq, zero, 0u32);
-    let no = k.setp(Cmp::Ne, zero, 0u32);
-    let k_desc = MatrixDesc {
-        swizzle: Swizzle::B128,
-        lbo: 16,
-        sbo: 1024,
-    };
-    let v_desc = MatrixDesc {
-        swizzle: Swizzle::B128,
-        lbo: bk * 128,
-        sbo: 1024,
-    };
-    let k_desc0 = k.wgmma_desc(blk.k_base, &k_desc);
-    let v_desc0 = k.wgmma_desc(blk.v_base, &v_desc);
-    // The forward reads K by keys and V over them; Dq reads V by keys and K over them too.
-    let k_desc0_n = k.wgmma_desc(blk.k_base, &v_desc);
-    let v_desc0_k = k.wgmma_desc(blk.v_base, &k_desc);
     let step = k.mov(Ty::U32, 0u32);
     let qf = k.regs(Ty::B32, (d / 4) as usize);
     let q_load = k.regs(Ty::B32, (d / 4) as usize);
-    let col_bytes = {
-        let c = k.cvt(Ty::U64, col2);
-        k.shl(c, 1u32)
-    };
     // Q's fragments are loaded into `q_load`, then `qf`, the registers `wgmma` reads,
     // copies them. (Loading the next item's Q into `q_load` while this one ran made the
     // compiler reuse `qf`'s registers for scratch inside the key loop: wrong results on the
@@ -102,41 +63,18 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             k.assign(l[h], 0.0f32);
         }
 
-        let live = {
-            // A causal warpgroup needs the blocks up to its last row; the rest of the tile's
-            // blocks it only hands back.
-            let own = if blk.causal {
-                let r = k.mad(wg, WG_ROWS, it.row0);
-                let e = k.add(r, WG_ROWS);
-                let e = k.min(e, it.len);
-                let e = k.add(e, bk - 1);
-                k.div(e, bk)
-            } else {
-                it.blocks
-            };
-            k.min(own, it.blocks)
-        };
+        let live = live_blocks(k, blk, it, wg);
         let c = Consumer {
-            input,
-            half2,
-            bk,
-            d,
+            lanes: &lanes,
             blk,
-            empty_count,
             s_acc: &s_acc,
             o_acc: &o_acc,
             p_regs: &p_regs,
             m,
             l,
             qf: &qf,
-            by_keys: [k_desc0, v_desc0_k],
-            over_keys: [k_desc0_n, v_desc0],
-            yes,
-            no,
-            scale2,
             rows,
             first_row,
-            key_col: col2,
             len: it.len,
             step0: k.mov(Ty::U32, step),
         };
@@ -207,7 +145,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
                 let i = (4 * jb) as usize + 2 * h;
                 let lo = k.mul(o_acc[i], inv[h]);
                 let hi = k.mul(o_acc[i + 1], inv[h]);
-                let v = k.cvt_pack(half2, hi, lo);
+                let v = k.cvt_pack(lanes.half2, hi, lo);
                 k.st_if(ok[h], Space::Global, Addr::at(at, i64::from(16 * jb)), v);
             }
         }
@@ -216,12 +154,8 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
 
 /// What one consumer warpgroup's key-block steps share (see `consumer`).
 pub(super) struct Consumer<'a> {
-    pub(super) input: MmaInput,
-    pub(super) half2: Ty,
-    pub(super) bk: u32,
-    pub(super) d: u32,
+    pub(super) lanes: &'a Lanes,
     pub(super) blk: &'a Block,
-    pub(super) empty_count: u32,
     pub(super) s_acc: &'a [Reg],
     pub(super) o_acc: &'a [Reg],
     /// P of the block whose P·V is next, as `wgmma`'s A fragments.
@@ -229,16 +163,8 @@ pub(super) struct Consumer<'a> {
     pub(super) m: [Reg; 2],
     pub(super) l: [Reg; 2],
     pub(super) qf: &'a [Reg],
-    /// Descriptors of the first K and V stages read K-major (keys × D as the B of A·Xᵀ)
-    /// and N-major (as the B of A·X).
-    pub(super) by_keys: [Reg; 2],
-    pub(super) over_keys: [Reg; 2],
-    pub(super) yes: Reg,
-    pub(super) no: Reg,
-    pub(super) scale2: Reg,
     pub(super) rows: [Reg; 2],
     pub(super) first_row: Reg,
-    pub(super) key_col: Reg,
     pub(super) len: Reg,
     /// The k step of the item's first key block.
     pub(super) step0: Reg,
@@ -265,7 +191,7 @@ impl Consumer<'_> {
     pub(super) fn release(&self, k: &mut Kernel, step: Reg, v: bool) {
         let slot = k.rem(step, self.blk.stages);
         let id = self.blk.empty_id(k, slot, v);
-        k.bar_arrive_reg(id, self.empty_count);
+        k.bar_arrive_reg(id, self.blk.consumers + 32);
     }
 
     /// Issues S = Q·Kᵀ for the key block of `step` once its K has landed (one commit group).
@@ -279,19 +205,23 @@ impl Consumer<'_> {
     pub(super) fn issue_by_keys(&self, k: &mut Kernel, step: Reg, a: &[Reg], v: bool, acc: &[Reg]) {
         self.wait_full(k, step, v);
         let (_, _, units) = self.slot(k, step);
-        let kd = k.add(self.by_keys[usize::from(v)], units);
+        let kd = k.add(self.lanes.by_rows[usize::from(v)], units);
         k.wgmma_fence();
-        for s in 0..self.d / 16 {
-            let off = (s / 4) * self.bk * 128 + (s % 4) * 32;
+        for s in 0..self.blk.d / 16 {
+            let off = (s / 4) * self.blk.bk * 128 + (s % 4) * 32;
             let desc = k.desc_offset(kd, off);
             let a = &a[(4 * s) as usize..(4 * s + 4) as usize];
             k.wgmma(
-                self.input,
+                self.lanes.input,
                 acc,
                 WgmmaA::Registers(a),
                 desc,
                 false,
-                if s == 0 { self.no } else { self.yes },
+                if s == 0 {
+                    self.lanes.no
+                } else {
+                    self.lanes.yes
+                },
             );
         }
         k.wgmma_commit();
@@ -316,12 +246,19 @@ impl Consumer<'_> {
     ) {
         self.wait_full(k, step, v);
         let (_, _, units) = self.slot(k, step);
-        let vd = k.add(self.over_keys[usize::from(v)], units);
+        let vd = k.add(self.lanes.over_rows[usize::from(v)], units);
         k.wgmma_fence();
-        for s in 0..self.bk / 16 {
+        for s in 0..self.blk.bk / 16 {
             let desc = k.desc_offset(vd, 2048 * s);
             let a = &a[(4 * s) as usize..(4 * s + 4) as usize];
-            k.wgmma(self.input, acc, WgmmaA::Registers(a), desc, true, self.yes);
+            k.wgmma(
+                self.lanes.input,
+                acc,
+                WgmmaA::Registers(a),
+                desc,
+                true,
+                self.lanes.yes,
+            );
         }
         k.wgmma_commit();
     }
@@ -336,7 +273,7 @@ impl Consumer<'_> {
     /// Sets S to −inf where the block of `step` has keys past the row's length or, causal,
     /// after the row (only in blocks that reach past the warp's first row or the length).
     pub(super) fn mask(&self, k: &mut Kernel, step: Reg) {
-        let (bk, blk) = (self.bk, self.blk);
+        let (bk, blk) = (self.blk.bk, self.blk);
         // The block's first key: the item's blocks are its steps from `step0` on.
         let j = k.sub(step, self.step0);
         let key0 = k.mul(j, bk);
@@ -349,7 +286,7 @@ impl Consumer<'_> {
             past_len
         };
         k.if_(need, |k| {
-            let key_t = k.add(key0, self.key_col);
+            let key_t = k.add(key0, self.lanes.col2);
             for (i, &r) in self.s_acc.iter().enumerate() {
                 let i = i as u32;
                 let key = k.add(key_t, 8 * (i / 4) + (i % 2));
@@ -387,7 +324,7 @@ impl Consumer<'_> {
                 let o = k.shfl("bfly", mx, x, 31);
                 mx = k.max(mx, o);
             }
-            let mx = k.mul(mx, self.scale2);
+            let mx = k.mul(mx, self.lanes.scale2);
             let m_new = k.max(self.m[h], mx);
             // A row with no key yet keeps m = −inf; its exponentials use 0 (all zero).
             let none = k.setp(Cmp::Eq, m_new, f32::NEG_INFINITY);
@@ -401,7 +338,7 @@ impl Consumer<'_> {
         let mut probs = Vec::with_capacity(self.s_acc.len());
         for (i, &r) in self.s_acc.iter().enumerate() {
             let h = (i / 2) % 2;
-            let x = k.fma(r, self.scale2, neg_m[h]);
+            let x = k.fma(r, self.lanes.scale2, neg_m[h]);
             let e = k.ex2(x);
             sums[h] = k.add(sums[h], e);
             probs.push(e);
@@ -414,7 +351,7 @@ impl Consumer<'_> {
         // S's accumulator layout is P·V's A layout: registers 8s..8s+7 are k step s.
         let packed = probs
             .chunks(2)
-            .map(|c| k.cvt_pack(self.half2, c[1], c[0]))
+            .map(|c| k.cvt_pack(self.lanes.half2, c[1], c[0]))
             .collect();
         (alpha, packed)
     }
@@ -516,4 +453,103 @@ pub(super) fn load_fragments(
             }
         }
     }
+}
+
+/// What every consumer thread of the native kernels computes once: its operand types, its
+/// place in `wgmma`'s accumulator layout (warpgroup, rows, columns), the scale in base 2,
+/// two predicates and the rings' descriptors.
+pub(super) struct Lanes {
+    pub(super) input: MmaInput,
+    pub(super) half2: Ty,
+    pub(super) wg: Reg,
+    /// The warp's first row within a tile, and this thread's (`g`: lane / 4).
+    pub(super) warp_row: Reg,
+    pub(super) own_row: Reg,
+    /// Lane % 4, its first column of each 8 (2 · lane % 4), and that in bytes (u64).
+    pub(super) tq: Reg,
+    pub(super) col2: Reg,
+    pub(super) col_bytes: Reg,
+    pub(super) scale2: Reg,
+    pub(super) zero: Reg,
+    pub(super) yes: Reg,
+    pub(super) no: Reg,
+    /// Each ring's first stage (K, V; DkDv's Q, dO) read K-major (its rows × D as the B
+    /// of A·Xᵀ) and N-major (as the B of A·X).
+    pub(super) by_rows: [Reg; 2],
+    pub(super) over_rows: [Reg; 2],
+}
+
+impl Lanes {
+    pub(super) fn new(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &Params) -> Lanes {
+        let (input, half2) = match kern.storage {
+            Storage::F16 => (MmaInput::F16, Ty::F16x2),
+            _ => (MmaInput::BF16, Ty::BF16x2),
+        };
+        let tid = blk.tid;
+        let wg = k.shr(tid, 7u32);
+        let warp = {
+            let t = k.and(tid, 127u32).retype(Ty::U32);
+            k.shr(t, 5u32)
+        };
+        let lane = k.and(tid, 31u32).retype(Ty::U32);
+        let g = k.shr(lane, 2u32);
+        let tq = k.and(lane, 3u32).retype(Ty::U32);
+        let warp_row = {
+            let r = k.mul(wg, WG_ROWS);
+            k.mad(warp, 16u32, r)
+        };
+        let own_row = k.add(warp_row, g);
+        let col2 = k.shl(tq, 1u32);
+        let col_bytes = {
+            let c = k.cvt(Ty::U64, col2);
+            k.shl(c, 1u32)
+        };
+        let scale2 = k.mul(p.scale, std::f32::consts::LOG2_E);
+        let zero = k.mov(Ty::U32, 0u32);
+        let yes = k.setp(Cmp::Eq, zero, 0u32);
+        let no = k.setp(Cmp::Ne, zero, 0u32);
+        let by = MatrixDesc {
+            swizzle: Swizzle::B128,
+            lbo: 16,
+            sbo: 1024,
+        };
+        let over = MatrixDesc {
+            swizzle: Swizzle::B128,
+            lbo: blk.bk * 128,
+            sbo: 1024,
+        };
+        let by_rows = [blk.k_base, blk.v_base].map(|b| k.wgmma_desc(b, &by));
+        let over_rows = [blk.k_base, blk.v_base].map(|b| k.wgmma_desc(b, &over));
+        Lanes {
+            input,
+            half2,
+            wg,
+            warp_row,
+            own_row,
+            tq,
+            col2,
+            col_bytes,
+            scale2,
+            zero,
+            yes,
+            no,
+            by_rows,
+            over_rows,
+        }
+    }
+}
+
+/// Key blocks of item `it` that warpgroup `wg` computes: a causal warpgroup needs those up
+/// to its last row, the rest of the tile's it only hands back.
+pub(super) fn live_blocks(k: &mut Kernel, blk: &Block, it: &Item, wg: Reg) -> Reg {
+    let own = if blk.causal {
+        let r = k.mad(wg, WG_ROWS, it.row0);
+        let e = k.add(r, WG_ROWS);
+        let e = k.min(e, it.len);
+        let e = k.add(e, blk.bk - 1);
+        k.div(e, blk.bk)
+    } else {
+        it.blocks
+    };
+    k.min(own, it.blocks)
 }

@@ -5,46 +5,28 @@
 //! Pᵀ and dSᵀ in the accumulator layout that is the A layout of the next products, as
 //! FlashAttention-3 does. No atomics: each tile owns its dK and dV rows.
 
-use helios_ptx::{Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty};
+use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
 
-use super::consumer::{load_fragments, Consumer, Turns};
+use super::consumer::{load_fragments, Consumer, Lanes, Turns};
 use super::kernel::{Block, Params};
-use super::{AttentionKernel, Storage, WG_ROWS};
+use super::AttentionKernel;
 
 /// DkDv's consumer warpgroups (see the module docs).
 pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &Params) {
     let grad = p.grad.as_ref().expect("DkDv's parameters");
     let dv_out = grad.dv.expect("DkDv's dV");
-    let input = match kern.storage {
-        Storage::F16 => MmaInput::F16,
-        _ => MmaInput::BF16,
-    };
-    let half2 = match kern.storage {
-        Storage::F16 => Ty::F16x2,
-        _ => Ty::BF16x2,
-    };
+    let lanes = Lanes::new(k, kern, blk, p);
+    let Lanes {
+        wg,
+        warp_row,
+        own_row,
+        col2,
+        col_bytes,
+        half2,
+        ..
+    } = lanes;
     let (bk, d) = (blk.bk, blk.d);
-    let tid = blk.tid;
-    let wg = k.shr(tid, 7u32);
-    let warp = {
-        let t = k.and(tid, 127u32).retype(Ty::U32);
-        k.shr(t, 5u32)
-    };
-    let lane = k.and(tid, 31u32).retype(Ty::U32);
-    let g = k.shr(lane, 2u32);
-    let tq = k.and(lane, 3u32).retype(Ty::U32);
-    let warp_row = {
-        let r = k.mul(wg, WG_ROWS);
-        k.mad(warp, 16u32, r)
-    };
-    let own_row = k.add(warp_row, g);
-    let col2 = k.shl(tq, 1u32);
-    let col_bytes = {
-        let c = k.cvt(Ty::U64, col2);
-        k.shl(c, 1u32)
-    };
     let log2e = std::f32::consts::LOG2_E;
-    let scale2 = k.mul(p.scale, log2e);
 
     let st_acc = k.regs(Ty::F32, (bk / 2) as usize);
     let dpt_acc = k.regs(Ty::F32, (bk / 2) as usize);
@@ -60,30 +42,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     );
     // The forward's row state, unused here (`Consumer` carries it).
     let unused = [k.reg(Ty::F32), k.reg(Ty::F32)];
-    let zero = k.mov(Ty::U32, 0u32);
-    let yes = k.setp(Cmp::Eq, zero, 0u32);
-    let no = k.setp(Cmp::Ne, zero, 0u32);
-    let by_rows = MatrixDesc {
-        swizzle: Swizzle::B128,
-        lbo: 16,
-        sbo: 1024,
-    };
-    let over_rows = MatrixDesc {
-        swizzle: Swizzle::B128,
-        lbo: bk * 128,
-        sbo: 1024,
-    };
-    // Ring 0 holds Q, ring 1 dO.
-    let descs = [
-        [
-            k.wgmma_desc(blk.k_base, &by_rows),
-            k.wgmma_desc(blk.v_base, &by_rows),
-        ],
-        [
-            k.wgmma_desc(blk.k_base, &over_rows),
-            k.wgmma_desc(blk.v_base, &over_rows),
-        ],
-    ];
     let step = k.mov(Ty::U32, 0u32);
     let k_view = (p.k, p.offs[1], p.strides);
     let v_view = (p.v, p.offs[2], p.strides);
@@ -115,26 +73,16 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         let tile_end = k.add(it.row0, blk.bq);
         let past_len = k.setp(Cmp::Gt, tile_end, it.len);
         let c = Consumer {
-            input,
-            half2,
-            bk,
-            d,
+            lanes: &lanes,
             blk,
-            empty_count: blk.consumers + 32,
             s_acc: &st_acc,
             o_acc: &dk_acc,
             p_regs: &[],
             m: unused,
             l: unused,
             qf: &kf,
-            by_keys: descs[0],
-            over_keys: descs[1],
-            yes,
-            no,
-            scale2,
             rows,
             first_row: warp_last,
-            key_col: col2,
             len: it.len,
             step0: k.mov(Ty::U32, step),
         };
@@ -201,7 +149,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
                 // Column i of the accumulator layout: register i is query 8(i / 4) +
                 // 2q + i % 2 of the block, the (i / 4 · 2 + i % 2)-th this thread holds.
                 let col = (i / 4) * 2 + i % 2;
-                let x = k.mul(s, scale2);
+                let x = k.mul(s, lanes.scale2);
                 let x = k.sub(x, lse2[col]);
                 let prob = k.ex2(x);
                 let diff = k.sub(dp, dsum[col]);

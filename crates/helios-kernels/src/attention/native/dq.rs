@@ -6,45 +6,28 @@
 //! No atomics: each query tile owns its dQ rows (deterministic, as the SPIR-V Dq). Dsum
 //! comes from the Prep pass.
 
-use helios_ptx::{Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty};
+use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
 
-use super::consumer::{load_fragments, Consumer, Turns};
+use super::consumer::{live_blocks, load_fragments, Consumer, Lanes, Turns};
 use super::kernel::{Block, Params};
-use super::{AttentionKernel, Storage, WG_ROWS};
+use super::AttentionKernel;
 
 /// Dq's consumer warpgroups (see the module docs).
 pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &Params) {
     let grad = p.grad.as_ref().expect("Dq's parameters");
-    let input = match kern.storage {
-        Storage::F16 => MmaInput::F16,
-        _ => MmaInput::BF16,
-    };
-    let half2 = match kern.storage {
-        Storage::F16 => Ty::F16x2,
-        _ => Ty::BF16x2,
-    };
+    let lanes = Lanes::new(k, kern, blk, p);
+    let Lanes {
+        wg,
+        warp_row,
+        own_row,
+        col2,
+        col_bytes,
+        zero,
+        half2,
+        ..
+    } = lanes;
     let (bk, d) = (blk.bk, blk.d);
-    let tid = blk.tid;
-    let wg = k.shr(tid, 7u32);
-    let warp = {
-        let t = k.and(tid, 127u32).retype(Ty::U32);
-        k.shr(t, 5u32)
-    };
-    let lane = k.and(tid, 31u32).retype(Ty::U32);
-    let g = k.shr(lane, 2u32);
-    let tq = k.and(lane, 3u32).retype(Ty::U32);
-    let warp_row = {
-        let r = k.mul(wg, WG_ROWS);
-        k.mad(warp, 16u32, r)
-    };
-    let own_row = k.add(warp_row, g);
-    let col2 = k.shl(tq, 1u32);
-    let col_bytes = {
-        let c = k.cvt(Ty::U64, col2);
-        k.shl(c, 1u32)
-    };
     let log2e = std::f32::consts::LOG2_E;
-    let scale2 = k.mul(p.scale, log2e);
 
     let s_acc = k.regs(Ty::F32, (bk / 2) as usize);
     let dp_acc = k.regs(Ty::F32, (bk / 2) as usize);
@@ -59,29 +42,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     );
     // The forward's row state, unused here (`Consumer` carries it).
     let unused = [k.reg(Ty::F32), k.reg(Ty::F32)];
-    let zero = k.mov(Ty::U32, 0u32);
-    let yes = k.setp(Cmp::Eq, zero, 0u32);
-    let no = k.setp(Cmp::Ne, zero, 0u32);
-    let by_keys = MatrixDesc {
-        swizzle: Swizzle::B128,
-        lbo: 16,
-        sbo: 1024,
-    };
-    let over_keys = MatrixDesc {
-        swizzle: Swizzle::B128,
-        lbo: bk * 128,
-        sbo: 1024,
-    };
-    let descs = [
-        [
-            k.wgmma_desc(blk.k_base, &by_keys),
-            k.wgmma_desc(blk.v_base, &by_keys),
-        ],
-        [
-            k.wgmma_desc(blk.k_base, &over_keys),
-            k.wgmma_desc(blk.v_base, &over_keys),
-        ],
-    ];
     let step = k.mov(Ty::U32, 0u32);
     let q_view = (p.q, p.offs[0], p.strides);
     let do_view = (grad.d_o, grad.off_do, grad.strides_do);
@@ -119,40 +79,18 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         for &r in &dq_acc {
             k.assign(r, 0.0f32);
         }
-        let live = {
-            // A causal warpgroup needs the blocks up to its last row.
-            let own = if blk.causal {
-                let r = k.mad(wg, WG_ROWS, it.row0);
-                let e = k.add(r, WG_ROWS);
-                let e = k.min(e, it.len);
-                let e = k.add(e, bk - 1);
-                k.div(e, bk)
-            } else {
-                it.blocks
-            };
-            k.min(own, it.blocks)
-        };
+        let live = live_blocks(k, blk, it, wg);
         let c = Consumer {
-            input,
-            half2,
-            bk,
-            d,
+            lanes: &lanes,
             blk,
-            empty_count: blk.consumers + 32,
             s_acc: &s_acc,
             o_acc: &dq_acc,
             p_regs: &[],
             m: unused,
             l: unused,
             qf: &qf,
-            by_keys: descs[0],
-            over_keys: descs[1],
-            yes,
-            no,
-            scale2,
             rows,
             first_row,
-            key_col: col2,
             len: it.len,
             step0: k.mov(Ty::U32, step),
         };
@@ -169,7 +107,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             let mut ds = Vec::with_capacity(s_acc.len());
             for (i, (&s, &dp)) in s_acc.iter().zip(&dp_acc).enumerate() {
                 let h = (i / 2) % 2;
-                let x = k.mul(s, scale2);
+                let x = k.mul(s, lanes.scale2);
                 let x = k.sub(x, lse2[h]);
                 let prob = k.ex2(x);
                 let diff = k.sub(dp, dsum[h]);
