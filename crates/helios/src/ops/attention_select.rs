@@ -90,13 +90,18 @@ pub(super) fn choose(
     let stage_forced = opts
         .stage_variant
         .and_then(|(s, v)| (s == stage).then_some(v));
+    let env_stage = match env_variant() {
+        Some(Forced::Stages(per)) => per[stage_index(stage)],
+        _ => None,
+    };
+    let stage_forced = stage_forced.or(env_stage);
     let forced = opts.variant.or(stage_forced).or(match env_variant() {
         Some(Forced::Variant(v)) => Some(v),
         _ => None,
     });
     // A forced cooperative or native variant applies to the stages that family has. A
-    // native one forced for every stage applies to the forward; its Dq (not measured yet)
-    // runs only where asked for by stage.
+    // native one forced for every stage applies to the forward; its backward kernels (not
+    // measured yet) run only where asked for by stage.
     let by_stage = stage_forced.is_some() && opts.variant.is_none();
     let forced = forced.filter(|v| {
         (!v.is_coop() || helios_kernels::attention::coop_supports(stage))
@@ -241,6 +246,36 @@ enum Forced {
     Simt,
     /// A variant tag (`simt16x16`, `coop64x64`, ...).
     Variant(AttnVariant),
+    /// Variants by stage (`fwd=nv128x64,dq=nv128x64,dkdv=coop32x64`), in
+    /// [`stage_index`] order; the stages not named choose as usual.
+    Stages([Option<AttnVariant>; 4]),
+}
+
+/// A stage's place in [`Forced::Stages`].
+fn stage_index(stage: AttnStage) -> usize {
+    match stage {
+        AttnStage::Forward => 0,
+        AttnStage::Prep => 1,
+        AttnStage::DkDv => 2,
+        AttnStage::Dq => 3,
+    }
+}
+
+/// `fwd=<tag>,dq=<tag>,...`: variants by stage (`fwd`, `prep`, `dkdv`, `dq`).
+fn parse_stages(s: &str) -> Option<[Option<AttnVariant>; 4]> {
+    let mut per = [None; 4];
+    for part in s.split(',') {
+        let (stage, tag) = part.split_once('=')?;
+        let stage = match stage.trim() {
+            "fwd" => AttnStage::Forward,
+            "prep" => AttnStage::Prep,
+            "dkdv" => AttnStage::DkDv,
+            "dq" => AttnStage::Dq,
+            _ => return None,
+        };
+        per[stage_index(stage)] = Some(AttnVariant::by_name(tag.trim())?);
+    }
+    Some(per)
 }
 
 /// `HELIOS_ATTN_VARIANT`, read once per process (every attention call asks; ignored with a
@@ -253,9 +288,16 @@ fn env_variant() -> Option<Forced> {
         if s == "simt" {
             return Some(Forced::Simt);
         }
-        let v = AttnVariant::by_name(s).map(Forced::Variant);
+        let v = match s.contains('=') {
+            true => parse_stages(s).map(Forced::Stages),
+            false => AttnVariant::by_name(s).map(Forced::Variant),
+        };
         if v.is_none() {
-            eprintln!("helios: HELIOS_ATTN_VARIANT={s:?} names no variant (simt, simt16x16, coop64x64, ...); ignored");
+            eprintln!(
+                "helios: HELIOS_ATTN_VARIANT={s:?} names no variant (simt, simt16x16, \
+                 coop64x64, nv128x64, or by stage: fwd=nv128x64,dq=nv128x64,dkdv=nv128x64); \
+                 ignored"
+            );
         }
         v
     })
@@ -264,4 +306,23 @@ fn env_variant() -> Option<Forced> {
 /// Whether `HELIOS_ATTN_VARIANT` forces the kernels (the tuner then stays off).
 pub(crate) fn forced_by_env() -> bool {
     env_variant().is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Variants by stage parse into their stages' places; a bad stage or tag is nothing.
+    #[test]
+    fn variants_by_stage() {
+        let nv = AttnVariant::by_name("nv128x64").unwrap();
+        let coop = AttnVariant::by_name("coop32x64").unwrap();
+        let per = parse_stages("fwd=nv128x64, dkdv=coop32x64").unwrap();
+        assert_eq!(per[stage_index(AttnStage::Forward)], Some(nv));
+        assert_eq!(per[stage_index(AttnStage::DkDv)], Some(coop));
+        assert_eq!(per[stage_index(AttnStage::Dq)], None);
+        assert_eq!(parse_stages("bwd=nv128x64"), None);
+        assert_eq!(parse_stages("dq=nv12"), None);
+        assert_eq!(parse_stages("dq"), None);
+    }
 }
