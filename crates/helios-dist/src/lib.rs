@@ -14,6 +14,7 @@
 mod device;
 mod env;
 mod error;
+mod guard;
 pub mod launch;
 #[cfg(feature = "mpi")]
 mod mpi;
@@ -149,7 +150,8 @@ impl dyn Collective + '_ {
 /// The collective for this process's rank, on `device` (from `device_for`): a `Single` when
 /// the process runs alone; NCCL where the device can share memory with CUDA and NCCL loads
 /// (found through MPI under `mpiexec`, else through `NCCL_COMM_ID`); MPI otherwise under
-/// `mpiexec`. An error says what is missing.
+/// `mpiexec`. An error says what is missing. Joining and every call after have a deadline
+/// (`HELIOS_DIST_TIMEOUT`, 600 s): past it the run stops with an error naming the call.
 pub fn connect(device: &helios::Device, rank: Rank) -> Result<Box<dyn Collective>> {
     if rank.world == 1 {
         return Ok(Box::new(Single));
@@ -168,7 +170,19 @@ pub fn connect(device: &helios::Device, rank: Rank) -> Result<Box<dyn Collective
         let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         abort(1)
     });
-    connect_now(device, rank)
+    let inner = connect_now(device, rank)?;
+    // And so does every collective call after.
+    Ok(Box::new(guard::Guarded::new(inner, timeout, move |op| {
+        let line = format!(
+            "error: rank {} of {}: a collective ({op}) did not finish within {} s: another \
+             rank stopped or took another path; stopping (HELIOS_DIST_TIMEOUT sets the wait)\n",
+            rank.rank,
+            rank.world,
+            timeout.as_secs()
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        abort(1)
+    })))
 }
 
 fn connect_now(device: &helios::Device, rank: Rank) -> Result<Box<dyn Collective>> {

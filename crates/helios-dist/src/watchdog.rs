@@ -5,7 +5,8 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-/// How long a rank waits for the others to join (`HELIOS_DIST_TIMEOUT`, seconds).
+/// How long a rank waits for the others to join, or in a collective call
+/// (`HELIOS_DIST_TIMEOUT`, seconds).
 pub const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Runs `expired` on its own thread unless disarmed (or dropped) within `timeout`.
