@@ -16,7 +16,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         warp_row,
         own_row,
         tq,
-        col2,
         col_bytes,
         zero,
         ..
@@ -96,19 +95,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             c.release(k, step, true);
             k.update("add", step, step, 1u32);
         });
-        k.comment("blocks past this warpgroup's rows: handed back unread");
-        k.for_range(live, it.blocks, 1, |k, _| {
-            // Turns keep alternating: every warpgroup takes two a block.
-            for _ in 0..2 {
-                turns.take(k);
-                turns.pass(k);
-            }
-            for v in [false, true] {
-                c.wait_full(k, step, v);
-                c.release(k, step, v);
-            }
-            k.update("add", step, step, 1u32);
-        });
+        hand_back(k, (&c, &turns), step, (live, it.blocks), [false, true]);
 
         k.comment("epilogue: O / l, the log-sum-exp");
         let mut inv = [zero; 2];
@@ -132,23 +119,9 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             let at = k.mad_wide(idx, 4u32, p.lse);
             k.st_if(write, Space::Global, Addr::new(at), lse);
         }
-        for h in 0..2usize {
-            // O is dense [B, T, H, D].
-            let bt = k.mad(it.b, blk.t, rows[h]);
-            let bth = k.mad(bt, blk.heads, it.h);
-            let e = k.mul_wide(bth, d);
-            let c = k.cvt(Ty::U64, col2);
-            let e = k.add(e, c);
-            let bytes = k.shl(e, 1u32);
-            let at = k.add(p.o, bytes);
-            for jb in 0..d / 8 {
-                let i = (4 * jb) as usize + 2 * h;
-                let lo = k.mul(o_acc[i], inv[h]);
-                let hi = k.mul(o_acc[i + 1], inv[h]);
-                let v = k.cvt_pack(lanes.half2, hi, lo);
-                k.st_if(ok[h], Space::Global, Addr::at(at, i64::from(16 * jb)), v);
-            }
-        }
+        // O is dense [B, T, H, D].
+        let place = (&lanes, blk, it);
+        store_rows(k, place, (rows, ok), (&o_acc, inv), (p.o, blk.heads, 0));
     });
 }
 
@@ -552,4 +525,61 @@ pub(super) fn live_blocks(k: &mut Kernel, blk: &Block, it: &Item, wg: Reg) -> Re
         it.blocks
     };
     k.min(own, it.blocks)
+}
+
+/// Stores this thread's two rows of the 64 × D accumulators `acc`, each times its row's
+/// `factor`, rounded to the input type, into the [B, T, ·, H, D] output at `out`: rows
+/// `row_heads` heads apart (H dense, 3H for the packed gradient), `slice` · H · D into a
+/// row (the packed gradient's part; 0 dense). Rows past T are not stored.
+pub(super) fn store_rows(
+    k: &mut Kernel,
+    (lanes, blk, it): (&Lanes, &Block, &Item),
+    (rows, ok): ([Reg; 2], [Reg; 2]),
+    (acc, factor): (&[Reg], [Reg; 2]),
+    (out, row_heads, slice): (Reg, Reg, u32),
+) {
+    for h in 0..2usize {
+        let bt = k.mad(it.b, blk.t, rows[h]);
+        let bth = k.mad(bt, row_heads, it.h);
+        let bth = match slice {
+            0 => bth,
+            s => k.mad(blk.heads, s, bth),
+        };
+        let e = k.mul_wide(bth, blk.d);
+        let c = k.cvt(Ty::U64, lanes.col2);
+        let e = k.add(e, c);
+        let bytes = k.shl(e, 1u32);
+        let at = k.add(out, bytes);
+        for jb in 0..blk.d / 8 {
+            let i = (4 * jb) as usize + 2 * h;
+            let lo = k.mul(acc[i], factor[h]);
+            let hi = k.mul(acc[i + 1], factor[h]);
+            let v = k.cvt_pack(lanes.half2, hi, lo);
+            k.st_if(ok[h], Space::Global, Addr::at(at, i64::from(16 * jb)), v);
+        }
+    }
+}
+
+/// Hands back, unread, the blocks `from..to` of an item that this warpgroup does not
+/// compute: two turns each (the rotation stays in step) and both rings' stages released,
+/// in `order` (false: the first ring).
+pub(super) fn hand_back(
+    k: &mut Kernel,
+    (c, turns): (&Consumer, &Turns),
+    step: Reg,
+    (from, to): (Reg, Reg),
+    order: [bool; 2],
+) {
+    k.comment("blocks past this warpgroup's rows: handed back unread");
+    k.for_range(from, to, 1, |k, _| {
+        for _ in 0..2 {
+            turns.take(k);
+            turns.pass(k);
+        }
+        for v in order {
+            c.wait_full(k, step, v);
+            c.release(k, step, v);
+        }
+        k.update("add", step, step, 1u32);
+    });
 }

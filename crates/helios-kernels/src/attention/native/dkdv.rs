@@ -7,7 +7,7 @@
 
 use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
 
-use super::consumer::{load_fragments, Consumer, Lanes, Turns};
+use super::consumer::{load_fragments, store_rows, Consumer, Lanes, Turns};
 use super::kernel::{Block, Params};
 use super::AttentionKernel;
 
@@ -178,28 +178,14 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             k.mov(Ty::U32, blk.heads)
         };
         let one = k.mov(Ty::F32, 1.0f32);
+        let place = (&lanes, blk, it);
         for (n, (acc, out, factor)) in [(&dk_acc, p.o, p.scale), (&dv_acc, dv_out, one)]
             .into_iter()
             .enumerate()
         {
             let slice = if kern.packed { n as u32 + 1 } else { 0 };
-            for h in 0..2usize {
-                let bt = k.mad(it.b, blk.t, rows[h]);
-                let bth = k.mad(bt, row_heads, it.h);
-                let bth = k.mad(blk.heads, slice, bth);
-                let e = k.mul_wide(bth, d);
-                let cc = k.cvt(Ty::U64, col2);
-                let e = k.add(e, cc);
-                let bytes = k.shl(e, 1u32);
-                let at = k.add(out, bytes);
-                for jb in 0..d / 8 {
-                    let i = (4 * jb) as usize + 2 * h;
-                    let lo = k.mul(acc[i], factor);
-                    let hi = k.mul(acc[i + 1], factor);
-                    let v = k.cvt_pack(half2, hi, lo);
-                    k.st_if(ok[h], Space::Global, Addr::at(at, i64::from(16 * jb)), v);
-                }
-            }
+            let to = (out, row_heads, slice);
+            store_rows(k, place, (rows, ok), (acc, [factor; 2]), to);
         }
     });
 }

@@ -8,7 +8,7 @@
 
 use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
 
-use super::consumer::{live_blocks, load_fragments, Consumer, Lanes, Turns};
+use super::consumer::{hand_back, live_blocks, load_fragments, store_rows, Consumer, Lanes, Turns};
 use super::kernel::{Block, Params};
 use super::AttentionKernel;
 
@@ -20,7 +20,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         wg,
         warp_row,
         own_row,
-        col2,
         col_bytes,
         zero,
         half2,
@@ -125,18 +124,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             c.release(k, step, false);
             k.update("add", step, step, 1u32);
         });
-        k.comment("blocks past this warpgroup's rows: handed back unread");
-        k.for_range(live, it.blocks, 1, |k, _| {
-            for _ in 0..2 {
-                turns.take(k);
-                turns.pass(k);
-            }
-            for v in [true, false] {
-                c.wait_full(k, step, v);
-                c.release(k, step, v);
-            }
-            k.update("add", step, step, 1u32);
-        });
+        hand_back(k, (&c, &turns), step, (live, it.blocks), [true, false]);
 
         k.comment("epilogue: dQ scaled, rounded, stored");
         // dQ is dense [B, T, H, D], or the first slice of a packed [B, T, 3, H, D].
@@ -145,21 +133,8 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         } else {
             k.mov(Ty::U32, blk.heads)
         };
-        for h in 0..2usize {
-            let bt = k.mad(it.b, blk.t, rows[h]);
-            let bth = k.mad(bt, row_heads, it.h);
-            let e = k.mul_wide(bth, d);
-            let cc = k.cvt(Ty::U64, col2);
-            let e = k.add(e, cc);
-            let bytes = k.shl(e, 1u32);
-            let at = k.add(p.o, bytes);
-            for jb in 0..d / 8 {
-                let i = (4 * jb) as usize + 2 * h;
-                let lo = k.mul(dq_acc[i], p.scale);
-                let hi = k.mul(dq_acc[i + 1], p.scale);
-                let v = k.cvt_pack(half2, hi, lo);
-                k.st_if(ok[h], Space::Global, Addr::at(at, i64::from(16 * jb)), v);
-            }
-        }
+        let place = (&lanes, blk, it);
+        let scale = [p.scale; 2];
+        store_rows(k, place, (rows, ok), (&dq_acc, scale), (p.o, row_heads, 0));
     });
 }
