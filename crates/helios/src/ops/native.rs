@@ -5,17 +5,17 @@
 use helios_kernels::NativeLaunch;
 use helios_vk::Access;
 
-use super::attention::invalid;
 use crate::device::KernelKey;
-use crate::Result;
+use crate::{Error, Result};
 
 /// The device's native target, or an error naming `what` that says what it needs.
 pub(crate) fn target(device: &crate::Device, what: &str) -> Result<helios_ptx::Target> {
-    device.native_target().ok_or_else(|| {
-        invalid(format!(
+    device.native_target().ok_or_else(|| Error::Invalid {
+        op: "native kernel",
+        detail: format!(
             "{what} is a native NVIDIA kernel, and this device has none (VK_NVX_binary_import \
              with a Hopper GPU, HELIOS_NATIVE not 0)"
-        ))
+        ),
     })
 }
 
