@@ -45,7 +45,11 @@ pub(super) fn choose(
             && kern.workgroup() <= caps.max_invocations
             && (!kern.variant.is_coop()
                 || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
-            && (!kern.variant.is_native() || (kern.native_feasible(native) && aligned && positive))
+            && (!kern.variant.is_native()
+                || (kern.native_feasible(native)
+                    && aligned
+                    && positive
+                    && native_verified(device, kern)))
     };
     // Prep shares each row among the lanes of a subgroup where the row kernels may use
     // subgroup operations (their `reducer`: shuffles in compute, a power-of-two size of 4
@@ -325,4 +329,108 @@ mod tests {
         assert_eq!(parse_stages("dq=nv12"), None);
         assert_eq!(parse_stages("dq"), None);
     }
+}
+
+thread_local! {
+    /// Set while this thread runs a native kernel's first-use check (its own calls pass).
+    static CHECKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether native attention kernel `kern` gave the reference's results on this device: the
+/// forward is checked on its first use, per device and kernel, against the f64 CPU
+/// reference on a small random problem (a driver's compiler once reused registers a kernel
+/// still needed and gave wrong results: bench/results/2026-11-29-native-attention-h200.md).
+/// A kernel that fails is not chosen again, and a warning says so. The backward kernels,
+/// reached only when forced by stage, are not checked.
+fn native_verified(device: &Device, kern: &AttentionKernel) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static VERDICTS: OnceLock<Mutex<HashMap<(usize, String), bool>>> = OnceLock::new();
+    if kern.stage != AttnStage::Forward || CHECKING.with(|c| c.get()) {
+        return true;
+    }
+    let key = (device.id(), kern.name());
+    let verdicts = VERDICTS.get_or_init(Default::default);
+    if let Some(&v) = verdicts.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return v;
+    }
+    CHECKING.with(|c| c.set(true));
+    let checked = check_native_forward(device, kern);
+    CHECKING.with(|c| c.set(false));
+    let ok = match checked {
+        Ok(None) => true,
+        Ok(Some(why)) | Err(why) => {
+            eprintln!(
+                "helios: warning: the native attention kernel {} is not used on this device: \
+                 {why}",
+                kern.name()
+            );
+            false
+        }
+    };
+    verdicts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, ok);
+    ok
+}
+
+/// Runs `kern` (a native forward) on a random 1 × 200 × 2 × D problem with its masks and
+/// compares O with the f64 reference: `Ok(None)` when within the bound, else why not.
+fn check_native_forward(
+    device: &Device,
+    kern: &AttentionKernel,
+) -> std::result::Result<Option<String>, String> {
+    use crate::cpu::attention::{self as reference, AttnDims, AttnMask};
+    use rand::{Rng, SeedableRng};
+    let dtype = match kern.storage {
+        Storage::F16 => DType::F16,
+        Storage::BF16 => DType::BF16,
+        Storage::F32 => return Ok(Some("an f32 native kernel".into())),
+    };
+    // Several key blocks and a partial last one; the bound is ~4x the errors measured
+    // (bf16 4.2e-3, f16 4e-4) and well under a wrong kernel's (0.04-0.4).
+    let bound = match dtype {
+        DType::F16 => 3e-3,
+        _ => 1.5e-2,
+    };
+    let dims = AttnDims {
+        b: 1,
+        t: 200,
+        h: 2,
+        d: kern.head_dim as usize,
+    };
+    let n = dims.b * dims.t * dims.h * dims.d;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(36);
+    let mut random = || -> Vec<f32> {
+        (0..n)
+            .map(|_| dtype.round(rng.gen_range(-1.0f32..1.0)))
+            .collect()
+    };
+    let (q, k, v) = (random(), random(), random());
+    let lens = [dims.t as u32 - 13];
+    let run = || -> Result<Vec<f32>> {
+        let shape = [dims.b, dims.t, dims.h, dims.d];
+        let up = |x: &[f32]| Tensor::from_slice_as(device, x, &shape, dtype);
+        let opts = AttentionOptions {
+            causal: kern.causal,
+            key_lengths: match kern.padded {
+                true => Some(crate::IndexTensor::from_slice(device, &lens, &[1])?),
+                false => None,
+            },
+            stage_variant: Some((AttnStage::Forward, kern.variant)),
+            ..AttentionOptions::causal()
+        };
+        crate::no_grad(|| up(&q)?.attention(&up(&k)?, &up(&v)?, &opts)?.out.to_vec())
+    };
+    let got = run().map_err(|e| format!("its check failed to run: {e}"))?;
+    let mask = AttnMask {
+        causal: kern.causal,
+        lens: kern.padded.then_some(&lens[..]),
+    };
+    let scale = 1.0 / (dims.d as f32).sqrt();
+    let (want, _) = reference::attention(&q, &k, &v, dims, mask, scale);
+    let err = reference::relative_error(&got, &want);
+    Ok((err.is_nan() || err > bound)
+        .then(|| format!("its output differs from the reference by {err:.2e} (bound {bound:.0e})")))
 }
