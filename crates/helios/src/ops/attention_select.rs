@@ -113,6 +113,19 @@ pub(super) fn choose(
     });
     if let Some(v) = forced {
         let kern = make(v);
+        let checked_out = kern.variant.is_native()
+            && kern.buildable()
+            && kern.native_feasible(native)
+            && aligned
+            && positive;
+        if checked_out && !fits(&kern) {
+            return Err(invalid(format!(
+                "variant {} does not fit this device for {}: its first-use check against the \
+                 reference failed here (the warning above says by how much)",
+                v.tag(),
+                kern.name()
+            )));
+        }
         if !fits(&kern) {
             return Err(invalid(format!(
                 "variant {} does not fit this device for {} (shared memory {} of {} bytes, cooperative matrices {})",
