@@ -14,9 +14,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let Lanes {
         wg,
         warp_row,
-        own_row,
         tq,
-        col_bytes,
         zero,
         ..
     } = lanes;
@@ -27,33 +25,16 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let m = [k.reg(Ty::F32), k.reg(Ty::F32)];
     let l = [k.reg(Ty::F32), k.reg(Ty::F32)];
     let step = k.mov(Ty::U32, 0u32);
-    let qf = k.regs(Ty::B32, (d / 4) as usize);
-    let q_load = k.regs(Ty::B32, (d / 4) as usize);
-    // Q's fragments are loaded into `q_load`, then `qf`, the registers `wgmma` reads,
-    // copies them. (Loading the next item's Q into `q_load` while this one ran made the
-    // compiler reuse `qf`'s registers for scratch inside the key loop: wrong results on the
-    // H200. The ptxas test checks the SASS for it: bench/results/2026-11-29-native-
-    // attention-h200.md.)
+    let q = Fragments::new(k, d);
     let q_view = (p.q, p.offs[0], p.strides);
-    let load_q = |k: &mut Kernel, at: (Reg, Reg, Reg)| {
-        load_fragments(k, (own_row, col_bytes), q_view, at, (blk.t, d), &q_load);
-    };
 
     let turns = Turns::new(k, kern, blk, wg);
 
     blk.for_each_item(k, |k, it| {
-        let rows = [k.add(it.row0, own_row), k.add(it.row0, own_row)];
-        k.update("add", rows[1], rows[1], 8u32);
+        let (rows, ok) = lanes.rows(k, blk, it.row0);
         let first_row = k.add(it.row0, warp_row);
         k.comment("Q rows in registers: wgmma's A fragments");
-        let ok = [
-            k.setp(Cmp::Lt, rows[0], blk.t),
-            k.setp(Cmp::Lt, rows[1], blk.t),
-        ];
-        load_q(k, (it.b, it.h, it.row0));
-        for (&r, &l) in qf.iter().zip(&q_load) {
-            k.assign(r, l);
-        }
+        q.load(k, (&lanes, blk), q_view, (it.b, it.h, it.row0));
         for &r in &o_acc {
             k.assign(r, 0.0f32);
         }
@@ -67,15 +48,17 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             lanes: &lanes,
             blk,
             s_acc: &s_acc,
-            o_acc: &o_acc,
-            p_regs: &p_regs,
-            m,
-            l,
-            qf: &qf,
             rows,
             first_row,
             len: it.len,
             step0: k.mov(Ty::U32, step),
+        };
+        let f = Softmax {
+            qf: &q.kept,
+            o_acc: &o_acc,
+            p_regs: &p_regs,
+            m,
+            l,
         };
         k.comment("key blocks: S = Q K^T, online softmax, O += P V");
         // In order: S(j), its softmax, P(j)·V(j). Issuing S(j+1) before the softmax of
@@ -83,13 +66,13 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         // With turns, each product is issued in this warpgroup's turn (see `Turns`).
         k.for_range(0u32, live, 1, |k, _| {
             turns.take(k);
-            c.scores_issue(k, step);
+            f.scores_issue(&c, k, step);
             turns.pass(k);
             k.wgmma_wait(0);
             c.release(k, step, false);
-            c.softmax(k, step);
+            f.softmax(&c, k, step);
             turns.take(k);
-            c.product_issue(k, step);
+            f.product_issue(&c, k, step);
             turns.pass(k);
             k.wgmma_wait(0);
             c.release(k, step, true);
@@ -125,22 +108,30 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     });
 }
 
-/// What one consumer warpgroup's key-block steps share (see `consumer`).
+/// What one consumer warpgroup's key-block steps share in every native kernel (see
+/// `consumer`, `dq`, `dkdv`): the rings, the score accumulators and their mask.
 pub(super) struct Consumer<'a> {
     pub(super) lanes: &'a Lanes,
     pub(super) blk: &'a Block,
+    /// S (or Sᵀ): 64 rows × the block's columns.
     pub(super) s_acc: &'a [Reg],
-    pub(super) o_acc: &'a [Reg],
-    /// P of the block whose P·V is next, as `wgmma`'s A fragments.
-    pub(super) p_regs: &'a [Reg],
-    pub(super) m: [Reg; 2],
-    pub(super) l: [Reg; 2],
-    pub(super) qf: &'a [Reg],
+    /// This thread's two rows of the tile, its warp's first, and the batch row's keys.
     pub(super) rows: [Reg; 2],
     pub(super) first_row: Reg,
     pub(super) len: Reg,
     /// The k step of the item's first key block.
     pub(super) step0: Reg,
+}
+
+/// The forward's own state beside `Consumer`: Q's fragments, O, the online softmax's row
+/// maxima and sums, and P for the next product.
+struct Softmax<'a> {
+    qf: &'a [Reg],
+    o_acc: &'a [Reg],
+    /// P of the block whose P·V is next, as `wgmma`'s A fragments.
+    p_regs: &'a [Reg],
+    m: [Reg; 2],
+    l: [Reg; 2],
 }
 
 impl Consumer<'_> {
@@ -165,11 +156,6 @@ impl Consumer<'_> {
         let slot = k.rem(step, self.blk.stages);
         let id = self.blk.empty_id(k, slot, v);
         k.bar_arrive_reg(id, self.blk.consumers + 32);
-    }
-
-    /// Issues S = Q·Kᵀ for the key block of `step` once its K has landed (one commit group).
-    pub(super) fn scores_issue(&self, k: &mut Kernel, step: Reg) {
-        self.issue_by_keys(k, step, self.qf, false, self.s_acc);
     }
 
     /// Issues `acc` = A·Xᵀ once the stage of `step` of ring X (K, or V with `v`) has landed:
@@ -198,11 +184,6 @@ impl Consumer<'_> {
             );
         }
         k.wgmma_commit();
-    }
-
-    /// Issues O += P·V for the key block of `step` once its V has landed.
-    pub(super) fn product_issue(&self, k: &mut Kernel, step: Reg) {
-        self.issue_over_keys(k, step, self.p_regs, true, self.o_acc);
     }
 
     /// Issues `acc` += A·X once the stage of `step` of ring X (K, or V with `v`) has landed:
@@ -234,13 +215,6 @@ impl Consumer<'_> {
             );
         }
         k.wgmma_commit();
-    }
-
-    /// The softmax of the key block of `step`: new row maxima and sums, O rescaled, P in
-    /// place for the product.
-    pub(super) fn softmax(&self, k: &mut Kernel, step: Reg) {
-        let (alpha, probs) = self.probabilities(k, step);
-        self.rescale(k, &alpha, &probs);
     }
 
     /// Sets S to −inf where the block of `step` has keys past the row's length or, causal,
@@ -276,19 +250,38 @@ impl Consumer<'_> {
             }
         });
     }
+}
+
+impl Softmax<'_> {
+    /// Issues S = Q·Kᵀ for the key block of `step` once its K has landed (one commit group).
+    fn scores_issue(&self, c: &Consumer, k: &mut Kernel, step: Reg) {
+        c.issue_by_keys(k, step, self.qf, false, c.s_acc);
+    }
+
+    /// Issues O += P·V for the key block of `step` once its V has landed.
+    fn product_issue(&self, c: &Consumer, k: &mut Kernel, step: Reg) {
+        c.issue_over_keys(k, step, self.p_regs, true, self.o_acc);
+    }
+
+    /// The softmax of the key block of `step`: new row maxima and sums, O rescaled, P in
+    /// place for the product.
+    fn softmax(&self, c: &Consumer, k: &mut Kernel, step: Reg) {
+        let (alpha, probs) = self.probabilities(c, k, step);
+        self.rescale(k, &alpha, &probs);
+    }
 
     /// Masks S for the key block of `step`, updates the row maxima and sums, and returns
     /// the rows' rescale factors and the new P (rounded, in A-fragment order). O is not
     /// touched: a product into it may still run.
-    pub(super) fn probabilities(&self, k: &mut Kernel, step: Reg) -> ([Reg; 2], Vec<Reg>) {
-        self.mask(k, step);
+    fn probabilities(&self, c: &Consumer, k: &mut Kernel, step: Reg) -> ([Reg; 2], Vec<Reg>) {
+        c.mask(k, step);
         // Online softmax, base 2, two rows a thread; a row's four threads are a quad.
         let zero = k.mov(Ty::F32, 0.0f32);
         let mut alpha = [zero; 2];
         let mut neg_m = [zero; 2];
         for h in 0..2usize {
             let mut mx = k.mov(Ty::F32, f32::NEG_INFINITY);
-            for (i, &r) in self.s_acc.iter().enumerate() {
+            for (i, &r) in c.s_acc.iter().enumerate() {
                 if (i / 2) % 2 == h {
                     mx = k.max(mx, r);
                 }
@@ -297,7 +290,7 @@ impl Consumer<'_> {
                 let o = k.shfl("bfly", mx, x, 31);
                 mx = k.max(mx, o);
             }
-            let mx = k.mul(mx, self.lanes.scale2);
+            let mx = k.mul(mx, c.lanes.scale2);
             let m_new = k.max(self.m[h], mx);
             // A row with no key yet keeps m = −inf; its exponentials use 0 (all zero).
             let none = k.setp(Cmp::Eq, m_new, f32::NEG_INFINITY);
@@ -308,10 +301,10 @@ impl Consumer<'_> {
             k.assign(self.m[h], m_new);
         }
         let mut sums = [k.mov(Ty::F32, 0.0f32), k.mov(Ty::F32, 0.0f32)];
-        let mut probs = Vec::with_capacity(self.s_acc.len());
-        for (i, &r) in self.s_acc.iter().enumerate() {
+        let mut probs = Vec::with_capacity(c.s_acc.len());
+        for (i, &r) in c.s_acc.iter().enumerate() {
             let h = (i / 2) % 2;
-            let x = k.fma(r, self.lanes.scale2, neg_m[h]);
+            let x = k.fma(r, c.lanes.scale2, neg_m[h]);
             let e = k.ex2(x);
             sums[h] = k.add(sums[h], e);
             probs.push(e);
@@ -322,16 +315,12 @@ impl Consumer<'_> {
             k.assign(self.l[h], v);
         }
         // S's accumulator layout is P·V's A layout: registers 8s..8s+7 are k step s.
-        let packed = probs
-            .chunks(2)
-            .map(|c| k.cvt_pack(self.lanes.half2, c[1], c[0]))
-            .collect();
-        (alpha, packed)
+        (alpha, pack(k, c.lanes.half2, &probs))
     }
 
     /// Once the last product into O is done: O scaled by the rows' factors, the new P in
     /// place for the next product.
-    pub(super) fn rescale(&self, k: &mut Kernel, alpha: &[Reg; 2], probs: &[Reg]) {
+    fn rescale(&self, k: &mut Kernel, alpha: &[Reg; 2], probs: &[Reg]) {
         for (i, &r) in self.o_acc.iter().enumerate() {
             let v = k.mul(r, alpha[(i / 2) % 2]);
             k.assign(r, v);
@@ -394,6 +383,71 @@ impl Turns {
     }
 }
 
+/// A 64-row × D operand that stays in registers as `wgmma`'s A fragments for a whole work
+/// item (Q; Dq's dO; DkDv's K and V): loaded into `staged`, then copied into `kept`, the
+/// registers `wgmma` reads. (Loading the next item's rows into `staged` while this one ran
+/// made the compiler reuse `kept`'s registers for scratch inside the block loop: wrong
+/// results on the H200. The ptxas test checks the SASS for it:
+/// bench/results/2026-11-29-native-attention-h200.md.)
+pub(super) struct Fragments {
+    pub(super) kept: Vec<Reg>,
+    staged: Vec<Reg>,
+}
+
+impl Fragments {
+    pub(super) fn new(k: &mut Kernel, d: u32) -> Fragments {
+        Fragments {
+            kept: k.regs(Ty::B32, (d / 4) as usize),
+            staged: k.regs(Ty::B32, (d / 4) as usize),
+        }
+    }
+
+    /// This thread's rows (`load_fragments`) of the item at (b, h, row0) of `view`.
+    pub(super) fn load(
+        &self,
+        k: &mut Kernel,
+        (lanes, blk): (&Lanes, &Block),
+        view: (Reg, Reg, [Reg; 3]),
+        at: (Reg, Reg, Reg),
+    ) {
+        let me = (lanes.own_row, lanes.col_bytes);
+        load_fragments(k, me, view, at, (blk.t, blk.d), &self.staged);
+        for (&r, &l) in self.kept.iter().zip(&self.staged) {
+            k.assign(r, l);
+        }
+    }
+}
+
+/// A query's L in base 2 and its Dsum, the backward's per-query values, at index `idx` of
+/// their [B, H, T] rows (0 where `live` fails): L = −inf (a query with no key) becomes
+/// +inf, so that its P = exp2(S · scale − L) is 0.
+pub(super) fn query_stats(
+    k: &mut Kernel,
+    (lse, dsum): (Reg, Reg),
+    idx: Reg,
+    live: Reg,
+) -> (Reg, Reg) {
+    let l_at = k.mad_wide(idx, 4u32, lse);
+    let l = k.ld_if(live, Space::Global, Ty::F32, Addr::new(l_at), 0.0f32);
+    let none = k.setp(Cmp::Eq, l, f32::NEG_INFINITY);
+    let l2 = k.mul(l, std::f32::consts::LOG2_E);
+    let l2 = k.selp(none, f32::INFINITY, l2, Ty::F32);
+    let d_at = k.mad_wide(idx, 4u32, dsum);
+    (
+        l2,
+        k.ld_if(live, Space::Global, Ty::F32, Addr::new(d_at), 0.0f32),
+    )
+}
+
+/// Pairs of f32 values in accumulator order, rounded into `half2` registers: the A
+/// fragments of the next product (registers 8s..8s+7 are its k step s).
+pub(super) fn pack(k: &mut Kernel, half2: Ty, values: &[Reg]) -> Vec<Reg> {
+    values
+        .chunks(2)
+        .map(|c| k.cvt_pack(half2, c[1], c[0]))
+        .collect()
+}
+
 /// Loads rows q0 + `own_row` and q0 + `own_row` + 8 (at most `t`; zeros past it) of one
 /// (b, h) of a strided 16-bit view — (address, element offset, [batch, seq, head] strides) —
 /// into `dst` as `wgmma`'s A fragments: four registers a k16 step of the `d` channels, this
@@ -453,6 +507,17 @@ pub(super) struct Lanes {
 }
 
 impl Lanes {
+    /// This thread's two rows of the tile at `row0`, and whether each is inside T.
+    pub(super) fn rows(&self, k: &mut Kernel, blk: &Block, row0: Reg) -> ([Reg; 2], [Reg; 2]) {
+        let rows = [k.add(row0, self.own_row), k.add(row0, self.own_row)];
+        k.update("add", rows[1], rows[1], 8u32);
+        let ok = [
+            k.setp(Cmp::Lt, rows[0], blk.t),
+            k.setp(Cmp::Lt, rows[1], blk.t),
+        ];
+        (rows, ok)
+    }
+
     pub(super) fn new(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &Params) -> Lanes {
         let (input, half2) = match kern.storage {
             Storage::F16 => (MmaInput::F16, Ty::F16x2),

@@ -5,9 +5,9 @@
 //! Pᵀ and dSᵀ in the accumulator layout that is the A layout of the next products, as
 //! FlashAttention-3 does. No atomics: each tile owns its dK and dV rows.
 
-use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
+use helios_ptx::{Cmp, Kernel, Ty};
 
-use super::consumer::{load_fragments, store_rows, Consumer, Lanes, Turns};
+use super::consumer::{pack, query_stats, store_rows, Consumer, Fragments, Lanes, Turns};
 use super::kernel::{Block, Params};
 use super::AttentionKernel;
 
@@ -19,29 +19,17 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let Lanes {
         wg,
         warp_row,
-        own_row,
         col2,
-        col_bytes,
         half2,
         ..
     } = lanes;
     let (bk, d) = (blk.bk, blk.d);
-    let log2e = std::f32::consts::LOG2_E;
 
     let st_acc = k.regs(Ty::F32, (bk / 2) as usize);
     let dpt_acc = k.regs(Ty::F32, (bk / 2) as usize);
     let dk_acc = k.regs(Ty::F32, (d / 2) as usize);
     let dv_acc = k.regs(Ty::F32, (d / 2) as usize);
-    let (kf, k_load) = (
-        k.regs(Ty::B32, (d / 4) as usize),
-        k.regs(Ty::B32, (d / 4) as usize),
-    );
-    let (vf, v_load) = (
-        k.regs(Ty::B32, (d / 4) as usize),
-        k.regs(Ty::B32, (d / 4) as usize),
-    );
-    // The forward's row state, unused here (`Consumer` carries it).
-    let unused = [k.reg(Ty::F32), k.reg(Ty::F32)];
+    let (kf, vf) = (Fragments::new(k, d), Fragments::new(k, d));
     let step = k.mov(Ty::U32, 0u32);
     let k_view = (p.k, p.offs[1], p.strides);
     let v_view = (p.v, p.offs[2], p.strides);
@@ -49,19 +37,11 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
 
     blk.for_each_item(k, |k, it| {
         // This thread's two key rows.
-        let rows = [k.add(it.row0, own_row), k.add(it.row0, own_row)];
-        k.update("add", rows[1], rows[1], 8u32);
-        let ok = [
-            k.setp(Cmp::Lt, rows[0], blk.t),
-            k.setp(Cmp::Lt, rows[1], blk.t),
-        ];
+        let (rows, ok) = lanes.rows(k, blk, it.row0);
         k.comment("K and V rows in registers: wgmma's A fragments");
         let at = (it.b, it.h, it.row0);
-        load_fragments(k, (own_row, col_bytes), k_view, at, (blk.t, d), &k_load);
-        load_fragments(k, (own_row, col_bytes), v_view, at, (blk.t, d), &v_load);
-        for (&r, &l) in kf.iter().zip(&k_load).chain(vf.iter().zip(&v_load)) {
-            k.assign(r, l);
-        }
+        kf.load(k, (&lanes, blk), k_view, at);
+        vf.load(k, (&lanes, blk), v_view, at);
         for &r in dk_acc.iter().chain(&dv_acc) {
             k.assign(r, 0.0f32);
         }
@@ -76,11 +56,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             lanes: &lanes,
             blk,
             s_acc: &st_acc,
-            o_acc: &dk_acc,
-            p_regs: &[],
-            m: unused,
-            l: unused,
-            qf: &kf,
             rows,
             first_row: warp_last,
             len: it.len,
@@ -100,17 +75,13 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
                 let q = k.add(col0, 8 * (i / 2) + (i % 2));
                 let live = k.setp(Cmp::Lt, q, blk.t);
                 let idx = k.add(row_base, q);
-                let l_at = k.mad_wide(idx, 4u32, p.lse);
-                let l = k.ld_if(live, Space::Global, Ty::F32, Addr::new(l_at), 0.0f32);
-                let none = k.setp(Cmp::Eq, l, f32::NEG_INFINITY);
-                let l2 = k.mul(l, log2e);
-                lse2.push(k.selp(none, f32::INFINITY, l2, Ty::F32));
-                let d_at = k.mad_wide(idx, 4u32, grad.dsum);
-                dsum.push(k.ld_if(live, Space::Global, Ty::F32, Addr::new(d_at), 0.0f32));
+                let (l2, ds) = query_stats(k, (p.lse, grad.dsum), idx, live);
+                lse2.push(l2);
+                dsum.push(ds);
             }
             turns.take(k);
-            c.issue_by_keys(k, step, &kf, false, &st_acc);
-            c.issue_by_keys(k, step, &vf, true, &dpt_acc);
+            c.issue_by_keys(k, step, &kf.kept, false, &st_acc);
+            c.issue_by_keys(k, step, &vf.kept, true, &dpt_acc);
             turns.pass(k);
             k.wgmma_wait(0);
 
@@ -156,10 +127,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
                 dst.push(k.mul(prob, diff));
                 pt.push(prob);
             }
-            let pack = |k: &mut Kernel, v: &[Reg]| -> Vec<Reg> {
-                v.chunks(2).map(|c| k.cvt_pack(half2, c[1], c[0])).collect()
-            };
-            let (pf, dsf) = (pack(k, &pt), pack(k, &dst));
+            let (pf, dsf) = (pack(k, half2, &pt), pack(k, half2, &dst));
             turns.take(k);
             c.issue_over_keys(k, step, &pf, true, &dv_acc);
             c.issue_over_keys(k, step, &dsf, false, &dk_acc);

@@ -6,9 +6,11 @@
 //! No atomics: each query tile owns its dQ rows (deterministic, as the SPIR-V Dq). Dsum
 //! comes from the Prep pass.
 
-use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
+use helios_ptx::{Kernel, Ty};
 
-use super::consumer::{hand_back, live_blocks, load_fragments, store_rows, Consumer, Lanes, Turns};
+use super::consumer::{
+    hand_back, live_blocks, pack, query_stats, store_rows, Consumer, Fragments, Lanes, Turns,
+};
 use super::kernel::{Block, Params};
 use super::AttentionKernel;
 
@@ -19,61 +21,34 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let Lanes {
         wg,
         warp_row,
-        own_row,
-        col_bytes,
         zero,
         half2,
         ..
     } = lanes;
     let (bk, d) = (blk.bk, blk.d);
-    let log2e = std::f32::consts::LOG2_E;
 
     let s_acc = k.regs(Ty::F32, (bk / 2) as usize);
     let dp_acc = k.regs(Ty::F32, (bk / 2) as usize);
     let dq_acc = k.regs(Ty::F32, (d / 2) as usize);
-    let (qf, q_load) = (
-        k.regs(Ty::B32, (d / 4) as usize),
-        k.regs(Ty::B32, (d / 4) as usize),
-    );
-    let (dof, do_load) = (
-        k.regs(Ty::B32, (d / 4) as usize),
-        k.regs(Ty::B32, (d / 4) as usize),
-    );
-    // The forward's row state, unused here (`Consumer` carries it).
-    let unused = [k.reg(Ty::F32), k.reg(Ty::F32)];
+    let (q, d_o) = (Fragments::new(k, d), Fragments::new(k, d));
     let step = k.mov(Ty::U32, 0u32);
     let q_view = (p.q, p.offs[0], p.strides);
     let do_view = (grad.d_o, grad.off_do, grad.strides_do);
     let turns = Turns::new(k, kern, blk, wg);
 
     blk.for_each_item(k, |k, it| {
-        let rows = [k.add(it.row0, own_row), k.add(it.row0, own_row)];
-        k.update("add", rows[1], rows[1], 8u32);
+        let (rows, ok) = lanes.rows(k, blk, it.row0);
         let first_row = k.add(it.row0, warp_row);
-        let ok = [
-            k.setp(Cmp::Lt, rows[0], blk.t),
-            k.setp(Cmp::Lt, rows[1], blk.t),
-        ];
         k.comment("Q and dO rows in registers: wgmma's A fragments");
         let at = (it.b, it.h, it.row0);
-        load_fragments(k, (own_row, col_bytes), q_view, at, (blk.t, d), &q_load);
-        load_fragments(k, (own_row, col_bytes), do_view, at, (blk.t, d), &do_load);
-        for (&r, &l) in qf.iter().zip(&q_load).chain(dof.iter().zip(&do_load)) {
-            k.assign(r, l);
-        }
-        // The rows' L (base 2; a row with no key, L = −inf, gets P = 0 from +inf) and Dsum.
+        q.load(k, (&lanes, blk), q_view, at);
+        d_o.load(k, (&lanes, blk), do_view, at);
         let bh = k.mad(it.b, blk.heads, it.h);
         let mut lse2 = [zero; 2];
         let mut dsum = [zero; 2];
         for h in 0..2 {
             let idx = k.mad(bh, blk.t, rows[h]);
-            let l_at = k.mad_wide(idx, 4u32, p.lse);
-            let l = k.ld_if(ok[h], Space::Global, Ty::F32, Addr::new(l_at), 0.0f32);
-            let none = k.setp(Cmp::Eq, l, f32::NEG_INFINITY);
-            let l2 = k.mul(l, log2e);
-            lse2[h] = k.selp(none, f32::INFINITY, l2, Ty::F32);
-            let d_at = k.mad_wide(idx, 4u32, grad.dsum);
-            dsum[h] = k.ld_if(ok[h], Space::Global, Ty::F32, Addr::new(d_at), 0.0f32);
+            (lse2[h], dsum[h]) = query_stats(k, (p.lse, grad.dsum), idx, ok[h]);
         }
         for &r in &dq_acc {
             k.assign(r, 0.0f32);
@@ -83,11 +58,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             lanes: &lanes,
             blk,
             s_acc: &s_acc,
-            o_acc: &dq_acc,
-            p_regs: &[],
-            m: unused,
-            l: unused,
-            qf: &qf,
             rows,
             first_row,
             len: it.len,
@@ -97,8 +67,8 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         k.comment("key blocks: S = Q K^T, dP = dO V^T, dS = P (dP - Dsum), dQ += dS K");
         k.for_range(0u32, live, 1, |k, _| {
             turns.take(k);
-            c.issue_by_keys(k, step, &qf, false, &s_acc);
-            c.issue_by_keys(k, step, &dof, true, &dp_acc);
+            c.issue_by_keys(k, step, &q.kept, false, &s_acc);
+            c.issue_by_keys(k, step, &d_o.kept, true, &dp_acc);
             turns.pass(k);
             k.wgmma_wait(0);
             c.release(k, step, true);
@@ -113,10 +83,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
                 ds.push(k.mul(prob, diff));
             }
             // S's accumulator layout is the A layout of dS·K.
-            let frags: Vec<Reg> = ds
-                .chunks(2)
-                .map(|c| k.cvt_pack(half2, c[1], c[0]))
-                .collect();
+            let frags = pack(k, half2, &ds);
             turns.take(k);
             c.issue_over_keys(k, step, &frags, false, &dq_acc);
             turns.pass(k);
