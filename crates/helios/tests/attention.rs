@@ -320,23 +320,7 @@ fn packed_qkv_gradient_matches_the_views() {
             };
             let shape = [b, t, 3, h, hd];
             let r = Tensor::from_slice_as(d, &r, &[b, t, h, hd], dtype).unwrap();
-            let run = |packed: bool| {
-                let qkv = Tensor::from_slice_as(d, &host, &shape, dtype)
-                    .unwrap()
-                    .requires_grad_();
-                let out = match packed {
-                    true => qkv.attention_qkv(&opts).unwrap().out,
-                    false => {
-                        let [q, k, v] = qkv.split_qkv().unwrap();
-                        let v4 = |x: Tensor| x.reshape(&[b, t, h, hd]).unwrap();
-                        v4(q).attention(&v4(k), &v4(v), &opts).unwrap().out
-                    }
-                };
-                out.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-                let g = qkv.grad().expect("backward reached qkv");
-                assert_eq!(g.shape(), shape);
-                (out.to_vec().unwrap(), g.to_vec().unwrap())
-            };
+            let run = |packed| fused_qkv_grad(d, (&host, shape, dtype), &r, &opts, packed);
             let (packed, views) = (run(true), run(false));
             // Equal values (the views' pads add +0, which turns a -0 into +0).
             let differs = |a: &[f32], b: &[f32]| (0..a.len()).find(|&i| a[i] != b[i]);
@@ -359,6 +343,34 @@ fn packed_qkv_gradient_matches_the_views() {
         }
     }
     assert_clean(d);
+}
+
+/// Attention over a fused [B, T, 3, H, D] tensor `host` with `opts`, through
+/// `attention_qkv` (`packed`: one packed gradient) or through the `split_qkv` views, then
+/// backward from Σ out ∘ `r`: the output and the fused tensor's gradient.
+fn fused_qkv_grad(
+    d: &Device,
+    (host, shape, dtype): (&[f32], [usize; 5], DType),
+    r: &Tensor,
+    opts: &AttentionOptions,
+    packed: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let [b, t, _, h, hd] = shape;
+    let qkv = Tensor::from_slice_as(d, host, &shape, dtype)
+        .unwrap()
+        .requires_grad_();
+    let out = match packed {
+        true => qkv.attention_qkv(opts).unwrap().out,
+        false => {
+            let [q, k, v] = qkv.split_qkv().unwrap();
+            let v4 = |x: Tensor| x.reshape(&[b, t, h, hd]).unwrap();
+            v4(q).attention(&v4(k), &v4(v), opts).unwrap().out
+        }
+    };
+    out.mul(r).unwrap().sum_all().unwrap().backward().unwrap();
+    let g = qkv.grad().expect("backward reached qkv");
+    assert_eq!(g.shape(), shape);
+    (out.to_vec().unwrap(), g.to_vec().unwrap())
 }
 
 /// Enough heads that the grid splits them into groups (its z dimension): 1536 heads of
@@ -605,21 +617,7 @@ fn native_backward_matches_reference() {
             stage_variant: Some((stage, helios_kernels::attention::NATIVE_VARIANTS[0])),
             ..AttentionOptions::causal()
         };
-        let grad = |packed: bool| {
-            let qkv = Tensor::from_slice_as(d, &host, &shape, DType::BF16)
-                .unwrap()
-                .requires_grad_();
-            let out = match packed {
-                true => qkv.attention_qkv(&opts).unwrap().out,
-                false => {
-                    let [q, k, v] = qkv.split_qkv().unwrap();
-                    let v4 = |x: Tensor| x.reshape(&[b, t, h, hd]).unwrap();
-                    v4(q).attention(&v4(k), &v4(v), &opts).unwrap().out
-                }
-            };
-            out.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-            qkv.grad().expect("backward reached qkv").to_vec().unwrap()
-        };
+        let grad = |packed| fused_qkv_grad(d, (&host, shape, DType::BF16), &r, &opts, packed).1;
         let (packed, views) = (grad(true), grad(false));
         let first = (0..packed.len()).find(|&i| packed[i] != views[i]);
         assert!(
