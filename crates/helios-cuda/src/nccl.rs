@@ -397,18 +397,13 @@ impl Comm {
         stream: &Stream,
     ) -> Result<()> {
         let raw = self.prepare("Comm::broadcast", dtype, None, stream)?;
-        if root >= self.world {
-            return Err(Error::InvalidArgument {
-                call: "Comm::broadcast",
-                detail: format!("root {root} is not a rank of this world of {}", self.world),
-            });
-        }
+        let root = self.root("Comm::broadcast", root)?;
         let code = (self.api.broadcast)(
             send.as_ptr(),
             recv.as_ptr(),
             count,
             dtype as c_int,
-            root as c_int,
+            root,
             raw,
             stream.raw(),
         );
@@ -432,19 +427,14 @@ impl Comm {
         stream: &Stream,
     ) -> Result<()> {
         let raw = self.prepare("Comm::reduce", dtype, Some(op), stream)?;
-        if root >= self.world {
-            return Err(Error::InvalidArgument {
-                call: "Comm::reduce",
-                detail: format!("root {root} is not a rank of this world of {}", self.world),
-            });
-        }
+        let root = self.root("Comm::reduce", root)?;
         let code = (self.api.reduce)(
             send.as_ptr(),
             recv.as_ptr(),
             count,
             dtype as c_int,
             op as c_int,
-            root as c_int,
+            root,
             raw,
             stream.raw(),
         );
@@ -555,6 +545,17 @@ impl Comm {
         }
         self.ctx.make_current()?;
         Ok(raw)
+    }
+
+    /// `root` as NCCL takes it, if it is a rank of this world.
+    fn root(&self, call: &'static str, root: usize) -> Result<c_int> {
+        if root >= self.world {
+            return Err(Error::InvalidArgument {
+                call,
+                detail: format!("root {root} is not a rank of this world of {}", self.world),
+            });
+        }
+        Ok(root as c_int)
     }
 
     fn live(&self, call: &'static str) -> Result<NcclComm> {
