@@ -113,27 +113,22 @@ pub(super) fn choose(
     });
     if let Some(v) = forced {
         let kern = make(v);
-        let checked_out = kern.variant.is_native()
-            && kern.buildable()
-            && kern.native_feasible(native)
-            && aligned
-            && positive;
-        if checked_out && !fits(&kern) {
+        if !fits(&kern) {
+            let why = match native_failed(device, &kern) {
+                true => "its first-use check against the reference failed here (the warning \
+                         above says by how much)"
+                    .to_string(),
+                false => format!(
+                    "shared memory {} of {} bytes, cooperative matrices {}",
+                    kern.shared_bytes(),
+                    caps.max_shared_bytes,
+                    if coop { "available" } else { "unavailable" }
+                ),
+            };
             return Err(invalid(format!(
-                "variant {} does not fit this device for {}: its first-use check against the \
-                 reference failed here (the warning above says by how much)",
+                "variant {} does not fit this device for {} ({why})",
                 v.tag(),
                 kern.name()
-            )));
-        }
-        if !fits(&kern) {
-            return Err(invalid(format!(
-                "variant {} does not fit this device for {} (shared memory {} of {} bytes, cooperative matrices {})",
-                v.tag(),
-                kern.name(),
-                kern.shared_bytes(),
-                caps.max_shared_bytes,
-                if coop { "available" } else { "unavailable" }
             )));
         }
         return Ok(kern);
@@ -356,14 +351,11 @@ thread_local! {
 /// A kernel that fails is not chosen again, and a warning says so. The backward kernels,
 /// reached only when forced by stage, are not checked.
 fn native_verified(device: &Device, kern: &AttentionKernel) -> bool {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static VERDICTS: OnceLock<Mutex<HashMap<(usize, String), bool>>> = OnceLock::new();
     if kern.stage != AttnStage::Forward || CHECKING.with(|c| c.get()) {
         return true;
     }
     let key = (device.id(), kern.name());
-    let verdicts = VERDICTS.get_or_init(Default::default);
+    let verdicts = verdicts();
     if let Some(&v) = verdicts.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return v;
     }
@@ -386,6 +378,24 @@ fn native_verified(device: &Device, kern: &AttentionKernel) -> bool {
         .unwrap_or_else(|e| e.into_inner())
         .insert(key, ok);
     ok
+}
+
+/// The first-use checks' verdicts, per (device, kernel name).
+fn verdicts() -> &'static std::sync::Mutex<std::collections::HashMap<(usize, String), bool>> {
+    static VERDICTS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<(usize, String), bool>>,
+    > = std::sync::OnceLock::new();
+    VERDICTS.get_or_init(Default::default)
+}
+
+/// Whether `kern` failed its first-use check on `device` (see `native_verified`).
+fn native_failed(device: &Device, kern: &AttentionKernel) -> bool {
+    let key = (device.id(), kern.name());
+    verdicts()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        == Some(&false)
 }
 
 /// Runs `kern` (a native forward) on a random 1 × 200 × 2 × D problem with its masks and
