@@ -378,11 +378,8 @@ fn slots_per_row(k: &mut KernelBuilder, dim: Val, lanes: u8) -> Val {
 
 /// This invocation's index over the whole (folded) grid.
 fn global_index(k: &mut KernelBuilder) -> Val {
-    let g = linear_workgroup(k);
     let wg = k.workgroup_size_x();
-    let base = k.mul(g, wg);
-    let lid = k.local_index();
-    k.add(base, lid)
+    crate::rows::global_index(k, wg)
 }
 
 fn n_vocab_params(k: &mut KernelBuilder) -> (helios_spirv::Param, helios_spirv::Param) {

@@ -32,4 +32,4 @@ pub use config::{
     RowLaunch, RowPlan, RowVariant, STREAM_WORKGROUP,
 };
 pub use groups::{combine, hreduce, hsum, identity, key_value, order_key, Groups};
-pub use walk::{for_each_slot, for_each_slot_by, linear_workgroup, Row};
+pub use walk::{for_each_slot, for_each_slot_by, global_index, linear_workgroup, Row};

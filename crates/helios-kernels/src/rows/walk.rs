@@ -15,6 +15,15 @@ pub fn linear_workgroup(k: &mut KernelBuilder) -> Val {
     k.add(row, gx)
 }
 
+/// This invocation's index over a (possibly 2-D, folded) grid of workgroups of `workgroup`
+/// invocations.
+pub fn global_index(k: &mut KernelBuilder, workgroup: Val) -> Val {
+    let g = linear_workgroup(k);
+    let base = k.mul(g, workgroup);
+    let lid = k.local_index();
+    k.add(base, lid)
+}
+
 /// Elements `[start, end)` of a buffer, walked in slots of `vec` elements (1 or 4) aligned to
 /// the buffer.
 #[derive(Clone, Copy, Debug)]

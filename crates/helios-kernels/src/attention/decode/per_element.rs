@@ -4,7 +4,7 @@
 use helios_spirv::{Access, KernelBuilder, KernelModule, Scalar, Ty, Val};
 
 use super::{DecodeKernel, DECODE_WORKGROUP};
-use crate::rows::linear_workgroup;
+use crate::rows::global_index;
 use crate::storage::{buffer_scalar, load_f32, store_f32};
 
 /// The `Append` kernel: one invocation per element of [B, n, H, D]. Values pass through f32
@@ -30,11 +30,8 @@ pub(super) fn append(kern: &DecodeKernel) -> KernelModule {
     let [batch, rows, heads, d, pos] = sizes.map(|p| k.load_param(p));
     let [k_off, v_off, src_sb, src_st, src_sh] = src.map(|p| k.load_param(p));
     let [kc_off, vc_off, dst_sb, dst_st, dst_sh] = dst.map(|p| k.load_param(p));
-    let g = linear_workgroup(&mut k);
     let wg = k.u32(DECODE_WORKGROUP);
-    let first = k.mul(g, wg);
-    let lid = k.local_index();
-    let i = k.add(first, lid);
+    let i = global_index(&mut k, wg);
     let hd = k.mul(heads, d);
     let nhd = k.mul(rows, hd);
     let n = k.mul(batch, nhd);
@@ -75,11 +72,8 @@ pub(super) fn combine(kern: &DecodeKernel) -> KernelModule {
     let params = ["rows", "head_dim", "splits"].map(|n| k.param(n, u));
     k.begin();
     let [rows, d, splits] = params.map(|p| k.load_param(p));
-    let g = linear_workgroup(&mut k);
     let wg = k.u32(DECODE_WORKGROUP);
-    let first = k.mul(g, wg);
-    let lid = k.local_index();
-    let i = k.add(first, lid);
+    let i = global_index(&mut k, wg);
     let n = k.mul(rows, d);
     let inside = k.lt(i, n);
     k.if_(inside, |k| {
