@@ -354,7 +354,7 @@ fn native_verified(device: &Device, kern: &AttentionKernel) -> bool {
     if kern.stage != AttnStage::Forward || CHECKING.with(|c| c.get()) {
         return true;
     }
-    let key = (device.id(), kern.name());
+    let key = (device.id(), *kern);
     let verdicts = verdicts();
     if let Some(&v) = verdicts.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return v;
@@ -380,17 +380,18 @@ fn native_verified(device: &Device, kern: &AttentionKernel) -> bool {
     ok
 }
 
-/// The first-use checks' verdicts, per (device, kernel name).
-fn verdicts() -> &'static std::sync::Mutex<std::collections::HashMap<(usize, String), bool>> {
+/// The first-use checks' verdicts, per (device, kernel).
+fn verdicts() -> &'static std::sync::Mutex<std::collections::HashMap<(usize, AttentionKernel), bool>>
+{
     static VERDICTS: std::sync::OnceLock<
-        std::sync::Mutex<std::collections::HashMap<(usize, String), bool>>,
+        std::sync::Mutex<std::collections::HashMap<(usize, AttentionKernel), bool>>,
     > = std::sync::OnceLock::new();
     VERDICTS.get_or_init(Default::default)
 }
 
 /// Whether `kern` failed its first-use check on `device` (see `native_verified`).
 fn native_failed(device: &Device, kern: &AttentionKernel) -> bool {
-    let key = (device.id(), kern.name());
+    let key = (device.id(), *kern);
     verdicts()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
