@@ -112,6 +112,16 @@ fn flatten(tensors: &[Tensor]) -> Result<(Vec<f32>, Vec<usize>)> {
     Ok((flat, starts))
 }
 
+/// Sets `t`'s gradient to `sums` (the ranks' sum of gradient `g`, flattened) over `world`,
+/// in `g`'s shape and dtype.
+fn set_mean_grad(t: &Tensor, g: &Tensor, sums: &[f32], world: usize) -> Result<()> {
+    let scale = 1.0 / world as f32;
+    let mean: Vec<f32> = sums.iter().map(|v| v * scale).collect();
+    let grad = Tensor::from_slice_as(g.device(), &mean, g.shape(), g.dtype())?;
+    t.set_grad(Some(grad))?;
+    Ok(())
+}
+
 impl Collective for Mpi {
     fn rank(&self) -> Rank {
         self.rank
@@ -141,19 +151,11 @@ impl Collective for Mpi {
 
     fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()> {
         let grads = crate::gradients(tensors)?;
-        let (mut flat, _) = flatten(&grads)?;
+        let (mut flat, starts) = flatten(&grads)?;
         self.sum_everywhere(&mut flat);
-        let scale = 1.0 / self.rank.world as f32;
-        let mut at = 0;
-        for (t, g) in tensors.iter().zip(&grads) {
-            let mean: Vec<f32> = flat[at..at + g.len()].iter().map(|v| v * scale).collect();
-            at += g.len();
-            t.set_grad(Some(Tensor::from_slice_as(
-                g.device(),
-                &mean,
-                g.shape(),
-                g.dtype(),
-            )?))?;
+        for (i, t) in tensors.iter().enumerate() {
+            let sums = &flat[starts[i]..starts[i + 1]];
+            set_mean_grad(t, &grads[i], sums, self.rank.world)?;
         }
         Ok(())
     }
@@ -171,19 +173,9 @@ impl Collective for Mpi {
                 self.sum_into(r, &mut flat[a..b]);
             }
         }
-        let scale = 1.0 / self.rank.world as f32;
         for i in shards.range(self.rank.rank) {
-            let g = &grads[i];
-            let mean: Vec<f32> = flat[starts[i]..starts[i + 1]]
-                .iter()
-                .map(|v| v * scale)
-                .collect();
-            tensors[i].set_grad(Some(Tensor::from_slice_as(
-                g.device(),
-                &mean,
-                g.shape(),
-                g.dtype(),
-            )?))?;
+            let sums = &flat[starts[i]..starts[i + 1]];
+            set_mean_grad(&tensors[i], &grads[i], sums, self.rank.world)?;
         }
         Ok(())
     }
