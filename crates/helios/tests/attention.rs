@@ -549,7 +549,7 @@ fn native_forward_matches_reference() {
     assert!(n >= 40, "{n} native cases ran");
 }
 
-/// The native backward kernels, Dq and DkDv (not in the tuners' lists until measured):
+/// The native backward kernels, Dq and DkDv:
 /// each tile that has one, f16 and bf16, causal (read from the fused QKV) and not, key
 /// padding, against the reference with every other kernel the default; and their packed
 /// outputs equal to the dense ones. Skips where there are no native kernels.

@@ -29,10 +29,10 @@
 //!   `coop_bwd` backward). Which runs is `helios`'s one selection function (a
 //!   forced variant, the tuned one, else the first of [`default_order`] that fits the
 //!   device).
-//! - A third family, `Native`, is the forward alone as PTX with Hopper's `wgmma` for NVIDIA's
-//!   native path (`native/`: its own signature checks, launch and generator; the other
-//!   stages stay cooperative). Where the device has native kernels it comes first for the
-//!   forward and the tuners weigh it beside the cooperative tiles.
+//! - A third family, `Native`, is the forward, Dq and DkDv (head dim 64) as PTX with
+//!   Hopper's `wgmma` for NVIDIA's native path (`native/`: its own signature checks, launch
+//!   and generators; Prep stays cooperative). Where the device has native kernels they come
+//!   first and the tuners weigh them beside the cooperative tiles.
 //!
 //! How the files relate (each imports only files below it in this list; no stage file
 //! imports another):
@@ -51,8 +51,9 @@
 //! - [`layout`]: the device's fragment layout ([`crate::FragMap`], the probe kernel; public
 //!   as `helios_kernels::coop_layout` too);
 //! - `native/`, apart from the SPIR-V files: `mod.rs` (which tiles exist, shared memory, the
-//!   launch) over `kernel.rs` (parameters, the work walk) over `producer.rs` (tensor maps,
-//!   the copies) and `consumer.rs` (the `wgmma` products and the softmax);
+//!   launch) over `kernel.rs` (parameters, the work walk, every stage's split into roles)
+//!   over `producer.rs` (tensor maps, the copies) and the consumers: `dq.rs` and `dkdv.rs`
+//!   over `consumer.rs` (the forward's products and softmax, and what the stages share);
 //! - [`decode`], apart from the rest: one query per head over a key/value cache (decoding),
 //!   with its own signature ([`decode::DecodeKernel`]); it shares only [`ViewStrides`].
 

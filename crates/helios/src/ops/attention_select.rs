@@ -6,7 +6,7 @@ use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant};
 use helios_kernels::rows::Reducer;
 use helios_kernels::Storage;
 
-use super::attention::{invalid, AttentionOptions, Dims};
+use super::attention::{invalid, AttentionOptions, AttentionOutput, Dims};
 use crate::{DType, Device, Result, Tensor};
 
 /// The family's one selection function (see the module docs for the order). `aligned`:
@@ -45,11 +45,8 @@ pub(super) fn choose(
             && kern.workgroup() <= caps.max_invocations
             && (!kern.variant.is_coop()
                 || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
-            && (!kern.variant.is_native()
-                || (kern.native_feasible(native)
-                    && aligned
-                    && positive
-                    && native_verified(device, kern)))
+            && (!kern.variant.is_native() || (kern.native_feasible(native) && aligned && positive))
+            && (!checked_on_first_use(device, kern) || native_verified(device, kern))
     };
     // Prep shares each row among the lanes of a subgroup where the row kernels may use
     // subgroup operations (their `reducer`: shuffles in compute, a power-of-two size of 4
@@ -103,27 +100,34 @@ pub(super) fn choose(
         Some(Forced::Variant(v)) => Some(v),
         _ => None,
     });
-    // A forced cooperative or native variant applies to the stages that family has. A
-    // native one forced for every stage applies to the forward; its backward kernels (not
-    // measured yet) run only where asked for by stage.
+    // A forced cooperative or native variant applies to the stages that family has; one
+    // forced for every stage, to the stages with a kernel of that tile (the native family
+    // has no Prep, nor DkDv at head dim 128). Forced by stage, it must run there.
     let by_stage = stage_forced.is_some() && opts.variant.is_none();
-    let forced = forced.filter(|v| {
+    let forced = forced.filter(|&v| {
         (!v.is_coop() || helios_kernels::attention::coop_supports(stage))
-            && (!v.is_native() || stage == AttnStage::Forward || by_stage)
+            && (!v.is_native() || by_stage || make(v).buildable())
     });
     if let Some(v) = forced {
         let kern = make(v);
         if !fits(&kern) {
-            let why = match native_failed(device, &kern) {
-                true => "its first-use check against the reference failed here (the warning \
-                         above says by how much)"
-                    .to_string(),
-                false => format!(
-                    "shared memory {} of {} bytes, cooperative matrices {}",
+            let why = if native_failed(device, &kern) {
+                "its first-use check against the reference failed here (the warning above \
+                 says by how much)"
+                    .to_string()
+            } else if !kern.buildable() {
+                "the variant has no kernel for this stage, dtype and head dim".to_string()
+            } else {
+                format!(
+                    "shared memory {} of {} bytes, cooperative matrices {}{}",
                     kern.shared_bytes(),
                     caps.max_shared_bytes,
-                    if coop { "available" } else { "unavailable" }
-                ),
+                    if coop { "available" } else { "unavailable" },
+                    match v.is_native() && native.is_none() {
+                        true => ", no native kernels (an NVIDIA Hopper GPU has them)",
+                        false => "",
+                    }
+                )
             };
             return Err(invalid(format!(
                 "variant {} does not fit this device for {} ({why})",
@@ -144,9 +148,10 @@ pub(super) fn choose(
     }
     let coop_stage = coop && helios_kernels::attention::coop_supports(stage) && aligned;
     let mut candidates = Vec::new();
-    // Where the device has native kernels, the native forward first (measured faster than
-    // the cooperative one at every tuned shape: bench/results/2026-11-29-native-attention-h200.md).
-    if coop_stage && stage == AttnStage::Forward && native.is_some() {
+    // Where the device has native kernels, the native ones first (measured faster than the
+    // cooperative ones at every tuned shape, forward and backward:
+    // bench/results/2026-11-29-native-attention-h200.md).
+    if coop_stage && stage != AttnStage::Prep && native.is_some() {
         candidates.extend(helios_kernels::attention::NATIVE_VARIANTS);
     }
     candidates.extend(helios_kernels::attention::default_order(
@@ -320,38 +325,38 @@ pub(crate) fn forced_by_env() -> bool {
     env_variant().is_some()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Variants by stage parse into their stages' places; a bad stage or tag is nothing.
-    #[test]
-    fn variants_by_stage() {
-        let nv = AttnVariant::by_name("nv128x64").unwrap();
-        let coop = AttnVariant::by_name("coop32x64").unwrap();
-        let per = parse_stages("fwd=nv128x64, dkdv=coop32x64").unwrap();
-        assert_eq!(per[stage_index(AttnStage::Forward)], Some(nv));
-        assert_eq!(per[stage_index(AttnStage::DkDv)], Some(coop));
-        assert_eq!(per[stage_index(AttnStage::Dq)], None);
-        assert_eq!(parse_stages("bwd=nv128x64"), None);
-        assert_eq!(parse_stages("dq=nv12"), None);
-        assert_eq!(parse_stages("dq"), None);
-    }
-}
-
 thread_local! {
     /// Set while this thread runs a native kernel's first-use check (its own calls pass).
     static CHECKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether native attention kernel `kern` gave the reference's results on this device: the
-/// forward is checked on its first use, per device and kernel, against the f64 CPU
-/// reference on a small random problem (a driver's compiler once reused registers a kernel
-/// still needed and gave wrong results: bench/results/2026-11-29-native-attention-h200.md).
-/// A kernel that fails is not chosen again, and a warning says so. The backward kernels,
-/// reached only when forced by stage, are not checked.
+/// Devices on which the unit tests check every kernel but Prep on first use, f32 too: how
+/// the check, and the tuner that calls it, run where no native kernel exists.
+#[cfg(test)]
+static CHECK_EVERY: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether `kern` must pass its first-use check before it is chosen: the native kernels.
+fn checked_on_first_use(device: &Device, kern: &AttentionKernel) -> bool {
+    #[cfg(test)]
+    if kern.stage != AttnStage::Prep
+        && CHECK_EVERY
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&device.id())
+    {
+        return true;
+    }
+    let _ = device;
+    kern.variant.is_native()
+}
+
+/// Whether native attention kernel `kern` gave the reference's results on this device:
+/// each is checked on its first use, per device and kernel, against the f64 CPU reference
+/// on a small random problem (a driver's compiler once reused registers a kernel still
+/// needed and gave wrong results: bench/results/2026-11-29-native-attention-h200.md). A
+/// kernel that fails is not chosen again, and a warning says so.
 fn native_verified(device: &Device, kern: &AttentionKernel) -> bool {
-    if kern.stage != AttnStage::Forward || CHECKING.with(|c| c.get()) {
+    if CHECKING.with(|c| c.get()) {
         return true;
     }
     let key = (device.id(), *kern);
@@ -359,10 +364,7 @@ fn native_verified(device: &Device, kern: &AttentionKernel) -> bool {
     if let Some(&v) = verdicts.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return v;
     }
-    CHECKING.with(|c| c.set(true));
-    let checked = check_native_forward(device, kern);
-    CHECKING.with(|c| c.set(false));
-    let ok = match checked {
+    let ok = match check_native(device, kern) {
         Ok(None) => true,
         Ok(Some(why)) | Err(why) => {
             eprintln!(
@@ -399,9 +401,11 @@ fn native_failed(device: &Device, kern: &AttentionKernel) -> bool {
         == Some(&false)
 }
 
-/// Runs `kern` (a native forward) on a random 1 × 200 × 2 × D problem with its masks and
-/// compares O with the f64 reference: `Ok(None)` when within the bound, else why not.
-fn check_native_forward(
+/// Runs `kern` (a native kernel) on a random 1 × 200 × 2 × D problem with its masks and
+/// compares what it writes (O for the forward, dQ for Dq, dK and dV for DkDv) with the f64
+/// reference: `Ok(None)` when within the bound, else why not. While the checked kernel
+/// runs, the other stages' native kernels pass unchecked (they write nothing compared).
+fn check_native(
     device: &Device,
     kern: &AttentionKernel,
 ) -> std::result::Result<Option<String>, String> {
@@ -410,11 +414,13 @@ fn check_native_forward(
     let dtype = match kern.storage {
         Storage::F16 => DType::F16,
         Storage::BF16 => DType::BF16,
-        Storage::F32 => return Ok(Some("an f32 native kernel".into())),
+        Storage::F32 => DType::F32,
     };
     // Several key blocks and a partial last one; the bound is ~4x the errors measured
-    // (bf16 4.2e-3, f16 4e-4) and well under a wrong kernel's (0.04-0.4).
+    // (forward bf16 4.2e-3, f16 4e-4; backward bf16 4.7e-3, f16 4.7e-4) and well under a
+    // wrong kernel's (0.04-0.4). f32 (the unit tests' SIMT kernels) errs near 1e-6.
     let bound = match dtype {
+        DType::F32 => 1e-4,
         DType::F16 => 3e-3,
         _ => 1.5e-2,
     };
@@ -431,9 +437,17 @@ fn check_native_forward(
             .map(|_| dtype.round(rng.gen_range(-1.0f32..1.0)))
             .collect()
     };
-    let (q, k, v) = (random(), random(), random());
+    let (q, k, v, dout) = (random(), random(), random(), random());
     let lens = [dims.t as u32 - 13];
-    let run = || -> Result<Vec<f32>> {
+    let mask = AttnMask {
+        causal: kern.causal,
+        lens: kern.padded.then_some(&lens[..]),
+    };
+    let scale = 1.0 / (dims.d as f32).sqrt();
+    // A backward kernel starts from the reference's forward: no other kernel is involved,
+    // and no call is left free to tune (the check may run inside the tuner's own choice).
+    let want_fwd = reference::attention(&q, &k, &v, dims, mask, scale);
+    let run = || -> Result<Vec<Vec<f32>>> {
         let shape = [dims.b, dims.t, dims.h, dims.d];
         let up = |x: &[f32]| Tensor::from_slice_as(device, x, &shape, dtype);
         let opts = AttentionOptions {
@@ -442,19 +456,136 @@ fn check_native_forward(
                 true => Some(crate::IndexTensor::from_slice(device, &lens, &[1])?),
                 false => None,
             },
-            stage_variant: Some((AttnStage::Forward, kern.variant)),
             ..AttentionOptions::causal()
         };
-        crate::no_grad(|| up(&q)?.attention(&up(&k)?, &up(&v)?, &opts)?.out.to_vec())
+        let checked = AttentionOptions {
+            stage_variant: Some((kern.stage, kern.variant)),
+            ..opts.clone()
+        };
+        let (q, k, v) = (up(&q)?, up(&k)?, up(&v)?);
+        crate::no_grad(|| {
+            if kern.stage == AttnStage::Forward {
+                return Ok(vec![checking(|| q.attention(&k, &v, &checked))?
+                    .out
+                    .to_vec()?]);
+            }
+            let fwd = AttentionOutput {
+                out: up(&want_fwd.0)?,
+                lse: Tensor::from_slice(device, &want_fwd.1, &[dims.b, dims.h, dims.t])?,
+            };
+            let g = checking(|| q.attention_backward(&k, &v, &fwd, &up(&dout)?, &checked))?;
+            match kern.stage {
+                AttnStage::Dq => Ok(vec![g.dq.to_vec()?]),
+                _ => Ok(vec![g.dk.to_vec()?, g.dv.to_vec()?]),
+            }
+        })
     };
     let got = run().map_err(|e| format!("its check failed to run: {e}"))?;
-    let mask = AttnMask {
-        causal: kern.causal,
-        lens: kern.padded.then_some(&lens[..]),
+    let want = match kern.stage {
+        AttnStage::Forward => vec![want_fwd.0],
+        _ => {
+            let [dq, dk, dv] = reference::attention_backward(&q, &k, &v, &dout, dims, mask, scale);
+            match kern.stage {
+                AttnStage::Dq => vec![dq],
+                _ => vec![dk, dv],
+            }
+        }
     };
-    let scale = 1.0 / (dims.d as f32).sqrt();
-    let (want, _) = reference::attention(&q, &k, &v, dims, mask, scale);
-    let err = reference::relative_error(&got, &want);
+    let err = got
+        .iter()
+        .zip(&want)
+        .map(|(g, w)| reference::relative_error(g, w))
+        .fold(0.0f64, |a, e| {
+            if a.is_nan() || e.is_nan() {
+                f64::NAN
+            } else {
+                a.max(e)
+            }
+        });
     Ok((err.is_nan() || err > bound)
         .then(|| format!("its output differs from the reference by {err:.2e} (bound {bound:.0e})")))
+}
+
+/// Runs `f` with this thread's native kernels passing unchecked (see `check_native`).
+fn checking<T>(f: impl FnOnce() -> T) -> T {
+    CHECKING.with(|c| c.set(true));
+    let out = f();
+    CHECKING.with(|c| c.set(false));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Variants by stage parse into their stages' places; a bad stage or tag is nothing.
+    #[test]
+    fn variants_by_stage() {
+        let nv = AttnVariant::by_name("nv128x64").unwrap();
+        let coop = AttnVariant::by_name("coop32x64").unwrap();
+        let per = parse_stages("fwd=nv128x64, dkdv=coop32x64").unwrap();
+        assert_eq!(per[stage_index(AttnStage::Forward)], Some(nv));
+        assert_eq!(per[stage_index(AttnStage::DkDv)], Some(coop));
+        assert_eq!(per[stage_index(AttnStage::Dq)], None);
+        assert_eq!(parse_stages("bwd=nv128x64"), None);
+        assert_eq!(parse_stages("dq=nv12"), None);
+        assert_eq!(parse_stages("dq"), None);
+    }
+
+    /// The first-use check runs where the online tuner chooses its candidates (holding its
+    /// exploring lock) and where calls choose as usual, forward and backward: every kernel
+    /// checked passes, and nothing waits for itself (a backward check once ran a forward
+    /// free to tune, inside the tuner's lock). A deadlock fails the test after ten minutes.
+    #[test]
+    fn first_use_checks_run_inside_the_tuner() {
+        use crate::ops::online::TEST_TUNING;
+        use crate::realize_lock::LockExt;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let run = || -> Result<Vec<(AttentionKernel, bool)>> {
+                let device = Device::from_env()?;
+                TEST_TUNING
+                    .locked()
+                    .push((device.id(), crate::ops::Tuning::Online));
+                CHECK_EVERY.locked().push(device.id());
+                let shape = [1, 40, 2, 16];
+                let n = shape.iter().product::<usize>();
+                let random = |seed: u32| -> Vec<f32> {
+                    (0..n as u32)
+                        .map(|i| ((i ^ seed).wrapping_mul(2_654_435_761) >> 8) as f32 / 1.6e7 - 0.5)
+                        .collect()
+                };
+                let up = |seed| Tensor::from_slice(&device, &random(seed), &shape);
+                let (q, k, v, dout) = (up(1)?, up(2)?, up(3)?, up(4)?);
+                let opts = AttentionOptions::causal();
+                for _ in 0..4 {
+                    let fwd = q.attention(&k, &v, &opts)?;
+                    q.attention_backward(&k, &v, &fwd, &dout, &opts)?
+                        .dq
+                        .to_vec()?;
+                }
+                Ok(verdicts()
+                    .locked()
+                    .iter()
+                    .filter(|((id, _), _)| *id == device.id())
+                    .map(|((_, kern), &ok)| (*kern, ok))
+                    .collect())
+            };
+            let _ = tx.send(run().map_err(|e| e.to_string()));
+        });
+        let verdicts = rx
+            .recv_timeout(std::time::Duration::from_secs(600))
+            .expect("the calls finished (no deadlock)")
+            .expect("the calls ran");
+        for stage in [AttnStage::Forward, AttnStage::Dq, AttnStage::DkDv] {
+            let of_stage = verdicts.iter().filter(|(k, _)| k.stage == stage).count();
+            assert!(of_stage > 1, "{stage:?}: {of_stage} kernels checked");
+        }
+        let failed: Vec<String> = verdicts
+            .iter()
+            .filter(|(_, ok)| !ok)
+            .map(|(k, _)| k.name())
+            .collect();
+        assert!(failed.is_empty(), "failed their check: {failed:?}");
+    }
 }

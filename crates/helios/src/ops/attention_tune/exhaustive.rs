@@ -39,8 +39,7 @@ fn tune(
     let class = Class::of(q.dtype().storage(), d, rows(q, d), stage, base);
     let key = class.name();
     let mut reference: Option<Vec<Vec<f32>>> = None;
-    // The default's family: cooperative, or native (whose stages beside the forward are
-    // cooperative), else SIMT.
+    // The default's family: cooperative, or native (beside the cooperative Prep), else SIMT.
     let coop = q
         .attention_kernel_of(stage, base)?
         .is_some_and(|k| k.variant.is_coop() || k.variant.is_native());

@@ -128,15 +128,15 @@ fn forced(base: &AttentionOptions, stage: AttnStage, variant: AttnVariant) -> At
 
 /// The variants worth trying for `stage`, the default order first: the cooperative family
 /// where the default is cooperative (SIMT tiles are far slower there), else SIMT; the native
-/// forwards second where the device has native kernels (a variant that cannot run a class
-/// is skipped there).
+/// tiles second where the device has native kernels (a variant that cannot run a class is
+/// skipped there).
 fn candidates(device: &Device, stage: AttnStage, coop: bool) -> Vec<AttnVariant> {
     let mut v: Vec<AttnVariant> = default_order(stage, coop, false)
         .into_iter()
         .filter(|x| x.is_coop() == coop)
         .collect();
     // After the first, which the exhaustive tuner checks the others against.
-    if coop && stage == AttnStage::Forward && device.native_target().is_some() {
+    if coop && stage != AttnStage::Prep && device.native_target().is_some() {
         let at = v.len().min(1);
         v.splice(at..at, NATIVE_VARIANTS);
     }
