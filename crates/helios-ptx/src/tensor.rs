@@ -229,30 +229,6 @@ impl Kernel {
         }
     }
 
-    /// `cp.async.bulk.prefetch.tensor`: asks the copy engine to bring the box at `coords`
-    /// of the map at global `map` into L2, with nothing to wait for (a hint: boxes past
-    /// the tensor's edges fetch nothing).
-    pub fn tensor_prefetch_l2(&mut self, map: Reg, coords: &[Reg]) {
-        if !(1..=5).contains(&coords.len()) {
-            self.fail(format!(
-                "a tensor prefetch with {} coordinates",
-                coords.len()
-            ));
-            return;
-        }
-        if self.require(self.target.has_bulk(), "cp.async.bulk.prefetch.tensor") {
-            let c: Vec<String> = coords
-                .iter()
-                .map(|c| c.retype(Ty::S32).to_string())
-                .collect();
-            self.emit(format_args!(
-                "cp.async.bulk.prefetch.tensor.{}d.L2.global.tile [{map}, {{{}}}]",
-                coords.len(),
-                c.join(", ")
-            ));
-        }
-    }
-
     /// Makes this thread's `mbarrier.init`s visible to the other threads and to the async
     /// proxy (bulk copies completing on them) before a barrier publishes them.
     pub fn fence_mbarrier_init(&mut self) {

@@ -66,10 +66,6 @@ pub struct NativeTile {
     pub bn: u16,
     pub bk: u16,
     pub stages: u8,
-    /// When the producer copies k tile j into a stage, it also asks the copy engine to bring
-    /// tile j + `l2_ahead` into L2 (`cp.async.bulk.prefetch.tensor`), so that its stage's
-    /// copy later finds it there; 0 for none. Written `p<n>` after the stages.
-    pub l2_ahead: u8,
 }
 
 impl NativeTile {
@@ -157,16 +153,12 @@ pub const VARIANTS: &[(&str, Variant)] = &[
 ];
 
 /// Native tiles measured beside the table's on the H200 and reachable by name
-/// (`Variant::parse`); the tests build and run them too. The `p` forms (the default tile
-/// with L2 prefetch ahead of its copies) are not measured yet: the copies are latency-bound
-/// (bench/results/2026-11-29-native-tma-h200.md), and a copy that hits L2 waits less.
-const NATIVE_MEASURED: [&str; 6] = [
+/// (`Variant::parse`); the tests build and run them too.
+const NATIVE_MEASURED: [&str; 4] = [
     "nv128x256k16s3",
     "nv128x128k32s2",
     "nv128x128k16s5",
     "nv256x128k16s3",
-    "nv128x192k16s4p4",
-    "nv128x192k16s4p8",
 ];
 
 /// Every native tile worth building: the table's, then [`NATIVE_MEASURED`].
@@ -184,13 +176,7 @@ pub fn native_variants() -> Vec<Variant> {
 }
 
 const fn native(bm: u16, bn: u16, bk: u16, stages: u8) -> Variant {
-    Variant::Native(NativeTile {
-        bm,
-        bn,
-        bk,
-        stages,
-        l2_ahead: 0,
-    })
+    Variant::Native(NativeTile { bm, bn, bk, stages })
 }
 
 /// Largest tile edges of the `Wg` variants: every M and N tile divides `WG_GRANULE[0]`, every
@@ -212,16 +198,11 @@ fn parse_native(s: &str) -> Option<Variant> {
     let (bn, rest) = number(rest.strip_prefix('x')?)?;
     let (bk, rest) = number(rest.strip_prefix('k')?)?;
     let (stages, rest) = number(rest.strip_prefix('s')?)?;
-    let (l2_ahead, rest) = match rest.strip_prefix('p') {
-        Some(r) => number(r)?,
-        None => (0, rest),
-    };
     let v = Variant::Native(NativeTile {
         bm: u16::try_from(bm).ok()?,
         bn: u16::try_from(bn).ok()?,
         bk: u16::try_from(bk).ok()?,
         stages: u8::try_from(stages).ok()?,
-        l2_ahead: u8::try_from(l2_ahead).ok()?,
     });
     (rest.is_empty() && v.well_formed()).then_some(v)
 }
@@ -336,13 +317,7 @@ impl Variant {
                 t.warps,
                 if t.prefetch { "p" } else { "" }
             ),
-            Variant::Native(t) => {
-                let ahead = match t.l2_ahead {
-                    0 => String::new(),
-                    n => format!("p{n}"),
-                };
-                format!("nv{}x{}k{}s{}{ahead}", t.bm, t.bn, t.bk, t.stages)
-            }
+            Variant::Native(t) => format!("nv{}x{}k{}s{}", t.bm, t.bn, t.bk, t.stages),
         }
     }
 
@@ -503,16 +478,7 @@ mod tests {
             ("coop128x256w2x8k32s1", coop1(128, 256, 32, 2, 8)),
             ("coop128x192w2x6k32d1", coop(128, 192, 32, 2, 6, 1)),
             ("coop256x128w4x4k16d3", coop(256, 128, 16, 4, 4, 3)),
-            (
-                "nv128x192k16s4p4",
-                Variant::Native(NativeTile {
-                    l2_ahead: 4,
-                    ..match native(128, 192, 16, 4) {
-                        Variant::Native(t) => t,
-                        _ => unreachable!(),
-                    }
-                }),
-            ),
+            ("nv128x256k16s3", native(128, 256, 16, 3)),
         ];
         for (name, v) in custom {
             assert!(v.well_formed(), "{name}");
@@ -554,6 +520,7 @@ mod tests {
             "coop00128x256w2x8k32d1",
             "simt128x128t4x4d1",
             "wg128x128k16w8p",
+            "nv128x192k32s2p2",
         ] {
             assert_eq!(Variant::parse(bad), None, "{bad:?}");
         }

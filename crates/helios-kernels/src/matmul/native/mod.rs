@@ -104,8 +104,6 @@ struct Block {
     a_stage: Stage,
     b_stage: Stage,
     stages: u32,
-    /// How many k tiles ahead of the one it copies the producer asks for in L2 (0: none).
-    l2_ahead: u32,
     /// Consumer threads (the producer warpgroup follows them).
     consumers: u32,
 }
@@ -240,7 +238,6 @@ pub(crate) fn build(
         a_stage,
         b_stage,
         stages,
-        l2_ahead: u32::from(t.l2_ahead),
         consumers,
     };
 

@@ -33,18 +33,6 @@ fn map_of(k: &mut Kernel, stage: Stage, base: Reg, ld: Reg, rows: Reg, depth: Re
     }
 }
 
-/// Asks for one operand's k tile `k0` (rows from `r0`) in L2, as `load` would copy it.
-fn prefetch(k: &mut Kernel, stage: Stage, map: Reg, r0: Reg, k0: Reg) {
-    if stage.k_major {
-        k.tensor_prefetch_l2(map, &[k0, r0]);
-    } else {
-        for j in 0..stage.rows / 64 {
-            let r = k.add(r0, 64 * j);
-            k.tensor_prefetch_l2(map, &[r, k0]);
-        }
-    }
-}
-
 /// Issues the copies of one operand's k tile `k0` into its stage at shared `dst`, rows from
 /// `r0`.
 fn load(k: &mut Kernel, stage: Stage, map: Reg, dst: Reg, r0: Reg, k0: Reg, bar: Addr) {
@@ -95,13 +83,6 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, bars: Reg, maps_smem: Reg, m
                 load(k, blk.a_stage, ga, dst, m0, k0, bar);
                 let dst_b = k.add(dst, blk.a_stage.bytes());
                 load(k, blk.b_stage, gb, dst_b, n0, k0, bar);
-                if blk.l2_ahead > 0 {
-                    // The tile this stage will hold `l2_ahead` rounds on; past K the copy
-                    // engine fetches nothing.
-                    let ahead = k.add(k0, blk.l2_ahead * bk);
-                    prefetch(k, blk.a_stage, ga, m0, ahead);
-                    prefetch(k, blk.b_stage, gb, n0, ahead);
-                }
             });
             k.update("add", step, step, 1u32);
         });
