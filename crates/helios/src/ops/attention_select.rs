@@ -46,7 +46,7 @@ pub(super) fn choose(
             && (!kern.variant.is_coop()
                 || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
             && (!kern.variant.is_native() || (kern.native_feasible(native) && aligned && positive))
-            && (!checked_on_first_use(device, kern) || native_verified(device, kern))
+            && first_use_passed(device, kern)
     };
     // Prep shares each row among the lanes of a subgroup where the row kernels may use
     // subgroup operations (their `reducer`: shuffles in compute, a power-of-two size of 4
@@ -465,7 +465,7 @@ fn check_native(
         let (q, k, v) = (up(&q)?, up(&k)?, up(&v)?);
         crate::no_grad(|| {
             if kern.stage == AttnStage::Forward {
-                return Ok(vec![checking(|| q.attention(&k, &v, &checked))?
+                return Ok(vec![unchecked(|| q.attention(&k, &v, &checked))?
                     .out
                     .to_vec()?]);
             }
@@ -473,7 +473,7 @@ fn check_native(
                 out: up(&want_fwd.0)?,
                 lse: Tensor::from_slice(device, &want_fwd.1, &[dims.b, dims.h, dims.t])?,
             };
-            let g = checking(|| q.attention_backward(&k, &v, &fwd, &up(&dout)?, &checked))?;
+            let g = unchecked(|| q.attention_backward(&k, &v, &fwd, &up(&dout)?, &checked))?;
             match kern.stage {
                 AttnStage::Dq => Ok(vec![g.dq.to_vec()?]),
                 _ => Ok(vec![g.dk.to_vec()?, g.dv.to_vec()?]),
@@ -506,12 +506,20 @@ fn check_native(
         .then(|| format!("its output differs from the reference by {err:.2e} (bound {bound:.0e})")))
 }
 
-/// Runs `f` with this thread's native kernels passing unchecked (see `check_native`).
-fn checking<T>(f: impl FnOnce() -> T) -> T {
-    CHECKING.with(|c| c.set(true));
+/// Runs `f` with this thread's native kernels passing unchecked: inside a check (see
+/// `check_native`), and where the online tuner runs its candidates, whose outputs it
+/// compares with the default's and whose winner it checks before keeping it.
+pub(super) fn unchecked<T>(f: impl FnOnce() -> T) -> T {
+    let was = CHECKING.with(|c| c.replace(true));
     let out = f();
-    CHECKING.with(|c| c.set(false));
+    CHECKING.with(|c| c.set(was));
     out
+}
+
+/// Whether `kern` may be chosen on `device` as far as its first-use check goes (run now
+/// if it has not run; see `native_verified`).
+pub(super) fn first_use_passed(device: &Device, kern: &AttentionKernel) -> bool {
+    !checked_on_first_use(device, kern) || native_verified(device, kern)
 }
 
 #[cfg(test)]
@@ -532,17 +540,23 @@ mod tests {
         assert_eq!(parse_stages("dq"), None);
     }
 
-    /// The first-use check runs where the online tuner chooses its candidates (holding its
-    /// exploring lock) and where calls choose as usual, forward and backward: every kernel
-    /// checked passes, and nothing waits for itself (a backward check once ran a forward
-    /// free to tune, inside the tuner's lock). A deadlock fails the test after ten minutes.
+    /// The first-use check runs where calls choose as usual (the defaults, forward and
+    /// backward) and where the online tuner settles a class (holding its exploring lock,
+    /// on the winner it ran unchecked): every kernel checked passes, and nothing waits for
+    /// itself (a backward check once ran a forward free to tune, inside the tuner's lock).
+    /// A deadlock fails the test after ten minutes.
     #[test]
     fn first_use_checks_run_inside_the_tuner() {
+        use crate::ops::attention_tune::{cached, forget, Class};
         use crate::ops::online::TEST_TUNING;
         use crate::realize_lock::LockExt;
+        type Outcome = (
+            Vec<(AttentionKernel, bool)>,
+            Vec<(AttnStage, String, String)>,
+        );
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let run = || -> Result<Vec<(AttentionKernel, bool)>> {
+            let run = || -> Result<Outcome> {
                 let device = Device::from_env()?;
                 TEST_TUNING
                     .locked()
@@ -558,28 +572,55 @@ mod tests {
                 let up = |seed| Tensor::from_slice(&device, &random(seed), &shape);
                 let (q, k, v, dout) = (up(1)?, up(2)?, up(3)?, up(4)?);
                 let opts = AttentionOptions::causal();
-                for _ in 0..4 {
+                let stages = [AttnStage::Forward, AttnStage::Dq, AttnStage::DkDv];
+                let defaults = stages.map(|s| q.attention_kernel(s, &opts));
+                let class = |s| Class::of(q.dtype().storage(), 16, 80, s, &opts);
+                for s in stages {
+                    forget(&device, class(s));
+                }
+                for _ in 0..400 {
+                    if stages.iter().all(|&s| cached(&device, class(s)).is_some()) {
+                        break;
+                    }
                     let fwd = q.attention(&k, &v, &opts)?;
                     q.attention_backward(&k, &v, &fwd, &dout, &opts)?
                         .dq
                         .to_vec()?;
                 }
-                Ok(verdicts()
+                let mut settled = Vec::new();
+                for (s, default) in stages.into_iter().zip(defaults) {
+                    let won = cached(&device, class(s)).map_or("unsettled".into(), |v| v.tag());
+                    settled.push((s, default?, won));
+                }
+                let verdicts = verdicts()
                     .locked()
                     .iter()
                     .filter(|((id, _), _)| *id == device.id())
                     .map(|((_, kern), &ok)| (*kern, ok))
-                    .collect())
+                    .collect();
+                Ok((verdicts, settled))
             };
             let _ = tx.send(run().map_err(|e| e.to_string()));
         });
-        let verdicts = rx
+        let (verdicts, settled) = rx
             .recv_timeout(std::time::Duration::from_secs(600))
             .expect("the calls finished (no deadlock)")
             .expect("the calls ran");
-        for stage in [AttnStage::Forward, AttnStage::Dq, AttnStage::DkDv] {
-            let of_stage = verdicts.iter().filter(|(k, _)| k.stage == stage).count();
-            assert!(of_stage > 1, "{stage:?}: {of_stage} kernels checked");
+        let checked = |stage, tag: &str| {
+            verdicts
+                .iter()
+                .any(|(k, _)| k.stage == stage && k.variant.tag() == tag)
+        };
+        for (stage, default, won) in &settled {
+            assert!(won != "unsettled", "{stage:?} settled: {settled:?}");
+            assert!(
+                verdicts.iter().any(|(k, _)| &k.name() == default),
+                "{stage:?}: the default {default} was checked ({verdicts:?})"
+            );
+            assert!(
+                checked(*stage, won),
+                "{stage:?}: the winner {won} was checked"
+            );
         }
         let failed: Vec<String> = verdicts
             .iter()

@@ -5,6 +5,7 @@ use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant};
 use super::{bound, cached, candidates, forced, free, mode, rows, start_compile, store, Class};
 use crate::device::KernelKey;
 use crate::ops::attention::{AttentionOptions, AttentionOutput};
+use crate::ops::attention_select::{first_use_passed, unchecked};
 use crate::ops::online::{
     compare, fenced, median, refund, spend, warm, RowSample, Verdict, FIRST_ESTIMATE_US,
 };
@@ -109,11 +110,11 @@ impl Exploring {
             .map(|variant| {
                 // The kernel the call records: a packed backward writes the slices of one
                 // gradient.
-                let kernel = q
-                    .attention_kernel_of(stage, &forced(base, stage, variant))
-                    .ok()
-                    .flatten()
-                    .map(|k| AttentionKernel { packed, ..k });
+                let kernel =
+                    unchecked(|| q.attention_kernel_of(stage, &forced(base, stage, variant)))
+                        .ok()
+                        .flatten()
+                        .map(|k| AttentionKernel { packed, ..k });
                 if let Some(k) = kernel {
                     let _ = start_compile(q.device(), k);
                 }
@@ -187,8 +188,9 @@ impl Exploring {
     }
 
     /// Drops candidates well behind the best; the winner (variant, its median ratio) once
-    /// every candidate is measured.
-    fn settle(&mut self) -> Option<(AttnVariant, f64)> {
+    /// every candidate is measured and a native winner has passed its first-use check
+    /// (candidates run unchecked: one that fails is out, and the next call settles again).
+    fn settle(&mut self, device: &crate::Device) -> Option<(AttnVariant, f64)> {
         let best = self
             .cands
             .iter()
@@ -211,16 +213,23 @@ impl Exploring {
         if !done {
             return None;
         }
-        let challenger = self
-            .cands
-            .iter()
-            .filter(|c| Self::live(c))
-            .map(|c| (c.variant, median(&c.ratios)))
+        let challenger = (0..self.cands.len())
+            .filter(|&i| Self::live(&self.cands[i]))
+            .map(|i| (i, median(&self.cands[i].ratios)))
             .min_by(|a, b| a.1.total_cmp(&b.1));
-        Some(match challenger {
-            Some((v, r)) if r < 1.0 => (v, r),
-            _ => (self.incumbent, 1.0),
-        })
+        match challenger {
+            Some((i, r)) if r < 1.0 => {
+                let c = &mut self.cands[i];
+                // The kernel `choose` will look up (dense: the check writes dense gradients).
+                let dense = c.kernel.map(|k| AttentionKernel { packed: false, ..k });
+                if dense.is_some_and(|k| !first_use_passed(device, &k)) {
+                    c.checked = Some(false);
+                    return None;
+                }
+                Some((c.variant, r))
+            }
+            _ => Some((self.incumbent, 1.0)),
+        }
     }
 
     /// The candidate this call runs beside the default, and whether it is its first run
@@ -289,7 +298,7 @@ fn explore(
         };
         e.calls += 1;
         e.collect(device)?;
-        if let Some((v, ratio)) = e.settle() {
+        if let Some((v, ratio)) = e.settle(device) {
             let us = median(&e.incumbent_us) * ratio;
             if crate::env::verbose() {
                 eprintln!(
@@ -332,7 +341,7 @@ fn explore(
         let _ = ctx.gpu_elapsed(incumbent);
         return Err(e);
     }
-    let (outs, span) = fenced(ctx, || run(&forced(base, stage, variant)))?;
+    let (outs, span) = fenced(ctx, || unchecked(|| run(&forced(base, stage, variant))))?;
     let compared = match (&outs, first) {
         (Ok(outs), true) => {
             let mut v = Vec::new();

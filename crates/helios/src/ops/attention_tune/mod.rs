@@ -200,6 +200,13 @@ pub fn attention_tuning(device: &Device) -> Vec<(String, String, f64)> {
     STORE.all(device)
 }
 
+/// Forgets `class`'s winner on this device, stored and remembered (tests that tune).
+#[cfg(test)]
+pub(crate) fn forget(device: &Device, class: Class) {
+    STORE.remove(device, &class.name());
+    device.attention_winners().locked().remove(&class);
+}
+
 fn store(device: &Device, class: Class, variant: &str, us: f64) {
     STORE.put(device, &class.name(), variant, us);
     device.attention_winners().locked().remove(&class);
@@ -259,8 +266,7 @@ mod tests {
             AttnStage::Forward,
             &opts,
         );
-        STORE.remove(&device, &class.name());
-        device.attention_winners().locked().remove(&class);
+        forget(&device, class);
         let default = q
             .attention_kernel(AttnStage::Forward, &opts)
             .expect("kernel");
