@@ -473,10 +473,13 @@ fn check_native(
                 out: up(&want_fwd.0)?,
                 lse: Tensor::from_slice(device, &want_fwd.1, &[dims.b, dims.h, dims.t])?,
             };
-            let g = unchecked(|| q.attention_backward(&k, &v, &fwd, &up(&dout)?, &checked))?;
+            // The packed form, which training runs (`attention_qkv`): its JIT is under way
+            // by then (`prepare_backward`); the dense one differs in its stores alone.
+            let [g, ..] = unchecked(|| q.backward_impl(&k, &v, &fwd, &up(&dout)?, &checked, true))?;
+            let [dq, dk, dv] = g.split_qkv()?;
             match kern.stage {
-                AttnStage::Dq => Ok(vec![g.dq.to_vec()?]),
-                _ => Ok(vec![g.dk.to_vec()?, g.dv.to_vec()?]),
+                AttnStage::Dq => Ok(vec![dq.to_vec()?]),
+                _ => Ok(vec![dk.to_vec()?, dv.to_vec()?]),
             }
         })
     };

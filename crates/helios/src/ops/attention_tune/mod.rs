@@ -155,7 +155,7 @@ fn candidates(device: &Device, stage: AttnStage, coop: bool) -> Vec<AttnVariant>
 
 /// Starts compiling `k` without waiting: SPIR-V on the compile pool, a native kernel through
 /// the driver's deferred JIT (`Device::has_kernel` says when either is ready).
-fn start_compile(device: &Device, k: AttentionKernel) -> Result<()> {
+pub(crate) fn start_compile(device: &Device, k: AttentionKernel) -> Result<()> {
     let key = crate::device::KernelKey::Attention(k);
     if k.variant.is_native() {
         let target = super::native::target(device, &k.name())?;
