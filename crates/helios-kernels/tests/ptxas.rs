@@ -1,9 +1,9 @@
 //! Every native (PTX) kernel the matmul family can emit goes through `ptxas` for the target
 //! it is built for, as every SPIR-V module goes through `spirv-val`: each variant in every
-//! transpose, storage and epilogue, and the attention forward in every storage, head dim
-//! and mask, without register spills.
+//! transpose, storage and epilogue, and the attention forward, Dq and DkDv in every
+//! storage, head dim and mask, without register spills.
 
-use helios_kernels::attention::{AttentionKernel, AttnStage, NATIVE_EXPERIMENTS, NATIVE_VARIANTS};
+use helios_kernels::attention::{AttentionKernel, AttnStage, NATIVE_VARIANTS};
 use helios_kernels::matmul::native_variants;
 use helios_kernels::{
     Activation, Epilogue, MatmulKernel, MatmulVariant as Variant, Storage, Triangle,
@@ -142,7 +142,7 @@ fn native_matmul_needs_wgmma() {
 #[test]
 fn native_attention_kernels_assemble() {
     let mut built = 0;
-    for variant in NATIVE_VARIANTS.into_iter().chain(NATIVE_EXPERIMENTS) {
+    for variant in NATIVE_VARIANTS {
         for head_dim in [64, 128] {
             for (i, storage) in [Storage::BF16, Storage::F16].into_iter().enumerate() {
                 for (causal, stage) in [true, false].into_iter().flat_map(|c| {

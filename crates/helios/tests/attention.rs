@@ -477,17 +477,14 @@ fn every_coop_variant_matches_reference() {
     }
 }
 
-/// The native forward (PTX with `wgmma`, on an NVIDIA Hopper GPU): each tile (and each
-/// experiment reachable by name) at the head dims it takes, f16 and bf16, causal and not, key padding (0, short, past T), fused QKV
+/// The native forward (PTX with `wgmma`, on an NVIDIA Hopper GPU): each tile at the head
+/// dims it takes, f16 and bf16, causal and not, key padding (0, short, past T), fused QKV
 /// views, and more work items than an H200 has SMs (blocks walk several). Elsewhere it
 /// checks that forcing it is a clear error.
 #[test]
 fn native_forward_matches_reference() {
     let d = device();
-    let variants: Vec<AttnVariant> = helios_kernels::attention::NATIVE_VARIANTS
-        .into_iter()
-        .chain(helios_kernels::attention::NATIVE_EXPERIMENTS)
-        .collect();
+    let variants = helios_kernels::attention::NATIVE_VARIANTS;
     if helios::matmul_caps(d).native.is_none() {
         eprintln!(
             "SKIPPED native attention: {} has no native kernels",
@@ -549,8 +546,7 @@ fn native_forward_matches_reference() {
     assert!(n >= 40, "{n} native cases ran");
 }
 
-/// The native backward kernels, Dq and DkDv:
-/// each tile that has one, f16 and bf16, causal (read from the fused QKV) and not, key
+/// The native backward kernels, Dq and DkDv: each tile that has one, f16 and bf16, causal (read from the fused QKV) and not, key
 /// padding, against the reference with every other kernel the default; and their packed
 /// outputs equal to the dense ones. Skips where there are no native kernels.
 #[test]
@@ -560,9 +556,7 @@ fn native_backward_matches_reference() {
         eprintln!("SKIPPED native Dq: {} has no native kernels", d.name());
         return;
     }
-    let variants = helios_kernels::attention::NATIVE_VARIANTS
-        .into_iter()
-        .chain(helios_kernels::attention::NATIVE_EXPERIMENTS);
+    let variants = helios_kernels::attention::NATIVE_VARIANTS.into_iter();
     let mut n = 0;
     for (v, stage) in variants.flat_map(|v| [(v, AttnStage::Dq), (v, AttnStage::DkDv)]) {
         for hd in [64usize, 128] {

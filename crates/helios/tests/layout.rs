@@ -53,7 +53,7 @@ enum Make {
     Expanded,
 }
 
-/// Turns the freshly uploaded buffer tensor into the operand's view.
+/// Makes the freshly uploaded buffer tensor into the operand's view.
 type ViewFn = Box<dyn Fn(&Tensor) -> Tensor>;
 
 /// A tensor of logical `shape` made as `how`, and its values in row-major order.

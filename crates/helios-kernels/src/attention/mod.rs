@@ -70,7 +70,7 @@ mod reg_fwd;
 mod signature;
 mod simt;
 
-pub use native::{NATIVE_EXPERIMENTS, NATIVE_VARIANTS};
+pub use native::NATIVE_VARIANTS;
 pub use params::stride_groups;
 pub use signature::{
     default_order, AttentionKernel, AttnShape, AttnStage, AttnVariant, ViewStrides, COOP_VARIANTS,
@@ -455,9 +455,14 @@ mod tests {
 
     #[test]
     fn variant_tags_round_trip() {
-        for v in SIMT_VARIANTS.into_iter().chain(COOP_VARIANTS) {
+        for v in SIMT_VARIANTS
+            .into_iter()
+            .chain(COOP_VARIANTS)
+            .chain(NATIVE_VARIANTS)
+        {
             assert_eq!(AttnVariant::by_name(&v.tag()), Some(v));
         }
+        assert_eq!(AttnVariant::by_name("nv128x32pp"), None);
         assert_eq!(AttnVariant::by_name("simt"), None);
         assert_eq!(AttnVariant::by_name("coop64"), None);
     }

@@ -60,10 +60,9 @@ pub enum AttnVariant {
     /// 32 query rows, two 16-row tiles sharing every K and V fragment it loads (half the
     /// shared-memory reads per product).
     CoopPair { bq: u8, bk: u8 },
-    /// NVIDIA's native path (PTX, `wgmma`; the forward only): `bq / 64` consumer
-    /// warpgroups against key blocks of `bk` (`native`); with `pingpong` the warpgroups
-    /// take turns issuing their products (written `nv<bq>x<bk>pp`).
-    Native { bq: u8, bk: u8, pingpong: bool },
+    /// NVIDIA's native path (PTX, `wgmma`; the forward, Dq and DkDv): `bq / 64` consumer
+    /// warpgroups against blocks of `bk` keys (`native`; written `nv<bq>x<bk>`).
+    Native { bq: u8, bk: u8 },
 }
 
 impl AttnVariant {
@@ -73,9 +72,7 @@ impl AttnVariant {
             AttnVariant::Simt { bq, bk } => format!("simt{bq}x{bk}"),
             AttnVariant::Coop { bq, bk } => format!("coop{bq}x{bk}"),
             AttnVariant::CoopPair { bq, bk } => format!("coop{bq}x{bk}p"),
-            AttnVariant::Native { bq, bk, pingpong } => {
-                format!("nv{bq}x{bk}{}", if pingpong { "pp" } else { "" })
-            }
+            AttnVariant::Native { bq, bk } => format!("nv{bq}x{bk}"),
         }
     }
 
@@ -84,7 +81,7 @@ impl AttnVariant {
             AttnVariant::Simt { bq, bk }
             | AttnVariant::Coop { bq, bk }
             | AttnVariant::CoopPair { bq, bk }
-            | AttnVariant::Native { bq, bk, .. } => (u32::from(bq), u32::from(bk)),
+            | AttnVariant::Native { bq, bk } => (u32::from(bq), u32::from(bk)),
         }
     }
 
@@ -111,13 +108,9 @@ impl AttnVariant {
     /// Parses a tag (`HELIOS_ATTN_VARIANT`).
     pub fn by_name(s: &str) -> Option<AttnVariant> {
         if let Some(r) = s.strip_prefix("nv") {
-            let (r, pingpong) = match r.strip_suffix("pp") {
-                Some(r) => (r, true),
-                None => (r, false),
-            };
             let (a, b) = r.split_once('x')?;
             let (bq, bk) = (a.parse().ok()?, b.parse().ok()?);
-            return Some(AttnVariant::Native { bq, bk, pingpong });
+            return Some(AttnVariant::Native { bq, bk });
         }
         let (coop, rest) = if let Some(r) = s.strip_prefix("simt") {
             (false, r)

@@ -5,7 +5,7 @@
 use helios_ptx::{Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty, WgmmaA};
 
 use super::kernel::{Block, Item, Params};
-use super::{AttentionKernel, AttnVariant, Storage, TURN_BARRIER, WG_ROWS};
+use super::{AttentionKernel, Storage, WG_ROWS};
 
 /// The consumer warpgroups: per item, Q into registers, then per key block S = Q·Kᵀ, the
 /// online softmax, O += P·V; then O / l and the log-sum-exp.
@@ -27,8 +27,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let step = k.mov(Ty::U32, 0u32);
     let q = Fragments::new(k, d);
     let q_view = (p.q, p.offs[0], p.strides);
-
-    let turns = Turns::new(k, kern, blk, wg);
 
     blk.for_each_item(k, |k, it| {
         let (rows, ok) = lanes.rows(k, blk, it.row0);
@@ -63,22 +61,17 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         k.comment("key blocks: S = Q K^T, online softmax, O += P V");
         // In order: S(j), its softmax, P(j)·V(j). Issuing S(j+1) before the softmax of
         // block j (FlashAttention-3's intra-warpgroup pipelining) measured slower here.
-        // With turns, each product is issued in this warpgroup's turn (see `Turns`).
         k.for_range(0u32, live, 1, |k, _| {
-            turns.take(k);
             f.scores_issue(&c, k, step);
-            turns.pass(k);
             k.wgmma_wait(0);
             c.release(k, step, false);
             f.softmax(&c, k, step);
-            turns.take(k);
             f.product_issue(&c, k, step);
-            turns.pass(k);
             k.wgmma_wait(0);
             c.release(k, step, true);
             k.update("add", step, step, 1u32);
         });
-        hand_back(k, (&c, &turns), step, (live, it.blocks), [false, true]);
+        hand_back(k, &c, step, (live, it.blocks), [false, true]);
 
         k.comment("epilogue: O / l, the log-sum-exp");
         let mut inv = [zero; 2];
@@ -331,58 +324,6 @@ impl Softmax<'_> {
     }
 }
 
-/// FlashAttention-3's ping-pong between the consumer warpgroups (`pingpong` variants): a
-/// warpgroup issues each of its products only in its turn, then passes the turn on, so the
-/// warpgroups drift half a block apart and one's softmax runs beside another's products.
-/// Warpgroup w waits at named barrier `TURN_BARRIER − w`, and the one before it arrives
-/// there; the last warpgroup gives warpgroup 0 the first turn. Every warpgroup takes the
-/// same number of turns (two a key block, also for the blocks it hands back unread), so
-/// the rotation never stalls. Without ping-pong these are no-ops.
-pub(super) struct Turns {
-    /// This warpgroup's barrier and the next one's (`None`: no turns).
-    ids: Option<(Reg, Reg)>,
-}
-
-impl Turns {
-    /// Two warpgroups meet at each turn's barrier: the waiter and the one passing.
-    const THREADS: u32 = 256;
-
-    pub(super) fn new(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, wg: Reg) -> Turns {
-        let pingpong = matches!(kern.variant, AttnVariant::Native { pingpong: true, .. });
-        let n = blk.consumers / 128;
-        if !pingpong || n < 2 {
-            return Turns { ids: None };
-        }
-        let top = k.mov(Ty::U32, TURN_BARRIER);
-        let mine = k.sub(top, wg);
-        let after = k.add(wg, 1u32);
-        let after = k.rem(after, n);
-        let next = k.sub(top, after);
-        let last = k.setp(Cmp::Eq, wg, n - 1);
-        k.if_(last, |k| {
-            let first = k.mov(Ty::U32, TURN_BARRIER);
-            k.bar_arrive_reg(first, Self::THREADS);
-        });
-        Turns {
-            ids: Some((mine, next)),
-        }
-    }
-
-    /// Waits for this warpgroup's turn.
-    pub(super) fn take(&self, k: &mut Kernel) {
-        if let Some((mine, _)) = self.ids {
-            k.bar_sync_reg(mine, Self::THREADS);
-        }
-    }
-
-    /// Passes the turn to the next warpgroup.
-    pub(super) fn pass(&self, k: &mut Kernel) {
-        if let Some((_, next)) = self.ids {
-            k.bar_arrive_reg(next, Self::THREADS);
-        }
-    }
-}
-
 /// A 64-row × D operand that stays in registers as `wgmma`'s A fragments for a whole work
 /// item (Q; Dq's dO; DkDv's K and V): loaded into `staged`, then copied into `kept`, the
 /// registers `wgmma` reads. (Loading the next item's rows into `staged` while this one ran
@@ -626,21 +567,16 @@ pub(super) fn store_rows(
 }
 
 /// Hands back, unread, the blocks `from..to` of an item that this warpgroup does not
-/// compute: two turns each (the rotation stays in step) and both rings' stages released,
-/// in `order` (false: the first ring).
+/// compute: both rings' stages released, in `order` (false: the first ring).
 pub(super) fn hand_back(
     k: &mut Kernel,
-    (c, turns): (&Consumer, &Turns),
+    c: &Consumer,
     step: Reg,
     (from, to): (Reg, Reg),
     order: [bool; 2],
 ) {
     k.comment("blocks past this warpgroup's rows: handed back unread");
     k.for_range(from, to, 1, |k, _| {
-        for _ in 0..2 {
-            turns.take(k);
-            turns.pass(k);
-        }
         for v in order {
             c.wait_full(k, step, v);
             c.release(k, step, v);

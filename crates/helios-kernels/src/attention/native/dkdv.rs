@@ -7,7 +7,7 @@
 
 use helios_ptx::{Cmp, Kernel, Ty};
 
-use super::consumer::{pack, query_stats, store_rows, Consumer, Fragments, Lanes, Turns};
+use super::consumer::{pack, query_stats, store_rows, Consumer, Fragments, Lanes};
 use super::kernel::{Block, Params};
 use super::AttentionKernel;
 
@@ -17,7 +17,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let dv_out = grad.dv.expect("DkDv's dV");
     let lanes = Lanes::new(k, kern, blk, p);
     let Lanes {
-        wg,
         warp_row,
         col2,
         half2,
@@ -33,7 +32,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let step = k.mov(Ty::U32, 0u32);
     let k_view = (p.k, p.offs[1], p.strides);
     let v_view = (p.v, p.offs[2], p.strides);
-    let turns = Turns::new(k, kern, blk, wg);
 
     blk.for_each_item(k, |k, it| {
         // This thread's two key rows.
@@ -79,10 +77,8 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
                 lse2.push(l2);
                 dsum.push(ds);
             }
-            turns.take(k);
             c.issue_by_keys(k, step, &kf.kept, false, &st_acc);
             c.issue_by_keys(k, step, &vf.kept, true, &dpt_acc);
-            turns.pass(k);
             k.wgmma_wait(0);
 
             // Masked: queries past T, keys past the length, and (causal) keys after the
@@ -128,10 +124,8 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
                 pt.push(prob);
             }
             let (pf, dsf) = (pack(k, half2, &pt), pack(k, half2, &dst));
-            turns.take(k);
             c.issue_over_keys(k, step, &pf, true, &dv_acc);
             c.issue_over_keys(k, step, &dsf, false, &dk_acc);
-            turns.pass(k);
             k.wgmma_wait(0);
             c.release(k, step, false);
             c.release(k, step, true);

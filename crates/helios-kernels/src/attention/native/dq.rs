@@ -9,7 +9,7 @@
 use helios_ptx::{Kernel, Ty};
 
 use super::consumer::{
-    hand_back, live_blocks, pack, query_stats, store_rows, Consumer, Fragments, Lanes, Turns,
+    hand_back, live_blocks, pack, query_stats, store_rows, Consumer, Fragments, Lanes,
 };
 use super::kernel::{Block, Params};
 use super::AttentionKernel;
@@ -34,7 +34,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let step = k.mov(Ty::U32, 0u32);
     let q_view = (p.q, p.offs[0], p.strides);
     let do_view = (grad.d_o, grad.off_do, grad.strides_do);
-    let turns = Turns::new(k, kern, blk, wg);
 
     blk.for_each_item(k, |k, it| {
         let (rows, ok) = lanes.rows(k, blk, it.row0);
@@ -66,10 +65,8 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
 
         k.comment("key blocks: S = Q K^T, dP = dO V^T, dS = P (dP - Dsum), dQ += dS K");
         k.for_range(0u32, live, 1, |k, _| {
-            turns.take(k);
             c.issue_by_keys(k, step, &q.kept, false, &s_acc);
             c.issue_by_keys(k, step, &d_o.kept, true, &dp_acc);
-            turns.pass(k);
             k.wgmma_wait(0);
             c.release(k, step, true);
             c.mask(k, step);
@@ -84,14 +81,12 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             }
             // S's accumulator layout is the A layout of dS·K.
             let frags = pack(k, half2, &ds);
-            turns.take(k);
             c.issue_over_keys(k, step, &frags, false, &dq_acc);
-            turns.pass(k);
             k.wgmma_wait(0);
             c.release(k, step, false);
             k.update("add", step, step, 1u32);
         });
-        hand_back(k, (&c, &turns), step, (live, it.blocks), [true, false]);
+        hand_back(k, &c, step, (live, it.blocks), [true, false]);
 
         k.comment("epilogue: dQ scaled, rounded, stored");
         // dQ is dense [B, T, H, D], or the first slice of a packed [B, T, 3, H, D].

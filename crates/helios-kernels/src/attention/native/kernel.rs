@@ -171,7 +171,7 @@ pub(super) struct Grad {
 
 /// Emits the native kernel of `kern` (its forward, Dq or DkDv) for `target`.
 pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, BuildError> {
-    let AttnVariant::Native { bq, bk, .. } = kern.variant else {
+    let AttnVariant::Native { bq, bk } = kern.variant else {
         unreachable!("the native kernel of a native variant");
     };
     let dkdv = kern.stage == AttnStage::DkDv;

@@ -39,11 +39,8 @@ const WG_ROWS: u32 = 64;
 const WG_THREADS: u32 = 128;
 /// Registers the producer warpgroup keeps after `setmaxnreg` (one thread issues copies).
 const PRODUCER_REGS: u32 = 24;
-/// Stages a ring may have: K's and V's "empty" named barriers take ids 1 to 12; the
-/// ping-pong turns take 13 to 15.
+/// Stages a ring may have: K's and V's "empty" named barriers take ids 1 to 12.
 const MAX_STAGES: u32 = 6;
-/// The named barrier of consumer warpgroup 0's turn; warpgroup w's is this less w.
-pub(super) const TURN_BARRIER: u32 = 15;
 /// Channels of one copy box and one 128-byte swizzle row.
 const PANEL: u32 = 64;
 /// Bytes of the block's shared memory below which a second block could share its SM (and
@@ -55,21 +52,10 @@ const ONE_BLOCK_BYTES: u32 = 32 * 1024;
 /// at head dim 128 (whose stages are twice the size); 128 × 32 beside it. Measured on an
 /// H200 beside 48-key blocks (three stages) and 192 × 64, which lost
 /// (`bench/results/2026-11-29-native-attention-h200.md`).
-pub const NATIVE_VARIANTS: [AttnVariant; 3] = [
-    native(128, 64, false),
-    native(192, 32, false),
-    native(128, 32, false),
-];
+pub const NATIVE_VARIANTS: [AttnVariant; 3] = [native(128, 64), native(192, 32), native(128, 32)];
 
-/// The same tiles with the consumer warpgroups taking turns at issuing their products
-/// (FlashAttention-3's ping-pong: one warpgroup's softmax then runs beside the other's
-/// products). Ablations found the three parts of a block adding up, nothing overlapping
-/// (bench/results/2026-11-29-native-attention-h200.md); not measured yet, so reachable by
-/// name only (the GPU tests run them).
-pub const NATIVE_EXPERIMENTS: [AttnVariant; 2] = [native(128, 64, true), native(192, 32, true)];
-
-const fn native(bq: u8, bk: u8, pingpong: bool) -> AttnVariant {
-    AttnVariant::Native { bq, bk, pingpong }
+const fn native(bq: u8, bk: u8) -> AttnVariant {
+    AttnVariant::Native { bq, bk }
 }
 
 /// Bytes of one stage of K or V (`bk` keys × D channels).
@@ -97,7 +83,7 @@ pub(super) fn shared_bytes(bk: u32, d: u32) -> u32 {
 /// tiles of whole warpgroups, key blocks that are whole `wgmma` k steps, and stages within
 /// 48 KiB.
 pub(super) fn buildable(kern: &AttentionKernel) -> bool {
-    let AttnVariant::Native { bq, bk, pingpong } = kern.variant else {
+    let AttnVariant::Native { bq, bk } = kern.variant else {
         return false;
     };
     let (bq, bk, d) = (u32::from(bq), u32::from(bk), kern.head_dim);
@@ -105,7 +91,6 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
         && matches!(kern.storage, Storage::F16 | Storage::BF16)
         && matches!(d, 64 | 128)
         && bq % WG_ROWS == 0
-        && (!pingpong || bq > WG_ROWS)
         && (WG_ROWS..=3 * WG_ROWS).contains(&bq)
         && bk % 16 == 0
         && (16..=128).contains(&bk)
