@@ -185,43 +185,80 @@ fn native_attention_kernels_assemble() {
 /// attention-h200.md): a `wgmma` whose A operand is a loop-invariant register fragment (Q
 /// in the forward and Dq, dO in Dq, K and V in DkDv: the forms without `.tnspB`) had those
 /// registers reused for scratch inside the loop, so the next key block multiplied garbage.
-/// Checks, on the SASS, that nothing between the kernel's first and last `HGMMA` writes a
-/// register such an `HGMMA` reads as A.
+/// Checks, on the SASS, that nothing inside the innermost loop around such an `HGMMA`
+/// writes a register it reads as A. (A kernel with two code paths, as DkDv's split roles,
+/// may use one path's fragments as the other's scratch: each loop is judged alone.)
 fn fragments_kept(sass: &str) -> Result<(), String> {
     let lines: Vec<&str> = sass.lines().collect();
     let hgmma: Vec<usize> = (0..lines.len())
         .filter(|&i| lines[i].contains("HGMMA"))
         .collect();
-    let (Some(&first), Some(&last)) = (hgmma.first(), hgmma.last()) else {
+    if hgmma.is_empty() {
         return Err("no HGMMA in the kernel".into());
-    };
+    }
+    // Loops: a branch back to a label (`.L_x_3:` ... `@!P0 BRA `(.L_x_3) ;`).
+    let label_at = |name: &str| lines.iter().position(|l| l.trim() == format!("{name}:"));
+    let loops: Vec<(usize, usize)> = (0..lines.len())
+        .filter_map(|j| {
+            let l = lines[j];
+            let name = l.split("`(").nth(1)?.split(')').next()?;
+            let t = label_at(name)?;
+            (l.contains("BRA") && t < j).then_some((t, j))
+        })
+        .collect();
+    // Each HGMMA's window: its innermost loop, or (outside loops) the span of those HGMMAs.
+    let mut windows: std::collections::BTreeMap<(usize, usize), Vec<usize>> = Default::default();
+    for &i in &hgmma {
+        let inner = loops
+            .iter()
+            .filter(|&&(t, j)| t < i && i < j)
+            .min_by_key(|&&(t, j)| j - t)
+            .copied();
+        windows
+            .entry(inner.unwrap_or((usize::MAX, 0)))
+            .or_default()
+            .push(i);
+    }
+    for (&(t, j), ops) in &windows {
+        let (from, to) = match t {
+            usize::MAX => (ops[0], ops[ops.len() - 1]),
+            _ => (t, j),
+        };
+        clobbered(&lines, ops, from, to)?;
+    }
+    Ok(())
+}
+
+/// Whether a line in `lines[from..to]` other than an HGMMA writes a register that one of
+/// the HGMMAs at `ops` reads as a kept A fragment.
+fn clobbered(lines: &[&str], ops: &[usize], from: usize, to: usize) -> Result<(), String> {
     // `HGMMA.64xNx16.F32.BF16 Rd, Ra, gdesc[..], ...`: Ra..Ra+3 are A, unless B is transposed
     // (there A is the block's P or dS, new each block).
     let mut held = std::collections::BTreeSet::new();
-    for &i in &hgmma {
+    for &i in ops {
         let l = lines[i];
-        let ops: Vec<&str> = l.split_whitespace().collect();
-        let Some(at) = ops.iter().position(|o| o.starts_with("HGMMA")) else {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        let Some(at) = words.iter().position(|o| o.starts_with("HGMMA")) else {
             continue;
         };
-        let a = ops.get(at + 2).map(|o| o.trim_end_matches(','));
+        let a = words.get(at + 2).map(|o| o.trim_end_matches(','));
         if let (Some(a), false) = (a.and_then(|a| a.strip_prefix('R')), l.contains("tnspB")) {
             if let Ok(r) = a.parse::<u32>() {
                 held.extend(r..r + 4);
             }
         }
     }
-    for l in &lines[first + 1..last] {
+    for l in &lines[from + 1..to] {
         if l.contains("HGMMA") {
             continue;
         }
         // `/*addr*/ [@P] OPCODE Rdst, ...`: the first operand is the one written.
-        let mut ops = l.split_whitespace().skip_while(|o| o.starts_with("/*"));
-        let mut op = ops.next();
+        let mut words = l.split_whitespace().skip_while(|o| o.starts_with("/*"));
+        let mut op = words.next();
         if op.is_some_and(|o| o.starts_with('@')) {
-            op = ops.next();
+            op = words.next();
         }
-        let dst = ops
+        let dst = words
             .next()
             .map(|o| o.trim_end_matches(',').trim_end_matches(';'));
         let reg = dst
@@ -253,4 +290,16 @@ fn fragment_check_finds_a_clobbered_operand() {
     let err = fragments_kept(&bad).unwrap_err();
     assert!(err.contains("R89"), "{err}");
     assert!(fragments_kept("/*0000*/ EXIT ;").is_err());
+    // In loops: each loop alone, so another path's loop may reuse the registers.
+    let looped = |body: &str| format!(".L_x_1:\n{body}\n        /*0140*/ @!P0 BRA `(.L_x_1) ;");
+    let other = "\
+        /*0200*/ IMAD R89, R1, 0x40, R4 ;
+        /*0210*/ HGMMA.64x64x16.F32.BF16 R24, R120, gdesc[UR4], RZ, !UPT ;";
+    let two = format!(
+        "{}\n.L_x_2:\n{other}\n        /*0220*/ @!P1 BRA `(.L_x_2) ;",
+        looped(good)
+    );
+    assert_eq!(fragments_kept(&two), Ok(()));
+    let err = fragments_kept(&looped(&bad)).unwrap_err();
+    assert!(err.contains("R89"), "{err}");
 }

@@ -102,7 +102,8 @@ pub(super) fn choose(
     });
     // A forced cooperative or native variant applies to the stages that family has; one
     // forced for every stage, to the stages with a kernel of that tile (the native family
-    // has no Prep, nor DkDv at head dim 128). Forced by stage, it must run there.
+    // has no Prep, and some tiles no backward at head dim 128). Forced by stage, it must
+    // run there.
     let by_stage = stage_forced.is_some() && opts.variant.is_none();
     let forced = forced.filter(|&v| {
         (!v.is_coop() || helios_kernels::attention::coop_supports(stage))

@@ -473,7 +473,10 @@ impl Lanes {
         let lane = k.and(tid, 31u32).retype(Ty::U32);
         let g = k.shr(lane, 2u32);
         let tq = k.and(lane, 3u32).retype(Ty::U32);
-        let warp_row = {
+        // Warpgroups own 64 rows each, or all the same 64 where they split roles.
+        let warp_row = if blk.split {
+            k.mul(warp, 16u32)
+        } else {
             let r = k.mul(wg, WG_ROWS);
             k.mad(warp, 16u32, r)
         };

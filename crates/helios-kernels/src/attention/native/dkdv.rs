@@ -4,6 +4,10 @@
 //! dK += dSᵀ·Q on `wgmma`; then dK · scale and dV. Computing the transposes directly puts
 //! Pᵀ and dSᵀ in the accumulator layout that is the A layout of the next products, as
 //! FlashAttention-3 does. No atomics: each tile owns its dK and dV rows.
+//!
+//! At head dim 128 one warpgroup cannot hold K, V, dK and dV (~256 registers a thread):
+//! there the two warpgroups share one tile of 64 keys, one computing Pᵀ and dV, the other
+//! dPᵀ, dSᵀ and dK (`split_roles`; each also computes Sᵀ).
 
 use helios_ptx::{Cmp, Kernel, Ty};
 
@@ -11,24 +15,55 @@ use super::consumer::{pack, query_stats, store_rows, Consumer, Fragments, Lanes}
 use super::kernel::{Block, Params};
 use super::AttentionKernel;
 
-/// DkDv's consumer warpgroups (see the module docs).
+/// What a consumer warpgroup accumulates.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Both,
+    Dv,
+    Dk,
+}
+
+/// DkDv's consumer warpgroups (see the module docs): each does both, or with split roles
+/// warpgroup 0 dV and warpgroup 1 dK (two code paths, so that each has its own registers).
 pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &Params) {
+    let lanes = Lanes::new(k, kern, blk, p);
+    if !blk.split {
+        return roles(k, kern, (blk, p, &lanes), Role::Both);
+    }
+    let (dk_role, done) = (k.label(), k.label());
+    let second = k.setp(Cmp::Ne, lanes.wg, 0u32);
+    k.bra_if(second, false, dk_role);
+    roles(k, kern, (blk, p, &lanes), Role::Dv);
+    k.bra(done);
+    k.place(dk_role);
+    roles(k, kern, (blk, p, &lanes), Role::Dk);
+    k.place(done);
+}
+
+/// One warpgroup's walk over its tiles of keys, accumulating what `role` says.
+fn roles(
+    k: &mut Kernel,
+    kern: &AttentionKernel,
+    (blk, p, lanes): (&Block, &Params, &Lanes),
+    role: Role,
+) {
     let grad = p.grad.as_ref().expect("DkDv's parameters");
     let dv_out = grad.dv.expect("DkDv's dV");
-    let lanes = Lanes::new(k, kern, blk, p);
+    let (dv_role, dk_role) = (role != Role::Dk, role != Role::Dv);
     let Lanes {
         warp_row,
         col2,
         half2,
         ..
-    } = lanes;
+    } = *lanes;
     let (bk, d) = (blk.bk, blk.d);
 
     let st_acc = k.regs(Ty::F32, (bk / 2) as usize);
-    let dpt_acc = k.regs(Ty::F32, (bk / 2) as usize);
-    let dk_acc = k.regs(Ty::F32, (d / 2) as usize);
-    let dv_acc = k.regs(Ty::F32, (d / 2) as usize);
-    let (kf, vf) = (Fragments::new(k, d), Fragments::new(k, d));
+    let dpt_acc = k.regs(Ty::F32, if dk_role { (bk / 2) as usize } else { 0 });
+    let dk_acc = k.regs(Ty::F32, if dk_role { (d / 2) as usize } else { 0 });
+    let dv_acc = k.regs(Ty::F32, if dv_role { (d / 2) as usize } else { 0 });
+    let kf = Fragments::new(k, d);
+    let vf = dk_role.then(|| Fragments::new(k, d));
     let step = k.mov(Ty::U32, 0u32);
     let k_view = (p.k, p.offs[1], p.strides);
     let v_view = (p.v, p.offs[2], p.strides);
@@ -38,8 +73,10 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         let (rows, ok) = lanes.rows(k, blk, it.row0);
         k.comment("K and V rows in registers: wgmma's A fragments");
         let at = (it.b, it.h, it.row0);
-        kf.load(k, (&lanes, blk), k_view, at);
-        vf.load(k, (&lanes, blk), v_view, at);
+        kf.load(k, (lanes, blk), k_view, at);
+        if let Some(vf) = &vf {
+            vf.load(k, (lanes, blk), v_view, at);
+        }
         for &r in dk_acc.iter().chain(&dv_acc) {
             k.assign(r, 0.0f32);
         }
@@ -51,7 +88,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         let tile_end = k.add(it.row0, blk.bq);
         let past_len = k.setp(Cmp::Gt, tile_end, it.len);
         let c = Consumer {
-            lanes: &lanes,
+            lanes,
             blk,
             s_acc: &st_acc,
             rows,
@@ -78,7 +115,9 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
                 dsum.push(ds);
             }
             c.issue_by_keys(k, step, &kf.kept, false, &st_acc);
-            c.issue_by_keys(k, step, &vf.kept, true, &dpt_acc);
+            if let Some(vf) = &vf {
+                c.issue_by_keys(k, step, &vf.kept, true, &dpt_acc);
+            }
             k.wgmma_wait(0);
 
             // Masked: queries past T, keys past the length, and (causal) keys after the
@@ -112,20 +151,27 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             });
             let mut pt = Vec::with_capacity(st_acc.len());
             let mut dst = Vec::with_capacity(st_acc.len());
-            for (i, (&s, &dp)) in st_acc.iter().zip(&dpt_acc).enumerate() {
+            for (i, &s) in st_acc.iter().enumerate() {
                 // Column i of the accumulator layout: register i is query 8(i / 4) +
                 // 2q + i % 2 of the block, the (i / 4 · 2 + i % 2)-th this thread holds.
                 let col = (i / 4) * 2 + i % 2;
                 let x = k.mul(s, lanes.scale2);
                 let x = k.sub(x, lse2[col]);
                 let prob = k.ex2(x);
-                let diff = k.sub(dp, dsum[col]);
-                dst.push(k.mul(prob, diff));
+                if dk_role {
+                    let diff = k.sub(dpt_acc[i], dsum[col]);
+                    dst.push(k.mul(prob, diff));
+                }
                 pt.push(prob);
             }
-            let (pf, dsf) = (pack(k, half2, &pt), pack(k, half2, &dst));
-            c.issue_over_keys(k, step, &pf, true, &dv_acc);
-            c.issue_over_keys(k, step, &dsf, false, &dk_acc);
+            let pf = dv_role.then(|| pack(k, half2, &pt));
+            let dsf = dk_role.then(|| pack(k, half2, &dst));
+            if let Some(pf) = pf {
+                c.issue_over_keys(k, step, &pf, true, &dv_acc);
+            }
+            if let Some(dsf) = dsf {
+                c.issue_over_keys(k, step, &dsf, false, &dk_acc);
+            }
             k.wgmma_wait(0);
             c.release(k, step, false);
             c.release(k, step, true);
@@ -140,10 +186,11 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             k.mov(Ty::U32, blk.heads)
         };
         let one = k.mov(Ty::F32, 1.0f32);
-        let place = (&lanes, blk, it);
+        let place = (lanes, blk, it);
         for (n, (acc, out, factor)) in [(&dk_acc, p.o, p.scale), (&dv_acc, dv_out, one)]
             .into_iter()
             .enumerate()
+            .filter(|(_, (acc, ..))| !acc.is_empty())
         {
             let slice = if kern.packed { n as u32 + 1 } else { 0 };
             let to = (out, row_heads, slice);

@@ -23,7 +23,10 @@ pub(super) struct Block {
     /// DkDv's walk: a tile is `bq` keys and its blocks are `bk` queries (the forward's
     /// and Dq's: `bq` queries against blocks of `bk` keys).
     pub(super) dkdv: bool,
+    /// Rows of a tile (see `tile_rows`), and whether the consumers split their roles over
+    /// it (`split_roles`).
     pub(super) bq: u32,
+    pub(super) split: bool,
     pub(super) bk: u32,
     pub(super) d: u32,
     /// Stages of each ring.
@@ -252,9 +255,10 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
     let lens = plens.map(|p| k.ld_param_global(p));
     let tid = k.special(Special::TidX);
     let bh = k.mul(batch, heads);
+    let tile = super::tile_rows(kern, bq);
     let tiles = {
-        let e = k.add(t, bq - 1);
-        k.div(e, bq)
+        let e = k.add(t, tile - 1);
+        k.div(e, tile)
     };
     let base = k.shared_address(smem);
     let blk = Block {
@@ -266,7 +270,8 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
         lens,
         causal: kern.causal,
         dkdv,
-        bq,
+        bq: tile,
+        split: super::split_roles(kern),
         bk,
         d,
         stages: n_stages,

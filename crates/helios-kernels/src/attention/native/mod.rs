@@ -95,13 +95,31 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
         && bk % 16 == 0
         && (16..=128).contains(&bk)
         && (!kern.packed || kern.stage != AttnStage::Forward)
-        // DkDv keeps K, V, dK and dV in registers: head dim 64 only.
-        && (kern.stage != AttnStage::DkDv || d == 64)
+        // DkDv keeps K, V, dK and dV in registers; at head dim 128 two warpgroups split
+        // them over one tile of 64 keys (`split_roles`).
+        && (kern.stage != AttnStage::DkDv || d == 64 || bq == 2 * WG_ROWS)
         && !kern.own_dsum
         // Dq keeps Q, dO and dQ in registers: at head dim 128 three warpgroups spill.
         && (kern.stage == AttnStage::Forward || d == 64 || bq <= 2 * WG_ROWS)
         && stages(bk, d) >= 2
         && shared_bytes(bk, d) <= 48 * 1024
+}
+
+/// Whether the two consumer warpgroups of `kern` share one tile of 64 keys, one
+/// accumulating dV and the other dK: DkDv at head dim 128, where one warpgroup holding K,
+/// V, dK and dV would need ~256 registers a thread (each role needs ~190).
+pub(super) fn split_roles(kern: &AttentionKernel) -> bool {
+    kern.stage == AttnStage::DkDv && kern.head_dim > 64
+}
+
+/// Rows of a work item's tile: `bq` (queries; DkDv's keys), or one warpgroup's 64 keys
+/// where the warpgroups split their roles.
+pub(super) fn tile_rows(kern: &AttentionKernel, bq: u32) -> u32 {
+    if split_roles(kern) {
+        WG_ROWS
+    } else {
+        bq
+    }
 }
 
 /// Threads of a native block: the consumer warpgroups, then the producer's.
@@ -188,7 +206,7 @@ impl AttentionKernel {
             )));
         }
         let AttnShape { batch, t, heads } = shape;
-        let tiles = u64::from(t.div_ceil(u32::from(bq)));
+        let tiles = u64::from(t.div_ceil(tile_rows(self, u32::from(bq))));
         let items = tiles * u64::from(batch) * u64::from(heads);
         if items > u64::from(u32::MAX) {
             return Err(KernelError::TooLarge {
@@ -252,20 +270,21 @@ mod tests {
             ..kernel(64, wide, true, false)
         };
         assert!(!buildable(&f32k));
-        // The backward: Dq and DkDv (head dim 64; Dq 128 too), not Prep, not Dq computing
-        // Dsum itself.
-        let stage = |stage, d| AttentionKernel {
+        // The backward: Dq and DkDv (head dim 64, and 128 with two warpgroups), not Prep,
+        // not Dq computing Dsum itself.
+        let stage = |stage, d, variant| AttentionKernel {
             stage,
-            ..kernel(d, narrow, true, false)
+            ..kernel(d, variant, true, false)
         };
-        assert!(buildable(&stage(AttnStage::Dq, 64)));
-        assert!(buildable(&stage(AttnStage::Dq, 128)));
-        assert!(buildable(&stage(AttnStage::DkDv, 64)));
-        assert!(!buildable(&stage(AttnStage::DkDv, 128)));
-        assert!(!buildable(&stage(AttnStage::Prep, 64)));
+        assert!(buildable(&stage(AttnStage::Dq, 64, narrow)));
+        assert!(buildable(&stage(AttnStage::Dq, 128, narrow)));
+        assert!(buildable(&stage(AttnStage::DkDv, 64, narrow)));
+        assert!(buildable(&stage(AttnStage::DkDv, 128, narrow)));
+        assert!(!buildable(&stage(AttnStage::DkDv, 128, NATIVE_VARIANTS[1])));
+        assert!(!buildable(&stage(AttnStage::Prep, 64, narrow)));
         let own = AttentionKernel {
             own_dsum: true,
-            ..stage(AttnStage::Dq, 64)
+            ..stage(AttnStage::Dq, 64, narrow)
         };
         assert!(!buildable(&own));
         assert!(!kernel(64, wide, true, false).native_feasible(Some(Target::SM90)));
