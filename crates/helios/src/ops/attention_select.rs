@@ -7,6 +7,7 @@ use helios_kernels::rows::Reducer;
 use helios_kernels::Storage;
 
 use super::attention::{invalid, AttentionOptions, AttentionOutput, Dims};
+use crate::realize_lock::LockExt;
 use crate::{DType, Device, Result, Tensor};
 
 /// The family's one selection function (see the module docs for the order). `aligned`:
@@ -339,12 +340,7 @@ static CHECK_EVERY: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::ne
 /// Whether `kern` must pass its first-use check before it is chosen: the native kernels.
 fn checked_on_first_use(device: &Device, kern: &AttentionKernel) -> bool {
     #[cfg(test)]
-    if kern.stage != AttnStage::Prep
-        && CHECK_EVERY
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&device.id())
-    {
+    if kern.stage != AttnStage::Prep && CHECK_EVERY.locked().contains(&device.id()) {
         return true;
     }
     let _ = device;
@@ -362,7 +358,7 @@ fn native_verified(device: &Device, kern: &AttentionKernel) -> bool {
     }
     let key = (device.id(), *kern);
     let verdicts = verdicts();
-    if let Some(&v) = verdicts.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    if let Some(&v) = verdicts.locked().get(&key) {
         return v;
     }
     let ok = match check_native(device, kern) {
@@ -376,10 +372,7 @@ fn native_verified(device: &Device, kern: &AttentionKernel) -> bool {
             false
         }
     };
-    verdicts
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, ok);
+    verdicts.locked().insert(key, ok);
     ok
 }
 
@@ -395,11 +388,7 @@ fn verdicts() -> &'static std::sync::Mutex<std::collections::HashMap<(usize, Att
 /// Whether `kern` failed its first-use check on `device` (see `native_verified`).
 fn native_failed(device: &Device, kern: &AttentionKernel) -> bool {
     let key = (device.id(), *kern);
-    verdicts()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&key)
-        == Some(&false)
+    verdicts().locked().get(&key) == Some(&false)
 }
 
 /// Runs `kern` (a native kernel) on a random 1 × 200 × 2 × D problem with its masks and
