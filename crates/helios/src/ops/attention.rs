@@ -187,7 +187,7 @@ impl Tensor {
         if !crate::autograd::any_needs(&[self, k, v]) {
             return Ok(fwd);
         }
-        prepare_backward(self, opts, false)?;
+        prepare_backward(self, opts, false);
         let (q, kd, vd) = (self.detach(), k.detach(), v.detach());
         let saved = AttentionOutput {
             out: fwd.out.detach(),
@@ -230,7 +230,7 @@ impl Tensor {
         if !crate::autograd::any_needs(&[self]) {
             return Ok(fwd);
         }
-        prepare_backward(&q, opts, true)?;
+        prepare_backward(&q, opts, true);
         let [q, k, v] = views(&self.detach())?;
         let saved = AttentionOutput {
             out: fwd.out.detach(),
@@ -561,15 +561,18 @@ fn shared_strides(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor,
 /// Starts compiling the backward kernels that a forward with gradients will need (q's
 /// choice; `packed`: writing one [B, T, 3, H, D] gradient), without waiting: a native
 /// kernel's JIT takes a good fraction of a second, and these then compile beside the rest
-/// of the first step instead of one after another when the backward first asks.
-fn prepare_backward(q: &Tensor, opts: &AttentionOptions, packed: bool) -> Result<()> {
+/// of the first step instead of one after another when the backward first asks. Only a
+/// head start: what fails here fails again, and is reported, when the backward chooses.
+fn prepare_backward(q: &Tensor, opts: &AttentionOptions, packed: bool) {
     for stage in [AttnStage::Dq, AttnStage::DkDv] {
-        let kern = super::attention_select::unchecked(|| q.attention_kernel_of(stage, opts))?;
-        if let Some(k) = kern.filter(|k| k.variant.is_native()) {
-            super::attention_tune::start_compile(q.device(), AttentionKernel { packed, ..k })?;
+        let kern = super::attention_select::unchecked(|| q.attention_kernel_of(stage, opts));
+        if let Ok(Some(k)) = kern {
+            if k.variant.is_native() {
+                let k = AttentionKernel { packed, ..k };
+                let _ = super::attention_tune::start_compile(q.device(), k);
+            }
         }
     }
-    Ok(())
 }
 
 fn aligned(views: &[ViewStrides]) -> bool {
