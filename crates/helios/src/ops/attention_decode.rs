@@ -61,6 +61,28 @@ fn dims4(t: &Tensor, name: &str) -> Result<([usize; 4], ViewStrides)> {
     Ok(([d.b, d.t, d.h, d.d], s))
 }
 
+/// The caches' [B, capacity, H, D] and their views' strides (K's, V's), which must agree.
+fn cache_dims(
+    op: &'static str,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+) -> Result<([usize; 4], [ViewStrides; 2])> {
+    let (kd, ks) = dims4(k_cache, "k_cache")?;
+    let (vd, vs) = dims4(v_cache, "v_cache")?;
+    if kd != vd || strides_of(ks) != strides_of(vs) {
+        return Err(invalid(
+            op,
+            format!(
+                "k_cache {:?} and v_cache {:?} must have one shape and layout; allocate them \
+                 alike",
+                k_cache.layout(),
+                v_cache.layout()
+            ),
+        ));
+    }
+    Ok((kd, [ks, vs]))
+}
+
 fn strides_of(s: ViewStrides) -> (u32, u32, u32) {
     (s.batch, s.seq, s.head)
 }
@@ -128,20 +150,8 @@ impl Tensor {
                 ),
             ));
         }
-        let (kd, ks) = dims4(k_cache, "k_cache")?;
-        let (vd, vs) = dims4(v_cache, "v_cache")?;
+        let (kd, [ks, vs]) = cache_dims(OP, k_cache, v_cache)?;
         let cap = kd[1];
-        if kd != vd || strides_of(ks) != strides_of(vs) {
-            return Err(invalid(
-                OP,
-                format!(
-                    "k_cache {:?} and v_cache {:?} must have one shape and layout; allocate them \
-                     alike",
-                    k_cache.layout(),
-                    v_cache.layout()
-                ),
-            ));
-        }
         if (kd[0], kd[2], kd[3]) != (b, h, d) {
             return Err(invalid(
                 OP,
@@ -249,19 +259,7 @@ impl Tensor {
         const OP: &str = "write_kv";
         no_grad_inputs(OP, &[k_cache, v_cache, k, v])?;
         same_kind(OP, &[k_cache, v_cache, k, v])?;
-        let (kd, ks) = dims4(k_cache, "k_cache")?;
-        let (vd, vs) = dims4(v_cache, "v_cache")?;
-        if kd != vd || strides_of(ks) != strides_of(vs) {
-            return Err(invalid(
-                OP,
-                format!(
-                    "k_cache {:?} and v_cache {:?} must have one shape and layout; allocate them \
-                     alike",
-                    k_cache.layout(),
-                    v_cache.layout()
-                ),
-            ));
-        }
+        let (kd, [ks, vs]) = cache_dims(OP, k_cache, v_cache)?;
         if k_cache.node_addr() == v_cache.node_addr() {
             return Err(invalid(
                 OP,
