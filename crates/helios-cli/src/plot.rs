@@ -135,6 +135,7 @@ mod tests {
             bwd_ms: 1.0,
             opt_ms: 1.0,
             comm_ms: 0.0,
+            step_ms: 3.0,
             tokens: 64,
             loss_scale: None,
             skipped: false,

@@ -434,8 +434,7 @@ fn train(args: &TrainArgs, rank: Rank) -> CliResult {
     let t0 = Instant::now();
     let result = trainer.run(None, |e| match e {
         Event::Step(s) => {
-            let ms = s.fwd_ms + s.bwd_ms + s.opt_ms;
-            let ms = ms + s.comm_ms;
+            let ms = s.step_ms;
             let comm = match rank.world > 1 {
                 true => format!(" comm {:.0}", s.comm_ms),
                 false => String::new(),
@@ -497,11 +496,7 @@ fn train(args: &TrainArgs, rank: Rank) -> CliResult {
     let h = trainer.history();
     let ran: Vec<_> = h.train.iter().filter(|s| s.step > start_step).collect();
     if let (Some(first), Some(last)) = (h.train.first(), h.train.last()) {
-        let steady: Vec<f64> = ran
-            .iter()
-            .skip(1)
-            .map(|s| s.fwd_ms + s.bwd_ms + s.comm_ms + s.opt_ms)
-            .collect();
+        let steady: Vec<f64> = ran.iter().skip(1).map(|s| s.step_ms).collect();
         // The first step of a run compiles and tunes: the rate is the later steps' (none
         // when the run had one step).
         let rate = match steady.is_empty() {
@@ -601,7 +596,7 @@ fn write_logs(out: &Path, h: &helios_nn::History) -> CliResult {
     std::fs::write(out.join("log.json"), json)
         .map_err(|e| format!("cannot write {}: {e}", out.join("log.json").display()))?;
     let mut csv = String::from(
-        "step,loss,val_loss,lr,grad_norm,fwd_ms,bwd_ms,opt_ms,tokens,loss_scale,skipped,comm_ms\n",
+        "step,loss,val_loss,lr,grad_norm,fwd_ms,bwd_ms,opt_ms,tokens,loss_scale,skipped,comm_ms,step_ms\n",
     );
     for s in &h.train {
         let val = h
@@ -612,7 +607,7 @@ fn write_logs(out: &Path, h: &helios_nn::History) -> CliResult {
             .unwrap_or_default();
         let scale = s.loss_scale.map(|x| x.to_string()).unwrap_or_default();
         csv += &format!(
-            "{},{},{val},{},{},{:.3},{:.3},{:.3},{},{scale},{},{:.3}\n",
+            "{},{},{val},{},{},{:.3},{:.3},{:.3},{},{scale},{},{:.3},{:.3}\n",
             s.step,
             s.loss,
             s.lr,
@@ -622,7 +617,8 @@ fn write_logs(out: &Path, h: &helios_nn::History) -> CliResult {
             s.opt_ms,
             s.tokens,
             u8::from(s.skipped),
-            s.comm_ms
+            s.comm_ms,
+            s.step_ms
         );
     }
     std::fs::write(out.join("log.csv"), csv)

@@ -42,6 +42,7 @@ pub mod model;
 pub mod optim;
 pub mod parallel;
 pub mod params;
+mod phase;
 pub mod sampler;
 pub mod schedule;
 pub mod tokenizer;

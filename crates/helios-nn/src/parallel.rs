@@ -12,7 +12,6 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 use helios::{DType, Tensor};
 use helios_dist::{Collective, Shards};
@@ -22,6 +21,7 @@ use crate::config::GptConfig;
 use crate::model::{device_rows, host_of, GptParams};
 use crate::optim::AdamW;
 use crate::params::{HostTensor, ParamStore};
+use crate::phase::{Phase, Span};
 use crate::sampler::Shard;
 use crate::train::TrainConfig;
 use crate::{Error, Result, Tokens};
@@ -113,7 +113,8 @@ pub fn zero_shards(config: &GptConfig, world: usize) -> Result<Shards> {
 
 /// One ZeRO-1 optimizer step on the gradients backward left in `params` (see the module's
 /// note); `unscale` is 1/S in f16. Returns the gradient norm before clipping, a (1,) device
-/// tensor the same on every rank, and the milliseconds spent in collectives.
+/// tensor the same on every rank, and the spans of its collectives and of its optimizer
+/// work (`phase`).
 pub(crate) fn sharded_step(
     opt: &mut AdamW,
     params: &GptParams,
@@ -121,10 +122,12 @@ pub(crate) fn sharded_step(
     shards: &Shards,
     lr: f64,
     unscale: Option<f32>,
-) -> Result<(Tensor, f64)> {
-    let t = Instant::now();
+) -> Result<(Tensor, Vec<Span>, Vec<Span>)> {
+    let device = params.tensors()[0].device().clone();
+    let t = Phase::start(&device);
     comm.reduce_gradients(params.tensors(), shards)?;
-    let mut comm_ms = ms(t);
+    let reduce = t.stop(&device)?;
+    let t = Phase::start(&device);
     // This rank's share of the squared norm, summed over the ranks on the host (f64), then
     // rounded to f32 as one process's sum is. Its order of summation is not one process's,
     // so a sharded run matches one process within rounding, not bit for bit; a world of one
@@ -133,17 +136,15 @@ pub(crate) fn sharded_step(
         Some(s) => s.to_vec()?[0],
         None => 0.0,
     };
-    let t = Instant::now();
     let mut mean = [f64::from(share)];
     comm.mean(&mut mean)?;
-    comm_ms += ms(t);
     let squares = (mean[0] * comm.rank().world as f64) as f32;
-    let device = params.tensors()[0].device();
-    let norm = Tensor::from_slice(device, &[squares], &[1])?.sqrt()?;
+    let norm = Tensor::from_slice(&device, &[squares], &[1])?.sqrt()?;
     let norm = opt.step_owned(params, lr, unscale, norm)?;
-    let t = Instant::now();
+    let update = t.stop(&device)?;
+    let t = Phase::start(&device);
     comm.broadcast_owned(params.tensors(), shards)?;
-    Ok((norm, comm_ms + ms(t)))
+    Ok((norm, vec![reduce, t.stop(&device)?], vec![update]))
 }
 
 /// The f32 weights and, with `moments`, the whole optimizer state, on rank 0 (`None` on the
@@ -205,8 +206,4 @@ pub(crate) fn gather(
         v,
     });
     Ok(Some((weights, state)))
-}
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
 }

@@ -23,6 +23,7 @@ use crate::model::{self, GptParams};
 use crate::optim::{upload_with_master_of, AdamW};
 use crate::parallel::{self, agree_on_run, broadcast_store, broadcast_tensors, shard_of};
 use crate::params::ParamStore;
+use crate::phase::{total_ms, Phase};
 use crate::sampler::{Batch, BatchSampler, EvalBatches};
 use crate::schedule::{AdamWHyper, LrSchedule};
 use crate::{Error, Result, Tokens};
@@ -93,13 +94,19 @@ pub struct StepLog {
     /// writes those as null, read back as NaN).
     #[serde(deserialize_with = "nan_from_null")]
     pub grad_norm: f32,
+    /// GPU time of the forward passes (timestamps around the work, like CUDA events; host
+    /// time where the queue has no timestamps), as for the next three.
     pub fwd_ms: f64,
     pub bwd_ms: f64,
+    /// The optimizer, with the clipping norm.
     pub opt_ms: f64,
     /// Data parallel: averaging the gradients over the ranks, or under ZeRO-1 reducing them
-    /// and sharing the updated parameters (host time; about 0 for one process).
+    /// and sharing the updated parameters (about 0 for one process).
     #[serde(default)]
     pub comm_ms: f64,
+    /// Wall time of the whole step, as the host saw it.
+    #[serde(default)]
+    pub step_ms: f64,
     /// Tokens this step trained on, over all ranks (B·T·accum·ranks).
     pub tokens: usize,
     /// f16: the loss scale the step's backward ran with.
@@ -472,58 +479,65 @@ impl Trainer {
     /// One optimizer step over `accum` micro-batches. Fails, leaving the checkpoints on
     /// disk alone, if the loss is not finite, or the gradient norm outside f16 (where an
     /// overflow skips the update and lowers the loss scale instead).
+    ///
+    /// The host records the whole step and then waits once, for the loss and the norm: it
+    /// never stops the GPU in between, and in data parallel runs the ranks meet on the GPU
+    /// (in the all-reduce) rather than on the host.
     pub fn train_step(&mut self) -> Result<StepLog> {
+        let started = Instant::now();
         let step = self.opt.step; // 0-based index of this step
         let loss_scale = self.scaler.map(|s| s.scale);
-        let (mut fwd, mut bwd) = (0.0, 0.0);
-        let mut loss_sum = 0.0f64;
         let accum = self.cfg.accum.max(1);
+        let dev = &self.device;
+        let (mut fwd, mut bwd, mut losses) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..accum {
             let batch = self.sampler.next_batch();
             let (idx, pos, targets) = self.upload(&batch)?;
-            let t0 = Instant::now();
+            let t = Phase::start(dev);
             let loss = model::forward_loss(&self.params, &idx, &pos, &targets)?; // (1)
-            let mut mean = [f64::from(loss.to_vec()?[0])]; // the step's one read of the loss
-                                                           // Every rank sees the run's loss, so a non-finite one stops all of them.
-            self.comm.mean(&mut mean)?;
-            let value = mean[0] as f32;
-            fwd += ms(t0);
-            if !value.is_finite() {
-                return Err(self.non_finite(step + 1, "loss", value));
-            }
-            loss_sum += mean[0];
-            let t1 = Instant::now();
+            loss.realize()?;
+            fwd.push(t.stop(dev)?);
+            let t = Phase::start(dev);
             let factor = loss_scale.unwrap_or(1.0) / accum as f32;
-            let scaled = if factor != 1.0 {
-                loss.mul_scalar(factor)?
-            } else {
-                loss
+            let scaled = match factor != 1.0 {
+                true => loss.mul_scalar(factor)?,
+                false => loss.clone(),
             };
             scaled.backward()?;
-            self.device.synchronize()?;
-            bwd += ms(t1);
+            bwd.push(t.stop(dev)?);
+            losses.push(loss);
         }
         // Also in a world of one: a backend other than `Single` runs its whole path there.
         let lr = self.cfg.schedule.lr_at(step);
-        let t = Instant::now();
-        let (norm, comm_ms) = match &self.shards {
+        let (norm, comm, opt) = match &self.shards {
             Some(shards) => {
                 let unscale = loss_scale.map(|s| 1.0 / s);
                 let comm = &mut *self.comm;
                 parallel::sharded_step(&mut self.opt, &self.params, comm, shards, lr, unscale)?
             }
             None => {
+                let t = Phase::start(dev);
                 self.comm.average_gradients(self.params.tensors())?;
-                let comm_ms = ms(t);
+                let comm = t.stop(dev)?;
+                let t = Phase::start(dev);
                 let norm = match loss_scale {
                     Some(s) => self.opt.step_loss_scaled(&self.params, lr, 1.0 / s)?,
                     None => self.opt.step(&self.params, lr)?,
                 };
-                (norm, comm_ms)
+                (norm, vec![comm], vec![t.stop(dev)?])
             }
         };
-        let grad_norm = norm.to_vec()?[0];
-        let opt_ms = ms(t) - comm_ms;
+        let grad_norm = norm.to_vec()?[0]; // the step's one wait
+        let mut loss_sum = 0.0f64;
+        for loss in &losses {
+            loss_sum += f64::from(loss.to_vec()?[0]);
+        }
+        // Every rank sees the run's loss, so a non-finite one stops all of them.
+        let mut mean = [loss_sum / accum as f64];
+        self.comm.mean(&mut mean)?;
+        if !mean[0].is_finite() {
+            return Err(self.non_finite(step + 1, "loss", mean[0] as f32));
+        }
         let skipped = match self.scaler.as_mut() {
             Some(scaler) => scaler.update(grad_norm),
             None if !grad_norm.is_finite() => {
@@ -533,13 +547,14 @@ impl Trainer {
         };
         let log = StepLog {
             step: step + 1,
-            loss: (loss_sum / accum as f64) as f32,
+            loss: mean[0] as f32,
             lr,
             grad_norm,
-            fwd_ms: fwd,
-            bwd_ms: bwd,
-            opt_ms,
-            comm_ms,
+            fwd_ms: total_ms(dev, fwd)?,
+            bwd_ms: total_ms(dev, bwd)?,
+            opt_ms: total_ms(dev, opt)?,
+            comm_ms: total_ms(dev, comm)?,
+            step_ms: ms(started),
             tokens: self.cfg.batch * self.cfg.seq * accum * self.comm.rank().world,
             loss_scale,
             skipped,

@@ -54,12 +54,7 @@ fn run(
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let step = median(
-        h.iter()
-            .skip(1)
-            .map(|s| s.fwd_ms + s.bwd_ms + s.comm_ms + s.opt_ms)
-            .collect(),
-    );
+    let step = median(h.iter().skip(1).map(|s| s.step_ms).collect());
     let comm = median(h.iter().skip(1).map(|s| s.comm_ms).collect());
     let losses = h.iter().map(|s| (s.loss, s.grad_norm)).collect();
     (losses, t.weights().unwrap(), step, comm)
