@@ -613,6 +613,11 @@ impl Kernel {
         self.emit(format_args!("bar.sync {id}, {threads}"));
     }
 
+    /// Arrives at named barrier `id` for `threads` threads without waiting.
+    pub fn bar_arrive_n(&mut self, id: u32, threads: u32) {
+        self.emit(format_args!("bar.arrive {id}, {threads}"));
+    }
+
     /// Waits at named barrier `id` (a register: 0–15) until `threads` threads have arrived.
     pub fn bar_sync_reg(&mut self, id: Reg, threads: u32) {
         self.emit(format_args!("bar.sync {id}, {threads}"));

@@ -99,7 +99,7 @@ impl AttentionKernel {
             AttnVariant::Coop { .. } => coop_shared_bytes(self),
             // Only the register forward has pairs (see `buildable`).
             AttnVariant::CoopPair { .. } => frag::regs::layout(self).total * 16,
-            AttnVariant::Native { bk, .. } => native::shared_bytes(u32::from(bk), self.head_dim),
+            AttnVariant::Native { .. } => native::shared_bytes(self),
         }
     }
 

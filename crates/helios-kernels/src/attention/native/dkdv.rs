@@ -6,14 +6,15 @@
 //! FlashAttention-3 does. No atomics: each tile owns its dK and dV rows.
 //!
 //! At head dim 128 one warpgroup cannot hold K, V, dK and dV (~256 registers a thread):
-//! there the two warpgroups share one tile of 64 keys, one computing Pᵀ and dV, the other
-//! dPᵀ, dSᵀ and dK (`split_roles`; each also computes Sᵀ).
+//! there the two warpgroups share one tile of 64 keys (`split_roles`). One holds K and
+//! computes Sᵀ, Pᵀ and dV; the other holds V and computes dPᵀ, dSᵀ and dK, with the first's
+//! Pᵀ handed over in shared memory (two named barriers): two products each.
 
-use helios_ptx::{Cmp, Kernel, Ty};
+use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
 
 use super::consumer::{pack, query_stats, store_rows, Consumer, Fragments, Lanes};
 use super::kernel::{Block, Params};
-use super::AttentionKernel;
+use super::{AttentionKernel, P_EMPTY, P_FULL, WG_THREADS};
 
 /// What a consumer warpgroup accumulates.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -58,12 +59,17 @@ fn roles(
     } = *lanes;
     let (bk, d) = (blk.bk, blk.d);
 
-    let st_acc = k.regs(Ty::F32, (bk / 2) as usize);
+    let st_acc = k.regs(Ty::F32, if dv_role { (bk / 2) as usize } else { 0 });
     let dpt_acc = k.regs(Ty::F32, if dk_role { (bk / 2) as usize } else { 0 });
     let dk_acc = k.regs(Ty::F32, if dk_role { (d / 2) as usize } else { 0 });
     let dv_acc = k.regs(Ty::F32, if dv_role { (d / 2) as usize } else { 0 });
-    let kf = Fragments::new(k, d);
+    let kf = dv_role.then(|| Fragments::new(k, d));
     let vf = dk_role.then(|| Fragments::new(k, d));
+    // Split roles: this thread's Pᵀ values in the exchange, register i at i · 128 threads.
+    let exchange = blk.exchange.map(|x| {
+        let t = k.and(blk.tid, 127u32).retype(Ty::U32);
+        k.mad(t, 4u32, x)
+    });
     let step = k.mov(Ty::U32, 0u32);
     let k_view = (p.k, p.offs[1], p.strides);
     let v_view = (p.v, p.offs[2], p.strides);
@@ -73,7 +79,9 @@ fn roles(
         let (rows, ok) = lanes.rows(k, blk, it.row0);
         k.comment("K and V rows in registers: wgmma's A fragments");
         let at = (it.b, it.h, it.row0);
-        kf.load(k, (lanes, blk), k_view, at);
+        if let Some(kf) = &kf {
+            kf.load(k, (lanes, blk), k_view, at);
+        }
         if let Some(vf) = &vf {
             vf.load(k, (lanes, blk), v_view, at);
         }
@@ -114,7 +122,9 @@ fn roles(
                 lse2.push(l2);
                 dsum.push(ds);
             }
-            c.issue_by_keys(k, step, &kf.kept, false, &st_acc);
+            if let Some(kf) = &kf {
+                c.issue_by_keys(k, step, &kf.kept, false, &st_acc);
+            }
             if let Some(vf) = &vf {
                 c.issue_by_keys(k, step, &vf.kept, true, &dpt_acc);
             }
@@ -132,6 +142,7 @@ fn roles(
                 need
             };
             k.if_(need, |k| {
+                // (Empty in the dK warpgroup of split roles: its Pᵀ comes masked.)
                 for (i, &r) in st_acc.iter().enumerate() {
                     let i = i as u32;
                     let q = k.add(col0, 8 * (i / 4) + (i % 2));
@@ -149,20 +160,33 @@ fn roles(
                     k.assign(r, v);
                 }
             });
-            let mut pt = Vec::with_capacity(st_acc.len());
-            let mut dst = Vec::with_capacity(st_acc.len());
-            for (i, &s) in st_acc.iter().enumerate() {
+            // The dK warpgroup's Pᵀ is the dV warpgroup's.
+            let received = match (exchange, role) {
+                (Some(x), Role::Dk) => Some(receive(k, x, (bk / 2) as usize)),
+                _ => None,
+            };
+            let mut pt = Vec::with_capacity((bk / 2) as usize);
+            let mut dst = Vec::with_capacity((bk / 2) as usize);
+            for i in 0..(bk / 2) as usize {
                 // Column i of the accumulator layout: register i is query 8(i / 4) +
                 // 2q + i % 2 of the block, the (i / 4 · 2 + i % 2)-th this thread holds.
                 let col = (i / 4) * 2 + i % 2;
-                let x = k.mul(s, lanes.scale2);
-                let x = k.sub(x, lse2[col]);
-                let prob = k.ex2(x);
+                let prob = match &received {
+                    Some(pt) => pt[i],
+                    None => {
+                        let x = k.mul(st_acc[i], lanes.scale2);
+                        let x = k.sub(x, lse2[col]);
+                        k.ex2(x)
+                    }
+                };
                 if dk_role {
                     let diff = k.sub(dpt_acc[i], dsum[col]);
                     dst.push(k.mul(prob, diff));
                 }
                 pt.push(prob);
+            }
+            if let (Some(x), Role::Dv) = (exchange, role) {
+                send(k, x, &pt, step);
             }
             let pf = dv_role.then(|| pack(k, half2, &pt));
             let dsf = dk_role.then(|| pack(k, half2, &dst));
@@ -197,4 +221,34 @@ fn roles(
             store_rows(k, place, (rows, ok), (acc, [factor; 2]), to);
         }
     });
+    if let (Some(_), Role::Dv) = (exchange, role) {
+        // The dK warpgroup read the last Pᵀ too: take its arrival, leaving no barrier
+        // half met when the block exits.
+        let any = k.setp(Cmp::Gt, step, 0u32);
+        k.if_(any, |k| k.bar_sync_n(P_EMPTY, 2 * WG_THREADS));
+    }
+}
+
+/// The dV warpgroup's side of the exchange: waits until the dK warpgroup has read the
+/// previous block's Pᵀ (none before the first), writes this one's, and signals it.
+fn send(k: &mut Kernel, at: Reg, pt: &[Reg], step: Reg) {
+    k.comment("P^T to the dK warpgroup");
+    let any = k.setp(Cmp::Gt, step, 0u32);
+    k.if_(any, |k| k.bar_sync_n(P_EMPTY, 2 * WG_THREADS));
+    for (i, &v) in pt.iter().enumerate() {
+        k.st(Space::Shared, Addr::at(at, 512 * i as i64), v);
+    }
+    k.bar_arrive_n(P_FULL, 2 * WG_THREADS);
+}
+
+/// The dK warpgroup's side: waits for the dV warpgroup's Pᵀ of this block, reads its `n`
+/// values, and frees the exchange.
+fn receive(k: &mut Kernel, at: Reg, n: usize) -> Vec<Reg> {
+    k.comment("P^T from the dV warpgroup");
+    k.bar_sync_n(P_FULL, 2 * WG_THREADS);
+    let pt = (0..n)
+        .map(|i| k.ld(Space::Shared, Ty::F32, Addr::at(at, 512 * i as i64)))
+        .collect();
+    k.bar_arrive_n(P_EMPTY, 2 * WG_THREADS);
+    pt
 }

@@ -38,6 +38,8 @@ pub(super) struct Block {
     pub(super) v_base: Reg,
     pub(super) bars: Reg,
     pub(super) consumers: u32,
+    /// The split roles' exchange of Pᵀ (`exchange_bytes`).
+    pub(super) exchange: Option<Reg>,
 }
 
 /// One work item: a tile of one (batch, head) — queries, or DkDv's keys — and the blocks
@@ -230,6 +232,8 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
     let smem = k.shared("stages", 1024, rings);
     let maps_arr = k.shared("map_build", 128, 2 * helios_ptx::TENSOR_MAP_BYTES);
     let bars_arr = k.shared("full", 8, 16 * n_stages);
+    let exchange =
+        super::split_roles(kern).then(|| k.shared("exchange", 16, super::exchange_bytes(kern, bk)));
 
     let p = Params {
         q: k.ld_param_global(pq),
@@ -280,6 +284,7 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
         v_base: k.add(base, ring),
         bars: k.shared_address(bars_arr),
         consumers,
+        exchange: exchange.map(|x| k.shared_address(x)),
     };
 
     let first = k.setp(Cmp::Eq, tid, consumers);

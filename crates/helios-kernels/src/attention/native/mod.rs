@@ -41,6 +41,10 @@ const WG_THREADS: u32 = 128;
 const PRODUCER_REGS: u32 = 24;
 /// Stages a ring may have: K's and V's "empty" named barriers take ids 1 to 12.
 const MAX_STAGES: u32 = 6;
+/// The split roles' named barriers after those: Pᵀ written (the dK warpgroup may read),
+/// and Pᵀ read (the dV warpgroup may write the next).
+pub(super) const P_FULL: u32 = 1 + 2 * MAX_STAGES;
+pub(super) const P_EMPTY: u32 = P_FULL + 1;
 /// Channels of one copy box and one 128-byte swizzle row.
 const PANEL: u32 = 64;
 /// Bytes of the block's shared memory below which a second block could share its SM (and
@@ -70,12 +74,26 @@ pub(super) fn stages(bk: u32, d: u32) -> u32 {
     (room / (2 * stage_bytes(bk, d))).min(MAX_STAGES)
 }
 
-/// Shared memory of a native forward: both rings, padded to keep one block per SM, then
-/// the two maps being built and two mbarriers a stage.
-pub(super) fn shared_bytes(bk: u32, d: u32) -> u32 {
+/// Shared memory of a native kernel: both rings, padded to keep one block per SM, then
+/// the two maps being built, two mbarriers a stage, and the split roles' exchange.
+pub(super) fn shared_bytes(kern: &AttentionKernel) -> u32 {
+    let AttnVariant::Native { bk, .. } = kern.variant else {
+        return 0;
+    };
+    let (bk, d) = (u32::from(bk), kern.head_dim);
     let n = stages(bk, d);
     let rings = (2 * n * stage_bytes(bk, d)).max(ONE_BLOCK_BYTES);
-    rings + 2 * helios_ptx::TENSOR_MAP_BYTES + 16 * n
+    rings + 2 * helios_ptx::TENSOR_MAP_BYTES + 16 * n + exchange_bytes(kern, bk)
+}
+
+/// Bytes of the split roles' exchange: Pᵀ of one block of queries (64 keys × `bk`, f32),
+/// which the dV warpgroup computes and the dK warpgroup reads.
+pub(super) fn exchange_bytes(kern: &AttentionKernel, bk: u32) -> u32 {
+    if split_roles(kern) {
+        WG_ROWS * bk * 4
+    } else {
+        0
+    }
 }
 
 /// Whether a native kernel exists for `kern`: the forward, Dq (without its own Dsum) or DkDv of
@@ -102,12 +120,12 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
         // Dq keeps Q, dO and dQ in registers: at head dim 128 three warpgroups spill.
         && (kern.stage == AttnStage::Forward || d == 64 || bq <= 2 * WG_ROWS)
         && stages(bk, d) >= 2
-        && shared_bytes(bk, d) <= 48 * 1024
+        && shared_bytes(kern) <= 48 * 1024
 }
 
 /// Whether the two consumer warpgroups of `kern` share one tile of 64 keys, one
 /// accumulating dV and the other dK: DkDv at head dim 128, where one warpgroup holding K,
-/// V, dK and dV would need ~256 registers a thread (each role needs ~190).
+/// V, dK and dV would need ~256 registers a thread (see `dkdv`).
 pub(super) fn split_roles(kern: &AttentionKernel) -> bool {
     kern.stage == AttnStage::DkDv && kern.head_dim > 64
 }
