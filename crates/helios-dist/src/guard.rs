@@ -120,6 +120,10 @@ impl Collective for Guarded {
         self.timed("mean", |c| c.mean(values))
     }
 
+    fn sum_scalar(&mut self, value: &Tensor) -> Result<Tensor> {
+        self.timed("sum", |c| c.sum_scalar(value))
+    }
+
     fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()> {
         self.timed("gradient average", |c| c.average_gradients(tensors))
     }

@@ -53,6 +53,16 @@ pub trait Collective {
     /// on every rank).
     fn mean(&mut self, values: &mut [f64]) -> Result<()>;
 
+    /// The sum over the ranks of every rank's `value`, a (1,) f32 device tensor: a device
+    /// tensor with the same bits on every rank. By default the host reads `value` back and
+    /// sums in f64, rounding to f32 once; NCCL sums on the GPU, and the host does not wait.
+    fn sum_scalar(&mut self, value: &Tensor) -> Result<Tensor> {
+        let mut v = [f64::from(value.to_vec()?[0])];
+        self.mean(&mut v)?;
+        let sum = (v[0] * self.rank().world as f64) as f32;
+        Ok(Tensor::from_slice(value.device(), &[sum], &[1])?)
+    }
+
     /// Every tensor's gradient becomes the mean of that gradient over the ranks, the same
     /// bits on every rank; each tensor must hold a gradient.
     fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()>;

@@ -33,6 +33,8 @@ pub fn available(ranks: usize) -> std::result::Result<(), String> {
 /// CUDA lets go of the imported memory and semaphore before Vulkan frees them.
 pub struct NcclCollective {
     arena: Option<Arena>,
+    /// One f32 that CUDA sees, for `sum_scalar` (made on first use).
+    scalar: Option<Arena>,
     sem: ExternalSemaphore,
     host: Option<DeviceBuffer>,
     comm: Option<Comm>,
@@ -46,6 +48,13 @@ pub struct NcclCollective {
     rank: Rank,
     /// What found the other ranks, kept until `finish` (MPI, when it started the ranks).
     bootstrap: Option<Box<dyn Collective>>,
+}
+
+/// Which arena an exchange carries.
+#[derive(Clone, Copy)]
+enum Home {
+    Gradients,
+    Scalar,
 }
 
 /// The gradients' (and under ZeRO-1 the parameters') home that CUDA sees: one tensor per
@@ -141,6 +150,7 @@ impl NcclCollective {
         let sem = ExternalSemaphore::import_timeline(&ctx, timeline.fd()?)?;
         Ok(NcclCollective {
             arena: None,
+            scalar: None,
             sem,
             host: None,
             comm: Some(comm),
@@ -233,11 +243,23 @@ impl NcclCollective {
         &mut self,
         collectives: impl FnOnce(&Comm, &Stream, &Arena) -> helios_cuda::Result<()>,
     ) -> Result<()> {
+        self.exchange_in(Home::Gradients, collectives)
+    }
+
+    /// `exchange` of the arena `home` names.
+    fn exchange_in(
+        &mut self,
+        home: Home,
+        collectives: impl FnOnce(&Comm, &Stream, &Arena) -> helios_cuda::Result<()>,
+    ) -> Result<()> {
         let (ready, done) = (self.value + 1, self.value + 2);
         self.value = done;
         self.device.signal_external(&self.timeline, ready)?;
         self.stream.wait_external(&self.sem, ready)?;
-        let arena = self.arena.as_ref().expect("made by arena_for");
+        let arena = match home {
+            Home::Gradients => self.arena.as_ref().expect("made by arena_for"),
+            Home::Scalar => self.scalar.as_ref().expect("made by sum_scalar"),
+        };
         let comm = self.comm.as_ref().expect("used after finish");
         self.nccl.group(|| collectives(comm, &self.stream, arena))?;
         self.stream.signal_external(&self.sem, done)?;
@@ -293,6 +315,29 @@ impl Collective for NcclCollective {
             *v = f64::from_le_bytes(b.try_into().expect("8 bytes")) / n;
         }
         Ok(())
+    }
+
+    fn sum_scalar(&mut self, value: &Tensor) -> Result<Tensor> {
+        if value.shape() != [1] || value.dtype() != DType::F32 {
+            return Err(Error::Environment(format!(
+                "sum_scalar takes a (1,) f32 tensor, not {:?} {:?}",
+                value.shape(),
+                value.dtype()
+            )));
+        }
+        if self.scalar.is_none() {
+            self.scalar = Some(self.make_arena(vec![(vec![1], DType::F32)])?);
+        }
+        let slot = self.scalar.as_ref().expect("just made").tensors[0].clone();
+        value.copy_into(&slot)?;
+        self.exchange_in(Home::Scalar, |comm, stream, arena| {
+            let ptr = arena.ptr(0);
+            // SAFETY: one f32 at the start of the mapped arena, which outlives the stream's
+            // work (dropping it waits for the GPU).
+            unsafe { comm.all_reduce(ptr, ptr, 1, NcclDtype::F32, NcclOp::Sum, stream) }
+        })?;
+        // The slot itself: the next call's copy into it waits for this one's readers.
+        Ok(slot)
     }
 
     fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()> {

@@ -128,18 +128,15 @@ pub(crate) fn sharded_step(
     comm.reduce_gradients(params.tensors(), shards)?;
     let reduce = t.stop(&device)?;
     let t = Phase::start(&device);
-    // This rank's share of the squared norm, summed over the ranks on the host (f64), then
-    // rounded to f32 as one process's sum is. Its order of summation is not one process's,
-    // so a sharded run matches one process within rounding, not bit for bit; a world of one
-    // reads back and uploads the very same f32, and matches bit for bit.
+    // This rank's share of the squared norm, summed over the ranks (on the GPU over NCCL,
+    // else on the host in f64 rounded once to f32). Its order of summation is not one
+    // process's, so a sharded run matches one process within rounding, not bit for bit; a
+    // world of one sums the very same f32, and matches bit for bit.
     let share = match opt.owned_sum_squares(params)? {
-        Some(s) => s.to_vec()?[0],
-        None => 0.0,
+        Some(s) => s,
+        None => Tensor::from_slice(&device, &[0.0f32], &[1])?,
     };
-    let mut mean = [f64::from(share)];
-    comm.mean(&mut mean)?;
-    let squares = (mean[0] * comm.rank().world as f64) as f32;
-    let norm = Tensor::from_slice(&device, &[squares], &[1])?.sqrt()?;
+    let norm = comm.sum_scalar(&share)?.sqrt()?;
     let norm = opt.step_owned(params, lr, unscale, norm)?;
     let update = t.stop(&device)?;
     let t = Phase::start(&device);
