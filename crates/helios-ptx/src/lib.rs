@@ -24,7 +24,7 @@ mod validate;
 
 pub use kernel::{BuildError, Cmp, Kernel, Label, Param, SharedArray, Special};
 pub use memory::{Addr, Space};
-pub use mma::{MatrixDesc, MmaInput, Swizzle, WgmmaA};
+pub use mma::{AccThread, MatrixDesc, MmaInput, Swizzle, WgmmaA};
 pub use tensor::{TensorMap, TensorMap2d, TENSOR_MAP_BYTES};
 pub use types::{Op, Reg, Target, Ty};
 pub use validate::{assembler, disassembler, ptxas, sass, PtxasReport, ValidateError};

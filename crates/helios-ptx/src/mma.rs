@@ -49,6 +49,21 @@ impl Swizzle {
     }
 }
 
+/// Where a thread's `wgmma` accumulators lie ([`Kernel::wgmma_thread`]): a warpgroup's
+/// m64 tile gives each warp 16 rows; a thread holds rows `row` and `row + 8` of its warp's,
+/// and in every 8 columns the two at `2 · pair`.
+#[derive(Clone, Copy, Debug)]
+pub struct AccThread {
+    /// The thread's warpgroup in the block (u32).
+    pub warpgroup: Reg,
+    /// Its warp within the warpgroup, 0–3.
+    pub warp: Reg,
+    /// Lane / 4: its first row within the warp's 16.
+    pub row: Reg,
+    /// Lane % 4: its column pair within each 8.
+    pub pair: Reg,
+}
+
 /// The constant part of a matrix descriptor: layout and strides. The start address is
 /// added in the kernel ([`Kernel::wgmma_desc`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -149,6 +164,25 @@ impl Kernel {
     pub fn wgmma_commit(&mut self) {
         if self.require(self.target.has_wgmma(), "wgmma.commit_group") {
             self.emit(format_args!("wgmma.commit_group.sync.aligned"));
+        }
+    }
+
+    /// Thread `tid`'s place (`tid` a u32 index in a block of warpgroups) in the layout of
+    /// `wgmma`'s f32 accumulators, which every consumer of them needs.
+    pub fn wgmma_thread(&mut self, tid: Reg) -> AccThread {
+        let warpgroup = self.shr(tid, 7u32);
+        let warp = {
+            let t = self.and(tid, 127u32).retype(Ty::U32);
+            self.shr(t, 5u32)
+        };
+        let lane = self.and(tid, 31u32).retype(Ty::U32);
+        let row = self.shr(lane, 2u32);
+        let pair = self.and(lane, 3u32).retype(Ty::U32);
+        AccThread {
+            warpgroup,
+            warp,
+            row,
+            pair,
         }
     }
 

@@ -2,7 +2,9 @@
 //! S = Q·Kᵀ, the online softmax and O += P·V on `wgmma`, software-pipelined; then O / l
 //! and the log-sum-exp.
 
-use helios_ptx::{Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty, WgmmaA};
+use helios_ptx::{
+    AccThread, Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty, WgmmaA,
+};
 
 use super::kernel::{Block, Item, Params};
 use super::{AttentionKernel, Storage, WG_ROWS};
@@ -464,15 +466,12 @@ impl Lanes {
             Storage::F16 => (MmaInput::F16, Ty::F16x2),
             _ => (MmaInput::BF16, Ty::BF16x2),
         };
-        let tid = blk.tid;
-        let wg = k.shr(tid, 7u32);
-        let warp = {
-            let t = k.and(tid, 127u32).retype(Ty::U32);
-            k.shr(t, 5u32)
-        };
-        let lane = k.and(tid, 31u32).retype(Ty::U32);
-        let g = k.shr(lane, 2u32);
-        let tq = k.and(lane, 3u32).retype(Ty::U32);
+        let AccThread {
+            warpgroup: wg,
+            warp,
+            row: g,
+            pair: tq,
+        } = k.wgmma_thread(blk.tid);
         // Warpgroups own 64 rows each, or all the same 64 where they split roles.
         let warp_row = if blk.split {
             k.mul(warp, 16u32)

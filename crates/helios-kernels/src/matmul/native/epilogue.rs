@@ -46,18 +46,11 @@ pub(super) fn epilogue(
     } = *out;
     let e = kern.epilogue;
     let size = kern.out.bytes();
-    let wg = k.shr(tid, 7u32);
-    let warp = {
-        let t = k.and(tid, 127u32).retype(Ty::U32);
-        k.shr(t, 5u32)
-    };
-    let lane = k.and(tid, 31u32).retype(Ty::U32);
-    let g = k.shr(lane, 2u32);
-    let q = k.and(lane, 3u32).retype(Ty::U32);
-    let row = k.mad(wg, WG_ROWS, m0);
-    let row = k.mad(warp, 16u32, row);
-    let row = k.add(row, g);
-    let col0 = k.mad(q, 2u32, n0);
+    let at = k.wgmma_thread(tid);
+    let row = k.mad(at.warpgroup, WG_ROWS, m0);
+    let row = k.mad(at.warp, 16u32, row);
+    let row = k.add(row, at.row);
+    let col0 = k.mad(at.pair, 2u32, n0);
     // Columns left from this thread's first: compared against each block's 8j (+1).
     let left = k.sub(n.retype(Ty::S32), col0.retype(Ty::S32));
     let col64 = k.cvt(Ty::U64, col0);
