@@ -10,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use helios::Tensor;
+use helios_vk::sync::{wait, wait_timeout, LockExt};
 
 use crate::{Collective, Rank, Result, Shards};
 
@@ -63,7 +64,7 @@ impl Guarded {
 
     fn set(&self, call: Option<(&'static str, Instant)>) {
         let (lock, cv) = &*self.slot;
-        lock.lock().unwrap_or_else(|e| e.into_inner()).call = call;
+        lock.locked().call = call;
         cv.notify_all();
     }
 }
@@ -72,13 +73,13 @@ impl Guarded {
 /// it still is then, and ends when the collective is dropped.
 fn watch(slot: &(Mutex<Slot>, Condvar), expired: Expiry) {
     let (lock, cv) = slot;
-    let mut s = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = lock.locked();
     loop {
         if s.closed {
             return;
         }
         match s.call {
-            None => s = cv.wait(s).unwrap_or_else(|e| e.into_inner()),
+            None => s = wait(cv, s),
             Some((op, due)) => {
                 let now = Instant::now();
                 if now >= due {
@@ -86,10 +87,7 @@ fn watch(slot: &(Mutex<Slot>, Condvar), expired: Expiry) {
                     expired(op);
                     return;
                 }
-                s = cv
-                    .wait_timeout(s, due - now)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                s = wait_timeout(cv, s, due - now);
             }
         }
     }
@@ -98,7 +96,7 @@ fn watch(slot: &(Mutex<Slot>, Condvar), expired: Expiry) {
 impl Drop for Guarded {
     fn drop(&mut self) {
         let (lock, cv) = &*self.slot;
-        lock.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+        lock.locked().closed = true;
         cv.notify_all();
     }
 }

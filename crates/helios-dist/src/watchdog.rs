@@ -3,7 +3,9 @@
 //! initialisation for ever.
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use helios_vk::sync::{wait_timeout, LockExt};
 
 /// How long a rank waits for the others to join, or in a collective call
 /// (`HELIOS_DIST_TIMEOUT`, seconds).
@@ -20,10 +22,15 @@ impl Watchdog {
         let watched = done.clone();
         std::thread::spawn(move || {
             let (lock, cv) = &*watched;
-            let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
-            let (guard, _) = cv
-                .wait_timeout_while(guard, timeout, |done| !*done)
-                .unwrap_or_else(|e| e.into_inner());
+            let due = Instant::now() + timeout;
+            let mut guard = lock.locked();
+            while !*guard {
+                let now = Instant::now();
+                if now >= due {
+                    break;
+                }
+                guard = wait_timeout(cv, guard, due - now);
+            }
             if !*guard {
                 drop(guard);
                 expired();
@@ -36,7 +43,7 @@ impl Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         let (lock, cv) = &*self.done;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        *lock.locked() = true;
         cv.notify_all();
     }
 }

@@ -12,6 +12,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use helios_spirv::KernelModule;
+use helios_vk::sync::LockExt;
 use helios_vk::{Buffer, Context, MemoryLocation, Pipeline, PipelineDesc, Recorder};
 
 use crate::arith::Layout;
@@ -142,7 +143,7 @@ impl Field {
     }
 
     pub(crate) fn compiled(&self, op: FieldOp) -> Result<Compiled> {
-        if let Some(c) = lock(&self.kernels).get(&op) {
+        if let Some(c) = self.kernels.locked().get(&op) {
             return Ok(c.clone());
         }
         // Built without the lock held: compiling can take a while on some drivers.
@@ -152,7 +153,7 @@ impl Field {
         }
         .build();
         let compiled = self.compile(module)?;
-        lock(&self.kernels).insert(op, compiled.clone());
+        self.kernels.locked().insert(op, compiled.clone());
         Ok(compiled)
     }
 
@@ -199,7 +200,7 @@ impl Field {
             });
         }
         let c = {
-            let mut chain = lock(&self.chain);
+            let mut chain = self.chain.locked();
             match chain.as_ref() {
                 Some(c) => c.clone(),
                 None => {
@@ -579,10 +580,6 @@ impl Intervals {
         }
         self.0.insert((r.buffer, start), end);
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

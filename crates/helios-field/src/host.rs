@@ -12,10 +12,11 @@ use std::sync::Arc;
 use helios_vk::{Buffer, Context, MemoryLocation};
 use rayon::prelude::*;
 
-use crate::engine::{lock, record_dispatch, Field, Hazards, Region};
+use crate::engine::{record_dispatch, Field, Hazards, Region};
 use crate::fq::{check_canonical, Fq, FQ_BYTES};
 use crate::kernel::{FieldOp, MAX_DISPATCH_ELEMENTS};
 use crate::{FieldError, Result};
+use helios_vk::sync::LockExt;
 
 /// One operation of a [`Field::compute_batch`]: `out = op(a, b)`; `b` is empty for unary ops.
 pub struct Job<'a> {
@@ -157,7 +158,7 @@ impl Field {
         let ctx = self.context();
         let device_local = self.config().device_local;
         let workgroup = self.config().workgroup;
-        let mut guard = lock(&self.scratch);
+        let mut guard = self.scratch.locked();
         let s = &mut *guard;
         let host_in = ensure(ctx, &mut s.host_in, in_bytes, MemoryLocation::HostVisible)?;
         let host_out = ensure(ctx, &mut s.host_out, out_bytes, MemoryLocation::HostVisible)?;

@@ -37,7 +37,7 @@ impl<T: Copy> Slot<T> {
             if let Some(v) = *s {
                 return v;
             }
-            s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
+            s = crate::sync::wait(&self.done, s);
         }
     }
 
@@ -87,7 +87,7 @@ fn work() {
                 if let Some(job) = pool.jobs.pop_front() {
                     break job;
                 }
-                pool = READY.wait(pool).unwrap_or_else(|e| e.into_inner());
+                pool = crate::sync::wait(&READY, pool);
             }
         };
         job();

@@ -57,7 +57,7 @@ mod probe;
 mod profile;
 mod recorder;
 mod submit;
-mod sync;
+pub mod sync;
 mod timer;
 mod transfer;
 mod worker;

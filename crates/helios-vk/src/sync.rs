@@ -8,12 +8,14 @@
 //! consistent between statements: each critical section finishes its mutation before
 //! anything in it can panic, or the state is plain data (counters, statistics, a list of
 //! validation messages, a queue of batches) that a half-finished update leaves usable.
-//! Code that adds a lock here must keep that true.
+//! Code that adds a lock here must keep that true. The other Helios crates use these
+//! helpers too, and each lock they take with them must meet the same rule.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// `lock` that recovers the guard of a poisoned mutex (see the module docs for why).
-pub(crate) trait LockExt<T: ?Sized> {
+pub trait LockExt<T: ?Sized> {
     /// Locks, waiting for the current holder; a poisoned lock is used as it is.
     fn locked(&self) -> MutexGuard<'_, T>;
 }
@@ -25,6 +27,18 @@ impl<T: ?Sized> LockExt<T> for Mutex<T> {
 }
 
 /// `Condvar::wait` that, like [`LockExt::locked`], recovers the guard of a poisoned mutex.
-pub(crate) fn wait<'a, T>(ready: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+pub fn wait<'a, T>(ready: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
     ready.wait(guard).unwrap_or_else(|p| p.into_inner())
+}
+
+/// `Condvar::wait_timeout` that recovers the guard of a poisoned mutex, as [`wait`] does.
+pub fn wait_timeout<'a, T>(
+    ready: &Condvar,
+    guard: MutexGuard<'a, T>,
+    timeout: Duration,
+) -> MutexGuard<'a, T> {
+    match ready.wait_timeout(guard, timeout) {
+        Ok((g, _)) => g,
+        Err(p) => p.into_inner().0,
+    }
 }

@@ -94,7 +94,7 @@ fn work() {
                     }
                     break (device, k);
                 }
-                q = WORK.wait(q).unwrap_or_else(|e| e.into_inner());
+                q = helios_vk::sync::wait(&WORK, q);
             }
         };
         let ok = STOPPING.load(Ordering::Acquire) || build(&device, k).is_ok();
@@ -129,7 +129,7 @@ fn build(device: &Device, k: MatmulKernel) -> crate::Result<()> {
 pub(crate) fn wait_idle() {
     let mut q = queue().locked();
     while q.busy > 0 {
-        q = IDLE.wait(q).unwrap_or_else(|e| e.into_inner());
+        q = helios_vk::sync::wait(&IDLE, q);
     }
 }
 
