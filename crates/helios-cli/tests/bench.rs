@@ -357,8 +357,8 @@ print(json.dumps({"suite": "ops", "torch": "9.9", "cuda": "0", "device": "Fake",
 
 #[test]
 fn generate_quick_with_a_stand_in_torch_script() {
-    // A cold and a warm pass of 3 tokens each; with python3, a stand-in torch script whose
-    // batch 1 and batch 8 rows attach to the Helios row of the same pass and precision.
+    // A cold and a warm pass of 3 tokens each at batch 1 and 8; with python3, a stand-in
+    // torch script whose rows attach to the Helios row of the same pass, precision and batch.
     let script = tmp("fake_torch_generate.py");
     std::fs::write(
         &script,
@@ -393,17 +393,22 @@ print(json.dumps({"meta": {"torch": "9.9", "cuda": "0", "device": "Fake"}, "resu
     }
     let out = helios(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("batch 8 is not measured on Helios"));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
     check_metadata(&v, "generate");
     let results = v["results"].as_array().unwrap();
-    assert_eq!(results.len(), 2);
-    for (r, pass) in results.iter().zip(["cold", "warm"]) {
-        assert_eq!(r["pass"], pass);
+    assert_eq!(results.len(), 4);
+    let runs = [("cold", 1), ("cold", 8), ("warm", 1), ("warm", 8)];
+    for (r, (pass, batch)) in results.iter().zip(runs) {
+        assert_eq!(
+            (r["pass"].as_str(), r["batch"].as_u64()),
+            (Some(pass), Some(batch))
+        );
         assert_eq!(r["tokens_ms"].as_array().map(Vec::len), Some(3));
         assert_eq!(r["ms_per_token"]["samples"], 2);
         if has_python() {
-            assert_eq!(r["torch"].as_array().map(Vec::len), Some(2), "{r}");
+            let torch = r["torch"].as_array().unwrap();
+            assert_eq!(torch.len(), 1, "{r}");
+            assert_eq!(torch[0]["batch"].as_u64(), Some(batch), "{r}");
         }
     }
 }

@@ -9,8 +9,9 @@
 //! whose kernels take the length at run time, so a token compiles nothing that the first
 //! one did not (a product and softmax of a new shape per token did, and a cold device's
 //! tokens waited for them). Every cached key precedes the query, so no mask is needed.
-//! Batch 1 only; once the model's block size is reached the caller recomputes the window
-//! instead.
+//! A cache holds a batch of sequences that advance together, one position a step (a batch
+//! of prompts of one length, or one prompt sampled several ways); once the model's block
+//! size is reached the caller recomputes the window instead.
 
 use helios::{no_grad, Activation, IndexTensor, MatmulOptions, Tensor};
 
@@ -19,22 +20,35 @@ use crate::{Error, Result};
 
 /// Keys and values of every layer for the positions decoded so far.
 pub struct KvCache {
-    /// Per layer: (1, block_size, H, D) keys and values, rows 0..len written.
+    /// Per layer: (batch, block_size, H, D) keys and values, rows 0..len written.
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     /// Positions cached.
     len: usize,
     /// The model's block size: positions that fit.
     capacity: usize,
+    /// Sequences decoded together.
+    batch: usize,
 }
 
 impl KvCache {
-    /// An empty cache for `params`' configuration: every layer's keys and values allocated
-    /// (2 · L · block_size · C values of the model's dtype).
+    /// An empty cache of one sequence for `params`' configuration: every layer's keys and
+    /// values allocated (2 · L · block_size · C values of the model's dtype).
     pub fn new(params: &GptParams) -> Result<KvCache> {
+        KvCache::with_batch(params, 1)
+    }
+
+    /// An empty cache of `batch` sequences that `step_batch` advances together (`batch`
+    /// times `new`'s memory).
+    pub fn with_batch(params: &GptParams, batch: usize) -> Result<KvCache> {
+        if batch == 0 {
+            return Err(Error::Config(
+                "a key/value cache holds at least one sequence".into(),
+            ));
+        }
         let cfg = params.config();
         let (device, dtype) = (params.wte().device(), params.wte().dtype());
-        let shape = [1, cfg.block_size, cfg.n_head, cfg.n_embd / cfg.n_head];
+        let shape = [batch, cfg.block_size, cfg.n_head, cfg.n_embd / cfg.n_head];
         let layer = || Tensor::zeros(device, &shape, dtype);
         let k = (0..cfg.n_layer)
             .map(|_| layer())
@@ -47,7 +61,13 @@ impl KvCache {
             v,
             len: 0,
             capacity: cfg.block_size,
+            batch,
         })
+    }
+
+    /// Sequences decoded together.
+    pub fn batch(&self) -> usize {
+        self.batch
     }
 
     /// Positions cached.
@@ -67,7 +87,20 @@ impl KvCache {
 
 /// Feeds `token` at the next position; returns the logits (1, V) for the position after it.
 pub fn step(params: &GptParams, cache: &mut KvCache, token: u32) -> Result<Tensor> {
+    step_batch(params, cache, &[token])
+}
+
+/// Feeds `tokens`, one per sequence of the cache, at the next position; returns the logits
+/// (batch, V) for the position after it.
+pub fn step_batch(params: &GptParams, cache: &mut KvCache, tokens: &[u32]) -> Result<Tensor> {
     let cfg = params.config();
+    let b = cache.batch;
+    if tokens.len() != b {
+        return Err(Error::Config(format!(
+            "{} tokens for a key/value cache of {b} sequences: give one per sequence",
+            tokens.len()
+        )));
+    }
     if cache.is_full() {
         return Err(Error::Config(format!(
             "the key/value cache holds the model's {} positions; recompute the window instead",
@@ -76,28 +109,28 @@ pub fn step(params: &GptParams, cache: &mut KvCache, token: u32) -> Result<Tenso
     }
     let device = params.wte().device().clone();
     no_grad(|| -> Result<Tensor> {
-        let id = IndexTensor::from_slice(&device, &[token], &[1, 1])?; // (1, 1)
+        let id = IndexTensor::from_slice(&device, tokens, &[b, 1])?; // (B, 1)
         let pos = IndexTensor::from_slice(&device, &[cache.len as u32], &[1])?; // (1)
         let mut x = params
             .wte()
             .embedding(&id)?
-            .add(&params.wpe().embedding(&pos)?)?; // (1, 1, C)
+            .add(&params.wpe().embedding(&pos)?)?; // (B, 1, C)
         for l in 0..cfg.n_layer {
             let kv = (&cache.k[l], &cache.v[l]);
-            x = block_step(&params.block(l), &x, kv, cache.len, cfg)?; // (1, 1, C)
+            x = block_step(&params.block(l), &x, kv, cache.len, cfg)?; // (B, 1, C)
         }
         cache.len += 1;
-        let (w, b) = params.ln_f();
+        let (w, bias) = params.ln_f();
         let h = x
-            .layer_norm(w, b, cfg.layer_norm_eps)?
+            .layer_norm(w, bias, cfg.layer_norm_eps)?
             .y
-            .reshape(&[1, cfg.n_embd])?; // (1, C)
-        crate::model::head(params, &h) // (1, V)
+            .reshape(&[b, cfg.n_embd])?; // (B, C)
+        crate::model::head(params, &h) // (B, V)
     })
 }
 
-/// One block for a single new position `pos`: x (1, 1, C) → (1, 1, C), writing the
-/// position's k and v into row `pos` of the layer's caches (1, block_size, H, D).
+/// One block for a single new position `pos`: x (B, 1, C) → (B, 1, C), writing the
+/// position's k and v into row `pos` of the layer's caches (B, block_size, H, D).
 fn block_step(
     w: &Block,
     x: &Tensor,
@@ -106,22 +139,22 @@ fn block_step(
     cfg: &crate::GptConfig,
 ) -> Result<Tensor> {
     let (c, nh) = (cfg.n_embd, cfg.n_head);
-    let d = c / nh;
-    let h = x.layer_norm(w.ln_1_w, w.ln_1_b, cfg.layer_norm_eps)?.y; // (1, 1, C)
+    let (b, d) = (x.shape()[0], c / nh);
+    let h = x.layer_norm(w.ln_1_w, w.ln_1_b, cfg.layer_norm_eps)?.y; // (B, 1, C)
     let qkv = h.matmul_opts(
         w.attn_w,
         &MatmulOptions {
             bias: Some(w.attn_b),
             ..MatmulOptions::default()
         },
-    )?; // (1, 1, 3C): q | k | v
+    )?; // (B, 1, 3C): q | k | v
         // Views of the product, read in place by the kernels.
-    let head = |i: usize| qkv.narrow(2, i * c, c)?.reshape(&[1, 1, nh, d]); // (1, 1, H, D)
+    let head = |i: usize| qkv.narrow(2, i * c, c)?.reshape(&[b, 1, nh, d]); // (B, 1, H, D)
     let (q, k, v) = (head(0)?, head(1)?, head(2)?);
     Tensor::write_kv(k_cache, v_cache, pos, &k, &v)?;
     let y = q
-        .attention_decode(k_cache, v_cache, pos + 1, None)? // (1, 1, H, D)
-        .reshape(&[1, 1, c])?;
+        .attention_decode(k_cache, v_cache, pos + 1, None)? // (B, 1, H, D)
+        .reshape(&[b, 1, c])?;
     let x = y.matmul_opts(
         w.proj_w,
         &MatmulOptions {
@@ -129,8 +162,8 @@ fn block_step(
             residual: Some(x),
             ..MatmulOptions::default()
         },
-    )?; // (1, 1, C)
-    let h = x.layer_norm(w.ln_2_w, w.ln_2_b, cfg.layer_norm_eps)?.y; // (1, 1, C)
+    )?; // (B, 1, C)
+    let h = x.layer_norm(w.ln_2_w, w.ln_2_b, cfg.layer_norm_eps)?.y; // (B, 1, C)
     let f = h.matmul_opts(
         w.fc_w,
         &MatmulOptions {
@@ -138,7 +171,7 @@ fn block_step(
             act: Activation::GeluTanh,
             ..MatmulOptions::default()
         },
-    )?; // (1, 1, 4C)
+    )?; // (B, 1, 4C)
     Ok(f.matmul_opts(
         w.fc_proj_w,
         &MatmulOptions {
@@ -146,5 +179,5 @@ fn block_step(
             residual: Some(&x),
             ..MatmulOptions::default()
         },
-    )?) // (1, 1, C)
+    )?) // (B, 1, C)
 }
