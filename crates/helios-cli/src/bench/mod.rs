@@ -42,8 +42,9 @@ pub struct BenchArgs {
     /// graph: the lazy graph (fused chains, a GPT-2 MLP block fwd+bwd, host time of a
     /// transformer step), not part of `all`; train: GPT-2 training steps (DistilGPT-2 8x512,
     /// GPT-2 124M 8x1024, fp32 and bf16) beside Hugging Face in PyTorch, not part of `all`;
-    /// generate: GPT-2 124M KV-cache decoding, batch 1 and 8, 200 greedy tokens each timed, fp32 and
-    /// bf16, a cold and a warm pass, beside Hugging Face `generate`, not part of `all`.
+    /// generate: GPT-2 124M KV-cache decoding, batch 1 and 8, 200 greedy tokens each timed,
+    /// fp32 and bf16, a cold and a warm pass, beside Hugging Face `generate`, not part of
+    /// `all`.
     #[arg(value_enum)]
     suite: Suite,
     /// Few iterations and small sizes (a smoke test, e.g. on lavapipe); figures are not
