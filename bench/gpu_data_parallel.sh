@@ -20,7 +20,7 @@ run() { # name, args...
   timeout 120 $B train $A "$@" --out "$out/$name" > "$out/$name.txt" 2>&1
   echo "$name ($*): rc=$? $(grep -E '^trained' "$out/$name.txt")"
 }
-run settle --steps 250 > /dev/null # tunes the kernels on real work; the runs below start settled
+run settle --steps 600 > /dev/null # tunes the kernels on real work (GPT-2 settles within ~500 steps)
 for pass in a b; do
   run one-$pass --steps 150
   run nproc$n-$pass --steps 150 --nproc "$n"
