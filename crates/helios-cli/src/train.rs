@@ -256,6 +256,9 @@ fn explain(
 
 pub fn run(args: &TrainArgs) -> CliResult {
     let rank = Rank::from_env()?;
+    if args.nproc == 0 {
+        return Err("--nproc must be at least 1 (the number of GPUs to train on)".into());
+    }
     if args.nproc > 1 {
         if rank.world > 1 {
             return Err(format!(
@@ -344,6 +347,15 @@ fn train(args: &TrainArgs, rank: Rank) -> CliResult {
 
     // Data first: the cheapest thing to get wrong.
     let tokenizer = Tokenizer::from_option(args.tokenizer.as_deref())?;
+    // The sample's prompt too, so that a bad one fails now rather than after the training.
+    let prompt = tokenizer.encode(&args.prompt)?;
+    if args.sample_tokens > 0 && prompt.is_empty() {
+        return Err(
+            "--prompt is empty: give the sample a prompt (e.g. --prompt \"ROMEO:\"), \
+                    or --sample-tokens 0 for no sample"
+                .into(),
+        );
+    }
     let cache = helios_nn::data::default_cache_dir().unwrap_or_else(|| args.out.join("cache"));
     let corpus = Corpus::from_flag(args.data.as_deref());
     let tokens = corpus.open(&tokenizer, &cache)?;
@@ -548,7 +560,6 @@ fn train(args: &TrainArgs, rank: Rank) -> CliResult {
     );
 
     if let Some(weights) = weights {
-        let prompt = tokenizer.encode(&args.prompt)?;
         let s = Sampling {
             seed: args.seed,
             ..Sampling::default()

@@ -138,3 +138,34 @@ fn the_loss_plot_has_text_on_a_machine_without_fonts() {
     assert!(bottom > 100, "x labels: {bottom} text pixels");
     let _ = std::fs::remove_dir_all(&cwd);
 }
+
+/// Settings that cannot work fail before any training, saying what to change: an empty
+/// prompt for the sample (it failed after the whole run) and `--nproc 0`.
+#[test]
+fn a_bad_sample_prompt_or_rank_count_fails_before_training() {
+    let cwd = scratch("early-errors");
+    for (extra, says) in [
+        (
+            &["--sample-tokens", "5", "--prompt", ""][..],
+            "--prompt is empty",
+        ),
+        (
+            &["--nproc", "0", "--sample-tokens", "0"][..],
+            "--nproc must be at least 1",
+        ),
+    ] {
+        // TRAIN without its --sample-tokens 0, which the first case sets otherwise.
+        let out = Command::new(env!("CARGO_BIN_EXE_helios"))
+            .args(&TRAIN[..TRAIN.len() - 2])
+            .args(extra)
+            .arg("--out")
+            .arg(cwd.join("out"))
+            .output()
+            .expect("run helios");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} succeeded");
+        assert!(stderr.contains(says), "{extra:?}: {stderr}");
+        assert!(!cwd.join("out/checkpoint").exists(), "{extra:?} trained");
+    }
+    let _ = std::fs::remove_dir_all(&cwd);
+}

@@ -16,7 +16,7 @@ pub enum Error {
     #[error(transparent)]
     Dist(#[from] helios_dist::Error),
 
-    #[error("invalid model configuration: {0}")]
+    #[error("invalid setting: {0}")]
     Config(String),
     #[error("unknown model preset '{0}'; choose one of: tiny, distilgpt2, gpt2, gpt2-medium")]
     UnknownPreset(String),
