@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use helios_vk::sync::LockExt;
 use helios_vk::{Buffer, Context, MemoryLocation};
 use rayon::prelude::*;
 
@@ -16,7 +17,6 @@ use crate::engine::{record_dispatch, Field, Hazards, Region};
 use crate::fq::{check_canonical, Fq, FQ_BYTES};
 use crate::kernel::{FieldOp, MAX_DISPATCH_ELEMENTS};
 use crate::{FieldError, Result};
-use helios_vk::sync::LockExt;
 
 /// One operation of a [`Field::compute_batch`]: `out = op(a, b)`; `b` is empty for unary ops.
 pub struct Job<'a> {
