@@ -514,9 +514,9 @@ fn train(args: &TrainArgs, rank: Rank) -> CliResult {
         let rate = match steady.is_empty() {
             true => String::new(),
             false => {
-                let step_ms = median(steady);
+                let (step_ms, p95) = (quantile(&steady, 0.5), quantile(&steady, 0.95));
                 format!(
-                    "; {step_ms:.0} ms/step, {:.0} tokens/s (steady state)",
+                    "; {step_ms:.1} ms/step (p95 {p95:.1}), {:.0} tokens/s (steady state)",
                     last.tokens as f64 / (step_ms / 1e3)
                 )
             }
@@ -593,12 +593,12 @@ fn check_vocab(model: &GptConfig, tok: &Tokenizer) -> helios_nn::Result<()> {
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
+/// The `q` quantile of `v` (the element at rank ⌊q·n⌋ of the sorted values; NaN if empty).
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let at = ((q * v.len() as f64) as usize).min(v.len().saturating_sub(1));
+    v.get(at).copied().unwrap_or(f64::NAN)
 }
 
 /// log.json (every step and evaluation) and log.csv (step, loss, val_loss, lr, norm, ms).
@@ -706,6 +706,15 @@ mod tests {
 
     /// Each rank runs the launcher's command line without `--nproc` and its value, in
     /// either spelling; everything else, in order.
+    #[test]
+    fn quantiles_pick_a_sorted_rank() {
+        assert_eq!(quantile(&[3.0, 1.0, 2.0, 4.0], 0.5), 3.0);
+        let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&hundred, 0.95), 96.0);
+        assert_eq!(quantile(&hundred, 1.0), 100.0);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+
     #[test]
     fn ranks_run_the_command_without_nproc() {
         let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
