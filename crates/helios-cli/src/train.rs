@@ -21,6 +21,7 @@ use helios_nn::{
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::bench::stats::Summary;
 use crate::corpus::Corpus;
 use crate::plot;
 use crate::CliResult;
@@ -511,15 +512,14 @@ fn train(args: &TrainArgs, rank: Rank) -> CliResult {
         let steady: Vec<f64> = ran.iter().skip(1).map(|s| s.step_ms).collect();
         // The first step of a run compiles and tunes: the rate is the later steps' (none
         // when the run had one step).
-        let rate = match steady.is_empty() {
-            true => String::new(),
-            false => {
-                let (step_ms, p95) = (quantile(&steady, 0.5), quantile(&steady, 0.95));
-                format!(
-                    "; {step_ms:.1} ms/step (p95 {p95:.1}), {:.0} tokens/s (steady state)",
-                    last.tokens as f64 / (step_ms / 1e3)
-                )
-            }
+        let rate = match Summary::of(&steady) {
+            None => String::new(),
+            Some(ms) => format!(
+                "; {:.1} ms/step (p95 {:.1}), {:.0} tokens/s (steady state)",
+                ms.median,
+                ms.p95,
+                last.tokens as f64 / (ms.median / 1e3)
+            ),
         };
         println!(
             "trained {} steps in {train_s:.1} s: loss {:.3} -> {:.3}{}{rate}",
@@ -591,14 +591,6 @@ fn check_vocab(model: &GptConfig, tok: &Tokenizer) -> helios_nn::Result<()> {
         });
     }
     Ok(())
-}
-
-/// The `q` quantile of `v` (the element at rank ⌊q·n⌋ of the sorted values; NaN if empty).
-fn quantile(v: &[f64], q: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let at = ((q * v.len() as f64) as usize).min(v.len().saturating_sub(1));
-    v.get(at).copied().unwrap_or(f64::NAN)
 }
 
 /// log.json (every step and evaluation) and log.csv (step, loss, val_loss, lr, norm, ms).
@@ -706,15 +698,6 @@ mod tests {
 
     /// Each rank runs the launcher's command line without `--nproc` and its value, in
     /// either spelling; everything else, in order.
-    #[test]
-    fn quantiles_pick_a_sorted_rank() {
-        assert_eq!(quantile(&[3.0, 1.0, 2.0, 4.0], 0.5), 3.0);
-        let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&hundred, 0.95), 96.0);
-        assert_eq!(quantile(&hundred, 1.0), 100.0);
-        assert!(quantile(&[], 0.5).is_nan());
-    }
-
     #[test]
     fn ranks_run_the_command_without_nproc() {
         let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();

@@ -7,11 +7,11 @@
 // batch 8 (the prompt 8 times, one cache of 8 sequences stepped together, as Hugging Face's
 // batch of 8 does). Every token is timed on its own, from the previous token's id on the
 // host to this one's: each step reads its logits back before it feeds the next tokens, as
-// any user's loop must. Figures: time to first token (the prompt's single-position steps and the first
-// pick), then median / p95 / max ms per token over the others. The whole run is done twice in
-// one process: "cold" with whatever caches HELIOS_CACHE_DIR holds (a fresh directory is what
-// a new user sees), then "warm"; the cold pass's max says whether a token waited on pipeline
-// compilation or a kernel tuner.
+// any user's loop must. Figures: time to first token (the prompt's single-position steps and
+// the first pick), then median / p95 / max ms per token over the others. The whole run is
+// done twice in one process: "cold" with whatever caches HELIOS_CACHE_DIR holds (a fresh
+// directory is what a new user sees), then "warm"; the cold pass's max says whether a token
+// waited on pipeline compilation or a kernel tuner.
 
 use std::path::Path;
 use std::time::Instant;

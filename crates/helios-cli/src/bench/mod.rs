@@ -16,7 +16,7 @@ mod graph;
 mod matmul;
 mod ops;
 mod report;
-mod stats;
+pub(crate) mod stats;
 mod torch;
 mod train;
 
