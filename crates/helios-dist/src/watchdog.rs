@@ -3,9 +3,9 @@
 //! initialisation for ever.
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use helios_vk::sync::{wait_timeout, LockExt};
+use helios_vk::sync::{wait_timeout_while, LockExt};
 
 /// How long a rank waits for the others to join, or in a collective call
 /// (`HELIOS_DIST_TIMEOUT`, seconds).
@@ -22,15 +22,7 @@ impl Watchdog {
         let watched = done.clone();
         std::thread::spawn(move || {
             let (lock, cv) = &*watched;
-            let due = Instant::now() + timeout;
-            let mut guard = lock.locked();
-            while !*guard {
-                let now = Instant::now();
-                if now >= due {
-                    break;
-                }
-                guard = wait_timeout(cv, guard, due - now);
-            }
+            let guard = wait_timeout_while(cv, lock.locked(), timeout, |done| !*done);
             if !*guard {
                 drop(guard);
                 expired();

@@ -136,12 +136,17 @@ pub(crate) fn sharded_step(
         Some(s) => s,
         None => Tensor::from_slice(&device, &[0.0f32], &[1])?,
     };
-    let norm = comm.sum_scalar(&share)?.sqrt()?;
-    let norm = opt.step_owned(params, lr, unscale, norm)?;
+    let squares = t.stop(&device)?;
+    let t = Phase::start(&device);
+    let sum = comm.sum_scalar(&share)?;
+    let summed = t.stop(&device)?;
+    let t = Phase::start(&device);
+    let norm = opt.step_owned(params, lr, unscale, sum.sqrt()?)?;
     let update = t.stop(&device)?;
     let t = Phase::start(&device);
     comm.broadcast_owned(params.tensors(), shards)?;
-    Ok((norm, vec![reduce, t.stop(&device)?], vec![update]))
+    let broadcast = t.stop(&device)?;
+    Ok((norm, vec![reduce, summed, broadcast], vec![squares, update]))
 }
 
 /// The f32 weights and, with `moments`, the whole optimizer state, on rank 0 (`None` on the

@@ -42,3 +42,17 @@ pub fn wait_timeout<'a, T>(
         Err(p) => p.into_inner().0,
     }
 }
+
+/// `Condvar::wait_timeout_while` that recovers the guard of a poisoned mutex, as [`wait`]
+/// does: waits while `condition` holds, at most `timeout` in all.
+pub fn wait_timeout_while<'a, T>(
+    ready: &Condvar,
+    guard: MutexGuard<'a, T>,
+    timeout: Duration,
+    condition: impl FnMut(&mut T) -> bool,
+) -> MutexGuard<'a, T> {
+    match ready.wait_timeout_while(guard, timeout, condition) {
+        Ok((g, _)) => g,
+        Err(p) => p.into_inner().0,
+    }
+}
