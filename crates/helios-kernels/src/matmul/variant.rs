@@ -58,17 +58,24 @@ pub struct WgTile {
 }
 
 /// A tile of the native NVIDIA kernels (`native`, PTX with `wgmma`): `bm × bn` outputs
-/// per block of `bm / 64` consumer warpgroups (each 64 rows × `bn`) and a producer
-/// warpgroup, k staged `bk` at a time through `stages` shared-memory stages.
+/// per block of `wgs` consumer warpgroups (each `bm / wgs` rows × `bn`, in 64-row `wgmma`
+/// strips) and a producer warpgroup, k staged `bk` at a time through `stages`
+/// shared-memory stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NativeTile {
     pub bm: u16,
     pub bn: u16,
     pub bk: u16,
     pub stages: u8,
+    pub wgs: u8,
 }
 
 impl NativeTile {
+    /// 64-row strips of each consumer warpgroup.
+    pub const fn strips(self) -> u32 {
+        self.bm as u32 / 64 / self.wgs as u32
+    }
+
     /// Shared memory: the stages (both operands, 2-byte elements), an mbarrier a stage and
     /// the two tensor maps being built.
     pub const fn shared_bytes(self) -> u32 {
@@ -143,22 +150,22 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     // (bench/results/2026-11-22-coopmat2-h100.md).
     ("wg128x128k16w4p", wg(128, 128, 16, 4, true)),
     ("wgt128x128k16w4", wgt(128, 128, 16, 4)),
-    // NVIDIA native (wgmma through PTX, stages filled by the copy engine): 128 rows (two
-    // consumer warpgroups) or 192 (three), k16 or k32 stages in the 48 KiB. On the H200 the
-    // first was within 5% of the best of six tiles on 9 of 11 GPT-2 and square shapes, the
-    // other two win where it does not (bench/results/2026-11-29-native-tma-h200.md).
+    // NVIDIA native (wgmma through PTX, stages filled by the copy engine). The copies bound
+    // them, so the 256 × 192 tile (two warpgroups of two 64-row strips: the most products
+    // per byte copied that the registers hold) wins wherever its tiles fill the SMs, and
+    // 128 × 192 with a stage more in flight where they do not (the weight gradients) (H200:
+    // bench/results/2026-11-29-native-release-h200.md).
+    ("nv256x192k16s3w2", native_strips(256, 192, 16, 3, 2)),
     ("nv128x192k16s4", native(128, 192, 16, 4)),
-    ("nv128x192k32s2", native(128, 192, 32, 2)),
-    ("nv192x192k16s3", native(192, 192, 16, 3)),
 ];
 
 /// Native tiles measured beside the table's on the H200 and reachable by name
 /// (`Variant::parse`); the tests build and run them too.
 const NATIVE_MEASURED: [&str; 4] = [
+    "nv128x192k32s2",
+    "nv192x192k16s3",
     "nv128x256k16s3",
     "nv128x128k32s2",
-    "nv128x128k16s5",
-    "nv256x128k16s3",
 ];
 
 /// Every native tile worth building: the table's, then [`NATIVE_MEASURED`].
@@ -175,8 +182,20 @@ pub fn native_variants() -> Vec<Variant> {
         .collect()
 }
 
+/// A native tile of one 64-row strip per consumer warpgroup.
 const fn native(bm: u16, bn: u16, bk: u16, stages: u8) -> Variant {
-    Variant::Native(NativeTile { bm, bn, bk, stages })
+    native_strips(bm, bn, bk, stages, (bm / 64) as u8)
+}
+
+/// A native tile of `wgs` consumer warpgroups.
+const fn native_strips(bm: u16, bn: u16, bk: u16, stages: u8, wgs: u8) -> Variant {
+    Variant::Native(NativeTile {
+        bm,
+        bn,
+        bk,
+        stages,
+        wgs,
+    })
 }
 
 /// Largest tile edges of the `Wg` variants: every M and N tile divides `WG_GRANULE[0]`, every
@@ -192,17 +211,23 @@ const fn simt_block(bm: u16) -> (u8, u8) {
     }
 }
 
-/// A native tile written `<bm>x<bn>k<bk>s<stages>` (after `nv`).
+/// A native tile written `<bm>x<bn>k<bk>s<stages>` (after `nv`), then `w<wgs>` where the
+/// consumer warpgroups are fewer than one per 64 rows.
 fn parse_native(s: &str) -> Option<Variant> {
     let (bm, rest) = number(s)?;
     let (bn, rest) = number(rest.strip_prefix('x')?)?;
     let (bk, rest) = number(rest.strip_prefix('k')?)?;
     let (stages, rest) = number(rest.strip_prefix('s')?)?;
+    let (wgs, rest) = match rest.strip_prefix('w') {
+        Some(w) => number(w)?,
+        None => (bm / 64, rest),
+    };
     let v = Variant::Native(NativeTile {
         bm: u16::try_from(bm).ok()?,
         bn: u16::try_from(bn).ok()?,
         bk: u16::try_from(bk).ok()?,
         stages: u8::try_from(stages).ok()?,
+        wgs: u8::try_from(wgs).ok()?,
     });
     (rest.is_empty() && v.well_formed()).then_some(v)
 }
@@ -317,7 +342,14 @@ impl Variant {
                 t.warps,
                 if t.prefetch { "p" } else { "" }
             ),
-            Variant::Native(t) => format!("nv{}x{}k{}s{}", t.bm, t.bn, t.bk, t.stages),
+            Variant::Native(t) => {
+                let wgs = if u32::from(t.wgs) == u32::from(t.bm) / 64 {
+                    String::new()
+                } else {
+                    format!("w{}", t.wgs)
+                };
+                format!("nv{}x{}k{}s{}{wgs}", t.bm, t.bn, t.bk, t.stages)
+            }
         }
     }
 
@@ -400,6 +432,11 @@ impl Variant {
                     && t.bk % 16 == 0
                     && (16..=64).contains(&t.bk)
                     && t.stages >= 2
+                    && t.wgs > 0
+                    && (t.bm / 64) % u16::from(t.wgs) == 0
+                    // A thread's accumulators: 192 compile without spills beside the
+                    // loop's registers, 256 cannot.
+                    && t.strips() * t.bn as u32 / 2 <= 192
             }
         }
     }
@@ -430,8 +467,8 @@ impl Variant {
             Variant::Simt(t) => (t.bm as u32 / t.tm as u32) * (t.bn as u32 / t.tn as u32),
             Variant::Coop(t) => subgroup * t.wm as u32 * t.wn as u32,
             Variant::Wg(t) => subgroup * t.warps as u32,
-            // A consumer warpgroup (128 threads) per 64 rows and a producer.
-            Variant::Native(t) => 2 * t.bm as u32 + 128,
+            // The consumer warpgroups (128 threads each) and a producer.
+            Variant::Native(t) => 128 * t.wgs as u32 + 128,
         }
     }
 
@@ -479,6 +516,7 @@ mod tests {
             ("coop128x192w2x6k32d1", coop(128, 192, 32, 2, 6, 1)),
             ("coop256x128w4x4k16d3", coop(256, 128, 16, 4, 4, 3)),
             ("nv128x256k16s3", native(128, 256, 16, 3)),
+            ("nv128x128k16s4w1", native_strips(128, 128, 16, 4, 1)),
         ];
         for (name, v) in custom {
             assert!(v.well_formed(), "{name}");
@@ -521,6 +559,10 @@ mod tests {
             "simt128x128t4x4d1",
             "wg128x128k16w8p",
             "nv128x192k32s2p2",
+            "nv192x192k16s3w2",
+            "nv256x192k16s3w0",
+            "nv256x192k16s3w",
+            "nv128x256k16s3w1",
         ] {
             assert_eq!(Variant::parse(bad), None, "{bad:?}");
         }

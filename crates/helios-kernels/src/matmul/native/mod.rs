@@ -1,7 +1,7 @@
 //! Matrix multiply on NVIDIA's native path: PTX with Hopper's `wgmma`, launched through
 //! VK_NVX_binary_import (`helios_vk::NativeKernel`).
 //!
-//! One block computes a `bm × bn` tile: `bm / 64` consumer warpgroups, each a 64 × `bn` strip
+//! One block computes a `bm × bn` tile: consumer warpgroups, each one or two 64 × `bn` strips
 //! of f32 accumulators, and one producer warpgroup. The driver gives these launches 48 KiB of
 //! shared memory and one such block per SM (`../shared/NVX.md`), so the stages take almost
 //! all of it.
@@ -11,8 +11,8 @@
 //!   (`cp.async.bulk.tensor`), in the swizzled layouts `wgmma` reads through descriptors
 //!   (K-major or M/N-major as the operand is stored, so transposes cost nothing), with zeros
 //!   past the matrices' edges. The copies complete on the stage's mbarrier.
-//! - The consumers wait on that mbarrier, run `wgmma` from the stage, keep one group in
-//!   flight, and release the stage before it through a named barrier the producer waits on.
+//! - The consumers wait on that mbarrier, run `wgmma` from the stage and release it through
+//!   a named barrier the producer waits on as soon as the products are done.
 //! - The epilogue runs from the accumulators: scale, bias, activation (and its gradient), the
 //!   pre-activation output, residual, rounding to the output storage.
 //! - Where the device's SM count is known, the grid is one block per SM and each block walks
@@ -106,6 +106,8 @@ struct Block {
     stages: u32,
     /// Consumer threads (the producer warpgroup follows them).
     consumers: u32,
+    /// 64-row strips of each consumer warpgroup.
+    strips: u32,
 }
 
 impl Block {
@@ -148,8 +150,8 @@ pub(crate) fn build(
         u32::from(t.bk),
         u32::from(t.stages),
     );
-    // Consumer warpgroups (64 rows each), then one producer warpgroup.
-    let consumers = bm / WG_ROWS * WG_THREADS;
+    // Consumer warpgroups (`t.strips()` 64-row strips each), then one producer warpgroup.
+    let consumers = u32::from(t.wgs) * WG_THREADS;
     let threads = consumers + WG_THREADS;
     k.threads(threads);
     let regs = Registers::of(threads);
@@ -239,6 +241,7 @@ pub(crate) fn build(
         b_stage,
         stages,
         consumers,
+        strips: t.strips(),
     };
 
     // Stage s is handed over full by its mbarrier, completed by the copy engine's
@@ -278,14 +281,27 @@ pub(crate) fn build(
         ldr,
         pre: ppre.map(|p| k.ld_param_global(p)),
     };
-    let acc = k.regs(Ty::F32, (bn / 2) as usize);
+    // A strip's accumulators after another's.
+    let acc = k.regs(Ty::F32, (t.strips() * bn / 2) as usize);
     // k steps consumed so far, over all this block's tiles: they pick the stage and its
     // mbarrier's phase.
     let step = k.mov(Ty::U32, 0u32);
     blk.for_each_tile(&mut k, |k, m0, n0| {
         consume(k, kern, &blk, bars, &acc, step);
         k.comment("epilogue from the accumulators");
-        epilogue(k, kern, &acc, &out, (m0, n0));
+        // Warpgroup w's strip j holds rows 64 (w · strips + j) of the tile: the epilogue
+        // puts warpgroup w at 64 w, so each strip starts 64 (w (strips - 1) + j) further.
+        if t.strips() == 1 {
+            epilogue(k, kern, &acc, &out, (m0, n0));
+        } else {
+            let wg = k.shr(tid, 7u32);
+            let skip = k.mul(wg, WG_ROWS * (t.strips() - 1));
+            let m_wg = k.add(m0, skip);
+            for (j, acc) in acc.chunks((bn / 2) as usize).enumerate() {
+                let m_strip = k.add(m_wg, WG_ROWS * j as u32);
+                epilogue(k, kern, acc, &out, (m_strip, n0));
+            }
+        }
     });
     k.finish()
 }
@@ -315,9 +331,9 @@ impl Registers {
 }
 
 /// The consumers' main loop over one output tile: wait for a full stage (the mbarriers at
-/// shared `bars`, 8 bytes a stage), multiply it with `wgmma` (one group in flight), release
-/// the stage before it; the last stage goes back once the tile's products are done. `step`
-/// counts the k steps of earlier tiles and advances past this one's.
+/// shared `bars`, 8 bytes a stage), multiply it with `wgmma` and release it once the
+/// products are done. `step` counts the k steps of earlier tiles and advances past this
+/// one's.
 fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg, acc: &[Reg], step: Reg) {
     let (a_stage, b_stage, stages) = (blk.a_stage, blk.b_stage, blk.stages);
     let input = match kern.input {
@@ -341,15 +357,16 @@ fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg, acc: &[R
         let d = k.wgmma_desc(blk.base, &b_stage.desc());
         k.desc_offset(d, a_stage.bytes())
     };
-    // This warpgroup's 64 rows of A.
-    let wg_a = k.mul(wg, a_stage.wg_offset() >> 4);
+    // This warpgroup's first 64 rows of A; its other strips follow.
+    let strips = blk.strips;
+    let wg_a = k.mul(wg, (strips * a_stage.wg_offset()) >> 4);
     let wg_a = k.cvt(Ty::U64, wg_a);
     let desc_a0 = k.add(desc_a0, wg_a);
     let zero = k.mov(Ty::U32, 0u32);
     let scale_d = k.setp(Cmp::Eq, zero, 0u32);
 
-    k.comment("main loop: wait for a full stage, multiply, release the one before");
-    k.for_range(0u32, blk.tiles, 1, |k, tile| {
+    k.comment("main loop: wait for a full stage, multiply, release it");
+    k.for_range(0u32, blk.tiles, 1, |k, _| {
         let slot = k.rem(step, stages);
         // The stage's mbarrier completes a phase per round of the stages.
         let round = k.div(step, stages);
@@ -362,35 +379,31 @@ fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg, acc: &[R
         let db = k.add(desc_b0, units);
         k.wgmma_fence();
         for s in 0..a_stage.bk / 16 {
-            let das = k.desc_offset(da, a_stage.k_step(s));
+            let das: Vec<Reg> = (0..strips)
+                .map(|j| k.desc_offset(da, a_stage.k_step(s) + j * a_stage.wg_offset()))
+                .collect();
             let dbs = k.desc_offset(db, b_stage.k_step(s));
-            k.wgmma(
-                input,
-                acc,
-                WgmmaA::Shared {
-                    desc: das,
-                    transpose: !a_stage.k_major,
-                },
-                dbs,
-                !b_stage.k_major,
-                scale_d,
-            );
+            for (&das, acc) in das.iter().zip(acc.chunks((blk.bn / 2) as usize)) {
+                k.wgmma(
+                    input,
+                    acc,
+                    WgmmaA::Shared {
+                        desc: das,
+                        transpose: !a_stage.k_major,
+                    },
+                    dbs,
+                    !b_stage.k_major,
+                    scale_d,
+                );
+            }
         }
         k.wgmma_commit();
-        // The previous step's product is done: its stage goes back to the producer.
-        k.wgmma_wait(1);
-        let some = k.setp(Cmp::Gt, tile, 0u32);
-        k.if_(some, |k| {
-            let prev = k.sub(step, 1u32);
-            release(k, prev);
-        });
+        // Back to the producer as soon as its product is done: the copies, not the
+        // products, bound these kernels, so a stage is worth more in flight than a second
+        // group of products is (bench/results/2026-11-29-native-release-h200.md).
+        k.wgmma_wait(0);
+        release(k, step);
         k.update("add", step, step, 1u32);
-    });
-    k.wgmma_wait(0);
-    let any = k.setp(Cmp::Gt, blk.tiles, 0u32);
-    k.if_(any, |k| {
-        let last = k.sub(step, 1u32);
-        release(k, last);
     });
 }
 
@@ -505,7 +518,7 @@ impl MatmulKernel {
         };
         Ok(NativeLaunch {
             grid: [blocks, 1, shape.batch],
-            block: [2 * u32::from(t.bm) + WG_THREADS, 1, 1],
+            block: [self.variant.threads(0), 1, 1],
             args,
         })
     }

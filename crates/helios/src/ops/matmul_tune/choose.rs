@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use helios_kernels::matmul::default_variant;
-use helios_kernels::MatmulVariant;
+use helios_kernels::{MatmulShape, MatmulVariant};
 use helios_vk::DeviceType;
 
 use super::cache::{cached, class_key, earlier};
@@ -379,8 +379,8 @@ fn choose_uncached(
 
 /// The kernel a class runs before anything was timed: a rule read off the tuners' winners
 /// on GPT-2's classes (H200, bf16 and f32: bench/results/2026-11-29-first-choice-h200.md).
-/// - f16/bf16 with native kernels: `nv128x192k16s4`, which won 13 of 24 classes and was
-///   within 5% in most others.
+/// - f16/bf16 with native kernels: the native tile of the fewer rounds of tiles over the SMs
+///   (`native_tile`).
 /// - f32 on a GPU: `simt128x64d1` (won 22 of 35), `simt32x32d1` for outputs 64 wide or
 ///   less (won all four such classes).
 /// - Otherwise the documented default (`helios_kernels::matmul::default_variant`).
@@ -397,7 +397,10 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
     let half = matches!(p.input, DType::F16 | DType::BF16);
     let gpu = caps.cpu_threads.is_none();
     let ruled = match () {
-        _ if half && caps.native.is_some() => fits("nv128x192k16s4"),
+        _ if half && caps.native.is_some() => {
+            let sms = p.a.device().context().caps().sm_count;
+            fits(native_tile(s, sms))
+        }
         _ if !half && gpu && s.n <= 64 => fits("simt32x32d1"),
         _ if !half && gpu => fits("simt128x64d1"),
         _ => None,
@@ -419,4 +422,42 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
         false => 1,
     };
     Plan { kernel, splits }
+}
+
+/// The native tile a class starts on: `nv256x192k16s3w2` where its rounds of tiles over the
+/// device's `sms` take less time than `nv128x192k16s4`'s, a tile of the first taking 1.63
+/// times one of the second (4096³ bf16 on the H200, 314 against 386 µs in 3 and 6 rounds:
+/// bench/results/2026-11-29-native-release-h200.md). So the larger tile wins where its tiles
+/// fill the SMs, the smaller one where they leave most idle (the weight gradients).
+fn native_tile(s: &MatmulShape, sms: Option<u32>) -> &'static str {
+    let Some(sms) = sms.filter(|&n| n > 0) else {
+        return "nv128x192k16s4";
+    };
+    let rounds = |bm: u32, bn: u32| {
+        let tiles = u64::from(s.batch) * u64::from(s.m.div_ceil(bm)) * u64::from(s.n.div_ceil(bn));
+        tiles.div_ceil(u64::from(sms))
+    };
+    match 163 * rounds(256, 192) < 100 * rounds(128, 192) {
+        true => "nv256x192k16s3w2",
+        false => "nv128x192k16s4",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GPT-2's products at 8192 rows on 132 SMs: the large tile where its tiles fill the
+    /// SMs (as measured), the small one for the weight gradients, and the small one where
+    /// the SM count is unknown.
+    #[test]
+    fn the_native_tile_follows_the_rounds_of_tiles() {
+        let tile = |m, n, sms| native_tile(&MatmulShape::packed(1, m, n, 768, false, true), sms);
+        assert_eq!(tile(4096, 4096, Some(132)), "nv256x192k16s3w2");
+        assert_eq!(tile(8192, 2304, Some(132)), "nv256x192k16s3w2");
+        assert_eq!(tile(8192, 768, Some(132)), "nv256x192k16s3w2");
+        assert_eq!(tile(3072, 768, Some(132)), "nv128x192k16s4");
+        assert_eq!(tile(768, 3072, Some(132)), "nv128x192k16s4");
+        assert_eq!(tile(8192, 2304, None), "nv128x192k16s4");
+    }
 }
