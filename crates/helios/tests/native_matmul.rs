@@ -174,3 +174,29 @@ fn native_epilogues_match_the_reference() {
     }
     assert_no_validation_messages();
 }
+
+/// k split inside the launch (`MatmulShape::k_parts`): part counts that do not divide the k
+/// tiles, as many parts as tiles, and the parts summed into f32 and narrow outputs.
+#[test]
+fn native_split_k_matches_the_reference() {
+    if matmul_caps(device()).native.is_none() {
+        eprintln!("SKIPPED native split-K: no native kernels on this device");
+        return;
+    }
+    for (i, v) in native_variants().into_iter().take(2).enumerate() {
+        for (j, trans) in [(true, false), (false, true)].into_iter().enumerate() {
+            // k = 1000: 63 k tiles in 7 or 3 parts; k = 40: 3 tiles in 3 parts.
+            for (s, (k, splits)) in [(1000, 7), (1000, 3), (40, 3)].into_iter().enumerate() {
+                let input = if s % 2 == 0 { DType::BF16 } else { DType::F16 };
+                let out = if j == 0 { DType::F32 } else { input };
+                Case {
+                    out,
+                    splits: Some(splits),
+                    ..case(v, [1, 264, 200, k], trans, input)
+                }
+                .check(3000 + (i * 16 + j * 4 + s) as u64);
+            }
+        }
+    }
+    assert_no_validation_messages();
+}

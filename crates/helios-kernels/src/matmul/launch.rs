@@ -134,8 +134,12 @@ impl MatmulKernel {
     }
 
     /// Whether the kernel handles every size of `shape`: the `Wg` variants load whole tiles
-    /// unchecked, so their tile must divide M, N and K exactly; the others take any shape.
+    /// unchecked, so their tile must divide M, N and K exactly; the others take any shape,
+    /// and only native kernels split k inside a launch (`MatmulShape::k_parts`).
     pub fn fits(&self, shape: &MatmulShape) -> bool {
+        if shape.k_parts > 1 && !self.variant.is_native() {
+            return false;
+        }
         match self.variant {
             Variant::Wg(t) => {
                 shape.m % u32::from(t.bm) == 0
@@ -170,7 +174,10 @@ impl MatmulKernel {
             )));
         }
         if !self.fits(shape) {
-            return Err(bad(format!("its tile does not divide the shape {shape:?}")));
+            return Err(bad(format!(
+                "its tile does not divide the shape, or only a native kernel splits its k: \
+                 {shape:?}"
+            )));
         }
         if self.exact_k && (self.triangle != Triangle::Full || !exact_k(self.variant, shape)) {
             return Err(bad(format!(

@@ -96,6 +96,10 @@ pub fn exact_k(variant: Variant, shape: &MatmulShape) -> bool {
 /// residual are `m × n` row-major with `ldc`/`ldr`. The batch may have two levels, as the
 /// (B, H) heads of attention viewed in place do: batch `i` is (`i / inner`, `i % inner`) and
 /// starts at `(i / inner) · stride_* + (i % inner) · inner_*` (`inner` 1: `i · stride_*`).
+///
+/// `k_parts` above 1 splits k inside the launch (native kernels only): batch `i` then
+/// multiplies only its part `i % k_parts` of the k tiles, parts differing by at most one
+/// tile, so a split need not divide k (`crate::matmul` callers sum the parts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulShape {
     pub batch: u32,
@@ -116,6 +120,7 @@ pub struct MatmulShape {
     pub inner_b: u32,
     pub inner_c: u32,
     pub inner_r: u32,
+    pub k_parts: u32,
 }
 
 impl MatmulShape {
@@ -139,6 +144,7 @@ impl MatmulShape {
             inner_b: 0,
             inner_c: 0,
             inner_r: 0,
+            k_parts: 1,
         }
     }
 

@@ -136,6 +136,7 @@ fn product(
         inner_b: u(b.head),
         inner_c: u(out.head),
         inner_r: u(out.head),
+        k_parts: 1,
     };
     let mut p = Problem::strided(
         a.t,

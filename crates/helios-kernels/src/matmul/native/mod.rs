@@ -96,8 +96,9 @@ struct Block {
     tiles_mn: Reg,
     bm: u32,
     bn: u32,
-    /// k tiles of the product.
+    /// k tiles of this batch's part of the product, and the first of them.
     tiles: Reg,
+    k_first: Reg,
     tid: Reg,
     /// Shared address of the first stage (u32).
     base: Reg,
@@ -167,7 +168,7 @@ pub(crate) fn build(
     let ppre = e.store_pre().then(|| k.param("pre", Ty::U64));
     let names = [
         "m", "n", "k", "lda", "ldb", "ldc", "ldr", "stride_a", "stride_b", "stride_c", "stride_r",
-        "inner", "inner_a", "inner_b", "inner_c", "inner_r",
+        "inner", "inner_a", "inner_b", "inner_c", "inner_r", "k_parts",
     ];
     let sizes: Vec<_> = names.iter().map(|n| k.param(n, Ty::U32)).collect();
     let palpha = k.param("alpha", Ty::F32);
@@ -194,8 +195,8 @@ pub(crate) fn build(
     let b = k.ld_param_global(pb);
     let c = k.ld_param_global(pc);
     let v: Vec<Reg> = sizes.iter().map(|&p| k.ld_param(p)).collect();
-    let [m, n, kk, lda, ldb, ldc, ldr, sa, sb, sc, sr, inner, ia, ib, ic, ir] =
-        <[Reg; 16]>::try_from(v).expect("16 sizes");
+    let [m, n, kk, lda, ldb, ldc, ldr, sa, sb, sc, sr, inner, ia, ib, ic, ir, parts] =
+        <[Reg; 17]>::try_from(v).expect("17 sizes");
     let alpha = k.ld_param(palpha);
     let tid = k.special(Special::TidX);
     let bz = k.special(Special::CtaIdZ);
@@ -219,6 +220,21 @@ pub(crate) fn build(
         k.div(t, d)
     };
     let tiles_n = ceil_div(&mut k, n, bn);
+    // This batch's part of the k tiles: [part · T / parts, (part + 1) · T / parts).
+    let (k_first, k_tiles) = {
+        let all = ceil_div(&mut k, kk, bk);
+        let part = k.rem(bz, parts);
+        let bound = |k: &mut Kernel, p: Reg| {
+            let x = k.mul_wide(p, all);
+            let parts = k.cvt(Ty::U64, parts);
+            let x = k.div(x, parts);
+            k.cvt(Ty::U32, x)
+        };
+        let first = bound(&mut k, part);
+        let next = k.add(part, 1u32);
+        let last = bound(&mut k, next);
+        (first, k.sub(last, first))
+    };
     let blk = Block {
         a: byte_address(&mut k, a, off_a),
         b: byte_address(&mut k, b, off_b),
@@ -234,7 +250,8 @@ pub(crate) fn build(
         },
         bm,
         bn,
-        tiles: ceil_div(&mut k, kk, bk),
+        tiles: k_tiles,
+        k_first,
         tid,
         base: k.shared_address(smem),
         a_stage,
@@ -506,6 +523,7 @@ impl MatmulKernel {
         args.extend(addr.residual.map(Arg::Address));
         args.extend(addr.pre.map(Arg::Address));
         args.extend(shape.launch_values().map(Arg::U32));
+        args.push(Arg::U32(shape.k_parts.max(1)));
         args.push(Arg::F32(alpha));
         let maps = addr
             .maps

@@ -79,7 +79,8 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, bars: Reg, maps_smem: Reg, m
                 let bar = Addr::new(bar);
                 k.mbarrier_arrive_expect_tx(bar, blk.stage_bytes());
                 let dst = k.mad(slot, blk.stage_bytes(), blk.base);
-                let k0 = k.mul(tile, bk);
+                let k0 = k.add(blk.k_first, tile);
+                let k0 = k.mul(k0, bk);
                 load(k, blk.a_stage, ga, dst, m0, k0, bar);
                 let dst_b = k.add(dst, blk.a_stage.bytes());
                 load(k, blk.b_stage, gb, dst_b, n0, k0, bar);

@@ -247,6 +247,7 @@ impl Problem {
             inner_b: 0,
             inner_c: 0,
             inner_r: 0,
+            k_parts: 1,
         };
         Ok(Problem {
             a: at,
@@ -314,18 +315,38 @@ impl Problem {
     /// The shape of one batched launch computing the product as `splits` partial products
     /// over consecutive k ranges (batch `i` reads k in `[i·K/s, (i+1)·K/s)` and writes its
     /// own dense M×N f32 slice), or `None` where split-K does not apply: a batched product,
-    /// an epilogue other than scaling (bias, activation and residual act on the sum), or k
-    /// not cut into equal ranges of a multiple of 8 elements (which keeps the kernels'
-    /// vector accesses).
-    fn split_shape(&self, splits: u32) -> Option<MatmulShape> {
+    /// an epilogue other than scaling (bias, activation and residual act on the sum), or,
+    /// for the SPIR-V kernels, k not cut into equal ranges of a multiple of 8 elements
+    /// (which keeps their vector accesses). Native kernels (`native`) cut k themselves, in
+    /// whole k tiles, and take any count up to one 16-deep tile a part.
+    fn split_shape(&self, splits: u32, native: bool) -> Option<MatmulShape> {
         let s = &self.shape;
-        let kc = s.k / splits.max(1);
         if splits < 2
             || s.batch != 1
             || !self.epilogue.is_plain()
             || self.triangle != Triangle::Full
-            || kc * splits != s.k
         {
+            return None;
+        }
+        if native {
+            // The kernel takes its part of the k tiles itself (`MatmulShape::k_parts`): any
+            // count up to one tile a part, so the parts can fill the SMs.
+            let mn = s.m.checked_mul(s.n)?;
+            mn.checked_mul(splits)?;
+            return (splits <= s.k.div_ceil(16)).then_some(MatmulShape {
+                batch: splits,
+                stride_a: 0,
+                stride_b: 0,
+                ldc: s.n,
+                ldr: s.n,
+                stride_c: mn,
+                stride_r: mn,
+                k_parts: splits,
+                ..*s
+            });
+        }
+        let kc = s.k / splits;
+        if kc * splits != s.k {
             return None;
         }
         if kc % 8 != 0 {
@@ -363,7 +384,7 @@ impl Problem {
         splits: u32,
         subgroup: u32,
     ) -> Option<(MatmulShape, MatmulKernel)> {
-        let sub = self.split_shape(splits)?;
+        let sub = self.split_shape(splits, variant.is_native())?;
         let mut k = MatmulKernel::new(
             variant,
             self.input.storage(),

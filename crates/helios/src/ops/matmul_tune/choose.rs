@@ -10,7 +10,7 @@ use helios_vk::DeviceType;
 use super::cache::{cached, class_key, earlier};
 use super::caps::matmul_caps;
 use super::explore::Explorer;
-use super::tune::tune;
+use super::tune::{filling_split, tune};
 use crate::ops::matmul::{Plan, Problem};
 use crate::realize_lock::LockExt;
 use crate::{DType, Device, Error, Result};
@@ -385,7 +385,8 @@ fn choose_uncached(
 ///   less (won all four such classes).
 /// - Otherwise the documented default (`helios_kernels::matmul::default_variant`).
 /// - k at least twice the larger output side, unbatched: split in 4 (won 9 of the 10 such
-///   classes), where the product can be split so.
+///   classes), where the product can be split so; a native kernel in the parts that fill
+///   the SMs (`filling_split`).
 pub(crate) fn first_choice(p: &Problem) -> Plan {
     let caps = matmul_caps(p.a.device());
     let s = &p.shape;
@@ -417,8 +418,10 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
         p.kernel(d.variant, caps.subgroup)
     });
     let long_k = gpu && s.batch == 1 && u64::from(s.k) >= 2 * u64::from(s.m.max(s.n));
-    let splits = match long_k && p.split(kernel.variant, 4, caps.subgroup).is_some() {
-        true => 4,
+    // Native kernels split k in as many parts as fill the SMs.
+    let parts = filling_split(p, kernel.variant).unwrap_or(4);
+    let splits = match long_k && p.split(kernel.variant, parts, caps.subgroup).is_some() {
+        true => parts,
         false => 1,
     };
     Plan { kernel, splits }

@@ -203,7 +203,8 @@ pub(super) fn timed_candidates(p: &Problem) -> Vec<MatmulKernel> {
 }
 
 /// The split-K plans worth timing after the plain kernels `ranked` (variant, µs; fastest
-/// first): those within `SPLIT_BASE_SLACK` of the fastest (at most `SPLIT_BASES`), split
+/// first): those within `SPLIT_BASE_SLACK` of the fastest (at most `SPLIT_BASES`) and every
+/// native one, split
 /// where k is long enough for each part to keep the kernel's pipeline busy (≥ 512), the
 /// product is large enough to be worth a second pass over an M×N f32 workspace per part,
 /// and that workspace stays small. Not the fastest alone: that is often a small tile that
@@ -215,15 +216,33 @@ pub(super) fn split_candidates(
 ) -> Vec<(MatmulVariant, u32, MatmulKernel)> {
     let caps = matmul_caps(p.a.device());
     let fastest = ranked.first().map_or(0.0, |r| r.1);
-    ranked
+    let mut bases: Vec<MatmulVariant> = ranked
         .iter()
         .take_while(|r| r.1 <= fastest * SPLIT_BASE_SLACK)
         .take(SPLIT_BASES)
-        .flat_map(|&(v, _)| SPLITS.iter().map(move |&splits| (v, splits)))
+        .map(|r| r.0)
+        .collect();
+    // Native kernels whatever their plain time: too few output tiles is what makes them
+    // slow, and what their split fixes (768 × 768 × 8192: 24 tiles on 132 SMs).
+    for &(v, _) in ranked {
+        if v.is_native() && !bases.contains(&v) {
+            bases.push(v);
+        }
+    }
+    bases
+        .into_iter()
+        .flat_map(|v| {
+            let filling = filling_split(p, v);
+            SPLITS
+                .iter()
+                .copied()
+                .chain(filling.filter(|s| !SPLITS.contains(s)))
+                .map(move |splits| (v, splits))
+        })
         .filter_map(|(v, splits)| {
             let (sub, k) = p.split(v, splits, caps.subgroup)?;
             let workspace = 4 * u64::from(splits) * u64::from(sub.m) * u64::from(sub.n);
-            let worth = sub.k >= 512
+            let worth = sub.k / sub.k_parts >= 512
                 && k.feasible(&caps)
                 && p.shape.flops() >= 1e9
                 && workspace <= MAX_SPLIT_WORKSPACE;
@@ -270,8 +289,34 @@ pub(super) fn precompile(device: &Device, kernels: &[MatmulKernel]) -> Result<()
     Ok(())
 }
 
-/// The k splits the tuner tries after the plain kernels.
+/// The k splits the tuner tries after the plain kernels (and, for native kernels, the one of
+/// `filling_split`).
 const SPLITS: [u32; 3] = [2, 3, 4];
+
+/// For a native kernel, which splits k in any number of parts: the fewest parts (2 to 16)
+/// whose tiles fill at least 95% of the last round over the device's SMs, where the known
+/// splits leave rounds part idle (GPT-2's weight gradients: 36 to 96 output tiles on 132
+/// SMs). `None` for other kernels or where the SM count is unknown.
+pub(crate) fn filling_split(p: &Problem, v: MatmulVariant) -> Option<u32> {
+    let sms = p.a.device().context().caps().sm_count.filter(|&n| n > 0)?;
+    if !v.is_native() {
+        return None;
+    }
+    let (bm, bn) = v.tile();
+    let s = &p.shape;
+    let tiles = u64::from(s.m.div_ceil(bm)) * u64::from(s.n.div_ceil(bn));
+    fill_parts(tiles, u64::from(sms))
+}
+
+/// The fewest parts, 2 to 16, that make `tiles · parts` at least 95% of whole rounds over
+/// `sms`.
+fn fill_parts(tiles: u64, sms: u64) -> Option<u32> {
+    (2..=16u32).find(|&parts| {
+        let work = tiles * u64::from(parts);
+        let rounds = work.div_ceil(sms);
+        100 * work >= 95 * rounds * sms
+    })
+}
 
 /// The plain kernels the tuner also tries split over k: at most this many of the fastest,
 /// each within `SPLIT_BASE_SLACK` times the fastest one's time.
@@ -292,6 +337,18 @@ impl CandidateResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// GPT-2's weight gradients on 132 SMs: 36 tiles (256 × 192) take 7 parts (252 of 264
+    /// slots), 72 (128 × 192) take 7 too, 96 take 4; a product that fills the SMs anyway
+    /// takes 2 (its rounds stay whole), and a tiny one none within 16.
+    #[test]
+    fn the_filling_split_fills_the_last_round() {
+        assert_eq!(fill_parts(36, 132), Some(7));
+        assert_eq!(fill_parts(72, 132), Some(7));
+        assert_eq!(fill_parts(96, 132), Some(4));
+        assert_eq!(fill_parts(264, 132), Some(2));
+        assert_eq!(fill_parts(1, 132), None);
+    }
 
     /// `precompile` creates each distinct kernel's pipeline once, on several threads, and
     /// the `kernel` lookups that follow find them (no build, no further pipeline).
