@@ -777,3 +777,36 @@ impl MatmulChoice {
         matmul_tune::winner_tag(&self.variant.label(), self.splits)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Device;
+
+    /// Native kernels take any part count up to one 16-deep k tile a part and cut k
+    /// themselves (whole operands, `k_parts`); the SPIR-V kernels only equal parts of a
+    /// multiple of 8, which they read through offset operands.
+    #[test]
+    fn split_shapes_cut_k_by_kernel_family() {
+        let device = Device::from_env().expect("a Vulkan device");
+        let a = Tensor::from_slice(&device, &[0.5f32; 24 * 1000], &[24, 1000]).expect("a");
+        let b = Tensor::from_slice(&device, &[0.25f32; 1000 * 40], &[1000, 40]).expect("b");
+        let p = Problem::new(&a, &b, &crate::ops::MatmulSpec::default()).expect("problem");
+
+        let native = p.split_shape(7, true).expect("7 native parts");
+        assert_eq!((native.batch, native.k, native.k_parts), (7, 1000, 7));
+        assert_eq!(
+            (native.stride_a, native.stride_b, native.stride_c),
+            (0, 0, 24 * 40)
+        );
+        assert_eq!(p.split_shape(63, true).map(|s| s.k_parts), Some(63));
+        assert_eq!(p.split_shape(64, true), None, "a part of no k tile");
+
+        assert_eq!(p.split_shape(7, false), None, "1000 is not 7 equal parts");
+        assert_eq!(p.split_shape(4, false), None, "250 is not a multiple of 8");
+        let spirv = p.split_shape(5, false).expect("5 equal parts");
+        assert_eq!((spirv.batch, spirv.k, spirv.k_parts), (5, 200, 1));
+        assert_eq!((spirv.stride_a, spirv.stride_b), (200, 200 * 40));
+        assert_eq!(p.split_shape(1, true), None);
+    }
+}
