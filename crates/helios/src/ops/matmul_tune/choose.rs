@@ -428,8 +428,8 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
 }
 
 /// The native tile a class starts on: `nv256x192k16s3w2` where its rounds of tiles over the
-/// device's `sms` take less time than `nv128x192k16s4`'s, a tile of the first taking 1.63
-/// times one of the second (4096³ bf16 on the H200, 314 against 386 µs in 3 and 6 rounds:
+/// device's `sms` take less time than `nv128x192k16s4`'s, a tile of the first costing 1.63
+/// of the second's (their 4096³ times over their rounds:
 /// bench/results/2026-11-29-native-release-h200.md). So the larger tile wins where its tiles
 /// fill the SMs, the smaller one where they leave most idle (the weight gradients).
 fn native_tile(s: &MatmulShape, sms: Option<u32>) -> &'static str {
