@@ -1,4 +1,5 @@
-//! Locks that survive a panic elsewhere: [`LockExt::locked`] and [`wait`].
+//! Locks that survive a panic elsewhere: [`LockExt::locked`], [`LockExt::into_value`] and
+//! [`wait`].
 //!
 //! A `Mutex` is poisoned when a thread panics while holding it, and `lock` then returns an
 //! error on every later call. Helios recovers the guard instead of propagating the panic:
@@ -14,15 +15,28 @@
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// `lock` that recovers the guard of a poisoned mutex (see the module docs for why).
+/// `lock` (and `into_inner`) that recover a poisoned mutex (see the module docs for why).
 pub trait LockExt<T: ?Sized> {
     /// Locks, waiting for the current holder; a poisoned lock is used as it is.
     fn locked(&self) -> MutexGuard<'_, T>;
+
+    /// The value, taking the mutex apart; a poisoned one's value is used as it is.
+    fn into_value(self) -> T
+    where
+        Self: Sized,
+        T: Sized;
 }
 
 impl<T: ?Sized> LockExt<T> for Mutex<T> {
     fn locked(&self) -> MutexGuard<'_, T> {
         self.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn into_value(self) -> T
+    where
+        T: Sized,
+    {
+        self.into_inner().unwrap_or_else(|p| p.into_inner())
     }
 }
 

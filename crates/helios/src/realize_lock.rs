@@ -60,32 +60,17 @@ impl Drop for Held {
     }
 }
 
-/// `lock` (and `into_inner`) that recover a poisoned mutex instead of panicking.
+/// `lock` (and `into_inner`) that recover a poisoned mutex instead of panicking
+/// (`helios_vk::sync`).
 ///
 /// A panic on one thread (a failed assertion in a test, a caller's closure, a kernel that
 /// failed to build) must not wedge the engine: with `unwrap`, every later op on any thread
-/// would panic on the same lock. Using the data is sound because each of the crate's
+/// would panic on the same lock. Using the data is sound because each of this crate's
 /// mutexes guards values that are valid in every state a panic can leave: caches and memos
 /// (compiled kernels, tuning winners) gain or replace whole entries, a gradient or
 /// activation slot is replaced whole, the live-node counts are plain numbers, and the
 /// scheduler's lock guards no data of its own (`Realizing` is a zero-sized proof).
-pub(crate) trait LockExt<T> {
-    /// Locks, waiting for the current holder; a poisoned lock is used as it is.
-    fn locked(&self) -> MutexGuard<'_, T>;
-
-    /// The value, taking the mutex apart; a poisoned one's value is used as it is.
-    fn into_value(self) -> T;
-}
-
-impl<T> LockExt<T> for Mutex<T> {
-    fn locked(&self) -> MutexGuard<'_, T> {
-        self.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn into_value(self) -> T {
-        self.into_inner().unwrap_or_else(|p| p.into_inner())
-    }
-}
+pub(crate) use helios_vk::sync::LockExt;
 
 /// A value shared between threads that only the holder of the scheduler's lock reads or
 /// writes (or whoever has the cell by `&mut`). It moves values in and out and never lends a
