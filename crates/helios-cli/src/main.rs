@@ -1,6 +1,8 @@
-// `helios`: the command-line front end. This file only parses arguments and dispatches;
-// each subcommand lives in its own file with an `Args` struct and a `run` function, and
-// every failure comes back here as a value, is printed as `error: ...` and exits with 1.
+//! `helios`: the command-line front end. This file only parses arguments and dispatches;
+//! each subcommand lives in its own module with an `Args` struct and a `run` function
+//! (`train`, `generate`, `info`, `selfcheck`, `field`, and `bench` with a file per suite;
+//! `corpus` and `plot` serve `train`), and every failure comes back here as a value, is
+//! printed as `error: ...` and exits with 1.
 
 mod bench;
 mod corpus;
