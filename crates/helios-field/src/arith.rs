@@ -26,14 +26,12 @@ use crate::fq::{pow2_mod_p, Fq, P, P_BITS, P_INV_NEG, R_MOD_P};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {
     /// 12 × u32, CIOS; products through `OpUMulExtended`, sums and carries through u64
-    /// arithmetic. The plain schoolbook baseline the sweep compares against (18.3 G mul/s on
-    /// the H200 where `Comba30KH` then gave 22.4), and the add/sub/neg of every layout.
+    /// arithmetic. The plain schoolbook baseline the sweep compares against, and the
+    /// add/sub/neg of every layout.
     U32Mix,
     /// Products in 13 × 30-bit limbs by product scanning, a·b by one level of Karatsuba,
     /// two u64 accumulators only in the columns that could overflow one. A slower multiplier
-    /// than `Comba30K2H` (24.6 against 25.7 G mul/s) but faster array ops, which are what the
-    /// API runs: mul and sqr 2–4% on the H100, sqr 3% on the H200. It needs fewer registers
-    /// (72 against 96 in the chain kernel).
+    /// than `Comba30K2H` but faster in the array ops the API runs, with fewer registers.
     Comba30KH,
     /// As `Comba30KH` with a·b by two levels of Karatsuba (278 wide multiplies instead of
     /// 303): the fastest multiplier measured, and the default.
