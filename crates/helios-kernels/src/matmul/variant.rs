@@ -359,7 +359,7 @@ impl Variant {
     /// trying tiles side by side (`helios bench matmul --variants`) without editing the
     /// table. Edges are multiples of 16 (each subgroup's share too) up to 512, k steps up to
     /// 128, at most 32 subgroups; whether a device runs the tile (shared memory, workgroup
-    /// size) is checked where it is chosen.
+    /// size) is checked where it is chosen. Native tiles parse from `nv…` (`parse_native`).
     pub fn parse(name: &str) -> Option<Variant> {
         if let Some(v) = Variant::by_name(name) {
             return Some(v);
