@@ -2,11 +2,11 @@
 //! [`frag::regs`](super::frag::regs)): Dq, which with `own_dsum` computes Dsum itself, and
 //! DkDv.
 
-use helios_spirv::{CoopMat, KernelBuilder, KernelModule, Scalar, Shared, Ty, Val, Var};
+use helios_spirv::{CoopMat, CoopVar, KernelBuilder, KernelModule, Scalar, Shared, Ty, Val, Var};
 
-use super::frag::blocks::{start, KeyBlocks, Movers, Start};
+use super::frag::blocks::{start, KeyBlocks, Movers, Prefetch, Start};
 use super::frag::regs::{
-    accumulate, elems, map_of, place, product_t, store_rows, to_a, Layout, Place, Tile,
+    accumulate, elems, map_of, place, product_t, store_rows, to_a, Layout, Place, Tile, Types,
 };
 use super::frag::{row_frags, row_limit, zero_accs, OutRows, FRAG, WORD};
 use super::layout::LEN;
@@ -284,9 +284,88 @@ pub(crate) fn dq(kern: &AttentionKernel) -> KernelModule {
     kb.finish()
 }
 
+/// What DkDv's phases share: the kernel, its parameters, shared array, fragment types and
+/// layout, who moves what, and the key block's coordinates.
+struct DkDv<'a> {
+    kern: &'a AttentionKernel,
+    p: Params,
+    smem: Shared,
+    ty: Types,
+    lay: Layout,
+    mv: Movers,
+    /// The block's first key, the subgroup's first row in the block, and its first key
+    /// (k0 + row0).
+    k0: Val,
+    row0: Val,
+    js: Val,
+    kend: Val,
+    /// The query blocks the key block visits: [qstart, nqb).
+    qstart: Val,
+    nqb: Val,
+    /// bq, as a value.
+    bqc: Val,
+    /// The streamed Q and dO tiles in shared memory.
+    qt: Tile,
+    ot: Tile,
+    /// The subgroup's epilogue tile.
+    epi: Val,
+}
+
+/// The start-up's prefetched tiles: the block's K and V (loaded), a query block's Q and dO.
+struct Stream {
+    kpre: Prefetch,
+    vpre: Prefetch,
+    qp: Prefetch,
+    op: Prefetch,
+}
+
+/// L and Dsum of a query block's queries, prefetched like the tiles: invocation tid moves
+/// queries tid, tid + threads, ... below bq, each as (offset in the block, L, Dsum).
+struct Stats {
+    vars: Vec<(Val, Var, Var)>,
+}
+
+/// The subgroup's own key rows through the walk: its place in the fragments, K and V as A
+/// fragments, each row slot's key j (kept while j < kend), and the dK and dV accumulators.
+struct Owned {
+    pl: Place,
+    kf: Vec<CoopMat>,
+    vf: Vec<CoopMat>,
+    keys: Vec<Val>,
+    dk: Vec<CoopVar>,
+    dv: Vec<CoopVar>,
+}
+
+/// One query block's products as `block` builds them: its first query, the scale in base
+/// 2, and whether the block masks.
+#[derive(Clone, Copy)]
+struct Pass {
+    i0: Val,
+    scale2: Val,
+    masked: bool,
+}
+
+/// Builds DkDv: the start-up loads, the block's K and V as fragments, the walk over the
+/// query blocks it sees, then dK and dV.
 pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
+    let (mut kb, f) = setup(kern);
+    let k = &mut kb;
+    // The start-up's global loads all in flight at once (K, V, the first query block's Q,
+    // dO, L and Dsum), under the coordinate tile's barriers; K and V then pass through the
+    // region into A fragments one after the other.
+    let stream = prefetch(k, &f);
+    let stats = Stats::new(k, &f);
+    first_query_loads(k, &f, &stream, &stats);
+    let o = own_rows(k, &f, &stream);
+    query_walk(k, &f, &o, &stream, &stats);
+    epilogue(k, &f, &o);
+    kb.finish()
+}
+
+/// Begins the kernel (see [`start`]) and finds the key block's coordinates and the query
+/// blocks it visits.
+fn setup(kern: &AttentionKernel) -> (KernelBuilder, DkDv<'_>) {
     let (bq, bk) = kern.variant.blocks();
-    let d = kern.head_dim;
     let Start {
         mut kb,
         p,
@@ -304,7 +383,6 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
     let k0 = k.mul(kblk, bkc);
     let js = k.add(k0, row0);
     let kend = key_end(k, &p, b);
-    let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
     let (qstart, nqb) = query_blocks(k, &p, kern.causal, k0, kend, bq);
     let bqc = k.u32(bq);
     let mv = Movers {
@@ -313,46 +391,83 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
         row: lay.row,
         bh: (b, h),
     };
-    // The start-up's global loads all in flight at once (K, V, the first query block's Q,
-    // dO, L and Dsum), under the coordinate tile's barriers; K and V then pass through the
-    // region into A fragments one after the other.
+    let f = DkDv {
+        kern,
+        p,
+        smem,
+        ty,
+        mv,
+        k0,
+        row0,
+        js,
+        kend,
+        qstart,
+        nqb,
+        bqc,
+        qt: Tile::fixed((lay.a, lay.row)),
+        ot: Tile::fixed((lay.b, lay.row)),
+        lay,
+        epi,
+    };
+    (kb, f)
+}
+
+/// Issues the loads of the block's K and V and declares the query blocks' Q and dO tiles.
+fn prefetch(k: &mut KernelBuilder, f: &DkDv) -> Stream {
+    let (bq, bk) = f.kern.variant.blocks();
+    let (mv, lay, p) = (&f.mv, &f.lay, &f.p);
+    let (qv, kv, vv, dov) = (p.views[0], p.views[1], p.views[2], p.views[3]);
     let kpre = mv.prefetch(k, kv, lay.region, bk);
-    mv.load(k, &kpre, k0, kend);
+    mv.load(k, &kpre, f.k0, f.kend);
     let vpre = mv.prefetch(k, vv, lay.region, bk);
-    mv.load(k, &vpre, k0, kend);
+    mv.load(k, &vpre, f.k0, f.kend);
     let qp = mv.prefetch(k, qv, lay.a, bq);
     let op = mv.prefetch(k, dov, lay.b, bq);
-    // L and Dsum of the block's queries, prefetched like the tiles: invocation tid moves
-    // queries tid, tid + threads, ... below bq (raw loads; `store_stats` transforms them).
-    let lse_buf = p.lse.expect("backward reads lse");
-    let dsum_buf = p.dsum.expect("backward reads dsum");
-    let stat_vars: Vec<(Val, Var, Var)> = (0..bq.div_ceil(threads))
-        .map(|j| {
-            let o = k.u32(j * threads);
-            let idx = k.add(tid, o);
-            let f = Ty::scalar(Scalar::F32);
-            (idx, k.var(f), k.var(f))
-        })
-        .collect();
-    let load_stats = |k: &mut KernelBuilder, i0: Val| {
-        for &(idx, lv, dv) in &stat_vars {
+    Stream { kpre, vpre, qp, op }
+}
+
+impl Stats {
+    /// This invocation's queries in a block and the registers of their L and Dsum.
+    fn new(k: &mut KernelBuilder, f: &DkDv) -> Stats {
+        let (bq, _) = f.kern.variant.blocks();
+        let threads = f.mv.threads;
+        let vars = (0..bq.div_ceil(threads))
+            .map(|j| {
+                let o = k.u32(j * threads);
+                let idx = k.add(f.mv.tid, o);
+                let f = Ty::scalar(Scalar::F32);
+                (idx, k.var(f), k.var(f))
+            })
+            .collect();
+        Stats { vars }
+    }
+
+    /// Loads L and Dsum of the block at query i0 (raw; `store` transforms them).
+    fn load(&self, k: &mut KernelBuilder, f: &DkDv, i0: Val) {
+        let (b, h) = f.mv.bh;
+        let lse_buf = f.p.lse.expect("backward reads lse");
+        let dsum_buf = f.p.dsum.expect("backward reads dsum");
+        for &(idx, lv, dv) in &self.vars {
             let i = k.add(i0, idx);
-            let inside = k.lt(i, p.t);
+            let inside = k.lt(i, f.p.t);
             let z = k.u32(0);
             let ic = k.select(inside, i, z);
-            let at = stat_index(k, &p, b, h, ic);
+            let at = stat_index(k, &f.p, b, h, ic);
             let l = k.load(lse_buf, at, 1);
             let ds = k.load(dsum_buf, at, 1);
             k.set(lv, l);
             k.set(dv, ds);
         }
-    };
-    // Stores −L·log2 e (+∞ past T, so that P = 0 there) and Dsum (0 past T).
-    let store_stats = |k: &mut KernelBuilder, i0: Val| {
-        for &(idx, lv, dv) in &stat_vars {
+    }
+
+    /// Stores −L·log2 e (+∞ past T, so that P = 0 there) and Dsum (0 past T) of the block
+    /// at query i0 into the stats area.
+    fn store(&self, k: &mut KernelBuilder, f: &DkDv, i0: Val) {
+        let (bq, _) = f.kern.variant.blocks();
+        for &(idx, lv, dv) in &self.vars {
             let body = |k: &mut KernelBuilder| {
                 let i = k.add(i0, idx);
-                let inside = k.lt(i, p.t);
+                let inside = k.lt(i, f.p.t);
                 let l = k.get(lv);
                 let ds = k.get(dv);
                 let inf = k.const_f32(f32::INFINITY);
@@ -364,127 +479,200 @@ pub(crate) fn dkdv(kern: &AttentionKernel) -> KernelModule {
                 let four = k.u32(4);
                 let w = k.div(idx, four);
                 let lane = k.rem(idx, four);
-                let st = k.u32(lay.stats);
+                let st = k.u32(f.lay.stats);
                 let wl = k.add(st, w);
                 let u = Ty::scalar(Scalar::U32);
                 let lb = k.bitcast(l, u);
-                k.shared_store_lane(smem, wl, lane, lb);
+                k.shared_store_lane(f.smem, wl, lane, lb);
                 let off = k.u32(bq / 4);
                 let wd = k.add(wl, off);
                 let db = k.bitcast(ds, u);
-                k.shared_store_lane(smem, wd, lane, db);
+                k.shared_store_lane(f.smem, wd, lane, db);
             };
-            let mine = k.lt(idx, bqc);
+            let mine = k.lt(idx, f.bqc);
             k.if_(mine, body);
         }
-    };
-    let first = k.mul(qstart, bqc);
-    mv.load(k, &qp, first, p.t);
-    mv.load(k, &op, first, p.t);
-    load_stats(k, first);
-    let pl = place(k, smem, map_of(kern), ty.acc, lay.region, tid, threads);
-    let tile = (lay.region, lay.row);
-    mv.store(k, smem, &kpre, k0, kend);
+    }
+}
+
+/// Issues the loads of the first query block's Q, dO, L and Dsum.
+fn first_query_loads(k: &mut KernelBuilder, f: &DkDv, stream: &Stream, stats: &Stats) {
+    let first = k.mul(f.qstart, f.bqc);
+    f.mv.load(k, &stream.qp, first, f.p.t);
+    f.mv.load(k, &stream.op, first, f.p.t);
+    stats.load(k, f, first);
+}
+
+/// This invocation's place in the fragments (from the coordinate tile), then K and V
+/// through the region into A fragments, one after the other; each row slot's key, and zero
+/// dK and dV accumulators.
+fn own_rows(k: &mut KernelBuilder, f: &DkDv, stream: &Stream) -> Owned {
+    let d = f.kern.head_dim;
+    let (mv, smem, ty) = (&f.mv, f.smem, f.ty);
+    let pl = place(
+        k,
+        smem,
+        map_of(f.kern),
+        ty.acc,
+        f.lay.region,
+        mv.tid,
+        mv.threads,
+    );
+    let tile = (f.lay.region, f.lay.row);
+    mv.store(k, smem, &stream.kpre, f.k0, f.kend);
     k.workgroup_barrier();
-    let kf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
+    let kf = row_frags(k, smem, ty.a, tile.0, tile.1, f.row0, d);
     k.workgroup_barrier();
-    mv.store(k, smem, &vpre, k0, kend);
+    mv.store(k, smem, &stream.vpre, f.k0, f.kend);
     k.workgroup_barrier();
-    let vf = row_frags(k, smem, ty.a, tile.0, tile.1, row0, d);
+    let vf = row_frags(k, smem, ty.a, tile.0, tile.1, f.row0, d);
     k.workgroup_barrier();
-    // The keys of each row slot: j (kept while j < kend).
-    let keys: Vec<Val> = pl.row.iter().map(|&r| k.add(js, r)).collect();
+    let keys: Vec<Val> = pl.row.iter().map(|&r| k.add(f.js, r)).collect();
     let dk = zero_accs(k, ty.acc, d / FRAG);
     let dv = zero_accs(k, ty.acc, d / FRAG);
+    Owned {
+        pl,
+        kf,
+        vf,
+        keys,
+        dk,
+        dv,
+    }
+}
+
+/// The walk over the query blocks: each block's Q, dO and stats staged while the next
+/// block's load, then its products, with masks only where a key is past the end or some
+/// query of the block precedes a key.
+fn query_walk(k: &mut KernelBuilder, f: &DkDv, o: &Owned, stream: &Stream, stats: &Stats) {
+    let (mv, p, bqc) = (&f.mv, &f.p, f.bqc);
     let one = k.u32(1);
     let log2e = k.const_f32(std::f32::consts::LOG2_E);
     let scale2 = k.mul(p.scale, log2e);
-    let qt = Tile::fixed((lay.a, lay.row));
-    let ot = Tile::fixed((lay.b, lay.row));
     let sixteen = k.u32(FRAG);
-    let js_end = k.add(js, sixteen);
-    let keys_past_end = k.gt(js_end, kend);
-    k.for_range(qstart, nqb, one, |k, qb| {
+    let js_end = k.add(f.js, sixteen);
+    let keys_past_end = k.gt(js_end, f.kend);
+    k.for_range(f.qstart, f.nqb, one, |k, qb| {
         let i0 = k.mul(qb, bqc);
         k.workgroup_barrier();
-        mv.store(k, smem, &qp, i0, p.t);
-        mv.store(k, smem, &op, i0, p.t);
-        store_stats(k, i0);
+        mv.store(k, f.smem, &stream.qp, i0, p.t);
+        mv.store(k, f.smem, &stream.op, i0, p.t);
+        stats.store(k, f, i0);
         let next = k.add(i0, bqc);
-        mv.load(k, &qp, next, p.t);
-        mv.load(k, &op, next, p.t);
-        load_stats(k, next);
+        mv.load(k, &stream.qp, next, p.t);
+        mv.load(k, &stream.op, next, p.t);
+        stats.load(k, f, next);
         k.workgroup_barrier();
-        // Masks where a key is past the end or some query of the block precedes a key.
-        let needs = if kern.causal {
+        let needs = if f.kern.causal {
             let fifteen = k.u32(FRAG - 1);
-            let last_key = k.add(js, fifteen);
+            let last_key = k.add(f.js, fifteen);
             let before = k.gt(last_key, i0);
             k.or(keys_past_end, before)
         } else {
             keys_past_end
         };
-        let body = |k: &mut KernelBuilder, masked: bool| {
-            let mut pa = Vec::new();
-            let mut da = Vec::new();
-            for c in 0..bq / FRAG {
-                // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 16 keys × 16 queries.
-                let s = product_t(k, smem, ty, &kf, qt, c);
-                let dp = product_t(k, smem, ty, &vf, ot, c);
-                let s = elems(k, s);
-                let dp = elems(k, dp);
-                // Each column slot's query: its L and Dsum from the stats area.
-                let mut stat = Vec::new();
-                for &col in &pl.col {
-                    let cc = k.u32(c * FRAG);
-                    let q = k.add(cc, col);
-                    let four = k.u32(4);
-                    let w = k.div(q, four);
-                    let lane = k.rem(q, four);
-                    let st = k.u32(lay.stats);
-                    let wl = k.add(w, st);
-                    let l = k.shared_load_lane(smem, wl, lane);
-                    let off = k.u32(bq / 4);
-                    let wd = k.add(wl, off);
-                    let ds = k.shared_load_lane(smem, wd, lane);
-                    let f = Ty::scalar(Scalar::F32);
-                    let qi = k.add(i0, q);
-                    stat.push((k.bitcast(l, f), k.bitcast(ds, f), qi));
-                }
-                let mut ps = Vec::new();
-                let mut dss = Vec::new();
-                for e in 0..LEN {
-                    let (nl2, dsum, i) = stat[pl.map.col_slot[e] as usize];
-                    let x = k.fma(s[e], scale2, nl2);
-                    let mut pr = k.exp2(x);
-                    if masked {
-                        let j = keys[pl.map.row_slot[e] as usize];
-                        let mut keep = k.lt(j, kend);
-                        if kern.causal {
-                            let seen = k.le(j, i);
-                            keep = k.and(keep, seen);
-                        }
-                        let zero = k.const_f32(0.0);
-                        pr = k.select(keep, pr, zero);
-                    }
-                    let dd = k.sub(dp[e], dsum);
-                    dss.push(k.mul(pr, dd));
-                    ps.push(pr);
-                }
-                pa.push(to_a(k, &pl, ty, &ps));
-                da.push(to_a(k, &pl, ty, &dss));
-            }
-            // dV += Pᵀ·dO, dK += dSᵀ·Q.
-            accumulate(k, smem, ty, &dv, &pa, ot);
-            accumulate(k, smem, ty, &dk, &da, qt);
-        };
-        k.if_else(needs, |k| body(k, true), |k| body(k, false));
+        let pass = |masked| Pass { i0, scale2, masked };
+        k.if_else(
+            needs,
+            |k| block(k, f, o, pass(true)),
+            |k| block(k, f, o, pass(false)),
+        );
     });
+}
+
+/// The staged query block's products, 16 queries at a time: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ,
+/// then P and dS, then dV += Pᵀ·dO and dK += dSᵀ·Q.
+fn block(k: &mut KernelBuilder, f: &DkDv, o: &Owned, pass: Pass) {
+    let (bq, _) = f.kern.variant.blocks();
+    let (smem, ty) = (f.smem, f.ty);
+    let mut pa = Vec::new();
+    let mut da = Vec::new();
+    for c in 0..bq / FRAG {
+        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 16 keys × 16 queries.
+        let s = product_t(k, smem, ty, &o.kf, f.qt, c);
+        let dp = product_t(k, smem, ty, &o.vf, f.ot, c);
+        let s = elems(k, s);
+        let dp = elems(k, dp);
+        let stat = column_stats(k, f, &o.pl, c, pass.i0);
+        let (ps, dss) = p_and_ds(k, f, o, (&s, &dp), &stat, pass);
+        pa.push(to_a(k, &o.pl, ty, &ps));
+        da.push(to_a(k, &o.pl, ty, &dss));
+    }
+    // dV += Pᵀ·dO, dK += dSᵀ·Q.
+    accumulate(k, smem, ty, &o.dv, &pa, f.ot);
+    accumulate(k, smem, ty, &o.dk, &da, f.qt);
+}
+
+/// Each column slot's query of the 16 at c·16 in the block at i0: its −L·log2 e and Dsum
+/// from the stats area, and the query.
+fn column_stats(
+    k: &mut KernelBuilder,
+    f: &DkDv,
+    pl: &Place,
+    c: u32,
+    i0: Val,
+) -> Vec<(Val, Val, Val)> {
+    let (bq, _) = f.kern.variant.blocks();
+    let mut stat = Vec::new();
+    for &col in &pl.col {
+        let cc = k.u32(c * FRAG);
+        let q = k.add(cc, col);
+        let four = k.u32(4);
+        let w = k.div(q, four);
+        let lane = k.rem(q, four);
+        let st = k.u32(f.lay.stats);
+        let wl = k.add(w, st);
+        let l = k.shared_load_lane(f.smem, wl, lane);
+        let off = k.u32(bq / 4);
+        let wd = k.add(wl, off);
+        let ds = k.shared_load_lane(f.smem, wd, lane);
+        let ft = Ty::scalar(Scalar::F32);
+        let qi = k.add(i0, q);
+        stat.push((k.bitcast(l, ft), k.bitcast(ds, ft), qi));
+    }
+    stat
+}
+
+/// P = exp2(S·scale·log2 e − L·log2 e) (0 where masked: a key past the end or, causal,
+/// after the query) and dS = P ∘ (dP − Dsum), per element of the 16 × 16 tile.
+fn p_and_ds(
+    k: &mut KernelBuilder,
+    f: &DkDv,
+    o: &Owned,
+    (s, dp): (&[Val], &[Val]),
+    stat: &[(Val, Val, Val)],
+    pass: Pass,
+) -> (Vec<Val>, Vec<Val>) {
+    let pl = &o.pl;
+    let causal = f.kern.causal;
+    let mut ps = Vec::new();
+    let mut dss = Vec::new();
+    for e in 0..LEN {
+        let (nl2, dsum, i) = stat[pl.map.col_slot[e] as usize];
+        let x = k.fma(s[e], pass.scale2, nl2);
+        let mut pr = k.exp2(x);
+        if pass.masked {
+            let j = o.keys[pl.map.row_slot[e] as usize];
+            let mut keep = k.lt(j, f.kend);
+            if causal {
+                let seen = k.le(j, i);
+                keep = k.and(keep, seen);
+            }
+            let zero = k.const_f32(0.0);
+            pr = k.select(keep, pr, zero);
+        }
+        let dd = k.sub(dp[e], dsum);
+        dss.push(k.mul(pr, dd));
+        ps.push(pr);
+    }
+    (ps, dss)
+}
+
+/// dK (times the scale) and dV to memory through the epilogue tile.
+fn epilogue(k: &mut KernelBuilder, f: &DkDv, o: &Owned) {
     k.workgroup_barrier();
     let onef = k.const_f32(1.0);
-    let dk_rows = OutRows::of(&p, 0, (b, h), js);
-    let dv_rows = OutRows::of(&p, 1, (b, h), js);
-    store_rows(k, smem, kern, &dk, Err(p.scale), &dk_rows, epi);
-    store_rows(k, smem, kern, &dv, Err(onef), &dv_rows, epi);
-    kb.finish()
+    let dk_rows = OutRows::of(&f.p, 0, f.mv.bh, f.js);
+    let dv_rows = OutRows::of(&f.p, 1, f.mv.bh, f.js);
+    store_rows(k, f.smem, f.kern, &o.dk, Err(f.p.scale), &dk_rows, f.epi);
+    store_rows(k, f.smem, f.kern, &o.dv, Err(onef), &dv_rows, f.epi);
 }
