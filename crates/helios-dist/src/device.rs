@@ -10,8 +10,7 @@ use crate::{Rank, Result};
 /// order), so the ranks on a host spread over its GPUs. Ranks beyond the devices present
 /// share them (a CPU device, or tests).
 pub fn device_for(rank: &Rank) -> Result<Device> {
-    let chosen = std::env::var("HELIOS_DEVICE").is_ok_and(|s| !s.trim().is_empty());
-    if rank.world == 1 || chosen {
+    if rank.world == 1 || crate::env::device_chosen() {
         return Ok(Device::from_env()?);
     }
     let instance = Arc::new(Instance::new(&InstanceOptions::from_env()?)?);

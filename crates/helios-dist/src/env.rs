@@ -1,9 +1,32 @@
-//! Which rank this process is, read from whatever started it: `helios train --nproc N`
-//! and `torchrun` set `RANK`, `WORLD_SIZE` and `LOCAL_RANK`; MPICH's `mpiexec` sets
-//! `PMI_RANK` and `PMI_SIZE`, Open MPI's `OMPI_COMM_WORLD_*`; Slurm's `srun` `SLURM_PROCID`,
-//! `SLURM_NTASKS` and `SLURM_LOCALID`.
+//! What helios-dist reads from its environment (documented in `docs/ENVIRONMENT.md`): its
+//! `HELIOS_*` switches, read here and nowhere else, and which rank this process is, read from
+//! whatever started it: `helios train --nproc N` and `torchrun` set `RANK`, `WORLD_SIZE` and
+//! `LOCAL_RANK`; MPICH's `mpiexec` sets `PMI_RANK` and `PMI_SIZE`, Open MPI's
+//! `OMPI_COMM_WORLD_*`; Slurm's `srun` `SLURM_PROCID`, `SLURM_NTASKS` and `SLURM_LOCALID`.
+
+use std::time::Duration;
 
 use crate::{Error, Result};
+
+/// `HELIOS_DEVICE` set (to more than blanks): the user chose the device, and every rank
+/// takes it.
+pub(crate) fn device_chosen() -> bool {
+    std::env::var("HELIOS_DEVICE").is_ok_and(|s| !s.trim().is_empty())
+}
+
+/// `HELIOS_DIST_TIMEOUT=<seconds>`: how long a rank waits for the others to join, or in one
+/// collective call; `None` when unset, an error when not a number of seconds above 0.
+pub(crate) fn dist_timeout() -> Result<Option<Duration>> {
+    match std::env::var("HELIOS_DIST_TIMEOUT") {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(s) if s > 0 => Ok(Some(Duration::from_secs(s))),
+            _ => Err(Error::Environment(format!(
+                "HELIOS_DIST_TIMEOUT={v:?} is not a number of seconds above 0"
+            ))),
+        },
+    }
+}
 
 /// What started this process, which decides how the ranks find each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -42,15 +42,7 @@ impl Drop for Watchdog {
 
 /// `JOIN_TIMEOUT`, or `HELIOS_DIST_TIMEOUT` seconds when set.
 pub fn join_timeout() -> crate::Result<Duration> {
-    match std::env::var("HELIOS_DIST_TIMEOUT") {
-        Err(_) => Ok(JOIN_TIMEOUT),
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(s) if s > 0 => Ok(Duration::from_secs(s)),
-            _ => Err(crate::Error::Environment(format!(
-                "HELIOS_DIST_TIMEOUT={v:?} is not a number of seconds above 0"
-            ))),
-        },
-    }
+    Ok(crate::env::dist_timeout()?.unwrap_or(JOIN_TIMEOUT))
 }
 
 #[cfg(test)]

@@ -335,7 +335,7 @@ pub fn default_cache_dir() -> Option<PathBuf> {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     };
-    let root = var("HELIOS_CACHE_DIR")
+    let root = crate::env::cache_root()
         .or_else(|| {
             var("XDG_CACHE_HOME")
                 .filter(|p| p.is_absolute())

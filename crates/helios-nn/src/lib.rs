@@ -35,6 +35,7 @@ mod atomic;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+mod env;
 mod error;
 pub mod generate;
 pub mod kv_cache;

@@ -36,8 +36,8 @@
 //!
 //! How the files relate (each imports only files below it in this list; no stage file
 //! imports another):
-//! - this file: the build dispatch (stage × variant → generator), shared-memory sizes, the
-//!   launch, the validation samples;
+//! - this file: the build dispatch (stage × variant → generator), which kernels exist
+//!   (`buildable`), shared-memory sizes, the launch, the validation samples;
 //! - the stage generators: `prep` (Dsum, both families), `simt/` (`fwd`, `bwd` on the tiles
 //!   of `simt/mod.rs`), `coop_fwd` and `coop_bwd` (scores in shared memory), `reg_fwd` and
 //!   `reg_bwd` (scores in registers);
@@ -50,7 +50,8 @@
 //!   [`ViewStrides`], [`AttnShape`], the candidate lists and [`default_order`]);
 //! - [`layout`]: the device's fragment layout ([`crate::FragMap`], the probe kernel; public
 //!   as `helios_kernels::coop_layout` too);
-//! - `native/`, apart from the SPIR-V files: `mod.rs` (which tiles exist, shared memory, the
+//! - `native/`, apart from the SPIR-V files and over `signature` (which has its warpgroup
+//!   sizes, as it has the SIMT tile's): `mod.rs` (which tiles exist, shared memory, the
 //!   launch) over `kernel.rs` (parameters, the work walk, every stage's split into roles)
 //!   over `producer.rs` (tensor maps, the copies) and the consumers: `dq.rs` and `dkdv.rs`
 //!   over `consumer.rs` (the forward's products and softmax, and what the stages share);
@@ -91,6 +92,17 @@ pub fn coop_supports(stage: AttnStage) -> bool {
 }
 
 impl AttentionKernel {
+    /// Whether this stage's family has the variant: pairs are the register forward's,
+    /// `own_dsum` the register Dq's, and `native` says which native kernels exist.
+    pub fn buildable(&self) -> bool {
+        if self.variant.is_native() {
+            return native::buildable(self);
+        }
+        (!matches!(self.variant, AttnVariant::CoopPair { .. })
+            || (self.in_registers() && self.stage == AttnStage::Forward))
+            && (!self.own_dsum || (self.in_registers() && self.stage == AttnStage::Dq))
+    }
+
     /// Bytes of workgroup-shared memory the kernel declares.
     pub fn shared_bytes(&self) -> u32 {
         match self.variant {

@@ -250,6 +250,10 @@ pub struct AttnShape {
 pub const SIMT_ROWS: u32 = 4;
 /// Invocations across a SIMT tile's columns (score columns, or vec4 chunks of D).
 pub const SIMT_COLS: u32 = 8;
+/// Query rows of a native kernel's consumer warpgroup (the `wgmma` M).
+pub const WG_ROWS: u32 = 64;
+/// Threads of a native kernel's warpgroup.
+pub const WG_THREADS: u32 = 128;
 
 impl AttentionKernel {
     pub fn name(&self) -> String {
@@ -308,23 +312,18 @@ impl AttentionKernel {
             AttnVariant::Coop { .. } | AttnVariant::CoopPair { .. } => {
                 owned / (16 * self.variant.row_tiles()) * self.subgroup
             }
-            AttnVariant::Native { bq, .. } => super::native::threads(u32::from(bq)),
+            AttnVariant::Native { bq, .. } => native_workgroup(u32::from(bq)),
         }
-    }
-
-    /// Whether this stage's family has the variant: pairs are the register forward's, and
-    /// `own_dsum` the register Dq's.
-    pub fn buildable(&self) -> bool {
-        if self.variant.is_native() {
-            return super::native::buildable(self);
-        }
-        (!matches!(self.variant, AttnVariant::CoopPair { .. })
-            || (self.in_registers() && self.stage == AttnStage::Forward))
-            && (!self.own_dsum || (self.in_registers() && self.stage == AttnStage::Dq))
     }
 }
 
 /// Invocations per workgroup of a SIMT kernel that owns `owned` rows.
 fn simt_workgroup(owned: u32) -> u32 {
     owned / SIMT_ROWS * SIMT_COLS
+}
+
+/// Threads of a native block of `bq` query rows: the consumer warpgroups, then the
+/// producer's.
+pub fn native_workgroup(bq: u32) -> u32 {
+    bq / WG_ROWS * WG_THREADS + WG_THREADS
 }

@@ -28,15 +28,15 @@ mod producer;
 
 use helios_ptx::{Module, Target};
 
-use super::signature::{AttentionKernel, AttnShape, AttnStage, AttnVariant, ViewStrides};
+use super::signature::{
+    native_workgroup, AttentionKernel, AttnShape, AttnStage, AttnVariant, ViewStrides, WG_ROWS,
+    WG_THREADS,
+};
 use crate::launch::{Arg, Args};
 use crate::matmul::NativeLaunch;
 use crate::storage::Storage;
 use crate::KernelError;
 
-/// Query rows of a consumer warpgroup (the `wgmma` M).
-const WG_ROWS: u32 = 64;
-const WG_THREADS: u32 = 128;
 /// Registers the producer warpgroup keeps after `setmaxnreg` (one thread issues copies).
 const PRODUCER_REGS: u32 = 24;
 /// Stages a ring may have: K's and V's "empty" named barriers take ids 1 to 12.
@@ -140,10 +140,6 @@ pub(super) fn tile_rows(kern: &AttentionKernel, bq: u32) -> u32 {
     }
 }
 
-/// Threads of a native block: the consumer warpgroups, then the producer's.
-pub(super) fn threads(bq: u32) -> u32 {
-    bq / WG_ROWS * WG_THREADS + WG_THREADS
-}
 impl AttentionKernel {
     /// Whether this native kernel can run on a device whose native target is `target`.
     pub fn native_feasible(&self, target: Option<Target>) -> bool {
@@ -246,7 +242,7 @@ impl AttentionKernel {
         let blocks = sms.map_or(items, |s| s.min(items)).max(1);
         Ok(NativeLaunch {
             grid: [blocks, 1, 1],
-            block: [threads(u32::from(bq)), 1, 1],
+            block: [native_workgroup(u32::from(bq)), 1, 1],
             args,
         })
     }
