@@ -108,7 +108,7 @@ struct DeviceInner {
     /// The tuning stores' key for this device (`tuning_store::device_key`), built once: the
     /// attention tuner looks its winners up on every call.
     tuning_key: std::sync::OnceLock<String>,
-    /// The attention tuner's stored winners as looked up so far (`attention_tune::cached`).
+    /// The attention tuner's stored winners as looked up so far (`attention::tune::cached`).
     attention_winners: Mutex<AttentionWinners>,
     /// Native (PTX) kernels by signature, JIT-compiled by the driver on first use.
     native: Mutex<FxHashMap<KernelKey, Arc<NativeKernel>>>,
@@ -120,7 +120,7 @@ struct DeviceInner {
 
 /// Tuned attention variants per class, `None` where none is stored.
 pub(crate) type AttentionWinners =
-    FxHashMap<crate::ops::attention_tune::Class, Option<helios_kernels::attention::AttnVariant>>;
+    FxHashMap<crate::ops::attention::tune::Class, Option<helios_kernels::attention::AttnVariant>>;
 
 impl Device {
     /// The best device present (`HELIOS_DEVICE` selects another by index or name), with the

@@ -2,11 +2,7 @@
 //! block over the helpers in `tensor.rs` (`Tensor::empty`, `buffer`, `address`) and the
 //! device's kernel cache (`Device::kernel` with a `KernelKey` variant per family).
 
-mod attention;
-mod attention_decode;
-mod attention_materialised;
-mod attention_select;
-pub(crate) mod attention_tune;
+pub(crate) mod attention;
 mod embedding;
 mod loss;
 mod matmul;
@@ -19,8 +15,8 @@ mod reduce;
 mod softmax;
 mod tuning_store;
 
+pub use attention::tune::attention_tuning;
 pub use attention::{AttentionGrads, AttentionOptions, AttentionOutput};
-pub use attention_tune::attention_tuning;
 pub use loss::CrossEntropy;
 pub(crate) use matmul::MatmulSpec;
 pub use matmul::{MatmulChoice, MatmulOptions, MatmulOverrides};

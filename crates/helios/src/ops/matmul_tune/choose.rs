@@ -249,14 +249,14 @@ pub(crate) fn forget_device(id: usize, ctx: &helios_vk::Context) {
     for e in gone {
         e.discard(ctx);
     }
-    crate::ops::attention_tune::forget_device(id, ctx);
+    crate::ops::attention::tune::forget_device(id, ctx);
     crate::ops::online::forget_device(id);
 }
 
 /// How many shape classes of `device` (matmul and attention) are still being tuned on real
 /// work: 0 once everything the program has run is settled.
 pub fn tuning_in_progress(device: &Device) -> usize {
-    matmul_exploring(device).len() + crate::ops::attention_tune::exploring_count(device)
+    matmul_exploring(device).len() + crate::ops::attention::tune::exploring_count(device)
 }
 
 /// The classes of `device` still being tuned on real work, a line each: the class key and

@@ -1,8 +1,8 @@
 //! Scaled-dot-product attention on tensors: forward (O and the row log-sum-exp L) and
 //! backward (dQ, dK, dV), flash style (scores never reach memory), except f32 without key
 //! lengths on a GPU with `MATERIALISED_MIN_BYTES` to `MATERIALISED_BYTES` of scores, which
-//! runs the faster materialised form on the matmul kernels (`attention_materialised`; no
-//! flash variant forced).
+//! runs the faster materialised form on the matmul kernels (`materialised`; no flash
+//! variant forced).
 //!
 //! The one decision a reader must know: Q, K and V are read in place through their strides,
 //! so the three views [`Tensor::split_qkv`] cuts from the fused QKV projection's
@@ -11,15 +11,24 @@
 //! Kernel choice is one function, [`choose`]: a forced variant, else `HELIOS_ATTN_VARIANT`,
 //! else the tuned one cached for (device, head dim, dtype), else cooperative matrices for
 //! f16/bf16 where the device has 16×16×16 fragments, else the largest SIMT tile that fits.
+//!
+//! Beside this file: `select` (the kernel of each stage), `tune` (block sizes tuned on real
+//! work, or exhaustively), `materialised` (the scores stored, on the matmul kernels) and
+//! `decode` (one new query against a key/value cache).
+
+mod decode;
+mod materialised;
+mod select;
+pub(crate) mod tune;
 
 use helios_kernels::attention::{AttentionKernel, AttnShape, AttnStage, AttnVariant, ViewStrides};
 
-use super::attention_materialised::{self as materialised, HeadView};
-use super::attention_select::choose;
-pub(crate) use super::attention_select::forced_by_env;
 use crate::device::KernelKey;
 use crate::{DType, Device, Error, IndexTensor, Result, Tensor};
 use helios_vk::Access;
+use materialised::HeadView;
+use select::choose;
+pub(crate) use select::forced_by_env;
 
 /// How attention is applied.
 #[derive(Clone, Default)]
@@ -37,7 +46,7 @@ pub struct AttentionOptions {
     pub stage_variant: Option<(AttnStage, AttnVariant)>,
     /// Forces the f32 form without key lengths (tests, benchmarks): `Some(true)` stores the
     /// scores and runs the matmul kernels, `Some(false)` the flash kernels; `None` decides
-    /// by device and size (`attention_materialised::wanted`).
+    /// by device and size (`materialised::wanted`).
     pub stored_scores: Option<bool>,
 }
 
@@ -269,8 +278,8 @@ impl Tensor {
                 scale,
             );
         }
-        if super::attention_tune::wanted(q, dims.d, &[AttnStage::Forward], opts) {
-            super::attention_tune::tune_forward(q, k, v, opts)?;
+        if tune::wanted(q, dims.d, &[AttnStage::Forward], opts) {
+            tune::tune_forward(q, k, v, opts)?;
         }
         let device = self.device();
         let out = Tensor::empty(device, &[dims.b, dims.t, dims.h, dims.d], self.dtype())?;
@@ -287,7 +296,7 @@ impl Tensor {
             &writes,
         )?;
         let real = AttentionOutput { out, lse };
-        super::attention_tune::explore_forward(q, k, v, opts, &real)?;
+        tune::explore_forward(q, k, v, opts, &real)?;
         Ok(real)
     }
 
@@ -363,8 +372,8 @@ impl Tensor {
             let p = Tensor::cat(&[&parts[0], &parts[1], &parts[2]], 2)?;
             return Ok([p.clone(), p.clone(), p]);
         }
-        if super::attention_tune::wanted(q, dims.d, &[AttnStage::DkDv, AttnStage::Dq], opts) {
-            super::attention_tune::tune_backward(q, k, v, fwd, dout, opts)?;
+        if tune::wanted(q, dims.d, &[AttnStage::DkDv, AttnStage::Dq], opts) {
+            tune::tune_backward(q, k, v, fwd, dout, opts)?;
         }
         let lse_off = fwd.lse.layout().offset();
         if lse_off != 0 {
@@ -422,12 +431,12 @@ impl Tensor {
             let writes = [gq.buffer()?];
             q.record_attention(AttnStage::Dq, dims, opts, (&views, packed), &reads, &writes)?;
         }
-        super::attention_tune::explore_backward(self, k, v, fwd, dout, opts, (&targets, packed))?;
+        tune::explore_backward(self, k, v, fwd, dout, opts, (&targets, packed))?;
         Ok(targets)
     }
 
     /// The kernel `choose` picks for `stage` of attention on `self` (q) with `opts`, or
-    /// `materialised` where the scores are stored (f32; see `attention_materialised`).
+    /// `materialised` where the scores are stored (f32; see `materialised`).
     pub fn attention_kernel(&self, stage: AttnStage, opts: &AttentionOptions) -> Result<String> {
         Ok(self
             .attention_kernel_of(stage, opts)?
@@ -521,7 +530,7 @@ fn record_native(
     )
 }
 
-/// Whether this attention runs in the materialised form (`attention_materialised::wanted`).
+/// Whether this attention runs in the materialised form (`materialised::wanted`).
 fn materialised_form(q: &Tensor, dims: Dims, opts: &AttentionOptions) -> bool {
     let cpu = q.device().context().caps().device_type == helios_vk::DeviceType::Cpu;
     materialised::wanted(q.dtype(), dims, opts, forced_by_env(), cpu)
@@ -565,11 +574,11 @@ fn shared_strides(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor,
 /// head start: what fails here fails again, and is reported, when the backward chooses.
 fn prepare_backward(q: &Tensor, opts: &AttentionOptions, packed: bool) {
     for stage in [AttnStage::Dq, AttnStage::DkDv] {
-        let kern = super::attention_select::unchecked(|| q.attention_kernel_of(stage, opts));
+        let kern = select::unchecked(|| q.attention_kernel_of(stage, opts));
         if let Ok(Some(k)) = kern {
             if k.variant.is_native() {
                 let k = AttentionKernel { packed, ..k };
-                let _ = super::attention_tune::start_compile(q.device(), k);
+                let _ = tune::start_compile(q.device(), k);
             }
         }
     }

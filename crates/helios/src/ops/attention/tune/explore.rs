@@ -4,8 +4,8 @@ use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant};
 
 use super::{bound, cached, candidates, forced, free, mode, rows, start_compile, store, Class};
 use crate::device::KernelKey;
+use crate::ops::attention::select::{first_use_passed, unchecked};
 use crate::ops::attention::{AttentionOptions, AttentionOutput};
-use crate::ops::attention_select::{first_use_passed, unchecked};
 use crate::ops::online::{
     compare, fenced, median, refund, spend, warm, RowSample, Verdict, FIRST_ESTIMATE_US,
 };

@@ -17,7 +17,7 @@ use helios_kernels::attention::decode::{
 };
 use helios_kernels::ViewStrides;
 
-use super::attention::view_of;
+use super::view_of;
 use crate::device::KernelKey;
 use crate::{DType, Error, Result, Tensor};
 

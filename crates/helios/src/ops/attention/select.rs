@@ -6,7 +6,7 @@ use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant};
 use helios_kernels::rows::Reducer;
 use helios_kernels::Storage;
 
-use super::attention::{invalid, AttentionOptions, AttentionOutput, Dims};
+use super::{invalid, AttentionOptions, AttentionOutput, Dims};
 use crate::realize_lock::LockExt;
 use crate::{DType, Device, Result, Tensor};
 
@@ -139,9 +139,9 @@ pub(super) fn choose(
         }
         return Ok(kern);
     }
-    if let Some(v) = super::attention_tune::cached(
+    if let Some(v) = super::tune::cached(
         device,
-        super::attention_tune::Class::of(storage, dims.d, dims.b * dims.t * dims.h, stage, opts),
+        super::tune::Class::of(storage, dims.d, dims.b * dims.t * dims.h, stage, opts),
     ) {
         let kern = make(v);
         if fits(&kern) {
@@ -540,7 +540,7 @@ mod tests {
     /// A deadlock fails the test after ten minutes.
     #[test]
     fn first_use_checks_run_inside_the_tuner() {
-        use crate::ops::attention_tune::{cached, forget, Class};
+        use crate::ops::attention::tune::{cached, forget, Class};
         use crate::ops::online::TEST_TUNING;
         use crate::realize_lock::LockExt;
         type Outcome = (

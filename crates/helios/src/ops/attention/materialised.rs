@@ -23,10 +23,10 @@
 
 use helios_kernels::{Epilogue, MatmulShape, RowOp, Triangle};
 
-use super::attention::{AttentionGrads, AttentionOptions, AttentionOutput, Dims};
-use super::matmul::Problem;
-use super::matmul_tune;
-use super::softmax::SoftmaxOptions;
+use super::{AttentionGrads, AttentionOptions, AttentionOutput, Dims};
+use crate::ops::matmul::Problem;
+use crate::ops::matmul_tune;
+use crate::ops::softmax::SoftmaxOptions;
 use crate::{DType, Result, Tensor};
 
 /// Most bytes of f32 scores, B·H·T·T·4, the stored form takes; larger problems run the flash

@@ -26,8 +26,8 @@ mod explore;
 pub(crate) use exhaustive::{tune_backward, tune_forward};
 pub(crate) use explore::{explore_backward, explore_forward, exploring_count, forget_device};
 
-use super::attention::AttentionOptions;
-use super::Tuning;
+use super::AttentionOptions;
+use crate::ops::Tuning;
 use crate::realize_lock::LockExt;
 use crate::{DType, Device, Result, Tensor};
 
@@ -88,13 +88,13 @@ fn rows(q: &Tensor, d: usize) -> usize {
 /// or where online and `set_exhaustive_tuning` asks.
 fn mode(device: &Device) -> Tuning {
     #[cfg(test)]
-    if let Some(t) = super::online::test_tuning(device) {
+    if let Some(t) = crate::ops::online::test_tuning(device) {
         return t;
     }
     if crate::env::matmul_tune() == Some(Tuning::Exhaustive) {
         return Tuning::Exhaustive;
     }
-    super::matmul_tune::upgraded(match crate::env::attention_tune() {
+    crate::ops::matmul_tune::upgraded(match crate::env::attention_tune() {
         Some(false) => Tuning::Off,
         Some(true) => Tuning::Online,
         None if device.context().caps().device_type == DeviceType::Cpu => Tuning::Off,
@@ -104,7 +104,7 @@ fn mode(device: &Device) -> Tuning {
 
 /// Whether a call is free to tune: nothing forced.
 fn free(o: &AttentionOptions) -> bool {
-    o.variant.is_none() && o.stage_variant.is_none() && !super::attention::forced_by_env()
+    o.variant.is_none() && o.stage_variant.is_none() && !super::forced_by_env()
 }
 
 /// Whether a call should tune `stages` exhaustively first: that mode, nothing forced, some
@@ -158,7 +158,7 @@ fn candidates(device: &Device, stage: AttnStage, coop: bool) -> Vec<AttnVariant>
 pub(crate) fn start_compile(device: &Device, k: AttentionKernel) -> Result<()> {
     let key = crate::device::KernelKey::Attention(k);
     if k.variant.is_native() {
-        let target = super::native::target(device, &k.name())?;
+        let target = crate::ops::native::target(device, &k.name())?;
         device.native_kernel(key, || Ok(k.build_native(target)?))?;
     } else {
         device.kernel(key, move || k.build())?;
@@ -178,8 +178,10 @@ fn bound(dtype: DType) -> f64 {
 
 /// Attention winners per device (`<cache root>/attention/<device>.tsv`). Version 2: the
 /// forward is software-pipelined where it fits, and row-tile pairs joined its candidates.
-static STORE: super::tuning_store::TuningStore =
-    super::tuning_store::TuningStore::new("attention", 2, |v| AttnVariant::by_name(v).is_some());
+static STORE: crate::ops::tuning_store::TuningStore =
+    crate::ops::tuning_store::TuningStore::new("attention", 2, |v| {
+        AttnVariant::by_name(v).is_some()
+    });
 
 /// The tuned variant for `class` on this device, if any. Every attention call asks, so the
 /// answer is remembered per device (`Device::attention_winners`) until a winner is stored.
