@@ -6,7 +6,6 @@ pub(crate) mod attention;
 mod embedding;
 mod loss;
 mod matmul;
-mod matmul_tune;
 mod native;
 mod norm;
 pub(crate) mod online;
@@ -18,13 +17,13 @@ mod tuning_store;
 pub use attention::tune::attention_tuning;
 pub use attention::{AttentionGrads, AttentionOptions, AttentionOutput};
 pub use loss::CrossEntropy;
-pub(crate) use matmul::MatmulSpec;
-pub use matmul::{MatmulChoice, MatmulOptions, MatmulOverrides};
-pub(crate) use matmul_tune::forget_device;
-pub use matmul_tune::{
+pub(crate) use matmul::tune::forget_device;
+pub use matmul::tune::{
     coop_peak, matmul_caps, matmul_exploring, set_exhaustive_tuning, stop_background_tuning,
     tuning, tuning_in_progress, CandidateResult, Choice, CoopPeak, TuneReport, Tuning,
 };
+pub(crate) use matmul::MatmulSpec;
+pub use matmul::{MatmulChoice, MatmulOptions, MatmulOverrides};
 pub use norm::{NormGrads, NormOutput};
 pub use optim::{adamw_step, adamw_step_scaled, sum_squares, AdamWConfig, AdamWParam};
 pub use reduce::RowOp;

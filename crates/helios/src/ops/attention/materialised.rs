@@ -24,8 +24,8 @@
 use helios_kernels::{Epilogue, MatmulShape, RowOp, Triangle};
 
 use super::{AttentionGrads, AttentionOptions, AttentionOutput, Dims};
+use crate::ops::matmul::tune as matmul_tune;
 use crate::ops::matmul::Problem;
-use crate::ops::matmul_tune;
 use crate::ops::softmax::SoftmaxOptions;
 use crate::{DType, Result, Tensor};
 

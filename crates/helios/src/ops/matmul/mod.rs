@@ -6,7 +6,7 @@
 //! wants). Transposed views (`x.transpose(-2, -1)`) and any view whose matrix dimensions have
 //! a unit stride are read in place; only other layouts are copied first.
 //!
-//! The one decision a reader must know: which kernel runs is decided in `matmul_tune`
+//! The one decision a reader must know: which kernel runs is decided in `tune`
 //! (forced variant, `HELIOS_MATMUL_VARIANT`, the tuned and persisted winner for the shape
 //! class, or the documented default), never here; this file only turns tensors into a
 //! `MatmulShape` and records the dispatch. A product that a graph pass may still give an
@@ -26,15 +26,16 @@ use helios_vk::Access;
 mod native;
 mod options;
 mod split;
+pub(crate) mod tune;
 
 use native::record_native;
 pub(crate) use options::MatmulSpec;
 pub use options::{MatmulOptions, MatmulOverrides};
 
-use super::matmul_tune::{self, Choice};
 use crate::device::KernelKey;
 use crate::layout::Dims;
 use crate::{DType, Error, Result, Tensor};
+use tune::Choice;
 
 /// Largest product (FLOPs) into which `matmul_col_sums` folds the column sums. Below it
 /// the products are small and the saved dispatch is host time (a 12-block step's bias
@@ -477,7 +478,7 @@ impl Tensor {
         if p.can_wait(opts) {
             return p.pending();
         }
-        matmul_tune::run(&p)
+        tune::run(&p)
     }
 
     /// The scheduler's recording of a pending product (`lazy::epilogue`), with the epilogue
@@ -504,9 +505,9 @@ impl Tensor {
             p.pre = Some(p.output()?);
         }
         let out = Tensor::empty_in(self.device(), &p.out_shape, p.out, location)?;
-        matmul_tune::run_into(&p, &out)?;
+        tune::run_into(&p, &out)?;
         let name = match crate::env::debug() {
-            true => matmul_tune::choose(&p)?.0.kernel.name(),
+            true => tune::choose(&p)?.0.kernel.name(),
             false => String::new(),
         };
         Ok((out, p.pre.take(), name))
@@ -562,7 +563,7 @@ impl Tensor {
             ..Default::default()
         };
         let mut p = Problem::new(self, other, &opts)?;
-        let (plan, _) = matmul_tune::choose(&p)?;
+        let (plan, _) = tune::choose(&p)?;
         let s = &p.shape;
         let foldable = plan.splits <= 1
             && matches!(plan.kernel.variant, MatmulVariant::Simt(_))
@@ -571,7 +572,7 @@ impl Tensor {
             && s.n > 0;
         if !foldable {
             // `other` is in the output dtype (no `out` option here).
-            return Ok((matmul_tune::run(&p)?, other.sum(0)?));
+            return Ok((tune::run(&p)?, other.sum(0)?));
         }
         // (The product's own epilogue is plain: `p` has no options.)
         let kernel = MatmulKernel {
@@ -621,7 +622,7 @@ impl Tensor {
         }
         // Into a given tensor the product runs unsplit: the split form's sum lands in a
         // fresh one.
-        let (plan, _) = matmul_tune::choose(&p)?;
+        let (plan, _) = tune::choose(&p)?;
         p.record(&plan.kernel, out)
     }
 
@@ -639,7 +640,7 @@ impl Tensor {
         overrides: &MatmulOverrides,
     ) -> Result<MatmulChoice> {
         let p = Problem::new(self, other, &MatmulSpec::new(opts, overrides))?;
-        let (plan, how) = matmul_tune::choose(&p)?;
+        let (plan, how) = tune::choose(&p)?;
         Ok(MatmulChoice {
             kernel: plan.kernel.name(),
             variant: plan.kernel.variant,
@@ -663,6 +664,6 @@ pub struct MatmulChoice {
 impl MatmulChoice {
     /// The variant's name, with `/k<splits>` when k is split.
     pub fn label(&self) -> String {
-        matmul_tune::winner_tag(&self.variant.label(), self.splits)
+        tune::winner_tag(&self.variant.label(), self.splits)
     }
 }

@@ -94,7 +94,7 @@ fn mode(device: &Device) -> Tuning {
     if crate::env::matmul_tune() == Some(Tuning::Exhaustive) {
         return Tuning::Exhaustive;
     }
-    crate::ops::matmul_tune::upgraded(match crate::env::attention_tune() {
+    crate::ops::matmul::tune::upgraded(match crate::env::attention_tune() {
         Some(false) => Tuning::Off,
         Some(true) => Tuning::Online,
         None if device.context().caps().device_type == DeviceType::Cpu => Tuning::Off,

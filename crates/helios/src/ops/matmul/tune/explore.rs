@@ -24,7 +24,7 @@ use helios_vk::{GpuSpan, Snapshot};
 use super::background;
 use super::cache::{store, winner_tag};
 use super::caps::matmul_caps;
-use super::tune::{split_candidates, timed_candidates};
+use super::exhaustive::{split_candidates, timed_candidates};
 use crate::ops::matmul::{Plan, Problem};
 use crate::ops::online::{
     compare, fenced, median, refund, spend, warm, RowSample, Verdict, FIRST_ESTIMATE_US,
@@ -624,12 +624,12 @@ fn matmul_bound(out: DType) -> f64 {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::ops::matmul_tune::Tuning;
+    use crate::ops::matmul::tune::Tuning;
     use crate::ops::online::TEST_TUNING;
     use crate::Device;
 
     /// Devices whose candidates compute a wrong product in their shadow runs.
-    pub(in crate::ops::matmul_tune) static SABOTAGED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    pub(in crate::ops::matmul::tune) static SABOTAGED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
     fn random(device: &Device, shape: &[usize], seed: u64) -> (Tensor, Vec<f32>) {
         use rand::{Rng, SeedableRng};
@@ -720,7 +720,7 @@ pub(super) mod tests {
         let (a, _) = random(&device, &[88, 64], 3);
         let (b, _) = random(&device, &[64, 24], 4);
         let p = Problem::new(&a, &b, &Default::default()).expect("problem");
-        let first = crate::ops::matmul_tune::choose::first_choice(&p);
+        let first = crate::ops::matmul::tune::choose::first_choice(&p);
         let (_, choice) = explore_until_settled(&device, (88, 24, 64), 200);
         assert_eq!(choice.variant, first.kernel.variant, "the incumbent stays");
         assert_eq!(choice.splits, first.splits);
@@ -740,7 +740,7 @@ pub(super) mod tests {
         let p = Problem::new(&a, &b, &Default::default()).expect("problem");
         let key = super::super::cache::class_key(&p);
         super::super::cache::forget(&device, &key);
-        let first = crate::ops::matmul_tune::choose::first_choice(&p);
+        let first = crate::ops::matmul::tune::choose::first_choice(&p);
         let forced = crate::MatmulOverrides {
             variant: Some(first.kernel.variant),
             ..Default::default()

@@ -1,5 +1,5 @@
 //! The family's one selection function, `choose`, and its per-process memo (the order of
-//! precedence is in the module docs of `matmul_tune`).
+//! precedence is in the module docs of `tune`).
 
 use std::sync::{Arc, Mutex};
 
@@ -9,8 +9,8 @@ use helios_vk::DeviceType;
 
 use super::cache::{cached, class_key, earlier};
 use super::caps::matmul_caps;
+use super::exhaustive::{filling_split, tune};
 use super::explore::Explorer;
-use super::tune::{filling_split, tune};
 use crate::ops::matmul::{Plan, Problem};
 use crate::realize_lock::LockExt;
 use crate::{DType, Device, Error, Result};

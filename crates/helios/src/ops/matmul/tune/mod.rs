@@ -8,14 +8,14 @@
 //! candidates compile on background threads and run beside the program's own calls, checked
 //! against the incumbent's output and timed in pairs with it, until the class settles. With
 //! `HELIOS_MATMUL_TUNE=full` a class is instead tuned exhaustively before its first call
-//! returns (`tune`: each candidate checked against the f64 CPU reference, then timed);
+//! returns (`exhaustive`: each candidate checked against the f64 CPU reference, then timed);
 //! `HELIOS_MATMUL_TUNE=0` keeps the first choice. Winners persist in
 //! `<cache root>/matmul/<device uuid>-<driver version>-<features>.tsv` (one `variant  µs
 //! class` line per class).
 //!
 //! The files: `caps` (what the device offers matmul), `choose` (the selection, its
 //! per-process memo and the first choice), `explore` (tuning on real work) and `background`
-//! (its compile threads), `cache` (shape classes and the on-disk winners), `tune` (the
+//! (its compile threads), `cache` (shape classes and the on-disk winners), `exhaustive` (the
 //! exhaustive tuner: candidates, split-K, reports), `check` (a candidate's correctness check
 //! against the CPU reference), `timing` (GPU timing of candidates) and `peak` (the
 //! cooperative-matrix peak microbenchmark).
@@ -25,10 +25,10 @@ mod cache;
 mod caps;
 mod check;
 mod choose;
+mod exhaustive;
 mod explore;
 mod peak;
 mod timing;
-mod tune;
 
 pub use background::stop as stop_background_tuning;
 pub(crate) use cache::winner_tag;
@@ -37,5 +37,5 @@ pub(crate) use choose::{choose, forget_device, run, run_into, upgraded};
 pub use choose::{
     matmul_exploring, set_exhaustive_tuning, tuning, tuning_in_progress, Choice, Tuning,
 };
+pub use exhaustive::{CandidateResult, TuneReport};
 pub use peak::{coop_peak, CoopPeak};
-pub use tune::{CandidateResult, TuneReport};
