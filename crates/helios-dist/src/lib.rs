@@ -10,6 +10,12 @@
 //! travel. Under ZeRO-1 (`Shards`) each rank keeps the optimizer state of its own shard of
 //! the parameters: gradients then travel to their owner only, and updated parameters from
 //! their owner to every rank, which again leaves every rank with the same bits.
+//!
+//! How the modules relate: `env` reads the launcher's variables into a `Rank` (and the
+//! crate's `HELIOS_*` switches); `device` picks that rank's Vulkan device; `nccl`, `mpi` and
+//! `single` are the `Collective` backends, each call under `guard`'s deadline, and joining
+//! under `watchdog`'s; `shard` splits the parameters for ZeRO-1 over any backend; `launch`
+//! starts the ranks of `--nproc` and stops them all when one fails.
 
 mod device;
 mod env;
