@@ -55,13 +55,14 @@ pub(crate) fn feasible(kern: &MatmulKernel, t: NativeTile, target: Option<Target
     target.is_some_and(|t| t.has_wgmma()) && buildable(kern, t)
 }
 
-/// Whether a native kernel exists for `kern` with tile `t`, whatever the target: 16-bit inputs
-/// whose rows start 16-byte aligned (tensor maps take 16-byte row strides), an epilogue
-/// without the attention-only row ops, column sums or triangles, and stages that fit 48 KiB
-/// in a layout the copy engine can fill.
+/// Whether a native kernel exists for `kern` with tile `t`, whatever the target: a well-formed
+/// tile (a hand-made one may not be), 16-bit inputs whose rows start 16-byte aligned (tensor
+/// maps take 16-byte row strides), an epilogue without the attention-only row ops, column
+/// sums or triangles, and stages that fit 48 KiB in a layout the copy engine can fill.
 fn buildable(kern: &MatmulKernel, t: NativeTile) -> bool {
     let e = &kern.epilogue;
-    matches!(kern.input, Storage::F16 | Storage::BF16)
+    crate::matmul::Variant::Native(t).well_formed()
+        && matches!(kern.input, Storage::F16 | Storage::BF16)
         && kern.vec_a
         && kern.vec_b
         && kern.triangle == Triangle::Full
@@ -594,6 +595,27 @@ mod tests {
         assert_eq!(grid(3, 4096, 4096, Some(132)), [44, 1, 3]);
         assert_eq!(grid(1, 256, 384, Some(132)), [4, 1, 1]);
         assert_eq!(grid(200, 128, 192, Some(132)), [1, 1, 200]);
+    }
+
+    /// A hand-made tile the generator cannot build (no consumer warpgroup, more
+    /// accumulators than registers) is an error, not a panic.
+    #[test]
+    fn ill_formed_tiles_are_refused() {
+        for wgs in [0, 1] {
+            let k = MatmulKernel {
+                variant: Variant::Native(crate::matmul::NativeTile {
+                    bm: 128,
+                    bn: 256,
+                    bk: 16,
+                    stages: 3,
+                    wgs,
+                }),
+                ..kernel()
+            };
+            assert!(!k.native_feasible(Some(Target::SM90A)));
+            let err = k.build_native(Target::SM90A).unwrap_err().to_string();
+            assert!(err.contains("no native kernel"), "{err}");
+        }
     }
 
     /// The tensor maps' workspace and 16-byte aligned operands are required, and a missing
