@@ -26,49 +26,42 @@ impl Problem {
         {
             return None;
         }
-        if native {
+        let (k, stride_a, stride_b, k_parts) = if native {
             // The kernel takes its part of the k tiles itself (`MatmulShape::k_parts`): any
             // count up to one tile a part, so the parts can fill the SMs.
-            let mn = s.m.checked_mul(s.n)?;
-            mn.checked_mul(splits)?;
-            return (splits <= s.k.div_ceil(16)).then_some(MatmulShape {
-                batch: splits,
-                stride_a: 0,
-                stride_b: 0,
-                ldc: s.n,
-                ldr: s.n,
-                stride_c: mn,
-                stride_r: mn,
-                k_parts: splits,
-                ..*s
-            });
-        }
-        let kc = s.k / splits;
-        if kc * splits != s.k {
-            return None;
-        }
-        if kc % 8 != 0 {
-            return None;
-        }
+            if splits > s.k.div_ceil(16) {
+                return None;
+            }
+            (s.k, 0, 0, splits)
+        } else {
+            let kc = s.k / splits;
+            if kc * splits != s.k || kc % 8 != 0 {
+                return None;
+            }
+            let stride_a = if self.trans.0 {
+                kc.checked_mul(s.lda)?
+            } else {
+                kc
+            };
+            let stride_b = if self.trans.1 {
+                kc
+            } else {
+                kc.checked_mul(s.ldb)?
+            };
+            (kc, stride_a, stride_b, 1)
+        };
         let mn = s.m.checked_mul(s.n)?;
         mn.checked_mul(splits)?;
         Some(MatmulShape {
             batch: splits,
-            k: kc,
-            stride_a: if self.trans.0 {
-                kc.checked_mul(s.lda)?
-            } else {
-                kc
-            },
-            stride_b: if self.trans.1 {
-                kc
-            } else {
-                kc.checked_mul(s.ldb)?
-            },
+            k,
+            stride_a,
+            stride_b,
             ldc: s.n,
             ldr: s.n,
             stride_c: mn,
             stride_r: mn,
+            k_parts,
             ..*s
         })
     }
