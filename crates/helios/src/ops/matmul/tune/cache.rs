@@ -51,8 +51,11 @@ pub(crate) fn class_key(p: &Problem) -> String {
 /// shared memory (faster on GPT-2's shapes:
 /// bench/results/2026-11-27-matmul-h100-session18-epilogue-ab.txt) and three tiles joined
 /// the table; earlier winners were ranked under the old epilogue and never saw the new tiles.
+/// Version 5: the native kernels release each stage once its products are done, the
+/// 256 × 192 native tile joined the table and native kernels split k in any number of parts
+/// (bench/results/2026-11-29-native-release-h200.md); earlier winners never saw them.
 static STORE: crate::ops::tuning_store::TuningStore =
-    crate::ops::tuning_store::TuningStore::new("matmul", 4, |v| parse_tag(v).is_some());
+    crate::ops::tuning_store::TuningStore::new("matmul", 5, |v| parse_tag(v).is_some());
 
 pub(super) fn cached(device: &Device, key: &str) -> Option<(MatmulVariant, u32)> {
     STORE.get(device, key).and_then(|v| parse_tag(&v))
