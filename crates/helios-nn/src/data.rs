@@ -330,19 +330,7 @@ fn encode_u16(ids: &[u32], vocab: usize, path: &Path) -> Result<Vec<u8>> {
 /// else `$XDG_CACHE_HOME/helios` (an absolute path), else `$HOME/.cache/helios`; `None` when
 /// none is set (then cache beside the output instead).
 pub fn default_cache_dir() -> Option<PathBuf> {
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    let root = crate::env::cache_root()
-        .or_else(|| {
-            var("XDG_CACHE_HOME")
-                .filter(|p| p.is_absolute())
-                .map(|p| p.join("helios"))
-        })
-        .or_else(|| var("HOME").map(|h| h.join(".cache").join("helios")))?;
-    Some(root.join("tokens"))
+    Some(crate::env::cache_root()?.join("tokens"))
 }
 
 /// `cache_dir/STEM.TOKENIZER.HASH.bin` for the text `bytes` read from `path`.

@@ -3,9 +3,13 @@
 
 use std::path::PathBuf;
 
-/// `HELIOS_CACHE_DIR=<dir>`: the root of Helios' on-disk caches; `None` when unset or empty.
+use helios_vk::{PipelineCacheDir, HELIOS_CACHE_DIR};
+
+/// The root of Helios' on-disk caches, read as the pipeline cache and the tuners read it:
+/// `HELIOS_CACHE_DIR=<dir>`, else the user's cache directory (`PipelineCacheDir::User`);
+/// `None` when neither is known.
 pub(crate) fn cache_root() -> Option<PathBuf> {
-    std::env::var_os("HELIOS_CACHE_DIR")
-        .filter(|v| !v.is_empty())
+    helios_vk::env::string(HELIOS_CACHE_DIR)
         .map(PathBuf::from)
+        .or_else(|| PipelineCacheDir::User.root())
 }
