@@ -1,7 +1,12 @@
-//! Tuned winners on disk, per device: one TSV file per kernel family under the cache root
-//! (`<cache root>/<family>/<device UUID>-<driver version>-<features>.tsv`, lines
+//! Tuned winners on disk, per device model: one TSV file per kernel family under the cache
+//! root (`<cache root>/<family>/<model>-<driver version>-<features>.tsv`, lines
 //! `variant µs class`), loaded on first use and rewritten atomically (temporary file,
 //! rename) when a winner is added. The matmul and attention tuners share it.
+//!
+//! `<model>` is the PCI vendor and device id, not the device's UUID: identical GPUs share
+//! their winners. With one file per GPU, the second GPU of a data-parallel run explored for
+//! hundreds of steps that the first had settled, and every rank waited for it in the
+//! all-reduce (bench/results/2026-11-29-data-parallel-h200x2.md, session 40).
 //!
 //! `<features>` names the enabled features that decide which kernel families can run
 //! (cooperative matrices per input type, workgroup-scope matrices, subgroup reductions):
@@ -85,7 +90,7 @@ impl TuningStore {
         let header = self.header();
         self.with(device, |e| {
             if e.winners.remove(class).is_some() {
-                self.save(&header, e);
+                self.save(&header, e, false);
             }
         })
     }
@@ -96,18 +101,26 @@ impl TuningStore {
         let header = self.header();
         self.with(device, |e| {
             e.winners.insert(class.to_owned(), (variant.to_owned(), us));
-            self.save(&header, e);
+            self.save(&header, e, true);
         })
     }
 
     /// Rewrites `e`'s file atomically (a temporary file, then a rename): a process killed
-    /// meanwhile leaves the old file or the new one, never half of one.
-    fn save(&self, header: &str, e: &Entries) {
+    /// meanwhile leaves the old file or the new one, never half of one. Winners that other
+    /// processes wrote meanwhile (the other ranks of a data-parallel run, on GPUs of the
+    /// same model) are kept with `merge`; this process's own win where both name a class.
+    fn save(&self, header: &str, e: &Entries, merge: bool) {
         let Some(path) = e.path.clone() else {
             return;
         };
-        let mut lines: Vec<String> = e
-            .winners
+        let mut all = match merge {
+            true => std::fs::read_to_string(&path)
+                .map(|text| self.parse(&text))
+                .unwrap_or_default(),
+            false => HashMap::new(),
+        };
+        all.extend(e.winners.iter().map(|(k, w)| (k.clone(), w.clone())));
+        let mut lines: Vec<String> = all
             .iter()
             .map(|(k, (v, t))| format!("{v}\t{t:.3}\t{k}"))
             .collect();
@@ -167,10 +180,10 @@ impl TuningStore {
         f(entries)
     }
 
-    /// The winners in the family's other files for the same device UUID (`key` starts with
-    /// it), the most recently written file's first.
+    /// The winners in the family's other files for the same device model (`key` starts
+    /// with it), the most recently written file's first.
     fn earlier_files(&self, path: &std::path::Path, key: &str) -> HashMap<String, String> {
-        let uuid = key.split('-').next().unwrap_or(key);
+        let model = key.split('-').next().unwrap_or(key);
         let Some(dir) = path.parent().and_then(|d| std::fs::read_dir(d).ok()) else {
             return HashMap::new();
         };
@@ -181,7 +194,7 @@ impl TuningStore {
             .filter(|f| {
                 f.file_name()
                     .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&format!("{uuid}-")))
+                    .is_some_and(|n| n.starts_with(&format!("{model}-")))
             })
             .map(|f| {
                 let at = std::fs::metadata(&f).and_then(|m| m.modified());
@@ -243,8 +256,8 @@ pub fn stored_winners(device: &Device, family: &str) -> usize {
     })
 }
 
-/// `<device UUID>-<driver version>-<features>`, with the version's unusual characters
-/// replaced; `<features>` is [`feature_tag`].
+/// `<model>-<driver version>-<features>`: the PCI vendor and device ids in hex, the
+/// version with its unusual characters replaced, and [`feature_tag`].
 fn device_key(device: &Device) -> String {
     let caps = device.context().caps();
     let safe: String = caps
@@ -258,7 +271,8 @@ fn device_key(device: &Device) -> String {
             }
         })
         .collect();
-    format!("{}-{safe}-{}", caps.device_uuid, feature_tag(device))
+    let model = format!("{:04x}_{:04x}", caps.vendor_id, caps.device_id);
+    format!("{model}-{safe}-{}", feature_tag(device))
 }
 
 /// The kernel families this device may run, as letters: `h` f16 and `b` bf16 cooperative
@@ -296,7 +310,8 @@ mod tests {
 
     /// A winner is written atomically and read back by a fresh load; a file of another
     /// driver for the same device gives the first choices of this one; lines the build does
-    /// not know and files that are not the family's are ignored, never an error.
+    /// not know and files that are not the family's are ignored, never an error; winners
+    /// another process wrote meanwhile survive this one's writes.
     #[test]
     fn winners_persist_and_a_new_driver_starts_from_the_old_ones() {
         let device = Device::from_env().expect("a Vulkan device");
@@ -310,15 +325,15 @@ mod tests {
         let dir = root.join("helios-store-test");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("the test's directory");
-        let uuid = key.split('-').next().expect("a uuid");
+        let model = key.split('-').next().expect("a model");
         let header = "# helios helios-store-test tuning v1: variant\tmicroseconds\tclass";
-        let old_driver = dir.join(format!("{uuid}-0.0.0_old-x.tsv"));
+        let old_driver = dir.join(format!("{model}-0.0.0_old-x.tsv"));
         std::fs::write(
             &old_driver,
             format!("{header}\nfast\t1.000\tclass a\ngone\t2.000\tclass b\nnot a line\n"),
         )
         .expect("an old driver's file");
-        std::fs::write(dir.join(format!("{uuid}-9.9.9-x.tsv")), "garbage\n").expect("garbage");
+        std::fs::write(dir.join(format!("{model}-9.9.9-x.tsv")), "garbage\n").expect("garbage");
         assert_eq!(STORE.earlier(&device, "class a").as_deref(), Some("fast"));
         assert_eq!(
             STORE.earlier(&device, "class b"),
@@ -333,6 +348,22 @@ mod tests {
         STORE.put(&device, "class a", "faster", 0.5);
         let text = std::fs::read_to_string(dir.join(format!("{key}.tsv"))).expect("written");
         assert_eq!(text, format!("{header}\nfaster\t0.500\tclass a\n"));
+        // Another process (a second rank on a GPU of the same model) adds a winner: the next
+        // write keeps it.
+        std::fs::write(
+            dir.join(format!("{key}.tsv")),
+            format!("{header}\nfaster\t0.500\tclass a\nfrom another\t3.000\tclass c\n"),
+        )
+        .expect("another process's write");
+        STORE.put(&device, "class d", "mine", 4.0);
+        let text = std::fs::read_to_string(dir.join(format!("{key}.tsv"))).expect("written");
+        assert_eq!(
+            text,
+            format!(
+                "{header}\nfaster\t0.500\tclass a\nfrom another\t3.000\tclass c\n\
+                 mine\t4.000\tclass d\n"
+            )
+        );
         let leftovers: Vec<_> = std::fs::read_dir(&dir)
             .expect("the directory")
             .flatten()
