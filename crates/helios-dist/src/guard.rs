@@ -118,12 +118,12 @@ impl Collective for Guarded {
         self.timed("mean", |c| c.mean(values))
     }
 
-    fn sum_scalar(&mut self, value: &Tensor) -> Result<Tensor> {
-        self.timed("sum", |c| c.sum_scalar(value))
+    fn sum_f32(&mut self, values: &Tensor) -> Result<Tensor> {
+        self.timed("sum", |c| c.sum_f32(values))
     }
 
-    fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()> {
-        self.timed("gradient average", |c| c.average_gradients(tensors))
+    fn sum_gradients(&mut self, tensors: &[Tensor], loss: &Tensor) -> Result<Tensor> {
+        self.timed("gradient sum", |c| c.sum_gradients(tensors, loss))
     }
 
     fn reduce_gradients(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()> {
@@ -167,8 +167,8 @@ mod tests {
             }
             Ok(())
         }
-        fn average_gradients(&mut self, _: &[Tensor]) -> Result<()> {
-            Ok(())
+        fn sum_gradients(&mut self, _: &[Tensor], loss: &Tensor) -> Result<Tensor> {
+            Ok(loss.clone())
         }
         fn reduce_gradients(&mut self, _: &[Tensor], _: &Shards) -> Result<()> {
             Ok(())

@@ -5,7 +5,7 @@
 //!
 //! The rule a reader must know: every rank runs the same program on the same data, and every
 //! collective is called by every rank in the same order. The ranks then hold bit-identical
-//! parameters after every step (gradients are averaged to identical bits, and every kernel is
+//! parameters after every step (gradients are summed to identical bits, and every kernel is
 //! deterministic), so nothing but gradients, losses and the starting weights ever needs to
 //! travel. Under ZeRO-1 (`Shards`) each rank keeps the optimizer state of its own shard of
 //! the parameters: gradients then travel to their owner only, and updated parameters from
@@ -59,22 +59,27 @@ pub trait Collective {
     /// on every rank).
     fn mean(&mut self, values: &mut [f64]) -> Result<()>;
 
-    /// The sum over the ranks of every rank's `value`, a (1,) f32 device tensor: a device
-    /// tensor with the same bits on every rank. By default the host reads `value` back and
-    /// sums in f64, rounding to f32 once; NCCL sums on the GPU, and the host does not wait.
-    fn sum_scalar(&mut self, value: &Tensor) -> Result<Tensor> {
-        let mut v = [f64::from(value.to_vec()?[0])];
+    /// The sum over the ranks of every rank's `values`, a (k,) f32 device tensor of a few
+    /// values (a squared norm, a loss): a device tensor with the same bits on every rank. By
+    /// default the host reads `values` back and sums in f64, rounding to f32 once; NCCL sums
+    /// on the GPU, and the host does not wait.
+    fn sum_f32(&mut self, values: &Tensor) -> Result<Tensor> {
+        let mut v: Vec<f64> = values.to_vec()?.into_iter().map(f64::from).collect();
         self.mean(&mut v)?;
-        let sum = (v[0] * self.rank().world as f64) as f32;
-        Ok(Tensor::from_slice(value.device(), &[sum], &[1])?)
+        let world = self.rank().world as f64;
+        let sums: Vec<f32> = v.iter().map(|m| (m * world) as f32).collect();
+        Ok(Tensor::from_slice(values.device(), &sums, &[sums.len()])?)
     }
 
-    /// Every tensor's gradient becomes the mean of that gradient over the ranks, the same
-    /// bits on every rank; each tensor must hold a gradient.
-    fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()>;
+    /// Every tensor's gradient becomes the sum of that gradient over the ranks, the same bits
+    /// on every rank (the trainer divides by the number of ranks as the optimizer reads
+    /// them); each tensor must hold a gradient. `loss`, a (1,) f32 device tensor, travels in
+    /// the same exchange: the result is its sum over the ranks. So the ranks meet once a
+    /// step.
+    fn sum_gradients(&mut self, tensors: &[Tensor], loss: &Tensor) -> Result<Tensor>;
 
     /// ZeRO-1's first half: on the rank that owns a tensor under `shards`, its gradient
-    /// becomes the mean of that gradient over the ranks; the other ranks' gradient of it is
+    /// becomes the sum of that gradient over the ranks; the other ranks' gradient of it is
     /// left as it was (only the owner updates the tensor). Each tensor must hold a gradient.
     fn reduce_gradients(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()>;
 
@@ -87,6 +92,18 @@ pub trait Collective {
     /// backend up rather than wait for ranks that may never come; call `abort` then.
     fn finish(&mut self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// `loss` must be a (1,) f32 tensor, as `Collective::sum_gradients` takes it.
+pub(crate) fn check_loss(loss: &Tensor) -> Result<()> {
+    match loss.shape() == [1] && loss.dtype() == helios::DType::F32 {
+        true => Ok(()),
+        false => Err(Error::Environment(format!(
+            "the loss that travels with the gradients is a (1,) f32 tensor, not {:?} {:?}",
+            loss.shape(),
+            loss.dtype()
+        ))),
     }
 }
 

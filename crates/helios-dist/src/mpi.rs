@@ -112,12 +112,10 @@ fn flatten(tensors: &[Tensor]) -> Result<(Vec<f32>, Vec<usize>)> {
     Ok((flat, starts))
 }
 
-/// Sets `t`'s gradient to `sums` (the ranks' sum of gradient `g`, flattened) over `world`,
-/// in `g`'s shape and dtype.
-fn set_mean_grad(t: &Tensor, g: &Tensor, sums: &[f32], world: usize) -> Result<()> {
-    let scale = 1.0 / world as f32;
-    let mean: Vec<f32> = sums.iter().map(|v| v * scale).collect();
-    let grad = Tensor::from_slice_as(g.device(), &mean, g.shape(), g.dtype())?;
+/// Sets `t`'s gradient to `sums` (the ranks' sum of gradient `g`, flattened), in `g`'s shape
+/// and dtype.
+fn set_sum_grad(t: &Tensor, g: &Tensor, sums: &[f32]) -> Result<()> {
+    let grad = Tensor::from_slice_as(g.device(), sums, g.shape(), g.dtype())?;
     t.set_grad(Some(grad))?;
     Ok(())
 }
@@ -149,22 +147,24 @@ impl Collective for Mpi {
         Ok(())
     }
 
-    fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()> {
-        let grads = crate::gradients(tensors)?;
+    fn sum_gradients(&mut self, tensors: &[Tensor], loss: &Tensor) -> Result<Tensor> {
+        crate::check_loss(loss)?;
+        let mut grads = crate::gradients(tensors)?;
+        grads.push(loss.clone());
         let (mut flat, starts) = flatten(&grads)?;
         self.sum_everywhere(&mut flat);
         for (i, t) in tensors.iter().enumerate() {
-            let sums = &flat[starts[i]..starts[i + 1]];
-            set_mean_grad(t, &grads[i], sums, self.rank.world)?;
+            set_sum_grad(t, &grads[i], &flat[starts[i]..starts[i + 1]])?;
         }
-        Ok(())
+        let total = flat[starts[tensors.len()]];
+        Ok(Tensor::from_slice(loss.device(), &[total], &[1])?)
     }
 
     fn reduce_gradients(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()> {
         shards.check(tensors.len(), self.rank.world)?;
         let grads = crate::gradients(tensors)?;
         // Every rank's whole gradient leaves it, but each part reaches its owner only: half
-        // of what `average_gradients` moves, the other half being `broadcast_owned`.
+        // of what `sum_gradients` moves, the other half being `broadcast_owned`.
         let (mut flat, starts) = flatten(&grads)?;
         for r in 0..self.rank.world {
             let owned = shards.range(r);
@@ -175,7 +175,7 @@ impl Collective for Mpi {
         }
         for i in shards.range(self.rank.rank) {
             let sums = &flat[starts[i]..starts[i + 1]];
-            set_mean_grad(&tensors[i], &grads[i], sums, self.rank.world)?;
+            set_sum_grad(&tensors[i], &grads[i], sums)?;
         }
         Ok(())
     }

@@ -2,9 +2,11 @@
 //!
 //! Backward's gradients are copied into one exportable Vulkan allocation (the arena), which
 //! CUDA imports once; a Vulkan timeline semaphore, also imported, orders the two APIs on the
-//! GPU. Each step: Vulkan copies the gradients in and signals value 2k+1; the CUDA stream
-//! waits for it, all-reduces the arena in place and signals 2k+2; every later Vulkan command
-//! (the optimizer first) waits for that. The host only enqueues. Under ZeRO-1 the same
+//! GPU. Each step: Vulkan copies the gradients (and the loss) in and signals value 2k+1; the
+//! CUDA stream waits for it, sums the arena over the ranks in place and signals 2k+2; every
+//! later Vulkan command (the optimizer first) waits for that. The host only enqueues, and
+//! the ranks meet once a step. The division by the number of ranks is the optimizer's (it
+//! multiplies as it reads): no pass over the gradients of its own. Under ZeRO-1 the same
 //! arena carries both halves of the step, one exchange each: the gradients, reduced to each
 //! shard's owner, then the updated parameters (of the gradients' shapes and dtypes), each
 //! shard broadcast from its owner.
@@ -33,7 +35,7 @@ pub fn available(ranks: usize) -> std::result::Result<(), String> {
 /// CUDA lets go of the imported memory and semaphore before Vulkan frees them.
 pub struct NcclCollective {
     arena: Option<Arena>,
-    /// One f32 that CUDA sees, for `sum_scalar` (made on first use).
+    /// A few f32 that CUDA sees, for `sum_f32` (made on first use).
     scalar: Option<Arena>,
     sem: ExternalSemaphore,
     host: Option<DeviceBuffer>,
@@ -169,14 +171,6 @@ impl NcclCollective {
         self.comm.as_ref().expect("used after finish")
     }
 
-    /// The mean over the ranks of a sum the arena's `slot` holds.
-    fn mean_of(&self, slot: &Tensor) -> Result<Tensor> {
-        Ok(match self.rank.world {
-            1 => slot.clone(),
-            n => slot.mul_scalar(1.0 / n as f32)?,
-        })
-    }
-
     /// A CUDA buffer of exactly `bytes` for host values (reused while the size stays).
     fn host_buffer(&mut self, bytes: usize) -> Result<&mut DeviceBuffer> {
         if self.host.as_ref().map(DeviceBuffer::len) != Some(bytes) {
@@ -189,17 +183,38 @@ impl NcclCollective {
     /// The arena for tensors like `like` (gradients, or the parameters they belong to),
     /// made (and imported into CUDA) on first use or when their shapes change.
     fn arena_for(&mut self, like: &[Tensor]) -> Result<&Arena> {
+        self.arena_in(Home::Gradients, like)
+    }
+
+    /// The arena `home` names, for tensors like `like`.
+    fn arena_in(&mut self, home: Home, like: &[Tensor]) -> Result<&Arena> {
         let specs: Vec<(Vec<usize>, DType)> = like
             .iter()
             .map(|g| (g.shape().to_vec(), g.dtype()))
             .collect();
-        if self.arena.as_ref().map(|a| &a.specs) != Some(&specs) {
+        let current = match home {
+            Home::Gradients => self.arena.as_ref(),
+            Home::Scalar => self.scalar.as_ref(),
+        };
+        if current.map(|a| &a.specs) != Some(&specs) {
             // The old arena may still be in CUDA's hands: let its work finish first.
             self.stream.synchronize()?;
-            self.arena = None;
-            self.arena = Some(self.make_arena(specs)?);
+            *self.home_mut(home) = None;
+            let made = self.make_arena(specs)?;
+            *self.home_mut(home) = Some(made);
         }
-        Ok(self.arena.as_ref().expect("just made"))
+        Ok(match home {
+            Home::Gradients => self.arena.as_ref(),
+            Home::Scalar => self.scalar.as_ref(),
+        }
+        .expect("just made"))
+    }
+
+    fn home_mut(&mut self, home: Home) -> &mut Option<Arena> {
+        match home {
+            Home::Gradients => &mut self.arena,
+            Home::Scalar => &mut self.scalar,
+        }
     }
 
     fn make_arena(&self, specs: Vec<(Vec<usize>, DType)>) -> Result<Arena> {
@@ -258,7 +273,7 @@ impl NcclCollective {
         self.stream.wait_external(&self.sem, ready)?;
         let arena = match home {
             Home::Gradients => self.arena.as_ref().expect("made by arena_for"),
-            Home::Scalar => self.scalar.as_ref().expect("made by sum_scalar"),
+            Home::Scalar => self.scalar.as_ref().expect("made by sum_f32"),
         };
         let comm = self.comm.as_ref().expect("used after finish");
         self.nccl.group(|| collectives(comm, &self.stream, arena))?;
@@ -317,41 +332,42 @@ impl Collective for NcclCollective {
         Ok(())
     }
 
-    fn sum_scalar(&mut self, value: &Tensor) -> Result<Tensor> {
-        if value.shape() != [1] || value.dtype() != DType::F32 {
+    fn sum_f32(&mut self, values: &Tensor) -> Result<Tensor> {
+        if values.shape().len() != 1 || values.dtype() != DType::F32 {
             return Err(Error::Environment(format!(
-                "sum_scalar takes a (1,) f32 tensor, not {:?} {:?}",
-                value.shape(),
-                value.dtype()
+                "sum_f32 takes a (k,) f32 tensor, not {:?} {:?}",
+                values.shape(),
+                values.dtype()
             )));
         }
-        if self.scalar.is_none() {
-            self.scalar = Some(self.make_arena(vec![(vec![1], DType::F32)])?);
-        }
-        let slot = self.scalar.as_ref().expect("just made").tensors[0].clone();
-        value.copy_into(&slot)?;
+        let slot = self
+            .arena_in(Home::Scalar, std::slice::from_ref(values))?
+            .tensors[0]
+            .clone();
+        values.copy_into(&slot)?;
+        let count = values.len();
         self.exchange_in(Home::Scalar, |comm, stream, arena| {
             let ptr = arena.ptr(0);
-            // SAFETY: one f32 at the start of the mapped arena, which outlives the stream's
-            // work (dropping it waits for the GPU).
-            unsafe { comm.all_reduce(ptr, ptr, 1, NcclDtype::F32, NcclOp::Sum, stream) }
+            // SAFETY: `count` f32 at the start of the mapped arena, which outlives the
+            // stream's work (dropping it waits for the GPU).
+            unsafe { comm.all_reduce(ptr, ptr, count, NcclDtype::F32, NcclOp::Sum, stream) }
         })?;
         // The slot itself: the next call's copy into it waits for this one's readers.
         Ok(slot)
     }
 
-    fn average_gradients(&mut self, tensors: &[Tensor]) -> Result<()> {
-        let grads = crate::gradients(tensors)?;
-        self.arena_for(&grads)?;
+    fn sum_gradients(&mut self, tensors: &[Tensor], loss: &Tensor) -> Result<Tensor> {
+        crate::check_loss(loss)?;
+        let mut all = crate::gradients(tensors)?;
+        all.push(loss.clone());
+        self.arena_for(&all)?;
         let arena = self.arena.as_ref().expect("made by arena_for");
-        for (g, slot) in grads.iter().zip(&arena.tensors) {
+        for (g, slot) in all.iter().zip(&arena.tensors) {
             g.copy_into(slot)?;
         }
         self.exchange(|comm, stream, arena| {
             for (offset, count, dtype) in arena.runs(0..arena.slots.len()) {
                 let ptr = arena.ptr(offset);
-                // Sum, not Avg: NCCL 2.28's Avg changed a few f32 values of a world of one
-                // (bench/results/2026-11-29-data-parallel.md); the mean's division is ours.
                 // SAFETY: the run lies inside the mapped arena, which outlives the stream's
                 // work (dropping the arena waits for the GPU).
                 unsafe { comm.all_reduce(ptr, ptr, count, dtype, NcclOp::Sum, stream)? };
@@ -360,9 +376,9 @@ impl Collective for NcclCollective {
         })?;
         let arena = self.arena.as_ref().expect("made by arena_for");
         for (t, slot) in tensors.iter().zip(&arena.tensors) {
-            t.set_grad(Some(self.mean_of(slot)?))?;
+            t.set_grad(Some(slot.clone()))?;
         }
-        Ok(())
+        Ok(arena.tensors[tensors.len()].clone())
     }
 
     fn reduce_gradients(&mut self, tensors: &[Tensor], shards: &Shards) -> Result<()> {
@@ -378,7 +394,7 @@ impl Collective for NcclCollective {
             for owner in 0..world {
                 for (offset, count, dtype) in arena.runs(shards.range(owner)) {
                     let ptr = arena.ptr(offset);
-                    // SAFETY: as in `average_gradients`; in place on the owner.
+                    // SAFETY: as in `sum_gradients`; in place on the owner.
                     unsafe { comm.reduce(ptr, ptr, count, dtype, NcclOp::Sum, owner, stream)? };
                 }
             }
@@ -386,7 +402,7 @@ impl Collective for NcclCollective {
         })?;
         let arena = self.arena.as_ref().expect("made by arena_for");
         for i in shards.range(self.rank.rank) {
-            tensors[i].set_grad(Some(self.mean_of(&arena.tensors[i])?))?;
+            tensors[i].set_grad(Some(arena.tensors[i].clone()))?;
         }
         Ok(())
     }
@@ -407,7 +423,7 @@ impl Collective for NcclCollective {
             for owner in 0..world {
                 for (offset, count, dtype) in arena.runs(shards.range(owner)) {
                     let ptr = arena.ptr(offset);
-                    // SAFETY: as in `average_gradients`.
+                    // SAFETY: as in `sum_gradients`.
                     unsafe { comm.broadcast(ptr, ptr, count, dtype, owner, stream)? };
                 }
             }

@@ -2,7 +2,7 @@
 //! starting state, and under ZeRO-1 (`TrainConfig::zero`) each keeps the optimizer state of
 //! its own shard of the parameters.
 //!
-//! The ZeRO-1 step, which a reader must know: each gradient's mean goes to its owner only
+//! The ZeRO-1 step, which a reader must know: each gradient's sum goes to its owner only
 //! (`Collective::reduce_gradients`), the owners sum their shares of the squared norm so
 //! that every rank clips with the whole gradient's norm, each owner updates its parameters
 //! (the same kernel, on the same values, as one process), and the updated parameters go
@@ -112,9 +112,10 @@ pub fn zero_shards(config: &GptConfig, world: usize) -> Result<Shards> {
 }
 
 /// One ZeRO-1 optimizer step on the gradients backward left in `params` (see the module's
-/// note); `unscale` is 1/S in f16. Returns the gradient norm before clipping, a (1,) device
-/// tensor the same on every rank, and the spans of its collectives and of its optimizer
-/// work (`phase`).
+/// note); `unscale` is 1/(S·N) with loss scale S (f16) over N ranks, and `loss` this rank's
+/// (1,) loss. Returns the gradient norm before clipping and the loss summed over the ranks,
+/// (1,) device tensors the same on every rank, and the spans of its collectives and of its
+/// optimizer work (`phase`).
 pub(crate) fn sharded_step(
     opt: &mut AdamW,
     params: &GptParams,
@@ -122,31 +123,40 @@ pub(crate) fn sharded_step(
     shards: &Shards,
     lr: f64,
     unscale: Option<f32>,
-) -> Result<(Tensor, Vec<Span>, Vec<Span>)> {
+    loss: &Tensor,
+) -> Result<(Tensor, Tensor, Vec<Span>, Vec<Span>)> {
     let device = params.tensors()[0].device().clone();
     let t = Phase::start(&device);
     comm.reduce_gradients(params.tensors(), shards)?;
     let reduce = t.stop(&device)?;
     let t = Phase::start(&device);
-    // This rank's share of the squared norm, summed over the ranks (on the GPU over NCCL,
-    // else on the host in f64 rounded once to f32). Its order of summation is not one
-    // process's, so a sharded run matches one process within rounding, not bit for bit; a
-    // world of one sums the very same f32, and matches bit for bit.
+    // This rank's share of the squared norm, summed over the ranks with the loss (on the GPU
+    // over NCCL, else on the host in f64 rounded once to f32). Its order of summation is not
+    // one process's, so a sharded run matches one process within rounding, not bit for bit;
+    // a world of one sums the very same f32, and matches bit for bit.
     let share = match opt.owned_sum_squares(params)? {
         Some(s) => s,
         None => Tensor::from_slice(&device, &[0.0f32], &[1])?,
     };
+    let both = Tensor::cat(&[&share, loss], 0)?;
     let squares = t.stop(&device)?;
     let t = Phase::start(&device);
-    let sum = comm.sum_scalar(&share)?;
+    let sums = comm.sum_f32(&both)?;
     let summed = t.stop(&device)?;
     let t = Phase::start(&device);
-    let norm = opt.step_owned(params, lr, unscale, sum.sqrt()?)?;
+    let norm = sums.narrow(0, 0, 1)?.sqrt()?;
+    let norm = opt.step_owned(params, lr, unscale, norm)?;
     let update = t.stop(&device)?;
     let t = Phase::start(&device);
     comm.broadcast_owned(params.tensors(), shards)?;
     let broadcast = t.stop(&device)?;
-    Ok((norm, vec![reduce, summed, broadcast], vec![squares, update]))
+    let total = sums.narrow(0, 1, 1)?;
+    Ok((
+        norm,
+        total,
+        vec![reduce, summed, broadcast],
+        vec![squares, update],
+    ))
 }
 
 /// The f32 weights and, with `moments`, the whole optimizer state, on rank 0 (`None` on the

@@ -507,34 +507,40 @@ impl Trainer {
             bwd.push(t.stop(dev)?);
             losses.push(loss);
         }
+        // Every rank sees the run's loss, so a non-finite one stops all of them: it travels
+        // with the gradients (summed over the ranks), and the host waits once, below.
+        let mut local = losses[0].clone();
+        for loss in &losses[1..] {
+            local = local.add(loss)?;
+        }
+        // The collectives sum the gradients over the ranks; the optimizer divides by their
+        // number (and by the loss scale) as it reads them.
+        let ranks = self.comm.rank().world;
+        let unscale = match (loss_scale, ranks) {
+            (None, 1) => None,
+            (s, n) => Some(1.0 / (s.unwrap_or(1.0) * n as f32)),
+        };
         // Also in a world of one: a backend other than `Single` runs its whole path there.
         let lr = self.cfg.schedule.lr_at(step);
-        let (norm, comm, opt) = match &self.shards {
+        let (norm, total, comm, opt) = match &self.shards {
             Some(shards) => {
-                let unscale = loss_scale.map(|s| 1.0 / s);
-                let comm = &mut *self.comm;
-                parallel::sharded_step(&mut self.opt, &self.params, comm, shards, lr, unscale)?
+                let (opt, params, comm) = (&mut self.opt, &self.params, &mut *self.comm);
+                parallel::sharded_step(opt, params, comm, shards, lr, unscale, &local)?
             }
             None => {
                 let t = Phase::start(dev);
-                self.comm.average_gradients(self.params.tensors())?;
+                let total = self.comm.sum_gradients(self.params.tensors(), &local)?;
                 let comm = t.stop(dev)?;
                 let t = Phase::start(dev);
-                let norm = match loss_scale {
-                    Some(s) => self.opt.step_loss_scaled(&self.params, lr, 1.0 / s)?,
+                let norm = match unscale {
+                    Some(u) => self.opt.step_loss_scaled(&self.params, lr, u)?,
                     None => self.opt.step(&self.params, lr)?,
                 };
-                (norm, vec![comm], vec![t.stop(dev)?])
+                (norm, total, vec![comm], vec![t.stop(dev)?])
             }
         };
         let grad_norm = norm.to_vec()?[0]; // the step's one wait
-        let mut loss_sum = 0.0f64;
-        for loss in &losses {
-            loss_sum += f64::from(loss.to_vec()?[0]);
-        }
-        // Every rank sees the run's loss, so a non-finite one stops all of them.
-        let mut mean = [loss_sum / accum as f64];
-        self.comm.mean(&mut mean)?;
+        let mean = [f64::from(total.to_vec()?[0]) / (accum * ranks) as f64];
         if !mean[0].is_finite() {
             return Err(self.non_finite(step + 1, "loss", mean[0] as f32));
         }
