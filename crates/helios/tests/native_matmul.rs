@@ -175,6 +175,34 @@ fn native_epilogues_match_the_reference() {
     assert_no_validation_messages();
 }
 
+/// A row-major A with rows 64 KiB apart or more is copied transposed before the product
+/// (`far_rows` in ops/matmul): the lm head's input gradient. Both inputs, f32 and narrow
+/// outputs, with and without a k split.
+#[test]
+fn native_far_rows_match_the_reference() {
+    if matmul_caps(device()).native.is_none() {
+        eprintln!("SKIPPED native far rows: no native kernels on this device");
+        return;
+    }
+    let v = native_variants()[0];
+    for (i, (input, out, splits)) in [
+        (DType::BF16, DType::F32, None),
+        (DType::F16, DType::F16, None),
+        (DType::BF16, DType::BF16, Some(3)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        Case {
+            out,
+            splits,
+            ..case(v, [1, 304, 72, 33000], (false, false), input)
+        }
+        .check(4000 + i as u64);
+    }
+    assert_no_validation_messages();
+}
+
 /// k split inside the launch (`MatmulShape::k_parts`): part counts that do not divide the k
 /// tiles, as many parts as tiles, and the parts summed into f32 and narrow outputs.
 #[test]

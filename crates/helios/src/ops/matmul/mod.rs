@@ -130,6 +130,25 @@ fn readable(t: &Tensor) -> Result<(Tensor, bool, usize, usize)> {
     Ok((c, trans, ld, stride))
 }
 
+/// Row stride from which a row-major A is copied transposed before a native product.
+const FAR_ROWS_BYTES: usize = 64 << 10;
+
+/// Whether A (`m` × `k`, one matrix, dense rows, `m` in whole 16-byte pieces) is better
+/// copied transposed first. The native kernels read a row-major A 32 bytes a row per stage,
+/// and rows this far apart defeat the memory system: the lm head's input gradient
+/// (8192 × 768 × 50304, the logits' gradient as A, rows 100 KB apart) took 2719 µs, and
+/// 1126 µs from a column-major A; with the copy, 1837 µs. At k = 8192 the two layouts ran
+/// within 5% (bench/results/2026-11-29-lmhead-h200.md).
+fn far_rows(a: &Tensor, ta: bool, lda: usize, batch: usize, m: usize, k: usize) -> bool {
+    !ta && batch == 1
+        && lda == k
+        && m >= 256
+        && m % 8 == 0
+        && a.dtype().size() == 2
+        && k * a.dtype().size() >= FAR_ROWS_BYTES
+        && a.device().native_target().is_some()
+}
+
 fn to_u32(what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| {
         invalid(format!(
@@ -191,6 +210,14 @@ impl Problem {
             stride_a = 0;
         }
         let stride_b = if bb.is_empty() { 0 } else { stride_b };
+        let (at, ta, lda) = match far_rows(a, ta, lda, batch_eff, m_eff, k) {
+            // Still (m, k), now column-major: a transposed view of a row-major (k, m) copy.
+            true => {
+                let t = at.reshape(&[m_eff, k])?.transpose(0, 1)?.contiguous()?;
+                (t.transpose(0, 1)?, true, m_eff)
+            }
+            false => (at, ta, lda),
+        };
 
         let out = o.out.unwrap_or(a.dtype());
         if o.act_grad != Activation::None
