@@ -2,8 +2,8 @@
 # Data-parallel GPT-2 124M bf16 (8x1024 per GPU) on the GPU machine's GPUs, one call:
 # `helios train` on one GPU, then `--nproc N` (and with --zero), twice each with one settled
 # cache directory, beside PyTorch DDP (bench/torch_ddp.py, eager and torch.compile) on 1 and
-# N GPUs in the same run. Prints tokens/s per run and the scaling; the per-step GPU time of
-# the gradient exchange (comm) is in each run's log.csv.
+# N GPUs in the same run. Prints tokens/s per run, then each run's medians from its log.csv
+# (bench/dp_summary.py: step, the phases' GPU time with the gradient exchange, host gap).
 # Usage (repo root, on the device machine): bench/gpu_data_parallel.sh OUTDIR [N]
 set -uo pipefail
 out=${1:?output dir}; n=${2:-2}
@@ -15,10 +15,12 @@ B=${HELIOS_BIN:-target/release/helios}
 $B info >/dev/null 2>&1 || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export HELIOS_VALIDATION=0 HELIOS_CACHE_DIR=/tmp/helios-dp-cache PYTHONUNBUFFERED=1
 A="--preset gpt2 --precision bf16 --batch 8 --seq 1024 --eval-every 0 --sample-tokens 0"
+runs=()
 run() { # name, args...
   local name=$1; shift
   timeout 120 $B train $A "$@" --out "$out/$name" > "$out/$name.txt" 2>&1
   echo "$name ($*): rc=$? $(grep -E '^trained' "$out/$name.txt")"
+  runs+=("$name")
 }
 run settle --steps 600 > /dev/null # tunes the kernels on real work (GPT-2 settles within ~500 steps)
 for pass in a b; do
@@ -26,6 +28,7 @@ for pass in a b; do
   run nproc$n-$pass --steps 150 --nproc "$n"
 done
 run nproc$n-zero --steps 150 --nproc "$n" --zero
+python3 bench/dp_summary.py "$out" "${runs[@]:1}" | tee "$out/summary.txt"
 (cd bench && timeout 120 python3 torch_ddp.py > "$out/torch.jsonl" 2> "$out/torch.err"
  timeout 200 python3 -m torch.distributed.run --nproc_per_node "$n" torch_ddp.py >> "$out/torch.jsonl" 2>> "$out/torch.err")
 cat "$out/torch.jsonl"
