@@ -340,8 +340,8 @@ print(json.dumps({"suite": "ops", "torch": "9.9", "cuda": "0", "device": "Fake",
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
     check_metadata(&v, "ops");
     let results = v["results"].as_array().unwrap();
-    // 2 shapes × 2 dtypes (f32, bf16) × 6 cases, then AdamW once per dtype.
-    assert_eq!(results.len(), 26);
+    // 2 shapes × 2 dtypes (f32, bf16) × 7 cases, then AdamW once per dtype.
+    assert_eq!(results.len(), 30);
     for r in results {
         assert!(r["gbps"].as_f64().is_some_and(|g| g > 0.0), "{r}");
         assert!(r["variant"].as_str().is_some_and(|s| !s.is_empty()));

@@ -191,10 +191,7 @@ impl Tensor {
         let out = Tensor::empty(device, self.shape(), self.dtype())?;
         let src = self.buffer()?;
         let dst = out.buffer()?;
-        let kern = TransposeKernel {
-            storage: self.dtype().storage(),
-            binding: device.binding(),
-        };
+        let kern = transpose_kernel(device, self.dtype(), t);
         device.dispatch_rows(
             KernelKey::Transpose(kern),
             || kern.build(),
@@ -373,5 +370,28 @@ impl Tensor {
             inverse[o] = i;
         }
         picked.permute(&inverse)
+    }
+}
+
+/// The tiled transpose kernel for the copy `t` of `dtype` elements on `device`.
+fn transpose_kernel(device: &crate::Device, dtype: DType, _t: &TransposeArgs) -> TransposeKernel {
+    TransposeKernel {
+        storage: dtype.storage(),
+        binding: device.binding(),
+    }
+}
+
+impl crate::Device {
+    /// The kernel `x.transpose(0, 1).contiguous()` runs for a row-major (`rows`, `cols`)
+    /// matrix `x` of `dtype`, for benchmark tables.
+    pub fn describe_transpose(&self, dtype: DType, rows: usize, cols: usize) -> String {
+        let t = TransposeArgs {
+            batch: 1,
+            rows: cols as u32,
+            cols: rows as u32,
+            col_stride: cols as u32,
+            ..TransposeArgs::default()
+        };
+        transpose_kernel(self, dtype, &t).name()
     }
 }

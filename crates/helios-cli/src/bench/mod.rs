@@ -79,8 +79,9 @@ pub struct BenchArgs {
     ops: Option<u32>,
     /// Matmul cases, comma-separated: names (sq4096, gpt2_fc_fwd, ...), groups (squares,
     /// gpt2 at 4096 rows, gpt2_8k at 8192) or shapes MxNxK[:NN|NT|TN|TT]; ops cases:
-    /// softmax, layernorm_fwd, layernorm_fwdbwd, sum_all, sum_last; graph cases: chain1000,
-    /// roundtrip, mixed32, mlp_block, mlp_plain, host12; default all.
+    /// softmax, layernorm_fwd, layernorm_fwdbwd, cross_entropy_fwdbwd, transpose, sum_all,
+    /// sum_last; graph cases: chain1000, roundtrip, mixed32, mlp_block, mlp_plain, host12;
+    /// default all.
     #[arg(long, value_delimiter = ',')]
     cases: Vec<String>,
     /// Matmul only: time these variants side by side on every case instead of the tuner's

@@ -1,7 +1,7 @@
 // `helios bench ops`: the memory-bound kernels of a training step (softmax, layernorm forward
-// and forward+backward, sums, cross-entropy forward+backward, AdamW) at GPT-2 shapes, in GB/s
-// of their ideal traffic and as a share of the compute-copy bandwidth, beside PyTorch
-// (`--compare torch`).
+// and forward+backward, sums, cross-entropy forward+backward, a transposed copy, AdamW) at
+// GPT-2 shapes, in GB/s of their ideal traffic and as a share of the compute-copy
+// bandwidth, beside PyTorch (`--compare torch`).
 //
 // Methodology: per (shape, dtype), a compute-shader copy of the same tensor is measured first
 // (the ceiling: "% copy" = op GB/s / copy GB/s). Every case then runs `samples` samples of K
@@ -106,6 +106,14 @@ const CASES: &[OpCase] = &[
         bytes: |r, c, s| 2 * r * c * s + 4 * r + 4,
         variant: |d, _, r, c| d.describe_cross_entropy(r, c),
         run: |i| i.x.cross_entropy_with_grad(&i.targets, None, 1.0).map(drop),
+    },
+    OpCase {
+        name: "transpose",
+        needs_dy: false,
+        // x.t() made dense: x read, the copy written.
+        bytes: |r, c, s| 2 * r * c * s,
+        variant: |d, t, r, c| d.describe_transpose(t, r, c),
+        run: |i| i.x.transpose(0, 1)?.contiguous().map(drop),
     },
     OpCase {
         name: "sum_all",
