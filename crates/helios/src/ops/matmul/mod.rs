@@ -138,7 +138,9 @@ const FAR_ROWS_BYTES: usize = 64 << 10;
 /// and rows this far apart defeat the memory system: the lm head's input gradient
 /// (8192 × 768 × 50304, the logits' gradient as A, rows 100 KB apart) took 2719 µs, and
 /// 1126 µs from a column-major A; with the copy, 1837 µs. At k = 8192 the two layouts ran
-/// within 5% (bench/results/2026-11-29-lmhead-h200.md).
+/// within 5% (bench/results/2026-11-29-lmhead-h200.md). A pending product keeps the copy
+/// as its A (`Problem::pending`), so the scheduler's recording (`product_now`, under its
+/// lock, where nothing may be realised) finds A column-major and never copies.
 fn far_rows(a: &Tensor, ta: bool, lda: usize, batch: usize, m: usize, k: usize) -> bool {
     !ta && batch == 1
         && lda == k
