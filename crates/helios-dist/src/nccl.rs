@@ -192,22 +192,22 @@ impl NcclCollective {
             .iter()
             .map(|g| (g.shape().to_vec(), g.dtype()))
             .collect();
-        let current = match home {
-            Home::Gradients => self.arena.as_ref(),
-            Home::Scalar => self.scalar.as_ref(),
-        };
-        if current.map(|a| &a.specs) != Some(&specs) {
+        if self.home(home).map(|a| &a.specs) != Some(&specs) {
             // The old arena may still be in CUDA's hands: let its work finish first.
             self.stream.synchronize()?;
             *self.home_mut(home) = None;
             let made = self.make_arena(specs)?;
             *self.home_mut(home) = Some(made);
         }
-        Ok(match home {
+        Ok(self.home(home).expect("just made"))
+    }
+
+    /// The arena `home` names, once made.
+    fn home(&self, home: Home) -> Option<&Arena> {
+        match home {
             Home::Gradients => self.arena.as_ref(),
             Home::Scalar => self.scalar.as_ref(),
         }
-        .expect("just made"))
     }
 
     fn home_mut(&mut self, home: Home) -> &mut Option<Arena> {
@@ -271,10 +271,9 @@ impl NcclCollective {
         self.value = done;
         self.device.signal_external(&self.timeline, ready)?;
         self.stream.wait_external(&self.sem, ready)?;
-        let arena = match home {
-            Home::Gradients => self.arena.as_ref().expect("made by arena_for"),
-            Home::Scalar => self.scalar.as_ref().expect("made by sum_f32"),
-        };
+        let arena = self
+            .home(home)
+            .expect("made before its exchange (arena_in)");
         let comm = self.comm.as_ref().expect("used after finish");
         self.nccl.group(|| collectives(comm, &self.stream, arena))?;
         self.stream.signal_external(&self.sem, done)?;

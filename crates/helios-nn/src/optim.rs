@@ -152,8 +152,9 @@ impl AdamW {
     /// over N ranks (data parallel): the update multiplies them by `unscale` = 1/(S·N), the
     /// norm returned (and clipped to) is the unscaled one, and when any gradient overflowed
     /// (a NaN or infinite norm) nothing is written: parameters, moments and the narrow copy
-    /// keep their values, decided on the device. The step still counts (`step` and the bias corrections advance), so a
-    /// skipped step is an ordinary step of the schedule that changed nothing.
+    /// keep their values, decided on the device. The step still counts (`step` and the bias
+    /// corrections advance), so a skipped step is an ordinary step of the schedule that
+    /// changed nothing.
     pub fn step_loss_scaled(
         &mut self,
         params: &GptParams,
@@ -175,9 +176,10 @@ impl AdamW {
         Ok(Some(helios::sum_squares(&refs)?))
     }
 
-    /// `step` (`unscale` None) or `step_loss_scaled` (`unscale` 1/(S·N)) of the owned parameters
-    /// alone, clipped with `norm`: the whole gradient's norm, summed by the caller over every
-    /// rank's `owned_sum_squares`, as a (1,) device tensor (of the scaled gradient in f16).
+    /// `step` (`unscale` None) or `step_loss_scaled` (`unscale` 1/(S·N)) of the owned
+    /// parameters alone, clipped with `norm`: the whole gradient's norm, summed by the caller
+    /// over every rank's `owned_sum_squares`, as a (1,) device tensor (of the scaled gradient
+    /// in f16, and of the gradient summed over the ranks).
     /// Given the same gradients and norm, each owned parameter's update is `step`'s.
     pub fn step_owned(
         &mut self,

@@ -540,9 +540,9 @@ impl Trainer {
             }
         };
         let grad_norm = norm.to_vec()?[0]; // the step's one wait
-        let mean = [f64::from(total.to_vec()?[0]) / (accum * ranks) as f64];
-        if !mean[0].is_finite() {
-            return Err(self.non_finite(step + 1, "loss", mean[0] as f32));
+        let mean = f64::from(total.to_vec()?[0]) / (accum * ranks) as f64;
+        if !mean.is_finite() {
+            return Err(self.non_finite(step + 1, "loss", mean as f32));
         }
         let skipped = match self.scaler.as_mut() {
             Some(scaler) => scaler.update(grad_norm),
@@ -553,7 +553,7 @@ impl Trainer {
         };
         let log = StepLog {
             step: step + 1,
-            loss: mean[0] as f32,
+            loss: mean as f32,
             lr,
             grad_norm,
             fwd_ms: total_ms(dev, fwd)?,
