@@ -6,6 +6,7 @@
 //! NVIDIA Hopper GPU); elsewhere it says it skipped, and checks that forcing a native
 //! variant is a clear error. Run with `HELIOS_VALIDATION=1` like every test.
 
+use helios::cpu::matmul::tolerance;
 use helios::{
     matmul_caps, Activation, DType, MatmulOptions, MatmulOverrides, MatmulVariant, Tensor,
 };
@@ -193,12 +194,19 @@ fn native_far_rows_match_the_reference() {
     .into_iter()
     .enumerate()
     {
+        // k = 33000 (rows 64 KiB apart): the tensor cores' f32 sums lose more than
+        // `tolerance`'s √k·2⁻²⁴ allows at this length (3.7e-5 on the H200), so f32 outputs
+        // take 1e-4; a misread layout is off by O(1).
+        let tol = match out {
+            DType::F32 => 1e-4,
+            _ => tolerance(out),
+        };
         Case {
             out,
             splits,
             ..case(v, [1, 304, 72, 33000], (false, false), input)
         }
-        .check(4000 + i as u64);
+        .check_within(4000 + i as u64, tol);
     }
     assert_no_validation_messages();
 }

@@ -126,8 +126,13 @@ impl Case {
     /// returns the error.
     #[track_caller]
     pub fn check(self, seed: u64) -> f64 {
+        self.check_within(seed, tolerance(self.out))
+    }
+
+    /// `check` against a stated tolerance `tol` instead of the output dtype's.
+    #[track_caller]
+    pub fn check_within(self, seed: u64, tol: f64) -> f64 {
         let err = self.run(seed);
-        let tol = tolerance(self.out);
         // Each product's error in the log (`--nocapture`): what a GPU run reports per dtype.
         eprintln!(
             "{} b{} {}x{}x{} {:?} {}->{}: {err:.2e}",
