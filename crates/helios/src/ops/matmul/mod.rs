@@ -429,6 +429,19 @@ impl Problem {
         if s.m == 0 || s.n == 0 || s.batch == 0 {
             return Ok(());
         }
+        // Vector accesses to C (`vec_c`) need its first element aligned as its rows are: an
+        // output view starting elsewhere takes the kernel's element-wise form.
+        let narrow;
+        let kernel = match out.layout().offset() % vector_elems(kernel.variant) as usize {
+            0 => kernel,
+            _ => {
+                narrow = MatmulKernel {
+                    vec_c: false,
+                    ..*kernel
+                };
+                &narrow
+            }
+        };
         let device = self.a.device();
         // Native kernels write their tensor maps into the device's workspace.
         let maps = match kernel.variant.is_native() {
