@@ -49,9 +49,9 @@ pub use loss::{
     CROSS_ENTROPY_WORKGROUP,
 };
 pub use matmul::{
-    Activation, CoopPeakKernel, Epilogue, MatmulAddresses, MatmulCaps, MatmulKernel, MatmulShape,
-    NativeLaunch, NativeTile, RowOp, Triangle, Variant as MatmulVariant, WgSupport,
-    NATIVE_MAPS_BYTES,
+    native_workspace_bytes, Activation, CoopPeakKernel, Epilogue, MatmulAddresses, MatmulCaps,
+    MatmulKernel, MatmulShape, NativeLaunch, NativeTile, RowOp, Triangle, Variant as MatmulVariant,
+    WgSupport, NATIVE_MAPS_BYTES,
 };
 pub use multi_tensor::{sum_squares_table, SumSquaresKernel};
 pub use optim::{AdamWArgs, AdamWKernel, AdamWStep};

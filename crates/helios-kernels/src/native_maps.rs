@@ -13,8 +13,19 @@ use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Special, TensorMap, Ty};
 pub(crate) const MAP_SLOTS: u32 = 1024;
 pub(crate) const MAP_SLOT_BYTES: u32 = 256;
 
-/// Bytes of the workspace native launches pass (`maps`).
+/// Bytes of the tensor maps' part of the workspace native launches pass (`maps`).
 pub const NATIVE_MAPS_BYTES: u64 = MAP_SLOTS as u64 * MAP_SLOT_BYTES as u64;
+
+/// Stream-K matmuls (`matmul::native::stream`) use the rest: after the maps a u32 flag per
+/// block (zero between launches), then each block's f32 partial tile (up to the largest
+/// stream tile's).
+pub(crate) const STREAM_FLAGS_BYTES: u64 = MAP_SLOTS as u64 * 4;
+pub(crate) const STREAM_SLOT_BYTES: u64 = 256 * 192 * 4;
+
+/// Bytes of the whole workspace on a device of `sms` SMs, to be zeroed once when made.
+pub fn native_workspace_bytes(sms: u32) -> u64 {
+    NATIVE_MAPS_BYTES + STREAM_FLAGS_BYTES + u64::from(sms.min(MAP_SLOTS)) * STREAM_SLOT_BYTES
+}
 
 /// Run by the 32 lanes of the producer warp (`lane` its lane id): zeroes the 256 bytes at
 /// shared `smem`, has lane 0 write `maps` into them, publishes them to this SM's slot of the

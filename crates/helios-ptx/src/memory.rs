@@ -317,6 +317,51 @@ impl Kernel {
         }
     }
 
+    // ---- blocks handing data to each other through global memory ----------------------
+
+    /// `fence.acq_rel.gpu`: this thread's earlier memory accesses (and those ordered
+    /// before them by a barrier) before its later ones, for every thread of the GPU.
+    pub fn fence_gpu(&mut self) {
+        self.emit(format_args!("fence.acq_rel.gpu"));
+    }
+
+    /// A u32 from global memory with acquire semantics at GPU scope (a flag another block
+    /// releases).
+    pub fn ld_acquire_gpu(&mut self, at: Addr) -> Reg {
+        let r = self.reg(Ty::U32);
+        self.emit(format_args!("ld.acquire.gpu.global.u32 {r}, {at}"));
+        r
+    }
+
+    /// Adds `v` to a u32 in global memory (relaxed, GPU scope; `fence_gpu` first to
+    /// release).
+    pub fn red_add_gpu(&mut self, at: Addr, v: impl Into<crate::Op>) {
+        let v = v.into();
+        self.emit(format_args!("red.relaxed.gpu.global.add.u32 {at}, {v}"));
+    }
+
+    /// Stores a u32 to global memory (relaxed, GPU scope).
+    pub fn st_relaxed_gpu(&mut self, at: Addr, v: impl Into<crate::Op>) {
+        let v = v.into();
+        self.emit(format_args!("st.relaxed.gpu.global.u32 {at}, {v}"));
+    }
+
+    /// A vector load of 2 or 4 values from global memory through L2 only (`.cg`): data
+    /// another SM wrote, which this SM's L1 may hold an old copy of.
+    pub fn ld_v_global_cg(&mut self, ty: Ty, n: usize, at: Addr) -> Vec<Reg> {
+        let regs = self.regs(ty, n);
+        if !matches!(n, 2 | 4) {
+            self.fail(format!("a vector load of {n} values"));
+            return regs;
+        }
+        self.emit(format_args!(
+            "ld.global.cg.v{n}{} {}, {at}",
+            mem_ty(ty).suffix(),
+            vector_of(&regs)
+        ));
+        regs
+    }
+
     // ---- matrix loads and stores -----------------------------------------------------
 
     /// `ldmatrix` of `count` (1, 2 or 4) 8×8 b16 matrices, each lane giving one row address

@@ -517,10 +517,13 @@ impl Device {
         if let Some(b) = self.inner.native_maps.get() {
             return Ok(b);
         }
+        let sms = self.context().caps().sm_count.unwrap_or(0);
         let b = self.context().create_buffer(
-            helios_kernels::NATIVE_MAPS_BYTES,
+            helios_kernels::native_workspace_bytes(sms),
             helios_vk::MemoryLocation::DeviceLocal,
         )?;
+        // Stream-K's flags start at zero (and each launch leaves them so).
+        self.context().fill(&b, 0)?;
         Ok(self.inner.native_maps.get_or_init(|| b))
     }
 

@@ -110,6 +110,10 @@ fn native_variants_match_the_reference() {
                 continue;
             }
             for (s, dims) in shapes(trans).into_iter().enumerate() {
+                // Stream-K takes one matrix (`native_stream_k_matches_the_reference`).
+                if is_stream(v) && dims[0] > 1 {
+                    continue;
+                }
                 let out = match s {
                     0 => DType::F32,
                     _ => input,
@@ -121,6 +125,116 @@ fn native_variants_match_the_reference() {
                 }
                 .check(1000 + (i * 16 + j * 4 + s) as u64);
             }
+        }
+    }
+    assert_no_validation_messages();
+}
+
+fn is_stream(v: MatmulVariant) -> bool {
+    matches!(v, MatmulVariant::Native(t) if t.stream)
+}
+
+/// Stream-K (`nv…sk`): tiles whose k steps are shared by dozens of blocks (4 tiles of 512 k
+/// steps on the H200's 132 SMs), by two (187 tiles of 3), and fewer k steps than blocks
+/// (k < one step); f32 and narrow outputs with every epilogue, which the block holding a
+/// tile's first k steps applies to the sum of all parts. The parts are added in a fixed
+/// order: the same product twice is the same bits.
+#[test]
+fn native_stream_k_matches_the_reference() {
+    if matmul_caps(device()).native.is_none() {
+        eprintln!("SKIPPED native stream-K: no native kernels on this device");
+        return;
+    }
+    let target = matmul_caps(device()).native;
+    let streams: Vec<MatmulVariant> = native_variants()
+        .into_iter()
+        .filter(|&v| is_stream(v))
+        .collect();
+    assert!(!streams.is_empty(), "the table has stream-K tiles");
+    for (i, &v) in streams.iter().enumerate() {
+        for (j, (trans, dims)) in [
+            ((true, false), [1, 200, 264, 8192]),
+            ((false, true), [1, 2051, 2001, 40]),
+            ((false, false), [1, 197, 264, 8]),
+            ((true, true), [1, 520, 776, 1000]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let input = [DType::BF16, DType::F16][(i + j) % 2];
+            if !runs(v, trans, input, target) {
+                continue;
+            }
+            for (e, out) in [DType::F32, input].into_iter().enumerate() {
+                let base = Case {
+                    out,
+                    ..case(v, dims, trans, input)
+                };
+                let seed = 5000 + (i * 100 + j * 10 + e) as u64;
+                let tol = match (out, dims[3]) {
+                    // As for the far rows: the tensor cores' f32 sums over k = 8192.
+                    (DType::F32, k) if k > 4096 => 1e-4,
+                    _ => tolerance(out),
+                };
+                base.check_within(seed, tol);
+                Case {
+                    bias: true,
+                    act: Activation::GeluTanh,
+                    residual: true,
+                    alpha: 0.5,
+                    ..base
+                }
+                .check_within(seed + 1, tol.max(tolerance(out)));
+                Case {
+                    residual: true,
+                    act_grad: Activation::GeluTanh,
+                    ..base
+                }
+                .check_within(seed + 2, tol.max(tolerance(out)));
+            }
+        }
+        // The same product twice: the same bits.
+        let a = Tensor::from_slice_as(
+            device(),
+            &common::matmul::random(200 * 8192, DType::BF16, 77),
+            &[200, 8192],
+            DType::BF16,
+        )
+        .unwrap();
+        let b = Tensor::from_slice_as(
+            device(),
+            &common::matmul::random(8192 * 264, DType::BF16, 78),
+            &[8192, 264],
+            DType::BF16,
+        )
+        .unwrap();
+        let forced = MatmulOverrides {
+            variant: Some(v),
+            ..MatmulOverrides::default()
+        };
+        let opts = MatmulOptions {
+            out: Some(DType::F32),
+            ..MatmulOptions::default()
+        };
+        let first = a
+            .matmul_overridden(&b, &opts, &forced)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        for _ in 0..3 {
+            let again = a
+                .matmul_overridden(&b, &opts, &forced)
+                .unwrap()
+                .to_vec()
+                .unwrap();
+            assert!(
+                first
+                    .iter()
+                    .zip(&again)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{}: two runs of one product differ",
+                v.label()
+            );
         }
     }
     assert_no_validation_messages();

@@ -146,6 +146,8 @@ impl MatmulKernel {
                     && shape.n % u32::from(t.bn) == 0
                     && shape.k % u32::from(t.bk) == 0
             }
+            // Stream-K spreads one matrix's k steps over the grid.
+            Variant::Native(t) if t.stream => shape.batch <= 1 && shape.k_parts <= 1 && shape.k > 0,
             _ => true,
         }
     }
@@ -269,6 +271,6 @@ pub struct MatmulAddresses {
     /// B's column sums (`Epilogue::col_sums`).
     pub sums: Option<u64>,
     /// Where native kernels write their tensor maps
-    /// ([`NATIVE_MAPS_BYTES`](crate::matmul::NATIVE_MAPS_BYTES) device-local bytes).
+    /// ([`native_workspace_bytes`](crate::matmul::native_workspace_bytes) device-local bytes).
     pub maps: Option<u64>,
 }

@@ -34,7 +34,7 @@ mod simt;
 mod variant;
 mod wg;
 
-pub use crate::native_maps::NATIVE_MAPS_BYTES;
+pub use crate::native_maps::{native_workspace_bytes, NATIVE_MAPS_BYTES};
 pub use coop::CoopPeakKernel;
 pub use epilogue::{Activation, Epilogue, RowOp, Triangle};
 pub use launch::{Alignment, MatmulAddresses, MatmulCaps, WgSupport};

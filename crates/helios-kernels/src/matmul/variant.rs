@@ -60,7 +60,9 @@ pub struct WgTile {
 /// A tile of the native NVIDIA kernels (`native`, PTX with `wgmma`): `bm × bn` outputs
 /// per block of `wgs` consumer warpgroups (each `bm / wgs` rows × `bn`, in 64-row `wgmma`
 /// strips) and a producer warpgroup, k staged `bk` at a time through `stages`
-/// shared-memory stages.
+/// shared-memory stages. `stream`: one block per SM takes an equal share of all the k
+/// steps of all the output tiles (stream-K), so products of few tiles fill the GPU; the
+/// blocks sharing a tile add their parts in a fixed order (`native::stream`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NativeTile {
     pub bm: u16,
@@ -68,6 +70,7 @@ pub struct NativeTile {
     pub bk: u16,
     pub stages: u8,
     pub wgs: u8,
+    pub stream: bool,
 }
 
 impl NativeTile {
@@ -157,6 +160,13 @@ pub const VARIANTS: &[(&str, Variant)] = &[
     // bench/results/2026-11-29-native-release-h200.md).
     ("nv256x192k16s3w2", native_strips(256, 192, 16, 3, 2)),
     ("nv128x192k16s4", native(128, 192, 16, 4)),
+    // The same tiles in stream-K order: what products of fewer tiles than SMs take (the
+    // weight gradients: 24 to 96 tiles on 132 SMs).
+    (
+        "nv256x192k16s3w2sk",
+        native_stream(native_strips(256, 192, 16, 3, 2)),
+    ),
+    ("nv128x192k16s4sk", native_stream(native(128, 192, 16, 4))),
 ];
 
 /// Native tiles measured beside the table's on the H200 and reachable by name
@@ -195,7 +205,16 @@ const fn native_strips(bm: u16, bn: u16, bk: u16, stages: u8, wgs: u8) -> Varian
         bk,
         stages,
         wgs,
+        stream: false,
     })
+}
+
+/// `v`, a native tile, in stream-K order.
+const fn native_stream(v: Variant) -> Variant {
+    match v {
+        Variant::Native(t) => Variant::Native(NativeTile { stream: true, ..t }),
+        other => other,
+    }
 }
 
 /// Largest tile edges of the `Wg` variants: every M and N tile divides `WG_GRANULE[0]`, every
@@ -212,7 +231,7 @@ const fn simt_block(bm: u16) -> (u8, u8) {
 }
 
 /// A native tile written `<bm>x<bn>k<bk>s<stages>` (after `nv`), then `w<wgs>` where the
-/// consumer warpgroups are fewer than one per 64 rows.
+/// consumer warpgroups are fewer than one per 64 rows, then `sk` in stream-K order.
 fn parse_native(s: &str) -> Option<Variant> {
     let (bm, rest) = number(s)?;
     let (bn, rest) = number(rest.strip_prefix('x')?)?;
@@ -222,12 +241,17 @@ fn parse_native(s: &str) -> Option<Variant> {
         Some(w) => number(w)?,
         None => (bm / 64, rest),
     };
+    let (stream, rest) = match rest.strip_prefix("sk") {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
     let v = Variant::Native(NativeTile {
         bm: u16::try_from(bm).ok()?,
         bn: u16::try_from(bn).ok()?,
         bk: u16::try_from(bk).ok()?,
         stages: u8::try_from(stages).ok()?,
         wgs: u8::try_from(wgs).ok()?,
+        stream,
     });
     (rest.is_empty() && v.well_formed()).then_some(v)
 }
@@ -348,7 +372,8 @@ impl Variant {
                 } else {
                     format!("w{}", t.wgs)
                 };
-                format!("nv{}x{}k{}s{}{wgs}", t.bm, t.bn, t.bk, t.stages)
+                let sk = if t.stream { "sk" } else { "" };
+                format!("nv{}x{}k{}s{}{wgs}{sk}", t.bm, t.bn, t.bk, t.stages)
             }
         }
     }

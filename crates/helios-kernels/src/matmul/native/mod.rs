@@ -69,6 +69,8 @@ fn buildable(kern: &MatmulKernel, t: NativeTile) -> bool {
         && e.row() == RowOp::None
         && !e.col_sums()
         && t.shared_bytes() <= 48 * 1024
+        && (!t.stream
+            || u64::from(t.bm) * u64::from(t.bn) * 4 <= crate::native_maps::STREAM_SLOT_BYTES)
         && matches!(t.bk, 16 | 32)
         && loadable(u32::from(t.bm), !kern.trans_a)
         && loadable(u32::from(t.bn), kern.trans_b)
@@ -76,10 +78,12 @@ fn buildable(kern: &MatmulKernel, t: NativeTile) -> bool {
 
 mod epilogue;
 mod stage;
+mod stream;
 mod tma;
 
 use epilogue::{epilogue, Out};
 use stage::{loadable, Stage};
+use stream::{Piece, Stream};
 
 /// What the producer and the consumers of one block share: operands, sizes, the block's
 /// tile and its stages.
@@ -110,6 +114,8 @@ struct Block {
     consumers: u32,
     /// 64-row strips of each consumer warpgroup.
     strips: u32,
+    /// Stream-K order (`stream`), or whole tiles.
+    stream: Option<Stream>,
 }
 
 impl Block {
@@ -117,10 +123,15 @@ impl Block {
         self.a_stage.bytes() + self.b_stage.bytes()
     }
 
-    /// Runs `body` with the first row and column (u32) of each output tile this block
-    /// computes: tiles `ctaid.x`, `ctaid.x + nctaid.x`, ... (N fastest), so a grid of one
-    /// block per SM walks all of them and a larger grid gives each block one.
-    fn for_each_tile(&self, k: &mut Kernel, mut body: impl FnMut(&mut Kernel, Reg, Reg)) {
+    /// Runs `body` for each piece of work of this block: in stream-K order its share of
+    /// the k steps (`Stream::for_each_piece`), else whole tiles `ctaid.x`, `ctaid.x +
+    /// nctaid.x`, ... (N fastest), so a grid of one block per SM walks all of them and a
+    /// larger grid gives each block one.
+    fn for_each_piece(&self, k: &mut Kernel, mut body: impl FnMut(&mut Kernel, Piece)) {
+        if let Some(s) = &self.stream {
+            s.for_each_piece(k, self.tiles_n, (self.bm, self.bn), body);
+            return;
+        }
         let tile = k.special(Special::CtaIdX);
         let step = k.special(Special::NCtaIdX);
         let (top, done) = (k.label(), k.label());
@@ -131,7 +142,16 @@ impl Block {
         let col = k.rem(tile, self.tiles_n);
         let m0 = k.mul(row, self.bm);
         let n0 = k.mul(col, self.bn);
-        body(k, m0, n0);
+        body(
+            k,
+            Piece {
+                m0,
+                n0,
+                tile,
+                first: self.k_first,
+                count: self.tiles,
+            },
+        );
         k.update("add", tile, tile, step);
         k.bra(top);
         k.place(done);
@@ -260,6 +280,14 @@ pub(crate) fn build(
         stages,
         consumers,
         strips: t.strips(),
+        stream: None,
+    };
+    let maps_global = k.ld_param_global(pmaps);
+    let blk = Block {
+        stream: t
+            .stream
+            .then(|| Stream::new(&mut k, blk.tiles_mn, blk.tiles, maps_global)),
+        ..blk
     };
 
     // Stage s is handed over full by its mbarrier, completed by the copy engine's
@@ -267,7 +295,6 @@ pub(crate) fn build(
     // producer's warp waits).
     let bars = k.shared_address(full);
     let maps_smem = k.shared_address(maps);
-    let maps_global = k.ld_param_global(pmaps);
     let first = k.setp(Cmp::Eq, tid, consumers);
     k.if_(first, |k| {
         for s in 0..stages {
@@ -304,21 +331,29 @@ pub(crate) fn build(
     // k steps consumed so far, over all this block's tiles: they pick the stage and its
     // mbarrier's phase.
     let step = k.mov(Ty::U32, 0u32);
-    blk.for_each_tile(&mut k, |k, m0, n0| {
-        consume(k, kern, &blk, bars, &acc, step);
-        k.comment("epilogue from the accumulators");
-        // Warpgroup w's strip j holds rows 64 (w · strips + j) of the tile: the epilogue
-        // puts warpgroup w at 64 w, so each strip starts 64 (w (strips - 1) + j) further.
-        if t.strips() == 1 {
-            epilogue(k, kern, &acc, &out, (m0, n0));
-        } else {
-            let wg = k.shr(tid, 7u32);
-            let skip = k.mul(wg, WG_ROWS * (t.strips() - 1));
-            let m_wg = k.add(m0, skip);
-            for (j, acc) in acc.chunks((bn / 2) as usize).enumerate() {
-                let m_strip = k.add(m_wg, WG_ROWS * j as u32);
-                epilogue(k, kern, acc, &out, (m_strip, n0));
+    blk.for_each_piece(&mut k, |k, p| {
+        consume(k, kern, &blk, bars, &acc, step, p);
+        let store = |k: &mut Kernel| {
+            k.comment("epilogue from the accumulators");
+            // Warpgroup w's strip j holds rows 64 (w · strips + j) of the tile: the
+            // epilogue puts warpgroup w at 64 w, so each strip starts 64 (w (strips - 1) +
+            // j) further.
+            if t.strips() == 1 {
+                epilogue(k, kern, &acc, &out, (p.m0, p.n0));
+            } else {
+                let wg = k.shr(tid, 7u32);
+                let skip = k.mul(wg, WG_ROWS * (t.strips() - 1));
+                let m_wg = k.add(p.m0, skip);
+                for (j, acc) in acc.chunks((bn / 2) as usize).enumerate() {
+                    let m_strip = k.add(m_wg, WG_ROWS * j as u32);
+                    epilogue(k, kern, acc, &out, (m_strip, p.n0));
+                }
             }
+        };
+        match &blk.stream {
+            // The named barriers after the stages' are free for the consumers alone.
+            Some(s) => s.finish(k, p, &acc, tid, consumers, stages + 1, store),
+            None => store(k),
         }
     });
     k.finish()
@@ -352,7 +387,15 @@ impl Registers {
 /// shared `bars`, 8 bytes a stage), multiply it with `wgmma` and release it once the
 /// products are done. `step` counts the k steps of earlier tiles and advances past this
 /// one's.
-fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg, acc: &[Reg], step: Reg) {
+fn consume(
+    k: &mut Kernel,
+    kern: &MatmulKernel,
+    blk: &Block,
+    bars: Reg,
+    acc: &[Reg],
+    step: Reg,
+    p: Piece,
+) {
     let (a_stage, b_stage, stages) = (blk.a_stage, blk.b_stage, blk.stages);
     let input = match kern.input {
         Storage::F16 => MmaInput::F16,
@@ -384,7 +427,7 @@ fn consume(k: &mut Kernel, kern: &MatmulKernel, blk: &Block, bars: Reg, acc: &[R
     let scale_d = k.setp(Cmp::Eq, zero, 0u32);
 
     k.comment("main loop: wait for a full stage, multiply, release it");
-    k.for_range(0u32, blk.tiles, 1, |k, _| {
+    k.for_range(0u32, p.count, 1, |k, _| {
         let slot = k.rem(step, stages);
         // The stage's mbarrier completes a phase per round of the stages.
         let round = k.div(step, stages);
@@ -531,9 +574,27 @@ impl MatmulKernel {
             .ok_or_else(|| bad("native kernels need a tensor-map workspace".into()))?;
         args.push(Arg::Address(maps));
         let tiles = gx * gy;
-        let blocks = match sms {
-            Some(sms) => (sms / shape.batch.max(1)).clamp(1, tiles),
-            None => tiles,
+        let blocks = match (t.stream, sms) {
+            // Stream-K: one block per SM (at most one per k step), each with its flag and
+            // slot in the workspace.
+            (true, Some(sms)) if shape.batch <= 1 && shape.k_parts <= 1 && shape.k > 0 => {
+                let steps = u64::from(tiles) * u64::from(shape.k.div_ceil(u32::from(t.bk)));
+                u32::try_from(steps).map_err(|_| KernelError::TooLarge {
+                    what: "stream-K k steps",
+                    size: steps,
+                })?;
+                sms.min(crate::native_maps::MAP_SLOTS)
+                    .min(steps as u32)
+                    .max(1)
+            }
+            (true, _) => {
+                return Err(bad(format!(
+                    "stream-K runs one matrix with k > 0 on a device of known SM count: \
+                     {shape:?}, SMs {sms:?}"
+                )))
+            }
+            (false, Some(sms)) => (sms / shape.batch.max(1)).clamp(1, tiles),
+            (false, None) => tiles,
         };
         Ok(NativeLaunch {
             grid: [blocks, 1, shape.batch],
@@ -609,6 +670,7 @@ mod tests {
                     bk: 16,
                     stages: 3,
                     wgs,
+                    stream: false,
                 }),
                 ..kernel()
             };

@@ -66,8 +66,9 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, bars: Reg, maps_smem: Reg, m
     let empty_count = blk.consumers + 32;
     // k steps issued so far over this block's tiles: they pick the stage.
     let step = k.mov(Ty::U32, 0u32);
-    blk.for_each_tile(k, |k, m0, n0| {
-        k.for_range(0u32, blk.tiles, 1, |k, tile| {
+    blk.for_each_piece(k, |k, p| {
+        let (m0, n0) = (p.m0, p.n0);
+        k.for_range(0u32, p.count, 1, |k, tile| {
             let slot = k.rem(step, stages);
             let reuse = k.setp(Cmp::Ge, step, stages);
             k.if_(reuse, |k| {
@@ -79,7 +80,7 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, bars: Reg, maps_smem: Reg, m
                 let bar = Addr::new(bar);
                 k.mbarrier_arrive_expect_tx(bar, blk.stage_bytes());
                 let dst = k.mad(slot, blk.stage_bytes(), blk.base);
-                let k0 = k.add(blk.k_first, tile);
+                let k0 = k.add(p.first, tile);
                 let k0 = k.mul(k0, bk);
                 load(k, blk.a_stage, ga, dst, m0, k0, bar);
                 let dst_b = k.add(dst, blk.a_stage.bytes());
