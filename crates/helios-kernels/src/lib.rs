@@ -53,7 +53,7 @@ pub use matmul::{
     MatmulKernel, MatmulShape, NativeLaunch, NativeTile, RowOp, Triangle, Variant as MatmulVariant,
     WgSupport, NATIVE_MAPS_BYTES,
 };
-pub use multi_tensor::{sum_squares_table, SumSquaresKernel};
+pub use multi_tensor::{copy_many_table, sum_squares_table, CopyManyKernel, SumSquaresKernel};
 pub use optim::{AdamWArgs, AdamWKernel, AdamWStep};
 pub use storage::{buffer_scalar, load_f32, store_f32, Storage};
 pub use transpose::{TransposeArgs, TransposeKernel};

@@ -138,6 +138,143 @@ impl SumSquaresKernel {
     }
 }
 
+/// Elements one workgroup of [`CopyManyKernel`] copies: 64 per invocation.
+pub const COPY_MANY_CHUNK: u32 = 16384;
+/// u32 words of one [`CopyManyKernel`] table entry: source address (low, high), destination
+/// address (low, high), first element, element count.
+pub const COPY_MANY_ENTRY: usize = 6;
+
+/// Copies many tensors of one storage in one dispatch, bit for bit: the table lists chunks
+/// (source, destination, first element, count), workgroup g copies chunk g. What a
+/// data-parallel step runs to put ~150 gradients into the exchange's arena, where a copy a
+/// tensor was ~150 dispatches, most of them tiny.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CopyManyKernel {
+    pub storage: Storage,
+}
+
+impl CopyManyKernel {
+    pub fn name(&self) -> String {
+        format!(
+            "copy_many_{}_wg{SUM_SQUARES_WORKGROUP}",
+            self.storage.name()
+        )
+    }
+
+    /// Buffer: the table (u32, `COPY_MANY_ENTRY` words per chunk); push constant: the chunk
+    /// count. Every chunk's first element must be a multiple of 4 and both its addresses
+    /// aligned to four elements.
+    pub fn build(&self) -> KernelModule {
+        let w = SUM_SQUARES_WORKGROUP;
+        let mut k = KernelBuilder::new(self.name(), Binding::DeviceAddress, [w, 1, 1]);
+        let table = k.buffer("table", Scalar::U32, Access::Read);
+        let chunks = k.param("chunks", Ty::scalar(Scalar::U32));
+        k.begin();
+        let chunks = k.load_param(chunks);
+        let g = linear_workgroup(&mut k);
+        let inside = k.lt(g, chunks);
+        k.if_(inside, |k| {
+            let six = k.u32(COPY_MANY_ENTRY as u32);
+            let e0 = k.mul(g, six);
+            let word = |k: &mut KernelBuilder, i: u32| {
+                let c = k.u32(i);
+                let at = k.add(e0, c);
+                k.load(table, at, 1)
+            };
+            let address = |k: &mut KernelBuilder, i: u32| {
+                let lo = word(k, i);
+                let hi = word(k, i + 1);
+                k.vector(&[lo, hi])
+            };
+            let (src, dst) = (address(k, 0), address(k, 2));
+            let first = word(k, 4);
+            let count = word(k, 5);
+            // Bits, whatever they mean: 16-bit storages as u16, widened to u32 and back (a
+            // module moving 16-bit values must declare 16-bit arithmetic, which these
+            // width-only conversions do, as bf16's loads elsewhere).
+            let scalar = match self.storage.bytes() {
+                2 => Scalar::U16,
+                _ => Scalar::U32,
+            };
+            let src = k.buffer_at(src, scalar);
+            let dst = k.buffer_at_mut(dst, scalar);
+            let lid = k.local_index();
+            let step = k.u32(w);
+            // Slots from..to of `lanes` elements each, counted from slot `base`.
+            let copy = |k: &mut KernelBuilder, (from, to, base): (Val, Val, Val), lanes| {
+                k.for_range(from, to, step, |k, i| {
+                    let at = k.add(base, i);
+                    let v = k.load(src, at, lanes);
+                    let v = match scalar {
+                        Scalar::U16 => {
+                            let wide = k.convert(v, Scalar::U32);
+                            k.convert(wide, Scalar::U16)
+                        }
+                        _ => v,
+                    };
+                    k.store(dst, at, v);
+                });
+            };
+            // Whole vec4s, then the last count % 4 elements one by one.
+            let two = k.u32(2);
+            let quads = k.shr(count, two);
+            let q0 = k.shr(first, two);
+            copy(k, (lid, quads, q0), 4);
+            let done = k.shl(quads, two);
+            let t0 = k.add(done, lid);
+            copy(k, (t0, count, first), 1);
+        });
+        k.finish()
+    }
+
+    /// The launch over `chunks` table entries, with the table's device address.
+    pub fn launch(
+        &self,
+        module: &KernelModule,
+        geometry: Geometry,
+        chunks: u32,
+        table: u64,
+    ) -> Result<Launch, KernelError> {
+        let args = [Arg::Address(table), Arg::U32(chunks)];
+        let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
+        Ok(Launch {
+            groups: grid(u64::from(chunks), geometry.max_groups_x)?,
+            push,
+        })
+    }
+
+    /// Kernels for validation: every storage.
+    pub fn samples() -> Vec<CopyManyKernel> {
+        Storage::ALL
+            .into_iter()
+            .map(|storage| CopyManyKernel { storage })
+            .collect()
+    }
+}
+
+/// The [`CopyManyKernel`] table for copies (source address, destination address, element
+/// count each): chunks of at most `COPY_MANY_CHUNK` elements. Empty copies add none.
+pub fn copy_many_table(copies: &[(u64, u64, u64)]) -> Vec<u32> {
+    let chunk = u64::from(COPY_MANY_CHUNK);
+    let mut table = Vec::new();
+    for &(src, dst, len) in copies {
+        let mut first = 0;
+        while first < len {
+            let count = chunk.min(len - first);
+            table.extend([
+                src as u32,
+                (src >> 32) as u32,
+                dst as u32,
+                (dst >> 32) as u32,
+                first as u32,
+                count as u32,
+            ]);
+            first += count;
+        }
+    }
+    table
+}
+
 /// The table for tensors at `addresses` (device address, element count each): chunks of at
 /// most `SUM_SQUARES_CHUNK` elements, `SUM_SQUARES_ENTRY` words each. Empty tensors add none.
 pub fn sum_squares_table(tensors: &[(u64, u64)]) -> Vec<u32> {
@@ -162,6 +299,19 @@ pub fn sum_squares_table(tensors: &[(u64, u64)]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_table_chunks_every_element_once() {
+        let t = copy_many_table(&[(0x1_0000_0100, 0x2_0000_0000, 20_000), (0x200, 0x400, 0)]);
+        let entries: Vec<&[u32]> = t.chunks(COPY_MANY_ENTRY).collect();
+        assert_eq!(
+            entries,
+            [
+                &[0x100, 1, 0, 2, 0, COPY_MANY_CHUNK][..],
+                &[0x100, 1, 0, 2, COPY_MANY_CHUNK, 20_000 - COPY_MANY_CHUNK][..],
+            ]
+        );
+    }
 
     #[test]
     fn table_chunks_every_element_once() {

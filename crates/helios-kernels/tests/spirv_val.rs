@@ -107,6 +107,13 @@ fn every_sum_squares_kernel_validates() {
     assert_eq!(validate_all(kernels.iter().map(|k| k.build())), 3 * 2);
 }
 
+/// The multi-tensor copy: two addresses a table entry.
+#[test]
+fn every_copy_many_kernel_validates() {
+    let kernels = helios_kernels::CopyManyKernel::samples();
+    assert_eq!(validate_all(kernels.iter().map(|k| k.build())), 3);
+}
+
 /// The tiled transpose, every storage, both binding models.
 #[test]
 fn every_transpose_kernel_validates() {

@@ -678,6 +678,7 @@ pub(crate) enum KernelKey {
     Attention(helios_kernels::AttentionKernel),
     AttentionDecode(helios_kernels::DecodeKernel),
     SumSquares(helios_kernels::SumSquaresKernel),
+    CopyMany(helios_kernels::CopyManyKernel),
     Transpose(helios_kernels::TransposeKernel),
 }
 
@@ -718,6 +719,7 @@ fn fixed_workgroup(key: &KernelKey) -> bool {
             | KernelKey::Attention(_)
             | KernelKey::AttentionDecode(_)
             | KernelKey::SumSquares(_)
+            | KernelKey::CopyMany(_)
             | KernelKey::Transpose(_)
     )
 }

@@ -167,6 +167,69 @@ impl Tensor {
 }
 
 impl Device {
+    /// `src.copy_into(dst)` for every `(src, dst)` pair, bit for bit: the pairs of one dtype
+    /// whose tensors are both dense (as a gradient and its arena slot are) go in one
+    /// dispatch of a table-driven copy, where the device binds buffers by address; any other
+    /// pair is copied by `copy_into` (which converts dtypes and reads any layout). The same
+    /// checks and errors as `copy_into`; pending element-wise work of this thread is
+    /// recorded first.
+    pub fn copy_many(&self, pairs: &[(&Tensor, &Tensor)]) -> Result<()> {
+        crate::lazy::realize_all()?;
+        let by_address = self.binding() == helios_spirv::Binding::DeviceAddress;
+        let fast = |(src, dst): &(&Tensor, &Tensor)| {
+            by_address
+                && src.device().same(self)
+                && dst.device().same(self)
+                && src.dtype() == dst.dtype()
+                && src.shape() == dst.shape()
+                && src.layout().is_dense()
+                && dst.layout().is_dense()
+                && src.node_addr() != dst.node_addr()
+                && !src.is_empty()
+                && u32::try_from(src.len()).is_ok()
+        };
+        for pair in pairs.iter().filter(|p| !fast(p)) {
+            pair.0.copy_into(pair.1)?;
+        }
+        for dtype in DType::ALL {
+            let group: Vec<&(&Tensor, &Tensor)> = pairs
+                .iter()
+                .filter(|p| fast(p) && p.0.dtype() == dtype)
+                .collect();
+            if group.is_empty() {
+                continue;
+            }
+            let copies = group
+                .iter()
+                .map(|(src, dst)| Ok((src.address()?, dst.address()?, src.len() as u64)))
+                .collect::<Result<Vec<_>>>()?;
+            let table = helios_kernels::copy_many_table(&copies);
+            let chunks = table.len() / helios_kernels::multi_tensor::COPY_MANY_ENTRY;
+            let table = crate::IndexTensor::from_slice(self, &table, &[table.len()])?;
+            let kernel = helios_kernels::CopyManyKernel {
+                storage: dtype.storage(),
+            };
+            let mut reads = group
+                .iter()
+                .map(|(src, _)| src.buffer())
+                .collect::<Result<Vec<_>>>()?;
+            reads.push(table.buffer());
+            let writes = group
+                .iter()
+                .map(|(_, dst)| dst.buffer())
+                .collect::<Result<Vec<_>>>()?;
+            let table_at = table.buffer().device_address();
+            self.dispatch_rows(
+                crate::device::KernelKey::CopyMany(kernel),
+                || kernel.build(),
+                &reads,
+                &writes,
+                |c, g, _| Ok(kernel.launch(&c.module, g, chunks as u32, table_at)?),
+            )?;
+        }
+        Ok(())
+    }
+
     /// A timeline semaphore exportable as an opaque fd (see `Context::export_timeline`);
     /// errors where the device cannot export one (naming VK_KHR_external_semaphore_fd).
     pub fn export_timeline(&self) -> Result<ExternalTimeline> {

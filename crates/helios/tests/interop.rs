@@ -156,6 +156,65 @@ fn copy_into_fills_arena_tensors_at_several_offsets() {
     assert_clean(d);
 }
 
+/// `copy_many` into arena tensors: dense pairs of each dtype in one dispatch (sizes across
+/// the kernel's 16384-element chunks and not whole vec4s, pending sources), the rest as
+/// `copy_into` does (a strided source, a cast), bit for bit, no neighbour touched; and its
+/// errors are `copy_into`'s.
+#[test]
+fn copy_many_fills_arena_tensors() {
+    let d = device();
+    let Some(arena) = arena(d, 4 << 20) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(11);
+    let cases: [(&[usize], DType, DType); 7] = [
+        (&[40_001], DType::F32, DType::F32),
+        (&[3, 5], DType::BF16, DType::BF16),
+        (&[16_384], DType::F16, DType::F16),
+        (&[2, 16_387], DType::BF16, DType::BF16),
+        (&[1], DType::F32, DType::F32),
+        (&[129], DType::F32, DType::BF16),
+        (&[7, 33], DType::F32, DType::F32),
+    ];
+    let mut at = arena.alignment();
+    let (mut srcs, mut dsts, mut wants) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, (shape, src_dt, dst_dt)) in cases.into_iter().enumerate() {
+        let n: usize = shape.iter().product();
+        let values = random(&mut rng, n, src_dt);
+        let src = Tensor::from_slice_as(d, &values, shape, src_dt).unwrap();
+        // A pending source, and a transposed one (not dense: the `copy_into` path).
+        let src = match i {
+            3 => src.mul_scalar(1.0).unwrap(),
+            6 => Tensor::from_slice_as(d, &values, &[33, 7], src_dt)
+                .unwrap()
+                .transpose(0, 1)
+                .unwrap(),
+            _ => src,
+        };
+        let want = match i {
+            6 => (0..7 * 33).map(|k| values[(k % 33) * 7 + k / 33]).collect(),
+            _ => values
+                .iter()
+                .map(|&v| dst_dt.round(v))
+                .collect::<Vec<f32>>(),
+        };
+        let dst = arena.tensor(at, shape, dst_dt).unwrap();
+        at = arena.next_offset(at, &dst) + arena.alignment();
+        srcs.push(src);
+        dsts.push(dst);
+        wants.push(want);
+    }
+    let pairs: Vec<(&Tensor, &Tensor)> = srcs.iter().zip(&dsts).collect();
+    d.copy_many(&pairs).unwrap();
+    for (i, (dst, want)) in dsts.iter().zip(&wants).enumerate() {
+        same(&dst.to_vec().unwrap(), want, &format!("pair {i}"));
+    }
+    let bad = Tensor::from_slice(d, &[1.0, 2.0], &[2]).unwrap();
+    let err = d.copy_many(&[(&bad, &dsts[0])]).unwrap_err().to_string();
+    assert!(err.contains("shapes"), "{err}");
+    assert_clean(d);
+}
+
 #[test]
 fn arena_tensors_feed_later_ops_and_the_optimizer() {
     let d = device();

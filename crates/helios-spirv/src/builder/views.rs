@@ -6,6 +6,11 @@ use rspirv::spirv::{Capability, Decoration, Op, StorageClass, Word};
 use super::*;
 use crate::types::{Scalar, Ty, Val};
 
+/// `Buffer::index` of buffers at computed addresses (`buffer_at`, `buffer_at_mut`): no
+/// binding of their own.
+const AT_READ_ONLY: usize = usize::MAX;
+const AT_WRITABLE: usize = usize::MAX - 1;
+
 impl KernelBuilder {
     /// The pointer type (PhysicalStorageBuffer) to a block holding a run-time array of `elem`.
     /// The PhysicalStorageBuffer pointer type to `elem`'s view struct, and the runtime-array
@@ -99,6 +104,17 @@ impl KernelBuilder {
     /// tensors in one dispatch; device-address binding only, loads only.
     #[track_caller]
     pub fn buffer_at(&mut self, address: Val, elem: Scalar) -> Buffer {
+        self.computed_buffer(address, elem, AT_READ_ONLY)
+    }
+
+    /// `buffer_at` that the kernel also writes (a table-driven copy's destinations).
+    #[track_caller]
+    pub fn buffer_at_mut(&mut self, address: Val, elem: Scalar) -> Buffer {
+        self.computed_buffer(address, elem, AT_WRITABLE)
+    }
+
+    #[track_caller]
+    fn computed_buffer(&mut self, address: Val, elem: Scalar, index: usize) -> Buffer {
         assert!(
             self.binding == Binding::DeviceAddress,
             "buffer_at needs device addresses"
@@ -109,7 +125,7 @@ impl KernelBuilder {
             address.ty
         );
         Buffer {
-            index: usize::MAX,
+            index,
             elem,
             address: Some(address.id),
         }
@@ -119,8 +135,8 @@ impl KernelBuilder {
     #[track_caller]
     pub(crate) fn assert_writable(&self, buf: Buffer) {
         assert!(
-            buf.address.is_none(),
-            "buffers at computed addresses are read-only"
+            buf.address.is_none() || buf.index == AT_WRITABLE,
+            "buffers at computed addresses are read-only (buffer_at_mut writes)"
         );
     }
 
@@ -140,9 +156,9 @@ impl KernelBuilder {
         match self.binding {
             Binding::DeviceAddress => {
                 let base = match buf.address {
-                    // A computed address: straight to the (read-only) view of the access.
+                    // A computed address: straight to the view of the access.
                     Some(address) => {
-                        let view = self.view_pointer_type(elem, true);
+                        let view = self.view_pointer_type(elem, buf.index != AT_WRITABLE);
                         self.inst(Op::Bitcast, Some(view), vec![id(address)])
                     }
                     None if lanes == 1 => self.buffer_base(buf),
