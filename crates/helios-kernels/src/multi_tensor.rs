@@ -255,21 +255,16 @@ impl CopyManyKernel {
 /// The [`CopyManyKernel`] table for copies (source address, destination address, element
 /// count each): chunks of at most `COPY_MANY_CHUNK` elements. Empty copies add none.
 pub fn copy_many_table(copies: &[(u64, u64, u64)]) -> Vec<u32> {
-    let chunk = u64::from(COPY_MANY_CHUNK);
     let mut table = Vec::new();
     for &(src, dst, len) in copies {
-        let mut first = 0;
-        while first < len {
-            let count = chunk.min(len - first);
+        for (first, count) in chunks(len, COPY_MANY_CHUNK) {
             table.extend([
                 src as u32,
                 (src >> 32) as u32,
                 dst as u32,
                 (dst >> 32) as u32,
-                first as u32,
-                count as u32,
             ]);
-            first += count;
+            table.extend([first, count]);
         }
     }
     table
@@ -278,22 +273,21 @@ pub fn copy_many_table(copies: &[(u64, u64, u64)]) -> Vec<u32> {
 /// The table for tensors at `addresses` (device address, element count each): chunks of at
 /// most `SUM_SQUARES_CHUNK` elements, `SUM_SQUARES_ENTRY` words each. Empty tensors add none.
 pub fn sum_squares_table(tensors: &[(u64, u64)]) -> Vec<u32> {
-    let chunk = u64::from(SUM_SQUARES_CHUNK);
     let mut table = Vec::new();
     for &(address, len) in tensors {
-        let mut first = 0;
-        while first < len {
-            let count = chunk.min(len - first);
-            table.extend([
-                address as u32,
-                (address >> 32) as u32,
-                first as u32,
-                count as u32,
-            ]);
-            first += count;
+        for (first, count) in chunks(len, SUM_SQUARES_CHUNK) {
+            table.extend([address as u32, (address >> 32) as u32, first, count]);
         }
     }
     table
+}
+
+/// (first element, count) of each chunk of at most `chunk` elements of `len` (u32: the
+/// callers keep tensors under 2³² elements).
+fn chunks(len: u64, chunk: u32) -> impl Iterator<Item = (u32, u32)> {
+    (0..len)
+        .step_by(chunk as usize)
+        .map(move |first| (first as u32, (len - first).min(u64::from(chunk)) as u32))
 }
 
 #[cfg(test)]
