@@ -99,6 +99,11 @@ struct Block {
     /// Output tiles along N, and in all (u32).
     tiles_n: Reg,
     tiles_mn: Reg,
+    /// The parameters M and `m_fastest` (nonzero: consecutive tiles walk M, else N; the
+    /// launch's choice, `native_launch`). Read where a tile starts, so that no register
+    /// holds them through the k loop (the 256 × 192 tile has none to spare).
+    m_param: helios_ptx::Param,
+    order: helios_ptx::Param,
     bm: u32,
     bn: u32,
     /// k tiles of this batch's part of the product, and the first of them.
@@ -123,13 +128,30 @@ impl Block {
         self.a_stage.bytes() + self.b_stage.bytes()
     }
 
+    /// The first row and column (u32) of output tile `tile`, tiles numbered along N first
+    /// or along M first (`m_fastest`).
+    fn origin(&self, k: &mut Kernel, tile: Reg) -> (Reg, Reg) {
+        let order = k.ld_param(self.order);
+        let m_fastest = k.setp(Cmp::Ne, order, 0u32);
+        let m = k.ld_param(self.m_param);
+        let m = k.add(m, self.bm - 1);
+        let tiles_m = k.div(m, self.bm);
+        // Tiles along the dimension walked first.
+        let fast = k.selp(m_fastest, tiles_m, self.tiles_n, Ty::U32);
+        let slow = k.div(tile, fast);
+        let near = k.rem(tile, fast);
+        let row = k.selp(m_fastest, near, slow, Ty::U32);
+        let col = k.selp(m_fastest, slow, near, Ty::U32);
+        (k.mul(row, self.bm), k.mul(col, self.bn))
+    }
+
     /// Runs `body` for each piece of work of this block: in stream-K order its share of
     /// the k steps (`Stream::for_each_piece`), else whole tiles `ctaid.x`, `ctaid.x +
-    /// nctaid.x`, ... (N fastest), so a grid of one block per SM walks all of them and a
-    /// larger grid gives each block one.
+    /// nctaid.x`, ..., so a grid of one block per SM walks all of them and a larger grid
+    /// gives each block one.
     fn for_each_piece(&self, k: &mut Kernel, mut body: impl FnMut(&mut Kernel, Piece)) {
         if let Some(s) = &self.stream {
-            s.for_each_piece(k, self.tiles_n, (self.bm, self.bn), body);
+            s.for_each_piece(k, |k, t| self.origin(k, t), body);
             return;
         }
         let tile = k.special(Special::CtaIdX);
@@ -138,10 +160,7 @@ impl Block {
         k.place(top);
         let over = k.setp(Cmp::Ge, tile, self.tiles_mn);
         k.bra_if(over, false, done);
-        let row = k.div(tile, self.tiles_n);
-        let col = k.rem(tile, self.tiles_n);
-        let m0 = k.mul(row, self.bm);
-        let n0 = k.mul(col, self.bn);
+        let (m0, n0) = self.origin(k, tile);
         body(
             k,
             Piece {
@@ -192,6 +211,7 @@ pub(crate) fn build(
         "inner", "inner_a", "inner_b", "inner_c", "inner_r", "k_parts",
     ];
     let sizes: Vec<_> = names.iter().map(|n| k.param(n, Ty::U32)).collect();
+    let porder = k.param("m_fastest", Ty::U32);
     let palpha = k.param("alpha", Ty::F32);
     let pmaps = k.param("maps", Ty::U64);
 
@@ -269,6 +289,8 @@ pub(crate) fn build(
             let tiles_m = ceil_div(&mut k, m, bm);
             k.mul(tiles_n, tiles_m)
         },
+        m_param: sizes[0],
+        order: porder,
         bm,
         bn,
         tiles: k_tiles,
@@ -568,6 +590,11 @@ impl MatmulKernel {
         args.extend(addr.pre.map(Arg::Address));
         args.extend(shape.launch_values().map(Arg::U32));
         args.push(Arg::U32(shape.k_parts.max(1)));
+        // Consecutive tiles share an operand block the L2 keeps; the other operand is read
+        // once per tile row (or column). Walking M first rereads A (m × k) instead of B (k ×
+        // n): the smaller one where n > m (the lm head's 50304 columns: its weights, 77 MB,
+        // outgrow the L2 and were read from memory once per 256 rows).
+        args.push(Arg::U32(u32::from(shape.n > shape.m)));
         args.push(Arg::F32(alpha));
         let maps = addr
             .maps

@@ -84,13 +84,12 @@ impl Stream {
         k.cvt(Ty::U32, x)
     }
 
-    /// Runs `body` for each piece of this block's share, in order; `tiles_n` output tiles
-    /// along N, each `bm × bn`.
+    /// Runs `body` for each piece of this block's share, in order; `origin` gives a tile's
+    /// first row and column.
     pub(super) fn for_each_piece(
         &self,
         k: &mut Kernel,
-        tiles_n: Reg,
-        (bm, bn): (u32, u32),
+        origin: impl Fn(&mut Kernel, Reg) -> (Reg, Reg),
         mut body: impl FnMut(&mut Kernel, Piece),
     ) {
         let it = self.start_of(k, self.block);
@@ -105,10 +104,7 @@ impl Stream {
         let left = k.sub(end, it);
         let rest = k.sub(self.kt, first);
         let count = k.min(left, rest);
-        let row = k.div(tile, tiles_n);
-        let col = k.rem(tile, tiles_n);
-        let m0 = k.mul(row, bm);
-        let n0 = k.mul(col, bn);
+        let (m0, n0) = origin(k, tile);
         body(
             k,
             Piece {
