@@ -67,28 +67,15 @@ impl SumSquaresKernel {
         let count = k.select(inside, count, zero);
         let x = k.buffer_at(address, buffer_scalar(self.storage));
         let lid = k.local_index();
-        let step = k.u32(w);
         let zf = k.const_f32(0.0);
         let acc = k.var_init(zf);
-        // Slots from..to of `lanes` elements each, counted from slot `base`.
-        let add_squares = |k: &mut KernelBuilder, (from, to, base): (Val, Val, Val), lanes| {
-            k.for_range(from, to, step, |k, i| {
-                let at = k.add(base, i);
-                let v = load_f32(k, x, at, lanes, self.storage);
-                let sq = if lanes == 1 { k.mul(v, v) } else { k.dot(v, v) };
-                let a = k.get(acc);
-                let s = k.add(a, sq);
-                k.set(acc, s);
-            });
-        };
-        // Whole vec4s, then the last count % 4 elements one by one.
-        let two = k.u32(2);
-        let quads = k.shr(count, two);
-        let q0 = k.shr(first, two);
-        add_squares(&mut k, (lid, quads, q0), 4);
-        let done = k.shl(quads, two);
-        let t0 = k.add(done, lid);
-        add_squares(&mut k, (t0, count, first), 1);
+        for_chunk(&mut k, (lid, w), (first, count), |k, at, lanes| {
+            let v = load_f32(k, x, at, lanes, self.storage);
+            let sq = if lanes == 1 { k.mul(v, v) } else { k.dot(v, v) };
+            let a = k.get(acc);
+            let s = k.add(a, sq);
+            k.set(acc, s);
+        });
         let mut groups = Groups::new(&mut k, self.reducer, w);
         let mine = k.get(acc);
         let total = groups.reduce(&mut k, ReduceOp::Add, mine);
@@ -199,30 +186,17 @@ impl CopyManyKernel {
             let src = k.buffer_at(src, scalar);
             let dst = k.buffer_at_mut(dst, scalar);
             let lid = k.local_index();
-            let step = k.u32(w);
-            // Slots from..to of `lanes` elements each, counted from slot `base`.
-            let copy = |k: &mut KernelBuilder, (from, to, base): (Val, Val, Val), lanes| {
-                k.for_range(from, to, step, |k, i| {
-                    let at = k.add(base, i);
-                    let v = k.load(src, at, lanes);
-                    let v = match scalar {
-                        Scalar::U16 => {
-                            let wide = k.convert(v, Scalar::U32);
-                            k.convert(wide, Scalar::U16)
-                        }
-                        _ => v,
-                    };
-                    k.store(dst, at, v);
-                });
-            };
-            // Whole vec4s, then the last count % 4 elements one by one.
-            let two = k.u32(2);
-            let quads = k.shr(count, two);
-            let q0 = k.shr(first, two);
-            copy(k, (lid, quads, q0), 4);
-            let done = k.shl(quads, two);
-            let t0 = k.add(done, lid);
-            copy(k, (t0, count, first), 1);
+            for_chunk(k, (lid, w), (first, count), |k, at, lanes| {
+                let v = k.load(src, at, lanes);
+                let v = match scalar {
+                    Scalar::U16 => {
+                        let wide = k.convert(v, Scalar::U32);
+                        k.convert(wide, Scalar::U16)
+                    }
+                    _ => v,
+                };
+                k.store(dst, at, v);
+            });
         });
         k.finish()
     }
@@ -280,6 +254,29 @@ pub fn sum_squares_table(tensors: &[(u64, u64)]) -> Vec<u32> {
         }
     }
     table
+}
+
+/// Runs `visit(k, slot, lanes)` over invocation `lid`'s share (of a workgroup of `w`) of a
+/// table chunk: `count` elements from element `first`, a multiple of 4. Whole vec4s first
+/// (`slot` in units of 4 elements, `lanes` 4), then the last `count % 4` elements one by one.
+fn for_chunk(
+    k: &mut KernelBuilder,
+    (lid, w): (Val, u32),
+    (first, count): (Val, Val),
+    visit: impl Fn(&mut KernelBuilder, Val, u8),
+) {
+    let step = k.u32(w);
+    let two = k.u32(2);
+    let quads = k.shr(count, two);
+    let q0 = k.shr(first, two);
+    let done = k.shl(quads, two);
+    let t0 = k.add(done, lid);
+    for (from, to, base, lanes) in [(lid, quads, q0, 4), (t0, count, first, 1)] {
+        k.for_range(from, to, step, |k, i| {
+            let at = k.add(base, i);
+            visit(k, at, lanes);
+        });
+    }
 }
 
 /// (first element, count) of each chunk of at most `chunk` elements of `len` (u32: the
