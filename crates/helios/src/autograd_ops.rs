@@ -86,7 +86,8 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, opts: &MatmulSpec) -> Result<Tensor
     // gradient at its input in its epilogue, which costs the products less than the passes
     // it removes. In f16/bf16 the activation and its backward stay passes: the cooperative
     // kernels' epilogue runs while the matrix units idle, and cost more than the pass (GPT-2's
-    // MLP block on an H100; figures in bench/results/source-comment-history.md).
+    // MLP block on an H100; figures in bench/results/source-comment-history.md). The native
+    // kernels' did too (GPT-2 on an H200: bench/results/2026-11-29-session42-h200.md).
     let (z, activated) = if act != Activation::None && a.dtype() == DType::F32 {
         let (y, z) = a.matmul_saving_pre(b, &MatmulSpec { act, ..kernel_opts })?;
         (z, Some(y))
