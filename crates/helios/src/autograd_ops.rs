@@ -232,6 +232,11 @@ fn weight_grad(
             2 => (a.clone(), g.clone()),
             _ => (a.reshape(&[a.len() / k, k])?, g.reshape(&[g.len() / n, n])?),
         };
+        // b read through a transposed view (a tied head's wᵀ): d(bᵀ) = gᵀ·a, row-major like
+        // w, handed back as the view, so w's gradient needs no transposing copy.
+        if !col_sums && !b.is_contiguous() && b.transpose(0, 1)?.is_contiguous() {
+            return Ok((g2.transpose(0, 1)?.matmul(&a2)?.transpose(0, 1)?, None));
+        }
         let a2t = a2.transpose(0, 1)?;
         return match col_sums {
             true => {
