@@ -18,6 +18,13 @@
 //! - `Rows` (one group per row): `row_loss[r]`, and `dlogits` when `grad`;
 //! - `Mean` (one workgroup): `loss[0] = Σ row_loss / count`, 0 when every row is ignored.
 //!
+//! Or four, count → stats → grad-cols → mean, for dlogits stored column-major: `Stats` is
+//! `Rows` without the gradient, keeping each row's max and 1/Σexp, and `GradCols` writes
+//! the same values as pass 2 (bit for bit) through 32×32 tiles in shared memory, as the
+//! tiled transpose moves them. A product reading dlogits down its columns (the head's
+//! input gradient, k = the vocabulary) then reads it as it is, where row-major dlogits
+//! would first take a transposing copy: one more read and write of the logits' size.
+//!
 //! Rows lie `stride` elements apart (at least `vocab`, a push constant): the first `vocab`
 //! of each are the classes, so a padded vocabulary's (rows, Vp) logits are read in place,
 //! and the gradient's columns `vocab..stride` are written as zeros.
@@ -33,17 +40,23 @@
 //! logit in a row makes that row's loss and gradient NaN; the NaN test is explicit because
 //! some `exp` implementations (llvmpipe's) clamp their argument and would hide it.
 
-use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val};
+use helios_spirv::{
+    Access, Binding, KernelBuilder, KernelModule, ReduceOp, Scalar, SharedLen, Ty, Val,
+};
 
 use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::rows::{
     for_each_slot_by, hreduce, hsum, linear_workgroup, row_slots, threads_for, Groups, Reducer, Row,
 };
-use crate::storage::{buffer_scalar, Storage};
+use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
 use crate::KernelError;
 
 /// Default workgroup size of the cross-entropy kernels.
 pub const CROSS_ENTROPY_WORKGROUP: u32 = 256;
+/// Edge of the square tile `GradCols` moves through shared memory.
+const COLS_TILE: u32 = 32;
+/// Invocations along the tile's second axis (`COLS_TILE · COLS_ROWS` = the workgroup).
+const COLS_ROWS: u32 = 8;
 
 /// Which of the three cross-entropy kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -52,6 +65,11 @@ pub enum CrossEntropyStage {
     Count,
     /// One workgroup per row: the row's loss, and dlogits when `grad`.
     Rows { grad: bool },
+    /// `Rows { grad: false }` that also stores each row's max and 1/Σexp for `GradCols` (NaN
+    /// for a row whose gradient is NaN).
+    Stats,
+    /// dlogits column-major, (stride, rows) dense, from `Stats`' row statistics.
+    GradCols,
     /// The mean of the row losses over the counted rows.
     Mean,
 }
@@ -99,8 +117,10 @@ pub struct CrossEntropyArgs {
     pub stats: u64,
     /// (rows,) f32.
     pub row_loss: u64,
+    /// (rows, 2) f32: each row's max and 1/Σexp; only for `Stats` and `GradCols`.
+    pub row_stats: u64,
     /// (rows, stride) in the kernel's storage, columns `vocab..stride` written as zeros;
-    /// only for `Rows { grad: true }`.
+    /// only for `Rows { grad: true }`. `GradCols` writes its transpose, (stride, rows).
     pub dlogits: u64,
     /// (1,) f32.
     pub loss: u64,
@@ -110,8 +130,8 @@ impl CrossEntropyKernel {
     /// The kernel of `stage` (the storage only matters to `Rows`).
     pub fn new(stage: CrossEntropyStage, storage: Storage, setup: CrossEntropySetup) -> Self {
         let storage = match stage {
-            CrossEntropyStage::Rows { .. } => storage,
-            _ => Storage::F32,
+            CrossEntropyStage::Count | CrossEntropyStage::Mean => Storage::F32,
+            _ => storage,
         };
         CrossEntropyKernel {
             stage,
@@ -139,8 +159,13 @@ impl CrossEntropyKernel {
             out.push(Self::new(CrossEntropyStage::Count, Storage::F32, setup));
             out.push(Self::new(CrossEntropyStage::Mean, Storage::F32, setup));
             for s in Storage::ALL {
-                for grad in [false, true] {
-                    out.push(Self::new(CrossEntropyStage::Rows { grad }, s, setup));
+                for stage in [
+                    CrossEntropyStage::Rows { grad: false },
+                    CrossEntropyStage::Rows { grad: true },
+                    CrossEntropyStage::Stats,
+                    CrossEntropyStage::GradCols,
+                ] {
+                    out.push(Self::new(stage, s, setup));
                 }
             }
         }
@@ -158,6 +183,14 @@ impl CrossEntropyKernel {
                 self.storage.name(),
                 self.setup.unroll
             ),
+            CrossEntropyStage::Stats => format!(
+                "ce_stats_{}_{tag}_u{}",
+                self.storage.name(),
+                self.setup.unroll
+            ),
+            CrossEntropyStage::GradCols => {
+                format!("ce_grad_cols_{}_t{COLS_TILE}", self.storage.name())
+            }
         }
     }
 
@@ -168,7 +201,9 @@ impl CrossEntropyKernel {
         let groups = |k: &mut KernelBuilder| Groups::new(k, self.setup.reducer, w);
         match self.stage {
             CrossEntropyStage::Count => build_count(&mut k, groups),
-            CrossEntropyStage::Rows { grad } => build_rows(&mut k, self, grad),
+            CrossEntropyStage::Rows { grad } => build_rows(&mut k, self, Out::rows(grad)),
+            CrossEntropyStage::Stats => build_rows(&mut k, self, Out::Stats),
+            CrossEntropyStage::GradCols => build_grad_cols(&mut k, self.storage),
             CrossEntropyStage::Mean => build_mean(&mut k, groups),
         }
         k.finish()
@@ -195,6 +230,8 @@ impl CrossEntropyKernel {
             CrossEntropyStage::Rows { grad: true } => {
                 &[a.logits, a.targets, a.stats, a.row_loss, a.dlogits]
             }
+            CrossEntropyStage::Stats => &[a.logits, a.targets, a.row_loss, a.row_stats],
+            CrossEntropyStage::GradCols => &[a.logits, a.targets, a.stats, a.row_stats, a.dlogits],
             CrossEntropyStage::Mean => &[a.row_loss, a.stats, a.loss],
         };
         let mut args = Args::new();
@@ -211,12 +248,18 @@ impl CrossEntropyKernel {
                 args.push(Arg::F32(a.scale));
                 [1, 1, 1]
             }
-            CrossEntropyStage::Rows { .. } => {
+            CrossEntropyStage::Rows { .. } | CrossEntropyStage::Stats => {
                 let threads = self.threads_per_row(a.vocab, geometry.workgroup);
                 let shift = threads.trailing_zeros();
                 args.extend([a.rows, a.vocab, a.stride, ignore, ignoring, shift].map(Arg::U32));
                 let per = u64::from(geometry.workgroup / threads);
                 grid(u64::from(a.rows).div_ceil(per), geometry.max_groups_x)?
+            }
+            CrossEntropyStage::GradCols => {
+                args.extend([a.rows, a.vocab, a.stride, ignore, ignoring].map(Arg::U32));
+                let t = u64::from(COLS_TILE);
+                let tiles = u64::from(a.rows).div_ceil(t) * u64::from(a.stride).div_ceil(t);
+                grid(tiles, geometry.max_groups_x)?
             }
             CrossEntropyStage::Mean => {
                 args.push(Arg::U32(a.rows));
@@ -321,7 +364,28 @@ fn build_mean(k: &mut KernelBuilder, groups: impl FnOnce(&mut KernelBuilder) -> 
 
 // ------------------------------------------------------------------ rows
 
-fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
+/// What a row kernel stores besides each row's loss.
+#[derive(Clone, Copy, PartialEq)]
+enum Out {
+    Loss,
+    /// dlogits, row-major.
+    Grad,
+    /// Each row's max and 1/Σexp (`GradCols` computes dlogits from them).
+    Stats,
+}
+
+impl Out {
+    fn rows(grad: bool) -> Self {
+        if grad {
+            Out::Grad
+        } else {
+            Out::Loss
+        }
+    }
+}
+
+fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, out: Out) {
+    let grad = out == Out::Grad;
     let s = kernel.storage;
     let unroll = u32::from(kernel.setup.unroll.max(1));
     let f32t = Ty::scalar(Scalar::F32);
@@ -331,6 +395,7 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
     let stats = grad.then(|| k.buffer("stats", Scalar::F32, Access::Read));
     let row_loss = k.buffer("row_loss", Scalar::F32, Access::Write);
     let dlogits = grad.then(|| k.buffer("dlogits", buffer_scalar(s), Access::Write));
+    let row_stats = (out == Out::Stats).then(|| k.buffer("row_stats", Scalar::F32, Access::Write));
     let params = [
         "rows",
         "vocab",
@@ -357,8 +422,8 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
     let r = k.select(in_grid, unit, zero);
     let t = k.load(targets, r, 1);
     let skip = ignored(k, t, ignore, ignoring);
-    let out = k.not(in_grid);
-    let skip = k.or(skip, out);
+    let outside = k.not(in_grid);
+    let skip = k.or(skip, outside);
     let valid = k.lt(t, vocab);
     let base = k.mul(r, stride);
     let end = k.add(base, vocab);
@@ -458,6 +523,18 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
         let l = k.select(ok, l, nan);
         let l = k.select(skip, fzero, l);
         k.store(row_loss, r, l);
+        if let Some(rs) = row_stats {
+            // What pass 2 would use: the max, and 1/Σexp (NaN where the row's is NaN).
+            let one = k.const_f32(1.0);
+            let inv = k.div(one, ssum);
+            let inv = k.select(ok, inv, nan);
+            let two = k.u32(2);
+            let at = k.mul(r, two);
+            k.store(rs, at, mmax);
+            let one_u = k.u32(1);
+            let at = k.add(at, one_u);
+            k.store(rs, at, inv);
+        }
     });
 
     // Pass 2 (no barriers): dlogits = (exp(x − max) / sum − onehot) · norm over the row's
@@ -507,6 +584,111 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, grad: bool) {
                     });
                 },
             );
+        });
+    }
+}
+
+// ------------------------------------------------------------------ gradient by columns
+
+/// `GradCols`: dlogits written column-major, `dt[v·rows + r]` = pass 2's value at (r, v).
+/// A workgroup moves one 32×32 tile: it reads the logits along the rows (consecutive
+/// invocations, consecutive columns), computes the gradient from the row's statistics, and
+/// writes the tile down the columns through shared memory (consecutive invocations,
+/// consecutive rows), so both sides move whole sectors.
+fn build_grad_cols(k: &mut KernelBuilder, s: Storage) {
+    let t = COLS_TILE;
+    let u32t = Ty::scalar(Scalar::U32);
+    let logits = k.buffer("logits", buffer_scalar(s), Access::Read);
+    let targets = k.buffer("targets", Scalar::U32, Access::Read);
+    let stats = k.buffer("stats", Scalar::F32, Access::Read);
+    let row_stats = k.buffer("row_stats", Scalar::F32, Access::Read);
+    let dt = k.buffer("dlogits", buffer_scalar(s), Access::Write);
+    let params = ["rows", "vocab", "stride", "ignore_index", "ignoring"].map(|n| k.param(n, u32t));
+    k.begin();
+    let [rows, vocab, stride, ignore, ignoring] = params.map(|p| k.load_param(p));
+    let tile = k.shared_array(Ty::scalar(Scalar::F32), SharedLen::Fixed(t * (t + 1)));
+
+    // Which tile: consecutive workgroups walk down the rows, so that the column segments
+    // they write lie side by side.
+    let g = linear_workgroup(k);
+    let tc = k.u32(t);
+    let tm1 = k.u32(t - 1);
+    let tiles_r = k.add(rows, tm1);
+    let tiles_r = k.div(tiles_r, tc);
+    let tiles_c = k.add(stride, tm1);
+    let tiles_c = k.div(tiles_c, tc);
+    let tiles = k.mul(tiles_r, tiles_c);
+    // A workgroup past the last tile (a folded grid's spares) stores nothing, but still
+    // reaches the barrier.
+    let live = k.lt(g, tiles);
+    let tr = k.rem(g, tiles_r);
+    let tcol = k.div(g, tiles_r);
+    let r0 = k.mul(tr, tc);
+    let v0 = k.mul(tcol, tc);
+    let lid = k.local_index();
+    let tx = k.rem(lid, tc);
+    let ty = k.div(lid, tc);
+    let pad = k.u32(t + 1);
+    let zero = k.u32(0);
+    let i0 = k.u32(0);
+    let norm = k.load(stats, i0, 1);
+    let (fzero, one) = (k.const_f32(0.0), k.const_f32(1.0));
+
+    // Along the rows: invocation tx reads column v0 + tx of rows r0 + ty + 8q.
+    let v = k.add(v0, tx);
+    let inside_v = k.lt(v, vocab);
+    for q in 0..t / COLS_ROWS {
+        let dq = k.u32(q * COLS_ROWS);
+        let rr = k.add(ty, dq);
+        let r = k.add(r0, rr);
+        let r_in = k.lt(r, rows);
+        let r_in = k.and(r_in, live);
+        let r = k.select(r_in, r, zero);
+        let target = k.load(targets, r, 1);
+        let skip = ignored(k, target, ignore, ignoring);
+        let two = k.u32(2);
+        let at = k.mul(r, two);
+        let m = k.load(row_stats, at, 1);
+        let i1 = k.u32(1);
+        let at = k.add(at, i1);
+        let inv = k.load(row_stats, at, 1);
+        let read = k.and(r_in, inside_v);
+        let at = k.mul(r, stride);
+        let at = k.add(at, v);
+        let at = k.select(read, at, zero);
+        let x = load_f32(k, logits, at, 1, s);
+        // Pass 2's arithmetic, in its order: the same bits.
+        let d = k.sub(x, m);
+        let e = k.exp(d);
+        let p = k.mul(e, inv);
+        let hit = k.eq(v, target);
+        let oh = k.select(hit, one, fzero);
+        let gr = k.sub(p, oh);
+        let gr = k.mul(gr, norm);
+        let gr = k.select(inside_v, gr, fzero);
+        let gr = k.select(skip, fzero, gr);
+        let w = k.mul(rr, pad);
+        let w = k.add(w, tx);
+        k.shared_store(tile, w, gr);
+    }
+    k.workgroup_barrier();
+    // Down the columns: invocation tx writes row r0 + tx of columns v0 + ty + 8q.
+    let r = k.add(r0, tx);
+    let r_in = k.lt(r, rows);
+    let r_in = k.and(r_in, live);
+    for q in 0..t / COLS_ROWS {
+        let dq = k.u32(q * COLS_ROWS);
+        let vv = k.add(ty, dq);
+        let v = k.add(v0, vv);
+        let v_in = k.lt(v, stride);
+        let inside = k.and(r_in, v_in);
+        let w = k.mul(tx, pad);
+        let w = k.add(w, vv);
+        let val = k.shared_load(tile, w);
+        k.if_(inside, |k| {
+            let at = k.mul(v, rows);
+            let at = k.add(at, r);
+            store_f32(k, dt, at, val, s);
         });
     }
 }

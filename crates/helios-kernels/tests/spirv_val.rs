@@ -50,7 +50,7 @@ fn every_cross_entropy_kernel_validates() {
             )
         })
         .sum();
-    assert_eq!(n, 2 * 2 * (2 + 3 * 2));
+    assert_eq!(n, 2 * 2 * (2 + 3 * 4));
 }
 
 #[test]

@@ -307,6 +307,15 @@ pub(crate) fn cross_entropy(logits: &Tensor, ce: CrossEntropy) -> CrossEntropy {
             return Ok(smallvec::smallvec![Some(dlogits.clone())]);
         }
         let scale = g.reshape(&vec![1; nd])?.to_dtype(dlogits.dtype())?;
+        let shape = dlogits.shape();
+        let v = shape[nd - 1];
+        if v > 1 && dlogits.layout().strides()[nd - 1] != 1 {
+            // Column-major (`cross_entropy_with_grad_cols`): scaled as the dense (V, rows)
+            // tensor it views, so that it stays column-major for the head's product.
+            let cols = dlogits.reshape(&[dlogits.len() / v, v])?.transpose(0, 1)?;
+            let scaled = cols.mul(&scale.reshape(&[1, 1])?)?.transpose(0, 1)?;
+            return Ok(smallvec::smallvec![Some(scaled.reshape(shape)?)]);
+        }
         Ok(smallvec::smallvec![Some(dlogits.mul(&scale)?)])
     });
     CrossEntropy {

@@ -2,8 +2,8 @@
 //! random shapes (vocabularies from 1 to past one workgroup's vec4 stride, odd sizes whose
 //! rows are not vec4-aligned, many short rows per workgroup), both reducers, every storage
 //! dtype, ignored rows, NaN rows, -inf logits, determinism bit for bit, and errors for bad
-//! arguments. Run with `HELIOS_VALIDATION=1`;
-//! every test fails on any validation message.
+//! arguments; dlogits stored row-major and column-major (`cross_entropy_with_grad_cols`).
+//! Run with `HELIOS_VALIDATION=1`; every test fails on any validation message.
 //!
 //! Tolerances (|got − want| ≤ atol + rtol·|want|): losses 2e-5 relative and absolute (f32
 //! arithmetic on the same rounded inputs, whatever the logits' dtype); dlogits 2e-5 relative
@@ -148,6 +148,30 @@ fn compare(
         &dl.to_vec().unwrap(),
         &want_d,
     );
+
+    // Column-major: the same row statistics, the same gradient values, stored transposed.
+    let cols = x
+        .cross_entropy_with_grad_cols(&t, IGNORE_INDEX, scale)
+        .unwrap();
+    assert_eq!(
+        bits(&cols.row_loss),
+        bits(&fwd.row_loss),
+        "{what}: cols row losses"
+    );
+    assert_eq!(bits(&cols.loss), bits(&both.loss), "{what}: cols loss");
+    let dc = cols.dlogits.as_ref().unwrap();
+    assert_eq!(dc.shape(), &[rows, vocab]);
+    assert_eq!(dc.dtype(), dtype);
+    assert!(
+        rows < 2 || vocab < 2 || !dc.is_contiguous(),
+        "{what}: a transposed view"
+    );
+    check(
+        &format!("{what} dlogits by columns"),
+        tol,
+        &dc.to_vec().unwrap(),
+        &want_d,
+    );
 }
 
 #[test]
@@ -239,6 +263,11 @@ fn ignored_rows_and_all_ignored() {
     let r = x.cross_entropy_with_grad(&t, IGNORE_INDEX, 1.0).unwrap();
     assert_eq!(r.loss.to_vec().unwrap(), [0.0]);
     assert_eq!(r.dlogits.unwrap().len(), 0);
+    let r = x
+        .cross_entropy_with_grad_cols(&t, IGNORE_INDEX, 1.0)
+        .unwrap();
+    assert_eq!(r.loss.to_vec().unwrap(), [0.0]);
+    assert_eq!(r.dlogits.unwrap().shape(), &[0, vocab]);
     assert_no_validation_messages();
 }
 
@@ -386,6 +415,19 @@ fn row_strided_view_matches_reference() {
                     &format!("{what} dlogits"),
                     tol,
                     &dl.to_vec().unwrap(),
+                    &unpadded,
+                );
+                // Column-major: (stride, rows) with zeros past `vocab`, viewed the same way.
+                let c = x
+                    .cross_entropy_with_grad_cols(&tg, IGNORE_INDEX, scale)
+                    .unwrap();
+                let dc = c.dlogits.as_ref().unwrap();
+                assert_eq!(dc.shape(), &[b, t, vocab]);
+                assert_eq!(dc.layout().strides(), &[t, 1, rows]);
+                check(
+                    &format!("{what} dlogits by columns"),
+                    tol,
+                    &dc.to_vec().unwrap(),
                     &unpadded,
                 );
 

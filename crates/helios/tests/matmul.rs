@@ -463,6 +463,21 @@ fn batches_broadcasts_and_views() {
     assert_eq!(got.shape(), [bt, m, n]);
     let want = reference(&a2_host, &b3_host, &MatmulRef::plain(bt, m, n, k));
     assert!(relative_error(&got.to_vec().unwrap(), &want) < 1e-5);
+    // (3, m, k) column-major, its matrices side by side down the columns (a (k, 3·m)
+    // tensor transposed and split, as column-major dlogits): one tall column-major product.
+    let at_host: Vec<f32> = (0..k * bt * m)
+        .map(|i| a_host[(i % (bt * m)) * k + i / (bt * m)])
+        .collect();
+    let a_cols = Tensor::from_slice(device(), &at_host, &[k, bt * m])
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap()
+        .reshape(&[bt, m, k])
+        .unwrap();
+    assert_eq!(a_cols.layout().strides(), &[m, 1, bt * m]);
+    let got = a_cols.matmul(&w).unwrap();
+    let want = reference(&a_host, &w_host, &MatmulRef::plain(bt, m, n, k));
+    assert!(relative_error(&got.to_vec().unwrap(), &want) < 1e-5);
 
     // Attention: q, k as (B, T, H, D) read per head as (B, H, T, D) views; scores = q·kᵀ/√D.
     let (b, t, h, d) = (2, 19, 3, 8);

@@ -4,7 +4,11 @@
 //! back (count the non-ignored rows → one workgroup per row → a deterministic mean), and
 //! the gradient is written by the same workgroup that computed the row's statistics, so
 //! forward+backward reads the logits twice and writes dlogits once (see
-//! `helios_kernels::loss`). Targets known on the host are range-checked before anything
+//! `helios_kernels::loss`). Where a head's input-gradient product would copy row-major
+//! dlogits transposed (`ops::matmul::far_rows_shape`: GPT-2's 50304 columns on a device
+//! with native kernels), the gradient is stored column-major instead, by a row-statistics
+//! pass and a tiled gradient pass (four dispatches, the same two reads and one write, and
+//! no transposing copy). Targets known on the host are range-checked before anything
 //! is recorded; targets produced on the device that fall outside `[0, vocab)` give NaN loss
 //! and gradient for their row.
 //!
@@ -74,10 +78,17 @@ impl Tensor {
     ) -> Result<CrossEntropy> {
         if crate::autograd::any_needs(&[self]) {
             // The gradient comes out of the same pass over the logits; backward scales it.
-            let ce = self.cross_entropy_impl(targets, ignore_index, Some(1.0), classes)?;
+            // Column-major where the product that made the logits (a head) would otherwise
+            // copy it transposed for its input gradient.
+            let n = self.shape().last().copied().unwrap_or(0);
+            let stride = row_stride(self).unwrap_or(n);
+            let rows = self.len().checked_div(n).unwrap_or(0);
+            let cols =
+                crate::ops::matmul::far_rows_shape(self.device(), rows, stride, self.dtype());
+            let ce = self.cross_entropy_impl(targets, ignore_index, Some(1.0), classes, cols)?;
             return Ok(crate::autograd_ops::cross_entropy(self, ce));
         }
-        self.cross_entropy_impl(targets, ignore_index, None, classes)
+        self.cross_entropy_impl(targets, ignore_index, None, classes, false)
     }
 
     /// Cross-entropy and its gradient in one pass over each row: `dlogits = (softmax − onehot)
@@ -90,16 +101,33 @@ impl Tensor {
         ignore_index: Option<u32>,
         scale: f32,
     ) -> Result<CrossEntropy> {
-        self.cross_entropy_impl(targets, ignore_index, Some(scale), None)
+        self.cross_entropy_impl(targets, ignore_index, Some(scale), None, false)
     }
 
-    /// The kernels over the first `classes` (all when `None`) columns of each row.
+    /// `cross_entropy_with_grad` with dlogits stored column-major: the same values, as a
+    /// transposed view (of the logits' shape) of a dense (stride, rows) tensor. A product
+    /// reading dlogits down its columns (a head's input gradient, whose k is the
+    /// vocabulary) takes it as it is, where a row-major one is first copied transposed.
+    /// Moves what the row-major form moves, in a row-statistics pass and a tiled gradient
+    /// pass.
+    pub fn cross_entropy_with_grad_cols(
+        &self,
+        targets: &IndexTensor,
+        ignore_index: Option<u32>,
+        scale: f32,
+    ) -> Result<CrossEntropy> {
+        self.cross_entropy_impl(targets, ignore_index, Some(scale), None, true)
+    }
+
+    /// The kernels over the first `classes` (all when `None`) columns of each row; with a
+    /// `scale`, dlogits column-major when `cols`.
     fn cross_entropy_impl(
         &self,
         targets: &IndexTensor,
         ignore_index: Option<u32>,
         scale: Option<f32>,
         classes: Option<usize>,
+        cols: bool,
     ) -> Result<CrossEntropy> {
         const OP: &str = "cross_entropy";
         let device = self.device();
@@ -154,14 +182,20 @@ impl Tensor {
         let stats = Tensor::empty(device, &[2], DType::F32)?;
         let row_loss = Tensor::empty(device, &[rows], DType::F32)?;
         let loss = Tensor::empty(device, &[1], DType::F32)?;
-        // (…, stride), viewed as (…, n) in the logits' layout.
+        // (…, stride), viewed as (…, n) in the logits' layout; column-major: a (stride, rows)
+        // tensor, and (rows, 2) row statistics for its kernel.
         let dlogits_rows = match scale {
+            Some(_) if cols => Some(Tensor::empty(device, &[stride, rows], x.dtype())?),
             Some(_) => {
                 let mut shape = x.shape().to_vec();
                 *shape.last_mut().expect("checked above") = stride;
                 Some(Tensor::empty(device, &shape, x.dtype())?)
             }
             None => None,
+        };
+        let row_stats = match dlogits_rows.is_some() && cols {
+            true => Some(Tensor::empty(device, &[rows, 2], DType::F32)?),
+            false => None,
         };
         let args = CrossEntropyArgs {
             rows: rows as u32,
@@ -173,6 +207,11 @@ impl Tensor {
             targets: targets.buffer().device_address(),
             stats: stats.address()?,
             row_loss: row_loss.address()?,
+            row_stats: row_stats
+                .as_ref()
+                .map(|r| r.address())
+                .transpose()?
+                .unwrap_or(0),
             dlogits: dlogits_rows
                 .as_ref()
                 .map(|d| d.address())
@@ -182,14 +221,25 @@ impl Tensor {
         };
         let t = targets.buffer();
         x.ce_dispatch(CrossEntropyStage::Count, &args, &[t], &[stats.buffer()?])?;
-        let mut reads = vec![x.buffer()?, t];
-        let mut writes = vec![row_loss.buffer()?];
-        if let Some(d) = &dlogits_rows {
-            reads.push(stats.buffer()?);
-            writes.push(d.buffer()?);
+        match (&dlogits_rows, &row_stats) {
+            (Some(d), Some(rs)) => {
+                let (rs, d) = (rs.buffer()?, d.buffer()?);
+                let (x_buf, l) = (x.buffer()?, row_loss.buffer()?);
+                x.ce_dispatch(CrossEntropyStage::Stats, &args, &[x_buf, t], &[l, rs])?;
+                let reads = [x_buf, t, stats.buffer()?, rs];
+                x.ce_dispatch(CrossEntropyStage::GradCols, &args, &reads, &[d])?;
+            }
+            _ => {
+                let mut reads = vec![x.buffer()?, t];
+                let mut writes = vec![row_loss.buffer()?];
+                if let Some(d) = &dlogits_rows {
+                    reads.push(stats.buffer()?);
+                    writes.push(d.buffer()?);
+                }
+                let grad = dlogits_rows.is_some();
+                x.ce_dispatch(CrossEntropyStage::Rows { grad }, &args, &reads, &writes)?;
+            }
         }
-        let grad = dlogits_rows.is_some();
-        x.ce_dispatch(CrossEntropyStage::Rows { grad }, &args, &reads, &writes)?;
         x.ce_dispatch(
             CrossEntropyStage::Mean,
             &args,
@@ -198,6 +248,14 @@ impl Tensor {
         )?;
         let last = x.shape().len() - 1;
         let dlogits = match dlogits_rows {
+            Some(d) if cols => {
+                let mut shape = x.shape().to_vec();
+                shape[last] = stride;
+                Some(d.transpose(0, 1)?.reshape(&shape)?)
+            }
+            d => d,
+        };
+        let dlogits = match dlogits {
             Some(d) if stride != n => Some(d.narrow(last, 0, n)?),
             d => d,
         };
@@ -284,5 +342,41 @@ impl Device {
             setup.unroll,
             rows.div_ceil((setup.workgroup / threads) as usize)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Device, IndexTensor, Tensor};
+
+    /// The column-major gradient through autograd, under a loss factor (accumulation and f16
+    /// loss scaling multiply the loss before backward), equals the row-major one. (Autograd
+    /// picks it only on native devices; a leaf stores its gradient row-major either way.)
+    #[test]
+    fn column_major_gradient_through_autograd() {
+        let device = Device::from_env().expect("a Vulkan device");
+        let (b, t, v) = (2, 3, 37);
+        let host: Vec<f32> = (0..b * t * v)
+            .map(|i| ((i * 7919 % 113) as f32 / 113.0 - 0.5) * 4.0)
+            .collect();
+        let targets: Vec<u32> = (0..b * t).map(|i| (i * 11 % v) as u32).collect();
+        let tg = IndexTensor::from_slice(&device, &targets, &[b, t]).unwrap();
+        let mut grads = Vec::new();
+        for cols in [false, true] {
+            let leaf = Tensor::from_slice_as(&device, &host, &[b, t, v], DType::BF16)
+                .unwrap()
+                .requires_grad_();
+            let ce = leaf
+                .detach()
+                .cross_entropy_impl(&tg, None, Some(1.0), None, cols)
+                .unwrap();
+            let ce = crate::autograd_ops::cross_entropy(&leaf, ce);
+            ce.loss.mul_scalar(0.25).unwrap().backward().unwrap();
+            grads.push(leaf.grad().expect("a gradient").to_vec().unwrap());
+        }
+        for (i, (a, b)) in grads[0].iter().zip(&grads[1]).enumerate() {
+            assert!((a - b).abs() <= 1e-4 + 1e-2 * b.abs(), "{i}: {a} vs {b}");
+        }
+        assert!(grads[0].iter().any(|&g| g != 0.0));
     }
 }

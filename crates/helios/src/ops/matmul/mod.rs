@@ -142,13 +142,18 @@ const FAR_ROWS_BYTES: usize = 64 << 10;
 /// as its A (`Problem::pending`), so the scheduler's recording (`product_now`, under its
 /// lock, where nothing may be realised) finds A column-major and never copies.
 fn far_rows(a: &Tensor, ta: bool, lda: usize, batch: usize, m: usize, k: usize) -> bool {
-    !ta && batch == 1
-        && lda == k
-        && m >= 256
+    !ta && batch == 1 && lda == k && far_rows_shape(a.device(), m, k, a.dtype())
+}
+
+/// Whether a row-major `m` × `k` A of `dtype` would be copied transposed before a product
+/// (`far_rows`): what the cross-entropy asks before it writes the logits' gradient, which
+/// it then stores column-major instead (`Tensor::cross_entropy_with_grad_cols`).
+pub(crate) fn far_rows_shape(device: &crate::Device, m: usize, k: usize, dtype: DType) -> bool {
+    m >= 256
         && m % 8 == 0
-        && a.dtype().size() == 2
-        && k * a.dtype().size() >= FAR_ROWS_BYTES
-        && a.device().native_target().is_some()
+        && dtype.size() == 2
+        && k * dtype.size() >= FAR_ROWS_BYTES
+        && device.native_target().is_some()
 }
 
 fn to_u32(what: &str, v: usize) -> Result<u32> {
@@ -205,8 +210,14 @@ impl Problem {
         let (at, ta, lda, mut stride_a) = readable(a)?;
         let (bt, tb, ldb, stride_b) = readable(b)?;
         let (mut m_eff, mut batch_eff) = (m, batch);
-        if bb.is_empty() && !ta && batch > 1 && stride_a == m * lda {
+        let tall = match ta {
             // A row-major stack of matrices against one B is one tall matrix.
+            false => stride_a == m * lda,
+            // So is a column-major one whose matrices lie side by side down the columns
+            // (the rows of a column-major (B·T, V) viewed as (B, T, V)).
+            true => stride_a == m && lda >= m * batch,
+        };
+        if bb.is_empty() && batch > 1 && tall {
             m_eff = m * batch;
             batch_eff = 1;
             stride_a = 0;
