@@ -40,23 +40,20 @@
 //! logit in a row makes that row's loss and gradient NaN; the NaN test is explicit because
 //! some `exp` implementations (llvmpipe's) clamp their argument and would hide it.
 
-use helios_spirv::{
-    Access, Binding, KernelBuilder, KernelModule, ReduceOp, Scalar, SharedLen, Ty, Val,
-};
+use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, ReduceOp, Scalar, Ty, Val};
 
 use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::rows::{
     for_each_slot_by, hreduce, hsum, linear_workgroup, row_slots, threads_for, Groups, Reducer, Row,
 };
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
+use crate::transpose::{SharedTile, TRANSPOSE_TILE, TRANSPOSE_WORKGROUP};
 use crate::KernelError;
 
 /// Default workgroup size of the cross-entropy kernels.
 pub const CROSS_ENTROPY_WORKGROUP: u32 = 256;
-/// Edge of the square tile `GradCols` moves through shared memory.
-const COLS_TILE: u32 = 32;
-/// Invocations along the tile's second axis (`COLS_TILE · COLS_ROWS` = the workgroup).
-const COLS_ROWS: u32 = 8;
+/// Edge of the square tile `GradCols` moves through shared memory (the tiled transpose's).
+const COLS_TILE: u32 = TRANSPOSE_TILE;
 
 /// Which of the three cross-entropy kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -196,7 +193,11 @@ impl CrossEntropyKernel {
 
     /// Emits the kernel (buffers and push constants in the order `launch` packs them).
     pub fn build(&self) -> KernelModule {
-        let w = self.setup.workgroup;
+        // The tiled gradient's workgroup is its tile's, whatever the rows' workgroup.
+        let w = match self.stage {
+            CrossEntropyStage::GradCols => TRANSPOSE_WORKGROUP,
+            _ => self.setup.workgroup,
+        };
         let mut k = KernelBuilder::new(self.name(), self.setup.binding, [w, 1, 1]);
         let groups = |k: &mut KernelBuilder| Groups::new(k, self.setup.reducer, w);
         match self.stage {
@@ -606,7 +607,7 @@ fn build_grad_cols(k: &mut KernelBuilder, s: Storage) {
     let params = ["rows", "vocab", "stride", "ignore_index", "ignoring"].map(|n| k.param(n, u32t));
     k.begin();
     let [rows, vocab, stride, ignore, ignoring] = params.map(|p| k.load_param(p));
-    let tile = k.shared_array(Ty::scalar(Scalar::F32), SharedLen::Fixed(t * (t + 1)));
+    let tile = SharedTile::new(k);
 
     // Which tile: consecutive workgroups walk down the rows, so that the column segments
     // they write lie side by side.
@@ -625,21 +626,14 @@ fn build_grad_cols(k: &mut KernelBuilder, s: Storage) {
     let tcol = k.div(g, tiles_r);
     let r0 = k.mul(tr, tc);
     let v0 = k.mul(tcol, tc);
-    let lid = k.local_index();
-    let tx = k.rem(lid, tc);
-    let ty = k.div(lid, tc);
-    let pad = k.u32(t + 1);
     let zero = k.u32(0);
-    let i0 = k.u32(0);
-    let norm = k.load(stats, i0, 1);
+    let norm = k.load(stats, zero, 1);
     let (fzero, one) = (k.const_f32(0.0), k.const_f32(1.0));
 
     // Along the rows: invocation tx reads column v0 + tx of rows r0 + ty + 8q.
-    let v = k.add(v0, tx);
+    let v = k.add(v0, tile.tx);
     let inside_v = k.lt(v, vocab);
-    for q in 0..t / COLS_ROWS {
-        let dq = k.u32(q * COLS_ROWS);
-        let rr = k.add(ty, dq);
+    tile.fill(k, |k, rr| {
         let r = k.add(r0, rr);
         let r_in = k.lt(r, rows);
         let r_in = k.and(r_in, live);
@@ -657,7 +651,7 @@ fn build_grad_cols(k: &mut KernelBuilder, s: Storage) {
         let at = k.add(at, v);
         let at = k.select(read, at, zero);
         let x = load_f32(k, logits, at, 1, s);
-        // Pass 2's arithmetic, in its order: the same bits.
+        // Pass 2's arithmetic, in its order: the same values.
         let d = k.sub(x, m);
         let e = k.exp(d);
         let p = k.mul(e, inv);
@@ -666,29 +660,21 @@ fn build_grad_cols(k: &mut KernelBuilder, s: Storage) {
         let gr = k.sub(p, oh);
         let gr = k.mul(gr, norm);
         let gr = k.select(inside_v, gr, fzero);
-        let gr = k.select(skip, fzero, gr);
-        let w = k.mul(rr, pad);
-        let w = k.add(w, tx);
-        k.shared_store(tile, w, gr);
-    }
+        k.select(skip, fzero, gr)
+    });
     k.workgroup_barrier();
     // Down the columns: invocation tx writes row r0 + tx of columns v0 + ty + 8q.
-    let r = k.add(r0, tx);
+    let r = k.add(r0, tile.tx);
     let r_in = k.lt(r, rows);
     let r_in = k.and(r_in, live);
-    for q in 0..t / COLS_ROWS {
-        let dq = k.u32(q * COLS_ROWS);
-        let vv = k.add(ty, dq);
+    tile.drain(k, |k, vv, val| {
         let v = k.add(v0, vv);
         let v_in = k.lt(v, stride);
         let inside = k.and(r_in, v_in);
-        let w = k.mul(tx, pad);
-        let w = k.add(w, vv);
-        let val = k.shared_load(tile, w);
         k.if_(inside, |k| {
             let at = k.mul(v, rows);
             let at = k.add(at, r);
             store_f32(k, dt, at, val, s);
         });
-    }
+    });
 }

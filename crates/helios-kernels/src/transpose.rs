@@ -11,7 +11,9 @@
 //! (f16 and bf16 widen exactly and narrow back to the same bits), with one word of padding
 //! per row so that the column reads hit 32 distinct banks.
 
-use helios_spirv::{Access, Binding, KernelBuilder, KernelModule, Scalar, SharedLen, Ty};
+use helios_spirv::{
+    Access, Binding, KernelBuilder, KernelModule, Scalar, Shared, SharedLen, Ty, Val,
+};
 
 use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::rows::linear_workgroup;
@@ -24,6 +26,65 @@ pub const TRANSPOSE_TILE: u32 = 32;
 const ROWS: u32 = 8;
 /// Invocations per workgroup.
 pub const TRANSPOSE_WORKGROUP: u32 = TRANSPOSE_TILE * ROWS;
+
+/// A `TRANSPOSE_TILE`² tile of f32 that a `TRANSPOSE_WORKGROUP`-invocation workgroup moves
+/// through shared memory: invocation (tx, ty) fills element (ty + 8q, tx) of it for each q
+/// (`fill`), and after a barrier reads element (tx, ty + 8q) back (`drain`), the transposed
+/// one. One word of padding per row keeps both walks on 32 distinct banks.
+pub(crate) struct SharedTile {
+    tile: Shared,
+    /// The invocation's column when filling, its row when draining.
+    pub tx: Val,
+    ty: Val,
+    pad: Val,
+}
+
+impl SharedTile {
+    /// Declares the tile (after `begin`) and the invocation's place in it.
+    pub(crate) fn new(k: &mut KernelBuilder) -> Self {
+        let t = TRANSPOSE_TILE;
+        let tile = k.shared_array(Ty::scalar(Scalar::F32), SharedLen::Fixed(t * (t + 1)));
+        let tc = k.u32(t);
+        let lid = k.local_index();
+        let tx = k.rem(lid, tc);
+        let ty = k.div(lid, tc);
+        let pad = k.u32(t + 1);
+        SharedTile { tile, tx, ty, pad }
+    }
+
+    /// Stores `value(k, i)` at (i, tx) for each of the invocation's rows i = ty + 8q.
+    pub(crate) fn fill(
+        &self,
+        k: &mut KernelBuilder,
+        mut value: impl FnMut(&mut KernelBuilder, Val) -> Val,
+    ) {
+        for q in 0..TRANSPOSE_TILE / ROWS {
+            let dq = k.u32(q * ROWS);
+            let i = k.add(self.ty, dq);
+            let v = value(k, i);
+            let w = k.mul(i, self.pad);
+            let w = k.add(w, self.tx);
+            k.shared_store(self.tile, w, v);
+        }
+    }
+
+    /// After a workgroup barrier: `store(k, j, v)` with v = (tx, j) for each of the
+    /// invocation's columns j = ty + 8q.
+    pub(crate) fn drain(
+        &self,
+        k: &mut KernelBuilder,
+        mut store: impl FnMut(&mut KernelBuilder, Val, Val),
+    ) {
+        for q in 0..TRANSPOSE_TILE / ROWS {
+            let dq = k.u32(q * ROWS);
+            let j = k.add(self.ty, dq);
+            let w = k.mul(self.tx, self.pad);
+            let w = k.add(w, j);
+            let v = k.shared_load(self.tile, w);
+            store(k, j, v);
+        }
+    }
+}
 
 /// The signature of a transpose kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -69,7 +130,7 @@ impl TransposeKernel {
         .map(|name| k.param(name, u));
         k.begin();
         let [batch, rows, cols, offset, batch_stride, col_stride] = params.map(|p| k.load_param(p));
-        let tile = k.shared_array(Ty::scalar(Scalar::F32), SharedLen::Fixed(t * (t + 1)));
+        let tile = SharedTile::new(&mut k);
 
         // Which tile: workgroups walk the tiles of a matrix row by row, then the batch.
         let g = linear_workgroup(&mut k);
@@ -89,10 +150,7 @@ impl TransposeKernel {
         // A workgroup past the last matrix (a folded grid's spares) moves nothing, but still
         // reaches the barrier.
         let live = k.lt(b, batch);
-        let lid = k.local_index();
-        let tx = k.rem(lid, tc);
-        let ty = k.div(lid, tc);
-        let pad = k.u32(t + 1);
+        let tx = tile.tx;
         let src_base = k.mul(b, batch_stride);
         let src_base = k.add(src_base, offset);
         let plane = k.mul(rows, cols);
@@ -103,9 +161,7 @@ impl TransposeKernel {
         let i = k.add(i0, tx);
         let i_in = k.lt(i, rows);
         let i_in = k.and(i_in, live);
-        for q in 0..t / ROWS {
-            let dq = k.u32(q * ROWS);
-            let jj = k.add(ty, dq);
+        tile.fill(&mut k, |k, jj| {
             let j = k.add(j0, jj);
             let j_in = k.lt(j, cols);
             let inside = k.and(i_in, j_in);
@@ -114,32 +170,24 @@ impl TransposeKernel {
             let at = k.add(at, src_base);
             let zero = k.u32(0);
             let at = k.select(inside, at, zero);
-            let v = load_f32(&mut k, src, at, 1, self.storage);
-            let w = k.mul(jj, pad);
-            let w = k.add(w, tx);
-            k.shared_store(tile, w, v);
-        }
+            load_f32(k, src, at, 1, self.storage)
+        });
         k.workgroup_barrier();
         // Along the rows: invocation tx writes column j0 + tx of rows i0 + ty + 8q.
         let j = k.add(j0, tx);
         let j_in = k.lt(j, cols);
         let j_in = k.and(j_in, live);
-        for q in 0..t / ROWS {
-            let dq = k.u32(q * ROWS);
-            let ii = k.add(ty, dq);
+        tile.drain(&mut k, |k, ii, v| {
             let i = k.add(i0, ii);
             let i_in = k.lt(i, rows);
             let inside = k.and(i_in, j_in);
-            let w = k.mul(tx, pad);
-            let w = k.add(w, ii);
-            let v = k.shared_load(tile, w);
             k.if_(inside, |k| {
                 let at = k.mul(i, cols);
                 let at = k.add(at, j);
                 let at = k.add(at, dst_base);
                 store_f32(k, dst, at, v, self.storage);
             });
-        }
+        });
         k.finish()
     }
 

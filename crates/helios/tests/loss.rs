@@ -16,7 +16,7 @@ mod common;
 
 use common::device_with;
 use helios::cpu::{self, Tolerance};
-use helios::{DType, Device, Error, IndexTensor, KernelConfig, Tensor};
+use helios::{DType, Device, Error, IndexTensor, KernelConfig, RowConfig, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -219,6 +219,29 @@ fn many_short_rows() {
         }
     }
     assert_no_validation_messages();
+}
+
+/// Row kernels with other workgroups (`HELIOS_WG`): the column-major gradient keeps its
+/// tile's 256 invocations, and everything still matches.
+#[test]
+fn other_row_workgroups() {
+    let mut rng = StdRng::seed_from_u64(18);
+    for wg in [64, 512] {
+        let d = device_with(|base| KernelConfig {
+            rows: RowConfig {
+                workgroup: Some(wg),
+                ..base.rows
+            },
+            ..base
+        });
+        for (rows, vocab) in [(5, 1031), (40, 77)] {
+            let logits = random_logits(&mut rng, rows * vocab, DType::BF16);
+            let targets = random_targets(&mut rng, rows, vocab, 0.2);
+            compare(&d, rows, vocab, DType::BF16, &logits, &targets, 1.0);
+        }
+        let messages = d.validation_messages();
+        assert!(messages.is_empty(), "{}", messages.join("\n"));
+    }
 }
 
 #[test]
