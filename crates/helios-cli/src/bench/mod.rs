@@ -71,7 +71,8 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_parser = ["f32", "f16", "bf16"])]
     dtypes: Vec<String>,
     /// Timed samples per case (default 25; with --quick 3); also the round-trip iterations
-    /// (default 2000; with --quick 20); generate: new tokens (default 200; with --quick 16).
+    /// (default 2000; with --quick 20); generate: new tokens (default 200; with --quick 16);
+    /// train: timed steps (default 30; with --quick 3).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     samples: Option<u32>,
     /// Ops per chain / independent sample in the dispatch suite (default 1000; --quick 100).
