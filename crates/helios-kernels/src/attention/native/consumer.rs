@@ -6,7 +6,7 @@ use helios_ptx::{
     AccThread, Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty, WgmmaA,
 };
 
-use super::kernel::{Block, Item, Params};
+use super::block::{Block, Item, Params};
 use super::{AttentionKernel, Storage, WG_ROWS};
 
 /// The consumer warpgroups: per item, Q into registers, then per key block S = Q·Kᵀ, the

@@ -12,8 +12,8 @@
 
 use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
 
+use super::block::{Block, Params};
 use super::consumer::{pack, query_stats, store_rows, Consumer, Fragments, Lanes};
-use super::kernel::{Block, Params};
 use super::{AttentionKernel, P_EMPTY, P_FULL, WG_THREADS};
 
 /// What a consumer warpgroup accumulates.

@@ -8,10 +8,10 @@
 
 use helios_ptx::{Kernel, Ty};
 
+use super::block::{Block, Params};
 use super::consumer::{
     hand_back, live_blocks, pack, query_stats, store_rows, Consumer, Fragments, Lanes,
 };
-use super::kernel::{Block, Params};
 use super::AttentionKernel;
 
 /// Dq's consumer warpgroups (see the module docs).

@@ -20,6 +20,7 @@
 //! Semantics are the family's (`super` module docs): key padding, causal masking, rows with
 //! no key give O = 0 and L = −inf.
 
+mod block;
 mod consumer;
 mod dkdv;
 mod dq;

@@ -3,7 +3,7 @@
 
 use helios_ptx::{Addr, Cmp, Kernel, Reg, Swizzle, TensorMap, Ty};
 
-use super::kernel::{Block, Params};
+use super::block::{Block, Params};
 use super::PANEL;
 
 /// The producer warp: builds K's and V's maps into its SM's slot, then walks the items and
