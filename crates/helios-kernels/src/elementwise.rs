@@ -16,6 +16,8 @@ use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
 use crate::{math, KernelError};
 
+pub use crate::elementwise_strided::Strides;
+
 /// One-input element-wise operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
@@ -254,16 +256,6 @@ pub struct ElementwiseKernel {
     pub variant: Variant,
 }
 
-/// Sizes and strides (in elements) of a strided launch, every list `dims` long and ordered
-/// outermost first; the output is contiguous in `shape`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Strides {
-    /// (dims) the output's shape.
-    pub shape: Vec<u32>,
-    /// Per input: (dims) strides, 0 along broadcast dimensions, and the element offset.
-    pub inputs: Vec<(Vec<u32>, u32)>,
-}
-
 impl ElementwiseKernel {
     /// Every element-wise kernel the library can emit with inputs stored as `dtype`, for
     /// validation and warm-up: every op in every variant, and casts to every other storage.
@@ -384,9 +376,7 @@ impl ElementwiseKernel {
         let group = k.add(row, gx);
         match (self.variant, strided) {
             (Variant::Vec4 { vecs, exact }, _) => vec4_body(&mut k, &io, group, vecs, exact),
-            (Variant::Strided { .. }, Some(params)) => {
-                crate::elementwise_strided::body(&mut k, &io, group, &params)
-            }
+            (Variant::Strided { .. }, Some(params)) => strided_body(&mut k, &io, group, &params),
             (Variant::Strided { .. }, None) => unreachable!("strided params declared above"),
         }
         k.finish()
@@ -465,7 +455,7 @@ pub struct ElementwiseAddresses<'a> {
 
 /// The buffers and scalar of one element-wise kernel and the code that reads, computes and
 /// writes one element (or vec4), shared by every variant.
-pub(crate) struct Io<S> {
+struct Io<S> {
     a: Buffer,
     b: Option<Buffer>,
     y: Buffer,
@@ -519,12 +509,12 @@ impl Io<Option<helios_spirv::Param>> {
 }
 
 impl Io<Option<Val>> {
-    pub(crate) fn n(&self, k: &mut KernelBuilder) -> Val {
+    fn n(&self, k: &mut KernelBuilder) -> Val {
         k.load_param(self.n)
     }
 
     /// The inputs at element (vector) index `ia` of `a` and `ib` of `b`, widened to f32.
-    pub(crate) fn load(
+    fn load(
         &self,
         k: &mut KernelBuilder,
         ia: Val,
@@ -536,7 +526,7 @@ impl Io<Option<Val>> {
         [Some(x), bv]
     }
 
-    pub(crate) fn compute(&self, k: &mut KernelBuilder, inputs: [Option<Val>; 2]) -> Val {
+    fn compute(&self, k: &mut KernelBuilder, inputs: [Option<Val>; 2]) -> Val {
         let x = inputs[0].expect("input a loaded");
         match self.op {
             ElementwiseOp::Unary(u) => unary_expr(k, u, x),
@@ -552,9 +542,32 @@ impl Io<Option<Val>> {
         }
     }
 
-    pub(crate) fn store(&self, k: &mut KernelBuilder, idx: Val, r: Val) {
+    fn store(&self, k: &mut KernelBuilder, idx: Val, r: Val) {
         store_f32(k, self.y, idx, r, self.out);
     }
+}
+
+/// The strided variant: one element per invocation, output element `i`, inputs at their
+/// strided offsets (`elementwise_strided::offsets`).
+fn strided_body(
+    k: &mut KernelBuilder,
+    io: &Io<Option<Val>>,
+    group: Val,
+    p: &crate::elementwise_strided::StridedParams,
+) {
+    let wsize = k.workgroup_size_x();
+    let lid = k.local_index();
+    let base = k.mul(group, wsize);
+    let i = k.add(base, lid);
+    let n = io.n(k);
+    let inside = k.lt(i, n);
+    k.if_(inside, |k| {
+        let offsets = crate::elementwise_strided::offsets(k, i, p);
+        let ib = offsets.get(1).copied().unwrap_or(offsets[0]);
+        let x = io.load(k, offsets[0], ib, 1);
+        let r = io.compute(k, x);
+        io.store(k, i, r);
+    });
 }
 
 /// The contiguous variants. Each workgroup covers `vecs` consecutive strips of `wsize` vec4s;

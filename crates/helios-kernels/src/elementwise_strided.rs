@@ -10,8 +10,17 @@
 
 use helios_spirv::{KernelBuilder, Param, Scalar, Ty, Val};
 
-use crate::elementwise::{Io, Strides};
 use crate::launch::{Arg, Args};
+
+/// Sizes and strides (in elements) of a strided launch, every list `dims` long and ordered
+/// outermost first; the output is contiguous in `shape`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Strides {
+    /// (dims) the output's shape.
+    pub shape: Vec<u32>,
+    /// Per input: (dims) strides, 0 along broadcast dimensions, and the element offset.
+    pub inputs: Vec<(Vec<u32>, u32)>,
+}
 
 /// The push-constant parameters of a strided kernel.
 pub(crate) struct StridedParams {
@@ -47,39 +56,29 @@ pub(crate) fn declare(k: &mut KernelBuilder, dims: usize, inputs: usize) -> Stri
     }
 }
 
-/// One element per invocation: output element `i`, inputs at their strided offsets.
-pub(crate) fn body(k: &mut KernelBuilder, io: &Io<Option<Val>>, group: Val, p: &StridedParams) {
-    let wsize = k.workgroup_size_x();
-    let lid = k.local_index();
-    let base = k.mul(group, wsize);
-    let i = k.add(base, lid);
-    let n = io.n(k);
-    let inside = k.lt(i, n);
-    k.if_(inside, |k| {
-        let dims = p.shape.len();
-        let mut offsets: Vec<Val> = p.offsets.iter().map(|&o| k.load_param(o)).collect();
-        let mut rest = i;
-        for d in (0..dims).rev() {
-            // The outermost coordinate is what is left: no division needed.
-            let c = if d == 0 {
-                rest
-            } else {
-                let size = k.load_param(p.shape[d]);
-                let c = k.rem(rest, size);
-                rest = k.div(rest, size);
-                c
-            };
-            for (off, strides) in offsets.iter_mut().zip(&p.strides) {
-                let stride = k.load_param(strides[d]);
-                let step = k.mul(c, stride);
-                *off = k.add(*off, step);
-            }
+/// Each input's element offset for output element `i`: its coordinates, from `dims − 1`
+/// divisions, against the input's strides.
+pub(crate) fn offsets(k: &mut KernelBuilder, i: Val, p: &StridedParams) -> Vec<Val> {
+    let dims = p.shape.len();
+    let mut offsets: Vec<Val> = p.offsets.iter().map(|&o| k.load_param(o)).collect();
+    let mut rest = i;
+    for d in (0..dims).rev() {
+        // The outermost coordinate is what is left: no division needed.
+        let c = if d == 0 {
+            rest
+        } else {
+            let size = k.load_param(p.shape[d]);
+            let c = k.rem(rest, size);
+            rest = k.div(rest, size);
+            c
+        };
+        for (off, strides) in offsets.iter_mut().zip(&p.strides) {
+            let stride = k.load_param(strides[d]);
+            let step = k.mul(c, stride);
+            *off = k.add(*off, step);
         }
-        let ib = offsets.get(1).copied().unwrap_or(offsets[0]);
-        let x = io.load(k, offsets[0], ib, 1);
-        let r = io.compute(k, x);
-        io.store(k, i, r);
-    });
+    }
+    offsets
 }
 
 /// Appends the strided arguments in declaration order, checking their lengths and that no
