@@ -514,13 +514,7 @@ impl Io<Option<Val>> {
     }
 
     /// The inputs at element (vector) index `ia` of `a` and `ib` of `b`, widened to f32.
-    fn load(
-        &self,
-        k: &mut KernelBuilder,
-        ia: Val,
-        ib: Val,
-        lanes: u8,
-    ) -> [Option<Val>; 2] {
+    fn load(&self, k: &mut KernelBuilder, ia: Val, ib: Val, lanes: u8) -> [Option<Val>; 2] {
         let x = load_f32(k, self.a, ia, lanes, self.dtype);
         let bv = self.b.map(|b| load_f32(k, b, ib, lanes, self.dtype));
         [Some(x), bv]

@@ -32,7 +32,6 @@ use crate::storage::{buffer_scalar, load_f32, Storage};
 use crate::KernelError;
 
 pub use crate::norm_bwd::{param_splits, NormParamKernel, ParamSplits};
-use crate::norm_bwd::{CachedWalk, OwnedColumns};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NormKind {
@@ -158,6 +157,26 @@ pub(crate) struct Ctx {
 pub(crate) struct RowStats {
     pub(crate) mean: Val,
     pub(crate) rstd: Val,
+}
+
+/// The rows the cached backward walks: rows of `len` (`len_f` as f32), this group's from
+/// `unit` every `stride` (G) rows, while its workgroup's first (`wg_base`) is in range.
+pub(crate) struct CachedWalk {
+    pub(crate) rows: Val,
+    pub(crate) len: Val,
+    pub(crate) len_f: Val,
+    pub(crate) stride: Val,
+    pub(crate) wg_base: Val,
+    pub(crate) unit: Val,
+}
+
+/// The column slots an invocation of the cached backward owns in every row: `lane + j·threads`
+/// for j < `slots`, each of `vec` elements.
+pub(crate) struct OwnedColumns {
+    pub(crate) lane: Val,
+    pub(crate) threads: Val,
+    pub(crate) slots: u8,
+    pub(crate) vec: u8,
 }
 
 impl NormKernel {

@@ -7,7 +7,9 @@ use helios_spirv::{
 };
 
 use crate::launch::{grid, pack_push, Arg, Args, Geometry, Launch};
-use crate::norm::{BufferNames, Bufs, Ctx, NormKernel, NormKind, RowStats};
+use crate::norm::{
+    BufferNames, Bufs, CachedWalk, Ctx, NormKernel, NormKind, OwnedColumns, RowStats,
+};
 use crate::rows::{for_each_slot_by, hsum, linear_workgroup, Groups, Row};
 use crate::storage::{buffer_scalar, load_f32, store_f32, Storage};
 use crate::KernelError;
@@ -18,26 +20,6 @@ struct SlotLoads {
     x: Val,
     dy: Val,
     gamma: Val,
-}
-
-/// The rows the cached backward walks: rows of `len` (`len_f` as f32), this group's from
-/// `unit` every `stride` (G) rows, while its workgroup's first (`wg_base`) is in range.
-pub(crate) struct CachedWalk {
-    pub(crate) rows: Val,
-    pub(crate) len: Val,
-    pub(crate) len_f: Val,
-    pub(crate) stride: Val,
-    pub(crate) wg_base: Val,
-    pub(crate) unit: Val,
-}
-
-/// The column slots an invocation of the cached backward owns in every row: `lane + j·threads`
-/// for j < `slots`, each of `vec` elements.
-pub(crate) struct OwnedColumns {
-    pub(crate) lane: Val,
-    pub(crate) threads: Val,
-    pub(crate) slots: u8,
-    pub(crate) vec: u8,
 }
 
 impl NormKernel {
