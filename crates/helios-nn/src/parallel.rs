@@ -23,7 +23,6 @@ use crate::optim::AdamW;
 use crate::params::{HostTensor, ParamStore};
 use crate::phase::{Phase, Span};
 use crate::sampler::Shard;
-use crate::train::TrainConfig;
 use crate::{Error, Result, Tokens};
 
 /// This rank's slice of every batch.
@@ -35,32 +34,19 @@ pub(crate) fn shard_of(comm: &dyn Collective) -> Shard {
     }
 }
 
-/// Fails on every rank unless all ranks run the same model, data and settings from the
-/// same step: a rank that differed would train something else, or wait for ever.
+/// Fails on every rank unless all ranks run the same model, data and `settings` (the
+/// training settings and the starting step, as text): a rank that differed would train
+/// something else, or wait for ever.
 pub(crate) fn agree_on_run(
     comm: &mut dyn Collective,
     init: &ParamStore,
     train: &Tokens,
-    cfg: &TrainConfig,
-    step: u64,
+    settings: String,
 ) -> Result<()> {
     if comm.rank().world == 1 {
         return Ok(());
     }
     let model = crate::config::to_hf_json(init.config()).to_string();
-    let settings = format!(
-        "{} {} {} {} {:?} {:?} {} {} {} {} {step}",
-        cfg.batch,
-        cfg.seq,
-        cfg.accum,
-        cfg.steps,
-        cfg.schedule,
-        cfg.adamw,
-        cfg.precision.name(),
-        cfg.seed,
-        cfg.eval_every,
-        cfg.zero,
-    );
     let data = format!("{} {:016x}", train.len(), train.fingerprint());
     for (what, text) in [
         ("the model configuration", model),

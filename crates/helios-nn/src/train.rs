@@ -80,6 +80,24 @@ impl TrainConfig {
             zero: false,
         }
     }
+
+    /// What every rank of a data-parallel run must agree on, starting at `step`, as text
+    /// (`parallel::agree_on_run`).
+    fn agreement(&self, step: u64) -> String {
+        format!(
+            "{} {} {} {} {:?} {:?} {} {} {} {} {step}",
+            self.batch,
+            self.seq,
+            self.accum,
+            self.steps,
+            self.schedule,
+            self.adamw,
+            self.precision.name(),
+            self.seed,
+            self.eval_every,
+            self.zero,
+        )
+    }
 }
 
 /// One optimizer step, as the loop reports it.
@@ -291,7 +309,7 @@ impl Trainer {
     ) -> Result<Trainer> {
         let shard = shard_of(comm.as_ref());
         check_run(init, &train, val.as_ref(), &cfg, shard.ranks)?;
-        agree_on_run(comm.as_mut(), init, &train, &cfg, 0)?;
+        agree_on_run(comm.as_mut(), init, &train, cfg.agreement(0))?;
         let init = &*broadcast_store(comm.as_mut(), init)?;
         let sampler =
             BatchSampler::new(train, cfg.batch * shard.ranks, cfg.seq, cfg.seed)?.shard(shard)?;
@@ -339,7 +357,12 @@ impl Trainer {
         cfg.seed = state.seed;
         let shard = shard_of(comm.as_ref());
         check_run(&ckpt.params, &train, val.as_ref(), &cfg, shard.ranks)?;
-        agree_on_run(comm.as_mut(), &ckpt.params, &train, &cfg, state.step)?;
+        agree_on_run(
+            comm.as_mut(),
+            &ckpt.params,
+            &train,
+            cfg.agreement(state.step),
+        )?;
         let params = broadcast_store(comm.as_mut(), &ckpt.params)?;
         let broadcast;
         let opt = match comm.rank().world {
