@@ -92,7 +92,7 @@ pub(crate) fn replace_dir(staged: &Path, dir: &Path) -> Result<()> {
     let old = if dir.exists() {
         let old = temp_sibling(dir, "old");
         std::fs::rename(dir, &old).map_err(|e| Error::io(dir, e))?;
-        crate::checkpoint::fail_point::in_swap();
+        fail_point::in_swap();
         Some(old)
     } else {
         None
@@ -158,4 +158,52 @@ pub(crate) fn recover_dir(dir: &Path, clean: bool) -> Result<bool> {
         }
     }
     Ok(restored)
+}
+
+/// Test-only hooks that make a save fail or crash at a chosen point.
+pub(crate) mod fail_point {
+    #[cfg(test)]
+    use std::cell::Cell;
+
+    #[cfg(test)]
+    thread_local! {
+        /// Panic (a simulated crash) when this many more tensors have been encoded.
+        pub static PANIC_AFTER_TENSORS: Cell<Option<usize>> = const { Cell::new(None) };
+        /// Return an I/O error instead of writing this file.
+        pub static FAIL_BEFORE: Cell<Option<&'static str>> = const { Cell::new(None) };
+        /// Panic between the two renames of `replace_dir`.
+        pub static CRASH_IN_SWAP: Cell<bool> = const { Cell::new(false) };
+    }
+
+    #[cfg(test)]
+    pub fn tensor_written() {
+        PANIC_AFTER_TENSORS.with(|c| match c.get() {
+            Some(0) => {
+                c.set(None);
+                panic!("fail point: crash while writing tensors");
+            }
+            Some(n) => c.set(Some(n - 1)),
+            None => {}
+        });
+    }
+
+    #[allow(unused_variables)]
+    pub fn before(file: &'static str) -> crate::Result<()> {
+        #[cfg(test)]
+        if FAIL_BEFORE.with(|c| c.get()) == Some(file) {
+            FAIL_BEFORE.with(|c| c.set(None));
+            return Err(crate::Error::io(
+                std::path::Path::new(file),
+                std::io::Error::other("fail point: disk full"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn in_swap() {
+        #[cfg(test)]
+        if CRASH_IN_SWAP.with(|c| c.replace(false)) {
+            panic!("fail point: crash between the renames");
+        }
+    }
 }

@@ -24,12 +24,13 @@ use std::path::{Path, PathBuf};
 use helios::DType;
 use serde::{Deserialize, Serialize};
 
+use crate::atomic::{self, fail_point};
 use crate::config::{self, GptConfig};
 use crate::params::{check_shape, HostTensor, ParamStore};
 use crate::sampler::SamplerState;
 use crate::schedule::{AdamWHyper, LrSchedule};
 use crate::weights::{self, load_weights};
-use crate::{atomic, Error, Result};
+use crate::{Error, Result};
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -400,52 +401,4 @@ pub fn load_pretrained(path: &Path, config: Option<&GptConfig>) -> Result<ParamS
         None => read_config(&dir.join(CONFIG_FILE))?,
     };
     load_weights(&file, &config)
-}
-
-/// Test-only hooks that make a save fail or crash at a chosen point.
-pub(crate) mod fail_point {
-    #[cfg(test)]
-    use std::cell::Cell;
-
-    #[cfg(test)]
-    thread_local! {
-        /// Panic (a simulated crash) when this many more tensors have been encoded.
-        pub static PANIC_AFTER_TENSORS: Cell<Option<usize>> = const { Cell::new(None) };
-        /// Return an I/O error instead of writing this file.
-        pub static FAIL_BEFORE: Cell<Option<&'static str>> = const { Cell::new(None) };
-        /// Panic between the two renames of `replace_dir`.
-        pub static CRASH_IN_SWAP: Cell<bool> = const { Cell::new(false) };
-    }
-
-    #[cfg(test)]
-    pub fn tensor_written() {
-        PANIC_AFTER_TENSORS.with(|c| match c.get() {
-            Some(0) => {
-                c.set(None);
-                panic!("fail point: crash while writing tensors");
-            }
-            Some(n) => c.set(Some(n - 1)),
-            None => {}
-        });
-    }
-
-    #[allow(unused_variables)]
-    pub fn before(file: &'static str) -> crate::Result<()> {
-        #[cfg(test)]
-        if FAIL_BEFORE.with(|c| c.get()) == Some(file) {
-            FAIL_BEFORE.with(|c| c.set(None));
-            return Err(crate::Error::io(
-                std::path::Path::new(file),
-                std::io::Error::other("fail point: disk full"),
-            ));
-        }
-        Ok(())
-    }
-
-    pub fn in_swap() {
-        #[cfg(test)]
-        if CRASH_IN_SWAP.with(|c| c.replace(false)) {
-            panic!("fail point: crash between the renames");
-        }
-    }
 }

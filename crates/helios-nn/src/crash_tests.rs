@@ -1,9 +1,9 @@
 //! Saves that fail or crash part-way (through the test-only fail points in
-//! `checkpoint::fail_point`) must leave the previous checkpoint loadable and unchanged.
+//! `atomic::fail_point`) must leave the previous checkpoint loadable and unchanged.
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::fail_point::{CRASH_IN_SWAP, FAIL_BEFORE, PANIC_AFTER_TENSORS};
+use crate::atomic::fail_point::{CRASH_IN_SWAP, FAIL_BEFORE, PANIC_AFTER_TENSORS};
 use crate::checkpoint::{OPTIMIZER_FILE, TRAINER_FORMAT};
 use crate::{
     load_checkpoint, save_checkpoint, save_weights, AdamWHyper, BatchSampler, GptConfig,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
+use crate::hash::fnv1a64;
 use crate::tokenizer::Tokenizer;
 use crate::{atomic, Error, Result};
 
@@ -341,14 +342,4 @@ pub fn cache_path(path: &Path, bytes: &[u8], tokenizer: &Tokenizer, cache_dir: &
         .unwrap_or_else(|| "text".into());
     let hash = fnv1a64(bytes) ^ (bytes.len() as u64).rotate_left(32);
     cache_dir.join(format!("{stem}.{}.{hash:016x}.bin", tokenizer.id()))
-}
-
-/// FNV-1a, 64 bits: a stable content hash for cache keys and fingerprints (not cryptographic).
-pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }

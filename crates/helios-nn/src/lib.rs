@@ -38,6 +38,7 @@ pub mod data;
 mod env;
 mod error;
 pub mod generate;
+mod hash;
 pub mod kv_cache;
 pub mod model;
 pub mod optim;

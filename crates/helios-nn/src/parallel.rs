@@ -53,7 +53,7 @@ pub(crate) fn agree_on_run(
         ("the training settings", settings),
         ("the training data", data),
     ] {
-        comm.agree(what, crate::data::fnv1a64(text.as_bytes()))?;
+        comm.agree(what, crate::hash::fnv1a64(text.as_bytes()))?;
     }
     Ok(())
 }

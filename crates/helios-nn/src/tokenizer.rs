@@ -49,7 +49,7 @@ impl Tokenizer {
         let vocab_size = tok.get_vocab_size(true);
         Ok(Tokenizer {
             kind: Kind::HuggingFace(Box::new(tok)),
-            id: format!("hf-{:016x}", crate::data::fnv1a64(&bytes)),
+            id: format!("hf-{:016x}", crate::hash::fnv1a64(&bytes)),
             vocab_size,
         })
     }

@@ -233,7 +233,7 @@ impl safetensors::View for Encode<'_> {
     }
     fn data(&self) -> Cow<'_, [u8]> {
         #[cfg(test)]
-        crate::checkpoint::fail_point::tensor_written();
+        crate::atomic::fail_point::tensor_written();
         let d = &self.tensor.data;
         Cow::Owned(match self.dtype {
             DType::F32 => d.iter().flat_map(|v| v.to_le_bytes()).collect(),
