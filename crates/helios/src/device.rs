@@ -108,8 +108,6 @@ struct DeviceInner {
     /// The tuning stores' key for this device (`tuning_store::device_key`), built once: the
     /// attention tuner looks its winners up on every call.
     tuning_key: std::sync::OnceLock<String>,
-    /// The attention tuner's stored winners as looked up so far (`attention::tune::cached`).
-    attention_winners: Mutex<AttentionWinners>,
     /// Native (PTX) kernels by signature, JIT-compiled by the driver on first use.
     native: Mutex<FxHashMap<KernelKey, Arc<NativeKernel>>>,
     /// The PTX target the driver accepts, once probed (`native_target`).
@@ -117,10 +115,6 @@ struct DeviceInner {
     /// Where native kernels write their tensor maps, made on first use (`native_maps`).
     native_maps: std::sync::OnceLock<helios_vk::Buffer>,
 }
-
-/// Tuned attention variants per class, `None` where none is stored.
-pub(crate) type AttentionWinners =
-    FxHashMap<crate::ops::attention::tune::Class, Option<helios_kernels::attention::AttnVariant>>;
 
 impl Device {
     /// The best device present (`HELIOS_DEVICE` selects another by index or name), with the
@@ -173,7 +167,6 @@ impl Device {
                 fused: Mutex::new(FxHashMap::default()),
                 frag_maps: Default::default(),
                 tuning_key: Default::default(),
-                attention_winners: Mutex::new(FxHashMap::default()),
                 native: Mutex::new(FxHashMap::default()),
                 native_target: Default::default(),
                 native_maps: Default::default(),
@@ -192,11 +185,6 @@ impl Device {
     /// Where the tuning stores' key for this device is remembered once built.
     pub(crate) fn tuning_key_cell(&self) -> &std::sync::OnceLock<String> {
         &self.inner.tuning_key
-    }
-
-    /// The attention winners looked up so far on this device.
-    pub(crate) fn attention_winners(&self) -> &Mutex<AttentionWinners> {
-        &self.inner.attention_winners
     }
 
     /// The kernel choices this device makes.

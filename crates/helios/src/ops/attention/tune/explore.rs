@@ -384,9 +384,10 @@ pub(crate) fn exploring_count(device: &crate::Device) -> usize {
         .count()
 }
 
-/// Drops the explorations of the device with `id` (going away; `ctx` is its context, idle)
-/// and releases the timers of their pairs never collected.
+/// Drops the explorations and remembered winners of the device with `id` (going away; `ctx`
+/// is its context, idle) and releases the timers of their pairs never collected.
 pub(crate) fn forget_device(id: usize, ctx: &helios_vk::Context) {
+    super::forget_winners(id);
     let gone: Vec<Exploring> = {
         let mut map = exploring().locked();
         let keys: Vec<ExploreKey> = map.keys().filter(|k| k.0 == id).copied().collect();

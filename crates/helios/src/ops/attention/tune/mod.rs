@@ -183,17 +183,30 @@ static STORE: crate::ops::tuning_store::TuningStore =
         AttnVariant::by_name(v).is_some()
     });
 
+/// The stored winners looked up so far, per (device id, class): `None` where none is stored.
+type Winners = rustc_hash::FxHashMap<(usize, Class), Option<AttnVariant>>;
+
+fn winners() -> &'static std::sync::Mutex<Winners> {
+    static WINNERS: std::sync::OnceLock<std::sync::Mutex<Winners>> = std::sync::OnceLock::new();
+    WINNERS.get_or_init(Default::default)
+}
+
+/// Forgets what `cached` remembered for the device with `id` (going away).
+pub(crate) fn forget_winners(id: usize) {
+    winners().locked().retain(|k, _| k.0 != id);
+}
+
 /// The tuned variant for `class` on this device, if any. Every attention call asks, so the
-/// answer is remembered per device (`Device::attention_winners`) until a winner is stored.
+/// answer is remembered per device until a winner is stored.
 pub(crate) fn cached(device: &Device, class: Class) -> Option<AttnVariant> {
-    let memo = device.attention_winners();
-    if let Some(&v) = memo.locked().get(&class) {
+    let key = (device.id(), class);
+    if let Some(&v) = winners().locked().get(&key) {
         return v;
     }
     let v = STORE
         .get(device, &class.name())
         .and_then(|v| AttnVariant::by_name(&v));
-    memo.locked().insert(class, v);
+    winners().locked().insert(key, v);
     v
 }
 
@@ -206,12 +219,12 @@ pub fn attention_tuning(device: &Device) -> Vec<(String, String, f64)> {
 #[cfg(test)]
 pub(crate) fn forget(device: &Device, class: Class) {
     STORE.remove(device, &class.name());
-    device.attention_winners().locked().remove(&class);
+    winners().locked().remove(&(device.id(), class));
 }
 
 fn store(device: &Device, class: Class, variant: &str, us: f64) {
     STORE.put(device, &class.name(), variant, us);
-    device.attention_winners().locked().remove(&class);
+    winners().locked().remove(&(device.id(), class));
 }
 
 impl Tensor {
