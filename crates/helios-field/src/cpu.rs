@@ -112,6 +112,17 @@ mod tests {
         assert_eq!(apply_one(FieldOp::Neg, &zero, &zero), zero);
     }
 
+    /// The kernels' constants 2^k mod p (doubled on the host without blst) agree with blst's
+    /// modular addition at every k the limb layouts use and past them.
+    #[test]
+    fn powers_of_two_match_blst() {
+        let mut x = R_MOD_P;
+        for k in 384..1200 {
+            assert_eq!(crate::fq::pow2_mod_p(k), x, "2^{k} mod p");
+            x = apply_one(FieldOp::Add, &x, &x);
+        }
+    }
+
     #[test]
     fn parallel_equals_serial() {
         let mut a = random_elements(5000, 3);

@@ -66,17 +66,37 @@ const fn mont_inv_neg(x: u64) -> u64 {
     inv.wrapping_neg()
 }
 
-/// True when `x < p`.
-#[inline]
-/// `2^k mod p` for k ≥ 384 (host side, for kernel constants): R mod p doubled k − 384 times
-/// by blst's modular addition.
+/// `2^k mod p` for k ≥ 384 (host side, for kernel constants): R mod p doubled k − 384 times.
 pub(crate) fn pow2_mod_p(k: u32) -> Fq {
     assert!(k >= 384, "pow2_mod_p starts from R = 2^384");
-    (384..k).fold(R_MOD_P, |x, _| {
-        crate::cpu::apply_one(crate::FieldOp::Add, &x, &x)
-    })
+    (384..k).fold(R_MOD_P, |x, _| double_mod_p(&x))
 }
 
+/// 2x mod p for x < p: the doubling (under 2^382, so no carry leaves the top limb), less p
+/// where it reached p.
+fn double_mod_p(x: &Fq) -> Fq {
+    let mut d = [0u64; 6];
+    let mut carry = 0u64;
+    for (di, &xi) in d.iter_mut().zip(x) {
+        *di = (xi << 1) | carry;
+        carry = xi >> 63;
+    }
+    if is_canonical(&d) {
+        return d;
+    }
+    let mut r = [0u64; 6];
+    let mut borrow = false;
+    for ((ri, &di), &pi) in r.iter_mut().zip(&d).zip(&P) {
+        let (v, b1) = di.overflowing_sub(pi);
+        let (v, b2) = v.overflowing_sub(u64::from(borrow));
+        *ri = v;
+        borrow = b1 || b2;
+    }
+    r
+}
+
+/// True when `x < p`.
+#[inline]
 pub fn is_canonical(x: &Fq) -> bool {
     for i in (0..6).rev() {
         if x[i] != P[i] {
