@@ -55,7 +55,7 @@ pub const CROSS_ENTROPY_WORKGROUP: u32 = 256;
 /// Edge of the square tile `GradCols` moves through shared memory (the tiled transpose's).
 const COLS_TILE: u32 = TRANSPOSE_TILE;
 
-/// Which of the three cross-entropy kernels.
+/// Which of the cross-entropy kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CrossEntropyStage {
     /// Counts the non-ignored rows: `stats = [scale / count, count]`.
@@ -124,7 +124,7 @@ pub struct CrossEntropyArgs {
 }
 
 impl CrossEntropyKernel {
-    /// The kernel of `stage` (the storage only matters to `Rows`).
+    /// The kernel of `stage` (the storage only matters to the stages that read logits).
     pub fn new(stage: CrossEntropyStage, storage: Storage, setup: CrossEntropySetup) -> Self {
         let storage = match stage {
             CrossEntropyStage::Count | CrossEntropyStage::Mean => Storage::F32,
@@ -613,11 +613,8 @@ fn build_grad_cols(k: &mut KernelBuilder, s: Storage) {
     // they write lie side by side.
     let g = linear_workgroup(k);
     let tc = k.u32(t);
-    let tm1 = k.u32(t - 1);
-    let tiles_r = k.add(rows, tm1);
-    let tiles_r = k.div(tiles_r, tc);
-    let tiles_c = k.add(stride, tm1);
-    let tiles_c = k.div(tiles_c, tc);
+    let tiles_r = SharedTile::along(k, rows);
+    let tiles_c = SharedTile::along(k, stride);
     let tiles = k.mul(tiles_r, tiles_c);
     // A workgroup past the last tile (a folded grid's spares) stores nothing, but still
     // reaches the barrier.

@@ -100,11 +100,7 @@ impl SumSquaresKernel {
             Arg::Address(partials),
             Arg::U32(chunks),
         ];
-        let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
-        Ok(Launch {
-            groups: grid(u64::from(chunks), geometry.max_groups_x)?,
-            push,
-        })
+        table_launch(module, geometry, chunks, &args)
     }
 
     /// Kernels for validation: every storage, both reducers.
@@ -209,12 +205,12 @@ impl CopyManyKernel {
         chunks: u32,
         table: u64,
     ) -> Result<Launch, KernelError> {
-        let args = [Arg::Address(table), Arg::U32(chunks)];
-        let push = pack_push(&module.name, &module.params, module.push_size, &args)?;
-        Ok(Launch {
-            groups: grid(u64::from(chunks), geometry.max_groups_x)?,
-            push,
-        })
+        table_launch(
+            module,
+            geometry,
+            chunks,
+            &[Arg::Address(table), Arg::U32(chunks)],
+        )
     }
 
     /// Kernels for validation: every storage.
@@ -224,6 +220,21 @@ impl CopyManyKernel {
             .map(|storage| CopyManyKernel { storage })
             .collect()
     }
+}
+
+/// The launch of a table-driven kernel: one workgroup per table entry (`chunks`), `args`
+/// as its push constants.
+fn table_launch(
+    module: &KernelModule,
+    geometry: Geometry,
+    chunks: u32,
+    args: &[Arg],
+) -> Result<Launch, KernelError> {
+    let push = pack_push(&module.name, &module.params, module.push_size, args)?;
+    Ok(Launch {
+        groups: grid(u64::from(chunks), geometry.max_groups_x)?,
+        push,
+    })
 }
 
 /// The [`CopyManyKernel`] table for copies (source address, destination address, element

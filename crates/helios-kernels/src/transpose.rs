@@ -52,6 +52,14 @@ impl SharedTile {
         SharedTile { tile, tx, ty, pad }
     }
 
+    /// Tiles along an axis of `n` elements: ⌈n / TRANSPOSE_TILE⌉.
+    pub(crate) fn along(k: &mut KernelBuilder, n: Val) -> Val {
+        let t = k.u32(TRANSPOSE_TILE);
+        let tm1 = k.u32(TRANSPOSE_TILE - 1);
+        let up = k.add(n, tm1);
+        k.div(up, t)
+    }
+
     /// Stores `value(k, i)` at (i, tx) for each of the invocation's rows i = ty + 8q.
     pub(crate) fn fill(
         &self,
@@ -135,11 +143,8 @@ impl TransposeKernel {
         // Which tile: workgroups walk the tiles of a matrix row by row, then the batch.
         let g = linear_workgroup(&mut k);
         let tc = k.u32(t);
-        let tm1 = k.u32(t - 1);
-        let tiles_c = k.add(cols, tm1);
-        let tiles_c = k.div(tiles_c, tc);
-        let tiles_r = k.add(rows, tm1);
-        let tiles_r = k.div(tiles_r, tc);
+        let tiles_c = SharedTile::along(&mut k, cols);
+        let tiles_r = SharedTile::along(&mut k, rows);
         let per_matrix = k.mul(tiles_r, tiles_c);
         let b = k.div(g, per_matrix);
         let rest = k.rem(g, per_matrix);

@@ -107,8 +107,8 @@ fn cases(quick: bool) -> BenchResult<Vec<Case>> {
 pub fn run(args: &BenchArgs) -> CliResult {
     let quick = args.quick;
     // 30 timed steps: a run with a warm cache sometimes starts with a few slower steps
-    // (~7 of 4x the step, bench/results/2026-11-29-session42-h200.md), which would be the
-    // median of 10; they still show in the p95.
+    // (bench/results/2026-11-29-session42-h200.md), which could be the median of 10; they
+    // still show in the p95.
     let steps = args
         .samples
         .map_or(if quick { 3 } else { 30 }, |s| s as usize);

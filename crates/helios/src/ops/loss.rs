@@ -42,6 +42,17 @@ pub struct CrossEntropy {
     pub dlogits: Option<Tensor>,
 }
 
+/// How `cross_entropy_impl` lays out dlogits.
+#[derive(Clone, Copy)]
+enum DlogitsLayout {
+    Rows,
+    /// Column-major (`cross_entropy_with_grad_cols`).
+    Cols,
+    /// Column-major where the product that made the logits (a head) would otherwise copy
+    /// them transposed for its input gradient (`ops::matmul::far_rows_shape`), else rows.
+    ForHead,
+}
+
 impl Tensor {
     /// Cross-entropy of these logits (…, vocab) against `targets` (…), one class index per
     /// row: `loss = mean over non-ignored rows of logsumexp(row) − row[target]`. Rows whose
@@ -78,17 +89,16 @@ impl Tensor {
     ) -> Result<CrossEntropy> {
         if crate::autograd::any_needs(&[self]) {
             // The gradient comes out of the same pass over the logits; backward scales it.
-            // Column-major where the product that made the logits (a head) would otherwise
-            // copy it transposed for its input gradient.
-            let n = self.shape().last().copied().unwrap_or(0);
-            let stride = row_stride(self).unwrap_or(n);
-            let rows = self.len().checked_div(n).unwrap_or(0);
-            let cols =
-                crate::ops::matmul::far_rows_shape(self.device(), rows, stride, self.dtype());
-            let ce = self.cross_entropy_impl(targets, ignore_index, Some(1.0), classes, cols)?;
+            let ce = self.cross_entropy_impl(
+                targets,
+                ignore_index,
+                Some(1.0),
+                classes,
+                DlogitsLayout::ForHead,
+            )?;
             return Ok(crate::autograd_ops::cross_entropy(self, ce));
         }
-        self.cross_entropy_impl(targets, ignore_index, None, classes, false)
+        self.cross_entropy_impl(targets, ignore_index, None, classes, DlogitsLayout::Rows)
     }
 
     /// Cross-entropy and its gradient in one pass over each row: `dlogits = (softmax − onehot)
@@ -101,7 +111,13 @@ impl Tensor {
         ignore_index: Option<u32>,
         scale: f32,
     ) -> Result<CrossEntropy> {
-        self.cross_entropy_impl(targets, ignore_index, Some(scale), None, false)
+        self.cross_entropy_impl(
+            targets,
+            ignore_index,
+            Some(scale),
+            None,
+            DlogitsLayout::Rows,
+        )
     }
 
     /// `cross_entropy_with_grad` with dlogits stored column-major: the same values, as a
@@ -116,18 +132,24 @@ impl Tensor {
         ignore_index: Option<u32>,
         scale: f32,
     ) -> Result<CrossEntropy> {
-        self.cross_entropy_impl(targets, ignore_index, Some(scale), None, true)
+        self.cross_entropy_impl(
+            targets,
+            ignore_index,
+            Some(scale),
+            None,
+            DlogitsLayout::Cols,
+        )
     }
 
     /// The kernels over the first `classes` (all when `None`) columns of each row; with a
-    /// `scale`, dlogits column-major when `cols`.
+    /// `scale`, dlogits laid out as `layout` says.
     fn cross_entropy_impl(
         &self,
         targets: &IndexTensor,
         ignore_index: Option<u32>,
         scale: Option<f32>,
         classes: Option<usize>,
-        cols: bool,
+        layout: DlogitsLayout,
     ) -> Result<CrossEntropy> {
         const OP: &str = "cross_entropy";
         let device = self.device();
@@ -161,6 +183,13 @@ impl Tensor {
             )));
         }
         let rows: usize = lead.iter().product();
+        let cols = match layout {
+            DlogitsLayout::Rows => false,
+            DlogitsLayout::Cols => true,
+            DlogitsLayout::ForHead => {
+                crate::ops::matmul::far_rows_shape(device, rows, stride, x.dtype())
+            }
+        };
         if targets.len() != rows {
             return Err(invalid(format!(
                 "logits {:?} have {rows} rows but targets {:?} hold {} indices; pass one target per row",
@@ -362,13 +391,13 @@ mod tests {
         let targets: Vec<u32> = (0..b * t).map(|i| (i * 11 % v) as u32).collect();
         let tg = IndexTensor::from_slice(&device, &targets, &[b, t]).unwrap();
         let mut grads = Vec::new();
-        for cols in [false, true] {
+        for layout in [super::DlogitsLayout::Rows, super::DlogitsLayout::Cols] {
             let leaf = Tensor::from_slice_as(&device, &host, &[b, t, v], DType::BF16)
                 .unwrap()
                 .requires_grad_();
             let ce = leaf
                 .detach()
-                .cross_entropy_impl(&tg, None, Some(1.0), None, cols)
+                .cross_entropy_impl(&tg, None, Some(1.0), None, layout)
                 .unwrap();
             let ce = crate::autograd_ops::cross_entropy(&leaf, ce);
             ce.loss.mul_scalar(0.25).unwrap().backward().unwrap();
