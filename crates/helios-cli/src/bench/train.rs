@@ -16,7 +16,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use helios::{DType, Device};
+use helios::{DType, Device, Tensor};
 use helios_nn::{GptConfig, ParamStore, Tokens};
 use serde::{Deserialize, Serialize};
 
@@ -106,9 +106,7 @@ fn cases(quick: bool) -> BenchResult<Vec<Case>> {
 
 pub fn run(args: &BenchArgs) -> CliResult {
     let quick = args.quick;
-    // 30 timed steps: a run with a warm cache sometimes starts with a few slower steps
-    // (bench/results/2026-11-29-session42-h200.md), which could be the median of 10; they
-    // still show in the p95.
+    // 30 timed steps: the median of 10 moved with a few slow ones.
     let steps = args
         .samples
         .map_or(if quick { 3 } else { 30 }, |s| s as usize);
@@ -198,6 +196,7 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
     device.synchronize()?;
     let verbose = std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1");
     let compiles = || device.context().pipeline_stats();
+    warm_clock(device)?;
     let before = compiles();
     let waited = helios::waited_compiles();
     let t0 = Instant::now();
@@ -221,11 +220,13 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
         );
     }
     let mut all = vec![first * 1e3];
-    // Untimed steps until no shape class is still tuning on real work (at least two, at
-    // most SETTLE_STEPS or SETTLE_SECONDS): the timed steps are of settled kernels, and
+    // Untimed steps until no shape class is still tuning on real work (at least two, and
+    // for the clock's warm-up time, which a long first step may have let fall; at most
+    // SETTLE_STEPS or SETTLE_SECONDS): the timed steps are of settled kernels, and
     // `settled_after` says how long settling took.
     let settling = Instant::now();
     while all.len() < 3
+        || settling.elapsed() < device.warm_up_time()
         || (helios::tuning_in_progress(device) > 0
             && all.len() < SETTLE_STEPS
             && settling.elapsed().as_secs_f64() < SETTLE_SECONDS)
@@ -306,6 +307,22 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
         peak_in_use_gib: gib(device.memory_stats().peak_in_use),
         torch: Vec::new(),
     })
+}
+
+/// Keeps the GPU busy for its warm-up time (`Device::warm_up`) with copies of 64 MiB, so
+/// that the first steps run at the working clock. Without it a run whose first step is
+/// quick (a warm cache) timed its next ~8 steps at the idle clock, 2.5-4× slow
+/// (bench/results/2026-11-29-session43-h200.md), and counted them as tuning not settled.
+fn warm_clock(device: &Device) -> BenchResult<()> {
+    let src = Tensor::zeros(device, &[1 << 24], DType::F32)?;
+    let dst = Tensor::zeros(device, &[1 << 24], DType::F32)?;
+    device.warm_up(|| {
+        for _ in 0..16 {
+            src.copy_into(&dst)?;
+        }
+        device.synchronize()
+    })?;
+    Ok(())
 }
 
 fn gib(bytes: u64) -> f64 {
