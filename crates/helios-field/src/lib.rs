@@ -43,9 +43,11 @@ mod engine;
 pub mod env;
 mod error;
 mod fq;
+mod hazards;
 mod host;
 mod kernel;
 mod stream;
+mod transfer;
 
 pub use arith::Layout;
 pub use engine::{Batch, Field, FieldConfig, FqSlice, FqVec, DEFAULT_DEVICE_LOCAL, DEFAULT_LAYOUT};

@@ -13,8 +13,9 @@ use helios_vk::{Buffer, Context, MemoryLocation};
 
 use crate::engine::{record_dispatch, Field};
 use crate::fq::{Fq, FQ_BYTES};
-use crate::host::{check_job, ensure, read, write};
+use crate::host::check_job;
 use crate::kernel::FieldOp;
+use crate::transfer::{ensure, read, write};
 use crate::{FieldError, Result};
 
 /// Chunks in flight.

@@ -5,17 +5,13 @@
 //! fused (its precision is that of an OpFMul followed by an OpFAdd), and the `rspirv` in use
 //! predates SPV_KHR_fma, so it has no opcode or capability for it. `fma_fused` therefore
 //! emits a GLSL `Fma` and records its result id; `finish` rewrites exactly those
-//! instructions into `OpFmaKHR` and declares the capability and the extension.
+//! instructions into `OpFmaKHR` and declares the capability and the extension
+//! (`builder::patch::fused_fma`).
 
-use rspirv::spirv::{GLOp, Op, Word};
+use rspirv::spirv::GLOp;
 
 use crate::builder::KernelBuilder;
 use crate::types::Val;
-
-/// `OpFmaKHR`'s opcode and the `FMAKHR` capability (SPV_KHR_fma).
-const OP_FMA_KHR: u32 = 4427;
-const CAPABILITY_FMA_KHR: u32 = 6030;
-const EXTENSION: &str = "SPV_KHR_fma";
 
 impl KernelBuilder {
     /// `a * b + c` with a single rounding, guaranteed by the specification (`OpFmaKHR`): the
@@ -28,50 +24,6 @@ impl KernelBuilder {
         self.fused_fma.push(v.id);
         v
     }
-}
-
-/// The module `words` with the GLSL `Fma` instructions whose results are `ids` turned into
-/// `OpFmaKHR`, and the capability and extension declared. Instructions are a plain word
-/// stream (no offsets), so shortening some is safe.
-pub(crate) fn patch(words: &[u32], ids: &[Word]) -> Vec<u32> {
-    let mut out = Vec::with_capacity(words.len() + 6);
-    out.extend_from_slice(&words[..5]);
-    let mut declared = false;
-    let mut at = 5;
-    while at < words.len() {
-        let (count, op) = ((words[at] >> 16) as usize, words[at] & 0xffff);
-        let inst = &words[at..at + count];
-        if !declared && op != Op::Capability as u32 {
-            out.extend([2 << 16 | Op::Capability as u32, CAPABILITY_FMA_KHR]);
-            let mut name: Vec<u8> = EXTENSION.bytes().collect();
-            name.resize((EXTENSION.len() / 4 + 1) * 4, 0); // NUL-terminated, padded
-            out.push(((1 + name.len() / 4) as u32) << 16 | Op::Extension as u32);
-            out.extend(
-                name.chunks(4)
-                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            );
-            declared = true;
-        }
-        // OpExtInst: type, result, set, instruction, a, b, c.
-        if op == Op::ExtInst as u32
-            && count == 8
-            && inst[4] == GLOp::Fma as u32
-            && ids.contains(&inst[2])
-        {
-            out.extend([
-                6 << 16 | OP_FMA_KHR,
-                inst[1],
-                inst[2],
-                inst[5],
-                inst[6],
-                inst[7],
-            ]);
-        } else {
-            out.extend_from_slice(inst);
-        }
-        at += count;
-    }
-    out
 }
 
 #[cfg(test)]
@@ -97,8 +49,8 @@ mod tests {
             validate(&m.name, &m.words, env).unwrap_or_else(|e| panic!("{e}"));
         }
         let count = |w: u32| m.words.iter().filter(|&&x| x == w).count();
-        assert_eq!(count(6 << 16 | super::OP_FMA_KHR), 1);
+        assert_eq!(count(6 << 16 | crate::builder::patch::OP_FMA_KHR), 1);
         assert_eq!(count(8 << 16 | rspirv::spirv::Op::ExtInst as u32), 1);
-        assert_eq!(count(super::CAPABILITY_FMA_KHR), 1);
+        assert_eq!(count(crate::builder::patch::CAPABILITY_FMA_KHR), 1);
     }
 }

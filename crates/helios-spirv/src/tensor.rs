@@ -5,10 +5,9 @@
 //!
 //! The one decision a reader must know: the rspirv in use predates these instructions, so
 //! they are emitted as `OpNop` placeholders carrying the real operands, and `finish` rewrites
-//! each placeholder's opcode ([`patch`]). A placeholder is recognised by its result id, kept
-//! with the real opcode in `KernelBuilder::raw_ops`. Such modules need SPIR-V 1.6.
-
-use std::collections::HashMap;
+//! each placeholder's opcode (`builder::patch::placeholders`). A placeholder is recognised
+//! by its result id, kept with the real opcode in `KernelBuilder::raw_ops`. Such modules
+//! need SPIR-V 1.6.
 
 use rspirv::dr::{Instruction, Operand};
 use rspirv::spirv::{MemoryAccess, Op, StorageClass, Word};
@@ -211,31 +210,6 @@ impl KernelBuilder {
         let zero = self.const_u32(0);
         self.inst(Op::AccessChain, Some(array_ptr), vec![id(ptr), id(zero)])
     }
-}
-
-/// The module `words` with every placeholder of `raw` given its real opcode. A placeholder
-/// is an `OpNop` with operands whose result id (second word of an untyped instruction, third
-/// of a typed one) is in `raw`.
-pub(crate) fn patch(words: &[u32], raw: &HashMap<Word, (u32, bool)>) -> Vec<u32> {
-    let mut out = words.to_vec();
-    let mut at = 5;
-    while at < out.len() {
-        let (count, op) = ((out[at] >> 16) as usize, out[at] & 0xffff);
-        if op == Op::Nop as u32 && count > 1 {
-            let typed = count > 2 && matches!(raw.get(&out[at + 2]), Some((_, true)));
-            let untyped = matches!(raw.get(&out[at + 1]), Some((_, false)));
-            let real = if typed {
-                raw[&out[at + 2]].0
-            } else if untyped {
-                raw[&out[at + 1]].0
-            } else {
-                panic!("an OpNop with operands that is no placeholder at word {at}")
-            };
-            out[at] = (count as u32) << 16 | real;
-        }
-        at += count.max(1);
-    }
-    out
 }
 
 #[cfg(test)]

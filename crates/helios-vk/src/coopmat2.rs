@@ -16,7 +16,6 @@ use std::ffi::{c_void, CStr};
 
 use crate::conv;
 use crate::error::{vk_err, Result};
-use crate::instance::Instance;
 
 pub(crate) const NAME: &CStr = c"VK_NV_cooperative_matrix2";
 /// Header version that introduced the extension (older validation layers reject its structs).
@@ -190,8 +189,11 @@ type GetFlexibleDimensions = unsafe extern "system" fn(
 ) -> vk::Result;
 
 /// Queries the extension on `pd`, which lists it (Vulkan 1.1 or later).
-pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<CooperativeMatrix2> {
-    let raw = instance.raw();
+pub(crate) fn probe(
+    entry: &ash::Entry,
+    raw: &ash::Instance,
+    pd: vk::PhysicalDevice,
+) -> Result<CooperativeMatrix2> {
     let mut features = Features::default();
     let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut features);
     // SAFETY: `pd` belongs to `raw`; the chain holds locals only.
@@ -203,11 +205,7 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Coope
 
     let name = c"vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV";
     // SAFETY: a valid instance and a NUL-terminated command name.
-    let pfn = unsafe {
-        instance
-            .entry()
-            .get_instance_proc_addr(raw.handle(), name.as_ptr())
-    };
+    let pfn = unsafe { entry.get_instance_proc_addr(raw.handle(), name.as_ptr()) };
     let mut flexible = Vec::new();
     if let Some(pfn) = pfn {
         // SAFETY: the loader returned this command's entry point, whose signature is

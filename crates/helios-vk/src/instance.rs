@@ -185,7 +185,7 @@ impl Instance {
             .into_iter()
             .enumerate()
             .map(|(index, pd)| {
-                let caps = probe::probe(self, pd)?;
+                let caps = probe::probe(&self.entry, &self.raw, pd)?;
                 Ok(Adapter::new(index, pd, self.raw.handle(), caps))
             })
             .collect()
@@ -208,10 +208,6 @@ impl Instance {
     /// Vulkan header version of the validation layer in use, if validation is on.
     pub fn validation_layer_version(&self) -> Option<u32> {
         self.validation_layer_version
-    }
-
-    pub(crate) fn entry(&self) -> &ash::Entry {
-        &self.entry
     }
 
     pub(crate) fn raw(&self) -> &ash::Instance {

@@ -14,7 +14,6 @@ use crate::caps::{
 };
 use crate::conv;
 use crate::error::{vk_err, Result};
-use crate::instance::Instance;
 
 pub(crate) const KHR_SHADER_BFLOAT16: &CStr = c"VK_KHR_shader_bfloat16";
 
@@ -52,8 +51,12 @@ impl Default for PhysicalDeviceShaderBfloat16FeaturesKHR {
 unsafe impl vk::ExtendsPhysicalDeviceFeatures2 for PhysicalDeviceShaderBfloat16FeaturesKHR {}
 unsafe impl vk::ExtendsDeviceCreateInfo for PhysicalDeviceShaderBfloat16FeaturesKHR {}
 
-pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps> {
-    let raw = instance.raw();
+/// The capabilities of `pd`, a device of the instance `raw` loaded through `entry`.
+pub(crate) fn probe(
+    entry: &ash::Entry,
+    raw: &ash::Instance,
+    pd: vk::PhysicalDevice,
+) -> Result<Caps> {
     // SAFETY: `pd` was enumerated from `raw`, which is alive; all chained structs are locals.
     let props = unsafe { raw.get_physical_device_properties(pd) };
     let api = props.api_version;
@@ -252,7 +255,7 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
         .collect();
 
     let cooperative_matrix = if has_coop {
-        let loader = ash::khr::cooperative_matrix::Instance::new(instance.entry(), raw);
+        let loader = ash::khr::cooperative_matrix::Instance::new(entry, raw);
         unsafe { loader.get_physical_device_cooperative_matrix_properties(pd) }
             .map_err(vk_err("vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"))?
             .iter()
@@ -273,7 +276,7 @@ pub(crate) fn probe(instance: &Instance, pd: vk::PhysicalDevice) -> Result<Caps>
     };
 
     let cooperative_matrix2 = if has_coop && has(crate::coopmat2::NAME) && at_least(1, 1) {
-        Some(crate::coopmat2::probe(instance, pd)?)
+        Some(crate::coopmat2::probe(entry, raw, pd)?)
     } else {
         None
     };

@@ -25,6 +25,7 @@ use crate::types::{Scalar, Ty, Val};
 
 mod builtins;
 mod consts;
+pub(crate) mod patch;
 mod push;
 mod views;
 
@@ -359,10 +360,10 @@ impl KernelBuilder {
         let raw_ops = std::mem::take(&mut self.raw_ops);
         let mut words = self.b.module().assemble();
         if !raw_ops.is_empty() {
-            words = crate::tensor::patch(&words, &raw_ops);
+            words = patch::placeholders(&words, &raw_ops);
         }
         if !self.fused_fma.is_empty() {
-            words = crate::fma::patch(&words, &self.fused_fma);
+            words = patch::fused_fma(&words, &self.fused_fma);
         }
         KernelModule {
             words,
