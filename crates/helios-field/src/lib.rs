@@ -16,9 +16,10 @@
 //! How the modules relate: `fq` holds the field's constants and host elements; `arith` emits
 //! the multi-limb arithmetic into the kernel IR for each [`Layout`] (the schoolbook `u32mix`,
 //! and the product-scanning multipliers of `comba`, one of them the default); `kernel` wraps
-//! it into the kernels and their launches. `engine` runs them on device-resident arrays, `host` (one-shot) and
-//! `stream` (chunked) drive `engine` from host arrays, and `env` reads the `HELIOS_FIELD_*`
-//! switches.
+//! it into the kernels and their launches. `engine` runs them on device-resident arrays,
+//! with `hazards` placing a batch's barriers and `transfer` moving elements between host
+//! and buffers; `host` (one-shot) and `stream` (chunked) drive `engine` from host arrays,
+//! and `env` reads the `HELIOS_FIELD_*` switches.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

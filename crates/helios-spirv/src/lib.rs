@@ -16,7 +16,9 @@
 //! How the modules relate: `types` (the IR's scalars, vectors and values) is the base;
 //! `builder` declares parameters and emits the module, and each instruction family adds its
 //! methods to [`KernelBuilder`] from its own file (`ops`, `control`, `memory`, `subgroup`,
-//! `coop`, `tensor`, `fma`, `wide`). `validate` runs `spirv-val` on the result.
+//! `coop`, `tensor`, `fma`, `wide`); `builder::patch` rewrites the assembled words for the
+//! instructions `rspirv` predates (`tensor`'s and `fma`'s). `validate` runs `spirv-val` on
+//! the result.
 
 mod builder;
 mod control;
