@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch side of `helios bench train --compare torch`: Hugging Face GPT2LMHeadModel, random
-init, AdamW (fused), steady-state ms/step, tokens/s, the first step's time and peak device
-memory, eager and with torch.compile, fp32, bf16 autocast, and f16 autocast with a GradScaler
-(dynamic loss scaling, as Helios does). One JSON document on stdout
+init, AdamW (fused), one batch of random ids or of the ids in `--ids`, steady-state ms/step,
+tokens/s, the first step's time and peak device memory, eager and with torch.compile, fp32,
+bf16 autocast, and f16 autocast with a GradScaler (dynamic loss scaling, as Helios does). One JSON document on stdout
 (`--json -`); exits non-zero with a one-line reason when torch, transformers or CUDA is missing.
 
 Cases are `name:layers:batch:seq`, e.g. `distilgpt2:6:8:512,gpt2:12:8:1024`.
@@ -27,16 +27,37 @@ def parse(argv):
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--ids", default=None,
+                   help="a file of little-endian u32 token ids; each case's batch is its first "
+                        "batch*seq of them (default: random ids)")
     return p.parse_args(argv)
 
 
-def run_case(torch, GPT2Config, GPT2LMHeadModel, layers, batch, seq, precision, compiled, steps):
+def read_ids(path):
+    from array import array
+    ids = array("I")
+    if ids.itemsize != 4:
+        ids = array("L")
+    with open(path, "rb") as f:
+        ids.frombytes(f.read())
+    if sys.byteorder != "little":
+        ids.byteswap()
+    return list(ids)
+
+
+def run_case(torch, GPT2Config, GPT2LMHeadModel, layers, batch, seq, precision, compiled, steps,
+             ids=None):
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=layers, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = GPT2LMHeadModel(cfg).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x = torch.randint(0, 50257, (batch, seq), device="cuda")
+    if ids is None:
+        x = torch.randint(0, 50257, (batch, seq), device="cuda")
+    else:
+        if len(ids) < batch * seq:
+            fail(f"--ids holds {len(ids)} ids, fewer than a {batch}x{seq} batch")
+        x = torch.tensor(ids[:batch * seq], dtype=torch.long, device="cuda").view(batch, seq)
     half = {"bf16": torch.bfloat16, "f16": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "f16")
 
@@ -87,13 +108,14 @@ def main(argv=None):
         fail(f"missing Python package: {e.name}")
     if not torch.cuda.is_available():
         fail("torch sees no CUDA device")
+    ids = read_ids(a.ids) if a.ids else None
     results = []
     for case in a.cases.split(","):
         name, layers, batch, seq = case.split(":")
         for precision in a.precisions.split(","):
             for compiled in ([False] if a.no_compile else [False, True]):
                 r = run_case(torch, GPT2Config, GPT2LMHeadModel, int(layers), int(batch), int(seq),
-                             precision, compiled, a.steps)
+                             precision, compiled, a.steps, ids)
                 r.update({"case": name, "precision": precision,
                           "mode": "compile" if compiled else "eager"})
                 print(json.dumps(r), file=sys.stderr)

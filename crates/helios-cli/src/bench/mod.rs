@@ -102,6 +102,11 @@ pub struct BenchArgs {
     /// tuned on the benchmark's own calls (the default of train and generate).
     #[arg(long, value_parser = ["online", "full"])]
     tune: Option<String>,
+    /// train: what the batches hold: `random` ids (the default, as earlier runs), or `text`,
+    /// the bundled corpus `helios train` reads, whose frequent tokens make the embedding's
+    /// gradient sum long lists. PyTorch's side trains on the same first batch.
+    #[arg(long, value_parser = ["random", "text"])]
+    tokens: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

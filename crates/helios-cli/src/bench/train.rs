@@ -1,7 +1,8 @@
 // `helios bench train`: GPT-2 training steps as `helios train` runs them (the `Trainer`'s
-// `train_step`: forward, backward, clipped AdamW), random init, random tokens, beside Hugging
-// Face's GPT2LMHeadModel in PyTorch eager and with torch.compile (`--compare torch` runs
-// bench/torch_train.py).
+// `train_step`: forward, backward, clipped AdamW), random init, random token ids (or with
+// `--tokens text` the bundled corpus, whose frequent tokens lengthen the embedding gradient's
+// lists), beside Hugging Face's GPT2LMHeadModel in PyTorch eager and with torch.compile
+// (`--compare torch` runs bench/torch_train.py on the same first batch).
 //
 // Cases (name:layers:batch:seq): distilgpt2:6:8:512 and gpt2:12:8:1024 (with --quick a
 // 2-layer 128-wide model on 2x64), each in fp32 and bf16 (f32 master weights), and f16 (with
@@ -38,6 +39,8 @@ struct TrainResult {
     settled_after: usize,
     /// Every step's wall time, ms, the first one included.
     steps_ms: Vec<f64>,
+    /// What the batches held: `random` ids or the bundled corpus' `text`.
+    tokens: &'static str,
     /// Matmul shape classes still being tuned on real work at the end.
     exploring: usize,
     fwd_ms: f64,
@@ -124,6 +127,10 @@ pub fn run(args: &BenchArgs) -> CliResult {
             .collect()
     };
     let script = super::torch_script_named(args, "bench/torch_train.py")?;
+    let text = match args.tokens.as_deref() {
+        Some("text") => Some(corpus_ids()?),
+        _ => None,
+    };
     let device = Device::from_env()?;
     eprintln!("bench: train on {}", device.name());
     let mut results = Vec::new();
@@ -132,12 +139,13 @@ pub fn run(args: &BenchArgs) -> CliResult {
             continue;
         }
         for &precision in &precisions {
-            let r = one(&device, &case, precision, steps)?;
+            let r = one(&device, &case, precision, steps, text.as_deref())?;
             eprintln!(
-                "bench: {} {} {:.1} ms/step, {:.0} tokens/s, first step {:.2} s, within 2% \
-                 of the median after {} steps ({} matmul classes still tuning)",
+                "bench: {} {} on {} tokens: {:.1} ms/step, {:.0} tokens/s, first step {:.2} s, \
+                 within 2% of the median after {} steps ({} matmul classes still tuning)",
                 r.case,
                 r.precision,
+                r.tokens,
                 r.ms_per_step.median,
                 r.tokens_per_s,
                 r.first_step_s,
@@ -148,7 +156,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
         }
     }
     let (torch_meta, torch_note, rows) = super::torch_side(script.as_deref(), |script| {
-        run_torch(script, &results, &precisions)
+        run_torch(script, &results, &precisions, text.as_deref())
     });
     for r in results.iter_mut() {
         r.torch = rows
@@ -167,21 +175,42 @@ pub fn run(args: &BenchArgs) -> CliResult {
 const SETTLE_STEPS: usize = 1000;
 const SETTLE_SECONDS: f64 = 120.0;
 
+/// The bundled corpus' token ids (tokenized once into the data cache, as `helios train`
+/// does).
+fn corpus_ids() -> BenchResult<Vec<u32>> {
+    let tokenizer = helios_nn::Tokenizer::from_option(None)?;
+    let cache = helios_nn::data::default_cache_dir()
+        .unwrap_or_else(|| std::env::temp_dir().join("helios-cache"));
+    Ok(crate::corpus::Corpus::Bundled
+        .open(&tokenizer, &cache)?
+        .to_vec())
+}
+
 /// Trains `case` for `steps` timed steps after the first and the untimed ones that let
-/// tuning settle.
-fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchResult<TrainResult> {
+/// tuning settle, on `text` (token ids) or on random ids.
+fn one(
+    device: &Device,
+    case: &Case,
+    precision: DType,
+    steps: usize,
+    text: Option<&[u32]>,
+) -> BenchResult<TrainResult> {
     let cfg = &case.config;
-    // Random tokens: what is measured is the step, not the data.
-    let need = (case.batch * case.seq + 1) * (steps + 4);
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let ids: Vec<u32> = (0..need)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % cfg.vocab_size as u64) as u32
-        })
-        .collect();
+    let ids: Vec<u32> = match text {
+        Some(ids) => ids.to_vec(),
+        None => {
+            let need = (case.batch * case.seq + 1) * (steps + 4);
+            let mut state = 0x9e37_79b9_7f4a_7c15u64;
+            (0..need)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state % cfg.vocab_size as u64) as u32
+                })
+                .collect()
+        }
+    };
     let train = Tokens::from_ids(&ids, "bench")?;
     let init = ParamStore::init_gpt2(cfg, 1337)?;
     let tc = helios_nn::train::TrainConfig::steps_only(
@@ -299,6 +328,7 @@ fn one(device: &Device, case: &Case, precision: DType, steps: usize) -> BenchRes
             .rposition(|&t| t > ms.median * 1.02)
             .map_or(0, |i| i + 1),
         steps_ms: all,
+        tokens: if text.is_some() { "text" } else { "random" },
         exploring: helios::matmul_exploring(device).len(),
         fwd_ms: med(&fwd)?,
         bwd_ms: med(&bwd)?,
@@ -342,6 +372,7 @@ fn run_torch(
     script: &Path,
     results: &[TrainResult],
     precisions: &[DType],
+    text: Option<&[u32]>,
 ) -> Result<(serde_json::Value, Vec<TorchTrain>), String> {
     let layers = |name: &str| match name {
         "distilgpt2" => 6,
@@ -354,19 +385,37 @@ fn run_torch(
         .collect();
     cases.dedup();
     let names: Vec<&str> = precisions.iter().map(|&p| precision_name(p)).collect();
-    let out = std::process::Command::new("python3")
-        .arg(script)
-        .args([
-            "--json",
-            "-",
-            "--cases",
-            &cases.join(","),
-            "--precisions",
-            &names.join(","),
-        ])
-        .output()
-        .map_err(|e| format!("cannot run python3: {e}"))?;
-    super::torch_results(script, &out)
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(script).args([
+        "--json",
+        "-",
+        "--cases",
+        &cases.join(","),
+        "--precisions",
+        &names.join(","),
+    ]);
+    // The text's first ids, little-endian u32: each case's batch is its first batch × seq.
+    let ids_file = match text {
+        Some(ids) => {
+            let most = results.iter().map(|r| r.batch * r.seq).max().unwrap_or(0);
+            let bytes: Vec<u8> = ids[..most.min(ids.len())]
+                .iter()
+                .flat_map(|i| i.to_le_bytes())
+                .collect();
+            let path =
+                std::env::temp_dir().join(format!("helios-bench-ids-{}", std::process::id()));
+            std::fs::write(&path, bytes)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            cmd.arg("--ids").arg(&path);
+            Some(path)
+        }
+        None => None,
+    };
+    let out = cmd.output().map_err(|e| format!("cannot run python3: {e}"));
+    if let Some(path) = ids_file {
+        let _ = std::fs::remove_file(path);
+    }
+    super::torch_results(script, &out?)
 }
 
 fn table(results: &[TrainResult]) -> String {
