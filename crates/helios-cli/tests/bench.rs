@@ -290,6 +290,7 @@ fn torch_reference_help_parses() {
     for (script, option) in [
         ("torch_reference.py", "--suite"),
         ("torch_graph.py", "--cases"),
+        ("torch_train.py", "--ids"),
     ] {
         let out = Command::new("python3")
             .args([&format!("{dir}{script}"), "--help"])
@@ -410,5 +411,46 @@ print(json.dumps({"meta": {"torch": "9.9", "cuda": "0", "device": "Fake"}, "resu
             assert_eq!(torch.len(), 1, "{r}");
             assert_eq!(torch[0]["batch"].as_u64(), Some(batch), "{r}");
         }
+    }
+}
+
+#[test]
+fn train_quick_on_text_with_a_stand_in_torch_script() {
+    // The bundled corpus on both sides: Helios trains on it, and the torch script gets its
+    // first ids as little-endian u32 (a stand-in checks them and answers for both modes).
+    let script = tmp("fake_torch_train.py");
+    std::fs::write(
+        &script,
+        r#"import json, struct, sys
+path = sys.argv[sys.argv.index("--ids") + 1]
+data = open(path, "rb").read()
+ids = struct.unpack("<%dI" % (len(data) // 4), data)
+assert len(ids) >= 2 * 64 and max(ids) < 50257 and len(set(ids)) < len(ids), len(ids)
+row = {"case": "quick", "precision": "bf16", "ms_per_step": 5.0, "tokens_per_s": 25600.0,
+       "first_step_s": 1.0, "peak_gib": 0.1, "reserved_gib": 0.2}
+rows = [dict(row, mode=m) for m in ["eager", "compile"]]
+print(json.dumps({"meta": {"torch": "9.9", "device": "Fake"}, "results": rows}))
+"#,
+    )
+    .unwrap();
+    let mut args = vec![
+        "bench", "train", "--quick", "--dtypes", "bf16", "--tokens", "text", "--json", "-",
+    ];
+    if has_python() {
+        args.extend([
+            "--compare",
+            "torch",
+            "--torch-script",
+            script.to_str().unwrap(),
+        ]);
+    }
+    let out = helios(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    check_metadata(&v, "train");
+    let r = &v["results"][0];
+    assert_eq!(r["tokens"], "text", "{r}");
+    if has_python() {
+        assert_eq!(r["torch"].as_array().map(Vec::len), Some(2), "{r}");
     }
 }
