@@ -552,6 +552,14 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, out: Out) {
         let ts = k.splat(t, 4);
         let vs = k.splat(vocab, 4);
         let (o, z) = (k.const_float(v4, 1.0), k.const_float(v4, 0.0));
+        let terms = GradTerms {
+            max: ms,
+            inv: invs,
+            target: ts,
+            norm: ns,
+            one: o,
+            zero: z,
+        };
         k.if_(in_grid, |k| {
             k.if_else(
                 skip,
@@ -569,23 +577,42 @@ fn build_rows(k: &mut KernelBuilder, kernel: &CrossEntropyKernel, out: Out) {
                             .map(|&slot| row.load(k, logits, s, slot, 0.0))
                             .collect();
                         for (&slot, &x) in slots.iter().zip(&xs) {
-                            let dx = k.sub(x, ms);
-                            let e = k.exp(dx);
-                            let p = k.mul(e, invs);
                             let cols = row.cols(k, slot);
-                            let hit = k.eq(cols, ts);
-                            let oh = k.select(hit, o, z);
-                            let gr = k.sub(p, oh);
-                            let gr = k.mul(gr, ns);
                             // Lanes past `vocab` loaded 0, not a logit: their gradient is 0.
                             let inside = k.lt(cols, vs);
-                            let gr = k.select(inside, gr, z);
+                            let gr = terms.dlogit(k, x, cols, inside);
                             padded.store(k, d, s, slot, gr);
                         }
                     });
                 },
             );
         });
+    }
+}
+
+/// What the gradient of one logit needs beside the logit (scalars, or 4-lane vectors for
+/// lanes of a row): its row's max and 1/Σexp, the target, `scale / count`, and 1 and 0.
+struct GradTerms {
+    max: Val,
+    inv: Val,
+    target: Val,
+    norm: Val,
+    one: Val,
+    zero: Val,
+}
+
+impl GradTerms {
+    /// dlogits at column `col` for logit `x`: (exp(x − max)·inv − [col = target])·norm, 0
+    /// where `inside` fails. Both layouts' kernels compute it here, so they agree bit for bit.
+    fn dlogit(&self, k: &mut KernelBuilder, x: Val, col: Val, inside: Val) -> Val {
+        let d = k.sub(x, self.max);
+        let e = k.exp(d);
+        let p = k.mul(e, self.inv);
+        let hit = k.eq(col, self.target);
+        let oh = k.select(hit, self.one, self.zero);
+        let gr = k.sub(p, oh);
+        let gr = k.mul(gr, self.norm);
+        k.select(inside, gr, self.zero)
     }
 }
 
@@ -648,15 +675,16 @@ fn build_grad_cols(k: &mut KernelBuilder, s: Storage) {
         let at = k.add(at, v);
         let at = k.select(read, at, zero);
         let x = load_f32(k, logits, at, 1, s);
-        // Pass 2's arithmetic, in its order: the same values.
-        let d = k.sub(x, m);
-        let e = k.exp(d);
-        let p = k.mul(e, inv);
-        let hit = k.eq(v, target);
-        let oh = k.select(hit, one, fzero);
-        let gr = k.sub(p, oh);
-        let gr = k.mul(gr, norm);
-        let gr = k.select(inside_v, gr, fzero);
+        // Pass 2's arithmetic: the same values.
+        let terms = GradTerms {
+            max: m,
+            inv,
+            target,
+            norm,
+            one,
+            zero: fzero,
+        };
+        let gr = terms.dlogit(k, x, v, inside_v);
         k.select(skip, fzero, gr)
     });
     k.workgroup_barrier();
