@@ -29,6 +29,19 @@ fn has_python() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// Adds `--compare torch --torch-script script` to `args` where python3 runs (a stand-in
+/// script then answers for PyTorch).
+fn compare_with_stand_in<'a>(args: &mut Vec<&'a str>, script: &'a Path) {
+    if has_python() {
+        args.extend([
+            "--compare",
+            "torch",
+            "--torch-script",
+            script.to_str().unwrap(),
+        ]);
+    }
+}
+
 fn check_metadata(v: &serde_json::Value, suite: &str) {
     assert_eq!(v["suite"], suite);
     for key in ["date", "device", "driver", "vulkan_api", "commit"] {
@@ -328,14 +341,7 @@ print(json.dumps({"suite": "ops", "torch": "9.9", "cuda": "0", "device": "Fake",
         "--json",
         "-",
     ];
-    if has_python() {
-        args.extend([
-            "--compare",
-            "torch",
-            "--torch-script",
-            script.to_str().unwrap(),
-        ]);
-    }
+    compare_with_stand_in(&mut args, &script);
     let out = helios(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
@@ -384,14 +390,7 @@ print(json.dumps({"meta": {"torch": "9.9", "cuda": "0", "device": "Fake"}, "resu
         "--json",
         "-",
     ];
-    if has_python() {
-        args.extend([
-            "--compare",
-            "torch",
-            "--torch-script",
-            script.to_str().unwrap(),
-        ]);
-    }
+    compare_with_stand_in(&mut args, &script);
     let out = helios(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
@@ -436,14 +435,7 @@ print(json.dumps({"meta": {"torch": "9.9", "device": "Fake"}, "results": rows}))
     let mut args = vec![
         "bench", "train", "--quick", "--dtypes", "bf16", "--tokens", "text", "--json", "-",
     ];
-    if has_python() {
-        args.extend([
-            "--compare",
-            "torch",
-            "--torch-script",
-            script.to_str().unwrap(),
-        ]);
-    }
+    compare_with_stand_in(&mut args, &script);
     let out = helios(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");

@@ -14,6 +14,7 @@
 // allocations succeed) and the most the case's live buffers needed at once, beside PyTorch's
 // max_memory_reserved and max_memory_allocated. Each case starts from an emptied pool.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::time::Instant;
 
@@ -196,8 +197,8 @@ fn one(
     text: Option<&[u32]>,
 ) -> BenchResult<TrainResult> {
     let cfg = &case.config;
-    let ids: Vec<u32> = match text {
-        Some(ids) => ids.to_vec(),
+    let ids: Cow<[u32]> = match text {
+        Some(ids) => Cow::Borrowed(ids),
         None => {
             let need = (case.batch * case.seq + 1) * (steps + 4);
             let mut state = 0x9e37_79b9_7f4a_7c15u64;
