@@ -10,10 +10,11 @@
 //! no id uses are written as zeros), so the bytes moved are the ideal ones plus a few
 //! u32 arrays of `n` and `vocab` entries. Six dispatches, in order:
 //!
-//! 1. `Zero`: `counts[v] = 0` (vocab);
+//! 1. `Zero`: `counts[v] = 0` (`count_slots(vocab)` entries: vocab + 1 rounded up to 4, so
+//!    that `Scan` moves four counts a load);
 //! 2. `Count`: `counts[ids[i]] += 1` (u32 atomics: exact, so the result is deterministic);
 //! 3. `Scan` (one workgroup): `offsets` = exclusive prefix sum of `counts` (vocab + 1
-//!    entries), and `counts` back to 0 for use as cursors;
+//!    entries, and the padding), and `counts` back to 0 for use as cursors;
 //! 4. `Place`: `pos[offsets[id] + atomic_add(counts[id], 1)] = i`: each list is complete
 //!    but in arrival order;
 //! 5. `Rank`: invocation i takes its rank r among the positions of its list (how many are
@@ -21,6 +22,10 @@
 //!    same every run (O(k) per id for a list of k, so Σk² in all: cheap for natural text,
 //!    quadratic only when one id fills the whole batch);
 //! 6. `Sum`: workgroup v sums `dout[sorted[j], :]` over its list into `dtable[v, :]`.
+//!
+//! The kernels that walk a list or a chunk (`Scan`, `Rank`, `Sum`) issue several loads
+//! before they use any: a frequent token's list in natural text has hundreds of positions,
+//! and a walk of one dependent load at a time made it the step's longest chain.
 //!
 //! Every kernel declares the buffers it reads before those it writes.
 //!
@@ -41,6 +46,21 @@ pub const EMBEDDING_WORKGROUP: u32 = 256;
 pub const EMBEDDING_SUM_WORKGROUP: u32 = 64;
 /// Workgroup size of `Scan` (one workgroup for the whole vocabulary).
 pub const EMBEDDING_SCAN_WORKGROUP: u32 = 512;
+/// Most vector slots of a row one `Sum` invocation accumulates in one walk of a list (a
+/// wider row walks it again per group of slots).
+pub const EMBEDDING_SUM_SLOTS: u8 = 4;
+
+/// Positions of a list `Rank` compares per step, and vectors of four counts `Scan` loads
+/// per step: loads issued together, then used.
+const RANK_UNROLL: u32 = 4;
+const SCAN_UNROLL: u32 = 4;
+
+/// Entries of the `counts` and `offsets` scratch arrays for a vocabulary of `vocab` rows:
+/// `vocab + 1` rounded up to a multiple of 4 (the padding counts stay 0, so its offsets are
+/// the total).
+pub fn count_slots(vocab: u64) -> u64 {
+    (vocab + 1).next_multiple_of(4)
+}
 
 /// Which embedding kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,6 +95,13 @@ pub struct EmbeddingKernel {
     /// Elements per access along a row: 4 when the row width divides by 4, else 1 (index
     /// kernels: 1).
     pub lanes: u8,
+    /// `Sum`: vector slots of a row each invocation accumulates per walk of a list, 1 to
+    /// `EMBEDDING_SUM_SLOTS` (as many as the row needs); 1 for the other stages.
+    pub slots: u8,
+    /// `Sum`: `None` writes every row of a new `dtable` in `storage` (zeros where no id is);
+    /// `Some(s)` adds the sums into an existing `dtable` of storage `s` in place, touching
+    /// only the rows some id uses.
+    pub into: Option<Storage>,
     pub binding: Binding,
 }
 
@@ -114,21 +141,47 @@ impl EmbeddingKernel {
             }
             _ => (Storage::F32, 1),
         };
+        let slots = match stage {
+            EmbeddingStage::Sum => {
+                let per_row = (dim / usize::from(lanes)).max(1);
+                per_row
+                    .div_ceil(EMBEDDING_SUM_WORKGROUP as usize)
+                    .min(usize::from(EMBEDDING_SUM_SLOTS)) as u8
+            }
+            _ => 1,
+        };
         EmbeddingKernel {
             stage,
             storage,
             lanes,
+            slots,
+            into: None,
             binding,
+        }
+    }
+
+    /// `Sum` that adds `dout`'s rows (in `storage`) into a table of storage `table` in place.
+    pub fn sum_into(storage: Storage, table: Storage, dim: usize, binding: Binding) -> Self {
+        EmbeddingKernel {
+            into: Some(table),
+            ..Self::new(EmbeddingStage::Sum, storage, dim, binding)
         }
     }
 
     /// Every embedding kernel for `binding`, for validation and warm-up.
     pub fn all(binding: Binding) -> Vec<EmbeddingKernel> {
         let mut out = Vec::new();
-        for stage in [EmbeddingStage::Forward, EmbeddingStage::Sum] {
-            for s in Storage::ALL {
-                for dim in [4, 3] {
-                    out.push(Self::new(stage, s, dim, binding));
+        for s in Storage::ALL {
+            for dim in [4, 3] {
+                out.push(Self::new(EmbeddingStage::Forward, s, dim, binding));
+            }
+            // One to four slots per walk.
+            for dim in [4, 3, 512, 768, 1024] {
+                out.push(Self::new(EmbeddingStage::Sum, s, dim, binding));
+            }
+            for table in Storage::ALL {
+                for dim in [4, 3, 768] {
+                    out.push(Self::sum_into(s, table, dim, binding));
                 }
             }
         }
@@ -142,7 +195,14 @@ impl EmbeddingKernel {
         let v = if self.lanes == 4 { "_v4" } else { "" };
         match self.stage {
             EmbeddingStage::Forward => format!("emb_fwd_{}{v}", self.storage.name()),
-            EmbeddingStage::Sum => format!("emb_bwd_sum_{}{v}", self.storage.name()),
+            EmbeddingStage::Sum => {
+                let into = match self.into {
+                    Some(t) => format!("_into_{}", t.name()),
+                    None => String::new(),
+                };
+                let (s, slots) = (self.storage.name(), self.slots);
+                format!("emb_bwd_sum_{s}{into}{v}_s{slots}")
+            }
             EmbeddingStage::Zero => "emb_bwd_zero".into(),
             EmbeddingStage::Count => "emb_bwd_count".into(),
             EmbeddingStage::Scan => "emb_bwd_scan".into(),
@@ -171,11 +231,11 @@ impl EmbeddingKernel {
             EmbeddingStage::Forward => self.build_forward(&mut k),
             EmbeddingStage::Zero => {
                 let counts = k.buffer("counts", u, Access::Write);
-                let vocab = k.param("vocab", Ty::scalar(u));
+                let len = k.param("len", Ty::scalar(u));
                 k.begin();
-                let vocab = k.load_param(vocab);
+                let len = k.load_param(len);
                 let i = global_index(&mut k);
-                let inside = k.lt(i, vocab);
+                let inside = k.lt(i, len);
                 k.if_(inside, |k| {
                     let z = k.u32(0);
                     k.store(counts, i, z);
@@ -221,14 +281,27 @@ impl EmbeddingKernel {
                     let end = k.load(offsets, next, 1);
                     let zero = k.u32(0);
                     let rank = k.var_init(zero);
-                    k.for_range(start, end, one, |k, j| {
-                        let q = k.load(pos, j, 1);
-                        let before = k.lt(q, i);
-                        let (one, zero) = (k.u32(1), k.u32(0));
-                        let inc = k.select(before, one, zero);
-                        let r = k.get(rank);
-                        let r = k.add(r, inc);
-                        k.set(rank, r);
+                    // The list holds i, so it is not empty: `end - 1` is inside it.
+                    let last = k.sub(end, one);
+                    let step = k.u32(RANK_UNROLL);
+                    k.for_range(start, end, step, |k, j| {
+                        let loaded: Vec<(Val, Val)> = (0..RANK_UNROLL)
+                            .map(|u| {
+                                let ju = offset(k, j, u);
+                                let inside = k.lt(ju, end);
+                                let at = k.min(ju, last);
+                                (inside, k.load(pos, at, 1))
+                            })
+                            .collect();
+                        for (inside, q) in loaded {
+                            let before = k.lt(q, i);
+                            let counts = k.and(inside, before);
+                            let (one, zero) = (k.u32(1), k.u32(0));
+                            let inc = k.select(counts, one, zero);
+                            let r = k.get(rank);
+                            let r = k.add(r, inc);
+                            k.set(rank, r);
+                        }
                     });
                     let r = k.get(rank);
                     let slot = k.add(start, r);
@@ -284,13 +357,27 @@ impl EmbeddingKernel {
         });
     }
 
+    /// Positions of a list `Sum` takes per step: their rows' loads are all issued before the
+    /// first addition (fewer for f32 rows, which take twice the registers).
+    fn sum_positions(&self) -> u32 {
+        match self.storage {
+            Storage::F32 => 4,
+            Storage::F16 | Storage::BF16 => 8,
+        }
+    }
+
     fn build_sum(&self, k: &mut KernelBuilder) {
-        let (s, lanes) = (self.storage, self.lanes);
+        let (s, lanes, slots) = (self.storage, self.lanes, u32::from(self.slots));
+        let positions = self.sum_positions();
         let elem = buffer_scalar(s);
+        let (ts, access) = match self.into {
+            Some(t) => (t, Access::ReadWrite),
+            None => (s, Access::Write),
+        };
         let offsets = k.buffer("offsets", Scalar::U32, Access::Read);
         let sorted = k.buffer("sorted", Scalar::U32, Access::Read);
         let dout = k.buffer("dout", elem, Access::Read);
-        let dtable = k.buffer("dtable", elem, Access::Write);
+        let dtable = k.buffer("dtable", buffer_scalar(ts), access);
         let dim = k.param("dim", Ty::scalar(Scalar::U32));
         let vocab = k.param("vocab", Ty::scalar(Scalar::U32));
         k.begin();
@@ -303,27 +390,93 @@ impl EmbeddingKernel {
             let one = k.u32(1);
             let next = k.add(v, one);
             let end = k.load(offsets, next, 1);
-            let lid = k.local_index();
-            let wg = k.workgroup_size_x();
-            let row = k.mul(v, dl);
-            let fty = Ty::vector(Scalar::F32, lanes);
-            k.for_range(lid, dl, wg, |k, c| {
-                let zero = k.const_float(fty, 0.0);
-                let acc = k.var_init(zero);
-                // In increasing position order: the same additions in the same order every
-                // run.
-                k.for_range(start, end, one, |k, j| {
-                    let p = k.load(sorted, j, 1);
-                    let prow = k.mul(p, dl);
-                    let at = k.add(prow, c);
-                    let x = load_f32(k, dout, at, lanes, s);
-                    let a = k.get(acc);
-                    let a = k.add(a, x);
-                    k.set(acc, a);
+            // Adding into a table, a row no id uses stays as it is.
+            let work = match self.into {
+                Some(_) => k.lt(start, end),
+                None => k.bool(true),
+            };
+            k.if_(work, |k| {
+                let lid = k.local_index();
+                let wg = k.workgroup_size_x();
+                let row = k.mul(v, dl);
+                let last_slot = k.sub(dl, one);
+                let slots_v = k.u32(slots);
+                let per_walk = k.mul(wg, slots_v);
+                let fty = Ty::vector(Scalar::F32, lanes);
+                // One walk of the list per `slots` slots of each invocation (one walk for rows up
+                // to 4 × 64 vectors wide).
+                k.for_range(lid, dl, per_walk, |k, c0| {
+                    // Slot t is c0 + t·wg; past the row's end it reads the last slot and is not
+                    // stored.
+                    let cols: Vec<(Val, Val)> = (0..slots)
+                        .map(|t| {
+                            let t = k.u32(t);
+                            let step = k.mul(wg, t);
+                            let c = k.add(c0, step);
+                            let stored = k.lt(c, dl);
+                            (c, stored)
+                        })
+                        .collect();
+                    let clamped: Vec<Val> =
+                        cols.iter().map(|&(c, _)| k.min(c, last_slot)).collect();
+                    // From 0, or from the table's row when adding into it.
+                    let accs: Vec<_> = clamped
+                        .iter()
+                        .map(|&c| {
+                            let first = match self.into {
+                                Some(t) => {
+                                    let at = k.add(row, c);
+                                    load_f32(k, dtable, at, lanes, t)
+                                }
+                                None => k.const_float(fty, 0.0),
+                            };
+                            k.var_init(first)
+                        })
+                        .collect();
+                    let step = k.u32(positions);
+                    k.for_range(start, end, step, |k, j| {
+                        // Inside the loop the list is not empty: `end - 1` is in it.
+                        let last = k.sub(end, one);
+                        let at: Vec<(Val, Val)> = (0..positions)
+                            .map(|u| {
+                                let ju = offset(k, j, u);
+                                let inside = k.lt(ju, end);
+                                let ju = k.min(ju, last);
+                                (inside, k.load(sorted, ju, 1))
+                            })
+                            .collect();
+                        let rows: Vec<Vec<Val>> = at
+                            .iter()
+                            .map(|&(_, p)| {
+                                let prow = k.mul(p, dl);
+                                clamped
+                                    .iter()
+                                    .map(|&c| {
+                                        let src = k.add(prow, c);
+                                        load_f32(k, dout, src, lanes, s)
+                                    })
+                                    .collect()
+                            })
+                            .collect();
+                        // In increasing position order: the same additions in the same order
+                        // every run, and as one position at a time would make them.
+                        for (&(inside, _), xs) in at.iter().zip(&rows) {
+                            for (&acc, &x) in accs.iter().zip(xs) {
+                                let a = k.get(acc);
+                                let sum = k.add(a, x);
+                                let a = k.select(inside, sum, a);
+                                k.set(acc, a);
+                            }
+                        }
+                    });
+                    for (&(c, stored), &acc) in cols.iter().zip(&accs) {
+                        k.if_(stored, |k| {
+                            let a = k.get(acc);
+                            let at = k.add(row, c);
+                            store_f32(k, dtable, at, a, ts);
+                        });
+                    }
                 });
-                let a = k.get(acc);
-                let at = k.add(row, c);
-                store_f32(k, dtable, at, a, s);
             });
         });
     }
@@ -351,9 +504,13 @@ impl EmbeddingKernel {
         }
         let wg = u64::from(geometry.workgroup);
         let per_row = u64::from(a.dim) / u64::from(self.lanes);
+        let padded: [u32; 1];
         let (params, invocations): (&[u32], u64) = match self.stage {
             EmbeddingStage::Forward => (&[a.n, a.dim, a.vocab], u64::from(a.n) * per_row),
-            EmbeddingStage::Zero => (&[a.vocab], u64::from(a.vocab)),
+            EmbeddingStage::Zero => {
+                padded = [count_slots(u64::from(a.vocab)) as u32];
+                (&padded, u64::from(padded[0]))
+            }
             EmbeddingStage::Count | EmbeddingStage::Place | EmbeddingStage::Rank => {
                 (&[a.n, a.vocab], u64::from(a.n))
             }
@@ -374,6 +531,15 @@ fn slots_per_row(k: &mut KernelBuilder, dim: Val, lanes: u8) -> Val {
     }
     let two = k.u32(2);
     k.shr(dim, two)
+}
+
+/// `j + u`.
+fn offset(k: &mut KernelBuilder, j: Val, u: u32) -> Val {
+    if u == 0 {
+        return j;
+    }
+    let u = k.u32(u);
+    k.add(j, u)
 }
 
 /// This invocation's index over the whole (folded) grid.
@@ -406,9 +572,10 @@ fn for_valid_id(
     });
 }
 
-/// One workgroup: `offsets[v] = Σ_{u<v} counts[u]` for v in 0..=vocab, and `counts` reset to
-/// 0. Invocation t owns a contiguous chunk of `counts`; chunk totals are scanned in shared
-/// memory (Hillis–Steele, integers: exact in any order).
+/// One workgroup: `offsets[v] = Σ_{u<v} counts[u]` for v in 0..=vocab (and the padding of
+/// `count_slots`), and `counts` reset to 0. Invocation t owns a contiguous chunk of `counts`,
+/// read four counts a load and `SCAN_UNROLL` loads at a time; chunk totals are scanned in
+/// shared memory (Hillis–Steele, integers: exact in any order).
 fn build_scan(k: &mut KernelBuilder) {
     let u = Ty::scalar(Scalar::U32);
     let counts = k.buffer("counts", Scalar::U32, Access::ReadWrite);
@@ -422,18 +589,50 @@ fn build_scan(k: &mut KernelBuilder) {
     let one = k.u32(1);
     let zero = k.u32(0);
     let wm1 = k.sub(wg, one);
-    let vw = k.add(vocab, wm1);
+    // Vectors of four: count_slots(vocab) / 4 = (vocab + 4) / 4.
+    let four = k.u32(4);
+    let padded = k.add(vocab, four);
+    let two = k.u32(2);
+    let vectors = k.shr(padded, two);
+    let vw = k.add(vectors, wm1);
     let chunk = k.div(vw, wg);
     let start = k.mul(lid, chunk);
-    let start = k.min(start, vocab);
+    let start = k.min(start, vectors);
     let end = k.add(start, chunk);
-    let end = k.min(end, vocab);
+    let end = k.min(end, vectors);
+    let step = k.u32(SCAN_UNROLL);
+    // The chunk's vectors from j on, `SCAN_UNROLL` of them, each with whether it is inside.
+    let load = |k: &mut KernelBuilder, j: Val| -> Vec<(Val, Val)> {
+        let last = k.sub(end, one);
+        (0..SCAN_UNROLL)
+            .map(|t| {
+                let jt = offset(k, j, t);
+                let inside = k.lt(jt, end);
+                let at = k.min(jt, last);
+                (inside, k.load(counts, at, 4))
+            })
+            .collect()
+    };
+    let total = |k: &mut KernelBuilder, c: Val| -> Val {
+        let (x, y, z, w) = (
+            k.extract(c, 0),
+            k.extract(c, 1),
+            k.extract(c, 2),
+            k.extract(c, 3),
+        );
+        let xy = k.add(x, y);
+        let zw = k.add(z, w);
+        k.add(xy, zw)
+    };
     let acc = k.var_init(zero);
-    k.for_range(start, end, one, |k, v| {
-        let c = k.load(counts, v, 1);
-        let a = k.get(acc);
-        let a = k.add(a, c);
-        k.set(acc, a);
+    k.for_range(start, end, step, |k, j| {
+        for (inside, c) in load(k, j) {
+            let t = total(k, c);
+            let t = k.select(inside, t, zero);
+            let a = k.get(acc);
+            let a = k.add(a, t);
+            k.set(acc, a);
+        }
     });
     let mine = k.get(acc);
     k.shared_store(sums, lid, mine);
@@ -467,14 +666,25 @@ fn build_scan(k: &mut KernelBuilder) {
     let incl = k.shared_load(sums, lid);
     let running = k.sub(incl, mine);
     let running = k.var_init(running);
-    k.for_range(start, end, one, |k, v| {
-        let c = k.load(counts, v, 1);
-        let r = k.get(running);
-        k.store(offsets, v, r);
-        let r = k.add(r, c);
-        k.set(running, r);
-        k.store(counts, v, zero);
+    let zeros = k.splat(zero, 4);
+    k.for_range(start, end, step, |k, j| {
+        for (t, (inside, c)) in load(k, j).into_iter().enumerate() {
+            k.if_(inside, |k| {
+                let r = k.get(running);
+                let x = k.extract(c, 0);
+                let rx = k.add(r, x);
+                let y = k.extract(c, 1);
+                let rxy = k.add(rx, y);
+                let z = k.extract(c, 2);
+                let rxyz = k.add(rxy, z);
+                let o = k.vector(&[r, rx, rxy, rxyz]);
+                let jt = offset(k, j, t as u32);
+                k.store(offsets, jt, o);
+                k.store(counts, jt, zeros);
+                let w = k.extract(c, 3);
+                let r = k.add(rxyz, w);
+                k.set(running, r);
+            });
+        }
     });
-    let last = k.eq(lid, wm1);
-    k.if_(last, |k| k.store(offsets, vocab, incl));
 }

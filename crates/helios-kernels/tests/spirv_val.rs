@@ -82,7 +82,7 @@ fn every_embedding_kernel_validates() {
             )
         })
         .sum();
-    assert_eq!(n, 2 * (2 * 3 * 2 + 5));
+    assert_eq!(n, 2 * (3 * (2 + 5 + 3 * 3) + 5));
 }
 
 #[test]

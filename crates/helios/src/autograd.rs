@@ -46,6 +46,17 @@ pub(crate) enum GradLink {
     Node(Arc<GradNode>),
 }
 
+impl GradLink {
+    /// Whether both lead to the same leaf or node.
+    fn same(&self, other: &GradLink) -> bool {
+        match (self, other) {
+            (GradLink::Leaf(a), GradLink::Leaf(b)) => Arc::ptr_eq(a, b),
+            (GradLink::Node(a), GradLink::Node(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
 /// A leaf's accumulated gradient.
 pub(crate) struct LeafGrad {
     grad: Mutex<Option<Tensor>>,
@@ -64,6 +75,15 @@ pub(crate) struct GradNode {
     /// The rule may add its inputs' pending gradients itself ([`record_taking_pending`]):
     /// only such rules are offered them.
     takes_pending: bool,
+}
+
+impl GradNode {
+    /// Whether every input's gradient goes to a leaf (or nowhere).
+    fn feeds_only_leaves(&self) -> bool {
+        self.edges
+            .iter()
+            .all(|e| !matches!(e, Some(GradLink::Node(_))))
+    }
 }
 
 impl Drop for GradNode {
@@ -448,14 +468,20 @@ fn topological(root: &Arc<GradNode>, walk: &mut Walk) {
         if seen.insert(Arc::as_ptr(&n), ()).is_some() {
             continue;
         }
-        // The node, then its inputs above it (no list of them: one allocation a node).
+        // The node, then its inputs above it (no list of them: one allocation a node). Inputs
+        // whose gradients go only to leaves (a view of a weight, as a tied head's transpose)
+        // go first, so they are walked last and run as soon as their gradient is whole: their
+        // pending gradient (a weight's product) then stops holding its operands, and a later
+        // rule of the same leaf finds it accumulated (`take_pending`).
         let at = stack.len();
         stack.push((n, true));
-        for i in 0..stack[at].0.edges.len() {
-            if let Some(GradLink::Node(c)) = &stack[at].0.edges[i] {
-                if !seen.contains_key(&Arc::as_ptr(c)) {
-                    let c = c.clone();
-                    stack.push((c, false));
+        for sinks in [true, false] {
+            for i in 0..stack[at].0.edges.len() {
+                if let Some(GradLink::Node(c)) = &stack[at].0.edges[i] {
+                    if c.feeds_only_leaves() == sinks && !seen.contains_key(&Arc::as_ptr(c)) {
+                        let c = c.clone();
+                        stack.push((c, false));
+                    }
                 }
             }
         }
@@ -581,16 +607,16 @@ fn run_offering(
 ) -> Result<Grads> {
     let mut offered = SPARE_OFFER.with(|p| std::mem::take(&mut *p.borrow_mut()));
     offered.clear();
+    // Each input's gradient once (an input passed twice is offered at its first place); a
+    // leaf's is what it has accumulated so far.
     offered.extend(node.edges.iter().enumerate().map(|(i, e)| {
+        let e = e.as_ref()?;
+        if node.edges[..i].iter().flatten().any(|f| f.same(e)) {
+            return None;
+        }
         match e {
-            Some(GradLink::Node(n))
-                if !node.edges[..i]
-                    .iter()
-                    .any(|f| matches!(f, Some(GradLink::Node(m)) if Arc::ptr_eq(m, n))) =>
-            {
-                grads.remove(&Arc::as_ptr(n))
-            }
-            _ => None,
+            GradLink::Node(n) => grads.remove(&Arc::as_ptr(n)),
+            GradLink::Leaf(l) => l.grad.locked().take(),
         }
     }));
     let offered_any: smallvec::SmallVec<[bool; 4]> = offered.iter().map(Option::is_some).collect();
@@ -603,6 +629,9 @@ fn run_offering(
         match (e, back) {
             (Some(GradLink::Node(n)), Some(t)) => {
                 grads.insert(Arc::as_ptr(n), t);
+            }
+            (Some(GradLink::Leaf(l)), Some(t)) => {
+                *l.grad.locked() = Some(t);
             }
             (Some(GradLink::Node(n)), None) if offered => {
                 // Taken: the rule's gradient includes it (and must not be one taken through

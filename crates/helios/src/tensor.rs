@@ -159,6 +159,12 @@ impl Tensor {
         self.node.is_pending_product()
     }
 
+    /// Whether this tensor is the whole of its array and the only reference to it (no other
+    /// tensor, view or pending op reads it): a kernel may then overwrite the array in place.
+    pub(crate) fn owns_array(&self) -> bool {
+        self.view.is_none() && Arc::strong_count(&self.node) == 1
+    }
+
     /// Another view of this tensor's array (no autograd link: view ops add their own).
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
         Tensor {

@@ -232,3 +232,61 @@ fn cross_entropy_and_embedding() {
         },
     );
 }
+
+/// A table tied to an output head (GPT-2's wte): the head's gradient reaches the leaf first,
+/// and the embedding's backward adds its sums into it in place (`folded_gradient_sums`
+/// counts the offer taken). The gradient is right, and a gradient a caller still holds from
+/// an earlier `backward()` is not overwritten when the next one accumulates onto it.
+#[test]
+fn tied_embedding_adds_into_the_heads_gradient() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let (rows, vocab, dim) = (7, 9, 6);
+    let tokens: Vec<u32> = (0..rows).map(|_| rng.gen_range(0..4)).collect();
+    let ids = IndexTensor::from_slice(device(), &tokens, &[rows]).unwrap();
+    let table = random(&mut rng, vocab * dim, -1.0, 1.0);
+    let before = helios::folded_gradient_sums();
+    // A layer between the two uses, as in a model: the head's transpose then runs right
+    // after the head, before the embedding's rule.
+    let head = |t: &Tensor, ids: &IndexTensor| -> Tensor {
+        let h = t.embedding(ids).unwrap().mul_scalar(1.5).unwrap();
+        h.matmul(&t.transpose(0, 1).unwrap()).unwrap()
+    };
+    let ids2 = ids.clone();
+    check(
+        "tied embedding and head",
+        &[(table.clone(), vec![vocab, dim])],
+        move |t| head(&t[0], &ids2),
+        move |h| {
+            let t = &h[0];
+            let mut out = Vec::with_capacity(rows * vocab);
+            for &i in &tokens {
+                let e = &t[i as usize * dim..(i as usize + 1) * dim];
+                for v in 0..vocab {
+                    let w = &t[v * dim..(v + 1) * dim];
+                    out.push(1.5 * e.iter().zip(w).map(|(a, b)| a * b).sum::<f64>());
+                }
+            }
+            out
+        },
+    );
+    assert!(
+        helios::folded_gradient_sums() > before,
+        "the embedding's backward did not take the head's gradient"
+    );
+
+    let _l = LOCK.locked();
+    let t = up(&table, &[vocab, dim]).requires_grad_();
+    head(&t, &ids).sum_all().unwrap().backward().unwrap();
+    let first = t.grad().unwrap();
+    let once = first.to_vec().unwrap();
+    head(&t, &ids).sum_all().unwrap().backward().unwrap();
+    assert_eq!(first.to_vec().unwrap(), once, "the held gradient changed");
+    let twice = t.grad().unwrap().to_vec().unwrap();
+    for (e, (a, b)) in twice.iter().zip(&once).enumerate() {
+        assert!(
+            (a - 2.0 * b).abs() <= 1e-5 * (b.abs() + 1.0),
+            "element {e}: {a} vs 2 × {b}"
+        );
+    }
+    assert_no_validation_messages();
+}

@@ -171,6 +171,61 @@ fn backward_is_deterministic_bit_for_bit() {
     assert_no_validation_messages();
 }
 
+/// Every row of f32 sums, in position order, one f32 addition at a time from 0.
+fn sequential(dout: &[f32], dim: usize, id: &[u32], vocab: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; vocab * dim];
+    for (i, &v) in id.iter().enumerate() {
+        for c in 0..dim {
+            out[v as usize * dim + c] += dout[i * dim + c];
+        }
+    }
+    out
+}
+
+/// Long lists (natural text's frequent tokens) in rows of one to several walks, and GPT-2's
+/// vocabulary for the scan: each row is the position-order f32 sum, bit for bit, however the
+/// kernels batch their loads.
+#[test]
+fn backward_of_long_lists_sums_in_position_order() {
+    let mut rng = StdRng::seed_from_u64(24);
+    for &(vocab, dim, n) in &[
+        (50257usize, 8usize, 5000usize),
+        (300, 768, 700),
+        (40, 1028, 300),
+        (25, 1101, 260),
+        (9, 4100, 60),
+    ] {
+        let id: Vec<u32> = (0..n)
+            .map(|_| {
+                let r: f64 = rng.gen_range(0.0..1.0);
+                ((r * r * r * r) * vocab as f64) as u32
+            })
+            .collect();
+        let dout = random(&mut rng, n * dim, DType::F32);
+        let g = Tensor::from_slice(device(), &dout, &[n, dim]).unwrap();
+        let got = g
+            .embedding_backward(&ids(&id), vocab)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let want = sequential(&dout, dim, &id, vocab);
+        assert_eq!(bits(&got), bits(&want), "{vocab}x{dim} n={n}");
+        // The same rows in 16-bit storage, within the stated bound.
+        for dtype in [DType::BF16, DType::F16] {
+            let g = Tensor::from_slice_as(device(), &dout, &[n, dim], dtype).unwrap();
+            let stored = g.to_vec().unwrap();
+            let got = g
+                .embedding_backward(&ids(&id), vocab)
+                .unwrap()
+                .to_vec()
+                .unwrap();
+            let what = format!("{vocab}x{dim} n={n} {dtype}");
+            check_backward(&what, dtype, &got, &stored, dim, &id, vocab);
+        }
+    }
+    assert_no_validation_messages();
+}
+
 #[test]
 fn nan_gradients_and_device_ids() {
     let d = device();
@@ -240,5 +295,73 @@ fn bad_arguments_are_errors() {
     let e = Tensor::from_slice(d, &[], &[0, 4]).unwrap();
     let z = e.embedding_backward(&ids(&[]), 3).unwrap();
     assert_eq!(z.to_vec().unwrap(), vec![0.0; 12]);
+    assert_no_validation_messages();
+}
+
+/// `embedding_backward_add`: each used row is the base row (as f32) plus the `dout` rows in
+/// position order, one f32 addition at a time, rounded once to the base's dtype; unused rows
+/// keep the base's bits. A base that is the only reference to its array is updated in
+/// place; one that is shared is left as it was, and the result has the same bits.
+#[test]
+fn backward_adds_into_a_base_with_the_same_bits_in_place_or_not() {
+    let mut rng = StdRng::seed_from_u64(25);
+    for &(vocab, dim, n) in &[(50usize, 12usize, 90usize), (300, 768, 700), (9, 1101, 60)] {
+        for (dd, bd) in [
+            (DType::F32, DType::F32),
+            (DType::BF16, DType::F32),
+            (DType::BF16, DType::BF16),
+            (DType::F16, DType::F16),
+        ] {
+            let id: Vec<u32> = (0..n)
+                .map(|_| {
+                    let r: f64 = rng.gen_range(0.0..1.0);
+                    ((r * r * r) * vocab as f64) as u32
+                })
+                .collect();
+            let dout = random(&mut rng, n * dim, dd);
+            let base = random(&mut rng, vocab * dim, bd);
+            let mut want = base.clone();
+            let mut used = vec![false; vocab];
+            for (i, &v) in id.iter().enumerate() {
+                used[v as usize] = true;
+                for c in 0..dim {
+                    want[v as usize * dim + c] += dout[i * dim + c];
+                }
+            }
+            let want: Vec<f32> = want.iter().map(|&x| bd.round(x)).collect();
+            let what = format!("{vocab}x{dim} n={n} dout {dd} base {bd}");
+            let g = Tensor::from_slice_as(device(), &dout, &[n, dim], dd).unwrap();
+            let x = ids(&id);
+
+            let own = Tensor::from_slice_as(device(), &base, &[vocab, dim], bd).unwrap();
+            let in_place = g.embedding_backward_add(&x, own).unwrap();
+            assert_eq!(in_place.dtype(), bd, "{what}");
+            let in_place = in_place.to_vec().unwrap();
+
+            let shared = Tensor::from_slice_as(device(), &base, &[vocab, dim], bd).unwrap();
+            let out = g.embedding_backward_add(&x, shared.clone()).unwrap();
+            assert_eq!(
+                bits(&shared.to_vec().unwrap()),
+                bits(&base),
+                "{what}: base kept"
+            );
+            assert_eq!(
+                bits(&out.to_vec().unwrap()),
+                bits(&in_place),
+                "{what}: same bits"
+            );
+
+            for (e, (&got, &w)) in in_place.iter().zip(&want).enumerate() {
+                let row = e / dim;
+                let ok = match (used[row], bd) {
+                    (false, _) => got.to_bits() == base[e].to_bits(),
+                    // f16 narrowing is the driver's: within one rounding of the f32 sum.
+                    (true, DType::F16) => (got - w).abs() <= w.abs() / 2048.0,
+                    (true, _) => got.to_bits() == w.to_bits(),
+                };
+                assert!(ok, "{what}: element {e} (row {row}): got {got}, want {w}");
+            }
+        }
+    }
     assert_no_validation_messages();
 }

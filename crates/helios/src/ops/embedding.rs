@@ -21,14 +21,19 @@ impl Tensor {
     pub fn embedding(&self, ids: &IndexTensor) -> Result<Tensor> {
         let out = self.embedding_raw(ids)?;
         let (ids, vocab) = (ids.clone(), self.shape()[0]);
-        Ok(crate::autograd::record(
+        let shape = [vocab, self.shape()[1]];
+        // The table's gradient so far (a tied output head's), when offered, takes the sums
+        // in place: no table-sized sum of the two, and no zero rows written.
+        Ok(crate::autograd::record_taking_pending(
             "embedding",
             &[self],
             out,
             move |g, _| {
-                Ok(smallvec::smallvec![Some(
-                    g.embedding_backward(&ids, vocab)?
-                )])
+                let grad = match crate::autograd::take_pending(0, |t| t.shape() == shape) {
+                    Some(base) => g.embedding_backward_add(&ids, base)?,
+                    None => g.embedding_backward(&ids, vocab)?,
+                };
+                Ok(smallvec::smallvec![Some(grad)])
             },
         ))
     }
@@ -52,9 +57,14 @@ impl Tensor {
             out: out.address()?,
             ..EmbeddingArgs::default()
         };
-        table.embedding_dispatch(
+        let kernel = EmbeddingKernel::new(
             EmbeddingStage::Forward,
+            table.dtype().storage(),
             dim,
+            self.device().binding(),
+        );
+        table.embedding_kernel(
+            kernel,
             &args,
             &[ids.buffer(), table.buffer()?],
             &[out.buffer()?],
@@ -68,16 +78,78 @@ impl Tensor {
     /// inputs give equal bits. Rows no id uses are 0.
     pub fn embedding_backward(&self, ids: &IndexTensor, vocab: usize) -> Result<Tensor> {
         const OP: &str = "embedding_backward";
-        let device = self.device();
-        if !device.same(ids.device()) {
-            return Err(Error::DeviceMismatch { op: OP });
+        let (dout, dim) = self.embedding_dout(OP, ids)?;
+        check_size(vocab, dim)?;
+        ids.check_range(OP, vocab, None)?;
+        let dtable = Tensor::empty(self.device(), &[vocab, dim], dout.dtype())?;
+        if vocab == 0 || dim == 0 {
+            return Ok(dtable);
         }
-        let dout = self.contiguous()?;
-        let (lead, dim) = match dout.shape().split_last() {
-            Some((&dim, lead)) if lead == ids.shape() => (lead, dim),
-            _ => {
+        let kernel = EmbeddingKernel::new(
+            EmbeddingStage::Sum,
+            dout.dtype().storage(),
+            dim,
+            self.device().binding(),
+        );
+        dout.embedding_sum(kernel, ids, &dtable)?;
+        Ok(dtable)
+    }
+
+    /// `base + dout.embedding_backward(ids, rows)` for a `base` of (rows, dim) in any dtype,
+    /// the result in `base`'s dtype: each row's sum starts from `base`'s row in f32 and adds
+    /// the `dout` rows in increasing position order. When `base` is the only reference to its
+    /// array (a gradient accumulated so far, as a tied embedding's output head leaves it), the
+    /// sums are added in place and only the rows some id uses are read and written; otherwise
+    /// `base` is copied first. The bits are the same either way.
+    pub fn embedding_backward_add(&self, ids: &IndexTensor, base: Tensor) -> Result<Tensor> {
+        const OP: &str = "embedding_backward_add";
+        let (dout, dim) = self.embedding_dout(OP, ids)?;
+        let vocab = match *base.shape() {
+            [vocab, d] if d == dim => vocab,
+            ref s => {
                 return Err(Error::Invalid {
                     op: OP,
+                    detail: format!(
+                        "the base must be (rows, {dim}), the gradient of a table as wide as \
+                         dout's rows; got shape {s:?}"
+                    ),
+                })
+            }
+        };
+        if !base.device().same(self.device()) {
+            return Err(Error::DeviceMismatch { op: OP });
+        }
+        check_size(vocab, dim)?;
+        ids.check_range(OP, vocab, None)?;
+        if vocab == 0 || dim == 0 {
+            return Ok(base);
+        }
+        let table = match base.is_contiguous() && base.owns_array() {
+            true => base,
+            false => base.copy()?,
+        };
+        table.buffer()?;
+        let kernel = EmbeddingKernel::sum_into(
+            dout.dtype().storage(),
+            table.dtype().storage(),
+            dim,
+            self.device().binding(),
+        );
+        dout.embedding_sum(kernel, ids, &table)?;
+        Ok(table)
+    }
+
+    /// `dout` dense, and its rows' width, checked against `ids`.
+    fn embedding_dout(&self, op: &'static str, ids: &IndexTensor) -> Result<(Tensor, usize)> {
+        if !self.device().same(ids.device()) {
+            return Err(Error::DeviceMismatch { op });
+        }
+        let dout = self.contiguous()?;
+        let dim = match dout.shape().split_last() {
+            Some((&dim, lead)) if lead == ids.shape() => dim,
+            _ => {
+                return Err(Error::Invalid {
+                    op,
                     detail: format!(
                         "dout {:?} must be the ids' shape {:?} plus one axis (the embedding width)",
                         dout.shape(),
@@ -86,16 +158,24 @@ impl Tensor {
                 })
             }
         };
-        let n: usize = lead.iter().product();
-        check_size(n, dim)?;
-        check_size(vocab, dim)?;
-        ids.check_range(OP, vocab, None)?;
-        let dtable = Tensor::empty(device, &[vocab, dim], dout.dtype())?;
-        if vocab == 0 || dim == 0 {
-            return Ok(dtable);
-        }
-        let counts = device.scratch(vocab as u64 * 4)?;
-        let offsets = device.scratch((vocab as u64 + 1) * 4)?;
+        check_size(ids.len(), dim)?;
+        Ok((dout, dim))
+    }
+
+    /// Groups the positions of `ids` by id (stages `Zero` to `Rank`), then runs `sum` (a
+    /// `Sum` kernel) from this dense `dout` into `dtable` (vocab, dim).
+    fn embedding_sum(
+        &self,
+        sum: EmbeddingKernel,
+        ids: &IndexTensor,
+        dtable: &Tensor,
+    ) -> Result<()> {
+        let device = self.device();
+        let (vocab, dim) = (dtable.shape()[0], dtable.shape()[1]);
+        let n = ids.len();
+        let slots = helios_kernels::embedding::count_slots(vocab as u64);
+        let counts = device.scratch(slots * 4)?;
+        let offsets = device.scratch(slots * 4)?;
         let pos = device.scratch(n as u64 * 4)?;
         let sorted = device.scratch(n as u64 * 4)?;
         let args = EmbeddingArgs {
@@ -103,7 +183,7 @@ impl Tensor {
             dim: dim as u32,
             vocab: vocab as u32,
             ids: ids.buffer().device_address(),
-            dout: dout.address()?,
+            dout: self.address()?,
             dtable: dtable.address()?,
             counts: counts.device_address(),
             offsets: offsets.device_address(),
@@ -120,28 +200,29 @@ impl Tensor {
                 EmbeddingStage::Place => (vec![i, &offsets], vec![&counts, &pos]),
                 EmbeddingStage::Rank => (vec![i, &offsets, &pos], vec![&sorted]),
                 EmbeddingStage::Sum => (
-                    vec![&offsets, &sorted, dout.buffer()?],
+                    vec![&offsets, &sorted, self.buffer()?],
                     vec![dtable.buffer()?],
                 ),
                 EmbeddingStage::Forward => unreachable!("not a backward stage"),
             };
-            dout.embedding_dispatch(stage, dim, &args, &reads, &writes)?;
+            let kernel = match stage {
+                EmbeddingStage::Sum => sum,
+                _ => EmbeddingKernel::new(stage, self.dtype().storage(), dim, device.binding()),
+            };
+            self.embedding_kernel(kernel, &args, &reads, &writes)?;
         }
-        Ok(dtable)
+        Ok(())
     }
 
     /// Records one embedding kernel: `reads` then `writes` in declaration order.
-    fn embedding_dispatch(
+    fn embedding_kernel(
         &self,
-        stage: EmbeddingStage,
-        dim: usize,
+        kernel: EmbeddingKernel,
         args: &EmbeddingArgs,
         reads: &[&Buffer],
         writes: &[&Buffer],
     ) -> Result<()> {
-        let d = self.device();
-        let kernel = EmbeddingKernel::new(stage, self.dtype().storage(), dim, d.binding());
-        d.dispatch_rows(
+        self.device().dispatch_rows(
             KernelKey::Embedding(kernel),
             || kernel.build(),
             reads,
