@@ -434,40 +434,55 @@ impl EmbeddingKernel {
                         })
                         .collect();
                     let step = k.u32(positions);
-                    k.for_range(start, end, step, |k, j| {
-                        // Inside the loop the list is not empty: `end - 1` is in it.
+                    let nonempty = k.lt(start, end);
+                    k.if_(nonempty, |k| {
                         let last = k.sub(end, one);
-                        let at: Vec<(Val, Val)> = (0..positions)
+                        // The positions of a step, loaded one step ahead: a step then waits
+                        // for its rows' loads only, not for the indices before them.
+                        let index = |k: &mut KernelBuilder, j: Val, u: u32| -> Val {
+                            let ju = offset(k, j, u);
+                            let ju = k.min(ju, last);
+                            k.load(sorted, ju, 1)
+                        };
+                        let next: Vec<_> = (0..positions)
                             .map(|u| {
+                                let p = index(k, start, u);
+                                k.var_init(p)
+                            })
+                            .collect();
+                        k.for_range(start, end, step, |k, j| {
+                            let ps: Vec<Val> = next.iter().map(|&p| k.get(p)).collect();
+                            let rows: Vec<Vec<Val>> = ps
+                                .iter()
+                                .map(|&p| {
+                                    let prow = k.mul(p, dl);
+                                    clamped
+                                        .iter()
+                                        .map(|&c| {
+                                            let src = k.add(prow, c);
+                                            load_f32(k, dout, src, lanes, s)
+                                        })
+                                        .collect()
+                                })
+                                .collect();
+                            let ahead = k.add(j, step);
+                            for (u, &p) in (0..positions).zip(&next) {
+                                let q = index(k, ahead, u);
+                                k.set(p, q);
+                            }
+                            // In increasing position order: the same additions in the same
+                            // order every run, and as one position at a time would make them.
+                            for (u, xs) in (0..positions).zip(&rows) {
                                 let ju = offset(k, j, u);
                                 let inside = k.lt(ju, end);
-                                let ju = k.min(ju, last);
-                                (inside, k.load(sorted, ju, 1))
-                            })
-                            .collect();
-                        let rows: Vec<Vec<Val>> = at
-                            .iter()
-                            .map(|&(_, p)| {
-                                let prow = k.mul(p, dl);
-                                clamped
-                                    .iter()
-                                    .map(|&c| {
-                                        let src = k.add(prow, c);
-                                        load_f32(k, dout, src, lanes, s)
-                                    })
-                                    .collect()
-                            })
-                            .collect();
-                        // In increasing position order: the same additions in the same order
-                        // every run, and as one position at a time would make them.
-                        for (&(inside, _), xs) in at.iter().zip(&rows) {
-                            for (&acc, &x) in accs.iter().zip(xs) {
-                                let a = k.get(acc);
-                                let sum = k.add(a, x);
-                                let a = k.select(inside, sum, a);
-                                k.set(acc, a);
+                                for (&acc, &x) in accs.iter().zip(xs) {
+                                    let a = k.get(acc);
+                                    let sum = k.add(a, x);
+                                    let a = k.select(inside, sum, a);
+                                    k.set(acc, a);
+                                }
                             }
-                        }
+                        });
                     });
                     for (&(c, stored), &acc) in cols.iter().zip(&accs) {
                         k.if_(stored, |k| {
