@@ -21,7 +21,9 @@
 //!    smaller) and writes `sorted[offsets[id] + r] = i`: the list in increasing order, the
 //!    same every run (O(k) per id for a list of k, so Σk² in all: cheap for natural text,
 //!    quadratic only when one id fills the whole batch);
-//! 6. `Sum`: workgroup v sums `dout[sorted[j], :]` over its list into `dtable[v, :]`.
+//! 6. `Sum`: workgroup v sums `dout[sorted[j], :]` over its list into `dtable[v, :]`; or,
+//!    adding into an existing table (`EmbeddingKernel::sum_into`), onto `dtable[v, :]` in
+//!    place, for the rows some id uses only.
 //!
 //! The kernels that walk a list or a chunk (`Scan`, `Rank`, `Sum`) issue several loads
 //! before they use any: a frequent token's list in natural text has hundreds of positions,

@@ -4,9 +4,12 @@
 //! groups the positions of each id with a counting sort (exact u32 atomics), orders each group
 //! by position, and sums every vocabulary row's `dout` rows in that order, one workgroup per
 //! row (see `helios_kernels::embedding`): the same bits on every run, each `dout` row read
-//! once, each `dtable` row written once. Ids from the host are range-checked before anything
-//! is recorded; ids made on the device that fall outside `[0, vocab)` give NaN rows in the
-//! forward output and are skipped by the backward.
+//! once, each `dtable` row written once. A table that already has a gradient (a tied output
+//! head's) takes the sums in place (`embedding_backward_add`): only the rows some id uses are
+//! touched, where writing a separate gradient and summing the two moved four tables of bytes.
+//! Ids from the host are range-checked before anything is recorded; ids made on the device
+//! that fall outside `[0, vocab)` give NaN rows in the forward output and are skipped by the
+//! backward.
 
 use helios_kernels::reduce::MAX_ELEMENTS;
 use helios_kernels::{EmbeddingArgs, EmbeddingKernel, EmbeddingStage, KernelError};
