@@ -62,8 +62,10 @@ impl NormVariant {
     }
 }
 
-/// Most slots per invocation a cached forward / backward keeps by default.
-pub const NORM_CACHED_SLOTS: [u32; 2] = [8, 4];
+/// Most slots per invocation a cached forward or backward keeps by default. The backward
+/// kept 4 until a GPT-2 step on an H200 measured 8 faster (fewer invocations per row:
+/// bench/results/2026-11-30-session44-h200.md).
+pub const NORM_CACHED_SLOTS: u32 = 8;
 /// Default workgroup size.
 pub const NORM_WORKGROUP: u32 = 256;
 /// Elements one group of the cached backward covers, over all its rows, when
@@ -90,8 +92,8 @@ pub fn norm_bwd_rows(rows: u32, width: u32) -> u32 {
 
 /// The family's selection function: the variant and the invocations per row. Forward:
 /// `Cached` (16-byte slots) when the row fits in a workgroup's registers at
-/// `NORM_CACHED_SLOTS[0]` slots each (or `HELIOS_ROW_SLOTS`), else `Streaming`. Backward: the
-/// same with `NORM_CACHED_SLOTS[1]`, in slots of 4 when rows are a multiple of 4 long and of 1
+/// `NORM_CACHED_SLOTS` slots each (or `HELIOS_ROW_SLOTS`), else `Streaming`. Backward: the
+/// same, in slots of 4 when rows are a multiple of 4 long and of 1
 /// otherwise. `HELIOS_ROWS=cached|streaming` forces a variant where it can run.
 pub fn select(
     len: u64,
@@ -102,9 +104,7 @@ pub fn select(
 ) -> RowChoice<NormVariant> {
     let vec: u8 = if !backward || len % 4 == 0 { 4 } else { 1 };
     let slots = row_slots(len, vec);
-    let per = cfg
-        .cached_slots
-        .unwrap_or(NORM_CACHED_SLOTS[usize::from(backward)]);
+    let per = cfg.cached_slots.unwrap_or(NORM_CACHED_SLOTS);
     plan_row(
         slots,
         row_slots(len, 4),
@@ -749,8 +749,8 @@ mod tests {
             (c.variant, c.threads, c.workgroup)
         };
         assert_eq!(pick(768, false, 1024), (cached(6, 4), 32, 256));
-        assert_eq!(pick(768, true, 1024), (cached(3, 4), 64, 256));
-        assert_eq!(pick(1023, true, 1024), (cached(4, 1), 256, 256));
+        assert_eq!(pick(768, true, 1024), (cached(6, 4), 32, 256));
+        assert_eq!(pick(1023, true, 1024), (cached(8, 1), 128, 256));
         let streamed = NormVariant::Streaming { unroll: 4 };
         assert_eq!(pick(50257, false, 1024), (streamed, 1024, 1024));
         // A device that allows only 256 invocations keeps streaming rows at 256.
