@@ -10,11 +10,13 @@
 //! no id uses are written as zeros), so the bytes moved are the ideal ones plus a few
 //! u32 arrays of `n` and `vocab` entries. Six dispatches, in order:
 //!
-//! 1. `Zero`: `counts[v] = 0` (`count_slots(vocab)` entries: vocab + 1 rounded up to 4, so
-//!    that `Scan` moves four counts a load);
-//! 2. `Count`: `counts[ids[i]] += 1` (u32 atomics: exact, so the result is deterministic);
-//! 3. `Scan` (one workgroup): `offsets` = exclusive prefix sum of `counts` (vocab + 1
-//!    entries, and the padding), and `counts` back to 0 for use as cursors;
+//! 1. `Zero`: `counts = 0` (`counts_len(vocab)` entries: the counts, vocab + 1 rounded up to
+//!    4 so that `Scan` moves four a load, then one total per block of `SCAN_BLOCK` counts);
+//! 2. `Count`: `counts[ids[i]] += 1`, and the same to its block's total (u32 atomics: exact,
+//!    so the result is deterministic);
+//! 3. `Scan` (a workgroup per block): `offsets` = exclusive prefix sum of the counts (vocab + 1
+//!    entries, and the padding), each block starting from the sum of the totals before it,
+//!    and the counts back to 0 for use as cursors;
 //! 4. `Place`: `pos[offsets[id] + atomic_add(counts[id], 1)] = i`: each list is complete
 //!    but in arrival order;
 //! 5. `Rank`: invocation i takes its rank r among the positions of its list (how many are
@@ -25,9 +27,10 @@
 //!    adding into an existing table (`EmbeddingKernel::sum_into`), onto `dtable[v, :]` in
 //!    place, for the rows some id uses only.
 //!
-//! The kernels that walk a list or a chunk (`Scan`, `Rank`, `Sum`) issue several loads
-//! before they use any: a frequent token's list in natural text has hundreds of positions,
-//! and a walk of one dependent load at a time made it the step's longest chain.
+//! The kernels that walk a list (`Rank`, `Sum`) issue several loads before they use any: a
+//! frequent token's list in natural text has hundreds of positions, and a walk of one
+//! dependent load at a time made it the step's longest chain. `Scan` is spread over
+//! workgroups for the same reason: one workgroup walking GPT-2's 50304 counts took ~45 µs.
 //!
 //! Every kernel declares the buffers it reads before those it writes.
 //!
@@ -46,22 +49,29 @@ pub const EMBEDDING_WORKGROUP: u32 = 256;
 /// Workgroup size of `Sum` (one workgroup per vocabulary row; 64 invocations cover a
 /// 768-wide f32 row in 3 vec4 steps).
 pub const EMBEDDING_SUM_WORKGROUP: u32 = 64;
-/// Workgroup size of `Scan` (one workgroup for the whole vocabulary).
-pub const EMBEDDING_SCAN_WORKGROUP: u32 = 512;
+/// Workgroup size of `Scan`: a workgroup scans one block of `SCAN_BLOCK` counts.
+pub const EMBEDDING_SCAN_WORKGROUP: u32 = 256;
+/// Counts one `Scan` workgroup covers, four an invocation.
+pub const SCAN_BLOCK: u64 = 4 * EMBEDDING_SCAN_WORKGROUP as u64;
 /// Most vector slots of a row one `Sum` invocation accumulates in one walk of a list (a
 /// wider row walks it again per group of slots).
 pub const EMBEDDING_SUM_SLOTS: u8 = 4;
 
-/// Positions of a list `Rank` compares per step, and vectors of four counts `Scan` loads
-/// per step: loads issued together, then used.
+/// Positions of a list `Rank` compares per step: loads issued together, then used.
 const RANK_UNROLL: u32 = 4;
-const SCAN_UNROLL: u32 = 4;
 
 /// Entries of the `counts` and `offsets` scratch arrays for a vocabulary of `vocab` rows:
 /// `vocab + 1` rounded up to a multiple of 4 (the padding counts stay 0, so its offsets are
 /// the total).
 pub fn count_slots(vocab: u64) -> u64 {
     (vocab + 1).next_multiple_of(4)
+}
+
+/// Entries of the `counts` scratch array: `count_slots(vocab)` counts, then one total per
+/// block of `SCAN_BLOCK` of them.
+pub fn counts_len(vocab: u64) -> u64 {
+    let slots = count_slots(vocab);
+    slots + slots.div_ceil(SCAN_BLOCK)
 }
 
 /// Which embedding kernel.
@@ -248,9 +258,14 @@ impl EmbeddingKernel {
                 let counts = b(&mut k, "counts", true);
                 let (n, vocab) = n_vocab_params(&mut k);
                 k.begin();
-                for_valid_id(&mut k, ids, n, vocab, |k, _, id| {
+                for_valid_id(&mut k, ids, n, vocab, |k, _, id, vocab| {
                     let one = k.u32(1);
                     k.atomic_add(counts, id, one);
+                    let slots = padded_slots(k, vocab);
+                    let shift = k.u32(SCAN_BLOCK.trailing_zeros());
+                    let block = k.shr(id, shift);
+                    let total = k.add(slots, block);
+                    k.atomic_add(counts, total, one);
                 });
             }
             EmbeddingStage::Scan => build_scan(&mut k),
@@ -261,7 +276,7 @@ impl EmbeddingKernel {
                 let pos = k.buffer("pos", u, Access::Write);
                 let (n, vocab) = n_vocab_params(&mut k);
                 k.begin();
-                for_valid_id(&mut k, ids, n, vocab, |k, i, id| {
+                for_valid_id(&mut k, ids, n, vocab, |k, i, id, _| {
                     let one = k.u32(1);
                     let cursor = k.atomic_add(counts, id, one);
                     let start = k.load(offsets, id, 1);
@@ -276,7 +291,7 @@ impl EmbeddingKernel {
                 let sorted = k.buffer("sorted", u, Access::Write);
                 let (n, vocab) = n_vocab_params(&mut k);
                 k.begin();
-                for_valid_id(&mut k, ids, n, vocab, |k, i, id| {
+                for_valid_id(&mut k, ids, n, vocab, |k, i, id, _| {
                     let start = k.load(offsets, id, 1);
                     let one = k.u32(1);
                     let next = k.add(id, one);
@@ -525,13 +540,16 @@ impl EmbeddingKernel {
         let (params, invocations): (&[u32], u64) = match self.stage {
             EmbeddingStage::Forward => (&[a.n, a.dim, a.vocab], u64::from(a.n) * per_row),
             EmbeddingStage::Zero => {
-                padded = [count_slots(u64::from(a.vocab)) as u32];
+                padded = [counts_len(u64::from(a.vocab)) as u32];
                 (&padded, u64::from(padded[0]))
             }
             EmbeddingStage::Count | EmbeddingStage::Place | EmbeddingStage::Rank => {
                 (&[a.n, a.vocab], u64::from(a.n))
             }
-            EmbeddingStage::Scan => (&[a.vocab], wg),
+            EmbeddingStage::Scan => (
+                &[a.vocab],
+                count_slots(u64::from(a.vocab)).div_ceil(SCAN_BLOCK) * wg,
+            ),
             EmbeddingStage::Sum => (&[a.dim, a.vocab], u64::from(a.vocab) * wg),
         };
         args.extend(params.iter().map(|&p| Arg::U32(p)));
@@ -571,13 +589,13 @@ fn n_vocab_params(k: &mut KernelBuilder) -> (helios_spirv::Param, helios_spirv::
     (n, vocab)
 }
 
-/// Runs `f(k, i, id)` in invocation i < n when `ids[i] < vocab`.
+/// Runs `f(k, i, id, vocab)` in invocation i < n when `ids[i] < vocab`.
 fn for_valid_id(
     k: &mut KernelBuilder,
     ids: helios_spirv::Buffer,
     n: helios_spirv::Param,
     vocab: helios_spirv::Param,
-    f: impl FnOnce(&mut KernelBuilder, Val, Val),
+    f: impl FnOnce(&mut KernelBuilder, Val, Val, Val),
 ) {
     let (n, vocab) = (k.load_param(n), k.load_param(vocab));
     let i = global_index(k);
@@ -585,14 +603,23 @@ fn for_valid_id(
     k.if_(inside, |k| {
         let id = k.load(ids, i, 1);
         let valid = k.lt(id, vocab);
-        k.if_(valid, |k| f(k, i, id));
+        k.if_(valid, |k| f(k, i, id, vocab));
     });
 }
 
-/// One workgroup: `offsets[v] = Σ_{u<v} counts[u]` for v in 0..=vocab (and the padding of
-/// `count_slots`), and `counts` reset to 0. Invocation t owns a contiguous chunk of `counts`,
-/// read four counts a load and `SCAN_UNROLL` loads at a time; chunk totals are scanned in
-/// shared memory (Hillis–Steele, integers: exact in any order).
+/// `count_slots(vocab)` on the device: (vocab + 4) rounded down to a multiple of 4.
+fn padded_slots(k: &mut KernelBuilder, vocab: Val) -> Val {
+    let four = k.u32(4);
+    let v4 = k.add(vocab, four);
+    let mask = k.u32(!3);
+    k.and(v4, mask)
+}
+
+/// Workgroup b: `offsets[v] = Σ_{u<v} counts[u]` for the `SCAN_BLOCK` counts of block b
+/// (v up to `count_slots(vocab)`), and those counts reset to 0. The block starts from the
+/// sum of the totals `Count` kept for the blocks before it; invocation t owns four counts,
+/// and the invocations' totals are scanned in shared memory (Hillis–Steele, integers: exact
+/// in any order).
 fn build_scan(k: &mut KernelBuilder) {
     let u = Ty::scalar(Scalar::U32);
     let counts = k.buffer("counts", Scalar::U32, Access::ReadWrite);
@@ -603,58 +630,74 @@ fn build_scan(k: &mut KernelBuilder) {
     let vocab = k.load_param(vocab);
     let lid = k.local_index();
     let wg = k.workgroup_size_x();
-    let one = k.u32(1);
+    let block = linear_workgroup(k);
     let zero = k.u32(0);
-    let wm1 = k.sub(wg, one);
-    // Vectors of four: count_slots(vocab) / 4 = (vocab + 4) / 4.
-    let four = k.u32(4);
-    let padded = k.add(vocab, four);
+    let slots = padded_slots(k, vocab);
     let two = k.u32(2);
-    let vectors = k.shr(padded, two);
-    let vw = k.add(vectors, wm1);
-    let chunk = k.div(vw, wg);
-    let start = k.mul(lid, chunk);
-    let start = k.min(start, vectors);
-    let end = k.add(start, chunk);
-    let end = k.min(end, vectors);
-    let step = k.u32(SCAN_UNROLL);
-    // The chunk's vectors from j on, `SCAN_UNROLL` of them, each with whether it is inside.
-    let load = |k: &mut KernelBuilder, j: Val| -> Vec<(Val, Val)> {
-        let last = k.sub(end, one);
-        (0..SCAN_UNROLL)
-            .map(|t| {
-                let jt = offset(k, j, t);
-                let inside = k.lt(jt, end);
-                let at = k.min(jt, last);
-                (inside, k.load(counts, at, 4))
-            })
-            .collect()
-    };
-    let total = |k: &mut KernelBuilder, c: Val| -> Val {
-        let (x, y, z, w) = (
-            k.extract(c, 0),
-            k.extract(c, 1),
-            k.extract(c, 2),
-            k.extract(c, 3),
-        );
-        let xy = k.add(x, y);
-        let zw = k.add(z, w);
-        k.add(xy, zw)
-    };
-    let acc = k.var_init(zero);
-    k.for_range(start, end, step, |k, j| {
-        for (inside, c) in load(k, j) {
-            let t = total(k, c);
-            let t = k.select(inside, t, zero);
-            let a = k.get(acc);
-            let a = k.add(a, t);
-            k.set(acc, a);
-        }
+    let vectors = k.shr(slots, two);
+    // The totals of the blocks before this one, summed by the whole workgroup (the last of
+    // an inclusive scan).
+    let before = k.var_init(zero);
+    k.for_range(lid, block, wg, |k, c| {
+        let at = k.add(slots, c);
+        let t = k.load(counts, at, 1);
+        let b = k.get(before);
+        let b = k.add(b, t);
+        k.set(before, b);
     });
-    let mine = k.get(acc);
-    k.shared_store(sums, lid, mine);
+    let b = k.get(before);
+    let one = k.u32(1);
+    let wm1 = k.sub(wg, one);
+    inclusive_scan(k, sums, lid, wg, b);
+    let start = k.shared_load(sums, wm1);
     k.workgroup_barrier();
-    // Inclusive scan of the chunk totals.
+    // This invocation's four counts.
+    let base = k.mul(block, wg);
+    let v = k.add(base, lid);
+    let inside = k.lt(v, vectors);
+    let ty = Ty::vector(Scalar::U32, 4);
+    let c = k.if_value(
+        inside,
+        ty,
+        |k| k.load(counts, v, 4),
+        |k| k.constant_bits(ty, 0),
+    );
+    let (x, y, z, w) = (
+        k.extract(c, 0),
+        k.extract(c, 1),
+        k.extract(c, 2),
+        k.extract(c, 3),
+    );
+    let xy = k.add(x, y);
+    let zw = k.add(z, w);
+    let mine = k.add(xy, zw);
+    let incl = inclusive_scan(k, sums, lid, wg, mine);
+    let r = k.sub(incl, mine);
+    let r = k.add(r, start);
+    k.if_(inside, |k| {
+        let rx = k.add(r, x);
+        let rxy = k.add(rx, y);
+        let rxyz = k.add(rxy, z);
+        let o = k.vector(&[r, rx, rxy, rxyz]);
+        k.store(offsets, v, o);
+        let zeros = k.splat(zero, 4);
+        k.store(counts, v, zeros);
+    });
+}
+
+/// The inclusive prefix sum of `value` over the workgroup's invocations, through `sums`
+/// (one u32 per invocation), which holds every invocation's result afterwards.
+fn inclusive_scan(
+    k: &mut KernelBuilder,
+    sums: helios_spirv::Shared,
+    lid: Val,
+    wg: Val,
+    value: Val,
+) -> Val {
+    let zero = k.u32(0);
+    let one = k.u32(1);
+    k.shared_store(sums, lid, value);
+    k.workgroup_barrier();
     let d = k.var_init(one);
     k.while_(
         |k| {
@@ -680,28 +723,7 @@ fn build_scan(k: &mut KernelBuilder) {
             k.set(d, dv);
         },
     );
-    let incl = k.shared_load(sums, lid);
-    let running = k.sub(incl, mine);
-    let running = k.var_init(running);
-    let zeros = k.splat(zero, 4);
-    k.for_range(start, end, step, |k, j| {
-        for (t, (inside, c)) in load(k, j).into_iter().enumerate() {
-            k.if_(inside, |k| {
-                let r = k.get(running);
-                let x = k.extract(c, 0);
-                let rx = k.add(r, x);
-                let y = k.extract(c, 1);
-                let rxy = k.add(rx, y);
-                let z = k.extract(c, 2);
-                let rxyz = k.add(rxy, z);
-                let o = k.vector(&[r, rx, rxy, rxyz]);
-                let jt = offset(k, j, t as u32);
-                k.store(offsets, jt, o);
-                k.store(counts, jt, zeros);
-                let w = k.extract(c, 3);
-                let r = k.add(rxyz, w);
-                k.set(running, r);
-            });
-        }
-    });
+    let r = k.shared_load(sums, lid);
+    k.workgroup_barrier();
+    r
 }

@@ -113,6 +113,8 @@ fn backward_matches_reference() {
         (100, 12, 257),
         (1000, 33, 100),
         (50, 768, 64),
+        // Several blocks of the scan.
+        (3000, 5, 400),
     ] {
         for dtype in DType::ALL {
             // Ids from a small range: many duplicates; some vocabulary rows unused.

@@ -176,9 +176,8 @@ impl Tensor {
         let device = self.device();
         let (vocab, dim) = (dtable.shape()[0], dtable.shape()[1]);
         let n = ids.len();
-        let slots = helios_kernels::embedding::count_slots(vocab as u64);
-        let counts = device.scratch(slots * 4)?;
-        let offsets = device.scratch(slots * 4)?;
+        let counts = device.scratch(helios_kernels::embedding::counts_len(vocab as u64) * 4)?;
+        let offsets = device.scratch(helios_kernels::embedding::count_slots(vocab as u64) * 4)?;
         let pos = device.scratch(n as u64 * 4)?;
         let sorted = device.scratch(n as u64 * 4)?;
         let args = EmbeddingArgs {
