@@ -262,9 +262,13 @@ fn two_ranks_with_sharded_optimizer_state_train_the_model_one_rank_trains() {
 }
 
 /// Checkpoints keep one format: a sharded run's resumes sharded bit for bit, and resumes
-/// unsharded (and an unsharded run's resumes sharded) within the norm's rounding. In bf16,
-/// so that the f32 master weights, which ZeRO-1 shards too, travel to and from the
-/// checkpoint. One row per rank: what is tested here does not depend on the batch.
+/// unsharded (and an unsharded run's resumes sharded) to the same weights. In bf16, so that
+/// the f32 master weights, which ZeRO-1 shards too, travel to and from the checkpoint.
+/// Without clipping: the norm, summed in another order sharded and unsharded, then does not
+/// steer the update. (With it, a last-bit difference in one step's clipping can round a
+/// bf16 copy to its other neighbour, and Adam's steps on near-zero gradients spread that:
+/// 8e-5 of the largest weight after six steps in one seed's run.) One row per rank: what is
+/// tested here does not depend on the batch.
 #[test]
 fn checkpoints_move_between_sharded_and_whole_optimizer_state() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -279,6 +283,8 @@ fn checkpoints_move_between_sharded_and_whole_optimizer_state() {
         "0",
         "--precision",
         "bf16",
+        "--grad-clip",
+        "0",
         "--nproc",
         "2",
     ];
@@ -309,9 +315,10 @@ fn checkpoints_move_between_sharded_and_whole_optimizer_state() {
     run(resume_args(&unsharded, 1, 6), false);
     run(resume_args(&plain, 1, 6), true);
     for resumed in [&unsharded, &plain] {
+        // The logged norms may differ in their last bits; nothing else may.
         same_losses(&whole, resumed, LOSS_TOL);
         let d = weight_difference(&whole, resumed);
-        assert!(d <= WEIGHT_TOL, "{}: {d}", resumed.display());
+        assert_eq!(d, 0.0, "{}", resumed.display());
     }
     std::fs::remove_dir_all(&root).unwrap();
 }
