@@ -134,9 +134,10 @@ pub struct EmbeddingArgs {
     pub dout: u64,
     /// (vocab, dim), Sum.
     pub dtable: u64,
-    /// (vocab,) u32 scratch: counts, then cursors.
+    /// (`counts_len(vocab)`,) u32 scratch: counts, then cursors, then the blocks' totals.
     pub counts: u64,
-    /// (vocab + 1,) u32: start of each vocabulary row's list.
+    /// (`count_slots(vocab)`,) u32: start of each vocabulary row's list (vocab + 1 entries,
+    /// then padding).
     pub offsets: u64,
     /// (n,) u32: positions grouped by id, in arrival order.
     pub pos: u64,
@@ -312,9 +313,9 @@ impl EmbeddingKernel {
                             .collect();
                         for (inside, q) in loaded {
                             let before = k.lt(q, i);
-                            let counts = k.and(inside, before);
+                            let earlier = k.and(inside, before);
                             let (one, zero) = (k.u32(1), k.u32(0));
-                            let inc = k.select(counts, one, zero);
+                            let inc = k.select(earlier, one, zero);
                             let r = k.get(rank);
                             let r = k.add(r, inc);
                             k.set(rank, r);
@@ -408,8 +409,9 @@ impl EmbeddingKernel {
             let next = k.add(v, one);
             let end = k.load(offsets, next, 1);
             // Adding into a table, a row no id uses stays as it is.
+            let nonempty = k.lt(start, end);
             let work = match self.into {
-                Some(_) => k.lt(start, end),
+                Some(_) => nonempty,
                 None => k.bool(true),
             };
             k.if_(work, |k| {
@@ -451,7 +453,6 @@ impl EmbeddingKernel {
                         })
                         .collect();
                     let step = k.u32(positions);
-                    let nonempty = k.lt(start, end);
                     k.if_(nonempty, |k| {
                         let last = k.sub(end, one);
                         // The positions of a step, loaded one step ahead: a step then waits

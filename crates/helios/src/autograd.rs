@@ -18,9 +18,10 @@
 //!   computes the gradient at the GELU's input in its product's epilogue. The engine keeps
 //!   such gradients apart and adds them after the activation's own rule has run on the rest.
 //! - While a rule recorded with `record_taking_pending` runs, the engine offers it the
-//!   gradient each input already has from its other consumers (`take_pending`); a rule that
-//!   takes one adds it itself (a norm's backward inside its kernel: a residual stream's sum
-//!   without a pass of its own).
+//!   gradient each input already has from its other consumers, or a leaf's accumulated one
+//!   (`take_pending`); a rule that takes one adds it itself (a norm's backward inside its
+//!   kernel: a residual stream's sum without a pass of its own; an embedding's into a tied
+//!   head's gradient, in place).
 
 use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex};
@@ -124,8 +125,9 @@ struct Walk {
 }
 
 /// The gradient the other consumers of input `i` of the running backward rule's op have
-/// already summed for it, if there is one and `fits` accepts it (only for a rule recorded
-/// with [`record_taking_pending`]). A rule that takes it
+/// already summed for it (for a leaf: all it has accumulated, earlier `backward()` calls
+/// included), if there is one and `fits` accepts it (only for a rule recorded with
+/// [`record_taking_pending`]). A rule that takes it
 /// returns for input `i` its own gradient plus this one (a norm's backward adds it inside
 /// its kernel), and the engine adds nothing; otherwise the engine sums the two as usual (a
 /// pass over both; cost in bench/results/source-comment-history.md). Not for a gradient the
