@@ -97,9 +97,12 @@ mod tests {
             sbo: 1024,
         };
         assert_eq!(s.constant_bits() >> 62, 1);
-        // 128-byte swizzle: chunk c of row r lands at c ^ (r % 8).
+        // 128-byte swizzle: chunk c of row r lands at c ^ (r % 8); narrower rows XOR with
+        // their 128-byte line: 64-byte row 5 is in line 2, 32-byte row 5 in line 1.
         assert_eq!(Swizzle::B128.chunk(3, 0), 3 * 8 + 3);
-        assert_eq!(Swizzle::B64.chunk(5, 2), 5 * 4 + (2 ^ 1));
+        assert_eq!(Swizzle::B64.chunk(5, 3), 5 * 4 + (3 ^ 2));
+        assert_eq!(Swizzle::B32.chunk(5, 0), 5 * 2 + 1);
+        assert_eq!(Swizzle::B32.chunk(3, 1), 3 * 2 + 1);
         assert_eq!(Swizzle::None.chunk(7, 0), 7);
     }
 

@@ -41,11 +41,14 @@ impl Swizzle {
 
     /// Where the 16-byte chunk `chunk` of row `row` of a swizzled atom lands, in 16-byte
     /// units from the atom's start (the atom is 8 rows of `row_bytes`): the chunk index is
-    /// XORed with the row's low bits, as the hardware reads it.
+    /// XORed with the bits of the row's 128-byte line (`Swizzle<b, 4, 3>`: for 32-byte rows
+    /// row bit 2, for 64-byte rows bits 1-2), as the hardware reads it (checked on an H200
+    /// by stores written this way, bench/results/2026-11-30-native-register-producer-h200.md).
     pub const fn chunk(self, row: u32, chunk: u32) -> u32 {
         let per_row = self.row_bytes() / 16;
         let mask = per_row - 1;
-        row * per_row + ((chunk ^ row) & mask) + (chunk & !mask)
+        let line = row * self.row_bytes() / 128;
+        row * per_row + ((chunk ^ line) & mask) + (chunk & !mask)
     }
 }
 
