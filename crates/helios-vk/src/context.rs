@@ -19,14 +19,15 @@ use crate::copy_queue::CopyQueue;
 use crate::encoder::{Encoder, DEFAULT_BATCH};
 use crate::env;
 use crate::error::{vk_err, Error, Result};
-use crate::executable::ExecutableCapture;
+use crate::executable::{self, ExecutableCapture, ExecutableStats};
 use crate::features::{self, EnabledFeatures};
 use crate::instance::{Instance, InstanceOptions};
 use crate::memory::{Block, MemoryLocation};
 use crate::native;
-use crate::pipeline_cache::{PipelineCache, PipelineCacheDir, HELIOS_VERBOSE};
+use crate::pipeline::Pipeline;
+use crate::pipeline_cache::{PipelineCache, PipelineCacheDir, PipelineStats, HELIOS_VERBOSE};
 use crate::pool::Pool;
-use crate::profile::{Profiler, HELIOS_PROFILE};
+use crate::profile::{ProfileReport, Profiler, HELIOS_PROFILE};
 use crate::submit::Submitter;
 use crate::worker::Jobs;
 
@@ -400,12 +401,67 @@ impl Context {
         self.copy_queue.is_some()
     }
 
+    /// Pipeline creation counters and where the pipeline cache persists.
+    pub fn pipeline_stats(&self) -> PipelineStats {
+        self.pipeline_cache.stats()
+    }
+
+    /// Writes the pipeline cache to its file now (also done when the Context drops). Does
+    /// nothing when persistence is off.
+    pub fn save_pipeline_cache(&self) -> Result<()> {
+        self.pipeline_cache.save(self.device())
+    }
+
+    /// What pipelines of this Context capture; `Off` unless it was asked for and the device
+    /// offers VK_KHR_pipeline_executable_properties.
+    pub fn executable_capture(&self) -> ExecutableCapture {
+        self.capture
+    }
+
+    /// The `HELIOS_PIPELINE_STATS` report: one stderr line of statistics per executable of
+    /// `pipeline` (`helios: stats <name>: <stat>=<value>, ...`). Returns the executables it
+    /// printed, empty (and prints nothing) when statistics are not captured.
+    pub fn report_statistics(&self, name: &str, pipeline: &Pipeline) -> Vec<ExecutableStats> {
+        executable::report(name, self.pipeline_statistics(pipeline))
+    }
+
+    /// The driver's statistics (and, when captured, text representations) of every
+    /// executable of `pipeline`; empty when statistics are not captured
+    /// (`Context::executable_capture` is `Off`).
+    pub fn pipeline_statistics(&self, pipeline: &Pipeline) -> Result<Vec<ExecutableStats>> {
+        if !std::ptr::eq(pipeline.context(), self) {
+            return Err(Error::ForeignObject {
+                what: "the pipeline whose statistics were asked for",
+            });
+        }
+        executable::statistics(
+            self.pipeline_executable.as_ref(),
+            pipeline.raw(),
+            pipeline.create_flags(),
+        )
+    }
+
     /// The driver's pipeline cache contents (what `save_pipeline_cache` writes, unwrapped).
     pub fn pipeline_cache_data(&self) -> Result<Vec<u8>> {
         let cache = self.pipeline_cache.raw();
         // SAFETY: the cache belongs to this device; the driver synchronises cache access.
         unsafe { self.device.get_pipeline_cache_data(cache) }
             .map_err(vk_err("vkGetPipelineCacheData"))
+    }
+
+    /// The profiler, when this Context was created with profiling on and the device has
+    /// timestamps.
+    pub fn profiler(&self) -> Option<&Profiler> {
+        self.profiler.as_ref()
+    }
+
+    /// Collects every completed span and returns the table; `None` when not profiling.
+    pub fn profile_report(&self) -> Result<Option<ProfileReport>> {
+        let Some(p) = self.profiler() else {
+            return Ok(None);
+        };
+        p.collect(self.completed()?)?;
+        Ok(Some(p.report()))
     }
 
     pub(crate) fn pool(&self, location: MemoryLocation) -> MutexGuard<'_, Pool> {

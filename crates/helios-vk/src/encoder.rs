@@ -22,12 +22,65 @@ use std::sync::{Arc, MutexGuard};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::external::{ExternalSignals, ExternalWaits, Timeline};
-pub use crate::hazards::Access;
-use crate::hazards::Hazards;
+use crate::hazards::{Hazards, RegionKey, Touch};
 use crate::memory::Buffer;
 use crate::native::NativeKernel;
 use crate::pipeline::Pipeline;
 use crate::recorder::{self, Commands, Recorder};
+
+/// How a dispatch or copy touches a buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct Access<'a> {
+    pub buffer: &'a Buffer,
+    /// Byte range inside the buffer.
+    pub offset: u64,
+    pub len: u64,
+    pub write: bool,
+}
+
+impl<'a> Access<'a> {
+    /// Reads the whole buffer.
+    pub fn read(buffer: &'a Buffer) -> Self {
+        Access {
+            buffer,
+            offset: 0,
+            len: buffer.size(),
+            write: false,
+        }
+    }
+
+    /// Writes (and may read) the whole buffer.
+    pub fn write(buffer: &'a Buffer) -> Self {
+        Access {
+            buffer,
+            offset: 0,
+            len: buffer.size(),
+            write: true,
+        }
+    }
+
+    /// The same access narrowed to `[offset, offset + len)` of the buffer.
+    pub fn range(self, offset: u64, len: u64) -> Self {
+        Access {
+            offset,
+            len,
+            ..self
+        }
+    }
+}
+
+impl Touch for Access<'_> {
+    /// The region key and absolute byte range in the block.
+    fn span(&self) -> (RegionKey, u64, u64) {
+        let b = self.buffer;
+        let start = b.offset + self.offset;
+        (b.hazard_key(), start, start + self.len)
+    }
+
+    fn writes(&self) -> bool {
+        self.write
+    }
+}
 
 /// Default dispatches per submitted batch (`HELIOS_BATCH` overrides).
 pub const DEFAULT_BATCH: u32 = 256;

@@ -17,11 +17,9 @@
 use ash::vk;
 use serde::Serialize;
 
-use crate::context::Context;
 use crate::conv;
 use crate::env;
 use crate::error::{vk_err, Error, Result};
-use crate::pipeline::Pipeline;
 
 /// `HELIOS_PIPELINE_STATS=1` captures the compiler statistics of every compute pipeline
 /// (`Context::pipeline_statistics`); `=2` also captures its internal representations (such as
@@ -122,88 +120,81 @@ impl ExecutableStats {
     }
 }
 
-impl Context {
-    /// What pipelines of this Context capture; `Off` unless it was asked for and the device
-    /// offers VK_KHR_pipeline_executable_properties.
-    pub fn executable_capture(&self) -> ExecutableCapture {
-        self.capture
-    }
-
-    /// The `HELIOS_PIPELINE_STATS` report: one stderr line of statistics per executable of
-    /// `pipeline` (`helios: stats <name>: <stat>=<value>, ...`). Returns the executables it
-    /// printed, empty (and prints nothing) when statistics are not captured.
-    pub fn report_statistics(&self, name: &str, pipeline: &Pipeline) -> Vec<ExecutableStats> {
-        let executables = match self.pipeline_statistics(pipeline) {
-            Ok(e) => e,
-            Err(e) => {
-                eprintln!("helios: no statistics for {name}: {e}");
-                return Vec::new();
-            }
+/// The `HELIOS_PIPELINE_STATS` report of `executables` (the statistics of pipeline `name`,
+/// or why there are none): one stderr line of statistics per executable (`helios: stats
+/// <name>: <stat>=<value>, ...`). Returns the executables it printed.
+pub(crate) fn report(
+    name: &str,
+    executables: Result<Vec<ExecutableStats>>,
+) -> Vec<ExecutableStats> {
+    let executables = match executables {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("helios: no statistics for {name}: {e}");
+            return Vec::new();
+        }
+    };
+    for (i, exec) in executables.iter().enumerate() {
+        let label = match executables.len() {
+            1 => name.to_string(),
+            _ => format!("{name}#{i}"),
         };
-        for (i, exec) in executables.iter().enumerate() {
-            let label = match executables.len() {
-                1 => name.to_string(),
-                _ => format!("{name}#{i}"),
-            };
-            let stats: Vec<String> = exec
-                .stats
-                .iter()
-                .map(|(stat, value)| format!("{stat}={value}"))
-                .collect();
-            eprintln!("helios: stats {label}: {}", stats.join(", "));
-        }
-        executables
+        let stats: Vec<String> = exec
+            .stats
+            .iter()
+            .map(|(stat, value)| format!("{stat}={value}"))
+            .collect();
+        eprintln!("helios: stats {label}: {}", stats.join(", "));
     }
+    executables
+}
 
-    /// The driver's statistics (and, when captured, text representations) of every
-    /// executable of `pipeline`; empty when statistics are not captured
-    /// (`Context::executable_capture` is `Off`).
-    pub fn pipeline_statistics(&self, pipeline: &Pipeline) -> Result<Vec<ExecutableStats>> {
-        if !std::ptr::eq(pipeline.context(), self) {
-            return Err(Error::ForeignObject {
-                what: "the pipeline whose statistics were asked for",
-            });
-        }
-        let Some(ext) = &self.pipeline_executable else {
-            return Ok(Vec::new());
-        };
-        let captured = pipeline.create_flags();
-        if !captured.contains(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR) {
-            return Ok(Vec::new());
-        }
-        let with_reprs =
-            captured.contains(vk::PipelineCreateFlags::CAPTURE_INTERNAL_REPRESENTATIONS_KHR);
-        let info = vk::PipelineInfoKHR::default().pipeline(pipeline.raw());
-        // SAFETY: the pipeline belongs to this device, which enabled pipelineExecutableInfo.
-        let props = unsafe { ext.get_pipeline_executable_properties(&info) }
-            .map_err(vk_err("vkGetPipelineExecutablePropertiesKHR"))?;
-        let mut out = Vec::with_capacity(props.len());
-        for (index, p) in (0u32..).zip(&props) {
-            let exec = vk::PipelineExecutableInfoKHR::default()
-                .pipeline(pipeline.raw())
-                .executable_index(index);
-            // SAFETY: as above; the pipeline was created with CAPTURE_STATISTICS_KHR.
-            let stats = unsafe { ext.get_pipeline_executable_statistics(&exec) }
-                .map_err(vk_err("vkGetPipelineExecutableStatisticsKHR"))?
-                .iter()
-                .map(|s| (conv::c_chars(&s.name), stat_value(s)))
-                .collect();
-            let (representations, binary_representations) = if with_reprs {
-                internal_representations(ext, &exec)?
-            } else {
-                Default::default()
-            };
-            out.push(ExecutableStats {
-                name: conv::c_chars(&p.name),
-                description: conv::c_chars(&p.description),
-                subgroup_size: p.subgroup_size,
-                stats,
-                representations,
-                binary_representations,
-            });
-        }
-        Ok(out)
+/// The driver's statistics (and, when captured, text representations) of every executable
+/// of `pipeline`, created with `captured` on the device of `ext`; empty when `ext` is `None`
+/// or the pipeline captured no statistics.
+pub(crate) fn statistics(
+    ext: Option<&ash::khr::pipeline_executable_properties::Device>,
+    pipeline: vk::Pipeline,
+    captured: vk::PipelineCreateFlags,
+) -> Result<Vec<ExecutableStats>> {
+    let Some(ext) = ext else {
+        return Ok(Vec::new());
+    };
+    if !captured.contains(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR) {
+        return Ok(Vec::new());
     }
+    let with_reprs =
+        captured.contains(vk::PipelineCreateFlags::CAPTURE_INTERNAL_REPRESENTATIONS_KHR);
+    let info = vk::PipelineInfoKHR::default().pipeline(pipeline);
+    // SAFETY: the pipeline belongs to this device, which enabled pipelineExecutableInfo.
+    let props = unsafe { ext.get_pipeline_executable_properties(&info) }
+        .map_err(vk_err("vkGetPipelineExecutablePropertiesKHR"))?;
+    let mut out = Vec::with_capacity(props.len());
+    for (index, p) in (0u32..).zip(&props) {
+        let exec = vk::PipelineExecutableInfoKHR::default()
+            .pipeline(pipeline)
+            .executable_index(index);
+        // SAFETY: as above; the pipeline was created with CAPTURE_STATISTICS_KHR.
+        let stats = unsafe { ext.get_pipeline_executable_statistics(&exec) }
+            .map_err(vk_err("vkGetPipelineExecutableStatisticsKHR"))?
+            .iter()
+            .map(|s| (conv::c_chars(&s.name), stat_value(s)))
+            .collect();
+        let (representations, binary_representations) = if with_reprs {
+            internal_representations(ext, &exec)?
+        } else {
+            Default::default()
+        };
+        out.push(ExecutableStats {
+            name: conv::c_chars(&p.name),
+            description: conv::c_chars(&p.description),
+            subgroup_size: p.subgroup_size,
+            stats,
+            representations,
+            binary_representations,
+        });
+    }
+    Ok(out)
 }
 
 fn stat_value(s: &vk::PipelineExecutableStatisticKHR<'_>) -> StatValue {

@@ -2,59 +2,16 @@
 //! encoder (encoder.rs) inserts a barrier only where a new access overlaps an earlier write,
 //! or writes over an earlier read.
 
-use crate::memory::Buffer;
-
-/// How a dispatch or copy touches a buffer.
-#[derive(Clone, Copy, Debug)]
-pub struct Access<'a> {
-    pub buffer: &'a Buffer,
-    /// Byte range inside the buffer.
-    pub offset: u64,
-    pub len: u64,
-    pub write: bool,
-}
-
-impl<'a> Access<'a> {
-    /// Reads the whole buffer.
-    pub fn read(buffer: &'a Buffer) -> Self {
-        Access {
-            buffer,
-            offset: 0,
-            len: buffer.size(),
-            write: false,
-        }
-    }
-
-    /// Writes (and may read) the whole buffer.
-    pub fn write(buffer: &'a Buffer) -> Self {
-        Access {
-            buffer,
-            offset: 0,
-            len: buffer.size(),
-            write: true,
-        }
-    }
-
-    /// The same access narrowed to `[offset, offset + len)` of the buffer.
-    pub fn range(self, offset: u64, len: u64) -> Self {
-        Access {
-            offset,
-            len,
-            ..self
-        }
-    }
-
-    /// The region key and absolute byte range in the block.
-    fn span(&self) -> (RegionKey, u64, u64) {
-        let b = self.buffer;
-        let start = b.offset + self.offset;
-        (b.hazard_key(), start, start + self.len)
-    }
+/// What the tracker needs of one access: the pool region it touches, its absolute byte
+/// range there, and whether it writes (encoder.rs's `Access` of a buffer).
+pub(crate) trait Touch {
+    fn span(&self) -> (RegionKey, u64, u64);
+    fn writes(&self) -> bool;
 }
 
 /// A pool region: (block id, offset of the region in the block); an exported allocation is
 /// one key, (block id, 0), however many regions view it (`Buffer::hazard_key`).
-type RegionKey = (u64, u64);
+pub(crate) type RegionKey = (u64, u64);
 
 /// Bytes `[start, end)` of a block; empty when `start >= end`.
 #[derive(Clone, Copy, Default)]
@@ -96,21 +53,21 @@ pub(crate) struct Hazards {
 }
 
 impl Hazards {
-    pub(crate) fn conflicts(&self, accesses: &[Access<'_>]) -> bool {
+    pub(crate) fn conflicts(&self, accesses: &[impl Touch]) -> bool {
         accesses.iter().any(|a| {
             let (key, start, end) = a.span();
             self.regions.get(&key).is_some_and(|u| {
-                u.written.overlaps(start, end) || (a.write && u.read.overlaps(start, end))
+                u.written.overlaps(start, end) || (a.writes() && u.read.overlaps(start, end))
             })
         })
     }
 
-    pub(crate) fn add(&mut self, accesses: &[Access<'_>]) {
+    pub(crate) fn add(&mut self, accesses: &[impl Touch]) {
         for a in accesses {
             let (key, start, end) = a.span();
             if start < end {
                 let u = self.regions.entry(key).or_default();
-                if a.write {
+                if a.writes() {
                     u.written.extend(start, end);
                 } else {
                     u.read.extend(start, end);

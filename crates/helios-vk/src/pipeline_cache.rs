@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::context::Context;
 use crate::env;
 use crate::error::{vk_err, Error, Result};
 
@@ -253,19 +252,6 @@ impl PipelineCache {
             eprintln!("helios: pipeline cache: {note}");
         }
         self.state.locked().stats.cache_note = Some(note);
-    }
-}
-
-impl Context {
-    /// Pipeline creation counters and where the pipeline cache persists.
-    pub fn pipeline_stats(&self) -> PipelineStats {
-        self.pipeline_cache.stats()
-    }
-
-    /// Writes the pipeline cache to its file now (also done when the Context drops). Does
-    /// nothing when persistence is off.
-    pub fn save_pipeline_cache(&self) -> Result<()> {
-        self.pipeline_cache.save(self.device())
     }
 }
 

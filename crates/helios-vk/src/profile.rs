@@ -26,7 +26,6 @@ use std::fmt;
 use std::sync::Mutex;
 
 use crate::caps::Caps;
-use crate::context::Context;
 use crate::error::{vk_err, Error, Result};
 
 /// `HELIOS_PROFILE=1` turns on GPU timestamps around every dispatch.
@@ -437,23 +436,6 @@ impl State {
             p.in_free_list = true;
             self.free.push(i);
         }
-    }
-}
-
-impl Context {
-    /// The profiler, when this Context was created with profiling on and the device has
-    /// timestamps.
-    pub fn profiler(&self) -> Option<&Profiler> {
-        self.profiler.as_ref()
-    }
-
-    /// Collects every completed span and returns the table; `None` when not profiling.
-    pub fn profile_report(&self) -> Result<Option<ProfileReport>> {
-        let Some(p) = self.profiler() else {
-            return Ok(None);
-        };
-        p.collect(self.completed()?)?;
-        Ok(Some(p.report()))
     }
 }
 
