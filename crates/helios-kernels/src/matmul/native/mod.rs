@@ -244,7 +244,12 @@ pub(crate) fn build(
     let outer = k.div(bz, inner);
     let inr = k.rem(bz, inner);
     // Element offsets of this batch's matrices (u64: a batch may pass 2^32 elements).
+    // Stream-K launches one matrix (`native_launch`): its offsets are constants, which
+    // frees the registers a 256 × 192 tile's epilogue would otherwise keep through the loop.
     let offset = |k: &mut Kernel, stride: Reg, inner_stride: Reg| {
+        if t.stream {
+            return k.mov(Ty::U64, 0u32);
+        }
         let o = k.mul_wide(outer, stride);
         k.mad_wide(inr, inner_stride, o)
     };
@@ -308,7 +313,7 @@ pub(crate) fn build(
     let blk = Block {
         stream: t
             .stream
-            .then(|| Stream::new(&mut k, blk.tiles_mn, blk.tiles, maps_global)),
+            .then(|| Stream::new(&mut k, blk.tiles_mn, blk.tiles, pmaps)),
         ..blk
     };
 
