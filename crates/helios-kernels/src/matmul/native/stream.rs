@@ -74,23 +74,22 @@ impl Stream {
         }
     }
 
-    /// The first iteration of block `b` (a u32 register), `b·W/G`.
+    /// The first iteration of block `b` (a u32 register), `b·W/G`. The launch keeps W·G
+    /// under 2^32 (`native_launch`), so this and `block_of` divide in 32 bits: a 64-bit
+    /// division is a long subroutine, and `finish` runs them between a part's store and its
+    /// flag.
     fn start_of(&self, k: &mut Kernel, b: Reg) -> Reg {
-        let x = k.mul_wide(b, self.total);
-        let g = k.cvt(Ty::U64, self.blocks);
-        let x = k.div(x, g);
-        k.cvt(Ty::U32, x)
+        let x = k.mul(b, self.total);
+        k.div(x, self.blocks)
     }
 
     /// The block whose share holds iteration `i`: the largest b with b·W/G ≤ i, that is
     /// ((i + 1)·G − 1) / W.
     fn block_of(&self, k: &mut Kernel, i: Reg) -> Reg {
         let next = k.add(i, 1u32);
-        let x = k.mul_wide(next, self.blocks);
-        let x = k.sub(x, 1i64);
-        let w = k.cvt(Ty::U64, self.total);
-        let x = k.div(x, w);
-        k.cvt(Ty::U32, x)
+        let x = k.mul(next, self.blocks);
+        let x = k.sub(x, 1u32);
+        k.div(x, self.total)
     }
 
     /// Runs `body` for each piece of this block's share, in order; `origin` gives a tile's
