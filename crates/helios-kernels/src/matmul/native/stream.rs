@@ -49,9 +49,9 @@ pub(super) struct Stream {
     /// k tiles a tile, and in all (u32).
     kt: Reg,
     total: Reg,
-    /// Workspace addresses of the flags and the slots (u64).
-    flags: Reg,
-    slots: Reg,
+    /// The native workspace's parameter: the flags and slots are found from it where used,
+    /// so that no register holds their addresses through the k loop.
+    workspace: Param,
 }
 
 impl Stream {
@@ -61,16 +61,12 @@ impl Stream {
         let block = k.special(Special::CtaIdX);
         let blocks = k.special(Special::NCtaIdX);
         let total = k.mul(tiles, kt);
-        let w = k.ld_param_global(workspace);
-        let flags = k.add(w, crate::native_maps::NATIVE_MAPS_BYTES as i64);
-        let slots = k.add(flags, STREAM_FLAGS_BYTES as i64);
         Stream {
             block,
             blocks,
             kt,
             total,
-            flags,
-            slots,
+            workspace,
         }
     }
 
@@ -158,7 +154,9 @@ impl Stream {
         // 256 × 192 tile has no registers to keep them).
         let flag_of = |k: &mut Kernel, b: Reg| {
             let o = k.mul_wide(b, 4u32);
-            Addr::new(k.add(self.flags, o))
+            let w = k.ld_param_global(self.workspace);
+            let flags = k.add(w, crate::native_maps::NATIVE_MAPS_BYTES as i64);
+            Addr::new(k.add(flags, o))
         };
         let lead = k.setp(Cmp::Eq, tid, 0u32);
         // Waits until the flag of block `owner` counts `count` blocks.
@@ -177,7 +175,7 @@ impl Stream {
         // Adds block `b`'s slot to the accumulators: this thread's 16-byte pieces, chunk c
         // at c · consumers · 16 from the first, interleaved across the threads.
         let add_slot = |k: &mut Kernel, b: Reg| {
-            let at = slot_at(k, self.slots, b, tid);
+            let at = slot_at(k, self.workspace, b, tid);
             for (c, chunk) in acc.chunks(4).enumerate() {
                 let at = Addr::at(at, i64::from(c as u32 * consumers * 16));
                 let v = k.ld_v_global_cg(Ty::F32, 4, at);
@@ -233,7 +231,7 @@ impl Stream {
             let next = k.add(self.block, 1u32);
             add_slot(k, next);
         });
-        let at = slot_at(k, self.slots, self.block, tid);
+        let at = slot_at(k, self.workspace, self.block, tid);
         for (c, chunk) in acc.chunks(4).enumerate() {
             let at = Addr::at(at, i64::from(c as u32 * consumers * 16));
             k.st_v(helios_ptx::Space::Global, at, chunk, None);
@@ -256,9 +254,15 @@ impl Stream {
 /// to read): H200, bench/results/2026-11-30-session45-h200.md.
 const DIRECT_ABOVE: u32 = 3;
 
-/// This thread's first 16 bytes of block `b`'s slot, the slots starting at `slots` (u64).
-fn slot_at(k: &mut Kernel, slots: Reg, b: Reg, tid: Reg) -> Reg {
+/// This thread's first 16 bytes of block `b`'s slot in the workspace of parameter
+/// `workspace` (u64).
+fn slot_at(k: &mut Kernel, workspace: Param, b: Reg, tid: Reg) -> Reg {
     let o = k.mul_wide(b, STREAM_SLOT_BYTES as u32);
+    let w = k.ld_param_global(workspace);
+    let slots = k.add(
+        w,
+        (crate::native_maps::NATIVE_MAPS_BYTES + STREAM_FLAGS_BYTES) as i64,
+    );
     let base = k.add(slots, o);
     let t = k.mul_wide(tid, 16u32);
     k.add(base, t)
