@@ -244,7 +244,12 @@ pub(crate) fn build(
     let outer = k.div(bz, inner);
     let inr = k.rem(bz, inner);
     // Element offsets of this batch's matrices (u64: a batch may pass 2^32 elements).
+    // Stream-K launches one matrix (`native_launch`): its offsets are constants, which
+    // frees the registers a 256 × 192 tile's epilogue would otherwise keep through the loop.
     let offset = |k: &mut Kernel, stride: Reg, inner_stride: Reg| {
+        if t.stream {
+            return k.mov(Ty::U64, 0u32);
+        }
         let o = k.mul_wide(outer, stride);
         k.mad_wide(inr, inner_stride, o)
     };
@@ -308,7 +313,7 @@ pub(crate) fn build(
     let blk = Block {
         stream: t
             .stream
-            .then(|| Stream::new(&mut k, blk.tiles_mn, blk.tiles, maps_global)),
+            .then(|| Stream::new(&mut k, blk.tiles_mn, blk.tiles, pmaps)),
         ..blk
     };
 
@@ -610,8 +615,12 @@ impl MatmulKernel {
                     what: "stream-K k steps",
                     size: steps,
                 })?;
+                // The kernel's block arithmetic needs steps · blocks < 2^32 (`Stream`); steps
+                // fit 32 bits (above), so at least one block does.
+                let most = (u64::from(u32::MAX) / steps.max(1)) as u32;
                 sms.min(crate::native_maps::MAP_SLOTS)
                     .min(steps as u32)
+                    .min(most)
                     .max(1)
             }
             (true, _) => {
@@ -683,6 +692,28 @@ mod tests {
         assert_eq!(grid(3, 4096, 4096, Some(132)), [44, 1, 3]);
         assert_eq!(grid(1, 256, 384, Some(132)), [4, 1, 1]);
         assert_eq!(grid(200, 128, 192, Some(132)), [1, 1, 200]);
+    }
+
+    /// Stream-K keeps k steps × blocks under 2^32, so that the kernel's block arithmetic
+    /// divides in 32 bits: a product of ~33 million k steps gets fewer blocks than SMs.
+    #[test]
+    fn stream_k_grids_keep_their_arithmetic_in_32_bits() {
+        let k = MatmulKernel {
+            variant: Variant::parse("nv128x192k16s4sk").expect("a native tile"),
+            ..kernel()
+        };
+        let addr = addresses(0x1000, Some(0x4000));
+        let grid = |m, n, kk| {
+            let s = MatmulShape::packed(1, m, n, kk, false, true);
+            k.native_launch(&s, &addr, 1.0, Some(132))
+                .expect("a launch")
+                .grid
+        };
+        assert_eq!(grid(768, 768, 4096), [132, 1, 1]);
+        // 65535 × 500 tiles of one k step: 32.8 million steps, 131 blocks.
+        let steps = 65535u64 * 500;
+        assert_eq!(grid(128 * 65535, 192 * 500, 16), [131, 1, 1]);
+        assert!(steps * 131 <= u64::from(u32::MAX) && steps * 132 > u64::from(u32::MAX));
     }
 
     /// A hand-made tile the generator cannot build (no consumer warpgroup, more
