@@ -1,7 +1,11 @@
 //! The threads that compile deferred pipelines and native kernels
-//! (`Context::create_pipeline_deferred`, `create_native_kernel_deferred`): one per host
-//! thread, started on first use, taking compiles in the order they were asked for; and the
-//! `Slot` a compile fills.
+//! (`Context::create_pipeline_deferred`, `create_native_kernel_deferred`), and the `Slot` a
+//! compile fills. Pipelines: one thread per host thread, taking compiles in the order they
+//! were asked for. Native kernels: one thread of their own, taking the urgent ones (a
+//! program's own launches) before the rest (tuning's candidates), because NVIDIA's driver
+//! JIT-compiles one PTX module at a time per process (H200: sixteen asked at once finished one
+//! by one, ~0.25 s apart: bench/results/2026-11-30-session46-h200.md). More threads there
+//! would only take the pipelines' threads and lose the order.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex};
@@ -91,5 +95,113 @@ fn work() {
             }
         };
         job();
+    }
+}
+
+/// The native kernels' lane: urgent JITs first, each kind in the order asked for.
+struct Lane {
+    urgent: VecDeque<Job>,
+    later: VecDeque<Job>,
+    started: bool,
+}
+
+static LANE: Mutex<Lane> = Mutex::new(Lane {
+    urgent: VecDeque::new(),
+    later: VecDeque::new(),
+    started: false,
+});
+static LANE_READY: Condvar = Condvar::new();
+
+/// Queues `job` (a native kernel's JIT) for the native lane, ahead of every job not
+/// `urgent` when it is.
+pub(crate) fn spawn_native(job: Job, urgent: bool) {
+    let mut lane = LANE.locked();
+    match urgent {
+        true => lane.urgent.push_back(job),
+        false => lane.later.push_back(job),
+    }
+    if !lane.started {
+        let started = std::thread::Builder::new()
+            .name("helios-native-jit".into())
+            .spawn(work_native);
+        if started.is_err() {
+            // No thread to be had: compile here.
+            let job = match urgent {
+                true => lane.urgent.pop_back(),
+                false => lane.later.pop_back(),
+            };
+            drop(lane);
+            job.expect("pushed above")();
+            return;
+        }
+        lane.started = true;
+    }
+    LANE_READY.notify_one();
+}
+
+fn work_native() {
+    loop {
+        let job = {
+            let mut lane = LANE.locked();
+            loop {
+                if let Some(job) = lane.urgent.pop_front().or_else(|| lane.later.pop_front()) {
+                    break job;
+                }
+                lane = crate::sync::wait(&LANE_READY, lane);
+            }
+        };
+        job();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// The native lane runs one JIT at a time, the urgent ones queued meanwhile before the
+    /// others, each kind in the order asked for.
+    #[test]
+    fn the_native_lane_takes_urgent_jits_first() {
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (done_tx, done_rx) = mpsc::channel();
+        let job = |name: &'static str| -> Job {
+            let (order, done) = (order.clone(), done_tx.clone());
+            Box::new(move || {
+                order.locked().push(name);
+                let _ = done.send(());
+            })
+        };
+        // The first job holds the lane until the others are queued.
+        let (started_tx, started_rx) = mpsc::channel();
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        let first = job("first");
+        spawn_native(
+            Box::new(move || {
+                let _ = started_tx.send(());
+                let _ = gate_rx.recv();
+                first();
+            }),
+            false,
+        );
+        started_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the lane started the first job");
+        spawn_native(job("later a"), false);
+        spawn_native(job("urgent a"), true);
+        spawn_native(job("later b"), false);
+        spawn_native(job("urgent b"), true);
+        gate_tx.send(()).expect("the first job waits");
+        for _ in 0..5 {
+            done_rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("every job ran");
+        }
+        assert_eq!(
+            *order.locked(),
+            ["first", "urgent a", "urgent b", "later a", "later b"]
+        );
     }
 }

@@ -297,17 +297,20 @@ impl Context {
         }
     }
 
-    /// `create_native_kernel` with the JIT on the compile pool: it can be launched at once,
-    /// and the batch that launches it waits for it when submitted (as deferred pipelines
-    /// do). A JIT that fails fails that batch's submit.
+    /// `create_native_kernel` with the JIT on the native lane of the compile pool: it can be
+    /// launched at once, and the batch that launches it waits for it when submitted (as
+    /// deferred pipelines do). The lane JIT-compiles one module at a time, the `urgent` ones
+    /// (a program about to launch them) before the others. A JIT that fails fails that
+    /// batch's submit.
     pub fn create_native_kernel_deferred(
         self: &Arc<Self>,
         ptx: &str,
         entry: &str,
         name: &str,
+        urgent: bool,
     ) -> Result<Arc<NativeKernel>> {
         let (kernel, jit) = self.native_parts(ptx, entry, name)?;
-        crate::compile_pool::spawn(Box::new(jit));
+        crate::compile_pool::spawn_native(Box::new(jit), urgent);
         Ok(kernel)
     }
 
@@ -348,8 +351,10 @@ impl Context {
         let ctx = Arc::clone(self);
         let name = name.to_owned();
         let jit = move || {
+            let started = Instant::now();
             let r = ctx.jit(&data, &entry_c);
             if let Ok((module, function, _)) = r {
+                ctx.pipeline_cache.record_creation(&name, true, started);
                 ctx.set_name(module, &name);
                 ctx.set_name(function, &name);
             }

@@ -145,7 +145,7 @@ impl Context {
             let started = Instant::now();
             let r = ctx.compile_pipeline(&spirv, &entry, &spec, layout);
             if let Ok(raw) = r {
-                ctx.pipeline_cache.record_creation(started.elapsed());
+                ctx.pipeline_cache.record_creation(&name, false, started);
                 ctx.set_name(raw, &name);
             }
             slot.set(r);

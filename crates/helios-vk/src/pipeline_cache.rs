@@ -20,7 +20,7 @@ use ash::vk;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::Instant;
 
 use crate::env;
 use crate::error::{vk_err, Error, Result};
@@ -93,6 +93,10 @@ pub struct PipelineStats {
     pub pipelines_created: u64,
     /// Wall time spent in shader-module, layout and pipeline creation, summed.
     pub total_create_seconds: f64,
+    /// Native kernels (`VK_NVX_binary_import`) the driver JIT-compiled for this Context, and
+    /// the wall time of those compiles, summed.
+    pub native_created: u64,
+    pub native_create_seconds: f64,
     /// Bytes of driver cache data handed to the driver at start-up (0: cold start).
     pub cache_loaded_bytes: u64,
     /// The file this Context loads from and saves to; `None` when not persisting.
@@ -130,6 +134,8 @@ pub(crate) struct PipelineCache {
     raw: vk::PipelineCache,
     key: CacheKey,
     verbose: bool,
+    /// When the Context started, for the times of `HELIOS_VERBOSE`'s compile lines.
+    born: Instant,
     state: Mutex<State>,
 }
 
@@ -180,6 +186,7 @@ impl PipelineCache {
             raw,
             key,
             verbose,
+            born: Instant::now(),
             state: Mutex::new(State {
                 stats: PipelineStats {
                     cache_loaded_bytes: loaded as u64,
@@ -199,12 +206,28 @@ impl PipelineCache {
         self.raw
     }
 
-    /// Counts one successful pipeline creation that took `elapsed`.
-    pub(crate) fn record_creation(&self, elapsed: Duration) {
+    /// Counts one successful compile, of a pipeline or (`native`) a native kernel, begun at
+    /// `started`; `HELIOS_VERBOSE=1` prints it with its start, which shows whether the driver
+    /// compiles side by side.
+    pub(crate) fn record_creation(&self, name: &str, native: bool, started: Instant) {
+        let elapsed = started.elapsed();
+        if self.verbose {
+            eprintln!(
+                "helios: compiled {} {name} in {:.0} ms, from {:.0} ms",
+                if native { "native kernel" } else { "pipeline" },
+                elapsed.as_secs_f64() * 1e3,
+                started.saturating_duration_since(self.born).as_secs_f64() * 1e3,
+            );
+        }
         let mut s = self.state.locked();
-        s.stats.pipelines_created += 1;
-        s.stats.total_create_seconds += elapsed.as_secs_f64();
-        s.dirty = true;
+        if native {
+            s.stats.native_created += 1;
+            s.stats.native_create_seconds += elapsed.as_secs_f64();
+        } else {
+            s.stats.pipelines_created += 1;
+            s.stats.total_create_seconds += elapsed.as_secs_f64();
+            s.dirty = true;
+        }
     }
 
     /// Writes the driver's cache to the file (temp file + rename). No-op when not persisting.

@@ -475,11 +475,13 @@ impl Device {
     }
 
     /// The native kernel with signature `key`, built by `build` and JIT-compiled by the
-    /// driver on first use only.
+    /// driver on first use only; `urgent`: the program is about to launch it, so its JIT
+    /// goes before those of tuning's candidates (the driver JITs one at a time).
     pub(crate) fn native_kernel(
         &self,
         key: KernelKey,
         build: impl FnOnce() -> Result<helios_ptx::Module>,
+        urgent: bool,
     ) -> Result<Arc<NativeKernel>> {
         if let Some(k) = self.inner.native.locked().get(&key) {
             return Ok(k.clone());
@@ -492,6 +494,7 @@ impl Device {
             &module.text,
             &module.name,
             &module.name,
+            urgent,
         )?;
         count_waited(&WAITED_NATIVE, started);
         let mut cache = self.inner.native.locked();
@@ -513,6 +516,11 @@ impl Device {
         // Stream-K's flags start at zero (and each launch leaves them so).
         self.context().fill(&b, 0)?;
         Ok(self.inner.native_maps.get_or_init(|| b))
+    }
+
+    /// Whether the native kernel with signature `key` was asked for (compiled or not).
+    pub(crate) fn native_requested(&self, key: &KernelKey) -> bool {
+        self.inner.native.locked().contains_key(key)
     }
 
     /// JIT-compiles those of `kernels` not compiled yet, several at once (as `precompile`
@@ -539,7 +547,9 @@ impl Device {
                     let next = queue.locked().next();
                     let Some((key, build)) = next else { break };
                     // A failure is reported where the kernel is asked for, as in `precompile`.
-                    let _ = self.native_kernel(key, build).and_then(|k| Ok(k.wait()?));
+                    let _ = self
+                        .native_kernel(key, build, false)
+                        .and_then(|k| Ok(k.wait()?));
                 };
                 compile_thread(s, worker);
             }

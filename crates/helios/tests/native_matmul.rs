@@ -350,3 +350,78 @@ fn native_split_k_matches_the_reference() {
     }
     assert_no_validation_messages();
 }
+
+/// A class whose first choice is a native kernel answers at once while the driver
+/// JIT-compiles it, with a SPIR-V stand-in, then runs the native kernel: every product along
+/// the way matches the f64 reference, and the choice, once native, stays native. (Whether a
+/// stand-in is seen depends on how fast the JIT is; the test says which it saw.)
+#[test]
+fn native_first_choices_stand_in_until_compiled() {
+    use helios::cpu::matmul::{matmul as reference, relative_error, MatmulRef};
+    let dev = device();
+    if matmul_caps(dev).native.is_none() || helios::tuning(dev) != helios::Tuning::Online {
+        eprintln!("SKIPPED native stand-ins: no native kernels here, or tuning is not online");
+        return;
+    }
+    // A shape no other test of the binary runs, so that its class starts here.
+    let (m, n, k) = (1096, 1032, 520);
+    let a_host = common::matmul::random(m * k, DType::BF16, 91);
+    let b_host = common::matmul::random(k * n, DType::BF16, 92);
+    let a = Tensor::from_slice_as(dev, &a_host, &[m, k], DType::BF16).unwrap();
+    let b = Tensor::from_slice_as(dev, &b_host, &[k, n], DType::BF16).unwrap();
+    let want = reference(
+        &a_host,
+        &b_host,
+        &MatmulRef {
+            batch: 1,
+            m,
+            n,
+            k,
+            alpha: 1.0,
+            bias: None,
+            act: Activation::None,
+            residual: None,
+            act_grad: Activation::None,
+        },
+    );
+    let opts = MatmulOptions::default();
+    let mut seen = Vec::new();
+    let started = std::time::Instant::now();
+    loop {
+        let choice = a.matmul_choice(&b, &opts).unwrap();
+        let c = a.matmul(&b).unwrap();
+        let err = relative_error(&c.to_vec().unwrap(), &want);
+        assert!(
+            err < tolerance(DType::BF16),
+            "{}: error {err:.2e} over {:.1e}",
+            choice.kernel,
+            tolerance(DType::BF16)
+        );
+        let native = choice.variant.is_native();
+        if seen.last().map(|(_, was): &(String, bool)| *was) == Some(true) {
+            assert!(
+                native,
+                "the choice went back from native to {}",
+                choice.kernel
+            );
+        }
+        if seen.last().map(|(name, _)| name) != Some(&choice.kernel) {
+            eprintln!(
+                "{:?} after {:.3} s: {}",
+                choice.how,
+                started.elapsed().as_secs_f64(),
+                choice.kernel
+            );
+            seen.push((choice.kernel.clone(), native));
+        }
+        if native {
+            break;
+        }
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "no native kernel after two minutes: {seen:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_no_validation_messages();
+}

@@ -237,12 +237,15 @@ fn one(
     if verbose {
         let now = helios::waited_compiles();
         eprintln!(
-            "bench: {} first step: {:.2} s, {} pipelines created in {:.2} s (all threads); \
-             waited for {} pipelines ({:.2} s) and {} native kernels ({:.2} s)",
+            "bench: {} first step: {:.2} s, {} pipelines created in {:.2} s and {} native \
+             kernels in {:.2} s (all threads); waited for {} pipelines ({:.2} s) and {} native \
+             kernels ({:.2} s)",
             case.name,
             first,
             after.pipelines_created - before.pipelines_created,
             after.total_create_seconds - before.total_create_seconds,
+            after.native_created - before.native_created,
+            after.native_create_seconds - before.native_create_seconds,
             now.0 - waited.0,
             now.1 - waited.1,
             now.2 - waited.2,

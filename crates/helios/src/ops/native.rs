@@ -27,7 +27,7 @@ pub(crate) fn record(
     launch: &NativeLaunch,
     accesses: &[Access],
 ) -> Result<()> {
-    let native = device.native_kernel(key, build)?;
+    let native = device.native_kernel(key, build, true)?;
     let args: smallvec::SmallVec<[helios_vk::NativeArg; 24]> = launch
         .args
         .iter()

@@ -578,7 +578,7 @@ fn prepare_backward(q: &Tensor, opts: &AttentionOptions, packed: bool) {
         if let Ok(Some(k)) = kern {
             if k.variant.is_native() {
                 let k = AttentionKernel { packed, ..k };
-                let _ = tune::start_compile(q.device(), k);
+                let _ = tune::start_compile(q.device(), k, true);
             }
         }
     }

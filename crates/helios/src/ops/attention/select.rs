@@ -40,15 +40,15 @@ pub(super) fn choose(
     // Native kernels need the device's native target, the copy engine's aligned rows and
     // a positive scale.
     let native = device.native_target();
-    let fits = |kern: &AttentionKernel| {
+    let can_run = |kern: &AttentionKernel| {
         kern.buildable()
             && kern.shared_bytes() <= caps.max_shared_bytes
             && kern.workgroup() <= caps.max_invocations
             && (!kern.variant.is_coop()
                 || (coop && aligned && helios_kernels::attention::coop_supports(kern.stage)))
             && (!kern.variant.is_native() || (kern.native_feasible(native) && aligned && positive))
-            && first_use_passed(device, kern)
     };
+    let fits = |kern: &AttentionKernel| can_run(kern) && first_use_passed(device, kern);
     // Prep shares each row among the lanes of a subgroup where the row kernels may use
     // subgroup operations (their `reducer`: shuffles in compute, a power-of-two size of 4
     // or more, not turned off by `HELIOS_NO_SUBGROUP`).
@@ -161,16 +161,49 @@ pub(super) fn choose(
         coop_stage,
         frag.is_some(),
     ));
+    // Tuning online, a native kernel still being JIT-compiled is passed over for the next in
+    // the order (its JIT asked for now, first in line): a cold driver JIT-compiles one module
+    // at a time, ~0.2-0.5 s each (bench/results/2026-11-30-session46-h200.md), and its
+    // first-use check would hold the call until then.
+    // Only the first native kernel that can run is asked for.
+    let online = super::tune::mode(device) == crate::ops::Tuning::Online;
+    let mut compiling = false;
     candidates
         .into_iter()
         .map(make)
-        .find(|k| fits(k))
+        .find(|k| {
+            if !can_run(k) {
+                return false;
+            }
+            if online && k.variant.is_native() && (compiling || !jitted(device, k)) {
+                compiling = true;
+                return false;
+            }
+            first_use_passed(device, k)
+        })
         .ok_or_else(|| {
             invalid(format!(
                 "no attention kernel for head dim {} fits this device's {} bytes of shared memory",
                 dims.d, caps.max_shared_bytes
             ))
         })
+}
+
+/// Whether native kernel `kern` is JIT-compiled, dense or packed; if neither was asked for,
+/// its JIT is started: a backward's in the packed form, which training runs
+/// (`attention_qkv`).
+fn jitted(device: &Device, kern: &AttentionKernel) -> bool {
+    use crate::device::KernelKey;
+    let form = |packed| AttentionKernel { packed, ..*kern };
+    let forms = [false, true].map(|packed| KernelKey::Attention(form(packed)));
+    if forms.iter().any(|k| device.has_kernel(k)) {
+        return true;
+    }
+    if !forms.iter().any(|k| device.native_requested(k)) {
+        let packed = kern.stage != AttnStage::Forward;
+        let _ = super::tune::start_compile(device, form(packed), true);
+    }
+    false
 }
 
 /// The device's cooperative-matrix fragment layout for `storage` inputs when the

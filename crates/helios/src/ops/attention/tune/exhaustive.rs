@@ -55,7 +55,7 @@ fn tune(
         .filter_map(|(_, o)| q.attention_kernel_of(stage, o).ok().flatten())
         .collect();
     for &k in kernels.iter().filter(|k| k.variant.is_native()) {
-        start_compile(device, k)?;
+        start_compile(device, k, false)?;
     }
     device.precompile(
         kernels

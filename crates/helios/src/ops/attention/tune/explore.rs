@@ -116,7 +116,7 @@ impl Exploring {
                         .flatten()
                         .map(|k| AttentionKernel { packed, ..k });
                 if let Some(k) = kernel {
-                    let _ = start_compile(q.device(), k);
+                    let _ = start_compile(q.device(), k, false);
                 }
                 Cand {
                     variant,

@@ -86,7 +86,7 @@ fn rows(q: &Tensor, d: usize) -> usize {
 /// How attention classes tune: `HELIOS_ATTN_TUNE=0` off, `=1` online also on CPU devices, by
 /// default online on GPUs; exhaustive before their first call with `HELIOS_MATMUL_TUNE=full`,
 /// or where online and `set_exhaustive_tuning` asks.
-fn mode(device: &Device) -> Tuning {
+pub(crate) fn mode(device: &Device) -> Tuning {
     #[cfg(test)]
     if let Some(t) = crate::ops::online::test_tuning(device) {
         return t;
@@ -154,12 +154,13 @@ fn candidates(device: &Device, stage: AttnStage, coop: bool) -> Vec<AttnVariant>
 }
 
 /// Starts compiling `k` without waiting: SPIR-V on the compile pool, a native kernel through
-/// the driver's deferred JIT (`Device::has_kernel` says when either is ready).
-pub(crate) fn start_compile(device: &Device, k: AttentionKernel) -> Result<()> {
+/// the driver's deferred JIT (`Device::has_kernel` says when either is ready), before the
+/// candidates' when `urgent` (the program's own next kernels).
+pub(crate) fn start_compile(device: &Device, k: AttentionKernel, urgent: bool) -> Result<()> {
     let key = crate::device::KernelKey::Attention(k);
     if k.variant.is_native() {
         let target = crate::ops::native::target(device, &k.name())?;
-        device.native_kernel(key, || Ok(k.build_native(target)?))?;
+        device.native_kernel(key, || Ok(k.build_native(target)?), urgent)?;
     } else {
         device.kernel(key, move || k.build())?;
     }

@@ -116,7 +116,7 @@ fn build(device: &Device, k: MatmulKernel) -> crate::Result<()> {
             detail: "a native kernel on a device without them".into(),
         })?;
         device
-            .native_kernel(key, || Ok(k.build_native(target)?))?
+            .native_kernel(key, || Ok(k.build_native(target)?), false)?
             .wait()?;
     } else {
         // The pipeline compiles on the pool; a candidate is ready once it has.

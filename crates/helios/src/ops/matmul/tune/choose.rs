@@ -130,6 +130,12 @@ enum Memo {
 /// explored answers its best kernel so far.
 pub(crate) fn choose(p: &Problem) -> Result<(Plan, Choice)> {
     Ok(match resolve(p, false)? {
+        // A class not yet explored, tuning online: its first choice, or that one's stand-in
+        // while its native kernel is JIT-compiled, as an explored class would run.
+        Memo::Fixed(plan, Choice::Default) if tuning(p.a.device()) == Tuning::Online => (
+            super::explore::stand_in(p, &plan).unwrap_or(plan),
+            Choice::Default,
+        ),
         Memo::Fixed(plan, how) => (plan, how),
         Memo::Exploring(e) => (e.current(p), Choice::Exploring),
     })

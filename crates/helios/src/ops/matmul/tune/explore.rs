@@ -170,6 +170,40 @@ fn compiled(p: &Problem, plan: &Plan) -> Compiled {
     }
 }
 
+/// The SPIR-V kernel real calls of `p` run while `incumbent`'s native kernel is being
+/// JIT-compiled (asked for here, ahead of the candidates), or `None` where the incumbent can
+/// run without waiting for one. Why: the driver JIT-compiles one PTX module at a time, at
+/// ~0.25 s each when cold, while a cold pipeline takes tens of milliseconds on one of many
+/// threads; a fresh GPT-2 run's first step waited 4.6 s for its native kernels (H200:
+/// bench/results/2026-11-30-session46-h200.md). The stand-in is the default SPIR-V kernel,
+/// unsplit.
+pub(super) fn stand_in(p: &Problem, incumbent: &Plan) -> Option<Plan> {
+    let (k, _) = launched(p, incumbent)?;
+    let device = p.a.device();
+    let key = crate::device::KernelKey::Matmul(k);
+    if !k.variant.is_native() || device.has_kernel(&key) {
+        return None;
+    }
+    let target = device.native_target()?;
+    // Failing here, the incumbent's own launch reports the error.
+    device
+        .native_kernel(key, || Ok(k.build_native(target)?), true)
+        .ok()?;
+    let caps = matmul_caps(device);
+    let d = helios_kernels::matmul::default_variant(
+        p.input.storage(),
+        p.out.storage(),
+        p.trans,
+        &p.shape,
+        p.epilogue,
+        &caps,
+    );
+    Some(Plan {
+        kernel: p.kernel(d.variant, caps.subgroup),
+        splits: 1,
+    })
+}
+
 /// Whether everything `plan` launches for `p` is compiled; if not, the missing kernels'
 /// compiles are started.
 pub(crate) fn ready(p: &Problem, plan: &Plan) -> bool {
@@ -258,9 +292,10 @@ impl Explorer {
         s.winner.map(|w| (s.cands[w].variant, s.cands[w].splits))
     }
 
-    /// The plan real calls of `p` run: the winner once settled, the incumbent until then.
+    /// The plan real calls of `p` run: the winner once settled, the incumbent until then
+    /// (or its stand-in while its native kernel is JIT-compiled: `stand_in`).
     pub(crate) fn current(&self, p: &Problem) -> Plan {
-        self.state.locked().real_plan(p)
+        self.state.locked().real_plan(p).0
     }
 
     /// Collects finished pairs, then decides what this call of `p` runs.
@@ -271,8 +306,9 @@ impl Explorer {
         if s.winner.is_none() {
             s.advance(p, &self.key);
         }
-        let real = s.real_plan(p);
-        if s.winner.is_some() || !warm(p.a.device()) {
+        let (real, standing_in) = s.real_plan(p);
+        // A pair's ratio is over the incumbent's time: none while a stand-in runs.
+        if s.winner.is_some() || standing_in || !warm(p.a.device()) {
             return Ok(Action { real, shadow: None });
         }
         let busy = |s: &State, c: usize| s.pending.iter().any(|q| q.cand == c);
@@ -372,17 +408,23 @@ impl Explorer {
 }
 
 impl State {
-    /// The plan real calls of `p` run: the winner once settled and compiled for `p` (a
-    /// problem of the class the shadows never ran may need other vector widths: queued
-    /// meanwhile), else the incumbent. So switching to the winner never makes a submit wait.
-    fn real_plan(&self, p: &Problem) -> Plan {
+    /// The plan real calls of `p` run, and whether it stands in for the incumbent: the
+    /// winner once settled and compiled for `p` (a problem of the class the shadows never
+    /// ran may need other vector widths: queued meanwhile), else the incumbent, or its
+    /// stand-in until its native kernel is compiled. So switching to the winner never makes
+    /// a submit wait, nor does a cold driver's JIT.
+    fn real_plan(&self, p: &Problem) -> (Plan, bool) {
         if let Some(w) = self.winner {
             let plan = plan_of(p, &self.cands[w]);
             if ready(p, &plan) {
-                return plan;
+                return (plan, false);
             }
         }
-        plan_of(p, &self.cands[0])
+        let incumbent = plan_of(p, &self.cands[0]);
+        match stand_in(p, &incumbent) {
+            Some(plan) => (plan, true),
+            None => (incumbent, false),
+        }
     }
 
     /// Takes in every finished pair and comparison (never waits).
