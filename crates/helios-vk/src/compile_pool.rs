@@ -98,23 +98,33 @@ fn work() {
     }
 }
 
+/// A native kernel's JIT; given `true` when the process is stopping (`stop_native_jits`), it
+/// fills its slot with an error instead of calling the driver.
+pub(crate) type NativeJob = Box<dyn FnOnce(bool) + Send>;
+
 /// The native kernels' lane: urgent JITs first, each kind in the order asked for.
 struct Lane {
-    urgent: VecDeque<Job>,
-    later: VecDeque<Job>,
+    urgent: VecDeque<NativeJob>,
+    later: VecDeque<NativeJob>,
     started: bool,
+    /// A job is running.
+    busy: bool,
+    stopping: bool,
 }
 
 static LANE: Mutex<Lane> = Mutex::new(Lane {
     urgent: VecDeque::new(),
     later: VecDeque::new(),
     started: false,
+    busy: false,
+    stopping: false,
 });
 static LANE_READY: Condvar = Condvar::new();
+static LANE_IDLE: Condvar = Condvar::new();
 
 /// Queues `job` (a native kernel's JIT) for the native lane, ahead of every job not
 /// `urgent` when it is.
-pub(crate) fn spawn_native(job: Job, urgent: bool) {
+pub(crate) fn spawn_native(job: NativeJob, urgent: bool) {
     let mut lane = LANE.locked();
     match urgent {
         true => lane.urgent.push_back(job),
@@ -130,8 +140,9 @@ pub(crate) fn spawn_native(job: Job, urgent: bool) {
                 true => lane.urgent.pop_back(),
                 false => lane.later.pop_back(),
             };
+            let stopping = lane.stopping;
             drop(lane);
-            job.expect("pushed above")();
+            job.expect("pushed above")(stopping);
             return;
         }
         lane.started = true;
@@ -141,16 +152,33 @@ pub(crate) fn spawn_native(job: Job, urgent: bool) {
 
 fn work_native() {
     loop {
-        let job = {
+        let (job, stopping) = {
             let mut lane = LANE.locked();
             loop {
                 if let Some(job) = lane.urgent.pop_front().or_else(|| lane.later.pop_front()) {
-                    break job;
+                    lane.busy = true;
+                    break (job, lane.stopping);
                 }
                 lane = crate::sync::wait(&LANE_READY, lane);
             }
         };
-        job();
+        job(stopping);
+        let mut lane = LANE.locked();
+        lane.busy = false;
+        if lane.urgent.is_empty() && lane.later.is_empty() {
+            LANE_IDLE.notify_all();
+        }
+    }
+}
+
+/// Skips the native JITs not started yet (their kernels fail with an error) and waits for
+/// the one running: for a process about to exit, whose driver must not be unloaded under a
+/// JIT (a fresh GPT-2 run leaves dozens of tuning candidates queued).
+pub fn stop_native_jits() {
+    let mut lane = LANE.locked();
+    lane.stopping = true;
+    while lane.busy || !(lane.urgent.is_empty() && lane.later.is_empty()) {
+        lane = crate::sync::wait(&LANE_IDLE, lane);
     }
 }
 
@@ -167,9 +195,9 @@ mod tests {
     fn the_native_lane_takes_urgent_jits_first() {
         let order = Arc::new(Mutex::new(Vec::new()));
         let (done_tx, done_rx) = mpsc::channel();
-        let job = |name: &'static str| -> Job {
+        let job = |name: &'static str| -> NativeJob {
             let (order, done) = (order.clone(), done_tx.clone());
-            Box::new(move || {
+            Box::new(move |_| {
                 order.locked().push(name);
                 let _ = done.send(());
             })
@@ -179,10 +207,10 @@ mod tests {
         let (gate_tx, gate_rx) = mpsc::channel::<()>();
         let first = job("first");
         spawn_native(
-            Box::new(move || {
+            Box::new(move |stopping| {
                 let _ = started_tx.send(());
                 let _ = gate_rx.recv();
-                first();
+                first(stopping);
             }),
             false,
         );
@@ -203,5 +231,42 @@ mod tests {
             *order.locked(),
             ["first", "urgent a", "urgent b", "later a", "later b"]
         );
+    }
+
+    /// Once the process stops the lane, the JITs not started are told to skip (their slots
+    /// get an error) and `stop_native_jits` returns when the lane is idle. (The flag stays
+    /// set: the other test's jobs ignore it.)
+    #[test]
+    fn stopping_skips_the_jits_not_started() {
+        let (started_tx, started_rx) = mpsc::channel();
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        spawn_native(
+            Box::new(move |_| {
+                let _ = started_tx.send(());
+                let _ = gate_rx.recv();
+            }),
+            false,
+        );
+        started_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the lane started the first job");
+        let (told_tx, told_rx) = mpsc::channel();
+        spawn_native(
+            Box::new(move |stopping| {
+                let _ = told_tx.send(stopping);
+            }),
+            true,
+        );
+        let stopper = std::thread::spawn(stop_native_jits);
+        while !LANE.locked().stopping {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        gate_tx.send(()).expect("the first job waits");
+        let told = told_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the queued job ran");
+        assert!(told, "a JIT queued before the stop was not skipped");
+        stopper.join().expect("stop_native_jits returned");
+        assert!(!LANE.locked().busy);
     }
 }

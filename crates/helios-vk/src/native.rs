@@ -280,7 +280,7 @@ impl Context {
         name: &str,
     ) -> Result<Arc<NativeKernel>> {
         let (kernel, jit) = self.native_parts(ptx, entry, name)?;
-        jit();
+        jit(false);
         match kernel.slot.wait() {
             Ok(_) => Ok(kernel),
             Err((call, result)) => Err(match result {
@@ -320,7 +320,7 @@ impl Context {
         ptx: &str,
         entry: &str,
         name: &str,
-    ) -> Result<(Arc<NativeKernel>, impl FnOnce() + Send + 'static)> {
+    ) -> Result<(Arc<NativeKernel>, impl FnOnce(bool) + Send + 'static)> {
         if self.native.is_none() {
             return Err(Error::NativeUnavailable {
                 device: self.caps().name.clone(),
@@ -350,7 +350,14 @@ impl Context {
         });
         let ctx = Arc::clone(self);
         let name = name.to_owned();
-        let jit = move || {
+        let jit = move |stopping: bool| {
+            if stopping {
+                slot.set(Err((
+                    "vkCreateCuModuleNVX (skipped: the process is stopping)",
+                    vk::Result::ERROR_INITIALIZATION_FAILED,
+                )));
+                return;
+            }
             let started = Instant::now();
             let r = ctx.jit(&data, &entry_c);
             if let Ok((module, function, _)) = r {

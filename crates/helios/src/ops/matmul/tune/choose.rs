@@ -383,10 +383,18 @@ fn choose_uncached(
     }
 }
 
+/// Rows up to which a product is decoding's (one token per sequence, eight sequences).
+const DECODE_ROWS: u32 = 16;
+
 /// The kernel a class runs before anything was timed: a rule read off the tuners' winners
-/// on GPT-2's classes (H200, bf16 and f32: bench/results/2026-11-29-first-choice-h200.md).
-/// - f16/bf16 with native kernels: the native tile of the fewer rounds of tiles over the SMs
-///   (`native_tile`).
+/// on GPT-2's classes (H200, bf16 and f32: bench/results/2026-11-29-session34-note.md).
+/// - f16/bf16 with native kernels, [`DECODE_ROWS`] rows or fewer (decoding), unsplit:
+///   `coop64x64w2x2k64d2`, which won 17 of the 20 decode classes of two GPT-2 bf16 runs
+///   (batch 1 and 8) on real work, at 0.38-0.88× the native stream-K tile's time;
+///   `coop32x64w1x2k32d2` won the other three, the lm head's among them
+///   (bench/results/2026-11-30-decode-first-choice-h200.txt).
+/// - Otherwise, f16/bf16 with native kernels: the native tile of the fewer rounds of tiles
+///   over the SMs (`native_tile`).
 /// - f32 on a GPU: `simt128x64d1` (won 22 of 35), `simt32x32d1` for outputs 64 wide or
 ///   less (won all four such classes).
 /// - Otherwise the documented default (`helios_kernels::matmul::default_variant`).
@@ -403,7 +411,12 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
     };
     let half = matches!(p.input, DType::F16 | DType::BF16);
     let gpu = caps.cpu_threads.is_none();
+    // Decoding's products: a few rows of one matrix.
+    let few_rows = s.batch == 1 && s.m <= DECODE_ROWS;
     let ruled = match () {
+        _ if half && caps.native.is_some() && few_rows => {
+            fits("coop64x64w2x2k64d2").or_else(|| fits(native_tile(s, None)))
+        }
         _ if half && caps.native.is_some() => {
             let sms = p.a.device().context().caps().sm_count;
             fits(native_tile(s, sms))
@@ -423,7 +436,7 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
         );
         p.kernel(d.variant, caps.subgroup)
     });
-    let long_k = gpu && s.batch == 1 && u64::from(s.k) >= 2 * u64::from(s.m.max(s.n));
+    let long_k = gpu && s.batch == 1 && !few_rows && u64::from(s.k) >= 2 * u64::from(s.m.max(s.n));
     // Native kernels split k in as many parts as fill the SMs.
     let parts = filling_split(p, kernel.variant).unwrap_or(4);
     let splits = match long_k && p.split(kernel.variant, parts, caps.subgroup).is_some() {
