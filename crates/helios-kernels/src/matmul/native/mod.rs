@@ -710,9 +710,10 @@ mod tests {
                 .grid
         };
         assert_eq!(grid(768, 768, 4096), [132, 1, 1]);
-        // 65535 × 500 tiles of one k step: 32.8 million steps, 131 blocks.
-        let steps = 65535u64 * 500;
-        assert_eq!(grid(128 * 65535, 192 * 500, 16), [131, 1, 1]);
+        // 400 × 400 tiles of 204 k steps (every matrix under 2^32 elements): 32.6 million
+        // steps, 131 blocks.
+        let steps = 400u64 * 400 * 204;
+        assert_eq!(grid(128 * 400, 192 * 400, 16 * 204), [131, 1, 1]);
         assert!(steps * 131 <= u64::from(u32::MAX) && steps * 132 > u64::from(u32::MAX));
     }
 
