@@ -132,10 +132,9 @@ pub(crate) fn choose(p: &Problem) -> Result<(Plan, Choice)> {
     Ok(match resolve(p, false)? {
         // A class not yet explored, tuning online: its first choice, or that one's stand-in
         // while its native kernel is JIT-compiled, as an explored class would run.
-        Memo::Fixed(plan, Choice::Default) if tuning(p.a.device()) == Tuning::Online => (
-            super::explore::stand_in(p, &plan).unwrap_or(plan),
-            Choice::Default,
-        ),
+        Memo::Fixed(plan, Choice::Default) if tuning(p.a.device()) == Tuning::Online => {
+            (stand_in(p, &plan).unwrap_or(plan), Choice::Default)
+        }
         Memo::Fixed(plan, how) => (plan, how),
         Memo::Exploring(e) => (e.current(p), Choice::Exploring),
     })
@@ -444,6 +443,40 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
         false => 1,
     };
     Plan { kernel, splits }
+}
+
+/// The SPIR-V kernel real calls of `p` run while `incumbent`'s native kernel is being
+/// JIT-compiled (asked for here, ahead of the candidates), or `None` where the incumbent can
+/// run without waiting for one. Why: the driver JIT-compiles one PTX module at a time, at
+/// ~0.25 s each when cold, while a cold pipeline takes tens of milliseconds on one of many
+/// threads; a fresh GPT-2 run's first step waited 4.6 s for its native kernels (H200:
+/// bench/results/2026-11-30-session46-h200.md). The stand-in is the default SPIR-V kernel,
+/// unsplit.
+pub(super) fn stand_in(p: &Problem, incumbent: &Plan) -> Option<Plan> {
+    let (k, _) = super::explore::launched(p, incumbent)?;
+    let device = p.a.device();
+    let key = crate::device::KernelKey::Matmul(k);
+    if !k.variant.is_native() || device.has_kernel(&key) {
+        return None;
+    }
+    let target = device.native_target()?;
+    // Failing here, the incumbent's own launch reports the error.
+    device
+        .native_kernel(key, || Ok(k.build_native(target)?), true)
+        .ok()?;
+    let caps = matmul_caps(device);
+    let d = helios_kernels::matmul::default_variant(
+        p.input.storage(),
+        p.out.storage(),
+        p.trans,
+        &p.shape,
+        p.epilogue,
+        &caps,
+    );
+    Some(Plan {
+        kernel: p.kernel(d.variant, caps.subgroup),
+        splits: 1,
+    })
 }
 
 /// The native tile a class starts on: `nv256x192k16s3w2` where its rounds of tiles over the
