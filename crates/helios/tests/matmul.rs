@@ -220,21 +220,7 @@ fn products_with_column_sums() {
         let (c, sums) = a.matmul_col_sums(&b, v).unwrap();
         assert_eq!((c.shape(), sums.shape()), (&[m, n][..], &[n][..]));
         assert_eq!((c.dtype(), sums.dtype()), (dtype, dtype));
-        let want = reference(
-            &a_host,
-            &b_host,
-            &MatmulRef {
-                batch: 1,
-                m,
-                n,
-                k,
-                alpha: 1.0,
-                bias: None,
-                act: Activation::None,
-                residual: None,
-                act_grad: Activation::None,
-            },
-        );
+        let want = reference(&a_host, &b_host, &MatmulRef::plain(1, m, n, k));
         let want_sums: Vec<f64> = (0..n)
             .map(|j| (0..k).map(|r| f64::from(b_host[r * n + j])).sum())
             .collect();

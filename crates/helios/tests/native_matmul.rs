@@ -369,21 +369,7 @@ fn native_first_choices_stand_in_until_compiled() {
     let b_host = common::matmul::random(k * n, DType::BF16, 92);
     let a = Tensor::from_slice_as(dev, &a_host, &[m, k], DType::BF16).unwrap();
     let b = Tensor::from_slice_as(dev, &b_host, &[k, n], DType::BF16).unwrap();
-    let want = reference(
-        &a_host,
-        &b_host,
-        &MatmulRef {
-            batch: 1,
-            m,
-            n,
-            k,
-            alpha: 1.0,
-            bias: None,
-            act: Activation::None,
-            residual: None,
-            act_grad: Activation::None,
-        },
-    );
+    let want = reference(&a_host, &b_host, &MatmulRef::plain(1, m, n, k));
     let opts = MatmulOptions::default();
     let mut seen = Vec::new();
     let started = std::time::Instant::now();
