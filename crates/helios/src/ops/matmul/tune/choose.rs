@@ -11,6 +11,7 @@ use super::cache::{cached, class_key, earlier};
 use super::caps::matmul_caps;
 use super::exhaustive::{filling_split, tune};
 use super::explore::Explorer;
+use super::standin::stand_in;
 use crate::ops::matmul::{Plan, Problem};
 use crate::realize_lock::LockExt;
 use crate::{DType, Device, Error, Result};
@@ -443,40 +444,6 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
         false => 1,
     };
     Plan { kernel, splits }
-}
-
-/// The SPIR-V kernel real calls of `p` run while `incumbent`'s native kernel is being
-/// JIT-compiled (asked for here, ahead of the candidates), or `None` where the incumbent can
-/// run without waiting for one. Why: the driver JIT-compiles one PTX module at a time, at
-/// ~0.25 s each when cold, while a cold pipeline takes tens of milliseconds on one of many
-/// threads; a fresh GPT-2 run's first step waited 4.6 s for its native kernels (H200:
-/// bench/results/2026-11-30-session46-h200.md). The stand-in is the default SPIR-V kernel,
-/// unsplit.
-pub(super) fn stand_in(p: &Problem, incumbent: &Plan) -> Option<Plan> {
-    let (k, _) = super::explore::launched(p, incumbent)?;
-    let device = p.a.device();
-    let key = crate::device::KernelKey::Matmul(k);
-    if !k.variant.is_native() || device.has_kernel(&key) {
-        return None;
-    }
-    let target = device.native_target()?;
-    // Failing here, the incumbent's own launch reports the error.
-    device
-        .native_kernel(key, || Ok(k.build_native(target)?), true)
-        .ok()?;
-    let caps = matmul_caps(device);
-    let d = helios_kernels::matmul::default_variant(
-        p.input.storage(),
-        p.out.storage(),
-        p.trans,
-        &p.shape,
-        p.epilogue,
-        &caps,
-    );
-    Some(Plan {
-        kernel: p.kernel(d.variant, caps.subgroup),
-        splits: 1,
-    })
 }
 
 /// The native tile a class starts on: `nv256x192k16s3w2` where its rounds of tiles over the

@@ -25,6 +25,7 @@ use super::background;
 use super::cache::{store, winner_tag};
 use super::caps::matmul_caps;
 use super::exhaustive::{split_candidates, timed_candidates};
+use super::standin::{launched, stand_in};
 use crate::ops::matmul::{Plan, Problem};
 use crate::ops::online::{
     compare, fenced, median, refund, spend, warm, RowSample, Verdict, FIRST_ESTIMATE_US,
@@ -127,16 +128,6 @@ fn plan_of(p: &Problem, c: &Cand) -> Plan {
         kernel: p.kernel(c.variant, caps.subgroup),
         splits: c.splits,
     }
-}
-
-/// The matmul kernel a plan launches for `p` (a split plan's sub-problem kernel) and, for a
-/// split plan, the elements its partial products sum into.
-pub(super) fn launched(p: &Problem, plan: &Plan) -> Option<(MatmulKernel, Option<u32>)> {
-    if plan.splits <= 1 {
-        return Some((plan.kernel, None));
-    }
-    p.split(plan.kernel.variant, plan.splits, plan.kernel.subgroup)
-        .map(|(sub, k)| (k, Some(sub.m.saturating_mul(sub.n))))
 }
 
 /// Whether `plan`'s kernel for `p` can run now.
@@ -387,7 +378,7 @@ impl State {
             }
         }
         let incumbent = plan_of(p, &self.cands[0]);
-        match super::choose::stand_in(p, &incumbent) {
+        match stand_in(p, &incumbent) {
             Some(plan) => (plan, true),
             None => (incumbent, false),
         }

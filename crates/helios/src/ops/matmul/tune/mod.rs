@@ -14,7 +14,8 @@
 //! class` line per class).
 //!
 //! The files: `caps` (what the device offers matmul), `choose` (the selection, its
-//! per-process memo and the first choice), `explore` (tuning on real work) and `background`
+//! per-process memo and the first choice), `standin` (the SPIR-V kernel a class runs while
+//! its native first choice is JIT-compiled), `explore` (tuning on real work) and `background`
 //! (its compile threads), `cache` (shape classes and the on-disk winners), `exhaustive` (the
 //! exhaustive tuner: candidates, split-K, reports), `check` (a candidate's correctness check
 //! against the CPU reference), `timing` (GPU timing of candidates) and `peak` (the
@@ -28,6 +29,7 @@ mod choose;
 mod exhaustive;
 mod explore;
 mod peak;
+mod standin;
 mod timing;
 
 pub use background::stop as stop_background_tuning;
