@@ -5,14 +5,17 @@
 //! program's own launches) before the rest (tuning's candidates), because NVIDIA's driver
 //! JIT-compiles one PTX module at a time per process (H200: sixteen asked at once finished one
 //! by one, ~0.25 s apart: bench/results/2026-11-30-session46-h200.md). More threads there
-//! would only take the pipelines' threads and lose the order.
+//! would only take the pipelines' threads and lose the order. A process about to exit calls
+//! `stop_compiles`: what has not started is skipped, what runs is waited for.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex};
 
 use crate::sync::LockExt;
 
-type Job = Box<dyn FnOnce() + Send>;
+/// A compile; given `true` when the process is stopping (`stop_compiles`), it fills its
+/// slot with an error instead of calling the driver.
+type Job = Box<dyn FnOnce(bool) + Send>;
 
 /// A compile's result, filled at creation or by a pool thread: `wait` blocks until it is.
 pub(crate) struct Slot<T> {
@@ -53,13 +56,19 @@ impl<T: Copy> Slot<T> {
 struct Pool {
     jobs: VecDeque<Job>,
     threads: usize,
+    /// Jobs running.
+    running: usize,
+    stopping: bool,
 }
 
 static POOL: Mutex<Pool> = Mutex::new(Pool {
     jobs: VecDeque::new(),
     threads: 0,
+    running: 0,
+    stopping: false,
 });
 static READY: Condvar = Condvar::new();
+static IDLE: Condvar = Condvar::new();
 
 /// Queues `job` (a pipeline's compile) for the pool.
 pub(crate) fn spawn(job: Job) {
@@ -75,8 +84,9 @@ pub(crate) fn spawn(job: Job) {
             // No thread to be had: compile here.
             pool.threads -= 1;
             let job = pool.jobs.pop_back().expect("pushed above");
+            let stopping = pool.stopping;
             drop(pool);
-            job();
+            job(stopping);
             return;
         }
     }
@@ -85,27 +95,29 @@ pub(crate) fn spawn(job: Job) {
 
 fn work() {
     loop {
-        let job = {
+        let (job, stopping) = {
             let mut pool = POOL.locked();
             loop {
                 if let Some(job) = pool.jobs.pop_front() {
-                    break job;
+                    pool.running += 1;
+                    break (job, pool.stopping);
                 }
                 pool = crate::sync::wait(&READY, pool);
             }
         };
-        job();
+        job(stopping);
+        let mut pool = POOL.locked();
+        pool.running -= 1;
+        if pool.running == 0 && pool.jobs.is_empty() {
+            IDLE.notify_all();
+        }
     }
 }
 
-/// A native kernel's JIT; given `true` when the process is stopping (`stop_native_jits`), it
-/// fills its slot with an error instead of calling the driver.
-pub(crate) type NativeJob = Box<dyn FnOnce(bool) + Send>;
-
 /// The native kernels' lane: urgent JITs first, each kind in the order asked for.
 struct Lane {
-    urgent: VecDeque<NativeJob>,
-    later: VecDeque<NativeJob>,
+    urgent: VecDeque<Job>,
+    later: VecDeque<Job>,
     started: bool,
     /// A job is running.
     busy: bool,
@@ -124,7 +136,7 @@ static LANE_IDLE: Condvar = Condvar::new();
 
 /// Queues `job` (a native kernel's JIT) for the native lane, ahead of every job not
 /// `urgent` when it is.
-pub(crate) fn spawn_native(job: NativeJob, urgent: bool) {
+pub(crate) fn spawn_native(job: Job, urgent: bool) {
     let mut lane = LANE.locked();
     match urgent {
         true => lane.urgent.push_back(job),
@@ -171,10 +183,21 @@ fn work_native() {
     }
 }
 
-/// Skips the native JITs not started yet (their kernels fail with an error) and waits for
-/// the one running: for a process about to exit, whose driver must not be unloaded under a
-/// JIT (a fresh GPT-2 run leaves dozens of tuning candidates queued).
-pub fn stop_native_jits() {
+/// Skips the compiles and native JITs not started yet (their pipelines and kernels fail with
+/// an error) and waits for those running: for a process about to exit, whose driver must not
+/// be unloaded under a compile (a fresh GPT-2 run leaves dozens of tuning candidates queued,
+/// each holding its Context, which the last one to finish destroys).
+pub fn stop_compiles() {
+    stop_lane();
+    let mut pool = POOL.locked();
+    pool.stopping = true;
+    while pool.running > 0 || !pool.jobs.is_empty() {
+        pool = crate::sync::wait(&IDLE, pool);
+    }
+}
+
+/// The native lane's part of `stop_compiles`.
+fn stop_lane() {
     let mut lane = LANE.locked();
     lane.stopping = true;
     while lane.busy || !(lane.urgent.is_empty() && lane.later.is_empty()) {
@@ -195,7 +218,7 @@ mod tests {
     fn the_native_lane_takes_urgent_jits_first() {
         let order = Arc::new(Mutex::new(Vec::new()));
         let (done_tx, done_rx) = mpsc::channel();
-        let job = |name: &'static str| -> NativeJob {
+        let job = |name: &'static str| -> Job {
             let (order, done) = (order.clone(), done_tx.clone());
             Box::new(move |_| {
                 order.locked().push(name);
@@ -234,7 +257,7 @@ mod tests {
     }
 
     /// Once the process stops the lane, the JITs not started are told to skip (their slots
-    /// get an error) and `stop_native_jits` returns when the lane is idle. (The flag stays
+    /// get an error) and the stop returns when the lane is idle. (The flag stays
     /// set: the other test's jobs ignore it.)
     #[test]
     fn stopping_skips_the_jits_not_started() {
@@ -257,7 +280,8 @@ mod tests {
             }),
             true,
         );
-        let stopper = std::thread::spawn(stop_native_jits);
+        // The lane only: the pool stays open for the crate's other tests.
+        let stopper = std::thread::spawn(stop_lane);
         while !LANE.locked().stopping {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -266,7 +290,7 @@ mod tests {
             .recv_timeout(Duration::from_secs(60))
             .expect("the queued job ran");
         assert!(told, "a JIT queued before the stop was not skipped");
-        stopper.join().expect("stop_native_jits returned");
+        stopper.join().expect("stop_lane returned");
         assert!(!LANE.locked().busy);
     }
 }

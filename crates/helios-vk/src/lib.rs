@@ -67,7 +67,7 @@ pub use caps::{
     Caps, CooperativeMatrixShape, DeviceType, External, ExternalSupport, Features, Limits,
     MemoryHeap, MemoryType, QueueFamily, Subgroup,
 };
-pub use compile_pool::stop_native_jits;
+pub use compile_pool::stop_compiles;
 pub use context::{pick_queue_family, pick_transfer_family, Context, ContextOptions};
 pub use coopmat2::{CooperativeMatrix2, FlexibleShape};
 pub use encoder::{Access, EncoderStats, SubmitHold, DEFAULT_BATCH};

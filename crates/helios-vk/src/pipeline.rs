@@ -62,7 +62,7 @@ impl Context {
     /// A compute pipeline, compiled before this returns (see `create_pipeline_deferred`).
     pub fn create_pipeline(self: &Arc<Self>, desc: &PipelineDesc<'_>) -> Result<Arc<Pipeline>> {
         let (pipeline, compile) = self.pipeline_parts(desc)?;
-        compile();
+        compile(false);
         handle(&pipeline.slot)?;
         Ok(pipeline)
     }
@@ -86,7 +86,7 @@ impl Context {
     fn pipeline_parts(
         self: &Arc<Self>,
         desc: &PipelineDesc<'_>,
-    ) -> Result<(Arc<Pipeline>, impl FnOnce() + Send + 'static)> {
+    ) -> Result<(Arc<Pipeline>, impl FnOnce(bool) + Send + 'static)> {
         let invalid = |detail: String| Error::InvalidPipeline {
             pipeline: desc.name.to_owned(),
             detail,
@@ -141,7 +141,11 @@ impl Context {
         let spirv = desc.spirv.to_vec();
         let spec = desc.spec_constants.to_vec();
         let name = desc.name.to_owned();
-        let compile = move || {
+        let compile = move |stopping: bool| {
+            if stopping {
+                slot.set(Err(vk::Result::ERROR_INITIALIZATION_FAILED));
+                return;
+            }
             let started = Instant::now();
             let r = ctx.compile_pipeline(&spirv, &entry, &spec, layout);
             if let Ok(raw) = r {

@@ -133,11 +133,11 @@ pub(crate) fn wait_idle() {
     }
 }
 
-/// Skips the compiles not started yet and waits for those running, tuning's and the native
-/// JITs queued for anything else (attention's candidates): for a process about to exit (a
-/// driver unloaded under a compiling thread may crash).
+/// Skips the compiles not started yet and waits for those running, tuning's and those
+/// queued for anything else (attention's candidates): for a process about to exit (a driver
+/// unloaded under a compiling thread may crash).
 pub fn stop() {
     STOPPING.store(true, Ordering::Release);
-    helios_vk::stop_native_jits();
+    helios_vk::stop_compiles();
     wait_idle();
 }
