@@ -81,7 +81,7 @@ pub struct Context {
     /// This Context's own handle, for the batches it queues (worker.rs).
     pub(crate) me: Weak<Context>,
     /// Closed batches waiting for the submit thread (worker.rs).
-    pub(crate) jobs: Arc<Jobs>,
+    pub(crate) jobs: Arc<Jobs<Context>>,
     /// Whether the submit thread runs (else batches are submitted where they close).
     pub(crate) has_worker: bool,
     worker: Mutex<Option<JoinHandle<()>>>,

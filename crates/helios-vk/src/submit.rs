@@ -142,7 +142,42 @@ impl Submitter {
     }
 }
 
+/// The submit thread's side (worker.rs): batches are submitted to their Context.
+impl crate::worker::Submits for Context {
+    type Batch = OpenBatch;
+
+    fn submit_batch(&self, batch: OpenBatch) -> Result<()> {
+        Context::submit_batch(self, batch)
+    }
+}
+
 impl Context {
+    /// Queues a closed batch for the submit thread (or submits it here where there is none).
+    pub(crate) fn enqueue(&self, batch: OpenBatch) -> Result<()> {
+        let ctx = self.me.upgrade().expect("a Context in use has a handle");
+        self.jobs.push(ctx, batch, self.has_worker);
+        match self.has_worker {
+            true => Ok(()),
+            false => self.drain(),
+        }
+    }
+
+    /// Submits every queued batch on this thread (the submit thread may take some first).
+    pub(crate) fn drain(&self) -> Result<()> {
+        while self.jobs.run_next() {}
+        self.check_submits()
+    }
+
+    /// The first failed submission, if there was one: nothing submits after it.
+    pub(crate) fn check_submits(&self) -> Result<()> {
+        self.jobs.check()
+    }
+
+    /// Host time spent recording and submitting batches so far, ns.
+    pub(crate) fn submit_ns(&self) -> u64 {
+        self.jobs.submit_ns()
+    }
+
     /// A command buffer from the ring, begun, with a barrier against all earlier work on the
     /// queue (submission order alone does not make earlier writes visible); over all
     /// commands where native launches are on either side (`native`).

@@ -31,13 +31,19 @@ use std::time::Instant;
 
 use ash::vk;
 
-use crate::context::Context;
-use crate::encoder::OpenBatch;
 use crate::error::{Error, Result};
 
+/// What the submit thread submits batches to: the Context (submit.rs).
+pub(crate) trait Submits: Send + Sync + 'static {
+    type Batch: Send;
+
+    /// Records `batch` into a command buffer and submits it.
+    fn submit_batch(&self, batch: Self::Batch) -> Result<()>;
+}
+
 /// Batches queued for submission, shared by a Context and its submit thread.
-pub(crate) struct Jobs {
-    state: Mutex<State>,
+pub(crate) struct Jobs<C: Submits> {
+    state: Mutex<State<C>>,
     /// Signalled when a batch is queued or the queue closes.
     ready: Condvar,
     /// Held while a batch is taken off the queue and submitted: submission order is queue
@@ -50,18 +56,18 @@ pub(crate) struct Jobs {
     submit_ns: AtomicU64,
 }
 
-struct State {
-    queue: VecDeque<Job>,
+struct State<C: Submits> {
+    queue: VecDeque<Job<C>>,
     closed: bool,
 }
 
-struct Job {
-    ctx: Arc<Context>,
-    batch: OpenBatch,
+struct Job<C: Submits> {
+    ctx: Arc<C>,
+    batch: C::Batch,
 }
 
-impl Jobs {
-    pub(crate) fn new() -> Arc<Jobs> {
+impl<C: Submits> Jobs<C> {
+    pub(crate) fn new() -> Arc<Jobs<C>> {
         Arc::new(Jobs {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
@@ -100,8 +106,16 @@ impl Jobs {
         }
     }
 
+    /// Queues `batch` of `ctx` and, where a submit thread serves the queue (`notify`), wakes it.
+    pub(crate) fn push(&self, ctx: Arc<C>, batch: C::Batch, notify: bool) {
+        self.state.locked().queue.push_back(Job { ctx, batch });
+        if notify {
+            self.ready.notify_one();
+        }
+    }
+
     /// Submits the oldest queued batch, if any; false if the queue was empty.
-    fn run_next(&self) -> bool {
+    pub(crate) fn run_next(&self) -> bool {
         let ctx = {
             let _running = self.running.locked();
             let Some(Job { ctx, batch }) = self.state.locked().queue.pop_front() else {
@@ -134,38 +148,12 @@ impl Jobs {
         self.failed.store(true, Ordering::Release);
     }
 
-    /// Closes the queue: the submit thread ends once it is empty.
-    pub(crate) fn close(&self) {
-        self.state.locked().closed = true;
-        self.ready.notify_all();
-    }
-}
-
-impl Context {
-    /// Queues a closed batch for the submit thread (or submits it here where there is none).
-    pub(crate) fn enqueue(&self, batch: OpenBatch) -> Result<()> {
-        let ctx = self.me.upgrade().expect("a Context in use has a handle");
-        self.jobs.state.locked().queue.push_back(Job { ctx, batch });
-        if self.has_worker {
-            self.jobs.ready.notify_one();
-            Ok(())
-        } else {
-            self.drain()
-        }
-    }
-
-    /// Submits every queued batch on this thread (the submit thread may take some first).
-    pub(crate) fn drain(&self) -> Result<()> {
-        while self.jobs.run_next() {}
-        self.check_submits()
-    }
-
     /// The first failed submission, if there was one: nothing submits after it.
-    pub(crate) fn check_submits(&self) -> Result<()> {
-        if !self.jobs.failed.load(Ordering::Acquire) {
+    pub(crate) fn check(&self) -> Result<()> {
+        if !self.failed.load(Ordering::Acquire) {
             return Ok(());
         }
-        match *self.jobs.failure.locked() {
+        match *self.failure.locked() {
             Some((call, result)) => Err(Error::vk(call, result)),
             None => Err(Error::DeviceLost),
         }
@@ -173,6 +161,12 @@ impl Context {
 
     /// Host time spent recording and submitting batches so far, ns.
     pub(crate) fn submit_ns(&self) -> u64 {
-        self.jobs.submit_ns.load(Ordering::Relaxed)
+        self.submit_ns.load(Ordering::Relaxed)
+    }
+
+    /// Closes the queue: the submit thread ends once it is empty.
+    pub(crate) fn close(&self) {
+        self.state.locked().closed = true;
+        self.ready.notify_all();
     }
 }
