@@ -3,9 +3,9 @@
 //! compile fills. Pipelines: one thread per host thread, taking compiles in the order they
 //! were asked for. Native kernels: one thread of their own, taking the urgent ones (a
 //! program's own launches) before the rest (tuning's candidates), because NVIDIA's driver
-//! JIT-compiles one PTX module at a time per process (H200: sixteen asked at once finished one
-//! by one, ~0.25 s apart: bench/results/2026-11-30-session46-h200.md). More threads there
-//! would only take the pipelines' threads and lose the order. A process about to exit calls
+//! JIT-compiles one PTX module at a time per process
+//! (bench/results/2026-11-30-session46-h200.md). More threads there would only take the
+//! pipelines' threads and lose the order. A process about to exit calls
 //! `stop_compiles`: what has not started is skipped, what runs is waited for.
 
 use std::collections::VecDeque;

@@ -13,8 +13,8 @@
 //!   the next block's slot (the sum of all above) to its part; the head then adds one slot;
 //! - **direct**, where it spans [`DIRECT_ABOVE`] blocks or more above the head: the others
 //!   store their parts without waiting, and the head adds every slot, nearest first. A
-//!   chain there is one slot's round trip per block after another (768 × 768 × 4096, whose
-//!   tiles span ~6 blocks, took 39.4 µs where its k steps take ~13; direct, 27.4).
+//!   chain there is one slot's round trip per block after another, several times the k
+//!   steps' own time (bench/results/2026-11-30-session46-h200.md).
 //!
 //! A block waits only at its last piece (a chained middle block has one piece), and only
 //! for blocks above it, which never wait at their first: there is no cycle to deadlock on,

@@ -163,8 +163,8 @@ pub(super) fn choose(
     ));
     // Tuning online, a native kernel still being JIT-compiled is passed over for the next in
     // the order (its JIT asked for now, first in line): a cold driver JIT-compiles one module
-    // at a time, ~0.2-0.5 s each (bench/results/2026-11-30-session46-h200.md), and its
-    // first-use check would hold the call until then.
+    // at a time (bench/results/2026-11-30-session46-h200.md), and its first-use check would
+    // hold the call until then.
     // Only the first native kernel that can run is asked for.
     let online = super::tune::mode(device) == crate::ops::Tuning::Online;
     let mut compiling = false;

@@ -389,10 +389,8 @@ const DECODE_ROWS: u32 = 16;
 /// The kernel a class runs before anything was timed: a rule read off the tuners' winners
 /// on GPT-2's classes (H200, bf16 and f32: bench/results/2026-11-29-session34-note.md).
 /// - f16/bf16 with native kernels, [`DECODE_ROWS`] rows or fewer (decoding), unsplit:
-///   `coop64x64w2x2k64d2`, which won 17 of the 20 decode classes of two GPT-2 bf16 runs
-///   (batch 1 and 8) on real work, at 0.38-0.88× the native stream-K tile's time;
-///   `coop32x64w1x2k32d2` won the other three, the lm head's among them
-///   (bench/results/2026-11-30-decode-first-choice-h200.txt).
+///   `coop64x64w2x2k64d2`, the winner on real work of most of GPT-2's decode classes, bf16
+///   at batch 1 and 8 (bench/results/2026-11-30-decode-first-choice-h200.txt).
 /// - Otherwise, f16/bf16 with native kernels: the native tile of the fewer rounds of tiles
 ///   over the SMs (`native_tile`).
 /// - f32 on a GPU: `simt128x64d1` (won 22 of 35), `simt32x32d1` for outputs 64 wide or

@@ -18,11 +18,10 @@ pub(super) fn launched(p: &Problem, plan: &Plan) -> Option<(MatmulKernel, Option
 
 /// The SPIR-V kernel real calls of `p` run while `incumbent`'s native kernel is being
 /// JIT-compiled (asked for here, ahead of the candidates), or `None` where the incumbent can
-/// run without waiting for one. Why: the driver JIT-compiles one PTX module at a time, at
-/// ~0.25 s each when cold, while a cold pipeline takes tens of milliseconds on one of many
-/// threads; a fresh GPT-2 run's first step waited 4.6 s for its native kernels (H200:
-/// bench/results/2026-11-30-session46-h200.md). The stand-in is the default SPIR-V kernel,
-/// unsplit.
+/// run without waiting for one. Why: the driver JIT-compiles one PTX module at a time while
+/// pipelines compile side by side, so a cold first step waited seconds for its native
+/// kernels (bench/results/2026-11-30-session46-h200.md). The stand-in is the default SPIR-V
+/// kernel, unsplit.
 pub(super) fn stand_in(p: &Problem, incumbent: &Plan) -> Option<Plan> {
     let (k, _) = launched(p, incumbent)?;
     let device = p.a.device();
