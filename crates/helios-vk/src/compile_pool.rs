@@ -53,134 +53,41 @@ impl<T: Copy> Slot<T> {
     }
 }
 
-struct Pool {
-    jobs: VecDeque<Job>,
+/// Compiles waiting for a thread, taken urgent first, each kind in the order asked for.
+struct Queue {
+    urgent: VecDeque<Job>,
+    later: VecDeque<Job>,
     threads: usize,
     /// Jobs running.
     running: usize,
     stopping: bool,
 }
 
-static POOL: Mutex<Pool> = Mutex::new(Pool {
-    jobs: VecDeque::new(),
-    threads: 0,
-    running: 0,
-    stopping: false,
-});
-static READY: Condvar = Condvar::new();
-static IDLE: Condvar = Condvar::new();
+/// A set of compile threads: the pipelines' (one per host thread) or the native kernels'
+/// lane (one thread).
+struct Pool {
+    queue: Mutex<Queue>,
+    /// Signalled when a job is queued.
+    ready: Condvar,
+    /// Signalled when nothing is queued or running.
+    idle: Condvar,
+    name: &'static str,
+    /// Threads at most; 0: one per host thread.
+    max_threads: usize,
+}
 
-/// Queues `job` (a pipeline's compile) for the pool.
+static PIPELINES: Pool = Pool::new("helios-pipelines", 0);
+static NATIVE: Pool = Pool::new("helios-native-jit", 1);
+
+/// Queues `job` (a pipeline's compile) for the pipelines' threads.
 pub(crate) fn spawn(job: Job) {
-    let mut pool = POOL.locked();
-    pool.jobs.push_back(job);
-    let want = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if pool.threads < want {
-        pool.threads += 1;
-        let started = std::thread::Builder::new()
-            .name("helios-pipelines".into())
-            .spawn(work);
-        if started.is_err() {
-            // No thread to be had: compile here.
-            pool.threads -= 1;
-            let job = pool.jobs.pop_back().expect("pushed above");
-            let stopping = pool.stopping;
-            drop(pool);
-            job(stopping);
-            return;
-        }
-    }
-    READY.notify_one();
+    PIPELINES.spawn(job, false);
 }
-
-fn work() {
-    loop {
-        let (job, stopping) = {
-            let mut pool = POOL.locked();
-            loop {
-                if let Some(job) = pool.jobs.pop_front() {
-                    pool.running += 1;
-                    break (job, pool.stopping);
-                }
-                pool = crate::sync::wait(&READY, pool);
-            }
-        };
-        job(stopping);
-        let mut pool = POOL.locked();
-        pool.running -= 1;
-        if pool.running == 0 && pool.jobs.is_empty() {
-            IDLE.notify_all();
-        }
-    }
-}
-
-/// The native kernels' lane: urgent JITs first, each kind in the order asked for.
-struct Lane {
-    urgent: VecDeque<Job>,
-    later: VecDeque<Job>,
-    started: bool,
-    /// A job is running.
-    busy: bool,
-    stopping: bool,
-}
-
-static LANE: Mutex<Lane> = Mutex::new(Lane {
-    urgent: VecDeque::new(),
-    later: VecDeque::new(),
-    started: false,
-    busy: false,
-    stopping: false,
-});
-static LANE_READY: Condvar = Condvar::new();
-static LANE_IDLE: Condvar = Condvar::new();
 
 /// Queues `job` (a native kernel's JIT) for the native lane, ahead of every job not
 /// `urgent` when it is.
 pub(crate) fn spawn_native(job: Job, urgent: bool) {
-    let mut lane = LANE.locked();
-    match urgent {
-        true => lane.urgent.push_back(job),
-        false => lane.later.push_back(job),
-    }
-    if !lane.started {
-        let started = std::thread::Builder::new()
-            .name("helios-native-jit".into())
-            .spawn(work_native);
-        if started.is_err() {
-            // No thread to be had: compile here.
-            let job = match urgent {
-                true => lane.urgent.pop_back(),
-                false => lane.later.pop_back(),
-            };
-            let stopping = lane.stopping;
-            drop(lane);
-            job.expect("pushed above")(stopping);
-            return;
-        }
-        lane.started = true;
-    }
-    LANE_READY.notify_one();
-}
-
-fn work_native() {
-    loop {
-        let (job, stopping) = {
-            let mut lane = LANE.locked();
-            loop {
-                if let Some(job) = lane.urgent.pop_front().or_else(|| lane.later.pop_front()) {
-                    lane.busy = true;
-                    break (job, lane.stopping);
-                }
-                lane = crate::sync::wait(&LANE_READY, lane);
-            }
-        };
-        job(stopping);
-        let mut lane = LANE.locked();
-        lane.busy = false;
-        if lane.urgent.is_empty() && lane.later.is_empty() {
-            LANE_IDLE.notify_all();
-        }
-    }
+    NATIVE.spawn(job, urgent);
 }
 
 /// Skips the compiles and native JITs not started yet (their pipelines and kernels fail with
@@ -188,20 +95,87 @@ fn work_native() {
 /// be unloaded under a compile (a fresh GPT-2 run leaves dozens of tuning candidates queued,
 /// each holding its Context, which the last one to finish destroys).
 pub fn stop_compiles() {
-    stop_lane();
-    let mut pool = POOL.locked();
-    pool.stopping = true;
-    while pool.running > 0 || !pool.jobs.is_empty() {
-        pool = crate::sync::wait(&IDLE, pool);
-    }
+    NATIVE.stop();
+    PIPELINES.stop();
 }
 
-/// The native lane's part of `stop_compiles`.
-fn stop_lane() {
-    let mut lane = LANE.locked();
-    lane.stopping = true;
-    while lane.busy || !(lane.urgent.is_empty() && lane.later.is_empty()) {
-        lane = crate::sync::wait(&LANE_IDLE, lane);
+impl Pool {
+    const fn new(name: &'static str, max_threads: usize) -> Pool {
+        Pool {
+            queue: Mutex::new(Queue {
+                urgent: VecDeque::new(),
+                later: VecDeque::new(),
+                threads: 0,
+                running: 0,
+                stopping: false,
+            }),
+            ready: Condvar::new(),
+            idle: Condvar::new(),
+            name,
+            max_threads,
+        }
+    }
+
+    fn spawn(&'static self, job: Job, urgent: bool) {
+        let mut q = self.queue.locked();
+        match urgent {
+            true => q.urgent.push_back(job),
+            false => q.later.push_back(job),
+        }
+        let max = match self.max_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        if q.threads < max {
+            q.threads += 1;
+            let started = std::thread::Builder::new()
+                .name(self.name.into())
+                .spawn(move || self.work());
+            if started.is_err() {
+                // No thread to be had: compile here.
+                q.threads -= 1;
+                let job = match urgent {
+                    true => q.urgent.pop_back(),
+                    false => q.later.pop_back(),
+                };
+                let stopping = q.stopping;
+                drop(q);
+                job.expect("pushed above")(stopping);
+                return;
+            }
+        }
+        self.ready.notify_one();
+    }
+
+    fn work(&self) {
+        loop {
+            let (job, stopping) = {
+                let mut q = self.queue.locked();
+                loop {
+                    if let Some(job) = q.urgent.pop_front().or_else(|| q.later.pop_front()) {
+                        q.running += 1;
+                        break (job, q.stopping);
+                    }
+                    q = crate::sync::wait(&self.ready, q);
+                }
+            };
+            job(stopping);
+            let mut q = self.queue.locked();
+            q.running -= 1;
+            if q.running == 0 && q.urgent.is_empty() && q.later.is_empty() {
+                self.idle.notify_all();
+            }
+        }
+    }
+
+    /// `stop_compiles` for this pool: from now on every job skips; returns once none is
+    /// queued or running.
+    fn stop(&self) {
+        let mut q = self.queue.locked();
+        q.stopping = true;
+        while q.running > 0 || !(q.urgent.is_empty() && q.later.is_empty()) {
+            q = crate::sync::wait(&self.idle, q);
+        }
     }
 }
 
@@ -280,9 +254,9 @@ mod tests {
             }),
             true,
         );
-        // The lane only: the pool stays open for the crate's other tests.
-        let stopper = std::thread::spawn(stop_lane);
-        while !LANE.locked().stopping {
+        // The lane only: the pipelines' pool stays open for the crate's other tests.
+        let stopper = std::thread::spawn(|| NATIVE.stop());
+        while !NATIVE.queue.locked().stopping {
             std::thread::sleep(Duration::from_millis(1));
         }
         gate_tx.send(()).expect("the first job waits");
@@ -290,7 +264,7 @@ mod tests {
             .recv_timeout(Duration::from_secs(60))
             .expect("the queued job ran");
         assert!(told, "a JIT queued before the stop was not skipped");
-        stopper.join().expect("stop_lane returned");
-        assert!(!LANE.locked().busy);
+        stopper.join().expect("the stop returned");
+        assert_eq!(NATIVE.queue.locked().running, 0);
     }
 }
