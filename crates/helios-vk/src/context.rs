@@ -406,6 +406,12 @@ impl Context {
         self.pipeline_cache.stats()
     }
 
+    /// When this Context's pipeline cache was made: the zero of `HELIOS_VERBOSE`'s compile
+    /// lines ("from N ms"), so a caller can place its own events among them.
+    pub fn created_at(&self) -> std::time::Instant {
+        self.pipeline_cache.born()
+    }
+
     /// Writes the pipeline cache to its file now (also done when the Context drops). Does
     /// nothing when persistence is off.
     pub fn save_pipeline_cache(&self) -> Result<()> {

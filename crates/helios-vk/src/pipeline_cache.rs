@@ -202,6 +202,10 @@ impl PipelineCache {
         Ok(cache)
     }
 
+    pub(crate) fn born(&self) -> Instant {
+        self.born
+    }
+
     pub(crate) fn raw(&self) -> vk::PipelineCache {
         self.raw
     }

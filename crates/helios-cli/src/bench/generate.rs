@@ -199,13 +199,33 @@ fn one(
     let built = || device.context().pipeline_stats().pipelines_created;
     let before = built();
     device.synchronize()?;
-    let mut stamps = Vec::with_capacity(n);
+    let mut stamps: Vec<Instant> = Vec::with_capacity(n);
     let t0 = Instant::now();
+    // HELIOS_VERBOSE=1: a token twice as slow as the one before it is printed when it ends,
+    // on the clock of the compile lines, so the log shows what it waited for.
+    let verbose = std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1");
+    let born = device.context().created_at();
+    let mut stamp = || {
+        let now = Instant::now();
+        if let (true, [.., a, b]) = (verbose, stamps.as_slice()) {
+            let (last, this) = (*b - *a, now - *b);
+            if this > 2 * last && this.as_secs_f64() > 1e-3 {
+                eprintln!(
+                    "bench: {pass} {} batch {batch} token {} took {:.2} ms (the one before \
+                     {:.2}), ending at {:.0} ms",
+                    precision_name(precision),
+                    stamps.len() + 1,
+                    this.as_secs_f64() * 1e3,
+                    last.as_secs_f64() * 1e3,
+                    (now - born).as_secs_f64() * 1e3
+                );
+            }
+        }
+        stamps.push(now);
+    };
     match batch {
-        1 => drop(generate(params, device, &PROMPT, n, &greedy, |_| {
-            stamps.push(Instant::now())
-        })?),
-        _ => decode_batch(params, batch, n, &greedy, |_| stamps.push(Instant::now()))?,
+        1 => drop(generate(params, device, &PROMPT, n, &greedy, |_| stamp())?),
+        _ => decode_batch(params, batch, n, &greedy, |_| stamp())?,
     }
     let mut last = t0;
     let tokens_ms: Vec<f64> = stamps

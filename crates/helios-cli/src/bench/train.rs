@@ -38,6 +38,10 @@ struct TrainResult {
     /// Steps (counting the first) after which every step is within 2% of the median: how
     /// long tuning on real work took to settle.
     settled_after: usize,
+    /// Steps 2-101 (the hundred after the first, which `first_step_s` times) over a hundred
+    /// settled steps (the median): what tuning on real work cost while it explored. `None`
+    /// when fewer than 101 steps ran.
+    first_100: Option<f64>,
     /// Every step's wall time, ms, the first one included.
     steps_ms: Vec<f64>,
     /// What the batches held: `random` ids or the bundled corpus' `text`.
@@ -143,7 +147,8 @@ pub fn run(args: &BenchArgs) -> CliResult {
             let r = one(&device, &case, precision, steps, text.as_deref())?;
             eprintln!(
                 "bench: {} {} on {} tokens: {:.1} ms/step, {:.0} tokens/s, first step {:.2} s, \
-                 within 2% of the median after {} steps ({} matmul classes still tuning)",
+                 within 2% of the median after {} steps, steps 2-101 {} the settled time ({} \
+                 matmul classes still tuning)",
                 r.case,
                 r.precision,
                 r.tokens,
@@ -151,6 +156,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
                 r.tokens_per_s,
                 r.first_step_s,
                 r.settled_after,
+                r.first_100.map_or("-".to_string(), |x| format!("{x:.3}x")),
                 r.exploring
             );
             results.push(r);
@@ -331,6 +337,7 @@ fn one(
             .iter()
             .rposition(|&t| t > ms.median * 1.02)
             .map_or(0, |i| i + 1),
+        first_100: (all.len() > 100).then(|| all[1..101].iter().sum::<f64>() / (100.0 * ms.median)),
         steps_ms: all,
         tokens: if text.is_some() { "text" } else { "random" },
         exploring: helios::matmul_exploring(device).len(),
@@ -424,7 +431,7 @@ fn run_torch(
 
 fn table(results: &[TrainResult]) -> String {
     let mut s = String::from(
-        "case        prec   BxT       ms/step     p95  tokens/s  first s  2% after  fwd/bwd/opt ms   held/peak GiB | torch eager ms  compile ms  (first s, reserved/peak GiB)\n",
+        "case        prec   BxT       ms/step     p95  tokens/s  first s  2% after  2-101  fwd/bwd/opt ms   held/peak GiB | torch eager ms  compile ms  (first s, reserved/peak GiB)\n",
     );
     for r in results {
         let torch = |mode: &str| r.torch.iter().find(|t| t.mode == mode);
@@ -436,7 +443,7 @@ fn table(results: &[TrainResult]) -> String {
             None => "       -".to_string(),
         };
         s.push_str(&format!(
-            "{:11} {:5} {:>4}x{:<5} {:>8.1} {:>7.1} {:>9.0} {:>8.2} {:>9}  {:>5.1}/{:>5.1}/{:>5.1}  {:>6.2}/{:<6.2} | {}  {}\n",
+            "{:11} {:5} {:>4}x{:<5} {:>8.1} {:>7.1} {:>9.0} {:>8.2} {:>9}  {:>5}  {:>5.1}/{:>5.1}/{:>5.1}  {:>6.2}/{:<6.2} | {}  {}\n",
             r.case,
             r.precision,
             r.batch,
@@ -446,6 +453,7 @@ fn table(results: &[TrainResult]) -> String {
             r.tokens_per_s,
             r.first_step_s,
             r.settled_after,
+            r.first_100.map_or("-".to_string(), |x| format!("{x:.3}")),
             r.fwd_ms,
             r.bwd_ms,
             r.opt_ms,
