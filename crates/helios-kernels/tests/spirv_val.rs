@@ -201,7 +201,7 @@ mod matmul {
         let simt: Vec<Variant> = VARIANTS
             .iter()
             .map(|(_, v)| *v)
-            .filter(|v| !v.is_coop() && !v.is_native())
+            .filter(|v| matches!(v, Variant::Simt(_)))
             .collect();
         for (i, &v) in simt.iter().enumerate() {
             for (j, trans) in TRANS.into_iter().enumerate() {
@@ -237,6 +237,28 @@ mod matmul {
                                 }
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every few-row variant in every transpose, storage, alignment and epilogue they take
+    /// (no triangles, no column sums).
+    #[test]
+    fn rows_kernels_validate() {
+        let rows = VARIANTS
+            .iter()
+            .map(|(_, v)| *v)
+            .filter(|v| matches!(v, Variant::Rows(_)));
+        for v in rows {
+            for trans in TRANS {
+                for input in Storage::ALL {
+                    for vec in [false, true] {
+                        for ep in [Epilogue::NONE, FULL, ACT_GRAD, SAVING_PRE, ROW_OPS[1]] {
+                            check(&kernel(v, input, Storage::BF16, trans, vec, ep));
+                        }
+                        check(&kernel(v, input, Storage::F32, trans, vec, FULL));
                     }
                 }
             }

@@ -65,6 +65,9 @@ pub struct MatmulCaps {
     pub cpu_threads: Option<u32>,
     /// The PTX target of the device's native kernels (VK_NVX_binary_import), if it has them.
     pub native: Option<helios_ptx::Target>,
+    /// Compute subgroups can add (what the `rows` kernels reduce with), and none is narrower
+    /// than 4 invocations (their shared memory holds 64 subgroups' sums).
+    pub subgroup_add: bool,
 }
 
 /// One input type's workgroup-scope support: `m × n × k` products of f32-accumulated
@@ -105,6 +108,9 @@ impl MatmulKernel {
         match v {
             Variant::Simt(_) => !self.epilogue.col_sums() || self.triangle == Triangle::Full,
             Variant::Native(t) => super::native::feasible(self, t, caps.native),
+            Variant::Rows(_) => {
+                self.triangle == Triangle::Full && !self.epilogue.col_sums() && caps.subgroup_add
+            }
             _ if self.triangle.masks_a() || self.epilogue.col_sums() => false,
             Variant::Wg(t) => {
                 (!t.tensor || (self.input == Storage::F16 && caps.coop_wg_tensor))

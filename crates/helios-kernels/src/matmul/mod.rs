@@ -7,7 +7,8 @@
 //!   double-buffered through shared memory, where the device reports the fragment shapes;
 //! - `wg`: workgroup-scope matrices (VK_NV_cooperative_matrix2);
 //! - `native`: PTX with Hopper's `wgmma` for NVIDIA's native path (helios-ptx), built
-//!   by `MatmulKernel::build_native` instead of `build`.
+//!   by `MatmulKernel::build_native` instead of `build`;
+//! - `rows`: products of a few rows (decoding), k split across a workgroup's invocations.
 //!
 //! The variant table (`VARIANTS`) names every tile configuration; `default_variant` is the one
 //! documented selection rule used before (or without) the autotuner in `helios`, which times
@@ -20,7 +21,7 @@
 //! the tiles and their table, `epilogue` what happens to a product before it is stored (and
 //! the SPIR-V that does it), `launch` what a device runs and the push constants of a launch,
 //! `select` the default choice and the tuner's candidates. The SPIR-V generators (`simt`,
-//! `coop`, `wg`) build on `params` (the declared buffers and push constants, the workgroup's
+//! `coop`, `wg`, `rows`) build on `params` (the declared buffers and push constants, the workgroup's
 //! tile) and `kloop` (the staged k loop and its loads' bounds); `native` builds PTX on its own.
 
 mod coop;
@@ -29,6 +30,7 @@ mod kloop;
 mod launch;
 mod native;
 mod params;
+mod rows;
 mod select;
 mod simt;
 mod variant;
@@ -41,8 +43,8 @@ pub use launch::{Alignment, MatmulAddresses, MatmulCaps, WgSupport};
 pub use native::NativeLaunch;
 pub use select::{candidates, default_variant};
 pub use variant::{
-    native_variants, vector_elems, CoopTile, NativeTile, SimtTile, Variant, WgTile, BK_SIMT, FRAG,
-    VARIANTS, WG_GRANULE,
+    native_variants, vector_elems, CoopTile, NativeTile, RowsTile, SimtTile, Variant, WgTile,
+    BK_SIMT, FRAG, ROWS_THREADS, VARIANTS, WG_GRANULE,
 };
 
 use helios_spirv::KernelModule;
@@ -86,7 +88,7 @@ pub fn exact_k(variant: Variant, shape: &MatmulShape) -> bool {
     let step = match variant {
         Variant::Simt(t) => t.k_step(),
         Variant::Coop(t) => u32::from(t.bk) * u32::from(t.depth.max(1)),
-        Variant::Wg(_) | Variant::Native(_) => return false,
+        Variant::Wg(_) | Variant::Native(_) | Variant::Rows(_) => return false,
     };
     shape.k > 0 && shape.k % step == 0
 }
@@ -237,6 +239,7 @@ impl MatmulKernel {
             Variant::Simt(t) => simt::build(self, t),
             Variant::Coop(t) => coop::build(self, t),
             Variant::Wg(t) => wg::build(self, t),
+            Variant::Rows(t) => rows::build(self, t),
             // Native kernels are PTX (`build_native`); callers branch on `is_native` first.
             Variant::Native(_) => {
                 unreachable!("{} is a native kernel: use build_native", self.name())

@@ -2,7 +2,7 @@
 //! autotuner in `helios` times (`candidates`).
 
 use super::variant::simt;
-use super::{Epilogue, MatmulCaps, MatmulKernel, MatmulShape, VARIANTS};
+use super::{Epilogue, MatmulCaps, MatmulKernel, MatmulShape, Variant, VARIANTS};
 use crate::storage::Storage;
 
 /// The documented default choice (used where no tuned winner exists, e.g. on CPU devices):
@@ -69,7 +69,9 @@ pub fn default_variant(
         })
 }
 
-/// Every feasible kernel for this problem, in table order (the autotuner's candidates).
+/// Every feasible kernel for this problem, in table order (the autotuner's candidates). The
+/// few-row tiles only where the product has 16 rows or fewer and a tile of theirs covers at
+/// least half of them (each row tile reads all of B).
 pub fn candidates(
     input: Storage,
     out: Storage,
@@ -82,5 +84,9 @@ pub fn candidates(
         .iter()
         .map(|&(_, v)| MatmulKernel::new(v, input, out, trans, shape, epilogue, caps.subgroup))
         .filter(|k| k.feasible(caps) && k.fits(shape))
+        .filter(|k| match k.variant {
+            Variant::Rows(t) => shape.m <= 16 && shape.m.div_ceil(u32::from(t.bm)) <= 2,
+            _ => true,
+        })
         .collect()
 }

@@ -87,6 +87,21 @@ impl NativeTile {
     }
 }
 
+/// A few-row tile (`rows`): `bm` rows (1 to 8) × `bn` columns of the output per workgroup
+/// of [`ROWS_THREADS`] invocations, which split the whole k range between them and add their
+/// parts at the end. For decoding's products (a token or a few against a weight matrix),
+/// whose time is the weights' bytes: every invocation keeps its loads in flight at once,
+/// where a tiled kernel walks k one step after another (bench/results/2026-11-30-session47-
+/// h200.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowsTile {
+    pub bm: u8,
+    pub bn: u8,
+}
+
+/// Invocations of a `rows` workgroup.
+pub const ROWS_THREADS: u32 = 256;
+
 /// A kernel family and its tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Variant {
@@ -96,6 +111,8 @@ pub enum Variant {
     Wg(WgTile),
     /// NVIDIA's native path: PTX through VK_NVX_binary_import (`native`).
     Native(NativeTile),
+    /// Few-row products (`rows`).
+    Rows(RowsTile),
 }
 
 /// k step of the SIMT kernels: 8 keeps the transposing shared stores conflict-free.
@@ -167,6 +184,13 @@ pub const VARIANTS: &[(&str, Variant)] = &[
         native_stream(native_strips(256, 192, 16, 3, 2)),
     ),
     ("nv128x192k16s4sk", native_stream(native(128, 192, 16, 4))),
+    // Few rows (decoding): each invocation reads 32 contiguous bytes of B per k row (8 f32
+    // or 16 halves) or 16-32 bytes more, for one token (`rows1`) or a batch (`rows8`).
+    ("rows1x8", rows(1, 8)),
+    ("rows1x16", rows(1, 16)),
+    ("rows1x32", rows(1, 32)),
+    ("rows8x8", rows(8, 8)),
+    ("rows8x16", rows(8, 16)),
 ];
 
 /// Native tiles measured beside the table's on the H200 and reachable by name
@@ -265,6 +289,10 @@ fn number(s: &str) -> Option<(u32, &str)> {
     Some((s[..digits].parse().ok()?, &s[digits..]))
 }
 
+const fn rows(bm: u8, bn: u8) -> Variant {
+    Variant::Rows(RowsTile { bm, bn })
+}
+
 pub(super) const fn simt(bm: u16, bn: u16, tm: u8, tn: u8, depth: u8) -> Variant {
     Variant::Simt(SimtTile {
         bm,
@@ -330,8 +358,8 @@ impl Variant {
 
     /// How a cooperative tile outside the table is written (`parse`), for messages that say
     /// what a name may be.
-    pub const COOP_GRAMMAR: &str =
-        "coop<bm>x<bn>w<wm>x<wn>k<bk> then d<1-3> or s1, or nv<bm>x<bn>k<16|32>s<stages>";
+    pub const COOP_GRAMMAR: &str = "coop<bm>x<bn>w<wm>x<wn>k<bk> then d<1-3> or s1, or \
+         nv<bm>x<bn>k<16|32>s<stages>, or rows<1-8>x<4-32>";
 
     /// The variant called `name` in the table.
     pub fn by_name(name: &str) -> Option<Variant> {
@@ -375,6 +403,7 @@ impl Variant {
                 let sk = if t.stream { "sk" } else { "" };
                 format!("nv{}x{}k{}s{}{wgs}{sk}", t.bm, t.bn, t.bk, t.stages)
             }
+            Variant::Rows(t) => format!("rows{}x{}", t.bm, t.bn),
         }
     }
 
@@ -384,13 +413,20 @@ impl Variant {
     /// trying tiles side by side (`helios bench matmul --variants`) without editing the
     /// table. Edges are multiples of 16 (each subgroup's share too) up to 512, k steps up to
     /// 128, at most 32 subgroups; whether a device runs the tile (shared memory, workgroup
-    /// size) is checked where it is chosen. Native tiles parse from `nv…` (`parse_native`).
+    /// size) is checked where it is chosen. Native tiles parse from `nv…` (`parse_native`),
+    /// few-row tiles from `rows<bm>x<bn>`.
     pub fn parse(name: &str) -> Option<Variant> {
         if let Some(v) = Variant::by_name(name) {
             return Some(v);
         }
         if let Some(rest) = name.strip_prefix("nv") {
             return parse_native(rest);
+        }
+        if let Some(rest) = name.strip_prefix("rows") {
+            let (bm, rest) = number(rest)?;
+            let (bn, rest) = number(rest.strip_prefix('x')?)?;
+            let v = rows(u8::try_from(bm).ok()?, u8::try_from(bn).ok()?);
+            return (rest.is_empty() && v.well_formed()).then_some(v);
         }
         let rest = name.strip_prefix("coop")?;
         let (bm, rest) = number(rest)?;
@@ -463,6 +499,13 @@ impl Variant {
                     // loop's registers, 256 cannot.
                     && t.strips() * t.bn as u32 / 2 <= 192
             }
+            // Accumulators: bm × bn a thread (128 at most), in 4-column groups.
+            Variant::Rows(t) => {
+                (1..=8).contains(&t.bm)
+                    && t.bn % 4 == 0
+                    && (4..=32).contains(&t.bn)
+                    && u32::from(t.bm) * u32::from(t.bn) <= 128
+            }
         }
     }
 
@@ -483,6 +526,7 @@ impl Variant {
             Variant::Coop(t) => (t.bm as u32, t.bn as u32),
             Variant::Wg(t) => (t.bm as u32, t.bn as u32),
             Variant::Native(t) => (t.bm as u32, t.bn as u32),
+            Variant::Rows(t) => (t.bm as u32, t.bn as u32),
         }
     }
 
@@ -494,6 +538,7 @@ impl Variant {
             Variant::Wg(t) => subgroup * t.warps as u32,
             // The consumer warpgroups (128 threads each) and a producer.
             Variant::Native(t) => 128 * t.wgs as u32 + 128,
+            Variant::Rows(_) => ROWS_THREADS,
         }
     }
 
@@ -511,6 +556,9 @@ impl Variant {
             // The driver's own staging lives in its reserved shared memory.
             Variant::Wg(_) => 0,
             Variant::Native(t) => t.shared_bytes(),
+            // A 16-byte sum per 4 outputs and subgroup, for subgroups of 4 or more (the
+            // generator sizes it for the device's smallest subgroup).
+            Variant::Rows(t) => (ROWS_THREADS / 4) * u32::from(t.bm) * u32::from(t.bn) * 4,
         }
     }
 }
@@ -519,7 +567,7 @@ impl Variant {
 /// vec4 of the storage type, cooperative kernels 8 halves.
 pub const fn vector_elems(v: Variant) -> u32 {
     match v {
-        Variant::Simt(_) => 4,
+        Variant::Simt(_) | Variant::Rows(_) => 4,
         Variant::Coop(_) | Variant::Wg(_) | Variant::Native(_) => 8,
     }
 }
@@ -542,6 +590,8 @@ mod tests {
             ("coop256x128w4x4k16d3", coop(256, 128, 16, 4, 4, 3)),
             ("nv128x256k16s3", native(128, 256, 16, 3)),
             ("nv128x128k16s4w1", native_strips(128, 128, 16, 4, 1)),
+            ("rows2x8", rows(2, 8)),
+            ("rows4x32", rows(4, 32)),
         ];
         for (name, v) in custom {
             assert!(v.well_formed(), "{name}");
@@ -588,6 +638,11 @@ mod tests {
             "nv256x192k16s3w0",
             "nv256x192k16s3w",
             "nv128x256k16s3w1",
+            "rows0x8",
+            "rows9x8",
+            "rows1x6",
+            "rows8x32",
+            "rows1x8x",
         ] {
             assert_eq!(Variant::parse(bad), None, "{bad:?}");
         }

@@ -58,6 +58,9 @@ pub fn matmul_caps(device: &Device) -> MatmulCaps {
         coop_wg_tensor: en.cooperative_matrix_tensor_addressing,
         cpu_threads: (caps.device_type == DeviceType::Cpu).then(host_threads),
         native: device.native_target(),
+        subgroup_add: caps.subgroup.compute_stage
+            && caps.subgroup.operations.iter().any(|o| o == "arithmetic")
+            && caps.subgroup.min_size.unwrap_or(caps.subgroup.size) >= 4,
     }
 }
 

@@ -1,0 +1,344 @@
+//! Few-row products: decoding's one token (or batch of a few) against a weight matrix, whose
+//! time is B's bytes, not its arithmetic. A tiled kernel walks k one step after another, a
+//! memory round trip each, on as many workgroups as output tiles: 16-30 µs for GPT-2's
+//! 768-wide products on an H200, whose weights stream in 1-2 µs.
+//!
+//! Here a workgroup owns `bm` rows × `bn` columns of C, and its [`ROWS_THREADS`] invocations
+//! split the whole k range between them: with B not transposed (k × n, n contiguous)
+//! invocation `i` reads rows `i`, `i + 256`, … of the tile's columns, `bn` contiguous
+//! elements each; transposed (n × k, k contiguous), chunks of 32 bytes of k of every column.
+//! Either way a subgroup's loads are contiguous runs of whole 32-byte sectors, and an
+//! invocation's loads are independent of each other, so they are in flight together. At the
+//! end each subgroup adds its invocations' sums (subgroup arithmetic: every invocation holds
+//! the same outputs), the subgroups' sums meet in shared memory, and one invocation per four
+//! outputs stores them through the common epilogue. Rows and columns past the matrix read
+//! clamped addresses (their outputs are never stored); k past its end is masked to zero.
+
+use helios_spirv::{
+    Binding, GroupMode, KernelBuilder, KernelModule, ReduceOp, Scalar, SharedLen, Ty, Val, Var,
+};
+
+use super::epilogue::store_quad;
+use super::kloop::mask;
+use super::params::{declare, tile_origin, Dims, Params};
+use super::{MatmulKernel, RowsTile, ROWS_THREADS};
+use crate::storage::{buffer_scalar, load_f32};
+
+/// Bytes of B an invocation reads at a time along k when k is contiguous (B transposed): one
+/// sector.
+const SECTOR: u32 = 32;
+
+pub(crate) fn build(kern: &MatmulKernel, t: RowsTile) -> KernelModule {
+    let (bm, bn) = (u32::from(t.bm), u32::from(t.bn));
+    let quads = bn / 4;
+    let mut k = KernelBuilder::new(kern.name(), Binding::DeviceAddress, [ROWS_THREADS, 1, 1]);
+    let elem = buffer_scalar(kern.input);
+    let p = declare(&mut k, kern, elem, elem);
+    k.begin();
+
+    let (d, m0, n0) = tile_origin(&mut k, &p, bm, bn);
+    let tid = k.local_index();
+    // The rows of A this tile reads, clamped into the matrix.
+    let one = k.u32(1);
+    let m_last = k.sub(d.m, one);
+    let rows: Vec<Val> = (0..bm)
+        .map(|r| {
+            let r = k.u32(r);
+            let row = k.add(m0, r);
+            k.min(row, m_last)
+        })
+        .collect();
+    let cols = Cols::new(&mut k, kern, &d, n0, bn);
+    let g = Gather {
+        kern,
+        p: &p,
+        d: &d,
+        rows: &rows,
+        cols: &cols,
+    };
+    let vec4 = Ty::vector(Scalar::F32, 4);
+    let zero4 = k.constant_bits(vec4, 0);
+    let zero = k.const_f32(0.0);
+    // Sums of 4 outputs each, (row r, columns 4q..4q+3) at r · quads + q.
+    let sums: Vec<Val> = if kern.trans_b {
+        let acc: Vec<Var> = (0..bm * bn).map(|_| k.var_init(zero)).collect();
+        let chunk = SECTOR / kern.input.bytes();
+        let k_chunks = {
+            let c = k.u32(chunk - 1);
+            let c = k.add(d.k, c);
+            let per = k.u32(chunk);
+            k.div(c, per)
+        };
+        split_k(&mut k, tid, k_chunks, 2, |k, c, ok| {
+            g.chunk_nt(k, c, ok, chunk, &acc)
+        });
+        (0..bm * quads)
+            .map(|o| {
+                let (r, q) = (o / quads, o % quads);
+                let lanes: Vec<Val> = (0..4)
+                    .map(|l| k.get(acc[(r * bn + 4 * q + l) as usize]))
+                    .collect();
+                k.vector(&lanes)
+            })
+            .collect()
+    } else {
+        let acc: Vec<Var> = (0..bm * quads).map(|_| k.var_init(zero4)).collect();
+        split_k(&mut k, tid, d.k, 4, |k, kk, ok| g.row_nn(k, kk, ok, &acc));
+        acc.iter().map(|&v| k.get(v)).collect()
+    };
+
+    // Every invocation of a subgroup holds the same outputs: the subgroup adds them, its
+    // first invocation leaves the sums in shared memory, and invocation o < bm · quads adds
+    // the subgroups' sums of its four outputs and stores them.
+    let outs = bm * quads;
+    // Subgroups of 4 invocations or more (`MatmulCaps::subgroup_add`).
+    let subgroups = ROWS_THREADS / 4;
+    let red = k.shared_array(vec4, SharedLen::Fixed(subgroups * outs));
+    let totals: Vec<Val> = sums
+        .into_iter()
+        .map(|v| k.subgroup_reduce(ReduceOp::Add, GroupMode::Reduce, v))
+        .collect();
+    let sg = k.subgroup_id();
+    let lane = k.subgroup_invocation_id();
+    let zero_u = k.u32(0);
+    let first = k.eq(lane, zero_u);
+    let outs_v = k.u32(outs);
+    k.if_(first, |k| {
+        let base = k.mul(sg, outs_v);
+        for (o, v) in totals.into_iter().enumerate() {
+            let at = k.u32(o as u32);
+            let at = k.add(base, at);
+            k.shared_store(red, at, v);
+        }
+    });
+    k.workgroup_barrier();
+    let storing = k.lt(tid, outs_v);
+    let nsg = k.num_subgroups();
+    k.if_(storing, |k| {
+        let total = k.var_init(zero4);
+        let step = k.u32(1);
+        k.for_range(zero_u, nsg, step, |k, s| {
+            let at = k.mul(s, outs_v);
+            let at = k.add(at, tid);
+            let v = k.shared_load(red, at);
+            let sum = k.get(total);
+            let sum = k.add(sum, v);
+            k.set(total, sum);
+        });
+        let quads_v = k.u32(quads);
+        let r = k.div(tid, quads_v);
+        let q = k.rem(tid, quads_v);
+        let row = k.add(m0, r);
+        let four = k.u32(4);
+        let c = k.mul(q, four);
+        let col = k.add(n0, c);
+        let v = k.get(total);
+        store_quad(k, kern, &p, &d, row, col, v);
+    });
+    k.finish()
+}
+
+/// `body(k, i, in_range)` for every `i` in `0..count` this invocation takes: `tid`, `tid +
+/// T`, … (T = [`ROWS_THREADS`]), `unroll` at a time so that their loads are issued together.
+/// Past `count` it gets the last index (an address inside the matrix) and `in_range` false.
+fn split_k(
+    k: &mut KernelBuilder,
+    tid: Val,
+    count: Val,
+    unroll: u32,
+    mut body: impl FnMut(&mut KernelBuilder, Val, Val),
+) {
+    let step = k.u32(ROWS_THREADS * unroll);
+    let one = k.u32(1);
+    let last = k.max(count, one);
+    let last = k.sub(last, one);
+    k.for_range(tid, count, step, |k, base| {
+        for u in 0..unroll {
+            let off = k.u32(u * ROWS_THREADS);
+            let i = k.add(base, off);
+            let ok = k.lt(i, count);
+            let i = k.min(i, last);
+            body(k, i, ok);
+        }
+    });
+}
+
+/// The tile's columns of B, clamped into the matrix: their first element offsets along n,
+/// as 4-column groups where B is read in vectors along n.
+struct Cols {
+    /// One per column (`bn`).
+    each: Vec<Val>,
+}
+
+impl Cols {
+    fn new(k: &mut KernelBuilder, kern: &MatmulKernel, d: &Dims, n0: Val, bn: u32) -> Cols {
+        // With vector loads along n (B not transposed), n is a multiple of 4 and a group is
+        // wholly inside or past the end: clamp the group to the last one.
+        let width = if !kern.trans_b && kern.vec_b { 4 } else { 1 };
+        let w = k.u32(width);
+        let last = k.max(d.n, w);
+        let last = k.sub(last, w);
+        let each = (0..bn)
+            .map(|j| {
+                let base = k.u32(j - j % width);
+                let c = k.add(n0, base);
+                let c = k.min(c, last);
+                match j % width {
+                    0 => c,
+                    lane => {
+                        let lane = k.u32(lane);
+                        k.add(c, lane)
+                    }
+                }
+            })
+            .collect();
+        Cols { each }
+    }
+}
+
+/// What reading the operands needs: the kernel, its buffers and dimensions, the tile's rows
+/// of A and columns of B.
+struct Gather<'a> {
+    kern: &'a MatmulKernel,
+    p: &'a Params,
+    d: &'a Dims,
+    rows: &'a [Val],
+    cols: &'a Cols,
+}
+
+impl Gather<'_> {
+    /// A at (`row`, `kk`), one element.
+    fn a(&self, k: &mut KernelBuilder, row: Val, kk: Val) -> Val {
+        let (major, minor) = if self.kern.trans_a {
+            (kk, row)
+        } else {
+            (row, kk)
+        };
+        let at = k.mul(major, self.d.lda);
+        let at = k.add(at, self.d.off_a);
+        let at = k.add(at, minor);
+        load_f32(k, self.p.a, at, 1, self.kern.input)
+    }
+
+    /// B not transposed: row `kk` of the tile's columns added into `acc` (vec4 per row of A
+    /// and 4 columns), times A's elements at `kk` (zero where `ok` is false).
+    fn row_nn(&self, k: &mut KernelBuilder, kk: Val, ok: Val, acc: &[Var]) {
+        let (kern, d) = (self.kern, self.d);
+        let start = k.mul(kk, d.ldb);
+        let start = k.add(start, d.off_b);
+        let quads = self.cols.each.len() / 4;
+        let b: Vec<Val> = (0..quads)
+            .map(|q| {
+                let v = if kern.vec_b {
+                    let at = k.add(start, self.cols.each[4 * q]);
+                    let four = k.u32(4);
+                    let at = k.div(at, four);
+                    load_f32(k, self.p.b, at, 4, kern.input)
+                } else {
+                    let lanes: Vec<Val> = (0..4)
+                        .map(|l| {
+                            let at = k.add(start, self.cols.each[4 * q + l]);
+                            load_f32(k, self.p.b, at, 1, kern.input)
+                        })
+                        .collect();
+                    k.vector(&lanes)
+                };
+                mask(k, ok, v)
+            })
+            .collect();
+        for (r, &row) in self.rows.iter().enumerate() {
+            let a = self.a(k, row, kk);
+            let a = mask(k, ok, a);
+            let a = k.splat(a, 4);
+            for (q, &bq) in b.iter().enumerate() {
+                let slot = acc[r * quads + q];
+                let sum = k.get(slot);
+                let sum = k.fma(a, bq, sum);
+                k.set(slot, sum);
+            }
+        }
+    }
+
+    /// B transposed: chunk `c` of k (`chunk` elements from `c · chunk`) of every column,
+    /// dotted with the same stretch of A's rows into `acc` (one f32 per row and column).
+    fn chunk_nt(&self, k: &mut KernelBuilder, c: Val, ok: Val, chunk: u32, acc: &[Var]) {
+        let (kern, d) = (self.kern, self.d);
+        let bn = self.cols.each.len();
+        let per = k.u32(chunk);
+        let k0 = k.mul(c, per);
+        let one = k.u32(1);
+        let four = k.u32(4);
+        let k_last = k.max(d.k, one);
+        let k_last = k.sub(k_last, one);
+        for e in 0..chunk / 4 {
+            let off = k.u32(4 * e);
+            let kq = k.add(k0, off);
+            // Which of the 4 k positions exist (k need not be a multiple of the chunk), and
+            // their addresses clamped into the row.
+            let (kks, oks): (Vec<Val>, Vec<Val>) = (0..4)
+                .map(|l| {
+                    let lo = k.u32(l);
+                    let kk = k.add(kq, lo);
+                    let in_k = k.lt(kk, d.k);
+                    let in_k = k.and(in_k, ok);
+                    (k.min(kk, k_last), in_k)
+                })
+                .unzip();
+            // With vector loads k is a multiple of 4: the quad is all in or all out.
+            let vec_ok = oks[0];
+            let kq_clamped = kks[0];
+            let a: Vec<Val> = self
+                .rows
+                .iter()
+                .map(|&row| {
+                    if kern.vec_a && !kern.trans_a {
+                        let at = k.mul(row, d.lda);
+                        let at = k.add(at, d.off_a);
+                        let at = k.add(at, kq_clamped);
+                        let at = k.div(at, four);
+                        let v = load_f32(k, self.p.a, at, 4, kern.input);
+                        mask(k, vec_ok, v)
+                    } else {
+                        let lanes: Vec<Val> = (0..4)
+                            .map(|l| {
+                                let v = self.a(k, row, kks[l]);
+                                mask(k, oks[l], v)
+                            })
+                            .collect();
+                        k.vector(&lanes)
+                    }
+                })
+                .collect();
+            for j in 0..bn {
+                let col = self.cols.each[j];
+                let start = k.mul(col, d.ldb);
+                let start = k.add(start, d.off_b);
+                let b = if kern.vec_b {
+                    let at = k.add(start, kq_clamped);
+                    let at = k.div(at, four);
+                    let v = load_f32(k, self.p.b, at, 4, kern.input);
+                    mask(k, vec_ok, v)
+                } else {
+                    let lanes: Vec<Val> = (0..4)
+                        .map(|l| {
+                            let at = k.add(start, kks[l]);
+                            let v = load_f32(k, self.p.b, at, 1, kern.input);
+                            mask(k, oks[l], v)
+                        })
+                        .collect();
+                    k.vector(&lanes)
+                };
+                for (r, &av) in a.iter().enumerate() {
+                    let slot = acc[r * bn + j];
+                    let mut sum = k.get(slot);
+                    for l in 0..4 {
+                        let x = k.extract(av, l);
+                        let y = k.extract(b, l);
+                        sum = k.fma(x, y, sum);
+                    }
+                    k.set(slot, sum);
+                }
+            }
+        }
+    }
+}
