@@ -388,13 +388,20 @@ const DECODE_ROWS: u32 = 16;
 
 /// The kernel a class runs before anything was timed: a rule read off the tuners' winners
 /// on GPT-2's classes (H200, bf16 and f32: bench/results/2026-11-29-session34-note.md).
-/// - f16/bf16 with native kernels, [`DECODE_ROWS`] rows or fewer (decoding), unsplit:
-///   `coop64x64w2x2k64d2`, the winner on real work of most of GPT-2's decode classes, bf16
-///   at batch 1 and 8 (bench/results/2026-11-30-decode-first-choice-h200.txt).
+/// - [`DECODE_ROWS`] rows or fewer (decoding), unsplit, on a GPU whose subgroups add: the
+///   few-row tiles where they beat the tiled kernels on GPT-2's decode products (H200,
+///   bench/results/2026-11-30-session47-h200.md): `rows1x8` for one row of B stored k × n
+///   (3-9× simt in f32, 1.3-2.8× coop64x64 in bf16) and for one row of f32 B stored n × k
+///   (the LM head, 2× simt32x32); `rows8x8` for up to 8 rows of f32, and of halves when
+///   the output is at most 1024 wide (on 2304 and 3072 the cooperative tile is 1.6× faster).
+///   Otherwise, f16/bf16 with native kernels: `coop64x64w2x2k64d2`, the winner on real work
+///   of most of GPT-2's decode classes (bench/results/2026-11-30-decode-first-choice-h200.txt),
+///   `coop32x64w1x2k32d2` with B stored n × k (the LM head: it won both batches).
 /// - Otherwise, f16/bf16 with native kernels: the native tile of the fewer rounds of tiles
 ///   over the SMs (`native_tile`).
 /// - f32 on a GPU: `simt128x64d1` (won 22 of 35), `simt32x32d1` for outputs 64 wide or
-///   less (won all four such classes).
+///   less (won all four such classes) and for decoding's other products (it won all five
+///   of GPT-2's, 2-2.7× the first tile: session 47's call A).
 /// - Otherwise the documented default (`helios_kernels::matmul::default_variant`).
 /// - k at least twice the larger output side, unbatched: split in 4 (won 9 of the 10 such
 ///   classes), where the product can be split so; a native kernel in the parts that fill
@@ -411,7 +418,12 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
     let gpu = caps.cpu_threads.is_none();
     // Decoding's products: a few rows of one matrix.
     let few_rows = s.batch == 1 && s.m <= DECODE_ROWS;
+    let rows = rows_tile(s, p.trans.1, half);
     let ruled = match () {
+        _ if gpu && caps.subgroup_add && few_rows && rows.is_some() => rows.and_then(fits),
+        _ if half && caps.native.is_some() && few_rows && p.trans.1 => fits("coop32x64w1x2k32d2")
+            .or_else(|| fits("coop64x64w2x2k64d2"))
+            .or_else(|| fits(native_tile(s, None))),
         _ if half && caps.native.is_some() && few_rows => {
             fits("coop64x64w2x2k64d2").or_else(|| fits(native_tile(s, None)))
         }
@@ -419,7 +431,7 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
             let sms = p.a.device().context().caps().sm_count;
             fits(native_tile(s, sms))
         }
-        _ if !half && gpu && s.n <= 64 => fits("simt32x32d1"),
+        _ if !half && gpu && (s.n <= 64 || few_rows) => fits("simt32x32d1"),
         _ if !half && gpu => fits("simt128x64d1"),
         _ => None,
     };
@@ -442,6 +454,18 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
         false => 1,
     };
     Plan { kernel, splits }
+}
+
+/// The few-row tile a decoding product of shape `s` (B stored n × k: `trans_b`; f16/bf16
+/// inputs: `half`) starts on, where one beats the tiled kernels (`first_choice`).
+fn rows_tile(s: &MatmulShape, trans_b: bool, half: bool) -> Option<&'static str> {
+    match (trans_b, s.m, half) {
+        (_, 0, _) => None,
+        (false, 1, _) | (true, 1, false) => Some("rows1x8"),
+        (false, 2..=8, false) => Some("rows8x8"),
+        (false, 2..=8, true) if s.n <= 1024 => Some("rows8x8"),
+        _ => None,
+    }
 }
 
 /// The native tile a class starts on: `nv256x192k16s3w2` where its rounds of tiles over the
@@ -489,5 +513,29 @@ mod tests {
         let short = MatmulShape::packed(1, 768, 768, 256, false, true);
         assert_eq!(native_tile(&short, Some(132)), "nv128x192k16s4");
         assert_eq!(tile(8192, 2304, None), "nv128x192k16s4");
+    }
+
+    /// Decoding's products on the few-row tiles where they won on the H200: one row (B
+    /// either way in f32, B stored k × n in halves), up to 8 rows of f32 B stored k × n, and
+    /// of halves up to 1024 columns; none past 8 rows.
+    #[test]
+    fn few_rows_start_where_the_rows_tiles_won() {
+        let tile = |m, n, trans_b, half| {
+            rows_tile(
+                &MatmulShape::packed(1, m, n, 768, false, trans_b),
+                trans_b,
+                half,
+            )
+        };
+        assert_eq!(tile(1, 2304, false, true), Some("rows1x8"));
+        assert_eq!(tile(1, 768, false, false), Some("rows1x8"));
+        assert_eq!(tile(1, 50257, true, false), Some("rows1x8"));
+        assert_eq!(tile(1, 50257, true, true), None);
+        assert_eq!(tile(8, 3072, false, false), Some("rows8x8"));
+        assert_eq!(tile(8, 768, false, true), Some("rows8x8"));
+        assert_eq!(tile(8, 3072, false, true), None);
+        assert_eq!(tile(8, 50257, true, false), None);
+        assert_eq!(tile(9, 768, false, false), None);
+        assert_eq!(tile(0, 768, false, false), None);
     }
 }
