@@ -127,7 +127,7 @@ fn rows_tiles_run_as_named_and_only_for_few_rows() {
         choice.kernel
     );
     let caps = matmul_caps(device());
-    let names = |m: u32| {
+    let candidates = |m: u32| {
         let shape = helios_kernels::MatmulShape::packed(1, m, 512, 512, false, false);
         helios_kernels::matmul::candidates(
             helios_kernels::Storage::F32,
@@ -137,13 +137,19 @@ fn rows_tiles_run_as_named_and_only_for_few_rows() {
             helios_kernels::Epilogue::NONE,
             &caps,
         )
-        .into_iter()
-        .filter(|k| matches!(k.variant, MatmulVariant::Rows(_)))
-        .map(|k| k.variant.label())
-        .collect::<Vec<_>>()
+    };
+    let names = |m: u32| {
+        candidates(m)
+            .into_iter()
+            .filter(|k| matches!(k.variant, MatmulVariant::Rows(_)))
+            .map(|k| k.variant.label())
+            .collect::<Vec<_>>()
     };
     assert_eq!(names(1).len(), rows_variants().len(), "{:?}", names(1));
     assert_eq!(names(16), ["rows8x8", "rows8x16"]);
     assert!(names(17).is_empty(), "{:?}", names(17));
+    // Tiles of 128 rows are candidates only past 16 rows.
+    let tall = |m: u32| candidates(m).iter().any(|k| k.variant.tile().0 >= 128);
+    assert!(!tall(16) && tall(17));
     assert_no_validation_messages();
 }

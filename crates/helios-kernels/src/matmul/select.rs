@@ -71,7 +71,10 @@ pub fn default_variant(
 
 /// Every feasible kernel for this problem, in table order (the autotuner's candidates). The
 /// few-row tiles only where the product has 16 rows or fewer and a tile of theirs covers at
-/// least half of them (each row tile reads all of B).
+/// least half of them (each row tile reads all of B); on such products no tile of 128 rows
+/// or more (it computes 8× the rows there are or more: none won any of GPT-2's decode
+/// classes on the H200, and their compiles and trials slowed a fresh process's first tokens:
+/// bench/results/2026-11-30-session47-h200.md).
 pub fn candidates(
     input: Storage,
     out: Storage,
@@ -86,7 +89,7 @@ pub fn candidates(
         .filter(|k| k.feasible(caps) && k.fits(shape))
         .filter(|k| match k.variant {
             Variant::Rows(t) => shape.m <= 16 && shape.m.div_ceil(u32::from(t.bm)) <= 2,
-            _ => true,
+            v => shape.m > 16 || v.tile().0 < 128,
         })
         .collect()
 }
