@@ -243,11 +243,12 @@ fn one(
     if verbose {
         let now = helios::waited_compiles();
         eprintln!(
-            "bench: {} first step: {:.2} s, {} pipelines created in {:.2} s and {} native \
-             kernels in {:.2} s (all threads); waited for {} pipelines ({:.2} s) and {} native \
-             kernels ({:.2} s)",
+            "bench: {} first step: {:.2} s (ending at {:.0} ms, the compile lines' clock), {} \
+             pipelines created in {:.2} s and {} native kernels in {:.2} s (all threads); \
+             waited for {} pipelines ({:.2} s) and {} native kernels ({:.2} s)",
             case.name,
             first,
+            device.context().created_at().elapsed().as_secs_f64() * 1e3,
             after.pipelines_created - before.pipelines_created,
             after.total_create_seconds - before.total_create_seconds,
             after.native_created - before.native_created,
