@@ -148,7 +148,6 @@ impl Pool {
     }
 
     fn work(&self) {
-        below_the_program();
         loop {
             let (job, stopping) = {
                 let mut q = self.queue.locked();
@@ -177,20 +176,6 @@ impl Pool {
         while q.running > 0 || !(q.urgent.is_empty() && q.later.is_empty()) {
             q = crate::sync::wait(&self.idle, q);
         }
-    }
-}
-
-/// Lowers the calling (compile) thread's priority, so that a program thread that wakes to
-/// record its next step is not kept waiting for a core: a fresh process decoding tokens of
-/// ~2 ms while 16 compile threads held all 16 cores took 8-12 ms for some of them
-/// (bench/results/2026-11-30-session47-h200.md). Linux only (its nice value is per thread).
-fn below_the_program() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: setpriority on the calling thread (`who` 0; Linux keeps nice values per
-    // thread) with a nice value in range; it touches no memory. A failure leaves the
-    // priority as it was, which is harmless.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
     }
 }
 
