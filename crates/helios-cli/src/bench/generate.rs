@@ -198,6 +198,8 @@ fn one(
     };
     let built = || device.context().pipeline_stats().pipelines_created;
     let before = built();
+    // HELIOS_PROFILE=1: each pass's own per-kernel table, printed after it.
+    super::profile_start(device)?;
     device.synchronize()?;
     let mut stamps: Vec<Instant> = Vec::with_capacity(n);
     let t0 = Instant::now();
@@ -236,6 +238,14 @@ fn one(
             ms
         })
         .collect();
+    if device.context().profiler().is_some() {
+        if let Some(report) = device.profile_report()? {
+            eprintln!(
+                "bench: {pass} {} batch {batch}, GPU time of its {n} tokens by kernel:\n{report}",
+                precision_name(precision)
+            );
+        }
+    }
     let ms = summarize(&tokens_ms[1..], case)?;
     Ok(GenResult {
         case,

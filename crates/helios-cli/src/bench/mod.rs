@@ -528,7 +528,7 @@ fn no_validation_messages(device: &Device) -> CliResult {
 
 /// With HELIOS_PROFILE=1: empties the profiler's table, so that `gpu_mean_us` sees only
 /// the dispatches recorded after this call.
-fn profile_start(device: &Device) -> BenchResult<()> {
+pub(super) fn profile_start(device: &Device) -> BenchResult<()> {
     if let Some(p) = device.context().profiler() {
         device.synchronize()?;
         device.context().profile_report()?;
