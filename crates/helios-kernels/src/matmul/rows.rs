@@ -1,7 +1,7 @@
 //! Few-row products: decoding's one token (or batch of a few) against a weight matrix, whose
 //! time is B's bytes, not its arithmetic. A tiled kernel walks k one step after another, a
-//! memory round trip each, on as many workgroups as output tiles: 16-30 µs for GPT-2's
-//! 768-wide products on an H200, whose weights stream in 1-2 µs.
+//! memory round trip each, on as many workgroups as output tiles, so it takes several times
+//! what streaming the weights would (bench/results/2026-11-30-session47-h200.md).
 //!
 //! Here a workgroup owns `bm` rows × `bn` columns of C, and its [`ROWS_THREADS`] invocations
 //! split the whole k range between them: with B not transposed (k × n, n contiguous)

@@ -390,10 +390,9 @@ const DECODE_ROWS: u32 = 16;
 /// on GPT-2's classes (H200, bf16 and f32: bench/results/2026-11-29-session34-note.md).
 /// - [`DECODE_ROWS`] rows or fewer (decoding), unsplit, on a GPU whose subgroups add: the
 ///   few-row tiles where they beat the tiled kernels on GPT-2's decode products (H200,
-///   bench/results/2026-11-30-session47-h200.md): `rows1x8` for one row of B stored k × n
-///   (3-9× simt in f32, 1.3-2.8× coop64x64 in bf16) and for one row of f32 B stored n × k
-///   (the LM head, 2× simt32x32); `rows8x8` for up to 8 rows of f32, and of halves when
-///   the output is at most 1024 wide (on 2304 and 3072 the cooperative tile is 1.6× faster).
+///   bench/results/2026-11-30-session47-h200.md): `rows1x8` for one row of B stored k × n,
+///   and of f32 B stored n × k (the LM head); `rows8x8` for up to 8 rows of f32, and of
+///   halves when the output is at most 1024 wide (wider, the cooperative tile wins).
 ///   Otherwise, f16/bf16 with native kernels: `coop64x64w2x2k64d2`, the winner on real work
 ///   of most of GPT-2's decode classes (bench/results/2026-11-30-decode-first-choice-h200.txt),
 ///   `coop32x64w1x2k32d2` with B stored n × k (the LM head: it won both batches).
