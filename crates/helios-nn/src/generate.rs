@@ -85,20 +85,31 @@ pub fn sample(logits: &[f32], s: &Sampling, u: f64) -> u32 {
     if s.temperature == 0.0 {
         return argmax();
     }
-    // Candidates by falling logit (ties by index), cut to top-k. With a top-k only the k
-    // are sorted, after a linear-time selection: sorting all of GPT-2's 50,257 logits took
-    // longer than a token's GPU time (bench/results/2026-11-30-session47-note.md).
+    draw(logits, &candidates(logits, s.top_k), s, u)
+}
+
+/// Token ids by falling logit (ties by index), cut to the `top_k` first (0: all). With a
+/// top-k only the k are sorted, after a linear-time selection: sorting all of GPT-2's
+/// 50,257 logits took longer than a token's GPU time
+/// (bench/results/2026-11-30-session47-note.md).
+fn candidates(logits: &[f32], top_k: usize) -> Vec<u32> {
     let by_logit = |a: &u32, b: &u32| {
         logits[*b as usize]
             .total_cmp(&logits[*a as usize])
             .then(a.cmp(b))
     };
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    if s.top_k > 0 && s.top_k < order.len() {
-        order.select_nth_unstable_by(s.top_k - 1, by_logit);
-        order.truncate(s.top_k);
+    if top_k > 0 && top_k < order.len() {
+        order.select_nth_unstable_by(top_k - 1, by_logit);
+        order.truncate(top_k);
     }
     order.sort_unstable_by(by_logit);
+    order
+}
+
+/// One of `order` (candidates by falling logit), drawn with `u` from their softmax at
+/// `s.temperature`, cut to the shortest prefix holding `s.top_p` of the probability.
+fn draw(logits: &[f32], order: &[u32], s: &Sampling, u: f64) -> u32 {
     let max = logits[order[0] as usize];
     let mut probs: Vec<f64> = order
         .iter()
@@ -251,40 +262,17 @@ mod tests {
         assert_eq!(sample(&logits, &p, 0.999), 1);
     }
 
-    /// The top-k selection picks what a full stable sort by falling logit did, ties
-    /// included, for every u, k and p.
+    /// The top-k selection orders the candidates as a full stable sort by falling logit
+    /// did, ties included, so every u, k and p picks the same token.
     #[test]
     fn top_k_selection_matches_a_full_sort() {
-        let reference = |logits: &[f32], s: &Sampling, u: f64| -> u32 {
+        let sorted = |logits: &[f32], top_k: usize| -> Vec<u32> {
             let mut order: Vec<u32> = (0..logits.len() as u32).collect();
             order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-            if s.top_k > 0 {
-                order.truncate(s.top_k);
+            if top_k > 0 {
+                order.truncate(top_k);
             }
-            let max = logits[order[0] as usize];
-            let probs: Vec<f64> = order
-                .iter()
-                .map(|&i| (((logits[i as usize] - max) / s.temperature) as f64).exp())
-                .collect();
-            let total: f64 = probs.iter().sum();
-            let probs: Vec<f64> = probs.iter().map(|p| p / total).collect();
-            let (mut mass, mut keep) = (0.0, probs.len());
-            for (i, p) in probs.iter().enumerate() {
-                mass += p;
-                if mass >= s.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            let kept: f64 = probs[..keep].iter().sum();
-            let mut target = u * kept;
-            for (i, p) in probs[..keep].iter().enumerate() {
-                if target < *p {
-                    return order[i];
-                }
-                target -= p;
-            }
-            order[keep - 1]
+            order
         };
         let mut rng = Rng(7);
         // Logits on a coarse grid: many ties, at the top-k boundary too.
@@ -305,11 +293,13 @@ mod tests {
                 top_p,
                 seed: 0,
             };
+            let want = sorted(&logits, top_k);
+            assert_eq!(candidates(&logits, top_k), want, "k {top_k}");
             for _ in 0..50 {
                 let u = rng.uniform();
                 assert_eq!(
                     sample(&logits, &s, u),
-                    reference(&logits, &s, u),
+                    draw(&logits, &want, &s, u),
                     "k {top_k} p {top_p} u {u}"
                 );
             }
