@@ -15,7 +15,8 @@
 //! clamped addresses (their outputs are never stored); k past its end is masked to zero.
 
 use helios_spirv::{
-    Binding, GroupMode, KernelBuilder, KernelModule, ReduceOp, Scalar, SharedLen, Ty, Val, Var,
+    Binding, Buffer, GroupMode, KernelBuilder, KernelModule, ReduceOp, Scalar, SharedLen, Ty, Val,
+    Var,
 };
 
 use super::epilogue::store_quad;
@@ -206,6 +207,13 @@ struct Gather<'a> {
     cols: &'a Cols,
 }
 
+/// Four consecutive positions of k in a chunk: each clamped into the row (`kks`), and
+/// whether it exists (`oks`).
+struct Quad {
+    kks: Vec<Val>,
+    oks: Vec<Val>,
+}
+
 impl Gather<'_> {
     /// A at (`row`, `kk`), one element.
     fn a(&self, k: &mut KernelBuilder, row: Val, kk: Val) -> Val {
@@ -259,6 +267,40 @@ impl Gather<'_> {
         }
     }
 
+    /// Four consecutive k of a row of `buf`, element `start + kk · stride` (`None`: 1) for
+    /// the quad's positions, zero where past k: one vector load where `vec` (consecutive
+    /// elements, k a multiple of 4, so the quad is all in or all out), else four.
+    fn load_quad(
+        &self,
+        k: &mut KernelBuilder,
+        buf: Buffer,
+        start: Val,
+        stride: Option<Val>,
+        vec: bool,
+        q: &Quad,
+    ) -> Val {
+        let input = self.kern.input;
+        if vec {
+            let at = k.add(start, q.kks[0]);
+            let four = k.u32(4);
+            let at = k.div(at, four);
+            let v = load_f32(k, buf, at, 4, input);
+            return mask(k, q.oks[0], v);
+        }
+        let lanes: Vec<Val> = (0..4)
+            .map(|l| {
+                let step = match stride {
+                    Some(s) => k.mul(q.kks[l], s),
+                    None => q.kks[l],
+                };
+                let at = k.add(start, step);
+                let v = load_f32(k, buf, at, 1, input);
+                mask(k, q.oks[l], v)
+            })
+            .collect();
+        k.vector(&lanes)
+    }
+
     /// B transposed: chunk `c` of k (`chunk` elements from `c · chunk`) of every column,
     /// dotted with the same stretch of A's rows into `acc` (one f32 per row and column).
     fn chunk_nt(&self, k: &mut KernelBuilder, c: Val, ok: Val, chunk: u32, acc: &[Var]) {
@@ -267,7 +309,6 @@ impl Gather<'_> {
         let per = k.u32(chunk);
         let k0 = k.mul(c, per);
         let one = k.u32(1);
-        let four = k.u32(4);
         let k_last = k.max(d.k, one);
         let k_last = k.sub(k_last, one);
         for e in 0..chunk / 4 {
@@ -284,28 +325,20 @@ impl Gather<'_> {
                     (k.min(kk, k_last), in_k)
                 })
                 .unzip();
-            // With vector loads k is a multiple of 4: the quad is all in or all out.
-            let vec_ok = oks[0];
-            let kq_clamped = kks[0];
+            let quad = Quad { kks, oks };
             let a: Vec<Val> = self
                 .rows
                 .iter()
-                .map(|&row| {
-                    if kern.vec_a && !kern.trans_a {
-                        let at = k.mul(row, d.lda);
-                        let at = k.add(at, d.off_a);
-                        let at = k.add(at, kq_clamped);
-                        let at = k.div(at, four);
-                        let v = load_f32(k, self.p.a, at, 4, kern.input);
-                        mask(k, vec_ok, v)
-                    } else {
-                        let lanes: Vec<Val> = (0..4)
-                            .map(|l| {
-                                let v = self.a(k, row, kks[l]);
-                                mask(k, oks[l], v)
-                            })
-                            .collect();
-                        k.vector(&lanes)
+                .map(|&row| match kern.trans_a {
+                    // A stored k × m: the row's k are `lda` apart.
+                    true => {
+                        let start = k.add(d.off_a, row);
+                        self.load_quad(k, self.p.a, start, Some(d.lda), false, &quad)
+                    }
+                    false => {
+                        let start = k.mul(row, d.lda);
+                        let start = k.add(start, d.off_a);
+                        self.load_quad(k, self.p.a, start, None, kern.vec_a, &quad)
                     }
                 })
                 .collect();
@@ -313,21 +346,7 @@ impl Gather<'_> {
                 let col = self.cols.each[j];
                 let start = k.mul(col, d.ldb);
                 let start = k.add(start, d.off_b);
-                let b = if kern.vec_b {
-                    let at = k.add(start, kq_clamped);
-                    let at = k.div(at, four);
-                    let v = load_f32(k, self.p.b, at, 4, kern.input);
-                    mask(k, vec_ok, v)
-                } else {
-                    let lanes: Vec<Val> = (0..4)
-                        .map(|l| {
-                            let at = k.add(start, kks[l]);
-                            let v = load_f32(k, self.p.b, at, 1, kern.input);
-                            mask(k, oks[l], v)
-                        })
-                        .collect();
-                    k.vector(&lanes)
-                };
+                let b = self.load_quad(k, self.p.b, start, None, kern.vec_b, &quad);
                 for (r, &av) in a.iter().enumerate() {
                     let slot = acc[r * bn + j];
                     let mut sum = k.get(slot);
