@@ -417,9 +417,14 @@ pub(crate) fn first_choice(p: &Problem) -> Plan {
     let gpu = caps.cpu_threads.is_none();
     // Decoding's products: a few rows of one matrix.
     let few_rows = s.batch == 1 && s.m <= DECODE_ROWS;
-    let rows = rows_tile(s, p.trans.1, half);
+    // The few-row tile where one wins (`rows_tile`) and the device runs it (`fits`: its
+    // subgroups add); else the rules below.
+    let rows = match gpu && few_rows {
+        true => rows_tile(s, p.trans.1, half).and_then(fits),
+        false => None,
+    };
     let ruled = match () {
-        _ if gpu && caps.subgroup_add && few_rows && rows.is_some() => rows.and_then(fits),
+        _ if rows.is_some() => rows,
         _ if half && caps.native.is_some() && few_rows && p.trans.1 => fits("coop32x64w1x2k32d2")
             .or_else(|| fits("coop64x64w2x2k64d2"))
             .or_else(|| fits(native_tile(s, None))),
