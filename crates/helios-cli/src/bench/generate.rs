@@ -205,7 +205,7 @@ fn one(
     let t0 = Instant::now();
     // HELIOS_VERBOSE=1: a token twice as slow as the one before it is printed when it ends,
     // on the clock of the compile lines, so the log shows what it waited for.
-    let verbose = std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1");
+    let verbose = super::verbose();
     let born = device.context().created_at();
     let mut stamp = || {
         let now = Instant::now();

@@ -527,6 +527,11 @@ fn no_validation_messages(device: &Device) -> CliResult {
     Ok(())
 }
 
+/// Whether `HELIOS_VERBOSE=1`: the benches then say what their steps and tokens waited for.
+pub(super) fn verbose() -> bool {
+    std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1")
+}
+
 /// With HELIOS_PROFILE=1: empties the profiler's table, so that `gpu_mean_us` sees only
 /// the dispatches recorded after this call.
 pub(super) fn profile_start(device: &Device) -> BenchResult<()> {

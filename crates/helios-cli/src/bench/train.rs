@@ -230,7 +230,7 @@ fn one(
     let mut trainer = helios_nn::train::Trainer::new(device, &init, train, None, tc)?;
     drop(init);
     device.synchronize()?;
-    let verbose = std::env::var("HELIOS_VERBOSE").as_deref() == Ok("1");
+    let verbose = super::verbose();
     let compiles = || device.context().pipeline_stats();
     warm_clock(device)?;
     let before = compiles();
