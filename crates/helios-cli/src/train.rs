@@ -114,7 +114,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     pub save_every: u64,
     /// After one forward and backward on the first batch, write its inputs, logits, loss
-    /// and every parameter's gradient (grad.<HF name>) to this safetensors file, and stop.
+    /// and every parameter's gradient (`grad.<HF name>`) to this safetensors file, and stop.
     #[arg(long)]
     pub dump_state: Option<PathBuf>,
     /// Tokens to sample from the trained model at the end (0: none).
@@ -630,7 +630,7 @@ fn write_logs(out: &Path, h: &helios_nn::History) -> CliResult {
 }
 
 /// One forward and backward on the first training batch, written as safetensors: inputs and
-/// targets (B, T) i32, logits (B, T, V), loss (1), grad.<name> for every parameter.
+/// targets (B, T) i32, logits (B, T, V), loss (1), `grad.<name>` for every parameter.
 fn dump_state(trainer: &Trainer, device: &Device, args: &TrainArgs, path: &Path) -> CliResult {
     let cfg = trainer.params().config().clone();
     let weights = trainer.weights()?;

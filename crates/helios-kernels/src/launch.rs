@@ -27,7 +27,7 @@ pub struct Launch {
 pub struct Geometry {
     /// Invocations per workgroup (along x).
     pub workgroup: u32,
-    /// The device's maxComputeWorkGroupCount[0].
+    /// The device's `maxComputeWorkGroupCount[0]`.
     pub max_groups_x: u32,
 }
 
@@ -36,7 +36,7 @@ pub struct Geometry {
 pub const MIN_GROUPS_LIMIT: u32 = 65535;
 
 /// A grid of at least `groups` workgroups, `max_x` at most along x (the device's
-/// maxComputeWorkGroupCount[0]: 65535 on many devices, 2^31−1 on NVIDIA). Rows are balanced
+/// `maxComputeWorkGroupCount[0]`: 65535 on many devices, 2^31−1 on NVIDIA). Rows are balanced
 /// so that at most `rows − 1` workgroups are spare: a naive 65535 × 2 grid for 65536 groups
 /// would launch twice the work.
 pub fn grid(groups: u64, max_x: u32) -> Result<[u32; 3], KernelError> {

@@ -208,8 +208,8 @@ impl NormKernel {
         self.backward && matches!(self.variant, NormVariant::Cached { .. })
     }
 
-    /// Buffer names in declaration order. Forward: x, gamma, [beta], y, [mean], rstd.
-    /// Backward: x, gamma, [mean], rstd, dy, [dx_in], dx, [dgamma_part, [dbeta_part]].
+    /// Buffer names in declaration order. Forward: x, gamma, \[beta], y, \[mean], rstd.
+    /// Backward: x, gamma, \[mean], rstd, dy, \[dx_in], dx, \[dgamma_part, \[dbeta_part]].
     pub fn buffer_names(&self) -> BufferNames {
         let l = self.layer();
         let mut v = BufferNames::new();

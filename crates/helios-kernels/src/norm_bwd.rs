@@ -389,7 +389,7 @@ impl NormParamKernel {
         )
     }
 
-    /// Buffers: x, [mean], rstd, dy, dgamma_part, [dbeta_part].
+    /// Buffers: x, \[mean], rstd, dy, dgamma_part, \[dbeta_part].
     pub fn buffer_names(&self) -> BufferNames {
         match self.kind {
             NormKind::Layer => {

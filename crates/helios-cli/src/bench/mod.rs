@@ -87,8 +87,8 @@ pub struct BenchArgs {
     cases: Vec<String>,
     /// Matmul only: time these variants side by side on every case instead of the tuner's
     /// choice, comma-separated: table names (`helios_kernels::matmul::VARIANTS`) or
-    /// cooperative tiles in the same grammar, coop<bm>x<bn>w<wm>x<wn>k<bk> then d<1-3> or s1,
-    /// native nv<bm>x<bn>k<bk>s<stages>, few-row rows<bm>x<bn>.
+    /// cooperative tiles in the same grammar, `coop<bm>x<bn>w<wm>x<wn>k<bk>` then `d<1-3>` or
+    /// `s1`, native `nv<bm>x<bn>k<bk>s<stages>`, few-row `rows<bm>x<bn>`.
     /// Each is checked against the f64 reference like any result; one a case cannot run is
     /// reported and skipped.
     #[arg(long, value_delimiter = ',')]

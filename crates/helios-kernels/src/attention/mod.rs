@@ -2,19 +2,19 @@
 //! scores never reach memory.
 //!
 //! Semantics (the CPU reference, `helios::cpu::attention`, is the definition): for batch b,
-//! head h, query i, O[i] = Σ_j softmax_j(scale·Q[i]·K[j]) V[j] over the keys j kept by the
-//! mask: j < len[b] (key padding; `len` = T without it) and, when causal, j ≤ i. The forward
-//! also writes the row's log-sum-exp L[i] = log Σ_j exp(scale·Q[i]·K[j]) (−inf, with O = 0,
-//! for a row with no key). Backward follows FlashAttention-2: a `Prep` pass writes
-//! Dsum[i] = Σ_d dO[i,d]·O[i,d], then `DkDv` walks query blocks per key block and `Dq` key
-//! blocks per query block, each recomputing P = exp(S − L); no atomics, so every gradient is
-//! deterministic. The register-resident `Dq` computes Dsum itself from the dO rows it stages
-//! and O, writes it, and runs before `DkDv` (`AttentionKernel::own_dsum`), saving the Prep
-//! pass; the SIMT Dq does not (on its small grids DkDv and Dq side by side win). dQ is not
-//! summed with atomics from DkDv as in FlashAttention-2: without vector float atomics in
-//! Vulkan the adds cost as much as the Dq kernel. The measurements behind these choices, the
-//! comparison with PyTorch's SDPA and where the register kernels' time goes are in
-//! `bench/results/attention-design-history.md`.
+//! head h, query i, `O[i] = Σ_j softmax_j(scale·Q[i]·K[j]) V[j]` over the keys j kept by the
+//! mask: `j < len[b]` (key padding; `len` = T without it) and, when causal, j ≤ i. The
+//! forward also writes the row's log-sum-exp `L[i] = log Σ_j exp(scale·Q[i]·K[j])` (−inf,
+//! with O = 0, for a row with no key). Backward follows FlashAttention-2: a `Prep` pass
+//! writes `Dsum[i] = Σ_d dO[i,d]·O[i,d]`, then `DkDv` walks query blocks per key block and
+//! `Dq` key blocks per query block, each recomputing P = exp(S − L); no atomics, so every
+//! gradient is deterministic. The register-resident `Dq` computes Dsum itself from the dO
+//! rows it stages and O, writes it, and runs before `DkDv` (`AttentionKernel::own_dsum`),
+//! saving the Prep pass; the SIMT Dq does not (on its small grids DkDv and Dq side by side
+//! win). dQ is not summed with atomics from DkDv as in FlashAttention-2: without vector float
+//! atomics in Vulkan the adds cost as much as the Dq kernel. The measurements behind these
+//! choices, the comparison with PyTorch's SDPA and where the register kernels' time goes are
+//! in `bench/results/attention-design-history.md`.
 //!
 //! Key decisions a reader must know:
 //! - Q, K, V, O (in backward) and dO are read through strides (push constants): the fused
@@ -115,9 +115,9 @@ impl AttentionKernel {
         }
     }
 
-    /// Emits the kernel. Buffers, in order: Forward q, k, v, [lens], o, lse; Prep o, do,
-    /// dsum; DkDv q, k, v, do, lse, dsum, [lens], dk, dv; Dq the same with dq, or with
-    /// `own_dsum` q, k, v, do, lse, o, [lens], dsum, dq. Push constants
+    /// Emits the kernel. Buffers, in order: Forward q, k, v, \[lens], o, lse; Prep o, do,
+    /// dsum; DkDv q, k, v, do, lse, dsum, \[lens], dk, dv; Dq the same with dq, or with
+    /// `own_dsum` q, k, v, do, lse, o, \[lens], dsum, dq. Push constants
     /// after them: t, heads, batch, scale, then per [`stride_groups`] group the offset of
     /// each member and the group's batch, seq and head strides (Forward (q, k, v); Prep (o),
     /// (do); backward (q, k, v), (do)).

@@ -10,7 +10,7 @@ use crate::storage::Storage;
 pub const PREP_WORKGROUP: u32 = 256;
 
 /// Invocations per row of the `Prep` kernel where subgroup shuffles combine them (see
-/// [`build_prep`](super::prep::build_prep)). Four lanes of vec4s cover 16 elements, a
+/// `build_prep`). Four lanes of vec4s cover 16 elements, a
 /// 32-byte sector of halves, per load; every head dim (a multiple of 16) divides among them
 /// evenly; and every device whose subgroups the row kernels use (power-of-two sizes of 4 or
 /// more: lavapipe's are 4, 8 or 16 with the host's vector width) holds a row in one

@@ -202,7 +202,7 @@ const NATIVE_MEASURED: [&str; 4] = [
     "nv128x128k32s2",
 ];
 
-/// Every native tile worth building: the table's, then [`NATIVE_MEASURED`].
+/// Every native tile worth building: the table's, then `NATIVE_MEASURED`.
 pub fn native_variants() -> Vec<Variant> {
     VARIANTS
         .iter()

@@ -79,7 +79,7 @@ impl ReduceKernel {
     }
 
     /// Grid and push constants. `buffers` are the device addresses in declaration order:
-    /// x (or the prologue's inputs), [x_index], [y], [y_index] (see `buffer_count`), and
+    /// x (or the prologue's inputs), \[x_index], \[y], \[y_index] (see `buffer_count`), and
     /// `(scalars, offsets)` the prologue's (see `FusedKernel::launch`; empty without one).
     pub fn launch(
         &self,

@@ -205,8 +205,8 @@ impl ReduceKernel {
         )
     }
 
-    /// Buffers the kernel takes: x (or the prologue's inputs), [x_index], [y], [y_index],
-    /// [the prologue's stored outputs].
+    /// Buffers the kernel takes: x (or the prologue's inputs), \[x_index], \[y], \[y_index],
+    /// \[the prologue's stored outputs].
     pub fn buffer_count(&self) -> usize {
         let argmax = self.op == Reduction::ArgMax;
         let xi = argmax && self.stage == Stage::Combine;

@@ -57,7 +57,7 @@ pub enum Access {
 pub struct Buffer {
     pub(crate) index: usize,
     pub elem: Scalar,
-    /// For `buffer_at`: the id of the vec2<u32> device address computed in the kernel.
+    /// For `buffer_at`: the id of the `vec2<u32>` device address computed in the kernel.
     pub(crate) address: Option<Word>,
 }
 

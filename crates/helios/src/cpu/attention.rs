@@ -1,6 +1,6 @@
 //! Reference scaled-dot-product attention and its gradients, f64 throughout, on dense
 //! [B, T, H, D] inputs. This defines the semantics the kernels promise: key j is seen by
-//! query i of batch row b when j < min(T, lens[b]) and, if causal, j ≤ i; a query with no
+//! query i of batch row b when `j < min(T, lens[b])` and, if causal, j ≤ i; a query with no
 //! key gets O = 0, L = −inf and zero gradients.
 
 /// (batch, sequence, heads, head dim).

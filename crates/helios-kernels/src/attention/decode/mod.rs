@@ -71,7 +71,7 @@ pub struct DecodeKernel {
 }
 
 /// The keys per `Split` workgroup for a cache of `len` keys and `bh` (batch × heads) rows:
-/// enough chunks that B·H·chunks reaches [`DECODE_TARGET_GROUPS`] where the keys allow it,
+/// enough chunks that B·H·chunks reaches `DECODE_TARGET_GROUPS` where the keys allow it,
 /// each a multiple of [`DECODE_CHUNK_STEP`] keys, at most [`DECODE_MAX_CHUNK`]. A short
 /// cache is one chunk (no `Combine`).
 pub fn decode_chunk(len: u32, bh: u32) -> u32 {

@@ -37,7 +37,7 @@ pub struct AttentionOptions {
     pub causal: bool,
     /// Scores are scale·Q·Kᵀ; `None` is 1/√D.
     pub scale: Option<f32>,
-    /// Keys per batch row ([B] u32; key padding of inference prompts): keys j ≥ len are
+    /// Keys per batch row (\[B] u32; key padding of inference prompts): keys j ≥ len are
     /// masked.
     pub key_lengths: Option<IndexTensor>,
     /// Forces a kernel variant for every stage (tests, benchmarks).
