@@ -476,9 +476,12 @@ fn rows_tile(s: &MatmulShape, trans_b: bool, half: bool) -> Option<&'static str>
 /// device's `sms` take less time than `nv128x192k16s4`'s, a tile of the first costing 1.63
 /// of the second's (their 4096³ times over their rounds:
 /// bench/results/2026-11-29-native-release-h200.md). So the larger tile wins where its tiles
-/// fill the SMs, the smaller one where they leave most idle; with fewer tiles than SMs and
-/// a long k (the weight gradients), the smaller one in stream-K order
-/// (bench/results/2026-11-29-native-epilogue-streamk-h200.md).
+/// fill the SMs, the smaller one where they leave most idle. With fewer tiles than SMs and
+/// a long k (the weight gradients), stream-K order
+/// (bench/results/2026-11-29-native-epilogue-streamk-h200.md): the larger tile where each of
+/// its tiles is shared by at most four SMs (GPT-2's 3072 × 768 and 768 × 3072 settled on it in
+/// every session, 0.83-0.93× the smaller one's time: 2026-11-30-session48-h200.md), else the
+/// smaller one (768 × 768).
 fn native_tile(s: &MatmulShape, sms: Option<u32>) -> &'static str {
     let Some(sms) = sms.filter(|&n| n > 0) else {
         return "nv128x192k16s4";
@@ -489,7 +492,10 @@ fn native_tile(s: &MatmulShape, sms: Option<u32>) -> &'static str {
     // Fewer tiles than SMs and a long k (the weight gradients): stream-K shares the k steps
     // out (2304 × 768 × 8192: 86.5 µs against 129.1 in whole tiles).
     if s.batch == 1 && s.k >= 512 && tiles(128, 192) < u64::from(sms) {
-        return "nv128x192k16s4sk";
+        return match 4 * tiles(256, 192) >= u64::from(sms) {
+            true => "nv256x192k16s3w2sk",
+            false => "nv128x192k16s4sk",
+        };
     }
     let rounds = |bm: u32, bn: u32| tiles(bm, bn).div_ceil(u64::from(sms));
     match 163 * rounds(256, 192) < 100 * rounds(128, 192) {
@@ -503,16 +509,19 @@ mod tests {
     use super::*;
 
     /// GPT-2's products at 8192 rows on 132 SMs: the large tile where its tiles fill the
-    /// SMs (as measured), the small one in stream-K order for the weight gradients (fewer
-    /// tiles than SMs, long k), and the small one where the SM count is unknown.
+    /// SMs (as measured); stream-K order for the weight gradients (fewer tiles than SMs, long
+    /// k), the large tile where it makes a quarter as many tiles as SMs or more, the small one
+    /// for 768 × 768; and the small one where the SM count is unknown.
     #[test]
     fn the_native_tile_follows_the_rounds_of_tiles() {
         let tile = |m, n, sms| native_tile(&MatmulShape::packed(1, m, n, 768, false, true), sms);
         assert_eq!(tile(4096, 4096, Some(132)), "nv256x192k16s3w2");
         assert_eq!(tile(8192, 2304, Some(132)), "nv256x192k16s3w2");
         assert_eq!(tile(8192, 768, Some(132)), "nv256x192k16s3w2");
-        assert_eq!(tile(3072, 768, Some(132)), "nv128x192k16s4sk");
-        assert_eq!(tile(768, 3072, Some(132)), "nv128x192k16s4sk");
+        assert_eq!(tile(3072, 768, Some(132)), "nv256x192k16s3w2sk");
+        assert_eq!(tile(768, 3072, Some(132)), "nv256x192k16s3w2sk");
+        assert_eq!(tile(2304, 768, Some(132)), "nv256x192k16s3w2sk");
+        assert_eq!(tile(768, 2304, Some(132)), "nv256x192k16s3w2sk");
         assert_eq!(tile(768, 768, Some(132)), "nv128x192k16s4sk");
         let short = MatmulShape::packed(1, 768, 768, 256, false, true);
         assert_eq!(native_tile(&short, Some(132)), "nv128x192k16s4");
