@@ -136,6 +136,7 @@ mod tests {
             opt_ms: 1.0,
             comm_ms: 0.0,
             step_ms: 3.0,
+            record_ms: 1.0,
             tokens: 64,
             loss_scale: None,
             skipped: false,

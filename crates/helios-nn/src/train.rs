@@ -125,6 +125,10 @@ pub struct StepLog {
     /// Wall time of the whole step, as the host saw it.
     #[serde(default)]
     pub step_ms: f64,
+    /// Host time spent recording the step, up to its one wait (the rest of `step_ms` is
+    /// waiting for the GPU): a step whose recording takes as long as it is host-bound.
+    #[serde(default, skip_serializing)]
+    pub record_ms: f64,
     /// Tokens this step trained on, over all ranks (B·T·accum·ranks).
     pub tokens: usize,
     /// f16: the loss scale the step's backward ran with.
@@ -562,6 +566,7 @@ impl Trainer {
                 (norm, total, vec![comm], vec![t.stop(dev)?])
             }
         };
+        let record_ms = ms(started);
         let grad_norm = norm.to_vec()?[0]; // the step's one wait
         let mean = f64::from(total.to_vec()?[0]) / (accum * ranks) as f64;
         if !mean.is_finite() {
@@ -584,6 +589,7 @@ impl Trainer {
             opt_ms: total_ms(dev, opt)?,
             comm_ms: total_ms(dev, comm)?,
             step_ms: ms(started),
+            record_ms,
             tokens: self.cfg.batch * self.cfg.seq * accum * self.comm.rank().world,
             loss_scale,
             skipped,

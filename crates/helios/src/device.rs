@@ -114,6 +114,9 @@ struct DeviceInner {
     native_target: std::sync::OnceLock<Option<helios_ptx::Target>>,
     /// Where native kernels write their tensor maps, made on first use (`native_maps`).
     native_maps: std::sync::OnceLock<helios_vk::Buffer>,
+    /// What matmul selection needs of the device, once found (`ops::matmul_caps`): every
+    /// product and attention call asks, and finding it compares feature strings.
+    matmul_caps: std::sync::OnceLock<helios_kernels::MatmulCaps>,
 }
 
 impl Device {
@@ -170,6 +173,7 @@ impl Device {
                 native: Mutex::new(FxHashMap::default()),
                 native_target: Default::default(),
                 native_maps: Default::default(),
+                matmul_caps: Default::default(),
             }),
         }
     }
@@ -282,12 +286,20 @@ impl Device {
         Ok(self.inner.ctx.profile_report()?)
     }
 
-    /// maxComputeWorkGroupCount[0]: how wide a grid may be before it folds into rows.
     /// Invocations per element-wise workgroup (`HELIOS_WG` or the family's default).
     pub(crate) fn elementwise_workgroup(&self) -> u32 {
         self.inner.elementwise_workgroup
     }
 
+    /// `find`'s answer, found once per device (`ops::matmul_caps`).
+    pub(crate) fn matmul_caps_once(
+        &self,
+        find: impl FnOnce() -> helios_kernels::MatmulCaps,
+    ) -> &helios_kernels::MatmulCaps {
+        self.inner.matmul_caps.get_or_init(find)
+    }
+
+    /// `maxComputeWorkGroupCount[0]`: how wide a grid may be before it folds into rows.
     pub(crate) fn max_groups_x(&self) -> u32 {
         self.inner.ctx.caps().limits.max_workgroup_count[0]
     }

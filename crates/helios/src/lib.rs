@@ -64,5 +64,5 @@ pub use ops::{
     tuning, tuning_in_progress, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,
     MatmulOverrides, TuneReport, Tuning,
 };
-pub use ops::{stored_winners, NormGrads, NormOutput, RowOp, SoftmaxOptions};
+pub use ops::{exploration_spent, stored_winners, NormGrads, NormOutput, RowOp, SoftmaxOptions};
 pub use tensor::Tensor;

@@ -39,11 +39,17 @@ struct TrainResult {
     /// long tuning on real work took to settle.
     settled_after: usize,
     /// Steps 2-101 (the hundred after the first, which `first_step_s` times) over a hundred
-    /// settled steps (the median): what tuning on real work cost while it explored. `None`
-    /// when fewer than 101 steps ran.
-    first_100: Option<f64>,
+    /// settled steps (the median): what tuning on real work cost while it explored.
+    first_100: f64,
     /// Every step's wall time, ms, the first one included.
     steps_ms: Vec<f64>,
+    /// Every step's GPU time (forward, backward, exchange, optimizer: `StepLog`), ms.
+    steps_gpu_ms: Vec<f64>,
+    /// Every step's host time to record it, up to its one wait, ms.
+    steps_record_ms: Vec<f64>,
+    /// Per step: GPU time of tuning's exploring runs collected during it
+    /// (`helios::exploration_spent`), ms.
+    steps_explore_ms: Vec<f64>,
     /// What the batches held: `random` ids or the bundled corpus' `text`.
     tokens: &'static str,
     /// Matmul shape classes still being tuned on real work at the end.
@@ -147,7 +153,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
             let r = one(&device, &case, precision, steps, text.as_deref())?;
             eprintln!(
                 "bench: {} {} on {} tokens: {:.1} ms/step, {:.0} tokens/s, first step {:.2} s, \
-                 within 2% of the median after {} steps, steps 2-101 {} the settled time ({} \
+                 within 2% of the median after {} steps, steps 2-101 {:.3}x the settled time ({} \
                  matmul classes still tuning)",
                 r.case,
                 r.precision,
@@ -156,7 +162,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
                 r.tokens_per_s,
                 r.first_step_s,
                 r.settled_after,
-                r.first_100.map_or("-".to_string(), |x| format!("{x:.3}x")),
+                r.first_100,
                 r.exploring
             );
             results.push(r);
@@ -181,6 +187,10 @@ pub fn run(args: &BenchArgs) -> CliResult {
 /// Most untimed steps, and seconds, `one` waits for tuning on real work to settle.
 const SETTLE_STEPS: usize = 1000;
 const SETTLE_SECONDS: f64 = 120.0;
+
+/// The steps after the first that `first_100` sums: untimed steps run at least this far,
+/// so that a run which settles sooner still reports it.
+const FIRST_STEPS: usize = 100;
 
 /// The bundled corpus' token ids (tokenized once into the data cache, as `helios train`
 /// does).
@@ -235,9 +245,19 @@ fn one(
     warm_clock(device)?;
     let before = compiles();
     let waited = helios::waited_compiles();
+    let mut spent = helios::exploration_spent().1;
+    let mut explored = move || {
+        let now = helios::exploration_spent().1;
+        let ms = (now - spent) / 1e3;
+        spent = now;
+        ms
+    };
     let t0 = Instant::now();
-    trainer.train_step()?;
+    let log = trainer.train_step()?;
     device.synchronize()?;
+    let gpu = |l: &helios_nn::train::StepLog| l.fwd_ms + l.bwd_ms + l.comm_ms + l.opt_ms;
+    let (mut gpu_all, mut record_all) = (vec![gpu(&log)], vec![log.record_ms]);
+    let mut explore_all = vec![explored()];
     let first = t0.elapsed().as_secs_f64();
     let after = compiles();
     if verbose {
@@ -260,12 +280,19 @@ fn one(
         );
     }
     let mut all = vec![first * 1e3];
+    // A cold first step leaves the GPU idle for seconds of compiling, and NVIDIA's driver
+    // lowers its clock: steps 2-5 then run up to 4x slow whatever the tuning
+    // (bench/results/2026-11-30-session48-h200.md). HELIOS_BENCH_REWARM=1 warms the clock
+    // again here, to measure tuning's own cost in `first_100`.
+    if std::env::var("HELIOS_BENCH_REWARM").as_deref() == Ok("1") {
+        warm_clock(device)?;
+    }
     // Untimed steps until no shape class is still tuning on real work (at least two, and
     // for the clock's warm-up time, which a long first step may have let fall; at most
     // SETTLE_STEPS or SETTLE_SECONDS): the timed steps are of settled kernels, and
     // `settled_after` says how long settling took.
     let settling = Instant::now();
-    while all.len() < 3
+    while all.len() < FIRST_STEPS + 1
         || settling.elapsed() < device.warm_up_time()
         || (helios::tuning_in_progress(device) > 0
             && all.len() < SETTLE_STEPS
@@ -275,9 +302,12 @@ fn one(
         let submits = helios_vk::submit_compile_waits();
         let memory = device.memory_stats();
         let t = Instant::now();
-        trainer.train_step()?;
+        let log = trainer.train_step()?;
         device.synchronize()?;
         all.push(t.elapsed().as_secs_f64() * 1e3);
+        gpu_all.push(gpu(&log));
+        record_all.push(log.record_ms);
+        explore_all.push(explored());
         // The steps right after the first, where exploring starts, and any step four times
         // its predecessors' median: what they waited for.
         let n = all.len();
@@ -288,11 +318,15 @@ fn one(
             let subs = helios_vk::submit_compile_waits();
             let mem = device.memory_stats();
             eprintln!(
-                "bench: {} step {n}: {:.3} s; waited for {} pipelines ({:.2} s) and {} native \
-                 kernels ({:.2} s) when asking, {} submits for compiles ({:.2} s); {} driver \
-                 allocations and {} frees (holding {:.2} GiB); {} classes tuning",
+                "bench: {} step {n}: {:.3} s (ending at {:.0} ms; GPU {:.1} ms, recording {:.1} \
+                 ms); waited for {} pipelines ({:.2} s) and {} native kernels ({:.2} s) when \
+                 asking, {} submits for compiles ({:.2} s); {} driver allocations and {} frees \
+                 (holding {:.2} GiB); {} classes tuning",
                 case.name,
                 all[n - 1] / 1e3,
+                device.context().created_at().elapsed().as_secs_f64() * 1e3,
+                gpu(&log),
+                log.record_ms,
                 now.0 - waited.0,
                 now.1 - waited.1,
                 now.2 - waited.2,
@@ -306,6 +340,14 @@ fn one(
             );
         }
     }
+    if verbose {
+        let (pairs, us) = helios::exploration_spent();
+        eprintln!(
+            "bench: {} exploring so far: {pairs} pairs, {:.1} ms of their extra runs' GPU time",
+            case.name,
+            us / 1e3
+        );
+    }
     let mut times = Vec::with_capacity(steps);
     let (mut fwd, mut bwd, mut opt) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..steps {
@@ -315,6 +357,9 @@ fn one(
         device.synchronize()?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
         all.push(t.elapsed().as_secs_f64() * 1e3);
+        gpu_all.push(gpu(&log));
+        record_all.push(log.record_ms);
+        explore_all.push(explored());
         fwd.push(log.fwd_ms);
         bwd.push(log.bwd_ms);
         opt.push(log.opt_ms);
@@ -338,8 +383,11 @@ fn one(
             .iter()
             .rposition(|&t| t > ms.median * 1.02)
             .map_or(0, |i| i + 1),
-        first_100: (all.len() > 100).then(|| all[1..101].iter().sum::<f64>() / (100.0 * ms.median)),
+        first_100: all[1..=FIRST_STEPS].iter().sum::<f64>() / (FIRST_STEPS as f64 * ms.median),
         steps_ms: all,
+        steps_gpu_ms: gpu_all,
+        steps_record_ms: record_all,
+        steps_explore_ms: explore_all,
         tokens: if text.is_some() { "text" } else { "random" },
         exploring: helios::matmul_exploring(device).len(),
         fwd_ms: med(&fwd)?,
@@ -454,7 +502,7 @@ fn table(results: &[TrainResult]) -> String {
             r.tokens_per_s,
             r.first_step_s,
             r.settled_after,
-            r.first_100.map_or("-".to_string(), |x| format!("{x:.3}")),
+            format!("{:.3}", r.first_100),
             r.fwd_ms,
             r.bwd_ms,
             r.opt_ms,

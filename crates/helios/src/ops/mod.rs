@@ -3,6 +3,7 @@
 //! device's kernel cache (`Device::kernel` with a `KernelKey` variant per family).
 
 pub(crate) mod attention;
+pub(crate) mod background;
 mod embedding;
 mod loss;
 mod matmul;
@@ -25,6 +26,7 @@ pub use matmul::tune::{
 pub(crate) use matmul::MatmulSpec;
 pub use matmul::{MatmulChoice, MatmulOptions, MatmulOverrides};
 pub use norm::{NormGrads, NormOutput};
+pub use online::exploration_spent;
 pub use optim::{adamw_step, adamw_step_scaled, sum_squares, AdamWConfig, AdamWParam};
 pub use reduce::RowOp;
 pub use softmax::SoftmaxOptions;

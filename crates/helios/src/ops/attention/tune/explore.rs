@@ -2,10 +2,11 @@
 
 use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant};
 
-use super::{bound, cached, candidates, forced, free, mode, rows, start_compile, store, Class};
+use super::{bound, cached, candidates, forced, free, mode, rows, store, Class};
 use crate::device::KernelKey;
 use crate::ops::attention::select::{first_use_passed, unchecked};
 use crate::ops::attention::{AttentionOptions, AttentionOutput};
+use crate::ops::background::{self, Candidate};
 use crate::ops::online::{
     compare, fenced, median, refund, spend, warm, RowSample, Verdict, FIRST_ESTIMATE_US,
 };
@@ -38,7 +39,7 @@ struct Exploring {
 
 struct Cand {
     variant: AttnVariant,
-    /// Its kernel, compiling on helios-vk's pool from the start of the exploration: a
+    /// Its kernel, compiling on tuning's threads from the start of the exploration: a
     /// candidate is tried only once compiled, so that no submit waits for its compile.
     kernel: Option<AttentionKernel>,
     /// `None`: not yet compared; `Some(true)`: matched, its pairs count.
@@ -96,8 +97,8 @@ fn stretches(t: &Tensor) -> (Vec<(u64, u64)>, Vec<RowSample>) {
 
 impl Exploring {
     /// The exploration of `q`'s class of `stage` from `incumbent`: the other variants'
-    /// kernels start compiling (deferred: nothing waits here); a variant that cannot run
-    /// for this class is out from the start.
+    /// kernels are queued for tuning's threads (nothing is generated or waited for here); a
+    /// variant that cannot run for this class is out from the start.
     fn new(
         (q, stage, packed): (&Tensor, AttnStage, bool),
         base: &AttentionOptions,
@@ -115,9 +116,6 @@ impl Exploring {
                         .ok()
                         .flatten()
                         .map(|k| AttentionKernel { packed, ..k });
-                if let Some(k) = kernel {
-                    let _ = start_compile(q.device(), k, false);
-                }
                 Cand {
                     variant,
                     kernel,
@@ -126,7 +124,15 @@ impl Exploring {
                     busy: false,
                 }
             })
-            .collect();
+            .collect::<Vec<Cand>>();
+        // Generated and compiled on tuning's threads, never this one (`ops::background`).
+        background::compile_candidates(
+            q.device(),
+            cands
+                .iter()
+                .filter_map(|c| c.kernel.map(Candidate::Attention))
+                .collect(),
+        );
         Exploring {
             incumbent,
             cands,

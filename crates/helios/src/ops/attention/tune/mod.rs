@@ -157,12 +157,28 @@ fn candidates(device: &Device, stage: AttnStage, coop: bool) -> Vec<AttnVariant>
 /// the driver's deferred JIT (`Device::has_kernel` says when either is ready), before the
 /// candidates' when `urgent` (the program's own next kernels).
 pub(crate) fn start_compile(device: &Device, k: AttentionKernel, urgent: bool) -> Result<()> {
+    ask(device, k, urgent, false)
+}
+
+/// Compiles candidate `k` and returns once it is ready (tuning's background threads:
+/// `ops::background`).
+pub(crate) fn compile_and_wait(device: &Device, k: AttentionKernel) -> Result<()> {
+    ask(device, k, false, true)
+}
+
+fn ask(device: &Device, k: AttentionKernel, urgent: bool, wait: bool) -> Result<()> {
     let key = crate::device::KernelKey::Attention(k);
     if k.variant.is_native() {
         let target = crate::ops::native::target(device, &k.name())?;
-        device.native_kernel(key, || Ok(k.build_native(target)?), urgent)?;
+        let kernel = device.native_kernel(key, || Ok(k.build_native(target)?), urgent)?;
+        if wait {
+            kernel.wait()?;
+        }
     } else {
-        device.kernel(key, move || k.build())?;
+        let kernel = device.kernel(key, move || k.build())?;
+        if wait {
+            kernel.pipeline.wait()?;
+        }
     }
     Ok(())
 }

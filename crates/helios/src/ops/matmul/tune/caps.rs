@@ -5,8 +5,12 @@ use helios_vk::DeviceType;
 
 use crate::Device;
 
-/// The device properties matmul selection needs.
+/// The device properties matmul selection needs (found once per device).
 pub fn matmul_caps(device: &Device) -> MatmulCaps {
+    device.matmul_caps_once(|| find(device)).clone()
+}
+
+fn find(device: &Device) -> MatmulCaps {
     let ctx = device.context();
     let caps = ctx.caps();
     let en = ctx.enabled();

@@ -21,11 +21,11 @@ use std::sync::{Arc, Mutex};
 use helios_kernels::{MatmulKernel, MatmulVariant, Triangle};
 use helios_vk::{GpuSpan, Snapshot};
 
-use super::background;
 use super::cache::{store, winner_tag};
 use super::caps::matmul_caps;
 use super::exhaustive::{split_candidates, timed_candidates};
 use super::standin::{launched, stand_in};
+use crate::ops::background;
 use crate::ops::matmul::{Plan, Problem};
 use crate::ops::online::{
     compare, fenced, median, refund, spend, warm, RowSample, Verdict, FIRST_ESTIMATE_US,
@@ -43,6 +43,9 @@ const DROP_SLACK: f64 = 1.25;
 /// A candidate whose first ratio is this many times the best median so far is dropped at
 /// once.
 const GROSS_SLACK: f64 = 2.0;
+
+/// How long `State::compiled` trusts a "not yet" while no background compile finishes.
+const ASK_AGAIN: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Rows of the output compared between a candidate and the incumbent, at most (spread over
 /// the whole output: first, last and evenly between), and their bytes at most.
@@ -65,6 +68,9 @@ struct State {
     winner: Option<usize>,
     /// Real calls of the class so far.
     calls: u64,
+    /// What `compiled` answered per (kernel, splits): compiled, or not yet as of a
+    /// background generation and a time (`State::compiled`).
+    seen: rustc_hash::FxHashMap<(MatmulKernel, u32), Option<(u64, std::time::Instant)>>,
 }
 
 struct Cand {
@@ -208,6 +214,7 @@ impl Explorer {
                 splits_added: false,
                 winner: None,
                 calls: 0,
+                seen: Default::default(),
             }),
         })
     }
@@ -284,7 +291,8 @@ impl Explorer {
             if !wants || !better || busy(&s, c) {
                 continue;
             }
-            match compiled(p, &plan_of(p, cand)) {
+            let plan = plan_of(p, cand);
+            match s.compiled(p, &plan) {
                 Compiled::Yes => pick = Some((c, check)),
                 Compiled::Waiting => {}
                 Compiled::Failed => s.cands[c].status = Status::Out,
@@ -365,6 +373,31 @@ impl Explorer {
 }
 
 impl State {
+    /// `compiled`, remembered: a kernel found compiled stays so, and one not yet is asked
+    /// again only once a background compile has finished or `ASK_AGAIN` has passed (a split's
+    /// sum kernel compiles elsewhere). Asking takes locks and hashes, and a fresh class asks
+    /// for each of its ~20 candidates on every call: in a fresh GPT-2 run's second step that
+    /// was most of ~0.2 s of recording (bench/results/2026-11-30-session48-h200.md).
+    fn compiled(&mut self, p: &Problem, plan: &Plan) -> Compiled {
+        let key = (plan.kernel, plan.splits);
+        let generation = background::generation();
+        match self.seen.get(&key) {
+            Some(None) => return Compiled::Yes,
+            Some(Some((g, at))) if *g == generation && at.elapsed() < ASK_AGAIN => {
+                return Compiled::Waiting
+            }
+            _ => {}
+        }
+        let asked = std::time::Instant::now();
+        let answer = compiled(p, plan);
+        match answer {
+            Compiled::Yes => self.seen.insert(key, None),
+            Compiled::Waiting => self.seen.insert(key, Some((generation, asked))),
+            Compiled::Failed => self.seen.remove(&key),
+        };
+        answer
+    }
+
     /// The plan real calls of `p` run, and whether it stands in for the incumbent: the
     /// winner once settled and compiled for `p` (a problem of the class the shadows never
     /// ran may need other vector widths: queued meanwhile), else the incumbent, or its
@@ -674,7 +707,7 @@ pub(super) mod tests {
             assert!(err <= 1e-5, "call {call}: relative error {err:.2e}");
             // The candidates' compiles run on their own thread; a real program goes on
             // with the incumbent meanwhile, a test waits to keep its call count short.
-            super::background::wait_idle();
+            crate::ops::background::wait_idle();
             let choice = a.matmul_choice(&b, &opts).expect("choice");
             if choice.how == crate::Choice::Tuned {
                 return (call, choice);
@@ -752,7 +785,7 @@ pub(super) mod tests {
         for call in 1..=6 {
             let got = a.matmul(&b).and_then(|c| c.to_vec()).expect("product");
             assert_eq!(got, want, "call {call}");
-            super::background::wait_idle();
+            crate::ops::background::wait_idle();
         }
         let choice = a.matmul_choice(&b, &opts).expect("choice");
         assert_eq!(

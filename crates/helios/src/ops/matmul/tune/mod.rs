@@ -15,13 +15,12 @@
 //!
 //! The files: `caps` (what the device offers matmul), `choose` (the selection, its
 //! per-process memo and the first choice), `standin` (the SPIR-V kernel a class runs while
-//! its native first choice is JIT-compiled), `explore` (tuning on real work) and `background`
-//! (its compile threads), `cache` (shape classes and the on-disk winners), `exhaustive` (the
-//! exhaustive tuner: candidates, split-K, reports), `check` (a candidate's correctness check
-//! against the CPU reference), `timing` (GPU timing of candidates) and `peak` (the
-//! cooperative-matrix peak microbenchmark).
+//! its native first choice is JIT-compiled), `explore` (tuning on real work; its compile
+//! threads are `ops::background`, shared with attention's), `cache` (shape classes and the
+//! on-disk winners), `exhaustive` (the exhaustive tuner: candidates, split-K, reports),
+//! `check` (a candidate's correctness check against the CPU reference), `timing` (GPU
+//! timing of candidates) and `peak` (the cooperative-matrix peak microbenchmark).
 
-mod background;
 mod cache;
 mod caps;
 mod check;
@@ -32,7 +31,7 @@ mod peak;
 mod standin;
 mod timing;
 
-pub use background::stop as stop_background_tuning;
+pub use crate::ops::background::stop as stop_background_tuning;
 pub(crate) use cache::winner_tag;
 pub use caps::matmul_caps;
 pub(crate) use choose::{choose, forget_device, run, run_into, upgraded};

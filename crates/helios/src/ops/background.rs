@@ -1,30 +1,40 @@
-//! The background compiles of tuning on real work (`explore`): candidates' kernels asked for
-//! by a pool of threads while the program runs its first choices, each thread waiting for
-//! its kernel before taking the next (the driver's compile itself runs on helios-vk's compile
-//! pool, beside the program's own deferred compiles).
+//! The background compiles of tuning on real work (matmul's `explore` and attention's):
+//! candidates' kernels generated and asked for by a pool of threads while the program runs
+//! its first choices, each thread waiting for its kernel before taking the next (the driver's
+//! compile itself runs on helios-vk's compile pool, beside the program's own deferred
+//! compiles).
 //!
 //! The decisions a reader must know: kernels are taken round robin across the classes that
 //! asked (each class's in the order it gave, likelier winners first), so every class gets its
-//! first candidates early instead of waiting behind another class's whole list; and at most
+//! first candidates early instead of waiting behind another class's whole list; at most
 //! one candidate per thread is in flight, so the program's own compiles never queue behind
-//! the thousand or so a fresh GPT-2 run asks for.
+//! the thousand or so a fresh GPT-2 run asks for; and the program's thread never generates a
+//! candidate's code (an attention kernel takes ~8 ms to generate: a fresh GPT-2 run's second
+//! step spent ~0.2 s on them, bench/results/2026-11-30-session48-h200.md).
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
-use helios_kernels::MatmulKernel;
+use helios_kernels::{AttentionKernel, MatmulKernel};
 
 use crate::device::KernelKey;
 use crate::realize_lock::LockExt;
 use crate::Device;
 
+/// A candidate kernel of either tuner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Candidate {
+    Matmul(MatmulKernel),
+    Attention(AttentionKernel),
+}
+
 struct Queue {
     /// One entry per request, served round robin.
-    classes: VecDeque<(Device, VecDeque<MatmulKernel>)>,
+    classes: VecDeque<(Device, VecDeque<Candidate>)>,
     /// (device, kernel) queued or compiling.
-    queued: HashSet<(usize, MatmulKernel)>,
-    failed: HashSet<(usize, MatmulKernel)>,
+    queued: HashSet<(usize, Candidate)>,
+    failed: HashSet<(usize, Candidate)>,
     /// Kernels queued or compiling.
     busy: usize,
     workers: usize,
@@ -44,20 +54,25 @@ fn queue() -> &'static Mutex<Queue> {
 }
 
 static WORK: Condvar = Condvar::new();
+/// Background compiles finished so far, failed ones included (`generation`).
+static FINISHED: AtomicU64 = AtomicU64::new(0);
 static IDLE: Condvar = Condvar::new();
 static STOPPING: AtomicBool = AtomicBool::new(false);
 
+/// Queues matmul `kernels` of one class for compiling (`compile_candidates`).
+pub(crate) fn compile(device: &Device, kernels: Vec<MatmulKernel>) {
+    compile_candidates(device, kernels.into_iter().map(Candidate::Matmul).collect())
+}
+
 /// Queues `kernels` of one class for compiling (those compiled, queued or failed already are
 /// skipped).
-pub(crate) fn compile(device: &Device, kernels: Vec<MatmulKernel>) {
+pub(crate) fn compile_candidates(device: &Device, kernels: Vec<Candidate>) {
     let mut q = queue().locked();
-    let fresh: VecDeque<MatmulKernel> = kernels
+    let fresh: VecDeque<Candidate> = kernels
         .into_iter()
         .filter(|k| {
             let id = (device.id(), *k);
-            !q.failed.contains(&id)
-                && !device.has_kernel(&KernelKey::Matmul(*k))
-                && q.queued.insert(id)
+            !q.failed.contains(&id) && !device.has_kernel(&k.key()) && q.queued.insert(id)
         })
         .collect();
     if fresh.is_empty() {
@@ -77,9 +92,12 @@ pub(crate) fn compile(device: &Device, kernels: Vec<MatmulKernel>) {
     WORK.notify_all();
 }
 
-/// Whether `k` failed to compile on `device`.
+/// Whether matmul kernel `k` failed to compile on `device`.
 pub(crate) fn failed(device: &Device, k: &MatmulKernel) -> bool {
-    queue().locked().failed.contains(&(device.id(), *k))
+    queue()
+        .locked()
+        .failed
+        .contains(&(device.id(), Candidate::Matmul(*k)))
 }
 
 fn work() {
@@ -104,25 +122,45 @@ fn work() {
             q.failed.insert((device.id(), k));
         }
         q.busy -= 1;
+        FINISHED.fetch_add(1, Ordering::Release);
         IDLE.notify_all();
     }
 }
 
-fn build(device: &Device, k: MatmulKernel) -> crate::Result<()> {
-    let key = KernelKey::Matmul(k);
-    if k.variant.is_native() {
-        let target = device.native_target().ok_or(crate::Error::Invalid {
-            op: "matmul",
-            detail: "a native kernel on a device without them".into(),
-        })?;
-        device
-            .native_kernel(key, || Ok(k.build_native(target)?), false)?
-            .wait()?;
-    } else {
+fn build(device: &Device, k: Candidate) -> crate::Result<()> {
+    match k {
+        Candidate::Matmul(k) if k.variant.is_native() => {
+            let target = device.native_target().ok_or(crate::Error::Invalid {
+                op: "matmul",
+                detail: "a native kernel on a device without them".into(),
+            })?;
+            device
+                .native_kernel(KernelKey::Matmul(k), || Ok(k.build_native(target)?), false)?
+                .wait()?;
+        }
         // The pipeline compiles on the pool; a candidate is ready once it has.
-        device.kernel(key, || k.build())?.pipeline.wait()?;
+        Candidate::Matmul(k) => device
+            .kernel(KernelKey::Matmul(k), || k.build())?
+            .pipeline
+            .wait()?,
+        Candidate::Attention(k) => crate::ops::attention::tune::compile_and_wait(device, k)?,
     }
     Ok(())
+}
+
+impl Candidate {
+    fn key(&self) -> KernelKey {
+        match *self {
+            Candidate::Matmul(k) => KernelKey::Matmul(k),
+            Candidate::Attention(k) => KernelKey::Attention(k),
+        }
+    }
+}
+
+/// How many background compiles have finished: a kernel found not compiled cannot have
+/// become so (through these threads) while this stays the same.
+pub(crate) fn generation() -> u64 {
+    FINISHED.load(Ordering::Acquire)
 }
 
 /// Waits until every queued background compile has finished.
