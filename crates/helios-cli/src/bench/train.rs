@@ -184,8 +184,10 @@ pub fn run(args: &BenchArgs) -> CliResult {
     })
 }
 
-/// Most untimed steps, and seconds, `one` waits for tuning on real work to settle.
-const SETTLE_STEPS: usize = 1000;
+/// Most untimed steps, and seconds, `one` waits for tuning on real work to settle
+/// (DistilGPT-2's 8.7 ms steps took ~1100 to settle at exploration's 3% budget:
+/// bench/results/2026-11-30-session48-h200.md).
+const SETTLE_STEPS: usize = 3000;
 const SETTLE_SECONDS: f64 = 120.0;
 
 /// The steps after the first that `first_100` sums: untimed steps run at least this far,
