@@ -111,14 +111,13 @@ pub(crate) fn forget_device(id: usize) {
 /// and attention's second incumbent run, and `PAIR_US` a pair) is paid from a bucket that
 /// fills at this fraction of wall time, so that tuning on real work costs a bounded few
 /// percent of a step however many classes explore at once; classes then settle over more
-/// steps. 3%: a fresh GPT-2 run's first hundred steps within 5% of settled ones, settling
-/// in ~600 steps (4% settled in ~450 and cost 5.5%; bench/results/2026-11-30-session48-h200.md).
+/// steps. 3% keeps a fresh GPT-2 run's first hundred steps within #46's 5% of settled ones
+/// (bench/results/2026-11-30-session48-h200.md).
 const BUDGET: f64 = 0.03;
 
 /// What a pair costs beyond its runs' measured GPU time, µs, charged with each: fences drain
 /// the GPU before and after both runs, and the real run loses its overlap with its
-/// neighbours. Without it, a fresh GPT-2 run's exploring steps cost 1.6-1.8× what their runs
-/// measured; with it, the charge tracked the cost within 15% (session 48, same file).
+/// neighbours. Charging the runs alone let exploring cost well past the budget (same file).
 const PAIR_US: f64 = 300.0;
 
 /// The bucket's size, µs (and what it holds at first): enough for a few dozen pairs of
