@@ -39,8 +39,9 @@ struct TrainResult {
     /// long tuning on real work took to settle.
     settled_after: usize,
     /// Steps 2-101 (the hundred after the first, which `first_step_s` times) over a hundred
-    /// settled steps (the median): what tuning on real work cost while it explored.
-    first_100: f64,
+    /// settled steps (the median): what tuning on real work cost while it explored. `None`
+    /// when fewer than 101 steps ran (CPU devices, which run as few as they can).
+    first_100: Option<f64>,
     /// Every step's wall time, ms, the first one included.
     steps_ms: Vec<f64>,
     /// Every step's GPU time (forward, backward, exchange, optimizer: `StepLog`), ms.
@@ -153,7 +154,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
             let r = one(&device, &case, precision, steps, text.as_deref())?;
             eprintln!(
                 "bench: {} {} on {} tokens: {:.1} ms/step, {:.0} tokens/s, first step {:.2} s, \
-                 within 2% of the median after {} steps, steps 2-101 {:.3}x the settled time ({} \
+                 within 2% of the median after {} steps, steps 2-101 {} the settled time ({} \
                  matmul classes still tuning)",
                 r.case,
                 r.precision,
@@ -162,7 +163,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
                 r.tokens_per_s,
                 r.first_step_s,
                 r.settled_after,
-                r.first_100,
+                r.first_100.map_or("-".to_string(), |x| format!("{x:.3}x")),
                 r.exploring
             );
             results.push(r);
@@ -190,8 +191,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
 const SETTLE_STEPS: usize = 3000;
 const SETTLE_SECONDS: f64 = 120.0;
 
-/// The steps after the first that `first_100` sums: untimed steps run at least this far,
-/// so that a run which settles sooner still reports it.
+/// The steps after the first that `first_100` sums: on GPUs, untimed steps run at least
+/// this far, so that a run which settles sooner still reports it (CPU devices, whose tests
+/// run a few steps of tiny models, do not: a hundred steps there took minutes).
 const FIRST_STEPS: usize = 100;
 
 /// The bundled corpus' token ids (tokenized once into the data cache, as `helios train`
@@ -289,12 +291,16 @@ fn one(
     if std::env::var("HELIOS_BENCH_REWARM").as_deref() == Ok("1") {
         warm_clock(device)?;
     }
-    // Untimed steps until no shape class is still tuning on real work (at least two, and
-    // for the clock's warm-up time, which a long first step may have let fall; at most
-    // SETTLE_STEPS or SETTLE_SECONDS): the timed steps are of settled kernels, and
-    // `settled_after` says how long settling took.
+    // Untimed steps until no shape class is still tuning on real work (at least two, a
+    // hundred on GPUs, and for the clock's warm-up time, which a long first step may have
+    // let fall; at most SETTLE_STEPS or SETTLE_SECONDS): the timed steps are of settled
+    // kernels, and `settled_after` says how long settling took.
     let settling = Instant::now();
-    while all.len() < FIRST_STEPS + 1
+    let least = match device.context().caps().device_type {
+        helios_vk::DeviceType::Cpu => 3,
+        _ => FIRST_STEPS + 1,
+    };
+    while all.len() < least
         || settling.elapsed() < device.warm_up_time()
         || (helios::tuning_in_progress(device) > 0
             && all.len() < SETTLE_STEPS
@@ -385,7 +391,8 @@ fn one(
             .iter()
             .rposition(|&t| t > ms.median * 1.02)
             .map_or(0, |i| i + 1),
-        first_100: all[1..=FIRST_STEPS].iter().sum::<f64>() / (FIRST_STEPS as f64 * ms.median),
+        first_100: (all.len() > FIRST_STEPS)
+            .then(|| all[1..=FIRST_STEPS].iter().sum::<f64>() / (FIRST_STEPS as f64 * ms.median)),
         steps_ms: all,
         steps_gpu_ms: gpu_all,
         steps_record_ms: record_all,
@@ -504,7 +511,7 @@ fn table(results: &[TrainResult]) -> String {
             r.tokens_per_s,
             r.first_step_s,
             r.settled_after,
-            format!("{:.3}", r.first_100),
+            r.first_100.map_or("-".to_string(), |x| format!("{x:.3}")),
             r.fwd_ms,
             r.bwd_ms,
             r.opt_ms,
