@@ -249,19 +249,11 @@ fn one(
     warm_clock(device)?;
     let before = compiles();
     let waited = helios::waited_compiles();
-    let mut spent = helios::exploration_spent().1;
-    let mut explored = move || {
-        let now = helios::exploration_spent().1;
-        let ms = (now - spent) / 1e3;
-        spent = now;
-        ms
-    };
+    let mut trace = Trace::new();
     let t0 = Instant::now();
     let log = trainer.train_step()?;
     device.synchronize()?;
-    let gpu = |l: &helios_nn::train::StepLog| l.fwd_ms + l.bwd_ms + l.comm_ms + l.opt_ms;
-    let (mut gpu_all, mut record_all) = (vec![gpu(&log)], vec![log.record_ms]);
-    let mut explore_all = vec![explored()];
+    trace.push(&log);
     let first = t0.elapsed().as_secs_f64();
     let after = compiles();
     if verbose {
@@ -313,9 +305,7 @@ fn one(
         let log = trainer.train_step()?;
         device.synchronize()?;
         all.push(t.elapsed().as_secs_f64() * 1e3);
-        gpu_all.push(gpu(&log));
-        record_all.push(log.record_ms);
-        explore_all.push(explored());
+        trace.push(&log);
         // The steps right after the first, where exploring starts, and any step four times
         // its predecessors' median: what they waited for.
         let n = all.len();
@@ -333,7 +323,7 @@ fn one(
                 case.name,
                 all[n - 1] / 1e3,
                 device.context().created_at().elapsed().as_secs_f64() * 1e3,
-                gpu(&log),
+                gpu_ms(&log),
                 log.record_ms,
                 now.0 - waited.0,
                 now.1 - waited.1,
@@ -365,9 +355,7 @@ fn one(
         device.synchronize()?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
         all.push(t.elapsed().as_secs_f64() * 1e3);
-        gpu_all.push(gpu(&log));
-        record_all.push(log.record_ms);
-        explore_all.push(explored());
+        trace.push(&log);
         fwd.push(log.fwd_ms);
         bwd.push(log.bwd_ms);
         opt.push(log.opt_ms);
@@ -394,9 +382,9 @@ fn one(
         first_100: (all.len() > FIRST_STEPS)
             .then(|| all[1..=FIRST_STEPS].iter().sum::<f64>() / (FIRST_STEPS as f64 * ms.median)),
         steps_ms: all,
-        steps_gpu_ms: gpu_all,
-        steps_record_ms: record_all,
-        steps_explore_ms: explore_all,
+        steps_gpu_ms: trace.gpu_ms,
+        steps_record_ms: trace.record_ms,
+        steps_explore_ms: trace.explore_ms,
         tokens: if text.is_some() { "text" } else { "random" },
         exploring: helios::matmul_exploring(device).len(),
         fwd_ms: med(&fwd)?,
@@ -406,6 +394,39 @@ fn one(
         peak_in_use_gib: gib(device.memory_stats().peak_in_use),
         torch: Vec::new(),
     })
+}
+
+/// A step's GPU time: forward, backward, exchange and optimizer (`StepLog`), ms.
+fn gpu_ms(l: &helios_nn::train::StepLog) -> f64 {
+    l.fwd_ms + l.bwd_ms + l.comm_ms + l.opt_ms
+}
+
+/// Per step, what `TrainResult`'s `steps_*_ms` hold beside its wall time.
+struct Trace {
+    gpu_ms: Vec<f64>,
+    record_ms: Vec<f64>,
+    explore_ms: Vec<f64>,
+    /// `helios::exploration_spent`'s GPU time at the last step, µs.
+    spent_us: f64,
+}
+
+impl Trace {
+    fn new() -> Trace {
+        Trace {
+            gpu_ms: Vec::new(),
+            record_ms: Vec::new(),
+            explore_ms: Vec::new(),
+            spent_us: helios::exploration_spent().1,
+        }
+    }
+
+    fn push(&mut self, log: &helios_nn::train::StepLog) {
+        let spent = helios::exploration_spent().1;
+        self.gpu_ms.push(gpu_ms(log));
+        self.record_ms.push(log.record_ms);
+        self.explore_ms.push((spent - self.spent_us) / 1e3);
+        self.spent_us = spent;
+    }
 }
 
 /// Keeps the GPU busy for its warm-up time (`Device::warm_up`) with copies of 64 MiB, so
