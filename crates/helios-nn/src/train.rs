@@ -420,6 +420,8 @@ impl Trainer {
             Some(s) => s.range(rank.rank),
             None => 0..init.config().param_specs().len(),
         };
+        // Attention's one-time probe runs now, not behind the first step's queued work.
+        helios::prepare_attention(device, cfg.precision);
         let (params, master) = upload_with_master_of(init, device, cfg.precision, owned.clone())?;
         let opt = AdamW::for_shard(&params, state, cfg.adamw, master, owned)?;
         let scaler = (cfg.precision == DType::F16).then(LossScaler::default);

@@ -58,7 +58,9 @@ pub use index::IndexTensor;
 pub use layout::Layout;
 pub use lazy::{graph_stats, GraphStats};
 pub use ops::{adamw_step, adamw_step_scaled, sum_squares, AdamWConfig, AdamWParam, CrossEntropy};
-pub use ops::{attention_tuning, AttentionGrads, AttentionOptions, AttentionOutput};
+pub use ops::{
+    attention_tuning, prepare_attention, AttentionGrads, AttentionOptions, AttentionOutput,
+};
 pub use ops::{
     coop_peak, matmul_caps, matmul_exploring, set_exhaustive_tuning, stop_background_tuning,
     tuning, tuning_in_progress, CandidateResult, Choice, CoopPeak, MatmulChoice, MatmulOptions,

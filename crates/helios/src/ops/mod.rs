@@ -15,6 +15,7 @@ mod reduce;
 mod softmax;
 mod tuning_store;
 
+pub use attention::prepare_attention;
 pub use attention::tune::attention_tuning;
 pub use attention::{AttentionGrads, AttentionOptions, AttentionOutput};
 pub use loss::CrossEntropy;
