@@ -7,10 +7,11 @@
 //! The decisions a reader must know: kernels are taken round robin across the classes that
 //! asked (each class's in the order it gave, likelier winners first), so every class gets its
 //! first candidates early instead of waiting behind another class's whole list; at most
-//! one candidate per thread is in flight, so the program's own compiles never queue behind
-//! the thousand or so a fresh GPT-2 run asks for; and the program's thread never generates a
-//! candidate's code (an attention kernel takes ~8 ms to generate: a fresh GPT-2 run's second
-//! step spent ~0.2 s on them, bench/results/2026-11-30-session48-h200.md).
+//! one candidate per thread is in flight, and the threads are a quarter of the host's, so
+//! the program's own compiles never queue behind the thousand or so a fresh GPT-2 run asks
+//! for, nor wait for the driver beside a dozen of them; and the program's thread never
+//! generates a candidate's code (an attention kernel takes ~8 ms to generate: a fresh GPT-2
+//! run's second step spent ~0.2 s on them, bench/results/2026-11-30-session48-h200.md).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -80,8 +81,10 @@ pub(crate) fn compile_candidates(device: &Device, kernels: Vec<Candidate>) {
     }
     q.busy += fresh.len();
     q.classes.push_back((device.clone(), fresh));
-    // All but one of the host's threads: the program's own keeps a core.
-    let want = std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1));
+    // A quarter of the host's threads: with all but one, a cold GPT-2 step waited for its own
+    // pipelines behind the candidates' compiles (first step 1.7-2.7 s against 0.9 on an H200,
+    // bench/results/2026-11-30-session49-h200.md).
+    let want = std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).max(1));
     while q.workers < want {
         q.workers += 1;
         std::thread::Builder::new()
