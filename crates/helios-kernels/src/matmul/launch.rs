@@ -65,8 +65,9 @@ pub struct MatmulCaps {
     pub cpu_threads: Option<u32>,
     /// The PTX target of the device's native kernels (VK_NVX_binary_import), if it has them.
     pub native: Option<helios_ptx::Target>,
-    /// Compute subgroups can add (what the `rows` kernels reduce with), and none is narrower
-    /// than 4 invocations (their shared memory holds 64 subgroups' sums).
+    /// Compute subgroups can add (what the `rows` kernels reduce with), none is narrower
+    /// than 4 invocations (their shared memory holds 64 subgroups' sums) nor wider than 64
+    /// (with B stored n × k, 64 invocations share a column).
     pub subgroup_add: bool,
 }
 

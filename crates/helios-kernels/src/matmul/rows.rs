@@ -59,32 +59,16 @@ pub(crate) fn build(kern: &MatmulKernel, t: RowsTile) -> KernelModule {
     };
     let vec4 = Ty::vector(Scalar::F32, 4);
     let zero4 = k.constant_bits(vec4, 0);
-    let zero = k.const_f32(0.0);
+    if kern.trans_b {
+        nt_sums_and_store(&mut k, &g, &p, &d, m0, n0, (bm, bn));
+        return k.finish();
+    }
     // Sums of 4 outputs each, (row r, columns 4q..4q+3) at r · quads + q.
-    let sums: Vec<Val> = if kern.trans_b {
-        let acc: Vec<Var> = (0..bm * bn).map(|_| k.var_init(zero)).collect();
-        let chunk = SECTOR / kern.input.bytes();
-        let k_chunks = {
-            let c = k.u32(chunk - 1);
-            let c = k.add(d.k, c);
-            let per = k.u32(chunk);
-            k.div(c, per)
-        };
-        split_k(&mut k, tid, k_chunks, 2, |k, c, ok| {
-            g.chunk_nt(k, c, ok, chunk, &acc)
-        });
-        (0..bm * quads)
-            .map(|o| {
-                let (r, q) = (o / quads, o % quads);
-                let lanes: Vec<Val> = (0..4)
-                    .map(|l| k.get(acc[(r * bn + 4 * q + l) as usize]))
-                    .collect();
-                k.vector(&lanes)
-            })
-            .collect()
-    } else {
+    let sums: Vec<Val> = {
         let acc: Vec<Var> = (0..bm * quads).map(|_| k.var_init(zero4)).collect();
-        split_k(&mut k, tid, d.k, 4, |k, kk, ok| g.row_nn(k, kk, ok, &acc));
+        split_k(&mut k, tid, ROWS_THREADS, d.k, 4, |k, kk, ok| {
+            g.row_nn(k, kk, ok, &acc)
+        });
         acc.iter().map(|&v| k.get(v)).collect()
     };
 
@@ -139,23 +123,137 @@ pub(crate) fn build(kern: &MatmulKernel, t: RowsTile) -> KernelModule {
     k.finish()
 }
 
-/// `body(k, i, in_range)` for every `i` in `0..count` this invocation takes: `tid`, `tid +
-/// T`, … (T = [`ROWS_THREADS`]), `unroll` at a time so that their loads are issued together.
-/// Past `count` it gets the last index (an address inside the matrix) and `in_range` false.
+/// Invocations that share one column's k range when B is stored n × k: a subgroup (64
+/// invocations or fewer, `MatmulCaps::subgroup_add`) never spans two columns.
+const NT_LANES: u32 = 64;
+
+/// B stored n × k (the LM head): the workgroup's invocations form
+/// `ROWS_THREADS / NT_LANES` groups of [`NT_LANES`], group `g` taking columns `g`, `g + 4`, …
+/// of the tile, each invocation 32-byte chunks of their k range. Each subgroup adds its
+/// invocations' sums, the subgroups of a group meet in shared memory, and invocation
+/// `o < bm · bn / 4` stores four neighbouring columns (one from each group).
+fn nt_sums_and_store(
+    k: &mut KernelBuilder,
+    g: &Gather,
+    p: &Params,
+    d: &Dims,
+    m0: Val,
+    n0: Val,
+    (bm, bn): (u32, u32),
+) {
+    let kern = g.kern;
+    let groups = ROWS_THREADS / NT_LANES;
+    let per_group = bn / groups;
+    let tid = k.local_index();
+    let lanes_v = k.u32(NT_LANES);
+    let group = k.div(tid, lanes_v);
+    let lane_k = k.rem(tid, lanes_v);
+    let one = k.u32(1);
+    let n_last = k.max(d.n, one);
+    let n_last = k.sub(n_last, one);
+    let groups_v = k.u32(groups);
+    let cols: Vec<Val> = (0..per_group)
+        .map(|q| {
+            let c = k.u32(q);
+            let c = k.mul(c, groups_v);
+            let c = k.add(c, group);
+            let c = k.add(n0, c);
+            k.min(c, n_last)
+        })
+        .collect();
+    let zero = k.const_f32(0.0);
+    let acc: Vec<Var> = (0..bm * per_group).map(|_| k.var_init(zero)).collect();
+    let chunk = SECTOR / kern.input.bytes();
+    let k_chunks = {
+        let c = k.u32(chunk - 1);
+        let c = k.add(d.k, c);
+        let per = k.u32(chunk);
+        k.div(c, per)
+    };
+    split_k(k, lane_k, NT_LANES, k_chunks, 2, |k, c, ok| {
+        g.chunk_nt(k, c, ok, chunk, &cols, &acc)
+    });
+    let sums: Vec<Val> = acc
+        .iter()
+        .map(|&v| {
+            let v = k.get(v);
+            k.subgroup_reduce(ReduceOp::Add, GroupMode::Reduce, v)
+        })
+        .collect();
+    // One f32 per (row, column slot) per subgroup, for subgroups of 4 or more.
+    let slots = bm * per_group;
+    let red = k.shared_array(
+        Ty::scalar(Scalar::F32),
+        SharedLen::Fixed(ROWS_THREADS / 4 * slots),
+    );
+    let sg = k.subgroup_id();
+    let lane = k.subgroup_invocation_id();
+    let zero_u = k.u32(0);
+    let first = k.eq(lane, zero_u);
+    let slots_v = k.u32(slots);
+    k.if_(first, |k| {
+        let base = k.mul(sg, slots_v);
+        for (i, v) in sums.into_iter().enumerate() {
+            let at = k.u32(i as u32);
+            let at = k.add(base, at);
+            k.shared_store(red, at, v);
+        }
+    });
+    k.workgroup_barrier();
+    // Output quad o = (row r, columns 4q..4q+3): column 4q + l is group l's slot q, summed
+    // over the group's subgroups (NT_LANES / subgroup size of them, consecutive).
+    let storing = k.lt(tid, slots_v);
+    let size = k.subgroup_size();
+    let per_sg = k.div(lanes_v, size);
+    k.if_(storing, |k| {
+        let lanes: Vec<Val> = (0..groups)
+            .map(|l| {
+                let total = k.var_init(zero);
+                let l_v = k.u32(l);
+                let from = k.mul(l_v, per_sg);
+                let to = k.add(from, per_sg);
+                let step = k.u32(1);
+                k.for_range(from, to, step, |k, s| {
+                    let at = k.mul(s, slots_v);
+                    let at = k.add(at, tid);
+                    let v = k.shared_load(red, at);
+                    let sum = k.get(total);
+                    let sum = k.add(sum, v);
+                    k.set(total, sum);
+                });
+                k.get(total)
+            })
+            .collect();
+        let v = k.vector(&lanes);
+        let per_v = k.u32(per_group);
+        let r = k.div(tid, per_v);
+        let q = k.rem(tid, per_v);
+        let row = k.add(m0, r);
+        let four = k.u32(4);
+        let c = k.mul(q, four);
+        let col = k.add(n0, c);
+        store_quad(k, kern, p, d, row, col, v);
+    });
+}
+
+/// `body(k, i, in_range)` for every `i` in `0..count` this invocation takes: `first`,
+/// `first + lanes`, …, `unroll` at a time so that their loads are issued together. Past
+/// `count` it gets the last index (an address inside the matrix) and `in_range` false.
 fn split_k(
     k: &mut KernelBuilder,
-    tid: Val,
+    first: Val,
+    lanes: u32,
     count: Val,
     unroll: u32,
     mut body: impl FnMut(&mut KernelBuilder, Val, Val),
 ) {
-    let step = k.u32(ROWS_THREADS * unroll);
+    let step = k.u32(lanes * unroll);
     let one = k.u32(1);
     let last = k.max(count, one);
     let last = k.sub(last, one);
-    k.for_range(tid, count, step, |k, base| {
+    k.for_range(first, count, step, |k, base| {
         for u in 0..unroll {
-            let off = k.u32(u * ROWS_THREADS);
+            let off = k.u32(u * lanes);
             let i = k.add(base, off);
             let ok = k.lt(i, count);
             let i = k.min(i, last);
@@ -301,11 +399,20 @@ impl Gather<'_> {
         k.vector(&lanes)
     }
 
-    /// B transposed: chunk `c` of k (`chunk` elements from `c · chunk`) of every column,
-    /// dotted with the same stretch of A's rows into `acc` (one f32 per row and column).
-    fn chunk_nt(&self, k: &mut KernelBuilder, c: Val, ok: Val, chunk: u32, acc: &[Var]) {
+    /// B transposed: chunk `c` of k (`chunk` elements from `c · chunk`) of the columns
+    /// `cols` (this invocation's, clamped into the matrix), dotted with the same stretch of
+    /// A's rows into `acc` (one f32 per row and column, row-major).
+    fn chunk_nt(
+        &self,
+        k: &mut KernelBuilder,
+        c: Val,
+        ok: Val,
+        chunk: u32,
+        cols: &[Val],
+        acc: &[Var],
+    ) {
         let (kern, d) = (self.kern, self.d);
-        let bn = self.cols.each.len();
+        let bn = cols.len();
         let per = k.u32(chunk);
         let k0 = k.mul(c, per);
         let one = k.u32(1);
@@ -342,8 +449,7 @@ impl Gather<'_> {
                     }
                 })
                 .collect();
-            for j in 0..bn {
-                let col = self.cols.each[j];
+            for (j, &col) in cols.iter().enumerate() {
                 let start = k.mul(col, d.ldb);
                 let start = k.add(start, d.off_b);
                 let b = self.load_quad(k, self.p.b, start, None, kern.vec_b, &quad);

@@ -64,7 +64,8 @@ fn find(device: &Device) -> MatmulCaps {
         native: device.native_target(),
         subgroup_add: caps.subgroup.compute_stage
             && caps.subgroup.operations.iter().any(|o| o == "arithmetic")
-            && caps.subgroup.min_size.unwrap_or(caps.subgroup.size) >= 4,
+            && caps.subgroup.min_size.unwrap_or(caps.subgroup.size) >= 4
+            && caps.subgroup.max_size.unwrap_or(caps.subgroup.size) <= 64,
     }
 }
 
