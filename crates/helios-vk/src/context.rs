@@ -6,7 +6,6 @@
 //! Methods that create owned objects take `self: &Arc<Self>` for that reason.
 
 use crate::sync::LockExt;
-use ash::vk;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -16,6 +15,7 @@ use std::time::Duration;
 use crate::adapter::{select_adapter_from_env, Adapter};
 use crate::caps::{Caps, QueueFamily};
 use crate::copy_queue::CopyQueue;
+use crate::core::Core;
 use crate::encoder::{Encoder, DEFAULT_BATCH};
 use crate::env;
 use crate::error::{vk_err, Error, Result};
@@ -32,39 +32,13 @@ use crate::submit::Submitter;
 use crate::worker::Jobs;
 
 pub struct Context {
-    instance: Arc<Instance>,
-    adapter: Adapter,
-    device: ash::Device,
-    /// Names objects for validation messages when validation is on.
-    debug_utils: Option<ash::ext::debug_utils::Device>,
-    /// VK_KHR_push_descriptor entry points, when enabled (the descriptor binding model).
-    pub(crate) push_descriptor: Option<ash::khr::push_descriptor::Device>,
-    /// VK_KHR_pipeline_executable_properties entry points, when statistics are captured.
-    pub(crate) pipeline_executable: Option<ash::khr::pipeline_executable_properties::Device>,
-    /// What compute pipelines capture (`Off` unless asked for and supported; executable.rs).
-    pub(crate) capture: ExecutableCapture,
-    /// VK_NVX_binary_import entry points, when native kernels are enabled (native.rs).
-    pub(crate) native: Option<ash::nvx::binary_import::Device>,
-    /// Why native kernels are off, for `create_native_kernel`'s error.
-    pub(crate) native_off: Option<String>,
-    /// VK_KHR_external_memory_fd entry points, where exports are enabled (external.rs).
-    pub(crate) external_memory_fd: Option<ash::khr::external_memory_fd::Device>,
-    /// VK_KHR_external_semaphore_fd entry points, likewise.
-    pub(crate) external_semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
-    queue_family: u32,
+    /// The device and what was fixed when it was made (core.rs); the parts take this.
+    pub(crate) core: Core,
     pub(crate) submitter: Submitter,
     /// The dedicated transfer queue, where the device has one (copy_queue.rs).
     pub(crate) copy_queue: Option<CopyQueue>,
-    /// Whether device-local memory may come from a full-BAR host-visible type.
-    bar: bool,
     /// `ContextOptions::memory_limit`.
     pub(crate) memory_limit: Option<u64>,
-    /// The VkPipelineCache, persisted under the user cache dir (pipeline_cache.rs).
-    pub(crate) pipeline_cache: PipelineCache,
-    /// GPU timestamps around dispatches, when profiling is on (profile.rs).
-    pub(crate) profiler: Option<Profiler>,
-    memory: vk::PhysicalDeviceMemoryProperties,
-    enabled: EnabledFeatures,
     /// The one open batch all GPU commands are recorded into (encoder.rs).
     pub(crate) encoder: Mutex<Encoder>,
     /// Emptied command lists of submitted batches, for the next ones (encoder.rs).
@@ -299,26 +273,29 @@ impl Context {
             .unwrap_or(caps.device_type != crate::DeviceType::Cpu);
         let worker = threaded.then(|| jobs.spawn()).flatten();
         Ok(Arc::new_cyclic(|me| Context {
-            instance,
-            adapter: adapter.clone(),
-            device,
-            debug_utils,
-            push_descriptor,
-            pipeline_executable,
-            capture,
-            native,
-            native_off,
-            external_memory_fd,
-            external_semaphore_fd,
-            queue_family,
+            core: Core {
+                instance,
+                adapter: adapter.clone(),
+                device,
+                debug_utils,
+                push_descriptor,
+                pipeline_executable,
+                capture,
+                native,
+                native_off,
+                external_memory_fd,
+                external_semaphore_fd,
+                queue_family,
+                transfer_family,
+                bar: options.bar,
+                pipeline_cache,
+                profiler,
+                memory,
+                enabled,
+            },
             submitter,
             copy_queue,
-            bar: options.bar,
             memory_limit: options.memory_limit,
-            pipeline_cache,
-            profiler,
-            memory,
-            enabled,
             encoder: Mutex::new(Encoder::new(match options.batch_limit {
                 0 => DEFAULT_BATCH,
                 n => n,
@@ -359,41 +336,34 @@ impl Context {
     }
 
     pub fn caps(&self) -> &Caps {
-        self.adapter.caps()
+        self.core.caps()
     }
 
     /// Features actually enabled on this device; kernels check these, not `caps()`.
     pub fn enabled(&self) -> &EnabledFeatures {
-        &self.enabled
+        self.core.enabled()
     }
 
     pub fn adapter(&self) -> &Adapter {
-        &self.adapter
+        &self.core.adapter
     }
 
     pub fn instance(&self) -> &Arc<Instance> {
-        &self.instance
+        &self.core.instance
     }
 
     /// Shortcut for `instance().validation_messages()`.
     pub fn validation_messages(&self) -> Vec<String> {
-        self.instance.validation_messages()
+        self.core.instance.validation_messages()
     }
 
     pub fn queue_family_index(&self) -> u32 {
-        self.queue_family
+        self.core.queue_family
     }
 
     /// The queue families Helios submits to: compute, and the transfer family if in use.
     pub fn queue_families(&self) -> Vec<u32> {
-        std::iter::once(self.queue_family)
-            .chain(self.copy_queue.as_ref().map(|q| q.family))
-            .collect()
-    }
-
-    /// Whether device-local buffers may use the full-BAR host-visible memory type.
-    pub(crate) fn use_bar(&self) -> bool {
-        self.bar
+        self.core.queue_families()
     }
 
     /// Whether staged copies run on a dedicated transfer queue.
@@ -403,25 +373,25 @@ impl Context {
 
     /// Pipeline creation counters and where the pipeline cache persists.
     pub fn pipeline_stats(&self) -> PipelineStats {
-        self.pipeline_cache.stats()
+        self.core.pipeline_cache.stats()
     }
 
     /// When this Context's pipeline cache was made: the zero of `HELIOS_VERBOSE`'s compile
     /// lines ("from N ms"), so a caller can place its own events among them.
     pub fn created_at(&self) -> std::time::Instant {
-        self.pipeline_cache.born()
+        self.core.pipeline_cache.born()
     }
 
     /// Writes the pipeline cache to its file now (also done when the Context drops). Does
     /// nothing when persistence is off.
     pub fn save_pipeline_cache(&self) -> Result<()> {
-        self.pipeline_cache.save(self.device())
+        self.core.pipeline_cache.save(self.device())
     }
 
     /// What pipelines of this Context capture; `Off` unless it was asked for and the device
     /// offers VK_KHR_pipeline_executable_properties.
     pub fn executable_capture(&self) -> ExecutableCapture {
-        self.capture
+        self.core.capture
     }
 
     /// The `HELIOS_PIPELINE_STATS` report: one stderr line of statistics per executable of
@@ -441,7 +411,7 @@ impl Context {
             });
         }
         executable::statistics(
-            self.pipeline_executable.as_ref(),
+            self.core.pipeline_executable.as_ref(),
             pipeline.raw(),
             pipeline.create_flags(),
         )
@@ -449,16 +419,16 @@ impl Context {
 
     /// The driver's pipeline cache contents (what `save_pipeline_cache` writes, unwrapped).
     pub fn pipeline_cache_data(&self) -> Result<Vec<u8>> {
-        let cache = self.pipeline_cache.raw();
+        let cache = self.core.pipeline_cache();
         // SAFETY: the cache belongs to this device; the driver synchronises cache access.
-        unsafe { self.device.get_pipeline_cache_data(cache) }
+        unsafe { self.device().get_pipeline_cache_data(cache) }
             .map_err(vk_err("vkGetPipelineCacheData"))
     }
 
     /// The profiler, when this Context was created with profiling on and the device has
     /// timestamps.
     pub fn profiler(&self) -> Option<&Profiler> {
-        self.profiler.as_ref()
+        self.core.profiler.as_ref()
     }
 
     /// Collects every completed span and returns the table; `None` when not profiling.
@@ -485,34 +455,13 @@ impl Context {
     }
 
     pub(crate) fn device(&self) -> &ash::Device {
-        &self.device
+        self.core.device()
     }
 
     /// The raw device, for recording into command buffers Helios does not own (profiling
     /// tests, interop). Destroying it or its queue's objects is the caller's bug.
     pub fn raw_device(&self) -> &ash::Device {
-        &self.device
-    }
-
-    pub(crate) fn pipeline_cache(&self) -> vk::PipelineCache {
-        self.pipeline_cache.raw()
-    }
-
-    pub(crate) fn memory_properties(&self) -> &vk::PhysicalDeviceMemoryProperties {
-        &self.memory
-    }
-
-    /// Gives a Vulkan object a name that validation messages will show (no-op otherwise).
-    pub(crate) fn set_name<H: vk::Handle>(&self, handle: H, name: &str) {
-        let Some(du) = &self.debug_utils else { return };
-        let Ok(name) = std::ffi::CString::new(name) else {
-            return;
-        };
-        let info = vk::DebugUtilsObjectNameInfoEXT::default()
-            .object_handle(handle)
-            .object_name(&name);
-        // SAFETY: the handle belongs to this device. A failure only loses a debug name.
-        let _ = unsafe { du.set_debug_utils_object_name(&info) };
+        self.core.device()
     }
 }
 
@@ -530,7 +479,7 @@ impl Drop for Context {
         // SAFETY: buffers and pipelines hold an Arc<Context>, so none is left; waiting for
         // idle first makes destroying the command pools and semaphore legal.
         unsafe {
-            let _ = self.device.device_wait_idle();
+            let _ = self.core.device.device_wait_idle();
             self.destroy_pools();
             for block in self
                 .graveyard
@@ -538,18 +487,19 @@ impl Drop for Context {
                 .map(std::mem::take)
                 .unwrap_or_default()
             {
-                block.destroy(&self.device);
+                block.destroy(&self.core.device);
             }
+            let core = &self.core;
             if let Some(q) = &self.copy_queue {
-                q.destroy(&self.device);
+                q.destroy(&core.device);
             }
-            self.submitter.destroy(&self.device);
-            if let Some(profiler) = &self.profiler {
+            self.submitter.destroy(&core.device);
+            if let Some(profiler) = &core.profiler {
                 profiler.destroy();
             }
             // Saves the cache file first if a pipeline was created since the last save.
-            self.pipeline_cache.destroy(&self.device);
-            self.device.destroy_device(None);
+            core.pipeline_cache.destroy(&core.device);
+            core.device.destroy_device(None);
         }
     }
 }
@@ -557,9 +507,9 @@ impl Drop for Context {
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
-            .field("device", &self.adapter.name())
-            .field("queue_family", &self.queue_family)
-            .field("enabled", &self.enabled)
+            .field("device", &self.core.adapter.name())
+            .field("queue_family", &self.core.queue_family)
+            .field("enabled", &self.core.enabled)
             .finish()
     }
 }

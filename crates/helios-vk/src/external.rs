@@ -102,7 +102,7 @@ impl ExportedMemory {
     /// such as `cuImportExternalMemory` takes it over on success; close it on failure.
     pub fn fd(&self) -> Result<OwnedFd> {
         let ctx = &self.shared.ctx;
-        let Some(ext) = &ctx.external_memory_fd else {
+        let Some(ext) = &ctx.core.external_memory_fd else {
             return Err(ctx.export_unsupported(Shared::Memory));
         };
         let info = vk::MemoryGetFdInfoKHR::default()
@@ -228,7 +228,7 @@ impl ExternalTimeline {
     /// takes it over on success).
     pub fn fd(&self) -> Result<OwnedFd> {
         let t = &self.shared;
-        let ext = match (&t.ctx.external_semaphore_fd, t.exportable) {
+        let ext = match (&t.ctx.core.external_semaphore_fd, t.exportable) {
             (Some(ext), true) => ext,
             (None, _) => return Err(t.ctx.export_unsupported(Shared::Timeline)),
             (Some(_), false) => {
@@ -388,11 +388,11 @@ impl Context {
                 });
             }
         }
-        let made = match Block::new_exported(self, self.next_block_id(), bytes) {
+        let made = match Block::new_exported(&self.core, self.next_block_id(), bytes) {
             // Memory cached by the pool may be what is missing: give it back, try once more.
             Err(Error::OutOfMemory { .. }) => {
                 self.empty_cache()?;
-                Block::new_exported(self, self.next_block_id(), bytes)
+                Block::new_exported(&self.core, self.next_block_id(), bytes)
             }
             made => made,
         };
@@ -437,7 +437,7 @@ impl Context {
     /// `ExternalTimeline::fd` of another device or process, or from CUDA): waits and signals
     /// here order against the other side's. The fd is consumed, also on failure.
     pub fn import_timeline(&self, fd: OwnedFd) -> Result<ExternalTimeline> {
-        let Some(ext) = &self.external_semaphore_fd else {
+        let Some(ext) = &self.core.external_semaphore_fd else {
             return Err(self.export_unsupported(Shared::Timeline));
         };
         let t = self.new_timeline(false)?;
@@ -467,7 +467,7 @@ impl Context {
         // chained only where VK_KHR_external_semaphore_fd is (checked by the caller).
         let raw = unsafe { self.device().create_semaphore(&info, None) }
             .map_err(vk_err("vkCreateSemaphore(external timeline)"))?;
-        self.set_name(raw, "helios external timeline");
+        self.core.set_name(raw, "helios external timeline");
         let ctx = self.me.upgrade().expect("a Context in use has a handle");
         Ok(ExternalTimeline {
             shared: Arc::new(Timeline {

@@ -40,6 +40,7 @@ mod context;
 pub mod conv;
 mod coopmat2;
 mod copy_queue;
+mod core;
 mod encoder;
 pub mod env;
 mod error;

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::context::Context;
+use crate::core::Core;
 use crate::error::{vk_err, Error, Result};
 use crate::pool::Grant;
 
@@ -70,24 +71,19 @@ unsafe impl Sync for Mapping {}
 
 impl Block {
     /// Allocates a block of `size` bytes in `location` from the pool (pool.rs).
-    pub(crate) fn new(
-        ctx: &Context,
-        id: u64,
-        size: u64,
-        location: MemoryLocation,
-    ) -> Result<Block> {
+    pub(crate) fn new(ctx: &Core, id: u64, size: u64, location: MemoryLocation) -> Result<Block> {
         Block::create(ctx, id, size, location, false).map(|(block, _)| block)
     }
 
     /// Allocates a dedicated device-local block of `size` bytes exportable as an opaque fd
     /// (external.rs); also returns the allocation's size and memory type, which an importer
     /// must repeat.
-    pub(crate) fn new_exported(ctx: &Context, id: u64, size: u64) -> Result<(Block, Allocated)> {
+    pub(crate) fn new_exported(ctx: &Core, id: u64, size: u64) -> Result<(Block, Allocated)> {
         Block::create(ctx, id, size, MemoryLocation::DeviceLocal, true)
     }
 
     fn create(
-        ctx: &Context,
+        ctx: &Core,
         id: u64,
         size: u64,
         location: MemoryLocation,
@@ -507,7 +503,7 @@ impl std::fmt::Debug for Buffer {
 /// Allocates memory for `requirements` in `location`; maps it when it is host-visible.
 /// `export`: the buffer of a dedicated allocation exportable as an opaque fd.
 fn allocate(
-    ctx: &Context,
+    ctx: &Core,
     requirements: vk::MemoryRequirements,
     requested: u64,
     location: MemoryLocation,

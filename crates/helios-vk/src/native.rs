@@ -268,7 +268,7 @@ pub(crate) fn function(slot: &NativeSlot) -> Result<vk::CuFunctionNVX> {
 impl Context {
     /// Whether `create_native_kernel` can work here (VK_NVX_binary_import is enabled).
     pub fn has_native_kernels(&self) -> bool {
-        self.native.is_some()
+        self.core.native.is_some()
     }
 
     /// Compiles `ptx` (PTX text, as `ptxas` would take it) with the driver's JIT and looks up
@@ -321,10 +321,11 @@ impl Context {
         entry: &str,
         name: &str,
     ) -> Result<(Arc<NativeKernel>, impl FnOnce(bool) + Send + 'static)> {
-        if self.native.is_none() {
+        if self.core.native.is_none() {
             return Err(Error::NativeUnavailable {
                 device: self.caps().name.clone(),
                 reason: self
+                    .core
                     .native_off
                     .clone()
                     .unwrap_or_else(|| "VK_NVX_binary_import is off".into()),
@@ -361,9 +362,11 @@ impl Context {
             let started = Instant::now();
             let r = ctx.jit(&data, &entry_c);
             if let Ok((module, function, _)) = r {
-                ctx.pipeline_cache.record_creation(&name, true, started);
-                ctx.set_name(module, &name);
-                ctx.set_name(function, &name);
+                ctx.core
+                    .pipeline_cache
+                    .record_creation(&name, true, started);
+                ctx.core.set_name(module, &name);
+                ctx.core.set_name(function, &name);
             }
             slot.set(r);
         };
@@ -372,7 +375,7 @@ impl Context {
 
     /// The driver's JIT of `data` (PTX, NUL-terminated) and the lookup of `entry`.
     fn jit(&self, data: &[u8], entry: &CString) -> Jitted {
-        let nvx = self.native.as_ref().expect("checked by native_parts");
+        let nvx = self.core.native.as_ref().expect("checked by native_parts");
         let fp = nvx.fp();
         let device = self.device().handle();
         let started = Instant::now();
@@ -500,6 +503,7 @@ impl Drop for NativeKernel {
     fn drop(&mut self) {
         let fp = self
             .ctx
+            .core
             .native
             .as_ref()
             .expect("a NativeKernel exists only where the extension is loaded")

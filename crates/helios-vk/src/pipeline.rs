@@ -109,7 +109,7 @@ impl Context {
                 desc.push_constant_size
             )));
         }
-        if desc.storage_buffers > 0 && self.push_descriptor.is_none() {
+        if desc.storage_buffers > 0 && self.core.push_descriptor.is_none() {
             return Err(invalid(
                 "binds buffers through push descriptors, which this device lacks \
                  (VK_KHR_push_descriptor); use device-address kernels"
@@ -135,7 +135,7 @@ impl Context {
             set_layout,
             push_constant_size: desc.push_constant_size,
             storage_buffers: desc.storage_buffers,
-            create_flags: self.capture.create_flags(),
+            create_flags: self.core.capture.create_flags(),
         });
         let ctx = Arc::clone(self);
         let spirv = desc.spirv.to_vec();
@@ -149,8 +149,10 @@ impl Context {
             let started = Instant::now();
             let r = ctx.compile_pipeline(&spirv, &entry, &spec, layout);
             if let Ok(raw) = r {
-                ctx.pipeline_cache.record_creation(&name, false, started);
-                ctx.set_name(raw, &name);
+                ctx.core
+                    .pipeline_cache
+                    .record_creation(&name, false, started);
+                ctx.core.set_name(raw, &name);
             }
             slot.set(r);
         };
@@ -257,12 +259,12 @@ impl Context {
         // used as always; NVIDIA 580 still reports statistics for pipelines built from a loaded
         // cache (tests/executable.rs, run on an H200).
         let info = vk::ComputePipelineCreateInfo::default()
-            .flags(self.capture.create_flags())
+            .flags(self.core.capture.create_flags())
             .stage(stage)
             .layout(layout);
         // SAFETY: module and layout are valid; the cache belongs to this device.
         let created =
-            unsafe { device.create_compute_pipelines(self.pipeline_cache(), &[info], None) };
+            unsafe { device.create_compute_pipelines(self.core.pipeline_cache(), &[info], None) };
         // SAFETY: a shader module may be destroyed once pipelines are created from it.
         unsafe { device.destroy_shader_module(module, None) };
         created.map(|p| p[0]).map_err(|(_, r)| r)

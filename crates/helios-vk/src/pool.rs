@@ -468,7 +468,7 @@ impl Context {
             }
         }
         let id = self.next_block_id();
-        let block = Arc::new(Block::new(self, id, size, pool.location)?);
+        let block = Arc::new(Block::new(&self.core, id, size, pool.location)?);
         pool.stats.driver_allocations += 1;
         pool.stats.bytes_held += size;
         pool.blocks.insert(

@@ -15,6 +15,7 @@
 use ash::vk;
 
 use crate::context::Context;
+use crate::core::Core;
 use crate::encoder::OpenBatch;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
@@ -231,7 +232,7 @@ impl Commands {
     /// `cb` is recording on `ctx`'s device, and every object the commands name is alive
     /// (the batch keeps its pipelines; buffers outlive their last use by pool tagging or by
     /// the caller's `submit` contract).
-    pub(crate) unsafe fn replay(&self, ctx: &Context, cb: vk::CommandBuffer, resolved: &Resolved) {
+    pub(crate) unsafe fn replay(&self, ctx: &Core, cb: vk::CommandBuffer, resolved: &Resolved) {
         let device = ctx.device();
         let mut bound = vk::Pipeline::null();
         let mut packed = PackedParams::default();
@@ -417,7 +418,7 @@ pub(crate) fn record_dispatch(
     c.bytes.extend_from_slice(push_constants);
     let infos = c.descriptors.len();
     c.descriptors.extend_from_slice(descriptors);
-    let name = match ctx.profiler {
+    let name = match ctx.core.profiler {
         Some(_) => {
             c.names.push(pipeline.name().to_owned());
             c.names.len() as u32 - 1
@@ -450,7 +451,7 @@ pub(crate) fn record_native(
     let c = &mut batch.commands;
     let first = c.args.len();
     c.args.extend_from_slice(params);
-    let name = match ctx.profiler {
+    let name = match ctx.core.profiler {
         Some(_) => {
             c.names.push(kernel.name().to_owned());
             c.names.len() as u32 - 1

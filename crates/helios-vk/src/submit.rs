@@ -207,7 +207,7 @@ impl Context {
 
     /// Tells the profiler that the spans recorded since the last submit will never run.
     fn discard_profile(&self) {
-        if let Some(p) = &self.profiler {
+        if let Some(p) = &self.core.profiler {
             p.discarded();
         }
     }
@@ -235,7 +235,7 @@ impl Context {
         let slot = self.begin_slot(native || s.native_tail.load(Ordering::Acquire))?;
         // SAFETY: the command buffer is recording; the batch keeps its pipelines, and its
         // buffers outlive their last use (pool tags, or `submit`'s contract).
-        unsafe { commands.replay(self, slot.cb, &resolved) };
+        unsafe { commands.replay(&self.core, slot.cb, &resolved) };
         self.recycle_commands(commands);
         recorder::host_read_barrier(device, slot.cb, native);
         // SAFETY: the command buffer is recording.
@@ -300,7 +300,7 @@ impl Context {
         }
         q.last_submitted = value;
         s.native_tail.store(native, Ordering::Release);
-        if let Some(p) = &self.profiler {
+        if let Some(p) = &self.core.profiler {
             p.submitted(value);
         }
         // Pushed under the queue lock so that `in_flight` stays sorted by value.
@@ -429,7 +429,7 @@ impl Context {
         for f in done {
             self.release_slot(f.slot);
         }
-        if let Some(p) = &self.profiler {
+        if let Some(p) = &self.core.profiler {
             // Reading finished spans is what frees their query pools; a failure here only
             // loses profile data.
             let _ = p.collect(completed);
