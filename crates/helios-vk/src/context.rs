@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::adapter::{select_adapter_from_env, Adapter};
+use crate::block::{Block, MemoryLocation};
 use crate::caps::{Caps, QueueFamily};
 use crate::copy_queue::CopyQueue;
 use crate::core::Core;
@@ -22,7 +23,6 @@ use crate::error::{vk_err, Error, Result};
 use crate::executable::{self, ExecutableCapture, ExecutableStats};
 use crate::features::{self, EnabledFeatures};
 use crate::instance::{Instance, InstanceOptions};
-use crate::memory::{Block, MemoryLocation};
 use crate::native;
 use crate::pipeline::Pipeline;
 use crate::pipeline_cache::{PipelineCache, PipelineCacheDir, PipelineStats, HELIOS_VERBOSE};

@@ -671,7 +671,7 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryLocation;
+    use crate::block::MemoryLocation;
 
     /// A batch that touches a buffer a transfer-queue copy used waits for that copy (the
     /// submit turns `wait_transfer` into a semaphore wait where the device has the queue).

@@ -35,9 +35,10 @@ use std::time::Duration;
 
 use ash::vk;
 
+use crate::block::{Allocated, Block};
 use crate::context::Context;
 use crate::error::{vk_err, Error, Result};
-use crate::memory::{Allocated, Block, Buffer, Marks};
+use crate::memory::{Buffer, Marks};
 
 /// Regions start at multiples of this (or of minStorageBufferOffsetAlignment, if larger):
 /// what pool regions guarantee, enough for 16-byte vector access and for descriptors.

@@ -34,6 +34,7 @@
 //! ```
 
 mod adapter;
+mod block;
 mod caps;
 mod compile_pool;
 mod context;
@@ -64,6 +65,7 @@ mod transfer;
 mod worker;
 
 pub use adapter::{select_adapter, select_adapter_from_env, Adapter};
+pub use block::{choose_memory_type, MemoryLocation};
 pub use caps::{
     Caps, CooperativeMatrixShape, DeviceType, External, ExternalSupport, Features, Limits,
     MemoryHeap, MemoryType, QueueFamily, Subgroup,
@@ -77,7 +79,7 @@ pub use executable::{ExecutableCapture, ExecutableStats, StatValue, HELIOS_PIPEL
 pub use external::{ExportedMemory, ExternalTimeline, REGION_ALIGN};
 pub use features::EnabledFeatures;
 pub use instance::{Instance, InstanceOptions};
-pub use memory::{choose_memory_type, Buffer, MemoryLocation};
+pub use memory::Buffer;
 pub use native::{NativeArg, NativeKernel, MAX_NATIVE_BLOCK_THREADS, MAX_NATIVE_PARAM_BYTES};
 pub use pipeline::{Pipeline, PipelineDesc};
 pub use pipeline_cache::{

@@ -13,9 +13,9 @@ use rustc_hash::FxHashMap as HashMap;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+use crate::block::{Block, MemoryLocation};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::memory::{Block, MemoryLocation};
 
 /// Regions at least this large are cut from segments, best-fit, and split and merged.
 /// (Measured on GPT-2 124M bf16 training: 1 MiB held 8.3 GiB, 32 MiB 9.1 GiB, at the same
