@@ -5,15 +5,12 @@
 //! by construction: objects, then the device, then the instance (also held by `Arc`).
 //! Methods that create owned objects take `self: &Arc<Self>` for that reason.
 
-use crate::sync::LockExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::adapter::{select_adapter_from_env, Adapter};
-use crate::block::{Block, MemoryLocation};
 use crate::caps::{Caps, QueueFamily};
 use crate::copy_queue::CopyQueue;
 use crate::core::Core;
@@ -26,7 +23,7 @@ use crate::instance::{Instance, InstanceOptions};
 use crate::native;
 use crate::pipeline::Pipeline;
 use crate::pipeline_cache::{PipelineCache, PipelineCacheDir, PipelineStats, HELIOS_VERBOSE};
-use crate::pool::Pool;
+use crate::pool::Pools;
 use crate::profile::{ProfileReport, Profiler, HELIOS_PROFILE};
 use crate::submit::Submitter;
 use crate::worker::Jobs;
@@ -37,19 +34,12 @@ pub struct Context {
     pub(crate) submitter: Submitter,
     /// The dedicated transfer queue, where the device has one (copy_queue.rs).
     pub(crate) copy_queue: Option<CopyQueue>,
-    /// `ContextOptions::memory_limit`.
-    pub(crate) memory_limit: Option<u64>,
     /// The one open batch all GPU commands are recorded into (encoder.rs).
     pub(crate) encoder: Mutex<Encoder>,
     /// Emptied command lists of submitted batches, for the next ones (encoder.rs).
     pub(crate) spare_commands: Mutex<Vec<crate::recorder::Commands>>,
-    /// Caching allocators for device-local and host-visible memory (pool.rs).
-    pools: [Mutex<Pool>; 2],
-    next_block: AtomicU64,
-    /// Bytes held by exported allocations (external.rs), which the pools do not count.
-    pub(crate) exported_bytes: AtomicU64,
-    /// Exported blocks whose drop could not wait for the GPU; freed once the device is idle.
-    graveyard: Mutex<Vec<Arc<Block>>>,
+    /// The caching allocator, and the exported allocations beside it (pool.rs).
+    pub(crate) pools: Pools,
     /// How long `wait` polls the timeline before blocking (`HELIOS_SPIN_US`).
     pub(crate) spin: Duration,
     /// This Context's own handle, for the batches it queues (worker.rs).
@@ -295,19 +285,12 @@ impl Context {
             },
             submitter,
             copy_queue,
-            memory_limit: options.memory_limit,
             encoder: Mutex::new(Encoder::new(match options.batch_limit {
                 0 => DEFAULT_BATCH,
                 n => n,
             })),
             spare_commands: Mutex::new(Vec::new()),
-            pools: [
-                Mutex::new(Pool::new(MemoryLocation::DeviceLocal)),
-                Mutex::new(Pool::new(MemoryLocation::HostVisible)),
-            ],
-            next_block: AtomicU64::new(1),
-            exported_bytes: AtomicU64::new(0),
-            graveyard: Mutex::new(Vec::new()),
+            pools: Pools::new(options.memory_limit),
             spin: Duration::from_micros(u64::from(options.spin_us.unwrap_or(
                 match caps.device_type {
                     crate::DeviceType::Cpu => CPU_SPIN_US,
@@ -440,20 +423,6 @@ impl Context {
         Ok(Some(p.report()))
     }
 
-    pub(crate) fn pool(&self, location: MemoryLocation) -> MutexGuard<'_, Pool> {
-        self.pools[location.index()].locked()
-    }
-
-    pub(crate) fn next_block_id(&self) -> u64 {
-        self.next_block.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Frees `block` when the Context drops, after the device went idle (an exported block
-    /// whose drop could not wait for the GPU's last use).
-    pub(crate) fn defer_destroy(&self, block: Arc<Block>) {
-        self.graveyard.locked().push(block);
-    }
-
     pub(crate) fn device(&self) -> &ash::Device {
         self.core.device()
     }
@@ -480,15 +449,7 @@ impl Drop for Context {
         // idle first makes destroying the command pools and semaphore legal.
         unsafe {
             let _ = self.core.device.device_wait_idle();
-            self.destroy_pools();
-            for block in self
-                .graveyard
-                .get_mut()
-                .map(std::mem::take)
-                .unwrap_or_default()
-            {
-                block.destroy(&self.core.device);
-            }
+            self.pools.destroy(&self.core.device);
             let core = &self.core;
             if let Some(q) = &self.copy_queue {
                 q.destroy(&core.device);

@@ -79,7 +79,8 @@ impl ExportedBlock {
 impl Drop for ExportedBlock {
     fn drop(&mut self) {
         let ctx = &self.ctx;
-        ctx.exported_bytes
+        ctx.pools
+            .exported_bytes
             .fetch_sub(self.allocated.size, Ordering::Relaxed);
         // Freeing memory the GPU still uses is illegal: wait for the last use on both queues.
         let compute = self.marks.last_use();
@@ -93,7 +94,7 @@ impl Drop for ExportedBlock {
             Ok(()) => unsafe { self.block.destroy(ctx.device()) },
             // A drop inside a recording closure, or a lost device: freed with the Context,
             // after it waited for the device to go idle.
-            Err(_) => ctx.defer_destroy(Arc::clone(&self.block)),
+            Err(_) => ctx.pools.defer_destroy(Arc::clone(&self.block)),
         }
     }
 }
@@ -389,16 +390,17 @@ impl Context {
                 });
             }
         }
-        let made = match Block::new_exported(&self.core, self.next_block_id(), bytes) {
+        let made = match Block::new_exported(&self.core, self.pools.next_block_id(), bytes) {
             // Memory cached by the pool may be what is missing: give it back, try once more.
             Err(Error::OutOfMemory { .. }) => {
                 self.empty_cache()?;
-                Block::new_exported(&self.core, self.next_block_id(), bytes)
+                Block::new_exported(&self.core, self.pools.next_block_id(), bytes)
             }
             made => made,
         };
         let (block, allocated) = made?;
-        self.exported_bytes
+        self.pools
+            .exported_bytes
             .fetch_add(allocated.size, Ordering::Relaxed);
         Ok(ExportedMemory {
             shared: Arc::new(ExportedBlock {
@@ -570,10 +572,5 @@ impl Context {
             device: self.caps().name.clone(),
             reason,
         }
-    }
-
-    /// Bytes in exported allocations (not part of the pool's).
-    pub(crate) fn exported(&self) -> u64 {
-        self.exported_bytes.load(Ordering::Relaxed)
     }
 }

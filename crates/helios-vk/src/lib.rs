@@ -52,6 +52,7 @@ mod hazards;
 mod instance;
 mod memory;
 mod native;
+mod objects;
 mod pipeline;
 mod pipeline_cache;
 mod pool;

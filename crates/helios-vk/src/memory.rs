@@ -80,38 +80,15 @@ pub struct Buffer {
     remapped: AtomicBool,
 }
 
-impl Context {
-    /// A buffer of `size` bytes (0 allowed) from the caching pool.
-    pub fn create_buffer(self: &Arc<Self>, size: u64, location: MemoryLocation) -> Result<Buffer> {
-        let limits = &self.caps().limits;
-        if let Some(max) = limits.max_buffer_size {
-            if size > max {
-                return Err(Error::BufferTooLarge {
-                    requested: size,
-                    limit: max,
-                    limit_name: "maxBufferSize",
-                });
-            }
-        }
-        let grant = self.pool_alloc(size, location, false)?;
-        Ok(Buffer::new(self, grant, size, location))
-    }
-
-    /// A buffer the host may write at once (its region is no longer used by the GPU).
-    pub(crate) fn create_host_buffer(
-        self: &Arc<Self>,
-        size: u64,
-        location: MemoryLocation,
-    ) -> Result<Buffer> {
-        let grant = self.pool_alloc(size, location, true)?;
-        Ok(Buffer::new(self, grant, size, location))
-    }
-}
-
 impl Buffer {
     /// A buffer over a granted region. It inherits the region's last GPU use, so a host
     /// write waits for the previous owner's GPU work (GPU work is ordered by the encoder).
-    fn new(ctx: &Arc<Context>, grant: Grant, size: u64, location: MemoryLocation) -> Buffer {
+    pub(crate) fn new(
+        ctx: &Arc<Context>,
+        grant: Grant,
+        size: u64,
+        location: MemoryLocation,
+    ) -> Buffer {
         Buffer {
             ctx: Arc::clone(ctx),
             block: grant.block,
@@ -313,7 +290,7 @@ impl Drop for Buffer {
         // the queue may take it at once (the encoder orders the accesses), host access only
         // once that value has completed.
         let (last_use, transfer_use) = (self.last_use(), self.transfer_use());
-        self.ctx.pool_free(
+        self.ctx.pools.free(
             self.location,
             Arc::clone(&self.block),
             self.offset,
