@@ -37,7 +37,7 @@ pub struct Context {
     /// The one open batch all GPU commands are recorded into (encoder.rs).
     pub(crate) encoder: Mutex<Encoder>,
     /// Emptied command lists of submitted batches, for the next ones (encoder.rs).
-    pub(crate) spare_commands: Mutex<Vec<crate::recorder::Commands>>,
+    pub(crate) spare_commands: Mutex<Vec<crate::commands::Commands>>,
     /// The caching allocator, and the exported allocations beside it (pool.rs).
     pub(crate) pools: Pools,
     /// How long `wait` polls the timeline before blocking (`HELIOS_SPIN_US`).

@@ -15,11 +15,11 @@ use ash::vk;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
+use crate::commands::MAX_COPY_REGION;
 use crate::context::Context;
 use crate::error::{vk_err, Error, Result};
 use crate::external::{ExternalWaits, Timeline};
 use crate::memory::Buffer;
-use crate::recorder::MAX_COPY_REGION;
 use crate::submit::Slot;
 
 /// One copy: `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`.

@@ -19,6 +19,7 @@ use ash::vk;
 use std::cell::Cell;
 use std::sync::{Arc, MutexGuard};
 
+use crate::commands::Commands;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::external::{ExternalSignals, ExternalWaits, Timeline};
@@ -26,7 +27,7 @@ use crate::hazards::{Hazards, RegionKey, Touch};
 use crate::memory::Buffer;
 use crate::native::NativeKernel;
 use crate::pipeline::Pipeline;
-use crate::recorder::{self, Commands, Recorder};
+use crate::recorder::{self, Recorder};
 
 /// How a dispatch or copy touches a buffer.
 #[derive(Clone, Copy, Debug)]

@@ -14,13 +14,13 @@ use ash::vk;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
+use crate::commands;
 use crate::context::Context;
 use crate::encoder::OpenBatch;
 use crate::error::{vk_err, Error, Result};
 use crate::external::{ExternalSignals, ExternalWaits};
 use crate::native::NativeKernel;
 use crate::pipeline::Pipeline;
-use crate::recorder;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -192,9 +192,9 @@ impl Context {
             return Err(Error::vk("vkBeginCommandBuffer", r));
         }
         if native {
-            recorder::native_barrier(device, slot.cb);
+            commands::native_barrier(device, slot.cb);
         } else {
-            recorder::compute_transfer_barrier(device, slot.cb);
+            commands::compute_transfer_barrier(device, slot.cb);
         }
         Ok(slot)
     }
@@ -237,7 +237,7 @@ impl Context {
         // buffers outlive their last use (pool tags, or `submit`'s contract).
         unsafe { commands.replay(&self.core, slot.cb, &resolved) };
         self.recycle_commands(commands);
-        recorder::host_read_barrier(device, slot.cb, native);
+        commands::host_read_barrier(device, slot.cb, native);
         // SAFETY: the command buffer is recording.
         if let Err(r) = unsafe { device.end_command_buffer(slot.cb) } {
             self.abandon_slot(slot);
