@@ -11,10 +11,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::adapter::{select_adapter_from_env, Adapter};
+use crate::batch::{Encoder, DEFAULT_BATCH};
 use crate::caps::{Caps, QueueFamily};
 use crate::copy_queue::CopyQueue;
 use crate::core::Core;
-use crate::encoder::{Encoder, DEFAULT_BATCH};
 use crate::env;
 use crate::error::{vk_err, Error, Result};
 use crate::executable::{self, ExecutableCapture, ExecutableStats};

@@ -34,6 +34,7 @@
 //! ```
 
 mod adapter;
+mod batch;
 mod block;
 mod caps;
 mod commands;
@@ -67,6 +68,7 @@ mod transfer;
 mod worker;
 
 pub use adapter::{select_adapter, select_adapter_from_env, Adapter};
+pub use batch::{Access, EncoderStats, DEFAULT_BATCH};
 pub use block::{choose_memory_type, MemoryLocation};
 pub use caps::{
     Caps, CooperativeMatrixShape, DeviceType, External, ExternalSupport, Features, Limits,
@@ -76,7 +78,7 @@ pub use commands::{submit_compile_waits, MAX_COPY_REGION};
 pub use compile_pool::stop_compiles;
 pub use context::{pick_queue_family, pick_transfer_family, Context, ContextOptions};
 pub use coopmat2::{CooperativeMatrix2, FlexibleShape};
-pub use encoder::{Access, EncoderStats, SubmitHold, DEFAULT_BATCH};
+pub use encoder::SubmitHold;
 pub use error::{Error, Result};
 pub use executable::{ExecutableCapture, ExecutableStats, StatValue, HELIOS_PIPELINE_STATS};
 pub use external::{ExportedMemory, ExternalTimeline, REGION_ALIGN};

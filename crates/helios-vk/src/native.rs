@@ -18,10 +18,10 @@ use std::ffi::{c_void, CStr, CString};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::batch::{Access, Stage};
 use crate::caps::{Caps, Limits};
 use crate::compile_pool::Slot;
 use crate::context::Context;
-use crate::encoder::{Access, Stage};
 use crate::error::{Error, Result};
 use crate::features::EnabledFeatures;
 use crate::memory::Buffer;

@@ -9,8 +9,8 @@
 
 use ash::vk;
 
+use crate::batch::OpenBatch;
 use crate::context::Context;
-use crate::encoder::OpenBatch;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 use crate::native::{NativeArg, NativeKernel};

@@ -14,9 +14,9 @@ use ash::vk;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
+use crate::batch::OpenBatch;
 use crate::commands;
 use crate::context::Context;
-use crate::encoder::OpenBatch;
 use crate::error::{vk_err, Error, Result};
 use crate::external::{ExternalSignals, ExternalWaits};
 use crate::native::NativeKernel;
