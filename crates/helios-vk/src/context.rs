@@ -21,6 +21,7 @@ use crate::executable::{self, ExecutableCapture, ExecutableStats};
 use crate::features::{self, EnabledFeatures};
 use crate::instance::{Instance, InstanceOptions};
 use crate::native;
+use crate::owner::Owner;
 use crate::pipeline::Pipeline;
 use crate::pipeline_cache::{PipelineCache, PipelineCacheDir, PipelineStats, HELIOS_VERBOSE};
 use crate::pool::Pools;
@@ -388,7 +389,7 @@ impl Context {
     /// executable of `pipeline`; empty when statistics are not captured
     /// (`Context::executable_capture` is `Off`).
     pub fn pipeline_statistics(&self, pipeline: &Pipeline) -> Result<Vec<ExecutableStats>> {
-        if !std::ptr::eq(pipeline.context(), self) {
+        if !std::ptr::eq(pipeline.core(), &self.core) {
             return Err(Error::ForeignObject {
                 what: "the pipeline whose statistics were asked for",
             });
@@ -431,6 +432,31 @@ impl Context {
     /// tests, interop). Destroying it or its queue's objects is the caller's bug.
     pub fn raw_device(&self) -> &ash::Device {
         self.core.device()
+    }
+
+    /// This Context as the objects made on it hold it (owner.rs).
+    pub(crate) fn owner(&self) -> Arc<dyn Owner> {
+        self.me.upgrade().expect("a Context in use has a handle")
+    }
+}
+
+/// What buffers, exported memory, timelines, pipelines and native kernels use of the Context
+/// they hold (owner.rs).
+impl Owner for Context {
+    fn core(&self) -> &Core {
+        &self.core
+    }
+
+    fn pools(&self) -> &Pools {
+        &self.pools
+    }
+
+    fn wait(&self, value: u64) -> Result<()> {
+        Context::wait(self, value)
+    }
+
+    fn wait_copies(&self, value: u64) -> Result<()> {
+        Context::wait_copies(self, value)
     }
 }
 

@@ -24,7 +24,9 @@ use crate::batch::{Access, Encoder, EncoderStats, OpenBatch, Stage, Stages};
 use crate::commands::Commands;
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::external::{self, ExternalTimeline, Timeline};
 use crate::memory::Buffer;
+use crate::native::{self, NativeArg, NativeKernel};
 use crate::pipeline::Pipeline;
 use crate::recorder::{self, Recorder};
 
@@ -184,7 +186,7 @@ impl Context {
         accesses: &[Access<'_>],
     ) -> Result<()> {
         for a in accesses {
-            if !std::ptr::eq(a.buffer.context(), self) {
+            if !std::ptr::eq(a.buffer.core(), &self.core) {
                 return Err(Error::ForeignObject {
                     what: "a dispatch's buffer",
                 });
@@ -193,12 +195,49 @@ impl Context {
         }
         let descriptors = self.descriptors(pipeline, accesses)?;
         self.with_batch(|batch| {
-            recorder::check_dispatch(self, pipeline, groups, push_constants)?;
+            recorder::check_dispatch(&self.core, pipeline, groups, push_constants)?;
             batch.order(Stage::Compute, accesses);
-            recorder::record_dispatch(self, batch, pipeline, groups, push_constants, &descriptors);
+            recorder::record_dispatch(
+                &self.core,
+                batch,
+                pipeline,
+                groups,
+                push_constants,
+                &descriptors,
+            );
             if !batch.keep.iter().any(|p| Arc::ptr_eq(p, pipeline)) {
                 batch.keep.push(Arc::clone(pipeline));
             }
+            Ok(())
+        })
+    }
+
+    /// Records a launch of `kernel` on a `grid` of blocks of `block` threads, with
+    /// `shared_bytes` of dynamic shared memory and `params` by value, touching `accesses`.
+    /// Ordered against earlier work exactly like `dispatch` (a barrier only on a hazard, but
+    /// a full one).
+    pub fn launch_native(
+        &self,
+        kernel: &Arc<NativeKernel>,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        params: &[NativeArg],
+        accesses: &[Access<'_>],
+    ) -> Result<()> {
+        native::check_native(&self.core, kernel, grid, block, shared_bytes, params)?;
+        for a in accesses {
+            if !std::ptr::eq(a.buffer.core(), &self.core) {
+                return Err(Error::ForeignObject {
+                    what: "a native launch's buffer",
+                });
+            }
+            a.buffer
+                .check_range("native launch access", a.offset, a.len)?;
+        }
+        self.with_batch(|batch| {
+            batch.order(Stage::Native, accesses);
+            recorder::record_native(&self.core, batch, kernel, grid, block, shared_bytes, params);
             Ok(())
         })
     }
@@ -258,7 +297,7 @@ impl Context {
                     Access::write(dst).range(dst_offset, len),
                 ],
             );
-            let mut rec = Recorder::new(self, batch);
+            let mut rec = Recorder::new(&self.core, batch);
             rec.copy_buffer(src, src_offset, dst, dst_offset, len)
         })
     }
@@ -267,7 +306,7 @@ impl Context {
     /// with the work recorded before and after: a constant without a staging buffer or a
     /// copy-queue round trip (`vkCmdFillBuffer`).
     pub fn fill(&self, dst: &Buffer, word: u32) -> Result<()> {
-        if !std::ptr::eq(dst.context(), self) {
+        if !std::ptr::eq(dst.core(), &self.core) {
             return Err(Error::ForeignObject {
                 what: "fill destination",
             });
@@ -360,7 +399,7 @@ impl Context {
             let mut batch = enc.open_batch(commands, Stages::ALL, copies);
             // A failed recording is dropped unsubmitted; the next batch takes its value and
             // its external waits.
-            if let Err(e) = record(&mut Recorder::new(self, &mut batch)) {
+            if let Err(e) = record(&mut Recorder::new(&self.core, &mut batch)) {
                 enc.external_waits.restore(batch.external_waits);
                 return Err(e);
             }
@@ -382,6 +421,61 @@ impl Context {
         // work.
         let value = unsafe { self.submit(record)? };
         self.wait(value)
+    }
+
+    /// Has `timeline` reach `value` on the GPU once all work submitted so far has finished:
+    /// on the compute queue, and on the transfer queue where there is one. Submits the open
+    /// batch; the host does not wait. `value` must exceed every value signalled so far.
+    pub fn signal_external(&self, timeline: &ExternalTimeline, value: u64) -> Result<()> {
+        let t = external::own_timeline(&self.core, timeline)?;
+        t.claim(value, "signal_external")?;
+        self.submit_signal(Arc::clone(t), value)
+    }
+
+    /// Has every GPU command recorded after this call wait, on the GPU, until `timeline`
+    /// reaches `value` (the next batch on each queue waits at all stages). Submits the open
+    /// batch first, so nothing recorded before waits; the host does not wait. See the module
+    /// documentation of external.rs for what this means for host waits and read-backs.
+    pub fn wait_external(&self, timeline: &ExternalTimeline, value: u64) -> Result<()> {
+        let t = external::own_timeline(&self.core, timeline)?;
+        if value <= t.value()? {
+            return Ok(()); // reached already, and a timeline never goes back
+        }
+        self.submit_then_wait(t, value)
+    }
+
+    /// Submits the open batch (an empty one if none is open) with `timeline` to be signalled
+    /// to `value`, after a wait for every copy submitted to the transfer queue: the signal
+    /// follows all work submitted so far on both queues.
+    fn submit_signal(&self, timeline: Arc<Timeline>, value: u64) -> Result<()> {
+        self.check_submits()?;
+        {
+            let (mut enc, _g) = self.lock_encoder()?;
+            let mut batch = self.take_open_batch(&mut enc);
+            if let Some(q) = &self.copy_queue {
+                batch.wait_transfer = batch.wait_transfer.max(q.last_submitted());
+            }
+            batch.external_signals.push((timeline, value));
+            self.submit_counted(&mut enc, batch)?;
+        }
+        self.drain()
+    }
+
+    /// Submits the open batch, then has the next batch on each queue wait for `timeline` to
+    /// reach `value`.
+    fn submit_then_wait(&self, timeline: &Arc<Timeline>, value: u64) -> Result<()> {
+        self.check_submits()?;
+        let (mut enc, _g) = self.lock_encoder()?;
+        // What was recorded before the call must not wait: a host read of it would then
+        // wait for the external value too.
+        if let Some(batch) = enc.open.take() {
+            self.submit_counted(&mut enc, batch)?;
+        }
+        enc.wait_next(timeline, value);
+        if let Some(q) = &self.copy_queue {
+            q.add_external_wait(timeline, value);
+        }
+        Ok(())
     }
 }
 

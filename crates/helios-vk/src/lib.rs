@@ -55,6 +55,7 @@ mod instance;
 mod memory;
 mod native;
 mod objects;
+mod owner;
 mod pipeline;
 mod pipeline_cache;
 mod pool;

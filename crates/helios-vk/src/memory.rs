@@ -16,9 +16,10 @@ use ash::vk;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::block::{Block, MemoryLocation};
-use crate::context::Context;
+use crate::block::{Allocated, Block, MemoryLocation};
+use crate::core::Core;
 use crate::error::{vk_err, Error, Result};
+use crate::owner::Owner;
 use crate::pool::Grant;
 
 /// Timeline values of the last GPU accesses to some memory.
@@ -58,12 +59,72 @@ pub(crate) enum Origin {
     /// region are gone and never reaches the pool. Regions may overlap, so their accesses are
     /// tracked for the whole allocation: in the allocation's `Marks`, and in the encoder
     /// under one key.
-    Exported(Arc<crate::external::ExportedBlock>),
+    Exported(Arc<ExportedBlock>),
+}
+
+/// The allocation behind an `ExportedMemory` (external.rs) and its regions (each holds it).
+pub(crate) struct ExportedBlock {
+    ctx: Arc<dyn Owner>,
+    block: Arc<Block>,
+    /// GPU accesses through any region.
+    marks: Marks,
+    allocated: Allocated,
+}
+
+impl ExportedBlock {
+    pub(crate) fn new(ctx: Arc<dyn Owner>, block: Block, allocated: Allocated) -> ExportedBlock {
+        ExportedBlock {
+            ctx,
+            block: Arc::new(block),
+            marks: Marks::default(),
+            allocated,
+        }
+    }
+
+    pub(crate) fn context(&self) -> &Arc<dyn Owner> {
+        &self.ctx
+    }
+
+    pub(crate) fn block(&self) -> &Arc<Block> {
+        &self.block
+    }
+
+    pub(crate) fn marks(&self) -> &Marks {
+        &self.marks
+    }
+
+    /// The allocation's size and memory type (what an importer repeats).
+    pub(crate) fn allocated(&self) -> Allocated {
+        self.allocated
+    }
+}
+
+impl Drop for ExportedBlock {
+    fn drop(&mut self) {
+        let ctx = &self.ctx;
+        ctx.pools()
+            .exported_bytes
+            .fetch_sub(self.allocated.size, Ordering::Relaxed);
+        // Freeing memory the GPU still uses is illegal: wait for the last use on both queues.
+        let compute = self.marks.last_use();
+        let idle = match compute {
+            0 => Ok(()),
+            v => ctx.wait(v),
+        }
+        .and_then(|_| ctx.wait_copies(self.marks.transfer_use()));
+        match idle {
+            // SAFETY: no region is left (each holds this), the GPU is done with the memory.
+            Ok(()) => unsafe { self.block.destroy(ctx.core().device()) },
+            // A drop inside a recording closure, or a lost device: freed with the Context,
+            // after it waited for the device to go idle.
+            Err(_) => ctx.pools().defer_destroy(Arc::clone(&self.block)),
+        }
+    }
 }
 
 /// A region of device memory: what tensors and staging areas are made of.
 pub struct Buffer {
-    pub(crate) ctx: Arc<Context>,
+    ctx: Arc<dyn Owner>,
     pub(crate) block: Arc<Block>,
     /// Byte offset of the region in its block.
     pub(crate) offset: u64,
@@ -84,13 +145,13 @@ impl Buffer {
     /// A buffer over a granted region. It inherits the region's last GPU use, so a host
     /// write waits for the previous owner's GPU work (GPU work is ordered by the encoder).
     pub(crate) fn new(
-        ctx: &Arc<Context>,
+        ctx: Arc<dyn Owner>,
         grant: Grant,
         size: u64,
         location: MemoryLocation,
     ) -> Buffer {
         Buffer {
-            ctx: Arc::clone(ctx),
+            ctx,
             block: grant.block,
             offset: grant.offset,
             class: grant.class,
@@ -105,7 +166,7 @@ impl Buffer {
     /// A buffer over `[offset, offset + size)` of an exported allocation, `class` bytes of
     /// it reserved (what descriptors may bind). The caller checked the range and alignment.
     pub(crate) fn exported_region(
-        exported: &Arc<crate::external::ExportedBlock>,
+        exported: &Arc<ExportedBlock>,
         offset: u64,
         size: u64,
         class: u64,
@@ -207,8 +268,9 @@ impl Buffer {
         self.marks().transfer_use.fetch_max(value, Ordering::AcqRel);
     }
 
-    pub(crate) fn context(&self) -> &Context {
-        &self.ctx
+    /// The device core of the Context it was made on (for checking that it is that one).
+    pub(crate) fn core(&self) -> &Core {
+        self.ctx.core()
     }
 
     /// Errors unless `[offset, offset + len)` lies inside the buffer's requested size.
@@ -248,6 +310,7 @@ impl Buffer {
             // SAFETY: memory is mapped; a whole-size range from offset 0 is always aligned.
             unsafe {
                 self.ctx
+                    .core()
                     .device()
                     .flush_mapped_memory_ranges(&[self.mapped_range()])
             }
@@ -269,6 +332,7 @@ impl Buffer {
             // SAFETY: as in write_mapped.
             unsafe {
                 self.ctx
+                    .core()
                     .device()
                     .invalidate_mapped_memory_ranges(&[self.mapped_range()])
             }
@@ -290,7 +354,7 @@ impl Drop for Buffer {
         // the queue may take it at once (the encoder orders the accesses), host access only
         // once that value has completed.
         let (last_use, transfer_use) = (self.last_use(), self.transfer_use());
-        self.ctx.pools.free(
+        self.ctx.pools().free(
             self.location,
             Arc::clone(&self.block),
             self.offset,

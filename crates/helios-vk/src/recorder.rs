@@ -10,10 +10,10 @@
 use ash::vk;
 
 use crate::batch::OpenBatch;
-use crate::context::Context;
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
-use crate::native::{NativeArg, NativeKernel};
+use crate::native::{self, NativeArg, NativeKernel};
 use crate::pipeline::Pipeline;
 use std::sync::Arc;
 
@@ -21,13 +21,13 @@ use std::sync::Arc;
 /// recorded here declare no buffer accesses, so ordering between them is the caller's: call
 /// `barrier()` where one depends on another.
 pub struct Recorder<'a> {
-    ctx: &'a Context,
+    ctx: &'a Core,
     batch: &'a mut OpenBatch,
 }
 
 /// Checks a dispatch's caller-supplied arguments against the pipeline and device limits.
 pub(crate) fn check_dispatch(
-    ctx: &Context,
+    ctx: &Core,
     pipeline: &Pipeline,
     groups: [u32; 3],
     push_constants: &[u8],
@@ -36,7 +36,7 @@ pub(crate) fn check_dispatch(
         pipeline: pipeline.name().to_owned(),
         detail,
     };
-    if !std::ptr::eq(pipeline.context(), ctx) {
+    if !std::ptr::eq(pipeline.core(), ctx) {
         return Err(invalid(
             "the pipeline was created on a different Context".into(),
         ));
@@ -64,14 +64,14 @@ pub(crate) fn check_dispatch(
 /// Adds a dispatch to the batch's commands (bound, pushed and dispatched at replay).
 /// Arguments were checked.
 pub(crate) fn record_dispatch(
-    ctx: &Context,
+    ctx: &Core,
     batch: &mut OpenBatch,
     pipeline: &Pipeline,
     groups: [u32; 3],
     push_constants: &[u8],
     descriptors: &[vk::DescriptorBufferInfo],
 ) {
-    let profiling = ctx.core.profiler.is_some();
+    let profiling = ctx.profiler.is_some();
     batch
         .commands
         .dispatch(profiling, pipeline, groups, push_constants, descriptors);
@@ -79,9 +79,9 @@ pub(crate) fn record_dispatch(
 }
 
 /// Adds a native launch to the batch's commands and keeps the kernel alive with the batch.
-/// Arguments were checked (`Context::check_native`).
+/// Arguments were checked (`native::check_native`).
 pub(crate) fn record_native(
-    ctx: &Context,
+    ctx: &Core,
     batch: &mut OpenBatch,
     kernel: &Arc<NativeKernel>,
     grid: [u32; 3],
@@ -89,7 +89,7 @@ pub(crate) fn record_native(
     shared: u32,
     params: &[NativeArg],
 ) {
-    let profiling = ctx.core.profiler.is_some();
+    let profiling = ctx.profiler.is_some();
     batch
         .commands
         .launch(profiling, kernel, grid, block, shared, params);
@@ -100,7 +100,7 @@ pub(crate) fn record_native(
 }
 
 impl<'a> Recorder<'a> {
-    pub(crate) fn new(ctx: &'a Context, batch: &'a mut OpenBatch) -> Self {
+    pub(crate) fn new(ctx: &'a Core, batch: &'a mut OpenBatch) -> Self {
         Recorder { ctx, batch }
     }
 
@@ -135,8 +135,7 @@ impl<'a> Recorder<'a> {
         shared_bytes: u32,
         params: &[NativeArg],
     ) -> Result<()> {
-        self.ctx
-            .check_native(kernel, grid, block, shared_bytes, params)?;
+        native::check_native(self.ctx, kernel, grid, block, shared_bytes, params)?;
         self.batch.native_recorded();
         record_native(
             self.ctx,
@@ -170,7 +169,7 @@ impl<'a> Recorder<'a> {
             (src, "copy_buffer source"),
             (dst, "copy_buffer destination"),
         ] {
-            if !std::ptr::eq(buf.context(), self.ctx) {
+            if !std::ptr::eq(buf.core(), self.ctx) {
                 return Err(Error::ForeignObject { what });
             }
         }

@@ -155,7 +155,7 @@ impl Context {
     }
 
     fn check_own(&self, buffer: &Buffer, what: &'static str) -> Result<()> {
-        if std::ptr::eq(buffer.context(), self) {
+        if std::ptr::eq(buffer.core(), &self.core) {
             Ok(())
         } else {
             Err(Error::ForeignObject { what })
