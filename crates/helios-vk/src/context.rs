@@ -13,7 +13,6 @@ use std::time::Duration;
 use crate::adapter::{select_adapter_from_env, Adapter};
 use crate::batch::{Encoder, DEFAULT_BATCH};
 use crate::caps::{Caps, QueueFamily};
-use crate::copy_queue::CopyQueue;
 use crate::core::Core;
 use crate::env;
 use crate::error::{vk_err, Error, Result};
@@ -26,7 +25,7 @@ use crate::pipeline::Pipeline;
 use crate::pipeline_cache::{PipelineCache, PipelineCacheDir, PipelineStats, HELIOS_VERBOSE};
 use crate::pool::Pools;
 use crate::profile::{ProfileReport, Profiler, HELIOS_PROFILE};
-use crate::submit::Submitter;
+use crate::queue::{CopyQueue, Submitter};
 use crate::worker::Jobs;
 
 pub struct Context {

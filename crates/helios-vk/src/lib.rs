@@ -61,6 +61,7 @@ mod pipeline_cache;
 mod pool;
 mod probe;
 mod profile;
+mod queue;
 mod recorder;
 mod submit;
 pub mod sync;
