@@ -1,9 +1,15 @@
 //! The logical device: one compute queue, one timeline, one pipeline cache.
 //!
+//! A `Context` is the device core (core.rs) and the parts that take it: the queues
+//! (queue.rs), the encoder and its spare command lists (batch.rs), the pools (pool.rs) and
+//! the submit thread (worker.rs). It is made and torn down here; its methods that use several
+//! parts are in encoder.rs, submit.rs, copy_queue.rs, transfer.rs, timer.rs and objects.rs.
+//!
 //! A `Context` is shared as `Arc<Context>` and is `Send + Sync`; every object made from it
-//! (buffers, pipelines) holds that `Arc`, so the device outlives them and Drop order is right
-//! by construction: objects, then the device, then the instance (also held by `Arc`).
-//! Methods that create owned objects take `self: &Arc<Self>` for that reason.
+//! (buffers, pipelines) holds that `Arc` (as an `Owner`, owner.rs), so the device outlives
+//! them and Drop order is right by construction: objects, then the device, then the instance
+//! (also held by `Arc`). Methods that create owned objects take `self: &Arc<Self>` for that
+//! reason.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
@@ -12,7 +18,7 @@ use std::time::Duration;
 
 use crate::adapter::{select_adapter_from_env, Adapter};
 use crate::batch::{Encoder, DEFAULT_BATCH};
-use crate::caps::{Caps, QueueFamily};
+use crate::caps::{Caps, DeviceType, QueueFamily};
 use crate::core::Core;
 use crate::env;
 use crate::error::{vk_err, Error, Result};
@@ -260,7 +266,7 @@ impl Context {
         let jobs = Jobs::new();
         let threaded = options
             .submit_thread
-            .unwrap_or(caps.device_type != crate::DeviceType::Cpu);
+            .unwrap_or(caps.device_type != DeviceType::Cpu);
         let worker = threaded.then(|| jobs.spawn()).flatten();
         Ok(Arc::new_cyclic(|me| Context {
             core: Core {
@@ -293,7 +299,7 @@ impl Context {
             pools: Pools::new(options.memory_limit),
             spin: Duration::from_micros(u64::from(options.spin_us.unwrap_or(
                 match caps.device_type {
-                    crate::DeviceType::Cpu => CPU_SPIN_US,
+                    DeviceType::Cpu => CPU_SPIN_US,
                     _ => GPU_SPIN_US,
                 },
             ))),

@@ -8,12 +8,13 @@
 //!   tensor), so their GPU accesses are tracked for the whole allocation: one set of marks,
 //!   one key in the encoder's hazard tracking. That can only add barriers and waits, never
 //!   miss one. The memory is freed once the `ExportedMemory` and every region are gone,
-//!   after the GPU's last use of it; no region ever returns to the pool.
+//!   after the GPU's last use of it (`ExportedBlock`, memory.rs); no region ever returns to
+//!   the pool.
 //! - External waits and signals ride on the encoder's batches, so they are ordered with
-//!   everything else by submission order: `signal_external` submits the open batch (or an
-//!   empty one) with the signal attached, after a wait for every copy on the transfer queue;
-//!   `wait_external` submits the open batch, so nothing recorded before the call waits, and
-//!   the next batch on each queue waits (at all stages) for the value.
+//!   everything else by submission order (encoder.rs): `signal_external` submits the open
+//!   batch (or an empty one) with the signal attached, after a wait for every copy on the
+//!   transfer queue; `wait_external` submits the open batch, so nothing recorded before the
+//!   call waits, and the next batch on each queue waits (at all stages) for the value.
 //!
 //! The rule for host waits (`wait`, `synchronize`, read-backs): a host wait for GPU work
 //! recorded after `wait_external(t, v)` blocks until `t` reaches `v`, as that work does. A

@@ -15,15 +15,20 @@
 //! `Context::launch_native`), so they mix freely in one batch, ordered by the same hazard
 //! tracking, over the same buffers.
 //!
-//! How the modules relate: `instance` loads Vulkan; `probe` (with `coopmat2`) fills [`Caps`]
-//! for each device, `adapter` picks one and `features` decides what to enable. [`Context`]
-//! then owns everything made on that device: buffers (`memory`, carved by `pool` from large
-//! blocks), pipelines (`pipeline`, `pipeline_cache`, `native`, `executable`), the encoder
-//! (`encoder` decides batches, `hazards` where barriers go, `recorder` writes command
-//! buffers, `worker` and `submit` submit them on the timeline), host transfers (`transfer`,
-//! `copy_queue`), sharing with CUDA (`external`: exported memory and timelines) and timing
-//! (`profile`, `timer`). `caps`, `conv` and `env` are plain data and pure functions; `sync`
-//! holds the lock helpers.
+//! How the modules relate, in three layers. Below the Context: `instance` loads Vulkan;
+//! `probe` (with `coopmat2`) fills [`Caps`] for each device, `adapter` picks one and
+//! `features` decides what to enable; `core` holds the logical device made from them. The
+//! parts take that core, never the Context: memory (`block` allocates from the driver, `pool`
+//! carves and recycles, `memory` has the buffers), kernels (`pipeline`, `pipeline_cache`,
+//! `executable`, `native`), sharing with CUDA (`external`), the open batch (`batch`, with
+//! `hazards` deciding its barriers, `commands` listing and replaying its commands,
+//! `recorder` checking and adding them), the queues (`queue`) and the submit thread
+//! (`worker`). Objects made on a Context keep it alive through `owner`. In the middle,
+//! [`Context`] (`context`) composes the core and the parts. Above it are its methods that use
+//! several parts: recording (`encoder`), submitting and waiting (`submit`), copies on the
+//! transfer queue (`copy_queue`), host transfers (`transfer`), GPU timers (`timer`) and
+//! making objects (`objects`). `caps`, `conv` and `env` are plain data and pure functions,
+//! `sync` holds the lock helpers and `profile` the dispatch timestamps.
 //!
 //! ```no_run
 //! # fn main() -> helios_vk::Result<()> {

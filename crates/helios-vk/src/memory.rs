@@ -346,7 +346,7 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        // An exported region holds its allocation, which frees itself (external.rs).
+        // An exported region holds its allocation, which frees itself (ExportedBlock).
         if let Origin::Exported(_) = self.origin {
             return;
         }

@@ -1,6 +1,6 @@
-//! What a Context makes and how its memory is counted: the public constructors of buffers
-//! (and the rest below), forwarding to the modules that make them, which take the device
-//! core and the Context's parts instead of the Context.
+//! What a Context makes, and its memory counters: buffers from its pools, exported memory and
+//! timelines, pipelines and native kernels. Each constructor forwards to the module of its
+//! object, which holds the Context as an `Owner` (owner.rs) and takes the device core.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
