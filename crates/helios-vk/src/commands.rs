@@ -11,13 +11,10 @@ use ash::vk;
 
 use crate::core::Core;
 use crate::error::Result;
-use crate::memory::Buffer;
 use crate::native::{self, NativeArg, NativeKernel, NativeSlot, PackedParams};
 use crate::pipeline::{self, Pipeline, PipelineSlot};
 use std::sync::Arc;
 
-/// Largest region per `vkCmdCopyBuffer` region: lavapipe crashes on a 2 GiB region.
-pub const MAX_COPY_REGION: u64 = 1 << 30;
 /// A range of one of `Commands`' side lists.
 type Span = (u32, u32);
 
@@ -363,13 +360,7 @@ impl Commands {
         self.bytes.extend_from_slice(push_constants);
         let infos = self.descriptors.len();
         self.descriptors.extend_from_slice(descriptors);
-        let name = match profiling {
-            true => {
-                self.names.push(pipeline.name().to_owned());
-                self.names.len() as u32 - 1
-            }
-            false => u32::MAX,
-        };
+        let name = self.name(profiling, pipeline.name());
         self.pipelines.push(pipeline.slot().clone());
         self.cmds.push(Cmd::Dispatch {
             pipeline: self.pipelines.len() as u32 - 1,
@@ -394,13 +385,7 @@ impl Commands {
     ) {
         let first = self.args.len();
         self.args.extend_from_slice(params);
-        let name = match profiling {
-            true => {
-                self.names.push(kernel.name().to_owned());
-                self.names.len() as u32 - 1
-            }
-            false => u32::MAX,
-        };
+        let name = self.name(profiling, kernel.name());
         self.natives.push(kernel.slot().clone());
         self.cmds.push(Cmd::NativeLaunch {
             function: self.natives.len() as u32 - 1,
@@ -413,32 +398,32 @@ impl Commands {
         self.native = true;
     }
 
-    /// Adds a copy of `size` bytes, in regions of at most `MAX_COPY_REGION`. Arguments were
-    /// checked.
+    /// Adds a copy from `src` to `dst` of `regions`. Arguments were checked.
     pub(crate) fn copy(
         &mut self,
-        src: &Buffer,
-        src_offset: u64,
-        dst: &Buffer,
-        dst_offset: u64,
-        size: u64,
+        src: vk::Buffer,
+        dst: vk::Buffer,
+        regions: impl IntoIterator<Item = vk::BufferCopy>,
     ) {
         let first = self.regions.len();
-        self.regions
-            .extend(
-                (0..size)
-                    .step_by(MAX_COPY_REGION as usize)
-                    .map(|start| vk::BufferCopy {
-                        src_offset: src.offset() + src_offset + start,
-                        dst_offset: dst.offset() + dst_offset + start,
-                        size: (size - start).min(MAX_COPY_REGION),
-                    }),
-            );
+        self.regions.extend(regions);
         self.cmds.push(Cmd::Copy {
-            src: src.raw(),
-            dst: dst.raw(),
+            src,
+            dst,
             regions: span(first, self.regions.len()),
         });
+    }
+
+    /// The index of `name` in `names` for the profiler's span, where `profiling`;
+    /// `u32::MAX` otherwise.
+    fn name(&mut self, profiling: bool, name: &str) -> u32 {
+        match profiling {
+            true => {
+                self.names.push(name.to_owned());
+                self.names.len() as u32 - 1
+            }
+            false => u32::MAX,
+        }
     }
 }
 

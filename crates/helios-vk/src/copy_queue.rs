@@ -14,11 +14,11 @@
 use crate::sync::LockExt;
 use ash::vk;
 
-use crate::commands::MAX_COPY_REGION;
 use crate::context::Context;
 use crate::error::{vk_err, Error, Result};
 use crate::memory::Buffer;
 use crate::queue::{CopyInFlight, CopyState, Slot};
+use crate::recorder::MAX_COPY_REGION;
 
 /// One copy: `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
 pub(crate) struct Copy<'a> {

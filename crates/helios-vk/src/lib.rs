@@ -81,7 +81,7 @@ pub use caps::{
     Caps, CooperativeMatrixShape, DeviceType, External, ExternalSupport, Features, Limits,
     MemoryHeap, MemoryType, QueueFamily, Subgroup,
 };
-pub use commands::{submit_compile_waits, MAX_COPY_REGION};
+pub use commands::submit_compile_waits;
 pub use compile_pool::stop_compiles;
 pub use context::{pick_queue_family, pick_transfer_family, Context, ContextOptions};
 pub use coopmat2::{CooperativeMatrix2, FlexibleShape};
@@ -102,7 +102,7 @@ pub use probe::BUFFER_USAGE;
 pub use profile::{
     ProfileReport, ProfileRow, Profiler, Span, HELIOS_PROFILE, MAX_POOLS, QUERIES_PER_POOL,
 };
-pub use recorder::Recorder;
+pub use recorder::{Recorder, MAX_COPY_REGION};
 pub use timer::{GpuSpan, GpuTimer};
 pub use transfer::{Snapshot, STAGING_CHUNK};
 

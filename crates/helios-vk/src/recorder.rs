@@ -17,6 +17,9 @@ use crate::native::{self, NativeArg, NativeKernel};
 use crate::pipeline::Pipeline;
 use std::sync::Arc;
 
+/// Largest region per `vkCmdCopyBuffer` region: lavapipe crashes on a 2 GiB region.
+pub const MAX_COPY_REGION: u64 = 1 << 30;
+
 /// Records into a command buffer of the encoder (`Context::submit*` closures). Dispatches
 /// recorded here declare no buffer accesses, so ordering between them is the caller's: call
 /// `barrier()` where one depends on another.
@@ -182,9 +185,14 @@ impl<'a> Recorder<'a> {
         if src.raw() == dst.raw() && src_at < dst_at + size && dst_at < src_at + size {
             return Err(Error::OverlappingCopy);
         }
-        self.batch
-            .commands
-            .copy(src, src_offset, dst, dst_offset, size);
+        let regions = (0..size)
+            .step_by(MAX_COPY_REGION as usize)
+            .map(|start| vk::BufferCopy {
+                src_offset: src.offset() + src_offset + start,
+                dst_offset: dst.offset() + dst_offset + start,
+                size: (size - start).min(MAX_COPY_REGION),
+            });
+        self.batch.commands.copy(src.raw(), dst.raw(), regions);
         Ok(())
     }
 
