@@ -14,6 +14,7 @@ use crate::memory::Buffer;
 use crate::native::NativeKernel;
 use crate::pipeline::Pipeline;
 
+/// The compute queue (submit.rs).
 pub(crate) struct Submitter {
     pub(crate) timeline: vk::Semaphore,
     /// The queue and the last value signalled on it, locked together so that signal values
