@@ -1,81 +1,51 @@
 //! The logical device: one compute queue, one timeline, one pipeline cache.
 //!
+//! A `Context` is the device core (core.rs) and the parts that take it: the queues
+//! (queue.rs), the encoder and its spare command lists (batch.rs), the pools (pool.rs) and
+//! the submit thread (worker.rs). It is made and torn down here; its methods that use several
+//! parts are in encoder.rs, submit.rs, copy_queue.rs, transfer.rs, timer.rs and objects.rs.
+//!
 //! A `Context` is shared as `Arc<Context>` and is `Send + Sync`; every object made from it
-//! (buffers, pipelines) holds that `Arc`, so the device outlives them and Drop order is right
-//! by construction: objects, then the device, then the instance (also held by `Arc`).
-//! Methods that create owned objects take `self: &Arc<Self>` for that reason.
+//! (buffers, pipelines) holds that `Arc` (as an `Owner`, owner.rs), so the device outlives
+//! them and Drop order is right by construction: objects, then the device, then the instance
+//! (also held by `Arc`). Methods that create owned objects take `self: &Arc<Self>` for that
+//! reason.
 
-use crate::sync::LockExt;
-use ash::vk;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::adapter::{select_adapter_from_env, Adapter};
-use crate::caps::{Caps, QueueFamily};
-use crate::copy_queue::CopyQueue;
-use crate::encoder::{Encoder, DEFAULT_BATCH};
+use crate::batch::{Encoder, DEFAULT_BATCH};
+use crate::caps::{Caps, DeviceType, QueueFamily};
+use crate::core::Core;
 use crate::env;
 use crate::error::{vk_err, Error, Result};
 use crate::executable::{self, ExecutableCapture, ExecutableStats};
 use crate::features::{self, EnabledFeatures};
 use crate::instance::{Instance, InstanceOptions};
-use crate::memory::{Block, MemoryLocation};
 use crate::native;
+use crate::owner::Owner;
 use crate::pipeline::Pipeline;
 use crate::pipeline_cache::{PipelineCache, PipelineCacheDir, PipelineStats, HELIOS_VERBOSE};
-use crate::pool::Pool;
+use crate::pool::Pools;
 use crate::profile::{ProfileReport, Profiler, HELIOS_PROFILE};
-use crate::submit::Submitter;
+use crate::queue::{CopyQueue, Submitter};
 use crate::worker::Jobs;
 
 pub struct Context {
-    instance: Arc<Instance>,
-    adapter: Adapter,
-    device: ash::Device,
-    /// Names objects for validation messages when validation is on.
-    debug_utils: Option<ash::ext::debug_utils::Device>,
-    /// VK_KHR_push_descriptor entry points, when enabled (the descriptor binding model).
-    pub(crate) push_descriptor: Option<ash::khr::push_descriptor::Device>,
-    /// VK_KHR_pipeline_executable_properties entry points, when statistics are captured.
-    pub(crate) pipeline_executable: Option<ash::khr::pipeline_executable_properties::Device>,
-    /// What compute pipelines capture (`Off` unless asked for and supported; executable.rs).
-    pub(crate) capture: ExecutableCapture,
-    /// VK_NVX_binary_import entry points, when native kernels are enabled (native.rs).
-    pub(crate) native: Option<ash::nvx::binary_import::Device>,
-    /// Why native kernels are off, for `create_native_kernel`'s error.
-    pub(crate) native_off: Option<String>,
-    /// VK_KHR_external_memory_fd entry points, where exports are enabled (external.rs).
-    pub(crate) external_memory_fd: Option<ash::khr::external_memory_fd::Device>,
-    /// VK_KHR_external_semaphore_fd entry points, likewise.
-    pub(crate) external_semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
-    queue_family: u32,
+    /// The device and what was fixed when it was made (core.rs); the parts take this.
+    pub(crate) core: Core,
     pub(crate) submitter: Submitter,
     /// The dedicated transfer queue, where the device has one (copy_queue.rs).
     pub(crate) copy_queue: Option<CopyQueue>,
-    /// Whether device-local memory may come from a full-BAR host-visible type.
-    bar: bool,
-    /// `ContextOptions::memory_limit`.
-    pub(crate) memory_limit: Option<u64>,
-    /// The VkPipelineCache, persisted under the user cache dir (pipeline_cache.rs).
-    pub(crate) pipeline_cache: PipelineCache,
-    /// GPU timestamps around dispatches, when profiling is on (profile.rs).
-    pub(crate) profiler: Option<Profiler>,
-    memory: vk::PhysicalDeviceMemoryProperties,
-    enabled: EnabledFeatures,
     /// The one open batch all GPU commands are recorded into (encoder.rs).
     pub(crate) encoder: Mutex<Encoder>,
     /// Emptied command lists of submitted batches, for the next ones (encoder.rs).
-    pub(crate) spare_commands: Mutex<Vec<crate::recorder::Commands>>,
-    /// Caching allocators for device-local and host-visible memory (pool.rs).
-    pools: [Mutex<Pool>; 2],
-    next_block: AtomicU64,
-    /// Bytes held by exported allocations (external.rs), which the pools do not count.
-    pub(crate) exported_bytes: AtomicU64,
-    /// Exported blocks whose drop could not wait for the GPU; freed once the device is idle.
-    graveyard: Mutex<Vec<Arc<Block>>>,
+    pub(crate) spare_commands: Mutex<Vec<crate::commands::Commands>>,
+    /// The caching allocator, and the exported allocations beside it (pool.rs).
+    pub(crate) pools: Pools,
     /// How long `wait` polls the timeline before blocking (`HELIOS_SPIN_US`).
     pub(crate) spin: Duration,
     /// This Context's own handle, for the batches it queues (worker.rs).
@@ -296,44 +266,40 @@ impl Context {
         let jobs = Jobs::new();
         let threaded = options
             .submit_thread
-            .unwrap_or(caps.device_type != crate::DeviceType::Cpu);
+            .unwrap_or(caps.device_type != DeviceType::Cpu);
         let worker = threaded.then(|| jobs.spawn()).flatten();
         Ok(Arc::new_cyclic(|me| Context {
-            instance,
-            adapter: adapter.clone(),
-            device,
-            debug_utils,
-            push_descriptor,
-            pipeline_executable,
-            capture,
-            native,
-            native_off,
-            external_memory_fd,
-            external_semaphore_fd,
-            queue_family,
+            core: Core {
+                instance,
+                adapter: adapter.clone(),
+                device,
+                debug_utils,
+                push_descriptor,
+                pipeline_executable,
+                capture,
+                native,
+                native_off,
+                external_memory_fd,
+                external_semaphore_fd,
+                queue_family,
+                transfer_family,
+                bar: options.bar,
+                pipeline_cache,
+                profiler,
+                memory,
+                enabled,
+            },
             submitter,
             copy_queue,
-            bar: options.bar,
-            memory_limit: options.memory_limit,
-            pipeline_cache,
-            profiler,
-            memory,
-            enabled,
             encoder: Mutex::new(Encoder::new(match options.batch_limit {
                 0 => DEFAULT_BATCH,
                 n => n,
             })),
             spare_commands: Mutex::new(Vec::new()),
-            pools: [
-                Mutex::new(Pool::new(MemoryLocation::DeviceLocal)),
-                Mutex::new(Pool::new(MemoryLocation::HostVisible)),
-            ],
-            next_block: AtomicU64::new(1),
-            exported_bytes: AtomicU64::new(0),
-            graveyard: Mutex::new(Vec::new()),
+            pools: Pools::new(options.memory_limit),
             spin: Duration::from_micros(u64::from(options.spin_us.unwrap_or(
                 match caps.device_type {
-                    crate::DeviceType::Cpu => CPU_SPIN_US,
+                    DeviceType::Cpu => CPU_SPIN_US,
                     _ => GPU_SPIN_US,
                 },
             ))),
@@ -359,41 +325,34 @@ impl Context {
     }
 
     pub fn caps(&self) -> &Caps {
-        self.adapter.caps()
+        self.core.caps()
     }
 
     /// Features actually enabled on this device; kernels check these, not `caps()`.
     pub fn enabled(&self) -> &EnabledFeatures {
-        &self.enabled
+        self.core.enabled()
     }
 
     pub fn adapter(&self) -> &Adapter {
-        &self.adapter
+        &self.core.adapter
     }
 
     pub fn instance(&self) -> &Arc<Instance> {
-        &self.instance
+        &self.core.instance
     }
 
     /// Shortcut for `instance().validation_messages()`.
     pub fn validation_messages(&self) -> Vec<String> {
-        self.instance.validation_messages()
+        self.core.instance.validation_messages()
     }
 
     pub fn queue_family_index(&self) -> u32 {
-        self.queue_family
+        self.core.queue_family
     }
 
     /// The queue families Helios submits to: compute, and the transfer family if in use.
     pub fn queue_families(&self) -> Vec<u32> {
-        std::iter::once(self.queue_family)
-            .chain(self.copy_queue.as_ref().map(|q| q.family))
-            .collect()
-    }
-
-    /// Whether device-local buffers may use the full-BAR host-visible memory type.
-    pub(crate) fn use_bar(&self) -> bool {
-        self.bar
+        self.core.queue_families()
     }
 
     /// Whether staged copies run on a dedicated transfer queue.
@@ -403,25 +362,25 @@ impl Context {
 
     /// Pipeline creation counters and where the pipeline cache persists.
     pub fn pipeline_stats(&self) -> PipelineStats {
-        self.pipeline_cache.stats()
+        self.core.pipeline_cache.stats()
     }
 
     /// When this Context's pipeline cache was made: the zero of `HELIOS_VERBOSE`'s compile
     /// lines ("from N ms"), so a caller can place its own events among them.
     pub fn created_at(&self) -> std::time::Instant {
-        self.pipeline_cache.born()
+        self.core.pipeline_cache.born()
     }
 
     /// Writes the pipeline cache to its file now (also done when the Context drops). Does
     /// nothing when persistence is off.
     pub fn save_pipeline_cache(&self) -> Result<()> {
-        self.pipeline_cache.save(self.device())
+        self.core.pipeline_cache.save(self.device())
     }
 
     /// What pipelines of this Context capture; `Off` unless it was asked for and the device
     /// offers VK_KHR_pipeline_executable_properties.
     pub fn executable_capture(&self) -> ExecutableCapture {
-        self.capture
+        self.core.capture
     }
 
     /// The `HELIOS_PIPELINE_STATS` report: one stderr line of statistics per executable of
@@ -435,13 +394,13 @@ impl Context {
     /// executable of `pipeline`; empty when statistics are not captured
     /// (`Context::executable_capture` is `Off`).
     pub fn pipeline_statistics(&self, pipeline: &Pipeline) -> Result<Vec<ExecutableStats>> {
-        if !std::ptr::eq(pipeline.context(), self) {
+        if !std::ptr::eq(pipeline.core(), &self.core) {
             return Err(Error::ForeignObject {
                 what: "the pipeline whose statistics were asked for",
             });
         }
         executable::statistics(
-            self.pipeline_executable.as_ref(),
+            self.core.pipeline_executable.as_ref(),
             pipeline.raw(),
             pipeline.create_flags(),
         )
@@ -449,16 +408,16 @@ impl Context {
 
     /// The driver's pipeline cache contents (what `save_pipeline_cache` writes, unwrapped).
     pub fn pipeline_cache_data(&self) -> Result<Vec<u8>> {
-        let cache = self.pipeline_cache.raw();
+        let cache = self.core.pipeline_cache();
         // SAFETY: the cache belongs to this device; the driver synchronises cache access.
-        unsafe { self.device.get_pipeline_cache_data(cache) }
+        unsafe { self.device().get_pipeline_cache_data(cache) }
             .map_err(vk_err("vkGetPipelineCacheData"))
     }
 
     /// The profiler, when this Context was created with profiling on and the device has
     /// timestamps.
     pub fn profiler(&self) -> Option<&Profiler> {
-        self.profiler.as_ref()
+        self.core.profiler.as_ref()
     }
 
     /// Collects every completed span and returns the table; `None` when not profiling.
@@ -470,49 +429,39 @@ impl Context {
         Ok(Some(p.report()))
     }
 
-    pub(crate) fn pool(&self, location: MemoryLocation) -> MutexGuard<'_, Pool> {
-        self.pools[location.index()].locked()
-    }
-
-    pub(crate) fn next_block_id(&self) -> u64 {
-        self.next_block.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Frees `block` when the Context drops, after the device went idle (an exported block
-    /// whose drop could not wait for the GPU's last use).
-    pub(crate) fn defer_destroy(&self, block: Arc<Block>) {
-        self.graveyard.locked().push(block);
-    }
-
     pub(crate) fn device(&self) -> &ash::Device {
-        &self.device
+        self.core.device()
     }
 
     /// The raw device, for recording into command buffers Helios does not own (profiling
     /// tests, interop). Destroying it or its queue's objects is the caller's bug.
     pub fn raw_device(&self) -> &ash::Device {
-        &self.device
+        self.core.device()
     }
 
-    pub(crate) fn pipeline_cache(&self) -> vk::PipelineCache {
-        self.pipeline_cache.raw()
+    /// This Context as the objects made on it hold it (owner.rs).
+    pub(crate) fn owner(&self) -> Arc<dyn Owner> {
+        self.me.upgrade().expect("a Context in use has a handle")
+    }
+}
+
+/// What buffers, exported memory, timelines, pipelines and native kernels use of the Context
+/// they hold (owner.rs).
+impl Owner for Context {
+    fn core(&self) -> &Core {
+        &self.core
     }
 
-    pub(crate) fn memory_properties(&self) -> &vk::PhysicalDeviceMemoryProperties {
-        &self.memory
+    fn pools(&self) -> &Pools {
+        &self.pools
     }
 
-    /// Gives a Vulkan object a name that validation messages will show (no-op otherwise).
-    pub(crate) fn set_name<H: vk::Handle>(&self, handle: H, name: &str) {
-        let Some(du) = &self.debug_utils else { return };
-        let Ok(name) = std::ffi::CString::new(name) else {
-            return;
-        };
-        let info = vk::DebugUtilsObjectNameInfoEXT::default()
-            .object_handle(handle)
-            .object_name(&name);
-        // SAFETY: the handle belongs to this device. A failure only loses a debug name.
-        let _ = unsafe { du.set_debug_utils_object_name(&info) };
+    fn wait(&self, value: u64) -> Result<()> {
+        Context::wait(self, value)
+    }
+
+    fn wait_copies(&self, value: u64) -> Result<()> {
+        Context::wait_copies(self, value)
     }
 }
 
@@ -530,26 +479,19 @@ impl Drop for Context {
         // SAFETY: buffers and pipelines hold an Arc<Context>, so none is left; waiting for
         // idle first makes destroying the command pools and semaphore legal.
         unsafe {
-            let _ = self.device.device_wait_idle();
-            self.destroy_pools();
-            for block in self
-                .graveyard
-                .get_mut()
-                .map(std::mem::take)
-                .unwrap_or_default()
-            {
-                block.destroy(&self.device);
-            }
+            let _ = self.core.device.device_wait_idle();
+            self.pools.destroy(&self.core.device);
+            let core = &self.core;
             if let Some(q) = &self.copy_queue {
-                q.destroy(&self.device);
+                q.destroy(&core.device);
             }
-            self.submitter.destroy(&self.device);
-            if let Some(profiler) = &self.profiler {
+            self.submitter.destroy(&core.device);
+            if let Some(profiler) = &core.profiler {
                 profiler.destroy();
             }
             // Saves the cache file first if a pipeline was created since the last save.
-            self.pipeline_cache.destroy(&self.device);
-            self.device.destroy_device(None);
+            core.pipeline_cache.destroy(&core.device);
+            core.device.destroy_device(None);
         }
     }
 }
@@ -557,9 +499,9 @@ impl Drop for Context {
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
-            .field("device", &self.adapter.name())
-            .field("queue_family", &self.queue_family)
-            .field("enabled", &self.enabled)
+            .field("device", &self.core.adapter.name())
+            .field("queue_family", &self.core.queue_family)
+            .field("enabled", &self.core.enabled)
             .finish()
     }
 }

@@ -8,19 +8,17 @@
 //! which the encoder folds into the batch's semaphore waits). Buffers are created with
 //! concurrent sharing between the two families, so no ownership transfers are needed.
 //! Staging buffers ride along with their copy and are dropped (back to the pool) once it
-//! completes.
+//! completes. The queue's state is in queue.rs; here are the Context's methods that submit
+//! copies to it and wait for them.
 
 use crate::sync::LockExt;
 use ash::vk;
-use std::collections::VecDeque;
-use std::sync::Mutex;
 
 use crate::context::Context;
 use crate::error::{vk_err, Error, Result};
-use crate::external::{ExternalWaits, Timeline};
 use crate::memory::Buffer;
+use crate::queue::{CopyInFlight, CopyState, Slot};
 use crate::recorder::MAX_COPY_REGION;
-use crate::submit::Slot;
 
 /// One copy: `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
 pub(crate) struct Copy<'a> {
@@ -29,77 +27,6 @@ pub(crate) struct Copy<'a> {
     pub dst: &'a Buffer,
     pub dst_offset: u64,
     pub len: u64,
-}
-
-struct InFlight {
-    value: u64,
-    slot: Slot,
-    /// Staging buffers the copy reads or writes, released when it completes.
-    keep: Vec<Buffer>,
-    /// External semaphores the copy waited for, kept until it completes.
-    _waits: ExternalWaits,
-}
-
-struct State {
-    last_submitted: u64,
-    free: Vec<Slot>,
-    in_flight: VecDeque<InFlight>,
-    all_pools: Vec<vk::CommandPool>,
-    /// External waits for the next copy (`Context::wait_external`).
-    waits: ExternalWaits,
-}
-
-pub(crate) struct CopyQueue {
-    pub(crate) family: u32,
-    queue: vk::Queue,
-    pub(crate) timeline: vk::Semaphore,
-    state: Mutex<State>,
-}
-
-impl CopyQueue {
-    pub(crate) fn new(device: &ash::Device, family: u32) -> Result<CopyQueue> {
-        // SAFETY: the family was requested with one queue at device creation.
-        let queue = unsafe { device.get_device_queue(family, 0) };
-        let mut type_info = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(0);
-        let info = vk::SemaphoreCreateInfo::default().push_next(&mut type_info);
-        // SAFETY: valid device; timeline semaphores are enabled.
-        let timeline = unsafe { device.create_semaphore(&info, None) }
-            .map_err(vk_err("vkCreateSemaphore(transfer timeline)"))?;
-        Ok(CopyQueue {
-            family,
-            queue,
-            timeline,
-            state: Mutex::new(State {
-                last_submitted: 0,
-                free: Vec::new(),
-                in_flight: VecDeque::new(),
-                all_pools: Vec::new(),
-                waits: ExternalWaits::default(),
-            }),
-        })
-    }
-
-    /// Has the next copy wait for `timeline` to reach `value`.
-    pub(crate) fn add_external_wait(&self, timeline: &std::sync::Arc<Timeline>, value: u64) {
-        self.state.locked().waits.add(timeline, value);
-    }
-
-    /// # Safety
-    /// The device must be idle.
-    pub(crate) unsafe fn destroy(&self, device: &ash::Device) {
-        let mut state = self.state.locked();
-        state.in_flight.clear();
-        for &pool in &state.all_pools {
-            device.destroy_command_pool(pool, None);
-        }
-        device.destroy_semaphore(self.timeline, None);
-    }
-
-    pub(crate) fn last_submitted(&self) -> u64 {
-        self.state.locked().last_submitted
-    }
 }
 
 impl Context {
@@ -231,7 +158,7 @@ impl Context {
             c.src.mark_transfer(value);
             c.dst.mark_transfer(value);
         }
-        state.in_flight.push_back(InFlight {
+        state.in_flight.push_back(CopyInFlight {
             value,
             slot,
             keep: Vec::new(),
@@ -266,7 +193,7 @@ impl Context {
     /// Recycles completed copies' command buffers and drops their staging buffers.
     pub(crate) fn retire_copies(&self, completed: u64) {
         let Some(q) = &self.copy_queue else { return };
-        let done: Vec<InFlight> = {
+        let done: Vec<CopyInFlight> = {
             let mut state = q.state.locked();
             let n = state
                 .in_flight
@@ -292,7 +219,7 @@ impl Context {
     }
 }
 
-fn release(device: &ash::Device, state: &mut State, slot: Slot) {
+fn release(device: &ash::Device, state: &mut CopyState, slot: Slot) {
     // The slot's command buffer is not pending here (never submitted, or retired).
     if slot.reset(device) {
         state.free.push(slot);

@@ -10,80 +10,25 @@
 //! reaches the dispatch threshold, when the host needs a result, or on `flush`; submitting
 //! never waits unless too many batches are already in flight.
 //!
-//! Recording here only lists the commands (recorder.rs): a closed batch goes to the submit
-//! thread, which records its command buffer and submits it (worker.rs), while this thread
-//! goes on with the next batch. `flush` (and every host wait) submits what is queued itself.
+//! The batch itself and its hazard tracking are in batch.rs. Recording here only lists the
+//! commands (recorder.rs, commands.rs): a closed batch goes to the submit thread, which
+//! records its command buffer and submits it (worker.rs), while this thread goes on with the
+//! next batch. `flush` (and every host wait) submits what is queued itself.
 
 use crate::sync::LockExt;
 use ash::vk;
 use std::cell::Cell;
 use std::sync::{Arc, MutexGuard};
 
+use crate::batch::{Access, Encoder, EncoderStats, OpenBatch, Stage, Stages};
+use crate::commands::Commands;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::external::{ExternalSignals, ExternalWaits, Timeline};
-use crate::hazards::{Hazards, RegionKey, Touch};
+use crate::external::{self, ExternalTimeline, Timeline};
 use crate::memory::Buffer;
-use crate::native::NativeKernel;
+use crate::native::{self, NativeArg, NativeKernel};
 use crate::pipeline::Pipeline;
-use crate::recorder::{self, Commands, Recorder};
-
-/// How a dispatch or copy touches a buffer.
-#[derive(Clone, Copy, Debug)]
-pub struct Access<'a> {
-    pub buffer: &'a Buffer,
-    /// Byte range inside the buffer.
-    pub offset: u64,
-    pub len: u64,
-    pub write: bool,
-}
-
-impl<'a> Access<'a> {
-    /// Reads the whole buffer.
-    pub fn read(buffer: &'a Buffer) -> Self {
-        Access {
-            buffer,
-            offset: 0,
-            len: buffer.size(),
-            write: false,
-        }
-    }
-
-    /// Writes (and may read) the whole buffer.
-    pub fn write(buffer: &'a Buffer) -> Self {
-        Access {
-            buffer,
-            offset: 0,
-            len: buffer.size(),
-            write: true,
-        }
-    }
-
-    /// The same access narrowed to `[offset, offset + len)` of the buffer.
-    pub fn range(self, offset: u64, len: u64) -> Self {
-        Access {
-            offset,
-            len,
-            ..self
-        }
-    }
-}
-
-impl Touch for Access<'_> {
-    /// The region key and absolute byte range in the block.
-    fn span(&self) -> (RegionKey, u64, u64) {
-        let b = self.buffer;
-        let start = b.offset + self.offset;
-        (b.hazard_key(), start, start + self.len)
-    }
-
-    fn writes(&self) -> bool {
-        self.write
-    }
-}
-
-/// Default dispatches per submitted batch (`HELIOS_BATCH` overrides).
-pub const DEFAULT_BATCH: u32 = 256;
+use crate::recorder::{self, Recorder};
 
 /// While the GPU is busy the encoder checks every this many dispatches whether it has
 /// finished everything submitted, and if so submits the open batch at once (see
@@ -98,165 +43,6 @@ const EARLY_CHECK: u32 = 8;
 /// bench/results/source-comment-history.md).
 const INLINE_MAX: u32 = 1;
 
-/// The batch being recorded.
-pub(crate) struct OpenBatch {
-    /// Its commands, recorded into a command buffer when it is submitted.
-    pub(crate) commands: Commands,
-    /// The timeline value this batch will signal.
-    pub(crate) value: u64,
-    pub(crate) dispatches: u32,
-    /// Barriers inserted for hazards (or asked for through a Recorder).
-    barriers: u32,
-    hazards: Hazards,
-    /// Stages of the commands since the last barrier.
-    stages: Stages,
-    /// Whether a dispatch was recorded since the last compute+transfer barrier.
-    compute_since_full: bool,
-    /// Whether a barrier that does not order native launches (compute or compute+transfer)
-    /// forgot accesses since the last full barrier (native.rs).
-    partial_since_native: bool,
-    /// Transfer-timeline value the batch must wait for (0: none).
-    pub(crate) wait_transfer: u64,
-    /// Pipelines the batch uses, kept alive until it completes.
-    pub(crate) keep: Vec<Arc<Pipeline>>,
-    /// Native kernels the batch launches, kept alive until it completes.
-    pub(crate) keep_native: Vec<Arc<NativeKernel>>,
-    /// External timeline values the batch waits for before any of its commands
-    /// (`Context::wait_external`).
-    pub(crate) external_waits: ExternalWaits,
-    /// External timeline values signalled once the batch and everything before it on the
-    /// queue are done (`Context::signal_external`).
-    pub(crate) external_signals: ExternalSignals,
-}
-
-impl OpenBatch {
-    /// Inserts a barrier if `accesses` (made by a command of `stage`) conflict with earlier
-    /// ones, then records them.
-    pub(crate) fn order(&mut self, stage: Stage, accesses: &[Access<'_>]) {
-        if stage == Stage::Native && self.partial_since_native {
-            // Accesses forgotten at a compute-only or compute+transfer barrier may conflict
-            // with this launch, and that barrier does not cover it: fence everything, as for
-            // copies below.
-            self.barrier_from(Stages::ALL, stage);
-        } else if stage == Stage::Transfer && self.compute_since_full {
-            // Compute-only barriers since the last full one do not order earlier dispatches
-            // before a copy; copies are rare inside a batch, so fence everything.
-            self.barrier_from(Stages::ALL, stage);
-        } else if self.hazards.conflicts(accesses) | self.first_use_of_remapped(accesses) {
-            self.barrier_from(self.stages, stage);
-        }
-        if stage == Stage::Compute {
-            self.compute_since_full = true;
-        }
-        self.hazards.add(accesses);
-        self.stages.insert(stage);
-        for a in accesses {
-            a.buffer.mark(self.value, a.write);
-            // A copy on the transfer queue that wrote (or reads) this buffer runs beside the
-            // compute queue: the batch waits for it (copy_queue.rs).
-            self.wait_transfer = self.wait_transfer.max(a.buffer.transfer_use());
-        }
-    }
-
-    /// Whether an access is the first use of a remapped region (see `Buffer::take_remapped`)
-    /// whose old extents earlier commands of this batch may still touch. Uses in earlier
-    /// batches are ordered by the barrier each batch begins with.
-    fn first_use_of_remapped(&self, accesses: &[Access<'_>]) -> bool {
-        let mut any = false;
-        for a in accesses {
-            // Every flag is taken: one barrier fences them all. `last_use` is still the
-            // region's previous occupants' (marked after this check).
-            any |= a.buffer.take_remapped() && a.buffer.last_use() >= self.value;
-        }
-        any && self.stages != Stages::NONE
-    }
-
-    /// A full compute/transfer barrier (a full ALL_COMMANDS one after a native launch);
-    /// forgets the tracked accesses.
-    pub(crate) fn barrier(&mut self) {
-        self.barrier_from(Stages::ALL, Stage::Compute);
-    }
-
-    /// For a native launch recorded through a `Recorder` (explicit barriers): the caller's
-    /// last barrier before it becomes a full one, and so does the next barrier after it.
-    pub(crate) fn native_recorded(&mut self) {
-        self.commands.upgrade_last_barrier();
-        self.stages.insert(Stage::Native);
-    }
-
-    /// A barrier from the stages used since the last one to `next`. Between dispatches this
-    /// is compute→compute only: a transfer stage in the mask costs NVIDIA more. Around a
-    /// native launch it is ALL_COMMANDS→ALL_COMMANDS, since the driver does not say which
-    /// stage a launch runs in.
-    fn barrier_from(&mut self, used: Stages, next: Stage) {
-        if next == Stage::Native || self.stages.has_native() || used.has_native() {
-            self.commands.native_barrier();
-            self.compute_since_full = false;
-            self.partial_since_native = false;
-        } else if used == Stages::COMPUTE && next == Stage::Compute {
-            self.commands.compute_barrier();
-            self.partial_since_native = true;
-        } else {
-            self.commands.full_barrier();
-            self.compute_since_full = false;
-            self.partial_since_native = true;
-        }
-        self.hazards.clear();
-        self.stages = Stages::NONE;
-        self.barriers += 1;
-    }
-}
-
-/// The pipeline stage of a recorded command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Stage {
-    Compute,
-    Transfer,
-    /// A native kernel launch (native.rs): its stage is the driver's secret.
-    Native,
-}
-
-/// A set of stages (bit 0 compute, bit 1 transfer, bit 2 native).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Stages(u8);
-
-impl Stages {
-    const NONE: Stages = Stages(0);
-    const COMPUTE: Stages = Stages(1);
-    /// What a fresh command buffer may follow: anything (batch boundaries fence both).
-    const ALL: Stages = Stages(3);
-
-    fn insert(&mut self, s: Stage) {
-        self.0 |= match s {
-            Stage::Compute => 1,
-            Stage::Transfer => 2,
-            Stage::Native => 4,
-        };
-    }
-
-    fn has_native(self) -> bool {
-        self.0 & 4 != 0
-    }
-}
-
-pub(crate) struct Encoder {
-    pub(crate) open: Option<OpenBatch>,
-    pub(crate) batch_limit: u32,
-    /// Dispatches into a batch before the next early-submit check (see `with_batch`).
-    early_at: u32,
-    /// Whether batches may be submitted before the threshold when the GPU idles.
-    early_submit: bool,
-    /// Open `SubmitHold`s: while any is, the open batch is submitted only by a flush.
-    held: u32,
-    /// The timeline value of the last batch handed over for submission (the open batch
-    /// signals the next one).
-    pub(crate) enqueued: u64,
-    /// External waits for the next batch to open (`Context::wait_external`).
-    external_waits: ExternalWaits,
-    /// Totals over submitted batches.
-    stats: EncoderStats,
-}
-
 /// See [`Context::hold_submits`].
 pub struct SubmitHold<'a> {
     ctx: &'a Context,
@@ -265,53 +51,6 @@ pub struct SubmitHold<'a> {
 impl Drop for SubmitHold<'_> {
     fn drop(&mut self) {
         self.ctx.encoder.locked().held -= 1;
-    }
-}
-
-/// What the encoder has submitted so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct EncoderStats {
-    pub batches: u64,
-    pub dispatches: u64,
-    /// Barriers between dispatches (the ones at batch boundaries are not counted).
-    pub barriers: u64,
-    /// Host time spent opening batches (a free command buffer may mean a wait) and submitting
-    /// them (ending, queue submit, and any wait for too many batches in flight), ns.
-    pub submit_ns: u64,
-}
-
-impl Encoder {
-    pub(crate) fn new(batch_limit: u32) -> Self {
-        Encoder {
-            open: None,
-            batch_limit,
-            early_at: 1,
-            early_submit: true,
-            held: 0,
-            enqueued: 0,
-            external_waits: ExternalWaits::default(),
-            stats: EncoderStats::default(),
-        }
-    }
-
-    /// Has the next batch to open wait for `timeline` to reach `value` (external.rs).
-    pub(crate) fn wait_next(&mut self, timeline: &Arc<Timeline>, value: u64) {
-        self.external_waits.add(timeline, value);
-    }
-
-    /// A new batch, signalling the next timeline value, that takes the pending external
-    /// waits.
-    fn open_batch(&mut self, commands: Commands, stages: Stages, wait_transfer: u64) -> OpenBatch {
-        let mut batch = OpenBatch::new(commands, self.enqueued + 1, stages, wait_transfer);
-        batch.external_waits = self.external_waits.take();
-        batch
-    }
-
-    /// Counts a batch about to be submitted.
-    fn count(&mut self, batch: &OpenBatch) {
-        self.stats.batches += 1;
-        self.stats.dispatches += u64::from(batch.dispatches);
-        self.stats.barriers += u64::from(batch.barriers);
     }
 }
 
@@ -326,26 +65,6 @@ pub(crate) struct RecordingGuard;
 impl Drop for RecordingGuard {
     fn drop(&mut self) {
         RECORDING.with(|r| r.set(false));
-    }
-}
-
-impl OpenBatch {
-    fn new(commands: Commands, value: u64, stages: Stages, wait_transfer: u64) -> OpenBatch {
-        OpenBatch {
-            commands,
-            value,
-            dispatches: 0,
-            barriers: 0,
-            hazards: Hazards::default(),
-            stages,
-            compute_since_full: false,
-            partial_since_native: false,
-            wait_transfer,
-            keep: Vec::new(),
-            keep_native: Vec::new(),
-            external_waits: ExternalWaits::default(),
-            external_signals: Vec::new(),
-        }
     }
 }
 
@@ -467,7 +186,7 @@ impl Context {
         accesses: &[Access<'_>],
     ) -> Result<()> {
         for a in accesses {
-            if !std::ptr::eq(a.buffer.context(), self) {
+            if !std::ptr::eq(a.buffer.core(), &self.core) {
                 return Err(Error::ForeignObject {
                     what: "a dispatch's buffer",
                 });
@@ -476,12 +195,49 @@ impl Context {
         }
         let descriptors = self.descriptors(pipeline, accesses)?;
         self.with_batch(|batch| {
-            recorder::check_dispatch(self, pipeline, groups, push_constants)?;
+            recorder::check_dispatch(&self.core, pipeline, groups, push_constants)?;
             batch.order(Stage::Compute, accesses);
-            recorder::record_dispatch(self, batch, pipeline, groups, push_constants, &descriptors);
+            recorder::record_dispatch(
+                &self.core,
+                batch,
+                pipeline,
+                groups,
+                push_constants,
+                &descriptors,
+            );
             if !batch.keep.iter().any(|p| Arc::ptr_eq(p, pipeline)) {
                 batch.keep.push(Arc::clone(pipeline));
             }
+            Ok(())
+        })
+    }
+
+    /// Records a launch of `kernel` on a `grid` of blocks of `block` threads, with
+    /// `shared_bytes` of dynamic shared memory and `params` by value, touching `accesses`.
+    /// Ordered against earlier work exactly like `dispatch` (a barrier only on a hazard, but
+    /// a full one).
+    pub fn launch_native(
+        &self,
+        kernel: &Arc<NativeKernel>,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        params: &[NativeArg],
+        accesses: &[Access<'_>],
+    ) -> Result<()> {
+        native::check_native(&self.core, kernel, grid, block, shared_bytes, params)?;
+        for a in accesses {
+            if !std::ptr::eq(a.buffer.core(), &self.core) {
+                return Err(Error::ForeignObject {
+                    what: "a native launch's buffer",
+                });
+            }
+            a.buffer
+                .check_range("native launch access", a.offset, a.len)?;
+        }
+        self.with_batch(|batch| {
+            batch.order(Stage::Native, accesses);
+            recorder::record_native(&self.core, batch, kernel, grid, block, shared_bytes, params);
             Ok(())
         })
     }
@@ -541,7 +297,7 @@ impl Context {
                     Access::write(dst).range(dst_offset, len),
                 ],
             );
-            let mut rec = Recorder::new(self, batch);
+            let mut rec = Recorder::new(&self.core, batch);
             rec.copy_buffer(src, src_offset, dst, dst_offset, len)
         })
     }
@@ -550,7 +306,7 @@ impl Context {
     /// with the work recorded before and after: a constant without a staging buffer or a
     /// copy-queue round trip (`vkCmdFillBuffer`).
     pub fn fill(&self, dst: &Buffer, word: u32) -> Result<()> {
-        if !std::ptr::eq(dst.context(), self) {
+        if !std::ptr::eq(dst.core(), &self.core) {
             return Err(Error::ForeignObject {
                 what: "fill destination",
             });
@@ -643,7 +399,7 @@ impl Context {
             let mut batch = enc.open_batch(commands, Stages::ALL, copies);
             // A failed recording is dropped unsubmitted; the next batch takes its value and
             // its external waits.
-            if let Err(e) = record(&mut Recorder::new(self, &mut batch)) {
+            if let Err(e) = record(&mut Recorder::new(&self.core, &mut batch)) {
                 enc.external_waits.restore(batch.external_waits);
                 return Err(e);
             }
@@ -666,12 +422,67 @@ impl Context {
         let value = unsafe { self.submit(record)? };
         self.wait(value)
     }
+
+    /// Has `timeline` reach `value` on the GPU once all work submitted so far has finished:
+    /// on the compute queue, and on the transfer queue where there is one. Submits the open
+    /// batch; the host does not wait. `value` must exceed every value signalled so far.
+    pub fn signal_external(&self, timeline: &ExternalTimeline, value: u64) -> Result<()> {
+        let t = external::own_timeline(&self.core, timeline)?;
+        t.claim(value, "signal_external")?;
+        self.submit_signal(Arc::clone(t), value)
+    }
+
+    /// Has every GPU command recorded after this call wait, on the GPU, until `timeline`
+    /// reaches `value` (the next batch on each queue waits at all stages). Submits the open
+    /// batch first, so nothing recorded before waits; the host does not wait. See the module
+    /// documentation of external.rs for what this means for host waits and read-backs.
+    pub fn wait_external(&self, timeline: &ExternalTimeline, value: u64) -> Result<()> {
+        let t = external::own_timeline(&self.core, timeline)?;
+        if value <= t.value()? {
+            return Ok(()); // reached already, and a timeline never goes back
+        }
+        self.submit_then_wait(t, value)
+    }
+
+    /// Submits the open batch (an empty one if none is open) with `timeline` to be signalled
+    /// to `value`, after a wait for every copy submitted to the transfer queue: the signal
+    /// follows all work submitted so far on both queues.
+    fn submit_signal(&self, timeline: Arc<Timeline>, value: u64) -> Result<()> {
+        self.check_submits()?;
+        {
+            let (mut enc, _g) = self.lock_encoder()?;
+            let mut batch = self.take_open_batch(&mut enc);
+            if let Some(q) = &self.copy_queue {
+                batch.wait_transfer = batch.wait_transfer.max(q.last_submitted());
+            }
+            batch.external_signals.push((timeline, value));
+            self.submit_counted(&mut enc, batch)?;
+        }
+        self.drain()
+    }
+
+    /// Submits the open batch, then has the next batch on each queue wait for `timeline` to
+    /// reach `value`.
+    fn submit_then_wait(&self, timeline: &Arc<Timeline>, value: u64) -> Result<()> {
+        self.check_submits()?;
+        let (mut enc, _g) = self.lock_encoder()?;
+        // What was recorded before the call must not wait: a host read of it would then
+        // wait for the external value too.
+        if let Some(batch) = enc.open.take() {
+            self.submit_counted(&mut enc, batch)?;
+        }
+        enc.wait_next(timeline, value);
+        if let Some(q) = &self.copy_queue {
+            q.add_external_wait(timeline, value);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryLocation;
+    use crate::block::MemoryLocation;
 
     /// A batch that touches a buffer a transfer-queue copy used waits for that copy (the
     /// submit turns `wait_transfer` into a semaphore wait where the device has the queue).

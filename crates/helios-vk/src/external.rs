@@ -8,12 +8,13 @@
 //!   tensor), so their GPU accesses are tracked for the whole allocation: one set of marks,
 //!   one key in the encoder's hazard tracking. That can only add barriers and waits, never
 //!   miss one. The memory is freed once the `ExportedMemory` and every region are gone,
-//!   after the GPU's last use of it; no region ever returns to the pool.
+//!   after the GPU's last use of it (`ExportedBlock`, memory.rs); no region ever returns to
+//!   the pool.
 //! - External waits and signals ride on the encoder's batches, so they are ordered with
-//!   everything else by submission order: `signal_external` submits the open batch (or an
-//!   empty one) with the signal attached, after a wait for every copy on the transfer queue;
-//!   `wait_external` submits the open batch, so nothing recorded before the call waits, and
-//!   the next batch on each queue waits (at all stages) for the value.
+//!   everything else by submission order (encoder.rs): `signal_external` submits the open
+//!   batch (or an empty one) with the signal attached, after a wait for every copy on the
+//!   transfer queue; `wait_external` submits the open batch, so nothing recorded before the
+//!   call waits, and the next batch on each queue waits (at all stages) for the value.
 //!
 //! The rule for host waits (`wait`, `synchronize`, read-backs): a host wait for GPU work
 //! recorded after `wait_external(t, v)` blocks until `t` reaches `v`, as that work does. A
@@ -35,9 +36,11 @@ use std::time::Duration;
 
 use ash::vk;
 
-use crate::context::Context;
+use crate::block::Block;
+use crate::core::Core;
 use crate::error::{vk_err, Error, Result};
-use crate::memory::{Allocated, Block, Buffer, Marks};
+use crate::memory::{Buffer, ExportedBlock};
+use crate::owner::Owner;
 
 /// Regions start at multiples of this (or of minStorageBufferOffsetAlignment, if larger):
 /// what pool regions guarantee, enough for 16-byte vector access and for descriptors.
@@ -52,61 +55,16 @@ pub struct ExportedMemory {
     size: u64,
 }
 
-/// The allocation behind an `ExportedMemory` and its regions (each holds it).
-pub(crate) struct ExportedBlock {
-    ctx: Arc<Context>,
-    block: Arc<Block>,
-    /// GPU accesses through any region.
-    marks: Marks,
-    allocated: Allocated,
-}
-
-impl ExportedBlock {
-    pub(crate) fn context(&self) -> &Arc<Context> {
-        &self.ctx
-    }
-
-    pub(crate) fn block(&self) -> &Arc<Block> {
-        &self.block
-    }
-
-    pub(crate) fn marks(&self) -> &Marks {
-        &self.marks
-    }
-}
-
-impl Drop for ExportedBlock {
-    fn drop(&mut self) {
-        let ctx = &self.ctx;
-        ctx.exported_bytes
-            .fetch_sub(self.allocated.size, Ordering::Relaxed);
-        // Freeing memory the GPU still uses is illegal: wait for the last use on both queues.
-        let compute = self.marks.last_use();
-        let idle = match compute {
-            0 => Ok(()),
-            v => ctx.wait(v),
-        }
-        .and_then(|_| ctx.wait_copies(self.marks.transfer_use()));
-        match idle {
-            // SAFETY: no region is left (each holds this), the GPU is done with the memory.
-            Ok(()) => unsafe { self.block.destroy(ctx.device()) },
-            // A drop inside a recording closure, or a lost device: freed with the Context,
-            // after it waited for the device to go idle.
-            Err(_) => ctx.defer_destroy(Arc::clone(&self.block)),
-        }
-    }
-}
-
 impl ExportedMemory {
     /// A new fd for the allocation (`vkGetMemoryFdKHR`), owned by the caller: an importer
     /// such as `cuImportExternalMemory` takes it over on success; close it on failure.
     pub fn fd(&self) -> Result<OwnedFd> {
-        let ctx = &self.shared.ctx;
-        let Some(ext) = &ctx.external_memory_fd else {
-            return Err(ctx.export_unsupported(Shared::Memory));
+        let core = self.shared.context().core();
+        let Some(ext) = &core.external_memory_fd else {
+            return Err(export_unsupported(core, Shared::Memory));
         };
         let info = vk::MemoryGetFdInfoKHR::default()
-            .memory(self.shared.block.memory())
+            .memory(self.shared.block().memory())
             .handle_type(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
         // SAFETY: the memory was allocated exportable as an opaque fd on this device.
         let fd = unsafe { ext.get_memory_fd(&info) }.map_err(vk_err("vkGetMemoryFdKHR"))?;
@@ -122,7 +80,7 @@ impl ExportedMemory {
     /// The VkDeviceMemory's size, which an importer must pass (CUDA's
     /// `CUDA_EXTERNAL_MEMORY_HANDLE_DESC::size`); at least `size()`.
     pub fn allocation_size(&self) -> u64 {
-        self.shared.allocated.size
+        self.shared.allocated().size
     }
 
     /// Always true: the allocation is dedicated to its buffer
@@ -133,24 +91,24 @@ impl ExportedMemory {
 
     /// The memory type index, which a Vulkan importer of an opaque fd must repeat.
     pub fn memory_type_index(&self) -> u32 {
-        self.shared.allocated.memory_type
+        self.shared.allocated().memory_type
     }
 
     /// The VkBuffer over the whole allocation, and its size (`size()` rounded up to
     /// `REGION_ALIGN`). A Vulkan importer of the fd binds a buffer made like it: this size,
     /// `BUFFER_USAGE`, the sharing of `Context::queue_families`.
     pub fn raw_buffer(&self) -> (vk::Buffer, u64) {
-        (self.shared.block.raw, self.shared.block.size)
+        (self.shared.block().raw, self.shared.block().size)
     }
 
     /// GPU address of byte 0 (a region's is this plus its offset).
     pub fn device_address(&self) -> u64 {
-        self.shared.block.address
+        self.shared.block().address
     }
 
     /// The alignment `region` offsets need.
     pub fn alignment(&self) -> u64 {
-        self.shared.ctx.region_alignment()
+        region_alignment(self.shared.context().core())
     }
 
     /// A `Buffer` over bytes `[offset, offset + size)`, used like any other (kernels,
@@ -166,7 +124,7 @@ impl ExportedMemory {
                 align,
             });
         }
-        let block_size = self.shared.block.size;
+        let block_size = self.shared.block().size;
         let inside = offset
             .checked_add(size)
             .is_some_and(|end| end <= self.size && offset < block_size);
@@ -207,7 +165,7 @@ pub struct ExternalTimeline {
 
 /// The semaphore; batches that wait for or signal it hold it until they complete.
 pub(crate) struct Timeline {
-    ctx: Arc<Context>,
+    ctx: Arc<dyn Owner>,
     pub(crate) raw: vk::Semaphore,
     exportable: bool,
     /// The largest value signalled from this process (GPU or host): a later signal must be
@@ -218,7 +176,7 @@ pub(crate) struct Timeline {
 impl Drop for Timeline {
     fn drop(&mut self) {
         // SAFETY: every batch that used the semaphore held this and has completed.
-        unsafe { self.ctx.device().destroy_semaphore(self.raw, None) };
+        unsafe { self.ctx.core().device().destroy_semaphore(self.raw, None) };
     }
 }
 
@@ -228,13 +186,14 @@ impl ExternalTimeline {
     /// takes it over on success).
     pub fn fd(&self) -> Result<OwnedFd> {
         let t = &self.shared;
-        let ext = match (&t.ctx.external_semaphore_fd, t.exportable) {
+        let core = t.ctx.core();
+        let ext = match (&core.external_semaphore_fd, t.exportable) {
             (Some(ext), true) => ext,
-            (None, _) => return Err(t.ctx.export_unsupported(Shared::Timeline)),
+            (None, _) => return Err(export_unsupported(core, Shared::Timeline)),
             (Some(_), false) => {
                 return Err(Error::ExportUnsupported {
                     what: "this timeline semaphore",
-                    device: t.ctx.caps().name.clone(),
+                    device: core.caps().name.clone(),
                     reason: "it was made by create_timeline; make it with export_timeline".into(),
                 })
             }
@@ -268,7 +227,8 @@ impl ExternalTimeline {
             .semaphore(t.raw)
             .value(value);
         // SAFETY: a timeline semaphore of this device; the value was checked to increase.
-        unsafe { t.ctx.device().signal_semaphore(&info) }.map_err(vk_err("vkSignalSemaphore"))
+        unsafe { t.ctx.core().device().signal_semaphore(&info) }
+            .map_err(vk_err("vkSignalSemaphore"))
     }
 
     /// Blocks until the semaphore reaches `value` or `timeout` passes; whether it did.
@@ -281,7 +241,7 @@ impl ExternalTimeline {
             .values(&values);
         let ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         // SAFETY: a timeline semaphore of this device; the timeout bounds the wait.
-        match unsafe { t.ctx.device().wait_semaphores(&info, ns) } {
+        match unsafe { t.ctx.core().device().wait_semaphores(&info, ns) } {
             Ok(()) => Ok(true),
             Err(vk::Result::TIMEOUT) => Ok(false),
             Err(r) => Err(Error::vk("vkWaitSemaphores", r)),
@@ -304,14 +264,19 @@ impl std::fmt::Debug for ExternalTimeline {
 }
 
 impl Timeline {
-    fn value(&self) -> Result<u64> {
+    pub(crate) fn value(&self) -> Result<u64> {
         // SAFETY: a timeline semaphore of this device.
-        unsafe { self.ctx.device().get_semaphore_counter_value(self.raw) }
-            .map_err(vk_err("vkGetSemaphoreCounterValue"))
+        unsafe {
+            self.ctx
+                .core()
+                .device()
+                .get_semaphore_counter_value(self.raw)
+        }
+        .map_err(vk_err("vkGetSemaphoreCounterValue"))
     }
 
     /// Records `value` as signalled, if it exceeds every value signalled or reached so far.
-    fn claim(&self, value: u64, what: &'static str) -> Result<()> {
+    pub(crate) fn claim(&self, value: u64, what: &'static str) -> Result<()> {
         let current = self.value()?.max(self.signalled.load(Ordering::Acquire));
         if value <= current {
             return Err(Error::TimelineValue {
@@ -366,213 +331,144 @@ impl ExternalWaits {
 /// submitted before it on the queue has completed.
 pub(crate) type ExternalSignals = Vec<(Arc<Timeline>, u64)>;
 
-impl Context {
-    /// An allocation of `size` bytes exportable as an opaque fd: dedicated, device-local,
-    /// with one buffer of the usage every Helios buffer has (storage, transfers, device
-    /// address). Errors where the driver cannot export (see `EnabledFeatures::export_memory`).
-    pub fn export_memory(self: &Arc<Self>, size: u64) -> Result<ExportedMemory> {
-        if !self.enabled().export_memory {
-            return Err(self.export_unsupported(Shared::Memory));
+/// `Context::export_memory`, made on `ctx`; `empty_cache` gives memory cached by the pools
+/// back to the driver.
+pub(crate) fn export_memory(
+    ctx: Arc<dyn Owner>,
+    size: u64,
+    empty_cache: impl FnOnce() -> Result<()>,
+) -> Result<ExportedMemory> {
+    let (core, pools) = (ctx.core(), ctx.pools());
+    if !core.enabled().export_memory {
+        return Err(export_unsupported(core, Shared::Memory));
+    }
+    // Regions round their ends up to REGION_ALIGN (what a descriptor binds), so the
+    // buffer covers that; a VkBuffer may not be empty. (Past u64, the rounding stops
+    // short and the allocation fails as too large.)
+    let bytes =
+        (size.saturating_add(REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN).max(REGION_ALIGN);
+    if let Some(max) = core.caps().limits.max_buffer_size {
+        if bytes > max {
+            return Err(Error::BufferTooLarge {
+                requested: size,
+                limit: max,
+                limit_name: "maxBufferSize",
+            });
         }
-        // Regions round their ends up to REGION_ALIGN (what a descriptor binds), so the
-        // buffer covers that; a VkBuffer may not be empty. (Past u64, the rounding stops
-        // short and the allocation fails as too large.)
-        let bytes =
-            (size.saturating_add(REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN).max(REGION_ALIGN);
-        if let Some(max) = self.caps().limits.max_buffer_size {
-            if bytes > max {
-                return Err(Error::BufferTooLarge {
-                    requested: size,
-                    limit: max,
-                    limit_name: "maxBufferSize",
-                });
-            }
+    }
+    let made = match Block::new_exported(core, pools.next_block_id(), bytes) {
+        // Memory cached by the pool may be what is missing: give it back, try once more.
+        Err(Error::OutOfMemory { .. }) => {
+            empty_cache()?;
+            Block::new_exported(core, pools.next_block_id(), bytes)
         }
-        let made = match Block::new_exported(self, self.next_block_id(), bytes) {
-            // Memory cached by the pool may be what is missing: give it back, try once more.
-            Err(Error::OutOfMemory { .. }) => {
-                self.empty_cache()?;
-                Block::new_exported(self, self.next_block_id(), bytes)
-            }
-            made => made,
-        };
-        let (block, allocated) = made?;
-        self.exported_bytes
-            .fetch_add(allocated.size, Ordering::Relaxed);
-        Ok(ExportedMemory {
-            shared: Arc::new(ExportedBlock {
-                ctx: Arc::clone(self),
-                block: Arc::new(block),
-                marks: Marks::default(),
-                allocated,
-            }),
-            size,
-        })
-    }
+        made => made,
+    };
+    let (block, allocated) = made?;
+    pools
+        .exported_bytes
+        .fetch_add(allocated.size, Ordering::Relaxed);
+    Ok(ExportedMemory {
+        shared: Arc::new(ExportedBlock::new(ctx, block, allocated)),
+        size,
+    })
+}
 
-    /// The alignment of exported regions: `REGION_ALIGN` or the device's
-    /// minStorageBufferOffsetAlignment, whichever is larger.
-    pub fn region_alignment(&self) -> u64 {
-        REGION_ALIGN.max(self.caps().limits.min_storage_buffer_offset_alignment)
-    }
+/// The alignment of exported regions: `REGION_ALIGN` or the device's
+/// minStorageBufferOffsetAlignment, whichever is larger.
+pub(crate) fn region_alignment(core: &Core) -> u64 {
+    REGION_ALIGN.max(core.caps().limits.min_storage_buffer_offset_alignment)
+}
 
-    /// A timeline semaphore (initial value 0) exportable as an opaque fd, for another API to
-    /// import (`ExternalTimeline::fd`). Errors where the driver cannot export one (see
-    /// `EnabledFeatures::export_timeline`).
-    pub fn export_timeline(&self) -> Result<ExternalTimeline> {
-        if !self.enabled().export_timeline {
-            return Err(self.export_unsupported(Shared::Timeline));
-        }
-        self.new_timeline(true)
+/// `Context::export_timeline`, made on `ctx`.
+pub(crate) fn export_timeline(ctx: Arc<dyn Owner>) -> Result<ExternalTimeline> {
+    if !ctx.core().enabled().export_timeline {
+        return Err(export_unsupported(ctx.core(), Shared::Timeline));
     }
+    new_timeline(ctx, true)
+}
 
-    /// A timeline semaphore (initial value 0) that is not exportable, on any device: for
-    /// ordering Helios's work against the host or another thread (`ExternalTimeline::signal`)
-    /// with the same calls as an exported one.
-    pub fn create_timeline(&self) -> Result<ExternalTimeline> {
-        self.new_timeline(false)
-    }
+/// `Context::import_timeline`, made on `ctx`.
+pub(crate) fn import_timeline(ctx: Arc<dyn Owner>, fd: OwnedFd) -> Result<ExternalTimeline> {
+    let Some(ext) = &ctx.core().external_semaphore_fd else {
+        return Err(export_unsupported(ctx.core(), Shared::Timeline));
+    };
+    let t = new_timeline(Arc::clone(&ctx), false)?;
+    let info = vk::ImportSemaphoreFdInfoKHR::default()
+        .semaphore(t.shared.raw)
+        .handle_type(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD)
+        .fd(fd.as_raw_fd());
+    // SAFETY: a timeline semaphore of this device not yet used; on success the driver
+    // owns the fd, so it is forgotten here (closed by the OwnedFd only on failure).
+    unsafe { ext.import_semaphore_fd(&info) }.map_err(vk_err("vkImportSemaphoreFdKHR"))?;
+    std::mem::forget(fd);
+    Ok(t)
+}
 
-    /// A timeline semaphore whose payload is the one behind `fd` (an opaque fd from
-    /// `ExternalTimeline::fd` of another device or process, or from CUDA): waits and signals
-    /// here order against the other side's. The fd is consumed, also on failure.
-    pub fn import_timeline(&self, fd: OwnedFd) -> Result<ExternalTimeline> {
-        let Some(ext) = &self.external_semaphore_fd else {
-            return Err(self.export_unsupported(Shared::Timeline));
-        };
-        let t = self.new_timeline(false)?;
-        let info = vk::ImportSemaphoreFdInfoKHR::default()
-            .semaphore(t.shared.raw)
-            .handle_type(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD)
-            .fd(fd.as_raw_fd());
-        // SAFETY: a timeline semaphore of this device not yet used; on success the driver
-        // owns the fd, so it is forgotten here (closed by the OwnedFd only on failure).
-        unsafe { ext.import_semaphore_fd(&info) }.map_err(vk_err("vkImportSemaphoreFdKHR"))?;
-        std::mem::forget(fd);
+/// A timeline semaphore made on `ctx` (`Context::create_timeline` where not `export`).
+pub(crate) fn new_timeline(ctx: Arc<dyn Owner>, export: bool) -> Result<ExternalTimeline> {
+    let mut type_info = vk::SemaphoreTypeCreateInfo::default()
+        .semaphore_type(vk::SemaphoreType::TIMELINE)
+        .initial_value(0);
+    let mut export_info = vk::ExportSemaphoreCreateInfo::default()
+        .handle_types(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD);
+    let info = vk::SemaphoreCreateInfo::default().push_next(&mut type_info);
+    let info = match export {
+        true => info.push_next(&mut export_info),
+        false => info,
+    };
+    // SAFETY: valid device; timeline semaphores are enabled, and the export struct is
+    // chained only where VK_KHR_external_semaphore_fd is (checked by the caller).
+    let raw = unsafe { ctx.core().device().create_semaphore(&info, None) }
+        .map_err(vk_err("vkCreateSemaphore(external timeline)"))?;
+    ctx.core().set_name(raw, "helios external timeline");
+    Ok(ExternalTimeline {
+        shared: Arc::new(Timeline {
+            ctx,
+            raw,
+            exportable: export,
+            signalled: AtomicU64::new(0),
+        }),
+    })
+}
+
+/// The semaphore of `timeline`, made on the Context whose core is `core`.
+pub(crate) fn own_timeline<'t>(
+    core: &Core,
+    timeline: &'t ExternalTimeline,
+) -> Result<&'t Arc<Timeline>> {
+    let t = &timeline.shared;
+    if std::ptr::eq(t.ctx.core(), core) {
         Ok(t)
-    }
-
-    fn new_timeline(&self, export: bool) -> Result<ExternalTimeline> {
-        let mut type_info = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(0);
-        let mut export_info = vk::ExportSemaphoreCreateInfo::default()
-            .handle_types(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD);
-        let info = vk::SemaphoreCreateInfo::default().push_next(&mut type_info);
-        let info = match export {
-            true => info.push_next(&mut export_info),
-            false => info,
-        };
-        // SAFETY: valid device; timeline semaphores are enabled, and the export struct is
-        // chained only where VK_KHR_external_semaphore_fd is (checked by the caller).
-        let raw = unsafe { self.device().create_semaphore(&info, None) }
-            .map_err(vk_err("vkCreateSemaphore(external timeline)"))?;
-        self.set_name(raw, "helios external timeline");
-        let ctx = self.me.upgrade().expect("a Context in use has a handle");
-        Ok(ExternalTimeline {
-            shared: Arc::new(Timeline {
-                ctx,
-                raw,
-                exportable: export,
-                signalled: AtomicU64::new(0),
-            }),
+    } else {
+        Err(Error::ForeignObject {
+            what: "the external timeline",
         })
     }
+}
 
-    /// Has `timeline` reach `value` on the GPU once all work submitted so far has finished:
-    /// on the compute queue, and on the transfer queue where there is one. Submits the open
-    /// batch; the host does not wait. `value` must exceed every value signalled so far.
-    pub fn signal_external(&self, timeline: &ExternalTimeline, value: u64) -> Result<()> {
-        let t = self.own_timeline(timeline)?;
-        t.claim(value, "signal_external")?;
-        self.submit_signal(Arc::clone(t), value)
-    }
-
-    /// Has every GPU command recorded after this call wait, on the GPU, until `timeline`
-    /// reaches `value` (the next batch on each queue waits at all stages). Submits the open
-    /// batch first, so nothing recorded before waits; the host does not wait. See the module
-    /// documentation for what this means for host waits and read-backs.
-    pub fn wait_external(&self, timeline: &ExternalTimeline, value: u64) -> Result<()> {
-        let t = self.own_timeline(timeline)?;
-        if value <= t.value()? {
-            return Ok(()); // reached already, and a timeline never goes back
-        }
-        self.submit_then_wait(t, value)
-    }
-
-    /// Submits the open batch (an empty one if none is open) with `timeline` to be signalled
-    /// to `value`, after a wait for every copy submitted to the transfer queue: the signal
-    /// follows all work submitted so far on both queues.
-    fn submit_signal(&self, timeline: Arc<Timeline>, value: u64) -> Result<()> {
-        self.check_submits()?;
-        {
-            let (mut enc, _g) = self.lock_encoder()?;
-            let mut batch = self.take_open_batch(&mut enc);
-            if let Some(q) = &self.copy_queue {
-                batch.wait_transfer = batch.wait_transfer.max(q.last_submitted());
-            }
-            batch.external_signals.push((timeline, value));
-            self.submit_counted(&mut enc, batch)?;
-        }
-        self.drain()
-    }
-
-    /// Submits the open batch, then has the next batch on each queue wait for `timeline` to
-    /// reach `value`.
-    fn submit_then_wait(&self, timeline: &Arc<Timeline>, value: u64) -> Result<()> {
-        self.check_submits()?;
-        let (mut enc, _g) = self.lock_encoder()?;
-        // What was recorded before the call must not wait: a host read of it would then
-        // wait for the external value too.
-        if let Some(batch) = enc.open.take() {
-            self.submit_counted(&mut enc, batch)?;
-        }
-        enc.wait_next(timeline, value);
-        if let Some(q) = &self.copy_queue {
-            q.add_external_wait(timeline, value);
-        }
-        Ok(())
-    }
-
-    fn own_timeline<'t>(&self, timeline: &'t ExternalTimeline) -> Result<&'t Arc<Timeline>> {
-        let t = &timeline.shared;
-        if std::ptr::eq(Arc::as_ptr(&t.ctx), self) {
-            Ok(t)
-        } else {
-            Err(Error::ForeignObject {
-                what: "the external timeline",
-            })
-        }
-    }
-
-    /// Why `what` cannot be exported here.
-    fn export_unsupported(&self, what: Shared) -> Error {
-        let x = &self.caps().external;
-        let (listed, support, ext, what) = match what {
-            Shared::Memory => (x.memory_fd, x.memory, "VK_KHR_external_memory_fd", "memory"),
-            Shared::Timeline => (
-                x.semaphore_fd,
-                x.timeline,
-                "VK_KHR_external_semaphore_fd",
-                "a timeline semaphore",
-            ),
-        };
-        let reason = if !listed {
-            format!("its driver does not offer {ext}")
-        } else if !support.exportable {
-            format!("its driver offers {ext} but cannot export {what} of the kind Helios uses as an opaque fd")
-        } else {
-            format!("{ext} is not enabled on this context")
-        };
-        Error::ExportUnsupported {
-            what,
-            device: self.caps().name.clone(),
-            reason,
-        }
-    }
-
-    /// Bytes in exported allocations (not part of the pool's).
-    pub(crate) fn exported(&self) -> u64 {
-        self.exported_bytes.load(Ordering::Relaxed)
+/// Why `what` cannot be exported here.
+fn export_unsupported(core: &Core, what: Shared) -> Error {
+    let x = &core.caps().external;
+    let (listed, support, ext, what) = match what {
+        Shared::Memory => (x.memory_fd, x.memory, "VK_KHR_external_memory_fd", "memory"),
+        Shared::Timeline => (
+            x.semaphore_fd,
+            x.timeline,
+            "VK_KHR_external_semaphore_fd",
+            "a timeline semaphore",
+        ),
+    };
+    let reason = if !listed {
+        format!("its driver does not offer {ext}")
+    } else if !support.exportable {
+        format!("its driver offers {ext} but cannot export {what} of the kind Helios uses as an opaque fd")
+    } else {
+        format!("{ext} is not enabled on this context")
+    };
+    Error::ExportUnsupported {
+        what,
+        device: core.caps().name.clone(),
+        reason,
     }
 }

@@ -1,9 +1,9 @@
 //! Hazard tracking: what the dispatches since the last barrier read and wrote, so that the
-//! encoder (encoder.rs) inserts a barrier only where a new access overlaps an earlier write,
-//! or writes over an earlier read.
+//! open batch (batch.rs) gets a barrier only where a new access overlaps an earlier write, or
+//! writes over an earlier read.
 
 /// What the tracker needs of one access: the pool region it touches, its absolute byte
-/// range there, and whether it writes (encoder.rs's `Access` of a buffer).
+/// range there, and whether it writes (batch.rs's `Access` of a buffer).
 pub(crate) trait Touch {
     fn span(&self) -> (RegionKey, u64, u64);
     fn writes(&self) -> bool;

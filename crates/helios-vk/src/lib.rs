@@ -15,15 +15,20 @@
 //! `Context::launch_native`), so they mix freely in one batch, ordered by the same hazard
 //! tracking, over the same buffers.
 //!
-//! How the modules relate: `instance` loads Vulkan; `probe` (with `coopmat2`) fills [`Caps`]
-//! for each device, `adapter` picks one and `features` decides what to enable. [`Context`]
-//! then owns everything made on that device: buffers (`memory`, carved by `pool` from large
-//! blocks), pipelines (`pipeline`, `pipeline_cache`, `native`, `executable`), the encoder
-//! (`encoder` decides batches, `hazards` where barriers go, `recorder` writes command
-//! buffers, `worker` and `submit` submit them on the timeline), host transfers (`transfer`,
-//! `copy_queue`), sharing with CUDA (`external`: exported memory and timelines) and timing
-//! (`profile`, `timer`). `caps`, `conv` and `env` are plain data and pure functions; `sync`
-//! holds the lock helpers.
+//! How the modules relate, in three layers. Below the Context: `instance` loads Vulkan;
+//! `probe` (with `coopmat2`) fills [`Caps`] for each device, `adapter` picks one and
+//! `features` decides what to enable; `core` holds the logical device made from them. The
+//! parts take that core, never the Context: memory (`block` allocates from the driver, `pool`
+//! carves and recycles, `memory` has the buffers), kernels (`pipeline`, `pipeline_cache`,
+//! `executable`, `native`), sharing with CUDA (`external`), the open batch (`batch`, with
+//! `hazards` deciding its barriers, `commands` listing and replaying its commands,
+//! `recorder` checking and adding them), the queues (`queue`) and the submit thread
+//! (`worker`). Objects made on a Context keep it alive through `owner`. In the middle,
+//! [`Context`] (`context`) composes the core and the parts. Above it are its methods that use
+//! several parts: recording (`encoder`), submitting and waiting (`submit`), copies on the
+//! transfer queue (`copy_queue`), host transfers (`transfer`), GPU timers (`timer`) and
+//! making objects (`objects`). `caps`, `conv` and `env` are plain data and pure functions,
+//! `sync` holds the lock helpers and `profile` the dispatch timestamps.
 //!
 //! ```no_run
 //! # fn main() -> helios_vk::Result<()> {
@@ -34,12 +39,16 @@
 //! ```
 
 mod adapter;
+mod batch;
+mod block;
 mod caps;
+mod commands;
 mod compile_pool;
 mod context;
 pub mod conv;
 mod coopmat2;
 mod copy_queue;
+mod core;
 mod encoder;
 pub mod env;
 mod error;
@@ -50,11 +59,14 @@ mod hazards;
 mod instance;
 mod memory;
 mod native;
+mod objects;
+mod owner;
 mod pipeline;
 mod pipeline_cache;
 mod pool;
 mod probe;
 mod profile;
+mod queue;
 mod recorder;
 mod submit;
 pub mod sync;
@@ -63,20 +75,23 @@ mod transfer;
 mod worker;
 
 pub use adapter::{select_adapter, select_adapter_from_env, Adapter};
+pub use batch::{Access, EncoderStats, DEFAULT_BATCH};
+pub use block::{choose_memory_type, MemoryLocation};
 pub use caps::{
     Caps, CooperativeMatrixShape, DeviceType, External, ExternalSupport, Features, Limits,
     MemoryHeap, MemoryType, QueueFamily, Subgroup,
 };
+pub use commands::submit_compile_waits;
 pub use compile_pool::stop_compiles;
 pub use context::{pick_queue_family, pick_transfer_family, Context, ContextOptions};
 pub use coopmat2::{CooperativeMatrix2, FlexibleShape};
-pub use encoder::{Access, EncoderStats, SubmitHold, DEFAULT_BATCH};
+pub use encoder::SubmitHold;
 pub use error::{Error, Result};
 pub use executable::{ExecutableCapture, ExecutableStats, StatValue, HELIOS_PIPELINE_STATS};
 pub use external::{ExportedMemory, ExternalTimeline, REGION_ALIGN};
 pub use features::EnabledFeatures;
 pub use instance::{Instance, InstanceOptions};
-pub use memory::{choose_memory_type, Buffer, MemoryLocation};
+pub use memory::Buffer;
 pub use native::{NativeArg, NativeKernel, MAX_NATIVE_BLOCK_THREADS, MAX_NATIVE_PARAM_BYTES};
 pub use pipeline::{Pipeline, PipelineDesc};
 pub use pipeline_cache::{
@@ -87,7 +102,6 @@ pub use probe::BUFFER_USAGE;
 pub use profile::{
     ProfileReport, ProfileRow, Profiler, Span, HELIOS_PROFILE, MAX_POOLS, QUERIES_PER_POOL,
 };
-pub use recorder::submit_compile_waits;
 pub use recorder::{Recorder, MAX_COPY_REGION};
 pub use timer::{GpuSpan, GpuTimer};
 pub use transfer::{Snapshot, STAGING_CHUNK};

@@ -20,12 +20,11 @@ use std::time::{Duration, Instant};
 
 use crate::caps::{Caps, Limits};
 use crate::compile_pool::Slot;
-use crate::context::Context;
-use crate::encoder::{Access, Stage};
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::features::EnabledFeatures;
 use crate::memory::Buffer;
-use crate::recorder;
+use crate::owner::Owner;
 
 /// Most bytes of kernel parameters: CUDA's classic limit for a launch's `.param` space.
 pub const MAX_NATIVE_PARAM_BYTES: usize = 4096;
@@ -244,7 +243,7 @@ pub(crate) fn load(
 /// A CUDA kernel JIT-compiled from PTX by the driver, launched with `Context::launch_native`.
 /// Batches that use it keep it alive until they complete.
 pub struct NativeKernel {
-    ctx: Arc<Context>,
+    ctx: Arc<dyn Owner>,
     name: String,
     entry: String,
     /// Filled by the JIT, at creation or on the compile pool (`create_native_kernel_deferred`).
@@ -265,21 +264,15 @@ pub(crate) fn function(slot: &NativeSlot) -> Result<vk::CuFunctionNVX> {
         .map_err(|(call, r)| Error::vk(call, r))
 }
 
-impl Context {
-    /// Whether `create_native_kernel` can work here (VK_NVX_binary_import is enabled).
-    pub fn has_native_kernels(&self) -> bool {
-        self.native.is_some()
-    }
-
-    /// Compiles `ptx` (PTX text, as `ptxas` would take it) with the driver's JIT and looks up
-    /// its `.entry` called `entry`. `name` is shown in errors and profiles.
-    pub fn create_native_kernel(
-        self: &Arc<Self>,
+impl NativeKernel {
+    /// `Context::create_native_kernel` on `ctx`: JIT-compiled before this returns.
+    pub(crate) fn create(
+        ctx: Arc<dyn Owner>,
         ptx: &str,
         entry: &str,
         name: &str,
     ) -> Result<Arc<NativeKernel>> {
-        let (kernel, jit) = self.native_parts(ptx, entry, name)?;
+        let (kernel, jit) = NativeKernel::parts(ctx, ptx, entry, name)?;
         jit(false);
         match kernel.slot.wait() {
             Ok(_) => Ok(kernel),
@@ -297,34 +290,32 @@ impl Context {
         }
     }
 
-    /// `create_native_kernel` with the JIT on the native lane of the compile pool: it can be
-    /// launched at once, and the batch that launches it waits for it when submitted (as
-    /// deferred pipelines do). The lane JIT-compiles one module at a time, the `urgent` ones
-    /// (a program about to launch them) before the others. A JIT that fails fails that
-    /// batch's submit.
-    pub fn create_native_kernel_deferred(
-        self: &Arc<Self>,
+    /// `Context::create_native_kernel_deferred` on `ctx`: JIT-compiled on the native lane
+    /// of the compile pool.
+    pub(crate) fn create_deferred(
+        ctx: Arc<dyn Owner>,
         ptx: &str,
         entry: &str,
         name: &str,
         urgent: bool,
     ) -> Result<Arc<NativeKernel>> {
-        let (kernel, jit) = self.native_parts(ptx, entry, name)?;
+        let (kernel, jit) = NativeKernel::parts(ctx, ptx, entry, name)?;
         crate::compile_pool::spawn_native(Box::new(jit), urgent);
         Ok(kernel)
     }
 
     /// A native kernel with its slot empty, and the JIT that fills it.
-    fn native_parts(
-        self: &Arc<Self>,
+    fn parts(
+        ctx: Arc<dyn Owner>,
         ptx: &str,
         entry: &str,
         name: &str,
     ) -> Result<(Arc<NativeKernel>, impl FnOnce(bool) + Send + 'static)> {
-        if self.native.is_none() {
+        let core = ctx.core();
+        if core.native.is_none() {
             return Err(Error::NativeUnavailable {
-                device: self.caps().name.clone(),
-                reason: self
+                device: core.caps().name.clone(),
+                reason: core
                     .native_off
                     .clone()
                     .unwrap_or_else(|| "VK_NVX_binary_import is off".into()),
@@ -343,12 +334,11 @@ impl Context {
         data.shrink_to_fit();
         let slot = Arc::new(NativeSlot::default());
         let kernel = Arc::new(NativeKernel {
-            ctx: Arc::clone(self),
+            ctx: Arc::clone(&ctx),
             name: name.to_owned(),
             entry: entry.to_owned(),
             slot: slot.clone(),
         });
-        let ctx = Arc::clone(self);
         let name = name.to_owned();
         let jit = move |stopping: bool| {
             if stopping {
@@ -359,100 +349,74 @@ impl Context {
                 return;
             }
             let started = Instant::now();
-            let r = ctx.jit(&data, &entry_c);
+            let core = ctx.core();
+            let r = jit_module(core, &data, &entry_c);
             if let Ok((module, function, _)) = r {
-                ctx.pipeline_cache.record_creation(&name, true, started);
-                ctx.set_name(module, &name);
-                ctx.set_name(function, &name);
+                core.pipeline_cache.record_creation(&name, true, started);
+                core.set_name(module, &name);
+                core.set_name(function, &name);
             }
             slot.set(r);
         };
         Ok((kernel, jit))
     }
+}
 
-    /// The driver's JIT of `data` (PTX, NUL-terminated) and the lookup of `entry`.
-    fn jit(&self, data: &[u8], entry: &CString) -> Jitted {
-        let nvx = self.native.as_ref().expect("checked by native_parts");
-        let fp = nvx.fp();
-        let device = self.device().handle();
-        let started = Instant::now();
-        let info = vk::CuModuleCreateInfoNVX::default().data(data);
-        let mut module = vk::CuModuleNVX::null();
-        // SAFETY: the extension is enabled and its entry points checked (`load`); `info`
-        // points at `data`, alive for the call.
-        let r = unsafe { (fp.create_cu_module_nvx)(device, &info, std::ptr::null(), &mut module) };
-        if r != vk::Result::SUCCESS {
-            return Err(("vkCreateCuModuleNVX", r));
-        }
-        let info = vk::CuFunctionCreateInfoNVX::default()
-            .module(module)
-            .name(entry);
-        let mut function = vk::CuFunctionNVX::null();
-        // SAFETY: as above; the module was just created.
-        let r =
-            unsafe { (fp.create_cu_function_nvx)(device, &info, std::ptr::null(), &mut function) };
-        if r != vk::Result::SUCCESS {
-            // SAFETY: unused module of this device.
-            unsafe { (fp.destroy_cu_module_nvx)(device, module, std::ptr::null()) };
-            return Err(("vkCreateCuFunctionNVX", r));
-        }
-        Ok((module, function, started.elapsed()))
+/// The driver's JIT of `data` (PTX, NUL-terminated) and the lookup of `entry`.
+fn jit_module(core: &Core, data: &[u8], entry: &CString) -> Jitted {
+    let nvx = core
+        .native
+        .as_ref()
+        .expect("checked by NativeKernel::parts");
+    let fp = nvx.fp();
+    let device = core.device().handle();
+    let started = Instant::now();
+    let info = vk::CuModuleCreateInfoNVX::default().data(data);
+    let mut module = vk::CuModuleNVX::null();
+    // SAFETY: the extension is enabled and its entry points checked (`load`); `info`
+    // points at `data`, alive for the call.
+    let r = unsafe { (fp.create_cu_module_nvx)(device, &info, std::ptr::null(), &mut module) };
+    if r != vk::Result::SUCCESS {
+        return Err(("vkCreateCuModuleNVX", r));
     }
+    let info = vk::CuFunctionCreateInfoNVX::default()
+        .module(module)
+        .name(entry);
+    let mut function = vk::CuFunctionNVX::null();
+    // SAFETY: as above; the module was just created.
+    let r = unsafe { (fp.create_cu_function_nvx)(device, &info, std::ptr::null(), &mut function) };
+    if r != vk::Result::SUCCESS {
+        // SAFETY: unused module of this device.
+        unsafe { (fp.destroy_cu_module_nvx)(device, module, std::ptr::null()) };
+        return Err(("vkCreateCuFunctionNVX", r));
+    }
+    Ok((module, function, started.elapsed()))
+}
 
-    /// Records a launch of `kernel` on a `grid` of blocks of `block` threads, with
-    /// `shared_bytes` of dynamic shared memory and `params` by value, touching `accesses`.
-    /// Ordered against earlier work exactly like `dispatch` (a barrier only on a hazard, but
-    /// a full one).
-    pub fn launch_native(
-        &self,
-        kernel: &Arc<NativeKernel>,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared_bytes: u32,
-        params: &[NativeArg],
-        accesses: &[Access<'_>],
-    ) -> Result<()> {
-        self.check_native(kernel, grid, block, shared_bytes, params)?;
-        for a in accesses {
-            if !std::ptr::eq(a.buffer.context(), self) {
-                return Err(Error::ForeignObject {
-                    what: "a native launch's buffer",
-                });
-            }
-            a.buffer
-                .check_range("native launch access", a.offset, a.len)?;
-        }
-        self.with_batch(|batch| {
-            batch.order(Stage::Native, accesses);
-            recorder::record_native(self, batch, kernel, grid, block, shared_bytes, params);
-            Ok(())
-        })
+/// The checks of `Context::launch_native` shared with `Recorder::launch_native`, on the
+/// Context whose core is `core`.
+pub(crate) fn check_native(
+    core: &Core,
+    kernel: &NativeKernel,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_bytes: u32,
+    params: &[NativeArg],
+) -> Result<()> {
+    if !std::ptr::eq(kernel.core(), core) {
+        return Err(Error::InvalidLaunch {
+            kernel: kernel.name.clone(),
+            detail: "the kernel was created on a different Context".into(),
+        });
     }
-
-    /// The checks of `launch_native` shared with `Recorder::launch_native`.
-    pub(crate) fn check_native(
-        &self,
-        kernel: &NativeKernel,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared_bytes: u32,
-        params: &[NativeArg],
-    ) -> Result<()> {
-        if !std::ptr::eq(kernel.context(), self) {
-            return Err(Error::InvalidLaunch {
-                kernel: kernel.name.clone(),
-                detail: "the kernel was created on a different Context".into(),
-            });
-        }
-        check_launch(
-            &self.caps().limits,
-            &kernel.name,
-            grid,
-            block,
-            shared_bytes,
-            params,
-        )
-    }
+    check_launch(
+        &core.caps().limits,
+        &kernel.name,
+        grid,
+        block,
+        shared_bytes,
+        params,
+    )
 }
 
 impl NativeKernel {
@@ -491,20 +455,21 @@ impl NativeKernel {
         &self.slot
     }
 
-    pub(crate) fn context(&self) -> &Context {
-        &self.ctx
+    /// The device core of the Context it was made on (for checking that it is that one).
+    pub(crate) fn core(&self) -> &Core {
+        self.ctx.core()
     }
 }
 
 impl Drop for NativeKernel {
     fn drop(&mut self) {
-        let fp = self
-            .ctx
+        let core = self.ctx.core();
+        let fp = core
             .native
             .as_ref()
             .expect("a NativeKernel exists only where the extension is loaded")
             .fp();
-        let device = self.ctx.device().handle();
+        let device = core.device().handle();
         // A deferred JIT ends first; a failed one left nothing to destroy.
         let Ok((module, function, _)) = self.slot.wait() else {
             return;

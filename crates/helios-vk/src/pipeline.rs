@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::compile_pool::Slot;
-use crate::context::Context;
+use crate::core::Core;
 use crate::error::{vk_err, Error, Result};
+use crate::owner::Owner;
 
 const SPIRV_MAGIC: u32 = 0x0723_0203;
 
@@ -35,7 +36,7 @@ pub struct PipelineDesc<'a> {
 }
 
 pub struct Pipeline {
-    ctx: Arc<Context>,
+    ctx: Arc<dyn Owner>,
     name: String,
     /// The compiled pipeline, filled at creation or by a compile thread
     /// (`create_pipeline_deferred`).
@@ -58,35 +59,31 @@ pub(crate) fn handle(slot: &PipelineSlot) -> Result<vk::Pipeline> {
         .map_err(|r| Error::vk("vkCreateComputePipelines", r))
 }
 
-impl Context {
-    /// A compute pipeline, compiled before this returns (see `create_pipeline_deferred`).
-    pub fn create_pipeline(self: &Arc<Self>, desc: &PipelineDesc<'_>) -> Result<Arc<Pipeline>> {
-        let (pipeline, compile) = self.pipeline_parts(desc)?;
+impl Pipeline {
+    /// `Context::create_pipeline` on `ctx`: compiled before this returns.
+    pub(crate) fn create(ctx: Arc<dyn Owner>, desc: &PipelineDesc<'_>) -> Result<Arc<Pipeline>> {
+        let (pipeline, compile) = Pipeline::parts(ctx, desc)?;
         compile(false);
         handle(&pipeline.slot)?;
         Ok(pipeline)
     }
 
-    /// A compute pipeline whose compile runs on a pool of threads: it can be recorded at
-    /// once, and the batch that uses it waits for it when it is submitted (the submit
-    /// thread's wait, not the recording thread's). A program's first step asks for a hundred
-    /// pipelines one after another; a cold driver takes ~0.1 s for each, so compiling them
-    /// side by side is most of the first step's time saved. A compile that fails fails the
-    /// submit of the batch that uses it.
-    pub fn create_pipeline_deferred(
-        self: &Arc<Self>,
+    /// `Context::create_pipeline_deferred` on `ctx`: compiled on the compile pool.
+    pub(crate) fn create_deferred(
+        ctx: Arc<dyn Owner>,
         desc: &PipelineDesc<'_>,
     ) -> Result<Arc<Pipeline>> {
-        let (pipeline, compile) = self.pipeline_parts(desc)?;
+        let (pipeline, compile) = Pipeline::parts(ctx, desc)?;
         crate::compile_pool::spawn(Box::new(compile));
         Ok(pipeline)
     }
 
     /// A pipeline with its layouts made and its slot empty, and the compile that fills it.
-    fn pipeline_parts(
-        self: &Arc<Self>,
+    fn parts(
+        ctx: Arc<dyn Owner>,
         desc: &PipelineDesc<'_>,
     ) -> Result<(Arc<Pipeline>, impl FnOnce(bool) + Send + 'static)> {
+        let core = ctx.core();
         let invalid = |detail: String| Error::InvalidPipeline {
             pipeline: desc.name.to_owned(),
             detail,
@@ -96,7 +93,7 @@ impl Context {
                 "the code is not a SPIR-V module (no magic number)".into(),
             ));
         }
-        let max_push = self.caps().limits.max_push_constants_size;
+        let max_push = core.caps().limits.max_push_constants_size;
         if desc.push_constant_size > max_push {
             return Err(invalid(format!(
                 "needs {} bytes of push constants but the device allows {max_push}",
@@ -109,7 +106,7 @@ impl Context {
                 desc.push_constant_size
             )));
         }
-        if desc.storage_buffers > 0 && self.push_descriptor.is_none() {
+        if desc.storage_buffers > 0 && core.push_descriptor.is_none() {
             return Err(invalid(
                 "binds buffers through push descriptors, which this device lacks \
                  (VK_KHR_push_descriptor); use device-address kernels"
@@ -125,19 +122,18 @@ impl Context {
             )));
         }
 
-        let (set_layout, layout) = self.layouts(desc)?;
+        let (set_layout, layout) = layouts(core, desc)?;
         let slot = Arc::new(PipelineSlot::default());
         let pipeline = Arc::new(Pipeline {
-            ctx: Arc::clone(self),
+            ctx: Arc::clone(&ctx),
             name: desc.name.to_owned(),
             slot: slot.clone(),
             layout,
             set_layout,
             push_constant_size: desc.push_constant_size,
             storage_buffers: desc.storage_buffers,
-            create_flags: self.capture.create_flags(),
+            create_flags: core.capture.create_flags(),
         });
-        let ctx = Arc::clone(self);
         let spirv = desc.spirv.to_vec();
         let spec = desc.spec_constants.to_vec();
         let name = desc.name.to_owned();
@@ -147,126 +143,126 @@ impl Context {
                 return;
             }
             let started = Instant::now();
-            let r = ctx.compile_pipeline(&spirv, &entry, &spec, layout);
+            let core = ctx.core();
+            let r = compile_pipeline(core, &spirv, &entry, &spec, layout);
             if let Ok(raw) = r {
-                ctx.pipeline_cache.record_creation(&name, false, started);
-                ctx.set_name(raw, &name);
+                core.pipeline_cache.record_creation(&name, false, started);
+                core.set_name(raw, &name);
             }
             slot.set(r);
         };
         Ok((pipeline, compile))
     }
+}
 
-    /// The push-descriptor set layout (null without buffers bound so) and the pipeline
-    /// layout of `desc`.
-    fn layouts(
-        &self,
-        desc: &PipelineDesc<'_>,
-    ) -> Result<(vk::DescriptorSetLayout, vk::PipelineLayout)> {
-        let device = self.device();
-        let set_layout = if desc.storage_buffers > 0 {
-            let bindings: Vec<vk::DescriptorSetLayoutBinding> = (0..desc.storage_buffers)
-                .map(|b| {
-                    vk::DescriptorSetLayoutBinding::default()
-                        .binding(b)
-                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                        .descriptor_count(1)
-                        .stage_flags(vk::ShaderStageFlags::COMPUTE)
-                })
-                .collect();
-            let info = vk::DescriptorSetLayoutCreateInfo::default()
-                .flags(vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR)
-                .bindings(&bindings);
-            // SAFETY: valid device; push descriptors are enabled (checked by the caller).
-            unsafe { device.create_descriptor_set_layout(&info, None) }
-                .map_err(vk_err("vkCreateDescriptorSetLayout"))?
-        } else {
-            vk::DescriptorSetLayout::null()
-        };
-        let destroy_set_layout = || {
-            if set_layout != vk::DescriptorSetLayout::null() {
-                // SAFETY: not used by any pipeline.
-                unsafe { device.destroy_descriptor_set_layout(set_layout, None) };
-            }
-        };
-        let ranges = [vk::PushConstantRange {
-            stage_flags: vk::ShaderStageFlags::COMPUTE,
-            offset: 0,
-            size: desc.push_constant_size,
-        }];
-        let ranges: &[vk::PushConstantRange] = if desc.push_constant_size > 0 {
-            &ranges
-        } else {
-            &[]
-        };
-        let set_layouts = [set_layout];
-        let set_layouts: &[vk::DescriptorSetLayout] = if desc.storage_buffers > 0 {
-            &set_layouts
-        } else {
-            &[]
-        };
-        let layout_info = vk::PipelineLayoutCreateInfo::default()
-            .push_constant_ranges(ranges)
-            .set_layouts(set_layouts);
-        // SAFETY: valid device and create info.
-        match unsafe { device.create_pipeline_layout(&layout_info, None) } {
-            Ok(layout) => Ok((set_layout, layout)),
-            Err(r) => {
-                destroy_set_layout();
-                Err(Error::vk("vkCreatePipelineLayout", r))
-            }
-        }
-    }
-
-    /// Compiles the pipeline: the driver's work, the slow part.
-    fn compile_pipeline(
-        &self,
-        spirv: &[u32],
-        entry: &CString,
-        spec_constants: &[(u32, u32)],
-        layout: vk::PipelineLayout,
-    ) -> std::result::Result<vk::Pipeline, vk::Result> {
-        let device = self.device();
-        let module_info = vk::ShaderModuleCreateInfo::default().code(spirv);
-        // SAFETY: valid device; the code starts with the SPIR-V magic number (checked).
-        let module = unsafe { device.create_shader_module(&module_info, None) }?;
-
-        let entries: Vec<vk::SpecializationMapEntry> = (0u32..)
-            .zip(spec_constants)
-            .map(|(i, &(id, _))| vk::SpecializationMapEntry {
-                constant_id: id,
-                offset: 4 * i,
-                size: 4,
+/// The push-descriptor set layout (null without buffers bound so) and the pipeline
+/// layout of `desc`.
+fn layouts(
+    core: &Core,
+    desc: &PipelineDesc<'_>,
+) -> Result<(vk::DescriptorSetLayout, vk::PipelineLayout)> {
+    let device = core.device();
+    let set_layout = if desc.storage_buffers > 0 {
+        let bindings: Vec<vk::DescriptorSetLayoutBinding> = (0..desc.storage_buffers)
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
             })
             .collect();
-        let data: Vec<u8> = spec_constants
-            .iter()
-            .flat_map(|&(_, v)| v.to_ne_bytes())
-            .collect();
-        let spec = vk::SpecializationInfo::default()
-            .map_entries(&entries)
-            .data(&data);
-        let mut stage = vk::PipelineShaderStageCreateInfo::default()
-            .stage(vk::ShaderStageFlags::COMPUTE)
-            .module(module)
-            .name(entry);
-        if !entries.is_empty() {
-            stage = stage.specialization_info(&spec);
+        let info = vk::DescriptorSetLayoutCreateInfo::default()
+            .flags(vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR)
+            .bindings(&bindings);
+        // SAFETY: valid device; push descriptors are enabled (checked by the caller).
+        unsafe { device.create_descriptor_set_layout(&info, None) }
+            .map_err(vk_err("vkCreateDescriptorSetLayout"))?
+    } else {
+        vk::DescriptorSetLayout::null()
+    };
+    let destroy_set_layout = || {
+        if set_layout != vk::DescriptorSetLayout::null() {
+            // SAFETY: not used by any pipeline.
+            unsafe { device.destroy_descriptor_set_layout(set_layout, None) };
         }
-        // CAPTURE_* flags when statistics are asked for (executable.rs). The pipeline cache is
-        // used as always; NVIDIA 580 still reports statistics for pipelines built from a loaded
-        // cache (tests/executable.rs, run on an H200).
-        let info = vk::ComputePipelineCreateInfo::default()
-            .flags(self.capture.create_flags())
-            .stage(stage)
-            .layout(layout);
-        // SAFETY: module and layout are valid; the cache belongs to this device.
-        let created =
-            unsafe { device.create_compute_pipelines(self.pipeline_cache(), &[info], None) };
-        // SAFETY: a shader module may be destroyed once pipelines are created from it.
-        unsafe { device.destroy_shader_module(module, None) };
-        created.map(|p| p[0]).map_err(|(_, r)| r)
+    };
+    let ranges = [vk::PushConstantRange {
+        stage_flags: vk::ShaderStageFlags::COMPUTE,
+        offset: 0,
+        size: desc.push_constant_size,
+    }];
+    let ranges: &[vk::PushConstantRange] = if desc.push_constant_size > 0 {
+        &ranges
+    } else {
+        &[]
+    };
+    let set_layouts = [set_layout];
+    let set_layouts: &[vk::DescriptorSetLayout] = if desc.storage_buffers > 0 {
+        &set_layouts
+    } else {
+        &[]
+    };
+    let layout_info = vk::PipelineLayoutCreateInfo::default()
+        .push_constant_ranges(ranges)
+        .set_layouts(set_layouts);
+    // SAFETY: valid device and create info.
+    match unsafe { device.create_pipeline_layout(&layout_info, None) } {
+        Ok(layout) => Ok((set_layout, layout)),
+        Err(r) => {
+            destroy_set_layout();
+            Err(Error::vk("vkCreatePipelineLayout", r))
+        }
     }
+}
+
+/// Compiles the pipeline: the driver's work, the slow part.
+fn compile_pipeline(
+    core: &Core,
+    spirv: &[u32],
+    entry: &CString,
+    spec_constants: &[(u32, u32)],
+    layout: vk::PipelineLayout,
+) -> std::result::Result<vk::Pipeline, vk::Result> {
+    let device = core.device();
+    let module_info = vk::ShaderModuleCreateInfo::default().code(spirv);
+    // SAFETY: valid device; the code starts with the SPIR-V magic number (checked).
+    let module = unsafe { device.create_shader_module(&module_info, None) }?;
+
+    let entries: Vec<vk::SpecializationMapEntry> = (0u32..)
+        .zip(spec_constants)
+        .map(|(i, &(id, _))| vk::SpecializationMapEntry {
+            constant_id: id,
+            offset: 4 * i,
+            size: 4,
+        })
+        .collect();
+    let data: Vec<u8> = spec_constants
+        .iter()
+        .flat_map(|&(_, v)| v.to_ne_bytes())
+        .collect();
+    let spec = vk::SpecializationInfo::default()
+        .map_entries(&entries)
+        .data(&data);
+    let mut stage = vk::PipelineShaderStageCreateInfo::default()
+        .stage(vk::ShaderStageFlags::COMPUTE)
+        .module(module)
+        .name(entry);
+    if !entries.is_empty() {
+        stage = stage.specialization_info(&spec);
+    }
+    // CAPTURE_* flags when statistics are asked for (executable.rs). The pipeline cache is
+    // used as always; NVIDIA 580 still reports statistics for pipelines built from a loaded
+    // cache (tests/executable.rs, run on an H200).
+    let info = vk::ComputePipelineCreateInfo::default()
+        .flags(core.capture.create_flags())
+        .stage(stage)
+        .layout(layout);
+    // SAFETY: module and layout are valid; the cache belongs to this device.
+    let created = unsafe { device.create_compute_pipelines(core.pipeline_cache(), &[info], None) };
+    // SAFETY: a shader module may be destroyed once pipelines are created from it.
+    unsafe { device.destroy_shader_module(module, None) };
+    created.map(|p| p[0]).map_err(|(_, r)| r)
 }
 
 impl Pipeline {
@@ -315,8 +311,9 @@ impl Pipeline {
         self.create_flags
     }
 
-    pub(crate) fn context(&self) -> &Context {
-        &self.ctx
+    /// The device core of the Context it was made on (for checking that it is that one).
+    pub(crate) fn core(&self) -> &Core {
+        self.ctx.core()
     }
 }
 
@@ -327,10 +324,14 @@ impl Drop for Pipeline {
         // A deferred compile ends first (its thread holds the slot, not the pipeline).
         let raw = handle(&self.slot).unwrap_or(vk::Pipeline::null());
         unsafe {
-            self.ctx.device().destroy_pipeline(raw, None);
-            self.ctx.device().destroy_pipeline_layout(self.layout, None);
+            self.ctx.core().device().destroy_pipeline(raw, None);
+            self.ctx
+                .core()
+                .device()
+                .destroy_pipeline_layout(self.layout, None);
             if self.set_layout != vk::DescriptorSetLayout::null() {
                 self.ctx
+                    .core()
                     .device()
                     .destroy_descriptor_set_layout(self.set_layout, None);
             }

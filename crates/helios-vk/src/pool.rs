@@ -9,13 +9,15 @@
 //! allocation fails (or on `empty_cache`): then every block without live regions whose last
 //! use has completed is freed, and the allocation is retried once.
 
+use crate::sync::LockExt;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::context::Context;
+use crate::block::{Block, MemoryLocation};
+use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::memory::{Block, MemoryLocation};
 
 /// Regions at least this large are cut from segments, best-fit, and split and merged.
 /// (Measured on GPT-2 124M bf16 training: 1 MiB held 8.3 GiB, 32 MiB 9.1 GiB, at the same
@@ -92,9 +94,9 @@ pub(crate) fn size_class(size: u64) -> u64 {
 
 /// How far both timelines have run.
 #[derive(Clone, Copy, Default)]
-struct Completed {
-    compute: u64,
-    transfer: u64,
+pub(crate) struct Completed {
+    pub(crate) compute: u64,
+    pub(crate) transfer: u64,
 }
 
 impl Completed {
@@ -106,15 +108,6 @@ impl Completed {
     /// Whether both timelines have run past these last uses.
     fn covers_uses(&self, free_after: u64, transfer_after: u64) -> bool {
         free_after <= self.compute && transfer_after <= self.transfer
-    }
-}
-
-impl Context {
-    fn completed_both(&self) -> Result<Completed> {
-        Ok(Completed {
-            compute: self.completed()?,
-            transfer: self.copies_completed()?,
-        })
     }
 }
 
@@ -289,7 +282,7 @@ impl Pool {
     }
 
     /// Returns every block with no live regions whose regions' last use has completed.
-    fn release_unused(&mut self, ctx: &Context, completed: Completed) {
+    fn release_unused(&mut self, ctx: &Core, completed: Completed) {
         let mut busy: std::collections::HashSet<u64> = self
             .free
             .values()
@@ -331,17 +324,61 @@ impl Pool {
     }
 }
 
-impl Context {
-    /// A region of at least `size` bytes.
-    pub(crate) fn pool_alloc(
+/// The caching allocator of a Context: a pool per memory location, and what is counted and
+/// freed beside them (block ids, exported allocations).
+pub(crate) struct Pools {
+    /// Device-local and host-visible memory (`MemoryLocation::index`).
+    pools: [Mutex<Pool>; 2],
+    next_block: AtomicU64,
+    /// `ContextOptions::memory_limit`.
+    memory_limit: Option<u64>,
+    /// Bytes held by exported allocations (external.rs), which the pools do not count.
+    pub(crate) exported_bytes: AtomicU64,
+    /// Exported blocks whose drop could not wait for the GPU; freed once the device is idle.
+    graveyard: Mutex<Vec<Arc<Block>>>,
+}
+
+impl Pools {
+    pub(crate) fn new(memory_limit: Option<u64>) -> Pools {
+        Pools {
+            pools: [
+                Mutex::new(Pool::new(MemoryLocation::DeviceLocal)),
+                Mutex::new(Pool::new(MemoryLocation::HostVisible)),
+            ],
+            next_block: AtomicU64::new(1),
+            memory_limit,
+            exported_bytes: AtomicU64::new(0),
+            graveyard: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn pool(&self, location: MemoryLocation) -> MutexGuard<'_, Pool> {
+        self.pools[location.index()].locked()
+    }
+
+    pub(crate) fn next_block_id(&self) -> u64 {
+        self.next_block.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Frees `block` when the Context drops, after the device went idle (an exported block
+    /// whose drop could not wait for the GPU's last use).
+    pub(crate) fn defer_destroy(&self, block: Arc<Block>) {
+        self.graveyard.locked().push(block);
+    }
+
+    /// A region of at least `size` bytes. `timelines` reads how far the GPU has run, for
+    /// host access and before memory goes back to the driver.
+    pub(crate) fn alloc(
         &self,
+        core: &Core,
         size: u64,
         location: MemoryLocation,
         host_access: bool,
+        timelines: impl Fn() -> Result<Completed>,
     ) -> Result<Grant> {
         let class = size_class(size);
         let completed = if host_access {
-            self.completed_both()?
+            timelines()?
         } else {
             Completed::default()
         };
@@ -387,13 +424,13 @@ impl Context {
             });
         }
         pool.stats.pool_misses += 1;
-        let (block, offset) = match self.carve(&mut pool, class) {
+        let (block, offset) = match self.carve(core, &mut pool, class) {
             Ok(r) => r,
             Err(Error::OutOfMemory { .. }) => {
                 // Give cached memory back to the driver and try once more.
-                let completed = self.completed_both()?;
-                pool.release_unused(self, completed);
-                self.carve(&mut pool, class).map_err(|e| match e {
+                let completed = timelines()?;
+                pool.release_unused(core, completed);
+                self.carve(core, &mut pool, class).map_err(|e| match e {
                     Error::OutOfMemory { kind, .. } => Error::PoolOutOfMemory {
                         kind,
                         requested: size,
@@ -423,10 +460,10 @@ impl Context {
 
     /// A fresh region: from the arena block or a new arena block (small), or from a new
     /// segment whose rest is left free (large).
-    fn carve(&self, pool: &mut Pool, class: u64) -> Result<(Arc<Block>, u64)> {
+    fn carve(&self, core: &Core, pool: &mut Pool, class: u64) -> Result<(Arc<Block>, u64)> {
         if class >= LARGE {
-            let size = self.block_size(SEGMENT).max(class);
-            let block = self.new_block(pool, size)?;
+            let size = block_size(core, SEGMENT).max(class);
+            let block = self.new_block(core, pool, size)?;
             if size > class {
                 let rest = LargeTags {
                     free_after: 0,
@@ -444,20 +481,12 @@ impl Context {
                 return Ok((Arc::clone(block), offset));
             }
         }
-        let block = self.new_block(pool, self.block_size(BLOCK).max(class))?;
+        let block = self.new_block(core, pool, block_size(core, BLOCK).max(class))?;
         pool.arena = Some((Arc::clone(&block), class));
         Ok((block, 0))
     }
 
-    /// `want` bytes, or the device's maxMemoryAllocationSize where that is smaller.
-    fn block_size(&self, want: u64) -> u64 {
-        match self.caps().limits.max_memory_allocation_size {
-            0 => want,
-            max => want.min(max),
-        }
-    }
-
-    fn new_block(&self, pool: &mut Pool, size: u64) -> Result<Arc<Block>> {
+    fn new_block(&self, core: &Core, pool: &mut Pool, size: u64) -> Result<Arc<Block>> {
         if let (MemoryLocation::DeviceLocal, Some(limit)) = (pool.location, self.memory_limit) {
             if pool.stats.bytes_held + size > limit {
                 return Err(Error::OutOfMemory {
@@ -468,7 +497,7 @@ impl Context {
             }
         }
         let id = self.next_block_id();
-        let block = Arc::new(Block::new(self, id, size, pool.location)?);
+        let block = Arc::new(Block::new(core, id, size, pool.location)?);
         pool.stats.driver_allocations += 1;
         pool.stats.bytes_held += size;
         pool.blocks.insert(
@@ -482,7 +511,7 @@ impl Context {
     }
 
     /// Returns a region to its pool, tagged with its last GPU use.
-    pub(crate) fn pool_free(
+    pub(crate) fn free(
         &self,
         location: MemoryLocation,
         block: Arc<Block>,
@@ -515,46 +544,66 @@ impl Context {
 
     /// Allocation counters, summed over device-local and host-visible memory, and the bytes
     /// of exported allocations.
-    pub fn memory_stats(&self) -> MemoryStats {
+    pub(crate) fn stats(&self) -> MemoryStats {
         let mut stats = self.pool(MemoryLocation::DeviceLocal).stats()
             + self.pool(MemoryLocation::HostVisible).stats();
         stats.bytes_exported = self.exported();
         stats
     }
 
+    /// Bytes in exported allocations (not part of the pool's).
+    fn exported(&self) -> u64 {
+        self.exported_bytes.load(Ordering::Relaxed)
+    }
+
     /// Starts `peak_in_use` again from what is in use now.
-    pub fn reset_peak_memory(&self) {
+    pub(crate) fn reset_peak(&self) {
         for location in [MemoryLocation::DeviceLocal, MemoryLocation::HostVisible] {
             let mut pool = self.pool(location);
             pool.stats.peak_in_use = pool.stats.bytes_in_use;
         }
     }
 
-    /// Returns cached memory whose last use has completed to the driver.
-    pub fn empty_cache(&self) -> Result<()> {
-        let completed = self.completed_both()?;
+    /// Returns cached memory whose last use has completed (by `completed`) to the driver.
+    pub(crate) fn empty(&self, core: &Core, completed: Completed) {
         for location in [MemoryLocation::DeviceLocal, MemoryLocation::HostVisible] {
             let mut pool = self.pool(location);
-            pool.release_unused(self, completed);
+            pool.release_unused(core, completed);
         }
-        Ok(())
     }
 
-    /// Frees every block. Called from Context's Drop after the device is idle.
+    /// Frees every block, then the exported blocks left for the Context's drop. Called from
+    /// Context's Drop after the device is idle.
     ///
     /// # Safety
-    /// The device must be idle and no Buffer may be alive (each holds an `Arc<Context>`, so
-    /// none is when the Context drops).
-    pub(crate) unsafe fn destroy_pools(&self) {
+    /// The device must be idle and no Buffer may be alive (each holds its Context, so none
+    /// is when the Context drops).
+    pub(crate) unsafe fn destroy(&mut self, device: &ash::Device) {
         for location in [MemoryLocation::DeviceLocal, MemoryLocation::HostVisible] {
             let mut pool = self.pool(location);
             pool.free.clear();
             pool.large = LargeFree::default();
             pool.arena = None;
             for (_, state) in pool.blocks.drain() {
-                state.block.destroy(self.device());
+                state.block.destroy(device);
             }
         }
+        for block in self
+            .graveyard
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+        {
+            block.destroy(device);
+        }
+    }
+}
+
+/// `want` bytes, or the device's maxMemoryAllocationSize where that is smaller.
+fn block_size(core: &Core, want: u64) -> u64 {
+    match core.caps().limits.max_memory_allocation_size {
+        0 => want,
+        max => want.min(max),
     }
 }
 

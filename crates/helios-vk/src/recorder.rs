@@ -1,25 +1,20 @@
-//! Recording commands for one command buffer: dispatch, native launch, barrier, copy, timestamp.
+//! Recording into the open batch: dispatch, native launch, barrier, copy.
 //!
 //! The checks and recording shared by the encoder (declared accesses, barriers decided by
 //! hazard tracking) and by `Recorder`, which only exists inside `Context::submit*` closures
 //! (explicit barriers). Every argument that comes from the caller (push-constant sizes, group
 //! counts, copy ranges, objects from another device) is checked and returns an error instead
-//! of recording something the validation layer would reject.
-//!
-//! The design decision a reader must know: recording does not call Vulkan. A batch's commands
-//! go into a `Commands` list (a few stores each), and `replay` turns the list into a command
-//! buffer when the batch is submitted, on the submit thread (worker.rs). The driver's own cost
-//! per command (on NVIDIA most of a dispatch's host time) then overlaps the recording of the
-//! next batch instead of adding to it.
+//! of recording something the validation layer would reject. What is recorded is a list of
+//! commands (commands.rs), replayed into a command buffer when the batch is submitted.
 
 use ash::vk;
 
-use crate::context::Context;
-use crate::encoder::OpenBatch;
+use crate::batch::OpenBatch;
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
-use crate::native::{self, NativeArg, NativeKernel, NativeSlot, PackedParams};
-use crate::pipeline::{self, Pipeline, PipelineSlot};
+use crate::native::{self, NativeArg, NativeKernel};
+use crate::pipeline::Pipeline;
 use std::sync::Arc;
 
 /// Largest region per `vkCmdCopyBuffer` region: lavapipe crashes on a 2 GiB region.
@@ -29,345 +24,13 @@ pub const MAX_COPY_REGION: u64 = 1 << 30;
 /// recorded here declare no buffer accesses, so ordering between them is the caller's: call
 /// `barrier()` where one depends on another.
 pub struct Recorder<'a> {
-    ctx: &'a Context,
+    ctx: &'a Core,
     batch: &'a mut OpenBatch,
-}
-
-/// A range of one of `Commands`' side lists.
-type Span = (u32, u32);
-
-/// One recorded command. Variable-length data (push constants, descriptors, copy regions,
-/// kernel names) lives in `Commands`' side lists, so a command is a few words.
-#[derive(Clone, Copy, Debug)]
-enum Cmd {
-    Dispatch {
-        /// Index in `pipelines` (resolved at replay: the compile may still be running).
-        pipeline: u32,
-        layout: vk::PipelineLayout,
-        groups: [u32; 3],
-        push: Span,
-        descriptors: Span,
-        /// Index in `names` (profiling only; `u32::MAX` otherwise).
-        name: u32,
-    },
-    /// Dispatch → dispatch (`compute_barrier`).
-    ComputeBarrier,
-    /// Everything compute or transfer → everything (`compute_transfer_barrier`).
-    FullBarrier,
-    /// All commands → all commands, around native launches (`native_barrier`).
-    NativeBarrier,
-    /// A native kernel launch (native.rs); counted as a dispatch.
-    NativeLaunch {
-        /// Index in `natives` (resolved at replay: the JIT may still be running).
-        function: u32,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
-        /// Range of `args`.
-        params: Span,
-        /// Index in `names` (profiling only; `u32::MAX` otherwise).
-        name: u32,
-    },
-    Copy {
-        src: vk::Buffer,
-        dst: vk::Buffer,
-        regions: Span,
-    },
-    Fill {
-        dst: vk::Buffer,
-        offset: u64,
-        len: u64,
-        word: u32,
-    },
-    ResetQueries {
-        pool: vk::QueryPool,
-        first: u32,
-        count: u32,
-    },
-    Timestamp {
-        pool: vk::QueryPool,
-        query: u32,
-    },
-}
-
-/// The compiled handles of a batch's commands (`Commands::resolve`).
-pub(crate) struct Resolved {
-    pipelines: Vec<vk::Pipeline>,
-    functions: Vec<vk::CuFunctionNVX>,
-}
-
-/// A batch's commands, in order, until `replay` records them.
-#[derive(Default)]
-pub(crate) struct Commands {
-    cmds: Vec<Cmd>,
-    bytes: Vec<u8>,
-    descriptors: Vec<vk::DescriptorBufferInfo>,
-    regions: Vec<vk::BufferCopy>,
-    names: Vec<String>,
-    /// The dispatches' pipelines and the launches' native kernels, whose handles a deferred
-    /// compile fills by replay.
-    pipelines: Vec<Arc<PipelineSlot>>,
-    natives: Vec<Arc<NativeSlot>>,
-    /// Arguments of native launches.
-    args: Vec<NativeArg>,
-    /// Index in `cmds` of the last barrier (`Recorder::launch_native` upgrades it).
-    last_barrier: Option<usize>,
-    /// Whether a native launch is among the commands: the batch's opening and closing
-    /// barriers must then cover all commands (submit.rs).
-    pub(crate) native: bool,
-}
-
-fn span(start: usize, end: usize) -> Span {
-    (start as u32, end as u32)
-}
-
-impl Commands {
-    /// Empties the lists, keeping their capacity: a recycled `Commands` records the next
-    /// batch without growing its vectors again (`Context::recycle_commands`).
-    pub(crate) fn clear(&mut self) {
-        self.cmds.clear();
-        self.bytes.clear();
-        self.descriptors.clear();
-        self.regions.clear();
-        self.names.clear();
-        self.pipelines.clear();
-        self.natives.clear();
-        self.args.clear();
-        self.last_barrier = None;
-        self.native = false;
-    }
-
-    /// The handles `replay` records, waiting for deferred compiles; the first failure if one
-    /// failed.
-    pub(crate) fn resolve(&self) -> Result<Resolved> {
-        let waits = (!self.compiled()).then(std::time::Instant::now);
-        let resolved = self.resolve_now();
-        if let Some(t) = waits {
-            use std::sync::atomic::Ordering::Relaxed;
-            SUBMIT_WAITS[0].fetch_add(1, Relaxed);
-            SUBMIT_WAITS[1].fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
-        }
-        resolved
-    }
-
-    fn resolve_now(&self) -> Result<Resolved> {
-        Ok(Resolved {
-            pipelines: self
-                .pipelines
-                .iter()
-                .map(|s| pipeline::handle(s))
-                .collect::<Result<_>>()?,
-            functions: self
-                .natives
-                .iter()
-                .map(|s| native::function(s))
-                .collect::<Result<_>>()?,
-        })
-    }
-
-    /// Whether every pipeline and native kernel is compiled (replay would not wait).
-    pub(crate) fn compiled(&self) -> bool {
-        self.pipelines.iter().all(|s| s.ready()) && self.natives.iter().all(|s| s.ready())
-    }
-
-    pub(crate) fn compute_barrier(&mut self) {
-        self.push_barrier(Cmd::ComputeBarrier);
-    }
-
-    pub(crate) fn full_barrier(&mut self) {
-        self.push_barrier(Cmd::FullBarrier);
-    }
-
-    pub(crate) fn native_barrier(&mut self) {
-        self.push_barrier(Cmd::NativeBarrier);
-    }
-
-    fn push_barrier(&mut self, cmd: Cmd) {
-        self.last_barrier = Some(self.cmds.len());
-        self.cmds.push(cmd);
-    }
-
-    /// The barriers recorded so far, in order: "compute", "full" or "native".
-    #[cfg(test)]
-    pub(crate) fn barrier_kinds(&self) -> Vec<&'static str> {
-        self.cmds
-            .iter()
-            .filter_map(|c| match c {
-                Cmd::ComputeBarrier => Some("compute"),
-                Cmd::FullBarrier => Some("full"),
-                Cmd::NativeBarrier => Some("native"),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Makes the last barrier recorded a native (all-commands) one.
-    pub(crate) fn upgrade_last_barrier(&mut self) {
-        if let Some(i) = self.last_barrier {
-            self.cmds[i] = Cmd::NativeBarrier;
-        }
-    }
-
-    pub(crate) fn fill(&mut self, dst: vk::Buffer, offset: u64, len: u64, word: u32) {
-        self.cmds.push(Cmd::Fill {
-            dst,
-            offset,
-            len,
-            word,
-        });
-    }
-
-    pub(crate) fn reset_queries(&mut self, pool: vk::QueryPool, first: u32, count: u32) {
-        self.cmds.push(Cmd::ResetQueries { pool, first, count });
-    }
-
-    pub(crate) fn timestamp(&mut self, pool: vk::QueryPool, query: u32) {
-        self.cmds.push(Cmd::Timestamp { pool, query });
-    }
-
-    /// Records the commands into `cb` (begun, after its opening barrier).
-    ///
-    /// # Safety
-    /// `cb` is recording on `ctx`'s device, and every object the commands name is alive
-    /// (the batch keeps its pipelines; buffers outlive their last use by pool tagging or by
-    /// the caller's `submit` contract).
-    pub(crate) unsafe fn replay(&self, ctx: &Context, cb: vk::CommandBuffer, resolved: &Resolved) {
-        let device = ctx.device();
-        let mut bound = vk::Pipeline::null();
-        let mut packed = PackedParams::default();
-        let range = |(a, b): Span| a as usize..b as usize;
-        for cmd in &self.cmds {
-            match *cmd {
-                Cmd::Dispatch {
-                    pipeline,
-                    layout,
-                    groups,
-                    push,
-                    descriptors,
-                    name,
-                } => {
-                    let pipeline = resolved.pipelines[pipeline as usize];
-                    // With HELIOS_PROFILE=1, timestamps bracket the dispatch (after any
-                    // barrier before it, in this same command buffer).
-                    let span = match (&ctx.profiler, self.names.get(name as usize)) {
-                        (Some(p), Some(name)) => p.begin(cb, name),
-                        _ => None,
-                    };
-                    if bound != pipeline {
-                        device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline);
-                        bound = pipeline;
-                    }
-                    let infos = &self.descriptors[range(descriptors)];
-                    if !infos.is_empty() {
-                        let writes: Vec<vk::WriteDescriptorSet> = infos
-                            .iter()
-                            .enumerate()
-                            .map(|(i, info)| {
-                                vk::WriteDescriptorSet::default()
-                                    .dst_binding(i as u32)
-                                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                                    .buffer_info(std::slice::from_ref(info))
-                            })
-                            .collect();
-                        let pd = ctx
-                            .push_descriptor
-                            .as_ref()
-                            .expect("checked at pipeline creation");
-                        pd.cmd_push_descriptor_set(
-                            cb,
-                            vk::PipelineBindPoint::COMPUTE,
-                            layout,
-                            0,
-                            &writes,
-                        );
-                    }
-                    let bytes = &self.bytes[range(push)];
-                    if !bytes.is_empty() {
-                        device.cmd_push_constants(
-                            cb,
-                            layout,
-                            vk::ShaderStageFlags::COMPUTE,
-                            0,
-                            bytes,
-                        );
-                    }
-                    device.cmd_dispatch(cb, groups[0], groups[1], groups[2]);
-                    if let (Some(p), Some(span)) = (&ctx.profiler, span) {
-                        p.end(cb, span);
-                    }
-                }
-                Cmd::NativeLaunch {
-                    function,
-                    grid,
-                    block,
-                    shared,
-                    params,
-                    name,
-                } => {
-                    let function = resolved.functions[function as usize];
-                    // Its stage is unknown: the timestamps wait for all earlier commands.
-                    let span = match (&ctx.profiler, self.names.get(name as usize)) {
-                        (Some(p), Some(name)) => {
-                            p.begin_at(cb, name, vk::PipelineStageFlags::BOTTOM_OF_PIPE)
-                        }
-                        _ => None,
-                    };
-                    packed.pack(&self.args[range(params)]);
-                    let pointers = packed.pointers();
-                    let info = vk::CuLaunchInfoNVX {
-                        function,
-                        grid_dim_x: grid[0],
-                        grid_dim_y: grid[1],
-                        grid_dim_z: grid[2],
-                        block_dim_x: block[0],
-                        block_dim_y: block[1],
-                        block_dim_z: block[2],
-                        shared_mem_bytes: shared,
-                        param_count: pointers.len(),
-                        p_params: if pointers.is_empty() {
-                            std::ptr::null()
-                        } else {
-                            pointers.as_ptr()
-                        },
-                        ..Default::default()
-                    };
-                    let nvx = ctx.native.as_ref().expect("a launch implies the extension");
-                    (nvx.fp().cmd_cu_launch_kernel_nvx)(cb, &info);
-                    // The driver may use Vulkan's compute state for its launch: rebind.
-                    bound = vk::Pipeline::null();
-                    if let (Some(p), Some(span)) = (&ctx.profiler, span) {
-                        p.end(cb, span);
-                    }
-                }
-                Cmd::ComputeBarrier => compute_barrier(device, cb),
-                Cmd::FullBarrier => compute_transfer_barrier(device, cb),
-                Cmd::NativeBarrier => native_barrier(device, cb),
-                Cmd::Copy { src, dst, regions } => {
-                    device.cmd_copy_buffer(cb, src, dst, &self.regions[range(regions)])
-                }
-                Cmd::Fill {
-                    dst,
-                    offset,
-                    len,
-                    word,
-                } => device.cmd_fill_buffer(cb, dst, offset, len, word),
-                Cmd::ResetQueries { pool, first, count } => {
-                    device.cmd_reset_query_pool(cb, pool, first, count)
-                }
-                Cmd::Timestamp { pool, query } => device.cmd_write_timestamp(
-                    cb,
-                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                    pool,
-                    query,
-                ),
-            }
-        }
-    }
 }
 
 /// Checks a dispatch's caller-supplied arguments against the pipeline and device limits.
 pub(crate) fn check_dispatch(
-    ctx: &Context,
+    ctx: &Core,
     pipeline: &Pipeline,
     groups: [u32; 3],
     push_constants: &[u8],
@@ -376,7 +39,7 @@ pub(crate) fn check_dispatch(
         pipeline: pipeline.name().to_owned(),
         detail,
     };
-    if !std::ptr::eq(pipeline.context(), ctx) {
+    if !std::ptr::eq(pipeline.core(), ctx) {
         return Err(invalid(
             "the pipeline was created on a different Context".into(),
         ));
@@ -401,45 +64,27 @@ pub(crate) fn check_dispatch(
     }
     Ok(())
 }
-
 /// Adds a dispatch to the batch's commands (bound, pushed and dispatched at replay).
 /// Arguments were checked.
 pub(crate) fn record_dispatch(
-    ctx: &Context,
+    ctx: &Core,
     batch: &mut OpenBatch,
     pipeline: &Pipeline,
     groups: [u32; 3],
     push_constants: &[u8],
     descriptors: &[vk::DescriptorBufferInfo],
 ) {
-    let c = &mut batch.commands;
-    let push = c.bytes.len();
-    c.bytes.extend_from_slice(push_constants);
-    let infos = c.descriptors.len();
-    c.descriptors.extend_from_slice(descriptors);
-    let name = match ctx.profiler {
-        Some(_) => {
-            c.names.push(pipeline.name().to_owned());
-            c.names.len() as u32 - 1
-        }
-        None => u32::MAX,
-    };
-    c.pipelines.push(pipeline.slot().clone());
-    c.cmds.push(Cmd::Dispatch {
-        pipeline: c.pipelines.len() as u32 - 1,
-        layout: pipeline.layout(),
-        groups,
-        push: span(push, c.bytes.len()),
-        descriptors: span(infos, c.descriptors.len()),
-        name,
-    });
+    let profiling = ctx.profiler.is_some();
+    batch
+        .commands
+        .dispatch(profiling, pipeline, groups, push_constants, descriptors);
     batch.dispatches += 1;
 }
 
 /// Adds a native launch to the batch's commands and keeps the kernel alive with the batch.
-/// Arguments were checked (`Context::check_native`).
+/// Arguments were checked (`native::check_native`).
 pub(crate) fn record_native(
-    ctx: &Context,
+    ctx: &Core,
     batch: &mut OpenBatch,
     kernel: &Arc<NativeKernel>,
     grid: [u32; 3],
@@ -447,26 +92,10 @@ pub(crate) fn record_native(
     shared: u32,
     params: &[NativeArg],
 ) {
-    let c = &mut batch.commands;
-    let first = c.args.len();
-    c.args.extend_from_slice(params);
-    let name = match ctx.profiler {
-        Some(_) => {
-            c.names.push(kernel.name().to_owned());
-            c.names.len() as u32 - 1
-        }
-        None => u32::MAX,
-    };
-    c.natives.push(kernel.slot().clone());
-    c.cmds.push(Cmd::NativeLaunch {
-        function: c.natives.len() as u32 - 1,
-        grid,
-        block,
-        shared,
-        params: span(first, c.args.len()),
-        name,
-    });
-    c.native = true;
+    let profiling = ctx.profiler.is_some();
+    batch
+        .commands
+        .launch(profiling, kernel, grid, block, shared, params);
     batch.dispatches += 1;
     if !batch.keep_native.iter().any(|k| Arc::ptr_eq(k, kernel)) {
         batch.keep_native.push(Arc::clone(kernel));
@@ -474,7 +103,7 @@ pub(crate) fn record_native(
 }
 
 impl<'a> Recorder<'a> {
-    pub(crate) fn new(ctx: &'a Context, batch: &'a mut OpenBatch) -> Self {
+    pub(crate) fn new(ctx: &'a Core, batch: &'a mut OpenBatch) -> Self {
         Recorder { ctx, batch }
     }
 
@@ -509,8 +138,7 @@ impl<'a> Recorder<'a> {
         shared_bytes: u32,
         params: &[NativeArg],
     ) -> Result<()> {
-        self.ctx
-            .check_native(kernel, grid, block, shared_bytes, params)?;
+        native::check_native(self.ctx, kernel, grid, block, shared_bytes, params)?;
         self.batch.native_recorded();
         record_native(
             self.ctx,
@@ -544,7 +172,7 @@ impl<'a> Recorder<'a> {
             (src, "copy_buffer source"),
             (dst, "copy_buffer destination"),
         ] {
-            if !std::ptr::eq(buf.context(), self.ctx) {
+            if !std::ptr::eq(buf.core(), self.ctx) {
                 return Err(Error::ForeignObject { what });
             }
         }
@@ -557,22 +185,14 @@ impl<'a> Recorder<'a> {
         if src.raw() == dst.raw() && src_at < dst_at + size && dst_at < src_at + size {
             return Err(Error::OverlappingCopy);
         }
-        let c = &mut self.batch.commands;
-        let first = c.regions.len();
-        c.regions.extend(
-            (0..size)
-                .step_by(MAX_COPY_REGION as usize)
-                .map(|start| vk::BufferCopy {
-                    src_offset: src.offset() + src_offset + start,
-                    dst_offset: dst.offset() + dst_offset + start,
-                    size: (size - start).min(MAX_COPY_REGION),
-                }),
-        );
-        c.cmds.push(Cmd::Copy {
-            src: src.raw(),
-            dst: dst.raw(),
-            regions: span(first, c.regions.len()),
-        });
+        let regions = (0..size)
+            .step_by(MAX_COPY_REGION as usize)
+            .map(|start| vk::BufferCopy {
+                src_offset: src.offset() + src_offset + start,
+                dst_offset: dst.offset() + dst_offset + start,
+                size: (size - start).min(MAX_COPY_REGION),
+            });
+        self.batch.commands.copy(src.raw(), dst.raw(), regions);
         Ok(())
     }
 
@@ -580,100 +200,4 @@ impl<'a> Recorder<'a> {
     pub fn dispatch_count(&self) -> u32 {
         self.batch.dispatches
     }
-}
-
-fn global_barrier(
-    device: &ash::Device,
-    cb: vk::CommandBuffer,
-    src: (vk::PipelineStageFlags, vk::AccessFlags),
-    dst: (vk::PipelineStageFlags, vk::AccessFlags),
-) {
-    let barrier = vk::MemoryBarrier::default()
-        .src_access_mask(src.1)
-        .dst_access_mask(dst.1);
-    // SAFETY: `cb` is recording on `device`. Plain vkCmdPipelineBarrier keeps Vulkan 1.2
-    // devices working (synchronization2 is 1.3 core).
-    unsafe {
-        device.cmd_pipeline_barrier(
-            cb,
-            src.0,
-            dst.0,
-            vk::DependencyFlags::empty(),
-            &[barrier],
-            &[],
-            &[],
-        )
-    };
-}
-
-const COMPUTE_TRANSFER: vk::PipelineStageFlags = vk::PipelineStageFlags::from_raw(
-    vk::PipelineStageFlags::COMPUTE_SHADER.as_raw() | vk::PipelineStageFlags::TRANSFER.as_raw(),
-);
-
-/// Dispatch → dispatch: compute writes visible to compute reads and writes.
-pub(crate) fn compute_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
-    use vk::AccessFlags as A;
-    use vk::PipelineStageFlags as S;
-    global_barrier(
-        device,
-        cb,
-        (S::COMPUTE_SHADER, A::SHADER_WRITE),
-        (S::COMPUTE_SHADER, A::SHADER_READ | A::SHADER_WRITE),
-    );
-}
-
-pub(crate) fn compute_transfer_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
-    use vk::AccessFlags as A;
-    global_barrier(
-        device,
-        cb,
-        (COMPUTE_TRANSFER, A::SHADER_WRITE | A::TRANSFER_WRITE),
-        (
-            COMPUTE_TRANSFER,
-            A::SHADER_READ | A::SHADER_WRITE | A::TRANSFER_READ | A::TRANSFER_WRITE,
-        ),
-    );
-}
-
-/// Anything → anything: what orders a native launch, whose pipeline stage the driver does
-/// not document, against other work.
-pub(crate) fn native_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
-    use vk::AccessFlags as A;
-    let all = (
-        vk::PipelineStageFlags::ALL_COMMANDS,
-        A::MEMORY_READ | A::MEMORY_WRITE,
-    );
-    global_barrier(device, cb, all, all);
-}
-
-/// Device writes → host reads: a host wait on the semaphore alone does not make device
-/// writes visible to the host. From all commands when the batch has native launches.
-pub(crate) fn host_read_barrier(device: &ash::Device, cb: vk::CommandBuffer, native: bool) {
-    use vk::AccessFlags as A;
-    let src = match native {
-        true => (vk::PipelineStageFlags::ALL_COMMANDS, A::MEMORY_WRITE),
-        false => (COMPUTE_TRANSFER, A::SHADER_WRITE | A::TRANSFER_WRITE),
-    };
-    global_barrier(
-        device,
-        cb,
-        src,
-        (vk::PipelineStageFlags::HOST, A::HOST_READ),
-    );
-}
-
-/// Batches whose submit waited for a deferred compile, and the nanoseconds it waited.
-static SUBMIT_WAITS: [std::sync::atomic::AtomicU64; 2] = [
-    std::sync::atomic::AtomicU64::new(0),
-    std::sync::atomic::AtomicU64::new(0),
-];
-
-/// Batches whose submit waited for deferred compiles so far, and the seconds waited: what a
-/// cold program loses to compiles it asked for later than it needed them.
-pub fn submit_compile_waits() -> (u64, f64) {
-    use std::sync::atomic::Ordering::Relaxed;
-    (
-        SUBMIT_WAITS[0].load(Relaxed),
-        SUBMIT_WAITS[1].load(Relaxed) as f64 * 1e-9,
-    )
 }

@@ -8,139 +8,22 @@
 //! Every command buffer starts with a global barrier against all earlier work on the queue
 //! and ends with a barrier that makes device writes visible to the host: hazards *inside* a
 //! batch are the encoder's business, these two cover the ones between batches and host reads.
+//!
+//! The queue's state (the semaphore, the ring, the batches in flight) is in queue.rs; here
+//! are the Context's methods that submit to it and wait for it.
 
 use crate::sync::LockExt;
 use ash::vk;
-use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 
+use crate::batch::OpenBatch;
+use crate::commands;
 use crate::context::Context;
-use crate::encoder::OpenBatch;
 use crate::error::{vk_err, Error, Result};
-use crate::external::{ExternalSignals, ExternalWaits};
-use crate::native::NativeKernel;
-use crate::pipeline::Pipeline;
-use crate::recorder;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
-pub(crate) struct Submitter {
-    pub(crate) timeline: vk::Semaphore,
-    /// The queue and the last value signalled on it, locked together so that signal values
-    /// increase in submission order, as the spec requires.
-    queue: Mutex<QueueState>,
-    ring: Mutex<CommandRing>,
-    /// Whether the last submitted batch launched native kernels: the next batch's opening
-    /// barrier must then cover all commands too. Batches are submitted one at a time, in
-    /// order (worker.rs).
-    native_tail: AtomicBool,
-}
-
-struct QueueState {
-    queue: vk::Queue,
-    last_submitted: u64,
-}
-
-/// One transient pool with one primary command buffer: recording into it needs no lock
-/// because nobody else can reach the pool while the slot is checked out.
-pub(crate) struct Slot {
-    pub(crate) pool: vk::CommandPool,
-    pub(crate) cb: vk::CommandBuffer,
-}
-
-impl Slot {
-    /// A transient pool for `family` with one primary command buffer. The caller records the
-    /// pool for destruction.
-    pub(crate) fn new(device: &ash::Device, family: u32) -> Result<Slot> {
-        let info = vk::CommandPoolCreateInfo::default()
-            .flags(vk::CommandPoolCreateFlags::TRANSIENT)
-            .queue_family_index(family);
-        // SAFETY: valid device.
-        let pool = unsafe { device.create_command_pool(&info, None) }
-            .map_err(vk_err("vkCreateCommandPool"))?;
-        let alloc = vk::CommandBufferAllocateInfo::default()
-            .command_pool(pool)
-            .level(vk::CommandBufferLevel::PRIMARY)
-            .command_buffer_count(1);
-        // SAFETY: the pool was just created.
-        match unsafe { device.allocate_command_buffers(&alloc) } {
-            Ok(cbs) => Ok(Slot { pool, cb: cbs[0] }),
-            Err(r) => {
-                // SAFETY: nothing was allocated from the pool.
-                unsafe { device.destroy_command_pool(pool, None) };
-                Err(Error::vk("vkAllocateCommandBuffers", r))
-            }
-        }
-    }
-
-    /// Resets the pool for reuse; false if the driver refused.
-    pub(crate) fn reset(&self, device: &ash::Device) -> bool {
-        // SAFETY: callers reset only slots whose command buffer is not pending (never
-        // submitted, or its timeline value has completed).
-        unsafe { device.reset_command_pool(self.pool, vk::CommandPoolResetFlags::empty()) }.is_ok()
-    }
-}
-
-/// A submitted batch: its command buffer and the pipelines, native kernels and external
-/// semaphores it uses.
-struct InFlight {
-    value: u64,
-    slot: Slot,
-    _keep: Vec<Arc<Pipeline>>,
-    _keep_native: Vec<Arc<NativeKernel>>,
-    _keep_waits: ExternalWaits,
-    _keep_signals: ExternalSignals,
-}
+use crate::queue::{InFlight, Slot};
 
 /// Batches submitted and not yet known complete before a submit waits for the oldest.
 const MAX_IN_FLIGHT: usize = 16;
-
-struct CommandRing {
-    queue_family: u32,
-    free: Vec<Slot>,
-    /// (timeline value, slot) in submission order.
-    in_flight: VecDeque<InFlight>,
-    /// Every pool ever created, destroyed with the ring (covers slots lost to a panic).
-    all_pools: Vec<vk::CommandPool>,
-}
-
-impl Submitter {
-    pub(crate) fn new(device: &ash::Device, queue: vk::Queue, queue_family: u32) -> Result<Self> {
-        let mut type_info = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(0);
-        let info = vk::SemaphoreCreateInfo::default().push_next(&mut type_info);
-        // SAFETY: valid device; timeline semaphores are a required, enabled feature.
-        let timeline = unsafe { device.create_semaphore(&info, None) }
-            .map_err(vk_err("vkCreateSemaphore(timeline)"))?;
-        Ok(Submitter {
-            timeline,
-            queue: Mutex::new(QueueState {
-                queue,
-                last_submitted: 0,
-            }),
-            ring: Mutex::new(CommandRing {
-                queue_family,
-                free: Vec::new(),
-                in_flight: VecDeque::new(),
-                all_pools: Vec::new(),
-            }),
-            native_tail: AtomicBool::new(false),
-        })
-    }
-
-    /// Destroys the pools and the semaphore.
-    ///
-    /// # Safety
-    /// The device must be idle and the Submitter unused afterwards.
-    pub(crate) unsafe fn destroy(&self, device: &ash::Device) {
-        let ring = self.ring.locked();
-        for &pool in &ring.all_pools {
-            device.destroy_command_pool(pool, None);
-        }
-        device.destroy_semaphore(self.timeline, None);
-    }
-}
 
 /// The submit thread's side (worker.rs): batches are submitted to their Context.
 impl crate::worker::Submits for Context {
@@ -192,9 +75,9 @@ impl Context {
             return Err(Error::vk("vkBeginCommandBuffer", r));
         }
         if native {
-            recorder::native_barrier(device, slot.cb);
+            commands::native_barrier(device, slot.cb);
         } else {
-            recorder::compute_transfer_barrier(device, slot.cb);
+            commands::compute_transfer_barrier(device, slot.cb);
         }
         Ok(slot)
     }
@@ -207,7 +90,7 @@ impl Context {
 
     /// Tells the profiler that the spans recorded since the last submit will never run.
     fn discard_profile(&self) {
-        if let Some(p) = &self.profiler {
+        if let Some(p) = &self.core.profiler {
             p.discarded();
         }
     }
@@ -235,9 +118,9 @@ impl Context {
         let slot = self.begin_slot(native || s.native_tail.load(Ordering::Acquire))?;
         // SAFETY: the command buffer is recording; the batch keeps its pipelines, and its
         // buffers outlive their last use (pool tags, or `submit`'s contract).
-        unsafe { commands.replay(self, slot.cb, &resolved) };
+        unsafe { commands.replay(&self.core, slot.cb, &resolved) };
         self.recycle_commands(commands);
-        recorder::host_read_barrier(device, slot.cb, native);
+        commands::host_read_barrier(device, slot.cb, native);
         // SAFETY: the command buffer is recording.
         if let Err(r) = unsafe { device.end_command_buffer(slot.cb) } {
             self.abandon_slot(slot);
@@ -300,7 +183,7 @@ impl Context {
         }
         q.last_submitted = value;
         s.native_tail.store(native, Ordering::Release);
-        if let Some(p) = &self.profiler {
+        if let Some(p) = &self.core.profiler {
             p.submitted(value);
         }
         // Pushed under the queue lock so that `in_flight` stays sorted by value.
@@ -429,7 +312,7 @@ impl Context {
         for f in done {
             self.release_slot(f.slot);
         }
-        if let Some(p) = &self.profiler {
+        if let Some(p) = &self.core.profiler {
             // Reading finished spans is what frees their query pools; a failure here only
             // loses profile data.
             let _ = p.collect(completed);

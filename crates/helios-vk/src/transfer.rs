@@ -10,10 +10,11 @@
 
 use std::sync::Arc;
 
+use crate::block::MemoryLocation;
 use crate::context::Context;
 use crate::copy_queue::Copy;
 use crate::error::{Error, Result};
-use crate::memory::{Buffer, MemoryLocation};
+use crate::memory::Buffer;
 
 /// Largest staging region one transfer uses at a time.
 pub const STAGING_CHUNK: u64 = 64 << 20;
@@ -154,7 +155,7 @@ impl Context {
     }
 
     fn check_own(&self, buffer: &Buffer, what: &'static str) -> Result<()> {
-        if std::ptr::eq(buffer.context(), self) {
+        if std::ptr::eq(buffer.core(), &self.core) {
             Ok(())
         } else {
             Err(Error::ForeignObject { what })

@@ -4,7 +4,7 @@
 //! On NVIDIA, the driver's work per command (vkCmdDispatch, vkCmdPushConstants, barriers) and
 //! per submit is a large share of the host time of a small model's training step (perf;
 //! bench/results/source-comment-history.md). The encoder therefore only lists a batch's
-//! commands (recorder.rs); when the batch closes it is queued here, and one thread per
+//! commands (commands.rs); when the batch closes it is queued here, and one thread per
 //! Context replays the list into a command buffer and submits it while the recording thread
 //! goes on.
 //!
