@@ -15,8 +15,8 @@
 //! clamped addresses (their outputs are never stored); k past its end is masked to zero.
 
 use helios_spirv::{
-    Binding, Buffer, GroupMode, KernelBuilder, KernelModule, ReduceOp, Scalar, SharedLen, Ty, Val,
-    Var,
+    Binding, Buffer, GroupMode, KernelBuilder, KernelModule, ReduceOp, Scalar, Shared, SharedLen,
+    Ty, Val, Var,
 };
 
 use super::epilogue::store_quad;
@@ -76,27 +76,9 @@ pub(crate) fn build(kern: &MatmulKernel, t: RowsTile) -> KernelModule {
     // first invocation leaves the sums in shared memory, and invocation o < bm · quads adds
     // the subgroups' sums of its four outputs and stores them.
     let outs = bm * quads;
-    // Subgroups of 4 invocations or more (`MatmulCaps::subgroup_add`).
-    let subgroups = ROWS_THREADS / 4;
-    let red = k.shared_array(vec4, SharedLen::Fixed(subgroups * outs));
-    let totals: Vec<Val> = sums
-        .into_iter()
-        .map(|v| k.subgroup_reduce(ReduceOp::Add, GroupMode::Reduce, v))
-        .collect();
-    let sg = k.subgroup_id();
-    let lane = k.subgroup_invocation_id();
+    let red = subgroup_sums(&mut k, vec4, sums);
     let zero_u = k.u32(0);
-    let first = k.eq(lane, zero_u);
     let outs_v = k.u32(outs);
-    k.if_(first, |k| {
-        let base = k.mul(sg, outs_v);
-        for (o, v) in totals.into_iter().enumerate() {
-            let at = k.u32(o as u32);
-            let at = k.add(base, at);
-            k.shared_store(red, at, v);
-        }
-    });
-    k.workgroup_barrier();
     let storing = k.lt(tid, outs_v);
     let nsg = k.num_subgroups();
     k.if_(storing, |k| {
@@ -173,33 +155,11 @@ fn nt_sums_and_store(
     split_k(k, lane_k, NT_LANES, k_chunks, 2, |k, c, ok| {
         g.chunk_nt(k, c, ok, chunk, &cols, &acc)
     });
-    let sums: Vec<Val> = acc
-        .iter()
-        .map(|&v| {
-            let v = k.get(v);
-            k.subgroup_reduce(ReduceOp::Add, GroupMode::Reduce, v)
-        })
-        .collect();
-    // One f32 per (row, column slot) per subgroup, for subgroups of 4 or more.
+    // One f32 per (row, column slot) per subgroup.
+    let sums: Vec<Val> = acc.iter().map(|&v| k.get(v)).collect();
+    let red = subgroup_sums(k, Ty::scalar(Scalar::F32), sums);
     let slots = bm * per_group;
-    let red = k.shared_array(
-        Ty::scalar(Scalar::F32),
-        SharedLen::Fixed(ROWS_THREADS / 4 * slots),
-    );
-    let sg = k.subgroup_id();
-    let lane = k.subgroup_invocation_id();
-    let zero_u = k.u32(0);
-    let first = k.eq(lane, zero_u);
     let slots_v = k.u32(slots);
-    k.if_(first, |k| {
-        let base = k.mul(sg, slots_v);
-        for (i, v) in sums.into_iter().enumerate() {
-            let at = k.u32(i as u32);
-            let at = k.add(base, at);
-            k.shared_store(red, at, v);
-        }
-    });
-    k.workgroup_barrier();
     // Output quad o = (row r, columns 4q..4q+3): column 4q + l is group l's slot q, summed
     // over the group's subgroups (NT_LANES / subgroup size of them, consecutive).
     let storing = k.lt(tid, slots_v);
@@ -234,6 +194,34 @@ fn nt_sums_and_store(
         let col = k.add(n0, c);
         store_quad(k, kern, p, d, row, col, v);
     });
+}
+
+/// Each subgroup adds `values` (the same slots in every invocation), and its first
+/// invocation leaves the sums in shared memory at `subgroup · values.len() + i`, for
+/// subgroups of 4 invocations or more (`MatmulCaps::subgroup_add`). Returns that array, after
+/// a workgroup barrier.
+fn subgroup_sums(k: &mut KernelBuilder, elem: Ty, values: Vec<Val>) -> Shared {
+    let len = values.len() as u32;
+    let red = k.shared_array(elem, SharedLen::Fixed(ROWS_THREADS / 4 * len));
+    let sums: Vec<Val> = values
+        .into_iter()
+        .map(|v| k.subgroup_reduce(ReduceOp::Add, GroupMode::Reduce, v))
+        .collect();
+    let sg = k.subgroup_id();
+    let lane = k.subgroup_invocation_id();
+    let zero = k.u32(0);
+    let first = k.eq(lane, zero);
+    let len_v = k.u32(len);
+    k.if_(first, |k| {
+        let base = k.mul(sg, len_v);
+        for (i, v) in sums.into_iter().enumerate() {
+            let at = k.u32(i as u32);
+            let at = k.add(base, at);
+            k.shared_store(red, at, v);
+        }
+    });
+    k.workgroup_barrier();
+    red
 }
 
 /// `body(k, i, in_range)` for every `i` in `0..count` this invocation takes: `first`,
