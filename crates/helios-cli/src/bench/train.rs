@@ -42,6 +42,10 @@ struct TrainResult {
     /// settled steps (the median): what tuning on real work cost while it explored. `None`
     /// when fewer than 101 steps ran (CPU devices, which run as few as they can).
     first_100: Option<f64>,
+    /// Seconds until step 101 ended, the first step included: what a new run waits for its
+    /// first hundred steps. A shorter first step can raise `first_100` (the steps waiting for
+    /// the native JIT then fall after it) while this falls.
+    first_101_s: Option<f64>,
     /// Every step's wall time, ms, the first one included.
     steps_ms: Vec<f64>,
     /// Every step's GPU time (forward, backward, exchange, optimizer: `StepLog`), ms.
@@ -154,8 +158,8 @@ pub fn run(args: &BenchArgs) -> CliResult {
             let r = one(&device, &case, precision, steps, text.as_deref())?;
             eprintln!(
                 "bench: {} {} on {} tokens: {:.1} ms/step, {:.0} tokens/s, first step {:.2} s, \
-                 within 2% of the median after {} steps, steps 2-101 {} the settled time ({} \
-                 matmul classes still tuning)",
+                 within 2% of the median after {} steps, steps 2-101 {} the settled time, the \
+                 first 101 steps in {} ({} matmul classes still tuning)",
                 r.case,
                 r.precision,
                 r.tokens,
@@ -164,6 +168,10 @@ pub fn run(args: &BenchArgs) -> CliResult {
                 r.first_step_s,
                 r.settled_after,
                 r.first_100.map_or("-".to_string(), |x| format!("{x:.3}x")),
+                r.first_101_s.map_or("-".to_string(), |x| format!(
+                    "{x:.2} s ({:.2} s at the settled time)",
+                    (FIRST_STEPS + 1) as f64 * r.ms_per_step.median / 1e3
+                )),
                 r.exploring
             );
             results.push(r);
@@ -381,6 +389,8 @@ fn one(
             .map_or(0, |i| i + 1),
         first_100: (all.len() > FIRST_STEPS)
             .then(|| all[1..=FIRST_STEPS].iter().sum::<f64>() / (FIRST_STEPS as f64 * ms.median)),
+        first_101_s: (all.len() > FIRST_STEPS)
+            .then(|| first + all[1..=FIRST_STEPS].iter().sum::<f64>() / 1e3),
         steps_ms: all,
         steps_gpu_ms: trace.gpu_ms,
         steps_record_ms: trace.record_ms,
