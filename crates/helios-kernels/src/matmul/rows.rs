@@ -60,7 +60,7 @@ pub(crate) fn build(kern: &MatmulKernel, t: RowsTile) -> KernelModule {
     let vec4 = Ty::vector(Scalar::F32, 4);
     let zero4 = k.constant_bits(vec4, 0);
     if kern.trans_b {
-        nt_sums_and_store(&mut k, &g, &p, &d, m0, n0, (bm, bn));
+        nt_sums_and_store(&mut k, &g, &d, m0, n0, (bm, bn));
         return k.finish();
     }
     // Sums of 4 outputs each, (row r, columns 4q..4q+3) at r · quads + q.
@@ -82,25 +82,8 @@ pub(crate) fn build(kern: &MatmulKernel, t: RowsTile) -> KernelModule {
     let storing = k.lt(tid, outs_v);
     let nsg = k.num_subgroups();
     k.if_(storing, |k| {
-        let total = k.var_init(zero4);
-        let step = k.u32(1);
-        k.for_range(zero_u, nsg, step, |k, s| {
-            let at = k.mul(s, outs_v);
-            let at = k.add(at, tid);
-            let v = k.shared_load(red, at);
-            let sum = k.get(total);
-            let sum = k.add(sum, v);
-            k.set(total, sum);
-        });
-        let quads_v = k.u32(quads);
-        let r = k.div(tid, quads_v);
-        let q = k.rem(tid, quads_v);
-        let row = k.add(m0, r);
-        let four = k.u32(4);
-        let c = k.mul(q, four);
-        let col = k.add(n0, c);
-        let v = k.get(total);
-        store_quad(k, kern, &p, &d, row, col, v);
+        let v = shared_sum(k, red, (zero_u, nsg), outs_v, tid, zero4);
+        store_tile_quad(k, &g, (m0, n0), quads, tid, v);
     });
     k.finish()
 }
@@ -117,7 +100,6 @@ const NT_LANES: u32 = 64;
 fn nt_sums_and_store(
     k: &mut KernelBuilder,
     g: &Gather,
-    p: &Params,
     d: &Dims,
     m0: Val,
     n0: Val,
@@ -168,31 +150,14 @@ fn nt_sums_and_store(
     k.if_(storing, |k| {
         let lanes: Vec<Val> = (0..groups)
             .map(|l| {
-                let total = k.var_init(zero);
                 let l_v = k.u32(l);
                 let from = k.mul(l_v, per_sg);
                 let to = k.add(from, per_sg);
-                let step = k.u32(1);
-                k.for_range(from, to, step, |k, s| {
-                    let at = k.mul(s, slots_v);
-                    let at = k.add(at, tid);
-                    let v = k.shared_load(red, at);
-                    let sum = k.get(total);
-                    let sum = k.add(sum, v);
-                    k.set(total, sum);
-                });
-                k.get(total)
+                shared_sum(k, red, (from, to), slots_v, tid, zero)
             })
             .collect();
         let v = k.vector(&lanes);
-        let per_v = k.u32(per_group);
-        let r = k.div(tid, per_v);
-        let q = k.rem(tid, per_v);
-        let row = k.add(m0, r);
-        let four = k.u32(4);
-        let c = k.mul(q, four);
-        let col = k.add(n0, c);
-        store_quad(k, kern, p, d, row, col, v);
+        store_tile_quad(k, g, (m0, n0), per_group, tid, v);
     });
 }
 
@@ -222,6 +187,49 @@ fn subgroup_sums(k: &mut KernelBuilder, elem: Ty, values: Vec<Val>) -> Shared {
     });
     k.workgroup_barrier();
     red
+}
+
+/// The sum of `red[s · stride + at]` over subgroups `s` in `from..to` (what
+/// `subgroup_sums` left there), starting from `zero`.
+fn shared_sum(
+    k: &mut KernelBuilder,
+    red: Shared,
+    (from, to): (Val, Val),
+    stride: Val,
+    at: Val,
+    zero: Val,
+) -> Val {
+    let total = k.var_init(zero);
+    let step = k.u32(1);
+    k.for_range(from, to, step, |k, s| {
+        let i = k.mul(s, stride);
+        let i = k.add(i, at);
+        let v = k.shared_load(red, i);
+        let sum = k.get(total);
+        let sum = k.add(sum, v);
+        k.set(total, sum);
+    });
+    k.get(total)
+}
+
+/// Stores `v`, output quad `o` of the tile at (`m0`, `n0`): row `o / quads`, columns
+/// `4 · (o % quads)` to 3 more.
+fn store_tile_quad(
+    k: &mut KernelBuilder,
+    g: &Gather,
+    (m0, n0): (Val, Val),
+    quads: u32,
+    o: Val,
+    v: Val,
+) {
+    let quads_v = k.u32(quads);
+    let r = k.div(o, quads_v);
+    let q = k.rem(o, quads_v);
+    let row = k.add(m0, r);
+    let four = k.u32(4);
+    let c = k.mul(q, four);
+    let col = k.add(n0, c);
+    store_quad(k, g.kern, g.p, g.d, row, col, v);
 }
 
 /// `body(k, i, in_range)` for every `i` in `0..count` this invocation takes: `first`,
