@@ -34,16 +34,10 @@ pub(crate) use select::forced_by_env;
 /// inputs would otherwise run inside the program's first step: the probe of the cooperative
 /// fragment layout, which reads its result back and so waits for everything queued before
 /// it (on a cold H200, ~0.85 s of the first step: the first matmul's pipeline compiling).
-/// Nothing where it ran already or where the device has no cooperative matrices.
+/// Nothing where it ran already or where the cooperative kernels cannot run.
 pub fn prepare_attention(device: &crate::Device, dtype: crate::DType) {
-    let caps = crate::ops::matmul_caps(device);
     let storage = dtype.storage();
-    let coop = match storage {
-        helios_kernels::Storage::F16 => caps.coop_f16,
-        helios_kernels::Storage::BF16 => caps.coop_bf16,
-        helios_kernels::Storage::F32 => false,
-    };
-    if coop && caps.subgroup == 32 {
+    if select::coop_kernels(device, storage) {
         let _ = select::frag_map(device, storage);
     }
 }

@@ -23,12 +23,7 @@ pub(super) fn choose(
     let device = q.device();
     let storage = q.dtype().storage();
     let caps = crate::ops::matmul_caps(device);
-    let coop = match storage {
-        Storage::F16 => caps.coop_f16,
-        Storage::BF16 => caps.coop_bf16,
-        Storage::F32 => false,
-    } && caps.subgroup == 32
-        && env_variant() != Some(Forced::Simt);
+    let coop = coop_kernels(device, storage);
     // The register kernels fold the scale into their exponent and need it positive (every
     // attention's is; the others take any).
     let positive = opts.scale.map_or(true, |s| s > 0.0);
@@ -204,6 +199,19 @@ fn jitted(device: &Device, kern: &AttentionKernel) -> bool {
         let _ = super::tune::start_compile(device, form(packed), true);
     }
     false
+}
+
+/// Whether the cooperative-matrix attention kernels can take `storage` inputs on `device`:
+/// its matrix units take them, its subgroups are 32 wide, and `HELIOS_ATTN_VARIANT` does not
+/// force the SIMT kernels.
+pub(crate) fn coop_kernels(device: &Device, storage: Storage) -> bool {
+    let caps = crate::ops::matmul_caps(device);
+    let units = match storage {
+        Storage::F16 => caps.coop_f16,
+        Storage::BF16 => caps.coop_bf16,
+        Storage::F32 => false,
+    };
+    units && caps.subgroup == 32 && env_variant() != Some(Forced::Simt)
 }
 
 /// The device's cooperative-matrix fragment layout for `storage` inputs when the
