@@ -375,6 +375,8 @@ fn one(
         }
     }
     let med = |v: &[f64]| summarize(v, case.name).map(|s| s.median);
+    // Steps 2-101's wall time, ms, where that many ran.
+    let hundred = (all.len() > FIRST_STEPS).then(|| all[1..=FIRST_STEPS].iter().sum::<f64>());
     Ok(TrainResult {
         case: case.name.to_string(),
         precision: precision_name(precision),
@@ -387,10 +389,8 @@ fn one(
             .iter()
             .rposition(|&t| t > ms.median * 1.02)
             .map_or(0, |i| i + 1),
-        first_100: (all.len() > FIRST_STEPS)
-            .then(|| all[1..=FIRST_STEPS].iter().sum::<f64>() / (FIRST_STEPS as f64 * ms.median)),
-        first_101_s: (all.len() > FIRST_STEPS)
-            .then(|| first + all[1..=FIRST_STEPS].iter().sum::<f64>() / 1e3),
+        first_100: hundred.map(|h| h / (FIRST_STEPS as f64 * ms.median)),
+        first_101_s: hundred.map(|h| first + h / 1e3),
         steps_ms: all,
         steps_gpu_ms: trace.gpu_ms,
         steps_record_ms: trace.record_ms,
