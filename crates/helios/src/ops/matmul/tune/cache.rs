@@ -55,7 +55,10 @@ pub(crate) fn class_key(p: &Problem) -> String {
 /// 256 × 192 native tile joined the table and native kernels split k in any number of parts
 /// (bench/results/2026-11-29-native-release-h200.md); earlier winners never saw them.
 static STORE: crate::ops::tuning_store::TuningStore =
-    crate::ops::tuning_store::TuningStore::new("matmul", 5, |v| parse_tag(v).is_some());
+    crate::ops::tuning_store::TuningStore::new("matmul", STORE_VERSION, |v| parse_tag(v).is_some());
+
+/// The winners' store version (above); unsettled classes' progress (`progress`) follows it.
+pub(super) const STORE_VERSION: u32 = 5;
 
 pub(super) fn cached(device: &Device, key: &str) -> Option<(MatmulVariant, u32)> {
     STORE.get(device, key).and_then(|v| parse_tag(&v))
@@ -67,10 +70,11 @@ pub(super) fn earlier(device: &Device, key: &str) -> Option<(MatmulVariant, u32)
     STORE.earlier(device, key).and_then(|v| parse_tag(&v))
 }
 
-/// Forgets a class's stored winner (tests).
+/// Forgets a class's stored winner and exploration progress (tests).
 #[cfg(test)]
 pub(super) fn forget(device: &Device, key: &str) {
-    STORE.remove(device, key)
+    STORE.remove(device, key);
+    super::progress::forget(device, key);
 }
 
 /// Records a winner (and rewrites the file).
@@ -89,7 +93,7 @@ pub(crate) fn winner_tag(variant: &str, splits: u32) -> String {
 }
 
 /// The (variant, splits) a stored tag names.
-fn parse_tag(tag: &str) -> Option<(MatmulVariant, u32)> {
+pub(super) fn parse_tag(tag: &str) -> Option<(MatmulVariant, u32)> {
     let (name, splits) = match tag.split_once("/k") {
         Some((name, s)) => (name, s.parse().ok().filter(|&s| s > 1)?),
         None => (tag, 1),

@@ -259,6 +259,29 @@ pub(crate) fn forget_device(id: usize, ctx: &helios_vk::Context) {
     crate::ops::online::forget_device(id);
 }
 
+/// Forgets class `key` of `device` in this process only, as a new process would start it
+/// (tests: the disk keeps its winner and progress). Its pairs in flight are released.
+#[cfg(test)]
+pub(super) fn forget_class(device: &Device, key: &str) {
+    let Some(e) = explorers().locked().remove(&(device.id(), key.to_owned())) else {
+        return;
+    };
+    memo()
+        .locked()
+        .retain(|_, m| !matches!(m, Memo::Exploring(x) if Arc::ptr_eq(x, &e)));
+    device.synchronize().expect("idle");
+    e.discard(device.context());
+}
+
+/// The explorer of class `key` on `device`, if it is exploring (tests).
+#[cfg(test)]
+pub(super) fn explorer(device: &Device, key: &str) -> Option<Arc<Explorer>> {
+    explorers()
+        .locked()
+        .get(&(device.id(), key.to_owned()))
+        .cloned()
+}
+
 /// How many shape classes of `device` (matmul and attention) are still being tuned on real
 /// work: 0 once everything the program has run is settled.
 pub fn tuning_in_progress(device: &Device) -> usize {

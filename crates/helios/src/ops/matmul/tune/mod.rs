@@ -11,12 +11,14 @@
 //! returns (`exhaustive`: each candidate checked against the f64 CPU reference, then timed);
 //! `HELIOS_MATMUL_TUNE=0` keeps the first choice. Winners persist in
 //! `<cache root>/matmul/<device uuid>-<driver version>-<features>.tsv` (one `variant  µs
-//! class` line per class).
+//! class` line per class), and a class's exploration that has not settled in
+//! `<cache root>/matmul-progress/`, so that the next process goes on from it.
 //!
 //! The files: `caps` (what the device offers matmul), `choose` (the selection, its
 //! per-process memo and the first choice), `standin` (the SPIR-V kernel a class runs while
 //! its native first choice is JIT-compiled), `explore` (tuning on real work; its compile
-//! threads are `ops::background`, shared with attention's) and `shadow` (a candidate's run
+//! threads are `ops::background`, shared with attention's), `progress` (an unsettled class's
+//! exploration on disk, which the next process goes on from) and `shadow` (a candidate's run
 //! beside the real product and the rows compared), `cache` (shape classes and the
 //! on-disk winners), `exhaustive` (the exhaustive tuner: candidates, split-K, reports),
 //! `check` (a candidate's correctness check against the CPU reference), `timing` (GPU
@@ -29,6 +31,7 @@ mod choose;
 mod exhaustive;
 mod explore;
 mod peak;
+mod progress;
 mod shadow;
 mod standin;
 mod timing;

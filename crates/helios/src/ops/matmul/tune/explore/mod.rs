@@ -24,6 +24,7 @@ use helios_vk::{GpuSpan, Snapshot};
 use super::cache::{store, winner_tag};
 use super::caps::matmul_caps;
 use super::exhaustive::{split_candidates, timed_candidates};
+use super::progress;
 use super::shadow::{check_rows, matmul_bound};
 use super::standin::{launched, stand_in};
 use crate::ops::background;
@@ -67,6 +68,8 @@ struct State {
     /// What `compiled` answered per (kernel, splits): compiled, or not yet as of a
     /// background generation and a time (`State::compiled`).
     seen: rustc_hash::FxHashMap<(MatmulKernel, u32), Option<(u64, std::time::Instant)>>,
+    /// `milestones()` when the progress was last saved (`save_if_moved`).
+    saved: (usize, usize, usize),
 }
 
 struct Cand {
@@ -197,21 +200,32 @@ impl Explorer {
             _ => 2,
         };
         cands[1..].sort_by_key(|c| family(c.variant));
+        let mut state = State {
+            cands,
+            incumbent_us: Vec::new(),
+            pending: Vec::new(),
+            splits_added: false,
+            winner: None,
+            calls: 0,
+            seen: Default::default(),
+            saved: (0, 0, 0),
+        };
+        let device = p.a.device();
+        if let Some(saved) = progress::load(device, &key, (first.kernel.variant, first.splits)) {
+            state.resume(saved);
+        }
+        // Only what is left to measure: a finished candidate compiles if it wins.
         background::compile(
-            p.a.device(),
-            cands[1..].iter().map(|c| plan_of(p, c).kernel).collect(),
+            device,
+            state.cands[1..]
+                .iter()
+                .filter(|c| c.status == Status::Unchecked)
+                .map(|c| plan_of(p, c).kernel)
+                .collect(),
         );
         Arc::new(Explorer {
             key,
-            state: Mutex::new(State {
-                cands,
-                incumbent_us: Vec::new(),
-                pending: Vec::new(),
-                splits_added: false,
-                winner: None,
-                calls: 0,
-                seen: Default::default(),
-            }),
+            state: Mutex::new(state),
         })
     }
 
@@ -265,6 +279,9 @@ impl Explorer {
         s.collect(p.a.device())?;
         if s.winner.is_none() {
             s.advance(p, &self.key);
+        }
+        if s.winner.is_none() {
+            s.save_if_moved(p.a.device(), &self.key);
         }
         let (real, standing_in) = s.real_plan(p);
         // A pair's ratio is over the incumbent's time: none while a stand-in runs.
@@ -369,6 +386,92 @@ impl Explorer {
 }
 
 impl State {
+    /// Takes up a class's exploration where an earlier process left it (`progress`): its
+    /// candidates' standings, the split round if it had begun, and the incumbent's time.
+    fn resume(&mut self, saved: progress::Progress) {
+        for ((variant, splits), standing) in saved.cands {
+            let at = self
+                .cands
+                .iter()
+                .position(|c| (c.variant, c.splits) == (variant, splits));
+            let c = match at {
+                Some(0) => continue,
+                Some(c) => c,
+                // A split candidate: the round had begun.
+                None if splits > 1 => {
+                    self.splits_added = true;
+                    self.cands.push(Cand {
+                        variant,
+                        splits,
+                        status: Status::Unchecked,
+                        ratios: Vec::new(),
+                    });
+                    self.cands.len() - 1
+                }
+                // A plain candidate this build no longer times for the class.
+                None => continue,
+            };
+            let cand = &mut self.cands[c];
+            (cand.status, cand.ratios) = match standing {
+                progress::Standing::New => (Status::Unchecked, Vec::new()),
+                progress::Standing::Out => (Status::Out, Vec::new()),
+                // Checked against the real output again unless fully measured.
+                progress::Standing::Ratios(r) if r.len() >= SAMPLES => (Status::Live, r),
+                progress::Standing::Ratios(r) => (Status::Unchecked, r),
+            };
+        }
+        if saved.incumbent_us > 0.0 {
+            self.incumbent_us.push(saved.incumbent_us);
+        }
+        self.saved = self.milestones();
+    }
+
+    /// What a save records progress at: candidates out, candidates fully measured, and
+    /// candidates in all (the split round adds some).
+    fn milestones(&self) -> (usize, usize, usize) {
+        let out = self
+            .cands
+            .iter()
+            .filter(|c| c.status == Status::Out)
+            .count();
+        let done = self.cands[1..]
+            .iter()
+            .filter(|c| c.status == Status::Live && c.ratios.len() >= SAMPLES)
+            .count();
+        (out, done, self.cands.len())
+    }
+
+    /// Saves the exploration when a milestone moved since the last save (a few dozen
+    /// writes of one short line per class, not one per pair).
+    fn save_if_moved(&mut self, device: &crate::Device, key: &str) {
+        let now = self.milestones();
+        if now == self.saved {
+            return;
+        }
+        self.saved = now;
+        progress::save(device, key, &self.progress());
+    }
+
+    /// The exploration as `progress` saves it.
+    fn progress(&self) -> progress::Progress {
+        let standing = |c: &Cand| match c.status {
+            Status::Out => progress::Standing::Out,
+            _ if c.ratios.is_empty() => progress::Standing::New,
+            _ => progress::Standing::Ratios(c.ratios.clone()),
+        };
+        progress::Progress {
+            incumbent: (self.cands[0].variant, self.cands[0].splits),
+            incumbent_us: match self.incumbent_us.is_empty() {
+                true => 0.0,
+                false => median(&self.incumbent_us),
+            },
+            cands: self.cands[1..]
+                .iter()
+                .map(|c| ((c.variant, c.splits), standing(c)))
+                .collect(),
+        }
+    }
+
     /// `compiled`, remembered: a kernel found compiled stays so, and one not yet is asked
     /// again only once a background compile has finished or `ASK_AGAIN` has passed (a split's
     /// sum kernel compiles elsewhere). Asking takes locks and hashes, and a fresh class asks
@@ -543,155 +646,4 @@ impl State {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
-    use super::*;
-    use crate::ops::matmul::tune::Tuning;
-    use crate::ops::online::TEST_TUNING;
-    use crate::Device;
-
-    /// Devices whose candidates compute a wrong product in their shadow runs.
-    pub(in crate::ops::matmul::tune) static SABOTAGED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-
-    fn random(device: &Device, shape: &[usize], seed: u64) -> (Tensor, Vec<f32>) {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let v: Vec<f32> = (0..shape.iter().product::<usize>())
-            .map(|_| rng.gen_range(-1.0f32..1.0))
-            .collect();
-        (Tensor::from_slice(device, &v, shape).expect("upload"), v)
-    }
-
-    /// Calls `a · b` until its class settles (at most `limit` calls), checking every result
-    /// against the f64 reference; returns the calls and the final choice.
-    fn explore_until_settled(
-        device: &Device,
-        (m, n, k): (usize, usize, usize),
-        limit: usize,
-    ) -> (usize, crate::MatmulChoice) {
-        let (a, av) = random(device, &[m, k], 11);
-        let (b, bv) = random(device, &[k, n], 12);
-        let key = super::super::cache::class_key(
-            &Problem::new(&a, &b, &Default::default()).expect("problem"),
-        );
-        super::super::cache::forget(device, &key);
-        let want = crate::cpu::matmul::matmul(
-            &av,
-            &bv,
-            &crate::cpu::matmul::MatmulRef {
-                batch: 1,
-                m,
-                n,
-                k,
-                alpha: 1.0,
-                bias: None,
-                act: helios_kernels::Activation::None,
-                residual: None,
-                act_grad: helios_kernels::Activation::None,
-            },
-        );
-        let opts = crate::MatmulOptions::default();
-        for call in 1..=limit {
-            let got = a.matmul(&b).expect("product").to_vec().expect("read");
-            let err = crate::cpu::matmul::relative_error(&got, &want);
-            assert!(err <= 1e-5, "call {call}: relative error {err:.2e}");
-            // The candidates' compiles run on their own thread; a real program goes on
-            // with the incumbent meanwhile, a test waits to keep its call count short.
-            crate::ops::background::wait_idle();
-            let choice = a.matmul_choice(&b, &opts).expect("choice");
-            if choice.how == crate::Choice::Tuned {
-                return (call, choice);
-            }
-        }
-        panic!("the class did not settle in {limit} calls");
-    }
-
-    /// A class explores on real calls (every result right meanwhile), settles on one of its
-    /// candidates, stays there, and the winner is on disk for the next process.
-    #[test]
-    fn a_class_explores_settles_and_persists() {
-        let device = Device::from_env().expect("a Vulkan device");
-        TEST_TUNING.locked().push((device.id(), Tuning::Online));
-        let (calls, choice) = explore_until_settled(&device, (72, 40, 56), 200);
-        eprintln!("settled after {calls} calls on {}", choice.label());
-        assert!(
-            calls > 3,
-            "settled after {calls} calls: nothing was explored"
-        );
-        let (a, _) = random(&device, &[72, 56], 1);
-        let (b, _) = random(&device, &[56, 40], 2);
-        let p = Problem::new(&a, &b, &Default::default()).expect("problem");
-        let key = super::super::cache::class_key(&p);
-        let stored = super::super::cache::cached(&device, &key).expect("a stored winner");
-        assert_eq!((stored.0, stored.1), (choice.variant, choice.splits));
-        let again = a.matmul_choice(&b, &Default::default()).expect("choice");
-        assert_eq!(again.how, crate::Choice::Tuned, "it stays settled");
-        assert_eq!(again.kernel, choice.kernel);
-        super::super::cache::forget(&device, &key);
-        let messages = device.validation_messages();
-        assert!(messages.is_empty(), "validation: {messages:?}");
-    }
-
-    /// Candidates whose shadow results differ from the incumbent's never compute a real
-    /// output, and the class settles on the incumbent.
-    #[test]
-    fn a_candidate_that_differs_is_never_chosen() {
-        let device = Device::from_env().expect("a Vulkan device");
-        TEST_TUNING.locked().push((device.id(), Tuning::Online));
-        SABOTAGED.locked().push(device.id());
-        let (a, _) = random(&device, &[88, 64], 3);
-        let (b, _) = random(&device, &[64, 24], 4);
-        let p = Problem::new(&a, &b, &Default::default()).expect("problem");
-        let first = crate::ops::matmul::tune::choose::first_choice(&p);
-        let (_, choice) = explore_until_settled(&device, (88, 24, 64), 200);
-        assert_eq!(choice.variant, first.kernel.variant, "the incumbent stays");
-        assert_eq!(choice.splits, first.splits);
-        super::super::cache::forget(&device, &super::super::cache::class_key(&p));
-        let messages = device.validation_messages();
-        assert!(messages.is_empty(), "validation: {messages:?}");
-    }
-
-    /// While a class explores, every output is the incumbent's, bit for bit: candidates
-    /// only ever write scratch.
-    #[test]
-    fn exploring_never_changes_a_result() {
-        let device = Device::from_env().expect("a Vulkan device");
-        TEST_TUNING.locked().push((device.id(), Tuning::Online));
-        let (a, _) = random(&device, &[80, 48], 5);
-        let (b, _) = random(&device, &[48, 56], 6);
-        let p = Problem::new(&a, &b, &Default::default()).expect("problem");
-        let key = super::super::cache::class_key(&p);
-        super::super::cache::forget(&device, &key);
-        let first = crate::ops::matmul::tune::choose::first_choice(&p);
-        let forced = crate::MatmulOverrides {
-            variant: Some(first.kernel.variant),
-            ..Default::default()
-        };
-        let opts = crate::MatmulOptions::default();
-        let want = a
-            .matmul_overridden(&b, &opts, &forced)
-            .and_then(|c| c.to_vec())
-            .expect("the incumbent's product");
-        for call in 1..=6 {
-            let got = a.matmul(&b).and_then(|c| c.to_vec()).expect("product");
-            assert_eq!(got, want, "call {call}");
-            crate::ops::background::wait_idle();
-        }
-        let choice = a.matmul_choice(&b, &opts).expect("choice");
-        assert_eq!(
-            choice.how,
-            crate::Choice::Exploring,
-            "still exploring after 6 calls"
-        );
-        let state = crate::ops::matmul_exploring(&device);
-        let line = state
-            .iter()
-            .find(|l| l.starts_with(&key))
-            .expect("exploring");
-        // Live or dropped (lavapipe's timings are noisy): either way it ran beside.
-        assert!(
-            !(line.contains("live 0 ") && line.contains(" out 0,")),
-            "no candidate ran beside it: {line}"
-        );
-        super::super::cache::forget(&device, &key);
-    }
-}
+pub(super) mod tests;
