@@ -13,6 +13,7 @@ pub(crate) mod online;
 mod optim;
 mod reduce;
 mod softmax;
+mod tuning_progress;
 mod tuning_store;
 
 pub use attention::prepare_attention;

@@ -2,7 +2,7 @@
 
 use helios_kernels::attention::{AttentionKernel, AttnStage, AttnVariant};
 
-use super::{bound, cached, candidates, forced, free, mode, rows, store, Class};
+use super::{bound, cached, candidates, forced, free, mode, rows, store, Class, PROGRESS};
 use crate::device::KernelKey;
 use crate::ops::attention::select::{first_use_passed, unchecked};
 use crate::ops::attention::{AttentionOptions, AttentionOutput};
@@ -10,13 +10,14 @@ use crate::ops::background::{self, Candidate};
 use crate::ops::online::{
     compare, fenced, median, refund, spend, warm, RowSample, Verdict, FIRST_ESTIMATE_US,
 };
+use crate::ops::tuning_progress::{Progress, Standing};
 use crate::ops::Tuning;
 use crate::realize_lock::LockExt;
 use crate::{DType, Result, Tensor};
 
 /// Pairs per candidate and the slack past the best median ratio beyond which a candidate's
 /// best ratio drops it (as for matmul's exploration).
-const SAMPLES: usize = 3;
+pub(super) const SAMPLES: usize = 3;
 const DROP_SLACK: f64 = 1.25;
 
 /// One class being tuned on real work. An exploring call of the class runs, after the real
@@ -35,6 +36,8 @@ struct Exploring {
     incumbent_us: Vec<f64>,
     pending: Vec<Pending>,
     calls: u64,
+    /// `milestones()` when the progress was last saved (`save_if_moved`).
+    saved: (usize, usize),
 }
 
 struct Cand {
@@ -96,9 +99,9 @@ fn stretches(t: &Tensor) -> (Vec<(u64, u64)>, Vec<RowSample>) {
 }
 
 impl Exploring {
-    /// The exploration of `q`'s class of `stage` from `incumbent`: the other variants'
-    /// kernels are queued for tuning's threads (nothing is generated or waited for here); a
-    /// variant that cannot run for this class is out from the start.
+    /// The exploration of `q`'s class of `stage` from `incumbent` (nothing is generated or
+    /// waited for here: `resume_and_compile` queues the kernels); a variant that cannot run
+    /// for this class is out from the start.
     fn new(
         (q, stage, packed): (&Tensor, AttnStage, bool),
         base: &AttentionOptions,
@@ -125,20 +128,100 @@ impl Exploring {
                 }
             })
             .collect::<Vec<Cand>>();
-        // Generated and compiled on tuning's threads, never this one (`ops::background`).
-        background::compile_candidates(
-            q.device(),
-            cands
-                .iter()
-                .filter_map(|c| c.kernel.map(Candidate::Attention))
-                .collect(),
-        );
         Exploring {
             incumbent,
             cands,
             incumbent_us: Vec::new(),
             pending: Vec::new(),
             calls: 0,
+            saved: (0, 0),
+        }
+    }
+
+    /// Takes up the class's exploration where an earlier process left it
+    /// (`ops::tuning_progress`), then queues the kernels of the candidates still to measure
+    /// for tuning's threads (generated and compiled there, never here: `ops::background`).
+    fn resume_and_compile(&mut self, device: &crate::Device, class: Class) {
+        if let Some(saved) = PROGRESS.load(device, &class.name(), &self.incumbent.tag()) {
+            self.resume(saved);
+        }
+        background::compile_candidates(
+            device,
+            self.cands
+                .iter()
+                .filter(|c| c.checked.is_none() || (Self::live(c) && c.ratios.len() < SAMPLES))
+                .filter_map(|c| c.kernel.map(Candidate::Attention))
+                .collect(),
+        );
+    }
+
+    fn resume(&mut self, saved: Progress) {
+        for (tag, standing) in saved.cands {
+            // A candidate that cannot run here stays out whatever was saved.
+            let Some(c) = self
+                .cands
+                .iter_mut()
+                .find(|c| c.variant.tag() == tag && c.kernel.is_some())
+            else {
+                continue;
+            };
+            (c.checked, c.ratios) = match standing {
+                Standing::New => (None, Vec::new()),
+                Standing::Out => (Some(false), Vec::new()),
+                // Checked against the real outputs again unless fully measured.
+                Standing::Ratios(r) if r.len() >= SAMPLES => (Some(true), r),
+                Standing::Ratios(r) => (None, r),
+            };
+        }
+        if saved.incumbent_us > 0.0 {
+            self.incumbent_us.push(saved.incumbent_us);
+        }
+        self.saved = self.milestones();
+    }
+
+    /// Candidates out and candidates fully measured: what a save records progress at.
+    fn milestones(&self) -> (usize, usize) {
+        let out = self
+            .cands
+            .iter()
+            .filter(|c| c.checked == Some(false))
+            .count();
+        let done = self
+            .cands
+            .iter()
+            .filter(|c| Self::live(c) && c.ratios.len() >= SAMPLES)
+            .count();
+        (out, done)
+    }
+
+    /// Saves the exploration when a milestone moved since the last save.
+    fn save_if_moved(&mut self, device: &crate::Device, class: Class) {
+        let now = self.milestones();
+        if now == self.saved {
+            return;
+        }
+        self.saved = now;
+        PROGRESS.save(device, &class.name(), &self.progress());
+    }
+
+    /// The exploration as `ops::tuning_progress` saves it.
+    fn progress(&self) -> Progress {
+        let standing = |c: &Cand| match c.checked {
+            Some(false) => Standing::Out,
+            _ if c.ratios.is_empty() => Standing::New,
+            _ => Standing::Ratios(c.ratios.clone()),
+        };
+        Progress {
+            incumbent: self.incumbent.tag(),
+            incumbent_us: match self.incumbent_us.is_empty() {
+                true => 0.0,
+                false => median(&self.incumbent_us),
+            },
+            cands: self
+                .cands
+                .iter()
+                .map(|c| (c.variant.tag(), standing(c)))
+                .collect(),
         }
     }
 
@@ -294,12 +377,14 @@ fn explore(
                     return Ok(());
                 };
                 let coop = k.variant.is_coop() || k.variant.is_native();
-                e.insert(Exploring::new(
+                let mut fresh = Exploring::new(
                     (q, stage, packed),
                     base,
                     k.variant,
                     candidates(device, stage, coop),
-                ))
+                );
+                fresh.resume_and_compile(device, class);
+                e.insert(fresh)
             }
         };
         e.calls += 1;
@@ -321,6 +406,7 @@ fn explore(
             store(device, class, &v.tag(), us);
             return Ok(());
         }
+        e.save_if_moved(device, class);
         // A pair runs the incumbent again and a candidate that costs about as much.
         let charged_us = 2.0
             * match e.incumbent_us.is_empty() {
@@ -379,6 +465,27 @@ fn explore(
         });
     }
     Ok(())
+}
+
+/// Forgets `class`'s exploration on `device` in this process only, as a new process would
+/// start it (tests: the disk keeps its progress); the device must be idle.
+#[cfg(test)]
+pub(super) fn forget_class(device: &crate::Device, class: Class) {
+    if let Some(e) = exploring().locked().remove(&(device.id(), class)) {
+        for p in e.pending {
+            let _ = device.context().gpu_elapsed(p.incumbent);
+            let _ = device.context().gpu_elapsed(p.span);
+        }
+    }
+}
+
+/// `class`'s exploration on `device` as it would be saved, if it is exploring (tests).
+#[cfg(test)]
+pub(super) fn progress_of(device: &crate::Device, class: Class) -> Option<Progress> {
+    exploring()
+        .locked()
+        .get(&(device.id(), class))
+        .map(|e| e.progress())
 }
 
 /// How many attention classes of `device` are being tuned on real work.

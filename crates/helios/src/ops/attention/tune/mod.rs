@@ -196,8 +196,17 @@ fn bound(dtype: DType) -> f64 {
 /// Attention winners per device (`<cache root>/attention/<device>.tsv`). Version 2: the
 /// forward is software-pipelined where it fits, and row-tile pairs joined its candidates.
 static STORE: crate::ops::tuning_store::TuningStore =
-    crate::ops::tuning_store::TuningStore::new("attention", 2, |v| {
+    crate::ops::tuning_store::TuningStore::new("attention", STORE_VERSION, |v| {
         AttnVariant::by_name(v).is_some()
+    });
+
+/// The winners' store version (above), which unsettled classes' progress follows.
+const STORE_VERSION: u32 = 2;
+
+/// Unsettled classes' exploration (`<cache root>/attention-progress/<device>.tsv`).
+static PROGRESS: crate::ops::tuning_progress::ProgressStore =
+    crate::ops::tuning_progress::ProgressStore::new("attention-progress", STORE_VERSION, |t| {
+        AttnVariant::by_name(t).is_some()
     });
 
 /// The stored winners looked up so far, per (device id, class): `None` where none is stored.
@@ -236,6 +245,7 @@ pub fn attention_tuning(device: &Device) -> Vec<(String, String, f64)> {
 #[cfg(test)]
 pub(crate) fn forget(device: &Device, class: Class) {
     STORE.remove(device, &class.name());
+    PROGRESS.forget(device, &class.name());
     winners().locked().remove(&(device.id(), class));
 }
 
@@ -266,13 +276,8 @@ mod tests {
     use super::*;
     use crate::ops::online::TEST_TUNING;
 
-    /// A forward class explores on real calls (every output the same as the default
-    /// kernel's, bit for bit), settles, and its winner is stored.
-    #[test]
-    fn a_forward_class_explores_and_settles() {
-        let device = Device::from_env().expect("a Vulkan device");
-        TEST_TUNING.locked().push((device.id(), Tuning::Online));
-        let (b, t, h, d) = (1, 24, 2, 16);
+    /// Random q, k, v of `[b, t, h, d]` (f32), and the causal forward's class.
+    fn qkv(device: &Device, (b, t, h, d): (usize, usize, usize, usize)) -> [Tensor; 3] {
         let mut seed = 7u32;
         let mut random = |n: usize| -> Vec<f32> {
             (0..n)
@@ -284,20 +289,26 @@ mod tests {
         };
         let shape = [b, t, h, d];
         let n = b * t * h * d;
-        let q = Tensor::from_slice(&device, &random(n), &shape).expect("q");
-        let k = Tensor::from_slice(&device, &random(n), &shape).expect("k");
-        let v = Tensor::from_slice(&device, &random(n), &shape).expect("v");
+        [0, 1, 2].map(|_| Tensor::from_slice(device, &random(n), &shape).expect("upload"))
+    }
+
+    fn forward_class(q: &Tensor, opts: &AttentionOptions) -> Class {
+        let d = *q.shape().last().expect("4-d");
+        Class::of(q.dtype().storage(), d, rows(q, d), AttnStage::Forward, opts)
+    }
+
+    /// A forward class explores on real calls (every output the same as the default
+    /// kernel's, bit for bit), settles, and its winner is stored.
+    #[test]
+    fn a_forward_class_explores_and_settles() {
+        let device = Device::from_env().expect("a Vulkan device");
+        TEST_TUNING.locked().push((device.id(), Tuning::Online));
+        let [q, k, v] = qkv(&device, (1, 24, 2, 16));
         let opts = AttentionOptions {
             causal: true,
             ..Default::default()
         };
-        let class = Class::of(
-            q.dtype().storage(),
-            d,
-            rows(&q, d),
-            AttnStage::Forward,
-            &opts,
-        );
+        let class = forward_class(&q, &opts);
         forget(&device, class);
         let default = q
             .attention_kernel(AttnStage::Forward, &opts)
@@ -329,6 +340,75 @@ mod tests {
         );
         assert!(STORE.get(&device, &class.name()).is_some(), "stored");
         STORE.remove(&device, &class.name());
+        let messages = device.validation_messages();
+        assert!(messages.is_empty(), "validation: {messages:?}");
+    }
+
+    /// A forward class that has not settled when its process ends goes on where it stood in
+    /// the next one (what was saved at its last milestone), then settles.
+    #[test]
+    fn an_unsettled_forward_class_goes_on_in_the_next_process() {
+        use crate::ops::tuning_progress::Standing;
+        let device = Device::from_env().expect("a Vulkan device");
+        TEST_TUNING.locked().push((device.id(), Tuning::Online));
+        let [q, k, v] = qkv(&device, (1, 24, 2, 32));
+        let opts = AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
+        let class = forward_class(&q, &opts);
+        forget(&device, class);
+        let incumbent = q
+            .attention_kernel_of(AttnStage::Forward, &opts)
+            .expect("kernel")
+            .expect("a kernel")
+            .variant
+            .tag();
+        let finished = |s: &Standing| match s {
+            Standing::Out => true,
+            Standing::Ratios(r) => r.len() >= explore::SAMPLES,
+            Standing::New => false,
+        };
+        let mut saved = None;
+        for _ in 0..200 {
+            q.attention(&k, &v, &opts).expect("forward");
+            device.synchronize().expect("idle");
+            crate::ops::background::wait_idle();
+            saved = PROGRESS
+                .load(&device, &class.name(), &incumbent)
+                .filter(|s| s.cands.iter().any(|c| finished(&c.1)));
+            if saved.is_some() {
+                break;
+            }
+        }
+        let saved = saved.expect("a milestone within 200 calls");
+        assert!(
+            cached(&device, class).is_none(),
+            "settled before a second process"
+        );
+        // A new process: no exploration in memory.
+        device.synchronize().expect("idle");
+        explore::forget_class(&device, class);
+        q.attention(&k, &v, &opts).expect("forward");
+        let resumed = explore::progress_of(&device, class).expect("exploring again");
+        for (cand, standing) in saved.cands.iter().filter(|c| finished(&c.1)) {
+            let now = resumed.cands.iter().find(|c| c.0 == *cand).map(|c| &c.1);
+            assert_eq!(now, Some(standing), "{cand} resumed as it was saved");
+        }
+        for _ in 0..400 {
+            if cached(&device, class).is_some() {
+                break;
+            }
+            q.attention(&k, &v, &opts).expect("forward");
+            device.synchronize().expect("idle");
+            crate::ops::background::wait_idle();
+        }
+        assert!(
+            cached(&device, class).is_some(),
+            "settled after resuming: {:?}",
+            explore::progress_of(&device, class)
+        );
+        forget(&device, class);
         let messages = device.validation_messages();
         assert!(messages.is_empty(), "validation: {messages:?}");
     }

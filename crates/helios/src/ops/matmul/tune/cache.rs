@@ -57,8 +57,15 @@ pub(crate) fn class_key(p: &Problem) -> String {
 static STORE: crate::ops::tuning_store::TuningStore =
     crate::ops::tuning_store::TuningStore::new("matmul", STORE_VERSION, |v| parse_tag(v).is_some());
 
-/// The winners' store version (above); unsettled classes' progress (`progress`) follows it.
-pub(super) const STORE_VERSION: u32 = 5;
+/// The winners' store version (above), which unsettled classes' progress follows.
+const STORE_VERSION: u32 = 5;
+
+/// Unsettled classes' exploration (`<cache root>/matmul-progress/<device>.tsv`), in the
+/// stored tags (`winner_tag`).
+pub(super) static PROGRESS: crate::ops::tuning_progress::ProgressStore =
+    crate::ops::tuning_progress::ProgressStore::new("matmul-progress", STORE_VERSION, |t| {
+        parse_tag(t).is_some()
+    });
 
 pub(super) fn cached(device: &Device, key: &str) -> Option<(MatmulVariant, u32)> {
     STORE.get(device, key).and_then(|v| parse_tag(&v))
@@ -74,7 +81,7 @@ pub(super) fn earlier(device: &Device, key: &str) -> Option<(MatmulVariant, u32)
 #[cfg(test)]
 pub(super) fn forget(device: &Device, key: &str) {
     STORE.remove(device, key);
-    super::progress::forget(device, key);
+    PROGRESS.forget(device, key);
 }
 
 /// Records a winner (and rewrites the file).

@@ -17,9 +17,9 @@
 //! The files: `caps` (what the device offers matmul), `choose` (the selection, its
 //! per-process memo and the first choice), `standin` (the SPIR-V kernel a class runs while
 //! its native first choice is JIT-compiled), `explore` (tuning on real work; its compile
-//! threads are `ops::background`, shared with attention's), `progress` (an unsettled class's
-//! exploration on disk, which the next process goes on from) and `shadow` (a candidate's run
-//! beside the real product and the rows compared), `cache` (shape classes and the
+//! threads are `ops::background`, shared with attention's, and an unsettled class's progress
+//! is kept by `ops::tuning_progress`) and `shadow` (a candidate's run beside the real
+//! product and the rows compared), `cache` (shape classes and the
 //! on-disk winners), `exhaustive` (the exhaustive tuner: candidates, split-K, reports),
 //! `check` (a candidate's correctness check against the CPU reference), `timing` (GPU
 //! timing of candidates) and `peak` (the cooperative-matrix peak microbenchmark).
@@ -31,7 +31,6 @@ mod choose;
 mod exhaustive;
 mod explore;
 mod peak;
-mod progress;
 mod shadow;
 mod standin;
 mod timing;

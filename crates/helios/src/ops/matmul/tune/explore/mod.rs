@@ -21,10 +21,9 @@ use std::sync::{Arc, Mutex};
 use helios_kernels::{MatmulKernel, MatmulVariant};
 use helios_vk::{GpuSpan, Snapshot};
 
-use super::cache::{store, winner_tag};
+use super::cache::{parse_tag, store, winner_tag, PROGRESS};
 use super::caps::matmul_caps;
 use super::exhaustive::{split_candidates, timed_candidates};
-use super::progress;
 use super::shadow::{check_rows, matmul_bound};
 use super::standin::{launched, stand_in};
 use crate::ops::background;
@@ -32,6 +31,7 @@ use crate::ops::matmul::{Plan, Problem};
 use crate::ops::online::{
     compare, fenced, median, refund, spend, warm, RowSample, Verdict, FIRST_ESTIMATE_US,
 };
+use crate::ops::tuning_progress::{Progress, Standing};
 use crate::realize_lock::LockExt;
 use crate::{DType, Result, Tensor};
 
@@ -211,7 +211,8 @@ impl Explorer {
             saved: (0, 0, 0),
         };
         let device = p.a.device();
-        if let Some(saved) = progress::load(device, &key, (first.kernel.variant, first.splits)) {
+        let incumbent = winner_tag(first.kernel.variant.name(), first.splits);
+        if let Some(saved) = PROGRESS.load(device, &key, &incumbent) {
             state.resume(saved);
         }
         // Only what is left to measure: a finished candidate compiles if it wins.
@@ -388,8 +389,11 @@ impl Explorer {
 impl State {
     /// Takes up a class's exploration where an earlier process left it (`progress`): its
     /// candidates' standings, the split round if it had begun, and the incumbent's time.
-    fn resume(&mut self, saved: progress::Progress) {
-        for ((variant, splits), standing) in saved.cands {
+    fn resume(&mut self, saved: Progress) {
+        for (tag, standing) in saved.cands {
+            let Some((variant, splits)) = parse_tag(&tag) else {
+                continue;
+            };
             let at = self
                 .cands
                 .iter()
@@ -413,11 +417,11 @@ impl State {
             };
             let cand = &mut self.cands[c];
             (cand.status, cand.ratios) = match standing {
-                progress::Standing::New => (Status::Unchecked, Vec::new()),
-                progress::Standing::Out => (Status::Out, Vec::new()),
+                Standing::New => (Status::Unchecked, Vec::new()),
+                Standing::Out => (Status::Out, Vec::new()),
                 // Checked against the real output again unless fully measured.
-                progress::Standing::Ratios(r) if r.len() >= SAMPLES => (Status::Live, r),
-                progress::Standing::Ratios(r) => (Status::Unchecked, r),
+                Standing::Ratios(r) if r.len() >= SAMPLES => (Status::Live, r),
+                Standing::Ratios(r) => (Status::Unchecked, r),
             };
         }
         if saved.incumbent_us > 0.0 {
@@ -449,25 +453,26 @@ impl State {
             return;
         }
         self.saved = now;
-        progress::save(device, key, &self.progress());
+        PROGRESS.save(device, key, &self.progress());
     }
 
     /// The exploration as `progress` saves it.
-    fn progress(&self) -> progress::Progress {
+    fn progress(&self) -> Progress {
         let standing = |c: &Cand| match c.status {
-            Status::Out => progress::Standing::Out,
-            _ if c.ratios.is_empty() => progress::Standing::New,
-            _ => progress::Standing::Ratios(c.ratios.clone()),
+            Status::Out => Standing::Out,
+            _ if c.ratios.is_empty() => Standing::New,
+            _ => Standing::Ratios(c.ratios.clone()),
         };
-        progress::Progress {
-            incumbent: (self.cands[0].variant, self.cands[0].splits),
+        let tag = |c: &Cand| winner_tag(c.variant.name(), c.splits);
+        Progress {
+            incumbent: tag(&self.cands[0]),
             incumbent_us: match self.incumbent_us.is_empty() {
                 true => 0.0,
                 false => median(&self.incumbent_us),
             },
             cands: self.cands[1..]
                 .iter()
-                .map(|c| ((c.variant, c.splits), standing(c)))
+                .map(|c| (tag(c), standing(c)))
                 .collect(),
         }
     }

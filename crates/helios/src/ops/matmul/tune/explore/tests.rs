@@ -107,18 +107,19 @@ fn an_unsettled_class_goes_on_in_the_next_process() {
     let key = super::super::cache::class_key(&p);
     super::super::cache::forget(&device, &key);
     let first = crate::ops::matmul::tune::choose::first_choice(&p);
-    let incumbent = (first.kernel.variant, first.splits);
-    let finished = |s: &progress::Standing| match s {
-        progress::Standing::Out => true,
-        progress::Standing::Ratios(r) => r.len() >= SAMPLES,
-        progress::Standing::New => false,
+    let incumbent = winner_tag(first.kernel.variant.name(), first.splits);
+    let finished = |s: &Standing| match s {
+        Standing::Out => true,
+        Standing::Ratios(r) => r.len() >= SAMPLES,
+        Standing::New => false,
     };
     // Explore until the first milestone is on disk (a candidate out or fully measured).
     let mut saved = None;
     for _ in 0..200 {
         a.matmul(&b).expect("product").to_vec().expect("read");
         crate::ops::background::wait_idle();
-        saved = progress::load(&device, &key, incumbent)
+        saved = PROGRESS
+            .load(&device, &key, &incumbent)
             .filter(|s| s.cands.iter().any(|c| finished(&c.1)));
         if saved.is_some() {
             break;
