@@ -295,6 +295,91 @@ fn transpose(v: &[f64], rows: usize, cols: usize) -> Vec<f64> {
 /// gradient (copied through the tiled transpose), not a strided view for the optimizer to
 /// gather element by element; tied to an embedding as GPT-2's wte, the accumulated
 /// gradient matches the f64 reference.
+/// A weight whose gradient has a home (`set_grad_home`) gets it written there by its
+/// product, step after step, f32 and bf16; a second use of the weight in the same backward
+/// adds to it as usual; a home of the wrong kind is refused.
+#[test]
+fn weight_gradients_are_written_into_their_home() {
+    let _l = LOCK.locked();
+    let (m, k, n) = (37usize, 29usize, 21usize);
+    let mut rng = StdRng::seed_from_u64(91);
+    for dtype in [DType::F32, DType::BF16] {
+        let tol = match dtype {
+            DType::F32 => 1e-5,
+            _ => 2e-2,
+        };
+        let round = |v: Vec<f64>| -> Vec<f64> {
+            v.iter()
+                .map(|&x| f64::from(dtype.round(x as f32)))
+                .collect()
+        };
+        let wv = round(random(&mut rng, k * n, -1.0, 1.0));
+        let w = up(&wv, &[k, n]).to_dtype(dtype).unwrap().requires_grad_();
+        let home = Tensor::zeros(device(), &[k, n], dtype).unwrap();
+        w.set_grad_home(Some(&home)).unwrap();
+        for step in 0..2 {
+            let xv = round(random(&mut rng, m * k, -1.0, 1.0));
+            let dyv = round(random(&mut rng, m * n, -1.0, 1.0));
+            let x = up(&xv, &[m, k]).to_dtype(dtype).unwrap();
+            let dy = up(&dyv, &[m, n]).to_dtype(dtype).unwrap();
+            w.zero_grad();
+            x.matmul(&w).unwrap().backward_with(&dy).unwrap();
+            // dW = xᵀ·dy.
+            let want = matmul_cpu(&transpose(&xv, m, k), &dyv, k, m, n);
+            let got = w.grad().expect("a gradient").to_vec().unwrap();
+            let at_home = home.to_vec().unwrap();
+            for i in 0..k * n {
+                let (g, h) = (got[i] as f64, at_home[i] as f64);
+                let what = format!("{dtype} step {step} element {i}");
+                assert!(
+                    (g - want[i]).abs() <= tol * (want[i].abs() + 1.0),
+                    "{what}: {g}"
+                );
+                assert_eq!(
+                    g.to_bits(),
+                    h.to_bits(),
+                    "{what}: the home holds the gradient"
+                );
+            }
+        }
+        // Used twice in one backward: the first product lands at home, the second adds.
+        w.zero_grad();
+        let (xv, x2v) = (
+            round(random(&mut rng, m * k, -1.0, 1.0)),
+            round(random(&mut rng, m * k, -1.0, 1.0)),
+        );
+        let dyv = round(random(&mut rng, m * n, -1.0, 1.0));
+        let (x, x2) = (
+            up(&xv, &[m, k]).to_dtype(dtype).unwrap(),
+            up(&x2v, &[m, k]).to_dtype(dtype).unwrap(),
+        );
+        let y = x.matmul(&w).unwrap().add(&x2.matmul(&w).unwrap()).unwrap();
+        y.backward_with(&up(&dyv, &[m, n]).to_dtype(dtype).unwrap())
+            .unwrap();
+        let sum: Vec<f64> = xv.iter().zip(&x2v).map(|(a, b)| a + b).collect();
+        let want = matmul_cpu(&transpose(&sum, m, k), &dyv, k, m, n);
+        let got = w.grad().expect("a gradient").to_vec().unwrap();
+        for i in 0..k * n {
+            let g = got[i] as f64;
+            assert!(
+                (g - want[i]).abs() <= 2.0 * tol * (want[i].abs() + 1.0),
+                "{dtype} used twice, element {i}: {g}, expected {}",
+                want[i]
+            );
+        }
+        w.set_grad_home(None).unwrap();
+    }
+    let w = up(&[0.5; 6], &[2, 3]).requires_grad_();
+    let wrong = Tensor::zeros(device(), &[3, 2], DType::F32).unwrap();
+    let err = w.set_grad_home(Some(&wrong)).unwrap_err().to_string();
+    assert!(err.contains("shape"), "{err}");
+    let not_leaf = w.mul_scalar(2.0).unwrap();
+    let home = Tensor::zeros(device(), &[2, 3], DType::F32).unwrap();
+    let err = not_leaf.set_grad_home(Some(&home)).unwrap_err().to_string();
+    assert!(err.contains("leaf"), "{err}");
+    assert_no_validation_messages();
+}
+
 #[test]
 fn transposed_weight_gradients_are_row_major_and_right() {
     let _l = LOCK.locked();
