@@ -1,8 +1,7 @@
 //! The NCCL backend: gradients are averaged on the GPU, with no copy through the host.
 //!
 //! Backward's gradients are copied into one exportable Vulkan allocation (the arena), which
-//! CUDA imports once (the weights' gradient products, after the first step, are written
-//! there directly: each parameter's slot is its gradient's home); a Vulkan timeline semaphore, also imported, orders the two APIs on the
+//! CUDA imports once; a Vulkan timeline semaphore, also imported, orders the two APIs on the
 //! GPU. Each step: Vulkan copies the gradients (and the loss) in and signals value 2k+1; the
 //! CUDA stream waits for it, sums the arena over the ranks in place and signals 2k+2; every
 //! later Vulkan command (the optimizer first) waits for that. The host only enqueues, and
@@ -93,17 +92,6 @@ impl Arena {
     fn ptr(&self, offset: u64) -> DevicePtr {
         self.base.offset(offset).expect("inside the arena")
     }
-}
-
-/// Makes each parameter's arena slot the home of its gradient (`Tensor::set_grad_home`):
-/// from the next backward on, a weight's gradient product is written straight into the
-/// arena, and its copy there (of ~250 MB of GPT-2's bf16 gradients, 170 MB are weights')
-/// is left out. The arena is rebuilt, and the homes set again, when the shapes change.
-fn home_gradients(params: &[Tensor], slots: &[Tensor]) -> Result<()> {
-    for (p, slot) in params.iter().zip(slots) {
-        p.set_grad_home(Some(slot))?;
-    }
-    Ok(())
 }
 
 fn nccl_dtype(d: DType) -> NcclDtype {
@@ -373,11 +361,9 @@ impl Collective for NcclCollective {
         all.push(loss.clone());
         self.arena_for(&all)?;
         let arena = self.arena.as_ref().expect("made by arena_for");
-        // One dispatch for all of them: a copy each was ~150 dispatches, most tiny. A
-        // gradient already at home in its slot (`home_gradients`) is not copied.
+        // One dispatch for all of them: a copy each was ~150 dispatches, most tiny.
         let pairs: Vec<(&Tensor, &Tensor)> = all.iter().zip(&arena.tensors).collect();
         self.device.copy_many(&pairs)?;
-        home_gradients(tensors, &arena.tensors)?;
         self.exchange(|comm, stream, arena| {
             for (offset, count, dtype) in arena.runs(0..arena.slots.len()) {
                 let ptr = arena.ptr(offset);
@@ -401,7 +387,6 @@ impl Collective for NcclCollective {
         let arena = self.arena.as_ref().expect("made by arena_for");
         let pairs: Vec<(&Tensor, &Tensor)> = grads.iter().zip(&arena.tensors).collect();
         self.device.copy_many(&pairs)?;
-        home_gradients(tensors, &arena.tensors)?;
         let world = self.rank.world;
         self.exchange(|comm, stream, arena| {
             for owner in 0..world {

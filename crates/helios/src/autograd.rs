@@ -61,8 +61,6 @@ impl GradLink {
 /// A leaf's accumulated gradient.
 pub(crate) struct LeafGrad {
     grad: Mutex<Option<Tensor>>,
-    /// Where a gradient that is one matrix product is written (`set_grad_home`).
-    home: Mutex<Option<Tensor>>,
 }
 
 /// One recorded op.
@@ -343,7 +341,6 @@ impl Tensor {
     pub fn requires_grad_(&self) -> Tensor {
         self.with_grad(Some(GradLink::Leaf(Arc::new(LeafGrad {
             grad: Mutex::new(None),
-            home: Mutex::new(None),
         }))))
     }
 
@@ -390,51 +387,6 @@ impl Tensor {
                 detail: "only a leaf (requires_grad_) holds a gradient".into(),
             }),
         }
-    }
-
-    /// Gives this leaf's gradient a home: from the next `backward()` on, a gradient that
-    /// reaches the leaf with none accumulated and is one matrix product (a weight's, dW =
-    /// Xᵀ·dY) is written straight into `home`'s storage, and `grad()` is then `home`; any
-    /// other gradient is made as usual. `home` must be dense, realised, and of the leaf's
-    /// shape, dtype and device. Its storage is overwritten in place, like an optimizer step's
-    /// update: read it (or copy it) before the next backward. `None` takes the home away.
-    ///
-    /// For storage another API reads without a copy (gradients handed to NCCL from an
-    /// exported arena: `helios::interop`).
-    pub fn set_grad_home(&self, home: Option<&Tensor>) -> Result<()> {
-        let invalid = |detail: String| Error::Invalid {
-            op: "set_grad_home",
-            detail,
-        };
-        let Some(GradLink::Leaf(l)) = self.grad_link() else {
-            return Err(invalid(
-                "only a leaf (requires_grad_) holds a gradient".into(),
-            ));
-        };
-        if let Some(h) = home {
-            if !h.device().same(self.device()) {
-                return Err(Error::DeviceMismatch {
-                    op: "set_grad_home",
-                });
-            }
-            if h.shape() != self.shape() || h.dtype() != self.dtype() {
-                return Err(invalid(format!(
-                    "the home is a {} tensor of shape {:?}; the leaf is {} of shape {:?}",
-                    h.dtype(),
-                    h.shape(),
-                    self.dtype(),
-                    self.shape()
-                )));
-            }
-            if !h.layout().is_dense() || !h.is_realized() {
-                return Err(invalid(
-                    "the home must be a dense, realised tensor (an arena tensor, or a whole one)"
-                        .into(),
-                ));
-            }
-        }
-        *l.home.locked() = home.map(Tensor::detach);
-        Ok(())
     }
 
     /// Backpropagates from this one-element tensor (a loss), as if its gradient were 1.
@@ -493,20 +445,6 @@ fn accumulate(leaf: &LeafGrad, g: Tensor) -> Result<()> {
     // hold its operands (an activation and a gradient of this step) until then.
     let record = g.is_pending_product();
     let mut slot = leaf.grad.locked();
-    let home = match (slot.is_none() && record, leaf.home.locked().as_ref()) {
-        (true, Some(h)) => Some(h.clone()),
-        _ => None,
-    };
-    let g = match home {
-        Some(home) => match g.record_product_into(&home)? {
-            Ok(()) => {
-                *slot = Some(home);
-                return Ok(());
-            }
-            Err(g) => g,
-        },
-        None => g,
-    };
     let sum = match slot.take() {
         Some(old) => old.add(&g)?,
         None => g,

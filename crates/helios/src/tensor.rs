@@ -159,28 +159,6 @@ impl Tensor {
         self.node.is_pending_product()
     }
 
-    /// Records this tensor, a pending matrix product viewed whole that nothing else holds,
-    /// into `dest`'s storage (dense and realised, of its shape and dtype and device, and not
-    /// one of its operands): the write is in place, like an optimizer step's, so `dest`'s
-    /// earlier readers must be recorded already. Gives the tensor back, recording nothing,
-    /// where it is not such a product.
-    pub(crate) fn record_product_into(
-        self,
-        dest: &Tensor,
-    ) -> Result<std::result::Result<(), Tensor>> {
-        let fits = self.is_pending_product()
-            && self.owns_array()
-            && self.device().same(dest.device())
-            && self.shape() == dest.shape()
-            && self.dtype() == dest.dtype()
-            && dest.layout().is_dense()
-            && dest.is_realized();
-        if fits && crate::lazy::record_product_into(&self.node, dest)? {
-            return Ok(Ok(()));
-        }
-        Ok(Err(self))
-    }
-
     /// Whether this tensor is the whole of its array and the only reference to it (no other
     /// tensor, view or pending op reads it): a kernel may then overwrite the array in place.
     pub(crate) fn owns_array(&self) -> bool {

@@ -316,7 +316,7 @@ pub(super) fn fold(end: &Arc<Node>, p: Arc<Node>, lock: &Realizing) -> Result<()
             realize(q, MemoryLocation::DeviceLocal, lock)?;
         }
     };
-    let (out, pre, kernel) = record(&p, &t, MemoryLocation::DeviceLocal, None, lock)?;
+    let (out, pre, kernel) = record(&p, &t, MemoryLocation::DeviceLocal, lock)?;
     set_buffer(end, out);
     if let (Some(node), Some(pre)) = (stored_pre(&g, &p, t.pre), pre) {
         set_buffer(node, pre);
@@ -338,7 +338,6 @@ fn record(
     p: &Node,
     t: &Tail,
     location: MemoryLocation,
-    into: Option<&Tensor>,
     lock: &Realizing,
 ) -> Result<(Tensor, Option<Tensor>, String)> {
     // A product loses its op only when recorded, or folded into its one reader (then
@@ -357,7 +356,7 @@ fn record(
         out: Some(t.out),
         ..Default::default()
     };
-    let recorded = a.product_now(&b, &opts, t.pre.is_some(), location, into);
+    let recorded = a.product_now(&b, &opts, t.pre.is_some(), location);
     if recorded.is_err() {
         p.pending.replace(Some(op), lock);
     }
@@ -396,47 +395,11 @@ pub(super) fn realize_product(
     let Some(op) = product_op(p, lock) else {
         unreachable!("a pending product keeps its op until it is recorded")
     };
-    let (out, _, kernel) = record(p, &Tail::new(&op, p.dtype), location, None, lock)?;
+    let (out, _, kernel) = record(p, &Tail::new(&op, p.dtype), location, lock)?;
     set_buffer(p, out);
     report(Realised::Product {
         kernel: &kernel,
         out: p,
     });
     Ok(())
-}
-
-/// Records pending product `p`, which nothing else holds, as it was built into `dest`'s
-/// storage (dense, realised, of its shape and dtype), unless `dest` is one of its operands.
-/// `p` is left with neither op nor buffer: its one holder drops it. Whether it recorded.
-pub(crate) fn record_into(p: &Node, dest: &Tensor, lock: &Realizing) -> Result<bool> {
-    let Some(op) = product_op(p, lock) else {
-        return Ok(false);
-    };
-    let reads_dest = {
-        let pending = p
-            .pending
-            .take(lock)
-            .expect("a pending product keeps its op");
-        let reads = pending
-            .inputs
-            .iter()
-            .any(|i| std::ptr::eq(Arc::as_ptr(&i.node), dest.node_addr() as *const Node));
-        p.pending.replace(Some(pending), lock);
-        reads
-    };
-    if reads_dest {
-        return Ok(false);
-    }
-    let (_, _, kernel) = record(
-        p,
-        &Tail::new(&op, p.dtype),
-        MemoryLocation::DeviceLocal,
-        Some(dest),
-        lock,
-    )?;
-    report(Realised::Product {
-        kernel: &kernel,
-        out: p,
-    });
-    Ok(true)
 }

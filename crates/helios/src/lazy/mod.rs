@@ -214,16 +214,6 @@ pub(crate) fn realize_all() -> Result<()> {
     Ok(())
 }
 
-/// Records `node`, a pending product nothing else holds, into `dest`'s storage (see
-/// `Tensor::record_product_into`); whether it did.
-pub(crate) fn record_product_into(node: &Arc<Node>, dest: &crate::Tensor) -> Result<bool> {
-    let one = crate::realize_lock::lock();
-    if !node.is_pending_product() {
-        return Ok(false);
-    }
-    epilogue::record_into(node, dest, &one)
-}
-
 impl Node {
     /// A realised node owning `buffer`, a row-major array of `layout`'s shape.
     pub(crate) fn realized(

@@ -535,10 +535,9 @@ impl Tensor {
     }
 
     /// The scheduler's recording of a pending product (`lazy::epilogue`), with the epilogue
-    /// it settled on: `self · other` with `opts` (no forced variant), into `into` (a dense,
-    /// realised tensor of the output's shape and dtype) or else a fresh tensor in `location`,
-    /// and with `store_pre` also the activation's input (of the output's dtype). Returns the
-    /// output, that input, and the kernel's name.
+    /// it settled on: `self · other` with `opts` (no forced variant), into a fresh tensor in
+    /// `location`, and with `store_pre` also the activation's input (of the output's dtype).
+    /// Returns the output, that input, and the kernel's name.
     ///
     /// It runs under the scheduler's lock, so it must not realise or build a graph node:
     /// the operands are realised, readable in place, and the bias and residual dense and of
@@ -550,7 +549,6 @@ impl Tensor {
         opts: &MatmulSpec,
         store_pre: bool,
         location: helios_vk::MemoryLocation,
-        into: Option<&Tensor>,
     ) -> Result<(Tensor, Option<Tensor>, String)> {
         let mut p = Problem::new(self, other, opts)?;
         if store_pre {
@@ -559,10 +557,7 @@ impl Tensor {
             })?;
             p.pre = Some(p.output()?);
         }
-        let out = match into {
-            Some(dest) => dest.clone(),
-            None => Tensor::empty_in(self.device(), &p.out_shape, p.out, location)?,
-        };
+        let out = Tensor::empty_in(self.device(), &p.out_shape, p.out, location)?;
         tune::run_into(&p, &out)?;
         let name = match crate::env::debug() {
             true => tune::choose(&p)?.0.kernel.name(),
@@ -584,7 +579,7 @@ impl Tensor {
             ));
         }
         let location = helios_vk::MemoryLocation::DeviceLocal;
-        let (y, pre, _) = self.product_now(other, opts, true, location, None)?;
+        let (y, pre, _) = self.product_now(other, opts, true, location)?;
         Ok((y, pre.expect("product_now stores the input it is asked to")))
     }
 
