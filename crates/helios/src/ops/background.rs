@@ -119,10 +119,15 @@ fn work() {
             }
         };
         let ok = STOPPING.load(Ordering::Acquire) || build(&device, k).is_ok();
+        let id = device.id();
+        // The last holder of a device tears it down: before the compile counts as finished,
+        // so that a process leaving `stop` never exits under the teardown (a fresh GPT-2
+        // run's `helios train` ended in a segmentation fault, session 50).
+        drop(device);
         let mut q = queue().locked();
-        q.queued.remove(&(device.id(), k));
+        q.queued.remove(&(id, k));
         if !ok {
-            q.failed.insert((device.id(), k));
+            q.failed.insert((id, k));
         }
         q.busy -= 1;
         FINISHED.fetch_add(1, Ordering::Release);
