@@ -532,6 +532,13 @@ fn train(args: &TrainArgs, rank: Rank) -> CliResult {
                 .unwrap_or_default(),
         );
     }
+    // Why a short run's steps were a few percent slower than they will be.
+    let tuning = helios::tuning_in_progress(&device);
+    if tuning > 0 {
+        println!(
+            "kernel tuning: {tuning} shape classes still being tuned on real work (a few              percent of each step meanwhile); the next run goes on where this one stopped"
+        );
+    }
     if profiling {
         if let Some(report) = device.profile_report()? {
             println!("GPU time per kernel, every step after the first:\n{report}");
