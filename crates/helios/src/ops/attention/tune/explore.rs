@@ -27,7 +27,8 @@ const DROP_SLACK: f64 = 1.25;
 /// out). A candidate's first run is also compared with the real call's outputs from bytes
 /// copied aside. Nothing waits: results are collected on later calls, and the class settles
 /// on the lowest median ratio as the exhaustive tuner would. Real calls keep the default
-/// kernel until then.
+/// kernel until then. Its progress is saved at each milestone (`ops::tuning_progress`), and a
+/// later process goes on from it.
 struct Exploring {
     /// The default kernel's variant (the real calls').
     incumbent: AttnVariant,

@@ -14,7 +14,9 @@
 //!
 //! A class explores its plain kernels first, drops any well behind the best, then tries k
 //! splits of the leaders, as the offline tuner does (`tune`), and settles on the lowest
-//! median ratio: written to the same store, read by every later process.
+//! median ratio: written to the same store, read by every later process. Until then its
+//! progress is saved at each milestone (`ops::tuning_progress`), and a later process goes on
+//! from it rather than starting over.
 
 use std::sync::{Arc, Mutex};
 
