@@ -146,6 +146,7 @@ impl Exploring {
         if let Some(saved) = PROGRESS.load(device, &class.name(), &self.incumbent.tag()) {
             self.resume(saved);
         }
+        self.saved = self.milestones();
         background::compile_candidates(
             device,
             self.cands
@@ -177,7 +178,6 @@ impl Exploring {
         if saved.incumbent_us > 0.0 {
             self.incumbent_us.push(saved.incumbent_us);
         }
-        self.saved = self.milestones();
     }
 
     /// Candidates out and candidates fully measured: what a save records progress at.

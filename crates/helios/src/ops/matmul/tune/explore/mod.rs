@@ -217,6 +217,7 @@ impl Explorer {
         if let Some(saved) = PROGRESS.load(device, &key, &incumbent) {
             state.resume(saved);
         }
+        state.saved = state.milestones();
         // Only what is left to measure: a finished candidate compiles if it wins.
         background::compile(
             device,
@@ -429,7 +430,6 @@ impl State {
         if saved.incumbent_us > 0.0 {
             self.incumbent_us.push(saved.incumbent_us);
         }
-        self.saved = self.milestones();
     }
 
     /// What a save records progress at: candidates out, candidates fully measured, and
