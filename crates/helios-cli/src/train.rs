@@ -536,7 +536,8 @@ fn train(args: &TrainArgs, rank: Rank) -> CliResult {
     let tuning = helios::tuning_in_progress(&device);
     if tuning > 0 {
         println!(
-            "kernel tuning: {tuning} shape classes still being tuned on real work (a few              percent of each step meanwhile); the next run goes on where this one stopped"
+            "kernel tuning: {tuning} shape classes still being tuned on real work (a few \
+             percent of each step meanwhile); the next run goes on where this one stopped"
         );
     }
     if profiling {
