@@ -9,12 +9,13 @@
 //! all-reduce (bench/results/2026-11-30-session50-h200.md).
 //!
 //! A class's progress is one line of `<cache root>/<family>-progress/<device>.tsv` (the
-//! winners' store, file naming and atomic rewrite): the incumbent's tag and its median time
-//! in the pairs, then each candidate's tag and where it stands (`out`, its measured ratios
-//! over the incumbent, or `new`). The decision a reader must know: ratios are only
-//! comparable over the same incumbent, so progress recorded over another incumbent is
-//! ignored; and a tuner checks a candidate restored with fewer than a full set of ratios
-//! against the real output again before its next ratio counts, as it checks a fresh one.
+//! winners' store, file naming and atomic rewrite): the incumbent's tag, then each
+//! candidate's tag and where it stands (`out`, its measured ratios over the incumbent, or
+//! `new`); the store's time column holds the incumbent's median time in the pairs. The
+//! decision a reader must know: ratios are only comparable over the same incumbent, so
+//! progress recorded over another incumbent is ignored; and a tuner checks a candidate
+//! restored with fewer than a full set of ratios against the real output again before its
+//! next ratio counts, as it checks a fresh one.
 
 use crate::ops::tuning_store::TuningStore;
 use crate::Device;
@@ -64,8 +65,8 @@ impl ProgressStore {
     /// The progress saved for `class` on `device`, if it was made over `incumbent` and this
     /// build knows every tag in it.
     pub(crate) fn load(&self, device: &Device, class: &str, incumbent: &str) -> Option<Progress> {
-        let line = self.store.get(device, class)?;
-        parse(&line)
+        let (line, incumbent_us) = self.store.entry(device, class)?;
+        parse(&line, incumbent_us)
             .filter(|p| p.incumbent == incumbent)
             .filter(|p| p.cands.iter().all(|c| (self.known)(&c.0)))
     }
@@ -83,9 +84,9 @@ impl ProgressStore {
     }
 }
 
-/// `incumbent@µs;tag=out;tag=1.0100,0.9900;tag=new`: what the store's variant column holds.
+/// `incumbent;tag=out;tag=1.0100,0.9900;tag=new`: what the store's variant column holds.
 fn format(p: &Progress) -> String {
-    let mut out = format!("{}@{:.3}", p.incumbent, p.incumbent_us);
+    let mut out = p.incumbent.clone();
     for (tag, standing) in &p.cands {
         let state = match standing {
             Standing::New => "new".to_owned(),
@@ -101,14 +102,14 @@ fn format(p: &Progress) -> String {
     out
 }
 
-/// `format`'s inverse; `None` if any part does not parse.
-fn parse(line: &str) -> Option<Progress> {
+/// `format`'s inverse, with the incumbent's time from the store's time column; `None` if
+/// any part does not parse.
+fn parse(line: &str, incumbent_us: f64) -> Option<Progress> {
+    if !(incumbent_us.is_finite() && incumbent_us >= 0.0) {
+        return None;
+    }
     let mut parts = line.split(';');
-    let (incumbent, us) = parts.next()?.split_once('@')?;
-    let incumbent_us = us
-        .parse::<f64>()
-        .ok()
-        .filter(|x| x.is_finite() && *x >= 0.0)?;
+    let incumbent = parts.next().filter(|t| !t.is_empty())?;
     let cands = parts
         .map(|part| {
             let (tag, state) = part.split_once('=')?;
@@ -149,17 +150,11 @@ mod tests {
                 ("nv128x192k16s4/k3".into(), Standing::New),
             ],
         };
-        assert_eq!(parse(&format(&p)), Some(p));
-        for bad in [
-            "a",
-            "a@x",
-            "a@-1",
-            "a@1.0;b=1.0,x",
-            "a@1.0;b=-1.0",
-            "a@1.0;b=",
-            "a@1.0;b",
-        ] {
-            assert_eq!(parse(bad), None, "{bad}");
+        assert_eq!(parse(&format(&p), p.incumbent_us), Some(p.clone()));
+        assert_eq!(parse(&format(&p), f64::NAN), None, "a time that is not one");
+        assert_eq!(parse(&format(&p), -1.0), None, "a negative time");
+        for bad in ["", "a;b=1.0,x", "a;b=-1.0", "a;b=", "a;b"] {
+            assert_eq!(parse(bad, 1.0), None, "{bad}");
         }
     }
 }

@@ -62,7 +62,12 @@ impl TuningStore {
 
     /// The winning variant tag for `class` on `device`, if one is stored.
     pub(crate) fn get(&self, device: &Device, class: &str) -> Option<String> {
-        self.with(device, |e| e.winners.get(class).map(|(v, _)| v.clone()))
+        self.entry(device, class).map(|(v, _)| v)
+    }
+
+    /// The variant stored for `class` on `device` and its time, µs, if one is stored.
+    pub(crate) fn entry(&self, device: &Device, class: &str) -> Option<(String, f64)> {
+        self.with(device, |e| e.winners.get(class).cloned())
     }
 
     /// The winner stored for `class` on this device under another driver (or the same

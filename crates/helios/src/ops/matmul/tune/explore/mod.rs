@@ -390,8 +390,9 @@ impl Explorer {
 }
 
 impl State {
-    /// Takes up a class's exploration where an earlier process left it (`progress`): its
-    /// candidates' standings, the split round if it had begun, and the incumbent's time.
+    /// Takes up a class's exploration where an earlier process left it
+    /// (`ops::tuning_progress`): its candidates' standings, the split round if it had begun,
+    /// and the incumbent's time.
     fn resume(&mut self, saved: Progress) {
         for (tag, standing) in saved.cands {
             let Some((variant, splits)) = parse_tag(&tag) else {
@@ -458,7 +459,7 @@ impl State {
         PROGRESS.save(device, key, &self.progress());
     }
 
-    /// The exploration as `progress` saves it.
+    /// The exploration as `ops::tuning_progress` saves it.
     fn progress(&self) -> Progress {
         let standing = |c: &Cand| match c.status {
             Status::Out => Standing::Out,
