@@ -69,14 +69,25 @@ impl Block {
         (b, h, k.mul(tile, self.bq))
     }
 
-    /// Runs `body` for each work item of this block: items `ctaid.x`, `+ nctaid.x`, ...;
-    /// item i is tile `tiles − 1 − i / bh` of (batch, head) `i % bh`, or with DkDv tile
-    /// `i / bh`: either way the longest causal tiles first.
+    /// Runs `body` for each work item of this block. Item i is tile `tiles − 1 − i / bh` of
+    /// (batch, head) `i % bh`, or with DkDv tile `i / bh`: either way the longest causal
+    /// tiles first. The items go out in rows of `nctaid.x`, block b taking the b-th of an
+    /// even row and the b-th from the end of an odd one: the blocks handed a row's longest
+    /// tiles get the next row's shortest, which evens out the blocks' total work.
     pub(super) fn for_each_item(&self, k: &mut Kernel, mut body: impl FnMut(&mut Kernel, &Item)) {
-        let item = k.special(Special::CtaIdX);
+        let ahead = k.special(Special::CtaIdX);
         let step = k.special(Special::NCtaIdX);
+        let last = k.sub(step, 1u32);
+        let behind = k.sub(last, ahead);
+        // The first item of this row, and the rows before it.
+        let row = k.mov(Ty::U32, 0u32);
+        let rows = k.mov(Ty::U32, 0u32);
         let (top, done) = (k.label(), k.label());
         k.place(top);
+        let odd = k.and(rows, 1u32);
+        let reversed = k.setp(Cmp::Ne, odd, 0u32);
+        let at = k.selp(reversed, behind, ahead, Ty::U32);
+        let item = k.add(row, at);
         let over = k.setp(Cmp::Ge, item, self.items);
         k.bra_if(over, false, done);
         let (b, h, row0) = self.coords(k, item);
@@ -122,7 +133,8 @@ impl Block {
                 blocks,
             },
         );
-        k.update("add", item, item, step);
+        k.update("add", row, row, step);
+        k.update("add", rows, rows, 1u32);
         k.bra(top);
         k.place(done);
     }

@@ -4,7 +4,8 @@
 //!
 //! One block is `bq / 64` consumer warpgroups of 64 query rows each and one producer warp.
 //! Blocks stay resident (one per SM) and walk work items — a query tile of one (batch, head),
-//! the longest causal tiles first — so each builds its tensor maps once.
+//! the longest causal tiles first, dealt back and forth over the blocks
+//! (`Block::for_each_item`) — so each builds its tensor maps once.
 //!
 //! - The producer builds one 4D tensor map per operand over the whole [B, T, H, D] view
 //!   (boxes of `bk` keys × 64 channels of one head) and has the copy engine bring each key
