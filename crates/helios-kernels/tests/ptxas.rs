@@ -145,8 +145,14 @@ fn native_attention_kernels_assemble() {
     for variant in NATIVE_VARIANTS {
         for head_dim in [64, 128] {
             for (i, storage) in [Storage::BF16, Storage::F16].into_iter().enumerate() {
-                for (causal, stage) in [true, false].into_iter().flat_map(|c| {
-                    [AttnStage::Forward, AttnStage::Dq, AttnStage::DkDv].map(|s| (c, s))
+                for (causal, stage, own_dsum) in [true, false].into_iter().flat_map(|c| {
+                    [
+                        (AttnStage::Forward, false),
+                        (AttnStage::Dq, false),
+                        (AttnStage::Dq, true),
+                        (AttnStage::DkDv, false),
+                    ]
+                    .map(|(s, o)| (c, s, o))
                 }) {
                     let k = AttentionKernel {
                         stage,
@@ -159,7 +165,7 @@ fn native_attention_kernels_assemble() {
                         subgroup: 0,
                         frag: None,
                         pipelined: false,
-                        own_dsum: false,
+                        own_dsum,
                         packed: stage != AttnStage::Forward && causal,
                     };
                     if !k.native_feasible(Some(Target::SM90A)) {

@@ -8,11 +8,12 @@
 //! with O = 0, for a row with no key). Backward follows FlashAttention-2: a `Prep` pass
 //! writes `Dsum[i] = Σ_d dO[i,d]·O[i,d]`, then `DkDv` walks query blocks per key block and
 //! `Dq` key blocks per query block, each recomputing P = exp(S − L); no atomics, so every
-//! gradient is deterministic. The register-resident `Dq` computes Dsum itself from the dO
-//! rows it stages and O, writes it, and runs before `DkDv` (`AttentionKernel::own_dsum`),
-//! saving the Prep pass; the SIMT Dq does not (on its small grids DkDv and Dq side by side
-//! win). dQ is not summed with atomics from DkDv as in FlashAttention-2: without vector float
-//! atomics in Vulkan the adds cost as much as the Dq kernel. The measurements behind these
+//! gradient is deterministic. The register-resident and the native `Dq` compute Dsum
+//! themselves from the dO rows they hold and O, write it, and run before `DkDv`
+//! (`AttentionKernel::own_dsum`), saving the Prep pass; the SIMT Dq does not (on its small
+//! grids DkDv and Dq side by side win). dQ is not summed with atomics from DkDv as in
+//! FlashAttention-2: without vector float atomics in Vulkan the adds cost as much as the Dq
+//! kernel, and the native DkDv's f32 atomics measured slower than its Dq too. The measurements behind these
 //! choices, the comparison with PyTorch's SDPA and where the register kernels' time goes are
 //! in `bench/results/attention-design-history.md`.
 //!
@@ -93,7 +94,8 @@ pub fn coop_supports(stage: AttnStage) -> bool {
 
 impl AttentionKernel {
     /// Whether this stage's family has the variant: pairs are the register forward's,
-    /// `own_dsum` the register Dq's, and `native` says which native kernels exist.
+    /// `own_dsum` the register Dq's (and the native Dq's), and `native` says which native
+    /// kernels exist.
     pub fn buildable(&self) -> bool {
         if self.variant.is_native() {
             return native::buildable(self);

@@ -221,7 +221,7 @@ pub struct AttentionKernel {
     /// memory.
     pub pipelined: bool,
     /// Dq computes Dsum itself (from dO and O, O dense) and writes it for DkDv, which then
-    /// runs after it: no Prep pass. Register-resident cooperative Dq only.
+    /// runs after it: no Prep pass. The register-resident cooperative Dq and the native Dq.
     pub own_dsum: bool,
     /// Dq and DkDv write into the slices of one dense [B, T, 3, H, D] gradient (whose buffer
     /// the host passes for each output) instead of dense [B, T, H, D] tensors.

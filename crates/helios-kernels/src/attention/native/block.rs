@@ -179,6 +179,8 @@ pub(super) struct Grad {
     pub(super) off_do: Reg,
     pub(super) strides_do: [Reg; 3],
     pub(super) dsum: Reg,
+    /// O, dense [B, T, H, D], where Dq computes Dsum itself (`own_dsum`: then written).
+    pub(super) o: Option<Reg>,
     /// DkDv's second output, dV (its first, dK, is `Params::o`).
     pub(super) dv: Option<Reg>,
 }

@@ -370,16 +370,20 @@ pub(super) fn query_stats(
     idx: Reg,
     live: Reg,
 ) -> (Reg, Reg) {
+    let d_at = k.mad_wide(idx, 4u32, dsum);
+    (
+        query_lse(k, lse, idx, live),
+        k.ld_if(live, Space::Global, Ty::F32, Addr::new(d_at), 0.0f32),
+    )
+}
+
+/// `query_stats`' L alone.
+pub(super) fn query_lse(k: &mut Kernel, lse: Reg, idx: Reg, live: Reg) -> Reg {
     let l_at = k.mad_wide(idx, 4u32, lse);
     let l = k.ld_if(live, Space::Global, Ty::F32, Addr::new(l_at), 0.0f32);
     let none = k.setp(Cmp::Eq, l, f32::NEG_INFINITY);
     let l2 = k.mul(l, std::f32::consts::LOG2_E);
-    let l2 = k.selp(none, f32::INFINITY, l2, Ty::F32);
-    let d_at = k.mad_wide(idx, 4u32, dsum);
-    (
-        l2,
-        k.ld_if(live, Space::Global, Ty::F32, Addr::new(d_at), 0.0f32),
-    )
+    k.selp(none, f32::INFINITY, l2, Ty::F32)
 }
 
 /// Pairs of f32 values in accumulator order, rounded into `half2` registers: the A

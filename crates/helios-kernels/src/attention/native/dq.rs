@@ -4,13 +4,15 @@
 //! (the same K and V rings); V's stage goes back once dP is done, K's after dS·K.
 //!
 //! No atomics: each query tile owns its dQ rows (deterministic, as the SPIR-V Dq). Dsum
-//! comes from the Prep pass.
+//! comes from the Prep pass, or (`own_dsum`) Dq computes it from O and the dO rows it
+//! holds and writes it for DkDv, which then runs after it.
 
-use helios_ptx::{Kernel, Ty};
+use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
 
 use super::block::{Block, Params};
 use super::consumer::{
-    hand_back, live_blocks, pack, query_stats, store_rows, Consumer, Fragments, Lanes,
+    hand_back, live_blocks, load_fragments, pack, query_lse, query_stats, store_rows, Consumer,
+    Fragments, Lanes,
 };
 use super::AttentionKernel;
 
@@ -31,6 +33,15 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let dp_acc = k.regs(Ty::F32, (bk / 2) as usize);
     let dq_acc = k.regs(Ty::F32, (d / 2) as usize);
     let (q, d_o) = (Fragments::new(k, d), Fragments::new(k, d));
+    // With `own_dsum`, O's rows in dO's fragment layout, for Dsum = rowsum(dO ∘ O).
+    let o_rows = k.regs(
+        Ty::B32,
+        if grad.o.is_some() {
+            (d / 4) as usize
+        } else {
+            0
+        },
+    );
     let step = k.mov(Ty::U32, 0u32);
     let q_view = (p.q, p.offs[0], p.strides);
     let do_view = (grad.d_o, grad.off_do, grad.strides_do);
@@ -47,7 +58,14 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         let mut dsum = [zero; 2];
         for h in 0..2 {
             let idx = k.mad(bh, blk.t, rows[h]);
-            (lse2[h], dsum[h]) = query_stats(k, (p.lse, grad.dsum), idx, ok[h]);
+            match grad.o {
+                Some(_) => lse2[h] = query_lse(k, p.lse, idx, ok[h]),
+                None => (lse2[h], dsum[h]) = query_stats(k, (p.lse, grad.dsum), idx, ok[h]),
+            }
+        }
+        if let Some(o) = grad.o {
+            let out = (o, &o_rows[..], grad.dsum);
+            dsum = own_dsum(k, (&lanes, blk, &d_o), out, at, (rows, ok), bh);
         }
         for &r in &dq_acc {
             k.assign(r, 0.0f32);
@@ -99,4 +117,57 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         let scale = [p.scale; 2];
         store_rows(k, place, (rows, ok), (&dq_acc, scale), (p.o, row_heads, 0));
     });
+}
+
+/// Dsum = rowsum(dO ∘ O) of this thread's two rows (0 past T), from dO's A fragments and
+/// O's rows loaded in the same layout (`o_rows`, O dense [B, T, H, D]); each row's four
+/// lanes add their parts, and the first writes it to the [B, H, T] Dsum (`dsum_out`) for
+/// DkDv.
+fn own_dsum(
+    k: &mut Kernel,
+    (lanes, blk, d_o): (&Lanes, &Block, &Fragments),
+    (o, o_rows, dsum_out): (Reg, &[Reg], Reg),
+    (b, h, row0): (Reg, Reg, Reg),
+    (rows, ok): ([Reg; 2], [Reg; 2]),
+    bh: Reg,
+) -> [Reg; 2] {
+    k.comment("Dsum = rowsum(dO o O), written for DkDv");
+    let hd = k.mul(blk.heads, blk.d);
+    let zero = k.mov(Ty::U32, 0u32);
+    let view = (o, zero, [k.mul(hd, blk.t), hd, k.mov(Ty::U32, blk.d)]);
+    let me = (lanes.own_row, lanes.col_bytes);
+    load_fragments(k, me, view, (b, h, row0), (blk.t, blk.d), o_rows);
+    let half = if lanes.half2 == Ty::F16x2 {
+        Ty::F16
+    } else {
+        Ty::BF16
+    };
+    let mut sums = [lanes.scale2; 2];
+    for (r, sum) in sums.iter_mut().enumerate() {
+        let mut acc = k.mov(Ty::F32, 0.0f32);
+        // Register 4s + i + r holds row half r: two values of dO and O each.
+        for (j, (&x, &y)) in d_o.kept.iter().zip(o_rows).enumerate() {
+            if j % 2 != r {
+                continue;
+            }
+            let (xl, xh) = k.unpack_halves(x, half);
+            let (yl, yh) = k.unpack_halves(y, half);
+            for (a, c) in [(xl, yl), (xh, yh)] {
+                let a = k.widen(a);
+                let c = k.widen(c);
+                acc = k.fma(a, c, acc);
+            }
+        }
+        for x in [1u32, 2] {
+            let other = k.shfl("bfly", acc, x, 31);
+            acc = k.add(acc, other);
+        }
+        *sum = acc;
+        let first = k.setp(Cmp::Eq, lanes.tq, 0u32);
+        let write = k.and_pred(first, ok[r]);
+        let idx = k.mad(bh, blk.t, rows[r]);
+        let at = k.mad_wide(idx, 4u32, dsum_out);
+        k.st_if(write, Space::Global, Addr::new(at), acc);
+    }
+    sums
 }

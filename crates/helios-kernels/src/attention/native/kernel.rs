@@ -29,8 +29,9 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
 
     // Parameters, in `native_launch` order: the buffers as the SPIR-V kernel declares them,
     // then its push constants, then the maps' workspace.
-    // Forward: q, k, v, [lens], o, lse. Dq: q, k, v, do, lse, dsum, [lens], dq. DkDv the
-    // same with dk, dv. (`dq` below: either backward stage.)
+    // Forward: q, k, v, [lens], o, lse. Dq: q, k, v, do, lse, dsum, [lens], dq; with
+    // `own_dsum` q, k, v, do, lse, o, [lens], dsum, dq. DkDv: Dq's with dk, dv. (`dq`
+    // below: either backward stage.)
     let pq = k.param("q", Ty::U64);
     let pk = k.param("k", Ty::U64);
     let pv = k.param("v", Ty::U64);
@@ -38,10 +39,11 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
         [
             k.param("do", Ty::U64),
             k.param("lse", Ty::U64),
-            k.param("dsum", Ty::U64),
+            k.param(if kern.own_dsum { "o" } else { "dsum" }, Ty::U64),
         ]
     });
     let plens = kern.padded.then(|| k.param("lens", Ty::U64));
+    let pown = kern.own_dsum.then(|| k.param("dsum", Ty::U64));
     let (po, plse) = match pgrad {
         Some([_, lse, _]) if dkdv => (k.param("dk", Ty::U64), lse),
         Some([_, lse, _]) => (k.param("dq", Ty::U64), lse),
@@ -81,11 +83,12 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
         strides: pstrides.map(|p| k.ld_param(p)),
         scale: k.ld_param(pscale),
         maps: k.ld_param_global(pmaps),
-        grad: pgrad.zip(pdo).map(|([d_o, _, dsum], (off, st))| Grad {
+        grad: pgrad.zip(pdo).map(|([d_o, _, third], (off, st))| Grad {
             d_o: k.ld_param_global(d_o),
             off_do: k.ld_param(off),
             strides_do: st.map(|p| k.ld_param(p)),
-            dsum: k.ld_param_global(dsum),
+            o: pown.is_some().then(|| k.ld_param_global(third)),
+            dsum: k.ld_param_global(pown.unwrap_or(third)),
             dv: pdv.map(|p| k.ld_param_global(p)),
         }),
     };

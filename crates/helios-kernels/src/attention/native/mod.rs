@@ -118,7 +118,8 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
         // DkDv keeps K, V, dK and dV in registers; at head dim 128 two warpgroups split
         // them over one tile of 64 keys (`split_roles`).
         && (kern.stage != AttnStage::DkDv || d == 64 || bq == 2 * WG_ROWS)
-        && !kern.own_dsum
+        // Dsum from O and dO: Dq's, which holds dO's rows.
+        && (!kern.own_dsum || kern.stage == AttnStage::Dq)
         // Dq keeps Q, dO and dQ in registers: at head dim 128 three warpgroups spill.
         && (kern.stage == AttnStage::Forward || d == 64 || bq <= 2 * WG_ROWS)
         && stages(bk, d) >= 2
@@ -186,7 +187,7 @@ impl AttentionKernel {
         // Forward: q, k, v, [lens], o, lse and the views of q, k, v. Dq: q, k, v, do, lse,
         // dsum, [lens], dq and the views of q, k, v, do; DkDv the same with dk, dv.
         let (want, n_views) = match self.stage {
-            AttnStage::Dq => (7 + usize::from(self.padded), 4),
+            AttnStage::Dq => (7 + usize::from(self.padded) + usize::from(self.own_dsum), 4),
             AttnStage::DkDv => (8 + usize::from(self.padded), 4),
             _ => (5 + usize::from(self.padded), 3),
         };
@@ -298,11 +299,16 @@ mod tests {
         assert!(buildable(&stage(AttnStage::DkDv, 128, narrow)));
         assert!(!buildable(&stage(AttnStage::DkDv, 128, NATIVE_VARIANTS[1])));
         assert!(!buildable(&stage(AttnStage::Prep, 64, narrow)));
+        // Dsum from O and dO: Dq's alone.
         let own = AttentionKernel {
             own_dsum: true,
             ..stage(AttnStage::Dq, 64, narrow)
         };
-        assert!(!buildable(&own));
+        assert!(buildable(&own));
+        assert!(!buildable(&AttentionKernel {
+            stage: AttnStage::DkDv,
+            ..own
+        }));
         assert!(!kernel(64, wide, true, false).native_feasible(Some(Target::SM90)));
         assert!(kernel(64, wide, true, false).native_feasible(Some(Target::SM90A)));
     }

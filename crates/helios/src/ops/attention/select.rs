@@ -77,9 +77,9 @@ pub(super) fn choose(
             own_dsum: false,
             packed: false,
         };
-        // The register Dq computes Dsum itself (no Prep pass).
+        // The register and native Dq compute Dsum themselves (no Prep pass).
         let plain = AttentionKernel {
-            own_dsum: stage == AttnStage::Dq && plain.in_registers(),
+            own_dsum: stage == AttnStage::Dq && (plain.in_registers() || variant.is_native()),
             ..plain
         };
         plain.pipelining().filter(fits).unwrap_or(plain)
