@@ -13,9 +13,9 @@
 //! (`AttentionKernel::own_dsum`), saving the Prep pass; the SIMT Dq does not (on its small
 //! grids DkDv and Dq side by side win). dQ is not summed with atomics from DkDv as in
 //! FlashAttention-2: without vector float atomics in Vulkan the adds cost as much as the Dq
-//! kernel, and the native DkDv's f32 atomics measured slower than its Dq too. The measurements behind these
-//! choices, the comparison with PyTorch's SDPA and where the register kernels' time goes are
-//! in `bench/results/attention-design-history.md`.
+//! kernel, and the native DkDv's f32 atomics measured slower than the native Dq too. The
+//! measurements behind these choices, the comparison with PyTorch's SDPA and where the
+//! register kernels' time goes are in `bench/results/attention-design-history.md`.
 //!
 //! Key decisions a reader must know:
 //! - Q, K, V, O (in backward) and dO are read through strides (push constants): the fused

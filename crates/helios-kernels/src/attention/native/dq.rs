@@ -142,14 +142,10 @@ fn own_dsum(
     } else {
         Ty::BF16
     };
-    let mut sums = [lanes.scale2; 2];
-    for (r, sum) in sums.iter_mut().enumerate() {
+    [0, 1].map(|r| {
         let mut acc = k.mov(Ty::F32, 0.0f32);
         // Register 4s + i + r holds row half r: two values of dO and O each.
-        for (j, (&x, &y)) in d_o.kept.iter().zip(o_rows).enumerate() {
-            if j % 2 != r {
-                continue;
-            }
+        for (&x, &y) in d_o.kept.iter().zip(o_rows).skip(r).step_by(2) {
             let (xl, xh) = k.unpack_halves(x, half);
             let (yl, yh) = k.unpack_halves(y, half);
             for (a, c) in [(xl, yl), (xh, yh)] {
@@ -162,12 +158,11 @@ fn own_dsum(
             let other = k.shfl("bfly", acc, x, 31);
             acc = k.add(acc, other);
         }
-        *sum = acc;
         let first = k.setp(Cmp::Eq, lanes.tq, 0u32);
         let write = k.and_pred(first, ok[r]);
         let idx = k.mad(bh, blk.t, rows[r]);
         let at = k.mad_wide(idx, 4u32, dsum_out);
         k.st_if(write, Space::Global, Addr::new(at), acc);
-    }
-    sums
+        acc
+    })
 }

@@ -185,7 +185,8 @@ impl AttentionKernel {
             return Err(bad("not a native variant".into()));
         };
         // Forward: q, k, v, [lens], o, lse and the views of q, k, v. Dq: q, k, v, do, lse,
-        // dsum, [lens], dq and the views of q, k, v, do; DkDv the same with dk, dv.
+        // dsum, [lens], dq and the views of q, k, v, do (with `own_dsum`: o in dsum's place,
+        // dsum written after [lens]); DkDv the same as Dq with dk, dv.
         let (want, n_views) = match self.stage {
             AttnStage::Dq => (7 + usize::from(self.padded) + usize::from(self.own_dsum), 4),
             AttnStage::DkDv => (8 + usize::from(self.padded), 4),
