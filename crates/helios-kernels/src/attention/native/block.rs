@@ -37,6 +37,8 @@ pub(super) struct Block {
     pub(super) consumers: u32,
     /// The split roles' exchange of Pᵀ (`exchange_bytes`).
     pub(super) exchange: Option<Reg>,
+    /// DkDv's per-warp copies of L and Dsum (`stats_bytes`).
+    pub(super) stats: Option<Reg>,
 }
 
 /// One work item: a tile of one (batch, head) — queries, or DkDv's keys — and the blocks

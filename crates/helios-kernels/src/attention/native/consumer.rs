@@ -381,6 +381,12 @@ pub(super) fn query_stats(
 pub(super) fn query_lse(k: &mut Kernel, lse: Reg, idx: Reg, live: Reg) -> Reg {
     let l_at = k.mad_wide(idx, 4u32, lse);
     let l = k.ld_if(live, Space::Global, Ty::F32, Addr::new(l_at), 0.0f32);
+    lse_base2(k, l)
+}
+
+/// A query's L as the backward uses it: in base 2, +inf where it is −inf (see
+/// `query_stats`).
+pub(super) fn lse_base2(k: &mut Kernel, l: Reg) -> Reg {
     let none = k.setp(Cmp::Eq, l, f32::NEG_INFINITY);
     let l2 = k.mul(l, std::f32::consts::LOG2_E);
     k.selp(none, f32::INFINITY, l2, Ty::F32)

@@ -3,7 +3,8 @@
 //! Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, Pᵀ = exp(Sᵀ − L), dSᵀ = Pᵀ ∘ (dPᵀ − Dsum), dV += Pᵀ·dO and
 //! dK += dSᵀ·Q on `wgmma`; then dK · scale and dV. Computing the transposes directly puts
 //! Pᵀ and dSᵀ in the accumulator layout that is the A layout of the next products, as
-//! FlashAttention-3 does. No atomics: each tile owns its dK and dV rows.
+//! FlashAttention-3 does. No atomics: each tile owns its dK and dV rows. The queries' L and
+//! Dsum reach each warp through shared memory, a block ahead (`Stats`).
 //!
 //! At head dim 128 one warpgroup cannot hold K, V, dK and dV (~256 registers a thread):
 //! there the two warpgroups share one tile of 64 keys (`split_roles`). One holds K and
@@ -13,7 +14,7 @@
 use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
 
 use super::block::{Block, Params};
-use super::consumer::{pack, query_stats, store_rows, Consumer, Fragments, Lanes};
+use super::consumer::{lse_base2, pack, store_rows, Consumer, Fragments, Lanes};
 use super::{AttentionKernel, P_EMPTY, P_FULL, WG_THREADS};
 
 /// What a consumer warpgroup accumulates.
@@ -74,9 +75,15 @@ fn roles(
     let k_view = (p.k, p.offs[1], p.strides);
     let v_view = (p.v, p.offs[2], p.strides);
 
+    let stats = Stats::new(k, blk, lanes);
+
     blk.for_each_item(k, |k, it| {
         // This thread's two key rows.
         let (rows, ok) = lanes.rows(k, blk, it.row0);
+        let bh = k.mad(it.b, blk.heads, it.h);
+        let row_base = k.mul(bh, blk.t);
+        let any = k.setp(Cmp::Gt, it.blocks, 0u32);
+        let first = stats.fetch(k, (blk, p, row_base), it.first, any);
         k.comment("K and V rows in registers: wgmma's A fragments");
         let at = (it.b, it.h, it.row0);
         if let Some(kf) = &kf {
@@ -88,8 +95,7 @@ fn roles(
         for &r in dk_acc.iter().chain(&dv_acc) {
             k.assign(r, 0.0f32);
         }
-        let bh = k.mad(it.b, blk.heads, it.h);
-        let row_base = k.mul(bh, blk.t);
+        stats.stage(k, &first);
         // The warp's last key: blocks of queries before it need the causal mask.
         let warp_last = k.add(it.row0, warp_row);
         let warp_last = k.add(warp_last, 15u32);
@@ -109,19 +115,13 @@ fn roles(
         k.for_range(0u32, it.blocks, 1, |k, j| {
             let block = k.add(it.first, j);
             let q0 = k.mul(block, bk);
-            // L (base 2; +inf for a query with no key, whose P is then 0) and Dsum of this
-            // thread's query columns 8i + 2q + {0, 1}, loaded before the products land.
             let col0 = k.add(q0, col2);
-            let mut lse2 = Vec::with_capacity((bk / 4) as usize);
-            let mut dsum = Vec::with_capacity((bk / 4) as usize);
-            for i in 0..bk / 4 {
-                let q = k.add(col0, 8 * (i / 2) + (i % 2));
-                let live = k.setp(Cmp::Lt, q, blk.t);
-                let idx = k.add(row_base, q);
-                let (l2, ds) = query_stats(k, (p.lse, grad.dsum), idx, live);
-                lse2.push(l2);
-                dsum.push(ds);
-            }
+            let (lse2, dsum) = stats.read(k);
+            // The next block's, on their way while this one's products run.
+            let after = k.add(j, 1u32);
+            let more = k.setp(Cmp::Lt, after, it.blocks);
+            let next = k.add(block, 1u32);
+            let next = stats.fetch(k, (blk, p, row_base), next, more);
             if let Some(kf) = &kf {
                 c.issue_by_keys(k, step, &kf.kept, false, &st_acc);
             }
@@ -199,6 +199,7 @@ fn roles(
             k.wgmma_wait(0);
             c.release(k, step, false);
             c.release(k, step, true);
+            stats.stage(k, &next);
             k.update("add", step, step, 1u32);
         });
 
@@ -251,4 +252,92 @@ fn receive(k: &mut Kernel, at: Reg, n: usize) -> Vec<Reg> {
         .collect();
     k.bar_arrive_n(P_EMPTY, 2 * WG_THREADS);
     pt
+}
+
+/// L and Dsum of a block of queries, as this warp's lanes need them. Every lane needs the
+/// 2 · `bk` / 4 values of its own query columns; instead of loading those (32 loads a lane a
+/// block at `bk` = 64, which cost a fifth of DkDv's time), the warp's lanes load the block's
+/// values once between them, a block ahead, and read their columns from the warp's copy in
+/// shared memory.
+struct Stats {
+    bk: u32,
+    lane: Reg,
+    /// This warp's copy: L (base 2) at 4 · q, Dsum at 4 · (`bk` + q), q the block's query.
+    area: Reg,
+    /// This thread's first pair of columns (2 · lane % 4) in `area`.
+    reader: Reg,
+}
+
+impl Stats {
+    fn new(k: &mut Kernel, blk: &Block, lanes: &Lanes) -> Stats {
+        let bk = blk.bk;
+        let lane = k.and(blk.tid, 31u32).retype(Ty::U32);
+        let warp = k.shr(blk.tid, 5u32);
+        let base = blk.stats.expect("DkDv's statistics area");
+        let area = k.mad(warp, 8 * bk, base);
+        let reader = k.mad(lanes.tq, 8u32, area);
+        Stats {
+            bk,
+            lane,
+            area,
+            reader,
+        }
+    }
+
+    /// Starts loading this lane's share of query block `block`'s L and Dsum (queries
+    /// 32e + lane of the block) where `valid` holds and the query is inside T, 0 elsewhere.
+    fn fetch(
+        &self,
+        k: &mut Kernel,
+        (blk, p, row_base): (&Block, &Params, Reg),
+        block: Reg,
+        valid: Reg,
+    ) -> Vec<[Reg; 2]> {
+        let grad = p.grad.as_ref().expect("DkDv's parameters");
+        let q0 = k.mad(block, self.bk, self.lane);
+        (0..self.bk / 32)
+            .map(|e| {
+                let q = k.add(q0, 32 * e);
+                let inside = k.setp(Cmp::Lt, q, blk.t);
+                let live = k.and_pred(inside, valid);
+                let idx = k.add(row_base, q);
+                [p.lse, grad.dsum].map(|from| {
+                    let at = k.mad_wide(idx, 4u32, from);
+                    k.ld_if(live, Space::Global, Ty::F32, Addr::new(at), 0.0f32)
+                })
+            })
+            .collect()
+    }
+
+    /// Writes fetched values into the warp's copy, once every lane has read the last.
+    fn stage(&self, k: &mut Kernel, fetched: &[[Reg; 2]]) {
+        k.warp_sync();
+        let mine = k.mad(self.lane, 4u32, self.area);
+        for (e, &[l, dsum]) in fetched.iter().enumerate() {
+            let l2 = lse_base2(k, l);
+            let at = 128 * e as i64;
+            k.st(Space::Shared, Addr::at(mine, at), l2);
+            k.st(
+                Space::Shared,
+                Addr::at(mine, at + 4 * i64::from(self.bk)),
+                dsum,
+            );
+        }
+        k.warp_sync();
+    }
+
+    /// This thread's L and Dsum, in the order of its accumulator columns: query
+    /// 8(c / 2) + 2 · lane % 4 + c % 2 at index c.
+    fn read(&self, k: &mut Kernel) -> (Vec<Reg>, Vec<Reg>) {
+        let mut lse2 = Vec::with_capacity((self.bk / 4) as usize);
+        let mut dsum = Vec::with_capacity((self.bk / 4) as usize);
+        for m in 0..i64::from(self.bk / 8) {
+            let l = k.ld_v(Space::Shared, Ty::F32, 2, Addr::at(self.reader, 32 * m));
+            let at = Addr::at(self.reader, 32 * m + 4 * i64::from(self.bk));
+            let d = k.ld_v(Space::Shared, Ty::F32, 2, at);
+            lse2.extend(l);
+            dsum.extend(d);
+        }
+        (lse2, dsum)
+    }
 }

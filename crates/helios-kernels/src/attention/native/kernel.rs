@@ -72,6 +72,7 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
     let bars_arr = k.shared("full", 8, 16 * n_stages);
     let exchange =
         super::split_roles(kern).then(|| k.shared("exchange", 16, super::exchange_bytes(kern, bk)));
+    let stats = dkdv.then(|| k.shared("stats", 16, super::stats_bytes(kern, bq, bk)));
 
     let p = Params {
         q: k.ld_param_global(pq),
@@ -124,6 +125,7 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
         bars: k.shared_address(bars_arr),
         consumers,
         exchange: exchange.map(|x| k.shared_address(x)),
+        stats: stats.map(|x| k.shared_address(x)),
     };
 
     let first = k.setp(Cmp::Eq, tid, consumers);

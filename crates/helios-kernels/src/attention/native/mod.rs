@@ -77,15 +77,31 @@ pub(super) fn stages(bk: u32, d: u32) -> u32 {
 }
 
 /// Shared memory of a native kernel: both rings, padded to keep one block per SM, then
-/// the two maps being built, two mbarriers a stage, and the split roles' exchange.
+/// the two maps being built, two mbarriers a stage, the split roles' exchange and DkDv's
+/// query statistics.
 pub(super) fn shared_bytes(kern: &AttentionKernel) -> u32 {
-    let AttnVariant::Native { bk, .. } = kern.variant else {
+    let AttnVariant::Native { bq, bk } = kern.variant else {
         return 0;
     };
     let (bk, d) = (u32::from(bk), kern.head_dim);
     let n = stages(bk, d);
     let rings = (2 * n * stage_bytes(bk, d)).max(ONE_BLOCK_BYTES);
-    rings + 2 * helios_ptx::TENSOR_MAP_BYTES + 16 * n + exchange_bytes(kern, bk)
+    rings
+        + 2 * helios_ptx::TENSOR_MAP_BYTES
+        + 16 * n
+        + exchange_bytes(kern, bk)
+        + stats_bytes(kern, u32::from(bq), bk)
+}
+
+/// Bytes of DkDv's query statistics: each consumer warp's copy of L and Dsum for one block
+/// of `bk` queries (f32), which its lanes load together once instead of each lane loading
+/// the 2 · `bk` / 4 values of its own columns.
+pub(super) fn stats_bytes(kern: &AttentionKernel, bq: u32, bk: u32) -> u32 {
+    if kern.stage == AttnStage::DkDv {
+        bq / WG_ROWS * (WG_THREADS / 32) * 2 * bk * 4
+    } else {
+        0
+    }
 }
 
 /// Bytes of the split roles' exchange: Pᵀ of one block of queries (64 keys × `bk`, f32),
