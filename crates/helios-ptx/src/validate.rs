@@ -55,7 +55,9 @@ pub struct PtxasReport {
     pub stack_frame: u32,
     /// Static shared memory in bytes (dynamic shared memory is set at launch, not here).
     pub shared_bytes: u32,
-    /// `ptxas warning : ...` lines, without that prefix (spills show up here too).
+    /// `ptxas warning : ...` lines, without that prefix (spills show up here too), and the
+    /// info lines that announce a "Potential Performance Loss" (C7513: every `wgmma`
+    /// serialized, which cost the native attention forward 13% in session 36).
     pub warnings: Vec<String>,
     /// The assembled ELF, for SASS inspection (`cuobjdump -sass` / `nvdisasm`).
     pub cubin: Vec<u8>,
@@ -197,6 +199,11 @@ fn parse_report(text: &str) -> PtxasReport {
         }
         // Info lines carry the prefix; the function-properties line is indented without one.
         let fields = match line.strip_prefix("ptxas info") {
+            Some(rest) if rest.contains("Potential Performance Loss") => {
+                let message = rest.trim_start().trim_start_matches(':').trim();
+                report.warnings.push(message.to_string());
+                continue;
+            }
             Some(rest) => rest.trim_start().trim_start_matches(':'),
             None if line.starts_with(char::is_whitespace) => line,
             None => continue,
@@ -311,6 +318,7 @@ ptxas info    : Compiling entry function 'gemm' for 'sm_90a'
 ptxas info    : Function properties for gemm
     16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
 ptxas warning : Registers are spilled to local memory in function 'gemm', 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : (C7513) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining input registers of a wgmma between start and end of the pipeline stage in the function 'gemm'
 ptxas info    : Used 168 registers, used 1 barriers, 40960 bytes smem, 400 bytes cmem[0]
 ptxas info    : Compile time = 1.830 ms
 ";
@@ -326,7 +334,11 @@ ptxas info    : Compile time = 1.830 ms
                 warnings: vec![
                     "Registers are spilled to local memory in function 'gemm', 8 bytes spill \
                      stores, 4 bytes spill loads"
-                        .to_string()
+                        .to_string(),
+                    "(C7513) Potential Performance Loss: wgmma.mma_async instructions are \
+                     serialized due to non wgmma instructions defining input registers of a \
+                     wgmma between start and end of the pipeline stage in the function 'gemm'"
+                        .to_string(),
                 ],
                 cubin: Vec::new(),
             }
