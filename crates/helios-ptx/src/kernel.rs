@@ -347,12 +347,23 @@ impl Kernel {
     }
 
     pub fn div(&mut self, a: Reg, b: impl Into<Op>) -> Reg {
+        let b = b.into();
+        if let Some(shift) = pow2_divisor(a, &b) {
+            return self.shr(a, shift);
+        }
         let op = if a.ty.is_float() { "div.rn" } else { "div" };
-        self.binary(op, a.ty, a.into(), b.into())
+        self.binary(op, a.ty, a.into(), b)
     }
 
     pub fn rem(&mut self, a: Reg, b: impl Into<Op>) -> Reg {
-        self.binary("rem", a.ty, a.into(), b.into())
+        let b = b.into();
+        if let Some(shift) = pow2_divisor(a, &b) {
+            let r = self.reg(a.ty);
+            let mask = (1u64 << shift) - 1;
+            self.emit(format_args!("and{} {r}, {a}, {mask}", bits(a.ty).suffix()));
+            return r;
+        }
+        self.binary("rem", a.ty, a.into(), b)
     }
 
     pub fn min(&mut self, a: Reg, b: impl Into<Op>) -> Reg {
@@ -690,6 +701,19 @@ impl Kernel {
 }
 
 /// The bit type of a value's width, for the logical instructions.
+/// The shift that divides unsigned `a` by `b` where `b` is an immediate power of two. ptxas
+/// divides by a constant the long way (a reciprocal on the MUFU unit, then corrections, ~20
+/// instructions: the ring slot of every key block in the native attention kernels), so
+/// `div` and `rem` strength-reduce these themselves.
+fn pow2_divisor(a: Reg, b: &Op) -> Option<u32> {
+    match (a.ty, b) {
+        (Ty::U32 | Ty::U64, &Op::Imm(v)) if v > 0 && v.count_ones() == 1 => {
+            Some(v.trailing_zeros())
+        }
+        _ => None,
+    }
+}
+
 const fn bits(ty: Ty) -> Ty {
     match ty.bytes() {
         2 => Ty::B16,

@@ -68,6 +68,35 @@ mod tests {
         assert_eq!(m.params, [Ty::U64]);
     }
 
+    /// Unsigned division and remainder by an immediate power of two are a shift and a mask;
+    /// anything else stays a division.
+    #[test]
+    fn powers_of_two_divide_by_shifting() {
+        let mut k = Kernel::new("divide", Target::SM80);
+        let tid = k.special(Special::TidX);
+        let q = k.div(tid, 8u32);
+        let r = k.rem(tid, 8u32);
+        let s = k.cvt(Ty::S32, tid);
+        let qs = k.div(s, 8i32);
+        let q3 = k.div(tid, 3u32);
+        let one = k.rem(tid, 1u32);
+        let m = k.finish().unwrap();
+        let line = |reg: Reg| {
+            let name = reg.to_string();
+            m.text
+                .lines()
+                .find(|l| l.contains(&format!(" {name},")))
+                .unwrap_or_else(|| panic!("{name} not defined:\n{}", m.text))
+                .trim()
+                .to_string()
+        };
+        assert_eq!(line(q), format!("shr.u32 {q}, {tid}, 3;"));
+        assert_eq!(line(r), format!("and.b32 {r}, {tid}, 7;"));
+        assert!(line(qs).starts_with("div.s32"), "{}", line(qs));
+        assert!(line(q3).starts_with("div.u32"), "{}", line(q3));
+        assert_eq!(line(one), format!("and.b32 {one}, {tid}, 0;"));
+    }
+
     #[test]
     fn an_instruction_the_target_lacks_is_an_error() {
         let mut k = Kernel::new("needs_hopper", Target::SM90);
