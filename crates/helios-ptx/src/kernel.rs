@@ -700,7 +700,6 @@ impl Kernel {
     }
 }
 
-/// The bit type of a value's width, for the logical instructions.
 /// The shift that divides unsigned `a` by `b` where `b` is an immediate power of two. ptxas
 /// divides by a constant the long way (a reciprocal on the MUFU unit, then corrections, ~20
 /// instructions: the ring slot of every key block in the native attention kernels), so
@@ -714,6 +713,7 @@ fn pow2_divisor(a: Reg, b: &Op) -> Option<u32> {
     }
 }
 
+/// The bit type of a value's width, for the logical instructions.
 const fn bits(ty: Ty) -> Ty {
     match ty.bytes() {
         2 => Ty::B16,
