@@ -39,11 +39,14 @@ pub(crate) struct TuningStore {
 }
 
 struct Entries {
+    /// The device key (`device_key`) and its file.
+    key: String,
     path: Option<PathBuf>,
     winners: HashMap<String, (String, f64)>,
     /// Winners stored for this device under other drivers (newest file first wins): the
-    /// first choices of a driver update, which tuning on real work then checks.
-    earlier: HashMap<String, String>,
+    /// first choices of a driver update, which tuning on real work then checks. Read on
+    /// the first question: stores that never ask (tuning progress) never list the folder.
+    earlier: Option<HashMap<String, String>>,
 }
 
 impl TuningStore {
@@ -73,7 +76,13 @@ impl TuningStore {
     /// The winner stored for `class` on this device under another driver (or the same
     /// driver with other features), if any: a good first choice after a driver update.
     pub(crate) fn earlier(&self, device: &Device, class: &str) -> Option<String> {
-        self.with(device, |e| e.earlier.get(class).cloned())
+        self.with(device, |e| {
+            let earlier = e.earlier.get_or_insert_with(|| match &e.path {
+                Some(path) => self.earlier_files(path, &e.key),
+                None => HashMap::new(),
+            });
+            earlier.get(class).cloned()
+        })
     }
 
     /// Every winner for `device`: (class, variant, µs), sorted by class.
@@ -172,14 +181,11 @@ impl TuningStore {
                 .and_then(|p| std::fs::read_to_string(p).ok())
                 .map(|text| self.parse(&text))
                 .unwrap_or_default();
-            let earlier = path
-                .as_ref()
-                .map(|p| self.earlier_files(p, key))
-                .unwrap_or_default();
             Entries {
+                key: key.clone(),
                 path,
                 winners,
-                earlier,
+                earlier: None,
             }
         });
         f(entries)
@@ -314,7 +320,8 @@ mod tests {
     static STORE: TuningStore = TuningStore::new("helios-store-test", 1, |v| v != "gone");
 
     /// A winner is written atomically and read back by a fresh load; a file of another
-    /// driver for the same device gives the first choices of this one; lines the build does
+    /// driver for the same device gives the first choices of this one (read when first asked
+    /// for, not with this driver's file); lines the build does
     /// not know and files that are not the family's are ignored, never an error; winners
     /// another process wrote meanwhile survive this one's writes.
     #[test]
@@ -339,6 +346,11 @@ mod tests {
         )
         .expect("an old driver's file");
         std::fs::write(dir.join(format!("{model}-9.9.9-x.tsv")), "garbage\n").expect("garbage");
+        assert_eq!(STORE.get(&device, "class a"), None);
+        assert!(
+            STORE.with(&device, |e| e.earlier.is_none()),
+            "other drivers' files are read only when asked for"
+        );
         assert_eq!(STORE.earlier(&device, "class a").as_deref(), Some("fast"));
         assert_eq!(
             STORE.earlier(&device, "class b"),
