@@ -187,23 +187,22 @@ fn ptxas_with(
 
 /// Reads the `-v` lines: `ptxas info    : Used 168 registers, used 1 barriers, 40960 bytes
 /// smem, ...`, `    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads`, and
-/// `ptxas warning : ...`. Unknown lines and fields are ignored, so a newer ptxas that adds
-/// fields still parses.
+/// `ptxas warning : ...` (with the info lines that announce a performance loss). Unknown
+/// lines and fields are ignored, so a newer ptxas that adds fields still parses.
 fn parse_report(text: &str) -> PtxasReport {
     let mut report = PtxasReport::default();
     for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("ptxas warning") {
+        let info = line.strip_prefix("ptxas info");
+        let warning = line
+            .strip_prefix("ptxas warning")
+            .or_else(|| info.filter(|rest| rest.contains("Potential Performance Loss")));
+        if let Some(rest) = warning {
             let message = rest.trim_start().trim_start_matches(':').trim();
             report.warnings.push(message.to_string());
             continue;
         }
         // Info lines carry the prefix; the function-properties line is indented without one.
-        let fields = match line.strip_prefix("ptxas info") {
-            Some(rest) if rest.contains("Potential Performance Loss") => {
-                let message = rest.trim_start().trim_start_matches(':').trim();
-                report.warnings.push(message.to_string());
-                continue;
-            }
+        let fields = match info {
             Some(rest) => rest.trim_start().trim_start_matches(':'),
             None if line.starts_with(char::is_whitespace) => line,
             None => continue,

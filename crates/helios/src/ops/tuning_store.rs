@@ -39,8 +39,7 @@ pub(crate) struct TuningStore {
 }
 
 struct Entries {
-    /// The device key (`device_key`) and its file.
-    key: String,
+    /// `<family>/<device key>.tsv` under the cache root.
     path: Option<PathBuf>,
     winners: HashMap<String, (String, f64)>,
     /// Winners stored for this device under other drivers (newest file first wins): the
@@ -78,7 +77,7 @@ impl TuningStore {
     pub(crate) fn earlier(&self, device: &Device, class: &str) -> Option<String> {
         self.with(device, |e| {
             let earlier = e.earlier.get_or_insert_with(|| match &e.path {
-                Some(path) => self.earlier_files(path, &e.key),
+                Some(path) => self.earlier_files(path),
                 None => HashMap::new(),
             });
             earlier.get(class).cloned()
@@ -182,7 +181,6 @@ impl TuningStore {
                 .map(|text| self.parse(&text))
                 .unwrap_or_default();
             Entries {
-                key: key.clone(),
                 path,
                 winners,
                 earlier: None,
@@ -191,9 +189,13 @@ impl TuningStore {
         f(entries)
     }
 
-    /// The winners in the family's other files for the same device model (`key` starts
-    /// with it), the most recently written file's first.
-    fn earlier_files(&self, path: &std::path::Path, key: &str) -> HashMap<String, String> {
+    /// The winners in the family's other files for the same device model (with which the
+    /// device key, `path`'s name, starts), the most recently written file's first.
+    fn earlier_files(&self, path: &std::path::Path) -> HashMap<String, String> {
+        let key = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default();
         let model = key.split('-').next().unwrap_or(key);
         let Some(dir) = path.parent().and_then(|d| std::fs::read_dir(d).ok()) else {
             return HashMap::new();
@@ -321,9 +323,9 @@ mod tests {
 
     /// A winner is written atomically and read back by a fresh load; a file of another
     /// driver for the same device gives the first choices of this one (read when first asked
-    /// for, not with this driver's file); lines the build does
-    /// not know and files that are not the family's are ignored, never an error; winners
-    /// another process wrote meanwhile survive this one's writes.
+    /// for, not with this driver's file); lines the build does not know and files that are
+    /// not the family's are ignored, never an error; winners another process wrote meanwhile
+    /// survive this one's writes.
     #[test]
     fn winners_persist_and_a_new_driver_starts_from_the_old_ones() {
         let device = Device::from_env().expect("a Vulkan device");

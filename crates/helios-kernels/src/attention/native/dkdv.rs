@@ -75,7 +75,7 @@ fn roles(
     let k_view = (p.k, p.offs[1], p.strides);
     let v_view = (p.v, p.offs[2], p.strides);
 
-    let stats = Stats::new(k, blk, lanes);
+    let stats = Stats::new(k, (blk, p), lanes);
 
     blk.for_each_item(k, |k, it| {
         // This thread's two key rows.
@@ -83,7 +83,7 @@ fn roles(
         let bh = k.mad(it.b, blk.heads, it.h);
         let row_base = k.mul(bh, blk.t);
         let any = k.setp(Cmp::Gt, it.blocks, 0u32);
-        let first = stats.fetch(k, (blk, p, row_base), it.first, any);
+        let first = stats.fetch(k, row_base, it.first, any);
         k.comment("K and V rows in registers: wgmma's A fragments");
         let at = (it.b, it.h, it.row0);
         if let Some(kf) = &kf {
@@ -121,7 +121,7 @@ fn roles(
             let after = k.add(j, 1u32);
             let more = k.setp(Cmp::Lt, after, it.blocks);
             let next = k.add(block, 1u32);
-            let next = stats.fetch(k, (blk, p, row_base), next, more);
+            let next = stats.fetch(k, row_base, next, more);
             if let Some(kf) = &kf {
                 c.issue_by_keys(k, step, &kf.kept, false, &st_acc);
             }
@@ -261,6 +261,10 @@ fn receive(k: &mut Kernel, at: Reg, n: usize) -> Vec<Reg> {
 /// shared memory.
 struct Stats {
     bk: u32,
+    /// T, and the [B, H, T] rows of L and Dsum.
+    t: Reg,
+    lse: Reg,
+    dsum: Reg,
     lane: Reg,
     /// This warp's copy: L (base 2) at 4 · q, Dsum at 4 · (`bk` + q), q the block's query.
     area: Reg,
@@ -269,8 +273,9 @@ struct Stats {
 }
 
 impl Stats {
-    fn new(k: &mut Kernel, blk: &Block, lanes: &Lanes) -> Stats {
+    fn new(k: &mut Kernel, (blk, p): (&Block, &Params), lanes: &Lanes) -> Stats {
         let bk = blk.bk;
+        let grad = p.grad.as_ref().expect("DkDv's parameters");
         let lane = k.and(blk.tid, 31u32).retype(Ty::U32);
         let warp = k.shr(blk.tid, 5u32);
         let base = blk.stats.expect("DkDv's statistics area");
@@ -278,6 +283,9 @@ impl Stats {
         let reader = k.mad(lanes.tq, 8u32, area);
         Stats {
             bk,
+            t: blk.t,
+            lse: p.lse,
+            dsum: grad.dsum,
             lane,
             area,
             reader,
@@ -285,23 +293,17 @@ impl Stats {
     }
 
     /// Starts loading this lane's share of query block `block`'s L and Dsum (queries
-    /// 32e + lane of the block) where `valid` holds and the query is inside T, 0 elsewhere.
-    fn fetch(
-        &self,
-        k: &mut Kernel,
-        (blk, p, row_base): (&Block, &Params, Reg),
-        block: Reg,
-        valid: Reg,
-    ) -> Vec<[Reg; 2]> {
-        let grad = p.grad.as_ref().expect("DkDv's parameters");
+    /// 32e + lane of the block, rows from `row_base` on) where `valid` holds and the query is
+    /// inside T, 0 elsewhere.
+    fn fetch(&self, k: &mut Kernel, row_base: Reg, block: Reg, valid: Reg) -> Vec<[Reg; 2]> {
         let q0 = k.mad(block, self.bk, self.lane);
         (0..self.bk / 32)
             .map(|e| {
                 let q = k.add(q0, 32 * e);
-                let inside = k.setp(Cmp::Lt, q, blk.t);
+                let inside = k.setp(Cmp::Lt, q, self.t);
                 let live = k.and_pred(inside, valid);
                 let idx = k.add(row_base, q);
-                [p.lse, grad.dsum].map(|from| {
+                [self.lse, self.dsum].map(|from| {
                     let at = k.mad_wide(idx, 4u32, from);
                     k.ld_if(live, Space::Global, Ty::F32, Addr::new(at), 0.0f32)
                 })
