@@ -351,6 +351,9 @@ impl Kernel {
         if let Some(shift) = pow2_divisor(a, &b) {
             return self.shr(a, shift);
         }
+        if let Some(magic) = Magic::of(a, &b) {
+            return self.div_magic(a, magic);
+        }
         let op = if a.ty.is_float() { "div.rn" } else { "div" };
         self.binary(op, a.ty, a.into(), b)
     }
@@ -363,7 +366,23 @@ impl Kernel {
             self.emit(format_args!("and{} {r}, {a}, {mask}", bits(a.ty).suffix()));
             return r;
         }
+        if let Some(magic) = Magic::of(a, &b) {
+            let q = self.div_magic(a, magic);
+            let whole = self.mul(q, magic.divisor);
+            return self.sub(a, whole);
+        }
         self.binary("rem", a.ty, a.into(), b)
+    }
+
+    /// `a / d` for unsigned 32-bit `a` and the constant of `magic`: t = mulhi(m, a), then
+    /// (t + (a − t) / 2) >> (l − 1) (`Magic::quotient` is the same on the CPU).
+    fn div_magic(&mut self, a: Reg, magic: Magic) -> Reg {
+        let t = self.reg(Ty::U32);
+        self.emit(format_args!("mul.hi.u32 {t}, {a}, {}", magic.multiplier));
+        let rest = self.sub(a, t);
+        let half = self.shr(rest, 1u32);
+        let sum = self.add(t, half);
+        self.shr(sum, magic.shift - 1)
     }
 
     pub fn min(&mut self, a: Reg, b: impl Into<Op>) -> Reg {
@@ -710,6 +729,47 @@ fn pow2_divisor(a: Reg, b: &Op) -> Option<u32> {
             Some(v.trailing_zeros())
         }
         _ => None,
+    }
+}
+
+/// Unsigned 32-bit division by a constant `divisor` that is not a power of two, as a
+/// multiply-high and shifts (Granlund and Montgomery; exact for every dividend): ptxas
+/// would divide the long way (see `pow2_divisor`), as for the matmul's three-stage ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Magic {
+    divisor: u32,
+    /// ⌊2³² (2ˡ − d) / d⌋ + 1, with l = ⌈log₂ d⌉ (fits 32 bits when d is not a power of 2).
+    multiplier: u32,
+    shift: u32,
+}
+
+impl Magic {
+    /// The constants for dividing unsigned 32-bit `a` by immediate `b`, where they apply.
+    fn of(a: Reg, b: &Op) -> Option<Magic> {
+        match (a.ty, b) {
+            (Ty::U32, &Op::Imm(v)) => u32::try_from(v).ok().and_then(Magic::new),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn new(divisor: u32) -> Option<Magic> {
+        if divisor < 3 || divisor.is_power_of_two() {
+            return None;
+        }
+        let shift = 32 - (divisor - 1).leading_zeros();
+        let d = u64::from(divisor);
+        let m = ((1u64 << 32) * ((1u64 << shift) - d)) / d + 1;
+        Some(Magic {
+            divisor,
+            multiplier: u32::try_from(m).ok()?,
+            shift,
+        })
+    }
+
+    /// What `div_magic`'s instructions compute, step for step.
+    pub(crate) fn quotient(self, n: u32) -> u32 {
+        let t = ((u64::from(self.multiplier) * u64::from(n)) >> 32) as u32;
+        (t + ((n - t) >> 1)) >> (self.shift - 1)
     }
 }
 

@@ -26,8 +26,8 @@ pub(super) struct Block {
     pub(super) split: bool,
     pub(super) bk: u32,
     pub(super) d: u32,
-    /// Stages of each ring.
-    pub(super) stages: u32,
+    /// Stages of each ring (K's, V's; see `ring_stages`).
+    pub(super) stages: [u32; 2],
     pub(super) tid: Reg,
     /// Shared addresses of the first stages of the two rings — K and V; DkDv's Q and dO —
     /// and of the mbarriers (the first ring's full ones, then the second's).
@@ -53,6 +53,8 @@ pub(super) struct Item {
     /// The first block the tile meets (0 but for causal DkDv), and how many.
     pub(super) first: Reg,
     pub(super) blocks: Reg,
+    /// The index of this block's next item (at or past `Block::items` after the last).
+    pub(super) next: Reg,
 }
 
 impl Block {
@@ -124,6 +126,9 @@ impl Block {
             let e = k.add(end, self.bk - 1);
             (k.mov(Ty::U32, 0u32), k.div(e, self.bk))
         };
+        let next_at = k.selp(reversed, ahead, behind, Ty::U32);
+        let next_row = k.add(row, step);
+        let next = k.add(next_row, next_at);
         body(
             k,
             &Item {
@@ -133,6 +138,7 @@ impl Block {
                 len,
                 first,
                 blocks,
+                next,
             },
         );
         k.update("add", row, row, step);
@@ -147,14 +153,19 @@ impl Block {
 
     /// Named barrier ids of the stages' "empty" signals: K's, then V's (0 is the block's).
     pub(super) fn empty_id(&self, k: &mut Kernel, slot: Reg, v: bool) -> Reg {
-        let first = 1 + if v { self.stages } else { 0 };
+        let first = 1 + if v { self.stages[0] } else { 0 };
         k.add(slot, first)
     }
 
     /// The full mbarrier of `slot` of K's or V's ring.
     pub(super) fn full_bar(&self, k: &mut Kernel, slot: Reg, v: bool) -> Addr {
         let at = k.mad(slot, 8u32, self.bars);
-        Addr::at(at, if v { i64::from(8 * self.stages) } else { 0 })
+        Addr::at(at, if v { i64::from(8 * self.stages[0]) } else { 0 })
+    }
+
+    /// Stages of K's ring, or V's with `v`.
+    pub(super) fn ring(&self, v: bool) -> u32 {
+        self.stages[usize::from(v)]
     }
 }
 

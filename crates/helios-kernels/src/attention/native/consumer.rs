@@ -7,7 +7,7 @@ use helios_ptx::{
 };
 
 use super::block::{Block, Item, Params};
-use super::{AttentionKernel, Storage, WG_ROWS};
+use super::{exp_knob, AttentionKernel, Storage, WG_ROWS};
 
 /// The consumer warpgroups: per item, Q into registers, then per key block S = Q·Kᵀ, the
 /// online softmax, O += P·V; then O / l and the log-sum-exp.
@@ -29,12 +29,29 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let step = k.mov(Ty::U32, 0u32);
     let q = Fragments::new(k, d);
     let q_view = (p.q, p.offs[0], p.strides);
+    // The next item's Q is loaded while this one runs, where registers allow.
+    let prefetch = exp_knob("QPRE") && (d == 64 || blk.bq <= 2 * WG_ROWS);
+    let fetched = k.mov(Ty::U32, 0u32);
 
     blk.for_each_item(k, |k, it| {
         let (rows, ok) = lanes.rows(k, blk, it.row0);
         let first_row = k.add(it.row0, warp_row);
         k.comment("Q rows in registers: wgmma's A fragments");
-        q.load(k, (&lanes, blk), q_view, (it.b, it.h, it.row0));
+        if prefetch {
+            let cold = k.setp(Cmp::Eq, fetched, 0u32);
+            k.if_(cold, |k| {
+                q.fetch(k, (&lanes, blk), q_view, (it.b, it.h, it.row0))
+            });
+            q.keep(k);
+            let more = k.setp(Cmp::Lt, it.next, blk.items);
+            k.if_(more, |k| {
+                let (b, h, row0) = blk.coords(k, it.next);
+                q.fetch(k, (&lanes, blk), q_view, (b, h, row0));
+            });
+            k.assign(fetched, 1u32);
+        } else {
+            q.load(k, (&lanes, blk), q_view, (it.b, it.h, it.row0));
+        }
         for &r in &o_acc {
             k.assign(r, 0.0f32);
         }
@@ -59,20 +76,24 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             p_regs: &p_regs,
             m,
             l,
+            half2: lanes.half2,
         };
         k.comment("key blocks: S = Q K^T, online softmax, O += P V");
-        // In order: S(j), its softmax, P(j)·V(j). Issuing S(j+1) before the softmax of
-        // block j (FlashAttention-3's intra-warpgroup pipelining) measured slower here.
-        k.for_range(0u32, live, 1, |k, _| {
-            f.scores_issue(&c, k, step);
-            k.wgmma_wait(0);
-            c.release(k, step, false);
-            f.softmax(&c, k, step);
-            f.product_issue(&c, k, step);
-            k.wgmma_wait(0);
-            c.release(k, step, true);
-            k.update("add", step, step, 1u32);
-        });
+        if exp_knob("PIPE") {
+            f.pipelined(&c, k, step, live);
+        } else {
+            k.for_range(0u32, live, 1, |k, _| {
+                f.scores_issue(&c, k, step);
+                k.wgmma_wait(0);
+                c.release(k, step, false);
+                let (alpha, probs) = f.probabilities(&c, k, step);
+                f.rescale(k, &alpha, &probs);
+                f.product_issue(&c, k, step);
+                k.wgmma_wait(0);
+                c.release(k, step, true);
+                k.update("add", step, step, 1u32);
+            });
+        }
         hand_back(k, &c, step, (live, it.blocks), [false, true]);
 
         k.comment("epilogue: O / l, the log-sum-exp");
@@ -127,28 +148,30 @@ struct Softmax<'a> {
     p_regs: &'a [Reg],
     m: [Reg; 2],
     l: [Reg; 2],
+    half2: Ty,
 }
 
 impl Consumer<'_> {
-    /// The ring slot of k step `step`, its mbarrier parity, and its offset in descriptor
-    /// units.
-    pub(super) fn slot(&self, k: &mut Kernel, step: Reg) -> (Reg, Reg, Reg) {
-        let slot = k.rem(step, self.blk.stages);
-        let round = k.div(step, self.blk.stages);
+    /// The slot of k step `step` in K's ring (V's with `v`), its mbarrier parity, and its
+    /// offset in descriptor units.
+    pub(super) fn slot(&self, k: &mut Kernel, step: Reg, v: bool) -> (Reg, Reg, Reg) {
+        let n = self.blk.ring(v);
+        let slot = k.rem(step, n);
+        let round = k.div(step, n);
         let parity = k.and(round, 1u32);
         let units = k.mul(slot, self.blk.stage_bytes() >> 4);
         (slot, parity, k.cvt(Ty::U64, units))
     }
 
     pub(super) fn wait_full(&self, k: &mut Kernel, step: Reg, v: bool) {
-        let (slot, parity, _) = self.slot(k, step);
+        let (slot, parity, _) = self.slot(k, step, v);
         let bar = self.blk.full_bar(k, slot, v);
         k.mbarrier_wait(bar, parity);
     }
 
     /// Hands K's or V's stage of `step` back to the producer.
     pub(super) fn release(&self, k: &mut Kernel, step: Reg, v: bool) {
-        let slot = k.rem(step, self.blk.stages);
+        let slot = k.rem(step, self.blk.ring(v));
         let id = self.blk.empty_id(k, slot, v);
         k.bar_arrive_reg(id, self.blk.consumers + 32);
     }
@@ -158,7 +181,7 @@ impl Consumer<'_> {
     /// stage's keys × D read K-major; `acc` is 64 rows × the block's keys.
     pub(super) fn issue_by_keys(&self, k: &mut Kernel, step: Reg, a: &[Reg], v: bool, acc: &[Reg]) {
         self.wait_full(k, step, v);
-        let (_, _, units) = self.slot(k, step);
+        let (_, _, units) = self.slot(k, step, v);
         let kd = k.add(self.lanes.by_rows[usize::from(v)], units);
         k.wgmma_fence();
         for s in 0..self.blk.d / 16 {
@@ -194,7 +217,7 @@ impl Consumer<'_> {
         acc: &[Reg],
     ) {
         self.wait_full(k, step, v);
-        let (_, _, units) = self.slot(k, step);
+        let (_, _, units) = self.slot(k, step, v);
         let vd = k.add(self.lanes.over_rows[usize::from(v)], units);
         k.wgmma_fence();
         for s in 0..self.blk.bk / 16 {
@@ -258,16 +281,42 @@ impl Softmax<'_> {
         c.issue_over_keys(k, step, self.p_regs, true, self.o_acc);
     }
 
-    /// The softmax of the key block of `step`: new row maxima and sums, O rescaled, P in
-    /// place for the product.
-    fn softmax(&self, c: &Consumer, k: &mut Kernel, step: Reg) {
-        let (alpha, probs) = self.probabilities(c, k, step);
-        self.rescale(k, &alpha, &probs);
+    /// The `live` key blocks from `step` on in FlashAttention-3's intra-warpgroup order:
+    /// block j's S is issued with block j − 1's P·V, and its softmax runs while that
+    /// product does. P is packed only after the product's wait: packed before it, ptxas
+    /// writes the new P into the registers the running `wgmma` reads and then serializes
+    /// every `wgmma` of the kernel (C7513).
+    fn pipelined(&self, c: &Consumer, k: &mut Kernel, step: Reg, live: Reg) {
+        let any = k.setp(Cmp::Gt, live, 0u32);
+        k.if_(any, |k| {
+            self.scores_issue(c, k, step);
+            k.wgmma_wait(0);
+            c.release(k, step, false);
+            let (alpha, probs) = self.probabilities(c, k, step);
+            self.rescale(k, &alpha, &probs);
+            k.update("add", step, step, 1u32);
+            k.for_range(1u32, live, 1, |k, _| {
+                let prev = k.sub(step, 1u32);
+                self.scores_issue(c, k, step);
+                self.product_issue(c, k, prev);
+                k.wgmma_wait(1);
+                c.release(k, step, false);
+                let (alpha, probs) = self.probabilities(c, k, step);
+                k.wgmma_wait(0);
+                c.release(k, prev, true);
+                self.rescale(k, &alpha, &probs);
+                k.update("add", step, step, 1u32);
+            });
+            let prev = k.sub(step, 1u32);
+            self.product_issue(c, k, prev);
+            k.wgmma_wait(0);
+            c.release(k, prev, true);
+        });
     }
 
     /// Masks S for the key block of `step`, updates the row maxima and sums, and returns
-    /// the rows' rescale factors and the new P (rounded, in A-fragment order). O is not
-    /// touched: a product into it may still run.
+    /// the rows' rescale factors and the new P (f32, in accumulator order). Neither O nor
+    /// P's fragments are touched: a product reading and writing them may still run.
     fn probabilities(&self, c: &Consumer, k: &mut Kernel, step: Reg) -> ([Reg; 2], Vec<Reg>) {
         c.mask(k, step);
         // Online softmax, base 2, two rows a thread; a row's four threads are a quad.
@@ -309,18 +358,19 @@ impl Softmax<'_> {
             let v = k.add(scaled, sums[h]);
             k.assign(self.l[h], v);
         }
-        // S's accumulator layout is P·V's A layout: registers 8s..8s+7 are k step s.
-        (alpha, pack(k, c.lanes.half2, &probs))
+        (alpha, probs)
     }
 
-    /// Once the last product into O is done: O scaled by the rows' factors, the new P in
-    /// place for the next product.
+    /// Once the last product into O is done: O scaled by the rows' factors, the new P
+    /// rounded into place for the next product.
     fn rescale(&self, k: &mut Kernel, alpha: &[Reg; 2], probs: &[Reg]) {
         for (i, &r) in self.o_acc.iter().enumerate() {
             let v = k.mul(r, alpha[(i / 2) % 2]);
             k.assign(r, v);
         }
-        for (&r, &p) in self.p_regs.iter().zip(probs) {
+        // S's accumulator layout is P·V's A layout: registers 8s..8s+7 are k step s.
+        let packed = pack(k, self.half2, probs);
+        for (&r, &p) in self.p_regs.iter().zip(&packed) {
             k.assign(r, p);
         }
     }
@@ -353,8 +403,24 @@ impl Fragments {
         view: (Reg, Reg, [Reg; 3]),
         at: (Reg, Reg, Reg),
     ) {
+        self.fetch(k, (lanes, blk), view, at);
+        self.keep(k);
+    }
+
+    /// Starts loading the rows of the item at `at` into `staged`.
+    fn fetch(
+        &self,
+        k: &mut Kernel,
+        (lanes, blk): (&Lanes, &Block),
+        view: (Reg, Reg, [Reg; 3]),
+        at: (Reg, Reg, Reg),
+    ) {
         let me = (lanes.own_row, lanes.col_bytes);
         load_fragments(k, me, view, at, (blk.t, blk.d), &self.staged);
+    }
+
+    /// Copies `staged` into `kept`.
+    fn keep(&self, k: &mut Kernel) {
         for (&r, &l) in self.kept.iter().zip(&self.staged) {
             k.assign(r, l);
         }
