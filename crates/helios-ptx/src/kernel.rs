@@ -767,6 +767,7 @@ impl Magic {
     }
 
     /// What `div_magic`'s instructions compute, step for step.
+    #[cfg(test)]
     pub(crate) fn quotient(self, n: u32) -> u32 {
         let t = ((u64::from(self.multiplier) * u64::from(n)) >> 32) as u32;
         (t + ((n - t) >> 1)) >> (self.shift - 1)

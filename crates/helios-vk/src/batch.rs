@@ -83,9 +83,6 @@ pub(crate) struct OpenBatch {
     stages: Stages,
     /// Whether a dispatch was recorded since the last compute+transfer barrier.
     compute_since_full: bool,
-    /// Whether a barrier that does not order native launches (compute or compute+transfer)
-    /// forgot accesses since the last full barrier (native.rs).
-    partial_since_native: bool,
     /// Transfer-timeline value the batch must wait for (0: none).
     pub(crate) wait_transfer: u64,
     /// Pipelines the batch uses, kept alive until it completes.
@@ -104,12 +101,7 @@ impl OpenBatch {
     /// Inserts a barrier if `accesses` (made by a command of `stage`) conflict with earlier
     /// ones, then records them.
     pub(crate) fn order(&mut self, stage: Stage, accesses: &[Access<'_>]) {
-        if stage == Stage::Native && self.partial_since_native {
-            // Accesses forgotten at a compute-only or compute+transfer barrier may conflict
-            // with this launch, and that barrier does not cover it: fence everything, as for
-            // copies below.
-            self.barrier_from(Stages::ALL, stage);
-        } else if stage == Stage::Transfer && self.compute_since_full {
+        if stage == Stage::Transfer && self.compute_since_full {
             // Compute-only barriers since the last full one do not order earlier dispatches
             // before a copy; copies are rare inside a batch, so fence everything.
             self.barrier_from(Stages::ALL, stage);
@@ -142,35 +134,20 @@ impl OpenBatch {
         any && self.stages != Stages::NONE
     }
 
-    /// A full compute/transfer barrier (a full ALL_COMMANDS one after a native launch);
-    /// forgets the tracked accesses.
+    /// A full compute/transfer barrier; forgets the tracked accesses.
     pub(crate) fn barrier(&mut self) {
         self.barrier_from(Stages::ALL, Stage::Compute);
     }
 
-    /// For a native launch recorded through a `Recorder` (explicit barriers): the caller's
-    /// last barrier before it becomes a full one, and so does the next barrier after it.
-    pub(crate) fn native_recorded(&mut self) {
-        self.commands.upgrade_last_barrier();
-        self.stages.insert(Stage::Native);
-    }
-
     /// A barrier from the stages used since the last one to `next`. Between dispatches this
-    /// is compute→compute only: a transfer stage in the mask costs NVIDIA more. Around a
-    /// native launch it is ALL_COMMANDS→ALL_COMMANDS, since the driver does not say which
-    /// stage a launch runs in.
+    /// is compute→compute only: a transfer stage in the mask costs NVIDIA more. Native
+    /// launches are dispatches here (native.rs).
     fn barrier_from(&mut self, used: Stages, next: Stage) {
-        if next == Stage::Native || self.stages.has_native() || used.has_native() {
-            self.commands.native_barrier();
-            self.compute_since_full = false;
-            self.partial_since_native = false;
-        } else if used == Stages::COMPUTE && next == Stage::Compute {
+        if used == Stages::COMPUTE && next == Stage::Compute {
             self.commands.compute_barrier();
-            self.partial_since_native = true;
         } else {
             self.commands.full_barrier();
             self.compute_since_full = false;
-            self.partial_since_native = true;
         }
         self.hazards.clear();
         self.stages = Stages::NONE;
@@ -178,16 +155,14 @@ impl OpenBatch {
     }
 }
 
-/// The pipeline stage of a recorded command.
+/// The pipeline stage of a recorded command: a dispatch or native launch, or a copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Stage {
     Compute,
     Transfer,
-    /// A native kernel launch (native.rs): its stage is the driver's secret.
-    Native,
 }
 
-/// A set of stages (bit 0 compute, bit 1 transfer, bit 2 native).
+/// A set of stages (bit 0 compute, bit 1 transfer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Stages(u8);
 
@@ -201,12 +176,7 @@ impl Stages {
         self.0 |= match s {
             Stage::Compute => 1,
             Stage::Transfer => 2,
-            Stage::Native => 4,
         };
-    }
-
-    fn has_native(self) -> bool {
-        self.0 & 4 != 0
     }
 }
 
@@ -290,7 +260,6 @@ impl OpenBatch {
             hazards: Hazards::default(),
             stages,
             compute_since_full: false,
-            partial_since_native: false,
             wait_transfer,
             keep: Vec::new(),
             keep_native: Vec::new(),

@@ -36,8 +36,6 @@ enum Cmd {
     ComputeBarrier,
     /// Everything compute or transfer → everything (`compute_transfer_barrier`).
     FullBarrier,
-    /// All commands → all commands, around native launches (`native_barrier`).
-    NativeBarrier,
     /// A native kernel launch (native.rs); counted as a dispatch.
     NativeLaunch {
         /// Index in `natives` (resolved at replay: the JIT may still be running).
@@ -92,8 +90,6 @@ pub(crate) struct Commands {
     natives: Vec<Arc<NativeSlot>>,
     /// Arguments of native launches.
     args: Vec<NativeArg>,
-    /// Index in `cmds` of the last barrier (`Recorder::launch_native` upgrades it).
-    last_barrier: Option<usize>,
     /// Whether a native launch is among the commands: the batch's opening and closing
     /// barriers must then cover all commands (submit.rs).
     pub(crate) native: bool,
@@ -115,7 +111,6 @@ impl Commands {
         self.pipelines.clear();
         self.natives.clear();
         self.args.clear();
-        self.last_barrier = None;
         self.native = false;
     }
 
@@ -153,23 +148,14 @@ impl Commands {
     }
 
     pub(crate) fn compute_barrier(&mut self) {
-        self.push_barrier(Cmd::ComputeBarrier);
+        self.cmds.push(Cmd::ComputeBarrier);
     }
 
     pub(crate) fn full_barrier(&mut self) {
-        self.push_barrier(Cmd::FullBarrier);
+        self.cmds.push(Cmd::FullBarrier);
     }
 
-    pub(crate) fn native_barrier(&mut self) {
-        self.push_barrier(Cmd::NativeBarrier);
-    }
-
-    fn push_barrier(&mut self, cmd: Cmd) {
-        self.last_barrier = Some(self.cmds.len());
-        self.cmds.push(cmd);
-    }
-
-    /// The barriers recorded so far, in order: "compute", "full" or "native".
+    /// The barriers recorded so far, in order: "compute" or "full".
     #[cfg(test)]
     pub(crate) fn barrier_kinds(&self) -> Vec<&'static str> {
         self.cmds
@@ -177,17 +163,9 @@ impl Commands {
             .filter_map(|c| match c {
                 Cmd::ComputeBarrier => Some("compute"),
                 Cmd::FullBarrier => Some("full"),
-                Cmd::NativeBarrier => Some("native"),
                 _ => None,
             })
             .collect()
-    }
-
-    /// Makes the last barrier recorded a native (all-commands) one.
-    pub(crate) fn upgrade_last_barrier(&mut self) {
-        if let Some(i) = self.last_barrier {
-            self.cmds[i] = Cmd::NativeBarrier;
-        }
     }
 
     pub(crate) fn fill(&mut self, dst: vk::Buffer, offset: u64, len: u64, word: u32) {
@@ -323,7 +301,6 @@ impl Commands {
                 }
                 Cmd::ComputeBarrier => compute_barrier(device, cb),
                 Cmd::FullBarrier => compute_transfer_barrier(device, cb),
-                Cmd::NativeBarrier => native_barrier(device, cb),
                 Cmd::Copy { src, dst, regions } => {
                     device.cmd_copy_buffer(cb, src, dst, &self.regions[range(regions)])
                 }
@@ -480,8 +457,9 @@ pub(crate) fn compute_transfer_barrier(device: &ash::Device, cb: vk::CommandBuff
     );
 }
 
-/// Anything → anything: what orders a native launch, whose pipeline stage the driver does
-/// not document, against other work.
+/// Anything → anything: opens a batch with native launches. Inside a batch launches are
+/// ordered as dispatches (native.rs); at its edges, once a batch, this costs nothing
+/// measurable and keeps whatever other queue work preceded it ordered.
 pub(crate) fn native_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
     use vk::AccessFlags as A;
     let all = (

@@ -236,7 +236,7 @@ impl Context {
                 .check_range("native launch access", a.offset, a.len)?;
         }
         self.with_batch(|batch| {
-            batch.order(Stage::Native, accesses);
+            batch.order(Stage::Compute, accesses);
             recorder::record_native(&self.core, batch, kernel, grid, block, shared_bytes, params);
             Ok(())
         })
@@ -511,53 +511,34 @@ mod tests {
         ctx.synchronize().unwrap();
     }
 
-    /// Native launches get full all-commands barriers on hazards in either direction, and
-    /// one after any compute-only barrier that forgot accesses; independent work gets none.
-    /// Only barriers are recorded here (no launch), so this runs on any device.
+    /// Barriers between commands: compute-only from dispatch to dispatch (and native
+    /// launches, which are dispatches here), compute+transfer around copies, none between
+    /// independent commands; the Recorder's explicit barriers are compute+transfer. Only
+    /// barriers are recorded here (no command), so this runs on any device.
     #[test]
-    fn barriers_around_native_launches_are_full() {
+    fn barriers_are_as_narrow_as_the_hazard() {
         let ctx = Context::from_env().unwrap();
         let buf = |_| ctx.create_buffer(256, MemoryLocation::DeviceLocal).unwrap();
-        let (a, b, c, d) = (buf(0), buf(1), buf(2), buf(3));
-        let kinds = ctx
-            .with_batch(|batch| {
-                // Dispatch writes a → launch reads a: hazard, full barrier.
-                batch.order(Stage::Compute, &[Access::write(&a)]);
-                batch.order(Stage::Native, &[Access::read(&a), Access::write(&b)]);
-                // Independent dispatch: none. Then a dispatch reading b (the launch's
-                // output): full, since a launch is among the unfenced commands.
-                batch.order(Stage::Compute, &[Access::write(&c)]);
-                batch.order(Stage::Compute, &[Access::read(&b)]);
-                // Dispatch → dispatch: compute-only, and it forgets the write of d...
-                batch.order(Stage::Compute, &[Access::write(&d)]);
-                batch.order(Stage::Compute, &[Access::read(&d)]);
-                // ...so the next launch gets a full barrier even on an unrelated buffer.
-                batch.order(Stage::Native, &[Access::read(&a)]);
-                // An independent launch: none. A copy of its output: full.
-                batch.order(Stage::Native, &[Access::write(&c)]);
-                batch.order(Stage::Transfer, &[Access::read(&c)]);
-                Ok(batch.commands.barrier_kinds())
-            })
-            .unwrap();
-        assert_eq!(kinds, ["native", "native", "compute", "native", "native"]);
-        // The Recorder's explicit barriers (in a fresh batch): the one before a launch is
-        // upgraded, the one after it is full from the start.
-        ctx.synchronize().unwrap();
+        let (a, b, c) = (buf(0), buf(1), buf(2));
         let kinds = ctx
             .with_batch(|batch| {
                 let before = batch.commands.barrier_kinds().len();
+                // Dispatch writes a → dispatch reads a: compute-only.
                 batch.order(Stage::Compute, &[Access::write(&a)]);
-                batch.order(Stage::Compute, &[Access::read(&a)]);
-                batch.barrier();
-                batch.native_recorded();
-                batch.barrier();
+                batch.order(Stage::Compute, &[Access::read(&a), Access::write(&b)]);
+                // Independent: none.
+                batch.order(Stage::Compute, &[Access::write(&c)]);
+                // A copy of b: compute+transfer (a compute-only barrier came before it).
+                batch.order(Stage::Transfer, &[Access::read(&b)]);
+                // A dispatch writing what the copy reads: compute+transfer.
+                batch.order(Stage::Compute, &[Access::write(&b)]);
+                // Explicit barriers (the Recorder's): compute+transfer.
                 batch.barrier();
                 Ok(batch.commands.barrier_kinds()[before..].to_vec())
             })
             .unwrap();
-        assert_eq!(kinds, ["compute", "native", "native", "full"]);
+        assert_eq!(kinds, ["compute", "full", "full", "full"]);
         ctx.synchronize().unwrap();
-        // The all-commands barriers are valid Vulkan (checked where validation is on).
         let messages = ctx.validation_messages();
         assert!(messages.is_empty(), "{}", messages.join("\n"));
     }

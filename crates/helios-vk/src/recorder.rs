@@ -128,8 +128,8 @@ impl<'a> Recorder<'a> {
     }
 
     /// Records a native kernel launch (see `Context::launch_native`). Like `dispatch` here,
-    /// it declares no accesses: order it with `barrier()` before and after, which become
-    /// full all-commands barriers around it. The batch keeps the kernel alive.
+    /// it declares no accesses: order it with `barrier()` before and after, as a dispatch.
+    /// The batch keeps the kernel alive.
     pub fn launch_native(
         &mut self,
         kernel: &Arc<NativeKernel>,
@@ -139,7 +139,6 @@ impl<'a> Recorder<'a> {
         params: &[NativeArg],
     ) -> Result<()> {
         native::check_native(self.ctx, kernel, grid, block, shared_bytes, params)?;
-        self.batch.native_recorded();
         record_native(
             self.ctx,
             self.batch,

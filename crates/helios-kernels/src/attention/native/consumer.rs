@@ -7,7 +7,7 @@ use helios_ptx::{
 };
 
 use super::block::{Block, Item, Params};
-use super::{exp_knob, AttentionKernel, Storage, WG_ROWS};
+use super::{AttentionKernel, Storage, WG_ROWS};
 
 /// The consumer warpgroups: per item, Q into registers, then per key block S = Q·Kᵀ, the
 /// online softmax, O += P·V; then O / l and the log-sum-exp.
@@ -29,15 +29,17 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     let step = k.mov(Ty::U32, 0u32);
     let q = Fragments::new(k, d);
     let q_view = (p.q, p.offs[0], p.strides);
-    // The next item's Q is loaded while this one runs, where registers allow.
-    let prefetch = exp_knob("QPRE") && (d == 64 || blk.bq <= 2 * WG_ROWS);
+    // Blocks of 64 keys run in FlashAttention-3's order (`Softmax::pipelined`) and load
+    // the next item's Q while this one runs. Blocks of 32 keys (the 192-row tile at head
+    // dim 128) measured slower in that order: their softmax is short, little to hide.
+    let pipelined = bk >= 64;
     let fetched = k.mov(Ty::U32, 0u32);
 
     blk.for_each_item(k, |k, it| {
         let (rows, ok) = lanes.rows(k, blk, it.row0);
         let first_row = k.add(it.row0, warp_row);
         k.comment("Q rows in registers: wgmma's A fragments");
-        if prefetch {
+        if pipelined {
             let cold = k.setp(Cmp::Eq, fetched, 0u32);
             k.if_(cold, |k| {
                 q.fetch(k, (&lanes, blk), q_view, (it.b, it.h, it.row0))
@@ -79,7 +81,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             half2: lanes.half2,
         };
         k.comment("key blocks: S = Q K^T, online softmax, O += P V");
-        if exp_knob("PIPE") {
+        if pipelined {
             f.pipelined(&c, k, step, live);
         } else {
             k.for_range(0u32, live, 1, |k, _| {
@@ -152,26 +154,25 @@ struct Softmax<'a> {
 }
 
 impl Consumer<'_> {
-    /// The slot of k step `step` in K's ring (V's with `v`), its mbarrier parity, and its
-    /// offset in descriptor units.
-    pub(super) fn slot(&self, k: &mut Kernel, step: Reg, v: bool) -> (Reg, Reg, Reg) {
-        let n = self.blk.ring(v);
-        let slot = k.rem(step, n);
-        let round = k.div(step, n);
+    /// The ring slot of k step `step`, its mbarrier parity, and its offset in descriptor
+    /// units.
+    pub(super) fn slot(&self, k: &mut Kernel, step: Reg) -> (Reg, Reg, Reg) {
+        let slot = k.rem(step, self.blk.stages);
+        let round = k.div(step, self.blk.stages);
         let parity = k.and(round, 1u32);
         let units = k.mul(slot, self.blk.stage_bytes() >> 4);
         (slot, parity, k.cvt(Ty::U64, units))
     }
 
     pub(super) fn wait_full(&self, k: &mut Kernel, step: Reg, v: bool) {
-        let (slot, parity, _) = self.slot(k, step, v);
+        let (slot, parity, _) = self.slot(k, step);
         let bar = self.blk.full_bar(k, slot, v);
         k.mbarrier_wait(bar, parity);
     }
 
     /// Hands K's or V's stage of `step` back to the producer.
     pub(super) fn release(&self, k: &mut Kernel, step: Reg, v: bool) {
-        let slot = k.rem(step, self.blk.ring(v));
+        let slot = k.rem(step, self.blk.stages);
         let id = self.blk.empty_id(k, slot, v);
         k.bar_arrive_reg(id, self.blk.consumers + 32);
     }
@@ -181,7 +182,7 @@ impl Consumer<'_> {
     /// stage's keys × D read K-major; `acc` is 64 rows × the block's keys.
     pub(super) fn issue_by_keys(&self, k: &mut Kernel, step: Reg, a: &[Reg], v: bool, acc: &[Reg]) {
         self.wait_full(k, step, v);
-        let (_, _, units) = self.slot(k, step, v);
+        let (_, _, units) = self.slot(k, step);
         let kd = k.add(self.lanes.by_rows[usize::from(v)], units);
         k.wgmma_fence();
         for s in 0..self.blk.d / 16 {
@@ -217,7 +218,7 @@ impl Consumer<'_> {
         acc: &[Reg],
     ) {
         self.wait_full(k, step, v);
-        let (_, _, units) = self.slot(k, step, v);
+        let (_, _, units) = self.slot(k, step);
         let vd = k.add(self.lanes.over_rows[usize::from(v)], units);
         k.wgmma_fence();
         for s in 0..self.blk.bk / 16 {
@@ -378,10 +379,10 @@ impl Softmax<'_> {
 
 /// A 64-row × D operand that stays in registers as `wgmma`'s A fragments for a whole work
 /// item (Q; Dq's dO; DkDv's K and V): loaded into `staged`, then copied into `kept`, the
-/// registers `wgmma` reads. (Loading the next item's rows into `staged` while this one ran
-/// made the compiler reuse `kept`'s registers for scratch inside the block loop: wrong
-/// results on the H200. The ptxas test checks the SASS for it:
-/// bench/results/2026-11-29-native-attention-h200.md.)
+/// registers `wgmma` reads. The forward loads the next item's rows into `staged` while
+/// this one runs. (An earlier form of that prefetch made the compiler reuse `kept`'s
+/// registers for scratch inside the block loop: wrong results on the H200. The ptxas test
+/// checks the SASS for it: bench/results/2026-11-29-native-attention-h200.md.)
 pub(super) struct Fragments {
     pub(super) kept: Vec<Reg>,
     staged: Vec<Reg>,

@@ -14,7 +14,7 @@ use super::consumer::{
     hand_back, live_blocks, load_fragments, pack, query_lse, query_stats, store_rows, Consumer,
     Fragments, Lanes,
 };
-use super::{exp_knob, AttentionKernel};
+use super::AttentionKernel;
 
 /// Dq's consumer warpgroups (see the module docs).
 pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &Params) {
@@ -82,56 +82,28 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         };
 
         k.comment("key blocks: S = Q K^T, dP = dO V^T, dS = P (dP - Dsum), dQ += dS K");
-        let stats = (lse2, dsum);
-        // dS as dS·K's A fragments (S's accumulator layout is that product's A layout).
-        let frags = k.regs(half2, (bk / 4) as usize);
-        let place = |k: &mut Kernel, ds: &[Reg]| {
-            for (&r, &v) in frags.iter().zip(&pack(k, half2, ds)) {
-                k.assign(r, v);
+        k.for_range(0u32, live, 1, |k, _| {
+            c.issue_by_keys(k, step, &q.kept, false, &s_acc);
+            c.issue_by_keys(k, step, &d_o.kept, true, &dp_acc);
+            k.wgmma_wait(0);
+            c.release(k, step, true);
+            c.mask(k, step);
+            let mut ds = Vec::with_capacity(s_acc.len());
+            for (i, (&s, &dp)) in s_acc.iter().zip(&dp_acc).enumerate() {
+                let h = (i / 2) % 2;
+                let x = k.mul(s, lanes.scale2);
+                let x = k.sub(x, lse2[h]);
+                let prob = k.ex2(x);
+                let diff = k.sub(dp, dsum[h]);
+                ds.push(k.mul(prob, diff));
             }
-        };
-        if exp_knob("PIPE_DQ") {
-            // FlashAttention-3's order: block j's S and dP are issued with block j − 1's
-            // dS·K, and its dS computed while that product runs. dS is packed after the
-            // product's wait (before it, ptxas serializes every `wgmma`: see the forward).
-            let any = k.setp(Cmp::Gt, live, 0u32);
-            k.if_(any, |k| {
-                let ds = scores(k, &c, (&q.kept, &d_o.kept), &dp_acc, step, stats);
-                k.wgmma_wait(0);
-                c.release(k, step, true);
-                let ds = ds(k);
-                place(k, &ds);
-                k.update("add", step, step, 1u32);
-                k.for_range(1u32, live, 1, |k, _| {
-                    let prev = k.sub(step, 1u32);
-                    let ds = scores(k, &c, (&q.kept, &d_o.kept), &dp_acc, step, stats);
-                    c.issue_over_keys(k, prev, &frags, false, &dq_acc);
-                    k.wgmma_wait(1);
-                    c.release(k, step, true);
-                    let ds = ds(k);
-                    k.wgmma_wait(0);
-                    c.release(k, prev, false);
-                    place(k, &ds);
-                    k.update("add", step, step, 1u32);
-                });
-                let prev = k.sub(step, 1u32);
-                c.issue_over_keys(k, prev, &frags, false, &dq_acc);
-                k.wgmma_wait(0);
-                c.release(k, prev, false);
-            });
-        } else {
-            k.for_range(0u32, live, 1, |k, _| {
-                let ds = scores(k, &c, (&q.kept, &d_o.kept), &dp_acc, step, stats);
-                k.wgmma_wait(0);
-                c.release(k, step, true);
-                let ds = ds(k);
-                place(k, &ds);
-                c.issue_over_keys(k, step, &frags, false, &dq_acc);
-                k.wgmma_wait(0);
-                c.release(k, step, false);
-                k.update("add", step, step, 1u32);
-            });
-        }
+            // S's accumulator layout is the A layout of dS·K.
+            let frags = pack(k, half2, &ds);
+            c.issue_over_keys(k, step, &frags, false, &dq_acc);
+            k.wgmma_wait(0);
+            c.release(k, step, false);
+            k.update("add", step, step, 1u32);
+        });
         hand_back(k, &c, step, (live, it.blocks), [true, false]);
 
         k.comment("epilogue: dQ scaled, rounded, stored");
@@ -145,34 +117,6 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         let scale = [p.scale; 2];
         store_rows(k, place, (rows, ok), (&dq_acc, scale), (p.o, row_heads, 0));
     });
-}
-
-/// Issues S = Q·Kᵀ and dP = dO·Vᵀ for the key block of `step` (a commit group each) and
-/// returns what computes, once they are done, dS = P ∘ (dP − Dsum) in f32 (accumulator
-/// order), P = exp2(S · scale − L) with S masked.
-fn scores<'a>(
-    k: &mut Kernel,
-    c: &'a Consumer<'a>,
-    (q, d_o): (&[Reg], &[Reg]),
-    dp_acc: &'a [Reg],
-    step: Reg,
-    (lse2, dsum): ([Reg; 2], [Reg; 2]),
-) -> impl FnOnce(&mut Kernel) -> Vec<Reg> + 'a {
-    c.issue_by_keys(k, step, q, false, c.s_acc);
-    c.issue_by_keys(k, step, d_o, true, dp_acc);
-    move |k: &mut Kernel| {
-        c.mask(k, step);
-        let mut ds = Vec::with_capacity(c.s_acc.len());
-        for (i, (&s, &dp)) in c.s_acc.iter().zip(dp_acc).enumerate() {
-            let h = (i / 2) % 2;
-            let x = k.mul(s, c.lanes.scale2);
-            let x = k.sub(x, lse2[h]);
-            let prob = k.ex2(x);
-            let diff = k.sub(dp, dsum[h]);
-            ds.push(k.mul(prob, diff));
-        }
-        ds
-    }
 }
 
 /// Dsum = rowsum(dO ∘ O) of this thread's two rows (0 past T), from dO's A fragments and

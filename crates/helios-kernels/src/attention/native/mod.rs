@@ -15,7 +15,10 @@
 //!   S = Q·Kᵀ from the K stage, does the online softmax in registers (base 2, the scale
 //!   folded in), rounds P into the A-operand fragment (the accumulator layout of S is the
 //!   A layout of P·V, as in FlashAttention-3) and accumulates O += P·V from the V stage
-//!   (N-major, read transposed by the descriptor). Scores never reach memory.
+//!   (N-major, read transposed by the descriptor). Scores never reach memory. With blocks
+//!   of 64 keys, block j's S is issued with block j − 1's P·V and its softmax runs while
+//!   that product does (FlashAttention-3's intra-warpgroup order), and the next item's Q
+//!   loads while this one runs.
 //! - The epilogue divides by the row sums and writes O and the log-sum-exp.
 //!
 //! Semantics are the family's (`super` module docs): key padding, causal masking, rows with
@@ -64,12 +67,6 @@ const fn native(bq: u8, bk: u8) -> AttnVariant {
     AttnVariant::Native { bq, bk }
 }
 
-/// Experiment switch read when a kernel is built (`HELIOS_EXP_<name>=1`); removed before
-/// merging.
-pub(super) fn exp_knob(name: &str) -> bool {
-    std::env::var(format!("HELIOS_EXP_{name}")).is_ok_and(|v| v == "1")
-}
-
 /// Bytes of one stage of K or V (`bk` keys × D channels).
 const fn stage_bytes(bk: u32, d: u32) -> u32 {
     bk * d * 2
@@ -82,49 +79,21 @@ pub(super) fn stages(bk: u32, d: u32) -> u32 {
     (room / (2 * stage_bytes(bk, d))).min(MAX_STAGES)
 }
 
-/// Stages of K's and V's rings: `stages` each, but the pipelined Dq holds a K stage across
-/// two key blocks (its dS·K runs beside the next block's products), so its K ring gets one
-/// more where 48 KiB holds it.
-pub(super) fn ring_stages(kern: &AttentionKernel) -> [u32; 2] {
-    let AttnVariant::Native { bk, .. } = kern.variant else {
-        return [0; 2];
-    };
-    let (bk, d) = (u32::from(bk), kern.head_dim);
-    let n = stages(bk, d);
-    let more = [n + 1, n];
-    if kern.stage == AttnStage::Dq
-        && exp_knob("PIPE_DQ")
-        && fixed_bytes(kern, more) + rest_bytes(kern) <= 48 * 1024
-    {
-        more
-    } else {
-        [n, n]
-    }
-}
-
-/// Shared memory of a native kernel: the rings and their barriers (`fixed_bytes`), the split
-/// roles' exchange and DkDv's query statistics.
+/// Shared memory of a native kernel: both rings, padded to keep one block per SM, then
+/// the two maps being built, two mbarriers a stage, the split roles' exchange and DkDv's
+/// query statistics.
 pub(super) fn shared_bytes(kern: &AttentionKernel) -> u32 {
-    fixed_bytes(kern, ring_stages(kern)) + rest_bytes(kern)
-}
-
-/// Bytes of both rings of `n` stages, padded to keep one block per SM, then the two maps
-/// being built and an mbarrier a stage.
-fn fixed_bytes(kern: &AttentionKernel, n: [u32; 2]) -> u32 {
-    let AttnVariant::Native { bk, .. } = kern.variant else {
-        return 0;
-    };
-    let (bk, d) = (u32::from(bk), kern.head_dim);
-    let rings = ((n[0] + n[1]) * stage_bytes(bk, d)).max(ONE_BLOCK_BYTES);
-    rings + 2 * helios_ptx::TENSOR_MAP_BYTES + 8 * (n[0] + n[1])
-}
-
-/// Bytes beside the rings: the split roles' exchange and DkDv's query statistics.
-fn rest_bytes(kern: &AttentionKernel) -> u32 {
     let AttnVariant::Native { bq, bk } = kern.variant else {
         return 0;
     };
-    exchange_bytes(kern, u32::from(bk)) + stats_bytes(kern, u32::from(bq), u32::from(bk))
+    let (bk, d) = (u32::from(bk), kern.head_dim);
+    let n = stages(bk, d);
+    let rings = (2 * n * stage_bytes(bk, d)).max(ONE_BLOCK_BYTES);
+    rings
+        + 2 * helios_ptx::TENSOR_MAP_BYTES
+        + 16 * n
+        + exchange_bytes(kern, bk)
+        + stats_bytes(kern, u32::from(bq), bk)
 }
 
 /// Bytes of DkDv's query statistics: each consumer warp's copy of L and Dsum for one block
