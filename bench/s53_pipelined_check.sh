@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Session 53's measurement of FlashAttention-3's order in the native forward and Dq, the
-# forward's Q prefetch and the multiply-high division (knobs read at kernel build, each
-# config on its own kernel cache). Expects .gpu/helios (this branch), .gpu/helios-old (main
-# before the shifts, 7e4e937) and .gpu/t_attention (this branch's tests/attention.rs).
-# Usage: bench/s53_pipelined_check.sh PHASE...   (test, attn1, attn2, matmul, train)
+# forward's Q prefetch, compute barriers around native launches and the multiply-high
+# division (bench/results/2026-12-01-session53-h200.md). The HELIOS_EXP_* knobs existed only
+# in the measured build (d1b25fa and the barrier knob on top); the `record` phase runs on
+# any build. Expects .gpu/helios, .gpu/helios-old (main before the shifts, 7e4e937) and
+# .gpu/t_attention, .gpu/t_native_matmul (tests/attention.rs, tests/native_matmul.rs).
+# Usage: bench/s53_pipelined_check.sh PHASE...
+#   (test, attn1, attn2, attnbar, losses, testbar, train, matmul, record)
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done; ldconfig
 export HELIOS_VALIDATION=0 HELIOS_MATMUL_TUNE=0 HELIOS_ATTN_TUNE=0
@@ -17,6 +20,7 @@ declare -A KNOBS=(
   [pipe_qpre]="HELIOS_EXP_PIPE=1 HELIOS_EXP_QPRE=1"
   [pipe_dq]="HELIOS_EXP_PIPE_DQ=1"
   [all]="HELIOS_EXP_PIPE=1 HELIOS_EXP_PIPE_DQ=1 HELIOS_EXP_QPRE=1"
+  [pipe_qpre_bar]="HELIOS_EXP_PIPE=1 HELIOS_EXP_QPRE=1 HELIOS_EXP_NATIVE_AS_COMPUTE=1"
   [bar]="HELIOS_EXP_NATIVE_AS_COMPUTE=1"
   [all_bar]="HELIOS_EXP_PIPE=1 HELIOS_EXP_PIPE_DQ=1 HELIOS_EXP_QPRE=1 HELIOS_EXP_NATIVE_AS_COMPUTE=1"
 )
@@ -40,6 +44,15 @@ for phase in "$@"; do
     env ${KNOBS[bar]} HELIOS_CACHE_DIR=/tmp/c-testbar timeout 150 .gpu/t_native_matmul --test-threads 1 \
       > $x/test-bar-mm.txt 2>&1
     echo "== native matmul test bar rc=$?"; grep -E "test result|panicked|error" $x/test-bar-mm.txt | head; save ;;
+  record)
+    HELIOS_CACHE_DIR=/tmp/c-rec timeout 200 .gpu/t_attention --test-threads 1 native > $x/test-rec.txt 2>&1
+    echo "== test (defaults) rc=$?"; grep -E "test result|panicked|error" $x/test-rec.txt | head; save
+    HELIOS_ATTN_TUNE=1 HELIOS_CACHE_DIR=/tmp/c-rec timeout 240 .gpu/helios bench attention --shapes $SHAPES \
+      --dtypes bf16,f16 --compare torch --json $x/attention.json > $x/attention.txt 2> $x/attention.err
+    echo "== attention rc=$?"; cat $x/attention.txt | cut -c1-200; save
+    HELIOS_CACHE_DIR=/tmp/c-rec timeout 240 .gpu/helios bench train --cases gpt2 --dtypes bf16 \
+      --compare torch > $x/train.txt 2> $x/train.err
+    echo "== train rc=$?"; cat $x/train.txt | cut -c1-220; save ;;
   test)
     env ${KNOBS[all]} HELIOS_CACHE_DIR=/tmp/c-test timeout 200 .gpu/t_attention --test-threads 1 native \
       > $x/test-all.txt 2>&1

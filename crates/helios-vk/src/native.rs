@@ -9,12 +9,13 @@
 //! (`NativeArg::buffer`).
 //!
 //! Two rules come from the driver, not from Vulkan. The pipeline stage a launch is filed
-//! under is undocumented: launches are ordered as dispatches, by COMPUTE_SHADER barriers,
-//! which the H200 honours (GPT-2 bf16 training gave the same losses, bit for bit, as with
-//! ALL_COMMANDS barriers, which cost ~2 µs more a launch: 4% of a training step;
-//! bench/results/2026-12-01-session53-h200.md). A batch holding launches still opens with an
-//! ALL_COMMANDS barrier. And dynamic shared memory above maxComputeSharedMemorySize loses
-//! the device, so it is refused here. What the probe measured: `../shared/NVX.md`.
+//! under is undocumented; launches are ordered as dispatches, by COMPUTE_SHADER barriers,
+//! which the H200 honours: twelve GPT-2 bf16 training steps gave the same losses as with
+//! ALL_COMMANDS barriers, and the native GPU tests pass. ALL_COMMANDS barriers cost ~2.5 µs
+//! more a launch, 4% of a training step (bench/results/2026-12-01-session53-h200.md); a
+//! batch holding launches still opens with one. And dynamic shared memory above
+//! maxComputeSharedMemorySize loses the device, so it is refused here. What the probe
+//! measured: `../shared/NVX.md`.
 
 use ash::vk;
 use std::ffi::{c_void, CStr, CString};
