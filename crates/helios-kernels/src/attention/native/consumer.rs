@@ -82,13 +82,15 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         };
         k.comment("key blocks: S = Q K^T, online softmax, O += P V");
         if pipelined {
-            f.pipelined(&c, k, step, live);
+            let free = unmasked_blocks(k, blk, it, wg, live);
+            f.pipelined(&c, k, step, (live, free));
         } else {
             k.for_range(0u32, live, 1, |k, _| {
                 f.scores_issue(&c, k, step);
                 k.wgmma_wait(0);
                 c.release(k, step, false);
-                let (alpha, probs) = f.probabilities(&c, k, step);
+                c.mask(k, step);
+                let (alpha, probs) = f.probabilities(&c, k);
                 f.rescale(k, &alpha, &probs);
                 f.product_issue(&c, k, step);
                 k.wgmma_wait(0);
@@ -287,27 +289,36 @@ impl Softmax<'_> {
     /// product does. P is packed only after the product's wait: packed before it, ptxas
     /// writes the new P into the registers the running `wgmma` reads and then serializes
     /// every `wgmma` of the kernel (C7513).
-    fn pipelined(&self, c: &Consumer, k: &mut Kernel, step: Reg, live: Reg) {
+    fn pipelined(&self, c: &Consumer, k: &mut Kernel, step: Reg, (live, free): (Reg, Reg)) {
         let any = k.setp(Cmp::Gt, live, 0u32);
         k.if_(any, |k| {
             self.scores_issue(c, k, step);
             k.wgmma_wait(0);
             c.release(k, step, false);
-            let (alpha, probs) = self.probabilities(c, k, step);
+            c.mask(k, step);
+            let (alpha, probs) = self.probabilities(c, k);
             self.rescale(k, &alpha, &probs);
             k.update("add", step, step, 1u32);
-            k.for_range(1u32, live, 1, |k, _| {
+            let block = |k: &mut Kernel, masked: bool| {
                 let prev = k.sub(step, 1u32);
                 self.scores_issue(c, k, step);
                 self.product_issue(c, k, prev);
                 k.wgmma_wait(1);
                 c.release(k, step, false);
-                let (alpha, probs) = self.probabilities(c, k, step);
+                if masked {
+                    c.mask(k, step);
+                }
+                let (alpha, probs) = self.probabilities(c, k);
                 k.wgmma_wait(0);
                 c.release(k, prev, true);
                 self.rescale(k, &alpha, &probs);
                 k.update("add", step, step, 1u32);
-            });
+            };
+            // The blocks no row masks run without the mask's branch: with it inside the
+            // loop, ptxas waits for the product before the softmax (no overlap).
+            let split = k.max(free, 1u32);
+            k.for_range(1u32, split, 1, |k, _| block(k, false));
+            k.for_range(split, live, 1, |k, _| block(k, true));
             let prev = k.sub(step, 1u32);
             self.product_issue(c, k, prev);
             k.wgmma_wait(0);
@@ -315,11 +326,10 @@ impl Softmax<'_> {
         });
     }
 
-    /// Masks S for the key block of `step`, updates the row maxima and sums, and returns
-    /// the rows' rescale factors and the new P (f32, in accumulator order). Neither O nor
-    /// P's fragments are touched: a product reading and writing them may still run.
-    fn probabilities(&self, c: &Consumer, k: &mut Kernel, step: Reg) -> ([Reg; 2], Vec<Reg>) {
-        c.mask(k, step);
+    /// Updates the row maxima and sums from S (masked) and returns the rows' rescale
+    /// factors and the new P (f32, in accumulator order). Neither O nor P's fragments are
+    /// touched: a product reading and writing them may still run.
+    fn probabilities(&self, c: &Consumer, k: &mut Kernel) -> ([Reg; 2], Vec<Reg>) {
         // Online softmax, base 2, two rows a thread; a row's four threads are a quad.
         let zero = k.mov(Ty::F32, 0.0f32);
         let mut alpha = [zero; 2];
@@ -610,6 +620,20 @@ pub(super) fn live_blocks(k: &mut Kernel, blk: &Block, it: &Item, wg: Reg) -> Re
         it.blocks
     };
     k.min(own, it.blocks)
+}
+
+/// The leading key blocks of item `it` (of its `live`) that no row of warpgroup `wg`
+/// masks: those before the batch row's length and, causal, before the warpgroup's first
+/// row (`Consumer::mask`).
+fn unmasked_blocks(k: &mut Kernel, blk: &Block, it: &Item, wg: Reg, live: Reg) -> Reg {
+    let end = if blk.causal {
+        let first = k.mad(wg, WG_ROWS, it.row0);
+        k.min(first, it.len)
+    } else {
+        it.len
+    };
+    let n = k.div(end, blk.bk);
+    k.min(n, live)
 }
 
 /// Stores this thread's two rows of the 64 × D accumulators `acc`, each times its row's
