@@ -86,12 +86,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             f.pipelined(&c, k, step, (live, free));
         } else {
             k.for_range(0u32, live, 1, |k, _| {
-                f.scores_issue(&c, k, step);
-                k.wgmma_wait(0);
-                c.release(k, step, false);
-                c.mask(k, step);
-                let (alpha, probs) = f.probabilities(&c, k);
-                f.rescale(k, &alpha, &probs);
+                f.scores_alone(&c, k, step);
                 f.product_issue(&c, k, step);
                 k.wgmma_wait(0);
                 c.release(k, step, true);
@@ -284,6 +279,17 @@ impl Softmax<'_> {
         c.issue_over_keys(k, step, self.p_regs, true, self.o_acc);
     }
 
+    /// S of the key block of `step` with no product beside it: issued, waited for, K handed
+    /// back, masked; then its softmax, with O rescaled and P in place for its product.
+    fn scores_alone(&self, c: &Consumer, k: &mut Kernel, step: Reg) {
+        self.scores_issue(c, k, step);
+        k.wgmma_wait(0);
+        c.release(k, step, false);
+        c.mask(k, step);
+        let (alpha, probs) = self.probabilities(c, k);
+        self.rescale(k, &alpha, &probs);
+    }
+
     /// The `live` key blocks from `step` on in FlashAttention-3's intra-warpgroup order:
     /// block j's S is issued with block j − 1's P·V, and its softmax runs while that
     /// product does. P is packed only after the product's wait: packed before it, ptxas
@@ -292,12 +298,7 @@ impl Softmax<'_> {
     fn pipelined(&self, c: &Consumer, k: &mut Kernel, step: Reg, (live, free): (Reg, Reg)) {
         let any = k.setp(Cmp::Gt, live, 0u32);
         k.if_(any, |k| {
-            self.scores_issue(c, k, step);
-            k.wgmma_wait(0);
-            c.release(k, step, false);
-            c.mask(k, step);
-            let (alpha, probs) = self.probabilities(c, k);
-            self.rescale(k, &alpha, &probs);
+            self.scores_alone(c, k, step);
             k.update("add", step, step, 1u32);
             let block = |k: &mut Kernel, masked: bool| {
                 let prev = k.sub(step, 1u32);
