@@ -293,7 +293,7 @@ impl Kernel {
         self.emit(format_args!("mov{} {dst}, {v}", mov_ty(dst.ty).suffix()));
     }
 
-    fn binary(&mut self, op: &str, ty: Ty, a: Op, b: Op) -> Reg {
+    pub(crate) fn binary(&mut self, op: &str, ty: Ty, a: Op, b: Op) -> Reg {
         let r = self.reg(ty);
         self.emit(format_args!("{op}{} {r}, {a}, {b}", ty.suffix()));
         r
@@ -344,45 +344,6 @@ impl Kernel {
         let b = b.into();
         self.emit(format_args!("mad.wide{} {r}, {a}, {b}, {c}", a.ty.suffix()));
         r
-    }
-
-    pub fn div(&mut self, a: Reg, b: impl Into<Op>) -> Reg {
-        let b = b.into();
-        if let Some(shift) = pow2_divisor(a, &b) {
-            return self.shr(a, shift);
-        }
-        if let Some(magic) = Magic::of(a, &b) {
-            return self.div_magic(a, magic);
-        }
-        let op = if a.ty.is_float() { "div.rn" } else { "div" };
-        self.binary(op, a.ty, a.into(), b)
-    }
-
-    pub fn rem(&mut self, a: Reg, b: impl Into<Op>) -> Reg {
-        let b = b.into();
-        if let Some(shift) = pow2_divisor(a, &b) {
-            let r = self.reg(a.ty);
-            let mask = (1u64 << shift) - 1;
-            self.emit(format_args!("and{} {r}, {a}, {mask}", bits(a.ty).suffix()));
-            return r;
-        }
-        if let Some(magic) = Magic::of(a, &b) {
-            let q = self.div_magic(a, magic);
-            let whole = self.mul(q, magic.divisor);
-            return self.sub(a, whole);
-        }
-        self.binary("rem", a.ty, a.into(), b)
-    }
-
-    /// `a / d` for unsigned 32-bit `a` and the constant of `magic`: t = mulhi(m, a), then
-    /// (t + (a − t) / 2) >> (l − 1) (`Magic::quotient` is the same on the CPU).
-    fn div_magic(&mut self, a: Reg, magic: Magic) -> Reg {
-        let t = self.reg(Ty::U32);
-        self.emit(format_args!("mul.hi.u32 {t}, {a}, {}", magic.multiplier));
-        let rest = self.sub(a, t);
-        let half = self.shr(rest, 1u32);
-        let sum = self.add(t, half);
-        self.shr(sum, magic.shift - 1)
     }
 
     pub fn min(&mut self, a: Reg, b: impl Into<Op>) -> Reg {
@@ -719,63 +680,8 @@ impl Kernel {
     }
 }
 
-/// The shift that divides unsigned `a` by `b` where `b` is an immediate power of two. ptxas
-/// divides by a constant the long way (a reciprocal on the MUFU unit, then corrections, ~20
-/// instructions: the ring slot of every key block in the native attention kernels), so
-/// `div` and `rem` strength-reduce these themselves.
-fn pow2_divisor(a: Reg, b: &Op) -> Option<u32> {
-    match (a.ty, b) {
-        (Ty::U32 | Ty::U64, &Op::Imm(v)) if v > 0 && v.count_ones() == 1 => {
-            Some(v.trailing_zeros())
-        }
-        _ => None,
-    }
-}
-
-/// Unsigned 32-bit division by a constant `divisor` that is not a power of two, as a
-/// multiply-high and shifts (Granlund and Montgomery; exact for every dividend): ptxas
-/// would divide the long way (see `pow2_divisor`), as for the matmul's three-stage ring.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Magic {
-    divisor: u32,
-    /// ⌊2³² (2ˡ − d) / d⌋ + 1, with l = ⌈log₂ d⌉ (fits 32 bits when d is not a power of 2).
-    multiplier: u32,
-    shift: u32,
-}
-
-impl Magic {
-    /// The constants for dividing unsigned 32-bit `a` by immediate `b`, where they apply.
-    fn of(a: Reg, b: &Op) -> Option<Magic> {
-        match (a.ty, b) {
-            (Ty::U32, &Op::Imm(v)) => u32::try_from(v).ok().and_then(Magic::new),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn new(divisor: u32) -> Option<Magic> {
-        if divisor < 3 || divisor.is_power_of_two() {
-            return None;
-        }
-        let shift = 32 - (divisor - 1).leading_zeros();
-        let d = u64::from(divisor);
-        let m = ((1u64 << 32) * ((1u64 << shift) - d)) / d + 1;
-        Some(Magic {
-            divisor,
-            multiplier: u32::try_from(m).ok()?,
-            shift,
-        })
-    }
-
-    /// What `div_magic`'s instructions compute, step for step.
-    #[cfg(test)]
-    pub(crate) fn quotient(self, n: u32) -> u32 {
-        let t = ((u64::from(self.multiplier) * u64::from(n)) >> 32) as u32;
-        (t + ((n - t) >> 1)) >> (self.shift - 1)
-    }
-}
-
 /// The bit type of a value's width, for the logical instructions.
-const fn bits(ty: Ty) -> Ty {
+pub(crate) const fn bits(ty: Ty) -> Ty {
     match ty.bytes() {
         2 => Ty::B16,
         8 => Ty::B64,

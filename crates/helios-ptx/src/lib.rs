@@ -8,6 +8,7 @@
 //! - `types`: register types, registers, operands and the [`Target`] (`sm_90a` on Hopper;
 //!   nothing assumes Hopper: an instruction the target lacks makes `finish` fail).
 //! - `kernel`: the [`Kernel`] builder: parameters, registers, arithmetic, control flow.
+//! - `divide`: integer division and remainder, by constants without a divide.
 //! - `memory`: loads, stores, `cp.async`, `mbarrier`, bulk copies, matrix loads and stores.
 //! - `mma`: `mma.sync` and `wgmma` with its shared-memory descriptors.
 //! - `tensor`: tensor maps built on the device and `cp.async.bulk.tensor` copies of their
@@ -15,6 +16,7 @@
 //! - `validate`: runs `ptxas` on a module (the tests validate every generated kernel) and
 //!   `nvdisasm` on what it assembled.
 
+mod divide;
 mod kernel;
 mod memory;
 mod mma;
@@ -66,86 +68,6 @@ mod tests {
         assert!(m.text.contains(".reg .b64 %rd<4>;"));
         assert!(m.text.contains("ld.global.u32 %r1, [%rd3];"));
         assert_eq!(m.params, [Ty::U64]);
-    }
-
-    /// Unsigned division and remainder by an immediate power of two are a shift and a mask;
-    /// anything else stays a division.
-    #[test]
-    fn powers_of_two_divide_by_shifting() {
-        let mut k = Kernel::new("divide", Target::SM80);
-        let tid = k.special(Special::TidX);
-        let q = k.div(tid, 8u32);
-        let r = k.rem(tid, 8u32);
-        let s = k.cvt(Ty::S32, tid);
-        let qs = k.div(s, 8i32);
-        let q3 = k.div(tid, 3u32);
-        let one = k.rem(tid, 1u32);
-        let m = k.finish().unwrap();
-        let line = |reg: Reg| {
-            let name = reg.to_string();
-            m.text
-                .lines()
-                .find(|l| l.contains(&format!(" {name},")))
-                .unwrap_or_else(|| panic!("{name} not defined:\n{}", m.text))
-                .trim()
-                .to_string()
-        };
-        assert_eq!(line(q), format!("shr.u32 {q}, {tid}, 3;"));
-        assert_eq!(line(r), format!("and.b32 {r}, {tid}, 7;"));
-        assert!(line(qs).starts_with("div.s32"), "{}", line(qs));
-        assert!(line(q3).starts_with("shr.u32"), "{}", line(q3));
-        assert!(m.text.contains("mul.hi.u32"), "{}", m.text);
-        assert!(!m.text.contains("div.u32"), "{}", m.text);
-        assert_eq!(line(one), format!("and.b32 {one}, {tid}, 0;"));
-    }
-
-    /// The multiply-high division's instructions, modelled on the CPU, against `/` and `%`
-    /// over each divisor's edges and random dividends, for small, large and extreme
-    /// divisors.
-    #[test]
-    fn constant_division_is_exact() {
-        use crate::kernel::Magic;
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng as u32
-        };
-        let extreme = [
-            u32::MAX,
-            u32::MAX - 1,
-            (1 << 31) + 1,
-            (1 << 31) - 1,
-            641,
-            6_700_417,
-        ];
-        let divisors: Vec<u32> = (3..2000)
-            .chain(extreme)
-            .chain((0..200).map(|_| next()))
-            .collect();
-        let mut checked = 0;
-        for d in divisors {
-            let Some(magic) = Magic::new(d) else {
-                assert!(d.is_power_of_two() || d < 3, "{d}");
-                continue;
-            };
-            let mut ns = vec![0, 1, d - 1, d, d.wrapping_add(1), u32::MAX, u32::MAX - 1];
-            // The last multiples of d below u32::MAX and the values just under them.
-            for q in (0..=4).filter_map(|k| (u32::MAX / d).checked_sub(k)) {
-                ns.extend([
-                    q * d,
-                    (q * d).wrapping_sub(1),
-                    q * d + (d - 1).min(u32::MAX - q * d),
-                ]);
-            }
-            ns.extend((0..64).map(|_| next()));
-            for n in ns {
-                assert_eq!(magic.quotient(n), n / d, "{n} / {d}");
-            }
-            checked += 1;
-        }
-        assert!(checked > 1900, "{checked}");
     }
 
     #[test]
