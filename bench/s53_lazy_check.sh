@@ -3,12 +3,7 @@
 # build) against the default on one H200: the native GPU tests with it, then the attention
 # bench (bf16, two rounds, profiled stages) and the GPT-2 step. The knob lived only in the
 # measured build (1f0d722, branch s53-lazy; a measured loser, not on main).
-set -uo pipefail
-for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done; ldconfig
-export HELIOS_VALIDATION=0 HELIOS_MATMUL_TUNE=0 HELIOS_ATTN_TUNE=0
-.gpu/helios info >/dev/null 2>&1 || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-x=/tmp/x; mkdir -p $x
-save() { tar czf "$OUT/x.tgz" -C /tmp x; }
+source bench/s53_device.sh
 HELIOS_EXP_LAZY=1 HELIOS_CACHE_DIR=/tmp/c-lazy timeout 200 .gpu/t_attention --test-threads 1 native \
   > $x/test-lazy.txt 2>&1
 echo "== test lazy rc=$?"; grep -E "test result|panicked|error" $x/test-lazy.txt | head; save

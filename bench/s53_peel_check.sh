@@ -2,11 +2,7 @@
 # Session 53, call 7: the pipelined forward with its unmasked blocks peeled out of the
 # masked ones (branch s53-peel; .gpu/helios) against main (.gpu/helios-main), on one H200:
 # bench medians and profiled stages, two rounds, then the native forward's GPU test.
-set -uo pipefail
-for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done; ldconfig
-export HELIOS_VALIDATION=0 HELIOS_MATMUL_TUNE=0 HELIOS_ATTN_TUNE=0
-.gpu/helios info >/dev/null 2>&1 || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-x=/tmp/x; mkdir -p $x
+source bench/s53_device.sh
 for r in 1 2; do for b in helios-main helios; do
   HELIOS_CACHE_DIR=/tmp/c-$b HELIOS_PROFILE=1 timeout 40 .gpu/$b bench attention \
     --shapes 8x12x1024x64,8x12x512x64 --dtypes bf16 > $x/peel-$b-$r.txt 2>&1
@@ -14,7 +10,7 @@ for r in 1 2; do for b in helios-main helios; do
   grep -E "^ +(fwd|fwdbwd) " $x/peel-$b-$r.txt | awk '{printf "%s %s %s | ", $1, $3, $4}'; echo
   grep -o 'GPU µs[^|]*' $x/peel-$b-$r.txt | head -4 | cut -c1-70; grep -iE "warn|fail" $x/peel-$b-$r.txt | head -3
 done; done
-tar czf $OUT/x.tgz -C /tmp x
+save
 HELIOS_CACHE_DIR=/tmp/c-test timeout 90 .gpu/t_attention --test-threads 1 native_forward > $x/test-peel.txt 2>&1
 echo "== test native_forward rc=$?"; grep -E "test result|panicked" $x/test-peel.txt | head -3
-tar czf $OUT/x.tgz -C /tmp x
+save

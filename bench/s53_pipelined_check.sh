@@ -7,12 +7,7 @@
 # .gpu/t_attention, .gpu/t_native_matmul (tests/attention.rs, tests/native_matmul.rs).
 # Usage: bench/s53_pipelined_check.sh PHASE...
 #   (test, attn1, attn2, attnbar, losses, testbar, train, matmul, record)
-set -uo pipefail
-for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done; ldconfig
-export HELIOS_VALIDATION=0 HELIOS_MATMUL_TUNE=0 HELIOS_ATTN_TUNE=0
-.gpu/helios info >/dev/null 2>&1 || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-x=/tmp/x; mkdir -p $x
-save() { tar czf "$OUT/x.tgz" -C /tmp x; }
+source bench/s53_device.sh
 SHAPES=8x12x1024x64,8x12x512x64,4x16x2048x128
 declare -A KNOBS=(
   [none]=""

@@ -2,11 +2,7 @@
 # Session 53, call 6: 192-query tiles with 64-key blocks at head dim 64, for the forward and
 # for Dq, forced by HELIOS_ATTN_VARIANT against the default (nv128x64), on one H200; two
 # rounds, profiled stages. (Their first-use checks against the reference run too.)
-set -uo pipefail
-for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done; ldconfig
-export HELIOS_VALIDATION=0 HELIOS_MATMUL_TUNE=0 HELIOS_ATTN_TUNE=0
-.gpu/helios info >/dev/null 2>&1 || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-x=/tmp/x; mkdir -p $x
+source bench/s53_device.sh
 for r in 1 2; do for c in default fwd=nv192x64 dq=nv192x64; do
   v=$c; [ $c = default ] && v="fwd=nv128x64"
   HELIOS_ATTN_VARIANT=$v HELIOS_CACHE_DIR=/tmp/c-$r-$c HELIOS_PROFILE=1 timeout 45 .gpu/helios bench attention \
@@ -15,4 +11,4 @@ for r in 1 2; do for c in default fwd=nv192x64 dq=nv192x64; do
   grep -E "^ +(fwd|fwdbwd) " $x/p-$c-$r.txt | awk '{printf "%s %s %s | ", $1, $3, $4}'; echo
   grep -o 'GPU µs[^|]*' $x/p-$c-$r.txt | head -4 | cut -c1-70; grep -iE "warn|fail|error" $x/p-$c-$r.txt | head -3
 done; done
-tar czf $OUT/x.tgz -C /tmp x
+save
