@@ -626,7 +626,7 @@ pub(super) fn live_blocks(k: &mut Kernel, blk: &Block, it: &Item, wg: Reg) -> Re
 /// The leading key blocks of item `it` (of its `live`) that no row of warpgroup `wg`
 /// masks: those before the batch row's length and, causal, before the warpgroup's first
 /// row (`Consumer::mask`).
-fn unmasked_blocks(k: &mut Kernel, blk: &Block, it: &Item, wg: Reg, live: Reg) -> Reg {
+pub(super) fn unmasked_blocks(k: &mut Kernel, blk: &Block, it: &Item, wg: Reg, live: Reg) -> Reg {
     let end = if blk.causal {
         let first = k.mad(wg, WG_ROWS, it.row0);
         k.min(first, it.len)

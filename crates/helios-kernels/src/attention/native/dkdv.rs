@@ -13,9 +13,9 @@
 
 use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
 
-use super::block::{Block, Params};
+use super::block::{Block, Item, Params};
 use super::consumer::{lse_base2, pack, store_rows, Consumer, Fragments, Lanes};
-use super::{AttentionKernel, P_EMPTY, P_FULL, WG_THREADS};
+use super::{AttentionKernel, P_EMPTY, P_FULL, WG_ROWS, WG_THREADS};
 
 /// What a consumer warpgroup accumulates.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -59,6 +59,9 @@ fn roles(
         ..
     } = *lanes;
     let (bk, d) = (blk.bk, blk.d);
+    // One warpgroup doing both runs FlashAttention-3's order inside a block (Sᵀ's
+    // exponentials beside dPᵀ, dSᵀ beside dV's product); split roles stay in order.
+    let pipelined = role == Role::Both;
 
     let st_acc = k.regs(Ty::F32, if dv_role { (bk / 2) as usize } else { 0 });
     let dpt_acc = k.regs(Ty::F32, if dk_role { (bk / 2) as usize } else { 0 });
@@ -112,7 +115,7 @@ fn roles(
         };
 
         k.comment("query blocks: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q");
-        k.for_range(0u32, it.blocks, 1, |k, j| {
+        let block = |k: &mut Kernel, j: Reg, masked: bool| {
             let block = k.add(it.first, j);
             let q0 = k.mul(block, bk);
             let col0 = k.add(q0, col2);
@@ -128,72 +131,69 @@ fn roles(
             if let Some(vf) = &vf {
                 c.issue_by_keys(k, step, &vf.kept, true, &dpt_acc);
             }
-            k.wgmma_wait(0);
-
-            // Masked: queries past T, keys past the length, and (causal) keys after the
-            // query; only in blocks that reach such a pair for this warp.
-            let q_end = k.add(q0, bk);
-            let past_t = k.setp(Cmp::Gt, q_end, blk.t);
-            let need = k.or_pred(past_t, past_len);
-            let need = if blk.causal {
-                let early = k.setp(Cmp::Lt, q0, warp_last);
-                k.or_pred(need, early)
-            } else {
-                need
-            };
-            k.if_(need, |k| {
-                // (Empty in the dK warpgroup of split roles: its Pᵀ comes masked.)
-                for (i, &r) in st_acc.iter().enumerate() {
-                    let i = i as u32;
-                    let q = k.add(col0, 8 * (i / 4) + (i % 2));
-                    let key = rows[((i / 2) % 2) as usize];
-                    let out = k.setp(Cmp::Ge, q, blk.t);
-                    let gone = k.setp(Cmp::Ge, key, it.len);
-                    let bad = k.or_pred(out, gone);
-                    let bad = if blk.causal {
-                        let after = k.setp(Cmp::Gt, key, q);
-                        k.or_pred(bad, after)
+            // In order, both products are waited for here; pipelined, only Sᵀ, and the
+            // exponentials run beside dPᵀ.
+            k.wgmma_wait(if pipelined { 1 } else { 0 });
+            if masked {
+                // (Empty in the dK warpgroup of split roles: its Pᵀ comes masked.) In order,
+                // only where this warp meets a masked pair; pipelined, without a branch.
+                let need = (!pipelined).then(|| {
+                    let q_end = k.add(q0, bk);
+                    let past_t = k.setp(Cmp::Gt, q_end, blk.t);
+                    let need = k.or_pred(past_t, past_len);
+                    if blk.causal {
+                        let early = k.setp(Cmp::Lt, q0, warp_last);
+                        k.or_pred(need, early)
                     } else {
-                        bad
-                    };
-                    let v = k.selp(bad, f32::NEG_INFINITY, r, Ty::F32);
-                    k.assign(r, v);
-                }
-            });
+                        need
+                    }
+                });
+                mask(k, &st_acc, need, (col0, rows, it.len, blk));
+            }
             // The dK warpgroup's Pᵀ is the dV warpgroup's.
             let received = match (exchange, role) {
                 (Some(x), Role::Dk) => Some(receive(k, x, (bk / 2) as usize)),
                 _ => None,
             };
-            let mut pt = Vec::with_capacity((bk / 2) as usize);
-            let mut dst = Vec::with_capacity((bk / 2) as usize);
-            for i in 0..(bk / 2) as usize {
-                // Column i of the accumulator layout: register i is query 8(i / 4) +
-                // 2q + i % 2 of the block, the (i / 4 · 2 + i % 2)-th this thread holds.
-                let col = (i / 4) * 2 + i % 2;
-                let prob = match &received {
-                    Some(pt) => pt[i],
-                    None => {
+            // Column i of the accumulator layout: register i is query 8(i / 4) + 2q + i % 2
+            // of the block, the (i / 4 · 2 + i % 2)-th this thread holds.
+            let col = |i: usize| (i / 4) * 2 + i % 2;
+            let pt: Vec<Reg> = match received {
+                Some(pt) => pt,
+                None if dv_role => (0..(bk / 2) as usize)
+                    .map(|i| {
                         let x = k.mul(st_acc[i], lanes.scale2);
-                        let x = k.sub(x, lse2[col]);
+                        let x = k.sub(x, lse2[col(i)]);
                         k.ex2(x)
-                    }
-                };
-                if dk_role {
-                    let diff = k.sub(dpt_acc[i], dsum[col]);
-                    dst.push(k.mul(prob, diff));
-                }
-                pt.push(prob);
-            }
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
             if let (Some(x), Role::Dv) = (exchange, role) {
                 send(k, x, &pt, step);
             }
-            let pf = dv_role.then(|| pack(k, half2, &pt));
-            let dsf = dk_role.then(|| pack(k, half2, &dst));
-            if let Some(pf) = pf {
+            if pipelined {
+                // dV's product runs while dSᵀ is computed.
+                let pf = pack(k, half2, &pt);
+                c.issue_over_keys(k, step, &pf, true, &dv_acc);
+                k.wgmma_wait(1);
+            }
+            let dst: Vec<Reg> = if dk_role {
+                (0..(bk / 2) as usize)
+                    .map(|i| {
+                        let diff = k.sub(dpt_acc[i], dsum[col(i)]);
+                        k.mul(pt[i], diff)
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            if !pipelined && dv_role {
+                let pf = pack(k, half2, &pt);
                 c.issue_over_keys(k, step, &pf, true, &dv_acc);
             }
-            if let Some(dsf) = dsf {
+            if dk_role {
+                let dsf = pack(k, half2, &dst);
                 c.issue_over_keys(k, step, &dsf, false, &dk_acc);
             }
             k.wgmma_wait(0);
@@ -201,7 +201,17 @@ fn roles(
             c.release(k, step, true);
             stats.stage(k, &next);
             k.update("add", step, step, 1u32);
-        });
+        };
+        if pipelined {
+            // The blocks no key of this warpgroup masks run without the mask: with it, or
+            // any branch, inside the loop ptxas waits for dPᵀ before the exponentials.
+            let (head, tail) = unmasked(k, blk, it, lanes.wg);
+            k.for_range(0u32, head, 1, |k, j| block(k, j, true));
+            k.for_range(head, tail, 1, |k, j| block(k, j, false));
+            k.for_range(tail, it.blocks, 1, |k, j| block(k, j, true));
+        } else {
+            k.for_range(0u32, it.blocks, 1, |k, j| block(k, j, true));
+        }
 
         k.comment("epilogue: dK scaled, dV, rounded, stored");
         // Dense [B, T, H, D], or the second and third slices of a packed [B, T, 3, H, D].
@@ -228,6 +238,68 @@ fn roles(
         let any = k.setp(Cmp::Gt, step, 0u32);
         k.if_(any, |k| k.bar_sync_n(P_EMPTY, 2 * WG_THREADS));
     }
+}
+
+/// Sets Sᵀ to −inf where the query (column) is past T, the key (row) past the length or,
+/// causal, after the query: where `need` holds, or everywhere without it.
+fn mask(
+    k: &mut Kernel,
+    st_acc: &[Reg],
+    need: Option<Reg>,
+    (col0, rows, len, blk): (Reg, [Reg; 2], Reg, &Block),
+) {
+    let apply = |k: &mut Kernel| {
+        for (i, &r) in st_acc.iter().enumerate() {
+            let i = i as u32;
+            let q = k.add(col0, 8 * (i / 4) + (i % 2));
+            let key = rows[((i / 2) % 2) as usize];
+            let out = k.setp(Cmp::Ge, q, blk.t);
+            let gone = k.setp(Cmp::Ge, key, len);
+            let bad = k.or_pred(out, gone);
+            let bad = if blk.causal {
+                let after = k.setp(Cmp::Gt, key, q);
+                k.or_pred(bad, after)
+            } else {
+                bad
+            };
+            let v = k.selp(bad, f32::NEG_INFINITY, r, Ty::F32);
+            k.assign(r, v);
+        }
+    };
+    match need {
+        Some(need) => k.if_(need, apply),
+        None => apply(k),
+    }
+}
+
+/// The item's blocks of queries that no key of warpgroup `wg` masks, as the range
+/// `head..tail` of its `blocks`: none if the tile reaches past the length; else, causal,
+/// from the first block that starts at or after the warpgroup's last key, up to a last block
+/// that reaches past T.
+fn unmasked(k: &mut Kernel, blk: &Block, it: &Item, wg: Reg) -> (Reg, Reg) {
+    let head = if blk.causal {
+        let key0 = k.mad(wg, WG_ROWS, it.row0);
+        // Blocks starting before the last key, 63 past the first.
+        let e = k.add(key0, WG_ROWS - 1 + blk.bk - 1);
+        let before = k.div(e, blk.bk);
+        let n = k.max(before, it.first);
+        let n = k.sub(n, it.first);
+        k.min(n, it.blocks)
+    } else {
+        k.mov(Ty::U32, 0u32)
+    };
+    let tile_end = k.add(it.row0, blk.bq);
+    let past_len = k.setp(Cmp::Gt, tile_end, it.len);
+    let head = k.selp(past_len, it.blocks, head, Ty::U32);
+    // A last block past T is masked.
+    let rem = k.rem(blk.t, blk.bk);
+    let ragged = k.setp(Cmp::Ne, rem, 0u32);
+    let partial = k.selp(ragged, 1u32, 0u32, Ty::U32);
+    // (An item with no blocks has no partial one either.)
+    let partial = k.min(partial, it.blocks);
+    let tail = k.sub(it.blocks, partial);
+    let tail = k.max(tail, head);
+    (head, tail)
 }
 
 /// The dV warpgroup's side of the exchange: waits until the dK warpgroup has read the

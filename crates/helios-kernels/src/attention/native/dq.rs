@@ -11,8 +11,8 @@ use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
 
 use super::block::{Block, Params};
 use super::consumer::{
-    hand_back, live_blocks, load_fragments, pack, query_lse, query_stats, store_rows, Consumer,
-    Fragments, Lanes,
+    hand_back, live_blocks, load_fragments, pack, query_lse, query_stats, store_rows,
+    unmasked_blocks, Consumer, Fragments, Lanes,
 };
 use super::AttentionKernel;
 
@@ -70,6 +70,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         for &r in &dq_acc {
             k.assign(r, 0.0f32);
         }
+        let neg_dsum = dsum.map(|x| k.neg(x));
         let live = live_blocks(k, blk, it, wg);
         let c = Consumer {
             lanes: &lanes,
@@ -82,28 +83,50 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         };
 
         k.comment("key blocks: S = Q K^T, dP = dO V^T, dS = P (dP - Dsum), dQ += dS K");
-        k.for_range(0u32, live, 1, |k, _| {
+        // P's exponentials run beside dP's product.
+        let block = |k: &mut Kernel, masked: bool| {
             c.issue_by_keys(k, step, &q.kept, false, &s_acc);
             c.issue_by_keys(k, step, &d_o.kept, true, &dp_acc);
+            k.wgmma_wait(1);
+            if masked {
+                c.mask(k, step);
+            }
+            // dS = P · dP − P · Dsum: the second product is ready before dP is, which gives
+            // ptxas work beside the exponentials and keeps its wait for dP after them.
+            let probs: Vec<Reg> = s_acc
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| {
+                    let x = k.mul(s, lanes.scale2);
+                    let x = k.sub(x, lse2[(i / 2) % 2]);
+                    k.ex2(x)
+                })
+                .collect();
+            let shifts: Vec<Reg> = probs
+                .iter()
+                .enumerate()
+                .map(|(i, &prob)| k.mul(prob, neg_dsum[(i / 2) % 2]))
+                .collect();
             k.wgmma_wait(0);
             c.release(k, step, true);
-            c.mask(k, step);
-            let mut ds = Vec::with_capacity(s_acc.len());
-            for (i, (&s, &dp)) in s_acc.iter().zip(&dp_acc).enumerate() {
-                let h = (i / 2) % 2;
-                let x = k.mul(s, lanes.scale2);
-                let x = k.sub(x, lse2[h]);
-                let prob = k.ex2(x);
-                let diff = k.sub(dp, dsum[h]);
-                ds.push(k.mul(prob, diff));
-            }
+            let ds: Vec<Reg> = probs
+                .iter()
+                .zip(&dp_acc)
+                .zip(&shifts)
+                .map(|((&prob, &dp), &shift)| k.fma(prob, dp, shift))
+                .collect();
             // S's accumulator layout is the A layout of dS·K.
             let frags = pack(k, half2, &ds);
             c.issue_over_keys(k, step, &frags, false, &dq_acc);
             k.wgmma_wait(0);
             c.release(k, step, false);
             k.update("add", step, step, 1u32);
-        });
+        };
+        // The blocks no row masks run without the mask's branch: with it inside the loop,
+        // ptxas waits for dP before the exponentials.
+        let free = unmasked_blocks(k, blk, it, wg, live);
+        k.for_range(0u32, free, 1, |k, _| block(k, false));
+        k.for_range(free, live, 1, |k, _| block(k, true));
         hand_back(k, &c, step, (live, it.blocks), [true, false]);
 
         k.comment("epilogue: dQ scaled, rounded, stored");
