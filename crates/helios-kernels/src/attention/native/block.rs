@@ -26,8 +26,8 @@ pub(super) struct Block {
     pub(super) split: bool,
     pub(super) bk: u32,
     pub(super) d: u32,
-    /// Stages of each ring.
-    pub(super) stages: u32,
+    /// Stages of each ring (`ring_stages`).
+    pub(super) stages: [u32; 2],
     pub(super) tid: Reg,
     /// Shared addresses of the first stages of the two rings — K and V; DkDv's Q and dO —
     /// and of the mbarriers (the first ring's full ones, then the second's).
@@ -151,16 +151,21 @@ impl Block {
         stage_bytes(self.bk, self.d)
     }
 
+    /// Stages of K's ring, or V's with `v`.
+    pub(super) fn stages_of(&self, v: bool) -> u32 {
+        self.stages[usize::from(v)]
+    }
+
     /// Named barrier ids of the stages' "empty" signals: K's, then V's (0 is the block's).
     pub(super) fn empty_id(&self, k: &mut Kernel, slot: Reg, v: bool) -> Reg {
-        let first = 1 + if v { self.stages } else { 0 };
+        let first = 1 + if v { self.stages[0] } else { 0 };
         k.add(slot, first)
     }
 
     /// The full mbarrier of `slot` of K's or V's ring.
     pub(super) fn full_bar(&self, k: &mut Kernel, slot: Reg, v: bool) -> Addr {
         let at = k.mad(slot, 8u32, self.bars);
-        Addr::at(at, if v { i64::from(8 * self.stages) } else { 0 })
+        Addr::at(at, if v { i64::from(8 * self.stages[0]) } else { 0 })
     }
 }
 

@@ -153,23 +153,24 @@ struct Softmax<'a> {
 impl Consumer<'_> {
     /// The ring slot of k step `step`, its mbarrier parity, and its offset in descriptor
     /// units.
-    pub(super) fn slot(&self, k: &mut Kernel, step: Reg) -> (Reg, Reg, Reg) {
-        let slot = k.rem(step, self.blk.stages);
-        let round = k.div(step, self.blk.stages);
+    pub(super) fn slot(&self, k: &mut Kernel, step: Reg, v: bool) -> (Reg, Reg, Reg) {
+        let n = self.blk.stages_of(v);
+        let slot = k.rem(step, n);
+        let round = k.div(step, n);
         let parity = k.and(round, 1u32);
         let units = k.mul(slot, self.blk.stage_bytes() >> 4);
         (slot, parity, k.cvt(Ty::U64, units))
     }
 
     pub(super) fn wait_full(&self, k: &mut Kernel, step: Reg, v: bool) {
-        let (slot, parity, _) = self.slot(k, step);
+        let (slot, parity, _) = self.slot(k, step, v);
         let bar = self.blk.full_bar(k, slot, v);
         k.mbarrier_wait(bar, parity);
     }
 
     /// Hands K's or V's stage of `step` back to the producer.
     pub(super) fn release(&self, k: &mut Kernel, step: Reg, v: bool) {
-        let slot = k.rem(step, self.blk.stages);
+        let slot = k.rem(step, self.blk.stages_of(v));
         let id = self.blk.empty_id(k, slot, v);
         k.bar_arrive_reg(id, self.blk.consumers + 32);
     }
@@ -179,7 +180,7 @@ impl Consumer<'_> {
     /// stage's keys × D read K-major; `acc` is 64 rows × the block's keys.
     pub(super) fn issue_by_keys(&self, k: &mut Kernel, step: Reg, a: &[Reg], v: bool, acc: &[Reg]) {
         self.wait_full(k, step, v);
-        let (_, _, units) = self.slot(k, step);
+        let (_, _, units) = self.slot(k, step, v);
         let kd = k.add(self.lanes.by_rows[usize::from(v)], units);
         k.wgmma_fence();
         for s in 0..self.blk.d / 16 {
@@ -215,7 +216,7 @@ impl Consumer<'_> {
         acc: &[Reg],
     ) {
         self.wait_full(k, step, v);
-        let (_, _, units) = self.slot(k, step);
+        let (_, _, units) = self.slot(k, step, v);
         let vd = k.add(self.lanes.over_rows[usize::from(v)], units);
         k.wgmma_fence();
         for s in 0..self.blk.bk / 16 {

@@ -3,7 +3,8 @@
 //! Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, Pᵀ = exp(Sᵀ − L), dSᵀ = Pᵀ ∘ (dPᵀ − Dsum), dV += Pᵀ·dO and
 //! dK += dSᵀ·Q on `wgmma`; then dK · scale and dV. Computing the transposes directly puts
 //! Pᵀ and dSᵀ in the accumulator layout that is the A layout of the next products, as
-//! FlashAttention-3 does. No atomics: each tile owns its dK and dV rows. The queries' L and
+//! FlashAttention-3 does. Sᵀ's exponentials run while dPᵀ's product does, and dSᵀ while
+//! dV's. No atomics: each tile owns its dK and dV rows. The queries' L and
 //! Dsum reach each warp through shared memory, a block ahead (`Stats`).
 //!
 //! At head dim 128 one warpgroup cannot hold K, V, dK and dV (~256 registers a thread):

@@ -1,7 +1,8 @@
 //! The consumer warpgroups of the native Dq: per query tile, Q and dO in registers, then
 //! per key block S = Q·Kᵀ and dP = dO·Vᵀ, P = exp(S − L), dS = P ∘ (dP − Dsum) and
 //! dQ += dS·K on `wgmma`; then dQ · scale. The producer and the work walk are the forward's
-//! (the same K and V rings); V's stage goes back once dP is done, K's after dS·K.
+//! (the same K and V rings, K's with a third stage where it fits); V's stage goes back once
+//! dP is done, K's after dS·K. P's exponentials run while dP's product does.
 //!
 //! No atomics: each query tile owns its dQ rows (deterministic, as the SPIR-V Dq). Dsum
 //! comes from the Prep pass, or (`own_dsum`) Dq computes it from O and the dO rows it

@@ -6,8 +6,8 @@ use helios_ptx::{Addr, BuildError, Cmp, Kernel, Module, Special, Target, Ty};
 
 use super::block::{Block, Grad, Params};
 use super::{
-    consumer, dkdv, dq, producer, stage_bytes, stages, AttentionKernel, AttnStage, AttnVariant,
-    ONE_BLOCK_BYTES, PRODUCER_REGS, WG_ROWS, WG_THREADS,
+    consumer, dkdv, dq, producer, stage_bytes, AttentionKernel, AttnStage, AttnVariant,
+    PRODUCER_REGS, WG_ROWS, WG_THREADS,
 };
 
 /// Emits the native kernel of `kern` (its forward, Dq or DkDv) for `target`.
@@ -64,12 +64,10 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
     });
     let pmaps = k.param("maps", Ty::U64);
 
-    let n_stages = stages(bk, d);
-    let ring = stage_bytes(bk, d) * n_stages;
-    let rings = (2 * ring).max(ONE_BLOCK_BYTES);
-    let smem = k.shared("stages", 1024, rings);
+    let ring_stages = super::ring_stages(kern);
+    let smem = k.shared("stages", 1024, super::ring_bytes(kern));
     let maps_arr = k.shared("map_build", 128, 2 * helios_ptx::TENSOR_MAP_BYTES);
-    let bars_arr = k.shared("full", 8, 16 * n_stages);
+    let bars_arr = k.shared("full", 8, 8 * (ring_stages[0] + ring_stages[1]));
     let exchange =
         super::split_roles(kern).then(|| k.shared("exchange", 16, super::exchange_bytes(kern, bk)));
     let stats = dkdv.then(|| k.shared("stats", 16, super::stats_bytes(kern, bq, bk)));
@@ -118,10 +116,10 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
         split: super::split_roles(kern),
         bk,
         d,
-        stages: n_stages,
+        stages: ring_stages,
         tid,
         k_base: base,
-        v_base: k.add(base, ring),
+        v_base: k.add(base, stage_bytes(bk, d) * ring_stages[0]),
         bars: k.shared_address(bars_arr),
         consumers,
         exchange: exchange.map(|x| k.shared_address(x)),
@@ -130,7 +128,7 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
 
     let first = k.setp(Cmp::Eq, tid, consumers);
     k.if_(first, |k| {
-        for s in 0..2 * n_stages {
+        for s in 0..ring_stages[0] + ring_stages[1] {
             k.mbarrier_init(Addr::at(blk.bars, i64::from(8 * s)), 1);
         }
         k.fence_mbarrier_init();

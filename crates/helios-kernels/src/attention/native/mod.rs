@@ -79,21 +79,46 @@ pub(super) fn stages(bk: u32, d: u32) -> u32 {
     (room / (2 * stage_bytes(bk, d))).min(MAX_STAGES)
 }
 
-/// Shared memory of a native kernel: both rings, padded to keep one block per SM, then
-/// the two maps being built, two mbarriers a stage, the split roles' exchange and DkDv's
-/// query statistics.
+/// Stages of a kernel's two rings (K and V; DkDv's Q and dO): `stages` each, and one more
+/// of K for Dq where 48 KiB holds it. Dq holds K's stage through two products, S and dS·K:
+/// a third stage took 1.8 µs (3%) off its time at head dim 64 and 13 µs (5%) at 128 on an
+/// H200 (bench/results/2026-12-01-session54-h200.md).
+pub(super) fn ring_stages(kern: &AttentionKernel) -> [u32; 2] {
+    let AttnVariant::Native { bq, bk } = kern.variant else {
+        return [0, 0];
+    };
+    let (bk, d) = (u32::from(bk), kern.head_dim);
+    let n = stages(bk, d);
+    let extra = kern.stage == AttnStage::Dq
+        && n < MAX_STAGES
+        && fixed_bytes(kern, u32::from(bq), bk) + (2 * n + 1) * (stage_bytes(bk, d) + 8)
+            <= 48 * 1024;
+    [n + u32::from(extra), n]
+}
+
+/// Bytes of the rings' stages, padded to keep one block per SM.
+pub(super) fn ring_bytes(kern: &AttentionKernel) -> u32 {
+    let AttnVariant::Native { bk, .. } = kern.variant else {
+        return 0;
+    };
+    let [a, b] = ring_stages(kern);
+    ((a + b) * stage_bytes(u32::from(bk), kern.head_dim)).max(ONE_BLOCK_BYTES)
+}
+
+/// Shared memory beside the rings and their mbarriers: the two maps being built, the split
+/// roles' exchange and DkDv's query statistics.
+fn fixed_bytes(kern: &AttentionKernel, bq: u32, bk: u32) -> u32 {
+    2 * helios_ptx::TENSOR_MAP_BYTES + exchange_bytes(kern, bk) + stats_bytes(kern, bq, bk)
+}
+
+/// Shared memory of a native kernel: both rings, padded to keep one block per SM, a full
+/// mbarrier a stage, and `fixed_bytes`.
 pub(super) fn shared_bytes(kern: &AttentionKernel) -> u32 {
     let AttnVariant::Native { bq, bk } = kern.variant else {
         return 0;
     };
-    let (bk, d) = (u32::from(bk), kern.head_dim);
-    let n = stages(bk, d);
-    let rings = (2 * n * stage_bytes(bk, d)).max(ONE_BLOCK_BYTES);
-    rings
-        + 2 * helios_ptx::TENSOR_MAP_BYTES
-        + 16 * n
-        + exchange_bytes(kern, bk)
-        + stats_bytes(kern, u32::from(bq), bk)
+    let [a, b] = ring_stages(kern);
+    ring_bytes(kern) + 8 * (a + b) + fixed_bytes(kern, u32::from(bq), u32::from(bk))
 }
 
 /// Bytes of DkDv's query statistics: each consumer warp's copy of L and Dsum for one block
@@ -329,6 +354,17 @@ mod tests {
             stage: AttnStage::DkDv,
             ..own
         }));
+        // Dq's K ring takes a third stage where it fits; the other rings keep two.
+        assert_eq!(ring_stages(&stage(AttnStage::Dq, 64, wide)), [3, 2]);
+        assert_eq!(ring_stages(&stage(AttnStage::Dq, 128, narrow)), [3, 2]);
+        assert_eq!(ring_stages(&stage(AttnStage::Forward, 64, wide)), [2, 2]);
+        assert_eq!(ring_stages(&stage(AttnStage::DkDv, 64, wide)), [2, 2]);
+        for kern in [
+            stage(AttnStage::Dq, 64, wide),
+            stage(AttnStage::Dq, 128, narrow),
+        ] {
+            assert!(buildable(&kern) && shared_bytes(&kern) <= 48 * 1024);
+        }
         assert!(!kernel(64, wide, true, false).native_feasible(Some(Target::SM90)));
         assert!(kernel(64, wide, true, false).native_feasible(Some(Target::SM90A)));
     }

@@ -48,11 +48,11 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, p: &Params, maps_smem: Reg) 
     let step = k.mov(Ty::U32, 0u32);
     blk.for_each_item(k, |k, it| {
         k.for_range(0u32, it.blocks, 1, |k, j| {
-            let slot = k.rem(step, blk.stages);
-            let reuse = k.setp(Cmp::Ge, step, blk.stages);
             let block = k.add(it.first, j);
             let key0 = k.mul(block, blk.bk);
             for (v, map, ring) in [(false, gk, blk.k_base), (true, gv, blk.v_base)] {
+                let slot = k.rem(step, blk.stages_of(v));
+                let reuse = k.setp(Cmp::Ge, step, blk.stages_of(v));
                 k.if_(reuse, |k| {
                     let id = blk.empty_id(k, slot, v);
                     k.bar_sync_reg(id, empty_count);
