@@ -52,34 +52,9 @@ fn roles(
 ) {
     let grad = p.grad.as_ref().expect("DkDv's parameters");
     let dv_out = grad.dv.expect("DkDv's dV");
-    let (dv_role, dk_role) = (role != Role::Dk, role != Role::Dv);
-    let Lanes {
-        warp_row,
-        col2,
-        half2,
-        ..
-    } = *lanes;
-    let (bk, d) = (blk.bk, blk.d);
-    // One warpgroup doing both runs FlashAttention-3's order inside a block (Sᵀ's
-    // exponentials beside dPᵀ, dSᵀ beside dV's product); split roles stay in order.
-    let pipelined = role == Role::Both;
-
-    let st_acc = k.regs(Ty::F32, if dv_role { (bk / 2) as usize } else { 0 });
-    let dpt_acc = k.regs(Ty::F32, if dk_role { (bk / 2) as usize } else { 0 });
-    let dk_acc = k.regs(Ty::F32, if dk_role { (d / 2) as usize } else { 0 });
-    let dv_acc = k.regs(Ty::F32, if dv_role { (d / 2) as usize } else { 0 });
-    let kf = dv_role.then(|| Fragments::new(k, d));
-    let vf = dk_role.then(|| Fragments::new(k, d));
-    // Split roles: this thread's Pᵀ values in the exchange, register i at i · 128 threads.
-    let exchange = blk.exchange.map(|x| {
-        let t = k.and(blk.tid, 127u32).retype(Ty::U32);
-        k.mad(t, 4u32, x)
-    });
-    let step = k.mov(Ty::U32, 0u32);
+    let w = Warpgroup::new(k, (blk, p, lanes), role);
     let k_view = (p.k, p.offs[1], p.strides);
     let v_view = (p.v, p.offs[2], p.strides);
-
-    let stats = Stats::new(k, (blk, p), lanes);
 
     blk.for_each_item(k, |k, it| {
         // This thread's two key rows.
@@ -87,131 +62,49 @@ fn roles(
         let bh = k.mad(it.b, blk.heads, it.h);
         let row_base = k.mul(bh, blk.t);
         let any = k.setp(Cmp::Gt, it.blocks, 0u32);
-        let first = stats.fetch(k, row_base, it.first, any);
+        let first = w.stats.fetch(k, row_base, it.first, any);
         k.comment("K and V rows in registers: wgmma's A fragments");
         let at = (it.b, it.h, it.row0);
-        if let Some(kf) = &kf {
+        if let Some(kf) = &w.kf {
             kf.load(k, (lanes, blk), k_view, at);
         }
-        if let Some(vf) = &vf {
+        if let Some(vf) = &w.vf {
             vf.load(k, (lanes, blk), v_view, at);
         }
-        for &r in dk_acc.iter().chain(&dv_acc) {
+        for &r in w.dk_acc.iter().chain(&w.dv_acc) {
             k.assign(r, 0.0f32);
         }
-        stats.stage(k, &first);
+        w.stats.stage(k, &first);
         // The warp's last key: blocks of queries before it need the causal mask.
-        let warp_last = k.add(it.row0, warp_row);
+        let warp_last = k.add(it.row0, lanes.warp_row);
         let warp_last = k.add(warp_last, 15u32);
         let tile_end = k.add(it.row0, blk.bq);
         let past_len = k.setp(Cmp::Gt, tile_end, it.len);
         let c = Consumer {
             lanes,
             blk,
-            s_acc: &st_acc,
+            s_acc: &w.st_acc,
             rows,
             first_row: warp_last,
             len: it.len,
-            step0: k.mov(Ty::U32, step),
+            step0: k.mov(Ty::U32, w.step),
+        };
+        let keys = Keys {
+            it,
+            row_base,
+            past_len,
         };
 
         k.comment("query blocks: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q");
-        let block = |k: &mut Kernel, j: Reg, masked: bool| {
-            let block = k.add(it.first, j);
-            let q0 = k.mul(block, bk);
-            let col0 = k.add(q0, col2);
-            let (lse2, dsum) = stats.read(k);
-            // The next block's, on their way while this one's products run.
-            let after = k.add(j, 1u32);
-            let more = k.setp(Cmp::Lt, after, it.blocks);
-            let next = k.add(block, 1u32);
-            let next = stats.fetch(k, row_base, next, more);
-            if let Some(kf) = &kf {
-                c.issue_by_keys(k, step, &kf.kept, false, &st_acc);
-            }
-            if let Some(vf) = &vf {
-                c.issue_by_keys(k, step, &vf.kept, true, &dpt_acc);
-            }
-            // In order, both products are waited for here; pipelined, only Sᵀ, and the
-            // exponentials run beside dPᵀ.
-            k.wgmma_wait(if pipelined { 1 } else { 0 });
-            if masked {
-                // (Empty in the dK warpgroup of split roles: its Pᵀ comes masked.) In order,
-                // only where this warp meets a masked pair; pipelined, without a branch.
-                let need = (!pipelined).then(|| {
-                    let q_end = k.add(q0, bk);
-                    let past_t = k.setp(Cmp::Gt, q_end, blk.t);
-                    let need = k.or_pred(past_t, past_len);
-                    if blk.causal {
-                        let early = k.setp(Cmp::Lt, q0, warp_last);
-                        k.or_pred(need, early)
-                    } else {
-                        need
-                    }
-                });
-                mask(k, &st_acc, need, (col0, rows, it.len, blk));
-            }
-            // The dK warpgroup's Pᵀ is the dV warpgroup's.
-            let received = match (exchange, role) {
-                (Some(x), Role::Dk) => Some(receive(k, x, (bk / 2) as usize)),
-                _ => None,
-            };
-            // Column i of the accumulator layout: register i is query 8(i / 4) + 2q + i % 2
-            // of the block, the (i / 4 · 2 + i % 2)-th this thread holds.
-            let col = |i: usize| (i / 4) * 2 + i % 2;
-            let pt: Vec<Reg> = match received {
-                Some(pt) => pt,
-                None if dv_role => (0..(bk / 2) as usize)
-                    .map(|i| {
-                        let x = k.mul(st_acc[i], lanes.scale2);
-                        let x = k.sub(x, lse2[col(i)]);
-                        k.ex2(x)
-                    })
-                    .collect(),
-                None => Vec::new(),
-            };
-            if let (Some(x), Role::Dv) = (exchange, role) {
-                send(k, x, &pt, step);
-            }
-            if pipelined {
-                // dV's product runs while dSᵀ is computed.
-                let pf = pack(k, half2, &pt);
-                c.issue_over_keys(k, step, &pf, true, &dv_acc);
-                k.wgmma_wait(1);
-            }
-            let dst: Vec<Reg> = if dk_role {
-                (0..(bk / 2) as usize)
-                    .map(|i| {
-                        let diff = k.sub(dpt_acc[i], dsum[col(i)]);
-                        k.mul(pt[i], diff)
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            if !pipelined && dv_role {
-                let pf = pack(k, half2, &pt);
-                c.issue_over_keys(k, step, &pf, true, &dv_acc);
-            }
-            if dk_role {
-                let dsf = pack(k, half2, &dst);
-                c.issue_over_keys(k, step, &dsf, false, &dk_acc);
-            }
-            k.wgmma_wait(0);
-            c.release(k, step, false);
-            c.release(k, step, true);
-            stats.stage(k, &next);
-            k.update("add", step, step, 1u32);
-        };
-        if pipelined {
+        if w.pipelined {
             // The blocks no key of this warpgroup masks run without the mask: with it, or
             // any branch, inside the loop ptxas waits for dPᵀ before the exponentials.
             let (head, tail) = unmasked(k, blk, it, lanes.wg);
-            k.for_range(0u32, head, 1, |k, j| block(k, j, true));
-            k.for_range(head, tail, 1, |k, j| block(k, j, false));
-            k.for_range(tail, it.blocks, 1, |k, j| block(k, j, true));
+            k.for_range(0u32, head, 1, |k, j| w.block(k, (&c, &keys), j, true));
+            k.for_range(head, tail, 1, |k, j| w.block(k, (&c, &keys), j, false));
+            k.for_range(tail, it.blocks, 1, |k, j| w.block(k, (&c, &keys), j, true));
         } else {
-            k.for_range(0u32, it.blocks, 1, |k, j| block(k, j, true));
+            k.for_range(0u32, it.blocks, 1, |k, j| w.block(k, (&c, &keys), j, true));
         }
 
         k.comment("epilogue: dK scaled, dV, rounded, stored");
@@ -223,7 +116,7 @@ fn roles(
         };
         let one = k.mov(Ty::F32, 1.0f32);
         let place = (lanes, blk, it);
-        for (n, (acc, out, factor)) in [(&dk_acc, p.o, p.scale), (&dv_acc, dv_out, one)]
+        for (n, (acc, out, factor)) in [(&w.dk_acc, p.o, p.scale), (&w.dv_acc, dv_out, one)]
             .into_iter()
             .enumerate()
             .filter(|(_, (acc, ..))| !acc.is_empty())
@@ -233,11 +126,166 @@ fn roles(
             store_rows(k, place, (rows, ok), (acc, [factor; 2]), to);
         }
     });
-    if let (Some(_), Role::Dv) = (exchange, role) {
+    if let (Some(_), Role::Dv) = (w.exchange, role) {
         // The dK warpgroup read the last Pᵀ too: take its arrival, leaving no barrier
         // half met when the block exits.
-        let any = k.setp(Cmp::Gt, step, 0u32);
+        let any = k.setp(Cmp::Gt, w.step, 0u32);
         k.if_(any, |k| k.bar_sync_n(P_EMPTY, 2 * WG_THREADS));
+    }
+}
+
+/// One consumer warpgroup of DkDv: its role, its accumulators and operands, and its k step.
+struct Warpgroup<'a> {
+    blk: &'a Block,
+    lanes: &'a Lanes,
+    role: Role,
+    /// One warpgroup doing both runs FlashAttention-3's order inside a block (Sᵀ's
+    /// exponentials beside dPᵀ, dSᵀ beside dV's product); split roles stay in order.
+    pipelined: bool,
+    /// Sᵀ and dPᵀ (keys × the block's queries), dK and dV (keys × D): each empty where the
+    /// role does not compute it.
+    st_acc: Vec<Reg>,
+    dpt_acc: Vec<Reg>,
+    dk_acc: Vec<Reg>,
+    dv_acc: Vec<Reg>,
+    /// K's rows (the dV role's), V's (the dK role's).
+    kf: Option<Fragments>,
+    vf: Option<Fragments>,
+    /// Split roles: this thread's Pᵀ values in the exchange, register i at i · 128 threads.
+    exchange: Option<Reg>,
+    stats: Stats,
+    step: Reg,
+}
+
+/// What a block of queries needs of its item: the item, its [B, H, T] row base, and
+/// whether its tile reaches past the batch row's length.
+struct Keys<'a> {
+    it: &'a Item,
+    row_base: Reg,
+    past_len: Reg,
+}
+
+impl<'a> Warpgroup<'a> {
+    fn new(
+        k: &mut Kernel,
+        (blk, p, lanes): (&'a Block, &Params, &'a Lanes),
+        role: Role,
+    ) -> Warpgroup<'a> {
+        let (dv_role, dk_role) = (role != Role::Dk, role != Role::Dv);
+        let (bk, d) = (blk.bk, blk.d);
+        let regs =
+            |k: &mut Kernel, on: bool, n: u32| k.regs(Ty::F32, if on { n as usize } else { 0 });
+        Warpgroup {
+            blk,
+            lanes,
+            role,
+            pipelined: role == Role::Both,
+            st_acc: regs(k, dv_role, bk / 2),
+            dpt_acc: regs(k, dk_role, bk / 2),
+            dk_acc: regs(k, dk_role, d / 2),
+            dv_acc: regs(k, dv_role, d / 2),
+            kf: dv_role.then(|| Fragments::new(k, d)),
+            vf: dk_role.then(|| Fragments::new(k, d)),
+            exchange: blk.exchange.map(|x| {
+                let t = k.and(blk.tid, 127u32).retype(Ty::U32);
+                k.mad(t, 4u32, x)
+            }),
+            step: k.mov(Ty::U32, 0u32),
+            stats: Stats::new(k, (blk, p), lanes),
+        }
+    }
+
+    /// Block `j` of the item's blocks of queries: Sᵀ and dPᵀ, Pᵀ (masked where `masked`)
+    /// and dSᵀ, then dV += Pᵀ·dO and dK += dSᵀ·Q; its stages go back at the end.
+    fn block(&self, k: &mut Kernel, (c, keys): (&Consumer, &Keys), j: Reg, masked: bool) {
+        let (blk, lanes, it, step) = (self.blk, self.lanes, keys.it, self.step);
+        let (dv_role, dk_role) = (self.role != Role::Dk, self.role != Role::Dv);
+        let bk = blk.bk;
+        let block = k.add(it.first, j);
+        let q0 = k.mul(block, bk);
+        let col0 = k.add(q0, lanes.col2);
+        let (lse2, dsum) = self.stats.read(k);
+        // The next block's, on their way while this one's products run.
+        let after = k.add(j, 1u32);
+        let more = k.setp(Cmp::Lt, after, it.blocks);
+        let next = k.add(block, 1u32);
+        let next = self.stats.fetch(k, keys.row_base, next, more);
+        if let Some(kf) = &self.kf {
+            c.issue_by_keys(k, step, &kf.kept, false, &self.st_acc);
+        }
+        if let Some(vf) = &self.vf {
+            c.issue_by_keys(k, step, &vf.kept, true, &self.dpt_acc);
+        }
+        // In order, both products are waited for here; pipelined, only Sᵀ, and the
+        // exponentials run beside dPᵀ.
+        k.wgmma_wait(if self.pipelined { 1 } else { 0 });
+        if masked {
+            // (Empty in the dK warpgroup of split roles: its Pᵀ comes masked.) In order,
+            // only where this warp meets a masked pair; pipelined, without a branch.
+            let need = (!self.pipelined).then(|| {
+                let q_end = k.add(q0, bk);
+                let past_t = k.setp(Cmp::Gt, q_end, blk.t);
+                let need = k.or_pred(past_t, keys.past_len);
+                if blk.causal {
+                    let early = k.setp(Cmp::Lt, q0, c.first_row);
+                    k.or_pred(need, early)
+                } else {
+                    need
+                }
+            });
+            mask(k, &self.st_acc, need, (col0, c.rows, it.len, blk));
+        }
+        // The dK warpgroup's Pᵀ is the dV warpgroup's.
+        let received = match (self.exchange, self.role) {
+            (Some(x), Role::Dk) => Some(receive(k, x, (bk / 2) as usize)),
+            _ => None,
+        };
+        // Column i of the accumulator layout: register i is query 8(i / 4) + 2q + i % 2
+        // of the block, the (i / 4 · 2 + i % 2)-th this thread holds.
+        let col = |i: usize| (i / 4) * 2 + i % 2;
+        let pt: Vec<Reg> = match received {
+            Some(pt) => pt,
+            None if dv_role => (0..(bk / 2) as usize)
+                .map(|i| {
+                    let x = k.mul(self.st_acc[i], lanes.scale2);
+                    let x = k.sub(x, lse2[col(i)]);
+                    k.ex2(x)
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        if let (Some(x), Role::Dv) = (self.exchange, self.role) {
+            send(k, x, &pt, step);
+        }
+        if self.pipelined {
+            // dV's product runs while dSᵀ is computed.
+            let pf = pack(k, lanes.half2, &pt);
+            c.issue_over_keys(k, step, &pf, true, &self.dv_acc);
+            k.wgmma_wait(1);
+        }
+        let dst: Vec<Reg> = if dk_role {
+            (0..(bk / 2) as usize)
+                .map(|i| {
+                    let diff = k.sub(self.dpt_acc[i], dsum[col(i)]);
+                    k.mul(pt[i], diff)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if !self.pipelined && dv_role {
+            let pf = pack(k, lanes.half2, &pt);
+            c.issue_over_keys(k, step, &pf, true, &self.dv_acc);
+        }
+        if dk_role {
+            let dsf = pack(k, lanes.half2, &dst);
+            c.issue_over_keys(k, step, &dsf, false, &self.dk_acc);
+        }
+        k.wgmma_wait(0);
+        c.release(k, step, false);
+        c.release(k, step, true);
+        self.stats.stage(k, &next);
+        k.update("add", step, step, 1u32);
     }
 }
 
