@@ -3,7 +3,7 @@
 # and f16), the GPT-2 bf16 step beside eager and torch.compile (tuning off, same cache),
 # then the native GPU tests, on one H200 with .gpu/helios and .gpu/t_attention built from
 # the session's last kernel commit.
-source bench/s53_device.sh
+source bench/s54_device.sh
 SHAPES=8x12x1024x64,8x12x512x64,4x16x2048x128
 HELIOS_ATTN_TUNE=1 HELIOS_CACHE_DIR=/tmp/c-rec timeout 240 .gpu/helios bench attention --shapes $SHAPES \
   --dtypes bf16,f16 --compare torch --json $x/attention.json > $x/attention.txt 2> $x/attention.err
