@@ -1,6 +1,6 @@
 //! What the native attention kernel's roles share: the block's sizes, work walk and stages
 //! (`Block`, `Item`), and its parameters (`Params`). The kernel (`kernel`) builds them; the
-//! producer and the consumers (`producer`, `consumer`, `dq`, `dkdv`) read them.
+//! producer and the consumers (`producer`, `forward`, `dq`, `dkdv`) read them.
 
 use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Special, Ty};
 

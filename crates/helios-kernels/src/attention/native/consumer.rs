@@ -1,6 +1,7 @@
-//! The consumer warpgroups of the native forward: Q in registers, then per key block
-//! S = Q·Kᵀ, the online softmax and O += P·V on `wgmma`, software-pipelined; then O / l
-//! and the log-sum-exp.
+//! What every consumer warpgroup of the native kernels shares (the forward's in `forward`,
+//! Dq's in `dq`, DkDv's in `dkdv`): its place in `wgmma`'s layouts (`Lanes`), its key-block
+//! steps over the rings (`Consumer`), operands kept in registers (`Fragments`), and the
+//! loads, stores and block counts around them.
 
 use helios_ptx::{
     AccThread, Addr, Cmp, Kernel, MatrixDesc, MmaInput, Reg, Space, Swizzle, Ty, WgmmaA,
@@ -9,122 +10,8 @@ use helios_ptx::{
 use super::block::{Block, Item, Params};
 use super::{AttentionKernel, Storage, WG_ROWS};
 
-/// The consumer warpgroups: per item, Q into registers, then per key block S = Q·Kᵀ, the
-/// online softmax, O += P·V; then O / l and the log-sum-exp.
-pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &Params) {
-    let lanes = Lanes::new(k, kern, blk, p);
-    let Lanes {
-        wg,
-        warp_row,
-        tq,
-        zero,
-        ..
-    } = lanes;
-    let (bk, d) = (blk.bk, blk.d);
-    let s_acc = k.regs(Ty::F32, (bk / 2) as usize);
-    let o_acc = k.regs(Ty::F32, (d / 2) as usize);
-    let p_regs = k.regs(lanes.half2, (bk / 4) as usize);
-    let m = [k.reg(Ty::F32), k.reg(Ty::F32)];
-    let l = [k.reg(Ty::F32), k.reg(Ty::F32)];
-    let step = k.mov(Ty::U32, 0u32);
-    let q = Fragments::new(k, d);
-    let q_view = (p.q, p.offs[0], p.strides);
-    // Blocks of 64 keys run in FlashAttention-3's order (`Softmax::pipelined`) and load
-    // the next item's Q while this one runs. Blocks of 32 keys (the 192-row tile at head
-    // dim 128) measured slower in that order: their softmax is short, little to hide.
-    let pipelined = bk >= 64;
-    let fetched = k.mov(Ty::U32, 0u32);
-
-    blk.for_each_item(k, |k, it| {
-        let (rows, ok) = lanes.rows(k, blk, it.row0);
-        let first_row = k.add(it.row0, warp_row);
-        k.comment("Q rows in registers: wgmma's A fragments");
-        if pipelined {
-            let cold = k.setp(Cmp::Eq, fetched, 0u32);
-            k.if_(cold, |k| {
-                q.fetch(k, (&lanes, blk), q_view, (it.b, it.h, it.row0))
-            });
-            q.keep(k);
-            let more = k.setp(Cmp::Lt, it.next, blk.items);
-            k.if_(more, |k| {
-                let (b, h, row0) = blk.coords(k, it.next);
-                q.fetch(k, (&lanes, blk), q_view, (b, h, row0));
-            });
-            k.assign(fetched, 1u32);
-        } else {
-            q.load(k, (&lanes, blk), q_view, (it.b, it.h, it.row0));
-        }
-        for &r in &o_acc {
-            k.assign(r, 0.0f32);
-        }
-        for h in 0..2 {
-            k.assign(m[h], f32::NEG_INFINITY);
-            k.assign(l[h], 0.0f32);
-        }
-
-        let live = live_blocks(k, blk, it, wg);
-        let c = Consumer {
-            lanes: &lanes,
-            blk,
-            s_acc: &s_acc,
-            rows,
-            first_row,
-            len: it.len,
-            step0: k.mov(Ty::U32, step),
-        };
-        let f = Softmax {
-            qf: &q.kept,
-            o_acc: &o_acc,
-            p_regs: &p_regs,
-            m,
-            l,
-            half2: lanes.half2,
-        };
-        k.comment("key blocks: S = Q K^T, online softmax, O += P V");
-        if pipelined {
-            let free = unmasked_blocks(k, blk, it, wg, live);
-            f.pipelined(&c, k, step, (live, free));
-        } else {
-            k.for_range(0u32, live, 1, |k, _| {
-                f.scores_alone(&c, k, step);
-                f.product_issue(&c, k, step);
-                k.wgmma_wait(0);
-                c.release(k, step, true);
-                k.update("add", step, step, 1u32);
-            });
-        }
-        hand_back(k, &c, step, (live, it.blocks), [false, true]);
-
-        k.comment("epilogue: O / l, the log-sum-exp");
-        let mut inv = [zero; 2];
-        for h in 0..2 {
-            let mut s = l[h];
-            for x in [1u32, 2] {
-                let o = k.shfl("bfly", s, x, 31);
-                s = k.add(s, o);
-            }
-            let empty = k.setp(Cmp::Eq, s, 0.0f32);
-            let r = k.rcp_exact(s);
-            inv[h] = k.selp(empty, 0.0f32, r, Ty::F32);
-            // L = ln 2 · (m + log2 l): −inf for a row with no key.
-            let lg = k.lg2(s);
-            let ln = k.add(m[h], lg);
-            let lse = k.mul(ln, std::f32::consts::LN_2);
-            let quad0 = k.setp(Cmp::Eq, tq, 0u32);
-            let write = k.and_pred(quad0, ok[h]);
-            let bh = k.mad(it.b, blk.heads, it.h);
-            let idx = k.mad(bh, blk.t, rows[h]);
-            let at = k.mad_wide(idx, 4u32, p.lse);
-            k.st_if(write, Space::Global, Addr::new(at), lse);
-        }
-        // O is dense [B, T, H, D].
-        let place = (&lanes, blk, it);
-        store_rows(k, place, (rows, ok), (&o_acc, inv), (p.o, blk.heads, 0));
-    });
-}
-
 /// What one consumer warpgroup's key-block steps share in every native kernel (see
-/// `consumer`, `dq`, `dkdv`): the rings, the score accumulators and their mask.
+/// `forward`, `dq`, `dkdv`): the rings, the score accumulators and their mask.
 pub(super) struct Consumer<'a> {
     pub(super) lanes: &'a Lanes,
     pub(super) blk: &'a Block,
@@ -136,18 +23,6 @@ pub(super) struct Consumer<'a> {
     pub(super) len: Reg,
     /// The k step of the item's first key block.
     pub(super) step0: Reg,
-}
-
-/// The forward's own state beside `Consumer`: Q's fragments, O, the online softmax's row
-/// maxima and sums, and P for the next product.
-struct Softmax<'a> {
-    qf: &'a [Reg],
-    o_acc: &'a [Reg],
-    /// P of the block whose P·V is next, as `wgmma`'s A fragments.
-    p_regs: &'a [Reg],
-    m: [Reg; 2],
-    l: [Reg; 2],
-    half2: Ty,
 }
 
 impl Consumer<'_> {
@@ -269,126 +144,6 @@ impl Consumer<'_> {
     }
 }
 
-impl Softmax<'_> {
-    /// Issues S = Q·Kᵀ for the key block of `step` once its K has landed (one commit group).
-    fn scores_issue(&self, c: &Consumer, k: &mut Kernel, step: Reg) {
-        c.issue_by_keys(k, step, self.qf, false, c.s_acc);
-    }
-
-    /// Issues O += P·V for the key block of `step` once its V has landed.
-    fn product_issue(&self, c: &Consumer, k: &mut Kernel, step: Reg) {
-        c.issue_over_keys(k, step, self.p_regs, true, self.o_acc);
-    }
-
-    /// S of the key block of `step` with no product beside it: issued, waited for, K handed
-    /// back, masked; then its softmax, with O rescaled and P in place for its product.
-    fn scores_alone(&self, c: &Consumer, k: &mut Kernel, step: Reg) {
-        self.scores_issue(c, k, step);
-        k.wgmma_wait(0);
-        c.release(k, step, false);
-        c.mask(k, step);
-        let (alpha, probs) = self.probabilities(c, k);
-        self.rescale(k, &alpha, &probs);
-    }
-
-    /// The `live` key blocks from `step` on in FlashAttention-3's intra-warpgroup order:
-    /// block j's S is issued with block j − 1's P·V, and its softmax runs while that
-    /// product does. P is packed only after the product's wait: packed before it, ptxas
-    /// writes the new P into the registers the running `wgmma` reads and then serializes
-    /// every `wgmma` of the kernel (C7513).
-    fn pipelined(&self, c: &Consumer, k: &mut Kernel, step: Reg, (live, free): (Reg, Reg)) {
-        let any = k.setp(Cmp::Gt, live, 0u32);
-        k.if_(any, |k| {
-            self.scores_alone(c, k, step);
-            k.update("add", step, step, 1u32);
-            let block = |k: &mut Kernel, masked: bool| {
-                let prev = k.sub(step, 1u32);
-                self.scores_issue(c, k, step);
-                self.product_issue(c, k, prev);
-                k.wgmma_wait(1);
-                c.release(k, step, false);
-                if masked {
-                    c.mask(k, step);
-                }
-                let (alpha, probs) = self.probabilities(c, k);
-                k.wgmma_wait(0);
-                c.release(k, prev, true);
-                self.rescale(k, &alpha, &probs);
-                k.update("add", step, step, 1u32);
-            };
-            // The blocks no row masks run without the mask's branch: with it inside the
-            // loop, ptxas waits for the product before the softmax (no overlap).
-            let split = k.max(free, 1u32);
-            k.for_range(1u32, split, 1, |k, _| block(k, false));
-            k.for_range(split, live, 1, |k, _| block(k, true));
-            let prev = k.sub(step, 1u32);
-            self.product_issue(c, k, prev);
-            k.wgmma_wait(0);
-            c.release(k, prev, true);
-        });
-    }
-
-    /// Updates the row maxima and sums from S (masked) and returns the rows' rescale
-    /// factors and the new P (f32, in accumulator order). Neither O nor P's fragments are
-    /// touched: a product reading and writing them may still run.
-    fn probabilities(&self, c: &Consumer, k: &mut Kernel) -> ([Reg; 2], Vec<Reg>) {
-        // Online softmax, base 2, two rows a thread; a row's four threads are a quad.
-        let zero = k.mov(Ty::F32, 0.0f32);
-        let mut alpha = [zero; 2];
-        let mut neg_m = [zero; 2];
-        for h in 0..2usize {
-            let mut mx = k.mov(Ty::F32, f32::NEG_INFINITY);
-            for (i, &r) in c.s_acc.iter().enumerate() {
-                if (i / 2) % 2 == h {
-                    mx = k.max(mx, r);
-                }
-            }
-            for x in [1u32, 2] {
-                let o = k.shfl("bfly", mx, x, 31);
-                mx = k.max(mx, o);
-            }
-            let mx = k.mul(mx, c.lanes.scale2);
-            let m_new = k.max(self.m[h], mx);
-            // A row with no key yet keeps m = −inf; its exponentials use 0 (all zero).
-            let none = k.setp(Cmp::Eq, m_new, f32::NEG_INFINITY);
-            let m_use = k.selp(none, 0.0f32, m_new, Ty::F32);
-            let diff = k.sub(self.m[h], m_use);
-            alpha[h] = k.ex2(diff);
-            neg_m[h] = k.neg(m_use);
-            k.assign(self.m[h], m_new);
-        }
-        let mut sums = [k.mov(Ty::F32, 0.0f32), k.mov(Ty::F32, 0.0f32)];
-        let mut probs = Vec::with_capacity(c.s_acc.len());
-        for (i, &r) in c.s_acc.iter().enumerate() {
-            let h = (i / 2) % 2;
-            let x = k.fma(r, c.lanes.scale2, neg_m[h]);
-            let e = k.ex2(x);
-            sums[h] = k.add(sums[h], e);
-            probs.push(e);
-        }
-        for h in 0..2 {
-            let scaled = k.mul(self.l[h], alpha[h]);
-            let v = k.add(scaled, sums[h]);
-            k.assign(self.l[h], v);
-        }
-        (alpha, probs)
-    }
-
-    /// Once the last product into O is done: O scaled by the rows' factors, the new P
-    /// rounded into place for the next product.
-    fn rescale(&self, k: &mut Kernel, alpha: &[Reg; 2], probs: &[Reg]) {
-        for (i, &r) in self.o_acc.iter().enumerate() {
-            let v = k.mul(r, alpha[(i / 2) % 2]);
-            k.assign(r, v);
-        }
-        // S's accumulator layout is P·V's A layout: registers 8s..8s+7 are k step s.
-        let packed = pack(k, self.half2, probs);
-        for (&r, &p) in self.p_regs.iter().zip(&packed) {
-            k.assign(r, p);
-        }
-    }
-}
-
 /// A 64-row × D operand that stays in registers as `wgmma`'s A fragments for a whole work
 /// item (Q; Dq's dO; DkDv's K and V): loaded into `staged`, then copied into `kept`, the
 /// registers `wgmma` reads. The forward loads the next item's rows into `staged` while
@@ -421,7 +176,7 @@ impl Fragments {
     }
 
     /// Starts loading the rows of the item at `at` into `staged`.
-    fn fetch(
+    pub(super) fn fetch(
         &self,
         k: &mut Kernel,
         (lanes, blk): (&Lanes, &Block),
@@ -433,7 +188,7 @@ impl Fragments {
     }
 
     /// Copies `staged` into `kept`.
-    fn keep(&self, k: &mut Kernel) {
+    pub(super) fn keep(&self, k: &mut Kernel) {
         for (&r, &l) in self.kept.iter().zip(&self.staged) {
             k.assign(r, l);
         }

@@ -1,12 +1,12 @@
 //! The native attention kernel: its parameters and shared memory, then the split into the
-//! producer warp (`producer`) and the consumer warpgroups (`consumer`, `dq`, `dkdv`), which
-//! share a `Block` (`block`).
+//! producer warp (`producer`) and the consumer warpgroups (`forward`, `dq`, `dkdv`, on the
+//! machinery in `consumer`), which share a `Block` (`block`).
 
 use helios_ptx::{Addr, BuildError, Cmp, Kernel, Module, Special, Target, Ty};
 
 use super::block::{Block, Grad, Params};
 use super::{
-    consumer, dkdv, dq, producer, stage_bytes, AttentionKernel, AttnStage, AttnVariant,
+    dkdv, dq, forward, producer, stage_bytes, AttentionKernel, AttnStage, AttnVariant,
     PRODUCER_REGS, WG_ROWS, WG_THREADS,
 };
 
@@ -148,7 +148,7 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
     } else if dq {
         dq::consumer(&mut k, kern, &blk, &p);
     } else {
-        consumer::consumer(&mut k, kern, &blk, &p);
+        forward::consumer(&mut k, kern, &blk, &p);
     }
     k.finish()
 }

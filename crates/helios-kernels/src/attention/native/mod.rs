@@ -28,6 +28,7 @@ mod block;
 mod consumer;
 mod dkdv;
 mod dq;
+mod forward;
 mod kernel;
 mod producer;
 
