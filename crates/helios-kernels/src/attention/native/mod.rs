@@ -85,41 +85,49 @@ pub(super) fn stages(bk: u32, d: u32) -> u32 {
 /// a third stage took 1.8 µs (3%) off its time at head dim 64 and 13 µs (5%) at 128 on an
 /// H200 (bench/results/2026-12-01-session54-h200.md).
 pub(super) fn ring_stages(kern: &AttentionKernel) -> [u32; 2] {
-    let AttnVariant::Native { bq, bk } = kern.variant else {
+    let AttnVariant::Native { bk, .. } = kern.variant else {
         return [0, 0];
     };
-    let (bk, d) = (u32::from(bk), kern.head_dim);
-    let n = stages(bk, d);
-    let extra = kern.stage == AttnStage::Dq
-        && n < MAX_STAGES
-        && fixed_bytes(kern, u32::from(bq), bk) + (2 * n + 1) * (stage_bytes(bk, d) + 8)
-            <= 48 * 1024;
-    [n + u32::from(extra), n]
+    let n = stages(u32::from(bk), kern.head_dim);
+    let third = [n + 1, n];
+    if kern.stage == AttnStage::Dq && n < MAX_STAGES && bytes_with(kern, third) <= 48 * 1024 {
+        third
+    } else {
+        [n, n]
+    }
 }
 
 /// Bytes of the rings' stages, padded to keep one block per SM.
 pub(super) fn ring_bytes(kern: &AttentionKernel) -> u32 {
-    let AttnVariant::Native { bk, .. } = kern.variant else {
-        return 0;
-    };
-    let [a, b] = ring_stages(kern);
-    ((a + b) * stage_bytes(u32::from(bk), kern.head_dim)).max(ONE_BLOCK_BYTES)
-}
-
-/// Shared memory beside the rings and their mbarriers: the two maps being built, the split
-/// roles' exchange and DkDv's query statistics.
-fn fixed_bytes(kern: &AttentionKernel, bq: u32, bk: u32) -> u32 {
-    2 * helios_ptx::TENSOR_MAP_BYTES + exchange_bytes(kern, bk) + stats_bytes(kern, bq, bk)
+    rings_with(kern, ring_stages(kern))
 }
 
 /// Shared memory of a native kernel: both rings, padded to keep one block per SM, a full
-/// mbarrier a stage, and `fixed_bytes`.
+/// mbarrier a stage, the two maps being built, the split roles' exchange and DkDv's query
+/// statistics.
 pub(super) fn shared_bytes(kern: &AttentionKernel) -> u32 {
+    bytes_with(kern, ring_stages(kern))
+}
+
+/// `ring_bytes` with `stages` in the rings.
+fn rings_with(kern: &AttentionKernel, [a, b]: [u32; 2]) -> u32 {
+    let AttnVariant::Native { bk, .. } = kern.variant else {
+        return 0;
+    };
+    ((a + b) * stage_bytes(u32::from(bk), kern.head_dim)).max(ONE_BLOCK_BYTES)
+}
+
+/// `shared_bytes` with `stages` in the rings.
+fn bytes_with(kern: &AttentionKernel, stages: [u32; 2]) -> u32 {
     let AttnVariant::Native { bq, bk } = kern.variant else {
         return 0;
     };
-    let [a, b] = ring_stages(kern);
-    ring_bytes(kern) + 8 * (a + b) + fixed_bytes(kern, u32::from(bq), u32::from(bk))
+    let (bq, bk) = (u32::from(bq), u32::from(bk));
+    rings_with(kern, stages)
+        + 8 * (stages[0] + stages[1])
+        + 2 * helios_ptx::TENSOR_MAP_BYTES
+        + exchange_bytes(kern, bk)
+        + stats_bytes(kern, bq, bk)
 }
 
 /// Bytes of DkDv's query statistics: each consumer warp's copy of L and Dsum for one block
