@@ -159,28 +159,46 @@ impl Softmax<'_> {
     }
 
     /// The `live` key blocks from `step` on in FlashAttention-3's intra-warpgroup order:
-    /// block j's S is issued with block j − 1's P·V, and its softmax runs while that
-    /// product does. P is packed only after the product's wait: packed before it, ptxas
-    /// writes the new P into the registers the running `wgmma` reads and then serializes
-    /// every `wgmma` of the kernel (C7513).
+    /// block j's S is issued first, O is rescaled by block j − 1's factors while it runs,
+    /// then block j − 1's P·V is issued, and block j's softmax runs while that product
+    /// does. Issuing S before the rescale (rather than after it, beside P·V) took 1.2 µs
+    /// (2.3%) off the forward at GPT-2's shape on an H200
+    /// (bench/results/2026-12-01-session55-h200.md). P is packed only after the product's
+    /// wait: packed before it, ptxas writes the new P into the registers the running
+    /// `wgmma` reads and then serializes every `wgmma` of the kernel (C7513).
     fn pipelined(&self, c: &Consumer, k: &mut Kernel, step: Reg, (live, free): (Reg, Reg)) {
         let any = k.setp(Cmp::Gt, live, 0u32);
+        // The rows' factors from one block's softmax to the next block's rescale.
+        let alpha = [k.reg(Ty::F32), k.reg(Ty::F32)];
+        let softmax = |k: &mut Kernel| {
+            let (a, probs) = self.probabilities(c, k);
+            for (&r, v) in alpha.iter().zip(a) {
+                k.assign(r, v);
+            }
+            probs
+        };
         k.if_(any, |k| {
-            self.scores_alone(c, k, step);
+            self.scores_issue(c, k, step);
+            k.wgmma_wait(0);
+            c.release(k, step, false);
+            c.mask(k, step);
+            let probs = softmax(k);
+            self.pack_p(k, &probs);
             k.update("add", step, step, 1u32);
             let block = |k: &mut Kernel, masked: bool| {
                 let prev = k.sub(step, 1u32);
                 self.scores_issue(c, k, step);
+                self.rescale_o(k, &alpha);
                 self.product_issue(c, k, prev);
                 k.wgmma_wait(1);
                 c.release(k, step, false);
                 if masked {
                     c.mask(k, step);
                 }
-                let (alpha, probs) = self.probabilities(c, k);
+                let probs = softmax(k);
                 k.wgmma_wait(0);
                 c.release(k, prev, true);
-                self.rescale(k, &alpha, &probs);
+                self.pack_p(k, &probs);
                 k.update("add", step, step, 1u32);
             };
             // The blocks no row masks run without the mask's branch: with it inside the
@@ -189,6 +207,7 @@ impl Softmax<'_> {
             k.for_range(1u32, split, 1, |k, _| block(k, false));
             k.for_range(split, live, 1, |k, _| block(k, true));
             let prev = k.sub(step, 1u32);
+            self.rescale_o(k, &alpha);
             self.product_issue(c, k, prev);
             k.wgmma_wait(0);
             c.release(k, prev, true);
@@ -204,12 +223,13 @@ impl Softmax<'_> {
         let mut alpha = [zero; 2];
         let mut neg_m = [zero; 2];
         for h in 0..2usize {
-            let mut mx = k.mov(Ty::F32, f32::NEG_INFINITY);
-            for (i, &r) in c.s_acc.iter().enumerate() {
-                if (i / 2) % 2 == h {
-                    mx = k.max(mx, r);
-                }
-            }
+            // A balanced tree (depth 4 for 16 values), not a chain: ptxas keeps the order
+            // it is given, and the chain's latency sat before every exponential (0.6 µs).
+            let row: Vec<Reg> = (c.s_acc.iter().enumerate())
+                .filter(|(i, _)| (i / 2) % 2 == h)
+                .map(|(_, &r)| r)
+                .collect();
+            let mut mx = max_tree(k, &row);
             for x in [1u32, 2] {
                 let o = k.shfl("bfly", mx, x, 31);
                 mx = k.max(mx, o);
@@ -244,14 +264,39 @@ impl Softmax<'_> {
     /// Once the last product into O is done: O scaled by the rows' factors, the new P
     /// rounded into place for the next product.
     fn rescale(&self, k: &mut Kernel, alpha: &[Reg; 2], probs: &[Reg]) {
+        self.rescale_o(k, alpha);
+        self.pack_p(k, probs);
+    }
+
+    /// O scaled by the rows' factors (no product into O may be running).
+    fn rescale_o(&self, k: &mut Kernel, alpha: &[Reg; 2]) {
         for (i, &r) in self.o_acc.iter().enumerate() {
             let v = k.mul(r, alpha[(i / 2) % 2]);
             k.assign(r, v);
         }
+    }
+
+    /// P rounded into the next product's A fragments (no product may be reading them).
+    fn pack_p(&self, k: &mut Kernel, probs: &[Reg]) {
         // S's accumulator layout is P·V's A layout: registers 8s..8s+7 are k step s.
         let packed = pack(k, self.half2, probs);
         for (&r, &p) in self.p_regs.iter().zip(&packed) {
             k.assign(r, p);
         }
     }
+}
+
+/// The maximum of `vals` (at least one) by pairs, a balanced tree.
+fn max_tree(k: &mut Kernel, vals: &[Reg]) -> Reg {
+    let mut level = vals.to_vec();
+    while level.len() > 1 {
+        level = (level.chunks(2))
+            .map(|p| match *p {
+                [a, b] => k.max(a, b),
+                [a] => a,
+                _ => unreachable!("chunks of two"),
+            })
+            .collect();
+    }
+    level[0]
 }
