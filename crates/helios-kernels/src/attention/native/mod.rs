@@ -81,17 +81,24 @@ pub(super) fn stages(bk: u32, d: u32) -> u32 {
 }
 
 /// Stages of a kernel's two rings (K and V; DkDv's Q and dO): `stages` each, and one more
-/// of K for Dq where 48 KiB holds it. Dq holds K's stage through two products, S and dS·K:
-/// a third stage took 1.8 µs (3%) off its time at head dim 64 and 13 µs (5%) at 128 on an
-/// H200 (bench/results/2026-12-01-session54-h200.md).
+/// where 48 KiB holds it: of K for Dq, of V for the forward. Each is the ring whose stage
+/// is held longest. Dq holds K's through two products, S and dS·K: a third stage took
+/// 1.8 µs (3%) off its time at head dim 64 and 13 µs (5%) at 128 on an H200
+/// (bench/results/2026-12-01-session54-h200.md). The forward holds V's from its block's
+/// softmax to the next block's P·V: a third took 0.4 µs (1%) off at T = 1024 and 3.3 µs
+/// (2%) at T = 2048 (bench/results/2026-12-01-session55-h200.md).
 pub(super) fn ring_stages(kern: &AttentionKernel) -> [u32; 2] {
     let AttnVariant::Native { bk, .. } = kern.variant else {
         return [0, 0];
     };
     let n = stages(u32::from(bk), kern.head_dim);
-    let third = [n + 1, n];
-    if kern.stage == AttnStage::Dq && n < MAX_STAGES && bytes_with(kern, third) <= 48 * 1024 {
-        third
+    let more = match kern.stage {
+        AttnStage::Dq => [n + 1, n],
+        AttnStage::Forward => [n, n + 1],
+        _ => return [n, n],
+    };
+    if n < MAX_STAGES && bytes_with(kern, more) <= 48 * 1024 {
+        more
     } else {
         [n, n]
     }
@@ -363,14 +370,18 @@ mod tests {
             stage: AttnStage::DkDv,
             ..own
         }));
-        // Dq's K ring takes a third stage where it fits; the other rings keep two.
+        // Dq's K ring and the forward's V ring take a third stage where it fits; DkDv's
+        // rings keep two.
         assert_eq!(ring_stages(&stage(AttnStage::Dq, 64, wide)), [3, 2]);
         assert_eq!(ring_stages(&stage(AttnStage::Dq, 128, narrow)), [3, 2]);
-        assert_eq!(ring_stages(&stage(AttnStage::Forward, 64, wide)), [2, 2]);
+        assert_eq!(ring_stages(&stage(AttnStage::Forward, 64, wide)), [2, 3]);
+        assert_eq!(ring_stages(&stage(AttnStage::Forward, 128, narrow)), [2, 3]);
         assert_eq!(ring_stages(&stage(AttnStage::DkDv, 64, wide)), [2, 2]);
         for kern in [
             stage(AttnStage::Dq, 64, wide),
             stage(AttnStage::Dq, 128, narrow),
+            stage(AttnStage::Forward, 64, wide),
+            stage(AttnStage::Forward, 128, narrow),
         ] {
             assert!(buildable(&kern) && shared_bytes(&kern) <= 48 * 1024);
         }
