@@ -161,9 +161,10 @@ impl Softmax<'_> {
     /// The `live` key blocks from `step` on in FlashAttention-3's intra-warpgroup order:
     /// block j's S is issued first, O is rescaled by block j − 1's factors while it runs,
     /// then block j − 1's P·V is issued, and block j's softmax runs while that product
-    /// does. Issuing S before the rescale (rather than after it, beside P·V) took 1.2 µs
-    /// (2.3%) off the forward at GPT-2's shape on an H200
-    /// (bench/results/2026-12-01-session55-h200.md). P is packed only after the product's
+    /// does. Issuing S before the rescale (rather than after it, beside P·V) and the tree
+    /// maxima (`probabilities`) took 0.7-1.9 µs (1.4-3.6%) off the forward at GPT-2's shape
+    /// on an H200 in two calls (bench/results/2026-12-01-session55-h200.md). P is packed
+    /// only after the product's
     /// wait: packed before it, ptxas writes the new P into the registers the running
     /// `wgmma` reads and then serializes every `wgmma` of the kernel (C7513).
     fn pipelined(&self, c: &Consumer, k: &mut Kernel, step: Reg, (live, free): (Reg, Reg)) {
@@ -224,7 +225,7 @@ impl Softmax<'_> {
         let mut neg_m = [zero; 2];
         for h in 0..2usize {
             // A balanced tree (depth 4 for 16 values), not a chain: ptxas keeps the order
-            // it is given, and the chain's latency sat before every exponential (0.6 µs).
+            // it is given, and the chain's latency sat before every exponential.
             let row: Vec<Reg> = (c.s_acc.iter().enumerate())
                 .filter(|(i, _)| (i / 2) % 2 == h)
                 .map(|(_, &r)| r)

@@ -85,8 +85,8 @@ pub(super) fn stages(bk: u32, d: u32) -> u32 {
 /// is held longest. Dq holds K's through two products, S and dS·K: a third stage took
 /// 1.8 µs (3%) off its time at head dim 64 and 13 µs (5%) at 128 on an H200
 /// (bench/results/2026-12-01-session54-h200.md). The forward holds V's from its block's
-/// softmax to the next block's P·V: a third took 0.4 µs (1%) off at T = 1024 and 3.3 µs
-/// (2%) at T = 2048 (bench/results/2026-12-01-session55-h200.md).
+/// softmax to the next block's P·V: a third took 0.4-2.1 µs (1-4%) off at T = 1024 and
+/// 3.3-11.6 µs (2-7%) at T = 2048 in two calls (bench/results/2026-12-01-session55-h200.md).
 pub(super) fn ring_stages(kern: &AttentionKernel) -> [u32; 2] {
     let AttnVariant::Native { bk, .. } = kern.variant else {
         return [0, 0];
