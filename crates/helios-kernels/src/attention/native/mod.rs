@@ -57,12 +57,20 @@ const PANEL: u32 = 64;
 /// its tensor-map slot): the stages are padded to it.
 const ONE_BLOCK_BYTES: u32 = 32 * 1024;
 
-/// Native forward candidates, the default first where it fits: 128 query rows (two
-/// consumer warpgroups) against blocks of 64 keys at head dim 64; 192 rows against 32 keys
-/// at head dim 128 (whose stages are twice the size); 128 × 32 beside it. Measured on an
-/// H200 beside 48-key blocks (three stages) and 192 × 64, which lost
+/// Native candidates, the default first where it fits: 128 query rows (two consumer
+/// warpgroups) against blocks of 64 keys at head dim 64; 192 rows against 32 keys at head
+/// dim 128 (whose stages are twice the size); 128 × 32 beside it; and for the forward
+/// alone (`buildable`) 192 × 64 at head dim 64, which loads K and V once for three
+/// warpgroups: slower at T = 1024 (53.1 against 49.5 µs at 8×12×1024×64 bf16 on an H200),
+/// faster from T = 2048 (157.0 against 164.5), where the copies bound the forward more
+/// (bench/results/2026-12-01-session55-h200.md). 48-key blocks (three stages) lost too
 /// (`bench/results/2026-11-29-native-attention-h200.md`).
-pub const NATIVE_VARIANTS: [AttnVariant; 3] = [native(128, 64), native(192, 32), native(128, 32)];
+pub const NATIVE_VARIANTS: [AttnVariant; 4] = [
+    native(128, 64),
+    native(192, 32),
+    native(128, 32),
+    native(192, 64),
+];
 
 const fn native(bq: u8, bk: u8) -> AttnVariant {
     AttnVariant::Native { bq, bk }
@@ -182,6 +190,9 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
         && (!kern.own_dsum || kern.stage == AttnStage::Dq)
         // Dq keeps Q, dO and dQ in registers: at head dim 128 three warpgroups spill.
         && (kern.stage == AttnStage::Forward || d == 64 || bq <= 2 * WG_ROWS)
+        // Three warpgroups against 64-row blocks: the forward's alone (the backward's were
+        // never checked on a GPU).
+        && (kern.stage == AttnStage::Forward || bq * bk < 3 * WG_ROWS * 64)
         && stages(bk, d) >= 2
         && shared_bytes(kern) <= 48 * 1024
 }
@@ -337,7 +348,7 @@ mod tests {
     /// and 128 in 48 KiB.
     #[test]
     fn native_kernels_exist_where_their_stages_fit() {
-        let [wide, _, narrow] = NATIVE_VARIANTS;
+        let [wide, _, narrow, tall] = NATIVE_VARIANTS;
         assert!(buildable(&kernel(64, wide, true, false)));
         assert!(buildable(&kernel(128, narrow, false, true)));
         // Head dim 128 with 64-key blocks needs 64 KiB of stages.
@@ -360,6 +371,11 @@ mod tests {
         assert!(buildable(&stage(AttnStage::DkDv, 128, narrow)));
         assert!(!buildable(&stage(AttnStage::DkDv, 128, NATIVE_VARIANTS[1])));
         assert!(!buildable(&stage(AttnStage::Prep, 64, narrow)));
+        // 192 × 64: the forward's at head dim 64 alone.
+        assert!(buildable(&stage(AttnStage::Forward, 64, tall)));
+        assert!(!buildable(&stage(AttnStage::Forward, 128, tall)));
+        assert!(!buildable(&stage(AttnStage::Dq, 64, tall)));
+        assert!(!buildable(&stage(AttnStage::DkDv, 64, tall)));
         // Dsum from O and dO: Dq's alone.
         let own = AttentionKernel {
             own_dsum: true,
