@@ -164,9 +164,9 @@ impl Softmax<'_> {
     /// does. Issuing S before the rescale (rather than after it, beside P·V) and the tree
     /// maxima (`probabilities`) took 0.7-1.9 µs (1.4-3.6%) off the forward at GPT-2's shape
     /// on an H200 in two calls (bench/results/2026-12-01-session55-h200.md). P is packed
-    /// only after the product's
-    /// wait: packed before it, ptxas writes the new P into the registers the running
-    /// `wgmma` reads and then serializes every `wgmma` of the kernel (C7513).
+    /// only after the product's wait: packed before it, ptxas writes the new P into the
+    /// registers the running `wgmma` reads and then serializes every `wgmma` of the kernel
+    /// (C7513).
     fn pipelined(&self, c: &Consumer, k: &mut Kernel, step: Reg, (live, free): (Reg, Reg)) {
         let any = k.setp(Cmp::Gt, live, 0u32);
         // The rows' factors from one block's softmax to the next block's rescale.
@@ -224,8 +224,8 @@ impl Softmax<'_> {
         let mut alpha = [zero; 2];
         let mut neg_m = [zero; 2];
         for h in 0..2usize {
-            // A balanced tree (depth 4 for 16 values), not a chain: ptxas keeps the order
-            // it is given, and the chain's latency sat before every exponential.
+            // A balanced tree (depth 4 for 16 values), not a chain: ptxas does not
+            // reassociate the chain, whose latency sat before every exponential.
             let row: Vec<Reg> = (c.s_acc.iter().enumerate())
                 .filter(|(i, _)| (i / 2) % 2 == h)
                 .map(|(_, &r)| r)
