@@ -87,7 +87,9 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
             f.pipelined(&c, k, step, (live, free));
         } else {
             k.for_range(0u32, live, 1, |k, _| {
-                f.scores_alone(&c, k, step);
+                let (alpha, probs) = f.scores_alone(&c, k, step);
+                f.rescale_o(k, &alpha);
+                f.pack_p(k, &probs);
                 f.product_issue(&c, k, step);
                 k.wgmma_wait(0);
                 c.release(k, step, true);
@@ -148,42 +150,34 @@ impl Softmax<'_> {
     }
 
     /// S of the key block of `step` with no product beside it: issued, waited for, K handed
-    /// back, masked; then its softmax, with O rescaled and P in place for its product.
-    fn scores_alone(&self, c: &Consumer, k: &mut Kernel, step: Reg) {
+    /// back, masked; then its softmax (`probabilities`: the rows' factors and P).
+    fn scores_alone(&self, c: &Consumer, k: &mut Kernel, step: Reg) -> ([Reg; 2], Vec<Reg>) {
         self.scores_issue(c, k, step);
         k.wgmma_wait(0);
         c.release(k, step, false);
         c.mask(k, step);
-        let (alpha, probs) = self.probabilities(c, k);
-        self.rescale(k, &alpha, &probs);
+        self.probabilities(c, k)
     }
 
     /// The `live` key blocks from `step` on in FlashAttention-3's intra-warpgroup order:
     /// block j's S is issued first, O is rescaled by block j − 1's factors while it runs,
     /// then block j − 1's P·V is issued, and block j's softmax runs while that product
-    /// does. Issuing S before the rescale (rather than after it, beside P·V) and the tree
-    /// maxima (`probabilities`) took 0.7-1.9 µs (1.4-3.6%) off the forward at GPT-2's shape
-    /// on an H200 in two calls (bench/results/2026-12-01-session55-h200.md). P is packed
-    /// only after the product's wait: packed before it, ptxas writes the new P into the
-    /// registers the running `wgmma` reads and then serializes every `wgmma` of the kernel
-    /// (C7513).
+    /// does. S issued before the rescale keeps the tensor cores busy through the rescale's
+    /// multiplies (bench/results/2026-12-01-session55-h200.md). P is packed only after the
+    /// product's wait: packed before it, ptxas writes the new P into the registers the
+    /// running `wgmma` reads and then serializes every `wgmma` of the kernel (C7513).
     fn pipelined(&self, c: &Consumer, k: &mut Kernel, step: Reg, (live, free): (Reg, Reg)) {
         let any = k.setp(Cmp::Gt, live, 0u32);
         // The rows' factors from one block's softmax to the next block's rescale.
         let alpha = [k.reg(Ty::F32), k.reg(Ty::F32)];
-        let softmax = |k: &mut Kernel| {
-            let (a, probs) = self.probabilities(c, k);
+        let keep = |k: &mut Kernel, a: [Reg; 2]| {
             for (&r, v) in alpha.iter().zip(a) {
                 k.assign(r, v);
             }
-            probs
         };
         k.if_(any, |k| {
-            self.scores_issue(c, k, step);
-            k.wgmma_wait(0);
-            c.release(k, step, false);
-            c.mask(k, step);
-            let probs = softmax(k);
+            let (a, probs) = self.scores_alone(c, k, step);
+            keep(k, a);
             self.pack_p(k, &probs);
             k.update("add", step, step, 1u32);
             let block = |k: &mut Kernel, masked: bool| {
@@ -196,7 +190,8 @@ impl Softmax<'_> {
                 if masked {
                     c.mask(k, step);
                 }
-                let probs = softmax(k);
+                let (a, probs) = self.probabilities(c, k);
+                keep(k, a);
                 k.wgmma_wait(0);
                 c.release(k, prev, true);
                 self.pack_p(k, &probs);
@@ -260,13 +255,6 @@ impl Softmax<'_> {
             k.assign(self.l[h], v);
         }
         (alpha, probs)
-    }
-
-    /// Once the last product into O is done: O scaled by the rows' factors, the new P
-    /// rounded into place for the next product.
-    fn rescale(&self, k: &mut Kernel, alpha: &[Reg; 2], probs: &[Reg]) {
-        self.rescale_o(k, alpha);
-        self.pack_p(k, probs);
     }
 
     /// O scaled by the rows' factors (no product into O may be running).

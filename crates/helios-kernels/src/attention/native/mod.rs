@@ -60,10 +60,9 @@ const ONE_BLOCK_BYTES: u32 = 32 * 1024;
 /// Native candidates, the default first where it fits: 128 query rows (two consumer
 /// warpgroups) against blocks of 64 keys at head dim 64; 192 rows against 32 keys at head
 /// dim 128 (whose stages are twice the size); 128 × 32 beside it; and for the forward
-/// alone (`buildable`) 192 × 64 at head dim 64, which loads K and V once for three
-/// warpgroups: slower at T = 1024 (53.1 against 49.5 µs at 8×12×1024×64 bf16 on an H200),
-/// faster from T = 2048 (157.0 against 164.5), where the copies bound the forward more
-/// (bench/results/2026-12-01-session55-h200.md). 48-key blocks (three stages) lost too
+/// alone (`buildable`) 192 × 64 at head dim 64, which copies K and V once for three
+/// warpgroups: the copies bound the forward, so it pays on long sequences, not on short
+/// ones (bench/results/2026-12-01-session55-h200.md). 48-key blocks (three stages) lost
 /// (`bench/results/2026-11-29-native-attention-h200.md`).
 pub const NATIVE_VARIANTS: [AttnVariant; 4] = [
     native(128, 64),
@@ -89,12 +88,10 @@ pub(super) fn stages(bk: u32, d: u32) -> u32 {
 }
 
 /// Stages of a kernel's two rings (K and V; DkDv's Q and dO): `stages` each, and one more
-/// where 48 KiB holds it: of K for Dq, of V for the forward. Each is the ring whose stage
-/// is held longest. Dq holds K's through two products, S and dS·K: a third stage took
-/// 1.8 µs (3%) off its time at head dim 64 and 13 µs (5%) at 128 on an H200
-/// (bench/results/2026-12-01-session54-h200.md). The forward holds V's from its block's
-/// softmax to the next block's P·V: a third took 0.4-2.1 µs (1-4%) off at T = 1024 and
-/// 3.3-11.6 µs (2-7%) at T = 2048 in two calls (bench/results/2026-12-01-session55-h200.md).
+/// where 48 KiB holds it in the ring whose stage is held longest, which the copies' round
+/// trip bounds most: K's for Dq, held through two products (S and dS·K), V's for the
+/// forward, held from its block's softmax to the next block's P·V
+/// (bench/results/2026-12-01-session54-h200.md, 2026-12-01-session55-h200.md).
 pub(super) fn ring_stages(kern: &AttentionKernel) -> [u32; 2] {
     let AttnVariant::Native { bk, .. } = kern.variant else {
         return [0, 0];
