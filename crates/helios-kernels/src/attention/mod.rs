@@ -72,7 +72,7 @@ mod reg_fwd;
 mod signature;
 mod simt;
 
-pub use native::NATIVE_VARIANTS;
+pub use native::{native_order, NATIVE_VARIANTS};
 pub use params::stride_groups;
 pub use signature::{
     default_order, AttentionKernel, AttnShape, AttnStage, AttnVariant, ViewStrides, COOP_VARIANTS,

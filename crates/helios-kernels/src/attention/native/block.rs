@@ -39,6 +39,10 @@ pub(super) struct Block {
     pub(super) exchange: Option<Reg>,
     /// DkDv's per-warp copies of L and Dsum (`stats_bytes`).
     pub(super) stats: Option<Reg>,
+    /// The causal forward's tiles end at T rather than start at 0: they start `shift` rows
+    /// before 0 (whole warpgroups), so that the partial tile is the first, the shortest,
+    /// instead of the last, the longest. Its rows before 0 are dead warpgroups.
+    pub(super) shift: Option<Reg>,
 }
 
 /// One work item: a tile of one (batch, head) — queries, or DkDv's keys — and the blocks
@@ -70,7 +74,13 @@ impl Block {
         let r = k.rem(item, self.bh);
         let b = k.div(r, self.heads);
         let h = k.rem(r, self.heads);
-        (b, h, k.mul(tile, self.bq))
+        let row0 = k.mul(tile, self.bq);
+        // Rows before 0 wrap around: every test on them (`rows < t`) fails.
+        let row0 = match self.shift {
+            Some(shift) if !self.dkdv => k.sub(row0, shift),
+            _ => row0,
+        };
+        (b, h, row0)
     }
 
     /// Runs `body` for each work item of this block. Item i is tile `tiles − 1 − i / bh` of

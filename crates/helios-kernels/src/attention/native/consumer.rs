@@ -370,9 +370,19 @@ pub(super) fn live_blocks(k: &mut Kernel, blk: &Block, it: &Item, wg: Reg) -> Re
     let own = if blk.causal {
         let r = k.mad(wg, WG_ROWS, it.row0);
         let e = k.add(r, WG_ROWS);
-        let e = k.min(e, it.len);
-        let e = k.add(e, blk.bk - 1);
-        k.div(e, blk.bk)
+        let n = {
+            let e = k.min(e, it.len);
+            let e = k.add(e, blk.bk - 1);
+            k.div(e, blk.bk)
+        };
+        match blk.shift {
+            // A warpgroup whose rows all lie before 0 (`Block::shift`) computes nothing.
+            Some(_) => {
+                let dead = k.setp(Cmp::Le, e.retype(Ty::S32), 0i32);
+                k.selp(dead, 0u32, n, Ty::U32)
+            }
+            None => n,
+        }
     } else {
         it.blocks
     };

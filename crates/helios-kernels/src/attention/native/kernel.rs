@@ -102,6 +102,13 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
         let e = k.add(t, tile - 1);
         k.div(e, tile)
     };
+    let shift = (kern.stage == AttnStage::Forward && kern.causal).then(|| {
+        // The rows past T in the last tile, down to whole warpgroups.
+        let all = k.mul(tiles, tile);
+        let over = k.sub(all, t);
+        let groups = k.div(over, WG_ROWS);
+        k.mul(groups, WG_ROWS)
+    });
     let base = k.shared_address(smem);
     let blk = Block {
         t,
@@ -124,6 +131,7 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
         consumers,
         exchange: exchange.map(|x| k.shared_address(x)),
         stats: stats.map(|x| k.shared_address(x)),
+        shift,
     };
 
     let first = k.setp(Cmp::Eq, tid, consumers);

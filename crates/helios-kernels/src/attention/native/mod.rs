@@ -57,12 +57,12 @@ const PANEL: u32 = 64;
 /// its tensor-map slot): the stages are padded to it.
 const ONE_BLOCK_BYTES: u32 = 32 * 1024;
 
-/// Native candidates, the default first where it fits: 128 query rows (two consumer
-/// warpgroups) against blocks of 64 keys at head dim 64; 192 rows against 32 keys at head
-/// dim 128 (whose stages are twice the size); 128 × 32 beside it; and for the forward
-/// alone (`buildable`) 192 × 64 at head dim 64, which copies K and V once for three
-/// warpgroups: the copies bound the forward, so it pays on long sequences, not on short
-/// ones (bench/results/2026-12-01-session55-h200.md). 48-key blocks (three stages) lost
+/// Native candidates, the default first where it fits (`native_order` puts the causal
+/// forward's first): 128 query rows (two consumer warpgroups) against blocks of 64 keys at
+/// head dim 64; 192 rows against 32 keys at head dim 128 (whose stages are twice the size);
+/// 128 × 32 beside it; and for the forward alone (`buildable`) 192 × 64 at head dim 64,
+/// which copies K and V once for three warpgroups: the copies bound the forward
+/// (bench/results/2026-12-01-session55-h200.md). 48-key blocks (three stages) lost
 /// (`bench/results/2026-11-29-native-attention-h200.md`).
 pub const NATIVE_VARIANTS: [AttnVariant; 4] = [
     native(128, 64),
@@ -70,6 +70,21 @@ pub const NATIVE_VARIANTS: [AttnVariant; 4] = [
     native(128, 32),
     native(192, 64),
 ];
+
+/// The native candidates for `stage` in the order a device without a tuned choice tries
+/// them: `NATIVE_VARIANTS`, but the causal forward takes 192 × 64 first where it builds.
+/// Its tiles end at T, so their shortest is the partial one, and it copies K and V once
+/// for three warpgroups: it won at T = 1024 and 2048
+/// (bench/results/2026-12-01-session56-h200.md). Unmeasured without the mask, where the
+/// partial tile is as long as the others.
+pub fn native_order(stage: AttnStage, causal: bool) -> [AttnVariant; 4] {
+    let [wide, narrow_tall, narrow, tall] = NATIVE_VARIANTS;
+    if stage == AttnStage::Forward && causal {
+        [tall, wide, narrow_tall, narrow]
+    } else {
+        NATIVE_VARIANTS
+    }
+}
 
 const fn native(bq: u8, bk: u8) -> AttnVariant {
     AttnVariant::Native { bq, bk }
@@ -373,6 +388,10 @@ mod tests {
         assert!(!buildable(&stage(AttnStage::Forward, 128, tall)));
         assert!(!buildable(&stage(AttnStage::Dq, 64, tall)));
         assert!(!buildable(&stage(AttnStage::DkDv, 64, tall)));
+        // Which the causal forward tries first, and nothing else.
+        assert_eq!(native_order(AttnStage::Forward, true)[0], tall);
+        assert_eq!(native_order(AttnStage::Forward, false), NATIVE_VARIANTS);
+        assert_eq!(native_order(AttnStage::Dq, true), NATIVE_VARIANTS);
         // Dsum from O and dO: Dq's alone.
         let own = AttentionKernel {
             own_dsum: true,

@@ -149,7 +149,7 @@ pub(super) fn choose(
     // cooperative ones at every tuned shape, forward and backward:
     // bench/results/2026-11-29-native-attention-h200.md).
     if coop_stage && stage != AttnStage::Prep && native.is_some() {
-        candidates.extend(helios_kernels::attention::NATIVE_VARIANTS);
+        candidates.extend(helios_kernels::attention::native_order(stage, opts.causal));
     }
     candidates.extend(helios_kernels::attention::default_order(
         stage,
