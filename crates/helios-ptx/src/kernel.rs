@@ -553,6 +553,13 @@ impl Kernel {
         r
     }
 
+    /// Whether `p` holds in any lane of the warp; every lane takes part.
+    pub fn vote_any(&mut self, p: Reg) -> Reg {
+        let r = self.reg(Ty::Pred);
+        self.emit(format_args!("vote.sync.any.pred {r}, {p}, 0xffffffff"));
+        r
+    }
+
     // ---- control ---------------------------------------------------------------------
 
     pub fn bra(&mut self, to: Label) {

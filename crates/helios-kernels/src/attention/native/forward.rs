@@ -231,12 +231,18 @@ impl Softmax<'_> {
                 mx = k.max(mx, o);
             }
             let mx = k.mul(mx, c.lanes.scale2);
-            let m_new = k.max(self.m[h], mx);
+            // The maximum moves only when the block's is more than 2^8 above it: P stays
+            // at most 256 (bf16 and f16 round it as they would 1), and alpha is then
+            // exactly 1 for almost every block, which lets `rescale_o` skip O.
+            let bound = k.add(self.m[h], GROWTH_LOG2);
+            let grows = k.setp(Cmp::Gt, mx, bound);
+            let m_new = k.selp(grows, mx, self.m[h], Ty::F32);
             // A row with no key yet keeps m = −inf; its exponentials use 0 (all zero).
             let none = k.setp(Cmp::Eq, m_new, f32::NEG_INFINITY);
             let m_use = k.selp(none, 0.0f32, m_new, Ty::F32);
             let diff = k.sub(self.m[h], m_use);
-            alpha[h] = k.ex2(diff);
+            let factor = k.ex2(diff);
+            alpha[h] = k.selp(grows, factor, 1.0f32, Ty::F32);
             neg_m[h] = k.neg(m_use);
             k.assign(self.m[h], m_new);
         }
@@ -257,12 +263,18 @@ impl Softmax<'_> {
         (alpha, probs)
     }
 
-    /// O scaled by the rows' factors (no product into O may be running).
+    /// O scaled by the rows' factors (no product into O may be running), skipped by a
+    /// warp none of whose rows' maxima moved.
     fn rescale_o(&self, k: &mut Kernel, alpha: &[Reg; 2]) {
-        for (i, &r) in self.o_acc.iter().enumerate() {
-            let v = k.mul(r, alpha[(i / 2) % 2]);
-            k.assign(r, v);
-        }
+        let moved = alpha.map(|a| k.setp(Cmp::Ne, a, 1.0f32));
+        let moved = k.or_pred(moved[0], moved[1]);
+        let any = k.vote_any(moved);
+        k.if_(any, |k| {
+            for (i, &r) in self.o_acc.iter().enumerate() {
+                let v = k.mul(r, alpha[(i / 2) % 2]);
+                k.assign(r, v);
+            }
+        });
     }
 
     /// P rounded into the next product's A fragments (no product may be reading them).
@@ -274,6 +286,10 @@ impl Softmax<'_> {
         }
     }
 }
+
+/// How far (log2) a block's row maximum may exceed the running one before the running one
+/// moves (FlashAttention-4's lazy rescaling).
+const GROWTH_LOG2: f32 = 8.0;
 
 /// The maximum of `vals` (at least one) by pairs, a balanced tree.
 fn max_tree(k: &mut Kernel, vals: &[Reg]) -> Reg {
