@@ -5,13 +5,7 @@
 # in K's instead of V's (.gpu/helios-k3) against 0db5389, both tiles, two rounds, and
 # 0db5389's forward in f16 beside bf16.
 source bench/s54_device.sh
-for b in helios-main helios; do
-  HELIOS_CACHE_DIR=/tmp/c-loss-$b timeout 100 .gpu/$b train --preset gpt2 --steps 12 --batch 8 --seq 1024 \
-    --precision bf16 --eval-every 1000 --sample-tokens 0 --out /tmp/run-$b > $x/loss-$b.txt 2>&1
-  echo "== $b rc=$?"; grep -iE "step|loss" $x/loss-$b.txt | tail -14
-  rm -rf /tmp/run-$b
-done
-save
+losses helios-main helios
 s=8x12x1024x64,8x12x2048x64
 for r in 1 2; do
   for b in helios helios-k3; do

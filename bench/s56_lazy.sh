@@ -16,7 +16,4 @@ for r in 1 2; do
 done
 for f in $x/helios*.txt; do echo "$f: $(grep -o 'GPU µs fwd [0-9.]*' $f | awk '{print $4}' | tr '\n' ' ')"; done
 save
-HELIOS_CACHE_DIR=/tmp/c-loss timeout 100 .gpu/helios-lazy train --preset gpt2 --steps 12 --batch 8 --seq 1024 \
-  --precision bf16 --eval-every 1000 --sample-tokens 0 --out /tmp/run-lazy > $x/loss-lazy.txt 2>&1
-echo "== loss rc=$?"; grep -iE "step|loss" $x/loss-lazy.txt | tail -14
-save
+losses helios-lazy

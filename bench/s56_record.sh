@@ -10,10 +10,4 @@ save
 r=1
 for b in helios-main helios; do attn $b $b 8x12x1024x64,8x12x2048x64,4x16x2048x128 bf16; done
 save
-SHAPES=8x12x1024x64,8x12x512x64,4x16x2048x128
-HELIOS_ATTN_TUNE=1 HELIOS_CACHE_DIR=/tmp/c-rec timeout 200 .gpu/helios bench attention --shapes $SHAPES \
-  --dtypes bf16,f16 --compare torch --json $x/attention.json > $x/attention.txt 2> $x/attention.err
-echo "== attention rc=$?"; cut -c1-200 $x/attention.txt; save
-HELIOS_CACHE_DIR=/tmp/c-rec timeout 150 .gpu/helios bench train --cases gpt2 --dtypes bf16 \
-  --compare torch > $x/train.txt 2> $x/train.err
-echo "== train rc=$?"; cut -c1-220 $x/train.txt; save
+record
