@@ -1,6 +1,7 @@
 # Sourced by the device scripts of sessions 54-56 (bench/s5[456]_*.sh): session 53's preamble (loader,
 # environment, /tmp/x and `save`), then `attn`, one profiled round of the attention bench,
-# `record`, the figures of record, and `losses`, a short GPT-2 run's losses.
+# `record`, the figures of record, `losses`, a short GPT-2 run's losses, and `gputest`, the
+# attention GPU tests.
 source bench/s53_device.sh
 # attn NAME BINARY SHAPES DTYPES [VAR=VALUE...]: .gpu/BINARY's bench of SHAPES and DTYPES
 # with the variables set, into $x/NAME-$r.txt (its own kernel cache); prints the medians,
@@ -36,4 +37,13 @@ losses() {
     rm -rf /tmp/run-$b
   done
   save
+}
+# gputest NAME FILTER [VAR=VALUE...]: .gpu/t_attention's tests matching FILTER with the
+# variables set, into $x/test-NAME.txt (its own kernel cache); prints the result and any
+# panic.
+gputest() {
+  local n=$1 f=$2; shift 2
+  env "$@" HELIOS_CACHE_DIR=/tmp/c-test-$n timeout 300 .gpu/t_attention --test-threads 1 "$f" \
+    --nocapture > $x/test-$n.txt 2>&1
+  echo "== test $n rc=$?"; grep -E "test result|panicked" $x/test-$n.txt | head -5
 }

@@ -12,6 +12,5 @@ for r in 1 2; do
 done
 for f in $x/*-[12].txt; do echo "$f: $(grep -o 'GPU µs fwd [0-9.]*' $f | awk '{print $4}' | tr '\n' ' ')"; done
 save
-HELIOS_EXP2_FMA=3 HELIOS_CACHE_DIR=/tmp/c-test timeout 220 .gpu/t_attention --test-threads 1 native_forward --nocapture > $x/test-fwd.txt 2>&1
-echo "== test native_forward rc=$?"; grep -E "test result|panicked" $x/test-fwd.txt | head -5
+gputest fwd native_forward HELIOS_EXP2_FMA=3
 save

@@ -5,8 +5,7 @@
 # forward tiles forced at head dim 64, two rounds, profiled.
 # .gpu/helios: 67727e1 with bench/results/2026-12-02-session57-staged-producer.patch applied.
 source bench/s54_device.sh
-HELIOS_CACHE_DIR=/tmp/c-test timeout 200 .gpu/t_attention --test-threads 1 native_forward --nocapture > $x/test-fwd.txt 2>&1
-echo "== test native_forward rc=$?"; grep -E "test result|panicked" $x/test-fwd.txt | head -5
+gputest fwd native_forward
 s=8x12x1024x64,8x12x2048x64
 for r in 1 2; do
   for b in helios-base helios; do

@@ -14,6 +14,5 @@ for f in $x/*-[12].txt; do
   echo "$f fwdbwd: $(grep -E '^ *fwdbwd ' $f | awk '{print $4}' | tr '\n' ' ')"
 done
 save
-HELIOS_CACHE_DIR=/tmp/c-test timeout 300 .gpu/t_attention --test-threads 1 native_ --nocapture > $x/test-native.txt 2>&1
-echo "== test native rc=$?"; grep -E "test result|panicked|^test " $x/test-native.txt | head -8
+gputest native native_
 save
