@@ -8,7 +8,7 @@ use helios_ptx::{
 };
 
 use super::block::{Block, Item, Params};
-use super::{AttentionKernel, Storage, WG_ROWS};
+use super::{AttentionKernel, Storage, TURN_BARS, WG_ROWS, WG_THREADS};
 
 /// What one consumer warpgroup's key-block steps share in every native kernel (see
 /// `forward`, `dq`, `dkdv`): the rings, the score accumulators and their mask.
@@ -437,20 +437,74 @@ pub(super) fn store_rows(
 }
 
 /// Hands back, unread, the blocks `from..to` of an item that this warpgroup does not
-/// compute: both rings' stages released, in `order` (false: the first ring).
+/// compute: both rings' stages released, in `order` (false: the first ring), each block's
+/// turn taken and passed on where the warpgroups take turns.
 pub(super) fn hand_back(
     k: &mut Kernel,
     c: &Consumer,
     step: Reg,
     (from, to): (Reg, Reg),
     order: [bool; 2],
+    turns: Option<&Turns>,
 ) {
     k.comment("blocks past this warpgroup's rows: handed back unread");
     k.for_range(from, to, 1, |k, _| {
+        if let Some(t) = turns {
+            t.take(k);
+            t.pass(k);
+        }
         for v in order {
             c.wait_full(k, step, v);
             c.release(k, step, v);
         }
         k.update("add", step, step, 1u32);
     });
+}
+
+/// FlashAttention-3's ping-pong: the warpgroups issue their key blocks' products in turns,
+/// in a fixed cycle, so that one's softmax runs while the others' products do instead of
+/// all three at once. Warpgroup w waits at named barrier `TURN_BARS + w` until every other
+/// has passed its previous turn (`take`), issues, then arrives at the others' (`pass`).
+/// Every warpgroup takes one turn a key block of every item, computed or handed back, so
+/// the cycle never loses a step.
+pub(super) struct Turns {
+    own: Reg,
+    others: Vec<Reg>,
+    threads: u32,
+}
+
+impl Turns {
+    /// The turns of `groups` warpgroups, warpgroup 0's first: each warpgroup arrives once
+    /// at the barriers of those before it.
+    pub(super) fn new(k: &mut Kernel, wg: Reg, groups: u32) -> Turns {
+        let own = k.add(wg, TURN_BARS);
+        let others = (1..groups)
+            .map(|i| {
+                let w = k.add(wg, i);
+                let w = k.rem(w, groups);
+                k.add(w, TURN_BARS)
+            })
+            .collect();
+        let threads = groups * WG_THREADS;
+        debug_assert!(TURN_BARS + groups <= 16, "named barriers run out at 16");
+        for before in 0..groups - 1 {
+            let after = k.setp(Cmp::Gt, wg, before);
+            k.if_(after, |k| k.bar_arrive_n(TURN_BARS + before, threads));
+        }
+        Turns {
+            own,
+            others,
+            threads,
+        }
+    }
+
+    pub(super) fn take(&self, k: &mut Kernel) {
+        k.bar_sync_reg(self.own, self.threads);
+    }
+
+    pub(super) fn pass(&self, k: &mut Kernel) {
+        for &id in &self.others {
+            k.bar_arrive_reg(id, self.threads);
+        }
+    }
 }

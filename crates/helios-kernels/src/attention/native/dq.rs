@@ -128,7 +128,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         let free = unmasked_blocks(k, blk, it, wg, live);
         k.for_range(0u32, free, 1, |k, _| block(k, false));
         k.for_range(free, live, 1, |k, _| block(k, true));
-        hand_back(k, &c, step, (live, it.blocks), [true, false]);
+        hand_back(k, &c, step, (live, it.blocks), [true, false], None);
 
         k.comment("epilogue: dQ scaled, rounded, stored");
         // dQ is dense [B, T, H, D], or the first slice of a packed [B, T, 3, H, D].

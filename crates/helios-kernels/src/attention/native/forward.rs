@@ -6,9 +6,9 @@ use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Ty};
 
 use super::block::{Block, Params};
 use super::consumer::{
-    hand_back, live_blocks, pack, store_rows, unmasked_blocks, Consumer, Fragments, Lanes,
+    hand_back, live_blocks, pack, store_rows, unmasked_blocks, Consumer, Fragments, Lanes, Turns,
 };
-use super::AttentionKernel;
+use super::{AttentionKernel, WG_THREADS};
 
 /// The consumer warpgroups: per item, Q into registers, then per key block S = Q·Kᵀ, the
 /// online softmax, O += P·V; then O / l and the log-sum-exp.
@@ -35,6 +35,10 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     // dim 128) measured slower in that order: their softmax is short, little to hide.
     let pipelined = bk >= 64;
     let fetched = k.mov(Ty::U32, 0u32);
+    // Turns between three warpgroups won 0.5-1 % (T = 1024 and 2048); between two they
+    // lost 3 % (bench/results/2026-12-02-session58-h200.md).
+    let groups = blk.consumers / WG_THREADS;
+    let turns = (pipelined && groups >= 3).then(|| Turns::new(k, wg, groups));
 
     blk.for_each_item(k, |k, it| {
         let (rows, ok) = lanes.rows(k, blk, it.row0);
@@ -84,10 +88,10 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
         k.comment("key blocks: S = Q K^T, online softmax, O += P V");
         if pipelined {
             let free = unmasked_blocks(k, blk, it, wg, live);
-            f.pipelined(&c, k, step, (live, free));
+            f.pipelined(&c, k, step, (live, free), turns.as_ref());
         } else {
             k.for_range(0u32, live, 1, |k, _| {
-                let (alpha, probs) = f.scores_alone(&c, k, step);
+                let (alpha, probs) = f.scores_alone(&c, k, step, None);
                 f.rescale_o(k, &alpha);
                 f.pack_p(k, &probs);
                 f.product_issue(&c, k, step);
@@ -96,7 +100,14 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
                 k.update("add", step, step, 1u32);
             });
         }
-        hand_back(k, &c, step, (live, it.blocks), [false, true]);
+        hand_back(
+            k,
+            &c,
+            step,
+            (live, it.blocks),
+            [false, true],
+            turns.as_ref(),
+        );
 
         k.comment("epilogue: O / l, the log-sum-exp");
         let mut inv = [zero; 2];
@@ -151,8 +162,14 @@ impl Softmax<'_> {
 
     /// S of the key block of `step` with no product beside it: issued, waited for, K handed
     /// back, masked; then its softmax (`probabilities`: the rows' factors and P).
-    fn scores_alone(&self, c: &Consumer, k: &mut Kernel, step: Reg) -> ([Reg; 2], Vec<Reg>) {
-        self.scores_issue(c, k, step);
+    fn scores_alone(
+        &self,
+        c: &Consumer,
+        k: &mut Kernel,
+        step: Reg,
+        turns: Option<&Turns>,
+    ) -> ([Reg; 2], Vec<Reg>) {
+        in_turn(c, k, step, turns, |k| self.scores_issue(c, k, step));
         k.wgmma_wait(0);
         c.release(k, step, false);
         c.mask(k, step);
@@ -166,7 +183,16 @@ impl Softmax<'_> {
     /// multiplies (bench/results/2026-12-01-session55-h200.md). P is packed only after the
     /// product's wait: packed before it, ptxas writes the new P into the registers the
     /// running `wgmma` reads and then serializes every `wgmma` of the kernel (C7513).
-    fn pipelined(&self, c: &Consumer, k: &mut Kernel, step: Reg, (live, free): (Reg, Reg)) {
+    /// With `turns`, each block's S and the product beside it are issued in this
+    /// warpgroup's turn.
+    fn pipelined(
+        &self,
+        c: &Consumer,
+        k: &mut Kernel,
+        step: Reg,
+        (live, free): (Reg, Reg),
+        turns: Option<&Turns>,
+    ) {
         let any = k.setp(Cmp::Gt, live, 0u32);
         // The rows' factors from one block's softmax to the next block's rescale.
         let alpha = [k.reg(Ty::F32), k.reg(Ty::F32)];
@@ -176,15 +202,17 @@ impl Softmax<'_> {
             }
         };
         k.if_(any, |k| {
-            let (a, probs) = self.scores_alone(c, k, step);
+            let (a, probs) = self.scores_alone(c, k, step, turns);
             keep(k, a);
             self.pack_p(k, &probs);
             k.update("add", step, step, 1u32);
             let block = |k: &mut Kernel, masked: bool| {
                 let prev = k.sub(step, 1u32);
-                self.scores_issue(c, k, step);
-                self.rescale_o(k, &alpha);
-                self.product_issue(c, k, prev);
+                in_turn(c, k, step, turns, |k| {
+                    self.scores_issue(c, k, step);
+                    self.rescale_o(k, &alpha);
+                    self.product_issue(c, k, prev);
+                });
                 k.wgmma_wait(1);
                 c.release(k, step, false);
                 if masked {
@@ -284,6 +312,27 @@ impl Softmax<'_> {
         for (&r, &p) in self.p_regs.iter().zip(&packed) {
             k.assign(r, p);
         }
+    }
+}
+
+/// Runs `issue`, the products of the key block of `step`, in this warpgroup's turn where
+/// the warpgroups take turns: once the block's K has landed, so that a turn is not held
+/// waiting for the copy.
+fn in_turn(
+    c: &Consumer,
+    k: &mut Kernel,
+    step: Reg,
+    turns: Option<&Turns>,
+    issue: impl FnOnce(&mut Kernel),
+) {
+    match turns {
+        Some(t) => {
+            c.wait_full(k, step, false);
+            t.take(k);
+            issue(k);
+            t.pass(k);
+        }
+        None => issue(k),
     }
 }
 

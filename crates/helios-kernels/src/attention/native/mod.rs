@@ -51,6 +51,9 @@ const MAX_STAGES: u32 = 6;
 /// and Pᵀ read (the dV warpgroup may write the next).
 pub(super) const P_FULL: u32 = 1 + 2 * MAX_STAGES;
 pub(super) const P_EMPTY: u32 = P_FULL + 1;
+/// The forward's turns between its warpgroups (`consumer::Turns`), one barrier each, on the
+/// ids the split roles use in the backward.
+pub(super) const TURN_BARS: u32 = P_FULL;
 /// Channels of one copy box and one 128-byte swizzle row.
 const PANEL: u32 = 64;
 /// Bytes of the block's shared memory below which a second block could share its SM (and
