@@ -1,4 +1,4 @@
-# Sourced by the device scripts of sessions 54-56 (bench/s5[456]_*.sh): session 53's preamble (loader,
+# Sourced by the device scripts of sessions 54-58 (bench/s5[4-8]_*.sh): session 53's preamble (loader,
 # environment, /tmp/x and `save`), then `attn`, one profiled round of the attention bench,
 # `record`, the figures of record, `losses`, a short GPT-2 run's losses, and `gputest`, the
 # attention GPU tests.
@@ -46,4 +46,19 @@ gputest() {
   env "$@" HELIOS_CACHE_DIR=/tmp/c-test-$n timeout 300 .gpu/t_attention --test-threads 1 "$f" \
     --nocapture > $x/test-$n.txt 2>&1
   echo "== test $n rc=$?"; grep -E "test result|panicked" $x/test-$n.txt | head -5
+}
+# fwd_rounds BINARY...: two profiled rounds of the forward at T = 1024 and 2048 with each
+# .gpu/BINARY, the 192 × 64 tile (bf16, f16) and the 128 × 64 one (bf16), the first binary
+# first (the script stops when its first bench hangs); then each file's GPU µs.
+fwd_rounds() {
+  local s=8x12x1024x64,8x12x2048x64 b
+  for r in 1 2; do
+    for b in "$@"; do
+      attn $b-192 $b $s bf16,f16 HELIOS_ATTN_VARIANT=fwd=nv192x64
+      [ $r$b = 1$1 ] && ! grep -q "fwd bf16" $x/$b-192-$r.txt && { save; exit 1; }
+      attn $b-128 $b $s bf16 HELIOS_ATTN_VARIANT=fwd=nv128x64
+    done
+  done
+  for f in $x/helios*-[12].txt; do echo "$f fwd: $(grep -o 'GPU µs fwd [0-9.]*' $f | awk '{print $4}' | tr '\n' ' ')"; done
+  save
 }
