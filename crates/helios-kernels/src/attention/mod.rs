@@ -30,7 +30,7 @@
 //!   `coop_bwd` backward). Which runs is `helios`'s one selection function (a
 //!   forced variant, the tuned one, else the first of [`default_order`] that fits the
 //!   device).
-//! - A third family, `Native`, is the forward, Dq and DkDv (head dims 64 and 128) as PTX with
+//! - A third family, `Native`, is the forward, Dq and DkDv (head dims 32 to 256) as PTX with
 //!   Hopper's `wgmma` for NVIDIA's native path (`native/`: its own signature checks, launch
 //!   and generators; Prep stays cooperative). Where the device has native kernels they come
 //!   first and the tuners weigh them beside the cooperative tiles.

@@ -4,7 +4,7 @@
 
 use helios_ptx::{Addr, Cmp, Kernel, Reg, Space, Special, Ty};
 
-use super::stage_bytes;
+use super::{panel_width, stage_bytes};
 
 /// What the producer and the consumers share: sizes, the work walk and the stages.
 pub(super) struct Block {
@@ -25,7 +25,11 @@ pub(super) struct Block {
     pub(super) bq: u32,
     pub(super) split: bool,
     pub(super) bk: u32,
+    /// The head dim (the channels loaded, stored and reduced over; `width` those laid out).
     pub(super) d: u32,
+    /// Parts of D that a tile's work items split (`column_parts`): Dq's at head dims past
+    /// 192, each item computing dQ for its part of the channels.
+    pub(super) parts: u32,
     /// Stages of each ring (`ring_stages`).
     pub(super) stages: [u32; 2],
     pub(super) tid: Reg,
@@ -59,11 +63,18 @@ pub(super) struct Item {
     pub(super) blocks: Reg,
     /// The index of this block's next item (at or past `Block::items` after the last).
     pub(super) next: Reg,
+    /// The item's first channel where items split D (`Block::parts`).
+    pub(super) cols: Option<Reg>,
 }
 
 impl Block {
     /// Batch row, head and first row of work item `item` (see `for_each_item`).
     pub(super) fn coords(&self, k: &mut Kernel, item: Reg) -> (Reg, Reg, Reg) {
+        // A tile's parts are consecutive items.
+        let item = match self.parts {
+            1 => item,
+            n => k.div(item, n),
+        };
         let back = k.div(item, self.bh);
         let tile = if self.dkdv {
             back
@@ -85,7 +96,7 @@ impl Block {
 
     /// Runs `body` for each work item of this block. Item i is tile `tiles − 1 − i / bh` of
     /// (batch, head) `i % bh`, or with DkDv tile `i / bh`: either way the longest causal
-    /// tiles first. The items go out in rows of `nctaid.x`, block b taking the b-th of an
+    /// tiles first (i counted in whole tiles where items split D). The items go out in rows of `nctaid.x`, block b taking the b-th of an
     /// even row and the b-th from the end of an odd one: the blocks handed a row's longest
     /// tiles get the next row's shortest, which evens out the blocks' total work.
     pub(super) fn for_each_item(&self, k: &mut Kernel, mut body: impl FnMut(&mut Kernel, &Item)) {
@@ -139,6 +150,10 @@ impl Block {
         let next_at = k.selp(reversed, ahead, behind, Ty::U32);
         let next_row = k.add(row, step);
         let next = k.add(next_row, next_at);
+        let cols = (self.parts > 1).then(|| {
+            let part = k.rem(item, self.parts);
+            k.mul(part, self.width() / self.parts)
+        });
         body(
             k,
             &Item {
@@ -149,6 +164,7 @@ impl Block {
                 first,
                 blocks,
                 next,
+                cols,
             },
         );
         k.update("add", row, row, step);
@@ -159,6 +175,11 @@ impl Block {
 
     pub(super) fn stage_bytes(&self) -> u32 {
         stage_bytes(self.bk, self.d)
+    }
+
+    /// Channels of the stages and of the accumulators over D (`panel_width`).
+    pub(super) fn width(&self) -> u32 {
+        panel_width(self.d)
     }
 
     /// Stages of K's ring, or V's with `v`.

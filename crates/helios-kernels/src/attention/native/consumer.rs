@@ -81,18 +81,28 @@ impl Consumer<'_> {
     /// Issues `acc` += A·X once the stage of `step` of ring X (K, or V with `v`) has landed:
     /// A is 64 rows × the block's keys as fragments (`a`, in the accumulator order of
     /// `issue_by_keys`' output), X the stage's keys × D read N-major (transposed by the
-    /// descriptor); `acc` is 64 rows × D.
+    /// descriptor); `acc` is 64 rows × D (`Block::width`), or from channel `cols` on (a
+    /// multiple of 64) as many as it holds.
     pub(super) fn issue_over_keys(
         &self,
         k: &mut Kernel,
         step: Reg,
         a: &[Reg],
-        v: bool,
+        (v, cols): (bool, Option<Reg>),
         acc: &[Reg],
     ) {
         self.wait_full(k, step, v);
         let (_, _, units) = self.slot(k, step, v);
         let vd = k.add(self.lanes.over_rows[usize::from(v)], units);
+        // Panel c / 64 starts c / 64 · bk · 128 bytes into the stage: c · bk / 8 units.
+        let vd = match cols {
+            Some(c) => {
+                let u = k.mul(c, self.blk.bk / 8);
+                let u = k.cvt(Ty::U64, u);
+                k.add(vd, u)
+            }
+            None => vd,
+        };
         k.wgmma_fence();
         for s in 0..self.blk.bk / 16 {
             let desc = k.desc_offset(vd, 2048 * s);
@@ -406,7 +416,8 @@ pub(super) fn unmasked_blocks(k: &mut Kernel, blk: &Block, it: &Item, wg: Reg, l
 /// Stores this thread's two rows of the 64 × D accumulators `acc`, each times its row's
 /// `factor`, rounded to the input type, into the [B, T, ·, H, D] output at `out`: rows
 /// `row_heads` heads apart (H dense, 3H for the packed gradient), `slice` · H · D into a
-/// row (the packed gradient's part; 0 dense). Rows past T are not stored.
+/// row (the packed gradient's part; 0 dense). Rows past T and channels past D are not
+/// stored. Where the item splits D (`Item::cols`), `acc` holds its part's channels.
 pub(super) fn store_rows(
     k: &mut Kernel,
     (lanes, blk, it): (&Lanes, &Block, &Item),
@@ -422,16 +433,33 @@ pub(super) fn store_rows(
             s => k.mad(blk.heads, s, bth),
         };
         let e = k.mul_wide(bth, blk.d);
-        let c = k.cvt(Ty::U64, lanes.col2);
+        let c = match it.cols {
+            Some(c0) => k.add(lanes.col2, c0),
+            None => lanes.col2,
+        };
+        let c = k.cvt(Ty::U64, c);
         let e = k.add(e, c);
         let bytes = k.shl(e, 1u32);
         let at = k.add(out, bytes);
-        for jb in 0..blk.d / 8 {
+        let groups = match it.cols {
+            Some(_) => acc.len() as u32 / 4,
+            None => blk.d / 8,
+        };
+        for jb in 0..groups {
             let i = (4 * jb) as usize + 2 * h;
             let lo = k.mul(acc[i], factor[h]);
             let hi = k.mul(acc[i + 1], factor[h]);
             let v = k.cvt_pack(lanes.half2, hi, lo);
-            k.st_if(ok[h], Space::Global, Addr::at(at, i64::from(16 * jb)), v);
+            // Where the item's part of D is known only at run time, so is its end.
+            let store = match it.cols {
+                Some(c0) => {
+                    let col = k.add(c0, 8 * jb);
+                    let inside = k.setp(Cmp::Lt, col, blk.d);
+                    k.and_pred(inside, ok[h])
+                }
+                None => ok[h],
+            };
+            k.st_if(store, Space::Global, Addr::at(at, i64::from(16 * jb)), v);
         }
     }
 }

@@ -182,8 +182,8 @@ impl<'a> Warpgroup<'a> {
             pipelined: role == Role::Both,
             st_acc: regs(k, dv_role, bk / 2),
             dpt_acc: regs(k, dk_role, bk / 2),
-            dk_acc: regs(k, dk_role, d / 2),
-            dv_acc: regs(k, dv_role, d / 2),
+            dk_acc: regs(k, dk_role, blk.width() / 2),
+            dv_acc: regs(k, dv_role, blk.width() / 2),
             kf: dv_role.then(|| Fragments::new(k, d)),
             vf: dk_role.then(|| Fragments::new(k, d)),
             exchange: blk.exchange.map(|x| {
@@ -260,7 +260,7 @@ impl<'a> Warpgroup<'a> {
         if self.pipelined {
             // dV's product runs while dSᵀ is computed.
             let pf = pack(k, lanes.half2, &pt);
-            c.issue_over_keys(k, step, &pf, true, &self.dv_acc);
+            c.issue_over_keys(k, step, &pf, (true, None), &self.dv_acc);
             k.wgmma_wait(1);
         }
         let dst: Vec<Reg> = if dk_role {
@@ -275,11 +275,11 @@ impl<'a> Warpgroup<'a> {
         };
         if !self.pipelined && dv_role {
             let pf = pack(k, lanes.half2, &pt);
-            c.issue_over_keys(k, step, &pf, true, &self.dv_acc);
+            c.issue_over_keys(k, step, &pf, (true, None), &self.dv_acc);
         }
         if dk_role {
             let dsf = pack(k, lanes.half2, &dst);
-            c.issue_over_keys(k, step, &dsf, false, &self.dk_acc);
+            c.issue_over_keys(k, step, &dsf, (false, None), &self.dk_acc);
         }
         k.wgmma_wait(0);
         c.release(k, step, false);
@@ -415,10 +415,10 @@ impl Stats {
 
     /// Starts loading this lane's share of query block `block`'s L and Dsum (queries
     /// 32e + lane of the block, rows from `row_base` on) where `valid` holds and the query is
-    /// inside T, 0 elsewhere.
+    /// inside T, 0 elsewhere. (A block of 16 queries has lanes with none: `stage` skips them.)
     fn fetch(&self, k: &mut Kernel, row_base: Reg, block: Reg, valid: Reg) -> Vec<[Reg; 2]> {
         let q0 = k.mad(block, self.bk, self.lane);
-        (0..self.bk / 32)
+        (0..self.bk.div_ceil(32))
             .map(|e| {
                 let q = k.add(q0, 32 * e);
                 let inside = k.setp(Cmp::Lt, q, self.t);
@@ -436,15 +436,16 @@ impl Stats {
     fn stage(&self, k: &mut Kernel, fetched: &[[Reg; 2]]) {
         k.warp_sync();
         let mine = k.mad(self.lane, 4u32, self.area);
+        let owner = (self.bk < 32).then(|| k.setp(Cmp::Lt, self.lane, self.bk));
+        let store = |k: &mut Kernel, at: i64, v: Reg| match owner {
+            Some(p) => k.st_if(p, Space::Shared, Addr::at(mine, at), v),
+            None => k.st(Space::Shared, Addr::at(mine, at), v),
+        };
         for (e, &[l, dsum]) in fetched.iter().enumerate() {
             let l2 = lse_base2(k, l);
             let at = 128 * e as i64;
-            k.st(Space::Shared, Addr::at(mine, at), l2);
-            k.st(
-                Space::Shared,
-                Addr::at(mine, at + 4 * i64::from(self.bk)),
-                dsum,
-            );
+            store(k, at, l2);
+            store(k, at + 4 * i64::from(self.bk), dsum);
         }
         k.warp_sync();
     }

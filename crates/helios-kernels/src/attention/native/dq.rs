@@ -32,7 +32,8 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
 
     let s_acc = k.regs(Ty::F32, (bk / 2) as usize);
     let dp_acc = k.regs(Ty::F32, (bk / 2) as usize);
-    let dq_acc = k.regs(Ty::F32, (d / 2) as usize);
+    // dQ's channels: all of D's, or the item's part (`Block::parts`).
+    let dq_acc = k.regs(Ty::F32, (blk.width() / blk.parts / 2) as usize);
     let (q, d_o) = (Fragments::new(k, d), Fragments::new(k, d));
     // With `own_dsum`, O's rows in dO's fragment layout, for Dsum = rowsum(dO ∘ O).
     let o_rows = k.regs(
@@ -118,7 +119,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
                 .collect();
             // S's accumulator layout is the A layout of dS·K.
             let frags = pack(k, half2, &ds);
-            c.issue_over_keys(k, step, &frags, false, &dq_acc);
+            c.issue_over_keys(k, step, &frags, (false, it.cols), &dq_acc);
             k.wgmma_wait(0);
             c.release(k, step, false);
             k.update("add", step, step, 1u32);

@@ -23,7 +23,7 @@ pub(super) fn consumer(k: &mut Kernel, kern: &AttentionKernel, blk: &Block, p: &
     } = lanes;
     let (bk, d) = (blk.bk, blk.d);
     let s_acc = k.regs(Ty::F32, (bk / 2) as usize);
-    let o_acc = k.regs(Ty::F32, (d / 2) as usize);
+    let o_acc = k.regs(Ty::F32, (blk.width() / 2) as usize);
     let p_regs = k.regs(lanes.half2, (bk / 4) as usize);
     let m = [k.reg(Ty::F32), k.reg(Ty::F32)];
     let l = [k.reg(Ty::F32), k.reg(Ty::F32)];
@@ -157,7 +157,7 @@ impl Softmax<'_> {
 
     /// Issues O += P·V for the key block of `step` once its V has landed.
     fn product_issue(&self, c: &Consumer, k: &mut Kernel, step: Reg) {
-        c.issue_over_keys(k, step, self.p_regs, true, self.o_acc);
+        c.issue_over_keys(k, step, self.p_regs, (true, None), self.o_acc);
     }
 
     /// S of the key block of `step` with no product beside it: issued, waited for, K handed

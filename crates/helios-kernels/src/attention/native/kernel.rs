@@ -109,18 +109,26 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
         let groups = k.div(over, WG_ROWS);
         k.mul(groups, WG_ROWS)
     });
+    let parts = super::column_parts(kern);
     let base = k.shared_address(smem);
     let blk = Block {
         t,
         heads,
         bh,
         tiles,
-        items: k.mul(tiles, bh),
+        items: match parts {
+            1 => k.mul(tiles, bh),
+            n => {
+                let items = k.mul(tiles, bh);
+                k.mul(items, n)
+            }
+        },
         lens,
         causal: kern.causal,
         dkdv,
         bq: tile,
         split: super::split_roles(kern),
+        parts,
         bk,
         d,
         stages: ring_stages,

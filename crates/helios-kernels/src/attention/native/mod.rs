@@ -66,12 +66,14 @@ const ONE_BLOCK_BYTES: u32 = 32 * 1024;
 /// 128 × 32 beside it; and for the forward alone (`buildable`) 192 × 64 at head dim 64,
 /// which copies K and V once for three warpgroups: the copies bound the forward
 /// (bench/results/2026-12-01-session55-h200.md). 48-key blocks (three stages) lost
-/// (`bench/results/2026-11-29-native-attention-h200.md`).
-pub const NATIVE_VARIANTS: [AttnVariant; 4] = [
+/// (`bench/results/2026-11-29-native-attention-h200.md`). Past head dim 128, whose stages
+/// are larger still, 128 × 16 alone.
+pub const NATIVE_VARIANTS: [AttnVariant; 5] = [
     native(128, 64),
     native(192, 32),
     native(128, 32),
     native(192, 64),
+    native(128, 16),
 ];
 
 /// The native candidates for `stage` in the order a device without a tuned choice tries
@@ -80,10 +82,10 @@ pub const NATIVE_VARIANTS: [AttnVariant; 4] = [
 /// for three warpgroups: it won at T = 1024 and 2048
 /// (bench/results/2026-12-01-session56-h200.md). Unmeasured without the mask, where the
 /// partial tile is as long as the others.
-pub fn native_order(stage: AttnStage, causal: bool) -> [AttnVariant; 4] {
-    let [wide, narrow_tall, narrow, tall] = NATIVE_VARIANTS;
+pub fn native_order(stage: AttnStage, causal: bool) -> [AttnVariant; 5] {
+    let [wide, narrow_tall, narrow, tall, short] = NATIVE_VARIANTS;
     if stage == AttnStage::Forward && causal {
-        [tall, wide, narrow_tall, narrow]
+        [tall, wide, narrow_tall, narrow, short]
     } else {
         NATIVE_VARIANTS
     }
@@ -93,9 +95,17 @@ const fn native(bq: u8, bk: u8) -> AttnVariant {
     AttnVariant::Native { bq, bk }
 }
 
-/// Bytes of one stage of K or V (`bk` keys × D channels).
+/// Bytes of one stage of K or V (`bk` keys × the channels of `d`'s whole panels).
 const fn stage_bytes(bk: u32, d: u32) -> u32 {
-    bk * d * 2
+    bk * panel_width(d) * 2
+}
+
+/// Channels the kernels lay out and multiply for head dim `d`: whole 64-channel panels, one
+/// 128-byte swizzle row each. A head dim between (a multiple of 16) is padded: the copy
+/// engine fills the channels past D with zeros, the products over D stop at D, and the
+/// stores skip the columns past it.
+pub(super) const fn panel_width(d: u32) -> u32 {
+    d.div_ceil(PANEL) * PANEL
 }
 
 /// Stages of the K and V rings: as many as 48 KiB holds beside the maps and barriers
@@ -181,8 +191,8 @@ pub(super) fn exchange_bytes(kern: &AttentionKernel, bk: u32) -> u32 {
     }
 }
 
-/// Whether a native kernel exists for `kern`: the forward, Dq (without its own Dsum) or DkDv of
-/// f16/bf16 inputs, head dims whose rows are whole 128-byte swizzle rows (64 or 128), query
+/// Whether a native kernel exists for `kern`: the forward, Dq or DkDv of f16/bf16 inputs,
+/// head dims 32 to 256 (multiples of 16, laid out in whole panels: `panel_width`), query
 /// tiles of whole warpgroups, key blocks that are whole `wgmma` k steps, and stages within
 /// 48 KiB.
 pub(super) fn buildable(kern: &AttentionKernel) -> bool {
@@ -190,9 +200,11 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
         return false;
     };
     let (bq, bk, d) = (u32::from(bq), u32::from(bk), kern.head_dim);
+    let dp = panel_width(d);
     kern.stage != AttnStage::Prep
         && matches!(kern.storage, Storage::F16 | Storage::BF16)
-        && matches!(d, 64 | 128)
+        && d % 16 == 0
+        && (32..=256).contains(&d)
         && bq % WG_ROWS == 0
         && (WG_ROWS..=3 * WG_ROWS).contains(&bq)
         && bk % 16 == 0
@@ -200,11 +212,14 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
         && (!kern.packed || kern.stage != AttnStage::Forward)
         // DkDv keeps K, V, dK and dV in registers; at head dim 128 two warpgroups split
         // them over one tile of 64 keys (`split_roles`).
-        && (kern.stage != AttnStage::DkDv || d == 64 || bq == 2 * WG_ROWS)
+        && (kern.stage != AttnStage::DkDv || dp == 64 || bq == 2 * WG_ROWS)
         // Dsum from O and dO: Dq's, which holds dO's rows.
         && (!kern.own_dsum || kern.stage == AttnStage::Dq)
         // Dq keeps Q, dO and dQ in registers: at head dim 128 three warpgroups spill.
-        && (kern.stage == AttnStage::Forward || d == 64 || bq <= 2 * WG_ROWS)
+        && (kern.stage == AttnStage::Forward || dp == 64 || bq <= 2 * WG_ROWS)
+        // Past two panels, 16-key blocks, the only ones that leave two stages in 48 KiB
+        // (and only there, where nothing larger fits).
+        && (bk > 16) == (dp <= 128)
         // Three warpgroups against 64-row blocks: the forward's alone (the backward's were
         // never checked on a GPU).
         && (kern.stage == AttnStage::Forward || bq * bk < 3 * WG_ROWS * 64)
@@ -216,7 +231,18 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
 /// accumulating dV and the other dK: DkDv at head dim 128, where one warpgroup holding K,
 /// V, dK and dV would need ~256 registers a thread (see `dkdv`).
 pub(super) fn split_roles(kern: &AttentionKernel) -> bool {
-    kern.stage == AttnStage::DkDv && kern.head_dim > 64
+    kern.stage == AttnStage::DkDv && panel_width(kern.head_dim) > 64
+}
+
+/// Parts of D whose dQ separate work items compute: two for Dq past head dim 192, where
+/// Q, dO (64 registers a thread each) and all of dQ's accumulators (128) would spill; each
+/// part recomputes S and dP over all of D, and accumulates dQ for half its channels.
+pub(super) fn column_parts(kern: &AttentionKernel) -> u32 {
+    if kern.stage == AttnStage::Dq && panel_width(kern.head_dim) > 192 {
+        2
+    } else {
+        1
+    }
 }
 
 /// Rows of a work item's tile: `bq` (queries; DkDv's keys), or one warpgroup's 64 keys
@@ -311,7 +337,7 @@ impl AttentionKernel {
         }
         let AttnShape { batch, t, heads } = shape;
         let tiles = u64::from(t.div_ceil(tile_rows(self, u32::from(bq))));
-        let items = tiles * u64::from(batch) * u64::from(heads);
+        let items = tiles * u64::from(batch) * u64::from(heads) * u64::from(column_parts(self));
         if items > u64::from(u32::MAX) {
             return Err(KernelError::TooLarge {
                 what: "attention work items",
@@ -359,16 +385,24 @@ mod tests {
         }
     }
 
-    /// Which kernels exist: the forward and the backward of 16-bit inputs at head dims 64
-    /// and 128 in 48 KiB.
+    /// Which kernels exist: the forward and the backward of 16-bit inputs at head dims 32 to
+    /// 256 (multiples of 16) in 48 KiB.
     #[test]
     fn native_kernels_exist_where_their_stages_fit() {
-        let [wide, _, narrow, tall] = NATIVE_VARIANTS;
+        let [wide, _, narrow, tall, _] = NATIVE_VARIANTS;
         assert!(buildable(&kernel(64, wide, true, false)));
         assert!(buildable(&kernel(128, narrow, false, true)));
         // Head dim 128 with 64-key blocks needs 64 KiB of stages.
         assert!(!buildable(&kernel(128, wide, true, false)));
-        assert!(!buildable(&kernel(80, narrow, true, false)));
+        // Head dims between panels are padded; past 128, 16-key blocks alone.
+        let short = NATIVE_VARIANTS[4];
+        assert!(buildable(&kernel(80, narrow, true, false)));
+        assert!(buildable(&kernel(32, tall, true, false)));
+        assert!(!buildable(&kernel(80, short, true, false)));
+        assert!(!buildable(&kernel(72, narrow, true, false)));
+        assert!(!buildable(&kernel(16, wide, true, false)));
+        assert!(!buildable(&kernel(272, short, true, false)));
+        assert!(!buildable(&kernel(192, narrow, true, false)));
         let f32k = AttentionKernel {
             storage: Storage::F32,
             ..kernel(64, wide, true, false)
@@ -386,6 +420,16 @@ mod tests {
         assert!(buildable(&stage(AttnStage::DkDv, 128, narrow)));
         assert!(!buildable(&stage(AttnStage::DkDv, 128, NATIVE_VARIANTS[1])));
         assert!(!buildable(&stage(AttnStage::Prep, 64, narrow)));
+        for d in [144, 256] {
+            assert!(buildable(&stage(AttnStage::Dq, d, short)));
+            assert!(buildable(&stage(AttnStage::DkDv, d, short)));
+        }
+        // Dq splits D past 192 (registers), and only there.
+        assert_eq!(column_parts(&stage(AttnStage::Dq, 256, short)), 2);
+        assert_eq!(column_parts(&stage(AttnStage::Dq, 192, short)), 1);
+        assert_eq!(column_parts(&stage(AttnStage::DkDv, 256, short)), 1);
+        assert_eq!(panel_width(80), 128);
+        assert_eq!(panel_width(32), 64);
         // 192 × 64: the forward's at head dim 64 alone.
         assert!(buildable(&stage(AttnStage::Forward, 64, tall)));
         assert!(!buildable(&stage(AttnStage::Forward, 128, tall)));

@@ -15,7 +15,8 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, p: &Params, maps_smem: Reg) 
     let done = k.label();
     k.bra_if(spare, false, done);
 
-    // [B, T, H, D] as (D, H, T, B): boxes of 64 channels × 1 head × bk rows × 1 batch row.
+    // [B, T, H, D] as (D, H, T, B): boxes of 64 channels × 1 head × bk rows × 1 batch row
+    // (the channels past D of a padded head dim, `panel_width`, are filled with zeros).
     let d = k.mov(Ty::U32, blk.d);
     let batch = k.div(blk.bh, blk.heads);
     let map_of = |k: &mut Kernel, ptr: Reg, off: Reg, [sb, st, sh]: [Reg; 3]| {
@@ -61,7 +62,7 @@ pub(super) fn producer(k: &mut Kernel, blk: &Block, p: &Params, maps_smem: Reg) 
                     let bar = blk.full_bar(k, slot, v);
                     k.mbarrier_arrive_expect_tx(bar, blk.stage_bytes());
                     let dst = k.mad(slot, blk.stage_bytes(), ring);
-                    for panel in 0..blk.d / PANEL {
+                    for panel in 0..blk.width() / PANEL {
                         let c = k.mov(Ty::U32, panel * PANEL);
                         let at = Addr::at(dst, i64::from(panel * blk.bk * 128));
                         k.tensor_load(at, map, &[c, it.h, key0, it.b], bar);
