@@ -626,7 +626,8 @@ fn native_backward_matches_reference() {
 /// The native kernels at head dims between and past whole 64-channel panels (the copy
 /// engine pads them with zeros; the stores skip the padding), each stage on each tile that
 /// has one, f16 and bf16, causal from the fused QKV and not with key padding; the forward
-/// also with more work items than SMs. Skips where there are no native kernels.
+/// also with more work items than SMs; the packed gradient. Skips where there are no native
+/// kernels.
 #[test]
 fn native_head_dims_match_reference() {
     let d = device();
@@ -691,6 +692,30 @@ fn native_head_dims_match_reference() {
     }
     // At least one tile of every stage at every head dim, causal and not.
     assert!(n >= 2 * 7 * 3, "{n} native cases ran");
+    // The packed gradient (`attention_qkv`) equals the views' bit for bit where the stores
+    // skip padded channels (80) and where Dq's items split D (256).
+    let variants = helios_kernels::attention::NATIVE_VARIANTS;
+    for (hd, v) in [(80, variants[2]), (256, variants[4])] {
+        let (b, t, h) = (2, 45, 2);
+        let mut rng = StdRng::seed_from_u64(hd as u64);
+        let shape = [b, t, 3, h, hd];
+        let host = random(b * t * 3 * h * hd, &mut rng, DType::F16);
+        let r = random(b * t * h * hd, &mut rng, DType::F16);
+        let r = Tensor::from_slice_as(d, &r, &[b, t, h, hd], DType::F16).unwrap();
+        for stage in [AttnStage::Dq, AttnStage::DkDv] {
+            let opts = AttentionOptions {
+                stage_variant: Some((stage, v)),
+                ..AttentionOptions::causal()
+            };
+            let grad = |packed| fused_qkv_grad(d, (&host, shape, DType::F16), &r, &opts, packed).1;
+            let (packed, views) = (grad(true), grad(false));
+            let first = (0..packed.len()).find(|&i| packed[i] != views[i]);
+            assert!(
+                first.is_none(),
+                "d{hd}: packed native {stage:?} differs at {first:?}"
+            );
+        }
+    }
     assert_clean(d);
 }
 
