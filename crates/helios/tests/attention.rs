@@ -601,26 +601,41 @@ fn native_backward_matches_reference() {
     assert!(n >= 24, "{n} native backward cases ran");
     // The packed forms (into the slices of the fused gradient, as `attention_qkv` runs
     // them) equal the dense ones bit for bit.
-    let (b, t, h, hd) = (2, 77, 3, 64);
-    let mut rng = StdRng::seed_from_u64(91);
-    let shape = [b, t, 3, h, hd];
-    let host = random(b * t * 3 * h * hd, &mut rng, DType::BF16);
-    let r = random(b * t * h * hd, &mut rng, DType::BF16);
-    let r = Tensor::from_slice_as(d, &r, &[b, t, h, hd], DType::BF16).unwrap();
+    let v = helios_kernels::attention::NATIVE_VARIANTS[0];
+    packed_native_matches_views(d, dims(2, 77, 3, 64), DType::BF16, v, 91);
+    assert_clean(d);
+}
+
+/// With native Dq and DkDv (`variant`, forced), the causal gradient of a fused QKV tensor
+/// packed into its slices (`attention_qkv`) equals the one through the `split_qkv` views
+/// bit for bit.
+#[track_caller]
+fn packed_native_matches_views(
+    d: &Device,
+    s: AttnDims,
+    dtype: DType,
+    variant: AttnVariant,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let shape = [s.b, s.t, 3, s.h, s.d];
+    let host = random(s.b * s.t * 3 * s.h * s.d, &mut rng, dtype);
+    let r = random(s.b * s.t * s.h * s.d, &mut rng, dtype);
+    let r = Tensor::from_slice_as(d, &r, &[s.b, s.t, s.h, s.d], dtype).unwrap();
     for stage in [AttnStage::Dq, AttnStage::DkDv] {
         let opts = AttentionOptions {
-            stage_variant: Some((stage, helios_kernels::attention::NATIVE_VARIANTS[0])),
+            stage_variant: Some((stage, variant)),
             ..AttentionOptions::causal()
         };
-        let grad = |packed| fused_qkv_grad(d, (&host, shape, DType::BF16), &r, &opts, packed).1;
+        let grad = |packed| fused_qkv_grad(d, (&host, shape, dtype), &r, &opts, packed).1;
         let (packed, views) = (grad(true), grad(false));
         let first = (0..packed.len()).find(|&i| packed[i] != views[i]);
         assert!(
             first.is_none(),
-            "packed native {stage:?} differs at {first:?}"
+            "d{}: packed native {stage:?} differs at {first:?}",
+            s.d
         );
     }
-    assert_clean(d);
 }
 
 /// The native kernels at head dims between and past whole 64-channel panels (the copy
@@ -696,25 +711,7 @@ fn native_head_dims_match_reference() {
     // skip padded channels (80) and where Dq's items split D (256).
     let variants = helios_kernels::attention::NATIVE_VARIANTS;
     for (hd, v) in [(80, variants[2]), (256, variants[4])] {
-        let (b, t, h) = (2, 45, 2);
-        let mut rng = StdRng::seed_from_u64(hd as u64);
-        let shape = [b, t, 3, h, hd];
-        let host = random(b * t * 3 * h * hd, &mut rng, DType::F16);
-        let r = random(b * t * h * hd, &mut rng, DType::F16);
-        let r = Tensor::from_slice_as(d, &r, &[b, t, h, hd], DType::F16).unwrap();
-        for stage in [AttnStage::Dq, AttnStage::DkDv] {
-            let opts = AttentionOptions {
-                stage_variant: Some((stage, v)),
-                ..AttentionOptions::causal()
-            };
-            let grad = |packed| fused_qkv_grad(d, (&host, shape, DType::F16), &r, &opts, packed).1;
-            let (packed, views) = (grad(true), grad(false));
-            let first = (0..packed.len()).find(|&i| packed[i] != views[i]);
-            assert!(
-                first.is_none(),
-                "d{hd}: packed native {stage:?} differs at {first:?}"
-            );
-        }
+        packed_native_matches_views(d, dims(2, 45, 2, hd), DType::F16, v, hd as u64);
     }
     assert_clean(d);
 }
