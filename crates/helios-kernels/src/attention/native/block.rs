@@ -96,9 +96,10 @@ impl Block {
 
     /// Runs `body` for each work item of this block. Item i is tile `tiles − 1 − i / bh` of
     /// (batch, head) `i % bh`, or with DkDv tile `i / bh`: either way the longest causal
-    /// tiles first (i counted in whole tiles where items split D). The items go out in rows of `nctaid.x`, block b taking the b-th of an
-    /// even row and the b-th from the end of an odd one: the blocks handed a row's longest
-    /// tiles get the next row's shortest, which evens out the blocks' total work.
+    /// tiles first (i counts whole tiles where items split D). The items go out in rows of
+    /// `nctaid.x`, block b taking the b-th of an even row and the b-th from the end of an
+    /// odd one: the blocks handed a row's longest tiles get the next row's shortest, which
+    /// evens out the blocks' total work.
     pub(super) fn for_each_item(&self, k: &mut Kernel, mut body: impl FnMut(&mut Kernel, &Item)) {
         let ahead = k.special(Special::CtaIdX);
         let step = k.special(Special::NCtaIdX);

@@ -7,7 +7,7 @@
 //! dV's. No atomics: each tile owns its dK and dV rows. The queries' L and
 //! Dsum reach each warp through shared memory, a block ahead (`Stats`).
 //!
-//! At head dim 128 one warpgroup cannot hold K, V, dK and dV (~256 registers a thread):
+//! Past one panel one warpgroup cannot hold K, V, dK and dV (~256 registers a thread at 128):
 //! there the two warpgroups share one tile of 64 keys (`split_roles`). One holds K and
 //! computes Sᵀ, Pᵀ and dV; the other holds V and computes dPᵀ, dSᵀ and dK, with the first's
 //! Pᵀ handed over in shared memory (two named barriers): two products each.

@@ -116,11 +116,12 @@ pub(super) fn build(kern: &AttentionKernel, target: Target) -> Result<Module, Bu
         heads,
         bh,
         tiles,
-        items: match parts {
-            1 => k.mul(tiles, bh),
-            n => {
-                let items = k.mul(tiles, bh);
-                k.mul(items, n)
+        items: {
+            let tiles = k.mul(tiles, bh);
+            if parts > 1 {
+                k.mul(tiles, parts)
+            } else {
+                tiles
             }
         },
         lens,

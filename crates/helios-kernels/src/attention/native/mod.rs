@@ -210,12 +210,12 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
         && bk % 16 == 0
         && (16..=128).contains(&bk)
         && (!kern.packed || kern.stage != AttnStage::Forward)
-        // DkDv keeps K, V, dK and dV in registers; at head dim 128 two warpgroups split
+        // DkDv keeps K, V, dK and dV in registers; past one panel two warpgroups split
         // them over one tile of 64 keys (`split_roles`).
         && (kern.stage != AttnStage::DkDv || dp == 64 || bq == 2 * WG_ROWS)
         // Dsum from O and dO: Dq's, which holds dO's rows.
         && (!kern.own_dsum || kern.stage == AttnStage::Dq)
-        // Dq keeps Q, dO and dQ in registers: at head dim 128 three warpgroups spill.
+        // Dq keeps Q, dO and dQ in registers: past one panel three warpgroups spill.
         && (kern.stage == AttnStage::Forward || dp == 64 || bq <= 2 * WG_ROWS)
         // Past two panels, 16-key blocks, the only ones that leave two stages in 48 KiB
         // (and only there, where nothing larger fits).
@@ -228,8 +228,8 @@ pub(super) fn buildable(kern: &AttentionKernel) -> bool {
 }
 
 /// Whether the two consumer warpgroups of `kern` share one tile of 64 keys, one
-/// accumulating dV and the other dK: DkDv at head dim 128, where one warpgroup holding K,
-/// V, dK and dV would need ~256 registers a thread (see `dkdv`).
+/// accumulating dV and the other dK: DkDv past one panel, where one warpgroup holding K, V,
+/// dK and dV would need ~256 registers a thread at head dim 128 (see `dkdv`).
 pub(super) fn split_roles(kern: &AttentionKernel) -> bool {
     kern.stage == AttnStage::DkDv && panel_width(kern.head_dim) > 64
 }
